@@ -1,0 +1,126 @@
+"""The analyzer's facade: load traces, then small analyses, each a function of tables.
+
+This module is the interface the report (``reports/``) builds on. It never imports torch.
+All times are int64 nanoseconds, converted once at parse time.
+
+Event table (``RankTrace.events``; one pandas DataFrame per rank, one row per complete event,
+``ph == "X"``), at least these columns:
+
+    name         str     event name as in the trace
+    cat          str     Kineto category: cpu_op, kernel, gpu_memcpy, gpu_memset, cuda_runtime,
+                         user_annotation, gpu_user_annotation, python_function, ...
+    pid, tid     str     normalised to strings
+    ts_ns        int64   start, ns (trace clock)
+    dur_ns       int64   duration, ns
+    end_ns       int64   ts_ns + dur_ns
+    is_gpu       bool    the event runs on a GPU stream
+    stream       int64   CUDA stream, -1 for CPU events
+    correlation  int64   -1 when absent
+    external_id  int64   -1 when absent
+    step         int64   ProfilerStep number the event starts in; -1 outside every step.
+                         In whole-trace mode (no ProfilerStep) every event is in step 0.
+    role         str     compute | comm | comm_enqueue | memcpy | memset | sync | step |
+                         annotation | other
+    coll_kind    str|None all_gather | reduce_scatter | all_reduce | broadcast | all_to_all |
+                         send_recv | barrier | other (comm and comm_enqueue rows only)
+    bytes        int64   bytes of the collective as nccl-tests counts them, -1 unknown
+    pg           str|None process group name, when the trace says it
+    rule         str     id of the rule that classified the row (see analyzer/classify.py)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+@dataclass(kw_only=True, slots=True)
+class RankTrace:
+    """One rank's parsed trace."""
+
+    rank: int
+    """Rank number."""
+    path: Path
+    """The trace file."""
+    rank_source: str
+    """How the rank was found: "distributedInfo", "file name", "single file"."""
+    world_size: int | None
+    """World size the trace says (distributedInfo.world_size), None when it does not."""
+    device_kind: str
+    """"gpu" when the trace has GPU kernels, else "cpu"."""
+    events: pd.DataFrame
+    """The event table described in the module docstring."""
+    warnings: list[str] = field(default_factory=list)
+    """Problems skipped while parsing (bad ts/dur counts ...), one line each."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TraceSet:
+    """Every rank of one job (one run directory or one folder of foreign traces)."""
+
+    root: Path
+    """The folder that was loaded."""
+    ranks: list[RankTrace]
+    """Sorted by rank."""
+    world_size: int
+    """World size the traces agree on (number of files when none says)."""
+    manifest: dict[str, Any] | None
+    """The run's manifest when ``root`` is a tracer run directory, else None."""
+    whole_trace_mode: bool
+    """True when no ProfilerStep was found: each rank's whole trace is step 0."""
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks in ``range(world_size)`` with no trace."""
+        have = {r.rank for r in self.ranks}
+        return [r for r in range(self.world_size) if r not in have]
+
+
+def load_traces(path: Path | str, *, allow_incomplete: bool = False, jobs: int | None = None) -> TraceSet:
+    """Load a tracer run directory or a folder of Kineto traces. Raises ``BadInput``."""
+    raise NotImplementedError
+
+
+def breakdown(ts: TraceSet) -> pd.DataFrame:
+    """Per rank and step time breakdown.
+
+    Columns: rank, step, step_start_ns, step_ns, compute_ns, comm_ns, overlap_ns,
+    exposed_comm_ns, other_ns, idle_ns, overlap_frac (overlap_ns / comm_ns, NaN when no comm).
+    Identity: compute_ns + exposed_comm_ns + other_ns + idle_ns == step_ns exactly.
+    """
+    raise NotImplementedError
+
+
+def collectives(ts: TraceSet) -> pd.DataFrame:
+    """One row per collective instance per rank.
+
+    Columns: rank, step, pg, seq (order within pg on that rank), kind, start_ns, end_ns, dur_ns,
+    bytes, rule.
+    """
+    raise NotImplementedError
+
+
+def comm_by_kind(ts: TraceSet) -> pd.DataFrame:
+    """Per rank and collective kind: rank, kind, count, time_ns, bytes, algbw_gbps, busbw_gbps."""
+    raise NotImplementedError
+
+
+def cross_rank(ts: TraceSet) -> pd.DataFrame:
+    """Collectives matched across ranks by (pg, seq).
+
+    Columns: pg, seq, kind, n_ranks, start_skew_ns, transfer_ns (shortest duration across ranks),
+    max_wait_ns, straggler_rank (last to start).
+    """
+    raise NotImplementedError
+
+
+def timeline(ts: TraceSet, rank: int, step: int) -> pd.DataFrame:
+    """Merged intervals of one rank and step for plotting.
+
+    Columns: lane ("compute" | "comm"), kind (coll_kind for comm, "" for compute), start_ns,
+    end_ns, relative to the trace clock.
+    """
+    raise NotImplementedError

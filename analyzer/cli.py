@@ -1,0 +1,70 @@
+"""`analyzer` command line: thin commands that call one library function each.
+
+Typed errors become one-line messages and exit codes (analyzer/errors.py); a traceback is
+printed only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Callable, TypeVar
+
+import typer
+
+from analyzer.errors import EXIT_INTERNAL, ParityTraceError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Analyse paritytrace run directories or any PyTorch profiler traces.")
+_state = {"debug": False}
+T = TypeVar("T")
+
+
+def _run(fn: Callable[[], T]) -> T:
+    """Call ``fn``; map typed errors to a one-line message on stderr and their exit code."""
+    try:
+        return fn()
+    except ParityTraceError as exc:
+        if _state["debug"]:
+            raise
+        for line in [str(exc)] + [str(p) for p in getattr(exc, "problems", [])]:
+            typer.echo(f"analyzer: {line}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        typer.echo("analyzer: interrupted", err=True)
+        raise typer.Exit(130) from None
+
+
+@app.callback()
+def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False) -> None:
+    _state["debug"] = debug
+
+
+def _register_commands() -> None:
+    # Each command lives beside the library code it calls; heavy imports stay inside commands.
+    from analyzer import cli_summary
+    from reports import cli_report
+
+    cli_summary.register(app, _run)
+    cli_report.register(app, _run)
+
+
+_register_commands()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except SystemExit:
+        raise
+    except Exception as exc:  # a bug, not bad input: say so, keep the traceback behind --debug
+        if _state["debug"]:
+            raise
+        typer.echo(f"analyzer: internal error: {type(exc).__name__}: {exc} "
+                   "(rerun with --debug and report it)", err=True)
+        sys.exit(EXIT_INTERNAL)
+
+
+if __name__ == "__main__":
+    main()

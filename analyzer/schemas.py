@@ -1,0 +1,261 @@
+"""The one contract between ``tracer`` (writer) and ``analyzer`` (reader).
+
+Nothing else crosses the two packages. The tracer imports this module; the analyzer reads
+run directories only through it. It imports no torch.
+
+Run directory (one per strategy run, ``traces/<run-name>/``)::
+
+    manifest.json               written last, atomically: its presence means the run completed
+    rank<r>.trace.json.gz       Kineto/Chrome trace per rank, with ``distributedInfo``
+    numerics.parquet            NUMERICS_SCHEMA, long format
+    steps.parquet               STEPS_SCHEMA, one row per rank and step
+    memory/rank<r>.snapshot.pickle   CUDA only: torch.cuda.memory._snapshot() for memory_viz
+    memory/memory.parquet       CUDA only: MEMORY_SCHEMA, the snapshots converted at record time
+
+Any change to a field's meaning or type bumps ``SCHEMA_VERSION``; a reader refuses a newer one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+MANIFEST_NAME = "manifest.json"
+NUMERICS_NAME = "numerics.parquet"
+STEPS_NAME = "steps.parquet"
+MEMORY_DIR = "memory"
+MEMORY_PARQUET_NAME = "memory.parquet"
+TRACE_GLOB = "rank*.trace.json.gz"
+
+
+def trace_name(rank: int) -> str:
+    """File name of rank ``rank``'s Chrome trace inside a run directory."""
+    return f"rank{rank}.trace.json.gz"
+
+
+STRATEGIES = ("single", "ddp", "fsdp", "fsdp2")
+"""Strategy names. ``single`` is the one-process baseline run; the rest are distributed."""
+
+PRECISIONS = ("fp32", "bf16")
+
+# --- numerics.parquet ------------------------------------------------------------------------
+#
+# Long format. One row = one metric of one tensor on one rank at one step.
+#
+# kind:
+#   "loss"        tensor = "loss". metrics: "value" (this rank's loss on its slice of the global
+#                 batch; the global distributed loss is the mean over ranks, slices being equal),
+#                 "ref_value" (the single-device baseline's loss on the whole global batch).
+#                 Recorded at every step.
+#   "activation"  tensor = module FQN ("layers.0.mlp.2"); forward output at step 0 of this rank's
+#                 slice, compared with the rows of the baseline output that belong to that slice.
+#                 seq = forward call order (0 = first module to finish its forward).
+#   "grad"        tensor = parameter FQN as in the unwrapped model ("layers.0.attn.weight"); the
+#                 gradient after the first backward (step 0), before the optimizer step. For
+#                 sharded strategies a rank holds a shard and is compared with the matching slice of
+#                 the baseline gradient; metrics are summed/maxed across ranks by the reader.
+#                 seq = parameter registration order.
+#   "param"       same as "grad" for the parameter values after the first optimizer step.
+#
+# metrics for activation / grad / param (all float64; sums are over this rank's elements):
+#   numel          number of elements this rank compared
+#   sq_sum         sum of x**2 of the distributed tensor (gradient norm = sqrt of the sum over
+#                  the shards that partition the tensor)
+#   ref_sq_sum     sum of r**2 of the matching baseline elements
+#   diff_sq_sum    sum of (x - r)**2
+#   max_abs_diff   max |x - r|
+#   max_abs_ref    max |r|
+#   nonfinite      count of NaN / inf elements in x
+#   replicated     1.0 when every rank holds the whole tensor (DDP, single), 0.0 when the ranks'
+#                  elements partition it (FSDP shards). Readers reduce replicated tensors by taking
+#                  the worst rank, sharded ones by summing the sums and maxing the maxima.
+#
+# For the ``single`` strategy the distributed tensor *is* the baseline: it records loss only
+# (value == ref_value) and the reader reports parity as "reference".
+NUMERICS_KINDS = ("loss", "activation", "grad", "param")
+TENSOR_METRICS = (
+    "numel",
+    "sq_sum",
+    "ref_sq_sum",
+    "diff_sq_sum",
+    "max_abs_diff",
+    "max_abs_ref",
+    "nonfinite",
+    "replicated",
+)
+NUMERICS_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("step", pa.int32(), nullable=False),
+        pa.field("kind", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+        pa.field("tensor", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+        pa.field("seq", pa.int32(), nullable=False),
+        pa.field("metric", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+        pa.field("value", pa.float64(), nullable=True),
+    ],
+    metadata={"paritytrace.schema_version": str(SCHEMA_VERSION)},
+)
+
+# --- steps.parquet ---------------------------------------------------------------------------
+#
+# One row per rank and step (all steps, profiled or not). Wall time is measured around the whole
+# training step (forward, backward, optimizer) with time.perf_counter_ns after a device sync.
+# Memory peaks are per step: peak_rss_bytes is the process's high-water RSS so far (ru_maxrss,
+# monotonic); profiler_allocated_peak_bytes is the peak of the profiler's [memory] "Total
+# Allocated" during the step (null on unprofiled steps); the CUDA columns are
+# torch.cuda.max_memory_allocated / max_memory_reserved after reset at the step's start (null on
+# CPU).
+STEPS_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("step", pa.int32(), nullable=False),
+        pa.field("profiled", pa.bool_(), nullable=False),
+        pa.field("wall_ns", pa.int64(), nullable=False),
+        pa.field("peak_rss_bytes", pa.int64(), nullable=True),
+        pa.field("profiler_allocated_peak_bytes", pa.int64(), nullable=True),
+        pa.field("cuda_max_allocated_bytes", pa.int64(), nullable=True),
+        pa.field("cuda_max_reserved_bytes", pa.int64(), nullable=True),
+    ],
+    metadata={"paritytrace.schema_version": str(SCHEMA_VERSION)},
+)
+
+# --- memory/memory.parquet (CUDA only) -------------------------------------------------------
+#
+# One row per live block of each rank's allocator snapshot (torch.cuda.memory._snapshot()),
+# converted at record time so the analyzer never unpickles.
+MEMORY_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("segment_address", pa.int64(), nullable=True),
+        pa.field("block_size_bytes", pa.int64(), nullable=False),
+        pa.field("requested_size_bytes", pa.int64(), nullable=True),
+        pa.field("state", pa.string(), nullable=False),  # active_allocated, inactive, ...
+        pa.field("stream", pa.int64(), nullable=True),
+        pa.field("category", pa.string(), nullable=True),  # parameter / gradient / activation / ...
+        pa.field("top_frame", pa.string(), nullable=True),  # innermost user frame "file:line:func"
+    ],
+    metadata={"paritytrace.schema_version": str(SCHEMA_VERSION)},
+)
+
+# --- manifest.json ---------------------------------------------------------------------------
+#
+# A JSON object with these top-level keys (all required unless marked optional):
+#   schema_version   int, == SCHEMA_VERSION
+#   run_id           str, unique (uuid4 hex)
+#   run_name         str, the run directory's name
+#   created_utc      str, ISO 8601
+#   strategy         one of STRATEGIES
+#   strategy_options object: for fsdp/fsdp2 {sharding_strategy, auto_wrap_min_num_params,
+#                    backward_prefetch, forward_prefetch, reshard_after_forward}; {} otherwise
+#   fault            null or one of FAULTS (a deliberate bug, see tracer)
+#   precision        one of PRECISIONS
+#   world_size       int
+#   backend          "gloo" | "nccl" | null (single)
+#   device           {type: "cpu"|"cuda", name: str, count: int}
+#   launch           {method: "spawn"|"torchrun"|"single", nnodes: int, master_addr, master_port}
+#   versions         {python, torch, cuda (null on CPU), cudnn, nccl, paritytrace}
+#   model            {name: "SimpleTransformer", hidden, layers, num_params}
+#   batch            {global_batch, seq_len, per_rank_batch, hidden}  (shape [batch, seq, hidden])
+#   seed             int
+#   steps            int, total steps run
+#   profiler         {wait, warmup, active, activities: [..], record_shapes, profile_memory}
+#   tolerance        {rtol, atol, source}: the tolerance the tracer would apply (readers recompute)
+#   baseline         {kind: "in-process", description}: how the baseline was obtained
+#   files            [{path (relative), size_bytes, sha256}] for every other file in the run dir
+FAULTS = ("skip-grad-sync", "wrong-grad-scale", "unsynced-init")
+MANIFEST_REQUIRED = (
+    "schema_version",
+    "run_id",
+    "run_name",
+    "created_utc",
+    "strategy",
+    "strategy_options",
+    "fault",
+    "precision",
+    "world_size",
+    "backend",
+    "device",
+    "launch",
+    "versions",
+    "model",
+    "batch",
+    "seed",
+    "steps",
+    "profiler",
+    "tolerance",
+    "baseline",
+    "files",
+)
+
+# Parity tolerances by precision. Source: torch.testing.assert_close defaults
+# (https://pytorch.org/docs/stable/testing.html): float32 rtol 1.3e-6 atol 1e-5,
+# bfloat16 rtol 1.6e-2 atol 1e-5.
+TOLERANCES: dict[str, dict[str, float]] = {
+    "fp32": {"rtol": 1.3e-6, "atol": 1e-5},
+    "bf16": {"rtol": 1.6e-2, "atol": 1e-5},
+}
+TOLERANCE_SOURCE = "torch.testing.assert_close defaults for the dtype"
+
+
+class SchemaError(ValueError):
+    """A run-directory file does not follow this contract (missing key, newer schema version).
+
+    ``path`` names the file; the message says what is wrong and what to do.
+    """
+
+    def __init__(self, path: Path | str, message: str):
+        self.path = str(path)
+        super().__init__(f"{path}: {message}")
+
+
+def read_manifest(path: Path | str) -> dict[str, Any]:
+    """Read and validate a ``manifest.json``.
+
+    Returns the manifest as a dict. Raises ``SchemaError`` naming the file when it is not
+    JSON, lacks a required key, or carries a ``schema_version`` newer than this reader's.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SchemaError(path, f"not a readable JSON manifest ({exc}); re-record the run") from None
+    if not isinstance(data, dict):
+        raise SchemaError(path, "manifest is not a JSON object; re-record the run")
+    version = data.get("schema_version")
+    if not isinstance(version, int):
+        raise SchemaError(path, "manifest has no integer schema_version; re-record the run")
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            path,
+            f"schema_version {version} is newer than this analyzer's {SCHEMA_VERSION}; "
+            "upgrade paritytrace",
+        )
+    missing = [k for k in MANIFEST_REQUIRED if k not in data]
+    if missing:
+        raise SchemaError(path, f"manifest lacks {', '.join(missing)}; re-record the run")
+    return data
+
+
+def check_parquet_version(path: Path | str, schema: pa.Schema) -> None:
+    """Raise ``SchemaError`` when the Parquet file at ``path`` was written by a newer schema."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise SchemaError(path, f"not a readable Parquet file ({exc}); re-record the run") from None
+    raw = meta.get(b"paritytrace.schema_version")
+    if raw is None:
+        raise SchemaError(path, "no paritytrace schema version; re-record the run")
+    if int(raw) > SCHEMA_VERSION:
+        raise SchemaError(
+            path,
+            f"schema_version {int(raw)} is newer than this analyzer's {SCHEMA_VERSION}; "
+            "upgrade paritytrace",
+        )

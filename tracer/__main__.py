@@ -1,0 +1,5 @@
+"""`python -m tracer ...` (also what `torchrun -m tracer record ...` runs)."""
+
+from tracer.cli import main
+
+main()
