@@ -90,3 +90,20 @@ def limit(max_abs_ref: float) -> float:
 
 __all__ = ["tensor_rows", "loss_rows", "write_numerics", "write_steps", "write_memory",
            "manifest", "write_manifest", "limit", "math"]
+
+
+def event(name, ts, end, *, role="compute", cat="cpu_op", tid="1", is_gpu=False, stream=-1,
+          correlation=-1, coll_kind=None, step=0, bytes_=-1):
+    """One row of the api event table (analyzer/api.py columns), times in ns."""
+    return dict(name=name, cat=cat, pid="1", tid=tid, ts_ns=ts, dur_ns=end - ts, end_ns=end,
+                is_gpu=is_gpu, stream=stream, correlation=correlation, external_id=-1, step=step,
+                role=role, coll_kind=coll_kind, bytes=bytes_, pg=None, rule="hand-built")
+
+
+def events(rows):
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    for c in ("ts_ns", "dur_ns", "end_ns", "stream", "correlation", "external_id", "step", "bytes"):
+        df[c] = df[c].astype("int64")
+    return df

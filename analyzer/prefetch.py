@@ -1,0 +1,213 @@
+"""FSDP prefetch per FSDP unit and step: was each all_gather done before its data was needed?
+
+Input: one rank's event table (``analyzer/api.py`` columns). Labels locate the units; names
+checked against real torch 2.13 CPU/gloo traces of ``fully_shard`` and ``FullyShardedDataParallel``:
+
+* FSDP2 (``fully_shard``): ``FSDP::all_gather (<fqn>)`` is where the unit's all_gather is issued;
+  it sits inside ``FSDP::pre_forward (<fqn>)`` / ``FSDP::pre_backward (<fqn>)`` (not prefetched)
+  or inside another unit's ``FSDP::pre_forward`` / ``FSDP::backward_prefetch for <i>``
+  (prefetched). ``FSDP::all_gather_copy_out (<fqn>)`` is the first consumer of the gathered
+  data: *need* = its start (CPU), or on GPU the start of the first GPU kernel launched from
+  inside it (by correlation id; else the first GPU compute kernel starting after it).
+  ``<fqn>`` is the module's fully qualified name (the root has none).
+* FSDP1 (``FullyShardedDataParallel``): labels carry no unit name. Each ``c10d`` all_gather
+  enqueue (``comm_enqueue`` row) is one unit's unshard, numbered ``#k`` in issue order within
+  the step's forward or backward; it is prefetched when inside ``_pre_forward_prefetch`` /
+  ``_pre_backward_prefetch``. *need* = the end of the pre-hook (``_pre_forward`` /
+  ``_pre_backward_hook``) that consumes it: the enclosing one, or for a prefetched unit the next
+  one to start after the issue (the unit's module computation starts when that hook returns).
+
+Each issue is paired with the earliest not-yet-paired all_gather execution (``role == comm``)
+starting at or after it (gloo: the ``gloo:all_gather`` work on its runloop thread; NCCL: the
+kernel on the communication stream, FIFO per stream). Then per all_gather:
+
+* ``hidden_frac`` = |execution ∩ ∪computation| / |execution| -- the share of the all_gather
+  that ran while this rank computed (computation = ``role == compute`` rows: GPU compute
+  kernels on GPU traces, main-thread ops on CPU traces).
+* ``slack_ns`` = need - finished: > 0 the data arrived that early; < 0 the computation waited.
+
+On CPU/gloo the FSDP all_gather is waited for inside the label, so hidden_frac is about 0 there;
+``cpu_note`` says so.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+FSDP2_ISSUE = re.compile(r"^FSDP::all_gather(?: \((?P<fqn>.*)\))?$")
+FSDP2_COPY_OUT = "FSDP::all_gather_copy_out"
+FSDP1_PREFIX = "FullyShardedDataParallel."
+FSDP1_PREFETCH = ("FullyShardedDataParallel._pre_forward_prefetch",
+                  "FullyShardedDataParallel._pre_backward_prefetch")
+FSDP1_PRE_FORWARD = "FullyShardedDataParallel._pre_forward"
+FSDP1_PRE_BACKWARD = "FullyShardedDataParallel._pre_backward_hook"
+
+COLUMNS = ["rank", "step", "phase", "unit", "prefetched", "issued_ns", "comm_start_ns",
+           "finished_ns", "need_ns", "comm_ns", "hidden_ns", "hidden_frac", "slack_ns", "labels"]
+
+CPU_NOTE = ("On CPU (gloo) FSDP waits for each all_gather inside its FSDP label, so the "
+            "collectives run effectively synchronously: the hidden fraction is about 0 by "
+            "construction, and prefetch can only move the wait, not hide it. Overlap figures "
+            "for FSDP on CPU say nothing about a GPU run.")
+
+
+def detect_labels(events: pd.DataFrame) -> str | None:
+    """``"fsdp2"``, ``"fsdp1"`` or None: which FSDP label family the event table carries."""
+    names = events["name"].astype(str)
+    if names.str.match(FSDP2_ISSUE).any():
+        return "fsdp2"
+    if names.str.startswith(FSDP1_PREFIX).any():
+        return "fsdp1"
+    return None
+
+
+def _merge(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Union of intervals as an (n, 2) int64 array, sorted and disjoint."""
+    if len(starts) == 0:
+        return np.empty((0, 2), dtype="int64")
+    order = np.argsort(starts, kind="stable")
+    out: list[list[int]] = []
+    for s, e in zip(starts[order], ends[order]):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], int(e))
+        else:
+            out.append([int(s), int(e)])
+    return np.asarray(out, dtype="int64")
+
+
+def _covered(merged: np.ndarray, start: int, end: int) -> int:
+    """ns of [start, end) covered by the merged intervals."""
+    if len(merged) == 0 or end <= start:
+        return 0
+    lo = np.clip(merged[:, 0], start, end)
+    hi = np.clip(merged[:, 1], start, end)
+    return int(np.sum(hi - lo))
+
+
+def _enclosing(spans: pd.DataFrame, t: int) -> pd.DataFrame:
+    """Spans (ts_ns, end_ns) that contain instant ``t``."""
+    return spans[(spans["ts_ns"] <= t) & (spans["end_ns"] >= t)]
+
+
+def _issues_fsdp2(ev: pd.DataFrame) -> list[dict]:
+    names = ev["name"].astype(str)
+    issue = ev[names.str.match(FSDP2_ISSUE)]
+    copy_out = ev[names.str.startswith(FSDP2_COPY_OUT)]
+    pre_fwd = ev[names.str.startswith("FSDP::pre_forward")]
+    bwd = ev[names.str.startswith(("FSDP::pre_backward", "FSDP::backward_prefetch"))]
+    gpu_kernels = ev[ev["is_gpu"].astype(bool) & (ev["role"] == "compute")]
+    launches = ev[(~ev["is_gpu"].astype(bool)) & (ev["correlation"] >= 0)]
+    out = []
+    for _, row in issue.sort_values("ts_ns").iterrows():
+        fqn = FSDP2_ISSUE.match(str(row["name"])).group("fqn") or ""
+        t = int(row["ts_ns"])
+        enclosing_bwd = _enclosing(bwd, t)
+        phase = "backward" if len(enclosing_bwd) else "forward"
+        if phase == "backward":
+            prefetched = enclosing_bwd["name"].astype(str).str.startswith("FSDP::backward_prefetch").any()
+        else:
+            own = f"FSDP::pre_forward ({fqn})" if fqn else "FSDP::pre_forward"
+            enc = _enclosing(pre_fwd, t)
+            prefetched = bool(len(enc)) and not (enc["name"].astype(str) == own).any()
+        label = f"{FSDP2_COPY_OUT} ({fqn})" if fqn else FSDP2_COPY_OUT
+        consumers = copy_out[(copy_out["name"].astype(str) == label) & (copy_out["ts_ns"] >= t)]
+        need = None
+        if len(consumers):
+            c = consumers.sort_values("ts_ns").iloc[0]
+            need = int(c["ts_ns"])
+            if len(gpu_kernels):
+                inside = launches[(launches["ts_ns"] >= c["ts_ns"]) & (launches["ts_ns"] <= c["end_ns"])]
+                ks = gpu_kernels[gpu_kernels["correlation"].isin(inside["correlation"])]
+                if not len(ks):
+                    ks = gpu_kernels[gpu_kernels["ts_ns"] >= c["ts_ns"]]
+                need = int(ks["ts_ns"].min()) if len(ks) else need
+        out.append({"step": int(row["step"]), "phase": phase, "unit": fqn or "(root)",
+                    "prefetched": bool(prefetched), "issued_ns": t, "need_ns": need})
+    return out
+
+
+def _issues_fsdp1(ev: pd.DataFrame) -> list[dict]:
+    names = ev["name"].astype(str)
+    enq = ev[(ev["role"] == "comm_enqueue") & (ev["coll_kind"] == "all_gather")].sort_values("ts_ns")
+    prefetch = ev[names.isin(FSDP1_PREFETCH)]
+    pre_fwd = ev[names == FSDP1_PRE_FORWARD]
+    pre_bwd = ev[names == FSDP1_PRE_BACKWARD]
+    bwd_any = ev[names.isin((FSDP1_PRE_BACKWARD, FSDP1_PREFETCH[1]))
+                 | names.str.startswith("FullyShardedDataParallel._post_backward")]
+    out = []
+    counters: dict[tuple[int, str], int] = {}
+    for _, row in enq.iterrows():
+        t = int(row["ts_ns"])
+        phase = "backward" if len(_enclosing(bwd_any, t)) else "forward"
+        prefetched = bool(len(_enclosing(prefetch, t)))
+        hooks = pre_bwd if phase == "backward" else pre_fwd
+        enc = _enclosing(hooks, t)
+        if prefetched:
+            later = hooks[hooks["ts_ns"] > t]
+            need = int(later.sort_values("ts_ns").iloc[0]["end_ns"]) if len(later) else None
+        else:
+            need = int(enc["end_ns"].min()) if len(enc) else None
+        key = (int(row["step"]), phase)
+        k = counters.get(key, 0)
+        counters[key] = k + 1
+        out.append({"step": int(row["step"]), "phase": phase, "unit": f"#{k}",
+                    "prefetched": prefetched, "issued_ns": t, "need_ns": need})
+    return out
+
+
+def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
+    """One row per FSDP unit all_gather of this rank (columns ``COLUMNS``); empty when the
+    trace has no FSDP labels. ``labels`` is ``fsdp2`` or ``fsdp1``; ``need_ns`` / ``slack_ns``
+    are <NA> when no consumer was found; ``comm_*`` / ``finished_ns`` / ``hidden_*`` are <NA> when
+    no execution could be paired."""
+    family = detect_labels(events)
+    if family is None:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
+    ev = events
+    issues = _issues_fsdp2(ev) if family == "fsdp2" else _issues_fsdp1(ev)
+    execs = ev[(ev["role"] == "comm") & (ev["coll_kind"] == "all_gather")].sort_values("ts_ns")
+    exec_start = execs["ts_ns"].to_numpy("int64")
+    exec_end = execs["end_ns"].to_numpy("int64")
+    taken = np.zeros(len(execs), dtype=bool)
+    comp = ev[ev["role"] == "compute"]
+    merged = _merge(comp["ts_ns"].to_numpy("int64"), comp["end_ns"].to_numpy("int64"))
+    rows = []
+    for it in sorted(issues, key=lambda r: r["issued_ns"]):
+        cand = np.nonzero(~taken & (exec_start >= it["issued_ns"]))[0]
+        rec = {"rank": rank, **it, "comm_start_ns": None, "finished_ns": None, "comm_ns": None,
+               "hidden_ns": None, "hidden_frac": None, "slack_ns": None, "labels": family}
+        if len(cand):
+            i = int(cand[0])
+            taken[i] = True
+            s, e = int(exec_start[i]), int(exec_end[i])
+            hidden = _covered(merged, s, e)
+            rec.update(comm_start_ns=s, finished_ns=e, comm_ns=e - s, hidden_ns=hidden,
+                       hidden_frac=hidden / (e - s) if e > s else None)
+            if it["need_ns"] is not None:
+                rec["slack_ns"] = it["need_ns"] - e
+        rows.append(rec)
+    out = pd.DataFrame(rows, columns=COLUMNS)
+    for c in ("issued_ns", "comm_start_ns", "finished_ns", "need_ns", "comm_ns", "hidden_ns", "slack_ns"):
+        out[c] = out[c].astype("Int64")
+    out["hidden_frac"] = out["hidden_frac"].astype("Float64")
+    return out
+
+
+def prefetch_summary(table: pd.DataFrame) -> dict | None:
+    """Run-level summary of ``prefetch_table`` rows (all ranks): all_gathers, prefetched (count),
+    comm_ns, hidden_ns, hidden_frac (time-weighted), late (count with slack < 0), wait_ns (sum of
+    -slack over the late ones), labels. None when there are no rows."""
+    if table.empty:
+        return None
+    comm = int(table["comm_ns"].sum())
+    hidden = int(table["hidden_ns"].sum())
+    slack = table["slack_ns"].dropna()
+    late = slack[slack < 0]
+    return {"all_gathers": int(len(table)), "prefetched": int(table["prefetched"].sum()),
+            "comm_ns": comm, "hidden_ns": hidden,
+            "hidden_frac": hidden / comm if comm > 0 else None,
+            "late": int(len(late)), "wait_ns": int(-late.sum()),
+            "labels": str(table["labels"].iloc[0])}

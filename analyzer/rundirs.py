@@ -1,0 +1,125 @@
+"""Find what ``analyzer report DIR`` should read: run directories or one folder of foreign traces.
+
+DIR may be (checked in this order):
+
+1. one run directory: it holds ``manifest.json``;
+2. a traces root: sub-folders holding ``manifest.json`` (one run each; ``report/`` is skipped);
+   a sub-folder with rank traces but no manifest is an incomplete run (the manifest is written
+   last) -- an error unless ``allow_incomplete``, then it is skipped with a warning;
+3. a folder of foreign traces: Chrome/Kineto trace files (``*.json``, ``*.json.gz``) and no
+   manifest anywhere -- one job whose parity is "not recorded".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analyzer import schemas
+from analyzer.errors import BadInput
+
+log = logging.getLogger(__name__)
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+REPORT_DIR_NAME = "report"
+
+
+@dataclass(kw_only=True, slots=True)
+class RunDir:
+    """One job to report on."""
+
+    path: Path
+    """The run directory (or the foreign traces folder)."""
+    name: str
+    """Display name: the manifest's run_name, else the folder name."""
+    manifest: dict[str, Any] | None
+    """The validated manifest; None for foreign traces."""
+
+    @property
+    def foreign(self) -> bool:
+        """True for traces not written by ``tracer record``."""
+        return self.manifest is None
+
+    @property
+    def strategy(self) -> str:
+        """The manifest's strategy, ``unknown`` for foreign traces."""
+        return str(self.manifest["strategy"]) if self.manifest else "unknown"
+
+
+@dataclass(kw_only=True, slots=True)
+class Discovery:
+    """What was found under DIR."""
+
+    root: Path
+    """DIR as given."""
+    layout: str
+    """``run`` | ``root`` | ``foreign``."""
+    runs: list[RunDir]
+    """Runs in a stable order: single first, then by strategy order, then name."""
+    warnings: list[str] = field(default_factory=list)
+    """Incomplete runs skipped, one line each."""
+
+
+def _is_trace(p: Path) -> bool:
+    return p.is_file() and p.name.endswith(TRACE_SUFFIXES) and p.name != schemas.MANIFEST_NAME
+
+
+def _read(run_dir: Path) -> RunDir:
+    try:
+        manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
+    except schemas.SchemaError as exc:
+        raise BadInput(exc.path, "bad_manifest", str(exc).split(": ", 1)[-1]) from None
+    if manifest["strategy"] not in schemas.STRATEGIES:
+        raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_manifest",
+                       f"unknown strategy {manifest['strategy']!r}", "re-record the run")
+    return RunDir(path=run_dir, name=str(manifest.get("run_name") or run_dir.name), manifest=manifest)
+
+
+def _order(run: RunDir) -> tuple:
+    strategies = list(schemas.STRATEGIES)
+    s = run.strategy
+    return (strategies.index(s) if s in strategies else len(strategies), run.name)
+
+
+def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
+    """Classify ``root`` and list its runs. Raises ``BadInput`` naming the folder when it is
+    missing, empty of runs and traces, or holds an incomplete run (unless ``allow_incomplete``).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise BadInput(root, "not_a_directory", "is not a directory",
+                       "pass a traces root, one run directory or a folder of traces")
+    if (root / schemas.MANIFEST_NAME).is_file():
+        return Discovery(root=root, layout="run", runs=[_read(root)])
+    runs: list[RunDir] = []
+    warnings: list[str] = []
+    problems: list[BadInput] = []
+    for sub in sorted(p for p in root.iterdir() if p.is_dir() and p.name != REPORT_DIR_NAME):
+        if (sub / schemas.MANIFEST_NAME).is_file():
+            runs.append(_read(sub))
+        elif any(_is_trace(p) for p in sub.iterdir()) or (sub / schemas.NUMERICS_NAME).exists():
+            msg = "has traces but no manifest.json: the run did not complete"
+            if allow_incomplete:
+                warnings.append(f"{sub}: {msg}; skipped (--allow-incomplete)")
+                log.warning("%s: %s; skipped", sub, msg)
+            else:
+                problems.append(BadInput(sub, "incomplete_run", msg,
+                                         "re-record it, or pass --allow-incomplete to skip it"))
+    if problems:
+        first = problems[0]
+        raise BadInput(first.path, first.reason, first.message, first.fix, problems=problems[1:])
+    if runs:
+        names = [r.name for r in runs]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise BadInput(root, "duplicate_run", f"run name(s) {', '.join(dup)} appear twice",
+                           "give each run directory a distinct run_name")
+        return Discovery(root=root, layout="root", runs=sorted(runs, key=_order), warnings=warnings)
+    if any(_is_trace(p) for p in root.iterdir()):
+        return Discovery(root=root, layout="foreign", warnings=warnings,
+                         runs=[RunDir(path=root, name=root.name, manifest=None)])
+    raise BadInput(root, "no_runs", "holds no run directory (manifest.json) and no trace files",
+                   "pass a traces root written by `tracer record`, one run directory, "
+                   "or a folder of *.json / *.json.gz profiler traces")
