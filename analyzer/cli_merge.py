@@ -1,0 +1,68 @@
+"""`analyzer merge DIR -o merged.trace.json.gz`: one aligned multi-rank Chrome trace (issue 8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def register(app, run) -> None:
+    """Add the ``merge`` command to ``app``; ``run`` maps typed errors to exit codes."""
+
+    @app.command()
+    def merge(
+        directory: Annotated[Path, typer.Argument(help="Run directory or folder of per-rank traces.",
+                                                  exists=True, file_okay=False)],
+        out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Merged trace "
+                       "(default DIR/merged.trace.json.gz; gzip when it ends in .gz).")] = None,
+        steps: Annotated[Optional[str], typer.Option("--steps", help="ProfilerStep numbers to keep: "
+                         "N, N-M or N,M (default: everything).")] = None,
+        ref_rank: Annotated[Optional[int], typer.Option("--ref-rank", min=0,
+                            help="Rank whose clock is the reference (default: lowest).")] = None,
+        no_align: Annotated[bool, typer.Option("--no-align", help="Write the traces unshifted "
+                            "(offsets are still estimated and reported).")] = False,
+    ) -> None:
+        """Merge every rank into one Chrome trace aligned on matched collectives (opens in Perfetto)."""
+        from analyzer.errors import BadInput
+        from analyzer.merge import MergeOptions, merge_traces, parse_steps
+
+        def go():
+            try:
+                chosen = parse_steps(steps) if steps else None
+            except ValueError as exc:
+                raise BadInput(directory, "bad_steps", str(exc), "e.g. --steps 3 or --steps 2-4") from None
+            options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align)
+            return merge_traces(directory, out or directory / "merged.trace.json.gz", options)
+
+        result = run(go)
+        _print(result)
+
+
+def _print(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def us(v) -> str:
+        return "-" if v is None or v != v else f"{v / 1000:,.1f}"
+
+    table = Table(title=f"clock offsets vs rank {result.ref_rank} (µs; aligned = own - offset)")
+    for col in ("rank", "file", "offset", "± MAD", "bounds", "matched"):
+        table.add_column(col, justify="left" if col == "file" else "right")
+    files = {r.rank: r.path.name for r in result.ranks}
+    for row in result.offsets.itertuples(index=False):
+        bounds = "-" if row.n_matched == 0 or row.rank == result.ref_rank else f"[{us(row.lo_ns)}, {us(row.hi_ns)}]"
+        table.add_row(str(row.rank), files[row.rank], us(row.offset_ns),
+                      "-" if row.n_matched == 0 else us(row.mad_ns), bounds, str(row.n_matched))
+    console = Console()
+    console.print(table)
+    sp = result.spread
+    if len(sp):
+        console.print(f"{len(sp)} matched collectives; spread of their ends across ranks, median "
+                      f"{us(sp['spread_before_ns'].median())} µs before alignment, "
+                      f"{us(sp['spread_after_ns'].median())} µs after")
+    for line in result.warnings:
+        console.print(f"warning: {line}")
+    console.print(f"wrote {result.out_path} ({result.n_events} events, "
+                  f"{result.n_moved_to_overlap_tracks} on overlap tracks) and {result.sidecar_path}")

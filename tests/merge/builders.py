@@ -1,0 +1,66 @@
+"""Hand-built Chrome traces with exact answers, shared by the merge tests."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+CORPUS = Path(__file__).parents[2] / ".." / "shared" / "corpus"
+DLRM = CORPUS / "dlrm_ddp_8rank_v100"
+
+
+def meta(pid, tid, kind, **args):
+    return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": args}
+
+
+def x(name, ts, dur, *, pid=100, tid=100, cat="cpu_op", **args):
+    ev = {"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+    if args:
+        ev["args"] = args
+    return ev
+
+
+def named(events, pid=100, tids=(100,)):
+    """``events`` plus process/thread name metadata for ``pid`` / ``tids``."""
+    head = [meta(pid, 0, "process_name", name="python3")]
+    head += [meta(pid, t, "thread_name", name=f"thread {t} (python3)") for t in tids]
+    return head + list(events)
+
+
+def gloo_rank(rank: int, world: int, *, offset_us: float, ends_us: list[float], step_len_us: float = 1000.0,
+              extra: list | None = None) -> dict:
+    """One rank of a synthetic gloo job on a clock that runs ``offset_us`` ahead of true time.
+
+    Step k (ProfilerStep#k) spans true time [k*step_len, (k+1)*step_len). In step k the main
+    thread enqueues c10d::allreduce_ and the gloo thread runs gloo:all_reduce from true time
+    k*step_len + 100 to ``ends_us[k]`` (true time, so the test controls the jitter).
+    """
+    pid, main, gloo = 1000 + rank, 1000 + rank, 2000 + rank
+    ev = [meta(pid, 0, "process_name", name="python3"),
+          meta(pid, main, "thread_name", name=f"thread {main} (python3)"),
+          meta(pid, gloo, "thread_name", name=f"thread {gloo} (pt_gloo_runloop)")]
+    for k, end in enumerate(ends_us):
+        t = k * step_len_us + offset_us
+        ev.append(x(f"ProfilerStep#{k}", t, step_len_us - 1, pid=pid, tid=main, cat="user_annotation"))
+        ev.append(x("aten::mm", t + 10, 50, pid=pid, tid=main))
+        ev.append(x("c10d::allreduce_", t + 90, 5, pid=pid, tid=main))
+        start = t + 100
+        ev.append(x("gloo:all_reduce", start, end + offset_us - start, pid=pid, tid=gloo))
+    ev += extra or []
+    return {"schemaVersion": 1, "traceEvents": ev,
+            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world,
+                                "pg_count": 1, "pg_config": [{"pg_name": "0", "pg_size": world,
+                                                               "ranks": list(range(world))}]}}
+
+
+def write(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = json.dumps(data).encode()
+    path.write_bytes(gzip.compress(raw) if path.name.endswith(".gz") else raw)
+    return path
+
+
+def read(path: Path):
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
