@@ -26,6 +26,17 @@ Event table (``RankTrace.events``; one pandas DataFrame per rank, one row per co
     bytes        int64   bytes of the collective as nccl-tests counts them, -1 unknown
     pg           str|None process group name, when the trace says it
     rule         str     id of the rule that classified the row (see analyzer/classify.py)
+
+Added columns (issue 3): thread_name (str), coll_name / dtype / pg_ranks (str|None, collective
+args as the trace says), in_nelems / out_nelems / group_size / shape_numel / shape_elem_bytes
+(int64, -1 unknown), launch_row (row of the CPU event that launched a GPU event, -1 none),
+paired_row (gloo op <-> c10d enqueue pairing, -1 none). Rows are sorted by ts_ns.
+Strings are pandas categoricals (name, cat, pid, tid, role, coll_kind, rule).
+
+Step windows (``RankTrace.steps``): one row per ProfilerStep: step, cpu_start_ns, cpu_end_ns
+(the CPU span), start_ns, end_ns (the window the breakdown measures: the CPU span extended to
+the end of the last GPU / gloo event the step launched). Whole-trace mode: one row, step 0,
+the whole trace.
 """
 
 from __future__ import annotations
@@ -55,6 +66,14 @@ class RankTrace:
     """The event table described in the module docstring."""
     warnings: list[str] = field(default_factory=list)
     """Problems skipped while parsing (bad ts/dur counts ...), one line each."""
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Step windows (module docstring)."""
+    main_tid: str | None = None
+    """The main thread's tid on a CPU-only rank (classify.py says how it is found)."""
+    whole_trace_mode: bool = False
+    """No ProfilerStep in this rank's trace: step 0 is the whole trace."""
+    distributed_info: dict[str, Any] | None = None
+    """The trace's distributedInfo as written (backend, pg_config ...), None when absent."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,6 +90,8 @@ class TraceSet:
     """The run's manifest when ``root`` is a tracer run directory, else None."""
     whole_trace_mode: bool
     """True when no ProfilerStep was found: each rank's whole trace is step 0."""
+    warnings: list[str] = field(default_factory=list)
+    """Load-level notes (ranks missing, ranks in whole-trace mode ...), one line each."""
 
     @property
     def missing_ranks(self) -> list[int]:
@@ -80,8 +101,18 @@ class TraceSet:
 
 
 def load_traces(path: Path | str, *, allow_incomplete: bool = False, jobs: int | None = None) -> TraceSet:
-    """Load a tracer run directory or a folder of Kineto traces. Raises ``BadInput``."""
-    raise NotImplementedError
+    """Load a tracer run directory or a folder of Kineto traces. Raises ``BadInput``.
+
+    ``path``: a run directory (has ``manifest.json``, or ``numerics.parquet`` /
+    ``steps.parquet`` without a manifest: an incomplete run, refused unless
+    ``allow_incomplete``), a folder of ``*.json`` / ``*.json.gz`` traces, or one trace file.
+    Ranks are parsed in ``jobs`` processes (default min(cpu count, files)) through a Parquet
+    cache (analyzer/load.py). Rank rule and errors: analyzer/load.py. All problems of a folder
+    are raised together as one ``BadInput`` whose ``problems`` lists them.
+    """
+    from analyzer.load import load_traceset
+
+    return load_traceset(Path(path), allow_incomplete=allow_incomplete, jobs=jobs)
 
 
 def breakdown(ts: TraceSet) -> pd.DataFrame:
@@ -90,8 +121,15 @@ def breakdown(ts: TraceSet) -> pd.DataFrame:
     Columns: rank, step, step_start_ns, step_ns, compute_ns, comm_ns, overlap_ns,
     exposed_comm_ns, other_ns, idle_ns, overlap_frac (overlap_ns / comm_ns, NaN when no comm).
     Identity: compute_ns + exposed_comm_ns + other_ns + idle_ns == step_ns exactly.
+    Definitions: analyzer/breakdown.py. Rows sorted by rank, step.
     """
-    raise NotImplementedError
+    from analyzer.breakdown import COLUMNS, rank_breakdown
+
+    parts = [rank_breakdown(r.rank, r.events, r.steps, r.device_kind, r.main_tid)
+             for r in ts.ranks]
+    if not parts:
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.concat(parts, ignore_index=True)
 
 
 def collectives(ts: TraceSet) -> pd.DataFrame:
@@ -121,6 +159,16 @@ def timeline(ts: TraceSet, rank: int, step: int) -> pd.DataFrame:
     """Merged intervals of one rank and step for plotting.
 
     Columns: lane ("compute" | "comm"), kind (coll_kind for comm, "" for compute), start_ns,
-    end_ns, relative to the trace clock.
+    end_ns, relative to the trace clock. Raises ``KeyError`` for an unknown rank or step.
     """
-    raise NotImplementedError
+    from analyzer.breakdown import timeline_rows
+
+    rt = next((r for r in ts.ranks if r.rank == rank), None)
+    if rt is None:
+        raise KeyError(f"no rank {rank} in {ts.root}")
+    win = rt.steps[rt.steps["step"] == step]
+    if win.empty:
+        raise KeyError(f"no step {step} on rank {rank}")
+    lo, hi = int(win["start_ns"].iat[0]), int(win["end_ns"].iat[0])
+    ev = rt.events[rt.events["step"].to_numpy() == step]
+    return timeline_rows(ev, rt.device_kind, rt.main_tid, lo, hi)

@@ -1,0 +1,442 @@
+"""Classify decoded events: role, collective kind, bytes, process group, and the rule used.
+
+Rule ids (column ``rule``) and where each rule comes from:
+
+GPU events (``is_gpu``):
+  ``gpu.nccl_kernel``        NCCL kernel (``^nccl.*Kernel``, HTA ``is_comm_kernel``; covers
+                             ``ncclKernel_*`` and ``ncclDevKernel_*``) -> comm; kind from the name.
+  ``gpu.nccl_kernel.args``   same, kind from the kernel's own ``Collective name`` argument
+                             (newer Kineto copies record_param_comms' args onto the kernel), used
+                             when the name says ``Generic``/``SendRecv``/nothing.
+  ``gpu.nccl_kernel.launch`` same, kind from the launching CPU op (record_param_comms
+                             ``Collective name``, else ``nccl:*`` name, else ``c10d::*`` name),
+                             found through External id, else correlation -> runtime launch ->
+                             enclosing comm op on the launching thread.
+  ``gpu.memcpy`` / ``gpu.memset`` category gpu_memcpy / gpu_memset (or name Memcpy*/Memset*)
+                             -> neither compute nor comm (HTA ``is_memory_kernel``).
+  ``gpu.sync``               category cuda_sync or a name containing ``Sync`` (HTA excludes
+                             ``.*Sync`` from computation) -> neither.
+  ``gpu.annotation``         gpu_user_annotation -> annotation (a range, not work).
+  ``gpu.kernel``             every other GPU event -> compute (HTA ``is_compute_kernel``).
+
+CPU events:
+  ``cpu.profiler_step``      ``ProfilerStep#N`` -> step.
+  ``cpu.gloo_op``            ``gloo:*`` (any thread; gloo runs them on ``pt_gloo_runloop``
+                             threads) -> comm; kind from the name, or from the paired enqueue
+                             (``cpu.gloo_op.paired``): gloo runs reduce_scatter as an all_reduce of
+                             the whole buffer, so the enqueue says what it really was.
+  ``cpu.c10d_enqueue``       ``c10d::*`` -> comm_enqueue (``c10d::wait*`` included: time the main
+                             thread spends in a collective is not computation).
+  ``cpu.record_param_comms`` / ``cpu.nccl_op`` -> comm_enqueue.
+  ``cpu.main_thread_op``     cpu_op on the main thread of a CPU-only rank -> compute.
+  ``cpu.annotation``         other user_annotation -> annotation.
+  ``cpu.other``              everything else on the CPU -> other (on a GPU rank every CPU op).
+
+The main thread of a CPU rank is the thread that holds the ProfilerStep spans; else the one that
+enqueues c10d collectives; else the one with the most cpu_op time outside communication.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+ROLES = ("compute", "comm", "comm_enqueue", "memcpy", "memset", "sync", "step", "annotation",
+         "other")
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv",
+         "barrier", "other")
+
+NCCL_KERNEL_RE = re.compile(r"^nccl.*Kernel")  # HolisticTraceAnalysis hta/utils/utils.py
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)")
+
+_GLOO_FOR_C10D = {  # the gloo op that carries out each enqueue kind on the runloop thread
+    "all_reduce": "all_reduce", "reduce_scatter": "all_reduce", "all_gather": "all_gather",
+    "broadcast": "broadcast", "barrier": "barrier", "all_to_all": "all_to_all",
+    "send_recv": "send_recv", "other": "other",
+}
+
+
+def kind_from_text(text: str | None) -> str | None:
+    """Collective kind from a kernel / op / ``Collective name`` text; None when it says nothing
+    (``Generic``, ``SendRecv`` kernels, unknown). Accepts ``ncclDevKernel_AllGather_RING_LL``,
+    ``nccl:_all_gather_base``, ``c10d::_reduce_scatter_base_``, ``allreduce`` ..."""
+    if not text:
+        return None
+    t = text
+    for p in ("ncclDevKernel_", "ncclKernel_", "nccl:", "gloo:", "c10d::", "mpi:", "ucc:"):
+        if t.startswith(p):
+            t = t[len(p):]
+            break
+    t = t.lower().replace("_", "")
+    if t.startswith(("generic", "sendrecv")) and not t.startswith("sendrecvall"):
+        return None
+    if "barrier" in t:
+        return "barrier"
+    if t.startswith("allreduce"):
+        return "all_reduce"
+    if t.startswith("allgather"):
+        return "all_gather"
+    if t.startswith("reducescatter"):
+        return "reduce_scatter"
+    if t.startswith("broadcast") or t.startswith("bcast"):
+        return "broadcast"
+    if t.startswith("alltoall"):
+        return "all_to_all"
+    if t.startswith(("send", "recv", "batchisendirecv", "p2p")):
+        return "send_recv"
+    if t.startswith(("reduce", "gather", "scatter")):
+        return "other"
+    return None
+
+
+def step_number(name: str) -> int:
+    """N of ``ProfilerStep#N``; -1 for other names."""
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else -1
+
+
+def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame, dict]:
+    """Add role, coll_kind, bytes, pg, rule, step to a decoded event table (analyzer/decode.py).
+
+    Returns ``(events, info)`` with ``info`` = {device_kind, main_tid, whole_trace_mode,
+    steps (DataFrame: step, cpu_start_ns, cpu_end_ns, start_ns, end_ns)}. Pure function.
+    """
+    df = df.sort_values(["ts_ns", "end_ns"], ascending=[True, False], kind="stable")
+    df = df.reset_index(drop=True)
+    n = len(df)
+    names = df["name"].astype(str).to_numpy()
+    cats = df["cat"].astype(str).str.lower().to_numpy()
+    is_gpu = df["is_gpu"].to_numpy()
+    tids = df["tid"].astype(str).to_numpy()
+    role = np.full(n, "other", object)
+    rule = np.full(n, "cpu.other", object)
+    kind = np.full(n, None, object)
+
+    # name-level predicates, evaluated once per distinct name
+    cats_of_name = pd.Categorical(names)
+    uniq = np.asarray(cats_of_name.categories, dtype=object)
+    codes = cats_of_name.codes
+
+    def by_name(fn, dtype=bool):
+        return np.array([fn(u) for u in uniq], dtype=dtype)[codes] if len(uniq) else \
+            np.zeros(n, dtype)
+
+    is_nccl_kernel = by_name(lambda u: NCCL_KERNEL_RE.match(u) is not None) & is_gpu
+    name_kind = by_name(kind_from_text, object)
+    is_step = by_name(lambda u: _STEP_RE.match(u) is not None) & ~is_gpu
+    is_gloo = by_name(lambda u: u.startswith("gloo:")) & ~is_gpu
+    is_c10d = by_name(lambda u: u.startswith("c10d::")) & ~is_gpu
+    is_rpc = by_name(lambda u: u == "record_param_comms") & ~is_gpu
+    is_nccl_op = by_name(lambda u: u.startswith(("nccl:", "mpi:", "ucc:"))) & ~is_gpu
+    is_memcpy = is_gpu & ((cats == "gpu_memcpy") | by_name(lambda u: u.startswith("Memcpy")))
+    is_memset = is_gpu & ((cats == "gpu_memset") | by_name(lambda u: u.startswith("Memset")))
+    is_sync = is_gpu & ((cats == "cuda_sync") | (cats == "gpu_sync") | by_name(lambda u: "Sync" in u))
+    is_gpu_ann = is_gpu & (cats == "gpu_user_annotation")
+    device_kind = "gpu" if (is_gpu & (cats == "kernel")).any() else "cpu"
+
+    # GPU
+    role[is_gpu] = "compute"
+    rule[is_gpu] = "gpu.kernel"
+    for mask, r, ru in ((is_sync, "sync", "gpu.sync"), (is_memset, "memset", "gpu.memset"),
+                        (is_memcpy, "memcpy", "gpu.memcpy"),
+                        (is_gpu_ann, "annotation", "gpu.annotation"),
+                        (is_nccl_kernel, "comm", "gpu.nccl_kernel")):
+        role[mask] = r
+        rule[mask] = ru
+    kind[is_nccl_kernel] = name_kind[is_nccl_kernel]
+
+    # CPU
+    cpu = ~is_gpu
+    ann = cpu & (cats == "user_annotation")
+    role[ann] = "annotation"
+    rule[ann] = "cpu.annotation"
+    enq = is_c10d | is_rpc | is_nccl_op
+    role[enq] = "comm_enqueue"
+    rule[is_c10d] = "cpu.c10d_enqueue"
+    rule[is_rpc] = "cpu.record_param_comms"
+    rule[is_nccl_op] = "cpu.nccl_op"
+    coll_name = _obj(df["coll_name"])
+    arg_kind = np.array([kind_from_text(x) if x is not None else None for x in coll_name], object)
+    kind[enq] = np.where(arg_kind[enq] != None, arg_kind[enq], name_kind[enq])  # noqa: E711
+    role[is_gloo] = "comm"
+    rule[is_gloo] = "cpu.gloo_op"
+    kind[is_gloo] = name_kind[is_gloo]
+    role[is_step] = "step"
+    rule[is_step] = "cpu.profiler_step"
+
+    main_tid = None
+    if device_kind == "cpu":
+        main_tid = _main_thread(df, tids, is_step, is_c10d, role, cats)
+        main_op = cpu & (tids == main_tid) & (cats == "cpu_op") & (role == "other")
+        role[main_op] = "compute"
+        rule[main_op] = "cpu.main_thread_op"
+
+    ext = df["external_id"].to_numpy()
+    corr = df["correlation"].to_numpy()
+    ts = df["ts_ns"].to_numpy()
+    end = df["end_ns"].to_numpy()
+
+    # --- link GPU events to their launching CPU event (correlation, else External id) --------
+    launch = np.full(n, -1, np.int64)  # row index of the CPU launch event
+    gpu_idx = np.flatnonzero(is_gpu)
+    cpu_idx = np.flatnonzero(cpu)
+    if len(gpu_idx):
+        runtime = cpu & (corr >= 0) & np.isin(cats, ("cuda_runtime", "cuda_driver", "cpu_op"))
+        rt_idx = np.flatnonzero(runtime)
+        launch[gpu_idx] = _lookup(corr[rt_idx], rt_idx, corr[gpu_idx])
+        missing = gpu_idx[launch[gpu_idx] < 0]
+        if len(missing):
+            cand = cpu_idx[(ext[cpu_idx] >= 0) & (role[cpu_idx] != "annotation")]
+            launch[missing] = _lookup(ext[cand], cand, ext[missing])
+
+    # --- collective kind / bytes / pg of comm kernels from their launching op ----------------
+    pg = _obj(df["pg"])
+    nbytes = _bytes_from_args(df, kind)
+    comm_k = np.flatnonzero(is_nccl_kernel)
+    if len(comm_k):
+        enq_idx = np.flatnonzero(enq)
+        for i in comm_k:
+            if kind[i] is None and arg_kind[i] is not None:
+                kind[i] = arg_kind[i]
+                rule[i] = "gpu.nccl_kernel.args"
+            src = _launching_ops(i, launch[i], ext[i], enq_idx, ext, ts, end, tids)
+            if kind[i] is None:
+                k = _kind_from_ops(src, arg_kind, name_kind, is_rpc, is_nccl_op)
+                if k is not None:
+                    kind[i] = k
+                    rule[i] = "gpu.nccl_kernel.launch"
+                else:
+                    kind[i] = "send_recv" if "SendRecv" in names[i] else "other"
+            if pg[i] is None:
+                pg[i] = next((pg[j] for j in src if pg[j] is not None), None)
+            if nbytes[i] < 0:
+                nbytes[i] = _bytes_from_ops(src, kind[i], df, world_size)
+    # --- gloo: pair each runloop op with its enqueue by order and time -----------------------
+    gloo_idx = np.flatnonzero(is_gloo)
+    paired = np.full(n, -1, np.int64)
+    if len(gloo_idx):
+        c10d_idx = np.flatnonzero(is_c10d & ~by_name(lambda u: u.startswith("c10d::wait")))
+        paired = _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired)
+        for i in gloo_idx:
+            j = paired[i]
+            if j >= 0:
+                if kind[j] is not None and kind[j] != kind[i]:
+                    rule[i] = "cpu.gloo_op.paired"
+                kind[i] = kind[j] if kind[j] is not None else kind[i]
+                if pg[i] is None:
+                    pg[i] = pg[j]
+            if kind[i] is None:
+                kind[i] = "other"
+            if nbytes[i] < 0:
+                nbytes[i] = _bytes_from_shape(df, i, kind[i], world_size)
+            if nbytes[i] < 0 and j >= 0:
+                nbytes[i] = _bytes_from_shape(df, j, kind[i], world_size)
+    for i in np.flatnonzero(enq):
+        if nbytes[i] < 0:
+            nbytes[i] = _bytes_from_shape(df, i, kind[i], world_size)
+    kind[(role != "comm") & (role != "comm_enqueue")] = None
+    for i in np.flatnonzero((role == "comm") | (role == "comm_enqueue")):
+        if kind[i] is None:
+            kind[i] = "other"
+
+    # --- steps ------------------------------------------------------------------------------
+    step, steps, whole = _assign_steps(df, names, is_step, is_gpu, launch, paired, role)
+
+    out = df.drop(columns=["pg"])
+    out["step"] = step
+    out["role"] = pd.Categorical(role, categories=list(ROLES))
+    out["coll_kind"] = pd.Categorical(kind, categories=list(KINDS))
+    out["bytes"] = nbytes.astype(np.int64)
+    out["pg"] = pd.array(pg, dtype="str")
+    out["rule"] = pd.Categorical(rule)
+    out["launch_row"] = launch
+    out["paired_row"] = paired
+    info = {"device_kind": device_kind, "main_tid": main_tid, "whole_trace_mode": whole,
+            "steps": steps}
+    return out, info
+
+
+def _obj(col: pd.Series) -> np.ndarray:
+    """Object array with None for missing (pandas 3 ``str`` columns hold NaN)."""
+    return col.to_numpy(dtype=object, na_value=None).copy()
+
+
+def _lookup(keys: np.ndarray, rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """Row of the first entry whose key equals each query, -1 when none (vectorised)."""
+    if len(keys) == 0:
+        return np.full(len(queries), -1, np.int64)
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    pos = np.searchsorted(k, queries)
+    pos_c = np.minimum(pos, len(k) - 1)
+    hit = (pos < len(k)) & (k[pos_c] == queries) & (queries >= 0)
+    return np.where(hit, rows[order][pos_c], -1)
+
+
+def _launching_ops(i, launch_row, ext_i, enq_idx, ext, ts, end, tids) -> list[int]:
+    """Comm enqueue rows that launched GPU row ``i``: same External id, or enclosing the
+    runtime launch on the launching thread."""
+    out = []
+    if ext_i >= 0:
+        out.extend(int(j) for j in enq_idx[ext[enq_idx] == ext_i])
+    if launch_row >= 0:
+        t0, t1, tid = ts[launch_row], end[launch_row], tids[launch_row]
+        sel = enq_idx[(ts[enq_idx] <= t0) & (end[enq_idx] >= t1) & (tids[enq_idx] == tid)]
+        out.extend(int(j) for j in sel)
+        if ext[launch_row] >= 0:
+            out.extend(int(j) for j in enq_idx[ext[enq_idx] == ext[launch_row]])
+    return list(dict.fromkeys(out))
+
+
+def _kind_from_ops(src, arg_kind, name_kind, is_rpc, is_nccl_op) -> str | None:
+    for pick in (lambda j: arg_kind[j], lambda j: name_kind[j] if is_nccl_op[j] else None,
+                 lambda j: name_kind[j]):
+        for j in src:
+            k = pick(j)
+            if k is not None:
+                return k
+    return None
+
+
+def _bytes_from_args(df: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
+    """nccl-tests byte count from collective args: max(in, out) elements x element size.
+
+    nccl-tests (doc/PERFORMANCE.md) counts all_gather and reduce_scatter by the total (whole)
+    buffer, all_reduce / broadcast / all_to_all by the buffer size: in every case the larger of
+    the input and output element counts.
+    """
+    from analyzer.decode import dtype_bytes
+
+    n_in = df["in_nelems"].to_numpy()
+    n_out = df["out_nelems"].to_numpy()
+    out = np.full(len(df), -1, np.int64)
+    have = np.flatnonzero((np.maximum(n_in, n_out) >= 0) & df["dtype"].notna().to_numpy())
+    dt = _obj(df["dtype"])
+    for i in have:
+        size = dtype_bytes(dt[i])
+        if size > 0:
+            out[i] = max(n_in[i], n_out[i]) * size
+    return out
+
+
+def _bytes_from_shape(df: pd.DataFrame, i: int, kind: str | None, world_size: int | None) -> int:
+    """Bytes from the first input tensor's shape and dtype. The nccl:* / gloo:* ops record the
+    input tensor: for all_gather that is one rank's piece, so it is multiplied by the group size
+    (world size when the trace does not say) to get nccl-tests' total buffer size."""
+    numel = int(df["shape_numel"].iat[i])
+    size = int(df["shape_elem_bytes"].iat[i])
+    if numel < 0 or size < 0:
+        return -1
+    total = numel * size
+    name = str(df["name"].iat[i])
+    if kind == "all_gather" and not name.startswith("c10d::"):
+        g = int(df["group_size"].iat[i])
+        g = g if g > 0 else (world_size or 1)
+        total *= g
+    return total
+
+
+def _bytes_from_ops(src, kind, df, world_size) -> int:
+    for j in src:  # args first (record_param_comms), then shapes (nccl:* op)
+        b = _bytes_from_args(df.iloc[[j]], np.array([kind], object))[0]
+        if b >= 0:
+            return int(b)
+    for j in src:
+        if str(df["name"].iat[j]).startswith("nccl:"):
+            b = _bytes_from_shape(df, j, kind, world_size)
+            if b >= 0:
+                return b
+    return -1
+
+
+def _main_thread(df, tids, is_step, is_c10d, role, cats) -> str | None:
+    for mask in (is_step, is_c10d):
+        if mask.any():
+            vals, counts = np.unique(tids[mask], return_counts=True)
+            return str(vals[np.argmax(counts)])
+    ops = (cats == "cpu_op") & (role == "other")
+    if not ops.any():
+        return None
+    tot = pd.Series(df["dur_ns"].to_numpy()[ops]).groupby(tids[ops]).sum()
+    return str(tot.idxmax())
+
+
+def _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired) -> np.ndarray:
+    """Pair gloo runloop ops with c10d enqueues: for each enqueue in time order, the first not
+    yet paired gloo op of the matching gloo kind that starts at or after the enqueue starts.
+    (No id links them; gloo runs a process group's work in FIFO order.)"""
+    pools: dict[str, list[int]] = {}
+    for i in gloo_idx:  # already in time order (table sorted by ts)
+        pools.setdefault(str(name_kind[i]), []).append(int(i))
+    heads = {k: 0 for k in pools}
+    for j in c10d_idx:
+        want = _GLOO_FOR_C10D.get(str(kind[j]), None)
+        pool = pools.get(str(want))
+        if not pool:
+            continue
+        h = heads[str(want)]
+        while h < len(pool) and ts[pool[h]] < ts[j]:
+            h += 1  # a gloo op before the enqueue cannot be its work (it was enqueued earlier)
+        if h < len(pool):
+            paired[pool[h]] = j
+            paired[j] = pool[h]
+            h += 1
+        heads[str(want)] = h
+    return paired
+
+
+def _assign_steps(df, names, is_step, is_gpu, launch, paired, role):
+    """Step of every event and the step windows.
+
+    CPU events: the ProfilerStep span containing their start. GPU events: the step of their
+    launching CPU event (correlation / External id); when none is found, the span containing
+    their start. gloo ops: the step of their paired enqueue, else by start.
+    Window of step S: [span start, max(span end, end of every GPU / comm event of S)] — the GPU
+    (or gloo thread) finishes the work the step launched after the CPU moves on.
+    Whole-trace mode (no ProfilerStep): every event in step 0, window = whole trace.
+    """
+    n = len(df)
+    ts = df["ts_ns"].to_numpy()
+    end = df["end_ns"].to_numpy()
+    step = np.full(n, -1, np.int64)
+    if not is_step.any():
+        step[:] = 0
+        lo = int(ts.min()) if n else 0
+        hi = int(end.max()) if n else 0
+        steps = pd.DataFrame({"step": [0], "cpu_start_ns": [lo], "cpu_end_ns": [hi],
+                              "start_ns": [lo], "end_ns": [hi]})
+        return step, steps, True
+    idx = np.flatnonzero(is_step)
+    spans = pd.DataFrame({"step": [step_number(names[i]) for i in idx], "s": ts[idx],
+                          "e": end[idx]}).groupby("step").agg(s=("s", "min"), e=("e", "max"))
+    spans = spans.sort_values("s")
+    st = spans.index.to_numpy()
+    ss = spans["s"].to_numpy()
+    se = spans["e"].to_numpy()
+
+    def by_time(t):
+        k = np.searchsorted(ss, t, side="right") - 1
+        ok = (k >= 0) & (t < se[np.maximum(k, 0)])
+        return np.where(ok, st[np.maximum(k, 0)], -1)
+
+    step[:] = by_time(ts)
+    g = np.flatnonzero(is_gpu)
+    lk = launch[g]
+    has = lk >= 0
+    step[g[has]] = step[lk[has]]
+    gl = np.flatnonzero((role == "comm") & ~is_gpu & (paired >= 0))
+    step[gl] = step[paired[gl]]
+    dev = np.flatnonzero((is_gpu | (role == "comm")) & (step >= 0))
+    pos = {int(v): k for k, v in enumerate(st)}
+    k = np.array([pos.get(int(v), -1) for v in step[dev]], np.int64)
+    ok = k >= 0
+    start = ss.copy()
+    stop = se.copy()
+    np.minimum.at(start, k[ok], ts[dev][ok])  # exact int64, no float round trip
+    np.maximum.at(stop, k[ok], end[dev][ok])
+    steps = pd.DataFrame({"step": st, "cpu_start_ns": ss, "cpu_end_ns": se,
+                          "start_ns": start, "end_ns": stop})
+    steps = steps.sort_values("step").reset_index(drop=True).astype(np.int64)
+    return step, steps, False
