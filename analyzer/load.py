@@ -10,7 +10,7 @@ differ; anything else (some files with a rank and some without, names without a 
 duplicates) is ``BadInput`` naming the files.
 
 Cache: each parsed rank (events after classification) is stored as ``<trace>.parsed.parquet``
-beside the trace when that folder is writable, else as
+beside the trace when that folder is writable (and not marked read-only), else as
 ``$XDG_CACHE_HOME/paritytrace/<content hash>.parsed.parquet`` (``~/.cache`` when unset). The
 key is the BLAKE2b hash of the whole trace file's bytes plus ``PARSER_VERSION``; any change to
 the file or to the parser invalidates it. Writes are atomic (temp file + ``os.replace``); a
@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import stat
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -78,9 +79,19 @@ def content_key(data: bytes) -> str:
     return f"{hashlib.blake2b(data, digest_size=16).hexdigest()}-v{PARSER_VERSION}"
 
 
+def folder_writable(folder: Path) -> bool:
+    """True when ``folder`` is writable *and* its mode has a write bit: root passes
+    ``os.access`` everywhere, but a folder marked read-only (a shared corpus) stays untouched."""
+    try:
+        mode = folder.stat().st_mode
+    except OSError:
+        return False
+    return bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) and os.access(folder, os.W_OK)
+
+
 def cache_path(trace: Path, key: str) -> Path:
     """Where the parsed Parquet of ``trace`` lives (beside it when writable)."""
-    if os.access(trace.parent, os.W_OK):
+    if folder_writable(trace.parent):
         return trace.with_name(trace.name + ".parsed.parquet")
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "paritytrace" / f"{key}.parsed.parquet"
