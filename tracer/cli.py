@@ -1,0 +1,126 @@
+"""`tracer` command line (thin): parse options, call ``record_local`` or ``worker_main``.
+
+Exit codes (analyzer/errors.py): 0 ok, 1 a record failed (one line names the rank and its first
+error), 2 bad options, 130 interrupted. Under torchrun (RANK set) this process is that rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from analyzer.errors import EXIT_BAD_INPUT, EXIT_INTERNAL
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
+                  help="Record the reference transformer single-device and distributed under torch.profiler.")
+EXIT_INTERRUPTED = 130
+# click's UsageError (typer may vendor click): the base of every option / usage error.
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+@app.callback()
+def _main() -> None:
+    """paritytrace recorder."""
+
+
+def _fail(code: int, message: str) -> None:
+    typer.echo(f"tracer: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def record(
+    strategy: Annotated[str, typer.Option(help="single, ddp, fsdp, fsdp2 or all.")] = "all",
+    nproc: Annotated[int, typer.Option(help="Ranks for distributed strategies (torchrun: its WORLD_SIZE).")] = 2,
+    backend: Annotated[str, typer.Option(help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    hidden: Annotated[int, typer.Option(help="Model width.")] = 256,
+    layers: Annotated[int, typer.Option(help="Transformer layers.")] = 2,
+    batch: Annotated[int, typer.Option(help="Global batch (divisible by the world size).")] = 8,
+    seq: Annotated[int, typer.Option(help="Sequence length.")] = 128,
+    steps: Annotated[Optional[int], typer.Option(help="Total steps (default wait+warmup+active).")] = None,
+    wait: Annotated[int, typer.Option(help="Profiler schedule wait (>= 1: step 0 is the numerics step).")] = 1,
+    warmup: Annotated[int, typer.Option(help="Profiler schedule warmup.")] = 1,
+    active: Annotated[int, typer.Option(help="Profiler schedule active steps.")] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of weights and data.")] = 0,
+    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, fp32 master weights).")] = "fp32",
+    lr: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.1,
+    sharding_strategy: Annotated[str, typer.Option(help="FSDP: full_shard, shard_grad_op, no_shard.")] = "full_shard",
+    wrap_min_params: Annotated[Optional[int], typer.Option(
+        help="FSDP size_based_auto_wrap_policy min_num_params (default: one layer, 9h^2+8h).")] = None,
+    backward_prefetch: Annotated[str, typer.Option(help="FSDP backward prefetch: pre, post, none.")] = "pre",
+    forward_prefetch: Annotated[bool, typer.Option(help="FSDP forward prefetch.")] = False,
+    reshard_after_forward: Annotated[Optional[bool], typer.Option(
+        help="FSDP reshard after forward (default from the sharding strategy).")] = None,
+    out: Annotated[str, typer.Option(help="Output root; run dirs are OUT/NAME.")] = "traces",
+    name: Annotated[Optional[str], typer.Option(help="Run name (default the strategy; with all: NAME-strategy).")] = None,
+    timeout: Annotated[float, typer.Option(help="Collective timeout and hang watchdog, seconds.")] = 60.0,
+    fault: Annotated[Optional[str], typer.Option(
+        help="Deliberate bug: skip-grad-sync, wrong-grad-scale, unsynced-init.")] = None,
+) -> None:
+    """Record one strategy (or all four) into OUT/NAME run directories."""
+    from tracer.record import expand
+
+    options = dict(nproc=nproc, backend=backend, device=device, hidden=hidden, layers=layers, batch=batch,
+                   seq=seq, steps=steps, wait=wait, warmup=warmup, active=active, seed=seed,
+                   precision=precision, lr=lr, sharding_strategy=sharding_strategy,
+                   wrap_min_params=wrap_min_params, backward_prefetch=backward_prefetch,
+                   forward_prefetch=forward_prefetch, reshard_after_forward=reshard_after_forward,
+                   out=out, timeout_s=timeout, fault=fault)
+    under_torchrun = "RANK" in os.environ
+    if under_torchrun and strategy == "all":
+        _fail(EXIT_BAD_INPUT, "--strategy all: under torchrun record one strategy per torchrun command")
+    try:
+        configs = expand(strategy, name, **options)
+    except ValueError as exc:
+        _fail(EXIT_BAD_INPUT, str(exc))
+    if under_torchrun:
+        from tracer.worker import worker_main
+
+        worker_main(configs[0])
+        return
+    _record_here(configs)
+
+
+def _record_here(configs) -> None:
+    from tracer.launch import RecordFailed
+    from tracer.record import record_local
+
+    logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
+
+    def on_term(signum, frame):  # SIGTERM: same clean-up as Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        run_dirs = record_local(configs)
+    except RecordFailed as exc:
+        _fail(EXIT_INTERNAL, f"record failed: {exc}; no manifest written")
+    except ValueError as exc:
+        _fail(EXIT_BAD_INPUT, str(exc))
+    except KeyboardInterrupt:
+        _fail(EXIT_INTERRUPTED, "interrupted; all workers stopped, the interrupted run has no manifest")
+    for run_dir in run_dirs:
+        typer.echo(f"recorded {run_dir}")
+
+
+def main() -> None:
+    """Console-script entry point: one-line usage errors (exit 2), never a traceback for them."""
+    try:
+        code = app(standalone_mode=False)
+    except _UsageError as exc:
+        typer.echo(f"tracer: {exc.format_message()}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("tracer: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if isinstance(code, int) and code:
+        sys.exit(code)

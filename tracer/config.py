@@ -1,0 +1,237 @@
+"""Typed configuration of one ``tracer record`` run (one strategy, one run directory).
+
+The CLI builds a ``RecordConfig`` per strategy (``all`` expands to four); the launcher turns it
+back into command-line arguments for its workers (``to_argv``), so a spawned worker and a
+torchrun worker parse the same options the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from analyzer.schemas import FAULTS, PRECISIONS, STRATEGIES
+
+SHARDING_STRATEGIES = ("full_shard", "shard_grad_op", "no_shard")
+BACKWARD_PREFETCH = ("pre", "post", "none")
+BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
+
+# Which fault canaries each strategy can reproduce. FSDP's reduce-scatter both sums and
+# partitions the gradient, so "never averaged" has no local-only form there (FSDP1 ``no_sync``
+# and FSDP2 ``set_requires_gradient_sync(False)`` keep unsharded gradients the optimizer never
+# sees); the other two faults apply to every distributed strategy.
+FAULTS_BY_STRATEGY: dict[str, tuple[str, ...]] = {
+    "single": (),
+    "ddp": FAULTS,
+    "fsdp": ("wrong-grad-scale", "unsynced-init"),
+    "fsdp2": ("wrong-grad-scale", "unsynced-init"),
+}
+
+
+def layer_num_params(hidden: int) -> int:
+    """Parameters of one ``SimpleTransformerLayer`` of width ``hidden``: 9h^2 + 8h.
+
+    attn Linear(h, h): h^2 + h; mlp Linear(h, 4h) + Linear(4h, h): 8h^2 + 5h; LayerNorm: 2h.
+    """
+    return 9 * hidden * hidden + 8 * hidden
+
+
+@dataclass(kw_only=True, slots=True)
+class RecordConfig:
+    """Everything one strategy's record needs. Raises ``ValueError`` naming a bad value."""
+
+    strategy: str
+    """One of ``analyzer.schemas.STRATEGIES`` (``all`` is expanded by the CLI)."""
+    nproc: int = 2
+    """Ranks for distributed strategies (``single`` always runs 1). Under torchrun, WORLD_SIZE wins."""
+    backend: str = "auto"
+    """``gloo``, ``nccl`` or ``auto`` (gloo on CPU, nccl on CUDA)."""
+    device: str = "auto"
+    """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
+    hidden: int = 256
+    """Model width h; activations are [batch, seq, h]."""
+    layers: int = 2
+    """Number of SimpleTransformerLayer blocks."""
+    batch: int = 8
+    """Global batch (rows); must divide by the world size."""
+    seq: int = 128
+    """Sequence length."""
+    steps: int | None = None
+    """Total training steps; default wait + warmup + active. Step 0 carries the numerics."""
+    wait: int = 1
+    """Profiler schedule: steps skipped (>= 1 so step 0, the numerics step, is never profiled)."""
+    warmup: int = 1
+    """Profiler schedule: warm-up steps (traced, discarded)."""
+    active: int = 3
+    """Profiler schedule: recorded steps."""
+    seed: int = 0
+    """Seed of the initial weights and the synthetic batch."""
+    precision: str = "fp32"
+    """``fp32`` or ``bf16`` (torch.autocast bf16, fp32 master weights and gradients)."""
+    lr: float = 0.1
+    """Plain SGD learning rate (no momentum)."""
+    sharding_strategy: str = "full_shard"
+    """FSDP1 sharding strategy (full_shard, shard_grad_op, no_shard); FSDP2 accepts the first two."""
+    wrap_min_params: int | None = None
+    """size_based_auto_wrap_policy min_num_params; default one layer's params (9h^2 + 8h), i.e.
+    one FSDP unit per transformer layer plus the root."""
+    backward_prefetch: str = "pre"
+    """FSDP backward prefetch: pre, post or none (FSDP2: pre only, its implicit prefetch)."""
+    forward_prefetch: bool = False
+    """FSDP forward prefetch (FSDP2: explicit prefetch of the next unit)."""
+    reshard_after_forward: bool | None = None
+    """Default from the sharding strategy: full_shard -> True, shard_grad_op/no_shard -> False."""
+    out: str = "traces"
+    """Output root; the run directory is ``out/name``."""
+    name: str | None = None
+    """Run-directory name; default the strategy."""
+    timeout_s: float = 60.0
+    """Collective / rendezvous timeout, and the launcher's hang watchdog (seconds)."""
+    fault: str | None = None
+    """A deliberate bug (analyzer.schemas.FAULTS) or None."""
+
+    def __post_init__(self) -> None:
+        def bad(option: str, value: Any, why: str) -> ValueError:
+            return ValueError(f"--{option} {value}: {why}")
+
+        if self.strategy not in STRATEGIES:
+            raise bad("strategy", self.strategy, f"expected one of {', '.join(STRATEGIES + ('all',))}")
+        if self.backend not in BACKENDS:
+            raise bad("backend", self.backend, f"expected one of {', '.join(BACKENDS)}")
+        if self.device not in DEVICES:
+            raise bad("device", self.device, f"expected one of {', '.join(DEVICES)}")
+        if self.backend == "nccl" and self.device == "cpu":
+            raise bad("backend", "nccl", "needs --device cuda")
+        if self.precision not in PRECISIONS:
+            raise bad("precision", self.precision, f"expected one of {', '.join(PRECISIONS)}")
+        for option in ("nproc", "hidden", "layers", "batch", "seq", "active"):
+            value = getattr(self, option)
+            if not isinstance(value, int) or value < 1:
+                raise bad(option, value, "must be a positive integer")
+        if self.wait < 1:
+            raise bad("wait", self.wait, "must be >= 1 so step 0 (the numerics step) is not profiled")
+        if self.warmup < 0:
+            raise bad("warmup", self.warmup, "must be >= 0")
+        if self.steps is not None and self.steps < self.profiled_until:
+            raise bad("steps", self.steps, f"must be >= wait + warmup + active = {self.profiled_until}")
+        if self.batch % self.world_size:
+            raise bad("batch", self.batch,
+                      f"global batch must divide by the world size {self.world_size}")
+        if not self.lr > 0:
+            raise bad("lr", self.lr, "must be > 0")
+        if self.sharding_strategy not in SHARDING_STRATEGIES:
+            raise bad("sharding-strategy", self.sharding_strategy,
+                      f"expected one of {', '.join(SHARDING_STRATEGIES)}")
+        if self.backward_prefetch not in BACKWARD_PREFETCH:
+            raise bad("backward-prefetch", self.backward_prefetch,
+                      f"expected one of {', '.join(BACKWARD_PREFETCH)}")
+        if self.wrap_min_params is not None and self.wrap_min_params < 1:
+            raise bad("wrap-min-params", self.wrap_min_params, "must be a positive integer")
+        if not self.timeout_s > 0:
+            raise bad("timeout", self.timeout_s, "must be > 0 seconds")
+        if self.fault is not None and self.fault not in FAULTS:
+            raise bad("fault", self.fault, f"expected one of {', '.join(FAULTS)}")
+        if self.fault is not None and self.fault not in FAULTS_BY_STRATEGY[self.strategy]:
+            allowed = [s for s, f in FAULTS_BY_STRATEGY.items() if self.fault in f]
+            raise bad("fault", self.fault,
+                      f"not available for --strategy {self.strategy} (only {', '.join(allowed)})")
+        if self.strategy == "fsdp2":
+            if self.sharding_strategy == "no_shard":
+                raise bad("sharding-strategy", "no_shard", "fsdp2 shards always; use ddp")
+            if self.backward_prefetch != "pre":
+                raise bad("backward-prefetch", self.backward_prefetch,
+                          "fsdp2 only has its implicit pre-backward prefetch ('pre')")
+        if self.strategy == "fsdp" and self.reshard_after_forward is not None:
+            implied = self.sharding_strategy == "full_shard"
+            if self.reshard_after_forward != implied:
+                raise bad("reshard-after-forward", self.reshard_after_forward,
+                          f"FSDP1 derives it from --sharding-strategy {self.sharding_strategy} "
+                          f"({implied}); pick the matching sharding strategy instead")
+        if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
+            raise bad("name", self.name, "must be a plain directory name")
+
+    @property
+    def world_size(self) -> int:
+        """1 for ``single``, else ``nproc``."""
+        return 1 if self.strategy == "single" else self.nproc
+
+    @property
+    def profiled_until(self) -> int:
+        """First step after the profiler's active window (wait + warmup + active)."""
+        return self.wait + self.warmup + self.active
+
+    @property
+    def total_steps(self) -> int:
+        """Steps actually run."""
+        return self.steps if self.steps is not None else self.profiled_until
+
+    @property
+    def run_name(self) -> str:
+        """Run-directory name."""
+        return self.name or self.strategy
+
+    @property
+    def run_dir(self) -> Path:
+        """``out/run_name``."""
+        return Path(self.out) / self.run_name
+
+    @property
+    def auto_wrap_min_params(self) -> int:
+        """Resolved size_based_auto_wrap_policy threshold."""
+        return self.wrap_min_params if self.wrap_min_params is not None else layer_num_params(self.hidden)
+
+    @property
+    def resolved_reshard_after_forward(self) -> bool:
+        """reshard_after_forward, defaulted from the sharding strategy."""
+        if self.reshard_after_forward is not None:
+            return self.reshard_after_forward
+        return self.sharding_strategy == "full_shard"
+
+    def strategy_options(self) -> dict[str, Any]:
+        """The manifest's ``strategy_options`` (empty for single / ddp)."""
+        if self.strategy not in ("fsdp", "fsdp2"):
+            return {}
+        return {
+            "sharding_strategy": self.sharding_strategy,
+            "auto_wrap_min_num_params": self.auto_wrap_min_params,
+            "backward_prefetch": self.backward_prefetch,
+            "forward_prefetch": self.forward_prefetch,
+            "reshard_after_forward": self.resolved_reshard_after_forward,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-able) of every field."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RecordConfig":
+        """Inverse of ``to_dict``; unknown keys raise ``ValueError``."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config keys {unknown}")
+        return cls(**data)
+
+    def to_argv(self) -> list[str]:
+        """``tracer record`` arguments that reproduce this config (for spawned workers)."""
+        argv = ["--strategy", self.strategy, "--nproc", str(self.nproc), "--backend", self.backend,
+                "--device", self.device, "--hidden", str(self.hidden), "--layers", str(self.layers),
+                "--batch", str(self.batch), "--seq", str(self.seq), "--wait", str(self.wait),
+                "--warmup", str(self.warmup), "--active", str(self.active), "--seed", str(self.seed),
+                "--precision", self.precision, "--lr", repr(self.lr),
+                "--sharding-strategy", self.sharding_strategy,
+                "--backward-prefetch", self.backward_prefetch,
+                "--forward-prefetch" if self.forward_prefetch else "--no-forward-prefetch",
+                "--out", str(self.out), "--name", self.run_name, "--timeout", repr(self.timeout_s)]
+        if self.steps is not None:
+            argv += ["--steps", str(self.steps)]
+        if self.wrap_min_params is not None:
+            argv += ["--wrap-min-params", str(self.wrap_min_params)]
+        if self.reshard_after_forward is not None:
+            argv.append("--reshard-after-forward" if self.reshard_after_forward
+                        else "--no-reshard-after-forward")
+        if self.fault is not None:
+            argv += ["--fault", self.fault]
+        return argv

@@ -1,0 +1,77 @@
+"""Fault canaries: three real bug classes reproduced on purpose (``--fault``).
+
+- ``skip-grad-sync``: gradients are never averaged across ranks; each rank steps on its own
+  slice's gradient (DDP ``no_sync()`` on every step). DDP only (see config.FAULTS_BY_STRATEGY).
+- ``wrong-grad-scale``: the averaged gradient is divided by the world size once more (the classic
+  "divide by world size in the loss and again in the reduction" bug), before the optimizer.
+- ``unsynced-init``: ranks r > 0 start from different weights (initial weights + 0.01 * noise
+  seeded by ``seed + r``). DDP would repair this with its constructor broadcast, so for DDP the
+  noise is added after wrapping (like a per-rank checkpoint load after DDP); for FSDP1/FSDP2
+  before wrapping (they never broadcast: each rank keeps its own shard of its own weights).
+
+Test-only failure injection (not a CLI option): env ``PARITYTRACE_INJECT=<what>@<rank>:<step>``
+with what = raise | hang | sigkill makes that rank raise, sleep forever, or SIGKILL itself at the
+start of that step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+import torch
+from torch import nn
+
+INJECT_ENV = "PARITYTRACE_INJECT"
+UNSYNCED_INIT_SCALE = 0.01
+
+
+def perturb_init(model: nn.Module, seed: int, rank: int) -> None:
+    """unsynced-init: add ``0.01 * N(0, 1)`` noise (seeded by ``seed + rank``) to every parameter.
+
+    Works on plain tensors and on DTensors' local shards.
+    """
+    gen = torch.Generator().manual_seed(seed + rank)
+    with torch.no_grad():
+        for p in model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            noise = torch.randn(local.shape, generator=gen).to(local.device, local.dtype)
+            local.add_(noise, alpha=UNSYNCED_INIT_SCALE)
+
+
+def grad_sync_context(model: nn.Module, fault: str | None) -> contextlib.AbstractContextManager:
+    """skip-grad-sync: DDP ``no_sync()`` around forward and backward; otherwise a no-op."""
+    if fault == "skip-grad-sync":
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def after_backward(model: nn.Module, fault: str | None, world_size: int) -> None:
+    """wrong-grad-scale: divide every (local) gradient by ``world_size`` once more."""
+    if fault != "wrong-grad-scale":
+        return
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(world_size)
+
+
+def maybe_inject(rank: int, step: int) -> None:
+    """Apply ``PARITYTRACE_INJECT`` when it names this rank and step (tests only)."""
+    spec = os.environ.get(INJECT_ENV)
+    if not spec:
+        return
+    what, _, where = spec.partition("@")
+    r, _, s = where.partition(":")
+    if int(r) != rank or int(s) != step:
+        return
+    if what == "raise":
+        raise RuntimeError(f"injected failure at step {step}")
+    if what == "hang":
+        while True:
+            time.sleep(3600)
+    if what == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise ValueError(f"{INJECT_ENV}={spec}: unknown injection {what!r}")

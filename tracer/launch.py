@@ -1,0 +1,198 @@
+"""``tracer record`` without torchrun: spawn one worker process per rank and watch them.
+
+Each worker is ``python -m tracer record <same options>`` with the torchrun environment (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<free port>), so
+the worker code path is the one torchrun runs. Workers run in their own session (the launcher
+alone decides when they die) with PR_SET_PDEATHSIG=SIGKILL (they die with the launcher), and
+log to ``rank<r>.log`` in a control folder.
+
+Failure handling: when a worker exits non-zero the others get ``FAIL_GRACE_S`` to write their
+own errors, then every remaining worker's process group is SIGKILLed. The failing rank is
+(1) a rank killed by a signal the launcher did not send, else (2) when the earliest error is a
+collective timeout, the ranks still alive without an error (they hung), else (3) the rank with
+the earliest error. A hang watchdog kills everything when no worker made progress for
+``timeout + HANG_SLACK_S`` seconds. Ctrl-C / SIGTERM on the launcher kills all workers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracer.config import RecordConfig
+from tracer.worker import CTRL_ENV, LAUNCH_ENV
+
+FAIL_GRACE_S = 2.0
+HANG_SLACK_S = 10.0
+POLL_S = 0.05
+
+
+class RecordFailed(Exception):
+    """A record did not complete; the message is the one line to show (rank and first error)."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass(kw_only=True, slots=True)
+class _Worker:
+    rank: int
+    proc: subprocess.Popen
+    exited_at: float | None = None
+    killed_by_us: bool = False
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _is_timeout(error: str) -> bool:
+    low = error.lower()
+    return "timed out" in low or "timeout" in low
+
+
+class WorkerGroup:
+    """The spawned workers of one record; ``wait()`` returns on success, raises ``RecordFailed``."""
+
+    def __init__(self, cfg: RecordConfig, ctrl_dir: Path):
+        self.cfg = cfg
+        self.ctrl_dir = ctrl_dir
+        self.workers: list[_Worker] = []
+
+    def start(self) -> None:
+        """Start ``cfg.world_size`` workers."""
+        port = free_port()
+        world = self.cfg.world_size
+        for rank in range(world):
+            env = dict(os.environ)
+            env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(port), LAUNCH_ENV: "spawn", CTRL_ENV: str(self.ctrl_dir),
+                        "OMP_NUM_THREADS": "1"})
+            env.pop("TORCHELASTIC_RUN_ID", None)
+            log = open(self.ctrl_dir / f"rank{rank}.log", "wb")
+            try:
+                proc = subprocess.Popen([sys.executable, "-m", "tracer", "record", *self.cfg.to_argv()],
+                                        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, preexec_fn=_die_with_parent)
+            finally:
+                log.close()
+            self.workers.append(_Worker(rank=rank, proc=proc))
+
+    def kill_all(self) -> None:
+        """SIGKILL every live worker's process group and reap it."""
+        for w in self.workers:
+            if w.proc.poll() is None:
+                w.killed_by_us = True
+                try:
+                    os.killpg(w.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for w in self.workers:
+            w.proc.wait()
+
+    def _errors(self) -> dict[int, dict]:
+        out = {}
+        for w in self.workers:
+            f = self.ctrl_dir / f"rank{w.rank}.error.json"
+            if f.exists():
+                out[w.rank] = json.loads(f.read_text())
+        return out
+
+    def _last_progress(self) -> float:
+        """Newest heartbeat mtime of any live worker (start time when none yet)."""
+        times = [self.started]
+        for w in self.workers:
+            hb = self.ctrl_dir / f"rank{w.rank}.hb"
+            if w.proc.poll() is None and hb.exists():
+                times.append(hb.stat().st_mtime)
+        return max(times)
+
+    def _heartbeat_step(self, rank: int) -> str:
+        hb = self.ctrl_dir / f"rank{rank}.hb"
+        return hb.read_text().strip() if hb.exists() else "not started"
+
+    def wait(self) -> None:
+        """Block until all workers succeed; else kill the rest and raise ``RecordFailed``."""
+        self.started = time.time()
+        first_failure: float | None = None
+        while True:
+            now = time.monotonic()
+            for w in self.workers:
+                if w.exited_at is None and w.proc.poll() is not None:
+                    w.exited_at = now
+            codes = [w.proc.returncode for w in self.workers]
+            if all(c == 0 for c in codes):
+                return
+            if first_failure is None and any(c not in (None, 0) for c in codes):
+                first_failure = now
+            if first_failure is not None and (all(c is not None for c in codes)
+                                              or now - first_failure > FAIL_GRACE_S):
+                alive = [w.rank for w in self.workers if w.proc.poll() is None]
+                self.kill_all()
+                raise RecordFailed(self._diagnose(alive))
+            if first_failure is None and time.time() - self._last_progress() > self.cfg.timeout_s + HANG_SLACK_S:
+                stale = [w.rank for w in self.workers if w.proc.poll() is None]
+                steps = {r: self._heartbeat_step(r) for r in stale}
+                self.kill_all()
+                where = "; ".join(f"rank {r} at '{steps[r]}'" for r in stale)
+                raise RecordFailed(f"rank {stale[0]} hung: no progress for "
+                                   f"{self.cfg.timeout_s + HANG_SLACK_S:.0f}s ({where})")
+            time.sleep(POLL_S)
+
+    def _diagnose(self, alive_at_kill: list[int]) -> str:
+        errors = self._errors()
+        by_signal = [w for w in self.workers
+                     if w.proc.returncode is not None and w.proc.returncode < 0 and not w.killed_by_us]
+        if by_signal:
+            w = min(by_signal, key=lambda w: w.exited_at or 0.0)
+            return (f"rank {w.rank} was killed by {_signal_name(w.proc.returncode)} "
+                    f"(last progress: {self._heartbeat_step(w.rank)})")
+        if errors:
+            first = min(errors.values(), key=lambda e: e["time"])
+            hung = [r for r in alive_at_kill if r not in errors]
+            if _is_timeout(first["error"]) and hung:
+                return (f"rank {hung[0]} hung at '{self._heartbeat_step(hung[0])}': rank {first['rank']} "
+                        f"timed out waiting for it after {self.cfg.timeout_s:g}s ({first['error']})")
+            return f"rank {first['rank']} failed at step {first['step']}: {first['error']}"
+        failed = [w for w in self.workers if w.proc.returncode not in (None, 0) and not w.killed_by_us]
+        w = failed[0] if failed else self.workers[0]
+        return f"rank {w.rank} exited with code {w.proc.returncode} and wrote no error"
+
+
+def run_workers(cfg: RecordConfig) -> None:
+    """Spawn and watch the workers of one record. Raises ``RecordFailed`` (worker logs kept in a
+    temp folder named in the message) or ``KeyboardInterrupt`` (after killing the workers)."""
+    ctrl_dir = Path(tempfile.mkdtemp(prefix=f"tracer-{cfg.run_name}-"))
+    group = WorkerGroup(cfg, ctrl_dir)
+    try:
+        group.start()
+        group.wait()
+    except RecordFailed as exc:
+        raise RecordFailed(f"{cfg.run_name}: {exc} (worker logs: {ctrl_dir})") from None
+    except BaseException:
+        group.kill_all()
+        raise
+    shutil.rmtree(ctrl_dir, ignore_errors=True)

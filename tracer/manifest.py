@@ -1,0 +1,120 @@
+"""``manifest.json``: built by global rank 0 after every rank wrote its files, written last."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import uuid
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from analyzer.schemas import MANIFEST_NAME, MANIFEST_REQUIRED, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES
+from tracer.config import RecordConfig
+from tracer.profiling import activities
+from tracer.rundir import file_entries, write_bytes_atomic
+
+
+def versions() -> dict[str, Any]:
+    """python, torch, cuda, cudnn, nccl (None where absent), paritytrace."""
+    cuda = torch.version.cuda
+    nccl = None
+    if cuda and torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except (RuntimeError, AttributeError):
+            nccl = None
+    try:
+        own = metadata.version("paritytrace")
+    except metadata.PackageNotFoundError:
+        own = None
+    cudnn = torch.backends.cudnn.version() if cuda else None
+    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": cuda,
+            "cudnn": cudnn, "nccl": nccl, "paritytrace": own}
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo, else platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_info(device: torch.device) -> dict[str, Any]:
+    """{type, name, count}: count = visible CUDA devices, or logical CPUs."""
+    if device.type == "cuda":
+        return {"type": "cuda", "name": torch.cuda.get_device_name(device),
+                "count": torch.cuda.device_count()}
+    return {"type": "cpu", "name": cpu_name(), "count": os.cpu_count() or 1}
+
+
+def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend: str | None,
+                   device: torch.device, launch: dict[str, Any], num_params: int,
+                   fsdp_units: list[str]) -> dict[str, Any]:
+    """All MANIFEST_REQUIRED keys; ``files`` lists every file already in ``run_dir``.
+
+    ``strategy_options`` also carries ``fsdp_units`` (the wrapped module FQNs, additive) for
+    fsdp / fsdp2.
+    """
+    options = cfg.strategy_options()
+    if cfg.strategy in ("fsdp", "fsdp2"):
+        options["fsdp_units"] = fsdp_units
+    tol = TOLERANCES[cfg.precision]
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": uuid.uuid4().hex,
+        "run_name": run_dir.name,
+        "created_utc": datetime.now(timezone.utc).isoformat(),
+        "strategy": cfg.strategy,
+        "strategy_options": options,
+        "fault": cfg.fault,
+        "precision": cfg.precision,
+        "world_size": world_size,
+        "backend": backend,
+        "device": device_info(device),
+        "launch": launch,
+        "versions": versions(),
+        "model": {"name": "SimpleTransformer", "hidden": cfg.hidden, "layers": cfg.layers,
+                  "num_params": num_params},
+        "batch": {"global_batch": cfg.batch, "seq_len": cfg.seq,
+                  "per_rank_batch": cfg.batch // world_size, "hidden": cfg.hidden},
+        "seed": cfg.seed,
+        "steps": cfg.total_steps,
+        "profiler": {"wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active,
+                     "activities": [a.name for a in activities(device.type)],
+                     "record_shapes": True, "profile_memory": True},
+        "tolerance": {"rtol": tol["rtol"], "atol": tol["atol"], "source": TOLERANCE_SOURCE},
+        "baseline": {
+            "kind": "separate-process",
+            "file": "baseline.safetensors",
+            "description": ("one process, whole global batch, same seed, initial weights, data and "
+                            f"precision policy ({precision_policy(cfg.precision)}), one torch thread, "
+                            "plain SGD; computed before the ranks start, outside their processes"),
+        },
+        "files": file_entries(run_dir),
+    }
+    missing = [k for k in MANIFEST_REQUIRED if k not in manifest]
+    if missing:
+        raise RuntimeError(f"manifest lacks {missing}")
+    return manifest
+
+
+def precision_policy(precision: str) -> str:
+    """One-line description of the precision policy."""
+    if precision == "bf16":
+        return "torch.autocast bf16 forward and loss, fp32 master weights, gradients and reduction"
+    return "fp32 throughout"
+
+
+def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest.json`` atomically."""
+    data = json.dumps(manifest, indent=2, sort_keys=False).encode("utf-8")
+    write_bytes_atomic(run_dir / MANIFEST_NAME, data)

@@ -1,0 +1,78 @@
+"""CUDA allocator snapshots: recorded per rank, kept as the pickle memory_viz opens, and converted
+to ``memory/memory.parquet`` (MEMORY_SCHEMA) at record time so the analyzer never unpickles.
+
+Only the tracer (which produced the snapshot in this very process) pickles; nothing here loads a
+pickle. ``snapshot_to_rows`` works on the dict ``torch.cuda.memory._snapshot()`` returns:
+``{"segments": [{"address", "stream", "blocks": [{"size", "requested_size", "state",
+"frames": [{"filename", "line", "name"}, ...]}]}], ...}`` (frames innermost first).
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from analyzer.schemas import MEMORY_SCHEMA
+from tracer.numerics import rows_to_table
+from tracer.rundir import write_bytes_atomic
+
+MAX_ENTRIES = 100_000
+"""Allocator events kept by ``_record_memory_history``."""
+
+
+def start_history(device_type: str) -> None:
+    """Start recording allocator history (CUDA only; no-op on CPU)."""
+    if device_type == "cuda":
+        import torch
+
+        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES)
+
+
+def _top_frame(frames: list[dict[str, Any]]) -> str | None:
+    """Innermost frame in user Python code ("file:line:func"), skipping torch internals."""
+    for fr in frames or []:
+        filename = str(fr.get("filename", ""))
+        if filename.endswith(".py") and "/torch/" not in filename:
+            return f"{filename}:{fr.get('line')}:{fr.get('name')}"
+    return None
+
+
+def snapshot_to_rows(snapshot: dict[str, Any], rank: int) -> list[dict[str, Any]]:
+    """One MEMORY_SCHEMA row per block of every segment. ``category`` is null: the allocator
+    snapshot does not classify blocks (memory_viz's categories come from the profiler)."""
+    rows = []
+    for seg in snapshot.get("segments", []):
+        for block in seg.get("blocks", []):
+            rows.append({
+                "rank": rank,
+                "segment_address": seg.get("address"),
+                "block_size_bytes": int(block["size"]),
+                "requested_size_bytes": block.get("requested_size"),
+                "state": str(block.get("state", "unknown")),
+                "stream": seg.get("stream"),
+                "category": block.get("category"),
+                "top_frame": _top_frame(block.get("frames", [])),
+            })
+    return rows
+
+
+def snapshot_to_table(snapshot: dict[str, Any], rank: int) -> pa.Table:
+    """``snapshot_to_rows`` as a MEMORY_SCHEMA table."""
+    return rows_to_table(snapshot_to_rows(snapshot, rank), MEMORY_SCHEMA)
+
+
+def dump_snapshot(device_type: str, path: Path, rank: int) -> pa.Table | None:
+    """CUDA: take this process's snapshot, write the pickle for memory_viz atomically to ``path``,
+    stop recording, and return its table. CPU: None."""
+    if device_type != "cuda":
+        return None
+    import torch
+
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, pickle.dumps(snapshot))
+    return snapshot_to_table(snapshot, rank)

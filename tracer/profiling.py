@@ -1,0 +1,97 @@
+"""torch.profiler setup for one rank, the one-shot trace export, and memory peaks from the trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from tracer.config import RecordConfig
+from tracer.rundir import tmp_path
+
+
+def activities(device_type: str) -> list[ProfilerActivity]:
+    """CPU, plus CUDA on a CUDA device."""
+    acts = [ProfilerActivity.CPU]
+    if device_type == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    return acts
+
+
+class OneShotExport:
+    """``on_trace_ready`` handler: exports the trace once, atomically, to ``path`` (.json.gz).
+
+    ``export_chrome_trace`` gzips when the name ends in ``.gz``; the temp name keeps that suffix.
+    A second call raises ``RuntimeError`` (the schedule has ``repeat=1``, so it never should).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.exported = False
+
+    def __call__(self, prof: profile) -> None:
+        if self.exported:
+            raise RuntimeError(f"{self.path}: trace already exported once")
+        tmp = tmp_path(self.path)
+        prof.export_chrome_trace(str(tmp))
+        os.replace(tmp, self.path)
+        self.exported = True
+
+
+def make_profiler(cfg: RecordConfig, device_type: str, trace_path: Path) -> tuple[profile, OneShotExport]:
+    """A profiler with schedule(wait, warmup, active, repeat=1), record_shapes, profile_memory,
+    no stacks; call ``step()`` after every training step (step 0 is always in ``wait``)."""
+    export = OneShotExport(trace_path)
+    prof = profile(
+        activities=activities(device_type),
+        schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=1),
+        on_trace_ready=export,
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=False,
+    )
+    return prof, export
+
+
+def allocated_peaks(trace_path: Path, device_type: int = 0) -> dict[int, int]:
+    """Peak of the profiler's ``[memory]`` "Total Allocated" (bytes) inside each ``ProfilerStep#N``.
+
+    ``device_type`` filters the memory events' "Device Type" arg (0 = CPU in Kineto's encoding).
+    Returns {step N: peak bytes} for the steps that have memory events.
+    """
+    with gzip.open(trace_path, "rt", encoding="utf-8") as f:
+        events = json.load(f)["traceEvents"]
+    steps = []
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") == "X" and name.startswith("ProfilerStep#"):
+            steps.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), int(name.split("#")[1])))
+    peaks: dict[int, int] = {}
+    for e in events:
+        if e.get("name") != "[memory]":
+            continue
+        args = e.get("args", {})
+        if args.get("Device Type", 0) != device_type or "Total Allocated" not in args:
+            continue
+        ts = float(e["ts"])
+        for start, end, step in steps:
+            if start <= ts <= end:
+                peaks[step] = max(peaks.get(step, 0), int(args["Total Allocated"]))
+                break
+    return peaks
+
+
+def has_distributed_info(trace_path: Path) -> bool:
+    """Whether the exported trace carries a ``distributedInfo`` object."""
+    with gzip.open(trace_path, "rt", encoding="utf-8") as f:
+        return isinstance(json.load(f).get("distributedInfo"), dict)
+
+
+def cuda_sync(device: torch.device) -> None:
+    """Wait for queued device work (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

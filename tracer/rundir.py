@@ -1,0 +1,81 @@
+"""Run-directory files: atomic writes, clearing stale files, the file list with sha256.
+
+Every file is written to a temp name in the same folder and moved in place with ``os.replace``,
+so a reader never sees half a file; ``manifest.json`` is written last (see ``manifest.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from analyzer.schemas import MANIFEST_NAME, MEMORY_DIR
+
+PARTS_DIR = ".parts"
+"""Per-rank partial tables, merged by rank 0 and removed before the manifest is written."""
+
+
+def tmp_path(path: Path) -> Path:
+    """A temp name beside ``path`` that keeps its suffixes (export_chrome_trace gzips on '.gz')."""
+    return path.with_name(f".tmp-{os.getpid()}-{path.name}")
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    tmp = tmp_path(path)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    """Write ``table`` as Parquet to ``path`` atomically."""
+    tmp = tmp_path(path)
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Make ``run_dir`` empty of a previous record, manifest first of all.
+
+    Removing the manifest first means an interrupted clear leaves an incomplete (manifest-less)
+    directory, never a manifest describing files that are gone. Removes only what a record
+    writes (traces, Parquet, baseline, memory/, partial and temp files); creates the folder.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest = run_dir / MANIFEST_NAME
+    manifest.unlink(missing_ok=True)
+    for pattern in ("rank*.trace.json.gz", "*.parquet", "baseline.safetensors", ".tmp-*",
+                    ".baseline.safetensors.*"):
+        for f in run_dir.glob(pattern):
+            f.unlink(missing_ok=True)
+    for d in (MEMORY_DIR, PARTS_DIR):
+        shutil.rmtree(run_dir / d, ignore_errors=True)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_entries(run_dir: Path) -> list[dict]:
+    """``[{path, size_bytes, sha256}]`` for every file under ``run_dir`` except the manifest and
+    hidden (partial / temp) files; paths relative, '/'-separated, sorted."""
+    entries = []
+    for f in sorted(run_dir.rglob("*")):
+        rel = f.relative_to(run_dir)
+        if not f.is_file() or rel.as_posix() == MANIFEST_NAME or any(p.startswith(".") for p in rel.parts):
+            continue
+        entries.append({"path": rel.as_posix(), "size_bytes": f.stat().st_size, "sha256": sha256_file(f)})
+    return entries

@@ -1,0 +1,148 @@
+"""One plain function per strategy (torchtitan style) and how each exposes its gradients.
+
+``apply_ddp`` / ``apply_fsdp`` / ``apply_fsdp2`` wrap the model; ``compared_tensors`` yields, for
+the numerics, each parameter's (or gradient's) local values together with the baseline elements
+they must equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tracer.config import RecordConfig
+from tracer.numerics import clean_fqn
+
+
+def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """DistributedDataParallel; on CUDA pinned to ``device``. DDP broadcasts rank 0's weights."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DDP(model, device_ids=ids)
+
+
+def fsdp_unit_names(model: nn.Module, min_params: int) -> list[str]:
+    """Modules that ``size_based_auto_wrap_policy(min_num_params=min_params)`` wraps, post-order.
+
+    Mirrors the policy's rule (a module is wrapped when the parameters not already inside a
+    wrapped descendant reach ``min_params``; the root is always wrapped and not listed) so that
+    FSDP2 gets the same units as FSDP1.
+    """
+    units: list[str] = []
+
+    def visit(name: str, module: nn.Module) -> int:
+        remaining = sum(p.numel() for p in module.parameters(recurse=False))
+        for child_name, child in module.named_children():
+            remaining += visit(f"{name}.{child_name}" if name else child_name, child)
+        if name and remaining >= min_params:
+            units.append(name)
+            return 0
+        return remaining
+
+    visit("", model)
+    return units
+
+
+def apply_fsdp(model: nn.Module, cfg: RecordConfig, device: torch.device) -> nn.Module:
+    """FSDP1 (``FullyShardedDataParallel``) with size_based_auto_wrap_policy and ``use_orig_params``.
+
+    ``device_id`` is required on CPU (``torch.device("cpu")``); ``sync_module_states`` and CPU
+    offload fail on CPU, so ranks must start from identical weights (they load them from the
+    baseline file). ``use_orig_params=True`` is needed for ``summon_full_params(with_grads=True)``.
+    """
+    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+    prefetch = {"pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST,
+                "none": None}[cfg.backward_prefetch]
+    return FSDP(
+        model,
+        auto_wrap_policy=functools.partial(size_based_auto_wrap_policy,
+                                           min_num_params=cfg.auto_wrap_min_params),
+        sharding_strategy=ShardingStrategy[cfg.sharding_strategy.upper()],
+        backward_prefetch=prefetch,
+        forward_prefetch=cfg.forward_prefetch,
+        device_id=device,
+        use_orig_params=True,
+    )
+
+
+def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device) -> nn.Module:
+    """FSDP2: ``fully_shard`` on each unit of ``fsdp_unit_names`` (post-order), then the root.
+
+    Mesh: 1-D over all ranks on ``device.type`` (a "cpu" mesh works with gloo). Parameters become
+    DTensors sharded on dim 0 (``Shard(0)``, torch.chunk semantics). Backward prefetch is FSDP2's
+    implicit one; ``forward_prefetch`` sets each unit to prefetch the next one explicitly.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    reshard = cfg.resolved_reshard_after_forward
+    units = [model.get_submodule(n) for n in fsdp_unit_names(model, cfg.auto_wrap_min_params)]
+    for unit in units:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    if cfg.forward_prefetch:
+        for unit, nxt in zip(units, units[1:]):
+            unit.set_modules_to_forward_prefetch([nxt])
+    return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module whose ``named_parameters`` give clean FQNs after ``clean_fqn``."""
+    return getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
+
+
+@contextlib.contextmanager
+def full_view(model: nn.Module, strategy: str, *, with_grads: bool):
+    """Context in which ``compared_tensors`` can read parameters (and gradients).
+
+    FSDP1: ``FSDP.summon_full_params(with_grads=...)`` - every rank sees the full tensors, so
+    they are compared whole (replicated = 1). Chosen over mapping each flat-parameter shard to
+    its original parameters because that mapping lives in private FSDP1 attributes
+    (``_shard_param_infos``) that changed across torch versions, while summon_full_params is
+    public; its all_gather runs at step 0 only, outside the profiler's active window.
+    Other strategies: no-op.
+    """
+    if strategy != "fsdp":
+        yield
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(model, writeback=False, with_grads=with_grads):
+        yield
+
+
+def compared_tensors(model: nn.Module, strategy: str, what: str, rank: int, world_size: int,
+                     baseline: dict[str, torch.Tensor], prefix: str
+                     ) -> Iterator[tuple[int, str, torch.Tensor, torch.Tensor, bool]]:
+    """Yield (seq, fqn, local tensor, matching baseline tensor, replicated) per parameter.
+
+    ``what`` is "grad" or "param"; ``prefix`` the baseline key prefix ("grad." / "param.").
+    DDP / single / FSDP1 (inside ``full_view``): the whole tensor, replicated. FSDP2: the local
+    Shard(0) of the DTensor (``to_local()``) against ``torch.chunk(ref, world_size, 0)[rank]``
+    (an empty tensor where the chunk does not exist), replicated = False - no collective needed.
+    """
+    for seq, (name, p) in enumerate(unwrap(model).named_parameters()):
+        fqn = clean_fqn(name)
+        ref = baseline[prefix + fqn]
+        t = p.grad if what == "grad" else p
+        if t is None:
+            raise RuntimeError(f"{fqn} has no gradient after backward")
+        t = t.detach()
+        if strategy == "fsdp2":
+            local = t.to_local()
+            chunks = torch.chunk(ref, world_size, dim=0)
+            ref_local = chunks[rank] if rank < len(chunks) else ref[:0]
+            yield seq, fqn, local, ref_local, False
+        else:
+            yield seq, fqn, t, ref, True
+

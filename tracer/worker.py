@@ -1,0 +1,338 @@
+"""One rank of a record: the same code under ``tracer record``'s own spawn and under torchrun.
+
+Environment (set by torchrun, or by tracer.launch): RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; from tracer.launch also PARITYTRACE_LAUNCH=spawn
+and PARITYTRACE_CTRL_DIR (heartbeat and error files the launcher reads).
+
+Sequence per rank: init the process group (timeout = ``--timeout``) -> [torchrun: rank 0 clears
+the run dir and computes the baseline in a child process; barrier] -> load the baseline -> build,
+wrap -> steps under the profiler (step 0 also records numerics, never profiled) -> write the
+trace, partial numerics/steps tables -> barrier -> rank 0 merges the tables, writes the manifest
+last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+
+from analyzer.schemas import (MEMORY_DIR, MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME,
+                              NUMERICS_SCHEMA, STEPS_NAME, STEPS_SCHEMA, trace_name)
+from tracer import faults
+from tracer.baseline import BASELINE_NAME, load_baseline, write_baseline_isolated
+from tracer.config import RecordConfig
+from tracer.manifest import build_manifest, write_manifest
+from tracer.memory import dump_snapshot, start_history
+from tracer.model import SimpleTransformer, loss_fn, precision_context, rank_rows
+from tracer.numerics import ActivationRecorder, NumericsRows, rows_to_table, tensor_metrics
+from tracer.profiling import allocated_peaks, cuda_sync, make_profiler
+from tracer.rundir import PARTS_DIR, clear_run_dir, write_parquet_atomic
+from tracer.strategies import (apply_ddp, apply_fsdp, apply_fsdp2, compared_tensors, fsdp_unit_names,
+                               full_view)
+
+log = logging.getLogger(__name__)
+
+LAUNCH_ENV = "PARITYTRACE_LAUNCH"
+CTRL_ENV = "PARITYTRACE_CTRL_DIR"
+
+
+@dataclass(kw_only=True, slots=True)
+class RankEnv:
+    """Where this process sits in the job."""
+
+    rank: int
+    """Global rank."""
+    world_size: int
+    """Number of ranks."""
+    local_rank: int
+    """Rank on this node (selects the CUDA device)."""
+    local_world_size: int
+    """Ranks on this node."""
+    launch: str
+    """"spawn" (tracer record started it), "torchrun" or "single"."""
+    ctrl_dir: Path | None
+    """Launcher's control folder (spawn only)."""
+
+    @classmethod
+    def from_environ(cls, strategy: str) -> "RankEnv":
+        """Read the torchrun-style environment; raises ``ValueError`` on a malformed one."""
+        env = os.environ
+        try:
+            rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+            local_rank = int(env.get("LOCAL_RANK", rank))
+            local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"bad torchrun environment: {exc}") from None
+        launch = env.get(LAUNCH_ENV, "torchrun")
+        if strategy == "single" and launch == "spawn":
+            launch = "single"
+        ctrl = env.get(CTRL_ENV)
+        return cls(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+                   launch=launch, ctrl_dir=Path(ctrl) if ctrl else None)
+
+
+class Heartbeat:
+    """Writes ``rank<r>.hb`` ("<step> <phase>") in the control folder; the launcher's hang
+    watchdog reads its mtime. No-op without a control folder (torchrun)."""
+
+    def __init__(self, env: RankEnv):
+        self.path = env.ctrl_dir / f"rank{env.rank}.hb" if env.ctrl_dir else None
+        self.step = -1
+        self.phase = "start"
+
+    def beat(self, phase: str, step: int | None = None) -> None:
+        """Record progress."""
+        self.phase = phase
+        if step is not None:
+            self.step = step
+        if self.path is not None:
+            self.path.write_text(f"{self.step} {phase}\n")
+
+
+def resolve_device(cfg: RecordConfig, local_rank: int) -> torch.device:
+    """``cfg.device`` resolved (auto: cuda when available); CUDA picks ``cuda:local_rank``."""
+    kind = cfg.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def resolve_backend(cfg: RecordConfig, device: torch.device) -> str:
+    """``cfg.backend`` resolved: auto -> nccl on CUDA, gloo on CPU."""
+    if cfg.backend != "auto":
+        return cfg.backend
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def peak_rss_bytes() -> int:
+    """High-water RSS of this process (ru_maxrss is KiB on Linux)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def wrap(model: torch.nn.Module, cfg: RecordConfig, device: torch.device) -> torch.nn.Module:
+    """Apply the strategy (single: the model itself)."""
+    if cfg.strategy == "ddp":
+        return apply_ddp(model, device)
+    if cfg.strategy == "fsdp":
+        return apply_fsdp(model, cfg, device)
+    if cfg.strategy == "fsdp2":
+        return apply_fsdp2(model, cfg, device)
+    return model
+
+
+def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
+    """Everything one rank does; raises on any failure (the caller reports it)."""
+    torch.set_num_threads(1)
+    device = resolve_device(cfg, env.local_rank)
+    backend = resolve_backend(cfg, device)
+    if env.world_size != cfg.world_size and env.launch != "torchrun":
+        raise ValueError(f"WORLD_SIZE {env.world_size} != expected {cfg.world_size}")
+    if cfg.strategy == "single" and env.world_size != 1:
+        raise ValueError(f"--strategy single needs one process, got WORLD_SIZE {env.world_size}")
+    if cfg.batch % env.world_size:
+        raise ValueError(f"--batch {cfg.batch}: global batch must divide by the world size {env.world_size}")
+    hb.beat("init_process_group")
+    dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=cfg.timeout_s))
+    rank, world = env.rank, env.world_size
+    run_dir = cfg.run_dir
+    baseline_path = run_dir / BASELINE_NAME
+    if env.launch == "torchrun":
+        if rank == 0:
+            hb.beat("baseline")
+            clear_run_dir(run_dir)
+            write_baseline_isolated(cfg, device.type, baseline_path)
+        dist.barrier()
+    base, _order = load_baseline(baseline_path, cfg, device.type)
+
+    # Model: identical initial weights on every rank, from the baseline file.
+    model = SimpleTransformer(cfg.hidden, cfg.layers)
+    model.load_state_dict({k[len("init."):]: v for k, v in base.items() if k.startswith("init.")})
+    num_params = sum(p.numel() for p in model.parameters())
+    units = fsdp_unit_names(model, cfg.auto_wrap_min_params) if cfg.strategy in ("fsdp", "fsdp2") else []
+    if cfg.fault == "unsynced-init" and rank > 0 and cfg.strategy != "ddp":
+        faults.perturb_init(model, cfg.seed, rank)
+    model.to(device)
+    model = wrap(model, cfg, device)
+    if cfg.fault == "unsynced-init" and rank > 0 and cfg.strategy == "ddp":
+        faults.perturb_init(model, cfg.seed, rank)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+
+    rows = rank_rows(cfg.batch, world, rank)
+    x = base["batch.x"][rows].to(device)
+    y = base["batch.y"][rows].to(device)
+    ref_losses = base["loss"].tolist()
+    numerics = NumericsRows(rank)
+    step_rows: list[dict] = []
+    trace_path = run_dir / trace_name(rank)
+    start_history(device.type)
+    prof, export = make_profiler(cfg, device.type, trace_path)
+    snapshot_table = None
+    with prof:
+        for step in range(cfg.total_steps):
+            hb.beat("step", step)
+            faults.maybe_inject(rank, step)
+            numerics_ns = 0
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            cuda_sync(device)
+            t0 = time.perf_counter_ns()
+            recorder = ActivationRecorder(model) if step == 0 else None
+            with faults.grad_sync_context(model, cfg.fault):
+                with torch.profiler.record_function("forward"), precision_context(cfg.precision, device.type):
+                    loss = loss_fn(model(x), y)
+                if recorder is not None:
+                    recorder.__exit__()
+                with torch.profiler.record_function("backward"):
+                    loss.backward()
+            faults.after_backward(model, cfg.fault, world)
+            if step == 0:
+                t_num = time.perf_counter_ns()
+                record_step0_before_optimizer(cfg, model, recorder, base, numerics, rank, world, rows)
+                numerics_ns += time.perf_counter_ns() - t_num
+            with torch.profiler.record_function("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if step == 0:
+                t_num = time.perf_counter_ns()
+                record_params(cfg, model, base, numerics, rank, world)
+                numerics_ns += time.perf_counter_ns() - t_num
+            cuda_sync(device)
+            wall_ns = time.perf_counter_ns() - t0 - numerics_ns
+            numerics.add_loss(step, float(loss.detach()), ref_losses[step])
+            profiled = cfg.wait + cfg.warmup <= step < cfg.profiled_until
+            step_rows.append({
+                "rank": rank, "step": step, "profiled": profiled, "wall_ns": wall_ns,
+                "peak_rss_bytes": peak_rss_bytes(), "profiler_allocated_peak_bytes": None,
+                "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+                "cuda_max_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
+            })
+            prof.step()
+            if step == cfg.profiled_until - 1:
+                snapshot_table = dump_snapshot(device.type, run_dir / MEMORY_DIR / f"rank{rank}.snapshot.pickle", rank)
+    if not export.exported:
+        raise RuntimeError("profiler never exported its trace (schedule longer than the run?)")
+
+    hb.beat("write")
+    peaks = allocated_peaks(trace_path)
+    for row in step_rows:
+        if row["profiled"]:
+            row["profiler_allocated_peak_bytes"] = peaks.get(row["step"])
+    parts = run_dir / PARTS_DIR
+    parts.mkdir(exist_ok=True)
+    write_parquet_atomic(numerics.table(), parts / f"rank{rank}.numerics.parquet")
+    write_parquet_atomic(rows_to_table(step_rows, STEPS_SCHEMA), parts / f"rank{rank}.steps.parquet")
+    if snapshot_table is not None:
+        write_parquet_atomic(snapshot_table, parts / f"rank{rank}.memory.parquet")
+    dist.barrier()
+    if rank == 0:
+        hb.beat("manifest")
+        merge_parts(run_dir, world, with_memory=snapshot_table is not None)
+        launch = {"method": env.launch,
+                  "nnodes": max(1, world // max(1, env.local_world_size)),
+                  "master_addr": os.environ.get("MASTER_ADDR"),
+                  "master_port": int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None}
+        manifest = build_manifest(cfg=cfg, run_dir=run_dir, world_size=world,
+                                  backend=backend, device=device, launch=launch,
+                                  num_params=num_params, fsdp_units=units)
+        write_manifest(run_dir, manifest)
+    hb.beat("done")
+
+
+def record_step0_before_optimizer(cfg, model, recorder, base, numerics: NumericsRows,
+                                  rank: int, world: int, rows: slice) -> None:
+    """Step-0 activations (this rank's rows) and gradients vs the baseline (no-op for single)."""
+    if cfg.strategy == "single":
+        return
+    for seq, name, out in recorder.items():
+        ref = base[f"act.{name}"][rows]
+        numerics.add_tensor(0, "activation", name, seq, tensor_metrics(out, ref, replicated=False))
+    with full_view(model, cfg.strategy, with_grads=True):
+        for seq, fqn, local, ref, replicated in compared_tensors(model, cfg.strategy, "grad", rank, world, base, "grad."):
+            numerics.add_tensor(0, "grad", fqn, seq, tensor_metrics(local, ref, replicated=replicated))
+
+
+def record_params(cfg, model, base, numerics: NumericsRows, rank: int, world: int) -> None:
+    """Parameters after the first optimizer step vs the baseline (no-op for single)."""
+    if cfg.strategy == "single":
+        return
+    with full_view(model, cfg.strategy, with_grads=False):
+        for seq, fqn, local, ref, replicated in compared_tensors(model, cfg.strategy, "param", rank, world, base, "param."):
+            numerics.add_tensor(0, "param", fqn, seq, tensor_metrics(local, ref, replicated=replicated))
+
+
+def merge_parts(run_dir: Path, world: int, *, with_memory: bool) -> None:
+    """Concatenate every rank's partial tables into the run-dir files, then drop the parts."""
+    parts = run_dir / PARTS_DIR
+    targets = [("numerics", NUMERICS_SCHEMA, run_dir / NUMERICS_NAME),
+               ("steps", STEPS_SCHEMA, run_dir / STEPS_NAME)]
+    if with_memory:
+        targets.append(("memory", MEMORY_SCHEMA, run_dir / MEMORY_DIR / MEMORY_PARQUET_NAME))
+    for kind, schema, target in targets:
+        tables = []
+        for r in range(world):
+            part = parts / f"rank{r}.{kind}.parquet"
+            if not part.exists():
+                raise RuntimeError(f"rank {r} wrote no {kind} table ({part})")
+            tables.append(pq.read_table(part, schema=schema))
+        merged = pa.concat_tables(tables)
+        if kind == "numerics":
+            merged = merged.unify_dictionaries().combine_chunks()
+        write_parquet_atomic(merged.cast(schema), target)
+    for f in parts.iterdir():
+        f.unlink()
+    parts.rmdir()
+
+
+def write_error(env: RankEnv, step: int, exc: BaseException) -> str:
+    """Write this rank's first error for the launcher (``rank<r>.error.json``); return its line."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    if env.ctrl_dir is not None:
+        payload = json.dumps({"rank": env.rank, "time": time.time(), "step": step, "error": line})
+        tmp = env.ctrl_dir / f".rank{env.rank}.error.tmp"
+        tmp.write_text(payload)
+        os.replace(tmp, env.ctrl_dir / f"rank{env.rank}.error.json")
+    return line
+
+
+def worker_main(cfg: RecordConfig) -> None:
+    """Run this rank and exit the process: 0 on success; 1 after reporting the first error.
+
+    Exits with ``os._exit`` after a failure so that no atexit handler or process-group
+    destructor can block on a dead or hung peer.
+    """
+    env = RankEnv.from_environ(cfg.strategy)
+    logging.basicConfig(level=logging.WARNING, format=f"[rank{env.rank}] %(levelname)s %(name)s: %(message)s")
+    hb = Heartbeat(env)
+    try:
+        run_rank(cfg, env, hb)
+    except BaseException as exc:  # process boundary: report any failure (incl. Ctrl-C) and die
+        line = write_error(env, hb.step, exc)
+        traceback.print_exc()
+        print(f"tracer: rank {env.rank} failed at step {hb.step} ({hb.phase}): {line}",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
