@@ -81,7 +81,7 @@ def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | No
     if precision not in schemas.TOLERANCES:
         raise ValueError(f"unknown precision {precision!r}; expected one of {schemas.PRECISIONS}")
     base = schemas.TOLERANCES[precision]
-    source = f"{schemas.TOLERANCE_SOURCE} ({precision})"
+    source = schemas.TOLERANCE_SOURCE.replace("the dtype", precision)
     overridden = [n for n, v in (("rtol", rtol), ("atol", atol)) if v is not None]
     if overridden:
         source = f"{' and '.join(overridden)} set by the user; otherwise {source}"

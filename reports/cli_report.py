@@ -2,6 +2,89 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+FORMATS = ("md", "json", "html")
+
+
+def _formats(value: str) -> list[str]:
+    wanted = [f.strip() for f in value.split(",") if f.strip()]
+    bad = [f for f in wanted if f not in FORMATS]
+    if bad or not wanted:
+        raise typer.BadParameter(f"unknown format(s) {', '.join(bad) or '(none)'}; "
+                                 f"choose from {','.join(FORMATS)}")
+    return wanted
+
+
+def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: float | None,
+                 atol: float | None, allow_incomplete: bool) -> tuple[dict, str]:
+    """Collect the report for ``root`` and write the chosen formats under ``out`` (default
+    ``root/report``). Returns (report dict, markdown text). Raises ``BadInput``."""
+    from reports import collect, html, jsonout, markdown
+
+    report = collect.collect(root, rtol=rtol, atol=atol, allow_incomplete=allow_incomplete)
+    md = markdown.render(report)
+    out = out or root / "report"
+    if "json" in formats:
+        jsonout.write_atomic(out / "report.json", jsonout.dumps(report))
+    if "html" in formats:
+        jsonout.write_atomic(out / "report.html", html.render(report, md))
+    if "md" in formats:
+        jsonout.write_atomic(out / "report.md", md)
+    return report, md
+
+
+def gate_lines(report: dict) -> tuple[bool, list[str]]:
+    """(every run passed, one line per run). The reference run counts as a pass."""
+    lines, ok = [], True
+    for r in report["runs"]:
+        p = r["parity"]
+        passed = p["status"] in ("pass", "reference")
+        ok &= passed
+        lines.append(f"{'PASS' if passed else 'FAIL'} {r['name']}: {p['status']} -- {p['reason']}")
+    return ok, lines
+
 
 def register(app, run) -> None:
     """Add the ``report`` and ``gate`` commands to ``app``; ``run`` maps typed errors to exit codes."""
+
+    @app.command("report")
+    def report_cmd(
+        directory: Annotated[Path, typer.Argument(help="Traces root, one run directory, or a folder of foreign traces.")],
+        out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default DIR/report).")] = None,
+        fmt: Annotated[str, typer.Option("--format", help="Comma-separated: md,json,html.")] = "md,json,html",
+        rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
+        atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
+        allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help="Skip runs without a manifest; analyse partial rank sets.")] = False,
+    ) -> None:
+        """Check parity, attribute time and memory, compare and rank; print report.md."""
+        formats = _formats(fmt)
+        _, md = run(lambda: write_report(directory, out=out, formats=formats, rtol=rtol, atol=atol,
+                                         allow_incomplete=allow_incomplete))
+        typer.echo(md)
+
+    @app.command("gate")
+    def gate_cmd(
+        directory: Annotated[Path, typer.Argument(help="Traces root or one run directory.")],
+        rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
+        atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
+        allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete")] = False,
+    ) -> None:
+        """Exit 0 when every run passes the parity gate (the reference counts), 3 otherwise."""
+        from analyzer.errors import EXIT_GATE_FAILED
+        from reports import collect
+
+        def _gate():
+            runs = collect.gate_runs(directory, rtol=rtol, atol=atol, allow_incomplete=allow_incomplete)
+            return gate_lines({"runs": runs})
+
+        ok, lines = run(_gate)
+        for line in lines:
+            typer.echo(line)
+        if not ok:
+            typer.echo("gate: FAILED -- at least one run is not numerically equivalent to the baseline")
+            raise typer.Exit(EXIT_GATE_FAILED)
+        typer.echo("gate: passed")

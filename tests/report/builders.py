@@ -107,3 +107,47 @@ def events(rows):
     for c in ("ts_ns", "dur_ns", "end_ns", "stream", "correlation", "external_id", "step", "bytes"):
         df[c] = df[c].astype("int64")
     return df
+
+
+def write_run(run_dir: Path, *, strategy: str, walls: dict[int, tuple[int, ...]],
+              grad_diff: float = 0.0, tensor: str = "layers.0.attn.weight", peak_alloc: int = 10 << 20,
+              **manifest_kw) -> None:
+    """A complete hand-built run directory (no traces): manifest, numerics, steps.
+
+    ``walls`` maps step -> per-rank wall_ns; step 0 is unprofiled, the rest profiled.
+    ``grad_diff`` is the max |diff| of the one gradient (max |ref| 1.0: fp32 limit 1.13e-5).
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    world = len(next(iter(walls.values())))
+    rows = []
+    for rank in range(world):
+        for step in walls:
+            rows += loss_rows(rank=rank, step=step, value=2.0, ref=2.0)
+        if strategy != "single":
+            rows += tensor_rows(rank=rank, kind="activation", tensor="layers.0", seq=0)
+            rows += tensor_rows(rank=rank, kind="grad", tensor=tensor, seq=0, max_abs_diff=grad_diff,
+                                diff_sq_sum=grad_diff ** 2, replicated=1.0)
+            rows += tensor_rows(rank=rank, kind="param", tensor=tensor, seq=0)
+    write_numerics(run_dir / "numerics.parquet", rows)
+    srows = [dict(rank=rank, step=step, profiled=step > 0, wall_ns=w[rank], peak_rss_bytes=(200 << 20) + rank,
+                  profiler_allocated_peak_bytes=peak_alloc + rank)
+             for step, w in walls.items() for rank in range(world)]
+    write_steps(run_dir / "steps.parquet", srows)
+    write_manifest(run_dir, manifest(run_name=run_dir.name, strategy=strategy, world_size=world,
+                                     **manifest_kw))
+
+
+def build_root(root: Path, *, fault: bool = False) -> Path:
+    """A traces root: single (steps 10/10/10 ms), ddp (slowest rank 5, 6, 8 ms), fsdp2 (8/9/9 ms).
+
+    Exact answers: medians of profiled steps (1, 2): single 10 ms, ddp 7 ms, fsdp2 9 ms ->
+    order ddp, fsdp2, single; speedups 10/7 and 10/9. With ``fault`` the ddp gradient differs
+    by 1e-3 (> limit 1.13e-5): ranking withheld naming ddp and layers.0.attn.weight.
+    """
+    ms = 1_000_000
+    write_run(root / "single", strategy="single", walls={0: (10 * ms,), 1: (10 * ms,), 2: (10 * ms,)})
+    write_run(root / "ddp", strategy="ddp", walls={0: (50 * ms, 1), 1: (5 * ms, 6 * ms), 2: (8 * ms, 7 * ms)},
+              grad_diff=1e-3 if fault else 1e-6, fault="wrong-grad-scale" if fault else None)
+    write_run(root / "fsdp2", strategy="fsdp2", walls={0: (1, 1), 1: (9 * ms, 8 * ms), 2: (9 * ms, 9 * ms)},
+              options={"reshard_after_forward": True})
+    return root

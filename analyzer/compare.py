@@ -1,0 +1,135 @@
+"""Compare runs and rank them -- only when every run's numerics are trusted.
+
+Works on the per-run summaries the report builds (the ``runs[]`` entries of report.json).
+
+Ranking rule (stated in every output as ``RANKING_RULE``): runs whose parity passed, plus the
+``single`` reference run (the speedup base), ordered by the median step time of the profiled
+steps -- the step time of a distributed step being its slowest rank's wall time from
+``steps.parquet`` -- fastest first; ties broken by lower peak allocated memory. The ranking is
+withheld when any run failed parity or has none recorded (naming the run and its first diverging
+tensor or the reason), or when the runs were not recorded under the same settings (versions,
+device, global batch shape, seed, model, precision, launch), since they are then not one experiment.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+RANKING_RULE = (
+    "Runs are ranked only when every run passed the parity gate (the single-device run is the "
+    "reference and the speedup base). Order: median step time over the profiled steps, fastest "
+    "first (a distributed step lasts as long as its slowest rank); ties broken by lower peak "
+    "allocated memory. Runs recorded under different settings are never ranked together."
+)
+
+SETTINGS = ("versions", "device", "batch", "seed", "model", "precision", "launch")
+"""Manifest settings that must agree for runs to be one experiment."""
+
+
+def _setting(run: dict[str, Any], key: str) -> Any:
+    s = run.get("settings") or {}
+    value = s.get(key)
+    if key == "batch" and isinstance(value, dict):
+        # per-rank batch differs by design between single and distributed runs
+        return {k: v for k, v in value.items() if k != "per_rank_batch"}
+    if key == "launch" and isinstance(value, dict):
+        if run.get("strategy") == "single":
+            return None  # the baseline is not launched; nothing to compare
+        return {k: v for k, v in value.items() if k in ("method", "nnodes")}
+    if key == "device" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k in ("type", "name")}
+    return value
+
+
+def settings_differences(runs: list[dict[str, Any]]) -> list[str]:
+    """One warning line per setting in ``SETTINGS`` on which the recorded runs disagree, naming
+    the runs and their values. Foreign runs (no settings) are ignored."""
+    recorded = [r for r in runs if r.get("settings")]
+    out = []
+    for key in SETTINGS:
+        seen: dict[str, list[str]] = {}
+        for r in recorded:
+            v = _setting(r, key)
+            if v is None and key == "launch":
+                continue
+            seen.setdefault(repr(v), []).append(r["name"])
+        if len(seen) > 1:
+            parts = "; ".join(f"{', '.join(names)}: {v}" for v, names in seen.items())
+            out.append(f"runs differ in {key} ({parts})")
+    return out
+
+
+def _peak(run: dict[str, Any]) -> float:
+    v = (run.get("memory") or {}).get("peak_allocated_bytes")
+    return math.inf if v is None else float(v)
+
+
+def rank_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{status: "ranked" | "withheld", order: [names], reason: str, rule: RANKING_RULE}``.
+
+    ``order`` is empty when withheld. Each run needs ``name``, ``strategy``, ``parity.status``,
+    ``parity.reason``, ``parity.first_divergence``, ``step_time_ns.median`` and optionally
+    ``memory.peak_allocated_bytes`` and ``settings``.
+    """
+    withheld = []
+    for r in runs:
+        p = r["parity"]
+        if p["status"] == "fail":
+            fd = p.get("first_divergence")
+            what = (f"first diverging tensor {fd['kind']} {fd['tensor']}" if fd else p["reason"])
+            withheld.append(f"run {r['name']} failed the parity gate ({what})")
+        elif p["status"] == "not_recorded":
+            withheld.append(f"run {r['name']} has no parity verdict ({p['reason']})")
+    if withheld:
+        return {"status": "withheld", "order": [], "rule": RANKING_RULE,
+                "reason": "; ".join(withheld) + ". Speed figures of a run whose numerics are not "
+                          "verified do not count."}
+    diffs = settings_differences(runs)
+    if diffs:
+        return {"status": "withheld", "order": [], "rule": RANKING_RULE,
+                "reason": "the runs are not one experiment: " + "; ".join(diffs)
+                          + ". Record them together with the same settings."}
+    timed = [r for r in runs if (r.get("step_time_ns") or {}).get("median") is not None]
+    untimed = [r["name"] for r in runs if r not in timed]
+    if not timed:
+        return {"status": "withheld", "order": [], "rule": RANKING_RULE,
+                "reason": "no run has a measured step time"}
+    order = sorted(timed, key=lambda r: (r["step_time_ns"]["median"], _peak(r), r["name"]))
+    reason = f"{len(order)} run(s) passed parity (or are the reference)"
+    if untimed:
+        reason += f"; not ranked for lack of step times: {', '.join(untimed)}"
+    return {"status": "ranked", "order": [r["name"] for r in order], "reason": reason,
+            "rule": RANKING_RULE}
+
+
+def speedups(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Speedup of each run over the ``single`` run: single's median step time / the run's.
+    None when there is no single run or either time is missing."""
+    base = next((r for r in runs if r.get("strategy") == "single"), None)
+    b = (base or {}).get("step_time_ns", {}).get("median") if base else None
+    out = {}
+    for r in runs:
+        m = (r.get("step_time_ns") or {}).get("median")
+        out[r["name"]] = (b / m) if (b and m) else None
+    return out
+
+
+def prefetch_groups(runs: list[dict[str, Any]]) -> list[list[str]]:
+    """Groups (>= 2 runs) of the same FSDP strategy whose strategy options differ only in the
+    prefetch settings (``backward_prefetch``, ``forward_prefetch``): compare them side by side."""
+    keys = ("backward_prefetch", "forward_prefetch")
+    groups: dict[str, list[str]] = {}
+    for r in runs:
+        if r.get("strategy") not in ("fsdp", "fsdp2"):
+            continue
+        opts = {k: v for k, v in (r.get("options") or {}).items() if k not in keys}
+        settings = {k: _setting(r, k) for k in SETTINGS}
+        groups.setdefault(repr((r["strategy"], sorted(opts.items()), settings)), []).append(r["name"])
+    out = []
+    for names in groups.values():
+        opts = {repr({k: (next(r for r in runs if r["name"] == n).get("options") or {}).get(k)
+                      for k in keys}) for n in names}
+        if len(names) >= 2 and len(opts) > 1:
+            out.append(names)
+    return out

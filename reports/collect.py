@@ -1,0 +1,211 @@
+"""Gather everything the report shows into one JSON-ready dict (report.json's content).
+
+Reads run directories through ``analyzer`` only (never torch). The renderers (``markdown``,
+``html``) take this dict and nothing else.
+
+Per-run figures from the traces (``analyzer.api``): ``ranks[]`` are per-step means over the
+rank's steps; the run's ``overlap_frac`` = overlap / communication summed over ranks and steps;
+``exposed_comm_ns`` = exposed communication per step, mean over ranks; ``communication[kind]``
+= per-rank means (count, time_ns, bytes) and the mean busbw over ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer import api, compare, memory, parity, prefetch, rundirs, schemas
+
+log = logging.getLogger(__name__)
+
+REPORT_SCHEMA_VERSION = 1
+BAR_PARTS = ("compute_ns", "exposed_comm_ns", "other_ns", "idle_ns")
+
+
+def _num(v: Any) -> Any:
+    """JSON-safe scalar: numpy -> python, NaN/NA -> None."""
+    if v is None or v is pd.NA:
+        return None
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return None if math.isnan(float(v)) else float(v)
+    return v
+
+
+def _parity_dict(res: parity.ParityResult) -> dict[str, Any]:
+    tol = res.tolerance
+    return {
+        "status": res.status, "reason": res.reason,
+        "tolerance": None if tol is None else {"rtol": tol.rtol, "atol": tol.atol,
+                                               "precision": tol.precision, "source": tol.source},
+        "max_grad_rel_l2": _num(res.max_grad_rel_l2),
+        "loss_max_rel_diff": _num(res.loss_max_rel_diff),
+        "first_divergence": None if res.first_divergence is None else {
+            k: _num(v) if not isinstance(v, dict) else v for k, v in res.first_divergence.items()},
+        "failed_checks": [] if res.tensors.empty else [
+            {"kind": r.kind, "tensor": r.tensor, "step": int(r.step), "rel_l2": _num(r.rel_l2),
+             "max_abs_diff": _num(r.max_abs_diff), "limit": _num(r.limit)}
+            for r in res.tensors[~res.tensors["passed"].astype(bool)].head(10).itertuples()],
+    }
+
+
+def _trace_part(ts: api.TraceSet) -> dict[str, Any]:
+    """Figures from the traces: ranks[], steps[] (bars), communication, overlap, timeline."""
+    bd = api.breakdown(ts)
+    bd = bd[bd["step"] >= 0]
+    out: dict[str, Any] = {"whole_trace_mode": ts.whole_trace_mode,
+                           "rank_sources": sorted({r.rank_source for r in ts.ranks}),
+                           "missing_ranks": ts.missing_ranks,
+                           "device_kind": ts.ranks[0].device_kind if ts.ranks else "cpu",
+                           "trace_warnings": [w for r in ts.ranks for w in r.warnings][:20]}
+    ranks = []
+    for rank, g in bd.groupby("rank", sort=True):
+        comm = int(g["comm_ns"].sum())
+        ranks.append({"rank": int(rank), "steps": int(len(g)),
+                      **{c: _num(float(g[c].mean())) for c in
+                         ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns")},
+                      "overlap_frac": _num(g["overlap_ns"].sum() / comm) if comm else None})
+    out["ranks"] = ranks
+    comm_total = int(bd["comm_ns"].sum())
+    out["overlap_frac"] = _num(bd["overlap_ns"].sum() / comm_total) if comm_total else None
+    out["exposed_comm_ns"] = _num(float(bd["exposed_comm_ns"].mean())) if len(bd) else None
+    out["trace_step_ns"] = [int(v) for v in bd.groupby("step")["step_ns"].max().to_numpy()]
+    out["steps"] = [{"step": int(s), **{c: _num(float(g[c].mean())) for c in ("step_ns", *BAR_PARTS)}}
+                    for s, g in bd.groupby("step", sort=True)]
+    cbk = api.comm_by_kind(ts)
+    n = max(len(ts.ranks), 1)
+    out["communication"] = {
+        str(kind): {"count": _num(g["count"].sum() / n), "time_ns": _num(g["time_ns"].sum() / n),
+                    "bytes": _num(g["bytes"].clip(lower=0).sum() / n),
+                    "busbw_gbps": _num(g["busbw_gbps"].mean())}
+        for kind, g in cbk.groupby("kind", sort=True)}
+    out["timeline"] = None
+    if len(bd):
+        r0 = int(bd["rank"].min())
+        first = bd[bd["rank"] == r0].sort_values("step").iloc[0]
+        tl = api.timeline(ts, r0, int(first["step"]))
+        t0 = int(first["step_start_ns"])
+        out["timeline"] = {"rank": r0, "step": int(first["step"]), "step_ns": int(first["step_ns"]),
+                           "intervals": [{"lane": str(r.lane), "kind": str(r.kind or ""),
+                                          "start_ns": int(r.start_ns) - t0, "end_ns": int(r.end_ns) - t0}
+                                         for r in tl.itertuples()]}
+    pf_tables = [prefetch.prefetch_table(r.events, rank=r.rank) for r in ts.ranks]
+    pf_tables = [t for t in pf_tables if not t.empty]
+    if pf_tables:
+        pf = pd.concat(pf_tables, ignore_index=True)
+        summary = prefetch.prefetch_summary(pf)
+        units = (pf.groupby(["phase", "unit"], sort=False)
+                 .agg(n=("rank", "size"), prefetched=("prefetched", "mean"),
+                      comm_ns=("comm_ns", "mean"), hidden_frac=("hidden_frac", "mean"),
+                      slack_ns=("slack_ns", "mean"), min_slack_ns=("slack_ns", "min"))
+                 .reset_index())
+        out["prefetch"] = {**summary,
+                           "note": prefetch.CPU_NOTE if out["device_kind"] == "cpu" else None,
+                           "units": [{k: _num(v) if not isinstance(v, str) else v
+                                      for k, v in row.items()} for row in units.to_dict("records")]}
+    else:
+        out["prefetch"] = None
+    return out
+
+
+def collect_run(run: rundirs.RunDir, *, rtol: float | None, atol: float | None,
+                allow_incomplete: bool) -> dict[str, Any]:
+    """The report entry of one run. Raises ``BadInput`` for malformed inputs."""
+    m = run.manifest
+    res = parity.check_run(run.path, m, rtol=rtol, atol=atol)
+    entry: dict[str, Any] = {
+        "name": run.name, "path": str(run.path), "strategy": run.strategy,
+        "options": (m or {}).get("strategy_options") or {}, "fault": (m or {}).get("fault"),
+        "world_size": (m or {}).get("world_size"), "backend": (m or {}).get("backend"),
+        "device": ((m or {}).get("device") or {}).get("type"),
+        "settings": None if m is None else {k: m.get(k) for k in compare.SETTINGS},
+        "parity": _parity_dict(res),
+    }
+    steps_path = run.path / schemas.STEPS_NAME
+    peaks = pd.DataFrame()
+    step_ns: list[int] = []
+    step_source = None
+    if m is not None and steps_path.exists():
+        steps = memory.read_steps(steps_path)
+        st = memory.step_times(steps)
+        step_ns = [int(v) for v in st[st["profiled"]]["step_ns"]]
+        step_source = "steps.parquet: profiled steps, slowest rank's wall time"
+        peaks = memory.rank_peaks(steps)
+    traces = sorted(p for p in run.path.iterdir() if p.is_file() and rundirs._is_trace(p))
+    entry["traces"] = [str(p) for p in traces]
+    trace_part: dict[str, Any] = {}
+    if traces:
+        ts = api.load_traces(run.path, allow_incomplete=allow_incomplete)
+        trace_part = _trace_part(ts)
+        if entry["world_size"] is None:
+            entry["world_size"] = ts.world_size
+            entry["device"] = "cuda" if trace_part["device_kind"] == "gpu" else "cpu"
+        if not step_ns and trace_part["trace_step_ns"]:
+            step_ns = trace_part["trace_step_ns"]
+            step_source = "traces: ProfilerStep spans, slowest rank"
+    stats = memory.step_stats(step_ns)
+    entry["step_time_ns"] = {"median": stats["median"], "p90": stats["p90"], "n": stats["n"],
+                             "source": step_source}
+    mem_ranks = [{k: _num(v) for k, v in row.items()} for row in peaks.to_dict("records")]
+    entry["memory"] = {
+        "peak_rss_bytes": _num(peaks["peak_rss_bytes"].max()) if len(peaks) else None,
+        "peak_allocated_bytes": memory.peak_allocated_bytes(peaks) if len(peaks) else None,
+        "peak_reserved_bytes": _num(peaks["cuda_max_reserved_bytes"].max()) if len(peaks) else None,
+        "ranks": mem_ranks, "by_category": [], "largest": []}
+    mem_path = run.path / schemas.MEMORY_DIR / schemas.MEMORY_PARQUET_NAME
+    if m is not None and mem_path.exists():
+        mem = memory.read_memory(mem_path)
+        entry["memory"]["by_category"] = [{k: _num(v) for k, v in r.items()}
+                                          for r in memory.memory_by_category(mem).to_dict("records")]
+        entry["memory"]["largest"] = [{k: _num(v) for k, v in r.items()}
+                                      for r in memory.largest_allocations(mem).to_dict("records")]
+    entry["communication"] = trace_part.get("communication", {})
+    entry["overlap_frac"] = trace_part.get("overlap_frac")
+    entry["exposed_comm_ns"] = trace_part.get("exposed_comm_ns")
+    entry["ranks"] = trace_part.get("ranks", [])
+    entry["prefetch"] = trace_part.get("prefetch")
+    entry["steps"] = trace_part.get("steps", [])
+    entry["timeline"] = trace_part.get("timeline")
+    entry["trace_info"] = {k: trace_part.get(k) for k in
+                           ("whole_trace_mode", "rank_sources", "missing_ranks", "device_kind",
+                            "trace_warnings")} if trace_part else None
+    return entry
+
+
+def build_report(runs: list[dict[str, Any]], *, layout: str, root: str,
+                 warnings: list[str] | None = None) -> dict[str, Any]:
+    """Assemble report.json from run entries: adds speedups, ranking, settings warnings."""
+    sp = compare.speedups(runs)
+    for r in runs:
+        r["speedup_vs_single"] = sp.get(r["name"])
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION, "root": root, "layout": layout,
+        "runs": runs, "ranking": compare.rank_runs(runs),
+        "settings_warnings": compare.settings_differences(runs),
+        "prefetch_comparisons": compare.prefetch_groups(runs),
+        "warnings": list(warnings or []),
+    }
+
+
+def collect(root: Path | str, *, rtol: float | None = None, atol: float | None = None,
+            allow_incomplete: bool = False) -> dict[str, Any]:
+    """Discover runs under ``root`` and build the whole report dict. Raises ``BadInput``."""
+    found = rundirs.discover(root, allow_incomplete=allow_incomplete)
+    runs = [collect_run(r, rtol=rtol, atol=atol, allow_incomplete=allow_incomplete)
+            for r in found.runs]
+    return build_report(runs, layout=found.layout, root=str(found.root), warnings=found.warnings)
+
+
+def gate_runs(root: Path | str, *, rtol: float | None = None, atol: float | None = None,
+              allow_incomplete: bool = False) -> list[dict[str, Any]]:
+    """Parity only (no trace parsing): ``[{name, strategy, parity}]`` for ``analyzer gate``."""
+    found = rundirs.discover(root, allow_incomplete=allow_incomplete)
+    return [{"name": r.name, "strategy": r.strategy,
+             "parity": _parity_dict(parity.check_run(r.path, r.manifest, rtol=rtol, atol=atol))}
+            for r in found.runs]

@@ -1,0 +1,53 @@
+"""Display formatting shared by the renderers (units appear only here, never in the analyzer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ms(ns: Any) -> str:
+    """Nanoseconds as milliseconds, ``-`` when missing."""
+    return "-" if ns is None else f"{ns / 1e6:.2f} ms"
+
+
+def mib(b: Any) -> str:
+    """Bytes as MiB (2^20 bytes), ``-`` when missing."""
+    return "-" if b is None else f"{b / 2**20:.1f} MiB"
+
+
+def pct(frac: Any) -> str:
+    """A 0..1 fraction as a percentage, ``-`` when missing."""
+    return "-" if frac is None else f"{100 * frac:.1f} %"
+
+
+def num(v: Any, spec: str = ".3g") -> str:
+    """A number with ``spec``, ``-`` when missing."""
+    return "-" if v is None else format(v, spec)
+
+
+def speedup(v: Any) -> str:
+    """A speedup factor as ``1.40x``."""
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def options(run: dict) -> str:
+    """Strategy and its options in one short string, e.g. ``fsdp2 (reshard_after_forward=True)``."""
+    opts = run.get("options") or {}
+    inner = ", ".join(f"{k}={v}" for k, v in opts.items() if v is not None)
+    text = run["strategy"] + (f" ({inner})" if inner else "")
+    if run.get("fault"):
+        text += f" [fault: {run['fault']}]"
+    return text
+
+
+def comm_kinds(run: dict) -> str:
+    """``all_gather 1.20 ms, reduce_scatter 0.80 ms`` (per rank)."""
+    comm = run.get("communication") or {}
+    return ", ".join(f"{k} {ms(v['time_ns'])}" for k, v in comm.items()) or "-"
+
+
+def tolerance_line(tol: dict | None) -> str:
+    """``rtol 1.3e-06, atol 1e-05 (source)``."""
+    if not tol:
+        return "-"
+    return f"rtol {tol['rtol']:.3g}, atol {tol['atol']:.3g}; {tol['source']}"

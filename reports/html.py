@@ -1,0 +1,177 @@
+"""report.html: one self-contained file (inline CSS and SVG, no script, no external resource).
+
+Every string that comes from a trace, a manifest or a path goes through ``html.escape``.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from reports import fmt
+from reports.markdown import PERFETTO_HINT, comparison_rows
+from reports.verdict import verdict
+
+COLORS = {"compute_ns": "#4c78a8", "exposed_comm_ns": "#e45756", "other_ns": "#b8b8b8",
+          "idle_ns": "#eeeeee", "comm": "#f58518", "compute": "#4c78a8",
+          "peak_rss_bytes": "#72b7b2", "peak_allocated": "#54a24b"}
+LABELS = {"compute_ns": "compute", "exposed_comm_ns": "exposed communication",
+          "other_ns": "other", "idle_ns": "idle"}
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}
+th{background:#f3f3f3}.verdict{font-size:16px;background:#f7f7ff;padding:1em;border-left:4px solid #4c78a8}
+.withheld{color:#b00;font-weight:bold}svg{font-size:11px;background:#fff}code{background:#f3f3f3}"""
+
+
+def e(v: Any) -> str:
+    """Escape any value for HTML text or attribute context."""
+    return html.escape(str(v), quote=True)
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _legend(items: list[tuple[str, str]], y: int) -> str:
+    out, x = [], 10
+    for label, color in items:
+        out.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{color}" stroke="#999"/>'
+                   f'<text x="{x + 14}" y="{y + 9}">{e(label)}</text>')
+        x += 20 + 7 * len(label)
+    return "".join(out)
+
+
+def _hbars(title: str, rows: list[tuple[str, list[tuple[str, float, str]]]], unit: str,
+           scale_div: float) -> str:
+    """Horizontal stacked bars: rows of (label, [(part, value, color)])."""
+    if not rows:
+        return ""
+    width, left, bar_h = 900, 220, 16
+    top = max((sum(v for _, v, _ in parts) for _, parts in rows), default=0) or 1
+    h = 40 + len(rows) * (bar_h + 6) + 30
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" role="img">'
+           f'<title>{e(title)}</title><text x="10" y="15" font-weight="bold">{e(title)}</text>']
+    for i, (label, parts) in enumerate(rows):
+        y = 28 + i * (bar_h + 6)
+        out.append(f'<text x="10" y="{y + 12}">{e(label)}</text>')
+        x = float(left)
+        total = 0.0
+        for part, v, color in parts:
+            w = (width - left - 90) * v / top
+            if w > 0:
+                out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" '
+                           f'fill="{color}"><title>{e(part)}: {v / scale_div:.3f} {e(unit)}</title></rect>')
+            x += w
+            total += v
+        out.append(f'<text x="{x + 4:.1f}" y="{y + 12}">{total / scale_div:.2f} {e(unit)}</text>')
+    legend = {(p, c) for _, parts in rows for p, _, c in parts}
+    order = [p for _, parts in rows[:1] for p, _, _ in parts]
+    items = sorted(legend, key=lambda pc: order.index(pc[0]) if pc[0] in order else 99)
+    out.append(_legend(items, h - 20))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def step_bars(report: dict[str, Any]) -> str:
+    """Per run and step: compute / exposed communication / other / idle (mean over ranks)."""
+    rows = []
+    for r in report["runs"]:
+        for s in r.get("steps") or []:
+            rows.append((f"{r['name']} step {s['step']}",
+                         [(LABELS[k], s[k] or 0, COLORS[k]) for k in LABELS]))
+    return _hbars("Step time breakdown (mean over ranks)", rows, "ms", 1e6)
+
+
+def comm_bars(report: dict[str, Any]) -> str:
+    """Time per collective kind per run (per rank)."""
+    palette = ["#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d"]
+    kinds = sorted({k for r in report["runs"] for k in (r.get("communication") or {})})
+    color = {k: palette[i % len(palette)] for i, k in enumerate(kinds)}
+    rows = [(r["name"], [(k, v["time_ns"] or 0, color[k]) for k, v in r["communication"].items()])
+            for r in report["runs"] if r.get("communication")]
+    return _hbars("Communication time per collective kind (per rank, per trace)", rows, "ms", 1e6)
+
+
+def memory_bars(report: dict[str, Any]) -> str:
+    """Peak RSS and peak allocated per rank."""
+    rows = []
+    for r in report["runs"]:
+        for m in r["memory"]["ranks"]:
+            alloc = m.get("cuda_max_allocated_bytes") or m.get("profiler_allocated_peak_bytes") or 0
+            rows.append((f"{r['name']} rank {m['rank']} allocated", [("peak allocated", alloc, COLORS["peak_allocated"])]))
+            rows.append((f"{r['name']} rank {m['rank']} RSS", [("peak RSS", m.get("peak_rss_bytes") or 0, COLORS["peak_rss_bytes"])]))
+    return _hbars("Memory peaks per rank", rows, "MiB", 2**20)
+
+
+def timeline_svg(run: dict[str, Any]) -> str:
+    """One step of one rank: compute and communication lanes."""
+    tl = run.get("timeline")
+    if not tl or not tl["intervals"]:
+        return ""
+    width, left = 900, 120
+    span = max(tl["step_ns"], max(i["end_ns"] for i in tl["intervals"]), 1)
+    sx = (width - left - 20) / span
+    title = f"{run['name']}: rank {tl['rank']}, step {tl['step']} ({fmt.ms(tl['step_ns'])})"
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="110" role="img">'
+           f'<title>{e(title)}</title><text x="10" y="15" font-weight="bold">{e(title)}</text>']
+    for lane, y in (("compute", 30), ("comm", 60)):
+        out.append(f'<text x="10" y="{y + 13}">{e(lane)}</text>')
+        for iv in tl["intervals"]:
+            if iv["lane"] != lane:
+                continue
+            x = left + max(iv["start_ns"], 0) * sx
+            w = max((iv["end_ns"] - max(iv["start_ns"], 0)) * sx, 0.5)
+            out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="20" fill="{COLORS[lane]}">'
+                       f'<title>{e(iv["kind"] or lane)} {fmt.ms(iv["end_ns"] - iv["start_ns"])}</title></rect>')
+    out.append(f'<text x="{left}" y="100">0</text><text x="{width - 80}" y="100">{e(fmt.ms(span))}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def render(report: dict[str, Any], markdown_text: str | None = None) -> str:
+    """The whole report.html text."""
+    runs = report["runs"]
+    rk = report["ranking"]
+    parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+             "<title>paritytrace report</title>", f"<style>{CSS}</style></head><body>",
+             "<h1>paritytrace report</h1>",
+             f'<p class="verdict">{e(" ".join(verdict(report)))}</p>', "<h2>Ranking</h2>"]
+    if rk["status"] == "ranked":
+        parts.append("<ol>" + "".join(f"<li>{e(n)}</li>" for n in rk["order"]) + "</ol>")
+    else:
+        parts.append(f'<p class="withheld">Withheld. {e(rk["reason"])}</p>')
+    parts.append(f"<p>Rule: {e(rk['rule'])}</p>")
+    parts += ["<h2>Comparison</h2>", _table(*comparison_rows(report))]
+    parts += ["<h2>Parity</h2>", _table(
+        ["run", "status", "tolerance", "max grad rel L2", "loss max rel diff", "why"],
+        [[r["name"], r["parity"]["status"], fmt.tolerance_line(r["parity"]["tolerance"]),
+          fmt.num(r["parity"]["max_grad_rel_l2"]), fmt.num(r["parity"]["loss_max_rel_diff"]),
+          r["parity"]["reason"]] for r in runs])]
+    parts += ["<h2>Plots</h2>", step_bars(report), comm_bars(report), memory_bars(report)]
+    parts += [timeline_svg(r) for r in runs]
+    pf = [r for r in runs if r.get("prefetch")]
+    if pf:
+        parts.append("<h2>FSDP prefetch</h2>")
+        for r in pf:
+            p = r["prefetch"]
+            parts.append(f"<h3>{e(r['name'])}</h3><p>{e(p['all_gathers'])} all_gathers, hidden "
+                         f"{e(fmt.pct(p['hidden_frac']))}, {e(p['late'])} late.</p>")
+            parts.append(_table(["phase", "unit", "prefetched", "all_gather", "hidden", "slack (mean)"],
+                                [[u["phase"], u["unit"], fmt.pct(u["prefetched"]), fmt.ms(u["comm_ns"]),
+                                  fmt.pct(u["hidden_frac"]), fmt.ms(u["slack_ns"])] for u in p["units"]]))
+            if p.get("note"):
+                parts.append(f"<p>{e(p['note'])}</p>")
+    for w in report.get("settings_warnings") or []:
+        parts.append(f'<p class="withheld">Warning: {e(w)}</p>')
+    parts.append(f"<h2>Trace files</h2><p>Each is a Chrome trace; {e(PERFETTO_HINT)}.</p><ul>")
+    for r in runs:
+        for t in r.get("traces") or []:
+            parts.append(f'<li>{e(r["name"])}: <a href="file://{e(t)}">{e(t)}</a></li>')
+    parts.append("</ul>")
+    if markdown_text:
+        parts.append("<details><summary>All tables (report.md)</summary><pre>"
+                     f"{e(markdown_text)}</pre></details>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,168 @@
+"""report.md: the verdict, then the tables. Pure function of the report dict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reports import fmt
+from reports.verdict import verdict
+
+PERFETTO_HINT = "open in https://ui.perfetto.dev (Open trace file)"
+
+
+def _cell(v: Any) -> str:
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A GitHub-flavoured Markdown table; pipes in cells escaped."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def comparison_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Headers and rows of the comparison table (shared with the HTML renderer)."""
+    headers = ["run", "strategy and options", "parity", "median step", "p90 step",
+               "speedup vs single", "communication per rank", "exposed comm / step",
+               "overlap", "peak allocated", "peak RSS"]
+    rows = []
+    for r in report["runs"]:
+        st = r["step_time_ns"]
+        rows.append([r["name"], fmt.options(r), r["parity"]["status"], fmt.ms(st["median"]),
+                     fmt.ms(st["p90"]), fmt.speedup(r.get("speedup_vs_single")), fmt.comm_kinds(r),
+                     fmt.ms(r.get("exposed_comm_ns")), fmt.pct(r.get("overlap_frac")),
+                     fmt.mib(r["memory"]["peak_allocated_bytes"]), fmt.mib(r["memory"]["peak_rss_bytes"])])
+    return headers, rows
+
+
+def render(report: dict[str, Any]) -> str:
+    """The whole report.md text."""
+    runs = report["runs"]
+    out = ["# paritytrace report", "", *[" ".join(verdict(report))], ""]
+    rk = report["ranking"]
+    out += ["## Ranking", ""]
+    if rk["status"] == "ranked":
+        out += [f"{i}. {n}" for i, n in enumerate(rk["order"], 1)] + [""]
+    else:
+        out += [f"**Withheld.** {rk['reason']}", ""]
+    out += [f"Rule: {rk['rule']}", ""]
+    out += ["## Comparison", "", table(*comparison_rows(report)), "",
+            "Step times: median and 90th percentile over the profiled steps (source per run below). "
+            "Communication, exposed communication and overlap come from the traces: exposed = "
+            "communication time not under computation; overlap = share of communication time "
+            "under computation.", ""]
+
+    out += ["## Parity", ""]
+    rows = []
+    for r in runs:
+        p = r["parity"]
+        fd = p["first_divergence"]
+        rows.append([r["name"], p["status"], fmt.tolerance_line(p["tolerance"]),
+                     fmt.num(p["max_grad_rel_l2"]), fmt.num(p["loss_max_rel_diff"]),
+                     "-" if not fd else f"{fd['kind']} {fd['tensor']} (step {fd['step']}): rel L2 "
+                     f"{fmt.num(fd['rel_l2'])}, max diff {fmt.num(fd['max_abs_diff'])} > limit "
+                     f"{fmt.num(fd['limit'])}", p["reason"]])
+    out += [table(["run", "status", "tolerance", "max grad rel L2", "loss max rel diff",
+                   "first divergence", "why"], rows), "",
+            "Rule: per tensor, metrics are reduced across ranks (sharded tensors: sums summed, maxima "
+            "maxed; replicated tensors: the worst rank). A tensor passes iff it has no NaN/inf and "
+            "max |x - ref| <= atol + rtol * max |ref| (the max-norm form of "
+            "torch.testing.assert_close, never stricter than it). The loss at each step (mean over "
+            "ranks) passes iff |loss - ref| <= atol + rtol * |ref|. Divergence is searched in "
+            "activations (forward order), gradients, parameters after the first step, then loss.", ""]
+
+    out += ["## Time per rank (mean per step)", ""]
+    rows = []
+    for r in runs:
+        for k in r["ranks"]:
+            rows.append([r["name"], k["rank"], fmt.ms(k["step_ns"]), fmt.ms(k["compute_ns"]),
+                         fmt.ms(k["comm_ns"]), fmt.ms(k["exposed_comm_ns"]), fmt.pct(k["overlap_frac"]),
+                         fmt.ms(k["other_ns"]), fmt.ms(k["idle_ns"])])
+    out += [table(["run", "rank", "step", "compute", "communication", "exposed comm", "overlap",
+                   "other", "idle"], rows) if rows else "No traces.", "",
+            "compute + exposed communication + other + idle = step, per rank and step.", ""]
+
+    out += ["## Communication by collective kind (per rank, mean over ranks)", ""]
+    rows = [[r["name"], k, fmt.num(v["count"], ".1f"), fmt.ms(v["time_ns"]), fmt.mib(v["bytes"]),
+             fmt.num(v["busbw_gbps"], ".3f")]
+            for r in runs for k, v in (r["communication"] or {}).items()]
+    out += [table(["run", "kind", "count", "time", "bytes", "busbw (GB/s)"], rows) if rows
+            else "No collectives found.", "",
+            "busbw uses the nccl-tests factors (all_reduce 2(n-1)/n, all_gather and reduce_scatter "
+            "(n-1)/n, broadcast 1); GB = 10^9 bytes.", ""]
+
+    out += ["## Memory per rank", ""]
+    rows = [[r["name"], m["rank"], fmt.mib(m.get("peak_rss_bytes")),
+             fmt.mib(m.get("profiler_allocated_peak_bytes")), fmt.mib(m.get("cuda_max_allocated_bytes")),
+             fmt.mib(m.get("cuda_max_reserved_bytes"))]
+            for r in runs for m in r["memory"]["ranks"]]
+    out += [table(["run", "rank", "CPU peak RSS", "profiler allocated peak", "CUDA peak allocated",
+                   "CUDA peak reserved"], rows) if rows else "No steps.parquet.", ""]
+    for r in runs:
+        if r["memory"]["by_category"]:
+            out += [f"CUDA allocator snapshot of {r['name']} (live blocks by category):", "",
+                    table(["rank", "category", "blocks", "bytes"],
+                          [[c["rank"], c["category"], c["blocks"], fmt.mib(c["bytes"])]
+                           for c in r["memory"]["by_category"]]), "",
+                    "Largest live allocations:", "",
+                    table(["rank", "size", "category", "where"],
+                          [[a["rank"], fmt.mib(a["block_size_bytes"]), a["category"],
+                            a.get("top_frame") or "-"] for a in r["memory"]["largest"]]), ""]
+
+    pf_runs = [r for r in runs if r.get("prefetch")]
+    if pf_runs:
+        out += ["## FSDP prefetch", ""]
+        for r in pf_runs:
+            p = r["prefetch"]
+            out += [f"**{r['name']}** ({p['labels']} labels): {p['all_gathers']} all_gathers, "
+                    f"{p['prefetched']} prefetched, hidden under computation "
+                    f"{fmt.pct(p['hidden_frac'])}, {p['late']} arrived late (computation waited "
+                    f"{fmt.ms(p['wait_ns'])} in all).", ""]
+            out += [table(["phase", "unit", "prefetched", "all_gather", "hidden", "slack (mean)",
+                           "slack (worst)"],
+                          [[u["phase"], u["unit"], fmt.pct(u["prefetched"]), fmt.ms(u["comm_ns"]),
+                            fmt.pct(u["hidden_frac"]), fmt.ms(u["slack_ns"]), fmt.ms(u["min_slack_ns"])]
+                           for u in p["units"]]), ""]
+            if p.get("note"):
+                out += [p["note"], ""]
+        for group in report.get("prefetch_comparisons") or []:
+            gr = [r for r in runs if r["name"] in group]
+            out += ["Prefetch settings side by side (runs differ only in them):", "",
+                    table(["run", "backward_prefetch", "forward_prefetch", "median step",
+                           "hidden", "late all_gathers"],
+                          [[r["name"], r["options"].get("backward_prefetch"),
+                            r["options"].get("forward_prefetch"), fmt.ms(r["step_time_ns"]["median"]),
+                            fmt.pct((r["prefetch"] or {}).get("hidden_frac")),
+                            (r["prefetch"] or {}).get("late", "-")] for r in gr]), ""]
+        out += ["Slack = when the computation needing the unit started minus when its all_gather "
+                "finished (negative: the computation waited). Hidden = share of the all_gather "
+                "that ran under computation.", ""]
+
+    out += ["## Recorded settings", ""]
+    rows = []
+    for r in runs:
+        s = r.get("settings")
+        if not s:
+            ti = r.get("trace_info") or {}
+            rows.append([r["name"], "foreign traces", ti.get("device_kind", "-"), "-", "-", "-",
+                         f"rank from {', '.join(ti.get('rank_sources') or ['-'])}"])
+            continue
+        v, d, b, la = s["versions"] or {}, s["device"] or {}, s["batch"] or {}, s["launch"] or {}
+        rows.append([r["name"], ", ".join(f"{k} {x}" for k, x in v.items() if x),
+                     f"{d.get('type')} {d.get('name')}",
+                     f"global {b.get('global_batch')} x seq {b.get('seq_len')} x hidden {b.get('hidden')}"
+                     f" (per rank {b.get('per_rank_batch')})", s["seed"], s["precision"],
+                     f"{la.get('method')}, {r['world_size']} rank(s), backend {r['backend']}"])
+    out += [table(["run", "versions", "device", "batch shape", "seed", "precision", "launch"], rows), ""]
+    for w in report.get("settings_warnings") or []:
+        out += [f"**Warning:** {w}.", ""]
+    for w in report.get("warnings") or []:
+        out += [f"Note: {w}", ""]
+
+    out += ["## Trace files", "", f"Each is a Chrome trace; {PERFETTO_HINT}.", ""]
+    for r in runs:
+        for t in r.get("traces") or []:
+            out.append(f"- {r['name']}: `{t}`")
+    out.append("")
+    return "\n".join(out)

@@ -1,0 +1,70 @@
+"""The short verdict paragraph every output format starts with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reports import fmt
+
+
+def _fmt_div(fd: dict) -> str:
+    if fd.get("nonfinite") and fd["nonfinite"] > 0:
+        return f"{fd['kind']} {fd['tensor']} (step {fd['step']}) has NaN/inf values"
+    return (f"{fd['kind']} {fd['tensor']} (step {fd['step']}): max |diff| "
+            f"{fd['max_abs_diff']:.3g} > limit {fd['limit']:.3g}, rel L2 {fd['rel_l2']:.3g}")
+
+
+def verdict(report: dict[str, Any]) -> list[str]:
+    """Plain-language sentences: parity first, then the ranking (or why it is withheld), then
+    caveats (CPU timings, differing settings)."""
+    runs = report["runs"]
+    dist = [r for r in runs if r["strategy"] != "single"]
+    out: list[str] = []
+    failed = [r for r in runs if r["parity"]["status"] == "fail"]
+    missing = [r for r in runs if r["parity"]["status"] == "not_recorded"]
+    passed = [r for r in dist if r["parity"]["status"] == "pass"]
+    tols = {fmt.tolerance_line(r["parity"]["tolerance"]) for r in runs if r["parity"]["tolerance"]}
+    precisions = {r["parity"]["tolerance"]["precision"] for r in runs if r["parity"]["tolerance"]}
+    tol_text = f"{'/'.join(sorted(precisions))} tolerance ({'; '.join(sorted(tols))})"
+    if failed:
+        for r in failed:
+            fd = r["parity"]["first_divergence"]
+            out.append(f"Parity: FAILED for {r['name']} -- its numbers differ from the "
+                       f"single-device baseline beyond {tol_text}. First divergence: "
+                       f"{_fmt_div(fd) if fd else r['parity']['reason']}.")
+        if passed:
+            out.append(f"Parity passed for {', '.join(r['name'] for r in passed)}.")
+    if missing:
+        names = ", ".join(r["name"] for r in missing)
+        out.append(f"Parity: not recorded for {names} ({missing[0]['parity']['reason']}), so the "
+                   "numbers of those runs are unverified.")
+    if not failed and not missing:
+        if dist:
+            out.append(f"Parity: all {len(dist)} distributed run(s) match the single-device "
+                       f"baseline within {tol_text}.")
+        elif runs:
+            out.append("Parity: only the single-device reference run is present; nothing to compare.")
+    rk = report["ranking"]
+    by_name = {r["name"]: r for r in runs}
+    if rk["status"] == "ranked":
+        order = [by_name[n] for n in rk["order"]]
+        best = order[0]
+        text = f"Fastest: {best['name']}, median step {fmt.ms(best['step_time_ns']['median'])}"
+        if best.get("speedup_vs_single") is not None and best["strategy"] != "single":
+            text += f", {fmt.speedup(best['speedup_vs_single'])} speedup over the single-device run"
+        rest = [f"{r['name']} ({fmt.ms(r['step_time_ns']['median'])}"
+                + (f", {fmt.speedup(r['speedup_vs_single'])}" if r.get("speedup_vs_single") else "")
+                + ")" for r in order[1:]]
+        if rest:
+            text += "; then " + ", ".join(rest)
+        out.append(text + ".")
+    else:
+        out.append(f"Ranking withheld: {rk['reason']}")
+    cpu = [r for r in runs if r.get("device") == "cpu" and r["strategy"] != "single"]
+    if cpu:
+        out.append("These runs were recorded on CPU with gloo: timings carry +-30-50 % noise and "
+                   "say little about GPUs; FSDP collectives run effectively synchronously on CPU, "
+                   "so their overlap is about 0 by construction.")
+    if report.get("settings_warnings"):
+        out.append("Warning: " + "; ".join(report["settings_warnings"]) + ".")
+    return out

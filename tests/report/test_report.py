@@ -1,0 +1,143 @@
+"""The report and the gate on hand-built run directories with exact answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from analyzer import compare
+from analyzer.cli import app
+from reports import collect, html, jsonout, markdown
+from tests.report.builders import build_root, write_run
+
+runner = CliRunner()
+MS = 1_000_000
+
+
+def test_clean_root_is_ranked_with_exact_medians(tmp_path):
+    rep = collect.collect(build_root(tmp_path))
+    assert jsonout.problems(rep) == []
+    by = {r["name"]: r for r in rep["runs"]}
+    assert [r["name"] for r in rep["runs"]] == ["single", "ddp", "fsdp2"]
+    assert by["ddp"]["step_time_ns"]["median"] == 7 * MS  # slowest rank: 6 ms, 8 ms
+    assert by["ddp"]["step_time_ns"]["p90"] == pytest.approx(6 * MS + 0.9 * 2 * MS)
+    assert by["fsdp2"]["step_time_ns"]["median"] == 9 * MS
+    assert by["ddp"]["speedup_vs_single"] == pytest.approx(10 / 7)
+    assert [r["parity"]["status"] for r in rep["runs"]] == ["reference", "pass", "pass"]
+    assert rep["ranking"]["status"] == "ranked" and rep["ranking"]["order"] == ["ddp", "fsdp2", "single"]
+    assert by["ddp"]["memory"]["peak_allocated_bytes"] == (10 << 20) + 1
+    md = markdown.render(rep)
+    first = md.split("\n")[2]
+    assert first.startswith("Parity: all 2 distributed run(s) match the single-device baseline")
+    assert "rtol 1.3e-06, atol 1e-05" in first and "torch.testing" in first
+    assert "Fastest: ddp, median step 7.00 ms, 1.43x speedup" in first
+
+
+def test_fault_withholds_the_ranking_everywhere(tmp_path):
+    rep = collect.collect(build_root(tmp_path, fault=True))
+    assert rep["ranking"]["status"] == "withheld" and rep["ranking"]["order"] == []
+    reason = rep["ranking"]["reason"]
+    assert "ddp" in reason and "layers.0.attn.weight" in reason
+    ddp = rep["runs"][1]["parity"]
+    assert ddp["status"] == "fail" and ddp["first_divergence"]["tensor"] == "layers.0.attn.weight"
+    assert ddp["first_divergence"]["kind"] == "grad"
+    assert ddp["first_divergence"]["tolerance"]["rtol"] == 1.3e-6
+    assert "layers.0.attn.weight" in markdown.render(rep).split("## Ranking")[1].split("##")[0]
+    assert "Withheld." in html.render(rep) and "layers.0.attn.weight" in html.render(rep)
+    assert "layers.0.attn.weight" in json.loads(jsonout.dumps(rep))["ranking"]["reason"]
+
+
+def test_cli_report_and_gate(tmp_path):
+    root = build_root(tmp_path / "ok")
+    res = runner.invoke(app, ["report", str(root)])
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("# paritytrace report")
+    assert {p.name for p in (root / "report").iterdir()} == {"report.md", "report.json", "report.html"}
+    assert jsonout.problems(json.loads((root / "report" / "report.json").read_text())) == []
+    res = runner.invoke(app, ["report", str(root), "--format", "json", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0 and [p.name for p in (tmp_path / "o").iterdir()] == ["report.json"]
+    assert runner.invoke(app, ["gate", str(root)]).exit_code == 0
+    bad = build_root(tmp_path / "bad", fault=True)
+    res = runner.invoke(app, ["gate", str(bad)])
+    assert res.exit_code == 3 and "FAIL ddp" in res.output and "layers.0.attn.weight" in res.output
+    # a looser tolerance lets the 1e-3 difference through
+    assert runner.invoke(app, ["gate", str(bad), "--atol", "2e-3"]).exit_code == 0
+    res = runner.invoke(app, ["report", str(tmp_path / "missing")])
+    assert res.exit_code == 2
+
+
+def test_incomplete_run_is_bad_input_unless_allowed(tmp_path):
+    root = build_root(tmp_path)
+    (root / "fsdp").mkdir()
+    (root / "fsdp" / "rank0.trace.json.gz").write_bytes(b"")
+    res = runner.invoke(app, ["gate", str(root)])
+    assert res.exit_code == 2 and "no manifest" in res.output
+    assert runner.invoke(app, ["gate", str(root), "--allow-incomplete"]).exit_code == 0
+
+
+def test_different_settings_are_not_ranked_together(tmp_path):
+    root = build_root(tmp_path)
+    write_run(root / "fsdp2", strategy="fsdp2", walls={0: (1, 1), 1: (1, 1)}, seed=7,
+              torch_version="2.12.0")
+    rep = collect.collect(root)
+    assert rep["ranking"]["status"] == "withheld"
+    assert "seed" in rep["ranking"]["reason"] and "versions" in rep["ranking"]["reason"]
+    assert any("seed" in w for w in rep["settings_warnings"])
+
+
+def test_ties_are_broken_by_peak_memory():
+    def run(name, median, peak):
+        return {"name": name, "strategy": "ddp", "parity": {"status": "pass", "reason": ""},
+                "step_time_ns": {"median": median}, "memory": {"peak_allocated_bytes": peak}}
+    rk = compare.rank_runs([run("a", 5, 300), run("b", 5, 100), run("c", 4, 900)])
+    assert rk["order"] == ["c", "b", "a"]
+
+
+def test_prefetch_groups_differ_only_in_prefetch():
+    base = {"strategy": "fsdp", "settings": {"seed": 0}}
+    runs = [{**base, "name": "a", "options": {"backward_prefetch": "BACKWARD_PRE", "sharding": "FULL"}},
+            {**base, "name": "b", "options": {"backward_prefetch": "BACKWARD_POST", "sharding": "FULL"}},
+            {**base, "name": "c", "options": {"backward_prefetch": "BACKWARD_PRE", "sharding": "HYBRID"}}]
+    assert compare.prefetch_groups(runs) == [["a", "b"]]
+
+
+EVIL = "<script>alert(\"x\")</script>&'q"
+
+
+def test_html_escapes_every_trace_string(tmp_path):
+    root = build_root(tmp_path)
+    write_run(root / "ddp", strategy="ddp", walls={0: (1, 1), 1: (5, 6)}, grad_diff=1.0, tensor=EVIL)
+    rep = collect.collect(root)
+    rep["runs"][1]["communication"] = {EVIL: {"count": 1, "time_ns": 5, "bytes": 1, "busbw_gbps": 1.0}}
+    rep["runs"][1]["traces"] = [f"/tmp/{EVIL}.json.gz"]
+    rep["runs"][1]["timeline"] = {"rank": 0, "step": 1, "step_ns": 10,
+                                  "intervals": [{"lane": "comm", "kind": EVIL, "start_ns": 0, "end_ns": 5}]}
+    text = html.render(rep, markdown.render(rep))
+    assert "<script" not in text.lower()
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#x27;q" in text
+    assert "src=" not in text and "http://" not in text.replace("http://www.w3.org/2000/svg", "")
+
+
+CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
+
+
+def test_html_opens_in_headless_chromium(tmp_path):
+    if CHROMIUM is None:
+        pytest.skip("Chromium not installed (/usr/bin/chromium): headless screenshot test skipped")
+    root = build_root(tmp_path / "r")
+    assert runner.invoke(app, ["report", str(root), "--format", "html"]).exit_code == 0
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,2000",
+         "--enable-logging=stderr", "--v=0", (root / "report" / "report.html").as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
+    console_errors = [l for l in proc.stderr.splitlines() if "CONSOLE" in l and "rror" in l]
+    assert console_errors == []
+    print(f"screenshot: {shot}")
