@@ -136,23 +136,36 @@ def collectives(ts: TraceSet) -> pd.DataFrame:
     """One row per collective instance per rank.
 
     Columns: rank, step, pg, seq (order within pg on that rank), kind, start_ns, end_ns, dur_ns,
-    bytes, rule.
+    bytes, rule. Added: name, group_size, enqueue_start_ns, enqueue_end_ns (analyzer/collectives.py).
     """
-    raise NotImplementedError
+    from analyzer.collectives import COLUMNS, rank_collectives
+
+    parts = [rank_collectives(r.rank, r.events, ts.world_size) for r in ts.ranks]
+    if not parts:
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.concat(parts, ignore_index=True)
 
 
 def comm_by_kind(ts: TraceSet) -> pd.DataFrame:
-    """Per rank and collective kind: rank, kind, count, time_ns, bytes, algbw_gbps, busbw_gbps."""
-    raise NotImplementedError
+    """Per rank and collective kind: rank, kind, count, time_ns, bytes, algbw_gbps, busbw_gbps.
+
+    nccl-tests definitions (analyzer/collectives.py ``by_kind``)."""
+    from analyzer.collectives import by_kind
+
+    return by_kind(collectives(ts))
 
 
 def cross_rank(ts: TraceSet) -> pd.DataFrame:
     """Collectives matched across ranks by (pg, seq).
 
     Columns: pg, seq, kind, n_ranks, start_skew_ns, transfer_ns (shortest duration across ranks),
-    max_wait_ns, straggler_rank (last to start).
+    max_wait_ns, straggler_rank (last to start). Added: start_ns, kinds_agree.
+    Start skew compares clocks of different ranks: meaningful on one host (one clock), and
+    across hosts only as far as their clocks agree.
     """
-    raise NotImplementedError
+    from analyzer.collectives import match_ranks
+
+    return match_ranks(collectives(ts))
 
 
 def timeline(ts: TraceSet, rank: int, step: int) -> pd.DataFrame:
@@ -171,4 +184,4 @@ def timeline(ts: TraceSet, rank: int, step: int) -> pd.DataFrame:
         raise KeyError(f"no step {step} on rank {rank}")
     lo, hi = int(win["start_ns"].iat[0]), int(win["end_ns"].iat[0])
     ev = rt.events[rt.events["step"].to_numpy() == step]
-    return timeline_rows(ev, rt.device_kind, rt.main_tid, lo, hi)
+    return timeline_rows(ev, rt.device_kind, rt.main_tid, lo, hi, rt.events["end_ns"].to_numpy())

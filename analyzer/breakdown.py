@@ -7,8 +7,16 @@ GPU rank (the GPU timeline, as HTA's temporal breakdown):
   C = NCCL kernels, K = other kernels, O = memcpy / memset / sync.
 CPU rank (gloo):
   C = ``gloo:*`` ops (the runloop threads), K = main-thread cpu_ops minus the time the main
-  thread spends inside c10d enqueue / wait ops, O = every other CPU event except ranges
-  (ProfilerStep, user annotations).
+  thread spends inside c10d enqueue ops and waiting for collectives, O = every other CPU event
+  except ranges (ProfilerStep, user annotations).
+  How a synchronous wait looks in a real trace (torch 2.13, gloo, FSDP1 and DDP recorded with
+  tests/analyzer/gloo_record.py): ``c10d::allgather_`` / ``c10d::_reduce_scatter_base_`` return
+  after enqueueing; ``work.wait()`` records no op of its own, so the wait is time in which the
+  main thread runs no op except the ones that *enclose* the enqueue (``autograd::engine::
+  evaluate_function: AddmmBackward0`` around FSDP's pre-backward all_gather,
+  ``...AccumulateGrad`` around its post-backward reduce_scatter). Rule: for a c10d op paired with
+  its gloo op, the interval [enqueue end, gloo end) minus every main-thread op that does not
+  enclose the enqueue is waiting, not compute.
 
   compute_ns = |K|, comm_ns = |C|, overlap_ns = |C ∩ K| (HTA get_comm_comp_overlap),
   exposed_comm_ns = |C \\ K| (TraceLens), other_ns = |O \\ (C ∪ K)|,
@@ -28,9 +36,13 @@ COLUMNS = ["rank", "step", "step_start_ns", "step_ns", "compute_ns", "comm_ns", 
 _OTHER_CPU = ("other", "comm_enqueue", "memcpy", "memset", "sync")
 
 
-def step_sets(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int, hi: int
+def step_sets(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int, hi: int,
+              all_end_ns: np.ndarray | None = None
               ) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals]:
-    """(C, K, O) of the events ``ev`` (already restricted to one step), clipped to [lo, hi)."""
+    """(C, K, O) of the events ``ev`` (already restricted to one step), clipped to [lo, hi).
+
+    ``all_end_ns``: end_ns of the rank's whole event table (``paired_row`` indexes it), needed
+    on CPU ranks for the wait rule; None means ``ev`` is the whole table."""
     role = ev["role"].to_numpy().astype(object)
     gpu = ev["is_gpu"].to_numpy()
     s = ev["ts_ns"].to_numpy()
@@ -48,10 +60,35 @@ def step_sets(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int,
     comp = pick(role == "compute")
     if main_tid is not None:
         tid = ev["tid"].astype(str).to_numpy()
-        inside_comm = pick((role == "comm_enqueue") & (tid == main_tid))
-        comp = iv.subtract(comp, inside_comm)
+        enq = (role == "comm_enqueue") & (tid == main_tid)
+        comp = iv.subtract(comp, pick(enq))
+        ends = ev["end_ns"].to_numpy() if all_end_ns is None else all_end_ns
+        comp = iv.subtract(comp, iv.clip(_waits(ev, enq, role == "compute", ends), lo, hi))
     other = pick(~gpu & np.isin(role, _OTHER_CPU))
     return comm, comp, other
+
+
+def _waits(ev: pd.DataFrame, enq: np.ndarray, main_ops: np.ndarray, all_end_ns: np.ndarray
+           ) -> iv.Intervals:
+    """Main-thread waiting for paired gloo collectives (module docstring)."""
+    paired = ev["paired_row"].to_numpy()
+    s = ev["ts_ns"].to_numpy()
+    e = ev["end_ns"].to_numpy()
+    ops_s, ops_e = s[main_ops], e[main_ops]
+    ws, we = [], []
+    for i in np.flatnonzero(enq & (paired >= 0)):
+        w0, w1 = int(e[i]), int(all_end_ns[paired[i]])
+        if w1 <= w0:
+            continue
+        near = (ops_s < w1) & (ops_e > w0)
+        encloses = (ops_s <= s[i]) & (ops_e >= e[i])
+        busy = iv.merge(ops_s[near & ~encloses], ops_e[near & ~encloses])
+        gap = iv.subtract((np.array([w0]), np.array([w1])), busy)
+        ws.append(gap[0])
+        we.append(gap[1])
+    if not ws:
+        return iv.EMPTY
+    return iv.merge(np.concatenate(ws), np.concatenate(we))
 
 
 def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
@@ -59,10 +96,11 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
     """Breakdown rows (COLUMNS) of one rank; ``steps`` holds step, start_ns, end_ns."""
     rows = []
     groups = events.groupby("step", sort=False).indices
+    all_end = events["end_ns"].to_numpy()
     for st, lo, hi in steps[["step", "start_ns", "end_ns"]].itertuples(index=False):
         idx = groups.get(st)
         ev = events.iloc[idx] if idx is not None else events.iloc[:0]
-        comm, comp, other = step_sets(ev, device_kind, main_tid, int(lo), int(hi))
+        comm, comp, other = step_sets(ev, device_kind, main_tid, int(lo), int(hi), all_end)
         step_ns = int(hi - lo)
         compute_ns = iv.measure(comp)
         comm_ns = iv.measure(comm)
@@ -91,10 +129,10 @@ def whole_trace_overlap(events: pd.DataFrame) -> tuple[int, int]:
     return iv.measure(iv.intersect(comm, comp)), iv.measure(comm)
 
 
-def timeline_rows(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int, hi: int
-                  ) -> pd.DataFrame:
+def timeline_rows(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int, hi: int,
+                  all_end_ns: np.ndarray | None = None) -> pd.DataFrame:
     """Merged compute and per-kind comm intervals of one step for plotting."""
-    comm, comp, _ = step_sets(ev, device_kind, main_tid, lo, hi)
+    comm, comp, _ = step_sets(ev, device_kind, main_tid, lo, hi, all_end_ns)
     parts = [pd.DataFrame({"lane": "compute", "kind": "", "start_ns": comp[0],
                            "end_ns": comp[1]})]
     role = ev["role"].to_numpy().astype(object)

@@ -222,8 +222,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
         for i in gloo_idx:
             j = paired[i]
             if j >= 0:
-                if kind[j] is not None and kind[j] != kind[i]:
-                    rule[i] = "cpu.gloo_op.paired"
+                rule[i] = "cpu.gloo_op.paired"
                 kind[i] = kind[j] if kind[j] is not None else kind[i]
                 if pg[i] is None:
                     pg[i] = pg[j]

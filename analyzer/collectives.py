@@ -1,0 +1,155 @@
+"""Collective instances per rank, per-kind bandwidth, and cross-rank matching.
+
+Bandwidth follows nccl-tests (doc/PERFORMANCE.md): algbw = bytes / time with bytes as nccl-tests
+counts them (all_gather and reduce_scatter: the total buffer; all_reduce, broadcast,
+all_to_all: the buffer), busbw = algbw x factor(n): all_reduce 2(n-1)/n, all_gather,
+reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1; GB = 10^9 bytes.
+Cross-rank matching follows TraceLens: the same collective on every rank is the one with the
+same process group and the same index within that group; transfer time is the shortest
+duration across ranks (the time the data really moved), wait is the rest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ["rank", "step", "pg", "seq", "kind", "start_ns", "end_ns", "dur_ns", "bytes", "rule",
+           "name", "group_size", "enqueue_start_ns", "enqueue_end_ns"]
+
+
+def busbw_factor(kind: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor of ``kind`` on ``n`` ranks (NaN when undefined)."""
+    if n <= 0:
+        return float("nan")
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if kind in ("broadcast", "send_recv"):
+        return 1.0
+    return float("nan")
+
+
+def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.DataFrame:
+    """One row per communication event (NCCL kernel or gloo op) of one rank (COLUMNS).
+
+    ``pg`` is "" when the trace does not name the process group; ``seq`` is the index within
+    (rank, pg) by start time; ``group_size`` falls back to ``world_size``; enqueue_* is the CPU
+    op that launched it (GPU: the launch's enclosing comm op, gloo: the paired c10d op), -1
+    when unknown.
+    """
+    role = events["role"].to_numpy().astype(object)
+    idx = np.flatnonzero(role == "comm")
+    ev = events.iloc[idx]
+    pg = ev["pg"].fillna("").astype(str).to_numpy()
+    gs = ev["group_size"].to_numpy().copy()
+    gs[gs <= 0] = world_size
+    link = np.where(ev["launch_row"].to_numpy() >= 0, ev["launch_row"].to_numpy(),
+                    ev["paired_row"].to_numpy())
+    ts = events["ts_ns"].to_numpy()
+    end = events["end_ns"].to_numpy()
+    enq_s = np.where(link >= 0, ts[np.maximum(link, 0)], -1)
+    enq_e = np.where(link >= 0, end[np.maximum(link, 0)], -1)
+    # the enclosing comm op (a runtime launch sits inside nccl:* / record_param_comms)
+    launch_enclosers = _enclosing_enqueue(events, link)
+    enq_s = np.where(launch_enclosers >= 0, ts[np.maximum(launch_enclosers, 0)], enq_s)
+    enq_e = np.where(launch_enclosers >= 0, end[np.maximum(launch_enclosers, 0)], enq_e)
+    df = pd.DataFrame({
+        "rank": rank, "step": ev["step"].to_numpy(), "pg": pg, "seq": 0,
+        "kind": ev["coll_kind"].astype(str).to_numpy(), "start_ns": ev["ts_ns"].to_numpy(),
+        "end_ns": ev["end_ns"].to_numpy(), "dur_ns": ev["dur_ns"].to_numpy(),
+        "bytes": ev["bytes"].to_numpy(), "rule": ev["rule"].astype(str).to_numpy(),
+        "name": ev["name"].astype(str).to_numpy(), "group_size": gs,
+        "enqueue_start_ns": enq_s, "enqueue_end_ns": enq_e,
+    })
+    df = df.sort_values(["pg", "start_ns"], kind="stable")
+    df["seq"] = df.groupby("pg").cumcount()
+    df = df.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    return df.astype({"rank": "int64", "step": "int64", "seq": "int64", "group_size": "int64"})
+
+
+def _enclosing_enqueue(events: pd.DataFrame, link: np.ndarray) -> np.ndarray:
+    """For each linked CPU row (a runtime launch, or a paired c10d op), the outermost
+    comm_enqueue op enclosing it on the same thread (itself when it is the outermost); -1
+    otherwise."""
+    out = np.full(len(link), -1, np.int64)
+    role = events["role"].to_numpy().astype(object)
+    enq = np.flatnonzero(role == "comm_enqueue")
+    if not len(enq):
+        return out
+    ts = events["ts_ns"].to_numpy()
+    end = events["end_ns"].to_numpy()
+    tid = events["tid"].astype(str).to_numpy()
+    for k, j in enumerate(link):
+        if j < 0:
+            continue
+        cand = enq[(ts[enq] <= ts[j]) & (end[enq] >= end[j]) & (tid[enq] == tid[j])]
+        if len(cand):
+            out[k] = cand[np.argmin(ts[cand])]
+    return out
+
+
+def by_kind(coll: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and kind: rank, kind, count, time_ns (sum of durations), bytes (sum of known
+    bytes), algbw_gbps, busbw_gbps (over the instances whose bytes are known:
+    sum(bytes) / sum(time), busbw weighting each instance by its nccl-tests factor)."""
+    cols = ["rank", "kind", "count", "time_ns", "bytes", "algbw_gbps", "busbw_gbps"]
+    if coll.empty:
+        return pd.DataFrame(columns=cols)
+    c = coll.copy()
+    known = c["bytes"] >= 0
+    c["kbytes"] = np.where(known, c["bytes"], 0)
+    c["ktime"] = np.where(known, c["dur_ns"], 0)
+    fac = np.array([busbw_factor(k, int(n)) for k, n in zip(c["kind"], c["group_size"])])
+    c["kbus"] = np.where(known & np.isfinite(fac), c["kbytes"] * np.nan_to_num(fac), 0.0)
+    c["kbustime"] = np.where(known & np.isfinite(fac), c["dur_ns"], 0)
+    g = c.groupby(["rank", "kind"], sort=True).agg(
+        count=("dur_ns", "size"), time_ns=("dur_ns", "sum"), bytes=("kbytes", "sum"),
+        ktime=("ktime", "sum"), kbus=("kbus", "sum"), kbustime=("kbustime", "sum"),
+        anyknown=("bytes", lambda b: bool((b >= 0).any()))).reset_index()
+    # bytes per ns == GB/s (1e9 bytes per 1e9 ns)
+    g["algbw_gbps"] = np.where(g["ktime"] > 0, g["bytes"] / g["ktime"].where(g["ktime"] > 0, 1),
+                               np.nan)
+    g["busbw_gbps"] = np.where(g["kbustime"] > 0,
+                               g["kbus"] / g["kbustime"].where(g["kbustime"] > 0, 1), np.nan)
+    g["bytes"] = np.where(g["anyknown"], g["bytes"], -1)
+    return g[cols].astype({"count": "int64", "time_ns": "int64", "bytes": "int64"})
+
+
+def match_ranks(coll: pd.DataFrame) -> pd.DataFrame:
+    """Collectives matched across ranks by (pg, seq): pg, seq, kind, n_ranks, start_ns (first
+    start), start_skew_ns (last start - first start), transfer_ns (shortest duration),
+    max_wait_ns (longest duration - transfer), straggler_rank (last to start), kinds_agree."""
+    cols = ["pg", "seq", "kind", "n_ranks", "start_ns", "start_skew_ns", "transfer_ns",
+            "max_wait_ns", "straggler_rank", "kinds_agree"]
+    if coll.empty:
+        return pd.DataFrame(columns=cols)
+    g = coll.groupby(["pg", "seq"], sort=True)
+    last = coll.loc[g["start_ns"].idxmax(), ["pg", "seq", "rank"]].set_index(["pg", "seq"])
+    out = g.agg(kind=("kind", lambda k: k.mode().iat[0]), n_ranks=("rank", "nunique"),
+                start_ns=("start_ns", "min"), last_start=("start_ns", "max"),
+                transfer_ns=("dur_ns", "min"), longest=("dur_ns", "max"),
+                nkinds=("kind", "nunique"))
+    out["start_skew_ns"] = out["last_start"] - out["start_ns"]
+    out["max_wait_ns"] = out["longest"] - out["transfer_ns"]
+    out["straggler_rank"] = last["rank"].reindex(out.index)
+    out["kinds_agree"] = out["nkinds"] == 1
+    out = out.reset_index()
+    return out[cols].astype({"n_ranks": "int64", "start_ns": "int64", "start_skew_ns": "int64",
+                             "transfer_ns": "int64", "max_wait_ns": "int64",
+                             "straggler_rank": "int64"})
+
+
+def stragglers(matched: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: times_last (collectives it started last, among those seen on >1 rank),
+    skew_caused_ns (sum of start skew of those collectives). Sorted, worst first."""
+    m = matched[matched["n_ranks"] > 1]
+    cols = ["rank", "times_last", "skew_caused_ns"]
+    if m.empty:
+        return pd.DataFrame(columns=cols)
+    g = m.groupby("straggler_rank").agg(times_last=("seq", "size"),
+                                        skew_caused_ns=("start_skew_ns", "sum")).reset_index()
+    g = g.rename(columns={"straggler_rank": "rank"})
+    return g.sort_values(["skew_caused_ns", "rank"], ascending=[False, True])[cols] \
+        .reset_index(drop=True)

@@ -1,0 +1,74 @@
+"""The tables behind ``analyzer summary``: one function of a TraceSet returning tables."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+
+@dataclass(kw_only=True, slots=True)
+class Summary:
+    """Everything ``analyzer summary`` shows, as tables (units in column names)."""
+
+    headline: list[str]
+    """Lines: how ranks were found, "N of M ranks", whole-trace mode, warnings."""
+    ranks: pd.DataFrame
+    """rank, path, rank_source, device_kind, world_size, steps, whole_trace_mode."""
+    breakdown: pd.DataFrame
+    """analyzer.api.breakdown."""
+    by_kind: pd.DataFrame
+    """analyzer.api.comm_by_kind."""
+    cross_rank: pd.DataFrame
+    """analyzer.api.cross_rank."""
+    stragglers: pd.DataFrame
+    """analyzer.collectives.stragglers."""
+    crosscheck: pd.DataFrame | None = None
+    """analyzer.crosscheck_hta.compare when requested."""
+    notes: list[str] = field(default_factory=list)
+    """Cross-check remarks."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict (NaN -> null)."""
+        def records(df: pd.DataFrame | None):
+            if df is None:
+                return None
+            out = []
+            for rec in df.to_dict("records"):
+                out.append({k: (None if isinstance(v, float) and math.isnan(v) else
+                                v.item() if hasattr(v, "item") else v) for k, v in rec.items()})
+            return out
+        return {"headline": self.headline, "ranks": records(self.ranks),
+                "breakdown": records(self.breakdown), "by_kind": records(self.by_kind),
+                "cross_rank": records(self.cross_rank), "stragglers": records(self.stragglers),
+                "crosscheck_hta": records(self.crosscheck), "notes": self.notes}
+
+
+def summarize(ts) -> Summary:
+    """Build the summary tables of a loaded TraceSet (analyzer.api.TraceSet)."""
+    from analyzer import api
+    from analyzer.collectives import match_ranks, stragglers
+
+    coll = api.collectives(ts)
+    matched = match_ranks(coll)
+    sources = sorted({r.rank_source for r in ts.ranks})
+    head = [f"{ts.root}: {len(ts.ranks)} of {ts.world_size} ranks, rank from "
+            f"{' / '.join(sources)}"]
+    if ts.missing_ranks:
+        shown = ts.missing_ranks[:10]
+        more = "" if len(ts.missing_ranks) <= 10 else f" and {len(ts.missing_ranks) - 10} more"
+        head.append(f"partial: ranks {shown}{more} have no trace")
+    if ts.whole_trace_mode:
+        head.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the whole trace")
+    head += ts.warnings
+    for r in ts.ranks:
+        head += r.warnings
+    ranks = pd.DataFrame([{"rank": r.rank, "path": str(r.path), "rank_source": r.rank_source,
+                           "device_kind": r.device_kind, "world_size": r.world_size,
+                           "steps": len(r.steps), "whole_trace_mode": r.whole_trace_mode}
+                          for r in ts.ranks])
+    return Summary(headline=head, ranks=ranks, breakdown=api.breakdown(ts),
+                   by_kind=api.comm_by_kind(ts), cross_rank=matched,
+                   stragglers=stragglers(matched))
