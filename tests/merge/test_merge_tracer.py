@@ -1,0 +1,95 @@
+"""The structural check and `analyzer merge` on our own tracer's traces (a tiny 2-rank DDP record)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from analyzer.chrome_check import check_file, check_trace
+from analyzer.merge import merge_traces
+from tests.merge.builders import read
+
+pytestmark = pytest.mark.slow
+SHIFT_US = 25_000  # injected into rank 1's clock
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("tracer")
+    cmd = [sys.executable, "-m", "tracer", "record", "--strategy", "ddp", "--hidden", "32", "--layers", "1",
+           "--batch", "4", "--seq", "16", "--active", "3", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = out / "ddp"
+    assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+    return run
+
+
+@pytest.fixture(scope="module")
+def merged(ddp_run, tmp_path_factory):
+    return merge_traces(ddp_run, tmp_path_factory.mktemp("merged") / "merged.trace.json.gz")
+
+
+def test_tracer_traces_pass_the_structural_check(ddp_run):
+    for path in sorted(ddp_run.glob("rank*.trace.json.gz")):
+        assert check_file(path, strict_names=False) == [], path.name
+
+
+@pytest.mark.xfail(strict=True, reason="Kineto writes no process_name for its 'Spans'/'Traces' pids and "
+                   "names gloo threads twice; the tracer does not add them yet")
+def test_tracer_traces_name_every_track(ddp_run):
+    for path in sorted(ddp_run.glob("rank*.trace.json.gz")):
+        assert check_file(path) == [], path.name
+
+
+def test_merged_tracer_run_is_viewer_clean(merged):
+    trace = read(merged.out_path)
+    assert check_trace(trace) == []
+    threads = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert any("pt_gloo_runloop" in t for t in threads)  # the gloo thread keeps its specific name
+    assert merged.offsets["n_matched"].min() >= 1
+
+
+def test_alignment_never_spreads_matched_ends_on_one_clock(merged):
+    # both ranks share the host clock (true offset 0, inside the causality bounds): the clamped
+    # median lies between the median and 0, so the summed |end difference| cannot grow
+    sp = merged.spread
+    assert sp["spread_after_ns"].sum() <= sp["spread_before_ns"].sum()
+
+
+def test_injected_shift_is_recovered_exactly(ddp_run, merged, tmp_path):
+    d = tmp_path / "shifted"
+    d.mkdir()
+    for path in ddp_run.glob("rank*.trace.json.gz"):
+        data = json.loads(gzip.decompress(path.read_bytes()))
+        if path.name.startswith("rank1"):
+            for e in data["traceEvents"]:
+                if e.get("ph") != "M" and isinstance(e.get("ts"), (int, float)):
+                    e["ts"] += SHIFT_US
+        (d / path.name).write_bytes(gzip.compress(json.dumps(data).encode()))
+    res = merge_traces(d, tmp_path / "m.trace.json.gz")
+    base = merged.offsets.set_index("rank")["offset_ns"]
+    got = res.offsets.set_index("rank")["offset_ns"]
+    # float us with ns decimals: each shifted ts may round by 1 ns
+    assert abs((got[1] - base[1]) - SHIFT_US * 1000) <= 2
+    assert (res.spread["spread_before_ns"] > SHIFT_US * 1000 // 2).all()
+    assert res.spread["spread_after_ns"].sum() <= merged.spread["spread_after_ns"].sum() + 2 * len(res.spread)
+
+
+def test_hta_loads_tracer_traces_and_the_merged_trace(ddp_run, merged):
+    hta = pytest.importorskip("hta.trace_analysis")
+    # trace_files, not trace_dir: HTA reads every *.json in a folder, manifest.json included
+    files = {r: str(ddp_run / f"rank{r}.trace.json.gz") for r in (0, 1)}
+    t = hta.TraceAnalysis(trace_files=files, trace_dir=str(ddp_run))
+    assert sorted(t.t.traces) == [0, 1]
+    m = hta.TraceAnalysis(trace_files={0: str(merged.out_path)}, trace_dir=str(merged.out_path.parent),
+                          include_last_profiler_step=True)
+    df = m.t.get_trace(0)
+    assert sorted(df["pid"].unique()) == [1, 2]
+    n_x = sum(1 for e in read(merged.out_path)["traceEvents"] if e["ph"] == "X" and e.get("cat") != "Trace")
+    assert len(df) == n_x  # HTA drops only the profiler's own "Trace" spans
