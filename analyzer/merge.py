@@ -42,7 +42,6 @@ MERGE_KEY = "paritytraceMerge"
 """Top-level key that marks a merged trace (such files are never merged again)."""
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "gpu_sync"})
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-_FILE_RANK_RE = re.compile(r"(?:rank|worker)[_-]?(\d+)", re.IGNORECASE)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -130,11 +129,9 @@ def discover(root: Path) -> list[Path]:
 
 
 def read_inputs(root: Path) -> list[RankInput]:
-    """Read every trace in ``root`` and resolve its rank (DESIGN.md "Trace semantics").
-
-    Rank from ``distributedInfo.rank``; when no file has one: a single file is rank 0, several
-    take ``rank<N>`` / ``worker<N>`` from their file names when all have one and all differ.
-    Raises ``BadInput`` (all problems at once) for duplicates, mixes and unreadable files.
+    """Read every trace in ``root`` and resolve its rank with the loader's rule (DESIGN.md
+    "Trace semantics", ``analyzer.load.assign_ranks``). Raises ``BadInput`` (all problems at
+    once) for duplicates, mixes and unreadable files.
     """
     problems: list[BadInput] = []
     loaded: list[tuple[Path, dict]] = []
@@ -163,35 +160,21 @@ def read_inputs(root: Path) -> list[RankInput]:
 
 
 def _resolve_ranks(root: Path, loaded: list[tuple[Path, dict]]) -> list[RankInput]:
-    def info_rank(data: dict) -> int | None:
-        info = data.get("distributedInfo")
-        rank = info.get("rank") if isinstance(info, dict) else None
-        return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else None
+    """The loader's rank rule (``analyzer.load.assign_ranks``) applied to raw JSON traces."""
+    from analyzer.load import ParsedFile, assign_ranks
 
-    ranks = [info_rank(d) for _, d in loaded]
-    if all(r is not None for r in ranks):
-        source = "distributedInfo"
-    elif any(r is not None for r in ranks):
-        missing = [p.name for (p, _), r in zip(loaded, ranks) if r is None]
-        raise BadInput(root, "mixed_rank_sources", f"some traces lack distributedInfo.rank ({', '.join(missing)})",
-                       "merge only traces of one job, all with distributedInfo")
-    elif len(loaded) == 1:
-        source, ranks = "single file", [0]
-    else:
-        matches = [_FILE_RANK_RE.findall(p.name) for p, _ in loaded]
-        ranks = [int(m[-1]) if m else None for m in matches]
-        if any(r is None for r in ranks) or len(set(ranks)) != len(ranks):
-            raise BadInput(root, "no_rank", "traces have no distributedInfo.rank and their file names "
-                           "do not give distinct rank<N> / worker<N> numbers",
-                           "rename the files rank0..., rank1... or add distributedInfo")
-        source = "file name"
-    seen: dict[int, Path] = {}
-    for (path, _), rank in zip(loaded, ranks):
-        if rank in seen:
-            raise BadInput(root, "duplicate_rank", f"rank {rank} appears in {seen[rank].name} and {path.name}",
-                           "keep one trace per rank in the folder")
-        seen[rank] = path
-    return [RankInput(rank=r, path=p, rank_source=source, data=d) for (p, d), r in zip(loaded, ranks)]
+    by_path = {path: data for path, data in loaded}
+    stubs = [ParsedFile(path=path, events=pd.DataFrame(), device_kind="", main_tid=None,
+                        whole_trace_mode=False, steps=pd.DataFrame(),
+                        distributed_info=data.get("distributedInfo") if isinstance(
+                            data.get("distributedInfo"), dict) else None)
+             for path, data in loaded]
+    assigned, _world, problems = assign_ranks(stubs)
+    if problems:
+        raise BadInput(problems[0].path, problems[0].reason, problems[0].message, problems[0].fix,
+                       problems=problems[1:])
+    return [RankInput(rank=r, path=f.path, rank_source=source, data=by_path[f.path])
+            for r, source, f in assigned]
 
 
 def _to_ns(value: Any) -> int | None:
