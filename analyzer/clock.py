@@ -75,7 +75,7 @@ def collective_events(x: pd.DataFrame, *, default_pg: str = "") -> pd.DataFrame:
     for r in gloo.itertuples(index=False):
         rows.append((r.idx, default_pg, "gloo", collective_kind(r.name), r.ts_ns, r.ts_ns + r.dur_ns))
 
-    kernels = x[(x["cat"] == "kernel") & names.str.startswith(NCCL_KERNEL_PREFIXES)]
+    kernels = x[(x["cat"].str.lower() == "kernel") & names.str.startswith(NCCL_KERNEL_PREFIXES)]  # old Kineto: "Kernel"
     if len(kernels):
         launch_info = _launch_info(x, set(kernels["correlation"].tolist()))
         for r in kernels.itertuples(index=False):
@@ -92,7 +92,7 @@ def _launch_info(x: pd.DataFrame, correlations: set[int]) -> dict[int, tuple[str
     """correlation -> (kind, pg) from the communication CPU ops enclosing each kernel launch."""
     names = x["name"].astype(object)
     ops = x[(names.str.startswith("nccl:") | (names == "record_param_comms"))
-            & (x["cat"] != "kernel")]
+            & (x["cat"].str.lower() != "kernel")]
     launches = x[(x["cat"] == "cuda_runtime") & x["correlation"].isin(correlations)]
     info: dict[int, tuple[str, str]] = {}
     for tid, thread_ops in ops.groupby("tid", sort=False):

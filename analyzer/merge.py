@@ -260,12 +260,12 @@ def _selected(x: pd.DataFrame, events: list, steps: tuple[int, ...]) -> tuple[se
 
     keep: set[int] = set()
     launched: set[int] = set()
-    for r in x[~x["cat"].isin(GPU_CATS)].itertuples(index=False):
+    for r in x[~x["cat"].str.lower().isin(GPU_CATS)].itertuples(index=False):
         if inside(r.ts_ns):
             keep.add(r.idx)
             if r.correlation >= 0:
                 launched.add(r.correlation)
-    for r in x[x["cat"].isin(GPU_CATS)].itertuples(index=False):
+    for r in x[x["cat"].str.lower().isin(GPU_CATS)].itertuples(index=False):
         if r.correlation in launched or (r.correlation < 0 and inside(r.ts_ns)):
             keep.add(r.idx)
     for i, ev in enumerate(events):  # instants, counters, flows: by time
@@ -319,7 +319,7 @@ def _track_names(data: dict, x: pd.DataFrame) -> dict[tuple[str, str], tuple[int
             proc_label[pid] = str(args.get("labels", ""))
         elif ev.get("name") == "thread_name":
             thread_names.setdefault((pid, tid), []).append(str(args.get("name", "")))
-    gpu_tracks = set(map(tuple, x.loc[x["cat"].isin(GPU_CATS), ["pid", "tid"]].drop_duplicates().to_numpy()))
+    gpu_tracks = set(map(tuple, x.loc[x["cat"].str.lower().isin(GPU_CATS), ["pid", "tid"]].drop_duplicates().to_numpy()))
     step_tracks = set(map(tuple, x.loc[x["name"].astype(object).str.match(_STEP_RE), ["pid", "tid"]]
                           .drop_duplicates().to_numpy()))
     out: dict[tuple[str, str], tuple[int, str]] = {}

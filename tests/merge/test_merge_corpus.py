@@ -87,3 +87,17 @@ def test_hta_loads_the_merged_trace(dlrm):
     kernels = df[df["name"].map(lambda i: names[i]).str.match(re.compile(r"^ncclKernel_"))]
     assert sorted(df["pid"].unique()) == list(range(1, 9))
     assert len(kernels) == 8 * 8
+
+
+def test_tbplugin_nccl_pair_with_old_kernel_category(tmp_path):
+    # kineto tb_plugin test traces: no distributedInfo (rank from the file name), cat "Kernel";
+    # the plugin's published expectations list 1 broadcast and 1 all_reduce per worker
+    from tests.merge.builders import CORPUS
+    d = tmp_path / "tb"
+    d.mkdir()
+    for r in (0, 1):
+        (d / f"nccl__worker{r}.json").write_bytes((CORPUS / "tbplugin_2rank" / f"nccl__worker{r}.json").read_bytes())
+    res = merge_traces(d, tmp_path / "m.json")
+    assert sorted(res.spread["kind"]) == ["all_reduce", "broadcast"]
+    assert [r.rank_source for r in res.ranks] == ["file name", "file name"]
+    assert check_trace(read(res.out_path)) == []
