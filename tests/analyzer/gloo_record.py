@@ -1,7 +1,7 @@
 """Record a tiny 2-rank CPU/gloo DDP or FSDP job under torch.profiler (test fixture helper).
 
-Run as ``python3 gloo_record.py OUT_DIR {ddp,fsdp}``; writes ``rank<r>.trace.json`` (Kineto
-Chrome traces with distributedInfo) into OUT_DIR. Kept tiny: 2 profiled steps, one torch thread
+Run as ``python3 gloo_record.py OUT_DIR``; writes ``OUT_DIR/{ddp,fsdp}/rank<r>.trace.json``
+(Kineto Chrome traces with distributedInfo), both strategies in the same two processes. Kept tiny: 2 profiled steps, one torch thread
 per rank. Not a test module (no ``test_`` prefix); the tests run it in a subprocess.
 """
 
@@ -11,15 +11,25 @@ import os
 import sys
 
 
-def _worker(rank: int, world: int, out: str, strategy: str, port: int) -> None:
+def _worker(rank: int, world: int, out: str, port: int) -> None:
     import torch
     import torch.distributed as dist
-    from torch import nn
 
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    for strategy in ("ddp", "fsdp"):
+        os.makedirs(os.path.join(out, strategy), exist_ok=True)
+        _record(rank, os.path.join(out, strategy), strategy)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _record(rank: int, out: str, strategy: str) -> None:
+    import torch
+    from torch import nn
+
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
                           nn.Linear(128, 8))
@@ -50,8 +60,6 @@ def _worker(rank: int, world: int, out: str, strategy: str, port: int) -> None:
             loss.backward()
             opt.step()
             prof.step()
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def main() -> None:
@@ -59,12 +67,12 @@ def main() -> None:
 
     import torch.multiprocessing as mp
 
-    out, strategy = sys.argv[1], sys.argv[2]
+    out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, out, strategy, port), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, out, port), nprocs=2, join=True)
 
 
 if __name__ == "__main__":

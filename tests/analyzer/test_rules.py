@@ -1,0 +1,121 @@
+"""One hand-built fixture per classification / breakdown rule, with exact answers.
+
+Fixtures: fixtures/core/*.json (times in µs; the analyzer works in ns, so x1000).
+The expected numbers are derived by hand in the comments from the fixture's events.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from analyzer.api import breakdown, collectives, comm_by_kind, load_traces, timeline
+
+US = 1000
+
+
+def _row(df):
+    assert len(df) == 1
+    return df.iloc[0]
+
+
+def test_gpu_rules_breakdown(fixture_copy):
+    ts = load_traces(fixture_copy("gpu_rules.json"))
+    b = _row(breakdown(ts))
+    # window: ProfilerStep#1 [0,100) extended to the end of relu_kernel (launched at 60 inside
+    # the step, runs [90,120)) -> [0,120). late_kernel is launched at 105, outside the step: out.
+    assert b["step"] == 1 and b["step_start_ns"] == 0 and b["step_ns"] == 120 * US
+    # C = [40,60) Generic + [70,80) SendRecv + [85,95) AllGather = 40
+    # K = gemm [20,50) + relu [90,120) = 60 (memcpy/memset/annotation excluded)
+    assert b["comm_ns"] == 40 * US and b["compute_ns"] == 60 * US
+    # C∩K = [40,50) + [90,95) = 15; exposed = 25
+    assert b["overlap_ns"] == 15 * US and b["exposed_comm_ns"] == 25 * US
+    # O = memcpy [55,65) + memset [96,98); outside C∪K only [60,65) = 5
+    assert b["other_ns"] == 5 * US
+    assert b["idle_ns"] == 30 * US  # 120 - 60 - 25 - 5
+    assert b["overlap_frac"] == pytest.approx(15 / 40)
+
+
+def test_gpu_rules_collectives_kinds_bytes_and_rule(fixture_copy):
+    ts = load_traces(fixture_copy("gpu_rules.json"))
+    c = collectives(ts).set_index("kind")
+    # Generic kernel: kind from the launching record_param_comms (correlation -> launch ->
+    # enclosing op), bytes = max(in 8, out 4) x 4 (Float) = 32, pg "0"
+    assert c.loc["reduce_scatter", "rule"] == "gpu.nccl_kernel.launch"
+    assert c.loc["reduce_scatter", "bytes"] == 32 and c.loc["reduce_scatter", "pg"] == "0"
+    # SendRecv kernel under nccl:all_to_all: all_to_all, bytes from its shape 6 x 4 = 24
+    assert c.loc["all_to_all", "rule"] == "gpu.nccl_kernel.launch"
+    assert c.loc["all_to_all", "bytes"] == 24
+    # ncclDevKernel_AllGather: kind from the name; bytes from its args: out 4 x 2 (BFloat16) = 8
+    assert c.loc["all_gather", "rule"] == "gpu.nccl_kernel"
+    assert c.loc["all_gather", "bytes"] == 8
+    assert c.loc["all_gather", "start_ns"] == 85 * US and c.loc["all_gather", "dur_ns"] == 10 * US
+    k = comm_by_kind(ts).set_index("kind")
+    # reduce_scatter: 32 B / 20 µs = 0.0016 GB/s; busbw x (n-1)/n with n = 2 -> 0.0008
+    assert k.loc["reduce_scatter", "algbw_gbps"] == pytest.approx(32 / 20_000)
+    assert k.loc["reduce_scatter", "busbw_gbps"] == pytest.approx(32 / 20_000 * 0.5)
+
+
+def test_gpu_rules_roles(fixture_copy):
+    ev = load_traces(fixture_copy("gpu_rules.json")).ranks[0].events
+    role = dict(zip(ev["name"].astype(str), ev["role"].astype(str)))
+    assert role["Memcpy DtoH (Device -> Pinned)"] == "memcpy"
+    assert role["Memset (Device)"] == "memset"
+    assert role["void gemm_kernel<float>(...)"] == "compute"
+    assert role["record_param_comms"] == "comm_enqueue"
+    steps = dict(zip(ev["name"].astype(str), ev["step"]))
+    assert steps["void relu_kernel(...)"] == 1  # launched inside the step, ends after it
+    assert steps["void late_kernel(...)"] == -1  # launched after the step
+
+
+def test_gloo_rules_pairing_wait_and_breakdown(fixture_copy):
+    ts = load_traces(fixture_copy("gloo_rules.json"))
+    rt = ts.ranks[0]
+    assert rt.rank == 1 and rt.device_kind == "cpu" and rt.main_tid == "1"
+    b = _row(breakdown(ts))
+    assert b["step"] == 3 and b["step_ns"] == 200 * US
+    # K = main-thread ops [10,40) ∪ [50,150) ∪ [100,110) ∪ [170,190)
+    #     - c10d spans [55,60), [160,165)
+    #     - waits: reduce_scatter [60,130) minus the non-enclosing add_ [100,110)
+    #              all_gather [165,180) minus relu [170,190)
+    #   = [10,40) [50,55) [100,110) [130,150) [170,190) = 30+5+10+20+20 = 85
+    assert b["compute_ns"] == 85 * US
+    assert b["comm_ns"] == 79 * US  # [65,130) + [166,180)
+    assert b["overlap_ns"] == 20 * US  # [100,110) + [170,180)
+    assert b["exposed_comm_ns"] == 59 * US
+    assert b["other_ns"] == 10 * US  # c10d enqueue spans; copy_ on thread 4 lies inside K
+    assert b["idle_ns"] == 46 * US
+    c = collectives(ts).set_index("kind")
+    # gloo:all_reduce paired with c10d::_reduce_scatter_base_: reported as reduce_scatter,
+    # bytes = the full buffer 16 x 4 = 64
+    assert c.loc["reduce_scatter", "rule"] == "cpu.gloo_op.paired"
+    assert c.loc["reduce_scatter", "bytes"] == 64
+    assert c.loc["reduce_scatter", "enqueue_start_ns"] == 55 * US
+    # gloo:all_gather input is one rank's piece: 4 x 4 B x group 2 = 32
+    assert c.loc["all_gather", "bytes"] == 32
+
+
+def test_whole_trace_mode(fixture_copy):
+    ts = load_traces(fixture_copy("whole_trace.json"))
+    assert ts.whole_trace_mode and ts.ranks[0].rank_source == "single file"
+    b = _row(breakdown(ts))
+    # window = whole trace [5,40); C [20,30), K [25,40)
+    assert (b["step"], b["step_start_ns"], b["step_ns"]) == (0, 5 * US, 35 * US)
+    assert (b["compute_ns"], b["comm_ns"], b["overlap_ns"]) == (15 * US, 10 * US, 5 * US)
+    assert (b["exposed_comm_ns"], b["other_ns"], b["idle_ns"]) == (5 * US, 0, 15 * US)
+    c = _row(collectives(ts))
+    assert c["kind"] == "all_reduce" and c["bytes"] == -1
+    k = _row(comm_by_kind(ts))
+    assert k["bytes"] == -1 and math.isnan(k["algbw_gbps"])
+
+
+def test_timeline_lanes(fixture_copy):
+    ts = load_traces(fixture_copy("gpu_rules.json"))
+    t = timeline(ts, 0, 1)
+    comp = t[t["lane"] == "compute"]
+    assert list(zip(comp["start_ns"], comp["end_ns"])) == [(20 * US, 50 * US), (90 * US, 120 * US)]
+    comm = t[t["lane"] == "comm"].set_index("kind")
+    assert comm.loc["all_to_all", "start_ns"] == 70 * US
+    with pytest.raises(KeyError):
+        timeline(ts, 0, 99)
