@@ -22,8 +22,11 @@ starting at or after it (gloo: the ``gloo:all_gather`` work on its runloop threa
 kernel on the communication stream, FIFO per stream). Then per all_gather:
 
 * ``hidden_frac`` = |execution ∩ ∪computation| / |execution| -- the share of the all_gather
-  that ran while this rank computed (computation = ``role == compute`` rows: GPU compute
-  kernels on GPU traces, main-thread ops on CPU traces).
+  that ran while this rank computed. Computation = ``role == compute`` rows: GPU compute
+  kernels on GPU traces; on CPU traces the main-thread ops *minus the time inside FSDP's own
+  hook labels* (``FSDP::*``, ``FullyShardedDataParallel._*``): FSDP's hooks run nested inside
+  autograd ops (``autograd::engine::evaluate_function: ...``) and block there waiting for the
+  all_gather, which is not computation that hides it.
 * ``slack_ns`` = need - finished: > 0 the data arrived that early; < 0 the computation waited.
 
 On CPU/gloo the FSDP all_gather is waited for inside the label, so hidden_frac is about 0 there;
@@ -85,6 +88,29 @@ def _covered(merged: np.ndarray, start: int, end: int) -> int:
     lo = np.clip(merged[:, 0], start, end)
     hi = np.clip(merged[:, 1], start, end)
     return int(np.sum(hi - lo))
+
+
+def _subtract(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a`` minus ``b`` (both merged)."""
+    out = []
+    for s, e in a:
+        cur = int(s)
+        for bs, be in b[(b[:, 1] > s) & (b[:, 0] < e)] if len(b) else []:
+            if bs > cur:
+                out.append([cur, int(bs)])
+            cur = max(cur, int(be))
+        if cur < e:
+            out.append([cur, int(e)])
+    return np.asarray(out, dtype="int64").reshape(-1, 2)
+
+
+def _fsdp_hook_spans(ev: pd.DataFrame) -> pd.DataFrame:
+    """FSDP's own hook / collective labels (not ``FullyShardedDataParallel.forward``, which wraps
+    the module's whole forward)."""
+    names = ev["name"].astype(str)
+    hooks = names.str.startswith("FSDP::") | (names.str.startswith(FSDP1_PREFIX)
+                                              & (names != "FullyShardedDataParallel.forward"))
+    return ev[hooks]
 
 
 def _enclosing(spans: pd.DataFrame, t: int) -> pd.DataFrame:
@@ -174,6 +200,9 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
     taken = np.zeros(len(execs), dtype=bool)
     comp = ev[ev["role"] == "compute"]
     merged = _merge(comp["ts_ns"].to_numpy("int64"), comp["end_ns"].to_numpy("int64"))
+    if not (comp["is_gpu"].astype(bool)).any():
+        hooks = _fsdp_hook_spans(ev)
+        merged = _subtract(merged, _merge(hooks["ts_ns"].to_numpy("int64"), hooks["end_ns"].to_numpy("int64")))
     rows = []
     for it in sorted(issues, key=lambda r: r["issued_ns"]):
         cand = np.nonzero(~taken & (exec_start >= it["issued_ns"]))[0]

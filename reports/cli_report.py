@@ -25,15 +25,27 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
     ``root/report``). Returns (report dict, markdown text). Raises ``BadInput``."""
     from reports import collect, html, jsonout, markdown
 
+    from analyzer.errors import BadInput
+
+    out = out or root / "report"
+    # Folders marked read-only (e.g. a shared corpus) stay untouched even for root, who would
+    # pass os.access: look at the mode bits of the nearest existing folder.
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.stat().st_mode & 0o222:
+        raise BadInput(existing, "read_only", "is marked read-only; the report is not written there",
+                       "pass --out to a writable folder")
     report = collect.collect(root, rtol=rtol, atol=atol, allow_incomplete=allow_incomplete)
     md = markdown.render(report)
-    out = out or root / "report"
-    if "json" in formats:
-        jsonout.write_atomic(out / "report.json", jsonout.dumps(report))
-    if "html" in formats:
-        jsonout.write_atomic(out / "report.html", html.render(report, md))
-    if "md" in formats:
-        jsonout.write_atomic(out / "report.md", md)
+    texts = {"json": lambda: jsonout.dumps(report), "html": lambda: html.render(report, md),
+             "md": lambda: md}
+    for f in ("json", "html", "md"):
+        if f in formats:
+            path = out / f"report.{f}"
+            try:
+                jsonout.write_atomic(path, texts[f]())
+            except OSError as exc:
+                raise BadInput(path, "unwritable", f"cannot be written ({exc.strerror})",
+                               "pass --out to a writable folder") from None
     return report, md
 
 

@@ -33,7 +33,8 @@ def speedup(v: Any) -> str:
 def options(run: dict) -> str:
     """Strategy and its options in one short string, e.g. ``fsdp2 (reshard_after_forward=True)``."""
     opts = run.get("options") or {}
-    inner = ", ".join(f"{k}={v}" for k, v in opts.items() if v is not None)
+    inner = ", ".join(f"{k}={v}" for k, v in opts.items()
+                      if v is not None and not isinstance(v, (list, dict)))
     text = run["strategy"] + (f" ({inner})" if inner else "")
     if run.get("fault"):
         text += f" [fault: {run['fault']}]"

@@ -51,7 +51,11 @@ def render(report: dict[str, Any]) -> str:
             "Step times: median and 90th percentile over the profiled steps (source per run below). "
             "Communication, exposed communication and overlap come from the traces: exposed = "
             "communication time not under computation; overlap = share of communication time "
-            "under computation.", ""]
+            "under computation."
+            + (" On CPU traces computation is every main-thread op, including autograd ops inside "
+               "which FSDP hooks wait for their all_gather; the FSDP prefetch section excludes that "
+               "time." if any(r.get("prefetch") and r.get("device") == "cpu" for r in runs) else ""),
+            ""]
 
     out += ["## Parity", ""]
     rows = []

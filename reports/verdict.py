@@ -52,8 +52,12 @@ def verdict(report: dict[str, Any]) -> list[str]:
         text = f"Fastest: {best['name']}, median step {fmt.ms(best['step_time_ns']['median'])}"
         if best.get("speedup_vs_single") is not None and best["strategy"] != "single":
             text += f", {fmt.speedup(best['speedup_vs_single'])} speedup over the single-device run"
+        if best["strategy"] == "single":
+            text += (" -- the one-process baseline: at this model and batch size on this machine, "
+                     "no distributed strategy pays off")
         rest = [f"{r['name']} ({fmt.ms(r['step_time_ns']['median'])}"
-                + (f", {fmt.speedup(r['speedup_vs_single'])}" if r.get("speedup_vs_single") else "")
+                + (f", {fmt.speedup(r['speedup_vs_single'])} the single-device speed"
+                   if r.get("speedup_vs_single") and r["strategy"] != "single" else "")
                 + ")" for r in order[1:]]
         if rest:
             text += "; then " + ", ".join(rest)
@@ -62,9 +66,14 @@ def verdict(report: dict[str, Any]) -> list[str]:
         out.append(f"Ranking withheld: {rk['reason']}")
     cpu = [r for r in runs if r.get("device") == "cpu" and r["strategy"] != "single"]
     if cpu:
-        out.append("These runs were recorded on CPU with gloo: timings carry +-30-50 % noise and "
-                   "say little about GPUs; FSDP collectives run effectively synchronously on CPU, "
-                   "so their overlap is about 0 by construction.")
+        text = ("These runs were recorded on CPU with gloo: timings carry +-30-50 % noise and "
+                "say little about GPUs.")
+        fsdp = [r for r in cpu if r.get("prefetch")]
+        if fsdp:
+            measured = ", ".join(f"{r['name']} {fmt.pct(r['prefetch']['hidden_frac'])}" for r in fsdp)
+            text += (" FSDP collectives run effectively synchronously on CPU: the share of FSDP "
+                     f"all_gather time hidden under computation is {measured}.")
+        out.append(text)
     if report.get("settings_warnings"):
         out.append("Warning: " + "; ".join(report["settings_warnings"]) + ".")
     return out

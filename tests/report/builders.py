@@ -151,3 +151,13 @@ def build_root(root: Path, *, fault: bool = False) -> Path:
     write_run(root / "fsdp2", strategy="fsdp2", walls={0: (1, 1), 1: (9 * ms, 8 * ms), 2: (9 * ms, 9 * ms)},
               options={"reshard_after_forward": True})
     return root
+
+
+if __name__ == "__main__":  # regenerate fixtures/report (python3 -m tests.report.builders)
+    import shutil
+    import sys
+
+    dest = Path(sys.argv[1] if len(sys.argv) > 1 else "fixtures/report")
+    for name, fault in (("clean", False), ("fault", True)):
+        shutil.rmtree(dest / name, ignore_errors=True)
+        build_root(dest / name, fault=fault)

@@ -74,7 +74,9 @@ def cpu_fsdp1():
     fwd #0: enqueue 200 in _pre_forward 100..1000; gloo 300..900; need 1000 -> slack +100; hidden 0
     fwd #1: enqueue 600 in _pre_forward_prefetch; gloo 1000..2500; need = end of the next
             _pre_forward (1200..2000) = 2000 -> slack -500 (late); hidden 1050..1150 = 100/1500
-    bwd #0: enqueue 3100 in _pre_backward_hook 3000..3500; gloo 3200..3400; need 3500 -> +100
+    bwd #0: enqueue 3100 in _pre_backward_hook 3000..3500; gloo 3200..3400; need 3500 -> +100;
+            the hook runs inside an autograd op (compute, 2900..3600) as in real traces, but the
+            main thread is blocked in the hook: hidden 0, not 200
     """
     F = "FullyShardedDataParallel."
     rows = [
@@ -85,6 +87,7 @@ def cpu_fsdp1():
         event("c10d::allgather_", 600, 650, role="comm_enqueue", coll_kind="all_gather"),
         event("aten::addmm", 1050, 1150),
         ann(F + "_pre_forward", 1200, 2000),
+        event("autograd::engine::evaluate_function: AddBackward0", 2900, 3600),
         ann(F + "_pre_backward_hook", 3000, 3500),
         event("c10d::allgather_", 3100, 3150, role="comm_enqueue", coll_kind="all_gather"),
         event("gloo:all_gather", 300, 900, role="comm", cat="user_annotation", tid="9", coll_kind="all_gather"),

@@ -141,3 +141,16 @@ def test_html_opens_in_headless_chromium(tmp_path):
     console_errors = [l for l in proc.stderr.splitlines() if "CONSOLE" in l and "rror" in l]
     assert console_errors == []
     print(f"screenshot: {shot}")
+
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "report"
+
+
+def test_committed_fixtures_give_their_documented_answers(tmp_path):
+    res = runner.invoke(app, ["report", str(FIXTURES / "clean"), "--out", str(tmp_path / "c")])
+    assert res.exit_code == 0, res.output
+    rep = json.loads((tmp_path / "c" / "report.json").read_text())
+    assert rep["ranking"]["order"] == ["ddp", "fsdp2", "single"]
+    assert runner.invoke(app, ["gate", str(FIXTURES / "clean")]).exit_code == 0
+    res = runner.invoke(app, ["gate", str(FIXTURES / "fault")])
+    assert res.exit_code == 3 and "layers.0.attn.weight" in res.output
