@@ -77,7 +77,7 @@ def _print_tables(s) -> None:
 
     con = Console()
     for line in s.headline:
-        con.print(line, markup=False, highlight=False)
+        con.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def show(title, df, cols, fmt=None):
         if df is None or df.empty:
