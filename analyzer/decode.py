@@ -265,6 +265,15 @@ _MAX_US = (2**63 - 1) // 1000 - 1
 _POW10 = np.array([1, 10, 100, 1000], np.int64)
 
 
+def _categorical(values: list[str]) -> pd.Categorical:
+    """Categorical from a list of str, coded with a dict (much faster than hashing through
+    pandas' string arrays for few distinct values and many rows)."""
+    codes_of: dict[str, int] = {}
+    codes = np.fromiter((codes_of.setdefault(v, len(codes_of)) for v in values), np.int32,
+                        count=len(values))
+    return pd.Categorical.from_codes(codes, categories=pd.Index(list(codes_of), dtype="str"))
+
+
 def _as_int(v: Any) -> int:
     return v if type(v) is int else -1
 
@@ -319,18 +328,30 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
         xs = [xs[i] for i in keep]
         ts, dur = ts[keep], dur[keep]
 
-    names = [_as_str(e.name) or "" for e in xs]
-    cats = [_as_str(e.cat) or "" for e in xs]
+    strict = isinstance(trace, _Trace)
+    if strict:  # typed: name/cat are str, ids int or None
+        names = [e.name for e in xs]
+        cats = [e.cat for e in xs]
+    else:
+        names = [_as_str(e.name) or "" for e in xs]
+        cats = [_as_str(e.cat) or "" for e in xs]
     pids = [str(e.pid) for e in xs]
     tids = [str(e.tid) for e in xs]
     no_args = _Args()
     args = [e.args if e.args is not None else no_args for e in xs]
-    ext = np.array([_as_int(a.external_id) if a.external_id is not None
-                    else _as_int(a.external_id_lc) for a in args], dtype=np.int64)
-    corr = np.array([_as_int(a.correlation) for a in args], dtype=np.int64)
+    if strict:
+        ext = np.array([a.external_id if a.external_id is not None else
+                        (a.external_id_lc if a.external_id_lc is not None else -1)
+                        for a in args], dtype=np.int64)
+        corr = np.array([-1 if a.correlation is None else a.correlation for a in args],
+                        dtype=np.int64)
+    else:
+        ext = np.array([_as_int(a.external_id) if a.external_id is not None
+                        else _as_int(a.external_id_lc) for a in args], dtype=np.int64)
+        corr = np.array([_as_int(a.correlation) for a in args], dtype=np.int64)
     stream_raw = [a.stream for a in args]
 
-    cat_c = pd.Categorical(cats)
+    cat_c = _categorical(cats)
     gpu_cat = np.array([str(x).lower() in GPU_CATS for x in cat_c.categories], dtype=bool)
     is_gpu = gpu_cat[cat_c.codes] if len(cat_c.categories) else np.zeros(len(xs), bool)
     stream = np.full(len(xs), -1, np.int64)
@@ -343,7 +364,7 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
             stream[i] = int(t) if t.isdigit() else -1
 
     # collective arguments: only comm-related rows carry them; parse shapes for those only
-    name_c = pd.Categorical(names)
+    name_c = _categorical(names)
     comm_name = np.array([str(x).startswith(_COMM_PREFIXES) for x in name_c.categories], bool)
     is_comm_name = comm_name[name_c.codes] if len(name_c.categories) else np.zeros(len(xs), bool)
     carries = is_comm_name | np.array([a.coll_name is not None for a in args], bool)
@@ -375,8 +396,8 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
     df = pd.DataFrame({
         "name": name_c,
         "cat": cat_c,
-        "pid": pd.Categorical(pids),
-        "tid": pd.Categorical(tids),
+        "pid": _categorical(pids),
+        "tid": _categorical(tids),
         "ts_ns": ts,
         "dur_ns": dur,
         "end_ns": ts + dur,
@@ -384,7 +405,7 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
         "stream": stream,
         "correlation": corr,
         "external_id": ext,
-        "thread_name": pd.Categorical(tn),
+        "thread_name": _categorical(tn),
         "coll_name": coll_name,
         "dtype": dtype,
         "pg": pg,
