@@ -32,8 +32,15 @@ class OneShotExport:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.exported = False
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """A failed rank writes no trace (the profiler's exit would export a partial one)."""
+        self.cancelled = True
 
     def __call__(self, prof: profile) -> None:
+        if self.cancelled:
+            return
         if self.exported:
             raise RuntimeError(f"{self.path}: trace already exported once")
         tmp = tmp_path(self.path)

@@ -31,8 +31,9 @@ def fsdp_unit_names(model: nn.Module, min_params: int) -> list[str]:
     """Modules that ``size_based_auto_wrap_policy(min_num_params=min_params)`` wraps, post-order.
 
     Mirrors the policy's rule (a module is wrapped when the parameters not already inside a
-    wrapped descendant reach ``min_params``; the root is always wrapped and not listed) so that
-    FSDP2 gets the same units as FSDP1.
+    wrapped descendant reach ``min_params``, except ModuleList / ModuleDict, which the policy
+    never wraps; the root is always wrapped and not listed) so that FSDP2 gets the same units as
+    FSDP1.
     """
     units: list[str] = []
 
@@ -40,7 +41,7 @@ def fsdp_unit_names(model: nn.Module, min_params: int) -> list[str]:
         remaining = sum(p.numel() for p in module.parameters(recurse=False))
         for child_name, child in module.named_children():
             remaining += visit(f"{name}.{child_name}" if name else child_name, child)
-        if name and remaining >= min_params:
+        if name and remaining >= min_params and not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
             units.append(name)
             return 0
         return remaining

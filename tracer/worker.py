@@ -187,47 +187,51 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     prof, export = make_profiler(cfg, device.type, trace_path)
     snapshot_table = None
     with prof:
-        for step in range(cfg.total_steps):
-            hb.beat("step", step)
-            faults.maybe_inject(rank, step)
-            numerics_ns = 0
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            cuda_sync(device)
-            t0 = time.perf_counter_ns()
-            recorder = ActivationRecorder(model) if step == 0 else None
-            with faults.grad_sync_context(model, cfg.fault):
-                with torch.profiler.record_function("forward"), precision_context(cfg.precision, device.type):
-                    loss = loss_fn(model(x), y)
-                if recorder is not None:
-                    recorder.__exit__()
-                with torch.profiler.record_function("backward"):
-                    loss.backward()
-            faults.after_backward(model, cfg.fault, world)
-            if step == 0:
-                t_num = time.perf_counter_ns()
-                record_step0_before_optimizer(cfg, model, recorder, base, numerics, rank, world, rows)
-                numerics_ns += time.perf_counter_ns() - t_num
-            with torch.profiler.record_function("optimizer"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            if step == 0:
-                t_num = time.perf_counter_ns()
-                record_params(cfg, model, base, numerics, rank, world)
-                numerics_ns += time.perf_counter_ns() - t_num
-            cuda_sync(device)
-            wall_ns = time.perf_counter_ns() - t0 - numerics_ns
-            numerics.add_loss(step, float(loss.detach()), ref_losses[step])
-            profiled = cfg.wait + cfg.warmup <= step < cfg.profiled_until
-            step_rows.append({
-                "rank": rank, "step": step, "profiled": profiled, "wall_ns": wall_ns,
-                "peak_rss_bytes": peak_rss_bytes(), "profiler_allocated_peak_bytes": None,
-                "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-                "cuda_max_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
-            })
-            prof.step()
-            if step == cfg.profiled_until - 1:
-                snapshot_table = dump_snapshot(device.type, run_dir / MEMORY_DIR / f"rank{rank}.snapshot.pickle", rank)
+        try:
+            for step in range(cfg.total_steps):
+                hb.beat("step", step)
+                faults.maybe_inject(rank, step)
+                numerics_ns = 0
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                cuda_sync(device)
+                t0 = time.perf_counter_ns()
+                recorder = ActivationRecorder(model) if step == 0 else None
+                with faults.grad_sync_context(model, cfg.fault):
+                    with torch.profiler.record_function("forward"), precision_context(cfg.precision, device.type):
+                        loss = loss_fn(model(x), y)
+                    if recorder is not None:
+                        recorder.__exit__()
+                    with torch.profiler.record_function("backward"):
+                        loss.backward()
+                faults.after_backward(model, cfg.fault, world)
+                if step == 0:
+                    t_num = time.perf_counter_ns()
+                    record_step0_before_optimizer(cfg, model, recorder, base, numerics, rank, world, rows)
+                    numerics_ns += time.perf_counter_ns() - t_num
+                with torch.profiler.record_function("optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                if step == 0:
+                    t_num = time.perf_counter_ns()
+                    record_params(cfg, model, base, numerics, rank, world)
+                    numerics_ns += time.perf_counter_ns() - t_num
+                cuda_sync(device)
+                wall_ns = time.perf_counter_ns() - t0 - numerics_ns
+                numerics.add_loss(step, float(loss.detach()), ref_losses[step])
+                profiled = cfg.wait + cfg.warmup <= step < cfg.profiled_until
+                step_rows.append({
+                    "rank": rank, "step": step, "profiled": profiled, "wall_ns": wall_ns,
+                    "peak_rss_bytes": peak_rss_bytes(), "profiler_allocated_peak_bytes": None,
+                    "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+                    "cuda_max_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
+                })
+                prof.step()
+                if step == cfg.profiled_until - 1:
+                    snapshot_table = dump_snapshot(device.type, run_dir / MEMORY_DIR / f"rank{rank}.snapshot.pickle", rank)
+        except BaseException:
+            export.cancel()
+            raise
     if not export.exported:
         raise RuntimeError("profiler never exported its trace (schedule longer than the run?)")
 

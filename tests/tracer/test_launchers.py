@@ -1,0 +1,55 @@
+"""torchrun launches: one node with two ranks, and two nodes on loopback with one rank each."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from analyzer import schemas
+from tests.tracer.helpers import TINY, alive_with_tag, run_tracer, tensor_rel_l2
+from tracer.launch import free_port
+
+pytestmark = pytest.mark.slow
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _check(run_dir, nnodes):
+    manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
+    assert manifest["launch"]["method"] == "torchrun"
+    assert manifest["launch"]["nnodes"] == nnodes and manifest["world_size"] == 2
+    assert sorted(p.name for p in run_dir.glob("rank*.trace.json.gz")) == [
+        "rank0.trace.json.gz", "rank1.trace.json.gz"]
+    numerics = pd.read_parquet(run_dir / schemas.NUMERICS_NAME)
+    assert max(tensor_rel_l2(numerics, "grad").values()) < 1e-5
+
+
+def test_torchrun_one_node(tmp_path):
+    proc, tag = run_tracer(["record", "--strategy", "fsdp", "--out", str(tmp_path)] + TINY, tmp_path,
+                           module=TORCHRUN + ["--nproc_per_node", "2", "-m", "tracer"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check(tmp_path / "fsdp", nnodes=1)
+    assert alive_with_tag(tag) == []
+
+
+def test_torchrun_two_nodes_on_loopback(tmp_path):
+    port = str(free_port())
+    common = ["--nnodes", "2", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
+              "--master_port", port]
+    args = ["record", "--strategy", "ddp", "--out", str(tmp_path), "--timeout", "60"] + TINY
+    env = dict(os.environ)
+    node1 = subprocess.Popen(TORCHRUN + common + ["--node_rank", "1", "-m", "tracer"] + args,
+                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=env)
+    try:
+        proc, _ = run_tracer(args, tmp_path, module=TORCHRUN + common + ["--node_rank", "0", "-m", "tracer"])
+        _, err1 = node1.communicate(timeout=120)
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert node1.returncode == 0, err1[-3000:]
+    _check(tmp_path / "ddp", nnodes=2)

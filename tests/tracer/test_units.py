@@ -1,0 +1,179 @@
+"""Unit tests of tracer pieces against hand-built inputs with exact answers (no processes)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+
+import pyarrow as pa
+import pytest
+import torch
+
+from analyzer import schemas
+from tracer.config import RecordConfig, layer_num_params
+from tracer.memory import snapshot_to_table
+from tracer.model import SimpleTransformer, make_batch, rank_rows
+from tracer.numerics import ActivationRecorder, NumericsRows, clean_fqn, tensor_metrics
+from tracer.profiling import allocated_peaks
+from tracer.record import expand
+from tracer.rundir import clear_run_dir, file_entries
+from tracer.strategies import fsdp_unit_names
+
+
+def test_clean_fqn_strips_wrapper_parts():
+    assert clean_fqn("module.layers.0.attn.weight") == "layers.0.attn.weight"
+    assert clean_fqn("_fsdp_wrapped_module.layers.1._fsdp_wrapped_module.mlp.0.bias") == "layers.1.mlp.0.bias"
+    assert clean_fqn("layers.0._checkpoint_wrapped_module.norm") == "layers.0.norm"
+
+
+def test_tensor_metrics_exact():
+    x = torch.tensor([[1.0, 2.0], [3.0, float("nan")]])
+    r = torch.tensor([[1.0, 0.0], [4.0, 2.0]])
+    m = tensor_metrics(x[:, :1], r[:, :1], replicated=True)
+    assert m == {"numel": 2.0, "sq_sum": 10.0, "ref_sq_sum": 17.0, "diff_sq_sum": 1.0,
+                 "max_abs_diff": 1.0, "max_abs_ref": 4.0, "nonfinite": 0.0, "replicated": 1.0}
+    m = tensor_metrics(x, r, replicated=False)
+    assert m["nonfinite"] == 1.0 and m["replicated"] == 0.0 and math.isnan(m["diff_sq_sum"])
+    empty = tensor_metrics(x[:0], r[:0], replicated=False)
+    assert empty["numel"] == 0.0 and empty["max_abs_diff"] == 0.0
+    with pytest.raises(ValueError, match="shape"):
+        tensor_metrics(x, r[:1], replicated=True)
+
+
+def test_numerics_rows_follow_the_schema():
+    rows = NumericsRows(rank=1)
+    rows.add_loss(0, 1.5, 1.25)
+    rows.add_tensor(0, "grad", "layers.0.attn.weight", 0, tensor_metrics(torch.ones(2), torch.zeros(2), replicated=True))
+    table = rows.table()
+    assert table.schema.equals(schemas.NUMERICS_SCHEMA)
+    assert table.num_rows == 2 + len(schemas.TENSOR_METRICS)
+    df = table.to_pandas()
+    assert df.loc[df["metric"] == "diff_sq_sum", "value"].item() == 2.0
+
+
+def test_rank_rows_partition_the_batch():
+    assert [rank_rows(8, 2, r) for r in range(2)] == [slice(0, 4), slice(4, 8)]
+    with pytest.raises(ValueError, match="does not divide"):
+        rank_rows(7, 2, 0)
+
+
+def test_batch_is_deterministic_and_layer_size_formula():
+    a, b = make_batch(2, 3, 4, seed=5), make_batch(2, 3, 4, seed=5)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and not torch.equal(a[0], a[1])
+    model = SimpleTransformer(hidden=12, layers=1)
+    assert sum(p.numel() for p in model.parameters()) == layer_num_params(12)
+
+
+def test_activation_recorder_forward_order():
+    model = SimpleTransformer(hidden=4, layers=1)
+    with ActivationRecorder(model) as rec:
+        out = model(torch.randn(2, 3, 4))
+    names = [n for _, n, _ in rec.items()]
+    # norm(x + attn(x)) finishes attn, then norm, then mlp's children, mlp, and the layer.
+    assert names == ["layers.0.attn", "layers.0.norm", "layers.0.mlp.0", "layers.0.mlp.1",
+                     "layers.0.mlp.2", "layers.0.mlp", "layers.0"]
+    assert torch.equal(rec.outputs["layers.0"], out)
+
+
+@pytest.mark.parametrize("min_params", [1, 100, 1000, 5000, layer_num_params(32), 10**9])
+def test_fsdp_units_mirror_size_based_policy(min_params):
+    """Oracle: torch's own size_based_auto_wrap_policy, asked module by module in post-order."""
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+    model = SimpleTransformer(hidden=32, layers=2)
+    expected = []
+
+    def visit(name, module):
+        remaining = sum(p.numel() for p in module.parameters(recurse=False))
+        for child_name, child in module.named_children():
+            remaining += visit(f"{name}.{child_name}" if name else child_name, child)
+        if name and size_based_auto_wrap_policy(module, recurse=False, nonwrapped_numel=remaining,
+                                                min_num_params=min_params):
+            expected.append(name)
+            return 0
+        return remaining
+
+    visit("", model)
+    assert fsdp_unit_names(model, min_params) == expected
+    if min_params == layer_num_params(32):
+        assert expected == ["layers.0", "layers.1"]
+
+
+def test_allocated_peaks_from_memory_events(tmp_path):
+    def mem(ts, total, dev=0):
+        return {"ph": "i", "name": "[memory]", "ts": ts, "args": {"Device Type": dev, "Total Allocated": total}}
+    trace = {"traceEvents": [
+        {"ph": "X", "name": "ProfilerStep#2", "ts": 100, "dur": 50},
+        {"ph": "X", "name": "ProfilerStep#3", "ts": 200, "dur": 50},
+        mem(110, 1000), mem(120, 3000), mem(140, 2000), mem(130, 9999, dev=1),
+        mem(210, 500), mem(180, 7777),  # between steps: ignored
+    ]}
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    assert allocated_peaks(path) == {2: 3000, 3: 500}
+
+
+def test_snapshot_to_memory_parquet():
+    snapshot = {"segments": [
+        {"address": 4096, "stream": 0, "total_size": 3072, "blocks": [
+            {"size": 1024, "requested_size": 1000, "state": "active_allocated",
+             "frames": [{"filename": "/x/torch/nn/functional.py", "line": 1, "name": "linear"},
+                        {"filename": "/work/train.py", "line": 42, "name": "step"}]},
+            {"size": 2048, "state": "inactive", "frames": []}]},
+        {"address": 1 << 40, "stream": 7, "blocks": [{"size": 512, "requested_size": 512,
+                                                      "state": "active_pending_free"}]},
+    ]}
+    table = snapshot_to_table(snapshot, rank=3)
+    assert table.schema.equals(schemas.MEMORY_SCHEMA)
+    rows = table.to_pylist()
+    assert [r["block_size_bytes"] for r in rows] == [1024, 2048, 512]
+    assert sum(r["block_size_bytes"] for r in rows if r["state"] == "active_allocated") == 1024
+    assert rows[0]["top_frame"] == "/work/train.py:42:step" and rows[1]["top_frame"] is None
+    assert rows[1]["requested_size_bytes"] is None and rows[2]["segment_address"] == 1 << 40
+    assert {r["rank"] for r in rows} == {3} and rows[2]["stream"] == 7
+
+
+def test_clear_run_dir_removes_manifest_and_record_files_only(tmp_path):
+    for name in ("manifest.json", "rank0.trace.json.gz", "numerics.parquet", "baseline.safetensors",
+                 "notes.txt"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.parquet").write_text("x")
+    clear_run_dir(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert [e["path"] for e in file_entries(tmp_path)] == ["notes.txt"]
+    # sha256 of b"x", independently known
+    assert file_entries(tmp_path)[0]["sha256"] == "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+
+
+def test_expand_all_and_option_errors():
+    cfgs = expand("all", None, fault="unsynced-init")
+    assert [c.strategy for c in cfgs] == list(schemas.STRATEGIES)
+    assert [c.fault for c in cfgs] == [None, "unsynced-init", "unsynced-init", "unsynced-init"]
+    assert [c.run_name for c in expand("all", "exp")] == [f"exp-{s}" for s in schemas.STRATEGIES]
+    with pytest.raises(ValueError, match="--steps 2"):
+        RecordConfig(strategy="ddp", steps=2)
+    with pytest.raises(ValueError, match="--batch 3"):
+        RecordConfig(strategy="ddp", batch=3)
+    assert RecordConfig(strategy="single", batch=3).world_size == 1
+    with pytest.raises(ValueError, match="--reshard-after-forward"):
+        RecordConfig(strategy="fsdp", sharding_strategy="full_shard", reshard_after_forward=False)
+
+
+def test_to_argv_round_trips_through_the_cli():
+    """What a spawned worker parses is the config the launcher had."""
+    import typer.main
+
+    from tracer.cli import app
+
+    cfg = RecordConfig(strategy="fsdp", hidden=48, steps=9, wrap_min_params=123, precision="bf16",
+                       sharding_strategy="shard_grad_op", backward_prefetch="post", forward_prefetch=True,
+                       timeout_s=7.5, fault="wrong-grad-scale", name="x", lr=0.25)
+    command = typer.main.get_command(app).commands["record"]
+    ctx = command.make_context("record", cfg.to_argv())
+    p = ctx.params
+    again = RecordConfig(strategy=p["strategy"], name=p["name"], timeout_s=p["timeout"],
+                         **{k: v for k, v in p.items() if k not in ("strategy", "name", "timeout")})
+    assert again == cfg
