@@ -152,6 +152,7 @@ MEMORY_SCHEMA = pa.schema(
 #   strategy         one of STRATEGIES
 #   strategy_options object: for fsdp/fsdp2 {sharding_strategy, auto_wrap_min_num_params,
 #                    backward_prefetch, forward_prefetch, reshard_after_forward}; {} otherwise
+#                    (+ optional fsdp_units: FQNs of the wrapped modules, post-order)
 #   fault            null or one of FAULTS (a deliberate bug, see tracer)
 #   precision        one of PRECISIONS
 #   world_size       int
@@ -165,7 +166,8 @@ MEMORY_SCHEMA = pa.schema(
 #   steps            int, total steps run
 #   profiler         {wait, warmup, active, activities: [..], record_shapes, profile_memory}
 #   tolerance        {rtol, atol, source}: the tolerance the tracer would apply (readers recompute)
-#   baseline         {kind: "in-process", description}: how the baseline was obtained
+#   baseline         {kind: "in-process" | "separate-process", description, file (optional: the
+#                    run-dir file holding it, "baseline.safetensors")}: how the baseline was obtained
 #   files            [{path (relative), size_bytes, sha256}] for every other file in the run dir
 FAULTS = ("skip-grad-sync", "wrong-grad-scale", "unsynced-init")
 MANIFEST_REQUIRED = (

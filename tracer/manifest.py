@@ -25,7 +25,8 @@ def versions() -> dict[str, Any]:
     nccl = None
     if cuda and torch.cuda.is_available():
         try:
-            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+            raw = torch.cuda.nccl.version()  # a tuple on recent torch, an int on older
+            nccl = ".".join(str(v) for v in raw) if isinstance(raw, tuple) else str(raw)
         except (RuntimeError, AttributeError):
             nccl = None
     try:

@@ -45,6 +45,7 @@ from tracer.strategies import (apply_ddp, apply_fsdp, apply_fsdp2, compared_tens
 
 log = logging.getLogger(__name__)
 
+_PROCESS_START = time.time()  # after imports (torch): the log shows what follows
 LAUNCH_ENV = "PARITYTRACE_LAUNCH"
 CTRL_ENV = "PARITYTRACE_CTRL_DIR"
 
@@ -94,7 +95,8 @@ class Heartbeat:
         self.phase = "start"
 
     def beat(self, phase: str, step: int | None = None) -> None:
-        """Record progress."""
+        """Record progress (and log it at INFO with the seconds since the process started)."""
+        log.info("%.2fs %s %s", time.time() - _PROCESS_START, phase, "" if step is None else step)
         self.phase = phase
         if step is not None:
             self.step = step
@@ -152,37 +154,69 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     hb.beat("init_process_group")
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=cfg.timeout_s))
-    rank, world = env.rank, env.world_size
-    run_dir = cfg.run_dir
-    baseline_path = run_dir / BASELINE_NAME
+    baseline_path = cfg.run_dir / BASELINE_NAME
     if env.launch == "torchrun":
-        if rank == 0:
+        if env.rank == 0:
             hb.beat("baseline")
-            clear_run_dir(run_dir)
+            clear_run_dir(cfg.run_dir)
             write_baseline_isolated(cfg, device.type, baseline_path)
         dist.barrier()
     base, _order = load_baseline(baseline_path, cfg, device.type)
+    model, num_params, units = build_wrapped_model(cfg, base, env.rank, device)
+    numerics, step_rows, snapshot_table = train(cfg, model, base, env, device, hb)
+    hb.beat("write")
+    write_rank_outputs(cfg, env.rank, numerics, step_rows, snapshot_table)
+    dist.barrier()
+    if env.rank == 0:
+        hb.beat("manifest")
+        merge_parts(cfg.run_dir, env.world_size, with_memory=snapshot_table is not None)
+        launch = {"method": env.launch,
+                  "nnodes": max(1, env.world_size // max(1, env.local_world_size)),
+                  "master_addr": os.environ.get("MASTER_ADDR"),
+                  "master_port": int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None}
+        manifest = build_manifest(cfg=cfg, run_dir=cfg.run_dir, world_size=env.world_size,
+                                  backend=backend, device=device, launch=launch,
+                                  num_params=num_params, fsdp_units=units)
+        write_manifest(cfg.run_dir, manifest)
+    hb.beat("done")
 
-    # Model: identical initial weights on every rank, from the baseline file.
+
+def build_wrapped_model(cfg: RecordConfig, base: dict[str, torch.Tensor], rank: int,
+                        device: torch.device) -> tuple[torch.nn.Module, int, list[str]]:
+    """The model with the baseline's initial weights (identical on every rank), the
+    unsynced-init fault applied, wrapped by the strategy. Returns (model, num_params, FSDP units)."""
     model = SimpleTransformer(cfg.hidden, cfg.layers)
     model.load_state_dict({k[len("init."):]: v for k, v in base.items() if k.startswith("init.")})
     num_params = sum(p.numel() for p in model.parameters())
     units = fsdp_unit_names(model, cfg.auto_wrap_min_params) if cfg.strategy in ("fsdp", "fsdp2") else []
-    if cfg.fault == "unsynced-init" and rank > 0 and cfg.strategy != "ddp":
+    unsynced = cfg.fault == "unsynced-init" and rank > 0
+    if unsynced and cfg.strategy != "ddp":
         faults.perturb_init(model, cfg.seed, rank)
     model.to(device)
     model = wrap(model, cfg, device)
-    if cfg.fault == "unsynced-init" and rank > 0 and cfg.strategy == "ddp":
+    if unsynced and cfg.strategy == "ddp":  # after DDP's constructor broadcast
         faults.perturb_init(model, cfg.seed, rank)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    return model, num_params, units
 
+
+def train(cfg: RecordConfig, model: torch.nn.Module, base: dict[str, torch.Tensor], env: RankEnv,
+          device: torch.device, hb: Heartbeat) -> tuple[NumericsRows, list[dict], pa.Table | None]:
+    """Run every step under the profiler on this rank's rows of the fixed batch.
+
+    Step 0 records activations, gradients and updated parameters (outside the profiler's active
+    window; their time is excluded from wall_ns); the loss is recorded at every step. The trace
+    is exported once at the end of the active window; a failure cancels the export. Returns
+    (numerics rows, steps rows, CUDA snapshot table or None).
+    """
+    rank, world = env.rank, env.world_size
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     rows = rank_rows(cfg.batch, world, rank)
     x = base["batch.x"][rows].to(device)
     y = base["batch.y"][rows].to(device)
     ref_losses = base["loss"].tolist()
     numerics = NumericsRows(rank)
     step_rows: list[dict] = []
-    trace_path = run_dir / trace_name(rank)
+    trace_path = cfg.run_dir / trace_name(rank)
     start_history(device.type)
     prof, export = make_profiler(cfg, device.type, trace_path)
     snapshot_table = None
@@ -219,46 +253,43 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
                 cuda_sync(device)
                 wall_ns = time.perf_counter_ns() - t0 - numerics_ns
                 numerics.add_loss(step, float(loss.detach()), ref_losses[step])
-                profiled = cfg.wait + cfg.warmup <= step < cfg.profiled_until
-                step_rows.append({
-                    "rank": rank, "step": step, "profiled": profiled, "wall_ns": wall_ns,
-                    "peak_rss_bytes": peak_rss_bytes(), "profiler_allocated_peak_bytes": None,
-                    "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-                    "cuda_max_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
-                })
+                step_rows.append(step_row(cfg, rank, step, wall_ns, device))
                 prof.step()
                 if step == cfg.profiled_until - 1:
-                    snapshot_table = dump_snapshot(device.type, run_dir / MEMORY_DIR / f"rank{rank}.snapshot.pickle", rank)
+                    snapshot_table = dump_snapshot(
+                        device.type, cfg.run_dir / MEMORY_DIR / f"rank{rank}.snapshot.pickle", rank)
         except BaseException:
             export.cancel()
             raise
     if not export.exported:
         raise RuntimeError("profiler never exported its trace (schedule longer than the run?)")
-
-    hb.beat("write")
     peaks = allocated_peaks(trace_path)
     for row in step_rows:
         if row["profiled"]:
             row["profiler_allocated_peak_bytes"] = peaks.get(row["step"])
-    parts = run_dir / PARTS_DIR
+    return numerics, step_rows, snapshot_table
+
+
+def step_row(cfg: RecordConfig, rank: int, step: int, wall_ns: int, device: torch.device) -> dict:
+    """One STEPS_SCHEMA row (profiler_allocated_peak_bytes filled in after the export)."""
+    cuda = device.type == "cuda"
+    return {
+        "rank": rank, "step": step, "profiled": cfg.wait + cfg.warmup <= step < cfg.profiled_until,
+        "wall_ns": wall_ns, "peak_rss_bytes": peak_rss_bytes(), "profiler_allocated_peak_bytes": None,
+        "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
+        "cuda_max_reserved_bytes": torch.cuda.max_memory_reserved(device) if cuda else None,
+    }
+
+
+def write_rank_outputs(cfg: RecordConfig, rank: int, numerics: NumericsRows, step_rows: list[dict],
+                       snapshot_table: pa.Table | None) -> None:
+    """This rank's partial tables, for rank 0 to merge."""
+    parts = cfg.run_dir / PARTS_DIR
     parts.mkdir(exist_ok=True)
     write_parquet_atomic(numerics.table(), parts / f"rank{rank}.numerics.parquet")
     write_parquet_atomic(rows_to_table(step_rows, STEPS_SCHEMA), parts / f"rank{rank}.steps.parquet")
     if snapshot_table is not None:
         write_parquet_atomic(snapshot_table, parts / f"rank{rank}.memory.parquet")
-    dist.barrier()
-    if rank == 0:
-        hb.beat("manifest")
-        merge_parts(run_dir, world, with_memory=snapshot_table is not None)
-        launch = {"method": env.launch,
-                  "nnodes": max(1, world // max(1, env.local_world_size)),
-                  "master_addr": os.environ.get("MASTER_ADDR"),
-                  "master_port": int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None}
-        manifest = build_manifest(cfg=cfg, run_dir=run_dir, world_size=world,
-                                  backend=backend, device=device, launch=launch,
-                                  num_params=num_params, fsdp_units=units)
-        write_manifest(run_dir, manifest)
-    hb.beat("done")
 
 
 def record_step0_before_optimizer(cfg, model, recorder, base, numerics: NumericsRows,
@@ -325,7 +356,7 @@ def worker_main(cfg: RecordConfig) -> None:
     destructor can block on a dead or hung peer.
     """
     env = RankEnv.from_environ(cfg.strategy)
-    logging.basicConfig(level=logging.WARNING, format=f"[rank{env.rank}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=os.environ.get("PARITYTRACE_LOG", "WARNING").upper(), format=f"[rank{env.rank}] %(levelname)s %(name)s: %(message)s")
     hb = Heartbeat(env)
     try:
         run_rank(cfg, env, hb)
