@@ -2,9 +2,21 @@
 to ``memory/memory.parquet`` (MEMORY_SCHEMA) at record time so the analyzer never unpickles.
 
 Only the tracer (which produced the snapshot in this very process) pickles; nothing here loads a
-pickle. ``snapshot_to_rows`` works on the dict ``torch.cuda.memory._snapshot()`` returns:
-``{"segments": [{"address", "stream", "blocks": [{"size", "requested_size", "state",
-"frames": [{"filename", "line", "name"}, ...]}]}], ...}`` (frames innermost first).
+pickle. ``snapshot_to_rows`` works on the dict ``torch.cuda.memory._snapshot()`` returns (keys
+as documented in torch 2.11 / 2.13 ``torch/cuda/memory.py`` ``_snapshot`` and written by
+``torch/csrc/cuda/memory_snapshot.cpp``)::
+
+    {"segments": [{"device", "address", "total_size", "allocated_size", "active_size",
+                   "requested_size", "stream", "segment_type": "small"|"large",
+                   "segment_pool_id": (int, int), "is_expandable", "frames",
+                   "blocks": [{"address", "size", "requested_size",
+                               "state": "active_allocated"|"active_pending_free"|"inactive",
+                               "frames": [{"filename", "line", "name"}, ...]}]}],
+     "device_traces": [[{"action", "addr", "size", "stream", "time_us", "frames"}, ...]],
+     "allocator_settings": {...}}
+
+Frames are innermost first. Only ``segments`` is converted (the state when the snapshot was
+taken); ``device_traces`` (the allocation history) stays in the pickle for memory_viz.
 """
 
 from __future__ import annotations
@@ -24,11 +36,14 @@ MAX_ENTRIES = 100_000
 
 
 def start_history(device_type: str) -> None:
-    """Start recording allocator history (CUDA only; no-op on CPU)."""
+    """Start recording allocator history of the current CUDA device (no-op on CPU): every
+    allocation with its Python stack, the last ``MAX_ENTRIES`` events kept."""
     if device_type == "cuda":
         import torch
 
-        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES)
+        # Python stacks only: symbolising C++ frames (stacks="all") can make _snapshot() take
+        # minutes on a long history, and the converter keeps Python frames only anyway.
+        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
 
 
 def _top_frame(frames: list[dict[str, Any]]) -> str | None:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from analyzer.schemas import (MEMORY_DIR, MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME,
                               NUMERICS_SCHEMA, STEPS_NAME, STEPS_SCHEMA, trace_name)
-from tracer import faults
+from tracer import devices, faults
 from tracer.baseline import BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
 from tracer.manifest import build_manifest, write_manifest
@@ -105,23 +105,21 @@ class Heartbeat:
 
 
 def resolve_device(cfg: RecordConfig, local_rank: int) -> torch.device:
-    """``cfg.device`` resolved (auto: cuda when available); CUDA picks ``cuda:local_rank``."""
-    kind = cfg.device
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    """``cfg.device`` resolved (auto: cuda when available). CUDA: this process drives GPU
+    ``devices.gpu_for_local_rank`` (NCCL: ``local_rank``, which must exist) and makes it current.
+    Raises ``ValueError`` with one line when the GPU is missing."""
+    kind = devices.resolve_device_type(cfg.device, torch.cuda.is_available())
     if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        backend = devices.resolve_backend(cfg.backend, kind)
+        index = devices.gpu_for_local_rank(local_rank, torch.cuda.device_count(), backend)
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
 def resolve_backend(cfg: RecordConfig, device: torch.device) -> str:
-    """``cfg.backend`` resolved: auto -> nccl on CUDA, gloo on CPU."""
-    if cfg.backend != "auto":
-        return cfg.backend
-    return "nccl" if device.type == "cuda" else "gloo"
+    """``cfg.backend`` resolved: auto -> nccl on CUDA, gloo on CPU (``devices.resolve_backend``)."""
+    return devices.resolve_backend(cfg.backend, device.type)
 
 
 def peak_rss_bytes() -> int:
