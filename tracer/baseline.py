@@ -94,6 +94,9 @@ def save_baseline(tensors: dict[str, torch.Tensor], meta: dict[str, str], path: 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # like any other run-dir file (save_file may create it 0600)
     os.replace(tmp, path)
 
 

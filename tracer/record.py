@@ -61,7 +61,7 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     Clears every run dir first (manifest first), computes the baseline once (all configs share
     its settings) and places it in each run dir, then runs the strategies one after another.
     Raises ``launch.RecordFailed`` on the first failed record, ``KeyboardInterrupt`` on Ctrl-C
-    (workers killed either way), ``ValueError`` for an unusable device.
+    (workers killed either way), ``ValueError`` for an unusable device or output folder.
     """
     from dataclasses import replace
 
@@ -72,7 +72,11 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     device_type = resolve_device_type(configs[0].device)
     configs = [replace(c, device=device_type) for c in configs]
     for cfg in configs:
-        clear_run_dir(cfg.run_dir)
+        try:
+            clear_run_dir(cfg.run_dir)
+        except OSError as exc:
+            raise ValueError(f"{cfg.run_dir}: cannot prepare the run directory "
+                             f"({exc.strerror or exc}); choose a writable --out") from None
     first = configs[0].run_dir / BASELINE_NAME
     if device_type == "cuda":  # keep the launcher free of a CUDA context while ranks run
         write_baseline_isolated(configs[0], device_type, first)

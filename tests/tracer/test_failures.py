@@ -117,3 +117,12 @@ def test_bad_options_one_line_exit_2(tmp_path, args, expected):
     line = _one_line(proc.stderr)
     assert line.startswith("tracer: ") and expected in line
     assert not any(tmp_path.iterdir())  # nothing recorded
+
+
+def test_unwritable_out_is_bad_input(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    proc, _ = run_tracer(["--strategy", "ddp", "--out", str(blocker)] + TINY, tmp_path, timeout=60)
+    assert proc.returncode == 2
+    line = _one_line(proc.stderr)
+    assert str(blocker / "ddp") in line and "cannot prepare the run directory" in line
