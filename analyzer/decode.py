@@ -185,8 +185,14 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
     except msgspec.ValidationError:
         trace = None
     except msgspec.DecodeError as exc:
-        raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
-                       "copy the trace again or re-record it") from None
+        if "UTF-8" not in str(exc):
+            raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
+                           "copy the trace again or re-record it") from None
+        # Names can carry bytes that are not UTF-8 (C++ symbols, paths): replace them with
+        # U+FFFD and analyse the rest, saying so, rather than refusing the whole trace.
+        data = data.decode("utf-8", errors="replace").encode("utf-8")
+        return _with_warning(decode_bytes(data, path), f"{path}: invalid UTF-8 bytes in "
+                             "strings were replaced by U+FFFD")
     if trace is None:
         try:
             trace = _LENIENT.decode(data)
@@ -196,6 +202,11 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
                            "pass PyTorch profiler traces (export_chrome_trace / "
                            "tensorboard_trace_handler output)") from None
     return _columns(trace, path)
+
+
+def _with_warning(dec: Decoded, line: str) -> Decoded:
+    dec.warnings.insert(0, line)
+    return dec
 
 
 def parse_decimal_ns(raws: list[msgspec.Raw]) -> tuple[np.ndarray, np.ndarray]:
@@ -274,8 +285,12 @@ def _categorical(values: list[str]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(list(codes_of), dtype="str"))
 
 
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
 def _as_int(v: Any) -> int:
-    return v if type(v) is int else -1
+    """``v`` when it is an int that fits int64, else -1 (unknown)."""
+    return v if type(v) is int and _I64_MIN <= v <= _I64_MAX else -1
 
 
 def _as_str(v: Any) -> str | None:
@@ -299,6 +314,8 @@ def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int]:
     numel = 1
     for d in first:
         numel *= d
+    if numel < 0 or numel > _I64_MAX:
+        return -1, -1
     size = dtype_bytes(types[0]) if isinstance(types, list) and types else -1
     return numel, size
 
@@ -339,13 +356,17 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
     tids = [str(e.tid) for e in xs]
     no_args = _Args()
     args = [e.args if e.args is not None else no_args for e in xs]
+    ext = corr = None
     if strict:
-        ext = np.array([a.external_id if a.external_id is not None else
-                        (a.external_id_lc if a.external_id_lc is not None else -1)
-                        for a in args], dtype=np.int64)
-        corr = np.array([-1 if a.correlation is None else a.correlation for a in args],
-                        dtype=np.int64)
-    else:
+        try:
+            ext = np.array([a.external_id if a.external_id is not None else
+                            (a.external_id_lc if a.external_id_lc is not None else -1)
+                            for a in args], dtype=np.int64)
+            corr = np.array([-1 if a.correlation is None else a.correlation for a in args],
+                            dtype=np.int64)
+        except OverflowError:  # ids beyond int64 (msgspec's int takes up to uint64)
+            ext = corr = None
+    if ext is None or corr is None:
         ext = np.array([_as_int(a.external_id) if a.external_id is not None
                         else _as_int(a.external_id_lc) for a in args], dtype=np.int64)
         corr = np.array([_as_int(a.correlation) for a in args], dtype=np.int64)
@@ -358,10 +379,10 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
     for i in np.flatnonzero(is_gpu):
         s = stream_raw[i]
         if type(s) is int:
-            stream[i] = s
+            stream[i] = _as_int(s)
         else:
             t = tids[i].removeprefix("stream").strip()
-            stream[i] = int(t) if t.isdigit() else -1
+            stream[i] = int(t) if t.isascii() and t.isdigit() and len(t) < 19 else -1
 
     # collective arguments: only comm-related rows carry them; parse shapes for those only
     name_c = _categorical(names)

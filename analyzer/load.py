@@ -61,17 +61,24 @@ class ParsedFile:
     cache_hit: bool = False
 
 
-def find_trace_files(root: Path, *, run_dir: bool) -> list[Path]:
+def find_trace_files(root: Path, *, run_dir: bool, skipped: list[str] | None = None) -> list[Path]:
     """Trace files of ``root``: ``rank*.trace.json.gz`` in a run dir, else every ``*.json`` /
-    ``*.json.gz`` that is not a manifest. Sorted by name (order never decides a rank)."""
-    if run_dir:
-        from analyzer.schemas import TRACE_GLOB
+    ``*.json.gz`` that is not a manifest. Sorted by name (order never decides a rank).
+    Symlinks out of ``root`` are not followed (analyzer/fswalk.py); each one skipped is
+    appended to ``skipped``."""
+    from fnmatch import fnmatch
 
-        return sorted(root.glob(TRACE_GLOB))
-    out = [p for p in root.iterdir()
-           if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
-           and p.name != "manifest.json"]
-    return sorted(out)
+    from analyzer.fswalk import entries
+    from analyzer.schemas import TRACE_GLOB
+
+    children, left_out = entries(root)
+    if skipped is not None:
+        skipped += left_out
+    if run_dir:
+        return [p for p in children if fnmatch(p.name, TRACE_GLOB) and p.is_file()]
+    return [p for p in children
+            if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+            and p.name != "manifest.json"]
 
 
 def content_key(data: bytes) -> str:
@@ -114,6 +121,11 @@ def parse_file(path: Path, *, use_cache: bool = True) -> ParsedFile:
         if hit is not None:
             return hit
     dec = decode_bytes(decompress(raw, path), path)
+    if dec.events.empty:
+        raise BadInput(path, "no_events", "holds no complete (ph X) events with a valid ts and "
+                       "dur (only metadata, or every event skipped): this rank recorded nothing",
+                       "re-record it, or move the file out of the folder to analyse the other "
+                       "ranks")
     di = dec.distributed_info
     ws = di.get("world_size") if di else None
     events, info = classify(dec.events, world_size=ws if isinstance(ws, int) else None)
@@ -233,6 +245,7 @@ def assign_ranks(files: list[ParsedFile]) -> tuple[list[tuple[int, str, ParsedFi
             problems.append(BadInput(" and ".join(str(f.path) for f in fs), "duplicate_rank",
                                      f"both files are rank {r}",
                                      "keep one trace per rank in the folder"))
+    problems += _job_mismatches(files)
     sizes: dict[int, list[ParsedFile]] = {}
     for f in files:
         ws = (f.distributed_info or {}).get("world_size")
@@ -248,6 +261,43 @@ def assign_ranks(files: list[ParsedFile]) -> tuple[list[tuple[int, str, ParsedFi
     elif sizes:
         world = next(iter(sizes))
     return sorted(out, key=lambda t: t[0]), world, problems
+
+
+def _job_mismatches(files: list[ParsedFile]) -> list[BadInput]:
+    """Files that cannot come from one job: ``distributedInfo.backend`` differs, or a process
+    group of the same name has different member ranks (``distributedInfo.pg_config``). Ranks may
+    list different groups (a rank outside a subgroup does not know it), so only groups present
+    in several files are compared."""
+    problems: list[BadInput] = []
+    if not files:
+        return problems
+    folder = files[0].path.parent
+    backends: dict[str, list[ParsedFile]] = {}
+    groups: dict[str, dict[str, list[ParsedFile]]] = {}
+    for f in files:
+        di = f.distributed_info or {}
+        if isinstance(di.get("backend"), str):
+            backends.setdefault(di["backend"], []).append(f)
+        pgs = di.get("pg_config")
+        for pg in pgs if isinstance(pgs, list) else []:
+            if isinstance(pg, dict) and "pg_name" in pg and isinstance(pg.get("ranks"), list):
+                members = json.dumps(pg["ranks"])
+                groups.setdefault(str(pg["pg_name"]), {}).setdefault(members, []).append(f)
+
+    def names(fs: list[ParsedFile]) -> str:
+        return ", ".join(f.path.name for f in fs)
+
+    if len(backends) > 1:
+        desc = "; ".join(f"{b} in {names(fs)}" for b, fs in sorted(backends.items()))
+        problems.append(BadInput(folder, "mixed_jobs", f"backends disagree: {desc}",
+                                 "put only one job's traces in the folder"))
+    for pg, by_members in sorted(groups.items()):
+        if len(by_members) > 1:
+            desc = "; ".join(f"ranks {m} in {names(fs)}" for m, fs in sorted(by_members.items()))
+            problems.append(BadInput(folder, "mixed_jobs",
+                                     f"process group {pg!r} has different members: {desc}",
+                                     "put only one job's traces in the folder"))
+    return problems
 
 
 def _is_run_dir(root: Path) -> bool:
@@ -282,7 +332,7 @@ def load_traceset(root: Path, *, allow_incomplete: bool = False, jobs: int | Non
                                "--allow-incomplete to analyse what is there")
             else:
                 notes.append(f"{root}: incomplete run (no manifest.json), analysed as found")
-        paths = find_trace_files(root, run_dir=run_dir)
+        paths = find_trace_files(root, run_dir=run_dir, skipped=notes)
         if not paths:
             what = "rank*.trace.json.gz" if run_dir else "*.json / *.json.gz trace"
             raise BadInput(root, "empty", f"no {what} files in the folder",

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,8 +110,14 @@ def _read_json(path: Path) -> Any:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-        return msgspec.json.decode(raw)
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        try:
+            return msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            if "UTF-8" not in str(exc):
+                raise
+            # names with bytes that are not UTF-8: replaced by U+FFFD, the rest is kept
+            return msgspec.json.decode(raw.decode("utf-8", errors="replace").encode("utf-8"))
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise BadInput(path, "unreadable", f"cannot read the trace ({exc})",
                        "check the file is complete, or remove it from the folder") from None
     except msgspec.DecodeError as exc:
@@ -122,7 +129,9 @@ def discover(root: Path) -> list[Path]:
     """Trace files in ``root``: ``*.json`` / ``*.json.gz`` except the manifest and sidecars."""
     if not root.is_dir():
         raise BadInput(root, "not_a_folder", "is not a folder", "pass a run directory or a folder of traces")
-    files = sorted(p for p in root.iterdir() if p.is_file()
+    from analyzer.fswalk import entries
+
+    files = sorted(p for p in entries(root)[0] if p.is_file()
                    and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
                    and p.name != MANIFEST_NAME and not p.name.endswith(".offsets.json"))
     return files
@@ -147,6 +156,12 @@ def read_inputs(root: Path) -> list[RankInput]:
         if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
             problems.append(BadInput(path, "not_a_trace", "has no traceEvents list",
                                      "pass a folder of PyTorch profiler (Chrome JSON) traces"))
+            continue
+        if not any(isinstance(ev, dict) and ev.get("ph") == "X" and _to_ns(ev.get("ts")) is not None
+                   and _to_ns(ev.get("dur")) is not None for ev in data["traceEvents"]):
+            problems.append(BadInput(path, "no_events", "holds no complete (ph X) events with a "
+                                     "valid ts and dur: this rank recorded nothing",
+                                     "re-record it, or move the file out of the folder"))
             continue
         loaded.append((path, data))
     if problems:
@@ -180,11 +195,14 @@ def _resolve_ranks(root: Path, loaded: list[tuple[Path, dict]]) -> list[RankInpu
 def _to_ns(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
+    if not -_MAX_US < value < _MAX_US:  # also NaN and inf: beyond int64 ns
+        return None
     if isinstance(value, int):
         return value * 1000
-    if value != value or value in (float("inf"), float("-inf")):
-        return None
     return round(value * 1000)
+
+
+_MAX_US = (2**63 - 1) // 1000 - 1
 
 
 def complete_events(events: list) -> pd.DataFrame:
@@ -211,7 +229,8 @@ def complete_events(events: list) -> pd.DataFrame:
         cols["tid"].append(str(ev.get("tid", "")))
         cols["ts_ns"].append(ts)
         cols["dur_ns"].append(dur)
-        cols["correlation"].append(corr if isinstance(corr, int) and not isinstance(corr, bool) else -1)
+        cols["correlation"].append(corr if isinstance(corr, int) and not isinstance(corr, bool)
+                                   and -(2**63) <= corr < 2**63 else -1)
         cols["pg_arg"].append(str(args.get("Process Group Name", "") or ""))
         cols["coll_arg"].append(str(args.get("Collective name", "") or ""))
     df = pd.DataFrame(cols)

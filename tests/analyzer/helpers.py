@@ -21,10 +21,11 @@ def corpus(rel: str) -> Path:
 
 
 def link_folder(dst: Path, files: list[Path]) -> Path:
-    """A folder holding symlinks to ``files`` (to load a subset of a corpus folder)."""
+    """A folder holding copies of ``files`` (to load a subset of a corpus folder). Copies, not
+    symlinks: folder walks never follow a symlink out of the folder given (issue 5)."""
     dst.mkdir(parents=True, exist_ok=True)
     for f in files:
-        (dst / f.name).symlink_to(f.resolve())
+        shutil.copyfile(f, dst / f.name)
     return dst
 
 

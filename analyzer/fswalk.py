@@ -1,0 +1,48 @@
+"""List a folder's entries without following symlinks out of it or into a loop.
+
+Every folder walk of the analyzer (run discovery, trace discovery, merge) goes through
+``entries``: a symlink is followed only when its target resolves *inside* the folder given by
+the user (the walk's ``root``) and, for a folder, when the target is not the root itself or a
+folder above the link (a loop). Everything else is left out and named in ``skipped`` so the
+caller can say so. Walks here are one level deep; nothing recurses.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def _inside(target: Path, root: Path) -> bool:
+    return target == root or root in target.parents
+
+
+def entries(folder: Path, *, root: Path | None = None) -> tuple[list[Path], list[str]]:
+    """Children of ``folder`` that are safe to open, sorted by name, and one line per skipped
+    symlink (``"<link>: symlink to <target> outside <root>; skipped"``).
+
+    ``root`` is the folder the user passed (default ``folder``); links must stay inside it.
+    Raises ``OSError`` when ``folder`` cannot be listed.
+    """
+    base = Path(os.path.realpath(root if root is not None else folder))
+    keep: list[Path] = []
+    skipped: list[str] = []
+    for p in sorted(folder.iterdir()):
+        if not p.is_symlink():
+            keep.append(p)
+            continue
+        target = Path(os.path.realpath(p))
+        if not _inside(target, base):
+            skipped.append(f"{p}: symlink to {target} outside {base}; skipped")
+        elif target.is_dir() and _inside(Path(os.path.realpath(p.parent)), target):
+            skipped.append(f"{p}: symlink to {target} loops back to a folder above it; skipped")
+        elif not target.exists():
+            skipped.append(f"{p}: broken symlink; skipped")
+        else:
+            keep.append(p)
+    for line in skipped:
+        log.info("%s", line)
+    return keep, skipped
