@@ -1,0 +1,260 @@
+"""Benchmark of the analyzer at scale against HTA (issue 6). Prints a table; asserts nothing.
+
+Builds a trace set in a temporary folder by tiling the corpus' 8-rank DLRM set
+(``../shared/corpus/dlrm_ddp_8rank_v100``): each rank's profiled window repeated ``--k`` times
+(bench/tile.py), written as plain ``.json`` laid out as Kineto writes it (DLRM x50: about
+42 MB per rank). With ``--ranks``
+above 8 the 8 tiled traces are reused for ranks r, r+8, r+16 ... with their
+``distributedInfo.rank`` / ``world_size`` rewritten. Then, in the same run and on the same files:
+
+* ``analyzer report DIR --out OUT`` as a subprocess, cold (no Parquet cache) and warm (cache
+  written by the cold run);
+* HTA 0.5.0: ``TraceAnalysis(trace_dir=DIR)`` + ``get_comm_comp_overlap()`` as a subprocess
+  (skipped with ``--no-hta``).
+
+Each command is measured for wall time and peak RSS of its whole process tree: the sum of the
+RSS of the process and all its descendants, polled every 10 ms with psutil (``peak tree``), and
+the largest single process as the kernel counts it (``ru_maxrss`` from ``wait4``, which covers
+the process and its waited-for children). Each measurement is repeated ``--repeat`` times and
+the median is shown; ratios compare medians of the same run.
+
+Agreement check: report.json's per-rank overlap (overlap / communication over the rank's
+ProfilerSteps) against HTA's per-rank ``comp_comm_overlap_pctg`` (within 0.1 percentage point,
+as tests/e2e does), and every tiled step's overlap_ns / comm_ns against the untiled corpus
+step of that rank (exactly: tiling copies the step, so each copy must give the same figures).
+
+Usage: ``python3 bench/bench_scale.py [--k 50] [--ranks 8] [--repeat 3] [--no-hta]
+[--keep DIR]``.  Timings on a shared 2-core machine vary by 30-50 %; the load average is
+printed alongside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / ".." / "shared" / "corpus" / "dlrm_ddp_8rank_v100"
+sys.path.insert(0, str(REPO))
+
+from bench.tile import read_trace, tile  # noqa: E402
+
+HTA_SCRIPT = """
+import json, logging, sys
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+a = TraceAnalysis(trace_dir=sys.argv[1])
+df = a.get_comm_comp_overlap(visualize=False)
+print(json.dumps({int(r): float(p) for r, p in zip(df["rank"], df["comp_comm_overlap_pctg"])}))
+"""
+
+
+@dataclass(slots=True)
+class Run:
+    """One measured command: wall seconds, peak tree RSS and largest single-process RSS."""
+
+    wall_s: float
+    tree_rss_bytes: int
+    max_proc_rss_bytes: int
+    stdout: str
+
+
+def measure(cmd: list[str], *, poll_s: float = 0.01) -> Run:
+    """Run ``cmd``; poll the RSS of its process tree until it exits. Raises SystemExit when it
+    fails."""
+    start = time.perf_counter()
+    out = tempfile.TemporaryFile()
+    err = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+    ps = psutil.Process(proc.pid)
+    peak = 0
+    while True:
+        try:
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            raise SystemExit(f"lost child of {cmd}") from None
+        if pid:
+            break
+        total = 0
+        try:
+            procs = [ps, *ps.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        peak = max(peak, total)
+        time.sleep(poll_s)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    out.seek(0)
+    err.seek(0)
+    stdout, stderr = out.read().decode(), err.read().decode()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {stderr.strip()[-2000:]}")
+    return Run(wall_s=wall, tree_rss_bytes=peak, max_proc_rss_bytes=ru.ru_maxrss * 1024,
+               stdout=stdout)
+
+
+def kineto_bytes(trace: dict, enc: msgspec.json.Encoder) -> bytes:
+    """JSON laid out as Kineto writes it: header keys indented, one event per line, a space
+    after every ``:`` and ``,`` (HTA finds the rank with the regex ``"rank":\\s+(\\d+)``)."""
+    head = {k: v for k, v in trace.items() if k != "traceEvents"}
+    head_txt = msgspec.json.format(enc.encode(head), indent=2)
+    events = b",\n".join(msgspec.json.format(enc.encode(e), indent=0)
+                          for e in trace["traceEvents"])
+    return head_txt[:-2] + b',\n  "traceEvents": [\n' + events + b"\n]}\n"
+
+
+def build(dst: Path, *, k: int, ranks: int) -> int:
+    """Write ``ranks`` tiled DLRM traces ``rank<N>.json`` into ``dst``; return total bytes."""
+    enc = msgspec.json.Encoder(decimal_format="number")
+    sources = sorted(CORPUS.glob("worker*.pt.trace.json.gz"))
+    total = 0
+    for i, src in enumerate(sources):
+        tiled = tile(read_trace(src), k)
+        for r in range(i, ranks, len(sources)):
+            di = dict(tiled.get("distributedInfo") or {})
+            di["rank"], di["world_size"] = r, ranks
+            tiled["distributedInfo"] = di
+            path = dst / f"rank{r}.json"
+            path.write_bytes(kineto_bytes(tiled, enc))
+            total += path.stat().st_size
+        del tiled
+    return total
+
+
+def drop_caches(folder: Path) -> None:
+    """Remove the analyzer's Parquet caches beside the traces (cold run)."""
+    for p in folder.glob("*.parsed.parquet"):
+        p.unlink()
+
+
+def median_run(runs: list[Run]) -> Run:
+    """Median of each figure independently (stdout of the last run)."""
+    return Run(wall_s=statistics.median(r.wall_s for r in runs),
+               tree_rss_bytes=int(statistics.median(r.tree_rss_bytes for r in runs)),
+               max_proc_rss_bytes=int(statistics.median(r.max_proc_rss_bytes for r in runs)),
+               stdout=runs[-1].stdout)
+
+
+def check_steps(traces: Path, k: int) -> tuple[int, int]:
+    """(steps checked, steps that differ): every tiled step's overlap_ns and comm_ns against the
+    untiled corpus rank (source rank = rank mod 8)."""
+    from analyzer import api
+
+    ref = api.breakdown(api.load_traces(CORPUS))
+    ref = ref[ref["step"] >= 0]
+    got = api.breakdown(api.load_traces(traces))
+    got = got[got["step"] >= 0]
+    n_src = ref["rank"].nunique()
+    bad = 0
+    for row in got.itertuples():
+        want = ref[ref["rank"] == row.rank % n_src]
+        if len(want) != 1 or (int(want["overlap_ns"].iat[0]), int(want["comm_ns"].iat[0])) != (
+                row.overlap_ns, row.comm_ns):
+            bad += 1
+    expected = k * got["rank"].nunique()
+    return len(got), bad + abs(expected - len(got))
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--k", type=int, default=50, help="copies of each rank's window (default 50)")
+    ap.add_argument("--ranks", type=int, default=8, help="ranks to write (default 8)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per measurement (default 3)")
+    ap.add_argument("--no-hta", action="store_true", help="skip HTA")
+    ap.add_argument("--no-check", action="store_true", help="skip the per-step agreement check")
+    ap.add_argument("--keep", type=Path, help="build (or reuse) the traces here and keep them")
+    args = ap.parse_args()
+
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+          f"{gib(psutil.virtual_memory().total)} RAM, Python {platform.python_version()}, "
+          f"{time.strftime('%Y-%m-%d')}")
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    tmp = None
+    if args.keep:
+        traces = args.keep
+        traces.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.mkdtemp(prefix="bench-scale-")
+        traces = Path(tmp) / "traces"
+        traces.mkdir()
+    try:
+        existing = sorted(traces.glob("rank*.json"))
+        if len(existing) == args.ranks:
+            total = sum(p.stat().st_size for p in existing)
+            print(f"reusing {args.ranks} traces in {traces}")
+        else:
+            for p in existing:
+                p.unlink()
+            t0 = time.perf_counter()
+            total = build(traces, k=args.k, ranks=args.ranks)
+            print(f"built {args.ranks} ranks x DLRM x{args.k} in {time.perf_counter() - t0:.1f} s")
+        print(f"trace set: {args.ranks} files, {total / args.ranks / 1e6:.1f} MB per rank, "
+              f"{total / 1e9:.2f} GB in all")
+        out = traces.parent / "report-out"
+        report = [sys.executable, "-m", "analyzer", "report", str(traces), "--out", str(out)]
+        cold, warm, hta = [], [], []
+        for i in range(args.repeat):
+            drop_caches(traces)
+            cold.append(measure(report))
+            warm.append(measure(report))
+            if not args.no_hta:
+                hta.append(measure([sys.executable, "-c", HTA_SCRIPT, str(traces)]))
+            print(f"  run {i + 1}: cold {cold[-1].wall_s:.2f} s, warm {warm[-1].wall_s:.2f} s"
+                  + (f", HTA {hta[-1].wall_s:.2f} s" if hta else ""))
+        rows = [("analyzer report, cold", median_run(cold)),
+                ("analyzer report, warm", median_run(warm))]
+        if hta:
+            rows.append(("HTA load + get_comm_comp_overlap", median_run(hta)))
+        ref = rows[-1][1] if hta else None
+        print()
+        print(f"| {args.ranks} ranks x {total / args.ranks / 1e6:.0f} MB (median of {args.repeat}) "
+              "| wall s | peak RSS, tree | largest process | wall vs HTA | RSS vs HTA |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, r in rows:
+            ratio_w = f"{r.wall_s / ref.wall_s:.3f}" if ref else "-"
+            ratio_m = f"{r.tree_rss_bytes / ref.tree_rss_bytes:.3f}" if ref else "-"
+            print(f"| {name} | {r.wall_s:.2f} | {gib(r.tree_rss_bytes)} | "
+                  f"{gib(r.max_proc_rss_bytes)} | {ratio_w} | {ratio_m} |")
+        print()
+        if hta:
+            ours = {int(x["rank"]): 100.0 * x["overlap_frac"]
+                    for x in json.loads((out / "report.json").read_text())["runs"][0]["ranks"]}
+            theirs = {int(k): v for k, v in json.loads(hta[-1].stdout.strip().splitlines()[-1]).items()}
+            worst = max(abs(ours[r] - theirs[r]) for r in theirs)
+            agree = set(ours) == set(theirs) and worst <= 0.1
+            print(f"overlap per rank, report vs HTA: {'agree' if agree else 'DISAGREE'} "
+                  f"(largest difference {worst:.3f} percentage points over {len(theirs)} ranks)")
+        if not args.no_check:
+            n, bad = check_steps(traces, args.k)
+            print(f"per-step overlap of every tiled step vs the untiled corpus step: {n} steps, "
+                  f"{bad} differ")
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
