@@ -194,14 +194,18 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
     # --- collective kind / bytes / pg of comm kernels from their launching op ----------------
     pg = _obj(df["pg"])
     nbytes = _bytes_from_args(df, kind)
+    args_bytes = nbytes.copy()  # bytes from each row's own collective args (-1 unknown)
+    shape = _ShapeCols(df, names)
     comm_k = np.flatnonzero(is_nccl_kernel)
     if len(comm_k):
         enq_idx = np.flatnonzero(enq)
+        tid_code = pd.factorize(tids)[0]
+        enq_cols = (enq_idx, ext[enq_idx], ts[enq_idx], end[enq_idx], tid_code[enq_idx])
         for i in comm_k:
             if kind[i] is None and arg_kind[i] is not None:
                 kind[i] = arg_kind[i]
                 rule[i] = "gpu.nccl_kernel.args"
-            src = _launching_ops(i, launch[i], ext[i], enq_idx, ext, ts, end, tids)
+            src = _launching_ops(launch[i], ext[i], enq_cols, ext, ts, end, tid_code)
             if kind[i] is None:
                 k = _kind_from_ops(src, arg_kind, name_kind, is_rpc, is_nccl_op)
                 if k is not None:
@@ -212,7 +216,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
             if pg[i] is None:
                 pg[i] = next((pg[j] for j in src if pg[j] is not None), None)
             if nbytes[i] < 0:
-                nbytes[i] = _bytes_from_ops(src, kind[i], df, world_size)
+                nbytes[i] = _bytes_from_ops(src, kind[i], args_bytes, shape, world_size)
     # --- gloo: pair each runloop op with its enqueue by order and time -----------------------
     gloo_idx = np.flatnonzero(is_gloo)
     paired = np.full(n, -1, np.int64)
@@ -229,12 +233,12 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
             if kind[i] is None:
                 kind[i] = "other"
             if nbytes[i] < 0:
-                nbytes[i] = _bytes_from_shape(df, i, kind[i], world_size)
+                nbytes[i] = shape.nbytes(i, kind[i], world_size)
             if nbytes[i] < 0 and j >= 0:
-                nbytes[i] = _bytes_from_shape(df, j, kind[i], world_size)
+                nbytes[i] = shape.nbytes(j, kind[i], world_size)
     for i in np.flatnonzero(enq):
         if nbytes[i] < 0:
-            nbytes[i] = _bytes_from_shape(df, i, kind[i], world_size)
+            nbytes[i] = shape.nbytes(i, kind[i], world_size)
     kind[(role != "comm") & (role != "comm_enqueue")] = None
     for i in np.flatnonzero((role == "comm") | (role == "comm_enqueue")):
         if kind[i] is None:
@@ -274,18 +278,19 @@ def _lookup(keys: np.ndarray, rows: np.ndarray, queries: np.ndarray) -> np.ndarr
     return np.where(hit, rows[order][pos_c], -1)
 
 
-def _launching_ops(i, launch_row, ext_i, enq_idx, ext, ts, end, tids) -> list[int]:
-    """Comm enqueue rows that launched GPU row ``i``: same External id, or enclosing the
-    runtime launch on the launching thread."""
+def _launching_ops(launch_row, ext_i, enq_cols, ext, ts, end, tid_code) -> list[int]:
+    """Comm enqueue rows that launched a GPU row whose External id is ``ext_i`` and whose
+    runtime launch is ``launch_row``: same External id, or enclosing the runtime launch on the
+    launching thread. ``enq_cols`` = (rows, ext, ts, end, tid code) of the enqueue rows."""
+    rows, e_ext, e_ts, e_end, e_tid = enq_cols
     out = []
     if ext_i >= 0:
-        out.extend(int(j) for j in enq_idx[ext[enq_idx] == ext_i])
+        out.extend(rows[e_ext == ext_i].tolist())
     if launch_row >= 0:
-        t0, t1, tid = ts[launch_row], end[launch_row], tids[launch_row]
-        sel = enq_idx[(ts[enq_idx] <= t0) & (end[enq_idx] >= t1) & (tids[enq_idx] == tid)]
-        out.extend(int(j) for j in sel)
+        t0, t1, tid = ts[launch_row], end[launch_row], tid_code[launch_row]
+        out.extend(rows[(e_ts <= t0) & (e_end >= t1) & (e_tid == tid)].tolist())
         if ext[launch_row] >= 0:
-            out.extend(int(j) for j in enq_idx[ext[enq_idx] == ext[launch_row]])
+            out.extend(rows[e_ext == ext[launch_row]].tolist())
     return list(dict.fromkeys(out))
 
 
@@ -320,31 +325,42 @@ def _bytes_from_args(df: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
     return out
 
 
-def _bytes_from_shape(df: pd.DataFrame, i: int, kind: str | None, world_size: int | None) -> int:
-    """Bytes from the first input tensor's shape and dtype. The nccl:* / gloo:* ops record the
-    input tensor: for all_gather that is one rank's piece, so it is multiplied by the group size
-    (world size when the trace does not say) to get nccl-tests' total buffer size."""
-    numel = int(df["shape_numel"].iat[i])
-    size = int(df["shape_elem_bytes"].iat[i])
-    if numel < 0 or size < 0:
-        return -1
-    total = numel * size
-    name = str(df["name"].iat[i])
-    if kind == "all_gather" and not name.startswith("c10d::"):
-        g = int(df["group_size"].iat[i])
-        g = g if g > 0 else (world_size or 1)
-        total *= g
-    return total
+class _ShapeCols:
+    """The columns ``nbytes`` reads, as numpy arrays (row access without pandas overhead)."""
+
+    __slots__ = ("numel", "size", "group", "names")
+
+    def __init__(self, df: pd.DataFrame, names: np.ndarray):
+        self.numel = df["shape_numel"].to_numpy()
+        self.size = df["shape_elem_bytes"].to_numpy()
+        self.group = df["group_size"].to_numpy()
+        self.names = names
+
+    def nbytes(self, i: int, kind: str | None, world_size: int | None) -> int:
+        """Bytes of row ``i`` from its first input tensor's shape and dtype, -1 unknown.
+
+        The nccl:* / gloo:* ops record the input tensor: for all_gather that is one rank's
+        piece, so it is multiplied by the group size (world size when the trace does not say)
+        to get nccl-tests' total buffer size."""
+        numel = int(self.numel[i])
+        size = int(self.size[i])
+        if numel < 0 or size < 0:
+            return -1
+        total = numel * size
+        if kind == "all_gather" and not str(self.names[i]).startswith("c10d::"):
+            g = int(self.group[i])
+            g = g if g > 0 else (world_size or 1)
+            total *= g
+        return total
 
 
-def _bytes_from_ops(src, kind, df, world_size) -> int:
+def _bytes_from_ops(src, kind, args_bytes, shape: _ShapeCols, world_size) -> int:
     for j in src:  # args first (record_param_comms), then shapes (nccl:* op)
-        b = _bytes_from_args(df.iloc[[j]], np.array([kind], object))[0]
-        if b >= 0:
-            return int(b)
+        if args_bytes[j] >= 0:
+            return int(args_bytes[j])
     for j in src:
-        if str(df["name"].iat[j]).startswith("nccl:"):
-            b = _bytes_from_shape(df, j, kind, world_size)
+        if str(shape.names[j]).startswith("nccl:"):
+            b = shape.nbytes(j, kind, world_size)
             if b >= 0:
                 return b
     return -1
