@@ -27,7 +27,11 @@ def _run(fn: Callable[[], T]) -> T:
     except ParityTraceError as exc:
         if _state["debug"]:
             raise
-        for line in [str(exc)] + [str(p) for p in getattr(exc, "problems", [])]:
+        problems = getattr(exc, "problems", [])
+        head = str(exc)
+        if problems and exc.reason == "bad_folder":  # the message joins them all: list instead
+            head = f"{exc.path}: {len(problems)} problems, one per line below"
+        for line in [head] + [str(p) for p in problems]:
             typer.echo(f"analyzer: {line}", err=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:

@@ -13,8 +13,7 @@ def register(app, run) -> None:
 
     @app.command()
     def merge(
-        directory: Annotated[Path, typer.Argument(help="Run directory or folder of per-rank traces.",
-                                                  exists=True, file_okay=False)],
+        directory: Annotated[Path, typer.Argument(help="Run directory or folder of per-rank traces.")],
         out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Merged trace "
                        "(default DIR/merged.trace.json.gz; gzip when it ends in .gz).")] = None,
         steps: Annotated[Optional[str], typer.Option("--steps", help="ProfilerStep numbers to keep: "
@@ -23,6 +22,8 @@ def register(app, run) -> None:
                             help="Rank whose clock is the reference (default: lowest).")] = None,
         no_align: Annotated[bool, typer.Option("--no-align", help="Write the traces unshifted "
                             "(offsets are still estimated and reported).")] = False,
+        allow_incomplete: Annotated[bool, typer.Option(
+            "--allow-incomplete", help="Merge a run directory without manifest.json.")] = False,
     ) -> None:
         """Merge every rank into one Chrome trace aligned on matched collectives (opens in Perfetto)."""
         from analyzer.errors import BadInput
@@ -33,11 +34,38 @@ def register(app, run) -> None:
                 chosen = parse_steps(steps) if steps else None
             except ValueError as exc:
                 raise BadInput(directory, "bad_steps", str(exc), "e.g. --steps 3 or --steps 2-4") from None
+            incomplete = _check_run_dir(directory, allow_incomplete)
             options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align)
-            return merge_traces(directory, out or directory / "merged.trace.json.gz", options)
+            result = merge_traces(directory, out or directory / "merged.trace.json.gz", options)
+            if incomplete:
+                result.warnings.insert(0, f"{directory}: incomplete run (no manifest.json), "
+                                       "merged as found (--allow-incomplete)")
+            return result
 
         result = run(go)
         _print(result)
+
+
+def _check_run_dir(directory: Path, allow_incomplete: bool) -> bool:
+    """Refuse a run directory whose manifest is newer than this analyzer, or that has no
+    manifest (unless ``allow_incomplete``), as every other command does. True when incomplete."""
+    from analyzer import schemas
+    from analyzer.errors import BadInput
+
+    mpath = directory / schemas.MANIFEST_NAME
+    if mpath.is_file():
+        try:
+            schemas.read_manifest(mpath)
+        except schemas.SchemaError as exc:
+            raise BadInput(mpath, "bad_manifest", str(exc).split(": ", 1)[-1]) from None
+        return False
+    if any((directory / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME)):
+        if not allow_incomplete:
+            raise BadInput(directory, "incomplete_run", "incomplete run: no manifest.json (the "
+                           "tracer writes it last)", "re-record the run, or pass "
+                           "--allow-incomplete to merge what is there")
+        return True
+    return False
 
 
 def _print(result) -> None:

@@ -127,8 +127,11 @@ def _read_json(path: Path) -> Any:
 
 def discover(root: Path) -> list[Path]:
     """Trace files in ``root``: ``*.json`` / ``*.json.gz`` except the manifest and sidecars."""
+    if not root.exists():
+        raise BadInput(root, "missing", "no such file or folder", "check the path")
     if not root.is_dir():
-        raise BadInput(root, "not_a_folder", "is not a folder", "pass a run directory or a folder of traces")
+        raise BadInput(root, "not_a_folder", "is a file, not a folder",
+                       "pass the run directory or folder of traces that holds it")
     from analyzer.fswalk import entries
 
     files = sorted(p for p in entries(root)[0] if p.is_file()

@@ -19,6 +19,7 @@ from typing import Any
 
 from analyzer import schemas
 from analyzer.errors import BadInput
+from analyzer.fswalk import entries
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ class RunDir:
     """Display name: the manifest's run_name, else the folder name."""
     manifest: dict[str, Any] | None
     """The validated manifest; None for foreign traces."""
+    incomplete: bool = False
+    """A tracer run directory without ``manifest.json`` (the record did not finish), analysed
+    only with ``allow_incomplete`` and marked so."""
 
     @property
     def foreign(self) -> bool:
@@ -88,18 +92,30 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     missing, empty of runs and traces, or holds an incomplete run (unless ``allow_incomplete``).
     """
     root = Path(root)
+    if not root.exists():
+        raise BadInput(root, "missing", "no such file or folder", "check the path")
     if not root.is_dir():
-        raise BadInput(root, "not_a_directory", "is not a directory",
-                       "pass a traces root, one run directory or a folder of traces")
+        raise BadInput(root, "not_a_directory", "is a file, not a folder",
+                       "pass the folder that holds it (a traces root, one run directory or a "
+                       "folder of traces); `analyzer summary` also takes one trace file")
     if (root / schemas.MANIFEST_NAME).is_file():
         return Discovery(root=root, layout="run", runs=[_read(root)])
-    runs: list[RunDir] = []
     warnings: list[str] = []
+    children, skipped = entries(root)
+    warnings += skipped
+    if any((root / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME)):
+        if not allow_incomplete:
+            raise BadInput(root, "incomplete_run", "incomplete run: no manifest.json (the tracer "
+                           "writes it last)", "re-record the run, or pass --allow-incomplete to "
+                           "analyse what is there")
+        return Discovery(root=root, layout="run", warnings=warnings,
+                         runs=[RunDir(path=root, name=root.name, manifest=None, incomplete=True)])
+    runs: list[RunDir] = []
     problems: list[BadInput] = []
-    for sub in sorted(p for p in root.iterdir() if p.is_dir() and p.name != REPORT_DIR_NAME):
+    for sub in [p for p in children if p.is_dir() and p.name != REPORT_DIR_NAME]:
         if (sub / schemas.MANIFEST_NAME).is_file():
             runs.append(_read(sub))
-        elif any(_is_trace(p) for p in sub.iterdir()) or (sub / schemas.NUMERICS_NAME).exists():
+        elif any(_is_trace(p) for p in entries(sub, root=root)[0]) or (sub / schemas.NUMERICS_NAME).exists():
             msg = "has traces but no manifest.json: the run did not complete"
             if allow_incomplete:
                 warnings.append(f"{sub}: {msg}; skipped (--allow-incomplete)")
@@ -117,7 +133,7 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
             raise BadInput(root, "duplicate_run", f"run name(s) {', '.join(dup)} appear twice",
                            "give each run directory a distinct run_name")
         return Discovery(root=root, layout="root", runs=sorted(runs, key=_order), warnings=warnings)
-    if any(_is_trace(p) for p in root.iterdir()):
+    if any(_is_trace(p) for p in children):
         return Discovery(root=root, layout="foreign", warnings=warnings,
                          runs=[RunDir(path=root, name=root.name, manifest=None)])
     raise BadInput(root, "no_runs", "holds no run directory (manifest.json) and no trace files",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer import api, compare, memory, parity, prefetch, rundirs, schemas
+from analyzer.fswalk import entries
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ def _num(v: Any) -> Any:
     if isinstance(v, (np.integer,)):
         return int(v)
     if isinstance(v, (float, np.floating)):
-        return None if math.isnan(float(v)) else float(v)
+        return float(v) if math.isfinite(float(v)) else None  # JSON has no NaN / inf
     return v
 
 
@@ -63,7 +65,8 @@ def _trace_part(ts: api.TraceSet) -> dict[str, Any]:
                            "rank_sources": sorted({r.rank_source for r in ts.ranks}),
                            "missing_ranks": ts.missing_ranks,
                            "device_kind": ts.ranks[0].device_kind if ts.ranks else "cpu",
-                           "trace_warnings": [w for r in ts.ranks for w in r.warnings][:20]}
+                           "trace_warnings": [w for r in ts.ranks for w in r.warnings][:20],
+                           "load_notes": list(ts.warnings)}
     ranks = []
     for rank, g in bd.groupby("rank", sort=True):
         comm = int(g["comm_ns"].sum())
@@ -114,11 +117,18 @@ def _trace_part(ts: api.TraceSet) -> dict[str, Any]:
     return out
 
 
+def _check(run: rundirs.RunDir, *, rtol: float | None, atol: float | None) -> parity.ParityResult:
+    res = parity.check_run(run.path, run.manifest, rtol=rtol, atol=atol)
+    if run.incomplete:
+        res.reason = "incomplete run (no manifest.json): parity not checked"
+    return res
+
+
 def collect_run(run: rundirs.RunDir, *, rtol: float | None, atol: float | None,
                 allow_incomplete: bool) -> dict[str, Any]:
     """The report entry of one run. Raises ``BadInput`` for malformed inputs."""
     m = run.manifest
-    res = parity.check_run(run.path, m, rtol=rtol, atol=atol)
+    res = _check(run, rtol=rtol, atol=atol)
     entry: dict[str, Any] = {
         "name": run.name, "path": str(run.path), "strategy": run.strategy,
         "options": (m or {}).get("strategy_options") or {}, "fault": (m or {}).get("fault"),
@@ -137,7 +147,7 @@ def collect_run(run: rundirs.RunDir, *, rtol: float | None, atol: float | None,
         step_ns = [int(v) for v in st[st["profiled"]]["step_ns"]]
         step_source = "steps.parquet: profiled steps, slowest rank's wall time"
         peaks = memory.rank_peaks(steps)
-    traces = sorted(p for p in run.path.iterdir() if p.is_file() and rundirs._is_trace(p))
+    traces = [p for p in entries(run.path)[0] if p.is_file() and rundirs._is_trace(p)]
     entry["traces"] = [str(p) for p in traces]
     trace_part: dict[str, Any] = {}
     if traces:
@@ -175,7 +185,27 @@ def collect_run(run: rundirs.RunDir, *, rtol: float | None, atol: float | None,
     entry["trace_info"] = {k: trace_part.get(k) for k in
                            ("whole_trace_mode", "rank_sources", "missing_ranks", "device_kind",
                             "trace_warnings")} if trace_part else None
+    entry["incomplete"] = run.incomplete
+    entry["caveats"], entry["notes"] = _caveats(entry, trace_part)
     return entry
+
+
+def _caveats(entry: dict[str, Any], trace_part: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(caveats, notes) of one run. Caveats say when a figure covers less than a whole run
+    (incomplete run, ranks missing, no ProfilerStep); notes add everything skipped while loading
+    (events with a bad ts/dur, symlinks left out ...), one line each."""
+    caveats: list[str] = []
+    if entry.get("incomplete"):
+        caveats.append("incomplete run (no manifest.json), analysed as found")
+    missing = trace_part.get("missing_ranks") or []
+    if missing:
+        caveats.append(f"partial: ranks {missing} of {entry['world_size']} have no trace")
+    if trace_part.get("whole_trace_mode"):
+        caveats.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the whole trace")
+    said = re.compile(r"^\d+ of \d+ ranks$|incomplete run")  # already a caveat
+    notes = [n for n in trace_part.get("load_notes") or [] if not said.search(n)]
+    notes += list(trace_part.get("trace_warnings") or [])
+    return caveats, notes
 
 
 def build_report(runs: list[dict[str, Any]], *, layout: str, root: str,
@@ -189,7 +219,8 @@ def build_report(runs: list[dict[str, Any]], *, layout: str, root: str,
         "runs": runs, "ranking": compare.rank_runs(runs),
         "settings_warnings": compare.settings_differences(runs),
         "prefetch_comparisons": compare.prefetch_groups(runs),
-        "warnings": list(warnings or []),
+        "warnings": list(warnings or []) + [f"{r['name']}: {n}" for r in runs
+                                            for n in (r.get("caveats") or []) + (r.get("notes") or [])],
     }
 
 
@@ -207,5 +238,5 @@ def gate_runs(root: Path | str, *, rtol: float | None = None, atol: float | None
     """Parity only (no trace parsing): ``[{name, strategy, parity}]`` for ``analyzer gate``."""
     found = rundirs.discover(root, allow_incomplete=allow_incomplete)
     return [{"name": r.name, "strategy": r.strategy,
-             "parity": _parity_dict(parity.check_run(r.path, r.manifest, rtol=rtol, atol=atol))}
+             "parity": _parity_dict(_check(r, rtol=rtol, atol=atol))}
             for r in found.runs]

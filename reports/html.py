@@ -165,6 +165,8 @@ def render(report: dict[str, Any], markdown_text: str | None = None) -> str:
                 parts.append(f"<p>{e(p['note'])}</p>")
     for w in report.get("settings_warnings") or []:
         parts.append(f'<p class="withheld">Warning: {e(w)}</p>')
+    for w in report.get("warnings") or []:
+        parts.append(f"<p>Note: {e(w)}</p>")
     parts.append(f"<h2>Trace files</h2><p>Each is a Chrome trace; {e(PERFETTO_HINT)}.</p><ul>")
     for r in runs:
         for t in r.get("traces") or []:

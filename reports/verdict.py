@@ -8,7 +8,9 @@ from reports import fmt
 
 
 def _fmt_div(fd: dict) -> str:
-    if fd.get("nonfinite") and fd["nonfinite"] > 0:
+    # a NaN/inf metric reaches here as None (report.json has no NaN)
+    if (fd.get("nonfinite") and fd["nonfinite"] > 0
+            or any(fd.get(k) is None for k in ("max_abs_diff", "limit", "rel_l2"))):
         return f"{fd['kind']} {fd['tensor']} (step {fd['step']}) has NaN/inf values"
     return (f"{fd['kind']} {fd['tensor']} (step {fd['step']}): max |diff| "
             f"{fd['max_abs_diff']:.3g} > limit {fd['limit']:.3g}, rel L2 {fd['rel_l2']:.3g}")
@@ -76,4 +78,7 @@ def verdict(report: dict[str, Any]) -> list[str]:
         out.append(text)
     if report.get("settings_warnings"):
         out.append("Warning: " + "; ".join(report["settings_warnings"]) + ".")
+    caveats = [f"{r['name']}: {c}" for r in runs for c in r.get("caveats") or []]
+    if caveats:
+        out.append("Caveat: " + "; ".join(caveats) + ".")
     return out
