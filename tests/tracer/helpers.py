@@ -30,7 +30,8 @@ def run_tracer(args: list[str], cwd: Path, *, env_extra: dict | None = None, tim
     Returns (completed process, tag); the tag finds leftover processes (``alive_with_tag``).
     """
     tag = uuid.uuid4().hex
-    env = dict(os.environ, **(env_extra or {}), **{TAG_ENV: tag})
+    # TMPDIR: failed records keep their worker logs in a temp folder; keep it inside the test's.
+    env = dict(os.environ, TMPDIR=str(cwd), **(env_extra or {}), **{TAG_ENV: tag})
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = module if module is not None else [sys.executable, "-m", "tracer", "record"]
     proc = subprocess.run(cmd + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

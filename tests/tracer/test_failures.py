@@ -74,9 +74,12 @@ def test_sigkilled_rank_is_named(tmp_path):
     assert "rank 1 was killed by SIGKILL" in line
 
 
-def test_ctrl_c_on_the_launcher_stops_every_worker(tmp_path):
-    tag = "ctrlc-" + os.urandom(8).hex()
-    env = dict(os.environ, PARITYTRACE_INJECT="hang@1:1", **{TAG_ENV: tag})
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+def test_stopping_the_launcher_stops_every_worker(tmp_path, sig):
+    """Ctrl-C: the launcher kills its workers and exits 130. SIGKILL (no clean-up possible):
+    the workers die with it (PR_SET_PDEATHSIG). Either way no process and no manifest remain."""
+    tag = "stop-" + os.urandom(8).hex()
+    env = dict(os.environ, PARITYTRACE_INJECT="hang@1:1", TMPDIR=str(tmp_path), **{TAG_ENV: tag})
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     parent = subprocess.Popen([sys.executable, "-m", "tracer", "record", "--strategy", "ddp", "--out",
                                str(tmp_path), "--timeout", "120"] + TINY,
@@ -91,13 +94,16 @@ def test_ctrl_c_on_the_launcher_stops_every_worker(tmp_path):
             time.sleep(0.2)
         assert len(kids) >= 2, "workers never started"
         time.sleep(1.0)
-        parent.send_signal(signal.SIGINT)
+        parent.send_signal(sig)
         _, stderr = parent.communicate(timeout=30)
     finally:
         if parent.poll() is None:
             parent.kill()
-    assert parent.returncode == 130
-    assert "interrupted" in _one_line(stderr)
+    if sig == signal.SIGINT:
+        assert parent.returncode == 130
+        assert "interrupted" in _one_line(stderr)
+    else:
+        assert parent.returncode == -signal.SIGKILL
     assert alive_with_tag(tag) == []
     assert not (tmp_path / "ddp" / schemas.MANIFEST_NAME).exists()
 
