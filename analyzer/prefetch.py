@@ -7,8 +7,8 @@ checked against real torch 2.13 CPU/gloo traces of ``fully_shard`` and ``FullySh
   it sits inside ``FSDP::pre_forward (<fqn>)`` / ``FSDP::pre_backward (<fqn>)`` (not prefetched)
   or inside another unit's ``FSDP::pre_forward`` / ``FSDP::backward_prefetch for <i>``
   (prefetched). ``FSDP::all_gather_copy_out (<fqn>)`` is the first consumer of the gathered
-  data: *need* = its start (CPU), or on GPU the start of the first GPU kernel launched from
-  inside it (by correlation id; else the first GPU compute kernel starting after it).
+  data: *need* = its start (CPU); on GPU see "GPU need" below, for the first GPU compute kernel
+  launched from inside it (by correlation id; else the first GPU compute kernel starting after it).
   ``<fqn>`` is the module's fully qualified name (the root has none).
 * FSDP1 (``FullyShardedDataParallel``): labels carry no unit name. Each ``c10d`` all_gather
   enqueue (``comm_enqueue`` row) is one unit's unshard, numbered ``#k`` in issue order within
@@ -16,10 +16,24 @@ checked against real torch 2.13 CPU/gloo traces of ``fully_shard`` and ``FullySh
   ``_pre_backward_prefetch``. *need* = the end of the pre-hook (``_pre_forward`` /
   ``_pre_backward_hook``) that consumes it: the enclosing one, or for a prefetched unit the next
   one to start after the issue (the unit's module computation starts when that hook returns).
+  On GPU: "GPU need" of the first GPU compute kernel launched after that hook returned. One
+  NCCL all_gather shows up as nested enqueue ops (``c10d::_allgather_base_`` >
+  ``record_param_comms`` > ``nccl:_all_gather_base``, as in the A100 corpus trace); only the
+  outermost one on its thread is an issue.
+
+Labels are read from CPU rows only: on GPU traces Kineto mirrors every user annotation as a
+``gpu_user_annotation`` on a stream (GPU clock positions, same name), which is not an issue.
+
+GPU need. The consumer kernel runs on the compute stream after a stream wait on the
+all_gather, so its start is never before the all_gather's end, and "start of the consumer"
+would make every prefetch look on time. *need* on GPU is the consumer's ready time: when it
+could have started without that wait = max(its launch call's start on the CPU, the end of the
+previous operation on its stream). slack < 0 is then the time the compute stream sat waiting.
 
 Each issue is paired with the earliest not-yet-paired all_gather execution (``role == comm``)
 starting at or after it (gloo: the ``gloo:all_gather`` work on its runloop thread; NCCL: the
-kernel on the communication stream, FIFO per stream). Then per all_gather:
+kernel on the communication stream, FIFO per stream); on GPU an all_gather kernel whose launch
+call (correlation id) lies inside the issue's span is taken first. Then per all_gather:
 
 * ``hidden_frac`` = |execution ∩ ∪computation| / |execution| -- the share of the all_gather
   that ran while this rank computed. Computation = ``role == compute`` rows: GPU compute
@@ -118,14 +132,78 @@ def _enclosing(spans: pd.DataFrame, t: int) -> pd.DataFrame:
     return spans[(spans["ts_ns"] <= t) & (spans["end_ns"] >= t)]
 
 
-def _issues_fsdp2(ev: pd.DataFrame) -> list[dict]:
-    names = ev["name"].astype(str)
-    issue = ev[names.str.match(FSDP2_ISSUE)]
-    copy_out = ev[names.str.startswith(FSDP2_COPY_OUT)]
-    pre_fwd = ev[names.str.startswith("FSDP::pre_forward")]
-    bwd = ev[names.str.startswith(("FSDP::pre_backward", "FSDP::backward_prefetch"))]
-    gpu_kernels = ev[ev["is_gpu"].astype(bool) & (ev["role"] == "compute")]
-    launches = ev[(~ev["is_gpu"].astype(bool)) & (ev["correlation"] >= 0)]
+class _GpuView:
+    """The GPU side of one event table: launch times by correlation id and the operations of
+    each stream, to find consumer kernels and their ready time (module docstring)."""
+
+    def __init__(self, ev: pd.DataFrame):
+        gpu = ev["is_gpu"].astype(bool).to_numpy()
+        role = ev["role"].astype(str).to_numpy()
+        cpu_corr = ev[~gpu & (ev["correlation"].to_numpy() >= 0)]
+        self.launch_ts = cpu_corr.groupby("correlation")["ts_ns"].min().to_dict()
+        ops = ev[gpu & np.isin(role, ("compute", "comm", "memcpy", "memset"))]
+        self.ops = {int(k): g.sort_values("ts_ns") for k, g in ops.groupby("stream")}
+        self.compute = ev[gpu & (role == "compute")].sort_values("ts_ns")
+        self.active = bool(len(self.compute))
+
+    def launched(self, kernels: pd.DataFrame, lo: int, hi: int | None) -> pd.DataFrame:
+        """``kernels`` whose launch call starts in [lo, hi] (hi None: no upper bound)."""
+        t = kernels["correlation"].map(self.launch_ts)
+        ok = t.notna() & (t >= lo) & ((t <= hi) if hi is not None else True)
+        return kernels[ok.to_numpy(bool)]
+
+    def launch_of(self, kernel) -> int | None:
+        t = self.launch_ts.get(int(kernel["correlation"])) if int(kernel["correlation"]) >= 0 else None
+        return None if t is None else int(t)
+
+    def ready_ns(self, kernel) -> int:
+        """When ``kernel`` could have started: max(launch call start, end of the previous
+        operation on its stream); its own start when neither is known."""
+        start = int(kernel["ts_ns"])
+        cands = []
+        launch = self.launch_of(kernel)
+        if launch is not None:
+            cands.append(launch)
+        same = self.ops.get(int(kernel["stream"]))
+        if same is not None:
+            ends = same["end_ns"].to_numpy("int64")
+            before = ends[(same["ts_ns"].to_numpy("int64") < start) & (ends <= start)]
+            if len(before):
+                cands.append(int(before.max()))
+        return min(max(cands), start) if cands else start
+
+    def consumer_ready(self, lo: int, hi: int | None) -> int | None:
+        """Ready time of the first compute kernel launched in [lo, hi]; with ``hi`` given and
+        none launched there, of the first compute kernel starting at or after ``lo``."""
+        ks = self.launched(self.compute, lo, hi)
+        if not len(ks) and hi is not None:
+            ks = self.compute[self.compute["ts_ns"] >= lo]
+        if not len(ks):
+            return None
+        return self.ready_ns(ks.sort_values("ts_ns").iloc[0])
+
+
+def _outermost(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows not enclosed by another row of ``rows`` on the same thread."""
+    keep = []
+    for tid, g in rows.groupby("tid", sort=False, observed=True):
+        g = g.sort_values(["ts_ns", "end_ns"], ascending=[True, False])
+        cover_end = None
+        for idx, e in zip(g.index, g["end_ns"].to_numpy("int64")):
+            if cover_end is not None and e <= cover_end:
+                continue
+            keep.append(idx)
+            cover_end = e if cover_end is None else max(cover_end, e)
+    return rows.loc[keep].sort_values("ts_ns")
+
+
+def _issues_fsdp2(ev: pd.DataFrame, gpu: _GpuView) -> list[dict]:
+    cpu = ev[~ev["is_gpu"].astype(bool)]
+    names = cpu["name"].astype(str)
+    issue = cpu[names.str.match(FSDP2_ISSUE)]
+    copy_out = cpu[names.str.startswith(FSDP2_COPY_OUT)]
+    pre_fwd = cpu[names.str.startswith("FSDP::pre_forward")]
+    bwd = cpu[names.str.startswith(("FSDP::pre_backward", "FSDP::backward_prefetch"))]
     out = []
     for _, row in issue.sort_values("ts_ns").iterrows():
         fqn = FSDP2_ISSUE.match(str(row["name"])).group("fqn") or ""
@@ -144,25 +222,24 @@ def _issues_fsdp2(ev: pd.DataFrame) -> list[dict]:
         if len(consumers):
             c = consumers.sort_values("ts_ns").iloc[0]
             need = int(c["ts_ns"])
-            if len(gpu_kernels):
-                inside = launches[(launches["ts_ns"] >= c["ts_ns"]) & (launches["ts_ns"] <= c["end_ns"])]
-                ks = gpu_kernels[gpu_kernels["correlation"].isin(inside["correlation"])]
-                if not len(ks):
-                    ks = gpu_kernels[gpu_kernels["ts_ns"] >= c["ts_ns"]]
-                need = int(ks["ts_ns"].min()) if len(ks) else need
+            if gpu.active:
+                ready = gpu.consumer_ready(int(c["ts_ns"]), int(c["end_ns"]))
+                need = ready if ready is not None else need
         out.append({"step": int(row["step"]), "phase": phase, "unit": fqn or "(root)",
-                    "prefetched": bool(prefetched), "issued_ns": t, "need_ns": need})
+                    "prefetched": bool(prefetched), "issued_ns": t, "issue_end_ns": int(row["end_ns"]),
+                    "need_ns": need})
     return out
 
 
-def _issues_fsdp1(ev: pd.DataFrame) -> list[dict]:
-    names = ev["name"].astype(str)
-    enq = ev[(ev["role"] == "comm_enqueue") & (ev["coll_kind"] == "all_gather")].sort_values("ts_ns")
-    prefetch = ev[names.isin(FSDP1_PREFETCH)]
-    pre_fwd = ev[names == FSDP1_PRE_FORWARD]
-    pre_bwd = ev[names == FSDP1_PRE_BACKWARD]
-    bwd_any = ev[names.isin((FSDP1_PRE_BACKWARD, FSDP1_PREFETCH[1]))
-                 | names.str.startswith("FullyShardedDataParallel._post_backward")]
+def _issues_fsdp1(ev: pd.DataFrame, gpu: _GpuView) -> list[dict]:
+    cpu = ev[~ev["is_gpu"].astype(bool)]
+    names = cpu["name"].astype(str)
+    enq = _outermost(cpu[(cpu["role"] == "comm_enqueue") & (cpu["coll_kind"] == "all_gather")])
+    prefetch = cpu[names.isin(FSDP1_PREFETCH)]
+    pre_fwd = cpu[names == FSDP1_PRE_FORWARD]
+    pre_bwd = cpu[names == FSDP1_PRE_BACKWARD]
+    bwd_any = cpu[names.isin((FSDP1_PRE_BACKWARD, FSDP1_PREFETCH[1]))
+                  | names.str.startswith("FullyShardedDataParallel._post_backward")]
     out = []
     counters: dict[tuple[int, str], int] = {}
     for _, row in enq.iterrows():
@@ -176,11 +253,14 @@ def _issues_fsdp1(ev: pd.DataFrame) -> list[dict]:
             need = int(later.sort_values("ts_ns").iloc[0]["end_ns"]) if len(later) else None
         else:
             need = int(enc["end_ns"].min()) if len(enc) else None
+        if need is not None and gpu.active:
+            need = gpu.consumer_ready(need, None)
         key = (int(row["step"]), phase)
         k = counters.get(key, 0)
         counters[key] = k + 1
         out.append({"step": int(row["step"]), "phase": phase, "unit": f"#{k}",
-                    "prefetched": prefetched, "issued_ns": t, "need_ns": need})
+                    "prefetched": prefetched, "issued_ns": t, "issue_end_ns": int(row["end_ns"]),
+                    "need_ns": need})
     return out
 
 
@@ -188,15 +268,20 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
     """One row per FSDP unit all_gather of this rank (columns ``COLUMNS``); empty when the
     trace has no FSDP labels. ``labels`` is ``fsdp2`` or ``fsdp1``; ``need_ns`` / ``slack_ns``
     are <NA> when no consumer was found; ``comm_*`` / ``finished_ns`` / ``hidden_*`` are <NA> when
-    no execution could be paired."""
+    no execution could be paired. On GPU traces ``need_ns`` is the consumer kernel's ready time
+    (module docstring)."""
     family = detect_labels(events)
     if family is None:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
     ev = events
-    issues = _issues_fsdp2(ev) if family == "fsdp2" else _issues_fsdp1(ev)
+    gpu = _GpuView(ev)
+    issues = _issues_fsdp2(ev, gpu) if family == "fsdp2" else _issues_fsdp1(ev, gpu)
     execs = ev[(ev["role"] == "comm") & (ev["coll_kind"] == "all_gather")].sort_values("ts_ns")
     exec_start = execs["ts_ns"].to_numpy("int64")
     exec_end = execs["end_ns"].to_numpy("int64")
+    exec_launch = np.array([t if t is not None else -1 for t in
+                            (gpu.launch_of(r) if bool(r["is_gpu"]) else None
+                             for _, r in execs.iterrows())], dtype="int64")
     taken = np.zeros(len(execs), dtype=bool)
     comp = ev[ev["role"] == "compute"]
     merged = _merge(comp["ts_ns"].to_numpy("int64"), comp["end_ns"].to_numpy("int64"))
@@ -205,7 +290,11 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
         merged = _subtract(merged, _merge(hooks["ts_ns"].to_numpy("int64"), hooks["end_ns"].to_numpy("int64")))
     rows = []
     for it in sorted(issues, key=lambda r: r["issued_ns"]):
-        cand = np.nonzero(~taken & (exec_start >= it["issued_ns"]))[0]
+        issue_end = it.pop("issue_end_ns")
+        inside = ~taken & (exec_launch >= it["issued_ns"]) & (exec_launch <= issue_end)
+        cand = np.nonzero(inside)[0]
+        if not len(cand):
+            cand = np.nonzero(~taken & (exec_start >= it["issued_ns"]))[0]
         rec = {"rank": rank, **it, "comm_start_ns": None, "finished_ns": None, "comm_ns": None,
                "hidden_ns": None, "hidden_frac": None, "slack_ns": None, "labels": family}
         if len(cand):

@@ -25,12 +25,17 @@ def gpu_fsdp2():
     """GPU-shaped FSDP2 step: all_gather kernels on comm stream 20, compute kernels on stream 7.
 
     compute union: [400,600] [900,950] [1500,2500] [3000,3100] [3500,4500] [5500,5600]
+    need = ready time of the copy-out kernel = max(its launch call, end of the previous op on
+    stream 7) (GPU need, analyzer/prefetch.py):
     unit 2 (forward):  issue 120, exec 300..800, covered 400..600 = 200 -> 0.4;
-                       need = copy-out kernel (corr 5) 900 -> slack +100
+                       copy-out kernel (corr 5, launched 860, previous gemm ends 600):
+                       need 860 -> slack +60
     unit 1 (backward): issue 1100, exec 2000..3000, covered 2000..2500 = 500 -> 0.5;
-                       need = corr 7 kernel 3000 -> slack 0
+                       corr 7 kernel (launched 1460, previous gemm ends 2500): need 2500 ->
+                       slack -500 (stream 7 idle 2500..3000 waiting for the all_gather)
     unit 0 (backward, prefetched): issue 1310, exec 3000..5000, covered 100 + 1000 -> 0.55;
-                       need = corr 9 kernel 5500 -> slack +500
+                       corr 9 kernel (launched 2010, previous gemm ends 4500): need 4500 ->
+                       slack -500
     """
     rows = [
         ann("ProfilerStep#0", 0, 10000), ann("FSDP::pre_forward (2)", 100, 900),
@@ -60,11 +65,12 @@ def test_gpu_fsdp2_hidden_fraction_and_slack():
     assert list(t["prefetched"]) == [False, False, True]
     assert list(t["issued_ns"]) == [120, 1100, 1310]
     assert list(t["finished_ns"]) == [800, 3000, 5000]
-    assert list(t["need_ns"]) == [900, 3000, 5500]
-    assert list(t["slack_ns"]) == [100, 0, 500]
+    assert list(t["need_ns"]) == [860, 2500, 4500]
+    assert list(t["slack_ns"]) == [60, -500, -500]
     assert list(t["hidden_frac"]) == [pytest.approx(0.4), pytest.approx(0.5), pytest.approx(0.55)]
     s = prefetch.prefetch_summary(t.reset_index())
-    assert (s["comm_ns"], s["hidden_ns"], s["late"], s["prefetched"]) == (3500, 1800, 0, 1)
+    assert (s["comm_ns"], s["hidden_ns"], s["late"], s["prefetched"]) == (3500, 1800, 2, 1)
+    assert s["wait_ns"] == 1000
     assert s["hidden_frac"] == pytest.approx(1800 / 3500)
 
 

@@ -1,0 +1,189 @@
+"""GPU-shaped traces (fixtures/gpu_shaped, built by its build.py) through the whole analyzer:
+decode -> classify -> breakdown / prefetch, and memory from memory.parquet.
+
+Every expected number is worked out by hand below from the events in build.py (whole
+microseconds there, so values here are us * 1000 ns).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from analyzer import api, memory, prefetch
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "gpu_shaped"
+US = 1000
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location("gpu_shaped_build", FIX / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load(name: str, tmp_path: Path):
+    """Load a scenario from a copy (the loader's Parquet cache lands in tmp_path)."""
+    dst = tmp_path / name
+    shutil.copytree(FIX / name, dst)
+    return api.load_traces(dst / "rank0.trace.json")
+
+
+def test_fixtures_are_current(tmp_path):
+    b = _builder()
+    b.build(tmp_path)
+    for name in b.SCENARIOS:
+        assert (tmp_path / name / "rank0.trace.json").read_text() == (FIX / name / "rank0.trace.json").read_text(), \
+            f"fixtures/gpu_shaped/{name} is stale: run python3 fixtures/gpu_shaped/build.py"
+    b.write_memory(tmp_path)
+    for f in ("memory.parquet", "steps.parquet"):
+        assert pq.read_table(tmp_path / "memory" / f).equals(pq.read_table(FIX / "memory" / f))
+
+
+def test_overlap_across_streams(tmp_path):
+    """Step 1 (window 0..960: CPU span 0..600 extended to the memset's end 960):
+    K = gemm s7 100..300 + 300..400, add s13 350..500, gemm s7 700..750 -> [100,500] [700,750] = 450
+    C = all_reduce s20 250..450, all_gather s20 600..800 = 400
+    C ∩ K = 250..450 (200) + 700..750 (50) = 250; exposed 150
+    O = memcpy s9 780..900 and memset s7 950..960, minus C ∪ K -> 800..900 + 950..960 = 110
+        (the memcpy's 780..800 under the all_gather is neither compute nor extra time)
+    idle = 960 - 450 - 150 - 110 = 250. The gpu_user_annotation on s20 counts as nothing.
+    Step 2 (window 1000..1600: the reduce_scatter launched in step 2 ends at 1600):
+    K = 1100..1300 (200), C = 1200..1600 (400), overlap 100, exposed 300, idle 600-200-300 = 100.
+    """
+    ts = load("overlap", tmp_path)
+    assert ts.ranks[0].device_kind == "gpu"
+    bd = api.breakdown(ts).set_index("step")
+    us = lambda col: [int(v) // US for v in bd[col]]  # noqa: E731
+    assert us("step_ns") == [960, 600]
+    assert us("compute_ns") == [450, 200]
+    assert us("comm_ns") == [400, 400]
+    assert us("overlap_ns") == [250, 100]
+    assert us("exposed_comm_ns") == [150, 300]
+    assert us("other_ns") == [110, 0]
+    assert us("idle_ns") == [250, 100]
+    assert list(bd["overlap_frac"]) == [pytest.approx(250 / 400), pytest.approx(100 / 400)]
+    # identity, and the whole-trace (HTA-scope) figure from the same sets: (250+100)/(400+400)
+    assert (bd["compute_ns"] + bd["exposed_comm_ns"] + bd["other_ns"] + bd["idle_ns"] == bd["step_ns"]).all()
+    ev = ts.ranks[0].events
+    from analyzer.breakdown import whole_trace_overlap
+    assert whole_trace_overlap(ev) == (350 * US, 800 * US)
+    kinds = ev[ev["role"] == "comm"].sort_values("ts_ns")["coll_kind"].astype(str).tolist()
+    assert kinds == ["all_reduce", "all_gather", "reduce_scatter"]
+
+
+def test_fsdp2_breakdown_across_streams(tmp_path):
+    """K: embedding 50..150 (copy-in s20 90..100 inside) = 100; s7 300..900 = 600;
+    s7 1250..1900 = 650; optimizer 2000..2100 = 100 -> 1450.
+    C: all_gathers s20 100..500 and 1050..1450 (400 + 400), reduce_scatter s21 1600..1800 -> 1000.
+    C ∩ K: 100..150 + 300..500 (250) + 1250..1450 (200) + 1600..1800 (200) = 650; exposed 350.
+    window = CPU step 0..3000; idle = 3000 - 1450 - 350 = 1200."""
+    bd = api.breakdown(load("fsdp2", tmp_path)).iloc[0]
+    got = {c: int(bd[c]) // US for c in ("step_ns", "compute_ns", "comm_ns", "overlap_ns",
+                                         "exposed_comm_ns", "other_ns", "idle_ns")}
+    assert got == {"step_ns": 3000, "compute_ns": 1450, "comm_ns": 1000, "overlap_ns": 650,
+                   "exposed_comm_ns": 350, "other_ns": 0, "idle_ns": 1200}
+
+
+def test_fsdp2_prefetch_on_gpu(tmp_path):
+    """One row per CPU ``FSDP::all_gather (<fqn>)`` (the gpu_user_annotation mirrors on the
+    streams are not issues); each paired with the NCCL kernel its span launched; need = ready
+    time of the copy-out kernel on s7 = max(its launch, end of the previous op on s7).
+
+    layers.0 fwd: issue 30, AG 100..300; copy-out launched 105, previous s7 op (embedding) ends
+        150 -> need 150, slack -150 (s7 waited 150..300); hidden: embedding 100..150 -> 50/200.
+    layers.1 fwd: issue 210, AG 300..500; copy-out launched 280, previous s7 op gemm ends 700 ->
+        need 700, slack +200; hidden: copy-out 300..320 + gemm 320..500 -> 200/200.
+    layers.1 bwd: issue 1020, AG 1050..1250; copy-out launched 1097, s7 idle since 900 ->
+        need 1097, slack -153; hidden 0 (s7 idle 900..1250).
+    layers.0 bwd (inside FSDP::backward_prefetch -> prefetched): issue 1070, AG 1250..1450;
+        copy-out launched 1220, previous s7 op gemm ends 1600 -> need 1600, slack +150;
+        hidden 1250..1450 fully (copy-out + gemm) -> 200/200.
+    """
+    ev = load("fsdp2", tmp_path).ranks[0].events
+    t = prefetch.prefetch_table(ev, rank=0)
+    assert list(zip(t["phase"], t["unit"], t["prefetched"])) == [
+        ("forward", "layers.0", False), ("forward", "layers.1", False),
+        ("backward", "layers.1", False), ("backward", "layers.0", True)]
+    us = lambda col: [int(v) // US for v in t[col]]  # noqa: E731
+    assert us("issued_ns") == [30, 210, 1020, 1070]
+    assert us("comm_start_ns") == [100, 300, 1050, 1250]
+    assert us("finished_ns") == [300, 500, 1250, 1450]
+    assert us("need_ns") == [150, 700, 1097, 1600]
+    assert us("slack_ns") == [-150, 200, -153, 150]
+    assert us("hidden_ns") == [50, 200, 0, 200]
+    assert list(t["hidden_frac"]) == [pytest.approx(0.25), 1.0, 0.0, 1.0]
+    s = prefetch.prefetch_summary(t)
+    assert (s["all_gathers"], s["prefetched"], s["late"]) == (4, 1, 2)
+    assert (s["comm_ns"], s["hidden_ns"], s["wait_ns"]) == (800 * US, 450 * US, 303 * US)
+
+
+def test_fsdp1_prefetch_on_gpu(tmp_path):
+    """FSDP1: one issue per *outermost* all_gather enqueue (c10d::_allgather_base_ holds
+    record_param_comms holds nccl:_all_gather_base: one issue, not three); need = ready time of
+    the first compute kernel launched after the consuming pre-hook returned.
+
+    fwd #0: issue 20 in _pre_forward 10..100, AG 100..250; first compute launched after 100 is
+        the gemm launched 110 (previous s7 op ends 60) -> need 110, slack -140; hidden 0.
+    fwd #1: issue 75 in _pre_forward_prefetch, AG 250..400; consumer hook = next _pre_forward
+        300..350, first compute launched after 350 at 360, previous s7 gemm ends 500 ->
+        need 500, slack +100; hidden: gemm 250..500 covers 250..400 -> 150/150.
+    bwd #0: issue 1010 in _pre_backward_hook 1000..1100, AG 1100..1300; gemm launched 1120,
+        s7 idle since 700 -> need 1120, slack -180; hidden 0.
+    """
+    ev = load("fsdp1", tmp_path).ranks[0].events
+    assert prefetch.detect_labels(ev) == "fsdp1"
+    t = prefetch.prefetch_table(ev, rank=0)
+    assert list(zip(t["phase"], t["unit"], t["prefetched"])) == [
+        ("forward", "#0", False), ("forward", "#1", True), ("backward", "#0", False)]
+    us = lambda col: [int(v) // US for v in t[col]]  # noqa: E731
+    assert us("issued_ns") == [20, 75, 1010]
+    assert us("finished_ns") == [250, 400, 1300]
+    assert us("need_ns") == [110, 500, 1120]
+    assert us("slack_ns") == [-140, 100, -180]
+    assert us("hidden_ns") == [0, 150, 0]
+
+
+def test_fsdp1_breakdown(tmp_path):
+    """K: 10..60 + 250..700 + 1300..1500 = 700; C: 100..400 + 1100..1300 + 1500..1600 = 600;
+    C ∩ K = 250..400 = 150; exposed 450; idle = 2000 - 700 - 450 = 850."""
+    bd = api.breakdown(load("fsdp1", tmp_path)).iloc[0]
+    assert [int(bd[c]) // US for c in ("compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns")] \
+        == [700, 600, 150, 450, 850]
+
+
+def test_memory_summary_from_parquet():
+    """memory.parquet (build.py memory_rows, MiB): rank 0 live = parameter 64 + 32, unknown
+    16 + 8 (inactive 128 and pending-free 4 are not live); rank 1 live = parameter 48,
+    unknown 24."""
+    MIB = 1 << 20
+    mem = memory.read_memory(FIX / "memory" / "memory.parquet")
+    cat = memory.memory_by_category(mem)
+    assert [(r.rank, r.category, r.blocks, r.bytes // MIB) for r in cat.itertuples()] == [
+        (0, "parameter", 2, 96), (0, "unknown", 2, 24), (1, "parameter", 1, 48), (1, "unknown", 1, 24)]
+    big = memory.largest_allocations(mem, n=2)
+    assert [(r.rank, r.block_size_bytes // MIB) for r in big.itertuples()] == [(0, 64), (0, 32), (1, 48), (1, 24)]
+    assert big["top_frame"].iloc[3] == "/repo/tracer/model.py:40:forward"
+
+
+def test_cuda_peaks_from_steps():
+    """steps.parquet (build.py steps_rows, MiB): max allocated rank 0 = max(300, 420, 410) =
+    420, rank 1 = max(280, 400, 430) = 430; reserved 640 / 576; run peak = 430 (CUDA wins over
+    the profiler's 64)."""
+    MIB = 1 << 20
+    peaks = memory.rank_peaks(memory.read_steps(FIX / "memory" / "steps.parquet"))
+    assert [int(v) // MIB for v in peaks["cuda_max_allocated_bytes"]] == [420, 430]
+    assert [int(v) // MIB for v in peaks["cuda_max_reserved_bytes"]] == [640, 576]
+    assert memory.peak_allocated_bytes(peaks) == 430 * MIB
+
+
+def test_traces_are_valid_json_with_nccl_info():
+    for name in ("overlap", "fsdp2", "fsdp1"):
+        data = json.loads((FIX / name / "rank0.trace.json").read_text())
+        assert data["distributedInfo"]["backend"] == "nccl"
