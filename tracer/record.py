@@ -46,6 +46,18 @@ def resolve_device_type(device: str) -> str:
     return device
 
 
+def check_gpus(configs: list[RecordConfig], gpu_count: int) -> None:
+    """Before anything is written: every config's ranks fit this machine's GPUs (one process
+    per GPU with NCCL; ``devices.check_ranks_fit``). ``configs`` carry a resolved device.
+    Raises ``ValueError`` with one line (the CLI exits 2)."""
+    from tracer import devices
+
+    for cfg in configs:
+        backend = devices.resolve_backend(cfg.backend, cfg.device)
+        devices.check_ranks_fit(local_world_size=cfg.world_size, backend=backend,
+                                device_type=cfg.device, gpu_count=gpu_count)
+
+
 def _place(src: Path, dst: Path) -> None:
     """Hard-link ``src`` to ``dst`` (copy across filesystems)."""
     dst.unlink(missing_ok=True)
@@ -71,6 +83,10 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
 
     device_type = resolve_device_type(configs[0].device)
     configs = [replace(c, device=device_type) for c in configs]
+    if device_type == "cuda":
+        import torch
+
+        check_gpus(configs, torch.cuda.device_count())
     for cfg in configs:
         try:
             clear_run_dir(cfg.run_dir)

@@ -152,3 +152,32 @@ def test_converter_on_torch_shaped_snapshot(tmp_path):
     assert rows[0]["top_frame"] == "/repo/tracer/model.py:40:forward"
     assert rows[3]["top_frame"] is None and rows[1]["top_frame"] is None
     assert {r["rank"] for r in rows} == {1}
+
+
+def test_launcher_refuses_more_nccl_ranks_than_gpus_before_writing(tmp_path):
+    from tracer.record import check_gpus, expand
+
+    configs = expand("all", None, nproc=2, device="cuda", out=str(tmp_path))
+    with pytest.raises(ValueError, match=r"^--nproc 2: NCCL needs one GPU per rank and this machine has 1 visible GPU;"):
+        check_gpus(configs, gpu_count=1)
+    check_gpus(configs, gpu_count=2)  # fits
+    check_gpus(expand("all", None, nproc=2, device="cuda", backend="gloo", out=str(tmp_path)), gpu_count=1)
+    check_gpus(expand("all", None, nproc=1, device="cuda", out=str(tmp_path)), gpu_count=1)
+    assert list(tmp_path.iterdir()) == []  # the check writes nothing
+
+
+def test_cli_one_line_exit_2_when_ranks_exceed_gpus(tmp_path, monkeypatch):
+    """The CLI path with a fake one-GPU machine: one line on stderr, exit 2, no run dir."""
+    from typer.testing import CliRunner
+
+    from tracer.cli import app
+
+    FakeCuda(1).install(monkeypatch)
+    monkeypatch.delenv("RANK", raising=False)
+    res = CliRunner().invoke(app, ["record", "--strategy", "ddp", "--nproc", "2", "--device", "cuda",
+                                   "--out", str(tmp_path / "t")])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert lines == ["tracer: --nproc 2: NCCL needs one GPU per rank and this machine has 1 visible GPU; "
+                     "use --nproc 1 or --backend gloo"]
+    assert not (tmp_path / "t").exists()
