@@ -36,6 +36,28 @@ COLUMNS = ["rank", "step", "step_start_ns", "step_ns", "compute_ns", "comm_ns", 
 _OTHER_CPU = ("other", "comm_enqueue", "memcpy", "memset", "sync")
 
 
+class _Cols:
+    """The columns the breakdown reads, as numpy arrays (rows selected without pandas)."""
+
+    __slots__ = ("role", "gpu", "s", "e", "tid", "paired", "kind")
+
+    def __init__(self, ev: pd.DataFrame, *, kinds: bool = False):
+        self.role = ev["role"].to_numpy().astype(object)
+        self.gpu = ev["is_gpu"].to_numpy()
+        self.s = ev["ts_ns"].to_numpy()
+        self.e = ev["end_ns"].to_numpy()
+        self.tid = ev["tid"].astype(str).to_numpy()
+        self.paired = ev["paired_row"].to_numpy() if "paired_row" in ev.columns else None
+        self.kind = ev["coll_kind"].to_numpy().astype(object) if kinds else None
+
+    def take(self, idx: np.ndarray) -> "_Cols":
+        out = object.__new__(_Cols)
+        for k in _Cols.__slots__:
+            v = getattr(self, k)
+            setattr(out, k, None if v is None else v[idx])
+        return out
+
+
 def step_sets(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int, hi: int,
               all_end_ns: np.ndarray | None = None
               ) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals]:
@@ -43,10 +65,13 @@ def step_sets(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int,
 
     ``all_end_ns``: end_ns of the rank's whole event table (``paired_row`` indexes it), needed
     on CPU ranks for the wait rule; None means ``ev`` is the whole table."""
-    role = ev["role"].to_numpy().astype(object)
-    gpu = ev["is_gpu"].to_numpy()
-    s = ev["ts_ns"].to_numpy()
-    e = ev["end_ns"].to_numpy()
+    c = _Cols(ev)
+    return _sets(c, device_kind, main_tid, lo, hi, c.e if all_end_ns is None else all_end_ns)
+
+
+def _sets(c: _Cols, device_kind: str, main_tid: str | None, lo: int, hi: int,
+          all_end_ns: np.ndarray) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals]:
+    role, gpu, s, e = c.role, c.gpu, c.s, c.e
 
     def pick(mask):
         return iv.clip(iv.merge(s[mask], e[mask]), lo, hi)
@@ -59,21 +84,17 @@ def step_sets(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int,
     comm = pick(role == "comm")
     comp = pick(role == "compute")
     if main_tid is not None:
-        tid = ev["tid"].astype(str).to_numpy()
-        enq = (role == "comm_enqueue") & (tid == main_tid)
+        enq = (role == "comm_enqueue") & (c.tid == main_tid)
         comp = iv.subtract(comp, pick(enq))
-        ends = ev["end_ns"].to_numpy() if all_end_ns is None else all_end_ns
-        comp = iv.subtract(comp, iv.clip(_waits(ev, enq, role == "compute", ends), lo, hi))
+        comp = iv.subtract(comp, iv.clip(_waits(c, enq, role == "compute", all_end_ns), lo, hi))
     other = pick(~gpu & np.isin(role, _OTHER_CPU))
     return comm, comp, other
 
 
-def _waits(ev: pd.DataFrame, enq: np.ndarray, main_ops: np.ndarray, all_end_ns: np.ndarray
+def _waits(c: _Cols, enq: np.ndarray, main_ops: np.ndarray, all_end_ns: np.ndarray
            ) -> iv.Intervals:
     """Main-thread waiting for paired gloo collectives (module docstring)."""
-    paired = ev["paired_row"].to_numpy()
-    s = ev["ts_ns"].to_numpy()
-    e = ev["end_ns"].to_numpy()
+    paired, s, e = c.paired, c.s, c.e
     ops_s, ops_e = s[main_ops], e[main_ops]
     ws, we = [], []
     for i in np.flatnonzero(enq & (paired >= 0)):
@@ -95,12 +116,15 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
                    main_tid: str | None) -> pd.DataFrame:
     """Breakdown rows (COLUMNS) of one rank; ``steps`` holds step, start_ns, end_ns."""
     rows = []
-    groups = events.groupby("step", sort=False).indices
-    all_end = events["end_ns"].to_numpy()
+    cols = _Cols(events)
+    step_col = events["step"].to_numpy()
+    order = np.argsort(step_col, kind="stable")  # rows of each step, in table order
+    keys, first = np.unique(step_col[order], return_index=True)
+    bounds = dict(zip(keys.tolist(), zip(first.tolist(), [*first[1:].tolist(), len(order)])))
     for st, lo, hi in steps[["step", "start_ns", "end_ns"]].itertuples(index=False):
-        idx = groups.get(st)
-        ev = events.iloc[idx] if idx is not None else events.iloc[:0]
-        comm, comp, other = step_sets(ev, device_kind, main_tid, int(lo), int(hi), all_end)
+        a, b = bounds.get(int(st), (0, 0))
+        c = cols.take(order[a:b])
+        comm, comp, other = _sets(c, device_kind, main_tid, int(lo), int(hi), cols.e)
         step_ns = int(hi - lo)
         compute_ns = iv.measure(comp)
         comm_ns = iv.measure(comm)
