@@ -12,7 +12,7 @@ from typing import Annotated, Callable, TypeVar
 
 import typer
 
-from analyzer.errors import EXIT_INTERNAL, ParityTraceError
+from analyzer.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, ParityTraceError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Analyse paritytrace run directories or any PyTorch profiler traces.")
@@ -59,8 +59,23 @@ _register_commands()
 
 def main() -> None:
     """Console-script entry point."""
+    try:  # typer >= 0.2x ships its own copy of click; its exceptions are these
+        from typer._click import exceptions as ce
+    except ImportError:  # older typer: plain click
+        from click import exceptions as ce
+
     try:
-        app()
+        rc = app(standalone_mode=False)
+    except ce.NoArgsIsHelpError as exc:  # bare `analyzer [CMD]`: show the help
+        typer.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except ce.UsageError as exc:  # bad option / argument: one line, exit 2
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+        typer.echo(f"analyzer: {exc.format_message()}{where}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except typer.Abort:
+        typer.echo("analyzer: interrupted", err=True)
+        sys.exit(130)
     except SystemExit:
         raise
     except Exception as exc:  # a bug, not bad input: say so, keep the traceback behind --debug
@@ -69,6 +84,7 @@ def main() -> None:
         typer.echo(f"analyzer: internal error: {type(exc).__name__}: {exc} "
                    "(rerun with --debug and report it)", err=True)
         sys.exit(EXIT_INTERNAL)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

@@ -260,6 +260,11 @@ def assign_ranks(files: list[ParsedFile]) -> tuple[list[tuple[int, str, ParsedFi
                                  "put only one job's traces in the folder"))
     elif sizes:
         world = next(iter(sizes))
+        beyond = [(r, f) for r, _, f in out if r >= world]
+        if beyond:
+            problems.append(BadInput(", ".join(str(f.path) for _, f in beyond), "rank_out_of_range",
+                                     f"rank {', '.join(str(r) for r, _ in beyond)} but world size "
+                                     f"{world}", "put only one job's traces in the folder"))
     return sorted(out, key=lambda t: t[0]), world, problems
 
 

@@ -347,6 +347,10 @@ def check_run(run_dir: Path | str, manifest: dict[str, Any] | None, *, rtol: flo
         return ParityResult(status="not_recorded", tolerance=None,
                             reason="no manifest: foreign traces carry no numerics to check")
     precision = manifest.get("precision")
+    for name, value in (("--rtol", rtol), ("--atol", atol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise BadInput(name, "bad_tolerance", f"must be a finite number >= 0, got {value!r}",
+                           "pass e.g. --rtol 1e-5 (or leave it out for the precision's default)")
     try:
         tol = tolerance_for(str(precision), rtol=rtol, atol=atol)
     except ValueError as exc:
