@@ -104,19 +104,30 @@ def cache_path(trace: Path, key: str) -> Path:
     return Path(base) / "paritytrace" / f"{key}.parsed.parquet"
 
 
-def parse_file(path: Path, *, use_cache: bool = True) -> ParsedFile:
-    """Decode + classify one trace, through the cache. Raises ``BadInput``."""
-    from analyzer.classify import classify
-    from analyzer.decode import decode_bytes, decompress
-
+def read_raw(path: Path) -> bytes:
+    """The bytes of the trace file at ``path``. Raises ``BadInput`` (``unreadable``)."""
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})",
                        "check the path and its permissions") from None
-    key = content_key(raw)
+
+
+def parse_file(path: Path, *, use_cache: bool = True) -> ParsedFile:
+    """Decode + classify one trace, through the cache. Raises ``BadInput``."""
+    raw = read_raw(path)
+    return parse_raw(path, raw, content_key(raw), read_cache=use_cache, write_cache=use_cache)
+
+
+def parse_raw(path: Path, raw: bytes, key: str, *, read_cache: bool,
+              write_cache: bool) -> ParsedFile:
+    """``parse_file`` on the file's bytes ``raw`` already read, whose ``content_key`` is
+    ``key``. Raises ``BadInput``."""
+    from analyzer.classify import classify
+    from analyzer.decode import decode_bytes, decompress
+
     cpath = cache_path(path, key)
-    if use_cache:
+    if read_cache:
         hit = _read_cache(cpath, key, path)
         if hit is not None:
             return hit
@@ -133,7 +144,7 @@ def parse_file(path: Path, *, use_cache: bool = True) -> ParsedFile:
                         device_kind=info["device_kind"], main_tid=info["main_tid"],
                         whole_trace_mode=info["whole_trace_mode"], steps=info["steps"],
                         warnings=dec.warnings)
-    if use_cache:
+    if write_cache:
         _write_cache(cpath, key, parsed)
     return parsed
 
@@ -188,18 +199,22 @@ def _parse_worker(path: Path) -> ParsedFile | tuple[str, str, str, str]:
         return (exc.path, exc.reason, exc.message, exc.fix)
 
 
-def parse_files(paths: list[Path], jobs: int | None) -> tuple[list[ParsedFile], list[BadInput]]:
+def parse_files(paths: list[Path], jobs: int | None, *, worker=None
+                ) -> tuple[list[ParsedFile], list[BadInput]]:
     """Parse every file, in ``jobs`` processes (default min(cpu count, files)).
 
-    Returns the parsed files and the problems (``BadInput``), so that all are reported."""
+    ``worker`` (default: ``parse_file`` through the cache) maps a path to a result or to a
+    BadInput's (path, reason, message, fix) tuple; ``analyzer/tables.py`` passes its own.
+    Returns the results and the problems (``BadInput``), so that all are reported."""
+    worker = worker or _parse_worker
     jobs = jobs or min(os.cpu_count() or 1, len(paths))
     if jobs <= 1 or len(paths) <= 1:
-        results = [_parse_worker(p) for p in paths]
+        results = [worker(p) for p in paths]
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(_parse_worker, paths))
-    ok = [r for r in results if isinstance(r, ParsedFile)]
-    bad = [BadInput(*r) for r in results if not isinstance(r, ParsedFile)]
+            results = list(pool.map(worker, paths))
+    ok = [r for r in results if not isinstance(r, tuple)]
+    bad = [BadInput(*r) for r in results if isinstance(r, tuple)]
     return ok, bad
 
 
@@ -311,9 +326,10 @@ def _is_run_dir(root: Path) -> bool:
     return any((root / n).exists() for n in (MANIFEST_NAME, NUMERICS_NAME, STEPS_NAME))
 
 
-def load_traceset(root: Path, *, allow_incomplete: bool = False, jobs: int | None = None):
-    """Implementation of ``analyzer.api.load_traces`` (see there)."""
-    from analyzer.api import RankTrace, TraceSet
+def discover_paths(root: Path, *, allow_incomplete: bool
+                   ) -> tuple[dict[str, Any] | None, list[str], list[Path]]:
+    """(manifest or None, notes, trace files) of ``root`` (see ``api.load_traces``). Raises
+    ``BadInput``."""
     from analyzer.schemas import MANIFEST_NAME, SchemaError, read_manifest
 
     if not root.exists():
@@ -342,7 +358,16 @@ def load_traceset(root: Path, *, allow_incomplete: bool = False, jobs: int | Non
             what = "rank*.trace.json.gz" if run_dir else "*.json / *.json.gz trace"
             raise BadInput(root, "empty", f"no {what} files in the folder",
                            "point at a folder of PyTorch profiler traces")
-    files, problems = parse_files(paths, jobs)
+    return manifest, notes, paths
+
+
+def resolve_ranks(root: Path, files: list, problems: list[BadInput],
+                  manifest: dict[str, Any] | None) -> tuple[list[tuple[int, str, Any]], int]:
+    """Rank rule over parsed ``files`` (anything with ``path`` and ``distributed_info``) and the
+    world size (traces, else manifest, else the ranks seen). Raises every problem of the folder
+    (``problems`` from parsing plus the rank rule's) as one ``BadInput``."""
+    from analyzer.schemas import MANIFEST_NAME
+
     assigned, world, more = assign_ranks(files) if files else ([], None, [])
     problems += more
     if problems:
@@ -359,6 +384,16 @@ def load_traceset(root: Path, *, allow_incomplete: bool = False, jobs: int | Non
         world = manifest["world_size"]
     if world is None:
         world = max(len(assigned), max(r for r, _, _ in assigned) + 1)
+    return assigned, world
+
+
+def load_traceset(root: Path, *, allow_incomplete: bool = False, jobs: int | None = None):
+    """Implementation of ``analyzer.api.load_traces`` (see there)."""
+    from analyzer.api import RankTrace, TraceSet
+
+    manifest, notes, paths = discover_paths(root, allow_incomplete=allow_incomplete)
+    files, problems = parse_files(paths, jobs)
+    assigned, world = resolve_ranks(root, files, problems, manifest)
     ranks = []
     for r, source, f in assigned:
         ws = (f.distributed_info or {}).get("world_size")
