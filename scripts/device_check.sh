@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# One-command GPU check (issue 7): record single + every distributed strategy at the largest
+# NCCL world size this machine allows (one rank per GPU; 1 GPU: world size 1, which still runs
+# all_gather / reduce_scatter kernels on the NCCL stream), then a bigger model (hidden 4096,
+# bf16), run `analyzer report` on everything and print the report. Everything goes under OUTDIR.
+#
+#   scripts/device_check.sh OUTDIR
+#
+# Needs python3 with torch (CUDA build), pandas, pyarrow, typer, rich, safetensors; no internet.
+# msgspec (the analyzer's trace decoder) may be missing on a GPU image: put its wheel (and any
+# other missing wheel) in <repo>/.whl/ and this script installs them offline into
+# OUTDIR/.site first (see README "GPU"). The project itself is used from the checkout via
+# PYTHONPATH, never installed.
+#
+# Environment (defaults are the GPU check; CI uses DEVICE=cpu with tiny shapes):
+#   DEVICE=cuda|cpu   NPROC (default: visible GPUs; cpu: 2)   HIDDEN=256 LAYERS=2 SEQ=128 BATCH
+#   BIG_HIDDEN=4096 BIG_LAYERS=2 BIG_SEQ=512 BIG_BATCH (0 = skip the big model)  STEPS_ACTIVE=3
+#   TIMEOUT=120 (collective timeout, s)
+set -euo pipefail
+[ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+OUTDIR="$(mkdir -p "$1" && cd "$1" && pwd)"
+DEVICE="${DEVICE:-cuda}"
+PY="${PYTHON:-python3}"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+
+if compgen -G "$REPO/.whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$OUTDIR/.site" "$REPO"/.whl/*.whl
+  export PYTHONPATH="$PYTHONPATH:$OUTDIR/.site"
+fi
+"$PY" - <<'PY' || { echo "device_check: a required package is missing (see README GPU: carry wheels in .whl/)" >&2; exit 2; }
+import importlib, sys
+missing = [m for m in ("torch", "pandas", "pyarrow", "typer", "rich", "msgspec", "safetensors")
+           if importlib.util.find_spec(m) is None]
+if missing:
+    print("device_check: missing python packages:", ", ".join(missing), file=sys.stderr)
+    sys.exit(1)
+PY
+
+if [ "$DEVICE" = cuda ]; then
+  GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')"
+  [ "$GPUS" -ge 1 ] || { echo "device_check: DEVICE=cuda but torch sees no GPU" >&2; exit 2; }
+  NPROC="${NPROC:-$GPUS}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+    > "$OUTDIR/nvidia-smi.txt" 2>&1 || true
+else
+  NPROC="${NPROC:-2}"
+fi
+HIDDEN="${HIDDEN:-256}"; LAYERS="${LAYERS:-2}"; SEQ="${SEQ:-128}"; BATCH="${BATCH:-$((4 * NPROC))}"
+BIG_HIDDEN="${BIG_HIDDEN:-4096}"; BIG_LAYERS="${BIG_LAYERS:-2}"; BIG_SEQ="${BIG_SEQ:-512}"
+BIG_BATCH="${BIG_BATCH:-$((2 * NPROC))}"; ACTIVE="${STEPS_ACTIVE:-3}"; TIMEOUT="${TIMEOUT:-120}"
+TRACES="$OUTDIR/traces"
+mkdir -p "$TRACES"
+
+"$PY" - "$OUTDIR/versions.json" <<'PY'
+import json, platform, sys, torch
+v = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+     "cuda_available": torch.cuda.is_available()}
+if torch.cuda.is_available():
+    v["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    v["cudnn"] = torch.backends.cudnn.version()
+    try:
+        n = torch.cuda.nccl.version()
+        v["nccl"] = ".".join(map(str, n)) if isinstance(n, tuple) else str(n)
+    except Exception as exc:  # report, do not stop the check
+        v["nccl"] = f"unavailable: {exc}"
+json.dump(v, open(sys.argv[1], "w"), indent=1)
+print("device_check:", json.dumps(v))
+PY
+
+record() {  # record NAME ARGS...: one `tracer record --strategy all`, log kept under OUTDIR
+  local name="$1"; shift
+  local t0=$SECONDS
+  echo "device_check: recording $name (nproc $NPROC, device $DEVICE) ..."
+  if ! "$PY" -m tracer record --strategy all --nproc "$NPROC" --device "$DEVICE" \
+      --active "$ACTIVE" --timeout "$TIMEOUT" --out "$TRACES" --name "$name" "$@" \
+      > "$OUTDIR/record-$name.log" 2>&1; then
+    cat "$OUTDIR/record-$name.log" >&2
+    echo "device_check: record $name FAILED" >&2
+    return 1
+  fi
+  echo "device_check: $name recorded in $((SECONDS - t0)) s"
+}
+
+status=0
+record small --hidden "$HIDDEN" --layers "$LAYERS" --seq "$SEQ" --batch "$BATCH" || status=1
+if [ "$BIG_BATCH" -gt 0 ]; then
+  record big --hidden "$BIG_HIDDEN" --layers "$BIG_LAYERS" --seq "$BIG_SEQ" --batch "$BIG_BATCH" \
+    --precision bf16 || status=1
+  # the baseline of the big model is GBs (weights, gradients, updated weights): the report
+  # reads numerics.parquet, not the baseline, so drop it to keep OUTDIR small
+  if [ "${KEEP_BASELINE:-0}" != 1 ]; then
+    find "$TRACES" -path "*big-*" -name baseline.safetensors -delete
+  fi
+fi
+
+echo "device_check: analyzer report $TRACES"
+rc=0
+"$PY" -m analyzer report "$TRACES" --out "$OUTDIR/report" > "$OUTDIR/report.stdout" 2>&1 || rc=$?
+cat "$OUTDIR/report.stdout"  # the report prints report.md
+echo "device_check: report exit code $rc (0 ranked, 3 parity gate withheld a run; see README)"
+[ "$status" -eq 0 ] || exit 1
+[ "$rc" -le 3 ] || exit "$rc"
+exit 0
