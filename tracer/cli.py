@@ -76,6 +76,8 @@ def record(
     under_torchrun = "RANK" in os.environ
     if under_torchrun and strategy == "all":
         _fail(EXIT_BAD_INPUT, "--strategy all: under torchrun record one strategy per torchrun command")
+    if under_torchrun and strategy != "single" and os.environ.get("WORLD_SIZE", "").isdigit():
+        options["nproc"] = int(os.environ["WORLD_SIZE"])  # torchrun's world size wins
     try:
         configs = expand(strategy, name, **options)
     except ValueError as exc:

@@ -18,11 +18,3 @@ def _record(tmp_path_factory, name: str, args: list[str]):
 def fp32_all(tmp_path_factory):
     """``tracer record --strategy all`` (fp32, tiny shapes): (out root, completed process)."""
     return _record(tmp_path_factory, "fp32", ["--strategy", "all"])
-
-
-@pytest.fixture(scope="session")
-def bf16_fsdp2(tmp_path_factory):
-    """``tracer record --strategy fsdp2 --precision bf16`` (tiny shapes). One strategy suffices:
-    the bf16 policy (autocast) is the same code for every strategy; fsdp2's sharded
-    reduce-scatter is the path furthest from the baseline."""
-    return _record(tmp_path_factory, "bf16", ["--strategy", "fsdp2", "--precision", "bf16"])

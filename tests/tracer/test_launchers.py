@@ -23,16 +23,23 @@ def _check(run_dir, nnodes):
     assert manifest["launch"]["nnodes"] == nnodes and manifest["world_size"] == 2
     assert sorted(p.name for p in run_dir.glob("rank*.trace.json.gz")) == [
         "rank0.trace.json.gz", "rank1.trace.json.gz"]
-    numerics = pd.read_parquet(run_dir / schemas.NUMERICS_NAME)
-    assert max(tensor_rel_l2(numerics, "grad").values()) < 1e-5
+    return manifest, pd.read_parquet(run_dir / schemas.NUMERICS_NAME)
 
 
-def test_torchrun_one_node(tmp_path):
-    proc, tag = run_tracer(["record", "--strategy", "fsdp", "--out", str(tmp_path)] + TINY, tmp_path,
-                           module=TORCHRUN + ["--nproc_per_node", "2", "-m", "tracer"])
+def test_torchrun_one_node_bf16_within_documented_tolerance(tmp_path):
+    """torchrun launch, and the bf16 policy (one record serves both: the autocast policy is the
+    same code for every strategy and launcher)."""
+    proc, tag = run_tracer(["record", "--strategy", "fsdp", "--precision", "bf16", "--out", str(tmp_path)]
+                           + TINY, tmp_path, module=TORCHRUN + ["--nproc_per_node", "2", "-m", "tracer"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    _check(tmp_path / "fsdp", nnodes=1)
+    manifest, numerics = _check(tmp_path / "fsdp", nnodes=1)
     assert alive_with_tag(tag) == []
+    rtol = schemas.TOLERANCES["bf16"]["rtol"]
+    assert manifest["precision"] == "bf16" and manifest["tolerance"]["rtol"] == rtol
+    grads = tensor_rel_l2(numerics, "grad")
+    assert max(grads.values()) < rtol
+    # bf16 rounding is visible (the policy is really applied), far above fp32's ~1e-7.
+    assert max(grads.values()) > 1e-4
 
 
 def test_torchrun_two_nodes_on_loopback(tmp_path):
@@ -52,4 +59,5 @@ def test_torchrun_two_nodes_on_loopback(tmp_path):
             node1.kill()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert node1.returncode == 0, err1[-3000:]
-    _check(tmp_path / "ddp", nnodes=2)
+    _, numerics = _check(tmp_path / "ddp", nnodes=2)
+    assert max(tensor_rel_l2(numerics, "grad").values()) < 1e-5

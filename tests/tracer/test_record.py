@@ -147,16 +147,3 @@ def test_baseline_shared_by_all_runs(fp32_all):
     digests = {hashlib.sha256((fp32_all[0] / s / "baseline.safetensors").read_bytes()).hexdigest()
                for s in schemas.STRATEGIES}
     assert len(digests) == 1
-
-
-def test_bf16_within_documented_tolerance(bf16_fsdp2):
-    run_dir = bf16_fsdp2[0] / "fsdp2"
-    manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
-    assert manifest["precision"] == "bf16"
-    rtol = schemas.TOLERANCES["bf16"]["rtol"]
-    assert manifest["tolerance"]["rtol"] == rtol
-    numerics = pd.read_parquet(run_dir / schemas.NUMERICS_NAME)
-    grads = tensor_rel_l2(numerics, "grad")
-    assert max(grads.values()) < rtol
-    # bf16 rounding is visible (the policy is really applied), far above fp32's ~1e-7.
-    assert max(grads.values()) > 1e-4
