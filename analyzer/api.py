@@ -115,6 +115,16 @@ def load_traces(path: Path | str, *, allow_incomplete: bool = False, jobs: int |
     return load_traceset(Path(path), allow_incomplete=allow_incomplete, jobs=jobs)
 
 
+def load_tables(path: Path | str, *, allow_incomplete: bool = False, jobs: int | None = None):
+    """Like ``load_traces``, but each rank's events are reduced, in the process that parses it,
+    to the tables the report needs (breakdown, collectives, prefetch, first-step timeline), and
+    those are cached beside the trace. Returns ``analyzer.tables.TraceTables``: no events held,
+    so memory follows the largest rank, not the sum. Same errors as ``load_traces``."""
+    from analyzer.tables import load_tables as _load
+
+    return _load(Path(path), allow_incomplete=allow_incomplete, jobs=jobs)
+
+
 def breakdown(ts: TraceSet) -> pd.DataFrame:
     """Per rank and step time breakdown.
 

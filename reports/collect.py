@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer import api, compare, memory, parity, prefetch, rundirs, schemas
+from analyzer.collectives import by_kind
 from analyzer.fswalk import entries
 
 log = logging.getLogger(__name__)
@@ -57,9 +58,10 @@ def _parity_dict(res: parity.ParityResult) -> dict[str, Any]:
     }
 
 
-def _trace_part(ts: api.TraceSet) -> dict[str, Any]:
-    """Figures from the traces: ranks[], steps[] (bars), communication, overlap, timeline."""
-    bd = api.breakdown(ts)
+def _trace_part(ts) -> dict[str, Any]:
+    """Figures from the traces: ranks[], steps[] (bars), communication, overlap, timeline.
+    ``ts``: analyzer.tables.TraceTables (per-rank tables, no events: api.load_tables)."""
+    bd = ts.breakdown
     bd = bd[bd["step"] >= 0]
     out: dict[str, Any] = {"whole_trace_mode": ts.whole_trace_mode,
                            "rank_sources": sorted({r.rank_source for r in ts.ranks}),
@@ -81,7 +83,7 @@ def _trace_part(ts: api.TraceSet) -> dict[str, Any]:
     out["trace_step_ns"] = [int(v) for v in bd.groupby("step")["step_ns"].max().to_numpy()]
     out["steps"] = [{"step": int(s), **{c: _num(float(g[c].mean())) for c in ("step_ns", *BAR_PARTS)}}
                     for s, g in bd.groupby("step", sort=True)]
-    cbk = api.comm_by_kind(ts)
+    cbk = by_kind(ts.collectives)
     n = max(len(ts.ranks), 1)
     out["communication"] = {
         str(kind): {"count": _num(g["count"].sum() / n), "time_ns": _num(g["time_ns"].sum() / n),
@@ -92,16 +94,14 @@ def _trace_part(ts: api.TraceSet) -> dict[str, Any]:
     if len(bd):
         r0 = int(bd["rank"].min())
         first = bd[bd["rank"] == r0].sort_values("step").iloc[0]
-        tl = api.timeline(ts, r0, int(first["step"]))
+        tl = ts.timeline(r0, int(first["step"]))
         t0 = int(first["step_start_ns"])
         out["timeline"] = {"rank": r0, "step": int(first["step"]), "step_ns": int(first["step_ns"]),
                            "intervals": [{"lane": str(r.lane), "kind": str(r.kind or ""),
                                           "start_ns": int(r.start_ns) - t0, "end_ns": int(r.end_ns) - t0}
                                          for r in tl.itertuples()]}
-    pf_tables = [prefetch.prefetch_table(r.events, rank=r.rank) for r in ts.ranks]
-    pf_tables = [t for t in pf_tables if not t.empty]
-    if pf_tables:
-        pf = pd.concat(pf_tables, ignore_index=True)
+    if not ts.prefetch.empty:
+        pf = ts.prefetch
         summary = prefetch.prefetch_summary(pf)
         units = (pf.groupby(["phase", "unit"], sort=False)
                  .agg(n=("rank", "size"), prefetched=("prefetched", "mean"),
@@ -151,7 +151,7 @@ def collect_run(run: rundirs.RunDir, *, rtol: float | None, atol: float | None,
     entry["traces"] = [str(p) for p in traces]
     trace_part: dict[str, Any] = {}
     if traces:
-        ts = api.load_traces(run.path, allow_incomplete=allow_incomplete)
+        ts = api.load_tables(run.path, allow_incomplete=allow_incomplete)
         trace_part = _trace_part(ts)
         if entry["world_size"] is None:
             entry["world_size"] = ts.world_size
