@@ -291,7 +291,8 @@ def _divergence(row: pd.Series, kind: str, tol: Tolerance) -> dict[str, Any]:
 def describe_divergence(div: dict[str, Any]) -> str:
     """One line: ``grad layers.0.attn.weight (step 0): max |diff| 3e-3 > limit 1e-5, rel L2 2e-2``."""
     where = f"{div['kind']} {div['tensor']} (step {div['step']})"
-    if div["nonfinite"] and div["nonfinite"] > 0 or not math.isfinite(div["max_abs_diff"]):
+    if div["nonfinite"] and div["nonfinite"] > 0 or not all(
+            math.isfinite(div[k]) for k in ("max_abs_diff", "rel_l2", "limit")):
         return f"{where} has NaN/inf values"
     return (f"{where}: max |diff| {div['max_abs_diff']:.3g} > limit {div['limit']:.3g} "
             f"(atol {div['tolerance']['atol']:.3g} + rtol {div['tolerance']['rtol']:.3g} x max |ref|), "

@@ -27,6 +27,10 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
 
     from analyzer.errors import BadInput
 
+    if not root.is_dir():
+        from analyzer import rundirs
+
+        rundirs.discover(root)  # raises the one-line BadInput: missing, or a file, not a folder
     out = out or root / "report"
     # Folders marked read-only (e.g. a shared corpus) stay untouched even for root, who would
     # pass os.access: look at the mode bits of the nearest existing folder.

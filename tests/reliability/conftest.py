@@ -1,0 +1,76 @@
+"""Shared inputs of the reliability tests: real corpus traces and one real tracer run directory,
+corrupted copy by copy in tmp_path (never in place), and a CLI runner that checks the one-line
+error contract of issue 5."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).parents[2] / ".." / "shared" / "corpus"
+DLRM = CORPUS / "dlrm_ddp_8rank_v100"
+TBPLUGIN = CORPUS / "tbplugin_2rank"
+TINY = ["--strategy", "ddp", "--hidden", "32", "--layers", "1", "--seq", "16", "--warmup", "0",
+        "--active", "2"]
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"corpus file {path} not present")
+    return path
+
+
+@pytest.fixture(scope="session")
+def ddp_run(tmp_path_factory) -> Path:
+    """A real 2-rank gloo DDP run directory written by `tracer record` (read-only by convention:
+    tests copy it with ``copy_run``)."""
+    out = tmp_path_factory.mktemp("rel") / "traces"
+    proc = subprocess.run([sys.executable, "-m", "tracer", "record", *TINY, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "ddp"
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    """Copy a run directory without the analyzer's parse caches."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.parsed.parquet", "report"))
+    return dst
+
+
+def load(path: Path) -> dict:
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+
+
+def save(path: Path, trace: dict | bytes) -> Path:
+    data = trace if isinstance(trace, bytes) else json.dumps(trace).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+    return path
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """Run the real console entry point (so internal errors and usage errors take the same path
+    a user sees)."""
+    return subprocess.run([sys.executable, "-m", "analyzer", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def bad_input(proc: subprocess.CompletedProcess, *must: str) -> str:
+    """Assert the issue-5 contract for one problem: exit 2, no traceback, exactly one line on
+    stderr that starts with ``analyzer:`` and holds every string in ``must``. Returns it."""
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    assert len(lines) == 1, proc.stderr
+    line = lines[0]
+    assert line.startswith("analyzer: ")
+    for m in must:
+        assert m in line, (m, line)
+    return line
