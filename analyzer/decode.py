@@ -287,6 +287,17 @@ def _categorical(values: list[str]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(list(codes_of), dtype="str"))
 
 
+def _take(c: pd.Categorical, codes: np.ndarray) -> pd.Categorical:
+    """Categorical of ``c``'s values at positions ``codes``, with only the categories used, in
+    order of first use (as ``_categorical`` of the expanded list would give)."""
+    row = c.codes[codes]
+    used, first = np.unique(row, return_index=True)
+    used = used[np.argsort(first)]
+    remap = np.full(len(c.categories), -1, np.int32)
+    remap[used] = np.arange(len(used), dtype=np.int32)
+    return pd.Categorical.from_codes(remap[row], categories=c.categories[used])
+
+
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
@@ -354,8 +365,16 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
     else:
         names = [_as_str(e.name) or "" for e in xs]
         cats = [_as_str(e.cat) or "" for e in xs]
-    pids = [str(e.pid) for e in xs]
-    tids = [str(e.tid) for e in xs]
+    # (pid, tid) coded in one pass; pid, tid and thread_name columns come from the pairs
+    pair_of: dict[Any, int] = {}
+    if strict:  # int | str: hashable, and str() of each distinct pair only
+        gen = (pair_of.setdefault((e.pid, e.tid), len(pair_of)) for e in xs)
+    else:
+        gen = (pair_of.setdefault((str(e.pid), str(e.tid)), len(pair_of)) for e in xs)
+    pair_codes = np.fromiter(gen, np.int32, count=len(xs))
+    u_pid = [str(p) for p, _ in pair_of]
+    u_tid = [str(t) for _, t in pair_of]
+    u_tn = [thread_names.get(pt, "") for pt in zip(u_pid, u_tid)]
     no_args = _Args()
     args = [e.args if e.args is not None else no_args for e in xs]
     ext = corr = None
@@ -383,7 +402,7 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
         if type(s) is int:
             stream[i] = _as_int(s)
         else:
-            t = tids[i].removeprefix("stream").strip()
+            t = u_tid[pair_codes[i]].removeprefix("stream").strip()
             stream[i] = int(t) if t.isascii() and t.isdigit() and len(t) < 19 else -1
 
     # collective arguments: only comm-related rows carry them; parse shapes for those only
@@ -415,12 +434,11 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
         if a.input_dims is not _NULL:
             shape_numel[i], shape_bytes[i] = _shape(a.input_dims, a.input_type)
 
-    tn = [thread_names.get((p, t), "") for p, t in zip(pids, tids)] if thread_names else [""] * n
     df = pd.DataFrame({
         "name": name_c,
         "cat": cat_c,
-        "pid": _categorical(pids),
-        "tid": _categorical(tids),
+        "pid": _take(_categorical(u_pid), pair_codes),
+        "tid": _take(_categorical(u_tid), pair_codes),
         "ts_ns": ts,
         "dur_ns": dur,
         "end_ns": ts + dur,
@@ -428,7 +446,7 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
         "stream": stream,
         "correlation": corr,
         "external_id": ext,
-        "thread_name": _categorical(tn),
+        "thread_name": _take(_categorical(u_tn), pair_codes),
         "coll_name": coll_name,
         "dtype": dtype,
         "pg": pg,
