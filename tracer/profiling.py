@@ -12,6 +12,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from tracer.config import RecordConfig
 from tracer.rundir import tmp_path
+from tracer.trace_names import name_tracks
 
 
 def activities(device_type: str) -> list[ProfilerActivity]:
@@ -26,6 +27,8 @@ class OneShotExport:
     """``on_trace_ready`` handler: exports the trace once, atomically, to ``path`` (.json.gz).
 
     ``export_chrome_trace`` gzips when the name ends in ``.gz``; the temp name keeps that suffix.
+    Every track is then named once (tracer/trace_names.py), so the trace passes the structural
+    check's naming rules (analyzer/chrome_check.py).
     A second call raises ``RuntimeError`` (the schedule has ``repeat=1``, so it never should).
     """
 
@@ -45,6 +48,8 @@ class OneShotExport:
             raise RuntimeError(f"{self.path}: trace already exported once")
         tmp = tmp_path(self.path)
         prof.export_chrome_trace(str(tmp))
+        trace = name_tracks(json.loads(gzip.decompress(tmp.read_bytes())))
+        tmp.write_bytes(gzip.compress(json.dumps(trace).encode("utf-8"), compresslevel=6))
         os.replace(tmp, self.path)
         self.exported = True
 

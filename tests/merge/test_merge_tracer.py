@@ -40,8 +40,6 @@ def test_tracer_traces_pass_the_structural_check(ddp_run):
         assert check_file(path, strict_names=False) == [], path.name
 
 
-@pytest.mark.xfail(strict=True, reason="Kineto writes no process_name for its 'Spans'/'Traces' pids and "
-                   "names gloo threads twice; the tracer does not add them yet")
 def test_tracer_traces_name_every_track(ddp_run):
     for path in sorted(ddp_run.glob("rank*.trace.json.gz")):
         assert check_file(path) == [], path.name
