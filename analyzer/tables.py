@@ -284,7 +284,13 @@ def load_tables(root: Path, *, allow_incomplete: bool = False, jobs: int | None 
     from analyzer.prefetch import COLUMNS as PF_COLUMNS
 
     manifest, notes, paths = discover_paths(root, allow_incomplete=allow_incomplete)
-    files, problems = parse_files(paths, jobs, worker=_tables_worker)
+    # valid caches (stat fast path) are read here; only the others go to worker processes
+    cached = {p: _cached(p) for p in paths}
+    misses = [p for p, hit in cached.items() if hit is None]
+    parsed, problems = parse_files(misses, jobs, worker=_tables_worker) if misses else ([], [])
+    by_path = {**{p: hit for p, hit in cached.items() if hit is not None},
+               **{f.path: f for f in parsed}}
+    files = [by_path[p] for p in paths if p in by_path]
     assigned, world = resolve_ranks(root, files, problems, manifest)
     ranks = []
     for r, source, f in assigned:
@@ -302,6 +308,15 @@ def load_tables(root: Path, *, allow_incomplete: bool = False, jobs: int | None 
     if out.missing_ranks:
         notes.append(f"{len(ranks)} of {world} ranks")
     return out
+
+
+def _cached(path: Path) -> RankTables | None:
+    """The tables of ``path`` from a cache whose stat signature matches, else None."""
+    try:
+        stat = _stat_sig(path)
+    except OSError:
+        return None
+    return _read_tables(tables_cache_path(path), path, None, stat)
 
 
 def _tables_worker(path: Path) -> RankTables | tuple[str, str, str, str]:
