@@ -12,7 +12,9 @@ above 8 the 8 tiled traces are reused for ranks r, r+8, r+16 ... with their
 * HTA 0.5.0: ``TraceAnalysis(trace_dir=DIR)`` + ``get_comm_comp_overlap()`` as a subprocess
   (skipped with ``--no-hta``).
 
-Each command is measured for wall time and peak RSS of its whole process tree: the sum of the
+Each command is measured for wall time, CPU time (user + system of the process and its
+waited-for children, from ``wait4``: less sensitive than wall time to other load on the
+machine) and peak RSS of its whole process tree: the sum of the
 RSS of the process and all its descendants, polled every 10 ms with psutil (``peak tree``), and
 the largest single process as the kernel counts it (``ru_maxrss`` from ``wait4``, which covers
 the process and its waited-for children). Each measurement is repeated ``--repeat`` times and
@@ -64,9 +66,11 @@ print(json.dumps({int(r): float(p) for r, p in zip(df["rank"], df["comp_comm_ove
 
 @dataclass(slots=True)
 class Run:
-    """One measured command: wall seconds, peak tree RSS and largest single-process RSS."""
+    """One measured command: wall seconds, CPU seconds (user + system, the process and its
+    waited-for children), peak tree RSS and largest single-process RSS."""
 
     wall_s: float
+    cpu_s: float
     tree_rss_bytes: int
     max_proc_rss_bytes: int
     stdout: str
@@ -107,7 +111,7 @@ def measure(cmd: list[str], *, poll_s: float = 0.01) -> Run:
     stdout, stderr = out.read().decode(), err.read().decode()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {stderr.strip()[-2000:]}")
-    return Run(wall_s=wall, tree_rss_bytes=peak, max_proc_rss_bytes=ru.ru_maxrss * 1024,
+    return Run(wall_s=wall, cpu_s=ru.ru_utime + ru.ru_stime, tree_rss_bytes=peak, max_proc_rss_bytes=ru.ru_maxrss * 1024,
                stdout=stdout)
 
 
@@ -140,14 +144,17 @@ def build(dst: Path, *, k: int, ranks: int) -> int:
 
 
 def drop_caches(folder: Path) -> None:
-    """Remove the analyzer's Parquet caches beside the traces (cold run)."""
-    for p in folder.glob("*.parsed.parquet"):
-        p.unlink()
+    """Remove the analyzer's caches beside the traces (cold run): parsed events
+    (``*.parsed.parquet``) and per-rank tables (``*.tables.msgpack``)."""
+    for pattern in ("*.parsed.parquet", "*.tables.msgpack"):
+        for p in folder.glob(pattern):
+            p.unlink()
 
 
 def median_run(runs: list[Run]) -> Run:
     """Median of each figure independently (stdout of the last run)."""
     return Run(wall_s=statistics.median(r.wall_s for r in runs),
+               cpu_s=statistics.median(r.cpu_s for r in runs),
                tree_rss_bytes=int(statistics.median(r.tree_rss_bytes for r in runs)),
                max_proc_rss_bytes=int(statistics.median(r.max_proc_rss_bytes for r in runs)),
                stdout=runs[-1].stdout)
@@ -230,13 +237,15 @@ def main() -> None:
         ref = rows[-1][1] if hta else None
         print()
         print(f"| {args.ranks} ranks x {total / args.ranks / 1e6:.0f} MB (median of {args.repeat}) "
-              "| wall s | peak RSS, tree | largest process | wall vs HTA | RSS vs HTA |")
-        print("|---|---:|---:|---:|---:|---:|")
+              "| wall s | CPU s | peak RSS, tree | largest process | wall vs HTA | CPU vs HTA "
+              "| RSS vs HTA |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name, r in rows:
             ratio_w = f"{r.wall_s / ref.wall_s:.3f}" if ref else "-"
+            ratio_c = f"{r.cpu_s / ref.cpu_s:.3f}" if ref else "-"
             ratio_m = f"{r.tree_rss_bytes / ref.tree_rss_bytes:.3f}" if ref else "-"
-            print(f"| {name} | {r.wall_s:.2f} | {gib(r.tree_rss_bytes)} | "
-                  f"{gib(r.max_proc_rss_bytes)} | {ratio_w} | {ratio_m} |")
+            print(f"| {name} | {r.wall_s:.2f} | {r.cpu_s:.2f} | {gib(r.tree_rss_bytes)} | "
+                  f"{gib(r.max_proc_rss_bytes)} | {ratio_w} | {ratio_c} | {ratio_m} |")
         print()
         if hta:
             ours = {int(x["rank"]): 100.0 * x["overlap_frac"]
