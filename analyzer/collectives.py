@@ -39,8 +39,7 @@ def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.Dat
     op that launched it (GPU: the launch's enclosing comm op, gloo: the paired c10d op), -1
     when unknown.
     """
-    role = events["role"].to_numpy().astype(object)
-    idx = np.flatnonzero(role == "comm")
+    idx = np.flatnonzero(_is(events["role"], "comm"))
     ev = events.iloc[idx]
     pg = ev["pg"].fillna("").astype(str).to_numpy()
     gs = ev["group_size"].to_numpy().copy()
@@ -74,20 +73,39 @@ def _enclosing_enqueue(events: pd.DataFrame, link: np.ndarray) -> np.ndarray:
     comm_enqueue op enclosing it on the same thread (itself when it is the outermost); -1
     otherwise."""
     out = np.full(len(link), -1, np.int64)
-    role = events["role"].to_numpy().astype(object)
-    enq = np.flatnonzero(role == "comm_enqueue")
+    enq = np.flatnonzero(_is(events["role"], "comm_enqueue"))
     if not len(enq):
         return out
     ts = events["ts_ns"].to_numpy()
     end = events["end_ns"].to_numpy()
-    tid = events["tid"].astype(str).to_numpy()
+    tid = _codes(events["tid"])
+    e_ts, e_end, e_tid = ts[enq], end[enq], tid[enq]
     for k, j in enumerate(link):
         if j < 0:
             continue
-        cand = enq[(ts[enq] <= ts[j]) & (end[enq] >= end[j]) & (tid[enq] == tid[j])]
-        if len(cand):
-            out[k] = cand[np.argmin(ts[cand])]
+        sel = np.flatnonzero((e_ts <= ts[j]) & (e_end >= end[j]) & (e_tid == tid[j]))
+        if len(sel):
+            out[k] = enq[sel[np.argmin(e_ts[sel])]]
     return out
+
+
+def _is(col: pd.Series, value: str) -> np.ndarray:
+    """Boolean mask ``col == value`` (through the codes for a categorical column)."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = col.cat.categories
+        if value not in cats:
+            return np.zeros(len(col), bool)
+        return col.cat.codes.to_numpy() == cats.get_loc(value)
+    return col.to_numpy().astype(object) == value
+
+
+def _codes(col: pd.Series) -> np.ndarray:
+    """Integer codes of a column's values as strings (equal codes = equal strings)."""
+    if isinstance(col.dtype, pd.CategoricalDtype) and not col.isna().any():
+        cats = col.cat.categories.astype(str)
+        if cats.is_unique:
+            return col.cat.codes.to_numpy().astype(np.int64)
+    return pd.factorize(col.astype(str))[0].astype(np.int64)
 
 
 def by_kind(coll: pd.DataFrame) -> pd.DataFrame:
