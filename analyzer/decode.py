@@ -203,6 +203,9 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
                            f"not a Chrome/Kineto trace: no traceEvents list of objects ({exc})",
                            "pass PyTorch profiler traces (export_chrome_trace / "
                            "tensorboard_trace_handler output)") from None
+        except msgspec.DecodeError as exc:  # the strict pass stopped at a type, before this
+            raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
+                           "copy the trace again or re-record it") from None
     return _columns(trace, path)
 
 

@@ -33,7 +33,7 @@ import msgspec
 import pandas as pd
 
 from analyzer import clock
-from analyzer.chrome_check import check_trace, partial_overlaps
+from analyzer.chrome_check import PHASES, check_trace, partial_overlaps
 from analyzer.errors import BadInput
 from analyzer.schemas import MANIFEST_NAME
 
@@ -362,11 +362,29 @@ def _track_names(data: dict, x: pd.DataFrame) -> dict[tuple[str, str], tuple[int
     return out
 
 
+def _well_formed(ev: dict) -> bool:
+    """The per-event rules of analyzer/chrome_check.py for a non-metadata source event (its
+    name is made a string and its pid / ts rewritten by the caller): events that break them are
+    left out of the merged trace rather than written into a file viewers reject."""
+    ph = ev.get("ph")
+    if not isinstance(ph, str) or ph not in PHASES or ph == "M" or "tid" not in ev:
+        return False
+    if ph in "iI":
+        return ev.get("s", "t") in ("g", "p", "t")
+    if ph in "stfbne":
+        return ("id" in ev or "id2" in ev) and (ph != "f" or ev.get("bp", "e") == "e")
+    if ph == "C":
+        args = ev.get("args")
+        return isinstance(args, dict) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in args.values())
+    return True
+
+
 def _all_tracks(data: dict) -> list[tuple[str, str]]:
     seen: dict[tuple[str, str], None] = {}
     for ev in data["traceEvents"]:
-        if isinstance(ev, dict) and ev.get("ph") != "M" and "pid" in ev:
-            seen.setdefault((str(ev.get("pid")), str(ev.get("tid", ""))), None)
+        if isinstance(ev, dict) and ev.get("ph") != "M":  # same key as complete_events
+            seen.setdefault((str(ev.get("pid", "")), str(ev.get("tid", ""))), None)
     return list(seen)
 
 
@@ -445,8 +463,12 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
         "traceEvents": events,
     }
     problems = check_trace(merged)
-    if problems:  # our own output breaking the viewer rules is a bug, not bad input
-        raise RuntimeError(f"merged trace fails the structural check: {problems[:3]}")
+    if problems:  # per-event faults are filtered above; what is left comes from how the input
+        # events relate (an E closing no B, flow ends before its start ...): refuse, say which
+        raise BadInput(root, "unmergeable", "the merged trace would break the Trace Event "
+                       f"Format: {'; '.join(problems[:3])}",
+                       "check the input traces with a viewer, or merge a run directory written "
+                       "by `tracer record`")
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = msgspec.json.encode(merged)
     _write_atomic(out, gzip.compress(payload, compresslevel=6) if out.name.endswith(".gz") else payload)
@@ -505,13 +527,15 @@ def _write_events(inputs: list[RankInput], tables: dict[int, pd.DataFrame],
         x_idx = {row.idx: row for row in x.itertuples(index=False)}
         flows: list[dict] = []
         for i, ev in enumerate(r.data["traceEvents"]):
-            if not isinstance(ev, dict) or ev.get("ph") in ("M", None):
+            if not isinstance(ev, dict) or ev.get("ph") == "M" or not _well_formed(ev):
                 continue
             if sel is not None and i not in sel:
                 continue
             key = (str(ev.get("pid", "")), str(ev.get("tid", "")))
             new = dict(ev)
             new["pid"] = pid
+            if not isinstance(new.get("name"), str):  # the format requires a string name
+                new["name"] = "" if new.get("name") is None else str(new["name"])
             if ev.get("ph") == "X":
                 row = x_idx.get(i)
                 if row is None:
