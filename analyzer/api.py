@@ -20,7 +20,7 @@ Event table (``RankTrace.events``; one pandas DataFrame per rank, one row per co
     step         int64   ProfilerStep number the event starts in; -1 outside every step.
                          In whole-trace mode (no ProfilerStep) every event is in step 0.
     role         str     compute | comm | comm_enqueue | memcpy | memset | sync | step |
-                         annotation | other
+                         annotation | other | data (DataLoader ``__next__`` ranges, issue 10)
     coll_kind    str|None all_gather | reduce_scatter | all_reduce | broadcast | all_to_all |
                          send_recv | barrier | other (comm and comm_enqueue rows only)
     bytes        int64   bytes of the collective as nccl-tests counts them, -1 unknown
@@ -129,8 +129,10 @@ def breakdown(ts: TraceSet) -> pd.DataFrame:
     """Per rank and step time breakdown.
 
     Columns: rank, step, step_start_ns, step_ns, compute_ns, comm_ns, overlap_ns,
-    exposed_comm_ns, other_ns, idle_ns, overlap_frac (overlap_ns / comm_ns, NaN when no comm).
-    Identity: compute_ns + exposed_comm_ns + other_ns + idle_ns == step_ns exactly.
+    exposed_comm_ns, other_ns, idle_ns, overlap_frac (overlap_ns / comm_ns, NaN when no comm),
+    data_wait_ns, data_wait_frac (data_wait_ns / step_ns), input_bound (bool; issue 10).
+    Identity: compute_ns + exposed_comm_ns + data_wait_ns + other_ns + idle_ns == step_ns
+    exactly.
     Definitions: analyzer/breakdown.py. Rows sorted by rank, step.
     """
     from analyzer.breakdown import COLUMNS, rank_breakdown

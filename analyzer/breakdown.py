@@ -1,4 +1,4 @@
-"""Per rank and step time breakdown: compute, communication, overlap, exposed, other, idle.
+"""Per rank and step time breakdown: compute, communication, overlap, exposed, data, other, idle.
 
 Sets, per rank and step S (events attributed to S, see analyzer/classify.py, clipped to S's
 window ``[start_ns, end_ns)``):
@@ -18,10 +18,23 @@ CPU rank (gloo):
   its gloo op, the interval [enqueue end, gloo end) minus every main-thread op that does not
   enclose the enqueue is waiting, not compute.
 
+Data supply (issue 10), D = the ``enumerate(DataLoader)#...__next__`` ranges (role data, any
+CPU thread: the host fetching or waiting for the next batch) ∪ host-to-device memcpys (rule
+``gpu.memcpy.htod``: input copies on the GPU timeline). On a CPU rank the main-thread ops inside
+a DataLoader range (collate, a single-process loader's ``__getitem__``) are data supply, not
+computation: K excludes them.
+
   compute_ns = |K|, comm_ns = |C|, overlap_ns = |C ∩ K| (HTA get_comm_comp_overlap),
-  exposed_comm_ns = |C \\ K| (TraceLens), other_ns = |O \\ (C ∪ K)|,
-  idle_ns = window - |C ∪ K ∪ O|,
-so compute_ns + exposed_comm_ns + other_ns + idle_ns == step_ns exactly (integers).
+  exposed_comm_ns = |C \\ K| (TraceLens), data_wait_ns = |D \\ (C ∪ K)|,
+  other_ns = |O \\ (C ∪ K ∪ D)|, idle_ns = window - |C ∪ K ∪ D ∪ O|,
+so compute_ns + exposed_comm_ns + data_wait_ns + other_ns + idle_ns == step_ns exactly
+(integers): each instant of the window counts once, for the first of compute, communication,
+data, other that covers it. Data time under computation or communication is hidden and not
+counted (as communication under computation is hidden): data_wait_ns is the time the rank had
+nothing to do but fetch or wait for input. Without DataLoader ranges and HtoD copies it is 0
+and the other figures are those of the four-part breakdown.
+data_wait_frac = data_wait_ns / step_ns; a step is ``input_bound`` when data_wait_frac >=
+INPUT_BOUND_FRAC (a convention of this project, not a published threshold).
 """
 
 from __future__ import annotations
@@ -32,14 +45,17 @@ import pandas as pd
 from analyzer import intervals as iv
 
 COLUMNS = ["rank", "step", "step_start_ns", "step_ns", "compute_ns", "comm_ns", "overlap_ns",
-           "exposed_comm_ns", "other_ns", "idle_ns", "overlap_frac"]
+           "exposed_comm_ns", "other_ns", "idle_ns", "overlap_frac", "data_wait_ns",
+           "data_wait_frac", "input_bound"]
+INPUT_BOUND_FRAC = 0.2
+"""A step is input-bound when at least this share of it waits for data (module docstring)."""
 _OTHER_CPU = ("other", "comm_enqueue", "memcpy", "memset", "sync")
 
 
 class _Cols:
     """The columns the breakdown reads, as numpy arrays (rows selected without pandas)."""
 
-    __slots__ = ("role", "gpu", "s", "e", "tid", "paired", "kind")
+    __slots__ = ("role", "gpu", "s", "e", "tid", "paired", "kind", "htod")
 
     def __init__(self, ev: pd.DataFrame, *, kinds: bool = False):
         self.role = ev["role"].to_numpy().astype(object)
@@ -49,6 +65,8 @@ class _Cols:
         self.tid = ev["tid"].astype(str).to_numpy()
         self.paired = ev["paired_row"].to_numpy() if "paired_row" in ev.columns else None
         self.kind = ev["coll_kind"].to_numpy().astype(object) if kinds else None
+        self.htod = ((ev["rule"] == "gpu.memcpy.htod").to_numpy(dtype=bool) if "rule" in ev.columns
+                     else np.zeros(len(ev), bool))
 
     def take(self, idx: np.ndarray) -> "_Cols":
         out = object.__new__(_Cols)
@@ -87,8 +105,15 @@ def _sets(c: _Cols, device_kind: str, main_tid: str | None, lo: int, hi: int,
         enq = (role == "comm_enqueue") & (c.tid == main_tid)
         comp = iv.subtract(comp, pick(enq))
         comp = iv.subtract(comp, iv.clip(_waits(c, enq, role == "compute", all_end_ns), lo, hi))
+        comp = iv.subtract(comp, pick((role == "data") & (c.tid == main_tid)))
     other = pick(~gpu & np.isin(role, _OTHER_CPU))
     return comm, comp, other
+
+
+def _data(c: _Cols, lo: int, hi: int) -> iv.Intervals:
+    """D of the module docstring: DataLoader ranges (CPU) and HtoD copies (GPU), clipped."""
+    mask = ((c.role == "data") & ~c.gpu) | (c.gpu & c.htod)
+    return iv.clip(iv.merge(c.s[mask], c.e[mask]), lo, hi)
 
 
 def _waits(c: _Cols, enq: np.ndarray, main_ops: np.ndarray, all_end_ns: np.ndarray
@@ -131,13 +156,18 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
         overlap_ns = iv.measure(iv.intersect(comm, comp))
         exposed_ns = comm_ns - overlap_ns  # |C \ K| = |C| - |C ∩ K|
         busy = iv.union(comm, comp)
-        other_ns = iv.measure(iv.subtract(other, busy))
-        idle_ns = step_ns - compute_ns - exposed_ns - other_ns
+        data = _data(c, int(lo), int(hi))
+        data_ns = iv.measure(iv.subtract(data, busy))
+        other_ns = iv.measure(iv.subtract(other, iv.union(busy, data)))
+        idle_ns = step_ns - compute_ns - exposed_ns - data_ns - other_ns
+        data_frac = data_ns / step_ns if step_ns else float("nan")
         rows.append((rank, int(st), int(lo), step_ns, compute_ns, comm_ns, overlap_ns,
                      exposed_ns, other_ns, idle_ns,
-                     overlap_ns / comm_ns if comm_ns else float("nan")))
+                     overlap_ns / comm_ns if comm_ns else float("nan"), data_ns, data_frac,
+                     bool(data_frac >= INPUT_BOUND_FRAC)))
     df = pd.DataFrame(rows, columns=COLUMNS)
-    return df.astype({c: "int64" for c in COLUMNS if c.endswith("_ns") or c in ("rank", "step")})
+    return df.astype({**{c: "int64" for c in COLUMNS if c.endswith("_ns") or c in ("rank", "step")},
+                      "input_bound": bool})
 
 
 def whole_trace_overlap(events: pd.DataFrame) -> tuple[int, int]:

@@ -14,6 +14,9 @@ GPU events (``is_gpu``):
                              enclosing comm op on the launching thread.
   ``gpu.memcpy`` / ``gpu.memset`` category gpu_memcpy / gpu_memset (or name Memcpy*/Memset*)
                              -> neither compute nor comm (HTA ``is_memory_kernel``).
+  ``gpu.memcpy.htod``        a memcpy whose name says ``HtoD`` (``Memcpy HtoD (Pinned ->
+                             Device)``): role memcpy, and an input copy for the breakdown's data
+                             supply (analyzer/breakdown.py; issue 10).
   ``gpu.sync``               category cuda_sync or a name containing ``Sync`` (HTA excludes
                              ``.*Sync`` from computation) -> neither.
   ``gpu.annotation``         gpu_user_annotation -> annotation (a range, not work).
@@ -21,6 +24,9 @@ GPU events (``is_gpu``):
 
 CPU events:
   ``cpu.profiler_step``      ``ProfilerStep#N`` -> step.
+  ``cpu.dataloader_next``    ``enumerate(DataLoader)#<iterator class>.__next__`` (the range
+                             torch.utils.data.DataLoader's iterator records around each batch
+                             fetch, any thread) -> data.
   ``cpu.gloo_op``            ``gloo:*`` (any thread; gloo runs them on ``pt_gloo_runloop``
                              threads) -> comm; kind from the name, or from the paired enqueue
                              (``cpu.gloo_op.paired``): gloo runs reduce_scatter as an all_reduce of
@@ -44,12 +50,14 @@ import numpy as np
 import pandas as pd
 
 ROLES = ("compute", "comm", "comm_enqueue", "memcpy", "memset", "sync", "step", "annotation",
-         "other")
+         "other", "data")
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv",
          "barrier", "other")
 
 NCCL_KERNEL_RE = re.compile(r"^nccl.*Kernel")  # HolisticTraceAnalysis hta/utils/utils.py
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)")
+# torch/utils/data/dataloader.py _BaseDataLoaderIter: f"enumerate(DataLoader)#{cls.__name__}.__next__"
+DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
 
 _GLOO_FOR_C10D = {  # the gloo op that carries out each enqueue kind on the runloop thread
     "all_reduce": "all_reduce", "reduce_scatter": "all_reduce", "all_gather": "all_gather",
@@ -131,6 +139,8 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
     is_rpc = by_name(lambda u: u == "record_param_comms") & ~is_gpu
     is_nccl_op = by_name(lambda u: u.startswith(("nccl:", "mpi:", "ucc:"))) & ~is_gpu
     is_memcpy = is_gpu & ((cats == "gpu_memcpy") | by_name(lambda u: u.startswith("Memcpy")))
+    is_htod = is_memcpy & by_name(lambda u: "HtoD" in u)
+    is_loader = ~is_gpu & by_name(lambda u: DATALOADER_RE.match(u) is not None)
     is_memset = is_gpu & ((cats == "gpu_memset") | by_name(lambda u: u.startswith("Memset")))
     is_sync = is_gpu & ((cats == "cuda_sync") | (cats == "gpu_sync") | by_name(lambda u: "Sync" in u))
     is_gpu_ann = is_gpu & (cats == "gpu_user_annotation")
@@ -146,12 +156,15 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
         role[mask] = r
         rule[mask] = ru
     kind[is_nccl_kernel] = name_kind[is_nccl_kernel]
+    rule[is_htod] = "gpu.memcpy.htod"
 
     # CPU
     cpu = ~is_gpu
     ann = cpu & (cats == "user_annotation")
     role[ann] = "annotation"
     rule[ann] = "cpu.annotation"
+    role[is_loader] = "data"
+    rule[is_loader] = "cpu.dataloader_next"
     enq = is_c10d | is_rpc | is_nccl_op
     role[enq] = "comm_enqueue"
     rule[is_c10d] = "cpu.c10d_enqueue"
@@ -188,7 +201,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
         launch[gpu_idx] = _lookup(corr[rt_idx], rt_idx, corr[gpu_idx])
         missing = gpu_idx[launch[gpu_idx] < 0]
         if len(missing):
-            cand = cpu_idx[(ext[cpu_idx] >= 0) & (role[cpu_idx] != "annotation")]
+            cand = cpu_idx[(ext[cpu_idx] >= 0) & ~np.isin(role[cpu_idx], ("annotation", "data"))]
             launch[missing] = _lookup(ext[cand], cand, ext[missing])
 
     # --- collective kind / bytes / pg of comm kernels from their launching op ----------------

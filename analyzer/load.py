@@ -39,7 +39,7 @@ from analyzer.errors import BadInput
 
 log = logging.getLogger(__name__)
 
-PARSER_VERSION = "4"
+PARSER_VERSION = "5"
 """Bump whenever decode / classify change what they produce (invalidates every cache)."""
 
 _META_KEY = b"paritytrace.parsed"

@@ -117,7 +117,7 @@ def test_gloo_run_matches_independent_computation(gloo_runs, strategy):
             cc = c[(c["rank"] == rt.rank) & (c["step"] == step)]
             assert sorted(zip(cc["start_ns"], cc["dur_ns"], cc["kind"])) == w["coll"]
             kinds |= {k for _, _, k in w["coll"]}
-    assert (b["compute_ns"] + b["exposed_comm_ns"] + b["other_ns"] + b["idle_ns"]
+    assert (b["compute_ns"] + b["exposed_comm_ns"] + b["data_wait_ns"] + b["other_ns"] + b["idle_ns"]
             == b["step_ns"]).all()
     if strategy == "fsdp":
         assert {"all_gather", "reduce_scatter"} <= kinds

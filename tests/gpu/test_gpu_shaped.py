@@ -70,7 +70,7 @@ def test_overlap_across_streams(tmp_path):
     assert us("idle_ns") == [250, 100]
     assert list(bd["overlap_frac"]) == [pytest.approx(250 / 400), pytest.approx(100 / 400)]
     # identity, and the whole-trace (HTA-scope) figure from the same sets: (250+100)/(400+400)
-    assert (bd["compute_ns"] + bd["exposed_comm_ns"] + bd["other_ns"] + bd["idle_ns"] == bd["step_ns"]).all()
+    assert (bd["compute_ns"] + bd["exposed_comm_ns"] + bd["data_wait_ns"] + bd["other_ns"] + bd["idle_ns"] == bd["step_ns"]).all()
     ev = ts.ranks[0].events
     from analyzer.breakdown import whole_trace_overlap
     assert whole_trace_overlap(ev) == (350 * US, 800 * US)

@@ -19,7 +19,7 @@ from reports import collect
 from tests.reliability.conftest import (DLRM, TBPLUGIN, bad_input, cli, copy_run, load, need,
                                         save)
 
-IDENTITY = ["compute_ns", "exposed_comm_ns", "other_ns", "idle_ns"]
+IDENTITY = ["compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]
 ALL_CMDS = ("summary", "report", "merge")  # the commands that read traces
 
 
