@@ -23,7 +23,9 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
                  atol: float | None, allow_incomplete: bool) -> tuple[dict, str]:
     """Collect the report for ``root`` and write the chosen formats under ``out`` (default
     ``root/report``). Returns (report dict, markdown text). Raises ``BadInput``."""
-    from reports import collect, html, jsonout, markdown
+    import json
+
+    from reports import cache, html, jsonout, markdown
 
     from analyzer.errors import BadInput
 
@@ -38,10 +40,19 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
     if existing is not None and not existing.stat().st_mode & 0o222:
         raise BadInput(existing, "read_only", "is marked read-only; the report is not written there",
                        "pass --out to a writable folder")
-    report = collect.collect(root, rtol=rtol, atol=atol, allow_incomplete=allow_incomplete)
+    # Unchanged inputs, options and code: render the cached report (reports/cache.py).
+    key = cache.key(root, out, {"rtol": rtol, "atol": atol, "allow_incomplete": allow_incomplete})
+    report = cache.load(root, out, key)
+    report_json = None
+    if report is None:
+        from reports import collect  # pandas and the analysis: only when the cache misses
+
+        report_json = jsonout.dumps(collect.collect(root, rtol=rtol, atol=atol,
+                                                    allow_incomplete=allow_incomplete))
+        report = json.loads(report_json)  # render from what report.json holds, hit or miss
     md = markdown.render(report)
-    texts = {"json": lambda: jsonout.dumps(report), "html": lambda: html.render(report, md),
-             "md": lambda: md}
+    texts = {"json": lambda: report_json or jsonout.dumps(report),
+             "html": lambda: html.render(report, md), "md": lambda: md}
     for f in ("json", "html", "md"):
         if f in formats:
             path = out / f"report.{f}"
@@ -50,6 +61,8 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
             except OSError as exc:
                 raise BadInput(path, "unwritable", f"cannot be written ({exc.strerror})",
                                "pass --out to a writable folder") from None
+    if report_json is not None:
+        cache.store(root, out, key, report_json)
     return report, md
 
 

@@ -1,0 +1,116 @@
+"""Whole-report cache: a second ``analyzer report`` on unchanged inputs skips the analysis.
+
+The report dict (report.json's content) is a function of the files under DIR, the options and
+the code. ``key`` combines: the resolved DIR and output folder, the options, the stat signature
+(relative path, size, mtime_ns, inode, device) of every file under DIR (recursively, symlinks
+followed at most as deep as the walk goes, leaving out the output folder and the analyzer's own
+caches), a hash of the source of every ``analyzer`` and ``reports`` module, and the versions of
+the libraries the analysis uses. Any change to any of them is a miss. As for git's index, a file
+rewritten with the same size inside the same nanosecond mtime is the one change this cannot see.
+
+The cache is ``$XDG_CACHE_HOME/paritytrace/reports/<hash of DIR and output folder>.json``
+(``~/.cache`` when unset; the report dict as report.json writes it plus the key), written
+atomically after the report; the output folder holds only the report files. A hit renders from the cached dict: no pandas import,
+no trace read. Both paths render from the dict after a JSON round trip, so their outputs are
+identical. A cache that cannot be read or written is skipped (log line), never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_SKIP_SUFFIXES = (".parsed.parquet", ".tables.msgpack")
+_LIBS = ("pandas", "numpy", "pyarrow", "msgspec")
+
+
+def _code_hash() -> str:
+    h = hashlib.blake2b(digest_size=16)
+    here = Path(__file__).resolve().parent
+    for pkg in (here.parent / "analyzer", here):
+        for p in sorted(pkg.glob("*.py")):
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    for lib in _LIBS:
+        try:
+            h.update(f"{lib}={metadata.version(lib)}".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{lib}=none".encode())
+    return h.hexdigest()
+
+
+def _files(root: Path, out: Path) -> list[list[Any]]:
+    """[relative path, size, mtime_ns, inode, device] of every file under ``root``."""
+    rows: list[list[Any]] = []
+    if root.is_file():
+        st = root.stat()
+        return [[root.name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]]
+    out_real = os.path.realpath(out)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames
+                             if os.path.realpath(os.path.join(dirpath, d)) != out_real)
+        for name in sorted(filenames):
+            if name.endswith(_SKIP_SUFFIXES) or name.startswith(".tmp-"):
+                continue
+            p = os.path.join(dirpath, name)
+            try:
+                st = os.stat(p)
+                row = [os.path.relpath(p, root), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+            except OSError:
+                row = [os.path.relpath(p, root), -1, -1, -1, -1]
+            rows.append(row)
+        # a symlink to a folder is not walked (followlinks=False): record the link itself
+        for d in dirnames:
+            p = os.path.join(dirpath, d)
+            if os.path.islink(p):
+                rows.append([os.path.relpath(p, root), "link", os.readlink(p)])
+    return rows
+
+
+def key(root: Path, out: Path, options: dict[str, Any]) -> str:
+    """The cache key of a report of ``root`` written to ``out`` with ``options``."""
+    blob = json.dumps({"root": os.path.realpath(root), "out": os.path.realpath(out),
+                       "options": options, "files": _files(root, out), "code": _code_hash()},
+                      sort_keys=True).encode()
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def _path(root: Path, out: Path) -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    name = hashlib.blake2b(f"{os.path.realpath(root)}\0{os.path.realpath(out)}".encode(),
+                           digest_size=16).hexdigest()
+    return Path(base) / "paritytrace" / "reports" / f"{name}.json"
+
+
+def load(root: Path, out: Path, k: str) -> dict[str, Any] | None:
+    """The cached report dict of ``root`` -> ``out`` for key ``k``, None when absent, stale or
+    unreadable."""
+    path = _path(root, out)
+    try:
+        blob = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.info("ignoring unreadable report cache %s (%s)", path, exc)
+        return None
+    if not isinstance(blob, dict) or blob.get("key") != k or not isinstance(blob.get("report"), dict):
+        return None
+    return blob["report"]
+
+
+def store(root: Path, out: Path, k: str, report_json: str) -> None:
+    """Write the cache (``report_json``: report.json's text) atomically."""
+    from reports.jsonout import write_atomic
+
+    path = _path(root, out)
+    try:
+        write_atomic(path, f'{{"key": "{k}", "report": {report_json}}}')
+    except OSError as exc:
+        log.info("could not write report cache %s (%s)", path, exc)
