@@ -78,6 +78,13 @@ def _read(run_dir: Path) -> RunDir:
     if manifest["strategy"] not in schemas.STRATEGIES:
         raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_manifest",
                        f"unknown strategy {manifest['strategy']!r}", "re-record the run")
+    files = manifest["files"] if isinstance(manifest["files"], list) else []
+    listed = [str(f.get("path")) for f in files if isinstance(f, dict) and f.get("path")]
+    gone = [n for n in listed if not (run_dir / n).is_file()]
+    if gone:  # the manifest is written last and lists every file: one went missing since
+        raise BadInput(run_dir / gone[0] if len(gone) == 1 else run_dir, "missing_file",
+                       f"{', '.join(gone)} listed in manifest.json but missing",
+                       "restore the file(s) or re-record the run")
     return RunDir(path=run_dir, name=str(manifest.get("run_name") or run_dir.name), manifest=manifest)
 
 
