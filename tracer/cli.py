@@ -63,6 +63,11 @@ def record(
     timeout: Annotated[float, typer.Option(help="Collective timeout and hang watchdog, seconds.")] = 60.0,
     fault: Annotated[Optional[str], typer.Option(
         help="Deliberate bug: skip-grad-sync, wrong-grad-scale, unsynced-init.")] = None,
+    data: Annotated[str, typer.Option(
+        help="Input supply: memory (rows sliced once) or loader (DataLoader + DistributedSampler).")] = "memory",
+    data_workers: Annotated[int, typer.Option(help="--data loader: DataLoader worker processes.")] = 0,
+    data_sample_cost_ms: Annotated[float, typer.Option(
+        help="--data loader: artificial cost per sample, ms (sleep; shows an input-bound run).")] = 0.0,
 ) -> None:
     """Record one strategy (or all four) into OUT/NAME run directories."""
     from tracer.record import expand
@@ -72,7 +77,8 @@ def record(
                    precision=precision, lr=lr, sharding_strategy=sharding_strategy,
                    wrap_min_params=wrap_min_params, backward_prefetch=backward_prefetch,
                    forward_prefetch=forward_prefetch, reshard_after_forward=reshard_after_forward,
-                   out=out, timeout_s=timeout, fault=fault)
+                   out=out, timeout_s=timeout, fault=fault, data=data, data_workers=data_workers,
+                   data_sample_cost_ms=data_sample_cost_ms)
     under_torchrun = "RANK" in os.environ
     if under_torchrun and strategy == "all":
         _fail(EXIT_BAD_INPUT, "--strategy all: under torchrun record one strategy per torchrun command")

@@ -17,6 +17,7 @@ SHARDING_STRATEGIES = ("full_shard", "shard_grad_op", "no_shard")
 BACKWARD_PREFETCH = ("pre", "post", "none")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
+DATA_SOURCES = ("memory", "loader")
 
 # Which fault canaries each strategy can reproduce. FSDP's reduce-scatter both sums and
 # partitions the gradient, so "never averaged" has no local-only form there (FSDP1 ``no_sync``
@@ -91,6 +92,13 @@ class RecordConfig:
     """Collective / rendezvous timeout, and the launcher's hang watchdog (seconds)."""
     fault: str | None = None
     """A deliberate bug (analyzer.schemas.FAULTS) or None."""
+    data: str = "memory"
+    """Input supply (tracer/data.py): ``memory`` (the rank's rows sliced once) or ``loader`` (the
+    same rows every step through a DataLoader with a DistributedSampler)."""
+    data_workers: int = 0
+    """``--data loader``: DataLoader worker processes (0: batches are made in the rank itself)."""
+    data_sample_cost_ms: float = 0.0
+    """``--data loader``: milliseconds slept per sample in the Dataset (an input-bound run)."""
 
     def __post_init__(self) -> None:
         def bad(option: str, value: Any, why: str) -> ValueError:
@@ -149,6 +157,15 @@ class RecordConfig:
                 raise bad("reshard-after-forward", self.reshard_after_forward,
                           f"FSDP1 derives it from --sharding-strategy {self.sharding_strategy} "
                           f"({implied}); pick the matching sharding strategy instead")
+        if self.data not in DATA_SOURCES:
+            raise bad("data", self.data, f"expected one of {', '.join(DATA_SOURCES)}")
+        if not isinstance(self.data_workers, int) or self.data_workers < 0:
+            raise bad("data-workers", self.data_workers, "must be an integer >= 0")
+        if not self.data_sample_cost_ms >= 0:
+            raise bad("data-sample-cost-ms", self.data_sample_cost_ms, "must be >= 0")
+        if self.data != "loader" and (self.data_workers or self.data_sample_cost_ms):
+            option = "data-workers" if self.data_workers else "data-sample-cost-ms"
+            raise bad(option, getattr(self, option.replace("-", "_")), "only with --data loader")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise bad("name", self.name, "must be a plain directory name")
 
@@ -234,4 +251,7 @@ class RecordConfig:
                         else "--no-reshard-after-forward")
         if self.fault is not None:
             argv += ["--fault", self.fault]
+        if self.data != "memory":
+            argv += ["--data", self.data, "--data-workers", str(self.data_workers),
+                     "--data-sample-cost-ms", repr(self.data_sample_cost_ms)]
         return argv

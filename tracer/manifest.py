@@ -15,6 +15,7 @@ import torch
 
 from analyzer.schemas import MANIFEST_NAME, MANIFEST_REQUIRED, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES
 from tracer.config import RecordConfig
+from tracer.data import data_manifest
 from tracer.profiling import activities
 from tracer.rundir import file_entries, write_bytes_atomic
 
@@ -101,6 +102,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
                             "plain SGD; computed before the ranks start, outside their processes"),
         },
         "files": file_entries(run_dir),
+        "data": data_manifest(cfg, device.type),
     }
     missing = [k for k in MANIFEST_REQUIRED if k not in manifest]
     if missing:

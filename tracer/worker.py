@@ -34,6 +34,7 @@ from analyzer.schemas import (MEMORY_DIR, MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NU
 from tracer import devices, faults
 from tracer.baseline import BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
+from tracer.data import Batches
 from tracer.manifest import build_manifest, write_manifest
 from tracer.memory import dump_snapshot, start_history
 from tracer.model import SimpleTransformer, loss_fn, precision_context, rank_rows
@@ -201,6 +202,7 @@ def train(cfg: RecordConfig, model: torch.nn.Module, base: dict[str, torch.Tenso
           device: torch.device, hb: Heartbeat) -> tuple[NumericsRows, list[dict], pa.Table | None]:
     """Run every step under the profiler on this rank's rows of the fixed batch.
 
+    The batch comes from ``tracer.data.Batches`` (``--data``): the same rows either way.
     Step 0 records activations, gradients and updated parameters (outside the profiler's active
     window; their time is excluded from wall_ns); the loss is recorded at every step. The trace
     is exported once at the end of the active window; a failure cancels the export. Returns
@@ -209,8 +211,9 @@ def train(cfg: RecordConfig, model: torch.nn.Module, base: dict[str, torch.Tenso
     rank, world = env.rank, env.world_size
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     rows = rank_rows(cfg.batch, world, rank)
-    x = base["batch.x"][rows].to(device)
-    y = base["batch.y"][rows].to(device)
+    batches = Batches(cfg, base["batch.x"], base["batch.y"], rank=rank, world_size=world,
+                      device=device)
+    batches.start()  # before the profiler: a multi-process loader forks its workers here
     ref_losses = base["loss"].tolist()
     numerics = NumericsRows(rank)
     step_rows: list[dict] = []
@@ -228,6 +231,7 @@ def train(cfg: RecordConfig, model: torch.nn.Module, base: dict[str, torch.Tenso
                     torch.cuda.reset_peak_memory_stats(device)
                 cuda_sync(device)
                 t0 = time.perf_counter_ns()
+                x, y = batches.next()  # --data loader: the fetch is part of the step
                 recorder = ActivationRecorder(model) if step == 0 else None
                 with faults.grad_sync_context(model, cfg.fault):
                     with torch.profiler.record_function("forward"), precision_context(cfg.precision, device.type):
@@ -259,6 +263,8 @@ def train(cfg: RecordConfig, model: torch.nn.Module, base: dict[str, torch.Tenso
         except BaseException:
             export.cancel()
             raise
+        finally:
+            batches.close()
     if not export.exported:
         raise RuntimeError("profiler never exported its trace (schedule longer than the run?)")
     peaks = allocated_peaks(trace_path)
