@@ -46,12 +46,13 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks."
 
 def _register_commands() -> None:
     # Each command lives beside the library code it calls; heavy imports stay inside commands.
-    from analyzer import cli_merge, cli_summary
+    from analyzer import cli_drift, cli_merge, cli_summary
     from reports import cli_report
 
     cli_summary.register(app, _run)
     cli_merge.register(app, _run)
     cli_report.register(app, _run)
+    cli_drift.register(app, _run)
 
 
 _register_commands()

@@ -8,6 +8,9 @@ Run directory (one per strategy run, ``traces/<run-name>/``)::
     manifest.json               written last, atomically: its presence means the run completed
     rank<r>.trace.json.gz       Kineto/Chrome trace per rank, with ``distributedInfo``
     numerics.parquet            NUMERICS_SCHEMA, long format
+    baseline.safetensors        the kept golden tensors (KEPT_*; absent with --keep-tensors summaries)
+    kept.parquet                KEPT_SCHEMA: per kept tensor its summary and sha256
+    golden.parquet              with --golden only: this baseline against the golden run's tensors
     steps.parquet               STEPS_SCHEMA, one row per rank and step
     memory/rank<r>.snapshot.pickle   CUDA only: torch.cuda.memory._snapshot() for memory_viz
     memory/memory.parquet       CUDA only: MEMORY_SCHEMA, the snapshots converted at record time
@@ -169,6 +172,12 @@ MEMORY_SCHEMA = pa.schema(
 #   baseline         {kind: "in-process" | "separate-process", description, file (optional: the
 #                    run-dir file holding it, "baseline.safetensors")}: how the baseline was obtained
 #   files            [{path (relative), size_bytes, sha256}] for every other file in the run dir
+#   keep_tensors     (optional) "full" | "summaries": what the record kept of its baseline (KEPT_*)
+#   golden           (optional, with ``tracer record --golden``) the golden run this record reused:
+#                    {path, run_id, run_name, strategy, precision, versions, device,
+#                    kept_sha256 (sha256 of its baseline.safetensors), batch_sha256_equal and
+#                    init_sha256_equal (bools: this record's kept batch / initial state are
+#                    byte-identical to the golden's, tensor by tensor)}
 FAULTS = ("skip-grad-sync", "wrong-grad-scale", "unsynced-init")
 MANIFEST_REQUIRED = (
     "schema_version",
@@ -193,6 +202,74 @@ MANIFEST_REQUIRED = (
     "baseline",
     "files",
 )
+
+# --- kept tensors: baseline.safetensors, kept.parquet, golden.parquet (issue 9) -------------
+#
+# Every record keeps its baseline's golden tensors, so later records can be re-compared with it:
+#   baseline.safetensors  (``--keep-tensors full``, the default) safetensors, never a pickle:
+#       batch.x, batch.y  the fixed global batch (inputs, MSE targets), [B, S, H] fp32
+#       init.<fqn>        the initial parameters
+#       grad.<fqn>        the step-0 gradients, before the optimizer step
+#       param.<fqn>       the parameters after the first optimizer step
+#       loss              the baseline loss per step, [steps] fp64
+#     metadata "config": JSON of the settings that determine the numbers. Size: the batch plus
+#     three copies of the parameters (about 16 MB at the default shapes).
+#   kept.parquet          KEPT_SCHEMA, both modes: one row per kept tensor with its summary and the
+#                         sha256 of its raw bytes as stored (row-major, little-endian, the
+#                         safetensors data block). ``--keep-tensors summaries`` keeps only this.
+#   golden.parquet        (``--golden`` only) NUMERICS_SCHEMA rows (rank 0) of this record's
+#                         baseline against the golden run's kept tensors: kind "loss" per step
+#                         (value = this baseline, ref_value = golden), "grad" and "param" at step 0
+#                         (TENSOR_METRICS with ref = the golden tensor).
+# With ``--golden`` the ranks also compare their step-0 tensors with the golden ones:
+# numerics.parquet then carries, on grad / param rows, the GOLDEN_METRICS (same meaning and
+# reduction across ranks as the metric without the prefix, with the golden tensor as reference)
+# and, on loss rows, "golden_ref_value" (the golden baseline's loss at that step).
+KEPT_NAME = "kept.parquet"
+KEPT_TENSORS_NAME = "baseline.safetensors"
+GOLDEN_NAME = "golden.parquet"
+KEEP_TENSORS = ("full", "summaries")
+KEPT_GROUPS = ("batch", "init", "grad", "param", "loss")
+"""Tensor-name prefixes of the kept tensors (``grad.layers.0.attn.weight`` is in group grad)."""
+GOLDEN_METRICS = ("golden_ref_sq_sum", "golden_diff_sq_sum", "golden_max_abs_diff", "golden_max_abs_ref")
+KEPT_SCHEMA = pa.schema(
+    [
+        pa.field("group", pa.string(), nullable=False),  # one of KEPT_GROUPS
+        pa.field("tensor", pa.string(), nullable=False),  # full kept name, "grad.layers.0.attn.weight"
+        pa.field("dtype", pa.string(), nullable=False),  # safetensors dtype code: F32, F64, BF16, ...
+        pa.field("shape", pa.list_(pa.int64()), nullable=False),
+        pa.field("numel", pa.int64(), nullable=False),
+        pa.field("sha256", pa.string(), nullable=False),  # hex, of the tensor's raw stored bytes
+        pa.field("sum", pa.float64(), nullable=False),  # float64 sums over every element
+        pa.field("sq_sum", pa.float64(), nullable=False),
+        pa.field("min", pa.float64(), nullable=True),  # null for an empty tensor
+        pa.field("max", pa.float64(), nullable=True),
+        pa.field("max_abs", pa.float64(), nullable=True),
+        pa.field("nonfinite", pa.int64(), nullable=False),
+    ],
+    metadata={"paritytrace.schema_version": str(SCHEMA_VERSION)},
+)
+
+
+def kept_row(tensor: str, dtype: str, shape: list[int], raw: bytes, values: Any) -> dict[str, Any]:
+    """One KEPT_SCHEMA row: ``raw`` are the tensor's stored bytes (hashed), ``values`` its
+    elements as a float64 numpy array (summed). Used by the tracer when it writes kept.parquet and
+    by the analyzer when it re-derives the row from baseline.safetensors (tamper check)."""
+    import hashlib
+
+    import numpy as np
+
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    finite = np.isfinite(v)
+    empty = v.size == 0
+    return {"group": tensor.split(".", 1)[0], "tensor": tensor, "dtype": dtype,
+            "shape": [int(d) for d in shape], "numel": int(v.size),
+            "sha256": hashlib.sha256(raw).hexdigest(),
+            "sum": float(v.sum()), "sq_sum": float((v * v).sum()),
+            "min": None if empty else float(v.min()), "max": None if empty else float(v.max()),
+            "max_abs": None if empty else float(np.abs(v).max()),
+            "nonfinite": int(v.size - finite.sum())}
+
 
 # Parity tolerances by precision. Source: torch.testing.assert_close defaults
 # (https://pytorch.org/docs/stable/testing.html): float32 rtol 1.3e-6 atol 1e-5,
