@@ -114,18 +114,17 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
     df = df.sort_values(["ts_ns", "end_ns"], ascending=[True, False], kind="stable")
     df = df.reset_index(drop=True)
     n = len(df)
-    names = df["name"].astype(str).to_numpy()
-    cats = df["cat"].astype(str).str.lower().to_numpy()
+    # string columns as (distinct values, codes): predicates run once per distinct value
+    uniq, codes = _distinct(df["name"])
+    names = uniq[codes]
+    u_cat, c_cat = _distinct(df["cat"])
+    cats = np.array([x.lower() for x in u_cat], object)[c_cat]
     is_gpu = df["is_gpu"].to_numpy()
-    tids = df["tid"].astype(str).to_numpy()
+    u_tid, c_tid = _distinct(df["tid"])
+    tids = u_tid[c_tid]
     role = np.full(n, "other", object)
     rule = np.full(n, "cpu.other", object)
     kind = np.full(n, None, object)
-
-    # name-level predicates, evaluated once per distinct name
-    cats_of_name = pd.Categorical(names)
-    uniq = np.asarray(cats_of_name.categories, dtype=object)
-    codes = cats_of_name.codes
 
     def by_name(fn, dtype=bool):
         return np.array([fn(u) for u in uniq], dtype=dtype)[codes] if len(uniq) else \
@@ -212,7 +211,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
     comm_k = np.flatnonzero(is_nccl_kernel)
     if len(comm_k):
         enq_idx = np.flatnonzero(enq)
-        tid_code = pd.factorize(tids)[0]
+        tid_code = c_tid
         enq_cols = (enq_idx, ext[enq_idx], ts[enq_idx], end[enq_idx], tid_code[enq_idx])
         for i in comm_k:
             if kind[i] is None and arg_kind[i] is not None:
@@ -272,6 +271,18 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
     info = {"device_kind": device_kind, "main_tid": main_tid, "whole_trace_mode": whole,
             "steps": steps}
     return out, info
+
+
+def _distinct(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values as an object array of str, code of each row) of a string column;
+    categorical columns (analyzer/decode.py) are used as they are, without a pass over rows."""
+    if isinstance(col.dtype, pd.CategoricalDtype) and not col.isna().any():
+        cat = col.array
+        uniq = np.array([str(x) for x in cat.categories], object)
+        if len(set(uniq.tolist())) == len(uniq):
+            return uniq, cat.codes.astype(np.int64)
+    codes, uniq = pd.factorize(col.astype(str))
+    return np.array([str(x) for x in uniq], object), codes.astype(np.int64)
 
 
 def _obj(col: pd.Series) -> np.ndarray:
