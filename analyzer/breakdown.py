@@ -52,17 +52,26 @@ INPUT_BOUND_FRAC = 0.2
 _OTHER_CPU = ("other", "comm_enqueue", "memcpy", "memset", "sync")
 
 
+def _strs(col: pd.Series) -> np.ndarray:
+    """``col.astype(str)`` as an object array; a categorical without missing values is
+    expanded from its categories (one str() per distinct value, not per row)."""
+    if isinstance(col.dtype, pd.CategoricalDtype) and not col.isna().any():
+        cat = col.array
+        return np.array([str(x) for x in cat.categories], object)[cat.codes]
+    return col.astype(str).to_numpy().astype(object)
+
+
 class _Cols:
     """The columns the breakdown reads, as numpy arrays (rows selected without pandas)."""
 
     __slots__ = ("role", "gpu", "s", "e", "tid", "paired", "kind", "htod")
 
     def __init__(self, ev: pd.DataFrame, *, kinds: bool = False):
-        self.role = ev["role"].to_numpy().astype(object)
+        self.role = _strs(ev["role"])
         self.gpu = ev["is_gpu"].to_numpy()
         self.s = ev["ts_ns"].to_numpy()
         self.e = ev["end_ns"].to_numpy()
-        self.tid = ev["tid"].astype(str).to_numpy()
+        self.tid = _strs(ev["tid"])
         self.paired = ev["paired_row"].to_numpy() if "paired_row" in ev.columns else None
         self.kind = ev["coll_kind"].to_numpy().astype(object) if kinds else None
         self.htod = ((ev["rule"] == "gpu.memcpy.htod").to_numpy(dtype=bool) if "rule" in ev.columns
