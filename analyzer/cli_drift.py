@@ -62,7 +62,8 @@ def _print(r: dict) -> None:
     say(f"expected: {r['expectation']['mode']} -- {r['expectation']['why']}")
     t = Table(title="kept tensors (OLD = reference)")
     for c in ("tensor", "shape", "basis", "max |diff|", "rel L2", "max |old|", "limit", "status"):
-        t.add_column(c, justify="left" if c in ("tensor", "basis", "status") else "right")
+        t.add_column(c, justify="left" if c in ("tensor", "basis", "status") else "right",
+                     overflow="fold")  # tensor names are never cut
     for x in r["tensors"]:
         t.add_row(x["tensor"], "x".join(map(str, x["shape"] or [])) or "-", x["basis"],
                   _num(x["max_abs_diff"]), _num(x["rel_l2"]), _num(x["max_abs_ref"]),

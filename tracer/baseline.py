@@ -1,16 +1,24 @@
-"""The single-device baseline every distributed record is compared with.
+"""The single-device baseline every distributed record is compared with, and what is kept of it.
 
 One process runs the model on the whole global batch (same seed, initial weights, data and
-precision policy as the ranks, one torch thread) and saves what the ranks compare against to
-``baseline.safetensors`` in the run directory (never pickle):
+precision policy as the ranks, one torch thread) and writes, into the run directory (never
+pickle; layout and meaning in analyzer/schemas.py, "kept tensors"):
 
-    batch.x, batch.y          the global batch, [B, S, H] fp32
-    init.<fqn>                initial parameters
-    act.<fqn>                 step-0 forward output of each module, [B, S, H or 4H]
-    grad.<fqn>                step-0 gradients (before the optimizer step)
-    param.<fqn>               parameters after the first optimizer step
-    loss                      loss per step, [steps] fp64
-metadata: ``config`` (the fields that determine the numbers, JSON) and ``activation_order``.
+    baseline.safetensors      the kept golden tensors: batch.x, batch.y (the global batch,
+                              [B, S, H] fp32), init.<fqn> (initial parameters), grad.<fqn>
+                              (step-0 gradients, before the optimizer step), param.<fqn>
+                              (parameters after the first optimizer step), loss ([steps] fp64)
+    kept.parquet              per kept tensor: summary and sha256 of its stored bytes
+    .baseline.activations.safetensors   act.<fqn>: step-0 forward output of each module,
+                              [B, S, H or 4H]; the ranks compare with it, then rank 0 removes it
+                              before the manifest (hidden: never listed, never kept)
+    golden.parquet            with ``--golden``: this baseline against the golden run's tensors
+metadata of baseline.safetensors: ``config`` (the fields that determine the numbers, JSON); of
+the activations file also ``activation_order``.
+
+With ``--golden PATH`` the batch and the initial state are not drawn from the seed but read from
+PATH's baseline.safetensors (byte for byte), so a torch upgrade or a new precision policy is
+measured on exactly the golden run's inputs.
 
 Where it runs: ``tracer record`` (no torchrun) computes it in the parent before spawning ranks
 (on CUDA in a child process, so the parent holds no GPU memory while ranks run). Under torchrun
@@ -30,11 +38,18 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from analyzer.schemas import GOLDEN_NAME, KEPT_NAME, KEPT_SCHEMA, KEPT_TENSORS_NAME, NUMERICS_SCHEMA, kept_row
 from tracer.config import RecordConfig
-from tracer.model import build_model, loss_fn, make_batch, precision_context
-from tracer.numerics import ActivationRecorder
+from tracer.model import SimpleTransformer, build_model, loss_fn, make_batch, precision_context
+from tracer.numerics import ActivationRecorder, rows_to_table, tensor_metrics
+from tracer.rundir import write_parquet_atomic
 
-BASELINE_NAME = "baseline.safetensors"
+BASELINE_NAME = KEPT_TENSORS_NAME
+ACTIVATIONS_NAME = ".baseline.activations.safetensors"
+"""Transient: the ranks' activation references, removed by rank 0 before the manifest."""
+BASELINE_FILES = (BASELINE_NAME, ACTIVATIONS_NAME, KEPT_NAME, GOLDEN_NAME)
+"""Every file the baseline process may write into a run directory."""
+_ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.bfloat16: "BF16", torch.float16: "F16"}
 _KEY_FIELDS = ("hidden", "layers", "batch", "seq", "seed", "precision", "lr")
 
 
@@ -46,15 +61,23 @@ def baseline_key(cfg: RecordConfig, device_type: str) -> dict:
     return key
 
 
-def compute_baseline(cfg: RecordConfig, device_type: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def compute_baseline(cfg: RecordConfig, device_type: str,
+                     golden: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Run ``cfg.total_steps`` SGD steps on the global batch; return (tensors, metadata).
 
-    Tensors are on CPU, contiguous. Uses one torch thread, as every rank does.
+    ``golden``: a golden run's kept tensors; its ``batch.*`` and ``init.*`` replace the seeded
+    batch and initial weights. Tensors are on CPU, contiguous. Uses one torch thread, as every
+    rank does.
     """
     torch.set_num_threads(1)
     device = torch.device(device_type)
-    model = build_model(cfg.hidden, cfg.layers, cfg.seed)
-    x, y = make_batch(cfg.batch, cfg.seq, cfg.hidden, cfg.seed)
+    if golden is None:
+        model = build_model(cfg.hidden, cfg.layers, cfg.seed)
+        x, y = make_batch(cfg.batch, cfg.seq, cfg.hidden, cfg.seed)
+    else:
+        model = SimpleTransformer(cfg.hidden, cfg.layers)
+        model.load_state_dict({k[len("init."):]: v for k, v in golden.items() if k.startswith("init.")})
+        x, y = golden["batch.x"].clone(), golden["batch.y"].clone()
     tensors: dict[str, torch.Tensor] = {"batch.x": x, "batch.y": y}
     for name, p in model.named_parameters():
         tensors[f"init.{name}"] = p.detach().clone()
@@ -89,9 +112,8 @@ def compute_baseline(cfg: RecordConfig, device_type: str) -> tuple[dict[str, tor
     return tensors, meta
 
 
-def save_baseline(tensors: dict[str, torch.Tensor], meta: dict[str, str], path: Path) -> None:
-    """Write atomically (temp file in the same folder + os.replace)."""
-    path = Path(path)
+def _save_safetensors(tensors: dict[str, torch.Tensor], meta: dict[str, str], path: Path) -> None:
+    """Write atomically (temp file in the same folder + os.replace), mode like other run-dir files."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
     umask = os.umask(0)
@@ -100,10 +122,66 @@ def save_baseline(tensors: dict[str, torch.Tensor], meta: dict[str, str], path: 
     os.replace(tmp, path)
 
 
+def kept_rows(tensors: dict[str, torch.Tensor]) -> list[dict]:
+    """KEPT_SCHEMA rows (analyzer.schemas.kept_row) of the kept tensors, in name order."""
+    rows = []
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        rows.append(kept_row(name, _ST_DTYPES[t.dtype], list(t.shape), raw, t.to(torch.float64).numpy()))
+    return rows
+
+
+def golden_rows(tensors: dict[str, torch.Tensor], golden: dict[str, torch.Tensor]) -> list[dict]:
+    """NUMERICS_SCHEMA rows (rank 0) of this baseline against the golden run's kept tensors:
+    loss per step (steps both ran), grad / param at step 0 (TENSOR_METRICS, ref = golden)."""
+    rows: list[dict] = []
+
+    def add(step, kind, tensor, seq, metric, value):
+        rows.append({"rank": 0, "step": step, "kind": kind, "tensor": tensor, "seq": seq,
+                     "metric": metric, "value": value})
+
+    new_loss, old_loss = tensors["loss"].tolist(), golden["loss"].tolist()
+    for step in range(min(len(new_loss), len(old_loss))):
+        add(step, "loss", "loss", 0, "value", new_loss[step])
+        add(step, "loss", "loss", 0, "ref_value", old_loss[step])
+    for kind in ("grad", "param"):
+        names = [k for k in tensors if k.startswith(kind + ".")]
+        for seq, key in enumerate(names):
+            if key not in golden:
+                continue
+            metrics = tensor_metrics(tensors[key], golden[key], replicated=True)
+            for metric, value in metrics.items():
+                add(0, kind, key[len(kind) + 1:], seq, metric, value)
+    return rows
+
+
+def save_baseline(tensors: dict[str, torch.Tensor], meta: dict[str, str], path: Path, *,
+                  golden: dict[str, torch.Tensor] | None = None) -> None:
+    """Write the baseline files beside ``path`` (the run dir's baseline.safetensors), each
+    atomically: the kept tensors, their kept.parquet rows, the transient activations, and with
+    ``golden`` golden.parquet."""
+    path = Path(path)
+    kept = {k: v for k, v in tensors.items() if not k.startswith("act.")}
+    acts = {k: v for k, v in tensors.items() if k.startswith("act.")}
+    _save_safetensors(acts, meta, path.with_name(ACTIVATIONS_NAME))
+    write_parquet_atomic(rows_to_table(kept_rows(kept), KEPT_SCHEMA), path.with_name(KEPT_NAME))
+    if golden is not None:
+        write_parquet_atomic(rows_to_table(golden_rows(kept, golden), NUMERICS_SCHEMA),
+                             path.with_name(GOLDEN_NAME))
+    _save_safetensors(kept, {"config": meta["config"]}, path)
+
+
 def write_baseline(cfg: RecordConfig, device_type: str, path: Path) -> None:
-    """Compute and save the baseline in this process."""
-    tensors, meta = compute_baseline(cfg, device_type)
-    save_baseline(tensors, meta, path)
+    """Compute and save the baseline in this process (with ``cfg.golden``: on its batch and
+    initial state, and compared with its tensors)."""
+    golden = None
+    if cfg.golden is not None:
+        from tracer.golden import load_golden
+
+        golden = load_golden(cfg.golden)
+    tensors, meta = compute_baseline(cfg, device_type, golden)
+    save_baseline(tensors, meta, path, golden=golden)
 
 
 def write_baseline_isolated(cfg: RecordConfig, device_type: str, path: Path) -> None:
@@ -123,19 +201,32 @@ def write_baseline_isolated(cfg: RecordConfig, device_type: str, path: Path) -> 
 
 
 def load_baseline(path: Path, cfg: RecordConfig, device_type: str) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Load ``baseline.safetensors``; returns (tensors on CPU, activation order).
+    """Load ``baseline.safetensors`` and the activations beside it; returns (tensors on CPU,
+    activation order). With ``cfg.golden`` the golden run's grad.* / param.* / loss are added
+    under ``golden.<name>``.
 
     Raises ``ValueError`` when the file was computed for different settings.
     """
     from safetensors import safe_open
 
+    path = Path(path)
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
     stored = json.loads(meta.get("config", "{}"))
     wanted = baseline_key(cfg, device_type)
     if stored != wanted:
         raise ValueError(f"{path}: baseline computed for {stored}, this run needs {wanted}")
-    return load_file(str(path)), json.loads(meta["activation_order"])
+    acts_path = path.with_name(ACTIVATIONS_NAME)
+    with safe_open(str(acts_path), framework="pt") as f:
+        order = json.loads((f.metadata() or {})["activation_order"])
+    tensors = {**load_file(str(path)), **load_file(str(acts_path))}
+    if cfg.golden is not None:
+        from tracer.golden import load_golden
+
+        for k, v in load_golden(cfg.golden).items():
+            if k.split(".", 1)[0] in ("grad", "param", "loss"):
+                tensors[f"golden.{k}"] = v
+    return tensors, order
 
 
 def _main(argv: list[str]) -> int:

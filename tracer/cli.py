@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -63,6 +64,10 @@ def record(
     timeout: Annotated[float, typer.Option(help="Collective timeout and hang watchdog, seconds.")] = 60.0,
     fault: Annotated[Optional[str], typer.Option(
         help="Deliberate bug: skip-grad-sync, wrong-grad-scale, unsynced-init.")] = None,
+    keep_tensors: Annotated[str, typer.Option(
+        help="Kept baseline tensors: full (safetensors + summaries) or summaries (per-tensor summaries and sha256).")] = "full",
+    golden: Annotated[Optional[str], typer.Option(
+        help="Earlier run directory: reuse its batch and initial state, compare with its kept tensors.")] = None,
     data: Annotated[str, typer.Option(
         help="Input supply: memory (rows sliced once) or loader (DataLoader + DistributedSampler).")] = "memory",
     data_workers: Annotated[int, typer.Option(help="--data loader: DataLoader worker processes.")] = 0,
@@ -78,7 +83,8 @@ def record(
                    wrap_min_params=wrap_min_params, backward_prefetch=backward_prefetch,
                    forward_prefetch=forward_prefetch, reshard_after_forward=reshard_after_forward,
                    out=out, timeout_s=timeout, fault=fault, data=data, data_workers=data_workers,
-                   data_sample_cost_ms=data_sample_cost_ms)
+                   data_sample_cost_ms=data_sample_cost_ms, keep_tensors=keep_tensors,
+                   golden=None if golden is None else str(Path(golden).resolve()))
     under_torchrun = "RANK" in os.environ
     if under_torchrun and strategy == "all":
         _fail(EXIT_BAD_INPUT, "--strategy all: under torchrun record one strategy per torchrun command")
@@ -86,6 +92,11 @@ def record(
         options["nproc"] = int(os.environ["WORLD_SIZE"])  # torchrun's world size wins
     try:
         configs = expand(strategy, name, **options)
+        if configs[0].golden is not None:
+            from tracer.golden import check_golden
+
+            for cfg in configs:
+                check_golden(cfg)
     except ValueError as exc:
         _fail(EXIT_BAD_INPUT, str(exc))
     if under_torchrun:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from analyzer.schemas import FAULTS, PRECISIONS, STRATEGIES
+from analyzer.schemas import FAULTS, KEEP_TENSORS, PRECISIONS, STRATEGIES
 
 SHARDING_STRATEGIES = ("full_shard", "shard_grad_op", "no_shard")
 BACKWARD_PREFETCH = ("pre", "post", "none")
@@ -99,6 +99,13 @@ class RecordConfig:
     """``--data loader``: DataLoader worker processes (0: batches are made in the rank itself)."""
     data_sample_cost_ms: float = 0.0
     """``--data loader``: milliseconds slept per sample in the Dataset (an input-bound run)."""
+    keep_tensors: str = "full"
+    """What the run dir keeps of its baseline (analyzer/schemas.py "kept tensors"): ``full``
+    (batch, initial state, first-step gradients, state after the first step as safetensors, plus
+    kept.parquet) or ``summaries`` (kept.parquet only: per-tensor summaries and sha256)."""
+    golden: str | None = None
+    """An earlier run directory (kept tensors ``full``) whose batch and initial state this record
+    reuses and whose kept tensors it is compared with (tracer/golden.py); None: seeded inputs."""
 
     def __post_init__(self) -> None:
         def bad(option: str, value: Any, why: str) -> ValueError:
@@ -166,6 +173,10 @@ class RecordConfig:
         if self.data != "loader" and (self.data_workers or self.data_sample_cost_ms):
             option = "data-workers" if self.data_workers else "data-sample-cost-ms"
             raise bad(option, getattr(self, option.replace("-", "_")), "only with --data loader")
+        if self.keep_tensors not in KEEP_TENSORS:
+            raise bad("keep-tensors", self.keep_tensors, f"expected one of {', '.join(KEEP_TENSORS)}")
+        if self.golden is not None and not str(self.golden).strip():
+            raise bad("golden", repr(self.golden), "must be a run directory")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise bad("name", self.name, "must be a plain directory name")
 
@@ -251,6 +262,10 @@ class RecordConfig:
                         else "--no-reshard-after-forward")
         if self.fault is not None:
             argv += ["--fault", self.fault]
+        if self.keep_tensors != "full":
+            argv += ["--keep-tensors", self.keep_tensors]
+        if self.golden is not None:
+            argv += ["--golden", str(self.golden)]
         if self.data != "memory":
             argv += ["--data", self.data, "--data-workers", str(self.data_workers),
                      "--data-sample-cost-ms", repr(self.data_sample_cost_ms)]

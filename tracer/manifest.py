@@ -16,6 +16,7 @@ import torch
 from analyzer.schemas import MANIFEST_NAME, MANIFEST_REQUIRED, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES
 from tracer.config import RecordConfig
 from tracer.data import data_manifest
+from tracer.golden import golden_section
 from tracer.profiling import activities
 from tracer.rundir import file_entries, write_bytes_atomic
 
@@ -103,7 +104,11 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
         },
         "files": file_entries(run_dir),
         "data": data_manifest(cfg, device.type),
+        "keep_tensors": cfg.keep_tensors,
     }
+    golden = golden_section(cfg, run_dir)
+    if golden is not None:
+        manifest["golden"] = golden
     missing = [k for k in MANIFEST_REQUIRED if k not in manifest]
     if missing:
         raise RuntimeError(f"manifest lacks {missing}")

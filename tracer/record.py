@@ -77,7 +77,7 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     """
     from dataclasses import replace
 
-    from tracer.baseline import BASELINE_NAME, write_baseline, write_baseline_isolated
+    from tracer.baseline import BASELINE_FILES, BASELINE_NAME, write_baseline, write_baseline_isolated
     from tracer.launch import run_workers
     from tracer.rundir import clear_run_dir
 
@@ -99,7 +99,9 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     else:
         write_baseline(configs[0], device_type, first)
     for cfg in configs[1:]:
-        _place(first, cfg.run_dir / BASELINE_NAME)
+        for name in BASELINE_FILES:
+            if (first.parent / name).exists():
+                _place(first.parent / name, cfg.run_dir / name)
     done = []
     for cfg in configs:
         log.info("recording %s into %s", cfg.strategy, cfg.run_dir)

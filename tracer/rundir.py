@@ -53,7 +53,8 @@ def clear_run_dir(run_dir: Path) -> None:
     manifest = run_dir / MANIFEST_NAME
     manifest.unlink(missing_ok=True)
     for pattern in ("rank*.trace.json.gz", "*.parquet", "baseline.safetensors", ".tmp-*",
-                    ".baseline.safetensors.*"):
+                    ".baseline.safetensors.*", ".baseline.activations.safetensors*",
+                    "..baseline.activations.safetensors.*"):
         for f in run_dir.glob(pattern):
             f.unlink(missing_ok=True)
     for d in (MEMORY_DIR, PARTS_DIR):

@@ -29,10 +29,10 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
-from analyzer.schemas import (MEMORY_DIR, MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME,
+from analyzer.schemas import (GOLDEN_METRICS, MEMORY_DIR, MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME,
                               NUMERICS_SCHEMA, STEPS_NAME, STEPS_SCHEMA, trace_name)
 from tracer import devices, faults
-from tracer.baseline import BASELINE_NAME, load_baseline, write_baseline_isolated
+from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
 from tracer.data import Batches
 from tracer.manifest import build_manifest, write_manifest
@@ -163,12 +163,14 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     base, _order = load_baseline(baseline_path, cfg, device.type)
     model, num_params, units = build_wrapped_model(cfg, base, env.rank, device)
     numerics, step_rows, snapshot_table = train(cfg, model, base, env, device, hb)
+    add_golden_losses(numerics, base)
     hb.beat("write")
     write_rank_outputs(cfg, env.rank, numerics, step_rows, snapshot_table)
     dist.barrier()
     if env.rank == 0:
         hb.beat("manifest")
         merge_parts(cfg.run_dir, env.world_size, with_memory=snapshot_table is not None)
+        finish_kept(cfg)
         launch = {"method": env.launch,
                   "nnodes": max(1, env.world_size // max(1, env.local_world_size)),
                   "master_addr": os.environ.get("MASTER_ADDR"),
@@ -296,6 +298,36 @@ def write_rank_outputs(cfg: RecordConfig, rank: int, numerics: NumericsRows, ste
         write_parquet_atomic(snapshot_table, parts / f"rank{rank}.memory.parquet")
 
 
+def finish_kept(cfg: RecordConfig) -> None:
+    """Before the manifest: drop the transient activation references, and with
+    ``--keep-tensors summaries`` the kept tensors too (kept.parquet stays)."""
+    (cfg.run_dir / ACTIVATIONS_NAME).unlink(missing_ok=True)
+    if cfg.keep_tensors == "summaries":
+        (cfg.run_dir / BASELINE_NAME).unlink(missing_ok=True)
+
+
+def add_golden_losses(numerics: NumericsRows, base: dict[str, torch.Tensor]) -> None:
+    """With ``--golden``: the golden baseline's loss per step as ``golden_ref_value`` rows."""
+    if "golden.loss" not in base:
+        return
+    steps = {r["step"] for r in numerics.rows if r["kind"] == "loss"}
+    for step, value in enumerate(base["golden.loss"].tolist()):
+        if step in steps:
+            numerics.add(step, "loss", "loss", 0, "golden_ref_value", value)
+
+
+def add_golden_tensors(cfg, model, base, numerics: NumericsRows, kind: str, rank: int, world: int) -> None:
+    """With ``--golden`` (inside ``full_view``): this rank's ``kind`` tensors against the golden
+    run's kept ones, as GOLDEN_METRICS rows (analyzer/schemas.py)."""
+    if not any(k.startswith(f"golden.{kind}.") for k in base):
+        return
+    for seq, fqn, local, ref, replicated in compared_tensors(model, cfg.strategy, kind, rank, world, base,
+                                                             f"golden.{kind}."):
+        m = tensor_metrics(local, ref, replicated=replicated)
+        for metric in GOLDEN_METRICS:
+            numerics.add(0, kind, fqn, seq, metric, m[metric[len("golden_"):]])
+
+
 def record_step0_before_optimizer(cfg, model, recorder, base, numerics: NumericsRows,
                                   rank: int, world: int, rows: slice) -> None:
     """Step-0 activations (this rank's rows) and gradients vs the baseline (no-op for single)."""
@@ -307,6 +339,7 @@ def record_step0_before_optimizer(cfg, model, recorder, base, numerics: Numerics
     with full_view(model, cfg.strategy, with_grads=True):
         for seq, fqn, local, ref, replicated in compared_tensors(model, cfg.strategy, "grad", rank, world, base, "grad."):
             numerics.add_tensor(0, "grad", fqn, seq, tensor_metrics(local, ref, replicated=replicated))
+        add_golden_tensors(cfg, model, base, numerics, "grad", rank, world)
 
 
 def record_params(cfg, model, base, numerics: NumericsRows, rank: int, world: int) -> None:
@@ -316,6 +349,7 @@ def record_params(cfg, model, base, numerics: NumericsRows, rank: int, world: in
     with full_view(model, cfg.strategy, with_grads=False):
         for seq, fqn, local, ref, replicated in compared_tensors(model, cfg.strategy, "param", rank, world, base, "param."):
             numerics.add_tensor(0, "param", fqn, seq, tensor_metrics(local, ref, replicated=replicated))
+        add_golden_tensors(cfg, model, base, numerics, "param", rank, world)
 
 
 def merge_parts(run_dir: Path, world: int, *, with_memory: bool) -> None:

@@ -1,0 +1,96 @@
+"""``tracer record --golden PATH``: check and load an earlier run's kept tensors (issue 9).
+
+The golden run's batch and initial state replace the seeded ones (tracer/baseline.py), so the new
+record differs from the golden one only in what changed since (torch, device, precision policy,
+sharding, world size). The new baseline and the new distributed run are compared with the golden
+tensors (golden.parquet and the ``golden_*`` numerics metrics, analyzer/schemas.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from analyzer.schemas import KEPT_NAME, KEPT_TENSORS_NAME, MANIFEST_NAME, SchemaError, read_manifest
+from tracer.config import RecordConfig
+from tracer.rundir import sha256_file
+
+
+def _golden_manifest(path: Path) -> dict[str, Any]:
+    if not (path / MANIFEST_NAME).is_file():
+        raise ValueError(f"--golden {path}: no {MANIFEST_NAME} (not a completed run directory); "
+                         "pass a run directory written by tracer record")
+    try:
+        return read_manifest(path / MANIFEST_NAME)
+    except SchemaError as exc:
+        raise ValueError(f"--golden {exc}") from None
+
+
+def _kept_entry(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    entry = next((f for f in manifest["files"] if f.get("path") == KEPT_TENSORS_NAME), None)
+    if entry is None or not (path / KEPT_TENSORS_NAME).is_file():
+        raise ValueError(f"--golden {path}: keeps no {KEPT_TENSORS_NAME} (recorded with "
+                         "--keep-tensors summaries, or before tensors were kept); record the golden "
+                         "run with --keep-tensors full")
+    return entry
+
+
+def check_golden(cfg: RecordConfig) -> dict[str, Any]:
+    """Refuse (``ValueError``, one line naming PATH and what differs) unless ``cfg.golden`` is a
+    completed run directory with kept tensors of this config's model and batch shape (hidden,
+    layers, global batch, sequence length) and seed, which is not the run directory this record
+    would clear. Returns the golden manifest."""
+    path = Path(cfg.golden)
+    if path.resolve() == cfg.run_dir.resolve():
+        raise ValueError(f"--golden {path}: is the run directory this record writes; pick another "
+                         "--out or --name")
+    m = _golden_manifest(path)
+    _kept_entry(path, m)
+    model, batch = m.get("model") or {}, m.get("batch") or {}
+    theirs = {"hidden": model.get("hidden"), "layers": model.get("layers"),
+              "batch": batch.get("global_batch"), "seq": batch.get("seq_len"), "seed": m.get("seed")}
+    ours = {"hidden": cfg.hidden, "layers": cfg.layers, "batch": cfg.batch, "seq": cfg.seq, "seed": cfg.seed}
+    differ = [k for k in ours if ours[k] != theirs[k]]
+    if differ:
+        raise ValueError(f"--golden {path}: recorded with "
+                         + ", ".join(f"--{k} {theirs[k]}" for k in differ) + "; this record has "
+                         + ", ".join(f"--{k} {ours[k]}" for k in differ)
+                         + "; record with the golden run's model and batch shape")
+    return m
+
+
+def load_golden(path: str | Path) -> dict:
+    """The golden run's kept tensors (CPU). Raises ``ValueError`` naming the file when its
+    sha256 no longer matches the golden manifest (changed since it was recorded)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    m = _golden_manifest(path)
+    entry = _kept_entry(path, m)
+    file = path / KEPT_TENSORS_NAME
+    if sha256_file(file) != entry.get("sha256"):
+        raise ValueError(f"--golden {file}: sha256 differs from its manifest (changed after the "
+                         "record); re-record the golden run")
+    return load_file(str(file))
+
+
+def golden_section(cfg: RecordConfig, run_dir: Path) -> dict[str, Any] | None:
+    """The manifest's ``golden`` section (analyzer/schemas.py), or None without ``--golden``.
+
+    ``batch_sha256_equal`` / ``init_sha256_equal``: every batch.* / init.* tensor's sha256 in this
+    run's kept.parquet equals the golden run's (and both hold the same names)."""
+    if cfg.golden is None:
+        return None
+    path = Path(cfg.golden)
+    m = _golden_manifest(path)
+
+    def shas(folder: Path, group: str) -> dict[str, str]:
+        t = pq.read_table(folder / KEPT_NAME, columns=["group", "tensor", "sha256"]).to_pylist()
+        return {r["tensor"]: r["sha256"] for r in t if r["group"] == group}
+
+    return {"path": str(path.resolve()), "run_id": m["run_id"], "run_name": m["run_name"],
+            "strategy": m["strategy"], "precision": m["precision"], "versions": m["versions"],
+            "device": m["device"], "kept_sha256": _kept_entry(path, m)["sha256"],
+            **{f"{g}_sha256_equal": shas(run_dir, g) == shas(path, g) for g in ("batch", "init")}}
