@@ -23,8 +23,9 @@ RANKING_RULE = (
     "allocated memory. Runs recorded under different settings are never ranked together."
 )
 
-SETTINGS = ("versions", "device", "batch", "seed", "model", "precision", "launch")
-"""Manifest settings that must agree for runs to be one experiment."""
+SETTINGS = ("versions", "device", "batch", "seed", "model", "precision", "launch", "data")
+"""Manifest settings that must agree for runs to be one experiment. ``data`` (issue 10): how
+the input was supplied; a record without it was fed from memory (the only way before)."""
 
 
 def _setting(run: dict[str, Any], key: str) -> Any:
@@ -37,6 +38,10 @@ def _setting(run: dict[str, Any], key: str) -> Any:
         if run.get("strategy") == "single":
             return None  # the baseline is not launched; nothing to compare
         return {k: v for k, v in value.items() if k in ("method", "nnodes")}
+    if key == "data":
+        if not isinstance(value, dict):
+            return {"source": "memory"}
+        return {k: v for k, v in value.items() if k in ("source", "workers", "sample_cost_ms")}
     if key == "device" and isinstance(value, dict):
         return {k: v for k, v in value.items() if k in ("type", "name")}
     return value

@@ -5,7 +5,9 @@ Reads run directories through ``analyzer`` only (never torch). The renderers (``
 
 Per-run figures from the traces (``analyzer.api``): ``ranks[]`` are per-step means over the
 rank's steps; the run's ``overlap_frac`` = overlap / communication summed over ranks and steps;
-``exposed_comm_ns`` = exposed communication per step, mean over ranks; ``communication[kind]``
+``exposed_comm_ns`` = exposed communication per step, mean over ranks; ``data`` = the run's data
+supply (analyzer/datasupply.py: time-weighted data-wait shares, input-bound rule);
+``communication[kind]``
 = per-rank means (count, time_ns, bytes) and the mean busbw over ranks.
 """
 
@@ -20,14 +22,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer import api, compare, memory, parity, prefetch, rundirs, schemas
+from analyzer import api, compare, datasupply, memory, parity, prefetch, rundirs, schemas
 from analyzer.collectives import by_kind
 from analyzer.fswalk import entries
 
 log = logging.getLogger(__name__)
 
 REPORT_SCHEMA_VERSION = 1
-BAR_PARTS = ("compute_ns", "exposed_comm_ns", "other_ns", "idle_ns")
+BAR_PARTS = ("compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns")
 
 
 def _num(v: Any) -> Any:
@@ -74,8 +76,12 @@ def _trace_part(ts) -> dict[str, Any]:
         comm = int(g["comm_ns"].sum())
         ranks.append({"rank": int(rank), "steps": int(len(g)),
                       **{c: _num(float(g[c].mean())) for c in
-                         ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns")},
-                      "overlap_frac": _num(g["overlap_ns"].sum() / comm) if comm else None})
+                         ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "data_wait_ns",
+                          "other_ns", "idle_ns")},
+                      "overlap_frac": _num(g["overlap_ns"].sum() / comm) if comm else None,
+                      "data_wait_frac": _num(g["data_wait_ns"].sum() / g["step_ns"].sum())
+                      if g["step_ns"].sum() else None,
+                      "input_bound_steps": int(g["input_bound"].sum())})
     out["ranks"] = ranks
     comm_total = int(bd["comm_ns"].sum())
     out["overlap_frac"] = _num(bd["overlap_ns"].sum() / comm_total) if comm_total else None
@@ -150,9 +156,11 @@ def collect_run(run: rundirs.RunDir, *, rtol: float | None, atol: float | None,
     traces = [p for p in entries(run.path)[0] if p.is_file() and rundirs._is_trace(p)]
     entry["traces"] = [str(p) for p in traces]
     trace_part: dict[str, Any] = {}
+    data_bd = None
     if traces:
         ts = api.load_tables(run.path, allow_incomplete=allow_incomplete)
         trace_part = _trace_part(ts)
+        data_bd = ts.breakdown
         if entry["world_size"] is None:
             entry["world_size"] = ts.world_size
             entry["device"] = "cuda" if trace_part["device_kind"] == "gpu" else "cpu"
@@ -178,6 +186,7 @@ def collect_run(run: rundirs.RunDir, *, rtol: float | None, atol: float | None,
     entry["communication"] = trace_part.get("communication", {})
     entry["overlap_frac"] = trace_part.get("overlap_frac")
     entry["exposed_comm_ns"] = trace_part.get("exposed_comm_ns")
+    entry["data"] = {k: _num(v) for k, v in datasupply.data_summary(data_bd, m).items()}
     entry["ranks"] = trace_part.get("ranks", [])
     entry["prefetch"] = trace_part.get("prefetch")
     entry["steps"] = trace_part.get("steps", [])

@@ -47,6 +47,24 @@ def comm_kinds(run: dict) -> str:
     return ", ".join(f"{k} {ms(v['time_ns'])}" for k, v in comm.items()) or "-"
 
 
+def data_supply(run: dict) -> str:
+    """``38.0 % (loader, 2 workers, 20 ms/sample)``: the run's data-wait share (all ranks and
+    steps) and how its input was supplied; ``-`` without traces."""
+    d = run.get("data") or {}
+    src = d.get("source")
+    how = ""
+    if src == "loader":
+        how = f"loader, {d.get('workers', 0)} workers"
+        if d.get("sample_cost_ms"):
+            how += f", {num(d['sample_cost_ms'], 'g')} ms/sample"
+    elif src:
+        how = str(src)
+    share = pct(d.get("data_wait_frac"))
+    if share == "-":
+        return how or "-"
+    return f"{share} ({how})" if how else share
+
+
 def tolerance_line(tol: dict | None) -> str:
     """``rtol 1.3e-06, atol 1e-05 (source)``."""
     if not tol:

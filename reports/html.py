@@ -12,10 +12,12 @@ from reports import fmt
 from reports.markdown import PERFETTO_HINT, comparison_rows
 from reports.verdict import verdict
 
-COLORS = {"compute_ns": "#4c78a8", "exposed_comm_ns": "#e45756", "other_ns": "#b8b8b8",
+COLORS = {"compute_ns": "#4c78a8", "exposed_comm_ns": "#e45756", "data_wait_ns": "#eeca3b",
+          "other_ns": "#b8b8b8",
           "idle_ns": "#eeeeee", "comm": "#f58518", "compute": "#4c78a8",
           "peak_rss_bytes": "#72b7b2", "peak_allocated": "#54a24b"}
 LABELS = {"compute_ns": "compute", "exposed_comm_ns": "exposed communication",
+          "data_wait_ns": "data wait",
           "other_ns": "other", "idle_ns": "idle"}
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}
@@ -80,7 +82,7 @@ def step_bars(report: dict[str, Any]) -> str:
     for r in report["runs"]:
         for s in r.get("steps") or []:
             rows.append((f"{r['name']} step {s['step']}",
-                         [(LABELS[k], s[k] or 0, COLORS[k]) for k in LABELS]))
+                         [(LABELS[k], s.get(k) or 0, COLORS[k]) for k in LABELS]))
     return _hbars("Step time breakdown (mean over ranks)", rows, "ms", 1e6)
 
 

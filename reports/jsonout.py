@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 RUN_KEYS = ("name", "strategy", "world_size", "backend", "device", "parity", "step_time_ns",
-            "memory", "communication", "overlap_frac", "exposed_comm_ns", "ranks", "prefetch")
+            "memory", "communication", "overlap_frac", "exposed_comm_ns", "ranks", "prefetch", "data")
 PARITY_KEYS = ("status", "max_grad_rel_l2", "loss_max_rel_diff", "first_divergence")
 DIVERGENCE_KEYS = ("tensor", "kind", "rel_l2", "tolerance")
-RANK_KEYS = ("rank", "step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "overlap_frac", "idle_ns")
+RANK_KEYS = ("rank", "step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "overlap_frac", "idle_ns",
+             "data_wait_ns", "data_wait_frac")
 COMM_KEYS = ("count", "time_ns", "bytes", "busbw_gbps")
 
 

@@ -25,13 +25,13 @@ def comparison_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]
     """Headers and rows of the comparison table (shared with the HTML renderer)."""
     headers = ["run", "strategy and options", "parity", "median step", "p90 step",
                "speedup vs single", "communication per rank", "exposed comm / step",
-               "overlap", "peak allocated", "peak RSS"]
+               "overlap", "data wait", "peak allocated", "peak RSS"]
     rows = []
     for r in report["runs"]:
         st = r["step_time_ns"]
         rows.append([r["name"], fmt.options(r), r["parity"]["status"], fmt.ms(st["median"]),
                      fmt.ms(st["p90"]), fmt.speedup(r.get("speedup_vs_single")), fmt.comm_kinds(r),
-                     fmt.ms(r.get("exposed_comm_ns")), fmt.pct(r.get("overlap_frac")),
+                     fmt.ms(r.get("exposed_comm_ns")), fmt.pct(r.get("overlap_frac")), fmt.data_supply(r),
                      fmt.mib(r["memory"]["peak_allocated_bytes"]), fmt.mib(r["memory"]["peak_rss_bytes"])])
     return headers, rows
 
@@ -51,7 +51,9 @@ def render(report: dict[str, Any]) -> str:
             "Step times: median and 90th percentile over the profiled steps (source per run below). "
             "Communication, exposed communication and overlap come from the traces: exposed = "
             "communication time not under computation; overlap = share of communication time "
-            "under computation."
+            "under computation; data wait = share of step time spent fetching or waiting for input "
+            "(DataLoader __next__ ranges and host-to-device copies) while neither computing nor "
+            "communicating, all ranks and steps, with how the run was fed."
             + (" On CPU traces computation is every main-thread op, including autograd ops inside "
                "which FSDP hooks wait for their all_gather; the FSDP prefetch section excludes that "
                "time." if any(r.get("prefetch") and r.get("device") == "cpu" for r in runs) else ""),
@@ -82,10 +84,12 @@ def render(report: dict[str, Any]) -> str:
         for k in r["ranks"]:
             rows.append([r["name"], k["rank"], fmt.ms(k["step_ns"]), fmt.ms(k["compute_ns"]),
                          fmt.ms(k["comm_ns"]), fmt.ms(k["exposed_comm_ns"]), fmt.pct(k["overlap_frac"]),
+                         f"{fmt.ms(k.get('data_wait_ns'))} ({fmt.pct(k.get('data_wait_frac'))})",
                          fmt.ms(k["other_ns"]), fmt.ms(k["idle_ns"])])
     out += [table(["run", "rank", "step", "compute", "communication", "exposed comm", "overlap",
-                   "other", "idle"], rows) if rows else "No traces.", "",
-            "compute + exposed communication + other + idle = step, per rank and step.", ""]
+                   "data wait", "other", "idle"], rows) if rows else "No traces.", "",
+            "compute + exposed communication + data wait + other + idle = step, per rank and step "
+            "(each instant counted once, in that order of precedence).", ""]
 
     out += ["## Communication by collective kind (per rank, mean over ranks)", ""]
     rows = [[r["name"], k, fmt.num(v["count"], ".1f"), fmt.ms(v["time_ns"]), fmt.mib(v["bytes"]),

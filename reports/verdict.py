@@ -16,6 +16,22 @@ def _fmt_div(fd: dict) -> str:
             f"{fd['max_abs_diff']:.3g} > limit {fd['limit']:.3g}, rel L2 {fd['rel_l2']:.3g}")
 
 
+def input_bound_sentence(run: dict[str, Any]) -> str | None:
+    """"Input-bound: in ddp, rank 1 waited 38.0 % of step time for data; communication figures
+    for this run are not the bottleneck." when the run is input-bound (analyzer/datasupply.py),
+    else None. The communication clause says so only when that rank's exposed communication
+    share is below its data wait share; otherwise both are named."""
+    d = run.get("data") or {}
+    if not d.get("input_bound"):
+        return None
+    text = (f"Input-bound: in {run['name']}, rank {d['worst_rank']} waited "
+            f"{fmt.pct(d['worst_rank_frac'])} of step time for data")
+    comm = d.get("worst_rank_exposed_comm_frac")
+    if comm is None or comm < d["worst_rank_frac"]:
+        return text + "; communication figures for this run are not the bottleneck."
+    return text + f" and {fmt.pct(comm)} on exposed communication; both limit it."
+
+
 def verdict(report: dict[str, Any]) -> list[str]:
     """Plain-language sentences: parity first, then the ranking (or why it is withheld), then
     caveats (CPU timings, differing settings)."""
@@ -66,6 +82,7 @@ def verdict(report: dict[str, Any]) -> list[str]:
         out.append(text + ".")
     else:
         out.append(f"Ranking withheld: {rk['reason']}")
+    out += [s for r in runs if (s := input_bound_sentence(r))]
     cpu = [r for r in runs if r.get("device") == "cpu" and r["strategy"] != "single"]
     if cpu:
         text = ("These runs were recorded on CPU with gloo: timings carry +-30-50 % noise and "

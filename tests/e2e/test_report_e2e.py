@@ -78,7 +78,8 @@ def test_clean_record_is_ranked_and_passes_the_gate(clean_root):
         assert run["step_time_ns"]["median"] == float(np.median(t.groupby("step")["wall_ns"].max()))
         assert run["memory"]["peak_rss_bytes"] == int(steps["peak_rss_bytes"].max())
         for k in run["ranks"]:
-            parts = k["compute_ns"] + k["exposed_comm_ns"] + k["other_ns"] + k["idle_ns"]
+            parts = (k["compute_ns"] + k["exposed_comm_ns"] + k["data_wait_ns"] + k["other_ns"]
+                     + k["idle_ns"])
             assert parts == pytest.approx(k["step_ns"], abs=1.0)
     assert by["ddp"]["prefetch"] is None and by["ddp"]["communication"]["all_reduce"]["count"] > 0
     for name in ("fsdp", "fsdp2"):
