@@ -107,7 +107,8 @@ NUMERICS_SCHEMA = pa.schema(
 # --- steps.parquet ---------------------------------------------------------------------------
 #
 # One row per rank and step (all steps, profiled or not). Wall time is measured around the whole
-# training step (forward, backward, optimizer) with time.perf_counter_ns after a device sync.
+# training step (forward, backward, optimizer) with time.perf_counter_ns after a device sync;
+# with ``--data loader`` it includes fetching the step's batch (manifest ``data``).
 # Memory peaks are per step: peak_rss_bytes is the process's high-water RSS so far (ru_maxrss,
 # monotonic); profiler_allocated_peak_bytes is the peak of the profiler's [memory] "Total
 # Allocated" during the step (null on unprofiled steps); the CUDA columns are
@@ -178,6 +179,11 @@ MEMORY_SCHEMA = pa.schema(
 #                    kept_sha256 (sha256 of its baseline.safetensors), batch_sha256_equal and
 #                    init_sha256_equal (bools: this record's kept batch / initial state are
 #                    byte-identical to the golden's, tensor by tensor)}
+#   data             (optional, issue 10; absent in older records, which were fed from memory)
+#                    how the input was supplied (tracer/data.py): {source: "memory"} or
+#                    {source: "loader", workers: int, pin_memory: bool, sample_cost_ms: float,
+#                    sampler: str}: the same rows as memory, through a DataLoader with a
+#                    DistributedSampler, fetched inside each step
 FAULTS = ("skip-grad-sync", "wrong-grad-scale", "unsynced-init")
 MANIFEST_REQUIRED = (
     "schema_version",
