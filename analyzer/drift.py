@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer import parity, schemas
+from analyzer.errors import BadInput
 from analyzer.kept import KeptRun, open_kept
 
 DRIFT_SETTINGS = ("versions", "device", "precision", "sharding", "world_size", "model", "batch", "seed")
@@ -238,3 +239,43 @@ def drift(old_dir: Path | str, new_dir: Path | str, *, rtol: float | None = None
             "tensors": [{k: clean(v) for k, v in r.items()} for r in t.to_dict("records")],
             "numerics": compare_numerics(old, new), "golden": golden_link(old, new, exp),
             "ok": bool(bad.empty), "verdict": verdict}
+
+
+def _group_key(run: dict[str, Any]) -> str:
+    s = run.get("settings") or {}
+    dev = s.get("device") or {}
+    return repr((s.get("versions"), dev.get("type"), dev.get("name"), s.get("precision")))
+
+
+def report_section(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The report's baseline-drift section, or None when every recorded run shares versions,
+    device and precision policy (then nothing can have drifted).
+
+    ``runs`` are report run entries (``name``, ``path``, ``settings``). Runs are grouped by those
+    settings; the first run of the first group is the reference and the first run of every other
+    group is compared with it (``drift``). Returns ``{reference, note, comparisons: [{old, new,
+    settings_differ, expectation, ok, verdict, beyond: [tensor names]} | {old, new, error}]}``.
+    """
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        if r.get("settings"):
+            groups.setdefault(_group_key(r), []).append(r)
+    if len(groups) < 2:
+        return None
+    reps = [g[0] for g in groups.values()]
+    ref = reps[0]
+    comparisons = []
+    for other in reps[1:]:
+        try:
+            d = drift(ref["path"], other["path"])
+        except BadInput as exc:
+            comparisons.append({"old": ref["name"], "new": other["name"], "error": str(exc)})
+            continue
+        comparisons.append({"old": ref["name"], "new": other["name"],
+                            "settings_differ": d["settings_differ"], "expectation": d["expectation"],
+                            "ok": d["ok"], "verdict": d["verdict"],
+                            "beyond": [t["tensor"] for t in d["tensors"] if not t["ok"]][:10]})
+    return {"reference": ref["name"], "comparisons": comparisons,
+            "note": "runs were recorded with different versions, device or precision policy: their "
+                    "baselines are compared here (analyzer drift) and the runs are not ranked "
+                    "against each other as one experiment"}
