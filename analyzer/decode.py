@@ -362,12 +362,14 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
         ts, dur = ts[keep], dur[keep]
 
     strict = isinstance(trace, _Trace)
+    # (name, cat) coded in one pass; name and cat columns come from the distinct pairs
+    nc_of: dict[tuple[str, str], int] = {}
     if strict:  # typed: name/cat are str, ids int or None
-        names = [e.name for e in xs]
-        cats = [e.cat for e in xs]
+        gen_nc = (nc_of.setdefault((e.name, e.cat), len(nc_of)) for e in xs)
     else:
-        names = [_as_str(e.name) or "" for e in xs]
-        cats = [_as_str(e.cat) or "" for e in xs]
+        gen_nc = (nc_of.setdefault((_as_str(e.name) or "", _as_str(e.cat) or ""), len(nc_of))
+                  for e in xs)
+    nc_codes = np.fromiter(gen_nc, np.int32, count=len(xs))
     # (pid, tid) coded in one pass; pid, tid and thread_name columns come from the pairs
     pair_of: dict[Any, int] = {}
     if strict:  # int | str: hashable, and str() of each distinct pair only
@@ -396,7 +398,7 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
         corr = np.array([_as_int(a.correlation) for a in args], dtype=np.int64)
     stream_raw = [a.stream for a in args]
 
-    cat_c = _categorical(cats)
+    cat_c = _take(_categorical([c for _, c in nc_of]), nc_codes)
     gpu_cat = np.array([str(x).lower() in GPU_CATS for x in cat_c.categories], dtype=bool)
     is_gpu = gpu_cat[cat_c.codes] if len(cat_c.categories) else np.zeros(len(xs), bool)
     stream = np.full(len(xs), -1, np.int64)
@@ -409,7 +411,7 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
             stream[i] = int(t) if t.isascii() and t.isdigit() and len(t) < 19 else -1
 
     # collective arguments: only comm-related rows carry them; parse shapes for those only
-    name_c = _categorical(names)
+    name_c = _take(_categorical([nm for nm, _ in nc_of]), nc_codes)
     comm_name = np.array([str(x).startswith(_COMM_PREFIXES) for x in name_c.categories], bool)
     is_comm_name = comm_name[name_c.codes] if len(name_c.categories) else np.zeros(len(xs), bool)
     carries = is_comm_name | np.array([a.coll_name is not None for a in args], bool)
