@@ -20,7 +20,6 @@ line.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import logging
 import os
@@ -249,7 +248,6 @@ def rank_tables(path: Path, *, use_cache: bool = True) -> RankTables:
                     collectives=coll, prefetch=prefetch_table(ev, rank=-1), timeline=tl,
                     timeline_step=tl_step)
     del pf, ev
-    gc.collect()
     if use_cache:
         _write_tables(cpath, key, stat, rt)
     return rt
