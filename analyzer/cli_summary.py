@@ -92,8 +92,8 @@ def _print_tables(s) -> None:
     ms = lambda v: f"{v / 1e6:.3f}"  # noqa: E731
     b = s.breakdown.copy()
     b_cols = ["rank", "step", "step_ms", "compute_ms", "comm_ms", "overlap_ms", "exposed_comm_ms",
-              "other_ms", "idle_ms", "overlap_pct"]
-    for c in ("step", "compute", "comm", "overlap", "exposed_comm", "other", "idle"):
+              "data_wait_ms", "other_ms", "idle_ms", "overlap_pct"]
+    for c in ("step", "compute", "comm", "overlap", "exposed_comm", "data_wait", "other", "idle"):
         b[f"{c}_ms"] = b[f"{c}_ns"]
     b["overlap_pct"] = b["overlap_frac"] * 100
     show("Per rank and step (ms)", b, b_cols,
