@@ -80,7 +80,7 @@ def expectation(old: dict[str, Any], new: dict[str, Any], diffs: list[dict[str, 
     tol = parity.tolerance_for(precision, rtol=rtol, atol=atol)
     return {"mode": "tolerance",
             "tolerance": {"rtol": tol.rtol, "atol": tol.atol, "precision": precision, "source": tol.source},
-            "why": f"{', '.join(changed)} differ: the {precision} precision tolerance applies "
+            "why": f"{', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'}: the {precision} precision tolerance applies "
                    f"({tol.describe()}), max |new - old| <= atol + rtol * max |old|"}
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer import api, compare, datasupply, memory, parity, prefetch, rundirs, schemas
+from analyzer import api, compare, datasupply, drift, memory, parity, prefetch, rundirs, schemas
 from analyzer.collectives import by_kind
 from analyzer.fswalk import entries
 
@@ -228,6 +228,7 @@ def build_report(runs: list[dict[str, Any]], *, layout: str, root: str,
         "runs": runs, "ranking": compare.rank_runs(runs),
         "settings_warnings": compare.settings_differences(runs),
         "prefetch_comparisons": compare.prefetch_groups(runs),
+        "baseline_drift": drift.report_section(runs),
         "warnings": list(warnings or []) + [f"{r['name']}: {n}" for r in runs
                                             for n in (r.get("caveats") or []) + (r.get("notes") or [])],
     }

@@ -165,6 +165,21 @@ def render(report: dict[str, Any]) -> str:
     out += [table(["run", "versions", "device", "batch shape", "seed", "precision", "launch"], rows), ""]
     for w in report.get("settings_warnings") or []:
         out += [f"**Warning:** {w}.", ""]
+    bd = report.get("baseline_drift")
+    if bd:
+        out += ["## Baseline drift", "", f"{bd['note'][0].upper()}{bd['note'][1:]}. Reference: "
+                f"{bd['reference']}.", ""]
+        rows = []
+        for c in bd["comparisons"]:
+            if "error" in c:
+                rows.append([c["old"], c["new"], "-", "-", f"not compared: {c['error']}"])
+                continue
+            differ = "; ".join(f"{d['setting']} {d['old']} -> {d['new']}" for d in c["settings_differ"])
+            rows.append([c["old"], c["new"], differ or "-", c["expectation"]["why"],
+                         ("OK " if c["ok"] else "DRIFT ") + c["verdict"]])
+        out += [table(["reference", "run", "settings that differ", "tolerance applied and why",
+                       "verdict"], rows), "",
+                "Per-tensor figures: `analyzer drift REFERENCE RUN`.", ""]
     for w in report.get("warnings") or []:
         out += [f"Note: {w}", ""]
 

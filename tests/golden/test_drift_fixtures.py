@@ -54,7 +54,7 @@ def test_fp32_vs_bf16_uses_bf16_tolerance(tmp_path):
     assert r["expectation"]["mode"] == "tolerance"
     tol = r["expectation"]["tolerance"]
     assert (tol["rtol"], tol["atol"], tol["precision"]) == (BF16_RTOL, BF16_ATOL, "bf16")
-    assert "versions, precision differ" in r["expectation"]["why"]
+    assert "versions, precision differ:" in r["expectation"]["why"]
     assert {d["setting"]: (d["old"], d["new"]) for d in r["settings_differ"]} == {
         "versions": ({"torch": "2.13.0"}, {"torch": "2.14.0"}), "precision": ("fp32", "bf16")}
     t = _by_name(r)

@@ -135,3 +135,18 @@ def test_summaries_only(golden_root, tmp_path):
     proc, _ = run_tracer(["--strategy", "single", *TINY, "--golden", str(s), "--out", str(tmp_path),
                           "--name", "t"], cwd=tmp_path)
     assert proc.returncode == 2 and "--keep-tensors full" in proc.stderr
+
+
+def test_report_shows_baseline_drift_and_does_not_rank(golden_root, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "analyzer", "report", str(golden_root), "--out",
+                           str(tmp_path), "--format", "json,md"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["ranking"]["status"] == "withheld" and "precision" in rep["ranking"]["reason"]
+    bd = rep["baseline_drift"]
+    assert bd["reference"] == "a"
+    [c] = bd["comparisons"]  # fp32 group (a, b) vs bf16 group (c)
+    assert (c["old"], c["new"]) == ("a", "c") and "bf16 precision tolerance" in c["expectation"]["why"]
+    assert [d["setting"] for d in c["settings_differ"]][:1] == ["precision"]
+    md = (tmp_path / "report.md").read_text()
+    assert "## Baseline drift" in md and "| a | c | precision fp32 -> bf16" in md
