@@ -86,13 +86,12 @@ record() {  # record NAME ARGS...: one `tracer record --strategy all`, log kept 
 status=0
 record small --hidden "$HIDDEN" --layers "$LAYERS" --seq "$SEQ" --batch "$BATCH" || status=1
 if [ "$BIG_BATCH" -gt 0 ]; then
+  # the kept baseline of the big model is GBs (batch, weights, gradients, updated weights): keep
+  # only its per-tensor summaries and sha256 (kept.parquet) unless KEEP_BASELINE=1
+  keep=summaries
+  [ "${KEEP_BASELINE:-0}" = 1 ] && keep=full
   record big --hidden "$BIG_HIDDEN" --layers "$BIG_LAYERS" --seq "$BIG_SEQ" --batch "$BIG_BATCH" \
-    --precision bf16 || status=1
-  # the baseline of the big model is GBs (weights, gradients, updated weights): the report
-  # reads numerics.parquet, not the baseline, so drop it to keep OUTDIR small
-  if [ "${KEEP_BASELINE:-0}" != 1 ]; then
-    find "$TRACES" -path "*big-*" -name baseline.safetensors -delete
-  fi
+    --precision bf16 --keep-tensors "$keep" || status=1
 fi
 
 echo "device_check: analyzer report $TRACES"
