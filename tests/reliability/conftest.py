@@ -4,7 +4,9 @@ error contract of issue 5."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import shutil
 import subprocess
@@ -55,11 +57,30 @@ def save(path: Path, trace: dict | bytes) -> Path:
     return path
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    """Run the real console entry point (so internal errors and usage errors take the same path
-    a user sees)."""
+def cli_proc(*args: str) -> subprocess.CompletedProcess:
+    """Run the real console entry point in a fresh interpreter."""
     return subprocess.run([sys.executable, "-m", "analyzer", *args], capture_output=True, text=True,
                           timeout=300)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """Run ``analyzer.cli.main`` in this process with ``args`` (the same path a user's command
+    takes: usage errors, typed errors and internal errors included), capturing stdout / stderr
+    and the exit status. In-process because an interpreter start costs seconds on a loaded CI."""
+    from analyzer.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["analyzer", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main()
+                rc = 0
+            except SystemExit as exc:
+                rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
 
 
 def bad_input(proc: subprocess.CompletedProcess, *must: str) -> str:

@@ -16,8 +16,8 @@ import pytest
 from analyzer.api import breakdown, load_traces
 from analyzer.errors import BadInput
 from reports import collect
-from tests.reliability.conftest import (DLRM, TBPLUGIN, bad_input, cli, copy_run, load, need,
-                                        save)
+from tests.reliability.conftest import (DLRM, TBPLUGIN, bad_input, cli, cli_proc, copy_run, load,
+                                        need, save)
 
 IDENTITY = ["compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]
 ALL_CMDS = ("summary", "report", "merge")  # the commands that read traces
@@ -172,6 +172,8 @@ def test_empty_folder(tmp_path):
 def test_path_that_does_not_exist(tmp_path):
     for cmd in ("summary", "report", "gate", "merge"):
         bad_input(cli(cmd, str(tmp_path / "nope")), "nope", "no such file or folder")
+    # and through a fresh interpreter, exactly as typed in a shell
+    bad_input(cli_proc("report", str(tmp_path / "nope")), "nope", "no such file or folder")
 
 
 def test_single_file_instead_of_folder(tmp_path):

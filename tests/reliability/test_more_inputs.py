@@ -8,7 +8,8 @@ import gzip
 import json
 import shutil
 
-from tests.reliability.conftest import DLRM, TBPLUGIN, bad_input, cli, copy_run, load, need, save
+from tests.reliability.conftest import (DLRM, TBPLUGIN, bad_input, cli, cli_proc, copy_run, load,
+                                        need, save)
 
 
 def test_manifest_that_is_not_json(tmp_path, ddp_run):  # 1: editor crash / half-copied file
@@ -57,7 +58,7 @@ def test_unknown_report_format_and_missing_argument(tmp_path, ddp_run):  # 7: us
     bad_input(cli("report", str(ddp_run), "--format", "pdf", "--out", str(tmp_path / "o")),
               "unknown format(s) pdf", "analyzer report --help")
     bad_input(cli("report"), "Missing argument", "--help")
-    bad_input(cli("sumary", str(ddp_run)), "No such command 'sumary'")
+    bad_input(cli_proc("sumary", str(ddp_run)), "No such command 'sumary'")
 
 
 def test_stray_json_next_to_the_traces(tmp_path, ddp_run):  # 8: config.json in the trace folder
