@@ -1,0 +1,111 @@
+"""Per-rank tables (analyzer/tables.py) and the whole-report cache (reports/cache.py).
+
+Oracle: the same quantities computed a second way, from the full event tables of
+``api.load_traces`` (breakdown, collectives, timeline, prefetch), cold and from the caches; and
+report outputs rendered without any cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analyzer import api
+from analyzer.prefetch import prefetch_table
+from analyzer.errors import BadInput
+from analyzer.tables import rank_tables
+
+REPO = Path(__file__).parents[2]
+CORPUS = REPO / ".." / "shared" / "corpus"
+
+
+def _copy_dlrm(tmp_path: Path) -> Path:
+    dst = tmp_path / "dlrm"
+    dst.mkdir()
+    for p in sorted((CORPUS / "dlrm_ddp_8rank_v100").glob("worker[0-3].pt.trace.json.gz")):
+        shutil.copy(p, dst / p.name)
+    return dst
+
+
+def _same_as_events(root: Path, tt) -> None:
+    ts = api.load_traces(root)
+    pd.testing.assert_frame_equal(tt.breakdown, api.breakdown(ts))
+    pd.testing.assert_frame_equal(tt.collectives, api.collectives(ts))
+    pf = [t for t in (prefetch_table(r.events, rank=r.rank) for r in ts.ranks) if not t.empty]
+    if pf:
+        pd.testing.assert_frame_equal(tt.prefetch, pd.concat(pf, ignore_index=True))
+    else:
+        assert tt.prefetch.empty
+    for rt in tt.ranks:
+        assert rt.timeline_step == int(ts.ranks[0].steps["step"].min())
+        pd.testing.assert_frame_equal(tt.timeline(rt.rank, rt.timeline_step),
+                                      api.timeline(ts, rt.rank, rt.timeline_step))
+    assert [r.rank for r in tt.ranks] == [r.rank for r in ts.ranks]
+    assert tt.world_size == ts.world_size and tt.missing_ranks == ts.missing_ranks
+
+
+def test_tables_equal_the_event_analyses_cold_and_cached(tmp_path):
+    root = _copy_dlrm(tmp_path)
+    cold = api.load_tables(root, jobs=2)
+    assert not any(r.cache_hit for r in cold.ranks)
+    _same_as_events(root, cold)
+    warm = api.load_tables(root, jobs=2)
+    assert all(r.cache_hit for r in warm.ranks)
+    _same_as_events(root, warm)
+
+
+def test_fsdp_prefetch_rows_survive_the_cache(tmp_path):
+    src = REPO / "fixtures" / "gpu_shaped" / "fsdp2" / "rank0.trace.json"
+    (tmp_path / "fsdp2").mkdir()
+    shutil.copy(src, tmp_path / "fsdp2" / "rank0.json")
+    root = tmp_path / "fsdp2"
+    cold = api.load_tables(root)
+    assert len(cold.prefetch) > 0
+    warm = api.load_tables(root)
+    assert warm.ranks[0].cache_hit
+    pd.testing.assert_frame_equal(warm.prefetch, cold.prefetch)
+    _same_as_events(root, warm)
+
+
+def test_changed_trace_is_reparsed_touched_one_is_not(tmp_path):
+    root = _copy_dlrm(tmp_path)
+    api.load_tables(root)
+    f = root / "worker0.pt.trace.json.gz"
+    os.utime(f, ns=(1, 1))  # new stat signature, same bytes: the content key still matches
+    again = api.load_tables(root)
+    assert all(r.cache_hit for r in again.ranks)
+    # replace rank 0 by rank 1's trace under rank 0's name: different bytes -> recomputed
+    shutil.copy(root / "worker1.pt.trace.json.gz", f)
+    with pytest.raises(BadInput) as err:  # now two files claim rank 1
+        api.load_tables(root)
+    assert "rank 1" in str(err.value)
+    redone, other = rank_tables(f), rank_tables(root / "worker1.pt.trace.json.gz")
+    assert redone.cache_hit and other.cache_hit  # written by the failed load, per file
+    pd.testing.assert_frame_equal(redone.breakdown, other.breakdown)
+
+
+def test_report_cache_hit_is_identical_and_a_change_misses(tmp_path, monkeypatch):
+    from reports import cache
+    from reports.cli_report import write_report
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    root = _copy_dlrm(tmp_path)
+    out = tmp_path / "out"
+    opts = dict(out=out, formats=["md", "json", "html"], rtol=None, atol=None,
+                allow_incomplete=False)
+    write_report(root, **opts)
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    key = cache.key(root, out, {"rtol": None, "atol": None, "allow_incomplete": False})
+    assert cache.load(root, out, key) is not None
+    write_report(root, **opts)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first
+    # another option, or a file under DIR removed: a different key, so a fresh analysis
+    assert cache.key(root, out, {"rtol": 0.1, "atol": None, "allow_incomplete": False}) != key
+    (root / "worker3.pt.trace.json.gz").unlink()
+    assert cache.key(root, out, {"rtol": None, "atol": None, "allow_incomplete": False}) != key
+    rep, _ = write_report(root, **opts)
+    assert [r["rank"] for r in rep["runs"][0]["ranks"]] == [0, 1, 2]
