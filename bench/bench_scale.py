@@ -17,8 +17,7 @@ Each command is measured for wall time, CPU time (user + system of the process a
 waited-for children, from ``wait4``: less sensitive than wall time to other load on the
 machine) and peak RSS of its whole process tree: the sum of the
 RSS of the process and all its descendants, polled every 10 ms with psutil (``peak tree``), and
-the largest single process as the kernel counts it (``ru_maxrss`` from ``wait4``, which covers
-the process and its waited-for children). Each measurement is repeated ``--repeat`` times and
+the largest single process, polled likewise. Each measurement is repeated ``--repeat`` times and
 the median is shown; ratios compare medians of the same run.
 
 Agreement check: report.json's per-rank overlap (overlap / communication over the rank's
@@ -68,7 +67,8 @@ print(json.dumps({int(r): float(p) for r, p in zip(df["rank"], df["comp_comm_ove
 @dataclass(slots=True)
 class Run:
     """One measured command: wall seconds, CPU seconds (user + system, the process and its
-    waited-for children), peak tree RSS and largest single-process RSS."""
+    waited-for children), peak tree RSS and peak RSS of its largest single process (both
+    polled: ``ru_maxrss`` would also count the benchmark's own pages from before ``exec``)."""
 
     wall_s: float
     cpu_s: float
@@ -85,7 +85,7 @@ def measure(cmd: list[str], *, poll_s: float = 0.01) -> Run:
     err = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, stdout=out, stderr=err)
     ps = psutil.Process(proc.pid)
-    peak = 0
+    peak = peak_one = 0
     while True:
         try:
             pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
@@ -93,17 +93,20 @@ def measure(cmd: list[str], *, poll_s: float = 0.01) -> Run:
             raise SystemExit(f"lost child of {cmd}") from None
         if pid:
             break
-        total = 0
+        total = biggest = 0
         try:
             procs = [ps, *ps.children(recursive=True)]
         except psutil.NoSuchProcess:
             procs = []
         for p in procs:
             try:
-                total += p.memory_info().rss
+                rss = p.memory_info().rss
             except psutil.NoSuchProcess:
-                pass
+                continue
+            total += rss
+            biggest = max(biggest, rss)
         peak = max(peak, total)
+        peak_one = max(peak_one, biggest)
         time.sleep(poll_s)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -112,7 +115,7 @@ def measure(cmd: list[str], *, poll_s: float = 0.01) -> Run:
     stdout, stderr = out.read().decode(), err.read().decode()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {stderr.strip()[-2000:]}")
-    return Run(wall_s=wall, cpu_s=ru.ru_utime + ru.ru_stime, tree_rss_bytes=peak, max_proc_rss_bytes=ru.ru_maxrss * 1024,
+    return Run(wall_s=wall, cpu_s=ru.ru_utime + ru.ru_stime, tree_rss_bytes=peak, max_proc_rss_bytes=peak_one,
                stdout=stdout)
 
 
