@@ -17,6 +17,9 @@ from tracer.config import RecordConfig
 
 log = logging.getLogger(__name__)
 
+STAGING_PREFIX = ".tracer-baseline-"
+"""Hidden folder under ``--out`` holding the baseline until each strategy's record starts."""
+
 
 def expand(strategy: str, name: str | None, **options: Any) -> list[RecordConfig]:
     """Configs for ``strategy`` (``all`` -> single, ddp, fsdp, fsdp2; with ``name`` the run dirs
@@ -59,7 +62,12 @@ def check_gpus(configs: list[RecordConfig], gpu_count: int) -> None:
 
 
 def _place(src: Path, dst: Path) -> None:
-    """Hard-link ``src`` to ``dst`` (copy across filesystems)."""
+    """Hard-link ``src`` to ``dst`` (copy across filesystems).
+
+    Safe for earlier records sharing the old ``dst`` inode: ``dst`` is unlinked, never written
+    in place, and every baseline file is itself written as temp + ``os.replace`` (a new inode),
+    so a run dir that still links the previous baseline keeps its bytes (and its sha256).
+    """
     dst.unlink(missing_ok=True)
     try:
         os.link(src, dst)
@@ -67,14 +75,23 @@ def _place(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
+def _cannot_prepare(path: Path, exc: OSError) -> ValueError:
+    return ValueError(f"{path}: cannot prepare the run directory ({exc.strerror or exc}); "
+                      "choose a writable --out")
+
+
 def record_local(configs: list[RecordConfig]) -> list[Path]:
     """Record each config with spawned workers; return the run directories.
 
-    Clears every run dir first (manifest first), computes the baseline once (all configs share
-    its settings) and places it in each run dir, then runs the strategies one after another.
+    Computes the baseline once (all configs share its settings) into a hidden staging folder
+    under ``--out``, then runs the strategies one after another. A run dir is cleared (manifest
+    first, ``rundir.clear_run_dir``) only when its own record starts, and gets the baseline
+    just then; so when a record fails or is interrupted, the runs that never started keep their
+    previous complete contents and manifest. The staging folder is removed at the end, either way.
     Raises ``launch.RecordFailed`` on the first failed record, ``KeyboardInterrupt`` on Ctrl-C
     (workers killed either way), ``ValueError`` for an unusable device or output folder.
     """
+    import tempfile
     from dataclasses import replace
 
     from tracer.baseline import BASELINE_FILES, BASELINE_NAME, write_baseline, write_baseline_isolated
@@ -87,24 +104,33 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
         import torch
 
         check_gpus(configs, torch.cuda.device_count())
-    for cfg in configs:
+    for cfg in configs:  # fail early on an unwritable --out, without touching what is there
         try:
-            clear_run_dir(cfg.run_dir)
+            cfg.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ValueError(f"{cfg.run_dir}: cannot prepare the run directory "
-                             f"({exc.strerror or exc}); choose a writable --out") from None
-    first = configs[0].run_dir / BASELINE_NAME
-    if device_type == "cuda":  # keep the launcher free of a CUDA context while ranks run
-        write_baseline_isolated(configs[0], device_type, first)
-    else:
-        write_baseline(configs[0], device_type, first)
-    for cfg in configs[1:]:
-        for name in BASELINE_FILES:
-            if (first.parent / name).exists():
-                _place(first.parent / name, cfg.run_dir / name)
-    done = []
-    for cfg in configs:
-        log.info("recording %s into %s", cfg.strategy, cfg.run_dir)
-        run_workers(cfg)
-        done.append(cfg.run_dir)
-    return done
+            raise _cannot_prepare(cfg.run_dir, exc) from None
+    try:  # same filesystem as the run dirs, so placing the baseline is a hard link
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=configs[0].run_dir.parent))
+    except OSError as exc:
+        raise _cannot_prepare(configs[0].run_dir.parent, exc) from None
+    try:
+        first = staging / BASELINE_NAME
+        if device_type == "cuda":  # keep the launcher free of a CUDA context while ranks run
+            write_baseline_isolated(configs[0], device_type, first)
+        else:
+            write_baseline(configs[0], device_type, first)
+        done = []
+        for cfg in configs:
+            try:
+                clear_run_dir(cfg.run_dir)
+            except OSError as exc:
+                raise _cannot_prepare(cfg.run_dir, exc) from None
+            for name in BASELINE_FILES:
+                if (staging / name).exists():
+                    _place(staging / name, cfg.run_dir / name)
+            log.info("recording %s into %s", cfg.strategy, cfg.run_dir)
+            run_workers(cfg)
+            done.append(cfg.run_dir)
+        return done
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
