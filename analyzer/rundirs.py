@@ -5,13 +5,15 @@ DIR may be (checked in this order):
 1. one run directory: it holds ``manifest.json``;
 2. a traces root: sub-folders holding ``manifest.json`` (one run each; ``report/`` is skipped);
    a sub-folder with rank traces but no manifest is an incomplete run (the manifest is written
-   last) -- an error unless ``allow_incomplete``, then it is skipped with a warning;
+   last) -- an error unless ``allow_incomplete``, then it is analysed as found, marked
+   ``incomplete`` (README), with a warning;
 3. a folder of foreign traces: Chrome/Kineto trace files (``*.json``, ``*.json.gz``) and no
    manifest anywhere -- one job whose parity is "not recorded".
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,8 @@ from analyzer.fswalk import entries
 log = logging.getLogger(__name__)
 
 TRACE_SUFFIXES = (".json", ".json.gz")
+HASH_CHUNK_BYTES = 1 << 20
+"""Files are hashed in chunks of this size (memory stays flat for large traces)."""
 REPORT_DIR_NAME = "report"
 
 
@@ -63,7 +67,7 @@ class Discovery:
     runs: list[RunDir]
     """Runs in a stable order: single first, then by strategy order, then name."""
     warnings: list[str] = field(default_factory=list)
-    """Incomplete runs skipped, one line each."""
+    """Incomplete runs included as found, folders left out by the walk: one line each."""
 
 
 def _is_trace(p: Path) -> bool:
@@ -85,7 +89,36 @@ def _read(run_dir: Path) -> RunDir:
         raise BadInput(run_dir / gone[0] if len(gone) == 1 else run_dir, "missing_file",
                        f"{', '.join(gone)} listed in manifest.json but missing",
                        "restore the file(s) or re-record the run")
+    _verify_files(run_dir, [f for f in files if isinstance(f, dict) and f.get("path")])
     return RunDir(path=run_dir, name=str(manifest.get("run_name") or run_dir.name), manifest=manifest)
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of the file's bytes, read in ``HASH_CHUNK_BYTES`` chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(HASH_CHUNK_BYTES):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verify_files(run_dir: Path, files: list[dict[str, Any]]) -> None:
+    """Check every file the manifest lists against its recorded ``size_bytes`` and ``sha256``
+    (schemas.py: the tracer writes both, manifest last). A file replaced or edited since the
+    record -- e.g. a numerics.parquet copied in from another run -- would otherwise be analysed
+    (and gated) as this run's. Raises ``BadInput`` (reason ``file_changed``) naming the first
+    changed file. The size is compared first (no read); the hash only when the size agrees."""
+    for f in files:
+        path = run_dir / str(f["path"])
+        size, digest = f.get("size_bytes"), f.get("sha256")
+        what = None
+        if isinstance(size, int) and not isinstance(size, bool) and path.stat().st_size != size:
+            what = f"size {path.stat().st_size} bytes differs from manifest.json's {size}"
+        elif isinstance(digest, str) and file_sha256(path) != digest.lower():
+            what = "sha256 differs from manifest.json"
+        if what:
+            raise BadInput(path, "file_changed", f"changed since it was recorded ({what})",
+                           "re-record the run")
 
 
 def _order(run: RunDir) -> tuple:
@@ -124,9 +157,10 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
             runs.append(_read(sub))
         elif any(_is_trace(p) for p in entries(sub, root=root)[0]) or (sub / schemas.NUMERICS_NAME).exists():
             msg = "has traces but no manifest.json: the run did not complete"
-            if allow_incomplete:
-                warnings.append(f"{sub}: {msg}; skipped (--allow-incomplete)")
-                log.warning("%s: %s; skipped", sub, msg)
+            if allow_incomplete:  # README: analysed as found, marked incomplete
+                warnings.append(f"{sub}: {msg}; analysed as found (--allow-incomplete)")
+                log.warning("%s: %s; analysed as found", sub, msg)
+                runs.append(RunDir(path=sub, name=sub.name, manifest=None, incomplete=True))
             else:
                 problems.append(BadInput(sub, "incomplete_run", msg,
                                          "re-record it, or pass --allow-incomplete to skip it"))

@@ -2,11 +2,14 @@
 
 The report dict (report.json's content) is a function of the files under DIR, the options and
 the code. ``key`` combines: the resolved DIR and output folder, the options, the stat signature
-(relative path, size, mtime_ns, inode, device) of every file under DIR (recursively, symlinks
+(relative path, size, mtime_ns, ctime_ns, inode, device) of every file under DIR (recursively, symlinks
 followed at most as deep as the walk goes, leaving out the output folder and the analyzer's own
 caches), a hash of the source of every ``analyzer`` and ``reports`` module, and the versions of
-the libraries the analysis uses. Any change to any of them is a miss. As for git's index, a file
-rewritten with the same size inside the same nanosecond mtime is the one change this cannot see.
+the libraries the analysis uses. Any change to any of them is a miss. The ctime is in the key
+because the mtime can be set back (``cp -p``, ``touch -d``, ``os.utime``): a file rewritten in
+place with the same size and its old mtime would otherwise be served the stale report, skipping
+the manifest's sha256 check (analyzer/rundirs.py) that a miss runs; the kernel sets the ctime
+on every write or utime and no user call can set it back.
 
 The cache is ``$XDG_CACHE_HOME/paritytrace/reports/<hash of DIR and output folder>.json``
 (``~/.cache`` when unset; the report dict as report.json writes it plus the key), written
@@ -47,11 +50,11 @@ def _code_hash() -> str:
 
 
 def _files(root: Path, out: Path) -> list[list[Any]]:
-    """[relative path, size, mtime_ns, inode, device] of every file under ``root``."""
+    """[relative path, size, mtime_ns, ctime_ns, inode, device] of every file under ``root``."""
     rows: list[list[Any]] = []
     if root.is_file():
         st = root.stat()
-        return [[root.name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]]
+        return [[root.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]]
     out_real = os.path.realpath(out)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames
@@ -62,9 +65,10 @@ def _files(root: Path, out: Path) -> list[list[Any]]:
             p = os.path.join(dirpath, name)
             try:
                 st = os.stat(p)
-                row = [os.path.relpath(p, root), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+                row = [os.path.relpath(p, root), st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                       st.st_ino, st.st_dev]
             except OSError:
-                row = [os.path.relpath(p, root), -1, -1, -1, -1]
+                row = [os.path.relpath(p, root), -1, -1, -1, -1, -1]
             rows.append(row)
         # a symlink to a folder is not walked (followlinks=False): record the link itself
         for d in dirnames:

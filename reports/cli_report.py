@@ -67,13 +67,19 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
 
 
 def gate_lines(report: dict) -> tuple[bool, list[str]]:
-    """(every run passed, one line per run). The reference run counts as a pass."""
+    """(every run passed, one line per run). The reference run counts as a pass; an incomplete
+    run (included only with ``--allow-incomplete``) has no parity to gate: listed as SKIP."""
     lines, ok = [], True
     for r in report["runs"]:
         p = r["parity"]
+        if r.get("incomplete"):
+            lines.append(f"SKIP {r['name']}: {p['status']} -- {p['reason']}")
+            continue
         passed = p["status"] in ("pass", "reference")
         ok &= passed
         lines.append(f"{'PASS' if passed else 'FAIL'} {r['name']}: {p['status']} -- {p['reason']}")
+    if report["runs"] and all(r.get("incomplete") for r in report["runs"]):
+        ok = False  # nothing was gated: an incomplete run alone never passes
     return ok, lines
 
 

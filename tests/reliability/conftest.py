@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.remanifest import refresh_manifest
+
 CORPUS = Path(__file__).parents[2] / ".." / "shared" / "corpus"
 DLRM = CORPUS / "dlrm_ddp_8rank_v100"
 TBPLUGIN = CORPUS / "tbplugin_2rank"
@@ -51,9 +53,14 @@ def load(path: Path) -> dict:
 
 
 def save(path: Path, trace: dict | bytes) -> Path:
+    """Write ``trace``; inside a recorded run directory, re-write the manifest's size+sha256 of
+    the edited file too (tests.remanifest), so the test checks what it edited the trace for and
+    not the analyzer's changed-file check."""
     data = trace if isinstance(trace, bytes) else json.dumps(trace).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+    if (path.parent / "manifest.json").is_file():
+        refresh_manifest(path.parent)
     return path
 
 

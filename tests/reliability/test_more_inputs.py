@@ -8,6 +8,7 @@ import gzip
 import json
 import shutil
 
+from tests.remanifest import refresh_manifest
 from tests.reliability.conftest import (DLRM, TBPLUGIN, bad_input, cli, cli_proc, copy_run, load,
                                         need, save)
 
@@ -31,6 +32,9 @@ def test_truncated_numerics_parquet(tmp_path, ddp_run):  # 3: copy interrupted
     job = copy_run(ddp_run, tmp_path / "ddp")
     raw = (job / "numerics.parquet").read_bytes()
     (job / "numerics.parquet").write_bytes(raw[: len(raw) // 3])
+    # the manifest's size check alone catches it ...
+    bad_input(cli("gate", str(job)), "numerics.parquet", "changed since it was recorded")
+    refresh_manifest(job)  # ... and so does the Parquet reader
     bad_input(cli("gate", str(job)), "numerics.parquet", "not a readable Parquet file")
 
 
