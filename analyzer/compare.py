@@ -20,7 +20,20 @@ RANKING_RULE = (
     "Runs are ranked only when every run passed the parity gate (the single-device run is the "
     "reference and the speedup base). Order: median step time over the profiled steps, fastest "
     "first (a distributed step lasts as long as its slowest rank); ties broken by lower peak "
-    "allocated memory. Runs recorded under different settings are never ranked together."
+    "allocated memory. Runs recorded under different settings are never ranked together; an "
+    "incomplete run (no manifest.json, --allow-incomplete) is left out."
+)
+
+NOISE_MARGIN_FRAC = {"cpu": 0.30, "cuda": 0.05}
+"""Relative gap between consecutive ranked median step times below which their order is within
+measurement noise: (slower - faster) / faster. CPU records (gloo, two ranks sharing cores) show
++-30-50 % between identical records (README); GPU steps are far steadier."""
+
+NOISE_RULE = (
+    "Noise: two neighbours in the order whose median step times differ by less than 30 % (CPU) "
+    "or 5 % (GPU) of the faster one are within measurement noise; on CPU the whole order is "
+    "within noise (identical records differ by 30-50 %), so it is listed but is no basis for a "
+    "decision."
 )
 
 SETTINGS = ("versions", "device", "batch", "seed", "model", "precision", "launch", "data")
@@ -47,6 +60,16 @@ def _setting(run: dict[str, Any], key: str) -> Any:
     return value
 
 
+def _show(v: Any) -> str:
+    """A setting's value as readable text: ``type cpu, name AMD EPYC`` for a dict (never a
+    Python repr), ``-`` for None."""
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_show(x)}" for k, x in v.items() if x is not None) or "-"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_show(x) for x in v) + "]"
+    return "-" if v is None else str(v)
+
+
 def settings_differences(runs: list[dict[str, Any]]) -> list[str]:
     """One warning line per setting in ``SETTINGS`` on which the recorded runs disagree, naming
     the runs and their values. Foreign runs (no settings) are ignored."""
@@ -58,7 +81,7 @@ def settings_differences(runs: list[dict[str, Any]]) -> list[str]:
             v = _setting(r, key)
             if v is None and key == "launch":
                 continue
-            seen.setdefault(repr(v), []).append(r["name"])
+            seen.setdefault(_show(v), []).append(r["name"])
         if len(seen) > 1:
             parts = "; ".join(f"{', '.join(names)}: {v}" for v, names in seen.items())
             out.append(f"runs differ in {key} ({parts})")
@@ -77,6 +100,8 @@ def rank_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ``parity.reason``, ``parity.first_divergence``, ``step_time_ns.median`` and optionally
     ``memory.peak_allocated_bytes`` and ``settings``.
     """
+    left_out = [r["name"] for r in runs if r.get("incomplete")]
+    runs = [r for r in runs if not r.get("incomplete")]  # README: left out of the ranking
     withheld = []
     for r in runs:
         p = r["parity"]
@@ -104,19 +129,59 @@ def rank_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     reason = f"{len(order)} run(s) passed parity (or are the reference)"
     if untimed:
         reason += f"; not ranked for lack of step times: {', '.join(untimed)}"
+    if left_out:
+        reason += f"; left out as incomplete (no manifest.json): {', '.join(left_out)}"
     return {"status": "ranked", "order": [r["name"] for r in order], "reason": reason,
-            "rule": RANKING_RULE}
+            "rule": RANKING_RULE + " " + NOISE_RULE, "noise": ranking_noise(order)}
+
+
+def ranking_noise(order: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the ranked ``order`` (fastest first) is a basis for a decision (``NOISE_RULE``).
+
+    Returns ``{cpu: bool, margin_frac, close_pairs: [[faster, slower, gap_frac]], decisive}``;
+    ``decisive`` is False when any run is a CPU record or any consecutive gap is below the margin.
+    """
+    cpu = any((r.get("device") or "cpu") == "cpu" for r in order)
+    margin = NOISE_MARGIN_FRAC["cpu" if cpu else "cuda"]
+    close = []
+    for a, b in zip(order, order[1:]):
+        fa, fb = a["step_time_ns"]["median"], b["step_time_ns"]["median"]
+        gap = (fb - fa) / fa if fa else math.inf
+        if gap < margin:
+            close.append([a["name"], b["name"], gap])
+    return {"cpu": cpu, "margin_frac": margin, "close_pairs": close,
+            "decisive": not cpu and not close}
+
+
+def comparable_to(run: dict[str, Any], base: dict[str, Any]) -> bool:
+    """True when ``run`` may be compared with the reference ``base``: it is ``base`` itself, or
+    its parity passed and every setting in ``SETTINGS`` agrees with the reference's (``launch``
+    is not compared, the reference is not launched). Foreign runs (no settings) never are."""
+    if run is base:
+        return True
+    if (run.get("parity") or {}).get("status") != "pass" or not run.get("settings"):
+        return False
+    for key in SETTINGS:
+        a, b = _setting(run, key), _setting(base, key)
+        if key == "launch" and (a is None or b is None):
+            continue
+        if a != b:
+            return False
+    return True
 
 
 def speedups(runs: list[dict[str, Any]]) -> dict[str, float | None]:
     """Speedup of each run over the ``single`` run: single's median step time / the run's.
-    None when there is no single run or either time is missing."""
+    None when there is no single run, either time is missing, or the run is not comparable
+    with it (``comparable_to``: parity not passed, or recorded under different settings) --
+    the report must not show a speedup it says cannot be compared."""
     base = next((r for r in runs if r.get("strategy") == "single"), None)
     b = (base or {}).get("step_time_ns", {}).get("median") if base else None
     out = {}
     for r in runs:
         m = (r.get("step_time_ns") or {}).get("median")
-        out[r["name"]] = (b / m) if (b and m) else None
+        ok = base is not None and comparable_to(r, base)
+        out[r["name"]] = (b / m) if (b and m and ok) else None
     return out
 
 

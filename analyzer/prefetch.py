@@ -65,10 +65,13 @@ FSDP1_PRE_BACKWARD = "FullyShardedDataParallel._pre_backward_hook"
 COLUMNS = ["rank", "step", "phase", "unit", "prefetched", "issued_ns", "comm_start_ns",
            "finished_ns", "need_ns", "comm_ns", "hidden_ns", "hidden_frac", "slack_ns", "labels"]
 
-CPU_NOTE = ("On CPU (gloo) FSDP waits for each all_gather inside its FSDP label, so the "
-            "collectives run effectively synchronously: the hidden fraction is about 0 by "
-            "construction, and prefetch can only move the wait, not hide it. Overlap figures "
-            "for FSDP on CPU say nothing about a GPU run.")
+CPU_NOTE = ("On CPU (gloo) the all_gather runs synchronously inside the FSDP hook that issues "
+            "it: the rank blocks in that hook until it finishes. So it is never under "
+            "computation (hidden about 0 % by construction), it is always finished before its "
+            "unit needs it (no late all_gathers; positive slack = the parameters sat ready until "
+            "the unit started), and the blocking itself is counted as exposed communication -- "
+            "prefetch can only move the wait to where the all_gather is issued, not hide it. "
+            "FSDP overlap figures on CPU say nothing about a GPU run.")
 
 
 def detect_labels(events: pd.DataFrame) -> str | None:

@@ -8,7 +8,10 @@ rank's steps; the run's ``overlap_frac`` = overlap / communication summed over r
 ``exposed_comm_ns`` = exposed communication per step, mean over ranks; ``data`` = the run's data
 supply (analyzer/datasupply.py: time-weighted data-wait shares, input-bound rule);
 ``communication[kind]``
-= per-rank means (count, time_ns, bytes) and the mean busbw over ranks.
+= per-rank means (count, time_ns, bytes: totals over the whole trace) and the mean busbw over
+ranks, plus ``count_per_step``, ``time_ns_per_step``, ``bytes_per_step``: collectives inside
+profiled steps per rank divided by that rank's number of profiled steps, mean over ranks (the
+figures the report shows, next to the other per-step means); ``profiled_steps`` = their count.
 """
 
 from __future__ import annotations
@@ -91,10 +94,24 @@ def _trace_part(ts) -> dict[str, Any]:
                     for s, g in bd.groupby("step", sort=True)]
     cbk = by_kind(ts.collectives)
     n = max(len(ts.ranks), 1)
+    # per profiled step: collectives inside a step, divided by that rank's number of steps
+    coll = ts.collectives
+    in_steps = by_kind(coll[coll["step"] >= 0] if not coll.empty else coll)
+    rank_steps = bd.groupby("rank")["step"].nunique()
+    if len(in_steps):
+        div = in_steps["rank"].map(rank_steps).fillna(0).to_numpy(dtype=float)
+        div[div == 0] = np.nan
+        for c in ("count", "time_ns", "bytes"):
+            in_steps[f"{c}_per_step"] = in_steps[c].clip(lower=0).to_numpy(dtype=float) / div
+    per_step = {str(k): g for k, g in in_steps.groupby("kind", sort=True)} if len(in_steps) else {}
+    out["profiled_steps"] = int(rank_steps.max()) if len(rank_steps) else 0
     out["communication"] = {
         str(kind): {"count": _num(g["count"].sum() / n), "time_ns": _num(g["time_ns"].sum() / n),
                     "bytes": _num(g["bytes"].clip(lower=0).sum() / n),
-                    "busbw_gbps": _num(g["busbw_gbps"].mean())}
+                    "busbw_gbps": _num(g["busbw_gbps"].mean()),
+                    **{f"{c}_per_step": (_num(per_step[str(kind)][f"{c}_per_step"].sum() / n)
+                                         if str(kind) in per_step else None)
+                       for c in ("count", "time_ns", "bytes")}}
         for kind, g in cbk.groupby("kind", sort=True)}
     out["timeline"] = None
     if len(bd):
@@ -184,6 +201,7 @@ def collect_run(run: rundirs.RunDir, *, rtol: float | None, atol: float | None,
         entry["memory"]["largest"] = [{k: _num(v) for k, v in r.items()}
                                       for r in memory.largest_allocations(mem).to_dict("records")]
     entry["communication"] = trace_part.get("communication", {})
+    entry["profiled_steps"] = trace_part.get("profiled_steps")
     entry["overlap_frac"] = trace_part.get("overlap_frac")
     entry["exposed_comm_ns"] = trace_part.get("exposed_comm_ns")
     entry["data"] = {k: _num(v) for k, v in datasupply.data_summary(data_bd, m).items()}
@@ -247,6 +265,6 @@ def gate_runs(root: Path | str, *, rtol: float | None = None, atol: float | None
               allow_incomplete: bool = False) -> list[dict[str, Any]]:
     """Parity only (no trace parsing): ``[{name, strategy, parity}]`` for ``analyzer gate``."""
     found = rundirs.discover(root, allow_incomplete=allow_incomplete)
-    return [{"name": r.name, "strategy": r.strategy,
+    return [{"name": r.name, "strategy": r.strategy, "incomplete": r.incomplete,
              "parity": _parity_dict(_check(r, rtol=rtol, atol=atol))}
             for r in found.runs]

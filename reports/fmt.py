@@ -25,6 +25,13 @@ def num(v: Any, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def count(v: Any) -> str:
+    """A count: an integer when whole (``6``, not ``6.0``), else one decimal (a mean)."""
+    if v is None:
+        return "-"
+    return str(int(v)) if float(v).is_integer() else f"{v:.1f}"
+
+
 def speedup(v: Any) -> str:
     """A speedup factor as ``1.40x``."""
     return "-" if v is None else f"{v:.2f}x"
@@ -42,9 +49,9 @@ def options(run: dict) -> str:
 
 
 def comm_kinds(run: dict) -> str:
-    """``all_gather 1.20 ms, reduce_scatter 0.80 ms`` (per rank)."""
+    """``all_gather 1.20 ms, reduce_scatter 0.80 ms``: per rank, mean per profiled step."""
     comm = run.get("communication") or {}
-    return ", ".join(f"{k} {ms(v['time_ns'])}" for k, v in comm.items()) or "-"
+    return ", ".join(f"{k} {ms(v.get('time_ns_per_step'))}" for k, v in comm.items()) or "-"
 
 
 def data_supply(run: dict) -> str:

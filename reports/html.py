@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from reports import fmt
+from reports import fmt, notes
 from reports.markdown import PERFETTO_HINT, comparison_rows
 from reports.verdict import verdict
 
@@ -91,9 +91,9 @@ def comm_bars(report: dict[str, Any]) -> str:
     palette = ["#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d"]
     kinds = sorted({k for r in report["runs"] for k in (r.get("communication") or {})})
     color = {k: palette[i % len(palette)] for i, k in enumerate(kinds)}
-    rows = [(r["name"], [(k, v["time_ns"] or 0, color[k]) for k, v in r["communication"].items()])
+    rows = [(r["name"], [(k, v.get("time_ns_per_step") or 0, color[k]) for k, v in r["communication"].items()])
             for r in report["runs"] if r.get("communication")]
-    return _hbars("Communication time per collective kind (per rank, per trace)", rows, "ms", 1e6)
+    return _hbars("Communication time per collective kind (per rank, mean per profiled step)", rows, "ms", 1e6)
 
 
 def memory_bars(report: dict[str, Any]) -> str:
@@ -145,7 +145,10 @@ def render(report: dict[str, Any], markdown_text: str | None = None) -> str:
     else:
         parts.append(f'<p class="withheld">Withheld. {e(rk["reason"])}</p>')
     parts.append(f"<p>Rule: {e(rk['rule'])}</p>")
-    parts += ["<h2>Comparison</h2>", _table(*comparison_rows(report))]
+    parts += ["<h2>Comparison</h2>", _table(*comparison_rows(report)),
+              f"<p>Step-time source: {e('; '.join(notes.step_sources(runs)))}.</p>",
+              f"<p>{e(notes.windows(runs))}</p>", f"<p>{e(notes.OTHER_IDLE)}</p>",
+              f"<p>{e(' '.join(notes.memory_notes(runs)))}</p>"]
     parts += ["<h2>Parity</h2>", _table(
         ["run", "status", "tolerance", "max grad rel L2", "loss max rel diff", "why"],
         [[r["name"], r["parity"]["status"], fmt.tolerance_line(r["parity"]["tolerance"]),
@@ -158,15 +161,14 @@ def render(report: dict[str, Any], markdown_text: str | None = None) -> str:
         parts.append("<h2>FSDP prefetch</h2>")
         for r in pf:
             p = r["prefetch"]
-            parts.append(f"<h3>{e(r['name'])}</h3><p>{e(p['all_gathers'])} all_gathers, hidden "
-                         f"{e(fmt.pct(p['hidden_frac']))}, {e(p['late'])} late.</p>")
-            parts.append(_table(["phase", "unit", "prefetched", "all_gather", "hidden", "slack (mean)"],
+            parts.append(f"<h3>{e(r['name'])}</h3><p>{e(notes.prefetch_sentence(r))}</p>")
+            parts.append(_table(["phase", "unit", "issued as prefetch", "all_gather (mean duration)",
+                                 "under computation", "ready before use (mean slack)"],
                                 [[u["phase"], u["unit"], fmt.pct(u["prefetched"]), fmt.ms(u["comm_ns"]),
                                   fmt.pct(u["hidden_frac"]), fmt.ms(u["slack_ns"])] for u in p["units"]]))
             if p.get("note"):
                 parts.append(f"<p>{e(p['note'])}</p>")
-    for w in report.get("settings_warnings") or []:
-        parts.append(f'<p class="withheld">Warning: {e(w)}</p>')
+        parts.append(f"<p>{e(notes.SLACK)}</p>")
     for w in report.get("warnings") or []:
         parts.append(f"<p>Note: {e(w)}</p>")
     parts.append(f"<h2>Trace files</h2><p>Each is a Chrome trace; {e(PERFETTO_HINT)}.</p><ul>")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports import fmt
+from reports import fmt, notes
 from reports.verdict import verdict
 
 PERFETTO_HINT = "open in https://ui.perfetto.dev (Open trace file)"
@@ -24,7 +24,7 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 def comparison_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     """Headers and rows of the comparison table (shared with the HTML renderer)."""
     headers = ["run", "strategy and options", "parity", "median step", "p90 step",
-               "speedup vs single", "communication per rank", "exposed comm / step",
+               "speedup vs single", "communication / step (per rank)", "exposed comm / step",
                "overlap", "data wait", "peak allocated", "peak RSS"]
     rows = []
     for r in report["runs"]:
@@ -48,7 +48,10 @@ def render(report: dict[str, Any]) -> str:
         out += [f"**Withheld.** {rk['reason']}", ""]
     out += [f"Rule: {rk['rule']}", ""]
     out += ["## Comparison", "", table(*comparison_rows(report)), "",
-            "Step times: median and 90th percentile over the profiled steps (source per run below). "
+            "Step times: median and 90th percentile over the profiled steps; source per run: "
+            + "; ".join(notes.step_sources(runs)) + ". Speedup vs single = the single-device "
+            "run's median step / the run's, shown only for runs comparable with it (parity "
+            "passed, same recorded settings); '-' otherwise. " + notes.windows(runs) + " "
             "Communication, exposed communication and overlap come from the traces: exposed = "
             "communication time not under computation; overlap = share of communication time "
             "under computation; data wait = share of step time spent fetching or waiting for input "
@@ -89,13 +92,15 @@ def render(report: dict[str, Any]) -> str:
     out += [table(["run", "rank", "step", "compute", "communication", "exposed comm", "overlap",
                    "data wait", "other", "idle"], rows) if rows else "No traces.", "",
             "compute + exposed communication + data wait + other + idle = step, per rank and step "
-            "(each instant counted once, in that order of precedence).", ""]
+            "(each instant counted once, in that order of precedence). " + notes.OTHER_IDLE, ""]
 
-    out += ["## Communication by collective kind (per rank, mean over ranks)", ""]
-    rows = [[r["name"], k, fmt.num(v["count"], ".1f"), fmt.ms(v["time_ns"]), fmt.mib(v["bytes"]),
+    out += ["## Communication by collective kind (per rank, mean per profiled step)", ""]
+    rows = [[r["name"], k, r.get("profiled_steps") or "-", fmt.count(v.get("count_per_step")),
+             fmt.ms(v.get("time_ns_per_step")), fmt.mib(v.get("bytes_per_step")),
              fmt.num(v["busbw_gbps"], ".3f")]
             for r in runs for k, v in (r["communication"] or {}).items()]
-    out += [table(["run", "kind", "count", "time", "bytes", "busbw (GB/s)"], rows) if rows
+    out += [table(["run", "kind", "profiled steps", "calls / step", "time / step", "bytes / step",
+                   "busbw (GB/s)"], rows) if rows
             else "No collectives found.", "",
             "busbw uses the nccl-tests factors (all_reduce 2(n-1)/n, all_gather and reduce_scatter "
             "(n-1)/n, broadcast 1); GB = 10^9 bytes.", ""]
@@ -106,7 +111,8 @@ def render(report: dict[str, Any]) -> str:
              fmt.mib(m.get("cuda_max_reserved_bytes"))]
             for r in runs for m in r["memory"]["ranks"]]
     out += [table(["run", "rank", "CPU peak RSS", "profiler allocated peak", "CUDA peak allocated",
-                   "CUDA peak reserved"], rows) if rows else "No steps.parquet.", ""]
+                   "CUDA peak reserved"], rows) if rows else "No steps.parquet.", "",
+            " ".join(notes.memory_notes(runs)), ""]
     for r in runs:
         if r["memory"]["by_category"]:
             out += [f"CUDA allocator snapshot of {r['name']} (live blocks by category):", "",
@@ -123,12 +129,10 @@ def render(report: dict[str, Any]) -> str:
         out += ["## FSDP prefetch", ""]
         for r in pf_runs:
             p = r["prefetch"]
-            out += [f"**{r['name']}** ({p['labels']} labels): {p['all_gathers']} all_gathers, "
-                    f"{p['prefetched']} prefetched, hidden under computation "
-                    f"{fmt.pct(p['hidden_frac'])}, {p['late']} arrived late (computation waited "
-                    f"{fmt.ms(p['wait_ns'])} in all).", ""]
-            out += [table(["phase", "unit", "prefetched", "all_gather", "hidden", "slack (mean)",
-                           "slack (worst)"],
+            out += [notes.prefetch_sentence(r), ""]
+            out += [table(["phase", "unit", "issued as prefetch", "all_gather (mean duration)",
+                           "under computation", "ready before use (mean slack)",
+                           "ready before use (worst slack)"],
                           [[u["phase"], u["unit"], fmt.pct(u["prefetched"]), fmt.ms(u["comm_ns"]),
                             fmt.pct(u["hidden_frac"]), fmt.ms(u["slack_ns"]), fmt.ms(u["min_slack_ns"])]
                            for u in p["units"]]), ""]
@@ -138,14 +142,12 @@ def render(report: dict[str, Any]) -> str:
             gr = [r for r in runs if r["name"] in group]
             out += ["Prefetch settings side by side (runs differ only in them):", "",
                     table(["run", "backward_prefetch", "forward_prefetch", "median step",
-                           "hidden", "late all_gathers"],
+                           "under computation", "late all_gathers"],
                           [[r["name"], r["options"].get("backward_prefetch"),
                             r["options"].get("forward_prefetch"), fmt.ms(r["step_time_ns"]["median"]),
                             fmt.pct((r["prefetch"] or {}).get("hidden_frac")),
                             (r["prefetch"] or {}).get("late", "-")] for r in gr]), ""]
-        out += ["Slack = when the computation needing the unit started minus when its all_gather "
-                "finished (negative: the computation waited). Hidden = share of the all_gather "
-                "that ran under computation.", ""]
+        out += [notes.SLACK, ""]
 
     out += ["## Recorded settings", ""]
     rows = []
@@ -163,8 +165,8 @@ def render(report: dict[str, Any]) -> str:
                      f" (per rank {b.get('per_rank_batch')})", s["seed"], s["precision"],
                      f"{la.get('method')}, {r['world_size']} rank(s), backend {r['backend']}"])
     out += [table(["run", "versions", "device", "batch shape", "seed", "precision", "launch"], rows), ""]
-    for w in report.get("settings_warnings") or []:
-        out += [f"**Warning:** {w}.", ""]
+    if report.get("settings_warnings"):
+        out += ["The settings that differ are named under Ranking above.", ""]
     bd = report.get("baseline_drift")
     if bd:
         out += ["## Baseline drift", "", f"{bd['note'][0].upper()}{bd['note'][1:]}. Reference: "

@@ -57,9 +57,12 @@ def verdict(report: dict[str, Any]) -> list[str]:
         out.append(f"Parity: not recorded for {names} ({missing[0]['parity']['reason']}), so the "
                    "numbers of those runs are unverified.")
     if not failed and not missing:
+        has_single = any(r["strategy"] == "single" for r in runs)
         if dist:
-            out.append(f"Parity: all {len(dist)} distributed run(s) match the single-device "
-                       f"baseline within {tol_text}.")
+            what = ("the single-device baseline" if has_single else
+                    "the reference values recorded with them (there is no single-device run in "
+                    "this report)")
+            out.append(f"Parity: all {len(dist)} distributed run(s) match {what} within {tol_text}.")
         elif runs:
             out.append("Parity: only the single-device reference run is present; nothing to compare.")
     rk = report["ranking"]
@@ -80,8 +83,21 @@ def verdict(report: dict[str, Any]) -> list[str]:
         if rest:
             text += "; then " + ", ".join(rest)
         out.append(text + ".")
+        noise = rk.get("noise")
+        if noise and not noise["decisive"] and len(order) > 1:
+            close = ", ".join(f"{a} vs {b} ({fmt.pct(g)} apart)" for a, b, g in noise["close_pairs"])
+            why = ("these are CPU records, whose step times vary by 30-50 % between identical "
+                   "records" if noise["cpu"] else
+                   f"neighbours differ by less than {fmt.pct(noise['margin_frac'])}")
+            out.append(f"This order is within measurement noise ({why}"
+                       + (f"; closest: {close}" if close else "")
+                       + ") and is not a basis for a decision.")
     else:
-        out.append(f"Ranking withheld: {rk['reason']}")
+        if "not one experiment" in (rk.get("reason") or ""):  # the differences: under Ranking
+            out.append("Ranking withheld: the runs were not recorded under the same settings "
+                       "(which ones differ: see Ranking), so they are not one experiment.")
+        else:
+            out.append(f"Ranking withheld: {rk['reason']}")
     out += [s for r in runs if (s := input_bound_sentence(r))]
     cpu = [r for r in runs if r.get("device") == "cpu" and r["strategy"] != "single"]
     if cpu:
@@ -93,7 +109,7 @@ def verdict(report: dict[str, Any]) -> list[str]:
             text += (" FSDP collectives run effectively synchronously on CPU: the share of FSDP "
                      f"all_gather time hidden under computation is {measured}.")
         out.append(text)
-    if report.get("settings_warnings"):
+    if report.get("settings_warnings") and "not one experiment" not in (rk.get("reason") or ""):
         out.append("Warning: " + "; ".join(report["settings_warnings"]) + ".")
     caveats = [f"{r['name']}: {c}" for r in runs for c in r.get("caveats") or []]
     if caveats:

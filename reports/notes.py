@@ -1,0 +1,92 @@
+"""Definitions and per-run notes shared by report.md and report.html, so both say the same.
+
+Pure functions of the report dict (report.json's content); text only, no numbers computed here
+beyond what the dict holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reports import fmt
+
+OTHER_IDLE = (
+    "Other = step time covered by neither computation, communication nor data wait but by some "
+    "other recorded activity (e.g. optimizer bookkeeping, Python overhead inside recorded ranges, "
+    "profiler annotations); idle = step time in which nothing at all was recorded on the rank "
+    "(gaps between recorded ops, e.g. untraced Python or the process waiting)."
+)
+
+PROFILER_PEAK = (
+    "Profiler allocated peak = the largest \"Total Allocated\" that torch.profiler's memory "
+    "events reported on the rank during a profiled step (bytes of live tensors from the "
+    "allocator the profiler sees; not the process RSS, not the CUDA caching allocator's "
+    "reserve). CUDA peaks are torch.cuda.max_memory_allocated / max_memory_reserved per step."
+)
+
+FSDP_PEAK = (
+    "Sharding need not lower this peak for a small model on CPU: while a unit runs, FSDP holds "
+    "its all_gathered, unsharded parameters in full plus the flat-parameter copies (the local "
+    "shard and the padded all_gather buffer), and the activations, gradients and optimizer "
+    "state that sharding saves are small for a tiny model, so FSDP's peak can exceed DDP's; "
+    "the saving shows once parameters and optimizer state dominate memory."
+)
+
+SLACK = (
+    "Issued as prefetch = the all_gather was started ahead of the unit that needs it (by the "
+    "previous unit's hook) rather than by the unit's own hook. Under computation = share of "
+    "the all_gather's duration during which the rank was computing. Ready before use (slack) = "
+    "when the unit first used the gathered parameters minus when the all_gather finished; "
+    "negative = the computation had to wait (late)."
+)
+
+def step_sources(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per run: where its step times come from and over how many steps, e.g.
+    ``ddp: steps.parquet, slowest rank's wall time per step, median/p90 over 2 profiled steps``."""
+    out = []
+    for r in runs:
+        st = r.get("step_time_ns") or {}
+        src = st.get("source")
+        if not src:
+            out.append(f"{r['name']}: no step times")
+            continue
+        out.append(f"{r['name']}: {src}; median and p90 over {st.get('n')} step(s)")
+    return out
+
+
+def windows(runs: list[dict[str, Any]]) -> str:
+    """The sentence saying which time window every timing figure covers."""
+    steps = sorted({r.get("profiled_steps") for r in runs if r.get("profiled_steps")})
+    n = "/".join(str(s) for s in steps) or "the"
+    return (f"All times in the tables are means per profiled step ({n} profiled step(s) per rank "
+            "in the traces), per rank unless said otherwise: communication / step = a rank's "
+            "collective time inside profiled steps divided by its number of profiled steps, mean "
+            "over ranks; exposed comm / step likewise. Overlap and data wait are shares over all "
+            "ranks and profiled steps.")
+
+
+def memory_notes(runs: list[dict[str, Any]]) -> list[str]:
+    """The peak definition, plus the FSDP sentence when an FSDP run is present."""
+    out = [PROFILER_PEAK]
+    if any(r.get("strategy") in ("fsdp", "fsdp2") for r in runs):
+        out.append(FSDP_PEAK)
+    return out
+
+
+def prefetch_sentence(run: dict[str, Any]) -> str:
+    """The run-level prefetch summary in words that do not contradict the CPU figures."""
+    p = run["prefetch"]
+    n, pre = p["all_gathers"], p["prefetched"]
+    text = (f"{run['name']} ({p['labels']} labels): {n} all_gathers over all ranks and profiled "
+            f"steps, {pre} of them issued as prefetch; {fmt.pct(p['hidden_frac'])} of all_gather "
+            f"time under computation; ")
+    if p["late"]:
+        text += (f"{p['late']} finished after their unit needed them (computation waited "
+                 f"{fmt.ms(p['wait_ns'])} in all at the point of use).")
+    else:
+        text += "none finished after its unit needed it (no wait at the point of use)."
+    if p.get("note"):
+        text += (f" Exposed communication of this run: {fmt.ms(run.get('exposed_comm_ns'))} per "
+                 "step -- on CPU that is where the all_gathers are waited for (see the note "
+                 "below).")
+    return text
