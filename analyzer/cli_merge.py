@@ -34,9 +34,13 @@ def register(app, run) -> None:
                 chosen = parse_steps(steps) if steps else None
             except ValueError as exc:
                 raise BadInput(directory, "bad_steps", str(exc), "e.g. --steps 3 or --steps 2-4") from None
+            target = out or directory / "merged.trace.json.gz"
+            if target.is_dir():
+                raise BadInput(target, "out_is_dir", "-o names an existing directory, not a file",
+                               f"pass a file name, e.g. -o {target / 'merged.trace.json.gz'}")
             incomplete = _check_run_dir(directory, allow_incomplete)
             options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align)
-            result = merge_traces(directory, out or directory / "merged.trace.json.gz", options)
+            result = merge_traces(directory, target, options)
             if incomplete:
                 result.warnings.insert(0, f"{directory}: incomplete run (no manifest.json), "
                                        "merged as found (--allow-incomplete)")
@@ -69,7 +73,7 @@ def _check_run_dir(directory: Path, allow_incomplete: bool) -> bool:
 
 
 def _print(result) -> None:
-    from rich.console import Console
+    from analyzer import richout
     from rich.table import Table
 
     def us(v) -> str:
@@ -83,7 +87,7 @@ def _print(result) -> None:
         bounds = "-" if row.n_matched == 0 or row.rank == result.ref_rank else f"[{us(row.lo_ns)}, {us(row.hi_ns)}]"
         table.add_row(str(row.rank), files[row.rank], us(row.offset_ns),
                       "-" if row.n_matched == 0 else us(row.mad_ns), bounds, str(row.n_matched))
-    console = Console()
+    console = richout.console()
     console.print(table)
     sp = result.spread
     if len(sp):
