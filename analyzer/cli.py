@@ -6,6 +6,8 @@ printed only with ``--debug``.
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Callable, TypeVar
@@ -53,6 +55,36 @@ def _register_commands() -> None:
     cli_merge.register(app, _run)
     cli_report.register(app, _run)
     cli_drift.register(app, _run)
+    for info in app.registered_commands:
+        info.callback = _pipe_safe(info.callback)
+
+
+class _PipeClosed(Exception):
+    """The reader of stdout went away (``analyzer summary DIR | head -1``). Not an OSError, so
+    click does not turn it into its own silent exit 1 before ``main`` sees it."""
+
+
+def _pipe_safe(fn: Callable[..., T]) -> Callable[..., T]:
+    """Wrap a command so a ``BrokenPipeError`` leaves it as ``_PipeClosed`` (signature kept:
+    typer reads the options from it)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        from rich.console import Console
+
+        # rich's own handler exits 1 on a closed pipe; report it to main instead (exit 0)
+        Console.on_broken_pipe = _rich_broken_pipe
+        try:
+            return fn(*args, **kwargs)
+        except BrokenPipeError:
+            raise _PipeClosed() from None
+
+    return wrapped
+
+
+def _rich_broken_pipe(console) -> None:
+    console.quiet = True
+    raise _PipeClosed()
 
 
 _register_commands()
@@ -67,6 +99,9 @@ def main() -> None:
 
     try:
         rc = app(standalone_mode=False)
+    except (BrokenPipeError, _PipeClosed):  # `analyzer ... | head`: the reader left; exit 0 quietly
+        _quiet_stdout()
+        sys.exit(0)
     except ce.NoArgsIsHelpError as exc:  # bare `analyzer [CMD]`: show the help
         typer.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -85,7 +120,22 @@ def main() -> None:
         typer.echo(f"analyzer: internal error: {type(exc).__name__}: {exc} "
                    "(rerun with --debug and report it)", err=True)
         sys.exit(EXIT_INTERNAL)
+    try:
+        sys.stdout.flush()  # a pipe closed after the last write fails here, not in the command
+    except BrokenPipeError:
+        _quiet_stdout()
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null after the reader of a pipe went away (``| head``), so the
+    interpreter's flush at shutdown does not print "Exception ignored ... BrokenPipeError"
+    (the recipe of the Python docs, signal module, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
+        pass
 
 
 if __name__ == "__main__":
