@@ -73,6 +73,18 @@ class Tolerance:
         return f"rtol {self.rtol:.3g}, atol {self.atol:.3g} ({self.source})"
 
 
+def check_overrides(*, rtol: float | None, atol: float | None) -> None:
+    """Refuse a user's ``--rtol`` / ``--atol`` that is negative, NaN or infinite.
+
+    Raises ``BadInput`` naming the option itself (``--atol`` for a bad atol), with an example
+    value for that same option.
+    """
+    for name, value in (("--rtol", rtol), ("--atol", atol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise BadInput(name, "bad_tolerance", f"must be a finite number >= 0, got {value!r}",
+                           f"pass e.g. {name} 1e-5 (or leave it out for the precision's default)")
+
+
 def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | None = None) -> Tolerance:
     """Tolerance for ``precision`` from ``schemas.TOLERANCES``, with optional user overrides.
 
@@ -348,10 +360,7 @@ def check_run(run_dir: Path | str, manifest: dict[str, Any] | None, *, rtol: flo
         return ParityResult(status="not_recorded", tolerance=None,
                             reason="no manifest: foreign traces carry no numerics to check")
     precision = manifest.get("precision")
-    for name, value in (("--rtol", rtol), ("--atol", atol)):
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise BadInput(name, "bad_tolerance", f"must be a finite number >= 0, got {value!r}",
-                           "pass e.g. --rtol 1e-5 (or leave it out for the precision's default)")
+    check_overrides(rtol=rtol, atol=atol)
     try:
         tol = tolerance_for(str(precision), rtol=rtol, atol=atol)
     except ValueError as exc:
