@@ -113,7 +113,8 @@ def open_kept(run_dir: Path | str) -> KeptRun:
 
     Raises ``BadInput``: no manifest or kept.parquet (reason ``no_kept``: recorded before tensors
     were kept), a file whose sha256 differs from the manifest or a tensor whose sha256 differs
-    from kept.parquet (reason ``tampered``, every changed tensor named in ``problems``).
+    from kept.parquet (reason ``tampered``: the first changed tensor in the message, every further
+    one in ``problems``).
     """
     run_dir = Path(run_dir)
     mpath = run_dir / schemas.MANIFEST_NAME
@@ -142,8 +143,9 @@ def open_kept(run_dir: Path | str) -> KeptRun:
     read = read_safetensors(tpath)
     problems = _tensor_problems(tpath, read, kept)
     if problems:
-        raise BadInput(tpath, "tampered", "; ".join(p.message for p in problems),
-                       "re-record the run", problems=problems)
+        more = f" (and {len(problems) - 1} more, below)" if len(problems) > 1 else ""
+        raise BadInput(tpath, "tampered", problems[0].message + more, "re-record the run",
+                       problems=problems[1:])  # errors.py: ``problems`` are the further ones
     if _sha_of_file(tpath) != tentry.get("sha256"):  # header / metadata changed, tensors intact
         raise BadInput(tpath, "tampered", "sha256 differs from the manifest although every tensor "
                        "matches kept.parquet (header or metadata changed)", "re-record the run")
