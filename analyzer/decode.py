@@ -188,6 +188,7 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
         trace = None
     except msgspec.DecodeError as exc:
         if "UTF-8" not in str(exc):
+            _refuse_not_json(data, path)
             raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
                            "copy the trace again or re-record it") from None
         # Names can carry bytes that are not UTF-8 (C++ symbols, paths): replace them with
@@ -207,6 +208,20 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
             raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
                            "copy the trace again or re-record it") from None
     return _columns(trace, path)
+
+
+def _refuse_not_json(data: bytes, path: Path | str) -> None:
+    """Raise ``BadInput`` (reason ``not_a_trace``) when ``data`` does not even start like a
+    trace: its first non-blank byte is not ``{`` (a Chrome trace is a JSON object; a UTF-8 BOM
+    is allowed). Returns for data that starts like JSON and is broken later (truncated)."""
+    head = data.lstrip(b"\xef\xbb\xbf").lstrip()
+    if head[:1] == b"{":
+        return
+    shown = head[:20].decode("utf-8", errors="replace").split("\n")[0]
+    what = "is empty" if not head else f"is not JSON (starts with {shown!r})"
+    raise BadInput(path, "not_a_trace", f"{what}: not a Chrome/Kineto trace",
+                   "pass PyTorch profiler traces (export_chrome_trace / "
+                   "tensorboard_trace_handler output)") from None
 
 
 def _with_warning(dec: Decoded, line: str) -> Decoded:

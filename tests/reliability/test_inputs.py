@@ -80,7 +80,7 @@ def test_random_bytes_named_json_gz(tmp_path):
     with pytest.raises(BadInput) as exc:
         load_traces(tmp_path / "job")
     # random bytes do not start like JSON (not a trace); a cut gzip stream is truncated
-    assert {Path(p.path).name: p.reason for p in exc.value.problems} == {
+    assert {os.path.basename(p.path): p.reason for p in exc.value.problems} == {
         "rank0.json.gz": "not_a_trace", "rank1.json.gz": "truncated"}
 
 
