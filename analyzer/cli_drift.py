@@ -47,10 +47,10 @@ def _num(v) -> str:
 
 
 def _print(r: dict) -> None:
-    from rich.console import Console
+    from analyzer import richout
     from rich.table import Table
 
-    con = Console()
+    con = richout.console()
     say = lambda s: con.print(s, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     say(f"OLD {r['old']['run_name']} ({r['old']['path']}, kept {r['old']['keep_tensors']})")
     say(f"NEW {r['new']['run_name']} ({r['new']['path']}, kept {r['new']['keep_tensors']})")

@@ -72,10 +72,11 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
 
 
 def _print_tables(s) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from analyzer.richout import add_column, console
+
+    con = console()
     for line in s.headline:
         con.print(line, markup=False, highlight=False, soft_wrap=True)
 
@@ -84,7 +85,8 @@ def _print_tables(s) -> None:
             return
         t = Table(title=title)
         for c in cols:
-            t.add_column(c, justify="right" if c not in ("kind", "pg", "explanation") else "left")
+            add_column(t, c, justify="right" if c not in ("kind", "pg", "explanation") else "left",
+                       key=c in ("rank", "step", "kind", "pg", "seq"))
         for rec in df[cols].itertuples(index=False):
             t.add_row(*[(fmt or {}).get(c, _cell)(v) for c, v in zip(cols, rec)])
         con.print(t)

@@ -1,0 +1,33 @@
+"""Rich console and table columns for the CLIs' tables, readable in narrow or piped output.
+
+A terminal keeps its own width. Piped or redirected output (``analyzer summary DIR | less``,
+``> out.txt``) has no width: rich's 80-column default cut headers to ``ste… com…``, so a
+non-terminal gets ``WIDE_COLUMNS`` unless ``COLUMNS`` says otherwise. Headers break at ``_``
+into words (``exposed_comm_ms`` -> ``exposed / comm / ms``, units kept) and cells fold instead of
+ending in ``…``, so nothing is lost when a terminal is narrow.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+WIDE_COLUMNS = 200
+"""Width of output that is not a terminal (characters)."""
+
+
+def console():
+    """A ``rich.console.Console`` for stdout: the terminal's width on a TTY, else ``COLUMNS``
+    or ``WIDE_COLUMNS``."""
+    from rich.console import Console
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=WIDE_COLUMNS)
+
+
+def add_column(table, name: str, *, justify: str = "right", key: bool = False) -> None:
+    """Add column ``name`` to ``table``: header broken at ``_`` into words, cells folded when too
+    narrow; ``key`` columns (rank, step, kind) never wrap."""
+    table.add_column(name.replace("_", "\n"), justify=justify, no_wrap=key,
+                     overflow="fold")
