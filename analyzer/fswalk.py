@@ -46,3 +46,21 @@ def entries(folder: Path, *, root: Path | None = None) -> tuple[list[Path], list
     for line in skipped:
         log.info("%s", line)
     return keep, skipped
+
+
+def not_an_input(name: str) -> str | None:
+    """Why a file named ``name`` in a trace folder is not a trace to analyse, or None.
+
+    Hidden files (a leading dot: macOS ``._worker0.json`` resource forks, the tracer's
+    ``.tmp-<pid>-rank0.trace.json.gz`` left by a killed record) and the analyzer's own outputs
+    (``*.offsets.json`` merge sidecars, ``merged.*`` / ``*.merged.*`` traces written by
+    ``analyzer merge``) are skipped by every folder walk rather than failing the folder.
+    """
+    if name.startswith("."):
+        return "hidden file (a macOS ._ file or a temporary file of a killed record)"
+    if name.endswith(".offsets.json"):
+        return "sidecar written by analyzer merge"
+    if name.startswith("merged.") or ".merged." in name:
+        return "merged trace written by analyzer merge"
+    return None
+

@@ -64,21 +64,32 @@ class ParsedFile:
 def find_trace_files(root: Path, *, run_dir: bool, skipped: list[str] | None = None) -> list[Path]:
     """Trace files of ``root``: ``rank*.trace.json.gz`` in a run dir, else every ``*.json`` /
     ``*.json.gz`` that is not a manifest. Sorted by name (order never decides a rank).
-    Symlinks out of ``root`` are not followed (analyzer/fswalk.py); each one skipped is
-    appended to ``skipped``."""
+    Symlinks out of ``root``, hidden files and the analyzer's own outputs are left out
+    (analyzer/fswalk.py ``entries`` / ``not_an_input``); each one skipped is appended to
+    ``skipped``."""
     from fnmatch import fnmatch
 
-    from analyzer.fswalk import entries
+    from analyzer.fswalk import entries, not_an_input
     from analyzer.schemas import TRACE_GLOB
 
     children, left_out = entries(root)
+    if run_dir:  # hidden traces (a killed record's .tmp-<pid>-rank0...) are named as skipped
+        found = [p for p in children if p.is_file() and (fnmatch(p.name, TRACE_GLOB) or (
+            p.name.startswith(".") and fnmatch(p.name, "*.json*")))]
+    else:
+        found = [p for p in children
+                 if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+                 and p.name != "manifest.json"]
+    keep = []
+    for p in found:
+        why = not_an_input(p.name)
+        if why:
+            left_out.append(f"{p}: {why}; skipped")
+        else:
+            keep.append(p)
     if skipped is not None:
         skipped += left_out
-    if run_dir:
-        return [p for p in children if fnmatch(p.name, TRACE_GLOB) and p.is_file()]
-    return [p for p in children
-            if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
-            and p.name != "manifest.json"]
+    return keep
 
 
 def content_key(data: bytes) -> str:
@@ -403,6 +414,7 @@ def load_traceset(root: Path, *, allow_incomplete: bool = False, jobs: int | Non
                                steps=f.steps, main_tid=f.main_tid,
                                whole_trace_mode=f.whole_trace_mode,
                                distributed_info=f.distributed_info))
+    _check_same_job(root, ranks)
     whole = [rt.rank for rt in ranks if rt.whole_trace_mode]
     if whole and len(whole) < len(ranks):
         notes.append(f"ranks {whole} have no ProfilerStep and are analysed in whole-trace mode")
@@ -411,3 +423,17 @@ def load_traceset(root: Path, *, allow_incomplete: bool = False, jobs: int | Non
     if ts.missing_ranks:
         notes.append(f"{len(ranks)} of {world} ranks")
     return ts
+
+
+def _check_same_job(root: Path, ranks: list) -> None:
+    """Refuse ranks of different jobs (analyzer/samejob.py) before anything is analysed."""
+    if len(ranks) < 2:
+        return
+    import pandas as pd
+
+    from analyzer.collectives import rank_collectives
+    from analyzer.samejob import check_same_job
+
+    coll = pd.concat([rank_collectives(rt.rank, rt.events, -1) for rt in ranks], ignore_index=True)
+    check_same_job(root, coll, {rt.rank: rt.path for rt in ranks})
+

@@ -125,29 +125,41 @@ def _read_json(path: Path) -> Any:
                        "re-export the trace or remove it from the folder") from None
 
 
-def discover(root: Path) -> list[Path]:
-    """Trace files in ``root``: ``*.json`` / ``*.json.gz`` except the manifest and sidecars."""
+def discover(root: Path, skipped: list[str] | None = None) -> list[Path]:
+    """Trace files in ``root``: ``*.json`` / ``*.json.gz`` except the manifest, hidden files and
+    our own outputs (``analyzer.fswalk.not_an_input``). One line per file left out is appended
+    to ``skipped``."""
     if not root.exists():
         raise BadInput(root, "missing", "no such file or folder", "check the path")
     if not root.is_dir():
         raise BadInput(root, "not_a_folder", "is a file, not a folder",
                        "pass the run directory or folder of traces that holds it")
-    from analyzer.fswalk import entries
+    from analyzer.fswalk import entries, not_an_input
 
-    files = sorted(p for p in entries(root)[0] if p.is_file()
-                   and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
-                   and p.name != MANIFEST_NAME and not p.name.endswith(".offsets.json"))
-    return files
+    children, left_out = entries(root)
+    files = []
+    for p in children:
+        if not (p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+                and p.name != MANIFEST_NAME):
+            continue
+        why = not_an_input(p.name)
+        if why:
+            left_out.append(f"{p}: {why}; skipped")
+        else:
+            files.append(p)
+    if skipped is not None:
+        skipped += left_out
+    return sorted(files)
 
 
-def read_inputs(root: Path) -> list[RankInput]:
+def read_inputs(root: Path, skipped: list[str] | None = None) -> list[RankInput]:
     """Read every trace in ``root`` and resolve its rank with the loader's rule (DESIGN.md
     "Trace semantics", ``analyzer.load.assign_ranks``). Raises ``BadInput`` (all problems at
     once) for duplicates, mixes and unreadable files.
     """
     problems: list[BadInput] = []
     loaded: list[tuple[Path, dict]] = []
-    for path in discover(root):
+    for path in discover(root, skipped):
         try:
             data = _read_json(path)
         except BadInput as exc:
@@ -413,13 +425,14 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     """
     options = options or MergeOptions()
     root, out = Path(root), Path(out)
-    inputs = read_inputs(root)
+    skipped: list[str] = []
+    inputs = read_inputs(root, skipped)
     ranks = [r.rank for r in inputs]
     ref_rank = options.ref_rank if options.ref_rank is not None else ranks[0]
     if ref_rank not in ranks:
         raise BadInput(root, "bad_ref_rank", f"has no trace of rank {ref_rank} (ranks: {ranks})",
                        "pick one of the ranks present")
-    warnings: list[str] = []
+    warnings: list[str] = list(skipped)
     tables = {r.rank: complete_events(r.data["traceEvents"]) for r in inputs}
 
     per_rank = {r.rank: clock.collective_events(tables[r.rank], default_pg=_default_pg(r.data)) for r in inputs}
