@@ -295,6 +295,10 @@ def load_tables(root: Path, *, allow_incomplete: bool = False, jobs: int | None 
     for r, source, f in assigned:
         _set_rank(f, r, source, world)
         ranks.append(f)
+    from analyzer.samejob import check_same_job
+
+    check_same_job(root, _concat([r.collectives for r in ranks], COLL_COLUMNS),
+                   {r.rank: r.path for r in ranks})
     whole = [rt.rank for rt in ranks if rt.whole_trace_mode]
     if whole and len(whole) < len(ranks):
         notes.append(f"ranks {whole} have no ProfilerStep and are analysed in whole-trace mode")
