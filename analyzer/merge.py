@@ -33,7 +33,7 @@ import msgspec
 import pandas as pd
 
 from analyzer import clock
-from analyzer.chrome_check import PHASES, check_trace, partial_overlaps
+from analyzer.chrome_check import PHASES, check_trace
 from analyzer.errors import BadInput
 from analyzer.schemas import MANIFEST_NAME
 

@@ -12,7 +12,6 @@ import sys
 
 import numpy as np
 import pytest
-from safetensors import safe_open
 from safetensors.numpy import load_file
 
 from analyzer import drift, schemas

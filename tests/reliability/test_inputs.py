@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -17,7 +16,7 @@ from analyzer.api import breakdown, load_traces
 from analyzer.errors import BadInput
 from reports import collect
 from tests.remanifest import refresh_manifest
-from tests.reliability.conftest import (DLRM, TBPLUGIN, bad_input, cli, cli_proc, copy_run, load,
+from tests.reliability.conftest import (DLRM, bad_input, cli, cli_proc, copy_run, load,
                                         need, save)
 
 IDENTITY = ["compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]

@@ -9,7 +9,7 @@ import json
 import shutil
 
 from tests.remanifest import refresh_manifest
-from tests.reliability.conftest import (DLRM, TBPLUGIN, bad_input, cli, cli_proc, copy_run, load,
+from tests.reliability.conftest import (TBPLUGIN, bad_input, cli, cli_proc, copy_run, load,
                                         need, save)
 
 

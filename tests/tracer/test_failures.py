@@ -3,7 +3,6 @@ leave no manifest and no process behind; a rerun into the same folder works; bad
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -6,7 +6,6 @@ import gzip
 import json
 import math
 
-import pyarrow as pa
 import pytest
 import torch
 
