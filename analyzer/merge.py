@@ -35,7 +35,6 @@ import pandas as pd
 from analyzer import clock
 from analyzer.chrome_check import PHASES, check_trace
 from analyzer.errors import BadInput
-from analyzer.schemas import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
 
@@ -134,22 +133,9 @@ def discover(root: Path, skipped: list[str] | None = None) -> list[Path]:
     if not root.is_dir():
         raise BadInput(root, "not_a_folder", "is a file, not a folder",
                        "pass the run directory or folder of traces that holds it")
-    from analyzer.fswalk import entries, not_an_input
+    from analyzer.load import find_trace_files
 
-    children, left_out = entries(root)
-    files = []
-    for p in children:
-        if not (p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
-                and p.name != MANIFEST_NAME):
-            continue
-        why = not_an_input(p.name)
-        if why:
-            left_out.append(f"{p}: {why}; skipped")
-        else:
-            files.append(p)
-    if skipped is not None:
-        skipped += left_out
-    return sorted(files)
+    return find_trace_files(root, run_dir=False, skipped=skipped)
 
 
 def read_inputs(root: Path, skipped: list[str] | None = None) -> list[RankInput]:
