@@ -45,16 +45,6 @@ class KeptRun:
     """Kept tensors as float64 arrays of their shape; None with ``--keep-tensors summaries``."""
 
 
-def _sha_of_file(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _entry(manifest: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((f for f in manifest.get("files") or [] if f.get("path") == name), None)
 
@@ -130,7 +120,7 @@ def open_kept(run_dir: Path | str) -> KeptRun:
     if entry is None or not kpath.is_file():
         raise BadInput(run_dir, "no_kept", f"keeps no {schemas.KEPT_NAME} (recorded before tensors "
                        "were kept)", "re-record the run with this version of tracer")
-    if _sha_of_file(kpath) != entry.get("sha256"):
+    if schemas.sha256_file(kpath) != entry.get("sha256"):
         raise BadInput(kpath, "tampered", "sha256 differs from the manifest (changed after the record)",
                        "re-record the run")
     kept = _read_kept_table(kpath)
@@ -146,7 +136,7 @@ def open_kept(run_dir: Path | str) -> KeptRun:
         more = f" (and {len(problems) - 1} more, below)" if len(problems) > 1 else ""
         raise BadInput(tpath, "tampered", problems[0].message + more, "re-record the run",
                        problems=problems[1:])  # errors.py: ``problems`` are the further ones
-    if _sha_of_file(tpath) != tentry.get("sha256"):  # header / metadata changed, tensors intact
+    if schemas.sha256_file(tpath) != tentry.get("sha256"):  # header / metadata changed, tensors intact
         raise BadInput(tpath, "tampered", "sha256 differs from the manifest although every tensor "
                        "matches kept.parquet (header or metadata changed)", "re-record the run")
     return KeptRun(path=run_dir, manifest=manifest, kept=kept,

@@ -13,7 +13,6 @@ DIR may be (checked in this order):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,6 @@ from analyzer.fswalk import entries
 log = logging.getLogger(__name__)
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-HASH_CHUNK_BYTES = 1 << 20
 """Files are hashed in chunks of this size (memory stays flat for large traces)."""
 REPORT_DIR_NAME = "report"
 
@@ -93,15 +91,6 @@ def _read(run_dir: Path) -> RunDir:
     return RunDir(path=run_dir, name=str(manifest.get("run_name") or run_dir.name), manifest=manifest)
 
 
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of the file's bytes, read in ``HASH_CHUNK_BYTES`` chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(HASH_CHUNK_BYTES):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _verify_files(run_dir: Path, files: list[dict[str, Any]]) -> None:
     """Check every file the manifest lists against its recorded ``size_bytes`` and ``sha256``
     (schemas.py: the tracer writes both, manifest last). A file replaced or edited since the
@@ -114,7 +103,7 @@ def _verify_files(run_dir: Path, files: list[dict[str, Any]]) -> None:
         what = None
         if isinstance(size, int) and not isinstance(size, bool) and path.stat().st_size != size:
             what = f"size {path.stat().st_size} bytes differs from manifest.json's {size}"
-        elif isinstance(digest, str) and file_sha256(path) != digest.lower():
+        elif isinstance(digest, str) and schemas.sha256_file(path) != digest.lower():
             what = "sha256 differs from manifest.json"
         if what:
             raise BadInput(path, "file_changed", f"changed since it was recorded ({what})",

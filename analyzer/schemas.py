@@ -287,6 +287,20 @@ TOLERANCES: dict[str, dict[str, float]] = {
 TOLERANCE_SOURCE = "torch.testing.assert_close defaults for the dtype"
 
 
+def sha256_file(path: Path | str) -> str:
+    """Hex sha256 of a file's bytes, as the manifest's ``files[].sha256`` records it.
+
+    Read in 1 MiB chunks, so memory stays flat for large traces. Raises ``OSError``.
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 class SchemaError(ValueError):
     """A run-directory file does not follow this contract (missing key, newer schema version).
 

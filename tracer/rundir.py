@@ -6,7 +6,6 @@ so a reader never sees half a file; ``manifest.json`` is written last (see ``man
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analyzer.schemas import MANIFEST_NAME, MEMORY_DIR
+from analyzer.schemas import MANIFEST_NAME, MEMORY_DIR, sha256_file
 
 PARTS_DIR = ".parts"
 """Per-rank partial tables, merged by rank 0 and removed before the manifest is written."""
@@ -59,15 +58,6 @@ def clear_run_dir(run_dir: Path) -> None:
             f.unlink(missing_ok=True)
     for d in (MEMORY_DIR, PARTS_DIR):
         shutil.rmtree(run_dir / d, ignore_errors=True)
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def file_entries(run_dir: Path) -> list[dict]:
