@@ -6,6 +6,7 @@ library raises the typed error (``BadInput`` with a stable ``reason``)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import pyarrow as pa
@@ -266,7 +267,8 @@ def test_improperly_nested_events_on_one_thread(tmp_path, ddp_run):
     proc = cli("merge", str(job), "-o", str(tmp_path / "m.json.gz"))
     assert proc.returncode == 0
     # Perfetto would drop partially overlapping events: merge moves them to overlap tracks
-    assert "0 on overlap tracks" not in proc.stdout
+    moved = re.search(r"(\d+) on overlap tracks", proc.stdout)
+    assert moved and int(moved.group(1)) > 0, proc.stdout
 
 
 def test_rank_with_only_metadata_events(tmp_path, ddp_run):
