@@ -54,6 +54,15 @@ ROLES = ("compute", "comm", "comm_enqueue", "memcpy", "memset", "sync", "step", 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv",
          "barrier", "other")
 
+RULES = ("gpu.nccl_kernel", "gpu.nccl_kernel.args", "gpu.nccl_kernel.launch", "gpu.memcpy",
+         "gpu.memset", "gpu.memcpy.htod", "gpu.sync", "gpu.annotation", "gpu.kernel",
+         "cpu.profiler_step", "cpu.dataloader_next", "cpu.gloo_op", "cpu.gloo_op.paired",
+         "cpu.c10d_enqueue", "cpu.record_param_comms", "cpu.nccl_op", "cpu.main_thread_op",
+         "cpu.annotation", "cpu.other")
+_ROLE = {r: i for i, r in enumerate(ROLES)}
+_RULE = {r: i for i, r in enumerate(RULES)}
+_KIND = {k: i for i, k in enumerate(KINDS)}
+
 NCCL_KERNEL_RE = re.compile(r"^nccl.*Kernel")  # HolisticTraceAnalysis hta/utils/utils.py
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)")
 # torch/utils/data/dataloader.py _BaseDataLoaderIter: f"enumerate(DataLoader)#{cls.__name__}.__next__"
@@ -111,166 +120,190 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
     Returns ``(events, info)`` with ``info`` = {device_kind, main_tid, whole_trace_mode,
     steps (DataFrame: step, cpu_start_ns, cpu_end_ns, start_ns, end_ns)}. Pure function.
     """
-    df = df.sort_values(["ts_ns", "end_ns"], ascending=[True, False], kind="stable")
+    ts = df["ts_ns"].to_numpy()
+    end = df["end_ns"].to_numpy()
+    if not _time_ordered(ts, end):  # analyzer/decode.py already gives this order
+        df = df.sort_values(["ts_ns", "end_ns"], ascending=[True, False], kind="stable")
     df = df.reset_index(drop=True)
+    ts = df["ts_ns"].to_numpy()
+    end = df["end_ns"].to_numpy()
     n = len(df)
     # string columns as (distinct values, codes): predicates run once per distinct value
     uniq, codes = _distinct(df["name"])
     names = uniq[codes]
     u_cat, c_cat = _distinct(df["cat"])
-    cats = np.array([x.lower() for x in u_cat], object)[c_cat]
+    u_cat_lc = [x.lower() for x in u_cat]
     is_gpu = df["is_gpu"].to_numpy()
     u_tid, c_tid = _distinct(df["tid"])
-    tids = u_tid[c_tid]
-    role = np.full(n, "other", object)
-    rule = np.full(n, "cpu.other", object)
-    kind = np.full(n, None, object)
+    # role, rule and kind as codes into ROLES, RULES and KINDS (-1: no kind)
+    role = np.full(n, _ROLE["other"], np.int8)
+    rule = np.full(n, _RULE["cpu.other"], np.int8)
+    kind = np.full(n, -1, np.int8)
 
     def by_name(fn, dtype=bool):
         return np.array([fn(u) for u in uniq], dtype=dtype)[codes] if len(uniq) else \
             np.zeros(n, dtype)
 
+    def by_cat(*values):
+        return np.array([c in values for c in u_cat_lc], bool)[c_cat] if len(u_cat) else \
+            np.zeros(n, bool)
+
     is_nccl_kernel = by_name(lambda u: NCCL_KERNEL_RE.match(u) is not None) & is_gpu
-    name_kind = by_name(kind_from_text, object)
+    name_kind = by_name(_kind_code, np.int8)
     is_step = by_name(lambda u: _STEP_RE.match(u) is not None) & ~is_gpu
     is_gloo = by_name(lambda u: u.startswith("gloo:")) & ~is_gpu
     is_c10d = by_name(lambda u: u.startswith("c10d::")) & ~is_gpu
     is_rpc = by_name(lambda u: u == "record_param_comms") & ~is_gpu
     is_nccl_op = by_name(lambda u: u.startswith(("nccl:", "mpi:", "ucc:"))) & ~is_gpu
-    is_memcpy = is_gpu & ((cats == "gpu_memcpy") | by_name(lambda u: u.startswith("Memcpy")))
+    is_memcpy = is_gpu & (by_cat("gpu_memcpy") | by_name(lambda u: u.startswith("Memcpy")))
     is_htod = is_memcpy & by_name(lambda u: "HtoD" in u)
     is_loader = ~is_gpu & by_name(lambda u: DATALOADER_RE.match(u) is not None)
-    is_memset = is_gpu & ((cats == "gpu_memset") | by_name(lambda u: u.startswith("Memset")))
-    is_sync = is_gpu & ((cats == "cuda_sync") | (cats == "gpu_sync") | by_name(lambda u: "Sync" in u))
-    is_gpu_ann = is_gpu & (cats == "gpu_user_annotation")
-    device_kind = "gpu" if (is_gpu & (cats == "kernel")).any() else "cpu"
+    is_memset = is_gpu & (by_cat("gpu_memset") | by_name(lambda u: u.startswith("Memset")))
+    is_sync = is_gpu & (by_cat("cuda_sync", "gpu_sync") | by_name(lambda u: "Sync" in u))
+    is_gpu_ann = is_gpu & by_cat("gpu_user_annotation")
+    device_kind = "gpu" if (is_gpu & by_cat("kernel")).any() else "cpu"
+
+    def mark(mask, r, ru):
+        role[mask] = _ROLE[r]
+        rule[mask] = _RULE[ru]
 
     # GPU
-    role[is_gpu] = "compute"
-    rule[is_gpu] = "gpu.kernel"
+    mark(is_gpu, "compute", "gpu.kernel")
     for mask, r, ru in ((is_sync, "sync", "gpu.sync"), (is_memset, "memset", "gpu.memset"),
                         (is_memcpy, "memcpy", "gpu.memcpy"),
                         (is_gpu_ann, "annotation", "gpu.annotation"),
                         (is_nccl_kernel, "comm", "gpu.nccl_kernel")):
-        role[mask] = r
-        rule[mask] = ru
+        mark(mask, r, ru)
     kind[is_nccl_kernel] = name_kind[is_nccl_kernel]
-    rule[is_htod] = "gpu.memcpy.htod"
+    rule[is_htod] = _RULE["gpu.memcpy.htod"]
 
     # CPU
     cpu = ~is_gpu
-    ann = cpu & (cats == "user_annotation")
-    role[ann] = "annotation"
-    rule[ann] = "cpu.annotation"
-    role[is_loader] = "data"
-    rule[is_loader] = "cpu.dataloader_next"
+    mark(cpu & by_cat("user_annotation"), "annotation", "cpu.annotation")
+    mark(is_loader, "data", "cpu.dataloader_next")
     enq = is_c10d | is_rpc | is_nccl_op
-    role[enq] = "comm_enqueue"
-    rule[is_c10d] = "cpu.c10d_enqueue"
-    rule[is_rpc] = "cpu.record_param_comms"
-    rule[is_nccl_op] = "cpu.nccl_op"
+    role[enq] = _ROLE["comm_enqueue"]
+    rule[is_c10d] = _RULE["cpu.c10d_enqueue"]
+    rule[is_rpc] = _RULE["cpu.record_param_comms"]
+    rule[is_nccl_op] = _RULE["cpu.nccl_op"]
     coll_name = _obj(df["coll_name"])
-    arg_kind = np.array([kind_from_text(x) if x is not None else None for x in coll_name], object)
-    kind[enq] = np.where(arg_kind[enq] != None, arg_kind[enq], name_kind[enq])  # noqa: E711
-    role[is_gloo] = "comm"
-    rule[is_gloo] = "cpu.gloo_op"
+    arg_kind = np.full(n, -1, np.int8)
+    for i in np.flatnonzero(coll_name != None).tolist():  # noqa: E711
+        arg_kind[i] = _kind_code(coll_name[i])
+    kind[enq] = np.where(arg_kind[enq] >= 0, arg_kind[enq], name_kind[enq])
+    mark(is_gloo, "comm", "cpu.gloo_op")
     kind[is_gloo] = name_kind[is_gloo]
-    role[is_step] = "step"
-    rule[is_step] = "cpu.profiler_step"
+    mark(is_step, "step", "cpu.profiler_step")
 
     main_tid = None
     if device_kind == "cpu":
-        main_tid = _main_thread(df, tids, is_step, is_c10d, role, cats)
-        main_op = cpu & (tids == main_tid) & (cats == "cpu_op") & (role == "other")
-        role[main_op] = "compute"
-        rule[main_op] = "cpu.main_thread_op"
+        main_code = _main_thread(df, c_tid, is_step, is_c10d, role, by_cat("cpu_op"))
+        if main_code is not None:
+            main_tid = str(u_tid[main_code])
+            main_op = cpu & (c_tid == main_code) & by_cat("cpu_op") & (role == _ROLE["other"])
+            mark(main_op, "compute", "cpu.main_thread_op")
 
     ext = df["external_id"].to_numpy()
     corr = df["correlation"].to_numpy()
-    ts = df["ts_ns"].to_numpy()
-    end = df["end_ns"].to_numpy()
 
     # --- link GPU events to their launching CPU event (correlation, else External id) --------
     launch = np.full(n, -1, np.int64)  # row index of the CPU launch event
     gpu_idx = np.flatnonzero(is_gpu)
     cpu_idx = np.flatnonzero(cpu)
     if len(gpu_idx):
-        runtime = cpu & (corr >= 0) & np.isin(cats, ("cuda_runtime", "cuda_driver", "cpu_op"))
+        runtime = cpu & (corr >= 0) & by_cat("cuda_runtime", "cuda_driver", "cpu_op")
         rt_idx = np.flatnonzero(runtime)
         launch[gpu_idx] = _lookup(corr[rt_idx], rt_idx, corr[gpu_idx])
         missing = gpu_idx[launch[gpu_idx] < 0]
         if len(missing):
-            cand = cpu_idx[(ext[cpu_idx] >= 0) & ~np.isin(role[cpu_idx], ("annotation", "data"))]
+            not_range = (role[cpu_idx] != _ROLE["annotation"]) & (role[cpu_idx] != _ROLE["data"])
+            cand = cpu_idx[(ext[cpu_idx] >= 0) & not_range]
             launch[missing] = _lookup(ext[cand], cand, ext[missing])
 
     # --- collective kind / bytes / pg of comm kernels from their launching op ----------------
     pg = _obj(df["pg"])
-    nbytes = _bytes_from_args(df, kind)
+    nbytes = _bytes_from_args(df)
     args_bytes = nbytes.copy()  # bytes from each row's own collective args (-1 unknown)
     shape = _ShapeCols(df, names)
     comm_k = np.flatnonzero(is_nccl_kernel)
     if len(comm_k):
         enq_idx = np.flatnonzero(enq)
-        tid_code = c_tid
-        enq_cols = (enq_idx, ext[enq_idx], ts[enq_idx], end[enq_idx], tid_code[enq_idx])
-        for i in comm_k:
-            if kind[i] is None and arg_kind[i] is not None:
+        enq_cols = (enq_idx, ext[enq_idx], ts[enq_idx], end[enq_idx], c_tid[enq_idx])
+        for i in comm_k.tolist():
+            if kind[i] < 0 and arg_kind[i] >= 0:
                 kind[i] = arg_kind[i]
-                rule[i] = "gpu.nccl_kernel.args"
-            src = _launching_ops(launch[i], ext[i], enq_cols, ext, ts, end, tid_code)
-            if kind[i] is None:
-                k = _kind_from_ops(src, arg_kind, name_kind, is_rpc, is_nccl_op)
-                if k is not None:
+                rule[i] = _RULE["gpu.nccl_kernel.args"]
+            src = _launching_ops(launch[i], ext[i], enq_cols, ext, ts, end, c_tid)
+            if kind[i] < 0:
+                k = _kind_from_ops(src, arg_kind, name_kind, is_nccl_op)
+                if k >= 0:
                     kind[i] = k
-                    rule[i] = "gpu.nccl_kernel.launch"
+                    rule[i] = _RULE["gpu.nccl_kernel.launch"]
                 else:
-                    kind[i] = "send_recv" if "SendRecv" in names[i] else "other"
+                    kind[i] = _KIND["send_recv" if "SendRecv" in names[i] else "other"]
             if pg[i] is None:
                 pg[i] = next((pg[j] for j in src if pg[j] is not None), None)
             if nbytes[i] < 0:
-                nbytes[i] = _bytes_from_ops(src, kind[i], args_bytes, shape, world_size)
+                nbytes[i] = _bytes_from_ops(src, KINDS[kind[i]], args_bytes, shape, world_size)
     # --- gloo: pair each runloop op with its enqueue by order and time -----------------------
     gloo_idx = np.flatnonzero(is_gloo)
     paired = np.full(n, -1, np.int64)
     if len(gloo_idx):
         c10d_idx = np.flatnonzero(is_c10d & ~by_name(lambda u: u.startswith("c10d::wait")))
         paired = _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired)
-        for i in gloo_idx:
+        for i in gloo_idx.tolist():
             j = paired[i]
             if j >= 0:
-                rule[i] = "cpu.gloo_op.paired"
-                kind[i] = kind[j] if kind[j] is not None else kind[i]
+                rule[i] = _RULE["cpu.gloo_op.paired"]
+                kind[i] = kind[j] if kind[j] >= 0 else kind[i]
                 if pg[i] is None:
                     pg[i] = pg[j]
-            if kind[i] is None:
-                kind[i] = "other"
+            if kind[i] < 0:
+                kind[i] = _KIND["other"]
             if nbytes[i] < 0:
-                nbytes[i] = shape.nbytes(i, kind[i], world_size)
+                nbytes[i] = shape.nbytes(i, KINDS[kind[i]], world_size)
             if nbytes[i] < 0 and j >= 0:
-                nbytes[i] = shape.nbytes(j, kind[i], world_size)
-    for i in np.flatnonzero(enq):
+                nbytes[i] = shape.nbytes(j, KINDS[kind[i]], world_size)
+    for i in np.flatnonzero(enq).tolist():
         if nbytes[i] < 0:
-            nbytes[i] = shape.nbytes(i, kind[i], world_size)
-    kind[(role != "comm") & (role != "comm_enqueue")] = None
-    for i in np.flatnonzero((role == "comm") | (role == "comm_enqueue")):
-        if kind[i] is None:
-            kind[i] = "other"
+            nbytes[i] = shape.nbytes(i, KINDS[kind[i]] if kind[i] >= 0 else None, world_size)
+    is_comm = (role == _ROLE["comm"]) | (role == _ROLE["comm_enqueue"])
+    kind[~is_comm] = -1
+    kind[is_comm & (kind < 0)] = _KIND["other"]
 
     # --- steps ------------------------------------------------------------------------------
     step, steps, whole = _assign_steps(df, names, is_step, is_gpu, launch, paired, role)
 
     out = df.drop(columns=["pg"])
     out["step"] = step
-    out["role"] = pd.Categorical(role, categories=list(ROLES))
-    out["coll_kind"] = pd.Categorical(kind, categories=list(KINDS))
+    out["role"] = pd.Categorical.from_codes(role, categories=list(ROLES))
+    out["coll_kind"] = pd.Categorical.from_codes(kind, categories=list(KINDS))
     out["bytes"] = nbytes.astype(np.int64)
     out["pg"] = pd.array(pg, dtype="str")
-    out["rule"] = pd.Categorical(rule)
+    out["rule"] = _used_categories(rule, RULES)
     out["launch_row"] = launch
     out["paired_row"] = paired
     info = {"device_kind": device_kind, "main_tid": main_tid, "whole_trace_mode": whole,
             "steps": steps}
     return out, info
+
+
+def _time_ordered(ts: np.ndarray, end: np.ndarray) -> bool:
+    """True when rows are sorted by start, longest first among equal starts."""
+    if len(ts) < 2:
+        return True
+    a, b = ts[:-1], ts[1:]
+    return bool(((b > a) | ((b == a) & (end[1:] <= end[:-1]))).all())
+
+
+def _used_categories(codes: np.ndarray, values: tuple[str, ...]) -> pd.Categorical:
+    """Categorical of ``values[codes]`` whose categories are the values used, sorted (what
+    ``pd.Categorical(list of str)`` gives)."""
+    used = np.flatnonzero(np.bincount(codes, minlength=len(values)))
+    order = sorted(used.tolist(), key=lambda c: values[c])
+    remap = np.full(len(values), -1, np.int8)
+    remap[order] = np.arange(len(order), dtype=np.int8)
+    return pd.Categorical.from_codes(remap[codes], categories=[values[c] for c in order])
 
 
 def _distinct(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -318,17 +351,28 @@ def _launching_ops(launch_row, ext_i, enq_cols, ext, ts, end, tid_code) -> list[
     return list(dict.fromkeys(out))
 
 
-def _kind_from_ops(src, arg_kind, name_kind, is_rpc, is_nccl_op) -> str | None:
-    for pick in (lambda j: arg_kind[j], lambda j: name_kind[j] if is_nccl_op[j] else None,
-                 lambda j: name_kind[j]):
-        for j in src:
-            k = pick(j)
-            if k is not None:
-                return k
-    return None
+def _kind_from_ops(src, arg_kind, name_kind, is_nccl_op) -> int:
+    """Kind code from the launching ops ``src``: a ``Collective name`` argument first, then an
+    ``nccl:*`` op's name, then any op's name; -1 when none says."""
+    for j in src:
+        if arg_kind[j] >= 0:
+            return int(arg_kind[j])
+    for j in src:
+        if is_nccl_op[j] and name_kind[j] >= 0:
+            return int(name_kind[j])
+    for j in src:
+        if name_kind[j] >= 0:
+            return int(name_kind[j])
+    return -1
 
 
-def _bytes_from_args(df: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
+def _kind_code(text: str | None) -> int:
+    """Index in KINDS of ``kind_from_text(text)``, -1 when it says nothing."""
+    k = kind_from_text(text)
+    return _KIND[k] if k is not None else -1
+
+
+def _bytes_from_args(df: pd.DataFrame) -> np.ndarray:
     """nccl-tests byte count from collective args: max(in, out) elements x element size.
 
     nccl-tests (doc/PERFORMANCE.md) counts all_gather and reduce_scatter by the total (whole)
@@ -390,28 +434,42 @@ def _bytes_from_ops(src, kind, args_bytes, shape: _ShapeCols, world_size) -> int
     return -1
 
 
-def _main_thread(df, tids, is_step, is_c10d, role, cats) -> str | None:
+def _main_thread(df, c_tid, is_step, is_c10d, role, is_cpu_op) -> int | None:
+    """Code (in ``c_tid``) of the main thread (module docstring); ties go to the thread whose
+    tid sorts first as a string. None when no row tells."""
+    u_tid = _distinct(df["tid"])[0]
     for mask in (is_step, is_c10d):
         if mask.any():
-            vals, counts = np.unique(tids[mask], return_counts=True)
-            return str(vals[np.argmax(counts)])
-    ops = (cats == "cpu_op") & (role == "other")
+            return _first_max(np.bincount(c_tid[mask], minlength=len(u_tid)), u_tid)
+    ops = is_cpu_op & (role == _ROLE["other"])
     if not ops.any():
         return None
-    tot = pd.Series(df["dur_ns"].to_numpy()[ops]).groupby(tids[ops]).sum()
-    return str(tot.idxmax())
+    tot = np.bincount(c_tid[ops], weights=None, minlength=len(u_tid)).astype(bool)
+    sums = np.zeros(len(u_tid), np.int64)
+    np.add.at(sums, c_tid[ops], df["dur_ns"].to_numpy()[ops])
+    sums[~tot] = -1  # threads without such ops never win
+    return _first_max(sums, u_tid)
+
+
+def _first_max(values: np.ndarray, labels: np.ndarray) -> int:
+    """Index of the largest value; among equals, the one whose label sorts first."""
+    best = np.flatnonzero(values == values.max())
+    return int(min(best.tolist(), key=lambda c: str(labels[c])))
 
 
 def _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired) -> np.ndarray:
     """Pair gloo runloop ops with c10d enqueues: for each enqueue in time order, the first not
     yet paired gloo op of the matching gloo kind that starts at or after the enqueue starts.
     (No id links them; gloo runs a process group's work in FIFO order.)"""
+    def name(code) -> str:  # kind name; "None" for no kind, which pairs with no-kind ops
+        return KINDS[code] if code >= 0 else "None"
+
     pools: dict[str, list[int]] = {}
-    for i in gloo_idx:  # already in time order (table sorted by ts)
-        pools.setdefault(str(name_kind[i]), []).append(int(i))
+    for i in gloo_idx.tolist():  # already in time order (table sorted by ts)
+        pools.setdefault(name(name_kind[i]), []).append(i)
     heads = {k: 0 for k in pools}
-    for j in c10d_idx:
-        want = _GLOO_FOR_C10D.get(str(kind[j]), None)
+    for j in c10d_idx.tolist():
+        want = _GLOO_FOR_C10D.get(name(kind[j]), None)
         pool = pools.get(str(want))
         if not pool:
             continue
@@ -465,11 +523,13 @@ def _assign_steps(df, names, is_step, is_gpu, launch, paired, role):
     lk = launch[g]
     has = lk >= 0
     step[g[has]] = step[lk[has]]
-    gl = np.flatnonzero((role == "comm") & ~is_gpu & (paired >= 0))
+    comm = role == _ROLE["comm"]
+    gl = np.flatnonzero(comm & ~is_gpu & (paired >= 0))
     step[gl] = step[paired[gl]]
-    dev = np.flatnonzero((is_gpu | (role == "comm")) & (step >= 0))
-    pos = {int(v): k for k, v in enumerate(st)}
-    k = np.array([pos.get(int(v), -1) for v in step[dev]], np.int64)
+    dev = np.flatnonzero((is_gpu | comm) & (step >= 0))
+    by_number = np.argsort(st, kind="stable")  # span index of each event's step number
+    at = np.minimum(np.searchsorted(st[by_number], step[dev]), len(st) - 1)
+    k = np.where(st[by_number][at] == step[dev], by_number[at], -1)
     ok = k >= 0
     start = ss.copy()
     stop = se.copy()

@@ -3,9 +3,11 @@
 Typed decoding with msgspec: only the fields the analyzer needs are declared; everything else in
 the JSON is skipped by the decoder without building Python objects. The structs are untracked by
 the cycle collector (``gc=False``; decoded JSON cannot form cycles): with tracking, the
-collector's passes over ~10^5 new objects doubled the decode time of a 40 MB trace. Hot argument fields are typed
-strictly (fast path); a trace whose values have other types (e.g. a string ``External id``) is
-decoded again with lenient ``Any`` fields (slow path, same result).
+collector's passes over ~10^5 new objects doubled the decode time of a 40 MB trace. Hot
+argument fields are typed strictly (fast path); a trace whose values have other types (e.g. a
+string ``External id``) is decoded again with lenient ``Any`` fields (slow path, same result).
+Columns are then read out of the structs with one C-level loop each (``map``/``attrgetter``,
+a defaultdict coder): Python-level work runs per distinct value, not per event.
 
 Times: ``ts`` and ``dur`` are JSON numbers in microseconds, sometimes with sub-µs decimals
 (``1712195495520854.8``). A float64 cannot hold such an epoch timestamp to the nanosecond (its
@@ -21,13 +23,18 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
+from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import count, repeat
+from operator import attrgetter, is_not
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from analyzer.errors import BadInput
 
@@ -37,9 +44,9 @@ _NULL = msgspec.Raw(b"null")
 class _Args(msgspec.Struct, gc=False):
     """The ``args`` keys the analyzer reads (fast path: strict types for hot keys)."""
 
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    external_id_lc: int | None = msgspec.field(default=None, name="external id")  # tb_plugin
-    correlation: int | None = None
+    external_id: int | None = msgspec.field(default=-1, name="External id")
+    external_id_lc: int | None = msgspec.field(default=-1, name="external id")  # tb_plugin
+    correlation: int | None = -1  # ids default to -1 (absent): columns built in one C loop
     stream: int | str | None = None
     coll_name: str | None = msgspec.field(default=None, name="Collective name")
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
@@ -141,8 +148,9 @@ def dtype_bytes(name: Any) -> int:
 class Decoded:
     """One decoded trace file.
 
-    ``events``: one row per complete event (``ph == "X"``) with valid ts/dur; columns name, cat,
-    pid, tid (str), ts_ns, dur_ns, end_ns (int64), is_gpu (bool), stream, correlation,
+    ``events``: one row per complete event (``ph == "X"``) with valid ts/dur, sorted by ts_ns
+    then longest first (file order among equals: the order classification needs); columns
+    name, cat, pid, tid (str), ts_ns, dur_ns, end_ns (int64), is_gpu (bool), stream, correlation,
     external_id (int64, -1 absent), thread_name (str, "" unknown), and argument columns
     coll_name, dtype, pg (str or None), in_nelems, out_nelems, group_size, shape_numel,
     shape_elem_bytes (int64, -1 unknown), pg_ranks (str or None).
@@ -207,7 +215,7 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
         except msgspec.DecodeError as exc:  # the strict pass stopped at a type, before this
             raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
                            "copy the trace again or re-record it") from None
-    return _columns(trace, path)
+    return _columns(trace, path, lower_ext=b'"external id"' in data)
 
 
 def _refuse_not_json(data: bytes, path: Path | str) -> None:
@@ -233,14 +241,20 @@ def parse_decimal_ns(raws: list[msgspec.Raw]) -> tuple[np.ndarray, np.ndarray]:
     """Exact conversion of JSON numbers in µs (raw text) to int64 ns, vectorised.
 
     Returns ``(values_ns, ok)``; ``ok`` is False for null/missing, strings, negatives and
-    anything that is not a number (value 0 there). Rounds half up on the 4th decimal. Works
+    anything that is not a number (value 0 there). Rounds half up on the 4th decimal. Plain
+    decimals with at most three decimals (what Kineto writes) go through Arrow's exact
+    string -> decimal cast (``_parse_decimal_arrow``); otherwise the general parser works
     column by column over the tokens' characters (Horner's rule), so the cost is
     O(tokens x longest token) numpy operations on short arrays.
     """
     n = len(raws)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, bool)
-    blob = b"\x00".join(raws) + b"\x00"
+    blob = b"\x00" + b"\x00".join(raws)
+    fast = _parse_decimal_arrow(blob, n)
+    if fast is not None:
+        return fast, np.ones(n, bool)
+    blob = blob[1:] + b"\x00"
     c = np.frombuffer(blob, np.uint8)
     ends = np.flatnonzero(c == 0)
     starts = np.empty(n, np.int64)
@@ -291,29 +305,104 @@ def parse_decimal_ns(raws: list[msgspec.Raw]) -> tuple[np.ndarray, np.ndarray]:
     return values, ~bad
 
 
+def _parse_decimal_arrow(blob: bytes, n: int) -> np.ndarray | None:
+    """Fast path of ``parse_decimal_ns`` (the same results where it answers): Arrow's exact
+    string -> decimal128(38, 3) cast, whose unscaled integer is the value in ns. ``blob`` holds
+    the ``n`` tokens each preceded by a NUL; each NUL is turned into a leading ``0`` of its
+    token. None (use the general parser) unless every token is a plain non-negative decimal
+    with at most three decimals that fits int64 ns: exponents, signs, empty tokens, null,
+    strings, sub-ns digits (which need rounding half up) and huge values all go the slow way."""
+    if b"e" in blob or b"E" in blob or b"-" in blob or b"+" in blob:
+        return None
+    c = np.frombuffer(blob, np.uint8).copy()
+    seps = np.flatnonzero(c == 0)
+    if len(seps) != n or seps[0] != 0 or len(c) >= 2**31:
+        return None
+    offsets = np.empty(n + 1, np.int32)
+    offsets[:n] = seps
+    offsets[n] = len(c)
+    if (np.diff(offsets) < 2).any():  # an empty token
+        return None
+    c[seps] = 48  # token i is now "0<token>"
+    strings = pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(c))
+    try:
+        dec = pc.cast(strings, pa.decimal128(38, 3))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if dec.null_count:
+        return None
+    words = np.frombuffer(dec.buffers()[1], np.int64, count=2 * n).reshape(n, 2)
+    low, high = words[:, 0], words[:, 1]
+    if (high != 0).any() or (low < 0).any() or (low > _MAX_US * 1000).any():
+        return None
+    return low.copy()
+
+
 _MAX_TOKEN = 32
 _MAX_US = (2**63 - 1) // 1000 - 1
 _POW10 = np.array([1, 10, 100, 1000], np.int64)
 
 
-def _categorical(values: list[str]) -> pd.Categorical:
-    """Categorical from a list of str, coded with a dict (much faster than hashing through
-    pandas' string arrays for few distinct values and many rows)."""
-    codes_of: dict[str, int] = {}
-    codes = np.fromiter((codes_of.setdefault(v, len(codes_of)) for v in values), np.int32,
-                        count=len(values))
-    return pd.Categorical.from_codes(codes, categories=pd.Index(list(codes_of), dtype="str"))
+def _str_codes(values: list[Any], *, as_str: bool = True) -> tuple[np.ndarray, list[Any]]:
+    """(int32 code of each value, distinct values in order of first use) of a list of
+    hashable values, in one C-level loop (a defaultdict whose missing keys take the next
+    code). ``as_str``: distinct values written as str, and values equal once written so
+    (``1`` and ``"1"``) share a code."""
+    code_of: defaultdict[Any, int] = defaultdict(count().__next__)
+    codes = np.fromiter(map(code_of.__getitem__, values), np.int32, count=len(values))
+    if not as_str:
+        return codes, list(code_of)
+    strs = [v if type(v) is str else str(v) for v in code_of]
+    if len(set(strs)) != len(strs):
+        first: dict[str, int] = {}
+        remap = np.array([first.setdefault(v, len(first)) for v in strs], np.int32)
+        codes, strs = remap[codes], list(first)
+    return codes, strs
 
 
-def _take(c: pd.Categorical, codes: np.ndarray) -> pd.Categorical:
-    """Categorical of ``c``'s values at positions ``codes``, with only the categories used, in
-    order of first use (as ``_categorical`` of the expanded list would give)."""
-    row = c.codes[codes]
-    used, first = np.unique(row, return_index=True)
-    used = used[np.argsort(first)]
-    remap = np.full(len(c.categories), -1, np.int32)
+def _part_codes(combos: list[tuple], k: int, combo_codes: np.ndarray
+                ) -> tuple[np.ndarray, list[str]]:
+    """(code of each row, distinct values as str) of field ``k`` of coded tuples."""
+    part, values = _str_codes([c[k] for c in combos])
+    return (part[combo_codes] if len(combo_codes) else np.zeros(0, np.int32)), values
+
+
+def _cat(codes: np.ndarray, values: list[str], order: np.ndarray, kept: np.ndarray
+         ) -> pd.Categorical:
+    """Categorical of ``values[codes[order]]`` whose categories are the values used there, in
+    order of first use in file order (``codes`` are in file order; ``order`` selects and
+    sorts rows; ``kept`` = the selected rows in file order)."""
+    n, k = len(codes), len(values)
+    first = np.full(k, n, np.int64)
+    first[codes[kept[::-1]]] = kept[::-1]  # the last write wins: the first use
+    used = np.flatnonzero(first < n)
+    used = used[np.argsort(first[used], kind="stable")]
+    remap = np.full(k, -1, np.int32)
     remap[used] = np.arange(len(used), dtype=np.int32)
-    return pd.Categorical.from_codes(remap[row], categories=c.categories[used])
+    return pd.Categorical.from_codes(remap[codes[order]],
+                                     categories=pd.Index([values[i] for i in used], dtype="str"))
+
+
+def _int_column(args: list, attr: str, fallback: str | None = None, *,
+                strict: bool) -> np.ndarray:
+    """int64 column of ``args``' attribute ``attr`` (-1 when absent / not an int64; when
+    ``fallback`` is given its attribute is used where ``attr`` is absent). ``strict``: the
+    values are int (default -1) or None, as the strict decoder gives them."""
+    n = len(args)
+    if strict:
+        try:  # one C loop; None (JSON null) or ints beyond int64 take the loop below
+            out = np.fromiter(map(attrgetter(attr), args), np.int64, count=n)
+            if fallback is not None:
+                other = np.fromiter(map(attrgetter(fallback), args), np.int64, count=n)
+                out = np.where(out == -1, other, out)
+            return out
+        except (TypeError, OverflowError):
+            pass
+    vals = [getattr(a, attr) for a in args]
+    if fallback is not None:
+        vals = [v if v is not None and v != -1 else getattr(a, fallback)
+                for v, a in zip(vals, args)]
+    return np.array([_as_int(v) for v in vals], dtype=np.int64)
 
 
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
@@ -351,8 +440,15 @@ def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int]:
     return numel, size
 
 
-def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
+def _columns(trace: _Trace | _LTrace, path: Path | str, *, lower_ext: bool = True
+             ) -> Decoded:
+    """The ``Decoded`` table of a decoded trace: rows sorted by (ts_ns, longest first), file
+    order among equals. Each pass over the events is one C-level loop (``map``,
+    ``attrgetter``, a defaultdict coder); Python-level work runs per distinct value, or per
+    row only for GPU rows and the few rows that carry collective arguments. ``lower_ext``:
+    look for tb_plugin's ``external id`` spelling too (False when the file never says it)."""
     evs = trace.traceEvents
+    strict = isinstance(trace, _Trace)
     warnings: list[str] = []
     # thread names from metadata events (last one wins, as trace viewers do)
     thread_names: dict[tuple[str, str], str] = {}
@@ -360,9 +456,10 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
         if e.ph == "M" and e.name == "thread_name" and e.args is not None:
             thread_names[(str(e.pid), str(e.tid))] = _as_str(e.args.meta_name) or ""
     xs = [e for e in evs if e.ph == "X"]
-    ts, ts_ok = parse_decimal_ns([e.ts for e in xs])
-    dur, dur_ok = parse_decimal_ns([e.dur for e in xs])
-    ok = ts_ok & dur_ok
+    n_all = len(xs)
+    times, times_ok = parse_decimal_ns([*map(attrgetter("ts"), xs), *map(attrgetter("dur"), xs)])
+    ts, dur = times[:n_all], times[n_all:]
+    ts_ok, dur_ok = times_ok[:n_all], times_ok[n_all:]
     n_bad_ts = int((~ts_ok).sum())
     n_bad_dur = int((ts_ok & ~dur_ok).sum())
     if n_bad_ts:
@@ -371,111 +468,100 @@ def _columns(trace: _Trace | _LTrace, path: Path | str) -> Decoded:
     if n_bad_dur:
         warnings.append(f"{path}: skipped {n_bad_dur} complete events with a missing, negative "
                         "or non-numeric dur")
-    if not ok.all():
-        keep = np.flatnonzero(ok)
-        xs = [xs[i] for i in keep]
-        ts, dur = ts[keep], dur[keep]
+    # every column is built in file order, then rows are kept and sorted with ``order``
+    order = np.lexsort((-(ts + dur), ts))  # stable: file order among equal (ts, end)
+    ok = ts_ok & dur_ok
+    kept = np.flatnonzero(ok)
+    if len(kept) < n_all:
+        order = order[ok[order]]
 
-    strict = isinstance(trace, _Trace)
-    # (name, cat) coded in one pass; name and cat columns come from the distinct pairs
-    nc_of: dict[tuple[str, str], int] = {}
-    if strict:  # typed: name/cat are str, ids int or None
-        gen_nc = (nc_of.setdefault((e.name, e.cat), len(nc_of)) for e in xs)
-    else:
-        gen_nc = (nc_of.setdefault((_as_str(e.name) or "", _as_str(e.cat) or ""), len(nc_of))
-                  for e in xs)
-    nc_codes = np.fromiter(gen_nc, np.int32, count=len(xs))
-    # (pid, tid) coded in one pass; pid, tid and thread_name columns come from the pairs
-    pair_of: dict[Any, int] = {}
-    if strict:  # int | str: hashable, and str() of each distinct pair only
-        gen = (pair_of.setdefault((e.pid, e.tid), len(pair_of)) for e in xs)
-    else:
-        gen = (pair_of.setdefault((str(e.pid), str(e.tid)), len(pair_of)) for e in xs)
-    pair_codes = np.fromiter(gen, np.int32, count=len(xs))
-    u_pid = [str(p) for p, _ in pair_of]
-    u_tid = [str(t) for _, t in pair_of]
-    u_tn = [thread_names.get(pt, "") for pt in zip(u_pid, u_tid)]
-    no_args = _Args()
-    args = [e.args if e.args is not None else no_args for e in xs]
-    ext = corr = None
+    # name, cat, pid, tid coded together: one pass, then per distinct combination
     if strict:
-        try:
-            ext = np.array([a.external_id if a.external_id is not None else
-                            (a.external_id_lc if a.external_id_lc is not None else -1)
-                            for a in args], dtype=np.int64)
-            corr = np.array([-1 if a.correlation is None else a.correlation for a in args],
-                            dtype=np.int64)
-        except OverflowError:  # ids beyond int64 (msgspec's int takes up to uint64)
-            ext = corr = None
-    if ext is None or corr is None:
-        ext = np.array([_as_int(a.external_id) if a.external_id is not None
-                        else _as_int(a.external_id_lc) for a in args], dtype=np.int64)
-        corr = np.array([_as_int(a.correlation) for a in args], dtype=np.int64)
-    stream_raw = [a.stream for a in args]
+        combos = map(attrgetter("name", "cat", "pid", "tid"), xs)
+    else:  # any JSON value: as the strict types would give it
+        combos = ((_as_str(e.name) or "", _as_str(e.cat) or "", str(e.pid), str(e.tid))
+                  for e in xs)
+    combo_codes, u_combo = _str_codes(list(combos), as_str=False)
+    name_codes, u_name = _part_codes(u_combo, 0, combo_codes)
+    cat_codes, u_cat = _part_codes(u_combo, 1, combo_codes)
+    pid_codes, u_pid = _part_codes(u_combo, 2, combo_codes)
+    tid_codes, u_tid = _part_codes(u_combo, 3, combo_codes)
+    tn_of_combo, u_tn = _str_codes([thread_names.get((str(c[2]), str(c[3])), "")
+                                    for c in u_combo])
+    tn_codes = tn_of_combo[combo_codes]
 
-    cat_c = _take(_categorical([c for _, c in nc_of]), nc_codes)
-    gpu_cat = np.array([str(x).lower() in GPU_CATS for x in cat_c.categories], dtype=bool)
-    is_gpu = gpu_cat[cat_c.codes] if len(cat_c.categories) else np.zeros(len(xs), bool)
-    stream = np.full(len(xs), -1, np.int64)
-    for i in np.flatnonzero(is_gpu):
-        s = stream_raw[i]
+    no_args = _Args() if strict else _LArgs()
+    args = [e.args if e.args is not None else no_args for e in xs]
+    ext = _int_column(args, "external_id", "external_id_lc" if lower_ext else None,
+                      strict=strict)
+    corr = _int_column(args, "correlation", strict=strict)
+
+    gpu_cat = np.array([c.lower() in GPU_CATS for c in u_cat], dtype=bool)
+    is_gpu = gpu_cat[cat_codes] if n_all else np.zeros(0, bool)
+    stream = np.full(n_all, -1, np.int64)
+    for i in np.flatnonzero(is_gpu).tolist():
+        s = args[i].stream
         if type(s) is int:
             stream[i] = _as_int(s)
         else:
-            t = u_tid[pair_codes[i]].removeprefix("stream").strip()
+            t = u_tid[tid_codes[i]].removeprefix("stream").strip()
             stream[i] = int(t) if t.isascii() and t.isdigit() and len(t) < 19 else -1
 
     # collective arguments: only comm-related rows carry them; parse shapes for those only
-    name_c = _take(_categorical([nm for nm, _ in nc_of]), nc_codes)
-    comm_name = np.array([str(x).startswith(_COMM_PREFIXES) for x in name_c.categories], bool)
-    is_comm_name = comm_name[name_c.codes] if len(name_c.categories) else np.zeros(len(xs), bool)
-    carries = is_comm_name | np.array([a.coll_name is not None for a in args], bool)
-    n = len(xs)
-    coll_name = np.full(n, None, object)
-    dtype = np.full(n, None, object)
-    pg = np.full(n, None, object)
-    pg_ranks = np.full(n, None, object)
-    in_nelems = np.full(n, -1, np.int64)
-    out_nelems = np.full(n, -1, np.int64)
-    group_size = np.full(n, -1, np.int64)
-    shape_numel = np.full(n, -1, np.int64)
-    shape_bytes = np.full(n, -1, np.int64)
-    for i in np.flatnonzero(carries):
+    comm_name = np.array([x.startswith(_COMM_PREFIXES) for x in u_name], bool)
+    carries = comm_name[name_codes] if n_all else np.zeros(0, bool)
+    carries |= np.fromiter(map(is_not, map(attrgetter("coll_name"), args), repeat(None)), bool,
+                           count=n_all)
+    rows = np.flatnonzero(carries)
+    m = len(rows)
+    coll_name = np.full(m, None, object)
+    dtype = np.full(m, None, object)
+    pg = np.full(m, None, object)
+    pg_ranks = np.full(m, None, object)
+    ints = np.full((5, m), -1, np.int64)  # in, out nelems, group size, shape numel, elem bytes
+    for k, i in enumerate(rows.tolist()):
         a = args[i]
-        coll_name[i] = _as_str(a.coll_name)
-        dtype[i] = _as_str(a.dtype)
-        pg[i] = _as_str(a.pg_name) if a.pg_name is not None else _as_str(a.pg_id)
+        coll_name[k] = _as_str(a.coll_name)
+        dtype[k] = _as_str(a.dtype)
+        pg[k] = _as_str(a.pg_name) if a.pg_name is not None else _as_str(a.pg_id)
         if a.pg_ranks is not _NULL:
             r = msgspec.json.decode(a.pg_ranks)
-            pg_ranks[i] = None if r is None else r if isinstance(r, str) else json.dumps(r)
-        in_nelems[i] = _as_int(a.in_nelems)
-        out_nelems[i] = _as_int(a.out_nelems)
-        group_size[i] = _as_int(a.group_size)
+            pg_ranks[k] = None if r is None else r if isinstance(r, str) else json.dumps(r)
+        ints[0, k] = _as_int(a.in_nelems)
+        ints[1, k] = _as_int(a.out_nelems)
+        ints[2, k] = _as_int(a.group_size)
         if a.input_dims is not _NULL:
-            shape_numel[i], shape_bytes[i] = _shape(a.input_dims, a.input_type)
+            ints[3, k], ints[4, k] = _shape(a.input_dims, a.input_type)
+    del args, xs
 
+    def sparse(values: np.ndarray, fill: Any) -> np.ndarray:  # carrying rows -> all, sorted
+        full = np.full(n_all, fill, values.dtype)
+        full[rows] = values
+        return full[order]
+
+    end = ts + dur
     df = pd.DataFrame({
-        "name": name_c,
-        "cat": cat_c,
-        "pid": _take(_categorical(u_pid), pair_codes),
-        "tid": _take(_categorical(u_tid), pair_codes),
-        "ts_ns": ts,
-        "dur_ns": dur,
-        "end_ns": ts + dur,
-        "is_gpu": is_gpu,
-        "stream": stream,
-        "correlation": corr,
-        "external_id": ext,
-        "thread_name": _take(_categorical(u_tn), pair_codes),
-        "coll_name": coll_name,
-        "dtype": dtype,
-        "pg": pg,
-        "pg_ranks": pg_ranks,
-        "in_nelems": in_nelems,
-        "out_nelems": out_nelems,
-        "group_size": group_size,
-        "shape_numel": shape_numel,
-        "shape_elem_bytes": shape_bytes,
+        "name": _cat(name_codes, u_name, order, kept),
+        "cat": _cat(cat_codes, u_cat, order, kept),
+        "pid": _cat(pid_codes, u_pid, order, kept),
+        "tid": _cat(tid_codes, u_tid, order, kept),
+        "ts_ns": ts[order],
+        "dur_ns": dur[order],
+        "end_ns": end[order],
+        "is_gpu": is_gpu[order],
+        "stream": stream[order],
+        "correlation": corr[order],
+        "external_id": ext[order],
+        "thread_name": _cat(tn_codes, u_tn, order, kept),
+        "coll_name": sparse(coll_name, None),
+        "dtype": sparse(dtype, None),
+        "pg": sparse(pg, None),
+        "pg_ranks": sparse(pg_ranks, None),
+        "in_nelems": sparse(ints[0], -1),
+        "out_nelems": sparse(ints[1], -1),
+        "group_size": sparse(ints[2], -1),
+        "shape_numel": sparse(ints[3], -1),
+        "shape_elem_bytes": sparse(ints[4], -1),
     })
     di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
     dp = trace.deviceProperties

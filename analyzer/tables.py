@@ -10,7 +10,7 @@ Cache: ``<trace>.tables.msgpack`` beside the trace when that folder is writable 
 ``$XDG_CACHE_HOME/paritytrace/<hash of the absolute path>.tables.msgpack``): msgpack of the
 rank's metadata and one Arrow IPC stream per table (pandas dtypes kept by Arrow's pandas
 metadata; never pickle). Valid when its ``key`` equals the content key of the trace
-(BLAKE2b of the file, analyzer/load.py) combined with a hash of the analysis code that made it
+(SHA-256 of the file, analyzer/load.py) combined with a hash of the analysis code that made it
 (``code_key``: any edit to decode/classify/breakdown/collectives/prefetch/intervals/tables
 invalidates it). As git's index does, a cache whose recorded (size, mtime_ns, inode, device) of
 the trace equals the file's current ones is trusted without re-hashing the file; any change of
@@ -24,7 +24,6 @@ import hashlib
 import logging
 import os
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -279,14 +278,14 @@ def load_tables(root: Path, *, allow_incomplete: bool = False, jobs: int | None 
     """Implementation of ``analyzer.api.load_tables`` (see there)."""
     from analyzer.breakdown import COLUMNS as BD_COLUMNS
     from analyzer.collectives import COLUMNS as COLL_COLUMNS
-    from analyzer.load import discover_paths, resolve_ranks
+    from analyzer.load import discover_paths, parse_files, resolve_ranks
     from analyzer.prefetch import COLUMNS as PF_COLUMNS
 
     manifest, notes, paths = discover_paths(root, allow_incomplete=allow_incomplete)
     # valid caches (stat fast path) are read here; only the others go to worker processes
     cached = {p: _cached(p) for p in paths}
     misses = [p for p, hit in cached.items() if hit is None]
-    parsed, problems = _parse_all(misses, jobs)
+    parsed, problems = parse_files(misses, jobs, worker=_tables_worker)
     by_path = {**{p: hit for p, hit in cached.items() if hit is not None},
                **{f.path: f for f in parsed}}
     files = [by_path[p] for p in paths if p in by_path]
@@ -311,28 +310,6 @@ def load_tables(root: Path, *, allow_incomplete: bool = False, jobs: int | None 
     if out.missing_ranks:
         notes.append(f"{len(ranks)} of {world} ranks")
     return out
-
-
-def _parse_all(paths: list[Path], jobs: int | None) -> tuple[list[RankTables], list[BadInput]]:
-    """``rank_tables`` of every path, in ``jobs`` processes (default min(cpu count, files)):
-    ``jobs - 1`` worker processes plus this one, which takes the tasks no worker has started
-    yet (last first). One process fewer than ``jobs`` workers and a waiting parent: the same
-    throughput with one Python interpreter less in memory."""
-    jobs = jobs or min(os.cpu_count() or 1, len(paths))
-    if jobs <= 1 or len(paths) <= 1:
-        results = [_tables_worker(p) for p in paths]
-    else:
-        with ProcessPoolExecutor(max_workers=jobs - 1) as pool:
-            futures = [pool.submit(_tables_worker, p) for p in paths]
-            mine: dict[int, RankTables | tuple] = {}
-            for i in range(len(paths) - 1, -1, -1):
-                if not futures[i].cancel():
-                    break  # running or queued in a worker: so is every earlier one
-                mine[i] = _tables_worker(paths[i])
-            results = [mine[i] if i in mine else f.result() for i, f in enumerate(futures)]
-    ok = [r for r in results if not isinstance(r, tuple)]
-    bad = [BadInput(*r) for r in results if isinstance(r, tuple)]
-    return ok, bad
 
 
 def _cached(path: Path) -> RankTables | None:

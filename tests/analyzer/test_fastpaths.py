@@ -1,0 +1,156 @@
+"""The analyzer's fast paths give what the general paths (or an exact oracle) give (issue 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+from decimal import Decimal
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analyzer import decode
+from analyzer.errors import ParityTraceError
+from analyzer.parallel import run_all
+
+# --- exact µs text -> int64 ns ------------------------------------------------------------
+
+# non-negative decimals with 0-3 decimals, up to the largest value int64 ns holds
+plain = st.builds(lambda i, f, d: f"{i}.{str(f).zfill(3)[:d]}" if d else str(i),
+                  st.integers(0, decode._MAX_US - 1), st.integers(0, 999), st.integers(0, 3))
+
+
+def _oracle_ns(token: str) -> int:
+    """Exact value in ns, rounded half up (the parser's contract), from Python's Decimal."""
+    v = Decimal(token) * 1000
+    return int(v.to_integral_value(rounding="ROUND_HALF_UP"))
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(st.lists(plain, min_size=1, max_size=40))
+def test_arrow_path_is_exact_on_plain_decimals(tokens):
+    blob = b"\x00" + b"\x00".join(t.encode() for t in tokens)
+    got = decode._parse_decimal_arrow(blob, len(tokens))
+    assert got is not None
+    assert got.tolist() == [_oracle_ns(t) for t in tokens]
+
+
+@pytest.mark.parametrize("token", ["1.2345", "0.0005", "-1", "1e3", "1E3", "+5", "null",
+                                   '"5"', "", " 1", "1 ", "99999999999999999999999"])
+def test_arrow_path_declines_what_needs_the_general_parser(token):
+    blob = b"\x00" + b"\x00".join([b"1.5", token.encode()])
+    assert decode._parse_decimal_arrow(blob, 2) is None
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(st.lists(st.one_of(plain, st.sampled_from(["1.2345", "0.0005", "7.99995", "null",
+                                                  "-3", "2.5e1", '"x"'])),
+                min_size=1, max_size=30))
+def test_parse_decimal_ns_matches_the_oracle_whichever_path(tokens):
+    values, ok = decode.parse_decimal_ns([msgspec.Raw(t.encode()) for t in tokens])
+    for t, v, good in zip(tokens, values.tolist(), ok.tolist()):
+        if t in ("null", "-3", '"x"'):
+            assert not good
+        elif "e" in t:
+            assert good and v == round(float(t) * 1000)
+        else:
+            assert good and v == _oracle_ns(t), t
+
+
+# --- decoded table: order and codes --------------------------------------------------------
+
+def _trace(events: list[dict]) -> bytes:
+    return json.dumps({"traceEvents": events}).encode()
+
+
+def test_rows_sorted_by_start_longest_first_and_categories_in_file_order():
+    ev = [
+        {"ph": "X", "name": "b", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 5, "dur": 1},
+        {"ph": "X", "name": "a", "cat": "cpu_op", "pid": "1", "tid": 2, "ts": 5, "dur": 3},
+        {"ph": "X", "name": "c", "cat": "kernel", "pid": 0, "tid": "stream 7", "ts": 1, "dur": 1,
+         "args": {"correlation": 4, "External id": 9}},
+        {"ph": "X", "name": "b", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": "bad", "dur": 1},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "main"}},
+    ]
+    df = decode.decode_bytes(_trace(ev)).events
+    assert df["name"].tolist() == ["c", "a", "b"]  # by ts, then the longer first
+    assert list(df["name"].cat.categories) == ["b", "a", "c"]  # first use in the file
+    assert list(df["pid"].cat.categories) == ["1", "0"]  # 1 and "1" are one pid
+    assert df["thread_name"].tolist() == ["", "main", "main"]
+    assert df[["correlation", "external_id", "stream"]].iloc[0].tolist() == [4, 9, 7]
+    assert df["external_id"].tolist()[1:] == [-1, -1]
+
+
+def test_lower_case_external_id_only_when_the_capitalised_one_is_absent():
+    ev = [{"ph": "X", "name": "k", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
+           "args": {"external id": 5}},
+          {"ph": "X", "name": "k", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 2, "dur": 1,
+           "args": {"external id": 5, "External id": 6}},
+          {"ph": "X", "name": "k", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 3, "dur": 1,
+           "args": {"External id": None, "external id": 8}}]
+    df = decode.decode_bytes(_trace(ev)).events
+    assert df["external_id"].tolist() == [5, 6, 8]
+
+
+def test_ids_beyond_int64_are_unknown():
+    ev = [{"ph": "X", "name": "k", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
+           "args": {"External id": 2**64 - 1, "correlation": 3}}]
+    df = decode.decode_bytes(_trace(ev)).events
+    assert df[["external_id", "correlation"]].iloc[0].tolist() == [-1, 3]
+
+
+# --- processes --------------------------------------------------------------------------------
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _pid(_: int) -> int:
+    import time
+    time.sleep(0.05)  # long enough that both processes take some
+    return os.getpid()
+
+
+_PARENT = os.getpid()
+
+
+def _slow_here(x: int) -> int:
+    """In the calling process: slow (so the worker takes the later inputs)."""
+    if os.getpid() == _PARENT:
+        import time
+        time.sleep(0.3)
+    return x
+
+
+def _die_in_worker(x: int) -> int:
+    if x == 3 and os.getpid() != _PARENT:
+        os._exit(9)
+    return _slow_here(x)
+
+
+def _raise_in_worker(x: int) -> int:
+    if x == 2 and os.getpid() != _PARENT:
+        raise RuntimeError("boom")
+    return _slow_here(x)
+
+
+def test_run_all_keeps_order_and_uses_every_process():
+    assert run_all(_square, list(range(30)), jobs=3) == [x * x for x in range(30)]
+    assert run_all(_square, [], jobs=4) == []
+    assert run_all(_square, [5], jobs=4) == [25]
+    pids = run_all(_pid, list(range(12)), jobs=2)
+    assert os.getpid() in pids and len(set(pids)) == 2
+
+
+def test_worker_death_names_the_input():
+    with pytest.raises(ParityTraceError, match=r"^3: the worker process parsing it died"):
+        run_all(_die_in_worker, [0, 1, 2, 3], jobs=2)
+
+
+def test_worker_exception_is_carried_back():
+    with pytest.raises(ParityTraceError, match="input 2: RuntimeError: boom"):
+        run_all(_raise_in_worker, [0, 1, 2, 3], jobs=2)
