@@ -53,26 +53,33 @@ def measure(a: Intervals) -> int:
 
 
 def _sweep(a: Intervals, b: Intervals, want) -> Intervals:
-    """Segments where ``want(in_a, in_b)`` holds, as a canonical set."""
-    pts = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
-    if len(pts) < 2:
+    """Segments where ``want(in_a, in_b)`` holds, as a canonical set.
+
+    A canonical set's bounds interleaved (s0, e0, s1, e1, ...) are one sorted run, so the
+    stable sort of both runs is a linear merge. After the last bound at each distinct
+    instant, the running counts say whether [instant, next instant) is in A and in B; the
+    output starts where ``want`` turns true and ends where it turns false."""
+    na, nb = len(a[0]), len(b[0])
+    if na + nb == 0:
         return EMPTY
-    left = pts[:-1]
-    # coverage of [left, next) by a canonical set: the last start <= left has its end > left
-    ina = _covered(a, left)
-    inb = _covered(b, left)
-    sel = want(ina, inb)
-    return merge(left[sel], pts[1:][sel])
-
-
-def _covered(a: Intervals, points: np.ndarray) -> np.ndarray:
-    if len(a[0]) == 0:
-        return np.zeros(len(points), bool)
-    i = np.searchsorted(a[0], points, side="right") - 1
-    ok = i >= 0
-    out = np.zeros(len(points), bool)
-    out[ok] = a[1][i[ok]] > points[ok]
-    return out
+    pts = np.empty(2 * (na + nb), np.int64)
+    pts[0:2 * na:2], pts[1:2 * na:2] = a[0], a[1]
+    pts[2 * na::2], pts[2 * na + 1::2] = b[0], b[1]
+    step = np.zeros((2, len(pts)), np.int8)  # +1 at a start, -1 at an end (row 0: A, row 1: B)
+    step[0, 0:2 * na:2], step[0, 1:2 * na:2] = 1, -1
+    step[1, 2 * na::2], step[1, 2 * na + 1::2] = 1, -1
+    order = np.argsort(pts, kind="stable")
+    p = pts[order]
+    count = np.cumsum(step[:, order], axis=1, dtype=np.int32)
+    last = np.empty(len(p), bool)  # the last bound at each distinct instant
+    last[:-1] = p[1:] != p[:-1]
+    last[-1] = True
+    p = p[last]
+    on = want(count[0, last] > 0, count[1, last] > 0)
+    was = np.empty(len(on), bool)
+    was[0] = False
+    was[1:] = on[:-1]
+    return p[on & ~was], p[was & ~on]
 
 
 def union(a: Intervals, b: Intervals) -> Intervals:
