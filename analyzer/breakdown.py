@@ -52,37 +52,140 @@ INPUT_BOUND_FRAC = 0.2
 _OTHER_CPU = ("other", "comm_enqueue", "memcpy", "memset", "sync")
 
 
-def _strs(col: pd.Series) -> np.ndarray:
-    """``col.astype(str)`` as an object array; a categorical without missing values is
-    expanded from its categories (one str() per distinct value, not per row)."""
-    if isinstance(col.dtype, pd.CategoricalDtype) and not col.isna().any():
-        cat = col.array
-        return np.array([str(x) for x in cat.categories], object)[cat.codes]
-    return col.astype(str).to_numpy().astype(object)
+def is_in(col: pd.Series, values: tuple[str, ...]) -> np.ndarray:
+    """Boolean mask: rows whose value, as a string, is one of ``values``. A categorical is
+    looked up through its codes (one str() per category, not per row); a missing value is in
+    no set (``values`` never holds "nan")."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = col.cat.categories
+        lut = np.zeros(len(cats) + 1, bool)  # the last slot is code -1 (missing)
+        lut[:-1] = [str(c) in values for c in cats]
+        return lut[col.cat.codes.to_numpy()]
+    return np.isin(col.astype(str).to_numpy().astype(object), values)
 
 
-class _Cols:
-    """The columns the breakdown reads, as numpy arrays (rows selected without pandas)."""
+class _Rows:
+    """Per event row, as numpy arrays: start / end and the set each row belongs to
+    (module docstring: C comm, K compute, O other, D data; on a CPU rank with a main thread,
+    E its c10d enqueue ops, M its ops inside DataLoader ranges, and paired_row for the wait
+    rule)."""
 
-    __slots__ = ("role", "gpu", "s", "e", "tid", "paired", "kind", "htod")
+    __slots__ = ("s", "e", "comm", "comp", "other", "data", "enq", "data_main", "paired")
 
-    def __init__(self, ev: pd.DataFrame, *, kinds: bool = False):
-        self.role = _strs(ev["role"])
-        self.gpu = ev["is_gpu"].to_numpy()
+    def __init__(self, ev: pd.DataFrame, device_kind: str, main_tid: str | None):
+        role = ev["role"]
+        gpu = ev["is_gpu"].to_numpy(dtype=bool)
         self.s = ev["ts_ns"].to_numpy()
         self.e = ev["end_ns"].to_numpy()
-        self.tid = _strs(ev["tid"])
-        self.paired = ev["paired_row"].to_numpy() if "paired_row" in ev.columns else None
-        self.kind = ev["coll_kind"].to_numpy().astype(object) if kinds else None
-        self.htod = ((ev["rule"] == "gpu.memcpy.htod").to_numpy(dtype=bool) if "rule" in ev.columns
-                     else np.zeros(len(ev), bool))
+        is_data = is_in(role, ("data",))
+        htod = (is_in(ev["rule"], ("gpu.memcpy.htod",)) if "rule" in ev.columns
+                else np.zeros(len(ev), bool))
+        self.data = (is_data & ~gpu) | (gpu & htod)
+        self.enq = self.data_main = self.paired = None
+        if device_kind == "gpu":
+            self.comm = gpu & is_in(role, ("comm",))
+            self.comp = gpu & is_in(role, ("compute",))
+            self.other = gpu & is_in(role, ("memcpy", "memset", "sync"))
+            return
+        self.comm = is_in(role, ("comm",))
+        self.comp = is_in(role, ("compute",))
+        self.other = ~gpu & is_in(role, _OTHER_CPU)
+        if main_tid is not None:
+            main = is_in(ev["tid"], (main_tid,))
+            self.enq = is_in(role, ("comm_enqueue",)) & main
+            self.data_main = is_data & main
+            self.paired = (ev["paired_row"].to_numpy() if "paired_row" in ev.columns
+                           else np.full(len(ev), -1, np.int64))
 
-    def take(self, idx: np.ndarray) -> "_Cols":
-        out = object.__new__(_Cols)
-        for k in _Cols.__slots__:
-            v = getattr(self, k)
-            setattr(out, k, None if v is None else v[idx])
-        return out
+
+class _Windows:
+    """Step windows [lo, hi) laid end to end on one virtual time line, so that the interval
+    algebra of every step runs in one call: window k's instant t sits at
+    ``t - lo[k] + base[k]``, and consecutive windows are 1 ns apart (their intervals never
+    touch, so never merge). Window k holds the rows with ``group == k`` (-1: none)."""
+
+    def __init__(self, lo: np.ndarray, hi: np.ndarray, group: np.ndarray):
+        self.lo = lo.astype(np.int64)
+        self.hi = hi.astype(np.int64)
+        span = np.maximum(self.hi - self.lo, 0) + 1
+        self.base = np.zeros(len(span), np.int64)
+        np.cumsum(span[:-1], out=self.base[1:])
+        self.group = group
+
+    def place(self, s: np.ndarray, e: np.ndarray, g: np.ndarray) -> iv.Intervals:
+        """The canonical virtual set of intervals [s, e) of windows ``g``, each clipped to its
+        window."""
+        lo, hi = self.lo[g], self.hi[g]
+        cs = np.clip(s, lo, hi)
+        ce = np.clip(e, lo, hi)
+        shift = self.base[g] - lo
+        return iv.merge(cs + shift, ce + shift)
+
+    def rows(self, mask: np.ndarray, r: _Rows) -> iv.Intervals:
+        """The rows of ``mask`` that belong to a window, placed."""
+        sel = np.flatnonzero(mask & (self.group >= 0))
+        return self.place(r.s[sel], r.e[sel], self.group[sel])
+
+    def measure(self, a: iv.Intervals) -> np.ndarray:
+        """|a ∩ window k| for every k, int64 ns (exact: prefix sums of lengths)."""
+        cs = np.zeros(len(a[0]) + 1, np.int64)
+        np.cumsum(a[1] - a[0], out=cs[1:])
+        at = np.searchsorted(a[0], self.base)
+        return np.diff(cs[np.append(at, len(a[0]))])
+
+    def real(self, a: iv.Intervals, k: int) -> iv.Intervals:
+        """Window ``k``'s part of a virtual set, in real time."""
+        lo = np.searchsorted(a[0], self.base[k])
+        hi = np.searchsorted(a[0], self.base[k + 1]) if k + 1 < len(self.base) else len(a[0])
+        shift = self.lo[k] - self.base[k]
+        return a[0][lo:hi] + shift, a[1][lo:hi] + shift
+
+
+def _sets(r: _Rows, w: _Windows, all_end_ns: np.ndarray
+          ) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals, iv.Intervals]:
+    """(C, K, O, D) of the module docstring, every window at once (virtual time)."""
+    return (w.rows(r.comm, r), _compute(r, w, all_end_ns), w.rows(r.other, r),
+            w.rows(r.data, r))
+
+
+def _compute(r: _Rows, w: _Windows, all_end_ns: np.ndarray) -> iv.Intervals:
+    """K: compute rows, on a CPU rank less its main thread's enqueue ops, collective waits
+    and DataLoader work (module docstring)."""
+    comp = w.rows(r.comp, r)
+    if r.enq is None:
+        return comp
+    busy = iv.union(iv.union(w.rows(r.enq, r), _waits(r, w, all_end_ns)),
+                    w.rows(r.data_main, r))
+    return iv.subtract(comp, busy)
+
+
+def _waits(r: _Rows, w: _Windows, all_end_ns: np.ndarray) -> iv.Intervals:
+    """Main-thread waiting for paired gloo collectives (module docstring), placed: for an
+    enqueue op i of window k, [end of i, end of its gloo op) minus the window's compute rows
+    that do not enclose i."""
+    g = w.group
+    enq = np.flatnonzero(r.enq & (r.paired >= 0) & (g >= 0))
+    if not len(enq):
+        return iv.EMPTY
+    ops = np.flatnonzero(r.comp & (g >= 0))
+    ops = ops[np.argsort(g[ops], kind="stable")]
+    first = np.searchsorted(g[ops], np.arange(len(w.base) + 1))
+    ops_s, ops_e = r.s[ops], r.e[ops]
+    ws, we, wg = [], [], []
+    for i in enq.tolist():
+        w0, w1 = int(r.e[i]), int(all_end_ns[r.paired[i]])
+        if w1 <= w0:
+            continue
+        k = int(g[i])
+        s, e = ops_s[first[k]:first[k + 1]], ops_e[first[k]:first[k + 1]]
+        keep = (s < w1) & (e > w0) & ~((s <= r.s[i]) & (e >= r.e[i]))
+        gap = iv.subtract((np.array([w0]), np.array([w1])), iv.merge(s[keep], e[keep]))
+        ws.append(gap[0])
+        we.append(gap[1])
+        wg.append(np.full(len(gap[0]), k))
+    if not ws:
+        return iv.EMPTY
+    return w.place(np.concatenate(ws), np.concatenate(we), np.concatenate(wg))
 
 
 def step_sets(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int, hi: int,
@@ -92,91 +195,65 @@ def step_sets(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int,
 
     ``all_end_ns``: end_ns of the rank's whole event table (``paired_row`` indexes it), needed
     on CPU ranks for the wait rule; None means ``ev`` is the whole table."""
-    c = _Cols(ev)
-    return _sets(c, device_kind, main_tid, lo, hi, c.e if all_end_ns is None else all_end_ns)
+    r = _Rows(ev, device_kind, main_tid)
+    w = _Windows(np.array([lo]), np.array([hi]), np.zeros(len(ev), np.int64))
+    comm, comp, other, _ = _sets(r, w, r.e if all_end_ns is None else all_end_ns)
+    return w.real(comm, 0), w.real(comp, 0), w.real(other, 0)
 
 
-def _sets(c: _Cols, device_kind: str, main_tid: str | None, lo: int, hi: int,
-          all_end_ns: np.ndarray) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals]:
-    role, gpu, s, e = c.role, c.gpu, c.s, c.e
-
-    def pick(mask):
-        return iv.clip(iv.merge(s[mask], e[mask]), lo, hi)
-
-    if device_kind == "gpu":
-        comm = pick(gpu & (role == "comm"))
-        comp = pick(gpu & (role == "compute"))
-        other = pick(gpu & np.isin(role, ("memcpy", "memset", "sync")))
-        return comm, comp, other
-    comm = pick(role == "comm")
-    comp = pick(role == "compute")
-    if main_tid is not None:
-        enq = (role == "comm_enqueue") & (c.tid == main_tid)
-        comp = iv.subtract(comp, pick(enq))
-        comp = iv.subtract(comp, iv.clip(_waits(c, enq, role == "compute", all_end_ns), lo, hi))
-        comp = iv.subtract(comp, pick((role == "data") & (c.tid == main_tid)))
-    other = pick(~gpu & np.isin(role, _OTHER_CPU))
-    return comm, comp, other
-
-
-def _data(c: _Cols, lo: int, hi: int) -> iv.Intervals:
-    """D of the module docstring: DataLoader ranges (CPU) and HtoD copies (GPU), clipped."""
-    mask = ((c.role == "data") & ~c.gpu) | (c.gpu & c.htod)
-    return iv.clip(iv.merge(c.s[mask], c.e[mask]), lo, hi)
-
-
-def _waits(c: _Cols, enq: np.ndarray, main_ops: np.ndarray, all_end_ns: np.ndarray
-           ) -> iv.Intervals:
-    """Main-thread waiting for paired gloo collectives (module docstring)."""
-    paired, s, e = c.paired, c.s, c.e
-    ops_s, ops_e = s[main_ops], e[main_ops]
-    ws, we = [], []
-    for i in np.flatnonzero(enq & (paired >= 0)):
-        w0, w1 = int(e[i]), int(all_end_ns[paired[i]])
-        if w1 <= w0:
-            continue
-        near = (ops_s < w1) & (ops_e > w0)
-        encloses = (ops_s <= s[i]) & (ops_e >= e[i])
-        busy = iv.merge(ops_s[near & ~encloses], ops_e[near & ~encloses])
-        gap = iv.subtract((np.array([w0]), np.array([w1])), busy)
-        ws.append(gap[0])
-        we.append(gap[1])
-    if not ws:
-        return iv.EMPTY
-    return iv.merge(np.concatenate(ws), np.concatenate(we))
+_FIT = 1 << 62
+"""Virtual time lines longer than this are split (int64 headroom)."""
 
 
 def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
                    main_tid: str | None) -> pd.DataFrame:
-    """Breakdown rows (COLUMNS) of one rank; ``steps`` holds step, start_ns, end_ns."""
-    rows = []
-    cols = _Cols(events)
+    """Breakdown rows (COLUMNS) of one rank; ``steps`` holds step, start_ns, end_ns.
+
+    Every step's sets are built and measured in one pass (``_Windows``); the measures use
+    |C ∩ K| = |C| + |K| - |C ∪ K| and |X \\ Y| = |X ∪ Y| - |Y|, exact in integers."""
+    if not len(steps):
+        df = pd.DataFrame([], columns=COLUMNS)
+        return df.astype({**{c: "int64" for c in COLUMNS
+                             if c.endswith("_ns") or c in ("rank", "step")},
+                          "input_bound": bool})
+    st = steps["step"].to_numpy().astype(np.int64)
+    lo = steps["start_ns"].to_numpy().astype(np.int64)
+    hi = steps["end_ns"].to_numpy().astype(np.int64)
+    r = _Rows(events, device_kind, main_tid)
     step_col = events["step"].to_numpy()
-    order = np.argsort(step_col, kind="stable")  # rows of each step, in table order
-    keys, first = np.unique(step_col[order], return_index=True)
-    bounds = dict(zip(keys.tolist(), zip(first.tolist(), [*first[1:].tolist(), len(order)])))
-    for st, lo, hi in steps[["step", "start_ns", "end_ns"]].itertuples(index=False):
-        a, b = bounds.get(int(st), (0, 0))
-        c = cols.take(order[a:b])
-        comm, comp, other = _sets(c, device_kind, main_tid, int(lo), int(hi), cols.e)
-        step_ns = int(hi - lo)
-        compute_ns = iv.measure(comp)
-        comm_ns = iv.measure(comm)
-        overlap_ns = iv.measure(iv.intersect(comm, comp))
-        exposed_ns = comm_ns - overlap_ns  # |C \ K| = |C| - |C ∩ K|
-        busy = iv.union(comm, comp)
-        data = _data(c, int(lo), int(hi))
-        data_ns = iv.measure(iv.subtract(data, busy))
-        other_ns = iv.measure(iv.subtract(other, iv.union(busy, data)))
-        idle_ns = step_ns - compute_ns - exposed_ns - data_ns - other_ns
-        data_frac = data_ns / step_ns if step_ns else float("nan")
-        rows.append((rank, int(st), int(lo), step_ns, compute_ns, comm_ns, overlap_ns,
-                     exposed_ns, other_ns, idle_ns,
-                     overlap_ns / comm_ns if comm_ns else float("nan"), data_ns, data_frac,
-                     bool(data_frac >= INPUT_BOUND_FRAC)))
-    df = pd.DataFrame(rows, columns=COLUMNS)
-    return df.astype({**{c: "int64" for c in COLUMNS if c.endswith("_ns") or c in ("rank", "step")},
-                      "input_bound": bool})
+    spans = np.maximum(hi - lo, 0) + 1
+    if len(np.unique(st)) == len(st) and sum(spans.tolist()) < _FIT:
+        parts = [np.arange(len(st))]
+    else:  # a step listed twice, or windows too long to lay end to end: one step at a time
+        parts = [np.array([k]) for k in range(len(st))]
+    m = np.zeros((5, len(st)), np.int64)
+    for ks in parts:
+        order = np.argsort(st[ks])
+        pos = np.clip(np.searchsorted(st[ks][order], step_col), 0, len(ks) - 1)
+        group = np.where(st[ks][order][pos] == step_col, order[pos], -1)
+        w = _Windows(lo[ks], hi[ks], group)
+        comm, comp, other, data = _sets(r, w, r.e)
+        u1 = iv.union(comm, comp)
+        u2 = iv.union(u1, data)
+        u3 = iv.union(u2, other)
+        m[:, ks] = [w.measure(x) for x in (comm, comp, u1, u2, u3)]
+    comm_ns, compute_ns, u1_ns, u2_ns, u3_ns = m
+    step_ns = hi - lo
+    overlap_ns = comm_ns + compute_ns - u1_ns
+    exposed_ns = comm_ns - overlap_ns
+    data_ns = u2_ns - u1_ns
+    other_ns = u3_ns - u2_ns
+    idle_ns = step_ns - compute_ns - exposed_ns - data_ns - other_ns
+    nan = float("nan")
+    overlap_frac = [o / c if c else nan for o, c in zip(overlap_ns.tolist(), comm_ns.tolist())]
+    data_frac = [d / s if s else nan for d, s in zip(data_ns.tolist(), step_ns.tolist())]
+    return pd.DataFrame({
+        "rank": np.full(len(st), rank, np.int64), "step": st, "step_start_ns": lo,
+        "step_ns": step_ns, "compute_ns": compute_ns, "comm_ns": comm_ns,
+        "overlap_ns": overlap_ns, "exposed_comm_ns": exposed_ns, "other_ns": other_ns,
+        "idle_ns": idle_ns, "overlap_frac": np.array(overlap_frac, np.float64),
+        "data_wait_ns": data_ns, "data_wait_frac": np.array(data_frac, np.float64),
+        "input_bound": np.array([f >= INPUT_BOUND_FRAC for f in data_frac], bool)})
 
 
 def whole_trace_overlap(events: pd.DataFrame) -> tuple[int, int]:
@@ -194,17 +271,31 @@ def whole_trace_overlap(events: pd.DataFrame) -> tuple[int, int]:
 
 def timeline_rows(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int, hi: int,
                   all_end_ns: np.ndarray | None = None) -> pd.DataFrame:
-    """Merged compute and per-kind comm intervals of one step for plotting."""
-    comm, comp, _ = step_sets(ev, device_kind, main_tid, lo, hi, all_end_ns)
-    parts = [pd.DataFrame({"lane": "compute", "kind": "", "start_ns": comp[0],
-                           "end_ns": comp[1]})]
-    role = ev["role"].to_numpy().astype(object)
-    kinds = ev["coll_kind"].to_numpy().astype(object)
-    gpu = ev["is_gpu"].to_numpy()
-    base = (role == "comm") & (gpu if device_kind == "gpu" else np.ones(len(ev), bool))
-    for k in sorted({str(x) for x in kinds[base]}):
-        m = base & (kinds == k)
-        c = iv.clip(iv.merge(ev["ts_ns"].to_numpy()[m], ev["end_ns"].to_numpy()[m]), lo, hi)
-        parts.append(pd.DataFrame({"lane": "comm", "kind": k, "start_ns": c[0], "end_ns": c[1]}))
-    out = pd.concat(parts, ignore_index=True)
-    return out.astype({"start_ns": "int64", "end_ns": "int64"})
+    """Merged compute and per-kind comm intervals of one step for plotting: columns lane
+    ("compute" / "comm"), kind ("" / the collective kind, lanes in kind order), start_ns,
+    end_ns, clipped to [lo, hi). ``ev`` and ``all_end_ns`` as in ``step_sets``."""
+    r = _Rows(ev, device_kind, main_tid)
+    w = _Windows(np.array([lo]), np.array([hi]), np.zeros(len(ev), np.int64))
+    comp = w.real(_compute(r, w, r.e if all_end_ns is None else all_end_ns), 0)
+    lanes, starts, ends = [("compute", "", len(comp[0]))], [comp[0]], [comp[1]]
+    col = ev["coll_kind"]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = col.cat.codes.to_numpy()
+        present = np.unique(codes[r.comm])
+        # a row without a kind names a lane "nan" that no row equals (as before): no rows
+        names = {str(col.cat.categories[c]): c for c in present[present >= 0].tolist()}
+        masks = {k: r.comm & (codes == c) for k, c in names.items()}
+    else:
+        kinds = col.to_numpy().astype(object)
+        masks = {k: r.comm & (kinds == k) for k in {str(x) for x in kinds[r.comm]}}
+    for k in sorted(masks):
+        c = iv.clip(iv.merge(r.s[masks[k]], r.e[masks[k]]), lo, hi)
+        lanes.append(("comm", k, len(c[0])))
+        starts.append(c[0])
+        ends.append(c[1])
+    counts = [n for _, _, n in lanes]
+    return pd.DataFrame({
+        "lane": pd.array(np.repeat([x for x, _, _ in lanes], counts).astype(object), dtype="str"),
+        "kind": pd.array(np.repeat([x for _, x, _ in lanes], counts).astype(object), dtype="str"),
+        "start_ns": np.concatenate(starts).astype(np.int64),
+        "end_ns": np.concatenate(ends).astype(np.int64)})
