@@ -35,57 +35,79 @@ def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.Dat
     """One row per communication event (NCCL kernel or gloo op) of one rank (COLUMNS).
 
     ``pg`` is "" when the trace does not name the process group; ``seq`` is the index within
-    (rank, pg) by start time; ``group_size`` falls back to ``world_size``; enqueue_* is the CPU
+    (rank, pg) by start time (ties: table order); rows are sorted by start time (ties: pg,
+    then table order); ``group_size`` falls back to ``world_size``; enqueue_* is the CPU
     op that launched it (GPU: the launch's enclosing comm op, gloo: the paired c10d op), -1
     when unknown.
     """
     idx = np.flatnonzero(_is(events["role"], "comm"))
-    ev = events.iloc[idx]
-    pg = ev["pg"].fillna("").astype(str).to_numpy()
-    gs = ev["group_size"].to_numpy().copy()
+
+    def strs(name: str, fill: str | None = None) -> np.ndarray:
+        col = events[name].iloc[idx]
+        return (col if fill is None else col.fillna(fill)).astype(str).to_numpy()
+
+    def ints(name: str) -> np.ndarray:
+        return events[name].to_numpy()[idx].astype(np.int64)
+
+    pg = strs("pg", "")
+    gs = ints("group_size")
     gs[gs <= 0] = world_size
-    link = np.where(ev["launch_row"].to_numpy() >= 0, ev["launch_row"].to_numpy(),
-                    ev["paired_row"].to_numpy())
+    launch, paired = ints("launch_row"), ints("paired_row")
+    link = np.where(launch >= 0, launch, paired)
     ts = events["ts_ns"].to_numpy()
     end = events["end_ns"].to_numpy()
-    enq_s = np.where(link >= 0, ts[np.maximum(link, 0)], -1)
-    enq_e = np.where(link >= 0, end[np.maximum(link, 0)], -1)
     # the enclosing comm op (a runtime launch sits inside nccl:* / record_param_comms)
-    launch_enclosers = _enclosing_enqueue(events, link)
-    enq_s = np.where(launch_enclosers >= 0, ts[np.maximum(launch_enclosers, 0)], enq_s)
-    enq_e = np.where(launch_enclosers >= 0, end[np.maximum(launch_enclosers, 0)], enq_e)
-    df = pd.DataFrame({
-        "rank": rank, "step": ev["step"].to_numpy(), "pg": pg, "seq": 0,
-        "kind": ev["coll_kind"].astype(str).to_numpy(), "start_ns": ev["ts_ns"].to_numpy(),
-        "end_ns": ev["end_ns"].to_numpy(), "dur_ns": ev["dur_ns"].to_numpy(),
-        "bytes": ev["bytes"].to_numpy(), "rule": ev["rule"].astype(str).to_numpy(),
-        "name": ev["name"].astype(str).to_numpy(), "group_size": gs,
-        "enqueue_start_ns": enq_s, "enqueue_end_ns": enq_e,
+    enclosers = _enclosing_enqueue(events, link)
+    src_row = np.where(enclosers >= 0, enclosers, link)
+    enq_s = np.where(src_row >= 0, ts[np.maximum(src_row, 0)], -1)
+    enq_e = np.where(src_row >= 0, end[np.maximum(src_row, 0)], -1)
+    start = ts[idx]
+    pg_code = np.unique(pg, return_inverse=True)[1].ravel() if len(pg) else np.zeros(0, int)
+    by_pg = np.lexsort((start, pg_code))  # (pg, start, table order)
+    seq = np.empty(len(idx), np.int64)
+    grouped = pg_code[by_pg]
+    seq[by_pg] = np.arange(len(idx)) - np.searchsorted(grouped, grouped, "left")
+    order = np.lexsort((pg_code, start))  # (start, pg, table order)
+    return pd.DataFrame({
+        "rank": np.full(len(idx), rank, np.int64), "step": ints("step")[order],
+        "pg": pg[order], "seq": seq[order], "kind": strs("coll_kind")[order],
+        "start_ns": start[order], "end_ns": end[idx][order],
+        "dur_ns": events["dur_ns"].to_numpy()[idx][order],
+        "bytes": events["bytes"].to_numpy()[idx][order], "rule": strs("rule")[order],
+        "name": strs("name")[order], "group_size": gs[order],
+        "enqueue_start_ns": enq_s[order], "enqueue_end_ns": enq_e[order],
     })
-    df = df.sort_values(["pg", "start_ns"], kind="stable")
-    df["seq"] = df.groupby("pg").cumcount()
-    df = df.sort_values("start_ns", kind="stable").reset_index(drop=True)
-    return df.astype({"rank": "int64", "step": "int64", "seq": "int64", "group_size": "int64"})
 
 
 def _enclosing_enqueue(events: pd.DataFrame, link: np.ndarray) -> np.ndarray:
     """For each linked CPU row (a runtime launch, or a paired c10d op), the outermost
     comm_enqueue op enclosing it on the same thread (itself when it is the outermost); -1
-    otherwise."""
+    otherwise. Outermost: the earliest start (ties: table order).
+
+    Per thread, with the enqueue ops in (start, table order) and their running maximum of
+    end: the first op whose end reaches the row's end is the earliest-starting op that could
+    enclose it; it encloses it when it also starts at or before the row."""
     out = np.full(len(link), -1, np.int64)
     enq = np.flatnonzero(_is(events["role"], "comm_enqueue"))
-    if not len(enq):
+    has = np.flatnonzero(link >= 0)
+    if not len(enq) or not len(has):
         return out
     ts = events["ts_ns"].to_numpy()
     end = events["end_ns"].to_numpy()
     tid = _codes(events["tid"])
-    e_ts, e_end, e_tid = ts[enq], end[enq], tid[enq]
-    for k, j in enumerate(link):
-        if j < 0:
+    enq = enq[np.lexsort((ts[enq], tid[enq]))]  # (thread, start, table order)
+    e_tid = tid[enq]
+    rows = link[has]
+    for t in np.unique(tid[rows]).tolist():
+        a, b = np.searchsorted(e_tid, [t, t + 1])
+        if a == b:
             continue
-        sel = np.flatnonzero((e_ts <= ts[j]) & (e_end >= end[j]) & (e_tid == tid[j]))
-        if len(sel):
-            out[k] = enq[sel[np.argmin(e_ts[sel])]]
+        ops = enq[a:b]
+        sel = np.flatnonzero(tid[rows] == t)
+        j = rows[sel]
+        k = np.minimum(np.searchsorted(np.maximum.accumulate(end[ops]), end[j]), len(ops) - 1)
+        ok = (end[ops[k]] >= end[j]) & (ts[ops[k]] <= ts[j])
+        out[has[sel[ok]]] = ops[k[ok]]
     return out
 
 
