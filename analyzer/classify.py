@@ -49,6 +49,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from analyzer.decode import str_array
+
 ROLES = ("compute", "comm", "comm_enqueue", "memcpy", "memset", "sync", "step", "annotation",
          "other", "data")
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv",
@@ -279,7 +281,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
     out["role"] = pd.Categorical.from_codes(role, categories=list(ROLES))
     out["coll_kind"] = pd.Categorical.from_codes(kind, categories=list(KINDS))
     out["bytes"] = nbytes.astype(np.int64)
-    out["pg"] = pd.array(pg, dtype="str")
+    out["pg"] = str_array(pg)
     out["rule"] = _used_categories(rule, RULES)
     out["launch_row"] = launch
     out["paired_row"] = paired

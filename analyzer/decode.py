@@ -405,6 +405,15 @@ def _int_column(args: list, attr: str, fallback: str | None = None, *,
     return np.array([_as_int(v) for v in vals], dtype=np.int64)
 
 
+_STR = pd.StringDtype("pyarrow", na_value=np.nan)  # pandas' default ``str`` dtype
+
+
+def str_array(values: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """pandas ``str`` array of an object array of str / None, built by Arrow in C (five times
+    faster than pandas' own inference on a mostly-None column)."""
+    return pd.Series(pa.array(values, type=pa.string(), from_pandas=True), dtype=_STR).array
+
+
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
@@ -553,10 +562,10 @@ def _columns(trace: _Trace | _LTrace, path: Path | str, *, lower_ext: bool = Tru
         "correlation": corr[order],
         "external_id": ext[order],
         "thread_name": _cat(tn_codes, u_tn, order, kept),
-        "coll_name": sparse(coll_name, None),
-        "dtype": sparse(dtype, None),
-        "pg": sparse(pg, None),
-        "pg_ranks": sparse(pg_ranks, None),
+        "coll_name": str_array(sparse(coll_name, None)),
+        "dtype": str_array(sparse(dtype, None)),
+        "pg": str_array(sparse(pg, None)),
+        "pg_ranks": str_array(sparse(pg_ranks, None)),
         "in_nelems": sparse(ints[0], -1),
         "out_nelems": sparse(ints[1], -1),
         "group_size": sparse(ints[2], -1),
