@@ -54,6 +54,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from analyzer import intervals as iv
+
 FSDP2_ISSUE = re.compile(r"^FSDP::all_gather(?: \((?P<fqn>.*)\))?$")
 FSDP2_COPY_OUT = "FSDP::all_gather_copy_out"
 FSDP1_PREFIX = "FullyShardedDataParallel."
@@ -74,197 +76,261 @@ CPU_NOTE = ("On CPU (gloo) the all_gather runs synchronously inside the FSDP hoo
             "FSDP overlap figures on CPU say nothing about a GPU run.")
 
 
-def detect_labels(events: pd.DataFrame) -> str | None:
-    """``"fsdp2"``, ``"fsdp1"`` or None: which FSDP label family the event table carries."""
-    names = events["name"].astype(str)
-    if names.str.match(FSDP2_ISSUE).any():
+class _Names:
+    """The name column as codes into a list of distinct names, so label tests run once per
+    distinct name (a categorical's categories; else the factorized strings). A missing name
+    (code -1) is no label."""
+
+    def __init__(self, col: pd.Series):
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            self.codes = col.cat.codes.to_numpy()
+            self.names = [str(c) for c in col.cat.categories]
+        else:
+            codes, uniques = pd.factorize(col.astype(str))
+            self.codes = np.asarray(codes)
+            self.names = [str(u) for u in uniques]
+        self._index = {n: i for i, n in enumerate(self.names)}
+
+    def used(self) -> list[str]:
+        """The names some row carries."""
+        seen = np.bincount(self.codes[self.codes >= 0], minlength=len(self.names)) > 0
+        return [n for n, s in zip(self.names, seen.tolist()) if s]
+
+    def mask(self, test) -> np.ndarray:
+        """Rows whose name passes ``test`` (a predicate on one name)."""
+        lut = np.zeros(len(self.names) + 1, bool)  # the last slot is code -1 (missing)
+        lut[:-1] = [bool(test(n)) for n in self.names]
+        return lut[self.codes]
+
+    def name(self, row: int) -> str:
+        return self.names[self.codes[row]]
+
+    def code(self, name: str) -> int:
+        """The code of ``name``; -2 (no row's code) when no row is named so."""
+        return self._index.get(name, -2)
+
+
+def _first(rows: np.ndarray, ts: np.ndarray) -> int:
+    """The row of ``rows`` (in table order) with the earliest start. On a tie, the one numpy's
+    quicksort puts first, as ``sort_values("ts_ns").iloc[0]`` chose before this module worked
+    on arrays (so results did not change)."""
+    t = ts[rows]
+    k = int(np.argmin(t))
+    if np.count_nonzero(t == t[k]) > 1:
+        k = int(np.argsort(t, kind="quicksort")[0])
+    return int(rows[k])
+
+
+def _by_start(rows: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """``rows`` by start (numpy quicksort, as ``sort_values("ts_ns")``)."""
+    return rows[np.argsort(ts[rows], kind="quicksort")]
+
+
+def _enclosing(rows: np.ndarray, ts: np.ndarray, end: np.ndarray, t: int) -> np.ndarray:
+    """The rows of ``rows`` whose span contains instant ``t`` (ends included)."""
+    return rows[(ts[rows] <= t) & (end[rows] >= t)]
+
+
+def detect_labels(events: pd.DataFrame, names: _Names | None = None) -> str | None:
+    """``"fsdp2"``, ``"fsdp1"`` or None: which FSDP label family the event table carries.
+    Tests each distinct name once."""
+    used = (names or _Names(events["name"])).used()
+    if any(FSDP2_ISSUE.match(n) for n in used):
         return "fsdp2"
-    if names.str.startswith(FSDP1_PREFIX).any():
+    if any(n.startswith(FSDP1_PREFIX) for n in used):
         return "fsdp1"
     return None
 
 
-def _merge(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Union of intervals as an (n, 2) int64 array, sorted and disjoint."""
-    if len(starts) == 0:
-        return np.empty((0, 2), dtype="int64")
-    order = np.argsort(starts, kind="stable")
-    out: list[list[int]] = []
-    for s, e in zip(starts[order], ends[order]):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], int(e))
-        else:
-            out.append([int(s), int(e)])
-    return np.asarray(out, dtype="int64")
+class _Table:
+    """The columns of one event table that the prefetch analysis reads, as numpy arrays."""
 
+    def __init__(self, ev: pd.DataFrame, names: _Names):
+        from analyzer.breakdown import is_in
 
-def _covered(merged: np.ndarray, start: int, end: int) -> int:
-    """ns of [start, end) covered by the merged intervals."""
-    if len(merged) == 0 or end <= start:
-        return 0
-    lo = np.clip(merged[:, 0], start, end)
-    hi = np.clip(merged[:, 1], start, end)
-    return int(np.sum(hi - lo))
-
-
-def _subtract(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a`` minus ``b`` (both merged)."""
-    out = []
-    for s, e in a:
-        cur = int(s)
-        for bs, be in b[(b[:, 1] > s) & (b[:, 0] < e)] if len(b) else []:
-            if bs > cur:
-                out.append([cur, int(bs)])
-            cur = max(cur, int(be))
-        if cur < e:
-            out.append([cur, int(e)])
-    return np.asarray(out, dtype="int64").reshape(-1, 2)
-
-
-def _fsdp_hook_spans(ev: pd.DataFrame) -> pd.DataFrame:
-    """FSDP's own hook / collective labels (not ``FullyShardedDataParallel.forward``, which wraps
-    the module's whole forward)."""
-    names = ev["name"].astype(str)
-    hooks = names.str.startswith("FSDP::") | (names.str.startswith(FSDP1_PREFIX)
-                                              & (names != "FullyShardedDataParallel.forward"))
-    return ev[hooks]
-
-
-def _enclosing(spans: pd.DataFrame, t: int) -> pd.DataFrame:
-    """Spans (ts_ns, end_ns) that contain instant ``t``."""
-    return spans[(spans["ts_ns"] <= t) & (spans["end_ns"] >= t)]
+        self.names = names
+        self.ts = ev["ts_ns"].to_numpy().astype(np.int64, copy=False)
+        self.end = ev["end_ns"].to_numpy().astype(np.int64, copy=False)
+        self.step = ev["step"].to_numpy()
+        self.gpu = ev["is_gpu"].to_numpy(dtype=bool)
+        self.corr = ev["correlation"].to_numpy().astype(np.int64, copy=False)
+        self.stream = ev["stream"].to_numpy().astype(np.int64, copy=False)
+        role, kind = ev["role"], ev["coll_kind"]
+        self.compute = is_in(role, ("compute",))
+        self.gpu_ops = self.gpu & is_in(role, ("compute", "comm", "memcpy", "memset"))
+        all_gather = is_in(kind, ("all_gather",))
+        self.execs = is_in(role, ("comm",)) & all_gather
+        self.enqueue = is_in(role, ("comm_enqueue",)) & all_gather
+        self.tid = ev["tid"]
 
 
 class _GpuView:
     """The GPU side of one event table: launch times by correlation id and the operations of
     each stream, to find consumer kernels and their ready time (module docstring)."""
 
-    def __init__(self, ev: pd.DataFrame):
-        gpu = ev["is_gpu"].astype(bool).to_numpy()
-        role = ev["role"].astype(str).to_numpy()
-        cpu_corr = ev[~gpu & (ev["correlation"].to_numpy() >= 0)]
-        self.launch_ts = cpu_corr.groupby("correlation")["ts_ns"].min().to_dict()
-        ops = ev[gpu & np.isin(role, ("compute", "comm", "memcpy", "memset"))]
-        self.ops = {int(k): g.sort_values("ts_ns") for k, g in ops.groupby("stream")}
-        self.compute = ev[gpu & (role == "compute")].sort_values("ts_ns")
+    def __init__(self, tb: _Table):
+        self.tb = tb
+        ts = tb.ts
+        cpu_c = np.flatnonzero(~tb.gpu & (tb.corr >= 0))
+        c, t = tb.corr[cpu_c], ts[cpu_c]
+        o = np.lexsort((t, c))  # per correlation id, its earliest CPU row first
+        c, t = c[o], t[o]
+        first = np.ones(len(c), bool)
+        first[1:] = c[1:] != c[:-1]
+        self._corr, self._launch = c[first], t[first]
+        ops = np.flatnonzero(tb.gpu_ops)
+        self._ops = ops[np.argsort(tb.stream[ops], kind="stable")]
+        self._ops_stream = tb.stream[self._ops]
+        self.compute = _by_start(np.flatnonzero(tb.gpu & tb.compute), ts)
+        self._compute_ts = ts[self.compute]
         self.active = bool(len(self.compute))
+        lt, found = self.launch(tb.corr[self.compute])
+        pos = np.flatnonzero(found)  # positions in self.compute with a known launch
+        o = np.argsort(lt[pos], kind="stable")
+        self._by_launch, self._by_launch_ts = pos[o], lt[pos][o]
 
-    def launched(self, kernels: pd.DataFrame, lo: int, hi: int | None) -> pd.DataFrame:
-        """``kernels`` whose launch call starts in [lo, hi] (hi None: no upper bound)."""
-        t = kernels["correlation"].map(self.launch_ts)
-        ok = t.notna() & (t >= lo) & ((t <= hi) if hi is not None else True)
-        return kernels[ok.to_numpy(bool)]
+    def launch(self, corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(start of the launch call, found) per correlation id (-1 where not found)."""
+        if not len(self._corr):
+            return np.full(len(corr), -1, np.int64), np.zeros(len(corr), bool)
+        i = np.minimum(np.searchsorted(self._corr, corr), len(self._corr) - 1)
+        found = (corr >= 0) & (self._corr[i] == corr)
+        return np.where(found, self._launch[i], -1), found
 
-    def launch_of(self, kernel) -> int | None:
-        t = self.launch_ts.get(int(kernel["correlation"])) if int(kernel["correlation"]) >= 0 else None
-        return None if t is None else int(t)
-
-    def ready_ns(self, kernel) -> int:
+    def ready_ns(self, kernel: int) -> int:
         """When ``kernel`` could have started: max(launch call start, end of the previous
         operation on its stream); its own start when neither is known."""
-        start = int(kernel["ts_ns"])
+        tb = self.tb
+        start = int(tb.ts[kernel])
         cands = []
-        launch = self.launch_of(kernel)
-        if launch is not None:
-            cands.append(launch)
-        same = self.ops.get(int(kernel["stream"]))
-        if same is not None:
-            ends = same["end_ns"].to_numpy("int64")
-            before = ends[(same["ts_ns"].to_numpy("int64") < start) & (ends <= start)]
-            if len(before):
-                cands.append(int(before.max()))
+        t, found = self.launch(tb.corr[kernel:kernel + 1])
+        if found[0]:
+            cands.append(int(t[0]))
+        a, b = np.searchsorted(self._ops_stream, [tb.stream[kernel], tb.stream[kernel] + 1])
+        ops = self._ops[a:b]
+        before = tb.end[ops][(tb.ts[ops] < start) & (tb.end[ops] <= start)]
+        if len(before):
+            cands.append(int(before.max()))
         return min(max(cands), start) if cands else start
 
     def consumer_ready(self, lo: int, hi: int | None) -> int | None:
         """Ready time of the first compute kernel launched in [lo, hi]; with ``hi`` given and
         none launched there, of the first compute kernel starting at or after ``lo``."""
-        ks = self.launched(self.compute, lo, hi)
-        if not len(ks) and hi is not None:
-            ks = self.compute[self.compute["ts_ns"] >= lo]
-        if not len(ks):
+        a = np.searchsorted(self._by_launch_ts, lo, "left")
+        b = (np.searchsorted(self._by_launch_ts, hi, "right") if hi is not None
+             else len(self._by_launch_ts))
+        pos = np.sort(self._by_launch[a:b])  # in self.compute order
+        if not len(pos) and hi is not None:
+            pos = np.arange(np.searchsorted(self._compute_ts, lo, "left"), len(self.compute))
+        if not len(pos):
             return None
-        return self.ready_ns(ks.sort_values("ts_ns").iloc[0])
+        return self.ready_ns(_first(self.compute[pos], self.tb.ts))
 
 
-def _outermost(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows not enclosed by another row of ``rows`` on the same thread."""
+def _outermost(rows: np.ndarray, tb: _Table) -> np.ndarray:
+    """Rows not enclosed by another row of ``rows`` on the same thread, by start; threads in
+    the order they first appear, each thread's rows by (start, longest first)."""
+    col = tb.tid.iloc[rows]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        tid = col.cat.codes.to_numpy()
+    else:
+        tid = np.asarray(pd.factorize(col)[0])
     keep = []
-    for tid, g in rows.groupby("tid", sort=False, observed=True):
-        g = g.sort_values(["ts_ns", "end_ns"], ascending=[True, False])
-        cover_end = None
-        for idx, e in zip(g.index, g["end_ns"].to_numpy("int64")):
-            if cover_end is not None and e <= cover_end:
-                continue
-            keep.append(idx)
-            cover_end = e if cover_end is None else max(cover_end, e)
-    return rows.loc[keep].sort_values("ts_ns")
+    threads, first = np.unique(tid[tid >= 0], return_index=True)
+    for t in threads[np.argsort(first)].tolist():
+        g = rows[tid == t]
+        g = g[np.lexsort((-tb.end[g], tb.ts[g]))]
+        e = tb.end[g]
+        cover = np.maximum.accumulate(e)
+        new = np.ones(len(g), bool)
+        new[1:] = e[1:] > cover[:-1]
+        keep.append(g[new])
+    if not keep:
+        return rows[:0]
+    return _by_start(np.concatenate(keep), tb.ts)
 
 
-def _issues_fsdp2(ev: pd.DataFrame, gpu: _GpuView) -> list[dict]:
-    cpu = ev[~ev["is_gpu"].astype(bool)]
-    names = cpu["name"].astype(str)
-    issue = cpu[names.str.match(FSDP2_ISSUE)]
-    copy_out = cpu[names.str.startswith(FSDP2_COPY_OUT)]
-    pre_fwd = cpu[names.str.startswith("FSDP::pre_forward")]
-    bwd = cpu[names.str.startswith(("FSDP::pre_backward", "FSDP::backward_prefetch"))]
+def _issues_fsdp2(tb: _Table, gpu: _GpuView) -> list[dict]:
+    names, ts, end = tb.names, tb.ts, tb.end
+    cpu = ~tb.gpu
+    issue = _by_start(np.flatnonzero(cpu & names.mask(FSDP2_ISSUE.match)), ts)
+    copy_out = np.flatnonzero(cpu & names.mask(lambda n: n.startswith(FSDP2_COPY_OUT)))
+    pre_fwd = np.flatnonzero(cpu & names.mask(lambda n: n.startswith("FSDP::pre_forward")))
+    bwd = np.flatnonzero(cpu & names.mask(
+        lambda n: n.startswith(("FSDP::pre_backward", "FSDP::backward_prefetch"))))
     out = []
-    for _, row in issue.sort_values("ts_ns").iterrows():
-        fqn = FSDP2_ISSUE.match(str(row["name"])).group("fqn") or ""
-        t = int(row["ts_ns"])
-        enclosing_bwd = _enclosing(bwd, t)
+    for i in issue.tolist():
+        fqn = FSDP2_ISSUE.match(names.name(i)).group("fqn") or ""
+        t = int(ts[i])
+        enclosing_bwd = _enclosing(bwd, ts, end, t)
         phase = "backward" if len(enclosing_bwd) else "forward"
         if phase == "backward":
-            prefetched = enclosing_bwd["name"].astype(str).str.startswith("FSDP::backward_prefetch").any()
+            prefetched = any(names.name(j).startswith("FSDP::backward_prefetch")
+                             for j in enclosing_bwd.tolist())
         else:
             own = f"FSDP::pre_forward ({fqn})" if fqn else "FSDP::pre_forward"
-            enc = _enclosing(pre_fwd, t)
-            prefetched = bool(len(enc)) and not (enc["name"].astype(str) == own).any()
+            enc = _enclosing(pre_fwd, ts, end, t)
+            prefetched = bool(len(enc)) and not (names.codes[enc] == names.code(own)).any()
         label = f"{FSDP2_COPY_OUT} ({fqn})" if fqn else FSDP2_COPY_OUT
-        consumers = copy_out[(copy_out["name"].astype(str) == label) & (copy_out["ts_ns"] >= t)]
+        consumers = copy_out[(names.codes[copy_out] == names.code(label)) & (ts[copy_out] >= t)]
         need = None
         if len(consumers):
-            c = consumers.sort_values("ts_ns").iloc[0]
-            need = int(c["ts_ns"])
+            c = _first(consumers, ts)
+            need = int(ts[c])
             if gpu.active:
-                ready = gpu.consumer_ready(int(c["ts_ns"]), int(c["end_ns"]))
+                ready = gpu.consumer_ready(int(ts[c]), int(end[c]))
                 need = ready if ready is not None else need
-        out.append({"step": int(row["step"]), "phase": phase, "unit": fqn or "(root)",
-                    "prefetched": bool(prefetched), "issued_ns": t, "issue_end_ns": int(row["end_ns"]),
+        out.append({"step": int(tb.step[i]), "phase": phase, "unit": fqn or "(root)",
+                    "prefetched": bool(prefetched), "issued_ns": t, "issue_end_ns": int(end[i]),
                     "need_ns": need})
     return out
 
 
-def _issues_fsdp1(ev: pd.DataFrame, gpu: _GpuView) -> list[dict]:
-    cpu = ev[~ev["is_gpu"].astype(bool)]
-    names = cpu["name"].astype(str)
-    enq = _outermost(cpu[(cpu["role"] == "comm_enqueue") & (cpu["coll_kind"] == "all_gather")])
-    prefetch = cpu[names.isin(FSDP1_PREFETCH)]
-    pre_fwd = cpu[names == FSDP1_PRE_FORWARD]
-    pre_bwd = cpu[names == FSDP1_PRE_BACKWARD]
-    bwd_any = cpu[names.isin((FSDP1_PRE_BACKWARD, FSDP1_PREFETCH[1]))
-                  | names.str.startswith("FullyShardedDataParallel._post_backward")]
+def _issues_fsdp1(tb: _Table, gpu: _GpuView) -> list[dict]:
+    names, ts, end = tb.names, tb.ts, tb.end
+    cpu = ~tb.gpu
+    enq = _outermost(np.flatnonzero(cpu & tb.enqueue), tb)
+    prefetch = np.flatnonzero(cpu & names.mask(lambda n: n in FSDP1_PREFETCH))
+    pre_fwd = np.flatnonzero(cpu & names.mask(lambda n: n == FSDP1_PRE_FORWARD))
+    pre_bwd = np.flatnonzero(cpu & names.mask(lambda n: n == FSDP1_PRE_BACKWARD))
+    bwd_any = np.flatnonzero(cpu & names.mask(
+        lambda n: n in (FSDP1_PRE_BACKWARD, FSDP1_PREFETCH[1])
+        or n.startswith("FullyShardedDataParallel._post_backward")))
     out = []
     counters: dict[tuple[int, str], int] = {}
-    for _, row in enq.iterrows():
-        t = int(row["ts_ns"])
-        phase = "backward" if len(_enclosing(bwd_any, t)) else "forward"
-        prefetched = bool(len(_enclosing(prefetch, t)))
+    for i in enq.tolist():
+        t = int(ts[i])
+        phase = "backward" if len(_enclosing(bwd_any, ts, end, t)) else "forward"
+        prefetched = bool(len(_enclosing(prefetch, ts, end, t)))
         hooks = pre_bwd if phase == "backward" else pre_fwd
-        enc = _enclosing(hooks, t)
         if prefetched:
-            later = hooks[hooks["ts_ns"] > t]
-            need = int(later.sort_values("ts_ns").iloc[0]["end_ns"]) if len(later) else None
+            later = hooks[ts[hooks] > t]
+            need = int(end[_first(later, ts)]) if len(later) else None
         else:
-            need = int(enc["end_ns"].min()) if len(enc) else None
+            enc = _enclosing(hooks, ts, end, t)
+            need = int(end[enc].min()) if len(enc) else None
         if need is not None and gpu.active:
             need = gpu.consumer_ready(need, None)
-        key = (int(row["step"]), phase)
+        key = (int(tb.step[i]), phase)
         k = counters.get(key, 0)
         counters[key] = k + 1
-        out.append({"step": int(row["step"]), "phase": phase, "unit": f"#{k}",
-                    "prefetched": prefetched, "issued_ns": t, "issue_end_ns": int(row["end_ns"]),
+        out.append({"step": int(tb.step[i]), "phase": phase, "unit": f"#{k}",
+                    "prefetched": prefetched, "issued_ns": t, "issue_end_ns": int(end[i]),
                     "need_ns": need})
     return out
+
+
+def _computation(tb: _Table) -> iv.Intervals:
+    """∪ computation (module docstring): compute rows; on a CPU trace less FSDP's own hook /
+    collective labels (not ``FullyShardedDataParallel.forward``, which wraps the module's
+    whole forward)."""
+    comp = tb.compute
+    merged = iv.merge(tb.ts[comp], tb.end[comp])
+    if tb.gpu[comp].any():
+        return merged
+    hooks = tb.names.mask(lambda n: n.startswith("FSDP::") or (
+        n.startswith(FSDP1_PREFIX) and n != "FullyShardedDataParallel.forward"))
+    return iv.subtract(merged, iv.merge(tb.ts[hooks], tb.end[hooks]))
 
 
 def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
@@ -272,49 +338,57 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
     trace has no FSDP labels. ``labels`` is ``fsdp2`` or ``fsdp1``; ``need_ns`` / ``slack_ns``
     are <NA> when no consumer was found; ``comm_*`` / ``finished_ns`` / ``hidden_*`` are <NA> when
     no execution could be paired. On GPU traces ``need_ns`` is the consumer kernel's ready time
-    (module docstring)."""
-    family = detect_labels(events)
+    (module docstring). Rows by issue time (ties: the issues' order by start, numpy
+    quicksort)."""
+    names = _Names(events["name"])
+    family = detect_labels(events, names)
     if family is None:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
-    ev = events
-    gpu = _GpuView(ev)
-    issues = _issues_fsdp2(ev, gpu) if family == "fsdp2" else _issues_fsdp1(ev, gpu)
-    execs = ev[(ev["role"] == "comm") & (ev["coll_kind"] == "all_gather")].sort_values("ts_ns")
-    exec_start = execs["ts_ns"].to_numpy("int64")
-    exec_end = execs["end_ns"].to_numpy("int64")
-    exec_launch = np.array([t if t is not None else -1 for t in
-                            (gpu.launch_of(r) if bool(r["is_gpu"]) else None
-                             for _, r in execs.iterrows())], dtype="int64")
+    tb = _Table(events, names)
+    gpu = _GpuView(tb)
+    issues = _issues_fsdp2(tb, gpu) if family == "fsdp2" else _issues_fsdp1(tb, gpu)
+    execs = _by_start(np.flatnonzero(tb.execs), tb.ts)
+    exec_start, exec_end = tb.ts[execs], tb.end[execs]
+    launch, found = gpu.launch(tb.corr[execs])
+    exec_launch = np.where(found & tb.gpu[execs], launch, -1)
     taken = np.zeros(len(execs), dtype=bool)
-    comp = ev[ev["role"] == "compute"]
-    merged = _merge(comp["ts_ns"].to_numpy("int64"), comp["end_ns"].to_numpy("int64"))
-    if not (comp["is_gpu"].astype(bool)).any():
-        hooks = _fsdp_hook_spans(ev)
-        merged = _subtract(merged, _merge(hooks["ts_ns"].to_numpy("int64"), hooks["end_ns"].to_numpy("int64")))
+    merged = _computation(tb)
     rows = []
     for it in sorted(issues, key=lambda r: r["issued_ns"]):
         issue_end = it.pop("issue_end_ns")
         inside = ~taken & (exec_launch >= it["issued_ns"]) & (exec_launch <= issue_end)
-        cand = np.nonzero(inside)[0]
+        cand = np.flatnonzero(inside)
         if not len(cand):
-            cand = np.nonzero(~taken & (exec_start >= it["issued_ns"]))[0]
+            cand = np.flatnonzero(~taken & (exec_start >= it["issued_ns"]))
         rec = {"rank": rank, **it, "comm_start_ns": None, "finished_ns": None, "comm_ns": None,
                "hidden_ns": None, "hidden_frac": None, "slack_ns": None, "labels": family}
         if len(cand):
             i = int(cand[0])
             taken[i] = True
             s, e = int(exec_start[i]), int(exec_end[i])
-            hidden = _covered(merged, s, e)
+            hidden = iv.measure(iv.clip(merged, s, e))
             rec.update(comm_start_ns=s, finished_ns=e, comm_ns=e - s, hidden_ns=hidden,
                        hidden_frac=hidden / (e - s) if e > s else None)
             if it["need_ns"] is not None:
                 rec["slack_ns"] = it["need_ns"] - e
         rows.append(rec)
-    out = pd.DataFrame(rows, columns=COLUMNS)
-    for c in ("issued_ns", "comm_start_ns", "finished_ns", "need_ns", "comm_ns", "hidden_ns", "slack_ns"):
-        out[c] = out[c].astype("Int64")
-    out["hidden_frac"] = out["hidden_frac"].astype("Float64")
-    return out
+    if not rows:
+        out = pd.DataFrame(rows, columns=COLUMNS)
+        for c in _INT_COLUMNS:
+            out[c] = out[c].astype("Int64")
+        out["hidden_frac"] = out["hidden_frac"].astype("Float64")
+        return out
+    cols = {c: [r[c] for r in rows] for c in COLUMNS}
+    # nullable columns straight from the Python ints: exact (through float64, as a frame of
+    # records with a missing value would go, epoch ns lose their last digits)
+    for c in _INT_COLUMNS:
+        cols[c] = pd.array(cols[c], dtype="Int64")
+    cols["hidden_frac"] = pd.array(cols["hidden_frac"], dtype="Float64")
+    return pd.DataFrame(cols)
+
+
+_INT_COLUMNS = ("issued_ns", "comm_start_ns", "finished_ns", "need_ns", "comm_ns", "hidden_ns",
+                "slack_ns")
 
 
 def prefetch_summary(table: pd.DataFrame) -> dict | None:
