@@ -133,28 +133,60 @@ def _codes(col: pd.Series) -> np.ndarray:
 def by_kind(coll: pd.DataFrame) -> pd.DataFrame:
     """Per rank and kind: rank, kind, count, time_ns (sum of durations), bytes (sum of known
     bytes), algbw_gbps, busbw_gbps (over the instances whose bytes are known:
-    sum(bytes) / sum(time), busbw weighting each instance by its nccl-tests factor)."""
+    sum(bytes) / sum(time), busbw weighting each instance by its nccl-tests factor).
+    Rows sorted by (rank, kind); rows without a kind are left out."""
     cols = ["rank", "kind", "count", "time_ns", "bytes", "algbw_gbps", "busbw_gbps"]
     if coll.empty:
         return pd.DataFrame(columns=cols)
-    c = coll.copy()
-    known = c["bytes"] >= 0
-    c["kbytes"] = np.where(known, c["bytes"], 0)
-    c["ktime"] = np.where(known, c["dur_ns"], 0)
-    fac = np.array([busbw_factor(k, int(n)) for k, n in zip(c["kind"], c["group_size"])])
-    c["kbus"] = np.where(known & np.isfinite(fac), c["kbytes"] * np.nan_to_num(fac), 0.0)
-    c["kbustime"] = np.where(known & np.isfinite(fac), c["dur_ns"], 0)
-    g = c.groupby(["rank", "kind"], sort=True).agg(
-        count=("dur_ns", "size"), time_ns=("dur_ns", "sum"), bytes=("kbytes", "sum"),
-        ktime=("ktime", "sum"), kbus=("kbus", "sum"), kbustime=("kbustime", "sum"),
-        anyknown=("bytes", lambda b: bool((b >= 0).any()))).reset_index()
+    # a few thousand rows: integer sums with numpy over dense group ids in (rank, kind) order
+    kcol = coll["kind"]
+    kind = kcol.to_numpy(dtype=object)
+    if isinstance(kcol.dtype, pd.CategoricalDtype):  # groupby order: the categories' order
+        codes = kcol.cat.codes.to_numpy()
+        has_kind, kind_idx, n_kinds = codes >= 0, codes[codes >= 0], len(kcol.cat.categories)
+    else:
+        has_kind = kcol.notna().to_numpy()
+        names, kind_idx = np.unique(kind[has_kind].astype(str), return_inverse=True)
+        n_kinds = len(names)
+    _, rank_idx = np.unique(coll["rank"].to_numpy()[has_kind], return_inverse=True)
+    cell, gid_kept = np.unique(rank_idx * n_kinds + kind_idx, return_inverse=True)
+    gid = np.full(len(coll), -1, np.int64)
+    gid[has_kind] = gid_kept
+    n = len(cell)
+    dur = coll["dur_ns"].to_numpy().astype(np.int64, copy=False)
+    nbytes = coll["bytes"].to_numpy().astype(np.int64, copy=False)
+    known = nbytes >= 0
+    fac = np.array([busbw_factor(k, int(g)) for k, g in zip(kind, coll["group_size"])],
+                   dtype=float)
+    bus = known & np.isfinite(fac)
+    sel = gid >= 0
+
+    def total(values: np.ndarray) -> np.ndarray:
+        out = np.zeros(n, np.int64)
+        np.add.at(out, gid[sel], values[sel])
+        return out
+
+    count = np.bincount(gid[sel], minlength=n).astype(np.int64)
+    time_ns = total(dur)
+    kbytes = total(np.where(known, nbytes, 0))
+    ktime = total(np.where(known, dur, 0))
+    kbustime = total(np.where(bus, dur, 0))
+    anyknown = total(known.astype(np.int64)) > 0
+    # the float sum through pandas' own group sum, so its rounding is the one a pandas
+    # groupby gives (compensated or reduceat, depending on the row order)
+    kbus_rows = np.where(bus, np.where(known, nbytes, 0) * np.nan_to_num(fac), 0.0)
+    keys = np.where(sel, gid, np.nan)
+    kbus = pd.Series(kbus_rows).groupby(keys, sort=True).sum().to_numpy()
     # bytes per ns == GB/s (1e9 bytes per 1e9 ns)
-    g["algbw_gbps"] = np.where(g["ktime"] > 0, g["bytes"] / g["ktime"].where(g["ktime"] > 0, 1),
-                               np.nan)
-    g["busbw_gbps"] = np.where(g["kbustime"] > 0,
-                               g["kbus"] / g["kbustime"].where(g["kbustime"] > 0, 1), np.nan)
-    g["bytes"] = np.where(g["anyknown"], g["bytes"], -1)
-    return g[cols].astype({"count": "int64", "time_ns": "int64", "bytes": "int64"})
+    algbw = np.where(ktime > 0, kbytes / np.where(ktime > 0, ktime, 1), np.nan)
+    busbw = np.where(kbustime > 0, kbus / np.where(kbustime > 0, kbustime, 1), np.nan)
+    first = np.flatnonzero(sel)[np.unique(gid[sel], return_index=True)[1]]
+    return pd.DataFrame({
+        "rank": coll["rank"].iloc[first].to_numpy(),
+        "kind": (kcol.iloc[first].reset_index(drop=True)
+                 if isinstance(kcol.dtype, pd.CategoricalDtype) else kcol.iloc[first].to_numpy()),
+        "count": count, "time_ns": time_ns, "bytes": np.where(anyknown, kbytes, -1),
+        "algbw_gbps": algbw, "busbw_gbps": busbw})
 
 
 def match_ranks(coll: pd.DataFrame) -> pd.DataFrame:

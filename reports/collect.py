@@ -63,6 +63,73 @@ def _parity_dict(res: parity.ParityResult) -> dict[str, Any]:
     }
 
 
+RANK_MEANS = ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "data_wait_ns", "other_ns",
+              "idle_ns")
+
+
+def _groups(keys: np.ndarray) -> list[tuple[Any, np.ndarray]]:
+    """(key, row positions) per distinct key, keys ascending, rows in their order: a groupby
+    for the few hundred rows of the report's tables, without pandas' per-call cost."""
+    if not len(keys):
+        return []
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
+    return [(k[a], order[a:b]) for a, b in zip([0, *cuts], [*cuts, len(k)])]
+
+
+def _mean(a: np.ndarray) -> float:
+    """Mean as ``pandas.Series.mean`` computes it (NaN skipped; NaN when nothing is left):
+    the float64 sum of the values over their count."""
+    if a.dtype.kind == "f":
+        ok = ~np.isnan(a)
+        n = int(ok.sum())
+        if n == 0:
+            return float("nan")
+        return (a if n == len(a) else np.where(ok, a, 0.0)).sum() / float(n)
+    return a.sum(dtype=np.float64) / float(len(a)) if len(a) else float("nan")
+
+
+def _nansum(a: np.ndarray) -> Any:
+    """Sum as ``pandas.Series.sum`` computes it (NaN counted as 0)."""
+    if a.dtype.kind == "f":
+        return np.where(np.isnan(a), 0.0, a).sum()
+    return a.sum()
+
+
+def _communication(ts, bd: pd.DataFrame) -> tuple[int, dict[str, Any]]:
+    """(profiled steps, ``communication`` of the run: per kind, per-rank means of the whole
+    trace's totals and of the per-step figures; module docstring)."""
+    cbk = by_kind(ts.collectives)
+    n = max(len(ts.ranks), 1)
+    # per profiled step: collectives inside a step, divided by that rank's number of steps
+    coll = ts.collectives
+    in_steps = by_kind(coll[coll["step"] >= 0] if not coll.empty else coll)
+    rank_steps = {int(r): len(np.unique(bd["step"].to_numpy()[i]))
+                  for r, i in _groups(bd["rank"].to_numpy())}
+    per_step: dict[str, dict[str, np.ndarray]] = {}
+    if len(in_steps):
+        div = np.array([rank_steps.get(int(r), 0) for r in in_steps["rank"]], dtype=float)
+        div[div == 0] = np.nan
+        kinds = in_steps["kind"].to_numpy()
+        for k, i in _groups(kinds.astype(str)):
+            per_step[str(k)] = {c: np.clip(in_steps[c].to_numpy()[i], 0, None).astype(float)
+                                / div[i] for c in ("count", "time_ns", "bytes")}
+    comm: dict[str, Any] = {}
+    if len(cbk):
+        cols = {c: cbk[c].to_numpy() for c in ("count", "time_ns", "bytes", "busbw_gbps")}
+        for kind, i in _groups(cbk["kind"].to_numpy().astype(str)):
+            ps = per_step.get(str(kind))
+            comm[str(kind)] = {
+                "count": _num(cols["count"][i].sum() / n),
+                "time_ns": _num(cols["time_ns"][i].sum() / n),
+                "bytes": _num(np.clip(cols["bytes"][i], 0, None).sum() / n),
+                "busbw_gbps": _num(_mean(cols["busbw_gbps"][i])),
+                **{f"{c}_per_step": (_num(_nansum(ps[c]) / n) if ps is not None else None)
+                   for c in ("count", "time_ns", "bytes")}}
+    return (max(rank_steps.values()) if rank_steps else 0), comm
+
+
 def _trace_part(ts) -> dict[str, Any]:
     """Figures from the traces: ranks[], steps[] (bars), communication, overlap, timeline.
     ``ts``: analyzer.tables.TraceTables (per-rank tables, no events: api.load_tables)."""
@@ -74,45 +141,27 @@ def _trace_part(ts) -> dict[str, Any]:
                            "device_kind": ts.ranks[0].device_kind if ts.ranks else "cpu",
                            "trace_warnings": [w for r in ts.ranks for w in r.warnings][:20],
                            "load_notes": list(ts.warnings)}
+    col = {c: bd[c].to_numpy() for c in (*RANK_MEANS, "step", "overlap_ns", "input_bound")}
     ranks = []
-    for rank, g in bd.groupby("rank", sort=True):
-        comm = int(g["comm_ns"].sum())
-        ranks.append({"rank": int(rank), "steps": int(len(g)),
-                      **{c: _num(float(g[c].mean())) for c in
-                         ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "data_wait_ns",
-                          "other_ns", "idle_ns")},
-                      "overlap_frac": _num(g["overlap_ns"].sum() / comm) if comm else None,
-                      "data_wait_frac": _num(g["data_wait_ns"].sum() / g["step_ns"].sum())
-                      if g["step_ns"].sum() else None,
-                      "input_bound_steps": int(g["input_bound"].sum())})
+    for rank, i in _groups(bd["rank"].to_numpy()):
+        comm = int(col["comm_ns"][i].sum())
+        step_sum = col["step_ns"][i].sum()
+        ranks.append({"rank": int(rank), "steps": int(len(i)),
+                      **{c: _num(float(_mean(col[c][i]))) for c in RANK_MEANS},
+                      "overlap_frac": _num(col["overlap_ns"][i].sum() / comm) if comm else None,
+                      "data_wait_frac": _num(col["data_wait_ns"][i].sum() / step_sum)
+                      if step_sum else None,
+                      "input_bound_steps": int(col["input_bound"][i].sum())})
     out["ranks"] = ranks
     comm_total = int(bd["comm_ns"].sum())
     out["overlap_frac"] = _num(bd["overlap_ns"].sum() / comm_total) if comm_total else None
     out["exposed_comm_ns"] = _num(float(bd["exposed_comm_ns"].mean())) if len(bd) else None
-    out["trace_step_ns"] = [int(v) for v in bd.groupby("step")["step_ns"].max().to_numpy()]
-    out["steps"] = [{"step": int(s), **{c: _num(float(g[c].mean())) for c in ("step_ns", *BAR_PARTS)}}
-                    for s, g in bd.groupby("step", sort=True)]
-    cbk = by_kind(ts.collectives)
-    n = max(len(ts.ranks), 1)
-    # per profiled step: collectives inside a step, divided by that rank's number of steps
-    coll = ts.collectives
-    in_steps = by_kind(coll[coll["step"] >= 0] if not coll.empty else coll)
-    rank_steps = bd.groupby("rank")["step"].nunique()
-    if len(in_steps):
-        div = in_steps["rank"].map(rank_steps).fillna(0).to_numpy(dtype=float)
-        div[div == 0] = np.nan
-        for c in ("count", "time_ns", "bytes"):
-            in_steps[f"{c}_per_step"] = in_steps[c].clip(lower=0).to_numpy(dtype=float) / div
-    per_step = {str(k): g for k, g in in_steps.groupby("kind", sort=True)} if len(in_steps) else {}
-    out["profiled_steps"] = int(rank_steps.max()) if len(rank_steps) else 0
-    out["communication"] = {
-        str(kind): {"count": _num(g["count"].sum() / n), "time_ns": _num(g["time_ns"].sum() / n),
-                    "bytes": _num(g["bytes"].clip(lower=0).sum() / n),
-                    "busbw_gbps": _num(g["busbw_gbps"].mean()),
-                    **{f"{c}_per_step": (_num(per_step[str(kind)][f"{c}_per_step"].sum() / n)
-                                         if str(kind) in per_step else None)
-                       for c in ("count", "time_ns", "bytes")}}
-        for kind, g in cbk.groupby("kind", sort=True)}
+    by_step = _groups(col["step"])
+    out["trace_step_ns"] = [int(col["step_ns"][i].max()) for _, i in by_step]
+    out["steps"] = [{"step": int(s), **{c: _num(float(_mean(col[c][i])))
+                                        for c in ("step_ns", *BAR_PARTS)}}
+                    for s, i in by_step]
+    out["profiled_steps"], out["communication"] = _communication(ts, bd)
     out["timeline"] = None
     if len(bd):
         r0 = int(bd["rank"].min())

@@ -70,7 +70,9 @@ def _hbars(title: str, rows: list[tuple[str, list[tuple[str, float, str]]]], uni
         out.append(f'<text x="{x + 4:.1f}" y="{y + 12}">{total / scale_div:.2f} {e(unit)}</text>')
     legend = {(p, c) for _, parts in rows for p, _, c in parts}
     order = [p for _, parts in rows[:1] for p, _, _ in parts]
-    items = sorted(legend, key=lambda pc: order.index(pc[0]) if pc[0] in order else 99)
+    # first row's order; parts only later rows have (another run's kinds) after it, by name:
+    # a set's order changes from run to run (string hashing)
+    items = sorted(legend, key=lambda pc: (order.index(pc[0]) if pc[0] in order else 99, pc))
     out.append(_legend(items, h - 20))
     out.append("</svg>")
     return "".join(out)
