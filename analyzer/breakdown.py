@@ -57,10 +57,12 @@ def is_in(col: pd.Series, values: tuple[str, ...]) -> np.ndarray:
     looked up through its codes (one str() per category, not per row); a missing value is in
     no set (``values`` never holds "nan")."""
     if isinstance(col.dtype, pd.CategoricalDtype):
-        cats = col.cat.categories
-        lut = np.zeros(len(cats) + 1, bool)  # the last slot is code -1 (missing)
-        lut[:-1] = [str(c) in values for c in cats]
-        return lut[col.cat.codes.to_numpy()]
+        codes = col.array.codes
+        mask = np.zeros(len(codes), bool)
+        for k, c in enumerate(col.array.categories.tolist()):
+            if str(c) in values:
+                mask |= codes == k
+        return mask
     return np.isin(col.astype(str).to_numpy().astype(object), values)
 
 
@@ -96,6 +98,19 @@ class _Rows:
             self.data_main = is_data & main
             self.paired = (ev["paired_row"].to_numpy() if "paired_row" in ev.columns
                            else np.full(len(ev), -1, np.int64))
+
+    def take(self, idx: np.ndarray) -> "_Rows":
+        """These rows only (``paired`` still indexes the whole table)."""
+        out = object.__new__(_Rows)
+        for k in _Rows.__slots__:
+            v = getattr(self, k)
+            setattr(out, k, None if v is None else v[idx])
+        return out
+
+    def used(self) -> np.ndarray:
+        """Rows in some set."""
+        m = self.comm | self.comp | self.other | self.data
+        return m if self.enq is None else m | self.enq | self.data_main
 
 
 class _Windows:
@@ -162,30 +177,40 @@ def _compute(r: _Rows, w: _Windows, all_end_ns: np.ndarray) -> iv.Intervals:
 def _waits(r: _Rows, w: _Windows, all_end_ns: np.ndarray) -> iv.Intervals:
     """Main-thread waiting for paired gloo collectives (module docstring), placed: for an
     enqueue op i of window k, [end of i, end of its gloo op) minus the window's compute rows
-    that do not enclose i."""
+    that do not enclose i. The waits are themselves laid end to end (``_Windows``), so one
+    subtraction serves them all."""
     g = w.group
     enq = np.flatnonzero(r.enq & (r.paired >= 0) & (g >= 0))
+    w0, w1 = r.e[enq], all_end_ns[r.paired[enq]]
+    valid = w1 > w0
+    enq, w0, w1 = enq[valid], w0[valid], w1[valid]
     if not len(enq):
         return iv.EMPTY
     ops = np.flatnonzero(r.comp & (g >= 0))
     ops = ops[np.argsort(g[ops], kind="stable")]
     first = np.searchsorted(g[ops], np.arange(len(w.base) + 1))
     ops_s, ops_e = r.s[ops], r.e[ops]
-    ws, we, wg = [], [], []
-    for i in enq.tolist():
-        w0, w1 = int(r.e[i]), int(all_end_ns[r.paired[i]])
-        if w1 <= w0:
-            continue
-        k = int(g[i])
+    wait_of, busy = [], []  # (wait index, compute row) pairs that cut into the wait
+    for k in np.unique(g[enq]).tolist():
         s, e = ops_s[first[k]:first[k + 1]], ops_e[first[k]:first[k + 1]]
-        keep = (s < w1) & (e > w0) & ~((s <= r.s[i]) & (e >= r.e[i]))
-        gap = iv.subtract((np.array([w0]), np.array([w1])), iv.merge(s[keep], e[keep]))
-        ws.append(gap[0])
-        we.append(gap[1])
-        wg.append(np.full(len(gap[0]), k))
-    if not ws:
-        return iv.EMPTY
-    return w.place(np.concatenate(ws), np.concatenate(we), np.concatenate(wg))
+        q_all = np.flatnonzero(g[enq] == k)
+        chunk = max(1, (1 << 22) // max(len(s), 1))  # bounded pair matrix
+        for c in range(0, len(q_all), chunk):
+            q = q_all[c:c + chunk]
+            i = enq[q]
+            cut = ((s[None, :] < w1[q, None]) & (e[None, :] > w0[q, None])
+                   & ~((s[None, :] <= r.s[i, None]) & (e[None, :] >= r.e[i, None])))
+            qi, oj = np.nonzero(cut)
+            wait_of.append(q[qi])
+            busy.append(first[k] + oj)
+    waits = _Windows(w0, w1, np.arange(len(enq)))
+    wait_of = np.concatenate(wait_of) if wait_of else np.zeros(0, np.int64)
+    busy = np.concatenate(busy) if busy else np.zeros(0, np.int64)
+    gaps = iv.subtract(waits.place(w0, w1, np.arange(len(enq))),
+                       waits.place(ops_s[busy], ops_e[busy], wait_of))
+    q = np.searchsorted(waits.base, gaps[0], "right") - 1
+    shift = w0[q] - waits.base[q]
+    return w.place(gaps[0] + shift, gaps[1] + shift, g[enq[q]])
 
 
 def step_sets(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int, hi: int,
@@ -219,8 +244,10 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
     st = steps["step"].to_numpy().astype(np.int64)
     lo = steps["start_ns"].to_numpy().astype(np.int64)
     hi = steps["end_ns"].to_numpy().astype(np.int64)
-    r = _Rows(events, device_kind, main_tid)
-    step_col = events["step"].to_numpy()
+    full = _Rows(events, device_kind, main_tid)
+    used = np.flatnonzero(full.used())
+    r = full.take(used)
+    step_col = events["step"].to_numpy()[used]
     spans = np.maximum(hi - lo, 0) + 1
     if len(np.unique(st)) == len(st) and sum(spans.tolist()) < _FIT:
         parts = [np.arange(len(st))]
@@ -232,7 +259,7 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
         pos = np.clip(np.searchsorted(st[ks][order], step_col), 0, len(ks) - 1)
         group = np.where(st[ks][order][pos] == step_col, order[pos], -1)
         w = _Windows(lo[ks], hi[ks], group)
-        comm, comp, other, data = _sets(r, w, r.e)
+        comm, comp, other, data = _sets(r, w, full.e)
         u1 = iv.union(comm, comp)
         u2 = iv.union(u1, data)
         u3 = iv.union(u2, other)
