@@ -83,24 +83,30 @@ class _Names:
 
     def __init__(self, col: pd.Series):
         if isinstance(col.dtype, pd.CategoricalDtype):
-            self.codes = col.cat.codes.to_numpy()
-            self.names = [str(c) for c in col.cat.categories]
+            self.codes = col.array.codes
+            self.names = [str(c) for c in col.array.categories.tolist()]
         else:
             codes, uniques = pd.factorize(col.astype(str))
             self.codes = np.asarray(codes)
             self.names = [str(u) for u in uniques]
         self._index = {n: i for i, n in enumerate(self.names)}
 
-    def used(self) -> list[str]:
-        """The names some row carries."""
-        seen = np.bincount(self.codes[self.codes >= 0], minlength=len(self.names)) > 0
-        return [n for n, s in zip(self.names, seen.tolist()) if s]
+    def _rows(self, codes: list[int]) -> np.ndarray:
+        if len(codes) > 8:
+            return np.isin(self.codes, codes)
+        mask = np.zeros(len(self.codes), bool)
+        for k in codes:
+            mask |= self.codes == k
+        return mask
 
     def mask(self, test) -> np.ndarray:
         """Rows whose name passes ``test`` (a predicate on one name)."""
-        lut = np.zeros(len(self.names) + 1, bool)  # the last slot is code -1 (missing)
-        lut[:-1] = [bool(test(n)) for n in self.names]
-        return lut[self.codes]
+        return self._rows([k for k, n in enumerate(self.names) if test(n)])
+
+    def any(self, test) -> bool:
+        """Whether some row's name passes ``test``."""
+        codes = [k for k, n in enumerate(self.names) if test(n)]
+        return bool(codes) and bool(self._rows(codes).any())
 
     def name(self, row: int) -> str:
         return self.names[self.codes[row]]
@@ -134,10 +140,10 @@ def _enclosing(rows: np.ndarray, ts: np.ndarray, end: np.ndarray, t: int) -> np.
 def detect_labels(events: pd.DataFrame, names: _Names | None = None) -> str | None:
     """``"fsdp2"``, ``"fsdp1"`` or None: which FSDP label family the event table carries.
     Tests each distinct name once."""
-    used = (names or _Names(events["name"])).used()
-    if any(FSDP2_ISSUE.match(n) for n in used):
+    names = names or _Names(events["name"])
+    if names.any(FSDP2_ISSUE.match):
         return "fsdp2"
-    if any(n.startswith(FSDP1_PREFIX) for n in used):
+    if names.any(lambda n: n.startswith(FSDP1_PREFIX)):
         return "fsdp1"
     return None
 
@@ -343,7 +349,7 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
     names = _Names(events["name"])
     family = detect_labels(events, names)
     if family is None:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
+        return pd.DataFrame(columns=COLUMNS, dtype=object)
     tb = _Table(events, names)
     gpu = _GpuView(tb)
     issues = _issues_fsdp2(tb, gpu) if family == "fsdp2" else _issues_fsdp1(tb, gpu)
