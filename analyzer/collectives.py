@@ -43,7 +43,14 @@ def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.Dat
     idx = np.flatnonzero(_is(events["role"], "comm"))
 
     def strs(name: str, fill: str | None = None) -> np.ndarray:
-        col = events[name].iloc[idx]
+        """``col.astype(str)`` of these rows as an object array (missing stays NaN unless
+        ``fill``); a categorical through one str() per category."""
+        col = events[name]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            lut = np.array([*(str(c) for c in col.array.categories.tolist()),
+                            np.nan if fill is None else fill], object)
+            return lut[col.array.codes[idx]]  # code -1 (missing) takes the last slot
+        col = col.iloc[idx]
         return (col if fill is None else col.fillna(fill)).astype(str).to_numpy()
 
     def ints(name: str) -> np.ndarray:
