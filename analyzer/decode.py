@@ -24,6 +24,7 @@ import gzip
 import json
 import zlib
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import count, repeat
 from operator import attrgetter, is_not
@@ -343,13 +344,16 @@ _MAX_US = (2**63 - 1) // 1000 - 1
 _POW10 = np.array([1, 10, 100, 1000], np.int64)
 
 
-def _str_codes(values: list[Any], *, as_str: bool = True) -> tuple[np.ndarray, list[Any]]:
-    """(int32 code of each value, distinct values in order of first use) of a list of
-    hashable values, in one C-level loop (a defaultdict whose missing keys take the next
-    code). ``as_str``: distinct values written as str, and values equal once written so
-    (``1`` and ``"1"``) share a code."""
+def _str_codes(values: Iterable[Any], n: int | None = None, *, as_str: bool = True
+               ) -> tuple[np.ndarray, list[Any]]:
+    """(int32 code of each value, distinct values in order of first use) of ``n`` hashable
+    values (default: len(values)), in one C-level loop (a defaultdict whose missing keys take
+    the next code); an iterator is consumed as it goes (no list of the values is held).
+    ``as_str``: distinct values written as str, and values equal once written so (``1`` and
+    ``"1"``) share a code."""
     code_of: defaultdict[Any, int] = defaultdict(count().__next__)
-    codes = np.fromiter(map(code_of.__getitem__, values), np.int32, count=len(values))
+    count_ = len(values) if n is None else n  # type: ignore[arg-type]
+    codes = np.fromiter(map(code_of.__getitem__, values), np.int32, count=count_)
     if not as_str:
         return codes, list(code_of)
     strs = [v if type(v) is str else str(v) for v in code_of]
@@ -373,6 +377,8 @@ def _cat(codes: np.ndarray, values: list[str], order: np.ndarray, kept: np.ndarr
     order of first use in file order (``codes`` are in file order; ``order`` selects and
     sorts rows; ``kept`` = the selected rows in file order)."""
     n, k = len(codes), len(values)
+    if len(kept) == n:  # every row kept: codes are already numbered in order of first use
+        return pd.Categorical.from_codes(codes[order], categories=pd.Index(values, dtype="str"))
     first = np.full(k, n, np.int64)
     first[codes[kept[::-1]]] = kept[::-1]  # the last write wins: the first use
     used = np.flatnonzero(first < n)
@@ -490,7 +496,7 @@ def _columns(trace: _Trace | _LTrace, path: Path | str, *, lower_ext: bool = Tru
     else:  # any JSON value: as the strict types would give it
         combos = ((_as_str(e.name) or "", _as_str(e.cat) or "", str(e.pid), str(e.tid))
                   for e in xs)
-    combo_codes, u_combo = _str_codes(list(combos), as_str=False)
+    combo_codes, u_combo = _str_codes(combos, n_all, as_str=False)
     name_codes, u_name = _part_codes(u_combo, 0, combo_codes)
     cat_codes, u_cat = _part_codes(u_combo, 1, combo_codes)
     pid_codes, u_pid = _part_codes(u_combo, 2, combo_codes)
