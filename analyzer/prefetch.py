@@ -185,15 +185,20 @@ class _GpuView:
         first[1:] = c[1:] != c[:-1]
         self._corr, self._launch = c[first], t[first]
         ops = np.flatnonzero(tb.gpu_ops)
-        self._ops = ops[np.argsort(tb.stream[ops], kind="stable")]
+        self._ops = ops[np.lexsort((tb.end[ops], tb.stream[ops]))]  # per stream, by end
         self._ops_stream = tb.stream[self._ops]
+        self._ops_end = tb.end[self._ops]
+        self._ends_after_starts = bool((tb.end[ops] >= tb.ts[ops]).all())
         self.compute = _by_start(np.flatnonzero(tb.gpu & tb.compute), ts)
         self._compute_ts = ts[self.compute]
         self.active = bool(len(self.compute))
         lt, found = self.launch(tb.corr[self.compute])
+        self._compute_launch = np.where(found, lt, np.iinfo(np.int64).min)
         pos = np.flatnonzero(found)  # positions in self.compute with a known launch
         o = np.argsort(lt[pos], kind="stable")
         self._by_launch, self._by_launch_ts = pos[o], lt[pos][o]
+        # earliest start among the kernels launched at or after each of them
+        self._later_min_ts = np.minimum.accumulate(self._compute_ts[self._by_launch][::-1])[::-1]
 
     def launch(self, corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(start of the launch call, found) per correlation id (-1 where not found)."""
@@ -212,17 +217,38 @@ class _GpuView:
         t, found = self.launch(tb.corr[kernel:kernel + 1])
         if found[0]:
             cands.append(int(t[0]))
-        a, b = np.searchsorted(self._ops_stream, [tb.stream[kernel], tb.stream[kernel] + 1])
-        ops = self._ops[a:b]
-        before = tb.end[ops][(tb.ts[ops] < start) & (tb.end[ops] <= start)]
-        if len(before):
-            cands.append(int(before.max()))
+        prev = self._previous_end(int(tb.stream[kernel]), start)
+        if prev is not None:
+            cands.append(prev)
         return min(max(cands), start) if cands else start
+
+    def _previous_end(self, stream: int, start: int) -> int | None:
+        """The latest end among ``stream``'s operations that start before ``start`` and end
+        by it; None when there is none."""
+        tb = self.tb
+        a, b = np.searchsorted(self._ops_stream, [stream, stream + 1])
+        ops, ends = self._ops[a:b], self._ops_end[a:b]
+        if not self._ends_after_starts:  # a negative duration: test every operation
+            before = ends[(tb.ts[ops] < start) & (ends <= start)]
+            return int(before.max()) if len(before) else None
+        # ends sorted: the last end <= start, passing over operations of no length at start
+        j = int(np.searchsorted(ends, start, "right"))
+        while j > 0 and ends[j - 1] == start and tb.ts[ops[j - 1]] >= start:
+            j -= 1
+        return int(ends[j - 1]) if j > 0 else None
 
     def consumer_ready(self, lo: int, hi: int | None) -> int | None:
         """Ready time of the first compute kernel launched in [lo, hi]; with ``hi`` given and
         none launched there, of the first compute kernel starting at or after ``lo``."""
-        a = np.searchsorted(self._by_launch_ts, lo, "left")
+        a = int(np.searchsorted(self._by_launch_ts, lo, "left"))
+        if hi is None and a < len(self._by_launch):
+            # the earliest start among the kernels launched at or after lo; when only one
+            # of them starts then, it is the one (else the full rule below breaks the tie)
+            m = self._later_min_ts[a]
+            p, q = np.searchsorted(self._compute_ts, [m, m + 1])
+            tied = np.flatnonzero(self._compute_launch[p:q] >= lo)
+            if len(tied) == 1:
+                return self.ready_ns(int(self.compute[p + tied[0]]))
         b = (np.searchsorted(self._by_launch_ts, hi, "right") if hi is not None
              else len(self._by_launch_ts))
         pos = np.sort(self._by_launch[a:b])  # in self.compute order
@@ -372,7 +398,8 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
             i = int(cand[0])
             taken[i] = True
             s, e = int(exec_start[i]), int(exec_end[i])
-            hidden = iv.measure(iv.clip(merged, s, e))
+            a, b = np.searchsorted(merged[1], s, "right"), np.searchsorted(merged[0], e)
+            hidden = iv.measure(iv.clip((merged[0][a:b], merged[1][a:b]), s, e))
             rec.update(comm_start_ns=s, finished_ns=e, comm_ns=e - s, hidden_ns=hidden,
                        hidden_frac=hidden / (e - s) if e > s else None)
             if it["need_ns"] is not None:
