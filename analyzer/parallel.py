@@ -39,8 +39,11 @@ def run_all(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int | None = N
     ctx = mp.get_context()
     todo = ctx.SimpleQueue()
     done = ctx.Queue()
-    workers = [ctx.Process(target=_work, args=(fn, items, todo, done), daemon=True)
-               for _ in range(jobs - 1)]
+    # busy[k]: the input worker k is on (-1 none), in shared memory: written at once, so it
+    # survives a worker killed before its queued messages were sent
+    busy = ctx.Array("q", [-1] * (jobs - 1), lock=False)
+    workers = [ctx.Process(target=_work, args=(fn, items, todo, done, busy, k), daemon=True)
+               for k in range(jobs - 1)]
     for w in workers:
         w.start()
     for i in range(len(items)):  # after the start: a full pipe waits for the workers
@@ -48,14 +51,13 @@ def run_all(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int | None = N
     for _ in range(jobs):
         todo.put(None)  # one stop mark for each taker (workers and this process)
     results: dict[int, Any] = {}
-    held: dict[int, int] = {}  # input -> pid of the worker that took it
     try:
         while (i := todo.get()) is not None:
             results[i] = fn(items[i])
-            _drain(done, results, held, block=False)
+            _drain(done, results, items, block=False)
         while len(results) < len(items):
-            if not _drain(done, results, held, block=True):
-                _check_alive(workers, done, held, results, items)
+            if not _drain(done, results, items, block=True):
+                _check_alive(workers, busy, done, results, items)
     finally:
         for w in workers:
             w.join(timeout=5)
@@ -64,19 +66,19 @@ def run_all(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int | None = N
     return [results[i] for i in range(len(items))]
 
 
-def _work(fn, items, todo, done) -> None:
-    """Worker loop: take an input index, say so, answer, until the stop mark."""
-    pid = os.getpid()
+def _work(fn, items, todo, done, busy, k: int) -> None:
+    """Worker loop: take an input index, mark it busy, answer, until the stop mark."""
     while (i := todo.get()) is not None:
-        done.put(("took", i, pid))
+        busy[k] = i
         try:
             done.put(("result", i, fn(items[i])))
         except Exception as exc:  # noqa: BLE001 - carried to the caller, raised there
             done.put(("error", i, f"{type(exc).__name__}: {exc}"))
+        busy[k] = -1
 
 
-def _drain(done, results: dict, held: dict, *, block: bool) -> bool:
-    """Take the workers' messages; False when none came within the poll time."""
+def _drain(done, results: dict, items, *, block: bool) -> bool:
+    """Take the workers' answers; False when none came within the poll time."""
     got = False
     while True:
         try:
@@ -84,27 +86,19 @@ def _drain(done, results: dict, held: dict, *, block: bool) -> bool:
         except queue.Empty:
             return got
         got = True
-        if kind == "took":
-            held[i] = value
-        elif kind == "result":
-            results[i] = value
-            held.pop(i, None)
-        else:
-            raise ParityTraceError(f"a worker process failed on input {i}: {value}")
+        if kind == "error":
+            raise ParityTraceError(f"{items[i]}: a worker process failed on it: {value}")
+        results[i] = value
 
 
-def _check_alive(workers, done, held: dict, results: dict, items) -> None:
-    """Raise when a worker holding an unanswered input has exited, or when every worker has
-    exited and inputs are still unanswered (after taking what is left in the pipe)."""
-    for w in workers:
-        if w.is_alive() or w.pid not in held.values():
-            continue
-        _drain(done, results, held, block=False)  # its answers may have just arrived
-        lost = [i for i, pid in held.items() if pid == w.pid]
-        if lost:
-            _died(items[lost[0]], w.exitcode)
+def _check_alive(workers, busy, done, results: dict, items) -> None:
+    """Raise when a worker died on an input, or when every worker has exited and inputs are
+    still unanswered (after taking what is left in the pipe)."""
+    for k, w in enumerate(workers):
+        if not w.is_alive() and busy[k] >= 0:
+            _died(items[busy[k]], w.exitcode)
     if not any(w.is_alive() for w in workers):
-        _drain(done, results, held, block=False)
+        _drain(done, results, items, block=False)
         missing = [i for i in range(len(items)) if i not in results]
         if missing:
             _died(items[missing[0]], next((w.exitcode for w in workers if w.exitcode), None))

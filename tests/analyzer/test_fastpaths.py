@@ -152,5 +152,5 @@ def test_worker_death_names_the_input():
 
 
 def test_worker_exception_is_carried_back():
-    with pytest.raises(ParityTraceError, match="input 2: RuntimeError: boom"):
+    with pytest.raises(ParityTraceError, match=r"^2: a worker process failed on it: RuntimeError: boom"):
         run_all(_raise_in_worker, [0, 1, 2, 3], jobs=2)
