@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from analyzer import prefetch
@@ -121,3 +122,23 @@ def test_no_fsdp_labels_gives_empty_table():
     assert prefetch.detect_labels(ev) is None
     assert prefetch.prefetch_table(ev, rank=0).empty
     assert prefetch.prefetch_summary(prefetch.prefetch_table(ev, rank=0)) is None
+
+
+def test_epoch_ns_stay_exact_when_a_unit_has_no_consumer():
+    """Kineto's epoch timestamps (~1.7e18 ns) are beyond float64's integers: the prefetch columns
+    must stay int64 even when some row has no value (a unit whose copy-out never came), which
+    used to send every row through float64 (found in the issue-6 rewrite)."""
+    off = 1_694_128_201_427_256_123
+    ev = gpu_fsdp2()
+    extra = events([ann("FSDP::all_gather (3)", 6000, 6100),
+                    kernel("ncclDevKernel_AllGather", 6200, 6900, role="comm", stream=20,
+                           coll_kind="all_gather")])
+    ev = pd.concat([ev, extra], ignore_index=True)
+    for c in ("ts_ns", "end_ns"):
+        ev[c] = ev[c] + off
+    t = prefetch.prefetch_table(ev, rank=0).set_index("unit")
+    assert [int(v) for v in t.loc[["2", "1", "0"], "need_ns"]] == [off + 860, off + 2500,
+                                                                  off + 4500]
+    assert [int(v) for v in t["issued_ns"]] == [off + 120, off + 1100, off + 1310, off + 6000]
+    assert [int(v) for v in t["finished_ns"]] == [off + 800, off + 3000, off + 5000, off + 6900]
+    assert pd.isna(t.loc["3", "need_ns"]) and pd.isna(t.loc["3", "slack_ns"])
