@@ -13,9 +13,11 @@ from typing import Annotated, Callable, TypeVar
 
 import typer
 
+from analyzer.cli_coerce import Command, Group
 from analyzer.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, ParityTraceError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_enable=False,
                   help="Analyse paritytrace run directories or any PyTorch profiler traces.")
 _state = {"debug": False}
 T = TypeVar("T")
@@ -55,7 +57,13 @@ def _register_commands() -> None:
     cli_report.register(app, _run)
     cli_drift.register(app, _run)
     for info in app.registered_commands:
-        info.callback = _pipe_safe(info.callback)
+        info.callback = _pipe_safe(info.callback, rich=info.name not in _PLAIN_OUTPUT)
+        if info.cls in (None, typer.core.TyperCommand):  # typer's default class
+            info.cls = Command  # str / float / Path / bool parameters without pydantic
+
+
+_PLAIN_OUTPUT = {"report", "gate"}
+"""Commands that print only through ``typer.echo`` (never rich): they skip importing rich."""
 
 
 class _PipeClosed(Exception):
@@ -63,16 +71,17 @@ class _PipeClosed(Exception):
     click does not turn it into its own silent exit 1 before ``main`` sees it."""
 
 
-def _pipe_safe(fn: Callable[..., T]) -> Callable[..., T]:
+def _pipe_safe(fn: Callable[..., T], *, rich: bool = True) -> Callable[..., T]:
     """Wrap a command so a ``BrokenPipeError`` leaves it as ``_PipeClosed`` (signature kept:
-    typer reads the options from it)."""
+    typer reads the options from it); with ``rich``, rich's closed-pipe handler too."""
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        from rich.console import Console
+        if rich:
+            from rich.console import Console
 
-        # rich's own handler exits 1 on a closed pipe; report it to main instead (exit 0)
-        Console.on_broken_pipe = _rich_broken_pipe
+            # rich's own handler exits 1 on a closed pipe; report it to main instead (exit 0)
+            Console.on_broken_pipe = _rich_broken_pipe
         try:
             return fn(*args, **kwargs)
         except BrokenPipeError:
