@@ -137,34 +137,41 @@ def _codes(col: pd.Series) -> np.ndarray:
     return pd.factorize(col.astype(str))[0].astype(np.int64)
 
 
-def by_kind(coll: pd.DataFrame) -> pd.DataFrame:
+def by_kind(coll: pd.DataFrame, rows: np.ndarray | None = None) -> pd.DataFrame:
     """Per rank and kind: rank, kind, count, time_ns (sum of durations), bytes (sum of known
     bytes), algbw_gbps, busbw_gbps (over the instances whose bytes are known:
     sum(bytes) / sum(time), busbw weighting each instance by its nccl-tests factor).
-    Rows sorted by (rank, kind); rows without a kind are left out."""
+    Rows sorted by (rank, kind); rows without a kind are left out. ``rows``: a boolean mask
+    over ``coll``'s rows, giving ``by_kind(coll[rows])`` without building that table."""
     cols = ["rank", "kind", "count", "time_ns", "bytes", "algbw_gbps", "busbw_gbps"]
-    if coll.empty:
+    pos = None if rows is None else np.flatnonzero(rows)
+    if coll.empty or (pos is not None and not len(pos)):
         return pd.DataFrame(columns=cols)
+
+    def pick(values: np.ndarray) -> np.ndarray:
+        return values if pos is None else values[pos]
+
     # a few thousand rows: integer sums with numpy over dense group ids in (rank, kind) order
     kcol = coll["kind"]
-    kind = kcol.to_numpy(dtype=object)
-    if isinstance(kcol.dtype, pd.CategoricalDtype):  # groupby order: the categories' order
-        codes = kcol.cat.codes.to_numpy()
-        has_kind, kind_idx, n_kinds = codes >= 0, codes[codes >= 0], len(kcol.cat.categories)
+    categorical = isinstance(kcol.dtype, pd.CategoricalDtype)
+    kind = pick(kcol.to_numpy(dtype=object))
+    if categorical:  # groupby order: the categories' order
+        codes = pick(kcol.cat.codes.to_numpy())
+        has_kind, kind_idx = codes >= 0, codes[codes >= 0]
+        names = np.asarray(kcol.cat.categories, dtype=object)
     else:
-        has_kind = kcol.notna().to_numpy()
+        has_kind = pick(kcol.notna().to_numpy())
         names, kind_idx = np.unique(kind[has_kind].astype(str), return_inverse=True)
-        n_kinds = len(names)
-    _, rank_idx = np.unique(coll["rank"].to_numpy()[has_kind], return_inverse=True)
-    cell, gid_kept = np.unique(rank_idx * n_kinds + kind_idx, return_inverse=True)
-    gid = np.full(len(coll), -1, np.int64)
+    ranks = pick(coll["rank"].to_numpy())
+    _, rank_idx = np.unique(ranks[has_kind], return_inverse=True)
+    cell, gid_kept = np.unique(rank_idx * len(names) + kind_idx, return_inverse=True)
+    gid = np.full(len(kind), -1, np.int64)
     gid[has_kind] = gid_kept
     n = len(cell)
-    dur = coll["dur_ns"].to_numpy().astype(np.int64, copy=False)
-    nbytes = coll["bytes"].to_numpy().astype(np.int64, copy=False)
+    dur = pick(coll["dur_ns"].to_numpy()).astype(np.int64, copy=False)
+    nbytes = pick(coll["bytes"].to_numpy()).astype(np.int64, copy=False)
     known = nbytes >= 0
-    fac = np.array([busbw_factor(k, int(g)) for k, g in zip(kind, coll["group_size"])],
-                   dtype=float)
+    fac = _factors(kind, has_kind, kind_idx, names, pick(coll["group_size"].to_numpy()))
     bus = known & np.isfinite(fac)
     sel = gid >= 0
 
@@ -188,12 +195,30 @@ def by_kind(coll: pd.DataFrame) -> pd.DataFrame:
     algbw = np.where(ktime > 0, kbytes / np.where(ktime > 0, ktime, 1), np.nan)
     busbw = np.where(kbustime > 0, kbus / np.where(kbustime > 0, kbustime, 1), np.nan)
     first = np.flatnonzero(sel)[np.unique(gid[sel], return_index=True)[1]]
+    at = first if pos is None else pos[first]  # their rows in ``coll``
+    if categorical:
+        kinds = kcol.iloc[at].reset_index(drop=True)
+    elif kcol.dtype.kind == "O":  # str or object: the values (pandas infers str, as groupby)
+        kinds = kind[first]
+    else:
+        kinds = kcol.iloc[at].to_numpy()
     return pd.DataFrame({
-        "rank": coll["rank"].iloc[first].to_numpy(),
-        "kind": (kcol.iloc[first].reset_index(drop=True)
-                 if isinstance(kcol.dtype, pd.CategoricalDtype) else kcol.iloc[first].to_numpy()),
+        "rank": ranks[first], "kind": kinds,
         "count": count, "time_ns": time_ns, "bytes": np.where(anyknown, kbytes, -1),
         "algbw_gbps": algbw, "busbw_gbps": busbw})
+
+
+def _factors(kind: np.ndarray, has_kind: np.ndarray, kind_idx: np.ndarray, names: np.ndarray,
+             group_size: np.ndarray) -> np.ndarray:
+    """``busbw_factor(kind, group_size)`` of every row, computed once per distinct pair."""
+    gs = group_size.astype(np.int64)
+    out = np.full(len(kind), np.nan)
+    if has_kind.any():
+        pair, inv = np.unique(np.stack([kind_idx, gs[has_kind]]), axis=1, return_inverse=True)
+        out[has_kind] = np.array([busbw_factor(names[k], int(g)) for k, g in pair.T])[inv.ravel()]
+    for i in np.flatnonzero(~has_kind):  # no kind (NaN): busbw_factor says NaN or not
+        out[i] = busbw_factor(kind[i], int(gs[i]))
+    return out
 
 
 def match_ranks(coll: pd.DataFrame) -> pd.DataFrame:

@@ -104,7 +104,7 @@ def _communication(ts, bd: pd.DataFrame) -> tuple[int, dict[str, Any]]:
     n = max(len(ts.ranks), 1)
     # per profiled step: collectives inside a step, divided by that rank's number of steps
     coll = ts.collectives
-    in_steps = by_kind(coll[coll["step"] >= 0] if not coll.empty else coll)
+    in_steps = by_kind(coll, rows=coll["step"].to_numpy() >= 0) if not coll.empty else cbk
     rank_steps = {int(r): len(np.unique(bd["step"].to_numpy()[i]))
                   for r, i in _groups(bd["rank"].to_numpy())}
     per_step: dict[str, dict[str, np.ndarray]] = {}
