@@ -86,8 +86,11 @@ class _Plain:
             for p in self.get_params(ctx):  # with the --help option click adds
                 if _plain(p):
                     d = p.type_descriptor
-                    p._runtime_param = _PlainParam(parameter_info=d.parameter_info,
-                                                   annotation=d.annotation, descriptor=d)
+                    try:
+                        p._runtime_param = _PlainParam(parameter_info=d.parameter_info,
+                                                       annotation=d.annotation, descriptor=d)
+                    except TypeError:  # another typer's RuntimeParam: keep typer's coercion
+                        continue
         return super().parse_args(ctx, args)
 
 
