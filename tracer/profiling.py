@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -24,11 +25,15 @@ def activities(device_type: str) -> list[ProfilerActivity]:
 
 
 class OneShotExport:
-    """``on_trace_ready`` handler: exports the trace once, atomically, to ``path`` (.json.gz).
+    """``on_trace_ready`` handler: exports the trace once, atomically, to ``path`` (.json.gz),
+    and keeps its per-step memory peaks (``allocated_peaks``, {ProfilerStep N: bytes}).
 
-    ``export_chrome_trace`` gzips when the name ends in ``.gz``; the temp name keeps that suffix.
-    Every track is then named once (tracer/trace_names.py), so the trace passes the structural
-    check's naming rules (analyzer/chrome_check.py).
+    Kineto writes plain JSON to a temp file outside the run dir (as ``export_chrome_trace``
+    does itself for a ``.gz`` name, so the trace's ``traceName`` is a temp name either way);
+    it is parsed once, every track is named once (tracer/trace_names.py, so the trace passes
+    the structural check's naming rules, analyzer/chrome_check.py), the memory peaks are taken
+    from the parsed events, and the JSON is gzipped (level 6) to a temp name beside ``path``
+    and moved in place. No gzip round trip and no re-read of the written trace.
     A second call raises ``RuntimeError`` (the schedule has ``repeat=1``, so it never should).
     """
 
@@ -36,6 +41,7 @@ class OneShotExport:
         self.path = Path(path)
         self.exported = False
         self.cancelled = False
+        self.allocated_peaks: dict[int, int] = {}
 
     def cancel(self) -> None:
         """A failed rank writes no trace (the profiler's exit would export a partial one)."""
@@ -46,9 +52,16 @@ class OneShotExport:
             return
         if self.exported:
             raise RuntimeError(f"{self.path}: trace already exported once")
+        fd, raw_name = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        raw = Path(raw_name)
+        try:
+            prof.export_chrome_trace(str(raw))  # not .gz: Kineto's own plain JSON
+            trace = name_tracks(json.loads(raw.read_bytes()))
+        finally:
+            raw.unlink(missing_ok=True)
+        self.allocated_peaks = peaks_of_events(trace.get("traceEvents", []))
         tmp = tmp_path(self.path)
-        prof.export_chrome_trace(str(tmp))
-        trace = name_tracks(json.loads(gzip.decompress(tmp.read_bytes())))
         tmp.write_bytes(gzip.compress(json.dumps(trace).encode("utf-8"), compresslevel=6))
         os.replace(tmp, self.path)
         self.exported = True
@@ -70,13 +83,18 @@ def make_profiler(cfg: RecordConfig, device_type: str, trace_path: Path) -> tupl
 
 
 def allocated_peaks(trace_path: Path, device_type: int = 0) -> dict[int, int]:
+    """``peaks_of_events`` of the gzipped trace at ``trace_path``."""
+    with gzip.open(trace_path, "rt", encoding="utf-8") as f:
+        return peaks_of_events(json.load(f)["traceEvents"], device_type)
+
+
+def peaks_of_events(events: list[dict], device_type: int = 0) -> dict[int, int]:
     """Peak of the profiler's ``[memory]`` "Total Allocated" (bytes) inside each ``ProfilerStep#N``.
 
-    ``device_type`` filters the memory events' "Device Type" arg (0 = CPU in Kineto's encoding).
-    Returns {step N: peak bytes} for the steps that have memory events.
+    ``events``: a Chrome trace's ``traceEvents``. ``device_type`` filters the memory events'
+    "Device Type" arg (0 = CPU in Kineto's encoding). Returns {step N: peak bytes} for the
+    steps that have memory events.
     """
-    with gzip.open(trace_path, "rt", encoding="utf-8") as f:
-        events = json.load(f)["traceEvents"]
     steps = []
     for e in events:
         name = e.get("name", "")

@@ -131,6 +131,17 @@ def test_steps_table(fp32_all, strategy):
         assert prof_peak[g["profiled"]].notna().all() and prof_peak[~g["profiled"]].isna().all()
         # The tiny model's parameters (fp32) alone are allocated throughout the step.
         assert (prof_peak[g["profiled"]] >= 4 * TINY_NUM_PARAMS // world).all()
+        # Same peaks read back from the written trace, computed here: max "Total Allocated" of the
+        # CPU [memory] events inside each ProfilerStep#N span.
+        events = _trace(_run_dir(fp32_all, strategy) / schemas.trace_name(int(g["rank"].iloc[0])))["traceEvents"]
+        spans = {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"]) for e in events
+                 if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")}
+        expected = {}
+        for step, (t0, t1) in spans.items():
+            inside = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"
+                      and e["args"].get("Device Type") == 0 and t0 <= e["ts"] <= t1]
+            expected[step] = max(inside)
+        assert dict(zip(g.loc[g["profiled"], "step"], prof_peak[g["profiled"]])) == expected
         assert g["cuda_max_allocated_bytes"].isna().all()
 
 

@@ -14,7 +14,7 @@ from tracer.config import RecordConfig, layer_num_params
 from tracer.memory import snapshot_to_table
 from tracer.model import SimpleTransformer, make_batch, rank_rows
 from tracer.numerics import ActivationRecorder, NumericsRows, clean_fqn, tensor_metrics
-from tracer.profiling import allocated_peaks
+from tracer.profiling import OneShotExport, allocated_peaks
 from tracer.record import expand
 from tracer.rundir import clear_run_dir, file_entries
 from tracer.strategies import fsdp_unit_names
@@ -176,3 +176,70 @@ def test_to_argv_round_trips_through_the_cli():
     again = RecordConfig(strategy=p["strategy"], name=p["name"], timeout_s=p["timeout"],
                          **{k: v for k, v in p.items() if k not in ("strategy", "name", "timeout")})
     assert again == cfg
+
+
+class _FakeProfiler:
+    """Stands in for torch.profiler.profile: ``export_chrome_trace`` writes a fixed trace as plain
+    JSON (as Kineto does) and remembers the path it was given."""
+
+    def __init__(self, trace: dict):
+        self.trace = trace
+        self.paths: list[str] = []
+
+    def export_chrome_trace(self, path: str) -> None:
+        self.paths.append(path)
+        with open(path, "w") as f:
+            json.dump(self.trace, f)
+
+
+def _kineto_like_trace() -> dict:
+    return {"schemaVersion": 1, "traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "args": {"name": "python3.11"}},
+        {"ph": "M", "name": "thread_name", "pid": 7, "tid": 1, "args": {"name": "thread 1 (python3.11)"}},
+        {"ph": "M", "name": "thread_name", "pid": 7, "tid": 1, "args": {"name": "thread 1 (main)"}},
+        {"ph": "X", "name": "ProfilerStep#2", "pid": 7, "tid": 1, "ts": 100, "dur": 50},
+        {"ph": "X", "name": "ProfilerStep#3", "pid": 7, "tid": 1, "ts": 200, "dur": 50},
+        {"ph": "i", "name": "[memory]", "pid": 7, "tid": 1, "ts": 120, "args": {"Device Type": 0, "Total Allocated": 3000}},
+        {"ph": "i", "name": "[memory]", "pid": 7, "tid": 1, "ts": 130, "args": {"Device Type": 0, "Total Allocated": 1000}},
+        {"ph": "i", "name": "[memory]", "pid": 7, "tid": 1, "ts": 210, "args": {"Device Type": 0, "Total Allocated": 500}},
+        {"ph": "i", "name": "[memory]", "pid": 7, "tid": 1, "ts": 215, "args": {"Device Type": 1, "Total Allocated": 9999}},
+    ]}
+
+
+def test_one_shot_export_writes_named_trace_and_keeps_peaks(tmp_path, monkeypatch):
+    """One parse of Kineto's plain JSON: the .json.gz holds the trace with every track named
+    once, the peaks come from the same events, and no temp file is left anywhere."""
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    target = run_dir / "rank0.trace.json.gz"
+    prof = _FakeProfiler(_kineto_like_trace())
+    export = OneShotExport(target)
+    export(prof)
+    assert export.exported
+    assert len(prof.paths) == 1 and not prof.paths[0].endswith(".gz")  # Kineto writes JSON itself
+    written = json.loads(gzip.decompress(target.read_bytes()))
+    events = written["traceEvents"]
+    assert [e for e in events if e["ph"] != "M"] == [e for e in _kineto_like_trace()["traceEvents"] if e["ph"] != "M"]
+    thread_names = [e["args"]["name"] for e in events if e.get("name") == "thread_name"]
+    assert thread_names == ["thread 1 (main)"]  # tracks named (trace_names.py): the specific name, once
+    assert written["schemaVersion"] == 1
+    # by hand: step 2 spans 100..150 (3000 and 1000 inside), step 3 spans 200..250 (500; the
+    # 9999 is another device)
+    assert export.allocated_peaks == {2: 3000, 3: 500}
+    assert export.allocated_peaks == allocated_peaks(target)
+    assert sorted(p.name for p in run_dir.iterdir()) == [target.name]
+    assert list(scratch.iterdir()) == []
+    with pytest.raises(RuntimeError, match="already exported"):
+        export(prof)
+
+
+def test_one_shot_export_cancelled_writes_nothing(tmp_path):
+    prof = _FakeProfiler(_kineto_like_trace())
+    export = OneShotExport(tmp_path / "rank1.trace.json.gz")
+    export.cancel()
+    export(prof)
+    assert not export.exported and prof.paths == [] and list(tmp_path.iterdir()) == []
