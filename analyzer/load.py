@@ -59,6 +59,8 @@ class ParsedFile:
     steps: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
     cache_hit: bool = False
+    sha256: str = ""
+    """SHA-256 of the file's bytes (hex), checked against the run's manifest.json."""
 
 
 def find_trace_files(root: Path, *, run_dir: bool, skipped: list[str] | None = None) -> list[Path]:
@@ -93,8 +95,31 @@ def find_trace_files(root: Path, *, run_dir: bool, skipped: list[str] | None = N
 
 
 def content_key(data: bytes) -> str:
-    """Cache key of a trace file's bytes: SHA-256 (first 128 bits, hex) + parser version."""
-    return f"{hashlib.sha256(data).hexdigest()[:32]}-v{PARSER_VERSION}"
+    """Cache key of a trace file's bytes: SHA-256 (hex) + parser version."""
+    return f"{hashlib.sha256(data).hexdigest()}-v{PARSER_VERSION}"
+
+
+def key_sha256(key: str) -> str:
+    """The SHA-256 hex part of a ``content_key``."""
+    return key.rsplit("-v", 1)[0]
+
+
+def check_manifest_sha256(root: Path, manifest: dict[str, Any] | None,
+                          files: list[tuple[Path, str]]) -> None:
+    """Raise ``BadInput`` (reason ``file_changed``) for the first trace whose SHA-256 (hex, from
+    its parse) differs from the one ``manifest.json`` records for it. ``files``: (path, sha256)
+    of the traces of run dir ``root``. The traces' hashes are checked here, from the hash each
+    parse computes anyway, rather than read a second time by analyzer/rundirs.py."""
+    if not manifest or not isinstance(manifest.get("files"), list):
+        return
+    want = {str(f.get("path")): f.get("sha256") for f in manifest["files"] if isinstance(f, dict)}
+    for path, digest in files:
+        rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+        expected = want.get(rel)
+        if isinstance(expected, str) and digest and digest != expected.lower():
+            raise BadInput(path, "file_changed",
+                           "changed since it was recorded (sha256 differs from manifest.json)",
+                           "re-record the run")
 
 
 def folder_writable(folder: Path) -> bool:
@@ -141,6 +166,7 @@ def parse_raw(path: Path, raw: bytes, key: str, *, read_cache: bool,
     if read_cache:
         hit = _read_cache(cpath, key, path)
         if hit is not None:
+            hit.sha256 = key_sha256(key)
             return hit
     dec = decode_bytes(decompress(raw, path), path)
     if dec.events.empty:
@@ -154,7 +180,7 @@ def parse_raw(path: Path, raw: bytes, key: str, *, read_cache: bool,
     parsed = ParsedFile(path=path, events=events, distributed_info=di,
                         device_kind=info["device_kind"], main_tid=info["main_tid"],
                         whole_trace_mode=info["whole_trace_mode"], steps=info["steps"],
-                        warnings=dec.warnings)
+                        warnings=dec.warnings, sha256=key_sha256(key))
     if write_cache:
         _write_cache(cpath, key, parsed)
     return parsed
@@ -400,6 +426,7 @@ def load_traceset(root: Path, *, allow_incomplete: bool = False, jobs: int | Non
 
     manifest, notes, paths = discover_paths(root, allow_incomplete=allow_incomplete)
     files, problems = parse_files(paths, jobs)
+    check_manifest_sha256(root, manifest, [(f.path, f.sha256) for f in files])
     assigned, world = resolve_ranks(root, files, problems, manifest)
     ranks = []
     for r, source, f in assigned:

@@ -96,13 +96,17 @@ def _verify_files(run_dir: Path, files: list[dict[str, Any]]) -> None:
     (schemas.py: the tracer writes both, manifest last). A file replaced or edited since the
     record -- e.g. a numerics.parquet copied in from another run -- would otherwise be analysed
     (and gated) as this run's. Raises ``BadInput`` (reason ``file_changed``) naming the first
-    changed file. The size is compared first (no read); the hash only when the size agrees."""
+    changed file. The size is compared first (no read); the hash only when the size agrees, and
+    for traces not here: their parse hashes them anyway and checks the manifest's sha256
+    (analyzer/load.py ``check_manifest_sha256``), so big traces are not read twice."""
     for f in files:
         path = run_dir / str(f["path"])
         size, digest = f.get("size_bytes"), f.get("sha256")
         what = None
         if isinstance(size, int) and not isinstance(size, bool) and path.stat().st_size != size:
             what = f"size {path.stat().st_size} bytes differs from manifest.json's {size}"
+        elif _is_trace(path):
+            continue  # hashed once, where it is parsed (analyzer/load.check_manifest_sha256)
         elif isinstance(digest, str) and schemas.sha256_file(path) != digest.lower():
             what = "sha256 differs from manifest.json"
         if what:

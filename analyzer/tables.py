@@ -78,6 +78,8 @@ class RankTables:
     timeline_step: int = -1
     cache_hit: bool = False
     """True when the tables came from the cache."""
+    sha256: str = ""
+    """SHA-256 of the trace file (hex), checked against the run's manifest.json."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -162,6 +164,8 @@ def _from_ipc(data: bytes) -> pd.DataFrame:
 
 def _read_tables(cpath: Path, path: Path, key: str | None, stat: list[int]) -> RankTables | None:
     """The cached tables when valid: stat signature equal, or content key equal."""
+    from analyzer.load import key_sha256
+
     try:
         blob = msgspec.msgpack.decode(cpath.read_bytes())
     except FileNotFoundError:
@@ -176,7 +180,8 @@ def _read_tables(cpath: Path, path: Path, key: str | None, stat: list[int]) -> R
             return None
         tables = {t: _from_ipc(blob["tables"][t]) for t in (*TABLES, "steps")}
         meta = blob["meta"]
-        return RankTables(path=path, cache_hit=True, **{k: meta[k] for k in _META}, **tables)
+        return RankTables(path=path, cache_hit=True, sha256=key_sha256(str(blob["key"])),
+                          **{k: meta[k] for k in _META}, **tables)
     except (KeyError, TypeError, ValueError, AttributeError, pa.ArrowException) as exc:
         log.info("ignoring unreadable cache %s (%s)", cpath, exc)
         return None
@@ -206,7 +211,7 @@ def rank_tables(path: Path, *, use_cache: bool = True) -> RankTables:
     fills them after the rank rule. Raises ``BadInput``."""
     from analyzer.breakdown import rank_breakdown, timeline_rows
     from analyzer.collectives import rank_collectives
-    from analyzer.load import content_key, parse_raw, read_raw
+    from analyzer.load import content_key, key_sha256, parse_raw, read_raw
     from analyzer.prefetch import prefetch_table
 
     try:
@@ -245,7 +250,7 @@ def rank_tables(path: Path, *, use_cache: bool = True) -> RankTables:
                     warnings=pf.warnings, steps=steps,
                     breakdown=rank_breakdown(-1, ev, steps, pf.device_kind, pf.main_tid),
                     collectives=coll, prefetch=prefetch_table(ev, rank=-1), timeline=tl,
-                    timeline_step=tl_step)
+                    timeline_step=tl_step, sha256=key_sha256(key))
     del pf, ev
     if use_cache:
         _write_tables(cpath, key, stat, rt)
@@ -278,7 +283,7 @@ def load_tables(root: Path, *, allow_incomplete: bool = False, jobs: int | None 
     """Implementation of ``analyzer.api.load_tables`` (see there)."""
     from analyzer.breakdown import COLUMNS as BD_COLUMNS
     from analyzer.collectives import COLUMNS as COLL_COLUMNS
-    from analyzer.load import discover_paths, parse_files, resolve_ranks
+    from analyzer.load import check_manifest_sha256, discover_paths, parse_files, resolve_ranks
     from analyzer.prefetch import COLUMNS as PF_COLUMNS
 
     manifest, notes, paths = discover_paths(root, allow_incomplete=allow_incomplete)
@@ -289,6 +294,7 @@ def load_tables(root: Path, *, allow_incomplete: bool = False, jobs: int | None 
     by_path = {**{p: hit for p, hit in cached.items() if hit is not None},
                **{f.path: f for f in parsed}}
     files = [by_path[p] for p in paths if p in by_path]
+    check_manifest_sha256(root, manifest, [(f.path, f.sha256) for f in files])
     assigned, world = resolve_ranks(root, files, problems, manifest)
     ranks = []
     for r, source, f in assigned:

@@ -13,6 +13,8 @@ above 8 the 8 tiled traces are reused for ranks r, r+8, r+16 ... with their
 * HTA 0.5.0: ``TraceAnalysis(trace_dir=DIR)`` + ``get_comm_comp_overlap()`` as a subprocess
   (skipped with ``--no-hta``).
 
+Both run from compiled .pyc files, as installed packages do (the analyzer's are compiled first).
+
 Each command is measured for wall time, CPU time (user + system of the process and its
 waited-for children, from ``wait4``: less sensitive than wall time to other load on the
 machine) and peak RSS of its whole process tree: the sum of the
@@ -225,6 +227,10 @@ def main() -> None:
             print(f"built {args.ranks} ranks x DLRM x{args.k} in {time.perf_counter() - t0:.1f} s")
         print(f"trace set: {args.ranks} files, {total / args.ranks / 1e6:.1f} MB per rank, "
               f"{total / 1e9:.2f} GB in all")
+        # pip compiles an installed package's .pyc (HTA's are there); an editable checkout on a
+        # machine with PYTHONDONTWRITEBYTECODE would otherwise compile our sources on every run
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "analyzer"),
+                        str(REPO / "reports")], check=True)
         out = traces.parent / "report-out"
         report = [sys.executable, "-m", "analyzer", "report", str(traces), "--out", str(out)]
         xdg = traces.parent / "xdg-cache"

@@ -334,3 +334,22 @@ def test_newer_schema_version_is_refused(tmp_path, ddp_run):
         bad_input(cli("report", str(job), "--out", str(tmp_path / "o")), name,
                   "schema_version 99 is newer", "upgrade")
     bad_input(cli("gate", str(tmp_path / "numerics.parquet")), "numerics.parquet", "newer")
+
+
+def test_trace_edited_since_recorded_same_size_is_refused(tmp_path, ddp_run):
+    """A trace whose bytes changed but not its size (here: the gzip header's mtime) is caught by
+    the sha256 each parse computes (the parent no longer reads traces a second time to hash
+    them), by the commands that read traces, after the per-rank caches were written."""
+    run = copy_run(ddp_run, tmp_path / "ddp")
+    assert cli("report", str(run), "--out", str(tmp_path / "o1")).returncode == 0  # caches now
+    p = run / "rank1.trace.json.gz"
+    raw = bytearray(p.read_bytes())
+    raw[4:8] = bytes(b ^ 0xFF for b in raw[4:8])  # gzip MTIME: still a valid gzip, same size
+    p.write_bytes(bytes(raw))
+    for cmd in (["report", str(run), "--out", str(tmp_path / "o2")], ["summary", str(run)]):
+        line = bad_input(cli(*cmd), "rank1.trace.json.gz", "sha256 differs from manifest.json",
+                         "re-record")
+        assert "changed since it was recorded" in line
+    with pytest.raises(BadInput) as exc:
+        load_traces(run)
+    assert exc.value.reason == "file_changed"
