@@ -27,11 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tracer.config import RecordConfig
-from tracer.worker import CTRL_ENV, LAUNCH_ENV
+from tracer.worker import CTRL_ENV, GO_ENV, LAUNCH_ENV
 
 FAIL_GRACE_S = 2.0
 HANG_SLACK_S = 30.0
@@ -58,6 +59,8 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 class _Worker:
     rank: int
     proc: subprocess.Popen
+    go_fd: int | None = None
+    """Write end of this worker's start-signal pipe (gated start only) until ``release``."""
     exited_at: float | None = None
     killed_by_us: bool = False
 
@@ -82,8 +85,10 @@ class WorkerGroup:
         self.ctrl_dir = ctrl_dir
         self.workers: list[_Worker] = []
 
-    def start(self) -> None:
-        """Start ``cfg.world_size`` workers."""
+    def start(self, *, gated: bool = False) -> None:
+        """Start ``cfg.world_size`` workers. ``gated``: each waits, before it reads anything
+        from the run dir, until ``release()`` (tracer.worker.wait_for_go), so the launcher can
+        prepare the run dir while the workers import torch."""
         port = free_port()
         world = self.cfg.world_size
         for rank in range(world):
@@ -93,14 +98,42 @@ class WorkerGroup:
                         "MASTER_PORT": str(port), LAUNCH_ENV: "spawn", CTRL_ENV: str(self.ctrl_dir),
                         "OMP_NUM_THREADS": "1"})
             env.pop("TORCHELASTIC_RUN_ID", None)
+            env.pop(GO_ENV, None)
+            read_fd = write_fd = None
+            if gated:
+                read_fd, write_fd = os.pipe()  # both non-inheritable; pass_fds hands on the read end
+                env[GO_ENV] = str(read_fd)
             log = open(self.ctrl_dir / f"rank{rank}.log", "wb")
             try:
                 proc = subprocess.Popen([sys.executable, "-m", "tracer", "record", *self.cfg.to_argv()],
                                         env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, preexec_fn=_die_with_parent)
+                                        start_new_session=True, preexec_fn=_die_with_parent,
+                                        pass_fds=() if read_fd is None else (read_fd,))
+            except BaseException:
+                for fd in (read_fd, write_fd):
+                    if fd is not None:
+                        os.close(fd)
+                raise
             finally:
                 log.close()
-            self.workers.append(_Worker(rank=rank, proc=proc))
+            if read_fd is not None:
+                os.close(read_fd)
+            self.workers.append(_Worker(rank=rank, proc=proc, go_fd=write_fd))
+
+    def release(self) -> None:
+        """Let gated workers go on (one byte on each start pipe); no-op for others."""
+        for w in self.workers:
+            if w.go_fd is not None:
+                try:
+                    os.write(w.go_fd, b"g")
+                except BrokenPipeError:  # the worker already died; wait() reports it
+                    pass
+                self._close_go(w)
+
+    def _close_go(self, w: _Worker) -> None:
+        if w.go_fd is not None:
+            os.close(w.go_fd)
+            w.go_fd = None
 
     def kill_all(self) -> None:
         """SIGKILL every live worker's process group and reap it."""
@@ -112,6 +145,7 @@ class WorkerGroup:
                 except ProcessLookupError:
                     pass
         for w in self.workers:
+            self._close_go(w)
             w.proc.wait()
 
     def _errors(self) -> dict[int, dict]:
@@ -187,13 +221,20 @@ class WorkerGroup:
         return f"rank {w.rank} exited with code {w.proc.returncode} and wrote no error"
 
 
-def run_workers(cfg: RecordConfig) -> None:
+def run_workers(cfg: RecordConfig, prepare: Callable[[], None] | None = None) -> None:
     """Spawn and watch the workers of one record. Raises ``RecordFailed`` (worker logs kept in a
-    temp folder named in the message) or ``KeyboardInterrupt`` (after killing the workers)."""
+    temp folder named in the message) or ``KeyboardInterrupt`` (after killing the workers).
+
+    ``prepare``: run here right after the workers started (while they import torch) and before
+    they may read the run dir (gated start); whatever it raises kills the workers and propagates.
+    """
     ctrl_dir = Path(tempfile.mkdtemp(prefix=f"tracer-{cfg.run_name}-"))
     group = WorkerGroup(cfg, ctrl_dir)
     try:
-        group.start()
+        group.start(gated=prepare is not None)
+        if prepare is not None:
+            prepare()
+            group.release()
         group.wait()
     except RecordFailed as exc:
         raise RecordFailed(f"{cfg.run_name}: {exc} (worker logs: {ctrl_dir})") from None

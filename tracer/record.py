@@ -84,19 +84,24 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     """Record each config with spawned workers; return the run directories.
 
     Computes the baseline once (all configs share its settings) into a hidden staging folder
-    under ``--out``, then runs the strategies one after another. A run dir is cleared (manifest
-    first, ``rundir.clear_run_dir``) only when its own record starts, and gets the baseline
-    just then; so when a record fails or is interrupted, the runs that never started keep their
-    previous complete contents and manifest. The staging folder is removed at the end, either way.
+    under ``--out``, then runs the strategies one after another. The first strategy's workers
+    are started before the baseline is computed and wait for the launcher's signal
+    (``launch.run_workers(prepare=...)``), so their interpreter and torch start-up overlaps the
+    baseline; no worker reads its run dir, and no step runs, before that signal.
+    A run dir is cleared (manifest first, ``rundir.clear_run_dir``) only when its own record
+    starts, and gets the baseline just then; so when a record fails or is interrupted, the runs
+    that never started keep their previous complete contents and manifest. The staging folder
+    is removed at the end, either way.
     Raises ``launch.RecordFailed`` on the first failed record, ``KeyboardInterrupt`` on Ctrl-C
-    (workers killed either way), ``ValueError`` for an unusable device or output folder.
+    (workers killed either way), ``ValueError`` for an unusable device or output folder,
+    ``RuntimeError`` when the baseline cannot be computed.
     """
     import tempfile
     from dataclasses import replace
+    from functools import partial
 
-    from tracer.baseline import BASELINE_FILES, BASELINE_NAME, write_baseline, write_baseline_isolated
+    from tracer.baseline import BASELINE_NAME, write_baseline, write_baseline_isolated
     from tracer.launch import run_workers
-    from tracer.rundir import clear_run_dir
 
     device_type = resolve_device_type(configs[0].device)
     configs = [replace(c, device=device_type) for c in configs]
@@ -113,24 +118,39 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=configs[0].run_dir.parent))
     except OSError as exc:
         raise _cannot_prepare(configs[0].run_dir.parent, exc) from None
-    try:
-        first = staging / BASELINE_NAME
+
+    def baseline_then_prepare(cfg: RecordConfig) -> None:
         if device_type == "cuda":  # keep the launcher free of a CUDA context while ranks run
-            write_baseline_isolated(configs[0], device_type, first)
+            write_baseline_isolated(configs[0], device_type, staging / BASELINE_NAME)
         else:
-            write_baseline(configs[0], device_type, first)
+            write_baseline(configs[0], device_type, staging / BASELINE_NAME)
+        prepare_run_dir(cfg, staging)
+
+    try:
         done = []
-        for cfg in configs:
-            try:
-                clear_run_dir(cfg.run_dir)
-            except OSError as exc:
-                raise _cannot_prepare(cfg.run_dir, exc) from None
-            for name in BASELINE_FILES:
-                if (staging / name).exists():
-                    _place(staging / name, cfg.run_dir / name)
+        for i, cfg in enumerate(configs):
             log.info("recording %s into %s", cfg.strategy, cfg.run_dir)
-            run_workers(cfg)
+            if i == 0:
+                run_workers(cfg, prepare=partial(baseline_then_prepare, cfg))
+            else:
+                prepare_run_dir(cfg, staging)
+                run_workers(cfg)
             done.append(cfg.run_dir)
         return done
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def prepare_run_dir(cfg: RecordConfig, staging: Path) -> None:
+    """Clear ``cfg.run_dir`` (``rundir.clear_run_dir``) and place the staged baseline files in
+    it (hard links). Raises ``ValueError`` when the folder cannot be written."""
+    from tracer.baseline import BASELINE_FILES
+    from tracer.rundir import clear_run_dir
+
+    try:
+        clear_run_dir(cfg.run_dir)
+    except OSError as exc:
+        raise _cannot_prepare(cfg.run_dir, exc) from None
+    for name in BASELINE_FILES:
+        if (staging / name).exists():
+            _place(staging / name, cfg.run_dir / name)

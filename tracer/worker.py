@@ -4,7 +4,8 @@ Environment (set by torchrun, or by tracer.launch): RANK, WORLD_SIZE, LOCAL_RANK
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; from tracer.launch also PARITYTRACE_LAUNCH=spawn
 and PARITYTRACE_CTRL_DIR (heartbeat and error files the launcher reads).
 
-Sequence per rank: init the process group (timeout = ``--timeout``) -> [torchrun: rank 0 clears
+Sequence per rank: init the process group (timeout = ``--timeout``) -> [gated spawn: wait for the
+launcher's start signal, the run dir prepared] -> [torchrun: rank 0 clears
 the run dir and computes the baseline in a child process; barrier] -> load the baseline -> build,
 wrap -> steps under the profiler (step 0 also records numerics, never profiled) -> write the
 trace, partial numerics/steps tables -> barrier -> rank 0 merges the tables, writes the manifest
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 _PROCESS_START = time.time()  # after imports (torch): the log shows what follows
 LAUNCH_ENV = "PARITYTRACE_LAUNCH"
 CTRL_ENV = "PARITYTRACE_CTRL_DIR"
+GO_ENV = "PARITYTRACE_GO_FD"
+"""Spawned workers of a gated start: the inherited fd on which the launcher signals that the run
+dir is prepared (tracer.launch.WorkerGroup.release)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -105,6 +109,23 @@ class Heartbeat:
             self.path.write_text(f"{self.step} {phase}\n")
 
 
+def wait_for_go(hb: Heartbeat) -> None:
+    """Gated start (``GO_ENV`` set by the launcher): block until the launcher has prepared the
+    run dir (baseline placed) and sends one byte. Without ``GO_ENV``: return at once.
+    Raises ``RuntimeError`` when the launcher closed the pipe without the signal."""
+    fd_text = os.environ.pop(GO_ENV, None)
+    if fd_text is None:
+        return
+    hb.beat("wait_for_launcher")
+    fd = int(fd_text)
+    try:
+        got = os.read(fd, 1)
+    finally:
+        os.close(fd)
+    if got != b"g":
+        raise RuntimeError("the launcher closed the start signal without sending it (it failed preparing the run dir)")
+
+
 def resolve_device(cfg: RecordConfig, local_rank: int) -> torch.device:
     """``cfg.device`` resolved (auto: cuda when available). CUDA: this process drives GPU
     ``devices.gpu_for_local_rank`` (NCCL: ``local_rank``, which must exist) and makes it current.
@@ -154,6 +175,7 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=cfg.timeout_s))
     baseline_path = cfg.run_dir / BASELINE_NAME
+    wait_for_go(hb)
     if env.launch == "torchrun":
         if env.rank == 0:
             hb.beat("baseline")
