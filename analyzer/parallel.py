@@ -1,28 +1,35 @@
 """Run one function over many inputs in ``jobs`` processes: ``jobs - 1`` workers and this one.
 
 Used to parse ranks (analyzer/load.py, analyzer/tables.py). Every process, this one included,
-takes the next input from one shared queue when it is free, so the inputs are dealt out one at
-a time as processes finish (an executor that queues inputs ahead for its workers, while this
+claims the next input from one shared counter when it is free, so the inputs are dealt out one
+at a time as processes finish (an executor that queues inputs ahead for its workers, while this
 process works too, can leave this one idle while a worker still has a queued input: measured
 5 of 8 equal inputs in the worker and 3 here, a fifth longer than 4 + 4). This process takes
 part rather than waiting, so there is one Python interpreter fewer in memory.
 
-Results travel back pickled through a pipe between processes this call started (never from a
-file). A worker that dies without answering (killed, out of memory) raises
-``ParityTraceError`` naming the input it held.
+``workers()`` starts the workers ahead of the work: a command opens it before its own heavy
+imports, so the workers' start-up (importing ``preload``) runs on the other cores meanwhile
+instead of after; ``run_all`` inside it uses those workers, round after round.
+
+Results travel back pickled through a pipe between processes this module started (never from
+a file). A worker that dies without answering (killed, out of memory) raises
+``ParityTraceError`` naming the input it was on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import multiprocessing as mp
 import os
 import queue
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from analyzer.errors import ParityTraceError
 
 _POLL_S = 0.2
+_POOL: list[_Workers] = []  # the workers of the innermost open ``workers()``, if any
 
 
 def run_all(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int | None = None
@@ -30,78 +37,137 @@ def run_all(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int | None = N
     """``[fn(x) for x in items]``, in ``jobs`` processes (default min(cpu count, len(items))).
 
     ``fn`` must be a module-level function whose exceptions are part of its result (an
-    exception raised in a worker is re-raised here as ``ParityTraceError``). Raises
-    ``ParityTraceError`` when a worker dies without answering.
+    exception raised in a worker is re-raised here as ``ParityTraceError``). Inside
+    ``workers()`` its workers are used (``jobs`` then only limits to one process when 1).
+    Raises ``ParityTraceError`` when a worker dies without answering.
     """
     jobs = min(jobs or os.cpu_count() or 1, len(items))
     if jobs <= 1:
         return [fn(x) for x in items]
-    ctx = mp.get_context()
-    todo = ctx.SimpleQueue()
-    done = ctx.Queue()
-    # busy[k]: the input worker k is on (-1 none), in shared memory: written at once, so it
-    # survives a worker killed before its queued messages were sent
-    busy = ctx.Array("q", [-1] * (jobs - 1), lock=False)
-    workers = [ctx.Process(target=_work, args=(fn, items, todo, done, busy, k), daemon=True)
-               for k in range(jobs - 1)]
-    for w in workers:
-        w.start()
-    for i in range(len(items)):  # after the start: a full pipe waits for the workers
-        todo.put(i)
-    for _ in range(jobs):
-        todo.put(None)  # one stop mark for each taker (workers and this process)
-    results: dict[int, Any] = {}
+    if _POOL:
+        return _POOL[-1].run(fn, items)
+    pool = _Workers(jobs - 1)
     try:
-        while (i := todo.get()) is not None:
-            results[i] = fn(items[i])
-            _drain(done, results, items, block=False)
-        while len(results) < len(items):
-            if not _drain(done, results, items, block=True):
-                _check_alive(workers, busy, done, results, items)
+        return pool.run(fn, items)
     finally:
-        for w in workers:
-            w.join(timeout=5)
-            if w.is_alive():
-                w.kill()
-    return [results[i] for i in range(len(items))]
+        pool.close()
 
 
-def _work(fn, items, todo, done, busy, k: int) -> None:
-    """Worker loop: take an input index, mark it busy, answer, until the stop mark."""
-    while (i := todo.get()) is not None:
-        busy[k] = i
-        try:
-            done.put(("result", i, fn(items[i])))
-        except Exception as exc:  # noqa: BLE001 - carried to the caller, raised there
-            done.put(("error", i, f"{type(exc).__name__}: {exc}"))
-        busy[k] = -1
+@contextlib.contextmanager
+def workers(preload: Sequence[str] = (), jobs: int | None = None) -> Iterator[None]:
+    """Start ``jobs - 1`` workers now (default: cpu count - 1), each importing the modules
+    ``preload``; ``run_all`` calls inside use them. Closed (stopped) on exit."""
+    n = (jobs or os.cpu_count() or 1) - 1
+    if n < 1:
+        yield
+        return
+    pool = _Workers(n, preload)
+    _POOL.append(pool)
+    try:
+        yield
+    finally:
+        _POOL.remove(pool)
+        pool.close()
 
 
-def _drain(done, results: dict, items, *, block: bool) -> bool:
-    """Take the workers' answers; False when none came within the poll time."""
-    got = False
-    while True:
-        try:
-            kind, i, value = done.get(block=block and not got, timeout=_POLL_S)
-        except queue.Empty:
-            return got
-        got = True
-        if kind == "error":
-            raise ParityTraceError(f"{items[i]}: a worker process failed on it: {value}")
-        results[i] = value
+class _Workers:
+    """``n`` worker processes. Each round, this process sends every worker (fn, items) and
+    they all, this process too, claim input indices from a shared (round, next index)."""
+
+    def __init__(self, n: int, preload: Sequence[str] = ()):
+        ctx = mp.get_context()
+        self.inbox = [ctx.SimpleQueue() for _ in range(n)]
+        self.done = ctx.Queue()
+        self.claim = ctx.Array("q", [0, 0])  # [round, next index], under its lock
+        # busy[k]: the input worker k is on (-1 none), in shared memory: written at once, so it
+        # survives a worker killed before its queued messages were sent
+        self.busy = ctx.Array("q", [-1] * n, lock=False)
+        self.procs = [ctx.Process(target=_serve, daemon=True,
+                                  args=(self.inbox[k], self.done, self.claim, self.busy, k,
+                                        tuple(preload)))
+                      for k in range(n)]
+        for p in self.procs:
+            p.start()
+        self.round = 0
+
+    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        with self.claim.get_lock():
+            self.round += 1
+            self.claim[0], self.claim[1] = self.round, 0
+        for box in self.inbox:
+            box.put((self.round, fn, items))
+        results: dict[int, Any] = {}
+        while (i := _next(self.claim, self.round, len(items))) is not None:
+            results[i] = fn(items[i])
+            self._drain(results, items, block=False)
+        while len(results) < len(items):
+            if not self._drain(results, items, block=True):
+                self._check_alive(results, items)
+        return [results[i] for i in range(len(items))]
+
+    def close(self) -> None:
+        for box, p in zip(self.inbox, self.procs):
+            if p.is_alive():
+                box.put(None)
+        for p in self.procs:
+            p.join(timeout=1)
+            if p.is_alive():  # still importing ``preload``, or stuck: it holds nothing of ours
+                p.kill()
+                p.join(timeout=5)
+
+    def _drain(self, results: dict, items, *, block: bool) -> bool:
+        """Take the workers' answers; False when none came within the poll time."""
+        got = False
+        while True:
+            try:
+                rnd, i, ok, value = self.done.get(block=block and not got, timeout=_POLL_S)
+            except queue.Empty:
+                return got
+            got = True
+            if rnd != self.round:
+                continue
+            if not ok:
+                raise ParityTraceError(f"{items[i]}: a worker process failed on it: {value}")
+            results[i] = value
+
+    def _check_alive(self, results: dict, items) -> None:
+        """Raise when a worker died on an input, or when every worker has exited and inputs
+        are still unanswered (after taking what is left in the pipe)."""
+        for k, p in enumerate(self.procs):
+            if not p.is_alive() and self.busy[k] >= 0:
+                _died(items[self.busy[k]], p.exitcode)
+        if not any(p.is_alive() for p in self.procs):
+            self._drain(results, items, block=False)
+            missing = [i for i in range(len(items)) if i not in results]
+            if missing:
+                _died(items[missing[0]], next((p.exitcode for p in self.procs if p.exitcode),
+                                              None))
 
 
-def _check_alive(workers, busy, done, results: dict, items) -> None:
-    """Raise when a worker died on an input, or when every worker has exited and inputs are
-    still unanswered (after taking what is left in the pipe)."""
-    for k, w in enumerate(workers):
-        if not w.is_alive() and busy[k] >= 0:
-            _died(items[busy[k]], w.exitcode)
-    if not any(w.is_alive() for w in workers):
-        _drain(done, results, items, block=False)
-        missing = [i for i in range(len(items)) if i not in results]
-        if missing:
-            _died(items[missing[0]], next((w.exitcode for w in workers if w.exitcode), None))
+def _next(claim, rnd: int, n: int) -> int | None:
+    """The next unclaimed input index of round ``rnd``; None when all are taken or the round
+    is over (a worker late from an earlier round must not take the new round's inputs)."""
+    with claim.get_lock():
+        if claim[0] != rnd or claim[1] >= n:
+            return None
+        i = claim[1]
+        claim[1] = i + 1
+        return i
+
+
+def _serve(inbox, done, claim, busy, k: int, preload: tuple[str, ...]) -> None:
+    """Worker: import ``preload``, then serve rounds until the stop mark."""
+    for name in preload:
+        importlib.import_module(name)
+    while (msg := inbox.get()) is not None:
+        rnd, fn, items = msg
+        while (i := _next(claim, rnd, len(items))) is not None:
+            busy[k] = i
+            try:
+                done.put((rnd, i, True, fn(items[i])))
+            except Exception as exc:  # noqa: BLE001 - carried to the caller, raised there
+                done.put((rnd, i, False, f"{type(exc).__name__}: {exc}"))
+            busy[k] = -1
 
 
 def _died(item: Any, code: int | None) -> None:

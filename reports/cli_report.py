@@ -8,6 +8,9 @@ from typing import Annotated, Optional
 import typer
 
 FORMATS = ("md", "json", "html")
+PARSE_MODULES = ("analyzer.tables", "analyzer.load", "analyzer.decode", "analyzer.classify",
+                 "analyzer.breakdown", "analyzer.collectives", "analyzer.prefetch")
+"""What a worker parsing ranks imports (analyzer/tables.py ``rank_tables``)."""
 
 
 def _formats(value: str) -> list[str]:
@@ -45,10 +48,15 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
     report = cache.load(root, out, key)
     report_json = None
     if report is None:
-        from reports import collect  # pandas and the analysis: only when the cache misses
+        from analyzer import parallel
 
-        report_json = jsonout.dumps(collect.collect(root, rtol=rtol, atol=atol,
-                                                    allow_incomplete=allow_incomplete))
+        # workers start now and import the per-rank analysis while this process imports
+        # pandas and the report (analyzer/parallel.py)
+        with parallel.workers(preload=PARSE_MODULES):
+            from reports import collect  # pandas and the analysis: only when the cache misses
+
+            report_json = jsonout.dumps(collect.collect(root, rtol=rtol, atol=atol,
+                                                        allow_incomplete=allow_incomplete))
         report = json.loads(report_json)  # render from what report.json holds, hit or miss
     md = markdown.render(report)
     texts = {"json": lambda: report_json or jsonout.dumps(report),

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from analyzer import decode
 from analyzer.errors import ParityTraceError
+from analyzer import parallel
 from analyzer.parallel import run_all
 
 # --- exact µs text -> int64 ns ------------------------------------------------------------
@@ -154,3 +155,25 @@ def test_worker_death_names_the_input():
 def test_worker_exception_is_carried_back():
     with pytest.raises(ParityTraceError, match=r"^2: a worker process failed on it: RuntimeError: boom"):
         run_all(_raise_in_worker, [0, 1, 2, 3], jobs=2)
+
+
+def _pid_and(x):
+    return os.getpid(), _slow_here(x)
+
+
+def test_started_workers_serve_several_rounds_and_stop():
+    with parallel.workers(preload=("json",), jobs=2):
+        pool = parallel._POOL[-1]
+        first = run_all(_pid_and, [0, 1, 2, 3], jobs=2)
+        second = run_all(_square, list(range(7)), jobs=2)
+        assert run_all(_square, [3], jobs=2) == [9]  # one input: this process alone
+    assert [x for _, x in first] == [0, 1, 2, 3] and second == [x * x for x in range(7)]
+    assert {pid for pid, _ in first} == {os.getpid(), pool.procs[0].pid}
+    assert not parallel._POOL and not any(p.is_alive() for p in pool.procs)
+
+
+def test_a_worker_dying_inside_started_workers_is_named():
+    with pytest.raises(ParityTraceError, match=r"^3: the worker process parsing it died"):
+        with parallel.workers(jobs=2):
+            run_all(_die_in_worker, [0, 1, 2, 3], jobs=2)
+    assert not parallel._POOL
