@@ -1,5 +1,5 @@
 """`python -m analyzer ...`."""
 
-from analyzer.cli import main
+from analyzer.cli import run
 
-main()
+run()
