@@ -19,6 +19,7 @@ a file). A worker that dies without answering (killed, out of memory) raises
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import multiprocessing as mp
 import os
@@ -58,6 +59,7 @@ def workers(preload: Sequence[str] = (), jobs: int | None = None) -> Iterator[No
     """Start ``jobs - 1`` workers now (default: cpu count - 1), each importing the modules
     ``preload``; ``run_all`` calls inside use them. Closed (stopped) on exit."""
     n = (jobs or os.cpu_count() or 1) - 1
+    retain_freed_memory()
     if n < 1:
         yield
         return
@@ -155,8 +157,24 @@ def _next(claim, rnd: int, n: int) -> int | None:
         return i
 
 
+def retain_freed_memory() -> None:
+    """Let glibc's malloc keep freed memory for reuse instead of returning it to the OS after
+    each rank (no mmap for blocks under 1 GiB, no trim of the heap top under 1 GiB): the next
+    rank's 40 MB buffers then reuse pages already mapped, not fresh ones faulted in: about 30 ms
+    of system time per 41 MB rank (0.09 -> 0.06 s). For processes that end with the command
+    (``workers()``: the CLI and its workers). No-op without glibc (``mallopt``:
+    M_MMAP_THRESHOLD = -3, M_TRIM_THRESHOLD = -1, malloc.h)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 30)
+        libc.mallopt(-1, 1 << 30)
+    except (OSError, AttributeError):
+        pass
+
+
 def _serve(inbox, done, claim, busy, k: int, preload: tuple[str, ...]) -> None:
     """Worker: import ``preload``, then serve rounds until the stop mark."""
+    retain_freed_memory()
     for name in preload:
         importlib.import_module(name)
     while (msg := inbox.get()) is not None:
