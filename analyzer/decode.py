@@ -326,6 +326,14 @@ def _parse_decimal_arrow(blob: bytes, n: int) -> np.ndarray | None:
         return None
     c[seps] = 48  # token i is now "0<token>"
     strings = pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(c))
+    if b"." not in blob:  # whole µs only (older Kineto): the int64 cast is 4x faster
+        try:
+            us = pc.cast(strings, pa.int64()).to_numpy(zero_copy_only=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        if (us < 0).any() or (us > _MAX_US).any():
+            return None
+        return us * 1000
     try:
         dec = pc.cast(strings, pa.decimal128(38, 3))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

@@ -47,6 +47,15 @@ def test_arrow_path_declines_what_needs_the_general_parser(token):
     assert decode._parse_decimal_arrow(blob, 2) is None
 
 
+@pytest.mark.parametrize("token", ["-1", "1e3", "+5", "null", "", "99999999999999999999999",
+                                   str(decode._MAX_US + 1)])
+def test_whole_microsecond_path_declines_the_same(token):
+    blob = b"\x00" + b"\x00".join([b"15", token.encode()])
+    assert decode._parse_decimal_arrow(blob, 2) is None
+    assert decode._parse_decimal_arrow(b"\x0015\x00" + str(decode._MAX_US).encode(), 2
+                                       ).tolist() == [15_000, decode._MAX_US * 1000]
+
+
 @settings(max_examples=150, derandomize=True, deadline=None)
 @given(st.lists(st.one_of(plain, st.sampled_from(["1.2345", "0.0005", "7.99995", "null",
                                                   "-3", "2.5e1", '"x"'])),
