@@ -25,25 +25,21 @@ def name_tracks(trace: dict[str, Any]) -> dict[str, Any]:
         return trace
     process_names: dict[Any, str] = {}
     thread_names: dict[tuple, list[str]] = {}
-    timed_pids: list[Any] = []
-    timed_threads: list[tuple] = []
-    for ev in events:
-        if not isinstance(ev, dict):
+    timed = [ev for ev in events if isinstance(ev, dict) and ev.get("ph") != "M"]
+    for ev in events:  # names first: a name written after the events still counts
+        if not isinstance(ev, dict) or ev.get("ph") != "M":
             continue
-        if ev.get("ph") == "M":
-            args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-            if ev.get("name") == "process_name":
-                process_names.setdefault(ev.get("pid"), str(args.get("name", "")))
-            elif ev.get("name") == "thread_name":
-                thread_names.setdefault((ev.get("pid"), ev.get("tid")), []).append(str(args.get("name", "")))
-            continue
-        pid = ev.get("pid")
-        if pid not in timed_pids and pid not in process_names:
-            timed_pids.append(pid)
-        if ev.get("ph") == "X" and (pid, ev.get("tid")) not in thread_names:
-            key = (pid, ev.get("tid"))
-            if key not in timed_threads:
-                timed_threads.append(key)
+        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        if ev.get("name") == "process_name":
+            process_names.setdefault(ev.get("pid"), str(args.get("name", "")))
+        elif ev.get("name") == "thread_name":
+            thread_names.setdefault((ev.get("pid"), ev.get("tid")), []).append(str(args.get("name", "")))
+    # unnamed tracks in order of first appearance (dict keys keep it)
+    timed_pids = list(dict.fromkeys(ev.get("pid") for ev in timed
+                                    if ev.get("pid") not in process_names))
+    timed_threads = list(dict.fromkeys((ev.get("pid"), ev.get("tid")) for ev in timed
+                                       if ev.get("ph") == "X"
+                                       and (ev.get("pid"), ev.get("tid")) not in thread_names))
 
     keep = {key: _pick(names, process_names.get(key[0], "")) for key, names in thread_names.items()}
     out = []

@@ -36,3 +36,14 @@ def test_every_track_named_once_and_timed_events_untouched():
              if e["ph"] == "M" and e["name"] == "process_name"}
     assert procs == {7: "python3.11", "Spans": "Spans", "": "(no pid)"}
     assert [e for e in trace["traceEvents"] if e["ph"] != "M"] == timed_before
+
+
+def test_names_written_after_the_events_are_not_added_again():
+    trace = {"traceEvents": [
+        {"ph": "X", "name": "op", "pid": 7, "tid": 1, "ts": 0, "dur": 1},
+        {"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "args": {"name": "python"}},
+        {"ph": "M", "name": "thread_name", "pid": 7, "tid": 1, "args": {"name": "main"}},
+    ]}
+    out = name_tracks(trace)["traceEvents"]
+    meta = [(e["name"], e["args"]["name"]) for e in out if e["ph"] == "M"]
+    assert meta == [("process_name", "python"), ("thread_name", "main")]
