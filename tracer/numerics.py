@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from analyzer.schemas import NUMERICS_SCHEMA, TENSOR_METRICS
-from tracer import arrow_rows
 
 # Wrapper prefixes inserted into parameter / module names by DDP, FSDP1 and activation
 # checkpointing. FSDP2 (fully_shard) keeps names unchanged.
@@ -82,9 +81,9 @@ class NumericsRows:
 
 
 def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Rows (dicts keyed by the schema's field names) -> a table of exactly ``schema``
-    (``tracer.arrow_rows.rows_to_table``: no pandas import)."""
-    return arrow_rows.rows_to_table(rows, schema)
+    """Rows (dicts keyed by the schema's field names) -> a table of exactly ``schema``."""
+    columns = {f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in schema}
+    return pa.Table.from_pydict(columns, schema=schema)
 
 
 def _is_wrapper(module: nn.Module) -> bool:
