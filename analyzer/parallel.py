@@ -24,6 +24,8 @@ import importlib
 import multiprocessing as mp
 import os
 import queue
+import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -86,11 +88,13 @@ class _Workers:
         self.busy = ctx.Array("q", [-1] * n, lock=False)
         self.procs = [ctx.Process(target=_serve, daemon=True,
                                   args=(self.inbox[k], self.done, self.claim, self.busy, k,
-                                        tuple(preload)))
+                                        tuple(preload), os.getpid()))
                       for k in range(n)]
         for p in self.procs:
             p.start()
         self.round = 0
+        self.inbound: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=_pump, args=(self.done, self.inbound), daemon=True).start()
 
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         with self.claim.get_lock():
@@ -99,7 +103,7 @@ class _Workers:
         for box in self.inbox:
             box.put((self.round, fn, items))
         results: dict[int, Any] = {}
-        while (i := _next(self.claim, self.round, len(items))) is not None:
+        while (i := self._claim(len(items), results, items)) is not None:
             results[i] = fn(items[i])
             self._drain(results, items, block=False)
         while len(results) < len(items):
@@ -116,16 +120,32 @@ class _Workers:
             if p.is_alive():  # still importing ``preload``, or stuck: it holds nothing of ours
                 p.kill()
                 p.join(timeout=5)
+        self.done.put(None)  # ends the pump thread (unless a killed worker cut the stream)
+
+    def _claim(self, n: int, results: dict, items) -> int | None:
+        """``_next`` for this process, which never waits forever on the lock: a worker killed
+        while holding it raises here."""
+        lock = self.claim.get_lock()
+        while not lock.acquire(timeout=_POLL_S):
+            self._check_alive(results, items)
+        try:
+            return _next_locked(self.claim, self.round, n)
+        finally:
+            lock.release()
 
     def _drain(self, results: dict, items, *, block: bool) -> bool:
-        """Take the workers' answers; False when none came within the poll time."""
+        """Take the workers' answers; False when none came within the poll time. The pipe is
+        read by a thread (``_pump``): a worker killed in the middle of writing an answer leaves
+        a partial message that would block a reader forever, and this thread must stay free to
+        notice the death."""
         got = False
         while True:
             try:
-                rnd, i, ok, value = self.done.get(block=block and not got, timeout=_POLL_S)
+                msg = self.inbound.get(block=block and not got, timeout=_POLL_S)
             except queue.Empty:
                 return got
             got = True
+            rnd, i, ok, value = msg
             if rnd != self.round:
                 continue
             if not ok:
@@ -133,28 +153,44 @@ class _Workers:
             results[i] = value
 
     def _check_alive(self, results: dict, items) -> None:
-        """Raise when a worker died on an input, or when every worker has exited and inputs
-        are still unanswered (after taking what is left in the pipe)."""
+        """Raise when a worker has died during a round (workers only end at ``close``): naming
+        the input it was on, else the first unanswered one."""
         for k, p in enumerate(self.procs):
-            if not p.is_alive() and self.busy[k] >= 0:
-                _died(items[self.busy[k]], p.exitcode)
-        if not any(p.is_alive() for p in self.procs):
-            self._drain(results, items, block=False)
-            missing = [i for i in range(len(items)) if i not in results]
-            if missing:
-                _died(items[missing[0]], next((p.exitcode for p in self.procs if p.exitcode),
-                                              None))
+            if p.is_alive():
+                continue
+            i = self.busy[k]
+            if i < 0:
+                self._drain(results, items, block=False)  # what it answered before it died
+                i = next((j for j in range(len(items)) if j not in results), -1)
+            if i >= 0:
+                _died(items[i], p.exitcode)
+
+
+def _pump(done, inbound: queue.SimpleQueue) -> None:
+    """Thread: move the workers' answers from the process pipe to ``inbound`` until None."""
+    while True:
+        try:
+            msg = done.get()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        inbound.put(msg)
 
 
 def _next(claim, rnd: int, n: int) -> int | None:
     """The next unclaimed input index of round ``rnd``; None when all are taken or the round
     is over (a worker late from an earlier round must not take the new round's inputs)."""
     with claim.get_lock():
-        if claim[0] != rnd or claim[1] >= n:
-            return None
-        i = claim[1]
-        claim[1] = i + 1
-        return i
+        return _next_locked(claim, rnd, n)
+
+
+def _next_locked(claim, rnd: int, n: int) -> int | None:
+    if claim[0] != rnd or claim[1] >= n:
+        return None
+    i = claim[1]
+    claim[1] = i + 1
+    return i
 
 
 def retain_freed_memory() -> None:
@@ -172,8 +208,23 @@ def retain_freed_memory() -> None:
         pass
 
 
-def _serve(inbox, done, claim, busy, k: int, preload: tuple[str, ...]) -> None:
+def _bind_to_parent(parent: int) -> None:
+    """End this worker when the process that started it ends, however it ends (Linux
+    PR_SET_PDEATHSIG = SIGKILL: a killed ``analyzer`` leaves no worker behind), and leave Ctrl-C
+    to that process (the terminal sends SIGINT to the whole group; the caller stops the workers
+    and says "interrupted", without a worker's traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != parent:  # it ended before the line above took effect
+        os._exit(1)
+
+
+def _serve(inbox, done, claim, busy, k: int, preload: tuple[str, ...], parent: int) -> None:
     """Worker: import ``preload``, then serve rounds until the stop mark."""
+    _bind_to_parent(parent)
     retain_freed_memory()
     for name in preload:
         importlib.import_module(name)

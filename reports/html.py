@@ -6,6 +6,7 @@ Every string that comes from a trace, a manifest or a path goes through ``html.e
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
 from reports import fmt, notes
@@ -176,10 +177,16 @@ def render(report: dict[str, Any], markdown_text: str | None = None) -> str:
     parts.append(f"<h2>Trace files</h2><p>Each is a Chrome trace; {e(PERFETTO_HINT)}.</p><ul>")
     for r in runs:
         for t in r.get("traces") or []:
-            parts.append(f'<li>{e(r["name"])}: <a href="file://{e(t)}">{e(t)}</a></li>')
+            parts.append(f'<li>{e(r["name"])}: <a href="{e(_file_url(t))}">{e(t)}</a></li>')
     parts.append("</ul>")
     if markdown_text:
         parts.append("<details><summary>All tables (report.md)</summary><pre>"
                      f"{e(markdown_text)}</pre></details>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _file_url(path: str) -> str:
+    """``file:`` URL of a trace path; a relative path (``traces/ddp/...``, as the README's
+    command gives) is made absolute first: ``file://traces/...`` would name a host."""
+    return Path(path).absolute().as_uri()

@@ -186,3 +186,58 @@ def test_a_worker_dying_inside_started_workers_is_named():
         with parallel.workers(jobs=2):
             run_all(_die_in_worker, [0, 1, 2, 3], jobs=2)
     assert not parallel._POOL
+
+
+def _die_while_answering(x):
+    """In a worker: answer 64 MB and die while the answer is still going through the pipe."""
+    if os.getpid() == _PARENT:
+        import time
+        time.sleep(0.5)
+        return x
+    import signal
+    import threading
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    return b"x" * (64 << 20)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_in_the_middle_of_its_answer_does_not_hang_the_caller():
+    with pytest.raises(ParityTraceError, match="the worker process parsing it died"):
+        run_all(_die_while_answering, [0, 1], jobs=2)
+
+
+@pytest.mark.timeout(120)
+def test_workers_end_with_a_killed_caller_and_ignore_ctrl_c():
+    """kill -9 of the calling process ends its workers (no orphan parsing on for nothing);
+    SIGINT to the whole group is left to the caller (no worker traceback)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    code = ("import time\nfrom analyzer.parallel import run_all\n"
+            "run_all(time.sleep, [30, 30, 30], jobs=2)\n")
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not (kids := psutil.Process(proc.pid).children()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert kids, "no worker started"
+            time.sleep(0.5)
+            if sig == signal.SIGINT:
+                os.killpg(proc.pid, sig)  # what the terminal does on Ctrl-C
+            else:
+                proc.kill()
+            proc.wait(timeout=30)
+            gone, alive = psutil.wait_procs(kids, timeout=10)
+            assert not alive, f"{sig!r}: worker(s) left running: {alive}"
+            if sig == signal.SIGINT:
+                err = proc.stderr.read()  # the caller's own KeyboardInterrupt, no worker's:
+                assert "KeyboardInterrupt" in err and "Process " not in err, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()

@@ -154,3 +154,14 @@ def test_committed_fixtures_give_their_documented_answers(tmp_path):
     assert runner.invoke(app, ["gate", str(FIXTURES / "clean")]).exit_code == 0
     res = runner.invoke(app, ["gate", str(FIXTURES / "fault")])
     assert res.exit_code == 3 and "layers.0.attn.weight" in res.output
+
+
+def test_trace_links_are_absolute_file_urls_for_a_relative_folder(tmp_path, monkeypatch):
+    """`analyzer report traces/` (the README's command, relative): each trace link must be a
+    file URL of the absolute path, not file://traces/... (which names a host "traces")."""
+    from reports import html as html_out
+
+    monkeypatch.chdir(tmp_path)
+    url = html_out._file_url("traces/ddp/rank0 #1.trace.json.gz")
+    assert url == (tmp_path / "traces/ddp/rank0 #1.trace.json.gz").as_uri()
+    assert url.startswith("file:///") and url.endswith("/traces/ddp/rank0%20%231.trace.json.gz")
