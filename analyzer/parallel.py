@@ -120,7 +120,10 @@ class _Workers:
             if p.is_alive():  # still importing ``preload``, or stuck: it holds nothing of ours
                 p.kill()
                 p.join(timeout=5)
-        self.done.put(None)  # ends the pump thread (unless a killed worker cut the stream)
+        # The pump thread (a daemon) stays blocked on the pipe: this process never writes to
+        # it, because a worker killed while writing holds the queue's write lock forever, and
+        # a write from here would then block this process's exit (multiprocessing joins the
+        # queue's feeder thread at exit).
 
     def _claim(self, n: int, results: dict, items) -> int | None:
         """``_next`` for this process, which never waits forever on the lock: a worker killed
@@ -167,7 +170,7 @@ class _Workers:
 
 
 def _pump(done, inbound: queue.SimpleQueue) -> None:
-    """Thread: move the workers' answers from the process pipe to ``inbound`` until None."""
+    """Daemon thread: move the workers' answers from the process pipe to ``inbound``."""
     while True:
         try:
             msg = done.get()
