@@ -446,10 +446,10 @@ def _main_thread(df, c_tid, is_step, is_c10d, role, is_cpu_op) -> int | None:
     ops = is_cpu_op & (role == _ROLE["other"])
     if not ops.any():
         return None
-    tot = np.bincount(c_tid[ops], weights=None, minlength=len(u_tid)).astype(bool)
+    has_ops = np.bincount(c_tid[ops], minlength=len(u_tid)) > 0
     sums = np.zeros(len(u_tid), np.int64)
     np.add.at(sums, c_tid[ops], df["dur_ns"].to_numpy()[ops])
-    sums[~tot] = -1  # threads without such ops never win
+    sums[~has_ops] = -1  # threads without such ops never win
     return _first_max(sums, u_tid)
 
 

@@ -176,8 +176,6 @@ def _pump(done, inbound: queue.SimpleQueue) -> None:
             msg = done.get()
         except (EOFError, OSError):
             return
-        if msg is None:
-            return
         inbound.put(msg)
 
 
