@@ -1,21 +1,27 @@
 """Decode one Kineto / Chrome trace file into a columnar event table (no classification).
 
 Typed decoding with msgspec: only the fields the analyzer needs are declared; everything else in
-the JSON is skipped by the decoder without building Python objects. The structs are untracked by
+the JSON is skipped by the decoder without building Python objects. Events are a tagged union
+on ``ph``: complete (X) and metadata (M) events get their fields, every other phase (flow
+events are a quarter of a Kineto trace) a struct with none. The structs are untracked by
 the cycle collector (``gc=False``; decoded JSON cannot form cycles): with tracking, the
 collector's passes over ~10^5 new objects doubled the decode time of a 40 MB trace. Hot
 argument fields are typed strictly (fast path); a trace whose values have other types (e.g. a
-string ``External id``) is decoded again with lenient ``Any`` fields (slow path, same result).
-Columns are then read out of the structs with one C-level loop each (``map``/``attrgetter``,
-a defaultdict coder): Python-level work runs per distinct value, not per event.
+string ``External id``, an unknown phase) is decoded again with lenient ``Any`` fields (slow
+path, same result). Columns are then read out of the structs with one C-level loop each
+(``map``/``attrgetter``, a defaultdict coder): Python-level work runs per distinct value, not
+per event.
 
 Times: ``ts`` and ``dur`` are JSON numbers in microseconds, sometimes with sub-µs decimals
 (``1712195495520854.8``). A float64 cannot hold such an epoch timestamp to the nanosecond (its
-spacing there is 0.25 µs), so both are kept as raw JSON text (``msgspec.Raw``) and converted
-exactly, vectorised, from the decimal digits to int64 nanoseconds, **rounding half up** on the
-fourth decimal (0.5 ns and above goes up). Numbers in exponent form fall back to
-``round(float * 1000)``. Events whose ts or dur is missing, negative or not a number are skipped,
-counted, and reported as one warning line each kind.
+spacing there is 0.25 µs). A trace whose times are all whole µs in range (older Kineto) is
+decoded with int fields; otherwise (the first decimal fails that decoder, early in the file)
+both are kept as raw JSON text (``msgspec.Raw``) and converted exactly, vectorised, from the
+decimal digits to int64 nanoseconds, **rounding half up** on the fourth decimal (0.5 ns and
+above goes up). Numbers in exponent form fall back to ``round(float * 1000)``. Events whose ts
+or dur is missing, negative or not a number are skipped, counted, and reported as one warning
+line each kind. The three decoders give the same table wherever more than one accepts a trace
+(tests/analyzer/test_fastpaths.py).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from dataclasses import dataclass, field
 from itertools import count, repeat
 from operator import attrgetter, is_not
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Union
 
 import msgspec
 import numpy as np
@@ -62,21 +68,46 @@ class _Args(msgspec.Struct, gc=False):
     meta_name: str | None = msgspec.field(default=None, name="name")  # ph "M" thread_name
 
 
-class _Event(msgspec.Struct, gc=False):
-    ph: str = ""
+class _MArgs(msgspec.Struct, gc=False):
+    meta_name: str | None = msgspec.field(default=None, name="name")  # thread_name's name
+
+
+class _M(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
+    """A metadata event (``thread_name`` names a thread)."""
+
     name: str = ""
-    cat: str = ""
     pid: int | str = -1
     tid: int | str = -1
-    ts: msgspec.Raw = _NULL
-    dur: msgspec.Raw = _NULL
-    args: _Args | None = None
+    args: _MArgs | None = None
 
 
-class _Trace(msgspec.Struct, gc=False):
-    traceEvents: list[_Event]
-    distributedInfo: Any = None
-    deviceProperties: Any = None
+_PHASES = "BEiIbneCstfPONDVvRc()"
+"""Chrome trace event phases other than X and M (Trace Event Format): decoded as structs with
+no fields, so their contents (e.g. flow events, a quarter of a Kineto trace) are skipped
+without building objects."""
+_OTHERS = tuple(msgspec.defstruct(f"_Ph{ord(t)}", [], tag_field="ph", tag=t, gc=False)
+                for t in _PHASES)
+
+
+def _trace_type(time_type: Any, default: Any) -> tuple[type, type]:
+    """(strict trace type, its complete-event type) where ``ts`` / ``dur`` are ``time_type``."""
+    x = msgspec.defstruct("_X", [("name", str, ""), ("cat", str, ""), ("pid", int | str, -1),
+                                 ("tid", int | str, -1), ("ts", time_type, default),
+                                 ("dur", time_type, default), ("args", _Args | None, None)],
+                          tag_field="ph", tag="X", gc=False)
+    event = Union[(x, _M, *_OTHERS)]  # noqa: UP007 - a tagged union needs typing.Union here
+    trace = msgspec.defstruct("_Trace", [("traceEvents", list[event]),
+                                         ("distributedInfo", Any, None),
+                                         ("deviceProperties", Any, None)], gc=False)
+    return trace, x
+
+
+_MAX_US = (2**63 - 1) // 1000 - 1
+_WholeUs = Annotated[int, msgspec.Meta(ge=0, le=_MAX_US)]
+_TraceUs, _XUs = _trace_type(_WholeUs, -1)
+"""Whole-µs times (older Kineto): plain ints in range; missing ones are -1."""
+_Trace, _X = _trace_type(msgspec.Raw, _NULL)
+"""Any JSON for times (decimals: ``1712195495520854.8``), converted by ``parse_decimal_ns``."""
 
 
 class _LArgs(msgspec.Struct, gc=False):
@@ -116,7 +147,9 @@ class _LTrace(msgspec.Struct, gc=False):
     deviceProperties: Any = None
 
 
-_STRICT = msgspec.json.Decoder(_Trace)
+_TYPED = (msgspec.json.Decoder(_TraceUs), msgspec.json.Decoder(_Trace))
+"""Tried in this order; a trace neither accepts (another phase, a value of another type, a
+time that is not a whole µs in range) is decoded by ``_LENIENT``."""
 _LENIENT = msgspec.json.Decoder(_LTrace)
 
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync",
@@ -192,9 +225,7 @@ def decode_file(path: Path) -> Decoded:
 def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
     """Decode trace JSON ``data`` (see ``Decoded``). ``path`` is only used in messages."""
     try:
-        trace = _STRICT.decode(data)
-    except msgspec.ValidationError:
-        trace = None
+        trace = _decode_typed(data)
     except msgspec.DecodeError as exc:
         if "UTF-8" not in str(exc):
             _refuse_not_json(data, path)
@@ -217,6 +248,17 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
             raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
                            "copy the trace again or re-record it") from None
     return _columns(trace, path, lower_ext=b'"external id"' in data)
+
+
+def _decode_typed(data: bytes) -> Any:
+    """``data`` decoded by the first of ``_TYPED`` that accepts it; None when neither does.
+    Raises ``msgspec.DecodeError`` (not JSON, truncated, invalid UTF-8)."""
+    for decoder in _TYPED:
+        try:
+            return decoder.decode(data)
+        except msgspec.ValidationError:
+            continue
+    return None
 
 
 def _refuse_not_json(data: bytes, path: Path | str) -> None:
@@ -348,7 +390,6 @@ def _parse_decimal_arrow(blob: bytes, n: int) -> np.ndarray | None:
 
 
 _MAX_TOKEN = 32
-_MAX_US = (2**63 - 1) // 1000 - 1
 _POW10 = np.array([1, 10, 100, 1000], np.int64)
 
 
@@ -463,7 +504,7 @@ def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int]:
     return numel, size
 
 
-def _columns(trace: _Trace | _LTrace, path: Path | str, *, lower_ext: bool = True
+def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
              ) -> Decoded:
     """The ``Decoded`` table of a decoded trace: rows sorted by (ts_ns, longest first), file
     order among equals. Each pass over the events is one C-level loop (``map``,
@@ -471,18 +512,30 @@ def _columns(trace: _Trace | _LTrace, path: Path | str, *, lower_ext: bool = Tru
     row only for GPU rows and the few rows that carry collective arguments. ``lower_ext``:
     look for tb_plugin's ``external id`` spelling too (False when the file never says it)."""
     evs = trace.traceEvents
-    strict = isinstance(trace, _Trace)
+    strict = not isinstance(trace, _LTrace)
     warnings: list[str] = []
+    if strict:  # a tagged union: the event's type says its phase
+        xs = list(filter((_XUs if isinstance(trace, _TraceUs) else _X).__instancecheck__, evs))
+        metas = filter(_M.__instancecheck__, evs)
+    else:
+        xs = [e for e in evs if e.ph == "X"]
+        metas = (e for e in evs if e.ph == "M")
     # thread names from metadata events (last one wins, as trace viewers do)
     thread_names: dict[tuple[str, str], str] = {}
-    for e in evs:
-        if e.ph == "M" and e.name == "thread_name" and e.args is not None:
+    for e in metas:
+        if e.name == "thread_name" and e.args is not None:
             thread_names[(str(e.pid), str(e.tid))] = _as_str(e.args.meta_name) or ""
-    xs = [e for e in evs if e.ph == "X"]
     n_all = len(xs)
-    times, times_ok = parse_decimal_ns([*map(attrgetter("ts"), xs), *map(attrgetter("dur"), xs)])
-    ts, dur = times[:n_all], times[n_all:]
-    ts_ok, dur_ok = times_ok[:n_all], times_ok[n_all:]
+    if isinstance(trace, _TraceUs):  # whole µs, validated in range by the decoder
+        ts = np.fromiter(map(attrgetter("ts"), xs), np.int64, count=n_all)
+        dur = np.fromiter(map(attrgetter("dur"), xs), np.int64, count=n_all)
+        ts_ok, dur_ok = ts >= 0, dur >= 0  # -1: missing
+        ts, dur = np.where(ts_ok, ts * 1000, 0), np.where(dur_ok, dur * 1000, 0)
+    else:
+        times, times_ok = parse_decimal_ns([*map(attrgetter("ts"), xs),
+                                            *map(attrgetter("dur"), xs)])
+        ts, dur = times[:n_all], times[n_all:]
+        ts_ok, dur_ok = times_ok[:n_all], times_ok[n_all:]
     n_bad_ts = int((~ts_ok).sum())
     n_bad_dur = int((ts_ok & ~dur_ok).sum())
     if n_bad_ts:

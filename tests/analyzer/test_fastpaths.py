@@ -113,6 +113,75 @@ def test_ids_beyond_int64_are_unknown():
     assert df[["external_id", "correlation"]].iloc[0].tolist() == [-1, 3]
 
 
+# --- the three decoders agree ---------------------------------------------------------------
+
+CORPUS = Path(__file__).resolve().parents[2] / ".." / "shared" / "corpus"
+CORPUS_TRACES = sorted(p for p in CORPUS.glob("**/*.json*") if "manifest" not in p.name)
+
+
+def _tables_by_each_decoder(data: bytes) -> list[tuple[str, decode.Decoded]]:
+    """The decoded table from each decoder that accepts ``data``: whole-µs, raw times, and the
+    lenient one (which accepts every trace)."""
+    out = []
+    for name, dec in (("whole_us", decode._TYPED[0]), ("raw_times", decode._TYPED[1]),
+                      ("lenient", decode._LENIENT)):
+        try:
+            trace = dec.decode(data)
+        except msgspec.ValidationError:
+            continue
+        out.append((name, decode._columns(trace, "t", lower_ext=b'"external id"' in data)))
+    return out
+
+
+def _same(a: decode.Decoded, b: decode.Decoded) -> None:
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(a.events, b.events)
+    assert (a.warnings, a.distributed_info, a.device_count) == (
+        b.warnings, b.distributed_info, b.device_count)
+
+
+@pytest.mark.parametrize("path", CORPUS_TRACES, ids=lambda p: p.name)
+def test_every_decoder_that_accepts_a_corpus_trace_gives_the_same_table(path):
+    data = decode.read_bytes(path)
+    tables = _tables_by_each_decoder(data)
+    names = [n for n, _ in tables]
+    assert "raw_times" in names and "lenient" in names
+    if b'"ts": 1.' not in data and names[0] == "whole_us":  # an integer trace: three agree
+        assert len(tables) == 3
+    for _, t in tables[1:]:
+        _same(tables[0][1], t)
+    _same(decode.decode_bytes(data, "t"), tables[0][1])  # decode_bytes takes the first
+
+
+def _x(**kw) -> dict:
+    return {"ph": "X", "name": "k", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1, "dur": 1, **kw}
+
+
+@pytest.mark.parametrize("events, first", [
+    ([_x(), _x(ts=2)], "whole_us"),
+    ([_x(), _x(ts=2.5)], "raw_times"),  # a decimal time
+    ([_x(), _x(dur=-1)], "raw_times"),  # out of range: skipped by the general parser
+    ([_x(), _x(ts=decode._MAX_US + 1)], "raw_times"),
+    ([_x(), _x(ts=2**64 + 1)], "raw_times"),
+    ([_x(), _x(ts=None)], "raw_times"),
+    ([_x(), {**_x(), "ph": "Z"}], "lenient"),  # a phase the format does not define
+    ([_x(), _x(name=5)], "lenient"),
+    ([_x(), {"name": "k", "ts": 3}], "lenient"),  # no phase at all
+])
+def test_each_trace_goes_to_the_first_decoder_that_accepts_it_and_all_agree(events, first):
+    data = _trace(events + [{"ph": "f", "id": 1, "pid": 1, "tid": 1, "ts": 1, "cat": "ac2g"},
+                            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1,
+                             "args": {"name": "main"}}])
+    tables = _tables_by_each_decoder(data)
+    assert tables[0][0] == first
+    for _, t in tables[1:]:
+        _same(tables[0][1], t)
+    dec = decode.decode_bytes(data, "t")
+    _same(dec, tables[0][1])
+    assert dec.events["thread_name"].tolist()[0] == "main"
+
+
 # --- processes --------------------------------------------------------------------------------
 
 def _square(x: int) -> int:
