@@ -610,10 +610,20 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
             ints[3, k], ints[4, k] = _shape(a.input_dims, a.input_type)
     del args, xs
 
-    def sparse(values: np.ndarray, fill: Any) -> np.ndarray:  # carrying rows -> all, sorted
-        full = np.full(n_all, fill, values.dtype)
-        full[rows] = values
-        return full[order]
+    # carrying rows -> all rows, sorted: at = the index in ``rows`` of each sorted row, or -1
+    at = np.full(n_all, -1, np.int64)
+    at[rows] = np.arange(m)
+    at = at[order]
+    carried = at >= 0
+
+    def sparse(values: np.ndarray) -> np.ndarray:  # int64, -1 where not carried
+        return np.where(carried, values[np.maximum(at, 0)], -1) if m else np.full(len(at), -1)
+
+    take = pa.array(at, mask=~carried)
+
+    def sparse_str(values: np.ndarray) -> pd.api.extensions.ExtensionArray:  # None: missing
+        col = pa.array(values, type=pa.string(), from_pandas=True).take(take)
+        return pd.Series(col, dtype=_STR).array
 
     end = ts + dur
     df = pd.DataFrame({
@@ -629,15 +639,15 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         "correlation": corr[order],
         "external_id": ext[order],
         "thread_name": _cat(tn_codes, u_tn, order, kept),
-        "coll_name": str_array(sparse(coll_name, None)),
-        "dtype": str_array(sparse(dtype, None)),
-        "pg": str_array(sparse(pg, None)),
-        "pg_ranks": str_array(sparse(pg_ranks, None)),
-        "in_nelems": sparse(ints[0], -1),
-        "out_nelems": sparse(ints[1], -1),
-        "group_size": sparse(ints[2], -1),
-        "shape_numel": sparse(ints[3], -1),
-        "shape_elem_bytes": sparse(ints[4], -1),
+        "coll_name": sparse_str(coll_name),
+        "dtype": sparse_str(dtype),
+        "pg": sparse_str(pg),
+        "pg_ranks": sparse_str(pg_ranks),
+        "in_nelems": sparse(ints[0]),
+        "out_nelems": sparse(ints[1]),
+        "group_size": sparse(ints[2]),
+        "shape_numel": sparse(ints[3]),
+        "shape_elem_bytes": sparse(ints[4]),
     })
     di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
     dp = trace.deviceProperties
