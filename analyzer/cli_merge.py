@@ -38,7 +38,7 @@ def register(app, run) -> None:
             if target.is_dir():
                 raise BadInput(target, "out_is_dir", "-o names an existing directory, not a file",
                                f"pass a file name, e.g. -o {target / 'merged.trace.json.gz'}")
-            incomplete = _check_run_dir(directory, allow_incomplete)
+            incomplete = _check_like_report(directory, allow_incomplete)
             options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align)
             result = merge_traces(directory, target, options)
             if incomplete:
@@ -50,26 +50,38 @@ def register(app, run) -> None:
         _print(result)
 
 
-def _check_run_dir(directory: Path, allow_incomplete: bool) -> bool:
-    """Refuse a run directory whose manifest is newer than this analyzer, or that has no
-    manifest (unless ``allow_incomplete``), as every other command does. True when incomplete."""
-    from analyzer import schemas
+def _check_like_report(directory: Path, allow_incomplete: bool) -> bool:
+    """Refuse what ``analyzer report`` refuses, with the same one-line errors and exit code,
+    before anything is merged. True when the run is incomplete (merged as found).
+
+    A run directory's manifest checks (analyzer/rundirs.py: newer schema, unknown strategy, a
+    listed file missing, a file changed since the record), a run directory without a manifest
+    (unless ``allow_incomplete``), then the loader's checks over the traces
+    (``api.load_tables``: truncated or invalid traces, the rank rule, world sizes, a trace's
+    sha256 against the manifest, traces of different jobs mixed in one folder --
+    analyzer/samejob.py). The per-rank tables it computes are cached beside the traces
+    (analyzer/tables.py), so a later ``analyzer report`` of the folder reuses them. Anything
+    else (missing path, a file, no traces) is left to ``merge_traces``'s own messages."""
+    from analyzer import api, rundirs, schemas
     from analyzer.errors import BadInput
 
-    mpath = directory / schemas.MANIFEST_NAME
-    if mpath.is_file():
-        try:
-            schemas.read_manifest(mpath)
-        except schemas.SchemaError as exc:
-            raise BadInput(mpath, "bad_manifest", str(exc).split(": ", 1)[-1]) from None
+    if not directory.is_dir():
         return False
-    if any((directory / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME)):
+    incomplete = False
+    if (directory / schemas.MANIFEST_NAME).is_file():
+        rundirs.discover(directory)  # the manifest and every file it lists
+    elif any((directory / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME)):
         if not allow_incomplete:
             raise BadInput(directory, "incomplete_run", "incomplete run: no manifest.json (the "
                            "tracer writes it last)", "re-record the run, or pass "
                            "--allow-incomplete to merge what is there")
-        return True
-    return False
+        incomplete = True
+    try:
+        api.load_tables(directory, allow_incomplete=allow_incomplete)
+    except BadInput as exc:
+        if exc.reason != "empty":  # no trace at all: merge_traces says it in its own words
+            raise
+    return incomplete
 
 
 def _print(result) -> None:

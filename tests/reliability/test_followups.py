@@ -1,0 +1,64 @@
+"""Follow-ups of the second new-user trial: every command refuses what ``report`` refuses
+(merge, summary, gate), sane tolerance bounds, foreign trace folders under a root, and the
+notes of a cached report. Inputs are real records (a tiny gloo DDP run and a tiny gloo FSDP run
+with the wrong-grad-scale fault) and the read-only corpus."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.conftest import DLRM, TBPLUGIN, TINY, bad_input, cli, copy_run, need
+
+
+@pytest.fixture(scope="module")
+def fsdp_fault_run(tmp_path_factory) -> Path:
+    """A real 2-rank gloo FSDP run directory recorded with ``--fault wrong-grad-scale``
+    (gradients divided by the world size once more: relative error 0.5)."""
+    out = tmp_path_factory.mktemp("fu-fsdp") / "traces"
+    args = [a if a != "ddp" else "fsdp" for a in TINY]
+    proc = subprocess.run([sys.executable, "-m", "tracer", "record", *args, "--fault",
+                           "wrong-grad-scale", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "fsdp"
+
+
+# 1. merge refuses what report refuses
+
+def test_merge_refuses_mixed_jobs_like_report(ddp_run, fsdp_fault_run, tmp_path):
+    folder = tmp_path / "mix"
+    folder.mkdir()
+    shutil.copy(ddp_run / "rank0.trace.json.gz", folder / "rank0.trace.json.gz")
+    shutil.copy(fsdp_fault_run / "rank1.trace.json.gz", folder / "rank1.trace.json.gz")
+    want = bad_input(cli("report", str(folder), "--out", str(tmp_path / "rep")), "different jobs")
+    out = tmp_path / "m.trace.json.gz"
+    got = bad_input(cli("merge", str(folder), "-o", str(out)), "different jobs")
+    assert got == want  # the same one line, the same exit code (bad_input: 2)
+    assert not out.exists()
+
+
+def test_merge_refuses_a_run_whose_listed_trace_is_missing(ddp_run, tmp_path):
+    run = copy_run(ddp_run, tmp_path / "ddp")
+    (run / "rank1.trace.json.gz").unlink()
+    want = bad_input(cli("report", str(run), "--out", str(tmp_path / "rep")),
+                     "rank1.trace.json.gz listed in manifest.json but missing")
+    assert bad_input(cli("merge", str(run), "-o", str(tmp_path / "m.json.gz"))) == want
+
+
+def test_merge_refuses_a_trace_changed_since_the_record(ddp_run, tmp_path):
+    import gzip
+
+    run = copy_run(ddp_run, tmp_path / "ddp")
+    path = run / "rank1.trace.json.gz"
+    raw = bytearray(path.read_bytes())
+    raw[4:8] = b"\x01\x02\x03\x04"  # gzip header mtime: same size, same trace, other sha256
+    path.write_bytes(bytes(raw))
+    assert gzip.decompress(bytes(raw))  # still a readable trace
+    want = bad_input(cli("report", str(run), "--out", str(tmp_path / "rep")),
+                     "rank1.trace.json.gz", "sha256 differs from manifest.json")
+    assert bad_input(cli("merge", str(run), "-o", str(tmp_path / "m.json.gz"))) == want
