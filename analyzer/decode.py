@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable
@@ -227,6 +228,10 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
     try:
         trace = _decode_typed(data)
     except msgspec.DecodeError as exc:
+        if _at_non_finite(data, str(exc)):
+            return _with_warning(decode_bytes(_non_finite_as_null(data, path), path),
+                                 f"{path}: NaN / Infinity numbers (not JSON; Python's json "
+                                 "writes them) were read as null")
         if "UTF-8" not in str(exc):
             _refuse_not_json(data, path)
             raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
@@ -259,6 +264,22 @@ def _decode_typed(data: bytes) -> Any:
         except msgspec.ValidationError:
             continue
     return None
+
+
+def _at_non_finite(data: bytes, message: str) -> bool:
+    """True when msgspec stopped (``... (byte N)``) at a ``NaN`` / ``Infinity`` token."""
+    m = re.search(r"\(byte (\d+)\)$", message)
+    return m is not None and data[int(m.group(1)):].startswith((b"NaN", b"Infinity"))
+
+
+def _non_finite_as_null(data: bytes, path: Path | str) -> bytes:
+    """``data`` with NaN / Infinity written as null, read by Python's json (which accepts
+    them; slow, for these files only). Raises ``BadInput`` (``truncated``)."""
+    try:
+        return msgspec.json.encode(json.loads(data))  # msgspec writes non-finite as null
+    except (ValueError, RecursionError) as exc:
+        raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
+                       "copy the trace again or re-record it") from None
 
 
 def _refuse_not_json(data: bytes, path: Path | str) -> None:

@@ -212,6 +212,34 @@ def test_names_with_html_quotes_backslashes_and_invalid_utf8(tmp_path, ddp_run):
     assert proc.returncode == 0, proc.stderr
 
 
+def test_nan_and_infinity_times_are_skipped_and_counted(tmp_path, ddp_run):
+    """Python's json writes NaN / Infinity (not JSON): those events are skipped and counted,
+    the rest of the rank analysed, as for any other non-numeric time."""
+    job = copy_run(ddp_run, tmp_path / "ddp")
+    t = load(job / "rank0.trace.json.gz")
+    xs = [e for e in t["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+          and e["name"].startswith("aten::")]
+    xs[0]["ts"], xs[1]["dur"], xs[2]["dur"] = float("nan"), float("inf"), float("-inf")
+    xs[3]["name"] = "NaN"  # the word in a string stays a name
+    save(job / "rank0.trace.json.gz", t)
+    assert b"NaN" in load_bytes(job / "rank0.trace.json.gz")
+    ts = load_traces(job)
+    rank = ts.ranks[0]
+    assert any("NaN / Infinity" in w for w in rank.warnings)
+    assert any("skipped 1 complete events" in w and "ts" in w for w in rank.warnings)
+    assert any("skipped 2 complete events" in w and "dur" in w for w in rank.warnings)
+    assert "NaN" in set(rank.events["name"].astype(str))
+    n_clean = len(load_traces(copy_run(ddp_run, tmp_path / "clean")).ranks[0].events)
+    assert len(rank.events) == n_clean - 3
+    proc = cli("report", str(job), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr
+
+
+def load_bytes(path) -> bytes:
+    import gzip
+    return gzip.decompress(path.read_bytes())
+
+
 def test_integers_beyond_int64_in_args(tmp_path, ddp_run):
     job = copy_run(ddp_run, tmp_path / "ddp")
     t = load(job / "rank0.trace.json.gz")
