@@ -43,10 +43,16 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
     import os
     import tempfile
 
+    from analyzer import rundirs
     from analyzer.api import load_traces
+    from analyzer.schemas import MANIFEST_NAME
     from analyzer.errors import BadInput
     from analyzer.summary import summarize
 
+    if path.is_dir() and (path / MANIFEST_NAME).is_file():
+        # the run directory's manifest checks of `report` and `gate` (analyzer/rundirs.py): a
+        # listed file missing or changed since the record is refused, not summarised partially
+        rundirs.discover(path)
     ts = load_traces(path, allow_incomplete=allow_incomplete, jobs=jobs)
     s = summarize(ts)
     if crosscheck is not None:

@@ -62,3 +62,18 @@ def test_merge_refuses_a_trace_changed_since_the_record(ddp_run, tmp_path):
     want = bad_input(cli("report", str(run), "--out", str(tmp_path / "rep")),
                      "rank1.trace.json.gz", "sha256 differs from manifest.json")
     assert bad_input(cli("merge", str(run), "-o", str(tmp_path / "m.json.gz"))) == want
+
+
+# 2. summary refuses a run directory whose manifest lists a trace that is gone
+
+def test_summary_refuses_a_run_whose_listed_trace_is_missing(ddp_run, tmp_path):
+    run = copy_run(ddp_run, tmp_path / "ddp")
+    (run / "rank1.trace.json.gz").unlink()
+    want = bad_input(cli("gate", str(run)), "rank1.trace.json.gz listed in manifest.json but missing")
+    assert bad_input(cli("report", str(run), "--out", str(tmp_path / "rep"))) == want
+    # --allow-incomplete is about a run without a manifest; report refuses this run with it too
+    assert bad_input(cli("report", str(run), "--allow-incomplete", "--out", str(tmp_path / "r2"))) == want
+    for extra in ([], ["--allow-incomplete"], ["--format", "json"]):
+        proc = cli("summary", str(run), *extra)
+        assert bad_input(proc) == want, extra
+        assert "1 of 2 ranks" not in proc.stdout
