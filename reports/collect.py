@@ -312,8 +312,17 @@ def collect(root: Path | str, *, rtol: float | None = None, atol: float | None =
 
 def gate_runs(root: Path | str, *, rtol: float | None = None, atol: float | None = None,
               allow_incomplete: bool = False) -> list[dict[str, Any]]:
-    """Parity only (no trace parsing): ``[{name, strategy, parity}]`` for ``analyzer gate``."""
+    """Parity: ``[{name, strategy, incomplete, parity}]`` for ``analyzer gate``.
+
+    Traces of recorded runs are not parsed (their sizes are checked against the manifest).
+    A folder of foreign traces has no numerics, so it is listed as ``not_recorded`` (a FAIL,
+    exit 3); its traces are loaded first (``api.load_tables``, cached) so that unusable ones
+    (truncated, not a trace, the rank rule) raise ``BadInput`` -- exit 2, as ``report`` does --
+    rather than a parity verdict. An incomplete run (``allow_incomplete``) is skipped unread."""
     found = rundirs.discover(root, allow_incomplete=allow_incomplete)
+    for r in found.runs:
+        if r.foreign and not r.incomplete:
+            api.load_tables(r.path)
     return [{"name": r.name, "strategy": r.strategy, "incomplete": r.incomplete,
              "parity": _parity_dict(_check(r, rtol=rtol, atol=atol))}
             for r in found.runs]

@@ -77,3 +77,20 @@ def test_summary_refuses_a_run_whose_listed_trace_is_missing(ddp_run, tmp_path):
         proc = cli("summary", str(run), *extra)
         assert bad_input(proc) == want, extra
         assert "1 of 2 ranks" not in proc.stdout
+
+
+# 3. gate on a folder of broken foreign traces: bad input (2), not a parity failure (3)
+
+def test_gate_on_broken_foreign_traces_is_bad_input(tmp_path):
+    folder = tmp_path / "tb"
+    folder.mkdir()
+    for r in (0, 1):
+        raw = need(TBPLUGIN / f"nccl__worker{r}.json").read_bytes()
+        (folder / f"nccl__worker{r}.json").write_bytes(raw if r == 0 else raw[: len(raw) // 2])
+    want = bad_input(cli("report", str(folder), "--out", str(tmp_path / "rep")),
+                     "nccl__worker1.json", "truncated or invalid JSON")
+    assert bad_input(cli("gate", str(folder))) == want
+    # the same folder with both traces whole: readable, no numerics -> FAIL (3), as before
+    shutil.copy(TBPLUGIN / "nccl__worker1.json", folder / "nccl__worker1.json")
+    proc = cli("gate", str(folder))
+    assert proc.returncode == 3 and "FAIL tb: not_recorded" in proc.stdout, proc.stderr
