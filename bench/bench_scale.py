@@ -27,8 +27,13 @@ ProfilerSteps) against HTA's per-rank ``comp_comm_overlap_pctg`` (within 0.1 per
 as tests/e2e does), and every tiled step's overlap_ns / comm_ns against the untiled corpus
 step of that rank (exactly: tiling copies the step, so each copy must give the same figures).
 
+With ``--sub-us`` every timestamp is written 0.125 µs later, as a decimal
+(``1694128201421108.125``): Kineto since 2023 writes sub-µs times, which the analyzer parses
+from the decimal text (analyzer/decode.py) rather than as whole-µs integers; every duration and
+per-step figure stays the same.
+
 Usage: ``python3 bench/bench_scale.py [--k 50] [--ranks 8] [--repeat 3] [--no-hta]
-[--keep DIR]``.  Timings on a shared 2-core machine vary by 30-50 %; the load average is
+[--keep DIR] [--sub-us]``.  Timings on a shared 2-core machine vary by 30-50 %; the load average is
 printed alongside.
 """
 
@@ -45,6 +50,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 import msgspec
@@ -159,13 +165,18 @@ def kineto_bytes(trace: dict, enc: msgspec.json.Encoder) -> bytes:
     return head_txt[:-2] + b',\n  "traceEvents": [\n' + events + b"\n]}\n"
 
 
-def build(dst: Path, *, k: int, ranks: int) -> int:
-    """Write ``ranks`` tiled DLRM traces ``rank<N>.json`` into ``dst``; return total bytes."""
+def build(dst: Path, *, k: int, ranks: int, sub_us: bool = False) -> int:
+    """Write ``ranks`` tiled DLRM traces ``rank<N>.json`` into ``dst`` (with ``sub_us``, every
+    ts 0.125 µs later, written as a decimal); return total bytes."""
     enc = msgspec.json.Encoder(decimal_format="number")
     sources = sorted(CORPUS.glob("worker*.pt.trace.json.gz"))
     total = 0
     for i, src in enumerate(sources):
         tiled = tile(read_trace(src), k)
+        if sub_us:
+            for e in tiled["traceEvents"]:
+                if "ts" in e:
+                    e["ts"] = Decimal(e["ts"]) + Decimal("0.125")
         for r in range(i, ranks, len(sources)):
             di = dict(tiled.get("distributedInfo") or {})
             di["rank"], di["world_size"] = r, ranks
@@ -228,6 +239,8 @@ def main() -> None:
     ap.add_argument("--no-hta", action="store_true", help="skip HTA")
     ap.add_argument("--no-check", action="store_true", help="skip the per-step agreement check")
     ap.add_argument("--keep", type=Path, help="build (or reuse) the traces here and keep them")
+    ap.add_argument("--sub-us", action="store_true",
+                    help="write times with sub-µs decimals, as Kineto since 2023 does")
     args = ap.parse_args()
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
@@ -244,17 +257,23 @@ def main() -> None:
         traces.mkdir()
     try:
         existing = sorted(traces.glob("rank*.json"))
-        if len(existing) == args.ranks:
+        built = {"k": args.k, "ranks": args.ranks, "sub_us": args.sub_us}
+        stamp = traces / ".built.json"
+        if len(existing) == args.ranks and (
+                not stamp.exists() or json.loads(stamp.read_text()) == built):
             total = sum(p.stat().st_size for p in existing)
             print(f"reusing {args.ranks} traces in {traces}")
         else:
             for p in existing:
                 p.unlink()
             t0 = time.perf_counter()
-            total = build(traces, k=args.k, ranks=args.ranks)
+            stamp.unlink(missing_ok=True)
+            total = build(traces, k=args.k, ranks=args.ranks, sub_us=args.sub_us)
+            stamp.write_text(json.dumps(built))
             print(f"built {args.ranks} ranks x DLRM x{args.k} in {time.perf_counter() - t0:.1f} s")
         print(f"trace set: {args.ranks} files, {total / args.ranks / 1e6:.1f} MB per rank, "
-              f"{total / 1e9:.2f} GB in all")
+              f"{total / 1e9:.2f} GB in all, times in "
+              f"{'sub-µs decimals' if args.sub_us else 'whole µs'}")
         # pip compiles an installed package's .pyc (HTA's are there); an editable checkout on a
         # machine with PYTHONDONTWRITEBYTECODE would otherwise compile our sources on every run
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "analyzer"),
