@@ -6,7 +6,9 @@ DIR may be (checked in this order):
 2. a traces root: sub-folders holding ``manifest.json`` (one run each; ``report/`` is skipped);
    a sub-folder with rank traces but no manifest is an incomplete run (the manifest is written
    last) -- an error unless ``allow_incomplete``, then it is analysed as found, marked
-   ``incomplete`` (README), with a warning;
+   ``incomplete`` (README), with a warning; a sub-folder of traces with none of the tracer's
+   other files (``_tracer_written``) is foreign traces, which a root does not take: an error
+   (``foreign_in_root``) whatever ``allow_incomplete`` says, advising to pass that folder alone;
 3. a folder of foreign traces: Chrome/Kineto trace files (``*.json``, ``*.json.gz``) and no
    manifest anywhere -- one job whose parity is "not recorded".
 """
@@ -70,6 +72,22 @@ class Discovery:
 
 def _is_trace(p: Path) -> bool:
     return p.is_file() and p.name.endswith(TRACE_SUFFIXES) and p.name != schemas.MANIFEST_NAME
+
+
+TRACER_FILES = (schemas.NUMERICS_NAME, schemas.STEPS_NAME, schemas.KEPT_NAME,
+                schemas.KEPT_TENSORS_NAME, schemas.MEMORY_DIR)
+"""Files (and the folder) of a run directory besides the manifest and the traces."""
+
+
+def _tracer_written(sub: Path, traces: list[Path]) -> bool:
+    """True when the sub-folder ``sub`` of a traces root, which has no manifest, looks like a
+    run directory of ``tracer record`` that did not complete: it holds one of ``TRACER_FILES``
+    (the baseline is written before any rank starts) or a trace named as the tracer names them
+    (``schemas.TRACE_GLOB``). Otherwise its traces are someone else's (foreign)."""
+    from fnmatch import fnmatch
+
+    return (any((sub / n).exists() for n in TRACER_FILES)
+            or any(fnmatch(p.name, schemas.TRACE_GLOB) for p in traces))
 
 
 def _read(run_dir: Path) -> RunDir:
@@ -148,7 +166,15 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     for sub in [p for p in children if p.is_dir() and p.name != REPORT_DIR_NAME]:
         if (sub / schemas.MANIFEST_NAME).is_file():
             runs.append(_read(sub))
-        elif any(_is_trace(p) for p in entries(sub, root=root)[0]) or (sub / schemas.NUMERICS_NAME).exists():
+        elif (traces := [p for p in entries(sub, root=root)[0] if _is_trace(p)]) or \
+                (sub / schemas.NUMERICS_NAME).exists():
+            if not _tracer_written(sub, traces):
+                problems.append(BadInput(
+                    sub, "foreign_in_root", "holds profiler traces that `tracer record` did not "
+                    "write (no manifest.json and none of the other files of a run directory)",
+                    f"a traces root holds run directories only: analyse each folder of foreign "
+                    f"traces on its own, e.g. `analyzer report {sub}`"))
+                continue
             msg = "has traces but no manifest.json: the run did not complete"
             if allow_incomplete:  # README: analysed as found, marked incomplete
                 warnings.append(f"{sub}: {msg}; analysed as found (--allow-incomplete)")
@@ -156,7 +182,8 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
                 runs.append(RunDir(path=sub, name=sub.name, manifest=None, incomplete=True))
             else:
                 problems.append(BadInput(sub, "incomplete_run", msg,
-                                         "re-record it, or pass --allow-incomplete to skip it"))
+                                         "re-record it, or pass --allow-incomplete to analyse it "
+                                         "as found (marked incomplete, not ranked)"))
     if problems:
         first = problems[0]
         raise BadInput(first.path, first.reason, first.message, first.fix, problems=problems[1:])

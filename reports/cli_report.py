@@ -11,6 +11,13 @@ FORMATS = ("md", "json", "html")
 PARSE_MODULES = ("analyzer.tables", "analyzer.load", "analyzer.decode", "analyzer.classify",
                  "analyzer.breakdown", "analyzer.collectives", "analyzer.prefetch")
 """What a worker parsing ranks imports (analyzer/tables.py ``rank_tables``)."""
+ALLOW_INCOMPLETE_HELP = (
+    "Analyse a run directory without manifest.json (a record that did not finish) as found: "
+    "marked incomplete, parity not checked, left out of the ranking. Folders of foreign "
+    "traces need no flag: pass each such folder itself (a traces root takes run directories).")
+GATE_ALLOW_INCOMPLETE_HELP = (
+    "Accept run directories without manifest.json (a record that did not finish): listed SKIP, "
+    "not gated (they alone never pass).")
 
 
 def _formats(value: str) -> list[str]:
@@ -101,7 +108,7 @@ def register(app, run) -> None:
         fmt: Annotated[str, typer.Option("--format", help="Comma-separated: md,json,html.")] = "md,json,html",
         rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
-        allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help="Skip runs without a manifest; analyse partial rank sets.")] = False,
+        allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
     ) -> None:
         """Check parity, attribute time and memory, compare and rank; print report.md."""
         formats = _formats(fmt)
@@ -114,7 +121,7 @@ def register(app, run) -> None:
         directory: Annotated[Path, typer.Argument(help="Traces root or one run directory.")],
         rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
-        allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete")] = False,
+        allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=GATE_ALLOW_INCOMPLETE_HELP)] = False,
     ) -> None:
         """Exit 0 when every run passes the parity gate (the reference counts), 3 otherwise."""
         from analyzer.errors import EXIT_GATE_FAILED

@@ -94,3 +94,53 @@ def test_gate_on_broken_foreign_traces_is_bad_input(tmp_path):
     shutil.copy(TBPLUGIN / "nccl__worker1.json", folder / "nccl__worker1.json")
     proc = cli("gate", str(folder))
     assert proc.returncode == 3 and "FAIL tb: not_recorded" in proc.stdout, proc.stderr
+
+
+# 4. a root holding folders of foreign traces: the advice fits foreign traces
+
+def test_root_of_foreign_trace_folders_advises_one_folder_at_a_time(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    dlrm = root / "dlrm"
+    shutil.copytree(need(DLRM), dlrm)
+    tb = root / "tb_nccl"
+    tb.mkdir()
+    for r in (0, 1):
+        shutil.copy(need(TBPLUGIN / f"nccl__worker{r}.json"), tb)
+    for extra in ([], ["--allow-incomplete"]):
+        for cmd in ("report", "gate"):
+            proc = cli(cmd, str(root), *extra)
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+            assert len(lines) == 2, lines  # one per folder
+            for line, sub in zip(lines, (dlrm, tb)):
+                assert line.startswith(f"analyzer: {sub}: ") and "did not write" in line
+                assert f"`analyzer report {sub}`" in line
+                assert "re-record" not in line and "did not complete" not in line
+    # the advice works: the folder alone is analysed (foreign: parity not recorded)
+    proc = cli("report", str(tb), "--out", str(tmp_path / "rep"))
+    assert proc.returncode == 0 and "not_recorded" in proc.stdout, proc.stderr
+    # a sub-folder with a trace named as the tracer names them is still an incomplete run,
+    # refused with the re-record advice unless --allow-incomplete
+    inc = root / "ddp"
+    inc.mkdir()
+    shutil.copy(tb / "nccl__worker0.json", inc / "rank0.trace.json.gz")
+    proc = cli("report", str(root))
+    assert f"analyzer: {inc}: has traces but no manifest.json" in proc.stderr
+    assert "re-record it, or pass --allow-incomplete to analyse it as found" in proc.stderr
+
+
+def _help(cmd: str) -> str:
+    """``analyzer CMD --help`` as one line of words (rich's box characters removed)."""
+    import re
+
+    return " ".join(re.sub(r"[\u2500-\u257f]", " ", cli(cmd, "--help").stdout).split())
+
+
+def test_allow_incomplete_help_says_what_it_does():
+    for cmd in ("report", "gate"):
+        text = _help(cmd)
+        assert "Skip runs without a manifest" not in text and "partial rank sets" not in text
+    assert "as found: marked incomplete, parity not checked" in _help("report")
+    assert "Folders of foreign traces need no flag" in _help("report")
+    assert "listed SKIP, not gated" in _help("gate")
