@@ -73,16 +73,33 @@ class Tolerance:
         return f"rtol {self.rtol:.3g}, atol {self.atol:.3g} ({self.source})"
 
 
-def check_overrides(*, rtol: float | None, atol: float | None) -> None:
-    """Refuse a user's ``--rtol`` / ``--atol`` that is negative, NaN or infinite.
+MAX_OVERRIDE = {"rtol": 0.1, "atol": 1e-2}
+"""The largest ``--rtol`` / ``--atol`` a user may pass. Beyond them the gate no longer tests
+numerical equivalence: rtol 0.1 is about six times the loosest ``torch.testing.assert_close``
+default of any floating dtype (bfloat16's 1.6e-2) and allows a 10 % error; atol 1e-2 is 1000
+times the fp32 / bf16 default (1e-5). At both bounds together a run recorded with
+``--fault wrong-grad-scale`` (gradients off by a factor of 2: relative error 0.5) still fails
+(tests/reliability/test_followups.py); ``--rtol 0.5`` or ``--atol 0.1`` would let it pass."""
 
-    Raises ``BadInput`` naming the option itself (``--atol`` for a bad atol), with an example
-    value for that same option.
+
+def check_overrides(*, rtol: float | None, atol: float | None) -> None:
+    """Refuse a user's ``--rtol`` / ``--atol`` that is negative, NaN, infinite or above its
+    bound in ``MAX_OVERRIDE``.
+
+    Raises ``BadInput`` (reason ``bad_tolerance``) naming the option itself (``--atol`` for a
+    bad atol), with an example value for that same option; above the bound the message states
+    the bound.
     """
     for name, value in (("--rtol", rtol), ("--atol", atol)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise BadInput(name, "bad_tolerance", f"must be a finite number >= 0, got {value!r}",
                            f"pass e.g. {name} 1e-5 (or leave it out for the precision's default)")
+        bound = MAX_OVERRIDE[name[2:]]
+        if value is not None and value > bound:
+            raise BadInput(name, "bad_tolerance", f"{value!r} is above the bound {bound:g}: so "
+                           "loose a tolerance no longer tests numerical equivalence (a gradient "
+                           "off by 2x could pass)",
+                           f"pass {name} <= {bound:g} (or leave it out for the precision's default)")
 
 
 def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | None = None) -> Tolerance:

@@ -144,3 +144,33 @@ def test_allow_incomplete_help_says_what_it_does():
     assert "as found: marked incomplete, parity not checked" in _help("report")
     assert "Folders of foreign traces need no flag" in _help("report")
     assert "listed SKIP, not gated" in _help("gate")
+
+
+# 5. absurd tolerances are refused, with the bound
+
+@pytest.mark.parametrize("opt,value", [("--rtol", "1e300"), ("--rtol", "0.5"), ("--atol", "1e300"),
+                                       ("--atol", "0.1")])
+def test_tolerance_above_the_bound_is_refused(fsdp_fault_run, tmp_path, opt, value):
+    from analyzer.parity import MAX_OVERRIDE
+
+    bound = f"{MAX_OVERRIDE[opt[2:]]:g}"
+    for args in (["gate", str(fsdp_fault_run)], ["drift", str(fsdp_fault_run), str(fsdp_fault_run)],
+                 ["report", str(fsdp_fault_run), "--out", str(tmp_path / "rep")]):
+        bad_input(cli(*args, opt, value), opt, f"above the bound {bound}", f"{opt} <= {bound}")
+
+
+def test_faulted_run_still_fails_at_the_bounds(fsdp_fault_run):
+    from analyzer.parity import MAX_OVERRIDE
+
+    # the fault halves every gradient (relative error 0.5): the looser tolerances refused
+    # above would have let it through, the bounds do not
+    proc = cli("gate", str(fsdp_fault_run), "--rtol", str(MAX_OVERRIDE["rtol"]),
+               "--atol", str(MAX_OVERRIDE["atol"]))
+    assert proc.returncode == 3 and "FAIL fsdp: fail" in proc.stdout, proc.stdout + proc.stderr
+    assert "rel L2 0.5" in proc.stdout
+    from analyzer.parity import evaluate, read_numerics, tolerance_for
+
+    numerics = read_numerics(fsdp_fault_run / "numerics.parquet")
+    for name, loose in (("rtol", 0.5), ("atol", 0.1)):  # the library still computes them
+        res = evaluate(numerics, tolerance_for("fp32", **{name: loose}))
+        assert res.status == "pass", (name, res.reason)  # why such values must be refused
