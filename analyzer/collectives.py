@@ -3,7 +3,9 @@
 Bandwidth follows nccl-tests (doc/PERFORMANCE.md): algbw = bytes / time with bytes as nccl-tests
 counts them (all_gather and reduce_scatter: the total buffer; all_reduce, broadcast,
 all_to_all: the buffer), busbw = algbw x factor(n): all_reduce 2(n-1)/n, all_gather,
-reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1; GB = 10^9 bytes.
+reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1; GB = 10^9 bytes. Across the
+ranks of a run, times are combined before the bandwidth is computed, as nccl-tests does
+(``run_busbw_gbps``).
 Cross-rank matching follows TraceLens: the same collective on every rank is the one with the
 same process group and the same index within that group; transfer time is the shortest
 duration across ranks (the time the data really moved), wait is the rest.
@@ -140,10 +142,14 @@ def _codes(col: pd.Series) -> np.ndarray:
 def by_kind(coll: pd.DataFrame, rows: np.ndarray | None = None) -> pd.DataFrame:
     """Per rank and kind: rank, kind, count, time_ns (sum of durations), bytes (sum of known
     bytes), algbw_gbps, busbw_gbps (over the instances whose bytes are known:
-    sum(bytes) / sum(time), busbw weighting each instance by its nccl-tests factor).
+    sum(bytes) / sum(time), busbw weighting each instance by its nccl-tests factor),
+    bus_bytes (float: sum of bytes x factor over the instances with known bytes and a factor)
+    and bus_time_ns (their summed duration), so busbw_gbps = bus_bytes / bus_time_ns; a run's
+    busbw over ranks is ``run_busbw_gbps`` of these two columns, not a mean of busbw_gbps.
     Rows sorted by (rank, kind); rows without a kind are left out. ``rows``: a boolean mask
     over ``coll``'s rows, giving ``by_kind(coll[rows])`` without building that table."""
-    cols = ["rank", "kind", "count", "time_ns", "bytes", "algbw_gbps", "busbw_gbps"]
+    cols = ["rank", "kind", "count", "time_ns", "bytes", "algbw_gbps", "busbw_gbps", "bus_bytes",
+            "bus_time_ns"]
     pos = None if rows is None else np.flatnonzero(rows)
     if coll.empty or (pos is not None and not len(pos)):
         return pd.DataFrame(columns=cols)
@@ -205,7 +211,22 @@ def by_kind(coll: pd.DataFrame, rows: np.ndarray | None = None) -> pd.DataFrame:
     return pd.DataFrame({
         "rank": ranks[first], "kind": kinds,
         "count": count, "time_ns": time_ns, "bytes": np.where(anyknown, kbytes, -1),
-        "algbw_gbps": algbw, "busbw_gbps": busbw})
+        "algbw_gbps": algbw, "busbw_gbps": busbw, "bus_bytes": kbus, "bus_time_ns": kbustime})
+
+
+def run_busbw_gbps(bus_bytes: np.ndarray, bus_time_ns: np.ndarray) -> float:
+    """busbw of one collective kind over the ranks of a run, in GB/s (10^9 bytes/s), from the
+    per-rank ``bus_bytes`` and ``bus_time_ns`` of ``by_kind``: sum(bus_bytes) / sum(bus_time_ns).
+
+    Rule of nccl-tests (src/common.cu ``BenchTime``): each rank times the operation, the times
+    are combined across ranks first -- ``Allreduce(args, &deltaSec, average)`` with the default
+    ``average = 1``, the arithmetic mean -- and only then algbw = S / t and busbw = algbw x
+    factor (doc/PERFORMANCE.md). Every rank of a run moves the same collectives (same S), so
+    summing the bus bytes and the times over ranks gives S x factor / (mean time over ranks),
+    exactly that. The mean of per-rank busbw values (a mean of S / t_r) is not: a slow rank
+    counts less than its time does. NaN when no instance has known bytes and a factor."""
+    t = float(np.sum(bus_time_ns))
+    return float(np.sum(bus_bytes)) / t if t > 0 else float("nan")
 
 
 def _factors(kind: np.ndarray, has_kind: np.ndarray, kind_idx: np.ndarray, names: np.ndarray,

@@ -8,10 +8,12 @@ rank's steps; the run's ``overlap_frac`` = overlap / communication summed over r
 ``exposed_comm_ns`` = exposed communication per step, mean over ranks; ``data`` = the run's data
 supply (analyzer/datasupply.py: time-weighted data-wait shares, input-bound rule);
 ``communication[kind]``
-= per-rank means (count, time_ns, bytes: totals over the whole trace) and the mean busbw over
-ranks, plus ``count_per_step``, ``time_ns_per_step``, ``bytes_per_step``: collectives inside
-profiled steps per rank divided by that rank's number of profiled steps, mean over ranks (the
-figures the report shows, next to the other per-step means); ``profiled_steps`` = their count.
+= per-rank means (count, time_ns, bytes: totals over the whole trace) and the run's busbw
+(nccl-tests: bus bytes over the time combined across ranks, ``collectives.run_busbw_gbps``;
+not a mean of per-rank busbw), plus ``count_per_step``, ``time_ns_per_step``,
+``bytes_per_step``: collectives inside profiled steps per rank divided by that rank's number
+of profiled steps, mean over ranks (the figures the report shows, next to the other per-step
+means); ``profiled_steps`` = their count.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer import api, compare, datasupply, drift, memory, parity, prefetch, rundirs, schemas
-from analyzer.collectives import by_kind
+from analyzer.collectives import by_kind, run_busbw_gbps
 from analyzer.fswalk import entries
 
 log = logging.getLogger(__name__)
@@ -117,14 +119,15 @@ def _communication(ts, bd: pd.DataFrame) -> tuple[int, dict[str, Any]]:
                                 / div[i] for c in ("count", "time_ns", "bytes")}
     comm: dict[str, Any] = {}
     if len(cbk):
-        cols = {c: cbk[c].to_numpy() for c in ("count", "time_ns", "bytes", "busbw_gbps")}
+        cols = {c: cbk[c].to_numpy() for c in ("count", "time_ns", "bytes", "bus_bytes",
+                                                 "bus_time_ns")}
         for kind, i in _groups(cbk["kind"].to_numpy().astype(str)):
             ps = per_step.get(str(kind))
             comm[str(kind)] = {
                 "count": _num(cols["count"][i].sum() / n),
                 "time_ns": _num(cols["time_ns"][i].sum() / n),
                 "bytes": _num(np.clip(cols["bytes"][i], 0, None).sum() / n),
-                "busbw_gbps": _num(_mean(cols["busbw_gbps"][i])),
+                "busbw_gbps": _num(run_busbw_gbps(cols["bus_bytes"][i], cols["bus_time_ns"][i])),
                 **{f"{c}_per_step": (_num(_nansum(ps[c]) / n) if ps is not None else None)
                    for c in ("count", "time_ns", "bytes")}}
     return (max(rank_steps.values()) if rank_steps else 0), comm

@@ -103,7 +103,9 @@ def render(report: dict[str, Any]) -> str:
                    "busbw (GB/s)"], rows) if rows
             else "No collectives found.", "",
             "busbw uses the nccl-tests factors (all_reduce 2(n-1)/n, all_gather and reduce_scatter "
-            "(n-1)/n, broadcast 1); GB = 10^9 bytes.", ""]
+            "(n-1)/n, broadcast 1) and, as nccl-tests does, combines the ranks' times before "
+            "dividing: bytes x factor summed over ranks / time summed over ranks (= bytes x "
+            "factor / mean time per rank), whole trace; GB = 10^9 bytes.", ""]
 
     out += ["## Memory per rank", ""]
     rows = [[r["name"], m["rank"], fmt.mib(m.get("peak_rss_bytes")),

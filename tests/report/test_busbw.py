@@ -1,0 +1,73 @@
+"""A run's busbw combines the ranks as nccl-tests does (src/common.cu: the ranks' times are
+averaged, then algbw = S / t and busbw = algbw x factor), not as a mean of per-rank busbw."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analyzer.collectives import by_kind, run_busbw_gbps
+from reports import collect
+
+TBPLUGIN = Path(__file__).parents[2] / ".." / "shared" / "corpus" / "tbplugin_2rank"
+
+
+def _coll(rows):
+    cols = ["rank", "step", "pg", "seq", "kind", "start_ns", "end_ns", "dur_ns", "bytes", "rule",
+            "name", "group_size", "enqueue_start_ns", "enqueue_end_ns"]
+    return pd.DataFrame([{**dict.fromkeys(cols, -1), "pg": "0", "rule": "r", "name": "n", **r}
+                         for r in rows], columns=cols)
+
+
+def test_hand_built_two_ranks():
+    # one 1 MB all_reduce on 2 ranks (factor 2(n-1)/n = 1): rank 0 took 1 ms, rank 1 3 ms.
+    # nccl-tests: mean time 2 ms -> algbw = 1e6 B / 2e-3 s = 0.5 GB/s = busbw.
+    # The mean of per-rank busbw would say (1.0 + 0.333) / 2 = 0.667 GB/s.
+    coll = _coll([{"rank": 0, "kind": "all_reduce", "dur_ns": 1_000_000, "bytes": 1_000_000,
+                   "group_size": 2},
+                  {"rank": 1, "kind": "all_reduce", "dur_ns": 3_000_000, "bytes": 1_000_000,
+                   "group_size": 2}])
+    k = by_kind(coll)
+    assert k["busbw_gbps"].tolist() == pytest.approx([1.0, 1 / 3])  # per rank
+    assert k["bus_bytes"].tolist() == [1e6, 1e6] and k["bus_time_ns"].tolist() == [1e6, 3e6]
+    assert run_busbw_gbps(k["bus_bytes"], k["bus_time_ns"]) == pytest.approx(0.5)
+    # 4 ranks, all_gather (factor 3/4), 2 instances of 8 MB each, times per rank (ms)
+    times = {0: (2, 2), 1: (2, 4), 2: (3, 3), 3: (6, 8)}
+    coll = _coll([{"rank": r, "kind": "all_gather", "dur_ns": t * 1_000_000, "bytes": 8_000_000,
+                   "group_size": 4} for r, ts in times.items() for t in ts])
+    k = by_kind(coll)
+    # mean time per rank for the two instances: (4 + 6 + 6 + 14) / 4 = 7.5 ms for 16 MB
+    assert run_busbw_gbps(k["bus_bytes"], k["bus_time_ns"]) == pytest.approx(16e6 * 0.75 / 7.5e6)
+
+
+def test_report_on_real_nccl_traces(tmp_path):
+    if not TBPLUGIN.exists():
+        pytest.skip("corpus not present")
+    folder = tmp_path / "nccl"
+    folder.mkdir()
+    want: dict[str, tuple[int, list[float]]] = {}
+    for w in (0, 1):
+        src = TBPLUGIN / f"nccl__worker{w}.json"
+        shutil.copy(src, folder / src.name)
+        events = json.loads(src.read_text())["traceEvents"]
+        ops = {e["args"]["External id"]: e for e in events if e["name"].startswith("nccl:")}
+        for e in events:
+            if e["name"].startswith("ncclKernel_"):
+                op = ops[e["args"]["external id"]]
+                kind = op["name"].split(":")[1]
+                nbytes = op["args"]["Input Dims"][0][0] * 4  # float
+                want.setdefault(kind, (nbytes, []))[1].append(e["dur"] * 1000.0)
+    # published by the tb_plugin (corpus README): all_reduce 8,196,000 bytes, broadcast 212,480
+    assert want["all_reduce"][0] == 8_196_000 and want["broadcast"][0] == 212_480
+    rep = collect.collect(folder)
+    comm = rep["runs"][0]["communication"]
+    for kind, factor in (("all_reduce", 2 * (2 - 1) / 2), ("broadcast", 1.0)):
+        nbytes, durs = want[kind]
+        mean_ns = sum(durs) / len(durs)  # 1556/1058 us and 16/31 us
+        assert comm[kind]["busbw_gbps"] == pytest.approx(nbytes * factor / mean_ns, rel=1e-12)
+        per_rank_mean = sum(nbytes * factor / d for d in durs) / len(durs)
+        assert comm[kind]["busbw_gbps"] != pytest.approx(per_rank_mean, rel=1e-3)
