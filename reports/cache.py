@@ -12,8 +12,8 @@ the manifest's sha256 check (analyzer/rundirs.py) that a miss runs; the kernel s
 on every write or utime and no user call can set it back.
 
 The cache is ``$XDG_CACHE_HOME/paritytrace/reports/<hash of DIR and output folder>.json``
-(``~/.cache`` when unset; the report dict as report.json writes it plus the key), written
-atomically after the report; the output folder holds only the report files. A hit renders from the cached dict: no pandas import,
+(``~/.cache`` when unset; the report dict as report.json writes it plus the key and the notes
+the analysis said on stderr, which a hit says again), written atomically after the report; the output folder holds only the report files. A hit renders from the cached dict: no pandas import,
 no trace read. Both paths render from the dict after a JSON round trip, so their outputs are
 identical. A cache that cannot be read or written is skipped (log line), never an error.
 """
@@ -118,6 +118,14 @@ def _path(root: Path, out: Path) -> Path:
 def load(root: Path, out: Path, k: str) -> dict[str, Any] | None:
     """The cached report dict of ``root`` -> ``out`` for key ``k``, None when absent, stale or
     unreadable."""
+    hit = load_entry(root, out, k)
+    return None if hit is None else hit[0]
+
+
+def load_entry(root: Path, out: Path, k: str) -> tuple[dict[str, Any], list[str]] | None:
+    """(report dict, notes) cached for ``root`` -> ``out`` and key ``k``; None when absent,
+    stale or unreadable. ``notes``: the lines the analysis that made the report said on stderr
+    (``store``), so a hit can say them again."""
     path = _path(root, out)
     try:
         blob = json.loads(path.read_text())
@@ -128,15 +136,20 @@ def load(root: Path, out: Path, k: str) -> dict[str, Any] | None:
         return None
     if not isinstance(blob, dict) or blob.get("key") != k or not isinstance(blob.get("report"), dict):
         return None
-    return blob["report"]
+    notes = blob.get("notes")
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        return None  # a cache written before notes were kept: a miss re-creates it
+    return blob["report"], notes
 
 
-def store(root: Path, out: Path, k: str, report_json: str) -> None:
-    """Write the cache (``report_json``: report.json's text) atomically."""
+def store(root: Path, out: Path, k: str, report_json: str, notes: list[str] = ()) -> None:
+    """Write the cache atomically: ``report_json`` (report.json's text) and ``notes`` (the
+    lines the analysis said on stderr, one per note)."""
     from reports.jsonout import write_atomic
 
     path = _path(root, out)
     try:
-        write_atomic(path, f'{{"key": "{k}", "report": {report_json}}}')
+        write_atomic(path, f'{{"key": "{k}", "notes": {json.dumps(list(notes))}, '
+                           f'"report": {report_json}}}')
     except OSError as exc:
         log.info("could not write report cache %s (%s)", path, exc)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+log = logging.getLogger(__name__)
 FORMATS = ("md", "json", "html")
 PARSE_MODULES = ("analyzer.tables", "analyzer.load", "analyzer.decode", "analyzer.classify",
                  "analyzer.breakdown", "analyzer.collectives", "analyzer.prefetch")
@@ -29,10 +33,51 @@ def _formats(value: str) -> list[str]:
     return wanted
 
 
+@contextlib.contextmanager
+def said_on_stderr(notes: list[str]) -> Iterator[None]:
+    """Keep, in ``notes``, what the analysis logs at WARNING or above in this process
+    (``analyzer.*`` and ``reports.*`` loggers), instead of letting it reach the log handlers --
+    with none configured (the CLI configures none), Python's last-resort handler prints it on
+    stderr: the notes a cold report printed there (e.g. an incomplete run analysed as found).
+    The caller says them; the report cache keeps them so a cached report says them again.
+    Lower levels go on to the root logger's handlers as before. If the block raises, the notes
+    kept so far are logged as usual, so they still come before the error."""
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                notes.append(record.getMessage())
+            else:
+                logging.getLogger().handle(record)
+
+    keep = _Keep()
+    loggers = [logging.getLogger(n) for n in ("analyzer", "reports")]
+    saved = [lg.propagate for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(keep)
+        lg.propagate = False
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        for lg, prop in zip(loggers, saved):
+            lg.removeHandler(keep)
+            lg.propagate = prop
+        if not ok:
+            for n in notes:
+                log.warning("%s", n)
+
+
 def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: float | None,
-                 atol: float | None, allow_incomplete: bool) -> tuple[dict, str]:
+                 atol: float | None, allow_incomplete: bool,
+                 notes: list[str] | None = None) -> tuple[dict, str]:
     """Collect the report for ``root`` and write the chosen formats under ``out`` (default
-    ``root/report``). Returns (report dict, markdown text). Raises ``BadInput``."""
+    ``root/report``). Returns (report dict, markdown text). Raises ``BadInput``.
+
+    The notes the analysis says on stderr (``said_on_stderr``) are stored with the cached
+    report and given again on a cache hit: appended to ``notes`` when a list is passed (the
+    CLI prints them), else logged as warnings (``logging``)."""
     import json
 
     from reports import cache, html, jsonout, markdown
@@ -52,19 +97,27 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
                        "pass --out to a writable folder")
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
     key = cache.key(root, out, {"rtol": rtol, "atol": atol, "allow_incomplete": allow_incomplete})
-    report = cache.load(root, out, key)
+    hit = cache.load_entry(root, out, key)
     report_json = None
-    if report is None:
+    if hit is None:
         from analyzer import parallel
 
+        said: list[str] = []
         # workers start now and import the per-rank analysis while this process imports
         # pandas and the report (analyzer/parallel.py)
-        with parallel.workers(preload=PARSE_MODULES):
+        with said_on_stderr(said), parallel.workers(preload=PARSE_MODULES):
             from reports import collect  # pandas and the analysis: only when the cache misses
 
             report_json = jsonout.dumps(collect.collect(root, rtol=rtol, atol=atol,
                                                         allow_incomplete=allow_incomplete))
         report = json.loads(report_json)  # render from what report.json holds, hit or miss
+    else:
+        report, said = hit
+    if notes is not None:
+        notes += said
+    else:
+        for n in said:
+            log.warning("%s", n)
     md = markdown.render(report)
     texts = {"json": lambda: report_json or jsonout.dumps(report),
              "html": lambda: html.render(report, md), "md": lambda: md}
@@ -77,7 +130,7 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
                 raise BadInput(path, "unwritable", f"cannot be written ({exc.strerror})",
                                "pass --out to a writable folder") from None
     if report_json is not None:
-        cache.store(root, out, key, report_json)
+        cache.store(root, out, key, report_json, said)
     return report, md
 
 
@@ -112,8 +165,11 @@ def register(app, run) -> None:
     ) -> None:
         """Check parity, attribute time and memory, compare and rank; print report.md."""
         formats = _formats(fmt)
-        _, md = run(lambda: write_report(directory, out=out, formats=formats, rtol=rtol, atol=atol,
-                                         allow_incomplete=allow_incomplete))
+        notes: list[str] = []
+        _, md = run(lambda: write_report(directory, out=out, formats=formats, rtol=rtol,
+                                         atol=atol, allow_incomplete=allow_incomplete, notes=notes))
+        for n in notes:  # said by the analysis, or kept with the cached report: said again
+            typer.echo(n, err=True)
         typer.echo(md)
 
     @app.command("gate")

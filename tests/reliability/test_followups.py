@@ -174,3 +174,30 @@ def test_faulted_run_still_fails_at_the_bounds(fsdp_fault_run):
     for name, loose in (("rtol", 0.5), ("atol", 0.1)):  # the library still computes them
         res = evaluate(numerics, tolerance_for("fp32", **{name: loose}))
         assert res.status == "pass", (name, res.reason)  # why such values must be refused
+
+
+# 7. a cached report says again what the analysis said on stderr
+
+def test_cached_report_repeats_the_stderr_notes(ddp_run, fsdp_fault_run, tmp_path, monkeypatch):
+    from reports import cache, collect
+
+    root = tmp_path / "traces"
+    copy_run(ddp_run, root / "ddp")
+    inc = copy_run(fsdp_fault_run, root / "fsdp")
+    (inc / "manifest.json").unlink()  # a record that did not finish
+    args = ("report", str(root), "--allow-incomplete", "--out", str(tmp_path / "rep"))
+    cold = cli(*args)
+    assert cold.returncode == 0, cold.stderr
+    note = f"{inc}: has traces but no manifest.json: the run did not complete; analysed as found"
+    assert cold.stderr.splitlines() == [note]
+    assert note in cold.stdout  # also a note of the report itself
+
+    def no_analysis(*a, **k):
+        raise AssertionError("the warm report must come from the cache")
+
+    monkeypatch.setattr(collect, "collect", no_analysis)
+    warm = cli(*args)
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stderr == cold.stderr and warm.stdout == cold.stdout
+    key = cache.key(root, tmp_path / "rep", {"rtol": None, "atol": None, "allow_incomplete": True})
+    assert cache.load_entry(root, tmp_path / "rep", key)[1] == [note]
