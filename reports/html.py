@@ -171,7 +171,7 @@ def render(report: dict[str, Any], markdown_text: str | None = None) -> str:
                                   fmt.pct(u["hidden_frac"]), fmt.ms(u["slack_ns"])] for u in p["units"]]))
             if p.get("note"):
                 parts.append(f"<p>{e(p['note'])}</p>")
-        parts.append(f"<p>{e(notes.SLACK)}</p>")
+        parts.append(f"<p>{e(notes.UNIT_NAMES)}</p><p>{e(notes.SLACK)}</p>")
     for w in report.get("warnings") or []:
         parts.append(f"<p>Note: {e(w)}</p>")
     parts.append(f"<h2>Trace files</h2><p>Each is a Chrome trace; {e(PERFETTO_HINT)}.</p><ul>")

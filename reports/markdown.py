@@ -149,7 +149,7 @@ def render(report: dict[str, Any]) -> str:
                             r["options"].get("forward_prefetch"), fmt.ms(r["step_time_ns"]["median"]),
                             fmt.pct((r["prefetch"] or {}).get("hidden_frac")),
                             (r["prefetch"] or {}).get("late", "-")] for r in gr]), ""]
-        out += [notes.SLACK, ""]
+        out += [notes.UNIT_NAMES, "", notes.SLACK, ""]
 
     out += ["## Recorded settings", ""]
     rows = []

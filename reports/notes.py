@@ -40,6 +40,16 @@ SLACK = (
     "negative = the computation had to wait (late)."
 )
 
+UNIT_NAMES = (
+    "Unit = the FSDP unit whose parameters the all_gather brings. FSDP2 (fully_shard) names it "
+    "in its trace labels: the module's fully qualified name, \"(root)\" for the root module. "
+    "FSDP1 (FullyShardedDataParallel) labels carry no unit name, so its rows are numbered: "
+    "\"#k\" is the all_gather issued k-th (from #0) in that phase, forward or backward, of a "
+    "step, in issue order; a row averages the k-th all_gathers of every profiled step and rank "
+    "(the same unit each time as long as FSDP1 issues them in the same order every step)."
+)
+
+
 def step_sources(runs: list[dict[str, Any]]) -> list[str]:
     """One line per run: where its step times come from and over how many steps, e.g.
     ``ddp: steps.parquet, slowest rank's wall time per step, median/p90 over 2 profiled steps``."""

@@ -250,3 +250,21 @@ def test_readme_cache_locations_and_clearing(ddp_run, tmp_path, monkeypatch):
         assert left == [] and not user.exists()
     finally:
         runs["readonly"].chmod(0o755)
+
+
+# 9. FSDP1 unit names "#k" are defined where they appear
+
+def test_fsdp1_unit_names_are_defined(fsdp_fault_run, tmp_path):
+    out = tmp_path / "rep"
+    proc = cli("report", str(fsdp_fault_run), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    md = proc.stdout
+    section = md[md.index("## FSDP prefetch"):md.index("## Recorded settings")]
+    units = {row.split("|")[2].strip() for row in section.splitlines()
+             if row.startswith("| forward") or row.startswith("| backward")}
+    assert units and all(u.startswith("#") for u in units)  # FSDP1: numbered, not named
+    assert "#0" in units
+    definition = '"#k" is the all_gather issued k-th (from #0) in that phase'
+    assert definition in section
+    html = (out / "report.html").read_text().replace("&quot;", '"')
+    assert definition in html and html.index("#0</td>") < html.index(definition)
