@@ -238,7 +238,8 @@ def collect_run(run: rundirs.RunDir, *, rtol: float | None, atol: float | None,
             step_source = "traces: ProfilerStep spans, slowest rank"
     stats = memory.step_stats(step_ns)
     entry["step_time_ns"] = {"median": stats["median"], "p90": stats["p90"], "n": stats["n"],
-                             "source": step_source}
+                             "min": min(step_ns) if step_ns else None,
+                             "max": max(step_ns) if step_ns else None, "source": step_source}
     mem_ranks = [{k: _num(v) for k, v in row.items()} for row in peaks.to_dict("records")]
     entry["memory"] = {
         "peak_rss_bytes": _num(peaks["peak_rss_bytes"].max()) if len(peaks) else None,

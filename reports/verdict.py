@@ -85,13 +85,18 @@ def verdict(report: dict[str, Any]) -> list[str]:
         out.append(text + ".")
         noise = rk.get("noise")
         if noise and not noise["decisive"] and len(order) > 1:
-            close = ", ".join(f"{a} vs {b} ({fmt.pct(g)} apart)" for a, b, g in noise["close_pairs"])
-            why = ("these are CPU records, whose step times vary by 30-50 % between identical "
-                   "records" if noise["cpu"] else
-                   f"neighbours differ by less than {fmt.pct(noise['margin_frac'])}")
-            out.append(f"This order is within measurement noise ({why}"
-                       + (f"; closest: {close}" if close else "")
-                       + ") and is not a basis for a decision.")
+            close = "; ".join(f"{p[0]} vs {p[1]}: {fmt.pct(p[2])} apart, "
+                              + (p[3] if len(p) > 3 else f"below {fmt.pct(noise['margin_frac'])}")
+                              for p in noise["close_pairs"])
+            out.append(f"This order is within measurement noise ({close}) and is not a basis "
+                       "for a decision (rule: neighbours are within noise when their step times "
+                       "overlap or their medians differ by less than "
+                       f"{fmt.pct(noise['margin_frac'])} on {'CPU' if noise['cpu'] else 'GPU'}).")
+        elif noise and len(order) > 1:
+            out.append("This order is beyond the measured spread: no two neighbours' step times "
+                       "overlap and their medians differ by at least "
+                       f"{fmt.pct(noise['margin_frac'])} (the {'CPU' if noise['cpu'] else 'GPU'} "
+                       "floor).")
     else:
         if "not one experiment" in (rk.get("reason") or ""):  # the differences: under Ranking
             out.append("Ranking withheld: the runs were not recorded under the same settings "

@@ -154,11 +154,14 @@ def test_noise_rule(tmp_path):
     rep = _timed(tmp_path / "b", {"single": 10, "ddp": 7, "fsdp2": 8}, "cuda")
     assert rep["ranking"]["noise"]["decisive"] is True
     assert "measurement noise" not in markdown.render(rep).split("\n")[2]
-    # CPU: never decisive, even with a 43 % gap
+    # CPU: a 43 % gap is below the 50 % CPU floor (identical CPU records differ by 30-50 %);
+    # larger gaps are judged by the runs' measured spread (tests/report/test_noise_spread.py)
     rep = _timed(tmp_path / "c", {"single": 10, "ddp": 7}, "cpu")
-    assert rep["ranking"]["noise"]["decisive"] is False and rep["ranking"]["noise"]["close_pairs"] == []
+    noise = rep["ranking"]["noise"]
+    assert noise["decisive"] is False and [p[:2] for p in noise["close_pairs"]] == [["ddp", "single"]]
+    assert "50 % CPU floor" in noise["close_pairs"][0][3]
     assert "within measurement noise" in markdown.render(rep).split("\n")[2]
-    assert "30 %" in rep["ranking"]["rule"]
+    assert "50 %" in rep["ranking"]["rule"]
 
 
 def test_wording(tmp_path):
