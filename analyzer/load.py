@@ -236,6 +236,13 @@ def _parse_worker(path: Path) -> ParsedFile | tuple[str, str, str, str]:
         return (exc.path, exc.reason, exc.message, exc.fix)
 
 
+def _size_bytes(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # the worker says what is wrong
+
+
 def parse_files(paths: list[Path], jobs: int | None, *, worker=None
                 ) -> tuple[list[ParsedFile], list[BadInput]]:
     """Parse every file, in ``jobs`` processes (analyzer/parallel.py).
@@ -245,7 +252,12 @@ def parse_files(paths: list[Path], jobs: int | None, *, worker=None
     Returns the results and the problems (``BadInput``), so that all are reported."""
     from analyzer.parallel import run_all
 
-    results = run_all(worker or _parse_worker, paths, jobs)
+    # largest first (longest-processing-time-first scheduling): processes taking the next file
+    # as they free up then end within about one small file of each other
+    order = sorted(range(len(paths)), key=lambda i: -_size_bytes(paths[i]))
+    results: list[Any] = [None] * len(paths)
+    for i, r in zip(order, run_all(worker or _parse_worker, [paths[i] for i in order], jobs)):
+        results[i] = r
     ok = [r for r in results if not isinstance(r, tuple)]
     bad = [BadInput(*r) for r in results if isinstance(r, tuple)]
     return ok, bad

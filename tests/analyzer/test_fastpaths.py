@@ -182,6 +182,29 @@ def test_each_trace_goes_to_the_first_decoder_that_accepts_it_and_all_agree(even
     assert dec.events["thread_name"].tolist()[0] == "main"
 
 
+_SEEN: list[str] = []
+
+
+def _record_name(path: Path) -> str:
+    _SEEN.append(path.name)
+    return path.name
+
+
+def test_files_are_parsed_largest_first_and_returned_in_input_order(tmp_path):
+    from analyzer.load import parse_files
+
+    sizes = {"a.json": 10, "b.json": 30, "c.json": 20, "missing.json": None}
+    paths = []
+    for name, size in sizes.items():
+        if size is not None:
+            (tmp_path / name).write_bytes(b" " * size)
+        paths.append(tmp_path / name)
+    _SEEN.clear()
+    ok, bad = parse_files(paths, 1, worker=_record_name)
+    assert _SEEN == ["b.json", "c.json", "a.json", "missing.json"]
+    assert ok == ["a.json", "b.json", "c.json", "missing.json"] and bad == []
+
+
 # --- processes --------------------------------------------------------------------------------
 
 def _square(x: int) -> int:
