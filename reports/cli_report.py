@@ -106,7 +106,8 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
         # workers start now and import the per-rank analysis while this process imports
         # pandas and the report (analyzer/parallel.py)
         with said_on_stderr(said), parallel.workers(preload=PARSE_MODULES):
-            from reports import collect  # pandas and the analysis: only when the cache misses
+            with parallel.collector_paused():
+                from reports import collect  # pandas and the analysis: only on a cache miss
 
             report_json = jsonout.dumps(collect.collect(root, rtol=rtol, atol=atol,
                                                         allow_incomplete=allow_incomplete))

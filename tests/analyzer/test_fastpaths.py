@@ -333,3 +333,25 @@ def test_workers_end_with_a_killed_caller_and_ignore_ctrl_c():
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_collector_paused_restores_the_collector_and_freezes_what_was_built():
+    import gc
+
+    was = gc.isenabled()
+    gc.enable()
+    before = gc.get_freeze_count()
+    try:
+        with parallel.collector_paused():
+            assert not gc.isenabled()
+            built = [[i] for i in range(1000)]  # tracked containers
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= before + len(built)
+        gc.disable()
+        with parallel.collector_paused():
+            pass
+        assert not gc.isenabled()  # a paused collector stays paused
+    finally:
+        gc.unfreeze()
+        (gc.enable if was else gc.disable)()
+
