@@ -66,7 +66,6 @@ class _Args(msgspec.Struct, gc=False):
     pg_ranks: msgspec.Raw = msgspec.field(default=_NULL, name="Process Group Ranks")
     input_dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
-    meta_name: str | None = msgspec.field(default=None, name="name")  # ph "M" thread_name
 
 
 class _MArgs(msgspec.Struct, gc=False):
