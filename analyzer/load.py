@@ -392,6 +392,9 @@ def discover_paths(root: Path, *, allow_incomplete: bool
                     manifest = read_manifest(mpath)
                 except SchemaError as exc:
                     raise BadInput(mpath, "bad_manifest", str(exc).split(": ", 1)[-1]) from None
+                from analyzer.rundirs import check_listed_files_present
+
+                check_listed_files_present(root, manifest)
             elif not allow_incomplete:
                 raise BadInput(root, "incomplete_run", "incomplete run: no manifest.json (the "
                                "tracer writes it last)", "re-record the run, or pass "

@@ -99,14 +99,22 @@ def _read(run_dir: Path) -> RunDir:
         raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_manifest",
                        f"unknown strategy {manifest['strategy']!r}", "re-record the run")
     files = manifest["files"] if isinstance(manifest["files"], list) else []
+    check_listed_files_present(run_dir, manifest)
+    _verify_files(run_dir, [f for f in files if isinstance(f, dict) and f.get("path")])
+    return RunDir(path=run_dir, name=str(manifest.get("run_name") or run_dir.name), manifest=manifest)
+
+
+def check_listed_files_present(run_dir: Path, manifest: dict[str, Any]) -> None:
+    """Raise ``BadInput`` (reason ``missing_file``) when a file ``manifest`` lists is not in
+    ``run_dir``: the manifest is written last and lists every file, so one went missing since
+    the record (a deleted rank's trace would otherwise read as a smaller world)."""
+    files = manifest.get("files") if isinstance(manifest.get("files"), list) else []
     listed = [str(f.get("path")) for f in files if isinstance(f, dict) and f.get("path")]
     gone = [n for n in listed if not (run_dir / n).is_file()]
-    if gone:  # the manifest is written last and lists every file: one went missing since
+    if gone:
         raise BadInput(run_dir / gone[0] if len(gone) == 1 else run_dir, "missing_file",
                        f"{', '.join(gone)} listed in manifest.json but missing",
                        "restore the file(s) or re-record the run")
-    _verify_files(run_dir, [f for f in files if isinstance(f, dict) and f.get("path")])
-    return RunDir(path=run_dir, name=str(manifest.get("run_name") or run_dir.name), manifest=manifest)
 
 
 def _verify_files(run_dir: Path, files: list[dict[str, Any]]) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.errors import BadInput
+
 from tests.reliability.conftest import DLRM, TBPLUGIN, TINY, bad_input, cli, copy_run, need
 
 
@@ -77,6 +79,13 @@ def test_summary_refuses_a_run_whose_listed_trace_is_missing(ddp_run, tmp_path):
         proc = cli("summary", str(run), *extra)
         assert bad_input(proc) == want, extra
         assert "1 of 2 ranks" not in proc.stdout
+    # the library refuses it too, with the same reason (was: "1 of 2 ranks")
+    from analyzer.api import load_tables, load_traces
+    for load_fn in (load_traces, load_tables):
+        for allow in (False, True):
+            with pytest.raises(BadInput) as exc:
+                load_fn(run, allow_incomplete=allow)
+            assert exc.value.reason == "missing_file" and "rank1.trace.json.gz" in str(exc.value)
 
 
 # 3. gate on a folder of broken foreign traces: bad input (2), not a parity failure (3)
