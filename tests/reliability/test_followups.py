@@ -168,18 +168,34 @@ def test_tolerance_above_the_bound_is_refused(fsdp_fault_run, tmp_path, opt, val
         bad_input(cli(*args, opt, value), opt, f"above the bound {bound}", f"{opt} <= {bound}")
 
 
-def test_faulted_run_still_fails_at_the_bounds(fsdp_fault_run):
+@pytest.fixture(scope="session")
+def ddp_default_fault_run(tmp_path_factory) -> Path:
+    """``--fault wrong-grad-scale`` at the default model shapes (smaller gradients than TINY's:
+    where the first atol bound, 1e-2, let the fault pass the gate)."""
+    out = tmp_path_factory.mktemp("fu-ddp-default") / "traces"
+    proc = subprocess.run([sys.executable, "-m", "tracer", "record", "--strategy", "ddp",
+                           "--warmup", "0", "--active", "2", "--fault", "wrong-grad-scale",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "ddp"
+
+
+@pytest.mark.parametrize("which", ["tiny_fsdp", "default_ddp"])
+def test_faulted_run_still_fails_at_the_bounds(which, request):
     from analyzer.parity import MAX_OVERRIDE
 
+    run = request.getfixturevalue("fsdp_fault_run" if which == "tiny_fsdp"
+                                  else "ddp_default_fault_run")
     # the fault halves every gradient (relative error 0.5): the looser tolerances refused
     # above would have let it through, the bounds do not
-    proc = cli("gate", str(fsdp_fault_run), "--rtol", str(MAX_OVERRIDE["rtol"]),
+    proc = cli("gate", str(run), "--rtol", str(MAX_OVERRIDE["rtol"]),
                "--atol", str(MAX_OVERRIDE["atol"]))
-    assert proc.returncode == 3 and "FAIL fsdp: fail" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 3 and f"FAIL {run.name}: fail" in proc.stdout, \
+        proc.stdout + proc.stderr
     assert "rel L2 0.5" in proc.stdout
     from analyzer.parity import evaluate, read_numerics, tolerance_for
 
-    numerics = read_numerics(fsdp_fault_run / "numerics.parquet")
+    numerics = read_numerics(run / "numerics.parquet")
     for name, loose in (("rtol", 0.5), ("atol", 0.1)):  # the library still computes them
         res = evaluate(numerics, tolerance_for("fp32", **{name: loose}))
         assert res.status == "pass", (name, res.reason)  # why such values must be refused
