@@ -38,6 +38,7 @@ def register(app, run) -> None:
             if target.is_dir():
                 raise BadInput(target, "out_is_dir", "-o names an existing directory, not a file",
                                f"pass a file name, e.g. -o {target / 'merged.trace.json.gz'}")
+            _refuse_read_only(target)
             incomplete = _check_like_report(directory, allow_incomplete)
             options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align)
             result = merge_traces(directory, target, options)
@@ -48,6 +49,21 @@ def register(app, run) -> None:
 
         result = run(go)
         _print(result)
+
+
+def _refuse_read_only(target: Path) -> None:
+    """Raise ``BadInput`` (reason ``read_only``) when the folder ``target`` would be written in,
+    or its nearest existing parent, is marked read-only (no write bit in its mode, e.g. the
+    shared corpus), as ``analyzer report`` refuses such a folder (reports/cli_report.py
+    ``write_report``). The mode bits, not ``os.access``: root passes ``os.access`` anyway."""
+    from analyzer.errors import BadInput
+
+    folder = target.parent
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.stat().st_mode & 0o222:
+        raise BadInput(existing, "read_only", "is marked read-only; the merged trace is not "
+                       "written there", "pass -o a file in a writable folder, e.g. "
+                       "-o /tmp/merged.trace.json.gz")
 
 
 def _check_like_report(directory: Path, allow_incomplete: bool) -> bool:

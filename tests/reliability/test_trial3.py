@@ -1,0 +1,63 @@
+"""CLI fixes from the third new-user trial: merge into a read-only folder, summary -o onto a
+directory, summary -o with the table format, and report files of an earlier analysis left
+beside a new one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.conftest import DLRM, bad_input, cli, need
+
+
+@pytest.fixture
+def dlrm_copy(tmp_path) -> Path:
+    """A writable copy of the 8-rank DLRM corpus folder (the corpus itself is never touched)."""
+    dst = tmp_path / "dlrm"
+    shutil.copytree(need(DLRM), dst)
+    for p in (dst, *dst.iterdir()):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return dst
+
+
+@pytest.fixture
+def read_only_dlrm(dlrm_copy) -> Path:
+    """``dlrm_copy`` marked read-only (mode 0o555); made writable again afterwards so that
+    pytest can remove it."""
+    dlrm_copy.chmod(0o555)
+    yield dlrm_copy
+    dlrm_copy.chmod(0o755)
+
+
+# 1. merge without -o into a folder marked read-only
+
+def test_merge_refuses_read_only_folder(read_only_dlrm):
+    before = sorted(p.name for p in read_only_dlrm.iterdir())
+    line = bad_input(cli("merge", str(read_only_dlrm)), str(read_only_dlrm), "read-only", "-o")
+    assert "--out" not in line  # merge's option is -o
+    assert sorted(p.name for p in read_only_dlrm.iterdir()) == before
+
+
+def test_merge_refuses_read_only_out_folder(dlrm_copy, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    try:
+        bad_input(cli("merge", str(dlrm_copy), "-o", str(locked / "sub" / "m.trace.json.gz")),
+                  str(locked), "read-only")
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o755)
+
+
+def test_merge_of_read_only_folder_with_o_elsewhere_works(read_only_dlrm, tmp_path):
+    """The refusal is about where the output goes, not about reading a read-only folder."""
+    target = tmp_path / "out" / "m.trace.json.gz"
+    proc = cli("merge", str(read_only_dlrm), "-o", str(target))
+    assert proc.returncode == 0, proc.stderr
+    assert target.is_file() and (target.parent / "m.offsets.json").is_file()
+    ranks = json.loads((target.parent / "m.offsets.json").read_text())
+    assert len(ranks["offsets"]) == 8  # worker0..worker7 in the corpus folder
+
