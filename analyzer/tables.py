@@ -131,8 +131,12 @@ def code_key() -> str:
 
 
 def _stat_sig(path: Path) -> list[int]:
+    """Size, mtime, ctime, inode and device of ``path``: equal, the cached tables are used
+    without reading the trace. The ctime is there because the mtime can be set back (``cp -p``,
+    ``touch -d``, ``os.utime``) after an edit that keeps the size; the kernel sets the ctime on
+    every write and no user call sets it back (reports/cache.py keys the report the same way)."""
     st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
 def tables_cache_path(trace: Path) -> Path:

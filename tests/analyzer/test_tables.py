@@ -88,6 +88,24 @@ def test_changed_trace_is_reparsed_touched_one_is_not(tmp_path):
     pd.testing.assert_frame_equal(redone.breakdown, other.breakdown)
 
 
+def test_same_size_edit_with_the_mtime_set_back_is_not_served_from_the_cache(tmp_path):
+    """An edit that keeps the size, then ``os.utime`` back to the old mtime (what ``cp -p`` or
+    ``touch -d`` do): the ctime still moved, so the trace is hashed again (found by a new-user
+    trial: the stale tables, and their SHA-256, were used)."""
+    root = _copy_dlrm(tmp_path)
+    f = root / "worker0.pt.trace.json.gz"
+    before = next(r for r in api.load_tables(root).ranks if r.path == f)
+    st = f.stat()
+    raw = bytearray(f.read_bytes())
+    raw[5] ^= 0xFF  # the gzip header's mtime: other bytes, same size, same trace inside
+    f.write_bytes(bytes(raw))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    after = next(r for r in api.load_tables(root).ranks if r.path == f)
+    assert not after.cache_hit and after.sha256 != before.sha256
+    pd.testing.assert_frame_equal(after.breakdown, before.breakdown)  # the same trace inside
+
+
 def test_report_cache_hit_is_identical_and_a_change_misses(tmp_path, monkeypatch):
     from reports import cache
     from reports.cli_report import write_report
