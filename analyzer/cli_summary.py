@@ -40,8 +40,6 @@ def register(app, run) -> None:
 
 def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
     import json
-    import os
-    import tempfile
 
     from analyzer import rundirs
     from analyzer.api import load_traces
@@ -49,6 +47,9 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
     from analyzer.errors import BadInput
     from analyzer.summary import summarize
 
+    if output is not None and output.is_dir():  # before the analysis: refused at once
+        raise BadInput(output, "out_is_dir", "-o names an existing directory, not a file",
+                       f"pass a file name, e.g. -o {output / 'summary.json'}")
     if path.is_dir() and (path / MANIFEST_NAME).is_file():
         # the run directory's manifest checks of `report` and `gate` (analyzer/rundirs.py): a
         # listed file missing or changed since the record is refused, not summarised partially
@@ -68,13 +69,33 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
         if output is None:
             typer.echo(text)
         else:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=".tmp-")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, output)
+            try:
+                _write_atomic(output, text)
+            except OSError as exc:
+                raise BadInput(output, "unwritable", f"cannot be written ({exc.strerror})",
+                               "pass -o a file in a writable folder") from None
         return
     _print_tables(s)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` via a temp file in the same folder and ``os.replace``;
+    the temp file is removed on any failure (``OSError`` is raised on to the caller)."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; the summary is meant to be read
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _print_tables(s) -> None:

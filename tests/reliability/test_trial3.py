@@ -61,3 +61,49 @@ def test_merge_of_read_only_folder_with_o_elsewhere_works(read_only_dlrm, tmp_pa
     ranks = json.loads((target.parent / "m.offsets.json").read_text())
     assert len(ranks["offsets"]) == 8  # worker0..worker7 in the corpus folder
 
+
+# 2. summary --format json -o onto an existing directory
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") or "tmp" in p.name)
+
+
+def test_summary_json_out_is_a_directory(tmp_path):
+    target = tmp_path / "somedir"
+    target.mkdir()
+    line = bad_input(cli("summary", str(need(DLRM)), "--format", "json", "-o", str(target)),
+                     str(target), "-o", "directory")
+    assert "summary.json" in line  # says what to pass instead
+    assert list(target.iterdir()) == []
+    assert _leftovers(tmp_path) == []
+
+
+def test_summary_json_unwritable_parent_is_bad_input(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    bad_input(cli("summary", str(need(DLRM)), "--format", "json", "-o", str(blocker / "s.json")),
+              str(blocker / "s.json"), "cannot be written")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_summary_atomic_writer_removes_its_temp_file(tmp_path):
+    from analyzer.cli_summary import _write_atomic
+
+    target = tmp_path / "s.json"
+    target.mkdir()  # os.replace of a file onto a directory fails after the temp file is written
+    with pytest.raises(IsADirectoryError):
+        _write_atomic(target, "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]
+    _write_atomic(tmp_path / "t.json", '{"a": 1}')
+    assert json.loads((tmp_path / "t.json").read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json", "t.json"]
+
+
+def test_summary_json_to_file(tmp_path):
+    out = tmp_path / "deep" / "s.json"
+    proc = cli("summary", str(need(DLRM)), "--format", "json", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    # the corpus folder holds worker0..worker7: one rank each
+    assert sorted({row["rank"] for row in data["breakdown"]}) == list(range(8))
+    assert _leftovers(out.parent) == []
