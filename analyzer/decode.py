@@ -85,6 +85,7 @@ _PHASES = "BEiIbneCstfPONDVvRc()"
 """Chrome trace event phases other than X and M (Trace Event Format): decoded as structs with
 no fields, so their contents (e.g. flow events, a quarter of a Kineto trace) are skipped
 without building objects."""
+_KNOWN_PHASES = frozenset("XM" + _PHASES)
 _OTHERS = tuple(msgspec.defstruct(f"_Ph{ord(t)}", [], tag_field="ph", tag=t, gc=False)
                 for t in _PHASES)
 
@@ -540,6 +541,10 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     else:
         xs = [e for e in evs if e.ph == "X"]
         metas = (e for e in evs if e.ph == "M")
+        n_odd = sum(1 for e in evs if not (type(e.ph) is str and e.ph in _KNOWN_PHASES))
+        if n_odd:  # the strict decoders accept only known phases: only this path sees them
+            warnings.append(f"{path}: skipped {n_odd} events with no or an unknown phase "
+                            "(\"ph\"), which the Chrome trace format does not define")
     # thread names from metadata events (last one wins, as trace viewers do)
     thread_names: dict[tuple[str, str], str] = {}
     for e in metas:

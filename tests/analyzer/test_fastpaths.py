@@ -182,6 +182,16 @@ def test_each_trace_goes_to_the_first_decoder_that_accepts_it_and_all_agree(even
     assert dec.events["thread_name"].tolist()[0] == "main"
 
 
+def test_events_with_no_or_an_unknown_phase_are_counted():
+    ev = [_x(), {**_x(), "ph": "Z"}, {k: v for k, v in _x().items() if k != "ph"},
+          {**_x(), "ph": 5}, {"ph": "f", "id": 1, "ts": 1}]
+    dec = decode.decode_bytes(_trace(ev), "t.json")
+    assert len(dec.events) == 1
+    assert [w for w in dec.warnings if "phase" in w] == [
+        't.json: skipped 3 events with no or an unknown phase ("ph"), which the Chrome trace '
+        "format does not define"]
+
+
 _SEEN: list[str] = []
 
 
