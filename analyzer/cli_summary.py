@@ -26,7 +26,7 @@ def register(app, run) -> None:
         path: Annotated[Path, typer.Argument(help="Run directory, folder of traces, or a trace file.")],
         fmt: Annotated[_Format, typer.Option("--format", help="table (rich) or json.")] = _Format.table,
         output: Annotated[Path | None, typer.Option("--output", "-o",
-                                                    help="Write JSON here instead of stdout.")] = None,
+                                                    help="Write the JSON here instead of stdout (with --format json only).")] = None,
         crosscheck: Annotated[_Check | None, typer.Option(
             "--crosscheck", help="Also run HolisticTraceAnalysis's overlap and show both.")] = None,
         allow_incomplete: Annotated[bool, typer.Option(
@@ -35,6 +35,10 @@ def register(app, run) -> None:
                                                  help="Parser processes (default: min(cpus, ranks)).")] = None,
     ) -> None:
         """Time per collective, overlap and exposed communication per rank and ProfilerStep."""
+        if output is not None and fmt != _Format.json:  # -o writes JSON (its help says so)
+            raise typer.BadParameter("writes JSON only: add --format json (the table goes to "
+                                     "stdout: redirect it with > FILE)",
+                                     param_hint="'--output' / '-o'")
         run(lambda: _summary(path, fmt, output, crosscheck, allow_incomplete, jobs))
 
 

@@ -107,3 +107,15 @@ def test_summary_json_to_file(tmp_path):
     # the corpus folder holds worker0..worker7: one rank each
     assert sorted({row["rank"] for row in data["breakdown"]}) == list(range(8))
     assert _leftovers(out.parent) == []
+
+
+# 3. summary -o with the table format: -o writes JSON (its --help), so the pair is refused
+
+@pytest.mark.parametrize("fmt", [[], ["--format", "table"]], ids=["default", "table"])
+def test_summary_table_with_o_is_a_usage_error(tmp_path, fmt):
+    out = tmp_path / "out.txt"
+    proc = cli("summary", str(need(DLRM)), *fmt, "-o", str(out))
+    bad_input(proc, "-o", "--format json")
+    assert proc.stdout == ""  # refused before any analysis: no table printed either
+    assert list(tmp_path.iterdir()) == []
+
