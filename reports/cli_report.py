@@ -130,9 +130,37 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
             except OSError as exc:
                 raise BadInput(path, "unwritable", f"cannot be written ({exc.strerror})",
                                "pass --out to a writable folder") from None
+    stale = _remove_stale(out, formats)
     if report_json is not None:
         cache.store(root, out, key, report_json, said)
+    if stale:
+        line = (f"{out}: removed {', '.join(stale)} of an earlier analysis (this one wrote "
+                f"{', '.join(f'report.{f}' for f in FORMATS if f in formats)})")
+        if notes is not None:
+            notes.append(line)
+        else:
+            log.warning("%s", line)
     return report, md
+
+
+def _remove_stale(out: Path, formats: list[str]) -> list[str]:
+    """Remove ``out/report.{md,json,html}`` of the formats not in ``formats``: left there by an
+    earlier analysis, they would sit beside the new report as if one set. Only those exact
+    names are touched. Returns the names removed. Raises ``BadInput`` when one cannot be."""
+    from analyzer.errors import BadInput
+
+    removed = []
+    for f in FORMATS:
+        path = out / f"report.{f}"
+        if f in formats or not (path.is_file() or path.is_symlink()):
+            continue
+        try:
+            path.unlink()
+        except OSError as exc:
+            raise BadInput(path, "unwritable", f"is from an earlier analysis and cannot be "
+                           f"removed ({exc.strerror})", "pass --out to a writable folder") from None
+        removed.append(path.name)
+    return removed
 
 
 def gate_lines(report: dict) -> tuple[bool, list[str]]:

@@ -119,3 +119,41 @@ def test_summary_table_with_o_is_a_usage_error(tmp_path, fmt):
     assert proc.stdout == ""  # refused before any analysis: no table printed either
     assert list(tmp_path.iterdir()) == []
 
+
+
+# 4. report files of an earlier analysis left beside the new one
+
+def test_report_removes_formats_not_written_this_time(dlrm_copy, tmp_path):
+    out = tmp_path / "rep"
+    assert cli("report", str(dlrm_copy), "--out", str(out)).returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
+    for name in ("report.css", "report.md.bak", "notes.txt"):  # not ours: never touched
+        (out / name).write_text("keep")
+
+    proc = cli("report", str(dlrm_copy), "--out", str(out), "--format", "md")
+    assert proc.returncode == 0, proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if "removed" in ln]
+    assert len(said) == 1, proc.stderr
+    assert f"{out}: removed report.json, report.html of" in said[0], said
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "report.css", "report.md",
+                                                     "report.md.bak"]
+    # the report.md left is this analysis's: the same text as into an empty folder
+    fresh = tmp_path / "fresh"
+    assert cli("report", str(dlrm_copy), "--out", str(fresh), "--format", "md").returncode == 0
+    assert (out / "report.md").read_text() == (fresh / "report.md").read_text()
+
+    proc = cli("report", str(dlrm_copy), "--out", str(out), "--format", "json,html")
+    assert proc.returncode == 0, proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if "removed" in ln]
+    assert len(said) == 1 and "removed report.md of" in said[0], said
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("report.")) == [
+        "report.css", "report.html", "report.json", "report.md.bak"]
+
+
+def test_report_same_formats_again_removes_nothing(dlrm_copy, tmp_path):
+    out = tmp_path / "rep"
+    for _ in range(2):
+        proc = cli("report", str(dlrm_copy), "--out", str(out), "--format", "md,json")
+        assert proc.returncode == 0, proc.stderr
+        assert "removed" not in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
