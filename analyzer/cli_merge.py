@@ -38,7 +38,8 @@ def register(app, run) -> None:
             if target.is_dir():
                 raise BadInput(target, "out_is_dir", "-o names an existing directory, not a file",
                                f"pass a file name, e.g. -o {target / 'merged.trace.json.gz'}")
-            _refuse_read_only(target)
+            if directory.is_dir():  # else merge_traces names what is wrong with the input
+                _refuse_read_only(target)
             incomplete = _check_like_report(directory, allow_incomplete)
             options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align)
             result = merge_traces(directory, target, options)
