@@ -66,8 +66,10 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
         if not crosscheck_hta.hta_available():
             raise BadInput(path, "hta_missing", "--crosscheck hta needs HolisticTraceAnalysis",
                            "pip install 'paritytrace[hta]'")
-        folder = ts.root if ts.root.is_dir() else ts.root.parent
-        s.crosscheck = crosscheck_hta.compare(ts, crosscheck_hta.run_hta_overlap(folder))
+        if ts.root.is_dir():
+            s.crosscheck = crosscheck_hta.compare(ts, crosscheck_hta.run_hta_overlap(ts.root))
+        else:
+            s.crosscheck = crosscheck_hta.compare(ts, _hta_on_one_file(ts.root))
     if fmt == _Format.json:
         text = json.dumps(s.to_json(), indent=1)
         if output is None:
@@ -80,6 +82,21 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
                                "pass -o a file in a writable folder") from None
         return
     _print_tables(s)
+
+
+def _hta_on_one_file(trace: Path):
+    """HTA's overlap for one trace file: HTA reads whole folders, so it gets a temporary folder
+    holding only a symlink to ``trace`` (removed afterwards). Given the file's parent instead,
+    HTA read every sibling trace too, logged a "same rank" line for each and kept another
+    file's figure for the rank."""
+    import tempfile
+
+    from analyzer import crosscheck_hta
+
+    with tempfile.TemporaryDirectory(prefix="paritytrace-hta-") as tmp:
+        link = Path(tmp) / trace.name
+        link.symlink_to(trace.resolve())
+        return crosscheck_hta.run_hta_overlap(Path(tmp))
 
 
 def _write_atomic(path: Path, text: str) -> None:
