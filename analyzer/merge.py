@@ -407,6 +407,9 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     """Merge the traces in ``root`` into one aligned Chrome trace at ``out`` (gzip if ``.gz``).
 
     Also writes the sidecar (``sidecar_path_for(out)``): ref_rank, t0_ns, offsets, spread summary.
+    Alignment rule: the estimated offsets are applied unless they widen the median spread of
+    matched collective ends (``alignment_widens``); then the traces are written unshifted, the
+    sidecar says ``"aligned": false`` and one warning line gives both medians.
     Raises ``BadInput`` for unusable input or a ``--steps`` selection no rank has.
     """
     options = options or MergeOptions()
@@ -432,7 +435,15 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
                             f"(lo {row.lo_ns} ns > hi {row.hi_ns} ns); collectives may be mismatched, "
                             "offset is the plain median")
     spread = clock.end_spread(matched, offsets)
-    shift = dict(zip(offsets["rank"], offsets["offset_ns"])) if options.align else {r: 0 for r in ranks}
+    align = options.align
+    if align and alignment_widens(spread):
+        align = False
+        warnings.append(
+            "aligning on the matched collectives would widen the spread of their ends across "
+            f"ranks (median {_us_text(spread['spread_before_ns'].median())} µs before, "
+            f"{_us_text(spread['spread_after_ns'].median())} µs after): traces written "
+            "unshifted; try --ref-rank with another rank")
+    shift = dict(zip(offsets["rank"], offsets["offset_ns"])) if align else {r: 0 for r in ranks}
 
     keep: dict[int, set[int] | None] = {r: None for r in ranks}
     if options.steps is not None:
@@ -453,7 +464,7 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     n_meta = sum(1 for e in events if e["ph"] == "M")
     events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0), -e.get("dur", 0)))
 
-    summary = _summary(root, inputs, ref_rank, offsets, spread, t0, options, warnings)
+    summary = _summary(root, inputs, ref_rank, offsets, spread, t0, align, options, warnings)
     merged = {
         "schemaVersion": 1,
         "displayTimeUnit": "ms",
@@ -479,6 +490,22 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     return MergeResult(out_path=out, sidecar_path=sidecar, ranks=inputs, ref_rank=ref_rank,
                        offsets=offsets, spread=spread, t0_ns=t0, n_events=len(events),
                        n_moved_to_overlap_tracks=moved, warnings=warnings)
+
+
+def alignment_widens(spread: pd.DataFrame) -> bool:
+    """True when the estimated offsets make matched collectives end further apart than the raw
+    clocks do: the median over matched collectives of ``spread_after_ns`` (``clock.end_spread``)
+    is strictly above the median of ``spread_before_ns``. Then ``merge_traces`` keeps the
+    unaligned times (offset 0 for every rank; the estimated offsets are still reported) and says
+    so in one warning line. The median, as printed by ``analyzer merge``: one collective delayed
+    on a rank should not decide. No matched collective: False (nothing to compare)."""
+    if not len(spread):
+        return False
+    return bool(spread["spread_after_ns"].median() > spread["spread_before_ns"].median())
+
+
+def _us_text(ns: float) -> str:
+    return f"{ns / 1000:,.1f}"
 
 
 def _write_events(inputs: list[RankInput], tables: dict[int, pd.DataFrame],
@@ -596,7 +623,8 @@ def _meta(pid: int, tid: int, kind: str, **args: Any) -> dict:
 
 
 def _summary(root: Path, inputs: list[RankInput], ref_rank: int, offsets: pd.DataFrame,
-             spread: pd.DataFrame, t0: int, options: MergeOptions, warnings: list[str]) -> dict:
+             spread: pd.DataFrame, t0: int, aligned: bool, options: MergeOptions,
+             warnings: list[str]) -> dict:
     files = {r.rank: (r.path.name, r.rank_source) for r in inputs}
     rows = []
     for row in offsets.itertuples(index=False):
@@ -610,7 +638,7 @@ def _summary(root: Path, inputs: list[RankInput], ref_rank: int, offsets: pd.Dat
     return {
         "source": str(root),
         "ref_rank": ref_rank,
-        "aligned": options.align,
+        "aligned": aligned,
         "t0_ns": t0,
         "t0_note": "ts 0 in the merged trace is t0_ns on the reference rank's clock",
         "offset_rule": "aligned time = rank time - offset_ns; offset_ns = median over matched "
