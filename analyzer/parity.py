@@ -92,7 +92,8 @@ def check_overrides(*, rtol: float | None, atol: float | None) -> None:
 
     Raises ``BadInput`` (reason ``bad_tolerance``) naming the option itself (``--atol`` for a
     bad atol), with an example value for that same option; above the bound the message states
-    the bound.
+    the bound. ``-0.0`` passes (it equals 0); ``tolerance_for`` stores it as ``0.0`` so that no
+    report shows "rtol -0".
     """
     for name, value in (("--rtol", rtol), ("--atol", atol)):
         if value is not None and not (math.isfinite(value) and value >= 0):
@@ -118,8 +119,9 @@ def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | No
     overridden = [n for n, v in (("rtol", rtol), ("atol", atol)) if v is not None]
     if overridden:
         source = f"{' and '.join(overridden)} set by the user; otherwise {source}"
-    return Tolerance(rtol=base["rtol"] if rtol is None else float(rtol),
-                     atol=base["atol"] if atol is None else float(atol),
+    # + 0.0 turns a user's -0.0 into 0.0 (IEEE 754: -0.0 + 0.0 == +0.0), printed "0", not "-0"
+    return Tolerance(rtol=base["rtol"] if rtol is None else float(rtol) + 0.0,
+                     atol=base["atol"] if atol is None else float(atol) + 0.0,
                      precision=precision, source=source)
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +101,24 @@ def test_merge_still_aligns_a_skewed_clock(ddp_run, tmp_path):
     assert side["aligned"] is True
     off1 = next(o["offset_ns"] for o in side["offsets"] if o["rank"] == 1)
     assert abs(off1 - 1_000_000_000) < 5_000_000  # 1 s within the ±5 ms of a shared-CPU run
+
+
+# 3. --rtol=-0.0 / --atol=-0.0: taken as 0, never shown as "-0"
+
+@pytest.fixture(scope="module")
+def zero_tol_report(ddp_run, tmp_path_factory) -> Path:
+    """``analyzer report`` of the tiny record with --rtol=-0.0 --atol=-0.0 (report folder)."""
+    out = tmp_path_factory.mktemp("zero") / "r"
+    proc = cli("report", str(ddp_run.parent), "--rtol=-0.0", "--atol=-0.0", "--out", str(out))
+    assert proc.returncode in (0, 1), proc.stderr  # 1: the gate fails at tolerance 0
+    return out
+
+
+def test_negative_zero_tolerance_is_shown_as_zero(zero_tol_report):
+    md = (zero_tol_report / "report.md").read_text()
+    assert not re.search(r"(rtol|atol) -0\b", md), md[:2000]
+    assert "rtol 0, atol 0" in md
+    rep = json.loads((zero_tol_report / "report.json").read_text())
+    tol = next(r["parity"]["tolerance"] for r in rep["runs"] if r["parity"].get("tolerance"))
+    for key in ("rtol", "atol"):
+        assert tol[key] == 0.0 and math.copysign(1.0, tol[key]) == 1.0, tol
