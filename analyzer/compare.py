@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from analyzer.parity import divergence_subject
+
 RANKING_RULE = (
     "Runs are ranked only when every run passed the parity gate (the single-device run is the "
     "reference and the speedup base). Order: median step time over the profiled steps, fastest "
@@ -109,7 +111,7 @@ def rank_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         p = r["parity"]
         if p["status"] == "fail":
             fd = p.get("first_divergence")
-            what = (f"first diverging tensor {fd['kind']} {fd['tensor']}" if fd else p["reason"])
+            what = (f"first divergence in {divergence_subject(fd)}" if fd else p["reason"])
             withheld.append(f"run {r['name']} failed the parity gate ({what})")
         elif p["status"] == "not_recorded":
             withheld.append(f"run {r['name']} has no parity verdict ({p['reason']})")

@@ -323,9 +323,19 @@ def _divergence(row: pd.Series, kind: str, tol: Tolerance) -> dict[str, Any]:
             "tolerance": {"rtol": tol.rtol, "atol": tol.atol, "source": tol.source}}
 
 
+def divergence_subject(div: dict[str, Any]) -> str:
+    """What diverged, named once: ``grad layers.0.attn.weight``, or ``the loss`` for the loss
+    (its kind and tensor are both "loss": "loss loss" read as a typo). ``div`` is a
+    ``first_divergence`` dict (here or in report.json)."""
+    if div["kind"] == "loss":
+        return "the loss"
+    return f"{div['kind']} {div['tensor']}"
+
+
 def describe_divergence(div: dict[str, Any]) -> str:
-    """One line: ``grad layers.0.attn.weight (step 0): max |diff| 3e-3 > limit 1e-5, rel L2 2e-2``."""
-    where = f"{div['kind']} {div['tensor']} (step {div['step']})"
+    """One line: ``grad layers.0.attn.weight (step 0): max |diff| 3e-3 > limit 1e-5, rel L2 2e-2``
+    (``the loss (step 4): ...`` for the loss)."""
+    where = f"{divergence_subject(div)} (step {div['step']})"
     if div["nonfinite"] and div["nonfinite"] > 0 or not all(
             math.isfinite(div[k]) for k in ("max_abs_diff", "rel_l2", "limit")):
         return f"{where} has NaN/inf values"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.parity import divergence_subject
 from reports import fmt, notes
 from reports.verdict import verdict
 
@@ -69,7 +70,7 @@ def render(report: dict[str, Any]) -> str:
         fd = p["first_divergence"]
         rows.append([r["name"], p["status"], fmt.tolerance_line(p["tolerance"]),
                      fmt.num(p["max_grad_rel_l2"]), fmt.num(p["loss_max_rel_diff"]),
-                     "-" if not fd else f"{fd['kind']} {fd['tensor']} (step {fd['step']}): rel L2 "
+                     "-" if not fd else f"{divergence_subject(fd)} (step {fd['step']}): rel L2 "
                      f"{fmt.num(fd['rel_l2'])}, max diff {fmt.num(fd['max_abs_diff'])} > limit "
                      f"{fmt.num(fd['limit'])}", p["reason"]])
     out += [table(["run", "status", "tolerance", "max grad rel L2", "loss max rel diff",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.parity import divergence_subject
 from reports import fmt
 
 
@@ -11,8 +12,8 @@ def _fmt_div(fd: dict) -> str:
     # a NaN/inf metric reaches here as None (report.json has no NaN)
     if (fd.get("nonfinite") and fd["nonfinite"] > 0
             or any(fd.get(k) is None for k in ("max_abs_diff", "limit", "rel_l2"))):
-        return f"{fd['kind']} {fd['tensor']} (step {fd['step']}) has NaN/inf values"
-    return (f"{fd['kind']} {fd['tensor']} (step {fd['step']}): max |diff| "
+        return f"{divergence_subject(fd)} (step {fd['step']}) has NaN/inf values"
+    return (f"{divergence_subject(fd)} (step {fd['step']}): max |diff| "
             f"{fd['max_abs_diff']:.3g} > limit {fd['limit']:.3g}, rel L2 {fd['rel_l2']:.3g}")
 
 

@@ -122,3 +122,33 @@ def test_negative_zero_tolerance_is_shown_as_zero(zero_tol_report):
     tol = next(r["parity"]["tolerance"] for r in rep["runs"] if r["parity"].get("tolerance"))
     for key in ("rtol", "atol"):
         assert tol[key] == 0.0 and math.copysign(1.0, tol[key]) == 1.0, tol
+
+
+# 4. a divergence in the loss is named once: "the loss (step N)", not "loss loss (step N)"
+
+def test_loss_divergence_is_named_once(ddp_run, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.remanifest import refresh_manifest
+
+    traces = tmp_path / "traces"
+    run = copy_run(ddp_run, traces / "ddp")
+    table = pq.read_table(run / "numerics.parquet")
+    num = table.to_pandas()
+    last = int(num.loc[num["kind"] == "loss", "step"].max())
+    hit = (num["kind"] == "loss") & (num["metric"] == "value") & (num["step"] == last)
+    num.loc[hit, "value"] += 1.0  # the loss off by 1.0 at the last step; tensors untouched
+    pq.write_table(pa.Table.from_pandas(num, schema=table.schema, preserve_index=False),
+                   run / "numerics.parquet")  # same schema, schema-version metadata included
+    refresh_manifest(run)
+    out = tmp_path / "r"
+    proc = cli("report", str(traces), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr  # a report is written (`gate` is what exits 1)
+    md = (out / "report.md").read_text()
+    assert "loss loss" not in md + proc.stdout
+    want = f"the loss (step {last})"
+    assert f"First divergence: {want}: max |diff| 1" in md  # the verdict: |+1.0| off
+    assert f"first divergence: {want}: max \\|diff\\| 1 " in md  # the parity table's "why"
+    assert f"| {want}: rel L2" in md  # the parity table's "first divergence" cell
+    assert "(first divergence in the loss)" in md  # why the ranking is withheld
