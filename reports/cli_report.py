@@ -92,6 +92,9 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
     # Folders marked read-only (e.g. a shared corpus) stay untouched even for root, who would
     # pass os.access: look at the mode bits of the nearest existing folder.
     existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():  # --out FILE (or a folder under one)
+        raise BadInput(existing, "out_is_file", "is a file, not a folder (--out names the folder "
+                       "report.md/json/html go in)", "pass --out a folder")
     if existing is not None and not existing.stat().st_mode & 0o222:
         raise BadInput(existing, "read_only", "is marked read-only; the report is not written there",
                        "pass --out to a writable folder")

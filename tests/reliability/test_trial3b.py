@@ -152,3 +152,23 @@ def test_loss_divergence_is_named_once(ddp_run, tmp_path):
     assert f"first divergence: {want}: max \\|diff\\| 1 " in md  # the parity table's "why"
     assert f"| {want}: rel L2" in md  # the parity table's "first divergence" cell
     assert "(first divergence in the loss)" in md  # why the ranking is withheld
+
+
+# 5. report --out FILE: "is a file, not a folder", checked after the input
+
+@pytest.mark.parametrize("below", [False, True], ids=["the-file", "a-folder-under-it"])
+def test_report_out_onto_a_file(ddp_run, tmp_path, below):
+    afile = tmp_path / "report.md"
+    afile.write_text("keep me")
+    out = afile / "sub" if below else afile
+    line = bad_input(cli("report", str(ddp_run.parent), "--out", str(out)),
+                     str(afile), "is a file, not a folder", "pass --out a folder")
+    assert "File exists" not in line and "cannot be written" not in line
+    assert afile.read_text() == "keep me"
+
+
+def test_report_input_error_comes_before_out_error(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    bad_input(cli("report", str(tmp_path / "missing"), "--out", str(afile)),
+              str(tmp_path / "missing"), "no such file or folder")
