@@ -162,12 +162,19 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     warnings: list[str] = []
     children, skipped = entries(root)
     warnings += skipped
+
+    def own(lines: list[str]) -> list[str]:
+        """``lines`` less the skipped-symlink notes of ``root``: for a run that is ``root``
+        itself, the loader walks the same folder and says each of them (they were printed
+        twice by `analyzer report`)."""
+        return [w for w in lines if w not in skipped]
     if any((root / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME)):
         if not allow_incomplete:
             raise BadInput(root, "incomplete_run", "incomplete run: no manifest.json (the tracer "
                            "writes it last)", "re-record the run, or pass --allow-incomplete to "
                            "analyse what is there")
-        return Discovery(root=root, layout="run", warnings=warnings,
+        # the run is root itself: its loader names the skipped links (``own``), said once
+        return Discovery(root=root, layout="run", warnings=own(warnings),
                          runs=[RunDir(path=root, name=root.name, manifest=None, incomplete=True)])
     runs: list[RunDir] = []
     problems: list[BadInput] = []
@@ -203,7 +210,7 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
                            "give each run directory a distinct run_name")
         return Discovery(root=root, layout="root", runs=sorted(runs, key=_order), warnings=warnings)
     if any(_is_trace(p) for p in children):
-        return Discovery(root=root, layout="foreign", warnings=warnings,
+        return Discovery(root=root, layout="foreign", warnings=own(warnings),
                          runs=[RunDir(path=root, name=root.name, manifest=None)])
     raise BadInput(root, "no_runs", "holds no run directory (manifest.json) and no trace files",
                    "pass a traces root written by `tracer record`, one run directory, "

@@ -172,3 +172,62 @@ def test_report_input_error_comes_before_out_error(tmp_path):
     afile.write_text("")
     bad_input(cli("report", str(tmp_path / "missing"), "--out", str(afile)),
               str(tmp_path / "missing"), "no such file or folder")
+
+
+# 6. symlink notes (a loop, a link out of the input) said once by `analyzer report`
+
+def _with_links(folder: Path, outside: Path) -> list[str]:
+    """Add a symlink loop and a link out of ``folder``; returns the two link paths."""
+    (folder / "loop").symlink_to(folder)
+    (folder / "out.json").symlink_to(outside)
+    return [str(folder / "loop"), str(folder / "out.json")]
+
+
+def _count_notes(proc, out: Path, links: list[str]) -> list[tuple[int, int, int]]:
+    md = (out / "report.md").read_text()
+    warns = json.loads((out / "report.json").read_text())["warnings"]
+    said = proc.stdout + proc.stderr
+    return [(sum(ln.count(f"{link}: ") for ln in said.splitlines()),
+             md.count(f"{link}: "), sum(w.count(f"{link}: ") for w in warns)) for link in links]
+
+
+def test_symlink_notes_said_once_for_a_folder_of_traces(tmp_path):
+    src = need(CORPUS / "tbplugin_2rank")
+    folder = tmp_path / "fo"
+    folder.mkdir()
+    for p in src.glob("gloo_cpu__worker*.json"):
+        shutil.copy(p, folder / p.name)
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text("{}")
+    links = _with_links(folder, outside)
+    out = tmp_path / "r"
+    proc = cli("report", str(folder), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert _count_notes(proc, out, links) == [(1, 1, 1), (1, 1, 1)]
+
+
+def test_symlink_notes_said_once_for_an_incomplete_run(ddp_run, tmp_path):
+    run = copy_run(ddp_run, tmp_path / "ddp")
+    (run / "manifest.json").unlink()
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text("{}")
+    links = _with_links(run, outside)
+    out = tmp_path / "r"
+    proc = cli("report", str(run), "--allow-incomplete", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert _count_notes(proc, out, links) == [(1, 1, 1), (1, 1, 1)]
+
+
+def test_symlink_notes_said_once_in_a_traces_root(ddp_run, tmp_path):
+    """Control: a traces root's own links and a run's links, each said once."""
+    root = tmp_path / "traces"
+    run = copy_run(ddp_run, root / "ddp")
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text("{}")
+    (root / "away").symlink_to(tmp_path)
+    (run / "out.json").symlink_to(outside)
+    links = [str(root / "away"), str(run / "out.json")]
+    out = tmp_path / "r"
+    proc = cli("report", str(root), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert _count_notes(proc, out, links) == [(1, 1, 1), (1, 1, 1)]
