@@ -93,8 +93,8 @@ def test_merge_options_that_match_nothing(tmp_path, ddp_run):  # 10
 
 def test_report_out_is_an_existing_file(tmp_path, ddp_run):  # 11
     (tmp_path / "notes.txt").write_text("mine")
-    bad_input(cli("report", str(ddp_run), "--out", str(tmp_path / "notes.txt")), "cannot be written",
-              "--out")
+    bad_input(cli("report", str(ddp_run), "--out", str(tmp_path / "notes.txt")),
+              "is a file, not a folder", "--out")
     assert (tmp_path / "notes.txt").read_text() == "mine"  # nothing of the user's is overwritten
 
 
