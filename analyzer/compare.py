@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from analyzer.parity import divergence_subject
+from analyzer.divergence import divergence_subject
 
 RANKING_RULE = (
     "Runs are ranked only when every run passed the parity gate (the single-device run is the "

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analyzer import schemas
+from analyzer.divergence import divergence_subject
 from analyzer.errors import BadInput
 
 STATUSES = ("pass", "fail", "not_recorded", "reference")
@@ -321,15 +322,6 @@ def _divergence(row: pd.Series, kind: str, tol: Tolerance) -> dict[str, Any]:
             "rel_l2": float(row["rel_l2"]), "max_abs_diff": float(row["max_abs_diff"]),
             "limit": float(row["limit"]), "nonfinite": float(row["nonfinite"]),
             "tolerance": {"rtol": tol.rtol, "atol": tol.atol, "source": tol.source}}
-
-
-def divergence_subject(div: dict[str, Any]) -> str:
-    """What diverged, named once: ``grad layers.0.attn.weight``, or ``the loss`` for the loss
-    (its kind and tensor are both "loss": "loss loss" read as a typo). ``div`` is a
-    ``first_divergence`` dict (here or in report.json)."""
-    if div["kind"] == "loss":
-        return "the loss"
-    return f"{div['kind']} {div['tensor']}"
 
 
 def describe_divergence(div: dict[str, Any]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.parity import divergence_subject
+from analyzer.divergence import divergence_subject
 from reports import fmt
 
 
