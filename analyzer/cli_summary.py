@@ -47,6 +47,7 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
 
     from analyzer import rundirs
     from analyzer.api import load_traces
+    from analyzer.atomic import write_atomic
     from analyzer.schemas import MANIFEST_NAME
     from analyzer.errors import BadInput
     from analyzer.summary import summarize
@@ -76,7 +77,7 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
             typer.echo(text)
         else:
             try:
-                _write_atomic(output, text)
+                write_atomic(output, text)
             except OSError as exc:
                 raise BadInput(output, "unwritable", f"cannot be written ({exc.strerror})",
                                "pass -o a file in a writable folder") from None
@@ -97,26 +98,6 @@ def _hta_on_one_file(trace: Path):
         link = Path(tmp) / trace.name
         link.symlink_to(trace.resolve())
         return crosscheck_hta.run_hta_overlap(Path(tmp))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` via a temp file in the same folder and ``os.replace``;
-    the temp file is removed on any failure (``OSError`` is raised on to the caller)."""
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; the summary is meant to be read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _print_tables(s) -> None:

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import gzip
 import logging
-import os
 import re
-import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +31,7 @@ import msgspec
 import pandas as pd
 
 from analyzer import clock
+from analyzer.atomic import write_atomic
 from analyzer.chrome_check import PHASES, check_trace
 from analyzer.errors import BadInput
 
@@ -481,9 +480,9 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
                        "by `tracer record`")
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = msgspec.json.encode(merged)
-    _write_atomic(out, gzip.compress(payload, compresslevel=6) if out.name.endswith(".gz") else payload)
+    write_atomic(out, gzip.compress(payload, compresslevel=6) if out.name.endswith(".gz") else payload)
     sidecar = sidecar_path_for(out)
-    _write_atomic(sidecar, msgspec.json.format(msgspec.json.encode(summary), indent=2))
+    write_atomic(sidecar, msgspec.json.format(msgspec.json.encode(summary), indent=2))
     for r in inputs:
         r.data = {}
     log.info("wrote %s (%d events, %d metadata)", out, len(events), n_meta)
@@ -651,17 +650,3 @@ def _summary(root: Path, inputs: list[RankInput], ref_rank: int, offsets: pd.Dat
         "spread_after_ns": {"median": stat("spread_after_ns", "median"), "max": stat("spread_after_ns", "max")},
         "warnings": warnings,
     }
-
-
-def _write_atomic(path: Path, payload: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

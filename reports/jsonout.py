@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
+
+from analyzer.atomic import write_atomic  # noqa: F401 - report files are written with it
 
 RUN_KEYS = ("name", "strategy", "world_size", "backend", "device", "parity", "step_time_ns",
             "memory", "communication", "overlap_frac", "exposed_comm_ns", "ranks", "prefetch", "data")
@@ -55,19 +54,3 @@ def problems(report: dict[str, Any]) -> list[str]:
 def dumps(report: dict[str, Any]) -> str:
     """report.json text (NaN is never written: the collector maps it to null)."""
     return json.dumps(report, indent=2, allow_nan=False, default=str) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a report is meant to be read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
