@@ -5,19 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
+from tests.corpus import CORPUS, corpus  # noqa: F401 - used by the test modules
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO / ".." / "shared" / "corpus"
 FIXTURES = REPO / "fixtures" / "core"
-
-
-def corpus(rel: str) -> Path:
-    """A corpus path; skips the test when the shared corpus is absent."""
-    p = CORPUS / rel
-    if not p.exists():
-        pytest.skip(f"corpus file {rel} not present at {CORPUS}")
-    return p
 
 
 def link_folder(dst: Path, files: list[Path]) -> Path:

@@ -17,6 +17,7 @@ from analyzer import decode
 from analyzer.errors import ParityTraceError
 from analyzer import parallel
 from analyzer.parallel import run_all
+from tests.corpus import CORPUS
 
 # --- exact µs text -> int64 ns ------------------------------------------------------------
 
@@ -115,7 +116,6 @@ def test_ids_beyond_int64_are_unknown():
 
 # --- the three decoders agree ---------------------------------------------------------------
 
-CORPUS = Path(__file__).resolve().parents[2] / ".." / "shared" / "corpus"
 CORPUS_TRACES = sorted(p for p in CORPUS.glob("**/*.json*") if "manifest" not in p.name)
 
 

@@ -18,9 +18,9 @@ from analyzer import api
 from analyzer.prefetch import prefetch_table
 from analyzer.errors import BadInput
 from analyzer.tables import rank_tables
+from tests.corpus import CORPUS
 
 REPO = Path(__file__).parents[2]
-CORPUS = REPO / ".." / "shared" / "corpus"
 
 
 def _copy_dlrm(tmp_path: Path) -> Path:

@@ -6,10 +6,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tests.corpus import CORPUS  # noqa: F401 - used by the test modules
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "fixtures" / "data"
-CORPUS = REPO / ".." / "shared" / "corpus"
 
 
 @pytest.fixture

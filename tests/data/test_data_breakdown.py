@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from analyzer.api import breakdown, load_traces, timeline
-from tests.data.conftest import CORPUS
+from tests.corpus import CORPUS, need
 
 US = 1000
 PARTS = ["compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]
@@ -89,8 +89,7 @@ def test_dlrm_data_wait_second_way(tmp_path):
     data_wait_ns recomputed on a 1 µs boolean grid straight from the JSON (no analyzer code):
     D = DataLoader ranges ∪ 'Memcpy HtoD' events, C = NCCL kernels, K = other kernels."""
     src = CORPUS / "dlrm_ddp_8rank_v100" / "worker0.pt.trace.json.gz"
-    if not src.exists():
-        pytest.skip(f"corpus file {src} not present")
+    need(src)
     (tmp_path / "job").mkdir()
     shutil.copy(src, tmp_path / "job" / src.name)
     b = breakdown(load_traces(tmp_path / "job")).iloc[0]

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from reports import jsonout
+from tests.corpus import CORPUS
 
-CORPUS = Path(__file__).parents[2] / ".." / "shared" / "corpus"
 DLRM = CORPUS / "dlrm_ddp_8rank_v100"
 TINY = ["--hidden", "32", "--seq", "16", "--warmup", "0", "--active", "2"]
 pytestmark = pytest.mark.slow

@@ -5,8 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from tests.corpus import CORPUS
 
-CORPUS = Path(__file__).parents[2] / ".." / "shared" / "corpus"
 DLRM = CORPUS / "dlrm_ddp_8rank_v100"
 
 

@@ -16,18 +16,12 @@ from pathlib import Path
 import pytest
 
 from tests.remanifest import refresh_manifest
+from tests.corpus import CORPUS, need  # noqa: F401 - used by the test modules
 
-CORPUS = Path(__file__).parents[2] / ".." / "shared" / "corpus"
 DLRM = CORPUS / "dlrm_ddp_8rank_v100"
 TBPLUGIN = CORPUS / "tbplugin_2rank"
 TINY = ["--strategy", "ddp", "--hidden", "32", "--layers", "1", "--seq", "16", "--warmup", "0",
         "--active", "2"]
-
-
-def need(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"corpus file {path} not present")
-    return path
 
 
 @pytest.fixture(scope="session")

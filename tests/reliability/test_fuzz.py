@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from analyzer import api
 from analyzer.errors import ParityTraceError
 from analyzer.merge import MergeOptions, merge_traces
+from tests.corpus import skip_reason
 from tests.reliability.conftest import DLRM, TBPLUGIN, load
 
 FIELDS = ["ph", "name", "cat", "pid", "tid", "ts", "dur", "args", "External id", "correlation",
@@ -100,7 +101,7 @@ def _analyse(folder: Path) -> None:
     api.cross_rank(ts)
 
 
-@pytest.mark.skipif(not SEEDS, reason="corpus not present")
+@pytest.mark.skipif(not SEEDS, reason=skip_reason())
 @settings(max_examples=150, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=mutated())

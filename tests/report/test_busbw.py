@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from analyzer.collectives import by_kind, run_busbw_gbps
 from reports import collect
+from tests.corpus import CORPUS, need
 
-TBPLUGIN = Path(__file__).parents[2] / ".." / "shared" / "corpus" / "tbplugin_2rank"
+TBPLUGIN = CORPUS / "tbplugin_2rank"
 
 
 def _coll(rows):
@@ -45,8 +45,7 @@ def test_hand_built_two_ranks():
 
 
 def test_report_on_real_nccl_traces(tmp_path):
-    if not TBPLUGIN.exists():
-        pytest.skip("corpus not present")
+    need(TBPLUGIN)
     folder = tmp_path / "nccl"
     folder.mkdir()
     want: dict[str, tuple[int, list[float]]] = {}

@@ -18,6 +18,7 @@ from analyzer.errors import EXIT_BAD_INPUT, BadInput
 from reports import collect, fmt, html, markdown
 from tests.remanifest import refresh_manifest
 from tests.report.builders import build_root, write_run
+from tests.corpus import CORPUS, need
 
 runner = CliRunner()
 MS = 1_000_000
@@ -186,12 +187,11 @@ def test_wording(tmp_path):
     assert diffs == ["runs differ in precision (ddp: fp32; fsdp2: bf16)"]
 
 
-A100 = Path(__file__).parents[2] / ".." / "shared" / "corpus" / "single" / "a100_ddp_rank0_nccl_args.json.gz"
+A100 = CORPUS / "single" / "a100_ddp_rank0_nccl_args.json.gz"
 
 
 def test_communication_per_profiled_step_against_the_corpus_readme(tmp_path):
-    if not A100.exists():
-        pytest.skip("corpus not present")
+    need(A100)
     (tmp_path / "job").mkdir()
     shutil.copy(A100, tmp_path / "job" / A100.name)
     rep = collect.collect(tmp_path / "job")
