@@ -18,7 +18,7 @@ from analyzer import api
 from analyzer.prefetch import prefetch_table
 from analyzer.errors import BadInput
 from analyzer.tables import rank_tables
-from tests.corpus import CORPUS
+from tests.corpus import CORPUS, need
 
 REPO = Path(__file__).parents[2]
 
@@ -26,7 +26,7 @@ REPO = Path(__file__).parents[2]
 def _copy_dlrm(tmp_path: Path) -> Path:
     dst = tmp_path / "dlrm"
     dst.mkdir()
-    for p in sorted((CORPUS / "dlrm_ddp_8rank_v100").glob("worker[0-3].pt.trace.json.gz")):
+    for p in sorted(need(CORPUS / "dlrm_ddp_8rank_v100").glob("worker[0-3].pt.trace.json.gz")):
         shutil.copy(p, dst / p.name)
     return dst
 

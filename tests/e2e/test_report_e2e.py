@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from reports import jsonout
-from tests.corpus import CORPUS
+from tests.corpus import CORPUS, need
 
 DLRM = CORPUS / "dlrm_ddp_8rank_v100"
 TINY = ["--hidden", "32", "--seq", "16", "--warmup", "0", "--active", "2"]
@@ -115,6 +115,7 @@ HTA_OVERLAP_PCT = [4.50, 2.47, 7.88, 3.31, 0.56, 0.64, 7.56, 9.51]
 
 
 def test_foreign_traces_not_recorded_but_communication_reported(tmp_path):
+    need(DLRM)
     out = tmp_path / "rep"
     proc = cli("analyzer", "report", str(DLRM), "--out", str(out))
     rep = json.loads((out / "report.json").read_text())

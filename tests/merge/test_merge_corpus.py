@@ -10,7 +10,10 @@ import pytest
 
 from analyzer.chrome_check import check_trace
 from analyzer.merge import merge_traces
+from tests.corpus import needs_corpus
 from tests.merge.builders import DLRM, read
+
+pytestmark = needs_corpus
 
 # injected per-rank clock shifts (whole us, so the shifted JSON stays exact)
 SHIFT_US = {r: (r * 1237 - 3000) * (1 if r % 2 else -1) for r in range(8)}
