@@ -40,13 +40,10 @@ def register(app, run) -> None:
                                f"pass a file name, e.g. -o {target / 'merged.trace.json.gz'}")
             if directory.is_dir():  # else merge_traces names what is wrong with the input
                 _refuse_read_only(target)
-            incomplete = _check_like_report(directory, allow_incomplete)
-            options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align)
-            result = merge_traces(directory, target, options)
-            if incomplete:
-                result.warnings.insert(0, f"{directory}: incomplete run (no manifest.json), "
-                                       "merged as found (--allow-incomplete)")
-            return result
+            _check_like_report(directory, allow_incomplete)
+            options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align,
+                                   allow_incomplete=allow_incomplete)
+            return merge_traces(directory, target, options)
 
         result = run(go)
         _print(result)
@@ -67,38 +64,21 @@ def _refuse_read_only(target: Path) -> None:
                        "-o /tmp/merged.trace.json.gz")
 
 
-def _check_like_report(directory: Path, allow_incomplete: bool) -> bool:
-    """Refuse what ``analyzer report`` refuses, with the same one-line errors and exit code,
-    before anything is merged. True when the run is incomplete (merged as found).
-
-    A run directory's manifest checks (analyzer/rundirs.py: newer schema, unknown strategy, a
-    listed file missing, a file changed since the record), a run directory without a manifest
-    (unless ``allow_incomplete``), then the loader's checks over the traces
-    (``api.load_tables``: truncated or invalid traces, the rank rule, world sizes, a trace's
-    sha256 against the manifest, traces of different jobs mixed in one folder --
-    analyzer/samejob.py). The per-rank tables it computes are cached beside the traces
-    (analyzer/tables.py), so a later ``analyzer report`` of the folder reuses them. Anything
-    else (missing path, a file, no traces) is left to ``merge_traces``'s own messages."""
-    from analyzer import api, rundirs, schemas
+def _check_like_report(directory: Path, allow_incomplete: bool) -> None:
+    """Refuse a run directory without manifest.json (unless ``allow_incomplete``) in merge's
+    words, before anything is read. Everything else ``analyzer report`` refuses, ``merge_traces``
+    refuses with the same one-line errors and exit code: it reads the traces through the same
+    ingest (analyzer/ingest.py, analyzer/rundirs.py), whose per-rank tables it caches beside
+    the traces, so a later ``analyzer report`` of the folder reuses them."""
+    from analyzer import schemas
     from analyzer.errors import BadInput
 
-    if not directory.is_dir():
-        return False
-    incomplete = False
-    if (directory / schemas.MANIFEST_NAME).is_file():
-        rundirs.discover(directory)  # the manifest and every file it lists
-    elif any((directory / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME)):
-        if not allow_incomplete:
-            raise BadInput(directory, "incomplete_run", "incomplete run: no manifest.json (the "
-                           "tracer writes it last)", "re-record the run, or pass "
-                           "--allow-incomplete to merge what is there")
-        incomplete = True
-    try:
-        api.load_tables(directory, allow_incomplete=allow_incomplete)
-    except BadInput as exc:
-        if exc.reason != "empty":  # no trace at all: merge_traces says it in its own words
-            raise
-    return incomplete
+    if directory.is_dir() and not (directory / schemas.MANIFEST_NAME).is_file() \
+            and any((directory / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME)) \
+            and not allow_incomplete:
+        raise BadInput(directory, "incomplete_run", "incomplete run: no manifest.json (the "
+                       "tracer writes it last)", "re-record the run, or pass "
+                       "--allow-incomplete to merge what is there")
 
 
 def _print(result) -> None:

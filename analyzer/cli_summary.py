@@ -45,21 +45,17 @@ def register(app, run) -> None:
 def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
     import json
 
-    from analyzer import rundirs
-    from analyzer.api import load_traces
     from analyzer.atomic import write_atomic
-    from analyzer.schemas import MANIFEST_NAME
     from analyzer.errors import BadInput
+    from analyzer.ingest import load_tables
     from analyzer.summary import summarize
 
     if output is not None and output.is_dir():  # before the analysis: refused at once
         raise BadInput(output, "out_is_dir", "-o names an existing directory, not a file",
                        f"pass a file name, e.g. -o {output / 'summary.json'}")
-    if path.is_dir() and (path / MANIFEST_NAME).is_file():
-        # the run directory's manifest checks of `report` and `gate` (analyzer/rundirs.py): a
-        # listed file missing or changed since the record is refused, not summarised partially
-        rundirs.discover(path)
-    ts = load_traces(path, allow_incomplete=allow_incomplete, jobs=jobs)
+    # a run directory gets the manifest checks of `report` and `gate` (analyzer/rundirs.py): a
+    # listed file missing or changed since the record is refused, not summarised partially
+    ts = load_tables(path, allow_incomplete=allow_incomplete, jobs=jobs)
     s = summarize(ts)
     if crosscheck is not None:
         from analyzer import crosscheck_hta

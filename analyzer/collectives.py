@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 COLUMNS = ["rank", "step", "pg", "seq", "kind", "start_ns", "end_ns", "dur_ns", "bytes", "rule",
-           "name", "group_size", "enqueue_start_ns", "enqueue_end_ns"]
+           "name", "group_size", "enqueue_start_ns", "enqueue_end_ns", "event_idx"]
 
 
 def busbw_factor(kind: str, n: int) -> float:
@@ -40,7 +40,8 @@ def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.Dat
     (rank, pg) by start time (ties: table order); rows are sorted by start time (ties: pg,
     then table order); ``group_size`` falls back to ``world_size``; enqueue_* is the CPU
     op that launched it (GPU: the launch's enclosing comm op, gloo: the paired c10d op), -1
-    when unknown.
+    when unknown; ``event_idx`` is the event's position in the trace file's traceEvents list
+    (analyzer/decode.py), what ``analyzer merge`` links its flow arrows to.
     """
     idx = np.flatnonzero(_is(events["role"], "comm"))
 
@@ -85,6 +86,7 @@ def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.Dat
         "bytes": events["bytes"].to_numpy()[idx][order], "rule": strs("rule")[order],
         "name": strs("name")[order], "group_size": gs[order],
         "enqueue_start_ns": enq_s[order], "enqueue_end_ns": enq_e[order],
+        "event_idx": ints("event_idx")[order],
     })
 
 

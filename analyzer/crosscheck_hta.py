@@ -47,17 +47,16 @@ def run_hta_overlap(trace_dir: Path) -> pd.DataFrame:
                          "hta_overlap_pct": df["comp_comm_overlap_pctg"].astype(float)})
 
 
-def compare(ts, hta: pd.DataFrame) -> pd.DataFrame:
-    """Side by side: HTA's figure, ours in HTA's scope, ours over the ProfilerSteps, and why
-    they differ (empty explanation when they agree to HTA's 0.01 % rounding)."""
-    from analyzer.api import breakdown
-    from analyzer.breakdown import whole_trace_overlap
-
-    b = breakdown(ts)
+def compare(job, hta: pd.DataFrame) -> pd.DataFrame:
+    """Side by side, per rank of ``job`` (``analyzer.ingest.JobTables``): HTA's figure, ours in
+    HTA's scope (``RankTables.whole_overlap_ns`` / ``whole_comm_ns``), ours over the
+    ProfilerSteps, and why they differ (empty explanation when they agree to HTA's 0.01 %
+    rounding). Columns ``COLUMNS``; percentages of communication time, NaN when undefined."""
+    b = job.breakdown
     rows = []
-    for rt in ts.ranks:
-        ov, comm = whole_trace_overlap(rt.events)
-        whole = 100.0 * ov / comm if comm else math.nan
+    for rt in job.ranks:
+        comm = rt.whole_comm_ns
+        whole = 100.0 * rt.whole_overlap_ns / comm if comm else math.nan
         mine = b[b["rank"] == rt.rank]
         step_comm = int(mine["comm_ns"].sum())
         step = 100.0 * int(mine["overlap_ns"].sum()) / step_comm if step_comm else math.nan

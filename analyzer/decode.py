@@ -185,7 +185,8 @@ class Decoded:
 
     ``events``: one row per complete event (``ph == "X"``) with valid ts/dur, sorted by ts_ns
     then longest first (file order among equals: the order classification needs); columns
-    name, cat, pid, tid (str), ts_ns, dur_ns, end_ns (int64), is_gpu (bool), stream, correlation,
+    name, cat, pid, tid (str), event_idx (int64: the event's position in the file's
+    traceEvents list), ts_ns, dur_ns, end_ns (int64), is_gpu (bool), stream, correlation,
     external_id (int64, -1 absent), thread_name (str, "" unknown), and argument columns
     coll_name, dtype, pg (str or None), in_nelems, out_nelems, group_size, shape_numel,
     shape_elem_bytes (int64, -1 unknown), pg_ranks (str or None).
@@ -228,19 +229,8 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
     try:
         trace = _decode_typed(data)
     except msgspec.DecodeError as exc:
-        if _at_non_finite(data, str(exc)):
-            return _with_warning(decode_bytes(_non_finite_as_null(data, path), path),
-                                 f"{path}: NaN / Infinity numbers (not JSON; Python's json "
-                                 "writes them) were read as null")
-        if "UTF-8" not in str(exc):
-            _refuse_not_json(data, path)
-            raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
-                           "copy the trace again or re-record it") from None
-        # Names can carry bytes that are not UTF-8 (C++ symbols, paths): replace them with
-        # U+FFFD and analyse the rest, saying so, rather than refusing the whole trace.
-        data = data.decode("utf-8", errors="replace").encode("utf-8")
-        return _with_warning(decode_bytes(data, path), f"{path}: invalid UTF-8 bytes in "
-                             "strings were replaced by U+FFFD")
+        data, line = repair(data, path, exc)
+        return _with_warning(decode_bytes(data, path), line)
     if trace is None:
         try:
             trace = _LENIENT.decode(data)
@@ -253,6 +243,38 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
             raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
                            "copy the trace again or re-record it") from None
     return _columns(trace, path, lower_ext=b'"external id"' in data)
+
+
+def repair(data: bytes, path: Path | str, exc: msgspec.DecodeError) -> tuple[bytes, str]:
+    """``data``, which msgspec refused with ``exc``, made readable, and the warning line that
+    says how: NaN / Infinity numbers (Python's json writes them) as null; bytes that are not
+    UTF-8 (C++ symbols, paths in names) replaced by U+FFFD, rather than refusing the whole
+    trace. Raises ``BadInput`` (``not_a_trace``, ``truncated``) for anything else."""
+    if _at_non_finite(data, str(exc)):
+        return _non_finite_as_null(data, path), (f"{path}: NaN / Infinity numbers (not JSON; "
+                                                 "Python's json writes them) were read as null")
+    if "UTF-8" not in str(exc):
+        _refuse_not_json(data, path)
+        raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
+                       "copy the trace again or re-record it") from None
+    return (data.decode("utf-8", errors="replace").encode("utf-8"),
+            f"{path}: invalid UTF-8 bytes in strings were replaced by U+FFFD")
+
+
+class _Ts(msgspec.Struct, gc=False):
+    ts: msgspec.Raw = _NULL
+
+
+_TS_ONLY = msgspec.json.Decoder(msgspec.defstruct("_TsTrace", [("traceEvents", list[_Ts])],
+                                                  gc=False))
+
+
+def times_ns(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(ts in int64 ns, ok) of every entry of the trace's ``traceEvents``, by position, with
+    the event table's rule (``parse_decimal_ns``: exact, half up; ok False where the ts is
+    missing, negative or not a number). ``data``: JSON msgspec reads (``repair`` first) whose
+    events are objects (what ``decode_bytes`` accepts). Raises ``msgspec.DecodeError``."""
+    return parse_decimal_ns(list(map(attrgetter("ts"), _TS_ONLY.decode(data).traceEvents)))
 
 
 def _decode_typed(data: bytes) -> Any:
@@ -536,10 +558,13 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     strict = not isinstance(trace, _LTrace)
     warnings: list[str] = []
     if strict:  # a tagged union: the event's type says its phase
-        xs = list(filter((_XUs if isinstance(trace, _TraceUs) else _X).__instancecheck__, evs))
+        is_x = (_XUs if isinstance(trace, _TraceUs) else _X).__instancecheck__
+        event_idx = np.flatnonzero(np.fromiter(map(is_x, evs), bool, count=len(evs)))
+        xs = list(filter(is_x, evs))
         metas = filter(_M.__instancecheck__, evs)
     else:
-        xs = [e for e in evs if e.ph == "X"]
+        event_idx = np.array([i for i, e in enumerate(evs) if e.ph == "X"], np.int64)
+        xs = [evs[i] for i in event_idx.tolist()]
         metas = (e for e in evs if e.ph == "M")
         n_odd = sum(1 for e in evs if not (type(e.ph) is str and e.ph in _KNOWN_PHASES))
         if n_odd:  # the strict decoders accept only known phases: only this path sees them
@@ -656,6 +681,7 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         "cat": _cat(cat_codes, u_cat, order, kept),
         "pid": _cat(pid_codes, u_pid, order, kept),
         "tid": _cat(tid_codes, u_tid, order, kept),
+        "event_idx": event_idx[order],
         "ts_ns": ts[order],
         "dur_ns": dur[order],
         "end_ns": end[order],

@@ -1,5 +1,15 @@
 """Merge every rank's trace into one aligned Chrome trace (``analyzer merge``, issue 8).
 
+What a step, a collective and a rank are comes from the ingest, as for every command
+(analyzer/ingest.py: ``load_run``, cached): the rank rule, each rank's step windows and its
+collectives (kind, process group, exact int64-ns times). Merge adds only what a timeline needs:
+the raw events to copy, their alignment and the flow arrows. It maps the ingest's rows back to
+raw events by their ``event_idx`` (position in the file's traceEvents list, a column of
+analyzer/decode.py's table); every time it writes is converted with the ingest's exact parse
+(``decode.parse_decimal_ns``). A ``--steps`` selection keeps the complete events the ingest
+puts in a chosen step (a GPU event with its launch's step) and the other events (instants,
+counters, flows) whose time lies in a chosen step's ProfilerStep span.
+
 Output layout (Perfetto / chrome://tracing):
 - one process per rank: pid = rank + 1, ``process_name`` "rank N", ``process_sort_index`` N;
 - one thread track per source (pid, tid) of that rank: CPU threads ("thread 123 (python3)",
@@ -14,7 +24,8 @@ Output layout (Perfetto / chrome://tracing):
 - flow arrows (cat "collective") link each matched collective across ranks, in the order the
   ranks started it; the sources' own flows (ac2g, fwdbwd) are kept with ids made unique.
 
-Raises ``BadInput`` for unusable input. Writes atomically (temp file + ``os.replace``).
+Raises ``BadInput`` for unusable input (the ingest's refusals, as ``analyzer report`` says
+them). Writes atomically (temp file + ``os.replace``).
 """
 
 from __future__ import annotations
@@ -22,25 +33,24 @@ from __future__ import annotations
 import gzip
 import logging
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pandas as pd
 
-from analyzer import clock
+from analyzer import clock, ingest, rundirs
 from analyzer.atomic import write_atomic
 from analyzer.chrome_check import PHASES, check_trace
+from analyzer.decode import decompress, repair, times_ns
 from analyzer.errors import BadInput
 
 log = logging.getLogger(__name__)
 
 MERGE_KEY = "paritytraceMerge"
-"""Top-level key that marks a merged trace (such files are never merged again)."""
-GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "gpu_sync"})
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+"""Top-level key that marks a merged trace."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -53,6 +63,8 @@ class MergeOptions:
     """Rank whose clock the others are aligned to (None: the lowest rank)."""
     align: bool = True
     """False: write the traces unshifted (offsets are still estimated and reported)."""
+    allow_incomplete: bool = False
+    """Merge a run directory without manifest.json (a record that did not finish) as found."""
 
     def __post_init__(self) -> None:
         if self.steps is not None and (not self.steps or any(s < 0 for s in self.steps)):
@@ -72,7 +84,14 @@ class RankInput:
     rank_source: str
     """How the rank was found: "distributedInfo", "file name", "single file"."""
     data: dict[str, Any]
-    """The parsed JSON object."""
+    """The parsed JSON object (emptied after the merge, to free memory)."""
+    events: pd.DataFrame
+    """Its complete events as the ingest decodes and classifies them (``api.load_events``'
+    table: event_idx, ts_ns, dur_ns, is_gpu, role, step ...; emptied after the merge)."""
+    ts_ns: np.ndarray
+    """``ts`` of every traceEvents entry in int64 ns (``decode.times_ns``), by position."""
+    ts_ok: np.ndarray
+    """False where that ts is missing or not a number."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -84,7 +103,15 @@ class MergeResult:
     sidecar_path: Path
     """The JSON sidecar with offsets and spreads."""
     ranks: list[RankInput]
-    """Inputs, sorted by rank (``data`` dropped after the merge to free memory)."""
+    """Inputs, sorted by rank (``data`` and ``events`` dropped after the merge)."""
+    steps: dict[int, list[int]]
+    """Rank -> the ProfilerStep numbers the ingest found on it (none in whole-trace mode):
+    what ``--steps`` selects from."""
+    collectives: pd.DataFrame
+    """The ingest's collectives of every rank (``JobTables.collectives``), matched across
+    ranks for the offsets and the flow arrows."""
+    matched: pd.DataFrame
+    """``clock.match_collectives`` of ``collectives``: what the offsets and arrows use."""
     ref_rank: int
     """The rank whose clock is the reference."""
     offsets: pd.DataFrame
@@ -103,146 +130,28 @@ class MergeResult:
 
 # --- input ---------------------------------------------------------------------------------------
 
-def _read_json(path: Path) -> Any:
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+_TREE = msgspec.json.Decoder()
+
+
+def _read_rank(rt: ingest.RankTables) -> RankInput:
+    """One rank's raw JSON, its event table and its events' exact times. Raises ``BadInput``
+    (the file changed since the ingest read it)."""
+    raw = decompress(ingest.read_trace(rt.path), rt.path)
+    while True:  # the ingest accepted the file: repair() makes it readable as it did
         try:
-            return msgspec.json.decode(raw)
+            data = _TREE.decode(raw)
+            break
         except msgspec.DecodeError as exc:
-            if "UTF-8" not in str(exc):
-                raise
-            # names with bytes that are not UTF-8: replaced by U+FFFD, the rest is kept
-            return msgspec.json.decode(raw.decode("utf-8", errors="replace").encode("utf-8"))
-    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise BadInput(path, "unreadable", f"cannot read the trace ({exc})",
-                       "check the file is complete, or remove it from the folder") from None
-    except msgspec.DecodeError as exc:
-        raise BadInput(path, "not_a_trace", f"not valid JSON ({exc})",
-                       "re-export the trace or remove it from the folder") from None
+            raw, _ = repair(raw, rt.path, exc)
+    ts, ok = times_ns(raw)
+    events, _ = ingest.classified(rt.path, raw)
+    return RankInput(rank=rt.rank, path=rt.path, rank_source=rt.rank_source, data=data,
+                     events=events, ts_ns=ts, ts_ok=ok)
 
 
-def discover(root: Path, skipped: list[str] | None = None) -> list[Path]:
-    """Trace files in ``root``: ``*.json`` / ``*.json.gz`` except the manifest, hidden files and
-    our own outputs (``analyzer.fswalk.not_an_input``). One line per file left out is appended
-    to ``skipped``."""
-    if not root.exists():
-        raise BadInput(root, "missing", "no such file or folder", "check the path")
-    if not root.is_dir():
-        raise BadInput(root, "not_a_folder", "is a file, not a folder",
-                       "pass the run directory or folder of traces that holds it")
-    from analyzer.load import find_trace_files
-
-    return find_trace_files(root, run_dir=False, skipped=skipped)
-
-
-def read_inputs(root: Path, skipped: list[str] | None = None) -> list[RankInput]:
-    """Read every trace in ``root`` and resolve its rank with the loader's rule (DESIGN.md
-    "Trace semantics", ``analyzer.load.assign_ranks``). Raises ``BadInput`` (all problems at
-    once) for duplicates, mixes and unreadable files.
-    """
-    problems: list[BadInput] = []
-    loaded: list[tuple[Path, dict]] = []
-    for path in discover(root, skipped):
-        try:
-            data = _read_json(path)
-        except BadInput as exc:
-            problems.append(exc)
-            continue
-        if isinstance(data, dict) and MERGE_KEY in data:
-            log.info("skipping %s: already a merged trace", path)
-            continue
-        if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-            problems.append(BadInput(path, "not_a_trace", "has no traceEvents list",
-                                     "pass a folder of PyTorch profiler (Chrome JSON) traces"))
-            continue
-        if not any(isinstance(ev, dict) and ev.get("ph") == "X" and _to_ns(ev.get("ts")) is not None
-                   and _to_ns(ev.get("dur")) is not None for ev in data["traceEvents"]):
-            problems.append(BadInput(path, "no_events", "holds no complete (ph X) events with a "
-                                     "valid ts and dur: this rank recorded nothing",
-                                     "re-record it, or move the file out of the folder"))
-            continue
-        loaded.append((path, data))
-    if problems:
-        raise BadInput(root, problems[0].reason, f"{len(problems)} unusable trace file(s): "
-                       f"{problems[0].one_line()}", "fix or remove them", problems=problems[1:])
-    if not loaded:
-        raise BadInput(root, "no_traces", "holds no *.json / *.json.gz trace",
-                       "pass a run directory (traces/<run>) or a folder of profiler traces")
-    inputs = _resolve_ranks(root, loaded)
-    return sorted(inputs, key=lambda r: r.rank)
-
-
-def _resolve_ranks(root: Path, loaded: list[tuple[Path, dict]]) -> list[RankInput]:
-    """The loader's rank rule (``analyzer.load.assign_ranks``) applied to raw JSON traces."""
-    from analyzer.load import ParsedFile, assign_ranks
-
-    by_path = {path: data for path, data in loaded}
-    stubs = [ParsedFile(path=path, events=pd.DataFrame(), device_kind="", main_tid=None,
-                        whole_trace_mode=False, steps=pd.DataFrame(),
-                        distributed_info=data.get("distributedInfo") if isinstance(
-                            data.get("distributedInfo"), dict) else None)
-             for path, data in loaded]
-    assigned, _world, problems = assign_ranks(stubs)
-    if problems:
-        raise BadInput(problems[0].path, problems[0].reason, problems[0].message, problems[0].fix,
-                       problems=problems[1:])
-    return [RankInput(rank=r, path=f.path, rank_source=source, data=by_path[f.path])
-            for r, source, f in assigned]
-
-
-def _to_ns(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if not -_MAX_US < value < _MAX_US:  # also NaN and inf: beyond int64 ns
-        return None
-    if isinstance(value, int):
-        return value * 1000
-    return round(value * 1000)
-
-
-_MAX_US = (2**63 - 1) // 1000 - 1
-
-
-def complete_events(events: list) -> pd.DataFrame:
-    """Complete (``X``) events of one trace as a table.
-
-    Columns: idx (position in traceEvents), name, cat, pid, tid (str), ts_ns, dur_ns (int64),
-    correlation (int64, -1 absent), pg_arg, coll_arg (record_param_comms "Process Group Name" /
-    "Collective name", "" absent). Events with a non-numeric ts or dur are left out.
-    """
-    cols: dict[str, list] = {k: [] for k in ("idx", "name", "cat", "pid", "tid", "ts_ns", "dur_ns",
-                                             "correlation", "pg_arg", "coll_arg")}
-    for i, ev in enumerate(events):
-        if not isinstance(ev, dict) or ev.get("ph") != "X":
-            continue
-        ts, dur = _to_ns(ev.get("ts")), _to_ns(ev.get("dur"))
-        if ts is None or dur is None or dur < 0:
-            continue
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-        corr = args.get("correlation", -1)
-        cols["idx"].append(i)
-        cols["name"].append(str(ev.get("name", "")))
-        cols["cat"].append(str(ev.get("cat", "")))
-        cols["pid"].append(str(ev.get("pid", "")))
-        cols["tid"].append(str(ev.get("tid", "")))
-        cols["ts_ns"].append(ts)
-        cols["dur_ns"].append(dur)
-        cols["correlation"].append(corr if isinstance(corr, int) and not isinstance(corr, bool)
-                                   and -(2**63) <= corr < 2**63 else -1)
-        cols["pg_arg"].append(str(args.get("Process Group Name", "") or ""))
-        cols["coll_arg"].append(str(args.get("Collective name", "") or ""))
-    df = pd.DataFrame(cols)
-    return df.astype({"idx": "int64", "ts_ns": "int64", "dur_ns": "int64", "correlation": "int64"})
-
-
-def _default_pg(data: dict) -> str:
-    info = data.get("distributedInfo")
-    pgs = info.get("pg_config") if isinstance(info, dict) else None
-    if isinstance(pgs, list) and len(pgs) == 1 and isinstance(pgs[0], dict):
-        return str(pgs[0].get("pg_name", ""))
-    return ""
+def _key(ev: dict) -> tuple[str, str]:
+    """The source track (pid, tid) of a raw event."""
+    return str(ev.get("pid", "")), str(ev.get("tid", ""))
 
 
 # --- steps ---------------------------------------------------------------------------------------
@@ -262,37 +171,22 @@ def parse_steps(text: str) -> tuple[int, ...]:
     return tuple(sorted(steps))
 
 
-def _selected(x: pd.DataFrame, events: list, steps: tuple[int, ...]) -> tuple[set[int], list[int]]:
-    """Indices of the events inside the chosen ProfilerSteps, and the steps found on this rank.
-
-    CPU-side events: start inside a chosen step. GPU events: launched (``correlation``) by a
-    selected CPU event, else start inside a chosen step.
-    """
-    names = x["name"].astype(object)
-    step_no = names.str.extract(_STEP_RE, expand=False)
-    spans = x[step_no.notna()].assign(step=step_no.dropna().astype(int))
-    spans = spans[spans["step"].isin(steps)]
-    windows = list(zip(spans["ts_ns"], spans["ts_ns"] + spans["dur_ns"]))
-
-    def inside(ts_ns: int) -> bool:
-        return any(a <= ts_ns < b for a, b in windows)
-
-    keep: set[int] = set()
-    launched: set[int] = set()
-    for r in x[~x["cat"].str.lower().isin(GPU_CATS)].itertuples(index=False):
-        if inside(r.ts_ns):
-            keep.add(r.idx)
-            if r.correlation >= 0:
-                launched.add(r.correlation)
-    for r in x[x["cat"].str.lower().isin(GPU_CATS)].itertuples(index=False):
-        if r.correlation in launched or (r.correlation < 0 and inside(r.ts_ns)):
-            keep.add(r.idx)
-    for i, ev in enumerate(events):  # instants, counters, flows: by time
-        if isinstance(ev, dict) and ev.get("ph") not in ("X", "M"):
-            ts = _to_ns(ev.get("ts"))
-            if ts is not None and inside(ts):
-                keep.add(i)
-    return keep, sorted(set(spans["step"].tolist()))
+def _selected(r: RankInput, rt: ingest.RankTables, steps: tuple[int, ...]
+              ) -> tuple[set[int], list[int]]:
+    """Positions (in traceEvents) of rank ``r``'s events in the chosen ProfilerSteps, and the
+    chosen steps found on it: complete events the ingest puts in one of them (module
+    docstring), other events whose time lies in one of their ProfilerStep spans."""
+    found = [] if rt.whole_trace_mode else sorted(set(rt.steps["step"].tolist()) & set(steps))
+    x = r.events
+    keep = set(x.loc[x["step"].isin(found).to_numpy(), "event_idx"].tolist())
+    win = rt.steps[rt.steps["step"].isin(found)]
+    lo, hi = win["cpu_start_ns"].to_numpy(), win["cpu_end_ns"].to_numpy()
+    evs = r.data["traceEvents"]  # instants, counters, flows: by time
+    other = np.fromiter((ev.get("ph") not in ("X", "M") for ev in evs), bool, count=len(evs))
+    t = r.ts_ns[:, None]
+    inside = ((lo <= t) & (t < hi)).any(axis=1)
+    keep.update(np.flatnonzero(other & r.ts_ok & inside).tolist())
+    return keep, found
 
 
 # --- tracks --------------------------------------------------------------------------------------
@@ -322,8 +216,10 @@ def assign_lanes(spans: list[tuple[int, int]]) -> list[int]:
     return lanes
 
 
-def _track_names(data: dict, x: pd.DataFrame) -> dict[tuple[str, str], tuple[int, str]]:
-    """(pid, tid) -> (sort group, display name) for one rank's source tracks."""
+def _track_names(data: dict, gpu_tracks: set[tuple[str, str]], step_tracks: set[tuple[str, str]]
+                 ) -> dict[tuple[str, str], tuple[int, str]]:
+    """(pid, tid) -> (sort group, display name) for one rank's source tracks; ``gpu_tracks``
+    hold GPU events, ``step_tracks`` ProfilerStep spans (the ingest's rules)."""
     proc_name: dict[str, str] = {}
     proc_label: dict[str, str] = {}
     thread_names: dict[tuple[str, str], list[str]] = {}
@@ -338,9 +234,6 @@ def _track_names(data: dict, x: pd.DataFrame) -> dict[tuple[str, str], tuple[int
             proc_label[pid] = str(args.get("labels", ""))
         elif ev.get("name") == "thread_name":
             thread_names.setdefault((pid, tid), []).append(str(args.get("name", "")))
-    gpu_tracks = set(map(tuple, x.loc[x["cat"].str.lower().isin(GPU_CATS), ["pid", "tid"]].drop_duplicates().to_numpy()))
-    step_tracks = set(map(tuple, x.loc[x["name"].astype(object).str.match(_STEP_RE), ["pid", "tid"]]
-                          .drop_duplicates().to_numpy()))
     out: dict[tuple[str, str], tuple[int, str]] = {}
     for pid, tid in _all_tracks(data):
         key = (pid, tid)
@@ -380,8 +273,8 @@ def _well_formed(ev: dict) -> bool:
 def _all_tracks(data: dict) -> list[tuple[str, str]]:
     seen: dict[tuple[str, str], None] = {}
     for ev in data["traceEvents"]:
-        if isinstance(ev, dict) and ev.get("ph") != "M":  # same key as complete_events
-            seen.setdefault((str(ev.get("pid", "")), str(ev.get("tid", ""))), None)
+        if isinstance(ev, dict) and ev.get("ph") != "M":
+            seen.setdefault(_key(ev), None)
     return list(seen)
 
 
@@ -413,18 +306,17 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     """
     options = options or MergeOptions()
     root, out = Path(root), Path(out)
-    skipped: list[str] = []
-    inputs = read_inputs(root, skipped)
-    ranks = [r.rank for r in inputs]
+    if root.is_file():
+        raise BadInput(root, "not_a_folder", "is a file, not a folder",
+                       "pass the run directory or folder of traces that holds it")
+    job = ingest.load_run(rundirs.find_job(root, allow_incomplete=options.allow_incomplete))
+    ranks = [rt.rank for rt in job.ranks]
     ref_rank = options.ref_rank if options.ref_rank is not None else ranks[0]
     if ref_rank not in ranks:
         raise BadInput(root, "bad_ref_rank", f"has no trace of rank {ref_rank} (ranks: {ranks})",
                        "pick one of the ranks present")
-    warnings: list[str] = list(skipped)
-    tables = {r.rank: complete_events(r.data["traceEvents"]) for r in inputs}
-
-    per_rank = {r.rank: clock.collective_events(tables[r.rank], default_pg=_default_pg(r.data)) for r in inputs}
-    matched = clock.match_collectives(per_rank)
+    warnings: list[str] = list(job.warnings)
+    matched = clock.match_collectives(job.collectives)
     offsets = clock.estimate_offsets(matched, ranks, ref_rank)
     for row in offsets.itertuples(index=False):
         if row.rank != ref_rank and row.n_matched == 0:
@@ -444,11 +336,12 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
             "unshifted; try --ref-rank with another rank")
     shift = dict(zip(offsets["rank"], offsets["offset_ns"])) if align else {r: 0 for r in ranks}
 
+    inputs = [_read_rank(rt) for rt in job.ranks]
     keep: dict[int, set[int] | None] = {r: None for r in ranks}
     if options.steps is not None:
         found_any = False
-        for r in inputs:
-            keep[r.rank], found = _selected(tables[r.rank], r.data["traceEvents"], options.steps)
+        for r, rt in zip(inputs, job.ranks):
+            keep[r.rank], found = _selected(r, rt, options.steps)
             found_any |= bool(found)
             missing = sorted(set(options.steps) - set(found))
             if missing:
@@ -457,8 +350,8 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
             raise BadInput(root, "no_such_step", f"no trace has ProfilerStep {list(options.steps)}",
                            "pick steps shown by `analyzer summary`, or omit --steps")
 
-    t0 = min((int(t["ts_ns"].min()) - shift[rank] for rank, t in tables.items() if len(t)), default=0)
-    events, moved, locate = _write_events(inputs, tables, keep, shift, t0)
+    t0 = min(int(r.events["ts_ns"].min()) - shift[r.rank] for r in inputs)
+    events, moved, locate = _write_events(inputs, keep, shift, t0)
     events += _collective_flows(matched, locate, shift, t0)
     n_meta = sum(1 for e in events if e["ph"] == "M")
     events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0), -e.get("dur", 0)))
@@ -484,9 +377,12 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     sidecar = sidecar_path_for(out)
     write_atomic(sidecar, msgspec.json.format(msgspec.json.encode(summary), indent=2))
     for r in inputs:
-        r.data = {}
+        r.data, r.events = {}, r.events.iloc[:0]
     log.info("wrote %s (%d events, %d metadata)", out, len(events), n_meta)
     return MergeResult(out_path=out, sidecar_path=sidecar, ranks=inputs, ref_rank=ref_rank,
+                       steps={rt.rank: [] if rt.whole_trace_mode else rt.steps["step"].tolist()
+                              for rt in job.ranks},
+                       collectives=job.collectives, matched=matched,
                        offsets=offsets, spread=spread, t0_ns=t0, n_events=len(events),
                        n_moved_to_overlap_tracks=moved, warnings=warnings)
 
@@ -507,29 +403,37 @@ def _us_text(ns: float) -> str:
     return f"{ns / 1000:,.1f}"
 
 
-def _write_events(inputs: list[RankInput], tables: dict[int, pd.DataFrame],
-                  keep: dict[int, set[int] | None], shift: dict[int, int], t0: int
+def _write_events(inputs: list[RankInput], keep: dict[int, set[int] | None],
+                  shift: dict[int, int], t0: int
                   ) -> tuple[list[dict], int, dict[tuple[int, int], tuple[int, int, int]]]:
     """Rewritten events of every rank, the count moved to overlap tracks, and
-    (rank, source idx) -> (pid, tid, aligned start ns) of each written complete event."""
+    (rank, event_idx) -> (pid, tid, aligned start ns) of each written complete event."""
     out: list[dict] = []
     moved = 0
     locate: dict[tuple[int, int], tuple[int, int, int]] = {}
     flow_ids: dict[tuple, int] = {}
     for r in inputs:
-        x = tables[r.rank]
+        evs = r.data["traceEvents"]
+        x = r.events
+        key_of = {i: _key(evs[i]) for i in x["event_idx"].tolist()}
+        gpu_tracks = {key_of[i] for i in x.loc[x["is_gpu"].to_numpy(), "event_idx"].tolist()}
+        step_tracks = {key_of[i] for i in x.loc[(x["role"] == "step").to_numpy(), "event_idx"]}
+        names = _track_names(r.data, gpu_tracks, step_tracks)
         sel = keep[r.rank]
         if sel is not None:
-            x = x[x["idx"].isin(sel)]
+            x = x[x["event_idx"].isin(sel).to_numpy()]
+        # complete events in the table's order (start, longest first, file order)
+        row_of = dict(zip(x["event_idx"].tolist(), zip(x["ts_ns"].tolist(), x["dur_ns"].tolist())))
         pid = r.rank + 1
-        names = _track_names(r.data, tables[r.rank])
         # lanes per source track, then new tids in display order
+        by_track: dict[tuple[str, str], list[int]] = {}
+        for i in row_of:
+            by_track.setdefault(key_of[i], []).append(i)
         lane_of: dict[int, int] = {}
         n_lanes: dict[tuple[str, str], int] = {}
-        for key, g in x.groupby(["pid", "tid"], sort=False):
-            spans = list(zip(g["ts_ns"].tolist(), (g["ts_ns"] + g["dur_ns"]).tolist()))
-            lanes = assign_lanes(spans)
-            lane_of.update(zip(g["idx"].tolist(), lanes))
+        for key, members in by_track.items():
+            lanes = assign_lanes([(row_of[i][0], row_of[i][0] + row_of[i][1]) for i in members])
+            lane_of.update(zip(members, lanes))
             n_lanes[key] = max(lanes) + 1
             moved += sum(1 for lane in lanes if lane)
         order = sorted(names, key=lambda k: (names[k][0], names[k][1], k))
@@ -545,35 +449,32 @@ def _write_events(inputs: list[RankInput], tables: dict[int, pd.DataFrame],
                 out.append(_meta(pid, tid, "thread_sort_index", sort_index=tid))
         # innermost complete event starting at each (track, ts): flows bind to it
         starts_at: dict[tuple[tuple[str, str], int], tuple[int, int]] = {}
-        for row in x.itertuples(index=False):
-            k = ((row.pid, row.tid), row.ts_ns)
-            if k not in starts_at or row.dur_ns < starts_at[k][0]:
-                starts_at[k] = (row.dur_ns, lane_of[row.idx])
-        x_idx = {row.idx: row for row in x.itertuples(index=False)}
+        for i, (ts, dur) in row_of.items():
+            k = (key_of[i], ts)
+            if k not in starts_at or dur < starts_at[k][0]:
+                starts_at[k] = (dur, lane_of[i])
         flows: list[dict] = []
-        for i, ev in enumerate(r.data["traceEvents"]):
-            if not isinstance(ev, dict) or ev.get("ph") == "M" or not _well_formed(ev):
+        for i, ev in enumerate(evs):
+            if ev.get("ph") == "M" or not _well_formed(ev) or (sel is not None and i not in sel):
                 continue
-            if sel is not None and i not in sel:
-                continue
-            key = (str(ev.get("pid", "")), str(ev.get("tid", "")))
+            key = _key(ev)
             new = dict(ev)
             new["pid"] = pid
             if not isinstance(new.get("name"), str):  # the format requires a string name
                 new["name"] = "" if new.get("name") is None else str(new["name"])
             if ev.get("ph") == "X":
-                row = x_idx.get(i)
+                row = row_of.get(i)
                 if row is None:
-                    continue  # bad ts / dur: left out (counted by the loader's warnings)
+                    continue  # bad ts / dur: left out (the ingest's warnings count them)
                 new["tid"] = tid_of[(key, lane_of[i])]
-                start = row.ts_ns - shift[r.rank] - t0
-                new["ts"], new["dur"] = _us(start), _us(row.dur_ns)
+                start = row[0] - shift[r.rank] - t0
+                new["ts"], new["dur"] = _us(start), _us(row[1])
                 locate[(r.rank, i)] = (pid, new["tid"], start)
                 out.append(new)
                 continue
-            ts = _to_ns(ev.get("ts"))
-            if ts is None:
+            if not r.ts_ok[i]:
                 continue
+            ts = int(r.ts_ns[i])
             new["ts"] = _us(ts - shift[r.rank] - t0)
             lane = starts_at.get((key, ts), (0, 0))[1] if ev.get("ph") in ("s", "t", "f") else 0
             new["tid"] = tid_of.get((key, lane), tid_of.get((key, 0), 0))
@@ -599,9 +500,9 @@ def _collective_flows(matched: pd.DataFrame, locate: dict, shift: dict[int, int]
     """Flow arrows linking each matched collective across ranks, in order of aligned start."""
     out: list[dict] = []
     next_id = 1
-    for (pg, backend, kind, seq), g in matched.groupby(["pg", "backend", "kind", "seq"], sort=True):
-        placed = sorted((locate[(row.rank, row.idx)] for row in g.itertuples(index=False)
-                         if (row.rank, row.idx) in locate), key=lambda p: p[2])
+    for (pg, kind, seq), g in matched.groupby(["pg", "kind", "seq"], sort=True):
+        placed = sorted((locate[(row.rank, row.event_idx)] for row in g.itertuples(index=False)
+                         if (row.rank, row.event_idx) in locate), key=lambda p: p[2])
         label = f"{kind} #{seq}" + (f" pg {pg}" if pg else "")
         for (pid_a, tid_a, ts_a), (pid_b, tid_b, ts_b) in zip(placed, placed[1:]):
             fid = 1_000_000_000 + next_id

@@ -11,6 +11,11 @@ DIR may be (checked in this order):
    (``foreign_in_root``) whatever ``allow_incomplete`` says, advising to pass that folder alone;
 3. a folder of foreign traces: Chrome/Kineto trace files (``*.json``, ``*.json.gz``) and no
    manifest anywhere -- one job whose parity is "not recorded".
+
+Each folder is listed once and each manifest read once per command: a ``RunDir`` carries its
+validated manifest and the trace files the ingest (analyzer/ingest.py) reads, so nothing is
+walked or read again. ``find_job`` is the same walk for the commands that take one job
+(``summary`` also takes one trace file, ``merge``, the library's ``api.load_tables``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 from analyzer import schemas
 from analyzer.errors import BadInput
-from analyzer.fswalk import entries
+from analyzer.fswalk import entries, not_an_input
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,12 @@ class RunDir:
     incomplete: bool = False
     """A tracer run directory without ``manifest.json`` (the record did not finish), analysed
     only with ``allow_incomplete`` and marked so."""
+    traces: list[Path] = field(default_factory=list)
+    """The trace files to analyse, sorted by name (``trace_files``; a name never decides a
+    rank)."""
+    notes: list[str] = field(default_factory=list)
+    """Files of the folder left out of ``traces`` (symlinks out of it, hidden files, the
+    analyzer's own outputs), one line each."""
 
     @property
     def foreign(self) -> bool:
@@ -74,6 +85,29 @@ def _is_trace(p: Path) -> bool:
     return p.is_file() and p.name.endswith(TRACE_SUFFIXES) and p.name != schemas.MANIFEST_NAME
 
 
+def trace_files(children: list[Path], *, run_dir: bool, notes: list[str]) -> list[Path]:
+    """The trace files among a folder's ``children`` (``fswalk.entries``): ``rank*.trace.json.gz``
+    in a run directory (and hidden ``*.json*``, a killed record's ``.tmp-<pid>-rank0...``, so
+    that they are named as skipped), else every ``*.json`` / ``*.json.gz`` but the manifest.
+    Hidden files and the analyzer's own outputs (``fswalk.not_an_input``) are left out with
+    one line each appended to ``notes``."""
+    from fnmatch import fnmatch
+
+    if run_dir:
+        found = [p for p in children if p.is_file() and (fnmatch(p.name, schemas.TRACE_GLOB) or (
+            p.name.startswith(".") and fnmatch(p.name, "*.json*")))]
+    else:
+        found = [p for p in children if _is_trace(p)]
+    keep = []
+    for p in found:
+        why = not_an_input(p.name)
+        if why:
+            notes.append(f"{p}: {why}; skipped")
+        else:
+            keep.append(p)
+    return keep
+
+
 TRACER_FILES = (schemas.NUMERICS_NAME, schemas.STEPS_NAME, schemas.KEPT_NAME,
                 schemas.KEPT_TENSORS_NAME, schemas.MEMORY_DIR)
 """Files (and the folder) of a run directory besides the manifest and the traces."""
@@ -101,7 +135,10 @@ def _read(run_dir: Path) -> RunDir:
     files = manifest["files"] if isinstance(manifest["files"], list) else []
     check_listed_files_present(run_dir, manifest)
     _verify_files(run_dir, [f for f in files if isinstance(f, dict) and f.get("path")])
-    return RunDir(path=run_dir, name=str(manifest.get("run_name") or run_dir.name), manifest=manifest)
+    children, notes = entries(run_dir)
+    return RunDir(path=run_dir, name=str(manifest.get("run_name") or run_dir.name),
+                  manifest=manifest, traces=trace_files(children, run_dir=True, notes=notes),
+                  notes=notes)
 
 
 def check_listed_files_present(run_dir: Path, manifest: dict[str, Any]) -> None:
@@ -124,7 +161,7 @@ def _verify_files(run_dir: Path, files: list[dict[str, Any]]) -> None:
     (and gated) as this run's. Raises ``BadInput`` (reason ``file_changed``) naming the first
     changed file. The size is compared first (no read); the hash only when the size agrees, and
     for traces not here: their parse hashes them anyway and checks the manifest's sha256
-    (analyzer/load.py ``check_manifest_sha256``), so big traces are not read twice."""
+    (analyzer/ingest.py ``check_manifest_sha256``), so big traces are not read twice."""
     for f in files:
         path = run_dir / str(f["path"])
         size, digest = f.get("size_bytes"), f.get("sha256")
@@ -132,7 +169,7 @@ def _verify_files(run_dir: Path, files: list[dict[str, Any]]) -> None:
         if isinstance(size, int) and not isinstance(size, bool) and path.stat().st_size != size:
             what = f"size {path.stat().st_size} bytes differs from manifest.json's {size}"
         elif _is_trace(path):
-            continue  # hashed once, where it is parsed (analyzer/load.check_manifest_sha256)
+            continue  # hashed once, where it is parsed (ingest.check_manifest_sha256)
         elif isinstance(digest, str) and schemas.sha256_file(path) != digest.lower():
             what = "sha256 differs from manifest.json"
         if what:
@@ -146,59 +183,87 @@ def _order(run: RunDir) -> tuple:
     return (strategies.index(s) if s in strategies else len(strategies), run.name)
 
 
+_INCOMPLETE = ("incomplete run: no manifest.json (the tracer writes it last)",
+               "re-record the run, or pass --allow-incomplete to analyse what is there")
+
+
+def _existing(root: Path) -> Path:
+    if not root.exists():
+        raise BadInput(root, "missing", "no such file or folder", "check the path")
+    return root
+
+
+def _is_run_without_manifest(folder: Path) -> bool:
+    return any((folder / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME))
+
+
+def find_job(path: Path | str, *, allow_incomplete: bool = False) -> RunDir:
+    """The one job at ``path``, for the commands that analyse one job: a trace file (its own
+    job of one file), a run directory (``manifest.json`` read and checked as ``discover`` does),
+    a run directory without manifest (refused unless ``allow_incomplete``) or a folder of
+    foreign traces. Raises ``BadInput``; a folder without traces is left to the ingest
+    (analyzer/ingest.py ``load_run``), which refuses it."""
+    path = _existing(Path(path))
+    if path.is_file():
+        return RunDir(path=path, name=path.name, manifest=None, traces=[path])
+    if (path / schemas.MANIFEST_NAME).is_file():
+        return _read(path)
+    incomplete = _is_run_without_manifest(path)
+    if incomplete and not allow_incomplete:
+        raise BadInput(path, "incomplete_run", *_INCOMPLETE)
+    children, notes = entries(path)
+    return RunDir(path=path, name=path.name, manifest=None, incomplete=incomplete, notes=notes,
+                  traces=trace_files(children, run_dir=incomplete, notes=notes))
+
+
 def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     """Classify ``root`` and list its runs. Raises ``BadInput`` naming the folder when it is
     missing, empty of runs and traces, or holds an incomplete run (unless ``allow_incomplete``).
     """
-    root = Path(root)
-    if not root.exists():
-        raise BadInput(root, "missing", "no such file or folder", "check the path")
+    root = _existing(Path(root))
     if not root.is_dir():
         raise BadInput(root, "not_a_directory", "is a file, not a folder",
                        "pass the folder that holds it (a traces root, one run directory or a "
                        "folder of traces); `analyzer summary` also takes one trace file")
     if (root / schemas.MANIFEST_NAME).is_file():
         return Discovery(root=root, layout="run", runs=[_read(root)])
-    warnings: list[str] = []
     children, skipped = entries(root)
-    warnings += skipped
-
-    def own(lines: list[str]) -> list[str]:
-        """``lines`` less the skipped-symlink notes of ``root``: for a run that is ``root``
-        itself, the loader walks the same folder and says each of them (they were printed
-        twice by `analyzer report`)."""
-        return [w for w in lines if w not in skipped]
-    if any((root / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME)):
+    if _is_run_without_manifest(root):
         if not allow_incomplete:
-            raise BadInput(root, "incomplete_run", "incomplete run: no manifest.json (the tracer "
-                           "writes it last)", "re-record the run, or pass --allow-incomplete to "
-                           "analyse what is there")
-        # the run is root itself: its loader names the skipped links (``own``), said once
-        return Discovery(root=root, layout="run", warnings=own(warnings),
-                         runs=[RunDir(path=root, name=root.name, manifest=None, incomplete=True)])
+            raise BadInput(root, "incomplete_run", *_INCOMPLETE)
+        # the run is root itself: the walk's notes are the run's (said once, by its analysis)
+        return Discovery(root=root, layout="run", runs=[RunDir(
+            path=root, name=root.name, manifest=None, incomplete=True, notes=skipped,
+            traces=trace_files(children, run_dir=True, notes=skipped))])
+    warnings: list[str] = list(skipped)
     runs: list[RunDir] = []
     problems: list[BadInput] = []
     for sub in [p for p in children if p.is_dir() and p.name != REPORT_DIR_NAME]:
         if (sub / schemas.MANIFEST_NAME).is_file():
             runs.append(_read(sub))
-        elif (traces := [p for p in entries(sub, root=root)[0] if _is_trace(p)]) or \
-                (sub / schemas.NUMERICS_NAME).exists():
-            if not _tracer_written(sub, traces):
-                problems.append(BadInput(
-                    sub, "foreign_in_root", "holds profiler traces that `tracer record` did not "
-                    "write (no manifest.json and none of the other files of a run directory)",
-                    f"a traces root holds run directories only: analyse each folder of foreign "
-                    f"traces on its own, e.g. `analyzer report {sub}`"))
-                continue
-            msg = "has traces but no manifest.json: the run did not complete"
-            if allow_incomplete:  # README: analysed as found, marked incomplete
-                warnings.append(f"{sub}: {msg}; analysed as found (--allow-incomplete)")
-                log.warning("%s: %s; analysed as found", sub, msg)
-                runs.append(RunDir(path=sub, name=sub.name, manifest=None, incomplete=True))
-            else:
-                problems.append(BadInput(sub, "incomplete_run", msg,
-                                         "re-record it, or pass --allow-incomplete to analyse it "
-                                         "as found (marked incomplete, not ranked)"))
+            continue
+        sub_children, notes = entries(sub)
+        traces = [p for p in sub_children if _is_trace(p)]
+        if not traces and not (sub / schemas.NUMERICS_NAME).exists():
+            continue
+        if not _tracer_written(sub, traces):
+            problems.append(BadInput(
+                sub, "foreign_in_root", "holds profiler traces that `tracer record` did not "
+                "write (no manifest.json and none of the other files of a run directory)",
+                f"a traces root holds run directories only: analyse each folder of foreign "
+                f"traces on its own, e.g. `analyzer report {sub}`"))
+            continue
+        msg = "has traces but no manifest.json: the run did not complete"
+        if allow_incomplete:  # README: analysed as found, marked incomplete
+            warnings.append(f"{sub}: {msg}; analysed as found (--allow-incomplete)")
+            log.warning("%s: %s; analysed as found", sub, msg)
+            runs.append(RunDir(path=sub, name=sub.name, manifest=None, incomplete=True,
+                               notes=notes, traces=trace_files(sub_children, run_dir=True,
+                                                               notes=notes)))
+        else:
+            problems.append(BadInput(sub, "incomplete_run", msg,
+                                     "re-record it, or pass --allow-incomplete to analyse it "
+                                     "as found (marked incomplete, not ranked)"))
     if problems:
         first = problems[0]
         raise BadInput(first.path, first.reason, first.message, first.fix, problems=problems[1:])
@@ -210,8 +275,9 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
                            "give each run directory a distinct run_name")
         return Discovery(root=root, layout="root", runs=sorted(runs, key=_order), warnings=warnings)
     if any(_is_trace(p) for p in children):
-        return Discovery(root=root, layout="foreign", warnings=own(warnings),
-                         runs=[RunDir(path=root, name=root.name, manifest=None)])
+        return Discovery(root=root, layout="foreign", runs=[RunDir(
+            path=root, name=root.name, manifest=None, notes=skipped,
+            traces=trace_files(children, run_dir=False, notes=skipped))])
     raise BadInput(root, "no_runs", "holds no run directory (manifest.json) and no trace files",
                    "pass a traces root written by `tracer record`, one run directory, "
                    "or a folder of *.json / *.json.gz profiler traces")

@@ -1,4 +1,4 @@
-"""The tables behind ``analyzer summary``: one function of a TraceSet returning tables."""
+"""The tables behind ``analyzer summary``: one function of a job's tables returning tables."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ class Summary:
     ranks: pd.DataFrame
     """rank, path, rank_source, device_kind, world_size, steps, whole_trace_mode."""
     breakdown: pd.DataFrame
-    """analyzer.api.breakdown."""
+    """``JobTables.breakdown`` (analyzer/breakdown.py COLUMNS)."""
     by_kind: pd.DataFrame
-    """analyzer.api.comm_by_kind."""
+    """analyzer.collectives.by_kind of the job's collectives."""
     cross_rank: pd.DataFrame
-    """analyzer.api.cross_rank."""
+    """analyzer.collectives.match_ranks of the job's collectives."""
     stragglers: pd.DataFrame
     """analyzer.collectives.stragglers."""
     crosscheck: pd.DataFrame | None = None
@@ -46,29 +46,27 @@ class Summary:
                 "crosscheck_hta": records(self.crosscheck), "notes": self.notes}
 
 
-def summarize(ts) -> Summary:
-    """Build the summary tables of a loaded TraceSet (analyzer.api.TraceSet)."""
-    from analyzer import api
-    from analyzer.collectives import match_ranks, stragglers
+def summarize(job) -> Summary:
+    """Build the summary tables of a loaded job (``analyzer.ingest.JobTables``)."""
+    from analyzer.collectives import by_kind, match_ranks, stragglers
 
-    coll = api.collectives(ts)
-    matched = match_ranks(coll)
-    sources = sorted({r.rank_source for r in ts.ranks})
-    head = [f"{ts.root}: {len(ts.ranks)} of {ts.world_size} ranks, rank from "
+    matched = match_ranks(job.collectives)
+    sources = sorted({r.rank_source for r in job.ranks})
+    head = [f"{job.root}: {len(job.ranks)} of {job.world_size} ranks, rank from "
             f"{' / '.join(sources)}"]
-    if ts.missing_ranks:
-        shown = ts.missing_ranks[:10]
-        more = "" if len(ts.missing_ranks) <= 10 else f" and {len(ts.missing_ranks) - 10} more"
+    if job.missing_ranks:
+        shown = job.missing_ranks[:10]
+        more = "" if len(job.missing_ranks) <= 10 else f" and {len(job.missing_ranks) - 10} more"
         head.append(f"partial: ranks {shown}{more} have no trace")
-    if ts.whole_trace_mode:
+    if job.whole_trace_mode:
         head.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the whole trace")
-    head += ts.warnings
-    for r in ts.ranks:
+    head += job.warnings
+    for r in job.ranks:
         head += r.warnings
     ranks = pd.DataFrame([{"rank": r.rank, "path": str(r.path), "rank_source": r.rank_source,
                            "device_kind": r.device_kind, "world_size": r.world_size,
                            "steps": len(r.steps), "whole_trace_mode": r.whole_trace_mode}
-                          for r in ts.ranks])
-    return Summary(headline=head, ranks=ranks, breakdown=api.breakdown(ts),
-                   by_kind=api.comm_by_kind(ts), cross_rank=matched,
+                          for r in job.ranks])
+    return Summary(headline=head, ranks=ranks, breakdown=job.breakdown,
+                   by_kind=by_kind(job.collectives), cross_rank=matched,
                    stragglers=stragglers(matched))

@@ -190,12 +190,11 @@ def build(dst: Path, *, k: int, ranks: int, sub_us: bool = False) -> int:
 
 def drop_caches(folder: Path, xdg: Path, *, tables: bool = True) -> None:
     """Remove the analyzer's caches: the whole-report cache (under ``xdg``, the subprocesses'
-    XDG_CACHE_HOME) and, with ``tables``, those beside the traces (``*.parsed.parquet`` events,
-    ``*.tables.msgpack`` per-rank tables)."""
+    XDG_CACHE_HOME) and, with ``tables``, those beside the traces (``*.tables.msgpack``
+    per-rank tables)."""
     shutil.rmtree(xdg, ignore_errors=True)
-    for pattern in ("*.parsed.parquet", "*.tables.msgpack") if tables else ():
-        for p in folder.glob(pattern):
-            p.unlink()
+    for p in folder.glob("*.tables.msgpack") if tables else ():
+        p.unlink()
 
 
 def median_run(runs: list[Run]) -> Run:
@@ -212,9 +211,9 @@ def check_steps(traces: Path, k: int) -> tuple[int, int]:
     untiled corpus rank (source rank = rank mod 8)."""
     from analyzer import api
 
-    ref = api.breakdown(api.load_traces(CORPUS))
+    ref = api.load_tables(CORPUS).breakdown
     ref = ref[ref["step"] >= 0]
-    got = api.breakdown(api.load_traces(traces))
+    got = api.load_tables(traces).breakdown
     got = got[got["step"] >= 0]
     n_src = ref["rank"].nunique()
     bad = 0

@@ -1,21 +1,24 @@
 """Whole-report cache: a second ``analyzer report`` on unchanged inputs skips the analysis.
 
 The report dict (report.json's content) is a function of the files under DIR, the options and
-the code. ``key`` combines: the resolved DIR and output folder, the options, the stat signature
-(relative path, size, mtime_ns, ctime_ns, inode, device) of every file under DIR (recursively, symlinks
-followed at most as deep as the walk goes, leaving out the output folder and the analyzer's own
-caches), a hash of the source of every ``analyzer`` and ``reports`` module, and the versions of
-the libraries the analysis uses. Any change to any of them is a miss. The ctime is in the key
-because the mtime can be set back (``cp -p``, ``touch -d``, ``os.utime``): a file rewritten in
-place with the same size and its old mtime would otherwise be served the stale report, skipping
-the manifest's sha256 check (analyzer/rundirs.py) that a miss runs; the kernel sets the ctime
-on every write or utime and no user call can set it back.
+the code. Its key is ``analyzer.cachekey.cache_key`` (the one key rule of the analyzer's
+caches: content, code, library versions) of: the resolved DIR and output folder, the options,
+and the stat signature (relative path, size, mtime_ns, ctime_ns, inode, device) of every file
+under DIR (recursively, symlinks followed at most as deep as the walk goes, leaving out the
+output folder and the per-rank tables cache), computed by the source of every ``analyzer``
+and ``reports`` module. Any change to any of them is a miss. The ctime is in the key because
+the mtime can be set back (``cp -p``, ``touch -d``, ``os.utime``): a file rewritten in place
+with the same size and its old mtime would otherwise be served the stale report, skipping the
+manifest's sha256 check (analyzer/rundirs.py) that a miss runs; the kernel sets the ctime on
+every write or utime and no user call can set it back.
 
 The cache is ``$XDG_CACHE_HOME/paritytrace/reports/<hash of DIR and output folder>.json``
 (``~/.cache`` when unset; the report dict as report.json writes it plus the key and the notes
-the analysis said on stderr, which a hit says again), written atomically after the report; the output folder holds only the report files. A hit renders from the cached dict: no pandas import,
-no trace read. Both paths render from the dict after a JSON round trip, so their outputs are
-identical. A cache that cannot be read or written is skipped (log line), never an error.
+the analysis said on stderr, which a hit says again), written atomically after the report; the
+output folder holds only the report files. A hit renders from the cached dict: no pandas
+import, no trace read. Both paths render from the dict after a JSON round trip, so their
+outputs are identical. A cache that cannot be read or written is skipped (log line), never an
+error.
 """
 
 from __future__ import annotations
@@ -24,51 +27,16 @@ import hashlib
 import json
 import logging
 import os
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from analyzer.cachekey import cache_dir, cache_key
+
 log = logging.getLogger(__name__)
 
-_SKIP_SUFFIXES = (".parsed.parquet", ".tables.msgpack")
-_LIBS = ("pandas", "numpy", "pyarrow", "msgspec")
-
-
-def _code_hash() -> str:
-    h = hashlib.blake2b(digest_size=16)
-    here = Path(__file__).resolve().parent
-    for pkg in (here.parent / "analyzer", here):
-        for p in sorted(pkg.glob("*.py")):
-            h.update(p.name.encode())
-            h.update(p.read_bytes())
-    for lib in _LIBS:
-        h.update(f"{lib}={_version(lib)}".encode())
-    return h.hexdigest()
-
-
-def _version(lib: str) -> str:
-    """Installed version of ``lib`` ("none" when absent), without importing it: from the one
-    ``<lib>-<version>.dist-info`` folder beside the package (a wheel install), else
-    ``importlib.metadata`` (whose import alone costs ~10 ms of a cache hit)."""
-    spec = find_spec(lib)
-    if spec is None:
-        return "none"
-    for where in spec.submodule_search_locations or []:
-        site = os.path.dirname(where)
-        try:
-            found = [n for n in os.listdir(site)
-                     if n.startswith(f"{lib}-") and n.endswith(".dist-info")]
-        except OSError:
-            break
-        if len(found) == 1:
-            return found[0][len(lib) + 1:-len(".dist-info")]
-        break
-    from importlib import metadata
-
-    try:
-        return metadata.version(lib)
-    except metadata.PackageNotFoundError:
-        return "none"
+_SKIP_SUFFIXES = (".tables.msgpack",)
+_HERE = Path(__file__).resolve().parent
+_MODULES = tuple(sorted((*(_HERE.parent / "analyzer").glob("*.py"), *_HERE.glob("*.py"))))
 
 
 def _files(root: Path, out: Path) -> list[list[Any]]:
@@ -102,17 +70,15 @@ def _files(root: Path, out: Path) -> list[list[Any]]:
 
 def key(root: Path, out: Path, options: dict[str, Any]) -> str:
     """The cache key of a report of ``root`` written to ``out`` with ``options``."""
-    blob = json.dumps({"root": os.path.realpath(root), "out": os.path.realpath(out),
-                       "options": options, "files": _files(root, out), "code": _code_hash()},
-                      sort_keys=True).encode()
-    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+    return cache_key(json.dumps({"root": os.path.realpath(root), "out": os.path.realpath(out),
+                                 "options": options, "files": _files(root, out)},
+                                sort_keys=True), _MODULES)
 
 
 def _path(root: Path, out: Path) -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     name = hashlib.blake2b(f"{os.path.realpath(root)}\0{os.path.realpath(out)}".encode(),
                            digest_size=16).hexdigest()
-    return Path(base) / "paritytrace" / "reports" / f"{name}.json"
+    return cache_dir() / "reports" / f"{name}.json"
 
 
 def load(root: Path, out: Path, k: str) -> dict[str, Any] | None:

@@ -12,9 +12,9 @@ import typer
 
 log = logging.getLogger(__name__)
 FORMATS = ("md", "json", "html")
-PARSE_MODULES = ("analyzer.tables", "analyzer.load", "analyzer.decode", "analyzer.classify",
+PARSE_MODULES = ("analyzer.ingest", "analyzer.decode", "analyzer.classify",
                  "analyzer.breakdown", "analyzer.collectives", "analyzer.prefetch")
-"""What a worker parsing ranks imports (analyzer/tables.py ``rank_tables``)."""
+"""What a worker parsing ranks imports (analyzer/ingest.py ``rank_tables``)."""
 ALLOW_INCOMPLETE_HELP = (
     "Analyse a run directory without manifest.json (a record that did not finish) as found: "
     "marked incomplete, parity not checked, left out of the ranking. Folders of foreign "

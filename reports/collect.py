@@ -3,7 +3,7 @@
 Reads run directories through ``analyzer`` only (never torch). The renderers (``markdown``,
 ``html``) take this dict and nothing else.
 
-Per-run figures from the traces (``analyzer.api``): ``ranks[]`` are per-step means over the
+Per-run figures from the traces (``analyzer.ingest``): ``ranks[]`` are per-step means over the
 rank's steps; the run's ``overlap_frac`` = overlap / communication summed over ranks and steps;
 ``exposed_comm_ns`` = exposed communication per step, mean over ranks; ``data`` = the run's data
 supply (analyzer/datasupply.py: time-weighted data-wait shares, input-bound rule);
@@ -27,9 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer import api, compare, datasupply, drift, memory, parity, prefetch, rundirs, schemas
+from analyzer import compare, datasupply, drift, ingest, memory, parity, prefetch, rundirs, schemas
 from analyzer.collectives import by_kind, run_busbw_gbps
-from analyzer.fswalk import entries
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +134,7 @@ def _communication(ts, bd: pd.DataFrame) -> tuple[int, dict[str, Any]]:
 
 def _trace_part(ts) -> dict[str, Any]:
     """Figures from the traces: ranks[], steps[] (bars), communication, overlap, timeline.
-    ``ts``: analyzer.tables.TraceTables (per-rank tables, no events: api.load_tables)."""
+    ``ts``: analyzer.ingest.JobTables (per-rank tables, no events)."""
     bd = ts.breakdown
     bd = bd[bd["step"] >= 0]
     out: dict[str, Any] = {"whole_trace_mode": ts.whole_trace_mode,
@@ -222,12 +221,11 @@ def collect_run(run: rundirs.RunDir, *, rtol: float | None, atol: float | None,
         step_ns = [int(v) for v in st[st["profiled"]]["step_ns"]]
         step_source = "steps.parquet: profiled steps, slowest rank's wall time"
         peaks = memory.rank_peaks(steps)
-    traces = [p for p in entries(run.path)[0] if p.is_file() and rundirs._is_trace(p)]
-    entry["traces"] = [str(p) for p in traces]
+    entry["traces"] = [str(p) for p in run.traces]
     trace_part: dict[str, Any] = {}
     data_bd = None
-    if traces:
-        ts = api.load_tables(run.path, allow_incomplete=allow_incomplete)
+    if run.traces:
+        ts = ingest.load_run(run)
         trace_part = _trace_part(ts)
         data_bd = ts.breakdown
         if entry["world_size"] is None:
@@ -320,13 +318,13 @@ def gate_runs(root: Path | str, *, rtol: float | None = None, atol: float | None
 
     Traces of recorded runs are not parsed (their sizes are checked against the manifest).
     A folder of foreign traces has no numerics, so it is listed as ``not_recorded`` (a FAIL,
-    exit 3); its traces are loaded first (``api.load_tables``, cached) so that unusable ones
+    exit 3); its traces are loaded first (``ingest.load_run``, cached) so that unusable ones
     (truncated, not a trace, the rank rule) raise ``BadInput`` -- exit 2, as ``report`` does --
     rather than a parity verdict. An incomplete run (``allow_incomplete``) is skipped unread."""
     found = rundirs.discover(root, allow_incomplete=allow_incomplete)
     for r in found.runs:
         if r.foreign and not r.incomplete:
-            api.load_tables(r.path)
+            ingest.load_run(r)
     return [{"name": r.name, "strategy": r.strategy, "incomplete": r.incomplete,
              "parity": _parity_dict(_check(r, rtol=rtol, atol=atol))}
             for r in found.runs]

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from analyzer.api import breakdown, collectives, comm_by_kind, load_traces
+from analyzer.api import load_events, load_tables
+from analyzer.collectives import by_kind
 from bench.tile import tile_file
 from tests.analyzer.helpers import CORPUS, corpus, link_folder
 
@@ -19,11 +20,11 @@ FIGURES = ["step_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", 
 
 @pytest.fixture(scope="module")
 def dlrm():
-    return load_traces(corpus("dlrm_ddp_8rank_v100"))
+    return load_tables(corpus("dlrm_ddp_8rank_v100"))
 
 
 def test_dlrm_overlap_matches_hta_published(dlrm):
-    b = breakdown(dlrm).sort_values("rank")
+    b = dlrm.breakdown.sort_values("rank")
     assert list(b["rank"]) == list(range(8)) and list(b["step"]) == [10] * 8
     assert [r.rank_source for r in dlrm.ranks] == ["distributedInfo"] * 8
     for frac, pct in zip(b["overlap_frac"], HTA_PUBLISHED_PCT):
@@ -37,7 +38,7 @@ def test_dlrm_overlap_equals_hta_run_here(dlrm):
     except ImportError:
         pytest.skip("HolisticTraceAnalysis not importable: the in-test HTA run is skipped")
     hta_df = run_hta_overlap(corpus("dlrm_ddp_8rank_v100"))
-    b = breakdown(dlrm).set_index("rank")
+    b = dlrm.breakdown.set_index("rank")
     for rank, pct in zip(hta_df["rank"], hta_df["hta_overlap_pct"]):
         # HTA rounds to 0.01 %: ours, unrounded, must round to the same figure
         assert round(100 * b.loc[rank, "overlap_frac"], 2) == pytest.approx(pct, abs=1e-9)
@@ -47,18 +48,18 @@ def test_dlrm_overlap_equals_hta_run_here(dlrm):
 
 
 def test_dlrm_kinds(dlrm):
-    c = collectives(dlrm)
+    c = dlrm.collectives
     # corpus README: ncclKernel_SendRecv (all_to_all) and ncclKernel_AllReduce
     assert set(c["kind"]) == {"all_to_all", "all_reduce"}
     send_recv = c[c["name"].str.startswith("ncclKernel_SendRecv")]
     assert (send_recv["kind"] == "all_to_all").all()
 
 
-def _plugin_view(rt):
-    """The TensorBoard plugin's definitions, built from our tables (see the mapping below)."""
+def _plugin_view(ev):
+    """The TensorBoard plugin's definitions, built from our event table (see the mapping
+    below)."""
     from analyzer import intervals as iv
 
-    ev = rt.events
     role = ev["role"].astype(str).to_numpy()
     name = ev["name"].astype(str).to_numpy()
     s, e = ev["ts_ns"].to_numpy(), ev["end_ns"].to_numpy()
@@ -70,7 +71,7 @@ def _plugin_view(rt):
     # on a CPU-only trace every non-comm CPU op, i.e. our compute + other)
     comm_mask = (role == "comm") | ((role == "comm_enqueue") & np.char.startswith(
         name.astype(str), "nccl:"))
-    if rt.device_kind == "gpu":
+    if ev.attrs["device_kind"] == "gpu":
         comp_mask = role == "compute"
     else:
         comp_mask = ~gpu & ~comm_mask & np.isin(role, ["compute", "other"])
@@ -90,15 +91,15 @@ def test_tbplugin_expected_breakdown(tmp_path, job, expected):
     only" = |C \\ K|, "other" = step - |C ∪ K| (= our other + idle). Their C also counts the
     CPU-side nccl:* op, and their step is the CPU span when there is no ProfilerStep."""
     files = sorted(corpus("tbplugin_2rank").glob(f"{job}__worker*.json"))
-    ts = load_traces(link_folder(tmp_path / job, files))
+    ts = load_tables(link_folder(tmp_path / job, files))
     assert [(r.rank, r.rank_source) for r in ts.ranks] == [(0, "file name"), (1, "file name")]
     assert ts.whole_trace_mode
     for rt in ts.ranks:
-        assert [v // 1000 for v in _plugin_view(rt)] == expected[rt.rank]
+        assert [v // 1000 for v in _plugin_view(load_events(rt.path)[0])] == expected[rt.rank]
     if job == "nccl":
         # plugin's op table, worker0: nccl:broadcast 212,480 B 75 µs; nccl:all_reduce 8,196,000 B
         # 1,558 µs. Their op time spans the CPU op and its kernels: ours from the enqueue columns.
-        c = collectives(ts)
+        c = ts.collectives
         w0 = c[c["rank"] == 0].set_index("kind")
         assert w0.loc["broadcast", "bytes"] == 212_480
         assert w0.loc["all_reduce", "bytes"] == 8_196_000
@@ -108,15 +109,15 @@ def test_tbplugin_expected_breakdown(tmp_path, job, expected):
 
 
 def test_a100_nccl_args():
-    ts = load_traces(corpus("single/a100_ddp_rank0_nccl_args.json.gz"))
-    c = collectives(ts)
+    ts = load_tables(corpus("single/a100_ddp_rank0_nccl_args.json.gz"))
+    c = ts.collectives
     assert len(c) == 21  # 7 collectives x 3 steps
     assert sorted(set(c["step"])) == [4, 5, 6]
     assert (c.groupby("step").size() == 7).all()
     big = c[c["bytes"] == 2_049_000 * 4]
     assert len(big) >= 1
     assert (big["kind"] == "all_reduce").all() and (big["pg"] == "0").all()
-    ev = ts.ranks[0].events
+    ev, _ = load_events(ts.ranks[0].path)
     rpc = ev[(ev["name"] == "record_param_comms") & (ev["in_nelems"] == 2_049_000)]
     assert (rpc["out_nelems"] == 2_049_000).all() and (rpc["pg"] == "0").all()
     assert set(rpc["pg_ranks"]) == {"[0, 1]"}
@@ -124,8 +125,8 @@ def test_a100_nccl_args():
 
 
 def test_b200_devkernel_allgather():
-    ts = load_traces(corpus("single/b200_allgather_rank0.json.gz"))
-    c = collectives(ts)
+    ts = load_tables(corpus("single/b200_allgather_rank0.json.gz"))
+    c = ts.collectives
     ag = c[c["name"].str.startswith("ncclDevKernel_AllGather")]
     assert len(ag) >= 1 and (ag["kind"] == "all_gather").all()
     # bytes as nccl-tests counts all_gather: the total buffer, Out msg nelems 201,088 x 2 (bf16)
@@ -134,15 +135,15 @@ def test_b200_devkernel_allgather():
 
 
 def test_cpu_gloo_rank34():
-    ts = load_traces(corpus("single/cpu_gloo_ddp_rank34.json.gz"))
+    ts = load_tables(corpus("single/cpu_gloo_ddp_rank34.json.gz"))
     rt = ts.ranks[0]
     assert (rt.rank, rt.rank_source, ts.world_size, rt.device_kind) == \
         (34, "distributedInfo", 300, "cpu")
     assert len(ts.missing_ranks) == 299
-    c = collectives(ts)
+    c = ts.collectives
     assert len(c) > 0 and set(c["kind"]) == {"all_reduce"}
     assert set(c["name"]) == {"gloo:all_reduce"}
-    k = comm_by_kind(ts)
+    k = by_kind(ts.collectives)
     assert list(k["kind"]) == ["all_reduce"] and (k["bytes"] > 0).all()
 
 
@@ -153,7 +154,7 @@ def _all_corpus_inputs():
 
 @pytest.mark.parametrize("rel", _all_corpus_inputs())
 def test_conservation_identity(rel):
-    b = breakdown(load_traces(corpus(rel)))
+    b = load_tables(corpus(rel)).breakdown
     assert len(b) > 0
     assert (b[IDENTITY].sum(axis=1) == b["step_ns"]).all()
     assert (b[FIGURES] >= 0).all().all()
@@ -163,7 +164,7 @@ def test_conservation_identity(rel):
 @pytest.mark.parametrize("job", ["nccl", "gloo_cpu"])
 def test_conservation_identity_tbplugin(tmp_path, job):
     files = sorted(corpus("tbplugin_2rank").glob(f"{job}__worker*.json"))
-    b = breakdown(load_traces(link_folder(tmp_path, files)))
+    b = load_tables(link_folder(tmp_path, files)).breakdown
     assert (b[IDENTITY].sum(axis=1) == b["step_ns"]).all()
 
 
@@ -175,8 +176,8 @@ def test_tiling_leaves_per_step_figures_unchanged(tmp_path, rel):
     src = corpus(rel)
     dst = tmp_path / "tiled.json.gz"
     tile_file(src, dst, k)
-    a = breakdown(load_traces(src))
-    b = breakdown(load_traces(dst))
+    a = load_tables(src).breakdown
+    b = load_tables(dst).breakdown
     n = len(a)
     assert len(b) == k * n
     assert list(b["step"]) == sorted(b["step"])
@@ -194,5 +195,5 @@ def test_subus_timestamps_exact(tmp_path):
     raw = json.loads(gzip.decompress(src.read_bytes()), parse_float=Decimal)
     want = sorted(int((Decimal(e["ts"]) * 1000).to_integral_value(rounding="ROUND_HALF_UP"))
                   for e in raw["traceEvents"] if e.get("ph") == "X")
-    got = sorted(load_traces(src).ranks[0].events["ts_ns"].tolist())
+    got = sorted(load_events(src)[0]["ts_ns"].tolist())
     assert got == want

@@ -201,7 +201,7 @@ def _record_name(path: Path) -> str:
 
 
 def test_files_are_parsed_largest_first_and_returned_in_input_order(tmp_path):
-    from analyzer.load import parse_files
+    from analyzer.ingest import parse_files
 
     sizes = {"a.json": 10, "b.json": 30, "c.json": 20, "missing.json": None}
     paths = []

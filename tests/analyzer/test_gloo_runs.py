@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.api import breakdown, collectives, load_traces
+from analyzer.api import load_tables
 
 pytestmark = pytest.mark.slow
 
@@ -100,11 +100,11 @@ def independent(path: Path):
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_gloo_run_matches_independent_computation(gloo_runs, strategy):
-    ts = load_traces(gloo_runs / strategy)
+    ts = load_tables(gloo_runs / strategy)
     assert [(r.rank, r.rank_source, r.device_kind) for r in ts.ranks] == \
         [(0, "distributedInfo", "cpu"), (1, "distributedInfo", "cpu")]
-    b = breakdown(ts)
-    c = collectives(ts)
+    b = ts.breakdown
+    c = ts.collectives
     kinds = set()
     for rt in ts.ranks:
         want = independent(rt.path)

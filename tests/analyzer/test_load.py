@@ -1,8 +1,10 @@
-"""Loading: decoding robustness, rank rule, errors naming files, cache, parallel parse."""
+"""Loading (analyzer/ingest.py): decoding robustness, rank rule, errors naming files, the
+per-rank tables cache, parallel parse."""
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import stat
@@ -10,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.api import breakdown, load_traces
+import msgspec
+
+from analyzer.api import load_events, load_tables
+from analyzer.cachekey import cache_key
 from analyzer.errors import BadInput
-from analyzer.load import PARSER_VERSION, cache_path, content_key
+from analyzer.ingest import CODE_MODULES, rank_tables, tables_cache_path
 from tests.analyzer.helpers import FIXTURES, corpus
 
 
@@ -35,16 +40,18 @@ def test_bad_ts_and_dur_skipped_counted_rest_analysed(tmp_path):
     evs = [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 20), op("bad1", "abc", 5),
            op("bad2", 5, -3), {"ph": "X", "name": "bad3", "pid": 1, "tid": 1, "ts": 3},
            op("bad4", None, 4), op("aten::add", 50.0004, 9.9996)]
-    ts = load_traces(write(tmp_path / "t.json", evs))
+    ts = load_tables(write(tmp_path / "t.json", evs))
     rt = ts.ranks[0]
-    assert set(rt.events["name"].astype(str)) == {"ProfilerStep#0", "aten::mm", "aten::add"}
+    events, _ = load_events(tmp_path / "t.json")
+    assert set(events["name"].astype(str)) == {"ProfilerStep#0", "aten::mm", "aten::add"}
     text = " ".join(rt.warnings)
+    assert events.attrs["warnings"] == rt.warnings
     assert "skipped 2 complete events with a missing, negative or non-numeric ts" in text
     assert "skipped 2 complete events with a missing, negative or non-numeric dur" in text
-    add = rt.events[rt.events["name"] == "aten::add"].iloc[0]
+    add = events[events["name"] == "aten::add"].iloc[0]
     # 50.0004 µs -> 50000.4 ns -> 50000 (half up on the 4th decimal); 9.9996 -> 10000
     assert (add["ts_ns"], add["dur_ns"]) == (50_000, 10_000)
-    b = breakdown(ts).iloc[0]
+    b = ts.breakdown.iloc[0]
     assert b["compute_ns"] == 20_000 + 10_000
 
 
@@ -52,9 +59,9 @@ def test_mixed_types_take_the_lenient_path(tmp_path):
     # External id as a string, pid/tid as strings and ints: decoded the same way
     evs = [op("ProfilerStep#1", 0, 50, tid="7"), op("aten::mm", 1, 2, tid=7,
                                                     args={"External id": "12"})]
-    rt = load_traces(write(tmp_path / "t.json", evs)).ranks[0]
-    assert set(rt.events["tid"].astype(str)) == {"7"}
-    assert list(rt.events["external_id"]) == [-1, -1]
+    events, _ = load_events(write(tmp_path / "t.json", evs))
+    assert set(events["tid"].astype(str)) == {"7"}
+    assert list(events["external_id"]) == [-1, -1]
 
 
 @pytest.mark.parametrize("content, reason", [
@@ -67,7 +74,7 @@ def test_unusable_file_is_bad_input_naming_it(tmp_path, content, reason):
     p = tmp_path / ("x.json.gz" if content[:2] == b"\x1f\x8b" else "x.json")
     p.write_bytes(content)
     with pytest.raises(BadInput) as exc:
-        load_traces(p)
+        load_tables(p)
     assert exc.value.reason == reason and str(p) in str(exc.value)
     assert "\n" not in str(exc.value)
 
@@ -77,7 +84,7 @@ def test_folder_problems_are_collected(tmp_path):
     (tmp_path / "rank1.json").write_bytes(b'{"traceEvents": [')
     (tmp_path / "rank2.json").write_bytes(b'{"nope": 1}')
     with pytest.raises(BadInput) as exc:
-        load_traces(tmp_path)
+        load_tables(tmp_path)
     assert {p.reason for p in exc.value.problems} == {"truncated", "not_a_trace"}
     assert "rank1.json" in str(exc.value) and "rank2.json" in str(exc.value)
 
@@ -86,7 +93,7 @@ def test_duplicate_rank_names_both_files(tmp_path):
     write(tmp_path / "a.json", [op("x", 0, 1)], **di(0))
     write(tmp_path / "b.json", [op("x", 0, 1)], **di(0))
     with pytest.raises(BadInput) as exc:
-        load_traces(tmp_path)
+        load_tables(tmp_path)
     assert exc.value.reason == "duplicate_rank"
     assert "a.json" in str(exc.value) and "b.json" in str(exc.value)
 
@@ -95,7 +102,7 @@ def test_world_sizes_disagree(tmp_path):
     write(tmp_path / "a.json", [op("x", 0, 1)], **di(0, 2))
     write(tmp_path / "b.json", [op("x", 0, 1)], **di(1, 4))
     with pytest.raises(BadInput) as exc:
-        load_traces(tmp_path)
+        load_tables(tmp_path)
     assert exc.value.reason == "world_size_mismatch" and "a.json" in str(exc.value)
 
 
@@ -104,7 +111,7 @@ def test_rank_rule_file_names_and_errors(tmp_path):
     d.mkdir()
     write(d / "job_worker3.json", [op("x", 0, 1)])
     write(d / "job_worker1.json", [op("x", 0, 1)])
-    ts = load_traces(d)
+    ts = load_tables(d)
     # the rank is the number in the name, not the file order; world = max rank + 1
     assert [(r.rank, r.rank_source, r.path.name) for r in ts.ranks] == \
         [(1, "file name", "job_worker1.json"), (3, "file name", "job_worker3.json")]
@@ -114,59 +121,71 @@ def test_rank_rule_file_names_and_errors(tmp_path):
     write(e / "a.json", [op("x", 0, 1)])
     write(e / "b.json", [op("x", 0, 1)])
     with pytest.raises(BadInput) as exc:
-        load_traces(e)
+        load_tables(e)
     assert exc.value.reason == "no_rank" and "a.json" in str(exc.value)
     m = tmp_path / "mixed"
     m.mkdir()
     write(m / "rank0.json", [op("x", 0, 1)], **di(0))
     write(m / "rank1.json", [op("x", 0, 1)])
     with pytest.raises(BadInput) as exc:
-        load_traces(m)
+        load_tables(m)
     assert exc.value.reason == "mixed_rank_info" and "rank1.json" in str(exc.value)
 
 
 def test_single_file_without_rank_is_rank0_of_1():
     for rel in ("single/no_distributed_info.json.gz", "single/no_rank_key.json.gz"):
-        ts = load_traces(corpus(rel))
+        ts = load_tables(corpus(rel))
         assert [(r.rank, r.rank_source) for r in ts.ranks] == [(0, "single file")]
         assert ts.world_size == 1
 
 
 def test_empty_missing_and_incomplete_run(tmp_path):
     with pytest.raises(BadInput) as exc:
-        load_traces(tmp_path / "nowhere")
+        load_tables(tmp_path / "nowhere")
     assert exc.value.reason == "missing"
     (tmp_path / "empty").mkdir()
     with pytest.raises(BadInput) as exc:
-        load_traces(tmp_path / "empty")
+        load_tables(tmp_path / "empty")
     assert exc.value.reason == "empty"
     run = tmp_path / "run"
     run.mkdir()
     (run / "steps.parquet").write_bytes(b"")
     write(run / "rank0.trace.json.gz", [op("ProfilerStep#0", 0, 5)], **di(0, 2))
     with pytest.raises(BadInput) as exc:
-        load_traces(run)
+        load_tables(run)
     assert exc.value.reason == "incomplete_run" and "incomplete run" in str(exc.value)
-    ts = load_traces(run, allow_incomplete=True)
+    ts = load_tables(run, allow_incomplete=True)
     assert [r.rank for r in ts.ranks] == [0] and ts.missing_ranks == [1]
     assert any("1 of 2 ranks" in w for w in ts.warnings)
 
 
 def test_cache_beside_trace_is_used_and_invalidated(tmp_path):
     p = write(tmp_path / "t.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 20)])
-    first = load_traces(p).ranks[0].events
-    cached = p.with_name("t.json.parsed.parquet")
-    assert cached.exists()
-    from analyzer.load import parse_file
-
-    hit = parse_file(p)
+    first = load_tables(p).ranks[0]
+    cached = p.with_name("t.json.tables.msgpack")
+    assert cached.exists() and not first.cache_hit
+    hit = rank_tables(p)  # before the rank rule: rank -1
     assert hit.cache_hit
-    assert hit.events["ts_ns"].tolist() == first["ts_ns"].tolist()
+    assert hit.breakdown.drop(columns="rank").equals(first.breakdown.drop(columns="rank"))
+    assert hit.steps.equals(first.steps)
     write(p, [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 30)])  # content changes
-    again = parse_file(p)
-    assert not again.cache_hit
-    assert again.events["dur_ns"].max() == 100_000 and 30_000 in again.events["dur_ns"].tolist()
-    assert content_key(p.read_bytes()).endswith(f"-v{PARSER_VERSION}")
+    again = rank_tables(p)
+    assert not again.cache_hit  # a stale cache is never used
+    assert again.steps["end_ns"].max() == 100_000 and again.breakdown["compute_ns"].iat[0] == 30_000
+    # the one key rule: the trace's SHA-256 and the code that made the tables
+    blob = msgspec.msgpack.decode(cached.read_bytes())
+    assert blob["key"] == cache_key(hashlib.sha256(p.read_bytes()).hexdigest(), CODE_MODULES)
+
+
+def test_unreadable_cache_is_skipped_and_rewritten(tmp_path):
+    p = write(tmp_path / "t.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 20)])
+    want = load_tables(p).breakdown
+    cached = p.with_name("t.json.tables.msgpack")
+    for junk in (b"\x00not msgpack", msgspec.msgpack.encode({"stat": [], "key": "x"}), b""):
+        cached.write_bytes(junk)
+        got = load_tables(p)
+        assert not got.ranks[0].cache_hit and got.breakdown.equals(want)
+        assert rank_tables(p).cache_hit  # written again, readable
 
 
 def test_read_only_folder_caches_under_xdg(tmp_path):
@@ -175,11 +194,12 @@ def test_read_only_folder_caches_under_xdg(tmp_path):
     p = write(ro / "t.json", [op("ProfilerStep#0", 0, 100)])
     os.chmod(ro, stat.S_IRUSR | stat.S_IXUSR)
     try:
-        load_traces(p)
-        assert not any(ro.glob("*.parquet"))
-        target = cache_path(p, content_key(p.read_bytes()))
+        load_tables(p)
+        assert not any(ro.glob("*.msgpack"))
+        target = tables_cache_path(p)
         assert target.parent == Path(os.environ["XDG_CACHE_HOME"]) / "paritytrace"
         assert target.exists()
+        assert load_tables(p).ranks[0].cache_hit
     finally:
         os.chmod(ro, stat.S_IRWXU)
 
@@ -188,12 +208,12 @@ def test_parallel_parse_equals_serial(tmp_path):
     for r in range(3):
         write(tmp_path / f"r{r}.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", r, 20)],
               **di(r, 3))
-    a = breakdown(load_traces(tmp_path, jobs=1))
-    for f in tmp_path.glob("*.parquet"):
+    a = load_tables(tmp_path, jobs=1).breakdown
+    for f in tmp_path.glob("*.tables.msgpack"):
         f.unlink()
-    b = breakdown(load_traces(tmp_path, jobs=3))
+    b = load_tables(tmp_path, jobs=3).breakdown
     assert a.equals(b)
 
 
 def test_fixture_folder_untouched_by_tests():
-    assert not any(FIXTURES.glob("*.parquet"))
+    assert not any(FIXTURES.glob("*.msgpack")) and not any(FIXTURES.glob("*.parquet"))

@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from analyzer.api import breakdown, collectives, comm_by_kind, load_traces, timeline
+from analyzer.api import load_events, load_tables
+from analyzer.collectives import by_kind
 
 US = 1000
 
@@ -21,8 +22,8 @@ def _row(df):
 
 
 def test_gpu_rules_breakdown(fixture_copy):
-    ts = load_traces(fixture_copy("gpu_rules.json"))
-    b = _row(breakdown(ts))
+    ts = load_tables(fixture_copy("gpu_rules.json"))
+    b = _row(ts.breakdown)
     # window: ProfilerStep#1 [0,100) extended to the end of relu_kernel (launched at 60 inside
     # the step, runs [90,120)) -> [0,120). late_kernel is launched at 105, outside the step: out.
     assert b["step"] == 1 and b["step_start_ns"] == 0 and b["step_ns"] == 120 * US
@@ -38,8 +39,8 @@ def test_gpu_rules_breakdown(fixture_copy):
 
 
 def test_gpu_rules_collectives_kinds_bytes_and_rule(fixture_copy):
-    ts = load_traces(fixture_copy("gpu_rules.json"))
-    c = collectives(ts).set_index("kind")
+    ts = load_tables(fixture_copy("gpu_rules.json"))
+    c = ts.collectives.set_index("kind")
     # Generic kernel: kind from the launching record_param_comms (correlation -> launch ->
     # enclosing op), bytes = max(in 8, out 4) x 4 (Float) = 32, pg "0"
     assert c.loc["reduce_scatter", "rule"] == "gpu.nccl_kernel.launch"
@@ -51,14 +52,14 @@ def test_gpu_rules_collectives_kinds_bytes_and_rule(fixture_copy):
     assert c.loc["all_gather", "rule"] == "gpu.nccl_kernel"
     assert c.loc["all_gather", "bytes"] == 8
     assert c.loc["all_gather", "start_ns"] == 85 * US and c.loc["all_gather", "dur_ns"] == 10 * US
-    k = comm_by_kind(ts).set_index("kind")
+    k = by_kind(ts.collectives).set_index("kind")
     # reduce_scatter: 32 B / 20 µs = 0.0016 GB/s; busbw x (n-1)/n with n = 2 -> 0.0008
     assert k.loc["reduce_scatter", "algbw_gbps"] == pytest.approx(32 / 20_000)
     assert k.loc["reduce_scatter", "busbw_gbps"] == pytest.approx(32 / 20_000 * 0.5)
 
 
 def test_gpu_rules_roles(fixture_copy):
-    ev = load_traces(fixture_copy("gpu_rules.json")).ranks[0].events
+    ev, _ = load_events(fixture_copy("gpu_rules.json"))
     role = dict(zip(ev["name"].astype(str), ev["role"].astype(str)))
     assert role["Memcpy DtoH (Device -> Pinned)"] == "memcpy"
     assert role["Memset (Device)"] == "memset"
@@ -70,10 +71,10 @@ def test_gpu_rules_roles(fixture_copy):
 
 
 def test_gloo_rules_pairing_wait_and_breakdown(fixture_copy):
-    ts = load_traces(fixture_copy("gloo_rules.json"))
+    ts = load_tables(fixture_copy("gloo_rules.json"))
     rt = ts.ranks[0]
     assert rt.rank == 1 and rt.device_kind == "cpu" and rt.main_tid == "1"
-    b = _row(breakdown(ts))
+    b = _row(ts.breakdown)
     assert b["step"] == 3 and b["step_ns"] == 200 * US
     # K = main-thread ops [10,40) ∪ [50,150) ∪ [100,110) ∪ [170,190)
     #     - c10d spans [55,60), [160,165)
@@ -86,7 +87,7 @@ def test_gloo_rules_pairing_wait_and_breakdown(fixture_copy):
     assert b["exposed_comm_ns"] == 59 * US
     assert b["other_ns"] == 10 * US  # c10d enqueue spans; copy_ on thread 4 lies inside K
     assert b["idle_ns"] == 46 * US
-    c = collectives(ts).set_index("kind")
+    c = ts.collectives.set_index("kind")
     # gloo:all_reduce paired with c10d::_reduce_scatter_base_: reported as reduce_scatter,
     # bytes = the full buffer 16 x 4 = 64
     assert c.loc["reduce_scatter", "rule"] == "cpu.gloo_op.paired"
@@ -97,25 +98,46 @@ def test_gloo_rules_pairing_wait_and_breakdown(fixture_copy):
 
 
 def test_whole_trace_mode(fixture_copy):
-    ts = load_traces(fixture_copy("whole_trace.json"))
+    ts = load_tables(fixture_copy("whole_trace.json"))
     assert ts.whole_trace_mode and ts.ranks[0].rank_source == "single file"
-    b = _row(breakdown(ts))
+    b = _row(ts.breakdown)
     # window = whole trace [5,40); C [20,30), K [25,40)
     assert (b["step"], b["step_start_ns"], b["step_ns"]) == (0, 5 * US, 35 * US)
     assert (b["compute_ns"], b["comm_ns"], b["overlap_ns"]) == (15 * US, 10 * US, 5 * US)
     assert (b["exposed_comm_ns"], b["other_ns"], b["idle_ns"]) == (5 * US, 0, 15 * US)
-    c = _row(collectives(ts))
+    c = _row(ts.collectives)
     assert c["kind"] == "all_reduce" and c["bytes"] == -1
-    k = _row(comm_by_kind(ts))
+    k = _row(by_kind(ts.collectives))
     assert k["bytes"] == -1 and math.isnan(k["algbw_gbps"])
 
 
 def test_timeline_lanes(fixture_copy):
-    ts = load_traces(fixture_copy("gpu_rules.json"))
-    t = timeline(ts, 0, 1)
+    ts = load_tables(fixture_copy("gpu_rules.json"))
+    t = ts.timeline(0, 1)
     comp = t[t["lane"] == "compute"]
     assert list(zip(comp["start_ns"], comp["end_ns"])) == [(20 * US, 50 * US), (90 * US, 120 * US)]
     comm = t[t["lane"] == "comm"].set_index("kind")
     assert comm.loc["all_to_all", "start_ns"] == 70 * US
     with pytest.raises(KeyError):
-        timeline(ts, 0, 99)
+        ts.timeline(0, 99)
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("nccl:_all_gather_base", "all_gather"),
+    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "reduce_scatter"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "all_reduce"),
+    ("allreduce", "all_reduce"),
+    ("gloo:all_reduce", "all_reduce"),
+    ("nccl:all_to_all", "all_to_all"),
+    ("gloo:barrier", "barrier"),
+    # kernels whose name does not say the collective: the kind comes from the launching op
+    # (gpu.nccl_kernel.launch; test_gpu_rules_collectives_kinds_bytes_and_rule)
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", None),
+    ("ncclDevKernel_Generic_1", None),
+])
+def test_kind_from_text(name, kind):
+    """The one rule for a collective's kind from a name, for every command (report, summary,
+    merge: analyzer/classify.py)."""
+    from analyzer.classify import kind_from_text
+
+    assert kind_from_text(name) == kind

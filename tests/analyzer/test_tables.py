@@ -1,8 +1,8 @@
-"""Per-rank tables (analyzer/tables.py) and the whole-report cache (reports/cache.py).
+"""Per-rank tables (analyzer/ingest.py) and the whole-report cache (reports/cache.py).
 
-Oracle: the same quantities computed a second way, from the full event tables of
-``api.load_traces`` (breakdown, collectives, timeline, prefetch), cold and from the caches; and
-report outputs rendered without any cache.
+Oracle: the same quantities computed a second way, by the analyses run in the test on each
+rank's full event table (``api.load_events``: breakdown, collectives, timeline, prefetch,
+whole-trace overlap), cold and from the caches; and report outputs rendered without any cache.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import pandas as pd
 import pytest
 
 from analyzer import api
-from analyzer.prefetch import prefetch_table
+from analyzer.breakdown import rank_breakdown, timeline_rows, whole_trace_overlap
+from analyzer.collectives import rank_collectives
 from analyzer.errors import BadInput
-from analyzer.tables import rank_tables
+from analyzer.ingest import rank_tables
+from analyzer.prefetch import prefetch_table
 from tests.corpus import CORPUS, need
 
 REPO = Path(__file__).parents[2]
@@ -31,31 +33,41 @@ def _copy_dlrm(tmp_path: Path) -> Path:
     return dst
 
 
-def _same_as_events(root: Path, tt) -> None:
-    ts = api.load_traces(root)
-    pd.testing.assert_frame_equal(tt.breakdown, api.breakdown(ts))
-    pd.testing.assert_frame_equal(tt.collectives, api.collectives(ts))
-    pf = [t for t in (prefetch_table(r.events, rank=r.rank) for r in ts.ranks) if not t.empty]
+def _same_as_events(tt, ranks: list[int], world_size: int) -> None:
+    bd, coll, pf = [], [], []
+    for rt in tt.ranks:
+        ev, steps = api.load_events(rt.path)
+        kind, main = ev.attrs["device_kind"], ev.attrs["main_tid"]
+        bd.append(rank_breakdown(rt.rank, ev, steps, kind, main))
+        coll.append(rank_collectives(rt.rank, ev, world_size))
+        pf.append(prefetch_table(ev, rank=rt.rank))
+        assert rt.timeline_step == int(steps["step"].min())
+        win = steps[steps["step"] == rt.timeline_step].iloc[0]
+        pd.testing.assert_frame_equal(
+            tt.timeline(rt.rank, rt.timeline_step),
+            timeline_rows(ev[ev["step"] == rt.timeline_step], kind, main, int(win["start_ns"]),
+                          int(win["end_ns"]), ev["end_ns"].to_numpy()))
+        assert (rt.whole_overlap_ns, rt.whole_comm_ns) == whole_trace_overlap(ev)
+    pd.testing.assert_frame_equal(tt.breakdown, pd.concat(bd, ignore_index=True))
+    pd.testing.assert_frame_equal(tt.collectives, pd.concat(coll, ignore_index=True))
+    pf = [t for t in pf if not t.empty]
     if pf:
         pd.testing.assert_frame_equal(tt.prefetch, pd.concat(pf, ignore_index=True))
     else:
         assert tt.prefetch.empty
-    for rt in tt.ranks:
-        assert rt.timeline_step == int(ts.ranks[0].steps["step"].min())
-        pd.testing.assert_frame_equal(tt.timeline(rt.rank, rt.timeline_step),
-                                      api.timeline(ts, rt.rank, rt.timeline_step))
-    assert [r.rank for r in tt.ranks] == [r.rank for r in ts.ranks]
-    assert tt.world_size == ts.world_size and tt.missing_ranks == ts.missing_ranks
+    assert [r.rank for r in tt.ranks] == ranks
+    assert tt.world_size == world_size
+    assert tt.missing_ranks == [r for r in range(world_size) if r not in ranks]
 
 
 def test_tables_equal_the_event_analyses_cold_and_cached(tmp_path):
     root = _copy_dlrm(tmp_path)
     cold = api.load_tables(root, jobs=2)
     assert not any(r.cache_hit for r in cold.ranks)
-    _same_as_events(root, cold)
+    _same_as_events(cold, [0, 1, 2, 3], 8)
     warm = api.load_tables(root, jobs=2)
     assert all(r.cache_hit for r in warm.ranks)
-    _same_as_events(root, warm)
+    _same_as_events(warm, [0, 1, 2, 3], 8)
 
 
 def test_fsdp_prefetch_rows_survive_the_cache(tmp_path):
@@ -68,7 +80,7 @@ def test_fsdp_prefetch_rows_survive_the_cache(tmp_path):
     warm = api.load_tables(root)
     assert warm.ranks[0].cache_hit
     pd.testing.assert_frame_equal(warm.prefetch, cold.prefetch)
-    _same_as_events(root, warm)
+    _same_as_events(warm, [0], 2)  # rank 0 of the 2 its distributedInfo says
 
 
 def test_changed_trace_is_reparsed_touched_one_is_not(tmp_path):

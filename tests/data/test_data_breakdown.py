@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
-from analyzer.api import breakdown, load_traces, timeline
+from analyzer.api import load_events, load_tables
 from tests.corpus import CORPUS, need
 
 US = 1000
@@ -21,8 +21,8 @@ PARTS = ["compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]
 
 
 def test_cpu_loader_exact(data_fixture):
-    ts = load_traces(data_fixture("cpu_loader.json"))
-    b = breakdown(ts).set_index("step")
+    ts = load_tables(data_fixture("cpu_loader.json"))
+    b = ts.breakdown.set_index("step")
     s1 = b.loc[1]
     # window [0,200). D = main-thread DataLoader range [0,60) ∪ thread-5 range [160,180).
     # K = main-thread ops [40,55) stack, [60,120) mm, [130,150) add_, minus D on the main thread
@@ -45,22 +45,22 @@ def test_cpu_loader_exact(data_fixture):
 
 
 def test_cpu_loader_roles_and_timeline(data_fixture):
-    ts = load_traces(data_fixture("cpu_loader.json"))
-    ev = ts.ranks[0].events
+    ts = load_tables(data_fixture("cpu_loader.json"))
+    ev, _ = load_events(ts.ranks[0].path)
     data = ev[ev["role"].astype(str) == "data"]
     assert sorted(data["name"].astype(str)) == sorted([
         "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
         "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"])
     assert set(data["rule"].astype(str)) == {"cpu.dataloader_next"}
     # the timeline's compute lane leaves out the collate op inside the DataLoader range
-    tl = timeline(ts, 0, 1)
+    tl = ts.timeline(0, 1)
     comp = tl[tl["lane"] == "compute"]
     assert list(zip(comp["start_ns"], comp["end_ns"])) == [(60 * US, 120 * US), (130 * US, 150 * US)]
 
 
 def test_gpu_loader_exact(data_fixture):
-    ts = load_traces(data_fixture("gpu_loader.json"))
-    b = breakdown(ts).iloc[0]
+    ts = load_tables(data_fixture("gpu_loader.json"))
+    b = ts.breakdown.iloc[0]
     assert b["step"] == 5 and b["step_ns"] == 100 * US
     # C = NCCL [10,25) = 15, K = gemm [40,70) = 30, no overlap: exposed 15
     assert (b["compute_ns"], b["comm_ns"], b["exposed_comm_ns"]) == (30 * US, 15 * US, 15 * US)
@@ -71,7 +71,7 @@ def test_gpu_loader_exact(data_fixture):
     # idle = [30,32) + [70,75) + [80,100) = 27
     assert b["idle_ns"] == 27 * US
     assert b["data_wait_frac"] == pytest.approx(0.23) and bool(b["input_bound"])
-    ev = ts.ranks[0].events
+    ev, _ = load_events(ts.ranks[0].path)
     htod = ev[ev["name"].astype(str).str.startswith("Memcpy HtoD")]
     assert list(htod["rule"].astype(str)) == ["gpu.memcpy.htod"]
     assert list(htod["role"].astype(str)) == ["memcpy"]
@@ -92,7 +92,7 @@ def test_dlrm_data_wait_second_way(tmp_path):
     need(src)
     (tmp_path / "job").mkdir()
     shutil.copy(src, tmp_path / "job" / src.name)
-    b = breakdown(load_traces(tmp_path / "job")).iloc[0]
+    b = load_tables(tmp_path / "job").breakdown.iloc[0]
     assert b["step"] == 10
     lo_us, n = int(b["step_start_ns"]) // US, int(b["step_ns"]) // US
     events = [e for e in json.loads(gzip.decompress(src.read_bytes()))["traceEvents"]

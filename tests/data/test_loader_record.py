@@ -18,7 +18,7 @@ import sys
 import pandas as pd
 import pytest
 
-from analyzer.api import breakdown, load_traces
+from analyzer.api import load_events, load_tables
 from tests.data.conftest import REPO
 
 TINY = ["--hidden", "32", "--seq", "8", "--batch", "4", "--active", "2"]
@@ -69,13 +69,13 @@ def test_manifest_records_the_data_supply(records):
 
 
 def test_data_wait_follows_the_sample_cost(records):
-    bd = {name: breakdown(load_traces(records / f"ddp-{name}")) for name in RUNS}
+    bd = {name: load_tables(records / f"ddp-{name}").breakdown for name in RUNS}
     parts = ["compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]
     for b in bd.values():
         assert len(b) == 4 and (b[parts].sum(axis=1) == b["step_ns"]).all()
     # memory: no DataLoader range, nothing to wait for -- exactly 0
     assert (bd["mem"]["data_wait_ns"] == 0).all() and not bd["mem"]["input_bound"].any()
-    ev = load_traces(records / "ddp-mem").ranks[0].events
+    ev, _ = load_events(load_tables(records / "ddp-mem").ranks[0].path)
     assert not (ev["role"].astype(str) == "data").any()
     # loader: every step has its DataLoader range; with the cost, each rank-step waited at
     # least its samples' sleep

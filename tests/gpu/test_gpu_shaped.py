@@ -29,10 +29,15 @@ def _builder():
 
 
 def load(name: str, tmp_path: Path):
-    """Load a scenario from a copy (the loader's Parquet cache lands in tmp_path)."""
+    """Load a scenario's tables from a copy (the per-rank tables cache lands in tmp_path)."""
     dst = tmp_path / name
     shutil.copytree(FIX / name, dst)
-    return api.load_traces(dst / "rank0.trace.json")
+    return api.load_tables(dst / "rank0.trace.json")
+
+
+def events(name: str):
+    """A scenario's event table (``api.load_events``: no cache is written)."""
+    return api.load_events(FIX / name / "rank0.trace.json")[0]
 
 
 def test_fixtures_are_current(tmp_path):
@@ -59,7 +64,7 @@ def test_overlap_across_streams(tmp_path):
     """
     ts = load("overlap", tmp_path)
     assert ts.ranks[0].device_kind == "gpu"
-    bd = api.breakdown(ts).set_index("step")
+    bd = ts.breakdown.set_index("step")
     us = lambda col: [int(v) // US for v in bd[col]]  # noqa: E731
     assert us("step_ns") == [960, 600]
     assert us("compute_ns") == [450, 200]
@@ -71,9 +76,10 @@ def test_overlap_across_streams(tmp_path):
     assert list(bd["overlap_frac"]) == [pytest.approx(250 / 400), pytest.approx(100 / 400)]
     # identity, and the whole-trace (HTA-scope) figure from the same sets: (250+100)/(400+400)
     assert (bd["compute_ns"] + bd["exposed_comm_ns"] + bd["data_wait_ns"] + bd["other_ns"] + bd["idle_ns"] == bd["step_ns"]).all()
-    ev = ts.ranks[0].events
+    ev = events("overlap")
     from analyzer.breakdown import whole_trace_overlap
     assert whole_trace_overlap(ev) == (350 * US, 800 * US)
+    assert (ts.ranks[0].whole_overlap_ns, ts.ranks[0].whole_comm_ns) == (350 * US, 800 * US)
     kinds = ev[ev["role"] == "comm"].sort_values("ts_ns")["coll_kind"].astype(str).tolist()
     assert kinds == ["all_reduce", "all_gather", "reduce_scatter"]
 
@@ -84,7 +90,7 @@ def test_fsdp2_breakdown_across_streams(tmp_path):
     C: all_gathers s20 100..500 and 1050..1450 (400 + 400), reduce_scatter s21 1600..1800 -> 1000.
     C ∩ K: 100..150 + 300..500 (250) + 1250..1450 (200) + 1600..1800 (200) = 650; exposed 350.
     window = CPU step 0..3000; idle = 3000 - 1450 - 350 = 1200."""
-    bd = api.breakdown(load("fsdp2", tmp_path)).iloc[0]
+    bd = load("fsdp2", tmp_path).breakdown.iloc[0]
     got = {c: int(bd[c]) // US for c in ("step_ns", "compute_ns", "comm_ns", "overlap_ns",
                                          "exposed_comm_ns", "other_ns", "idle_ns")}
     assert got == {"step_ns": 3000, "compute_ns": 1450, "comm_ns": 1000, "overlap_ns": 650,
@@ -106,7 +112,7 @@ def test_fsdp2_prefetch_on_gpu(tmp_path):
         copy-out launched 1220, previous s7 op gemm ends 1600 -> need 1600, slack +150;
         hidden 1250..1450 fully (copy-out + gemm) -> 200/200.
     """
-    ev = load("fsdp2", tmp_path).ranks[0].events
+    ev = events("fsdp2")
     t = prefetch.prefetch_table(ev, rank=0)
     assert list(zip(t["phase"], t["unit"], t["prefetched"])) == [
         ("forward", "layers.0", False), ("forward", "layers.1", False),
@@ -137,7 +143,7 @@ def test_fsdp1_prefetch_on_gpu(tmp_path):
     bwd #0: issue 1010 in _pre_backward_hook 1000..1100, AG 1100..1300; gemm launched 1120,
         s7 idle since 700 -> need 1120, slack -180; hidden 0.
     """
-    ev = load("fsdp1", tmp_path).ranks[0].events
+    ev = events("fsdp1")
     assert prefetch.detect_labels(ev) == "fsdp1"
     t = prefetch.prefetch_table(ev, rank=0)
     assert list(zip(t["phase"], t["unit"], t["prefetched"])) == [
@@ -153,7 +159,7 @@ def test_fsdp1_prefetch_on_gpu(tmp_path):
 def test_fsdp1_breakdown(tmp_path):
     """K: 10..60 + 250..700 + 1300..1500 = 700; C: 100..400 + 1100..1300 + 1500..1600 = 600;
     C ∩ K = 250..400 = 150; exposed 450; idle = 2000 - 700 - 450 = 850."""
-    bd = api.breakdown(load("fsdp1", tmp_path)).iloc[0]
+    bd = load("fsdp1", tmp_path).breakdown.iloc[0]
     assert [int(bd[c]) // US for c in ("compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns")] \
         == [700, 600, 150, 450, 850]
 

@@ -3,29 +3,13 @@
 from __future__ import annotations
 
 import pandas as pd
-import pytest
 
 from analyzer import clock
 
 
-@pytest.mark.parametrize("name, kind", [
-    ("nccl:_all_gather_base", "all_gather"),
-    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "reduce_scatter"),
-    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "all_reduce"),
-    ("allreduce", "all_reduce"),
-    ("gloo:all_reduce", "all_reduce"),
-    ("nccl:all_to_all", "all_to_all"),
-    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", "send_recv"),
-    ("gloo:barrier", "barrier"),
-    ("ncclDevKernel_Generic_1", "other"),
-])
-def test_collective_kind(name, kind):
-    assert clock.collective_kind(name) == kind
-
-
 def matched(rows):
     """rows: (rank, seq, start_ns, end_ns) of all_reduce in pg "0"."""
-    return pd.DataFrame([dict(rank=r, pg="0", backend="gloo", kind="all_reduce", seq=s, idx=0,
+    return pd.DataFrame([dict(rank=r, pg="0", kind="all_reduce", seq=s, event_idx=0,
                               start_ns=a, end_ns=b) for r, s, a, b in rows])
 
 
@@ -69,12 +53,13 @@ def test_rank_without_common_collective_is_not_aligned():
 
 
 def test_match_by_order_within_group_and_kind():
-    def colls(kinds):
-        return pd.DataFrame([dict(idx=i, pg="0", backend="nccl", kind=k, start_ns=10 * i, end_ns=10 * i + 5)
-                             for i, k in enumerate(kinds)])
-    m = clock.match_collectives({0: colls(["all_gather", "reduce_scatter", "all_gather", "send_recv"]),
-                                 1: colls(["all_gather", "all_gather", "reduce_scatter", "send_recv"])})
-    # send_recv is point to point: never matched; the 2nd all_gather of rank 0 is idx 2, of rank 1 idx 1
+    def colls(rank, kinds):  # the ingest's collectives table: each rank's rows by start
+        return pd.DataFrame([dict(rank=rank, pg="0", kind=k, event_idx=i, start_ns=10 * i,
+                                  end_ns=10 * i + 5) for i, k in enumerate(kinds)])
+    m = clock.match_collectives(pd.concat([
+        colls(0, ["all_gather", "reduce_scatter", "all_gather", "send_recv"]),
+        colls(1, ["all_gather", "all_gather", "reduce_scatter", "send_recv"])]))
+    # send_recv is point to point: never matched; the 2nd all_gather of rank 0 is event 2, of rank 1 event 1
     assert set(m["kind"]) == {"all_gather", "reduce_scatter"}
-    ag1 = m[(m["kind"] == "all_gather") & (m["seq"] == 1)].set_index("rank")["idx"].to_dict()
+    ag1 = m[(m["kind"] == "all_gather") & (m["seq"] == 1)].set_index("rank")["event_idx"].to_dict()
     assert ag1 == {0: 2, 1: 1}

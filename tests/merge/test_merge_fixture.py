@@ -15,11 +15,13 @@ from tests.merge.builders import gloo_rank, read, write, x
 ENDS = {0: [500, 1500, 2500, 3500, 4500],
         1: [501, 1502, 2499, 3500, 4503],
         2: [500, 1500, 2500, 3500, 4493]}
-OFFSET_US = {0: 0.0, 1: 1000.0, 2: -250.5}
+# every clock starts 1000 us after 0: trace times are never negative (the ingest skips such
+# events, for every command), and the offsets between ranks are what the test is about
+OFFSET_US = {0: 1000.0, 1: 2000.0, 2: 749.5}
 # rank r's end differences to rank 0 (us): rank 1: 1000 + [1, 2, -1, 0, 3] -> median 1001, MAD 1
 # rank 2: -250.5 + [0, 0, 0, 0, -7] -> median -250.5, MAD 0
 EXPECTED = {0: (0, 0), 1: (1_001_000, 1_000), 2: (-250_500, 0)}
-OVERLAPPER = x("aten::overlapping", 1000 + 40, 40, pid=1001, tid=1001)  # rank 1, step 0: [40, 80] vs mm [10, 60]
+OVERLAPPER = x("aten::overlapping", 2000 + 40, 40, pid=1001, tid=1001)  # rank 1, step 0: [40, 80] vs mm [10, 60]
 
 
 @pytest.fixture()
@@ -48,7 +50,7 @@ def test_merged_trace_is_viewer_clean_and_keeps_every_event(job, tmp_path):
     res = merge_traces(job, tmp_path / "m.trace.json.gz")
     merged = read(res.out_path)
     assert check_trace(merged) == []
-    n_in = sum(len(x_events(read(p))) for p in job.iterdir())
+    n_in = sum(len(x_events(read(p))) for p in job.glob("*.trace.json.gz"))  # not the caches
     assert len(x_events(merged)) == n_in == 3 * 5 * 4 + 1
     procs = {e["pid"]: e["args"]["name"] for e in merged["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_name"}
@@ -93,7 +95,7 @@ def test_no_align_keeps_each_clock(job, tmp_path):
     res = merge_traces(job, tmp_path / "m.json", MergeOptions(align=False))
     merged = read(res.out_path)
     step0 = {e["pid"] - 1: e["ts"] for e in x_events(merged) if e["name"] == "ProfilerStep#0"}
-    # rebased on the earliest event (rank 2 at -250.5 us): differences are the raw clock offsets
+    # rebased on the earliest event (rank 2 at 749.5 us): differences are the raw clock offsets
     assert step0 == {0: 250.5, 1: 1250.5, 2: 0}
 
 

@@ -80,12 +80,11 @@ def test_summary_refuses_a_run_whose_listed_trace_is_missing(ddp_run, tmp_path):
         assert bad_input(proc) == want, extra
         assert "1 of 2 ranks" not in proc.stdout
     # the library refuses it too, with the same reason (was: "1 of 2 ranks")
-    from analyzer.api import load_tables, load_traces
-    for load_fn in (load_traces, load_tables):
-        for allow in (False, True):
-            with pytest.raises(BadInput) as exc:
-                load_fn(run, allow_incomplete=allow)
-            assert exc.value.reason == "missing_file" and "rank1.trace.json.gz" in str(exc.value)
+    from analyzer.api import load_tables
+    for allow in (False, True):
+        with pytest.raises(BadInput) as exc:
+            load_tables(run, allow_incomplete=allow)
+        assert exc.value.reason == "missing_file" and "rank1.trace.json.gz" in str(exc.value)
 
 
 # 3. gate on a folder of broken foreign traces: bad input (2), not a parity failure (3)
@@ -251,19 +250,18 @@ def test_readme_cache_locations_and_clearing(ddp_run, tmp_path, monkeypatch):
             assert cli("summary", str(run)).returncode == 0
             assert cli("report", str(run), "--out", str(tmp_path / f"rep-{name}")).returncode == 0
         beside = sorted(p.name for p in runs["writable"].iterdir() if p.name.startswith("rank"))
-        assert beside == ["rank0.trace.json.gz", "rank0.trace.json.gz.parsed.parquet",
-                          "rank0.trace.json.gz.tables.msgpack", "rank1.trace.json.gz",
-                          "rank1.trace.json.gz.parsed.parquet", "rank1.trace.json.gz.tables.msgpack"]
+        assert beside == ["rank0.trace.json.gz", "rank0.trace.json.gz.tables.msgpack",
+                          "rank1.trace.json.gz", "rank1.trace.json.gz.tables.msgpack"]
         assert sorted(p.name for p in runs["readonly"].iterdir() if p.name.startswith("rank")) == \
             ["rank0.trace.json.gz", "rank1.trace.json.gz"]
         user = xdg / "paritytrace"
         assert len(list(user.glob("*.tables.msgpack"))) == 2  # the read-only run's two ranks
-        assert len(list(user.glob("*-v*.parsed.parquet"))) == 2
+        assert not list(user.glob("*.parquet"))  # one cache of trace analyses
         assert len(list((user / "reports").glob("*.json"))) == 2  # one per report, both runs
         text = README.read_text()
         section = text[text.index("## Caches"):text.index("## Exit codes and errors")]
-        for said in ("`<trace>.tables.msgpack` beside", "`<trace>.parsed.parquet` beside",
-                     "$XDG_CACHE_HOME/paritytrace/reports/", "defaults to `~/.cache`"):
+        for said in ("`<trace>.tables.msgpack` beside", "$XDG_CACHE_HOME/paritytrace/reports/",
+                     "defaults to `~/.cache`"):
             assert said in section, said
         script = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
         script = script.replace("find DIR", f"find {tmp_path / 'traces'}")
@@ -271,7 +269,7 @@ def test_readme_cache_locations_and_clearing(ddp_run, tmp_path, monkeypatch):
                               env={**os.environ, "XDG_CACHE_HOME": str(xdg)})
         assert proc.returncode == 0, proc.stderr
         left = [p for p in (tmp_path / "traces").rglob("*")
-                if p.name.endswith((".tables.msgpack", ".parsed.parquet"))]
+                if p.name.endswith(".tables.msgpack")]
         assert left == [] and not user.exists()
     finally:
         runs["readonly"].chmod(0o755)

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer import api
+from analyzer.collectives import by_kind, match_ranks
 from analyzer.errors import ParityTraceError
 from analyzer.merge import MergeOptions, merge_traces
 from tests.corpus import skip_reason
@@ -95,10 +96,11 @@ def mutated(draw) -> bytes:
 
 
 def _analyse(folder: Path) -> None:
-    ts = api.load_traces(folder, jobs=1)
-    api.breakdown(ts)
-    api.comm_by_kind(ts)
-    api.cross_rank(ts)
+    ts = api.load_tables(folder, jobs=1)
+    by_kind(ts.collectives)
+    match_ranks(ts.collectives)
+    for rt in ts.ranks:
+        api.load_events(rt.path)
 
 
 @pytest.mark.skipif(not SEEDS, reason=skip_reason())

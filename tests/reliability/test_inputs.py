@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analyzer.api import breakdown, load_traces
+from analyzer.api import load_events, load_tables
 from analyzer.errors import BadInput
 from reports import collect
 from tests.remanifest import refresh_manifest
@@ -31,7 +31,7 @@ def _every_cli_refuses(folder, *must, reason=None):
         bad_input(cli(cmd, str(folder), *extra), *must)
     if reason:
         with pytest.raises(BadInput) as exc:
-            load_traces(folder)
+            load_tables(folder)
         assert exc.value.reason == reason
 
 
@@ -78,7 +78,7 @@ def test_random_bytes_named_json_gz(tmp_path):
         assert lines[0].endswith("2 problems, one per line below")
         assert any("rank0.json.gz" in ln for ln in lines[1:]) and any("rank1.json.gz" in ln for ln in lines[1:])
     with pytest.raises(BadInput) as exc:
-        load_traces(tmp_path / "job")
+        load_tables(tmp_path / "job")
     # random bytes do not start like JSON (not a trace); a cut gzip stream is truncated
     assert {os.path.basename(p.path): p.reason for p in exc.value.problems} == {
         "rank0.json.gz": "not_a_trace", "rank1.json.gz": "truncated"}
@@ -103,13 +103,13 @@ def test_events_with_bad_ts_or_dur_are_skipped_counted_and_said(tmp_path):
     xs[4]["dur"] = -1
     xs[5]["dur"] = [1]
     save(tmp_path / "job" / "worker0.json.gz", t)
-    ts = load_traces(tmp_path / "job")
+    ts = load_tables(tmp_path / "job")
     rank = ts.ranks[0]
     # the rest is analysed: exactly six events fewer than the file's complete events
-    assert len(rank.events) == n_x - 6
+    assert len(load_events(rank.path)[0]) == n_x - 6
     assert any("skipped 3 complete events" in w and "ts" in w for w in rank.warnings)
     assert any("skipped 3 complete events" in w and "dur" in w for w in rank.warnings)
-    b = breakdown(ts)
+    b = ts.breakdown
     assert (b[IDENTITY].sum(axis=1) == b["step_ns"]).all()
     proc = cli("summary", str(tmp_path / "job"))
     assert proc.returncode == 0 and "skipped 3 complete events" in proc.stdout
@@ -129,7 +129,7 @@ def test_missing_ranks_are_said_and_the_report_is_not_presented_as_complete(tmp_
     job = tmp_path / "job"
     shutil.copytree(need(DLRM), job)
     (job / "worker5.pt.trace.json.gz").unlink()
-    ts = load_traces(job)
+    ts = load_tables(job)
     assert ts.world_size == 8 and ts.missing_ranks == [5]
     proc = cli("summary", str(job))
     assert proc.returncode == 0 and "7 of 8 ranks" in proc.stdout and "[5]" in proc.stdout
@@ -162,7 +162,7 @@ def test_ranks_from_different_jobs_process_groups(tmp_path, ddp_run):
         bad_input(cli(cmd, str(job), *extra.get(cmd, [])), "process group '0' has different members",
                   "rank1.trace.json.gz", "rank0.trace.json.gz")
     with pytest.raises(BadInput) as exc:
-        load_traces(job)
+        load_tables(job)
     assert exc.value.reason == "mixed_jobs"
 
 
@@ -201,8 +201,8 @@ def test_names_with_html_quotes_backslashes_and_invalid_utf8(tmp_path, ddp_run):
     raw = __import__("json").dumps(t, ensure_ascii=False).encode("utf-8", "surrogateescape")
     assert b"\xff" in raw  # the file really holds a byte that is not UTF-8
     save(job / "rank0.trace.json.gz", raw)
-    ts = load_traces(job)
-    names = set(ts.ranks[0].events["name"].astype(str))
+    ts = load_tables(job)
+    names = set(load_events(ts.ranks[0].path)[0]["name"].astype(str))
     assert evil.replace("\udcff", "\ufffd") in names
     assert any("invalid UTF-8" in w for w in ts.ranks[0].warnings)
     proc = cli("report", str(job), "--out", str(tmp_path / "o"))
@@ -223,14 +223,15 @@ def test_nan_and_infinity_times_are_skipped_and_counted(tmp_path, ddp_run):
     xs[3]["name"] = "NaN"  # the word in a string stays a name
     save(job / "rank0.trace.json.gz", t)
     assert b"NaN" in load_bytes(job / "rank0.trace.json.gz")
-    ts = load_traces(job)
+    ts = load_tables(job)
     rank = ts.ranks[0]
+    events = load_events(rank.path)[0]
     assert any("NaN / Infinity" in w for w in rank.warnings)
     assert any("skipped 1 complete events" in w and "ts" in w for w in rank.warnings)
     assert any("skipped 2 complete events" in w and "dur" in w for w in rank.warnings)
-    assert "NaN" in set(rank.events["name"].astype(str))
-    n_clean = len(load_traces(copy_run(ddp_run, tmp_path / "clean")).ranks[0].events)
-    assert len(rank.events) == n_clean - 3
+    assert "NaN" in set(events["name"].astype(str))
+    n_clean = len(load_events(copy_run(ddp_run, tmp_path / "clean") / "rank0.trace.json.gz")[0])
+    assert len(events) == n_clean - 3
     proc = cli("report", str(job), "--out", str(tmp_path / "o"))
     assert proc.returncode == 0, proc.stderr
 
@@ -254,8 +255,8 @@ def test_integers_beyond_int64_in_args(tmp_path, ddp_run):
             e["args"]["Group size"] = 10**30
     assert big
     save(job / "rank0.trace.json.gz", t)
-    ts = load_traces(job)
-    ev = ts.ranks[0].events
+    ts = load_tables(job)
+    ev = load_events(ts.ranks[0].path)[0]
     assert (ev["external_id"] == -1).all() and (ev["correlation"] == -1).all()  # unknown, not wrapped
     for cmd in ("summary", "report", "merge"):
         extra = {"report": ["--out", str(tmp_path / "o")], "merge": ["-o", str(tmp_path / "m.json.gz")]}
@@ -270,9 +271,9 @@ def test_no_profiler_step_is_whole_trace_mode_and_said(tmp_path, ddp_run):
         t["traceEvents"] = [e for e in t["traceEvents"]
                             if not str(e.get("name", "")).startswith("ProfilerStep")]
         save(job / f"rank{r}.trace.json.gz", t)
-    ts = load_traces(job)
+    ts = load_tables(job)
     assert ts.whole_trace_mode
-    b = breakdown(ts)
+    b = ts.breakdown
     assert list(b["step"]) == [0, 0]
     assert (b[IDENTITY].sum(axis=1) == b["step_ns"]).all()
     assert "whole-trace mode" in cli("summary", str(job)).stdout
@@ -288,8 +289,8 @@ def test_improperly_nested_events_on_one_thread(tmp_path, ddp_run):
     for a, b in zip(ops[::2], ops[1::2]):  # b starts inside a and ends after it
         b["tid"], b["ts"], b["dur"] = a["tid"], a["ts"] + max(1, a["dur"] // 2), a["dur"] * 3 + 5
     save(job / "rank0.trace.json.gz", t)
-    ts = load_traces(job)
-    b = breakdown(ts)
+    ts = load_tables(job)
+    b = ts.breakdown
     assert (b[IDENTITY].sum(axis=1) == b["step_ns"]).all()
     assert cli("report", str(job), "--out", str(tmp_path / "o")).returncode == 0
     proc = cli("merge", str(job), "-o", str(tmp_path / "m.json.gz"))
@@ -379,5 +380,5 @@ def test_trace_edited_since_recorded_same_size_is_refused(tmp_path, ddp_run):
                          "re-record")
         assert "changed since it was recorded" in line
     with pytest.raises(BadInput) as exc:
-        load_traces(run)
+        load_tables(run)
     assert exc.value.reason == "file_changed"

@@ -140,9 +140,9 @@ def test_folder_skips_hidden_files_and_own_outputs(ddp_run, tmp_path):
         if cmd != "report":
             for n in names:
                 assert n in said, (cmd, n, said)
-    from analyzer.api import load_traces
+    from analyzer.api import load_tables
 
-    ts = load_traces(folder)
+    ts = load_tables(folder)
     assert sorted(r.path.name for r in ts.ranks) == ["worker0.json.gz", "worker1.json.gz"]
     assert sum("skipped" in w for w in ts.warnings) == 4
 
@@ -167,16 +167,15 @@ def test_mixed_jobs_refused(ddp_run, fsdp_run, tmp_path):
         line = bad_input(cli(cmd, str(folder), *extra), "different jobs", "ddp_rank0.json.gz",
                          "fsdp_rank1.json.gz")
         assert "all_reduce" in line and "all_gather" in line  # the evidence
-    from analyzer.api import load_tables, load_traces
+    from analyzer.api import load_tables
 
-    for load in (load_traces, load_tables):
-        with pytest.raises(BadInput) as exc:
-            load(folder)
-        assert exc.value.reason == "mixed_jobs"
+    with pytest.raises(BadInput) as exc:
+        load_tables(folder)
+    assert exc.value.reason == "mixed_jobs"
 
 
 def test_same_job_sets_still_load(ddp_run, fsdp_run, tmp_path):
-    from analyzer.api import load_tables, load_traces
+    from analyzer.api import load_tables
 
     folders = [copy_run(ddp_run, tmp_path / "ddp"), copy_run(fsdp_run, tmp_path / "fsdp")]
     if DLRM.exists():
@@ -188,6 +187,5 @@ def test_same_job_sets_still_load(ddp_run, fsdp_run, tmp_path):
             shutil.copy(need(TBPLUGIN / f"{backend}__worker{r}.json"), pair)
         folders.append(pair)
     for folder in folders:
-        for load in (load_traces, load_tables):
-            ts = load(folder)
-            assert len(ts.ranks) == (8 if folder == DLRM else 2), folder
+        ts = load_tables(folder)
+        assert len(ts.ranks) == (8 if folder == DLRM else 2), folder

@@ -9,7 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
-from analyzer.api import load_traces
+from analyzer.api import load_tables
 from analyzer.fswalk import entries
 from reports import markdown
 from tests.reliability.conftest import TBPLUGIN, cli, copy_run, load, need, save
@@ -83,7 +83,7 @@ def test_symlink_loop_and_symlink_out_of_the_input_are_not_followed(tmp_path):
     kept, skipped = entries(job)
     assert {p.name for p in kept} == {"nccl__worker0.json", "nccl__worker1.json", "inside_link.json.bak"}
     assert len(skipped) == 3 and any("loops back" in s for s in skipped)
-    ts = load_traces(job)
+    ts = load_tables(job)
     assert [r.path.name for r in ts.ranks] == ["nccl__worker0.json", "nccl__worker1.json"]
     assert any("rank7.json" in w and "outside" in w for w in ts.warnings)
     for cmd, extra in (("summary", []), ("report", ["--out", str(tmp_path / "o")]),
