@@ -69,10 +69,10 @@ def load_tables(path: Path | str, *, allow_incomplete: bool = False, jobs: int |
 
 def load_events(path: Path | str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(event table, step windows) of the one trace file ``path`` (module docstring), decoded
-    and classified by the rules every command uses; no cache, no rank rule. The table's
-    ``attrs`` hold device_kind, main_tid, whole_trace_mode, distributed_info and warnings.
-    Raises ``BadInput``."""
+    and classified by the rules every command uses; no cache, no rank rule (``load_tables``
+    says the rank). The table's ``attrs`` hold device_kind, main_tid, whole_trace_mode and
+    warnings (``RankTables`` fields). Raises ``BadInput``."""
     events, info = ingest.classified(Path(path))
     events.attrs = {k: info[k] for k in ("device_kind", "main_tid", "whole_trace_mode",
-                                         "distributed_info", "warnings")}
+                                         "warnings")}
     return events, info["steps"]

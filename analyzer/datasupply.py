@@ -1,6 +1,6 @@
 """Data supply of a run (issue 10): how much of each rank's step time waited for input.
 
-Input: the breakdown table (``api.breakdown`` / ``TraceTables.breakdown``; per rank and step,
+Input: the breakdown table (``JobTables.breakdown``, analyzer/ingest.py; per rank and step,
 ``data_wait_ns`` as analyzer/breakdown.py defines it). Shares are time-weighted: a rank's
 ``data_wait_frac`` is its data wait summed over its steps divided by its step time summed over
 the same steps (so a long step weighs more than a short one, as in the wall-clock total).

@@ -180,7 +180,7 @@ def classified(path: Path, raw: bytes | None = None) -> tuple[pd.DataFrame, dict
     return events, {**info, "distributed_info": di, "warnings": dec.warnings}
 
 
-def rank_tables(path: Path, *, use_cache: bool = True) -> RankTables:
+def rank_tables(path: Path) -> RankTables:
     """The tables of one trace file, through the cache. Rank-dependent fields stay unset (rank
     -1, group_size <= 0 left as -1): ``load_run`` fills them after the rank rule. Raises
     ``BadInput``."""
@@ -193,17 +193,15 @@ def rank_tables(path: Path, *, use_cache: bool = True) -> RankTables:
     except OSError:
         sig = []  # read_trace says what is wrong
     cpath = tables_cache_path(path)
-    if use_cache:
-        hit = _read_tables(cpath, path, sig, None)
-        if hit is not None:
-            return hit
+    hit = _read_tables(cpath, path, sig, None)
+    if hit is not None:
+        return hit
     raw = read_trace(path)
     sha = hashlib.sha256(raw).hexdigest()
-    if use_cache:
-        hit = _read_tables(cpath, path, sig, sha)  # touched but unchanged: the key agrees
-        if hit is not None:
-            _write_tables(cpath, sig, hit)  # record the new stat signature
-            return hit
+    hit = _read_tables(cpath, path, sig, sha)  # touched but unchanged: the key agrees
+    if hit is not None:
+        _write_tables(cpath, sig, hit)  # record the new stat signature
+        return hit
     ev, info = classified(path, raw)
     del raw
     steps, device_kind, main_tid = info["steps"], info["device_kind"], info["main_tid"]
@@ -227,8 +225,7 @@ def rank_tables(path: Path, *, use_cache: bool = True) -> RankTables:
                     timeline=tl, timeline_step=tl_step, whole_overlap_ns=int(overlap_ns),
                     whole_comm_ns=int(comm_ns), sha256=sha)
     del ev
-    if use_cache:
-        _write_tables(cpath, sig, rt)
+    _write_tables(cpath, sig, rt)
     return rt
 
 

@@ -9,7 +9,7 @@ above 8 the 8 tiled traces are reused for ranks r, r+8, r+16 ... with their
 
 * ``analyzer report DIR --out OUT`` as a subprocess: cold (no cache at all), warm (the same
   command again: the whole-report cache, reports/cache.py, answers) and with only the per-rank
-  tables cached (analyzer/tables.py; report cache dropped: what a change of options costs);
+  tables cached (analyzer/ingest.py; report cache dropped: what a change of options costs);
 * HTA 0.5.0: ``TraceAnalysis(trace_dir=DIR)`` + ``get_comm_comp_overlap()`` as a subprocess
   (skipped with ``--no-hta``).
 
@@ -57,7 +57,9 @@ import msgspec
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO / ".." / "shared" / "corpus" / "dlrm_ddp_8rank_v100"
+CORPUS = Path(os.environ.get("PARITYTRACE_CORPUS") or REPO / ".." / "shared" / "corpus"
+              ) / "dlrm_ddp_8rank_v100"
+"""The source traces: ``$PARITYTRACE_CORPUS`` (as the tests), else ../shared/corpus."""
 sys.path.insert(0, str(REPO))
 
 from bench.tile import read_trace, tile  # noqa: E402
