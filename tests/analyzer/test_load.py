@@ -217,3 +217,22 @@ def test_parallel_parse_equals_serial(tmp_path):
 
 def test_fixture_folder_untouched_by_tests():
     assert not any(FIXTURES.glob("*.msgpack")) and not any(FIXTURES.glob("*.parquet"))
+
+
+def test_no_product_module_imports_the_facade():
+    """analyzer/api.py is the top facade for notebooks (it imports the ingest, never the
+    reverse): no module of analyzer/, reports/ or tracer/ imports it, so no import cycle runs
+    through it."""
+    import ast
+
+    repo = FIXTURES.parents[1]
+    importers = []
+    for f in sorted(p for pkg in ("analyzer", "reports", "tracer") for p in (repo / pkg).rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) and node.module else [])
+            if any(n == "analyzer.api" or n.startswith("analyzer.api.") for n in names):
+                importers.append(f.name)
+    assert len(list((repo / "analyzer").glob("*.py"))) > 20  # the walk saw the package
+    assert importers == []
