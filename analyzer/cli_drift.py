@@ -30,8 +30,9 @@ def register(app, run) -> None:
         """Per kept tensor: the difference, the tolerance applied and why; which settings differ."""
         from analyzer.drift import drift as compute
         from analyzer.errors import EXIT_GATE_FAILED
+        from analyzer.report_types import ToleranceOverride
 
-        result = run(lambda: compute(old, new, rtol=rtol, atol=atol))
+        result = run(lambda: compute(old, new, ToleranceOverride(rtol=rtol, atol=atol)))
         if fmt == _Format.json:
             import json
 

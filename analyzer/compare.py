@@ -1,6 +1,6 @@
 """Compare runs and rank them -- only when every run's numerics are trusted.
 
-Works on the per-run summaries the report builds (the ``runs[]`` entries of report.json).
+Works on the report's run entries (``report_types.RunEntry``, the ``runs[]`` of report.json).
 
 Ranking rule (stated in every output as ``RANKING_RULE``): runs whose parity passed, plus the
 ``single`` reference run (the speedup base), ordered by the median step time of the profiled
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from analyzer.divergence import divergence_subject
+from analyzer.report_types import Noise, Ranking, RunEntry
 
 RANKING_RULE = (
     "Runs are ranked only when every run passed the parity gate (the single-device run is the "
@@ -45,14 +45,14 @@ SETTINGS = ("versions", "device", "batch", "seed", "model", "precision", "launch
 the input was supplied; a record without it was fed from memory (the only way before)."""
 
 
-def _setting(run: dict[str, Any], key: str) -> Any:
-    s = run.get("settings") or {}
+def _setting(run: RunEntry, key: str) -> Any:
+    s = run.settings or {}
     value = s.get(key)
     if key == "batch" and isinstance(value, dict):
         # per-rank batch differs by design between single and distributed runs
         return {k: v for k, v in value.items() if k != "per_rank_batch"}
     if key == "launch" and isinstance(value, dict):
-        if run.get("strategy") == "single":
+        if run.strategy == "single":
             return None  # the baseline is not launched; nothing to compare
         return {k: v for k, v in value.items() if k in ("method", "nnodes")}
     if key == "data":
@@ -74,10 +74,10 @@ def _show(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
-def settings_differences(runs: list[dict[str, Any]]) -> list[str]:
+def settings_differences(runs: list[RunEntry]) -> list[str]:
     """One warning line per setting in ``SETTINGS`` on which the recorded runs disagree, naming
     the runs and their values. Foreign runs (no settings) are ignored."""
-    recorded = [r for r in runs if r.get("settings")]
+    recorded = [r for r in runs if r.settings]
     out = []
     for key in SETTINGS:
         seen: dict[str, list[str]] = {}
@@ -85,95 +85,83 @@ def settings_differences(runs: list[dict[str, Any]]) -> list[str]:
             v = _setting(r, key)
             if v is None and key == "launch":
                 continue
-            seen.setdefault(_show(v), []).append(r["name"])
+            seen.setdefault(_show(v), []).append(r.name)
         if len(seen) > 1:
             parts = "; ".join(f"{', '.join(names)}: {v}" for v, names in seen.items())
             out.append(f"runs differ in {key} ({parts})")
     return out
 
 
-def _peak(run: dict[str, Any]) -> float:
-    v = (run.get("memory") or {}).get("peak_allocated_bytes")
+def _peak(run: RunEntry) -> float:
+    v = run.memory.peak_allocated_bytes
     return math.inf if v is None else float(v)
 
 
-def rank_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """``{status: "ranked" | "withheld", order: [names], reason: str, rule: RANKING_RULE}``.
-
-    ``order`` is empty when withheld. Each run needs ``name``, ``strategy``, ``parity.status``,
-    ``parity.reason``, ``parity.first_divergence``, ``step_time_ns.median`` and optionally
-    ``memory.peak_allocated_bytes`` and ``settings``.
-    """
-    left_out = [r["name"] for r in runs if r.get("incomplete")]
-    runs = [r for r in runs if not r.get("incomplete")]  # README: left out of the ranking
+def rank_runs(runs: list[RunEntry]) -> Ranking:
+    """The ranking (module docstring): ``order`` (names, fastest first; empty when withheld),
+    ``reason``, ``rule`` and, when ranked, ``noise`` (``ranking_noise``)."""
+    left_out = [r.name for r in runs if r.incomplete]
+    runs = [r for r in runs if not r.incomplete]  # README: left out of the ranking
     withheld = []
     for r in runs:
-        p = r["parity"]
-        if p["status"] == "fail":
-            fd = p.get("first_divergence")
-            what = (f"first divergence in {divergence_subject(fd)}" if fd else p["reason"])
-            withheld.append(f"run {r['name']} failed the parity gate ({what})")
-        elif p["status"] == "not_recorded":
-            withheld.append(f"run {r['name']} has no parity verdict ({p['reason']})")
-    if withheld:
-        return {"status": "withheld", "order": [], "rule": RANKING_RULE,
-                "reason": "; ".join(withheld) + ". Speed figures of a run whose numerics are not "
-                          "verified do not count."}
+        p = r.parity
+        if p.status == "fail":
+            what = (f"first divergence in {p.first_divergence.subject}" if p.first_divergence
+                    else p.reason)
+            withheld.append(f"run {r.name} failed the parity gate ({what})")
+        elif p.status == "not_recorded":
+            withheld.append(f"run {r.name} has no parity verdict ({p.reason})")
     diffs = settings_differences(runs)
-    if diffs:
-        return {"status": "withheld", "order": [], "rule": RANKING_RULE,
-                "reason": "the runs are not one experiment: " + "; ".join(diffs)
-                          + ". Record them together with the same settings."}
-    timed = [r for r in runs if (r.get("step_time_ns") or {}).get("median") is not None]
-    untimed = [r["name"] for r in runs if r not in timed]
-    if not timed:
-        return {"status": "withheld", "order": [], "rule": RANKING_RULE,
-                "reason": "no run has a measured step time"}
-    order = sorted(timed, key=lambda r: (r["step_time_ns"]["median"], _peak(r), r["name"]))
+    timed = [r for r in runs if r.step_time_ns.median is not None]
+    reason = ("; ".join(withheld) + ". Speed figures of a run whose numerics are not verified "
+              "do not count." if withheld else
+              "the runs are not one experiment: " + "; ".join(diffs)
+              + ". Record them together with the same settings." if diffs else
+              "no run has a measured step time" if not timed else None)
+    if reason:
+        return Ranking(status="withheld", order=[], reason=reason, rule=RANKING_RULE)
+    order = sorted(timed, key=lambda r: (r.step_time_ns.median, _peak(r), r.name))
     reason = f"{len(order)} run(s) passed parity (or are the reference)"
+    untimed = [r.name for r in runs if r.step_time_ns.median is None]
     if untimed:
         reason += f"; not ranked for lack of step times: {', '.join(untimed)}"
     if left_out:
         reason += f"; left out as incomplete (no manifest.json): {', '.join(left_out)}"
-    return {"status": "ranked", "order": [r["name"] for r in order], "reason": reason,
-            "rule": RANKING_RULE + " " + NOISE_RULE, "noise": ranking_noise(order)}
+    return Ranking(status="ranked", order=[r.name for r in order], reason=reason,
+                   rule=RANKING_RULE + " " + NOISE_RULE, noise=ranking_noise(order))
 
 
-def ranking_noise(order: list[dict[str, Any]]) -> dict[str, Any]:
+def ranking_noise(order: list[RunEntry]) -> Noise:
     """Whether the ranked ``order`` (fastest first) is a basis for a decision (``NOISE_RULE``).
 
     Each run's ``step_time_ns`` holds ``median`` and, when measured, ``min`` / ``max`` over its
-    profiled steps (the spread within the run). Returns ``{cpu: bool, margin_frac (the floor
-    applied), close_pairs: [[faster, slower, gap_frac, why]], decisive}``: a consecutive pair is
-    close when the faster run's slowest step is not faster than the slower run's fastest step
-    (``why`` names both), or when ``gap_frac`` = (slower - faster) / faster median is below the
-    floor (``why`` says so); ``decisive`` is True when no pair is close.
+    profiled steps (the spread within the run). ``close_pairs``: ``[faster, slower, gap_frac,
+    why]`` for each consecutive pair that is close: the faster run's slowest step is not faster
+    than the slower run's fastest step (``why`` names both), or ``gap_frac`` = (slower - faster)
+    / faster median is below the floor ``margin_frac`` (``why`` says so); ``decisive`` when none.
     """
-    cpu = any((r.get("device") or "cpu") == "cpu" for r in order)
+    cpu = any((r.device or "cpu") == "cpu" for r in order)
     margin = NOISE_MARGIN_FRAC["cpu" if cpu else "cuda"]
     close = []
     for a, b in zip(order, order[1:]):
-        sa, sb = a["step_time_ns"], b["step_time_ns"]
-        fa, fb = sa["median"], sb["median"]
-        gap = (fb - fa) / fa if fa else math.inf
-        slowest_a, fastest_b = sa.get("max"), sb.get("min")
-        if slowest_a is not None and fastest_b is not None and slowest_a >= fastest_b:
-            why = (f"their step times overlap: {a['name']}'s slowest step {slowest_a / 1e6:.2f} ms, "
-                   f"{b['name']}'s fastest {fastest_b / 1e6:.2f} ms")
-            close.append([a["name"], b["name"], gap, why])
+        sa, sb = a.step_time_ns, b.step_time_ns
+        gap = (sb.median - sa.median) / sa.median if sa.median else math.inf
+        if sa.max is not None and sb.min is not None and sa.max >= sb.min:
+            close.append((a.name, b.name, gap, f"their step times overlap: {a.name}'s slowest "
+                          f"step {sa.max / 1e6:.2f} ms, {b.name}'s fastest {sb.min / 1e6:.2f} ms"))
         elif gap < margin:
-            why = f"below the {margin * 100:g} % {'CPU' if cpu else 'GPU'} floor"
-            close.append([a["name"], b["name"], gap, why])
-    return {"cpu": cpu, "margin_frac": margin, "close_pairs": close, "decisive": not close}
+            close.append((a.name, b.name, gap,
+                          f"below the {margin * 100:g} % {'CPU' if cpu else 'GPU'} floor"))
+    return Noise(cpu=cpu, margin_frac=margin, close_pairs=close, decisive=not close)
 
 
-def comparable_to(run: dict[str, Any], base: dict[str, Any]) -> bool:
+def comparable_to(run: RunEntry, base: RunEntry) -> bool:
     """True when ``run`` may be compared with the reference ``base``: it is ``base`` itself, or
     its parity passed and every setting in ``SETTINGS`` agrees with the reference's (``launch``
     is not compared, the reference is not launched). Foreign runs (no settings) never are."""
     if run is base:
         return True
-    if (run.get("parity") or {}).get("status") != "pass" or not run.get("settings"):
+    if run.parity.status != "pass" or not run.settings:
         return False
     for key in SETTINGS:
         a, b = _setting(run, key), _setting(base, key)
@@ -184,36 +172,28 @@ def comparable_to(run: dict[str, Any], base: dict[str, Any]) -> bool:
     return True
 
 
-def speedups(runs: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Speedup of each run over the ``single`` run: single's median step time / the run's.
-    None when there is no single run, either time is missing, or the run is not comparable
-    with it (``comparable_to``: parity not passed, or recorded under different settings) --
-    the report must not show a speedup it says cannot be compared."""
-    base = next((r for r in runs if r.get("strategy") == "single"), None)
-    b = (base or {}).get("step_time_ns", {}).get("median") if base else None
-    out = {}
-    for r in runs:
-        m = (r.get("step_time_ns") or {}).get("median")
-        ok = base is not None and comparable_to(r, base)
-        out[r["name"]] = (b / m) if (b and m and ok) else None
-    return out
+def speedups(runs: list[RunEntry]) -> list[float | None]:
+    """Speedup of each run over the ``single`` run, in ``runs`` order: single's median step
+    time / the run's. None when there is no single run, either time is missing, or the run is
+    not comparable with it (``comparable_to``: parity not passed, or recorded under different
+    settings) -- the report must not show a speedup it says cannot be compared."""
+    base = next((r for r in runs if r.strategy == "single"), None)
+    b = base.step_time_ns.median if base else None
+    return [b / r.step_time_ns.median if b and r.step_time_ns.median and comparable_to(r, base)
+            else None for r in runs]
 
 
-def prefetch_groups(runs: list[dict[str, Any]]) -> list[list[str]]:
+def prefetch_groups(runs: list[RunEntry]) -> list[list[str]]:
     """Groups (>= 2 runs) of the same FSDP strategy whose strategy options differ only in the
     prefetch settings (``backward_prefetch``, ``forward_prefetch``): compare them side by side."""
     keys = ("backward_prefetch", "forward_prefetch")
-    groups: dict[str, list[str]] = {}
+    groups: dict[str, list[RunEntry]] = {}
     for r in runs:
-        if r.get("strategy") not in ("fsdp", "fsdp2"):
+        if r.strategy not in ("fsdp", "fsdp2"):
             continue
-        opts = {k: v for k, v in (r.get("options") or {}).items() if k not in keys}
+        opts = {k: v for k, v in r.options.items() if k not in keys}
         settings = {k: _setting(r, k) for k in SETTINGS}
-        groups.setdefault(repr((r["strategy"], sorted(opts.items()), settings)), []).append(r["name"])
-    out = []
-    for names in groups.values():
-        opts = {repr({k: (next(r for r in runs if r["name"] == n).get("options") or {}).get(k)
-                      for k in keys}) for n in names}
-        if len(names) >= 2 and len(opts) > 1:
-            out.append(names)
-    return out
+        groups.setdefault(repr((r.strategy, sorted(opts.items()), settings)), []).append(r)
+    return [[r.name for r in group] for group in groups.values()
+            if len(group) >= 2 and len({repr({k: r.options.get(k) for k in keys})
+                                         for r in group}) > 1]

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer.breakdown import INPUT_BOUND_FRAC
+from analyzer.report_types import DataSupply
 
 RANK_COLUMNS = ["rank", "steps", "step_ns", "data_wait_ns", "exposed_comm_ns", "data_wait_frac",
                 "exposed_comm_frac", "input_bound_steps"]
@@ -43,27 +44,25 @@ def rank_data(bd: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()[RANK_COLUMNS]
 
 
-def data_summary(bd: pd.DataFrame | None, manifest: dict[str, Any] | None) -> dict[str, Any]:
-    """The run's data supply: ``source`` (the manifest's ``data`` entry: memory / loader, with
-    workers, pin_memory, sample_cost_ms; source None for foreign traces or older records),
-    ``data_wait_frac`` (all ranks and steps), ``worst_rank`` / ``worst_rank_frac`` /
-    ``worst_rank_exposed_comm_frac`` (the rank with the largest share), ``input_bound`` (bool,
-    module docstring), ``input_bound_steps`` and ``steps`` (rank-steps). Figures are None when
-    there is no step."""
-    info = dict((manifest or {}).get("data") or {})
-    out: dict[str, Any] = {"source": info.pop("source", None), **info,
-                           "threshold_frac": INPUT_BOUND_FRAC, "data_wait_frac": None,
-                           "worst_rank": None, "worst_rank_frac": None,
-                           "worst_rank_exposed_comm_frac": None, "input_bound": False,
-                           "input_bound_steps": 0, "steps": 0}
+def data_summary(bd: pd.DataFrame | None, manifest: dict[str, Any] | None) -> DataSupply:
+    """The run's data supply: ``source`` and how it was set up (the manifest's ``data`` entry:
+    memory / loader, with workers, pin_memory, sample_cost_ms, sampler; source None for foreign
+    traces or older records), ``data_wait_frac`` (all ranks and steps), ``worst_rank`` /
+    ``worst_rank_frac`` / ``worst_rank_exposed_comm_frac`` (the rank with the largest share),
+    ``input_bound`` (module docstring), ``input_bound_steps`` and ``steps`` (rank-steps).
+    Figures are None when there is no step."""
+    info = (manifest or {}).get("data") or {}
+    out = DataSupply(source=info.get("source"), threshold_frac=INPUT_BOUND_FRAC,
+                     **{k: info[k] for k in ("workers", "pin_memory", "sample_cost_ms", "sampler")
+                        if k in info})
     per = rank_data(bd)
     per = per[per["data_wait_frac"].notna()].reset_index(drop=True)
     if per.empty:
         return out
     worst = per.loc[per["data_wait_frac"].idxmax()]
-    out.update(data_wait_frac=float(per["data_wait_ns"].sum() / per["step_ns"].sum()),
-               worst_rank=int(worst["rank"]), worst_rank_frac=float(worst["data_wait_frac"]),
-               worst_rank_exposed_comm_frac=float(worst["exposed_comm_frac"]),
-               input_bound=bool(worst["data_wait_frac"] >= INPUT_BOUND_FRAC),
-               input_bound_steps=int(per["input_bound_steps"].sum()), steps=int(per["steps"].sum()))
+    out.data_wait_frac = float(per["data_wait_ns"].sum() / per["step_ns"].sum())
+    out.worst_rank, out.worst_rank_frac = int(worst["rank"]), float(worst["data_wait_frac"])
+    out.worst_rank_exposed_comm_frac = float(worst["exposed_comm_frac"])
+    out.input_bound = bool(worst["data_wait_frac"] >= INPUT_BOUND_FRAC)
+    out.input_bound_steps, out.steps = int(per["input_bound_steps"].sum()), int(per["steps"].sum())
     return out

@@ -31,6 +31,7 @@ import pandas as pd
 from analyzer import parity, schemas
 from analyzer.errors import BadInput
 from analyzer.kept import KeptRun, open_kept
+from analyzer.report_types import BaselineDrift, DriftComparison, RunEntry, Tolerance, ToleranceOverride
 
 DRIFT_SETTINGS = ("versions", "device", "precision", "sharding", "world_size", "model", "batch", "seed")
 """Recorded settings compared between the two runs (all listed when they differ)."""
@@ -67,17 +68,17 @@ def settings_diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, An
     return out
 
 
-def expectation(old: dict[str, Any], new: dict[str, Any], diffs: list[dict[str, Any]], *,
-                rtol: float | None = None, atol: float | None = None) -> dict[str, Any]:
+def expectation(old: dict[str, Any], new: dict[str, Any], diffs: list[dict[str, Any]],
+                override: ToleranceOverride = ToleranceOverride()) -> dict[str, Any]:
     """``{mode: "bitwise" | "tolerance", tolerance: {rtol, atol, precision, source} | None, why}``
-    (module docstring). ``rtol`` / ``atol`` override the tolerance's numbers."""
+    (module docstring). ``override`` replaces the tolerance's numbers."""
     changed = [d["setting"] for d in diffs if d["setting"] in EXPECTATION_SETTINGS]
     if not changed:
         return {"mode": "bitwise", "tolerance": None,
                 "why": "same versions, device and precision policy: the baseline (one process, one "
                        "thread, same inputs) must repeat bitwise; any difference is non-determinism"}
     precision = "bf16" if "bf16" in (old.get("precision"), new.get("precision")) else "fp32"
-    tol = parity.tolerance_for(precision, rtol=rtol, atol=atol)
+    tol = parity.tolerance_for(precision, rtol=override.rtol, atol=override.atol)
     return {"mode": "tolerance",
             "tolerance": {"rtol": tol.rtol, "atol": tol.atol, "precision": precision, "source": tol.source},
             "why": f"{', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'}: the {precision} precision tolerance applies "
@@ -195,7 +196,7 @@ def golden_link(old: KeptRun, new: KeptRun, exp: dict[str, Any]) -> dict[str, An
         n = parity.read_numerics(path)
         if n["metric"].isin(schemas.GOLDEN_METRICS).any():
             t = exp["tolerance"] or {"rtol": 0.0, "atol": 0.0, "precision": "user", "source": "bitwise"}
-            tol = parity.Tolerance(rtol=t["rtol"], atol=t["atol"], precision=t["precision"], source=t["source"])
+            tol = Tolerance(rtol=t["rtol"], atol=t["atol"], precision=t["precision"], source=t["source"])
             checked = parity.check_tensors(_as_base_metrics(n), tol, path=str(path))
             out["distributed"] = {
                 "tensors": int(len(checked)), "max_rel_l2": float(checked["rel_l2"].max()) if len(checked) else None,
@@ -204,17 +205,16 @@ def golden_link(old: KeptRun, new: KeptRun, exp: dict[str, Any]) -> dict[str, An
     return out
 
 
-def drift(old_dir: Path | str, new_dir: Path | str, *, rtol: float | None = None,
-          atol: float | None = None) -> dict[str, Any]:
+def drift(old_dir: Path | str, new_dir: Path | str,
+          override: ToleranceOverride = ToleranceOverride()) -> dict[str, Any]:
     """Compare two run directories' kept tensors and numerics. Returns a JSON-ready dict:
     old / new (path, run_name, run_id, keep_tensors), settings_differ, expectation, tensors
     (``compare_tensors`` rows), numerics, golden (``golden_link``), ok (bool), verdict (one line).
-    Raises ``BadInput`` for a run without kept tensors or with a tampered one (analyzer/kept.py),
-    or for a negative / non-finite ``rtol`` / ``atol``."""
-    parity.check_overrides(rtol=rtol, atol=atol)
+    Raises ``BadInput`` for a run without kept tensors or with a tampered one (analyzer/kept.py).
+    ``override``: the user's tolerance, replacing the precision's when the tolerance applies."""
     old, new = open_kept(old_dir), open_kept(new_dir)
     diffs = settings_diff(old.manifest, new.manifest)
-    exp = expectation(old.manifest, new.manifest, diffs, rtol=rtol, atol=atol)
+    exp = expectation(old.manifest, new.manifest, diffs, override)
     t = compare_tensors(old, new, exp)
     bad = t[~t["ok"].astype(bool)]
     n = len(t)
@@ -243,41 +243,36 @@ def drift(old_dir: Path | str, new_dir: Path | str, *, rtol: float | None = None
             "ok": bool(bad.empty), "verdict": verdict}
 
 
-def _group_key(run: dict[str, Any]) -> str:
-    s = run.get("settings") or {}
-    dev = s.get("device") or {}
-    return repr((s.get("versions"), dev.get("type"), dev.get("name"), s.get("precision")))
-
-
-def report_section(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+def report_section(runs: list[RunEntry]) -> BaselineDrift | None:
     """The report's baseline-drift section, or None when every recorded run shares versions,
     device and precision policy (then nothing can have drifted).
 
-    ``runs`` are report run entries (``name``, ``path``, ``settings``). Runs are grouped by those
-    settings; the first run of the first group is the reference and the first run of every other
-    group is compared with it (``drift``). Returns ``{reference, note, comparisons: [{old, new,
-    settings_differ, expectation, ok, verdict, beyond: [tensor names]} | {old, new, error}]}``.
+    Runs are grouped by those settings; the first run of the first group is the reference and
+    the first run of every other group is compared with it (``drift``): which settings differ,
+    the expectation, ok, the verdict and the first 10 tensors beyond it; or why not (``error``).
     """
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[RunEntry]] = {}
     for r in runs:
-        if r.get("settings"):
-            groups.setdefault(_group_key(r), []).append(r)
+        if r.settings:
+            dev = r.settings.get("device") or {}
+            key = (r.settings.get("versions"), dev.get("type"), dev.get("name"),
+                   r.settings.get("precision"))
+            groups.setdefault(repr(key), []).append(r)
     if len(groups) < 2:
         return None
-    reps = [g[0] for g in groups.values()]
-    ref = reps[0]
+    ref, *others = [g[0] for g in groups.values()]
     comparisons = []
-    for other in reps[1:]:
+    for other in others:
         try:
-            d = drift(ref["path"], other["path"])
+            d = drift(ref.path, other.path)
         except BadInput as exc:
-            comparisons.append({"old": ref["name"], "new": other["name"], "error": str(exc)})
+            comparisons.append(DriftComparison(old=ref.name, new=other.name, error=str(exc)))
             continue
-        comparisons.append({"old": ref["name"], "new": other["name"],
-                            "settings_differ": d["settings_differ"], "expectation": d["expectation"],
-                            "ok": d["ok"], "verdict": d["verdict"],
-                            "beyond": [t["tensor"] for t in d["tensors"] if not t["ok"]][:10]})
-    return {"reference": ref["name"], "comparisons": comparisons,
-            "note": "runs were recorded with different versions, device or precision policy: their "
-                    "baselines are compared here (analyzer drift) and the runs are not ranked "
-                    "against each other as one experiment"}
+        comparisons.append(DriftComparison(
+            old=ref.name, new=other.name, settings_differ=d["settings_differ"],
+            expectation=d["expectation"], ok=d["ok"], verdict=d["verdict"],
+            beyond=[t["tensor"] for t in d["tensors"] if not t["ok"]][:10]))
+    return BaselineDrift(reference=ref.name, comparisons=comparisons,
+                         note="runs were recorded with different versions, device or precision "
+                              "policy: their baselines are compared here (analyzer drift) and the "
+                              "runs are not ranked against each other as one experiment")

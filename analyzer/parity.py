@@ -37,8 +37,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analyzer import schemas
-from analyzer.divergence import divergence_subject
 from analyzer.errors import BadInput
+from analyzer.report_types import (DivergenceTolerance, FailedCheck, FirstDivergence, Parity,
+                                   Tolerance, ToleranceOverride)
 
 STATUSES = ("pass", "fail", "not_recorded", "reference")
 """Parity statuses. ``reference`` is the ``single`` run, which *is* the baseline."""
@@ -48,64 +49,6 @@ KIND_ORDER = ("activation", "grad", "param")
 
 _SUM_METRICS = ("numel", "sq_sum", "ref_sq_sum", "diff_sq_sum", "nonfinite")
 _MAX_METRICS = ("max_abs_diff", "max_abs_ref")
-
-
-@dataclass(kw_only=True, slots=True)
-class Tolerance:
-    """Tolerance of the gate: ``|x - r| <= atol + rtol * |r|``."""
-
-    rtol: float
-    """Relative tolerance (dimensionless)."""
-    atol: float
-    """Absolute tolerance (in the tensor's units)."""
-    precision: str
-    """Precision the tolerance was chosen for (``fp32`` / ``bf16``), or ``user`` when overridden."""
-    source: str
-    """Where the numbers come from, stated in every report."""
-
-    def __post_init__(self) -> None:
-        for name in ("rtol", "atol"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-
-    def describe(self) -> str:
-        """One line, e.g. ``rtol 1.3e-06, atol 1e-05 (torch.testing.assert_close defaults ...)``."""
-        return f"rtol {self.rtol:.3g}, atol {self.atol:.3g} ({self.source})"
-
-
-MAX_OVERRIDE = {"rtol": 0.1, "atol": 1e-4}
-"""The largest ``--rtol`` / ``--atol`` a user may pass. Beyond them the gate no longer tests
-numerical equivalence: rtol 0.1 is about six times the loosest ``torch.testing.assert_close``
-default of any floating dtype (bfloat16's 1.6e-2) and allows a 10 % error; atol 1e-4 is 10
-times the fp32 / bf16 default (1e-5). The atol bound must stay well below the gradients'
-scale, since the limit is atol + rtol x max |ref|: the reference transformer's gradients at
-the default shapes peak near 3e-3, and at atol 1e-2 (the first bound chosen) a run recorded
-with ``--fault wrong-grad-scale`` (gradients off by a factor of 2) passed the gate; at 1e-3 it
-failed on 3 tensors only, at 1e-4 on 17. At both bounds together such runs fail, at the tiny
-and at the default shapes (tests/reliability/test_followups.py); ``--rtol 0.5`` or
-``--atol 0.1`` would let them pass."""
-
-
-def check_overrides(*, rtol: float | None, atol: float | None) -> None:
-    """Refuse a user's ``--rtol`` / ``--atol`` that is negative, NaN, infinite or above its
-    bound in ``MAX_OVERRIDE``.
-
-    Raises ``BadInput`` (reason ``bad_tolerance``) naming the option itself (``--atol`` for a
-    bad atol), with an example value for that same option; above the bound the message states
-    the bound. ``-0.0`` passes (it equals 0); ``tolerance_for`` stores it as ``0.0`` so that no
-    report shows "rtol -0".
-    """
-    for name, value in (("--rtol", rtol), ("--atol", atol)):
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise BadInput(name, "bad_tolerance", f"must be a finite number >= 0, got {value!r}",
-                           f"pass e.g. {name} 1e-5 (or leave it out for the precision's default)")
-        bound = MAX_OVERRIDE[name[2:]]
-        if value is not None and value > bound:
-            raise BadInput(name, "bad_tolerance", f"{value!r} is above the bound {bound:g}: so "
-                           "loose a tolerance no longer tests numerical equivalence (a gradient "
-                           "off by 2x could pass)",
-                           f"pass {name} <= {bound:g} (or leave it out for the precision's default)")
 
 
 def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | None = None) -> Tolerance:
@@ -136,8 +79,8 @@ class ParityResult:
     """One line saying why (e.g. the first diverging tensor, or why nothing was recorded)."""
     tolerance: Tolerance | None
     """The tolerance applied (None when nothing was checked)."""
-    first_divergence: dict[str, Any] | None = None
-    """``{tensor, kind, step, rel_l2, max_abs_diff, limit, nonfinite, tolerance}`` or None."""
+    first_divergence: FirstDivergence | None = None
+    """The first failed check in the module docstring's order, or None."""
     max_grad_rel_l2: float | None = None
     """Largest relative L2 difference over the first-step gradients (None when not checked)."""
     loss_max_rel_diff: float | None = None
@@ -151,6 +94,18 @@ class ParityResult:
     def passed(self) -> bool:
         """True for ``pass`` and ``reference`` (the gate lets both through)."""
         return self.status in ("pass", "reference")
+
+    def entry(self) -> Parity:
+        """The verdict as the report holds it: no tables, the first 10 failed tensor checks."""
+        t = self.tensors
+        failed = t[~t["passed"].astype(bool)].head(10) if len(t) else t
+        return Parity(status=self.status, reason=self.reason, tolerance=self.tolerance,
+                      max_grad_rel_l2=self.max_grad_rel_l2, loss_max_rel_diff=self.loss_max_rel_diff,
+                      first_divergence=self.first_divergence, failed_checks=[
+                          FailedCheck(kind=r.kind, tensor=r.tensor, step=int(r.step),
+                                      rel_l2=float(r.rel_l2), max_abs_diff=float(r.max_abs_diff),
+                                      limit=float(r.limit))
+                          for r in failed.itertuples()])
 
 
 def read_numerics(path: Path | str) -> pd.DataFrame:
@@ -312,28 +267,27 @@ def check_loss(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.
     return pd.DataFrame(out, columns=cols)
 
 
-def _divergence(row: pd.Series, kind: str, tol: Tolerance) -> dict[str, Any]:
-    if kind == "loss":
-        return {"tensor": "loss", "kind": "loss", "step": int(row["step"]),
-                "rel_l2": float(row["rel_diff"]), "max_abs_diff": float(row["abs_diff"]),
-                "limit": float(row["limit"]), "nonfinite": 0 if math.isfinite(row["loss"]) else 1,
-                "tolerance": {"rtol": tol.rtol, "atol": tol.atol, "source": tol.source}}
-    return {"tensor": str(row["tensor"]), "kind": kind, "step": int(row["step"]),
-            "rel_l2": float(row["rel_l2"]), "max_abs_diff": float(row["max_abs_diff"]),
-            "limit": float(row["limit"]), "nonfinite": float(row["nonfinite"]),
-            "tolerance": {"rtol": tol.rtol, "atol": tol.atol, "source": tol.source}}
+def _divergence(row: pd.Series, kind: str, tol: Tolerance) -> FirstDivergence:
+    loss = kind == "loss"
+    return FirstDivergence(
+        tensor="loss" if loss else str(row["tensor"]), kind=kind, step=int(row["step"]),
+        rel_l2=float(row["rel_diff" if loss else "rel_l2"]),
+        max_abs_diff=float(row["abs_diff" if loss else "max_abs_diff"]), limit=float(row["limit"]),
+        nonfinite=(0 if math.isfinite(row["loss"]) else 1) if loss else float(row["nonfinite"]),
+        tolerance=DivergenceTolerance(rtol=tol.rtol, atol=tol.atol, source=tol.source),
+        # named once: the loss's kind and tensor are both "loss" ("loss loss" read as a typo)
+        subject="the loss" if loss else f"{kind} {row['tensor']}")
 
 
-def describe_divergence(div: dict[str, Any]) -> str:
+def describe_divergence(div: FirstDivergence) -> str:
     """One line: ``grad layers.0.attn.weight (step 0): max |diff| 3e-3 > limit 1e-5, rel L2 2e-2``
     (``the loss (step 4): ...`` for the loss)."""
-    where = f"{divergence_subject(div)} (step {div['step']})"
-    if div["nonfinite"] and div["nonfinite"] > 0 or not all(
-            math.isfinite(div[k]) for k in ("max_abs_diff", "rel_l2", "limit")):
+    where = f"{div.subject} (step {div.step})"
+    if (div.nonfinite or 0) > 0 or None in (div.max_abs_diff, div.rel_l2, div.limit):  # NaN/inf stored as None
         return f"{where} has NaN/inf values"
-    return (f"{where}: max |diff| {div['max_abs_diff']:.3g} > limit {div['limit']:.3g} "
-            f"(atol {div['tolerance']['atol']:.3g} + rtol {div['tolerance']['rtol']:.3g} x max |ref|), "
-            f"rel L2 {div['rel_l2']:.3g}")
+    return (f"{where}: max |diff| {div.max_abs_diff:.3g} > limit {div.limit:.3g} "
+            f"(atol {div.tolerance.atol:.3g} + rtol {div.tolerance.rtol:.3g} x max |ref|), "
+            f"rel L2 {div.rel_l2:.3g}")
 
 
 def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet") -> ParityResult:
@@ -371,9 +325,9 @@ def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.pa
                         loss_max_rel_diff=loss_max)
 
 
-def check_run(run_dir: Path | str, manifest: dict[str, Any] | None, *, rtol: float | None = None,
-              atol: float | None = None) -> ParityResult:
-    """Parity verdict of one run directory.
+def check_run(run_dir: Path | str, manifest: dict[str, Any] | None,
+              override: ToleranceOverride = ToleranceOverride()) -> ParityResult:
+    """Parity verdict of one run directory, with the user's tolerance ``override``.
 
     ``manifest`` is the run's manifest (None for foreign traces -> ``not_recorded``). The
     ``single`` strategy is the baseline itself -> ``reference`` (its loss rows are still checked
@@ -385,9 +339,8 @@ def check_run(run_dir: Path | str, manifest: dict[str, Any] | None, *, rtol: flo
         return ParityResult(status="not_recorded", tolerance=None,
                             reason="no manifest: foreign traces carry no numerics to check")
     precision = manifest.get("precision")
-    check_overrides(rtol=rtol, atol=atol)
     try:
-        tol = tolerance_for(str(precision), rtol=rtol, atol=atol)
+        tol = tolerance_for(str(precision), rtol=override.rtol, atol=override.atol)
     except ValueError as exc:
         raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_manifest", str(exc),
                        "re-record the run") from None

@@ -6,9 +6,12 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from analyzer.report_types import AnalysisOptions, GateRun, Report
 
 log = logging.getLogger(__name__)
 FORMATS = ("md", "json", "html")
@@ -69,20 +72,18 @@ def said_on_stderr(notes: list[str]) -> Iterator[None]:
                 log.warning("%s", n)
 
 
-def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: float | None,
-                 atol: float | None, allow_incomplete: bool,
-                 notes: list[str] | None = None) -> tuple[dict, str]:
-    """Collect the report for ``root`` and write the chosen formats under ``out`` (default
-    ``root/report``). Returns (report dict, markdown text). Raises ``BadInput``.
+def write_report(root: Path, *, out: Path | None, formats: list[str], options: AnalysisOptions,
+                 notes: list[str] | None = None) -> tuple[Report, str]:
+    """Analyse ``root`` with ``options`` and write the chosen formats under ``out`` (default
+    ``root/report``). Returns (the report, markdown text). Raises ``BadInput``.
 
     The notes the analysis says on stderr (``said_on_stderr``) are stored with the cached
     report and given again on a cache hit: appended to ``notes`` when a list is passed (the
     CLI prints them), else logged as warnings (``logging``)."""
-    import json
-
-    from reports import cache, html, jsonout, markdown
-
+    from analyzer import report_types
+    from analyzer.atomic import write_atomic
     from analyzer.errors import BadInput
+    from reports import cache, html, markdown
 
     if not root.is_dir():
         from analyzer import rundirs
@@ -99,9 +100,8 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
         raise BadInput(existing, "read_only", "is marked read-only; the report is not written there",
                        "pass --out to a writable folder")
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
-    key = cache.key(root, out, {"rtol": rtol, "atol": atol, "allow_incomplete": allow_incomplete})
+    key = cache.key(root, out, options)
     hit = cache.load_entry(root, out, key)
-    report_json = None
     if hit is None:
         from analyzer import parallel
 
@@ -110,31 +110,29 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
         # pandas and the report (analyzer/parallel.py)
         with said_on_stderr(said), parallel.workers(preload=PARSE_MODULES):
             with parallel.collector_paused():
-                from reports import collect  # pandas and the analysis: only on a cache miss
+                from analyzer import runs  # pandas and the analysis: only on a cache miss
 
-            report_json = jsonout.dumps(collect.collect(root, rtol=rtol, atol=atol,
-                                                        allow_incomplete=allow_incomplete))
-        report = json.loads(report_json)  # render from what report.json holds, hit or miss
+            report_json = report_types.encode(runs.analyse(root, options))
     else:
-        report, said = hit
+        report_json, said = hit
+    report = report_types.decode(report_json)  # render what report.json holds, hit or miss
     if notes is not None:
         notes += said
     else:
         for n in said:
             log.warning("%s", n)
     md = markdown.render(report)
-    texts = {"json": lambda: report_json or jsonout.dumps(report),
-             "html": lambda: html.render(report, md), "md": lambda: md}
+    texts = {"json": lambda: report_json, "html": lambda: html.render(report, md), "md": lambda: md}
     for f in ("json", "html", "md"):
         if f in formats:
             path = out / f"report.{f}"
             try:
-                jsonout.write_atomic(path, texts[f]())
+                write_atomic(path, texts[f]())
             except OSError as exc:
                 raise BadInput(path, "unwritable", f"cannot be written ({exc.strerror})",
                                "pass --out to a writable folder") from None
     stale = _remove_stale(out, formats)
-    if report_json is not None:
+    if hit is None:
         cache.store(root, out, key, report_json, said)
     if stale:
         line = (f"{out}: removed {', '.join(stale)} of an earlier analysis (this one wrote "
@@ -166,21 +164,17 @@ def _remove_stale(out: Path, formats: list[str]) -> list[str]:
     return removed
 
 
-def gate_lines(report: dict) -> tuple[bool, list[str]]:
+def gate_lines(runs: list[GateRun]) -> tuple[bool, list[str]]:
     """(every run passed, one line per run). The reference run counts as a pass; an incomplete
     run (included only with ``--allow-incomplete``) has no parity to gate: listed as SKIP."""
     lines, ok = [], True
-    for r in report["runs"]:
-        p = r["parity"]
-        if r.get("incomplete"):
-            lines.append(f"SKIP {r['name']}: {p['status']} -- {p['reason']}")
-            continue
-        passed = p["status"] in ("pass", "reference")
-        ok &= passed
-        lines.append(f"{'PASS' if passed else 'FAIL'} {r['name']}: {p['status']} -- {p['reason']}")
-    if report["runs"] and all(r.get("incomplete") for r in report["runs"]):
-        ok = False  # nothing was gated: an incomplete run alone never passes
-    return ok, lines
+    for r in runs:
+        passed = r.parity.status in ("pass", "reference")
+        ok &= passed or r.incomplete
+        word = "SKIP" if r.incomplete else "PASS" if passed else "FAIL"
+        lines.append(f"{word} {r.name}: {r.parity.status} -- {r.parity.reason}")
+    # nothing was gated: an incomplete run alone never passes
+    return ok and not (runs and all(r.incomplete for r in runs)), lines
 
 
 def register(app, run) -> None:
@@ -196,10 +190,14 @@ def register(app, run) -> None:
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
     ) -> None:
         """Check parity, attribute time and memory, compare and rank; print report.md."""
+        from analyzer.report_types import AnalysisOptions, ToleranceOverride
+
         formats = _formats(fmt)
         notes: list[str] = []
-        _, md = run(lambda: write_report(directory, out=out, formats=formats, rtol=rtol,
-                                         atol=atol, allow_incomplete=allow_incomplete, notes=notes))
+        _, md = run(lambda: write_report(directory, out=out, formats=formats, notes=notes,
+                                         options=AnalysisOptions(
+                                             tolerance=ToleranceOverride(rtol=rtol, atol=atol),
+                                             allow_incomplete=allow_incomplete)))
         for n in notes:  # said by the analysis, or kept with the cached report: said again
             typer.echo(n, err=True)
         typer.echo(md)
@@ -212,14 +210,12 @@ def register(app, run) -> None:
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=GATE_ALLOW_INCOMPLETE_HELP)] = False,
     ) -> None:
         """Exit 0 when every run passes the parity gate (the reference counts), 3 otherwise."""
+        from analyzer import runs
         from analyzer.errors import EXIT_GATE_FAILED
-        from reports import collect
+        from analyzer.report_types import AnalysisOptions, ToleranceOverride
 
-        def _gate():
-            runs = collect.gate_runs(directory, rtol=rtol, atol=atol, allow_incomplete=allow_incomplete)
-            return gate_lines({"runs": runs})
-
-        ok, lines = run(_gate)
+        ok, lines = run(lambda: gate_lines(runs.gate(directory, AnalysisOptions(
+            tolerance=ToleranceOverride(rtol=rtol, atol=atol), allow_incomplete=allow_incomplete))))
         for line in lines:
             typer.echo(line)
         if not ok:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.report_types import DataSupply, RunEntry, Tolerance
+
 
 def ms(ns: Any) -> str:
     """Nanoseconds as milliseconds, ``-`` when missing."""
@@ -37,43 +39,41 @@ def speedup(v: Any) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def options(run: dict) -> str:
+def options(run: RunEntry) -> str:
     """Strategy and its options in one short string, e.g. ``fsdp2 (reshard_after_forward=True)``."""
-    opts = run.get("options") or {}
-    inner = ", ".join(f"{k}={v}" for k, v in opts.items()
+    inner = ", ".join(f"{k}={v}" for k, v in run.options.items()
                       if v is not None and not isinstance(v, (list, dict)))
-    text = run["strategy"] + (f" ({inner})" if inner else "")
-    if run.get("fault"):
-        text += f" [fault: {run['fault']}]"
+    text = run.strategy + (f" ({inner})" if inner else "")
+    if run.fault:
+        text += f" [fault: {run.fault}]"
     return text
 
 
-def comm_kinds(run: dict) -> str:
+def comm_kinds(run: RunEntry) -> str:
     """``all_gather 1.20 ms, reduce_scatter 0.80 ms``: per rank, mean per profiled step."""
-    comm = run.get("communication") or {}
-    return ", ".join(f"{k} {ms(v.get('time_ns_per_step'))}" for k, v in comm.items()) or "-"
+    return ", ".join(f"{k} {ms(v.time_ns_per_step)}" for k, v in run.communication.items()) or "-"
 
 
-def data_supply(run: dict) -> str:
-    """``38.0 % (loader, 2 workers, 20 ms/sample)``: the run's data-wait share (all ranks and
+def data_supply(d: DataSupply | None) -> str:
+    """``38.0 % (loader, 2 workers, 20 ms/sample)``: a run's data-wait share (all ranks and
     steps) and how its input was supplied; ``-`` without traces."""
-    d = run.get("data") or {}
-    src = d.get("source")
+    if d is None:
+        return "-"
     how = ""
-    if src == "loader":
-        how = f"loader, {d.get('workers', 0)} workers"
-        if d.get("sample_cost_ms"):
-            how += f", {num(d['sample_cost_ms'], 'g')} ms/sample"
-    elif src:
-        how = str(src)
-    share = pct(d.get("data_wait_frac"))
+    if d.source == "loader":
+        how = f"loader, {d.workers or 0} workers"
+        if d.sample_cost_ms:
+            how += f", {num(d.sample_cost_ms, 'g')} ms/sample"
+    elif d.source:
+        how = str(d.source)
+    share = pct(d.data_wait_frac)
     if share == "-":
         return how or "-"
     return f"{share} ({how})" if how else share
 
 
-def tolerance_line(tol: dict | None) -> str:
+def tolerance_line(tol: Tolerance | None) -> str:
     """``rtol 1.3e-06, atol 1e-05 (source)``."""
     if not tol:
         return "-"
-    return f"rtol {tol['rtol']:.3g}, atol {tol['atol']:.3g}; {tol['source']}"
+    return f"rtol {tol.rtol:.3g}, atol {tol.atol:.3g}; {tol.source}"

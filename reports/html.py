@@ -9,6 +9,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from analyzer.report_types import Report, RunEntry
 from reports import fmt, notes
 from reports.markdown import PERFETTO_HINT, comparison_rows
 from reports.verdict import verdict
@@ -79,105 +80,99 @@ def _hbars(title: str, rows: list[tuple[str, list[tuple[str, float, str]]]], uni
     return "".join(out)
 
 
-def step_bars(report: dict[str, Any]) -> str:
+def step_bars(report: Report) -> str:
     """Per run and step: compute / exposed communication / other / idle (mean over ranks)."""
-    rows = []
-    for r in report["runs"]:
-        for s in r.get("steps") or []:
-            rows.append((f"{r['name']} step {s['step']}",
-                         [(LABELS[k], s.get(k) or 0, COLORS[k]) for k in LABELS]))
+    rows = [(f"{r.name} step {s.step}", [(LABELS[k], getattr(s, k) or 0, COLORS[k]) for k in LABELS])
+            for r in report.runs for s in r.steps]
     return _hbars("Step time breakdown (mean over ranks)", rows, "ms", 1e6)
 
 
-def comm_bars(report: dict[str, Any]) -> str:
+def comm_bars(report: Report) -> str:
     """Time per collective kind per run (per rank)."""
     palette = ["#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d"]
-    kinds = sorted({k for r in report["runs"] for k in (r.get("communication") or {})})
+    kinds = sorted({k for r in report.runs for k in r.communication})
     color = {k: palette[i % len(palette)] for i, k in enumerate(kinds)}
-    rows = [(r["name"], [(k, v.get("time_ns_per_step") or 0, color[k]) for k, v in r["communication"].items()])
-            for r in report["runs"] if r.get("communication")]
+    rows = [(r.name, [(k, v.time_ns_per_step or 0, color[k]) for k, v in r.communication.items()])
+            for r in report.runs if r.communication]
     return _hbars("Communication time per collective kind (per rank, mean per profiled step)", rows, "ms", 1e6)
 
 
-def memory_bars(report: dict[str, Any]) -> str:
+def memory_bars(report: Report) -> str:
     """Peak RSS and peak allocated per rank."""
     rows = []
-    for r in report["runs"]:
-        for m in r["memory"]["ranks"]:
-            alloc = m.get("cuda_max_allocated_bytes") or m.get("profiler_allocated_peak_bytes") or 0
-            rows.append((f"{r['name']} rank {m['rank']} allocated", [("peak allocated", alloc, COLORS["peak_allocated"])]))
-            rows.append((f"{r['name']} rank {m['rank']} RSS", [("peak RSS", m.get("peak_rss_bytes") or 0, COLORS["peak_rss_bytes"])]))
+    for r in report.runs:
+        for m in r.memory.ranks:
+            alloc = m.cuda_max_allocated_bytes or m.profiler_allocated_peak_bytes or 0
+            rows.append((f"{r.name} rank {m.rank} allocated", [("peak allocated", alloc, COLORS["peak_allocated"])]))
+            rows.append((f"{r.name} rank {m.rank} RSS", [("peak RSS", m.peak_rss_bytes or 0, COLORS["peak_rss_bytes"])]))
     return _hbars("Memory peaks per rank", rows, "MiB", 2**20)
 
 
-def timeline_svg(run: dict[str, Any]) -> str:
+def timeline_svg(run: RunEntry) -> str:
     """One step of one rank: compute and communication lanes."""
-    tl = run.get("timeline")
-    if not tl or not tl["intervals"]:
+    tl = run.timeline
+    if not tl or not tl.intervals:
         return ""
     width, left = 900, 120
-    span = max(tl["step_ns"], max(i["end_ns"] for i in tl["intervals"]), 1)
+    span = max(tl.step_ns, max(i.end_ns for i in tl.intervals), 1)
     sx = (width - left - 20) / span
-    title = f"{run['name']}: rank {tl['rank']}, step {tl['step']} ({fmt.ms(tl['step_ns'])})"
+    title = f"{run.name}: rank {tl.rank}, step {tl.step} ({fmt.ms(tl.step_ns)})"
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="110" role="img">'
            f'<title>{e(title)}</title><text x="10" y="15" font-weight="bold">{e(title)}</text>']
     for lane, y in (("compute", 30), ("comm", 60)):
         out.append(f'<text x="10" y="{y + 13}">{e(lane)}</text>')
-        for iv in tl["intervals"]:
-            if iv["lane"] != lane:
+        for iv in tl.intervals:
+            if iv.lane != lane:
                 continue
-            x = left + max(iv["start_ns"], 0) * sx
-            w = max((iv["end_ns"] - max(iv["start_ns"], 0)) * sx, 0.5)
+            x = left + max(iv.start_ns, 0) * sx
+            w = max((iv.end_ns - max(iv.start_ns, 0)) * sx, 0.5)
             out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="20" fill="{COLORS[lane]}">'
-                       f'<title>{e(iv["kind"] or lane)} {fmt.ms(iv["end_ns"] - iv["start_ns"])}</title></rect>')
+                       f'<title>{e(iv.kind or lane)} {fmt.ms(iv.end_ns - iv.start_ns)}</title></rect>')
     out.append(f'<text x="{left}" y="100">0</text><text x="{width - 80}" y="100">{e(fmt.ms(span))}</text>')
     out.append("</svg>")
     return "".join(out)
 
 
-def render(report: dict[str, Any], markdown_text: str | None = None) -> str:
+def render(report: Report, markdown_text: str | None = None) -> str:
     """The whole report.html text."""
-    runs = report["runs"]
-    rk = report["ranking"]
+    runs = report.runs
+    rk = report.ranking
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              "<title>paritytrace report</title>", f"<style>{CSS}</style></head><body>",
              "<h1>paritytrace report</h1>",
              f'<p class="verdict">{e(" ".join(verdict(report)))}</p>', "<h2>Ranking</h2>"]
-    if rk["status"] == "ranked":
-        parts.append("<ol>" + "".join(f"<li>{e(n)}</li>" for n in rk["order"]) + "</ol>")
+    if rk.status == "ranked":
+        parts.append("<ol>" + "".join(f"<li>{e(n)}</li>" for n in rk.order) + "</ol>")
     else:
-        parts.append(f'<p class="withheld">Withheld. {e(rk["reason"])}</p>')
-    parts.append(f"<p>Rule: {e(rk['rule'])}</p>")
+        parts.append(f'<p class="withheld">Withheld. {e(rk.reason)}</p>')
+    parts.append(f"<p>Rule: {e(rk.rule)}</p>")
     parts += ["<h2>Comparison</h2>", _table(*comparison_rows(report)),
               f"<p>Step-time source: {e('; '.join(notes.step_sources(runs)))}.</p>",
               f"<p>{e(notes.windows(runs))}</p>", f"<p>{e(notes.OTHER_IDLE)}</p>",
               f"<p>{e(' '.join(notes.memory_notes(runs)))}</p>"]
     parts += ["<h2>Parity</h2>", _table(
         ["run", "status", "tolerance", "max grad rel L2", "loss max rel diff", "why"],
-        [[r["name"], r["parity"]["status"], fmt.tolerance_line(r["parity"]["tolerance"]),
-          fmt.num(r["parity"]["max_grad_rel_l2"]), fmt.num(r["parity"]["loss_max_rel_diff"]),
-          r["parity"]["reason"]] for r in runs])]
+        [[r.name, r.parity.status, fmt.tolerance_line(r.parity.tolerance),
+          fmt.num(r.parity.max_grad_rel_l2), fmt.num(r.parity.loss_max_rel_diff), r.parity.reason]
+         for r in runs])]
     parts += ["<h2>Plots</h2>", step_bars(report), comm_bars(report), memory_bars(report)]
     parts += [timeline_svg(r) for r in runs]
-    pf = [r for r in runs if r.get("prefetch")]
+    pf = [r for r in runs if r.prefetch]
     if pf:
         parts.append("<h2>FSDP prefetch</h2>")
         for r in pf:
-            p = r["prefetch"]
-            parts.append(f"<h3>{e(r['name'])}</h3><p>{e(notes.prefetch_sentence(r))}</p>")
+            parts.append(f"<h3>{e(r.name)}</h3><p>{e(notes.prefetch_sentence(r))}</p>")
             parts.append(_table(["phase", "unit", "issued as prefetch", "all_gather (mean duration)",
                                  "under computation", "ready before use (mean slack)"],
-                                [[u["phase"], u["unit"], fmt.pct(u["prefetched"]), fmt.ms(u["comm_ns"]),
-                                  fmt.pct(u["hidden_frac"]), fmt.ms(u["slack_ns"])] for u in p["units"]]))
-            if p.get("note"):
-                parts.append(f"<p>{e(p['note'])}</p>")
+                                [[u.phase, u.unit, fmt.pct(u.prefetched), fmt.ms(u.comm_ns),
+                                  fmt.pct(u.hidden_frac), fmt.ms(u.slack_ns)] for u in r.prefetch.units]))
+            if r.prefetch.note:
+                parts.append(f"<p>{e(r.prefetch.note)}</p>")
         parts.append(f"<p>{e(notes.UNIT_NAMES)}</p><p>{e(notes.SLACK)}</p>")
-    for w in report.get("warnings") or []:
-        parts.append(f"<p>Note: {e(w)}</p>")
+    parts += [f"<p>Note: {e(w)}</p>" for w in report.warnings]
     parts.append(f"<h2>Trace files</h2><p>Each is a Chrome trace; {e(PERFETTO_HINT)}.</p><ul>")
-    for r in runs:
-        for t in r.get("traces") or []:
-            parts.append(f'<li>{e(r["name"])}: <a href="{e(_file_url(t))}">{e(t)}</a></li>')
+    parts += [f'<li>{e(r.name)}: <a href="{e(_file_url(t))}">{e(t)}</a></li>'
+              for r in runs for t in r.traces]
     parts.append("</ul>")
     if markdown_text:
         parts.append("<details><summary>All tables (report.md)</summary><pre>"

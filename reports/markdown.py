@@ -1,10 +1,10 @@
-"""report.md: the verdict, then the tables. Pure function of the report dict."""
+"""report.md: the verdict, then the tables. Pure function of the report."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from analyzer.divergence import divergence_subject
+from analyzer.report_types import Report
 from reports import fmt, notes
 from reports.verdict import verdict
 
@@ -22,32 +22,29 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def comparison_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def comparison_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
     """Headers and rows of the comparison table (shared with the HTML renderer)."""
     headers = ["run", "strategy and options", "parity", "median step", "p90 step",
                "speedup vs single", "communication / step (per rank)", "exposed comm / step",
                "overlap", "data wait", "peak allocated", "peak RSS"]
-    rows = []
-    for r in report["runs"]:
-        st = r["step_time_ns"]
-        rows.append([r["name"], fmt.options(r), r["parity"]["status"], fmt.ms(st["median"]),
-                     fmt.ms(st["p90"]), fmt.speedup(r.get("speedup_vs_single")), fmt.comm_kinds(r),
-                     fmt.ms(r.get("exposed_comm_ns")), fmt.pct(r.get("overlap_frac")), fmt.data_supply(r),
-                     fmt.mib(r["memory"]["peak_allocated_bytes"]), fmt.mib(r["memory"]["peak_rss_bytes"])])
-    return headers, rows
+    return headers, [[r.name, fmt.options(r), r.parity.status, fmt.ms(r.step_time_ns.median),
+                      fmt.ms(r.step_time_ns.p90), fmt.speedup(r.speedup_vs_single),
+                      fmt.comm_kinds(r), fmt.ms(r.exposed_comm_ns), fmt.pct(r.overlap_frac),
+                      fmt.data_supply(r.data), fmt.mib(r.memory.peak_allocated_bytes),
+                      fmt.mib(r.memory.peak_rss_bytes)] for r in report.runs]
 
 
-def render(report: dict[str, Any]) -> str:
+def render(report: Report) -> str:
     """The whole report.md text."""
-    runs = report["runs"]
+    runs = report.runs
     out = ["# paritytrace report", "", *[" ".join(verdict(report))], ""]
-    rk = report["ranking"]
+    rk = report.ranking
     out += ["## Ranking", ""]
-    if rk["status"] == "ranked":
-        out += [f"{i}. {n}" for i, n in enumerate(rk["order"], 1)] + [""]
+    if rk.status == "ranked":
+        out += [f"{i}. {n}" for i, n in enumerate(rk.order, 1)] + [""]
     else:
-        out += [f"**Withheld.** {rk['reason']}", ""]
-    out += [f"Rule: {rk['rule']}", ""]
+        out += [f"**Withheld.** {rk.reason}", ""]
+    out += [f"Rule: {rk.rule}", ""]
     out += ["## Comparison", "", table(*comparison_rows(report)), "",
             "Step times: median and 90th percentile over the profiled steps; source per run: "
             + "; ".join(notes.step_sources(runs)) + ". Speedup vs single = the single-device "
@@ -60,19 +57,18 @@ def render(report: dict[str, Any]) -> str:
             "communicating, all ranks and steps, with how the run was fed."
             + (" On CPU traces computation is every main-thread op, including autograd ops inside "
                "which FSDP hooks wait for their all_gather; the FSDP prefetch section excludes that "
-               "time." if any(r.get("prefetch") and r.get("device") == "cpu" for r in runs) else ""),
+               "time." if any(r.prefetch and r.device == "cpu" for r in runs) else ""),
             ""]
 
     out += ["## Parity", ""]
     rows = []
     for r in runs:
-        p = r["parity"]
-        fd = p["first_divergence"]
-        rows.append([r["name"], p["status"], fmt.tolerance_line(p["tolerance"]),
-                     fmt.num(p["max_grad_rel_l2"]), fmt.num(p["loss_max_rel_diff"]),
-                     "-" if not fd else f"{divergence_subject(fd)} (step {fd['step']}): rel L2 "
-                     f"{fmt.num(fd['rel_l2'])}, max diff {fmt.num(fd['max_abs_diff'])} > limit "
-                     f"{fmt.num(fd['limit'])}", p["reason"]])
+        p, fd = r.parity, r.parity.first_divergence
+        rows.append([r.name, p.status, fmt.tolerance_line(p.tolerance),
+                     fmt.num(p.max_grad_rel_l2), fmt.num(p.loss_max_rel_diff),
+                     "-" if not fd else f"{fd.subject} (step {fd.step}): rel L2 "
+                     f"{fmt.num(fd.rel_l2)}, max diff {fmt.num(fd.max_abs_diff)} > limit "
+                     f"{fmt.num(fd.limit)}", p.reason])
     out += [table(["run", "status", "tolerance", "max grad rel L2", "loss max rel diff",
                    "first divergence", "why"], rows), "",
             "Rule: per tensor, metrics are reduced across ranks (sharded tensors: sums summed, maxima "
@@ -83,23 +79,19 @@ def render(report: dict[str, Any]) -> str:
             "activations (forward order), gradients, parameters after the first step, then loss.", ""]
 
     out += ["## Time per rank (mean per step)", ""]
-    rows = []
-    for r in runs:
-        for k in r["ranks"]:
-            rows.append([r["name"], k["rank"], fmt.ms(k["step_ns"]), fmt.ms(k["compute_ns"]),
-                         fmt.ms(k["comm_ns"]), fmt.ms(k["exposed_comm_ns"]), fmt.pct(k["overlap_frac"]),
-                         f"{fmt.ms(k.get('data_wait_ns'))} ({fmt.pct(k.get('data_wait_frac'))})",
-                         fmt.ms(k["other_ns"]), fmt.ms(k["idle_ns"])])
+    rows = [[r.name, k.rank, fmt.ms(k.step_ns), fmt.ms(k.compute_ns), fmt.ms(k.comm_ns),
+             fmt.ms(k.exposed_comm_ns), fmt.pct(k.overlap_frac),
+             f"{fmt.ms(k.data_wait_ns)} ({fmt.pct(k.data_wait_frac)})", fmt.ms(k.other_ns),
+             fmt.ms(k.idle_ns)] for r in runs for k in r.ranks]
     out += [table(["run", "rank", "step", "compute", "communication", "exposed comm", "overlap",
                    "data wait", "other", "idle"], rows) if rows else "No traces.", "",
             "compute + exposed communication + data wait + other + idle = step, per rank and step "
             "(each instant counted once, in that order of precedence). " + notes.OTHER_IDLE, ""]
 
     out += ["## Communication by collective kind (per rank, mean per profiled step)", ""]
-    rows = [[r["name"], k, r.get("profiled_steps") or "-", fmt.count(v.get("count_per_step")),
-             fmt.ms(v.get("time_ns_per_step")), fmt.mib(v.get("bytes_per_step")),
-             fmt.num(v["busbw_gbps"], ".3f")]
-            for r in runs for k, v in (r["communication"] or {}).items()]
+    rows = [[r.name, k, r.profiled_steps or "-", fmt.count(v.count_per_step),
+             fmt.ms(v.time_ns_per_step), fmt.mib(v.bytes_per_step), fmt.num(v.busbw_gbps, ".3f")]
+            for r in runs for k, v in r.communication.items()]
     out += [table(["run", "kind", "profiled steps", "calls / step", "time / step", "bytes / step",
                    "busbw (GB/s)"], rows) if rows
             else "No collectives found.", "",
@@ -109,88 +101,84 @@ def render(report: dict[str, Any]) -> str:
             "factor / mean time per rank), whole trace; GB = 10^9 bytes.", ""]
 
     out += ["## Memory per rank", ""]
-    rows = [[r["name"], m["rank"], fmt.mib(m.get("peak_rss_bytes")),
-             fmt.mib(m.get("profiler_allocated_peak_bytes")), fmt.mib(m.get("cuda_max_allocated_bytes")),
-             fmt.mib(m.get("cuda_max_reserved_bytes"))]
-            for r in runs for m in r["memory"]["ranks"]]
+    rows = [[r.name, m.rank, fmt.mib(m.peak_rss_bytes), fmt.mib(m.profiler_allocated_peak_bytes),
+             fmt.mib(m.cuda_max_allocated_bytes), fmt.mib(m.cuda_max_reserved_bytes)]
+            for r in runs for m in r.memory.ranks]
     out += [table(["run", "rank", "CPU peak RSS", "profiler allocated peak", "CUDA peak allocated",
                    "CUDA peak reserved"], rows) if rows else "No steps.parquet.", "",
             " ".join(notes.memory_notes(runs)), ""]
     for r in runs:
-        if r["memory"]["by_category"]:
-            out += [f"CUDA allocator snapshot of {r['name']} (live blocks by category):", "",
+        if r.memory.by_category:
+            out += [f"CUDA allocator snapshot of {r.name} (live blocks by category):", "",
                     table(["rank", "category", "blocks", "bytes"],
-                          [[c["rank"], c["category"], c["blocks"], fmt.mib(c["bytes"])]
-                           for c in r["memory"]["by_category"]]), "",
+                          [[c.rank, c.category, c.blocks, fmt.mib(c.bytes)]
+                           for c in r.memory.by_category]), "",
                     "Largest live allocations:", "",
                     table(["rank", "size", "category", "where"],
-                          [[a["rank"], fmt.mib(a["block_size_bytes"]), a["category"],
-                            a.get("top_frame") or "-"] for a in r["memory"]["largest"]]), ""]
+                          [[a.rank, fmt.mib(a.block_size_bytes), a.category, a.top_frame or "-"]
+                           for a in r.memory.largest]), ""]
 
-    pf_runs = [r for r in runs if r.get("prefetch")]
+    pf_runs = [r for r in runs if r.prefetch]
     if pf_runs:
         out += ["## FSDP prefetch", ""]
         for r in pf_runs:
-            p = r["prefetch"]
             out += [notes.prefetch_sentence(r), ""]
             out += [table(["phase", "unit", "issued as prefetch", "all_gather (mean duration)",
                            "under computation", "ready before use (mean slack)",
                            "ready before use (worst slack)"],
-                          [[u["phase"], u["unit"], fmt.pct(u["prefetched"]), fmt.ms(u["comm_ns"]),
-                            fmt.pct(u["hidden_frac"]), fmt.ms(u["slack_ns"]), fmt.ms(u["min_slack_ns"])]
-                           for u in p["units"]]), ""]
-            if p.get("note"):
-                out += [p["note"], ""]
-        for group in report.get("prefetch_comparisons") or []:
-            gr = [r for r in runs if r["name"] in group]
+                          [[u.phase, u.unit, fmt.pct(u.prefetched), fmt.ms(u.comm_ns),
+                            fmt.pct(u.hidden_frac), fmt.ms(u.slack_ns), fmt.ms(u.min_slack_ns)]
+                           for u in r.prefetch.units]), ""]
+            if r.prefetch.note:
+                out += [r.prefetch.note, ""]
+        for group in report.prefetch_comparisons:
             out += ["Prefetch settings side by side (runs differ only in them):", "",
                     table(["run", "backward_prefetch", "forward_prefetch", "median step",
                            "under computation", "late all_gathers"],
-                          [[r["name"], r["options"].get("backward_prefetch"),
-                            r["options"].get("forward_prefetch"), fmt.ms(r["step_time_ns"]["median"]),
-                            fmt.pct((r["prefetch"] or {}).get("hidden_frac")),
-                            (r["prefetch"] or {}).get("late", "-")] for r in gr]), ""]
+                          [[r.name, r.options.get("backward_prefetch"),
+                            r.options.get("forward_prefetch"), fmt.ms(r.step_time_ns.median),
+                            fmt.pct(r.prefetch.hidden_frac if r.prefetch else None),
+                            r.prefetch.late if r.prefetch else "-"]
+                           for r in runs if r.name in group]), ""]
         out += [notes.UNIT_NAMES, "", notes.SLACK, ""]
 
     out += ["## Recorded settings", ""]
     rows = []
     for r in runs:
-        s = r.get("settings")
+        s = r.settings
         if not s:
-            ti = r.get("trace_info") or {}
-            rows.append([r["name"], "foreign traces", ti.get("device_kind", "-"), "-", "-", "-",
-                         f"rank from {', '.join(ti.get('rank_sources') or ['-'])}"])
+            ti = r.trace_info
+            rows.append([r.name, "foreign traces", ti.device_kind if ti else "-", "-", "-", "-",
+                         f"rank from {', '.join((ti.rank_sources if ti else None) or ['-'])}"])
             continue
         v, d, b, la = s["versions"] or {}, s["device"] or {}, s["batch"] or {}, s["launch"] or {}
-        rows.append([r["name"], ", ".join(f"{k} {x}" for k, x in v.items() if x),
+        rows.append([r.name, ", ".join(f"{k} {x}" for k, x in v.items() if x),
                      f"{d.get('type')} {d.get('name')}",
                      f"global {b.get('global_batch')} x seq {b.get('seq_len')} x hidden {b.get('hidden')}"
                      f" (per rank {b.get('per_rank_batch')})", s["seed"], s["precision"],
-                     f"{la.get('method')}, {r['world_size']} rank(s), backend {r['backend']}"])
+                     f"{la.get('method')}, {r.world_size} rank(s), backend {r.backend}"])
     out += [table(["run", "versions", "device", "batch shape", "seed", "precision", "launch"], rows), ""]
-    if report.get("settings_warnings"):
+    if report.settings_warnings:
         out += ["The settings that differ are named under Ranking above.", ""]
-    bd = report.get("baseline_drift")
+    bd = report.baseline_drift
     if bd:
-        out += ["## Baseline drift", "", f"{bd['note'][0].upper()}{bd['note'][1:]}. Reference: "
-                f"{bd['reference']}.", ""]
+        out += ["## Baseline drift", "", f"{bd.note[0].upper()}{bd.note[1:]}. Reference: "
+                f"{bd.reference}.", ""]
         rows = []
-        for c in bd["comparisons"]:
-            if "error" in c:
-                rows.append([c["old"], c["new"], "-", "-", f"not compared: {c['error']}"])
+        for c in bd.comparisons:
+            if c.error:
+                rows.append([c.old, c.new, "-", "-", f"not compared: {c.error}"])
                 continue
-            differ = "; ".join(f"{d['setting']} {d['old']} -> {d['new']}" for d in c["settings_differ"])
-            rows.append([c["old"], c["new"], differ or "-", c["expectation"]["why"],
-                         ("OK " if c["ok"] else "DRIFT ") + c["verdict"]])
+            differ = "; ".join(f"{d['setting']} {d['old']} -> {d['new']}" for d in c.settings_differ)
+            rows.append([c.old, c.new, differ or "-", c.expectation["why"],
+                         ("OK " if c.ok else "DRIFT ") + c.verdict])
         out += [table(["reference", "run", "settings that differ", "tolerance applied and why",
                        "verdict"], rows), "",
                 "Per-tensor figures: `analyzer drift REFERENCE RUN`.", ""]
-    for w in report.get("warnings") or []:
+    for w in report.warnings:
         out += [f"Note: {w}", ""]
 
     out += ["## Trace files", "", f"Each is a Chrome trace; {PERFETTO_HINT}.", ""]
-    for r in runs:
-        for t in r.get("traces") or []:
-            out.append(f"- {r['name']}: `{t}`")
+    out += [f"- {r.name}: `{t}`" for r in runs for t in r.traces]
     out.append("")
     return "\n".join(out)

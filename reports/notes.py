@@ -1,13 +1,12 @@
 """Definitions and per-run notes shared by report.md and report.html, so both say the same.
 
-Pure functions of the report dict (report.json's content); text only, no numbers computed here
-beyond what the dict holds.
+Pure functions of the report (analyzer/report_types.py); text only, no numbers computed here
+beyond what the report holds.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from analyzer.report_types import RunEntry
 from reports import fmt
 
 OTHER_IDLE = (
@@ -50,23 +49,16 @@ UNIT_NAMES = (
 )
 
 
-def step_sources(runs: list[dict[str, Any]]) -> list[str]:
+def step_sources(runs: list[RunEntry]) -> list[str]:
     """One line per run: where its step times come from and over how many steps, e.g.
     ``ddp: steps.parquet, slowest rank's wall time per step, median/p90 over 2 profiled steps``."""
-    out = []
-    for r in runs:
-        st = r.get("step_time_ns") or {}
-        src = st.get("source")
-        if not src:
-            out.append(f"{r['name']}: no step times")
-            continue
-        out.append(f"{r['name']}: {src}; median and p90 over {st.get('n')} step(s)")
-    return out
+    return [f"{r.name}: {r.step_time_ns.source}; median and p90 over {r.step_time_ns.n} step(s)"
+            if r.step_time_ns.source else f"{r.name}: no step times" for r in runs]
 
 
-def windows(runs: list[dict[str, Any]]) -> str:
+def windows(runs: list[RunEntry]) -> str:
     """The sentence saying which time window every timing figure covers."""
-    steps = sorted({r.get("profiled_steps") for r in runs if r.get("profiled_steps")})
+    steps = sorted({r.profiled_steps for r in runs if r.profiled_steps})
     n = "/".join(str(s) for s in steps) or "the"
     return (f"All times in the tables are means per profiled step ({n} profiled step(s) per rank "
             "in the traces), per rank unless said otherwise: communication / step = a rank's "
@@ -75,28 +67,27 @@ def windows(runs: list[dict[str, Any]]) -> str:
             "ranks and profiled steps.")
 
 
-def memory_notes(runs: list[dict[str, Any]]) -> list[str]:
+def memory_notes(runs: list[RunEntry]) -> list[str]:
     """The peak definition, plus the FSDP sentence when an FSDP run is present."""
     out = [PROFILER_PEAK]
-    if any(r.get("strategy") in ("fsdp", "fsdp2") for r in runs):
+    if any(r.strategy in ("fsdp", "fsdp2") for r in runs):
         out.append(FSDP_PEAK)
     return out
 
 
-def prefetch_sentence(run: dict[str, Any]) -> str:
+def prefetch_sentence(run: RunEntry) -> str:
     """The run-level prefetch summary in words that do not contradict the CPU figures."""
-    p = run["prefetch"]
-    n, pre = p["all_gathers"], p["prefetched"]
-    text = (f"{run['name']} ({p['labels']} labels): {n} all_gathers over all ranks and profiled "
-            f"steps, {pre} of them issued as prefetch; {fmt.pct(p['hidden_frac'])} of all_gather "
-            f"time under computation; ")
-    if p["late"]:
-        text += (f"{p['late']} finished after their unit needed them (computation waited "
-                 f"{fmt.ms(p['wait_ns'])} in all at the point of use).")
+    p = run.prefetch
+    text = (f"{run.name} ({p.labels} labels): {p.all_gathers} all_gathers over all ranks and "
+            f"profiled steps, {p.prefetched} of them issued as prefetch; {fmt.pct(p.hidden_frac)} "
+            "of all_gather time under computation; ")
+    if p.late:
+        text += (f"{p.late} finished after their unit needed them (computation waited "
+                 f"{fmt.ms(p.wait_ns)} in all at the point of use).")
     else:
         text += "none finished after its unit needed it (no wait at the point of use)."
-    if p.get("note"):
-        text += (f" Exposed communication of this run: {fmt.ms(run.get('exposed_comm_ns'))} per "
+    if p.note:
+        text += (f" Exposed communication of this run: {fmt.ms(run.exposed_comm_ns)} per "
                  "step -- on CPU that is where the all_gathers are waited for (see the note "
                  "below).")
     return text

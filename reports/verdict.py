@@ -2,63 +2,60 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from analyzer.divergence import divergence_subject
+from analyzer.report_types import DataSupply, FirstDivergence, Report
 from reports import fmt
 
 
-def _fmt_div(fd: dict) -> str:
-    # a NaN/inf metric reaches here as None (report.json has no NaN)
-    if (fd.get("nonfinite") and fd["nonfinite"] > 0
-            or any(fd.get(k) is None for k in ("max_abs_diff", "limit", "rel_l2"))):
-        return f"{divergence_subject(fd)} (step {fd['step']}) has NaN/inf values"
-    return (f"{divergence_subject(fd)} (step {fd['step']}): max |diff| "
-            f"{fd['max_abs_diff']:.3g} > limit {fd['limit']:.3g}, rel L2 {fd['rel_l2']:.3g}")
+def _fmt_div(fd: FirstDivergence) -> str:
+    # a NaN/inf metric is stored as None (report_types)
+    if (fd.nonfinite or 0) > 0 or None in (fd.max_abs_diff, fd.limit, fd.rel_l2):
+        return f"{fd.subject} (step {fd.step}) has NaN/inf values"
+    return (f"{fd.subject} (step {fd.step}): max |diff| {fd.max_abs_diff:.3g} > limit "
+            f"{fd.limit:.3g}, rel L2 {fd.rel_l2:.3g}")
 
 
-def input_bound_sentence(run: dict[str, Any]) -> str | None:
+def input_bound_sentence(name: str, d: DataSupply | None) -> str | None:
     """"Input-bound: in ddp, rank 1 waited 38.0 % of step time for data; communication figures
-    for this run are not the bottleneck." when the run is input-bound (analyzer/datasupply.py),
-    else None. The communication clause says so only when that rank's exposed communication
-    share is below its data wait share; otherwise both are named."""
-    d = run.get("data") or {}
-    if not d.get("input_bound"):
+    for this run are not the bottleneck." when run ``name`` with data supply ``d`` is
+    input-bound (analyzer/datasupply.py), else None. The communication clause says so only when
+    that rank's exposed communication share is below its data wait share; otherwise both are
+    named."""
+    if d is None or not d.input_bound:
         return None
-    text = (f"Input-bound: in {run['name']}, rank {d['worst_rank']} waited "
-            f"{fmt.pct(d['worst_rank_frac'])} of step time for data")
-    comm = d.get("worst_rank_exposed_comm_frac")
-    if comm is None or comm < d["worst_rank_frac"]:
+    text = (f"Input-bound: in {name}, rank {d.worst_rank} waited {fmt.pct(d.worst_rank_frac)} "
+            "of step time for data")
+    comm = d.worst_rank_exposed_comm_frac
+    if comm is None or comm < d.worst_rank_frac:
         return text + "; communication figures for this run are not the bottleneck."
     return text + f" and {fmt.pct(comm)} on exposed communication; both limit it."
 
 
-def verdict(report: dict[str, Any]) -> list[str]:
+def verdict(report: Report) -> list[str]:
     """Plain-language sentences: parity first, then the ranking (or why it is withheld), then
     caveats (CPU timings, differing settings)."""
-    runs = report["runs"]
-    dist = [r for r in runs if r["strategy"] != "single"]
+    runs = report.runs
+    dist = [r for r in runs if r.strategy != "single"]
     out: list[str] = []
-    failed = [r for r in runs if r["parity"]["status"] == "fail"]
-    missing = [r for r in runs if r["parity"]["status"] == "not_recorded"]
-    passed = [r for r in dist if r["parity"]["status"] == "pass"]
-    tols = {fmt.tolerance_line(r["parity"]["tolerance"]) for r in runs if r["parity"]["tolerance"]}
-    precisions = {r["parity"]["tolerance"]["precision"] for r in runs if r["parity"]["tolerance"]}
-    tol_text = f"{'/'.join(sorted(precisions))} tolerance ({'; '.join(sorted(tols))})"
+    failed = [r for r in runs if r.parity.status == "fail"]
+    missing = [r for r in runs if r.parity.status == "not_recorded"]
+    passed = [r for r in dist if r.parity.status == "pass"]
+    tols = [r.parity.tolerance for r in runs if r.parity.tolerance]
+    tol_text = (f"{'/'.join(sorted({t.precision for t in tols}))} tolerance "
+                f"({'; '.join(sorted({fmt.tolerance_line(t) for t in tols}))})")
     if failed:
         for r in failed:
-            fd = r["parity"]["first_divergence"]
-            out.append(f"Parity: FAILED for {r['name']} -- its numbers differ from the "
+            fd = r.parity.first_divergence
+            out.append(f"Parity: FAILED for {r.name} -- its numbers differ from the "
                        f"single-device baseline beyond {tol_text}. First divergence: "
-                       f"{_fmt_div(fd) if fd else r['parity']['reason']}.")
+                       f"{_fmt_div(fd) if fd else r.parity.reason}.")
         if passed:
-            out.append(f"Parity passed for {', '.join(r['name'] for r in passed)}.")
+            out.append(f"Parity passed for {', '.join(r.name for r in passed)}.")
     if missing:
-        names = ", ".join(r["name"] for r in missing)
-        out.append(f"Parity: not recorded for {names} ({missing[0]['parity']['reason']}), so the "
+        names = ", ".join(r.name for r in missing)
+        out.append(f"Parity: not recorded for {names} ({missing[0].parity.reason}), so the "
                    "numbers of those runs are unverified.")
     if not failed and not missing:
-        has_single = any(r["strategy"] == "single" for r in runs)
+        has_single = any(r.strategy == "single" for r in runs)
         if dist:
             what = ("the single-device baseline" if has_single else
                     "the reference values recorded with them (there is no single-device run in "
@@ -66,58 +63,56 @@ def verdict(report: dict[str, Any]) -> list[str]:
             out.append(f"Parity: all {len(dist)} distributed run(s) match {what} within {tol_text}.")
         elif runs:
             out.append("Parity: only the single-device reference run is present; nothing to compare.")
-    rk = report["ranking"]
-    by_name = {r["name"]: r for r in runs}
-    if rk["status"] == "ranked":
-        order = [by_name[n] for n in rk["order"]]
+    rk = report.ranking
+    by_name = {r.name: r for r in runs}
+    if rk.status == "ranked":
+        order = [by_name[n] for n in rk.order]
         best = order[0]
-        text = f"Fastest: {best['name']}, median step {fmt.ms(best['step_time_ns']['median'])}"
-        if best.get("speedup_vs_single") is not None and best["strategy"] != "single":
-            text += f", {fmt.speedup(best['speedup_vs_single'])} speedup over the single-device run"
-        if best["strategy"] == "single":
+        text = f"Fastest: {best.name}, median step {fmt.ms(best.step_time_ns.median)}"
+        if best.speedup_vs_single is not None and best.strategy != "single":
+            text += f", {fmt.speedup(best.speedup_vs_single)} speedup over the single-device run"
+        if best.strategy == "single":
             text += (" -- the one-process baseline: at this model and batch size on this machine, "
                      "no distributed strategy pays off")
-        rest = [f"{r['name']} ({fmt.ms(r['step_time_ns']['median'])}"
-                + (f", {fmt.speedup(r['speedup_vs_single'])} the single-device speed"
-                   if r.get("speedup_vs_single") and r["strategy"] != "single" else "")
+        rest = [f"{r.name} ({fmt.ms(r.step_time_ns.median)}"
+                + (f", {fmt.speedup(r.speedup_vs_single)} the single-device speed"
+                   if r.speedup_vs_single and r.strategy != "single" else "")
                 + ")" for r in order[1:]]
         if rest:
             text += "; then " + ", ".join(rest)
         out.append(text + ".")
-        noise = rk.get("noise")
-        if noise and not noise["decisive"] and len(order) > 1:
-            close = "; ".join(f"{p[0]} vs {p[1]}: {fmt.pct(p[2])} apart, "
-                              + (p[3] if len(p) > 3 else f"below {fmt.pct(noise['margin_frac'])}")
-                              for p in noise["close_pairs"])
+        noise = rk.noise or None
+        if noise and not noise.decisive and len(order) > 1:
+            close = "; ".join(f"{a} vs {b}: {fmt.pct(gap)} apart, {why}"
+                              for a, b, gap, why in noise.close_pairs)
             out.append(f"This order is within measurement noise ({close}) and is not a basis "
                        "for a decision (rule: neighbours are within noise when their step times "
                        "overlap or their medians differ by less than "
-                       f"{fmt.pct(noise['margin_frac'])} on {'CPU' if noise['cpu'] else 'GPU'}).")
+                       f"{fmt.pct(noise.margin_frac)} on {'CPU' if noise.cpu else 'GPU'}).")
         elif noise and len(order) > 1:
             out.append("This order is beyond the measured spread: no two neighbours' step times "
                        "overlap and their medians differ by at least "
-                       f"{fmt.pct(noise['margin_frac'])} (the {'CPU' if noise['cpu'] else 'GPU'} "
+                       f"{fmt.pct(noise.margin_frac)} (the {'CPU' if noise.cpu else 'GPU'} "
                        "floor).")
+    elif "not one experiment" in rk.reason:  # the differences: under Ranking
+        out.append("Ranking withheld: the runs were not recorded under the same settings "
+                   "(which ones differ: see Ranking), so they are not one experiment.")
     else:
-        if "not one experiment" in (rk.get("reason") or ""):  # the differences: under Ranking
-            out.append("Ranking withheld: the runs were not recorded under the same settings "
-                       "(which ones differ: see Ranking), so they are not one experiment.")
-        else:
-            out.append(f"Ranking withheld: {rk['reason']}")
-    out += [s for r in runs if (s := input_bound_sentence(r))]
-    cpu = [r for r in runs if r.get("device") == "cpu" and r["strategy"] != "single"]
+        out.append(f"Ranking withheld: {rk.reason}")
+    out += [s for r in runs if (s := input_bound_sentence(r.name, r.data))]
+    cpu = [r for r in runs if r.device == "cpu" and r.strategy != "single"]
     if cpu:
         text = ("These runs were recorded on CPU with gloo: timings carry +-30-50 % noise and "
                 "say little about GPUs.")
-        fsdp = [r for r in cpu if r.get("prefetch")]
+        fsdp = [r for r in cpu if r.prefetch]
         if fsdp:
-            measured = ", ".join(f"{r['name']} {fmt.pct(r['prefetch']['hidden_frac'])}" for r in fsdp)
+            measured = ", ".join(f"{r.name} {fmt.pct(r.prefetch.hidden_frac)}" for r in fsdp)
             text += (" FSDP collectives run effectively synchronously on CPU: the share of FSDP "
                      f"all_gather time hidden under computation is {measured}.")
         out.append(text)
-    if report.get("settings_warnings") and "not one experiment" not in (rk.get("reason") or ""):
-        out.append("Warning: " + "; ".join(report["settings_warnings"]) + ".")
-    caveats = [f"{r['name']}: {c}" for r in runs for c in r.get("caveats") or []]
+    if report.settings_warnings and "not one experiment" not in rk.reason:
+        out.append("Warning: " + "; ".join(report.settings_warnings) + ".")
+    caveats = [f"{r.name}: {c}" for r in runs for c in r.caveats]
     if caveats:
         out.append("Caveat: " + "; ".join(caveats) + ".")
     return out

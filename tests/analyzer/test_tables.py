@@ -145,23 +145,23 @@ def test_a_cached_report_renders_without_pandas_or_pyarrow(tmp_path):
 
 
 def test_report_cache_hit_is_identical_and_a_change_misses(tmp_path, monkeypatch):
+    from analyzer.report_types import AnalysisOptions, ToleranceOverride
     from reports import cache
     from reports.cli_report import write_report
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     root = _copy_dlrm(tmp_path)
     out = tmp_path / "out"
-    opts = dict(out=out, formats=["md", "json", "html"], rtol=None, atol=None,
-                allow_incomplete=False)
+    opts = dict(out=out, formats=["md", "json", "html"], options=AnalysisOptions())
     write_report(root, **opts)
     first = {p.name: p.read_bytes() for p in out.iterdir()}
-    key = cache.key(root, out, {"rtol": None, "atol": None, "allow_incomplete": False})
-    assert cache.load(root, out, key) is not None
+    key = cache.key(root, out, AnalysisOptions())
+    assert cache.load_entry(root, out, key) is not None
     write_report(root, **opts)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first
     # another option, or a file under DIR removed: a different key, so a fresh analysis
-    assert cache.key(root, out, {"rtol": 0.1, "atol": None, "allow_incomplete": False}) != key
+    assert cache.key(root, out, AnalysisOptions(tolerance=ToleranceOverride(rtol=0.1))) != key
     (root / "worker3.pt.trace.json.gz").unlink()
-    assert cache.key(root, out, {"rtol": None, "atol": None, "allow_incomplete": False}) != key
+    assert cache.key(root, out, AnalysisOptions()) != key
     rep, _ = write_report(root, **opts)
-    assert [r["rank"] for r in rep["runs"][0]["ranks"]] == [0, 1, 2]
+    assert [r.rank for r in rep.runs[0].ranks] == [0, 1, 2]

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from analyzer.datasupply import data_summary, rank_data
+from analyzer.report_types import DataSupply
 from reports import fmt
 from reports.verdict import input_bound_sentence
 
@@ -37,32 +38,34 @@ def test_rank_data_is_time_weighted():
 def test_data_summary_worst_rank_and_source():
     m = {"data": {"source": "loader", "workers": 2, "sample_cost_ms": 5.0, "pin_memory": False}}
     d = data_summary(BD, m)
-    assert (d["source"], d["workers"], d["sample_cost_ms"]) == ("loader", 2, 5.0)
-    assert d["data_wait_frac"] == pytest.approx(110 / 600)  # (30 + 80) / (400 + 200)
-    assert (d["worst_rank"], d["input_bound"]) == (1, True)
-    assert d["worst_rank_frac"] == pytest.approx(0.4)
-    assert (d["input_bound_steps"], d["steps"]) == (2, 4)
+    assert (d.source, d.workers, d.sample_cost_ms) == ("loader", 2, 5.0)
+    assert d.data_wait_frac == pytest.approx(110 / 600)  # (30 + 80) / (400 + 200)
+    assert (d.worst_rank, d.input_bound) == (1, True)
+    assert d.worst_rank_frac == pytest.approx(0.4)
+    assert (d.input_bound_steps, d.steps) == (2, 4)
     # foreign traces / older records: no source; no table: no figures
-    assert data_summary(BD, None)["source"] is None
+    assert data_summary(BD, None).source is None
     empty = data_summary(None, {"data": {"source": "memory"}})
-    assert empty["source"] == "memory" and empty["data_wait_frac"] is None and not empty["input_bound"]
+    assert empty.source == "memory" and empty.data_wait_frac is None and not empty.input_bound
 
 
 def test_sentence_names_the_rank_and_the_share():
     d = data_summary(BD, None)
-    s = input_bound_sentence({"name": "ddp", "data": d})
+    s = input_bound_sentence("ddp", d)
     assert s == ("Input-bound: in ddp, rank 1 waited 40.0 % of step time for data; communication "
                  "figures for this run are not the bottleneck.")
     # exposed communication as large as the wait: both are named
-    both = dict(d, worst_rank_exposed_comm_frac=0.5)
-    assert "and 50.0 % on exposed communication" in input_bound_sentence({"name": "x", "data": both})
-    assert input_bound_sentence({"name": "y", "data": data_summary(BD[BD["rank"] == 0], None)}) is None
-    assert input_bound_sentence({"name": "z"}) is None
+    d.worst_rank_exposed_comm_frac = 0.5
+    assert "and 50.0 % on exposed communication" in input_bound_sentence("x", d)
+    assert input_bound_sentence("y", data_summary(BD[BD["rank"] == 0], None)) is None
+    assert input_bound_sentence("z", None) is None
 
 
 def test_data_supply_cell():
-    assert fmt.data_supply({"data": {"source": "loader", "workers": 2, "sample_cost_ms": 20.0,
-                                     "data_wait_frac": 0.38}}) == "38.0 % (loader, 2 workers, 20 ms/sample)"
-    assert fmt.data_supply({"data": {"source": "memory", "data_wait_frac": 0.0}}) == "0.0 % (memory)"
-    assert fmt.data_supply({"data": {"source": None, "data_wait_frac": 0.05}}) == "5.0 %"
-    assert fmt.data_supply({}) == "-"
+    def supply(**kw):
+        return DataSupply(threshold_frac=0.2, **kw)
+    assert fmt.data_supply(supply(source="loader", workers=2, sample_cost_ms=20.0,
+                                  data_wait_frac=0.38)) == "38.0 % (loader, 2 workers, 20 ms/sample)"
+    assert fmt.data_supply(supply(source="memory", data_wait_frac=0.0)) == "0.0 % (memory)"
+    assert fmt.data_supply(supply(source=None, data_wait_frac=0.05)) == "5.0 %"
+    assert fmt.data_supply(None) == "-"

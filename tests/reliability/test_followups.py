@@ -159,7 +159,7 @@ def test_allow_incomplete_help_says_what_it_does():
 @pytest.mark.parametrize("opt,value", [("--rtol", "1e300"), ("--rtol", "0.5"), ("--atol", "1e300"),
                                        ("--atol", "0.1")])
 def test_tolerance_above_the_bound_is_refused(fsdp_fault_run, tmp_path, opt, value):
-    from analyzer.parity import MAX_OVERRIDE
+    from analyzer.report_types import MAX_OVERRIDE
 
     bound = f"{MAX_OVERRIDE[opt[2:]]:g}"
     for args in (["gate", str(fsdp_fault_run)], ["drift", str(fsdp_fault_run), str(fsdp_fault_run)],
@@ -181,7 +181,7 @@ def ddp_default_fault_run(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("which", ["tiny_fsdp", "default_ddp"])
 def test_faulted_run_still_fails_at_the_bounds(which, request):
-    from analyzer.parity import MAX_OVERRIDE
+    from analyzer.report_types import MAX_OVERRIDE
 
     run = request.getfixturevalue("fsdp_fault_run" if which == "tiny_fsdp"
                                   else "ddp_default_fault_run")
@@ -203,7 +203,9 @@ def test_faulted_run_still_fails_at_the_bounds(which, request):
 # 7. a cached report says again what the analysis said on stderr
 
 def test_cached_report_repeats_the_stderr_notes(ddp_run, fsdp_fault_run, tmp_path, monkeypatch):
-    from reports import cache, collect
+    from analyzer import runs
+    from analyzer.report_types import AnalysisOptions
+    from reports import cache
 
     root = tmp_path / "traces"
     copy_run(ddp_run, root / "ddp")
@@ -219,11 +221,11 @@ def test_cached_report_repeats_the_stderr_notes(ddp_run, fsdp_fault_run, tmp_pat
     def no_analysis(*a, **k):
         raise AssertionError("the warm report must come from the cache")
 
-    monkeypatch.setattr(collect, "collect", no_analysis)
+    monkeypatch.setattr(runs, "analyse", no_analysis)
     warm = cli(*args)
     assert warm.returncode == 0, warm.stderr
     assert warm.stderr == cold.stderr and warm.stdout == cold.stdout
-    key = cache.key(root, tmp_path / "rep", {"rtol": None, "atol": None, "allow_incomplete": True})
+    key = cache.key(root, tmp_path / "rep", AnalysisOptions(allow_incomplete=True))
     assert cache.load_entry(root, tmp_path / "rep", key)[1] == [note]
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from analyzer.api import load_events, load_tables
 from analyzer.errors import BadInput
-from reports import collect
+from analyzer.report_types import AnalysisOptions
+from analyzer.runs import analyse
 from tests.remanifest import refresh_manifest
 from tests.reliability.conftest import (DLRM, bad_input, cli, cli_proc, copy_run, load,
                                         need, save)
@@ -315,15 +316,15 @@ def test_run_directory_without_manifest(tmp_path, ddp_run):
     for cmd in ("summary", "report", "gate", "merge"):
         bad_input(cli(cmd, str(job)), str(job), "incomplete run", "--allow-incomplete")
     with pytest.raises(BadInput) as exc:
-        collect.collect(job)
+        analyse(job)
     assert exc.value.reason == "incomplete_run"
     proc = cli("report", str(job), "--allow-incomplete", "--out", str(tmp_path / "o"))
     assert proc.returncode == 0
     assert "Caveat: ddp: incomplete run (no manifest.json)" in proc.stdout.splitlines()[2]
-    rep = collect.collect(job, allow_incomplete=True)
-    run = rep["runs"][0]
-    assert run["incomplete"] and run["parity"]["status"] == "not_recorded"
-    assert rep["ranking"]["status"] == "withheld"
+    rep = analyse(job, AnalysisOptions(allow_incomplete=True))
+    run = rep.runs[0]
+    assert run.incomplete and run.parity.status == "not_recorded"
+    assert rep.ranking.status == "withheld"
     proc = cli("gate", str(job), "--allow-incomplete")
     assert proc.returncode == 3 and "incomplete run" in proc.stdout
     proc = cli("merge", str(job), "--allow-incomplete", "-o", str(tmp_path / "m.json.gz"))

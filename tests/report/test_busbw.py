@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from analyzer.collectives import by_kind, run_busbw_gbps
-from reports import collect
+from analyzer.runs import analyse
 from tests.corpus import CORPUS, need
 
 TBPLUGIN = CORPUS / "tbplugin_2rank"
@@ -62,11 +62,10 @@ def test_report_on_real_nccl_traces(tmp_path):
                 want.setdefault(kind, (nbytes, []))[1].append(e["dur"] * 1000.0)
     # published by the tb_plugin (corpus README): all_reduce 8,196,000 bytes, broadcast 212,480
     assert want["all_reduce"][0] == 8_196_000 and want["broadcast"][0] == 212_480
-    rep = collect.collect(folder)
-    comm = rep["runs"][0]["communication"]
+    comm = analyse(folder).runs[0].communication
     for kind, factor in (("all_reduce", 2 * (2 - 1) / 2), ("broadcast", 1.0)):
         nbytes, durs = want[kind]
         mean_ns = sum(durs) / len(durs)  # 1556/1058 us and 16/31 us
-        assert comm[kind]["busbw_gbps"] == pytest.approx(nbytes * factor / mean_ns, rel=1e-12)
+        assert comm[kind].busbw_gbps == pytest.approx(nbytes * factor / mean_ns, rel=1e-12)
         per_rank_mean = sum(nbytes * factor / d for d in durs) / len(durs)
-        assert comm[kind]["busbw_gbps"] != pytest.approx(per_rank_mean, rel=1e-3)
+        assert comm[kind].busbw_gbps != pytest.approx(per_rank_mean, rel=1e-3)

@@ -15,7 +15,9 @@ from typer.testing import CliRunner
 from analyzer import compare, rundirs
 from analyzer.cli import app
 from analyzer.errors import EXIT_BAD_INPUT, BadInput
-from reports import collect, fmt, html, markdown
+from analyzer.report_types import AnalysisOptions
+from analyzer.runs import analyse
+from reports import fmt, html, markdown
 from tests.remanifest import refresh_manifest
 from tests.report.builders import build_root, write_run
 from tests.corpus import CORPUS, need
@@ -96,11 +98,11 @@ def test_report_cache_is_not_served_after_a_same_size_same_mtime_edit(roots, tmp
 
 
 def test_speedup_only_for_comparable_runs(tmp_path):
-    rep = collect.collect(build_root(tmp_path / "f", fault=True))
-    by = {r["name"]: r for r in rep["runs"]}
-    assert by["ddp"]["parity"]["status"] == "fail" and by["ddp"]["speedup_vs_single"] is None
-    assert by["fsdp2"]["speedup_vs_single"] == pytest.approx(10 / 9)  # passed, same settings
-    assert by["single"]["speedup_vs_single"] == pytest.approx(1.0)
+    rep = analyse(build_root(tmp_path / "f", fault=True))
+    by = {r.name: r for r in rep.runs}
+    assert by["ddp"].parity.status == "fail" and by["ddp"].speedup_vs_single is None
+    assert by["fsdp2"].speedup_vs_single == pytest.approx(10 / 9)  # passed, same settings
+    assert by["single"].speedup_vs_single == pytest.approx(1.0)
     headers, rows = markdown.comparison_rows(rep)
     col = headers.index("speedup vs single")
     assert {r[0]: r[col] for r in rows} == {"single": "1.00x", "ddp": "-", "fsdp2": "1.11x"}
@@ -108,10 +110,10 @@ def test_speedup_only_for_comparable_runs(tmp_path):
     root = build_root(tmp_path / "s")
     write_run(root / "fsdp2", strategy="fsdp2", walls={0: (1, 1), 1: (9 * MS, 8 * MS), 2: (9 * MS, 9 * MS)},
               global_batch=16)
-    rep = collect.collect(root)
-    by = {r["name"]: r for r in rep["runs"]}
-    assert by["fsdp2"]["speedup_vs_single"] is None
-    assert by["ddp"]["speedup_vs_single"] == pytest.approx(10 / 7)
+    rep = analyse(root)
+    by = {r.name: r for r in rep.runs}
+    assert by["fsdp2"].speedup_vs_single is None
+    assert by["ddp"].speedup_vs_single == pytest.approx(10 / 7)
 
 
 def test_allow_incomplete_root_includes_the_run_marked(tmp_path):
@@ -119,13 +121,13 @@ def test_allow_incomplete_root_includes_the_run_marked(tmp_path):
     (root / "fsdp").mkdir()
     shutil.copy(root / "ddp" / "numerics.parquet", root / "fsdp" / "numerics.parquet")
     with pytest.raises(BadInput, match="no manifest.json"):
-        collect.collect(root)
-    rep = collect.collect(root, allow_incomplete=True)
-    by = {r["name"]: r for r in rep["runs"]}
+        analyse(root)
+    rep = analyse(root, AnalysisOptions(allow_incomplete=True))
+    by = {r.name: r for r in rep.runs}
     assert set(by) == {"single", "ddp", "fsdp2", "fsdp"}
-    assert by["fsdp"]["incomplete"] is True and by["fsdp"]["parity"]["status"] == "not_recorded"
-    assert rep["ranking"]["status"] == "ranked" and rep["ranking"]["order"] == ["ddp", "fsdp2", "single"]
-    assert "fsdp" in rep["ranking"]["reason"] and "incomplete" in rep["ranking"]["reason"]
+    assert by["fsdp"].incomplete is True and by["fsdp"].parity.status == "not_recorded"
+    assert rep.ranking.status == "ranked" and rep.ranking.order == ["ddp", "fsdp2", "single"]
+    assert "fsdp" in rep.ranking.reason and "incomplete" in rep.ranking.reason
     verdict_line = markdown.render(rep).split("\n")[2]
     assert "Caveat: fsdp: incomplete run" in verdict_line
     res = runner.invoke(app, ["gate", str(root), "--allow-incomplete"])
@@ -138,38 +140,38 @@ def _timed(tmp_path, walls: dict[str, int], device: str):
         strategy = "single" if name == "single" else name
         w = (ms * MS,) if strategy == "single" else (ms * MS, ms * MS)
         write_run(root / name, strategy=strategy, walls={0: w, 1: w, 2: w}, device=device)
-    return collect.collect(root)
+    return analyse(root)
 
 
 def test_noise_rule(tmp_path):
     # GPU, gaps 10 -> 7 (43 %) and 7 -> 6.8 (2.9 % < 5 %): the close pair is named
     rep = _timed(tmp_path, {"single": 10, "ddp": 7, "fsdp2": 6.8}, "cuda")
-    assert rep["ranking"]["order"] == ["fsdp2", "ddp", "single"]
-    noise = rep["ranking"]["noise"]
-    assert not noise["cpu"] and noise["decisive"] is False
-    assert [p[:2] for p in noise["close_pairs"]] == [["fsdp2", "ddp"]]
-    assert noise["close_pairs"][0][2] == pytest.approx(0.2 / 6.8)
+    assert rep.ranking.order == ["fsdp2", "ddp", "single"]
+    noise = rep.ranking.noise
+    assert not noise.cpu and noise.decisive is False
+    assert [p[:2] for p in noise.close_pairs] == [("fsdp2", "ddp")]
+    assert noise.close_pairs[0][2] == pytest.approx(0.2 / 6.8)
     v = markdown.render(rep).split("\n")[2]
     assert "within measurement noise" in v and "fsdp2 vs ddp" in v and "not a basis for a decision" in v
     # GPU, all gaps >= 5 %: decisive, no noise sentence
     rep = _timed(tmp_path / "b", {"single": 10, "ddp": 7, "fsdp2": 8}, "cuda")
-    assert rep["ranking"]["noise"]["decisive"] is True
+    assert rep.ranking.noise.decisive is True
     assert "measurement noise" not in markdown.render(rep).split("\n")[2]
     # CPU: a 43 % gap is below the 50 % CPU floor (identical CPU records differ by 30-50 %);
     # larger gaps are judged by the runs' measured spread (tests/report/test_noise_spread.py)
     rep = _timed(tmp_path / "c", {"single": 10, "ddp": 7}, "cpu")
-    noise = rep["ranking"]["noise"]
-    assert noise["decisive"] is False and [p[:2] for p in noise["close_pairs"]] == [["ddp", "single"]]
-    assert "50 % CPU floor" in noise["close_pairs"][0][3]
+    noise = rep.ranking.noise
+    assert noise.decisive is False and [p[:2] for p in noise.close_pairs] == [("ddp", "single")]
+    assert "50 % CPU floor" in noise.close_pairs[0][3]
     assert "within measurement noise" in markdown.render(rep).split("\n")[2]
-    assert "50 %" in rep["ranking"]["rule"]
+    assert "50 %" in rep.ranking.rule
 
 
 def test_wording(tmp_path):
     assert fmt.count(6.0) == "6" and fmt.count(2.5) == "2.5" and fmt.count(None) == "-"
     root = build_root(tmp_path)
     shutil.rmtree(root / "single")
-    rep = collect.collect(root)
+    rep = analyse(root)
     md = markdown.render(rep)
     assert "match the single-device baseline" not in md
     assert "no single-device run" in md.split("\n")[2]
@@ -180,10 +182,10 @@ def test_wording(tmp_path):
     # a precision difference is stated once (under Ranking), without Python dict reprs
     write_run(root / "fsdp2", strategy="fsdp2", walls={0: (1, 1), 1: (9 * MS, 8 * MS), 2: (9 * MS, 9 * MS)},
               precision="bf16", device="cpu")
-    rep = collect.collect(root)
+    rep = analyse(root)
     md = markdown.render(rep)
     assert md.count("precision (") == 1 and "{'" not in md
-    diffs = compare.settings_differences(rep["runs"])
+    diffs = compare.settings_differences(rep.runs)
     assert diffs == ["runs differ in precision (ddp: fp32; fsdp2: bf16)"]
 
 
@@ -194,16 +196,16 @@ def test_communication_per_profiled_step_against_the_corpus_readme(tmp_path):
     need(A100)
     (tmp_path / "job").mkdir()
     shutil.copy(A100, tmp_path / "job" / A100.name)
-    rep = collect.collect(tmp_path / "job")
-    run = rep["runs"][0]
-    comm = run["communication"]
+    rep = analyse(tmp_path / "job")
+    run = rep.runs[0]
+    comm = run.communication
     # corpus README: 21 NCCL kernels = 7 collectives x 3 steps
-    assert run["profiled_steps"] == 3
-    assert sum(v["count_per_step"] for v in comm.values()) == 7
-    assert sum(v["count"] for v in comm.values()) == 21
+    assert run.profiled_steps == 3
+    assert sum(v.count_per_step for v in comm.values()) == 7
+    assert sum(v.count for v in comm.values()) == 21
     for v in comm.values():  # every collective lies inside a step: per step x 3 = the total
-        assert v["time_ns_per_step"] * 3 == pytest.approx(v["time_ns"])
+        assert v.time_ns_per_step * 3 == pytest.approx(v.time_ns)
     md = markdown.render(rep)
-    rows = [ln for ln in md.splitlines() if ln.startswith(f"| {run['name']} | all_reduce | 3 |")]
+    rows = [ln for ln in md.splitlines() if ln.startswith(f"| {run.name} | all_reduce | 3 |")]
     assert rows and rows[0].split(" | ")[3] == "5"  # calls / step, an integer
     assert "per profiled step" in md

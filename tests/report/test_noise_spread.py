@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from reports import collect, markdown
+from analyzer.runs import analyse
+from reports import markdown
 from tests.report.builders import write_run
 
 MS = 1_000_000
@@ -18,18 +19,18 @@ def _report(tmp_path, steps_ms: dict[str, list[float]], device: str = "cpu"):
     for name, walls in steps_ms.items():
         w = {0: (1, 1), **{i + 1: (int(ms * MS), int(ms * MS) - 1) for i, ms in enumerate(walls)}}
         write_run(root / name, strategy=name, walls=w, device=device)
-    rep = collect.collect(root)
+    rep = analyse(root)
     return rep, markdown.render(rep).split("\n")[2]
 
 
 def test_cpu_order_beyond_the_spread_is_not_called_noise(tmp_path):
     # fsdp 1.67x ddp, every step: ranges [6, 6] and [10, 10] ms do not overlap, gap 67 % > 50 %
     rep, verdict = _report(tmp_path, {"ddp": [6, 6, 6], "fsdp": [10, 10, 10]})
-    run = {r["name"]: r for r in rep["runs"]}
-    assert run["ddp"]["step_time_ns"]["min"] == run["ddp"]["step_time_ns"]["max"] == 6 * MS
-    noise = rep["ranking"]["noise"]
-    assert rep["ranking"]["order"] == ["ddp", "fsdp"] and noise["cpu"]
-    assert noise["decisive"] is True and noise["close_pairs"] == []
+    run = {r.name: r for r in rep.runs}
+    assert run["ddp"].step_time_ns.min == run["ddp"].step_time_ns.max == 6 * MS
+    noise = rep.ranking.noise
+    assert rep.ranking.order == ["ddp", "fsdp"] and noise.cpu
+    assert noise.decisive is True and noise.close_pairs == []
     assert "within measurement noise" not in verdict
     assert "beyond the measured spread" in verdict and "50.0 % (the CPU floor)" in verdict
     assert "timings carry +-30-50 % noise" in verdict  # the CPU caveat stays
@@ -39,9 +40,9 @@ def test_cpu_order_whose_steps_overlap_is_noise(tmp_path):
     # the same medians (6 and 10 ms), but ddp's slowest step (11 ms) is slower than fsdp's
     # fastest (9 ms): the order could flip from one step to the next
     rep, verdict = _report(tmp_path, {"ddp": [4, 6, 11], "fsdp": [9, 10, 12]})
-    noise = rep["ranking"]["noise"]
-    assert noise["decisive"] is False
-    (a, b, gap, why), = noise["close_pairs"]
+    noise = rep.ranking.noise
+    assert noise.decisive is False
+    (a, b, gap, why), = noise.close_pairs
     assert (a, b) == ("ddp", "fsdp") and gap == pytest.approx(4 / 6)
     assert why == "their step times overlap: ddp's slowest step 11.00 ms, fsdp's fastest 9.00 ms"
     assert "within measurement noise (ddp vs fsdp: 66.7 % apart, their step times overlap" in verdict
@@ -51,9 +52,9 @@ def test_cpu_order_whose_steps_overlap_is_noise(tmp_path):
 def test_small_gap_without_overlap_is_below_the_floor(tmp_path):
     # CPU: 6 -> 8 ms (33 %), no overlap, but identical CPU records differ by up to 50 %
     rep, _ = _report(tmp_path, {"ddp": [6, 6], "fsdp": [8, 8]})
-    (_, _, gap, why), = rep["ranking"]["noise"]["close_pairs"]
+    (_, _, gap, why), = rep.ranking.noise.close_pairs
     assert gap == pytest.approx(2 / 6) and why == "below the 50 % CPU floor"
     # GPU: the same 33 % gap without overlap is decisive (floor 5 %)
     rep, verdict = _report(tmp_path, {"ddp": [6, 6], "fsdp": [8, 8]}, device="cuda")
-    assert rep["ranking"]["noise"]["decisive"] is True
+    assert rep.ranking.noise.decisive is True
     assert "within measurement noise" not in verdict and "(the GPU floor)" in verdict

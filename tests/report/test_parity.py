@@ -9,6 +9,7 @@ import pytest
 
 from analyzer import parity
 from analyzer.errors import BadInput
+from analyzer.report_types import ToleranceOverride
 from tests.report.builders import limit, loss_rows, manifest, tensor_rows, write_numerics
 
 FP32 = parity.tolerance_for("fp32")
@@ -47,8 +48,8 @@ def test_tensor_just_inside_and_just_outside(diff, ok):
     assert t["rel_l2"] == pytest.approx(diff / 2.0, rel=1e-12)
     if not ok:
         fd = res.first_divergence
-        assert (fd["tensor"], fd["kind"]) == ("w", "grad")
-        assert fd["max_abs_diff"] == diff and fd["limit"] == pytest.approx(limit(2.0))
+        assert (fd.tensor, fd.kind, fd.subject) == ("w", "grad", "grad w")
+        assert fd.max_abs_diff == diff and fd.limit == pytest.approx(limit(2.0))
         assert "w" in res.reason and "1.27e-05" in res.reason
 
 
@@ -57,13 +58,13 @@ def test_nan_fails_and_is_named_even_when_the_count_says_zero():
             + tensor_rows(rank=0, kind="grad", tensor="b", seq=1, nonfinite=3.0, max_abs_diff=0.0)
             + clean_loss(ranks=(0,)))
     res = parity.evaluate(frame(rows), FP32)
-    assert res.status == "fail" and res.first_divergence["tensor"] == "b"
+    assert res.status == "fail" and res.first_divergence.tensor == "b"
     assert "NaN/inf" in res.reason
     # A NaN error metric with nonfinite == 0: never trust the count.
     rows = (tensor_rows(rank=0, kind="grad", tensor="c", seq=0, max_abs_diff=math.nan)
             + clean_loss(ranks=(0,)))
     res = parity.evaluate(frame(rows), FP32)
-    assert res.status == "fail" and res.first_divergence["tensor"] == "c"
+    assert res.status == "fail" and res.first_divergence.tensor == "c"
 
 
 def test_nan_loss_fails():
@@ -71,7 +72,8 @@ def test_nan_loss_fails():
         rank=0, step=0, value=2.0, ref=2.0) + loss_rows(rank=0, step=1, value=math.nan, ref=1.0)
     res = parity.evaluate(frame(rows), FP32)
     assert res.status == "fail"
-    assert res.first_divergence["kind"] == "loss" and res.first_divergence["step"] == 1
+    assert res.first_divergence.kind == "loss" and res.first_divergence.step == 1
+    assert res.first_divergence.subject == "the loss"
 
 
 def _two_rank(replicated):
@@ -119,18 +121,18 @@ def test_first_divergence_order_activation_seq_then_grad_then_param_then_loss():
             + tensor_rows(rank=0, kind="activation", tensor="aa.ok", seq=1)
             + loss_rows(rank=0, step=0, value=1.0, ref=2.0))
     res = parity.evaluate(frame(rows), FP32)
-    assert res.first_divergence["tensor"] == "zz.early"
+    assert res.first_divergence.tensor == "zz.early"
     assert list(res.tensors["tensor"]) == ["aa.ok", "zz.early", "zz.late", "aaa", "p"]
     # without activations the gradient comes first, then params, then loss
     rows2 = [r for r in rows if r["kind"] != "activation"]
-    assert parity.evaluate(frame(rows2), FP32).first_divergence["tensor"] == "aaa"
+    assert parity.evaluate(frame(rows2), FP32).first_divergence.tensor == "aaa"
     rows3 = [r for r in rows2 if r["kind"] != "grad" or True]
     rows3 = [r for r in rows3 if not (r["kind"] == "grad")] + tensor_rows(
         rank=0, kind="grad", tensor="aaa", seq=0)
-    assert parity.evaluate(frame(rows3), FP32).first_divergence["tensor"] == "p"
+    assert parity.evaluate(frame(rows3), FP32).first_divergence.tensor == "p"
     rows4 = [r for r in rows3 if r["kind"] != "param"]
     fd = parity.evaluate(frame(rows4), FP32).first_divergence
-    assert (fd["kind"], fd["max_abs_diff"]) == ("loss", 1.0)
+    assert (fd.kind, fd.max_abs_diff) == ("loss", 1.0)
 
 
 def test_loss_is_the_mean_over_ranks():
@@ -166,7 +168,7 @@ def test_check_run_statuses(tmp_path):
                    tensor_rows(rank=0, kind="grad", tensor="w", seq=0, max_abs_diff=2e-5)
                    + clean_loss(ranks=(0,)))
     assert parity.check_run(tmp_path, m).status == "fail"
-    assert parity.check_run(tmp_path, m, atol=1e-4).status == "pass"
+    assert parity.check_run(tmp_path, m, ToleranceOverride(atol=1e-4)).status == "pass"
 
 
 def test_unreadable_numerics_is_bad_input(tmp_path):

@@ -6,12 +6,15 @@ import json
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 from typer.testing import CliRunner
 
-from analyzer import compare
+from analyzer import compare, report_types
 from analyzer.cli import app
-from reports import collect, html, jsonout, markdown
+from analyzer.report_types import CommKind, Interval, Memory, Parity, RunEntry, StepTime, Timeline
+from analyzer.runs import analyse
+from reports import html, markdown
 from tests.report.builders import build_root, write_run
 
 runner = CliRunner()
@@ -19,17 +22,17 @@ MS = 1_000_000
 
 
 def test_clean_root_is_ranked_with_exact_medians(tmp_path):
-    rep = collect.collect(build_root(tmp_path))
-    assert jsonout.problems(rep) == []
-    by = {r["name"]: r for r in rep["runs"]}
-    assert [r["name"] for r in rep["runs"]] == ["single", "ddp", "fsdp2"]
-    assert by["ddp"]["step_time_ns"]["median"] == 7 * MS  # slowest rank: 6 ms, 8 ms
-    assert by["ddp"]["step_time_ns"]["p90"] == pytest.approx(6 * MS + 0.9 * 2 * MS)
-    assert by["fsdp2"]["step_time_ns"]["median"] == 9 * MS
-    assert by["ddp"]["speedup_vs_single"] == pytest.approx(10 / 7)
-    assert [r["parity"]["status"] for r in rep["runs"]] == ["reference", "pass", "pass"]
-    assert rep["ranking"]["status"] == "ranked" and rep["ranking"]["order"] == ["ddp", "fsdp2", "single"]
-    assert by["ddp"]["memory"]["peak_allocated_bytes"] == (10 << 20) + 1
+    rep = analyse(build_root(tmp_path))
+    assert report_types.decode(report_types.encode(rep)) == rep  # report.json holds it all, typed
+    by = {r.name: r for r in rep.runs}
+    assert [r.name for r in rep.runs] == ["single", "ddp", "fsdp2"]
+    assert by["ddp"].step_time_ns.median == 7 * MS  # slowest rank: 6 ms, 8 ms
+    assert by["ddp"].step_time_ns.p90 == pytest.approx(6 * MS + 0.9 * 2 * MS)
+    assert by["fsdp2"].step_time_ns.median == 9 * MS
+    assert by["ddp"].speedup_vs_single == pytest.approx(10 / 7)
+    assert [r.parity.status for r in rep.runs] == ["reference", "pass", "pass"]
+    assert rep.ranking.status == "ranked" and rep.ranking.order == ["ddp", "fsdp2", "single"]
+    assert by["ddp"].memory.peak_allocated_bytes == (10 << 20) + 1
     md = markdown.render(rep)
     first = md.split("\n")[2]
     assert first.startswith("Parity: all 2 distributed run(s) match the single-device baseline")
@@ -38,17 +41,18 @@ def test_clean_root_is_ranked_with_exact_medians(tmp_path):
 
 
 def test_fault_withholds_the_ranking_everywhere(tmp_path):
-    rep = collect.collect(build_root(tmp_path, fault=True))
-    assert rep["ranking"]["status"] == "withheld" and rep["ranking"]["order"] == []
-    reason = rep["ranking"]["reason"]
+    rep = analyse(build_root(tmp_path, fault=True))
+    assert rep.ranking.status == "withheld" and rep.ranking.order == []
+    reason = rep.ranking.reason
     assert "ddp" in reason and "layers.0.attn.weight" in reason
-    ddp = rep["runs"][1]["parity"]
-    assert ddp["status"] == "fail" and ddp["first_divergence"]["tensor"] == "layers.0.attn.weight"
-    assert ddp["first_divergence"]["kind"] == "grad"
-    assert ddp["first_divergence"]["tolerance"]["rtol"] == 1.3e-6
+    ddp = rep.runs[1].parity
+    assert ddp.status == "fail" and ddp.first_divergence.tensor == "layers.0.attn.weight"
+    assert ddp.first_divergence.kind == "grad"
+    assert ddp.first_divergence.tolerance.rtol == 1.3e-6
+    assert ddp.first_divergence.subject == "grad layers.0.attn.weight"
     assert "layers.0.attn.weight" in markdown.render(rep).split("## Ranking")[1].split("##")[0]
     assert "Withheld." in html.render(rep) and "layers.0.attn.weight" in html.render(rep)
-    assert "layers.0.attn.weight" in json.loads(jsonout.dumps(rep))["ranking"]["reason"]
+    assert "layers.0.attn.weight" in json.loads(report_types.encode(rep))["ranking"]["reason"]
 
 
 def test_cli_report_and_gate(tmp_path):
@@ -57,7 +61,7 @@ def test_cli_report_and_gate(tmp_path):
     assert res.exit_code == 0, res.output
     assert res.output.startswith("# paritytrace report")
     assert {p.name for p in (root / "report").iterdir()} == {"report.md", "report.json", "report.html"}
-    assert jsonout.problems(json.loads((root / "report" / "report.json").read_text())) == []
+    report_types.decode((root / "report" / "report.json").read_text())  # the report's shape
     res = runner.invoke(app, ["report", str(root), "--format", "json", "--out", str(tmp_path / "o")])
     assert res.exit_code == 0 and [p.name for p in (tmp_path / "o").iterdir()] == ["report.json"]
     assert runner.invoke(app, ["gate", str(root)]).exit_code == 0
@@ -83,25 +87,28 @@ def test_different_settings_are_not_ranked_together(tmp_path):
     root = build_root(tmp_path)
     write_run(root / "fsdp2", strategy="fsdp2", walls={0: (1, 1), 1: (1, 1)}, seed=7,
               torch_version="2.12.0")
-    rep = collect.collect(root)
-    assert rep["ranking"]["status"] == "withheld"
-    assert "seed" in rep["ranking"]["reason"] and "versions" in rep["ranking"]["reason"]
-    assert any("seed" in w for w in rep["settings_warnings"])
+    rep = analyse(root)
+    assert rep.ranking.status == "withheld"
+    assert "seed" in rep.ranking.reason and "versions" in rep.ranking.reason
+    assert any("seed" in w for w in rep.settings_warnings)
 
 
 def test_ties_are_broken_by_peak_memory():
     def run(name, median, peak):
-        return {"name": name, "strategy": "ddp", "parity": {"status": "pass", "reason": ""},
-                "step_time_ns": {"median": median}, "memory": {"peak_allocated_bytes": peak}}
+        return RunEntry(name=name, strategy="ddp", parity=Parity(status="pass", reason=""),
+                        step_time_ns=StepTime(median=median),
+                        memory=Memory(peak_allocated_bytes=peak))
     rk = compare.rank_runs([run("a", 5, 300), run("b", 5, 100), run("c", 4, 900)])
-    assert rk["order"] == ["c", "b", "a"]
+    assert rk.order == ["c", "b", "a"]
 
 
 def test_prefetch_groups_differ_only_in_prefetch():
-    base = {"strategy": "fsdp", "settings": {"seed": 0}}
-    runs = [{**base, "name": "a", "options": {"backward_prefetch": "BACKWARD_PRE", "sharding": "FULL"}},
-            {**base, "name": "b", "options": {"backward_prefetch": "BACKWARD_POST", "sharding": "FULL"}},
-            {**base, "name": "c", "options": {"backward_prefetch": "BACKWARD_PRE", "sharding": "HYBRID"}}]
+    def run(name, options):
+        return RunEntry(name=name, strategy="fsdp", settings={"seed": 0}, options=options,
+                        parity=Parity(status="pass", reason=""))
+    runs = [run("a", {"backward_prefetch": "BACKWARD_PRE", "sharding": "FULL"}),
+            run("b", {"backward_prefetch": "BACKWARD_POST", "sharding": "FULL"}),
+            run("c", {"backward_prefetch": "BACKWARD_PRE", "sharding": "HYBRID"})]
     assert compare.prefetch_groups(runs) == [["a", "b"]]
 
 
@@ -111,11 +118,13 @@ EVIL = "<script>alert(\"x\")</script>&'q"
 def test_html_escapes_every_trace_string(tmp_path):
     root = build_root(tmp_path)
     write_run(root / "ddp", strategy="ddp", walls={0: (1, 1), 1: (5, 6)}, grad_diff=1.0, tensor=EVIL)
-    rep = collect.collect(root)
-    rep["runs"][1]["communication"] = {EVIL: {"count": 1, "time_ns": 5, "bytes": 1, "busbw_gbps": 1.0}}
-    rep["runs"][1]["traces"] = [f"/tmp/{EVIL}.json.gz"]
-    rep["runs"][1]["timeline"] = {"rank": 0, "step": 1, "step_ns": 10,
-                                  "intervals": [{"lane": "comm", "kind": EVIL, "start_ns": 0, "end_ns": 5}]}
+    rep = analyse(root)
+    rep.runs[1].communication = {EVIL: CommKind(count=1, time_ns=5, bytes=1, busbw_gbps=1.0,
+                                                count_per_step=None, time_ns_per_step=None,
+                                                bytes_per_step=None)}
+    rep.runs[1].traces = [f"/tmp/{EVIL}.json.gz"]
+    rep.runs[1].timeline = Timeline(rank=0, step=1, step_ns=10, intervals=[
+        Interval(lane="comm", kind=EVIL, start_ns=0, end_ns=5)])
     text = html.render(rep, markdown.render(rep))
     assert "<script" not in text.lower()
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#x27;q" in text
@@ -165,3 +174,29 @@ def test_trace_links_are_absolute_file_urls_for_a_relative_folder(tmp_path, monk
     url = html_out._file_url("traces/ddp/rank0 #1.trace.json.gz")
     assert url == (tmp_path / "traces/ddp/rank0 #1.trace.json.gz").as_uri()
     assert url.startswith("file:///") and url.endswith("/traces/ddp/rank0%20%231.trace.json.gz")
+
+
+def test_report_json_keys_and_no_nan(tmp_path):
+    """report.json's contract (issue 4): the keys users read are there, with values of the
+    report's types (``decode`` checks them, statuses included), and never NaN / inf."""
+    text = report_types.encode(analyse(build_root(tmp_path, fault=True)))
+    rep = json.loads(text)
+    assert {"schema_version", "runs", "ranking"} <= set(rep)
+    assert {"status", "order", "reason", "rule"} <= set(rep["ranking"])
+    for run in rep["runs"]:
+        assert {"name", "strategy", "world_size", "backend", "device", "parity", "step_time_ns",
+                "memory", "communication", "overlap_frac", "exposed_comm_ns", "ranks", "prefetch",
+                "data"} <= set(run)
+        assert {"status", "max_grad_rel_l2", "loss_max_rel_diff", "first_divergence"} <= set(run["parity"])
+        assert {"median", "p90"} <= set(run["step_time_ns"])
+        assert {"peak_rss_bytes", "peak_allocated_bytes"} <= set(run["memory"])
+    assert {"tensor", "kind", "rel_l2", "tolerance"} <= set(rep["runs"][1]["parity"]["first_divergence"])
+    rep["runs"][1]["parity"]["status"] = "passed"
+    with pytest.raises(msgspec.ValidationError, match="status"):
+        report_types.decode(json.dumps(rep))
+    figures = report_types.RankFigures(rank=0, steps=1, step_ns=float("nan"), compute_ns=float("inf"),
+                                       comm_ns=1.0, exposed_comm_ns=0.0, data_wait_ns=0.0,
+                                       other_ns=0.0, idle_ns=0.0, overlap_frac=None,
+                                       data_wait_frac=None, input_bound_steps=0)
+    assert figures.step_ns is None and figures.compute_ns is None  # stored as null
+    assert "NaN" not in text and "Infinity" not in text
