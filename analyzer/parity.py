@@ -27,7 +27,6 @@ defaults), overridable by the user; every output states them with their source.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +39,6 @@ from analyzer import schemas
 from analyzer.errors import BadInput
 from analyzer.report_types import (DivergenceTolerance, FailedCheck, FirstDivergence, Parity,
                                    Tolerance, ToleranceOverride)
-
-STATUSES = ("pass", "fail", "not_recorded", "reference")
-"""Parity statuses. ``reference`` is the ``single`` run, which *is* the baseline."""
 
 KIND_ORDER = ("activation", "grad", "param")
 """Tensor kinds in first-divergence order (the loss comes after them)."""
@@ -67,45 +63,6 @@ def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | No
     return Tolerance(rtol=base["rtol"] if rtol is None else float(rtol) + 0.0,
                      atol=base["atol"] if atol is None else float(atol) + 0.0,
                      precision=precision, source=source)
-
-
-@dataclass(kw_only=True, slots=True)
-class ParityResult:
-    """Verdict of one run."""
-
-    status: str
-    """One of ``STATUSES``."""
-    reason: str
-    """One line saying why (e.g. the first diverging tensor, or why nothing was recorded)."""
-    tolerance: Tolerance | None
-    """The tolerance applied (None when nothing was checked)."""
-    first_divergence: FirstDivergence | None = None
-    """The first failed check in the module docstring's order, or None."""
-    max_grad_rel_l2: float | None = None
-    """Largest relative L2 difference over the first-step gradients (None when not checked)."""
-    loss_max_rel_diff: float | None = None
-    """Largest ``|loss - ref| / |ref|`` over the recorded steps (None when not checked)."""
-    tensors: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """Per tensor verdict: the columns of ``check_tensors``."""
-    loss: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """Per step verdict: the columns of ``check_loss``."""
-
-    @property
-    def passed(self) -> bool:
-        """True for ``pass`` and ``reference`` (the gate lets both through)."""
-        return self.status in ("pass", "reference")
-
-    def entry(self) -> Parity:
-        """The verdict as the report holds it: no tables, the first 10 failed tensor checks."""
-        t = self.tensors
-        failed = t[~t["passed"].astype(bool)].head(10) if len(t) else t
-        return Parity(status=self.status, reason=self.reason, tolerance=self.tolerance,
-                      max_grad_rel_l2=self.max_grad_rel_l2, loss_max_rel_diff=self.loss_max_rel_diff,
-                      first_divergence=self.first_divergence, failed_checks=[
-                          FailedCheck(kind=r.kind, tensor=r.tensor, step=int(r.step),
-                                      rel_l2=float(r.rel_l2), max_abs_diff=float(r.max_abs_diff),
-                                      limit=float(r.limit))
-                          for r in failed.itertuples()])
 
 
 def read_numerics(path: Path | str) -> pd.DataFrame:
@@ -290,43 +247,38 @@ def describe_divergence(div: FirstDivergence) -> str:
             f"rel L2 {div.rel_l2:.3g}")
 
 
-def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet") -> ParityResult:
-    """Verdict of a distributed run from its numerics (``read_numerics`` output).
+def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet") -> Parity:
+    """Verdict of a distributed run from its numerics (``read_numerics`` output), with its first
+    10 failed tensor checks (the whole tables: ``check_tensors``, ``check_loss``).
 
     Status ``pass`` when every tensor and every loss step passes; ``fail`` with the first
     divergence otherwise; ``not_recorded`` when there are no gradient rows or no loss rows.
     """
     tensors = check_tensors(numerics, tol, path=path)
     loss = check_loss(numerics, tol, path=path)
+    failed = tensors[~tensors["passed"].astype(bool)]
+    bad_loss = loss[~loss["passed"].astype(bool)]
+    checks = [FailedCheck(kind=r.kind, tensor=r.tensor, step=int(r.step), rel_l2=float(r.rel_l2),
+                          max_abs_diff=float(r.max_abs_diff), limit=float(r.limit))
+              for r in failed.head(10).itertuples()]
     grads = tensors[tensors["kind"] == "grad"]
     if grads.empty or loss.empty:
-        what = "gradient" if grads.empty else "loss"
-        return ParityResult(status="not_recorded", tolerance=tol, tensors=tensors, loss=loss,
-                            reason=f"{path} holds no {what} rows")
-    max_grad = float(grads["rel_l2"].max(skipna=False))
-    loss_max = float(loss["rel_diff"].max(skipna=False))
-    first = None
-    failed = tensors[~tensors["passed"].astype(bool)]
-    if len(failed):
-        first = _divergence(failed.iloc[0], str(failed.iloc[0]["kind"]), tol)
-    else:
-        bad_loss = loss[~loss["passed"].astype(bool)]
-        if len(bad_loss):
-            first = _divergence(bad_loss.iloc[0], "loss", tol)
-    n_fail = int((~tensors["passed"].astype(bool)).sum() + (~loss["passed"].astype(bool)).sum())
-    if first is None:
-        reason = (f"all {len(tensors)} tensors and the loss at {len(loss)} step(s) within "
-                  f"{tol.describe()}")
-        return ParityResult(status="pass", reason=reason, tolerance=tol, tensors=tensors, loss=loss,
-                            max_grad_rel_l2=max_grad, loss_max_rel_diff=loss_max)
-    reason = f"first divergence: {describe_divergence(first)}; {n_fail} check(s) failed"
-    return ParityResult(status="fail", reason=reason, tolerance=tol, first_divergence=first,
-                        tensors=tensors, loss=loss, max_grad_rel_l2=max_grad,
-                        loss_max_rel_diff=loss_max)
+        return Parity(status="not_recorded", tolerance=tol, failed_checks=checks,
+                      reason=f"{path} holds no {'gradient' if grads.empty else 'loss'} rows")
+    first = (_divergence(failed.iloc[0], str(failed.iloc[0]["kind"]), tol) if len(failed) else
+             _divergence(bad_loss.iloc[0], "loss", tol) if len(bad_loss) else None)
+    reason = (f"first divergence: {describe_divergence(first)}; "
+              f"{len(failed) + len(bad_loss)} check(s) failed" if first else
+              f"all {len(tensors)} tensors and the loss at {len(loss)} step(s) within "
+              f"{tol.describe()}")
+    return Parity(status="fail" if first else "pass", reason=reason, tolerance=tol,
+                  first_divergence=first, failed_checks=checks,
+                  max_grad_rel_l2=float(grads["rel_l2"].max(skipna=False)),
+                  loss_max_rel_diff=float(loss["rel_diff"].max(skipna=False)))
 
 
 def check_run(run_dir: Path | str, manifest: dict[str, Any] | None,
-              override: ToleranceOverride = ToleranceOverride()) -> ParityResult:
+              override: ToleranceOverride = ToleranceOverride()) -> Parity:
     """Parity verdict of one run directory, with the user's tolerance ``override``.
 
     ``manifest`` is the run's manifest (None for foreign traces -> ``not_recorded``). The
@@ -336,8 +288,8 @@ def check_run(run_dir: Path | str, manifest: dict[str, Any] | None,
     """
     run_dir = Path(run_dir)
     if manifest is None:
-        return ParityResult(status="not_recorded", tolerance=None,
-                            reason="no manifest: foreign traces carry no numerics to check")
+        return Parity(status="not_recorded",
+                      reason="no manifest: foreign traces carry no numerics to check")
     precision = manifest.get("precision")
     try:
         tol = tolerance_for(str(precision), rtol=override.rtol, atol=override.atol)
@@ -346,16 +298,15 @@ def check_run(run_dir: Path | str, manifest: dict[str, Any] | None,
                        "re-record the run") from None
     path = run_dir / schemas.NUMERICS_NAME
     if not path.exists():
-        return ParityResult(status="not_recorded", tolerance=tol,
-                            reason=f"{schemas.NUMERICS_NAME} is missing from the run directory")
+        return Parity(status="not_recorded", tolerance=tol,
+                      reason=f"{schemas.NUMERICS_NAME} is missing from the run directory")
     numerics = read_numerics(path)
     if manifest.get("strategy") == "single":
         loss = check_loss(numerics, tol, path=str(path))
         if len(loss) and not np.isfinite(loss[["loss", "ref"]].to_numpy(float)).all():
             bad = loss[~np.isfinite(loss[["loss", "ref"]].to_numpy(float)).all(axis=1)].iloc[0]
-            return ParityResult(status="fail", tolerance=tol, loss=loss,
-                                first_divergence=_divergence(bad, "loss", tol),
-                                reason=f"the baseline's loss is NaN/inf at step {int(bad['step'])}")
-        return ParityResult(status="reference", tolerance=tol, loss=loss,
-                            reason="single-device baseline: the reference the others are checked against")
+            return Parity(status="fail", tolerance=tol, first_divergence=_divergence(bad, "loss", tol),
+                          reason=f"the baseline's loss is NaN/inf at step {int(bad['step'])}")
+        return Parity(status="reference", tolerance=tol,
+                      reason="single-device baseline: the reference the others are checked against")
     return evaluate(numerics, tol, path=str(path))

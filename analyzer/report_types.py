@@ -402,15 +402,6 @@ class Report(msgspec.Struct, kw_only=True):
     warnings: list[str] = []
 
 
-class GateRun(msgspec.Struct, kw_only=True):
-    """One run as ``analyzer gate`` checks it."""
-
-    name: str
-    strategy: str
-    incomplete: bool
-    parity: Parity
-
-
 def encode(report: Report) -> str:
     """report.json's text: indented JSON and a final newline."""
     return msgspec.json.format(msgspec.json.encode(report), indent=2).decode() + "\n"

@@ -27,8 +27,8 @@ import pandas as pd
 from analyzer import api, compare, datasupply, drift, memory, parity, prefetch, rundirs, schemas
 from analyzer.collectives import by_kind, run_busbw_gbps
 from analyzer.fswalk import entries
-from analyzer.report_types import (AnalysisOptions, Allocation, CommKind, GateRun, Interval,
-                                   Memory, MemoryCategory, MemoryRank, Prefetch, PrefetchUnit,
+from analyzer.report_types import (AnalysisOptions, Allocation, CommKind, Interval,
+                                   Memory, MemoryCategory, MemoryRank, Parity, Prefetch, PrefetchUnit,
                                    RankFigures, Report, RunEntry, StepBar, StepTime, Timeline,
                                    TraceInfo)
 
@@ -156,7 +156,7 @@ def trace_files(run: rundirs.RunDir) -> list[Path]:
     return [p for p in entries(run.path)[0] if rundirs._is_trace(p)]
 
 
-def _parity(run: rundirs.RunDir, options: AnalysisOptions) -> parity.ParityResult:
+def _parity(run: rundirs.RunDir, options: AnalysisOptions) -> Parity:
     res = parity.check_run(run.path, run.manifest, options.tolerance)
     if run.incomplete:
         res.reason = "incomplete run (no manifest.json): parity not checked"
@@ -168,7 +168,7 @@ def summarize_run(run: rundirs.RunDir, options: AnalysisOptions) -> RunEntry:
     the figures of their per-rank tables (module docstring). Raises ``BadInput`` for malformed
     inputs: numerics, steps.parquet, traces, memory.parquet, in this order."""
     m = run.manifest or {}
-    res = _parity(run, options)
+    verdict = _parity(run, options)  # the first error is the numerics', as gate says it
     step_ns, mem = _steps(run)
     source = "steps.parquet: profiled steps, slowest rank's wall time" if step_ns else None
     traces = trace_files(run)
@@ -178,7 +178,7 @@ def summarize_run(run: rundirs.RunDir, options: AnalysisOptions) -> RunEntry:
         world_size=m.get("world_size"), backend=m.get("backend"),
         device=(m.get("device") or {}).get("type"),
         settings=None if run.manifest is None else {k: m.get(k) for k in compare.SETTINGS},
-        parity=res.entry(), traces=[str(p) for p in traces], memory=mem,
+        parity=verdict, traces=[str(p) for p in traces], memory=mem,
         incomplete=run.incomplete)
     entry.caveats = ["incomplete run (no manifest.json), analysed as found"] if run.incomplete else []
     breakdown, notes = None, []
@@ -226,8 +226,8 @@ def analyse(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> R
                                              for n in r.caveats + r.notes])
 
 
-def gate(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> list[GateRun]:
-    """Parity of every run under ``root``, for ``analyzer gate``.
+def gate(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> list[RunEntry]:
+    """Every run under ``root`` with its parity only, for ``analyzer gate``.
 
     Traces of recorded runs are not parsed (their sizes are checked against the manifest).
     A folder of foreign traces has no numerics, so it is listed as ``not_recorded`` (a FAIL,
@@ -238,5 +238,5 @@ def gate(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> list
     for r in found.runs:
         if r.foreign and not r.incomplete:
             api.load_tables(r.path, jobs=options.jobs)
-    return [GateRun(name=r.name, strategy=r.strategy, incomplete=r.incomplete,
-                    parity=_parity(r, options).entry()) for r in found.runs]
+    return [RunEntry(name=r.name, strategy=r.strategy, incomplete=r.incomplete,
+                     parity=_parity(r, options)) for r in found.runs]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 if TYPE_CHECKING:
-    from analyzer.report_types import AnalysisOptions, GateRun, Report
+    from analyzer.report_types import AnalysisOptions, Report, RunEntry
 
 log = logging.getLogger(__name__)
 FORMATS = ("md", "json", "html")
@@ -164,7 +164,7 @@ def _remove_stale(out: Path, formats: list[str]) -> list[str]:
     return removed
 
 
-def gate_lines(runs: list[GateRun]) -> tuple[bool, list[str]]:
+def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
     """(every run passed, one line per run). The reference run counts as a pass; an incomplete
     run (included only with ``--allow-incomplete``) has no parity to gate: listed as SKIP."""
     lines, ok = [], True

@@ -43,7 +43,7 @@ def test_tensor_just_inside_and_just_outside(diff, ok):
                          diff_sq_sum=diff**2, ref_sq_sum=4.0)] + clean_loss(ranks=(0,))
     res = parity.evaluate(frame(rows), FP32)
     assert res.status == ("pass" if ok else "fail")
-    t = res.tensors.iloc[0]
+    t = parity.check_tensors(frame(rows), FP32).iloc[0]
     assert t["limit"] == pytest.approx(1.26e-5, rel=1e-12)
     assert t["rel_l2"] == pytest.approx(diff / 2.0, rel=1e-12)
     if not ok:
@@ -88,7 +88,7 @@ def _two_rank(replicated):
 
 def test_sharded_reduction_sums_sums_and_maxes_maxima():
     res = parity.evaluate(frame(_two_rank(0.0)), FP32)
-    t = res.tensors.iloc[0]
+    t = parity.check_tensors(frame(_two_rank(0.0)), FP32).iloc[0]
     assert t["reduction"] == "sharded" and t["worst_rank"] == -1
     assert t["diff_sq_sum"] == pytest.approx(25e-8) and t["ref_sq_sum"] == pytest.approx(25.0)
     assert t["rel_l2"] == pytest.approx(math.sqrt(25e-8) / 5.0)  # 1e-4
@@ -99,7 +99,7 @@ def test_sharded_reduction_sums_sums_and_maxes_maxima():
 
 def test_replicated_reduction_takes_the_worst_rank():
     res = parity.evaluate(frame(_two_rank(1.0)), FP32)
-    t = res.tensors.iloc[0]
+    t = parity.check_tensors(frame(_two_rank(1.0)), FP32).iloc[0]
     assert t["reduction"] == "replicated" and t["worst_rank"] == 1
     assert t["max_abs_diff"] == 5e-5 and t["rel_l2"] == pytest.approx(4e-4 / 3.0)
     assert res.status == "fail" and res.max_grad_rel_l2 == pytest.approx(4e-4 / 3.0)
@@ -122,7 +122,7 @@ def test_first_divergence_order_activation_seq_then_grad_then_param_then_loss():
             + loss_rows(rank=0, step=0, value=1.0, ref=2.0))
     res = parity.evaluate(frame(rows), FP32)
     assert res.first_divergence.tensor == "zz.early"
-    assert list(res.tensors["tensor"]) == ["aa.ok", "zz.early", "zz.late", "aaa", "p"]
+    assert list(parity.check_tensors(frame(rows), FP32)["tensor"]) == ["aa.ok", "zz.early", "zz.late", "aaa", "p"]
     # without activations the gradient comes first, then params, then loss
     rows2 = [r for r in rows if r["kind"] != "activation"]
     assert parity.evaluate(frame(rows2), FP32).first_divergence.tensor == "aaa"
@@ -142,7 +142,7 @@ def test_loss_is_the_mean_over_ranks():
             + loss_rows(rank=0, step=1, value=2.0 + 1.25e-5, ref=2.0)
             + loss_rows(rank=1, step=1, value=2.0 + 1.25e-5, ref=2.0))
     res = parity.evaluate(frame(rows), FP32)
-    assert list(res.loss["loss"]) == [2.0, pytest.approx(2.0 + 1.25e-5)]
+    assert list(parity.check_loss(frame(rows), FP32)["loss"]) == [2.0, pytest.approx(2.0 + 1.25e-5)]
     assert res.status == "pass"
     assert res.loss_max_rel_diff == pytest.approx(1.25e-5 / 2.0, rel=1e-6)
     rows[-2]["value"] = rows[-4]["value"] = 2.0 + 1.27e-5  # the two "value" rows of step 1
@@ -153,7 +153,7 @@ def test_rel_l2_is_zero_when_both_are_zero():
     rows = tensor_rows(rank=0, kind="grad", tensor="z", seq=0, ref_sq_sum=0.0, diff_sq_sum=0.0,
                        max_abs_ref=0.0) + clean_loss(ranks=(0,))
     res = parity.evaluate(frame(rows), FP32)
-    assert res.tensors.iloc[0]["rel_l2"] == 0.0 and res.status == "pass"
+    assert parity.check_tensors(frame(rows), FP32).iloc[0]["rel_l2"] == 0.0 and res.status == "pass"
 
 
 def test_check_run_statuses(tmp_path):

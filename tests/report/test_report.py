@@ -50,6 +50,7 @@ def test_fault_withholds_the_ranking_everywhere(tmp_path):
     assert ddp.first_divergence.kind == "grad"
     assert ddp.first_divergence.tolerance.rtol == 1.3e-6
     assert ddp.first_divergence.subject == "grad layers.0.attn.weight"
+    assert [(c.kind, c.tensor) for c in ddp.failed_checks] == [("grad", "layers.0.attn.weight")]
     assert "layers.0.attn.weight" in markdown.render(rep).split("## Ranking")[1].split("##")[0]
     assert "Withheld." in html.render(rep) and "layers.0.attn.weight" in html.render(rep)
     assert "layers.0.attn.weight" in json.loads(report_types.encode(rep))["ranking"]["reason"]
