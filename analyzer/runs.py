@@ -151,7 +151,7 @@ def _snapshot(run: rundirs.RunDir, out: Memory) -> None:
         out.largest = [Allocation(**r) for r in memory.largest_allocations(mem).to_dict("records")]
 
 
-def trace_files(run: rundirs.RunDir) -> list[Path]:
+def _trace_files(run: rundirs.RunDir) -> list[Path]:
     """The trace files of ``run``'s folder, sorted by name."""
     return [p for p in entries(run.path)[0] if rundirs._is_trace(p)]
 
@@ -171,7 +171,7 @@ def summarize_run(run: rundirs.RunDir, options: AnalysisOptions) -> RunEntry:
     verdict = _parity(run, options)  # the first error is the numerics', as gate says it
     step_ns, mem = _steps(run)
     source = "steps.parquet: profiled steps, slowest rank's wall time" if step_ns else None
-    traces = trace_files(run)
+    traces = _trace_files(run)
     entry = RunEntry(
         name=run.name, path=str(run.path), strategy=run.strategy,
         options=m.get("strategy_options") or {}, fault=m.get("fault"),
