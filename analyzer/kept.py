@@ -19,11 +19,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from analyzer import schemas
 from analyzer.errors import BadInput
+from analyzer.memory import read_parquet
 
 log = logging.getLogger(__name__)
 
@@ -82,22 +81,6 @@ def read_safetensors(path: Path) -> dict[str, tuple[str, list[int], bytes, np.nd
     return out
 
 
-def _read_kept_table(path: Path) -> pd.DataFrame:
-    try:
-        schemas.check_parquet_version(path, schemas.KEPT_SCHEMA)
-        table = pq.read_table(path)
-    except schemas.SchemaError as exc:
-        raise BadInput(path, "bad_kept", str(exc).split(": ", 1)[-1]) from None
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise BadInput(path, "bad_kept", f"not a readable Parquet file ({exc})", "re-record the run") from None
-    missing = [c for c in schemas.KEPT_SCHEMA.names if c not in table.column_names]
-    if missing:
-        raise BadInput(path, "bad_kept", f"lacks column(s) {', '.join(missing)}", "re-record the run")
-    df = table.select(schemas.KEPT_SCHEMA.names).to_pandas()
-    df["shape"] = [tuple(int(d) for d in s) for s in df["shape"]]
-    return df
-
-
 def open_kept(run_dir: Path | str) -> KeptRun:
     """Read and verify ``run_dir``'s kept tensors (module docstring).
 
@@ -123,7 +106,8 @@ def open_kept(run_dir: Path | str) -> KeptRun:
     if schemas.sha256_file(kpath) != entry.get("sha256"):
         raise BadInput(kpath, "tampered", "sha256 differs from the manifest (changed after the record)",
                        "re-record the run")
-    kept = _read_kept_table(kpath)
+    kept = read_parquet(kpath, schemas.KEPT_SCHEMA, "kept")
+    kept["shape"] = [tuple(int(d) for d in s) for s in kept["shape"]]
     tpath = run_dir / schemas.KEPT_TENSORS_NAME
     tentry = _entry(manifest, schemas.KEPT_TENSORS_NAME)
     if tentry is None:

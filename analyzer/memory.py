@@ -22,7 +22,10 @@ PEAK_COLUMNS = ("peak_rss_bytes", "profiler_allocated_peak_bytes", "cuda_max_all
                 "cuda_max_reserved_bytes")
 
 
-def _read(path: Path, schema: pa.Schema, what: str) -> pd.DataFrame:
+def read_parquet(path: Path, schema: pa.Schema, what: str) -> pd.DataFrame:
+    """The columns of ``schema`` from a run directory's Parquet file ``path``. Raises
+    ``BadInput`` (reason ``bad_<what>``) naming the file when it is unreadable, written by a
+    newer schema or lacks a column."""
     try:
         schemas.check_parquet_version(path, schema)
         table = pq.read_table(path)
@@ -41,7 +44,7 @@ def _read(path: Path, schema: pa.Schema, what: str) -> pd.DataFrame:
 def read_steps(path: Path | str) -> pd.DataFrame:
     """Read ``steps.parquet``: columns of ``schemas.STEPS_SCHEMA``; byte columns as nullable
     ``Int64``. Raises ``BadInput`` naming the file when unreadable or incomplete."""
-    df = _read(Path(path), schemas.STEPS_SCHEMA, "steps")
+    df = read_parquet(Path(path), schemas.STEPS_SCHEMA, "steps")
     for c in ("rank", "step", "wall_ns"):
         df[c] = df[c].astype("int64")
     for c in PEAK_COLUMNS:
@@ -99,7 +102,7 @@ def peak_allocated_bytes(peaks: pd.DataFrame) -> int | None:
 
 def read_memory(path: Path | str) -> pd.DataFrame:
     """Read ``memory/memory.parquet`` (``schemas.MEMORY_SCHEMA``). Raises ``BadInput``."""
-    df = _read(Path(path), schemas.MEMORY_SCHEMA, "memory")
+    df = read_parquet(Path(path), schemas.MEMORY_SCHEMA, "memory")
     df["rank"] = df["rank"].astype("int64")
     df["block_size_bytes"] = df["block_size_bytes"].astype("int64")
     df["category"] = df["category"].astype(object).where(df["category"].notna(), "unknown")

@@ -32,11 +32,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from analyzer import schemas
 from analyzer.errors import BadInput
+from analyzer.memory import read_parquet
 from analyzer.report_types import (DivergenceTolerance, FailedCheck, FirstDivergence, Parity,
                                    Tolerance, ToleranceOverride)
 
@@ -73,29 +72,9 @@ def read_numerics(path: Path | str) -> pd.DataFrame:
     column of ``schemas.NUMERICS_SCHEMA``.
     """
     path = Path(path)
-    try:
-        schemas.check_parquet_version(path, schemas.NUMERICS_SCHEMA)
-    except schemas.SchemaError as exc:
-        raise BadInput(path, "bad_numerics", str(exc).split(": ", 1)[-1]) from None
-    try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise BadInput(path, "bad_numerics", f"not a readable Parquet file ({exc})",
-                       "re-record the run") from None
-    missing = [n for n in schemas.NUMERICS_SCHEMA.names if n not in table.column_names]
-    if missing:
-        raise BadInput(path, "bad_numerics", f"lacks column(s) {', '.join(missing)}",
-                       "re-record the run with this version of tracer")
-    df = table.select(schemas.NUMERICS_SCHEMA.names).to_pandas()
-    out = pd.DataFrame({
-        "rank": df["rank"].astype("int64"),
-        "step": df["step"].astype("int64"),
-        "kind": df["kind"].astype(str),
-        "tensor": df["tensor"].astype(str),
-        "seq": df["seq"].astype("int64"),
-        "metric": df["metric"].astype(str),
-        "value": df["value"].astype("float64"),
-    })
+    df = read_parquet(path, schemas.NUMERICS_SCHEMA, "numerics")
+    out = df.astype({"rank": "int64", "step": "int64", "kind": str, "tensor": str, "seq": "int64",
+                     "metric": str, "value": "float64"})
     bad_kinds = sorted(set(out["kind"]) - set(schemas.NUMERICS_KINDS))
     if bad_kinds:
         raise BadInput(path, "bad_numerics", f"unknown kind(s) {', '.join(bad_kinds)}",
@@ -236,17 +215,6 @@ def _divergence(row: pd.Series, kind: str, tol: Tolerance) -> FirstDivergence:
         subject="the loss" if loss else f"{kind} {row['tensor']}")
 
 
-def describe_divergence(div: FirstDivergence) -> str:
-    """One line: ``grad layers.0.attn.weight (step 0): max |diff| 3e-3 > limit 1e-5, rel L2 2e-2``
-    (``the loss (step 4): ...`` for the loss)."""
-    where = f"{div.subject} (step {div.step})"
-    if (div.nonfinite or 0) > 0 or None in (div.max_abs_diff, div.rel_l2, div.limit):  # NaN/inf stored as None
-        return f"{where} has NaN/inf values"
-    return (f"{where}: max |diff| {div.max_abs_diff:.3g} > limit {div.limit:.3g} "
-            f"(atol {div.tolerance.atol:.3g} + rtol {div.tolerance.rtol:.3g} x max |ref|), "
-            f"rel L2 {div.rel_l2:.3g}")
-
-
 def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet") -> Parity:
     """Verdict of a distributed run from its numerics (``read_numerics`` output), with its first
     10 failed tensor checks (the whole tables: ``check_tensors``, ``check_loss``).
@@ -267,7 +235,7 @@ def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.pa
                       reason=f"{path} holds no {'gradient' if grads.empty else 'loss'} rows")
     first = (_divergence(failed.iloc[0], str(failed.iloc[0]["kind"]), tol) if len(failed) else
              _divergence(bad_loss.iloc[0], "loss", tol) if len(bad_loss) else None)
-    reason = (f"first divergence: {describe_divergence(first)}; "
+    reason = (f"first divergence: {first.describe()}; "
               f"{len(failed) + len(bad_loss)} check(s) failed" if first else
               f"all {len(tensors)} tensors and the loss at {len(loss)} step(s) within "
               f"{tol.describe()}")

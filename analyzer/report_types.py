@@ -132,6 +132,18 @@ class FirstDivergence(_Figures, kw_only=True):
     tolerance: DivergenceTolerance
     subject: str
 
+    def describe(self, *, limit_terms: bool = True) -> str:
+        """One line: ``grad w (step 0): max |diff| 3e-3 > limit 1e-5 (atol 1e-05 + rtol 1.3e-06 x
+        max |ref|), rel L2 2e-2``, without the parenthesis when not ``limit_terms``; ``grad w
+        (step 0) has NaN/inf values`` when a value or a metric is not finite."""
+        where = f"{self.subject} (step {self.step})"
+        if (self.nonfinite or 0) > 0 or None in (self.max_abs_diff, self.rel_l2, self.limit):
+            return f"{where} has NaN/inf values"
+        terms = (f" (atol {self.tolerance.atol:.3g} + rtol {self.tolerance.rtol:.3g} x max |ref|)"
+                 if limit_terms else "")
+        return (f"{where}: max |diff| {self.max_abs_diff:.3g} > limit {self.limit:.3g}{terms}, "
+                f"rel L2 {self.rel_l2:.3g}")
+
 
 class FailedCheck(_Figures, kw_only=True):
     kind: str

@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-from analyzer.report_types import DataSupply, FirstDivergence, Report
+from analyzer.report_types import DataSupply, Report
 from reports import fmt
-
-
-def _fmt_div(fd: FirstDivergence) -> str:
-    # a NaN/inf metric is stored as None (report_types)
-    if (fd.nonfinite or 0) > 0 or None in (fd.max_abs_diff, fd.limit, fd.rel_l2):
-        return f"{fd.subject} (step {fd.step}) has NaN/inf values"
-    return (f"{fd.subject} (step {fd.step}): max |diff| {fd.max_abs_diff:.3g} > limit "
-            f"{fd.limit:.3g}, rel L2 {fd.rel_l2:.3g}")
 
 
 def input_bound_sentence(name: str, d: DataSupply | None) -> str | None:
@@ -47,7 +39,7 @@ def verdict(report: Report) -> list[str]:
             fd = r.parity.first_divergence
             out.append(f"Parity: FAILED for {r.name} -- its numbers differ from the "
                        f"single-device baseline beyond {tol_text}. First divergence: "
-                       f"{_fmt_div(fd) if fd else r.parity.reason}.")
+                       f"{fd.describe(limit_terms=False) if fd else r.parity.reason}.")
         if passed:
             out.append(f"Parity passed for {', '.join(r.name for r in passed)}.")
     if missing:
