@@ -123,32 +123,29 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     return fields, by_step["step_ns"].max().tolist(), list(tables.warnings)
 
 
-def _steps(run: rundirs.RunDir) -> tuple[list[int], Memory]:
+def _steps_and_memory(run: rundirs.RunDir) -> tuple[list[int], Memory]:
     """(profiled step times from steps.parquet, slowest rank's wall time, in ns; the run's
-    memory peaks, per rank and over ranks)."""
-    path = run.path / schemas.STEPS_NAME
-    if run.manifest is None or not path.exists():
-        return [], Memory()
-    steps = memory.read_steps(path)
-    st = memory.step_times(steps)
-    peaks = memory.rank_peaks(steps)
-    out = Memory(ranks=[MemoryRank(**r) for r in peaks.to_dict("records")])
-    if len(peaks):
-        out.peak_rss_bytes, out.peak_reserved_bytes = (
-            None if pd.isna(v) else int(v)
-            for v in (peaks["peak_rss_bytes"].max(), peaks["cuda_max_reserved_bytes"].max()))
-        out.peak_allocated_bytes = memory.peak_allocated_bytes(peaks)
-    return st.loc[st["profiled"], "step_ns"].tolist(), out
-
-
-def _snapshot(run: rundirs.RunDir, out: Memory) -> None:
-    """Live bytes by category and the largest blocks from memory/memory.parquet, into ``out``."""
+    memory: peaks from steps.parquet, live blocks from memory/memory.parquet)."""
+    out = Memory()
     path = run.path / schemas.MEMORY_DIR / schemas.MEMORY_PARQUET_NAME
     if run.manifest is not None and path.exists():
         mem = memory.read_memory(path)
         out.by_category = [MemoryCategory(**r)
                            for r in memory.memory_by_category(mem).to_dict("records")]
         out.largest = [Allocation(**r) for r in memory.largest_allocations(mem).to_dict("records")]
+    path = run.path / schemas.STEPS_NAME
+    if run.manifest is None or not path.exists():
+        return [], out
+    steps = memory.read_steps(path)
+    st = memory.step_times(steps)
+    peaks = memory.rank_peaks(steps)
+    out.ranks = [MemoryRank(**r) for r in peaks.to_dict("records")]
+    if len(peaks):
+        out.peak_rss_bytes, out.peak_reserved_bytes = (
+            None if pd.isna(v) else int(v)
+            for v in (peaks["peak_rss_bytes"].max(), peaks["cuda_max_reserved_bytes"].max()))
+        out.peak_allocated_bytes = memory.peak_allocated_bytes(peaks)
+    return st.loc[st["profiled"], "step_ns"].tolist(), out
 
 
 def _trace_files(run: rundirs.RunDir) -> list[Path]:
@@ -163,29 +160,25 @@ def _parity(run: rundirs.RunDir, options: AnalysisOptions) -> Parity:
     return res
 
 
-def summarize_run(run: rundirs.RunDir, options: AnalysisOptions) -> RunEntry:
-    """The report entry of one run: parity, step times, memory and, when the run has traces,
-    the figures of their per-rank tables (module docstring). Raises ``BadInput`` for malformed
-    inputs: numerics, steps.parquet, traces, memory.parquet, in this order."""
+def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunEntry:
+    """The report entry of one run: parity, step times, memory and, from ``tables`` (its traces'
+    per-rank tables, ``api.load_tables``; None when it has no trace), the trace figures (module
+    docstring). Raises ``BadInput`` for a malformed numerics, steps or memory file."""
     m = run.manifest or {}
-    verdict = _parity(run, options)  # the first error is the numerics', as gate says it
-    step_ns, mem = _steps(run)
+    step_ns, mem = _steps_and_memory(run)
     source = "steps.parquet: profiled steps, slowest rank's wall time" if step_ns else None
-    traces = _trace_files(run)
     entry = RunEntry(
         name=run.name, path=str(run.path), strategy=run.strategy,
         options=m.get("strategy_options") or {}, fault=m.get("fault"),
         world_size=m.get("world_size"), backend=m.get("backend"),
         device=(m.get("device") or {}).get("type"),
         settings=None if run.manifest is None else {k: m.get(k) for k in compare.SETTINGS},
-        parity=verdict, traces=[str(p) for p in traces], memory=mem,
-        incomplete=run.incomplete)
-    entry.caveats = ["incomplete run (no manifest.json), analysed as found"] if run.incomplete else []
-    breakdown, notes = None, []
-    if traces:
-        tables = api.load_tables(run.path, allow_incomplete=options.allow_incomplete,
-                                 jobs=options.jobs)
-        breakdown = tables.breakdown
+        parity=_parity(run, options), traces=[str(p) for p in _trace_files(run)], memory=mem,
+        incomplete=run.incomplete,
+        data=datasupply.data_summary(None if tables is None else tables.breakdown, run.manifest),
+        caveats=["incomplete run (no manifest.json), analysed as found"] if run.incomplete else [])
+    notes = []
+    if tables is not None:
         fields, trace_step_ns, notes = _trace_figures(tables)
         for k, v in fields.items():
             setattr(entry, k, v)
@@ -200,12 +193,10 @@ def summarize_run(run: rundirs.RunDir, options: AnalysisOptions) -> RunEntry:
         if tables.whole_trace_mode:
             entry.caveats.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the "
                                  "whole trace")
-    _snapshot(run, mem)
     stats = memory.step_stats(step_ns)
     entry.step_time_ns = StepTime(median=stats["median"], p90=stats["p90"], n=stats["n"],
                                   min=min(step_ns, default=None), max=max(step_ns, default=None),
                                   source=source)
-    entry.data = datasupply.data_summary(breakdown, run.manifest)
     entry.notes = [n for n in notes if not _SAID.search(n)] + (
         entry.trace_info.trace_warnings if entry.trace_info else [])
     return entry
@@ -214,7 +205,9 @@ def summarize_run(run: rundirs.RunDir, options: AnalysisOptions) -> RunEntry:
 def analyse(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> Report:
     """Discover the runs under ``root`` and build the whole report. Raises ``BadInput``."""
     found = rundirs.discover(root, allow_incomplete=options.allow_incomplete)
-    runs = [summarize_run(r, options) for r in found.runs]
+    runs = [summarize_run(r, api.load_tables(r.path, allow_incomplete=options.allow_incomplete,
+                                             jobs=options.jobs) if _trace_files(r) else None,
+                          options) for r in found.runs]
     for r, s in zip(runs, compare.speedups(runs)):
         r.speedup_vs_single = s
     return Report(root=str(found.root), layout=found.layout, runs=runs,
