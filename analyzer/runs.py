@@ -1,7 +1,7 @@
 """The analysis behind ``analyzer report`` and ``gate``: the runs under a folder -> a ``Report``.
 
 ``analyse`` discovers the runs (analyzer/rundirs.py), checks each one's parity, loads its
-traces' per-rank tables (``api.load_tables``, cached) and summarises them (``summarize_run``),
+traces' per-rank tables (``ingest.load_run``, cached) and summarises them (``summarize_run``),
 then compares and ranks the runs (analyzer/compare.py) and checks their baselines for drift.
 The renderers (reports/) only format the ``Report`` this returns.
 
@@ -24,9 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyzer import api, compare, datasupply, drift, memory, parity, prefetch, rundirs, schemas
+from analyzer import compare, datasupply, drift, ingest, memory, parity, prefetch, rundirs, schemas
 from analyzer.collectives import by_kind, run_busbw_gbps
-from analyzer.fswalk import entries
 from analyzer.report_types import (AnalysisOptions, Allocation, CommKind, Interval,
                                    Memory, MemoryCategory, MemoryRank, Parity, Prefetch, PrefetchUnit,
                                    RankFigures, Report, RunEntry, StepBar, StepTime, Timeline,
@@ -101,7 +100,7 @@ def _prefetch(pf: pd.DataFrame, device_kind: str) -> Prefetch | None:
 
 def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     """(RunEntry fields from the traces, the slowest rank's time of each profiled step in ns,
-    the loader's notes). ``tables``: ``api.load_tables``'s result."""
+    the loader's notes). ``tables``: ``ingest.load_run``'s result."""
     bd = tables.breakdown
     bd = bd[bd["step"] >= 0]
     device_kind = tables.ranks[0].device_kind if tables.ranks else "cpu"
@@ -148,11 +147,6 @@ def _steps_and_memory(run: rundirs.RunDir) -> tuple[list[int], Memory]:
     return st.loc[st["profiled"], "step_ns"].tolist(), out
 
 
-def _trace_files(run: rundirs.RunDir) -> list[Path]:
-    """The trace files of ``run``'s folder, sorted by name."""
-    return [p for p in entries(run.path)[0] if rundirs._is_trace(p)]
-
-
 def _parity(run: rundirs.RunDir, options: AnalysisOptions) -> Parity:
     res = parity.check_run(run.path, run.manifest, options.tolerance)
     if run.incomplete:
@@ -162,7 +156,7 @@ def _parity(run: rundirs.RunDir, options: AnalysisOptions) -> Parity:
 
 def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunEntry:
     """The report entry of one run: parity, step times, memory and, from ``tables`` (its traces'
-    per-rank tables, ``api.load_tables``; None when it has no trace), the trace figures (module
+    per-rank tables, ``ingest.load_run``; None when it has no trace), the trace figures (module
     docstring). Raises ``BadInput`` for a malformed numerics, steps or memory file."""
     m = run.manifest or {}
     step_ns, mem = _steps_and_memory(run)
@@ -173,7 +167,7 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
         world_size=m.get("world_size"), backend=m.get("backend"),
         device=(m.get("device") or {}).get("type"),
         settings=None if run.manifest is None else {k: m.get(k) for k in compare.SETTINGS},
-        parity=_parity(run, options), traces=[str(p) for p in _trace_files(run)], memory=mem,
+        parity=_parity(run, options), traces=[str(p) for p in run.traces], memory=mem,
         incomplete=run.incomplete,
         data=datasupply.data_summary(None if tables is None else tables.breakdown, run.manifest),
         caveats=["incomplete run (no manifest.json), analysed as found"] if run.incomplete else [])
@@ -205,9 +199,8 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
 def analyse(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> Report:
     """Discover the runs under ``root`` and build the whole report. Raises ``BadInput``."""
     found = rundirs.discover(root, allow_incomplete=options.allow_incomplete)
-    runs = [summarize_run(r, api.load_tables(r.path, allow_incomplete=options.allow_incomplete,
-                                             jobs=options.jobs) if _trace_files(r) else None,
-                          options) for r in found.runs]
+    runs = [summarize_run(r, ingest.load_run(r, jobs=options.jobs) if r.traces else None, options)
+            for r in found.runs]
     for r, s in zip(runs, compare.speedups(runs)):
         r.speedup_vs_single = s
     return Report(root=str(found.root), layout=found.layout, runs=runs,
@@ -224,12 +217,12 @@ def gate(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> list
 
     Traces of recorded runs are not parsed (their sizes are checked against the manifest).
     A folder of foreign traces has no numerics, so it is listed as ``not_recorded`` (a FAIL,
-    exit 3); its traces are loaded first (``api.load_tables``, cached) so that unusable ones
+    exit 3); its traces are loaded first (``ingest.load_run``, cached) so that unusable ones
     (truncated, not a trace, the rank rule) raise ``BadInput`` -- exit 2, as ``report`` does --
     rather than a parity verdict. An incomplete run (``allow_incomplete``) is skipped unread."""
     found = rundirs.discover(root, allow_incomplete=options.allow_incomplete)
     for r in found.runs:
         if r.foreign and not r.incomplete:
-            api.load_tables(r.path, jobs=options.jobs)
+            ingest.load_run(r, jobs=options.jobs)
     return [RunEntry(name=r.name, strategy=r.strategy, incomplete=r.incomplete,
                      parity=_parity(r, options)) for r in found.runs]
