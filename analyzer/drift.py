@@ -209,7 +209,7 @@ def drift(old_dir: Path | str, new_dir: Path | str, *, rtol: float | None = None
     """Compare two run directories' kept tensors and numerics. Returns a JSON-ready dict:
     old / new (path, run_name, run_id, keep_tensors), settings_differ, expectation, tensors
     (``compare_tensors`` rows), numerics, golden (``golden_link``), ok (bool), verdict (one line).
-    Raises ``BadInput`` for a run without kept tensors or with a tampered one (analyzer/kept.py),
+    Raises ``BadInput`` for a run without kept tensors or with a changed one (analyzer/kept.py),
     or for a negative / non-finite ``rtol`` / ``atol``."""
     parity.check_overrides(rtol=rtol, atol=atol)
     old, new = open_kept(old_dir), open_kept(new_dir)

@@ -91,18 +91,18 @@ def check_overrides(*, rtol: float | None, atol: float | None) -> None:
     """Refuse a user's ``--rtol`` / ``--atol`` that is negative, NaN, infinite or above its
     bound in ``MAX_OVERRIDE``.
 
-    Raises ``BadInput`` (reason ``bad_tolerance``) naming the option itself (``--atol`` for a
+    Raises ``BadInput`` (reason ``bad_option``) naming the option itself (``--atol`` for a
     bad atol), with an example value for that same option; above the bound the message states
     the bound. ``-0.0`` passes (it equals 0); ``tolerance_for`` stores it as ``0.0`` so that no
     report shows "rtol -0".
     """
     for name, value in (("--rtol", rtol), ("--atol", atol)):
         if value is not None and not (math.isfinite(value) and value >= 0):
-            raise BadInput(name, "bad_tolerance", f"must be a finite number >= 0, got {value!r}",
+            raise BadInput(name, "bad_option", f"must be a finite number >= 0, got {value!r}",
                            f"pass e.g. {name} 1e-5 (or leave it out for the precision's default)")
         bound = MAX_OVERRIDE[name[2:]]
         if value is not None and value > bound:
-            raise BadInput(name, "bad_tolerance", f"{value!r} is above the bound {bound:g}: so "
+            raise BadInput(name, "bad_option", f"{value!r} is above the bound {bound:g}: so "
                            "loose a tolerance no longer tests numerical equivalence (a gradient "
                            "off by 2x could pass)",
                            f"pass {name} <= {bound:g} (or leave it out for the precision's default)")
@@ -164,15 +164,15 @@ def read_numerics(path: Path | str) -> pd.DataFrame:
     try:
         schemas.check_parquet_version(path, schemas.NUMERICS_SCHEMA)
     except schemas.SchemaError as exc:
-        raise BadInput(path, "bad_numerics", str(exc).split(": ", 1)[-1]) from None
+        raise BadInput(path, "bad_run_file", str(exc).split(": ", 1)[-1]) from None
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as exc:
-        raise BadInput(path, "bad_numerics", f"not a readable Parquet file ({exc})",
+        raise BadInput(path, "bad_run_file", f"not a readable Parquet file ({exc})",
                        "re-record the run") from None
     missing = [n for n in schemas.NUMERICS_SCHEMA.names if n not in table.column_names]
     if missing:
-        raise BadInput(path, "bad_numerics", f"lacks column(s) {', '.join(missing)}",
+        raise BadInput(path, "bad_run_file", f"lacks column(s) {', '.join(missing)}",
                        "re-record the run with this version of tracer")
     df = table.select(schemas.NUMERICS_SCHEMA.names).to_pandas()
     out = pd.DataFrame({
@@ -186,7 +186,7 @@ def read_numerics(path: Path | str) -> pd.DataFrame:
     })
     bad_kinds = sorted(set(out["kind"]) - set(schemas.NUMERICS_KINDS))
     if bad_kinds:
-        raise BadInput(path, "bad_numerics", f"unknown kind(s) {', '.join(bad_kinds)}",
+        raise BadInput(path, "bad_run_file", f"unknown kind(s) {', '.join(bad_kinds)}",
                        "re-record the run with this version of tracer")
     return out
 
@@ -198,14 +198,14 @@ def _wide(numerics: pd.DataFrame, path: str) -> pd.DataFrame:
     dup = rows.duplicated(keys + ["metric"])
     if dup.any():
         r = rows[dup].iloc[0]
-        raise BadInput(path, "bad_numerics",
+        raise BadInput(path, "bad_run_file",
                        f"metric {r['metric']} of {r['kind']} {r['tensor']} appears twice for "
                        f"rank {r['rank']} step {r['step']}", "re-record the run")
     wide = rows.pivot(index=keys, columns="metric", values="value").reset_index()
     wide.columns.name = None
     missing = [m for m in schemas.TENSOR_METRICS if m not in wide.columns]
     if missing and len(wide):
-        raise BadInput(path, "bad_numerics", f"lacks metric(s) {', '.join(missing)}",
+        raise BadInput(path, "bad_run_file", f"lacks metric(s) {', '.join(missing)}",
                        "re-record the run with this version of tracer")
     for m in schemas.TENSOR_METRICS:
         if m not in wide.columns:
@@ -242,7 +242,7 @@ def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numeri
     mixed = flags[flags["min"] != flags["max"]]
     if len(mixed):
         kind, tensor, _, step = mixed.index[0]
-        raise BadInput(path, "bad_numerics",
+        raise BadInput(path, "bad_run_file",
                        f"{kind} {tensor} at step {step} is replicated on some ranks and sharded on "
                        "others", "re-record the run")
     wide["_limit"] = tol.atol + tol.rtol * wide["max_abs_ref"]
@@ -296,7 +296,7 @@ def check_loss(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.
         values = g[g["metric"] == "value"].sort_values("rank")
         refs = g[g["metric"] == "ref_value"].sort_values("rank")
         if values.empty or refs.empty:
-            raise BadInput(path, "bad_numerics", f"loss at step {step} lacks value or ref_value",
+            raise BadInput(path, "bad_run_file", f"loss at step {step} lacks value or ref_value",
                            "re-record the run")
         loss = float(values["value"].mean(skipna=False))
         ref = float(refs["value"].iloc[0])
@@ -389,7 +389,7 @@ def check_run(run_dir: Path | str, manifest: dict[str, Any] | None, *, rtol: flo
     try:
         tol = tolerance_for(str(precision), rtol=rtol, atol=atol)
     except ValueError as exc:
-        raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_manifest", str(exc),
+        raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_run_file", str(exc),
                        "re-record the run") from None
     path = run_dir / schemas.NUMERICS_NAME
     if not path.exists():

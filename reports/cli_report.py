@@ -82,22 +82,14 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
 
     from reports import cache, html, jsonout, markdown
 
-    from analyzer.errors import BadInput
+    from analyzer import outpaths
 
     if not root.is_dir():
         from analyzer import rundirs
 
         rundirs.discover(root)  # raises the one-line BadInput: missing, or a file, not a folder
     out = out or root / "report"
-    # Folders marked read-only (e.g. a shared corpus) stay untouched even for root, who would
-    # pass os.access: look at the mode bits of the nearest existing folder.
-    existing = next((p for p in (out, *out.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():  # --out FILE (or a folder under one)
-        raise BadInput(existing, "out_is_file", "is a file, not a folder (--out names the folder "
-                       "report.md/json/html go in)", "pass --out a folder")
-    if existing is not None and not existing.stat().st_mode & 0o222:
-        raise BadInput(existing, "read_only", "is marked read-only; the report is not written there",
-                       "pass --out to a writable folder")
+    outpaths.check_out(out, option="--out", what="the report")
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
     key = cache.key(root, out, {"rtol": rtol, "atol": atol, "allow_incomplete": allow_incomplete})
     hit = cache.load_entry(root, out, key)
@@ -127,12 +119,7 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], rtol: floa
              "html": lambda: html.render(report, md), "md": lambda: md}
     for f in ("json", "html", "md"):
         if f in formats:
-            path = out / f"report.{f}"
-            try:
-                jsonout.write_atomic(path, texts[f]())
-            except OSError as exc:
-                raise BadInput(path, "unwritable", f"cannot be written ({exc.strerror})",
-                               "pass --out to a writable folder") from None
+            outpaths.write_out(out / f"report.{f}", texts[f](), option="--out")
     stale = _remove_stale(out, formats)
     if report_json is not None:
         cache.store(root, out, key, report_json, said)
@@ -212,7 +199,7 @@ def register(app, run) -> None:
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=GATE_ALLOW_INCOMPLETE_HELP)] = False,
     ) -> None:
         """Exit 0 when every run passes the parity gate (the reference counts), 3 otherwise."""
-        from analyzer.errors import EXIT_GATE_FAILED
+        from analyzer.errors import ExitCode
         from reports import collect
 
         def _gate():
@@ -224,5 +211,5 @@ def register(app, run) -> None:
             typer.echo(line)
         if not ok:
             typer.echo("gate: FAILED -- at least one run is not numerically equivalent to the baseline")
-            raise typer.Exit(EXIT_GATE_FAILED)
+            raise typer.Exit(ExitCode.GATE_FAILED)
         typer.echo("gate: passed")
