@@ -56,11 +56,7 @@ def _register_commands() -> None:
     cli_report.register(app, _run)
     cli_drift.register(app, _run)
     for info in app.registered_commands:
-        info.callback = _pipe_safe(info.callback, rich=info.name not in _PLAIN_OUTPUT)
-
-
-_PLAIN_OUTPUT = {"report", "gate"}
-"""Commands that print only through ``typer.echo`` (never rich): they skip importing rich."""
+        info.callback = _pipe_safe(info.callback)
 
 
 class _PipeClosed(Exception):
@@ -68,28 +64,18 @@ class _PipeClosed(Exception):
     click does not turn it into its own silent exit 1 before ``main`` sees it."""
 
 
-def _pipe_safe(fn: Callable[..., T], *, rich: bool = True) -> Callable[..., T]:
-    """Wrap a command so a ``BrokenPipeError`` leaves it as ``_PipeClosed`` (signature kept:
-    typer reads the options from it); with ``rich``, rich's closed-pipe handler too."""
+def _pipe_safe(fn: Callable[..., T]) -> Callable[..., T]:
+    """Wrap a command so a ``BrokenPipeError`` (also rich's: analyzer/richout.py) leaves it as
+    ``_PipeClosed`` (signature kept: typer reads the options from it)."""
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        if rich:
-            from rich.console import Console
-
-            # rich's own handler exits 1 on a closed pipe; report it to main instead (exit 0)
-            Console.on_broken_pipe = _rich_broken_pipe
         try:
             return fn(*args, **kwargs)
         except BrokenPipeError:
             raise _PipeClosed() from None
 
     return wrapped
-
-
-def _rich_broken_pipe(console) -> None:
-    console.quiet = True
-    raise _PipeClosed()
 
 
 _register_commands()

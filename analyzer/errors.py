@@ -17,14 +17,10 @@ class ExitCode(enum.IntEnum):
     """Process exit status of ``analyzer`` and ``tracer``."""
 
     OK = 0
-    INTERNAL = 1
-    """A bug in the analyzer; for ``tracer``, a record that failed."""
-    BAD_INPUT = 2
-    """Bad input or usage: one line names the file, what is wrong and what to do."""
-    GATE_FAILED = 3
-    """``gate`` (``drift --check``): a run is not numerically equivalent to its reference."""
-    INTERRUPTED = 130
-    """Ctrl-C or SIGTERM (128 + SIGINT, as a shell reports it)."""
+    INTERNAL = 1  #: a bug in the analyzer; ``tracer``: a record failed
+    BAD_INPUT = 2  #: bad input or usage: one line names the file, what is wrong, what to do
+    GATE_FAILED = 3  #: ``gate``, ``drift --check``: a run is not numerically equivalent
+    INTERRUPTED = 130  #: Ctrl-C or SIGTERM (128 + SIGINT, as a shell reports it)
 
 
 class Reason(str, enum.Enum):
@@ -32,63 +28,34 @@ class Reason(str, enum.Enum):
 
     __str__ = str.__str__  # the code itself in messages and f-strings, not "Reason.MISSING"
 
-    INTERNAL = "internal"
-    """Not bad input: a worker process died or failed (``ParityTraceError``, exit 1)."""
-    MISSING = "missing"
-    """The path given does not exist."""
-    NOT_A_FOLDER = "not_a_folder"
-    """A file was given where a folder is needed."""
-    EMPTY = "empty"
-    """The folder holds no trace file and no run directory."""
-    UNREADABLE = "unreadable"
-    """A trace cannot be read (I/O error)."""
-    TRUNCATED = "truncated"
-    """A trace's gzip stream or JSON ends early or is corrupt."""
-    NOT_A_TRACE = "not_a_trace"
-    """A JSON file that is not a Chrome/Kineto trace (no ``traceEvents`` list of objects)."""
-    NO_EVENTS = "no_events"
-    """A trace holds no complete (ph X) event with a valid ts and dur."""
-    DUPLICATE_RANK = "duplicate_rank"
-    """Two traces of the folder are the same rank."""
-    NO_RANK = "no_rank"
-    """Traces without ``distributedInfo.rank`` and without ``rank<N>``/``worker<N>`` names."""
-    MIXED_RANK_INFO = "mixed_rank_info"
-    """Some traces of the folder carry a rank and others do not."""
-    WORLD_SIZE_MISMATCH = "world_size_mismatch"
-    """World sizes of the traces (or of the traces and the manifest) disagree."""
-    MIXED_JOBS = "mixed_jobs"
-    """Traces of different jobs (backends, process-group members) in one folder."""
-    RANK_OUT_OF_RANGE = "rank_out_of_range"
-    """A rank at or beyond the world size."""
-    BAD_FOLDER = "bad_folder"
-    """Several of the problems above in one folder: each is in ``BadInput.problems``."""
-    INCOMPLETE_RUN = "incomplete_run"
-    """A run directory without manifest.json (a record that did not finish)."""
-    FOREIGN_IN_ROOT = "foreign_in_root"
-    """A sub-folder of a traces root holds traces that ``tracer record`` did not write."""
-    DUPLICATE_RUN = "duplicate_run"
-    """Two run directories of a traces root share a run name."""
-    BAD_RUN_FILE = "bad_run_file"
-    """A run-directory file (manifest, Parquet table, safetensors) is unreadable, lacks fields,
-    or has a newer schema version."""
-    MISSING_FILE = "missing_file"
-    """A file listed in manifest.json is missing."""
-    FILE_CHANGED = "file_changed"
-    """A file's size or sha256 (or a kept tensor's) differs from what the record wrote."""
-    NO_KEPT = "no_kept"
-    """A run recorded before baseline tensors were kept (``drift``)."""
-    BAD_OPTION = "bad_option"
-    """An option's value is invalid, or names what the input lacks (a step, a rank)."""
-    UNMERGEABLE = "unmergeable"
-    """The merged trace would break the Trace Event Format."""
-    HTA_MISSING = "hta_missing"
-    """``--crosscheck hta`` without HolisticTraceAnalysis installed."""
-    UNWRITABLE = "unwritable"
-    """An output cannot be written: its folder is marked read-only, or the write failed."""
-    OUT_IS_DIR = "out_is_dir"
-    """``-o`` names an existing folder where a file is written."""
-    OUT_IS_FILE = "out_is_file"
-    """``--out`` names a file where a folder is needed."""
+    INTERNAL = "internal"  #: not bad input: a parse worker died or failed (exit 1)
+    MISSING = "missing"  #: the path given does not exist
+    NOT_A_FOLDER = "not_a_folder"  #: a file was given where a folder is needed
+    EMPTY = "empty"  #: the folder holds no trace file and no run directory
+    UNREADABLE = "unreadable"  #: a trace cannot be read (I/O error)
+    TRUNCATED = "truncated"  #: a trace's gzip stream or JSON ends early or is corrupt
+    NOT_A_TRACE = "not_a_trace"  #: JSON without a ``traceEvents`` list of objects
+    NO_EVENTS = "no_events"  #: a trace without a complete (ph X) event with valid ts and dur
+    DUPLICATE_RANK = "duplicate_rank"  #: two traces of the folder are the same rank
+    NO_RANK = "no_rank"  #: no ``distributedInfo.rank`` and no ``rank<N>``/``worker<N>`` names
+    MIXED_RANK_INFO = "mixed_rank_info"  #: some traces carry a rank and others do not
+    WORLD_SIZE_MISMATCH = "world_size_mismatch"  #: traces (or traces and manifest) disagree
+    MIXED_JOBS = "mixed_jobs"  #: traces of different jobs (backends, group members) mixed
+    RANK_OUT_OF_RANGE = "rank_out_of_range"  #: a rank at or beyond the world size
+    BAD_FOLDER = "bad_folder"  #: several problems in one folder, each in ``problems``
+    INCOMPLETE_RUN = "incomplete_run"  #: a run directory without manifest.json
+    FOREIGN_IN_ROOT = "foreign_in_root"  #: traces root sub-folder not written by the tracer
+    DUPLICATE_RUN = "duplicate_run"  #: two run directories of a traces root share a name
+    BAD_RUN_FILE = "bad_run_file"  #: a run-dir file unreadable, incomplete or of newer schema
+    MISSING_FILE = "missing_file"  #: a file listed in manifest.json is missing
+    FILE_CHANGED = "file_changed"  #: size or sha256 differs from the record's (file, tensor)
+    NO_KEPT = "no_kept"  #: recorded before baseline tensors were kept (``drift``)
+    BAD_OPTION = "bad_option"  #: an option's value is invalid or names what the input lacks
+    UNMERGEABLE = "unmergeable"  #: the merged trace would break the Trace Event Format
+    HTA_MISSING = "hta_missing"  #: ``--crosscheck hta`` without HolisticTraceAnalysis
+    UNWRITABLE = "unwritable"  #: an output's folder is marked read-only, or the write failed
+    OUT_IS_DIR = "out_is_dir"  #: ``-o`` names an existing folder where a file is written
+    OUT_IS_FILE = "out_is_file"  #: ``--out`` names a file where a folder is needed
 
 
 class ParityTraceError(Exception):

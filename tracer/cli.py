@@ -61,7 +61,7 @@ def record(
         help="FSDP reshard after forward (default from the sharding strategy).")] = None,
     out: Annotated[str, typer.Option(help="Output root; run dirs are OUT/NAME.")] = "traces",
     name: Annotated[Optional[str], typer.Option(help="Run name (default the strategy; with all: NAME-strategy).")] = None,
-    timeout: Annotated[float, typer.Option(help="Collective timeout and hang watchdog, seconds.")] = 60.0,
+    timeout_s: Annotated[float, typer.Option("--timeout", help="Collective timeout and hang watchdog, seconds.")] = 60.0,
     fault: Annotated[Optional[str], typer.Option(
         help="Deliberate bug: skip-grad-sync, wrong-grad-scale, unsynced-init.")] = None,
     keep_tensors: Annotated[str, typer.Option(
@@ -75,16 +75,12 @@ def record(
         help="--data loader: artificial cost per sample, ms (sleep; shows an input-bound run).")] = 0.0,
 ) -> None:
     """Record one strategy (or all four) into OUT/NAME run directories."""
+    # every option but these two is a RecordConfig field of the same name
+    options = {k: v for k, v in locals().items() if k not in ("strategy", "name")}
+    if golden is not None:
+        options["golden"] = str(Path(golden).resolve())
     from tracer.record import expand
 
-    options = dict(nproc=nproc, backend=backend, device=device, hidden=hidden, layers=layers, batch=batch,
-                   seq=seq, steps=steps, wait=wait, warmup=warmup, active=active, seed=seed,
-                   precision=precision, lr=lr, sharding_strategy=sharding_strategy,
-                   wrap_min_params=wrap_min_params, backward_prefetch=backward_prefetch,
-                   forward_prefetch=forward_prefetch, reshard_after_forward=reshard_after_forward,
-                   out=out, timeout_s=timeout, fault=fault, data=data, data_workers=data_workers,
-                   data_sample_cost_ms=data_sample_cost_ms, keep_tensors=keep_tensors,
-                   golden=None if golden is None else str(Path(golden).resolve()))
     under_torchrun = "RANK" in os.environ
     if under_torchrun and strategy == "all":
         _fail(ExitCode.BAD_INPUT, "--strategy all: under torchrun record one strategy per torchrun command")

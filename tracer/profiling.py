@@ -113,12 +113,6 @@ def peaks_of_events(events: list[dict], device_type: int = 0) -> dict[int, int]:
     return peaks
 
 
-def has_distributed_info(trace_path: Path) -> bool:
-    """Whether the exported trace carries a ``distributedInfo`` object."""
-    with gzip.open(trace_path, "rt", encoding="utf-8") as f:
-        return isinstance(json.load(f).get("distributedInfo"), dict)
-
-
 def cuda_sync(device: torch.device) -> None:
     """Wait for queued device work (no-op on CPU)."""
     if device.type == "cuda":
