@@ -23,7 +23,8 @@ def _raised_reasons() -> list[tuple[str, str]]:
     found = []
     for path in PRODUCT:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "BadInput"):
+            name = getattr(node, "func", None)
+            if getattr(name, "id", getattr(name, "attr", None)) != "BadInput":
                 continue
             if any(isinstance(a, ast.Starred) for a in node.args):
                 continue  # BadInput(*fields) rebuilds an error raised elsewhere

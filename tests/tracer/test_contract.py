@@ -20,7 +20,8 @@ def _analyzer_imports(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            mods = [node.module] if node.module != "analyzer" else [f"analyzer.{a.name}" for a in node.names]
+            mods = ([f"analyzer.{a.name}" for a in node.names] if node.module == "analyzer"
+                    else [node.module])
         elif isinstance(node, ast.Import):
             mods = [a.name for a in node.names]
         else:
