@@ -14,11 +14,9 @@ from typing import Annotated, Callable, NoReturn, TypeVar
 
 import typer
 
-from analyzer.cli_coerce import Command, Group
-from analyzer.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, ParityTraceError
+from analyzer.errors import ExitCode, ParityTraceError, Reason
 
-app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True,
-                  pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Analyse paritytrace run directories or any PyTorch profiler traces.")
 _state = {"debug": False}
 T = TypeVar("T")
@@ -33,14 +31,14 @@ def _run(fn: Callable[[], T]) -> T:
             raise
         problems = getattr(exc, "problems", [])
         head = str(exc)
-        if problems and exc.reason == "bad_folder":  # the message joins them all: list instead
+        if problems and exc.reason == Reason.BAD_FOLDER:  # the message joins them all: list instead
             head = f"{exc.path}: {len(problems)} problems, one per line below"
         for line in [head] + [str(p) for p in problems]:
             typer.echo(f"analyzer: {line}", err=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         typer.echo("analyzer: interrupted", err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
 
 
 @app.callback()
@@ -58,13 +56,7 @@ def _register_commands() -> None:
     cli_report.register(app, _run)
     cli_drift.register(app, _run)
     for info in app.registered_commands:
-        info.callback = _pipe_safe(info.callback, rich=info.name not in _PLAIN_OUTPUT)
-        if info.cls in (None, typer.core.TyperCommand):  # typer's default class
-            info.cls = Command  # str / float / Path / bool parameters without pydantic
-
-
-_PLAIN_OUTPUT = {"report", "gate"}
-"""Commands that print only through ``typer.echo`` (never rich): they skip importing rich."""
+        info.callback = _pipe_safe(info.callback)
 
 
 class _PipeClosed(Exception):
@@ -72,17 +64,12 @@ class _PipeClosed(Exception):
     click does not turn it into its own silent exit 1 before ``main`` sees it."""
 
 
-def _pipe_safe(fn: Callable[..., T], *, rich: bool = True) -> Callable[..., T]:
-    """Wrap a command so a ``BrokenPipeError`` leaves it as ``_PipeClosed`` (signature kept:
-    typer reads the options from it); with ``rich``, rich's closed-pipe handler too."""
+def _pipe_safe(fn: Callable[..., T]) -> Callable[..., T]:
+    """Wrap a command so a ``BrokenPipeError`` (also rich's: analyzer/richout.py) leaves it as
+    ``_PipeClosed`` (signature kept: typer reads the options from it)."""
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        if rich:
-            from rich.console import Console
-
-            # rich's own handler exits 1 on a closed pipe; report it to main instead (exit 0)
-            Console.on_broken_pipe = _rich_broken_pipe
         try:
             return fn(*args, **kwargs)
         except BrokenPipeError:
@@ -91,36 +78,30 @@ def _pipe_safe(fn: Callable[..., T], *, rich: bool = True) -> Callable[..., T]:
     return wrapped
 
 
-def _rich_broken_pipe(console) -> None:
-    console.quiet = True
-    raise _PipeClosed()
-
-
 _register_commands()
+
+
+# click's UsageError (typer >= 0.2x ships its own copy of click): every usage error's base
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
 def main() -> None:
     """Console-script entry point."""
-    try:  # typer >= 0.2x ships its own copy of click; its exceptions are these
-        from typer._click import exceptions as ce
-    except ImportError:  # older typer: plain click
-        from click import exceptions as ce
-
     try:
         rc = app(standalone_mode=False)
     except (BrokenPipeError, _PipeClosed):  # `analyzer ... | head`: the reader left; exit 0 quietly
         _quiet_stdout()
         sys.exit(0)
-    except ce.NoArgsIsHelpError as exc:  # bare `analyzer [CMD]`: show the help
-        typer.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
-        sys.exit(EXIT_BAD_INPUT)
-    except ce.UsageError as exc:  # bad option / argument: one line, exit 2
-        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
-        typer.echo(f"analyzer: {exc.format_message()}{where}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+    except _UsageError as exc:  # bad option / argument: one line, exit 2
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `analyzer [CMD]`: its help
+            exc.show()
+        else:
+            where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+            typer.echo(f"analyzer: {exc.format_message()}{where}", err=True)
+        sys.exit(ExitCode.BAD_INPUT)
     except typer.Abort:
         typer.echo("analyzer: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except SystemExit:
         raise
     except Exception as exc:  # a bug, not bad input: say so, keep the traceback behind --debug
@@ -128,7 +109,7 @@ def main() -> None:
             raise
         typer.echo(f"analyzer: internal error: {type(exc).__name__}: {exc} "
                    "(rerun with --debug and report it)", err=True)
-        sys.exit(EXIT_INTERNAL)
+        sys.exit(ExitCode.INTERNAL)
     try:
         sys.stdout.flush()  # a pipe closed after the last write fails here, not in the command
     except BrokenPipeError:

@@ -29,7 +29,7 @@ def register(app, run) -> None:
     ) -> None:
         """Per kept tensor: the difference, the tolerance applied and why; which settings differ."""
         from analyzer.drift import drift as compute
-        from analyzer.errors import EXIT_GATE_FAILED
+        from analyzer.errors import ExitCode
         from analyzer.report_types import ToleranceOverride
 
         result = run(lambda: compute(old, new, ToleranceOverride(rtol=rtol, atol=atol)))
@@ -40,16 +40,14 @@ def register(app, run) -> None:
         else:
             _print(result)
         if check and not result["ok"]:
-            raise typer.Exit(EXIT_GATE_FAILED)
-
-
-def _num(v) -> str:
-    return "-" if v is None else f"{v:.3g}"
+            raise typer.Exit(ExitCode.GATE_FAILED)
 
 
 def _print(r: dict) -> None:
-    from analyzer import richout
     from rich.table import Table
+
+    from analyzer import richout
+    from reports import fmt
 
     con = richout.console()
     say = lambda s: con.print(s, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
@@ -67,8 +65,8 @@ def _print(r: dict) -> None:
                      overflow="fold")  # tensor names are never cut
     for x in r["tensors"]:
         t.add_row(x["tensor"], "x".join(map(str, x["shape"] or [])) or "-", x["basis"],
-                  _num(x["max_abs_diff"]), _num(x["rel_l2"]), _num(x["max_abs_ref"]),
-                  _num(x["limit"]), x["status"])
+                  fmt.num(x["max_abs_diff"]), fmt.num(x["rel_l2"]), fmt.num(x["max_abs_ref"]),
+                  fmt.num(x["limit"]), x["status"])
     con.print(t)
     num = r["numerics"]
     if num["loss"]:
@@ -76,7 +74,8 @@ def _print(r: dict) -> None:
         for c in ("step", "OLD", "NEW", "|diff|"):
             lt.add_column(c, justify="right")
         for x in num["loss"]:
-            lt.add_row(str(x["step"]), f"{x['old']:.9g}", f"{x['new']:.9g}", _num(x["abs_diff"]))
+            lt.add_row(str(x["step"]), fmt.num(x["old"], ".9g"), fmt.num(x["new"], ".9g"),
+                       fmt.num(x["abs_diff"]))
         con.print(lt)
     for side in ("old", "new"):
         p = num[f"{side}_parity"]
@@ -88,6 +87,6 @@ def _print(r: dict) -> None:
         d = g.get("distributed")
         if d:
             say(f"NEW distributed step-0 tensors vs OLD's kept tensors: {d['tensors']} tensors, "
-                f"max rel L2 {_num(d['max_rel_l2'])}, max |diff| {_num(d['max_abs_diff'])}; "
+                f"max rel L2 {fmt.num(d['max_rel_l2'])}, max |diff| {fmt.num(d['max_abs_diff'])}; "
                 + (f"beyond the expectation: {', '.join(d['beyond'])}" if d["beyond"] else "all as expected"))
     say(("OK " if r["ok"] else "DRIFT ") + r["verdict"])

@@ -26,20 +26,20 @@ def register(app, run) -> None:
             "--allow-incomplete", help="Merge a run directory without manifest.json.")] = False,
     ) -> None:
         """Merge every rank into one Chrome trace aligned on matched collectives (opens in Perfetto)."""
-        from analyzer.errors import BadInput
+        from analyzer import outpaths
+        from analyzer.errors import BadInput, Reason
         from analyzer.merge import MergeOptions, merge_traces, parse_steps
 
         def go():
             try:
                 chosen = parse_steps(steps) if steps else None
             except ValueError as exc:
-                raise BadInput(directory, "bad_steps", str(exc), "e.g. --steps 3 or --steps 2-4") from None
+                raise BadInput(directory, Reason.BAD_OPTION, str(exc),
+                               "e.g. --steps 3 or --steps 2-4") from None
             target = out or directory / "merged.trace.json.gz"
-            if target.is_dir():
-                raise BadInput(target, "out_is_dir", "-o names an existing directory, not a file",
-                               f"pass a file name, e.g. -o {target / 'merged.trace.json.gz'}")
             if directory.is_dir():  # else merge_traces names what is wrong with the input
-                _refuse_read_only(target)
+                outpaths.check_out(target, option="-o", what="the merged trace",
+                                   example="merged.trace.json.gz")
             _check_like_report(directory, allow_incomplete)
             options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align,
                                    allow_incomplete=allow_incomplete)
@@ -49,21 +49,6 @@ def register(app, run) -> None:
         _print(result)
 
 
-def _refuse_read_only(target: Path) -> None:
-    """Raise ``BadInput`` (reason ``read_only``) when the folder ``target`` would be written in,
-    or its nearest existing parent, is marked read-only (no write bit in its mode, e.g. the
-    shared corpus), as ``analyzer report`` refuses such a folder (reports/cli_report.py
-    ``write_report``). The mode bits, not ``os.access``: root passes ``os.access`` anyway."""
-    from analyzer.errors import BadInput
-
-    folder = target.parent
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if existing is not None and not existing.stat().st_mode & 0o222:
-        raise BadInput(existing, "read_only", "is marked read-only; the merged trace is not "
-                       "written there", "pass -o a file in a writable folder, e.g. "
-                       "-o /tmp/merged.trace.json.gz")
-
-
 def _check_like_report(directory: Path, allow_incomplete: bool) -> None:
     """Refuse a run directory without manifest.json (unless ``allow_incomplete``) in merge's
     words, before anything is read. Everything else ``analyzer report`` refuses, ``merge_traces``
@@ -71,12 +56,12 @@ def _check_like_report(directory: Path, allow_incomplete: bool) -> None:
     ingest (analyzer/ingest.py, analyzer/rundirs.py), whose per-rank tables it caches beside
     the traces, so a later ``analyzer report`` of the folder reuses them."""
     from analyzer import schemas
-    from analyzer.errors import BadInput
+    from analyzer.errors import BadInput, Reason
 
     if directory.is_dir() and not (directory / schemas.MANIFEST_NAME).is_file() \
             and any((directory / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME)) \
             and not allow_incomplete:
-        raise BadInput(directory, "incomplete_run", "incomplete run: no manifest.json (the "
+        raise BadInput(directory, Reason.INCOMPLETE_RUN, "incomplete run: no manifest.json (the "
                        "tracer writes it last)", "re-record the run, or pass "
                        "--allow-incomplete to merge what is there")
 

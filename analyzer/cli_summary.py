@@ -45,14 +45,12 @@ def register(app, run) -> None:
 def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
     import json
 
-    from analyzer.atomic import write_atomic
-    from analyzer.errors import BadInput
+    from analyzer import outpaths
     from analyzer.ingest import load_tables
     from analyzer.summary import summarize
 
-    if output is not None and output.is_dir():  # before the analysis: refused at once
-        raise BadInput(output, "out_is_dir", "-o names an existing directory, not a file",
-                       f"pass a file name, e.g. -o {output / 'summary.json'}")
+    if output is not None:  # before the analysis: refused at once
+        outpaths.check_out(output, option="-o", what="the summary", example="summary.json")
     # a run directory gets the manifest checks of `report` and `gate` (analyzer/rundirs.py): a
     # listed file missing or changed since the record is refused, not summarised partially
     ts = load_tables(path, allow_incomplete=allow_incomplete, jobs=jobs)
@@ -60,102 +58,59 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
     if crosscheck is not None:
         from analyzer import crosscheck_hta
 
-        if not crosscheck_hta.hta_available():
-            raise BadInput(path, "hta_missing", "--crosscheck hta needs HolisticTraceAnalysis",
-                           "pip install 'paritytrace[hta]'")
-        if ts.root.is_dir():
-            s.crosscheck = crosscheck_hta.compare(ts, crosscheck_hta.run_hta_overlap(ts.root))
-        else:
-            s.crosscheck = crosscheck_hta.compare(ts, _hta_on_one_file(ts.root))
+        s.crosscheck = crosscheck_hta.crosscheck(ts)
     if fmt == _Format.json:
         text = json.dumps(s.to_json(), indent=1)
         if output is None:
             typer.echo(text)
         else:
-            try:
-                write_atomic(output, text)
-            except OSError as exc:
-                raise BadInput(output, "unwritable", f"cannot be written ({exc.strerror})",
-                               "pass -o a file in a writable folder") from None
+            outpaths.write_out(output, text, option="-o", example="summary.json")
         return
     _print_tables(s)
 
 
-def _hta_on_one_file(trace: Path):
-    """HTA's overlap for one trace file: HTA reads whole folders, so it gets a temporary folder
-    holding only a symlink to ``trace`` (removed afterwards). Given the file's parent instead,
-    HTA read every sibling trace too, logged a "same rank" line for each and kept another
-    file's figure for the rank."""
-    import tempfile
-
-    from analyzer import crosscheck_hta
-
-    with tempfile.TemporaryDirectory(prefix="paritytrace-hta-") as tmp:
-        link = Path(tmp) / trace.name
-        link.symlink_to(trace.resolve())
-        return crosscheck_hta.run_hta_overlap(Path(tmp))
-
-
 def _print_tables(s) -> None:
+    from functools import partial
+
     from rich.table import Table
 
     from analyzer.richout import add_column, console
+    from reports import fmt
 
     con = console()
     for line in s.headline:
         con.print(line, markup=False, highlight=False, soft_wrap=True)
+    text, ms, pct = partial(fmt.num, spec=""), partial(fmt.ms, spec=".3f"), fmt.pct  # ms: to 1 µs
+    gbps, pct100 = partial(fmt.num, spec=".3f"), partial(fmt.num, spec=".2f")  # pct100: 0..100
 
-    def show(title, df, cols, fmt=None):
+    def show(title, df, cols: dict) -> None:
+        """A table of ``df``: ``cols`` maps each header to (column, formatter); NaN is missing."""
         if df is None or df.empty:
             return
         t = Table(title=title)
-        for c in cols:
-            add_column(t, c, justify="right" if c not in ("kind", "pg", "explanation") else "left",
+        for head, (c, _) in cols.items():
+            add_column(t, head, justify="left" if c in ("kind", "pg", "explanation") else "right",
                        key=c in ("rank", "step", "kind", "pg", "seq"))
-        for rec in df[cols].itertuples(index=False):
-            t.add_row(*[(fmt or {}).get(c, _cell)(v) for c, v in zip(cols, rec)])
+        for rec in df[[c for c, _ in cols.values()]].itertuples(index=False):
+            t.add_row(*[f(None if v != v else v) for (_, f), v in zip(cols.values(), rec)])
         con.print(t)
 
-    ms = lambda v: f"{v / 1e6:.3f}"  # noqa: E731
-    b = s.breakdown.copy()
-    b_cols = ["rank", "step", "step_ms", "compute_ms", "comm_ms", "overlap_ms", "exposed_comm_ms",
-              "data_wait_ms", "other_ms", "idle_ms", "overlap_pct"]
-    for c in ("step", "compute", "comm", "overlap", "exposed_comm", "data_wait", "other", "idle"):
-        b[f"{c}_ms"] = b[f"{c}_ns"]
-    b["overlap_pct"] = b["overlap_frac"] * 100
-    show("Per rank and step (ms)", b, b_cols,
-         {**{c: ms for c in b_cols if c.endswith("_ms")}, "overlap_pct": _pct})
-    k = s.by_kind.copy()
-    if not k.empty:
-        k["time_ms"] = k["time_ns"]
-        show("Per collective kind", k, ["rank", "kind", "count", "time_ms", "bytes", "algbw_gbps",
-                                        "busbw_gbps"], {"time_ms": ms})
-    st = s.stragglers.copy()
-    if not st.empty:
-        st["skew_caused_ms"] = st["skew_caused_ns"]
-        show("Stragglers (last to start a matched collective)", st.head(10),
-             ["rank", "times_last", "skew_caused_ms"], {"skew_caused_ms": ms})
+    times = ("compute", "comm", "overlap", "exposed_comm", "data_wait", "other", "idle")
+    show("Per rank and step", s.breakdown,
+         {"rank": ("rank", text), "step": ("step", text), "step_time": ("step_ns", ms),
+          **{c: (f"{c}_ns", ms) for c in times}, "overlap_of_comm": ("overlap_frac", pct)})
+    show("Per collective kind", s.by_kind,
+         {"rank": ("rank", text), "kind": ("kind", text), "count": ("count", text),
+          "time": ("time_ns", ms), "bytes": ("bytes", text), "algbw_gbps": ("algbw_gbps", gbps),
+          "busbw_gbps": ("busbw_gbps", gbps)})
+    show("Stragglers (last to start a matched collective)", s.stragglers.head(10),
+         {"rank": ("rank", text), "times_last": ("times_last", text),
+          "skew_caused": ("skew_caused_ns", ms)})
     x = s.cross_rank
-    if not x.empty:
-        worst = x.sort_values("start_skew_ns", ascending=False).head(10).copy()
-        worst["start_skew_ms"] = worst["start_skew_ns"]
-        worst["transfer_ms"] = worst["transfer_ns"]
-        worst["max_wait_ms"] = worst["max_wait_ns"]
-        show("Cross-rank: largest start skews", worst,
-             ["pg", "seq", "kind", "n_ranks", "start_skew_ms", "transfer_ms", "max_wait_ms",
-              "straggler_rank"], {"start_skew_ms": ms, "transfer_ms": ms, "max_wait_ms": ms})
-    if s.crosscheck is not None:
-        show("Cross-check with HTA get_comm_comp_overlap (% of communication)", s.crosscheck,
-             ["rank", "hta_overlap_pct", "ours_whole_trace_pct", "ours_step_pct", "diff_pct",
-              "explanation"], {c: _pct for c in ("hta_overlap_pct", "ours_whole_trace_pct",
-                                                  "ours_step_pct", "diff_pct")})
-
-
-def _cell(v) -> str:
-    if isinstance(v, float):
-        return "-" if v != v else f"{v:.3f}"
-    return str(v)
-
-
-def _pct(v) -> str:
-    return "-" if v != v else f"{v:.2f}"
+    show("Cross-rank: largest start skews", x.sort_values("start_skew_ns", ascending=False).head(10),
+         {**{c: (c, text) for c in ("pg", "seq", "kind", "n_ranks")},
+          "start_skew": ("start_skew_ns", ms), "transfer": ("transfer_ns", ms),
+          "max_wait": ("max_wait_ns", ms), "straggler_rank": ("straggler_rank", text)})
+    show("Cross-check with HTA get_comm_comp_overlap (% of communication)", s.crosscheck,
+         {**{c: (c, pct100) for c in ("hta_overlap_pct", "ours_whole_trace_pct", "ours_step_pct",
+                                       "diff_pct")}, "explanation": ("explanation", text)})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -31,6 +32,25 @@ def hta_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def crosscheck(ts) -> pd.DataFrame:
+    """``compare`` with HTA's figures for ``ts.root``, a folder or one trace file. Raises
+    ``BadInput`` (``hta_missing``) when HTA is not installed.
+
+    HTA reads whole folders: for one file it gets a temporary folder holding only a symlink to
+    it (removed afterwards). Given the file's parent instead, HTA read every sibling trace too,
+    logged a "same rank" line for each and kept another file's figure for the rank."""
+    from analyzer.errors import BadInput, Reason
+
+    if not hta_available():
+        raise BadInput(ts.root, Reason.HTA_MISSING, "--crosscheck hta needs HolisticTraceAnalysis",
+                       "pip install 'paritytrace[hta]'")
+    if ts.root.is_dir():
+        return compare(ts, run_hta_overlap(ts.root))
+    with tempfile.TemporaryDirectory(prefix="paritytrace-hta-") as tmp:
+        (Path(tmp) / ts.root.name).symlink_to(ts.root.resolve())
+        return compare(ts, run_hta_overlap(Path(tmp)))
 
 
 def run_hta_overlap(trace_dir: Path) -> pd.DataFrame:

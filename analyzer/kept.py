@@ -6,7 +6,7 @@ upper 16 bits of the float32 with the same value). Every value is returned as fl
 
 Verification (``open_kept``): kept.parquet's sha256 must equal the manifest's entry; every tensor
 of baseline.safetensors must hash to its kept.parquet row. Any mismatch is ``BadInput`` (reason
-``tampered``) naming the file and each changed tensor.
+``file_changed``) naming the file and each changed tensor.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _entry(manifest: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 def read_safetensors(path: Path) -> dict[str, tuple[str, list[int], bytes, np.ndarray]]:
     """``{name: (dtype code, shape, raw bytes, float64 values of that shape)}`` of a safetensors
-    file. Raises ``BadInput`` (reason ``bad_tensors``) when it is not a readable safetensors file
+    file. Raises ``BadInput`` (reason ``bad_run_file``) when it is not a readable safetensors file
     or holds a dtype other than floats, ints, bool and BF16."""
     from safetensors import SafetensorError, safe_open
 
@@ -61,7 +61,7 @@ def read_safetensors(path: Path) -> dict[str, tuple[str, list[int], bytes, np.nd
         with safe_open(str(path), framework="numpy") as f:
             names = list(f.keys())
     except (OSError, ValueError, SafetensorError) as exc:
-        raise BadInput(path, "bad_tensors", f"not a readable safetensors file ({exc})",
+        raise BadInput(path, "bad_run_file", f"not a readable safetensors file ({exc})",
                        "re-record the run") from None
     body = memoryview(data)[8 + n:]
     out = {}
@@ -75,7 +75,7 @@ def read_safetensors(path: Path) -> dict[str, tuple[str, list[int], bytes, np.nd
         elif dtype in _NUMPY_DTYPES:
             values = np.frombuffer(raw, _NUMPY_DTYPES[dtype])
         else:
-            raise BadInput(path, "bad_tensors", f"tensor {name} has unsupported dtype {dtype}",
+            raise BadInput(path, "bad_run_file", f"tensor {name} has unsupported dtype {dtype}",
                            "keep float tensors")
         out[name] = (dtype, shape, raw, values.astype(np.float64).reshape(shape))
     return out
@@ -86,27 +86,27 @@ def open_kept(run_dir: Path | str) -> KeptRun:
 
     Raises ``BadInput``: no manifest or kept.parquet (reason ``no_kept``: recorded before tensors
     were kept), a file whose sha256 differs from the manifest or a tensor whose sha256 differs
-    from kept.parquet (reason ``tampered``: the first changed tensor in the message, every further
+    from kept.parquet (reason ``file_changed``: the first changed tensor in the message, every further
     one in ``problems``).
     """
     run_dir = Path(run_dir)
     mpath = run_dir / schemas.MANIFEST_NAME
     if not mpath.is_file():
-        raise BadInput(run_dir, "no_manifest", "has no manifest.json (not a completed run directory)",
+        raise BadInput(run_dir, "incomplete_run", "has no manifest.json (not a completed run directory)",
                        "pass a run directory written by tracer record")
     try:
         manifest = schemas.read_manifest(mpath)
     except schemas.SchemaError as exc:
-        raise BadInput(mpath, "bad_manifest", str(exc).split(": ", 1)[-1]) from None
+        raise BadInput(mpath, "bad_run_file", str(exc).split(": ", 1)[-1]) from None
     kpath = run_dir / schemas.KEPT_NAME
     entry = _entry(manifest, schemas.KEPT_NAME)
     if entry is None or not kpath.is_file():
         raise BadInput(run_dir, "no_kept", f"keeps no {schemas.KEPT_NAME} (recorded before tensors "
                        "were kept)", "re-record the run with this version of tracer")
     if schemas.sha256_file(kpath) != entry.get("sha256"):
-        raise BadInput(kpath, "tampered", "sha256 differs from the manifest (changed after the record)",
+        raise BadInput(kpath, "file_changed", "sha256 differs from the manifest (changed after the record)",
                        "re-record the run")
-    kept = read_parquet(kpath, schemas.KEPT_SCHEMA, "kept")
+    kept = read_parquet(kpath, schemas.KEPT_SCHEMA)
     kept["shape"] = [tuple(int(d) for d in s) for s in kept["shape"]]
     tpath = run_dir / schemas.KEPT_TENSORS_NAME
     tentry = _entry(manifest, schemas.KEPT_TENSORS_NAME)
@@ -118,10 +118,10 @@ def open_kept(run_dir: Path | str) -> KeptRun:
     problems = _tensor_problems(tpath, read, kept)
     if problems:
         more = f" (and {len(problems) - 1} more, below)" if len(problems) > 1 else ""
-        raise BadInput(tpath, "tampered", problems[0].message + more, "re-record the run",
+        raise BadInput(tpath, "file_changed", problems[0].message + more, "re-record the run",
                        problems=problems[1:])  # errors.py: ``problems`` are the further ones
     if schemas.sha256_file(tpath) != tentry.get("sha256"):  # header / metadata changed, tensors intact
-        raise BadInput(tpath, "tampered", "sha256 differs from the manifest although every tensor "
+        raise BadInput(tpath, "file_changed", "sha256 differs from the manifest although every tensor "
                        "matches kept.parquet (header or metadata changed)", "re-record the run")
     return KeptRun(path=run_dir, manifest=manifest, kept=kept,
                    tensors={k: v[3] for k, v in read.items()})
@@ -140,5 +140,5 @@ def _tensor_problems(tpath: Path, read: dict, kept: pd.DataFrame) -> list[BadInp
             why = f"tensor {name} changed after the record (sha256 differs from kept.parquet)"
         else:
             continue
-        problems.append(BadInput(tpath, "tampered", why, "re-record the run"))
+        problems.append(BadInput(tpath, "file_changed", why, "re-record the run"))
     return problems

@@ -22,21 +22,21 @@ PEAK_COLUMNS = ("peak_rss_bytes", "profiler_allocated_peak_bytes", "cuda_max_all
                 "cuda_max_reserved_bytes")
 
 
-def read_parquet(path: Path, schema: pa.Schema, what: str) -> pd.DataFrame:
+def read_parquet(path: Path, schema: pa.Schema) -> pd.DataFrame:
     """The columns of ``schema`` from a run directory's Parquet file ``path``. Raises
-    ``BadInput`` (reason ``bad_<what>``) naming the file when it is unreadable, written by a
+    ``BadInput`` (reason ``bad_run_file``) naming the file when it is unreadable, written by a
     newer schema or lacks a column."""
     try:
         schemas.check_parquet_version(path, schema)
         table = pq.read_table(path)
     except schemas.SchemaError as exc:
-        raise BadInput(path, f"bad_{what}", str(exc).split(": ", 1)[-1]) from None
+        raise BadInput(path, "bad_run_file", str(exc).split(": ", 1)[-1]) from None
     except (OSError, pa.ArrowInvalid) as exc:
-        raise BadInput(path, f"bad_{what}", f"not a readable Parquet file ({exc})",
+        raise BadInput(path, "bad_run_file", f"not a readable Parquet file ({exc})",
                        "re-record the run") from None
     missing = [n for n in schema.names if n not in table.column_names]
     if missing:
-        raise BadInput(path, f"bad_{what}", f"lacks column(s) {', '.join(missing)}",
+        raise BadInput(path, "bad_run_file", f"lacks column(s) {', '.join(missing)}",
                        "re-record the run with this version of tracer")
     return table.select(schema.names).to_pandas()
 
@@ -44,7 +44,7 @@ def read_parquet(path: Path, schema: pa.Schema, what: str) -> pd.DataFrame:
 def read_steps(path: Path | str) -> pd.DataFrame:
     """Read ``steps.parquet``: columns of ``schemas.STEPS_SCHEMA``; byte columns as nullable
     ``Int64``. Raises ``BadInput`` naming the file when unreadable or incomplete."""
-    df = read_parquet(Path(path), schemas.STEPS_SCHEMA, "steps")
+    df = read_parquet(Path(path), schemas.STEPS_SCHEMA)
     for c in ("rank", "step", "wall_ns"):
         df[c] = df[c].astype("int64")
     for c in PEAK_COLUMNS:
@@ -102,7 +102,7 @@ def peak_allocated_bytes(peaks: pd.DataFrame) -> int | None:
 
 def read_memory(path: Path | str) -> pd.DataFrame:
     """Read ``memory/memory.parquet`` (``schemas.MEMORY_SCHEMA``). Raises ``BadInput``."""
-    df = read_parquet(Path(path), schemas.MEMORY_SCHEMA, "memory")
+    df = read_parquet(Path(path), schemas.MEMORY_SCHEMA)
     df["rank"] = df["rank"].astype("int64")
     df["block_size_bytes"] = df["block_size_bytes"].astype("int64")
     df["category"] = df["category"].astype(object).where(df["category"].notna(), "unknown")

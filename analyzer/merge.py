@@ -313,7 +313,7 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     ranks = [rt.rank for rt in job.ranks]
     ref_rank = options.ref_rank if options.ref_rank is not None else ranks[0]
     if ref_rank not in ranks:
-        raise BadInput(root, "bad_ref_rank", f"has no trace of rank {ref_rank} (ranks: {ranks})",
+        raise BadInput(root, "bad_option", f"has no trace of rank {ref_rank} (ranks: {ranks})",
                        "pick one of the ranks present")
     warnings: list[str] = list(job.warnings)
     matched = clock.match_collectives(job.collectives)
@@ -347,7 +347,7 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
             if missing:
                 warnings.append(f"rank {r.rank} ({r.path.name}) has no ProfilerStep {missing}")
         if not found_any:
-            raise BadInput(root, "no_such_step", f"no trace has ProfilerStep {list(options.steps)}",
+            raise BadInput(root, "bad_option", f"no trace has ProfilerStep {list(options.steps)}",
                            "pick steps shown by `analyzer summary`, or omit --steps")
 
     t0 = min(int(r.events["ts_ns"].min()) - shift[r.rank] for r in inputs)

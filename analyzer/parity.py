@@ -72,12 +72,12 @@ def read_numerics(path: Path | str) -> pd.DataFrame:
     column of ``schemas.NUMERICS_SCHEMA``.
     """
     path = Path(path)
-    df = read_parquet(path, schemas.NUMERICS_SCHEMA, "numerics")
+    df = read_parquet(path, schemas.NUMERICS_SCHEMA)
     out = df.astype({"rank": "int64", "step": "int64", "kind": str, "tensor": str, "seq": "int64",
                      "metric": str, "value": "float64"})
     bad_kinds = sorted(set(out["kind"]) - set(schemas.NUMERICS_KINDS))
     if bad_kinds:
-        raise BadInput(path, "bad_numerics", f"unknown kind(s) {', '.join(bad_kinds)}",
+        raise BadInput(path, "bad_run_file", f"unknown kind(s) {', '.join(bad_kinds)}",
                        "re-record the run with this version of tracer")
     return out
 
@@ -89,14 +89,14 @@ def _wide(numerics: pd.DataFrame, path: str) -> pd.DataFrame:
     dup = rows.duplicated(keys + ["metric"])
     if dup.any():
         r = rows[dup].iloc[0]
-        raise BadInput(path, "bad_numerics",
+        raise BadInput(path, "bad_run_file",
                        f"metric {r['metric']} of {r['kind']} {r['tensor']} appears twice for "
                        f"rank {r['rank']} step {r['step']}", "re-record the run")
     wide = rows.pivot(index=keys, columns="metric", values="value").reset_index()
     wide.columns.name = None
     missing = [m for m in schemas.TENSOR_METRICS if m not in wide.columns]
     if missing and len(wide):
-        raise BadInput(path, "bad_numerics", f"lacks metric(s) {', '.join(missing)}",
+        raise BadInput(path, "bad_run_file", f"lacks metric(s) {', '.join(missing)}",
                        "re-record the run with this version of tracer")
     for m in schemas.TENSOR_METRICS:
         if m not in wide.columns:
@@ -133,7 +133,7 @@ def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numeri
     mixed = flags[flags["min"] != flags["max"]]
     if len(mixed):
         kind, tensor, _, step = mixed.index[0]
-        raise BadInput(path, "bad_numerics",
+        raise BadInput(path, "bad_run_file",
                        f"{kind} {tensor} at step {step} is replicated on some ranks and sharded on "
                        "others", "re-record the run")
     wide["_limit"] = tol.atol + tol.rtol * wide["max_abs_ref"]
@@ -187,7 +187,7 @@ def check_loss(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.
         values = g[g["metric"] == "value"].sort_values("rank")
         refs = g[g["metric"] == "ref_value"].sort_values("rank")
         if values.empty or refs.empty:
-            raise BadInput(path, "bad_numerics", f"loss at step {step} lacks value or ref_value",
+            raise BadInput(path, "bad_run_file", f"loss at step {step} lacks value or ref_value",
                            "re-record the run")
         loss = float(values["value"].mean(skipna=False))
         ref = float(refs["value"].iloc[0])
@@ -262,7 +262,7 @@ def check_run(run_dir: Path | str, manifest: dict[str, Any] | None,
     try:
         tol = tolerance_for(str(precision), rtol=override.rtol, atol=override.atol)
     except ValueError as exc:
-        raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_manifest", str(exc),
+        raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_run_file", str(exc),
                        "re-record the run") from None
     path = run_dir / schemas.NUMERICS_NAME
     if not path.exists():

@@ -40,7 +40,7 @@ and at the default shapes (tests/reliability/test_followups.py); ``--rtol 0.5`` 
 class ToleranceOverride:
     """The user's ``--rtol`` / ``--atol`` (None: the precision's default), validated here once.
 
-    Raises ``BadInput`` (reason ``bad_tolerance``) naming the option (``--atol`` for a bad
+    Raises ``BadInput`` (reason ``bad_option``) naming the option (``--atol`` for a bad
     atol) for a negative, NaN or infinite value, with an example value for that option, or for
     one above its bound in ``MAX_OVERRIDE`` (the message states the bound). ``-0.0`` passes (it
     equals 0); ``parity.tolerance_for`` stores it as ``0.0`` so that no report shows "rtol -0"."""
@@ -53,11 +53,11 @@ class ToleranceOverride:
     def __post_init__(self) -> None:
         for name, value in (("--rtol", self.rtol), ("--atol", self.atol)):
             if value is not None and not (math.isfinite(value) and value >= 0):
-                raise BadInput(name, "bad_tolerance", f"must be a finite number >= 0, got {value!r}",
+                raise BadInput(name, "bad_option", f"must be a finite number >= 0, got {value!r}",
                                f"pass e.g. {name} 1e-5 (or leave it out for the precision's default)")
             bound = MAX_OVERRIDE[name[2:]]
             if value is not None and value > bound:
-                raise BadInput(name, "bad_tolerance", f"{value!r} is above the bound {bound:g}: so "
+                raise BadInput(name, "bad_option", f"{value!r} is above the bound {bound:g}: so "
                                "loose a tolerance no longer tests numerical equivalence (a gradient "
                                "off by 2x could pass)",
                                f"pass {name} <= {bound:g} (or leave it out for the precision's default)")

@@ -18,12 +18,17 @@ WIDE_COLUMNS = 200
 
 def console():
     """A ``rich.console.Console`` for stdout: the terminal's width on a TTY, else ``COLUMNS``
-    or ``WIDE_COLUMNS``."""
+    or ``WIDE_COLUMNS``. A closed pipe (``| head``) raises ``BrokenPipeError`` for the CLI to
+    end quietly with 0 (rich's own handler exits 1)."""
     from rich.console import Console
 
-    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
-        return Console()
-    return Console(width=WIDE_COLUMNS)
+    con = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else WIDE_COLUMNS)
+
+    def closed() -> None:
+        con.quiet = True
+        raise BrokenPipeError
+    con.on_broken_pipe = closed
+    return con
 
 
 def add_column(table, name: str, *, justify: str = "right", key: bool = False) -> None:

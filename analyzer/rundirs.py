@@ -128,9 +128,9 @@ def _read(run_dir: Path) -> RunDir:
     try:
         manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
     except schemas.SchemaError as exc:
-        raise BadInput(exc.path, "bad_manifest", str(exc).split(": ", 1)[-1]) from None
+        raise BadInput(exc.path, "bad_run_file", str(exc).split(": ", 1)[-1]) from None
     if manifest["strategy"] not in schemas.STRATEGIES:
-        raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_manifest",
+        raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_run_file",
                        f"unknown strategy {manifest['strategy']!r}", "re-record the run")
     files = manifest["files"] if isinstance(manifest["files"], list) else []
     check_listed_files_present(run_dir, manifest)
@@ -222,7 +222,7 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     """
     root = _existing(Path(root))
     if not root.is_dir():
-        raise BadInput(root, "not_a_directory", "is a file, not a folder",
+        raise BadInput(root, "not_a_folder", "is a file, not a folder",
                        "pass the folder that holds it (a traces root, one run directory or a "
                        "folder of traces); `analyzer summary` also takes one trace file")
     if (root / schemas.MANIFEST_NAME).is_file():
@@ -278,6 +278,6 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
         return Discovery(root=root, layout="foreign", runs=[RunDir(
             path=root, name=root.name, manifest=None, notes=skipped,
             traces=trace_files(children, run_dir=False, notes=skipped))])
-    raise BadInput(root, "no_runs", "holds no run directory (manifest.json) and no trace files",
+    raise BadInput(root, "empty", "holds no run directory (manifest.json) and no trace files",
                    "pass a traces root written by `tracer record`, one run directory, "
                    "or a folder of *.json / *.json.gz profiler traces")

@@ -80,9 +80,7 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
     The notes the analysis says on stderr (``said_on_stderr``) are stored with the cached
     report and given again on a cache hit: appended to ``notes`` when a list is passed (the
     CLI prints them), else logged as warnings (``logging``)."""
-    from analyzer import report_types
-    from analyzer.atomic import write_atomic
-    from analyzer.errors import BadInput
+    from analyzer import outpaths, report_types
     from reports import cache, html, markdown
 
     if not root.is_dir():
@@ -90,15 +88,7 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
 
         rundirs.discover(root)  # raises the one-line BadInput: missing, or a file, not a folder
     out = out or root / "report"
-    # Folders marked read-only (e.g. a shared corpus) stay untouched even for root, who would
-    # pass os.access: look at the mode bits of the nearest existing folder.
-    existing = next((p for p in (out, *out.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():  # --out FILE (or a folder under one)
-        raise BadInput(existing, "out_is_file", "is a file, not a folder (--out names the folder "
-                       "report.md/json/html go in)", "pass --out a folder")
-    if existing is not None and not existing.stat().st_mode & 0o222:
-        raise BadInput(existing, "read_only", "is marked read-only; the report is not written there",
-                       "pass --out to a writable folder")
+    outpaths.check_out(out, option="--out", what="the report")
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
     key = cache.key(root, out, options)
     hit = cache.load_entry(root, out, key)
@@ -125,12 +115,7 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
     texts = {"json": lambda: report_json, "html": lambda: html.render(report, md), "md": lambda: md}
     for f in ("json", "html", "md"):
         if f in formats:
-            path = out / f"report.{f}"
-            try:
-                write_atomic(path, texts[f]())
-            except OSError as exc:
-                raise BadInput(path, "unwritable", f"cannot be written ({exc.strerror})",
-                               "pass --out to a writable folder") from None
+            outpaths.write_out(out / f"report.{f}", texts[f](), option="--out")
     stale = _remove_stale(out, formats)
     if hit is None:
         cache.store(root, out, key, report_json, said)
@@ -211,7 +196,7 @@ def register(app, run) -> None:
     ) -> None:
         """Exit 0 when every run passes the parity gate (the reference counts), 3 otherwise."""
         from analyzer import runs
-        from analyzer.errors import EXIT_GATE_FAILED
+        from analyzer.errors import ExitCode
         from analyzer.report_types import AnalysisOptions, ToleranceOverride
 
         ok, lines = run(lambda: gate_lines(runs.gate(directory, AnalysisOptions(
@@ -220,5 +205,5 @@ def register(app, run) -> None:
             typer.echo(line)
         if not ok:
             typer.echo("gate: FAILED -- at least one run is not numerically equivalent to the baseline")
-            raise typer.Exit(EXIT_GATE_FAILED)
+            raise typer.Exit(ExitCode.GATE_FAILED)
         typer.echo("gate: passed")

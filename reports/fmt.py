@@ -7,9 +7,9 @@ from typing import Any
 from analyzer.report_types import DataSupply, RunEntry, Tolerance
 
 
-def ms(ns: Any) -> str:
-    """Nanoseconds as milliseconds, ``-`` when missing."""
-    return "-" if ns is None else f"{ns / 1e6:.2f} ms"
+def ms(ns: Any, spec: str = ".2f") -> str:
+    """Nanoseconds as milliseconds with ``spec``, ``-`` when missing."""
+    return "-" if ns is None else f"{ns / 1e6:{spec}} ms"
 
 
 def mib(b: Any) -> str:

@@ -30,19 +30,19 @@ therefore need the run directory on a filesystem all nodes share (as the manifes
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file, save_file
 
+from analyzer.atomic import atomic_path
 from analyzer.schemas import GOLDEN_NAME, KEPT_NAME, KEPT_SCHEMA, KEPT_TENSORS_NAME, NUMERICS_SCHEMA, kept_row
 from tracer.config import RecordConfig
 from tracer.model import SimpleTransformer, build_model, loss_fn, make_batch, precision_context
 from tracer.numerics import ActivationRecorder, rows_to_table, tensor_metrics
-from tracer.rundir import write_parquet_atomic
 
 BASELINE_NAME = KEPT_TENSORS_NAME
 ACTIVATIONS_NAME = ".baseline.activations.safetensors"
@@ -113,13 +113,9 @@ def compute_baseline(cfg: RecordConfig, device_type: str,
 
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], meta: dict[str, str], path: Path) -> None:
-    """Write atomically (temp file in the same folder + os.replace), mode like other run-dir files."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # like any other run-dir file (save_file may create it 0600)
-    os.replace(tmp, path)
+    """Write atomically (analyzer/atomic.py)."""
+    with atomic_path(path) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
 
 
 def kept_rows(tensors: dict[str, torch.Tensor]) -> list[dict]:
@@ -165,10 +161,12 @@ def save_baseline(tensors: dict[str, torch.Tensor], meta: dict[str, str], path: 
     kept = {k: v for k, v in tensors.items() if not k.startswith("act.")}
     acts = {k: v for k, v in tensors.items() if k.startswith("act.")}
     _save_safetensors(acts, meta, path.with_name(ACTIVATIONS_NAME))
-    write_parquet_atomic(rows_to_table(kept_rows(kept), KEPT_SCHEMA), path.with_name(KEPT_NAME))
+    tables = {KEPT_NAME: rows_to_table(kept_rows(kept), KEPT_SCHEMA)}
     if golden is not None:
-        write_parquet_atomic(rows_to_table(golden_rows(kept, golden), NUMERICS_SCHEMA),
-                             path.with_name(GOLDEN_NAME))
+        tables[GOLDEN_NAME] = rows_to_table(golden_rows(kept, golden), NUMERICS_SCHEMA)
+    for name, table in tables.items():
+        with atomic_path(path.with_name(name)) as tmp:
+            pq.write_table(table, tmp)
     _save_safetensors(kept, {"config": meta["config"]}, path)
 
 

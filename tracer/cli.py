@@ -1,7 +1,8 @@
 """`tracer` command line (thin): parse options, call ``record_local`` or ``worker_main``.
 
-Exit codes (analyzer/errors.py): 0 ok, 1 a record failed (one line names the rank and its first
-error), 2 bad options, 130 interrupted. Under torchrun (RANK set) this process is that rank.
+Exit codes (analyzer/errors.py ``ExitCode``): 0 ok, 1 a record failed (one line names the rank
+and its first error), 2 bad options, 130 interrupted. Under torchrun (RANK set) this process is
+that rank.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from analyzer.errors import EXIT_BAD_INPUT, EXIT_INTERNAL
+from analyzer.errors import ExitCode
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
                   help="Record the reference transformer single-device and distributed under torch.profiler.")
-EXIT_INTERRUPTED = 130
 # click's UsageError (typer may vendor click): the base of every option / usage error.
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
@@ -61,7 +61,7 @@ def record(
         help="FSDP reshard after forward (default from the sharding strategy).")] = None,
     out: Annotated[str, typer.Option(help="Output root; run dirs are OUT/NAME.")] = "traces",
     name: Annotated[Optional[str], typer.Option(help="Run name (default the strategy; with all: NAME-strategy).")] = None,
-    timeout: Annotated[float, typer.Option(help="Collective timeout and hang watchdog, seconds.")] = 60.0,
+    timeout_s: Annotated[float, typer.Option("--timeout", help="Collective timeout and hang watchdog, seconds.")] = 60.0,
     fault: Annotated[Optional[str], typer.Option(
         help="Deliberate bug: skip-grad-sync, wrong-grad-scale, unsynced-init.")] = None,
     keep_tensors: Annotated[str, typer.Option(
@@ -75,19 +75,15 @@ def record(
         help="--data loader: artificial cost per sample, ms (sleep; shows an input-bound run).")] = 0.0,
 ) -> None:
     """Record one strategy (or all four) into OUT/NAME run directories."""
+    # every option but these two is a RecordConfig field of the same name
+    options = {k: v for k, v in locals().items() if k not in ("strategy", "name")}
+    if golden is not None:
+        options["golden"] = str(Path(golden).resolve())
     from tracer.record import expand
 
-    options = dict(nproc=nproc, backend=backend, device=device, hidden=hidden, layers=layers, batch=batch,
-                   seq=seq, steps=steps, wait=wait, warmup=warmup, active=active, seed=seed,
-                   precision=precision, lr=lr, sharding_strategy=sharding_strategy,
-                   wrap_min_params=wrap_min_params, backward_prefetch=backward_prefetch,
-                   forward_prefetch=forward_prefetch, reshard_after_forward=reshard_after_forward,
-                   out=out, timeout_s=timeout, fault=fault, data=data, data_workers=data_workers,
-                   data_sample_cost_ms=data_sample_cost_ms, keep_tensors=keep_tensors,
-                   golden=None if golden is None else str(Path(golden).resolve()))
     under_torchrun = "RANK" in os.environ
     if under_torchrun and strategy == "all":
-        _fail(EXIT_BAD_INPUT, "--strategy all: under torchrun record one strategy per torchrun command")
+        _fail(ExitCode.BAD_INPUT, "--strategy all: under torchrun record one strategy per torchrun command")
     if under_torchrun and strategy != "single" and os.environ.get("WORLD_SIZE", "").isdigit():
         options["nproc"] = int(os.environ["WORLD_SIZE"])  # torchrun's world size wins
     try:
@@ -98,7 +94,7 @@ def record(
             for cfg in configs:
                 check_golden(cfg)
     except ValueError as exc:
-        _fail(EXIT_BAD_INPUT, str(exc))
+        _fail(ExitCode.BAD_INPUT, str(exc))
     if under_torchrun:
         from tracer.worker import worker_main
 
@@ -120,11 +116,11 @@ def _record_here(configs) -> None:
     try:
         run_dirs = record_local(configs)
     except RecordFailed as exc:
-        _fail(EXIT_INTERNAL, f"record failed: {exc}; no manifest written")
+        _fail(ExitCode.INTERNAL, f"record failed: {exc}; no manifest written")
     except ValueError as exc:
-        _fail(EXIT_BAD_INPUT, str(exc))
+        _fail(ExitCode.BAD_INPUT, str(exc))
     except KeyboardInterrupt:
-        _fail(EXIT_INTERRUPTED, "interrupted; all workers stopped, the interrupted run has no manifest")
+        _fail(ExitCode.INTERRUPTED, "interrupted; all workers stopped, the interrupted run has no manifest")
     for run_dir in run_dirs:
         typer.echo(f"recorded {run_dir}")
 
@@ -135,12 +131,12 @@ def main() -> None:
         code = app(standalone_mode=False)
     except _UsageError as exc:
         typer.echo(f"tracer: {exc.format_message()}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(ExitCode.BAD_INPUT)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
         typer.echo("tracer: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(ExitCode.INTERRUPTED)
     if isinstance(code, int) and code:
         sys.exit(code)
     _exit_without_teardown()

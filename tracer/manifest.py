@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
+from analyzer.atomic import write_atomic
 from analyzer.schemas import MANIFEST_NAME, MANIFEST_REQUIRED, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES
 from tracer.config import RecordConfig
 from tracer.data import data_manifest
 from tracer.golden import golden_section
 from tracer.profiling import activities
-from tracer.rundir import file_entries, write_bytes_atomic
+from tracer.rundir import file_entries
 
 
 def versions() -> dict[str, Any]:
@@ -124,5 +125,4 @@ def precision_policy(precision: str) -> str:
 
 def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
     """Write ``manifest.json`` atomically."""
-    data = json.dumps(manifest, indent=2, sort_keys=False).encode("utf-8")
-    write_bytes_atomic(run_dir / MANIFEST_NAME, data)
+    write_atomic(run_dir / MANIFEST_NAME, json.dumps(manifest, indent=2))

@@ -27,9 +27,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from analyzer.atomic import write_atomic
 from analyzer.schemas import MEMORY_SCHEMA
 from tracer.numerics import rows_to_table
-from tracer.rundir import write_bytes_atomic
 
 MAX_ENTRIES = 100_000
 """Allocator events kept by ``_record_memory_history``."""
@@ -88,6 +88,5 @@ def dump_snapshot(device_type: str, path: Path, rank: int) -> pa.Table | None:
 
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, pickle.dumps(snapshot))
+    write_atomic(path, pickle.dumps(snapshot))
     return snapshot_to_table(snapshot, rank)

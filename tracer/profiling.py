@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from analyzer.atomic import write_atomic
 from tracer.config import RecordConfig
-from tracer.rundir import tmp_path
 from tracer.trace_names import name_tracks
 
 
@@ -61,9 +61,7 @@ class OneShotExport:
         finally:
             raw.unlink(missing_ok=True)
         self.allocated_peaks = peaks_of_events(trace.get("traceEvents", []))
-        tmp = tmp_path(self.path)
-        tmp.write_bytes(gzip.compress(json.dumps(trace).encode("utf-8"), compresslevel=6))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, gzip.compress(json.dumps(trace).encode("utf-8"), compresslevel=6))
         self.exported = True
 
 
@@ -113,12 +111,6 @@ def peaks_of_events(events: list[dict], device_type: int = 0) -> dict[int, int]:
                 peaks[step] = max(peaks.get(step, 0), int(args["Total Allocated"]))
                 break
     return peaks
-
-
-def has_distributed_info(trace_path: Path) -> bool:
-    """Whether the exported trace carries a ``distributedInfo`` object."""
-    with gzip.open(trace_path, "rt", encoding="utf-8") as f:
-        return isinstance(json.load(f).get("distributedInfo"), dict)
 
 
 def cuda_sync(device: torch.device) -> None:

@@ -1,44 +1,19 @@
-"""Run-directory files: atomic writes, clearing stale files, the file list with sha256.
+"""Run-directory files: clearing stale files, the file list with sha256.
 
-Every file is written to a temp name in the same folder and moved in place with ``os.replace``,
-so a reader never sees half a file; ``manifest.json`` is written last (see ``manifest.py``).
+Every file is written with ``analyzer.atomic`` (a temp name in the same folder, then
+``os.replace``), so a reader never sees half a file; ``manifest.json`` is written last
+(see ``manifest.py``).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from analyzer.schemas import MANIFEST_NAME, MEMORY_DIR, sha256_file
 
 PARTS_DIR = ".parts"
 """Per-rank partial tables, merged by rank 0 and removed before the manifest is written."""
-
-
-def tmp_path(path: Path) -> Path:
-    """A temp name beside ``path`` that keeps its suffixes (export_chrome_trace gzips on '.gz')."""
-    return path.with_name(f".tmp-{os.getpid()}-{path.name}")
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
-    tmp = tmp_path(path)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_parquet_atomic(table: pa.Table, path: Path) -> None:
-    """Write ``table`` as Parquet to ``path`` atomically."""
-    tmp = tmp_path(path)
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
 
 
 def clear_run_dir(run_dir: Path) -> None:
@@ -51,9 +26,8 @@ def clear_run_dir(run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = run_dir / MANIFEST_NAME
     manifest.unlink(missing_ok=True)
-    for pattern in ("rank*.trace.json.gz", "*.parquet", "baseline.safetensors", ".tmp-*",
-                    ".baseline.safetensors.*", ".baseline.activations.safetensors*",
-                    "..baseline.activations.safetensors.*"):
+    for pattern in ("rank*.trace.json.gz", "*.parquet", "baseline.safetensors",
+                    ".baseline.activations.safetensors", ".tmp-*"):
         for f in run_dir.glob(pattern):
             f.unlink(missing_ok=True)
     for d in (MEMORY_DIR, PARTS_DIR):

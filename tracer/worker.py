@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
+from analyzer.atomic import atomic_path, write_atomic
 from analyzer.schemas import (GOLDEN_METRICS, MEMORY_DIR, MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME,
                               NUMERICS_SCHEMA, STEPS_NAME, STEPS_SCHEMA, trace_name)
 from tracer import devices, faults
@@ -41,7 +42,7 @@ from tracer.memory import dump_snapshot, start_history
 from tracer.model import SimpleTransformer, loss_fn, precision_context, rank_rows
 from tracer.numerics import ActivationRecorder, NumericsRows, rows_to_table, tensor_metrics
 from tracer.profiling import cuda_sync, make_profiler
-from tracer.rundir import PARTS_DIR, clear_run_dir, write_parquet_atomic
+from tracer.rundir import PARTS_DIR, clear_run_dir
 from tracer.strategies import (apply_ddp, apply_fsdp, apply_fsdp2, compared_tensors, fsdp_unit_names,
                                full_view)
 
@@ -314,10 +315,12 @@ def write_rank_outputs(cfg: RecordConfig, rank: int, numerics: NumericsRows, ste
     """This rank's partial tables, for rank 0 to merge."""
     parts = cfg.run_dir / PARTS_DIR
     parts.mkdir(exist_ok=True)
-    write_parquet_atomic(numerics.table(), parts / f"rank{rank}.numerics.parquet")
-    write_parquet_atomic(rows_to_table(step_rows, STEPS_SCHEMA), parts / f"rank{rank}.steps.parquet")
-    if snapshot_table is not None:
-        write_parquet_atomic(snapshot_table, parts / f"rank{rank}.memory.parquet")
+    tables = {"numerics": numerics.table(), "steps": rows_to_table(step_rows, STEPS_SCHEMA),
+              "memory": snapshot_table}
+    for kind, table in tables.items():
+        if table is not None:
+            with atomic_path(parts / f"rank{rank}.{kind}.parquet") as tmp:
+                pq.write_table(table, tmp)
 
 
 def finish_kept(cfg: RecordConfig) -> None:
@@ -391,7 +394,8 @@ def merge_parts(run_dir: Path, world: int, *, with_memory: bool) -> None:
         merged = pa.concat_tables(tables)
         if kind == "numerics":
             merged = merged.unify_dictionaries().combine_chunks()
-        write_parquet_atomic(merged.cast(schema), target)
+        with atomic_path(target) as tmp:
+            pq.write_table(merged.cast(schema), tmp)
     for f in parts.iterdir():
         f.unlink()
     parts.rmdir()
@@ -411,9 +415,7 @@ def write_error(env: RankEnv, step: int, exc: BaseException) -> str:
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     if env.ctrl_dir is not None:
         payload = json.dumps({"rank": env.rank, "time": time.time(), "step": step, "error": line})
-        tmp = env.ctrl_dir / f".rank{env.rank}.error.tmp"
-        tmp.write_text(payload)
-        os.replace(tmp, env.ctrl_dir / f"rank{env.rank}.error.json")
+        write_atomic(env.ctrl_dir / f"rank{env.rank}.error.json", payload)
     return line
 
 

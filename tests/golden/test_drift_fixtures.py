@@ -104,7 +104,7 @@ def test_tampered_tensor_is_named(tmp_path):
     _flip_one_value(b / schemas.KEPT_TENSORS_NAME, "grad.w", 1, -2.5)
     with pytest.raises(BadInput) as exc:
         drift.drift(a, b)
-    assert exc.value.reason == "tampered"
+    assert exc.value.reason == "file_changed"
     assert exc.value.message == "tensor grad.w changed after the record (sha256 differs from kept.parquet)"
     assert exc.value.problems == []  # one changed tensor: said once, not again as a "further" problem
     proc = subprocess.run([sys.executable, "-m", "analyzer", "drift", str(a), str(b)],

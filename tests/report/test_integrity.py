@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from analyzer import compare, rundirs
 from analyzer.cli import app
-from analyzer.errors import EXIT_BAD_INPUT, BadInput
+from analyzer.errors import BadInput, ExitCode
 from analyzer.report_types import AnalysisOptions
 from analyzer.runs import analyse
 from reports import fmt, html, markdown
@@ -56,7 +56,7 @@ def test_numerics_copied_from_another_run_is_refused(roots):
     shutil.copy(ok / "ddp" / "numerics.parquet", bad / "ddp" / "numerics.parquet")
     for cmd in (["gate", str(bad / "ddp")], ["gate", str(bad)], ["report", str(bad)]):
         res = runner.invoke(app, cmd)
-        assert res.exit_code == EXIT_BAD_INPUT, (cmd, res.output)
+        assert res.exit_code == ExitCode.BAD_INPUT, (cmd, res.output)
         assert "PASS" not in res.output
         line = [x for x in res.output.splitlines() if "numerics.parquet" in x]
         assert line and "sha256 differs from manifest.json" in line[0] and "re-record" in line[0]
@@ -94,7 +94,7 @@ def test_report_cache_is_not_served_after_a_same_size_same_mtime_edit(roots, tmp
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))  # as `cp -p` would
     assert os.stat(target).st_ino == st.st_ino and os.stat(target).st_mtime_ns == st.st_mtime_ns
     res = runner.invoke(app, ["report", str(ok), "--out", str(out)])
-    assert res.exit_code == EXIT_BAD_INPUT and "sha256 differs" in res.output
+    assert res.exit_code == ExitCode.BAD_INPUT and "sha256 differs" in res.output
 
 
 def test_speedup_only_for_comparable_runs(tmp_path):

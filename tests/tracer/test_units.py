@@ -172,9 +172,7 @@ def test_to_argv_round_trips_through_the_cli():
                        timeout_s=7.5, fault="wrong-grad-scale", name="x", lr=0.25)
     command = typer.main.get_command(app).commands["record"]
     ctx = command.make_context("record", cfg.to_argv())
-    p = ctx.params
-    again = RecordConfig(strategy=p["strategy"], name=p["name"], timeout_s=p["timeout"],
-                         **{k: v for k, v in p.items() if k not in ("strategy", "name", "timeout")})
+    again = RecordConfig(**ctx.params)  # every option is a RecordConfig field of the same name
     assert again == cfg
 
 
