@@ -84,6 +84,11 @@ class BadInput(ParityTraceError):
         self.problems = problems or []
         super().__init__(self.one_line())
 
+    def __reduce__(self):
+        # pickled by its fields (the default would call __init__ with the one line alone), so a
+        # worker process can raise it and the caller re-raise it unchanged (analyzer/parallel.py)
+        return type(self), (self.path, self.reason, self.message, self.fix, self.problems)
+
     def one_line(self) -> str:
         text = f"{self.path}: {self.message}"
         return f"{text}; {self.fix}" if self.fix else text

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 from decimal import Decimal
 from pathlib import Path
 
 import msgspec
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyzer import decode
-from analyzer.errors import ParityTraceError
-from analyzer import parallel
-from analyzer.parallel import run_all
 from tests.corpus import CORPUS
 
 # --- exact µs text -> int64 ns ------------------------------------------------------------
@@ -213,155 +208,3 @@ def test_files_are_parsed_largest_first_and_returned_in_input_order(tmp_path):
     ok, bad = parse_files(paths, 1, worker=_record_name)
     assert _SEEN == ["b.json", "c.json", "a.json", "missing.json"]
     assert ok == ["a.json", "b.json", "c.json", "missing.json"] and bad == []
-
-
-# --- processes --------------------------------------------------------------------------------
-
-def _square(x: int) -> int:
-    return x * x
-
-
-def _pid(_: int) -> int:
-    import time
-    time.sleep(0.05)  # long enough that both processes take some
-    return os.getpid()
-
-
-_PARENT = os.getpid()
-
-
-def _slow_here(x: int) -> int:
-    """In the calling process: slow (so the worker takes the later inputs)."""
-    if os.getpid() == _PARENT:
-        import time
-        time.sleep(0.3)
-    return x
-
-
-def _die_in_worker(x: int) -> int:
-    if x == 3 and os.getpid() != _PARENT:
-        os._exit(9)
-    return _slow_here(x)
-
-
-def _raise_in_worker(x: int) -> int:
-    if x == 2 and os.getpid() != _PARENT:
-        raise RuntimeError("boom")
-    return _slow_here(x)
-
-
-def test_run_all_keeps_order_and_uses_every_process():
-    assert run_all(_square, list(range(30)), jobs=3) == [x * x for x in range(30)]
-    assert run_all(_square, [], jobs=4) == []
-    assert run_all(_square, [5], jobs=4) == [25]
-    pids = run_all(_pid, list(range(12)), jobs=2)
-    assert os.getpid() in pids and len(set(pids)) == 2
-
-
-def test_worker_death_names_the_input():
-    with pytest.raises(ParityTraceError, match=r"^3: the worker process parsing it died"):
-        run_all(_die_in_worker, [0, 1, 2, 3], jobs=2)
-
-
-def test_worker_exception_is_carried_back():
-    with pytest.raises(ParityTraceError, match=r"^2: a worker process failed on it: RuntimeError: boom"):
-        run_all(_raise_in_worker, [0, 1, 2, 3], jobs=2)
-
-
-def _pid_and(x):
-    return os.getpid(), _slow_here(x)
-
-
-def test_started_workers_serve_several_rounds_and_stop():
-    with parallel.workers(preload=("json",), jobs=2):
-        pool = parallel._POOL[-1]
-        first = run_all(_pid_and, [0, 1, 2, 3], jobs=2)
-        second = run_all(_square, list(range(7)), jobs=2)
-        assert run_all(_square, [3], jobs=2) == [9]  # one input: this process alone
-    assert [x for _, x in first] == [0, 1, 2, 3] and second == [x * x for x in range(7)]
-    assert {pid for pid, _ in first} == {os.getpid(), pool.procs[0].pid}
-    assert not parallel._POOL and not any(p.is_alive() for p in pool.procs)
-
-
-def test_a_worker_dying_inside_started_workers_is_named():
-    with pytest.raises(ParityTraceError, match=r"^3: the worker process parsing it died"):
-        with parallel.workers(jobs=2):
-            run_all(_die_in_worker, [0, 1, 2, 3], jobs=2)
-    assert not parallel._POOL
-
-
-def _die_while_answering(x):
-    """In a worker: answer 64 MB and die while the answer is still going through the pipe."""
-    if os.getpid() == _PARENT:
-        import time
-        time.sleep(0.5)
-        return x
-    import signal
-    import threading
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
-    return b"x" * (64 << 20)
-
-
-@pytest.mark.timeout(120)
-def test_a_worker_killed_in_the_middle_of_its_answer_does_not_hang_the_caller():
-    with pytest.raises(ParityTraceError, match="the worker process parsing it died"):
-        run_all(_die_while_answering, [0, 1], jobs=2)
-
-
-@pytest.mark.timeout(120)
-def test_workers_end_with_a_killed_caller_and_ignore_ctrl_c():
-    """kill -9 of the calling process ends its workers (no orphan parsing on for nothing);
-    SIGINT to the whole group is left to the caller (no worker traceback)."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    import psutil
-
-    code = ("import time\nfrom analyzer.parallel import run_all\n"
-            "run_all(time.sleep, [30, 30, 30], jobs=2)\n")
-    for sig in (signal.SIGINT, signal.SIGKILL):
-        proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        try:
-            deadline = time.monotonic() + 30
-            while not (kids := psutil.Process(proc.pid).children()) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert kids, "no worker started"
-            time.sleep(0.5)
-            if sig == signal.SIGINT:
-                os.killpg(proc.pid, sig)  # what the terminal does on Ctrl-C
-            else:
-                proc.kill()
-            proc.wait(timeout=30)
-            gone, alive = psutil.wait_procs(kids, timeout=10)
-            assert not alive, f"{sig!r}: worker(s) left running: {alive}"
-            if sig == signal.SIGINT:
-                err = proc.stderr.read()  # the caller's own KeyboardInterrupt, no worker's:
-                assert "KeyboardInterrupt" in err and "Process " not in err, err
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-
-
-def test_collector_paused_restores_the_collector_and_freezes_what_was_built():
-    import gc
-
-    was = gc.isenabled()
-    gc.enable()
-    before = gc.get_freeze_count()
-    try:
-        with parallel.collector_paused():
-            assert not gc.isenabled()
-            built = [[i] for i in range(1000)]  # tracked containers
-        assert gc.isenabled()
-        assert gc.get_freeze_count() >= before + len(built)
-        gc.disable()
-        with parallel.collector_paused():
-            pass
-        assert not gc.isenabled()  # a paused collector stays paused
-    finally:
-        gc.unfreeze()
-        (gc.enable if was else gc.disable)()
-

@@ -1,0 +1,198 @@
+"""The worker pool (analyzer/parallel.py): order, typed errors, dead workers, started workers,
+no orphans."""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import time
+
+import pytest
+
+from analyzer import parallel
+from analyzer.errors import BadInput, ParityTraceError
+from analyzer.parallel import run_all
+
+_PARENT = os.getpid()
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _pid(_: int) -> int:
+    time.sleep(0.05)  # long enough that every process takes some
+    return os.getpid()
+
+
+def _in_worker() -> bool:
+    return os.getpid() != _PARENT
+
+
+def _die_in_worker(x: int) -> int:
+    """A worker takes the first input (this process the next ones) and dies on it."""
+    if _in_worker():
+        os._exit(9)
+    return x
+
+
+def _die_on_1(x: int) -> int:
+    """In a worker: 1 ends its process; 0 takes long, so it is still in work then."""
+    if _in_worker() and x == 1:
+        os._exit(9)
+    if _in_worker() and x == 0:
+        time.sleep(60)
+    return x
+
+
+def _raise_in_worker(x: int) -> int:
+    if _in_worker():
+        raise RuntimeError("boom")
+    return x
+
+
+def _bad_input_in_worker(x: int) -> int:
+    if _in_worker():
+        raise BadInput(f"rank{x}.json", "truncated", "ends inside an event", "record it again",
+                       problems=[BadInput("rank9.json", "not_a_trace", "no traceEvents")])
+    return x
+
+
+def test_results_come_in_input_order_and_every_process_takes_part():
+    assert run_all(_square, list(range(30)), jobs=3) == [x * x for x in range(30)]
+    assert run_all(_square, [], jobs=4) == []
+    assert run_all(_square, [5], jobs=4) == [25]
+    pids = run_all(_pid, list(range(12)), jobs=2)
+    assert os.getpid() in pids and len(set(pids)) == 2
+
+
+def test_a_dead_worker_names_its_input():
+    with pytest.raises(ParityTraceError, match=r"^0: the worker process parsing it died"):
+        run_all(_die_in_worker, [0, 1, 2, 3], jobs=2)
+
+
+def test_a_dead_worker_names_the_inputs_the_workers_were_on():
+    with pytest.raises(ParityTraceError,
+                       match=r"^0, 1: a worker process parsing one of these died"):
+        run_all(_die_on_1, [0, 1, 2, 3], jobs=3)
+
+
+def test_an_exception_in_a_worker_names_its_input():
+    with pytest.raises(ParityTraceError,
+                       match=r"^0: a worker process failed on it: RuntimeError: boom") as err:
+        run_all(_raise_in_worker, [0, 1, 2, 3], jobs=2)
+    assert isinstance(err.value.__cause__, RuntimeError)
+
+
+def test_bad_input_raised_in_a_worker_arrives_unchanged():
+    with pytest.raises(BadInput) as err:
+        run_all(_bad_input_in_worker, [0, 1], jobs=2)
+    e = err.value
+    assert type(e) is BadInput and e.path == "rank0.json"
+    assert (e.reason, e.message, e.fix) == ("truncated", "ends inside an event", "record it again")
+    assert str(e) == "rank0.json: ends inside an event; record it again"
+    assert [(p.path, p.reason, p.message, p.fix) for p in e.problems] == [
+        ("rank9.json", "not_a_trace", "no traceEvents", "")]
+
+
+def _preloaded(_: int) -> tuple[int, bool]:
+    time.sleep(0.05)
+    return os.getpid(), "colorsys" in sys.modules
+
+
+def test_started_workers_preload_serve_several_rounds_and_stop(monkeypatch):
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)  # as if never imported here
+    with parallel.workers(preload=("colorsys",), jobs=2):
+        procs = list(parallel._POOL[-1]._processes.values())
+        assert len(procs) == 1  # started before any input
+        first = run_all(_preloaded, list(range(8)), jobs=2)
+        second = run_all(_pid, list(range(8)), jobs=2)
+        assert run_all(_square, [3], jobs=2) == [9]  # one input: this process alone
+    assert "colorsys" not in sys.modules
+    assert {pid for pid, _ in first} == set(second) == {os.getpid(), procs[0].pid}
+    assert all(preloaded for pid, preloaded in first if pid != os.getpid())
+    assert not parallel._POOL and not procs[0].is_alive()
+
+
+def test_a_worker_dying_inside_started_workers_is_named():
+    with pytest.raises(ParityTraceError, match=r"^0: the worker process parsing it died"):
+        with parallel.workers(jobs=2):
+            run_all(_die_in_worker, [0, 1, 2, 3], jobs=2)
+    assert not parallel._POOL
+
+
+def _die_in_the_middle_of_an_answer(x: int) -> int:
+    """In a worker: write the first 4 KiB of a 64 MiB answer to the executor's answer pipe (a
+    ``multiprocessing.connection`` message: 4-byte length, then the bytes) and end the process,
+    as a worker killed while sending its answer does."""
+    if not _in_worker():
+        return x
+    answers = sys._getframe(1).f_locals["result_queue"]  # concurrent.futures' _process_worker
+    os.write(answers._writer.fileno(), struct.pack("!i", 64 << 20) + b"\0" * 4096)
+    os._exit(9)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_in_the_middle_of_its_answer_does_not_hang_the_caller():
+    with pytest.raises(ParityTraceError, match=r"^0: the worker process parsing it died"):
+        run_all(_die_in_the_middle_of_an_answer, [0, 1], jobs=2)
+
+
+@pytest.mark.timeout(120)
+def test_workers_end_with_a_killed_caller_and_ignore_ctrl_c():
+    """kill -9 of the calling process ends its workers (no orphan parsing on for nothing);
+    SIGINT to the whole group is left to the caller (no worker traceback), whether the workers
+    are busy or waiting for work."""
+    import signal
+    import subprocess
+
+    import psutil
+
+    busy = ("import time\nfrom analyzer.parallel import run_all\n"
+            "run_all(time.sleep, [30, 30, 30], jobs=2)\n")
+    idle = ("import time\nfrom analyzer import parallel\n"
+            "with parallel.workers(jobs=3):\n    time.sleep(30)\n")
+    for code, sig in ((busy, signal.SIGINT), (busy, signal.SIGKILL), (idle, signal.SIGINT)):
+        proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not (kids := psutil.Process(proc.pid).children()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert kids, "no worker started"
+            time.sleep(0.5)
+            if sig == signal.SIGINT:
+                os.killpg(proc.pid, sig)  # what the terminal does on Ctrl-C
+            else:
+                proc.kill()
+            proc.wait(timeout=30)
+            gone, alive = psutil.wait_procs(kids, timeout=10)
+            assert not alive, f"{sig!r}: worker(s) left running: {alive}"
+            if sig == signal.SIGINT:
+                err = proc.stderr.read()  # the caller's own KeyboardInterrupt, no worker's:
+                assert "KeyboardInterrupt" in err and "Process " not in err, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_collector_paused_restores_the_collector_and_freezes_what_was_built():
+    import gc
+
+    was = gc.isenabled()
+    gc.enable()
+    before = gc.get_freeze_count()
+    try:
+        with parallel.collector_paused():
+            assert not gc.isenabled()
+            built = [[i] for i in range(1000)]  # tracked containers
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= before + len(built)
+        gc.disable()
+        with parallel.collector_paused():
+            pass
+        assert not gc.isenabled()  # a paused collector stays paused
+    finally:
+        gc.unfreeze()
+        (gc.enable if was else gc.disable)()
