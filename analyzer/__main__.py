@@ -1,5 +1,5 @@
 """`python -m analyzer ...`."""
 
-from analyzer.cli import run
+from analyzer.cli.app import run
 
 run()

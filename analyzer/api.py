@@ -1,6 +1,6 @@
 """The analyzer's library facade, for notebooks and scripts (no command imports it).
 
-``load_tables(path)``: a job's per-rank tables, what every command reads (analyzer/ingest.py);
+``load_tables(path)``: a job's per-rank tables, what every command reads (analyzer/ingest/pipeline.py);
 the small analyses are functions of them (``collectives.by_kind(t.collectives)``,
 ``collectives.match_ranks(t.collectives)`` ...). ``load_events(path)``: one trace file's event
 table, decoded and classified by the same rules, for a closer look. It never imports torch.
@@ -29,7 +29,7 @@ columns:
                          send_recv | barrier | other (comm and comm_enqueue rows only)
     bytes        int64   bytes of the collective as nccl-tests counts them, -1 unknown
     pg           str|None process group name, when the trace says it
-    rule         str     id of the rule that classified the row (see analyzer/classify.py)
+    rule         str     id of the rule that classified the row (see analyzer/ingest/classify.py)
 
 Added columns (issue 3): thread_name (str), coll_name / dtype / pg_ranks (str|None, collective
 args as the trace says), in_nelems / out_nelems / group_size / shape_numel / shape_elem_bytes
@@ -49,11 +49,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyzer import ingest
+from analyzer.ingest import pipeline
 
 
 def load_tables(path: Path | str, *, allow_incomplete: bool = False, jobs: int | None = None
-                ) -> ingest.JobTables:
+                ) -> pipeline.JobTables:
     """Load a run directory, a folder of Kineto traces or one trace file. Raises ``BadInput``.
 
     ``path``: a run directory (has ``manifest.json``, or ``numerics.parquet`` /
@@ -62,9 +62,9 @@ def load_tables(path: Path | str, *, allow_incomplete: bool = False, jobs: int |
     Each rank is reduced, in one of ``jobs`` processes (default min(cpu count, files)), to its
     tables (breakdown, collectives, prefetch, first-step timeline), cached beside the trace:
     no events are held, so memory follows the largest rank. Rank rule, cache and errors:
-    analyzer/ingest.py. All problems of a folder are raised together as one ``BadInput`` whose
+    analyzer/ingest/pipeline.py. All problems of a folder are raised together as one ``BadInput`` whose
     ``problems`` lists them."""
-    return ingest.load_tables(path, allow_incomplete=allow_incomplete, jobs=jobs)
+    return pipeline.load_tables(path, allow_incomplete=allow_incomplete, jobs=jobs)
 
 
 def load_events(path: Path | str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -72,7 +72,7 @@ def load_events(path: Path | str) -> tuple[pd.DataFrame, pd.DataFrame]:
     and classified by the rules every command uses; no cache, no rank rule (``load_tables``
     says the rank). The table's ``attrs`` hold device_kind, main_tid, whole_trace_mode and
     warnings (``RankTables`` fields). Raises ``BadInput``."""
-    events, info = ingest.classified(Path(path))
+    events, info = pipeline.classified(Path(path))
     events.attrs = {k: info[k] for k in ("device_kind", "main_tid", "whole_trace_mode",
                                          "warnings")}
     return events, info["steps"]

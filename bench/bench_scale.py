@@ -9,7 +9,7 @@ above 8 the 8 tiled traces are reused for ranks r, r+8, r+16 ... with their
 
 * ``analyzer report DIR --out OUT`` as a subprocess: cold (no cache at all), warm (the same
   command again: the whole-report cache, reports/cache.py, answers) and with only the per-rank
-  tables cached (analyzer/ingest.py; report cache dropped: what a change of options costs);
+  tables cached (analyzer/ingest/pipeline.py; report cache dropped: what a change of options costs);
 * HTA 0.5.0: ``TraceAnalysis(trace_dir=DIR)`` + ``get_comm_comp_overlap()`` as a subprocess
   (skipped with ``--no-hta``).
 
@@ -29,7 +29,7 @@ step of that rank (exactly: tiling copies the step, so each copy must give the s
 
 With ``--sub-us`` every timestamp is written 0.125 µs later, as a decimal
 (``1694128201421108.125``): Kineto since 2023 writes sub-µs times, which the analyzer parses
-from the decimal text (analyzer/decode.py) rather than as whole-µs integers; every duration and
+from the decimal text (analyzer/ingest/decode.py) rather than as whole-µs integers; every duration and
 per-step figure stays the same.
 
 Usage: ``python3 bench/bench_scale.py [--k 50] [--ranks 8] [--repeat 3] [--no-hta]

@@ -1,7 +1,7 @@
 """Whole-report cache: a second ``analyzer report`` on unchanged inputs skips the analysis.
 
 report.json is a function of the files under DIR, the analysis options and the code. Its key
-is ``analyzer.cachekey.cache_key`` (the one key rule of the analyzer's caches: content, code,
+is ``analyzer.ingest.cachekey.cache_key`` (the one key rule of the analyzer's caches: content, code,
 library versions) of: the resolved DIR and output folder, the options, and the stat signature
 (relative path, size, mtime_ns, ctime_ns, inode, device) of every file under DIR (recursively,
 symlinks followed at most as deep as the walk goes, leaving out the output folder and the
@@ -9,13 +9,13 @@ per-rank tables cache), computed by the source of every ``analyzer`` and ``repor
 Any change to any of them is a miss. The ctime is in the key because the mtime can be set back
 (``cp -p``, ``touch -d``, ``os.utime``): a file rewritten in place with the same size and its
 old mtime would otherwise be served the stale report, skipping the manifest's sha256 check
-(analyzer/rundirs.py) that a miss runs; the kernel sets the ctime on every write or utime and
+(analyzer/ingest/rundirs.py) that a miss runs; the kernel sets the ctime on every write or utime and
 no user call can set it back.
 
 The cache is ``$XDG_CACHE_HOME/paritytrace/reports/<hash of DIR and output folder>.json``
 (``~/.cache`` when unset; report.json's text plus the key and the notes the analysis said on
 stderr, which a hit says again), written atomically after the report; the output folder holds
-only the report files. A hit decodes the cached text (analyzer/report_types.py) and renders
+only the report files. A hit decodes the cached text (analyzer/contract/report_types.py) and renders
 it: no pandas import, no trace read. A miss renders from its report.json text decoded the same
 way, so both paths write identical outputs. A cache that cannot be read or written is skipped
 (log line), never an error.
@@ -32,15 +32,15 @@ from typing import Any
 
 import msgspec
 
-from analyzer.atomic import write_atomic
-from analyzer.cachekey import cache_dir, cache_key
-from analyzer.report_types import AnalysisOptions
+from analyzer.contract.atomic import write_atomic
+from analyzer.ingest.cachekey import cache_dir, cache_key
+from analyzer.contract.report_types import AnalysisOptions
 
 log = logging.getLogger(__name__)
 
 _SKIP_SUFFIXES = (".tables.msgpack",)
 _HERE = Path(__file__).resolve().parent
-_MODULES = tuple(sorted((*(_HERE.parent / "analyzer").glob("*.py"), *_HERE.glob("*.py"))))
+_MODULES = tuple(sorted((*(_HERE.parent / "analyzer").rglob("*.py"), *_HERE.glob("*.py"))))
 
 
 def _files(root: Path, out: Path) -> list[list[Any]]:

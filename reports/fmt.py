@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.report_types import DataSupply, RunEntry, Tolerance
+from analyzer.contract.report_types import DataSupply, RunEntry, Tolerance
 
 
 def ms(ns: Any, spec: str = ".2f") -> str:

@@ -9,7 +9,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from analyzer.report_types import Report, RunEntry
+from analyzer.contract.report_types import Report, RunEntry
 from reports import fmt, notes
 from reports.markdown import PERFETTO_HINT, comparison_rows
 from reports.verdict import verdict

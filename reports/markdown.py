@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.report_types import Report
+from analyzer.contract.report_types import Report
 from reports import fmt, notes
 from reports.verdict import verdict
 

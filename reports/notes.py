@@ -1,12 +1,12 @@
 """Definitions and per-run notes shared by report.md and report.html, so both say the same.
 
-Pure functions of the report (analyzer/report_types.py); text only, no numbers computed here
+Pure functions of the report (analyzer/contract/report_types.py); text only, no numbers computed here
 beyond what the report holds.
 """
 
 from __future__ import annotations
 
-from analyzer.report_types import RunEntry
+from analyzer.contract.report_types import RunEntry
 from reports import fmt
 
 OTHER_IDLE = (

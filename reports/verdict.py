@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from analyzer.report_types import DataSupply, Report
+from analyzer.contract.report_types import DataSupply, Report
 from reports import fmt
 
 
 def input_bound_sentence(name: str, d: DataSupply | None) -> str | None:
     """"Input-bound: in ddp, rank 1 waited 38.0 % of step time for data; communication figures
     for this run are not the bottleneck." when run ``name`` with data supply ``d`` is
-    input-bound (analyzer/datasupply.py), else None. The communication clause says so only when
+    input-bound (analyzer/analyses/datasupply.py), else None. The communication clause says so only when
     that rank's exposed communication share is below its data wait share; otherwise both are
     named."""
     if d is None or not d.input_bound:

@@ -1,5 +1,5 @@
 """Test helper: re-write a run directory's manifest.json entries for files a test edited on
-purpose, so the run still passes the analyzer's size+sha256 check (analyzer/rundirs.py) and the
+purpose, so the run still passes the analyzer's size+sha256 check (analyzer/ingest/rundirs.py) and the
 test keeps testing what it meant to (a NaN in numerics, a truncated trace ...), not that check."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One process runs the model on the whole global batch (same seed, initial weights, data and
 precision policy as the ranks, one torch thread) and writes, into the run directory (never
-pickle; layout and meaning in analyzer/schemas.py, "kept tensors"):
+pickle; layout and meaning in analyzer/contract/schemas.py, "kept tensors"):
 
     baseline.safetensors      the kept golden tensors: batch.x, batch.y (the global batch,
                               [B, S, H] fp32), init.<fqn> (initial parameters), grad.<fqn>
@@ -38,8 +38,8 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file, save_file
 
-from analyzer.atomic import atomic_path
-from analyzer.schemas import GOLDEN_NAME, KEPT_NAME, KEPT_SCHEMA, KEPT_TENSORS_NAME, NUMERICS_SCHEMA, kept_row
+from analyzer.contract.atomic import atomic_path
+from analyzer.contract.schemas import GOLDEN_NAME, KEPT_NAME, KEPT_SCHEMA, KEPT_TENSORS_NAME, NUMERICS_SCHEMA, kept_row
 from tracer.config import RecordConfig
 from tracer.model import SimpleTransformer, build_model, loss_fn, make_batch, precision_context
 from tracer.numerics import ActivationRecorder, rows_to_table, tensor_metrics
@@ -113,13 +113,13 @@ def compute_baseline(cfg: RecordConfig, device_type: str,
 
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], meta: dict[str, str], path: Path) -> None:
-    """Write atomically (analyzer/atomic.py)."""
+    """Write atomically (analyzer/contract/atomic.py)."""
     with atomic_path(path) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
 
 
 def kept_rows(tensors: dict[str, torch.Tensor]) -> list[dict]:
-    """KEPT_SCHEMA rows (analyzer.schemas.kept_row) of the kept tensors, in name order."""
+    """KEPT_SCHEMA rows (analyzer.contract.schemas.kept_row) of the kept tensors, in name order."""
     rows = []
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()

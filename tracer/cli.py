@@ -1,6 +1,6 @@
 """`tracer` command line (thin): parse options, call ``record_local`` or ``worker_main``.
 
-Exit codes (analyzer/errors.py ``ExitCode``): 0 ok, 1 a record failed (one line names the rank
+Exit codes (analyzer/contract/errors.py ``ExitCode``): 0 ok, 1 a record failed (one line names the rank
 and its first error), 2 bad options, 130 interrupted. Under torchrun (RANK set) this process is
 that rank.
 """
@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from analyzer.errors import ExitCode
+from analyzer.contract.errors import ExitCode
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from analyzer.schemas import FAULTS, KEEP_TENSORS, PRECISIONS, STRATEGIES
+from analyzer.contract.schemas import FAULTS, KEEP_TENSORS, PRECISIONS, STRATEGIES
 
 SHARDING_STRATEGIES = ("full_shard", "shard_grad_op", "no_shard")
 BACKWARD_PREFETCH = ("pre", "post", "none")
@@ -44,7 +44,7 @@ class RecordConfig:
     """Everything one strategy's record needs. Raises ``ValueError`` naming a bad value."""
 
     strategy: str
-    """One of ``analyzer.schemas.STRATEGIES`` (``all`` is expanded by the CLI)."""
+    """One of ``analyzer.contract.schemas.STRATEGIES`` (``all`` is expanded by the CLI)."""
     nproc: int = 2
     """Ranks for distributed strategies (``single`` always runs 1). Under torchrun, WORLD_SIZE wins."""
     backend: str = "auto"
@@ -91,7 +91,7 @@ class RecordConfig:
     timeout_s: float = 60.0
     """Collective / rendezvous timeout, and the launcher's hang watchdog (seconds)."""
     fault: str | None = None
-    """A deliberate bug (analyzer.schemas.FAULTS) or None."""
+    """A deliberate bug (analyzer.contract.schemas.FAULTS) or None."""
     data: str = "memory"
     """Input supply (tracer/data.py): ``memory`` (the rank's rows sliced once) or ``loader`` (the
     same rows every step through a DataLoader with a DistributedSampler)."""
@@ -100,7 +100,7 @@ class RecordConfig:
     data_sample_cost_ms: float = 0.0
     """``--data loader``: milliseconds slept per sample in the Dataset (an input-bound run)."""
     keep_tensors: str = "full"
-    """What the run dir keeps of its baseline (analyzer/schemas.py "kept tensors"): ``full``
+    """What the run dir keeps of its baseline (analyzer/contract/schemas.py "kept tensors"): ``full``
     (batch, initial state, first-step gradients, state after the first step as safetensors, plus
     kept.parquet) or ``summaries`` (kept.parquet only: per-tensor summaries and sha256)."""
     golden: str | None = None

@@ -123,7 +123,7 @@ class Batches:
 
 
 def data_manifest(cfg: RecordConfig, device_type: str) -> dict:
-    """The manifest's ``data`` entry (analyzer/schemas.py)."""
+    """The manifest's ``data`` entry (analyzer/contract/schemas.py)."""
     if cfg.data == "memory":
         return {"source": "memory"}
     return {"source": "loader", "workers": cfg.data_workers, "pin_memory": device_type == "cuda",

@@ -3,7 +3,7 @@
 The golden run's batch and initial state replace the seeded ones (tracer/baseline.py), so the new
 record differs from the golden one only in what changed since (torch, device, precision policy,
 sharding, world size). The new baseline and the new distributed run are compared with the golden
-tensors (golden.parquet and the ``golden_*`` numerics metrics, analyzer/schemas.py).
+tensors (golden.parquet and the ``golden_*`` numerics metrics, analyzer/contract/schemas.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from analyzer.schemas import KEPT_NAME, KEPT_TENSORS_NAME, MANIFEST_NAME, SchemaError, read_manifest
+from analyzer.contract.schemas import KEPT_NAME, KEPT_TENSORS_NAME, MANIFEST_NAME, SchemaError, read_manifest
 from tracer.config import RecordConfig
 from tracer.rundir import sha256_file
 
@@ -77,7 +77,7 @@ def load_golden(path: str | Path) -> dict:
 
 
 def golden_section(cfg: RecordConfig, run_dir: Path) -> dict[str, Any] | None:
-    """The manifest's ``golden`` section (analyzer/schemas.py), or None without ``--golden``.
+    """The manifest's ``golden`` section (analyzer/contract/schemas.py), or None without ``--golden``.
 
     ``batch_sha256_equal`` / ``init_sha256_equal``: every batch.* / init.* tensor's sha256 in this
     run's kept.parquet equals the golden run's (and both hold the same names)."""

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from analyzer.atomic import write_atomic
-from analyzer.schemas import MANIFEST_NAME, MANIFEST_REQUIRED, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES
+from analyzer.contract.atomic import write_atomic
+from analyzer.contract.schemas import MANIFEST_NAME, MANIFEST_REQUIRED, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES
 from tracer.config import RecordConfig
 from tracer.data import data_manifest
 from tracer.golden import golden_section

@@ -27,8 +27,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from analyzer.atomic import write_atomic
-from analyzer.schemas import MEMORY_SCHEMA
+from analyzer.contract.atomic import write_atomic
+from analyzer.contract.schemas import MEMORY_SCHEMA
 from tracer.numerics import rows_to_table
 
 MAX_ENTRIES = 100_000

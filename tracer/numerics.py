@@ -1,4 +1,4 @@
-"""Numerics rows (analyzer.schemas NUMERICS_SCHEMA): diff metrics of a rank's tensors vs the baseline.
+"""Numerics rows (analyzer.contract.schemas NUMERICS_SCHEMA): diff metrics of a rank's tensors vs the baseline.
 
 All sums are float64 over this rank's elements; readers combine ranks (sum for sharded tensors,
 worst rank for replicated ones).
@@ -12,7 +12,7 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from analyzer.schemas import NUMERICS_SCHEMA, TENSOR_METRICS
+from analyzer.contract.schemas import NUMERICS_SCHEMA, TENSOR_METRICS
 
 # Wrapper prefixes inserted into parameter / module names by DDP, FSDP1 and activation
 # checkpointing. FSDP2 (fully_shard) keeps names unchanged.

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from analyzer.atomic import write_atomic
+from analyzer.contract.atomic import write_atomic
 from tracer.config import RecordConfig
 from tracer.trace_names import name_tracks
 
@@ -31,7 +31,7 @@ class OneShotExport:
     Kineto writes plain JSON to a temp file outside the run dir (as ``export_chrome_trace``
     does itself for a ``.gz`` name, so the trace's ``traceName`` is a temp name either way);
     it is parsed once, every track is named once (tracer/trace_names.py, so the trace passes
-    the structural check's naming rules, analyzer/chrome_check.py), the memory peaks are taken
+    the structural check's naming rules, analyzer/timeline/chrome_check.py), the memory peaks are taken
     from the parsed events, and the JSON is gzipped (level 6) to a temp name beside ``path``
     and moved in place. No gzip round trip and no re-read of the written trace.
     A second call raises ``RuntimeError`` (the schedule has ``repeat=1``, so it never should).

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from analyzer.schemas import STRATEGIES
+from analyzer.contract.schemas import STRATEGIES
 from tracer.config import RecordConfig
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Run-directory files: clearing stale files, the file list with sha256.
 
-Every file is written with ``analyzer.atomic`` (a temp name in the same folder, then
+Every file is written with ``analyzer.contract.atomic`` (a temp name in the same folder, then
 ``os.replace``), so a reader never sees half a file; ``manifest.json`` is written last
 (see ``manifest.py``).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from analyzer.schemas import MANIFEST_NAME, MEMORY_DIR, sha256_file
+from analyzer.contract.schemas import MANIFEST_NAME, MEMORY_DIR, sha256_file
 
 PARTS_DIR = ".parts"
 """Per-rank partial tables, merged by rank 0 and removed before the manifest is written."""

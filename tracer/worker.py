@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
-from analyzer.atomic import atomic_path, write_atomic
-from analyzer.schemas import (GOLDEN_METRICS, MEMORY_DIR, MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME,
+from analyzer.contract.atomic import atomic_path, write_atomic
+from analyzer.contract.schemas import (GOLDEN_METRICS, MEMORY_DIR, MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME,
                               NUMERICS_SCHEMA, STEPS_NAME, STEPS_SCHEMA, trace_name)
 from tracer import devices, faults
 from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
@@ -343,7 +343,7 @@ def add_golden_losses(numerics: NumericsRows, base: dict[str, torch.Tensor]) -> 
 
 def add_golden_tensors(cfg, model, base, numerics: NumericsRows, kind: str, rank: int, world: int) -> None:
     """With ``--golden`` (inside ``full_view``): this rank's ``kind`` tensors against the golden
-    run's kept ones, as GOLDEN_METRICS rows (analyzer/schemas.py)."""
+    run's kept ones, as GOLDEN_METRICS rows (analyzer/contract/schemas.py)."""
     if not any(k.startswith(f"golden.{kind}.") for k in base):
         return
     for seq, fqn, local, ref, replicated in compared_tensors(model, cfg.strategy, kind, rank, world, base,

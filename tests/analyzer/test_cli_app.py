@@ -10,7 +10,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from analyzer.errors import BadInput, ExitCode, Reason
+from analyzer.contract.errors import BadInput, ExitCode, Reason
 
 REPO = Path(__file__).parents[2]
 PRODUCT = [p for pkg in ("analyzer", "reports", "tracer") for p in sorted((REPO / pkg).rglob("*.py"))]

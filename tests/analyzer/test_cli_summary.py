@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from analyzer.cli import app
+from analyzer.cli.app import app
 from tests.analyzer.helpers import corpus, link_folder
 
 runner = CliRunner()

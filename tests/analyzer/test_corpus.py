@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from analyzer.api import load_events, load_tables
-from analyzer.collectives import by_kind
+from analyzer.analyses.collectives import by_kind
 from bench.tile import tile_file
 from tests.analyzer.helpers import CORPUS, corpus, link_folder
 
@@ -33,7 +33,7 @@ def test_dlrm_overlap_matches_hta_published(dlrm):
 
 def test_dlrm_overlap_equals_hta_run_here(dlrm):
     try:
-        from analyzer.crosscheck_hta import compare, run_hta_overlap
+        from analyzer.compare.crosscheck_hta import compare, run_hta_overlap
         import hta  # noqa: F401
     except ImportError:
         pytest.skip("HolisticTraceAnalysis not importable: the in-test HTA run is skipped")
@@ -58,7 +58,7 @@ def test_dlrm_kinds(dlrm):
 def _plugin_view(ev):
     """The TensorBoard plugin's definitions, built from our event table (see the mapping
     below)."""
-    from analyzer import intervals as iv
+    from analyzer.analyses import intervals as iv
 
     role = ev["role"].astype(str).to_numpy()
     name = ev["name"].astype(str).to_numpy()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer import decode
+from analyzer.ingest import decode
 from tests.corpus import CORPUS
 
 # --- exact µs text -> int64 ns ------------------------------------------------------------
@@ -196,7 +196,7 @@ def _record_name(path: Path) -> str:
 
 
 def test_files_are_parsed_largest_first_and_returned_in_input_order(tmp_path):
-    from analyzer.ingest import parse_files
+    from analyzer.ingest.pipeline import parse_files
 
     sizes = {"a.json": 10, "b.json": 30, "c.json": 20, "missing.json": None}
     paths = []

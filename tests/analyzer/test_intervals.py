@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer import intervals as iv
+from analyzer.analyses import intervals as iv
 
 
 def s(*pairs):

@@ -1,4 +1,4 @@
-"""Loading (analyzer/ingest.py): decoding robustness, rank rule, errors naming files, the
+"""Loading (analyzer/ingest/pipeline.py): decoding robustness, rank rule, errors naming files, the
 per-rank tables cache, parallel parse."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 import msgspec
 
 from analyzer.api import load_events, load_tables
-from analyzer.cachekey import cache_key
-from analyzer.errors import BadInput
-from analyzer.ingest import CODE_MODULES, rank_tables, tables_cache_path
+from analyzer.ingest.cachekey import cache_key
+from analyzer.contract.errors import BadInput
+from analyzer.ingest.pipeline import CODE_MODULES, rank_tables, tables_cache_path
 from tests.analyzer.helpers import FIXTURES, corpus
 
 

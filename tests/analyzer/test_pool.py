@@ -1,4 +1,4 @@
-"""The worker pool (analyzer/parallel.py): order, typed errors, dead workers, started workers,
+"""The worker pool (analyzer/ingest/pool.py): order, typed errors, dead workers, started workers,
 no orphans."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from analyzer import parallel
-from analyzer.errors import BadInput, ParityTraceError
-from analyzer.parallel import run_all
+from analyzer.ingest import pool as parallel
+from analyzer.contract.errors import BadInput, ParityTraceError
+from analyzer.ingest.pool import run_all
 
 _PARENT = os.getpid()
 
@@ -149,7 +149,7 @@ def test_workers_end_with_a_killed_caller_and_ignore_ctrl_c():
 
     import psutil
 
-    busy = ("import time\nfrom analyzer.parallel import run_all\n"
+    busy = ("import time\nfrom analyzer.ingest.pool import run_all\n"
             "run_all(time.sleep, [30, 30, 30], jobs=2)\n")
     idle = ("import time\nfrom analyzer import parallel\n"
             "with parallel.workers(jobs=3):\n    time.sleep(30)\n")

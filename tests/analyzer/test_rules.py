@@ -11,7 +11,7 @@ import math
 import pytest
 
 from analyzer.api import load_events, load_tables
-from analyzer.collectives import by_kind
+from analyzer.analyses.collectives import by_kind
 
 US = 1000
 
@@ -137,7 +137,7 @@ def test_timeline_lanes(fixture_copy):
 ])
 def test_kind_from_text(name, kind):
     """The one rule for a collective's kind from a name, for every command (report, summary,
-    merge: analyzer/classify.py)."""
-    from analyzer.classify import kind_from_text
+    merge: analyzer/ingest/classify.py)."""
+    from analyzer.ingest.classify import kind_from_text
 
     assert kind_from_text(name) == kind

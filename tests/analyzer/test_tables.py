@@ -1,4 +1,4 @@
-"""Per-rank tables (analyzer/ingest.py) and the whole-report cache (reports/cache.py).
+"""Per-rank tables (analyzer/ingest/pipeline.py) and the whole-report cache (reports/cache.py).
 
 Oracle: the same quantities computed a second way, by the analyses run in the test on each
 rank's full event table (``api.load_events``: breakdown, collectives, timeline, prefetch,
@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 
 from analyzer import api
-from analyzer.breakdown import rank_breakdown, timeline_rows, whole_trace_overlap
-from analyzer.collectives import rank_collectives
-from analyzer.errors import BadInput
-from analyzer.ingest import rank_tables
-from analyzer.prefetch import prefetch_table
+from analyzer.analyses.breakdown import rank_breakdown, timeline_rows, whole_trace_overlap
+from analyzer.analyses.collectives import rank_collectives
+from analyzer.contract.errors import BadInput
+from analyzer.ingest.pipeline import rank_tables
+from analyzer.analyses.prefetch import prefetch_table
 from tests.corpus import CORPUS, need
 
 REPO = Path(__file__).parents[2]
@@ -120,7 +120,7 @@ def test_same_size_edit_with_the_mtime_set_back_is_not_served_from_the_cache(tmp
 
 def test_a_cached_report_renders_without_pandas_or_pyarrow(tmp_path):
     """The warm path imports neither (reports/cache.py): importing them costs ~0.4 s, which
-    a report module importing analyzer.parity once brought back (caught by bench_scale: warm
+    a report module importing analyzer.analyses.parity once brought back (caught by bench_scale: warm
     0.13 -> 0.57 s). Rendered for the corpus and for a hand-built failed run, whose verdict
     names the first divergence."""
     import subprocess
@@ -129,7 +129,7 @@ def test_a_cached_report_renders_without_pandas_or_pyarrow(tmp_path):
     from tests.report.builders import build_root
 
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
-    probe = ("import sys\nfrom analyzer.cli import main\nsys.argv = ['analyzer', 'report', "
+    probe = ("import sys\nfrom analyzer.cli.app import main\nsys.argv = ['analyzer', 'report', "
              "sys.argv[1], '--out', sys.argv[2]]\ntry:\n    main()\nexcept SystemExit:\n"
              "    pass\nprint('HEAVY', sorted(m for m in ('pandas', 'pyarrow', 'numpy') "
              "if m in sys.modules), file=sys.stderr)")
@@ -145,9 +145,9 @@ def test_a_cached_report_renders_without_pandas_or_pyarrow(tmp_path):
 
 
 def test_report_cache_hit_is_identical_and_a_change_misses(tmp_path, monkeypatch):
-    from analyzer.report_types import AnalysisOptions, ToleranceOverride
+    from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride
     from reports import cache
-    from reports.cli_report import write_report
+    from analyzer.cli.report import write_report
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     root = _copy_dlrm(tmp_path)

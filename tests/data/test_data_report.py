@@ -1,4 +1,4 @@
-"""Run-level data supply (analyzer/datasupply.py) and its report sentence, on hand-made tables
+"""Run-level data supply (analyzer/analyses/datasupply.py) and its report sentence, on hand-made tables
 whose answers are worked out in the comments."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analyzer.datasupply import data_summary, rank_data
-from analyzer.report_types import DataSupply
+from analyzer.analyses.datasupply import data_summary, rank_data
+from analyzer.contract.report_types import DataSupply
 from reports import fmt
 from reports.verdict import input_bound_sentence
 

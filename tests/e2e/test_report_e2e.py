@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from analyzer import report_types
+from analyzer.contract import report_types
 from tests.corpus import CORPUS, need
 
 DLRM = CORPUS / "dlrm_ddp_8rank_v100"

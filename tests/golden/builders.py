@@ -1,6 +1,6 @@
 """Hand-built run directories with kept tensors (no torch): exact answers for analyzer drift.
 
-A run dir here is what the contract (analyzer/schemas.py, "kept tensors") asks for: kept tensors
+A run dir here is what the contract (analyzer/contract/schemas.py, "kept tensors") asks for: kept tensors
 in baseline.safetensors (written with safetensors' numpy API, BF16 by hand), kept.parquet rows
 computed here with hashlib / numpy (not with the code under test), and a manifest listing both
 files with their sha256.
@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analyzer import schemas
+from analyzer.contract import schemas
 
 
 def manifest(name: str, *, precision: str = "fp32", torch_version: str = "2.13.0",

@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from analyzer import drift, kept, schemas
-from analyzer.errors import BadInput
+from analyzer.compare import drift, kept
+from analyzer.contract import schemas
+from analyzer.contract.errors import BadInput
 from tests.golden.builders import run_dir
 
 # torch.testing.assert_close defaults, as published (https://pytorch.org/docs/stable/testing.html)

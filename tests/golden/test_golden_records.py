@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from analyzer import drift, schemas
+from analyzer.compare import drift
+from analyzer.contract import schemas
 from tests.golden.conftest import TINY
 from tests.tracer.helpers import run_tracer
 

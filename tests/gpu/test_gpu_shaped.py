@@ -15,7 +15,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from analyzer import api, memory, prefetch
+from analyzer import api
+from analyzer.analyses import memory, prefetch
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "gpu_shaped"
 US = 1000
@@ -77,7 +78,7 @@ def test_overlap_across_streams(tmp_path):
     # identity, and the whole-trace (HTA-scope) figure from the same sets: (250+100)/(400+400)
     assert (bd["compute_ns"] + bd["exposed_comm_ns"] + bd["data_wait_ns"] + bd["other_ns"] + bd["idle_ns"] == bd["step_ns"]).all()
     ev = events("overlap")
-    from analyzer.breakdown import whole_trace_overlap
+    from analyzer.analyses.breakdown import whole_trace_overlap
     assert whole_trace_overlap(ev) == (350 * US, 800 * US)
     assert (ts.ranks[0].whole_overlap_ns, ts.ranks[0].whole_comm_ns) == (350 * US, 800 * US)
     kinds = ev[ev["role"] == "comm"].sort_values("ts_ns")["coll_kind"].astype(str).tolist()

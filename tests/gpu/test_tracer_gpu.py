@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from analyzer import schemas
+from analyzer.contract import schemas
 from tracer import devices, worker
 from tracer.config import RecordConfig
 from tracer.memory import snapshot_to_table

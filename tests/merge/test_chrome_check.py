@@ -1,4 +1,4 @@
-"""The structural check (analyzer/chrome_check.py) on hand-built traces with known problems."""
+"""The structural check (analyzer/timeline/chrome_check.py) on hand-built traces with known problems."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.chrome_check import check_trace, partial_overlaps
-from analyzer.merge import assign_lanes
+from analyzer.timeline.chrome_check import check_trace, partial_overlaps
+from analyzer.timeline.merge import assign_lanes
 from tests.merge.builders import meta, named, x
 
 

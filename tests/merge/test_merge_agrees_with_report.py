@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 from analyzer import api
-from analyzer.clock import MATCHABLE_KINDS
-from analyzer.merge import merge_traces
+from analyzer.timeline.clock import MATCHABLE_KINDS
+from analyzer.timeline.merge import merge_traces
 from tests.corpus import CORPUS, need
 from tests.reliability.conftest import TINY
 
@@ -115,8 +115,8 @@ def test_the_check_can_fail(tmp_path, monkeypatch):
     """A merge that took another rule for one collective's kind is caught."""
     import types
 
-    import analyzer.merge as merge
-    from analyzer import ingest
+    import analyzer.timeline.merge as merge
+    from analyzer.ingest import pipeline as ingest
 
     def other_kind(*args, **kwargs):
         job = ingest.load_run(*args, **kwargs)

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from analyzer.chrome_check import check_trace
-from analyzer.merge import merge_traces
+from analyzer.timeline.chrome_check import check_trace
+from analyzer.timeline.merge import merge_traces
 from tests.corpus import needs_corpus
 from tests.merge.builders import DLRM, read
 

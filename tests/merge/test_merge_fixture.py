@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from analyzer.chrome_check import check_trace
-from analyzer.cli import app
-from analyzer.errors import BadInput
-from analyzer.merge import MergeOptions, merge_traces
+from analyzer.timeline.chrome_check import check_trace
+from analyzer.cli.app import app
+from analyzer.contract.errors import BadInput
+from analyzer.timeline.merge import MergeOptions, merge_traces
 from tests.merge.builders import gloo_rank, read, write, x
 
 # true end of the gloo all_reduce of step k, per rank (us); the jitter is the test's oracle

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from analyzer.chrome_check import check_file, check_trace
-from analyzer.merge import merge_traces
+from analyzer.timeline.chrome_check import check_file, check_trace
+from analyzer.timeline.merge import merge_traces
 from tests.merge.builders import read
 
 pytestmark = pytest.mark.slow

@@ -66,10 +66,10 @@ def cli_proc(*args: str) -> subprocess.CompletedProcess:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    """Run ``analyzer.cli.main`` in this process with ``args`` (the same path a user's command
+    """Run ``analyzer.cli.app.main`` in this process with ``args`` (the same path a user's command
     takes: usage errors, typed errors and internal errors included), capturing stdout / stderr
     and the exit status. In-process because an interpreter start costs seconds on a loaded CI."""
-    from analyzer.cli import main
+    from analyzer.cli.app import main
 
     out, err = io.StringIO(), io.StringIO()
     argv, sys.argv = sys.argv, ["analyzer", *args]

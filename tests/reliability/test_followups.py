@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.errors import BadInput
+from analyzer.contract.errors import BadInput
 
 from tests.reliability.conftest import DLRM, TBPLUGIN, TINY, bad_input, cli, copy_run, need
 
@@ -159,7 +159,7 @@ def test_allow_incomplete_help_says_what_it_does():
 @pytest.mark.parametrize("opt,value", [("--rtol", "1e300"), ("--rtol", "0.5"), ("--atol", "1e300"),
                                        ("--atol", "0.1")])
 def test_tolerance_above_the_bound_is_refused(fsdp_fault_run, tmp_path, opt, value):
-    from analyzer.report_types import MAX_OVERRIDE
+    from analyzer.contract.report_types import MAX_OVERRIDE
 
     bound = f"{MAX_OVERRIDE[opt[2:]]:g}"
     for args in (["gate", str(fsdp_fault_run)], ["drift", str(fsdp_fault_run), str(fsdp_fault_run)],
@@ -181,7 +181,7 @@ def ddp_default_fault_run(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("which", ["tiny_fsdp", "default_ddp"])
 def test_faulted_run_still_fails_at_the_bounds(which, request):
-    from analyzer.report_types import MAX_OVERRIDE
+    from analyzer.contract.report_types import MAX_OVERRIDE
 
     run = request.getfixturevalue("fsdp_fault_run" if which == "tiny_fsdp"
                                   else "ddp_default_fault_run")
@@ -192,7 +192,7 @@ def test_faulted_run_still_fails_at_the_bounds(which, request):
     assert proc.returncode == 3 and f"FAIL {run.name}: fail" in proc.stdout, \
         proc.stdout + proc.stderr
     assert "rel L2 0.5" in proc.stdout
-    from analyzer.parity import evaluate, read_numerics, tolerance_for
+    from analyzer.analyses.parity import evaluate, read_numerics, tolerance_for
 
     numerics = read_numerics(run / "numerics.parquet")
     for name, loose in (("rtol", 0.5), ("atol", 0.1)):  # the library still computes them
@@ -203,8 +203,8 @@ def test_faulted_run_still_fails_at_the_bounds(which, request):
 # 7. a cached report says again what the analysis said on stderr
 
 def test_cached_report_repeats_the_stderr_notes(ddp_run, fsdp_fault_run, tmp_path, monkeypatch):
-    from analyzer import runs
-    from analyzer.report_types import AnalysisOptions
+    from analyzer.compare import runs
+    from analyzer.contract.report_types import AnalysisOptions
     from reports import cache
 
     root = tmp_path / "traces"

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer import api
-from analyzer.collectives import by_kind, match_ranks
-from analyzer.errors import ParityTraceError
-from analyzer.merge import MergeOptions, merge_traces
+from analyzer.analyses.collectives import by_kind, match_ranks
+from analyzer.contract.errors import ParityTraceError
+from analyzer.timeline.merge import MergeOptions, merge_traces
 from tests.corpus import skip_reason
 from tests.reliability.conftest import DLRM, TBPLUGIN, load
 

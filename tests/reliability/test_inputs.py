@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from analyzer.api import load_events, load_tables
-from analyzer.errors import BadInput
-from analyzer.report_types import AnalysisOptions
-from analyzer.runs import analyse
+from analyzer.contract.errors import BadInput
+from analyzer.contract.report_types import AnalysisOptions
+from analyzer.compare.runs import analyse
 from tests.remanifest import refresh_manifest
 from tests.reliability.conftest import (DLRM, bad_input, cli, cli_proc, copy_run, load,
                                         need, save)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.errors import BadInput
+from analyzer.contract.errors import BadInput
 from tests.reliability.conftest import DLRM, TBPLUGIN, TINY, bad_input, cli, copy_run, need
 
 

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from analyzer.api import load_tables
-from analyzer.fswalk import entries
+from analyzer.ingest.fswalk import entries
 from reports import markdown
 from tests.reliability.conftest import TBPLUGIN, cli, copy_run, load, need, save
 

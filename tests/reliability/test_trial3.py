@@ -87,7 +87,7 @@ def test_summary_json_unwritable_parent_is_bad_input(tmp_path):
 
 
 def test_summary_atomic_writer_removes_its_temp_file(tmp_path):
-    from analyzer.atomic import write_atomic as _write_atomic
+    from analyzer.contract.atomic import write_atomic as _write_atomic
 
     target = tmp_path / "s.json"
     target.mkdir()  # os.replace of a file onto a directory fails after the temp file is written

@@ -22,7 +22,7 @@ A100 = CORPUS / "single" / "a100_ddp_rank0_nccl_args.json.gz"
 
 def test_crosscheck_hta_on_one_file_reads_only_that_file(tmp_path, monkeypatch):
     pytest.importorskip("hta.trace_analysis")
-    from analyzer.crosscheck_hta import run_hta_overlap
+    from analyzer.compare.crosscheck_hta import run_hta_overlap
 
     src = need(A100)
     # oracle: HTA run by hand on a folder holding a copy of that one file
@@ -54,7 +54,7 @@ def _first_step_ts_ns(trace: dict) -> int:
 
 
 def test_merge_keeps_raw_clocks_when_alignment_widens_spread(ddp_run, tmp_path, monkeypatch):
-    from analyzer import clock
+    from analyzer.timeline import clock
 
     real = clock.estimate_offsets
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analyzer import schemas
+from analyzer.contract import schemas
 
 
 def tensor_rows(*, rank, kind, tensor, seq, step=0, numel=4.0, sq_sum=1.0, ref_sq_sum=1.0,

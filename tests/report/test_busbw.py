@@ -9,8 +9,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from analyzer.collectives import by_kind, run_busbw_gbps
-from analyzer.runs import analyse
+from analyzer.analyses.collectives import by_kind, run_busbw_gbps
+from analyzer.compare.runs import analyse
 from tests.corpus import CORPUS, need
 
 TBPLUGIN = CORPUS / "tbplugin_2rank"

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from analyzer import compare, rundirs
-from analyzer.cli import app
-from analyzer.errors import BadInput, ExitCode
-from analyzer.report_types import AnalysisOptions
-from analyzer.runs import analyse
+from analyzer.compare import ranking as compare
+from analyzer.ingest import rundirs
+from analyzer.cli.app import app
+from analyzer.contract.errors import BadInput, ExitCode
+from analyzer.contract.report_types import AnalysisOptions
+from analyzer.compare.runs import analyse
 from reports import fmt, html, markdown
 from tests.remanifest import refresh_manifest
 from tests.report.builders import build_root, write_run

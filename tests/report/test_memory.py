@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from analyzer import memory
-from analyzer.errors import BadInput
+from analyzer.analyses import memory
+from analyzer.contract.errors import BadInput
 from tests.report.builders import write_memory, write_steps
 
 MiB = 1 << 20

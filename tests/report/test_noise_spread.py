@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyzer.runs import analyse
+from analyzer.compare.runs import analyse
 from reports import markdown
 from tests.report.builders import write_run
 

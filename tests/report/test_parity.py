@@ -7,9 +7,9 @@ import math
 import pandas as pd
 import pytest
 
-from analyzer import parity
-from analyzer.errors import BadInput
-from analyzer.report_types import ToleranceOverride
+from analyzer.analyses import parity
+from analyzer.contract.errors import BadInput
+from analyzer.contract.report_types import ToleranceOverride
 from tests.report.builders import limit, loss_rows, manifest, tensor_rows, write_numerics
 
 FP32 = parity.tolerance_for("fp32")

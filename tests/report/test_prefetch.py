@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analyzer import prefetch
+from analyzer.analyses import prefetch
 from tests.report.builders import event, events
 
 
@@ -27,7 +27,7 @@ def gpu_fsdp2():
 
     compute union: [400,600] [900,950] [1500,2500] [3000,3100] [3500,4500] [5500,5600]
     need = ready time of the copy-out kernel = max(its launch call, end of the previous op on
-    stream 7) (GPU need, analyzer/prefetch.py):
+    stream 7) (GPU need, analyzer/analyses/prefetch.py):
     unit 2 (forward):  issue 120, exec 300..800, covered 400..600 = 200 -> 0.4;
                        copy-out kernel (corr 5, launched 860, previous gemm ends 600):
                        need 860 -> slack +60

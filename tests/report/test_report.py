@@ -10,10 +10,11 @@ import msgspec
 import pytest
 from typer.testing import CliRunner
 
-from analyzer import compare, report_types
-from analyzer.cli import app
-from analyzer.report_types import CommKind, Interval, Memory, Parity, RunEntry, StepTime, Timeline
-from analyzer.runs import analyse
+from analyzer.compare import ranking as compare
+from analyzer.contract import report_types
+from analyzer.cli.app import app
+from analyzer.contract.report_types import CommKind, Interval, Memory, Parity, RunEntry, StepTime, Timeline
+from analyzer.compare.runs import analyse
 from reports import html, markdown
 from tests.report.builders import build_root, write_run
 

@@ -1,5 +1,5 @@
 """DESIGN.md: the contract is the one thing that crosses from analyzer to tracer. The tracer
-imports only the contract's modules (analyzer/schemas.py, errors.py, atomic.py), and those
+imports only the contract's modules (analyzer/contract/schemas.py, errors.py, atomic.py), and those
 import nothing else of the analyzer. Run-directory files are written through ``atomic_path``."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.atomic import atomic_path, write_atomic
+from analyzer.contract.atomic import atomic_path, write_atomic
 
 REPO = Path(__file__).parents[2]
-CONTRACT = {"analyzer.schemas", "analyzer.errors", "analyzer.atomic"}
+CONTRACT = {"analyzer.contract.schemas", "analyzer.contract.errors", "analyzer.contract.atomic"}
 
 
 def _analyzer_imports(path: Path) -> set[str]:
@@ -36,7 +36,7 @@ def test_tracer_imports_only_the_contract():
         for mod in _analyzer_imports(path):
             seen.setdefault(mod, []).append(path.name)
     assert set(seen) <= CONTRACT, {m: f for m, f in seen.items() if m not in CONTRACT}
-    assert "analyzer.schemas" in seen  # the scan sees the imports
+    assert "analyzer.contract.schemas" in seen  # the scan sees the imports
 
 
 def test_contract_imports_nothing_else_of_the_analyzer():

@@ -13,7 +13,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from analyzer import schemas
+from analyzer.contract import schemas
 from tests.tracer.helpers import REPO, TAG_ENV, TINY, alive_with_tag, run_tracer, tensor_rel_l2
 
 pytestmark = pytest.mark.slow

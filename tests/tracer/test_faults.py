@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analyzer import schemas
+from analyzer.contract import schemas
 from tests.tracer.helpers import TINY, run_tracer, tensor_rel_l2
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer import schemas
+from analyzer.contract import schemas
 from tests.tracer.helpers import TAG_ENV, alive_with_tag
 from tracer.baseline import BASELINE_NAME, write_baseline
 from tracer.config import RecordConfig

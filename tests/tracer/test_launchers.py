@@ -9,7 +9,7 @@ import sys
 import pandas as pd
 import pytest
 
-from analyzer import schemas
+from analyzer.contract import schemas
 from tests.tracer.helpers import TINY, alive_with_tag, run_tracer, tensor_rel_l2
 from tracer.launch import free_port
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from analyzer import schemas
+from analyzer.contract import schemas
 from tests.tracer.helpers import tensor_rel_l2
 
 pytestmark = pytest.mark.slow

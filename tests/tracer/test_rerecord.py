@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from analyzer import schemas
+from analyzer.contract import schemas
 from tests.tracer.helpers import TINY, alive_with_tag, run_tracer
 from tracer.record import STAGING_PREFIX
 

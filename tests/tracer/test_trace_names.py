@@ -1,6 +1,6 @@
 """tracer.trace_names on a hand-built trace shaped like torch 2.13's gloo export."""
 
-from analyzer.chrome_check import check_trace
+from analyzer.timeline.chrome_check import check_trace
 from tracer.trace_names import name_tracks
 
 

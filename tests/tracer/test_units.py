@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from analyzer import schemas
+from analyzer.contract import schemas
 from tracer.config import RecordConfig, layer_num_params
 from tracer.memory import snapshot_to_table
 from tracer.model import SimpleTransformer, make_batch, rank_rows

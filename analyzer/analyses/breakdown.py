@@ -1,0 +1,328 @@
+"""Per rank and step time breakdown: compute, communication, overlap, exposed, data, other, idle.
+
+Sets, per rank and step S (events attributed to S, see analyzer/ingest/classify.py, clipped to S's
+window ``[start_ns, end_ns)``):
+
+GPU rank (the GPU timeline, as HTA's temporal breakdown):
+  C = NCCL kernels, K = other kernels, O = memcpy / memset / sync.
+CPU rank (gloo):
+  C = ``gloo:*`` ops (the runloop threads), K = main-thread cpu_ops minus the time the main
+  thread spends inside c10d enqueue ops and waiting for collectives, O = every other CPU event
+  except ranges (ProfilerStep, user annotations).
+  How a synchronous wait looks in a real trace (torch 2.13, gloo, FSDP1 and DDP recorded with
+  tests/analyzer/gloo_record.py): ``c10d::allgather_`` / ``c10d::_reduce_scatter_base_`` return
+  after enqueueing; ``work.wait()`` records no op of its own, so the wait is time in which the
+  main thread runs no op except the ones that *enclose* the enqueue (``autograd::engine::
+  evaluate_function: AddmmBackward0`` around FSDP's pre-backward all_gather,
+  ``...AccumulateGrad`` around its post-backward reduce_scatter). Rule: for a c10d op paired with
+  its gloo op, the interval [enqueue end, gloo end) minus every main-thread op that does not
+  enclose the enqueue is waiting, not compute.
+
+Data supply (issue 10), D = the ``enumerate(DataLoader)#...__next__`` ranges (role data, any
+CPU thread: the host fetching or waiting for the next batch) ∪ host-to-device memcpys (rule
+``gpu.memcpy.htod``: input copies on the GPU timeline). On a CPU rank the main-thread ops inside
+a DataLoader range (collate, a single-process loader's ``__getitem__``) are data supply, not
+computation: K excludes them.
+
+  compute_ns = |K|, comm_ns = |C|, overlap_ns = |C ∩ K| (HTA get_comm_comp_overlap),
+  exposed_comm_ns = |C \\ K| (TraceLens), data_wait_ns = |D \\ (C ∪ K)|,
+  other_ns = |O \\ (C ∪ K ∪ D)|, idle_ns = window - |C ∪ K ∪ D ∪ O|,
+so compute_ns + exposed_comm_ns + data_wait_ns + other_ns + idle_ns == step_ns exactly
+(integers): each instant of the window counts once, for the first of compute, communication,
+data, other that covers it. Data time under computation or communication is hidden and not
+counted (as communication under computation is hidden): data_wait_ns is the time the rank had
+nothing to do but fetch or wait for input. Without DataLoader ranges and HtoD copies it is 0
+and the other figures are those of the four-part breakdown.
+data_wait_frac = data_wait_ns / step_ns; a step is ``input_bound`` when data_wait_frac >=
+INPUT_BOUND_FRAC (a convention of this project, not a published threshold).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analyzer.analyses import intervals as iv
+
+COLUMNS = ["rank", "step", "step_start_ns", "step_ns", "compute_ns", "comm_ns", "overlap_ns",
+           "exposed_comm_ns", "other_ns", "idle_ns", "overlap_frac", "data_wait_ns",
+           "data_wait_frac", "input_bound"]
+INPUT_BOUND_FRAC = 0.2
+"""A step is input-bound when at least this share of it waits for data (module docstring)."""
+_OTHER_CPU = ("other", "comm_enqueue", "memcpy", "memset", "sync")
+
+
+def is_in(col: pd.Series, values: tuple[str, ...]) -> np.ndarray:
+    """Boolean mask: rows whose value, as a string, is one of ``values``. A categorical is
+    looked up through its codes (one str() per category, not per row); a missing value is in
+    no set (``values`` never holds "nan")."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = col.array.codes
+        mask = np.zeros(len(codes), bool)
+        for k, c in enumerate(col.array.categories.tolist()):
+            if str(c) in values:
+                mask |= codes == k
+        return mask
+    return np.isin(col.astype(str).to_numpy().astype(object), values)
+
+
+class _Rows:
+    """Per event row, as numpy arrays: start / end and the set each row belongs to
+    (module docstring: C comm, K compute, O other, D data; on a CPU rank with a main thread,
+    E its c10d enqueue ops, M its ops inside DataLoader ranges, and paired_row for the wait
+    rule)."""
+
+    __slots__ = ("s", "e", "comm", "comp", "other", "data", "enq", "data_main", "paired")
+
+    def __init__(self, ev: pd.DataFrame, device_kind: str, main_tid: str | None):
+        role = ev["role"]
+        gpu = ev["is_gpu"].to_numpy(dtype=bool)
+        self.s = ev["ts_ns"].to_numpy()
+        self.e = ev["end_ns"].to_numpy()
+        is_data = is_in(role, ("data",))
+        htod = (is_in(ev["rule"], ("gpu.memcpy.htod",)) if "rule" in ev.columns
+                else np.zeros(len(ev), bool))
+        self.data = (is_data & ~gpu) | (gpu & htod)
+        self.enq = self.data_main = self.paired = None
+        if device_kind == "gpu":
+            self.comm = gpu & is_in(role, ("comm",))
+            self.comp = gpu & is_in(role, ("compute",))
+            self.other = gpu & is_in(role, ("memcpy", "memset", "sync"))
+            return
+        self.comm = is_in(role, ("comm",))
+        self.comp = is_in(role, ("compute",))
+        self.other = ~gpu & is_in(role, _OTHER_CPU)
+        if main_tid is not None:
+            main = is_in(ev["tid"], (main_tid,))
+            self.enq = is_in(role, ("comm_enqueue",)) & main
+            self.data_main = is_data & main
+            self.paired = (ev["paired_row"].to_numpy() if "paired_row" in ev.columns
+                           else np.full(len(ev), -1, np.int64))
+
+    def take(self, idx: np.ndarray) -> "_Rows":
+        """These rows only (``paired`` still indexes the whole table)."""
+        out = object.__new__(_Rows)
+        for k in _Rows.__slots__:
+            v = getattr(self, k)
+            setattr(out, k, None if v is None else v[idx])
+        return out
+
+    def used(self) -> np.ndarray:
+        """Rows in some set."""
+        m = self.comm | self.comp | self.other | self.data
+        return m if self.enq is None else m | self.enq | self.data_main
+
+
+class _Windows:
+    """Step windows [lo, hi) laid end to end on one virtual time line, so that the interval
+    algebra of every step runs in one call: window k's instant t sits at
+    ``t - lo[k] + base[k]``, and consecutive windows are 1 ns apart (their intervals never
+    touch, so never merge). Window k holds the rows with ``group == k`` (-1: none)."""
+
+    def __init__(self, lo: np.ndarray, hi: np.ndarray, group: np.ndarray):
+        self.lo = lo.astype(np.int64)
+        self.hi = hi.astype(np.int64)
+        span = np.maximum(self.hi - self.lo, 0) + 1
+        self.base = np.zeros(len(span), np.int64)
+        np.cumsum(span[:-1], out=self.base[1:])
+        self.group = group
+
+    def place(self, s: np.ndarray, e: np.ndarray, g: np.ndarray) -> iv.Intervals:
+        """The canonical virtual set of intervals [s, e) of windows ``g``, each clipped to its
+        window."""
+        lo, hi = self.lo[g], self.hi[g]
+        cs = np.clip(s, lo, hi)
+        ce = np.clip(e, lo, hi)
+        shift = self.base[g] - lo
+        return iv.merge(cs + shift, ce + shift)
+
+    def rows(self, mask: np.ndarray, r: _Rows) -> iv.Intervals:
+        """The rows of ``mask`` that belong to a window, placed."""
+        sel = np.flatnonzero(mask & (self.group >= 0))
+        return self.place(r.s[sel], r.e[sel], self.group[sel])
+
+    def measure(self, a: iv.Intervals) -> np.ndarray:
+        """|a ∩ window k| for every k, int64 ns (exact: prefix sums of lengths)."""
+        cs = np.zeros(len(a[0]) + 1, np.int64)
+        np.cumsum(a[1] - a[0], out=cs[1:])
+        at = np.searchsorted(a[0], self.base)
+        return np.diff(cs[np.append(at, len(a[0]))])
+
+    def real(self, a: iv.Intervals, k: int) -> iv.Intervals:
+        """Window ``k``'s part of a virtual set, in real time."""
+        lo = np.searchsorted(a[0], self.base[k])
+        hi = np.searchsorted(a[0], self.base[k + 1]) if k + 1 < len(self.base) else len(a[0])
+        shift = self.lo[k] - self.base[k]
+        return a[0][lo:hi] + shift, a[1][lo:hi] + shift
+
+
+def _sets(r: _Rows, w: _Windows, all_end_ns: np.ndarray
+          ) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals, iv.Intervals]:
+    """(C, K, O, D) of the module docstring, every window at once (virtual time)."""
+    return (w.rows(r.comm, r), _compute(r, w, all_end_ns), w.rows(r.other, r),
+            w.rows(r.data, r))
+
+
+def _compute(r: _Rows, w: _Windows, all_end_ns: np.ndarray) -> iv.Intervals:
+    """K: compute rows, on a CPU rank less its main thread's enqueue ops, collective waits
+    and DataLoader work (module docstring)."""
+    comp = w.rows(r.comp, r)
+    if r.enq is None:
+        return comp
+    busy = iv.union(iv.union(w.rows(r.enq, r), _waits(r, w, all_end_ns)),
+                    w.rows(r.data_main, r))
+    return iv.subtract(comp, busy)
+
+
+def _waits(r: _Rows, w: _Windows, all_end_ns: np.ndarray) -> iv.Intervals:
+    """Main-thread waiting for paired gloo collectives (module docstring), placed: for an
+    enqueue op i of window k, [end of i, end of its gloo op) minus the window's compute rows
+    that do not enclose i. The waits are themselves laid end to end (``_Windows``), so one
+    subtraction serves them all."""
+    g = w.group
+    enq = np.flatnonzero(r.enq & (r.paired >= 0) & (g >= 0))
+    w0, w1 = r.e[enq], all_end_ns[r.paired[enq]]
+    valid = w1 > w0
+    enq, w0, w1 = enq[valid], w0[valid], w1[valid]
+    if not len(enq):
+        return iv.EMPTY
+    ops = np.flatnonzero(r.comp & (g >= 0))
+    ops = ops[np.argsort(g[ops], kind="stable")]
+    first = np.searchsorted(g[ops], np.arange(len(w.base) + 1))
+    ops_s, ops_e = r.s[ops], r.e[ops]
+    wait_of, busy = [], []  # (wait index, compute row) pairs that cut into the wait
+    for k in np.unique(g[enq]).tolist():
+        s, e = ops_s[first[k]:first[k + 1]], ops_e[first[k]:first[k + 1]]
+        q_all = np.flatnonzero(g[enq] == k)
+        chunk = max(1, (1 << 22) // max(len(s), 1))  # bounded pair matrix
+        for c in range(0, len(q_all), chunk):
+            q = q_all[c:c + chunk]
+            i = enq[q]
+            cut = ((s[None, :] < w1[q, None]) & (e[None, :] > w0[q, None])
+                   & ~((s[None, :] <= r.s[i, None]) & (e[None, :] >= r.e[i, None])))
+            qi, oj = np.nonzero(cut)
+            wait_of.append(q[qi])
+            busy.append(first[k] + oj)
+    waits = _Windows(w0, w1, np.arange(len(enq)))
+    wait_of = np.concatenate(wait_of) if wait_of else np.zeros(0, np.int64)
+    busy = np.concatenate(busy) if busy else np.zeros(0, np.int64)
+    gaps = iv.subtract(waits.place(w0, w1, np.arange(len(enq))),
+                       waits.place(ops_s[busy], ops_e[busy], wait_of))
+    q = np.searchsorted(waits.base, gaps[0], "right") - 1
+    shift = w0[q] - waits.base[q]
+    return w.place(gaps[0] + shift, gaps[1] + shift, g[enq[q]])
+
+
+def step_sets(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int, hi: int,
+              all_end_ns: np.ndarray | None = None
+              ) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals]:
+    """(C, K, O) of the events ``ev`` (already restricted to one step), clipped to [lo, hi).
+
+    ``all_end_ns``: end_ns of the rank's whole event table (``paired_row`` indexes it), needed
+    on CPU ranks for the wait rule; None means ``ev`` is the whole table."""
+    r = _Rows(ev, device_kind, main_tid)
+    w = _Windows(np.array([lo]), np.array([hi]), np.zeros(len(ev), np.int64))
+    comm, comp, other, _ = _sets(r, w, r.e if all_end_ns is None else all_end_ns)
+    return w.real(comm, 0), w.real(comp, 0), w.real(other, 0)
+
+
+_FIT = 1 << 62
+"""Virtual time lines longer than this are split (int64 headroom)."""
+
+
+def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
+                   main_tid: str | None) -> pd.DataFrame:
+    """Breakdown rows (COLUMNS) of one rank; ``steps`` holds step, start_ns, end_ns.
+
+    Every step's sets are built and measured in one pass (``_Windows``); the measures use
+    |C ∩ K| = |C| + |K| - |C ∪ K| and |X \\ Y| = |X ∪ Y| - |Y|, exact in integers."""
+    if not len(steps):
+        df = pd.DataFrame([], columns=COLUMNS)
+        return df.astype({**{c: "int64" for c in COLUMNS
+                             if c.endswith("_ns") or c in ("rank", "step")},
+                          "input_bound": bool})
+    st = steps["step"].to_numpy().astype(np.int64)
+    lo = steps["start_ns"].to_numpy().astype(np.int64)
+    hi = steps["end_ns"].to_numpy().astype(np.int64)
+    full = _Rows(events, device_kind, main_tid)
+    used = np.flatnonzero(full.used())
+    r = full.take(used)
+    step_col = events["step"].to_numpy()[used]
+    spans = np.maximum(hi - lo, 0) + 1
+    if len(np.unique(st)) == len(st) and sum(spans.tolist()) < _FIT:
+        parts = [np.arange(len(st))]
+    else:  # a step listed twice, or windows too long to lay end to end: one step at a time
+        parts = [np.array([k]) for k in range(len(st))]
+    m = np.zeros((5, len(st)), np.int64)
+    for ks in parts:
+        order = np.argsort(st[ks])
+        pos = np.clip(np.searchsorted(st[ks][order], step_col), 0, len(ks) - 1)
+        group = np.where(st[ks][order][pos] == step_col, order[pos], -1)
+        w = _Windows(lo[ks], hi[ks], group)
+        comm, comp, other, data = _sets(r, w, full.e)
+        u1 = iv.union(comm, comp)
+        u2 = iv.union(u1, data)
+        u3 = iv.union(u2, other)
+        m[:, ks] = [w.measure(x) for x in (comm, comp, u1, u2, u3)]
+    comm_ns, compute_ns, u1_ns, u2_ns, u3_ns = m
+    step_ns = hi - lo
+    overlap_ns = comm_ns + compute_ns - u1_ns
+    exposed_ns = comm_ns - overlap_ns
+    data_ns = u2_ns - u1_ns
+    other_ns = u3_ns - u2_ns
+    idle_ns = step_ns - compute_ns - exposed_ns - data_ns - other_ns
+    nan = float("nan")
+    overlap_frac = [o / c if c else nan for o, c in zip(overlap_ns.tolist(), comm_ns.tolist())]
+    data_frac = [d / s if s else nan for d, s in zip(data_ns.tolist(), step_ns.tolist())]
+    return pd.DataFrame({
+        "rank": np.full(len(st), rank, np.int64), "step": st, "step_start_ns": lo,
+        "step_ns": step_ns, "compute_ns": compute_ns, "comm_ns": comm_ns,
+        "overlap_ns": overlap_ns, "exposed_comm_ns": exposed_ns, "other_ns": other_ns,
+        "idle_ns": idle_ns, "overlap_frac": np.array(overlap_frac, np.float64),
+        "data_wait_ns": data_ns, "data_wait_frac": np.array(data_frac, np.float64),
+        "input_bound": np.array([f >= INPUT_BOUND_FRAC for f in data_frac], bool)})
+
+
+def whole_trace_overlap(events: pd.DataFrame) -> tuple[int, int]:
+    """(overlap_ns, comm_ns) over every GPU event of the trace, whatever its step: HTA's
+    ``get_comm_comp_overlap`` scope (communication = NCCL kernels, computation = other kernels
+    except memcpy / memset / sync, whole profiled window)."""
+    gpu = events["is_gpu"].to_numpy()
+    role = events["role"].to_numpy().astype(object)
+    s = events["ts_ns"].to_numpy()
+    e = events["end_ns"].to_numpy()
+    comm = iv.merge(s[gpu & (role == "comm")], e[gpu & (role == "comm")])
+    comp = iv.merge(s[gpu & (role == "compute")], e[gpu & (role == "compute")])
+    return iv.measure(iv.intersect(comm, comp)), iv.measure(comm)
+
+
+def timeline_rows(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int, hi: int,
+                  all_end_ns: np.ndarray | None = None) -> pd.DataFrame:
+    """Merged compute and per-kind comm intervals of one step for plotting: columns lane
+    ("compute" / "comm"), kind ("" / the collective kind, lanes in kind order), start_ns,
+    end_ns, clipped to [lo, hi). ``ev`` and ``all_end_ns`` as in ``step_sets``."""
+    r = _Rows(ev, device_kind, main_tid)
+    w = _Windows(np.array([lo]), np.array([hi]), np.zeros(len(ev), np.int64))
+    comp = w.real(_compute(r, w, r.e if all_end_ns is None else all_end_ns), 0)
+    lanes, starts, ends = [("compute", "", len(comp[0]))], [comp[0]], [comp[1]]
+    col = ev["coll_kind"]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = col.cat.codes.to_numpy()
+        present = np.unique(codes[r.comm])
+        # a row without a kind names a lane "nan" that no row equals (as before): no rows
+        names = {str(col.cat.categories[c]): c for c in present[present >= 0].tolist()}
+        masks = {k: r.comm & (codes == c) for k, c in names.items()}
+    else:
+        kinds = col.to_numpy().astype(object)
+        masks = {k: r.comm & (kinds == k) for k in {str(x) for x in kinds[r.comm]}}
+    for k in sorted(masks):
+        c = iv.clip(iv.merge(r.s[masks[k]], r.e[masks[k]]), lo, hi)
+        lanes.append(("comm", k, len(c[0])))
+        starts.append(c[0])
+        ends.append(c[1])
+    counts = [n for _, _, n in lanes]
+    return pd.DataFrame({
+        "lane": pd.array(np.repeat([x for x, _, _ in lanes], counts).astype(object), dtype="str"),
+        "kind": pd.array(np.repeat([x for _, x, _ in lanes], counts).astype(object), dtype="str"),
+        "start_ns": np.concatenate(starts).astype(np.int64),
+        "end_ns": np.concatenate(ends).astype(np.int64)})

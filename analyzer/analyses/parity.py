@@ -1,0 +1,280 @@
+"""The parity gate, recomputed from ``numerics.parquet`` (never from a stored flag).
+
+Rule (README "Parity"; contract in ``analyzer/contract/schemas.py``):
+
+1. Reduce each tensor's metrics across ranks. A *sharded* tensor (``replicated == 0``: FSDP
+   shards, per-rank activation slices) is one tensor split over the ranks: sums are summed
+   (``numel``, ``sq_sum``, ``ref_sq_sum``, ``diff_sq_sum``, ``nonfinite``) and maxima maxed
+   (``max_abs_diff``, ``max_abs_ref``). A *replicated* tensor (``replicated == 1``: DDP) is held
+   whole by every rank; each rank is checked on its own and the tensor is reported with its worst
+   rank (the rank with non-finite values, else the one furthest over -- or closest to -- its limit).
+2. ``rel_l2 = sqrt(diff_sq_sum) / sqrt(ref_sq_sum)``; 0 when both sums are 0, inf when only the
+   reference is 0.
+3. A tensor passes iff it has no NaN/inf (``nonfinite == 0`` and every error metric finite) and
+   ``max_abs_diff <= atol + rtol * max_abs_ref``. This is the max-norm form of
+   ``torch.testing.assert_close``'s elementwise ``|x - r| <= atol + rtol * |r|``: whenever every
+   element passes assert_close, ``max |x - r| <= atol + rtol * max |r|`` holds too, so this rule is
+   never stricter than torch's.
+4. Loss at each recorded step: the distributed loss is the mean over ranks of ``value`` (the ranks'
+   slices are equal); it passes iff finite and ``|loss - ref| <= atol + rtol * |ref|``.
+5. First divergence, in this order: activations by forward order (``seq``), gradients by
+   parameter order, parameters after the first optimizer step, then the loss by step.
+
+Tolerances: ``schemas.TOLERANCES`` by the manifest's precision (torch.testing.assert_close
+defaults), overridable by the user; every output states them with their source.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.contract import schemas
+from analyzer.contract.errors import BadInput
+from analyzer.analyses.memory import read_parquet
+from analyzer.contract.report_types import (DivergenceTolerance, FailedCheck, FirstDivergence, Parity,
+                                   Tolerance, ToleranceOverride)
+
+KIND_ORDER = ("activation", "grad", "param")
+"""Tensor kinds in first-divergence order (the loss comes after them)."""
+
+_SUM_METRICS = ("numel", "sq_sum", "ref_sq_sum", "diff_sq_sum", "nonfinite")
+_MAX_METRICS = ("max_abs_diff", "max_abs_ref")
+
+
+def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | None = None) -> Tolerance:
+    """Tolerance for ``precision`` from ``schemas.TOLERANCES``, with optional user overrides.
+
+    Raises ``ValueError`` for an unknown precision or a negative / non-finite override.
+    """
+    if precision not in schemas.TOLERANCES:
+        raise ValueError(f"unknown precision {precision!r}; expected one of {schemas.PRECISIONS}")
+    base = schemas.TOLERANCES[precision]
+    source = schemas.TOLERANCE_SOURCE.replace("the dtype", precision)
+    overridden = [n for n, v in (("rtol", rtol), ("atol", atol)) if v is not None]
+    if overridden:
+        source = f"{' and '.join(overridden)} set by the user; otherwise {source}"
+    # + 0.0 turns a user's -0.0 into 0.0 (IEEE 754: -0.0 + 0.0 == +0.0), printed "0", not "-0"
+    return Tolerance(rtol=base["rtol"] if rtol is None else float(rtol) + 0.0,
+                     atol=base["atol"] if atol is None else float(atol) + 0.0,
+                     precision=precision, source=source)
+
+
+def read_numerics(path: Path | str) -> pd.DataFrame:
+    """Read ``numerics.parquet`` into a DataFrame with plain ``str`` name columns.
+
+    Columns: rank, step, kind, tensor, seq (int64), metric (str), value (float64, NaN when null).
+    Raises ``BadInput`` naming the file when it is unreadable, newer than this reader, or lacks a
+    column of ``schemas.NUMERICS_SCHEMA``.
+    """
+    path = Path(path)
+    df = read_parquet(path, schemas.NUMERICS_SCHEMA)
+    out = df.astype({"rank": "int64", "step": "int64", "kind": str, "tensor": str, "seq": "int64",
+                     "metric": str, "value": "float64"})
+    bad_kinds = sorted(set(out["kind"]) - set(schemas.NUMERICS_KINDS))
+    if bad_kinds:
+        raise BadInput(path, "bad_run_file", f"unknown kind(s) {', '.join(bad_kinds)}",
+                       "re-record the run with this version of tracer")
+    return out
+
+
+def _wide(numerics: pd.DataFrame, path: str) -> pd.DataFrame:
+    """Tensor rows pivoted to one row per (kind, tensor, seq, step, rank) with metric columns."""
+    rows = numerics[numerics["kind"].isin(KIND_ORDER)]
+    keys = ["kind", "tensor", "seq", "step", "rank"]
+    dup = rows.duplicated(keys + ["metric"])
+    if dup.any():
+        r = rows[dup].iloc[0]
+        raise BadInput(path, "bad_run_file",
+                       f"metric {r['metric']} of {r['kind']} {r['tensor']} appears twice for "
+                       f"rank {r['rank']} step {r['step']}", "re-record the run")
+    wide = rows.pivot(index=keys, columns="metric", values="value").reset_index()
+    wide.columns.name = None
+    missing = [m for m in schemas.TENSOR_METRICS if m not in wide.columns]
+    if missing and len(wide):
+        raise BadInput(path, "bad_run_file", f"lacks metric(s) {', '.join(missing)}",
+                       "re-record the run with this version of tracer")
+    for m in schemas.TENSOR_METRICS:
+        if m not in wide.columns:
+            wide[m] = pd.Series(dtype="float64")
+    return wide
+
+
+def _rel_l2(diff_sq: pd.Series, ref_sq: pd.Series) -> pd.Series:
+    """sqrt(diff_sq) / sqrt(ref_sq); 0 when both are 0, inf when only ref_sq is 0; NaN stays NaN."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.sqrt(diff_sq.to_numpy(float)) / np.sqrt(ref_sq.to_numpy(float))
+    both_zero = (diff_sq.to_numpy(float) == 0) & (ref_sq.to_numpy(float) == 0)
+    out[both_zero] = 0.0
+    return pd.Series(out, index=diff_sq.index)
+
+
+def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet") -> pd.DataFrame:
+    """Reduce tensor metrics across ranks and check each tensor against ``tol``.
+
+    ``numerics`` is ``read_numerics`` output. Returns one row per (kind, tensor, step), sorted in
+    first-divergence order, with columns: kind, tensor, seq, step, reduction ("sharded" |
+    "replicated"), n_ranks, worst_rank (replicated only, else -1), numel, sq_sum, ref_sq_sum,
+    diff_sq_sum, max_abs_diff, max_abs_ref, nonfinite, rel_l2, limit (``atol + rtol *
+    max_abs_ref``), finite (bool), passed (bool). Raises ``BadInput`` when a tensor is marked
+    replicated on some ranks and sharded on others, or a metric is missing.
+    """
+    wide = _wide(numerics, path)
+    cols = ["kind", "tensor", "seq", "step", "reduction", "n_ranks", "worst_rank", *_SUM_METRICS,
+            *_MAX_METRICS, "rel_l2", "limit", "finite", "passed"]
+    if wide.empty:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+    group_keys = ["kind", "tensor", "seq", "step"]
+    flags = wide.groupby(group_keys, sort=False)["replicated"].agg(["min", "max"])
+    mixed = flags[flags["min"] != flags["max"]]
+    if len(mixed):
+        kind, tensor, _, step = mixed.index[0]
+        raise BadInput(path, "bad_run_file",
+                       f"{kind} {tensor} at step {step} is replicated on some ranks and sharded on "
+                       "others", "re-record the run")
+    wide["_limit"] = tol.atol + tol.rtol * wide["max_abs_ref"]
+    err = wide[["max_abs_diff", "diff_sq_sum"]].to_numpy(float)
+    wide["_bad"] = (wide["nonfinite"].fillna(1) > 0) | ~np.isfinite(err).all(axis=1)
+    wide["_excess"] = wide["max_abs_diff"] - wide["_limit"]
+
+    out_rows = []
+    for key, g in wide.groupby(group_keys, sort=False):
+        replicated = bool(g["replicated"].iloc[0] >= 0.5)
+        if replicated:
+            # Worst rank: non-finite first, then largest excess over the limit (NaN counts worst).
+            order = g.assign(_ex=g["_excess"].fillna(np.inf)).sort_values(
+                ["_bad", "_ex", "rank"], ascending=[False, False, True])
+            w = order.iloc[0]
+            vals = {m: float(w[m]) for m in (*_SUM_METRICS, *_MAX_METRICS)}
+            worst_rank = int(w["rank"])
+        else:
+            vals = {m: float(g[m].sum(skipna=False)) for m in _SUM_METRICS}
+            vals.update({m: float(g[m].max(skipna=False)) for m in _MAX_METRICS})
+            worst_rank = -1
+        out_rows.append({"kind": key[0], "tensor": key[1], "seq": int(key[2]), "step": int(key[3]),
+                         "reduction": "replicated" if replicated else "sharded",
+                         "n_ranks": int(g["rank"].nunique()), "worst_rank": worst_rank, **vals,
+                         "_bad_any": bool(g["_bad"].any())})
+    out = pd.DataFrame(out_rows)
+    out["rel_l2"] = _rel_l2(out["diff_sq_sum"], out["ref_sq_sum"])
+    out["limit"] = tol.atol + tol.rtol * out["max_abs_ref"]
+    metrics = out[["max_abs_diff", "diff_sq_sum", "max_abs_ref"]].to_numpy(float)
+    out["finite"] = ~out["_bad_any"] & np.isfinite(metrics).all(axis=1) & (out["nonfinite"] == 0)
+    out["passed"] = out["finite"] & (out["max_abs_diff"] <= out["limit"])
+    out["_k"] = out["kind"].map({k: i for i, k in enumerate(KIND_ORDER)})
+    out = out.sort_values(["_k", "step", "seq", "tensor"], kind="stable").reset_index(drop=True)
+    return out[cols]
+
+
+def check_loss(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet") -> pd.DataFrame:
+    """Check the distributed loss at each recorded step.
+
+    Returns one row per step: step, n_ranks, loss (mean over ranks of ``value``), ref (the
+    baseline's ``ref_value``, lowest rank's), abs_diff, rel_diff (``abs_diff / |ref|``; 0 when
+    both are 0, inf when only ref is 0), limit (``atol + rtol * |ref|``), passed (bool).
+    Raises ``BadInput`` when a step lacks ``value`` or ``ref_value``.
+    """
+    rows = numerics[numerics["kind"] == "loss"]
+    cols = ["step", "n_ranks", "loss", "ref", "abs_diff", "rel_diff", "limit", "passed"]
+    if rows.empty:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+    out = []
+    for step, g in rows.groupby("step", sort=True):
+        values = g[g["metric"] == "value"].sort_values("rank")
+        refs = g[g["metric"] == "ref_value"].sort_values("rank")
+        if values.empty or refs.empty:
+            raise BadInput(path, "bad_run_file", f"loss at step {step} lacks value or ref_value",
+                           "re-record the run")
+        loss = float(values["value"].mean(skipna=False))
+        ref = float(refs["value"].iloc[0])
+        diff = abs(loss - ref)
+        if diff == 0 and ref == 0:
+            rel = 0.0
+        else:
+            rel = diff / abs(ref) if ref != 0 else math.inf
+        limit = tol.atol + tol.rtol * abs(ref)
+        ok = math.isfinite(loss) and math.isfinite(ref) and diff <= limit
+        out.append({"step": int(step), "n_ranks": int(values["rank"].nunique()), "loss": loss,
+                    "ref": ref, "abs_diff": diff, "rel_diff": rel, "limit": limit, "passed": ok})
+    return pd.DataFrame(out, columns=cols)
+
+
+def _divergence(row: pd.Series, kind: str, tol: Tolerance) -> FirstDivergence:
+    loss = kind == "loss"
+    return FirstDivergence(
+        tensor="loss" if loss else str(row["tensor"]), kind=kind, step=int(row["step"]),
+        rel_l2=float(row["rel_diff" if loss else "rel_l2"]),
+        max_abs_diff=float(row["abs_diff" if loss else "max_abs_diff"]), limit=float(row["limit"]),
+        nonfinite=(0 if math.isfinite(row["loss"]) else 1) if loss else float(row["nonfinite"]),
+        tolerance=DivergenceTolerance(rtol=tol.rtol, atol=tol.atol, source=tol.source),
+        # named once: the loss's kind and tensor are both "loss" ("loss loss" read as a typo)
+        subject="the loss" if loss else f"{kind} {row['tensor']}")
+
+
+def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet") -> Parity:
+    """Verdict of a distributed run from its numerics (``read_numerics`` output), with its first
+    10 failed tensor checks (the whole tables: ``check_tensors``, ``check_loss``).
+
+    Status ``pass`` when every tensor and every loss step passes; ``fail`` with the first
+    divergence otherwise; ``not_recorded`` when there are no gradient rows or no loss rows.
+    """
+    tensors = check_tensors(numerics, tol, path=path)
+    loss = check_loss(numerics, tol, path=path)
+    failed = tensors[~tensors["passed"].astype(bool)]
+    bad_loss = loss[~loss["passed"].astype(bool)]
+    checks = [FailedCheck(kind=r.kind, tensor=r.tensor, step=int(r.step), rel_l2=float(r.rel_l2),
+                          max_abs_diff=float(r.max_abs_diff), limit=float(r.limit))
+              for r in failed.head(10).itertuples()]
+    grads = tensors[tensors["kind"] == "grad"]
+    if grads.empty or loss.empty:
+        return Parity(status="not_recorded", tolerance=tol, failed_checks=checks,
+                      reason=f"{path} holds no {'gradient' if grads.empty else 'loss'} rows")
+    first = (_divergence(failed.iloc[0], str(failed.iloc[0]["kind"]), tol) if len(failed) else
+             _divergence(bad_loss.iloc[0], "loss", tol) if len(bad_loss) else None)
+    reason = (f"first divergence: {first.describe()}; "
+              f"{len(failed) + len(bad_loss)} check(s) failed" if first else
+              f"all {len(tensors)} tensors and the loss at {len(loss)} step(s) within "
+              f"{tol.describe()}")
+    return Parity(status="fail" if first else "pass", reason=reason, tolerance=tol,
+                  first_divergence=first, failed_checks=checks,
+                  max_grad_rel_l2=float(grads["rel_l2"].max(skipna=False)),
+                  loss_max_rel_diff=float(loss["rel_diff"].max(skipna=False)))
+
+
+def check_run(run_dir: Path | str, manifest: dict[str, Any] | None,
+              override: ToleranceOverride = ToleranceOverride()) -> Parity:
+    """Parity verdict of one run directory, with the user's tolerance ``override``.
+
+    ``manifest`` is the run's manifest (None for foreign traces -> ``not_recorded``). The
+    ``single`` strategy is the baseline itself -> ``reference`` (its loss rows are still checked
+    for NaN/inf: a non-finite baseline fails). Raises ``BadInput`` for a malformed numerics file
+    or an unknown precision in the manifest.
+    """
+    run_dir = Path(run_dir)
+    if manifest is None:
+        return Parity(status="not_recorded",
+                      reason="no manifest: foreign traces carry no numerics to check")
+    precision = manifest.get("precision")
+    try:
+        tol = tolerance_for(str(precision), rtol=override.rtol, atol=override.atol)
+    except ValueError as exc:
+        raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_run_file", str(exc),
+                       "re-record the run") from None
+    path = run_dir / schemas.NUMERICS_NAME
+    if not path.exists():
+        return Parity(status="not_recorded", tolerance=tol,
+                      reason=f"{schemas.NUMERICS_NAME} is missing from the run directory")
+    numerics = read_numerics(path)
+    if manifest.get("strategy") == "single":
+        loss = check_loss(numerics, tol, path=str(path))
+        if len(loss) and not np.isfinite(loss[["loss", "ref"]].to_numpy(float)).all():
+            bad = loss[~np.isfinite(loss[["loss", "ref"]].to_numpy(float)).all(axis=1)].iloc[0]
+            return Parity(status="fail", tolerance=tol, first_divergence=_divergence(bad, "loss", tol),
+                          reason=f"the baseline's loss is NaN/inf at step {int(bad['step'])}")
+        return Parity(status="reference", tolerance=tol,
+                      reason="single-device baseline: the reference the others are checked against")
+    return evaluate(numerics, tol, path=str(path))

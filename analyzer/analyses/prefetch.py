@@ -1,0 +1,441 @@
+"""FSDP prefetch per FSDP unit and step: was each all_gather done before its data was needed?
+
+Input: one rank's event table (``analyzer/api.py`` columns). Labels locate the units; names
+checked against real torch 2.13 CPU/gloo traces of ``fully_shard`` and ``FullyShardedDataParallel``:
+
+* FSDP2 (``fully_shard``): ``FSDP::all_gather (<fqn>)`` is where the unit's all_gather is issued;
+  it sits inside ``FSDP::pre_forward (<fqn>)`` / ``FSDP::pre_backward (<fqn>)`` (not prefetched)
+  or inside another unit's ``FSDP::pre_forward`` / ``FSDP::backward_prefetch for <i>``
+  (prefetched). ``FSDP::all_gather_copy_out (<fqn>)`` is the first consumer of the gathered
+  data: *need* = its start (CPU); on GPU see "GPU need" below, for the first GPU compute kernel
+  launched from inside it (by correlation id; else the first GPU compute kernel starting after it).
+  ``<fqn>`` is the module's fully qualified name (the root has none).
+* FSDP1 (``FullyShardedDataParallel``): labels carry no unit name. Each ``c10d`` all_gather
+  enqueue (``comm_enqueue`` row) is one unit's unshard, numbered ``#k`` in issue order within
+  the step's forward or backward; it is prefetched when inside ``_pre_forward_prefetch`` /
+  ``_pre_backward_prefetch``. *need* = the end of the pre-hook (``_pre_forward`` /
+  ``_pre_backward_hook``) that consumes it: the enclosing one, or for a prefetched unit the next
+  one to start after the issue (the unit's module computation starts when that hook returns).
+  On GPU: "GPU need" of the first GPU compute kernel launched after that hook returned. One
+  NCCL all_gather shows up as nested enqueue ops (``c10d::_allgather_base_`` >
+  ``record_param_comms`` > ``nccl:_all_gather_base``, as in the A100 corpus trace); only the
+  outermost one on its thread is an issue.
+
+Labels are read from CPU rows only: on GPU traces Kineto mirrors every user annotation as a
+``gpu_user_annotation`` on a stream (GPU clock positions, same name), which is not an issue.
+
+GPU need. The consumer kernel runs on the compute stream after a stream wait on the
+all_gather, so its start is never before the all_gather's end, and "start of the consumer"
+would make every prefetch look on time. *need* on GPU is the consumer's ready time: when it
+could have started without that wait = max(its launch call's start on the CPU, the end of the
+previous operation on its stream). slack < 0 is then the time the compute stream sat waiting.
+
+Each issue is paired with the earliest not-yet-paired all_gather execution (``role == comm``)
+starting at or after it (gloo: the ``gloo:all_gather`` work on its runloop thread; NCCL: the
+kernel on the communication stream, FIFO per stream); on GPU an all_gather kernel whose launch
+call (correlation id) lies inside the issue's span is taken first. Then per all_gather:
+
+* ``hidden_frac`` = |execution ∩ ∪computation| / |execution| -- the share of the all_gather
+  that ran while this rank computed. Computation = ``role == compute`` rows: GPU compute
+  kernels on GPU traces; on CPU traces the main-thread ops *minus the time inside FSDP's own
+  hook labels* (``FSDP::*``, ``FullyShardedDataParallel._*``): FSDP's hooks run nested inside
+  autograd ops (``autograd::engine::evaluate_function: ...``) and block there waiting for the
+  all_gather, which is not computation that hides it.
+* ``slack_ns`` = need - finished: > 0 the data arrived that early; < 0 the computation waited.
+
+On CPU/gloo the FSDP all_gather is waited for inside the label, so hidden_frac is about 0 there;
+``cpu_note`` says so.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from analyzer.analyses import intervals as iv
+
+FSDP2_ISSUE = re.compile(r"^FSDP::all_gather(?: \((?P<fqn>.*)\))?$")
+FSDP2_COPY_OUT = "FSDP::all_gather_copy_out"
+FSDP1_PREFIX = "FullyShardedDataParallel."
+FSDP1_PREFETCH = ("FullyShardedDataParallel._pre_forward_prefetch",
+                  "FullyShardedDataParallel._pre_backward_prefetch")
+FSDP1_PRE_FORWARD = "FullyShardedDataParallel._pre_forward"
+FSDP1_PRE_BACKWARD = "FullyShardedDataParallel._pre_backward_hook"
+
+COLUMNS = ["rank", "step", "phase", "unit", "prefetched", "issued_ns", "comm_start_ns",
+           "finished_ns", "need_ns", "comm_ns", "hidden_ns", "hidden_frac", "slack_ns", "labels"]
+
+CPU_NOTE = ("On CPU (gloo) the all_gather runs synchronously inside the FSDP hook that issues "
+            "it: the rank blocks in that hook until it finishes. So it is never under "
+            "computation (hidden about 0 % by construction), it is always finished before its "
+            "unit needs it (no late all_gathers; positive slack = the parameters sat ready until "
+            "the unit started), and the blocking itself is counted as exposed communication -- "
+            "prefetch can only move the wait to where the all_gather is issued, not hide it. "
+            "FSDP overlap figures on CPU say nothing about a GPU run.")
+
+
+class _Names:
+    """The name column as codes into a list of distinct names, so label tests run once per
+    distinct name (a categorical's categories; else the factorized strings). A missing name
+    (code -1) is no label."""
+
+    def __init__(self, col: pd.Series):
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            self.codes = col.array.codes
+            self.names = [str(c) for c in col.array.categories.tolist()]
+        else:
+            codes, uniques = pd.factorize(col.astype(str))
+            self.codes = np.asarray(codes)
+            self.names = [str(u) for u in uniques]
+        self._index = {n: i for i, n in enumerate(self.names)}
+
+    def _rows(self, codes: list[int]) -> np.ndarray:
+        if len(codes) > 8:
+            return np.isin(self.codes, codes)
+        mask = np.zeros(len(self.codes), bool)
+        for k in codes:
+            mask |= self.codes == k
+        return mask
+
+    def mask(self, test) -> np.ndarray:
+        """Rows whose name passes ``test`` (a predicate on one name)."""
+        return self._rows([k for k, n in enumerate(self.names) if test(n)])
+
+    def any(self, test) -> bool:
+        """Whether some row's name passes ``test``."""
+        codes = [k for k, n in enumerate(self.names) if test(n)]
+        return bool(codes) and bool(self._rows(codes).any())
+
+    def name(self, row: int) -> str:
+        return self.names[self.codes[row]]
+
+    def code(self, name: str) -> int:
+        """The code of ``name``; -2 (no row's code) when no row is named so."""
+        return self._index.get(name, -2)
+
+
+def _first(rows: np.ndarray, ts: np.ndarray) -> int:
+    """The row of ``rows`` (in table order) with the earliest start. On a tie, the one numpy's
+    quicksort puts first, as ``sort_values("ts_ns").iloc[0]`` chose before this module worked
+    on arrays (so results did not change)."""
+    t = ts[rows]
+    k = int(np.argmin(t))
+    if np.count_nonzero(t == t[k]) > 1:
+        k = int(np.argsort(t, kind="quicksort")[0])
+    return int(rows[k])
+
+
+def _by_start(rows: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """``rows`` by start (numpy quicksort, as ``sort_values("ts_ns")``)."""
+    return rows[np.argsort(ts[rows], kind="quicksort")]
+
+
+def _enclosing(rows: np.ndarray, ts: np.ndarray, end: np.ndarray, t: int) -> np.ndarray:
+    """The rows of ``rows`` whose span contains instant ``t`` (ends included)."""
+    return rows[(ts[rows] <= t) & (end[rows] >= t)]
+
+
+def detect_labels(events: pd.DataFrame, names: _Names | None = None) -> str | None:
+    """``"fsdp2"``, ``"fsdp1"`` or None: which FSDP label family the event table carries.
+    Tests each distinct name once."""
+    names = names or _Names(events["name"])
+    if names.any(FSDP2_ISSUE.match):
+        return "fsdp2"
+    if names.any(lambda n: n.startswith(FSDP1_PREFIX)):
+        return "fsdp1"
+    return None
+
+
+class _Table:
+    """The columns of one event table that the prefetch analysis reads, as numpy arrays."""
+
+    def __init__(self, ev: pd.DataFrame, names: _Names):
+        from analyzer.analyses.breakdown import is_in
+
+        self.names = names
+        self.ts = ev["ts_ns"].to_numpy().astype(np.int64, copy=False)
+        self.end = ev["end_ns"].to_numpy().astype(np.int64, copy=False)
+        self.step = ev["step"].to_numpy()
+        self.gpu = ev["is_gpu"].to_numpy(dtype=bool)
+        self.corr = ev["correlation"].to_numpy().astype(np.int64, copy=False)
+        self.stream = ev["stream"].to_numpy().astype(np.int64, copy=False)
+        role, kind = ev["role"], ev["coll_kind"]
+        self.compute = is_in(role, ("compute",))
+        self.gpu_ops = self.gpu & is_in(role, ("compute", "comm", "memcpy", "memset"))
+        all_gather = is_in(kind, ("all_gather",))
+        self.execs = is_in(role, ("comm",)) & all_gather
+        self.enqueue = is_in(role, ("comm_enqueue",)) & all_gather
+        self.tid = ev["tid"]
+
+
+class _GpuView:
+    """The GPU side of one event table: launch times by correlation id and the operations of
+    each stream, to find consumer kernels and their ready time (module docstring)."""
+
+    def __init__(self, tb: _Table):
+        self.tb = tb
+        ts = tb.ts
+        cpu_c = np.flatnonzero(~tb.gpu & (tb.corr >= 0))
+        c, t = tb.corr[cpu_c], ts[cpu_c]
+        o = np.lexsort((t, c))  # per correlation id, its earliest CPU row first
+        c, t = c[o], t[o]
+        first = np.ones(len(c), bool)
+        first[1:] = c[1:] != c[:-1]
+        self._corr, self._launch = c[first], t[first]
+        ops = np.flatnonzero(tb.gpu_ops)
+        self._ops = ops[np.lexsort((tb.end[ops], tb.stream[ops]))]  # per stream, by end
+        self._ops_stream = tb.stream[self._ops]
+        self._ops_end = tb.end[self._ops]
+        self._ends_after_starts = bool((tb.end[ops] >= tb.ts[ops]).all())
+        self.compute = _by_start(np.flatnonzero(tb.gpu & tb.compute), ts)
+        self._compute_ts = ts[self.compute]
+        self.active = bool(len(self.compute))
+        lt, found = self.launch(tb.corr[self.compute])
+        self._compute_launch = np.where(found, lt, np.iinfo(np.int64).min)
+        pos = np.flatnonzero(found)  # positions in self.compute with a known launch
+        o = np.argsort(lt[pos], kind="stable")
+        self._by_launch, self._by_launch_ts = pos[o], lt[pos][o]
+        # earliest start among the kernels launched at or after each of them
+        self._later_min_ts = np.minimum.accumulate(self._compute_ts[self._by_launch][::-1])[::-1]
+
+    def launch(self, corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(start of the launch call, found) per correlation id (-1 where not found)."""
+        if not len(self._corr):
+            return np.full(len(corr), -1, np.int64), np.zeros(len(corr), bool)
+        i = np.minimum(np.searchsorted(self._corr, corr), len(self._corr) - 1)
+        found = (corr >= 0) & (self._corr[i] == corr)
+        return np.where(found, self._launch[i], -1), found
+
+    def ready_ns(self, kernel: int) -> int:
+        """When ``kernel`` could have started: max(launch call start, end of the previous
+        operation on its stream); its own start when neither is known."""
+        tb = self.tb
+        start = int(tb.ts[kernel])
+        cands = []
+        t, found = self.launch(tb.corr[kernel:kernel + 1])
+        if found[0]:
+            cands.append(int(t[0]))
+        prev = self._previous_end(int(tb.stream[kernel]), start)
+        if prev is not None:
+            cands.append(prev)
+        return min(max(cands), start) if cands else start
+
+    def _previous_end(self, stream: int, start: int) -> int | None:
+        """The latest end among ``stream``'s operations that start before ``start`` and end
+        by it; None when there is none."""
+        tb = self.tb
+        a, b = np.searchsorted(self._ops_stream, [stream, stream + 1])
+        ops, ends = self._ops[a:b], self._ops_end[a:b]
+        if not self._ends_after_starts:  # a negative duration: test every operation
+            before = ends[(tb.ts[ops] < start) & (ends <= start)]
+            return int(before.max()) if len(before) else None
+        # ends sorted: the last end <= start, passing over operations of no length at start
+        j = int(np.searchsorted(ends, start, "right"))
+        while j > 0 and ends[j - 1] == start and tb.ts[ops[j - 1]] >= start:
+            j -= 1
+        return int(ends[j - 1]) if j > 0 else None
+
+    def consumer_ready(self, lo: int, hi: int | None) -> int | None:
+        """Ready time of the first compute kernel launched in [lo, hi]; with ``hi`` given and
+        none launched there, of the first compute kernel starting at or after ``lo``."""
+        a = int(np.searchsorted(self._by_launch_ts, lo, "left"))
+        if hi is None and a < len(self._by_launch):
+            # the earliest start among the kernels launched at or after lo; when only one
+            # of them starts then, it is the one (else the full rule below breaks the tie)
+            m = self._later_min_ts[a]
+            p, q = np.searchsorted(self._compute_ts, [m, m + 1])
+            tied = np.flatnonzero(self._compute_launch[p:q] >= lo)
+            if len(tied) == 1:
+                return self.ready_ns(int(self.compute[p + tied[0]]))
+        b = (np.searchsorted(self._by_launch_ts, hi, "right") if hi is not None
+             else len(self._by_launch_ts))
+        pos = np.sort(self._by_launch[a:b])  # in self.compute order
+        if not len(pos) and hi is not None:
+            pos = np.arange(np.searchsorted(self._compute_ts, lo, "left"), len(self.compute))
+        if not len(pos):
+            return None
+        return self.ready_ns(_first(self.compute[pos], self.tb.ts))
+
+
+def _outermost(rows: np.ndarray, tb: _Table) -> np.ndarray:
+    """Rows not enclosed by another row of ``rows`` on the same thread, by start; threads in
+    the order they first appear, each thread's rows by (start, longest first)."""
+    col = tb.tid.iloc[rows]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        tid = col.cat.codes.to_numpy()
+    else:
+        tid = np.asarray(pd.factorize(col)[0])
+    keep = []
+    threads, first = np.unique(tid[tid >= 0], return_index=True)
+    for t in threads[np.argsort(first)].tolist():
+        g = rows[tid == t]
+        g = g[np.lexsort((-tb.end[g], tb.ts[g]))]
+        e = tb.end[g]
+        cover = np.maximum.accumulate(e)
+        new = np.ones(len(g), bool)
+        new[1:] = e[1:] > cover[:-1]
+        keep.append(g[new])
+    if not keep:
+        return rows[:0]
+    return _by_start(np.concatenate(keep), tb.ts)
+
+
+def _issues_fsdp2(tb: _Table, gpu: _GpuView) -> list[dict]:
+    names, ts, end = tb.names, tb.ts, tb.end
+    cpu = ~tb.gpu
+    issue = _by_start(np.flatnonzero(cpu & names.mask(FSDP2_ISSUE.match)), ts)
+    copy_out = np.flatnonzero(cpu & names.mask(lambda n: n.startswith(FSDP2_COPY_OUT)))
+    pre_fwd = np.flatnonzero(cpu & names.mask(lambda n: n.startswith("FSDP::pre_forward")))
+    bwd = np.flatnonzero(cpu & names.mask(
+        lambda n: n.startswith(("FSDP::pre_backward", "FSDP::backward_prefetch"))))
+    out = []
+    for i in issue.tolist():
+        fqn = FSDP2_ISSUE.match(names.name(i)).group("fqn") or ""
+        t = int(ts[i])
+        enclosing_bwd = _enclosing(bwd, ts, end, t)
+        phase = "backward" if len(enclosing_bwd) else "forward"
+        if phase == "backward":
+            prefetched = any(names.name(j).startswith("FSDP::backward_prefetch")
+                             for j in enclosing_bwd.tolist())
+        else:
+            own = f"FSDP::pre_forward ({fqn})" if fqn else "FSDP::pre_forward"
+            enc = _enclosing(pre_fwd, ts, end, t)
+            prefetched = bool(len(enc)) and not (names.codes[enc] == names.code(own)).any()
+        label = f"{FSDP2_COPY_OUT} ({fqn})" if fqn else FSDP2_COPY_OUT
+        consumers = copy_out[(names.codes[copy_out] == names.code(label)) & (ts[copy_out] >= t)]
+        need = None
+        if len(consumers):
+            c = _first(consumers, ts)
+            need = int(ts[c])
+            if gpu.active:
+                ready = gpu.consumer_ready(int(ts[c]), int(end[c]))
+                need = ready if ready is not None else need
+        out.append({"step": int(tb.step[i]), "phase": phase, "unit": fqn or "(root)",
+                    "prefetched": bool(prefetched), "issued_ns": t, "issue_end_ns": int(end[i]),
+                    "need_ns": need})
+    return out
+
+
+def _issues_fsdp1(tb: _Table, gpu: _GpuView) -> list[dict]:
+    names, ts, end = tb.names, tb.ts, tb.end
+    cpu = ~tb.gpu
+    enq = _outermost(np.flatnonzero(cpu & tb.enqueue), tb)
+    prefetch = np.flatnonzero(cpu & names.mask(lambda n: n in FSDP1_PREFETCH))
+    pre_fwd = np.flatnonzero(cpu & names.mask(lambda n: n == FSDP1_PRE_FORWARD))
+    pre_bwd = np.flatnonzero(cpu & names.mask(lambda n: n == FSDP1_PRE_BACKWARD))
+    bwd_any = np.flatnonzero(cpu & names.mask(
+        lambda n: n in (FSDP1_PRE_BACKWARD, FSDP1_PREFETCH[1])
+        or n.startswith("FullyShardedDataParallel._post_backward")))
+    out = []
+    counters: dict[tuple[int, str], int] = {}
+    for i in enq.tolist():
+        t = int(ts[i])
+        phase = "backward" if len(_enclosing(bwd_any, ts, end, t)) else "forward"
+        prefetched = bool(len(_enclosing(prefetch, ts, end, t)))
+        hooks = pre_bwd if phase == "backward" else pre_fwd
+        if prefetched:
+            later = hooks[ts[hooks] > t]
+            need = int(end[_first(later, ts)]) if len(later) else None
+        else:
+            enc = _enclosing(hooks, ts, end, t)
+            need = int(end[enc].min()) if len(enc) else None
+        if need is not None and gpu.active:
+            need = gpu.consumer_ready(need, None)
+        key = (int(tb.step[i]), phase)
+        k = counters.get(key, 0)
+        counters[key] = k + 1
+        out.append({"step": int(tb.step[i]), "phase": phase, "unit": f"#{k}",
+                    "prefetched": prefetched, "issued_ns": t, "issue_end_ns": int(end[i]),
+                    "need_ns": need})
+    return out
+
+
+def _computation(tb: _Table) -> iv.Intervals:
+    """∪ computation (module docstring): compute rows; on a CPU trace less FSDP's own hook /
+    collective labels (not ``FullyShardedDataParallel.forward``, which wraps the module's
+    whole forward)."""
+    comp = tb.compute
+    merged = iv.merge(tb.ts[comp], tb.end[comp])
+    if tb.gpu[comp].any():
+        return merged
+    hooks = tb.names.mask(lambda n: n.startswith("FSDP::") or (
+        n.startswith(FSDP1_PREFIX) and n != "FullyShardedDataParallel.forward"))
+    return iv.subtract(merged, iv.merge(tb.ts[hooks], tb.end[hooks]))
+
+
+def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
+    """One row per FSDP unit all_gather of this rank (columns ``COLUMNS``); empty when the
+    trace has no FSDP labels. ``labels`` is ``fsdp2`` or ``fsdp1``; ``need_ns`` / ``slack_ns``
+    are <NA> when no consumer was found; ``comm_*`` / ``finished_ns`` / ``hidden_*`` are <NA> when
+    no execution could be paired. On GPU traces ``need_ns`` is the consumer kernel's ready time
+    (module docstring). Rows by issue time (ties: the issues' order by start, numpy
+    quicksort)."""
+    names = _Names(events["name"])
+    family = detect_labels(events, names)
+    if family is None:
+        return pd.DataFrame(columns=COLUMNS, dtype=object)
+    tb = _Table(events, names)
+    gpu = _GpuView(tb)
+    issues = _issues_fsdp2(tb, gpu) if family == "fsdp2" else _issues_fsdp1(tb, gpu)
+    execs = _by_start(np.flatnonzero(tb.execs), tb.ts)
+    exec_start, exec_end = tb.ts[execs], tb.end[execs]
+    launch, found = gpu.launch(tb.corr[execs])
+    exec_launch = np.where(found & tb.gpu[execs], launch, -1)
+    taken = np.zeros(len(execs), dtype=bool)
+    merged = _computation(tb)
+    rows = []
+    for it in sorted(issues, key=lambda r: r["issued_ns"]):
+        issue_end = it.pop("issue_end_ns")
+        inside = ~taken & (exec_launch >= it["issued_ns"]) & (exec_launch <= issue_end)
+        cand = np.flatnonzero(inside)
+        if not len(cand):
+            cand = np.flatnonzero(~taken & (exec_start >= it["issued_ns"]))
+        rec = {"rank": rank, **it, "comm_start_ns": None, "finished_ns": None, "comm_ns": None,
+               "hidden_ns": None, "hidden_frac": None, "slack_ns": None, "labels": family}
+        if len(cand):
+            i = int(cand[0])
+            taken[i] = True
+            s, e = int(exec_start[i]), int(exec_end[i])
+            a, b = np.searchsorted(merged[1], s, "right"), np.searchsorted(merged[0], e)
+            hidden = iv.measure(iv.clip((merged[0][a:b], merged[1][a:b]), s, e))
+            rec.update(comm_start_ns=s, finished_ns=e, comm_ns=e - s, hidden_ns=hidden,
+                       hidden_frac=hidden / (e - s) if e > s else None)
+            if it["need_ns"] is not None:
+                rec["slack_ns"] = it["need_ns"] - e
+        rows.append(rec)
+    if not rows:
+        out = pd.DataFrame(rows, columns=COLUMNS)
+        for c in _INT_COLUMNS:
+            out[c] = out[c].astype("Int64")
+        out["hidden_frac"] = out["hidden_frac"].astype("Float64")
+        return out
+    cols = {c: [r[c] for r in rows] for c in COLUMNS}
+    # nullable columns straight from the Python ints: exact (through float64, as a frame of
+    # records with a missing value would go, epoch ns lose their last digits)
+    for c in _INT_COLUMNS:
+        cols[c] = pd.array(cols[c], dtype="Int64")
+    cols["hidden_frac"] = pd.array(cols["hidden_frac"], dtype="Float64")
+    return pd.DataFrame(cols)
+
+
+_INT_COLUMNS = ("issued_ns", "comm_start_ns", "finished_ns", "need_ns", "comm_ns", "hidden_ns",
+                "slack_ns")
+
+
+def prefetch_summary(table: pd.DataFrame) -> dict | None:
+    """Run-level summary of ``prefetch_table`` rows (all ranks): all_gathers, prefetched (count),
+    comm_ns, hidden_ns, hidden_frac (time-weighted), late (count with slack < 0), wait_ns (sum of
+    -slack over the late ones), labels. None when there are no rows."""
+    if table.empty:
+        return None
+    comm = int(table["comm_ns"].sum())
+    hidden = int(table["hidden_ns"].sum())
+    slack = table["slack_ns"].dropna()
+    late = slack[slack < 0]
+    return {"all_gathers": int(len(table)), "prefetched": int(table["prefetched"].sum()),
+            "comm_ns": comm, "hidden_ns": hidden,
+            "hidden_frac": hidden / comm if comm > 0 else None,
+            "late": int(len(late)), "wait_ns": int(-late.sum()),
+            "labels": str(table["labels"].iloc[0])}

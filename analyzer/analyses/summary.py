@@ -1,0 +1,72 @@
+"""The tables behind ``analyzer summary``: one function of a job's tables returning tables."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+
+@dataclass(kw_only=True, slots=True)
+class Summary:
+    """Everything ``analyzer summary`` shows, as tables (units in column names)."""
+
+    headline: list[str]
+    """Lines: how ranks were found, "N of M ranks", whole-trace mode, warnings."""
+    ranks: pd.DataFrame
+    """rank, path, rank_source, device_kind, world_size, steps, whole_trace_mode."""
+    breakdown: pd.DataFrame
+    """``JobTables.breakdown`` (analyzer/analyses/breakdown.py COLUMNS)."""
+    by_kind: pd.DataFrame
+    """analyzer.analyses.collectives.by_kind of the job's collectives."""
+    cross_rank: pd.DataFrame
+    """analyzer.analyses.collectives.match_ranks of the job's collectives."""
+    stragglers: pd.DataFrame
+    """analyzer.analyses.collectives.stragglers."""
+    crosscheck: pd.DataFrame | None = None
+    """analyzer.compare.crosscheck_hta.compare when requested."""
+    notes: list[str] = field(default_factory=list)
+    """Cross-check remarks."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict (NaN -> null)."""
+        def records(df: pd.DataFrame | None):
+            if df is None:
+                return None
+            out = []
+            for rec in df.to_dict("records"):
+                out.append({k: (None if isinstance(v, float) and math.isnan(v) else
+                                v.item() if hasattr(v, "item") else v) for k, v in rec.items()})
+            return out
+        return {"headline": self.headline, "ranks": records(self.ranks),
+                "breakdown": records(self.breakdown), "by_kind": records(self.by_kind),
+                "cross_rank": records(self.cross_rank), "stragglers": records(self.stragglers),
+                "crosscheck_hta": records(self.crosscheck), "notes": self.notes}
+
+
+def summarize(job) -> Summary:
+    """Build the summary tables of a loaded job (``analyzer.ingest.pipeline.JobTables``)."""
+    from analyzer.analyses.collectives import by_kind, match_ranks, stragglers
+
+    matched = match_ranks(job.collectives)
+    sources = sorted({r.rank_source for r in job.ranks})
+    head = [f"{job.root}: {len(job.ranks)} of {job.world_size} ranks, rank from "
+            f"{' / '.join(sources)}"]
+    if job.missing_ranks:
+        shown = job.missing_ranks[:10]
+        more = "" if len(job.missing_ranks) <= 10 else f" and {len(job.missing_ranks) - 10} more"
+        head.append(f"partial: ranks {shown}{more} have no trace")
+    if job.whole_trace_mode:
+        head.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the whole trace")
+    head += job.warnings
+    for r in job.ranks:
+        head += r.warnings
+    ranks = pd.DataFrame([{"rank": r.rank, "path": str(r.path), "rank_source": r.rank_source,
+                           "device_kind": r.device_kind, "world_size": r.world_size,
+                           "steps": len(r.steps), "whole_trace_mode": r.whole_trace_mode}
+                          for r in job.ranks])
+    return Summary(headline=head, ranks=ranks, breakdown=job.breakdown,
+                   by_kind=by_kind(job.collectives), cross_rank=matched,
+                   stragglers=stragglers(matched))

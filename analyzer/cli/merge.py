@@ -1,0 +1,94 @@
+"""`analyzer merge DIR -o merged.trace.json.gz`: one aligned multi-rank Chrome trace (issue 8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def register(app, run) -> None:
+    """Add the ``merge`` command to ``app``; ``run`` maps typed errors to exit codes."""
+
+    @app.command()
+    def merge(
+        directory: Annotated[Path, typer.Argument(help="Run directory or folder of per-rank traces.")],
+        out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Merged trace "
+                       "(default DIR/merged.trace.json.gz; gzip when it ends in .gz).")] = None,
+        steps: Annotated[Optional[str], typer.Option("--steps", help="ProfilerStep numbers to keep: "
+                         "N, N-M or N,M (default: everything).")] = None,
+        ref_rank: Annotated[Optional[int], typer.Option("--ref-rank", min=0,
+                            help="Rank whose clock is the reference (default: lowest).")] = None,
+        no_align: Annotated[bool, typer.Option("--no-align", help="Write the traces unshifted "
+                            "(offsets are still estimated and reported).")] = False,
+        allow_incomplete: Annotated[bool, typer.Option(
+            "--allow-incomplete", help="Merge a run directory without manifest.json.")] = False,
+    ) -> None:
+        """Merge every rank into one Chrome trace aligned on matched collectives (opens in Perfetto)."""
+        from analyzer.cli import outpaths
+        from analyzer.contract.errors import BadInput, Reason
+        from analyzer.timeline.merge import MergeOptions, merge_traces, parse_steps
+
+        def go():
+            try:
+                chosen = parse_steps(steps) if steps else None
+            except ValueError as exc:
+                raise BadInput(directory, Reason.BAD_OPTION, str(exc),
+                               "e.g. --steps 3 or --steps 2-4") from None
+            target = out or directory / "merged.trace.json.gz"
+            if directory.is_dir():  # else merge_traces names what is wrong with the input
+                outpaths.check_out(target, option="-o", what="the merged trace",
+                                   example="merged.trace.json.gz")
+            _check_like_report(directory, allow_incomplete)
+            options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align,
+                                   allow_incomplete=allow_incomplete)
+            return merge_traces(directory, target, options)
+
+        result = run(go)
+        _print(result)
+
+
+def _check_like_report(directory: Path, allow_incomplete: bool) -> None:
+    """Refuse a run directory without manifest.json (unless ``allow_incomplete``) in merge's
+    words, before anything is read. Everything else ``analyzer report`` refuses, ``merge_traces``
+    refuses with the same one-line errors and exit code: it reads the traces through the same
+    ingest (analyzer/ingest/pipeline.py, analyzer/ingest/rundirs.py), whose per-rank tables it caches beside
+    the traces, so a later ``analyzer report`` of the folder reuses them."""
+    from analyzer.contract import schemas
+    from analyzer.contract.errors import BadInput, Reason
+
+    if directory.is_dir() and not (directory / schemas.MANIFEST_NAME).is_file() \
+            and any((directory / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME)) \
+            and not allow_incomplete:
+        raise BadInput(directory, Reason.INCOMPLETE_RUN, "incomplete run: no manifest.json (the "
+                       "tracer writes it last)", "re-record the run, or pass "
+                       "--allow-incomplete to merge what is there")
+
+
+def _print(result) -> None:
+    from analyzer.cli import richout
+    from rich.table import Table
+
+    def us(v) -> str:
+        return "-" if v is None or v != v else f"{v / 1000:,.1f}"
+
+    table = Table(title=f"clock offsets vs rank {result.ref_rank} (µs; aligned = own - offset)")
+    for col in ("rank", "file", "offset", "± MAD", "bounds", "matched"):
+        table.add_column(col, justify="left" if col == "file" else "right")
+    files = {r.rank: r.path.name for r in result.ranks}
+    for row in result.offsets.itertuples(index=False):
+        bounds = "-" if row.n_matched == 0 or row.rank == result.ref_rank else f"[{us(row.lo_ns)}, {us(row.hi_ns)}]"
+        table.add_row(str(row.rank), files[row.rank], us(row.offset_ns),
+                      "-" if row.n_matched == 0 else us(row.mad_ns), bounds, str(row.n_matched))
+    console = richout.console()
+    console.print(table)
+    sp = result.spread
+    if len(sp):
+        console.print(f"{len(sp)} matched collectives; spread of their ends across ranks, median "
+                      f"{us(sp['spread_before_ns'].median())} µs before alignment, "
+                      f"{us(sp['spread_after_ns'].median())} µs after")
+    for line in result.warnings:
+        console.print(f"warning: {line}")
+    console.print(f"wrote {result.out_path} ({result.n_events} events, "
+                  f"{result.n_moved_to_overlap_tracks} on overlap tracks) and {result.sidecar_path}")

@@ -1,0 +1,210 @@
+"""`analyzer report DIR` and `analyzer gate DIR` (issue 4)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from analyzer.contract.report_types import AnalysisOptions, Report, RunEntry
+
+log = logging.getLogger(__name__)
+FORMATS = ("md", "json", "html")
+PARSE_MODULES = ("analyzer.ingest.pipeline", "analyzer.ingest.decode", "analyzer.ingest.classify",
+                 "analyzer.analyses.breakdown", "analyzer.analyses.collectives", "analyzer.analyses.prefetch")
+"""What a worker parsing ranks imports (analyzer/ingest/pipeline.py ``rank_tables``)."""
+ALLOW_INCOMPLETE_HELP = (
+    "Analyse a run directory without manifest.json (a record that did not finish) as found: "
+    "marked incomplete, parity not checked, left out of the ranking. Folders of foreign "
+    "traces need no flag: pass each such folder itself (a traces root takes run directories).")
+GATE_ALLOW_INCOMPLETE_HELP = (
+    "Accept run directories without manifest.json (a record that did not finish): listed SKIP, "
+    "not gated (they alone never pass).")
+
+
+def _formats(value: str) -> list[str]:
+    wanted = [f.strip() for f in value.split(",") if f.strip()]
+    bad = [f for f in wanted if f not in FORMATS]
+    if bad or not wanted:
+        raise typer.BadParameter(f"unknown format(s) {', '.join(bad) or '(none)'}; "
+                                 f"choose from {','.join(FORMATS)}")
+    return wanted
+
+
+@contextlib.contextmanager
+def said_on_stderr(notes: list[str]) -> Iterator[None]:
+    """Keep, in ``notes``, what the analysis logs at WARNING or above in this process
+    (``analyzer.*`` and ``reports.*`` loggers), instead of letting it reach the log handlers --
+    with none configured (the CLI configures none), Python's last-resort handler prints it on
+    stderr: the notes a cold report printed there (e.g. an incomplete run analysed as found).
+    The caller says them; the report cache keeps them so a cached report says them again.
+    Lower levels go on to the root logger's handlers as before. If the block raises, the notes
+    kept so far are logged as usual, so they still come before the error."""
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                notes.append(record.getMessage())
+            else:
+                logging.getLogger().handle(record)
+
+    keep = _Keep()
+    loggers = [logging.getLogger(n) for n in ("analyzer", "reports")]
+    saved = [lg.propagate for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(keep)
+        lg.propagate = False
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        for lg, prop in zip(loggers, saved):
+            lg.removeHandler(keep)
+            lg.propagate = prop
+        if not ok:
+            for n in notes:
+                log.warning("%s", n)
+
+
+def write_report(root: Path, *, out: Path | None, formats: list[str], options: AnalysisOptions,
+                 notes: list[str] | None = None) -> tuple[Report, str]:
+    """Analyse ``root`` with ``options`` and write the chosen formats under ``out`` (default
+    ``root/report``). Returns (the report, markdown text). Raises ``BadInput``.
+
+    The notes the analysis says on stderr (``said_on_stderr``) are stored with the cached
+    report and given again on a cache hit: appended to ``notes`` when a list is passed (the
+    CLI prints them), else logged as warnings (``logging``)."""
+    from analyzer.cli import outpaths
+    from analyzer.contract import report_types
+    from reports import cache, html, markdown
+
+    if not root.is_dir():
+        from analyzer.ingest import rundirs
+
+        rundirs.discover(root)  # raises the one-line BadInput: missing, or a file, not a folder
+    out = out or root / "report"
+    outpaths.check_out(out, option="--out", what="the report")
+    # Unchanged inputs, options and code: render the cached report (reports/cache.py).
+    key = cache.key(root, out, options)
+    hit = cache.load_entry(root, out, key)
+    if hit is None:
+        from analyzer.ingest import pool
+
+        said: list[str] = []
+        # workers start now and import the per-rank analysis while this process imports
+        # pandas and the report (analyzer/ingest/pool.py)
+        with said_on_stderr(said), pool.workers(preload=PARSE_MODULES):
+            with pool.collector_paused():
+                from analyzer.compare import runs# pandas and the analysis: only on a cache miss
+
+            report_json = report_types.encode(runs.analyse(root, options))
+    else:
+        report_json, said = hit
+    report = report_types.decode(report_json)  # render what report.json holds, hit or miss
+    if notes is not None:
+        notes += said
+    else:
+        for n in said:
+            log.warning("%s", n)
+    md = markdown.render(report)
+    texts = {"json": lambda: report_json, "html": lambda: html.render(report, md), "md": lambda: md}
+    for f in ("json", "html", "md"):
+        if f in formats:
+            outpaths.write_out(out / f"report.{f}", texts[f](), option="--out")
+    stale = _remove_stale(out, formats)
+    if hit is None:
+        cache.store(root, out, key, report_json, said)
+    if stale:
+        line = (f"{out}: removed {', '.join(stale)} of an earlier analysis (this one wrote "
+                f"{', '.join(f'report.{f}' for f in FORMATS if f in formats)})")
+        if notes is not None:
+            notes.append(line)
+        else:
+            log.warning("%s", line)
+    return report, md
+
+
+def _remove_stale(out: Path, formats: list[str]) -> list[str]:
+    """Remove ``out/report.{md,json,html}`` of the formats not in ``formats``: left there by an
+    earlier analysis, they would sit beside the new report as if one set. Only those exact
+    names are touched. Returns the names removed. Raises ``BadInput`` when one cannot be."""
+    from analyzer.contract.errors import BadInput
+
+    removed = []
+    for f in FORMATS:
+        path = out / f"report.{f}"
+        if f in formats or not (path.is_file() or path.is_symlink()):
+            continue
+        try:
+            path.unlink()
+        except OSError as exc:
+            raise BadInput(path, "unwritable", f"is from an earlier analysis and cannot be "
+                           f"removed ({exc.strerror})", "pass --out to a writable folder") from None
+        removed.append(path.name)
+    return removed
+
+
+def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
+    """(every run passed, one line per run). The reference run counts as a pass; an incomplete
+    run (included only with ``--allow-incomplete``) has no parity to gate: listed as SKIP."""
+    lines, ok = [], True
+    for r in runs:
+        passed = r.parity.status in ("pass", "reference")
+        ok &= passed or r.incomplete
+        word = "SKIP" if r.incomplete else "PASS" if passed else "FAIL"
+        lines.append(f"{word} {r.name}: {r.parity.status} -- {r.parity.reason}")
+    # nothing was gated: an incomplete run alone never passes
+    return ok and not (runs and all(r.incomplete for r in runs)), lines
+
+
+def register(app, run) -> None:
+    """Add the ``report`` and ``gate`` commands to ``app``; ``run`` maps typed errors to exit codes."""
+
+    @app.command("report")
+    def report_cmd(
+        directory: Annotated[Path, typer.Argument(help="Traces root, one run directory, or a folder of foreign traces.")],
+        out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default DIR/report).")] = None,
+        fmt: Annotated[str, typer.Option("--format", help="Comma-separated: md,json,html.")] = "md,json,html",
+        rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
+        atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
+        allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
+    ) -> None:
+        """Check parity, attribute time and memory, compare and rank; print report.md."""
+        from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride
+
+        formats = _formats(fmt)
+        notes: list[str] = []
+        _, md = run(lambda: write_report(directory, out=out, formats=formats, notes=notes,
+                                         options=AnalysisOptions(
+                                             tolerance=ToleranceOverride(rtol=rtol, atol=atol),
+                                             allow_incomplete=allow_incomplete)))
+        for n in notes:  # said by the analysis, or kept with the cached report: said again
+            typer.echo(n, err=True)
+        typer.echo(md)
+
+    @app.command("gate")
+    def gate_cmd(
+        directory: Annotated[Path, typer.Argument(help="Traces root or one run directory.")],
+        rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
+        atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
+        allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=GATE_ALLOW_INCOMPLETE_HELP)] = False,
+    ) -> None:
+        """Exit 0 when every run passes the parity gate (the reference counts), 3 otherwise."""
+        from analyzer.compare import runs
+        from analyzer.contract.errors import ExitCode
+        from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride
+
+        ok, lines = run(lambda: gate_lines(runs.gate(directory, AnalysisOptions(
+            tolerance=ToleranceOverride(rtol=rtol, atol=atol), allow_incomplete=allow_incomplete))))
+        for line in lines:
+            typer.echo(line)
+        if not ok:
+            typer.echo("gate: FAILED -- at least one run is not numerically equivalent to the baseline")
+            raise typer.Exit(ExitCode.GATE_FAILED)
+        typer.echo("gate: passed")

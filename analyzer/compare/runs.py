@@ -1,0 +1,231 @@
+"""The analysis behind ``analyzer report`` and ``gate``: the runs under a folder -> a ``Report``.
+
+``analyse`` discovers the runs (analyzer/ingest/rundirs.py), checks each one's parity, loads its
+traces' per-rank tables (``ingest.load_run``, cached) and summarises them (``summarize_run``),
+then compares and ranks the runs (analyzer/compare/ranking.py) and checks their baselines for drift.
+The renderers (reports/) only format the ``Report`` this returns.
+
+Per-run figures from the traces: ``ranks[]`` are per-step means over the rank's profiled
+steps; the run's ``overlap_frac`` = overlap / communication summed over ranks and steps;
+``exposed_comm_ns`` = exposed communication per step, mean over ranks and steps; ``data`` =
+the run's data supply (analyzer/analyses/datasupply.py); ``communication[kind]`` = per-rank means of the
+whole trace's count, time_ns and bytes, and the run's busbw (nccl-tests: bus bytes over the
+time combined across ranks, ``collectives.run_busbw_gbps``; not a mean of per-rank busbw),
+plus ``count_per_step``, ``time_ns_per_step``, ``bytes_per_step``: collectives inside profiled
+steps per rank divided by that rank's number of profiled steps, mean over ranks;
+``profiled_steps`` = the most profiled steps of a rank. Step times: steps.parquet's profiled
+steps (slowest rank's wall time) when recorded, else the traces' ProfilerStep spans.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from analyzer.compare import drift, ranking
+from analyzer.analyses import datasupply, memory, parity, prefetch
+from analyzer.ingest import pipeline, rundirs
+from analyzer.contract import schemas
+from analyzer.analyses.collectives import by_kind, run_busbw_gbps
+from analyzer.contract.report_types import (AnalysisOptions, Allocation, CommKind, Interval,
+                                   Memory, MemoryCategory, MemoryRank, Parity, Prefetch, PrefetchUnit,
+                                   RankFigures, Report, RunEntry, StepBar, StepTime, Timeline,
+                                   TraceInfo)
+
+RANK_MEANS = ["step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "data_wait_ns", "other_ns",
+              "idle_ns"]
+BAR_PARTS = ["step_ns", "compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]
+_SAID = re.compile(r"^\d+ of \d+ ranks$|incomplete run")
+"""Load notes that are already caveats."""
+
+
+def _ranks(bd: pd.DataFrame) -> list[RankFigures]:
+    per = bd.groupby("rank", sort=True).agg(
+        steps=("step", "size"), **{c: (c, "mean") for c in RANK_MEANS},
+        comm=("comm_ns", "sum"), overlap=("overlap_ns", "sum"), wait=("data_wait_ns", "sum"),
+        total=("step_ns", "sum"), input_bound_steps=("input_bound", "sum"))
+    per["overlap_frac"] = (per["overlap"] / per["comm"]).where(per["comm"] != 0)
+    per["data_wait_frac"] = (per["wait"] / per["total"]).where(per["total"] != 0)
+    per = per.drop(columns=["comm", "overlap", "wait", "total"])
+    return [RankFigures(rank=int(r), **row) for r, row in per.to_dict("index").items()]
+
+
+def _communication(coll: pd.DataFrame, bd: pd.DataFrame, n_ranks: int
+                   ) -> tuple[int, dict[str, CommKind]]:
+    """(profiled steps, ``communication`` per kind: module docstring)."""
+    rank_steps = bd.groupby("rank")["step"].nunique()
+    profiled = int(rank_steps.max()) if len(rank_steps) else 0
+    if coll.empty:
+        return profiled, {}
+    n = max(n_ranks, 1)
+    cols = ["count", "time_ns", "bytes"]
+    whole = by_kind(coll)
+    whole["kind"] = whole["kind"].astype(str)
+    whole["bytes"] = whole["bytes"].clip(lower=0)  # -1: no instance with known bytes
+    totals = whole.groupby("kind", sort=True)[[*cols, "bus_bytes", "bus_time_ns"]].sum()
+    inside = by_kind(coll, rows=coll["step"].to_numpy() >= 0)
+    # per profiled step: a rank's collectives inside steps over its number of steps (NaN: none)
+    per_rank = inside[cols].clip(lower=0).astype(float).div(inside["rank"].map(rank_steps), axis=0)
+    per_step = per_rank.groupby(inside["kind"].astype(str).to_numpy()).sum() / n
+    return profiled, {
+        kind: CommKind(count=t["count"] / n, time_ns=t["time_ns"] / n, bytes=t["bytes"] / n,
+                       busbw_gbps=run_busbw_gbps(t["bus_bytes"], t["bus_time_ns"]),
+                       **{f"{c}_per_step": (float(per_step.at[kind, c]) if kind in per_step.index
+                                            else None) for c in cols})
+        for kind, t in totals.to_dict("index").items()}
+
+
+def _timeline(tables, bd: pd.DataFrame) -> Timeline:
+    """Rank 0's (the lowest rank's) first profiled step."""
+    r0 = int(bd["rank"].min())
+    first = bd[bd["rank"] == r0].sort_values("step").iloc[0]
+    t0 = int(first["step_start_ns"])
+    return Timeline(rank=r0, step=int(first["step"]), step_ns=int(first["step_ns"]), intervals=[
+        Interval(lane=str(r.lane), kind=str(r.kind or ""), start_ns=int(r.start_ns) - t0,
+                 end_ns=int(r.end_ns) - t0)
+        for r in tables.timeline(r0, int(first["step"])).itertuples()])
+
+
+def _prefetch(pf: pd.DataFrame, device_kind: str) -> Prefetch | None:
+    if pf.empty:
+        return None
+    units = (pf.groupby(["phase", "unit"], sort=False)
+             .agg(n=("rank", "size"), prefetched=("prefetched", "mean"),
+                  comm_ns=("comm_ns", "mean"), hidden_frac=("hidden_frac", "mean"),
+                  slack_ns=("slack_ns", "mean"), min_slack_ns=("slack_ns", "min"))
+             .reset_index())
+    return Prefetch(**prefetch.prefetch_summary(pf),
+                    note=prefetch.CPU_NOTE if device_kind == "cpu" else None,
+                    units=[PrefetchUnit(**u) for u in units.to_dict("records")])
+
+
+def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
+    """(RunEntry fields from the traces, the slowest rank's time of each profiled step in ns,
+    the loader's notes). ``tables``: ``ingest.load_run``'s result."""
+    bd = tables.breakdown
+    bd = bd[bd["step"] >= 0]
+    device_kind = tables.ranks[0].device_kind if tables.ranks else "cpu"
+    by_step = bd.groupby("step", sort=True)
+    comm_total = int(bd["comm_ns"].sum())
+    profiled, comm = _communication(tables.collectives, bd, len(tables.ranks))
+    fields = dict(
+        communication=comm, profiled_steps=profiled,
+        overlap_frac=float(bd["overlap_ns"].sum() / comm_total) if comm_total else None,
+        exposed_comm_ns=float(bd["exposed_comm_ns"].mean()) if len(bd) else None,
+        ranks=_ranks(bd), prefetch=_prefetch(tables.prefetch, device_kind),
+        steps=[StepBar(step=int(s), **row)
+               for s, row in by_step[BAR_PARTS].mean().to_dict("index").items()],
+        timeline=_timeline(tables, bd) if len(bd) else None,
+        trace_info=TraceInfo(whole_trace_mode=tables.whole_trace_mode,
+                             rank_sources=sorted({r.rank_source for r in tables.ranks}),
+                             missing_ranks=tables.missing_ranks, device_kind=device_kind,
+                             trace_warnings=[w for r in tables.ranks for w in r.warnings][:20]))
+    return fields, by_step["step_ns"].max().tolist(), list(tables.warnings)
+
+
+def _steps_and_memory(run: rundirs.RunDir) -> tuple[list[int], Memory]:
+    """(profiled step times from steps.parquet, slowest rank's wall time, in ns; the run's
+    memory: peaks from steps.parquet, live blocks from memory/memory.parquet)."""
+    out = Memory()
+    path = run.path / schemas.MEMORY_DIR / schemas.MEMORY_PARQUET_NAME
+    if run.manifest is not None and path.exists():
+        mem = memory.read_memory(path)
+        out.by_category = [MemoryCategory(**r)
+                           for r in memory.memory_by_category(mem).to_dict("records")]
+        out.largest = [Allocation(**r) for r in memory.largest_allocations(mem).to_dict("records")]
+    path = run.path / schemas.STEPS_NAME
+    if run.manifest is None or not path.exists():
+        return [], out
+    steps = memory.read_steps(path)
+    st = memory.step_times(steps)
+    peaks = memory.rank_peaks(steps)
+    out.ranks = [MemoryRank(**r) for r in peaks.to_dict("records")]
+    if len(peaks):
+        out.peak_rss_bytes, out.peak_reserved_bytes = (
+            None if pd.isna(v) else int(v)
+            for v in (peaks["peak_rss_bytes"].max(), peaks["cuda_max_reserved_bytes"].max()))
+        out.peak_allocated_bytes = memory.peak_allocated_bytes(peaks)
+    return st.loc[st["profiled"], "step_ns"].tolist(), out
+
+
+def _parity(run: rundirs.RunDir, options: AnalysisOptions) -> Parity:
+    res = parity.check_run(run.path, run.manifest, options.tolerance)
+    if run.incomplete:
+        res.reason = "incomplete run (no manifest.json): parity not checked"
+    return res
+
+
+def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunEntry:
+    """The report entry of one run: parity, step times, memory and, from ``tables`` (its traces'
+    per-rank tables, ``ingest.load_run``; None when it has no trace), the trace figures (module
+    docstring). Raises ``BadInput`` for a malformed numerics, steps or memory file."""
+    m = run.manifest or {}
+    step_ns, mem = _steps_and_memory(run)
+    source = "steps.parquet: profiled steps, slowest rank's wall time" if step_ns else None
+    entry = RunEntry(
+        name=run.name, path=str(run.path), strategy=run.strategy,
+        options=m.get("strategy_options") or {}, fault=m.get("fault"),
+        world_size=m.get("world_size"), backend=m.get("backend"),
+        device=(m.get("device") or {}).get("type"),
+        settings=None if run.manifest is None else {k: m.get(k) for k in ranking.SETTINGS},
+        parity=_parity(run, options), traces=[str(p) for p in run.traces], memory=mem,
+        incomplete=run.incomplete,
+        data=datasupply.data_summary(None if tables is None else tables.breakdown, run.manifest),
+        caveats=["incomplete run (no manifest.json), analysed as found"] if run.incomplete else [])
+    notes = []
+    if tables is not None:
+        fields, trace_step_ns, notes = _trace_figures(tables)
+        for k, v in fields.items():
+            setattr(entry, k, v)
+        if entry.world_size is None:
+            entry.world_size = tables.world_size
+            entry.device = "cuda" if entry.trace_info.device_kind == "gpu" else "cpu"
+        if not step_ns and trace_step_ns:
+            step_ns, source = trace_step_ns, "traces: ProfilerStep spans, slowest rank"
+        if tables.missing_ranks:
+            entry.caveats.append(f"partial: ranks {tables.missing_ranks} of {entry.world_size} "
+                                 "have no trace")
+        if tables.whole_trace_mode:
+            entry.caveats.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the "
+                                 "whole trace")
+    stats = memory.step_stats(step_ns)
+    entry.step_time_ns = StepTime(median=stats["median"], p90=stats["p90"], n=stats["n"],
+                                  min=min(step_ns, default=None), max=max(step_ns, default=None),
+                                  source=source)
+    entry.notes = [n for n in notes if not _SAID.search(n)] + (
+        entry.trace_info.trace_warnings if entry.trace_info else [])
+    return entry
+
+
+def analyse(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> Report:
+    """Discover the runs under ``root`` and build the whole report. Raises ``BadInput``."""
+    found = rundirs.discover(root, allow_incomplete=options.allow_incomplete)
+    runs = [summarize_run(r, pipeline.load_run(r, jobs=options.jobs) if r.traces else None, options)
+            for r in found.runs]
+    for r, s in zip(runs, ranking.speedups(runs)):
+        r.speedup_vs_single = s
+    return Report(root=str(found.root), layout=found.layout, runs=runs,
+                  ranking=ranking.rank_runs(runs),
+                  settings_warnings=ranking.settings_differences(runs),
+                  prefetch_comparisons=ranking.prefetch_groups(runs),
+                  baseline_drift=drift.report_section(runs),
+                  warnings=found.warnings + [f"{r.name}: {n}" for r in runs
+                                             for n in r.caveats + r.notes])
+
+
+def gate(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> list[RunEntry]:
+    """Every run under ``root`` with its parity only, for ``analyzer gate``.
+
+    Traces of recorded runs are not parsed (their sizes are checked against the manifest).
+    A folder of foreign traces has no numerics, so it is listed as ``not_recorded`` (a FAIL,
+    exit 3); its traces are loaded first (``ingest.load_run``, cached) so that unusable ones
+    (truncated, not a trace, the rank rule) raise ``BadInput`` -- exit 2, as ``report`` does --
+    rather than a parity verdict. An incomplete run (``allow_incomplete``) is skipped unread."""
+    found = rundirs.discover(root, allow_incomplete=options.allow_incomplete)
+    for r in found.runs:
+        if r.foreign and not r.incomplete:
+            pipeline.load_run(r, jobs=options.jobs)
+    return [RunEntry(name=r.name, strategy=r.strategy, incomplete=r.incomplete,
+                     parity=_parity(r, options)) for r in found.runs]

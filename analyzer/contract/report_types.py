@@ -1,0 +1,425 @@
+"""The report as typed objects (report.json is ``encode(Report)``), and the analysis options.
+
+The analysis (analyzer/compare/runs.py) builds a ``Report``; ranking (compare.py), drift and the
+renderers (reports/) read its attributes. Light on purpose: msgspec only, no pandas / numpy, so
+a cached report decodes and renders without them (reports/cache.py). Field names are
+report.json's keys; units are in the names (``_ns``, ``_bytes``, ``_gbps``, ``_frac``) or, for
+the fields of a ``..._ns`` / ``..._bytes`` object, in its name.
+
+Rule of every struct that holds measured floats (``_Figures``): a NaN or infinite value is
+stored as None, as JSON has neither; ``null`` in report.json means "not measured".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from analyzer.contract.errors import BadInput
+
+REPORT_SCHEMA_VERSION = 1
+
+MAX_OVERRIDE = {"rtol": 0.1, "atol": 1e-4}
+"""The largest ``--rtol`` / ``--atol`` a user may pass. Beyond them the gate no longer tests
+numerical equivalence: rtol 0.1 is about six times the loosest ``torch.testing.assert_close``
+default of any floating dtype (bfloat16's 1.6e-2) and allows a 10 % error; atol 1e-4 is 10
+times the fp32 / bf16 default (1e-5). The atol bound must stay well below the gradients'
+scale, since the limit is atol + rtol x max |ref|: the reference transformer's gradients at
+the default shapes peak near 3e-3, and at atol 1e-2 (the first bound chosen) a run recorded
+with ``--fault wrong-grad-scale`` (gradients off by a factor of 2) passed the gate; at 1e-3 it
+failed on 3 tensors only, at 1e-4 on 17. At both bounds together such runs fail, at the tiny
+and at the default shapes (tests/reliability/test_followups.py); ``--rtol 0.5`` or
+``--atol 0.1`` would let them pass."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToleranceOverride:
+    """The user's ``--rtol`` / ``--atol`` (None: the precision's default), validated here once.
+
+    Raises ``BadInput`` (reason ``bad_option``) naming the option (``--atol`` for a bad
+    atol) for a negative, NaN or infinite value, with an example value for that option, or for
+    one above its bound in ``MAX_OVERRIDE`` (the message states the bound). ``-0.0`` passes (it
+    equals 0); ``parity.tolerance_for`` stores it as ``0.0`` so that no report shows "rtol -0"."""
+
+    rtol: float | None = None
+    """Relative tolerance (dimensionless)."""
+    atol: float | None = None
+    """Absolute tolerance (in the tensor's units)."""
+
+    def __post_init__(self) -> None:
+        for name, value in (("--rtol", self.rtol), ("--atol", self.atol)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise BadInput(name, "bad_option", f"must be a finite number >= 0, got {value!r}",
+                               f"pass e.g. {name} 1e-5 (or leave it out for the precision's default)")
+            bound = MAX_OVERRIDE[name[2:]]
+            if value is not None and value > bound:
+                raise BadInput(name, "bad_option", f"{value!r} is above the bound {bound:g}: so "
+                               "loose a tolerance no longer tests numerical equivalence (a gradient "
+                               "off by 2x could pass)",
+                               f"pass {name} <= {bound:g} (or leave it out for the precision's default)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AnalysisOptions:
+    """What the user chose for an analysis (``analyzer report`` / ``gate``)."""
+
+    tolerance: ToleranceOverride = field(default_factory=ToleranceOverride)
+    """Overrides of the parity tolerance."""
+    allow_incomplete: bool = False
+    """Analyse run directories without manifest.json as found (marked incomplete)."""
+    jobs: int | None = None
+    """Processes parsing ranks (None: one per CPU, at most one per file)."""
+
+    def __post_init__(self) -> None:
+        if self.jobs is not None and self.jobs < 1:
+            raise ValueError(f"jobs must be >= 1, got {self.jobs!r}")
+
+
+class _Figures(msgspec.Struct, kw_only=True):
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:
+            v = getattr(self, name)
+            if isinstance(v, float) and not math.isfinite(v):
+                setattr(self, name, None)
+
+
+Num = int | float | None
+
+
+class Tolerance(msgspec.Struct, kw_only=True):
+    """Tolerance of the gate: ``|x - r| <= atol + rtol * |r|``. Raises ``ValueError`` for a
+    negative or non-finite rtol / atol."""
+
+    rtol: float
+    atol: float
+    precision: str
+    """``fp32`` / ``bf16``: the precision the numbers are chosen for."""
+    source: str
+    """Where the numbers come from, stated in every report."""
+
+    def __post_init__(self) -> None:
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    def describe(self) -> str:
+        """One line, e.g. ``rtol 1.3e-06, atol 1e-05 (torch.testing.assert_close defaults ...)``."""
+        return f"rtol {self.rtol:.3g}, atol {self.atol:.3g} ({self.source})"
+
+
+class DivergenceTolerance(msgspec.Struct, kw_only=True):
+    rtol: float
+    atol: float
+    source: str
+
+
+class FirstDivergence(_Figures, kw_only=True):
+    """The first check that failed (analyzer/analyses/parity.py order); ``subject`` names it in text
+    (``grad layers.0.attn.weight``, ``the loss``). ``rel_l2`` is the loss's relative diff."""
+
+    tensor: str
+    kind: str
+    step: int
+    rel_l2: float | None
+    max_abs_diff: float | None
+    limit: float | None
+    nonfinite: Num
+    tolerance: DivergenceTolerance
+    subject: str
+
+    def describe(self, *, limit_terms: bool = True) -> str:
+        """One line: ``grad w (step 0): max |diff| 3e-3 > limit 1e-5 (atol 1e-05 + rtol 1.3e-06 x
+        max |ref|), rel L2 2e-2``, without the parenthesis when not ``limit_terms``; ``grad w
+        (step 0) has NaN/inf values`` when a value or a metric is not finite."""
+        where = f"{self.subject} (step {self.step})"
+        if (self.nonfinite or 0) > 0 or None in (self.max_abs_diff, self.rel_l2, self.limit):
+            return f"{where} has NaN/inf values"
+        terms = (f" (atol {self.tolerance.atol:.3g} + rtol {self.tolerance.rtol:.3g} x max |ref|)"
+                 if limit_terms else "")
+        return (f"{where}: max |diff| {self.max_abs_diff:.3g} > limit {self.limit:.3g}{terms}, "
+                f"rel L2 {self.rel_l2:.3g}")
+
+
+class FailedCheck(_Figures, kw_only=True):
+    kind: str
+    tensor: str
+    step: int
+    rel_l2: float | None
+    max_abs_diff: float | None
+    limit: float | None
+
+
+class Parity(_Figures, kw_only=True):
+    """A run's parity verdict: status one of ``pass``, ``fail``, ``not_recorded``, ``reference``
+    (the single run); ``failed_checks``: the first 10 failed tensor checks."""
+
+    status: Literal["pass", "fail", "not_recorded", "reference"]
+    reason: str
+    tolerance: Tolerance | None = None
+    max_grad_rel_l2: float | None = None
+    loss_max_rel_diff: float | None = None
+    first_divergence: FirstDivergence | None = None
+    failed_checks: list[FailedCheck] = []
+
+
+class StepTime(_Figures, kw_only=True):
+    """Step times (ns) of the run's profiled steps: median and p90 (numpy's linear
+    interpolation), n, min, max; ``source`` says where they come from (None without steps)."""
+
+    median: float | None = None
+    p90: float | None = None
+    n: int = 0
+    min: int | None = None
+    max: int | None = None
+    source: str | None = None
+
+
+class MemoryRank(msgspec.Struct, kw_only=True):
+    rank: int
+    peak_rss_bytes: int | None
+    profiler_allocated_peak_bytes: int | None
+    cuda_max_allocated_bytes: int | None
+    cuda_max_reserved_bytes: int | None
+
+
+class MemoryCategory(msgspec.Struct, kw_only=True):
+    rank: int
+    category: str
+    blocks: int
+    bytes: int
+
+
+class Allocation(msgspec.Struct, kw_only=True):
+    rank: int
+    block_size_bytes: int
+    requested_size_bytes: int | None
+    category: str
+    top_frame: str | None
+
+
+class Memory(msgspec.Struct, kw_only=True):
+    """Peaks over ranks (``peak_allocated_bytes``: CUDA when recorded, else the profiler's),
+    per rank, and from the CUDA allocator snapshot: live bytes by category, largest blocks."""
+
+    peak_rss_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    ranks: list[MemoryRank] = []
+    by_category: list[MemoryCategory] = []
+    largest: list[Allocation] = []
+
+
+class CommKind(_Figures, kw_only=True):
+    """One collective kind of a run: per-rank means of the whole trace's count, time_ns and
+    bytes; busbw over the ranks (nccl-tests); the ``_per_step`` figures count collectives inside
+    profiled steps divided by the rank's profiled steps, mean over ranks."""
+
+    count: float
+    time_ns: float
+    bytes: float
+    busbw_gbps: float | None
+    count_per_step: float | None
+    time_ns_per_step: float | None
+    bytes_per_step: float | None
+
+
+class DataSupply(_Figures, kw_only=True):
+    """The run's data supply (analyzer/analyses/datasupply.py); ``workers`` ... ``sampler`` are the
+    manifest's ``data`` entry and absent when it has none."""
+
+    source: str | None
+    workers: int | UnsetType = UNSET
+    pin_memory: bool | UnsetType = UNSET
+    sample_cost_ms: float | UnsetType = UNSET
+    sampler: str | UnsetType = UNSET
+    threshold_frac: float
+    data_wait_frac: float | None = None
+    worst_rank: int | None = None
+    worst_rank_frac: float | None = None
+    worst_rank_exposed_comm_frac: float | None = None
+    input_bound: bool = False
+    input_bound_steps: int = 0
+    steps: int = 0
+
+
+class RankFigures(_Figures, kw_only=True):
+    """One rank: means per profiled step (ns) and shares over its steps."""
+
+    rank: int
+    steps: int
+    step_ns: float | None
+    compute_ns: float | None
+    comm_ns: float | None
+    exposed_comm_ns: float | None
+    data_wait_ns: float | None
+    other_ns: float | None
+    idle_ns: float | None
+    overlap_frac: float | None
+    data_wait_frac: float | None
+    input_bound_steps: int
+
+
+class StepBar(_Figures, kw_only=True):
+    """One profiled step: means over ranks (ns)."""
+
+    step: int
+    step_ns: float | None
+    compute_ns: float | None
+    exposed_comm_ns: float | None
+    data_wait_ns: float | None
+    other_ns: float | None
+    idle_ns: float | None
+
+
+class Interval(msgspec.Struct, kw_only=True):
+    lane: str
+    kind: str
+    start_ns: int
+    end_ns: int
+
+
+class Timeline(msgspec.Struct, kw_only=True):
+    """Compute and communication intervals of one rank's first profiled step, times from the
+    step's start."""
+
+    rank: int
+    step: int
+    step_ns: int
+    intervals: list[Interval]
+
+
+class PrefetchUnit(_Figures, kw_only=True):
+    phase: str
+    unit: str
+    n: int
+    prefetched: float | None
+    comm_ns: float | None
+    hidden_frac: float | None
+    slack_ns: float | None
+    min_slack_ns: Num
+
+
+class Prefetch(_Figures, kw_only=True):
+    """FSDP all_gathers of all ranks and profiled steps (analyzer/analyses/prefetch.py), per unit."""
+
+    all_gathers: int
+    prefetched: int
+    comm_ns: int
+    hidden_ns: int
+    hidden_frac: float | None
+    late: int
+    wait_ns: int
+    labels: str
+    note: str | None
+    units: list[PrefetchUnit]
+
+
+class TraceInfo(msgspec.Struct, kw_only=True):
+    whole_trace_mode: bool
+    rank_sources: list[str]
+    missing_ranks: list[int]
+    device_kind: str
+    trace_warnings: list[str]
+
+
+class RunEntry(_Figures, kw_only=True):
+    """One run of the report. ``settings``/``options`` are the manifest's (None / {} for
+    foreign traces); ``caveats`` say where a figure covers less than the whole run, ``notes``
+    what loading skipped."""
+
+    name: str
+    path: str = ""
+    strategy: str
+    options: dict[str, Any] = {}
+    fault: str | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    device: str | None = None
+    settings: dict[str, Any] | None = None
+    parity: Parity
+    traces: list[str] = []
+    step_time_ns: StepTime = msgspec.field(default_factory=StepTime)
+    memory: Memory = msgspec.field(default_factory=Memory)
+    communication: dict[str, CommKind] = {}
+    profiled_steps: int | None = None
+    overlap_frac: float | None = None
+    exposed_comm_ns: float | None = None
+    data: DataSupply | None = None
+    ranks: list[RankFigures] = []
+    prefetch: Prefetch | None = None
+    steps: list[StepBar] = []
+    timeline: Timeline | None = None
+    trace_info: TraceInfo | None = None
+    incomplete: bool = False
+    caveats: list[str] = []
+    notes: list[str] = []
+    speedup_vs_single: float | None = None
+
+
+class Noise(msgspec.Struct, kw_only=True):
+    """Whether a ranking is a basis for a decision (compare.py NOISE_RULE): ``close_pairs`` are
+    ``[faster, slower, gap_frac, why]``."""
+
+    cpu: bool
+    margin_frac: float
+    close_pairs: list[tuple[str, str, float | None, str]]
+    decisive: bool
+
+
+class Ranking(msgspec.Struct, kw_only=True):
+    """``status`` ``ranked`` (``order`` fastest first, with ``noise``) or ``withheld``."""
+
+    status: Literal["ranked", "withheld"]
+    order: list[str]
+    reason: str
+    rule: str
+    noise: Noise | UnsetType = UNSET
+
+
+class DriftComparison(msgspec.Struct, kw_only=True):
+    """One run's baseline against the reference's (analyzer/compare/drift.py), or why not (``error``)."""
+
+    old: str
+    new: str
+    settings_differ: list[dict[str, Any]] | UnsetType = UNSET
+    expectation: dict[str, Any] | UnsetType = UNSET
+    ok: bool | UnsetType = UNSET
+    verdict: str | UnsetType = UNSET
+    beyond: list[str] | UnsetType = UNSET
+    error: str | UnsetType = UNSET
+
+
+class BaselineDrift(msgspec.Struct, kw_only=True):
+    reference: str
+    comparisons: list[DriftComparison]
+    note: str
+
+
+class Report(msgspec.Struct, kw_only=True):
+    """report.json."""
+
+    schema_version: int = REPORT_SCHEMA_VERSION
+    root: str
+    layout: str
+    runs: list[RunEntry]
+    ranking: Ranking
+    settings_warnings: list[str] = []
+    prefetch_comparisons: list[list[str]] = []
+    baseline_drift: BaselineDrift | None = None
+    warnings: list[str] = []
+
+
+def encode(report: Report) -> str:
+    """report.json's text: indented JSON and a final newline."""
+    return msgspec.json.format(msgspec.json.encode(report), indent=2).decode() + "\n"
+
+
+def decode(text: str | bytes) -> Report:
+    """A ``Report`` from report.json's text. Raises ``msgspec.ValidationError`` when it does
+    not have the report's shape."""
+    return msgspec.json.decode(text, type=Report)

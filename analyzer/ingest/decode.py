@@ -1,0 +1,706 @@
+"""Decode one Kineto / Chrome trace file into a columnar event table (no classification).
+
+Typed decoding with msgspec: only the fields the analyzer needs are declared; everything else in
+the JSON is skipped by the decoder without building Python objects. Events are a tagged union
+on ``ph``: complete (X) and metadata (M) events get their fields, every other phase (flow
+events are a quarter of a Kineto trace) a struct with none. The structs are untracked by
+the cycle collector (``gc=False``; decoded JSON cannot form cycles): with tracking, the
+collector's passes over ~10^5 new objects doubled the decode time of a 40 MB trace. Hot
+argument fields are typed strictly (fast path); a trace whose values have other types (e.g. a
+string ``External id``, an unknown phase) is decoded again with lenient ``Any`` fields (slow
+path, same result). Columns are then read out of the structs with one C-level loop each
+(``map``/``attrgetter``, a defaultdict coder): Python-level work runs per distinct value, not
+per event.
+
+Times: ``ts`` and ``dur`` are JSON numbers in microseconds, sometimes with sub-µs decimals
+(``1712195495520854.8``). A float64 cannot hold such an epoch timestamp to the nanosecond (its
+spacing there is 0.25 µs). A trace whose times are all whole µs in range (older Kineto) is
+decoded with int fields; otherwise (the first decimal fails that decoder, early in the file)
+both are kept as raw JSON text (``msgspec.Raw``) and converted exactly, vectorised, from the
+decimal digits to int64 nanoseconds, **rounding half up** on the fourth decimal (0.5 ns and
+above goes up). Numbers in exponent form fall back to ``round(float * 1000)``. Events whose ts
+or dur is missing, negative or not a number are skipped, counted, and reported as one warning
+line each kind. The three decoders give the same table wherever more than one accepts a trace
+(tests/analyzer/test_fastpaths.py).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import count, repeat
+from operator import attrgetter, is_not
+from pathlib import Path
+from typing import Annotated, Any, Union
+
+import msgspec
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analyzer.contract.errors import BadInput
+
+_NULL = msgspec.Raw(b"null")
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The ``args`` keys the analyzer reads (fast path: strict types for hot keys)."""
+
+    external_id: int | None = msgspec.field(default=-1, name="External id")
+    external_id_lc: int | None = msgspec.field(default=-1, name="external id")  # tb_plugin
+    correlation: int | None = -1  # ids default to -1 (absent): columns built in one C loop
+    stream: int | str | None = None
+    coll_name: str | None = msgspec.field(default=None, name="Collective name")
+    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
+    group_size: int | None = msgspec.field(default=None, name="Group size")
+    dtype: str | None = None
+    pg_name: str | int | None = msgspec.field(default=None, name="Process Group Name")
+    pg_id: int | str | None = msgspec.field(default=None, name="Process Group ID")
+    pg_ranks: msgspec.Raw = msgspec.field(default=_NULL, name="Process Group Ranks")
+    input_dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
+
+
+class _MArgs(msgspec.Struct, gc=False):
+    meta_name: str | None = msgspec.field(default=None, name="name")  # thread_name's name
+
+
+class _M(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
+    """A metadata event (``thread_name`` names a thread)."""
+
+    name: str = ""
+    pid: int | str = -1
+    tid: int | str = -1
+    args: _MArgs | None = None
+
+
+_PHASES = "BEiIbneCstfPONDVvRc()"
+"""Chrome trace event phases other than X and M (Trace Event Format): decoded as structs with
+no fields, so their contents (e.g. flow events, a quarter of a Kineto trace) are skipped
+without building objects."""
+_KNOWN_PHASES = frozenset("XM" + _PHASES)
+_OTHERS = tuple(msgspec.defstruct(f"_Ph{ord(t)}", [], tag_field="ph", tag=t, gc=False)
+                for t in _PHASES)
+
+
+def _trace_type(time_type: Any, default: Any) -> tuple[type, type]:
+    """(strict trace type, its complete-event type) where ``ts`` / ``dur`` are ``time_type``."""
+    x = msgspec.defstruct("_X", [("name", str, ""), ("cat", str, ""), ("pid", int | str, -1),
+                                 ("tid", int | str, -1), ("ts", time_type, default),
+                                 ("dur", time_type, default), ("args", _Args | None, None)],
+                          tag_field="ph", tag="X", gc=False)
+    event = Union[(x, _M, *_OTHERS)]  # noqa: UP007 - a tagged union needs typing.Union here
+    trace = msgspec.defstruct("_Trace", [("traceEvents", list[event]),
+                                         ("distributedInfo", Any, None),
+                                         ("deviceProperties", Any, None)], gc=False)
+    return trace, x
+
+
+_MAX_US = (2**63 - 1) // 1000 - 1
+_WholeUs = Annotated[int, msgspec.Meta(ge=0, le=_MAX_US)]
+_TraceUs, _XUs = _trace_type(_WholeUs, -1)
+"""Whole-µs times (older Kineto): plain ints in range; missing ones are -1."""
+_Trace, _X = _trace_type(msgspec.Raw, _NULL)
+"""Any JSON for times (decimals: ``1712195495520854.8``), converted by ``parse_decimal_ns``."""
+
+
+class _LArgs(msgspec.Struct, gc=False):
+    """Lenient twin of ``_Args``: any JSON value is accepted."""
+
+    external_id: Any = msgspec.field(default=None, name="External id")
+    external_id_lc: Any = msgspec.field(default=None, name="external id")
+    correlation: Any = None
+    stream: Any = None
+    coll_name: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    pg_id: Any = msgspec.field(default=None, name="Process Group ID")
+    pg_ranks: msgspec.Raw = msgspec.field(default=_NULL, name="Process Group Ranks")
+    input_dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
+    meta_name: Any = msgspec.field(default=None, name="name")
+
+
+class _LEvent(msgspec.Struct, gc=False):
+    ph: Any = ""
+    name: Any = ""
+    cat: Any = ""
+    pid: Any = -1
+    tid: Any = -1
+    ts: msgspec.Raw = _NULL
+    dur: msgspec.Raw = _NULL
+    args: _LArgs | None = None
+
+
+class _LTrace(msgspec.Struct, gc=False):
+    traceEvents: list[_LEvent]
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+
+
+_TYPED = (msgspec.json.Decoder(_TraceUs), msgspec.json.Decoder(_Trace))
+"""Tried in this order; a trace neither accepts (another phase, a value of another type, a
+time that is not a whole µs in range) is decoded by ``_LENIENT``."""
+_LENIENT = msgspec.json.Decoder(_LTrace)
+
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync",
+                      "gpu_sync"})
+"""Kineto categories of events that run on a GPU stream (compared lower-cased: the tb_plugin's
+test traces write ``Kernel``)."""
+
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
+    "bfloat16": 2, "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2,
+    "char": 1, "signed char": 1, "int8": 1, "byte": 1, "unsigned char": 1, "uint8": 1,
+    "bool": 1, "complexfloat": 8, "complexdouble": 16, "complexhalf": 4,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+}
+"""Element size in bytes by dtype name as traces write it (``Float``, ``c10::BFloat16``,
+``float``), lower-cased and without ``c10::``."""
+
+_COMM_PREFIXES = ("nccl:", "gloo:", "c10d::", "record_param_comms", "mpi:", "ucc:")
+
+
+def dtype_bytes(name: Any) -> int:
+    """Bytes per element of the dtype ``name`` (trace spelling), -1 when unknown."""
+    if not isinstance(name, str):
+        return -1
+    key = name.lower().removeprefix("c10::").strip()
+    return DTYPE_BYTES.get(key, -1)
+
+
+@dataclass(slots=True)
+class Decoded:
+    """One decoded trace file.
+
+    ``events``: one row per complete event (``ph == "X"``) with valid ts/dur, sorted by ts_ns
+    then longest first (file order among equals: the order classification needs); columns
+    name, cat, pid, tid (str), event_idx (int64: the event's position in the file's
+    traceEvents list), ts_ns, dur_ns, end_ns (int64), is_gpu (bool), stream, correlation,
+    external_id (int64, -1 absent), thread_name (str, "" unknown), and argument columns
+    coll_name, dtype, pg (str or None), in_nelems, out_nelems, group_size, shape_numel,
+    shape_elem_bytes (int64, -1 unknown), pg_ranks (str or None).
+    """
+
+    events: pd.DataFrame
+    distributed_info: dict[str, Any] | None
+    device_count: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def read_bytes(path: Path) -> bytes:
+    """Read a ``.json`` or ``.json.gz`` trace. Raises ``BadInput`` (reason ``truncated``)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})",
+                       "check the path and its permissions") from None
+    return decompress(raw, path)
+
+
+def decompress(raw: bytes, path: Path | str) -> bytes:
+    """Gunzip ``raw`` when it is gzip, else return it. Raises ``BadInput`` (``truncated``)."""
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(raw)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise BadInput(path, "truncated", f"truncated or corrupt gzip ({exc})",
+                           "copy the trace again or re-record it") from None
+    return raw
+
+
+def decode_file(path: Path) -> Decoded:
+    """Decode the trace at ``path``. Raises ``BadInput`` for truncated / non-trace files."""
+    return decode_bytes(read_bytes(path), path)
+
+
+def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
+    """Decode trace JSON ``data`` (see ``Decoded``). ``path`` is only used in messages."""
+    try:
+        trace = _decode_typed(data)
+    except msgspec.DecodeError as exc:
+        data, line = repair(data, path, exc)
+        return _with_warning(decode_bytes(data, path), line)
+    if trace is None:
+        try:
+            trace = _LENIENT.decode(data)
+        except msgspec.ValidationError as exc:
+            raise BadInput(path, "not_a_trace",
+                           f"not a Chrome/Kineto trace: no traceEvents list of objects ({exc})",
+                           "pass PyTorch profiler traces (export_chrome_trace / "
+                           "tensorboard_trace_handler output)") from None
+        except msgspec.DecodeError as exc:  # the strict pass stopped at a type, before this
+            raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
+                           "copy the trace again or re-record it") from None
+    return _columns(trace, path, lower_ext=b'"external id"' in data)
+
+
+def repair(data: bytes, path: Path | str, exc: msgspec.DecodeError) -> tuple[bytes, str]:
+    """``data``, which msgspec refused with ``exc``, made readable, and the warning line that
+    says how: NaN / Infinity numbers (Python's json writes them) as null; bytes that are not
+    UTF-8 (C++ symbols, paths in names) replaced by U+FFFD, rather than refusing the whole
+    trace. Raises ``BadInput`` (``not_a_trace``, ``truncated``) for anything else."""
+    if _at_non_finite(data, str(exc)):
+        return _non_finite_as_null(data, path), (f"{path}: NaN / Infinity numbers (not JSON; "
+                                                 "Python's json writes them) were read as null")
+    if "UTF-8" not in str(exc):
+        _refuse_not_json(data, path)
+        raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
+                       "copy the trace again or re-record it") from None
+    return (data.decode("utf-8", errors="replace").encode("utf-8"),
+            f"{path}: invalid UTF-8 bytes in strings were replaced by U+FFFD")
+
+
+class _Ts(msgspec.Struct, gc=False):
+    ts: msgspec.Raw = _NULL
+
+
+_TS_ONLY = msgspec.json.Decoder(msgspec.defstruct("_TsTrace", [("traceEvents", list[_Ts])],
+                                                  gc=False))
+
+
+def times_ns(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(ts in int64 ns, ok) of every entry of the trace's ``traceEvents``, by position, with
+    the event table's rule (``parse_decimal_ns``: exact, half up; ok False where the ts is
+    missing, negative or not a number). ``data``: JSON msgspec reads (``repair`` first) whose
+    events are objects (what ``decode_bytes`` accepts). Raises ``msgspec.DecodeError``."""
+    return parse_decimal_ns(list(map(attrgetter("ts"), _TS_ONLY.decode(data).traceEvents)))
+
+
+def _decode_typed(data: bytes) -> Any:
+    """``data`` decoded by the first of ``_TYPED`` that accepts it; None when neither does.
+    Raises ``msgspec.DecodeError`` (not JSON, truncated, invalid UTF-8)."""
+    for decoder in _TYPED:
+        try:
+            return decoder.decode(data)
+        except msgspec.ValidationError:
+            continue
+    return None
+
+
+def _at_non_finite(data: bytes, message: str) -> bool:
+    """True when msgspec stopped (``... (byte N)``) at a ``NaN`` / ``Infinity`` token."""
+    m = re.search(r"\(byte (\d+)\)$", message)
+    return m is not None and data[int(m.group(1)):].startswith((b"NaN", b"Infinity"))
+
+
+def _non_finite_as_null(data: bytes, path: Path | str) -> bytes:
+    """``data`` with NaN / Infinity written as null, read by Python's json (which accepts
+    them; slow, for these files only). Raises ``BadInput`` (``truncated``)."""
+    try:
+        return msgspec.json.encode(json.loads(data))  # msgspec writes non-finite as null
+    except (ValueError, RecursionError) as exc:
+        raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
+                       "copy the trace again or re-record it") from None
+
+
+def _refuse_not_json(data: bytes, path: Path | str) -> None:
+    """Raise ``BadInput`` (reason ``not_a_trace``) when ``data`` does not even start like a
+    trace: its first non-blank byte is not ``{`` (a Chrome trace is a JSON object; a UTF-8 BOM
+    is allowed). Returns for data that starts like JSON and is broken later (truncated)."""
+    head = data.lstrip(b"\xef\xbb\xbf").lstrip()
+    if head[:1] == b"{":
+        return
+    shown = head[:20].decode("utf-8", errors="replace").split("\n")[0]
+    what = "is empty" if not head else f"is not JSON (starts with {shown!r})"
+    raise BadInput(path, "not_a_trace", f"{what}: not a Chrome/Kineto trace",
+                   "pass PyTorch profiler traces (export_chrome_trace / "
+                   "tensorboard_trace_handler output)") from None
+
+
+def _with_warning(dec: Decoded, line: str) -> Decoded:
+    dec.warnings.insert(0, line)
+    return dec
+
+
+def parse_decimal_ns(raws: list[msgspec.Raw]) -> tuple[np.ndarray, np.ndarray]:
+    """Exact conversion of JSON numbers in µs (raw text) to int64 ns, vectorised.
+
+    Returns ``(values_ns, ok)``; ``ok`` is False for null/missing, strings, negatives and
+    anything that is not a number (value 0 there). Rounds half up on the 4th decimal. Plain
+    decimals with at most three decimals (what Kineto writes) go through Arrow's exact
+    string -> decimal cast (``_parse_decimal_arrow``); otherwise the general parser works
+    column by column over the tokens' characters (Horner's rule), so the cost is
+    O(tokens x longest token) numpy operations on short arrays.
+    """
+    n = len(raws)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    blob = b"\x00" + b"\x00".join(raws)
+    fast = _parse_decimal_arrow(blob, n)
+    if fast is not None:
+        return fast, np.ones(n, bool)
+    blob = blob[1:] + b"\x00"
+    c = np.frombuffer(blob, np.uint8)
+    ends = np.flatnonzero(c == 0)
+    starts = np.empty(n, np.int64)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lengths = ends - starts
+    width = int(min(lengths.max(), _MAX_TOKEN))
+    acc = np.zeros(n, np.int64)  # integer part, µs
+    frac = np.zeros(n, np.int64)  # first three decimals
+    nfrac = np.zeros(n, np.int64)
+    round_up = np.zeros(n, bool)
+    seen_dot = np.zeros(n, bool)
+    nint = np.zeros(n, np.int64)
+    bad = (lengths == 0) | (lengths > _MAX_TOKEN)
+    exp_form = np.zeros(n, bool)
+    for j in range(width):
+        active = lengths > j
+        ch = c[np.minimum(starts + j, len(c) - 1)]
+        d = ch.astype(np.int64) - 48
+        isd = active & (d >= 0) & (d <= 9)
+        isdot = active & (ch == 46)
+        exp_form |= active & ((ch == 101) | (ch == 69))
+        bad |= active & ~isd & ~isdot
+        bad |= isdot & seen_dot
+        seen_dot |= isdot
+        intd = isd & ~seen_dot
+        acc = np.where(intd, acc * 10 + d, acc)
+        nint += intd
+        fr = isd & seen_dot & (nfrac < 3)
+        frac = np.where(fr, frac * 10 + d, frac)
+        r4 = isd & seen_dot & (nfrac == 3)
+        round_up |= r4 & (d >= 5)
+        nfrac += fr | r4
+    bad |= nint == 0
+    bad |= (nint > 16) | (acc > _MAX_US)
+    nfrac3 = np.minimum(nfrac, 3)
+    values = acc * 1000 + frac * _POW10[3 - nfrac3] + round_up
+    # exponent form (1.5e3): the exact path does not apply, fall back to float
+    for i in np.flatnonzero(exp_form & (lengths <= _MAX_TOKEN)):
+        try:
+            v = float(bytes(raws[i]))
+        except ValueError:
+            continue
+        if np.isfinite(v) and 0 <= v < _MAX_US:
+            values[i] = int(round(v * 1000.0))
+            bad[i] = False
+    values[bad] = 0
+    return values, ~bad
+
+
+def _parse_decimal_arrow(blob: bytes, n: int) -> np.ndarray | None:
+    """Fast path of ``parse_decimal_ns`` (the same results where it answers): Arrow's exact
+    string -> decimal128(38, 3) cast, whose unscaled integer is the value in ns. ``blob`` holds
+    the ``n`` tokens each preceded by a NUL; each NUL is turned into a leading ``0`` of its
+    token. None (use the general parser) unless every token is a plain non-negative decimal
+    with at most three decimals that fits int64 ns: exponents, signs, empty tokens, null,
+    strings, sub-ns digits (which need rounding half up) and huge values all go the slow way."""
+    if b"e" in blob or b"E" in blob or b"-" in blob or b"+" in blob:
+        return None
+    c = np.frombuffer(blob, np.uint8).copy()
+    seps = np.flatnonzero(c == 0)
+    if len(seps) != n or seps[0] != 0 or len(c) >= 2**31:
+        return None
+    offsets = np.empty(n + 1, np.int32)
+    offsets[:n] = seps
+    offsets[n] = len(c)
+    if (np.diff(offsets) < 2).any():  # an empty token
+        return None
+    c[seps] = 48  # token i is now "0<token>"
+    strings = pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(c))
+    if b"." not in blob:  # whole µs only (older Kineto): the int64 cast is 4x faster
+        try:
+            us = pc.cast(strings, pa.int64()).to_numpy(zero_copy_only=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        if (us < 0).any() or (us > _MAX_US).any():
+            return None
+        return us * 1000
+    try:
+        dec = pc.cast(strings, pa.decimal128(38, 3))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if dec.null_count:
+        return None
+    words = np.frombuffer(dec.buffers()[1], np.int64, count=2 * n).reshape(n, 2)
+    low, high = words[:, 0], words[:, 1]
+    if (high != 0).any() or (low < 0).any() or (low > _MAX_US * 1000).any():
+        return None
+    return low.copy()
+
+
+_MAX_TOKEN = 32
+_POW10 = np.array([1, 10, 100, 1000], np.int64)
+
+
+def _str_codes(values: Iterable[Any], n: int | None = None, *, as_str: bool = True
+               ) -> tuple[np.ndarray, list[Any]]:
+    """(int32 code of each value, distinct values in order of first use) of ``n`` hashable
+    values (default: len(values)), in one C-level loop (a defaultdict whose missing keys take
+    the next code); an iterator is consumed as it goes (no list of the values is held).
+    ``as_str``: distinct values written as str, and values equal once written so (``1`` and
+    ``"1"``) share a code."""
+    code_of: defaultdict[Any, int] = defaultdict(count().__next__)
+    count_ = len(values) if n is None else n  # type: ignore[arg-type]
+    codes = np.fromiter(map(code_of.__getitem__, values), np.int32, count=count_)
+    if not as_str:
+        return codes, list(code_of)
+    strs = [v if type(v) is str else str(v) for v in code_of]
+    if len(set(strs)) != len(strs):
+        first: dict[str, int] = {}
+        remap = np.array([first.setdefault(v, len(first)) for v in strs], np.int32)
+        codes, strs = remap[codes], list(first)
+    return codes, strs
+
+
+def _part_codes(combos: list[tuple], k: int, combo_codes: np.ndarray
+                ) -> tuple[np.ndarray, list[str]]:
+    """(code of each row, distinct values as str) of field ``k`` of coded tuples."""
+    part, values = _str_codes([c[k] for c in combos])
+    return (part[combo_codes] if len(combo_codes) else np.zeros(0, np.int32)), values
+
+
+def _cat(codes: np.ndarray, values: list[str], order: np.ndarray, kept: np.ndarray
+         ) -> pd.Categorical:
+    """Categorical of ``values[codes[order]]`` whose categories are the values used there, in
+    order of first use in file order (``codes`` are in file order; ``order`` selects and
+    sorts rows; ``kept`` = the selected rows in file order)."""
+    n, k = len(codes), len(values)
+    if len(kept) == n:  # every row kept: codes are already numbered in order of first use
+        return pd.Categorical.from_codes(codes[order], categories=pd.Index(values, dtype="str"))
+    first = np.full(k, n, np.int64)
+    first[codes[kept[::-1]]] = kept[::-1]  # the last write wins: the first use
+    used = np.flatnonzero(first < n)
+    used = used[np.argsort(first[used], kind="stable")]
+    remap = np.full(k, -1, np.int32)
+    remap[used] = np.arange(len(used), dtype=np.int32)
+    return pd.Categorical.from_codes(remap[codes[order]],
+                                     categories=pd.Index([values[i] for i in used], dtype="str"))
+
+
+def _int_column(args: list, attr: str, fallback: str | None = None, *,
+                strict: bool) -> np.ndarray:
+    """int64 column of ``args``' attribute ``attr`` (-1 when absent / not an int64; when
+    ``fallback`` is given its attribute is used where ``attr`` is absent). ``strict``: the
+    values are int (default -1) or None, as the strict decoder gives them."""
+    n = len(args)
+    if strict:
+        try:  # one C loop; None (JSON null) or ints beyond int64 take the loop below
+            out = np.fromiter(map(attrgetter(attr), args), np.int64, count=n)
+            if fallback is not None:
+                other = np.fromiter(map(attrgetter(fallback), args), np.int64, count=n)
+                out = np.where(out == -1, other, out)
+            return out
+        except (TypeError, OverflowError):
+            pass
+    vals = [getattr(a, attr) for a in args]
+    if fallback is not None:
+        vals = [v if v is not None and v != -1 else getattr(a, fallback)
+                for v, a in zip(vals, args)]
+    return np.array([_as_int(v) for v in vals], dtype=np.int64)
+
+
+_STR = pd.StringDtype("pyarrow", na_value=np.nan)  # pandas' default ``str`` dtype
+
+
+def str_array(values: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """pandas ``str`` array of an object array of str / None, built by Arrow in C (five times
+    faster than pandas' own inference on a mostly-None column)."""
+    return pd.Series(pa.array(values, type=pa.string(), from_pandas=True), dtype=_STR).array
+
+
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
+def _as_int(v: Any) -> int:
+    """``v`` when it is an int that fits int64, else -1 (unknown)."""
+    return v if type(v) is int and _I64_MIN <= v <= _I64_MAX else -1
+
+
+def _as_str(v: Any) -> str | None:
+    if v is None:
+        return None
+    return v if type(v) is str else str(v)
+
+
+def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int]:
+    """(numel of the first tensor input, its element size), -1 when unknown."""
+    try:
+        dims = msgspec.json.decode(dims_raw)
+        types = msgspec.json.decode(type_raw)
+    except msgspec.DecodeError:
+        return -1, -1
+    if not isinstance(dims, list) or not dims:
+        return -1, -1
+    first = dims[0]
+    if not isinstance(first, list) or not first or not all(type(d) is int for d in first):
+        return -1, -1
+    numel = 1
+    for d in first:
+        numel *= d
+    if numel < 0 or numel > _I64_MAX:
+        return -1, -1
+    size = dtype_bytes(types[0]) if isinstance(types, list) and types else -1
+    return numel, size
+
+
+def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
+             ) -> Decoded:
+    """The ``Decoded`` table of a decoded trace: rows sorted by (ts_ns, longest first), file
+    order among equals. Each pass over the events is one C-level loop (``map``,
+    ``attrgetter``, a defaultdict coder); Python-level work runs per distinct value, or per
+    row only for GPU rows and the few rows that carry collective arguments. ``lower_ext``:
+    look for tb_plugin's ``external id`` spelling too (False when the file never says it)."""
+    evs = trace.traceEvents
+    strict = not isinstance(trace, _LTrace)
+    warnings: list[str] = []
+    if strict:  # a tagged union: the event's type says its phase
+        is_x = (_XUs if isinstance(trace, _TraceUs) else _X).__instancecheck__
+        event_idx = np.flatnonzero(np.fromiter(map(is_x, evs), bool, count=len(evs)))
+        xs = list(filter(is_x, evs))
+        metas = filter(_M.__instancecheck__, evs)
+    else:
+        event_idx = np.array([i for i, e in enumerate(evs) if e.ph == "X"], np.int64)
+        xs = [evs[i] for i in event_idx.tolist()]
+        metas = (e for e in evs if e.ph == "M")
+        n_odd = sum(1 for e in evs if not (type(e.ph) is str and e.ph in _KNOWN_PHASES))
+        if n_odd:  # the strict decoders accept only known phases: only this path sees them
+            warnings.append(f"{path}: skipped {n_odd} events with no or an unknown phase "
+                            "(\"ph\"), which the Chrome trace format does not define")
+    # thread names from metadata events (last one wins, as trace viewers do)
+    thread_names: dict[tuple[str, str], str] = {}
+    for e in metas:
+        if e.name == "thread_name" and e.args is not None:
+            thread_names[(str(e.pid), str(e.tid))] = _as_str(e.args.meta_name) or ""
+    n_all = len(xs)
+    if isinstance(trace, _TraceUs):  # whole µs, validated in range by the decoder
+        ts = np.fromiter(map(attrgetter("ts"), xs), np.int64, count=n_all)
+        dur = np.fromiter(map(attrgetter("dur"), xs), np.int64, count=n_all)
+        ts_ok, dur_ok = ts >= 0, dur >= 0  # -1: missing
+        ts, dur = np.where(ts_ok, ts * 1000, 0), np.where(dur_ok, dur * 1000, 0)
+    else:
+        times, times_ok = parse_decimal_ns([*map(attrgetter("ts"), xs),
+                                            *map(attrgetter("dur"), xs)])
+        ts, dur = times[:n_all], times[n_all:]
+        ts_ok, dur_ok = times_ok[:n_all], times_ok[n_all:]
+    n_bad_ts = int((~ts_ok).sum())
+    n_bad_dur = int((ts_ok & ~dur_ok).sum())
+    if n_bad_ts:
+        warnings.append(f"{path}: skipped {n_bad_ts} complete events with a missing, negative or "
+                        "non-numeric ts")
+    if n_bad_dur:
+        warnings.append(f"{path}: skipped {n_bad_dur} complete events with a missing, negative "
+                        "or non-numeric dur")
+    # every column is built in file order, then rows are kept and sorted with ``order``
+    order = np.lexsort((-(ts + dur), ts))  # stable: file order among equal (ts, end)
+    ok = ts_ok & dur_ok
+    kept = np.flatnonzero(ok)
+    if len(kept) < n_all:
+        order = order[ok[order]]
+
+    # name, cat, pid, tid coded together: one pass, then per distinct combination
+    if strict:
+        combos = map(attrgetter("name", "cat", "pid", "tid"), xs)
+    else:  # any JSON value: as the strict types would give it
+        combos = ((_as_str(e.name) or "", _as_str(e.cat) or "", str(e.pid), str(e.tid))
+                  for e in xs)
+    combo_codes, u_combo = _str_codes(combos, n_all, as_str=False)
+    name_codes, u_name = _part_codes(u_combo, 0, combo_codes)
+    cat_codes, u_cat = _part_codes(u_combo, 1, combo_codes)
+    pid_codes, u_pid = _part_codes(u_combo, 2, combo_codes)
+    tid_codes, u_tid = _part_codes(u_combo, 3, combo_codes)
+    tn_of_combo, u_tn = _str_codes([thread_names.get((str(c[2]), str(c[3])), "")
+                                    for c in u_combo])
+    tn_codes = tn_of_combo[combo_codes]
+
+    no_args = _Args() if strict else _LArgs()
+    args = [e.args if e.args is not None else no_args for e in xs]
+    ext = _int_column(args, "external_id", "external_id_lc" if lower_ext else None,
+                      strict=strict)
+    corr = _int_column(args, "correlation", strict=strict)
+
+    gpu_cat = np.array([c.lower() in GPU_CATS for c in u_cat], dtype=bool)
+    is_gpu = gpu_cat[cat_codes] if n_all else np.zeros(0, bool)
+    stream = np.full(n_all, -1, np.int64)
+    for i in np.flatnonzero(is_gpu).tolist():
+        s = args[i].stream
+        if type(s) is int:
+            stream[i] = _as_int(s)
+        else:
+            t = u_tid[tid_codes[i]].removeprefix("stream").strip()
+            stream[i] = int(t) if t.isascii() and t.isdigit() and len(t) < 19 else -1
+
+    # collective arguments: only comm-related rows carry them; parse shapes for those only
+    comm_name = np.array([x.startswith(_COMM_PREFIXES) for x in u_name], bool)
+    carries = comm_name[name_codes] if n_all else np.zeros(0, bool)
+    carries |= np.fromiter(map(is_not, map(attrgetter("coll_name"), args), repeat(None)), bool,
+                           count=n_all)
+    rows = np.flatnonzero(carries)
+    m = len(rows)
+    coll_name = np.full(m, None, object)
+    dtype = np.full(m, None, object)
+    pg = np.full(m, None, object)
+    pg_ranks = np.full(m, None, object)
+    ints = np.full((5, m), -1, np.int64)  # in, out nelems, group size, shape numel, elem bytes
+    for k, i in enumerate(rows.tolist()):
+        a = args[i]
+        coll_name[k] = _as_str(a.coll_name)
+        dtype[k] = _as_str(a.dtype)
+        pg[k] = _as_str(a.pg_name) if a.pg_name is not None else _as_str(a.pg_id)
+        if a.pg_ranks is not _NULL:
+            r = msgspec.json.decode(a.pg_ranks)
+            pg_ranks[k] = None if r is None else r if isinstance(r, str) else json.dumps(r)
+        ints[0, k] = _as_int(a.in_nelems)
+        ints[1, k] = _as_int(a.out_nelems)
+        ints[2, k] = _as_int(a.group_size)
+        if a.input_dims is not _NULL:
+            ints[3, k], ints[4, k] = _shape(a.input_dims, a.input_type)
+    del args, xs
+
+    # carrying rows -> all rows, sorted: at = the index in ``rows`` of each sorted row, or -1
+    at = np.full(n_all, -1, np.int64)
+    at[rows] = np.arange(m)
+    at = at[order]
+    carried = at >= 0
+
+    def sparse(values: np.ndarray) -> np.ndarray:  # int64, -1 where not carried
+        return np.where(carried, values[np.maximum(at, 0)], -1) if m else np.full(len(at), -1)
+
+    take = pa.array(at, mask=~carried)
+
+    def sparse_str(values: np.ndarray) -> pd.api.extensions.ExtensionArray:  # None: missing
+        col = pa.array(values, type=pa.string(), from_pandas=True).take(take)
+        return pd.Series(col, dtype=_STR).array
+
+    end = ts + dur
+    df = pd.DataFrame({
+        "name": _cat(name_codes, u_name, order, kept),
+        "cat": _cat(cat_codes, u_cat, order, kept),
+        "pid": _cat(pid_codes, u_pid, order, kept),
+        "tid": _cat(tid_codes, u_tid, order, kept),
+        "event_idx": event_idx[order],
+        "ts_ns": ts[order],
+        "dur_ns": dur[order],
+        "end_ns": end[order],
+        "is_gpu": is_gpu[order],
+        "stream": stream[order],
+        "correlation": corr[order],
+        "external_id": ext[order],
+        "thread_name": _cat(tn_codes, u_tn, order, kept),
+        "coll_name": sparse_str(coll_name),
+        "dtype": sparse_str(dtype),
+        "pg": sparse_str(pg),
+        "pg_ranks": sparse_str(pg_ranks),
+        "in_nelems": sparse(ints[0]),
+        "out_nelems": sparse(ints[1]),
+        "group_size": sparse(ints[2]),
+        "shape_numel": sparse(ints[3]),
+        "shape_elem_bytes": sparse(ints[4]),
+    })
+    di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
+    dp = trace.deviceProperties
+    return Decoded(events=df, distributed_info=di,
+                   device_count=len(dp) if isinstance(dp, list) else 0, warnings=warnings)

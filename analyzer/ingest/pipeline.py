@@ -1,0 +1,567 @@
+"""The one ingest path of every command: a job's trace files -> per-rank tables, cached.
+
+discover (analyzer/ingest/rundirs.py: the job's trace files and its manifest, each read once) -> read +
+SHA-256 -> decode (analyzer/ingest/decode.py) -> classify (analyzer/ingest/classify.py) -> per-rank tables
+(breakdown, collectives, prefetch, the first step's timeline, the whole-trace overlap) -> rank
+rule -> the traces' SHA-256 against the manifest -> same-job check (analyzer/ingest/samejob.py).
+
+Each rank is decoded, classified and reduced to its small tables in a worker process
+(analyzer/ingest/pool.py), which sends back only them: the parent never holds any rank's events
+and each worker one rank's at a time, so peak memory follows (largest rank) x (workers), not
+the sum of the ranks.
+
+Rank rule (DESIGN.md "Trace semantics"): ``distributedInfo.rank`` when every file has one; a
+single file without one is rank 0 of 1; several files without one take the number from a
+``rank<N>`` / ``worker<N>`` pattern in the file name only when every file has one and all
+differ; anything else (some files with a rank and some without, names without a number,
+duplicates) is ``BadInput`` naming the files. Files of one folder must agree on the world size,
+the backend and the members of each process group.
+
+Cache (the analyzer's only cache of trace analyses): ``<trace>.tables.msgpack`` beside the
+trace when its folder is writable (and not marked read-only), else
+``$XDG_CACHE_HOME/paritytrace/<hash of the trace's absolute path>.tables.msgpack``: msgpack of
+the rank's metadata and one Arrow IPC stream per table (never pickle). Valid when its key equals
+``cachekey.cache_key(<SHA-256 of the trace file>, CODE_MODULES)`` (analyzer/ingest/cachekey.py: any
+edit of the trace, of the code that makes the tables or of its libraries is a miss). As git's
+index does, a cache whose recorded stat signature of the trace (size, mtime, ctime, inode,
+device) equals the file's is trusted without hashing the file again. Writes are atomic; a cache
+that cannot be read or written is skipped with a log line, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pandas as pd
+import pyarrow as pa
+
+from analyzer.ingest.cachekey import cache_dir, cache_key
+from analyzer.contract.errors import BadInput
+
+log = logging.getLogger(__name__)
+
+_ANALYZER = Path(__file__).parents[1]
+CODE_MODULES = tuple(_ANALYZER / m for m in (
+    "ingest/decode.py", "ingest/classify.py", "ingest/pipeline.py", "analyses/breakdown.py",
+    "analyses/collectives.py", "analyses/prefetch.py", "analyses/intervals.py"))
+"""The modules whose code shapes the cached tables (part of the cache key)."""
+_RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+_TABLES = ("steps", "breakdown", "collectives", "prefetch", "timeline")
+_META = ("world_size", "device_kind", "distributed_info", "main_tid", "whole_trace_mode",
+         "warnings", "timeline_step", "whole_overlap_ns", "whole_comm_ns")
+
+
+@dataclass(kw_only=True, slots=True)
+class RankTables:
+    """One rank: its metadata and its result tables (no events).
+
+    ``breakdown``: analyzer.analyses.breakdown COLUMNS; ``collectives``: analyzer.analyses.collectives COLUMNS;
+    ``prefetch``: analyzer.analyses.prefetch COLUMNS (empty without FSDP labels); ``timeline``:
+    ``breakdown.timeline_rows`` of ``timeline_step``; ``steps``: the step windows
+    (analyzer/api.py module docstring).
+    """
+
+    path: Path
+    """The trace file."""
+    rank: int = -1
+    """Rank number (-1 until the rank rule has run)."""
+    rank_source: str = ""
+    """How the rank was found: "distributedInfo", "file name", "single file"."""
+    world_size: int | None = None
+    """World size the trace says (distributedInfo.world_size), None when it does not."""
+    device_kind: str = "cpu"
+    """"gpu" when the trace has GPU kernels, else "cpu"."""
+    distributed_info: dict[str, Any] | None = None
+    """The trace's distributedInfo as written (backend, pg_config ...), None when absent."""
+    main_tid: str | None = None
+    """The main thread's tid on a CPU-only rank (analyzer/ingest/classify.py says how it is found)."""
+    whole_trace_mode: bool = False
+    """No ProfilerStep in the trace: step 0 is the whole trace."""
+    warnings: list[str] = field(default_factory=list)
+    """Problems skipped while decoding (bad ts/dur counts ...), one line each."""
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)
+    collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
+    prefetch: pd.DataFrame = field(default_factory=pd.DataFrame)
+    timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    timeline_step: int = -1
+    """The step of ``timeline``: the smallest step >= 0, -1 when none."""
+    whole_overlap_ns: int = 0
+    """|comm ∩ compute| over every GPU event of the trace, whatever its step (HTA's scope:
+    ``breakdown.whole_trace_overlap``); 0 on a CPU-only rank."""
+    whole_comm_ns: int = 0
+    """|comm| over every GPU event of the trace (same scope)."""
+    cache_hit: bool = False
+    """True when the tables came from the cache."""
+    sha256: str = ""
+    """SHA-256 of the trace file (hex), checked against the run's manifest.json."""
+
+
+@dataclass(kw_only=True, slots=True)
+class JobTables:
+    """Every rank's tables of one job: what every command reads (no events held)."""
+
+    root: Path
+    """The run directory, folder of traces or trace file that was loaded."""
+    ranks: list[RankTables]
+    """Sorted by rank."""
+    world_size: int
+    """World size: the traces', else the manifest's, else max(ranks seen, highest rank + 1)."""
+    manifest: dict[str, Any] | None
+    """The run's manifest, None for foreign traces."""
+    whole_trace_mode: bool
+    """No rank has a ProfilerStep: each rank's whole trace is step 0."""
+    warnings: list[str] = field(default_factory=list)
+    """Load-level notes (files skipped, ranks missing, ranks in whole-trace mode ...)."""
+    breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Per rank and step time breakdown (analyzer/analyses/breakdown.py COLUMNS), sorted by rank,
+    step. Identity: compute_ns + exposed_comm_ns + data_wait_ns + other_ns + idle_ns ==
+    step_ns exactly."""
+    collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """One row per collective instance per rank (analyzer/analyses/collectives.py COLUMNS), group_size
+    falling back to the world size; ``collectives.by_kind`` / ``match_ranks`` take it."""
+    prefetch: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """``prefetch.prefetch_table`` rows of every rank (empty when none has FSDP labels)."""
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks in ``range(world_size)`` with no trace."""
+        have = {r.rank for r in self.ranks}
+        return [r for r in range(self.world_size) if r not in have]
+
+    def timeline(self, rank: int, step: int) -> pd.DataFrame:
+        """Merged intervals of ``rank`` and ``step`` for plotting: lane ("compute" | "comm"),
+        kind ("" | the collective kind), start_ns, end_ns (trace clock). Only each rank's
+        first step (>= 0) is kept; raises ``KeyError`` for another rank or step."""
+        rt = next((r for r in self.ranks if r.rank == rank), None)
+        if rt is None or rt.timeline_step != step or step < 0:
+            raise KeyError(f"no timeline of rank {rank} step {step} in {self.root}")
+        return rt.timeline
+
+
+# --- one file: read, decode, classify -----------------------------------------------------------
+
+def read_trace(path: Path) -> bytes:
+    """The bytes of the trace file at ``path``. Raises ``BadInput`` (``unreadable``)."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})",
+                       "check the path and its permissions") from None
+
+
+def classified(path: Path, raw: bytes | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Decode and classify one trace file (``raw``: its bytes, read when None).
+
+    Returns ``(events, info)``: the event table (analyzer/api.py module docstring) and info =
+    {device_kind, main_tid, whole_trace_mode, steps, distributed_info, warnings}. Raises
+    ``BadInput`` (unreadable, truncated, not a trace, no complete events)."""
+    from analyzer.ingest.classify import classify
+    from analyzer.ingest.decode import decode_bytes, decompress
+
+    dec = decode_bytes(decompress(read_trace(path) if raw is None else raw, path), path)
+    if dec.events.empty:
+        raise BadInput(path, "no_events", "holds no complete (ph X) events with a valid ts and "
+                       "dur (only metadata, or every event skipped): this rank recorded nothing",
+                       "re-record it, or move the file out of the folder to analyse the other "
+                       "ranks")
+    di = dec.distributed_info
+    ws = di.get("world_size") if di else None
+    events, info = classify(dec.events, world_size=ws if isinstance(ws, int) else None)
+    return events, {**info, "distributed_info": di, "warnings": dec.warnings}
+
+
+def rank_tables(path: Path) -> RankTables:
+    """The tables of one trace file, through the cache. Rank-dependent fields stay unset (rank
+    -1, group_size <= 0 left as -1): ``load_run`` fills them after the rank rule. Raises
+    ``BadInput``."""
+    from analyzer.analyses.breakdown import rank_breakdown, timeline_rows, whole_trace_overlap
+    from analyzer.analyses.collectives import rank_collectives
+    from analyzer.analyses.prefetch import prefetch_table
+
+    try:
+        sig = _stat_sig(path)
+    except OSError:
+        sig = []  # read_trace says what is wrong
+    cpath = tables_cache_path(path)
+    hit = _read_tables(cpath, path, sig, None)
+    if hit is not None:
+        return hit
+    raw = read_trace(path)
+    sha = hashlib.sha256(raw).hexdigest()
+    hit = _read_tables(cpath, path, sig, sha)  # touched but unchanged: the key agrees
+    if hit is not None:
+        _write_tables(cpath, sig, hit)  # record the new stat signature
+        return hit
+    ev, info = classified(path, raw)
+    del raw
+    steps, device_kind, main_tid = info["steps"], info["device_kind"], info["main_tid"]
+    valid = steps[steps["step"] >= 0] if len(steps) else steps
+    tl_step = int(valid["step"].min()) if len(valid) else -1
+    if tl_step >= 0:
+        win = steps[steps["step"] == tl_step]
+        lo, hi = int(win["start_ns"].iat[0]), int(win["end_ns"].iat[0])
+        tl = timeline_rows(ev[ev["step"].to_numpy() == tl_step], device_kind, main_tid,
+                           lo, hi, ev["end_ns"].to_numpy())
+    else:
+        tl = pd.DataFrame({"lane": [], "kind": [], "start_ns": [], "end_ns": []})
+    overlap_ns, comm_ns = whole_trace_overlap(ev)
+    ws = (info["distributed_info"] or {}).get("world_size")
+    rt = RankTables(path=path, world_size=ws if isinstance(ws, int) else None,
+                    device_kind=device_kind, distributed_info=info["distributed_info"],
+                    main_tid=main_tid, whole_trace_mode=info["whole_trace_mode"],
+                    warnings=info["warnings"], steps=steps,
+                    breakdown=rank_breakdown(-1, ev, steps, device_kind, main_tid),
+                    collectives=rank_collectives(-1, ev, -1), prefetch=prefetch_table(ev, rank=-1),
+                    timeline=tl, timeline_step=tl_step, whole_overlap_ns=int(overlap_ns),
+                    whole_comm_ns=int(comm_ns), sha256=sha)
+    del ev
+    _write_tables(cpath, sig, rt)
+    return rt
+
+
+# --- the cache ----------------------------------------------------------------------------------
+
+def folder_writable(folder: Path) -> bool:
+    """True when ``folder`` is writable *and* its mode has a write bit: root passes
+    ``os.access`` everywhere, but a folder marked read-only (a shared corpus) stays untouched."""
+    try:
+        mode = folder.stat().st_mode
+    except OSError:
+        return False
+    return bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) and os.access(folder, os.W_OK)
+
+
+def tables_cache_path(trace: Path) -> Path:
+    """Where the tables of ``trace`` are cached (module docstring)."""
+    if folder_writable(trace.parent):
+        return trace.with_name(trace.name + ".tables.msgpack")
+    name = hashlib.blake2b(str(trace.resolve()).encode(), digest_size=16).hexdigest()
+    return cache_dir() / f"{name}.tables.msgpack"
+
+
+def _stat_sig(path: Path) -> list[int]:
+    """Size, mtime, ctime, inode and device of ``path``. The ctime is there because the mtime
+    can be set back (``cp -p``, ``touch -d``, ``os.utime``) after an edit that keeps the size;
+    the kernel sets the ctime on every write and no user call sets it back."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _ipc(df: pd.DataFrame) -> bytes:
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _read_tables(cpath: Path, path: Path, sig: list[int], sha: str | None) -> RankTables | None:
+    """The cached tables of ``path`` when valid: the key of the recorded SHA-256 (``sha`` None:
+    the stat signature ``sig`` must equal the recorded one) or of ``sha`` agrees."""
+    try:
+        blob = msgspec.msgpack.decode(cpath.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, msgspec.DecodeError) as exc:
+        log.info("ignoring unreadable cache %s (%s)", cpath, exc)
+        return None
+    try:
+        if sha is None and blob["stat"] != sig:
+            return None
+        sha = sha or str(blob["sha256"])
+        if blob["key"] != cache_key(sha, CODE_MODULES):
+            return None
+        tables = {t: pa.ipc.open_stream(pa.py_buffer(blob["tables"][t])).read_all().to_pandas()
+                  for t in _TABLES}
+        return RankTables(path=path, cache_hit=True, sha256=sha,
+                          **{k: blob["meta"][k] for k in _META}, **tables)
+    except (KeyError, TypeError, ValueError, AttributeError, pa.ArrowException) as exc:
+        log.info("ignoring unreadable cache %s (%s)", cpath, exc)
+        return None
+
+
+def _write_tables(cpath: Path, sig: list[int], rt: RankTables) -> None:
+    blob = {"key": cache_key(rt.sha256, CODE_MODULES), "sha256": rt.sha256, "stat": sig,
+            "meta": {k: getattr(rt, k) for k in _META},
+            "tables": {t: _ipc(getattr(rt, t)) for t in _TABLES}}
+    try:
+        cpath.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cpath.parent, prefix=".tmp-", suffix=".msgpack")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(msgspec.msgpack.encode(blob))
+            os.replace(tmp, cpath)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except (OSError, pa.ArrowException) as exc:
+        log.info("could not write cache %s (%s)", cpath, exc)
+
+
+def _cached(path: Path) -> RankTables | None:
+    """The tables of ``path`` from a cache whose stat signature matches, else None."""
+    try:
+        sig = _stat_sig(path)
+    except OSError:
+        return None
+    return _read_tables(tables_cache_path(path), path, sig, None)
+
+
+def _tables_worker(path: Path) -> RankTables | BadInput:
+    """Process-pool entry: a bad file's ``BadInput`` is returned, not raised, so that every
+    file's problem is reported at once."""
+    try:
+        return rank_tables(path)
+    except BadInput as exc:
+        return exc
+
+
+def _size_bytes(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # the worker says what is wrong
+
+
+def parse_files(paths: list[Path], jobs: int | None, *, worker=_tables_worker
+                ) -> tuple[list[Any], list[BadInput]]:
+    """``worker`` (a path -> a result, or the ``BadInput`` of a bad file) over
+    every path, in ``jobs`` processes (analyzer/ingest/pool.py), largest file first. Returns the
+    results in the order of ``paths`` and the problems (``BadInput``), so that all are
+    reported."""
+    from analyzer.ingest.pool import run_all
+
+    # largest first (longest-processing-time-first scheduling): processes taking the next file
+    # as they free up then end within about one small file of each other
+    order = sorted(range(len(paths)), key=lambda i: -_size_bytes(paths[i]))
+    results: list[Any] = [None] * len(paths)
+    for i, r in zip(order, run_all(worker, [paths[i] for i in order], jobs)):
+        results[i] = r
+    ok = [r for r in results if not isinstance(r, BadInput)]
+    bad = [r for r in results if isinstance(r, BadInput)]
+    return ok, bad
+
+
+# --- the job: rank rule, checks, JobTables ------------------------------------------------------
+
+def assign_ranks(files: list[RankTables]) -> tuple[list[tuple[int, str, RankTables]], int | None,
+                                                    list[BadInput]]:
+    """Apply the rank rule (module docstring). Returns ([(rank, rank_source, file)], world size
+    the traces say or None, problems)."""
+    problems: list[BadInput] = []
+    ranks: list[int | None] = []
+    for f in files:
+        r = (f.distributed_info or {}).get("rank")
+        ranks.append(r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else None)
+    with_rank = [f for f, r in zip(files, ranks) if r is not None]
+    without = [f for f, r in zip(files, ranks) if r is None]
+    out: list[tuple[int, str, RankTables]] = []
+    if with_rank and without:
+        problems.append(BadInput(
+            ", ".join(str(f.path) for f in without), "mixed_rank_info",
+            f"no distributedInfo.rank while {len(with_rank)} other file(s) of the folder have one",
+            "put only one job's traces in the folder"))
+        return out, None, problems
+    if without:
+        if len(without) == 1:
+            out = [(0, "single file", without[0])]
+        else:
+            nums = [_RANK_IN_NAME.findall(f.path.name) for f in without]
+            if any(not m for m in nums):
+                names = ", ".join(str(f.path) for f, m in zip(without, nums) if not m)
+                problems.append(BadInput(names, "no_rank",
+                                         "no distributedInfo.rank and no rank<N>/worker<N> in "
+                                         "the file name", "rename the files rank<N>.json or "
+                                         "record with torch.distributed initialised"))
+                return [], None, problems
+            out = [(int(m[-1]), "file name", f) for f, m in zip(without, nums)]
+    else:
+        out = [(r, "distributedInfo", f) for f, r in zip(files, ranks)]  # type: ignore[misc]
+    by_rank: dict[int, list[RankTables]] = {}
+    for r, _, f in out:
+        by_rank.setdefault(r, []).append(f)
+    for r, fs in sorted(by_rank.items()):
+        if len(fs) > 1:
+            problems.append(BadInput(" and ".join(str(f.path) for f in fs), "duplicate_rank",
+                                     f"both files are rank {r}",
+                                     "keep one trace per rank in the folder"))
+    problems += _job_mismatches(files)
+    sizes: dict[int, list[RankTables]] = {}
+    for f in files:
+        ws = (f.distributed_info or {}).get("world_size")
+        if isinstance(ws, int):
+            sizes.setdefault(ws, []).append(f)
+    world = None
+    if len(sizes) > 1:
+        desc = "; ".join(f"{ws} in {', '.join(str(f.path) for f in fs)}"
+                         for ws, fs in sorted(sizes.items()))
+        problems.append(BadInput(files[0].path.parent, "world_size_mismatch",
+                                 f"world sizes disagree: {desc}",
+                                 "put only one job's traces in the folder"))
+    elif sizes:
+        world = next(iter(sizes))
+        beyond = [(r, f) for r, _, f in out if r >= world]
+        if beyond:
+            problems.append(BadInput(", ".join(str(f.path) for _, f in beyond), "rank_out_of_range",
+                                     f"rank {', '.join(str(r) for r, _ in beyond)} but world size "
+                                     f"{world}", "put only one job's traces in the folder"))
+    return sorted(out, key=lambda t: t[0]), world, problems
+
+
+def _job_mismatches(files: list[RankTables]) -> list[BadInput]:
+    """Files that cannot come from one job: ``distributedInfo.backend`` differs, or a process
+    group of the same name has different member ranks (``distributedInfo.pg_config``). Ranks may
+    list different groups (a rank outside a subgroup does not know it), so only groups present
+    in several files are compared."""
+    problems: list[BadInput] = []
+    if not files:
+        return problems
+    folder = files[0].path.parent
+    backends: dict[str, list[RankTables]] = {}
+    groups: dict[str, dict[str, list[RankTables]]] = {}
+    for f in files:
+        di = f.distributed_info or {}
+        if isinstance(di.get("backend"), str):
+            backends.setdefault(di["backend"], []).append(f)
+        pgs = di.get("pg_config")
+        for pg in pgs if isinstance(pgs, list) else []:
+            if isinstance(pg, dict) and "pg_name" in pg and isinstance(pg.get("ranks"), list):
+                members = json.dumps(pg["ranks"])
+                groups.setdefault(str(pg["pg_name"]), {}).setdefault(members, []).append(f)
+
+    def names(fs: list[RankTables]) -> str:
+        return ", ".join(f.path.name for f in fs)
+
+    if len(backends) > 1:
+        desc = "; ".join(f"{b} in {names(fs)}" for b, fs in sorted(backends.items()))
+        problems.append(BadInput(folder, "mixed_jobs", f"backends disagree: {desc}",
+                                 "put only one job's traces in the folder"))
+    for pg, by_members in sorted(groups.items()):
+        if len(by_members) > 1:
+            desc = "; ".join(f"ranks {m} in {names(fs)}" for m, fs in sorted(by_members.items()))
+            problems.append(BadInput(folder, "mixed_jobs",
+                                     f"process group {pg!r} has different members: {desc}",
+                                     "put only one job's traces in the folder"))
+    return problems
+
+
+def check_manifest_sha256(root: Path, manifest: dict[str, Any] | None,
+                          files: list[RankTables]) -> None:
+    """Raise ``BadInput`` (reason ``file_changed``) for the first trace whose SHA-256 differs
+    from the one ``manifest.json`` of run directory ``root`` records for it. The hash each
+    parse computes anyway is used, so analyzer/ingest/rundirs.py does not read big traces twice."""
+    if not manifest or not isinstance(manifest.get("files"), list):
+        return
+    want = {str(f.get("path")): f.get("sha256") for f in manifest["files"] if isinstance(f, dict)}
+    for f in files:
+        rel = f.path.relative_to(root).as_posix() if f.path.is_relative_to(root) else f.path.name
+        expected = want.get(rel)
+        if isinstance(expected, str) and f.sha256 and f.sha256 != expected.lower():
+            raise BadInput(f.path, "file_changed",
+                           "changed since it was recorded (sha256 differs from manifest.json)",
+                           "re-record the run")
+
+
+def _set_rank(rt: RankTables, rank: int, source: str, world_size: int) -> None:
+    rt.rank, rt.rank_source = rank, source
+    for name in ("breakdown", "collectives", "prefetch"):
+        df = getattr(rt, name)
+        if "rank" in df.columns:
+            df["rank"] = pd.Series(rank, index=df.index, dtype=df["rank"].dtype
+                                   if df["rank"].dtype != object else "int64")
+    c = rt.collectives
+    if len(c):
+        gs = c["group_size"].to_numpy().copy()
+        gs[gs <= 0] = world_size
+        c["group_size"] = gs
+
+
+def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    return pd.concat(parts, ignore_index=True)
+
+
+def load_run(run, *, jobs: int | None = None) -> JobTables:
+    """The tables of the job ``run`` (an ``analyzer.ingest.rundirs.RunDir``: its trace files and its
+    manifest, already found and read), ranks computed in ``jobs`` processes (default min(cpu
+    count, files)). All problems of the folder (unusable files, the rank rule, world sizes,
+    mixed jobs) are raised together as one ``BadInput`` whose ``problems`` lists them; then a
+    trace changed since the record (``file_changed``) and traces of different jobs
+    (``mixed_jobs``, analyzer/ingest/samejob.py)."""
+    from analyzer.analyses.breakdown import COLUMNS as BD_COLUMNS
+    from analyzer.analyses.collectives import COLUMNS as COLL_COLUMNS
+    from analyzer.analyses.prefetch import COLUMNS as PF_COLUMNS
+    from analyzer.ingest.samejob import check_same_job
+    from analyzer.contract.schemas import MANIFEST_NAME
+
+    root, manifest, paths = run.path, run.manifest, run.traces
+    if not paths:
+        what = "*.json / *.json.gz trace" if run.manifest is None and not run.incomplete \
+            else "rank*.trace.json.gz"
+        raise BadInput(root, "empty", f"holds no {what} files",
+                       "point at a folder of PyTorch profiler traces")
+    notes = [f"{root}: incomplete run (no manifest.json), analysed as found"] \
+        if run.incomplete else []
+    notes += run.notes
+    # valid caches (stat fast path) are read here; only the others go to worker processes
+    cached = {p: _cached(p) for p in paths}
+    computed, problems = parse_files([p for p, hit in cached.items() if hit is None], jobs)
+    by_path = {**{p: hit for p, hit in cached.items() if hit is not None},
+               **{f.path: f for f in computed}}
+    files = [by_path[p] for p in paths if p in by_path]
+    check_manifest_sha256(root, manifest, files)
+    assigned, world, more = assign_ranks(files) if files else ([], None, [])
+    problems += more
+    if problems:
+        if len(problems) == 1:
+            raise problems[0]
+        raise BadInput(root, "bad_folder", f"{len(problems)} problems: "
+                       + " | ".join(p.one_line() for p in problems),
+                       "fix or remove the files named", problems=problems)
+    if manifest is not None and isinstance(manifest.get("world_size"), int):
+        if world is not None and world != manifest["world_size"]:
+            raise BadInput(root / MANIFEST_NAME, "world_size_mismatch",
+                           f"manifest world_size {manifest['world_size']} but the traces say "
+                           f"{world}", "re-record the run")
+        world = manifest["world_size"]
+    if world is None:
+        world = max(len(assigned), max(r for r, _, _ in assigned) + 1)
+    ranks = []
+    for r, source, f in assigned:
+        _set_rank(f, r, source, world)
+        ranks.append(f)
+    check_same_job(root, _concat([r.collectives for r in ranks], COLL_COLUMNS),
+                   {r.rank: r.path for r in ranks})
+    whole = [rt.rank for rt in ranks if rt.whole_trace_mode]
+    if whole and len(whole) < len(ranks):
+        notes.append(f"ranks {whole} have no ProfilerStep and are analysed in whole-trace mode")
+    out = JobTables(root=root, ranks=ranks, world_size=world, manifest=manifest,
+                    whole_trace_mode=bool(whole) and len(whole) == len(ranks), warnings=notes,
+                    breakdown=_concat([r.breakdown for r in ranks], BD_COLUMNS),
+                    collectives=_concat([r.collectives for r in ranks], COLL_COLUMNS),
+                    prefetch=_concat([r.prefetch for r in ranks], PF_COLUMNS))
+    if out.missing_ranks:
+        notes.append(f"{len(ranks)} of {world} ranks")
+    return out
+
+
+def load_tables(path: Path | str, *, allow_incomplete: bool = False, jobs: int | None = None
+                ) -> JobTables:
+    """``load_run`` of the one job at ``path`` (``rundirs.find_job``: a run directory, a folder
+    of traces or one trace file). Raises ``BadInput``."""
+    from analyzer.ingest.rundirs import find_job
+
+    return load_run(find_job(path, allow_incomplete=allow_incomplete), jobs=jobs)

@@ -1,0 +1,283 @@
+"""Find what ``analyzer report DIR`` should read: run directories or one folder of foreign traces.
+
+DIR may be (checked in this order):
+
+1. one run directory: it holds ``manifest.json``;
+2. a traces root: sub-folders holding ``manifest.json`` (one run each; ``report/`` is skipped);
+   a sub-folder with rank traces but no manifest is an incomplete run (the manifest is written
+   last) -- an error unless ``allow_incomplete``, then it is analysed as found, marked
+   ``incomplete`` (README), with a warning; a sub-folder of traces with none of the tracer's
+   other files (``_tracer_written``) is foreign traces, which a root does not take: an error
+   (``foreign_in_root``) whatever ``allow_incomplete`` says, advising to pass that folder alone;
+3. a folder of foreign traces: Chrome/Kineto trace files (``*.json``, ``*.json.gz``) and no
+   manifest anywhere -- one job whose parity is "not recorded".
+
+Each folder is listed once and each manifest read once per command: a ``RunDir`` carries its
+validated manifest and the trace files the ingest (analyzer/ingest/pipeline.py) reads, so nothing is
+walked or read again. ``find_job`` is the same walk for the commands that take one job
+(``summary`` also takes one trace file, ``merge``, the library's ``api.load_tables``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analyzer.contract import schemas
+from analyzer.contract.errors import BadInput
+from analyzer.ingest.fswalk import entries, not_an_input
+
+log = logging.getLogger(__name__)
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+"""Files are hashed in chunks of this size (memory stays flat for large traces)."""
+REPORT_DIR_NAME = "report"
+
+
+@dataclass(kw_only=True, slots=True)
+class RunDir:
+    """One job to report on."""
+
+    path: Path
+    """The run directory (or the foreign traces folder)."""
+    name: str
+    """Display name: the manifest's run_name, else the folder name."""
+    manifest: dict[str, Any] | None
+    """The validated manifest; None for foreign traces."""
+    incomplete: bool = False
+    """A tracer run directory without ``manifest.json`` (the record did not finish), analysed
+    only with ``allow_incomplete`` and marked so."""
+    traces: list[Path] = field(default_factory=list)
+    """The trace files to analyse, sorted by name (``trace_files``; a name never decides a
+    rank)."""
+    notes: list[str] = field(default_factory=list)
+    """Files of the folder left out of ``traces`` (symlinks out of it, hidden files, the
+    analyzer's own outputs), one line each."""
+
+    @property
+    def foreign(self) -> bool:
+        """True for traces not written by ``tracer record``."""
+        return self.manifest is None
+
+    @property
+    def strategy(self) -> str:
+        """The manifest's strategy, ``unknown`` for foreign traces."""
+        return str(self.manifest["strategy"]) if self.manifest else "unknown"
+
+
+@dataclass(kw_only=True, slots=True)
+class Discovery:
+    """What was found under DIR."""
+
+    root: Path
+    """DIR as given."""
+    layout: str
+    """``run`` | ``root`` | ``foreign``."""
+    runs: list[RunDir]
+    """Runs in a stable order: single first, then by strategy order, then name."""
+    warnings: list[str] = field(default_factory=list)
+    """Incomplete runs included as found, folders left out by the walk: one line each."""
+
+
+def _is_trace(p: Path) -> bool:
+    return p.is_file() and p.name.endswith(TRACE_SUFFIXES) and p.name != schemas.MANIFEST_NAME
+
+
+def trace_files(children: list[Path], *, run_dir: bool, notes: list[str]) -> list[Path]:
+    """The trace files among a folder's ``children`` (``fswalk.entries``): ``rank*.trace.json.gz``
+    in a run directory (and hidden ``*.json*``, a killed record's ``.tmp-<pid>-rank0...``, so
+    that they are named as skipped), else every ``*.json`` / ``*.json.gz`` but the manifest.
+    Hidden files and the analyzer's own outputs (``fswalk.not_an_input``) are left out with
+    one line each appended to ``notes``."""
+    from fnmatch import fnmatch
+
+    if run_dir:
+        found = [p for p in children if p.is_file() and (fnmatch(p.name, schemas.TRACE_GLOB) or (
+            p.name.startswith(".") and fnmatch(p.name, "*.json*")))]
+    else:
+        found = [p for p in children if _is_trace(p)]
+    keep = []
+    for p in found:
+        why = not_an_input(p.name)
+        if why:
+            notes.append(f"{p}: {why}; skipped")
+        else:
+            keep.append(p)
+    return keep
+
+
+TRACER_FILES = (schemas.NUMERICS_NAME, schemas.STEPS_NAME, schemas.KEPT_NAME,
+                schemas.KEPT_TENSORS_NAME, schemas.MEMORY_DIR)
+"""Files (and the folder) of a run directory besides the manifest and the traces."""
+
+
+def _tracer_written(sub: Path, traces: list[Path]) -> bool:
+    """True when the sub-folder ``sub`` of a traces root, which has no manifest, looks like a
+    run directory of ``tracer record`` that did not complete: it holds one of ``TRACER_FILES``
+    (the baseline is written before any rank starts) or a trace named as the tracer names them
+    (``schemas.TRACE_GLOB``). Otherwise its traces are someone else's (foreign)."""
+    from fnmatch import fnmatch
+
+    return (any((sub / n).exists() for n in TRACER_FILES)
+            or any(fnmatch(p.name, schemas.TRACE_GLOB) for p in traces))
+
+
+def _read(run_dir: Path) -> RunDir:
+    try:
+        manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
+    except schemas.SchemaError as exc:
+        raise BadInput(exc.path, "bad_run_file", str(exc).split(": ", 1)[-1]) from None
+    if manifest["strategy"] not in schemas.STRATEGIES:
+        raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_run_file",
+                       f"unknown strategy {manifest['strategy']!r}", "re-record the run")
+    files = manifest["files"] if isinstance(manifest["files"], list) else []
+    check_listed_files_present(run_dir, manifest)
+    _verify_files(run_dir, [f for f in files if isinstance(f, dict) and f.get("path")])
+    children, notes = entries(run_dir)
+    return RunDir(path=run_dir, name=str(manifest.get("run_name") or run_dir.name),
+                  manifest=manifest, traces=trace_files(children, run_dir=True, notes=notes),
+                  notes=notes)
+
+
+def check_listed_files_present(run_dir: Path, manifest: dict[str, Any]) -> None:
+    """Raise ``BadInput`` (reason ``missing_file``) when a file ``manifest`` lists is not in
+    ``run_dir``: the manifest is written last and lists every file, so one went missing since
+    the record (a deleted rank's trace would otherwise read as a smaller world)."""
+    files = manifest.get("files") if isinstance(manifest.get("files"), list) else []
+    listed = [str(f.get("path")) for f in files if isinstance(f, dict) and f.get("path")]
+    gone = [n for n in listed if not (run_dir / n).is_file()]
+    if gone:
+        raise BadInput(run_dir / gone[0] if len(gone) == 1 else run_dir, "missing_file",
+                       f"{', '.join(gone)} listed in manifest.json but missing",
+                       "restore the file(s) or re-record the run")
+
+
+def _verify_files(run_dir: Path, files: list[dict[str, Any]]) -> None:
+    """Check every file the manifest lists against its recorded ``size_bytes`` and ``sha256``
+    (schemas.py: the tracer writes both, manifest last). A file replaced or edited since the
+    record -- e.g. a numerics.parquet copied in from another run -- would otherwise be analysed
+    (and gated) as this run's. Raises ``BadInput`` (reason ``file_changed``) naming the first
+    changed file. The size is compared first (no read); the hash only when the size agrees, and
+    for traces not here: their parse hashes them anyway and checks the manifest's sha256
+    (analyzer/ingest/pipeline.py ``check_manifest_sha256``), so big traces are not read twice."""
+    for f in files:
+        path = run_dir / str(f["path"])
+        size, digest = f.get("size_bytes"), f.get("sha256")
+        what = None
+        if isinstance(size, int) and not isinstance(size, bool) and path.stat().st_size != size:
+            what = f"size {path.stat().st_size} bytes differs from manifest.json's {size}"
+        elif _is_trace(path):
+            continue  # hashed once, where it is parsed (ingest.check_manifest_sha256)
+        elif isinstance(digest, str) and schemas.sha256_file(path) != digest.lower():
+            what = "sha256 differs from manifest.json"
+        if what:
+            raise BadInput(path, "file_changed", f"changed since it was recorded ({what})",
+                           "re-record the run")
+
+
+def _order(run: RunDir) -> tuple:
+    strategies = list(schemas.STRATEGIES)
+    s = run.strategy
+    return (strategies.index(s) if s in strategies else len(strategies), run.name)
+
+
+_INCOMPLETE = ("incomplete run: no manifest.json (the tracer writes it last)",
+               "re-record the run, or pass --allow-incomplete to analyse what is there")
+
+
+def _existing(root: Path) -> Path:
+    if not root.exists():
+        raise BadInput(root, "missing", "no such file or folder", "check the path")
+    return root
+
+
+def _is_run_without_manifest(folder: Path) -> bool:
+    return any((folder / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME))
+
+
+def find_job(path: Path | str, *, allow_incomplete: bool = False) -> RunDir:
+    """The one job at ``path``, for the commands that analyse one job: a trace file (its own
+    job of one file), a run directory (``manifest.json`` read and checked as ``discover`` does),
+    a run directory without manifest (refused unless ``allow_incomplete``) or a folder of
+    foreign traces. Raises ``BadInput``; a folder without traces is left to the ingest
+    (analyzer/ingest/pipeline.py ``load_run``), which refuses it."""
+    path = _existing(Path(path))
+    if path.is_file():
+        return RunDir(path=path, name=path.name, manifest=None, traces=[path])
+    if (path / schemas.MANIFEST_NAME).is_file():
+        return _read(path)
+    incomplete = _is_run_without_manifest(path)
+    if incomplete and not allow_incomplete:
+        raise BadInput(path, "incomplete_run", *_INCOMPLETE)
+    children, notes = entries(path)
+    return RunDir(path=path, name=path.name, manifest=None, incomplete=incomplete, notes=notes,
+                  traces=trace_files(children, run_dir=incomplete, notes=notes))
+
+
+def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
+    """Classify ``root`` and list its runs. Raises ``BadInput`` naming the folder when it is
+    missing, empty of runs and traces, or holds an incomplete run (unless ``allow_incomplete``).
+    """
+    root = _existing(Path(root))
+    if not root.is_dir():
+        raise BadInput(root, "not_a_folder", "is a file, not a folder",
+                       "pass the folder that holds it (a traces root, one run directory or a "
+                       "folder of traces); `analyzer summary` also takes one trace file")
+    if (root / schemas.MANIFEST_NAME).is_file():
+        return Discovery(root=root, layout="run", runs=[_read(root)])
+    children, skipped = entries(root)
+    if _is_run_without_manifest(root):
+        if not allow_incomplete:
+            raise BadInput(root, "incomplete_run", *_INCOMPLETE)
+        # the run is root itself: the walk's notes are the run's (said once, by its analysis)
+        return Discovery(root=root, layout="run", runs=[RunDir(
+            path=root, name=root.name, manifest=None, incomplete=True, notes=skipped,
+            traces=trace_files(children, run_dir=True, notes=skipped))])
+    warnings: list[str] = list(skipped)
+    runs: list[RunDir] = []
+    problems: list[BadInput] = []
+    for sub in [p for p in children if p.is_dir() and p.name != REPORT_DIR_NAME]:
+        if (sub / schemas.MANIFEST_NAME).is_file():
+            runs.append(_read(sub))
+            continue
+        sub_children, notes = entries(sub)
+        traces = [p for p in sub_children if _is_trace(p)]
+        if not traces and not (sub / schemas.NUMERICS_NAME).exists():
+            continue
+        if not _tracer_written(sub, traces):
+            problems.append(BadInput(
+                sub, "foreign_in_root", "holds profiler traces that `tracer record` did not "
+                "write (no manifest.json and none of the other files of a run directory)",
+                f"a traces root holds run directories only: analyse each folder of foreign "
+                f"traces on its own, e.g. `analyzer report {sub}`"))
+            continue
+        msg = "has traces but no manifest.json: the run did not complete"
+        if allow_incomplete:  # README: analysed as found, marked incomplete
+            warnings.append(f"{sub}: {msg}; analysed as found (--allow-incomplete)")
+            log.warning("%s: %s; analysed as found", sub, msg)
+            runs.append(RunDir(path=sub, name=sub.name, manifest=None, incomplete=True,
+                               notes=notes, traces=trace_files(sub_children, run_dir=True,
+                                                               notes=notes)))
+        else:
+            problems.append(BadInput(sub, "incomplete_run", msg,
+                                     "re-record it, or pass --allow-incomplete to analyse it "
+                                     "as found (marked incomplete, not ranked)"))
+    if problems:
+        first = problems[0]
+        raise BadInput(first.path, first.reason, first.message, first.fix, problems=problems[1:])
+    if runs:
+        names = [r.name for r in runs]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise BadInput(root, "duplicate_run", f"run name(s) {', '.join(dup)} appear twice",
+                           "give each run directory a distinct run_name")
+        return Discovery(root=root, layout="root", runs=sorted(runs, key=_order), warnings=warnings)
+    if any(_is_trace(p) for p in children):
+        return Discovery(root=root, layout="foreign", runs=[RunDir(
+            path=root, name=root.name, manifest=None, notes=skipped,
+            traces=trace_files(children, run_dir=False, notes=skipped))])
+    raise BadInput(root, "empty", "holds no run directory (manifest.json) and no trace files",
+                   "pass a traces root written by `tracer record`, one run directory, "
+                   "or a folder of *.json / *.json.gz profiler traces")

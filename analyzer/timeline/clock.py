@@ -1,0 +1,95 @@
+"""Per-rank clock offsets from collectives matched across ranks.
+
+Every rank of a collective (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all,
+barrier) finishes at nearly the same instant: the last data arrives everywhere within one
+transfer. So the *end* of the k-th collective of one kind in one process group, seen on rank r
+and on the reference rank, differs by rank r's clock offset plus transfer jitter. The offset
+estimate is the median of those differences, its uncertainty the median absolute deviation
+(MAD) around it (both robust to a few outliers: Rousseeuw & Croux 1993). Point-to-point
+send/recv never finishes together across all ranks and is not used.
+
+Which events are collectives, their kind and process group: the ingest's rules, one for every
+command (analyzer/ingest/classify.py, the collectives table of analyzer/analyses/collectives.py
+``rank_collectives``). Tables (pandas) in and out; times int64 nanoseconds on each rank's own
+clock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+MATCHABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier")
+_KEY = ["pg", "kind", "seq"]
+
+
+def match_collectives(coll: pd.DataFrame) -> pd.DataFrame:
+    """Collectives matched across ranks by (pg, kind, seq).
+
+    ``coll``: the ingest's collectives table of every rank (``JobTables.collectives``: rank,
+    pg, kind, start_ns, end_ns, event_idx ..., each rank's rows by start). ``seq`` is here the
+    order of the collective among those of the same (pg, kind) on its rank. Only
+    ``MATCHABLE_KINDS`` and keys seen on at least two ranks are kept. Returns columns rank, pg,
+    kind, seq, event_idx, start_ns, end_ns.
+    """
+    cols = ["rank", *_KEY, "event_idx", "start_ns", "end_ns"]
+    c = coll[coll["kind"].isin(MATCHABLE_KINDS)]
+    if c.empty:
+        return pd.DataFrame(columns=cols)
+    c = c.assign(kind=c["kind"].astype(str), pg=c["pg"].astype(str))
+    c = c.assign(seq=c.groupby(["rank", "pg", "kind"], sort=False).cumcount().astype("int64"))
+    n = c.groupby(_KEY)["rank"].transform("nunique")
+    return c[n >= 2][cols].sort_values([*_KEY, "rank"]).reset_index(drop=True)
+
+
+def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int) -> pd.DataFrame:
+    """Clock offset of each rank relative to ``ref_rank``: aligned time = own time - offset_ns.
+
+    For the collectives rank r shares with ``ref_rank`` (d_k = end on r - end on ref):
+    - median_ns = median of d_k; mad_ns = median |d_k - median_ns| (the uncertainty).
+    - causality bounds: no rank finishes a collective before every rank has started it, so
+      lo_ns = max_k(start on r - end on ref) <= offset <= hi_ns = min_k(end on r - start on ref).
+    - offset_ns = median_ns clamped into [lo_ns, hi_ns] (the bounds win over a median pulled
+      by a descheduled rank); when lo_ns > hi_ns the bounds contradict each other (mismatched
+      collectives) and offset_ns = median_ns, consistent = False.
+    A rank sharing no collective with ``ref_rank`` gets offset 0, n_matched 0, nulls elsewhere.
+    Columns: rank, offset_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent.
+    """
+    ref = matched[matched["rank"] == ref_rank][[*_KEY, "start_ns", "end_ns"]].rename(
+        columns={"start_ns": "ref_start_ns", "end_ns": "ref_end_ns"})
+    rows = []
+    for rank in ranks:
+        if rank == ref_rank:
+            rows.append((rank, 0, 0, 0, 0, len(ref), True))
+            continue
+        mine = matched[matched["rank"] == rank].merge(ref, on=_KEY)
+        if mine.empty:
+            rows.append((rank, 0, None, None, None, 0, True))
+            continue
+        diff = (mine["end_ns"] - mine["ref_end_ns"]).to_numpy(dtype=np.int64)
+        median = int(round(float(np.median(diff))))
+        mad = int(round(float(np.median(np.abs(diff - median)))))
+        lo = int((mine["start_ns"] - mine["ref_end_ns"]).max())
+        hi = int((mine["end_ns"] - mine["ref_start_ns"]).min())
+        consistent = lo <= hi
+        offset = min(max(median, lo), hi) if consistent else median
+        rows.append((rank, offset, mad, lo, hi, len(diff), consistent))
+    out = pd.DataFrame(rows, columns=["rank", "offset_ns", "mad_ns", "lo_ns", "hi_ns", "n_matched",
+                                      "consistent"])
+    return out.astype({"rank": "int64", "offset_ns": "int64", "mad_ns": "Int64", "lo_ns": "Int64",
+                       "hi_ns": "Int64", "n_matched": "int64", "consistent": "bool"})
+
+
+def end_spread(matched: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
+    """Per matched collective: spread (max - min) of its end across ranks, before and after
+    subtracting each rank's offset. Columns pg, kind, seq, n_ranks, spread_before_ns,
+    spread_after_ns."""
+    m = matched.merge(offsets[["rank", "offset_ns"]], on="rank")
+    m["aligned_end_ns"] = m["end_ns"] - m["offset_ns"]
+    g = m.groupby(_KEY, sort=True)
+    out = pd.DataFrame({
+        "n_ranks": g["rank"].nunique(),
+        "spread_before_ns": g["end_ns"].max() - g["end_ns"].min(),
+        "spread_after_ns": g["aligned_end_ns"].max() - g["aligned_end_ns"].min(),
+    }).reset_index()
+    return out

@@ -1,0 +1,554 @@
+"""Merge every rank's trace into one aligned Chrome trace (``analyzer merge``, issue 8).
+
+What a step, a collective and a rank are comes from the ingest, as for every command
+(analyzer/ingest/pipeline.py: ``load_run``, cached): the rank rule, each rank's step windows and its
+collectives (kind, process group, exact int64-ns times). Merge adds only what a timeline needs:
+the raw events to copy, their alignment and the flow arrows. It maps the ingest's rows back to
+raw events by their ``event_idx`` (position in the file's traceEvents list, a column of
+analyzer/ingest/decode.py's table); every time it writes is converted with the ingest's exact parse
+(``decode.parse_decimal_ns``). A ``--steps`` selection keeps the complete events the ingest
+puts in a chosen step (a GPU event with its launch's step) and the other events (instants,
+counters, flows) whose time lies in a chosen step's ProfilerStep span.
+
+Output layout (Perfetto / chrome://tracing):
+- one process per rank: pid = rank + 1, ``process_name`` "rank N", ``process_sort_index`` N;
+- one thread track per source (pid, tid) of that rank: CPU threads ("thread 123 (python3)",
+  the thread holding ProfilerStep first), GPU streams ("GPU 0 stream 7"), profiler spans; named
+  with ``thread_name`` and ordered with ``thread_sort_index``;
+- complete events that partially overlap an earlier one on their track (real traces have them,
+  e.g. on GPU streams or gloo threads; Perfetto drops or moves them) go to an "(overlap k)" track
+  next to it, so nothing is dropped and every track is properly nested;
+- times shifted by each rank's clock offset (``analyzer.timeline.clock``) and rebased so the earliest
+  event is at 0 (keeps ns precision in the JSON doubles); the rebase and the offsets are stored
+  under the top-level key ``paritytraceMerge`` and in the JSON sidecar;
+- flow arrows (cat "collective") link each matched collective across ranks, in the order the
+  ranks started it; the sources' own flows (ac2g, fwdbwd) are kept with ids made unique.
+
+Raises ``BadInput`` for unusable input (the ingest's refusals, as ``analyzer report`` says
+them). Writes atomically (temp file + ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from analyzer.timeline import clock
+from analyzer.ingest import pipeline, rundirs
+from analyzer.contract.atomic import write_atomic
+from analyzer.timeline.chrome_check import PHASES, check_trace
+from analyzer.ingest.decode import decompress, repair, times_ns
+from analyzer.contract.errors import BadInput
+
+log = logging.getLogger(__name__)
+
+MERGE_KEY = "paritytraceMerge"
+"""Top-level key that marks a merged trace."""
+
+
+@dataclass(kw_only=True, slots=True)
+class MergeOptions:
+    """What ``merge_traces`` writes."""
+
+    steps: tuple[int, ...] | None = None
+    """ProfilerStep numbers to keep (None: the whole traces)."""
+    ref_rank: int | None = None
+    """Rank whose clock the others are aligned to (None: the lowest rank)."""
+    align: bool = True
+    """False: write the traces unshifted (offsets are still estimated and reported)."""
+    allow_incomplete: bool = False
+    """Merge a run directory without manifest.json (a record that did not finish) as found."""
+
+    def __post_init__(self) -> None:
+        if self.steps is not None and (not self.steps or any(s < 0 for s in self.steps)):
+            raise ValueError(f"steps must be a non-empty tuple of step numbers >= 0, got {self.steps!r}")
+        if self.ref_rank is not None and self.ref_rank < 0:
+            raise ValueError(f"ref_rank must be >= 0, got {self.ref_rank!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class RankInput:
+    """One rank's trace as read from disk."""
+
+    rank: int
+    """Rank number."""
+    path: Path
+    """The trace file."""
+    rank_source: str
+    """How the rank was found: "distributedInfo", "file name", "single file"."""
+    data: dict[str, Any]
+    """The parsed JSON object (emptied after the merge, to free memory)."""
+    events: pd.DataFrame
+    """Its complete events as the ingest decodes and classifies them (``api.load_events``'
+    table: event_idx, ts_ns, dur_ns, is_gpu, role, step ...; emptied after the merge)."""
+    ts_ns: np.ndarray
+    """``ts`` of every traceEvents entry in int64 ns (``decode.times_ns``), by position."""
+    ts_ok: np.ndarray
+    """False where that ts is missing or not a number."""
+
+
+@dataclass(kw_only=True, slots=True)
+class MergeResult:
+    """What ``merge_traces`` did."""
+
+    out_path: Path
+    """The merged trace."""
+    sidecar_path: Path
+    """The JSON sidecar with offsets and spreads."""
+    ranks: list[RankInput]
+    """Inputs, sorted by rank (``data`` and ``events`` dropped after the merge)."""
+    steps: dict[int, list[int]]
+    """Rank -> the ProfilerStep numbers the ingest found on it (none in whole-trace mode):
+    what ``--steps`` selects from."""
+    collectives: pd.DataFrame
+    """The ingest's collectives of every rank (``JobTables.collectives``), matched across
+    ranks for the offsets and the flow arrows."""
+    matched: pd.DataFrame
+    """``clock.match_collectives`` of ``collectives``: what the offsets and arrows use."""
+    ref_rank: int
+    """The rank whose clock is the reference."""
+    offsets: pd.DataFrame
+    """rank, offset_ns, mad_ns, n_matched (``clock.estimate_offsets``)."""
+    spread: pd.DataFrame
+    """Per matched collective: end spread before / after alignment (``clock.end_spread``)."""
+    t0_ns: int
+    """Aligned time (reference clock, ns) written as ts 0."""
+    n_events: int
+    """Events written (metadata included)."""
+    n_moved_to_overlap_tracks: int
+    """Complete events moved to "(overlap k)" tracks."""
+    warnings: list[str] = field(default_factory=list)
+    """One line per thing the user should know (unmatched ranks, steps missing ...)."""
+
+
+# --- input ---------------------------------------------------------------------------------------
+
+_TREE = msgspec.json.Decoder()
+
+
+def _read_rank(rt: pipeline.RankTables) -> RankInput:
+    """One rank's raw JSON, its event table and its events' exact times. Raises ``BadInput``
+    (the file changed since the ingest read it)."""
+    raw = decompress(pipeline.read_trace(rt.path), rt.path)
+    while True:  # the ingest accepted the file: repair() makes it readable as it did
+        try:
+            data = _TREE.decode(raw)
+            break
+        except msgspec.DecodeError as exc:
+            raw, _ = repair(raw, rt.path, exc)
+    ts, ok = times_ns(raw)
+    events, _ = pipeline.classified(rt.path, raw)
+    return RankInput(rank=rt.rank, path=rt.path, rank_source=rt.rank_source, data=data,
+                     events=events, ts_ns=ts, ts_ok=ok)
+
+
+def _key(ev: dict) -> tuple[str, str]:
+    """The source track (pid, tid) of a raw event."""
+    return str(ev.get("pid", "")), str(ev.get("tid", ""))
+
+
+# --- steps ---------------------------------------------------------------------------------------
+
+def parse_steps(text: str) -> tuple[int, ...]:
+    """``"10"``, ``"10,12"``, ``"10-12"`` -> step numbers. Raises ValueError naming the bad part."""
+    steps: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise ValueError(f"bad step selection {part!r}: use N, N-M or N,M")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise ValueError(f"bad step range {part!r}: end before start")
+        steps.update(range(lo, hi + 1))
+    return tuple(sorted(steps))
+
+
+def _selected(r: RankInput, rt: pipeline.RankTables, steps: tuple[int, ...]
+              ) -> tuple[set[int], list[int]]:
+    """Positions (in traceEvents) of rank ``r``'s events in the chosen ProfilerSteps, and the
+    chosen steps found on it: complete events the ingest puts in one of them (module
+    docstring), other events whose time lies in one of their ProfilerStep spans."""
+    found = [] if rt.whole_trace_mode else sorted(set(rt.steps["step"].tolist()) & set(steps))
+    x = r.events
+    keep = set(x.loc[x["step"].isin(found).to_numpy(), "event_idx"].tolist())
+    win = rt.steps[rt.steps["step"].isin(found)]
+    lo, hi = win["cpu_start_ns"].to_numpy(), win["cpu_end_ns"].to_numpy()
+    evs = r.data["traceEvents"]  # instants, counters, flows: by time
+    other = np.fromiter((ev.get("ph") not in ("X", "M") for ev in evs), bool, count=len(evs))
+    t = r.ts_ns[:, None]
+    inside = ((lo <= t) & (t < hi)).any(axis=1)
+    keep.update(np.flatnonzero(other & r.ts_ok & inside).tolist())
+    return keep, found
+
+
+# --- tracks --------------------------------------------------------------------------------------
+
+def assign_lanes(spans: list[tuple[int, int]]) -> list[int]:
+    """Lane per span so that each lane is properly nested (no partial overlap).
+
+    Greedy over spans sorted by (start, -end): a span goes to the first lane where it nests in
+    the innermost open span (or the lane is empty at its start). Lane 0 keeps every span that
+    does not partially overlap; returns one lane index per input span.
+    """
+    order = sorted(range(len(spans)), key=lambda k: (spans[k][0], -spans[k][1]))
+    stacks: list[list[int]] = []
+    lanes = [0] * len(spans)
+    for j in order:
+        start, end = spans[j]
+        for lane, stack in enumerate(stacks):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or end <= stack[-1]:
+                stack.append(end)
+                lanes[j] = lane
+                break
+        else:
+            stacks.append([end])
+            lanes[j] = len(stacks) - 1
+    return lanes
+
+
+def _track_names(data: dict, gpu_tracks: set[tuple[str, str]], step_tracks: set[tuple[str, str]]
+                 ) -> dict[tuple[str, str], tuple[int, str]]:
+    """(pid, tid) -> (sort group, display name) for one rank's source tracks; ``gpu_tracks``
+    hold GPU events, ``step_tracks`` ProfilerStep spans (the ingest's rules)."""
+    proc_name: dict[str, str] = {}
+    proc_label: dict[str, str] = {}
+    thread_names: dict[tuple[str, str], list[str]] = {}
+    for ev in data["traceEvents"]:
+        if not isinstance(ev, dict) or ev.get("ph") != "M":
+            continue
+        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        pid, tid = str(ev.get("pid", "")), str(ev.get("tid", ""))
+        if ev.get("name") == "process_name":
+            proc_name[pid] = str(args.get("name", ""))
+        elif ev.get("name") == "process_labels":
+            proc_label[pid] = str(args.get("labels", ""))
+        elif ev.get("name") == "thread_name":
+            thread_names.setdefault((pid, tid), []).append(str(args.get("name", "")))
+    out: dict[tuple[str, str], tuple[int, str]] = {}
+    for pid, tid in _all_tracks(data):
+        key = (pid, tid)
+        if key in gpu_tracks:
+            label = proc_label.get(pid) or f"GPU {pid}"
+            out[key] = (2, f"{label} stream {tid}")
+        elif pid.isdigit() and tid.lstrip("-").isdigit():
+            names = thread_names.get(key, [])
+            # Kineto may name one thread twice ("(python3)" and "(pt_gloo_runloop)"): keep the one
+            # that is not just the process name
+            specific = [n for n in names if proc_name.get(pid) and f"({proc_name[pid]})" not in n]
+            name = (specific or names or [f"thread {tid}"])[0].strip()
+            out[key] = (0 if key in step_tracks else 1, name)
+        else:
+            out[key] = (3, " ".join(s for s in (pid, tid) if s) or "profiler")
+    return out
+
+
+def _well_formed(ev: dict) -> bool:
+    """The per-event rules of analyzer/timeline/chrome_check.py for a non-metadata source event (its
+    name is made a string and its pid / ts rewritten by the caller): events that break them are
+    left out of the merged trace rather than written into a file viewers reject."""
+    ph = ev.get("ph")
+    if not isinstance(ph, str) or ph not in PHASES or ph == "M" or "tid" not in ev:
+        return False
+    if ph in "iI":
+        return ev.get("s", "t") in ("g", "p", "t")
+    if ph in "stfbne":
+        return ("id" in ev or "id2" in ev) and (ph != "f" or ev.get("bp", "e") == "e")
+    if ph == "C":
+        args = ev.get("args")
+        return isinstance(args, dict) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in args.values())
+    return True
+
+
+def _all_tracks(data: dict) -> list[tuple[str, str]]:
+    seen: dict[tuple[str, str], None] = {}
+    for ev in data["traceEvents"]:
+        if isinstance(ev, dict) and ev.get("ph") != "M":
+            seen.setdefault(_key(ev), None)
+    return list(seen)
+
+
+def _us(ns: int) -> int | float:
+    """Nanoseconds -> microseconds for JSON: an int when whole, else exact to the ns."""
+    return ns // 1000 if ns % 1000 == 0 else ns / 1000
+
+
+# --- merge ---------------------------------------------------------------------------------------
+
+def sidecar_path_for(out: Path) -> Path:
+    """``merged.trace.json.gz`` -> ``merged.offsets.json`` (same folder)."""
+    name = out.name
+    for suffix in (".trace.json.gz", ".json.gz", ".trace.json", ".json", ".gz"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return out.with_name(name + ".offsets.json")
+
+
+def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None = None) -> MergeResult:
+    """Merge the traces in ``root`` into one aligned Chrome trace at ``out`` (gzip if ``.gz``).
+
+    Also writes the sidecar (``sidecar_path_for(out)``): ref_rank, t0_ns, offsets, spread summary.
+    Alignment rule: the estimated offsets are applied unless they widen the median spread of
+    matched collective ends (``alignment_widens``); then the traces are written unshifted, the
+    sidecar says ``"aligned": false`` and one warning line gives both medians.
+    Raises ``BadInput`` for unusable input or a ``--steps`` selection no rank has.
+    """
+    options = options or MergeOptions()
+    root, out = Path(root), Path(out)
+    if root.is_file():
+        raise BadInput(root, "not_a_folder", "is a file, not a folder",
+                       "pass the run directory or folder of traces that holds it")
+    job = pipeline.load_run(rundirs.find_job(root, allow_incomplete=options.allow_incomplete))
+    ranks = [rt.rank for rt in job.ranks]
+    ref_rank = options.ref_rank if options.ref_rank is not None else ranks[0]
+    if ref_rank not in ranks:
+        raise BadInput(root, "bad_option", f"has no trace of rank {ref_rank} (ranks: {ranks})",
+                       "pick one of the ranks present")
+    warnings: list[str] = list(job.warnings)
+    matched = clock.match_collectives(job.collectives)
+    offsets = clock.estimate_offsets(matched, ranks, ref_rank)
+    for row in offsets.itertuples(index=False):
+        if row.rank != ref_rank and row.n_matched == 0:
+            warnings.append(f"rank {row.rank} shares no collective with rank {ref_rank}: not aligned (offset 0)")
+        elif not row.consistent:
+            warnings.append(f"rank {row.rank}: matched collectives give contradictory bounds "
+                            f"(lo {row.lo_ns} ns > hi {row.hi_ns} ns); collectives may be mismatched, "
+                            "offset is the plain median")
+    spread = clock.end_spread(matched, offsets)
+    align = options.align
+    if align and alignment_widens(spread):
+        align = False
+        warnings.append(
+            "aligning on the matched collectives would widen the spread of their ends across "
+            f"ranks (median {_us_text(spread['spread_before_ns'].median())} µs before, "
+            f"{_us_text(spread['spread_after_ns'].median())} µs after): traces written "
+            "unshifted; try --ref-rank with another rank")
+    shift = dict(zip(offsets["rank"], offsets["offset_ns"])) if align else {r: 0 for r in ranks}
+
+    inputs = [_read_rank(rt) for rt in job.ranks]
+    keep: dict[int, set[int] | None] = {r: None for r in ranks}
+    if options.steps is not None:
+        found_any = False
+        for r, rt in zip(inputs, job.ranks):
+            keep[r.rank], found = _selected(r, rt, options.steps)
+            found_any |= bool(found)
+            missing = sorted(set(options.steps) - set(found))
+            if missing:
+                warnings.append(f"rank {r.rank} ({r.path.name}) has no ProfilerStep {missing}")
+        if not found_any:
+            raise BadInput(root, "bad_option", f"no trace has ProfilerStep {list(options.steps)}",
+                           "pick steps shown by `analyzer summary`, or omit --steps")
+
+    t0 = min(int(r.events["ts_ns"].min()) - shift[r.rank] for r in inputs)
+    events, moved, locate = _write_events(inputs, keep, shift, t0)
+    events += _collective_flows(matched, locate, shift, t0)
+    n_meta = sum(1 for e in events if e["ph"] == "M")
+    events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0), -e.get("dur", 0)))
+
+    summary = _summary(root, inputs, ref_rank, offsets, spread, t0, align, options, warnings)
+    merged = {
+        "schemaVersion": 1,
+        "displayTimeUnit": "ms",
+        "deviceProperties": inputs[ranks.index(ref_rank)].data.get("deviceProperties", []),
+        MERGE_KEY: summary,
+        "traceEvents": events,
+    }
+    problems = check_trace(merged)
+    if problems:  # per-event faults are filtered above; what is left comes from how the input
+        # events relate (an E closing no B, flow ends before its start ...): refuse, say which
+        raise BadInput(root, "unmergeable", "the merged trace would break the Trace Event "
+                       f"Format: {'; '.join(problems[:3])}",
+                       "check the input traces with a viewer, or merge a run directory written "
+                       "by `tracer record`")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = msgspec.json.encode(merged)
+    write_atomic(out, gzip.compress(payload, compresslevel=6) if out.name.endswith(".gz") else payload)
+    sidecar = sidecar_path_for(out)
+    write_atomic(sidecar, msgspec.json.format(msgspec.json.encode(summary), indent=2))
+    for r in inputs:
+        r.data, r.events = {}, r.events.iloc[:0]
+    log.info("wrote %s (%d events, %d metadata)", out, len(events), n_meta)
+    return MergeResult(out_path=out, sidecar_path=sidecar, ranks=inputs, ref_rank=ref_rank,
+                       steps={rt.rank: [] if rt.whole_trace_mode else rt.steps["step"].tolist()
+                              for rt in job.ranks},
+                       collectives=job.collectives, matched=matched,
+                       offsets=offsets, spread=spread, t0_ns=t0, n_events=len(events),
+                       n_moved_to_overlap_tracks=moved, warnings=warnings)
+
+
+def alignment_widens(spread: pd.DataFrame) -> bool:
+    """True when the estimated offsets make matched collectives end further apart than the raw
+    clocks do: the median over matched collectives of ``spread_after_ns`` (``clock.end_spread``)
+    is strictly above the median of ``spread_before_ns``. Then ``merge_traces`` keeps the
+    unaligned times (offset 0 for every rank; the estimated offsets are still reported) and says
+    so in one warning line. The median, as printed by ``analyzer merge``: one collective delayed
+    on a rank should not decide. No matched collective: False (nothing to compare)."""
+    if not len(spread):
+        return False
+    return bool(spread["spread_after_ns"].median() > spread["spread_before_ns"].median())
+
+
+def _us_text(ns: float) -> str:
+    return f"{ns / 1000:,.1f}"
+
+
+def _write_events(inputs: list[RankInput], keep: dict[int, set[int] | None],
+                  shift: dict[int, int], t0: int
+                  ) -> tuple[list[dict], int, dict[tuple[int, int], tuple[int, int, int]]]:
+    """Rewritten events of every rank, the count moved to overlap tracks, and
+    (rank, event_idx) -> (pid, tid, aligned start ns) of each written complete event."""
+    out: list[dict] = []
+    moved = 0
+    locate: dict[tuple[int, int], tuple[int, int, int]] = {}
+    flow_ids: dict[tuple, int] = {}
+    for r in inputs:
+        evs = r.data["traceEvents"]
+        x = r.events
+        key_of = {i: _key(evs[i]) for i in x["event_idx"].tolist()}
+        gpu_tracks = {key_of[i] for i in x.loc[x["is_gpu"].to_numpy(), "event_idx"].tolist()}
+        step_tracks = {key_of[i] for i in x.loc[(x["role"] == "step").to_numpy(), "event_idx"]}
+        names = _track_names(r.data, gpu_tracks, step_tracks)
+        sel = keep[r.rank]
+        if sel is not None:
+            x = x[x["event_idx"].isin(sel).to_numpy()]
+        # complete events in the table's order (start, longest first, file order)
+        row_of = dict(zip(x["event_idx"].tolist(), zip(x["ts_ns"].tolist(), x["dur_ns"].tolist())))
+        pid = r.rank + 1
+        # lanes per source track, then new tids in display order
+        by_track: dict[tuple[str, str], list[int]] = {}
+        for i in row_of:
+            by_track.setdefault(key_of[i], []).append(i)
+        lane_of: dict[int, int] = {}
+        n_lanes: dict[tuple[str, str], int] = {}
+        for key, members in by_track.items():
+            lanes = assign_lanes([(row_of[i][0], row_of[i][0] + row_of[i][1]) for i in members])
+            lane_of.update(zip(members, lanes))
+            n_lanes[key] = max(lanes) + 1
+            moved += sum(1 for lane in lanes if lane)
+        order = sorted(names, key=lambda k: (names[k][0], names[k][1], k))
+        tid_of: dict[tuple[tuple[str, str], int], int] = {}
+        out.append(_meta(pid, 0, "process_name", name=f"rank {r.rank}"))
+        out.append(_meta(pid, 0, "process_sort_index", sort_index=r.rank))
+        for key in order:
+            for lane in range(n_lanes.get(key, 1)):
+                tid = len(tid_of) + 1
+                tid_of[(key, lane)] = tid
+                label = names[key][1] + (f" (overlap {lane})" if lane else "")
+                out.append(_meta(pid, tid, "thread_name", name=label))
+                out.append(_meta(pid, tid, "thread_sort_index", sort_index=tid))
+        # innermost complete event starting at each (track, ts): flows bind to it
+        starts_at: dict[tuple[tuple[str, str], int], tuple[int, int]] = {}
+        for i, (ts, dur) in row_of.items():
+            k = (key_of[i], ts)
+            if k not in starts_at or dur < starts_at[k][0]:
+                starts_at[k] = (dur, lane_of[i])
+        flows: list[dict] = []
+        for i, ev in enumerate(evs):
+            if ev.get("ph") == "M" or not _well_formed(ev) or (sel is not None and i not in sel):
+                continue
+            key = _key(ev)
+            new = dict(ev)
+            new["pid"] = pid
+            if not isinstance(new.get("name"), str):  # the format requires a string name
+                new["name"] = "" if new.get("name") is None else str(new["name"])
+            if ev.get("ph") == "X":
+                row = row_of.get(i)
+                if row is None:
+                    continue  # bad ts / dur: left out (the ingest's warnings count them)
+                new["tid"] = tid_of[(key, lane_of[i])]
+                start = row[0] - shift[r.rank] - t0
+                new["ts"], new["dur"] = _us(start), _us(row[1])
+                locate[(r.rank, i)] = (pid, new["tid"], start)
+                out.append(new)
+                continue
+            if not r.ts_ok[i]:
+                continue
+            ts = int(r.ts_ns[i])
+            new["ts"] = _us(ts - shift[r.rank] - t0)
+            lane = starts_at.get((key, ts), (0, 0))[1] if ev.get("ph") in ("s", "t", "f") else 0
+            new["tid"] = tid_of.get((key, lane), tid_of.get((key, 0), 0))
+            if ev.get("ph") in ("s", "t", "f"):
+                fkey = (r.rank, str(ev.get("cat")), str(ev.get("id")))
+                new["id"] = flow_ids.setdefault(fkey, len(flow_ids) + 1)
+                flows.append(new)
+                continue
+            out.append(new)
+        out += _paired_flows(flows)
+    return out, moved, locate
+
+
+def _paired_flows(flows: list[dict]) -> list[dict]:
+    """Flow events whose id has both a start and a finish (a step selection can cut one off)."""
+    phases: dict[tuple, set[str]] = {}
+    for f in flows:
+        phases.setdefault((f.get("cat"), f.get("name"), f["id"]), set()).add(f["ph"])
+    return [f for f in flows if {"s", "f"} <= phases[(f.get("cat"), f.get("name"), f["id"])]]
+
+
+def _collective_flows(matched: pd.DataFrame, locate: dict, shift: dict[int, int], t0: int) -> list[dict]:
+    """Flow arrows linking each matched collective across ranks, in order of aligned start."""
+    out: list[dict] = []
+    next_id = 1
+    for (pg, kind, seq), g in matched.groupby(["pg", "kind", "seq"], sort=True):
+        placed = sorted((locate[(row.rank, row.event_idx)] for row in g.itertuples(index=False)
+                         if (row.rank, row.event_idx) in locate), key=lambda p: p[2])
+        label = f"{kind} #{seq}" + (f" pg {pg}" if pg else "")
+        for (pid_a, tid_a, ts_a), (pid_b, tid_b, ts_b) in zip(placed, placed[1:]):
+            fid = 1_000_000_000 + next_id
+            next_id += 1
+            out.append({"ph": "s", "cat": "collective", "name": label, "id": fid,
+                        "pid": pid_a, "tid": tid_a, "ts": _us(ts_a)})
+            out.append({"ph": "f", "bp": "e", "cat": "collective", "name": label, "id": fid,
+                        "pid": pid_b, "tid": tid_b, "ts": _us(ts_b)})
+    return out
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if pd.isna(value) else int(value)
+
+
+def _meta(pid: int, tid: int, kind: str, **args: Any) -> dict:
+    return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": args}
+
+
+def _summary(root: Path, inputs: list[RankInput], ref_rank: int, offsets: pd.DataFrame,
+             spread: pd.DataFrame, t0: int, aligned: bool, options: MergeOptions,
+             warnings: list[str]) -> dict:
+    files = {r.rank: (r.path.name, r.rank_source) for r in inputs}
+    rows = []
+    for row in offsets.itertuples(index=False):
+        rows.append({"rank": int(row.rank), "file": files[row.rank][0], "rank_source": files[row.rank][1],
+                     "offset_ns": int(row.offset_ns),
+                     "mad_ns": _opt_int(row.mad_ns), "lo_ns": _opt_int(row.lo_ns),
+                     "hi_ns": _opt_int(row.hi_ns), "n_matched": int(row.n_matched),
+                     "consistent": bool(row.consistent)})
+    def stat(col: str, fn: str) -> int | None:
+        return int(getattr(spread[col], fn)()) if len(spread) else None
+    return {
+        "source": str(root),
+        "ref_rank": ref_rank,
+        "aligned": aligned,
+        "t0_ns": t0,
+        "t0_note": "ts 0 in the merged trace is t0_ns on the reference rank's clock",
+        "offset_rule": "aligned time = rank time - offset_ns; offset_ns = median over matched "
+                       "collectives of (end on rank - end on ref_rank), clamped into the causality "
+                       "bounds [lo_ns, hi_ns]; mad_ns = median |diff - median|",
+        "steps": list(options.steps) if options.steps is not None else None,
+        "offsets": rows,
+        "matched_collectives": int(len(spread)),
+        "spread_before_ns": {"median": stat("spread_before_ns", "median"), "max": stat("spread_before_ns", "max")},
+        "spread_after_ns": {"median": stat("spread_after_ns", "median"), "max": stat("spread_after_ns", "max")},
+        "warnings": warnings,
+    }
