@@ -116,10 +116,10 @@ def test_the_check_can_fail(tmp_path, monkeypatch):
     import types
 
     import analyzer.timeline.merge as merge
-    from analyzer.ingest import pipeline as ingest
+    from analyzer.ingest import pipeline
 
     def other_kind(*args, **kwargs):
-        job = ingest.load_run(*args, **kwargs)
+        job = pipeline.load_run(*args, **kwargs)
         job.collectives.loc[0, "kind"] = "barrier"  # the trace runs no barrier
         return job
 
@@ -127,7 +127,7 @@ def test_the_check_can_fail(tmp_path, monkeypatch):
     folder.mkdir()
     for r in (0, 1):
         shutil.copy(need(CORPUS / f"tbplugin_2rank/nccl__worker{r}.json"), folder)
-    monkeypatch.setattr(merge, "ingest", types.SimpleNamespace(
-        load_run=other_kind, read_trace=ingest.read_trace, classified=ingest.classified))
+    monkeypatch.setattr(merge, "pipeline", types.SimpleNamespace(
+        load_run=other_kind, read_trace=pipeline.read_trace, classified=pipeline.classified))
     with pytest.raises(AssertionError):
         _check(folder, tmp_path, monkeypatch)
