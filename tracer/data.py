@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from analyzer.contract.schemas import Data
 from tracer.config import RecordConfig
 from tracer.model import rank_rows
 
@@ -122,11 +123,11 @@ class Batches:
             it._shutdown_workers()
 
 
-def data_manifest(cfg: RecordConfig, device_type: str) -> dict:
+def data_manifest(cfg: RecordConfig, device_type: str) -> Data:
     """The manifest's ``data`` entry (analyzer/contract/schemas.py)."""
     if cfg.data == "memory":
-        return {"source": "memory"}
-    return {"source": "loader", "workers": cfg.data_workers, "pin_memory": device_type == "cuda",
-            "sample_cost_ms": cfg.data_sample_cost_ms,
-            "sampler": "DistributedSampler(shuffle=False) over a rank-major item layout: each rank "
-                       "gets its contiguous rows, as --data memory"}
+        return Data(source="memory")
+    return Data(source="loader", workers=cfg.data_workers, pin_memory=device_type == "cuda",
+                sample_cost_ms=cfg.data_sample_cost_ms,
+                sampler="DistributedSampler(shuffle=False) over a rank-major item layout: each rank "
+                        "gets its contiguous rows, as --data memory")

@@ -9,16 +9,16 @@ tensors (golden.parquet and the ``golden_*`` numerics metrics, analyzer/contract
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 
-from analyzer.contract.schemas import KEPT_NAME, KEPT_TENSORS_NAME, MANIFEST_NAME, SchemaError, read_manifest
+from analyzer.contract.schemas import (KEPT_NAME, KEPT_TENSORS_NAME, MANIFEST_NAME, FileEntry, Golden, Manifest,
+                                       SchemaError, read_manifest)
 from tracer.config import RecordConfig
 from tracer.rundir import sha256_file
 
 
-def _golden_manifest(path: Path) -> dict[str, Any]:
+def _golden_manifest(path: Path) -> Manifest:
     if not (path / MANIFEST_NAME).is_file():
         raise ValueError(f"--golden {path}: no {MANIFEST_NAME} (not a completed run directory); "
                          "pass a run directory written by tracer record")
@@ -28,8 +28,8 @@ def _golden_manifest(path: Path) -> dict[str, Any]:
         raise ValueError(f"--golden {exc}") from None
 
 
-def _kept_entry(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    entry = next((f for f in manifest["files"] if f.get("path") == KEPT_TENSORS_NAME), None)
+def _kept_entry(path: Path, manifest: Manifest) -> FileEntry:
+    entry = manifest.file(KEPT_TENSORS_NAME)
     if entry is None or not (path / KEPT_TENSORS_NAME).is_file():
         raise ValueError(f"--golden {path}: keeps no {KEPT_TENSORS_NAME} (recorded with "
                          "--keep-tensors summaries, or before tensors were kept); record the golden "
@@ -37,7 +37,7 @@ def _kept_entry(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def check_golden(cfg: RecordConfig) -> dict[str, Any]:
+def check_golden(cfg: RecordConfig) -> Manifest:
     """Refuse (``ValueError``, one line naming PATH and what differs) unless ``cfg.golden`` is a
     completed run directory with kept tensors of this config's model and batch shape (hidden,
     layers, global batch, sequence length) and seed, which is not the run directory this record
@@ -48,9 +48,8 @@ def check_golden(cfg: RecordConfig) -> dict[str, Any]:
                          "--out or --name")
     m = _golden_manifest(path)
     _kept_entry(path, m)
-    model, batch = m.get("model") or {}, m.get("batch") or {}
-    theirs = {"hidden": model.get("hidden"), "layers": model.get("layers"),
-              "batch": batch.get("global_batch"), "seq": batch.get("seq_len"), "seed": m.get("seed")}
+    theirs = {"hidden": m.model.hidden, "layers": m.model.layers, "batch": m.batch.global_batch,
+              "seq": m.batch.seq_len, "seed": m.seed}
     ours = {"hidden": cfg.hidden, "layers": cfg.layers, "batch": cfg.batch, "seq": cfg.seq, "seed": cfg.seed}
     differ = [k for k in ours if ours[k] != theirs[k]]
     if differ:
@@ -70,13 +69,13 @@ def load_golden(path: str | Path) -> dict:
     m = _golden_manifest(path)
     entry = _kept_entry(path, m)
     file = path / KEPT_TENSORS_NAME
-    if sha256_file(file) != entry.get("sha256"):
+    if sha256_file(file) != entry.sha256:
         raise ValueError(f"--golden {file}: sha256 differs from its manifest (changed after the "
                          "record); re-record the golden run")
     return load_file(str(file))
 
 
-def golden_section(cfg: RecordConfig, run_dir: Path) -> dict[str, Any] | None:
+def golden_section(cfg: RecordConfig, run_dir: Path) -> Golden | None:
     """The manifest's ``golden`` section (analyzer/contract/schemas.py), or None without ``--golden``.
 
     ``batch_sha256_equal`` / ``init_sha256_equal``: every batch.* / init.* tensor's sha256 in this
@@ -90,7 +89,8 @@ def golden_section(cfg: RecordConfig, run_dir: Path) -> dict[str, Any] | None:
         t = pq.read_table(folder / KEPT_NAME, columns=["group", "tensor", "sha256"]).to_pylist()
         return {r["tensor"]: r["sha256"] for r in t if r["group"] == group}
 
-    return {"path": str(path.resolve()), "run_id": m["run_id"], "run_name": m["run_name"],
-            "strategy": m["strategy"], "precision": m["precision"], "versions": m["versions"],
-            "device": m["device"], "kept_sha256": _kept_entry(path, m)["sha256"],
-            **{f"{g}_sha256_equal": shas(run_dir, g) == shas(path, g) for g in ("batch", "init")}}
+    return Golden(path=str(path.resolve()), run_id=m.run_id, run_name=m.run_name, strategy=m.strategy,
+                  precision=m.precision, versions=m.versions, device=m.device,
+                  kept_sha256=_kept_entry(path, m).sha256,
+                  batch_sha256_equal=shas(run_dir, "batch") == shas(path, "batch"),
+                  init_sha256_equal=shas(run_dir, "init") == shas(path, "init"))

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import uuid
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
+import msgspec
 import torch
 
 from analyzer.contract.atomic import write_atomic
-from analyzer.contract.schemas import MANIFEST_NAME, MANIFEST_REQUIRED, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES
+from analyzer.contract.schemas import (MANIFEST_NAME, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES, Baseline, Batch,
+                                       Device, Launch, Manifest, Model, Profiler, Tolerance, Versions)
 from tracer.config import RecordConfig
 from tracer.data import data_manifest
 from tracer.golden import golden_section
@@ -22,7 +22,7 @@ from tracer.profiling import activities
 from tracer.rundir import file_entries
 
 
-def versions() -> dict[str, Any]:
+def versions() -> Versions:
     """python, torch, cuda, cudnn, nccl (None where absent), paritytrace."""
     cuda = torch.version.cuda
     nccl = None
@@ -37,8 +37,8 @@ def versions() -> dict[str, Any]:
     except metadata.PackageNotFoundError:
         own = None
     cudnn = torch.backends.cudnn.version() if cuda else None
-    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": cuda,
-            "cudnn": cudnn, "nccl": nccl, "paritytrace": own}
+    return Versions(python=platform.python_version(), torch=str(torch.__version__), cuda=cuda,
+                    cudnn=cudnn, nccl=nccl, paritytrace=own)
 
 
 def cpu_name() -> str:
@@ -52,18 +52,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def device_info(device: torch.device) -> dict[str, Any]:
-    """{type, name, count}: count = visible CUDA devices, or logical CPUs."""
+def device_info(device: torch.device) -> Device:
+    """count = visible CUDA devices, or logical CPUs."""
     if device.type == "cuda":
-        return {"type": "cuda", "name": torch.cuda.get_device_name(device),
-                "count": torch.cuda.device_count()}
-    return {"type": "cpu", "name": cpu_name(), "count": os.cpu_count() or 1}
+        return Device(type="cuda", name=torch.cuda.get_device_name(device), count=torch.cuda.device_count())
+    return Device(type="cpu", name=cpu_name(), count=os.cpu_count() or 1)
 
 
 def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend: str | None,
-                   device: torch.device, launch: dict[str, Any], num_params: int,
-                   fsdp_units: list[str]) -> dict[str, Any]:
-    """All MANIFEST_REQUIRED keys; ``files`` lists every file already in ``run_dir``.
+                   device: torch.device, launch: Launch, num_params: int,
+                   fsdp_units: list[str]) -> Manifest:
+    """The run's manifest; ``files`` lists every file already in ``run_dir``.
 
     ``strategy_options`` also carries ``fsdp_units`` (the wrapped module FQNs, additive) for
     fsdp / fsdp2.
@@ -72,48 +71,26 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
     if cfg.strategy in ("fsdp", "fsdp2"):
         options["fsdp_units"] = fsdp_units
     tol = TOLERANCES[cfg.precision]
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": uuid.uuid4().hex,
-        "run_name": run_dir.name,
-        "created_utc": datetime.now(timezone.utc).isoformat(),
-        "strategy": cfg.strategy,
-        "strategy_options": options,
-        "fault": cfg.fault,
-        "precision": cfg.precision,
-        "world_size": world_size,
-        "backend": backend,
-        "device": device_info(device),
-        "launch": launch,
-        "versions": versions(),
-        "model": {"name": "SimpleTransformer", "hidden": cfg.hidden, "layers": cfg.layers,
-                  "num_params": num_params},
-        "batch": {"global_batch": cfg.batch, "seq_len": cfg.seq,
-                  "per_rank_batch": cfg.batch // world_size, "hidden": cfg.hidden},
-        "seed": cfg.seed,
-        "steps": cfg.total_steps,
-        "profiler": {"wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active,
-                     "activities": [a.name for a in activities(device.type)],
-                     "record_shapes": True, "profile_memory": True},
-        "tolerance": {"rtol": tol["rtol"], "atol": tol["atol"], "source": TOLERANCE_SOURCE},
-        "baseline": {
-            "kind": "separate-process",
-            "file": "baseline.safetensors",
-            "description": ("one process, whole global batch, same seed, initial weights, data and "
-                            f"precision policy ({precision_policy(cfg.precision)}), one torch thread, "
-                            "plain SGD; computed before the ranks start, outside their processes"),
-        },
-        "files": file_entries(run_dir),
-        "data": data_manifest(cfg, device.type),
-        "keep_tensors": cfg.keep_tensors,
-    }
-    golden = golden_section(cfg, run_dir)
-    if golden is not None:
-        manifest["golden"] = golden
-    missing = [k for k in MANIFEST_REQUIRED if k not in manifest]
-    if missing:
-        raise RuntimeError(f"manifest lacks {missing}")
-    return manifest
+    return Manifest(
+        schema_version=SCHEMA_VERSION, run_id=uuid.uuid4().hex, run_name=run_dir.name,
+        created_utc=datetime.now(timezone.utc).isoformat(), strategy=cfg.strategy,
+        strategy_options=options, fault=cfg.fault, precision=cfg.precision, world_size=world_size,
+        backend=backend, device=device_info(device), launch=launch, versions=versions(),
+        model=Model(name="SimpleTransformer", hidden=cfg.hidden, layers=cfg.layers, num_params=num_params),
+        batch=Batch(global_batch=cfg.batch, seq_len=cfg.seq, per_rank_batch=cfg.batch // world_size,
+                    hidden=cfg.hidden),
+        seed=cfg.seed, steps=cfg.total_steps,
+        profiler=Profiler(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
+                          activities=[a.name for a in activities(device.type)],
+                          record_shapes=True, profile_memory=True),
+        tolerance=Tolerance(rtol=tol["rtol"], atol=tol["atol"], source=TOLERANCE_SOURCE),
+        baseline=Baseline(
+            kind="separate-process", file="baseline.safetensors",
+            description=("one process, whole global batch, same seed, initial weights, data and "
+                         f"precision policy ({precision_policy(cfg.precision)}), one torch thread, "
+                         "plain SGD; computed before the ranks start, outside their processes")),
+        files=file_entries(run_dir), data=data_manifest(cfg, device.type),
+        keep_tensors=cfg.keep_tensors, golden=golden_section(cfg, run_dir))
 
 
 def precision_policy(precision: str) -> str:
@@ -123,6 +100,6 @@ def precision_policy(precision: str) -> str:
     return "fp32 throughout"
 
 
-def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
-    """Write ``manifest.json`` atomically."""
-    write_atomic(run_dir / MANIFEST_NAME, json.dumps(manifest, indent=2))
+def write_manifest(run_dir: Path, manifest: Manifest) -> None:
+    """Write ``manifest.json`` atomically, indented (read by people too)."""
+    write_atomic(run_dir / MANIFEST_NAME, msgspec.json.format(msgspec.json.encode(manifest), indent=2))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from analyzer.contract.schemas import MANIFEST_NAME, MEMORY_DIR, sha256_file
+from analyzer.contract.schemas import MANIFEST_NAME, MEMORY_DIR, FileEntry, sha256_file
 
 PARTS_DIR = ".parts"
 """Per-rank partial tables, merged by rank 0 and removed before the manifest is written."""
@@ -34,13 +34,13 @@ def clear_run_dir(run_dir: Path) -> None:
         shutil.rmtree(run_dir / d, ignore_errors=True)
 
 
-def file_entries(run_dir: Path) -> list[dict]:
-    """``[{path, size_bytes, sha256}]`` for every file under ``run_dir`` except the manifest and
+def file_entries(run_dir: Path) -> list[FileEntry]:
+    """One entry for every file under ``run_dir`` except the manifest and
     hidden (partial / temp) files; paths relative, '/'-separated, sorted."""
     entries = []
     for f in sorted(run_dir.rglob("*")):
         rel = f.relative_to(run_dir)
         if not f.is_file() or rel.as_posix() == MANIFEST_NAME or any(p.startswith(".") for p in rel.parts):
             continue
-        entries.append({"path": rel.as_posix(), "size_bytes": f.stat().st_size, "sha256": sha256_file(f)})
+        entries.append(FileEntry(path=rel.as_posix(), size_bytes=f.stat().st_size, sha256=sha256_file(f)))
     return entries

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from analyzer.contract.atomic import atomic_path, write_atomic
 from analyzer.contract.schemas import (GOLDEN_METRICS, MEMORY_DIR, MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME,
-                              NUMERICS_SCHEMA, STEPS_NAME, STEPS_SCHEMA, trace_name)
+                              NUMERICS_SCHEMA, STEPS_NAME, STEPS_SCHEMA, Launch, trace_name)
 from tracer import devices, faults
 from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
@@ -194,10 +194,9 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
         hb.beat("manifest")
         merge_parts(cfg.run_dir, env.world_size, with_memory=snapshot_table is not None)
         finish_kept(cfg)
-        launch = {"method": env.launch,
-                  "nnodes": max(1, env.world_size // max(1, env.local_world_size)),
-                  "master_addr": os.environ.get("MASTER_ADDR"),
-                  "master_port": int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None}
+        launch = Launch(method=env.launch, nnodes=max(1, env.world_size // max(1, env.local_world_size)),
+                        master_addr=os.environ.get("MASTER_ADDR"),
+                        master_port=int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None)
         manifest = build_manifest(cfg=cfg, run_dir=cfg.run_dir, world_size=env.world_size,
                                   backend=backend, device=device, launch=launch,
                                   num_params=num_params, fsdp_units=units)

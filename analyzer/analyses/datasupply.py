@@ -12,12 +12,12 @@ the next collective, so one starved rank slows them all.
 
 from __future__ import annotations
 
-from typing import Any
-
+import msgspec
 import pandas as pd
 
 from analyzer.analyses.breakdown import INPUT_BOUND_FRAC
 from analyzer.contract.report_types import DataSupply
+from analyzer.contract.schemas import Manifest
 
 RANK_COLUMNS = ["rank", "steps", "step_ns", "data_wait_ns", "exposed_comm_ns", "data_wait_frac",
                 "exposed_comm_frac", "input_bound_steps"]
@@ -44,17 +44,15 @@ def rank_data(bd: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()[RANK_COLUMNS]
 
 
-def data_summary(bd: pd.DataFrame | None, manifest: dict[str, Any] | None) -> DataSupply:
+def data_summary(bd: pd.DataFrame | None, manifest: Manifest | None) -> DataSupply:
     """The run's data supply: ``source`` and how it was set up (the manifest's ``data`` entry:
     memory / loader, with workers, pin_memory, sample_cost_ms, sampler; source None for foreign
     traces or older records), ``data_wait_frac`` (all ranks and steps), ``worst_rank`` /
     ``worst_rank_frac`` / ``worst_rank_exposed_comm_frac`` (the rank with the largest share),
     ``input_bound`` (module docstring), ``input_bound_steps`` and ``steps`` (rank-steps).
     Figures are None when there is no step."""
-    info = (manifest or {}).get("data") or {}
-    out = DataSupply(source=info.get("source"), threshold_frac=INPUT_BOUND_FRAC,
-                     **{k: info[k] for k in ("workers", "pin_memory", "sample_cost_ms", "sampler")
-                        if k in info})
+    info = manifest.data if manifest is not None else None
+    out = DataSupply(threshold_frac=INPUT_BOUND_FRAC, **(msgspec.structs.asdict(info) if info else {"source": None}))
     per = rank_data(bd)
     per = per[per["data_wait_frac"].notna()].reset_index(drop=True)
     if per.empty:

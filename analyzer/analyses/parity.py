@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -245,7 +244,7 @@ def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.pa
                   loss_max_rel_diff=float(loss["rel_diff"].max(skipna=False)))
 
 
-def check_run(run_dir: Path | str, manifest: dict[str, Any] | None,
+def check_run(run_dir: Path | str, manifest: schemas.Manifest | None,
               override: ToleranceOverride = ToleranceOverride()) -> Parity:
     """Parity verdict of one run directory, with the user's tolerance ``override``.
 
@@ -258,9 +257,8 @@ def check_run(run_dir: Path | str, manifest: dict[str, Any] | None,
     if manifest is None:
         return Parity(status="not_recorded",
                       reason="no manifest: foreign traces carry no numerics to check")
-    precision = manifest.get("precision")
     try:
-        tol = tolerance_for(str(precision), rtol=override.rtol, atol=override.atol)
+        tol = tolerance_for(manifest.precision, rtol=override.rtol, atol=override.atol)
     except ValueError as exc:
         raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_run_file", str(exc),
                        "re-record the run") from None
@@ -269,7 +267,7 @@ def check_run(run_dir: Path | str, manifest: dict[str, Any] | None,
         return Parity(status="not_recorded", tolerance=tol,
                       reason=f"{schemas.NUMERICS_NAME} is missing from the run directory")
     numerics = read_numerics(path)
-    if manifest.get("strategy") == "single":
+    if manifest.strategy == "single":
         loss = check_loss(numerics, tol, path=str(path))
         if len(loss) and not np.isfinite(loss[["loss", "ref"]].to_numpy(float)).all():
             bad = loss[~np.isfinite(loss[["loss", "ref"]].to_numpy(float)).all(axis=1)].iloc[0]

@@ -25,6 +25,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -40,19 +41,17 @@ EXPECTATION_SETTINGS = ("versions", "device", "precision")
 """Settings that decide bitwise vs precision tolerance."""
 
 
-def settings_of(m: dict[str, Any]) -> dict[str, Any]:
+def settings_of(m: schemas.Manifest) -> dict[str, Any]:
     """The DRIFT_SETTINGS values of a manifest (sharding = strategy + its options, FSDP units
     left out; device = type and name; model / batch = their shape fields)."""
-    opts = {k: v for k, v in (m.get("strategy_options") or {}).items() if k != "fsdp_units"}
-    dev, model, batch = m.get("device") or {}, m.get("model") or {}, m.get("batch") or {}
-    return {"versions": m.get("versions"), "device": {k: dev.get(k) for k in ("type", "name")},
-            "precision": m.get("precision"), "sharding": {"strategy": m.get("strategy"), **opts},
-            "world_size": m.get("world_size"),
-            "model": {k: model.get(k) for k in ("hidden", "layers")},
-            "batch": {k: batch.get(k) for k in ("global_batch", "seq_len")}, "seed": m.get("seed")}
+    opts = {k: v for k, v in m.strategy_options.items() if k != "fsdp_units"}
+    return {"versions": msgspec.to_builtins(m.versions), "device": {"type": m.device.type, "name": m.device.name},
+            "precision": m.precision, "sharding": {"strategy": m.strategy, **opts},
+            "world_size": m.world_size, "model": {"hidden": m.model.hidden, "layers": m.model.layers},
+            "batch": {"global_batch": m.batch.global_batch, "seq_len": m.batch.seq_len}, "seed": m.seed}
 
 
-def settings_diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+def settings_diff(old: schemas.Manifest, new: schemas.Manifest) -> list[dict[str, Any]]:
     """``[{setting, old, new}]`` for every DRIFT_SETTINGS entry on which the manifests differ
     (dict settings reduced to the keys that differ)."""
     a, b = settings_of(old), settings_of(new)
@@ -69,7 +68,7 @@ def settings_diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, An
     return out
 
 
-def expectation(old: dict[str, Any], new: dict[str, Any], diffs: list[dict[str, Any]],
+def expectation(old: schemas.Manifest, new: schemas.Manifest, diffs: list[dict[str, Any]],
                 override: ToleranceOverride = ToleranceOverride()) -> dict[str, Any]:
     """``{mode: "bitwise" | "tolerance", tolerance: {rtol, atol, precision, source} | None, why}``
     (module docstring). ``override`` replaces the tolerance's numbers."""
@@ -78,7 +77,7 @@ def expectation(old: dict[str, Any], new: dict[str, Any], diffs: list[dict[str, 
         return {"mode": "bitwise", "tolerance": None,
                 "why": "same versions, device and precision policy: the baseline (one process, one "
                        "thread, same inputs) must repeat bitwise; any difference is non-determinism"}
-    precision = "bf16" if "bf16" in (old.get("precision"), new.get("precision")) else "fp32"
+    precision = "bf16" if "bf16" in (old.precision, new.precision) else "fp32"
     tol = parity.tolerance_for(precision, rtol=override.rtol, atol=override.atol)
     return {"mode": "tolerance",
             "tolerance": {"rtol": tol.rtol, "atol": tol.atol, "precision": precision, "source": tol.source},
@@ -187,13 +186,13 @@ def golden_link(old: KeptRun, new: KeptRun, exp: dict[str, Any]) -> dict[str, An
     """When NEW was recorded with ``--golden OLD``: whether it reused OLD's batch and initial
     state (sha256 equal), and NEW's distributed step-0 tensors against OLD's kept tensors (from
     numerics.parquet's golden_* metrics, reduced and checked like parity): the failing ones."""
-    g = new.manifest.get("golden")
-    if not isinstance(g, dict) or g.get("run_id") != old.manifest.get("run_id"):
+    g = new.manifest.golden
+    if g is None or g.run_id != old.manifest.run_id:
         return None
-    out = {"batch_sha256_equal": g.get("batch_sha256_equal"),
-           "init_sha256_equal": g.get("init_sha256_equal"), "distributed": None}
+    out = {"batch_sha256_equal": g.batch_sha256_equal, "init_sha256_equal": g.init_sha256_equal,
+           "distributed": None}
     path = new.path / schemas.NUMERICS_NAME
-    if new.manifest.get("strategy") != "single" and path.exists():
+    if new.manifest.strategy != "single" and path.exists():
         n = parity.read_numerics(path)
         if n["metric"].isin(schemas.GOLDEN_METRICS).any():
             t = exp["tolerance"] or {"rtol": 0.0, "atol": 0.0, "precision": "user", "source": "bitwise"}
@@ -231,8 +230,7 @@ def drift(old_dir: Path | str, new_dir: Path | str,
                    f"{first['status']}, max |diff| {first['max_abs_diff']:.3g}, limit {first['limit']:.3g})")
 
     def side(run: KeptRun) -> dict[str, Any]:
-        m = run.manifest
-        return {"path": str(run.path), "run_name": m.get("run_name"), "run_id": m.get("run_id"),
+        return {"path": str(run.path), "run_name": run.manifest.run_name, "run_id": run.manifest.run_id,
                 "keep_tensors": "full" if run.tensors is not None else "summaries"}
 
     def clean(v: Any) -> Any:

@@ -15,7 +15,6 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -36,16 +35,12 @@ class KeptRun:
 
     path: Path
     """The run directory."""
-    manifest: dict[str, Any]
+    manifest: schemas.Manifest
     """Its manifest.json."""
     kept: pd.DataFrame
     """kept.parquet (KEPT_SCHEMA columns; shape as a tuple), one row per kept tensor."""
     tensors: dict[str, np.ndarray] | None
     """Kept tensors as float64 arrays of their shape; None with ``--keep-tensors summaries``."""
-
-
-def _entry(manifest: dict[str, Any], name: str) -> dict[str, Any] | None:
-    return next((f for f in manifest.get("files") or [] if f.get("path") == name), None)
 
 
 def read_safetensors(path: Path) -> dict[str, tuple[str, list[int], bytes, np.ndarray]]:
@@ -99,17 +94,17 @@ def open_kept(run_dir: Path | str) -> KeptRun:
     except schemas.SchemaError as exc:
         raise BadInput(mpath, "bad_run_file", str(exc).split(": ", 1)[-1]) from None
     kpath = run_dir / schemas.KEPT_NAME
-    entry = _entry(manifest, schemas.KEPT_NAME)
+    entry = manifest.file(schemas.KEPT_NAME)
     if entry is None or not kpath.is_file():
         raise BadInput(run_dir, "no_kept", f"keeps no {schemas.KEPT_NAME} (recorded before tensors "
                        "were kept)", "re-record the run with this version of tracer")
-    if schemas.sha256_file(kpath) != entry.get("sha256"):
+    if schemas.sha256_file(kpath) != entry.sha256:
         raise BadInput(kpath, "file_changed", "sha256 differs from the manifest (changed after the record)",
                        "re-record the run")
     kept = read_parquet(kpath, schemas.KEPT_SCHEMA)
     kept["shape"] = [tuple(int(d) for d in s) for s in kept["shape"]]
     tpath = run_dir / schemas.KEPT_TENSORS_NAME
-    tentry = _entry(manifest, schemas.KEPT_TENSORS_NAME)
+    tentry = manifest.file(schemas.KEPT_TENSORS_NAME)
     if tentry is None:
         return KeptRun(path=run_dir, manifest=manifest, kept=kept, tensors=None)
     if not tpath.is_file():
@@ -120,7 +115,7 @@ def open_kept(run_dir: Path | str) -> KeptRun:
         more = f" (and {len(problems) - 1} more, below)" if len(problems) > 1 else ""
         raise BadInput(tpath, "file_changed", problems[0].message + more, "re-record the run",
                        problems=problems[1:])  # errors.py: ``problems`` are the further ones
-    if schemas.sha256_file(tpath) != tentry.get("sha256"):  # header / metadata changed, tensors intact
+    if schemas.sha256_file(tpath) != tentry.sha256:  # header / metadata changed, tensors intact
         raise BadInput(tpath, "file_changed", "sha256 differs from the manifest although every tensor "
                        "matches kept.parquet (header or metadata changed)", "re-record the run")
     return KeptRun(path=run_dir, manifest=manifest, kept=kept,

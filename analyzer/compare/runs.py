@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import msgspec
 import pandas as pd
 
 from analyzer.compare import drift, ranking
@@ -161,15 +162,14 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
     """The report entry of one run: parity, step times, memory and, from ``tables`` (its traces'
     per-rank tables, ``ingest.load_run``; None when it has no trace), the trace figures (module
     docstring). Raises ``BadInput`` for a malformed numerics, steps or memory file."""
-    m = run.manifest or {}
+    m = run.manifest
     step_ns, mem = _steps_and_memory(run)
     source = "steps.parquet: profiled steps, slowest rank's wall time" if step_ns else None
     entry = RunEntry(
         name=run.name, path=str(run.path), strategy=run.strategy,
-        options=m.get("strategy_options") or {}, fault=m.get("fault"),
-        world_size=m.get("world_size"), backend=m.get("backend"),
-        device=(m.get("device") or {}).get("type"),
-        settings=None if run.manifest is None else {k: m.get(k) for k in ranking.SETTINGS},
+        **({} if m is None else dict(
+            options=m.strategy_options, fault=m.fault, world_size=m.world_size, backend=m.backend,
+            device=m.device.type, settings={k: msgspec.to_builtins(getattr(m, k)) for k in ranking.SETTINGS})),
         parity=_parity(run, options), traces=[str(p) for p in run.traces], memory=mem,
         incomplete=run.incomplete,
         data=datasupply.data_summary(None if tables is None else tables.breakdown, run.manifest),

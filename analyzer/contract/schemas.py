@@ -20,11 +20,12 @@ Any change to a field's meaning or type bumps ``SCHEMA_VERSION``; a reader refus
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
+import msgspec
 import pyarrow as pa
+from msgspec import UNSET, UnsetType
 
 SCHEMA_VERSION = 1
 
@@ -41,7 +42,8 @@ def trace_name(rank: int) -> str:
     return f"rank{rank}.trace.json.gz"
 
 
-STRATEGIES = ("single", "ddp", "fsdp", "fsdp2")
+Strategy = Literal["single", "ddp", "fsdp", "fsdp2"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
 """Strategy names. ``single`` is the one-process baseline run; the rest are distributed."""
 
 PRECISIONS = ("fp32", "bf16")
@@ -148,66 +150,169 @@ MEMORY_SCHEMA = pa.schema(
 
 # --- manifest.json ---------------------------------------------------------------------------
 #
-# A JSON object with these top-level keys (all required unless marked optional):
-#   schema_version   int, == SCHEMA_VERSION
-#   run_id           str, unique (uuid4 hex)
-#   run_name         str, the run directory's name
-#   created_utc      str, ISO 8601
-#   strategy         one of STRATEGIES
-#   strategy_options object: for fsdp/fsdp2 {sharding_strategy, auto_wrap_min_num_params,
-#                    backward_prefetch, forward_prefetch, reshard_after_forward}; {} otherwise
-#                    (+ optional fsdp_units: FQNs of the wrapped modules, post-order)
-#   fault            null or one of FAULTS (a deliberate bug, see tracer)
-#   precision        one of PRECISIONS
-#   world_size       int
-#   backend          "gloo" | "nccl" | null (single)
-#   device           {type: "cpu"|"cuda", name: str, count: int}
-#   launch           {method: "spawn"|"torchrun"|"single", nnodes: int, master_addr, master_port}
-#   versions         {python, torch, cuda (null on CPU), cudnn, nccl, paritytrace}
-#   model            {name: "SimpleTransformer", hidden, layers, num_params}
-#   batch            {global_batch, seq_len, per_rank_batch, hidden}  (shape [batch, seq, hidden])
-#   seed             int
-#   steps            int, total steps run
-#   profiler         {wait, warmup, active, activities: [..], record_shapes, profile_memory}
-#   tolerance        {rtol, atol, source}: the tolerance the tracer would apply (readers recompute)
-#   baseline         {kind: "in-process" | "separate-process", description, file (optional: the
-#                    run-dir file holding it, "baseline.safetensors")}: how the baseline was obtained
-#   files            [{path (relative), size_bytes, sha256}] for every other file in the run dir
-#   keep_tensors     (optional) "full" | "summaries": what the record kept of its baseline (KEPT_*)
-#   golden           (optional, with ``tracer record --golden``) the golden run this record reused:
-#                    {path, run_id, run_name, strategy, precision, versions, device,
-#                    kept_sha256 (sha256 of its baseline.safetensors), batch_sha256_equal and
-#                    init_sha256_equal (bools: this record's kept batch / initial state are
-#                    byte-identical to the golden's, tensor by tensor)}
-#   data             (optional, issue 10; absent in older records, which were fed from memory)
-#                    how the input was supplied (tracer/data.py): {source: "memory"} or
-#                    {source: "loader", workers: int, pin_memory: bool, sample_cost_ms: float,
-#                    sampler: str}: the same rows as memory, through a DataLoader with a
-#                    DistributedSampler, fetched inside each step
+# A JSON object, ``Manifest`` below: every field without a default is required. Readers ignore
+# keys they do not know (an older reader loads a newer minor addition).
 FAULTS = ("skip-grad-sync", "wrong-grad-scale", "unsynced-init")
-MANIFEST_REQUIRED = (
-    "schema_version",
-    "run_id",
-    "run_name",
-    "created_utc",
-    "strategy",
-    "strategy_options",
-    "fault",
-    "precision",
-    "world_size",
-    "backend",
-    "device",
-    "launch",
-    "versions",
-    "model",
-    "batch",
-    "seed",
-    "steps",
-    "profiler",
-    "tolerance",
-    "baseline",
-    "files",
-)
+
+
+class Device(msgspec.Struct, kw_only=True):
+    type: str
+    """"cpu" | "cuda"."""
+    name: str
+    count: int
+    """Visible CUDA devices, or logical CPUs."""
+
+
+class Launch(msgspec.Struct, kw_only=True):
+    method: str
+    """"spawn" | "torchrun" | "single"."""
+    nnodes: int
+    master_addr: str | None
+    master_port: int | None
+
+
+class Versions(msgspec.Struct, kw_only=True):
+    python: str
+    torch: str
+    cuda: str | None
+    """None on CPU builds."""
+    cudnn: int | str | None
+    nccl: str | None
+    paritytrace: str | None
+
+
+class Model(msgspec.Struct, kw_only=True):
+    name: str
+    """"SimpleTransformer"."""
+    hidden: int
+    layers: int
+    num_params: int
+
+
+class Batch(msgspec.Struct, kw_only=True):
+    """The input's shape is [batch, seq, hidden]."""
+
+    global_batch: int
+    seq_len: int
+    per_rank_batch: int
+    hidden: int
+
+
+class Profiler(msgspec.Struct, kw_only=True, omit_defaults=True):
+    wait: int | None = None
+    warmup: int | None = None
+    active: int | None = None
+    activities: list[str] | None = None
+    record_shapes: bool | None = None
+    profile_memory: bool | None = None
+
+
+class Tolerance(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The tolerance the tracer would apply (readers recompute it from the precision)."""
+
+    rtol: float | None = None
+    atol: float | None = None
+    source: str | None = None
+
+
+class Baseline(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How the baseline was obtained."""
+
+    kind: str | None = None
+    """"in-process" | "separate-process"."""
+    description: str | None = None
+    file: str | None = None
+    """The run-dir file holding it, "baseline.safetensors"."""
+
+
+class FileEntry(msgspec.Struct, kw_only=True):
+    """One file of the run directory (every file but the manifest)."""
+
+    path: str
+    """Relative to the run directory."""
+    size_bytes: int
+    sha256: str
+    """Hex, of the file's bytes (``sha256_file``)."""
+
+
+class Data(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How the input was supplied (tracer/data.py): ``memory``, or ``loader``: the same rows as
+    memory through a DataLoader with a DistributedSampler, fetched inside each step."""
+
+    source: str
+    """"memory" | "loader"."""
+    workers: int | UnsetType = UNSET
+    pin_memory: bool | UnsetType = UNSET
+    sample_cost_ms: float | UnsetType = UNSET
+    sampler: str | UnsetType = UNSET
+
+
+class Golden(msgspec.Struct, kw_only=True):
+    """The golden run a ``tracer record --golden`` reused."""
+
+    path: str
+    run_id: str
+    run_name: str
+    strategy: str
+    precision: str
+    versions: Versions
+    device: Device
+    kept_sha256: str
+    """sha256 of its baseline.safetensors."""
+    batch_sha256_equal: bool
+    """This record's kept batch is byte-identical to the golden's, tensor by tensor."""
+    init_sha256_equal: bool
+    """Likewise for the initial state."""
+
+
+class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``manifest.json``: written last, atomically, by global rank 0."""
+
+    schema_version: int
+    """== SCHEMA_VERSION."""
+    run_id: str
+    """Unique (uuid4 hex)."""
+    run_name: str
+    """The run directory's name."""
+    created_utc: str
+    """ISO 8601."""
+    strategy: Strategy
+    """One of STRATEGIES."""
+    strategy_options: dict[str, Any]
+    """For fsdp/fsdp2 {sharding_strategy, auto_wrap_min_num_params, backward_prefetch,
+    forward_prefetch, reshard_after_forward, fsdp_units (FQNs of the wrapped modules,
+    post-order)}; {} otherwise."""
+    fault: str | None
+    """None or one of FAULTS (a deliberate bug, see tracer)."""
+    precision: str
+    """One of PRECISIONS."""
+    world_size: int
+    backend: str | None
+    """"gloo" | "nccl" | None (single)."""
+    device: Device
+    launch: Launch
+    versions: Versions
+    model: Model
+    batch: Batch
+    seed: int
+    steps: int
+    """Total steps run."""
+    profiler: Profiler
+    tolerance: Tolerance
+    baseline: Baseline
+    files: list[FileEntry]
+    """Every other file in the run directory."""
+    keep_tensors: str | None = None
+    """"full" | "summaries": what the record kept of its baseline (KEPT_*)."""
+    golden: Golden | None = None
+    """With ``tracer record --golden`` only."""
+    data: Data | None = None
+    """Issue 10; absent in older records, which were fed from memory."""
+
+    def file(self, path: str) -> FileEntry | None:
+        """The ``files`` entry of ``path``, None when it is not listed."""
+        return next((f for f in self.files if f.path == path), None)
+
 
 # --- kept tensors: baseline.safetensors, kept.parquet, golden.parquet (issue 9) -------------
 #
@@ -312,16 +417,16 @@ class SchemaError(ValueError):
         super().__init__(f"{path}: {message}")
 
 
-def read_manifest(path: Path | str) -> dict[str, Any]:
+def read_manifest(path: Path | str) -> Manifest:
     """Read and validate a ``manifest.json``.
 
-    Returns the manifest as a dict. Raises ``SchemaError`` naming the file when it is not
-    JSON, lacks a required key, or carries a ``schema_version`` newer than this reader's.
+    Raises ``SchemaError`` naming the file when it is not JSON, carries a ``schema_version``
+    newer than this reader's, lacks a required key or has a value of the wrong type.
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = msgspec.json.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError) as exc:
         raise SchemaError(path, f"not a readable JSON manifest ({exc}); re-record the run") from None
     if not isinstance(data, dict):
         raise SchemaError(path, "manifest is not a JSON object; re-record the run")
@@ -334,10 +439,13 @@ def read_manifest(path: Path | str) -> dict[str, Any]:
             f"schema_version {version} is newer than this analyzer's {SCHEMA_VERSION}; "
             "upgrade paritytrace",
         )
-    missing = [k for k in MANIFEST_REQUIRED if k not in data]
+    missing = [f.name for f in msgspec.structs.fields(Manifest) if f.required and f.name not in data]
     if missing:
         raise SchemaError(path, f"manifest lacks {', '.join(missing)}; re-record the run")
-    return data
+    try:
+        return msgspec.convert(data, Manifest)
+    except msgspec.ValidationError as exc:
+        raise SchemaError(path, f"manifest: {exc}; re-record the run") from None
 
 
 def check_parquet_version(path: Path | str, schema: pa.Schema) -> None:

@@ -46,6 +46,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analyzer.ingest.cachekey import cache_dir, cache_key
+from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class JobTables:
     """Sorted by rank."""
     world_size: int
     """World size: the traces', else the manifest's, else max(ranks seen, highest rank + 1)."""
-    manifest: dict[str, Any] | None
+    manifest: schemas.Manifest | None
     """The run's manifest, None for foreign traces."""
     whole_trace_mode: bool
     """No rank has a ProfilerStep: each rank's whole trace is step 0."""
@@ -456,18 +457,18 @@ def _job_mismatches(files: list[RankTables]) -> list[BadInput]:
     return problems
 
 
-def check_manifest_sha256(root: Path, manifest: dict[str, Any] | None,
+def check_manifest_sha256(root: Path, manifest: schemas.Manifest | None,
                           files: list[RankTables]) -> None:
     """Raise ``BadInput`` (reason ``file_changed``) for the first trace whose SHA-256 differs
     from the one ``manifest.json`` of run directory ``root`` records for it. The hash each
     parse computes anyway is used, so analyzer/ingest/rundirs.py does not read big traces twice."""
-    if not manifest or not isinstance(manifest.get("files"), list):
+    if manifest is None:
         return
-    want = {str(f.get("path")): f.get("sha256") for f in manifest["files"] if isinstance(f, dict)}
+    want = {f.path: f.sha256 for f in manifest.files}
     for f in files:
         rel = f.path.relative_to(root).as_posix() if f.path.is_relative_to(root) else f.path.name
         expected = want.get(rel)
-        if isinstance(expected, str) and f.sha256 and f.sha256 != expected.lower():
+        if expected and f.sha256 and f.sha256 != expected.lower():
             raise BadInput(f.path, "file_changed",
                            "changed since it was recorded (sha256 differs from manifest.json)",
                            "re-record the run")
@@ -505,7 +506,6 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
     from analyzer.analyses.collectives import COLUMNS as COLL_COLUMNS
     from analyzer.analyses.prefetch import COLUMNS as PF_COLUMNS
     from analyzer.ingest.samejob import check_same_job
-    from analyzer.contract.schemas import MANIFEST_NAME
 
     root, manifest, paths = run.path, run.manifest, run.traces
     if not paths:
@@ -531,12 +531,12 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
         raise BadInput(root, "bad_folder", f"{len(problems)} problems: "
                        + " | ".join(p.one_line() for p in problems),
                        "fix or remove the files named", problems=problems)
-    if manifest is not None and isinstance(manifest.get("world_size"), int):
-        if world is not None and world != manifest["world_size"]:
-            raise BadInput(root / MANIFEST_NAME, "world_size_mismatch",
-                           f"manifest world_size {manifest['world_size']} but the traces say "
+    if manifest is not None:
+        if world is not None and world != manifest.world_size:
+            raise BadInput(root / schemas.MANIFEST_NAME, "world_size_mismatch",
+                           f"manifest world_size {manifest.world_size} but the traces say "
                            f"{world}", "re-record the run")
-        world = manifest["world_size"]
+        world = manifest.world_size
     if world is None:
         world = max(len(assigned), max(r for r, _, _ in assigned) + 1)
     ranks = []

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
@@ -44,7 +43,7 @@ class RunDir:
     """The run directory (or the foreign traces folder)."""
     name: str
     """Display name: the manifest's run_name, else the folder name."""
-    manifest: dict[str, Any] | None
+    manifest: schemas.Manifest | None
     """The validated manifest; None for foreign traces."""
     incomplete: bool = False
     """A tracer run directory without ``manifest.json`` (the record did not finish), analysed
@@ -64,7 +63,7 @@ class RunDir:
     @property
     def strategy(self) -> str:
         """The manifest's strategy, ``unknown`` for foreign traces."""
-        return str(self.manifest["strategy"]) if self.manifest else "unknown"
+        return self.manifest.strategy if self.manifest else "unknown"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -129,32 +128,26 @@ def _read(run_dir: Path) -> RunDir:
         manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
     except schemas.SchemaError as exc:
         raise BadInput(exc.path, "bad_run_file", str(exc).split(": ", 1)[-1]) from None
-    if manifest["strategy"] not in schemas.STRATEGIES:
-        raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_run_file",
-                       f"unknown strategy {manifest['strategy']!r}", "re-record the run")
-    files = manifest["files"] if isinstance(manifest["files"], list) else []
     check_listed_files_present(run_dir, manifest)
-    _verify_files(run_dir, [f for f in files if isinstance(f, dict) and f.get("path")])
+    _verify_files(run_dir, [f for f in manifest.files if f.path])
     children, notes = entries(run_dir)
-    return RunDir(path=run_dir, name=str(manifest.get("run_name") or run_dir.name),
+    return RunDir(path=run_dir, name=manifest.run_name or run_dir.name,
                   manifest=manifest, traces=trace_files(children, run_dir=True, notes=notes),
                   notes=notes)
 
 
-def check_listed_files_present(run_dir: Path, manifest: dict[str, Any]) -> None:
+def check_listed_files_present(run_dir: Path, manifest: schemas.Manifest) -> None:
     """Raise ``BadInput`` (reason ``missing_file``) when a file ``manifest`` lists is not in
     ``run_dir``: the manifest is written last and lists every file, so one went missing since
     the record (a deleted rank's trace would otherwise read as a smaller world)."""
-    files = manifest.get("files") if isinstance(manifest.get("files"), list) else []
-    listed = [str(f.get("path")) for f in files if isinstance(f, dict) and f.get("path")]
-    gone = [n for n in listed if not (run_dir / n).is_file()]
+    gone = [f.path for f in manifest.files if f.path and not (run_dir / f.path).is_file()]
     if gone:
         raise BadInput(run_dir / gone[0] if len(gone) == 1 else run_dir, "missing_file",
                        f"{', '.join(gone)} listed in manifest.json but missing",
                        "restore the file(s) or re-record the run")
 
 
-def _verify_files(run_dir: Path, files: list[dict[str, Any]]) -> None:
+def _verify_files(run_dir: Path, files: list[schemas.FileEntry]) -> None:
     """Check every file the manifest lists against its recorded ``size_bytes`` and ``sha256``
     (schemas.py: the tracer writes both, manifest last). A file replaced or edited since the
     record -- e.g. a numerics.parquet copied in from another run -- would otherwise be analysed
@@ -163,14 +156,13 @@ def _verify_files(run_dir: Path, files: list[dict[str, Any]]) -> None:
     for traces not here: their parse hashes them anyway and checks the manifest's sha256
     (analyzer/ingest/pipeline.py ``check_manifest_sha256``), so big traces are not read twice."""
     for f in files:
-        path = run_dir / str(f["path"])
-        size, digest = f.get("size_bytes"), f.get("sha256")
+        path = run_dir / f.path
         what = None
-        if isinstance(size, int) and not isinstance(size, bool) and path.stat().st_size != size:
-            what = f"size {path.stat().st_size} bytes differs from manifest.json's {size}"
+        if path.stat().st_size != f.size_bytes:
+            what = f"size {path.stat().st_size} bytes differs from manifest.json's {f.size_bytes}"
         elif _is_trace(path):
             continue  # hashed once, where it is parsed (ingest.check_manifest_sha256)
-        elif isinstance(digest, str) and schemas.sha256_file(path) != digest.lower():
+        elif schemas.sha256_file(path) != f.sha256.lower():
             what = "sha256 differs from manifest.json"
         if what:
             raise BadInput(path, "file_changed", f"changed since it was recorded ({what})",

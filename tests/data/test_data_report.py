@@ -10,6 +10,7 @@ from analyzer.analyses.datasupply import data_summary, rank_data
 from analyzer.contract.report_types import DataSupply
 from reports import fmt
 from reports.verdict import input_bound_sentence
+from tests.report.builders import manifest, typed
 
 
 def _bd(rows):
@@ -36,7 +37,8 @@ def test_rank_data_is_time_weighted():
 
 
 def test_data_summary_worst_rank_and_source():
-    m = {"data": {"source": "loader", "workers": 2, "sample_cost_ms": 5.0, "pin_memory": False}}
+    m = typed(manifest(run_name="ddp", strategy="ddp"),
+              data={"source": "loader", "workers": 2, "sample_cost_ms": 5.0, "pin_memory": False})
     d = data_summary(BD, m)
     assert (d.source, d.workers, d.sample_cost_ms) == ("loader", 2, 5.0)
     assert d.data_wait_frac == pytest.approx(110 / 600)  # (30 + 80) / (400 + 200)
@@ -45,7 +47,7 @@ def test_data_summary_worst_rank_and_source():
     assert (d.input_bound_steps, d.steps) == (2, 4)
     # foreign traces / older records: no source; no table: no figures
     assert data_summary(BD, None).source is None
-    empty = data_summary(None, {"data": {"source": "memory"}})
+    empty = data_summary(None, typed(manifest(run_name="ddp", strategy="ddp"), data={"source": "memory"}))
     assert empty.source == "memory" and empty.data_wait_frac is None and not empty.input_bound
 
 

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -74,6 +75,11 @@ def manifest(*, run_name, strategy, world_size=2, precision="fp32", fault=None, 
         "baseline": {"kind": "in-process", "description": "hand-built"},
         "files": [],
     }
+
+
+def typed(fields: dict, **changes) -> schemas.Manifest:
+    """``fields`` (a ``manifest()`` dict, with ``changes``) as the analyzer reads it from disk."""
+    return msgspec.convert({**fields, **changes}, schemas.Manifest)
 
 
 def write_manifest(run_dir: Path, data: dict) -> None:

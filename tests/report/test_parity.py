@@ -10,7 +10,7 @@ import pytest
 from analyzer.analyses import parity
 from analyzer.contract.errors import BadInput
 from analyzer.contract.report_types import ToleranceOverride
-from tests.report.builders import limit, loss_rows, manifest, tensor_rows, write_numerics
+from tests.report.builders import limit, loss_rows, manifest, tensor_rows, typed, write_numerics
 
 FP32 = parity.tolerance_for("fp32")
 
@@ -158,11 +158,11 @@ def test_rel_l2_is_zero_when_both_are_zero():
 
 def test_check_run_statuses(tmp_path):
     assert parity.check_run(tmp_path, None).status == "not_recorded"
-    m = manifest(run_name="ddp", strategy="ddp")
+    m = typed(manifest(run_name="ddp", strategy="ddp"))
     res = parity.check_run(tmp_path, m)
     assert res.status == "not_recorded" and "numerics.parquet" in res.reason
     write_numerics(tmp_path / "numerics.parquet", clean_loss(ranks=(0,)))
-    assert parity.check_run(tmp_path, manifest(run_name="single", strategy="single")).status == "reference"
+    assert parity.check_run(tmp_path, typed(manifest(run_name="single", strategy="single"))).status == "reference"
     assert parity.check_run(tmp_path, m).status == "not_recorded"  # no gradient rows
     write_numerics(tmp_path / "numerics.parquet",
                    tensor_rows(rank=0, kind="grad", tensor="w", seq=0, max_abs_diff=2e-5)
@@ -174,4 +174,4 @@ def test_check_run_statuses(tmp_path):
 def test_unreadable_numerics_is_bad_input(tmp_path):
     (tmp_path / "numerics.parquet").write_bytes(b"not parquet")
     with pytest.raises(BadInput, match="numerics.parquet"):
-        parity.check_run(tmp_path, manifest(run_name="ddp", strategy="ddp"))
+        parity.check_run(tmp_path, typed(manifest(run_name="ddp", strategy="ddp")))

@@ -52,9 +52,9 @@ def test_raising_rank_is_named_and_a_rerun_into_the_folder_works(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert not (run_dir / "rank7.trace.json.gz").exists()
     manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
-    listed = sorted(f["path"] for f in manifest["files"])
+    listed = sorted(f.path for f in manifest.files)
     assert listed == sorted(p.name for p in run_dir.iterdir() if p.name != schemas.MANIFEST_NAME)
-    assert manifest["fault"] == "skip-grad-sync"
+    assert manifest.fault == "skip-grad-sync"
     numerics = pd.read_parquet(run_dir / schemas.NUMERICS_NAME)
     # Step-0 forward is untouched (same weights, same rows); gradients were never averaged.
     assert max(tensor_rel_l2(numerics, "activation").values()) == 0.0

@@ -34,16 +34,16 @@ def _record(tmp_path, strategy, fault):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / strategy
     manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
-    assert manifest["fault"] == fault
+    assert manifest.fault == fault
     for key, value in expected_options.items():
-        assert manifest["strategy_options"][key] == value, key
+        assert manifest.strategy_options[key] == value, key
     return pd.read_parquet(run_dir / schemas.NUMERICS_NAME)
 
 
 def test_wrong_grad_scale_halves_fsdp_gradients(tmp_path):
     numerics = _record(tmp_path, "fsdp", "wrong-grad-scale")
     # --wrap-min-params 1000 on hidden 32: attn (1056), mlp.0 (4224), mlp.2 (4128) of each layer
-    units = schemas.read_manifest(tmp_path / "fsdp" / schemas.MANIFEST_NAME)["strategy_options"]["fsdp_units"]
+    units = schemas.read_manifest(tmp_path / "fsdp" / schemas.MANIFEST_NAME).strategy_options["fsdp_units"]
     assert units == [f"layers.{i}.{m}" for i in range(2) for m in ("attn", "mlp.0", "mlp.2")]
     grads = tensor_rel_l2(numerics, "grad")
     # g / 2 against g: |g/2 - g| / |g| = 1/2 for every parameter (world size 2).

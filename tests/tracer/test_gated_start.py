@@ -82,7 +82,7 @@ def test_workers_wait_until_the_run_dir_is_prepared(tmp_path, monkeypatch):
     run_workers(cfg, prepare=prepare)
     assert seen and seen[0] is not None and "wait_for_launcher" in seen[0]
     manifest = schemas.read_manifest(cfg.run_dir / schemas.MANIFEST_NAME)
-    assert manifest["strategy"] == "single"
+    assert manifest.strategy == "single"
     assert alive_with_tag(tag) == []
 
 

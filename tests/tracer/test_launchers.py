@@ -19,8 +19,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 def _check(run_dir, nnodes):
     manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
-    assert manifest["launch"]["method"] == "torchrun"
-    assert manifest["launch"]["nnodes"] == nnodes and manifest["world_size"] == 2
+    assert manifest.launch.method == "torchrun"
+    assert manifest.launch.nnodes == nnodes and manifest.world_size == 2
     assert sorted(p.name for p in run_dir.glob("rank*.trace.json.gz")) == [
         "rank0.trace.json.gz", "rank1.trace.json.gz"]
     return manifest, pd.read_parquet(run_dir / schemas.NUMERICS_NAME)
@@ -35,7 +35,7 @@ def test_torchrun_one_node_bf16_within_documented_tolerance(tmp_path):
     manifest, numerics = _check(tmp_path / "fsdp", nnodes=1)
     assert alive_with_tag(tag) == []
     rtol = schemas.TOLERANCES["bf16"]["rtol"]
-    assert manifest["precision"] == "bf16" and manifest["tolerance"]["rtol"] == rtol
+    assert manifest.precision == "bf16" and manifest.tolerance.rtol == rtol
     grads = tensor_rel_l2(numerics, "grad")
     assert max(grads.values()) < rtol
     # bf16 rounding is visible (the policy is really applied), far above fp32's ~1e-7.

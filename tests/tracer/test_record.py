@@ -41,14 +41,14 @@ def test_run_dir_is_complete(fp32_all, strategy):
     run_dir = _run_dir(fp32_all, strategy)
     manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
     world = 1 if strategy == "single" else 2
-    assert manifest["strategy"] == strategy and manifest["world_size"] == world
-    assert manifest["launch"]["method"] == ("single" if strategy == "single" else "spawn")
-    assert manifest["batch"] == {"global_batch": BATCH, "seq_len": SEQ, "per_rank_batch": BATCH // world,
-                                 "hidden": HIDDEN}
-    assert manifest["model"]["num_params"] == TINY_NUM_PARAMS
-    assert manifest["backend"] == "gloo" and manifest["device"]["type"] == "cpu"
-    assert manifest["fault"] is None and manifest["precision"] == "fp32"
-    assert manifest["tolerance"]["rtol"] == schemas.TOLERANCES["fp32"]["rtol"]
+    assert manifest.strategy == strategy and manifest.world_size == world
+    assert manifest.launch.method == ("single" if strategy == "single" else "spawn")
+    assert manifest.batch == schemas.Batch(global_batch=BATCH, seq_len=SEQ, per_rank_batch=BATCH // world,
+                                           hidden=HIDDEN)
+    assert manifest.model.num_params == TINY_NUM_PARAMS
+    assert manifest.backend == "gloo" and manifest.device.type == "cpu"
+    assert manifest.fault is None and manifest.precision == "fp32"
+    assert manifest.tolerance.rtol == schemas.TOLERANCES["fp32"]["rtol"]
     for rank in range(world):
         trace = _trace(run_dir / schemas.trace_name(rank))
         info = trace["distributedInfo"]

@@ -28,13 +28,13 @@ def _assert_complete(run_dir) -> dict:
     """Every file the manifest lists is there with its size and sha256 (hashlib, not the
     tracer's code); nothing else but the manifest is in the dir. Returns the manifest."""
     manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
-    listed = {f["path"]: f for f in manifest["files"]}
+    listed = {f.path: f for f in manifest.files}
     on_disk = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*")
                      if p.is_file() and p.name != schemas.MANIFEST_NAME)
     assert sorted(listed) == on_disk
     for rel, f in listed.items():
-        assert (run_dir / rel).stat().st_size == f["size_bytes"], rel
-        assert _sha256(run_dir / rel) == f["sha256"], rel
+        assert (run_dir / rel).stat().st_size == f.size_bytes, rel
+        assert _sha256(run_dir / rel) == f.sha256, rel
     return manifest
 
 
@@ -52,7 +52,7 @@ def test_failed_rerecord_keeps_runs_that_never_started(fp32_all, tmp_path):
     assert shared.stat().st_nlink == len(schemas.STRATEGIES)
     before = {s: {p.relative_to(out / s).as_posix(): _sha256(p) for p in (out / s).rglob("*") if p.is_file()}
               for s in ("fsdp", "fsdp2")}
-    old_seed = _assert_complete(out / "fsdp")["seed"]
+    old_seed = _assert_complete(out / "fsdp").seed
 
     # Re-record with another seed (a different baseline): single completes, rank 1 of ddp (the
     # second strategy) raises at step 2, fsdp and fsdp2 never start.
@@ -64,12 +64,12 @@ def test_failed_rerecord_keeps_runs_that_never_started(fp32_all, tmp_path):
     assert alive_with_tag(tag) == []
 
     single = _assert_complete(out / "single")
-    assert single["seed"] == new_seed
+    assert single.seed == new_seed
     assert _sha256(out / "single" / BASELINE) != before["fsdp"][BASELINE]  # the baseline did change
     assert not (out / "ddp" / schemas.MANIFEST_NAME).exists()
     for s in ("fsdp", "fsdp2"):
         manifest = _assert_complete(out / s)
-        assert manifest["seed"] == old_seed
+        assert manifest.seed == old_seed
         after = {p.relative_to(out / s).as_posix(): _sha256(p) for p in (out / s).rglob("*") if p.is_file()}
         assert after == before[s]
     # No staging folder is left under --out (it would hold a stale baseline).

@@ -142,9 +142,9 @@ def test_clear_run_dir_removes_manifest_and_record_files_only(tmp_path):
     (tmp_path / "memory" / "memory.parquet").write_text("x")
     clear_run_dir(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
-    assert [e["path"] for e in file_entries(tmp_path)] == ["notes.txt"]
+    assert [e.path for e in file_entries(tmp_path)] == ["notes.txt"]
     # sha256 of b"x", independently known
-    assert file_entries(tmp_path)[0]["sha256"] == "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+    assert file_entries(tmp_path)[0].sha256 == "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
 
 
 def test_expand_all_and_option_errors():
