@@ -37,10 +37,8 @@ args as the trace says), in_nelems / out_nelems / group_size / shape_numel / sha
 paired_row (gloo op <-> c10d enqueue pairing, -1 none). Rows are sorted by ts_ns.
 Strings are pandas categoricals (name, cat, pid, tid, role, coll_kind, rule).
 
-Step windows (``load_events``' second table, ``RankTables.steps``): one row per ProfilerStep:
-step, cpu_start_ns, cpu_end_ns (the CPU span), start_ns, end_ns (the window the breakdown
-measures: the CPU span extended to the end of the last GPU / gloo event the step launched).
-Whole-trace mode: one row, step 0, the whole trace.
+Step windows (``load_events``' second table, ``RankTables.steps``): ``STEP_WINDOWS_SCHEMA``
+(analyzer/contract/schemas.py, with the other per-rank tables).
 """
 
 from __future__ import annotations

@@ -43,10 +43,8 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses import intervals as iv
+from analyzer.contract.schemas import BREAKDOWN_SCHEMA
 
-COLUMNS = ["rank", "step", "step_start_ns", "step_ns", "compute_ns", "comm_ns", "overlap_ns",
-           "exposed_comm_ns", "other_ns", "idle_ns", "overlap_frac", "data_wait_ns",
-           "data_wait_frac", "input_bound"]
 INPUT_BOUND_FRAC = 0.2
 """A step is input-bound when at least this share of it waits for data (module docstring)."""
 _OTHER_CPU = ("other", "comm_enqueue", "memcpy", "memset", "sync")
@@ -232,15 +230,12 @@ _FIT = 1 << 62
 
 def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
                    main_tid: str | None) -> pd.DataFrame:
-    """Breakdown rows (COLUMNS) of one rank; ``steps`` holds step, start_ns, end_ns.
+    """Breakdown rows (``BREAKDOWN_SCHEMA``) of one rank; ``steps`` holds step, start_ns, end_ns.
 
     Every step's sets are built and measured in one pass (``_Windows``); the measures use
     |C ∩ K| = |C| + |K| - |C ∪ K| and |X \\ Y| = |X ∪ Y| - |Y|, exact in integers."""
     if not len(steps):
-        df = pd.DataFrame([], columns=COLUMNS)
-        return df.astype({**{c: "int64" for c in COLUMNS
-                             if c.endswith("_ns") or c in ("rank", "step")},
-                          "input_bound": bool})
+        return BREAKDOWN_SCHEMA.empty_table().to_pandas()
     st = steps["step"].to_numpy().astype(np.int64)
     lo = steps["start_ns"].to_numpy().astype(np.int64)
     hi = steps["end_ns"].to_numpy().astype(np.int64)

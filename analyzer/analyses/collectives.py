@@ -16,9 +16,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-COLUMNS = ["rank", "step", "pg", "seq", "kind", "start_ns", "end_ns", "dur_ns", "bytes", "rule",
-           "name", "group_size", "enqueue_start_ns", "enqueue_end_ns", "event_idx"]
-
 
 def busbw_factor(kind: str, n: int) -> float:
     """nccl-tests bus-bandwidth factor of ``kind`` on ``n`` ranks (NaN when undefined)."""
@@ -34,7 +31,7 @@ def busbw_factor(kind: str, n: int) -> float:
 
 
 def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.DataFrame:
-    """One row per communication event (NCCL kernel or gloo op) of one rank (COLUMNS).
+    """One row per communication event (NCCL kernel or gloo op) of one rank (``schemas.COLLECTIVES_SCHEMA``).
 
     ``pg`` is "" when the trace does not name the process group; ``seq`` is the index within
     (rank, pg) by start time (ties: table order); rows are sorted by start time (ties: pg,

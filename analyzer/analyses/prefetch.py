@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses import intervals as iv
+from analyzer.contract.schemas import PREFETCH_SCHEMA
 
 FSDP2_ISSUE = re.compile(r"^FSDP::all_gather(?: \((?P<fqn>.*)\))?$")
 FSDP2_COPY_OUT = "FSDP::all_gather_copy_out"
@@ -64,8 +65,6 @@ FSDP1_PREFETCH = ("FullyShardedDataParallel._pre_forward_prefetch",
 FSDP1_PRE_FORWARD = "FullyShardedDataParallel._pre_forward"
 FSDP1_PRE_BACKWARD = "FullyShardedDataParallel._pre_backward_hook"
 
-COLUMNS = ["rank", "step", "phase", "unit", "prefetched", "issued_ns", "comm_start_ns",
-           "finished_ns", "need_ns", "comm_ns", "hidden_ns", "hidden_frac", "slack_ns", "labels"]
 
 CPU_NOTE = ("On CPU (gloo) the all_gather runs synchronously inside the FSDP hook that issues "
             "it: the rank blocks in that hook until it finishes. So it is never under "
@@ -366,7 +365,7 @@ def _computation(tb: _Table) -> iv.Intervals:
 
 
 def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
-    """One row per FSDP unit all_gather of this rank (columns ``COLUMNS``); empty when the
+    """One row per FSDP unit all_gather of this rank (``PREFETCH_SCHEMA``); empty when the
     trace has no FSDP labels. ``labels`` is ``fsdp2`` or ``fsdp1``; ``need_ns`` / ``slack_ns``
     are <NA> when no consumer was found; ``comm_*`` / ``finished_ns`` / ``hidden_*`` are <NA> when
     no execution could be paired. On GPU traces ``need_ns`` is the consumer kernel's ready time
@@ -375,7 +374,7 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
     names = _Names(events["name"])
     family = detect_labels(events, names)
     if family is None:
-        return pd.DataFrame(columns=COLUMNS, dtype=object)
+        return pd.DataFrame(columns=PREFETCH_SCHEMA.names, dtype=object)
     tb = _Table(events, names)
     gpu = _GpuView(tb)
     issues = _issues_fsdp2(tb, gpu) if family == "fsdp2" else _issues_fsdp1(tb, gpu)
@@ -406,12 +405,12 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
                 rec["slack_ns"] = it["need_ns"] - e
         rows.append(rec)
     if not rows:
-        out = pd.DataFrame(rows, columns=COLUMNS)
+        out = pd.DataFrame(rows, columns=PREFETCH_SCHEMA.names)
         for c in _INT_COLUMNS:
             out[c] = out[c].astype("Int64")
         out["hidden_frac"] = out["hidden_frac"].astype("Float64")
         return out
-    cols = {c: [r[c] for r in rows] for c in COLUMNS}
+    cols = {c: [r[c] for r in rows] for c in PREFETCH_SCHEMA.names}
     # nullable columns straight from the Python ints: exact (through float64, as a frame of
     # records with a missing value would go, epoch ns lose their last digits)
     for c in _INT_COLUMNS:

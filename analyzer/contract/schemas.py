@@ -148,6 +148,58 @@ MEMORY_SCHEMA = pa.schema(
     metadata={"paritytrace.schema_version": str(SCHEMA_VERSION)},
 )
 
+# --- the analyzer's per-rank tables (analyzer/ingest/pipeline.py, cached per trace) ------------
+#
+# Not a run-directory file: the tables every command reads, one set per rank, kept in the
+# tables cache beside each trace. Checked when the cache is written and read (``table_mismatch``).
+_S = pa.large_string()
+STEP_WINDOWS_SCHEMA = pa.schema([
+    ("step", pa.int64()), ("cpu_start_ns", pa.int64()), ("cpu_end_ns", pa.int64()),
+    ("start_ns", pa.int64()), ("end_ns", pa.int64())])
+"""One row per ProfilerStep: cpu_start_ns, cpu_end_ns (the CPU span), start_ns, end_ns (the
+window the breakdown measures: the CPU span extended to the end of the last GPU / gloo event the
+step launched). Whole-trace mode: one row, step 0, the whole trace."""
+BREAKDOWN_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("step", pa.int64()), ("step_start_ns", pa.int64()), ("step_ns", pa.int64()),
+    ("compute_ns", pa.int64()), ("comm_ns", pa.int64()), ("overlap_ns", pa.int64()),
+    ("exposed_comm_ns", pa.int64()), ("other_ns", pa.int64()), ("idle_ns", pa.int64()),
+    ("overlap_frac", pa.float64()), ("data_wait_ns", pa.int64()), ("data_wait_frac", pa.float64()),
+    ("input_bound", pa.bool_())])
+"""Per rank and step time breakdown (analyzer/analyses/breakdown.py)."""
+COLLECTIVES_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("step", pa.int64()), ("pg", _S), ("seq", pa.int64()), ("kind", _S),
+    ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("dur_ns", pa.int64()), ("bytes", pa.int64()),
+    ("rule", _S), ("name", _S), ("group_size", pa.int64()), ("enqueue_start_ns", pa.int64()),
+    ("enqueue_end_ns", pa.int64()), ("event_idx", pa.int64())])
+"""One row per collective instance per rank (analyzer/analyses/collectives.py)."""
+PREFETCH_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("step", pa.int64()), ("phase", _S), ("unit", _S), ("prefetched", pa.bool_()),
+    ("issued_ns", pa.int64()), ("comm_start_ns", pa.int64()), ("finished_ns", pa.int64()),
+    ("need_ns", pa.int64()), ("comm_ns", pa.int64()), ("hidden_ns", pa.int64()),
+    ("hidden_frac", pa.float64()), ("slack_ns", pa.int64()), ("labels", _S)])
+"""One row per FSDP unit all_gather per rank (analyzer/analyses/prefetch.py)."""
+TIMELINE_SCHEMA = pa.schema([("lane", _S), ("kind", _S), ("start_ns", pa.int64()), ("end_ns", pa.int64())])
+"""Merged compute and per-kind comm intervals of one step (breakdown.timeline_rows)."""
+TABLE_SCHEMAS = {"steps": STEP_WINDOWS_SCHEMA, "breakdown": BREAKDOWN_SCHEMA,
+                 "collectives": COLLECTIVES_SCHEMA, "prefetch": PREFETCH_SCHEMA, "timeline": TIMELINE_SCHEMA}
+
+
+def table_mismatch(table: pa.Table, schema: pa.Schema) -> str | None:
+    """Why ``table`` does not follow ``schema`` (column names in order, then types), None when it
+    does. String and large string are one type; an empty table's columns may be untyped (null)."""
+    if table.schema.names != schema.names:
+        return f"columns {table.schema.names}, expected {schema.names}"
+
+    def norm(t: pa.DataType) -> pa.DataType:
+        return pa.large_string() if t == pa.string() else t
+
+    for f in table.schema:
+        want = schema.field(f.name).type
+        if norm(f.type) != want and not (f.type == pa.null() and table.num_rows == 0):
+            return f"column {f.name} is {f.type}, expected {want}"
+    return None
+
+
 # --- manifest.json ---------------------------------------------------------------------------
 #
 # A JSON object, ``Manifest`` below: every field without a default is required. Readers ignore

@@ -57,7 +57,6 @@ CODE_MODULES = tuple(_ANALYZER / m for m in (
     "analyses/collectives.py", "analyses/prefetch.py", "analyses/intervals.py"))
 """The modules whose code shapes the cached tables (part of the cache key)."""
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
-_TABLES = ("steps", "breakdown", "collectives", "prefetch", "timeline")
 _META = ("world_size", "device_kind", "distributed_info", "main_tid", "whole_trace_mode",
          "warnings", "timeline_step", "whole_overlap_ns", "whole_comm_ns")
 
@@ -66,10 +65,8 @@ _META = ("world_size", "device_kind", "distributed_info", "main_tid", "whole_tra
 class RankTables:
     """One rank: its metadata and its result tables (no events).
 
-    ``breakdown``: analyzer.analyses.breakdown COLUMNS; ``collectives``: analyzer.analyses.collectives COLUMNS;
-    ``prefetch``: analyzer.analyses.prefetch COLUMNS (empty without FSDP labels); ``timeline``:
-    ``breakdown.timeline_rows`` of ``timeline_step``; ``steps``: the step windows
-    (analyzer/api.py module docstring).
+    Tables as ``schemas.TABLE_SCHEMAS`` says (``prefetch`` is empty without FSDP labels;
+    ``timeline`` is the one of ``timeline_step``).
     """
 
     path: Path
@@ -125,11 +122,11 @@ class JobTables:
     warnings: list[str] = field(default_factory=list)
     """Load-level notes (files skipped, ranks missing, ranks in whole-trace mode ...)."""
     breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """Per rank and step time breakdown (analyzer/analyses/breakdown.py COLUMNS), sorted by rank,
+    """Per rank and step time breakdown (``schemas.BREAKDOWN_SCHEMA``), sorted by rank,
     step. Identity: compute_ns + exposed_comm_ns + data_wait_ns + other_ns + idle_ns ==
     step_ns exactly."""
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """One row per collective instance per rank (analyzer/analyses/collectives.py COLUMNS), group_size
+    """One row per collective instance per rank (``schemas.COLLECTIVES_SCHEMA``), group_size
     falling back to the world size; ``collectives.by_kind`` / ``match_ranks`` take it."""
     prefetch: pd.DataFrame = field(default_factory=pd.DataFrame)
     """``prefetch.prefetch_table`` rows of every rank (empty when none has FSDP labels)."""
@@ -259,8 +256,10 @@ def _stat_sig(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
-def _ipc(df: pd.DataFrame) -> bytes:
+def _ipc(name: str, df: pd.DataFrame) -> bytes:
     table = pa.Table.from_pandas(df, preserve_index=False)
+    if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[name]):
+        raise ValueError(f"table {name}: {why}")
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)
@@ -283,20 +282,25 @@ def _read_tables(cpath: Path, path: Path, sig: list[int], sha: str | None) -> Ra
         sha = sha or str(blob["sha256"])
         if blob["key"] != cache_key(sha, CODE_MODULES):
             return None
-        tables = {t: pa.ipc.open_stream(pa.py_buffer(blob["tables"][t])).read_all().to_pandas()
-                  for t in _TABLES}
+        tables = {t: pa.ipc.open_stream(pa.py_buffer(blob["tables"][t])).read_all()
+                  for t in schemas.TABLE_SCHEMAS}
+        for t, table in tables.items():
+            if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[t]):
+                raise ValueError(f"table {t}: {why}")
         return RankTables(path=path, cache_hit=True, sha256=sha,
-                          **{k: blob["meta"][k] for k in _META}, **tables)
+                          **{k: blob["meta"][k] for k in _META},
+                          **{t: table.to_pandas() for t, table in tables.items()})
     except (KeyError, TypeError, ValueError, AttributeError, pa.ArrowException) as exc:
         log.info("ignoring unreadable cache %s (%s)", cpath, exc)
         return None
 
 
 def _write_tables(cpath: Path, sig: list[int], rt: RankTables) -> None:
-    blob = {"key": cache_key(rt.sha256, CODE_MODULES), "sha256": rt.sha256, "stat": sig,
-            "meta": {k: getattr(rt, k) for k in _META},
-            "tables": {t: _ipc(getattr(rt, t)) for t in _TABLES}}
+    """Cache ``rt``; a table off its schema (``schemas.TABLE_SCHEMAS``) is not cached, logged."""
     try:
+        blob = {"key": cache_key(rt.sha256, CODE_MODULES), "sha256": rt.sha256, "stat": sig,
+                "meta": {k: getattr(rt, k) for k in _META},
+                "tables": {t: _ipc(t, getattr(rt, t)) for t in schemas.TABLE_SCHEMAS}}
         cpath.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cpath.parent, prefix=".tmp-", suffix=".msgpack")
         try:
@@ -306,7 +310,7 @@ def _write_tables(cpath: Path, sig: list[int], rt: RankTables) -> None:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    except (OSError, pa.ArrowException) as exc:
+    except (OSError, ValueError, pa.ArrowException) as exc:
         log.info("could not write cache %s (%s)", cpath, exc)
 
 
@@ -502,9 +506,6 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
     mixed jobs) are raised together as one ``BadInput`` whose ``problems`` lists them; then a
     trace changed since the record (``file_changed``) and traces of different jobs
     (``mixed_jobs``, analyzer/ingest/samejob.py)."""
-    from analyzer.analyses.breakdown import COLUMNS as BD_COLUMNS
-    from analyzer.analyses.collectives import COLUMNS as COLL_COLUMNS
-    from analyzer.analyses.prefetch import COLUMNS as PF_COLUMNS
     from analyzer.ingest.samejob import check_same_job
 
     root, manifest, paths = run.path, run.manifest, run.traces
@@ -543,16 +544,16 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
     for r, source, f in assigned:
         _set_rank(f, r, source, world)
         ranks.append(f)
-    check_same_job(root, _concat([r.collectives for r in ranks], COLL_COLUMNS),
+    check_same_job(root, _concat([r.collectives for r in ranks], schemas.COLLECTIVES_SCHEMA.names),
                    {r.rank: r.path for r in ranks})
     whole = [rt.rank for rt in ranks if rt.whole_trace_mode]
     if whole and len(whole) < len(ranks):
         notes.append(f"ranks {whole} have no ProfilerStep and are analysed in whole-trace mode")
     out = JobTables(root=root, ranks=ranks, world_size=world, manifest=manifest,
                     whole_trace_mode=bool(whole) and len(whole) == len(ranks), warnings=notes,
-                    breakdown=_concat([r.breakdown for r in ranks], BD_COLUMNS),
-                    collectives=_concat([r.collectives for r in ranks], COLL_COLUMNS),
-                    prefetch=_concat([r.prefetch for r in ranks], PF_COLUMNS))
+                    breakdown=_concat([r.breakdown for r in ranks], schemas.BREAKDOWN_SCHEMA.names),
+                    collectives=_concat([r.collectives for r in ranks], schemas.COLLECTIVES_SCHEMA.names),
+                    prefetch=_concat([r.prefetch for r in ranks], schemas.PREFETCH_SCHEMA.names))
     if out.missing_ranks:
         notes.append(f"{len(ranks)} of {world} ranks")
     return out

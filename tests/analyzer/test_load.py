@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 import os
 import stat
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import msgspec
+import pyarrow as pa
 
 from analyzer.api import load_events, load_tables
 from analyzer.ingest.cachekey import cache_key
@@ -186,6 +188,38 @@ def test_unreadable_cache_is_skipped_and_rewritten(tmp_path):
         got = load_tables(p)
         assert not got.ranks[0].cache_hit and got.breakdown.equals(want)
         assert rank_tables(p).cache_hit  # written again, readable
+
+
+def test_cache_off_the_table_schema_is_a_logged_miss(tmp_path, caplog):
+    p = write(tmp_path / "t.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 20)])
+    want = load_tables(p).breakdown
+    cached = p.with_name("t.json.tables.msgpack")
+    blob = msgspec.msgpack.decode(cached.read_bytes())
+    table = pa.ipc.open_stream(pa.py_buffer(blob["tables"]["breakdown"])).read_all()
+    for bad in (table.drop_columns(["idle_ns"]), table.set_column(
+            table.schema.get_field_index("step_ns"), "step_ns", table["step_ns"].cast(pa.float64()))):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, bad.schema) as w:
+            w.write_table(bad)
+        blob["tables"]["breakdown"] = sink.getvalue().to_pybytes()
+        cached.write_bytes(msgspec.msgpack.encode(blob))
+        with caplog.at_level(logging.INFO, logger="analyzer.ingest.pipeline"):
+            got = load_tables(p)
+        assert not got.ranks[0].cache_hit and got.breakdown.equals(want)
+        assert "ignoring unreadable cache" in caplog.text and "table breakdown" in caplog.text
+        assert rank_tables(p).cache_hit  # written again, on the schema
+        caplog.clear()
+
+
+def test_table_off_its_schema_is_not_cached(tmp_path, caplog, monkeypatch):
+    from analyzer.analyses import breakdown
+    p = write(tmp_path / "t.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 20)])
+    real = breakdown.rank_breakdown
+    monkeypatch.setattr(breakdown, "rank_breakdown", lambda *a, **k: real(*a, **k).drop(columns="idle_ns"))
+    with caplog.at_level(logging.INFO, logger="analyzer.ingest.pipeline"):
+        rank_tables(p)
+    assert "could not write cache" in caplog.text and "table breakdown: columns" in caplog.text
+    assert not p.with_name("t.json.tables.msgpack").exists()
 
 
 def test_read_only_folder_caches_under_xdg(tmp_path):
