@@ -148,37 +148,32 @@ MEMORY_SCHEMA = pa.schema(
     metadata={"paritytrace.schema_version": str(SCHEMA_VERSION)},
 )
 
-# --- the analyzer's per-rank tables (analyzer/ingest/pipeline.py, cached per trace) ------------
+# --- the analyzer's per-rank tables (analyzer/ingest/pipeline.py) ---------------------------
 #
-# Not a run-directory file: the tables every command reads, one set per rank, kept in the
-# tables cache beside each trace. Checked when the cache is written and read (``table_mismatch``).
-_S = pa.large_string()
-STEP_WINDOWS_SCHEMA = pa.schema([
-    ("step", pa.int64()), ("cpu_start_ns", pa.int64()), ("cpu_end_ns", pa.int64()),
-    ("start_ns", pa.int64()), ("end_ns", pa.int64())])
+# Not run-directory files: the tables every command reads, one set per rank, kept in the tables
+# cache beside each trace and checked when it is written and read (``table_mismatch``).
+_TYPES = {"i": pa.int64(), "f": pa.float64(), "b": pa.bool_(), "s": pa.large_string()}
+
+
+def _columns(spec: str) -> pa.Schema:
+    """``"name name:f ..."``: int64 columns unless ``:f`` float64, ``:b`` bool, ``:s`` string."""
+    return pa.schema([(c.split(":")[0], _TYPES[(c + ":i").split(":")[1]]) for c in spec.split()])
+
+
+STEP_WINDOWS_SCHEMA = _columns("step cpu_start_ns cpu_end_ns start_ns end_ns")
 """One row per ProfilerStep: cpu_start_ns, cpu_end_ns (the CPU span), start_ns, end_ns (the
 window the breakdown measures: the CPU span extended to the end of the last GPU / gloo event the
 step launched). Whole-trace mode: one row, step 0, the whole trace."""
-BREAKDOWN_SCHEMA = pa.schema([
-    ("rank", pa.int64()), ("step", pa.int64()), ("step_start_ns", pa.int64()), ("step_ns", pa.int64()),
-    ("compute_ns", pa.int64()), ("comm_ns", pa.int64()), ("overlap_ns", pa.int64()),
-    ("exposed_comm_ns", pa.int64()), ("other_ns", pa.int64()), ("idle_ns", pa.int64()),
-    ("overlap_frac", pa.float64()), ("data_wait_ns", pa.int64()), ("data_wait_frac", pa.float64()),
-    ("input_bound", pa.bool_())])
+BREAKDOWN_SCHEMA = _columns("rank step step_start_ns step_ns compute_ns comm_ns overlap_ns exposed_comm_ns "
+                            "other_ns idle_ns overlap_frac:f data_wait_ns data_wait_frac:f input_bound:b")
 """Per rank and step time breakdown (analyzer/analyses/breakdown.py)."""
-COLLECTIVES_SCHEMA = pa.schema([
-    ("rank", pa.int64()), ("step", pa.int64()), ("pg", _S), ("seq", pa.int64()), ("kind", _S),
-    ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("dur_ns", pa.int64()), ("bytes", pa.int64()),
-    ("rule", _S), ("name", _S), ("group_size", pa.int64()), ("enqueue_start_ns", pa.int64()),
-    ("enqueue_end_ns", pa.int64()), ("event_idx", pa.int64())])
+COLLECTIVES_SCHEMA = _columns("rank step pg:s seq kind:s start_ns end_ns dur_ns bytes rule:s name:s "
+                              "group_size enqueue_start_ns enqueue_end_ns event_idx")
 """One row per collective instance per rank (analyzer/analyses/collectives.py)."""
-PREFETCH_SCHEMA = pa.schema([
-    ("rank", pa.int64()), ("step", pa.int64()), ("phase", _S), ("unit", _S), ("prefetched", pa.bool_()),
-    ("issued_ns", pa.int64()), ("comm_start_ns", pa.int64()), ("finished_ns", pa.int64()),
-    ("need_ns", pa.int64()), ("comm_ns", pa.int64()), ("hidden_ns", pa.int64()),
-    ("hidden_frac", pa.float64()), ("slack_ns", pa.int64()), ("labels", _S)])
+PREFETCH_SCHEMA = _columns("rank step phase:s unit:s prefetched:b issued_ns comm_start_ns finished_ns "
+                           "need_ns comm_ns hidden_ns hidden_frac:f slack_ns labels:s")
 """One row per FSDP unit all_gather per rank (analyzer/analyses/prefetch.py)."""
-TIMELINE_SCHEMA = pa.schema([("lane", _S), ("kind", _S), ("start_ns", pa.int64()), ("end_ns", pa.int64())])
+TIMELINE_SCHEMA = _columns("lane:s kind:s start_ns end_ns")
 """Merged compute and per-kind comm intervals of one step (breakdown.timeline_rows)."""
 TABLE_SCHEMAS = {"steps": STEP_WINDOWS_SCHEMA, "breakdown": BREAKDOWN_SCHEMA,
                  "collectives": COLLECTIVES_SCHEMA, "prefetch": PREFETCH_SCHEMA, "timeline": TIMELINE_SCHEMA}
@@ -189,35 +184,27 @@ def table_mismatch(table: pa.Table, schema: pa.Schema) -> str | None:
     does. String and large string are one type; an empty table's columns may be untyped (null)."""
     if table.schema.names != schema.names:
         return f"columns {table.schema.names}, expected {schema.names}"
-
-    def norm(t: pa.DataType) -> pa.DataType:
-        return pa.large_string() if t == pa.string() else t
-
-    for f in table.schema:
-        want = schema.field(f.name).type
-        if norm(f.type) != want and not (f.type == pa.null() and table.num_rows == 0):
+    for f, want in zip(table.schema, schema.types):
+        if (pa.large_string() if f.type == pa.string() else f.type) != want \
+                and not (f.type == pa.null() and table.num_rows == 0):
             return f"column {f.name} is {f.type}, expected {want}"
     return None
 
 
-# --- manifest.json ---------------------------------------------------------------------------
+# --- manifest.json: ``Manifest`` ---------------------------------------------------------------
 #
-# A JSON object, ``Manifest`` below: every field without a default is required. Readers ignore
-# keys they do not know (an older reader loads a newer minor addition).
+# Every field without a default is required. Readers ignore keys they do not know.
 FAULTS = ("skip-grad-sync", "wrong-grad-scale", "unsynced-init")
 
 
 class Device(msgspec.Struct, kw_only=True):
-    type: str
-    """"cpu" | "cuda"."""
+    type: str  # "cpu" | "cuda"
     name: str
-    count: int
-    """Visible CUDA devices, or logical CPUs."""
+    count: int  # visible CUDA devices, or logical CPUs
 
 
 class Launch(msgspec.Struct, kw_only=True):
-    method: str
-    """"spawn" | "torchrun" | "single"."""
+    method: str  # "spawn" | "torchrun" | "single"
     nnodes: int
     master_addr: str | None
     master_port: int | None
@@ -226,24 +213,21 @@ class Launch(msgspec.Struct, kw_only=True):
 class Versions(msgspec.Struct, kw_only=True):
     python: str
     torch: str
-    cuda: str | None
-    """None on CPU builds."""
-    cudnn: int | str | None
+    cuda: str | None  # None on CPU
+    cudnn: int | None
     nccl: str | None
     paritytrace: str | None
 
 
 class Model(msgspec.Struct, kw_only=True):
-    name: str
-    """"SimpleTransformer"."""
+    name: str  # "SimpleTransformer"
     hidden: int
     layers: int
     num_params: int
 
 
 class Batch(msgspec.Struct, kw_only=True):
-    """The input's shape is [batch, seq, hidden]."""
-
+    """The input's shape is [global_batch, seq_len, hidden]."""
     global_batch: int
     seq_len: int
     per_rank_batch: int
@@ -261,7 +245,6 @@ class Profiler(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class Tolerance(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The tolerance the tracer would apply (readers recompute it from the precision)."""
-
     rtol: float | None = None
     atol: float | None = None
     source: str | None = None
@@ -269,30 +252,21 @@ class Tolerance(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class Baseline(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How the baseline was obtained."""
-
-    kind: str | None = None
-    """"in-process" | "separate-process"."""
+    kind: str | None = None  # "in-process" | "separate-process"
     description: str | None = None
-    file: str | None = None
-    """The run-dir file holding it, "baseline.safetensors"."""
+    file: str | None = None  # the run-dir file holding it, "baseline.safetensors"
 
 
 class FileEntry(msgspec.Struct, kw_only=True):
-    """One file of the run directory (every file but the manifest)."""
-
-    path: str
-    """Relative to the run directory."""
+    path: str  # relative to the run directory
     size_bytes: int
-    sha256: str
-    """Hex, of the file's bytes (``sha256_file``)."""
+    sha256: str  # hex, of the file's bytes (``sha256_file``)
 
 
 class Data(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How the input was supplied (tracer/data.py): ``memory``, or ``loader``: the same rows as
     memory through a DataLoader with a DistributedSampler, fetched inside each step."""
-
     source: str
-    """"memory" | "loader"."""
     workers: int | UnsetType = UNSET
     pin_memory: bool | UnsetType = UNSET
     sample_cost_ms: float | UnsetType = UNSET
@@ -300,8 +274,8 @@ class Data(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class Golden(msgspec.Struct, kw_only=True):
-    """The golden run a ``tracer record --golden`` reused."""
-
+    """The golden run a ``tracer record --golden`` reused. ``*_sha256_equal``: this record's kept
+    batch / initial state are byte-identical to the golden's, tensor by tensor."""
     path: str
     run_id: str
     run_name: str
@@ -309,57 +283,39 @@ class Golden(msgspec.Struct, kw_only=True):
     precision: str
     versions: Versions
     device: Device
-    kept_sha256: str
-    """sha256 of its baseline.safetensors."""
+    kept_sha256: str  # of its baseline.safetensors
     batch_sha256_equal: bool
-    """This record's kept batch is byte-identical to the golden's, tensor by tensor."""
     init_sha256_equal: bool
-    """Likewise for the initial state."""
 
 
 class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """``manifest.json``: written last, atomically, by global rank 0."""
-
-    schema_version: int
-    """== SCHEMA_VERSION."""
-    run_id: str
-    """Unique (uuid4 hex)."""
-    run_name: str
-    """The run directory's name."""
-    created_utc: str
-    """ISO 8601."""
+    """``manifest.json``, written last (atomically) by global rank 0."""
+    schema_version: int  # == SCHEMA_VERSION
+    run_id: str  # unique (uuid4 hex)
+    run_name: str  # the run directory's name
+    created_utc: str  # ISO 8601
     strategy: Strategy
-    """One of STRATEGIES."""
     strategy_options: dict[str, Any]
     """For fsdp/fsdp2 {sharding_strategy, auto_wrap_min_num_params, backward_prefetch,
-    forward_prefetch, reshard_after_forward, fsdp_units (FQNs of the wrapped modules,
-    post-order)}; {} otherwise."""
-    fault: str | None
-    """None or one of FAULTS (a deliberate bug, see tracer)."""
-    precision: str
-    """One of PRECISIONS."""
+    forward_prefetch, reshard_after_forward, fsdp_units (wrapped module FQNs, post-order)}."""
+    fault: str | None  # one of FAULTS (a deliberate bug, see tracer)
+    precision: str  # one of PRECISIONS
     world_size: int
-    backend: str | None
-    """"gloo" | "nccl" | None (single)."""
+    backend: str | None  # "gloo" | "nccl" | None (single)
     device: Device
     launch: Launch
     versions: Versions
     model: Model
     batch: Batch
     seed: int
-    steps: int
-    """Total steps run."""
+    steps: int  # total steps run
     profiler: Profiler
     tolerance: Tolerance
     baseline: Baseline
-    files: list[FileEntry]
-    """Every other file in the run directory."""
-    keep_tensors: str | None = None
-    """"full" | "summaries": what the record kept of its baseline (KEPT_*)."""
-    golden: Golden | None = None
-    """With ``tracer record --golden`` only."""
-    data: Data | None = None
-    """Issue 10; absent in older records, which were fed from memory."""
+    files: list[FileEntry]  # every other file in the run directory
+    keep_tensors: str | None = None  # "full" | "summaries": what was kept of the baseline (KEPT_*)
+    golden: Golden | None = None  # with ``tracer record --golden`` only
+    data: Data | None = None  # issue 10; absent in older records, which were fed from memory
 
     def file(self, path: str) -> FileEntry | None:
         """The ``files`` entry of ``path``, None when it is not listed."""

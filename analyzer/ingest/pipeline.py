@@ -466,13 +466,10 @@ def check_manifest_sha256(root: Path, manifest: schemas.Manifest | None,
     """Raise ``BadInput`` (reason ``file_changed``) for the first trace whose SHA-256 differs
     from the one ``manifest.json`` of run directory ``root`` records for it. The hash each
     parse computes anyway is used, so analyzer/ingest/rundirs.py does not read big traces twice."""
-    if manifest is None:
-        return
-    want = {f.path: f.sha256 for f in manifest.files}
-    for f in files:
+    for f in files if manifest is not None else []:
         rel = f.path.relative_to(root).as_posix() if f.path.is_relative_to(root) else f.path.name
-        expected = want.get(rel)
-        if expected and f.sha256 and f.sha256 != expected.lower():
+        entry = manifest.file(rel)
+        if entry and f.sha256 and f.sha256 != entry.sha256.lower():
             raise BadInput(f.path, "file_changed",
                            "changed since it was recorded (sha256 differs from manifest.json)",
                            "re-record the run")

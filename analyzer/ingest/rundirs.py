@@ -128,45 +128,36 @@ def _read(run_dir: Path) -> RunDir:
         manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
     except schemas.SchemaError as exc:
         raise BadInput(exc.path, "bad_run_file", str(exc).split(": ", 1)[-1]) from None
-    check_listed_files_present(run_dir, manifest)
-    _verify_files(run_dir, [f for f in manifest.files if f.path])
+    _verify_files(run_dir, manifest)
     children, notes = entries(run_dir)
     return RunDir(path=run_dir, name=manifest.run_name or run_dir.name,
                   manifest=manifest, traces=trace_files(children, run_dir=True, notes=notes),
                   notes=notes)
 
 
-def check_listed_files_present(run_dir: Path, manifest: schemas.Manifest) -> None:
-    """Raise ``BadInput`` (reason ``missing_file``) when a file ``manifest`` lists is not in
-    ``run_dir``: the manifest is written last and lists every file, so one went missing since
-    the record (a deleted rank's trace would otherwise read as a smaller world)."""
-    gone = [f.path for f in manifest.files if f.path and not (run_dir / f.path).is_file()]
+def _verify_files(run_dir: Path, manifest: schemas.Manifest) -> None:
+    """Check every file ``manifest`` lists (the tracer writes it last, with each file's
+    ``size_bytes`` and ``sha256``). Raises ``BadInput``: ``missing_file`` naming the files gone
+    since the record (a deleted rank's trace would otherwise read as a smaller world), else
+    ``file_changed`` naming the first file replaced or edited (a numerics.parquet copied in from
+    another run would otherwise be analysed and gated as this run's). The size is compared first
+    (no read); the hash only when the size agrees, and not for traces: their parse hashes them
+    anyway and checks the manifest's sha256 (analyzer/ingest/pipeline.py
+    ``check_manifest_sha256``), so big traces are not read twice."""
+    gone = [f.path for f in manifest.files if not (run_dir / f.path).is_file()]
     if gone:
         raise BadInput(run_dir / gone[0] if len(gone) == 1 else run_dir, "missing_file",
                        f"{', '.join(gone)} listed in manifest.json but missing",
                        "restore the file(s) or re-record the run")
-
-
-def _verify_files(run_dir: Path, files: list[schemas.FileEntry]) -> None:
-    """Check every file the manifest lists against its recorded ``size_bytes`` and ``sha256``
-    (schemas.py: the tracer writes both, manifest last). A file replaced or edited since the
-    record -- e.g. a numerics.parquet copied in from another run -- would otherwise be analysed
-    (and gated) as this run's. Raises ``BadInput`` (reason ``file_changed``) naming the first
-    changed file. The size is compared first (no read); the hash only when the size agrees, and
-    for traces not here: their parse hashes them anyway and checks the manifest's sha256
-    (analyzer/ingest/pipeline.py ``check_manifest_sha256``), so big traces are not read twice."""
-    for f in files:
+    for f in manifest.files:
         path = run_dir / f.path
-        what = None
         if path.stat().st_size != f.size_bytes:
             what = f"size {path.stat().st_size} bytes differs from manifest.json's {f.size_bytes}"
-        elif _is_trace(path):
-            continue  # hashed once, where it is parsed (ingest.check_manifest_sha256)
-        elif schemas.sha256_file(path) != f.sha256.lower():
+        elif not _is_trace(path) and schemas.sha256_file(path) != f.sha256.lower():
             what = "sha256 differs from manifest.json"
-        if what:
-            raise BadInput(path, "file_changed", f"changed since it was recorded ({what})",
-                           "re-record the run")
+        else:
+            continue
+        raise BadInput(path, "file_changed", f"changed since it was recorded ({what})", "re-record the run")
 
 
 def _order(run: RunDir) -> tuple:

@@ -28,6 +28,24 @@ def test_manifest_from_an_older_tracer_lacking_keys(tmp_path, ddp_run):  # 2
     bad_input(cli("report", str(job)), "manifest.json", "lacks tolerance, baseline", "re-record")
 
 
+def test_manifest_with_a_wrong_type_or_unknown_strategy_and_with_extra_keys(tmp_path, ddp_run):
+    job = copy_run(ddp_run, tmp_path / "ddp")
+    m = load(job / "manifest.json")
+    for key, sub, value, where in (("world_size", None, "2", "$.world_size"),
+                                   ("device", "count", None, "$.device.count"),
+                                   ("strategy", None, "zero3", "$.strategy")):
+        bad = json.loads(json.dumps(m))
+        if sub is None:
+            bad[key] = value
+        else:
+            bad[key][sub] = value
+        (job / "manifest.json").write_text(json.dumps(bad))
+        bad_input(cli("report", str(job)), "manifest.json", where, "re-record")
+    # keys this reader does not know (a newer tracer's additions) are ignored
+    (job / "manifest.json").write_text(json.dumps({**m, "new_key": 1, "device": {**m["device"], "x": 2}}))
+    assert cli("gate", str(job)).returncode == 0
+
+
 def test_truncated_numerics_parquet(tmp_path, ddp_run):  # 3: copy interrupted
     job = copy_run(ddp_run, tmp_path / "ddp")
     raw = (job / "numerics.parquet").read_bytes()
