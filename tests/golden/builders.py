@@ -22,7 +22,7 @@ from analyzer.contract import schemas
 
 def manifest(name: str, *, precision: str = "fp32", torch_version: str = "2.13.0",
              strategy: str = "single", world_size: int = 1) -> dict:
-    """Every MANIFEST_REQUIRED key, with the settings drift looks at."""
+    """Every required Manifest field, with the settings drift looks at."""
     return {
         "schema_version": schemas.SCHEMA_VERSION, "run_id": f"id-{name}", "run_name": name,
         "created_utc": "2025-01-01T00:00:00+00:00", "strategy": strategy, "strategy_options": {},
