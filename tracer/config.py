@@ -113,14 +113,15 @@ class RecordConfig:
 
         if self.strategy not in STRATEGIES:
             raise bad("strategy", self.strategy, f"expected one of {', '.join(STRATEGIES + ('all',))}")
-        if self.backend not in BACKENDS:
-            raise bad("backend", self.backend, f"expected one of {', '.join(BACKENDS)}")
-        if self.device not in DEVICES:
-            raise bad("device", self.device, f"expected one of {', '.join(DEVICES)}")
+        for option, allowed in (("backend", BACKENDS), ("device", DEVICES),
+                                ("precision", PRECISIONS), ("sharding_strategy", SHARDING_STRATEGIES),
+                                ("backward_prefetch", BACKWARD_PREFETCH), ("data", DATA_SOURCES),
+                                ("keep_tensors", KEEP_TENSORS)):
+            if getattr(self, option) not in allowed:
+                raise bad(option.replace("_", "-"), getattr(self, option),
+                          f"expected one of {', '.join(allowed)}")
         if self.backend == "nccl" and self.device == "cpu":
             raise bad("backend", "nccl", "needs --device cuda")
-        if self.precision not in PRECISIONS:
-            raise bad("precision", self.precision, f"expected one of {', '.join(PRECISIONS)}")
         for option in ("nproc", "hidden", "layers", "batch", "seq", "active"):
             value = getattr(self, option)
             if not isinstance(value, int) or value < 1:
@@ -136,12 +137,6 @@ class RecordConfig:
                       f"global batch must divide by the world size {self.world_size}")
         if not self.lr > 0:
             raise bad("lr", self.lr, "must be > 0")
-        if self.sharding_strategy not in SHARDING_STRATEGIES:
-            raise bad("sharding-strategy", self.sharding_strategy,
-                      f"expected one of {', '.join(SHARDING_STRATEGIES)}")
-        if self.backward_prefetch not in BACKWARD_PREFETCH:
-            raise bad("backward-prefetch", self.backward_prefetch,
-                      f"expected one of {', '.join(BACKWARD_PREFETCH)}")
         if self.wrap_min_params is not None and self.wrap_min_params < 1:
             raise bad("wrap-min-params", self.wrap_min_params, "must be a positive integer")
         if not self.timeout_s > 0:
@@ -164,8 +159,6 @@ class RecordConfig:
                 raise bad("reshard-after-forward", self.reshard_after_forward,
                           f"FSDP1 derives it from --sharding-strategy {self.sharding_strategy} "
                           f"({implied}); pick the matching sharding strategy instead")
-        if self.data not in DATA_SOURCES:
-            raise bad("data", self.data, f"expected one of {', '.join(DATA_SOURCES)}")
         if not isinstance(self.data_workers, int) or self.data_workers < 0:
             raise bad("data-workers", self.data_workers, "must be an integer >= 0")
         if not self.data_sample_cost_ms >= 0:
@@ -173,8 +166,6 @@ class RecordConfig:
         if self.data != "loader" and (self.data_workers or self.data_sample_cost_ms):
             option = "data-workers" if self.data_workers else "data-sample-cost-ms"
             raise bad(option, getattr(self, option.replace("-", "_")), "only with --data loader")
-        if self.keep_tensors not in KEEP_TENSORS:
-            raise bad("keep-tensors", self.keep_tensors, f"expected one of {', '.join(KEEP_TENSORS)}")
         if self.golden is not None and not str(self.golden).strip():
             raise bad("golden", repr(self.golden), "must be a run directory")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
@@ -233,40 +224,16 @@ class RecordConfig:
         """Plain dict (JSON-able) of every field."""
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RecordConfig":
-        """Inverse of ``to_dict``; unknown keys raise ``ValueError``."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown config keys {unknown}")
-        return cls(**data)
-
     def to_argv(self) -> list[str]:
         """``tracer record`` arguments that reproduce this config (for spawned workers)."""
-        argv = ["--strategy", self.strategy, "--nproc", str(self.nproc), "--backend", self.backend,
-                "--device", self.device, "--hidden", str(self.hidden), "--layers", str(self.layers),
-                "--batch", str(self.batch), "--seq", str(self.seq), "--wait", str(self.wait),
-                "--warmup", str(self.warmup), "--active", str(self.active), "--seed", str(self.seed),
-                "--precision", self.precision, "--lr", repr(self.lr),
-                "--sharding-strategy", self.sharding_strategy,
-                "--backward-prefetch", self.backward_prefetch,
-                "--forward-prefetch" if self.forward_prefetch else "--no-forward-prefetch",
-                "--out", str(self.out), "--name", self.run_name, "--timeout", repr(self.timeout_s)]
-        if self.steps is not None:
-            argv += ["--steps", str(self.steps)]
-        if self.wrap_min_params is not None:
-            argv += ["--wrap-min-params", str(self.wrap_min_params)]
-        if self.reshard_after_forward is not None:
-            argv.append("--reshard-after-forward" if self.reshard_after_forward
-                        else "--no-reshard-after-forward")
-        if self.fault is not None:
-            argv += ["--fault", self.fault]
-        if self.keep_tensors != "full":
-            argv += ["--keep-tensors", self.keep_tensors]
-        if self.golden is not None:
-            argv += ["--golden", str(self.golden)]
-        if self.data != "memory":
-            argv += ["--data", self.data, "--data-workers", str(self.data_workers),
-                     "--data-sample-cost-ms", repr(self.data_sample_cost_ms)]
+        argv = ["--strategy", self.strategy, "--name", self.run_name]
+        for f in fields(self):  # the CLI's options are the fields; its defaults are theirs
+            value = getattr(self, f.name)
+            if f.name in ("strategy", "name") or value is None or value == f.default:
+                continue
+            option = "--timeout" if f.name == "timeout_s" else "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                argv.append(option if value else "--no-" + option[2:])
+            else:
+                argv += [option, repr(value) if isinstance(value, float) else str(value)]
         return argv
