@@ -219,11 +219,6 @@ def decompress(raw: bytes, path: Path | str) -> bytes:
     return raw
 
 
-def decode_file(path: Path) -> Decoded:
-    """Decode the trace at ``path``. Raises ``BadInput`` for truncated / non-trace files."""
-    return decode_bytes(read_bytes(path), path)
-
-
 def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
     """Decode trace JSON ``data`` (see ``Decoded``). ``path`` is only used in messages."""
     try:

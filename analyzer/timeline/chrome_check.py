@@ -28,13 +28,14 @@ Viewer rules beyond the spec text (Perfetto drops or moves what breaks them):
 
 from __future__ import annotations
 
-import gzip
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from analyzer.ingest.decode import decompress
 
 METADATA_NAMES = {
     "process_name": ("name", str),
@@ -222,15 +223,8 @@ def _check_metadata(i: int, ev: dict, out: _Problems, process_names: set,
         thread_names[(ev["pid"], ev["tid"])].add(value)
 
 
-def load_trace_file(path: Path | str) -> Any:
-    """Parse a ``.json`` or ``.json.gz`` Chrome trace file. Raises OSError / msgspec.DecodeError."""
-    path = Path(path)
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    return msgspec.json.decode(raw)
-
-
 def check_file(path: Path | str, *, strict_names: bool = True) -> list[str]:
-    """``check_trace`` on a file (``.json`` or gzipped)."""
-    return check_trace(load_trace_file(path), strict_names=strict_names)
+    """``check_trace`` on a ``.json`` or gzipped file. Raises OSError, ``BadInput`` (a broken
+    gzip), ``msgspec.DecodeError``."""
+    raw = decompress(Path(path).read_bytes(), path)
+    return check_trace(msgspec.json.decode(raw), strict_names=strict_names)
