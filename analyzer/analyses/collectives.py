@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analyzer.analyses.breakdown import is_in
+
 COLUMNS = ["rank", "step", "pg", "seq", "kind", "start_ns", "end_ns", "dur_ns", "bytes", "rule",
            "name", "group_size", "enqueue_start_ns", "enqueue_end_ns", "event_idx"]
 
@@ -43,7 +45,7 @@ def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.Dat
     when unknown; ``event_idx`` is the event's position in the trace file's traceEvents list
     (analyzer/ingest/decode.py), what ``analyzer merge`` links its flow arrows to.
     """
-    idx = np.flatnonzero(_is(events["role"], "comm"))
+    idx = np.flatnonzero(is_in(events["role"], ("comm",)))
 
     def strs(name: str, fill: str | None = None) -> np.ndarray:
         """``col.astype(str)`` of these rows as an object array (missing stays NaN unless
@@ -99,7 +101,7 @@ def _enclosing_enqueue(events: pd.DataFrame, link: np.ndarray) -> np.ndarray:
     end: the first op whose end reaches the row's end is the earliest-starting op that could
     enclose it; it encloses it when it also starts at or before the row."""
     out = np.full(len(link), -1, np.int64)
-    enq = np.flatnonzero(_is(events["role"], "comm_enqueue"))
+    enq = np.flatnonzero(is_in(events["role"], ("comm_enqueue",)))
     has = np.flatnonzero(link >= 0)
     if not len(enq) or not len(has):
         return out
@@ -120,16 +122,6 @@ def _enclosing_enqueue(events: pd.DataFrame, link: np.ndarray) -> np.ndarray:
         ok = (end[ops[k]] >= end[j]) & (ts[ops[k]] <= ts[j])
         out[has[sel[ok]]] = ops[k[ok]]
     return out
-
-
-def _is(col: pd.Series, value: str) -> np.ndarray:
-    """Boolean mask ``col == value`` (through the codes for a categorical column)."""
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        cats = col.cat.categories
-        if value not in cats:
-            return np.zeros(len(col), bool)
-        return col.cat.codes.to_numpy() == cats.get_loc(value)
-    return col.to_numpy().astype(object) == value
 
 
 def _codes(col: pd.Series) -> np.ndarray:

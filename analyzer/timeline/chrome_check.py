@@ -156,24 +156,13 @@ def check_trace(trace: Any, *, strict_names: bool = True) -> list[str]:
                 out.add("unmatched_E", f"#{i} closes no open B on pid {pid!r} tid {tid!r}")
             else:
                 open_b[(pid, tid)] -= 1
-        elif ph in "iI":
-            if ev.get("s", "t") not in ("g", "p", "t"):
-                out.add("instant_scope", f"#{i} has scope {ev.get('s')!r}")
-        elif ph in "stf":
-            if "id" not in ev and "id2" not in ev:
-                out.add("flow_id", f"#{i} ({ph}) has no id")
-                continue
-            if ph == "f" and ev.get("bp", "e") != "e":
-                out.add("flow_bp", f"#{i} has bp {ev.get('bp')!r}")
-            key = (ev.get("cat"), ev.get("name"), str(ev.get("id", ev.get("id2"))))
-            flows[key].append((ph, _to_ns(ts)))
-        elif ph in "bne":
-            if "id" not in ev and "id2" not in ev:
-                out.add("async_id", f"#{i} ({ph}) has no id")
-        elif ph == "C":
-            args = ev.get("args")
-            if not isinstance(args, dict) or not all(_is_number(v) for v in args.values()):
-                out.add("counter", f"#{i} (C {ev.get('name')!r}) args are not all numbers")
+        else:
+            problem = phase_problem(ev)
+            if problem:
+                out.add(problem[0], f"#{i} {problem[1]}")
+            if ph in "stf" and ("id" in ev or "id2" in ev):
+                key = (ev.get("cat"), ev.get("name"), str(ev.get("id", ev.get("id2"))))
+                flows[key].append((ph, _to_ns(ts)))
 
     for key, items in spans.items():
         for a, b in partial_overlaps(items):
@@ -203,6 +192,22 @@ def check_trace(trace: Any, *, strict_names: bool = True) -> list[str]:
                 out.add("thread_name", f"pid {key[0]!r} tid {key[1]!r} has {len(names)} different "
                         f"names {sorted(names)!r}")
     return out.result()
+
+
+def phase_problem(ev: dict) -> tuple[str, str] | None:
+    """(problem kind, what) of the first rule of its phase (module docstring: ``i``/``I``
+    scope, flow and async ids, flow ``bp``, counter values) that ``ev`` breaks; None if none."""
+    ph = ev["ph"]
+    if ph in "iI" and ev.get("s", "t") not in ("g", "p", "t"):
+        return "instant_scope", f"has scope {ev.get('s')!r}"
+    if ph in "stfbne" and "id" not in ev and "id2" not in ev:
+        return ("flow_id" if ph in "stf" else "async_id"), f"({ph}) has no id"
+    if ph == "f" and ev.get("bp", "e") != "e":
+        return "flow_bp", f"has bp {ev.get('bp')!r}"
+    args = ev.get("args")
+    if ph == "C" and not (isinstance(args, dict) and all(_is_number(v) for v in args.values())):
+        return "counter", f"(C {ev.get('name')!r}) args are not all numbers"
+    return None
 
 
 def _check_metadata(i: int, ev: dict, out: _Problems, process_names: set,

@@ -44,7 +44,7 @@ import pandas as pd
 from analyzer.timeline import clock
 from analyzer.ingest import pipeline, rundirs
 from analyzer.contract.atomic import write_atomic
-from analyzer.timeline.chrome_check import PHASES, check_trace
+from analyzer.timeline.chrome_check import PHASES, check_trace, phase_problem
 from analyzer.ingest.decode import decompress, repair, times_ns
 from analyzer.contract.errors import BadInput
 
@@ -258,17 +258,8 @@ def _well_formed(ev: dict) -> bool:
     name is made a string and its pid / ts rewritten by the caller): events that break them are
     left out of the merged trace rather than written into a file viewers reject."""
     ph = ev.get("ph")
-    if not isinstance(ph, str) or ph not in PHASES or ph == "M" or "tid" not in ev:
-        return False
-    if ph in "iI":
-        return ev.get("s", "t") in ("g", "p", "t")
-    if ph in "stfbne":
-        return ("id" in ev or "id2" in ev) and (ph != "f" or ev.get("bp", "e") == "e")
-    if ph == "C":
-        args = ev.get("args")
-        return isinstance(args, dict) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in args.values())
-    return True
+    return (isinstance(ph, str) and ph in PHASES and ph != "M" and "tid" in ev
+            and phase_problem(ev) is None)
 
 
 def _all_tracks(data: dict) -> list[tuple[str, str]]:
