@@ -38,17 +38,6 @@ def expand(strategy: str, name: str | None, **options: Any) -> list[RecordConfig
     return configs
 
 
-def resolve_device_type(device: str) -> str:
-    """``auto`` -> cuda when available, else cpu; ``cuda`` without a GPU raises ``ValueError``."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
-    return device
-
-
 def check_gpus(configs: list[RecordConfig], gpu_count: int) -> None:
     """Before anything is written: every config's ranks fit this machine's GPUs (one process
     per GPU with NCCL; ``devices.check_ranks_fit``). ``configs`` carry a resolved device.
@@ -103,11 +92,13 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     from tracer.baseline import BASELINE_NAME, write_baseline, write_baseline_isolated
     from tracer.launch import run_workers
 
-    device_type = resolve_device_type(configs[0].device)
+    import torch
+
+    from tracer import devices
+
+    device_type = devices.resolve_device_type(configs[0].device, torch.cuda.is_available())
     configs = [replace(c, device=device_type) for c in configs]
     if device_type == "cuda":
-        import torch
-
         check_gpus(configs, torch.cuda.device_count())
     for cfg in configs:  # fail early on an unwritable --out, without touching what is there
         try:
