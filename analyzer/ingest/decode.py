@@ -111,24 +111,11 @@ _Trace, _X = _trace_type(msgspec.Raw, _NULL)
 """Any JSON for times (decimals: ``1712195495520854.8``), converted by ``parse_decimal_ns``."""
 
 
-class _LArgs(msgspec.Struct, gc=False):
-    """Lenient twin of ``_Args``: any JSON value is accepted."""
-
-    external_id: Any = msgspec.field(default=None, name="External id")
-    external_id_lc: Any = msgspec.field(default=None, name="external id")
-    correlation: Any = None
-    stream: Any = None
-    coll_name: Any = msgspec.field(default=None, name="Collective name")
-    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
-    group_size: Any = msgspec.field(default=None, name="Group size")
-    dtype: Any = None
-    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
-    pg_id: Any = msgspec.field(default=None, name="Process Group ID")
-    pg_ranks: msgspec.Raw = msgspec.field(default=_NULL, name="Process Group Ranks")
-    input_dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
-    meta_name: Any = msgspec.field(default=None, name="name")
+_LArgs = msgspec.defstruct(  # lenient twin of ``_Args``: any JSON value is accepted
+    "_LArgs", [(f.name, msgspec.Raw, _NULL) if f.type is msgspec.Raw else (f.name, Any, None)
+               for f in msgspec.structs.fields(_Args)] + [("meta_name", Any, None)],
+    rename={f.name: f.encode_name for f in msgspec.structs.fields(_Args)} | {"meta_name": "name"},
+    gc=False)
 
 
 class _LEvent(msgspec.Struct, gc=False):
