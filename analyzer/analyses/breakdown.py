@@ -294,16 +294,11 @@ def timeline_rows(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: 
     w = _Windows(np.array([lo]), np.array([hi]), np.zeros(len(ev), np.int64))
     comp = w.real(_compute(r, w, r.e if all_end_ns is None else all_end_ns), 0)
     lanes, starts, ends = [("compute", "", len(comp[0]))], [comp[0]], [comp[1]]
-    col = ev["coll_kind"]
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        codes = col.cat.codes.to_numpy()
-        present = np.unique(codes[r.comm])
-        # a row without a kind names a lane "nan" that no row equals (as before): no rows
-        names = {str(col.cat.categories[c]): c for c in present[present >= 0].tolist()}
-        masks = {k: r.comm & (codes == c) for k, c in names.items()}
-    else:
-        kinds = col.to_numpy().astype(object)
-        masks = {k: r.comm & (kinds == k) for k in {str(x) for x in kinds[r.comm]}}
+    col = ev["coll_kind"]  # categorical (ingest/classify.py)
+    codes = col.cat.codes.to_numpy()
+    present = np.unique(codes[r.comm])
+    masks = {str(col.cat.categories[c]): r.comm & (codes == c)
+             for c in present[present >= 0].tolist()}
     for k in sorted(masks):
         c = iv.clip(iv.merge(r.s[masks[k]], r.e[masks[k]]), lo, hi)
         lanes.append(("comm", k, len(c[0])))

@@ -210,15 +210,10 @@ def by_kind(coll: pd.DataFrame, rows: np.ndarray | None = None) -> pd.DataFrame:
 
 def run_busbw_gbps(bus_bytes: np.ndarray, bus_time_ns: np.ndarray) -> float:
     """busbw of one collective kind over the ranks of a run, in GB/s (10^9 bytes/s), from the
-    per-rank ``bus_bytes`` and ``bus_time_ns`` of ``by_kind``: sum(bus_bytes) / sum(bus_time_ns).
-
-    Rule of nccl-tests (src/common.cu ``BenchTime``): each rank times the operation, the times
-    are combined across ranks first -- ``Allreduce(args, &deltaSec, average)`` with the default
-    ``average = 1``, the arithmetic mean -- and only then algbw = S / t and busbw = algbw x
-    factor (doc/PERFORMANCE.md). Every rank of a run moves the same collectives (same S), so
-    summing the bus bytes and the times over ranks gives S x factor / (mean time over ranks),
-    exactly that. The mean of per-rank busbw values (a mean of S / t_r) is not: a slow rank
-    counts less than its time does. NaN when no instance has known bytes and a factor."""
+    per-rank ``bus_bytes`` and ``bus_time_ns`` of ``by_kind``: sum(bus_bytes) / sum(bus_time_ns),
+    i.e. S x factor / (mean time over ranks), as nccl-tests averages the ranks' times before
+    dividing (src/common.cu ``BenchTime``); a mean of per-rank busbw would weigh a slow rank
+    less than its time. NaN when no instance has known bytes and a factor."""
     t = float(np.sum(bus_time_ns))
     return float(np.sum(bus_bytes)) / t if t > 0 else float("nan")
 
