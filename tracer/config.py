@@ -76,8 +76,7 @@ class RecordConfig:
     sharding_strategy: str = "full_shard"
     """FSDP1 sharding strategy (full_shard, shard_grad_op, no_shard); FSDP2 accepts the first two."""
     wrap_min_params: int | None = None
-    """size_based_auto_wrap_policy min_num_params; default one layer's params (9h^2 + 8h), i.e.
-    one FSDP unit per transformer layer plus the root."""
+    """size_based_auto_wrap_policy min_num_params; default one layer's (9h^2 + 8h): a unit per layer."""
     backward_prefetch: str = "pre"
     """FSDP backward prefetch: pre, post or none (FSDP2: pre only, its implicit prefetch)."""
     forward_prefetch: bool = False
@@ -93,19 +92,16 @@ class RecordConfig:
     fault: str | None = None
     """A deliberate bug (analyzer.contract.schemas.FAULTS) or None."""
     data: str = "memory"
-    """Input supply (tracer/data.py): ``memory`` (the rank's rows sliced once) or ``loader`` (the
-    same rows every step through a DataLoader with a DistributedSampler)."""
+    """Input supply (tracer/data.py): ``memory`` or ``loader`` (the same rows through a DataLoader)."""
     data_workers: int = 0
     """``--data loader``: DataLoader worker processes (0: batches are made in the rank itself)."""
     data_sample_cost_ms: float = 0.0
     """``--data loader``: milliseconds slept per sample in the Dataset (an input-bound run)."""
     keep_tensors: str = "full"
-    """What the run dir keeps of its baseline (analyzer/contract/schemas.py "kept tensors"): ``full``
-    (batch, initial state, first-step gradients, state after the first step as safetensors, plus
-    kept.parquet) or ``summaries`` (kept.parquet only: per-tensor summaries and sha256)."""
+    """What the run dir keeps of its baseline (analyzer/contract/schemas.py "kept tensors"):
+    ``full`` (safetensors plus kept.parquet) or ``summaries`` (kept.parquet only)."""
     golden: str | None = None
-    """An earlier run directory (kept tensors ``full``) whose batch and initial state this record
-    reuses and whose kept tensors it is compared with (tracer/golden.py); None: seeded inputs."""
+    """An earlier run directory whose kept inputs this record reuses and compares with (tracer/golden.py)."""
 
     def __post_init__(self) -> None:
         def bad(option: str, value: Any, why: str) -> ValueError:

@@ -73,14 +73,10 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     """Record each config with spawned workers; return the run directories.
 
     Computes the baseline once (all configs share its settings) into a hidden staging folder
-    under ``--out``, then runs the strategies one after another. The first strategy's workers
-    are started before the baseline is computed and wait for the launcher's signal
-    (``launch.run_workers(prepare=...)``), so their interpreter and torch start-up overlaps the
-    baseline; no worker reads its run dir, and no step runs, before that signal.
-    A run dir is cleared (manifest first, ``rundir.clear_run_dir``) only when its own record
-    starts, and gets the baseline just then; so when a record fails or is interrupted, the runs
-    that never started keep their previous complete contents and manifest. The staging folder
-    is removed at the end, either way.
+    under ``--out`` while the first strategy's workers start (``launch.run_workers(prepare=...)``),
+    then runs the strategies one after another. A run dir is cleared and gets the baseline only
+    when its own record starts, so runs that never started keep their previous complete
+    contents. The staging folder is removed at the end, either way.
     Raises ``launch.RecordFailed`` on the first failed record, ``KeyboardInterrupt`` on Ctrl-C
     (workers killed either way), ``ValueError`` for an unusable device or output folder,
     ``RuntimeError`` when the baseline cannot be computed.
