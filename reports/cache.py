@@ -1,16 +1,11 @@
 """Whole-report cache: a second ``analyzer report`` on unchanged inputs skips the analysis.
 
-report.json is a function of the files under DIR, the analysis options and the code. Its key
-is ``analyzer.ingest.cachekey.cache_key`` (the one key rule of the analyzer's caches: content, code,
-library versions) of: the resolved DIR and output folder, the options, and the stat signature
-(relative path, size, mtime_ns, ctime_ns, inode, device) of every file under DIR (recursively,
-symlinks followed at most as deep as the walk goes, leaving out the output folder and the
-per-rank tables cache), computed by the source of every ``analyzer`` and ``reports`` module.
-Any change to any of them is a miss. The ctime is in the key because the mtime can be set back
-(``cp -p``, ``touch -d``, ``os.utime``): a file rewritten in place with the same size and its
-old mtime would otherwise be served the stale report, skipping the manifest's sha256 check
-(analyzer/ingest/rundirs.py) that a miss runs; the kernel sets the ctime on every write or utime and
-no user call can set it back.
+The key is ``analyzer.ingest.cachekey.cache_key`` of the resolved DIR and output folder, the
+options and the stat signature (``_files``) of every file under DIR, computed by every
+``analyzer`` and ``reports`` module. The ctime is in it because the mtime can be set back
+(``cp -p``, ``touch -d``): a file rewritten in place with its old size and mtime would otherwise
+be served the stale report, skipping the manifest's sha256 check that a miss runs; no user
+call can set the ctime back.
 
 The cache is ``$XDG_CACHE_HOME/paritytrace/reports/<hash of DIR and output folder>.json``
 (``~/.cache`` when unset; report.json's text plus the key and the notes the analysis said on
@@ -44,7 +39,8 @@ _MODULES = tuple(sorted((*(_HERE.parent / "analyzer").rglob("*.py"), *_HERE.glob
 
 
 def _files(root: Path, out: Path) -> list[list[Any]]:
-    """[relative path, size, mtime_ns, ctime_ns, inode, device] of every file under ``root``."""
+    """[relative path, size, mtime_ns, ctime_ns, inode, device] of every file under ``root``,
+    leaving out ``out`` and the per-rank tables caches (a symlinked folder: the link itself)."""
     rows: list[list[Any]] = []
     if root.is_file():
         st = root.stat()

@@ -228,7 +228,7 @@ def load_baseline(path: Path, cfg: RecordConfig, device_type: str) -> tuple[dict
 
 
 def _main(argv: list[str]) -> int:
-    cfg = RecordConfig.from_dict(json.loads(argv[0]))
+    cfg = RecordConfig(**json.loads(argv[0]))
     write_baseline(cfg, argv[1], Path(argv[2]))
     return 0
 

@@ -76,8 +76,7 @@ class RecordConfig:
     sharding_strategy: str = "full_shard"
     """FSDP1 sharding strategy (full_shard, shard_grad_op, no_shard); FSDP2 accepts the first two."""
     wrap_min_params: int | None = None
-    """size_based_auto_wrap_policy min_num_params; default one layer's params (9h^2 + 8h), i.e.
-    one FSDP unit per transformer layer plus the root."""
+    """size_based_auto_wrap_policy min_num_params; default one layer's (9h^2 + 8h): a unit per layer."""
     backward_prefetch: str = "pre"
     """FSDP backward prefetch: pre, post or none (FSDP2: pre only, its implicit prefetch)."""
     forward_prefetch: bool = False
@@ -93,19 +92,16 @@ class RecordConfig:
     fault: str | None = None
     """A deliberate bug (analyzer.contract.schemas.FAULTS) or None."""
     data: str = "memory"
-    """Input supply (tracer/data.py): ``memory`` (the rank's rows sliced once) or ``loader`` (the
-    same rows every step through a DataLoader with a DistributedSampler)."""
+    """Input supply (tracer/data.py): ``memory`` or ``loader`` (the same rows through a DataLoader)."""
     data_workers: int = 0
     """``--data loader``: DataLoader worker processes (0: batches are made in the rank itself)."""
     data_sample_cost_ms: float = 0.0
     """``--data loader``: milliseconds slept per sample in the Dataset (an input-bound run)."""
     keep_tensors: str = "full"
-    """What the run dir keeps of its baseline (analyzer/contract/schemas.py "kept tensors"): ``full``
-    (batch, initial state, first-step gradients, state after the first step as safetensors, plus
-    kept.parquet) or ``summaries`` (kept.parquet only: per-tensor summaries and sha256)."""
+    """What the run dir keeps of its baseline (analyzer/contract/schemas.py "kept tensors"):
+    ``full`` (safetensors plus kept.parquet) or ``summaries`` (kept.parquet only)."""
     golden: str | None = None
-    """An earlier run directory (kept tensors ``full``) whose batch and initial state this record
-    reuses and whose kept tensors it is compared with (tracer/golden.py); None: seeded inputs."""
+    """An earlier run directory whose kept inputs this record reuses and compares with (tracer/golden.py)."""
 
     def __post_init__(self) -> None:
         def bad(option: str, value: Any, why: str) -> ValueError:
@@ -113,14 +109,15 @@ class RecordConfig:
 
         if self.strategy not in STRATEGIES:
             raise bad("strategy", self.strategy, f"expected one of {', '.join(STRATEGIES + ('all',))}")
-        if self.backend not in BACKENDS:
-            raise bad("backend", self.backend, f"expected one of {', '.join(BACKENDS)}")
-        if self.device not in DEVICES:
-            raise bad("device", self.device, f"expected one of {', '.join(DEVICES)}")
+        for option, allowed in (("backend", BACKENDS), ("device", DEVICES),
+                                ("precision", PRECISIONS), ("sharding_strategy", SHARDING_STRATEGIES),
+                                ("backward_prefetch", BACKWARD_PREFETCH), ("data", DATA_SOURCES),
+                                ("keep_tensors", KEEP_TENSORS)):
+            if getattr(self, option) not in allowed:
+                raise bad(option.replace("_", "-"), getattr(self, option),
+                          f"expected one of {', '.join(allowed)}")
         if self.backend == "nccl" and self.device == "cpu":
             raise bad("backend", "nccl", "needs --device cuda")
-        if self.precision not in PRECISIONS:
-            raise bad("precision", self.precision, f"expected one of {', '.join(PRECISIONS)}")
         for option in ("nproc", "hidden", "layers", "batch", "seq", "active"):
             value = getattr(self, option)
             if not isinstance(value, int) or value < 1:
@@ -136,12 +133,6 @@ class RecordConfig:
                       f"global batch must divide by the world size {self.world_size}")
         if not self.lr > 0:
             raise bad("lr", self.lr, "must be > 0")
-        if self.sharding_strategy not in SHARDING_STRATEGIES:
-            raise bad("sharding-strategy", self.sharding_strategy,
-                      f"expected one of {', '.join(SHARDING_STRATEGIES)}")
-        if self.backward_prefetch not in BACKWARD_PREFETCH:
-            raise bad("backward-prefetch", self.backward_prefetch,
-                      f"expected one of {', '.join(BACKWARD_PREFETCH)}")
         if self.wrap_min_params is not None and self.wrap_min_params < 1:
             raise bad("wrap-min-params", self.wrap_min_params, "must be a positive integer")
         if not self.timeout_s > 0:
@@ -164,8 +155,6 @@ class RecordConfig:
                 raise bad("reshard-after-forward", self.reshard_after_forward,
                           f"FSDP1 derives it from --sharding-strategy {self.sharding_strategy} "
                           f"({implied}); pick the matching sharding strategy instead")
-        if self.data not in DATA_SOURCES:
-            raise bad("data", self.data, f"expected one of {', '.join(DATA_SOURCES)}")
         if not isinstance(self.data_workers, int) or self.data_workers < 0:
             raise bad("data-workers", self.data_workers, "must be an integer >= 0")
         if not self.data_sample_cost_ms >= 0:
@@ -173,8 +162,6 @@ class RecordConfig:
         if self.data != "loader" and (self.data_workers or self.data_sample_cost_ms):
             option = "data-workers" if self.data_workers else "data-sample-cost-ms"
             raise bad(option, getattr(self, option.replace("-", "_")), "only with --data loader")
-        if self.keep_tensors not in KEEP_TENSORS:
-            raise bad("keep-tensors", self.keep_tensors, f"expected one of {', '.join(KEEP_TENSORS)}")
         if self.golden is not None and not str(self.golden).strip():
             raise bad("golden", repr(self.golden), "must be a run directory")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
@@ -233,40 +220,16 @@ class RecordConfig:
         """Plain dict (JSON-able) of every field."""
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RecordConfig":
-        """Inverse of ``to_dict``; unknown keys raise ``ValueError``."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown config keys {unknown}")
-        return cls(**data)
-
     def to_argv(self) -> list[str]:
         """``tracer record`` arguments that reproduce this config (for spawned workers)."""
-        argv = ["--strategy", self.strategy, "--nproc", str(self.nproc), "--backend", self.backend,
-                "--device", self.device, "--hidden", str(self.hidden), "--layers", str(self.layers),
-                "--batch", str(self.batch), "--seq", str(self.seq), "--wait", str(self.wait),
-                "--warmup", str(self.warmup), "--active", str(self.active), "--seed", str(self.seed),
-                "--precision", self.precision, "--lr", repr(self.lr),
-                "--sharding-strategy", self.sharding_strategy,
-                "--backward-prefetch", self.backward_prefetch,
-                "--forward-prefetch" if self.forward_prefetch else "--no-forward-prefetch",
-                "--out", str(self.out), "--name", self.run_name, "--timeout", repr(self.timeout_s)]
-        if self.steps is not None:
-            argv += ["--steps", str(self.steps)]
-        if self.wrap_min_params is not None:
-            argv += ["--wrap-min-params", str(self.wrap_min_params)]
-        if self.reshard_after_forward is not None:
-            argv.append("--reshard-after-forward" if self.reshard_after_forward
-                        else "--no-reshard-after-forward")
-        if self.fault is not None:
-            argv += ["--fault", self.fault]
-        if self.keep_tensors != "full":
-            argv += ["--keep-tensors", self.keep_tensors]
-        if self.golden is not None:
-            argv += ["--golden", str(self.golden)]
-        if self.data != "memory":
-            argv += ["--data", self.data, "--data-workers", str(self.data_workers),
-                     "--data-sample-cost-ms", repr(self.data_sample_cost_ms)]
+        argv = ["--strategy", self.strategy, "--name", self.run_name]
+        for f in fields(self):  # the CLI's options are the fields; its defaults are theirs
+            value = getattr(self, f.name)
+            if f.name in ("strategy", "name") or value is None or value == f.default:
+                continue
+            option = "--timeout" if f.name == "timeout_s" else "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                argv.append(option if value else "--no-" + option[2:])
+            else:
+                argv += [option, repr(value) if isinstance(value, float) else str(value)]
         return argv

@@ -72,11 +72,6 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _is_timeout(error: str) -> bool:
-    low = error.lower()
-    return "timed out" in low or "timeout" in low
-
-
 class WorkerGroup:
     """The spawned workers of one record; ``wait()`` returns on success, raises ``RecordFailed``."""
 
@@ -212,7 +207,7 @@ class WorkerGroup:
         if errors:
             first = min(errors.values(), key=lambda e: e["time"])
             hung = [r for r in alive_at_kill if r not in errors]
-            if _is_timeout(first["error"]) and hung:
+            if hung and any(w in first["error"].lower() for w in ("timed out", "timeout")):
                 return (f"rank {hung[0]} hung at '{self._heartbeat_step(hung[0])}': rank {first['rank']} "
                         f"timed out waiting for it after {self.cfg.timeout_s:g}s ({first['error']})")
             return f"rank {first['rank']} failed at step {first['step']}: {first['error']}"

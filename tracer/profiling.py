@@ -29,12 +29,9 @@ class OneShotExport:
     and keeps its per-step memory peaks (``allocated_peaks``, {ProfilerStep N: bytes}).
 
     Kineto writes plain JSON to a temp file outside the run dir (as ``export_chrome_trace``
-    does itself for a ``.gz`` name, so the trace's ``traceName`` is a temp name either way);
-    it is parsed once, every track is named once (tracer/trace_names.py, so the trace passes
-    the structural check's naming rules, analyzer/timeline/chrome_check.py), the memory peaks are taken
-    from the parsed events, and the JSON is gzipped (level 6) to a temp name beside ``path``
-    and moved in place. No gzip round trip and no re-read of the written trace.
-    A second call raises ``RuntimeError`` (the schedule has ``repeat=1``, so it never should).
+    does itself for a ``.gz`` name); it is parsed once, its tracks named (tracer/trace_names.py),
+    its peaks taken, and it is gzipped (level 6) atomically to ``path``. A second call raises
+    ``RuntimeError`` (the schedule has ``repeat=1``, so it never should).
     """
 
     def __init__(self, path: Path):
@@ -78,12 +75,6 @@ def make_profiler(cfg: RecordConfig, device_type: str, trace_path: Path) -> tupl
         with_stack=False,
     )
     return prof, export
-
-
-def allocated_peaks(trace_path: Path, device_type: int = 0) -> dict[int, int]:
-    """``peaks_of_events`` of the gzipped trace at ``trace_path``."""
-    with gzip.open(trace_path, "rt", encoding="utf-8") as f:
-        return peaks_of_events(json.load(f)["traceEvents"], device_type)
 
 
 def peaks_of_events(events: list[dict], device_type: int = 0) -> dict[int, int]:

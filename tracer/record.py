@@ -38,17 +38,6 @@ def expand(strategy: str, name: str | None, **options: Any) -> list[RecordConfig
     return configs
 
 
-def resolve_device_type(device: str) -> str:
-    """``auto`` -> cuda when available, else cpu; ``cuda`` without a GPU raises ``ValueError``."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
-    return device
-
-
 def check_gpus(configs: list[RecordConfig], gpu_count: int) -> None:
     """Before anything is written: every config's ranks fit this machine's GPUs (one process
     per GPU with NCCL; ``devices.check_ranks_fit``). ``configs`` carry a resolved device.
@@ -84,14 +73,10 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     """Record each config with spawned workers; return the run directories.
 
     Computes the baseline once (all configs share its settings) into a hidden staging folder
-    under ``--out``, then runs the strategies one after another. The first strategy's workers
-    are started before the baseline is computed and wait for the launcher's signal
-    (``launch.run_workers(prepare=...)``), so their interpreter and torch start-up overlaps the
-    baseline; no worker reads its run dir, and no step runs, before that signal.
-    A run dir is cleared (manifest first, ``rundir.clear_run_dir``) only when its own record
-    starts, and gets the baseline just then; so when a record fails or is interrupted, the runs
-    that never started keep their previous complete contents and manifest. The staging folder
-    is removed at the end, either way.
+    under ``--out`` while the first strategy's workers start (``launch.run_workers(prepare=...)``),
+    then runs the strategies one after another. A run dir is cleared and gets the baseline only
+    when its own record starts, so runs that never started keep their previous complete
+    contents. The staging folder is removed at the end, either way.
     Raises ``launch.RecordFailed`` on the first failed record, ``KeyboardInterrupt`` on Ctrl-C
     (workers killed either way), ``ValueError`` for an unusable device or output folder,
     ``RuntimeError`` when the baseline cannot be computed.
@@ -103,11 +88,13 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     from tracer.baseline import BASELINE_NAME, write_baseline, write_baseline_isolated
     from tracer.launch import run_workers
 
-    device_type = resolve_device_type(configs[0].device)
+    import torch
+
+    from tracer import devices
+
+    device_type = devices.resolve_device_type(configs[0].device, torch.cuda.is_available())
     configs = [replace(c, device=device_type) for c in configs]
     if device_type == "cuda":
-        import torch
-
         check_gpus(configs, torch.cuda.device_count())
     for cfg in configs:  # fail early on an unwritable --out, without touching what is there
         try:

@@ -150,17 +150,6 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def wrap(model: torch.nn.Module, cfg: RecordConfig, device: torch.device) -> torch.nn.Module:
-    """Apply the strategy (single: the model itself)."""
-    if cfg.strategy == "ddp":
-        return apply_ddp(model, device)
-    if cfg.strategy == "fsdp":
-        return apply_fsdp(model, cfg, device)
-    if cfg.strategy == "fsdp2":
-        return apply_fsdp2(model, cfg, device)
-    return model
-
-
 def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     """Everything one rank does; raises on any failure (the caller reports it)."""
     torch.set_num_threads(1)
@@ -216,7 +205,10 @@ def build_wrapped_model(cfg: RecordConfig, base: dict[str, torch.Tensor], rank: 
     if unsynced and cfg.strategy != "ddp":
         faults.perturb_init(model, cfg.seed, rank)
     model.to(device)
-    model = wrap(model, cfg, device)
+    if cfg.strategy == "ddp":
+        model = apply_ddp(model, device)
+    elif cfg.strategy in ("fsdp", "fsdp2"):
+        model = (apply_fsdp if cfg.strategy == "fsdp" else apply_fsdp2)(model, cfg, device)
     if unsynced and cfg.strategy == "ddp":  # after DDP's constructor broadcast
         faults.perturb_init(model, cfg.seed, rank)
     return model, num_params, units
@@ -274,7 +266,7 @@ def train(cfg: RecordConfig, model: torch.nn.Module, base: dict[str, torch.Tenso
                     opt.zero_grad(set_to_none=True)
                 if step == 0:
                     t_num = time.perf_counter_ns()
-                    record_params(cfg, model, base, numerics, rank, world)
+                    record_compared(cfg, model, base, numerics, "param", rank, world)
                     numerics_ns += time.perf_counter_ns() - t_num
                 cuda_sync(device)
                 wall_ns = time.perf_counter_ns() - t0 - numerics_ns
@@ -340,18 +332,6 @@ def add_golden_losses(numerics: NumericsRows, base: dict[str, torch.Tensor]) -> 
             numerics.add(step, "loss", "loss", 0, "golden_ref_value", value)
 
 
-def add_golden_tensors(cfg, model, base, numerics: NumericsRows, kind: str, rank: int, world: int) -> None:
-    """With ``--golden`` (inside ``full_view``): this rank's ``kind`` tensors against the golden
-    run's kept ones, as GOLDEN_METRICS rows (analyzer/contract/schemas.py)."""
-    if not any(k.startswith(f"golden.{kind}.") for k in base):
-        return
-    for seq, fqn, local, ref, replicated in compared_tensors(model, cfg.strategy, kind, rank, world, base,
-                                                             f"golden.{kind}."):
-        m = tensor_metrics(local, ref, replicated=replicated)
-        for metric in GOLDEN_METRICS:
-            numerics.add(0, kind, fqn, seq, metric, m[metric[len("golden_"):]])
-
-
 def record_step0_before_optimizer(cfg, model, recorder, base, numerics: NumericsRows,
                                   rank: int, world: int, rows: slice) -> None:
     """Step-0 activations (this rank's rows) and gradients vs the baseline (no-op for single)."""
@@ -360,20 +340,27 @@ def record_step0_before_optimizer(cfg, model, recorder, base, numerics: Numerics
     for seq, name, out in recorder.items():
         ref = base[f"act.{name}"][rows]
         numerics.add_tensor(0, "activation", name, seq, tensor_metrics(out, ref, replicated=False))
-    with full_view(model, cfg.strategy, with_grads=True):
-        for seq, fqn, local, ref, replicated in compared_tensors(model, cfg.strategy, "grad", rank, world, base, "grad."):
-            numerics.add_tensor(0, "grad", fqn, seq, tensor_metrics(local, ref, replicated=replicated))
-        add_golden_tensors(cfg, model, base, numerics, "grad", rank, world)
+    record_compared(cfg, model, base, numerics, "grad", rank, world)
 
 
-def record_params(cfg, model, base, numerics: NumericsRows, rank: int, world: int) -> None:
-    """Parameters after the first optimizer step vs the baseline (no-op for single)."""
+def record_compared(cfg, model, base, numerics: NumericsRows, kind: str, rank: int,
+                    world: int) -> None:
+    """Step-0 ``kind`` tensors ("grad" before the optimizer step, "param" after it) vs the
+    baseline, and with ``--golden`` vs the golden run's kept ones as GOLDEN_METRICS rows
+    (analyzer/contract/schemas.py). No-op for single."""
     if cfg.strategy == "single":
         return
-    with full_view(model, cfg.strategy, with_grads=False):
-        for seq, fqn, local, ref, replicated in compared_tensors(model, cfg.strategy, "param", rank, world, base, "param."):
-            numerics.add_tensor(0, "param", fqn, seq, tensor_metrics(local, ref, replicated=replicated))
-        add_golden_tensors(cfg, model, base, numerics, "param", rank, world)
+    golden = any(k.startswith(f"golden.{kind}.") for k in base)
+    with full_view(model, cfg.strategy, with_grads=kind == "grad"):
+        for prefix in (f"{kind}.", f"golden.{kind}.") if golden else (f"{kind}.",):
+            for seq, fqn, local, ref, replicated in compared_tensors(
+                    model, cfg.strategy, kind, rank, world, base, prefix):
+                m = tensor_metrics(local, ref, replicated=replicated)
+                if prefix == f"{kind}.":
+                    numerics.add_tensor(0, kind, fqn, seq, m)
+                    continue
+                for metric in GOLDEN_METRICS:
+                    numerics.add(0, kind, fqn, seq, metric, m[metric[len("golden_"):]])
 
 
 def merge_parts(run_dir: Path, world: int, *, with_memory: bool) -> None:
@@ -421,12 +408,9 @@ def write_error(env: RankEnv, step: int, exc: BaseException) -> str:
 def worker_main(cfg: RecordConfig) -> None:
     """Run this rank and exit the process: 0 on success; 1 after reporting the first error.
 
-    Exits with ``os._exit`` either way, after flushing the standard streams (and on success the
-    log handlers). After a failure, so that no atexit handler or process-group destructor can block
-    on a dead or hung peer; after a success, because every file is already written and closed
-    (atomically, rank 0's manifest last) and the interpreter's teardown with torch loaded costs
-    about 1 s of CPU per rank and process (measured on torch 2.13), which the launcher waits for.
-    """
+    Exits with ``os._exit`` either way, after flushing: after a failure no atexit handler or
+    process-group destructor can block on a dead or hung peer; after a success every file is
+    written and closed, and the teardown with torch loaded costs ~1 s of CPU per rank."""
     env = RankEnv.from_environ(cfg.strategy)
     logging.basicConfig(level=os.environ.get("PARITYTRACE_LOG", "WARNING").upper(), format=f"[rank{env.rank}] %(levelname)s %(name)s: %(message)s")
     hb = Heartbeat(env)

@@ -211,19 +211,6 @@ def _waits(r: _Rows, w: _Windows, all_end_ns: np.ndarray) -> iv.Intervals:
     return w.place(gaps[0] + shift, gaps[1] + shift, g[enq[q]])
 
 
-def step_sets(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: int, hi: int,
-              all_end_ns: np.ndarray | None = None
-              ) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals]:
-    """(C, K, O) of the events ``ev`` (already restricted to one step), clipped to [lo, hi).
-
-    ``all_end_ns``: end_ns of the rank's whole event table (``paired_row`` indexes it), needed
-    on CPU ranks for the wait rule; None means ``ev`` is the whole table."""
-    r = _Rows(ev, device_kind, main_tid)
-    w = _Windows(np.array([lo]), np.array([hi]), np.zeros(len(ev), np.int64))
-    comm, comp, other, _ = _sets(r, w, r.e if all_end_ns is None else all_end_ns)
-    return w.real(comm, 0), w.real(comp, 0), w.real(other, 0)
-
-
 _FIT = 1 << 62
 """Virtual time lines longer than this are split (int64 headroom)."""
 
@@ -295,21 +282,18 @@ def timeline_rows(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: 
                   all_end_ns: np.ndarray | None = None) -> pd.DataFrame:
     """Merged compute and per-kind comm intervals of one step for plotting: columns lane
     ("compute" / "comm"), kind ("" / the collective kind, lanes in kind order), start_ns,
-    end_ns, clipped to [lo, hi). ``ev`` and ``all_end_ns`` as in ``step_sets``."""
+    end_ns, clipped to [lo, hi). ``ev``: the events of that step; ``all_end_ns``: end_ns of
+    the rank's whole event table (``paired_row`` indexes it, for the CPU wait rule), None when
+    ``ev`` is the whole table."""
     r = _Rows(ev, device_kind, main_tid)
     w = _Windows(np.array([lo]), np.array([hi]), np.zeros(len(ev), np.int64))
     comp = w.real(_compute(r, w, r.e if all_end_ns is None else all_end_ns), 0)
     lanes, starts, ends = [("compute", "", len(comp[0]))], [comp[0]], [comp[1]]
-    col = ev["coll_kind"]
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        codes = col.cat.codes.to_numpy()
-        present = np.unique(codes[r.comm])
-        # a row without a kind names a lane "nan" that no row equals (as before): no rows
-        names = {str(col.cat.categories[c]): c for c in present[present >= 0].tolist()}
-        masks = {k: r.comm & (codes == c) for k, c in names.items()}
-    else:
-        kinds = col.to_numpy().astype(object)
-        masks = {k: r.comm & (kinds == k) for k in {str(x) for x in kinds[r.comm]}}
+    col = ev["coll_kind"]  # categorical (ingest/classify.py)
+    codes = col.cat.codes.to_numpy()
+    present = np.unique(codes[r.comm])
+    masks = {str(col.cat.categories[c]): r.comm & (codes == c)
+             for c in present[present >= 0].tolist()}
     for k in sorted(masks):
         c = iv.clip(iv.merge(r.s[masks[k]], r.e[masks[k]]), lo, hi)
         lanes.append(("comm", k, len(c[0])))

@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analyzer.analyses.breakdown import is_in
+
 
 def busbw_factor(kind: str, n: int) -> float:
     """nccl-tests bus-bandwidth factor of ``kind`` on ``n`` ranks (NaN when undefined)."""
@@ -40,7 +42,7 @@ def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.Dat
     when unknown; ``event_idx`` is the event's position in the trace file's traceEvents list
     (analyzer/ingest/decode.py), what ``analyzer merge`` links its flow arrows to.
     """
-    idx = np.flatnonzero(_is(events["role"], "comm"))
+    idx = np.flatnonzero(is_in(events["role"], ("comm",)))
 
     def strs(name: str, fill: str | None = None) -> np.ndarray:
         """``col.astype(str)`` of these rows as an object array (missing stays NaN unless
@@ -96,7 +98,7 @@ def _enclosing_enqueue(events: pd.DataFrame, link: np.ndarray) -> np.ndarray:
     end: the first op whose end reaches the row's end is the earliest-starting op that could
     enclose it; it encloses it when it also starts at or before the row."""
     out = np.full(len(link), -1, np.int64)
-    enq = np.flatnonzero(_is(events["role"], "comm_enqueue"))
+    enq = np.flatnonzero(is_in(events["role"], ("comm_enqueue",)))
     has = np.flatnonzero(link >= 0)
     if not len(enq) or not len(has):
         return out
@@ -117,16 +119,6 @@ def _enclosing_enqueue(events: pd.DataFrame, link: np.ndarray) -> np.ndarray:
         ok = (end[ops[k]] >= end[j]) & (ts[ops[k]] <= ts[j])
         out[has[sel[ok]]] = ops[k[ok]]
     return out
-
-
-def _is(col: pd.Series, value: str) -> np.ndarray:
-    """Boolean mask ``col == value`` (through the codes for a categorical column)."""
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        cats = col.cat.categories
-        if value not in cats:
-            return np.zeros(len(col), bool)
-        return col.cat.codes.to_numpy() == cats.get_loc(value)
-    return col.to_numpy().astype(object) == value
 
 
 def _codes(col: pd.Series) -> np.ndarray:
@@ -215,15 +207,10 @@ def by_kind(coll: pd.DataFrame, rows: np.ndarray | None = None) -> pd.DataFrame:
 
 def run_busbw_gbps(bus_bytes: np.ndarray, bus_time_ns: np.ndarray) -> float:
     """busbw of one collective kind over the ranks of a run, in GB/s (10^9 bytes/s), from the
-    per-rank ``bus_bytes`` and ``bus_time_ns`` of ``by_kind``: sum(bus_bytes) / sum(bus_time_ns).
-
-    Rule of nccl-tests (src/common.cu ``BenchTime``): each rank times the operation, the times
-    are combined across ranks first -- ``Allreduce(args, &deltaSec, average)`` with the default
-    ``average = 1``, the arithmetic mean -- and only then algbw = S / t and busbw = algbw x
-    factor (doc/PERFORMANCE.md). Every rank of a run moves the same collectives (same S), so
-    summing the bus bytes and the times over ranks gives S x factor / (mean time over ranks),
-    exactly that. The mean of per-rank busbw values (a mean of S / t_r) is not: a slow rank
-    counts less than its time does. NaN when no instance has known bytes and a factor."""
+    per-rank ``bus_bytes`` and ``bus_time_ns`` of ``by_kind``: sum(bus_bytes) / sum(bus_time_ns),
+    i.e. S x factor / (mean time over ranks), as nccl-tests averages the ranks' times before
+    dividing (src/common.cu ``BenchTime``); a mean of per-rank busbw would weigh a slow rank
+    less than its time. NaN when no instance has known bytes and a factor."""
     t = float(np.sum(bus_time_ns))
     return float(np.sum(bus_bytes)) / t if t > 0 else float("nan")
 

@@ -104,8 +104,7 @@ class _Names:
 
     def any(self, test) -> bool:
         """Whether some row's name passes ``test``."""
-        codes = [k for k, n in enumerate(self.names) if test(n)]
-        return bool(codes) and bool(self._rows(codes).any())
+        return bool(self.mask(test).any())
 
     def name(self, row: int) -> str:
         return self.names[self.codes[row]]

@@ -33,13 +33,10 @@ class Summary:
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able dict (NaN -> null)."""
         def records(df: pd.DataFrame | None):
-            if df is None:
-                return None
-            out = []
-            for rec in df.to_dict("records"):
-                out.append({k: (None if isinstance(v, float) and math.isnan(v) else
-                                v.item() if hasattr(v, "item") else v) for k, v in rec.items()})
-            return out
+            return None if df is None else [
+                {k: (None if isinstance(v, float) and math.isnan(v) else
+                     v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
+                for rec in df.to_dict("records")]
         return {"headline": self.headline, "ranks": records(self.ranks),
                 "breakdown": records(self.breakdown), "by_kind": records(self.by_kind),
                 "cross_rank": records(self.cross_rank), "stragglers": records(self.stragglers),

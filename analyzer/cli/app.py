@@ -14,6 +14,8 @@ from typing import Annotated, Callable, NoReturn, TypeVar
 
 import typer
 
+from analyzer.cli import drift as cli_drift, merge as cli_merge, report as cli_report
+from analyzer.cli import summary as cli_summary
 from analyzer.contract.errors import ExitCode, ParityTraceError, Reason
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -46,19 +48,6 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks."
     _state["debug"] = debug
 
 
-def _register_commands() -> None:
-    # Each command lives beside the library code it calls; heavy imports stay inside commands.
-    from analyzer.cli import drift as cli_drift, merge as cli_merge, summary as cli_summary
-    from analyzer.cli import report as cli_report
-
-    cli_summary.register(app, _run)
-    cli_merge.register(app, _run)
-    cli_report.register(app, _run)
-    cli_drift.register(app, _run)
-    for info in app.registered_commands:
-        info.callback = _pipe_safe(info.callback)
-
-
 class _PipeClosed(Exception):
     """The reader of stdout went away (``analyzer summary DIR | head -1``). Not an OSError, so
     click does not turn it into its own silent exit 1 before ``main`` sees it."""
@@ -78,7 +67,11 @@ def _pipe_safe(fn: Callable[..., T]) -> Callable[..., T]:
     return wrapped
 
 
-_register_commands()
+# Each command lives beside the library code it calls; heavy imports stay inside commands.
+for _command in (cli_summary, cli_merge, cli_report, cli_drift):
+    _command.register(app, _run)
+for _info in app.registered_commands:
+    _info.callback = _pipe_safe(_info.callback)
 
 
 # click's UsageError (typer >= 0.2x ships its own copy of click): every usage error's base

@@ -51,10 +51,8 @@ def register(app, run) -> None:
 
 def _check_like_report(directory: Path, allow_incomplete: bool) -> None:
     """Refuse a run directory without manifest.json (unless ``allow_incomplete``) in merge's
-    words, before anything is read. Everything else ``analyzer report`` refuses, ``merge_traces``
-    refuses with the same one-line errors and exit code: it reads the traces through the same
-    ingest (analyzer/ingest/pipeline.py, analyzer/ingest/rundirs.py), whose per-rank tables it caches beside
-    the traces, so a later ``analyzer report`` of the folder reuses them."""
+    words, before anything is read; the rest ``merge_traces`` refuses through the ingest, with
+    ``analyzer report``'s errors."""
     from analyzer.contract import schemas
     from analyzer.contract.errors import BadInput, Reason
 

@@ -38,13 +38,10 @@ def _formats(value: str) -> list[str]:
 
 @contextlib.contextmanager
 def said_on_stderr(notes: list[str]) -> Iterator[None]:
-    """Keep, in ``notes``, what the analysis logs at WARNING or above in this process
-    (``analyzer.*`` and ``reports.*`` loggers), instead of letting it reach the log handlers --
-    with none configured (the CLI configures none), Python's last-resort handler prints it on
-    stderr: the notes a cold report printed there (e.g. an incomplete run analysed as found).
-    The caller says them; the report cache keeps them so a cached report says them again.
-    Lower levels go on to the root logger's handlers as before. If the block raises, the notes
-    kept so far are logged as usual, so they still come before the error."""
+    """Keep in ``notes``, instead of logging them, the WARNING+ records of the ``analyzer`` and
+    ``reports`` loggers (what a cold report said on stderr, e.g. an incomplete run analysed as
+    found): the caller says them, and the report cache keeps them for a hit to say again. Lower
+    levels go to the root logger. If the block raises, the kept notes are logged as usual."""
 
     class _Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:

@@ -24,16 +24,12 @@ from analyzer.contract.errors import BadInput
 REPORT_SCHEMA_VERSION = 1
 
 MAX_OVERRIDE = {"rtol": 0.1, "atol": 1e-4}
-"""The largest ``--rtol`` / ``--atol`` a user may pass. Beyond them the gate no longer tests
-numerical equivalence: rtol 0.1 is about six times the loosest ``torch.testing.assert_close``
-default of any floating dtype (bfloat16's 1.6e-2) and allows a 10 % error; atol 1e-4 is 10
-times the fp32 / bf16 default (1e-5). The atol bound must stay well below the gradients'
-scale, since the limit is atol + rtol x max |ref|: the reference transformer's gradients at
-the default shapes peak near 3e-3, and at atol 1e-2 (the first bound chosen) a run recorded
-with ``--fault wrong-grad-scale`` (gradients off by a factor of 2) passed the gate; at 1e-3 it
-failed on 3 tensors only, at 1e-4 on 17. At both bounds together such runs fail, at the tiny
-and at the default shapes (tests/reliability/test_followups.py); ``--rtol 0.5`` or
-``--atol 0.1`` would let them pass."""
+"""The largest ``--rtol`` / ``--atol`` a user may pass: beyond them the gate no longer tests
+numerical equivalence. rtol 0.1 (a 10 % error) is ~6x the loosest ``torch.testing.assert_close``
+default (bfloat16's 1.6e-2); atol 1e-4 is 10x the fp32 / bf16 default and well below the
+reference gradients' scale (~3e-3): at atol 1e-2 a ``--fault wrong-grad-scale`` run (gradients
+off by 2x) passed the gate, at 1e-3 it failed on 3 tensors, at 1e-4 on 17. At both bounds such
+runs fail (tests/reliability/test_followups.py)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

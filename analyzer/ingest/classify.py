@@ -110,12 +110,6 @@ def kind_from_text(text: str | None) -> str | None:
     return None
 
 
-def step_number(name: str) -> int:
-    """N of ``ProfilerStep#N``; -1 for other names."""
-    m = _STEP_RE.match(name)
-    return int(m.group(1)) if m else -1
-
-
 def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame, dict]:
     """Add role, coll_kind, bytes, pg, rule, step to a decoded event table (analyzer/ingest/decode.py).
 
@@ -199,7 +193,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
 
     main_tid = None
     if device_kind == "cpu":
-        main_code = _main_thread(df, c_tid, is_step, is_c10d, role, by_cat("cpu_op"))
+        main_code = _main_thread(df, u_tid, c_tid, is_step, is_c10d, role, by_cat("cpu_op"))
         if main_code is not None:
             main_tid = str(u_tid[main_code])
             main_op = cpu & (c_tid == main_code) & by_cat("cpu_op") & (role == _ROLE["other"])
@@ -436,10 +430,9 @@ def _bytes_from_ops(src, kind, args_bytes, shape: _ShapeCols, world_size) -> int
     return -1
 
 
-def _main_thread(df, c_tid, is_step, is_c10d, role, is_cpu_op) -> int | None:
-    """Code (in ``c_tid``) of the main thread (module docstring); ties go to the thread whose
-    tid sorts first as a string. None when no row tells."""
-    u_tid = _distinct(df["tid"])[0]
+def _main_thread(df, u_tid, c_tid, is_step, is_c10d, role, is_cpu_op) -> int | None:
+    """Code (in ``c_tid``, codes of the distinct tids ``u_tid``) of the main thread (module
+    docstring); ties go to the thread whose tid sorts first as a string. None when no row tells."""
     for mask in (is_step, is_c10d):
         if mask.any():
             return _first_max(np.bincount(c_tid[mask], minlength=len(u_tid)), u_tid)
@@ -508,7 +501,7 @@ def _assign_steps(df, names, is_step, is_gpu, launch, paired, role):
                               "start_ns": [lo], "end_ns": [hi]})
         return step, steps, True
     idx = np.flatnonzero(is_step)
-    spans = pd.DataFrame({"step": [step_number(names[i]) for i in idx], "s": ts[idx],
+    spans = pd.DataFrame({"step": [int(_STEP_RE.match(names[i]).group(1)) for i in idx], "s": ts[idx],
                           "e": end[idx]}).groupby("step").agg(s=("s", "min"), e=("e", "max"))
     spans = spans.sort_values("s")
     st = spans.index.to_numpy()

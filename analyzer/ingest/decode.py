@@ -1,33 +1,23 @@
-"""Decode one Kineto / Chrome trace file into a columnar event table (no classification).
+"""Decode one Kineto / Chrome trace file into a columnar event table (``Decoded``; no classification).
 
-Typed decoding with msgspec: only the fields the analyzer needs are declared; everything else in
-the JSON is skipped by the decoder without building Python objects. Events are a tagged union
-on ``ph``: complete (X) and metadata (M) events get their fields, every other phase (flow
-events are a quarter of a Kineto trace) a struct with none. The structs are untracked by
-the cycle collector (``gc=False``; decoded JSON cannot form cycles): with tracking, the
-collector's passes over ~10^5 new objects doubled the decode time of a 40 MB trace. Hot
-argument fields are typed strictly (fast path); a trace whose values have other types (e.g. a
-string ``External id``, an unknown phase) is decoded again with lenient ``Any`` fields (slow
-path, same result). Columns are then read out of the structs with one C-level loop each
-(``map``/``attrgetter``, a defaultdict coder): Python-level work runs per distinct value, not
-per event.
+msgspec decodes only the fields the analyzer needs, into structs the cycle collector does not
+track (``gc=False``: its passes over ~10^5 new objects doubled the decode time of a 40 MB
+trace). Events are a tagged union on ``ph``: X and M events get their fields, every other phase
+none (``_PHASES``). Strict decoders come first (``_TYPED``); a trace with values of other types
+is decoded again leniently (``_LENIENT``) to the same table (tests/analyzer/test_fastpaths.py).
+Columns are read out with C-level loops (``_columns``).
 
-Times: ``ts`` and ``dur`` are JSON numbers in microseconds, sometimes with sub-µs decimals
-(``1712195495520854.8``). A float64 cannot hold such an epoch timestamp to the nanosecond (its
-spacing there is 0.25 µs). A trace whose times are all whole µs in range (older Kineto) is
-decoded with int fields; otherwise (the first decimal fails that decoder, early in the file)
-both are kept as raw JSON text (``msgspec.Raw``) and converted exactly, vectorised, from the
-decimal digits to int64 nanoseconds, **rounding half up** on the fourth decimal (0.5 ns and
-above goes up). Numbers in exponent form fall back to ``round(float * 1000)``. Events whose ts
-or dur is missing, negative or not a number are skipped, counted, and reported as one warning
-line each kind. The three decoders give the same table wherever more than one accepts a trace
-(tests/analyzer/test_fastpaths.py).
+Times: ``ts`` / ``dur`` are µs, sometimes with sub-µs decimals (``1712195495520854.8``) that a
+float64 cannot hold to the ns at epoch scale: they are converted exactly to int64 ns
+(``parse_decimal_ns``, half up on the fourth decimal). Events whose ts or dur is missing,
+negative or not a number are skipped and counted in one warning line per kind.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import zlib
 from collections import defaultdict
@@ -111,24 +101,11 @@ _Trace, _X = _trace_type(msgspec.Raw, _NULL)
 """Any JSON for times (decimals: ``1712195495520854.8``), converted by ``parse_decimal_ns``."""
 
 
-class _LArgs(msgspec.Struct, gc=False):
-    """Lenient twin of ``_Args``: any JSON value is accepted."""
-
-    external_id: Any = msgspec.field(default=None, name="External id")
-    external_id_lc: Any = msgspec.field(default=None, name="external id")
-    correlation: Any = None
-    stream: Any = None
-    coll_name: Any = msgspec.field(default=None, name="Collective name")
-    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
-    group_size: Any = msgspec.field(default=None, name="Group size")
-    dtype: Any = None
-    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
-    pg_id: Any = msgspec.field(default=None, name="Process Group ID")
-    pg_ranks: msgspec.Raw = msgspec.field(default=_NULL, name="Process Group Ranks")
-    input_dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
-    meta_name: Any = msgspec.field(default=None, name="name")
+_LArgs = msgspec.defstruct(  # lenient twin of ``_Args``: any JSON value is accepted
+    "_LArgs", [(f.name, msgspec.Raw, _NULL) if f.type is msgspec.Raw else (f.name, Any, None)
+               for f in msgspec.structs.fields(_Args)] + [("meta_name", Any, None)],
+    rename={f.name: f.encode_name for f in msgspec.structs.fields(_Args)} | {"meta_name": "name"},
+    gc=False)
 
 
 class _LEvent(msgspec.Struct, gc=False):
@@ -198,16 +175,6 @@ class Decoded:
     warnings: list[str] = field(default_factory=list)
 
 
-def read_bytes(path: Path) -> bytes:
-    """Read a ``.json`` or ``.json.gz`` trace. Raises ``BadInput`` (reason ``truncated``)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})",
-                       "check the path and its permissions") from None
-    return decompress(raw, path)
-
-
 def decompress(raw: bytes, path: Path | str) -> bytes:
     """Gunzip ``raw`` when it is gzip, else return it. Raises ``BadInput`` (``truncated``)."""
     if raw[:2] == b"\x1f\x8b":
@@ -219,18 +186,15 @@ def decompress(raw: bytes, path: Path | str) -> bytes:
     return raw
 
 
-def decode_file(path: Path) -> Decoded:
-    """Decode the trace at ``path``. Raises ``BadInput`` for truncated / non-trace files."""
-    return decode_bytes(read_bytes(path), path)
-
-
 def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
     """Decode trace JSON ``data`` (see ``Decoded``). ``path`` is only used in messages."""
     try:
         trace = _decode_typed(data)
     except msgspec.DecodeError as exc:
         data, line = repair(data, path, exc)
-        return _with_warning(decode_bytes(data, path), line)
+        dec = decode_bytes(data, path)
+        dec.warnings.insert(0, line)
+        return dec
     if trace is None:
         try:
             trace = _LENIENT.decode(data)
@@ -316,11 +280,6 @@ def _refuse_not_json(data: bytes, path: Path | str) -> None:
     raise BadInput(path, "not_a_trace", f"{what}: not a Chrome/Kineto trace",
                    "pass PyTorch profiler traces (export_chrome_trace / "
                    "tensorboard_trace_handler output)") from None
-
-
-def _with_warning(dec: Decoded, line: str) -> Decoded:
-    dec.warnings.insert(0, line)
-    return dec
 
 
 def parse_decimal_ns(raws: list[msgspec.Raw]) -> tuple[np.ndarray, np.ndarray]:
@@ -521,9 +480,7 @@ def _as_int(v: Any) -> int:
 
 
 def _as_str(v: Any) -> str | None:
-    if v is None:
-        return None
-    return v if type(v) is str else str(v)
+    return v if v is None or type(v) is str else str(v)
 
 
 def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int]:
@@ -538,9 +495,7 @@ def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int]:
     first = dims[0]
     if not isinstance(first, list) or not first or not all(type(d) is int for d in first):
         return -1, -1
-    numel = 1
-    for d in first:
-        numel *= d
+    numel = math.prod(first)
     if numel < 0 or numel > _I64_MAX:
         return -1, -1
     size = dtype_bytes(types[0]) if isinstance(types, list) and types else -1

@@ -28,13 +28,14 @@ Viewer rules beyond the spec text (Perfetto drops or moves what breaks them):
 
 from __future__ import annotations
 
-import gzip
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from analyzer.ingest.decode import decompress
 
 METADATA_NAMES = {
     "process_name": ("name", str),
@@ -155,24 +156,13 @@ def check_trace(trace: Any, *, strict_names: bool = True) -> list[str]:
                 out.add("unmatched_E", f"#{i} closes no open B on pid {pid!r} tid {tid!r}")
             else:
                 open_b[(pid, tid)] -= 1
-        elif ph in "iI":
-            if ev.get("s", "t") not in ("g", "p", "t"):
-                out.add("instant_scope", f"#{i} has scope {ev.get('s')!r}")
-        elif ph in "stf":
-            if "id" not in ev and "id2" not in ev:
-                out.add("flow_id", f"#{i} ({ph}) has no id")
-                continue
-            if ph == "f" and ev.get("bp", "e") != "e":
-                out.add("flow_bp", f"#{i} has bp {ev.get('bp')!r}")
-            key = (ev.get("cat"), ev.get("name"), str(ev.get("id", ev.get("id2"))))
-            flows[key].append((ph, _to_ns(ts)))
-        elif ph in "bne":
-            if "id" not in ev and "id2" not in ev:
-                out.add("async_id", f"#{i} ({ph}) has no id")
-        elif ph == "C":
-            args = ev.get("args")
-            if not isinstance(args, dict) or not all(_is_number(v) for v in args.values()):
-                out.add("counter", f"#{i} (C {ev.get('name')!r}) args are not all numbers")
+        else:
+            problem = phase_problem(ev)
+            if problem:
+                out.add(problem[0], f"#{i} {problem[1]}")
+            if ph in "stf" and ("id" in ev or "id2" in ev):
+                key = (ev.get("cat"), ev.get("name"), str(ev.get("id", ev.get("id2"))))
+                flows[key].append((ph, _to_ns(ts)))
 
     for key, items in spans.items():
         for a, b in partial_overlaps(items):
@@ -204,6 +194,22 @@ def check_trace(trace: Any, *, strict_names: bool = True) -> list[str]:
     return out.result()
 
 
+def phase_problem(ev: dict) -> tuple[str, str] | None:
+    """(problem kind, what) of the first rule of its phase (module docstring: ``i``/``I``
+    scope, flow and async ids, flow ``bp``, counter values) that ``ev`` breaks; None if none."""
+    ph = ev["ph"]
+    if ph in "iI" and ev.get("s", "t") not in ("g", "p", "t"):
+        return "instant_scope", f"has scope {ev.get('s')!r}"
+    if ph in "stfbne" and "id" not in ev and "id2" not in ev:
+        return ("flow_id" if ph in "stf" else "async_id"), f"({ph}) has no id"
+    if ph == "f" and ev.get("bp", "e") != "e":
+        return "flow_bp", f"has bp {ev.get('bp')!r}"
+    args = ev.get("args")
+    if ph == "C" and not (isinstance(args, dict) and all(_is_number(v) for v in args.values())):
+        return "counter", f"(C {ev.get('name')!r}) args are not all numbers"
+    return None
+
+
 def _check_metadata(i: int, ev: dict, out: _Problems, process_names: set,
                     thread_names: dict[tuple, set[str]]) -> None:
     name = ev.get("name")
@@ -222,15 +228,8 @@ def _check_metadata(i: int, ev: dict, out: _Problems, process_names: set,
         thread_names[(ev["pid"], ev["tid"])].add(value)
 
 
-def load_trace_file(path: Path | str) -> Any:
-    """Parse a ``.json`` or ``.json.gz`` Chrome trace file. Raises OSError / msgspec.DecodeError."""
-    path = Path(path)
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    return msgspec.json.decode(raw)
-
-
 def check_file(path: Path | str, *, strict_names: bool = True) -> list[str]:
-    """``check_trace`` on a file (``.json`` or gzipped)."""
-    return check_trace(load_trace_file(path), strict_names=strict_names)
+    """``check_trace`` on a ``.json`` or gzipped file. Raises OSError, ``BadInput`` (a broken
+    gzip), ``msgspec.DecodeError``."""
+    raw = decompress(Path(path).read_bytes(), path)
+    return check_trace(msgspec.json.decode(raw), strict_names=strict_names)

@@ -44,7 +44,7 @@ import pandas as pd
 from analyzer.timeline import clock
 from analyzer.ingest import pipeline, rundirs
 from analyzer.contract.atomic import write_atomic
-from analyzer.timeline.chrome_check import PHASES, check_trace
+from analyzer.timeline.chrome_check import PHASES, check_trace, phase_problem
 from analyzer.ingest.decode import decompress, repair, times_ns
 from analyzer.contract.errors import BadInput
 
@@ -258,17 +258,8 @@ def _well_formed(ev: dict) -> bool:
     name is made a string and its pid / ts rewritten by the caller): events that break them are
     left out of the merged trace rather than written into a file viewers reject."""
     ph = ev.get("ph")
-    if not isinstance(ph, str) or ph not in PHASES or ph == "M" or "tid" not in ev:
-        return False
-    if ph in "iI":
-        return ev.get("s", "t") in ("g", "p", "t")
-    if ph in "stfbne":
-        return ("id" in ev or "id2" in ev) and (ph != "f" or ev.get("bp", "e") == "e")
-    if ph == "C":
-        args = ev.get("args")
-        return isinstance(args, dict) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in args.values())
-    return True
+    return (isinstance(ph, str) and ph in PHASES and ph != "M" and "tid" in ev
+            and phase_problem(ev) is None)
 
 
 def _all_tracks(data: dict) -> list[tuple[str, str]]:
@@ -389,12 +380,9 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
 
 
 def alignment_widens(spread: pd.DataFrame) -> bool:
-    """True when the estimated offsets make matched collectives end further apart than the raw
-    clocks do: the median over matched collectives of ``spread_after_ns`` (``clock.end_spread``)
-    is strictly above the median of ``spread_before_ns``. Then ``merge_traces`` keeps the
-    unaligned times (offset 0 for every rank; the estimated offsets are still reported) and says
-    so in one warning line. The median, as printed by ``analyzer merge``: one collective delayed
-    on a rank should not decide. No matched collective: False (nothing to compare)."""
+    """True when the median over matched collectives of ``spread_after_ns`` (``clock.end_spread``)
+    is strictly above that of ``spread_before_ns`` (the rule of ``merge_traces``; the median: one
+    collective delayed on a rank should not decide). No matched collective: False."""
     if not len(spread):
         return False
     return bool(spread["spread_after_ns"].median() > spread["spread_before_ns"].median())
@@ -527,13 +515,11 @@ def _summary(root: Path, inputs: list[RankInput], ref_rank: int, offsets: pd.Dat
              spread: pd.DataFrame, t0: int, aligned: bool, options: MergeOptions,
              warnings: list[str]) -> dict:
     files = {r.rank: (r.path.name, r.rank_source) for r in inputs}
-    rows = []
-    for row in offsets.itertuples(index=False):
-        rows.append({"rank": int(row.rank), "file": files[row.rank][0], "rank_source": files[row.rank][1],
-                     "offset_ns": int(row.offset_ns),
-                     "mad_ns": _opt_int(row.mad_ns), "lo_ns": _opt_int(row.lo_ns),
-                     "hi_ns": _opt_int(row.hi_ns), "n_matched": int(row.n_matched),
-                     "consistent": bool(row.consistent)})
+    rows = [{"rank": int(row.rank), "file": files[row.rank][0], "rank_source": files[row.rank][1],
+             "offset_ns": int(row.offset_ns), "mad_ns": _opt_int(row.mad_ns),
+             "lo_ns": _opt_int(row.lo_ns), "hi_ns": _opt_int(row.hi_ns),
+             "n_matched": int(row.n_matched), "consistent": bool(row.consistent)}
+            for row in offsets.itertuples(index=False)]
     def stat(col: str, fn: str) -> int | None:
         return int(getattr(spread[col], fn)()) if len(spread) else None
     return {

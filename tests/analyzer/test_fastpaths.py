@@ -138,7 +138,7 @@ def _same(a: decode.Decoded, b: decode.Decoded) -> None:
 
 @pytest.mark.parametrize("path", CORPUS_TRACES, ids=lambda p: p.name)
 def test_every_decoder_that_accepts_a_corpus_trace_gives_the_same_table(path):
-    data = decode.read_bytes(path)
+    data = decode.decompress(path.read_bytes(), path)
     tables = _tables_by_each_decoder(data)
     names = [n for n, _ in tables]
     assert "raw_times" in names and "lenient" in names

@@ -14,7 +14,7 @@ from tracer.config import RecordConfig, layer_num_params
 from tracer.memory import snapshot_to_table
 from tracer.model import SimpleTransformer, make_batch, rank_rows
 from tracer.numerics import ActivationRecorder, NumericsRows, clean_fqn, tensor_metrics
-from tracer.profiling import OneShotExport, allocated_peaks
+from tracer.profiling import OneShotExport, peaks_of_events
 from tracer.record import expand
 from tracer.rundir import clear_run_dir, file_entries
 from tracer.strategies import fsdp_unit_names
@@ -99,7 +99,7 @@ def test_fsdp_units_mirror_size_based_policy(min_params):
         assert expected == ["layers.0", "layers.1"]
 
 
-def test_allocated_peaks_from_memory_events(tmp_path):
+def test_allocated_peaks_from_memory_events():
     def mem(ts, total, dev=0):
         return {"ph": "i", "name": "[memory]", "ts": ts, "args": {"Device Type": dev, "Total Allocated": total}}
     trace = {"traceEvents": [
@@ -108,10 +108,7 @@ def test_allocated_peaks_from_memory_events(tmp_path):
         mem(110, 1000), mem(120, 3000), mem(140, 2000), mem(130, 9999, dev=1),
         mem(210, 500), mem(180, 7777),  # between steps: ignored
     ]}
-    path = tmp_path / "t.json.gz"
-    with gzip.open(path, "wt") as f:
-        json.dump(trace, f)
-    assert allocated_peaks(path) == {2: 3000, 3: 500}
+    assert peaks_of_events(trace["traceEvents"]) == {2: 3000, 3: 500}
 
 
 def test_snapshot_to_memory_parquet():
@@ -228,7 +225,7 @@ def test_one_shot_export_writes_named_trace_and_keeps_peaks(tmp_path, monkeypatc
     # by hand: step 2 spans 100..150 (3000 and 1000 inside), step 3 spans 200..250 (500; the
     # 9999 is another device)
     assert export.allocated_peaks == {2: 3000, 3: 500}
-    assert export.allocated_peaks == allocated_peaks(target)
+    assert export.allocated_peaks == peaks_of_events(events)  # the written trace's own peaks
     assert sorted(p.name for p in run_dir.iterdir()) == [target.name]
     assert list(scratch.iterdir()) == []
     with pytest.raises(RuntimeError, match="already exported"):
