@@ -10,7 +10,7 @@ import pytest
 from analyzer.analyses import parity
 from analyzer.contract.errors import BadInput
 from analyzer.contract.report_types import ToleranceOverride
-from tests.report.builders import limit, loss_rows, manifest, tensor_rows, write_numerics
+from tests.reports.builders import limit, loss_rows, manifest, tensor_rows, write_numerics
 
 FP32 = parity.tolerance_for("fp32")
 

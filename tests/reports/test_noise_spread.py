@@ -7,7 +7,7 @@ import pytest
 
 from analyzer.compare.runs import analyse
 from reports import markdown
-from tests.report.builders import write_run
+from tests.reports.builders import write_run
 
 MS = 1_000_000
 
