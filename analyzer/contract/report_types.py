@@ -32,7 +32,7 @@ scale, since the limit is atol + rtol x max |ref|: the reference transformer's g
 the default shapes peak near 3e-3, and at atol 1e-2 (the first bound chosen) a run recorded
 with ``--fault wrong-grad-scale`` (gradients off by a factor of 2) passed the gate; at 1e-3 it
 failed on 3 tensors only, at 1e-4 on 17. At both bounds together such runs fail, at the tiny
-and at the default shapes (tests/reliability/test_followups.py); ``--rtol 0.5`` or
+and at the default shapes (tests/cli/test_tolerance_options.py); ``--rtol 0.5`` or
 ``--atol 0.1`` would let them pass."""
 
 
