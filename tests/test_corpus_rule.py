@@ -41,8 +41,8 @@ def test_whole_suite_collects_without_the_corpus(tmp_path):
 
 
 def test_corpus_tests_skip_with_a_reason_naming_the_variable(tmp_path):
-    proc = _pytest_without_corpus("-q", "-rs", "tests/report/test_busbw.py",
-                                  "tests/report/test_integrity.py::"
+    proc = _pytest_without_corpus("-q", "-rs", "tests/reports/test_busbw.py",
+                                  "tests/reports/test_integrity.py::"
                                   "test_communication_per_profiled_step_against_the_corpus_readme",
                                   tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:]

@@ -29,7 +29,7 @@ numerical equivalence. rtol 0.1 (a 10 % error) is ~6x the loosest ``torch.testin
 default (bfloat16's 1.6e-2); atol 1e-4 is 10x the fp32 / bf16 default and well below the
 reference gradients' scale (~3e-3): at atol 1e-2 a ``--fault wrong-grad-scale`` run (gradients
 off by 2x) passed the gate, at 1e-3 it failed on 3 tensors, at 1e-4 on 17. At both bounds such
-runs fail (tests/reliability/test_followups.py)."""
+runs fail (tests/cli/test_tolerance_options.py)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -126,7 +126,7 @@ def test_a_cached_report_renders_without_pandas_or_pyarrow(tmp_path):
     import subprocess
     import sys
 
-    from tests.report.builders import build_root
+    from tests.reports.builders import build_root
 
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
     probe = ("import sys\nfrom analyzer.cli.app import main\nsys.argv = ['analyzer', 'report', "

@@ -21,7 +21,7 @@ from analyzer import api
 from analyzer.timeline.clock import MATCHABLE_KINDS
 from analyzer.timeline.merge import merge_traces
 from tests.corpus import CORPUS, need
-from tests.reliability.conftest import TINY
+from tests.inputs import TINY
 
 
 def _jobs() -> list[tuple[str, list[str]]]:

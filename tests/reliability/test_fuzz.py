@@ -18,7 +18,7 @@ from analyzer.analyses.collectives import by_kind, match_ranks
 from analyzer.contract.errors import ParityTraceError
 from analyzer.timeline.merge import MergeOptions, merge_traces
 from tests.corpus import skip_reason
-from tests.reliability.conftest import DLRM, TBPLUGIN, load
+from tests.inputs import DLRM, TBPLUGIN, load
 
 FIELDS = ["ph", "name", "cat", "pid", "tid", "ts", "dur", "args", "External id", "correlation",
           "stream", "Collective name", "In msg nelems", "Process Group Name", "Input Dims"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from analyzer.api import load_tables
 from analyzer.ingest.fswalk import entries
 from reports import markdown
-from tests.reliability.conftest import TBPLUGIN, cli, copy_run, load, need, save
+from tests.inputs import TBPLUGIN, cli, copy_run, load, need, save
 
 REPO = Path(__file__).parents[2]
 EVIL = '<img src=x onerror=alert(1)> | "q" \\ </td>'

@@ -1,16 +1,21 @@
-"""The parity gate on hand-built numerics with exact answers (oracle: the rule written out)."""
+"""The parity gate on hand-built numerics with exact answers (oracle: the rule written out), and
+on a real record whose numerics hold a NaN or an inf (the tensor is named)."""
 
 from __future__ import annotations
 
 import math
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from analyzer.analyses import parity
 from analyzer.contract.errors import BadInput
 from analyzer.contract.report_types import ToleranceOverride
-from tests.report.builders import limit, loss_rows, manifest, tensor_rows, typed, write_numerics
+from tests.inputs import cli, copy_run
+from tests.remanifest import refresh_manifest
+from tests.reports.builders import limit, loss_rows, manifest, tensor_rows, typed, write_numerics
 
 FP32 = parity.tolerance_for("fp32")
 
@@ -175,3 +180,21 @@ def test_unreadable_numerics_is_bad_input(tmp_path):
     (tmp_path / "numerics.parquet").write_bytes(b"not parquet")
     with pytest.raises(BadInput, match="numerics.parquet"):
         parity.check_run(tmp_path, typed(manifest(run_name="ddp", strategy="ddp")))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_numerics_with_nan_or_inf_fail_parity_naming_the_tensor(tmp_path, ddp_run, bad):
+    job = copy_run(ddp_run, tmp_path / "ddp")
+    table = pq.read_table(job / "numerics.parquet")
+    df = table.to_pandas()
+    grads = df[(df["kind"] == "grad") & (df["metric"] == "diff_sq_sum")]
+    victim = str(grads["tensor"].iloc[2])
+    df.loc[grads.index[2], "value"] = bad
+    pq.write_table(pa.Table.from_pandas(df, schema=table.schema, preserve_index=False),
+                   job / "numerics.parquet")
+    refresh_manifest(job)
+    proc = cli("gate", str(job))
+    assert proc.returncode == 3 and f"grad {victim}" in proc.stdout and "NaN/inf" in proc.stdout
+    proc = cli("report", str(job), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr
+    assert "FAILED for ddp" in proc.stdout and victim in proc.stdout.splitlines()[2]

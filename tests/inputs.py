@@ -1,6 +1,7 @@
-"""Shared inputs of the reliability tests: real corpus traces and one real tracer run directory,
-corrupted copy by copy in tmp_path (never in place), and a CLI runner that checks the one-line
-error contract of issue 5."""
+"""Shared inputs of the behaviour tests: real corpus traces and real tracer run directories
+(recorded once per session: ``record``, the fixtures of tests/conftest.py), corrupted copy by
+copy in tmp_path (never in place), and a CLI runner that checks the one-line error contract of
+issue 5."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.remanifest import refresh_manifest
 from tests.corpus import CORPUS, need  # noqa: F401 - used by the test modules
 
@@ -24,15 +23,13 @@ TINY = ["--strategy", "ddp", "--hidden", "32", "--layers", "1", "--seq", "16", "
         "--active", "2"]
 
 
-@pytest.fixture(scope="session")
-def ddp_run(tmp_path_factory) -> Path:
-    """A real 2-rank gloo DDP run directory written by `tracer record` (read-only by convention:
-    tests copy it with ``copy_run``)."""
-    out = tmp_path_factory.mktemp("rel") / "traces"
-    proc = subprocess.run([sys.executable, "-m", "tracer", "record", *TINY, "--out", str(out)],
+def record(out: Path, *args: str) -> Path:
+    """``tracer record ARGS --out OUT`` in a fresh interpreter (2 gloo ranks on CPU); asserts
+    that it succeeded and returns ``out``, the traces root holding the run directory."""
+    proc = subprocess.run([sys.executable, "-m", "tracer", "record", *args, "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out / "ddp"
+    return out
 
 
 def copy_run(src: Path, dst: Path) -> Path:

@@ -1,6 +1,7 @@
-"""CLI fixes from the third new-user trial: merge into a read-only folder, summary -o onto a
-directory, summary -o with the table format, and report files of an earlier analysis left
-beside a new one."""
+"""Where `report --out`, `merge -o` and `summary -o` write, and what they refuse: a folder
+marked read-only, an existing folder where a file is written, a file where a folder is needed,
+an unwritable parent. Nothing of the user's is overwritten, no temporary file is left, and
+report files of an earlier analysis in the same folder are removed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import DLRM, bad_input, cli, need
+from tests.inputs import DLRM, bad_input, cli, copy_run, need
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def read_only_dlrm(dlrm_copy) -> Path:
     dlrm_copy.chmod(0o755)
 
 
-# 1. merge without -o into a folder marked read-only
+# merge: a read-only folder, -o onto a folder
 
 def test_merge_refuses_read_only_folder(read_only_dlrm):
     before = sorted(p.name for p in read_only_dlrm.iterdir())
@@ -62,7 +63,16 @@ def test_merge_of_read_only_folder_with_o_elsewhere_works(read_only_dlrm, tmp_pa
     assert len(ranks["offsets"]) == 8  # worker0..worker7 in the corpus folder
 
 
-# 2. summary --format json -o onto an existing directory
+def test_merge_out_is_a_directory(ddp_run, tmp_path):
+    run = copy_run(ddp_run, tmp_path / "run")
+    target = tmp_path / "somedir"
+    target.mkdir()
+    line = bad_input(cli("merge", str(run), "-o", str(target)), str(target), "-o", "directory")
+    assert "merged.trace.json.gz" in line  # says what to pass instead
+    assert list(target.iterdir()) == []
+
+
+# summary -o: onto a folder, under a file, atomically, only with --format json
 
 def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") or "tmp" in p.name)
@@ -109,8 +119,6 @@ def test_summary_json_to_file(tmp_path):
     assert _leftovers(out.parent) == []
 
 
-# 3. summary -o with the table format: -o writes JSON (its --help), so the pair is refused
-
 @pytest.mark.parametrize("fmt", [[], ["--format", "table"]], ids=["default", "table"])
 def test_summary_table_with_o_is_a_usage_error(tmp_path, fmt):
     out = tmp_path / "out.txt"
@@ -120,8 +128,32 @@ def test_summary_table_with_o_is_a_usage_error(tmp_path, fmt):
     assert list(tmp_path.iterdir()) == []
 
 
+# report --out: onto a file (checked after the input), stale report files removed
 
-# 4. report files of an earlier analysis left beside the new one
+@pytest.mark.parametrize("below", [False, True], ids=["the-file", "a-folder-under-it"])
+def test_report_out_onto_a_file(ddp_run, tmp_path, below):
+    afile = tmp_path / "report.md"
+    afile.write_text("keep me")
+    out = afile / "sub" if below else afile
+    line = bad_input(cli("report", str(ddp_run.parent), "--out", str(out)),
+                     str(afile), "is a file, not a folder", "pass --out a folder")
+    assert "File exists" not in line and "cannot be written" not in line
+    assert afile.read_text() == "keep me"
+
+
+def test_report_input_error_comes_before_out_error(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    bad_input(cli("report", str(tmp_path / "missing"), "--out", str(afile)),
+              str(tmp_path / "missing"), "no such file or folder")
+
+
+def test_report_out_is_an_existing_file(tmp_path, ddp_run):
+    (tmp_path / "notes.txt").write_text("mine")
+    bad_input(cli("report", str(ddp_run), "--out", str(tmp_path / "notes.txt")),
+              "is a file, not a folder", "--out")
+    assert (tmp_path / "notes.txt").read_text() == "mine"  # nothing of the user's is overwritten
+
 
 def test_report_removes_formats_not_written_this_time(dlrm_copy, tmp_path):
     out = tmp_path / "rep"

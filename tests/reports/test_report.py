@@ -16,7 +16,7 @@ from analyzer.cli.app import app
 from analyzer.contract.report_types import CommKind, Interval, Memory, Parity, RunEntry, StepTime, Timeline
 from analyzer.compare.runs import analyse
 from reports import html, markdown
-from tests.report.builders import build_root, write_run
+from tests.reports.builders import build_root, write_run
 
 runner = CliRunner()
 MS = 1_000_000

@@ -6,7 +6,7 @@ import pytest
 
 from analyzer.analyses import memory
 from analyzer.contract.errors import BadInput
-from tests.report.builders import write_memory, write_steps
+from tests.reports.builders import write_memory, write_steps
 
 MiB = 1 << 20
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from analyzer.analyses import prefetch
-from tests.report.builders import event, events
+from tests.reports.builders import event, events
 
 
 def ann(name, ts, end, **kw):

@@ -159,7 +159,7 @@ def build_root(root: Path, *, fault: bool = False) -> Path:
     return root
 
 
-if __name__ == "__main__":  # regenerate fixtures/report (python3 -m tests.report.builders)
+if __name__ == "__main__":  # regenerate fixtures/report (python3 -m tests.reports.builders)
     import shutil
     import sys
 

@@ -20,7 +20,7 @@ from analyzer.contract.report_types import AnalysisOptions
 from analyzer.compare.runs import analyse
 from reports import fmt, html, markdown
 from tests.remanifest import refresh_manifest
-from tests.report.builders import build_root, write_run
+from tests.reports.builders import build_root, write_run
 from tests.corpus import CORPUS, need
 
 runner = CliRunner()
@@ -159,7 +159,7 @@ def test_noise_rule(tmp_path):
     assert rep.ranking.noise.decisive is True
     assert "measurement noise" not in markdown.render(rep).split("\n")[2]
     # CPU: a 43 % gap is below the 50 % CPU floor (identical CPU records differ by 30-50 %);
-    # larger gaps are judged by the runs' measured spread (tests/report/test_noise_spread.py)
+    # larger gaps are judged by the runs' measured spread (tests/reports/test_noise_spread.py)
     rep = _timed(tmp_path / "c", {"single": 10, "ddp": 7}, "cpu")
     noise = rep.ranking.noise
     assert noise.decisive is False and [p[:2] for p in noise.close_pairs] == [("ddp", "single")]

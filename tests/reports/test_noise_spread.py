@@ -1,13 +1,18 @@
 """The ranking's noise statement follows the runs' measured step-time spread (hand-built runs
-with exact answers), not a blanket "CPU orders are noise"."""
+with exact answers, and copies of a real record slowed down), not a blanket "CPU orders are
+noise"."""
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import pytest
 
 from analyzer.compare.runs import analyse
 from reports import markdown
-from tests.report.builders import write_run
+from tests.inputs import cli, copy_run
+from tests.reports.builders import write_run
 
 MS = 1_000_000
 
@@ -58,3 +63,57 @@ def test_small_gap_without_overlap_is_below_the_floor(tmp_path):
     rep, verdict = _report(tmp_path, {"ddp": [6, 6], "fsdp": [8, 8]}, device="cuda")
     assert rep.ranking.noise.decisive is True
     assert "within measurement noise" not in verdict and "(the GPU floor)" in verdict
+
+
+# on a real record: copies slowed down 1.2x (noise) and beyond its spread (not noise)
+
+def _profiled_step_ns(run: Path) -> list[int]:
+    """Slowest rank's wall time of each profiled step, read with pyarrow (not the analyzer)."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(run / "steps.parquet").to_pylist()
+    by_step: dict[int, int] = {}
+    for row in t:
+        if row["profiled"]:
+            by_step[row["step"]] = max(by_step.get(row["step"], 0), row["wall_ns"])
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def test_noise_statement_follows_the_measured_spread(ddp_run, tmp_path):
+    import json
+    import statistics
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.remanifest import refresh_manifest
+
+    root = tmp_path / "traces"
+    fast = copy_run(ddp_run, root / "ddp")
+    a = _profiled_step_ns(fast)
+    for name, k in (("ddp-slow", max(1.67, 1.01 * max(a) / min(a))), ("ddp-close", 1.2)):
+        run = copy_run(ddp_run, root / name)
+        table = pq.read_table(run / "steps.parquet")
+        walls = [int(w * k) for w in table.column("wall_ns").to_pylist()]
+        table = table.set_column(table.schema.get_field_index("wall_ns"), "wall_ns",
+                                 pa.array(walls, table.schema.field("wall_ns").type))
+        pq.write_table(table, run / "steps.parquet")
+        m = json.loads((run / "manifest.json").read_text())
+        m["run_name"] = name
+        (run / "manifest.json").write_text(json.dumps(m))
+        refresh_manifest(run)
+        sub = root.parent / f"only-{name}"  # this copy and the real run, two runs to rank
+        sub.mkdir()
+        shutil.copytree(fast, sub / "ddp")
+        shutil.copytree(run, sub / name)
+        proc = cli("report", str(sub), "--out", str(tmp_path / f"rep-{name}"))
+        assert proc.returncode == 0, proc.stderr
+        verdict = proc.stdout.splitlines()[2]
+        b = _profiled_step_ns(run)
+        gap = (statistics.median(b) - statistics.median(a)) / statistics.median(a)
+        noise = max(a) >= min(b) or gap < 0.5  # the rule, CPU floor 50 %
+        assert ("within measurement noise" in verdict) == noise, (name, a, b, verdict)
+        if name == "ddp-slow":  # >= 1.67x and beyond the run's own spread: not noise
+            assert not noise and "beyond the measured spread" in verdict
+        else:  # 1.2x: below the CPU floor at least
+            assert noise and "ddp vs ddp-close" in verdict

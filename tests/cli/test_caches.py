@@ -1,0 +1,83 @@
+"""The caches, through the commands: where the per-rank tables and report caches are written
+(README "Caches", and its clearing recipe run on a real record), and a report served from the
+cache says again the notes the analysis said on stderr."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.inputs import cli, copy_run
+
+
+def test_cached_report_repeats_the_stderr_notes(ddp_run, fsdp_fault_run, tmp_path, monkeypatch):
+    from analyzer.compare import runs
+    from analyzer.contract.report_types import AnalysisOptions
+    from reports import cache
+
+    root = tmp_path / "traces"
+    copy_run(ddp_run, root / "ddp")
+    inc = copy_run(fsdp_fault_run, root / "fsdp")
+    (inc / "manifest.json").unlink()  # a record that did not finish
+    args = ("report", str(root), "--allow-incomplete", "--out", str(tmp_path / "rep"))
+    cold = cli(*args)
+    assert cold.returncode == 0, cold.stderr
+    note = f"{inc}: has traces but no manifest.json: the run did not complete; analysed as found"
+    assert cold.stderr.splitlines() == [note]
+    assert note in cold.stdout  # also a note of the report itself
+
+    def no_analysis(*a, **k):
+        raise AssertionError("the warm report must come from the cache")
+
+    monkeypatch.setattr(runs, "analyse", no_analysis)
+    warm = cli(*args)
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stderr == cold.stderr and warm.stdout == cold.stdout
+    key = cache.key(root, tmp_path / "rep", AnalysisOptions(allow_incomplete=True))
+    assert cache.load_entry(root, tmp_path / "rep", key)[1] == [note]
+
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+def test_readme_cache_locations_and_clearing(ddp_run, tmp_path, monkeypatch):
+    import os
+    import re
+
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    runs = {}
+    for name in ("writable", "readonly"):
+        run = copy_run(ddp_run, tmp_path / "traces" / name)
+        for p in run.glob("*.tables.msgpack"):
+            p.unlink()
+        runs[name] = run
+    runs["readonly"].chmod(0o555)  # marked read-only: root could still write, the analyzer must not
+    try:
+        for name, run in runs.items():
+            assert cli("summary", str(run)).returncode == 0
+            assert cli("report", str(run), "--out", str(tmp_path / f"rep-{name}")).returncode == 0
+        beside = sorted(p.name for p in runs["writable"].iterdir() if p.name.startswith("rank"))
+        assert beside == ["rank0.trace.json.gz", "rank0.trace.json.gz.tables.msgpack",
+                          "rank1.trace.json.gz", "rank1.trace.json.gz.tables.msgpack"]
+        assert sorted(p.name for p in runs["readonly"].iterdir() if p.name.startswith("rank")) == \
+            ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+        user = xdg / "paritytrace"
+        assert len(list(user.glob("*.tables.msgpack"))) == 2  # the read-only run's two ranks
+        assert not list(user.glob("*.parquet"))  # one cache of trace analyses
+        assert len(list((user / "reports").glob("*.json"))) == 2  # one per report, both runs
+        text = README.read_text()
+        section = text[text.index("## Caches"):text.index("## Exit codes and errors")]
+        for said in ("`<trace>.tables.msgpack` beside", "$XDG_CACHE_HOME/paritytrace/reports/",
+                     "defaults to `~/.cache`"):
+            assert said in section, said
+        script = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+        script = script.replace("find DIR", f"find {tmp_path / 'traces'}")
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                              env={**os.environ, "XDG_CACHE_HOME": str(xdg)})
+        assert proc.returncode == 0, proc.stderr
+        left = [p for p in (tmp_path / "traces").rglob("*")
+                if p.name.endswith(".tables.msgpack")]
+        assert left == [] and not user.exists()
+    finally:
+        runs["readonly"].chmod(0o755)
