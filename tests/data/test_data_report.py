@@ -10,7 +10,7 @@ from analyzer.analyses.datasupply import data_summary, rank_data
 from analyzer.contract.report_types import DataSupply
 from reports import fmt
 from reports.verdict import input_bound_sentence
-from tests.report.builders import manifest, typed
+from tests.reports.builders import manifest, typed
 
 
 def _bd(rows):
