@@ -151,8 +151,8 @@ def test_workers_end_with_a_killed_caller_and_ignore_ctrl_c():
 
     busy = ("import time\nfrom analyzer.ingest.pool import run_all\n"
             "run_all(time.sleep, [30, 30, 30], jobs=2)\n")
-    idle = ("import time\nfrom analyzer import parallel\n"
-            "with parallel.workers(jobs=3):\n    time.sleep(30)\n")
+    idle = ("import time\nfrom analyzer.ingest import pool\n"
+            "with pool.workers(jobs=3):\n    time.sleep(30)\n")
     for code, sig in ((busy, signal.SIGINT), (busy, signal.SIGKILL), (idle, signal.SIGINT)):
         proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
