@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-
-class _Format(str, enum.Enum):
-    table = "table"
-    json = "json"
+from analyzer.cli.richout import Format
 
 
 def register(app, run) -> None:
@@ -21,7 +17,7 @@ def register(app, run) -> None:
     def drift(
         old: Annotated[Path, typer.Argument(help="Earlier (golden) run directory.")],
         new: Annotated[Path, typer.Argument(help="Later run directory.")],
-        fmt: Annotated[_Format, typer.Option("--format", help="table or json.")] = _Format.table,
+        fmt: Annotated[Format, typer.Option("--format", help="table or json.")] = Format.table,
         rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
         check: Annotated[bool, typer.Option("--check", help="Exit 3 when a kept tensor drifts "
@@ -33,7 +29,7 @@ def register(app, run) -> None:
         from analyzer.contract.report_types import ToleranceOverride
 
         result = run(lambda: compute(old, new, ToleranceOverride(rtol=rtol, atol=atol)))
-        if fmt == _Format.json:
+        if fmt == Format.json:
             import json
 
             typer.echo(json.dumps(result, indent=1))

@@ -9,8 +9,17 @@ ending in ``…``, so nothing is lost when a terminal is narrow.
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
+
+
+class Format(str, enum.Enum):
+    """``--format`` of the commands that print a table or JSON."""
+
+    table = "table"
+    json = "json"
+
 
 WIDE_COLUMNS = 200
 """Width of output that is not a terminal (characters)."""

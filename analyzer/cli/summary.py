@@ -8,10 +8,7 @@ from typing import Annotated
 
 import typer
 
-
-class _Format(str, enum.Enum):
-    table = "table"
-    json = "json"
+from analyzer.cli.richout import Format
 
 
 class _Check(str, enum.Enum):
@@ -24,7 +21,7 @@ def register(app, run) -> None:
     @app.command()
     def summary(
         path: Annotated[Path, typer.Argument(help="Run directory, folder of traces, or a trace file.")],
-        fmt: Annotated[_Format, typer.Option("--format", help="table (rich) or json.")] = _Format.table,
+        fmt: Annotated[Format, typer.Option("--format", help="table (rich) or json.")] = Format.table,
         output: Annotated[Path | None, typer.Option("--output", "-o",
                                                     help="Write the JSON here instead of stdout (with --format json only).")] = None,
         crosscheck: Annotated[_Check | None, typer.Option(
@@ -35,7 +32,7 @@ def register(app, run) -> None:
                                                  help="Parser processes (default: min(cpus, ranks)).")] = None,
     ) -> None:
         """Time per collective, overlap and exposed communication per rank and ProfilerStep."""
-        if output is not None and fmt != _Format.json:  # -o writes JSON (its help says so)
+        if output is not None and fmt != Format.json:  # -o writes JSON (its help says so)
             raise typer.BadParameter("writes JSON only: add --format json (the table goes to "
                                      "stdout: redirect it with > FILE)",
                                      param_hint="'--output' / '-o'")
@@ -59,7 +56,7 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
         from analyzer.compare import crosscheck_hta
 
         s.crosscheck = crosscheck_hta.crosscheck(ts)
-    if fmt == _Format.json:
+    if fmt == Format.json:
         text = json.dumps(s.to_json(), indent=1)
         if output is None:
             typer.echo(text)

@@ -83,27 +83,23 @@ PRECISIONS = ("fp32", "bf16")
 # For the ``single`` strategy the distributed tensor *is* the baseline: it records loss only
 # (value == ref_value) and the reader reports parity as "reference".
 NUMERICS_KINDS = ("loss", "activation", "grad", "param")
-TENSOR_METRICS = (
-    "numel",
-    "sq_sum",
-    "ref_sq_sum",
-    "diff_sq_sum",
-    "max_abs_diff",
-    "max_abs_ref",
-    "nonfinite",
-    "replicated",
-)
-NUMERICS_SCHEMA = pa.schema(
-    [
-        pa.field("rank", pa.int32(), nullable=False),
-        pa.field("step", pa.int32(), nullable=False),
-        pa.field("kind", pa.dictionary(pa.int32(), pa.string()), nullable=False),
-        pa.field("tensor", pa.dictionary(pa.int32(), pa.string()), nullable=False),
-        pa.field("seq", pa.int32(), nullable=False),
-        pa.field("metric", pa.dictionary(pa.int32(), pa.string()), nullable=False),
-        pa.field("value", pa.float64(), nullable=True),
-    ],
-    metadata={"paritytrace.schema_version": str(SCHEMA_VERSION)},
+TENSOR_METRICS = ("numel", "sq_sum", "ref_sq_sum", "diff_sq_sum", "max_abs_diff", "max_abs_ref",
+                  "nonfinite", "replicated")
+
+
+def _run_file_schema(*fields: pa.Field) -> pa.Schema:
+    """The schema of a run directory's Parquet file, stamped with ``SCHEMA_VERSION``."""
+    return pa.schema(fields, metadata={"paritytrace.schema_version": str(SCHEMA_VERSION)})
+
+
+NUMERICS_SCHEMA = _run_file_schema(
+    pa.field("rank", pa.int32(), nullable=False),
+    pa.field("step", pa.int32(), nullable=False),
+    pa.field("kind", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+    pa.field("tensor", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+    pa.field("seq", pa.int32(), nullable=False),
+    pa.field("metric", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+    pa.field("value", pa.float64(), nullable=True),
 )
 
 # --- steps.parquet ---------------------------------------------------------------------------
@@ -116,36 +112,30 @@ NUMERICS_SCHEMA = pa.schema(
 # Allocated" during the step (null on unprofiled steps); the CUDA columns are
 # torch.cuda.max_memory_allocated / max_memory_reserved after reset at the step's start (null on
 # CPU).
-STEPS_SCHEMA = pa.schema(
-    [
-        pa.field("rank", pa.int32(), nullable=False),
-        pa.field("step", pa.int32(), nullable=False),
-        pa.field("profiled", pa.bool_(), nullable=False),
-        pa.field("wall_ns", pa.int64(), nullable=False),
-        pa.field("peak_rss_bytes", pa.int64(), nullable=True),
-        pa.field("profiler_allocated_peak_bytes", pa.int64(), nullable=True),
-        pa.field("cuda_max_allocated_bytes", pa.int64(), nullable=True),
-        pa.field("cuda_max_reserved_bytes", pa.int64(), nullable=True),
-    ],
-    metadata={"paritytrace.schema_version": str(SCHEMA_VERSION)},
+STEPS_SCHEMA = _run_file_schema(
+    pa.field("rank", pa.int32(), nullable=False),
+    pa.field("step", pa.int32(), nullable=False),
+    pa.field("profiled", pa.bool_(), nullable=False),
+    pa.field("wall_ns", pa.int64(), nullable=False),
+    pa.field("peak_rss_bytes", pa.int64(), nullable=True),
+    pa.field("profiler_allocated_peak_bytes", pa.int64(), nullable=True),
+    pa.field("cuda_max_allocated_bytes", pa.int64(), nullable=True),
+    pa.field("cuda_max_reserved_bytes", pa.int64(), nullable=True),
 )
 
 # --- memory/memory.parquet (CUDA only) -------------------------------------------------------
 #
 # One row per live block of each rank's allocator snapshot (torch.cuda.memory._snapshot()),
 # converted at record time so the analyzer never unpickles.
-MEMORY_SCHEMA = pa.schema(
-    [
-        pa.field("rank", pa.int32(), nullable=False),
-        pa.field("segment_address", pa.int64(), nullable=True),
-        pa.field("block_size_bytes", pa.int64(), nullable=False),
-        pa.field("requested_size_bytes", pa.int64(), nullable=True),
-        pa.field("state", pa.string(), nullable=False),  # active_allocated, inactive, ...
-        pa.field("stream", pa.int64(), nullable=True),
-        pa.field("category", pa.string(), nullable=True),  # parameter / gradient / activation / ...
-        pa.field("top_frame", pa.string(), nullable=True),  # innermost user frame "file:line:func"
-    ],
-    metadata={"paritytrace.schema_version": str(SCHEMA_VERSION)},
+MEMORY_SCHEMA = _run_file_schema(
+    pa.field("rank", pa.int32(), nullable=False),
+    pa.field("segment_address", pa.int64(), nullable=True),
+    pa.field("block_size_bytes", pa.int64(), nullable=False),
+    pa.field("requested_size_bytes", pa.int64(), nullable=True),
+    pa.field("state", pa.string(), nullable=False),  # active_allocated, inactive, ...
+    pa.field("stream", pa.int64(), nullable=True),
+    pa.field("category", pa.string(), nullable=True),  # parameter / gradient / activation / ...
+    pa.field("top_frame", pa.string(), nullable=True),  # innermost user frame "file:line:func"
 )
 
 # --- the analyzer's per-rank tables (analyzer/ingest/pipeline.py) ---------------------------
@@ -351,22 +341,19 @@ KEEP_TENSORS = ("full", "summaries")
 KEPT_GROUPS = ("batch", "init", "grad", "param", "loss")
 """Tensor-name prefixes of the kept tensors (``grad.layers.0.attn.weight`` is in group grad)."""
 GOLDEN_METRICS = ("golden_ref_sq_sum", "golden_diff_sq_sum", "golden_max_abs_diff", "golden_max_abs_ref")
-KEPT_SCHEMA = pa.schema(
-    [
-        pa.field("group", pa.string(), nullable=False),  # one of KEPT_GROUPS
-        pa.field("tensor", pa.string(), nullable=False),  # full kept name, "grad.layers.0.attn.weight"
-        pa.field("dtype", pa.string(), nullable=False),  # safetensors dtype code: F32, F64, BF16, ...
-        pa.field("shape", pa.list_(pa.int64()), nullable=False),
-        pa.field("numel", pa.int64(), nullable=False),
-        pa.field("sha256", pa.string(), nullable=False),  # hex, of the tensor's raw stored bytes
-        pa.field("sum", pa.float64(), nullable=False),  # float64 sums over every element
-        pa.field("sq_sum", pa.float64(), nullable=False),
-        pa.field("min", pa.float64(), nullable=True),  # null for an empty tensor
-        pa.field("max", pa.float64(), nullable=True),
-        pa.field("max_abs", pa.float64(), nullable=True),
-        pa.field("nonfinite", pa.int64(), nullable=False),
-    ],
-    metadata={"paritytrace.schema_version": str(SCHEMA_VERSION)},
+KEPT_SCHEMA = _run_file_schema(
+    pa.field("group", pa.string(), nullable=False),  # one of KEPT_GROUPS
+    pa.field("tensor", pa.string(), nullable=False),  # full kept name, "grad.layers.0.attn.weight"
+    pa.field("dtype", pa.string(), nullable=False),  # safetensors dtype code: F32, F64, BF16, ...
+    pa.field("shape", pa.list_(pa.int64()), nullable=False),
+    pa.field("numel", pa.int64(), nullable=False),
+    pa.field("sha256", pa.string(), nullable=False),  # hex, of the tensor's raw stored bytes
+    pa.field("sum", pa.float64(), nullable=False),  # float64 sums over every element
+    pa.field("sq_sum", pa.float64(), nullable=False),
+    pa.field("min", pa.float64(), nullable=True),  # null for an empty tensor
+    pa.field("max", pa.float64(), nullable=True),
+    pa.field("max_abs", pa.float64(), nullable=True),
+    pa.field("nonfinite", pa.int64(), nullable=False),
 )
 
 
