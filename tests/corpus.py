@@ -53,3 +53,12 @@ def need(path: Path) -> Path:
 
 needs_corpus = pytest.mark.skipif(corpus_root() is None, reason=skip_reason())
 """Mark for tests or modules that read the corpus at collection or set-up time."""
+
+
+def params(items: list, names: int = 1) -> list:
+    """``items`` for ``pytest.mark.parametrize``; without the corpus, one case skipped with
+    ``skip_reason()`` (pytest's own "got empty parameter set" would not say why)."""
+    if items:
+        return items
+    return [pytest.param(*([None] * names), marks=pytest.mark.skip(reason=skip_reason()),
+                         id="no-corpus")]

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyzer.ingest import decode
-from tests.corpus import CORPUS
+from tests.corpus import CORPUS, params
 
 # --- exact µs text -> int64 ns ------------------------------------------------------------
 
@@ -136,7 +136,7 @@ def _same(a: decode.Decoded, b: decode.Decoded) -> None:
         b.warnings, b.distributed_info, b.device_count)
 
 
-@pytest.mark.parametrize("path", CORPUS_TRACES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", params([pytest.param(p, id=p.name) for p in CORPUS_TRACES]))
 def test_every_decoder_that_accepts_a_corpus_trace_gives_the_same_table(path):
     data = decode.decompress(path.read_bytes(), path)
     tables = _tables_by_each_decoder(data)

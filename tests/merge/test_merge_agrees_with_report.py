@@ -20,7 +20,7 @@ import pytest
 from analyzer import api
 from analyzer.timeline.clock import MATCHABLE_KINDS
 from analyzer.timeline.merge import merge_traces
-from tests.corpus import CORPUS, need
+from tests.corpus import CORPUS, need, params
 from tests.inputs import TINY
 
 
@@ -82,7 +82,7 @@ def _check(folder: Path, tmp: Path, monkeypatch) -> tuple:
     return res, job
 
 
-@pytest.mark.parametrize("name, files", _jobs(), ids=[j for j, _ in _jobs()])
+@pytest.mark.parametrize("name, files", params([pytest.param(j, f, id=j) for j, f in _jobs()], 2))
 def test_corpus_job(name, files, tmp_path, monkeypatch):
     folder = tmp_path / name
     folder.mkdir()
