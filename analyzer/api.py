@@ -2,7 +2,7 @@
 
 ``load_tables(path)``: a job's per-rank tables, what every command reads (analyzer/ingest/pipeline.py);
 the small analyses are functions of them (``collectives.by_kind(t.collectives)``,
-``collectives.match_ranks(t.collectives)`` ...). ``load_events(path)``: one trace file's event
+``collectives.match_ranks(t.collectives, clock.clock_offsets(t.collectives))`` ...). ``load_events(path)``: one trace file's event
 table, decoded and classified by the same rules, for a closer look. It never imports torch.
 All times are int64 nanoseconds, converted once at parse time.
 

@@ -150,6 +150,11 @@ def render(report: Report, markdown_text: str | None = None) -> str:
               f"<p>Step-time source: {e('; '.join(notes.step_sources(runs)))}.</p>",
               f"<p>{e(notes.windows(runs))}</p>", f"<p>{e(notes.OTHER_IDLE)}</p>",
               f"<p>{e(' '.join(notes.memory_notes(runs)))}</p>"]
+    offsets = [[r.name, k.rank, fmt.ms(k.clock_offset_ns, ".3f")] for r in runs for k in r.ranks
+               if k.clock_offset_ns is not None]
+    if offsets:
+        parts += ["<h2>Clock offsets</h2>", _table(["run", "rank", "clock offset"], offsets),
+                  f"<p>{e(notes.CLOCK_OFFSET)}</p>"]
     parts += ["<h2>Parity</h2>", _table(
         ["run", "status", "tolerance", "max grad rel L2", "loss max rel diff", "why"],
         [[r.name, r.parity.status, fmt.tolerance_line(r.parity.tolerance),

@@ -82,9 +82,10 @@ def render(report: Report) -> str:
     rows = [[r.name, k.rank, fmt.ms(k.step_ns), fmt.ms(k.compute_ns), fmt.ms(k.comm_ns),
              fmt.ms(k.exposed_comm_ns), fmt.pct(k.overlap_frac),
              f"{fmt.ms(k.data_wait_ns)} ({fmt.pct(k.data_wait_frac)})", fmt.ms(k.other_ns),
-             fmt.ms(k.idle_ns)] for r in runs for k in r.ranks]
+             fmt.ms(k.idle_ns), fmt.ms(k.clock_offset_ns, ".3f")] for r in runs for k in r.ranks]
     out += [table(["run", "rank", "step", "compute", "communication", "exposed comm", "overlap",
-                   "data wait", "other", "idle"], rows) if rows else "No traces.", "",
+                   "data wait", "other", "idle", "clock offset"], rows) if rows else "No traces.", "",
+            notes.CLOCK_OFFSET, "",
             "compute + exposed communication + data wait + other + idle = step, per rank and step "
             "(each instant counted once, in that order of precedence). " + notes.OTHER_IDLE, ""]
 

@@ -9,6 +9,15 @@ from __future__ import annotations
 from analyzer.contract.report_types import RunEntry
 from reports import fmt
 
+CLOCK_OFFSET = (
+    "Clock offset = the rank's clock minus the lowest rank's: the median over matched "
+    "collectives (same process group, kind and order) of the difference of their ends, which "
+    "NCCL and gloo collectives reach together on every rank, kept inside causality bounds "
+    "(analyzer/analyses/clock.py; `analyzer summary` aligns start skew and stragglers with it "
+    "and `analyzer merge` aligns the timeline with it). \"-\" = single rank or no collective "
+    "shared with the lowest rank."
+)
+
 OTHER_IDLE = (
     "Other = step time covered by neither computation, communication nor data wait but by some "
     "other recorded activity (e.g. optimizer bookkeeping, Python overhead inside recorded ranges, "

@@ -228,14 +228,23 @@ def _factors(kind: np.ndarray, has_kind: np.ndarray, kind_idx: np.ndarray, names
     return out
 
 
-def match_ranks(coll: pd.DataFrame) -> pd.DataFrame:
-    """Collectives matched across ranks by (pg, seq): pg, seq, kind, n_ranks, start_ns (first
-    start), start_skew_ns (last start - first start), transfer_ns (shortest duration),
-    max_wait_ns (longest duration - transfer), straggler_rank (last to start), kinds_agree."""
+def match_ranks(coll: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
+    """Collectives matched across ranks by (pg, seq), compared on aligned clocks.
+
+    ``coll``: ``JobTables.collectives``; ``offsets``: each rank's clock offset (columns rank,
+    offset_ns: ``analyzer.analyses.clock.clock_offsets`` of the same table; a rank missing
+    from it counts as offset 0). Every start is first put on the reference rank's clock
+    (start_ns - offset_ns), so a rank whose clock runs ahead is not the straggler of every
+    collective. Columns: pg, seq, kind, n_ranks, start_ns (first aligned start, reference
+    clock), start_skew_ns (last aligned start - first), transfer_ns (shortest duration),
+    max_wait_ns (longest duration - transfer), straggler_rank (last to start, aligned),
+    kinds_agree. Durations need no alignment."""
     cols = ["pg", "seq", "kind", "n_ranks", "start_ns", "start_skew_ns", "transfer_ns",
             "max_wait_ns", "straggler_rank", "kinds_agree"]
     if coll.empty:
         return pd.DataFrame(columns=cols)
+    shift = coll["rank"].map(dict(zip(offsets["rank"], offsets["offset_ns"]))).fillna(0)
+    coll = coll.assign(start_ns=coll["start_ns"] - shift.astype("int64"))
     g = coll.groupby(["pg", "seq"], sort=True)
     last = coll.loc[g["start_ns"].idxmax(), ["pg", "seq", "rank"]].set_index(["pg", "seq"])
     out = g.agg(kind=("kind", lambda k: k.mode().iat[0]), n_ranks=("rank", "nunique"),
@@ -254,7 +263,8 @@ def match_ranks(coll: pd.DataFrame) -> pd.DataFrame:
 
 def stragglers(matched: pd.DataFrame) -> pd.DataFrame:
     """Per rank: times_last (collectives it started last, among those seen on >1 rank),
-    skew_caused_ns (sum of start skew of those collectives). Sorted, worst first."""
+    skew_caused_ns (sum of start skew of those collectives). ``matched``: ``match_ranks``'
+    table, whose starts are already on aligned clocks. Sorted, worst first."""
     m = matched[matched["n_ranks"] > 1]
     cols = ["rank", "times_last", "skew_caused_ns"]
     if m.empty:

@@ -21,8 +21,11 @@ class Summary:
     """``JobTables.breakdown`` (analyzer/analyses/breakdown.py COLUMNS)."""
     by_kind: pd.DataFrame
     """analyzer.analyses.collectives.by_kind of the job's collectives."""
+    offsets: pd.DataFrame
+    """analyzer.analyses.clock.clock_offsets of the job's collectives (rank, offset_ns, mad_ns,
+    lo_ns, hi_ns, n_matched, consistent): the clocks ``cross_rank`` and ``stragglers`` align."""
     cross_rank: pd.DataFrame
-    """analyzer.analyses.collectives.match_ranks of the job's collectives."""
+    """analyzer.analyses.collectives.match_ranks of the job's collectives, on aligned clocks."""
     stragglers: pd.DataFrame
     """analyzer.analyses.collectives.stragglers."""
     crosscheck: pd.DataFrame | None = None
@@ -39,15 +42,17 @@ class Summary:
                 for rec in df.to_dict("records")]
         return {"headline": self.headline, "ranks": records(self.ranks),
                 "breakdown": records(self.breakdown), "by_kind": records(self.by_kind),
-                "cross_rank": records(self.cross_rank), "stragglers": records(self.stragglers),
+                "clock_offsets": records(self.offsets), "cross_rank": records(self.cross_rank), "stragglers": records(self.stragglers),
                 "crosscheck_hta": records(self.crosscheck), "notes": self.notes}
 
 
 def summarize(job) -> Summary:
     """Build the summary tables of a loaded job (``analyzer.ingest.pipeline.JobTables``)."""
+    from analyzer.analyses.clock import clock_offsets
     from analyzer.analyses.collectives import by_kind, match_ranks, stragglers
 
-    matched = match_ranks(job.collectives)
+    offsets = clock_offsets(job.collectives, [r.rank for r in job.ranks])
+    matched = match_ranks(job.collectives, offsets)
     sources = sorted({r.rank_source for r in job.ranks})
     head = [f"{job.root}: {len(job.ranks)} of {job.world_size} ranks, rank from "
             f"{' / '.join(sources)}"]
@@ -57,6 +62,14 @@ def summarize(job) -> Summary:
         head.append(f"partial: ranks {shown}{more} have no trace")
     if job.whole_trace_mode:
         head.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the whole trace")
+    if len(offsets) > 1:
+        head.append(f"start skew and stragglers on aligned clocks: rank r's offset to rank "
+                    f"{int(offsets['rank'].min())} = median of (end on r - end on the reference) "
+                    "over matched collectives (analyzer/analyses/clock.py)")
+        for row in offsets.itertuples(index=False):
+            if row.rank != offsets["rank"].min() and row.n_matched == 0:
+                head.append(f"rank {row.rank} shares no collective with rank "
+                            f"{int(offsets['rank'].min())}: its clock is not aligned (offset 0)")
     head += job.warnings
     for r in job.ranks:
         head += r.warnings
@@ -65,5 +78,5 @@ def summarize(job) -> Summary:
                            "steps": len(r.steps), "whole_trace_mode": r.whole_trace_mode}
                           for r in job.ranks])
     return Summary(headline=head, ranks=ranks, breakdown=job.breakdown,
-                   by_kind=by_kind(job.collectives), cross_rank=matched,
+                   by_kind=by_kind(job.collectives), offsets=offsets, cross_rank=matched,
                    stragglers=stragglers(matched))

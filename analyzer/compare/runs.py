@@ -29,6 +29,7 @@ from analyzer.compare import drift, ranking
 from analyzer.analyses import datasupply, memory, parity, prefetch
 from analyzer.ingest import pipeline, rundirs
 from analyzer.contract import schemas
+from analyzer.analyses.clock import clock_offsets
 from analyzer.analyses.collectives import by_kind, run_busbw_gbps
 from analyzer.contract.report_types import (AnalysisOptions, Allocation, CommKind, Interval,
                                    Memory, MemoryCategory, MemoryRank, Parity, Prefetch, PrefetchUnit,
@@ -42,7 +43,7 @@ _SAID = re.compile(r"^\d+ of \d+ ranks$|incomplete run")
 """Load notes that are already caveats."""
 
 
-def _ranks(bd: pd.DataFrame) -> list[RankFigures]:
+def _ranks(bd: pd.DataFrame, offsets: pd.DataFrame) -> list[RankFigures]:
     per = bd.groupby("rank", sort=True).agg(
         steps=("step", "size"), **{c: (c, "mean") for c in RANK_MEANS},
         comm=("comm_ns", "sum"), overlap=("overlap_ns", "sum"), wait=("data_wait_ns", "sum"),
@@ -50,7 +51,10 @@ def _ranks(bd: pd.DataFrame) -> list[RankFigures]:
     per["overlap_frac"] = (per["overlap"] / per["comm"]).where(per["comm"] != 0)
     per["data_wait_frac"] = (per["wait"] / per["total"]).where(per["total"] != 0)
     per = per.drop(columns=["comm", "overlap", "wait", "total"])
-    return [RankFigures(rank=int(r), **row) for r, row in per.to_dict("index").items()]
+    off = {int(o.rank): int(o.offset_ns) for o in offsets.itertuples(index=False)
+           if o.n_matched > 0 or o.rank == offsets["rank"].min()}
+    return [RankFigures(rank=int(r), clock_offset_ns=off.get(int(r)) if len(off) > 1 else None,
+                        **row) for r, row in per.to_dict("index").items()]
 
 
 def _communication(coll: pd.DataFrame, bd: pd.DataFrame, n_ranks: int
@@ -115,7 +119,8 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
         communication=comm, profiled_steps=profiled,
         overlap_frac=float(bd["overlap_ns"].sum() / comm_total) if comm_total else None,
         exposed_comm_ns=float(bd["exposed_comm_ns"].mean()) if len(bd) else None,
-        ranks=_ranks(bd), prefetch=_prefetch(tables.prefetch, device_kind),
+        ranks=_ranks(bd, clock_offsets(tables.collectives, [r.rank for r in tables.ranks])),
+        prefetch=_prefetch(tables.prefetch, device_kind),
         steps=[StepBar(step=int(s), **row)
                for s, row in by_step[BAR_PARTS].mean().to_dict("index").items()],
         timeline=_timeline(tables, bd) if len(bd) else None,

@@ -258,6 +258,10 @@ class RankFigures(_Figures, kw_only=True):
     overlap_frac: float | None
     data_wait_frac: float | None
     input_bound_steps: int
+    clock_offset_ns: int | None = None
+    """This rank's clock minus the lowest rank's, from matched collective ends
+    (analyzer/analyses/clock.py, the offset ``summary`` and ``merge`` use); None when it shares
+    no collective with that rank."""
 
 
 class StepBar(_Figures, kw_only=True):

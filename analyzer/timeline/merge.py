@@ -18,7 +18,7 @@ Output layout (Perfetto / chrome://tracing):
 - complete events that partially overlap an earlier one on their track (real traces have them,
   e.g. on GPU streams or gloo threads; Perfetto drops or moves them) go to an "(overlap k)" track
   next to it, so nothing is dropped and every track is properly nested;
-- times shifted by each rank's clock offset (``analyzer.timeline.clock``) and rebased so the earliest
+- times shifted by each rank's clock offset (``analyzer.analyses.clock``) and rebased so the earliest
   event is at 0 (keeps ns precision in the JSON doubles); the rebase and the offsets are stored
   under the top-level key ``paritytraceMerge`` and in the JSON sidecar;
 - flow arrows (cat "collective") link each matched collective across ranks, in the order the
@@ -41,7 +41,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from analyzer.timeline import clock
+from analyzer.analyses import clock
 from analyzer.ingest import pipeline, rundirs
 from analyzer.contract.atomic import write_atomic
 from analyzer.timeline.chrome_check import PHASES, check_trace, phase_problem

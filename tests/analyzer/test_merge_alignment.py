@@ -15,7 +15,7 @@ def _first_step_ts_ns(trace: dict) -> int:
 
 
 def test_merge_keeps_raw_clocks_when_alignment_widens_spread(ddp_run, tmp_path, monkeypatch):
-    from analyzer.timeline import clock
+    from analyzer.analyses import clock
 
     real = clock.estimate_offsets
 

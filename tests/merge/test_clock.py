@@ -1,10 +1,10 @@
-"""Clock offsets (analyzer/timeline/clock.py) on hand-built collectives with exact answers."""
+"""Clock offsets (analyzer.analyses.clock.py) on hand-built collectives with exact answers."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from analyzer.timeline import clock
+from analyzer.analyses import clock
 
 
 def matched(rows):

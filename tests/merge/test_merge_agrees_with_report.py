@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from analyzer import api
-from analyzer.timeline.clock import MATCHABLE_KINDS
+from analyzer.analyses.clock import MATCHABLE_KINDS
 from analyzer.timeline.merge import merge_traces
 from tests.corpus import CORPUS, need, params
 from tests.inputs import TINY

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer import api
+from analyzer.analyses.clock import clock_offsets
 from analyzer.analyses.collectives import by_kind, match_ranks
 from analyzer.contract.errors import ParityTraceError
 from analyzer.timeline.merge import MergeOptions, merge_traces
@@ -98,7 +99,7 @@ def mutated(draw) -> bytes:
 def _analyse(folder: Path) -> None:
     ts = api.load_tables(folder, jobs=1)
     by_kind(ts.collectives)
-    match_ranks(ts.collectives)
+    match_ranks(ts.collectives, clock_offsets(ts.collectives))
     for rt in ts.ranks:
         api.load_events(rt.path)
 

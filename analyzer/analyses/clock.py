@@ -1,17 +1,25 @@
-"""Per-rank clock offsets from collectives matched across ranks.
+"""Per-rank clock offsets from collectives matched across ranks: the one estimator that
+``analyzer summary`` (start skew, stragglers), ``analyzer report`` (per-rank clock offset) and
+``analyzer merge`` (aligned timeline) use.
 
-Every rank of a collective (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all,
-barrier) finishes at nearly the same instant: the last data arrives everywhere within one
-transfer. So the *end* of the k-th collective of one kind in one process group, seen on rank r
-and on the reference rank, differs by rank r's clock offset plus transfer jitter. The offset
-estimate is the median of those differences, its uncertainty the median absolute deviation
-(MAD) around it (both robust to a few outliers: Rousseeuw & Croux 1993). Point-to-point
-send/recv never finishes together across all ranks and is not used.
+Rule: every rank of a collective (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all,
+barrier) finishes at nearly the same instant -- NCCL and gloo collectives complete only when the
+last rank's data has arrived everywhere, so their *ends* line up within one transfer whatever
+time each rank started (a late rank delays everyone's end, not only its own). The k-th
+collective of one kind in one process group is therefore matched across ranks, and the
+difference of its end on rank r and on the reference rank is rank r's clock offset plus
+transfer jitter. The offset estimate is the median of those differences, its uncertainty the
+median absolute deviation (MAD) around it (both robust to a few outliers: Rousseeuw & Croux
+1993), kept inside causality bounds (no rank ends a collective before every rank started it).
+Starts are not used: a rank that starts late is what skew measures, not a clock error.
+Point-to-point send/recv never finishes together across all ranks and is not used. Source: the
+rule is ours (HTA analyses each rank on its own clock and aligns none), stated here and in
+README "Clock offsets".
 
 Which events are collectives, their kind and process group: the ingest's rules, one for every
 command (analyzer/ingest/classify.py, the collectives table of analyzer/analyses/collectives.py
-``rank_collectives``). Tables (pandas) in and out; times int64 nanoseconds on each rank's own
-clock.
+``rank_collectives``, ``JobTables.collectives``). Tables (pandas) in and out; times int64
+nanoseconds on each rank's own clock; aligned time = own time - offset_ns.
 """
 
 from __future__ import annotations
@@ -78,6 +86,20 @@ def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int) -> 
                                       "consistent"])
     return out.astype({"rank": "int64", "offset_ns": "int64", "mad_ns": "Int64", "lo_ns": "Int64",
                        "hi_ns": "Int64", "n_matched": "int64", "consistent": "bool"})
+
+
+def clock_offsets(coll: pd.DataFrame, ranks: list[int] | None = None,
+                  ref_rank: int | None = None) -> pd.DataFrame:
+    """``estimate_offsets(match_collectives(coll), ranks, ref_rank)``: each rank's clock offset
+    to ``ref_rank`` (None: the lowest rank) from the job's collectives table
+    (``JobTables.collectives``). ``ranks`` None: the ranks in ``coll``. Columns as
+    ``estimate_offsets``; empty table when there is no rank."""
+    if ranks is None:
+        ranks = sorted(int(r) for r in coll["rank"].unique()) if len(coll) else []
+    if not ranks:
+        return estimate_offsets(match_collectives(coll), [], 0)
+    ref = min(ranks) if ref_rank is None else ref_rank
+    return estimate_offsets(match_collectives(coll), ranks, ref)
 
 
 def end_spread(matched: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
