@@ -55,7 +55,8 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
     if crosscheck is not None:
         from analyzer.compare import crosscheck_hta
 
-        s.crosscheck = crosscheck_hta.crosscheck(ts)
+        s.crosscheck, notes = crosscheck_hta.crosscheck(ts)
+        s.notes += notes
     if fmt == Format.json:
         text = json.dumps(s.to_json(), indent=1)
         if output is None:
@@ -100,14 +101,21 @@ def _print_tables(s) -> None:
          {"rank": ("rank", text), "kind": ("kind", text), "count": ("count", text),
           "time": ("time_ns", ms), "bytes": ("bytes", text), "algbw_gbps": ("algbw_gbps", gbps),
           "busbw_gbps": ("busbw_gbps", gbps)})
-    show("Stragglers (last to start a matched collective)", s.stragglers.head(10),
+    if len(s.offsets) > 1:
+        show("Clock offsets (aligned time = rank time - offset)",
+             s.offsets.astype({"mad_ns": "float64"}),
+             {"rank": ("rank", text), "offset": ("offset_ns", ms), "mad": ("mad_ns", ms),
+              "matched": ("n_matched", text)})
+    show("Stragglers (last to start a matched collective, aligned clocks)", s.stragglers.head(10),
          {"rank": ("rank", text), "times_last": ("times_last", text),
           "skew_caused": ("skew_caused_ns", ms)})
     x = s.cross_rank
-    show("Cross-rank: largest start skews", x.sort_values("start_skew_ns", ascending=False).head(10),
+    show("Cross-rank: largest start skews (aligned clocks)", x.sort_values("start_skew_ns", ascending=False).head(10),
          {**{c: (c, text) for c in ("pg", "seq", "kind", "n_ranks")},
           "start_skew": ("start_skew_ns", ms), "transfer": ("transfer_ns", ms),
           "max_wait": ("max_wait_ns", ms), "straggler_rank": ("straggler_rank", text)})
     show("Cross-check with HTA get_comm_comp_overlap (% of communication)", s.crosscheck,
-         {**{c: (c, pct100) for c in ("hta_overlap_pct", "ours_whole_trace_pct", "ours_step_pct",
+         {**{c: (c, pct100) for c in ("hta_overlap_pct", "ours_hta_scope_pct", "ours_step_pct",
                                        "diff_pct")}, "explanation": ("explanation", text)})
+    for line in s.notes:
+        con.print(line, markup=False, highlight=False, soft_wrap=True)

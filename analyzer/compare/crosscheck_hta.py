@@ -1,32 +1,59 @@
 """Cross-check our communication/computation overlap with HolisticTraceAnalysis (optional dep).
 
-HTA 0.5.0 ``TraceAnalysis.get_comm_comp_overlap`` reports, per rank, the overlap of merged NCCL
-kernels (``^nccl.*Kernel``) with merged computation kernels (every other GPU event except
-Memcpy/Memset/Sync) as a percentage of communication time, over the whole profiled window,
-rounded to 0.01 %. Ours is the same set algebra (analyzer/analyses/breakdown.py) but per ProfilerStep,
-with GPU events attributed to the step that launched them; ``whole_trace_overlap`` applies
-HTA's scope (every GPU event of the trace) and must agree to HTA's rounding.
-Differences to expect: kernels launched outside every ProfilerStep (counted by HTA, not by our
-per-step figure), several steps (HTA pools them), CPU-only traces (HTA has no kernels: NaN).
+HTA's figure: ``TraceAnalysis.get_comm_comp_overlap`` reports, per rank, the overlap of merged
+NCCL kernels (``^nccl.*Kernel``) with merged computation kernels (every other GPU kernel except
+Memcpy/Memset) as a percentage of communication time, rounded to 0.01 %
+(hta/analyzers/communication_analysis.py).
+
+HTA's scope, as HTA applies it when it loads the traces (hta/common/trace.py
+``_filter_irrelevant_gpu_kernels``, same rule in HolisticTraceAnalysis 0.5.0 and traceinsight
+0.6.1, default ``include_last_profiler_step=False``): when the traces name at least two
+ProfilerSteps (HTA counts distinct ``ProfilerStep#N`` names over all ranks), the CPU events that
+start at or after the start of the rank's *last* ProfilerStep are dropped, and a GPU kernel is
+kept only when a kept CPU event carries its correlation id -- so the last ProfilerStep's kernels
+and kernels with no launch in the trace (queued before the profiler started) are left out. With
+fewer than two ProfilerSteps nothing is filtered: HTA takes every kernel of the trace.
+
+Ours: ``hta_scope_overlap`` applies that same filter to our event table (the ingest's
+classification: analyzer/ingest/classify.py) and computes the same set algebra
+(analyzer/analyses/intervals.py); it must agree with HTA to HTA's rounding. Our report's figure
+is per ProfilerStep (device work in the step whose CPU span launched it); differences between it
+and HTA's are explained by scope first: the last step HTA drops, kernels without a launch in the
+trace, several steps pooled. When HTA itself raises (HTA 0.5.0 and traceinsight 0.6.1 both do
+under pandas 3.x on some traces), the cross-check reports HTA's error in one line and our figures
+still stand.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+
+from analyzer.analyses import intervals as iv
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["rank", "hta_overlap_pct", "ours_whole_trace_pct", "ours_step_pct", "diff_pct",
+COLUMNS = ["rank", "hta_overlap_pct", "ours_hta_scope_pct", "ours_step_pct", "diff_pct",
            "explanation"]
+SCOPE_NOTE = (
+    "HTA's scope (hta/common/trace.py _filter_irrelevant_gpu_kernels, HTA 0.5.0 and "
+    "traceinsight 0.6.1): with two or more ProfilerSteps in the traces HTA drops the last "
+    "ProfilerStep and every GPU kernel not launched by a CPU event before it (kernels queued "
+    "before the profiler started have no launch); with fewer it takes every kernel. "
+    "ours_hta_scope_pct applies that filter to our events; ours_step_pct is the report's "
+    "per-ProfilerStep figure.")
+_STEP = re.compile(r"ProfilerStep")
 
 
 def hta_available() -> bool:
-    """True when HolisticTraceAnalysis can be imported."""
+    """True when HolisticTraceAnalysis (or traceinsight, which installs as module ``hta``) can be
+    imported."""
     try:
         import hta.trace_analysis  # noqa: F401
     except ImportError:
@@ -34,9 +61,12 @@ def hta_available() -> bool:
     return True
 
 
-def crosscheck(ts) -> pd.DataFrame:
-    """``compare`` with HTA's figures for ``ts.root``, a folder or one trace file. Raises
-    ``BadInput`` (``hta_missing``) when HTA is not installed.
+def crosscheck(ts) -> tuple[pd.DataFrame, list[str]]:
+    """(``compare`` with HTA's figures for ``ts.root``, a folder or one trace file; note lines).
+
+    The notes state HTA's scope and, when HTA itself raised, one line with HTA's error (HTA's
+    column is then NaN, ours are still computed). Raises ``BadInput`` (``hta_missing``) when HTA
+    is not installed.
 
     HTA reads whole folders: for one file it gets a temporary folder holding only a symlink to
     it (removed afterwards). Given the file's parent instead, HTA read every sibling trace too,
@@ -46,18 +76,30 @@ def crosscheck(ts) -> pd.DataFrame:
     if not hta_available():
         raise BadInput(ts.root, Reason.HTA_MISSING, "--crosscheck hta needs HolisticTraceAnalysis",
                        "pip install 'paritytrace[hta]'")
-    if ts.root.is_dir():
-        return compare(ts, run_hta_overlap(ts.root))
-    with tempfile.TemporaryDirectory(prefix="paritytrace-hta-") as tmp:
-        (Path(tmp) / ts.root.name).symlink_to(ts.root.resolve())
-        return compare(ts, run_hta_overlap(Path(tmp)))
+    notes = [SCOPE_NOTE]
+    try:
+        if ts.root.is_dir():
+            hta = run_hta_overlap(ts.root)
+        else:
+            with tempfile.TemporaryDirectory(prefix="paritytrace-hta-") as tmp:
+                (Path(tmp) / ts.root.name).symlink_to(ts.root.resolve())
+                hta = run_hta_overlap(Path(tmp))
+    except Exception as exc:  # HTA's own failure: said in one line, ours still shown
+        text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+        first = (text.strip().splitlines() or [""])[0][:300]  # KeyError's str() adds quotes
+        notes.append(f"HTA failed: {type(exc).__name__}: {first} (HTA's column left empty; "
+                     "our figures are unaffected)")
+        hta = pd.DataFrame({"rank": pd.Series([], dtype="int64"),
+                            "hta_overlap_pct": pd.Series([], dtype=float)})
+    return compare(ts, hta), notes
 
 
 def run_hta_overlap(trace_dir: Path) -> pd.DataFrame:
     """HTA's get_comm_comp_overlap on ``trace_dir``: columns rank, hta_overlap_pct.
 
-    Raises ``ImportError`` when HTA is not installed. HTA needs one folder holding only one
-    job's traces with distributedInfo.rank (it reads the rank from the trace too)."""
+    Raises ``ImportError`` when HTA is not installed, and whatever HTA raises. HTA needs one
+    folder holding only one job's traces with distributedInfo.rank (it reads the rank from the
+    trace too)."""
     from hta.trace_analysis import TraceAnalysis
 
     logging.getLogger("hta").setLevel(logging.WARNING)
@@ -67,31 +109,101 @@ def run_hta_overlap(trace_dir: Path) -> pd.DataFrame:
                          "hta_overlap_pct": df["comp_comm_overlap_pctg"].astype(float)})
 
 
+def step_names(events: pd.DataFrame) -> set[str]:
+    """The distinct ProfilerStep names of one rank's event table (HTA's test: name contains
+    "ProfilerStep")."""
+    cpu = ~events["is_gpu"].to_numpy()
+    names = events["name"].to_numpy()[cpu].astype(str)
+    return {n for n in set(names.tolist()) if _STEP.search(n)}
+
+
+def hta_scope_overlap(events: pd.DataFrame, filtered: bool) -> dict[str, int]:
+    """Our overlap on HTA's scope for one rank's event table (``analyzer.api.load_events``).
+
+    ``filtered``: the traces name at least two ProfilerSteps (module docstring), so HTA's filter
+    applies: CPU events starting before this rank's last ProfilerStep start are kept, GPU
+    kernels whose correlation id (-1 when missing, as HTA's parser) one of them carries are
+    kept. Returns ns and counts: overlap_ns (|∪comm ∩ ∪compute| of the kept kernels), comm_ns
+    (|∪comm|), last_step_dropped (comm/compute kernels HTA drops whose launch is in or after
+    the last ProfilerStep), unlaunched_dropped (comm/compute kernels dropped with no CPU event
+    carrying their correlation); sub_us: a kept kernel starts or ends off a whole µs."""
+    gpu = events["is_gpu"].to_numpy()
+    role = events["role"].to_numpy().astype(object)
+    counted = gpu & np.isin(role, ["comm", "compute"])
+    keep = counted.copy()
+    last_dropped = unlaunched = 0
+    if filtered:
+        name = events["name"].to_numpy().astype(str)
+        ts = events["ts_ns"].to_numpy()
+        corr = events["correlation"].to_numpy()
+        is_step = ~gpu & np.array([bool(_STEP.search(n)) for n in name], dtype=bool)
+        if is_step.any():
+            cutoff = ts[is_step].max()
+            kept_cpu = ~gpu & (ts < cutoff)
+            in_kept = np.isin(corr, np.unique(corr[kept_cpu]))
+            in_any = np.isin(corr, np.unique(corr[~gpu]))
+            keep = counted & in_kept
+            last_dropped = int((counted & ~in_kept & in_any).sum())
+            unlaunched = int((counted & ~in_any).sum())
+    s, e = events["ts_ns"].to_numpy(), events["end_ns"].to_numpy()
+    comm = iv.merge(s[keep & (role == "comm")], e[keep & (role == "comm")])
+    comp = iv.merge(s[keep & (role == "compute")], e[keep & (role == "compute")])
+    sub_us = bool(((s[keep] % 1000) != 0).any() or ((e[keep] % 1000) != 0).any())
+    return {"overlap_ns": int(iv.measure(iv.intersect(comm, comp))),
+            "comm_ns": int(iv.measure(comm)), "last_step_dropped": last_dropped,
+            "unlaunched_dropped": unlaunched, "sub_us": sub_us}
+
+
+def _scopes(job) -> dict[int, dict[str, int]]:
+    """``hta_scope_overlap`` of every rank of ``job`` (the traces decoded again: HTA's scope
+    needs the events, which the cached tables do not hold)."""
+    from analyzer.ingest.pipeline import classified
+
+    events = {rt.rank: classified(rt.path)[0] for rt in job.ranks}
+    names: set[str] = set()
+    for ev in events.values():
+        names |= step_names(ev)
+    return {r: hta_scope_overlap(ev, filtered=len(names) >= 2) for r, ev in events.items()}
+
+
 def compare(job, hta: pd.DataFrame) -> pd.DataFrame:
-    """Side by side, per rank of ``job`` (``analyzer.ingest.pipeline.JobTables``): HTA's figure, ours in
-    HTA's scope (``RankTables.whole_overlap_ns`` / ``whole_comm_ns``), ours over the
-    ProfilerSteps, and why they differ (empty explanation when they agree to HTA's 0.01 %
-    rounding). Columns ``COLUMNS``; percentages of communication time, NaN when undefined."""
+    """Side by side, per rank of ``job`` (``analyzer.ingest.pipeline.JobTables``): HTA's figure,
+    ours on HTA's scope (``hta_scope_overlap``), ours over the ProfilerSteps, and why they
+    differ, scope first (empty explanation when all agree to HTA's 0.01 % rounding). Columns
+    ``COLUMNS``; percentages of communication time, NaN when undefined."""
     b = job.breakdown
+    scopes = _scopes(job)
     rows = []
     for rt in job.ranks:
-        comm = rt.whole_comm_ns
-        whole = 100.0 * rt.whole_overlap_ns / comm if comm else math.nan
-        mine = b[b["rank"] == rt.rank]
+        sc = scopes[rt.rank]
+        whole = 100.0 * sc["overlap_ns"] / sc["comm_ns"] if sc["comm_ns"] else math.nan
+        mine = b[(b["rank"] == rt.rank) & (b["step"] >= 0)]
         step_comm = int(mine["comm_ns"].sum())
         step = 100.0 * int(mine["overlap_ns"].sum()) / step_comm if step_comm else math.nan
         h = hta.loc[hta["rank"] == rt.rank, "hta_overlap_pct"]
         hv = float(h.iat[0]) if len(h) else math.nan
         why = []
-        if math.isnan(hv):
-            why.append("HTA gave no figure for this rank")
-        elif not math.isnan(whole) and abs(whole - hv) > 0.005 + 1e-9:
-            why.append("same scope but different figure: kernel classification differs")
-        if not math.isnan(whole) and not math.isnan(step) and abs(whole - step) > 0.005:
-            why.append("HTA pools the whole trace; kernels launched outside the ProfilerSteps "
-                       "or several steps change the pooled figure")
         if rt.device_kind == "cpu":
             why.append("CPU-only rank: HTA counts GPU kernels only")
+        elif math.isnan(hv) and not sc["comm_ns"]:
+            why.append("no communication kernel in HTA's scope: overlap undefined")
+        elif math.isnan(hv):
+            why.append("HTA gave no figure for this rank")
+        elif not math.isnan(whole) and abs(whole - hv) > 0.005 + 1e-9:
+            why.append("same scope, different figure: " + (
+                "HTA rounds sub-µs times down to whole µs (its 'Rounding down ns resolution "
+                "events' log line), ours are exact ns; " if sc["sub_us"] else "")
+                + "HTA names communication by kernel name only (^nccl.*Kernel)")
+        if not math.isnan(whole) and not math.isnan(step) and abs(whole - step) > 0.005:
+            scope = []
+            if sc["last_step_dropped"]:
+                scope.append(f"HTA drops the last ProfilerStep ({sc['last_step_dropped']} kernels)")
+            if sc["unlaunched_dropped"]:
+                scope.append(f"HTA drops {sc['unlaunched_dropped']} kernels with no launch in "
+                             "the trace")
+            scope.append("HTA pools its steps into one figure; ours counts device work in the "
+                         "step that launched it")
+            why.append("scope: " + ", ".join(scope))
         rows.append((rt.rank, hv, whole, step,
                      hv - whole if not (math.isnan(hv) or math.isnan(whole)) else math.nan,
                      "; ".join(why)))
