@@ -3,32 +3,45 @@
 Input: one rank's event table (``analyzer/api.py`` columns). Labels locate the units; names
 checked against real torch 2.13 CPU/gloo traces of ``fully_shard`` and ``FullyShardedDataParallel``:
 
-* FSDP2 (``fully_shard``): ``FSDP::all_gather (<fqn>)`` is where the unit's all_gather is issued;
-  it sits inside ``FSDP::pre_forward (<fqn>)`` / ``FSDP::pre_backward (<fqn>)`` (not prefetched)
-  or inside another unit's ``FSDP::pre_forward`` / ``FSDP::backward_prefetch for <i>``
-  (prefetched). ``FSDP::all_gather_copy_out (<fqn>)`` is the first consumer of the gathered
-  data: *need* = its start (CPU); on GPU see "GPU need" below, for the first GPU compute kernel
-  launched from inside it (by correlation id; else the first GPU compute kernel starting after it).
-  ``<fqn>`` is the module's fully qualified name (the root has none).
+* FSDP2 (``fully_shard``): labels as torch 2.13's ``_fsdp_param_group.py`` /
+  ``_fsdp_state.py`` write them, ``FSDP::<what> (<fqn>)`` plus `` [pg=<n>]`` when a module has
+  several parameter groups (``FSDPParamGroup._with_fqn``; the root has no fqn, shown
+  ``(root)``). ``FSDP::all_gather (<fqn>)`` is where the unit's all_gather is issued.
+  Phase and prefetch from the FSDP hook label around the issue: ``FSDP::forward_prefetch for
+  <fqn>`` / ``FSDP::backward_prefetch for <fqn>`` -> forward / backward, prefetched;
+  ``FSDP::pre_forward`` / ``FSDP::pre_backward`` -> forward / backward, prefetched when the hook
+  is another unit's. With no such label around it, backward when it runs inside
+  ``autograd::engine::evaluate_function`` (FSDP's backward hooks are autograd hooks), else
+  forward, not prefetched. ``FSDP::all_gather_copy_out (<fqn>)`` (the unit's first after the
+  issue, before its next issue) is the first consumer of the gathered data: on CPU *need* = its
+  start; on GPU see "GPU need" below. No copy-out: need unknown.
 * FSDP1 (``FullyShardedDataParallel``): labels carry no unit name. Each ``c10d`` all_gather
   enqueue (``comm_enqueue`` row) is one unit's unshard, numbered ``#k`` in issue order within
   the step's forward or backward; it is prefetched when inside ``_pre_forward_prefetch`` /
-  ``_pre_backward_prefetch``. *need* = the end of the pre-hook (``_pre_forward`` /
-  ``_pre_backward_hook``) that consumes it: the enclosing one, or for a prefetched unit the next
-  one to start after the issue (the unit's module computation starts when that hook returns).
-  On GPU: "GPU need" of the first GPU compute kernel launched after that hook returned. One
-  NCCL all_gather shows up as nested enqueue ops (``c10d::_allgather_base_`` >
+  ``_pre_backward_prefetch`` / ``_post_backward_prefetch`` (``_runtime_utils.py``). *need* =
+  the end of the pre-hook (``_pre_forward`` / ``_pre_backward_hook``) that consumes it: the
+  enclosing one, or for a prefetched unit the next one to start after the issue (the unit's
+  module computation starts when that hook returns). On GPU: "GPU need" below. One NCCL
+  all_gather shows up as nested enqueue ops (``c10d::_allgather_base_`` >
   ``record_param_comms`` > ``nccl:_all_gather_base``, as in the A100 corpus trace); only the
   outermost one on its thread is an issue.
 
 Labels are read from CPU rows only: on GPU traces Kineto mirrors every user annotation as a
 ``gpu_user_annotation`` on a stream (GPU clock positions, same name), which is not an issue.
 
-GPU need. The consumer kernel runs on the compute stream after a stream wait on the
-all_gather, so its start is never before the all_gather's end, and "start of the consumer"
-would make every prefetch look on time. *need* on GPU is the consumer's ready time: when it
-could have started without that wait = max(its launch call's start on the CPU, the end of the
-previous operation on its stream). slack < 0 is then the time the compute stream sat waiting.
+GPU need. The consumer is found on the device timeline by launch, never by comparing a
+CPU time with GPU start times (the GPU may run steps behind the CPU, so the first kernel to
+*start* after a CPU label is an earlier unit's): FSDP2, the first GPU compute kernel or memcpy
+whose launch call (correlation id) lies inside the unit's ``FSDP::all_gather_copy_out``; else
+the first compute kernel launched inside the unit's own ``FSDP::pre_forward`` /
+``FSDP::pre_backward`` after the copy-out, skipping launches inside any ``FSDP::all_gather``
+span (the next unit's copy-in, on the all_gather stream); FSDP1, the first compute kernel
+launched after the consuming hook returned. None found: need unknown (slack not measured).
+The consumer runs on the compute stream after a stream wait on the all_gather, so its start is
+never before the all_gather's end, and "start of the consumer" would make every prefetch look
+on time. *need* on GPU is the consumer's ready time: when it could have started without that
+wait = max(its launch call's start on the CPU, the end of the previous operation on its
+stream). slack < 0 is then the time the compute stream sat waiting.
 
 Each issue is paired with the earliest not-yet-paired all_gather execution (``role == comm``)
 starting at or after it (gloo: the ``gloo:all_gather`` work on its runloop thread; NCCL: the
