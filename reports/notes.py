@@ -42,7 +42,8 @@ FSDP_PEAK = (
 
 SLACK = (
     "Issued as prefetch = the all_gather was started ahead of the unit that needs it (by the "
-    "previous unit's hook) rather than by the unit's own hook. Under computation = share of "
+    "previous unit's hook, or inside FSDP's forward / backward prefetch label) rather than by the "
+    "unit's own hook. Under computation = share of "
     "the all_gather's duration during which the rank was computing. Ready before use (slack) = "
     "when the unit first used the gathered parameters minus when the all_gather finished; "
     "negative = the computation had to wait (late). On a GPU the first use is the first kernel "
