@@ -186,6 +186,8 @@ class _Table:
         self.execs = is_in(role, ("comm",)) & all_gather
         self.enqueue = is_in(role, ("comm_enqueue",)) & all_gather
         self.tid = ev["tid"]
+        self.launch_row = (ev["launch_row"].to_numpy().astype(np.int64, copy=False)
+                           if "launch_row" in ev else None)
 
 
 class _GpuView:
@@ -196,33 +198,41 @@ class _GpuView:
     def __init__(self, tb: _Table):
         self.tb = tb
         ts = tb.ts
-        cpu_c = np.flatnonzero(~tb.gpu & (tb.corr >= 0))
-        c, t = tb.corr[cpu_c], ts[cpu_c]
-        o = np.lexsort((t, c))  # per correlation id, its earliest CPU row first
-        c, t = c[o], t[o]
-        first = np.ones(len(c), bool)
-        first[1:] = c[1:] != c[:-1]
-        self._corr, self._launch = c[first], t[first]
+        self.launch_ts = self._launch_times(tb)
         ops = np.flatnonzero(tb.gpu_ops)
         self._ops = ops[np.lexsort((tb.end[ops], tb.stream[ops]))]  # per stream, by end
         self._ops_stream = tb.stream[self._ops]
         self._ops_end = tb.end[self._ops]
         self._ends_after_starts = bool((tb.end[ops] >= tb.ts[ops]).all())
         self.active = bool((tb.gpu & tb.compute).any())
-        cand = np.flatnonzero(tb.gpu & tb.consumer)
-        lt, found = self.launch(tb.corr[cand])
-        cand, lt = cand[found], lt[found]
+        cand = np.flatnonzero(tb.gpu & tb.consumer & (self.launch_ts >= 0))
+        lt = self.launch_ts[cand]
         o = np.lexsort((ts[cand], lt))  # by launch; same launch time: earliest start first
         self._cand, self._cand_launch = cand[o], lt[o]
         self._cand_compute = tb.compute[self._cand]
 
-    def launch(self, corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(start of the launch call, found) per correlation id (-1 where not found)."""
-        if not len(self._corr):
-            return np.full(len(corr), -1, np.int64), np.zeros(len(corr), bool)
-        i = np.minimum(np.searchsorted(self._corr, corr), len(self._corr) - 1)
-        found = (corr >= 0) & (self._corr[i] == corr)
-        return np.where(found, self._launch[i], -1), found
+    @staticmethod
+    def _launch_times(tb: _Table) -> np.ndarray:
+        """Per row, the start of the runtime call that launched it (GPU rows; -1 unknown): the
+        event table's ``launch_row`` (analyzer/ingest/classify.py: correlation id, else External
+        id); where there is none, the earliest CPU row with the row's correlation id."""
+        out = np.full(len(tb.ts), -1, np.int64)
+        cpu_c = np.flatnonzero(~tb.gpu & (tb.corr >= 0))
+        if len(cpu_c):
+            c, t = tb.corr[cpu_c], tb.ts[cpu_c]
+            o = np.lexsort((t, c))  # per correlation id, its earliest CPU row first
+            c, t = c[o], t[o]
+            first = np.ones(len(c), bool)
+            first[1:] = c[1:] != c[:-1]
+            c, t = c[first], t[first]
+            g = np.flatnonzero(tb.gpu & (tb.corr >= 0))
+            i = np.minimum(np.searchsorted(c, tb.corr[g]), len(c) - 1)
+            hit = c[i] == tb.corr[g]
+            out[g[hit]] = t[i[hit]]
+        if tb.launch_row is not None:
+            g = np.flatnonzero(tb.gpu & (tb.launch_row >= 0))
+            out[g] = tb.ts[tb.launch_row[g]]
+        return out
 
     def first_launched(self, lo: int, hi: int | None, *, memcpy: bool = False,
                        skip: tuple[np.ndarray, np.ndarray] | None = None) -> int | None:
@@ -248,9 +258,8 @@ class _GpuView:
         tb = self.tb
         start = int(tb.ts[kernel])
         cands = []
-        t, found = self.launch(tb.corr[kernel:kernel + 1])
-        if found[0]:
-            cands.append(int(t[0]))
+        if self.launch_ts[kernel] >= 0:
+            cands.append(int(self.launch_ts[kernel]))
         prev = self._previous_end(int(tb.stream[kernel]), start)
         if prev is not None:
             cands.append(prev)
@@ -432,8 +441,7 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
     issues = _issues_fsdp2(tb, gpu) if family == "fsdp2" else _issues_fsdp1(tb, gpu)
     execs = _by_start(np.flatnonzero(tb.execs), tb.ts)
     exec_start, exec_end = tb.ts[execs], tb.end[execs]
-    launch, found = gpu.launch(tb.corr[execs])
-    exec_launch = np.where(found & tb.gpu[execs], launch, -1)
+    exec_launch = np.where(tb.gpu[execs], gpu.launch_ts[execs], -1)
     taken = np.zeros(len(execs), dtype=bool)
     merged = _computation(tb)
     rows = []
