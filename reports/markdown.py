@@ -139,7 +139,7 @@ def render(report: Report) -> str:
                           [[r.name, r.options.get("backward_prefetch"),
                             r.options.get("forward_prefetch"), fmt.ms(r.step_time_ns.median),
                             fmt.pct(r.prefetch.hidden_frac if r.prefetch else None),
-                            r.prefetch.late if r.prefetch else "-"]
+                            _late(r.prefetch)]
                            for r in runs if r.name in group]), ""]
         out += [notes.UNIT_NAMES, "", notes.SLACK, ""]
 
@@ -183,3 +183,10 @@ def render(report: Report) -> str:
     out += [f"- {r.name}: `{t}`" for r in runs for t in r.traces]
     out.append("")
     return "\n".join(out)
+
+
+def _late(p) -> str:
+    """Late all_gathers of a run's prefetch summary, with those not measured; "-" without one."""
+    if p is None:
+        return "-"
+    return f"{p.late} (+{p.unknown} not measured)" if p.unknown else str(p.late)

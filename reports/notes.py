@@ -42,10 +42,18 @@ FSDP_PEAK = (
 
 SLACK = (
     "Issued as prefetch = the all_gather was started ahead of the unit that needs it (by the "
-    "previous unit's hook) rather than by the unit's own hook. Under computation = share of "
+    "previous unit's hook, or inside FSDP's forward / backward prefetch label) rather than by the "
+    "unit's own hook. Under computation = share of "
     "the all_gather's duration during which the rank was computing. Ready before use (slack) = "
     "when the unit first used the gathered parameters minus when the all_gather finished; "
-    "negative = the computation had to wait (late)."
+    "negative = the computation had to wait (late). On a GPU the first use is the first kernel "
+    "or memcpy launched from inside the unit's FSDP::all_gather_copy_out label (else from its "
+    "pre_forward / pre_backward hook after the copy-out), found by correlation id, and its time "
+    "is when that kernel could have started: the later of its launch call and the end of the "
+    "previous operation on its stream. Without such a consumer the slack is shown as - (not "
+    "measured). Phase = the FSDP hook label around the all_gather (pre_forward / "
+    "forward_prefetch: forward; pre_backward / backward_prefetch: backward); without one, "
+    "backward when it runs inside the autograd engine."
 )
 
 UNIT_NAMES = (
@@ -90,13 +98,28 @@ def prefetch_sentence(run: RunEntry) -> str:
     text = (f"{run.name} ({p.labels} labels): {p.all_gathers} all_gathers over all ranks and "
             f"profiled steps, {p.prefetched} of them issued as prefetch; {fmt.pct(p.hidden_frac)} "
             "of all_gather time under computation; ")
+    measured = p.all_gathers - p.unknown
+    if not measured:
+        text += ("ready before use not measured for any of them: no consumer of the gathered "
+                 "parameters (FSDP's all_gather_copy_out label, on a GPU the kernel launched "
+                 "from it) or no all_gather execution was found in the trace, so whether "
+                 "computation waited for them is unknown.")
+        return text + _cpu_tail(run)
     if p.late:
-        text += (f"{p.late} finished after their unit needed them (computation waited "
-                 f"{fmt.ms(p.wait_ns)} in all at the point of use).")
+        text += (f"{p.late} of the {measured} measured finished after their unit needed them "
+                 f"(computation waited {fmt.ms(p.wait_ns)} in all at the point of use).")
     else:
-        text += "none finished after its unit needed it (no wait at the point of use)."
-    if p.note:
-        text += (f" Exposed communication of this run: {fmt.ms(run.exposed_comm_ns)} per "
-                 "step -- on CPU that is where the all_gathers are waited for (see the note "
-                 "below).")
-    return text
+        text += (f"none of the {measured} measured finished after its unit needed it (no wait "
+                 "at the point of use).")
+    if p.unknown:
+        text += (f" Not measured for {p.unknown}: no consumer of their gathered parameters or "
+                 "no execution of the all_gather was found in the trace.")
+    return text + _cpu_tail(run)
+
+
+def _cpu_tail(run: RunEntry) -> str:
+    """On CPU: where the all_gathers are waited for (the exposed communication)."""
+    if not run.prefetch.note:
+        return ""
+    return (f" Exposed communication of this run: {fmt.ms(run.exposed_comm_ns)} per step -- on "
+            "CPU that is where the all_gathers are waited for (see the note below).")

@@ -3,32 +3,45 @@
 Input: one rank's event table (``analyzer/api.py`` columns). Labels locate the units; names
 checked against real torch 2.13 CPU/gloo traces of ``fully_shard`` and ``FullyShardedDataParallel``:
 
-* FSDP2 (``fully_shard``): ``FSDP::all_gather (<fqn>)`` is where the unit's all_gather is issued;
-  it sits inside ``FSDP::pre_forward (<fqn>)`` / ``FSDP::pre_backward (<fqn>)`` (not prefetched)
-  or inside another unit's ``FSDP::pre_forward`` / ``FSDP::backward_prefetch for <i>``
-  (prefetched). ``FSDP::all_gather_copy_out (<fqn>)`` is the first consumer of the gathered
-  data: *need* = its start (CPU); on GPU see "GPU need" below, for the first GPU compute kernel
-  launched from inside it (by correlation id; else the first GPU compute kernel starting after it).
-  ``<fqn>`` is the module's fully qualified name (the root has none).
+* FSDP2 (``fully_shard``): labels as torch 2.13's ``_fsdp_param_group.py`` /
+  ``_fsdp_state.py`` write them, ``FSDP::<what> (<fqn>)`` plus `` [pg=<n>]`` when a module has
+  several parameter groups (``FSDPParamGroup._with_fqn``; the root has no fqn, shown
+  ``(root)``). ``FSDP::all_gather (<fqn>)`` is where the unit's all_gather is issued.
+  Phase and prefetch from the FSDP hook label around the issue: ``FSDP::forward_prefetch for
+  <fqn>`` / ``FSDP::backward_prefetch for <fqn>`` -> forward / backward, prefetched;
+  ``FSDP::pre_forward`` / ``FSDP::pre_backward`` -> forward / backward, prefetched when the hook
+  is another unit's. With no such label around it, backward when it runs inside
+  ``autograd::engine::evaluate_function`` (FSDP's backward hooks are autograd hooks), else
+  forward, not prefetched. ``FSDP::all_gather_copy_out (<fqn>)`` (the unit's first after the
+  issue, before its next issue) is the first consumer of the gathered data: on CPU *need* = its
+  start; on GPU see "GPU need" below. No copy-out: need unknown.
 * FSDP1 (``FullyShardedDataParallel``): labels carry no unit name. Each ``c10d`` all_gather
   enqueue (``comm_enqueue`` row) is one unit's unshard, numbered ``#k`` in issue order within
   the step's forward or backward; it is prefetched when inside ``_pre_forward_prefetch`` /
-  ``_pre_backward_prefetch``. *need* = the end of the pre-hook (``_pre_forward`` /
-  ``_pre_backward_hook``) that consumes it: the enclosing one, or for a prefetched unit the next
-  one to start after the issue (the unit's module computation starts when that hook returns).
-  On GPU: "GPU need" of the first GPU compute kernel launched after that hook returned. One
-  NCCL all_gather shows up as nested enqueue ops (``c10d::_allgather_base_`` >
+  ``_pre_backward_prefetch`` / ``_post_backward_prefetch`` (``_runtime_utils.py``). *need* =
+  the end of the pre-hook (``_pre_forward`` / ``_pre_backward_hook``) that consumes it: the
+  enclosing one, or for a prefetched unit the next one to start after the issue (the unit's
+  module computation starts when that hook returns). On GPU: "GPU need" below. One NCCL
+  all_gather shows up as nested enqueue ops (``c10d::_allgather_base_`` >
   ``record_param_comms`` > ``nccl:_all_gather_base``, as in the A100 corpus trace); only the
   outermost one on its thread is an issue.
 
 Labels are read from CPU rows only: on GPU traces Kineto mirrors every user annotation as a
 ``gpu_user_annotation`` on a stream (GPU clock positions, same name), which is not an issue.
 
-GPU need. The consumer kernel runs on the compute stream after a stream wait on the
-all_gather, so its start is never before the all_gather's end, and "start of the consumer"
-would make every prefetch look on time. *need* on GPU is the consumer's ready time: when it
-could have started without that wait = max(its launch call's start on the CPU, the end of the
-previous operation on its stream). slack < 0 is then the time the compute stream sat waiting.
+GPU need. The consumer is found on the device timeline by launch, never by comparing a
+CPU time with GPU start times (the GPU may run steps behind the CPU, so the first kernel to
+*start* after a CPU label is an earlier unit's): FSDP2, the first GPU compute kernel or memcpy
+whose launch call (correlation id) lies inside the unit's ``FSDP::all_gather_copy_out``; else
+the first compute kernel launched inside the unit's own ``FSDP::pre_forward`` /
+``FSDP::pre_backward`` after the copy-out, skipping launches inside any ``FSDP::all_gather``
+span (the next unit's copy-in, on the all_gather stream); FSDP1, the first compute kernel
+launched after the consuming hook returned. None found: need unknown (slack not measured).
+The consumer runs on the compute stream after a stream wait on the all_gather, so its start is
+never before the all_gather's end, and "start of the consumer" would make every prefetch look
+on time. *need* on GPU is the consumer's ready time: when it could have started without that
+wait = max(its launch call's start on the CPU, the end of the previous operation on its
+stream). slack < 0 is then the time the compute stream sat waiting.
 
 Each issue is paired with the earliest not-yet-paired all_gather execution (``role == comm``)
 starting at or after it (gloo: the ``gloo:all_gather`` work on its runloop thread; NCCL: the
@@ -57,11 +70,17 @@ import pandas as pd
 from analyzer.analyses import intervals as iv
 from analyzer.contract.schemas import PREFETCH_SCHEMA
 
-FSDP2_ISSUE = re.compile(r"^FSDP::all_gather(?: \((?P<fqn>.*)\))?$")
-FSDP2_COPY_OUT = "FSDP::all_gather_copy_out"
+FSDP2_ISSUE = re.compile(r"^FSDP::all_gather(?: \((?P<fqn>.*)\))?(?P<pg> \[pg=\d+\])?$")
+# every FSDP2 label this module reads: "FSDP::<what> (<fqn>) [pg=<n>]" (both parts optional;
+# FSDPParamGroup._with_fqn) or "FSDP::<forward|backward>_prefetch for <fqn>"
+FSDP2_LABEL = re.compile(r"^FSDP::(?P<what>all_gather_copy_out|all_gather|pre_forward|pre_backward)"
+                         r"(?: \((?P<fqn>.*)\))?(?P<pg> \[pg=\d+\])?$"
+                         r"|^FSDP::(?P<pass>forward|backward)_prefetch for (?P<target>.*)$")
+AUTOGRAD_PREFIX = "autograd::engine::evaluate_function"
 FSDP1_PREFIX = "FullyShardedDataParallel."
 FSDP1_PREFETCH = ("FullyShardedDataParallel._pre_forward_prefetch",
-                  "FullyShardedDataParallel._pre_backward_prefetch")
+                  "FullyShardedDataParallel._pre_backward_prefetch",
+                  "FullyShardedDataParallel._post_backward_prefetch")
 FSDP1_PRE_FORWARD = "FullyShardedDataParallel._pre_forward"
 FSDP1_PRE_BACKWARD = "FullyShardedDataParallel._pre_backward_hook"
 
@@ -161,50 +180,77 @@ class _Table:
         self.stream = ev["stream"].to_numpy().astype(np.int64, copy=False)
         role, kind = ev["role"], ev["coll_kind"]
         self.compute = is_in(role, ("compute",))
+        self.consumer = is_in(role, ("compute", "memcpy"))
         self.gpu_ops = self.gpu & is_in(role, ("compute", "comm", "memcpy", "memset"))
         all_gather = is_in(kind, ("all_gather",))
         self.execs = is_in(role, ("comm",)) & all_gather
         self.enqueue = is_in(role, ("comm_enqueue",)) & all_gather
         self.tid = ev["tid"]
+        self.launch_row = (ev["launch_row"].to_numpy().astype(np.int64, copy=False)
+                           if "launch_row" in ev else None)
 
 
 class _GpuView:
-    """The GPU side of one event table: launch times by correlation id and the operations of
-    each stream, to find consumer kernels and their ready time (module docstring)."""
+    """The GPU side of one event table: launch times by correlation id, the consumer candidates
+    (GPU compute kernels and memcpys) by launch time, and the operations of each stream, to find
+    consumers and their ready time (module docstring)."""
 
     def __init__(self, tb: _Table):
         self.tb = tb
         ts = tb.ts
-        cpu_c = np.flatnonzero(~tb.gpu & (tb.corr >= 0))
-        c, t = tb.corr[cpu_c], ts[cpu_c]
-        o = np.lexsort((t, c))  # per correlation id, its earliest CPU row first
-        c, t = c[o], t[o]
-        first = np.ones(len(c), bool)
-        first[1:] = c[1:] != c[:-1]
-        self._corr, self._launch = c[first], t[first]
+        self.launch_ts = self._launch_times(tb)
         ops = np.flatnonzero(tb.gpu_ops)
         self._ops = ops[np.lexsort((tb.end[ops], tb.stream[ops]))]  # per stream, by end
         self._ops_stream = tb.stream[self._ops]
         self._ops_end = tb.end[self._ops]
         self._ends_after_starts = bool((tb.end[ops] >= tb.ts[ops]).all())
-        self.compute = _by_start(np.flatnonzero(tb.gpu & tb.compute), ts)
-        self._compute_ts = ts[self.compute]
-        self.active = bool(len(self.compute))
-        lt, found = self.launch(tb.corr[self.compute])
-        self._compute_launch = np.where(found, lt, np.iinfo(np.int64).min)
-        pos = np.flatnonzero(found)  # positions in self.compute with a known launch
-        o = np.argsort(lt[pos], kind="stable")
-        self._by_launch, self._by_launch_ts = pos[o], lt[pos][o]
-        # earliest start among the kernels launched at or after each of them
-        self._later_min_ts = np.minimum.accumulate(self._compute_ts[self._by_launch][::-1])[::-1]
+        self.active = bool((tb.gpu & tb.compute).any())
+        cand = np.flatnonzero(tb.gpu & tb.consumer & (self.launch_ts >= 0))
+        lt = self.launch_ts[cand]
+        o = np.lexsort((ts[cand], lt))  # by launch; same launch time: earliest start first
+        self._cand, self._cand_launch = cand[o], lt[o]
+        self._cand_compute = tb.compute[self._cand]
 
-    def launch(self, corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(start of the launch call, found) per correlation id (-1 where not found)."""
-        if not len(self._corr):
-            return np.full(len(corr), -1, np.int64), np.zeros(len(corr), bool)
-        i = np.minimum(np.searchsorted(self._corr, corr), len(self._corr) - 1)
-        found = (corr >= 0) & (self._corr[i] == corr)
-        return np.where(found, self._launch[i], -1), found
+    @staticmethod
+    def _launch_times(tb: _Table) -> np.ndarray:
+        """Per row, the start of the runtime call that launched it (GPU rows; -1 unknown): the
+        event table's ``launch_row`` (analyzer/ingest/classify.py: correlation id, else External
+        id); where there is none, the earliest CPU row with the row's correlation id."""
+        out = np.full(len(tb.ts), -1, np.int64)
+        cpu_c = np.flatnonzero(~tb.gpu & (tb.corr >= 0))
+        if len(cpu_c):
+            c, t = tb.corr[cpu_c], tb.ts[cpu_c]
+            o = np.lexsort((t, c))  # per correlation id, its earliest CPU row first
+            c, t = c[o], t[o]
+            first = np.ones(len(c), bool)
+            first[1:] = c[1:] != c[:-1]
+            c, t = c[first], t[first]
+            g = np.flatnonzero(tb.gpu & (tb.corr >= 0))
+            i = np.minimum(np.searchsorted(c, tb.corr[g]), len(c) - 1)
+            hit = c[i] == tb.corr[g]
+            out[g[hit]] = t[i[hit]]
+        if tb.launch_row is not None:
+            g = np.flatnonzero(tb.gpu & (tb.launch_row >= 0))
+            out[g] = tb.ts[tb.launch_row[g]]
+        return out
+
+    def first_launched(self, lo: int, hi: int | None, *, memcpy: bool = False,
+                       skip: tuple[np.ndarray, np.ndarray] | None = None) -> int | None:
+        """The row of the first GPU compute kernel (with ``memcpy``: or memcpy) whose launch
+        call starts in [lo, hi] (``hi`` None: no upper bound) and not inside one of the
+        ``skip`` spans (starts, ends); None when there is none. Launch times only: a GPU start
+        is never compared with a CPU time (the GPU may run far behind the CPU)."""
+        a = int(np.searchsorted(self._cand_launch, lo, "left"))
+        b = (int(np.searchsorted(self._cand_launch, hi, "right")) if hi is not None
+             else len(self._cand))
+        for k in range(a, b):
+            t = int(self._cand_launch[k])
+            if not memcpy and not self._cand_compute[k]:
+                continue
+            if skip is not None and ((skip[0] <= t) & (skip[1] >= t)).any():
+                continue
+            return int(self._cand[k])
+        return None
 
     def ready_ns(self, kernel: int) -> int:
         """When ``kernel`` could have started: max(launch call start, end of the previous
@@ -212,9 +258,8 @@ class _GpuView:
         tb = self.tb
         start = int(tb.ts[kernel])
         cands = []
-        t, found = self.launch(tb.corr[kernel:kernel + 1])
-        if found[0]:
-            cands.append(int(t[0]))
+        if self.launch_ts[kernel] >= 0:
+            cands.append(int(self.launch_ts[kernel]))
         prev = self._previous_end(int(tb.stream[kernel]), start)
         if prev is not None:
             cands.append(prev)
@@ -234,27 +279,6 @@ class _GpuView:
         while j > 0 and ends[j - 1] == start and tb.ts[ops[j - 1]] >= start:
             j -= 1
         return int(ends[j - 1]) if j > 0 else None
-
-    def consumer_ready(self, lo: int, hi: int | None) -> int | None:
-        """Ready time of the first compute kernel launched in [lo, hi]; with ``hi`` given and
-        none launched there, of the first compute kernel starting at or after ``lo``."""
-        a = int(np.searchsorted(self._by_launch_ts, lo, "left"))
-        if hi is None and a < len(self._by_launch):
-            # the earliest start among the kernels launched at or after lo; when only one
-            # of them starts then, it is the one (else the full rule below breaks the tie)
-            m = self._later_min_ts[a]
-            p, q = np.searchsorted(self._compute_ts, [m, m + 1])
-            tied = np.flatnonzero(self._compute_launch[p:q] >= lo)
-            if len(tied) == 1:
-                return self.ready_ns(int(self.compute[p + tied[0]]))
-        b = (np.searchsorted(self._by_launch_ts, hi, "right") if hi is not None
-             else len(self._by_launch_ts))
-        pos = np.sort(self._by_launch[a:b])  # in self.compute order
-        if not len(pos) and hi is not None:
-            pos = np.arange(np.searchsorted(self._compute_ts, lo, "left"), len(self.compute))
-        if not len(pos):
-            return None
-        return self.ready_ns(_first(self.compute[pos], self.tb.ts))
 
 
 def _outermost(rows: np.ndarray, tb: _Table) -> np.ndarray:
@@ -280,37 +304,74 @@ def _outermost(rows: np.ndarray, tb: _Table) -> np.ndarray:
     return _by_start(np.concatenate(keep), tb.ts)
 
 
-def _issues_fsdp2(tb: _Table, gpu: _GpuView) -> list[dict]:
-    names, ts, end = tb.names, tb.ts, tb.end
-    cpu = ~tb.gpu
-    issue = _by_start(np.flatnonzero(cpu & names.mask(FSDP2_ISSUE.match)), ts)
-    copy_out = np.flatnonzero(cpu & names.mask(lambda n: n.startswith(FSDP2_COPY_OUT)))
-    pre_fwd = np.flatnonzero(cpu & names.mask(lambda n: n.startswith("FSDP::pre_forward")))
-    bwd = np.flatnonzero(cpu & names.mask(
-        lambda n: n.startswith(("FSDP::pre_backward", "FSDP::backward_prefetch"))))
-    out = []
-    for i in issue.tolist():
-        fqn = FSDP2_ISSUE.match(names.name(i)).group("fqn") or ""
-        t = int(ts[i])
-        enclosing_bwd = _enclosing(bwd, ts, end, t)
-        phase = "backward" if len(enclosing_bwd) else "forward"
-        if phase == "backward":
-            prefetched = any(names.name(j).startswith("FSDP::backward_prefetch")
-                             for j in enclosing_bwd.tolist())
+def _fsdp2_parse(names: _Names) -> dict[int, tuple[str, str]]:
+    """{name code: (what, unit key)} for the FSDP2 labels among the distinct names. what is
+    all_gather / all_gather_copy_out / pre_forward / pre_backward / forward_prefetch /
+    backward_prefetch; the unit key is ``<fqn>`` plus any `` [pg=<n>]`` (the target's fqn for
+    the prefetch labels)."""
+    out = {}
+    for k, n in enumerate(names.names):
+        m = FSDP2_LABEL.match(n)
+        if m is None:
+            continue
+        if m.group("pass"):
+            out[k] = (m.group("pass") + "_prefetch", m.group("target"))
         else:
-            own = f"FSDP::pre_forward ({fqn})" if fqn else "FSDP::pre_forward"
-            enc = _enclosing(pre_fwd, ts, end, t)
-            prefetched = bool(len(enc)) and not (names.codes[enc] == names.code(own)).any()
-        label = f"{FSDP2_COPY_OUT} ({fqn})" if fqn else FSDP2_COPY_OUT
-        consumers = copy_out[(names.codes[copy_out] == names.code(label)) & (ts[copy_out] >= t)]
+            out[k] = (m.group("what"), (m.group("fqn") or "") + (m.group("pg") or ""))
+    return out
+
+
+def _issues_fsdp2(tb: _Table, gpu: _GpuView) -> list[dict]:
+    names, ts, end, codes = tb.names, tb.ts, tb.end, tb.names.codes
+    cpu = ~tb.gpu
+    parsed = _fsdp2_parse(names)
+
+    def rows(*whats: str) -> np.ndarray:
+        return np.flatnonzero(cpu & names._rows([k for k, (w, _) in parsed.items() if w in whats]))
+
+    issue = _by_start(rows("all_gather"), ts)
+    copy_out = _by_start(rows("all_gather_copy_out"), ts)
+    hooks = rows("pre_forward", "pre_backward", "forward_prefetch", "backward_prefetch")
+    own_hooks = rows("pre_forward", "pre_backward")
+    autograd = np.flatnonzero(cpu & names.mask(lambda n: n.startswith(AUTOGRAD_PREFIX)))
+    skip = (ts[issue], end[issue])  # launches inside an all_gather label: copy-in, NCCL
+    unit_of = np.array([parsed.get(int(k), ("", ""))[1] for k in codes[issue]], dtype=object)
+    out = []
+    for n, i in enumerate(issue.tolist()):
+        key = unit_of[n]
+        t = int(ts[i])
+        enc = _enclosing(hooks, ts, end, t)
+        whats = {parsed[int(codes[j])][0] for j in enc.tolist()}
+        own = any(parsed[int(codes[j])] in (("pre_forward", key), ("pre_backward", key))
+                  for j in enc.tolist())
+        if "backward_prefetch" in whats or "forward_prefetch" in whats:
+            phase = "backward" if "backward_prefetch" in whats else "forward"
+            prefetched = True
+        elif whats:
+            phase = "backward" if "pre_backward" in whats else "forward"
+            prefetched = not own
+        else:  # no FSDP hook label around it: backward hooks run inside the autograd engine
+            phase = "backward" if len(_enclosing(autograd, ts, end, t)) else "forward"
+            prefetched = False
+        # the unit's copy-out: its first after this issue and before the unit's next issue
+        later = issue[(unit_of == key) & (ts[issue] > t)]
+        stop = int(ts[later].min()) if len(later) else np.iinfo(np.int64).max
+        mine = copy_out[(ts[copy_out] >= t) & (ts[copy_out] < stop)]
+        mine = mine[[parsed[int(codes[j])][1] == key for j in mine.tolist()]]
         need = None
-        if len(consumers):
-            c = _first(consumers, ts)
-            need = int(ts[c])
-            if gpu.active:
-                ready = gpu.consumer_ready(int(ts[c]), int(end[c]))
-                need = ready if ready is not None else need
-        out.append({"step": int(tb.step[i]), "phase": phase, "unit": fqn or "(root)",
+        if len(mine):
+            c = int(mine[0])
+            if not gpu.active:
+                need = int(ts[c])
+            else:
+                k = gpu.first_launched(int(ts[c]), int(end[c]), memcpy=True)
+                if k is None:  # else: launched by the unit's pre-hook after the copy-out
+                    h = _enclosing(own_hooks, ts, end, int(ts[c]))
+                    h = h[[parsed[int(codes[j])][1] == key and end[j] >= end[c] for j in h.tolist()]]
+                    if len(h):
+                        k = gpu.first_launched(int(end[c]), int(end[h].min()), skip=skip)
+                need = gpu.ready_ns(k) if k is not None else None
+        out.append({"step": int(tb.step[i]), "phase": phase, "unit": "(root)" + key if key[:1] in ("", " ") else key,
                     "prefetched": bool(prefetched), "issued_ns": t, "issue_end_ns": int(end[i]),
                     "need_ns": need})
     return out
@@ -340,7 +401,8 @@ def _issues_fsdp1(tb: _Table, gpu: _GpuView) -> list[dict]:
             enc = _enclosing(hooks, ts, end, t)
             need = int(end[enc].min()) if len(enc) else None
         if need is not None and gpu.active:
-            need = gpu.consumer_ready(need, None)
+            k = gpu.first_launched(need, None)
+            need = gpu.ready_ns(k) if k is not None else None
         key = (int(tb.step[i]), phase)
         k = counters.get(key, 0)
         counters[key] = k + 1
@@ -379,8 +441,7 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
     issues = _issues_fsdp2(tb, gpu) if family == "fsdp2" else _issues_fsdp1(tb, gpu)
     execs = _by_start(np.flatnonzero(tb.execs), tb.ts)
     exec_start, exec_end = tb.ts[execs], tb.end[execs]
-    launch, found = gpu.launch(tb.corr[execs])
-    exec_launch = np.where(found & tb.gpu[execs], launch, -1)
+    exec_launch = np.where(tb.gpu[execs], gpu.launch_ts[execs], -1)
     taken = np.zeros(len(execs), dtype=bool)
     merged = _computation(tb)
     rows = []
@@ -424,8 +485,9 @@ _INT_COLUMNS = ("issued_ns", "comm_start_ns", "finished_ns", "need_ns", "comm_ns
 
 def prefetch_summary(table: pd.DataFrame) -> dict | None:
     """Run-level summary of ``prefetch_table`` rows (all ranks): all_gathers, prefetched (count),
-    comm_ns, hidden_ns, hidden_frac (time-weighted), late (count with slack < 0), wait_ns (sum of
-    -slack over the late ones), labels. None when there are no rows."""
+    comm_ns, hidden_ns, hidden_frac (time-weighted), late (count with slack < 0), unknown (count
+    with no slack: no consumer or no execution found), wait_ns (sum of -slack over the late
+    ones), labels. None when there are no rows."""
     if table.empty:
         return None
     comm = int(table["comm_ns"].sum())
@@ -435,5 +497,5 @@ def prefetch_summary(table: pd.DataFrame) -> dict | None:
     return {"all_gathers": int(len(table)), "prefetched": int(table["prefetched"].sum()),
             "comm_ns": comm, "hidden_ns": hidden,
             "hidden_frac": hidden / comm if comm > 0 else None,
-            "late": int(len(late)), "wait_ns": int(-late.sum()),
+            "late": int(len(late)), "unknown": int(len(table) - len(slack)), "wait_ns": int(-late.sum()),
             "labels": str(table["labels"].iloc[0])}

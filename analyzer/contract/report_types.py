@@ -313,6 +313,7 @@ class Prefetch(_Figures, kw_only=True):
     hidden_ns: int
     hidden_frac: float | None
     late: int
+    unknown: int  # all_gathers whose slack could not be measured (no consumer / execution)
     wait_ns: int
     labels: str
     note: str | None

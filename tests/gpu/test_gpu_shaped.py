@@ -131,6 +131,76 @@ def test_fsdp2_prefetch_on_gpu(tmp_path):
     assert (s["comm_ns"], s["hidden_ns"], s["wait_ns"]) == (800 * US, 450 * US, 303 * US)
 
 
+def test_fsdp2_prefetch_with_gpu_behind_cpu():
+    """fsdp2_lag: the GPU runs ~2 ms behind the CPU; labels as torch 2.13's fully_shard writes
+    them. Consumer = first GPU kernel / memcpy launched (correlation id -> launch call) from
+    inside the unit's FSDP::all_gather_copy_out; need = its ready time = max(launch call start,
+    end of the previous op on its stream).
+
+    layers.0 fwd: issue 30 inside its own FSDP::pre_forward -> not prefetched; AG 100..300;
+        copy-out kernel launched 110, nothing before it on s7 -> need 110, slack -190 (late:
+        s7 waited 110..300). hidden: compute 90..100 (copy-in) ends as the AG starts -> 0.
+    layers.1 fwd: issue 155 inside FSDP::forward_prefetch for layers.1 -> prefetched;
+        AG 300..2000; copy-out = Memcpy DtoD launched 930 (cudaMemcpyAsync), previous s7 op
+        gemm 970..2800 -> need 2800, slack 2800 - 2000 = +800. hidden: s7 busy 300..2800 ->
+        1700/1700. The old rule found no *compute* kernel launched in copy-out 920..950 and took
+        the first compute kernel *starting* after CPU time 920: layers.0's gemm 970..2800
+        (ready max(210, 970) = 970) -> slack 970 - 2000 = -1030, and called the unit not
+        prefetched (no FSDP::pre_forward around the issue).
+    layers.1 bwd: issue 3020 inside FSDP::pre_backward (layers.1) -> backward, not prefetched;
+        AG 3100..3400; copy-out launched 3080, s7 idle since 3000 -> need 3080, slack -320.
+        hidden 0 (s7 idle 3000..3400, copy-in 3400..3410 after it).
+    layers.0 bwd: issue 3160 inside FSDP::backward_prefetch for layers.0 -> backward,
+        prefetched; AG 3410..3600; copy-out launched 3520, previous s7 op gemm ends 4000 ->
+        need 4000, slack +400. hidden: s7 3400..3420 + 3420..4000 cover it -> 190/190.
+    Summary: late 2 (190 + 320 = 510 waited), unknown 0; comm 200+1700+300+190 = 2390,
+    hidden 0+1700+0+190 = 1890.
+    """
+    t = prefetch.prefetch_table(events("fsdp2_lag"), rank=0)
+    assert list(zip(t["phase"], t["unit"], t["prefetched"])) == [
+        ("forward", "layers.0", False), ("forward", "layers.1", True),
+        ("backward", "layers.1", False), ("backward", "layers.0", True)]
+    us = lambda col: [int(v) // US for v in t[col]]  # noqa: E731
+    assert us("issued_ns") == [30, 155, 3020, 3160]
+    assert us("finished_ns") == [300, 2000, 3400, 3600]
+    assert us("need_ns") == [110, 2800, 3080, 4000]
+    assert us("slack_ns") == [-190, 800, -320, 400]
+    assert us("hidden_ns") == [0, 1700, 0, 190]
+    s = prefetch.prefetch_summary(t)
+    assert (s["late"], s["unknown"], s["wait_ns"]) == (2, 0, 510 * US)
+    assert (s["comm_ns"], s["hidden_ns"]) == (2390 * US, 1890 * US)
+
+
+def test_fsdp2_without_hook_labels_slack_is_not_measured(tmp_path):
+    """fsdp2_lag with only its FSDP::all_gather labels left (no pre_forward / pre_backward /
+    *_prefetch / all_gather_copy_out): the phase comes from the autograd engine -- issues 3020
+    and 3160 lie inside autograd::engine::evaluate_function (3000..3400) -> backward, 30 and
+    155 outside -> forward (the old rule folded all four into forward); no consumer can be
+    found, so every slack is unknown and the headline says so instead of "none finished after
+    its unit needed it"."""
+    from types import SimpleNamespace
+
+    from analyzer.contract.report_types import Prefetch
+    from reports import notes
+
+    data = json.loads((FIX / "fsdp2_lag" / "rank0.trace.json").read_text())
+    hooks = ("FSDP::pre_", "FSDP::forward_prefetch", "FSDP::backward_prefetch",
+             "FSDP::all_gather_copy_out")
+    data["traceEvents"] = [e for e in data["traceEvents"] if not e["name"].startswith(hooks)]
+    (tmp_path / "rank0.trace.json").write_text(json.dumps(data))
+    ev = api.load_events(tmp_path / "rank0.trace.json")[0]
+    t = prefetch.prefetch_table(ev, rank=0)
+    assert list(t["phase"]) == ["forward", "forward", "backward", "backward"]
+    assert t["slack_ns"].isna().all() and t["need_ns"].isna().all()
+    s = prefetch.prefetch_summary(t)
+    assert (s["all_gathers"], s["late"], s["unknown"]) == (4, 0, 4)
+    run = SimpleNamespace(name="fsdp2", exposed_comm_ns=0,
+                          prefetch=Prefetch(**s, note=None, units=[]))
+    text = notes.prefetch_sentence(run)
+    assert "not measured for any of them" in text
+    assert "none" not in text and "finished after" not in text
+
+
 def test_fsdp1_prefetch_on_gpu(tmp_path):
     """FSDP1: one issue per *outermost* all_gather enqueue (c10d::_allgather_base_ holds
     record_param_comms holds nccl:_all_gather_base: one issue, not three); need = ready time of
@@ -191,6 +261,6 @@ def test_cuda_peaks_from_steps():
 
 
 def test_traces_are_valid_json_with_nccl_info():
-    for name in ("overlap", "fsdp2", "fsdp1"):
+    for name in ("overlap", "fsdp2", "fsdp2_lag", "fsdp1"):
         data = json.loads((FIX / name / "rank0.trace.json").read_text())
         assert data["distributedInfo"]["backend"] == "nccl"

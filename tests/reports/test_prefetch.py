@@ -142,3 +142,106 @@ def test_epoch_ns_stay_exact_when_a_unit_has_no_consumer():
     assert [int(v) for v in t["issued_ns"]] == [off + 120, off + 1100, off + 1310, off + 6000]
     assert [int(v) for v in t["finished_ns"]] == [off + 800, off + 3000, off + 5000, off + 6900]
     assert pd.isna(t.loc["3", "need_ns"]) and pd.isna(t.loc["3", "slack_ns"])
+
+
+def test_gpu_consumer_from_pre_backward_after_copy_out_skips_copy_in():
+    """Consumers found by launch call, never by GPU start (GPU-shaped; s7 compute, s20 comm).
+
+    unit 1 (backward, own FSDP::pre_backward 1000..1500): issue 1010, AG 1100..1300. Its
+        copy-out 1060..1080 launched nothing, so the consumer is the first compute kernel
+        launched inside the pre_backward after 1080 and outside every FSDP::all_gather span:
+        the copy-in launched 1120 lies inside FSDP::all_gather (0) 1110..1190 (the next unit's,
+        on s20) -> skipped; the kernel launched 1300 (s7 1400..1420, previous s7 op ends 1350)
+        -> need max(1300, 1350) = 1350, slack +50. (Taking the copy-in: need 1300, slack 0.)
+    unit 0 (backward_prefetch for 0 -> backward, prefetched): issue 1110, AG 1310..1500, no
+        copy-out label -> need / slack unknown.
+    unit 2 (no hook label, outside the autograd op 900..2000 -> forward): issue 3000,
+        AG 3100..3200; copy-out 3300..3320 launched nothing, no pre-hook -> unknown. (The old
+        rule took the first compute kernel *starting* after 3300: s7 3400..3500, launched 2500,
+        ready 2500 -> slack -700.)
+    """
+    rows = [
+        ann("ProfilerStep#0", 0, 10000),
+        event("autograd::engine::evaluate_function: MmBackward0", 900, 2000),
+        ann("FSDP::pre_backward (1)", 1000, 1500), ann("FSDP::all_gather (1)", 1010, 1050),
+        launch(1020, 20), ann("FSDP::all_gather_copy_out (1)", 1060, 1080),
+        ann("FSDP::backward_prefetch for 0", 1100, 1200), ann("FSDP::all_gather (0)", 1110, 1190),
+        launch(1120, 21), launch(1150, 22), launch(1300, 23),
+        ann("FSDP::all_gather (2)", 3000, 3050), launch(3010, 30),
+        ann("FSDP::all_gather_copy_out (2)", 3300, 3320), launch(500, 19), launch(2500, 31),
+        kernel("gemm", 400, 1350, corr=19),
+        kernel("ncclDevKernel_AllGather", 1100, 1300, role="comm", stream=20, corr=20,
+               coll_kind="all_gather"),
+        kernel("copy_in", 1300, 1310, stream=20, corr=21),
+        kernel("ncclDevKernel_AllGather", 1310, 1500, role="comm", stream=20, corr=22,
+               coll_kind="all_gather"),
+        kernel("cast", 1400, 1420, corr=23),
+        kernel("ncclDevKernel_AllGather", 3100, 3200, role="comm", stream=20, corr=30,
+               coll_kind="all_gather"),
+        kernel("gemm", 3400, 3500, corr=31),
+    ]
+    t = prefetch.prefetch_table(events(rows), rank=0).set_index("unit")
+    assert list(t.index) == ["1", "0", "2"]
+    assert list(t["phase"]) == ["backward", "backward", "forward"]
+    assert list(t["prefetched"]) == [False, True, False]
+    assert list(t["finished_ns"]) == [1300, 1500, 3200]
+    assert t.loc["1", "need_ns"] == 1350 and t.loc["1", "slack_ns"] == 50
+    assert t.loc[["0", "2"], "slack_ns"].isna().all()
+    s = prefetch.prefetch_summary(t.reset_index())
+    assert (s["late"], s["unknown"]) == (0, 2)
+
+
+def test_fsdp2_labels_with_process_group_suffix():
+    """FSDPParamGroup._with_fqn appends " [pg=<n>]" when a module has several parameter groups:
+    issue 10 in its own pre_forward, AG 100..200, copy-out kernel launched 70, s7 empty before
+    it -> need 70, slack -130; the unit keeps its suffix."""
+    rows = [
+        ann("ProfilerStep#0", 0, 1000), ann("FSDP::pre_forward (a) [pg=2]", 0, 500),
+        ann("FSDP::all_gather (a) [pg=2]", 10, 50), launch(20, 1),
+        ann("FSDP::all_gather_copy_out (a) [pg=2]", 60, 80), launch(70, 2),
+        kernel("ncclDevKernel_AllGather", 100, 200, role="comm", stream=20, corr=1,
+               coll_kind="all_gather"),
+        kernel("copy_out", 200, 210, corr=2),
+    ]
+    ev = events(rows)
+    assert prefetch.detect_labels(ev) == "fsdp2"
+    t = prefetch.prefetch_table(ev, rank=0)
+    assert list(zip(t["unit"], t["phase"], t["prefetched"])) == [("a [pg=2]", "forward", False)]
+    assert (int(t["need_ns"].iloc[0]), int(t["slack_ns"].iloc[0])) == (70, -130)
+
+
+def test_fsdp1_post_backward_prefetch_is_a_prefetch():
+    """FSDP1 BACKWARD_POST issues the next unit's all_gather inside
+    FullyShardedDataParallel._post_backward_prefetch: backward, prefetched; gloo 260..400;
+    need = end of the next _pre_backward_hook (600..700) = 700 -> slack +300."""
+    F = "FullyShardedDataParallel."
+    rows = [
+        ann("ProfilerStep#0", 0, 1000), ann(F + "_post_backward_hook", 100, 500),
+        ann(F + "_post_backward_prefetch", 200, 300),
+        event("c10d::allgather_", 210, 250, role="comm_enqueue", coll_kind="all_gather"),
+        event("gloo:all_gather", 260, 400, role="comm", cat="user_annotation", tid="9",
+              coll_kind="all_gather"),
+        ann(F + "_pre_backward_hook", 600, 700),
+    ]
+    t = prefetch.prefetch_table(events(rows), rank=0)
+    assert list(zip(t["phase"], t["prefetched"])) == [("backward", True)]
+    assert list(t["slack_ns"]) == [300]
+
+
+def test_headline_counts_only_measured_slacks():
+    """3 of 4 slacks measured, none late: the headline says "none of the 3 measured" and names
+    the one not measured; with all late-free and measured it keeps the plain claim."""
+    from types import SimpleNamespace
+
+    from analyzer.contract.report_types import Prefetch
+    from reports import notes
+
+    def sentence(unknown):
+        p = Prefetch(all_gathers=4, prefetched=1, comm_ns=4000, hidden_ns=1000, hidden_frac=0.25,
+                     late=0, unknown=unknown, wait_ns=0, labels="fsdp2", note=None, units=[])
+        return notes.prefetch_sentence(SimpleNamespace(name="r", exposed_comm_ns=0, prefetch=p))
+
+    text = sentence(1)
+    assert "none of the 3 measured finished after its unit needed it" in text
+    assert "Not measured for 1" in text
+    assert "none of the 4 measured" in sentence(0) and "Not measured" not in sentence(0)
