@@ -1,9 +1,11 @@
 """Cross-check our communication/computation overlap with HolisticTraceAnalysis (optional dep).
 
 HTA's figure: ``TraceAnalysis.get_comm_comp_overlap`` reports, per rank, the overlap of merged
-NCCL kernels (``^nccl.*Kernel``) with merged computation kernels (every other GPU kernel except
-Memcpy/Memset) as a percentage of communication time, rounded to 0.01 %
-(hta/analyzers/communication_analysis.py).
+NCCL kernels (``^nccl.*Kernel``) with merged computation kernels (every other GPU kernel whose
+name does not match ``.*Memcpy``, ``Memset`` or ``.*Sync``) as a percentage of communication
+time, rounded to 0.01 % (hta/analyzers/communication_analysis.py, hta/utils/utils.py). Kernel
+types are HTA's, by name: communication our ingest recognises and HTA does not (``symm_mem``,
+``hccl``, dispatch/combine kernels) is computation on HTA's side, and in ``hta_scope_overlap``.
 
 HTA's scope, as HTA applies it when it loads the traces (hta/common/trace.py
 ``_filter_irrelevant_gpu_kernels``, same rule in HolisticTraceAnalysis 0.5.0 and traceinsight
@@ -41,6 +43,10 @@ import pandas as pd
 from analyzer.analyses import intervals as iv
 
 log = logging.getLogger(__name__)
+
+_HTA_COMM = re.compile(r"^nccl.*Kernel")  # hta/utils/utils.py NCCL_KERNEL_RE
+_HTA_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+"""hta/utils/utils.py NCCL_COMPUTE_KERNEL_RE, as HTA writes it (``re.match``)."""
 
 COLUMNS = ["rank", "hta_overlap_pct", "ours_hta_scope_pct", "ours_step_pct", "diff_pct",
            "explanation"]
@@ -133,7 +139,15 @@ def hta_scope_overlap(events: pd.DataFrame, filtered: bool) -> dict[str, int]:
     the times are rounded as HTA rounds them (module docstring)."""
     gpu = events["is_gpu"].to_numpy()
     role = events["role"].to_numpy().astype(object)
-    counted = gpu & np.isin(role, ["comm", "compute"])
+    names = events["name"].astype(str).to_numpy()
+    # HTA's kernel types by name alone (hta/utils/utils.py get_kernel_type), not our roles:
+    # communication HTA does not name (symm_mem, hccl, ...) is computation to HTA
+    uniq, codes = np.unique(names, return_inverse=True)
+    hta_comm = np.array([_HTA_COMM.match(n) is not None for n in uniq], bool)[codes]
+    hta_comp = np.array([_HTA_NOT_COMPUTE.match(n) is None for n in uniq], bool)[codes]
+    device = gpu & (role != "annotation")
+    is_comm = device & hta_comm
+    counted = is_comm | (device & hta_comp)
     keep = counted.copy()
     last_dropped = unlaunched = 0
     if filtered:
@@ -153,8 +167,8 @@ def hta_scope_overlap(events: pd.DataFrame, filtered: bool) -> dict[str, int]:
     sub_us = bool(((s[keep] % 1000) != 0).any() or ((e[keep] % 1000) != 0).any())
     if sub_us:  # HTA trace_parser.round_down_time_stamps: start up, end down, to whole µs
         s, e = -(-s // 1000) * 1000, e // 1000 * 1000
-    comm = iv.merge(s[keep & (role == "comm")], e[keep & (role == "comm")])
-    comp = iv.merge(s[keep & (role == "compute")], e[keep & (role == "compute")])
+    comm = iv.merge(s[keep & is_comm], e[keep & is_comm])
+    comp = iv.merge(s[keep & ~is_comm], e[keep & ~is_comm])
     return {"overlap_ns": int(iv.measure(iv.intersect(comm, comp))),
             "comm_ns": int(iv.measure(comm)), "last_step_dropped": last_dropped,
             "unlaunched_dropped": unlaunched, "sub_us": sub_us}
