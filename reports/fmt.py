@@ -50,8 +50,23 @@ def options(run: RunEntry) -> str:
 
 
 def comm_kinds(run: RunEntry) -> str:
-    """``all_gather 1.20 ms, reduce_scatter 0.80 ms``: per rank, mean per profiled step."""
-    return ", ".join(f"{k} {ms(v.time_ns_per_step)}" for k, v in run.communication.items()) or "-"
+    """``1.80 ms (union); sums by kind: all_gather 1.20 ms, reduce_scatter 0.80 ms``: per rank,
+    mean per profiled step; the union counts each instant once, the per-kind sums of durations
+    can add up to more (collectives running at once)."""
+    kinds = ", ".join(f"{k} {ms(v.time_ns_per_step)}" for k, v in run.communication.items())
+    if run.comm_ns_per_step is None:
+        return kinds or "-"
+    head = f"{ms(run.comm_ns_per_step)} (union)"
+    return f"{head}; sums by kind: {kinds}" if kinds else head
+
+
+def data_bytes(b: Any, unknown: int = 0) -> str:
+    """Bytes as MiB; ``unknown`` when the trace does not tell (never ``0.0 MiB``); ``+ n
+    unknown`` when only some instances are known."""
+    if b is None:
+        return "unknown"
+    text = mib(b) if b >= 2**20 else f"{b / 2**10:.1f} KiB" if b >= 2**10 else f"{b:.0f} B"
+    return text + (f" (+{unknown} unknown)" if unknown else "")
 
 
 def data_supply(d: DataSupply | None) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
 from reports import fmt, notes
-from reports.markdown import PERFETTO_HINT, comparison_rows
+from reports.markdown import COMM_GROUP_HEADERS, PERFETTO_HINT, comm_group_rows, comparison_rows
 from reports.verdict import verdict
 
 COLORS = {"compute_ns": "#4c78a8", "exposed_comm_ns": "#e45756", "data_wait_ns": "#eeca3b",
@@ -160,6 +160,10 @@ def render(report: Report, markdown_text: str | None = None) -> str:
         [[r.name, r.parity.status, fmt.tolerance_line(r.parity.tolerance),
           fmt.num(r.parity.max_grad_rel_l2), fmt.num(r.parity.loss_max_rel_diff), r.parity.reason]
          for r in runs])]
+    groups = comm_group_rows(report)
+    if groups:
+        parts += ["<h2>Communication by process group and dtype</h2>",
+                  _table(COMM_GROUP_HEADERS, groups), f"<p>{e(notes.COMM_GROUPS)}</p>"]
     parts += ["<h2>Plots</h2>", step_bars(report), comm_bars(report), memory_bars(report)]
     parts += [timeline_svg(r) for r in runs]
     pf = [r for r in runs if r.prefetch]

@@ -34,6 +34,17 @@ def comparison_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
                       fmt.mib(r.memory.peak_rss_bytes)] for r in report.runs]
 
 
+COMM_GROUP_HEADERS = ["run", "kind", "process group", "ranks", "group size", "dtype", "calls",
+                      "time (sum)", "bytes", "busbw (GB/s)"]
+
+
+def comm_group_rows(report: Report) -> list[list[Any]]:
+    """Rows of the per (kind, process group, dtype) table (shared with the HTML renderer)."""
+    return [[r.name, g.kind, g.pg or "-", g.pg_ranks or "-", g.group_size, g.dtype or "unknown",
+             fmt.count(g.count), fmt.ms(g.time_ns), fmt.data_bytes(g.bytes, g.unknown_bytes),
+             fmt.num(g.busbw_gbps, ".3f")] for r in report.runs for g in r.comm_groups]
+
+
 def render(report: Report) -> str:
     """The whole report.md text."""
     runs = report.runs
@@ -91,15 +102,21 @@ def render(report: Report) -> str:
 
     out += ["## Communication by collective kind (per rank, mean per profiled step)", ""]
     rows = [[r.name, k, r.profiled_steps or "-", fmt.count(v.count_per_step),
-             fmt.ms(v.time_ns_per_step), fmt.mib(v.bytes_per_step), fmt.num(v.busbw_gbps, ".3f")]
+             fmt.ms(v.time_ns_per_step), fmt.data_bytes(v.bytes_per_step, v.unknown_bytes),
+             fmt.num(v.busbw_gbps, ".3f")]
             for r in runs for k, v in r.communication.items()]
-    out += [table(["run", "kind", "profiled steps", "calls / step", "time / step", "bytes / step",
-                   "busbw (GB/s)"], rows) if rows
+    out += [table(["run", "kind", "profiled steps", "calls / step", "time / step (sum)",
+                   "bytes / step", "busbw (GB/s)"], rows) if rows
             else "No collectives found.", "",
             "busbw uses the nccl-tests factors (all_reduce 2(n-1)/n, all_gather and reduce_scatter "
             "(n-1)/n, broadcast 1) and, as nccl-tests does, combines the ranks' times before "
             "dividing: bytes x factor summed over ranks / time summed over ranks (= bytes x "
             "factor / mean time per rank), whole trace; GB = 10^9 bytes.", ""]
+
+    rows = comm_group_rows(report)
+    if rows:
+        out += ["### By process group and dtype (per rank, whole trace)", "",
+                table(COMM_GROUP_HEADERS, rows), "", notes.COMM_GROUPS, ""]
 
     out += ["## Memory per rank", ""]
     rows = [[r.name, m.rank, fmt.mib(m.peak_rss_bytes), fmt.mib(m.profiler_allocated_peak_bytes),

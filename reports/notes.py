@@ -78,10 +78,20 @@ def windows(runs: list[RunEntry]) -> str:
     steps = sorted({r.profiled_steps for r in runs if r.profiled_steps})
     n = "/".join(str(s) for s in steps) or "the"
     return (f"All times in the tables are means per profiled step ({n} profiled step(s) per rank "
-            "in the traces), per rank unless said otherwise: communication / step = a rank's "
-            "collective time inside profiled steps divided by its number of profiled steps, mean "
-            "over ranks; exposed comm / step likewise. Overlap and data wait are shares over all "
-            "ranks and profiled steps.")
+            "in the traces), per rank unless said otherwise: communication / step = the union of "
+            "a rank's collective intervals inside each profiled step (time during which at least "
+            "one collective ran, so never more than the step), mean over ranks and steps; beside "
+            "it, the sums of durations by kind, which count collectives running at once (two "
+            "threads, two streams) once each and so can add up to more than the union or the "
+            "step; exposed comm / step likewise a union. Overlap and data wait are shares over "
+            "all ranks and profiled steps.")
+
+COMM_GROUPS = (
+    "Per process group and dtype: whole trace, per rank (mean over ranks); time = sum of "
+    "durations; bytes as nccl-tests counts them (all_gather and reduce_scatter: the whole buffer "
+    "= one rank's piece x the group's size), taken from the CPU side (record_param_comms, the "
+    "c10d op) before the kernel; 'unknown' where the trace does not tell; busbw with the "
+    "group's size. Group size -1: not told by the trace (busbw then unknown).")
 
 
 def memory_notes(runs: list[RunEntry]) -> list[str]:

@@ -35,14 +35,21 @@ def busbw_factor(kind: str, n: int) -> float:
 def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.DataFrame:
     """One row per communication event (NCCL kernel or gloo op) of one rank (``schemas.COLLECTIVES_SCHEMA``).
 
-    ``pg`` is "" when the trace does not name the process group; ``seq`` is the index within
+    ``pg`` is "" when the trace does not name the process group (``dtype`` and ``pg_ranks``
+    likewise); device rows with no launch on a trace that has launch links (queued before the
+    profiler started) are left out, as HTA and TraceLens do; ``seq`` is the index within
     (rank, pg) by start time (ties: table order); rows are sorted by start time (ties: pg,
     then table order); ``group_size`` falls back to ``world_size``; enqueue_* is the CPU
     op that launched it (GPU: the launch's enclosing comm op, gloo: the paired c10d op), -1
     when unknown; ``event_idx`` is the event's position in the trace file's traceEvents list
     (analyzer/ingest/decode.py), what ``analyzer merge`` links its flow arrows to.
     """
-    idx = np.flatnonzero(is_in(events["role"], ("comm",)))
+    comm = is_in(events["role"], ("comm",))
+    gpu = events["is_gpu"].to_numpy(dtype=bool)
+    launch_all = events["launch_row"].to_numpy()
+    if (launch_all[gpu] >= 0).any():  # un-launched device work: queued before the profiler
+        comm &= ~(gpu & (launch_all < 0))  # started; HTA and TraceLens leave it out too
+    idx = np.flatnonzero(comm)
 
     def strs(name: str, fill: str | None = None) -> np.ndarray:
         """``col.astype(str)`` of these rows as an object array (missing stays NaN unless
@@ -84,6 +91,7 @@ def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.Dat
         "dur_ns": events["dur_ns"].to_numpy()[idx][order],
         "bytes": events["bytes"].to_numpy()[idx][order], "rule": strs("rule")[order],
         "name": strs("name")[order], "group_size": gs[order],
+        "dtype": strs("dtype", "")[order], "pg_ranks": strs("pg_ranks", "")[order],
         "enqueue_start_ns": enq_s[order], "enqueue_end_ns": enq_e[order],
         "event_idx": ints("event_idx")[order],
     })

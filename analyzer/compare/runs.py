@@ -8,12 +8,15 @@ The renderers (reports/) only format the ``Report`` this returns.
 Per-run figures from the traces: ``ranks[]`` are per-step means over the rank's profiled
 steps; the run's ``overlap_frac`` = overlap / communication summed over ranks and steps;
 ``exposed_comm_ns`` = exposed communication per step, mean over ranks and steps; ``data`` =
-the run's data supply (analyzer/analyses/datasupply.py); ``communication[kind]`` = per-rank means of the
-whole trace's count, time_ns and bytes, and the run's busbw (nccl-tests: bus bytes over the
+the run's data supply (analyzer/analyses/datasupply.py); ``comm_ns_per_step`` = the union of a
+rank's collective intervals per profiled step (breakdown comm_ns), mean over ranks and steps: the
+run's communication per step, never above the step; ``communication[kind]`` = per-rank means of
+the whole trace's count, time_ns (a sum of durations, labelled so) and bytes (None when unknown), and the run's busbw (nccl-tests: bus bytes over the
 time combined across ranks, ``collectives.run_busbw_gbps``; not a mean of per-rank busbw),
 plus ``count_per_step``, ``time_ns_per_step``, ``bytes_per_step``: collectives inside profiled
 steps per rank divided by that rank's number of profiled steps, mean over ranks;
-``profiled_steps`` = the most profiled steps of a rank. Step times: steps.parquet's profiled
+``profiled_steps`` = the most profiled steps of a rank; ``comm_groups`` = the same per (kind,
+process group, dtype), whole trace. Step times: steps.parquet's profiled
 steps (slowest rank's wall time) when recorded, else the traces' ProfilerStep spans.
 """
 
@@ -31,7 +34,7 @@ from analyzer.ingest import pipeline, rundirs
 from analyzer.contract import schemas
 from analyzer.analyses.clock import clock_offsets
 from analyzer.analyses.collectives import by_kind, run_busbw_gbps
-from analyzer.contract.report_types import (AnalysisOptions, Allocation, CommKind, Interval,
+from analyzer.contract.report_types import (AnalysisOptions, Allocation, CommGroup, CommKind, Interval,
                                    Memory, MemoryCategory, MemoryRank, Parity, Prefetch, PrefetchUnit,
                                    RankFigures, Report, RunEntry, StepBar, StepTime, Timeline,
                                    TraceInfo)
@@ -68,18 +71,52 @@ def _communication(coll: pd.DataFrame, bd: pd.DataFrame, n_ranks: int
     cols = ["count", "time_ns", "bytes"]
     whole = by_kind(coll)
     whole["kind"] = whole["kind"].astype(str)
-    whole["bytes"] = whole["bytes"].clip(lower=0)  # -1: no instance with known bytes
-    totals = whole.groupby("kind", sort=True)[[*cols, "bus_bytes", "bus_time_ns"]].sum()
+    whole["known"] = whole["bytes"] >= 0  # -1: no instance with known bytes
+    whole["bytes"] = whole["bytes"].clip(lower=0)
+    totals = whole.groupby("kind", sort=True)[[*cols, "bus_bytes", "bus_time_ns", "known"]].sum()
+    unknown = (coll["bytes"] < 0).groupby(coll["kind"].astype(str).to_numpy()).sum()
     inside = by_kind(coll, rows=coll["step"].to_numpy() >= 0)
     # per profiled step: a rank's collectives inside steps over its number of steps (NaN: none)
     per_rank = inside[cols].clip(lower=0).astype(float).div(inside["rank"].map(rank_steps), axis=0)
-    per_step = per_rank.groupby(inside["kind"].astype(str).to_numpy()).sum() / n
+    per_rank["known"] = (inside["bytes"] >= 0).to_numpy()
+    per_step = per_rank.groupby(inside["kind"].astype(str).to_numpy()).sum()
+    per_step[cols] = per_step[cols] / n
+
+    def step_figure(kind: str, c: str) -> float | None:
+        if kind not in per_step.index or (c == "bytes" and not per_step.at[kind, "known"]):
+            return None
+        return float(per_step.at[kind, c])
+
     return profiled, {
-        kind: CommKind(count=t["count"] / n, time_ns=t["time_ns"] / n, bytes=t["bytes"] / n,
+        kind: CommKind(count=t["count"] / n, time_ns=t["time_ns"] / n,
+                       bytes=t["bytes"] / n if t["known"] else None,
+                       unknown_bytes=int(unknown.get(kind, 0)),
                        busbw_gbps=run_busbw_gbps(t["bus_bytes"], t["bus_time_ns"]),
-                       **{f"{c}_per_step": (float(per_step.at[kind, c]) if kind in per_step.index
-                                            else None) for c in cols})
+                       **{f"{c}_per_step": step_figure(kind, c) for c in cols})
         for kind, t in totals.to_dict("index").items()}
+
+
+def _comm_groups(coll: pd.DataFrame, n_ranks: int) -> list[CommGroup]:
+    """Per (kind, process group, dtype) over the whole trace (``CommGroup``): what shows a bf16
+    vs an fp32 reduction, or a half-world process group, that the per-kind figures mix."""
+    if coll.empty:
+        return []
+    n = max(n_ranks, 1)
+    c = coll.assign(kind=coll["kind"].astype(str), known=coll["bytes"] >= 0)
+    out = []
+    for (kind, pg, dtype), g in c.groupby(["kind", "pg", "dtype"], sort=True):
+        k = by_kind(g.assign(kind=kind))  # per rank; bus bytes with each row's group size
+        sizes = sorted(set(g["group_size"].tolist()))
+        known = g["known"].to_numpy()
+        out.append(CommGroup(
+            kind=kind, pg=str(pg), dtype=str(dtype),
+            pg_ranks=str(g["pg_ranks"].iloc[0]) if len(set(g["pg_ranks"])) == 1 else "various",
+            group_size=int(sizes[0]) if len(sizes) == 1 else -1,
+            count=len(g) / n, time_ns=float(g["dur_ns"].sum()) / n,
+            bytes=float(g.loc[known, "bytes"].sum()) / n if known.any() else None,
+            unknown_bytes=int((~known).sum()),
+            busbw_gbps=run_busbw_gbps(k["bus_bytes"], k["bus_time_ns"])))
+    return out
 
 
 def _timeline(tables, bd: pd.DataFrame) -> Timeline:
@@ -117,6 +154,8 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     profiled, comm = _communication(tables.collectives, bd, len(tables.ranks))
     fields = dict(
         communication=comm, profiled_steps=profiled,
+        comm_groups=_comm_groups(tables.collectives, len(tables.ranks)),
+        comm_ns_per_step=float(bd["comm_ns"].mean()) if len(bd) else None,
         overlap_frac=float(bd["overlap_ns"].sum() / comm_total) if comm_total else None,
         exposed_comm_ns=float(bd["exposed_comm_ns"].mean()) if len(bd) else None,
         ranks=_ranks(bd, clock_offsets(tables.collectives, [r.rank for r in tables.ranks])),

@@ -211,17 +211,39 @@ class Memory(msgspec.Struct, kw_only=True):
 
 
 class CommKind(_Figures, kw_only=True):
-    """One collective kind of a run: per-rank means of the whole trace's count, time_ns and
-    bytes; busbw over the ranks (nccl-tests); the ``_per_step`` figures count collectives inside
-    profiled steps divided by the rank's profiled steps, mean over ranks."""
+    """One collective kind of a run: per-rank means of the whole trace's count, time_ns (a sum
+    of durations: collectives running at once count each) and bytes (over the instances whose
+    bytes are known; None when none is); ``unknown_bytes``: instances whose bytes the trace
+    does not tell (all ranks); busbw over the ranks (nccl-tests); the ``_per_step`` figures
+    count collectives inside profiled steps divided by the rank's profiled steps, mean over
+    ranks."""
 
     count: float
     time_ns: float
-    bytes: float
+    bytes: float | None
     busbw_gbps: float | None
     count_per_step: float | None
     time_ns_per_step: float | None
     bytes_per_step: float | None
+    unknown_bytes: int = 0
+
+
+class CommGroup(_Figures, kw_only=True):
+    """One (kind, process group, dtype) of a run, whole trace: per-rank means of count, time_ns
+    (sum of durations) and bytes (known instances; None when none is known); ``pg`` "" and
+    ``dtype`` "" when the trace does not say; ``group_size`` -1 when unknown; busbw over the
+    ranks with the group's size (nccl-tests)."""
+
+    kind: str
+    pg: str
+    pg_ranks: str
+    group_size: int
+    dtype: str
+    count: float
+    time_ns: float
+    bytes: float | None
+    unknown_bytes: int
+    busbw_gbps: float | None
 
 
 class DataSupply(_Figures, kw_only=True):
@@ -347,6 +369,11 @@ class RunEntry(_Figures, kw_only=True):
     step_time_ns: StepTime = msgspec.field(default_factory=StepTime)
     memory: Memory = msgspec.field(default_factory=Memory)
     communication: dict[str, CommKind] = {}
+    comm_groups: list[CommGroup] = []
+    comm_ns_per_step: float | None = None
+    """Communication per profiled step: the union of the rank's collective intervals inside
+    the step (time with at least one collective running; never above the step), mean over
+    ranks and steps (breakdown comm_ns)."""
     profiled_steps: int | None = None
     overlap_frac: float | None = None
     exposed_comm_ns: float | None = None

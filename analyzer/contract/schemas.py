@@ -158,8 +158,9 @@ BREAKDOWN_SCHEMA = _columns("rank step step_start_ns step_ns compute_ns comm_ns 
                             "other_ns idle_ns overlap_frac:f data_wait_ns data_wait_frac:f input_bound:b")
 """Per rank and step time breakdown (analyzer/analyses/breakdown.py)."""
 COLLECTIVES_SCHEMA = _columns("rank step pg:s seq kind:s start_ns end_ns dur_ns bytes rule:s name:s "
-                              "group_size enqueue_start_ns enqueue_end_ns event_idx")
-"""One row per collective instance per rank (analyzer/analyses/collectives.py)."""
+                              "group_size dtype:s pg_ranks:s enqueue_start_ns enqueue_end_ns event_idx")
+"""One row per collective instance per rank (analyzer/analyses/collectives.py); bytes -1 and
+dtype / pg_ranks "" when the trace does not say."""
 PREFETCH_SCHEMA = _columns("rank step phase:s unit:s prefetched:b issued_ns comm_start_ns finished_ns "
                            "need_ns comm_ns hidden_ns hidden_frac:f slack_ns labels:s")
 """One row per FSDP unit all_gather per rank (analyzer/analyses/prefetch.py)."""

@@ -3,15 +3,24 @@
 Rule ids (column ``rule``) and where each rule comes from:
 
 GPU events (``is_gpu``):
-  ``gpu.nccl_kernel``        NCCL kernel (``^nccl.*Kernel``, HTA ``is_comm_kernel``; covers
-                             ``ncclKernel_*`` and ``ncclDevKernel_*``) -> comm; kind from the name.
+  ``gpu.nccl_kernel``        NCCL kernel (HTA ``is_comm_kernel`` ``^nccl.*Kernel``, matched
+                             case-insensitively: ``ncclKernel_*``, ``ncclDevKernel_*``,
+                             ``nccldevkernel_*``; and ``nccl::Allreduce``-style names), or any GPU
+                             kernel carrying a ``Collective name`` argument -> comm; kind from
+                             the kernel name, because no CPU op says it.
   ``gpu.nccl_kernel.args``   same, kind from the kernel's own ``Collective name`` argument
-                             (newer Kineto copies record_param_comms' args onto the kernel), used
-                             when the name says ``Generic``/``SendRecv``/nothing.
+                             (newer Kineto copies record_param_comms' args onto the kernel).
   ``gpu.nccl_kernel.launch`` same, kind from the launching CPU op (record_param_comms
-                             ``Collective name``, else ``nccl:*`` name, else ``c10d::*`` name),
-                             found through External id, else correlation -> runtime launch ->
-                             enclosing comm op on the launching thread.
+                             ``Collective name``, else ``c10d::*`` name, else ``nccl:*`` name):
+                             the CPU side first, the kernel name last (analyzer/ingest/commid.py).
+  ``gpu.symm_mem_kernel``    a GPU kernel whose runtime launch lies inside a ``symm_mem::*`` op
+                             (torch symmetric memory, e.g. ``multimem_all_reduce_``) -> comm;
+                             kind from the op's name.
+  ``gpu.hccl_kernel``        same inside an ``hccl:*`` op (Ascend HCCL).
+  ``gpu.dispatch_kernel``    same inside a custom dispatch / combine / all_to_all op
+                             (``commid.DISPATCH_OP_RE``) -> comm, all_to_all.
+  ``gpu.deep_ep_kernel``     a kernel named ``deep_ep::...`` (DeepEP dispatch / combine) -> comm,
+                             all_to_all.
   ``gpu.memcpy`` / ``gpu.memset`` category gpu_memcpy / gpu_memset (or name Memcpy*/Memset*)
                              -> neither compute nor comm (HTA ``is_memory_kernel``).
   ``gpu.memcpy.htod``        a memcpy whose name says ``HtoD`` (``Memcpy HtoD (Pinned ->
@@ -34,9 +43,17 @@ CPU events:
   ``cpu.c10d_enqueue``       ``c10d::*`` -> comm_enqueue (``c10d::wait*`` included: time the main
                              thread spends in a collective is not computation).
   ``cpu.record_param_comms`` / ``cpu.nccl_op`` -> comm_enqueue.
+  ``cpu.symm_mem_op`` / ``cpu.hccl_op`` / ``cpu.dispatch_op``: ``symm_mem::*``, ``hccl:*``,
+                             custom dispatch / combine / all_to_all ops -> comm_enqueue.
   ``cpu.main_thread_op``     cpu_op on the main thread of a CPU-only rank -> compute.
   ``cpu.annotation``         other user_annotation -> annotation.
   ``cpu.other``              everything else on the CPU -> other (on a GPU rank every CPU op).
+
+Collective identity (kind, bytes, dtype, group size, process group) of comm events:
+analyzer/ingest/commid.py. Device event categories the analyzer does not understand (MTIA's
+``mtia_ccp_events`` / ``mtia_runtime``, CUPTI's ``cuda_profiler_range``, any other
+device-looking category, ``UNKNOWN_DEVICE_RE``) are named in a note with their count and time
+(``info["notes"]``): they are not analysed.
 
 The main thread of a CPU rank is the thread that holds the ProfilerStep spans; else the one that
 enqueues c10d collectives; else the one with the most cpu_op time outside communication.
@@ -49,6 +66,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from analyzer.ingest import commid
+from analyzer.ingest.commid import DEEP_EP_KERNEL_RE, DISPATCH_OP_RE, NCCL_KERNEL_RE
 from analyzer.ingest.decode import str_array
 
 ROLES = ("compute", "comm", "comm_enqueue", "memcpy", "memset", "sync", "step", "annotation",
@@ -60,12 +79,25 @@ RULES = ("gpu.nccl_kernel", "gpu.nccl_kernel.args", "gpu.nccl_kernel.launch", "g
          "gpu.memset", "gpu.memcpy.htod", "gpu.sync", "gpu.annotation", "gpu.kernel",
          "cpu.profiler_step", "cpu.dataloader_next", "cpu.gloo_op", "cpu.gloo_op.paired",
          "cpu.c10d_enqueue", "cpu.record_param_comms", "cpu.nccl_op", "cpu.main_thread_op",
-         "cpu.annotation", "cpu.other")
+         "cpu.annotation", "cpu.other", "gpu.symm_mem_kernel", "gpu.hccl_kernel",
+         "gpu.dispatch_kernel", "gpu.deep_ep_kernel", "cpu.symm_mem_op", "cpu.hccl_op",
+         "cpu.dispatch_op")
 _ROLE = {r: i for i, r in enumerate(ROLES)}
 _RULE = {r: i for i, r in enumerate(RULES)}
 _KIND = {k: i for i, k in enumerate(KINDS)}
 
-NCCL_KERNEL_RE = re.compile(r"^nccl.*Kernel")  # HolisticTraceAnalysis hta/utils/utils.py
+KNOWN_CATS = frozenset({
+    "cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "kernel",
+    "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "gpu_sync", "ac2g",
+    "overhead", "trace", "fwdbwd", "cpu_instant_event", "memory"})
+"""Kineto categories the analyzer reads (compared lower-cased)."""
+UNKNOWN_DEVICE_RE = re.compile(r"mtia|profiler_range|gpu|cuda|hip|xpu|hpu|npu|device|kernel|"
+                               r"accelerator|privateuse", re.IGNORECASE)
+"""A category outside ``KNOWN_CATS`` that names a device: its events are device work the
+analyzer does not understand (named in a note, never silently analysed as CPU)."""
+_LONE_EP_RE = re.compile(r"::(?:\w+_)?(?:dispatch|combine)(?![A-Za-z0-9])", re.IGNORECASE)
+"""A kernel named like an expert-parallel dispatch / combine (``ep::dispatch_kernel<...>``; not
+``cub::DispatchReduceByKey``): named in a note when no collective op launched it."""
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)")
 # torch/utils/data/dataloader.py _BaseDataLoaderIter: f"enumerate(DataLoader)#{cls.__name__}.__next__"
 DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
@@ -83,12 +115,13 @@ def kind_from_text(text: str | None) -> str | None:
     ``nccl:_all_gather_base``, ``c10d::_reduce_scatter_base_``, ``allreduce`` ..."""
     if not text:
         return None
-    t = text
-    for p in ("ncclDevKernel_", "ncclKernel_", "nccl:", "gloo:", "c10d::", "mpi:", "ucc:"):
+    t = text.lower()  # NCCL kernel names come in either case (``nccldevkernel_allreduce...``)
+    for p in ("nccldevkernel_", "ncclkernel_", "nccl::", "nccl:", "gloo:", "c10d::", "mpi:",
+              "ucc:"):
         if t.startswith(p):
             t = t[len(p):]
             break
-    t = t.lower().replace("_", "")
+    t = t.replace("_", "")
     if t.startswith(("generic", "sendrecv")) and not t.startswith("sendrecvall"):
         return None
     if "barrier" in t:
@@ -110,11 +143,15 @@ def kind_from_text(text: str | None) -> str | None:
     return None
 
 
-def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame, dict]:
-    """Add role, coll_kind, bytes, pg, rule, step to a decoded event table (analyzer/ingest/decode.py).
+def classify(df: pd.DataFrame, *, world_size: int | None,
+             pg_sizes: dict[str, int] | None = None) -> tuple[pd.DataFrame, dict]:
+    """Add role, coll_kind, bytes, pg, rule, step to a decoded event table (analyzer/ingest/decode.py);
+    on comm rows, dtype, pg_ranks and group_size are resolved (analyzer/ingest/commid.py).
 
+    ``pg_sizes``: process group name -> size (``commid.pg_sizes_of(distributedInfo)``).
     Returns ``(events, info)`` with ``info`` = {device_kind, main_tid, whole_trace_mode,
-    steps (DataFrame: step, cpu_start_ns, cpu_end_ns, start_ns, end_ns)}. Pure function.
+    steps (DataFrame: step, cpu_start_ns, cpu_end_ns, start_ns, end_ns), notes (list of str:
+    classes of events left out or counted by a rule the reader should know)}. Pure function.
     """
     ts = df["ts_ns"].to_numpy()
     end = df["end_ns"].to_numpy()
@@ -144,13 +181,21 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
         return np.array([c in values for c in u_cat_lc], bool)[c_cat] if len(u_cat) else \
             np.zeros(n, bool)
 
-    is_nccl_kernel = by_name(lambda u: NCCL_KERNEL_RE.match(u) is not None) & is_gpu
+    coll_name = _obj(df["coll_name"])
+    has_coll_arg = np.array([c is not None for c in coll_name], bool) if n else np.zeros(0, bool)
+    is_nccl_kernel = (by_name(lambda u: NCCL_KERNEL_RE.match(u) is not None) | has_coll_arg) \
+        & is_gpu & ~by_cat("gpu_user_annotation")
+    is_deep_ep = by_name(lambda u: DEEP_EP_KERNEL_RE.search(u) is not None) & is_gpu \
+        & ~is_nccl_kernel
     name_kind = by_name(_kind_code, np.int8)
     is_step = by_name(lambda u: _STEP_RE.match(u) is not None) & ~is_gpu
     is_gloo = by_name(lambda u: u.startswith("gloo:")) & ~is_gpu
     is_c10d = by_name(lambda u: u.startswith("c10d::")) & ~is_gpu
     is_rpc = by_name(lambda u: u == "record_param_comms") & ~is_gpu
     is_nccl_op = by_name(lambda u: u.startswith(("nccl:", "mpi:", "ucc:"))) & ~is_gpu
+    is_symm = by_name(lambda u: u.startswith("symm_mem::")) & ~is_gpu
+    is_hccl = by_name(lambda u: u.startswith("hccl:")) & ~is_gpu
+    is_dispatch = by_name(lambda u: DISPATCH_OP_RE.match(u) is not None) & ~is_gpu
     is_memcpy = is_gpu & (by_cat("gpu_memcpy") | by_name(lambda u: u.startswith("Memcpy")))
     is_htod = is_memcpy & by_name(lambda u: "HtoD" in u)
     is_loader = ~is_gpu & by_name(lambda u: DATALOADER_RE.match(u) is not None)
@@ -168,24 +213,30 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
     for mask, r, ru in ((is_sync, "sync", "gpu.sync"), (is_memset, "memset", "gpu.memset"),
                         (is_memcpy, "memcpy", "gpu.memcpy"),
                         (is_gpu_ann, "annotation", "gpu.annotation"),
-                        (is_nccl_kernel, "comm", "gpu.nccl_kernel")):
+                        (is_nccl_kernel, "comm", "gpu.nccl_kernel"),
+                        (is_deep_ep, "comm", "gpu.deep_ep_kernel")):
         mark(mask, r, ru)
-    kind[is_nccl_kernel] = name_kind[is_nccl_kernel]
+    kind[is_deep_ep] = _KIND["all_to_all"]
     rule[is_htod] = _RULE["gpu.memcpy.htod"]
 
     # CPU
     cpu = ~is_gpu
     mark(cpu & by_cat("user_annotation"), "annotation", "cpu.annotation")
     mark(is_loader, "data", "cpu.dataloader_next")
-    enq = is_c10d | is_rpc | is_nccl_op
+    is_other_comm = is_symm | is_hccl | is_dispatch  # collective ops that are not NCCL
+    enq = is_c10d | is_rpc | is_nccl_op | is_other_comm
     role[enq] = _ROLE["comm_enqueue"]
     rule[is_c10d] = _RULE["cpu.c10d_enqueue"]
     rule[is_rpc] = _RULE["cpu.record_param_comms"]
     rule[is_nccl_op] = _RULE["cpu.nccl_op"]
-    coll_name = _obj(df["coll_name"])
+    rule[is_symm] = _RULE["cpu.symm_mem_op"]
+    rule[is_hccl] = _RULE["cpu.hccl_op"]
+    rule[is_dispatch] = _RULE["cpu.dispatch_op"]
     arg_kind = np.full(n, -1, np.int8)
-    for i in np.flatnonzero(coll_name != None).tolist():  # noqa: E711
+    for i in np.flatnonzero(has_coll_arg).tolist():
         arg_kind[i] = _kind_code(coll_name[i])
+    other_kind = by_name(lambda u: _KIND[commid.kind_in_text(u)], np.int8)
+    name_kind = np.where(is_other_comm, other_kind, name_kind)
     kind[enq] = np.where(arg_kind[enq] >= 0, arg_kind[enq], name_kind[enq])
     mark(is_gloo, "comm", "cpu.gloo_op")
     kind[is_gloo] = name_kind[is_gloo]
@@ -210,37 +261,69 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
         runtime = cpu & (corr >= 0) & by_cat("cuda_runtime", "cuda_driver", "cpu_op")
         rt_idx = np.flatnonzero(runtime)
         launch[gpu_idx] = _lookup(corr[rt_idx], rt_idx, corr[gpu_idx])
-        missing = gpu_idx[launch[gpu_idx] < 0]
+        # External id as a fallback only where it is not a copy of the correlation id
+        # (analyzer/ingest/commid.py: the DLRM set writes External id == correlation)
+        missing = gpu_idx[(launch[gpu_idx] < 0) & (ext[gpu_idx] != corr[gpu_idx])]
         if len(missing):
             not_range = (role[cpu_idx] != _ROLE["annotation"]) & (role[cpu_idx] != _ROLE["data"])
             cand = cpu_idx[(ext[cpu_idx] >= 0) & not_range]
             launch[missing] = _lookup(ext[cand], cand, ext[missing])
 
-    # --- collective kind / bytes / pg of comm kernels from their launching op ----------------
+    # --- kernels launched inside collective ops that are not NCCL -> comm ------------------
+    other_ops = np.flatnonzero(is_other_comm)
+    cand = np.flatnonzero(is_gpu & (role == _ROLE["compute"]) & (launch >= 0))
+    if len(other_ops) and len(cand):
+        op_of = commid.ops_enclosing(other_ops, launch[cand], ts, end, c_tid)
+        hit = op_of >= 0
+        rows, ops = cand[hit], op_of[hit]
+        role[rows] = _ROLE["comm"]
+        kind[rows] = name_kind[ops]
+        rule[rows] = np.where(is_symm[ops], _RULE["gpu.symm_mem_kernel"],
+                              np.where(is_hccl[ops], _RULE["gpu.hccl_kernel"],
+                                       _RULE["gpu.dispatch_kernel"]))
+
+    # --- collective identity: kind, bytes, dtype, group size, pg (analyzer/ingest/commid.py) -
     pg = _obj(df["pg"])
+    pg_ranks = _obj(df["pg_ranks"])
+    dtype = _obj(df["dtype"])
+    group = df["group_size"].to_numpy().copy()
     nbytes = _bytes_from_args(df)
     args_bytes = nbytes.copy()  # bytes from each row's own collective args (-1 unknown)
     shape = _ShapeCols(df, names)
-    comm_k = np.flatnonzero(is_nccl_kernel)
+    fallback = commid.group_fallback(pg_sizes, world_size)
+
+    def group_of(i: int) -> int:
+        if group[i] > 0:
+            return int(group[i])
+        if pg[i] is not None and pg_sizes and str(pg[i]) in pg_sizes:
+            return pg_sizes[str(pg[i])]
+        return fallback
+
+    comm_k = np.flatnonzero(is_gpu & (role == _ROLE["comm"]))
     if len(comm_k):
         enq_idx = np.flatnonzero(enq)
         enq_cols = (enq_idx, ext[enq_idx], ts[enq_idx], end[enq_idx], c_tid[enq_idx])
         for i in comm_k.tolist():
-            if kind[i] < 0 and arg_kind[i] >= 0:
-                kind[i] = arg_kind[i]
-                rule[i] = _RULE["gpu.nccl_kernel.args"]
-            src = _launching_ops(launch[i], ext[i], enq_cols, ext, ts, end, c_tid)
-            if kind[i] < 0:
-                k = _kind_from_ops(src, arg_kind, name_kind, is_nccl_op)
-                if k >= 0:
+            src = commid.launching_ops(launch[i], ext[i], corr[i], enq_cols, ext, ts, end, c_tid)
+            if is_nccl_kernel[i]:
+                if arg_kind[i] >= 0:
+                    kind[i] = arg_kind[i]
+                    rule[i] = _RULE["gpu.nccl_kernel.args"]
+                elif (k := _kind_from_ops(src, arg_kind, name_kind, is_c10d)) >= 0:
                     kind[i] = k
                     rule[i] = _RULE["gpu.nccl_kernel.launch"]
+                elif name_kind[i] >= 0:
+                    kind[i] = name_kind[i]
                 else:
-                    kind[i] = _KIND["send_recv" if "SendRecv" in names[i] else "other"]
-            if pg[i] is None:
-                pg[i] = next((pg[j] for j in src if pg[j] is not None), None)
+                    kind[i] = _KIND["send_recv" if "sendrecv" in names[i].lower() else "other"]
+            for col in (pg, pg_ranks, dtype):
+                if col[i] is None:
+                    col[i] = next((col[j] for j in src if col[j] is not None), None)
+            if group[i] <= 0:
+                group[i] = next((group[j] for j in src if group[j] > 0), -1)
+            group[i] = group_of(i)
             if nbytes[i] < 0:
-                nbytes[i] = _bytes_from_ops(src, KINDS[kind[i]], args_bytes, shape, world_size)
+                nbytes[i] = _bytes_from_ops(src, KINDS[kind[i]], args_bytes, shape, int(group[i]))
     # --- gloo: pair each runloop op with its enqueue by order and time -----------------------
     gloo_idx = np.flatnonzero(is_gloo)
     paired = np.full(n, -1, np.int64)
@@ -256,13 +339,20 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
                     pg[i] = pg[j]
             if kind[i] < 0:
                 kind[i] = _KIND["other"]
+            if j >= 0:
+                for col in (pg_ranks, dtype):
+                    if col[i] is None:
+                        col[i] = col[j]
+                if group[i] <= 0:
+                    group[i] = group[j]
+            group[i] = group_of(i)
             if nbytes[i] < 0:
-                nbytes[i] = shape.nbytes(i, KINDS[kind[i]], world_size)
+                nbytes[i] = shape.nbytes(i, KINDS[kind[i]], int(group[i]))
             if nbytes[i] < 0 and j >= 0:
-                nbytes[i] = shape.nbytes(j, KINDS[kind[i]], world_size)
+                nbytes[i] = shape.nbytes(j, KINDS[kind[i]], int(group[i]))
     for i in np.flatnonzero(enq).tolist():
         if nbytes[i] < 0:
-            nbytes[i] = shape.nbytes(i, KINDS[kind[i]] if kind[i] >= 0 else None, world_size)
+            nbytes[i] = shape.nbytes(i, KINDS[kind[i]] if kind[i] >= 0 else None, group_of(i))
     is_comm = (role == _ROLE["comm"]) | (role == _ROLE["comm_enqueue"])
     kind[~is_comm] = -1
     kind[is_comm & (kind < 0)] = _KIND["other"]
@@ -270,17 +360,22 @@ def classify(df: pd.DataFrame, *, world_size: int | None) -> tuple[pd.DataFrame,
     # --- steps ------------------------------------------------------------------------------
     step, steps, whole = _assign_steps(df, names, is_step, is_gpu, launch, paired, role)
 
-    out = df.drop(columns=["pg"])
+    out = df.drop(columns=["pg", "pg_ranks", "dtype", "group_size"])
     out["step"] = step
     out["role"] = pd.Categorical.from_codes(role, categories=list(ROLES))
     out["coll_kind"] = pd.Categorical.from_codes(kind, categories=list(KINDS))
     out["bytes"] = nbytes.astype(np.int64)
     out["pg"] = str_array(pg)
+    out["pg_ranks"] = str_array(pg_ranks)
+    out["dtype"] = str_array([commid.dtype_name(d) for d in dtype])
+    out["group_size"] = group.astype(np.int64)
     out["rule"] = _used_categories(rule, RULES)
     out["launch_row"] = launch
     out["paired_row"] = paired
     info = {"device_kind": device_kind, "main_tid": main_tid, "whole_trace_mode": whole,
-            "steps": steps}
+            "steps": steps,
+            "notes": _notes(df, u_cat, c_cat, rule, is_gpu & (role == _ROLE["compute"]) & by_name(
+                lambda u: _LONE_EP_RE.search(u) is not None))}
     return out, info
 
 
@@ -331,30 +426,15 @@ def _lookup(keys: np.ndarray, rows: np.ndarray, queries: np.ndarray) -> np.ndarr
     return np.where(hit, rows[order][pos_c], -1)
 
 
-def _launching_ops(launch_row, ext_i, enq_cols, ext, ts, end, tid_code) -> list[int]:
-    """Comm enqueue rows that launched a GPU row whose External id is ``ext_i`` and whose
-    runtime launch is ``launch_row``: same External id, or enclosing the runtime launch on the
-    launching thread. ``enq_cols`` = (rows, ext, ts, end, tid code) of the enqueue rows."""
-    rows, e_ext, e_ts, e_end, e_tid = enq_cols
-    out = []
-    if ext_i >= 0:
-        out.extend(rows[e_ext == ext_i].tolist())
-    if launch_row >= 0:
-        t0, t1, tid = ts[launch_row], end[launch_row], tid_code[launch_row]
-        out.extend(rows[(e_ts <= t0) & (e_end >= t1) & (e_tid == tid)].tolist())
-        if ext[launch_row] >= 0:
-            out.extend(rows[e_ext == ext[launch_row]].tolist())
-    return list(dict.fromkeys(out))
-
-
-def _kind_from_ops(src, arg_kind, name_kind, is_nccl_op) -> int:
-    """Kind code from the launching ops ``src``: a ``Collective name`` argument first, then an
-    ``nccl:*`` op's name, then any op's name; -1 when none says."""
+def _kind_from_ops(src, arg_kind, name_kind, is_c10d) -> int:
+    """Kind code from the launching ops ``src``: a ``Collective name`` argument first, then a
+    ``c10d::*`` op's name, then any op's name (``nccl:*``, ``symm_mem::*`` ...); -1 when none
+    says (analyzer/ingest/commid.py)."""
     for j in src:
         if arg_kind[j] >= 0:
             return int(arg_kind[j])
     for j in src:
-        if is_nccl_op[j] and name_kind[j] >= 0:
+        if is_c10d[j] and name_kind[j] >= 0:
             return int(name_kind[j])
     for j in src:
         if name_kind[j] >= 0:
@@ -400,34 +480,54 @@ class _ShapeCols:
         self.group = df["group_size"].to_numpy()
         self.names = names
 
-    def nbytes(self, i: int, kind: str | None, world_size: int | None) -> int:
-        """Bytes of row ``i`` from its first input tensor's shape and dtype, -1 unknown.
-
-        The nccl:* / gloo:* ops record the input tensor: for all_gather that is one rank's
-        piece, so it is multiplied by the group size (world size when the trace does not say)
-        to get nccl-tests' total buffer size."""
-        numel = int(self.numel[i])
-        size = int(self.size[i])
-        if numel < 0 or size < 0:
-            return -1
-        total = numel * size
-        if kind == "all_gather" and not str(self.names[i]).startswith("c10d::"):
-            g = int(self.group[i])
-            g = g if g > 0 else (world_size or 1)
-            total *= g
-        return total
+    def nbytes(self, i: int, kind: str | None, group: int) -> int:
+        """Bytes of row ``i`` from its first tensor's shape and dtype (``commid.total_bytes``:
+        a piece is multiplied by ``group``), -1 unknown."""
+        return commid.total_bytes(str(self.names[i]), kind, int(self.numel[i]), int(self.size[i]),
+                                  group)
 
 
-def _bytes_from_ops(src, kind, args_bytes, shape: _ShapeCols, world_size) -> int:
-    for j in src:  # args first (record_param_comms), then shapes (nccl:* op)
+def _bytes_from_ops(src, kind, args_bytes, shape: _ShapeCols, group: int) -> int:
+    """Bytes of a collective from its launching ops ``src``: collective args first
+    (record_param_comms), then a c10d op's shape, then any op's shape; -1 unknown."""
+    for j in src:
         if args_bytes[j] >= 0:
             return int(args_bytes[j])
-    for j in src:
-        if str(shape.names[j]).startswith("nccl:"):
-            b = shape.nbytes(j, kind, world_size)
-            if b >= 0:
-                return b
+    c10d = [j for j in src if str(shape.names[j]).startswith("c10d::")]
+    for j in c10d + [j for j in src if j not in c10d]:
+        b = shape.nbytes(j, kind, group)
+        if b >= 0:
+            return b
     return -1
+
+
+def _notes(df, u_cat, c_cat, rule, lone) -> list[str]:
+    """Notes on classes of events the reader should know about: device categories not
+    understood (not analysed), and GPU kernels counted as communication by a rule other than
+    the NCCL name (symm_mem, hccl, dispatch / combine, DeepEP), with their count and time."""
+    out = []
+    dur = df["dur_ns"].to_numpy()
+    for code, cat in enumerate(u_cat):
+        if cat.lower() in KNOWN_CATS or not UNKNOWN_DEVICE_RE.search(cat):
+            continue
+        sel = c_cat == code
+        out.append(f"{int(sel.sum())} events of category '{cat}' ({dur[sel].sum() / 1e6:.3f} ms "
+                   "summed): a device kind the analyzer does not understand; not analysed "
+                   "(the rank's figures come from its other events)")
+    for ru, what in (("gpu.symm_mem_kernel", "symm_mem::* ops (torch symmetric memory)"),
+                     ("gpu.hccl_kernel", "hccl:* ops"),
+                     ("gpu.dispatch_kernel", "dispatch / combine / all_to_all ops"),
+                     ("gpu.deep_ep_kernel", "DeepEP (deep_ep::*)")):
+        sel = rule == _RULE[ru]
+        if sel.any():
+            out.append(f"{int(sel.sum())} GPU kernels launched by {what}, "
+                       f"{dur[sel].sum() / 1e6:.3f} ms summed, counted as communication "
+                       f"(rule {ru}), not NCCL")
+    if lone.any():
+        out.append(f"{int(lone.sum())} GPU kernels named like dispatch / combine "
+                   f"({dur[lone].sum() / 1e6:.3f} ms summed) counted as computation: no "
+                   "collective op launched them, so they cannot be told from compute")
+    return out
 
 
 def _main_thread(df, u_tid, c_tid, is_step, is_c10d, role, is_cpu_op) -> int | None:

@@ -137,7 +137,7 @@ test traces write ``Kernel``)."""
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
-    "bfloat16": 2, "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2,
+    "bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2,
     "char": 1, "signed char": 1, "int8": 1, "byte": 1, "unsigned char": 1, "uint8": 1,
     "bool": 1, "complexfloat": 8, "complexdouble": 16, "complexhalf": 4,
     "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
@@ -145,7 +145,8 @@ DTYPE_BYTES = {
 """Element size in bytes by dtype name as traces write it (``Float``, ``c10::BFloat16``,
 ``float``), lower-cased and without ``c10::``."""
 
-_COMM_PREFIXES = ("nccl:", "gloo:", "c10d::", "record_param_comms", "mpi:", "ucc:")
+_COMM_PREFIXES = ("nccl:", "gloo:", "c10d::", "record_param_comms", "mpi:", "ucc:", "symm_mem::",
+                  "hccl:")
 
 
 def dtype_bytes(name: Any) -> int:
@@ -165,7 +166,8 @@ class Decoded:
     name, cat, pid, tid (str), event_idx (int64: the event's position in the file's
     traceEvents list), ts_ns, dur_ns, end_ns (int64), is_gpu (bool), stream, correlation,
     external_id (int64, -1 absent), thread_name (str, "" unknown), and argument columns
-    coll_name, dtype, pg (str or None), in_nelems, out_nelems, group_size, shape_numel,
+    coll_name, dtype (the ``dtype`` argument, else the first ``Input type`` naming a dtype), pg
+    (str or None), in_nelems, out_nelems, group_size, shape_numel,
     shape_elem_bytes (int64, -1 unknown), pg_ranks (str or None).
     """
 
@@ -483,6 +485,16 @@ def _as_str(v: Any) -> str | None:
     return v if v is None or type(v) is str else str(v)
 
 
+def _first_type(type_raw: msgspec.Raw) -> str | None:
+    """The first ``Input type`` when it names a dtype (``c10::BFloat16``, ``float``), else None."""
+    try:
+        types = msgspec.json.decode(type_raw)
+    except msgspec.DecodeError:
+        return None
+    t = types[0] if isinstance(types, list) and types else None
+    return t if isinstance(t, str) and dtype_bytes(t) > 0 else None
+
+
 def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int]:
     """(numel of the first tensor input, its element size), -1 when unknown."""
     try:
@@ -613,6 +625,8 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         ints[2, k] = _as_int(a.group_size)
         if a.input_dims is not _NULL:
             ints[3, k], ints[4, k] = _shape(a.input_dims, a.input_type)
+        if dtype[k] is None and a.input_type is not _NULL:  # the first tensor's element type
+            dtype[k] = _first_type(a.input_type)
     del args, xs
 
     # carrying rows -> all rows, sorted: at = the index in ``rows`` of each sorted row, or -1

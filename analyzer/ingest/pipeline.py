@@ -46,6 +46,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analyzer.ingest.cachekey import cache_dir, cache_key
+from analyzer.ingest.commid import group_fallback, pg_sizes_of
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
 
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 
 _ANALYZER = Path(__file__).parents[1]
 CODE_MODULES = tuple(_ANALYZER / m for m in (
-    "ingest/decode.py", "ingest/classify.py", "ingest/pipeline.py", "analyses/breakdown.py",
+    "ingest/decode.py", "ingest/classify.py", "ingest/commid.py", "ingest/pipeline.py", "analyses/breakdown.py",
     "analyses/collectives.py", "analyses/prefetch.py", "analyses/intervals.py"))
 """The modules whose code shapes the cached tables (part of the cache key)."""
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
@@ -127,7 +128,8 @@ class JobTables:
     step_ns exactly."""
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
     """One row per collective instance per rank (``schemas.COLLECTIVES_SCHEMA``), group_size
-    falling back to the world size; ``collectives.by_kind`` / ``match_ranks`` take it."""
+    falling back to the world size when no process group of the trace is smaller (else -1,
+    unknown: analyzer/ingest/commid.py); ``collectives.by_kind`` / ``match_ranks`` take it."""
     prefetch: pd.DataFrame = field(default_factory=pd.DataFrame)
     """``prefetch.prefetch_table`` rows of every rank (empty when none has FSDP labels)."""
 
@@ -175,8 +177,9 @@ def classified(path: Path, raw: bytes | None = None) -> tuple[pd.DataFrame, dict
                        "ranks")
     di = dec.distributed_info
     ws = di.get("world_size") if di else None
-    events, info = classify(dec.events, world_size=ws if isinstance(ws, int) else None)
-    return events, {**info, "distributed_info": di, "warnings": dec.warnings}
+    events, info = classify(dec.events, world_size=ws if isinstance(ws, int) else None,
+                            pg_sizes=pg_sizes_of(di))
+    return events, {**info, "distributed_info": di, "warnings": dec.warnings + info["notes"]}
 
 
 def rank_tables(path: Path) -> RankTables:
@@ -483,9 +486,10 @@ def _set_rank(rt: RankTables, rank: int, source: str, world_size: int) -> None:
             df["rank"] = pd.Series(rank, index=df.index, dtype=df["rank"].dtype
                                    if df["rank"].dtype != object else "int64")
     c = rt.collectives
-    if len(c):
+    fallback = group_fallback(pg_sizes_of(rt.distributed_info), world_size)
+    if len(c) and fallback > 0:  # unknown stays -1 where a smaller process group exists
         gs = c["group_size"].to_numpy().copy()
-        gs[gs <= 0] = world_size
+        gs[gs <= 0] = fallback
         c["group_size"] = gs
 
 

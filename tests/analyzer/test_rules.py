@@ -48,8 +48,10 @@ def test_gpu_rules_collectives_kinds_bytes_and_rule(fixture_copy):
     # SendRecv kernel under nccl:all_to_all: all_to_all, bytes from its shape 6 x 4 = 24
     assert c.loc["all_to_all", "rule"] == "gpu.nccl_kernel.launch"
     assert c.loc["all_to_all", "bytes"] == 24
-    # ncclDevKernel_AllGather: kind from the name; bytes from its args: out 4 x 2 (BFloat16) = 8
-    assert c.loc["all_gather", "rule"] == "gpu.nccl_kernel"
+    # ncclDevKernel_AllGather: kind from its own Collective name argument (the CPU side's
+    # record_param_comms copied onto it comes before the name); bytes from its args:
+    # out 4 x 2 (BFloat16) = 8
+    assert c.loc["all_gather", "rule"] == "gpu.nccl_kernel.args"
     assert c.loc["all_gather", "bytes"] == 8
     assert c.loc["all_gather", "start_ns"] == 85 * US and c.loc["all_gather", "dur_ns"] == 10 * US
     k = by_kind(ts.collectives).set_index("kind")
