@@ -489,12 +489,15 @@ class _ShapeCols:
 
 def _bytes_from_ops(src, kind, args_bytes, shape: _ShapeCols, group: int) -> int:
     """Bytes of a collective from its launching ops ``src``: collective args first
-    (record_param_comms), then a c10d op's shape, then any op's shape; -1 unknown."""
+    (record_param_comms), then the op shapes (below); -1 unknown."""
     for j in src:
         if args_bytes[j] >= 0:
             return int(args_bytes[j])
+    # a c10d op's first tensor is its output: the whole buffer of an all_gather, the piece of a
+    # reduce_scatter; for other kinds (an uneven all_to_all) the nccl:* op's input comes first
     c10d = [j for j in src if str(shape.names[j]).startswith("c10d::")]
-    for j in c10d + [j for j in src if j not in c10d]:
+    rest = [j for j in src if j not in c10d]
+    for j in (c10d + rest if kind in ("all_gather", "reduce_scatter") else rest + c10d):
         b = shape.nbytes(j, kind, group)
         if b >= 0:
             return b

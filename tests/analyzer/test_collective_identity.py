@@ -249,4 +249,8 @@ def test_corpus_dlrm_bytes_known():
     assert (c["bytes"] >= 0).all()
     assert set(c["kind"]) == {"all_reduce", "all_to_all"}
     assert 192 in set(c["bytes"])
+    # the uneven all_to_all (c10d output [768], nccl:all_to_all input [3392] int): 3392 x 4 B
+    assert 3392 * 4 in set(c["bytes"])
+    # all_to_all total: 6144 x 4 x 2 + 24 x 8 + 384 x 4 + 3392 x 4 = 64,448 B
+    assert c.loc[c["kind"] == "all_to_all", "bytes"].sum() == 64_448
     assert not any("dispatch" in w for w in t.ranks[0].warnings)  # cub::DispatchReduceByKey
