@@ -31,6 +31,9 @@ from analyzer.contract.atomic import write_atomic
 from analyzer.contract.schemas import MEMORY_SCHEMA
 from tracer.numerics import rows_to_table
 
+SNAPSHOT_PICKLE_PROTOCOL = 4
+"""Pickle protocol of the snapshot file: 4 is read by every Python torch supports (3.4+), so
+memory_viz opens the file whatever Python writes or reads it (3.14 pickles with 5 by default)."""
 MAX_ENTRIES = 100_000
 """Allocator events kept by ``_record_memory_history``."""
 
@@ -88,5 +91,5 @@ def dump_snapshot(device_type: str, path: Path, rank: int) -> pa.Table | None:
 
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    write_atomic(path, pickle.dumps(snapshot))
+    write_atomic(path, pickle.dumps(snapshot, protocol=SNAPSHOT_PICKLE_PROTOCOL))
     return snapshot_to_table(snapshot, rank)
