@@ -20,9 +20,12 @@ CLOCK_OFFSET = (
 
 OTHER_IDLE = (
     "Other = step time covered by neither computation, communication nor data wait but by some "
-    "other recorded activity (e.g. optimizer bookkeeping, Python overhead inside recorded ranges, "
-    "profiler annotations); idle = step time in which nothing at all was recorded on the rank "
-    "(gaps between recorded ops, e.g. untraced Python or the process waiting)."
+    "other recorded activity (GPU: memcpy, memset, sync; CPU: optimizer bookkeeping, Python "
+    "overhead inside recorded ranges, profiler annotations). Idle on a GPU rank = window time "
+    "with no device activity on the rank, the window running from the first device work the "
+    "step launched to the next step's (the gap while the GPU waits for the CPU counts as "
+    "idle); on a CPU rank = step time in which nothing was recorded on the rank (gaps between "
+    "recorded ops, e.g. untraced Python or the process waiting)."
 )
 
 PROFILER_PEAK = (

@@ -1,7 +1,9 @@
 """Per rank and step time breakdown: compute, communication, overlap, exposed, data, other, idle.
 
-Sets, per rank and step S (events attributed to S, see analyzer/ingest/classify.py, clipped to S's
-window ``[start_ns, end_ns)``):
+Sets, per rank and step S, clipped to S's window ``[start_ns, end_ns)`` (analyzer/ingest/steps.py):
+on a GPU rank every event of a step >= 0 by time (device windows tile the device timeline, so an
+event crossing a window boundary counts in both windows, each part in its own); on a CPU rank
+the events of step S.
 
 GPU rank (the GPU timeline, as HTA's temporal breakdown):
   C = NCCL kernels, K = other kernels, O = memcpy / memset / sync.
@@ -217,10 +219,15 @@ _FIT = 1 << 62
 
 def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
                    main_tid: str | None) -> pd.DataFrame:
-    """Breakdown rows (``BREAKDOWN_SCHEMA``) of one rank; ``steps`` holds step, start_ns, end_ns.
+    """Breakdown rows (``BREAKDOWN_SCHEMA``) of one rank; ``steps``: ``STEP_WINDOWS_SCHEMA``
+    (analyzer/ingest/steps.py).
 
-    Every step's sets are built and measured in one pass (``_Windows``); the measures use
-    |C ∩ K| = |C| + |K| - |C ∪ K| and |X \\ Y| = |X ∪ Y| - |Y|, exact in integers."""
+    Which rows a window measures (``_membership``): on a GPU rank every row of a step >= 0 by
+    time, split across every window it intersects (device windows tile the device timeline, so
+    work of step S that runs on in S+1's window is activity there, and idle is window time with
+    no device activity); on a CPU rank the rows of the window's step. Every step's sets are
+    built and measured in one pass (``_Windows``); the measures use |C ∩ K| = |C| + |K| -
+    |C ∪ K| and |X \\ Y| = |X ∪ Y| - |Y|, exact in integers."""
     if not len(steps):
         return BREAKDOWN_SCHEMA.empty_table().to_pandas()
     st = steps["step"].to_numpy().astype(np.int64)
@@ -229,19 +236,19 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
     full = _Rows(events, device_kind, main_tid)
     used = np.flatnonzero(full.used())
     r = full.take(used)
-    step_col = events["step"].to_numpy()[used]
+    row_of, win_of = _membership(r, events["step"].to_numpy()[used], st, lo, hi, device_kind)
     spans = np.maximum(hi - lo, 0) + 1
-    if len(np.unique(st)) == len(st) and sum(spans.tolist()) < _FIT:
+    if sum(spans.tolist()) < _FIT:
         parts = [np.arange(len(st))]
-    else:  # a step listed twice, or windows too long to lay end to end: one step at a time
+    else:  # windows too long to lay end to end: one step at a time
         parts = [np.array([k]) for k in range(len(st))]
     m = np.zeros((5, len(st)), np.int64)
     for ks in parts:
-        order = np.argsort(st[ks])
-        pos = np.clip(np.searchsorted(st[ks][order], step_col), 0, len(ks) - 1)
-        group = np.where(st[ks][order][pos] == step_col, order[pos], -1)
-        w = _Windows(lo[ks], hi[ks], group)
-        comm, comp, other, data = _sets(r, w, full.e)
+        local = np.full(len(st), -1, np.int64)
+        local[ks] = np.arange(len(ks))
+        sel = local[win_of] >= 0
+        w = _Windows(lo[ks], hi[ks], local[win_of[sel]])
+        comm, comp, other, data = _sets(r.take(row_of[sel]), w, full.e)
         u1 = iv.union(comm, comp)
         u2 = iv.union(u1, data)
         u3 = iv.union(u2, other)
@@ -256,13 +263,42 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
     nan = float("nan")
     overlap_frac = [o / c if c else nan for o, c in zip(overlap_ns.tolist(), comm_ns.tolist())]
     data_frac = [d / s if s else nan for d, s in zip(data_ns.tolist(), step_ns.tolist())]
+    work = (steps["device_work"].to_numpy().astype(bool) if "device_work" in steps.columns
+            else np.ones(len(st), bool))
     return pd.DataFrame({
         "rank": np.full(len(st), rank, np.int64), "step": st, "step_start_ns": lo,
         "step_ns": step_ns, "compute_ns": compute_ns, "comm_ns": comm_ns,
         "overlap_ns": overlap_ns, "exposed_comm_ns": exposed_ns, "other_ns": other_ns,
         "idle_ns": idle_ns, "overlap_frac": np.array(overlap_frac, np.float64),
         "data_wait_ns": data_ns, "data_wait_frac": np.array(data_frac, np.float64),
-        "input_bound": np.array([f >= INPUT_BOUND_FRAC for f in data_frac], bool)})
+        "input_bound": np.array([f >= INPUT_BOUND_FRAC for f in data_frac], bool),
+        "cpu_step_ns": (steps["cpu_end_ns"].to_numpy() - steps["cpu_start_ns"].to_numpy()
+                        ).astype(np.int64),
+        "device_work": work})
+
+
+def _membership(r: _Rows, step_col: np.ndarray, st: np.ndarray, lo: np.ndarray,
+                hi: np.ndarray, device_kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """(row, window) pairs: which rows of ``r`` each window measures (``rank_breakdown``).
+    GPU rank: rows of steps >= 0, each paired with every non-empty window [lo, hi) it
+    intersects (the windows are disjoint and sorted by time: analyzer/ingest/steps.py);
+    otherwise each row with the window of its step."""
+    if device_kind == "gpu":
+        rows = np.flatnonzero(step_col >= 0)
+        nonempty = np.flatnonzero(hi > lo)
+        nonempty = nonempty[np.argsort(lo[nonempty], kind="stable")]
+        wl, wh = lo[nonempty], hi[nonempty]
+        k0 = np.searchsorted(wh, r.s[rows], side="right")  # first window ending after s
+        k1 = np.searchsorted(wl, r.e[rows], side="left")  # one past the last starting before e
+        count = np.maximum(k1 - k0, 0)
+        row_of = np.repeat(rows, count)
+        first = np.repeat(k0 - (np.cumsum(count) - count), count)
+        return row_of, nonempty[first + np.arange(len(row_of))].astype(np.int64)
+    order = np.argsort(st, kind="stable")
+    pos = np.clip(np.searchsorted(st[order], step_col), 0, len(st) - 1)
+    win = np.where(st[order][pos] == step_col, order[pos], -1)
+    rows = np.flatnonzero(win >= 0)
+    return rows, win[rows].astype(np.int64)
 
 
 def whole_trace_overlap(events: pd.DataFrame) -> tuple[int, int]:

@@ -16,8 +16,11 @@ time combined across ranks, ``collectives.run_busbw_gbps``; not a mean of per-ra
 plus ``count_per_step``, ``time_ns_per_step``, ``bytes_per_step``: collectives inside profiled
 steps per rank divided by that rank's number of profiled steps, mean over ranks;
 ``profiled_steps`` = the most profiled steps of a rank; ``comm_groups`` = the same per (kind,
-process group, dtype), whole trace. Step times: steps.parquet's profiled
-steps (slowest rank's wall time) when recorded, else the traces' ProfilerStep spans.
+process group, dtype), whole trace. Step times: steps.parquet's profiled steps (slowest rank's
+wall time) when recorded, else the traces' step windows, slowest rank (analyzer/ingest/steps.py:
+device windows on GPU ranks, ProfilerStep spans with their gloo work on CPU ranks). Steps that
+launched no device work (``device_work`` False, empty windows) are left out of every mean,
+median and count here.
 """
 
 from __future__ import annotations
@@ -147,7 +150,7 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     """(RunEntry fields from the traces, the slowest rank's time of each profiled step in ns,
     the loader's notes). ``tables``: ``ingest.load_run``'s result."""
     bd = tables.breakdown
-    bd = bd[bd["step"] >= 0]
+    bd = bd[(bd["step"] >= 0) & bd["device_work"].astype(bool)]
     device_kind = tables.ranks[0].device_kind if tables.ranks else "cpu"
     by_step = bd.groupby("step", sort=True)
     comm_total = int(bd["comm_ns"].sum())
@@ -168,6 +171,17 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
                              missing_ranks=tables.missing_ranks, device_kind=device_kind,
                              trace_warnings=[w for r in tables.ranks for w in r.warnings][:20]))
     return fields, by_step["step_ns"].max().tolist(), list(tables.warnings)
+
+
+def trace_step_source(tables) -> str:
+    """What the traces' step times are, in words (module docstring)."""
+    if tables.whole_trace_mode:
+        return "traces: the whole trace (no ProfilerStep), slowest rank"
+    if any(r.device_kind == "gpu" for r in tables.ranks):
+        return ("traces: device windows (first device work launched by the step to the next "
+                "step's), slowest rank")
+    return ("traces: CPU ProfilerStep spans extended to the end of their gloo work, slowest "
+            "rank")
 
 
 def _steps_and_memory(run: rundirs.RunDir) -> tuple[list[int], Memory]:
@@ -227,7 +241,7 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
             entry.world_size = tables.world_size
             entry.device = "cuda" if entry.trace_info.device_kind == "gpu" else "cpu"
         if not step_ns and trace_step_ns:
-            step_ns, source = trace_step_ns, "traces: ProfilerStep spans, slowest rank"
+            step_ns, source = trace_step_ns, trace_step_source(tables)
         if tables.missing_ranks:
             entry.caveats.append(f"partial: ranks {tables.missing_ranks} of {entry.world_size} "
                                  "have no trace")

@@ -150,13 +150,19 @@ def _columns(spec: str) -> pa.Schema:
     return pa.schema([(c.split(":")[0], _TYPES[(c + ":i").split(":")[1]]) for c in spec.split()])
 
 
-STEP_WINDOWS_SCHEMA = _columns("step cpu_start_ns cpu_end_ns start_ns end_ns")
-"""One row per ProfilerStep: cpu_start_ns, cpu_end_ns (the CPU span), start_ns, end_ns (the
-window the breakdown measures: the CPU span extended to the end of the last GPU / gloo event the
-step launched). Whole-trace mode: one row, step 0, the whole trace."""
+STEP_WINDOWS_SCHEMA = _columns("step cpu_start_ns cpu_end_ns start_ns end_ns device_work:b")
+"""One row per ProfilerStep of the rank's step track: cpu_start_ns, cpu_end_ns (the CPU span,
+clipped at the next span's start), start_ns, end_ns (the window the breakdown measures: on a GPU
+rank the device window, from the first device work the step launched to the next step's; on a
+CPU rank the span extended to the end of its gloo work, clipped at the next span's start),
+device_work (False: a GPU-rank step that launched no device work, empty window). Rules:
+analyzer/ingest/steps.py. Whole-trace mode: one row, step 0, the whole trace."""
 BREAKDOWN_SCHEMA = _columns("rank step step_start_ns step_ns compute_ns comm_ns overlap_ns exposed_comm_ns "
-                            "other_ns idle_ns overlap_frac:f data_wait_ns data_wait_frac:f input_bound:b")
-"""Per rank and step time breakdown (analyzer/analyses/breakdown.py)."""
+                            "other_ns idle_ns overlap_frac:f data_wait_ns data_wait_frac:f input_bound:b "
+                            "cpu_step_ns device_work:b")
+"""Per rank and step time breakdown (analyzer/analyses/breakdown.py): step_ns = the window's
+length, cpu_step_ns = the CPU ProfilerStep span's; device_work False: left out of medians and
+means."""
 COLLECTIVES_SCHEMA = _columns("rank step pg:s seq kind:s start_ns end_ns dur_ns bytes rule:s name:s "
                               "group_size dtype:s pg_ranks:s enqueue_start_ns enqueue_end_ns event_idx")
 """One row per collective instance per rank (analyzer/analyses/collectives.py); bytes -1 and

@@ -69,6 +69,7 @@ import pandas as pd
 from analyzer.ingest import commid
 from analyzer.ingest.commid import DEEP_EP_KERNEL_RE, DISPATCH_OP_RE, NCCL_KERNEL_RE
 from analyzer.ingest.decode import str_array
+from analyzer.ingest.steps import STEP_RE, assign_steps
 
 ROLES = ("compute", "comm", "comm_enqueue", "memcpy", "memset", "sync", "step", "annotation",
          "other", "data")
@@ -98,7 +99,6 @@ analyzer does not understand (named in a note, never silently analysed as CPU)."
 _LONE_EP_RE = re.compile(r"::(?:\w+_)?(?:dispatch|combine)(?![A-Za-z0-9])", re.IGNORECASE)
 """A kernel named like an expert-parallel dispatch / combine (``ep::dispatch_kernel<...>``; not
 ``cub::DispatchReduceByKey``): named in a note when no collective op launched it."""
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)")
 # torch/utils/data/dataloader.py _BaseDataLoaderIter: f"enumerate(DataLoader)#{cls.__name__}.__next__"
 DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
 
@@ -150,8 +150,9 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
 
     ``pg_sizes``: process group name -> size (``commid.pg_sizes_of(distributedInfo)``).
     Returns ``(events, info)`` with ``info`` = {device_kind, main_tid, whole_trace_mode,
-    steps (DataFrame: step, cpu_start_ns, cpu_end_ns, start_ns, end_ns), notes (list of str:
-    classes of events left out or counted by a rule the reader should know)}. Pure function.
+    steps (``schemas.STEP_WINDOWS_SCHEMA``; analyzer/ingest/steps.py), unlaunched (bool per
+    row: device work with no launch in the trace), notes (list of str: classes of events left
+    out or counted by a rule the reader should know, the step rules' included)}. Pure function.
     """
     ts = df["ts_ns"].to_numpy()
     end = df["end_ns"].to_numpy()
@@ -188,7 +189,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     is_deep_ep = by_name(lambda u: DEEP_EP_KERNEL_RE.search(u) is not None) & is_gpu \
         & ~is_nccl_kernel
     name_kind = by_name(_kind_code, np.int8)
-    is_step = by_name(lambda u: _STEP_RE.match(u) is not None) & ~is_gpu
+    is_step = by_name(lambda u: STEP_RE.match(u) is not None) & ~is_gpu
     is_gloo = by_name(lambda u: u.startswith("gloo:")) & ~is_gpu
     is_c10d = by_name(lambda u: u.startswith("c10d::")) & ~is_gpu
     is_rpc = by_name(lambda u: u == "record_param_comms") & ~is_gpu
@@ -357,11 +358,12 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     kind[~is_comm] = -1
     kind[is_comm & (kind < 0)] = _KIND["other"]
 
-    # --- steps ------------------------------------------------------------------------------
-    step, steps, whole = _assign_steps(df, names, is_step, is_gpu, launch, paired, role)
+    steps = assign_steps(df, names=names, is_step=is_step, is_gpu=is_gpu,
+                         is_gpu_annotation=is_gpu_ann, is_comm=role == _ROLE["comm"],
+                         launch=launch, paired=paired, device_kind=device_kind)
 
     out = df.drop(columns=["pg", "pg_ranks", "dtype", "group_size"])
-    out["step"] = step
+    out["step"] = steps.step
     out["role"] = pd.Categorical.from_codes(role, categories=list(ROLES))
     out["coll_kind"] = pd.Categorical.from_codes(kind, categories=list(KINDS))
     out["bytes"] = nbytes.astype(np.int64)
@@ -372,10 +374,11 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     out["rule"] = _used_categories(rule, RULES)
     out["launch_row"] = launch
     out["paired_row"] = paired
-    info = {"device_kind": device_kind, "main_tid": main_tid, "whole_trace_mode": whole,
-            "steps": steps,
+    info = {"device_kind": device_kind, "main_tid": main_tid,
+            "whole_trace_mode": steps.whole_trace, "steps": steps.table,
+            "unlaunched": steps.unlaunched,
             "notes": _notes(df, u_cat, c_cat, rule, is_gpu & (role == _ROLE["compute"]) & by_name(
-                lambda u: _LONE_EP_RE.search(u) is not None))}
+                lambda u: _LONE_EP_RE.search(u) is not None)) + steps.notes}
     return out, info
 
 
@@ -580,60 +583,3 @@ def _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired) -> np.ndarray:
             h += 1
         heads[str(want)] = h
     return paired
-
-
-def _assign_steps(df, names, is_step, is_gpu, launch, paired, role):
-    """Step of every event and the step windows.
-
-    CPU events: the ProfilerStep span containing their start. GPU events: the step of their
-    launching CPU event (correlation / External id); when none is found, the span containing
-    their start. gloo ops: the step of their paired enqueue, else by start.
-    Window of step S: [span start, max(span end, end of every GPU / comm event of S)] — the GPU
-    (or gloo thread) finishes the work the step launched after the CPU moves on.
-    Whole-trace mode (no ProfilerStep): every event in step 0, window = whole trace.
-    """
-    n = len(df)
-    ts = df["ts_ns"].to_numpy()
-    end = df["end_ns"].to_numpy()
-    step = np.full(n, -1, np.int64)
-    if not is_step.any():
-        step[:] = 0
-        lo = int(ts.min()) if n else 0
-        hi = int(end.max()) if n else 0
-        steps = pd.DataFrame({"step": [0], "cpu_start_ns": [lo], "cpu_end_ns": [hi],
-                              "start_ns": [lo], "end_ns": [hi]})
-        return step, steps, True
-    idx = np.flatnonzero(is_step)
-    spans = pd.DataFrame({"step": [int(_STEP_RE.match(names[i]).group(1)) for i in idx], "s": ts[idx],
-                          "e": end[idx]}).groupby("step").agg(s=("s", "min"), e=("e", "max"))
-    spans = spans.sort_values("s")
-    st = spans.index.to_numpy()
-    ss = spans["s"].to_numpy()
-    se = spans["e"].to_numpy()
-
-    def by_time(t):
-        k = np.searchsorted(ss, t, side="right") - 1
-        ok = (k >= 0) & (t < se[np.maximum(k, 0)])
-        return np.where(ok, st[np.maximum(k, 0)], -1)
-
-    step[:] = by_time(ts)
-    g = np.flatnonzero(is_gpu)
-    lk = launch[g]
-    has = lk >= 0
-    step[g[has]] = step[lk[has]]
-    comm = role == _ROLE["comm"]
-    gl = np.flatnonzero(comm & ~is_gpu & (paired >= 0))
-    step[gl] = step[paired[gl]]
-    dev = np.flatnonzero((is_gpu | comm) & (step >= 0))
-    by_number = np.argsort(st, kind="stable")  # span index of each event's step number
-    at = np.minimum(np.searchsorted(st[by_number], step[dev]), len(st) - 1)
-    k = np.where(st[by_number][at] == step[dev], by_number[at], -1)
-    ok = k >= 0
-    start = ss.copy()
-    stop = se.copy()
-    np.minimum.at(start, k[ok], ts[dev][ok])  # exact int64, no float round trip
-    np.maximum.at(stop, k[ok], end[dev][ok])
-    steps = pd.DataFrame({"step": st, "cpu_start_ns": ss, "cpu_end_ns": se,
-                          "start_ns": start, "end_ns": stop})
-    steps = steps.sort_values("step").reset_index(drop=True).astype(np.int64)
-    return step, steps, False

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -54,12 +55,13 @@ log = logging.getLogger(__name__)
 
 _ANALYZER = Path(__file__).parents[1]
 CODE_MODULES = tuple(_ANALYZER / m for m in (
-    "ingest/decode.py", "ingest/classify.py", "ingest/commid.py", "ingest/pipeline.py", "analyses/breakdown.py",
+    "ingest/decode.py", "ingest/classify.py", "ingest/commid.py", "ingest/steps.py",
+    "ingest/pipeline.py", "analyses/breakdown.py",
     "analyses/collectives.py", "analyses/prefetch.py", "analyses/intervals.py"))
 """The modules whose code shapes the cached tables (part of the cache key)."""
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 _META = ("world_size", "device_kind", "distributed_info", "main_tid", "whole_trace_mode",
-         "warnings", "timeline_step", "whole_overlap_ns", "whole_comm_ns")
+         "warnings", "timeline_step", "whole_overlap_ns", "whole_comm_ns", "empty")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -87,7 +89,10 @@ class RankTables:
     whole_trace_mode: bool = False
     """No ProfilerStep in the trace: step 0 is the whole trace."""
     warnings: list[str] = field(default_factory=list)
-    """Problems skipped while decoding (bad ts/dur counts ...), one line each."""
+    """Problems skipped while decoding (bad ts/dur counts ...) and the step rules' notes
+    (analyzer/ingest/steps.py: events left out, spans ignored or clipped), one line each."""
+    empty: bool = False
+    """The file holds no complete events (metadata only): an empty rank (``load_run``)."""
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -160,21 +165,33 @@ def read_trace(path: Path) -> bytes:
                        "check the path and its permissions") from None
 
 
-def classified(path: Path, raw: bytes | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Decode and classify one trace file (``raw``: its bytes, read when None).
+def _no_events(path: Path) -> BadInput:
+    return BadInput(path, "no_events", "holds no complete (ph X) events with a valid ts and "
+                    "dur (only metadata, or every event skipped): this rank recorded nothing",
+                    "re-record it, or move the file out of the folder to analyse the other "
+                    "ranks")
 
-    Returns ``(events, info)``: the event table (analyzer/api.py module docstring) and info =
-    {device_kind, main_tid, whole_trace_mode, steps, distributed_info, warnings}. Raises
-    ``BadInput`` (unreadable, truncated, not a trace, no complete events)."""
-    from analyzer.ingest.classify import classify
+
+def _decoded(path: Path, raw: bytes | None):
     from analyzer.ingest.decode import decode_bytes, decompress
 
-    dec = decode_bytes(decompress(read_trace(path) if raw is None else raw, path), path)
+    return decode_bytes(decompress(read_trace(path) if raw is None else raw, path), path)
+
+
+def classified(path: Path, raw: bytes | None = None, dec=None
+               ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Decode and classify one trace file (``raw``: its bytes, read when None; ``dec``: its
+    decoded form, when already decoded).
+
+    Returns ``(events, info)``: the event table (analyzer/api.py module docstring) and info =
+    {device_kind, main_tid, whole_trace_mode, steps, unlaunched, distributed_info, warnings
+    (the decoder's, then classify's notes)}. Raises ``BadInput`` (unreadable, truncated,
+    not a trace, no complete events)."""
+    from analyzer.ingest.classify import classify
+
+    dec = _decoded(path, raw) if dec is None else dec
     if dec.events.empty:
-        raise BadInput(path, "no_events", "holds no complete (ph X) events with a valid ts and "
-                       "dur (only metadata, or every event skipped): this rank recorded nothing",
-                       "re-record it, or move the file out of the folder to analyse the other "
-                       "ranks")
+        raise _no_events(path)
     di = dec.distributed_info
     ws = di.get("world_size") if di else None
     events, info = classify(dec.events, world_size=ws if isinstance(ws, int) else None,
@@ -204,26 +221,43 @@ def rank_tables(path: Path) -> RankTables:
     if hit is not None:
         _write_tables(cpath, sig, hit)  # record the new stat signature
         return hit
-    ev, info = classified(path, raw)
+    dec = _decoded(path, raw)
     del raw
+    if dec.events.empty:  # an empty rank; load_run refuses a job of empty ranks only
+        ws = (dec.distributed_info or {}).get("world_size")
+        rt = RankTables(path=path, world_size=ws if isinstance(ws, int) else None,
+                        distributed_info=dec.distributed_info, empty=True,
+                        warnings=dec.warnings, sha256=sha,
+                        **{t: s.empty_table().to_pandas()
+                           for t, s in schemas.TABLE_SCHEMAS.items()})
+        _write_tables(cpath, sig, rt)
+        return rt
+    ev, info = classified(path, dec=dec)
+    del dec
     steps, device_kind, main_tid = info["steps"], info["device_kind"], info["main_tid"]
-    valid = steps[steps["step"] >= 0] if len(steps) else steps
+    valid = steps[(steps["step"] >= 0) & steps["device_work"]] if len(steps) else steps
     tl_step = int(valid["step"].min()) if len(valid) else -1
+    step_col = ev["step"].to_numpy()
     if tl_step >= 0:
         win = steps[steps["step"] == tl_step]
         lo, hi = int(win["start_ns"].iat[0]), int(win["end_ns"].iat[0])
-        tl = timeline_rows(ev[ev["step"].to_numpy() == tl_step], device_kind, main_tid,
-                           lo, hi, ev["end_ns"].to_numpy())
+        # a device window holds device activity of every step by time (analyzer/ingest/steps.py)
+        rows = step_col >= 0 if device_kind == "gpu" else step_col == tl_step
+        tl = timeline_rows(ev[rows], device_kind, main_tid, lo, hi, ev["end_ns"].to_numpy())
     else:
         tl = pd.DataFrame({"lane": [], "kind": [], "start_ns": [], "end_ns": []})
     overlap_ns, comm_ns = whole_trace_overlap(ev)
+    coll = rank_collectives(-1, ev, -1)
+    if info["unlaunched"].any():  # left out of collectives too (analyzer/ingest/steps.py)
+        gone = ev["event_idx"].to_numpy()[info["unlaunched"]]
+        coll = coll[~np.isin(coll["event_idx"].to_numpy(), gone)].reset_index(drop=True)
     ws = (info["distributed_info"] or {}).get("world_size")
     rt = RankTables(path=path, world_size=ws if isinstance(ws, int) else None,
                     device_kind=device_kind, distributed_info=info["distributed_info"],
                     main_tid=main_tid, whole_trace_mode=info["whole_trace_mode"],
                     warnings=info["warnings"], steps=steps,
                     breakdown=rank_breakdown(-1, ev, steps, device_kind, main_tid),
-                    collectives=rank_collectives(-1, ev, -1), prefetch=prefetch_table(ev, rank=-1),
+                    collectives=coll, prefetch=prefetch_table(ev, rank=-1),
                     timeline=tl, timeline_step=tl_step, whole_overlap_ns=int(overlap_ns),
                     whole_comm_ns=int(comm_ns), sha256=sha)
     del ev
@@ -525,6 +559,9 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
                **{f.path: f for f in computed}}
     files = [by_path[p] for p in paths if p in by_path]
     check_manifest_sha256(root, manifest, files)
+    if files and all(f.empty for f in files):
+        problems += [_no_events(f.path) for f in files]
+        files = []
     assigned, world, more = assign_ranks(files) if files else ([], None, [])
     problems += more
     if problems:
@@ -542,8 +579,13 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
     if world is None:
         world = max(len(assigned), max(r for r, _, _ in assigned) + 1)
     ranks = []
+    kind = next((f.device_kind for _, _, f in assigned if not f.empty), "cpu")
     for r, source, f in assigned:
         _set_rank(f, r, source, world)
+        if f.empty:
+            f.device_kind = kind  # as its job's other ranks
+            notes.append(f"rank {r} ({f.path.name}) holds only metadata, no complete events: "
+                         "reported as an empty rank")
         ranks.append(f)
     check_same_job(root, _concat([r.collectives for r in ranks], schemas.COLLECTIVES_SCHEMA.names),
                    {r.rank: r.path for r in ranks})

@@ -181,8 +181,13 @@ def test_tiling_leaves_per_step_figures_unchanged(tmp_path, rel):
     n = len(a)
     assert len(b) == k * n
     assert list(b["step"]) == sorted(b["step"])
+    gpu = load_tables(src).ranks[0].device_kind == "gpu"
     for i in range(k):
-        assert (b[FIGURES].iloc[i * n:(i + 1) * n].to_numpy() == a[FIGURES].to_numpy()).all()
+        # on a GPU rank a tile's last step is no longer the trace's last: its device window
+        # runs on to the next tile's first device work (analyzer/ingest/steps.py), so it is
+        # compared only in the last tile
+        m = n - 1 if gpu and i < k - 1 else n
+        assert (b[FIGURES].iloc[i * n:i * n + m].to_numpy() == a[FIGURES].iloc[:m].to_numpy()).all()
 
 
 def test_subus_timestamps_exact(tmp_path):

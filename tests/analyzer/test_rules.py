@@ -24,9 +24,11 @@ def _row(df):
 def test_gpu_rules_breakdown(fixture_copy):
     ts = load_tables(fixture_copy("gpu_rules.json"))
     b = _row(ts.breakdown)
-    # window: ProfilerStep#1 [0,100) extended to the end of relu_kernel (launched at 60 inside
-    # the step, runs [90,120)) -> [0,120). late_kernel is launched at 105, outside the step: out.
-    assert b["step"] == 1 and b["step_start_ns"] == 0 and b["step_ns"] == 120 * US
+    # device window (analyzer/ingest/steps.py): the step's first device work, gemm at 20, to
+    # the end of its last, relu_kernel (launched at 60 inside the step, runs [90,120)) ->
+    # [20,120). late_kernel is launched at 105, outside the step: step -1, out.
+    assert b["step"] == 1 and b["step_start_ns"] == 20 * US and b["step_ns"] == 100 * US
+    assert b["cpu_step_ns"] == 100 * US and b["device_work"]
     # C = [40,60) Generic + [70,80) SendRecv + [85,95) AllGather = 40
     # K = gemm [20,50) + relu [90,120) = 60 (memcpy/memset/annotation excluded)
     assert b["comm_ns"] == 40 * US and b["compute_ns"] == 60 * US
@@ -34,7 +36,7 @@ def test_gpu_rules_breakdown(fixture_copy):
     assert b["overlap_ns"] == 15 * US and b["exposed_comm_ns"] == 25 * US
     # O = memcpy [55,65) + memset [96,98); outside C∪K only [60,65) = 5
     assert b["other_ns"] == 5 * US
-    assert b["idle_ns"] == 30 * US  # 120 - 60 - 25 - 5
+    assert b["idle_ns"] == 10 * US  # 100 - 60 - 25 - 5
     assert b["overlap_frac"] == pytest.approx(15 / 40)
 
 

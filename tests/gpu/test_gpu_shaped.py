@@ -53,27 +53,30 @@ def test_fixtures_are_current(tmp_path):
 
 
 def test_overlap_across_streams(tmp_path):
-    """Step 1 (window 0..960: CPU span 0..600 extended to the memset's end 960):
+    """Device windows (analyzer/ingest/steps.py): step 1 from its first kernel (100) to step
+    2's first (1100), step 2 from 1100 to the end of its last kernel (1600).
+    Step 1 (window 100..1100):
     K = gemm s7 100..300 + 300..400, add s13 350..500, gemm s7 700..750 -> [100,500] [700,750] = 450
     C = all_reduce s20 250..450, all_gather s20 600..800 = 400
     C ∩ K = 250..450 (200) + 700..750 (50) = 250; exposed 150
     O = memcpy s9 780..900 and memset s7 950..960, minus C ∪ K -> 800..900 + 950..960 = 110
         (the memcpy's 780..800 under the all_gather is neither compute nor extra time)
-    idle = 960 - 450 - 150 - 110 = 250. The gpu_user_annotation on s20 counts as nothing.
-    Step 2 (window 1000..1600: the reduce_scatter launched in step 2 ends at 1600):
-    K = 1100..1300 (200), C = 1200..1600 (400), overlap 100, exposed 300, idle 600-200-300 = 100.
+    idle = 1000 - 450 - 150 - 110 = 290 (960..1100: the GPU waits for step 2's launches).
+    The gpu_user_annotation on s20 counts as nothing.
+    Step 2 (window 1100..1600: the reduce_scatter launched in step 2 ends at 1600):
+    K = 1100..1300 (200), C = 1200..1600 (400), overlap 100, exposed 300, idle 500-200-300 = 0.
     """
     ts = load("overlap", tmp_path)
     assert ts.ranks[0].device_kind == "gpu"
     bd = ts.breakdown.set_index("step")
     us = lambda col: [int(v) // US for v in bd[col]]  # noqa: E731
-    assert us("step_ns") == [960, 600]
+    assert us("step_ns") == [1000, 500]
     assert us("compute_ns") == [450, 200]
     assert us("comm_ns") == [400, 400]
     assert us("overlap_ns") == [250, 100]
     assert us("exposed_comm_ns") == [150, 300]
     assert us("other_ns") == [110, 0]
-    assert us("idle_ns") == [250, 100]
+    assert us("idle_ns") == [290, 0]
     assert list(bd["overlap_frac"]) == [pytest.approx(250 / 400), pytest.approx(100 / 400)]
     # identity, and the whole-trace (HTA-scope) figure from the same sets: (250+100)/(400+400)
     assert (bd["compute_ns"] + bd["exposed_comm_ns"] + bd["data_wait_ns"] + bd["other_ns"] + bd["idle_ns"] == bd["step_ns"]).all()
@@ -90,12 +93,13 @@ def test_fsdp2_breakdown_across_streams(tmp_path):
     s7 1250..1900 = 650; optimizer 2000..2100 = 100 -> 1450.
     C: all_gathers s20 100..500 and 1050..1450 (400 + 400), reduce_scatter s21 1600..1800 -> 1000.
     C ∩ K: 100..150 + 300..500 (250) + 1250..1450 (200) + 1600..1800 (200) = 650; exposed 350.
-    window = CPU step 0..3000; idle = 3000 - 1450 - 350 = 1200."""
+    device window = first kernel 50 .. last kernel's end 2100 (CPU step 0..3000 beside it);
+    idle = 2050 - 1450 - 350 = 250."""
     bd = load("fsdp2", tmp_path).breakdown.iloc[0]
     got = {c: int(bd[c]) // US for c in ("step_ns", "compute_ns", "comm_ns", "overlap_ns",
                                          "exposed_comm_ns", "other_ns", "idle_ns")}
-    assert got == {"step_ns": 3000, "compute_ns": 1450, "comm_ns": 1000, "overlap_ns": 650,
-                   "exposed_comm_ns": 350, "other_ns": 0, "idle_ns": 1200}
+    assert got == {"step_ns": 2050, "compute_ns": 1450, "comm_ns": 1000, "overlap_ns": 650,
+                   "exposed_comm_ns": 350, "other_ns": 0, "idle_ns": 250}
 
 
 def test_fsdp2_prefetch_on_gpu(tmp_path):
@@ -229,10 +233,11 @@ def test_fsdp1_prefetch_on_gpu(tmp_path):
 
 def test_fsdp1_breakdown(tmp_path):
     """K: 10..60 + 250..700 + 1300..1500 = 700; C: 100..400 + 1100..1300 + 1500..1600 = 600;
-    C ∩ K = 250..400 = 150; exposed 450; idle = 2000 - 700 - 450 = 850."""
+    C ∩ K = 250..400 = 150; exposed 450; device window 10..1600 (first kernel to the last
+    kernel's end; CPU step 0..2000): idle = 1590 - 700 - 450 = 440."""
     bd = load("fsdp1", tmp_path).breakdown.iloc[0]
     assert [int(bd[c]) // US for c in ("compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns")] \
-        == [700, 600, 150, 450, 850]
+        == [700, 600, 150, 450, 440]
 
 
 def test_memory_summary_from_parquet():

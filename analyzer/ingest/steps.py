@@ -1,0 +1,224 @@
+"""Steps: which ProfilerStep every event belongs to, and the window each step is measured on.
+
+The rule, in order:
+
+1. **One ProfilerStep track per rank**: the thread holding the most ``ProfilerStep#N`` spans
+   (ties: the one whose first span starts earliest, then the tid as a string). Spans on other
+   threads are ignored and named in a note (merging them per step number would stretch a 1.00
+   ms step to 1.30 ms when a second thread's span is offset). Spans of the track that overlap
+   (span S ends after span S+1 starts) are clipped at the next span's start.
+2. **CPU events** belong to the span containing their start (HTA ``add_iteration``,
+   hta/common/trace.py: ``s.ts <= e.ts < s.ts + s.dur``). An op that starts before any span
+   contains it but ends inside a later one belongs to the first span it overlaps, and is
+   clipped to it by the window (it is not dropped: its time inside the step is activity, not
+   idle).
+3. **Device work** (GPU rows except ``gpu_user_annotation``) belongs to the step of the CPU
+   event that launched it (``launch_row``: correlation, else External id; analyzer/ingest/
+   classify.py), as HTA does (``add_iteration``: a GPU event takes its correlated CPU event's
+   iteration, -1 when none) and tb_plugin (torch_tb_profiler/profiler/step_parser.py: a step's
+   device work is the work of the runtime launches inside its span). Device work with no launch
+   in the trace (queued before the profiler started) and work launched outside every span get
+   step -1: left out of every step, collectives and breakdown, counted and named in a note (HTA
+   and TraceLens leave it out too). A trace whose GPU rows carry no launch link at all is
+   assigned by start time instead, with a note.
+4. **Device window** of step S on a GPU rank: a_S = earliest start of S's device work, taken in
+   step (span) order and made monotone; window S = [a_S, a_{S+1}) -- the gap in which the GPU
+   waits for the CPU to launch step S+1 is S's idle -- and the last step's window is [a_S,
+   latest end of its device work). Windows never overlap and tile the device timeline
+   (tb_plugin likewise makes device-side steps non-overlapping). Inside a window the breakdown
+   counts every device activity of steps >= 0 *by time*, clipped to each window it intersects
+   (analyzer/analyses/breakdown.py), so idle = window time with no device activity on the rank
+   (TraceLens GPUEventAnalyser: idle = time the GPU runs no computation, communication or
+   memcpy), and the summed idle never exceeds the trace's device idle. Step time = window
+   length; the CPU span stays beside it (``cpu_start_ns``, ``cpu_end_ns``). A step that
+   launched no device work gets an empty window, ``device_work`` False, is left out of medians
+   and means and named in a note (tb_plugin drops such tail steps from its overview). If no step
+   launched device work at all, the windows are the CPU spans (noted).
+5. **CPU-only rank** (gloo): window = the span extended to the end of its communication work
+   (gloo ops run on their own threads after the enqueue), clipped at the next span's start, so
+   windows never overlap. Events are measured by step, clipped to their step's window.
+6. **Whole-trace mode** (no ProfilerStep): every event in step 0, window = the whole trace.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)")
+
+
+@dataclass(kw_only=True, slots=True)
+class Steps:
+    """What ``assign_steps`` finds for one rank."""
+
+    step: np.ndarray
+    """Step number of every event row (int64), -1: no step."""
+    table: pd.DataFrame
+    """One row per step (``schemas.STEP_WINDOWS_SCHEMA``), sorted by step."""
+    whole_trace: bool
+    """No ProfilerStep: step 0 is the whole trace."""
+    unlaunched: np.ndarray
+    """Rows of device work with no launch in the trace (bool per row)."""
+    notes: list[str] = field(default_factory=list)
+    """Rules applied and events left out, one line each."""
+
+
+def assign_steps(df: pd.DataFrame, *, names: np.ndarray, is_step: np.ndarray,
+                 is_gpu: np.ndarray, is_gpu_annotation: np.ndarray, is_comm: np.ndarray,
+                 launch: np.ndarray, paired: np.ndarray, device_kind: str) -> Steps:
+    """Steps and windows of one rank's classified rows (module docstring).
+
+    ``df``: the decoded table sorted by start (ts_ns, end_ns, dur_ns, tid, coll... int64 ns);
+    ``names``: each row's name; the masks: ProfilerStep rows, device rows, gpu_user_annotation
+    rows, communication work (NCCL kernels, gloo ops); ``launch``: row of each device row's CPU
+    launch (-1 none); ``paired``: row of each gloo op's enqueue (-1 none); ``device_kind``:
+    "gpu" or "cpu". Pure function."""
+    n = len(df)
+    ts = df["ts_ns"].to_numpy()
+    end = df["end_ns"].to_numpy()
+    notes: list[str] = []
+    no_rows = np.zeros(n, bool)
+    if not is_step.any():
+        lo = int(ts.min()) if n else 0
+        hi = int(end.max()) if n else 0
+        table = pd.DataFrame({"step": [0], "cpu_start_ns": [lo], "cpu_end_ns": [hi],
+                              "start_ns": [lo], "end_ns": [hi], "device_work": [True]})
+        return Steps(step=np.zeros(n, np.int64), table=_typed(table), whole_trace=True,
+                     unlaunched=no_rows, notes=notes)
+    st, ss, se = _track(df, names, is_step, notes)
+    step = _by_time(ts, end, st, ss, se)
+    device = is_gpu & ~is_gpu_annotation
+    unlaunched = no_rows
+    dev_rows = np.flatnonzero(device)
+    if len(dev_rows):
+        lk = launch[dev_rows]
+        if (lk >= 0).any():
+            step[dev_rows] = np.where(lk >= 0, step[np.maximum(lk, 0)], -1)
+            unlaunched = device & (launch < 0)
+            _note_left_out(notes, df, names, unlaunched, is_comm,
+                           "have no launch in the trace (queued before the profiler started)")
+            _note_left_out(notes, df, names, device & (launch >= 0) & (step < 0), is_comm,
+                           "were launched outside every ProfilerStep")
+        else:
+            notes.append("device events carry no launch link (correlation / External id): "
+                         "each is put in the step whose CPU span contains its start")
+    gl = np.flatnonzero(is_comm & ~is_gpu & (paired >= 0))
+    step[gl] = step[paired[gl]]
+    if device_kind == "gpu":
+        lo, hi, work = _device_windows(ts, end, step, device, st, ss, se, notes)
+    else:
+        lo, hi, work = _cpu_windows(end, step, is_comm | is_gpu, st, ss, se)
+    table = pd.DataFrame({"step": st, "cpu_start_ns": ss, "cpu_end_ns": se, "start_ns": lo,
+                          "end_ns": hi, "device_work": work})
+    return Steps(step=step, table=_typed(table.sort_values("step").reset_index(drop=True)),
+                 whole_trace=False, unlaunched=unlaunched, notes=notes)
+
+
+def _typed(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with the column types of ``schemas.STEP_WINDOWS_SCHEMA``."""
+    return table.astype({**{c: np.int64 for c in ("step", "cpu_start_ns", "cpu_end_ns",
+                                                   "start_ns", "end_ns")}, "device_work": bool})
+
+
+def _track(df, names, is_step, notes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(step numbers, starts, ends) of the ProfilerStep track's spans in time order, clipped so
+    that none overlaps the next (rule 1)."""
+    idx = np.flatnonzero(is_step)
+    tid = df["tid"].to_numpy()[idx].astype(str)
+    ts = df["ts_ns"].to_numpy()[idx]
+    spans = pd.DataFrame({"tid": tid, "s": ts, "e": df["end_ns"].to_numpy()[idx],
+                          "step": [int(STEP_RE.match(names[i]).group(1)) for i in idx]})
+    per = spans.groupby("tid").agg(count=("s", "size"), first=("s", "min")).reset_index()
+    per = per.sort_values(["count", "first", "tid"], ascending=[False, True, True])
+    chosen = per["tid"].iat[0]
+    if len(per) > 1:
+        other = per.iloc[1:]
+        notes.append(f"{int(other['count'].sum())} ProfilerStep span(s) on thread(s) "
+                     f"{', '.join(other['tid'])} ignored: one ProfilerStep track per rank, "
+                     f"thread {chosen} (the one with the most spans)")
+    spans = spans[spans["tid"] == chosen]
+    spans = spans.groupby("step").agg(s=("s", "min"), e=("e", "max")).sort_values("s")
+    st = spans.index.to_numpy().astype(np.int64)
+    ss = spans["s"].to_numpy().astype(np.int64)
+    se = spans["e"].to_numpy().astype(np.int64).copy()
+    cut = se[:-1] > ss[1:]
+    if cut.any():
+        se[:-1] = np.minimum(se[:-1], ss[1:])
+        notes.append(f"{int(cut.sum())} ProfilerStep span(s) overlap the next one: clipped at "
+                     "the next span's start")
+    return st, ss, se
+
+
+def _by_time(ts, end, st, ss, se) -> np.ndarray:
+    """Step of each row by time (rule 2): the span containing its start, else the first span
+    it overlaps, else -1. Spans sorted and non-overlapping."""
+    k = np.searchsorted(ss, ts, side="right") - 1
+    inside = (k >= 0) & (ts < se[np.maximum(k, 0)])
+    nxt = np.minimum(k + 1, len(ss) - 1)
+    later = ~inside & (k + 1 < len(ss)) & (end > ss[nxt])
+    return np.where(inside, st[np.maximum(k, 0)], np.where(later, st[nxt], -1)).astype(np.int64)
+
+
+def _device_windows(ts, end, step, device, st, ss, se, notes):
+    """(lo, hi, device_work) per span, in span order (rule 4)."""
+    m = len(st)
+    pos = {int(s): i for i, s in enumerate(st.tolist())}
+    rows = np.flatnonzero(device & (step >= 0))
+    k = np.array([pos[int(s)] for s in step[rows].tolist()], np.int64)
+    first = np.full(m, np.iinfo(np.int64).max, np.int64)
+    last = np.full(m, np.iinfo(np.int64).min, np.int64)
+    np.minimum.at(first, k, ts[rows])
+    np.maximum.at(last, k, end[rows])
+    work = np.bincount(k, minlength=m) > 0
+    if not work.any():
+        notes.append("no ProfilerStep launched device work: the step windows are the CPU "
+                     "spans")
+        return ss.copy(), se.copy(), np.ones(m, bool)
+    a = np.maximum.accumulate(np.where(work, first, np.iinfo(np.int64).min))
+    w = np.flatnonzero(work)
+    tail_end = max(int(last[w[-1]]), int(a[w[-1]]))
+    # a step without work starts where the next step with work starts (an empty window)
+    nxt = np.searchsorted(w, np.arange(m))  # index in w of the next step with work
+    lo = np.where(nxt < len(w), a[w[np.minimum(nxt, len(w) - 1)]], tail_end)
+    hi = np.append(lo[1:], tail_end)
+    hi[w[-1]] = tail_end
+    hi = np.maximum(hi, lo)
+    empty = [int(s) for s in st[~work].tolist()]
+    if empty:
+        notes.append(f"step(s) {', '.join(map(str, empty))} launched no device work (e.g. a "
+                     "truncated last step): empty device window, left out of medians and means")
+    return lo, hi, work
+
+
+def _cpu_windows(end, step, work_rows, st, ss, se):
+    """(lo, hi, True) per span, in span order (rule 5)."""
+    m = len(st)
+    pos = {int(s): i for i, s in enumerate(st.tolist())}
+    rows = np.flatnonzero(work_rows & (step >= 0))
+    hi = se.copy()
+    if len(rows):
+        k = np.array([pos[int(s)] for s in step[rows].tolist()], np.int64)
+        np.maximum.at(hi, k, end[rows])
+    hi[:-1] = np.minimum(hi[:-1], ss[1:])
+    return ss.copy(), np.maximum(hi, ss), np.ones(m, bool)
+
+
+def _note_left_out(notes, df, names, mask, is_comm, why: str) -> None:
+    """A note counting the rows of ``mask``: their device time, how much is communication, and
+    the name with the most time."""
+    if not mask.any():
+        return
+    dur = df["dur_ns"].to_numpy()
+    comm = mask & is_comm
+    by_name = pd.Series(dur[mask]).groupby(names[mask]).sum().sort_values(ascending=False)
+    top, top_ns = str(by_name.index[0]), int(by_name.iat[0])
+    top = top if len(top) <= 80 else top[:77] + "..."
+    notes.append(f"{int(mask.sum())} device events ({dur[mask].sum() / 1e6:.1f} ms) {why}: left "
+                 "out of steps, collectives and breakdown, as HTA and TraceLens do; "
+                 f"{int(comm.sum())} of them communication ({dur[comm].sum() / 1e6:.1f} ms), "
+                 f"{len(by_name)} distinct names, the longest in total {top} "
+                 f"({top_ns / 1e6:.1f} ms)")

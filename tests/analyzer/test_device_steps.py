@@ -1,0 +1,254 @@
+"""The step rule (analyzer/ingest/steps.py): one ProfilerStep track, device windows that tile the
+device timeline, work with no launch in the trace left out, steps without device work flagged.
+
+Hand-built traces are written in each test (times in µs; the analyzer works in ns, so x1000);
+every expected figure is worked out in the comment above it. The corpus tests check, on every
+public GPU trace, what must hold whatever the trace: windows never overlap, the breakdown adds
+up, and summed idle never exceeds the device idle computed here from the raw events.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from decimal import Decimal
+
+import numpy as np
+import pytest
+
+from analyzer.api import load_tables
+from analyzer.compare.runs import _trace_figures
+from analyzer.contract.errors import BadInput
+from tests.corpus import corpus, params
+
+US = 1000
+PARTS = ["compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]
+
+
+def span(n, ts, dur, tid=1):
+    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 100,
+            "tid": tid, "ts": ts, "dur": dur}
+
+
+def launch(ts, corr, tid=1):
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 100,
+            "tid": tid, "ts": ts, "dur": 1, "args": {"correlation": corr}}
+
+
+def kernel(name, ts, dur, corr=None, stream=7):
+    args = {"device": 0, "stream": stream}
+    if corr is not None:
+        args["correlation"] = corr
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts,
+            "dur": dur, "args": args}
+
+
+def cpu_op(name, ts, dur, tid=1):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 100, "tid": tid, "ts": ts,
+            "dur": dur}
+
+
+def write(path, events, rank=0, world=1):
+    path.write_text(json.dumps({"schemaVersion": 1, "distributedInfo": {
+        "backend": "nccl", "rank": rank, "world_size": world}, "traceEvents": events}))
+    return path
+
+
+def by_step(jt):
+    b = jt.breakdown.set_index("step")
+    assert (b[PARTS].sum(axis=1) == b["step_ns"]).all()  # the identity, exact integers
+    return b
+
+
+def test_gpu_behind_cpu_gets_windows_that_tile(tmp_path):
+    # CPU: #1 [0,100), #2 [100,200). Step 1 launches k1 (runs [50,150)) and k2 ([150,210));
+    # step 2 launches k3 ([220,300)) and k4 ([300,320)). The old rule (CPU span extended to
+    # its work's end) gave [0,210) and [100,320): overlapping.
+    # a_1 = 50, a_2 = 220 -> window 1 = [50,220) = 170, window 2 = [220,320) = 100 (the last:
+    # to the end of its work). Window 1: compute [50,210) = 160, idle [210,220) = 10 (the GPU
+    # waiting for step 2's launches). Window 2: compute 100, idle 0.
+    # Device idle of the trace: [50,320) = 270 minus busy 260 = 10 = the summed idle.
+    ev = [span(1, 0, 100), span(2, 100, 100),
+          launch(10, 1), kernel("k1", 50, 100, 1), launch(20, 2), kernel("k2", 150, 60, 2),
+          launch(110, 3), kernel("k3", 220, 80, 3), launch(120, 4), kernel("k4", 300, 20, 4)]
+    jt = load_tables(write(tmp_path / "t.json", ev))
+    b = by_step(jt)
+    assert b.loc[1, "step_start_ns"] == 50 * US and b.loc[1, "step_ns"] == 170 * US
+    assert b.loc[2, "step_start_ns"] == 220 * US and b.loc[2, "step_ns"] == 100 * US
+    assert (b.loc[1, "compute_ns"], b.loc[1, "idle_ns"]) == (160 * US, 10 * US)
+    assert (b.loc[2, "compute_ns"], b.loc[2, "idle_ns"]) == (100 * US, 0)
+    assert list(b["cpu_step_ns"]) == [100 * US, 100 * US] and b["device_work"].all()
+    assert b["idle_ns"].sum() == 10 * US
+
+
+def test_work_spilling_past_a_boundary_counts_in_the_next_window(tmp_path):
+    # #1 [0,100), #2 [100,200). Step 1: kA (stream 7) [20,80), all_reduce kB (stream 20)
+    # [60,140); step 2: kC (stream 7) [120,170). a_1 = 20, a_2 = 120:
+    # window 1 = [20,120) = 100: K [20,80) = 60, C = kB's part [60,120) = 60, overlap [60,80)
+    #   = 20, exposed 40, idle 100 - 60 - 40 = 0.
+    # window 2 = [120,170) = 50: K = 50, C = kB's spill [120,140) = 20, all under kC: overlap
+    #   20, exposed 0, idle 0.
+    ev = [span(1, 0, 100), span(2, 100, 100),
+          launch(10, 1), kernel("kA", 20, 60, 1),
+          launch(30, 2), kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 60, 80, 2, stream=20),
+          launch(110, 3), kernel("kC", 120, 50, 3)]
+    b = by_step(load_tables(write(tmp_path / "t.json", ev)))
+    assert (b.loc[1, "step_ns"], b.loc[2, "step_ns"]) == (100 * US, 50 * US)
+    assert (b.loc[1, "compute_ns"], b.loc[1, "comm_ns"], b.loc[1, "overlap_ns"]) == \
+        (60 * US, 60 * US, 20 * US)
+    assert (b.loc[1, "exposed_comm_ns"], b.loc[1, "idle_ns"]) == (40 * US, 0)
+    assert (b.loc[2, "compute_ns"], b.loc[2, "comm_ns"], b.loc[2, "overlap_ns"]) == \
+        (50 * US, 20 * US, 20 * US)
+    assert b.loc[2, "idle_ns"] == 0
+
+
+def test_device_work_without_a_launch_is_left_out_and_named(tmp_path):
+    # An all_reduce [5,35) and a gemm [35,45) whose launches are not in the trace (queued
+    # before the profiler started: correlations 900, 901 have no runtime event); step 1
+    # ([0,100)) launches k1, running [50,90). Window = [50,90) = 40, all compute; the two
+    # un-launched events are in no step, no window and no collective, and a note names them:
+    # 2 events, 40 µs, 1 of them communication.
+    ev = [span(1, 0, 100),
+          kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 5, 30, 900, stream=20),
+          kernel("gemm_early", 35, 10, 901),
+          launch(10, 1), kernel("k1", 50, 40, 1)]
+    jt = load_tables(write(tmp_path / "t.json", ev))
+    b = by_step(jt)
+    assert (b.loc[1, "step_start_ns"], b.loc[1, "step_ns"]) == (50 * US, 40 * US)
+    assert (b.loc[1, "compute_ns"], b.loc[1, "comm_ns"], b.loc[1, "idle_ns"]) == (40 * US, 0, 0)
+    assert jt.collectives.empty
+    note = next(w for w in jt.ranks[0].warnings if "no launch in the trace" in w)
+    assert note.startswith("2 device events (0.0 ms)")
+    # the all_reduce (30 µs) is communication and the longest name in total
+    assert "1 of them communication" in note and "longest in total ncclKernel_AllReduce" in note
+
+
+def test_without_launch_links_device_work_goes_by_start_time(tmp_path):
+    # No correlation on the kernels: each goes to the span containing its start. k1 [10,60)
+    # -> step 1, k2 [120,150) -> step 2. Windows [10,120) = 110 and [120,150) = 30.
+    ev = [span(1, 0, 100), span(2, 100, 100), kernel("k1", 10, 50), kernel("k2", 120, 30)]
+    jt = load_tables(write(tmp_path / "t.json", ev))
+    b = by_step(jt)
+    assert (b.loc[1, "step_ns"], b.loc[1, "idle_ns"]) == (110 * US, 60 * US)
+    assert (b.loc[2, "step_ns"], b.loc[2, "idle_ns"]) == (30 * US, 0)
+    assert any("no launch link" in w for w in jt.ranks[0].warnings)
+
+
+def test_one_profiler_step_track_per_rank(tmp_path):
+    # CPU rank. Thread 1 holds #1 [0,1000) and #2 [1000,2000); thread 2 holds one #1
+    # [300,1300). Merging per step number made step 1 [0,1300) = 1.30 ms; the track is thread
+    # 1 (most spans), so step 1 = [0,1000) = 1.00 ms, and thread 2's span is named as ignored.
+    ev = [span(1, 0, 1000), span(2, 1000, 1000), span(1, 300, 1000, tid=2),
+          cpu_op("aten::mm", 100, 200), cpu_op("aten::mm", 1100, 200)]
+    jt = load_tables(write(tmp_path / "t.json", ev))
+    b = by_step(jt)
+    assert b.loc[1, "step_ns"] == 1000 * US and b.loc[2, "step_ns"] == 1000 * US
+    assert any("thread(s) 2 ignored" in w for w in jt.ranks[0].warnings)
+
+
+def test_overlapping_spans_are_clipped_at_the_next_start(tmp_path):
+    # #1 [0,120) overlaps #2 [100,200): #1 is clipped to [0,100).
+    ev = [span(1, 0, 120), span(2, 100, 100), cpu_op("aten::mm", 10, 20),
+          cpu_op("aten::mm", 110, 20)]
+    jt = load_tables(write(tmp_path / "t.json", ev))
+    st = jt.ranks[0].steps.set_index("step")
+    assert (st.loc[1, "cpu_start_ns"], st.loc[1, "cpu_end_ns"]) == (0, 100 * US)
+    assert by_step(jt).loc[1, "step_ns"] == 100 * US
+    assert any("clipped at the next span's start" in w for w in jt.ranks[0].warnings)
+
+
+def test_op_starting_before_its_span_is_clipped_not_dropped(tmp_path):
+    # CPU rank, #1 [100,200). aten::mm [50,150) starts before the span and ends inside it: it
+    # belongs to step 1, clipped to [100,150) = 50 of compute (the old rule dropped it and
+    # reported those 50 µs as idle). aten::add [160,180): 20. compute 70, idle 30.
+    ev = [span(1, 100, 100), cpu_op("aten::mm", 50, 100), cpu_op("aten::add", 160, 20)]
+    b = by_step(load_tables(write(tmp_path / "t.json", ev)))
+    assert (b.loc[1, "step_ns"], b.loc[1, "compute_ns"], b.loc[1, "idle_ns"]) == \
+        (100 * US, 70 * US, 30 * US)
+
+
+def test_truncated_last_step_without_device_work_is_flagged_and_left_out(tmp_path):
+    # #1 [0,100) launches k [20,90); #2 [100,105) launches nothing (cut short). Window 1 =
+    # [20,90) = 70; step 2 gets the empty window [90,90), device_work False, a note, and is
+    # left out of the step times (the report's median is over [70 µs] only).
+    ev = [span(1, 0, 100), span(2, 100, 5), launch(10, 1), kernel("k", 20, 70, 1)]
+    jt = load_tables(write(tmp_path / "t.json", ev))
+    b = by_step(jt)
+    assert b.loc[1, "step_ns"] == 70 * US and bool(b.loc[1, "device_work"])
+    assert b.loc[2, "step_ns"] == 0 and not bool(b.loc[2, "device_work"])
+    assert b.loc[2, "cpu_step_ns"] == 5 * US
+    assert any(w.startswith("step(s) 2 launched no device work") for w in jt.ranks[0].warnings)
+    fields, step_ns, _ = _trace_figures(jt)
+    assert step_ns == [70 * US] and fields["profiled_steps"] == 1
+
+
+def test_metadata_only_rank_is_an_empty_rank(tmp_path):
+    # rank 0 has one step (window [20,90) as above); rank 1's file holds only metadata.
+    job = tmp_path / "job"
+    job.mkdir()
+    write(job / "rank0.json", [span(1, 0, 100), launch(10, 1), kernel("k", 20, 70, 1)], 0, 2)
+    write(job / "rank1.json", [{"ph": "M", "name": "process_name", "pid": 1,
+                                "args": {"name": "python"}}], 1, 2)
+    jt = load_tables(job)
+    assert [r.rank for r in jt.ranks] == [0, 1] and jt.ranks[1].empty
+    assert jt.ranks[1].device_kind == "gpu"
+    assert list(jt.breakdown["rank"]) == [0]
+    assert any("rank 1" in w and "empty rank" in w for w in jt.warnings)
+    # a single metadata-only file is still refused
+    with pytest.raises(BadInput) as exc:
+        load_tables(job / "rank1.json")
+    assert exc.value.reason == "no_events"
+
+
+# --- the public GPU traces ----------------------------------------------------------------
+
+GPU_TRACES = ["single/v100_ddp_subus_timestamps.json.gz", "single/a100_ddp_rank0_nccl_args.json.gz",
+              "single/b200_allgather_rank0.json.gz", "single/mtia_inference_rank0.json.gz",
+              "single/cupti_range_profiler.json.gz",
+              "single/rocm_mi250_truncated_last_step.json.gz",
+              "single/resnet_dataloader_1gpu.json.gz", "single/sglang_cudagraph_capture.json.gz",
+              *[f"dlrm_ddp_8rank_v100/worker{r}.pt.trace.json.gz" for r in range(8)]]
+
+
+def raw_device_idle_ns(path) -> int:
+    """Device idle of the trace from the raw JSON, independently of the analyzer: the span of
+    the device events (kernel, gpu_memcpy, gpu_memset) minus their union, in ns (µs read as
+    exact decimals: sub-µs timestamps near 1.7e15 µs do not fit a float)."""
+    with gzip.open(path, "rt") as fh:
+        evs = json.load(fh, parse_float=Decimal)["traceEvents"]
+    iv = sorted((Decimal(e["ts"]), Decimal(e["ts"]) + Decimal(e["dur"])) for e in evs
+                if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    if not iv:
+        return 0
+    busy, cur_s, cur_e = Decimal(0), *iv[0]
+    for s, e in iv[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    return int((max(e for _, e in iv) - iv[0][0] - busy) * 1000)
+
+
+@pytest.mark.parametrize("rel", params(GPU_TRACES))
+def test_corpus_windows_tile_and_idle_is_bounded(rel):
+    path = corpus(rel)
+    jt = load_tables(path, jobs=1)
+    b = jt.breakdown
+    assert (b[PARTS].sum(axis=1) == b["step_ns"]).all()
+    st = jt.ranks[0].steps.sort_values("start_ns")
+    assert (st["start_ns"].to_numpy()[1:] >= st["end_ns"].to_numpy()[:-1]).all()
+    if jt.whole_trace_mode or jt.ranks[0].device_kind != "gpu":
+        return  # whole-trace mode is unchanged: its window is the whole trace, CPU time included
+    assert int(b["idle_ns"].sum()) <= raw_device_idle_ns(path)
+
+
+def test_corpus_v100_device_step_is_close_to_the_cpu_step():
+    # CPU steps of 35-96 ms used to become windows of 101-185 ms (the GPU runs a step behind);
+    # the device windows now match the CPU's pace: medians within 2 %.
+    jt = load_tables(corpus("single/v100_ddp_subus_timestamps.json.gz"), jobs=1)
+    b = jt.breakdown
+    dev, cpu = float(np.median(b["step_ns"])), float(np.median(b["cpu_step_ns"]))
+    assert abs(dev - cpu) <= 0.02 * cpu
+    assert b["step_ns"].max() < 100e6
