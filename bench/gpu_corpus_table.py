@@ -4,7 +4,8 @@ Usage: PARITYTRACE_CORPUS=../shared/corpus python bench/gpu_corpus_table.py [--j
 
 Per trace: steps, median step (device window), median CPU step, idle/step, comm/step, bytes per
 kind, whether windows overlap, and the trace's device-idle total (the union of every device
-event's complement inside [first device event, last device event]) as the bound summed idle must
+event's complement inside [first device event, last device event]; gpu_user_annotation ranges
+are not device work) as the bound summed idle must
 respect.
 """
 
@@ -30,7 +31,7 @@ TRACES = ["single/v100_ddp_subus_timestamps.json.gz", "single/a100_ddp_rank0_ncc
 
 
 def device_idle_ns(ev) -> int:
-    gpu = ev["is_gpu"].to_numpy(dtype=bool)
+    gpu = ev["is_gpu"].to_numpy(dtype=bool) & (ev["role"].astype(str) != "annotation").to_numpy()
     if not gpu.any():
         return 0
     s, e = ev["ts_ns"].to_numpy()[gpu], ev["end_ns"].to_numpy()[gpu]
@@ -42,6 +43,8 @@ def row(rel: str, corpus: Path) -> dict:
     p = corpus / rel
     jt = load_tables(p, jobs=1)
     b = jt.breakdown
+    if "device_work" in b:  # steps that launched no device work stay out of medians
+        b = b[b["device_work"]]
     ev, steps = load_events(p)
     st = steps.sort_values("start_ns")
     overl = bool((st["start_ns"].to_numpy()[1:] < st["end_ns"].to_numpy()[:-1]).any())

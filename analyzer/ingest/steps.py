@@ -37,7 +37,10 @@ The rule, in order:
 5. **CPU-only rank** (gloo): window = the span extended to the end of its communication work
    (gloo ops run on their own threads after the enqueue), clipped at the next span's start, so
    windows never overlap. Events are measured by step, clipped to their step's window.
-6. **Whole-trace mode** (no ProfilerStep): every event in step 0, window = the whole trace.
+6. **Whole-trace mode** (no ProfilerStep): every event in step 0. On a GPU rank the window is
+   the extent of the launched device work (first start to last end; device work with no launch
+   in the trace left out and noted as in rule 3), so idle is device idle; on a CPU rank the
+   whole trace. The CPU span is the whole trace.
 """
 
 from __future__ import annotations
@@ -83,12 +86,8 @@ def assign_steps(df: pd.DataFrame, *, names: np.ndarray, is_step: np.ndarray,
     notes: list[str] = []
     no_rows = np.zeros(n, bool)
     if not is_step.any():
-        lo = int(ts.min()) if n else 0
-        hi = int(end.max()) if n else 0
-        table = pd.DataFrame({"step": [0], "cpu_start_ns": [lo], "cpu_end_ns": [hi],
-                              "start_ns": [lo], "end_ns": [hi], "device_work": [True]})
-        return Steps(step=np.zeros(n, np.int64), table=_typed(table), whole_trace=True,
-                     unlaunched=no_rows, notes=notes)
+        return _whole_trace(df, names, is_gpu & ~is_gpu_annotation, is_comm, launch,
+                            device_kind, notes)
     st, ss, se = _track(df, names, is_step, notes)
     step = _by_time(ts, end, st, ss, se)
     device = is_gpu & ~is_gpu_annotation
@@ -116,6 +115,33 @@ def assign_steps(df: pd.DataFrame, *, names: np.ndarray, is_step: np.ndarray,
                           "end_ns": hi, "device_work": work})
     return Steps(step=step, table=_typed(table.sort_values("step").reset_index(drop=True)),
                  whole_trace=False, unlaunched=unlaunched, notes=notes)
+
+
+def _whole_trace(df, names, device, is_comm, launch, device_kind, notes) -> Steps:
+    """Rule 6: one step 0. On a GPU rank its window is the device work's extent, from the first
+    start to the last end of the launched device work (device work with no launch in the trace
+    left out and noted as in rule 3), so idle is device idle there too; elsewhere the whole
+    trace. ``cpu_start_ns`` / ``cpu_end_ns`` are the whole trace."""
+    n = len(df)
+    ts = df["ts_ns"].to_numpy()
+    end = df["end_ns"].to_numpy()
+    step = np.zeros(n, np.int64)
+    lo = cpu_lo = int(ts.min()) if n else 0
+    hi = cpu_hi = int(end.max()) if n else 0
+    unlaunched = np.zeros(n, bool)
+    if device_kind == "gpu" and device.any():
+        if (launch[device] >= 0).any():
+            unlaunched = device & (launch < 0)
+            step[unlaunched] = -1
+            _note_left_out(notes, df, names, unlaunched, is_comm,
+                           "have no launch in the trace (queued before the profiler started)")
+        work = device & ~unlaunched
+        if work.any():
+            lo, hi = int(ts[work].min()), int(end[work].max())
+    table = pd.DataFrame({"step": [0], "cpu_start_ns": [cpu_lo], "cpu_end_ns": [cpu_hi],
+                          "start_ns": [lo], "end_ns": [hi], "device_work": [True]})
+    return Steps(step=step, table=_typed(table), whole_trace=True, unlaunched=unlaunched,
+                 notes=notes)
 
 
 def _typed(table: pd.DataFrame) -> pd.DataFrame:

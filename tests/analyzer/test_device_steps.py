@@ -252,3 +252,22 @@ def test_corpus_v100_device_step_is_close_to_the_cpu_step():
     dev, cpu = float(np.median(b["step_ns"])), float(np.median(b["cpu_step_ns"]))
     assert abs(dev - cpu) <= 0.02 * cpu
     assert b["step_ns"].max() < 100e6
+
+
+def test_whole_trace_gpu_window_is_the_launched_device_work(tmp_path):
+    # No ProfilerStep. CPU ops [0,1000). Kernel k0 [5,15) has no launch (queued before the
+    # profiler started); k1 [100,300) and k2 [400,450) are launched. Step 0's window = the
+    # launched device work's extent [100,450) = 350 (the old rule: the whole trace [0,1000)
+    # with 650 of "idle" in which the GPU was not even given work yet): compute 250, idle
+    # [300,400) = 100 = the trace's device idle inside that extent. k0 is left out, noted;
+    # the CPU step is the whole trace, 1000.
+    ev = [cpu_op("aten::train", 0, 1000), launch(50, 1), kernel("k1", 100, 200, 1),
+          launch(60, 2), kernel("k2", 400, 50, 2), kernel("k0", 5, 10)]
+    jt = load_tables(write(tmp_path / "t.json", ev))
+    b = by_step(jt)
+    assert jt.whole_trace_mode
+    assert (b.loc[0, "step_start_ns"], b.loc[0, "step_ns"]) == (100 * US, 350 * US)
+    assert (b.loc[0, "compute_ns"], b.loc[0, "idle_ns"]) == (250 * US, 100 * US)
+    assert b.loc[0, "cpu_step_ns"] == 1000 * US
+    notes = " ".join(jt.ranks[0].warnings)
+    assert "1 device events (0.0 ms) have no launch in the trace" in notes
