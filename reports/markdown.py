@@ -40,7 +40,8 @@ COMM_GROUP_HEADERS = ["run", "kind", "process group", "ranks", "group size", "dt
 
 def comm_group_rows(report: Report) -> list[list[Any]]:
     """Rows of the per (kind, process group, dtype) table (shared with the HTML renderer)."""
-    return [[r.name, g.kind, g.pg or "-", g.pg_ranks or "-", g.group_size, g.dtype or "unknown",
+    return [[r.name, g.kind, g.pg or "-", g.pg_ranks or "-",
+             g.group_size if g.group_size > 0 else "unknown", g.dtype or "unknown",
              fmt.count(g.count), fmt.ms(g.time_ns), fmt.data_bytes(g.bytes, g.unknown_bytes),
              fmt.num(g.busbw_gbps, ".3f")] for r in report.runs for g in r.comm_groups]
 

@@ -94,7 +94,7 @@ COMM_GROUPS = (
     "durations; bytes as nccl-tests counts them (all_gather and reduce_scatter: the whole buffer "
     "= one rank's piece x the group's size), taken from the CPU side (record_param_comms, the "
     "c10d op) before the kernel; 'unknown' where the trace does not tell; busbw with the "
-    "group's size. Group size -1: not told by the trace (busbw then unknown).")
+    "group's size. Group size unknown: not told by the trace (busbw then unknown).")
 
 
 def memory_notes(runs: list[RunEntry]) -> list[str]:

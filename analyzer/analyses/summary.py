@@ -61,7 +61,8 @@ def summarize(job) -> Summary:
         more = "" if len(job.missing_ranks) <= 10 else f" and {len(job.missing_ranks) - 10} more"
         head.append(f"partial: ranks {shown}{more} have no trace")
     if job.whole_trace_mode:
-        head.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the whole trace")
+        head.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the launched "
+                    "device work's extent on a GPU rank, the whole trace on a CPU rank")
     if len(offsets) > 1:
         head.append(f"start skew and stragglers on aligned clocks: rank r's offset to rank "
                     f"{int(offsets['rank'].min())} = median of (end on r - end on the reference) "

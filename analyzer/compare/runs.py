@@ -176,7 +176,8 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
 def trace_step_source(tables) -> str:
     """What the traces' step times are, in words (module docstring)."""
     if tables.whole_trace_mode:
-        return "traces: the whole trace (no ProfilerStep), slowest rank"
+        return ("traces: no ProfilerStep, one step: the launched device work's extent on GPU "
+                "ranks, the whole trace on CPU ranks; slowest rank")
     if any(r.device_kind == "gpu" for r in tables.ranks):
         return ("traces: device windows (first device work launched by the step to the next "
                 "step's), slowest rank")
@@ -247,7 +248,8 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
                                  "have no trace")
         if tables.whole_trace_mode:
             entry.caveats.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the "
-                                 "whole trace")
+                                 "launched device work's extent on a GPU rank, the whole trace "
+                                 "on a CPU rank")
     stats = memory.step_stats(step_ns)
     entry.step_time_ns = StepTime(median=stats["median"], p90=stats["p90"], n=stats["n"],
                                   min=min(step_ns, default=None), max=max(step_ns, default=None),
