@@ -41,7 +41,7 @@ COMM_GROUP_HEADERS = ["run", "kind", "process group", "ranks", "group size", "dt
 def comm_group_rows(report: Report) -> list[list[Any]]:
     """Rows of the per (kind, process group, dtype) table (shared with the HTML renderer)."""
     return [[r.name, g.kind, g.pg or "-", g.pg_ranks or "-",
-             g.group_size if g.group_size > 0 else "unknown", g.dtype or "unknown",
+             g.group_size or "unknown", g.dtype or "unknown",
              fmt.count(g.count), fmt.ms(g.time_ns), fmt.data_bytes(g.bytes, g.unknown_bytes),
              fmt.num(g.busbw_gbps, ".3f")] for r in report.runs for g in r.comm_groups]
 
@@ -109,8 +109,8 @@ def render(report: Report) -> str:
     out += [table(["run", "kind", "profiled steps", "calls / step", "time / step (sum)",
                    "bytes / step", "busbw (GB/s)"], rows) if rows
             else "No collectives found.", "",
-            "busbw uses the nccl-tests factors (all_reduce 2(n-1)/n, all_gather and reduce_scatter "
-            "(n-1)/n, broadcast 1) and, as nccl-tests does, combines the ranks' times before "
+            "busbw uses the nccl-tests factors (all_reduce 2(n-1)/n, all_gather, reduce_scatter "
+            "and all_to_all (n-1)/n, broadcast and send_recv 1) and, as nccl-tests does, combines the ranks' times before "
             "dividing: bytes x factor summed over ranks / time summed over ranks (= bytes x "
             "factor / mean time per rank), whole trace; GB = 10^9 bytes.", ""]
 

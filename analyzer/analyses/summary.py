@@ -73,7 +73,7 @@ def summarize(job) -> Summary:
                             f"{int(offsets['rank'].min())}: its clock is not aligned (offset 0)")
     head += job.warnings
     for r in job.ranks:
-        head += r.warnings
+        head += [f"rank {r.rank}: {w}" for w in r.warnings]
     ranks = pd.DataFrame([{"rank": r.rank, "path": str(r.path), "rank_source": r.rank_source,
                            "device_kind": r.device_kind, "world_size": r.world_size,
                            "steps": len(r.steps), "whole_trace_mode": r.whole_trace_mode}

@@ -99,7 +99,9 @@ def _print_tables(s) -> None:
           **{c: (f"{c}_ns", ms) for c in times}, "overlap_of_comm": ("overlap_frac", pct)})
     show("Per collective kind", s.by_kind,
          {"rank": ("rank", text), "kind": ("kind", text), "count": ("count", text),
-          "time": ("time_ns", ms), "bytes": ("bytes", text), "algbw_gbps": ("algbw_gbps", gbps),
+          "time": ("time_ns", ms),
+          "bytes": ("bytes", lambda b: fmt.data_bytes(None if b is None or b < 0 else b)),
+          "algbw_gbps": ("algbw_gbps", gbps),
           "busbw_gbps": ("busbw_gbps", gbps)})
     if len(s.offsets) > 1:
         show("Clock offsets (aligned time = rank time - offset)",
@@ -110,12 +112,14 @@ def _print_tables(s) -> None:
          {"rank": ("rank", text), "times_last": ("times_last", text),
           "skew_caused": ("skew_caused_ns", ms)})
     x = s.cross_rank
+    if len(x):  # a collective seen on one rank only has no skew to show
+        x = x[x["n_ranks"] > 1]
     show("Cross-rank: largest start skews (aligned clocks)", x.sort_values("start_skew_ns", ascending=False).head(10),
          {**{c: (c, text) for c in ("pg", "seq", "kind", "n_ranks")},
           "start_skew": ("start_skew_ns", ms), "transfer": ("transfer_ns", ms),
           "max_wait": ("max_wait_ns", ms), "straggler_rank": ("straggler_rank", text)})
     show("Cross-check with HTA get_comm_comp_overlap (% of communication)", s.crosscheck,
-         {**{c: (c, pct100) for c in ("hta_overlap_pct", "ours_hta_scope_pct", "ours_step_pct",
+         {"rank": ("rank", text), **{c: (c, pct100) for c in ("hta_overlap_pct", "ours_hta_scope_pct", "ours_step_pct",
                                        "diff_pct")}, "explanation": ("explanation", text)})
     for line in s.notes:
         con.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -114,7 +114,7 @@ def _comm_groups(coll: pd.DataFrame, n_ranks: int) -> list[CommGroup]:
         out.append(CommGroup(
             kind=kind, pg=str(pg), dtype=str(dtype),
             pg_ranks=str(g["pg_ranks"].iloc[0]) if len(set(g["pg_ranks"])) == 1 else "various",
-            group_size=int(sizes[0]) if len(sizes) == 1 else -1,
+            group_size=int(sizes[0]) if len(sizes) == 1 and sizes[0] > 0 else None,
             count=len(g) / n, time_ns=float(g["dur_ns"].sum()) / n,
             bytes=float(g.loc[known, "bytes"].sum()) / n if known.any() else None,
             unknown_bytes=int((~known).sum()),
@@ -151,13 +151,16 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     the loader's notes). ``tables``: ``ingest.load_run``'s result."""
     bd = tables.breakdown
     bd = bd[(bd["step"] >= 0) & bd["device_work"].astype(bool)]
-    device_kind = tables.ranks[0].device_kind if tables.ranks else "cpu"
+    device_kind = next((r.device_kind for r in tables.ranks if not r.empty), "cpu")
     by_step = bd.groupby("step", sort=True)
     comm_total = int(bd["comm_ns"].sum())
-    profiled, comm = _communication(tables.collectives, bd, len(tables.ranks))
+    # per-rank means over the ranks that recorded events: an empty (metadata-only) rank is
+    # named in a note, not averaged in as a rank that communicated nothing
+    n_ranks = sum(1 for r in tables.ranks if not r.empty)
+    profiled, comm = _communication(tables.collectives, bd, n_ranks)
     fields = dict(
         communication=comm, profiled_steps=profiled,
-        comm_groups=_comm_groups(tables.collectives, len(tables.ranks)),
+        comm_groups=_comm_groups(tables.collectives, n_ranks),
         comm_ns_per_step=float(bd["comm_ns"].mean()) if len(bd) else None,
         overlap_frac=float(bd["overlap_ns"].sum() / comm_total) if comm_total else None,
         exposed_comm_ns=float(bd["exposed_comm_ns"].mean()) if len(bd) else None,
@@ -169,7 +172,8 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
         trace_info=TraceInfo(whole_trace_mode=tables.whole_trace_mode,
                              rank_sources=sorted({r.rank_source for r in tables.ranks}),
                              missing_ranks=tables.missing_ranks, device_kind=device_kind,
-                             trace_warnings=[w for r in tables.ranks for w in r.warnings][:20]))
+                             trace_warnings=[f"rank {r.rank}: {w}" for r in tables.ranks
+                                             for w in r.warnings][:40]))
     return fields, by_step["step_ns"].max().tolist(), list(tables.warnings)
 
 

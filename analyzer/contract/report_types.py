@@ -231,13 +231,13 @@ class CommKind(_Figures, kw_only=True):
 class CommGroup(_Figures, kw_only=True):
     """One (kind, process group, dtype) of a run, whole trace: per-rank means of count, time_ns
     (sum of durations) and bytes (known instances; None when none is known); ``pg`` "" and
-    ``dtype`` "" when the trace does not say; ``group_size`` -1 when unknown; busbw over the
+    ``dtype`` "" when the trace does not say; ``group_size`` None when unknown; busbw over the
     ranks with the group's size (nccl-tests)."""
 
     kind: str
     pg: str
     pg_ranks: str
-    group_size: int
+    group_size: int | None
     dtype: str
     count: float
     time_ns: float

@@ -379,7 +379,24 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
             "unlaunched": steps.unlaunched,
             "notes": _notes(df, u_cat, c_cat, rule, is_gpu & (role == _ROLE["compute"]) & by_name(
                 lambda u: _LONE_EP_RE.search(u) is not None)) + steps.notes}
+    if device_kind == "gpu" and not (is_gpu & (role == _ROLE["comm"])).any():
+        info["notes"] += _no_device_comm(names, is_c10d & ~by_name(
+            lambda u: u.startswith("c10d::wait")), world_size)
     return out, info
+
+
+def _no_device_comm(names: np.ndarray, calls: np.ndarray, world_size: int | None) -> list[str]:
+    """A GPU rank whose CPU side calls collectives (``c10d::*``) while no communication runs on
+    the device: say so, instead of a bare "no collectives" (a world of one rank, or groups of
+    one: NCCL has nothing to move and launches no kernel)."""
+    if not calls.any():
+        return []
+    counts = pd.Series(names[calls]).value_counts()
+    top = ", ".join(f"{n} x{c}" for n, c in counts.head(4).items())
+    why = (f"world size {world_size}: NCCL has nothing to move" if world_size == 1
+           else "the trace shows no communication kernel for them")
+    return [f"{int(calls.sum())} collective calls on the CPU side ({top}) ran no communication "
+            f"on the device ({why}); communication figures are empty, not missing"]
 
 
 def _time_ordered(ts: np.ndarray, end: np.ndarray) -> bool:

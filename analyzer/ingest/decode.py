@@ -189,7 +189,11 @@ def decompress(raw: bytes, path: Path | str) -> bytes:
 
 
 def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
-    """Decode trace JSON ``data`` (see ``Decoded``). ``path`` is only used in messages."""
+    """Decode trace JSON ``data`` (see ``Decoded``). ``path`` is only used in messages. A
+    leading UTF-8 byte-order mark (an editor's save) is dropped: JSON (RFC 8259 8.1) lets a
+    reader ignore it."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
     try:
         trace = _decode_typed(data)
     except msgspec.DecodeError as exc:

@@ -135,6 +135,9 @@ def _whole_trace(df, names, device, is_comm, launch, device_kind, notes) -> Step
             step[unlaunched] = -1
             _note_left_out(notes, df, names, unlaunched, is_comm,
                            "have no launch in the trace (queued before the profiler started)")
+        else:
+            notes.append("device events carry no launch link (correlation / External id): "
+                         "all of them are step 0's work")
         work = device & ~unlaunched
         if work.any():
             lo, hi = int(ts[work].min()), int(end[work].max())

@@ -62,11 +62,16 @@ def independent(path: Path):
     ops = [e for e in ev if e["tid"] == main and e["cat"] == "cpu_op"
            and not e["name"].startswith("c10d::")]
     out = {}
+    starts = sorted(s["s"] for s in steps)
     for st in steps:
         n = int(st["name"].split("#")[1])
         mine = [(c, g) for c, g in pairs if st["s"] <= c["s"] < st["e"]]
         gl = [g for _, g in mine]
+        # the span extended to its gloo work's end, never past the next span's start (a DDP
+        # bucket's all_reduce can still run when the next ProfilerStep begins)
+        later = [t for t in starts if t > st["s"]]
         lo, hi = st["s"], max([st["e"]] + [g["e"] for g in gl])
+        hi = min([hi] + later[:1])
         pts = sorted({lo, hi} | {x for e in ev for x in (e["s"], e["e"]) if lo <= x <= hi})
         pts = np.array(pts, dtype=object)
         seg_len = np.array([b - a for a, b in zip(pts[:-1], pts[1:])], dtype=object)

@@ -105,3 +105,13 @@ def test_overlap_on_htas_scope_equals_htas_figure(rel):
     got = hta_scope_overlap(ev, filtered=len(step_names(ev)) >= 2)
     pct = 100 * got["overlap_ns"] / got["comm_ns"] if got["comm_ns"] else math.nan
     assert round(pct, 2) == HTA_OVERLAP_PCT[rel]
+
+
+def test_collective_calls_without_device_communication_are_named():
+    """v100: world size 1; the CPU side calls c10d::allreduce_ 25 times and c10d::broadcast_ 10
+    times (counted in the raw JSON by hand) and NCCL launches no kernel: a note says so."""
+    jt = load_tables(corpus("single/v100_ddp_subus_timestamps.json.gz"), jobs=1)
+    assert jt.collectives.empty
+    notes = " ".join(jt.ranks[0].warnings)
+    assert "35 collective calls on the CPU side (c10d::allreduce_ x25, c10d::broadcast_ x10)" \
+        in notes and "world size 1" in notes

@@ -147,3 +147,20 @@ def test_improperly_nested_events_on_one_thread(tmp_path, ddp_run):
     # Perfetto would drop partially overlapping events: merge moves them to overlap tracks
     moved = re.search(r"(\d+) on overlap tracks", proc.stdout)
     assert moved and int(moved.group(1)) > 0, proc.stdout
+
+
+def test_a_utf8_byte_order_mark_before_the_json_is_read(tmp_path):
+    """An editor's BOM before an otherwise valid trace: read as the same trace (RFC 8259 lets
+    a reader ignore it), not refused as truncated JSON."""
+    import json
+
+    trace = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1,
+                              "tid": 1, "ts": 10, "dur": 5}]}
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(trace))
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    a, _ = load_events(plain)
+    b, _ = load_events(bom)
+    assert list(b["name"].astype(str)) == ["aten::mm"]
+    assert b["ts_ns"].tolist() == a["ts_ns"].tolist() == [10_000]

@@ -105,10 +105,12 @@ def test_whole_trace_mode(fixture_copy):
     ts = load_tables(fixture_copy("whole_trace.json"))
     assert ts.whole_trace_mode and ts.ranks[0].rank_source == "single file"
     b = _row(ts.breakdown)
-    # window = whole trace [5,40); C [20,30), K [25,40)
-    assert (b["step"], b["step_start_ns"], b["step_ns"]) == (0, 5 * US, 35 * US)
+    # GPU rank: window = the device work's extent [20,40) (the whole trace is [5,40): the
+    # CPU span, cpu_step_ns); C [20,30), K [25,40): overlap 5, exposed 5, idle 0
+    assert (b["step"], b["step_start_ns"], b["step_ns"]) == (0, 20 * US, 20 * US)
+    assert b["cpu_step_ns"] == 35 * US
     assert (b["compute_ns"], b["comm_ns"], b["overlap_ns"]) == (15 * US, 10 * US, 5 * US)
-    assert (b["exposed_comm_ns"], b["other_ns"], b["idle_ns"]) == (5 * US, 0, 15 * US)
+    assert (b["exposed_comm_ns"], b["other_ns"], b["idle_ns"]) == (5 * US, 0, 0)
     c = _row(ts.collectives)
     assert c["kind"] == "all_reduce" and c["bytes"] == -1
     k = _row(by_kind(ts.collectives))
