@@ -1,8 +1,9 @@
 """`tracer` command line (thin): parse options, call ``record_local`` or ``worker_main``.
 
 Exit codes (analyzer/contract/errors.py ``ExitCode``): 0 ok, 1 a record failed (one line names the rank
-and its first error), 2 bad options, 130 interrupted. Under torchrun (RANK set) this process is
-that rank.
+and its first error), 2 bad options or a refused run dir (``rundir.check_run_dir``; another record
+holds it), 130 interrupted. Under torchrun (RANK set) this process is that rank. On success it
+prints ``recorded <run dir>`` per run (under torchrun global rank 0 only).
 """
 
 from __future__ import annotations
@@ -93,6 +94,15 @@ def record(
 
             for cfg in configs:
                 check_golden(cfg)
+        # before torch is imported: a refused folder or a held run dir stops at once
+        if under_torchrun:  # rank 0 takes the lock when it clears the run dir (worker.run_rank)
+            from tracer.rundir import check_run_dir
+
+            check_run_dir(configs[0].run_dir)
+        else:
+            from tracer.record import claim_run_dirs
+
+            claim_run_dirs(configs)
     except ValueError as exc:
         _fail(ExitCode.BAD_INPUT, str(exc))
     if under_torchrun:

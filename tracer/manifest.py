@@ -19,7 +19,7 @@ from tracer.config import RecordConfig
 from tracer.data import data_manifest
 from tracer.golden import golden_section
 from tracer.profiling import activities
-from tracer.rundir import file_entries
+from tracer.rundir import file_entries, finish_record, holds_lock, unlock_run_dir
 
 
 def versions() -> Versions:
@@ -101,5 +101,11 @@ def precision_policy(precision: str) -> str:
 
 
 def write_manifest(run_dir: Path, manifest: Manifest) -> None:
-    """Write ``manifest.json`` atomically, indented (read by people too)."""
+    """Write ``manifest.json`` atomically, indented (read by people too). When this process
+    holds the run dir's record lock (global rank 0 under torchrun) the record is over once the
+    manifest is there: the record marker is removed (``rundir.finish_record``) and the lock
+    released. Under the built-in launcher the launcher does both after every rank exited 0."""
     write_atomic(run_dir / MANIFEST_NAME, msgspec.json.format(msgspec.json.encode(manifest), indent=2))
+    if holds_lock(run_dir):
+        finish_record(run_dir)
+        unlock_run_dir(run_dir)

@@ -74,11 +74,15 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
 
     Computes the baseline once (all configs share its settings) into a hidden staging folder
     under ``--out`` while the first strategy's workers start (``launch.run_workers(prepare=...)``),
-    then runs the strategies one after another. A run dir is cleared and gets the baseline only
-    when its own record starts, so runs that never started keep their previous complete
-    contents. The staging folder is removed at the end, either way.
+    then runs the strategies one after another. Every run dir is checked and locked first
+    (``claim_run_dirs``); one is cleared (record marker written, ``rundir.clear_run_dir``) and
+    gets the baseline only when its own record starts, so runs that never started keep their
+    previous complete contents; its marker is removed once its ranks all exited 0, and a failed
+    or interrupted one is left without manifest (``rundir.abandon_record``). The staging folder
+    is removed and the locks released at the end, either way.
     Raises ``launch.RecordFailed`` on the first failed record, ``KeyboardInterrupt`` on Ctrl-C
-    (workers killed either way), ``ValueError`` for an unusable device or output folder,
+    (workers killed either way), ``ValueError`` for an unusable device or output folder or a
+    run dir another record holds,
     ``RuntimeError`` when the baseline cannot be computed.
     """
     import tempfile
@@ -87,6 +91,7 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
 
     from tracer.baseline import BASELINE_NAME, write_baseline, write_baseline_isolated
     from tracer.launch import run_workers
+    from tracer.rundir import abandon_record, finish_record
 
     import torch
 
@@ -96,14 +101,11 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     configs = [replace(c, device=device_type) for c in configs]
     if device_type == "cuda":
         check_gpus(configs, torch.cuda.device_count())
-    for cfg in configs:  # fail early on an unwritable --out, without touching what is there
-        try:
-            cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _cannot_prepare(cfg.run_dir, exc) from None
+    claim_run_dirs(configs)
     try:  # same filesystem as the run dirs, so placing the baseline is a hard link
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=configs[0].run_dir.parent))
     except OSError as exc:
+        _release(configs)
         raise _cannot_prepare(configs[0].run_dir.parent, exc) from None
 
     def baseline_then_prepare(cfg: RecordConfig) -> None:
@@ -117,15 +119,49 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
         done = []
         for i, cfg in enumerate(configs):
             log.info("recording %s into %s", cfg.strategy, cfg.run_dir)
-            if i == 0:
-                run_workers(cfg, prepare=partial(baseline_then_prepare, cfg))
-            else:
-                prepare_run_dir(cfg, staging)
-                run_workers(cfg)
+            try:
+                if i == 0:
+                    run_workers(cfg, prepare=partial(baseline_then_prepare, cfg))
+                else:
+                    prepare_run_dir(cfg, staging)
+                    run_workers(cfg)
+            except BaseException:
+                abandon_record(cfg.run_dir)
+                raise
+            finish_record(cfg.run_dir)
             done.append(cfg.run_dir)
         return done
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        _release(configs)
+
+
+def claim_run_dirs(configs: list[RecordConfig]) -> None:
+    """Before torch is imported or anything is written: check every config's run dir
+    (``rundir.check_run_dir``) and take its record lock (``rundir.lock_run_dir``, held until
+    ``record_local`` ends or the process exits), so a refused or concurrent record stops at
+    once with one line. Raises ``ValueError`` (``rundir.RunDirBusy`` for a held lock); on a
+    raise no lock is kept."""
+    from tracer.rundir import check_run_dir, lock_run_dir
+
+    try:
+        for cfg in configs:
+            check_run_dir(cfg.run_dir)
+        for cfg in configs:
+            try:
+                lock_run_dir(cfg.run_dir)
+            except OSError as exc:
+                raise _cannot_prepare(cfg.run_dir, exc) from None
+    except ValueError:
+        _release(configs)
+        raise
+
+
+def _release(configs: list[RecordConfig]) -> None:
+    from tracer.rundir import unlock_run_dir
+
+    for cfg in configs:
+        unlock_run_dir(cfg.run_dir)
 
 
 def prepare_run_dir(cfg: RecordConfig, staging: Path) -> None:

@@ -1,46 +1,196 @@
-"""Run-directory files: clearing stale files, the file list with sha256.
+"""Run-directory files: which are the tracer's, checking an output folder, the record lock and
+marker, clearing what a previous record wrote, the file list with sha256.
 
 Every file is written with ``analyzer.contract.atomic`` (a temp name in the same folder, then
 ``os.replace``), so a reader never sees half a file; ``manifest.json`` is written last
-(see ``manifest.py``).
+(see ``manifest.py``) and ``RECORDING_NAME`` removed after it.
+
+Rules (analyzer/contract/schemas.py, run-directory layout):
+- the tracer's files are the names ``TRACER_FILE`` matches; only they are listed in the
+  manifest and only they (plus the tracer's own hidden transients) are removed by a re-record:
+  the analyzer's caches, ``report/`` and merge outputs beside them stay as they are;
+- ``tracer record`` writes only into a missing or empty folder, or one of its run dirs
+  (``is_run_dir``), and never into one named ``REPORT_DIR_NAME``;
+- one record at a time per run dir: ``fcntl.flock`` on ``LOCK_NAME`` inside it, held by the
+  process that records it until that process ends (the launcher; under torchrun global rank 0).
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import re
 import shutil
 from pathlib import Path
 
-from analyzer.contract.schemas import MANIFEST_NAME, MEMORY_DIR, FileEntry, sha256_file
+from analyzer.contract.schemas import (GOLDEN_NAME, KEPT_NAME, KEPT_TENSORS_NAME, LOCK_NAME, MANIFEST_NAME,
+                                       MEMORY_DIR, MEMORY_PARQUET_NAME, NUMERICS_NAME, RECORDING_NAME,
+                                       REPORT_DIR_NAME, STEPS_NAME, FileEntry, sha256_file)
 
 PARTS_DIR = ".parts"
 """Per-rank partial tables, merged by rank 0 and removed before the manifest is written."""
 
+_NAMES = "|".join(re.escape(n) for n in (NUMERICS_NAME, STEPS_NAME, KEPT_NAME, GOLDEN_NAME, KEPT_TENSORS_NAME))
+TRACER_FILE = re.compile(rf"(rank\d+\.trace\.json\.gz|{_NAMES}|{re.escape(MEMORY_DIR)}/"
+                         rf"(rank\d+\.snapshot\.pickle|{re.escape(MEMORY_PARQUET_NAME)}))")
+"""Relative, '/'-separated paths of the files a record leaves in a run dir (besides the manifest);
+``fullmatch`` only: ``rank0.trace.json.gz.tables.msgpack`` (the analyzer's cache) is not one."""
+_TRANSIENT = re.compile(rf"\.baseline\.activations\.safetensors|\.tmp-.+-({TRACER_FILE.pattern}"
+                        rf"|\.baseline\.activations\.safetensors|{re.escape(MANIFEST_NAME)})")
+"""Hidden files a record writes and removes (a killed one leaves them): the ranks' activation
+references, ``atomic_path`` temp files of the tracer's own files (``.tmp-<random>-<name>``)."""
+
+_HELD: dict[str, int] = {}
+"""Run dirs (real paths) whose lock this process holds -> the lock file's descriptor."""
+
+
+class RunDirBusy(ValueError):
+    """Another process holds the run dir's record lock (the CLI exits 2 with its line)."""
+
+
+def is_tracer_file(rel: str) -> bool:
+    """True when ``rel`` (relative to the run dir, '/'-separated) is a file a record leaves."""
+    return TRACER_FILE.fullmatch(rel) is not None
+
+
+def is_run_dir(path: Path) -> bool:
+    """True when ``path`` is a folder a record wrote (complete or not): it holds the manifest,
+    the record marker or lock, or one of the tracer's files (a failed record leaves its baseline)."""
+    if any((path / n).exists() for n in (MANIFEST_NAME, RECORDING_NAME, LOCK_NAME)):
+        return True
+    return any(is_tracer_file(p.name) for p in path.iterdir()) or any(
+        is_tracer_file(f"{MEMORY_DIR}/{p.name}") for p in (path / MEMORY_DIR).glob("*"))
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse a run dir ``tracer record`` must not write, before anything is imported or written.
+
+    Raises ``ValueError`` (one line; the CLI exits 2) when: the run name is ``REPORT_DIR_NAME``
+    (the analyzer writes its report there, and skips that folder when it looks for runs) or
+    starts with '.' (hidden: the tracer's own staging folders); ``--out`` or the run dir is a
+    file; the run dir is a folder that is not empty and not one of the tracer's (``is_run_dir``):
+    a re-record removes files, and only its own.
+    """
+    name = run_dir.name
+    if name == REPORT_DIR_NAME:
+        raise ValueError(f"{run_dir}: the run name {name!r} is the folder `analyzer report` writes "
+                         "its report in; choose another --name")
+    if name.startswith("."):
+        raise ValueError(f"{run_dir}: a run name starting with '.' is hidden; choose another --name")
+    for p in (run_dir.parent, run_dir):
+        if p.exists() and not p.is_dir():
+            what = "--out" if p == run_dir.parent else "the run directory"
+            raise ValueError(f"{p}: is a file, not a folder ({what}); choose another --out or --name")
+    if not run_dir.is_dir():
+        return
+    try:
+        empty = next(run_dir.iterdir(), None) is None
+        ours = empty or is_run_dir(run_dir)
+    except OSError as exc:
+        raise ValueError(f"{run_dir}: cannot list the folder ({exc.strerror or exc}); "
+                         "choose a readable --out") from None
+    if not ours:
+        raise ValueError(f"{run_dir}: not empty and not a run directory of tracer record "
+                         "(no manifest.json, none of its files); a record would replace what is "
+                         "there: choose another --out or --name, or empty the folder")
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Take ``run_dir``'s record lock (``fcntl.flock`` on ``LOCK_NAME``, created with the folder,
+    holding this process's pid) for this process; a second call for the same folder is a no-op.
+    Released by ``unlock_run_dir`` (which removes the file) or when the process ends, however
+    it ends (the kernel drops the lock; a killed record leaves the file, reused by the next).
+
+    Raises ``RunDirBusy`` naming the holder's pid when another process holds it, ``OSError``
+    when the folder cannot be written. Rule: one record at a time per run dir, so two records
+    never mix their files into one run (issue 17 item 5). Not reliable on NFS without lockd.
+    """
+    key = os.path.realpath(run_dir)
+    if key in _HELD:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirBusy(f"{run_dir}: another tracer record (pid {holder}) is writing this run "
+                             "directory; wait for it to end, or choose another --out or --name") from None
+        try:  # the holder before us may have removed the file we opened: lock the current one
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[key] = fd
+
+
+def unlock_run_dir(run_dir: Path) -> None:
+    """Release the lock ``lock_run_dir`` took and remove its file (no-op when this process
+    does not hold it). The file goes while the lock is held, so whoever opens the path next
+    gets a new file (``lock_run_dir`` checks it locked the file the path names)."""
+    fd = _HELD.pop(os.path.realpath(run_dir), None)
+    if fd is not None:
+        (run_dir / LOCK_NAME).unlink(missing_ok=True)
+        os.close(fd)  # closing the only descriptor of the open file drops the flock
+
 
 def clear_run_dir(run_dir: Path) -> None:
-    """Make ``run_dir`` empty of a previous record, manifest first of all.
+    """Start a record in ``run_dir``: take its lock (``lock_run_dir``), write the record marker
+    ``RECORDING_NAME`` (pid), then remove a previous record's files, manifest first.
 
-    Removing the manifest first means an interrupted clear leaves an incomplete (manifest-less)
-    directory, never a manifest describing files that are gone. Removes only what a record
-    writes (traces, Parquet, baseline, memory/, partial and temp files); creates the folder.
+    The marker comes before the manifest goes, and the manifest before anything else, so an
+    interrupted clear or record never leaves a folder that reads as complete. Removes only the
+    tracer's files (``TRACER_FILE``, the hidden ``_TRANSIENT`` ones, ``.parts/``), and
+    ``memory/`` only when that leaves it empty; everything else stays (issue 17 items 2 and 4).
+    Raises ``RunDirBusy`` (another record holds the lock), ``OSError``.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    manifest = run_dir / MANIFEST_NAME
-    manifest.unlink(missing_ok=True)
-    for pattern in ("rank*.trace.json.gz", "*.parquet", "baseline.safetensors",
-                    ".baseline.activations.safetensors", ".tmp-*"):
-        for f in run_dir.glob(pattern):
+    lock_run_dir(run_dir)
+    (run_dir / RECORDING_NAME).write_text(f"{os.getpid()}\n")
+    (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    for f in list(run_dir.iterdir()) + list((run_dir / MEMORY_DIR).glob("*")):
+        rel = f.relative_to(run_dir).as_posix()
+        if f.is_file() and (is_tracer_file(rel) or _TRANSIENT.fullmatch(f.name)):
             f.unlink(missing_ok=True)
-    for d in (MEMORY_DIR, PARTS_DIR):
-        shutil.rmtree(run_dir / d, ignore_errors=True)
+    shutil.rmtree(run_dir / PARTS_DIR, ignore_errors=True)
+    try:
+        (run_dir / MEMORY_DIR).rmdir()
+    except OSError:  # absent, or holds files that are not the tracer's
+        pass
+
+
+def holds_lock(run_dir: Path) -> bool:
+    """True when this process holds ``run_dir``'s record lock (it cleared the run dir: the
+    launcher, or global rank 0 under torchrun)."""
+    return os.path.realpath(run_dir) in _HELD
+
+
+def finish_record(run_dir: Path) -> None:
+    """After ``manifest.json`` is written and every rank succeeded: remove the record marker
+    (the run is complete). Called by the process holding the lock."""
+    (run_dir / RECORDING_NAME).unlink(missing_ok=True)
+
+
+def abandon_record(run_dir: Path) -> None:
+    """A record of ``run_dir`` failed or was interrupted: when it had started writing there
+    (the marker is present), remove the manifest if one was written (a rank may fail after
+    rank 0 wrote it); the marker stays, so the run reads as incomplete. A run dir whose record
+    never started keeps its previous complete contents."""
+    if (run_dir / RECORDING_NAME).exists():
+        (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
 
 
 def file_entries(run_dir: Path) -> list[FileEntry]:
-    """One entry for every file under ``run_dir`` except the manifest and
-    hidden (partial / temp) files; paths relative, '/'-separated, sorted."""
+    """One entry per tracer file in ``run_dir`` (``TRACER_FILE``): paths relative,
+    '/'-separated, sorted. Other files (the analyzer's caches and reports) are not the record's."""
     entries = []
-    for f in sorted(run_dir.rglob("*")):
-        rel = f.relative_to(run_dir)
-        if not f.is_file() or rel.as_posix() == MANIFEST_NAME or any(p.startswith(".") for p in rel.parts):
-            continue
-        entries.append(FileEntry(path=rel.as_posix(), size_bytes=f.stat().st_size, sha256=sha256_file(f)))
-    return entries
+    for f in sorted(list(run_dir.iterdir()) + list((run_dir / MEMORY_DIR).glob("*"))):
+        rel = f.relative_to(run_dir).as_posix()
+        if f.is_file() and not f.is_symlink() and is_tracer_file(rel):
+            entries.append(FileEntry(path=rel, size_bytes=f.stat().st_size, sha256=sha256_file(f)))
+    return sorted(entries, key=lambda e: e.path)

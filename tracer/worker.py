@@ -422,6 +422,8 @@ def worker_main(cfg: RecordConfig) -> None:
         print(f"tracer: rank {env.rank} failed at step {hb.step} ({hb.phase}): {line}",
               file=sys.stderr, flush=True)
         _exit_now(1)
+    if env.launch == "torchrun" and env.rank == 0:  # the launcher says it otherwise (tracer.cli)
+        print(f"recorded {cfg.run_dir}", flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
     logging.shutdown()  # flush and close the log handlers (the atexit hook os._exit skips)

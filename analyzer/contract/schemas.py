@@ -14,6 +14,19 @@ Run directory (one per strategy run, ``traces/<run-name>/``)::
     steps.parquet               STEPS_SCHEMA, one row per rank and step
     memory/rank<r>.snapshot.pickle   CUDA only: torch.cuda.memory._snapshot() for memory_viz
     memory/memory.parquet       CUDA only: MEMORY_SCHEMA, the snapshots converted at record time
+    .tracer-recording           RECORDING_NAME: present while a record writes the folder, and left
+                                by a record that failed or was killed; the record removes it after
+                                writing manifest.json. A reader treats a run dir holding it as
+                                incomplete *whether or not* manifest.json is there (a re-record
+                                writes it before removing the previous manifest).
+    .tracer-lock                LOCK_NAME: the record's fcntl.flock lock file (kept; empty of meaning
+                                to a reader)
+
+Only the files above are the tracer's (``manifest.files`` lists the non-hidden ones). Anything else
+in a run dir -- the analyzer's ``<trace>.tables.msgpack`` caches, a ``report/`` folder, merge
+outputs -- is not listed, not removed by a re-record, and must not be read as a record's input.
+A traces root never holds a run dir named ``REPORT_DIR_NAME`` (``tracer record`` refuses the name:
+the analyzer writes its report there).
 
 Any change to a field's meaning or type bumps ``SCHEMA_VERSION``; a reader refuses a newer one.
 """
@@ -35,6 +48,12 @@ STEPS_NAME = "steps.parquet"
 MEMORY_DIR = "memory"
 MEMORY_PARQUET_NAME = "memory.parquet"
 TRACE_GLOB = "rank*.trace.json.gz"
+RECORDING_NAME = ".tracer-recording"
+"""Marker of a record in progress (or one that failed / was killed): the run dir is incomplete."""
+LOCK_NAME = ".tracer-lock"
+"""The lock file ``tracer record`` holds (fcntl.flock) while it writes a run dir."""
+REPORT_DIR_NAME = "report"
+"""The folder ``analyzer report`` writes in the folder it reads; never a run name."""
 
 
 def trace_name(rank: int) -> str:

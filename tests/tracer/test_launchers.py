@@ -26,13 +26,17 @@ def _check(run_dir, nnodes):
     return manifest, pd.read_parquet(run_dir / schemas.NUMERICS_NAME)
 
 
-def test_torchrun_one_node_bf16_within_documented_tolerance(tmp_path):
+def test_torchrun_one_node_bf16_within_documented_tolerance_rank0_says_where(tmp_path):
     """torchrun launch, and the bf16 policy (one record serves both: the autocast policy is the
-    same code for every strategy and launcher)."""
+    same code for every strategy and launcher). Global rank 0, and only it, prints where the
+    run went (README's torchrun example: OUT/NAME, default traces/<strategy>)."""
     proc, tag = run_tracer(["record", "--strategy", "fsdp", "--precision", "bf16", "--out", str(tmp_path)]
                            + TINY, tmp_path, module=TORCHRUN + ["--nproc_per_node", "2", "-m", "tracer"])
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [ln for ln in proc.stdout.splitlines() if "recorded" in ln] == [f"recorded {tmp_path / 'fsdp'}"]
     manifest, numerics = _check(tmp_path / "fsdp", nnodes=1)
+    assert not (tmp_path / "fsdp" / schemas.RECORDING_NAME).exists()
+    assert not (tmp_path / "fsdp" / schemas.LOCK_NAME).exists()
     assert alive_with_tag(tag) == []
     rtol = schemas.TOLERANCES["bf16"]["rtol"]
     assert manifest.precision == "bf16" and manifest.tolerance.rtol == rtol

@@ -1,0 +1,139 @@
+"""What ``tracer record`` may touch in a run dir, without torch (fast): the refusals checked
+before anything is imported or written, the files a re-record removes, the files a manifest
+lists, the record lock (issue 17 items 2, 3, 4, 5)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from analyzer.contract import schemas
+from tests.tracer.helpers import REPO
+from tracer import rundir
+
+# The files a tiny CPU record leaves (tests/tracer/test_record.py checks them on real runs),
+# named here by hand, not through the tracer's patterns.
+RECORDED = ["baseline.safetensors", "kept.parquet", "numerics.parquet", "rank0.trace.json.gz",
+            "rank1.trace.json.gz", "steps.parquet", "memory/rank0.snapshot.pickle", "memory/memory.parquet"]
+# What others leave beside them: the analyzer's caches, report and merge outputs, a user's notes,
+# the analyzer's own temp file, a file in memory/ that is not the tracer's.
+OTHERS = ["rank0.trace.json.gz.tables.msgpack", "rank1.trace.json.gz.tables.msgpack", "report/index.html",
+          "report/report.md", "merged.trace.json.gz", "merged.offsets.json", "notes.txt",
+          ".tmp-k2j3.msgpack", "memory/notes.txt", "summary.json"]
+
+
+def _tree(root: Path, names: list[str]) -> Path:
+    for n in names:
+        (root / n).parent.mkdir(parents=True, exist_ok=True)
+        (root / n).write_text(n)
+    return root
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def _record_cli(args: list[str], cwd: Path, no_torch: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m tracer record ARGS``; with ``no_torch`` a ``torch`` package that raises on
+    import shadows the real one, so a refusal that comes after importing torch shows up as
+    that ImportError instead of the one-line refusal."""
+    path = [str(REPO)] + ([str(no_torch)] if no_torch else []) + [os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    return subprocess.run([sys.executable, "-m", "tracer", "record", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def no_torch(tmp_path) -> Path:
+    d = tmp_path / "shadow"
+    (d / "torch").mkdir(parents=True)
+    (d / "torch" / "__init__.py").write_text('raise ImportError("torch imported before the refusal")\n')
+    return d
+
+
+def _one_line_refusal(proc: subprocess.CompletedProcess, *must: str) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("tracer: "), proc.stderr
+    for m in must:
+        assert m in lines[0], (m, lines[0])
+    return lines[0]
+
+
+def test_rerecord_removes_only_the_files_the_tracer_writes(tmp_path):
+    run = _tree(tmp_path / "ddp", RECORDED + OTHERS + [schemas.MANIFEST_NAME, ".tmp-ab12-rank1.trace.json.gz",
+                                                      ".baseline.activations.safetensors", ".parts/rank0.steps.parquet"])
+    rundir.clear_run_dir(run)
+    rundir.unlock_run_dir(run)
+    assert _files(run) == sorted(OTHERS + [schemas.RECORDING_NAME])
+
+
+def test_manifest_lists_only_the_files_the_tracer_writes(tmp_path):
+    run = _tree(tmp_path / "ddp", RECORDED + OTHERS)
+    assert [e.path for e in rundir.file_entries(run)] == sorted(RECORDED)
+
+
+def test_rerecord_marks_the_run_dir_incomplete_before_removing_its_manifest(tmp_path, monkeypatch):
+    run = _tree(tmp_path / "ddp", RECORDED + [schemas.MANIFEST_NAME])
+    seen = []
+    real_unlink = Path.unlink
+
+    def spy(self, *a, **k):  # what a reader would see when the manifest goes
+        if self.name == schemas.MANIFEST_NAME:
+            seen.append((self.parent / schemas.RECORDING_NAME).exists())
+        return real_unlink(self, *a, **k)
+
+    monkeypatch.setattr(Path, "unlink", spy)
+    rundir.clear_run_dir(run)
+    rundir.unlock_run_dir(run)
+    assert seen == [True]
+    rundir.finish_record(run)
+    assert not (run / schemas.RECORDING_NAME).exists()
+
+
+def test_record_into_a_foreign_folder_is_refused_and_left_untouched(tmp_path, no_torch):
+    _tree(tmp_path / "out" / "ddp", ["notes.txt", "data/x.csv"])
+    proc = _record_cli(["--strategy", "ddp", "--out", "out"], tmp_path, no_torch)
+    _one_line_refusal(proc, "out/ddp", "not empty and not a run directory")
+    assert _files(tmp_path / "out" / "ddp") == ["data/x.csv", "notes.txt"]
+
+
+def test_record_named_like_the_report_folder_is_refused(tmp_path, no_torch):
+    proc = _record_cli(["--strategy", "ddp", "--out", "out", "--name", "report"], tmp_path, no_torch)
+    _one_line_refusal(proc, "out/report", "analyzer report")
+    assert not (tmp_path / "out" / "report").exists()
+
+
+def test_record_out_an_existing_file_is_refused_before_torch_is_imported(tmp_path, no_torch):
+    (tmp_path / "afile").write_text("mine")
+    proc = _record_cli(["--strategy", "all", "--out", "afile"], tmp_path, no_torch)
+    _one_line_refusal(proc, "afile", "is a file, not a folder")
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_record_into_a_run_dir_another_record_holds_is_refused(tmp_path, no_torch):
+    """The holder is another process (flock locks are per open file: this test's own lock would
+    not conflict with itself); the refusal comes before torch is imported."""
+    run = tmp_path / "out" / "ddp"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from tracer.rundir import lock_run_dir
+        lock_run_dir(Path({str(run)!r})); print("locked", flush=True); sys.stdin.read()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        proc = _record_cli(["--strategy", "ddp", "--out", "out"], tmp_path, no_torch)
+        _one_line_refusal(proc, "out/ddp", f"another tracer record (pid {holder.pid})")
+        with pytest.raises(rundir.RunDirBusy):
+            rundir.lock_run_dir(run)
+    finally:
+        holder.communicate("", timeout=30)
+    rundir.lock_run_dir(run)  # the holder ended: its lock went with it
+    rundir.unlock_run_dir(run)
