@@ -16,7 +16,7 @@ from tracer.model import SimpleTransformer, make_batch, rank_rows
 from tracer.numerics import ActivationRecorder, NumericsRows, clean_fqn, tensor_metrics
 from tracer.profiling import OneShotExport, peaks_of_events
 from tracer.record import expand
-from tracer.rundir import clear_run_dir, file_entries
+from tracer.rundir import clear_run_dir, file_entries, unlock_run_dir
 from tracer.strategies import fsdp_unit_names
 
 
@@ -138,10 +138,13 @@ def test_clear_run_dir_removes_manifest_and_record_files_only(tmp_path):
     (tmp_path / "memory").mkdir()
     (tmp_path / "memory" / "memory.parquet").write_text("x")
     clear_run_dir(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
-    assert [e.path for e in file_entries(tmp_path)] == ["notes.txt"]
+    unlock_run_dir(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [schemas.RECORDING_NAME, "notes.txt"]
+    assert file_entries(tmp_path) == []  # notes.txt is not the record's
+    (tmp_path / "numerics.parquet").write_text("x")
     # sha256 of b"x", independently known
-    assert file_entries(tmp_path)[0].sha256 == "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+    assert [(e.path, e.sha256) for e in file_entries(tmp_path)] == [
+        ("numerics.parquet", "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881")]
 
 
 def test_expand_all_and_option_errors():
