@@ -29,7 +29,9 @@ therefore need the run directory on a filesystem all nodes share (as the manifes
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -156,18 +158,54 @@ def save_baseline(tensors: dict[str, torch.Tensor], meta: dict[str, str], path: 
                   golden: dict[str, torch.Tensor] | None = None) -> None:
     """Write the baseline files beside ``path`` (the run dir's baseline.safetensors), each
     atomically: the kept tensors, their kept.parquet rows, the transient activations, and with
-    ``golden`` golden.parquet."""
+    ``golden`` golden.parquet. baseline.safetensors comes last, so its presence means the others
+    are whole.
+
+    Raises ``ValueError`` (one line, ``write_failure``) when the folder cannot take the files:
+    no space left on the device, read-only, permission denied. The file being written is then
+    removed (atomic_path): a failed write leaves no file that looks complete.
+    """
     path = Path(path)
     kept = {k: v for k, v in tensors.items() if not k.startswith("act.")}
     acts = {k: v for k, v in tensors.items() if k.startswith("act.")}
-    _save_safetensors(acts, meta, path.with_name(ACTIVATIONS_NAME))
-    tables = {KEPT_NAME: rows_to_table(kept_rows(kept), KEPT_SCHEMA)}
-    if golden is not None:
-        tables[GOLDEN_NAME] = rows_to_table(golden_rows(kept, golden), NUMERICS_SCHEMA)
-    for name, table in tables.items():
-        with atomic_path(path.with_name(name)) as tmp:
-            pq.write_table(table, tmp)
-    _save_safetensors(kept, {"config": meta["config"]}, path)
+    try:
+        _save_safetensors(acts, meta, path.with_name(ACTIVATIONS_NAME))
+        tables = {KEPT_NAME: rows_to_table(kept_rows(kept), KEPT_SCHEMA)}
+        if golden is not None:
+            tables[GOLDEN_NAME] = rows_to_table(golden_rows(kept, golden), NUMERICS_SCHEMA)
+        for name, table in tables.items():
+            with atomic_path(path.with_name(name)) as tmp:
+                pq.write_table(table, tmp)
+        _save_safetensors(kept, {"config": meta["config"]}, path)
+    except Exception as exc:
+        failure = write_failure(exc, path.parent)
+        if failure is None:
+            raise
+        raise failure from None
+
+
+def write_failure(exc: BaseException, folder: Path) -> ValueError | None:
+    """The one-line ``ValueError`` for a failed write into ``folder``, or None when ``exc`` is not
+    a write failure of the filesystem (a bug: let it propagate).
+
+    Disk full is recognised in each writer's form: ``OSError`` with errno ENOSPC (Python,
+    pyarrow: "[errno 28] No space left on device") and safetensors' ``SafetensorError``, which
+    carries only the text ("I/O error: No space left on device (os error 28)"). The folder
+    named is the one the user chose: the hidden staging folder of ``tracer record`` is replaced
+    by its parent, the ``--out`` folder.
+    """
+    from tracer.record import STAGING_PREFIX
+
+    if folder.name.startswith(STAGING_PREFIX):
+        folder = folder.parent
+    no_space = os.strerror(errno.ENOSPC)
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or no_space in str(exc):
+        return ValueError(f"{folder}: no space left on device while writing the baseline; "
+                          "free space there or choose another --out")
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return ValueError(f"{folder}: cannot write the baseline ({os.strerror(exc.errno)}); "
+                          "choose a writable --out")
+    return None
 
 
 def write_baseline(cfg: RecordConfig, device_type: str, path: Path) -> None:
@@ -185,8 +223,9 @@ def write_baseline(cfg: RecordConfig, device_type: str, path: Path) -> None:
 def write_baseline_isolated(cfg: RecordConfig, device_type: str, path: Path) -> None:
     """Compute and save the baseline in a child process (``python -m tracer.baseline``).
 
-    Raises ``RuntimeError`` with the child's last stderr line when it fails or exceeds the
-    config's timeout.
+    Raises ``ValueError`` with the child's one line when it refused (exit 2: bad golden run,
+    no space left, unwritable folder), ``RuntimeError`` with its last stderr line when it
+    failed otherwise or exceeded the config's timeout.
     """
     cmd = [sys.executable, "-m", "tracer.baseline", json.dumps(cfg.to_dict()), device_type, str(path)]
     try:
@@ -195,6 +234,8 @@ def write_baseline_isolated(cfg: RecordConfig, device_type: str, path: Path) -> 
         raise RuntimeError(f"baseline process exceeded {cfg.timeout_s}s") from None
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        if proc.returncode == _REFUSED and lines:
+            raise ValueError(lines[-1])
         raise RuntimeError(f"baseline process failed: {lines[-1] if lines else proc.returncode}")
 
 
@@ -227,9 +268,17 @@ def load_baseline(path: Path, cfg: RecordConfig, device_type: str) -> tuple[dict
     return tensors, order
 
 
+_REFUSED = 2
+"""Exit status of ``python -m tracer.baseline`` when it refused with one line (``ValueError``)."""
+
+
 def _main(argv: list[str]) -> int:
     cfg = RecordConfig(**json.loads(argv[0]))
-    write_baseline(cfg, argv[1], Path(argv[2]))
+    try:
+        write_baseline(cfg, argv[1], Path(argv[2]))
+    except ValueError as exc:  # one line for the parent (write_baseline_isolated), no traceback
+        print(str(exc), file=sys.stderr, flush=True)
+        return _REFUSED
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -114,16 +113,13 @@ def record(
 
 
 def _record_here(configs) -> None:
-    from tracer.launch import RecordFailed
-    from tracer.record import record_local
+    from tracer.launch import RecordFailed, stop_on_signals
 
+    stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: one clean-up, before torch is imported
     logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
-
-    def on_term(signum, frame):  # SIGTERM: same clean-up as Ctrl-C
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
     try:
+        from tracer.record import record_local
+
         run_dirs = record_local(configs)
     except RecordFailed as exc:
         _fail(ExitCode.INTERNAL, f"record failed: {exc}; no manifest written")
@@ -144,7 +140,7 @@ def main() -> None:
         sys.exit(ExitCode.BAD_INPUT)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("tracer: interrupted", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     if isinstance(code, int) and code:

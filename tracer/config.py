@@ -18,6 +18,10 @@ BACKWARD_PREFETCH = ("pre", "post", "none")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 DATA_SOURCES = ("memory", "loader")
+MAX_TIMEOUT_S = 7 * 24 * 3600
+"""Largest ``--timeout``: one week, far above any useful wait and below what the waits it
+drives accept (a poll() timeout is a C int of milliseconds, about 24.8 days: ``subprocess.run``
+raises OverflowError beyond it); inf and nan are refused."""
 
 # Which fault canaries each strategy can reproduce. FSDP's reduce-scatter both sums and
 # partitions the gradient, so "never averaged" has no local-only form there (FSDP1 ``no_sync``
@@ -88,7 +92,8 @@ class RecordConfig:
     name: str | None = None
     """Run-directory name; default the strategy."""
     timeout_s: float = 60.0
-    """Collective / rendezvous timeout, and the launcher's hang watchdog (seconds)."""
+    """Collective / rendezvous timeout, and the launcher's hang watchdog (seconds); finite,
+    in (0, ``MAX_TIMEOUT_S``]."""
     fault: str | None = None
     """A deliberate bug (analyzer.contract.schemas.FAULTS) or None."""
     data: str = "memory"
@@ -135,8 +140,10 @@ class RecordConfig:
             raise bad("lr", self.lr, "must be > 0")
         if self.wrap_min_params is not None and self.wrap_min_params < 1:
             raise bad("wrap-min-params", self.wrap_min_params, "must be a positive integer")
-        if not self.timeout_s > 0:
-            raise bad("timeout", self.timeout_s, "must be > 0 seconds")
+        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= MAX_TIMEOUT_S):
+            raise bad("timeout", self.timeout_s,
+                      f"must be a finite number of seconds > 0 and at most {MAX_TIMEOUT_S:g} "
+                      "(there is no 'no timeout': a hung collective would never be reported)")
         if self.fault is not None and self.fault not in FAULTS:
             raise bad("fault", self.fault, f"expected one of {', '.join(FAULTS)}")
         if self.fault is not None and self.fault not in FAULTS_BY_STRATEGY[self.strategy]:

@@ -19,6 +19,12 @@ from tracer.rundir import sha256_file
 
 
 def _golden_manifest(path: Path) -> Manifest:
+    if not path.exists():
+        raise ValueError(f"--golden {path}: no such run directory; pass a run directory written by "
+                         "tracer record")
+    if not path.is_dir():
+        raise ValueError(f"--golden {path}: is a file, not a run directory; pass the folder that "
+                         f"holds its {MANIFEST_NAME}")
     if not (path / MANIFEST_NAME).is_file():
         raise ValueError(f"--golden {path}: no {MANIFEST_NAME} (not a completed run directory); "
                          "pass a run directory written by tracer record")
@@ -26,6 +32,39 @@ def _golden_manifest(path: Path) -> Manifest:
         return read_manifest(path / MANIFEST_NAME)
     except SchemaError as exc:
         raise ValueError(f"--golden {exc}") from None
+    except OSError as exc:
+        raise ValueError(f"--golden {path / MANIFEST_NAME}: cannot be read ({exc.strerror or exc}); "
+                         "check its permissions") from None
+
+
+def _check_readable(path: Path) -> None:
+    """Refuse a golden run whose kept files do not open: baseline.safetensors' header (read,
+    not the tensors: cheap) must parse and name the batch and initial state; kept.parquet
+    must be Parquet. A corrupt file whose manifest entry was rewritten to match, or a copy
+    cut short before its manifest was made, ends here with one line, not in a rank."""
+    from safetensors import safe_open
+
+    file = path / KEPT_TENSORS_NAME
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            names = set(f.keys())
+    except Exception as exc:  # SafetensorError (truncated, not safetensors), OSError
+        raise _unreadable(file, "safetensors", exc) from None
+    lacking = [n for n in ("batch.x", "batch.y") if n not in names]
+    if lacking or not any(n.startswith("init.") for n in names):
+        raise ValueError(f"--golden {file}: lacks {', '.join(lacking) or 'init.*'} (not a tracer "
+                         "baseline); re-record the golden run")
+    kept = path / KEPT_NAME
+    try:
+        pq.ParquetFile(kept).close()
+    except Exception as exc:  # ArrowInvalid (not Parquet), OSError
+        raise _unreadable(kept, "Parquet", exc) from None
+
+
+def _unreadable(file: Path, kind: str, exc: Exception) -> ValueError:
+    lines = str(exc).strip().splitlines()
+    return ValueError(f"--golden {file}: not a readable {kind} file ({lines[0] if lines else type(exc).__name__}); "
+                      "re-record the golden run")
 
 
 def _kept_entry(path: Path, manifest: Manifest) -> FileEntry:
@@ -48,6 +87,7 @@ def check_golden(cfg: RecordConfig) -> Manifest:
                          "--out or --name")
     m = _golden_manifest(path)
     _kept_entry(path, m)
+    _check_readable(path)
     theirs = {"hidden": m.model.hidden, "layers": m.model.layers, "batch": m.batch.global_batch,
               "seq": m.batch.seq_len, "seed": m.seed}
     ours = {"hidden": cfg.hidden, "layers": cfg.layers, "batch": cfg.batch, "seq": cfg.seq, "seed": cfg.seed}
@@ -72,7 +112,10 @@ def load_golden(path: str | Path) -> dict:
     if sha256_file(file) != entry.sha256:
         raise ValueError(f"--golden {file}: sha256 differs from its manifest (changed after the "
                          "record); re-record the golden run")
-    return load_file(str(file))
+    try:
+        return load_file(str(file))
+    except Exception as exc:  # corrupt although its manifest matches (rewritten with it)
+        raise _unreadable(file, "safetensors", exc) from None
 
 
 def golden_section(cfg: RecordConfig, run_dir: Path) -> Golden | None:

@@ -12,7 +12,13 @@ own errors, then every remaining worker's process group is SIGKILLed. The failin
 collective timeout, the ranks still alive without an error (they hung), else (3) the rank with
 the earliest error. A hang watchdog (for hangs outside collectives, which
 the collective timeout cannot see) kills everything when no worker made progress for
-``2 * timeout + HANG_SLACK_S`` seconds (lenient: a step or a torch import under load is slow). Ctrl-C / SIGTERM on the launcher kills all workers.
+``2 * timeout + HANG_SLACK_S`` seconds (lenient: a step or a torch import under load is slow).
+
+Stopping: Ctrl-C, SIGTERM or SIGHUP on the launcher (``stop_on_signals``) raises
+``KeyboardInterrupt`` once; every later stop signal is ignored, so the clean-up (SIGKILL every
+worker's process group, remove the staging folder) cannot itself be cut short, and runs to its
+end in well under a second. A worker's process group holds its own children (DataLoader worker
+processes), so they end with it, also when the worker itself was already dead.
 """
 
 from __future__ import annotations
@@ -32,11 +38,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracer.config import RecordConfig
-from tracer.worker import CTRL_ENV, GO_ENV, LAUNCH_ENV
 
 FAIL_GRACE_S = 2.0
 HANG_SLACK_S = 30.0
 POLL_S = 0.05
+LAUNCH_ENV = "PARITYTRACE_LAUNCH"
+CTRL_ENV = "PARITYTRACE_CTRL_DIR"
+GO_ENV = "PARITYTRACE_GO_FD"
+"""Spawned workers of a gated start: the inherited fd on which the launcher signals that the run
+dir is prepared (``WorkerGroup.release``; read by tracer.worker.wait_for_go)."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals that stop a record: Ctrl-C, ``kill`` / a batch system, a closed terminal."""
 
 
 class RecordFailed(Exception):
@@ -50,9 +62,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_on_signals() -> None:
+    """Make the first ``STOP_SIGNALS`` signal raise ``KeyboardInterrupt`` and ignore every
+    later one (the clean-up it starts then runs to its end: one line, exit 130, no traceback,
+    no worker and no staging folder left). A signal this process inherited as ignored (``nohup``:
+    SIGHUP) stays ignored. Call in the main thread before anything is written."""
+    def on_stop(signum, frame):
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for s in STOP_SIGNALS:
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, on_stop)
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # the launcher blocks the stop signals while it spawns (WorkerGroup.start); not the worker
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -99,12 +128,16 @@ class WorkerGroup:
                 read_fd, write_fd = os.pipe()  # both non-inheritable; pass_fds hands on the read end
                 env[GO_ENV] = str(read_fd)
             log = open(self.ctrl_dir / f"rank{rank}.log", "wb")
+            # A stop signal raised inside Popen, after the fork, would leave a worker that
+            # kill_all does not know: hold the signals until it is in self.workers.
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
                 proc = subprocess.Popen([sys.executable, "-m", "tracer", "record", *self.cfg.to_argv()],
                                         env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True, preexec_fn=_die_with_parent,
                                         pass_fds=() if read_fd is None else (read_fd,))
             except BaseException:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
                 for fd in (read_fd, write_fd):
                     if fd is not None:
                         os.close(fd)
@@ -114,6 +147,7 @@ class WorkerGroup:
             if read_fd is not None:
                 os.close(read_fd)
             self.workers.append(_Worker(rank=rank, proc=proc, go_fd=write_fd))
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a pending one is raised here
 
     def release(self) -> None:
         """Let gated workers go on (one byte on each start pipe); no-op for others."""
@@ -131,14 +165,18 @@ class WorkerGroup:
             w.go_fd = None
 
     def kill_all(self) -> None:
-        """SIGKILL every live worker's process group and reap it."""
+        """SIGKILL every worker's process group and reap the workers.
+
+        Also the group of a worker that already died: its children (DataLoader workers) may
+        outlive it. That pid cannot have been reused meanwhile: the kernel keeps a pid that is
+        a live group's id (ESRCH once the group is empty)."""
         for w in self.workers:
             if w.proc.poll() is None:
                 w.killed_by_us = True
-                try:
-                    os.killpg(w.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            try:
+                os.killpg(w.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):  # the group is empty
+                pass
         for w in self.workers:
             self._close_go(w)
             w.proc.wait()
@@ -221,19 +259,29 @@ def run_workers(cfg: RecordConfig, prepare: Callable[[], None] | None = None) ->
     temp folder named in the message) or ``KeyboardInterrupt`` (after killing the workers).
 
     ``prepare``: run here right after the workers started (while they import torch) and before
-    they may read the run dir (gated start); whatever it raises kills the workers and propagates.
+    they may read the run dir (gated start); whatever it raises kills the workers; a
+    ``ValueError`` (bad input, one line) or ``KeyboardInterrupt`` propagates as is, any other
+    ``Exception`` (the baseline process failed) as ``RecordFailed`` with its first line.
     """
     ctrl_dir = Path(tempfile.mkdtemp(prefix=f"tracer-{cfg.run_name}-"))
     group = WorkerGroup(cfg, ctrl_dir)
     try:
         group.start(gated=prepare is not None)
         if prepare is not None:
-            prepare()
+            try:
+                prepare()
+            except ValueError:
+                raise
+            except Exception as exc:
+                text = str(exc).strip().splitlines()
+                raise RecordFailed(f"baseline: {type(exc).__name__}: {text[0] if text else ''}") from exc
             group.release()
         group.wait()
     except RecordFailed as exc:
+        group.kill_all()  # a failed prepare left them waiting; after wait() a no-op
         raise RecordFailed(f"{cfg.run_name}: {exc} (worker logs: {ctrl_dir})") from None
     except BaseException:
         group.kill_all()
+        shutil.rmtree(ctrl_dir, ignore_errors=True)  # interrupted: the logs tell nothing new
         raise
     shutil.rmtree(ctrl_dir, ignore_errors=True)

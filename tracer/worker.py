@@ -19,6 +19,7 @@ import logging
 import os
 import resource
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -31,12 +32,14 @@ import torch
 import torch.distributed as dist
 
 from analyzer.contract.atomic import atomic_path, write_atomic
+from analyzer.contract.errors import ExitCode
 from analyzer.contract.schemas import (GOLDEN_METRICS, MEMORY_DIR, MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME,
                               NUMERICS_SCHEMA, STEPS_NAME, STEPS_SCHEMA, Launch, trace_name)
 from tracer import devices, faults
 from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
 from tracer.data import Batches
+from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV
 from tracer.manifest import build_manifest, write_manifest
 from tracer.memory import dump_snapshot, start_history
 from tracer.model import SimpleTransformer, loss_fn, precision_context, rank_rows
@@ -49,11 +52,6 @@ from tracer.strategies import (apply_ddp, apply_fsdp, apply_fsdp2, compared_tens
 log = logging.getLogger(__name__)
 
 _PROCESS_START = time.time()  # after imports (torch): the log shows what follows
-LAUNCH_ENV = "PARITYTRACE_LAUNCH"
-CTRL_ENV = "PARITYTRACE_CTRL_DIR"
-GO_ENV = "PARITYTRACE_GO_FD"
-"""Spawned workers of a gated start: the inherited fd on which the launcher signals that the run
-dir is prepared (tracer.launch.WorkerGroup.release)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -150,17 +148,25 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def check_world(cfg: RecordConfig, env: RankEnv) -> None:
+    """Refuse, before any rank waits for another, a world this config cannot run in: ``single``
+    with more than one process (torchrun ``--nproc_per_node 2 ... --strategy single``), a global
+    batch that does not divide by torchrun's world size, a spawned world of the wrong size.
+    Raises ``ValueError`` with one line (every rank exits 2 with it)."""
+    if cfg.strategy == "single" and env.world_size != 1:
+        raise ValueError(f"--strategy single: runs one process, not WORLD_SIZE {env.world_size}; under "
+                         "torchrun pass --nproc_per_node 1, or record single without torchrun")
+    if env.world_size != cfg.world_size and env.launch != "torchrun":
+        raise ValueError(f"WORLD_SIZE {env.world_size} != expected {cfg.world_size}")
+    if cfg.batch % env.world_size:
+        raise ValueError(f"--batch {cfg.batch}: global batch must divide by the world size {env.world_size}")
+
+
 def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     """Everything one rank does; raises on any failure (the caller reports it)."""
     torch.set_num_threads(1)
     device = resolve_device(cfg, env.local_rank)
     backend = resolve_backend(cfg, device)
-    if env.world_size != cfg.world_size and env.launch != "torchrun":
-        raise ValueError(f"WORLD_SIZE {env.world_size} != expected {cfg.world_size}")
-    if cfg.strategy == "single" and env.world_size != 1:
-        raise ValueError(f"--strategy single needs one process, got WORLD_SIZE {env.world_size}")
-    if cfg.batch % env.world_size:
-        raise ValueError(f"--batch {cfg.batch}: global batch must divide by the world size {env.world_size}")
     hb.beat("init_process_group")
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=cfg.timeout_s))
@@ -405,23 +411,46 @@ def write_error(env: RankEnv, step: int, exc: BaseException) -> str:
     return line
 
 
+def keep_traceback(cfg: RecordConfig, env: RankEnv) -> str:
+    """Keep the traceback of the exception being handled where it helps and does not clutter:
+    spawned by ``tracer record``, stderr is the rank's log (the launcher names its folder), so
+    it goes there; under torchrun stderr is the user's terminal, which gets only the one line,
+    so it goes to a temp file. Returns the text to append to that line ("" or " (traceback:
+    PATH)")."""
+    if env.ctrl_dir is not None:
+        traceback.print_exc()
+        return ""
+    try:
+        fd, name = tempfile.mkstemp(prefix=f"tracer-{cfg.run_name}-rank{env.rank}-", suffix=".traceback.txt")
+        with os.fdopen(fd, "w") as f:
+            traceback.print_exc(file=f)
+    except OSError:  # nowhere to put it (a full /tmp): the line alone
+        return ""
+    return f" (traceback: {name})"
+
+
 def worker_main(cfg: RecordConfig) -> None:
     """Run this rank and exit the process: 0 on success; 1 after reporting the first error.
 
     Exits with ``os._exit`` either way, after flushing: after a failure no atexit handler or
     process-group destructor can block on a dead or hung peer; after a success every file is
     written and closed, and the teardown with torch loaded costs ~1 s of CPU per rank."""
-    env = RankEnv.from_environ(cfg.strategy)
+    try:
+        env = RankEnv.from_environ(cfg.strategy)
+        check_world(cfg, env)
+    except ValueError as exc:  # bad options or environment: one line, no rank started
+        print(f"tracer: {exc}", file=sys.stderr, flush=True)
+        _exit_now(ExitCode.BAD_INPUT)
     logging.basicConfig(level=os.environ.get("PARITYTRACE_LOG", "WARNING").upper(), format=f"[rank{env.rank}] %(levelname)s %(name)s: %(message)s")
     hb = Heartbeat(env)
     try:
         run_rank(cfg, env, hb)
     except BaseException as exc:  # process boundary: report any failure (incl. Ctrl-C) and die
         line = write_error(env, hb.step, exc)
-        traceback.print_exc()
-        print(f"tracer: rank {env.rank} failed at step {hb.step} ({hb.phase}): {line}",
+        where = keep_traceback(cfg, env)
+        print(f"tracer: rank {env.rank} failed at step {hb.step} ({hb.phase}): {line}{where}",
               file=sys.stderr, flush=True)
-        _exit_now(1)
+        _exit_now(ExitCode.INTERNAL)
     if env.launch == "torchrun" and env.rank == 0:  # the launcher says it otherwise (tracer.cli)
         print(f"recorded {cfg.run_dir}", flush=True)
     if dist.is_initialized():

@@ -14,7 +14,8 @@ from tests.tracer.helpers import TAG_ENV, alive_with_tag
 from tracer.baseline import BASELINE_NAME, write_baseline
 from tracer.config import RecordConfig
 from tracer.launch import run_workers
-from tracer.worker import GO_ENV, Heartbeat, RankEnv, wait_for_go
+from tracer.launch import GO_ENV
+from tracer.worker import Heartbeat, RankEnv, wait_for_go
 
 TINY = dict(hidden=32, seq=8, batch=4)
 
