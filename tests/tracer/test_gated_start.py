@@ -13,8 +13,7 @@ from analyzer.contract import schemas
 from tests.tracer.helpers import TAG_ENV, alive_with_tag
 from tracer.baseline import BASELINE_NAME, write_baseline
 from tracer.config import RecordConfig
-from tracer.launch import run_workers
-from tracer.launch import GO_ENV
+from tracer.launch import GO_ENV, RecordFailed, run_workers
 from tracer.worker import Heartbeat, RankEnv, wait_for_go
 
 TINY = dict(hidden=32, seq=8, batch=4)
@@ -96,7 +95,8 @@ def test_failed_prepare_kills_the_waiting_workers(tmp_path, monkeypatch):
     def prepare():
         raise RuntimeError("baseline process failed: boom")
 
-    with pytest.raises(RuntimeError, match="boom"):
+    # a failed baseline is a failed record (exit 1, one line), not a traceback
+    with pytest.raises(RecordFailed, match="ddp: baseline: RuntimeError: baseline process failed: boom"):
         run_workers(cfg, prepare=prepare)
     assert alive_with_tag(tag) == []
     assert list(cfg.run_dir.iterdir()) == []
