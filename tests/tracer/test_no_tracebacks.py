@@ -268,13 +268,15 @@ def test_signals_during_clean_up_still_end_with_one_line_and_exit_130(tmp_path):
 # -- a killed rank's DataLoader workers ----------------------------------------------------------
 
 def test_dataloader_workers_of_a_killed_rank_end_with_it(tmp_path):
-    proc, tag = run_tracer(["--strategy", "ddp", "--out", str(tmp_path), "--timeout", "10", "--data", "loader",
-                            "--data-workers", "2"] + TINY, tmp_path, env_extra={"PARITYTRACE_INJECT": "sigkill@1:1"})
+    """An input-bound run (4 s per sample, two loader workers per rank): when rank 1 is
+    SIGKILLed at step 1 its loader workers are mid-batch (they notice their parent's death only
+    between samples, seconds later). The launcher kills the dead rank's process group too."""
+    proc, tag = run_tracer(["--strategy", "ddp", "--out", str(tmp_path), "--timeout", "30", "--data", "loader",
+                            "--data-workers", "2", "--data-sample-cost-ms", "4000"] + TINY, tmp_path,
+                           env_extra={"PARITYTRACE_INJECT": "sigkill@1:1"})
     assert proc.returncode == 1, proc.stderr
     assert "rank 1 was killed by SIGKILL" in _one_line(proc.stderr)
-    # At once (1 s for the kernel to reap): a DataLoader worker notices its parent's death
-    # only at its own next status check (every 5 s), which is not "with it".
-    assert alive_with_tag(tag, wait_s=1.0) == []
+    assert alive_with_tag(tag, wait_s=1.0) == []  # 1 s for the kernel to reap the killed
 
 
 # -- torchrun ------------------------------------------------------------------------------------
