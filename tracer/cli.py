@@ -137,27 +137,27 @@ def main() -> None:
         code = app(standalone_mode=False)
     except _UsageError as exc:
         typer.echo(f"tracer: {exc.format_message()}", err=True)
-        sys.exit(ExitCode.BAD_INPUT)
+        code = ExitCode.BAD_INPUT
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        code = exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("tracer: interrupted", err=True)
-        sys.exit(ExitCode.INTERRUPTED)
-    if isinstance(code, int) and code:
-        sys.exit(code)
-    _exit_without_teardown()
+        code = ExitCode.INTERRUPTED
+    _exit_without_teardown(code if isinstance(code, int) else 0)
 
 
-def _exit_without_teardown() -> None:
-    """Exit 0 now, skipping the interpreter's teardown when torch is loaded (about 1 s of CPU
-    on torch 2.13, after every file is written and every worker reaped). Only the console
-    entry point does this; ``app`` invoked in-process returns normally."""
+def _exit_without_teardown(code: int) -> None:
+    """Exit with ``code`` now, skipping the interpreter's teardown when torch is loaded: it costs
+    about 1 s of CPU on torch 2.13 (after every file is written and every worker reaped), and a
+    stop signal landing in it would print a traceback from an atexit hook or, once Python has
+    restored the default handlers, end the process by that signal (exit -2 or -15, not the code
+    said). Only the console entry point does this; ``app`` invoked in-process returns normally."""
     if "torch" not in sys.modules:
-        return
+        sys.exit(code)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BrokenPipeError:  # a reader that left early (| head): nothing more to say
             pass
-    os._exit(0)
+    os._exit(code)
