@@ -34,6 +34,8 @@ class Reason(str, enum.Enum):
     EMPTY = "empty"  #: the folder holds no trace file and no run directory
     UNREADABLE = "unreadable"  #: a trace cannot be read (I/O error)
     TRUNCATED = "truncated"  #: a trace's gzip stream or JSON ends early or is corrupt
+    TOO_LARGE = "too_large"  #: a trace over PARITYTRACE_MAX_TRACE_BYTES of JSON (gzip bomb)
+    BAD_NAME = "bad_name"  #: a file name that is not UTF-8 (cannot be written in a report)
     NOT_A_TRACE = "not_a_trace"  #: JSON without a ``traceEvents`` list of objects
     NO_EVENTS = "no_events"  #: a trace without a complete (ph X) event with valid ts and dur
     DUPLICATE_RANK = "duplicate_rank"  #: two traces of the folder are the same rank
@@ -56,6 +58,7 @@ class Reason(str, enum.Enum):
     UNWRITABLE = "unwritable"  #: an output's folder is marked read-only, or the write failed
     OUT_IS_DIR = "out_is_dir"  #: ``-o`` names an existing folder where a file is written
     OUT_IS_FILE = "out_is_file"  #: ``--out`` names a file where a folder is needed
+    OUT_IS_INPUT = "out_is_input"  #: ``merge -o`` names one of the traces it reads
 
 
 class ParityTraceError(Exception):

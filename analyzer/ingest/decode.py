@@ -15,9 +15,9 @@ negative or not a number are skipped and counted in one warning line per kind.
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
+import os
 import re
 import zlib
 from collections import defaultdict
@@ -89,7 +89,8 @@ def _trace_type(time_type: Any, default: Any) -> tuple[type, type]:
     event = Union[(x, _M, *_OTHERS)]  # noqa: UP007 - a tagged union needs typing.Union here
     trace = msgspec.defstruct("_Trace", [("traceEvents", list[event]),
                                          ("distributedInfo", Any, None),
-                                         ("deviceProperties", Any, None)], gc=False)
+                                         ("deviceProperties", Any, None),
+                                         ("schemaVersion", Any, None)], gc=False)
     return trace, x
 
 
@@ -123,6 +124,7 @@ class _LTrace(msgspec.Struct, gc=False):
     traceEvents: list[_LEvent]
     distributedInfo: Any = None
     deviceProperties: Any = None
+    schemaVersion: Any = None
 
 
 _TYPED = (msgspec.json.Decoder(_TraceUs), msgspec.json.Decoder(_Trace))
@@ -177,21 +179,108 @@ class Decoded:
     warnings: list[str] = field(default_factory=list)
 
 
-def decompress(raw: bytes, path: Path | str) -> bytes:
-    """Gunzip ``raw`` when it is gzip, else return it. Raises ``BadInput`` (``truncated``)."""
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(raw)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-            raise BadInput(path, "truncated", f"truncated or corrupt gzip ({exc})",
-                           "copy the trace again or re-record it") from None
-    return raw
+MAX_TRACE_ENV = "PARITYTRACE_MAX_TRACE_BYTES"
+"""Environment variable that sets the largest trace the analyzer reads, in bytes of JSON (after
+gunzip): every command reads traces through ``decompress`` / ``check_size``, in the command's
+process and in its worker processes, so one variable reaches them all."""
+DEFAULT_MAX_TRACE_BYTES = 8 << 30
+"""8 GiB of JSON: above the largest real traces we know of (a 2 GB rank), while a gzip bomb
+(deflate expands zeros ~1000:1, so 10 MB on disk is 10 GB of JSON) stops here, before the
+memory of an ordinary machine is full."""
+_CHUNK_BYTES = 16 << 20
+
+
+def max_trace_bytes() -> int:
+    """The size cap (``MAX_TRACE_ENV``, else ``DEFAULT_MAX_TRACE_BYTES``). Raises ``BadInput``
+    (``bad_option``) when the variable is set to anything but a positive integer."""
+    text = os.environ.get(MAX_TRACE_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_TRACE_BYTES
+    if not text.isdigit() or int(text) <= 0:
+        raise BadInput(MAX_TRACE_ENV, "bad_option", f"is {text!r}, not a positive number of bytes",
+                       f"set e.g. {MAX_TRACE_ENV}={DEFAULT_MAX_TRACE_BYTES}")
+    return int(text)
+
+
+def too_large(path: Path | str, what: str, cap: int) -> BadInput:
+    """The refusal of a trace over the cap ``cap`` (bytes): names the cap and how to raise it."""
+    return BadInput(path, "too_large", f"{what} is over the analyzer's limit of {cap:,} bytes "
+                    f"of trace JSON ({MAX_TRACE_ENV})",
+                    f"if the trace is genuine, raise the limit, e.g. {MAX_TRACE_ENV}={cap * 4}")
+
+
+def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> bytes:
+    """Gunzip ``raw`` when it is gzip, else return it, streaming in chunks so that no more than
+    ``max_bytes`` (default ``max_trace_bytes()``) are ever produced: a small file that expands
+    without bound (a gzip bomb) is refused once the output passes the cap, not after it fills
+    the memory. Concatenated gzip members are read as one stream (as ``gzip.decompress`` does).
+    Raises ``BadInput``: ``truncated`` (corrupt or cut short), ``too_large`` (over the cap)."""
+    cap = max_trace_bytes() if max_bytes is None else max_bytes
+    if raw[:2] != b"\x1f\x8b":
+        if len(raw) > cap:
+            raise too_large(path, f"{len(raw):,} bytes of JSON", cap)
+        return raw
+    out: list[bytes] = []
+    size = 0
+    rest = memoryview(raw)
+    try:
+        while rest:
+            d = zlib.decompressobj(wbits=31)  # one gzip member
+            chunk = d.decompress(rest, min(_CHUNK_BYTES, cap + 1 - size))
+            while True:
+                size += len(chunk)
+                if size > cap:
+                    raise too_large(path, "the gunzipped trace", cap)
+                if chunk:
+                    out.append(chunk)
+                if d.eof or not d.unconsumed_tail and not chunk:
+                    break
+                chunk = d.decompress(d.unconsumed_tail, min(_CHUNK_BYTES, cap + 1 - size))
+            if not d.eof:
+                raise EOFError("compressed file ended before the end-of-stream marker")
+            rest = memoryview(d.unused_data).toreadonly() if d.unused_data.strip(b"\x00") else b""
+    except (EOFError, zlib.error) as exc:
+        raise BadInput(path, "truncated", f"truncated or corrupt gzip ({exc})",
+                       "copy the trace again or re-record it") from None
+    return b"".join(out)
 
 
 def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
     """Decode trace JSON ``data`` (see ``Decoded``). ``path`` is only used in messages. A
     leading UTF-8 byte-order mark (an editor's save) is dropped: JSON (RFC 8259 8.1) lets a
-    reader ignore it."""
+    reader ignore it. Raises ``BadInput``: ``truncated``, ``not_a_trace`` (also for JSON nested
+    deeper than the decoder's recursion limit, and a ``schemaVersion`` that is not a whole
+    number >= 0: Kineto writes 1)."""
+    try:
+        trace, data = _decode_trace(data, path)
+    except RecursionError:
+        raise too_deep(path) from None
+    if not isinstance(trace, Decoded):
+        version = trace.schemaVersion
+        if version is not None and not (type(version) is int and version >= 0):
+            raise BadInput(path, "not_a_trace", f"schemaVersion {_shown(version)} is not a "
+                           "version number (Kineto writes 1)",
+                           "pass PyTorch profiler traces, or fix the trace's schemaVersion")
+        trace = _columns(trace, path, lower_ext=b'"external id"' in data)
+    return trace
+
+
+def too_deep(path: Path | str) -> BadInput:
+    """The refusal of JSON nested deeper than the decoder's recursion limit (msgspec raises
+    ``RecursionError``: an attack on the parser, no profiler writes it)."""
+    return BadInput(path, "not_a_trace", "JSON nested too deeply to be a profiler trace",
+                    "pass PyTorch profiler traces (export_chrome_trace / "
+                    "tensorboard_trace_handler output)")
+
+
+def _shown(value: Any) -> str:
+    text = msgspec.json.encode(value).decode()
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _decode_trace(data: bytes, path: Path | str) -> tuple[Any, bytes]:
+    """(the decoded trace struct, or an already built ``Decoded`` after a repair; the data
+    it came from)."""
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     try:
@@ -200,7 +289,7 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
         data, line = repair(data, path, exc)
         dec = decode_bytes(data, path)
         dec.warnings.insert(0, line)
-        return dec
+        return dec, data
     if trace is None:
         try:
             trace = _LENIENT.decode(data)
@@ -212,7 +301,7 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
         except msgspec.DecodeError as exc:  # the strict pass stopped at a type, before this
             raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
                            "copy the trace again or re-record it") from None
-    return _columns(trace, path, lower_ext=b'"external id"' in data)
+    return trace, data
 
 
 def repair(data: bytes, path: Path | str, exc: msgspec.DecodeError) -> tuple[bytes, str]:

@@ -13,6 +13,8 @@ import logging
 import os
 from pathlib import Path
 
+from analyzer.contract.errors import BadInput
+
 log = logging.getLogger(__name__)
 
 
@@ -25,12 +27,14 @@ def entries(folder: Path, *, root: Path | None = None) -> tuple[list[Path], list
     symlink (``"<link>: symlink to <target> outside <root>; skipped"``).
 
     ``root`` is the folder the user passed (default ``folder``); links must stay inside it.
-    Raises ``OSError`` when ``folder`` cannot be listed.
+    Raises ``OSError`` when ``folder`` cannot be listed, ``BadInput`` (``check_name``) for a
+    child whose name is not UTF-8.
     """
     base = Path(os.path.realpath(root if root is not None else folder))
     keep: list[Path] = []
     skipped: list[str] = []
     for p in sorted(folder.iterdir()):
+        check_name(p)
         if not p.is_symlink():
             keep.append(p)
             continue
@@ -46,6 +50,27 @@ def entries(folder: Path, *, root: Path | None = None) -> tuple[list[Path], list
     for line in skipped:
         log.info("%s", line)
     return keep, skipped
+
+
+def shown(path: Path | str) -> str:
+    """``path`` as text that can be printed and written as UTF-8: bytes of a name that is not
+    UTF-8 (Python keeps them as lone surrogates, PEP 383) written as ``\\xff``."""
+    return os.fsencode(path).decode("utf-8", errors="backslashreplace")
+
+
+def check_name(path: Path) -> None:
+    """Raise ``BadInput`` (``bad_name``, the name shown with ``\\xNN`` escapes) when ``path``
+    is not UTF-8: names go into report.json, Markdown and the terminal, all UTF-8, where a
+    name Python holds as lone surrogates (PEP 383) cannot be written."""
+    text = str(path)
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(shown(path), "bad_name", "the file name is not valid UTF-8, so it "
+                       "cannot be written in a report", "rename the file (or move it out of "
+                       "the folder)") from None
 
 
 def not_an_input(name: str) -> str | None:

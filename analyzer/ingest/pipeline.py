@@ -61,7 +61,7 @@ CODE_MODULES = tuple(_ANALYZER / m for m in (
 """The modules whose code shapes the cached tables (part of the cache key)."""
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 _META = ("world_size", "device_kind", "distributed_info", "main_tid", "whole_trace_mode",
-         "warnings", "timeline_step", "whole_overlap_ns", "whole_comm_ns", "empty")
+         "warnings", "timeline_step", "whole_overlap_ns", "whole_comm_ns", "empty", "first_ns")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -105,6 +105,9 @@ class RankTables:
     ``breakdown.whole_trace_overlap``); 0 on a CPU-only rank."""
     whole_comm_ns: int = 0
     """|comm| over every GPU event of the trace (same scope)."""
+    first_ns: int = -1
+    """Start of the earliest complete event (trace clock, ns; -1 for an empty rank): where
+    ``analyzer merge`` puts ts 0 without reading every rank first."""
     cache_hit: bool = False
     """True when the tables came from the cache."""
     sha256: str = ""
@@ -157,9 +160,21 @@ class JobTables:
 # --- one file: read, decode, classify -----------------------------------------------------------
 
 def read_trace(path: Path) -> bytes:
-    """The bytes of the trace file at ``path``. Raises ``BadInput`` (``unreadable``)."""
+    """The bytes of the trace file at ``path``. Raises ``BadInput``: ``bad_name`` (the name is
+    not UTF-8, ``fswalk.check_name``), ``unreadable``, ``too_large`` (a file, gzip or not, over
+    ``decode.max_trace_bytes()``: refused before it is read; the gunzipped size is checked by
+    ``decode.decompress``)."""
+    from analyzer.ingest.decode import max_trace_bytes, too_large
+    from analyzer.ingest.fswalk import check_name
+
+    check_name(path)
+    cap = max_trace_bytes()
     try:
-        return path.read_bytes()
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > cap:
+                raise too_large(path, f"the file ({size:,} bytes)", cap)
+            return fh.read()
     except OSError as exc:
         raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})",
                        "check the path and its permissions") from None
@@ -259,7 +274,7 @@ def rank_tables(path: Path) -> RankTables:
                     breakdown=rank_breakdown(-1, ev, steps, device_kind, main_tid),
                     collectives=coll, prefetch=prefetch_table(ev, rank=-1),
                     timeline=tl, timeline_step=tl_step, whole_overlap_ns=int(overlap_ns),
-                    whole_comm_ns=int(comm_ns), sha256=sha)
+                    whole_comm_ns=int(comm_ns), sha256=sha, first_ns=int(ev["ts_ns"].min()))
     del ev
     _write_tables(cpath, sig, rt)
     return rt
@@ -506,7 +521,11 @@ def check_manifest_sha256(root: Path, manifest: schemas.Manifest | None,
     for f in files if manifest is not None else []:
         rel = f.path.relative_to(root).as_posix() if f.path.is_relative_to(root) else f.path.name
         entry = manifest.file(rel)
-        if entry and f.sha256 and f.sha256 != entry.sha256.lower():
+        if entry is None:  # rundirs refuses unlisted traces first; never skip the check
+            raise BadInput(f.path, "bad_run_file", "not listed in manifest.json: added after "
+                           "the record, so not checked against it",
+                           "move the file out of the run directory, or re-record the run")
+        if f.sha256 and f.sha256 != entry.sha256.lower():
             raise BadInput(f.path, "file_changed",
                            "changed since it was recorded (sha256 differs from manifest.json)",
                            "re-record the run")
@@ -541,8 +560,10 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
     mixed jobs) are raised together as one ``BadInput`` whose ``problems`` lists them; then a
     trace changed since the record (``file_changed``) and traces of different jobs
     (``mixed_jobs``, analyzer/ingest/samejob.py)."""
+    from analyzer.ingest.decode import max_trace_bytes
     from analyzer.ingest.samejob import check_same_job
 
+    max_trace_bytes()  # a bad PARITYTRACE_MAX_TRACE_BYTES is said even when every rank is cached
     root, manifest, paths = run.path, run.manifest, run.traces
     if not paths:
         what = "*.json / *.json.gz trace" if run.manifest is None and not run.incomplete \

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,8 @@ import pandas as pd
 
 from analyzer.analyses import clock
 from analyzer.ingest import pipeline, rundirs
-from analyzer.contract.atomic import write_atomic
+from analyzer.contract import schemas
+from analyzer.contract.atomic import atomic_path, write_atomic
 from analyzer.timeline.chrome_check import PHASES, check_trace, phase_problem
 from analyzer.ingest.decode import decompress, repair, times_ns
 from analyzer.contract.errors import BadInput
@@ -172,12 +174,16 @@ def parse_steps(text: str) -> tuple[int, ...]:
     return tuple(sorted(steps))
 
 
-def _selected(r: RankInput, rt: pipeline.RankTables, steps: tuple[int, ...]
-              ) -> tuple[set[int], list[int]]:
-    """Positions (in traceEvents) of rank ``r``'s events in the chosen ProfilerSteps, and the
-    chosen steps found on it: complete events the ingest puts in one of them (module
-    docstring), other events whose time lies in one of their ProfilerStep spans."""
-    found = [] if rt.whole_trace_mode else sorted(set(rt.steps["step"].tolist()) & set(steps))
+def _found_steps(rt: pipeline.RankTables, steps: tuple[int, ...]) -> list[int]:
+    """The chosen ``steps`` that rank ``rt`` has (none in whole-trace mode), from the ingest's
+    tables alone."""
+    return [] if rt.whole_trace_mode else sorted(set(rt.steps["step"].tolist()) & set(steps))
+
+
+def _selected(r: RankInput, rt: pipeline.RankTables, found: list[int]) -> set[int]:
+    """Positions (in traceEvents) of rank ``r``'s events in the ProfilerSteps ``found``
+    (``_found_steps``): complete events the ingest puts in one of them (module docstring),
+    other events whose time lies in one of their ProfilerStep spans."""
     x = r.events
     keep = set(x.loc[x["step"].isin(found).to_numpy(), "event_idx"].tolist())
     win = rt.steps[rt.steps["step"].isin(found)]
@@ -187,7 +193,7 @@ def _selected(r: RankInput, rt: pipeline.RankTables, steps: tuple[int, ...]
     t = r.ts_ns[:, None]
     inside = ((lo <= t) & (t < hi)).any(axis=1)
     keep.update(np.flatnonzero(other & r.ts_ok & inside).tolist())
-    return keep, found
+    return keep
 
 
 # --- tracks --------------------------------------------------------------------------------------
@@ -301,13 +307,18 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     if root.is_file():
         raise BadInput(root, "not_a_folder", "is a file, not a folder",
                        "pass the run directory or folder of traces that holds it")
-    job = pipeline.load_run(rundirs.find_job(root, allow_incomplete=options.allow_incomplete))
+    run = rundirs.find_job(root, allow_incomplete=options.allow_incomplete)
+    _refuse_out_on_input(run, out)
+    early = size_warning(run.traces)
+    if early:
+        log.warning("%s", early)  # now, before the minutes of reading
+    job = pipeline.load_run(run)
     ranks = [rt.rank for rt in job.ranks]
     ref_rank = options.ref_rank if options.ref_rank is not None else ranks[0]
     if ref_rank not in ranks:
         raise BadInput(root, "bad_option", f"has no trace of rank {ref_rank} (ranks: {ranks})",
                        "pick one of the ranks present")
-    warnings: list[str] = list(job.warnings)
+    warnings: list[str] = list(job.warnings) + ([early] if early else [])
     matched = clock.match_collectives(job.collectives)
     offsets = clock.estimate_offsets(matched, ranks, ref_rank)
     for row in offsets.itertuples(index=False):
@@ -328,55 +339,147 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
             "unshifted; try --ref-rank with another rank")
     shift = dict(zip(offsets["rank"], offsets["offset_ns"])) if align else {r: 0 for r in ranks}
 
-    inputs = [_read_rank(rt) for rt in job.ranks]
-    keep: dict[int, set[int] | None] = {r: None for r in ranks}
+    found: dict[int, list[int]] = {}
     if options.steps is not None:
-        found_any = False
-        for r, rt in zip(inputs, job.ranks):
-            keep[r.rank], found = _selected(r, rt, options.steps)
-            found_any |= bool(found)
-            missing = sorted(set(options.steps) - set(found))
+        for rt in job.ranks:
+            found[rt.rank] = _found_steps(rt, options.steps)
+            missing = sorted(set(options.steps) - set(found[rt.rank]))
             if missing:
-                warnings.append(f"rank {r.rank} ({r.path.name}) has no ProfilerStep {missing}")
-        if not found_any:
+                warnings.append(f"rank {rt.rank} ({rt.path.name}) has no ProfilerStep {missing}")
+        if not any(found.values()):
             raise BadInput(root, "bad_option", f"no trace has ProfilerStep {list(options.steps)}",
                            "pick steps shown by `analyzer summary`, or omit --steps")
 
-    t0 = min(int(r.events["ts_ns"].min()) - shift[r.rank] for r in inputs)
-    events, moved, locate = _write_events(inputs, keep, shift, t0)
-    events += _collective_flows(matched, locate, shift, t0)
-    n_meta = sum(1 for e in events if e["ph"] == "M")
-    events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0), -e.get("dur", 0)))
-
-    summary = _summary(root, inputs, ref_rank, offsets, spread, t0, align, options, warnings)
-    merged = {
-        "schemaVersion": 1,
-        "displayTimeUnit": "ms",
-        "deviceProperties": inputs[ranks.index(ref_rank)].data.get("deviceProperties", []),
-        MERGE_KEY: summary,
-        "traceEvents": events,
-    }
-    problems = check_trace(merged)
-    if problems:  # per-event faults are filtered above; what is left comes from how the input
-        # events relate (an E closing no B, flow ends before its start ...): refuse, say which
-        raise BadInput(root, "unmergeable", "the merged trace would break the Trace Event "
-                       f"Format: {'; '.join(problems[:3])}",
-                       "check the input traces with a viewer, or merge a run directory written "
-                       "by `tracer record`")
+    t0 = min(rt.first_ns - shift[rt.rank] for rt in job.ranks if not rt.empty)
+    summary = _summary(root, job.ranks, ref_rank, offsets, spread, t0, align, options, warnings)
+    wanted = set(zip(matched["rank"].tolist(), matched["event_idx"].tolist()))
     out.parent.mkdir(parents=True, exist_ok=True)
-    payload = msgspec.json.encode(merged)
-    write_atomic(out, gzip.compress(payload, compresslevel=6) if out.name.endswith(".gz") else payload)
+    written = _stream(root, out, job.ranks, found if options.steps is not None else None,
+                      shift, t0, matched, wanted, ref_rank, summary)
+    n_events, n_meta, moved, inputs = written
     sidecar = sidecar_path_for(out)
     write_atomic(sidecar, msgspec.json.format(msgspec.json.encode(summary), indent=2))
-    for r in inputs:
-        r.data, r.events = {}, r.events.iloc[:0]
-    log.info("wrote %s (%d events, %d metadata)", out, len(events), n_meta)
+    log.info("wrote %s (%d events, %d metadata)", out, n_events, n_meta)
     return MergeResult(out_path=out, sidecar_path=sidecar, ranks=inputs, ref_rank=ref_rank,
                        steps={rt.rank: [] if rt.whole_trace_mode else rt.steps["step"].tolist()
                               for rt in job.ranks},
                        collectives=job.collectives, matched=matched,
-                       offsets=offsets, spread=spread, t0_ns=t0, n_events=len(events),
+                       offsets=offsets, spread=spread, t0_ns=t0, n_events=n_events,
                        n_moved_to_overlap_tracks=moved, warnings=warnings)
+
+
+LARGE_RANK_BYTES = 1 << 30
+"""A rank with this much trace JSON or more gets the early size warning of ``size_warning``."""
+_ENCODE_BATCH = 50_000
+"""Events encoded to JSON at a time: the encoded text held is one batch, not one rank."""
+
+
+def size_warning(traces: list[Path]) -> str | None:
+    """One line, said before anything is read, when the largest of ``traces`` holds at least
+    ``LARGE_RANK_BYTES`` of JSON (a gzip file's size after gunzip read from its trailer, RFC
+    1952 ISIZE: modulo 4 GiB, so never less than the file itself is taken): merge holds one
+    rank's events as Python objects at a time, about 10x its JSON. None otherwise."""
+    def json_bytes(p: Path) -> int:
+        try:
+            with open(p, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if fh.read(2) != b"\x1f\x8b" or size < 18:
+                    return size
+                fh.seek(-4, os.SEEK_END)
+                return max(size, int.from_bytes(fh.read(4), "little"))
+        except OSError:
+            return 0  # the ingest names an unreadable file
+
+    sizes = {p: json_bytes(p) for p in traces}
+    big = max(sizes, key=sizes.get, default=None)
+    if big is None or sizes[big] < LARGE_RANK_BYTES:
+        return None
+    return (f"{big.name} is {sizes[big] / 2**20:,.1f} MiB of JSON ({len(traces)} trace(s), "
+            f"{sum(sizes.values()) / 2**20:,.1f} MiB in all): merge reads one rank at a time and "
+            f"needs memory of about 10x the largest rank; this takes a while")
+
+
+def _stream(root: Path, out: Path, ranks: list[pipeline.RankTables],
+            found: dict[int, list[int]] | None, shift: dict[int, int], t0: int,
+            matched: pd.DataFrame, wanted: set[tuple[int, int]], ref_rank: int, summary: dict
+            ) -> tuple[int, int, int, list[RankInput]]:
+    """Write the merged trace to ``out`` (atomically; gzip when it ends in ``.gz``) one rank
+    at a time: each rank is read, checked (``check_trace``, on its own events: their pids,
+    track ids and flow ids are the rank's alone), encoded in batches and dropped before the
+    next is read, so memory follows the largest rank, not the sum. Then the collective flow
+    arrows, ``deviceProperties`` of ``ref_rank`` and the summary. Returns (events written,
+    of them metadata, events moved to overlap tracks, the inputs with data dropped). Raises
+    ``BadInput`` (``unmergeable``: the file is not left behind)."""
+    n_events = n_meta = moved = 0
+    locate: dict[tuple[int, int], tuple[int, int, int]] = {}
+    flow_ids: dict[tuple, int] = {}
+    inputs: list[RankInput] = []
+    device_props: Any = []
+    with atomic_path(out) as tmp, open(tmp, "wb") as raw_fh:
+        fh = gzip.GzipFile(fileobj=raw_fh, mode="wb", compresslevel=6) \
+            if out.name.endswith(".gz") else raw_fh
+        fh.write(b'{"schemaVersion":1,"displayTimeUnit":"ms","traceEvents":[')
+        first = True
+
+        def put(events: list[dict]) -> None:
+            nonlocal first
+            for k in range(0, len(events), _ENCODE_BATCH):
+                text = msgspec.json.encode(events[k:k + _ENCODE_BATCH])[1:-1]
+                if text:
+                    fh.write(text if first else b"," + text)
+                    first = False
+
+        for rt in ranks:
+            r = _read_rank(rt)
+            keep = None if found is None else _selected(r, rt, found[rt.rank])
+            events, n_moved = _write_events(r, keep, shift, t0, flow_ids, locate, wanted)
+            events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0), -e.get("dur", 0)))
+            _refuse_unmergeable(root, check_trace({"traceEvents": events}))
+            if rt.rank == ref_rank:
+                device_props = r.data.get("deviceProperties", [])
+            put(events)
+            n_events += len(events)
+            n_meta += sum(1 for e in events if e["ph"] == "M")
+            moved += n_moved
+            r.data, r.events = {}, r.events.iloc[:0]
+            r.ts_ns, r.ts_ok = r.ts_ns[:0], r.ts_ok[:0]
+            inputs.append(r)
+            del events
+        flows = _collective_flows(matched, locate, shift, t0)
+        _refuse_unmergeable(root, check_trace({"traceEvents": flows}, strict_names=False))
+        put(flows)
+        n_events += len(flows)
+        fh.write(b'],"deviceProperties":' + msgspec.json.encode(device_props)
+                 + f',"{MERGE_KEY}":'.encode() + msgspec.json.encode(summary) + b"}")
+        if fh is not raw_fh:
+            fh.close()
+    return n_events, n_meta, moved, inputs
+
+
+def _refuse_unmergeable(root: Path, problems: list[str]) -> None:
+    """Per-event faults are filtered by ``_well_formed``; what is left comes from how the input
+    events relate (an E closing no B, flow ends before its start ...): refuse, say which."""
+    if problems:
+        raise BadInput(root, "unmergeable", "the merged trace would break the Trace Event "
+                       f"Format: {'; '.join(problems[:3])}",
+                       "check the input traces with a viewer, or merge a run directory written "
+                       "by `tracer record`")
+
+
+def _refuse_out_on_input(run: rundirs.RunDir, out: Path) -> None:
+    """Raise ``BadInput`` (``out_is_input``) when ``out`` or its sidecar is one of the files
+    ``run`` is read from (a trace, manifest.json or a file it lists), through any link: the
+    write would replace the input it is made of."""
+    inputs = list(run.traces)
+    if run.manifest is not None:
+        inputs += [run.path / schemas.MANIFEST_NAME, *(run.path / f.path for f in run.manifest.files)]
+    real = {os.path.realpath(p): p for p in inputs}
+    for target in (out, sidecar_path_for(out)):
+        hit = real.get(os.path.realpath(target))
+        if hit is not None:
+            raise BadInput(target, "out_is_input", f"is {hit.name}, one of the files merged "
+                           "(writing it would destroy the input)",
+                           f"pass -o a new file, e.g. -o {run.path / 'merged.trace.json.gz'}")
 
 
 def alignment_widens(spread: pd.DataFrame) -> bool:
@@ -392,89 +495,88 @@ def _us_text(ns: float) -> str:
     return f"{ns / 1000:,.1f}"
 
 
-def _write_events(inputs: list[RankInput], keep: dict[int, set[int] | None],
-                  shift: dict[int, int], t0: int
-                  ) -> tuple[list[dict], int, dict[tuple[int, int], tuple[int, int, int]]]:
-    """Rewritten events of every rank, the count moved to overlap tracks, and
-    (rank, event_idx) -> (pid, tid, aligned start ns) of each written complete event."""
+def _write_events(r: RankInput, sel: set[int] | None, shift: dict[int, int], t0: int,
+                  flow_ids: dict[tuple, int], locate: dict[tuple[int, int], tuple[int, int, int]],
+                  wanted: set[tuple[int, int]]) -> tuple[list[dict], int]:
+    """Rewritten events of rank ``r`` (``sel``: the positions kept, None for all) and the count
+    moved to overlap tracks. Fills ``flow_ids`` (source flow -> new id, unique across ranks)
+    and, for the (rank, event_idx) in ``wanted`` (matched collectives), ``locate``:
+    (rank, event_idx) -> (pid, tid, aligned start ns) of the written complete event."""
     out: list[dict] = []
     moved = 0
-    locate: dict[tuple[int, int], tuple[int, int, int]] = {}
-    flow_ids: dict[tuple, int] = {}
-    for r in inputs:
-        evs = r.data["traceEvents"]
-        x = r.events
-        key_of = {i: _key(evs[i]) for i in x["event_idx"].tolist()}
-        gpu_tracks = {key_of[i] for i in x.loc[x["is_gpu"].to_numpy(), "event_idx"].tolist()}
-        step_tracks = {key_of[i] for i in x.loc[(x["role"] == "step").to_numpy(), "event_idx"]}
-        names = _track_names(r.data, gpu_tracks, step_tracks)
-        sel = keep[r.rank]
-        if sel is not None:
-            x = x[x["event_idx"].isin(sel).to_numpy()]
-        # complete events in the table's order (start, longest first, file order)
-        row_of = dict(zip(x["event_idx"].tolist(), zip(x["ts_ns"].tolist(), x["dur_ns"].tolist())))
-        pid = r.rank + 1
-        # lanes per source track, then new tids in display order
-        by_track: dict[tuple[str, str], list[int]] = {}
-        for i in row_of:
-            by_track.setdefault(key_of[i], []).append(i)
-        lane_of: dict[int, int] = {}
-        n_lanes: dict[tuple[str, str], int] = {}
-        for key, members in by_track.items():
-            lanes = assign_lanes([(row_of[i][0], row_of[i][0] + row_of[i][1]) for i in members])
-            lane_of.update(zip(members, lanes))
-            n_lanes[key] = max(lanes) + 1
-            moved += sum(1 for lane in lanes if lane)
-        order = sorted(names, key=lambda k: (names[k][0], names[k][1], k))
-        tid_of: dict[tuple[tuple[str, str], int], int] = {}
-        out.append(_meta(pid, 0, "process_name", name=f"rank {r.rank}"))
-        out.append(_meta(pid, 0, "process_sort_index", sort_index=r.rank))
-        for key in order:
-            for lane in range(n_lanes.get(key, 1)):
-                tid = len(tid_of) + 1
-                tid_of[(key, lane)] = tid
-                label = names[key][1] + (f" (overlap {lane})" if lane else "")
-                out.append(_meta(pid, tid, "thread_name", name=label))
-                out.append(_meta(pid, tid, "thread_sort_index", sort_index=tid))
-        # innermost complete event starting at each (track, ts): flows bind to it
-        starts_at: dict[tuple[tuple[str, str], int], tuple[int, int]] = {}
-        for i, (ts, dur) in row_of.items():
-            k = (key_of[i], ts)
-            if k not in starts_at or dur < starts_at[k][0]:
-                starts_at[k] = (dur, lane_of[i])
-        flows: list[dict] = []
-        for i, ev in enumerate(evs):
-            if ev.get("ph") == "M" or not _well_formed(ev) or (sel is not None and i not in sel):
-                continue
-            key = _key(ev)
-            new = dict(ev)
-            new["pid"] = pid
-            if not isinstance(new.get("name"), str):  # the format requires a string name
-                new["name"] = "" if new.get("name") is None else str(new["name"])
-            if ev.get("ph") == "X":
-                row = row_of.get(i)
-                if row is None:
-                    continue  # bad ts / dur: left out (the ingest's warnings count them)
-                new["tid"] = tid_of[(key, lane_of[i])]
-                start = row[0] - shift[r.rank] - t0
-                new["ts"], new["dur"] = _us(start), _us(row[1])
+    evs = r.data["traceEvents"]
+    x = r.events
+    key_of = {i: _key(evs[i]) for i in x["event_idx"].tolist()}
+    gpu_tracks = {key_of[i] for i in x.loc[x["is_gpu"].to_numpy(), "event_idx"].tolist()}
+    step_tracks = {key_of[i] for i in x.loc[(x["role"] == "step").to_numpy(), "event_idx"]}
+    names = _track_names(r.data, gpu_tracks, step_tracks)
+    if sel is not None:
+        x = x[x["event_idx"].isin(sel).to_numpy()]
+    # complete events in the table's order (start, longest first, file order)
+    row_of = dict(zip(x["event_idx"].tolist(), zip(x["ts_ns"].tolist(), x["dur_ns"].tolist())))
+    pid = r.rank + 1
+    # lanes per source track, then new tids in display order
+    by_track: dict[tuple[str, str], list[int]] = {}
+    for i in row_of:
+        by_track.setdefault(key_of[i], []).append(i)
+    lane_of: dict[int, int] = {}
+    n_lanes: dict[tuple[str, str], int] = {}
+    for key, members in by_track.items():
+        lanes = assign_lanes([(row_of[i][0], row_of[i][0] + row_of[i][1]) for i in members])
+        lane_of.update(zip(members, lanes))
+        n_lanes[key] = max(lanes) + 1
+        moved += sum(1 for lane in lanes if lane)
+    order = sorted(names, key=lambda k: (names[k][0], names[k][1], k))
+    tid_of: dict[tuple[tuple[str, str], int], int] = {}
+    out.append(_meta(pid, 0, "process_name", name=f"rank {r.rank}"))
+    out.append(_meta(pid, 0, "process_sort_index", sort_index=r.rank))
+    for key in order:
+        for lane in range(n_lanes.get(key, 1)):
+            tid = len(tid_of) + 1
+            tid_of[(key, lane)] = tid
+            label = names[key][1] + (f" (overlap {lane})" if lane else "")
+            out.append(_meta(pid, tid, "thread_name", name=label))
+            out.append(_meta(pid, tid, "thread_sort_index", sort_index=tid))
+    # innermost complete event starting at each (track, ts): flows bind to it
+    starts_at: dict[tuple[tuple[str, str], int], tuple[int, int]] = {}
+    for i, (ts, dur) in row_of.items():
+        k = (key_of[i], ts)
+        if k not in starts_at or dur < starts_at[k][0]:
+            starts_at[k] = (dur, lane_of[i])
+    flows: list[dict] = []
+    for i, ev in enumerate(evs):
+        if ev.get("ph") == "M" or not _well_formed(ev) or (sel is not None and i not in sel):
+            continue
+        key = _key(ev)
+        new = dict(ev)
+        new["pid"] = pid
+        if not isinstance(new.get("name"), str):  # the format requires a string name
+            new["name"] = "" if new.get("name") is None else str(new["name"])
+        if ev.get("ph") == "X":
+            row = row_of.get(i)
+            if row is None:
+                continue  # bad ts / dur: left out (the ingest's warnings count them)
+            new["tid"] = tid_of[(key, lane_of[i])]
+            start = row[0] - shift[r.rank] - t0
+            new["ts"], new["dur"] = _us(start), _us(row[1])
+            if (r.rank, i) in wanted:
                 locate[(r.rank, i)] = (pid, new["tid"], start)
-                out.append(new)
-                continue
-            if not r.ts_ok[i]:
-                continue
-            ts = int(r.ts_ns[i])
-            new["ts"] = _us(ts - shift[r.rank] - t0)
-            lane = starts_at.get((key, ts), (0, 0))[1] if ev.get("ph") in ("s", "t", "f") else 0
-            new["tid"] = tid_of.get((key, lane), tid_of.get((key, 0), 0))
-            if ev.get("ph") in ("s", "t", "f"):
-                fkey = (r.rank, str(ev.get("cat")), str(ev.get("id")))
-                new["id"] = flow_ids.setdefault(fkey, len(flow_ids) + 1)
-                flows.append(new)
-                continue
             out.append(new)
-        out += _paired_flows(flows)
-    return out, moved, locate
+            continue
+        if not r.ts_ok[i]:
+            continue
+        ts = int(r.ts_ns[i])
+        new["ts"] = _us(ts - shift[r.rank] - t0)
+        lane = starts_at.get((key, ts), (0, 0))[1] if ev.get("ph") in ("s", "t", "f") else 0
+        new["tid"] = tid_of.get((key, lane), tid_of.get((key, 0), 0))
+        if ev.get("ph") in ("s", "t", "f"):
+            fkey = (r.rank, str(ev.get("cat")), str(ev.get("id")))
+            new["id"] = flow_ids.setdefault(fkey, len(flow_ids) + 1)
+            flows.append(new)
+            continue
+        out.append(new)
+    out += _paired_flows(flows)
+    return out, moved
 
 
 def _paired_flows(flows: list[dict]) -> list[dict]:
@@ -511,7 +613,7 @@ def _meta(pid: int, tid: int, kind: str, **args: Any) -> dict:
     return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": args}
 
 
-def _summary(root: Path, inputs: list[RankInput], ref_rank: int, offsets: pd.DataFrame,
+def _summary(root: Path, inputs: list[pipeline.RankTables], ref_rank: int, offsets: pd.DataFrame,
              spread: pd.DataFrame, t0: int, aligned: bool, options: MergeOptions,
              warnings: list[str]) -> dict:
     files = {r.rank: (r.path.name, r.rank_source) for r in inputs}
