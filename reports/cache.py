@@ -115,3 +115,51 @@ def store(root: Path, out: Path, k: str, report_json: str, notes: list[str] = ()
         write_atomic(path, msgspec.json.encode(_Entry(key=k, notes=list(notes), report=report_json)))
     except OSError as exc:
         log.info("could not write report cache %s (%s)", path, exc)
+
+
+# --- what the analyzer wrote in an output folder: the only files it removes -------------------
+
+def _written_path(out: Path) -> Path:
+    name = hashlib.blake2b(os.path.realpath(out).encode(), digest_size=16).hexdigest()
+    return cache_dir() / "reports" / f"{name}.written.json"
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def remove_stale(out: Path, names: list[str], written: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Remove the files ``names`` of the output folder ``out`` that an earlier analysis wrote
+    and nobody changed since: their SHA-256 equals the one recorded when it wrote them (kept
+    beside the report cache, ``_written_path``). A file of that name that the analyzer did
+    not write, or that was edited since, or with no record (the cache cleared), is left
+    alone. Then records ``written`` (name -> SHA-256 of this analysis's files) for ``out``.
+    Returns (names removed, names left). Raises ``OSError`` when a file cannot be removed;
+    a record that cannot be read or written is skipped (log line)."""
+    rec_path = _written_path(out)
+    try:
+        known = msgspec.json.decode(rec_path.read_bytes(), type=dict[str, str])
+    except FileNotFoundError:
+        known = {}
+    except (OSError, msgspec.DecodeError) as exc:
+        log.info("ignoring unreadable record of written files %s (%s)", rec_path, exc)
+        known = {}
+    removed, left = [], []
+    for name in names:
+        path = out / name
+        if path.is_symlink() or not path.is_file():
+            continue  # a link is not a file the analyzer writes (write_atomic replaces links)
+        if name in known and _sha256(path) == known[name]:
+            path.unlink()
+            removed.append(name)
+        else:
+            left.append(name)
+    try:
+        write_atomic(rec_path, msgspec.json.encode(written))
+    except OSError as exc:
+        log.info("could not record the files written in %s (%s)", out, exc)
+    return removed, left
+

@@ -7,6 +7,7 @@ An output that cannot go where it is asked is refused before any analysis, namin
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from analyzer.contract.atomic import write_atomic
@@ -35,6 +36,21 @@ def check_out(path: Path, *, option: str, what: str, example: str = "") -> None:
     if not existing.stat().st_mode & 0o222:
         raise BadInput(existing, Reason.UNWRITABLE, f"is marked read-only; {what} is not written "
                        "there", _writable(option, example))
+
+
+def default_report_dir(root: Path) -> Path:
+    """``root/report``, the report folder when ``--out`` is not given. Raises ``BadInput``
+    (``unwritable``) when it is a symlink or resolves outside ``root``: the report, and the
+    removal of an earlier one's files, would land wherever the link points, e.g. in a folder
+    of someone else's that happens to hold a ``report.md``."""
+    out = root / "report"
+    real_root = os.path.realpath(root)
+    real_out = os.path.realpath(out)
+    if out.is_symlink() or os.path.commonpath([real_root, real_out]) != real_root:
+        raise BadInput(out, Reason.UNWRITABLE, f"is a symlink to {real_out}, outside the input; "
+                       "the default report folder is written only inside the input",
+                       "remove the link, or pass --out to the folder you want")
+    return out
 
 
 def write_out(path: Path, data: str | bytes, *, option: str, example: str = "") -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,7 +86,7 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
         from analyzer.ingest import rundirs
 
         rundirs.discover(root)  # raises the one-line BadInput: missing, or a file, not a folder
-    out = out or root / "report"
+    out = out or outpaths.default_report_dir(root)
     outpaths.check_out(out, option="--out", what="the report")
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
     key = cache.key(root, out, options)
@@ -111,15 +112,22 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
             log.warning("%s", n)
     md = markdown.render(report)
     texts = {"json": lambda: report_json, "html": lambda: html.render(report, md), "md": lambda: md}
+    written = {}
     for f in ("json", "html", "md"):
         if f in formats:
-            outpaths.write_out(out / f"report.{f}", texts[f](), option="--out")
-    stale = _remove_stale(out, formats)
+            text = texts[f]()
+            outpaths.write_out(out / f"report.{f}", text, option="--out")
+            written[f"report.{f}"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    stale, left = _remove_stale(out, formats, written)
     if hit is None:
         cache.store(root, out, key, report_json, said)
-    if stale:
-        line = (f"{out}: removed {', '.join(stale)} of an earlier analysis (this one wrote "
-                f"{', '.join(f'report.{f}' for f in FORMATS if f in formats)})")
+    wrote = ", ".join(f"report.{f}" for f in FORMATS if f in formats)
+    lines = [f"{out}: removed {', '.join(stale)} of an earlier analysis (this one wrote "
+             f"{wrote})"] if stale else []
+    if left:
+        lines.append(f"{out}: left {', '.join(left)}, not written by the analyzer as it is now "
+                     f"(edited, or its record cleared); this analysis wrote {wrote}")
+    for line in lines:
         if notes is not None:
             notes.append(line)
         else:
@@ -127,24 +135,22 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
     return report, md
 
 
-def _remove_stale(out: Path, formats: list[str]) -> list[str]:
-    """Remove ``out/report.{md,json,html}`` of the formats not in ``formats``: left there by an
-    earlier analysis, they would sit beside the new report as if one set. Only those exact
-    names are touched. Returns the names removed. Raises ``BadInput`` when one cannot be."""
+def _remove_stale(out: Path, formats: list[str], written: dict[str, str]
+                  ) -> tuple[list[str], list[str]]:
+    """Remove ``out/report.{md,json,html}`` of the formats not in ``formats`` when an earlier
+    analysis wrote them unchanged (reports/cache.py ``remove_stale``): left there, they would
+    sit beside the new report as if one set. Returns (names removed, names left). Raises
+    ``BadInput`` when one cannot be removed."""
     from analyzer.contract.errors import BadInput
+    from reports import cache
 
-    removed = []
-    for f in FORMATS:
-        path = out / f"report.{f}"
-        if f in formats or not (path.is_file() or path.is_symlink()):
-            continue
-        try:
-            path.unlink()
-        except OSError as exc:
-            raise BadInput(path, "unwritable", f"is from an earlier analysis and cannot be "
-                           f"removed ({exc.strerror})", "pass --out to a writable folder") from None
-        removed.append(path.name)
-    return removed
+    try:
+        return cache.remove_stale(out, [f"report.{f}" for f in FORMATS if f not in formats],
+                                  written)
+    except OSError as exc:
+        raise BadInput(exc.filename or out, "unwritable", f"is from an earlier analysis and "
+                       f"cannot be removed ({exc.strerror})",
+                       "pass --out to a writable folder") from None
 
 
 def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:

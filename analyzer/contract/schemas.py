@@ -452,8 +452,10 @@ def read_manifest(path: Path | str) -> Manifest:
     if not isinstance(data, dict):
         raise SchemaError(path, "manifest is not a JSON object; re-record the run")
     version = data.get("schema_version")
-    if not isinstance(version, int):
-        raise SchemaError(path, "manifest has no integer schema_version; re-record the run")
+    if type(version) is not int or version < 1:  # bool is an int to isinstance
+        shown = "none" if version is None else msgspec.json.encode(version).decode()[:40]
+        raise SchemaError(path, f"schema_version {shown} is not a version number (whole, >= 1); "
+                          "re-record the run")
     if version > SCHEMA_VERSION:
         raise SchemaError(
             path,
@@ -464,9 +466,32 @@ def read_manifest(path: Path | str) -> Manifest:
     if missing:
         raise SchemaError(path, f"manifest lacks {', '.join(missing)}; re-record the run")
     try:
-        return msgspec.convert(data, Manifest)
+        manifest = msgspec.convert(data, Manifest)
     except msgspec.ValidationError as exc:
         raise SchemaError(path, f"manifest: {exc}; re-record the run") from None
+    if not manifest.files:  # the tracer lists every file: an empty list would skip every check
+        raise SchemaError(path, "manifest lists no files ($.files is empty), so nothing of the "
+                          "run could be checked against the record; re-record the run")
+    for i, f in enumerate(manifest.files):
+        if why := unsafe_run_path(f.path):
+            raise SchemaError(path, f"manifest entry $.files[{i}].path {f.path!r} {why}; "
+                              "re-record the run")
+    return manifest
+
+
+def unsafe_run_path(rel: str) -> str | None:
+    """Why ``rel`` (a ``files[].path`` of the manifest) does not name a file inside the run
+    directory by its text alone, or None: empty, absolute (POSIX or Windows drive), or with a
+    ``..`` part. Links out of the folder need the file system: analyzer/ingest/rundirs.py."""
+    from pathlib import PurePosixPath, PureWindowsPath
+
+    if not rel or rel in (".", "./"):
+        return "is empty"
+    if PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).drive or rel.startswith("\\"):
+        return "is absolute"
+    if ".." in PurePosixPath(rel.replace("\\", "/")).parts:
+        return "climbs out of the run directory (..)"
+    return None
 
 
 def check_parquet_version(path: Path | str, schema: pa.Schema) -> None:
@@ -481,6 +506,9 @@ def check_parquet_version(path: Path | str, schema: pa.Schema) -> None:
     raw = meta.get(b"paritytrace.schema_version")
     if raw is None:
         raise SchemaError(path, "no paritytrace schema version; re-record the run")
+    if not raw.isdigit() or len(raw) > 9:
+        raise SchemaError(path, f"paritytrace schema version {raw[:40]!r} is not a version "
+                          "number; re-record the run")
     if int(raw) > SCHEMA_VERSION:
         raise SchemaError(
             path,

@@ -21,6 +21,7 @@ walked or read again. ``find_job`` is the same walk for the commands that take o
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,11 +129,41 @@ def _read(run_dir: Path) -> RunDir:
         manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
     except schemas.SchemaError as exc:
         raise BadInput(exc.path, "bad_run_file", str(exc).split(": ", 1)[-1]) from None
+    _check_manifest_paths(run_dir, manifest)
     _verify_files(run_dir, manifest)
     children, notes = entries(run_dir)
+    traces = trace_files(children, run_dir=True, notes=notes)
+    _check_traces_listed(run_dir, manifest, traces)
     return RunDir(path=run_dir, name=manifest.run_name or run_dir.name,
-                  manifest=manifest, traces=trace_files(children, run_dir=True, notes=notes),
-                  notes=notes)
+                  manifest=manifest, traces=traces, notes=notes)
+
+
+def _check_manifest_paths(run_dir: Path, manifest: schemas.Manifest) -> None:
+    """Raise ``BadInput`` (``bad_run_file``, naming the manifest entry) when a listed file
+    resolves, through a symlink, to a place outside ``run_dir``: its size and SHA-256 would be
+    checked, and the file read, somewhere the run does not own. Absolute paths and ``..`` are
+    refused by the manifest's validation (``schemas.unsafe_run_path``) before this."""
+    base = os.path.realpath(run_dir)
+    for i, f in enumerate(manifest.files):
+        target = os.path.realpath(run_dir / f.path)
+        if os.path.commonpath([base, target]) != base:
+            raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_run_file",
+                           f"entry $.files[{i}].path {f.path!r} resolves through a symlink to "
+                           f"{target}, outside the run directory",
+                           "replace the link by the file itself, or re-record the run")
+
+
+def _check_traces_listed(run_dir: Path, manifest: schemas.Manifest, traces: list[Path]) -> None:
+    """Raise ``BadInput`` (``bad_run_file``) naming the traces of ``run_dir`` that
+    ``manifest.json`` does not list: their SHA-256 could not be checked against the record (a
+    trace planted or copied in after it), and the tracer lists every trace it writes."""
+    listed = {f.path for f in manifest.files}
+    extra = [p for p in traces if p.relative_to(run_dir).as_posix() not in listed]
+    if extra:
+        raise BadInput(extra[0] if len(extra) == 1 else run_dir, "bad_run_file",
+                       f"{', '.join(p.name for p in extra)} not listed in manifest.json: added "
+                       "after the record, so not checked against it",
+                       "move the file(s) out of the run directory, or re-record the run")
 
 
 def _verify_files(run_dir: Path, manifest: schemas.Manifest) -> None:

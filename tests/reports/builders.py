@@ -83,6 +83,14 @@ def typed(fields: dict, **changes) -> schemas.Manifest:
 
 
 def write_manifest(run_dir: Path, data: dict) -> None:
+    """Write ``data`` as the manifest, its ``files`` listing every file of ``run_dir`` with its
+    size and SHA-256 as the tracer does (hashlib here; an empty list is refused)."""
+    import hashlib
+
+    data = {**data, "files": [
+        {"path": p.name, "size_bytes": p.stat().st_size,
+         "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in sorted(run_dir.iterdir()) if p.is_file() and p.name != schemas.MANIFEST_NAME]}
     (run_dir / schemas.MANIFEST_NAME).write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 
