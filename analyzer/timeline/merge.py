@@ -412,7 +412,7 @@ def _stream(root: Path, out: Path, ranks: list[pipeline.RankTables],
     ``BadInput`` (``unmergeable``: the file is not left behind)."""
     n_events = n_meta = moved = 0
     locate: dict[tuple[int, int], tuple[int, int, int]] = {}
-    flow_ids: dict[tuple, int] = {}
+    n_flows = 0  # flow ids given so far: each rank's start after the previous ranks'
     inputs: list[RankInput] = []
     device_props: Any = []
     with atomic_path(out) as tmp, open(tmp, "wb") as raw_fh:
@@ -432,7 +432,8 @@ def _stream(root: Path, out: Path, ranks: list[pipeline.RankTables],
         for rt in ranks:
             r = _read_rank(rt)
             keep = None if found is None else _selected(r, rt, found[rt.rank])
-            events, n_moved = _write_events(r, keep, shift, t0, flow_ids, locate, wanted)
+            events, n_moved, n_new = _write_events(r, keep, shift, t0, n_flows, locate, wanted)
+            n_flows += n_new
             events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0), -e.get("dur", 0)))
             _refuse_unmergeable(root, check_trace({"traceEvents": events}))
             if rt.rank == ref_rank:
@@ -496,14 +497,16 @@ def _us_text(ns: float) -> str:
 
 
 def _write_events(r: RankInput, sel: set[int] | None, shift: dict[int, int], t0: int,
-                  flow_ids: dict[tuple, int], locate: dict[tuple[int, int], tuple[int, int, int]],
-                  wanted: set[tuple[int, int]]) -> tuple[list[dict], int]:
-    """Rewritten events of rank ``r`` (``sel``: the positions kept, None for all) and the count
-    moved to overlap tracks. Fills ``flow_ids`` (source flow -> new id, unique across ranks)
-    and, for the (rank, event_idx) in ``wanted`` (matched collectives), ``locate``:
+                  flow_base: int, locate: dict[tuple[int, int], tuple[int, int, int]],
+                  wanted: set[tuple[int, int]]) -> tuple[list[dict], int, int]:
+    """Rewritten events of rank ``r`` (``sel``: the positions kept, None for all), the count
+    moved to overlap tracks and the count of flow ids given: the rank's source flows get ids
+    ``flow_base + 1 ...`` (unique across ranks when each rank starts after the previous ones).
+    Fills, for the (rank, event_idx) in ``wanted`` (matched collectives), ``locate``:
     (rank, event_idx) -> (pid, tid, aligned start ns) of the written complete event."""
     out: list[dict] = []
     moved = 0
+    flow_ids: dict[tuple, int] = {}
     evs = r.data["traceEvents"]
     x = r.events
     key_of = {i: _key(evs[i]) for i in x["event_idx"].tolist()}
@@ -571,12 +574,12 @@ def _write_events(r: RankInput, sel: set[int] | None, shift: dict[int, int], t0:
         new["tid"] = tid_of.get((key, lane), tid_of.get((key, 0), 0))
         if ev.get("ph") in ("s", "t", "f"):
             fkey = (r.rank, str(ev.get("cat")), str(ev.get("id")))
-            new["id"] = flow_ids.setdefault(fkey, len(flow_ids) + 1)
+            new["id"] = flow_ids.setdefault(fkey, flow_base + len(flow_ids) + 1)
             flows.append(new)
             continue
         out.append(new)
     out += _paired_flows(flows)
-    return out, moved
+    return out, moved, len(flow_ids)
 
 
 def _paired_flows(flows: list[dict]) -> list[dict]:
