@@ -1,16 +1,21 @@
 """report.html: one self-contained file (inline CSS and SVG, no script, no external resource).
 
-Every string that comes from a trace, a manifest or a path goes through ``html.escape``.
+Every string that comes from a trace, a manifest or a path goes through ``html.escape``. The
+tables are report.md's, row for row (reports/markdown.py ``*_rows``); trace links are relative
+to the report's folder, so the report and its traces can be moved or served together.
 """
 
 from __future__ import annotations
 
 import html
+import os
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
 from reports import fmt, notes
+from reports import markdown as md_rows
 from reports.markdown import COMM_GROUP_HEADERS, PERFETTO_HINT, comm_group_rows, comparison_rows
 from reports.verdict import verdict
 
@@ -133,8 +138,9 @@ def timeline_svg(run: RunEntry) -> str:
     return "".join(out)
 
 
-def render(report: Report, markdown_text: str | None = None) -> str:
-    """The whole report.html text."""
+def render(report: Report, out_dir: Path | str | None = None) -> str:
+    """The whole report.html text; ``out_dir``: the folder it is written to (trace links are
+    relative to it; absolute ``file:`` URLs when None)."""
     runs = report.runs
     rk = report.ranking
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -148,22 +154,29 @@ def render(report: Report, markdown_text: str | None = None) -> str:
     parts.append(f"<p>Rule: {e(rk.rule)}</p>")
     parts += ["<h2>Comparison</h2>", _table(*comparison_rows(report)),
               f"<p>Step-time source: {e('; '.join(notes.step_sources(runs)))}.</p>",
-              f"<p>{e(notes.windows(runs))}</p>", f"<p>{e(notes.OTHER_IDLE)}</p>",
-              f"<p>{e(' '.join(notes.memory_notes(runs)))}</p>"]
-    offsets = [[r.name, k.rank, fmt.ms(k.clock_offset_ns, ".3f")] for r in runs for k in r.ranks
-               if k.clock_offset_ns is not None]
-    if offsets:
-        parts += ["<h2>Clock offsets</h2>", _table(["run", "rank", "clock offset"], offsets),
-                  f"<p>{e(notes.CLOCK_OFFSET)}</p>"]
-    parts += ["<h2>Parity</h2>", _table(
-        ["run", "status", "tolerance", "max grad rel L2", "loss max rel diff", "why"],
-        [[r.name, r.parity.status, fmt.tolerance_line(r.parity.tolerance),
-          fmt.num(r.parity.max_grad_rel_l2), fmt.num(r.parity.loss_max_rel_diff), r.parity.reason]
-         for r in runs])]
+              f"<p>{e(notes.windows(runs))} {e(md_rows.COMPARISON_NOTE)}</p>"]
+    parts += ["<h2>Parity</h2>", _table(*md_rows.parity_rows(report)),
+              f"<p>{e(md_rows.PARITY_RULE)}</p>"]
+    heads, rows = md_rows.rank_rows(report)
+    parts += ["<h2>Time per rank (mean per step)</h2>",
+              _table(heads, rows) if rows else "<p>No traces.</p>",
+              f"<p>{e(notes.CLOCK_OFFSET)}</p>", f"<p>{e(md_rows.IDENTITY_NOTE + notes.OTHER_IDLE)}</p>"]
+    heads, rows = md_rows.comm_kind_rows(report)
+    parts += ["<h2>Communication by collective kind (per rank, mean per profiled step)</h2>",
+              _table(heads, rows) if rows else "<p>No collectives found.</p>",
+              f"<p>{e(md_rows.BUSBW_NOTE)}</p>"]
     groups = comm_group_rows(report)
     if groups:
-        parts += ["<h2>Communication by process group and dtype</h2>",
+        parts += ["<h3>By process group and dtype (per rank, whole trace)</h3>",
                   _table(COMM_GROUP_HEADERS, groups), f"<p>{e(notes.COMM_GROUPS)}</p>"]
+    heads, rows = md_rows.memory_rows(report)
+    parts += ["<h2>Memory per rank</h2>", _table(heads, rows) if rows else "<p>No steps.parquet.</p>",
+              f"<p>{e(' '.join(notes.memory_notes(runs)))}</p>"]
+    for r in runs:
+        if r.memory.by_category:
+            parts += [f"<p>CUDA allocator snapshot of {e(r.name)} (live blocks by category):</p>",
+                      _table(*md_rows.snapshot_rows(r)), "<p>Largest live allocations:</p>",
+                      _table(*md_rows.largest_rows(r))]
     parts += ["<h2>Plots</h2>", step_bars(report), comm_bars(report), memory_bars(report)]
     parts += [timeline_svg(r) for r in runs]
     pf = [r for r in runs if r.prefetch]
@@ -171,26 +184,35 @@ def render(report: Report, markdown_text: str | None = None) -> str:
         parts.append("<h2>FSDP prefetch</h2>")
         for r in pf:
             parts.append(f"<h3>{e(r.name)}</h3><p>{e(notes.prefetch_sentence(r))}</p>")
-            parts.append(_table(["phase", "unit", "issued as prefetch", "all_gather (mean duration)",
-                                 "under computation", "ready before use (mean slack)"],
-                                [[u.phase, u.unit, fmt.pct(u.prefetched), fmt.ms(u.comm_ns),
-                                  fmt.pct(u.hidden_frac), fmt.ms(u.slack_ns)] for u in r.prefetch.units]))
+            parts.append(_table(*md_rows.prefetch_rows(r)))
             if r.prefetch.note:
                 parts.append(f"<p>{e(r.prefetch.note)}</p>")
+        for group in report.prefetch_comparisons:
+            parts += ["<p>Prefetch settings side by side (runs differ only in them):</p>",
+                      _table(*md_rows.prefetch_group_rows(report, group))]
         parts.append(f"<p>{e(notes.UNIT_NAMES)}</p><p>{e(notes.SLACK)}</p>")
+    parts += ["<h2>Recorded settings</h2>", _table(*md_rows.settings_rows(report))]
+    bd = report.baseline_drift
+    if bd:
+        parts += ["<h2>Baseline drift</h2>",
+                  f"<p>{e(bd.note[0].upper() + bd.note[1:])}. Reference: {e(bd.reference)}.</p>",
+                  _table(*md_rows.drift_rows(report)),
+                  "<p>Per-tensor figures: <code>analyzer drift REFERENCE RUN</code>.</p>"]
     parts += [f"<p>Note: {e(w)}</p>" for w in report.warnings]
     parts.append(f"<h2>Trace files</h2><p>Each is a Chrome trace; {e(PERFETTO_HINT)}.</p><ul>")
-    parts += [f'<li>{e(r.name)}: <a href="{e(_file_url(t))}">{e(t)}</a></li>'
+    parts += [f'<li>{e(r.name)}: <a href="{e(trace_href(t, out_dir))}">{e(t)}</a></li>'
               for r in runs for t in r.traces]
     parts.append("</ul>")
-    if markdown_text:
-        parts.append("<details><summary>All tables (report.md)</summary><pre>"
-                     f"{e(markdown_text)}</pre></details>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
-def _file_url(path: str) -> str:
-    """``file:`` URL of a trace path; a relative path (``traces/ddp/...``, as the README's
-    command gives) is made absolute first: ``file://traces/...`` would name a host."""
-    return Path(path).absolute().as_uri()
+def trace_href(path: str, out_dir: Path | str | None) -> str:
+    """The link to a trace: its path relative to ``out_dir`` (the report's folder), percent-
+    encoded (RFC 3986: a space, ``#`` or ``?`` in a name stays part of the path), so the
+    link works wherever the folders are moved or served from together; a ``file:`` URL of the
+    absolute path when ``out_dir`` is None (a relative ``file://traces/...`` would name a host)."""
+    if out_dir is None:
+        return Path(path).absolute().as_uri()
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(out_dir))
+    return quote(Path(rel).as_posix(), safe="/")

@@ -2,23 +2,50 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from analyzer.contract.report_types import Report
+from analyzer.contract.report_types import Report, RunEntry
 from reports import fmt, notes
 from reports.verdict import verdict
 
 PERFETTO_HINT = "open in https://ui.perfetto.dev (Open trace file)"
 
 
-def _cell(v: Any) -> str:
-    return str(v).replace("|", "\\|").replace("\n", " ")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+_SPECIAL = re.compile(r"([\\`*\[\]|~])")
+
+
+def _underscores(m: re.Match) -> str:
+    """A run of ``_`` kept when it sits between letters or digits (an intraword run can neither
+    open nor close emphasis, CommonMark 0.31 section 6.2: ``all_reduce``, ``nccl__worker1``
+    stay as written), else each ``_`` backslash-escaped."""
+    s, i, j = m.string, m.start(), m.end()
+    if i > 0 and j < len(s) and s[i - 1].isalnum() and s[j].isalnum():
+        return m.group()
+    return "\\_" * (j - i)
+
+
+def escape(v: Any) -> str:
+    """``str(v)`` as literal Markdown text, the same inside a table cell and outside one: every
+    run of whitespace with a line break becomes one space (a newline would end a table row or
+    start a block), C0/C1 control characters are dropped, ``& < >`` become HTML entities (no
+    tag, comment or entity of a trace name reaches a renderer), and ``\\ ` * _ [ ] | ~`` are
+    backslash-escaped (CommonMark 0.31 section 2.4: any ASCII punctuation may be; ``|`` also
+    inside GFM table cells, GFM spec 4.10; ``_`` only where it could open or close emphasis,
+    ``_underscores``). Used for every string that comes from a trace, a manifest or a path:
+    names, reasons, notes, paths, in and out of tables."""
+    s = " ".join(str(v).splitlines())
+    s = _CONTROL.sub("", s.replace("\t", " "))
+    s = "".join(_ENTITIES.get(c, c) for c in s)
+    return re.sub("_+", _underscores, _SPECIAL.sub(r"\\\1", s))
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A GitHub-flavoured Markdown table; pipes in cells escaped."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    """A GitHub-flavoured Markdown table; every header and cell through ``escape``."""
+    lines = ["| " + " | ".join(escape(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -34,6 +61,34 @@ def comparison_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
                       fmt.mib(r.memory.peak_rss_bytes)] for r in report.runs]
 
 
+COMPARISON_NOTE = (
+    "Communication, exposed communication and overlap come from the traces: exposed = "
+    "communication time not under computation; overlap = share of communication time "
+    "under computation; data wait = share of step time spent fetching or waiting for input "
+    "(DataLoader __next__ ranges and host-to-device copies) while neither computing nor "
+    "communicating, all ranks and steps, with how the run was fed.")
+CPU_COMPUTE_NOTE = (
+    "On CPU traces computation is every main-thread op, including autograd ops inside "
+    "which FSDP hooks wait for their all_gather; the FSDP prefetch section excludes that time.")
+PARITY_RULE = (
+    "Rule: per tensor, metrics are reduced across ranks (sharded tensors: sums summed, maxima "
+    "maxed; replicated tensors: the worst rank). A tensor passes iff it has no NaN/inf and "
+    "max |x - ref| <= atol + rtol * max |ref| (the max-norm form of "
+    "torch.testing.assert_close, never stricter than it). The loss at each step (mean over "
+    "ranks) passes iff |loss - ref| <= atol + rtol * |ref|. Every rank of the run must have "
+    "written every tensor and the loss: a rank or a tensor missing is \"not verified\", a "
+    "failure of the gate. Divergence is searched in activations (forward order), gradients, "
+    "parameters after the first step, then loss.")
+IDENTITY_NOTE = (
+    "compute + exposed communication + data wait + other + idle = step, per rank and step "
+    "(each instant counted once, in that order of precedence). ")
+BUSBW_NOTE = (
+    "busbw uses the nccl-tests factors (all_reduce 2(n-1)/n, all_gather, reduce_scatter "
+    "and all_to_all (n-1)/n, broadcast and send_recv 1) and, as nccl-tests does, combines the "
+    "ranks' times before dividing: bytes x factor summed over ranks / time summed over ranks "
+    "(= bytes x factor / mean time per rank), whole trace; GB/s = 10^9 bytes per second.")
+
+
 COMM_GROUP_HEADERS = ["run", "kind", "process group", "ranks", "group size", "dtype", "calls",
                       "time (sum)", "bytes", "busbw (GB/s)"]
 
@@ -46,128 +101,93 @@ def comm_group_rows(report: Report) -> list[list[Any]]:
              fmt.num(g.busbw_gbps, ".3f")] for r in report.runs for g in r.comm_groups]
 
 
-def render(report: Report) -> str:
-    """The whole report.md text."""
-    runs = report.runs
-    out = ["# paritytrace report", "", *[" ".join(verdict(report))], ""]
-    rk = report.ranking
-    out += ["## Ranking", ""]
-    if rk.status == "ranked":
-        out += [f"{i}. {n}" for i, n in enumerate(rk.order, 1)] + [""]
-    else:
-        out += [f"**Withheld.** {rk.reason}", ""]
-    out += [f"Rule: {rk.rule}", ""]
-    out += ["## Comparison", "", table(*comparison_rows(report)), "",
-            "Step times: median and 90th percentile over the profiled steps; source per run: "
-            + "; ".join(notes.step_sources(runs)) + ". Speedup vs single = the single-device "
-            "run's median step / the run's, shown only for runs comparable with it (parity "
-            "passed, same recorded settings); '-' otherwise. " + notes.windows(runs) + " "
-            "Communication, exposed communication and overlap come from the traces: exposed = "
-            "communication time not under computation; overlap = share of communication time "
-            "under computation; data wait = share of step time spent fetching or waiting for input "
-            "(DataLoader __next__ ranges and host-to-device copies) while neither computing nor "
-            "communicating, all ranks and steps, with how the run was fed."
-            + (" On CPU traces computation is every main-thread op, including autograd ops inside "
-               "which FSDP hooks wait for their all_gather; the FSDP prefetch section excludes that "
-               "time." if any(r.prefetch and r.device == "cpu" for r in runs) else ""),
-            ""]
+Rows = tuple[list[str], list[list[Any]]]
+"""(headers, rows) of one table: markdown.py and html.py render the same rows."""
 
-    out += ["## Parity", ""]
+
+def parity_rows(report: Report) -> Rows:
+    """The parity table: status, tolerance, figures, first divergence and why, per run."""
     rows = []
-    for r in runs:
+    for r in report.runs:
         p, fd = r.parity, r.parity.first_divergence
         rows.append([r.name, p.status, fmt.tolerance_line(p.tolerance),
                      fmt.num(p.max_grad_rel_l2), fmt.num(p.loss_max_rel_diff),
                      "-" if not fd else f"{fd.subject} (step {fd.step}): rel L2 "
                      f"{fmt.num(fd.rel_l2)}, max diff {fmt.num(fd.max_abs_diff)} > limit "
                      f"{fmt.num(fd.limit)}", p.reason])
-    out += [table(["run", "status", "tolerance", "max grad rel L2", "loss max rel diff",
-                   "first divergence", "why"], rows), "",
-            "Rule: per tensor, metrics are reduced across ranks (sharded tensors: sums summed, maxima "
-            "maxed; replicated tensors: the worst rank). A tensor passes iff it has no NaN/inf and "
-            "max |x - ref| <= atol + rtol * max |ref| (the max-norm form of "
-            "torch.testing.assert_close, never stricter than it). The loss at each step (mean over "
-            "ranks) passes iff |loss - ref| <= atol + rtol * |ref|. Divergence is searched in "
-            "activations (forward order), gradients, parameters after the first step, then loss.", ""]
+    return (["run", "status", "tolerance", "max grad rel L2", "loss max rel diff",
+             "first divergence", "why"], rows)
 
-    out += ["## Time per rank (mean per step)", ""]
-    rows = [[r.name, k.rank, fmt.ms(k.step_ns), fmt.ms(k.compute_ns), fmt.ms(k.comm_ns),
-             fmt.ms(k.exposed_comm_ns), fmt.pct(k.overlap_frac),
-             f"{fmt.ms(k.data_wait_ns)} ({fmt.pct(k.data_wait_frac)})", fmt.ms(k.other_ns),
-             fmt.ms(k.idle_ns), fmt.ms(k.clock_offset_ns, ".3f")] for r in runs for k in r.ranks]
-    out += [table(["run", "rank", "step", "compute", "communication", "exposed comm", "overlap",
-                   "data wait", "other", "idle", "clock offset"], rows) if rows else "No traces.", "",
-            notes.CLOCK_OFFSET, "",
-            "compute + exposed communication + data wait + other + idle = step, per rank and step "
-            "(each instant counted once, in that order of precedence). " + notes.OTHER_IDLE, ""]
 
-    out += ["## Communication by collective kind (per rank, mean per profiled step)", ""]
-    rows = [[r.name, k, r.profiled_steps or "-", fmt.count(v.count_per_step),
-             fmt.ms(v.time_ns_per_step), fmt.data_bytes(v.bytes_per_step, v.unknown_bytes),
-             fmt.num(v.busbw_gbps, ".3f")]
-            for r in runs for k, v in r.communication.items()]
-    out += [table(["run", "kind", "profiled steps", "calls / step", "time / step (sum)",
-                   "bytes / step", "busbw (GB/s)"], rows) if rows
-            else "No collectives found.", "",
-            "busbw uses the nccl-tests factors (all_reduce 2(n-1)/n, all_gather, reduce_scatter "
-            "and all_to_all (n-1)/n, broadcast and send_recv 1) and, as nccl-tests does, combines the ranks' times before "
-            "dividing: bytes x factor summed over ranks / time summed over ranks (= bytes x "
-            "factor / mean time per rank), whole trace; GB = 10^9 bytes.", ""]
+def rank_rows(report: Report) -> Rows:
+    """Time per rank (mean per step), with each rank's clock offset."""
+    return (["run", "rank", "step", "compute", "communication", "exposed comm", "overlap",
+             "data wait", "other", "idle", "clock offset"],
+            [[r.name, k.rank, fmt.ms(k.step_ns), fmt.ms(k.compute_ns), fmt.ms(k.comm_ns),
+              fmt.ms(k.exposed_comm_ns), fmt.pct(k.overlap_frac),
+              f"{fmt.ms(k.data_wait_ns)} ({fmt.pct(k.data_wait_frac)})", fmt.ms(k.other_ns),
+              fmt.ms(k.idle_ns), fmt.ms(k.clock_offset_ns, ".3f")]
+             for r in report.runs for k in r.ranks])
 
-    rows = comm_group_rows(report)
-    if rows:
-        out += ["### By process group and dtype (per rank, whole trace)", "",
-                table(COMM_GROUP_HEADERS, rows), "", notes.COMM_GROUPS, ""]
 
-    out += ["## Memory per rank", ""]
-    rows = [[r.name, m.rank, fmt.mib(m.peak_rss_bytes), fmt.mib(m.profiler_allocated_peak_bytes),
-             fmt.mib(m.cuda_max_allocated_bytes), fmt.mib(m.cuda_max_reserved_bytes)]
-            for r in runs for m in r.memory.ranks]
-    out += [table(["run", "rank", "CPU peak RSS", "profiler allocated peak", "CUDA peak allocated",
-                   "CUDA peak reserved"], rows) if rows else "No steps.parquet.", "",
-            " ".join(notes.memory_notes(runs)), ""]
-    for r in runs:
-        if r.memory.by_category:
-            out += [f"CUDA allocator snapshot of {r.name} (live blocks by category):", "",
-                    table(["rank", "category", "blocks", "bytes"],
-                          [[c.rank, c.category, c.blocks, fmt.mib(c.bytes)]
-                           for c in r.memory.by_category]), "",
-                    "Largest live allocations:", "",
-                    table(["rank", "size", "category", "where"],
-                          [[a.rank, fmt.mib(a.block_size_bytes), a.category, a.top_frame or "-"]
-                           for a in r.memory.largest]), ""]
+def comm_kind_rows(report: Report) -> Rows:
+    """Communication by collective kind (per rank, mean per profiled step)."""
+    return (["run", "kind", "profiled steps", "calls / step", "time / step (sum)",
+             "bytes / step", "busbw (GB/s)"],
+            [[r.name, k, r.profiled_steps or "-", fmt.count(v.count_per_step),
+              fmt.ms(v.time_ns_per_step), fmt.data_bytes(v.bytes_per_step, v.unknown_bytes),
+              fmt.num(v.busbw_gbps, ".3f")]
+             for r in report.runs for k, v in r.communication.items()])
 
-    pf_runs = [r for r in runs if r.prefetch]
-    if pf_runs:
-        out += ["## FSDP prefetch", ""]
-        for r in pf_runs:
-            out += [notes.prefetch_sentence(r), ""]
-            out += [table(["phase", "unit", "issued as prefetch", "all_gather (mean duration)",
-                           "under computation", "ready before use (mean slack)",
-                           "ready before use (worst slack)"],
-                          [[u.phase, u.unit, fmt.pct(u.prefetched), fmt.ms(u.comm_ns),
-                            fmt.pct(u.hidden_frac), fmt.ms(u.slack_ns), fmt.ms(u.min_slack_ns)]
-                           for u in r.prefetch.units]), ""]
-            if r.prefetch.note:
-                out += [r.prefetch.note, ""]
-        for group in report.prefetch_comparisons:
-            out += ["Prefetch settings side by side (runs differ only in them):", "",
-                    table(["run", "backward_prefetch", "forward_prefetch", "median step",
-                           "under computation", "late all_gathers"],
-                          [[r.name, r.options.get("backward_prefetch"),
-                            r.options.get("forward_prefetch"), fmt.ms(r.step_time_ns.median),
-                            fmt.pct(r.prefetch.hidden_frac if r.prefetch else None),
-                            _late(r.prefetch)]
-                           for r in runs if r.name in group]), ""]
-        out += [notes.UNIT_NAMES, "", notes.SLACK, ""]
 
-    out += ["## Recorded settings", ""]
+def memory_rows(report: Report) -> Rows:
+    """Memory peaks per rank (steps.parquet)."""
+    return (["run", "rank", "CPU peak RSS", "profiler allocated peak", "CUDA peak allocated",
+             "CUDA peak reserved"],
+            [[r.name, m.rank, fmt.mib(m.peak_rss_bytes), fmt.mib(m.profiler_allocated_peak_bytes),
+              fmt.mib(m.cuda_max_allocated_bytes), fmt.mib(m.cuda_max_reserved_bytes)]
+             for r in report.runs for m in r.memory.ranks])
+
+
+def snapshot_rows(run: RunEntry) -> Rows:
+    """A run's CUDA allocator snapshot: live blocks by category."""
+    return (["rank", "category", "blocks", "bytes"],
+            [[c.rank, c.category, c.blocks, fmt.mib(c.bytes)] for c in run.memory.by_category])
+
+
+def largest_rows(run: RunEntry) -> Rows:
+    """A run's largest live allocations."""
+    return (["rank", "size", "category", "where"],
+            [[a.rank, fmt.mib(a.block_size_bytes), a.category, a.top_frame or "-"]
+             for a in run.memory.largest])
+
+
+def prefetch_rows(run: RunEntry) -> Rows:
+    """A run's FSDP prefetch per (phase, unit)."""
+    return (["phase", "unit", "issued as prefetch", "all_gather (mean duration)",
+             "under computation", "ready before use (mean slack)", "ready before use (worst slack)"],
+            [[u.phase, u.unit, fmt.pct(u.prefetched), fmt.ms(u.comm_ns), fmt.pct(u.hidden_frac),
+              fmt.ms(u.slack_ns), fmt.ms(u.min_slack_ns)] for u in run.prefetch.units])
+
+
+def prefetch_group_rows(report: Report, group: list[str]) -> Rows:
+    """Runs that differ only in their prefetch settings, side by side."""
+    return (["run", "backward_prefetch", "forward_prefetch", "median step", "under computation",
+             "late all_gathers"],
+            [[r.name, r.options.get("backward_prefetch"), r.options.get("forward_prefetch"),
+              fmt.ms(r.step_time_ns.median), fmt.pct(r.prefetch.hidden_frac if r.prefetch else None),
+              _late(r.prefetch)] for r in report.runs if r.name in group])
+
+
+def settings_rows(report: Report) -> Rows:
+    """Recorded settings per run (manifest), or what the foreign traces tell."""
     rows = []
-    for r in runs:
+    for r in report.runs:
         s = r.settings
         if not s:
             ti = r.trace_info
-            rows.append([r.name, "foreign traces", ti.device_kind if ti else "-", "-", "-", "-",
+            what = "incomplete run (no manifest.json)" if r.incomplete else "foreign traces"
+            rows.append([r.name, what, ti.device_kind if ti else "-", "-", "-", "-",
                          f"rank from {', '.join((ti.rank_sources if ti else None) or ['-'])}"])
             continue
         v, d, b, la = s["versions"] or {}, s["device"] or {}, s["batch"] or {}, s["launch"] or {}
@@ -176,29 +196,93 @@ def render(report: Report) -> str:
                      f"global {b.get('global_batch')} x seq {b.get('seq_len')} x hidden {b.get('hidden')}"
                      f" (per rank {b.get('per_rank_batch')})", s["seed"], s["precision"],
                      f"{la.get('method')}, {r.world_size} rank(s), backend {r.backend}"])
-    out += [table(["run", "versions", "device", "batch shape", "seed", "precision", "launch"], rows), ""]
+    return ["run", "versions", "device", "batch shape", "seed", "precision", "launch"], rows
+
+
+def drift_rows(report: Report) -> Rows:
+    """Baseline drift: each run's baseline against the reference's."""
+    rows = []
+    for c in report.baseline_drift.comparisons if report.baseline_drift else []:
+        if c.error:
+            rows.append([c.old, c.new, "-", "-", f"not compared: {c.error}"])
+            continue
+        differ = "; ".join(f"{d['setting']} {d['old']} -> {d['new']}" for d in c.settings_differ)
+        rows.append([c.old, c.new, differ or "-", c.expectation["why"],
+                     ("OK " if c.ok else "DRIFT ") + c.verdict])
+    return ["reference", "run", "settings that differ", "tolerance applied and why", "verdict"], rows
+
+
+def render(report: Report) -> str:
+    """The whole report.md text: every string from a trace, a manifest or a path through
+    ``escape``."""
+    runs = report.runs
+    out = ["# paritytrace report", "", " ".join(escape(s) for s in verdict(report)), ""]
+    rk = report.ranking
+    out += ["## Ranking", ""]
+    if rk.status == "ranked":
+        out += [f"{i}. {escape(n)}" for i, n in enumerate(rk.order, 1)] + [""]
+    else:
+        out += [f"**Withheld.** {escape(rk.reason)}", ""]
+    out += [f"Rule: {escape(rk.rule)}", ""]
+    out += ["## Comparison", "", table(*comparison_rows(report)), "",
+            "Step times: median and 90th percentile over the profiled steps; source per run: "
+            + escape("; ".join(notes.step_sources(runs))) + ". Speedup vs single = the single-device "
+            "run's median step / the run's, shown only for runs comparable with it (parity "
+            "passed, same recorded settings); '-' otherwise. " + escape(notes.windows(runs)) + " "
+            + escape(COMPARISON_NOTE)
+            + (" " + escape(CPU_COMPUTE_NOTE) if any(r.prefetch and r.device == "cpu" for r in runs)
+               else ""), ""]
+
+    out += ["## Parity", "", table(*parity_rows(report)), "", escape(PARITY_RULE), ""]
+
+    heads, rows = rank_rows(report)
+    out += ["## Time per rank (mean per step)", "", table(heads, rows) if rows else "No traces.",
+            "", notes.CLOCK_OFFSET, "", escape(IDENTITY_NOTE + notes.OTHER_IDLE), ""]
+
+    heads, rows = comm_kind_rows(report)
+    out += ["## Communication by collective kind (per rank, mean per profiled step)", "",
+            table(heads, rows) if rows else "No collectives found.", "", escape(BUSBW_NOTE), ""]
+
+    rows = comm_group_rows(report)
+    if rows:
+        out += ["### By process group and dtype (per rank, whole trace)", "",
+                table(COMM_GROUP_HEADERS, rows), "", notes.COMM_GROUPS, ""]
+
+    heads, rows = memory_rows(report)
+    out += ["## Memory per rank", "", table(heads, rows) if rows else "No steps.parquet.", "",
+            escape(" ".join(notes.memory_notes(runs))), ""]
+    for r in runs:
+        if r.memory.by_category:
+            out += [f"CUDA allocator snapshot of {escape(r.name)} (live blocks by category):", "",
+                    table(*snapshot_rows(r)), "", "Largest live allocations:", "",
+                    table(*largest_rows(r)), ""]
+
+    pf_runs = [r for r in runs if r.prefetch]
+    if pf_runs:
+        out += ["## FSDP prefetch", ""]
+        for r in pf_runs:
+            out += [escape(notes.prefetch_sentence(r)), "", table(*prefetch_rows(r)), ""]
+            if r.prefetch.note:
+                out += [escape(r.prefetch.note), ""]
+        for group in report.prefetch_comparisons:
+            out += ["Prefetch settings side by side (runs differ only in them):", "",
+                    table(*prefetch_group_rows(report, group)), ""]
+        out += [notes.UNIT_NAMES, "", notes.SLACK, ""]
+
+    out += ["## Recorded settings", "", table(*settings_rows(report)), ""]
     if report.settings_warnings:
         out += ["The settings that differ are named under Ranking above.", ""]
     bd = report.baseline_drift
     if bd:
-        out += ["## Baseline drift", "", f"{bd.note[0].upper()}{bd.note[1:]}. Reference: "
-                f"{bd.reference}.", ""]
-        rows = []
-        for c in bd.comparisons:
-            if c.error:
-                rows.append([c.old, c.new, "-", "-", f"not compared: {c.error}"])
-                continue
-            differ = "; ".join(f"{d['setting']} {d['old']} -> {d['new']}" for d in c.settings_differ)
-            rows.append([c.old, c.new, differ or "-", c.expectation["why"],
-                         ("OK " if c.ok else "DRIFT ") + c.verdict])
-        out += [table(["reference", "run", "settings that differ", "tolerance applied and why",
-                       "verdict"], rows), "",
+        out += ["## Baseline drift", "", escape(f"{bd.note[0].upper()}{bd.note[1:]}. Reference: "
+                                                 f"{bd.reference}."), "",
+                table(*drift_rows(report)), "",
                 "Per-tensor figures: `analyzer drift REFERENCE RUN`.", ""]
     for w in report.warnings:
-        out += [f"Note: {w}", ""]
+        out += [f"Note: {escape(w)}", ""]
 
     out += ["## Trace files", "", f"Each is a Chrome trace; {PERFETTO_HINT}.", ""]
-    out += [f"- {r.name}: `{t}`" for r in runs for t in r.traces]
+    out += [f"- {escape(r.name)}: {escape(t)}" for r in runs for t in r.traces]
     out.append("")
     return "\n".join(out)
 

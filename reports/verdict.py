@@ -44,8 +44,8 @@ def verdict(report: Report) -> list[str]:
             out.append(f"Parity passed for {', '.join(r.name for r in passed)}.")
     if missing:
         names = ", ".join(r.name for r in missing)
-        out.append(f"Parity: not recorded for {names} ({missing[0].parity.reason}), so the "
-                   "numbers of those runs are unverified.")
+        out.append(f"Parity: not verified for {names} ({missing[0].parity.reason}): their "
+                   "numbers are not checked against the baseline.")
     if not failed and not missing:
         has_single = any(r.strategy == "single" for r in runs)
         if dist:

@@ -16,10 +16,13 @@ import typer
 
 from analyzer.cli import drift as cli_drift, merge as cli_merge, report as cli_report
 from analyzer.cli import summary as cli_summary
+from analyzer.cli.richout import clean, echo
 from analyzer.contract.errors import ExitCode, ParityTraceError, Reason
 
+# rich_markup_mode=None: click's plain help, where a flag reads `--debug`, not `--debug <bool>`
+# (typer 0.29's rich panels print a type after every option, flags included)
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Analyse paritytrace run directories or any PyTorch profiler traces.")
+                  rich_markup_mode=None, help="Analyse paritytrace run directories or any PyTorch profiler traces.")
 _state = {"debug": False}
 T = TypeVar("T")
 
@@ -36,7 +39,7 @@ def _run(fn: Callable[[], T]) -> T:
         if problems and exc.reason == Reason.BAD_FOLDER:  # the message joins them all: list instead
             head = f"{exc.path}: {len(problems)} problems, one per line below"
         for line in [head] + [str(p) for p in problems]:
-            typer.echo(f"analyzer: {line}", err=True)
+            echo(f"analyzer: {clean(line, one_line=True)}", err=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         typer.echo("analyzer: interrupted", err=True)
@@ -90,7 +93,7 @@ def main() -> None:
             exc.show()
         else:
             where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
-            typer.echo(f"analyzer: {exc.format_message()}{where}", err=True)
+            echo(f"analyzer: {clean(exc.format_message(), one_line=True)}{where}", err=True)
         sys.exit(ExitCode.BAD_INPUT)
     except typer.Abort:
         typer.echo("analyzer: interrupted", err=True)
@@ -100,8 +103,8 @@ def main() -> None:
     except Exception as exc:  # a bug, not bad input: say so, keep the traceback behind --debug
         if _state["debug"]:
             raise
-        typer.echo(f"analyzer: internal error: {type(exc).__name__}: {exc} "
-                   "(rerun with --debug and report it)", err=True)
+        echo(f"analyzer: internal error: {type(exc).__name__}: {clean(exc, one_line=True)} "
+             "(rerun with --debug and report it)", err=True)
         sys.exit(ExitCode.INTERNAL)
     try:
         sys.stdout.flush()  # a pipe closed after the last write fails here, not in the command

@@ -73,7 +73,7 @@ def said_on_stderr(notes: list[str]) -> Iterator[None]:
 def write_report(root: Path, *, out: Path | None, formats: list[str], options: AnalysisOptions,
                  notes: list[str] | None = None) -> tuple[Report, str]:
     """Analyse ``root`` with ``options`` and write the chosen formats under ``out`` (default
-    ``root/report``). Returns (the report, markdown text). Raises ``BadInput``.
+    ``default_out(root)``). Returns (the report, markdown text). Raises ``BadInput``.
 
     The notes the analysis says on stderr (``said_on_stderr``) are stored with the cached
     report and given again on a cache hit: appended to ``notes`` when a list is passed (the
@@ -85,8 +85,8 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
     if not root.is_dir():
         from analyzer.ingest import rundirs
 
-        rundirs.discover(root)  # raises the one-line BadInput: missing, or a file, not a folder
-    out = out or outpaths.default_report_dir(root)
+        rundirs.discover(root)  # raises the one-line BadInput: missing, or not a trace file
+    out = out or default_out(root)
     outpaths.check_out(out, option="--out", what="the report")
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
     key = cache.key(root, out, options)
@@ -111,7 +111,7 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
         for n in said:
             log.warning("%s", n)
     md = markdown.render(report)
-    texts = {"json": lambda: report_json, "html": lambda: html.render(report, md), "md": lambda: md}
+    texts = {"json": lambda: report_json, "html": lambda: html.render(report, out), "md": lambda: md}
     written = {}
     for f in ("json", "html", "md"):
         if f in formats:
@@ -135,6 +135,23 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
     return report, md
 
 
+def default_out(root: Path) -> Path:
+    """The report folder when ``--out`` is not given: ``DIR/report`` for a folder
+    (``outpaths.default_report_dir``: refused when a symlink or outside DIR), ``FILE.report``
+    beside one trace file (refused when a symlink; a later report of its folder skips it: it
+    holds report files, analyzer/ingest/rundirs.py ``OUTPUT_FILES``)."""
+    from analyzer.cli import outpaths
+    from analyzer.contract.errors import BadInput, Reason
+
+    if not root.is_file():
+        return outpaths.default_report_dir(root)
+    out = root.with_name(root.name + ".report")
+    if out.is_symlink():
+        raise BadInput(out, Reason.UNWRITABLE, "is a symlink; the default report folder of a "
+                       "trace file is never written through one", "remove the link, or pass --out")
+    return out
+
+
 def _remove_stale(out: Path, formats: list[str], written: dict[str, str]
                   ) -> tuple[list[str], list[str]]:
     """Remove ``out/report.{md,json,html}`` of the formats not in ``formats`` when an earlier
@@ -154,16 +171,34 @@ def _remove_stale(out: Path, formats: list[str], written: dict[str, str]
 
 
 def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
-    """(every run passed, one line per run). The reference run counts as a pass; an incomplete
-    run (included only with ``--allow-incomplete``) has no parity to gate: listed as SKIP."""
+    """(every run passed, one line per run and the verdict line). The reference run counts as
+    a pass; an incomplete run (included only with ``--allow-incomplete``) has no parity to
+    gate: listed as SKIP; the verdict then says it was skipped, so it never reads as a pass of
+    that run. A run without numerics (or with a rank or tensor missing from them) is "not
+    verified" -- a failure, never called "not numerically equivalent"."""
     lines, ok = [], True
+    failed, unverified = False, False
     for r in runs:
         passed = r.parity.status in ("pass", "reference")
         ok &= passed or r.incomplete
+        failed |= r.parity.status == "fail" and not r.incomplete
+        unverified |= r.parity.status == "not_recorded" and not r.incomplete
         word = "SKIP" if r.incomplete else "PASS" if passed else "FAIL"
         lines.append(f"{word} {r.name}: {r.parity.status} -- {r.parity.reason}")
+    skipped = [r.name for r in runs if r.incomplete]
     # nothing was gated: an incomplete run alone never passes
-    return ok and not (runs and all(r.incomplete for r in runs)), lines
+    ok = ok and not (runs and len(skipped) == len(runs))
+    tail = (f" ({len(skipped)} incomplete run(s) skipped, not verified: {', '.join(skipped)})"
+            if skipped else "")
+    if ok:
+        lines.append(f"gate: passed{tail}")
+    else:
+        why = ([" at least one run is not numerically equivalent to the baseline"] if failed else []) + (
+            [" at least one run is not verified (no numerics, or a rank or tensor missing "
+             "from them)"] if unverified else []) + (
+            [" every run is incomplete: nothing was verified"] if not failed and not unverified else [])
+        lines.append(f"gate: FAILED --{';'.join(why)}{tail}")
+    return ok, lines
 
 
 def register(app, run) -> None:
@@ -171,8 +206,8 @@ def register(app, run) -> None:
 
     @app.command("report")
     def report_cmd(
-        directory: Annotated[Path, typer.Argument(help="Traces root, one run directory, or a folder of foreign traces.")],
-        out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default DIR/report).")] = None,
+        directory: Annotated[Path, typer.Argument(help="Traces root, one run directory, a folder of foreign traces, or one trace file.")],
+        out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default DIR/report; FILE.report for one trace file).")] = None,
         fmt: Annotated[str, typer.Option("--format", help="Comma-separated: md,json,html.")] = "md,json,html",
         rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
@@ -187,9 +222,13 @@ def register(app, run) -> None:
                                          options=AnalysisOptions(
                                              tolerance=ToleranceOverride(rtol=rtol, atol=atol),
                                              allow_incomplete=allow_incomplete)))
+        from analyzer.cli import richout
+
         for n in notes:  # said by the analysis, or kept with the cached report: said again
-            typer.echo(n, err=True)
-        typer.echo(md)
+            richout.echo(n, err=True)
+        richout.echo(md)
+        richout.echo(f"analyzer: wrote {', '.join(f'report.{f}' for f in FORMATS if f in formats)} "
+                     f"to {out or default_out(directory)}", err=True)
 
     @app.command("gate")
     def gate_cmd(
@@ -199,6 +238,7 @@ def register(app, run) -> None:
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=GATE_ALLOW_INCOMPLETE_HELP)] = False,
     ) -> None:
         """Exit 0 when every run passes the parity gate (the reference counts), 3 otherwise."""
+        from analyzer.cli import richout
         from analyzer.compare import runs
         from analyzer.contract.errors import ExitCode
         from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride
@@ -206,8 +246,6 @@ def register(app, run) -> None:
         ok, lines = run(lambda: gate_lines(runs.gate(directory, AnalysisOptions(
             tolerance=ToleranceOverride(rtol=rtol, atol=atol), allow_incomplete=allow_incomplete))))
         for line in lines:
-            typer.echo(line)
+            richout.echo(line)
         if not ok:
-            typer.echo("gate: FAILED -- at least one run is not numerically equivalent to the baseline")
             raise typer.Exit(ExitCode.GATE_FAILED)
-        typer.echo("gate: passed")

@@ -5,13 +5,38 @@ A terminal keeps its own width. Piped or redirected output (``analyzer summary D
 non-terminal gets ``WIDE_COLUMNS`` unless ``COLUMNS`` says otherwise. Headers break at ``_``
 into words (``exposed_comm_ms`` -> ``exposed / comm / ms``, units kept) and cells fold instead of
 ending in ``…``, so nothing is lost when a terminal is narrow.
+
+Everything the CLIs print goes through here (``console``, ``echo``) and loses its C0/C1 control
+characters (``clean``): a trace's kernel name, a run directory's name or a path could otherwise
+carry ``ESC [ 31 m`` (or the one-byte CSI ``\x9b``) and recolour, move or retitle the user's
+terminal (the "terminal escape injection" class of CVE-2021-25743 and friends). Rich markup is
+off: a ``[bold]`` in a trace name is printed, not applied.
 """
 
 from __future__ import annotations
 
 import enum
 import os
+import re
 import sys
+
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+"""C0 controls but newline, DEL, C1 controls (ECMA-48)."""
+_CONTROL_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def clean(text: object, *, one_line: bool = False) -> str:
+    """``str(text)`` without C0/C1 control characters (a newline kept unless ``one_line``; a
+    tab becomes a space, so columns of words stay apart)."""
+    s = str(text).replace("\t", " ")
+    return (_CONTROL_ONE_LINE if one_line else _CONTROL).sub("", s)
+
+
+def echo(text: object = "", *, err: bool = False) -> None:
+    """``typer.echo`` of ``clean(text)``: every plain line the CLIs print."""
+    import typer
+
+    typer.echo(clean(text), err=err)
 
 
 class Format(str, enum.Enum):
@@ -31,7 +56,14 @@ def console():
     end quietly with 0 (rich's own handler exits 1)."""
     from rich.console import Console
 
-    con = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else WIDE_COLUMNS)
+    class _Clean(Console):
+        """Strings reach the output through ``render_str`` (printed text and table cells)."""
+
+        def render_str(self, text: str, **kwargs):
+            return super().render_str(clean(text), **kwargs)
+
+    con = _Clean(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else WIDE_COLUMNS,
+                 markup=False, highlight=False, emoji=False)
 
     def closed() -> None:
         con.quiet = True
@@ -40,8 +72,23 @@ def console():
     return con
 
 
+def table(title: str):
+    """A ``rich.table.Table`` drawn compactly (a rule under the header, one space between
+    columns, none at the edges), so that a dozen numeric columns fit 80 characters."""
+    from rich import box
+    from rich.table import Table
+
+    return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0))
+
+
 def add_column(table, name: str, *, justify: str = "right", key: bool = False) -> None:
     """Add column ``name`` to ``table``: header broken at ``_`` into words, cells folded when too
     narrow; ``key`` columns (rank, step, kind) never wrap."""
-    table.add_column(name.replace("_", "\n"), justify=justify, no_wrap=key,
-                     overflow="fold")
+    table.add_column(header(name), justify=justify, no_wrap=key, overflow="fold")
+
+
+def header(name: str) -> str:
+    """A column name as a header: words at ``_`` on lines of their own, units as written in
+    the reports (``gbps`` -> ``GB/s``, ``ms`` kept)."""
+    words = ["GB/s" if w == "gbps" else w for w in name.split("_")]
+    return "\n".join(words)

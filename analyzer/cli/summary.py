@@ -70,22 +70,22 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
 def _print_tables(s) -> None:
     from functools import partial
 
-    from rich.table import Table
-
-    from analyzer.cli.richout import add_column, console
+    from analyzer.cli.richout import add_column, console, table
     from reports import fmt
 
     con = console()
     for line in s.headline:
         con.print(line, markup=False, highlight=False, soft_wrap=True)
-    text, ms, pct = partial(fmt.num, spec=""), partial(fmt.ms, spec=".3f"), fmt.pct  # ms: to 1 µs
+    # units in the headers, bare numbers in the cells: 11 columns fit 80 characters
+    text, pct = partial(fmt.num, spec=""), partial(fmt.num, spec=".1f")
+    ms = lambda ns: fmt.num(None if ns is None else ns / 1e6, ".3f")  # noqa: E731 ms to 1 µs
     gbps, pct100 = partial(fmt.num, spec=".3f"), partial(fmt.num, spec=".2f")  # pct100: 0..100
 
     def show(title, df, cols: dict) -> None:
         """A table of ``df``: ``cols`` maps each header to (column, formatter); NaN is missing."""
         if df is None or df.empty:
             return
-        t = Table(title=title)
+        t = table(title)
         for head, (c, _) in cols.items():
             add_column(t, head, justify="left" if c in ("kind", "pg", "explanation") else "right",
                        key=c in ("rank", "step", "kind", "pg", "seq"))
@@ -95,29 +95,30 @@ def _print_tables(s) -> None:
 
     times = ("compute", "comm", "overlap", "exposed_comm", "data_wait", "other", "idle")
     show("Per rank and step", s.breakdown,
-         {"rank": ("rank", text), "step": ("step", text), "step_time": ("step_ns", ms),
-          **{c: (f"{c}_ns", ms) for c in times}, "overlap_of_comm": ("overlap_frac", pct)})
+         {"rank": ("rank", text), "step": ("step", text), "step_ms": ("step_ns", ms),
+          **{f"{c}_ms": (f"{c}_ns", ms) for c in times},
+          "overlap_of_comm_%": ("overlap_frac", lambda f: pct(None if f is None else 100 * f))})
     show("Per collective kind", s.by_kind,
          {"rank": ("rank", text), "kind": ("kind", text), "count": ("count", text),
-          "time": ("time_ns", ms),
+          "time_ms": ("time_ns", ms),
           "bytes": ("bytes", lambda b: fmt.data_bytes(None if b is None or b < 0 else b)),
           "algbw_gbps": ("algbw_gbps", gbps),
           "busbw_gbps": ("busbw_gbps", gbps)})
     if len(s.offsets) > 1:
         show("Clock offsets (aligned time = rank time - offset)",
              s.offsets.astype({"mad_ns": "float64"}),
-             {"rank": ("rank", text), "offset": ("offset_ns", ms), "mad": ("mad_ns", ms),
+             {"rank": ("rank", text), "offset_ms": ("offset_ns", ms), "mad_ms": ("mad_ns", ms),
               "matched": ("n_matched", text)})
     show("Stragglers (last to start a matched collective, aligned clocks)", s.stragglers.head(10),
          {"rank": ("rank", text), "times_last": ("times_last", text),
-          "skew_caused": ("skew_caused_ns", ms)})
+          "skew_caused_ms": ("skew_caused_ns", ms)})
     x = s.cross_rank
     if len(x):  # a collective seen on one rank only has no skew to show
         x = x[x["n_ranks"] > 1]
     show("Cross-rank: largest start skews (aligned clocks)", x.sort_values("start_skew_ns", ascending=False).head(10),
          {**{c: (c, text) for c in ("pg", "seq", "kind", "n_ranks")},
-          "start_skew": ("start_skew_ns", ms), "transfer": ("transfer_ns", ms),
-          "max_wait": ("max_wait_ns", ms), "straggler_rank": ("straggler_rank", text)})
+          "start_skew_ms": ("start_skew_ns", ms), "transfer_ms": ("transfer_ns", ms),
+          "max_wait_ms": ("max_wait_ns", ms), "straggler_rank": ("straggler_rank", text)})
     show("Cross-check with HTA get_comm_comp_overlap (% of communication)", s.crosscheck,
          {"rank": ("rank", text), **{c: (c, pct100) for c in ("hta_overlap_pct", "ours_hta_scope_pct", "ours_step_pct",
                                        "diff_pct")}, "explanation": ("explanation", text)})

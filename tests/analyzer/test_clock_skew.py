@@ -89,7 +89,7 @@ def test_summary_report_and_merge_agree_on_the_offset(job, tmp_path):
 
     table = cli("summary", str(job))
     assert table.returncode == 0, table.stderr
-    assert "3600000.000 ms" in table.stdout  # the offset shown, to 1 µs
+    assert " 3600000.000 " in table.stdout  # the offset shown, to 1 µs (ms in the header)
 
     merged = merge_traces(job, tmp_path / "m.trace.json.gz")
     assert dict(zip(merged.offsets["rank"], merged.offsets["offset_ns"])) == {0: 0, 1: OFFSET_NS}

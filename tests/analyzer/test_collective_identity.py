@@ -200,7 +200,7 @@ def test_report_shows_union_unknown_bytes_dtype_and_group(trace):
     assert ag.bytes == 64 and ag.group_size == 2 and ag.pg_ranks == "[0, 1]"
     assert groups[("send_recv", "", "")].bytes is None
     assert groups[("send_recv", "", "")].group_size is None  # unknown: null in report.json
-    assert "unknown" in text and "| all_gather | 1 | [0, 1] | 2 | BFloat16 |" in text
+    assert "unknown" in text and "| all_gather | 1 | \\[0, 1\\] | 2 | BFloat16 |" in text
     assert r.communication["send_recv"].bytes is None
     assert "0.0 MiB" not in text
 

@@ -179,7 +179,7 @@ def test_wording(tmp_path):
     assert "(source per run below)" not in md
     assert "ddp: steps.parquet: profiled steps, slowest rank's wall time; median and p90 over 2 step(s)" in md
     for text in ("Other = ", "idle = ", "Profiler allocated peak = "):
-        assert text in md and text in html.render(rep, md).replace("&quot;", '"')
+        assert text in md and text in html.render(rep).replace("&quot;", '"')
     # a precision difference is stated once (under Ranking), without Python dict reprs
     write_run(root / "fsdp2", strategy="fsdp2", walls={0: (1, 1), 1: (9 * MS, 8 * MS), 2: (9 * MS, 9 * MS)},
               precision="bf16", device="cpu")
@@ -207,6 +207,7 @@ def test_communication_per_profiled_step_against_the_corpus_readme(tmp_path):
     for v in comm.values():  # every collective lies inside a step: per step x 3 = the total
         assert v.time_ns_per_step * 3 == pytest.approx(v.time_ns)
     md = markdown.render(rep)
-    rows = [ln for ln in md.splitlines() if ln.startswith(f"| {run.name} | all_reduce | 3 |")]
+    rows = [ln for ln in md.splitlines()
+            if ln.startswith(f"| {markdown.escape(run.name)} | all_reduce | 3 |")]
     assert rows and rows[0].split(" | ")[3] == "5"  # calls / step, an integer
     assert "per profiled step" in md

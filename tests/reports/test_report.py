@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from analyzer.cli.app import app
 from analyzer.contract.report_types import CommKind, Interval, Memory, Parity, RunEntry, StepTime, Timeline
 from analyzer.compare.runs import analyse
 from reports import html, markdown
+from tests.inputs import cli, copy_run
 from tests.reports.builders import build_root, write_run
 
 runner = CliRunner()
@@ -127,7 +129,7 @@ def test_html_escapes_every_trace_string(tmp_path):
     rep.runs[1].traces = [f"/tmp/{EVIL}.json.gz"]
     rep.runs[1].timeline = Timeline(rank=0, step=1, step_ns=10, intervals=[
         Interval(lane="comm", kind=EVIL, start_ns=0, end_ns=5)])
-    text = html.render(rep, markdown.render(rep))
+    text = html.render(rep)
     assert "<script" not in text.lower()
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#x27;q" in text
     assert "src=" not in text and "http://" not in text.replace("http://www.w3.org/2000/svg", "")
@@ -167,15 +169,24 @@ def test_committed_fixtures_give_their_documented_answers(tmp_path):
     assert res.exit_code == 3 and "layers.0.attn.weight" in res.output
 
 
-def test_trace_links_are_absolute_file_urls_for_a_relative_folder(tmp_path, monkeypatch):
-    """`analyzer report traces/` (the README's command, relative): each trace link must be a
-    file URL of the absolute path, not file://traces/... (which names a host "traces")."""
+def test_html_links_traces_relative_to_the_report(tmp_path, monkeypatch, ddp_run):
+    """`analyzer report traces/` (the README's command, relative): each trace link is the
+    trace's path relative to the report folder (oracle: the layout, written by hand), percent-
+    encoded, so report and traces move together; before, an absolute file:// URL."""
     from reports import html as html_out
 
     monkeypatch.chdir(tmp_path)
-    url = html_out._file_url("traces/ddp/rank0 #1.trace.json.gz")
-    assert url == (tmp_path / "traces/ddp/rank0 #1.trace.json.gz").as_uri()
-    assert url.startswith("file:///") and url.endswith("/traces/ddp/rank0%20%231.trace.json.gz")
+    href = html_out.trace_href("traces/ddp/rank0 #1.trace.json.gz", Path("traces/report"))
+    assert href == "../ddp/rank0%20%231.trace.json.gz"
+    copy_run(ddp_run, tmp_path / "traces" / "ddp")
+    res = runner.invoke(app, ["report", "traces", "--format", "html"])
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "traces" / "report" / "report.html").read_text()
+    assert 'href="../ddp/rank0.trace.json.gz"' in text and "file:" not in text
+    assert (tmp_path / "traces" / "report" / "../ddp/rank0.trace.json.gz").is_file()
+    for heading in ("Time per rank", "Communication by collective kind", "Memory per rank",
+                    "Recorded settings", "first divergence"):  # report.md's tables, in HTML
+        assert heading in text, heading
 
 
 def test_report_json_keys_and_no_nan(tmp_path):
@@ -202,3 +213,55 @@ def test_report_json_keys_and_no_nan(tmp_path):
                                        data_wait_frac=None, input_bound_steps=0)
     assert figures.step_ns is None and figures.compute_ns is None  # stored as null
     assert "NaN" not in text and "Infinity" not in text
+
+
+HOSTILE_DIR = "r|a\\b\n<script>x<\\script>\x1b[31mred\x9b2Jz"  # no "/": one folder
+HOSTILE_TENSOR = "w|\\\n<script>alert(1)</script>\x1b]0;t\x07\x9b*_[x](y)_`c`"
+
+
+def _tables_keep_their_columns(md: str) -> bool:
+    """Every row of every Markdown table has the header's number of unescaped pipes."""
+    import re
+
+    counts, block = [], []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append(len(re.findall(r"(?<!\\)\|", re.sub(r"\\\\", "", line))))
+        elif block:
+            counts.append(block)
+            block = []
+    return bool(counts) and all(len(set(b)) == 1 for b in counts)
+
+
+def test_hostile_names_are_escaped_in_markdown_and_stripped_on_the_terminal(tmp_path, ddp_run):
+    """A run directory and a tensor named with `|`, `\\`, a newline, `<script>`, ESC sequences
+    and the one-byte CSI 0x9b: report.md keeps every table's columns and shows no tag; nothing
+    printed to the terminal carries a control character (oracle: the characters themselves)."""
+    root = tmp_path / "traces"
+    ms = 1_000_000
+    write_run(root / "single", strategy="single", walls={0: (10 * ms,), 1: (10 * ms,)})
+    write_run(root / HOSTILE_DIR, strategy="ddp", walls={0: (1, 1), 1: (5 * ms, 6 * ms)},
+              grad_diff=1.0, tensor=HOSTILE_TENSOR)
+    out = tmp_path / "r"
+    proc = cli("report", str(root), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    md = (out / "report.md").read_text()
+    for text in (md, proc.stdout, proc.stderr):
+        assert not any(c in text for c in "\x1b\x9b\x07"), repr(text[:300])
+    assert "<script" not in md and "&lt;script&gt;" in md
+    assert _tables_keep_their_columns(md)
+    assert not any(ln.startswith(("&lt;script", "[31m", "red")) for ln in md.splitlines())
+    assert "\\[x\\](y)" in md and "\\`c\\`" in md  # no link, no code span
+    gate = cli("gate", str(root))
+    assert gate.returncode == 3 and not any(c in gate.stdout for c in "\x1b\x9b\x07")
+    # a foreign folder of that name: summary's tables and headline, an error's one line
+    foreign = tmp_path / HOSTILE_DIR
+    foreign.mkdir()
+    for r in (0, 1):
+        shutil.copy(ddp_run / f"rank{r}.trace.json.gz", foreign / f"worker{r}.json.gz")
+    proc = cli("summary", str(foreign))
+    assert proc.returncode == 0 and HOSTILE_DIR.split("\n")[0] in proc.stdout, proc.stderr
+    assert not any(c in proc.stdout + proc.stderr for c in "\x1b\x9b\x07")
+    proc = cli("report", str(tmp_path / "nope\x1b[31m\x9b"))
+    assert proc.returncode == 2 and "\x1b" not in proc.stderr and "\x9b" not in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1

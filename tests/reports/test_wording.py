@@ -28,7 +28,7 @@ def test_loss_divergence_is_named_once(ddp_run, tmp_path):
     md = (out / "report.md").read_text()
     assert "loss loss" not in md + proc.stdout
     want = f"the loss (step {last})"
-    assert f"First divergence: {want}: max |diff| 1" in md  # the verdict: |+1.0| off
+    assert f"First divergence: {want}: max \\|diff\\| 1" in md  # the verdict: |+1.0| off
     assert f"first divergence: {want}: max \\|diff\\| 1 " in md  # the parity table's "why"
     assert f"| {want}: rel L2" in md  # the parity table's "first divergence" cell
     assert "(first divergence in the loss)" in md  # why the ranking is withheld
