@@ -214,12 +214,41 @@ def _divergence(row: pd.Series, kind: str, tol: Tolerance) -> FirstDivergence:
         subject="the loss" if loss else f"{kind} {row['tensor']}")
 
 
-def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet") -> Parity:
+def unverified(numerics: pd.DataFrame, world_size: int | None, *,
+               path: str = "numerics.parquet") -> str | None:
+    """What of the run ``numerics`` (``read_numerics`` output) does not cover, in words, or None.
+
+    Every rank of the tracer writes a row set for every compared tensor (an empty shard gives
+    zero sums, tracer/numerics.py ``tensor_metrics``) and the loss of every recorded step, so a
+    rank in ``range(world_size)`` (the manifest's; None: the ranks present) with no rows, or a
+    (kind, tensor, step) or loss step that lacks a rank, was not checked: a sharded tensor
+    summed over fewer ranks, or a replicated one without its worst rank, is not verified.
+    """
+    present = sorted(set(numerics["rank"].tolist()))
+    expected = list(range(world_size)) if world_size else present
+    gone = [r for r in expected if r not in present]
+    if gone:
+        return f"{path} has no rows of rank(s) {', '.join(map(str, gone))} (world size {world_size})"
+    keys = ["kind", "tensor", "step"]
+    have = numerics[keys + ["rank"]].drop_duplicates().groupby(keys, sort=False)["rank"].agg(set)
+    lacking = [(k, sorted(set(expected) - v)) for k, v in have.items() if set(expected) - v]
+    if not lacking:
+        return None
+    (kind, tensor, step), ranks = lacking[0]
+    what = f"the loss at step {step}" if kind == "loss" else f"{kind} {tensor} (step {step})"
+    more = f" and {len(lacking) - 1} more tensor(s) or step(s)" if len(lacking) > 1 else ""
+    return f"{path} lacks {what} on rank(s) {', '.join(map(str, ranks))}{more}"
+
+
+def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet",
+             world_size: int | None = None) -> Parity:
     """Verdict of a distributed run from its numerics (``read_numerics`` output), with its first
     10 failed tensor checks (the whole tables: ``check_tensors``, ``check_loss``).
 
-    Status ``pass`` when every tensor and every loss step passes; ``fail`` with the first
-    divergence otherwise; ``not_recorded`` when there are no gradient rows or no loss rows.
+    Status ``pass`` when every tensor and every loss step passes on every rank of
+    ``world_size`` (``unverified``); ``fail`` with the first divergence when a check fails;
+    ``not_recorded`` ("not verified") when there are no gradient rows or no loss rows, or when
+    a rank or a tensor of a rank is missing (unverified is not verified).
     """
     tensors = check_tensors(numerics, tol, path=path)
     loss = check_loss(numerics, tol, path=path)
@@ -232,12 +261,18 @@ def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.pa
     if grads.empty or loss.empty:
         return Parity(status="not_recorded", tolerance=tol, failed_checks=checks,
                       reason=f"{path} holds no {'gradient' if grads.empty else 'loss'} rows")
+    gap = unverified(numerics, world_size, path=path)
     first = (_divergence(failed.iloc[0], str(failed.iloc[0]["kind"]), tol) if len(failed) else
              _divergence(bad_loss.iloc[0], "loss", tol) if len(bad_loss) else None)
     reason = (f"first divergence: {first.describe()}; "
               f"{len(failed) + len(bad_loss)} check(s) failed" if first else
               f"all {len(tensors)} tensors and the loss at {len(loss)} step(s) within "
               f"{tol.describe()}")
+    if gap and not first:
+        return Parity(status="not_recorded", tolerance=tol, failed_checks=checks,
+                      reason=f"not verified: {gap}")
+    if gap:
+        reason += f"; not verified: {gap}"
     return Parity(status="fail" if first else "pass", reason=reason, tolerance=tol,
                   first_divergence=first, failed_checks=checks,
                   max_grad_rel_l2=float(grads["rel_l2"].max(skipna=False)),
@@ -275,4 +310,4 @@ def check_run(run_dir: Path | str, manifest: schemas.Manifest | None,
                           reason=f"the baseline's loss is NaN/inf at step {int(bad['step'])}")
         return Parity(status="reference", tolerance=tol,
                       reason="single-device baseline: the reference the others are checked against")
-    return evaluate(numerics, tol, path=str(path))
+    return evaluate(numerics, tol, path=str(path), world_size=manifest.world_size)

@@ -143,6 +143,7 @@ def test_first_divergence_order_activation_seq_then_grad_then_param_then_loss():
 def test_loss_is_the_mean_over_ranks():
     # ranks see 1.0 and 3.0 on their halves; the distributed loss is 2.0
     rows = (tensor_rows(rank=0, kind="grad", tensor="w", seq=0)
+            + tensor_rows(rank=1, kind="grad", tensor="w", seq=0)
             + loss_rows(rank=0, step=0, value=1.0, ref=2.0) + loss_rows(rank=1, step=0, value=3.0, ref=2.0)
             + loss_rows(rank=0, step=1, value=2.0 + 1.25e-5, ref=2.0)
             + loss_rows(rank=1, step=1, value=2.0 + 1.25e-5, ref=2.0))
@@ -163,7 +164,7 @@ def test_rel_l2_is_zero_when_both_are_zero():
 
 def test_check_run_statuses(tmp_path):
     assert parity.check_run(tmp_path, None).status == "not_recorded"
-    m = typed(manifest(run_name="ddp", strategy="ddp"))
+    m = typed(manifest(run_name="ddp", strategy="ddp", world_size=1))
     res = parity.check_run(tmp_path, m)
     assert res.status == "not_recorded" and "numerics.parquet" in res.reason
     write_numerics(tmp_path / "numerics.parquet", clean_loss(ranks=(0,)))
@@ -174,6 +175,47 @@ def test_check_run_statuses(tmp_path):
                    + clean_loss(ranks=(0,)))
     assert parity.check_run(tmp_path, m).status == "fail"
     assert parity.check_run(tmp_path, m, ToleranceOverride(atol=1e-4)).status == "pass"
+
+
+def test_a_rank_missing_from_numerics_fails_the_gate_as_not_verified(tmp_path):
+    # world size 2, rank 1 wrote nothing: the check over rank 0 alone passes, but the run is
+    # unverified (oracle: the rule -- every rank writes every tensor and the loss)
+    m = typed(manifest(run_name="ddp", strategy="ddp", world_size=2))
+    write_numerics(tmp_path / "numerics.parquet",
+                   tensor_rows(rank=0, kind="grad", tensor="w", seq=0) + clean_loss(ranks=(0,)))
+    res = parity.check_run(tmp_path, m)
+    assert res.status == "not_recorded"
+    assert res.reason.startswith("not verified:") and "no rows of rank(s) 1 (world size 2)" in res.reason
+
+
+def test_a_tensor_missing_from_one_rank_fails_the_gate_naming_it():
+    rows = (tensor_rows(rank=0, kind="grad", tensor="w", seq=0)
+            + tensor_rows(rank=1, kind="grad", tensor="w", seq=0)
+            + tensor_rows(rank=0, kind="grad", tensor="b", seq=1) + clean_loss())
+    res = parity.evaluate(frame(rows), FP32, world_size=2)
+    assert res.status == "not_recorded"
+    assert "lacks grad b (step 0) on rank(s) 1" in res.reason
+    # a real divergence stays a failure, the gap said after it
+    bad = [dict(r, value=1.0) if r["metric"] == "max_abs_diff" and r["tensor"] == "w" else r
+           for r in rows]
+    res = parity.evaluate(frame(bad), FP32, world_size=2)
+    assert res.status == "fail" and "not verified: " in res.reason and "grad b" in res.reason
+
+
+def test_gate_says_not_verified_for_a_tensor_missing_from_one_rank(tmp_path, ddp_run):
+    job = copy_run(ddp_run, tmp_path / "ddp")
+    table = pq.read_table(job / "numerics.parquet")
+    df = table.to_pandas()
+    victim = str(df.loc[df["kind"] == "grad", "tensor"].iloc[0])
+    df = df[~((df["rank"] == 1) & (df["kind"] == "grad") & (df["tensor"] == victim))]
+    pq.write_table(pa.Table.from_pandas(df, schema=table.schema, preserve_index=False),
+                   job / "numerics.parquet")
+    refresh_manifest(job)
+    proc = cli("gate", str(job))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert f"lacks grad {victim} (step 0) on rank(s) 1" in proc.stdout
+    assert "not verified" in proc.stdout.splitlines()[-1]
+    assert "not numerically equivalent" not in proc.stdout
 
 
 def test_unreadable_numerics_is_bad_input(tmp_path):
