@@ -13,7 +13,7 @@ def register(app, run) -> None:
 
     @app.command()
     def merge(
-        directory: Annotated[Path, typer.Argument(help="Run directory or folder of per-rank traces.")],
+        directory: Annotated[Path, typer.Argument(help="Run directory, folder of per-rank traces, or one trace file.")],
         out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Merged trace "
                        "(default DIR/merged.trace.json.gz; gzip when it ends in .gz).")] = None,
         steps: Annotated[Optional[str], typer.Option("--steps", help="ProfilerStep numbers to keep: "
@@ -36,8 +36,10 @@ def register(app, run) -> None:
             except ValueError as exc:
                 raise BadInput(directory, Reason.BAD_OPTION, str(exc),
                                "e.g. --steps 3 or --steps 2-4") from None
-            target = out or directory / "merged.trace.json.gz"
-            if directory.is_dir():  # else merge_traces names what is wrong with the input
+            # one trace file: merged beside it (a merged.* file is never read as input)
+            target = out or (directory / "merged.trace.json.gz" if directory.is_dir()
+                             else directory.with_name("merged.trace.json.gz"))
+            if directory.exists():  # else merge_traces names what is wrong with the input
                 outpaths.check_out(target, option="-o", what="the merged trace",
                                    example="merged.trace.json.gz")
             _check_like_report(directory, allow_incomplete)

@@ -86,6 +86,8 @@ def open_kept(run_dir: Path | str) -> KeptRun:
     """
     run_dir = Path(run_dir)
     mpath = run_dir / schemas.MANIFEST_NAME
+    if not run_dir.exists():
+        raise BadInput(run_dir, "missing", "no such file or folder", "check the path")
     if not mpath.is_file():
         raise BadInput(run_dir, "incomplete_run", "has no manifest.json (not a completed run directory)",
                        "pass a run directory written by tracer record")

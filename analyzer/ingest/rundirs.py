@@ -2,13 +2,23 @@
 
 DIR may be (checked in this order):
 
+0. one trace file: a foreign job of one file (as ``summary`` and HTA take);
 1. one run directory: it holds ``manifest.json``;
-2. a traces root: sub-folders holding ``manifest.json`` (one run each; ``report/`` is skipped);
-   a sub-folder with rank traces but no manifest is an incomplete run (the manifest is written
-   last) -- an error unless ``allow_incomplete``, then it is analysed as found, marked
-   ``incomplete`` (README), with a warning; a sub-folder of traces with none of the tracer's
-   other files (``_tracer_written``) is foreign traces, which a root does not take: an error
-   (``foreign_in_root``) whatever ``allow_incomplete`` says, advising to pass that folder alone;
+1b. a run directory whose record did not complete (failed, interrupted, or still running): the
+   ``schemas.RECORDING_NAME`` marker (even beside a manifest: the previous record's, being
+   replaced), or no manifest but the tracer's files (``tracer_written``: baseline files placed before any rank
+   starts, rank traces, per-rank parts) -- an error unless ``allow_incomplete``;
+2. a traces root: sub-folders holding ``manifest.json`` (one run each), or symlinks to run
+   directories (followed, wherever they point: a folder of links is the user's choice of runs;
+   a link to the root or above it is a loop, skipped and named); a sub-folder with the
+   tracer's files but no manifest is an incomplete run -- refused in one line naming them all
+   unless ``allow_incomplete``, then analysed as found, marked ``incomplete`` (README), with a
+   warning; a sub-folder of traces with none of the tracer's files is foreign traces, which a
+   root does not take: an error (``foreign_in_root``) whatever ``allow_incomplete`` says,
+   advising to pass that folder alone. Never read as input: ``analyzer report``'s output
+   folders (``OUTPUT_FILES``, whatever their name; ``report/`` with a manifest is a run),
+   hidden sub-folders (the tracer's staging folder; named), the per-rank tables caches
+   (``*.tables.msgpack``: not a trace suffix) and ``merge``'s outputs (fswalk.py);
 3. a folder of foreign traces: Chrome/Kineto trace files (``*.json``, ``*.json.gz``) and no
    manifest anywhere -- one job whose parity is "not recorded".
 
@@ -33,7 +43,6 @@ log = logging.getLogger(__name__)
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 """Files are hashed in chunks of this size (memory stays flat for large traces)."""
-REPORT_DIR_NAME = "report"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -109,19 +118,43 @@ def trace_files(children: list[Path], *, run_dir: bool, notes: list[str]) -> lis
 
 
 TRACER_FILES = (schemas.NUMERICS_NAME, schemas.STEPS_NAME, schemas.KEPT_NAME,
-                schemas.KEPT_TENSORS_NAME, schemas.MEMORY_DIR)
-"""Files (and the folder) of a run directory besides the manifest and the traces."""
+                schemas.KEPT_TENSORS_NAME, schemas.GOLDEN_NAME, schemas.MEMORY_DIR,
+                ".baseline.activations.safetensors", ".parts")
+"""Files (and folders) of a run directory besides the manifest and the traces: the baseline
+files (``baseline.safetensors``, its hidden activations, ``golden.parquet``) are placed before
+any rank starts (tracer/record.py ``prepare_run_dir``), ``.parts`` holds per-rank tables while
+the record runs (tracer/rundir.py), so a failed or running record always has one of them."""
+
+OUTPUT_FILES = ("report.md", "report.json", "report.html")
+"""What ``analyzer report`` writes into its output folder (analyzer/cli/report.py)."""
 
 
-def _tracer_written(sub: Path, traces: list[Path]) -> bool:
-    """True when the sub-folder ``sub`` of a traces root, which has no manifest, looks like a
-    run directory of ``tracer record`` that did not complete: it holds one of ``TRACER_FILES``
-    (the baseline is written before any rank starts) or a trace named as the tracer names them
-    (``schemas.TRACE_GLOB``). Otherwise its traces are someone else's (foreign)."""
+def tracer_written(folder: Path, children: list[Path] | None = None) -> bool:
+    """True when ``folder``, which is not ``_complete``, is a run directory of ``tracer record``
+    that did not complete (failed, interrupted, or still running): it holds the
+    ``schemas.RECORDING_NAME`` marker or one of ``TRACER_FILES`` (a record places the baseline
+    before any rank starts, so a run dir being recorded has them). With ``children`` (a traces root's sub-folder, listed), a trace named as the tracer
+    names them (``schemas.TRACE_GLOB``) counts too: a root holds run directories only. A folder
+    given directly with such names and nothing else of the tracer is taken as foreign traces
+    (copied traces, or another tool's of the same naming)."""
     from fnmatch import fnmatch
 
-    return (any((sub / n).exists() for n in TRACER_FILES)
-            or any(fnmatch(p.name, schemas.TRACE_GLOB) for p in traces))
+    return (any((folder / n).exists() for n in (*TRACER_FILES, schemas.RECORDING_NAME))
+            or any(fnmatch(p.name, schemas.TRACE_GLOB) for p in children or []))
+
+
+def _complete(folder: Path) -> bool:
+    """True when ``folder`` is a finished record: ``manifest.json`` and no
+    ``schemas.RECORDING_NAME`` marker (tracer record writes the marker before it removes the
+    previous manifest and removes it after the new one, so a manifest beside the marker is
+    a previous record's, being replaced, or one a failed record left)."""
+    return (folder / schemas.MANIFEST_NAME).is_file() and not (folder / schemas.RECORDING_NAME).exists()
+
+
+def _analyzer_output(sub: Path) -> bool:
+    """True when the sub-folder ``sub`` (no manifest) is an output folder of ``analyzer
+    report`` (it holds one of ``OUTPUT_FILES``): the analyzer's own output, never an input."""
+    return any((sub / n).is_file() for n in OUTPUT_FILES)
 
 
 def _read(run_dir: Path) -> RunDir:
@@ -197,8 +230,15 @@ def _order(run: RunDir) -> tuple:
     return (strategies.index(s) if s in strategies else len(strategies), run.name)
 
 
-_INCOMPLETE = ("incomplete run: no manifest.json (the tracer writes it last)",
-               "re-record the run, or pass --allow-incomplete to analyse what is there")
+_NOT_DONE = "the record did not complete (failed, interrupted or still running)"
+_INCOMPLETE_FIX = "re-record the run, or pass --allow-incomplete to analyse what is there"
+
+
+def _why_incomplete(folder: Path) -> str:
+    """Why a tracer run directory is incomplete, in words: the marker or the missing manifest."""
+    if (folder / schemas.RECORDING_NAME).exists():
+        return f"{schemas.RECORDING_NAME} marker present: {_NOT_DONE}"
+    return f"no manifest.json (the tracer writes it last): {_NOT_DONE}"
 
 
 def _existing(root: Path) -> Path:
@@ -207,77 +247,139 @@ def _existing(root: Path) -> Path:
     return root
 
 
-def _is_run_without_manifest(folder: Path) -> bool:
-    return any((folder / n).exists() for n in (schemas.NUMERICS_NAME, schemas.STEPS_NAME))
+def _trace_file(path: Path) -> RunDir:
+    """One file given on its own: a job of one trace (``summary``, ``report``, ``merge`` and HTA
+    take one); the ingest refuses a file that is not a trace, naming it. Raises ``BadInput``
+    for a run directory's ``manifest.json``: its folder is what to pass."""
+    if path.name == schemas.MANIFEST_NAME:
+        raise BadInput(path, "not_a_folder", "is a run directory's manifest, not a trace",
+                       f"pass the run directory that holds it: {path.parent}")
+    return RunDir(path=path, name=path.name, manifest=None, traces=[path])
+
+
+def _subfolders_hint(path: Path, children: list[Path]) -> BadInput | None:
+    """The error for a folder without trace files whose sub-folders hold runs or traces (the
+    commands that take one job): which to pass instead. None when no sub-folder does."""
+    subs = [p for p in children if p.is_dir() and not p.name.startswith(".")
+            and ((p / schemas.MANIFEST_NAME).is_file() or any(_is_trace(q) for q in p.iterdir()))]
+    if not subs:
+        return None
+    shown = ", ".join(p.name for p in subs[:3]) + (", ..." if len(subs) > 3 else "")
+    return BadInput(path, "empty", f"holds no trace files, only sub-folders of traces ({shown})",
+                    f"pass one of them, e.g. {subs[0]}; `analyzer report {path}` takes them all")
 
 
 def find_job(path: Path | str, *, allow_incomplete: bool = False) -> RunDir:
     """The one job at ``path``, for the commands that analyse one job: a trace file (its own
     job of one file), a run directory (``manifest.json`` read and checked as ``discover`` does),
-    a run directory without manifest (refused unless ``allow_incomplete``) or a folder of
-    foreign traces. Raises ``BadInput``; a folder without traces is left to the ingest
-    (analyzer/ingest/pipeline.py ``load_run``), which refuses it."""
+    a run directory without manifest (``tracer_written``: refused unless ``allow_incomplete``)
+    or a folder of foreign traces. Raises ``BadInput``: also for a folder without trace files
+    whose sub-folders hold some (naming what to pass instead); a folder with neither is left
+    to the ingest (analyzer/ingest/pipeline.py ``load_run``), which refuses it."""
     path = _existing(Path(path))
     if path.is_file():
-        return RunDir(path=path, name=path.name, manifest=None, traces=[path])
-    if (path / schemas.MANIFEST_NAME).is_file():
+        return _trace_file(path)
+    if _complete(path):
         return _read(path)
-    incomplete = _is_run_without_manifest(path)
-    if incomplete and not allow_incomplete:
-        raise BadInput(path, "incomplete_run", *_INCOMPLETE)
     children, notes = entries(path)
+    incomplete = tracer_written(path)
+    if incomplete and not allow_incomplete:
+        raise BadInput(path, "incomplete_run", f"incomplete run: {_why_incomplete(path)}",
+                       _INCOMPLETE_FIX)
+    traces = trace_files(children, run_dir=incomplete, notes=notes)
+    hint = None if traces or incomplete else _subfolders_hint(path, children)
+    if hint:
+        raise hint
     return RunDir(path=path, name=path.name, manifest=None, incomplete=incomplete, notes=notes,
-                  traces=trace_files(children, run_dir=incomplete, notes=notes))
+                  traces=traces)
+
+
+def _linked_runs(root: Path, children: list[Path], skipped: list[str]) -> list[Path]:
+    """Symlinks in ``root`` to run directories outside it (a folder of links to runs is the
+    user's choice of runs): appended to ``children`` and their "outside" lines taken out of
+    ``skipped``. A link to ``root`` or a folder above it (a loop) or to anything that is not a
+    run directory stays skipped and named (analyzer/ingest/fswalk.py ``entries``)."""
+    import os
+
+    real_root = Path(os.path.realpath(root))
+    kept = set(children)
+    for link in sorted(p for p in root.iterdir() if p.is_symlink() and p not in kept):
+        target = Path(os.path.realpath(link))
+        if (not target.is_dir() or target == real_root or target in real_root.parents
+                or not (_complete(target) or tracer_written(target))):
+            continue
+        children.append(link)
+        skipped[:] = [s for s in skipped if not s.startswith(f"{link}: ")]
+    return sorted(children)
 
 
 def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
-    """Classify ``root`` and list its runs. Raises ``BadInput`` naming the folder when it is
-    missing, empty of runs and traces, or holds an incomplete run (unless ``allow_incomplete``).
+    """Classify ``root`` and list its runs. ``root`` may also be one trace file (a foreign job
+    of one file). Raises ``BadInput`` naming the folder when it is missing, empty of runs and
+    traces, or holds incomplete runs (one line naming them all, unless ``allow_incomplete``).
+
+    Left out of a traces root: hidden sub-folders (the tracer's staging folder, named in a
+    warning), the output folders of ``analyzer report`` (``OUTPUT_FILES``, whatever their name),
+    and sub-folders with no trace and no tracer file.
     """
     root = _existing(Path(root))
-    if not root.is_dir():
-        raise BadInput(root, "not_a_folder", "is a file, not a folder",
-                       "pass the folder that holds it (a traces root, one run directory or a "
-                       "folder of traces); `analyzer summary` also takes one trace file")
-    if (root / schemas.MANIFEST_NAME).is_file():
+    if root.is_file():
+        return Discovery(root=root, layout="foreign", runs=[_trace_file(root)])
+    if _complete(root):
         return Discovery(root=root, layout="run", runs=[_read(root)])
     children, skipped = entries(root)
-    if _is_run_without_manifest(root):
+    if tracer_written(root):
         if not allow_incomplete:
-            raise BadInput(root, "incomplete_run", *_INCOMPLETE)
+            raise BadInput(root, "incomplete_run", f"incomplete run: {_why_incomplete(root)}",
+                           _INCOMPLETE_FIX)
         # the run is root itself: the walk's notes are the run's (said once, by its analysis)
         return Discovery(root=root, layout="run", runs=[RunDir(
             path=root, name=root.name, manifest=None, incomplete=True, notes=skipped,
             traces=trace_files(children, run_dir=True, notes=skipped))])
+    children = _linked_runs(root, children, skipped)
     warnings: list[str] = list(skipped)
     runs: list[RunDir] = []
     problems: list[BadInput] = []
-    for sub in [p for p in children if p.is_dir() and p.name != REPORT_DIR_NAME]:
-        if (sub / schemas.MANIFEST_NAME).is_file():
+    incomplete: list[Path] = []
+    for sub in [p for p in children if p.is_dir()]:
+        if _complete(sub):
             runs.append(_read(sub))
+            continue
+        if sub.name.startswith("."):
+            warnings.append(f"{sub}: hidden folder (e.g. a staging folder of tracer record); "
+                            "skipped")
+            continue
+        if _analyzer_output(sub):
             continue
         sub_children, notes = entries(sub)
         traces = [p for p in sub_children if _is_trace(p)]
-        if not traces and not (sub / schemas.NUMERICS_NAME).exists():
+        written = tracer_written(sub, sub_children)
+        if not traces and not written:
             continue
-        if not _tracer_written(sub, traces):
+        if not written:
             problems.append(BadInput(
                 sub, "foreign_in_root", "holds profiler traces that `tracer record` did not "
                 "write (no manifest.json and none of the other files of a run directory)",
                 f"a traces root holds run directories only: analyse each folder of foreign "
                 f"traces on its own, e.g. `analyzer report {sub}`"))
             continue
-        msg = "has traces but no manifest.json: the run did not complete"
         if allow_incomplete:  # README: analysed as found, marked incomplete
+            msg = _why_incomplete(sub)
             warnings.append(f"{sub}: {msg}; analysed as found (--allow-incomplete)")
             log.warning("%s: %s; analysed as found", sub, msg)
             runs.append(RunDir(path=sub, name=sub.name, manifest=None, incomplete=True,
                                notes=notes, traces=trace_files(sub_children, run_dir=True,
                                                                notes=notes)))
         else:
-            problems.append(BadInput(sub, "incomplete_run", msg,
-                                     "re-record it, or pass --allow-incomplete to analyse it "
-                                     "as found (marked incomplete, not ranked)"))
+            incomplete.append(sub)
+    if incomplete:  # one line naming every incomplete run, before other problems
+        problems.insert(0, BadInput(
+            incomplete[0] if len(incomplete) == 1 else root, "incomplete_run",
+            f"incomplete run: {_why_incomplete(incomplete[0])}" if len(incomplete) == 1 else
+            f"incomplete runs {', '.join(p.name for p in incomplete)}: {_NOT_DONE} (no "
+            f"manifest.json, or a {schemas.RECORDING_NAME} marker)",
+            "re-record, or pass --allow-incomplete to analyse as found (marked incomplete, "
+            "not ranked, not gated)"))
     if problems:
         first = problems[0]
         raise BadInput(first.path, first.reason, first.message, first.fix, problems=problems[1:])

@@ -304,9 +304,6 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     """
     options = options or MergeOptions()
     root, out = Path(root), Path(out)
-    if root.is_file():
-        raise BadInput(root, "not_a_folder", "is a file, not a folder",
-                       "pass the run directory or folder of traces that holds it")
     run = rundirs.find_job(root, allow_incomplete=options.allow_incomplete)
     _refuse_out_on_input(run, out)
     early = size_warning(run.traces)

@@ -56,6 +56,15 @@ def test_run_dir_being_recorded_is_incomplete_not_foreign(tmp_path, ddp_run):
         bad_input(cli(cmd, str(run)), str(run), "incomplete run")
     proc = cli("summary", str(run), "--allow-incomplete")
     assert proc.returncode == 0, proc.stderr
+    # re-recording a finished run: tracer record's marker beside the previous manifest
+    again = copy_run(ddp_run, tmp_path / "again")
+    (again / ".tracer-recording").write_text("")
+    for cmd in ("report", "gate"):
+        bad_input(cli(cmd, str(again)), str(again), "incomplete run", ".tracer-recording marker")
+    root = tmp_path / "root"
+    copy_run(ddp_run, root / "ddp")
+    (root / "ddp" / ".tracer-recording").write_text("")
+    bad_input(cli("gate", str(root)), str(root / "ddp"), "incomplete run")
 
 
 def test_analyzer_outputs_are_never_read_as_input(tmp_path, ddp_run):

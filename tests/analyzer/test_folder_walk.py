@@ -141,7 +141,7 @@ def test_missing_ranks_are_said_and_the_report_is_not_presented_as_complete(tmp_
     proc = cli("report", str(job), "--out", str(tmp_path / "o"))
     assert proc.returncode == 0
     verdict = proc.stdout.splitlines()[2]
-    assert "Caveat: job: partial: ranks [5] of 8 have no trace" in verdict
+    assert "Caveat: job: partial: ranks \\[5\\] of 8 have no trace" in verdict
 
 
 def test_run_directory_without_manifest(tmp_path, ddp_run):
@@ -193,5 +193,5 @@ def test_root_of_foreign_trace_folders_advises_one_folder_at_a_time(tmp_path):
     inc.mkdir()
     shutil.copy(tb / "nccl__worker0.json", inc / "rank0.trace.json.gz")
     proc = cli("report", str(root))
-    assert f"analyzer: {inc}: has traces but no manifest.json" in proc.stderr
-    assert "re-record it, or pass --allow-incomplete to analyse it as found" in proc.stderr
+    assert f"analyzer: {inc}: incomplete run: no manifest.json" in proc.stderr
+    assert "re-record, or pass --allow-incomplete to analyse as found" in proc.stderr

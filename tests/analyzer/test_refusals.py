@@ -147,9 +147,10 @@ def test_stray_json_next_to_the_traces(tmp_path, ddp_run):  # config.json in the
 
 
 def test_pointing_at_the_manifest_or_a_parquet_file(tmp_path, ddp_run):
-    bad_input(cli("summary", str(ddp_run / "manifest.json")), "manifest.json", "not a Chrome/Kineto trace")
+    for cmd in ("summary", "report", "gate", "merge"):
+        bad_input(cli(cmd, str(ddp_run / "manifest.json")), "manifest.json",
+                  "is a run directory's manifest, not a trace")
     bad_input(cli("summary", str(ddp_run / "steps.parquet")), "steps.parquet")
-    bad_input(cli("report", str(ddp_run / "manifest.json")), "is a file, not a folder")
 
 
 # paths: missing, empty, a file where a folder is needed
@@ -167,13 +168,26 @@ def test_empty_folder(tmp_path):
         bad_input(cli(cmd, str(tmp_path / "empty")), str(tmp_path / "empty"), "no ")
 
 
-def test_single_file_instead_of_folder(tmp_path):
-    f = need(DLRM / "worker0.pt.trace.json.gz")
-    for cmd in ("report", "gate", "merge"):
-        bad_input(cli(cmd, str(f)), "worker0.pt.trace.json.gz", "is a file, not a folder")
-    # summary takes one trace file on purpose (README): rank 0 of the 8 the trace says
+def test_one_trace_file_is_a_job_for_every_command(tmp_path):
+    # as summary and HTA do: rank 0 of the 8 the trace says (corpus README), before refused
+    # by report, gate and merge as "is a file, not a folder"
+    f = tmp_path / "worker0.pt.trace.json.gz"
+    shutil.copy(need(DLRM / "worker0.pt.trace.json.gz"), f)
     proc = cli("summary", str(f))
     assert proc.returncode == 0 and "1 of 8 ranks" in proc.stdout
+    proc = cli("report", str(f))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[-1].endswith(f"to {f}.report")  # says where it wrote
+    assert "partial: ranks \\[1, 2, 3, 4, 5, 6, 7\\] of 8 have no trace" in (
+        tmp_path / "worker0.pt.trace.json.gz.report" / "report.md").read_text()
+    proc = cli("gate", str(f))  # foreign traces carry no numerics: not verified
+    assert proc.returncode == 3 and "not verified" in proc.stdout.splitlines()[-1]
+    assert "not numerically equivalent" not in proc.stdout
+    proc = cli("merge", str(f))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "merged.trace.json.gz").is_file()
+    proc = cli("report", str(tmp_path))  # the folder: the merged trace and FILE.report skipped
+    assert proc.returncode == 0, proc.stderr
 
 
 # ranks of different jobs, ranks beyond the world size

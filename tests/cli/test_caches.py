@@ -22,8 +22,10 @@ def test_cached_report_repeats_the_stderr_notes(ddp_run, fsdp_fault_run, tmp_pat
     args = ("report", str(root), "--allow-incomplete", "--out", str(tmp_path / "rep"))
     cold = cli(*args)
     assert cold.returncode == 0, cold.stderr
-    note = f"{inc}: has traces but no manifest.json: the run did not complete; analysed as found"
-    assert cold.stderr.splitlines() == [note]
+    note = (f"{inc}: no manifest.json (the tracer writes it last): the record did not complete "
+            "(failed, interrupted or still running); analysed as found")
+    assert cold.stderr.splitlines() == [note, f"analyzer: wrote report.md, report.json, "
+                                              f"report.html to {tmp_path / 'rep'}"]
     assert note in cold.stdout  # also a note of the report itself
 
     def no_analysis(*a, **k):
