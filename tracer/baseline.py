@@ -194,7 +194,7 @@ def write_failure(exc: BaseException, folder: Path) -> ValueError | None:
     named is the one the user chose: the hidden staging folder of ``tracer record`` is replaced
     by its parent, the ``--out`` folder.
     """
-    from tracer.record import STAGING_PREFIX
+    from tracer.rundir import STAGING_PREFIX
 
     if folder.name.startswith(STAGING_PREFIX):
         folder = folder.parent

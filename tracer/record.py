@@ -14,11 +14,9 @@ from typing import Any
 
 from analyzer.contract.schemas import STRATEGIES
 from tracer.config import RecordConfig
+from tracer.rundir import STAGING_PREFIX
 
 log = logging.getLogger(__name__)
-
-STAGING_PREFIX = ".tracer-baseline-"
-"""Hidden folder under ``--out`` holding the baseline until each strategy's record starts."""
 
 
 def expand(strategy: str, name: str | None, **options: Any) -> list[RecordConfig]:

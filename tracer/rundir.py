@@ -27,6 +27,9 @@ from analyzer.contract.schemas import (GOLDEN_NAME, KEPT_NAME, KEPT_TENSORS_NAME
                                        MEMORY_DIR, MEMORY_PARQUET_NAME, NUMERICS_NAME, RECORDING_NAME,
                                        REPORT_DIR_NAME, STEPS_NAME, FileEntry, sha256_file)
 
+STAGING_PREFIX = ".tracer-baseline-"
+"""Name prefix of the hidden folder beside the run dirs where ``tracer record`` computes the
+baseline before placing it in each run dir."""
 PARTS_DIR = ".parts"
 """Per-rank partial tables, merged by rank 0 and removed before the manifest is written."""
 

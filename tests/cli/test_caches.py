@@ -67,10 +67,14 @@ def test_readme_cache_locations_and_clearing(ddp_run, tmp_path, monkeypatch):
         user = xdg / "paritytrace"
         assert len(list(user.glob("*.tables.msgpack"))) == 2  # the read-only run's two ranks
         assert not list(user.glob("*.parquet"))  # one cache of trace analyses
-        assert len(list((user / "reports").glob("*.json"))) == 2  # one per report, both runs
+        reports = sorted((user / "reports").glob("*.json"))
+        written = [p for p in reports if p.name.endswith(".written.json")]
+        assert len(reports) - len(written) == 2  # one per report, both runs
+        assert len(written) == 2  # what each report wrote, by SHA-256
         text = README.read_text()
         section = text[text.index("## Caches"):text.index("## Exit codes and errors")]
         for said in ("`<trace>.tables.msgpack` beside", "$XDG_CACHE_HOME/paritytrace/reports/",
+                     ".written.json",
                      "defaults to `~/.cache`"):
             assert said in section, said
         script = re.search(r"```bash\n(.*?)```", section, re.S).group(1)

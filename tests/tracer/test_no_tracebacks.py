@@ -25,7 +25,7 @@ from analyzer.contract import schemas
 from tests.tracer.helpers import REPO, TAG_ENV, TINY, alive_with_tag, run_tracer
 from tracer import baseline
 from tracer.config import MAX_TIMEOUT_S, RecordConfig
-from tracer.record import STAGING_PREFIX
+from tracer.rundir import STAGING_PREFIX
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "tracer"]

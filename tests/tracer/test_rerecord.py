@@ -14,7 +14,7 @@ import pytest
 
 from analyzer.contract import schemas
 from tests.tracer.helpers import REPO, TINY, alive_with_tag, run_tracer
-from tracer.record import STAGING_PREFIX
+from tracer.rundir import STAGING_PREFIX
 
 pytestmark = pytest.mark.slow
 BASELINE = "baseline.safetensors"
