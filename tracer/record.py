@@ -95,10 +95,14 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
 
     from tracer import devices
 
-    device_type = devices.resolve_device_type(configs[0].device, torch.cuda.is_available())
-    configs = [replace(c, device=device_type) for c in configs]
-    if device_type == "cuda":
-        check_gpus(configs, torch.cuda.device_count())
+    try:
+        device_type = devices.resolve_device_type(configs[0].device, torch.cuda.is_available())
+        configs = [replace(c, device=device_type) for c in configs]
+        if device_type == "cuda":
+            check_gpus(configs, torch.cuda.device_count())
+    except ValueError:
+        _release(configs)  # the CLI may have claimed them: a refusal leaves nothing behind
+        raise
     claim_run_dirs(configs)
     try:  # same filesystem as the run dirs, so placing the baseline is a hard link
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=configs[0].run_dir.parent))
@@ -158,7 +162,7 @@ def claim_run_dirs(configs: list[RecordConfig]) -> None:
 def _release(configs: list[RecordConfig]) -> None:
     from tracer.rundir import unlock_run_dir
 
-    for cfg in configs:
+    for cfg in reversed(configs):  # the first run dir's lock made the shared parent folder
         unlock_run_dir(cfg.run_dir)
 
 

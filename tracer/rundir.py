@@ -45,6 +45,8 @@ references, ``atomic_path`` temp files of the tracer's own files (``.tmp-<random
 
 _HELD: dict[str, int] = {}
 """Run dirs (real paths) whose lock this process holds -> the lock file's descriptor."""
+_CREATED: dict[str, list[Path]] = {}
+"""Per locked run dir, the folders ``lock_run_dir`` created for it (deepest first)."""
 
 
 class RunDirBusy(ValueError):
@@ -111,7 +113,9 @@ def lock_run_dir(run_dir: Path) -> None:
     key = os.path.realpath(run_dir)
     if key in _HELD:
         return
+    missing = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
     run_dir.mkdir(parents=True, exist_ok=True)
+    _CREATED[key] = missing  # deepest first: unlock removes them again while they stay empty
     path = run_dir / LOCK_NAME
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -137,10 +141,16 @@ def unlock_run_dir(run_dir: Path) -> None:
     """Release the lock ``lock_run_dir`` took and remove its file (no-op when this process
     does not hold it). The file goes while the lock is held, so whoever opens the path next
     gets a new file (``lock_run_dir`` checks it locked the file the path names)."""
-    fd = _HELD.pop(os.path.realpath(run_dir), None)
+    key = os.path.realpath(run_dir)
+    fd = _HELD.pop(key, None)
     if fd is not None:
         (run_dir / LOCK_NAME).unlink(missing_ok=True)
         os.close(fd)  # closing the only descriptor of the open file drops the flock
+    for d in _CREATED.pop(key, []):  # a refused record leaves no folder it made behind
+        try:
+            d.rmdir()
+        except OSError:  # not empty (the record wrote its run) or gone: keep it
+            break
 
 
 def clear_run_dir(run_dir: Path) -> None:
