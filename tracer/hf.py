@@ -17,8 +17,6 @@ mean over every target token of the rows given (fp32 logits).
 from __future__ import annotations
 
 import os
-from typing import Callable
-
 import torch
 from torch import nn
 
@@ -81,6 +79,3 @@ def llama() -> ModelSpec:
     return ModelSpec(model=tf.LlamaForCausalLM(config), make_batch=make_tokens,
                      loss=causal_lm_loss, units=(LlamaDecoderLayer,))
 
-
-FAMILIES: dict[str, Callable[[], ModelSpec]] = {"gpt2": gpt2, "llama": llama}
-"""``hf:<name>`` factories."""

@@ -29,6 +29,8 @@ from torch import nn
 
 REFERENCE = "reference"
 HF_PREFIX = "hf:"
+HF_FAMILIES = ("gpt2", "llama")
+"""``hf:<name>``: the factory ``name`` of tracer/hf.py."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -83,13 +85,11 @@ _FORMS = "use reference, hf:gpt2, hf:llama, package.module:factory or path/to/fi
 
 def _factory(spec: str) -> Callable[[], Any]:
     """The factory named by ``spec`` (not ``reference``). Raises ``SpecError``."""
-    if spec.startswith(HF_PREFIX):
-        from tracer import hf
-
+    if spec.startswith(HF_PREFIX):  # the factories of tracer/hf.py, by name
         name = spec[len(HF_PREFIX):]
-        if name not in hf.FAMILIES:
-            raise _bad(spec, f"unknown family {name!r}", f"use one of hf:{', hf:'.join(hf.FAMILIES)}")
-        return hf.FAMILIES[name]
+        if name not in HF_FAMILIES:
+            raise _bad(spec, f"unknown family {name!r}", f"use one of hf:{', hf:'.join(HF_FAMILIES)}")
+        return getattr(importlib.import_module("tracer.hf"), name)
     where, sep, attr = spec.rpartition(":")
     if not sep or not where or not attr.isidentifier():
         raise _bad(spec, "not a model spec", _FORMS)
@@ -209,31 +209,6 @@ def check_spec(cfg) -> ModelSpec:
         raise _bad(name, f"the loss is {loss!r}, not a finite scalar tensor",
                    "return a mean over the batch")
     return spec
-
-
-def unit_names(model: nn.Module, spec: ModelSpec) -> list[str]:
-    """FQNs of the modules that become FSDP units, post-order (the root is always one, not listed).
-
-    ``spec.wrap_min_params`` set: ``strategies.fsdp_unit_names`` (the size-based rule);
-    else every instance of a ``spec.units`` class, post-order (children before parents), which
-    is the order ``ModuleWrapPolicy`` wraps in.
-    """
-    if spec.wrap_min_params is not None:
-        from tracer.strategies import fsdp_unit_names
-
-        return fsdp_unit_names(model, spec.wrap_min_params)
-    if not spec.units:
-        return []
-    names: list[str] = []
-
-    def visit(name: str, module: nn.Module) -> None:
-        for child_name, child in module.named_children():
-            visit(f"{name}.{child_name}" if name else child_name, child)
-        if name and isinstance(module, spec.units):
-            names.append(name)
-
-    visit("", model)
-    return names
 
 
 def load_parameters(model: nn.Module, tensors: dict[str, torch.Tensor], prefix: str) -> None:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tracer.config import RecordConfig
-from tracer.modelspec import ModelSpec, unit_names
+from tracer.modelspec import ModelSpec
 from tracer.numerics import clean_fqn
 
 
@@ -51,6 +51,29 @@ def fsdp_unit_names(model: nn.Module, min_params: int) -> list[str]:
     return units
 
 
+def unit_names(model: nn.Module, spec: ModelSpec) -> list[str]:
+    """FQNs of the modules that become FSDP units, post-order (the root is always one, not listed).
+
+    ``spec.wrap_min_params`` set: ``strategies.fsdp_unit_names`` (the size-based rule);
+    else every instance of a ``spec.units`` class, post-order (children before parents), which
+    is the order ``ModuleWrapPolicy`` wraps in.
+    """
+    if spec.wrap_min_params is not None:
+        return fsdp_unit_names(model, spec.wrap_min_params)
+    if not spec.units:
+        return []
+    names: list[str] = []
+
+    def visit(name: str, module: nn.Module) -> None:
+        for child_name, child in module.named_children():
+            visit(f"{name}.{child_name}" if name else child_name, child)
+        if name and isinstance(module, spec.units):
+            names.append(name)
+
+    visit("", model)
+    return names
+
+
 def apply_fsdp(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: ModelSpec) -> nn.Module:
     """FSDP1 (``FullyShardedDataParallel``) with ``use_orig_params``; units from ``spec``:
     ``size_based_auto_wrap_policy`` when ``spec.wrap_min_params`` is set (the reference model),
@@ -82,7 +105,7 @@ def apply_fsdp(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: 
 
 
 def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: ModelSpec) -> nn.Module:
-    """FSDP2: ``fully_shard`` on each unit of ``modelspec.unit_names`` (post-order), then the root.
+    """FSDP2: ``fully_shard`` on each unit of ``unit_names`` (post-order), then the root.
 
     Mesh: 1-D over all ranks on ``device.type`` (a "cpu" mesh works with gloo). Parameters become
     DTensors sharded on dim 0 (``Shard(0)``, torch.chunk semantics). Backward prefetch is FSDP2's

@@ -43,11 +43,11 @@ from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV
 from tracer.manifest import build_manifest, write_manifest
 from tracer.memory import dump_snapshot, start_history
 from tracer.model import precision_context, rank_rows
-from tracer.modelspec import ModelSpec, buffer_names, load_parameters, load_spec, unit_names
+from tracer.modelspec import ModelSpec, buffer_names, load_parameters, load_spec
 from tracer.numerics import ActivationRecorder, NumericsRows, rows_to_table, tensor_metrics
 from tracer.profiling import cuda_sync, make_profiler
 from tracer.rundir import PARTS_DIR, clear_run_dir
-from tracer.strategies import apply_ddp, apply_fsdp, apply_fsdp2, compared_tensors, full_view
+from tracer.strategies import apply_ddp, apply_fsdp, apply_fsdp2, compared_tensors, full_view, unit_names
 
 log = logging.getLogger(__name__)
 
