@@ -113,7 +113,7 @@ def test_bad_spec_cli_exits_2_before_any_worker(tmp_path, spec):
 @pytest.mark.slow
 def test_numerics_on_batchnorm_tied_and_uneven_parameters(tmp_path):
     proc, _ = run_tracer(["--strategy", "fsdp2", "--model", f"{SPECS}:build", "--batch", "4",
-                          "--warmup", "0", "--active", "1", "--out", str(tmp_path)], REPO)
+                          "--warmup", "0", "--active", "1", "--out", str(tmp_path)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "fsdp2"
     manifest = schemas.read_manifest(run / schemas.MANIFEST_NAME)
@@ -152,10 +152,16 @@ def _gate(root) -> tuple[int, str]:
 _RECORD = ["--batch", "4", "--warmup", "0", "--active", "2"]
 
 
+def _where(model: str) -> str:
+    """The example's path from the test's folder (records run there: their temp files stay in it)."""
+    return str(REPO / model) if model.endswith(":build") else model
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", [pytest.param("hf:gpt2", marks=needs_hf), "examples/tiny_lm.py:build"])
 def test_user_model_records_every_strategy_and_passes_the_gate(tmp_path, model):
-    proc, _ = run_tracer(["--strategy", "all", "--model", model, "--out", str(tmp_path)] + _RECORD, REPO)
+    proc, _ = run_tracer(["--strategy", "all", "--model", _where(model), "--out", str(tmp_path)] + _RECORD,
+                         tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     code, text = _gate(tmp_path)
     assert code == 0, text
@@ -175,8 +181,8 @@ CANARIES = [("ddp", "skip-grad-sync"), ("fsdp2", "wrong-grad-scale"), ("fsdp", "
 @pytest.mark.parametrize("model", [pytest.param("hf:gpt2", marks=needs_hf), "examples/tiny_lm.py:build"])
 @pytest.mark.parametrize("strategy,fault", CANARIES)
 def test_fault_canary_fails_the_gate_on_user_model(tmp_path, model, strategy, fault):
-    proc, _ = run_tracer(["--strategy", strategy, "--fault", fault, "--model", model,
-                          "--out", str(tmp_path), "--batch", "4", "--warmup", "0", "--active", "1"], REPO)
+    proc, _ = run_tracer(["--strategy", strategy, "--fault", fault, "--model", _where(model),
+                          "--out", str(tmp_path), "--batch", "4", "--warmup", "0", "--active", "1"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     num = pd.read_parquet(tmp_path / strategy / schemas.NUMERICS_NAME)
     worst = max(tensor_rel_l2(num, "grad").values())
