@@ -1,0 +1,10 @@
+"""paritytrace recorder. ``tracer.ModelSpec`` (tracer/modelspec.py) is its public API for
+``tracer record --model``; it is imported on first use, so ``tracer --help`` does not load torch."""
+
+
+def __getattr__(name: str):
+    if name == "ModelSpec":
+        from tracer.modelspec import ModelSpec
+
+        return ModelSpec
+    raise AttributeError(f"module 'tracer' has no attribute {name!r}")

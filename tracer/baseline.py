@@ -4,8 +4,9 @@ One process runs the model on the whole global batch (same seed, initial weights
 precision policy as the ranks, one torch thread) and writes, into the run directory (never
 pickle; layout and meaning in analyzer/contract/schemas.py, "kept tensors"):
 
-    baseline.safetensors      the kept golden tensors: batch.x, batch.y (the global batch,
-                              [B, S, H] fp32), init.<fqn> (initial parameters), grad.<fqn>
+    baseline.safetensors      the kept golden tensors: batch.x, batch.y (the global batch as
+                              the ModelSpec's make_batch returns it: [B, S, H] fp32 for the
+                              reference model, [B, S] int64 token ids for hf:), init.<fqn> (initial parameters), grad.<fqn>
                               (step-0 gradients, before the optimizer step), param.<fqn>
                               (parameters after the first optimizer step), loss ([steps] fp64)
     kept.parquet              per kept tensor: summary and sha256 of its stored bytes
@@ -43,7 +44,8 @@ from safetensors.torch import load_file, save_file
 from analyzer.contract.atomic import atomic_path
 from analyzer.contract.schemas import GOLDEN_NAME, KEPT_NAME, KEPT_SCHEMA, KEPT_TENSORS_NAME, NUMERICS_SCHEMA, kept_row
 from tracer.config import RecordConfig
-from tracer.model import SimpleTransformer, build_model, loss_fn, make_batch, precision_context
+from tracer.model import precision_context
+from tracer.modelspec import load_parameters, load_spec
 from tracer.numerics import ActivationRecorder, rows_to_table, tensor_metrics
 
 BASELINE_NAME = KEPT_TENSORS_NAME
@@ -51,8 +53,9 @@ ACTIVATIONS_NAME = ".baseline.activations.safetensors"
 """Transient: the ranks' activation references, removed by rank 0 before the manifest."""
 BASELINE_FILES = (BASELINE_NAME, ACTIVATIONS_NAME, KEPT_NAME, GOLDEN_NAME)
 """Every file the baseline process may write into a run directory."""
-_ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.bfloat16: "BF16", torch.float16: "F16"}
-_KEY_FIELDS = ("hidden", "layers", "batch", "seq", "seed", "precision", "lr")
+_ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.bfloat16: "BF16", torch.float16: "F16",
+              torch.int64: "I64", torch.int32: "I32", torch.bool: "BOOL"}
+_KEY_FIELDS = ("model", "hidden", "layers", "batch", "seq", "seed", "precision", "lr")
 
 
 def baseline_key(cfg: RecordConfig, device_type: str) -> dict:
@@ -73,12 +76,12 @@ def compute_baseline(cfg: RecordConfig, device_type: str,
     """
     torch.set_num_threads(1)
     device = torch.device(device_type)
+    spec = load_spec(cfg)  # --model: the same spec as every rank's (tracer/modelspec.py)
+    model = spec.model
     if golden is None:
-        model = build_model(cfg.hidden, cfg.layers, cfg.seed)
-        x, y = make_batch(cfg.batch, cfg.seq, cfg.hidden, cfg.seed)
+        x, y = spec.make_batch(cfg.batch, cfg.seed)
     else:
-        model = SimpleTransformer(cfg.hidden, cfg.layers)
-        model.load_state_dict({k[len("init."):]: v for k, v in golden.items() if k.startswith("init.")})
+        load_parameters(model, golden, "init.")
         x, y = golden["batch.x"].clone(), golden["batch.y"].clone()
     tensors: dict[str, torch.Tensor] = {"batch.x": x, "batch.y": y}
     for name, p in model.named_parameters():
@@ -90,14 +93,14 @@ def compute_baseline(cfg: RecordConfig, device_type: str,
     order: list[str] = []
     for step in range(cfg.total_steps):
         if step == 0:
-            with ActivationRecorder(model) as rec, precision_context(cfg.precision, device_type):
-                loss = loss_fn(model(xd), yd)
+            with ActivationRecorder(model, cfg.batch) as rec, precision_context(cfg.precision, device_type):
+                loss = spec.loss(model(xd), yd)
             for _, name, out in rec.items():
                 tensors[f"act.{name}"] = out.cpu().contiguous()
                 order.append(name)
         else:
             with precision_context(cfg.precision, device_type):
-                loss = loss_fn(model(xd), yd)
+                loss = spec.loss(model(xd), yd)
         loss.backward()
         if step == 0:
             for name, p in model.named_parameters():

@@ -20,7 +20,7 @@ from analyzer.contract.errors import ExitCode
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
-                  help="Record the reference transformer single-device and distributed under torch.profiler.")
+                  help="Record a model (the reference transformer or yours) single-device and distributed under torch.profiler.")
 # click's UsageError (typer may vendor click): the base of every option / usage error.
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
@@ -41,10 +41,13 @@ def record(
     nproc: Annotated[int, typer.Option(help="Ranks for distributed strategies (torchrun: its WORLD_SIZE).")] = 2,
     backend: Annotated[str, typer.Option(help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    hidden: Annotated[int, typer.Option(help="Model width.")] = 256,
-    layers: Annotated[int, typer.Option(help="Transformer layers.")] = 2,
+    model: Annotated[str, typer.Option(
+        help="What to train: reference, hf:gpt2, hf:llama, package.module:factory or "
+             "path/to/file.py:factory (a function returning tracer.ModelSpec).")] = "reference",
+    hidden: Annotated[int, typer.Option(help="Model width (--model reference).")] = 256,
+    layers: Annotated[int, typer.Option(help="Transformer layers (--model reference).")] = 2,
     batch: Annotated[int, typer.Option(help="Global batch (divisible by the world size).")] = 8,
-    seq: Annotated[int, typer.Option(help="Sequence length.")] = 128,
+    seq: Annotated[int, typer.Option(help="Sequence length (--model reference).")] = 128,
     steps: Annotated[Optional[int], typer.Option(help="Total steps (default wait+warmup+active).")] = None,
     wait: Annotated[int, typer.Option(help="Profiler schedule wait (>= 1: step 0 is the numerics step).")] = 1,
     warmup: Annotated[int, typer.Option(help="Profiler schedule warmup.")] = 1,
@@ -79,6 +82,9 @@ def record(
     options = {k: v for k, v in locals().items() if k not in ("strategy", "name")}
     if golden is not None:
         options["golden"] = str(Path(golden).resolve())
+    where, sep, factory = model.rpartition(":")
+    if sep and where.endswith(".py"):  # every process (workers, baseline) finds the same file
+        options["model"] = f"{Path(where).expanduser().resolve()}:{factory}"
     from tracer.record import expand
 
     under_torchrun = "RANK" in os.environ
@@ -93,6 +99,10 @@ def record(
 
             for cfg in configs:
                 check_golden(cfg)
+        if configs[0].model != "reference":  # before any worker: a bad spec is one line, exit 2
+            from tracer.modelspec import check_spec
+
+            check_spec(max(configs, key=lambda c: c.world_size))
         # before torch is imported: a refused folder or a held run dir stops at once
         if under_torchrun:  # rank 0 takes the lock when it clears the run dir (worker.run_rank)
             from tracer.rundir import check_run_dir

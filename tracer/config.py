@@ -55,6 +55,9 @@ class RecordConfig:
     """``gloo``, ``nccl`` or ``auto`` (gloo on CPU, nccl on CUDA)."""
     device: str = "auto"
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
+    model: str = "reference"
+    """What to train (tracer/modelspec.py): ``reference``, ``hf:gpt2``, ``hf:llama``,
+    ``package.module:factory`` or ``path/to/file.py:factory``."""
     hidden: int = 256
     """Model width h; activations are [batch, seq, h]."""
     layers: int = 2
@@ -133,6 +136,12 @@ class RecordConfig:
             raise bad("warmup", self.warmup, "must be >= 0")
         if self.steps is not None and self.steps < self.profiled_until:
             raise bad("steps", self.steps, f"must be >= wait + warmup + active = {self.profiled_until}")
+        if self.model != "reference":
+            for option in ("hidden", "layers", "seq"):
+                if getattr(self, option) != _DEFAULTS[option]:
+                    raise bad(option, getattr(self, option),
+                              f"only for --model reference; --model {self.model} builds its own "
+                              "model and batch (tracer.ModelSpec)")
         if self.batch % self.world_size:
             raise bad("batch", self.batch,
                       f"global batch must divide by the world size {self.world_size}")
@@ -240,3 +249,6 @@ class RecordConfig:
             else:
                 argv += [option, repr(value) if isinstance(value, float) else str(value)]
         return argv
+
+
+_DEFAULTS = {f.name: f.default for f in fields(RecordConfig)}

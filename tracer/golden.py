@@ -78,8 +78,8 @@ def _kept_entry(path: Path, manifest: Manifest) -> FileEntry:
 
 def check_golden(cfg: RecordConfig) -> Manifest:
     """Refuse (``ValueError``, one line naming PATH and what differs) unless ``cfg.golden`` is a
-    completed run directory with kept tensors of this config's model and batch shape (hidden,
-    layers, global batch, sequence length) and seed, which is not the run directory this record
+    completed run directory with kept tensors of this config's model (--model; for the reference
+    model hidden, layers, sequence length), global batch and seed, which is not the run directory this record
     would clear. Returns the golden manifest."""
     path = Path(cfg.golden)
     if path.resolve() == cfg.run_dir.resolve():
@@ -88,9 +88,13 @@ def check_golden(cfg: RecordConfig) -> Manifest:
     m = _golden_manifest(path)
     _kept_entry(path, m)
     _check_readable(path)
-    theirs = {"hidden": m.model.hidden, "layers": m.model.layers, "batch": m.batch.global_batch,
-              "seq": m.batch.seq_len, "seed": m.seed}
-    ours = {"hidden": cfg.hidden, "layers": cfg.layers, "batch": cfg.batch, "seq": cfg.seq, "seed": cfg.seed}
+    theirs = {"model": m.model.spec, "hidden": m.model.hidden, "layers": m.model.layers,
+              "batch": m.batch.global_batch, "seq": m.batch.seq_len, "seed": m.seed}
+    ours = {"model": cfg.model, "hidden": cfg.hidden, "layers": cfg.layers, "batch": cfg.batch,
+            "seq": cfg.seq, "seed": cfg.seed}
+    if cfg.model != "reference":  # hidden / layers / seq are the reference model's options
+        for k in ("hidden", "layers", "seq"):
+            theirs.pop(k), ours.pop(k)
     differ = [k for k in ours if ours[k] != theirs[k]]
     if differ:
         raise ValueError(f"--golden {path}: recorded with "

@@ -61,24 +61,34 @@ def device_info(device: torch.device) -> Device:
 
 def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend: str | None,
                    device: torch.device, launch: Launch, num_params: int,
-                   fsdp_units: list[str]) -> Manifest:
+                   fsdp_units: list[str], spec, model_name: str, buffers: list[str],
+                   batch_x: torch.Tensor) -> Manifest:
     """The run's manifest; ``files`` lists every file already in ``run_dir``.
 
     ``strategy_options`` also carries ``fsdp_units`` (the wrapped module FQNs, additive) for
-    fsdp / fsdp2.
+    fsdp / fsdp2; with a ModelSpec whose units are classes, ``fsdp_unit_classes`` (their names)
+    replaces ``auto_wrap_min_num_params``. ``spec``: the run's ``tracer.ModelSpec``;
+    ``model_name``: its model's class name (before wrapping); ``buffers``: its buffer FQNs; ``batch_x``: the global batch's inputs.
     """
     options = cfg.strategy_options()
     if cfg.strategy in ("fsdp", "fsdp2"):
         options["fsdp_units"] = fsdp_units
+        if spec.wrap_min_params is None:
+            options.pop("auto_wrap_min_num_params", None)
+            options["fsdp_unit_classes"] = [c.__name__ for c in spec.units]
+    reference = cfg.model == "reference"
+    dims = list(batch_x.shape) + [0, 0]
     tol = TOLERANCES[cfg.precision]
     return Manifest(
         schema_version=SCHEMA_VERSION, run_id=uuid.uuid4().hex, run_name=run_dir.name,
         created_utc=datetime.now(timezone.utc).isoformat(), strategy=cfg.strategy,
         strategy_options=options, fault=cfg.fault, precision=cfg.precision, world_size=world_size,
         backend=backend, device=device_info(device), launch=launch, versions=versions(),
-        model=Model(name="SimpleTransformer", hidden=cfg.hidden, layers=cfg.layers, num_params=num_params),
-        batch=Batch(global_batch=cfg.batch, seq_len=cfg.seq, per_rank_batch=cfg.batch // world_size,
-                    hidden=cfg.hidden),
+        model=Model(name=model_name, hidden=cfg.hidden if reference else 0,
+                    layers=cfg.layers if reference else 0, num_params=num_params, spec=cfg.model,
+                    buffers_not_compared=buffers),
+        batch=Batch(global_batch=cfg.batch, seq_len=cfg.seq if reference else dims[1],
+                    per_rank_batch=cfg.batch // world_size, hidden=cfg.hidden if reference else dims[2]),
         seed=cfg.seed, steps=cfg.total_steps,
         profiler=Profiler(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
                           activities=[a.name for a in activities(device.type)],

@@ -96,12 +96,18 @@ class ActivationRecorder:
     """Forward hooks that keep each module's output (detached) at one step.
 
     Keys are clean module FQNs; order = order in which modules finished their forward. The
-    root module and wrapper modules are skipped (their output equals an inner module's).
+    root module and wrapper modules are skipped (their output equals an inner module's). An
+    output is kept when it is a tensor, or a tuple / list whose first element is one (attention
+    blocks return ``(out, weights)``), and its dim 0 has ``batch_rows`` rows: only then do a
+    rank's rows line up with the baseline's rows of that rank (``rank_rows``). Outputs without
+    the batch dimension (``batch_rows`` None: any dim 0) (rotary tables [1, S, D], position embeddings) and model-output objects
+    (dicts: their tensors are some inner module's output) are not compared.
     Use as a context manager around the step's forward.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, batch_rows: int | None = None):
         self.outputs: dict[str, torch.Tensor] = {}
+        self.batch_rows = batch_rows
         self._handles = []
         for name, module in model.named_modules():
             clean = clean_fqn(name)
@@ -111,7 +117,10 @@ class ActivationRecorder:
 
     def _hook(self, name: str):
         def hook(_module, _inputs, output):
-            if isinstance(output, torch.Tensor) and name not in self.outputs:
+            if isinstance(output, (tuple, list)) and output:
+                output = output[0]
+            if (isinstance(output, torch.Tensor) and output.dim() > 0
+                    and self.batch_rows in (None, output.shape[0]) and name not in self.outputs):
                 self.outputs[name] = output.detach().clone()
         return hook
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tracer.config import RecordConfig
+from tracer.modelspec import ModelSpec
 from tracer.numerics import clean_fqn
 
 
@@ -50,8 +51,33 @@ def fsdp_unit_names(model: nn.Module, min_params: int) -> list[str]:
     return units
 
 
-def apply_fsdp(model: nn.Module, cfg: RecordConfig, device: torch.device) -> nn.Module:
-    """FSDP1 (``FullyShardedDataParallel``) with size_based_auto_wrap_policy and ``use_orig_params``.
+def unit_names(model: nn.Module, spec: ModelSpec) -> list[str]:
+    """FQNs of the modules that become FSDP units, post-order (the root is always one, not listed).
+
+    ``spec.wrap_min_params`` set: ``strategies.fsdp_unit_names`` (the size-based rule);
+    else every instance of a ``spec.units`` class, post-order (children before parents), which
+    is the order ``ModuleWrapPolicy`` wraps in.
+    """
+    if spec.wrap_min_params is not None:
+        return fsdp_unit_names(model, spec.wrap_min_params)
+    if not spec.units:
+        return []
+    names: list[str] = []
+
+    def visit(name: str, module: nn.Module) -> None:
+        for child_name, child in module.named_children():
+            visit(f"{name}.{child_name}" if name else child_name, child)
+        if name and isinstance(module, spec.units):
+            names.append(name)
+
+    visit("", model)
+    return names
+
+
+def apply_fsdp(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: ModelSpec) -> nn.Module:
+    """FSDP1 (``FullyShardedDataParallel``) with ``use_orig_params``; units from ``spec``:
+    ``size_based_auto_wrap_policy`` when ``spec.wrap_min_params`` is set (the reference model),
+    else ``ModuleWrapPolicy(spec.units)`` (no policy when there are none: the root only).
 
     ``device_id`` is required on CPU (``torch.device("cpu")``); ``sync_module_states`` and CPU
     offload fail on CPU, so ranks must start from identical weights (they load them from the
@@ -59,14 +85,17 @@ def apply_fsdp(model: nn.Module, cfg: RecordConfig, device: torch.device) -> nn.
     """
     from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
     prefetch = {"pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST,
                 "none": None}[cfg.backward_prefetch]
+    if spec.wrap_min_params is not None:
+        policy = functools.partial(size_based_auto_wrap_policy, min_num_params=spec.wrap_min_params)
+    else:
+        policy = ModuleWrapPolicy(set(spec.units)) if spec.units else None
     return FSDP(
         model,
-        auto_wrap_policy=functools.partial(size_based_auto_wrap_policy,
-                                           min_num_params=cfg.auto_wrap_min_params),
+        auto_wrap_policy=policy,
         sharding_strategy=ShardingStrategy[cfg.sharding_strategy.upper()],
         backward_prefetch=prefetch,
         forward_prefetch=cfg.forward_prefetch,
@@ -75,8 +104,8 @@ def apply_fsdp(model: nn.Module, cfg: RecordConfig, device: torch.device) -> nn.
     )
 
 
-def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device) -> nn.Module:
-    """FSDP2: ``fully_shard`` on each unit of ``fsdp_unit_names`` (post-order), then the root.
+def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: ModelSpec) -> nn.Module:
+    """FSDP2: ``fully_shard`` on each unit of ``unit_names`` (post-order), then the root.
 
     Mesh: 1-D over all ranks on ``device.type`` (a "cpu" mesh works with gloo). Parameters become
     DTensors sharded on dim 0 (``Shard(0)``, torch.chunk semantics). Backward prefetch is FSDP2's
@@ -87,7 +116,7 @@ def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device) -> nn
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     reshard = cfg.resolved_reshard_after_forward
-    units = [model.get_submodule(n) for n in fsdp_unit_names(model, cfg.auto_wrap_min_params)]
+    units = [model.get_submodule(n) for n in unit_names(model, spec)]
     for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)

@@ -42,12 +42,12 @@ from tracer.data import Batches
 from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV
 from tracer.manifest import build_manifest, write_manifest
 from tracer.memory import dump_snapshot, start_history
-from tracer.model import SimpleTransformer, loss_fn, precision_context, rank_rows
+from tracer.model import precision_context, rank_rows
+from tracer.modelspec import ModelSpec, buffer_names, load_parameters, load_spec
 from tracer.numerics import ActivationRecorder, NumericsRows, rows_to_table, tensor_metrics
 from tracer.profiling import cuda_sync, make_profiler
 from tracer.rundir import PARTS_DIR, clear_run_dir
-from tracer.strategies import (apply_ddp, apply_fsdp, apply_fsdp2, compared_tensors, fsdp_unit_names,
-                               full_view)
+from tracer.strategies import apply_ddp, apply_fsdp, apply_fsdp2, compared_tensors, full_view, unit_names
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +179,10 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
             write_baseline_isolated(cfg, device.type, baseline_path)
         dist.barrier()
     base, _order = load_baseline(baseline_path, cfg, device.type)
-    model, num_params, units = build_wrapped_model(cfg, base, env.rank, device)
-    numerics, step_rows, snapshot_table = train(cfg, model, base, env, device, hb)
+    spec = load_spec(cfg)  # --model, re-created from its string in this process
+    buffers, model_name = buffer_names(spec.model), type(spec.model).__name__  # before wrapping
+    model, num_params, units = build_wrapped_model(cfg, spec, base, env.rank, device)
+    numerics, step_rows, snapshot_table = train(cfg, spec, model, base, env, device, hb)
     add_golden_losses(numerics, base)
     hb.beat("write")
     write_rank_outputs(cfg, env.rank, numerics, step_rows, snapshot_table)
@@ -194,19 +196,21 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
                         master_port=int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None)
         manifest = build_manifest(cfg=cfg, run_dir=cfg.run_dir, world_size=env.world_size,
                                   backend=backend, device=device, launch=launch,
-                                  num_params=num_params, fsdp_units=units)
+                                  num_params=num_params, fsdp_units=units, spec=spec,
+                                  model_name=model_name, buffers=buffers, batch_x=base["batch.x"])
         write_manifest(cfg.run_dir, manifest)
     hb.beat("done")
 
 
-def build_wrapped_model(cfg: RecordConfig, base: dict[str, torch.Tensor], rank: int,
+def build_wrapped_model(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
                         device: torch.device) -> tuple[torch.nn.Module, int, list[str]]:
-    """The model with the baseline's initial weights (identical on every rank), the
-    unsynced-init fault applied, wrapped by the strategy. Returns (model, num_params, FSDP units)."""
-    model = SimpleTransformer(cfg.hidden, cfg.layers)
-    model.load_state_dict({k[len("init."):]: v for k, v in base.items() if k.startswith("init.")})
+    """``spec.model`` with the baseline's initial parameters (identical on every rank; buffers
+    as the factory made them), the unsynced-init fault applied, wrapped by the strategy.
+    Returns (model, num_params, FSDP units)."""
+    model = spec.model
+    load_parameters(model, base, "init.")
     num_params = sum(p.numel() for p in model.parameters())
-    units = fsdp_unit_names(model, cfg.auto_wrap_min_params) if cfg.strategy in ("fsdp", "fsdp2") else []
+    units = unit_names(model, spec) if cfg.strategy in ("fsdp", "fsdp2") else []
     unsynced = cfg.fault == "unsynced-init" and rank > 0
     if unsynced and cfg.strategy != "ddp":
         faults.perturb_init(model, cfg.seed, rank)
@@ -214,13 +218,13 @@ def build_wrapped_model(cfg: RecordConfig, base: dict[str, torch.Tensor], rank: 
     if cfg.strategy == "ddp":
         model = apply_ddp(model, device)
     elif cfg.strategy in ("fsdp", "fsdp2"):
-        model = (apply_fsdp if cfg.strategy == "fsdp" else apply_fsdp2)(model, cfg, device)
+        model = (apply_fsdp if cfg.strategy == "fsdp" else apply_fsdp2)(model, cfg, device, spec)
     if unsynced and cfg.strategy == "ddp":  # after DDP's constructor broadcast
         faults.perturb_init(model, cfg.seed, rank)
     return model, num_params, units
 
 
-def train(cfg: RecordConfig, model: torch.nn.Module, base: dict[str, torch.Tensor], env: RankEnv,
+def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict[str, torch.Tensor], env: RankEnv,
           device: torch.device, hb: Heartbeat) -> tuple[NumericsRows, list[dict], pa.Table | None]:
     """Run every step under the profiler on this rank's rows of the fixed batch.
 
@@ -254,10 +258,10 @@ def train(cfg: RecordConfig, model: torch.nn.Module, base: dict[str, torch.Tenso
                 cuda_sync(device)
                 t0 = time.perf_counter_ns()
                 x, y = batches.next()  # --data loader: the fetch is part of the step
-                recorder = ActivationRecorder(model) if step == 0 else None
+                recorder = ActivationRecorder(model, rows.stop - rows.start) if step == 0 else None
                 with faults.grad_sync_context(model, cfg.fault):
                     with torch.profiler.record_function("forward"), precision_context(cfg.precision, device.type):
-                        loss = loss_fn(model(x), y)
+                        loss = spec.loss(model(x), y)
                     if recorder is not None:
                         recorder.__exit__()
                     with torch.profiler.record_function("backward"):
@@ -344,6 +348,8 @@ def record_step0_before_optimizer(cfg, model, recorder, base, numerics: Numerics
     if cfg.strategy == "single":
         return
     for seq, name, out in recorder.items():
+        if f"act.{name}" not in base:  # dim 0 is the rank's row count only by coincidence
+            continue
         ref = base[f"act.{name}"][rows]
         numerics.add_tensor(0, "activation", name, seq, tensor_metrics(out, ref, replicated=False))
     record_compared(cfg, model, base, numerics, "grad", rank, world)

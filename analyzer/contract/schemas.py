@@ -236,14 +236,20 @@ class Versions(msgspec.Struct, kw_only=True):
 
 
 class Model(msgspec.Struct, kw_only=True):
-    name: str  # "SimpleTransformer"
-    hidden: int
-    layers: int
-    num_params: int
+    name: str  # the model's class name ("SimpleTransformer" for --model reference)
+    hidden: int  # --model reference: its width; other specs: 0 (not a parameter of theirs)
+    layers: int  # --model reference: its layer count; other specs: 0
+    num_params: int  # parameters (a tied one once)
+    spec: str = "reference"  # ``tracer record --model`` (absent in older records: reference)
+    buffers_not_compared: list[str] = []
+    """Buffer FQNs (BatchNorm running statistics, rotary tables): not in the numerics, since the
+    optimizer does not train them and each rank updates its own from its rows (README "Your
+    own model"); their effect on the numbers shows in the activations and the loss."""
 
 
 class Batch(msgspec.Struct, kw_only=True):
-    """The input's shape is [global_batch, seq_len, hidden]."""
+    """The input's shape is [global_batch, seq_len, hidden] (reference model); other specs:
+    seq_len and hidden are the inputs' dims 1 and 2, 0 where the inputs have no such dim."""
     global_batch: int
     seq_len: int
     per_rank_batch: int
