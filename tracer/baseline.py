@@ -46,7 +46,9 @@ from analyzer.contract.schemas import GOLDEN_NAME, KEPT_NAME, KEPT_SCHEMA, KEPT_
 from tracer.config import RecordConfig
 from tracer.model import precision_context
 from tracer.modelspec import load_parameters, load_spec
-from tracer.numerics import ActivationRecorder, rows_to_table, tensor_metrics
+from tracer.numerics import ActivationRecorder, clean_fqn, rows_to_table, tensor_metrics
+from tracer.strategies import unit_names
+from tracer.training import MixedPrecisionStep, apply_checkpointing, build_optimizer
 
 BASELINE_NAME = KEPT_TENSORS_NAME
 ACTIVATIONS_NAME = ".baseline.activations.safetensors"
@@ -55,12 +57,14 @@ BASELINE_FILES = (BASELINE_NAME, ACTIVATIONS_NAME, KEPT_NAME, GOLDEN_NAME)
 """Every file the baseline process may write into a run directory."""
 _ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.bfloat16: "BF16", torch.float16: "F16",
               torch.int64: "I64", torch.int32: "I32", torch.bool: "BOOL"}
-_KEY_FIELDS = ("model", "hidden", "layers", "batch", "seq", "seed", "precision", "lr")
+_KEY_FIELDS = ("model", "hidden", "layers", "batch", "seq", "seed", "precision", "optimizer",
+               "mixed_precision", "activation_checkpointing")
 
 
 def baseline_key(cfg: RecordConfig, device_type: str) -> dict:
     """The settings that determine the baseline's numbers (stored in its metadata)."""
     key = {f: getattr(cfg, f) for f in _KEY_FIELDS}
+    key["lr"] = cfg.learning_rate
     key["steps"] = cfg.total_steps
     key["device_type"] = device_type
     return key
@@ -68,7 +72,9 @@ def baseline_key(cfg: RecordConfig, device_type: str) -> dict:
 
 def compute_baseline(cfg: RecordConfig, device_type: str,
                      golden: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Run ``cfg.total_steps`` SGD steps on the global batch; return (tensors, metadata).
+    """Run ``cfg.total_steps`` optimizer steps on the global batch, with the training setup of
+    tracer/training.py (optimizer, mixed precision emulated, activation checkpointing); return
+    (tensors, metadata).
 
     ``golden``: a golden run's kept tensors; its ``batch.*`` and ``init.*`` replace the seeded
     batch and initial weights. Tensors are on CPU, contiguous. Uses one torch thread, as every
@@ -86,35 +92,46 @@ def compute_baseline(cfg: RecordConfig, device_type: str,
     tensors: dict[str, torch.Tensor] = {"batch.x": x, "batch.y": y}
     for name, p in model.named_parameters():
         tensors[f"init.{name}"] = p.detach().clone()
+    if cfg.activation_checkpointing:
+        apply_checkpointing(model, unit_names(model, spec))
     model.to(device)
     xd, yd = x.to(device), y.to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    opt = build_optimizer(cfg, model.parameters())
+    mp = MixedPrecisionStep(model, cfg)
     losses = []
     order: list[str] = []
     for step in range(cfg.total_steps):
+        mp.refresh()
         if step == 0:
-            with ActivationRecorder(model, cfg.batch) as rec, precision_context(cfg.precision, device_type):
-                loss = spec.loss(model(xd), yd)
+            with ActivationRecorder(mp.compute, cfg.batch) as rec, \
+                    precision_context(cfg.precision, device_type):
+                loss = spec.loss(mp.compute(mp.inputs(xd)), yd)
             for _, name, out in rec.items():
                 tensors[f"act.{name}"] = out.cpu().contiguous()
                 order.append(name)
         else:
             with precision_context(cfg.precision, device_type):
-                loss = spec.loss(model(xd), yd)
+                loss = spec.loss(mp.compute(mp.inputs(xd)), yd)
         loss.backward()
+        mp.to_master()
         if step == 0:
-            for name, p in model.named_parameters():
+            for name, p in named_parameters(model):
                 tensors[f"grad.{name}"] = p.grad.detach().cpu().clone()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step == 0:
-            for name, p in model.named_parameters():
+            for name, p in named_parameters(model):
                 tensors[f"param.{name}"] = p.detach().cpu().clone()
         losses.append(float(loss.detach()))
     tensors["loss"] = torch.tensor(losses, dtype=torch.float64)
     meta = {"config": json.dumps(baseline_key(cfg, device_type), sort_keys=True),
             "activation_order": json.dumps(order)}
     return tensors, meta
+
+
+def named_parameters(model: torch.nn.Module):
+    """(clean FQN, parameter): names without the checkpoint wrapper's part."""
+    return ((clean_fqn(n), p) for n, p in model.named_parameters())
 
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], meta: dict[str, str], path: Path) -> None:

@@ -54,7 +54,16 @@ def record(
     active: Annotated[int, typer.Option(help="Profiler schedule active steps.")] = 3,
     seed: Annotated[int, typer.Option(help="Seed of weights and data.")] = 0,
     precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, fp32 master weights).")] = "fp32",
-    lr: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.1,
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate (default: sgd 0.1, adamw 1e-3).")] = None,
+    optimizer: Annotated[str, typer.Option(help="sgd (plain) or adamw (torch defaults but the lr).")] = "sgd",
+    mixed_precision: Annotated[Optional[str], typer.Option(
+        help="PARAM,REDUCE,BUFFER dtypes (fp32, bf16, fp16), e.g. bf16,bf16,bf16: FSDP MixedPrecision, "
+             "emulated in the baseline; ddp takes fp32,REDUCE,fp32.")] = None,
+    activation_checkpointing: Annotated[bool, typer.Option(
+        help="Non-reentrant activation checkpointing of every FSDP unit (baseline and ddp too).")] = False,
+    bucket_cap_mb: Annotated[Optional[float], typer.Option(help="DDP bucket_cap_mb (default 25).")] = None,
+    gradient_as_bucket_view: Annotated[bool, typer.Option(help="DDP gradient_as_bucket_view.")] = False,
+    static_graph: Annotated[bool, typer.Option(help="DDP static_graph.")] = False,
     sharding_strategy: Annotated[str, typer.Option(help="FSDP: full_shard, shard_grad_op, no_shard.")] = "full_shard",
     wrap_min_params: Annotated[Optional[int], typer.Option(
         help="FSDP size_based_auto_wrap_policy min_num_params (default: one layer, 9h^2+8h).")] = None,
@@ -76,10 +85,11 @@ def record(
     data_workers: Annotated[int, typer.Option(help="--data loader: DataLoader worker processes.")] = 0,
     data_sample_cost_ms: Annotated[float, typer.Option(
         help="--data loader: artificial cost per sample, ms (sleep; shows an input-bound run).")] = 0.0,
+    ctx: typer.Context = typer.Option(None, hidden=True),
 ) -> None:
     """Record one strategy (or all four) into OUT/NAME run directories."""
-    # every option but these two is a RecordConfig field of the same name
-    options = {k: v for k, v in locals().items() if k not in ("strategy", "name")}
+    # every option but these three is a RecordConfig field of the same name
+    options = {k: v for k, v in locals().items() if k not in ("strategy", "name", "ctx")}
     if golden is not None:
         options["golden"] = str(Path(golden).resolve())
     where, sep, factory = model.rpartition(":")
@@ -93,6 +103,10 @@ def record(
     if under_torchrun and strategy != "single" and os.environ.get("WORLD_SIZE", "").isdigit():
         options["nproc"] = int(os.environ["WORLD_SIZE"])  # torchrun's world size wins
     try:
+        if strategy != "all":  # an option typed on the command line, even at its default value
+            from tracer.config import check_taken
+
+            check_taken(strategy, [k for k in options if _given(ctx, k)])
         configs = expand(strategy, name, **options)
         if configs[0].golden is not None:
             from tracer.golden import check_golden
@@ -120,6 +134,12 @@ def record(
         worker_main(configs[0])
         return
     _record_here(configs)
+
+
+def _given(ctx: typer.Context, option: str) -> bool:
+    """Whether ``option`` was on the command line (click's parameter source)."""
+    source = ctx.get_parameter_source(option)
+    return source is not None and source.name == "COMMANDLINE"
 
 
 def _record_here(configs) -> None:

@@ -18,6 +18,25 @@ BACKWARD_PREFETCH = ("pre", "post", "none")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 DATA_SOURCES = ("memory", "loader")
+OPTIMIZERS = ("sgd", "adamw")
+DEFAULT_LR = {"sgd": 0.1, "adamw": 1e-3}
+"""``--lr`` when not given: SGD 0.1 (this tool's historical default); AdamW 1e-3 (torch's own)."""
+MP_DTYPES = ("fp32", "bf16", "fp16")
+"""Dtype names of ``--mixed-precision PARAM,REDUCE,BUFFER``."""
+
+# Options only some strategies take (tracer/training.py applies them). A strategy given an
+# option it does not take is refused, never silently ignored. ``single`` is the baseline: it
+# takes what changes the numbers (mixed precision, checkpointing), nothing about sharding or
+# DDP's buckets.
+FSDP_ONLY = ("sharding_strategy", "wrap_min_params", "backward_prefetch", "forward_prefetch",
+             "reshard_after_forward")
+DDP_ONLY = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
+OPTIONS_BY_STRATEGY: dict[str, tuple[str, ...]] = {
+    "single": (),
+    "ddp": DDP_ONLY,
+    "fsdp": FSDP_ONLY,
+    "fsdp2": FSDP_ONLY,
+}
 MAX_TIMEOUT_S = 7 * 24 * 3600
 """Largest ``--timeout``: one week, far above any useful wait and below what the waits it
 drives accept (a poll() timeout is a C int of milliseconds, about 24.8 days: ``subprocess.run``
@@ -33,6 +52,19 @@ FAULTS_BY_STRATEGY: dict[str, tuple[str, ...]] = {
     "fsdp": ("wrong-grad-scale", "unsynced-init"),
     "fsdp2": ("wrong-grad-scale", "unsynced-init"),
 }
+STRATEGY_OPTIONS = FSDP_ONLY + DDP_ONLY
+
+
+def check_taken(strategy: str, given: list[str]) -> None:
+    """Refuse options of ``given`` (field names) that ``strategy`` does not take.
+
+    Raises ``ValueError`` with one line naming the first such option and who takes it.
+    """
+    for option in given:
+        if option in STRATEGY_OPTIONS and option not in OPTIONS_BY_STRATEGY[strategy]:
+            takers = [s for s, o in OPTIONS_BY_STRATEGY.items() if option in o]
+            raise ValueError(f"--{option.replace('_', '-')}: --strategy {strategy} does not take it "
+                             f"(only {', '.join(takers)}); drop it or record {' / '.join(takers)}")
 
 
 def layer_num_params(hidden: int) -> int:
@@ -78,8 +110,22 @@ class RecordConfig:
     """Seed of the initial weights and the synthetic batch."""
     precision: str = "fp32"
     """``fp32`` or ``bf16`` (torch.autocast bf16, fp32 master weights and gradients)."""
-    lr: float = 0.1
-    """Plain SGD learning rate (no momentum)."""
+    lr: float | None = None
+    """Learning rate; default ``DEFAULT_LR[optimizer]`` (``learning_rate``)."""
+    optimizer: str = "sgd"
+    """``sgd`` (plain, no momentum) or ``adamw`` (torch defaults: betas (0.9, 0.999), eps 1e-8,
+    weight_decay 0.01; only the learning rate is ours)."""
+    mixed_precision: str | None = None
+    """``PARAM,REDUCE,BUFFER`` dtypes (fp32, bf16, fp16): FSDP1 ``MixedPrecision``, FSDP2
+    ``MixedPrecisionPolicy``, emulated in the baseline and DDP (tracer/training.py)."""
+    activation_checkpointing: bool = False
+    """Non-reentrant activation checkpointing of every FSDP unit (all strategies, baseline too)."""
+    bucket_cap_mb: float | None = None
+    """DDP gradient bucket size, MiB (DDP's default 25 when None)."""
+    gradient_as_bucket_view: bool = False
+    """DDP ``gradient_as_bucket_view``: gradients are views into the reduction buckets."""
+    static_graph: bool = False
+    """DDP ``static_graph``: the graph is the same every step."""
     sharding_strategy: str = "full_shard"
     """FSDP1 sharding strategy (full_shard, shard_grad_op, no_shard); FSDP2 accepts the first two."""
     wrap_min_params: int | None = None
@@ -145,8 +191,11 @@ class RecordConfig:
         if self.batch % self.world_size:
             raise bad("batch", self.batch,
                       f"global batch must divide by the world size {self.world_size}")
-        if not self.lr > 0:
-            raise bad("lr", self.lr, "must be > 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise bad("optimizer", self.optimizer, f"expected one of {', '.join(OPTIMIZERS)}")
+        if self.lr is not None and not 0 < self.lr < float("inf"):
+            raise bad("lr", self.lr, "must be a finite number > 0")
+        self._check_training_options(bad)
         if self.wrap_min_params is not None and self.wrap_min_params < 1:
             raise bad("wrap-min-params", self.wrap_min_params, "must be a positive integer")
         if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= MAX_TIMEOUT_S):
@@ -182,6 +231,43 @@ class RecordConfig:
             raise bad("golden", repr(self.golden), "must be a run directory")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise bad("name", self.name, "must be a plain directory name")
+
+    def _check_training_options(self, bad) -> None:
+        """--mixed-precision, DDP's options and options a strategy does not take."""
+        if self.bucket_cap_mb is not None and not 0 < self.bucket_cap_mb < float("inf"):
+            raise bad("bucket-cap-mb", self.bucket_cap_mb, "must be a finite number of MiB > 0")
+        check_taken(self.strategy, [o for o in STRATEGY_OPTIONS if self.option_given(o)])
+        if self.mixed_precision is None:
+            return
+        dtypes = self.mixed_precision_dtypes
+        if len(dtypes) != 3 or any(d not in MP_DTYPES for d in dtypes):
+            raise bad("mixed-precision", self.mixed_precision,
+                      f"expected PARAM,REDUCE,BUFFER, each one of {', '.join(MP_DTYPES)} (e.g. bf16,bf16,bf16)")
+        if self.precision != "fp32":
+            raise bad("mixed-precision", self.mixed_precision,
+                      f"one precision policy at a time: drop --precision {self.precision} (autocast)")
+        if self.strategy == "ddp" and (dtypes[0] != "fp32" or dtypes[2] != "fp32"):
+            raise bad("mixed-precision", self.mixed_precision,
+                      "ddp computes in its parameters' dtype (torch has no public DDP parameter "
+                      "mixed precision): use fp32,REDUCE,fp32 (REDUCE via a compression comm hook), "
+                      "--precision bf16 (autocast), or fsdp / fsdp2")
+
+    def option_given(self, option: str) -> bool:
+        """Whether ``option`` differs from its default (what ``to_argv`` would pass on)."""
+        default = next(f.default for f in fields(self) if f.name == option)
+        return getattr(self, option) != default
+
+    @property
+    def mixed_precision_dtypes(self) -> tuple[str, ...]:
+        """``--mixed-precision`` split (PARAM, REDUCE, BUFFER); ("fp32",) * 3 when None."""
+        if self.mixed_precision is None:
+            return ("fp32", "fp32", "fp32")
+        return tuple(d.strip() for d in self.mixed_precision.split(","))
+
+    @property
+    def learning_rate(self) -> float:
+        """``lr``, defaulted by the optimizer (``DEFAULT_LR``)."""
+        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
 
     @property
     def world_size(self) -> int:
@@ -221,7 +307,11 @@ class RecordConfig:
         return self.sharding_strategy == "full_shard"
 
     def strategy_options(self) -> dict[str, Any]:
-        """The manifest's ``strategy_options`` (empty for single / ddp)."""
+        """The manifest's ``strategy_options`` (empty for single)."""
+        if self.strategy == "ddp":
+            return {"bucket_cap_mb": self.bucket_cap_mb if self.bucket_cap_mb is not None else 25.0,
+                    "gradient_as_bucket_view": self.gradient_as_bucket_view,
+                    "static_graph": self.static_graph}
         if self.strategy not in ("fsdp", "fsdp2"):
             return {}
         return {

@@ -11,7 +11,9 @@
 
 Test-only failure injection (not a CLI option): env ``PARITYTRACE_INJECT=<what>@<rank>:<step>``
 with what = raise | hang | sigkill makes that rank raise, sleep forever, or SIGKILL itself at the
-start of that step.
+start of that step; what = keep-grads (rank ``*``: every rank) skips that step's ``zero_grad``,
+so the next step's gradients add to stale ones -- the forgotten-zero_grad bug, which leaves step 0
+(and its gradient and parameter checks) untouched and shows only in later losses.
 """
 
 from __future__ import annotations
@@ -58,15 +60,30 @@ def after_backward(model: nn.Module, fault: str | None, world_size: int) -> None
                 p.grad.div_(world_size)
 
 
-def maybe_inject(rank: int, step: int) -> None:
-    """Apply ``PARITYTRACE_INJECT`` when it names this rank and step (tests only)."""
+def _injection(rank: int, step: int) -> str | None:
+    """What ``PARITYTRACE_INJECT`` injects at this rank and step (rank ``*``: any), else None."""
     spec = os.environ.get(INJECT_ENV)
     if not spec:
-        return
+        return None
     what, _, where = spec.partition("@")
     r, _, s = where.partition(":")
-    if int(r) != rank or int(s) != step:
+    if (r != "*" and int(r) != rank) or int(s) != step:
+        return None
+    return what
+
+
+def injected(what: str, rank: int, step: int) -> bool:
+    """Whether ``PARITYTRACE_INJECT`` asks for ``what`` at this rank and step (tests only)."""
+    return _injection(rank, step) == what
+
+
+def maybe_inject(rank: int, step: int) -> None:
+    """Apply ``PARITYTRACE_INJECT`` when it names this rank and step (tests only); the
+    injections that act elsewhere in the step (``injected``) are left to their place."""
+    what = _injection(rank, step)
+    if what is None or what == "keep-grads":
         return
+    spec = os.environ[INJECT_ENV]
     if what == "raise":
         raise RuntimeError(f"injected failure at step {step}")
     if what == "hang":

@@ -14,11 +14,13 @@ import torch
 
 from analyzer.contract.atomic import write_atomic
 from analyzer.contract.schemas import (MANIFEST_NAME, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES, Baseline, Batch,
-                                       Device, Launch, Manifest, Model, Profiler, Tolerance, Versions)
+                                       Device, Launch, Manifest, Model, Profiler, Tolerance, Training,
+                                       Versions, mixed_precision_tolerance)
 from tracer.config import RecordConfig
 from tracer.data import data_manifest
 from tracer.golden import golden_section
 from tracer.profiling import activities
+from tracer.training import optimizer_manifest
 from tracer.rundir import file_entries, finish_record, holds_lock, unlock_run_dir
 
 
@@ -78,7 +80,9 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
             options["fsdp_unit_classes"] = [c.__name__ for c in spec.units]
     reference = cfg.model == "reference"
     dims = list(batch_x.shape) + [0, 0]
-    tol = TOLERANCES[cfg.precision]
+    tol, source = TOLERANCES[cfg.precision], TOLERANCE_SOURCE
+    if cfg.mixed_precision is not None:
+        tol, source = mixed_precision_tolerance(list(cfg.mixed_precision_dtypes), world_size)
     return Manifest(
         schema_version=SCHEMA_VERSION, run_id=uuid.uuid4().hex, run_name=run_dir.name,
         created_utc=datetime.now(timezone.utc).isoformat(), strategy=cfg.strategy,
@@ -93,19 +97,28 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
         profiler=Profiler(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
                           activities=[a.name for a in activities(device.type)],
                           record_shapes=True, profile_memory=True),
-        tolerance=Tolerance(rtol=tol["rtol"], atol=tol["atol"], source=TOLERANCE_SOURCE),
+        tolerance=Tolerance(rtol=tol["rtol"], atol=tol["atol"], source=source),
         baseline=Baseline(
             kind="separate-process", file="baseline.safetensors",
             description=("one process, whole global batch, same seed, initial weights, data and "
-                         f"precision policy ({precision_policy(cfg.precision)}), one torch thread, "
-                         "plain SGD; computed before the ranks start, outside their processes")),
+                         f"precision policy ({precision_policy(cfg)}), one torch thread, "
+                         f"optimizer {cfg.optimizer}"
+                         f"{', activation checkpointing' if cfg.activation_checkpointing else ''}; "
+                         "computed before the ranks start, outside their processes")),
         files=file_entries(run_dir), data=data_manifest(cfg, device.type),
-        keep_tensors=cfg.keep_tensors, golden=golden_section(cfg, run_dir))
+        keep_tensors=cfg.keep_tensors, golden=golden_section(cfg, run_dir),
+        training=Training(optimizer=optimizer_manifest(cfg),
+                          mixed_precision=list(cfg.mixed_precision_dtypes) if cfg.mixed_precision else None,
+                          activation_checkpointing=cfg.activation_checkpointing))
 
 
-def precision_policy(precision: str) -> str:
+def precision_policy(cfg: RecordConfig) -> str:
     """One-line description of the precision policy."""
-    if precision == "bf16":
+    if cfg.mixed_precision is not None:
+        param, reduce, buffer = cfg.mixed_precision_dtypes
+        return (f"mixed precision: {param} parameters in forward and backward, gradients reduced "
+                f"in {reduce}, {buffer} buffers, fp32 master weights (FSDP MixedPrecision, emulated)")
+    if cfg.precision == "bf16":
         return "torch.autocast bf16 forward and loss, fp32 master weights, gradients and reduction"
     return "fp32 throughout"
 

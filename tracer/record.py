@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.contract.schemas import STRATEGIES
-from tracer.config import RecordConfig
+from tracer.config import OPTIONS_BY_STRATEGY, STRATEGY_OPTIONS, RecordConfig
 from tracer.rundir import STAGING_PREFIX
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 def expand(strategy: str, name: str | None, **options: Any) -> list[RecordConfig]:
     """Configs for ``strategy`` (``all`` -> single, ddp, fsdp, fsdp2; with ``name`` the run dirs
-    are ``<name>-<strategy>``). A fault applies to the distributed strategies only.
+    are ``<name>-<strategy>``). A fault applies to the distributed strategies only, and each
+strategy gets only the strategy options it takes (config.OPTIONS_BY_STRATEGY).
 
     Raises ``ValueError`` naming the bad option.
     """
@@ -32,6 +33,9 @@ def expand(strategy: str, name: str | None, **options: Any) -> list[RecordConfig
         opts = dict(options)
         if s == "single":
             opts["fault"] = None
+        for option in STRATEGY_OPTIONS:  # each strategy of "all" gets only the options it takes
+            if option not in OPTIONS_BY_STRATEGY[s]:
+                opts.pop(option, None)
         configs.append(RecordConfig(strategy=s, name=f"{name}-{s}" if name else None, **opts))
     return configs
 

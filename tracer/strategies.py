@@ -20,12 +20,23 @@ from tracer.modelspec import ModelSpec
 from tracer.numerics import clean_fqn
 
 
-def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
-    """DistributedDataParallel; on CUDA pinned to ``device``. DDP broadcasts rank 0's weights."""
+def apply_ddp(model: nn.Module, cfg: RecordConfig, device: torch.device) -> nn.Module:
+    """DistributedDataParallel; on CUDA pinned to ``device``. DDP broadcasts rank 0's weights.
+
+    ``--bucket-cap-mb`` (DDP's default 25 MiB when None), ``--gradient-as-bucket-view``,
+    ``--static-graph`` are DDP's constructor arguments; ``--mixed-precision fp32,REDUCE,fp32``
+    registers a compression comm hook (``training.ddp_comm_hook``).
+    """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from tracer.training import ddp_comm_hook
+
     ids = [device.index] if device.type == "cuda" else None
-    return DDP(model, device_ids=ids)
+    extra = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
+    ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+              static_graph=cfg.static_graph, **extra)
+    ddp_comm_hook(ddp, cfg)
+    return ddp
 
 
 def fsdp_unit_names(model: nn.Module, min_params: int) -> list[str]:
@@ -93,6 +104,14 @@ def apply_fsdp(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: 
         policy = functools.partial(size_based_auto_wrap_policy, min_num_params=spec.wrap_min_params)
     else:
         policy = ModuleWrapPolicy(set(spec.units)) if spec.units else None
+    mixed = None
+    if cfg.mixed_precision is not None:
+        from torch.distributed.fsdp import MixedPrecision
+
+        from tracer.training import mp_dtypes
+
+        param, reduce, buffer = mp_dtypes(cfg)
+        mixed = MixedPrecision(param_dtype=param, reduce_dtype=reduce, buffer_dtype=buffer)
     return FSDP(
         model,
         auto_wrap_policy=policy,
@@ -101,12 +120,15 @@ def apply_fsdp(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: 
         forward_prefetch=cfg.forward_prefetch,
         device_id=device,
         use_orig_params=True,
+        mixed_precision=mixed,
     )
 
 
 def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: ModelSpec) -> nn.Module:
     """FSDP2: ``fully_shard`` on each unit of ``unit_names`` (post-order), then the root.
 
+    ``--mixed-precision``: ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` on every
+    ``fully_shard``; buffers cast to BUFFER once before (FSDP2 does not manage buffers).
     Mesh: 1-D over all ranks on ``device.type`` (a "cpu" mesh works with gloo). Parameters become
     DTensors sharded on dim 0 (``Shard(0)``, torch.chunk semantics). Backward prefetch is FSDP2's
     implicit one; ``forward_prefetch`` sets each unit to prefetch the next one explicitly.
@@ -116,10 +138,20 @@ def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device, spec:
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     reshard = cfg.resolved_reshard_after_forward
-    units = [model.get_submodule(n) for n in unit_names(model, spec)]
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard}
+    if cfg.mixed_precision is not None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        from tracer.training import cast_buffers, mp_dtypes
+
+        param, reduce, _ = mp_dtypes(cfg)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
+        cast_buffers(model, cfg)  # FSDP2 has no buffer dtype (tracer/training.py)
+    # clean_fqn: with --activation-checkpointing (applied before) the unit is its checkpoint wrapper
+    units = [model.get_submodule(clean_fqn(n)) for n in unit_names(model, spec)]
     for unit in units:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
     if cfg.forward_prefetch:
         for unit, nxt in zip(units, units[1:]):
             unit.set_modules_to_forward_prefetch([nxt])

@@ -48,6 +48,7 @@ from tracer.numerics import ActivationRecorder, NumericsRows, rows_to_table, ten
 from tracer.profiling import cuda_sync, make_profiler
 from tracer.rundir import PARTS_DIR, clear_run_dir
 from tracer.strategies import apply_ddp, apply_fsdp, apply_fsdp2, compared_tensors, full_view, unit_names
+from tracer.training import apply_checkpointing, build_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -215,10 +216,15 @@ def build_wrapped_model(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torc
     if unsynced and cfg.strategy != "ddp":
         faults.perturb_init(model, cfg.seed, rank)
     model.to(device)
+    checkpointed = units if units else unit_names(model, spec)  # the FSDP units of any strategy
+    if cfg.activation_checkpointing and cfg.strategy != "fsdp":  # FSDP1: inside its units, below
+        apply_checkpointing(model, checkpointed)
     if cfg.strategy == "ddp":
-        model = apply_ddp(model, device)
+        model = apply_ddp(model, cfg, device)
     elif cfg.strategy in ("fsdp", "fsdp2"):
         model = (apply_fsdp if cfg.strategy == "fsdp" else apply_fsdp2)(model, cfg, device, spec)
+    if cfg.activation_checkpointing and cfg.strategy == "fsdp":
+        apply_checkpointing(model, checkpointed)
     if unsynced and cfg.strategy == "ddp":  # after DDP's constructor broadcast
         faults.perturb_init(model, cfg.seed, rank)
     return model, num_params, units
@@ -235,7 +241,7 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
     (numerics rows, steps rows, CUDA snapshot table or None).
     """
     rank, world = env.rank, env.world_size
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    opt = build_optimizer(cfg, model.parameters())
     rows = rank_rows(cfg.batch, world, rank)
     batches = Batches(cfg, base["batch.x"], base["batch.y"], rank=rank, world_size=world,
                       device=device)
@@ -273,7 +279,8 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
                     numerics_ns += time.perf_counter_ns() - t_num
                 with torch.profiler.record_function("optimizer"):
                     opt.step()
-                    opt.zero_grad(set_to_none=True)
+                    if not faults.injected("keep-grads", rank, step):
+                        opt.zero_grad(set_to_none=True)
                 if step == 0:
                     t_num = time.perf_counter_ns()
                     record_compared(cfg, model, base, numerics, "param", rank, world)

@@ -15,13 +15,17 @@ Rule (README "Parity"; contract in ``analyzer/contract/schemas.py``):
    ``torch.testing.assert_close``'s elementwise ``|x - r| <= atol + rtol * |r|``: whenever every
    element passes assert_close, ``max |x - r| <= atol + rtol * max |r|`` holds too, so this rule is
    never stricter than torch's.
-4. Loss at each recorded step: the distributed loss is the mean over ranks of ``value`` (the ranks'
-   slices are equal); it passes iff finite and ``|loss - ref| <= atol + rtol * |ref|``.
+4. Loss at each recorded step k: the distributed loss is the mean over ranks of ``value`` (the
+   ranks' slices are equal); it passes iff finite and ``|loss - ref| <= (k + 1) * (atol + rtol *
+   |ref|)``, the divergence envelope (``schemas.loss_envelope``: each step may add one step's
+   rounding). With AdamW the parameters after the first step get ``schemas.adam_first_step_bound``
+   on top of their limit.
 5. First divergence, in this order: activations by forward order (``seq``), gradients by
    parameter order, parameters after the first optimizer step, then the loss by step.
 
 Tolerances: ``schemas.TOLERANCES`` by the manifest's precision (torch.testing.assert_close
-defaults), overridable by the user; every output states them with their source.
+defaults), or ``schemas.mixed_precision_tolerance`` for a ``--mixed-precision`` record,
+overridable by the user; every output states them with their source.
 """
 
 from __future__ import annotations
@@ -45,15 +49,21 @@ _SUM_METRICS = ("numel", "sq_sum", "ref_sq_sum", "diff_sq_sum", "nonfinite")
 _MAX_METRICS = ("max_abs_diff", "max_abs_ref")
 
 
-def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | None = None) -> Tolerance:
-    """Tolerance for ``precision`` from ``schemas.TOLERANCES``, with optional user overrides.
+def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | None = None,
+                  mixed_precision: list[str] | None = None, world_size: int = 1) -> Tolerance:
+    """Tolerance for ``precision`` from ``schemas.TOLERANCES`` -- or, for a record with
+    ``--mixed-precision`` dtypes ``mixed_precision`` on ``world_size`` ranks,
+    ``schemas.mixed_precision_tolerance`` -- with optional user overrides.
 
-    Raises ``ValueError`` for an unknown precision or a negative / non-finite override.
+    Raises ``ValueError`` for an unknown precision or dtype, or a negative / non-finite override.
     """
     if precision not in schemas.TOLERANCES:
         raise ValueError(f"unknown precision {precision!r}; expected one of {schemas.PRECISIONS}")
     base = schemas.TOLERANCES[precision]
     source = schemas.TOLERANCE_SOURCE.replace("the dtype", precision)
+    if mixed_precision:
+        base, source = schemas.mixed_precision_tolerance(mixed_precision, world_size)
+        precision = "mixed " + ",".join(mixed_precision)
     overridden = [n for n, v in (("rtol", rtol), ("atol", atol)) if v is not None]
     if overridden:
         source = f"{' and '.join(overridden)} set by the user; otherwise {source}"
@@ -112,8 +122,13 @@ def _rel_l2(diff_sq: pd.Series, ref_sq: pd.Series) -> pd.Series:
     return pd.Series(out, index=diff_sq.index)
 
 
-def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet") -> pd.DataFrame:
+def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet",
+                  adam: tuple[float, float] | None = None) -> pd.DataFrame:
     """Reduce tensor metrics across ranks and check each tensor against ``tol``.
+
+    ``adam``: (lr, eps) of a record with ``--optimizer adamw``: the limit of each parameter after
+    the first step grows by ``schemas.adam_first_step_bound(lr, eps, d)``, d = the same
+    tensor's step-0 gradient max_abs_diff (README "Parity", AdamW).
 
     ``numerics`` is ``read_numerics`` output. Returns one row per (kind, tensor, step), sorted in
     first-divergence order, with columns: kind, tensor, seq, step, reduction ("sharded" |
@@ -161,6 +176,12 @@ def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numeri
     out = pd.DataFrame(out_rows)
     out["rel_l2"] = _rel_l2(out["diff_sq_sum"], out["ref_sq_sum"])
     out["limit"] = tol.atol + tol.rtol * out["max_abs_ref"]
+    if adam is not None:
+        grad_diff = out[(out["kind"] == "grad") & (out["step"] == 0)].set_index("tensor")["max_abs_diff"]
+        first = (out["kind"] == "param") & (out["step"] == 0)
+        # a parameter without a gradient row: the bound at its worst (2 lr), nothing assumed
+        d = out.loc[first, "tensor"].map(grad_diff).fillna(math.inf)
+        out.loc[first, "limit"] += [schemas.adam_first_step_bound(adam[0], adam[1], x) for x in d]
     metrics = out[["max_abs_diff", "diff_sq_sum", "max_abs_ref"]].to_numpy(float)
     out["finite"] = ~out["_bad_any"] & np.isfinite(metrics).all(axis=1) & (out["nonfinite"] == 0)
     out["passed"] = out["finite"] & (out["max_abs_diff"] <= out["limit"])
@@ -170,11 +191,12 @@ def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numeri
 
 
 def check_loss(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet") -> pd.DataFrame:
-    """Check the distributed loss at each recorded step.
+    """Check the distributed loss at each recorded step against the divergence envelope.
 
     Returns one row per step: step, n_ranks, loss (mean over ranks of ``value``), ref (the
     baseline's ``ref_value``, lowest rank's), abs_diff, rel_diff (``abs_diff / |ref|``; 0 when
-    both are 0, inf when only ref is 0), limit (``atol + rtol * |ref|``), passed (bool).
+    both are 0, inf when only ref is 0), limit (``schemas.loss_envelope``: ``(step + 1) * (atol
+    + rtol * |ref|)``, growing with the step, README "Parity"), passed (bool).
     Raises ``BadInput`` when a step lacks ``value`` or ``ref_value``.
     """
     rows = numerics[numerics["kind"] == "loss"]
@@ -195,7 +217,7 @@ def check_loss(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.
             rel = 0.0
         else:
             rel = diff / abs(ref) if ref != 0 else math.inf
-        limit = tol.atol + tol.rtol * abs(ref)
+        limit = schemas.loss_envelope(int(step), ref, tol.rtol, tol.atol)
         ok = math.isfinite(loss) and math.isfinite(ref) and diff <= limit
         out.append({"step": int(step), "n_ranks": int(values["rank"].nunique()), "loss": loss,
                     "ref": ref, "abs_diff": diff, "rel_diff": rel, "limit": limit, "passed": ok})
@@ -241,7 +263,7 @@ def unverified(numerics: pd.DataFrame, world_size: int | None, *,
 
 
 def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet",
-             world_size: int | None = None) -> Parity:
+             world_size: int | None = None, adam: tuple[float, float] | None = None) -> Parity:
     """Verdict of a distributed run from its numerics (``read_numerics`` output), with its first
     10 failed tensor checks (the whole tables: ``check_tensors``, ``check_loss``).
 
@@ -250,7 +272,7 @@ def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.pa
     ``not_recorded`` ("not verified") when there are no gradient rows or no loss rows, or when
     a rank or a tensor of a rank is missing (unverified is not verified).
     """
-    tensors = check_tensors(numerics, tol, path=path)
+    tensors = check_tensors(numerics, tol, path=path, adam=adam)
     loss = check_loss(numerics, tol, path=path)
     failed = tensors[~tensors["passed"].astype(bool)]
     bad_loss = loss[~loss["passed"].astype(bool)]
@@ -293,7 +315,10 @@ def check_run(run_dir: Path | str, manifest: schemas.Manifest | None,
         return Parity(status="not_recorded",
                       reason="no manifest: foreign traces carry no numerics to check")
     try:
-        tol = tolerance_for(manifest.precision, rtol=override.rtol, atol=override.atol)
+        training = manifest.training
+        tol = tolerance_for(manifest.precision, rtol=override.rtol, atol=override.atol,
+                            mixed_precision=training.mixed_precision if training else None,
+                            world_size=manifest.world_size)
     except ValueError as exc:
         raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_run_file", str(exc),
                        "re-record the run") from None
@@ -310,4 +335,13 @@ def check_run(run_dir: Path | str, manifest: schemas.Manifest | None,
                           reason=f"the baseline's loss is NaN/inf at step {int(bad['step'])}")
         return Parity(status="reference", tolerance=tol,
                       reason="single-device baseline: the reference the others are checked against")
-    return evaluate(numerics, tol, path=str(path), world_size=manifest.world_size)
+    return evaluate(numerics, tol, path=str(path), world_size=manifest.world_size,
+                    adam=adam_settings(manifest))
+
+
+def adam_settings(manifest: schemas.Manifest) -> tuple[float, float] | None:
+    """(lr, eps) of a record with ``--optimizer adamw`` (manifest ``training.optimizer``), else None."""
+    opt = manifest.training.optimizer if manifest.training else {}
+    if opt.get("name") != "adamw":
+        return None
+    return float(opt["lr"]), float(opt["eps"])

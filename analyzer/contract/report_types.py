@@ -135,8 +135,10 @@ class FirstDivergence(_Figures, kw_only=True):
         where = f"{self.subject} (step {self.step})"
         if (self.nonfinite or 0) > 0 or None in (self.max_abs_diff, self.rel_l2, self.limit):
             return f"{where} has NaN/inf values"
-        terms = (f" (atol {self.tolerance.atol:.3g} + rtol {self.tolerance.rtol:.3g} x max |ref|)"
-                 if limit_terms else "")
+        terms = f"atol {self.tolerance.atol:.3g} + rtol {self.tolerance.rtol:.3g} x max |ref|"
+        if self.kind == "loss":  # the divergence envelope (schemas.loss_envelope)
+            terms = f"{self.step + 1} x (atol {self.tolerance.atol:.3g} + rtol {self.tolerance.rtol:.3g} x |ref|)"
+        terms = f" ({terms})" if limit_terms else ""
         return (f"{where}: max |diff| {self.max_abs_diff:.3g} > limit {self.limit:.3g}{terms}, "
                 f"rel L2 {self.rel_l2:.3g}")
 

@@ -310,6 +310,15 @@ class Golden(msgspec.Struct, kw_only=True):
     init_sha256_equal: bool
 
 
+class Training(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The training setup (issue 18; tracer/training.py), the same for the baseline and the ranks."""
+    optimizer: dict[str, Any]
+    """{name: "sgd" | "adamw", lr, weight_decay, and for adamw betas, eps; for sgd momentum}."""
+    mixed_precision: list[str] | None = None
+    """[PARAM, REDUCE, BUFFER] dtype names ("fp32", "bf16", "fp16"), None without the option."""
+    activation_checkpointing: bool = False
+
+
 class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     """``manifest.json``, written last (atomically) by global rank 0."""
     schema_version: int  # == SCHEMA_VERSION
@@ -319,7 +328,8 @@ class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     strategy: Strategy
     strategy_options: dict[str, Any]
     """For fsdp/fsdp2 {sharding_strategy, auto_wrap_min_num_params, backward_prefetch,
-    forward_prefetch, reshard_after_forward, fsdp_units (wrapped module FQNs, post-order)}."""
+    forward_prefetch, reshard_after_forward, fsdp_units (wrapped module FQNs, post-order)}; for
+    ddp {bucket_cap_mb, gradient_as_bucket_view, static_graph}."""
     fault: str | None  # one of FAULTS (a deliberate bug, see tracer)
     precision: str  # one of PRECISIONS
     world_size: int
@@ -338,6 +348,7 @@ class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     keep_tensors: str | None = None  # "full" | "summaries": what was kept of the baseline (KEPT_*)
     golden: Golden | None = None  # with ``tracer record --golden`` only
     data: Data | None = None  # issue 10; absent in older records, which were fed from memory
+    training: Training | None = None  # issue 18; absent in older records: plain SGD, fp32 / autocast
 
     def file(self, path: str) -> FileEntry | None:
         """The ``files`` entry of ``path``, None when it is not listed."""
@@ -417,6 +428,76 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "bf16": {"rtol": 1.6e-2, "atol": 1e-5},
 }
 TOLERANCE_SOURCE = "torch.testing.assert_close defaults for the dtype"
+
+# --- tolerances of the training setup (issue 18; README "Parity") ---------------------------
+#
+# Mixed precision (``--mixed-precision PARAM,REDUCE,BUFFER``). The baseline runs the same
+# per-row arithmetic in PARAM as every rank (activations match exactly); what differs is where a
+# parameter's gradient, a sum over the batch, is rounded. The baseline rounds it once (u relative,
+# u = unit roundoff of the low dtype: bf16 has 8 significant bits, u = 2^-8; fp16 u = 2^-11).
+# W ranks round their W partial sums (u each), then the reduction in REDUCE adds them with W - 1
+# more roundings (u each, relative to the running sum), and divides by W (exact for W a power of
+# two). Relative to the final gradient: (W + 1) u when the partials do not cancel; the factor 2
+# covers partials larger than their sum (ranks' gradients partly cancelling). rtol =
+# max(torch's default for the dtype, 2 (W + 1) u); W = 2, bf16: 6 * 2^-8 = 2.34e-2 (measured worst
+# on the reference model: 3.2 u, FSDP1 and FSDP2 alike). atol: torch's 1e-5. BUFFER does not
+# enter: buffers are cast the same way in the baseline and on every rank.
+UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
+_TORCH_DTYPE_TOLERANCES = {**TOLERANCES, "fp16": {"rtol": 1e-3, "atol": 1e-5}}
+MIXED_PRECISION_SOURCE = ("2 (W + 1) u for a {dtype} reduction of W = {world} partial sums "
+                          "(u = unit roundoff), or torch.testing.assert_close's {dtype} default "
+                          "when larger")
+
+
+def mixed_precision_tolerance(dtypes: list[str], world_size: int) -> tuple[dict[str, float], str]:
+    """(rtol/atol, source) for ``--mixed-precision`` ``dtypes`` [PARAM, REDUCE, BUFFER] on
+    ``world_size`` ranks: the rule above, for the lower of PARAM and REDUCE. All fp32: the fp32
+    tolerance. Raises ``ValueError`` for an unknown dtype name."""
+    low = [d for d in dtypes[:2] if d != "fp32"]
+    unknown = [d for d in dtypes if d not in UNIT_ROUNDOFF]
+    if unknown:
+        raise ValueError(f"unknown mixed-precision dtype {unknown[0]!r}; expected one of "
+                         f"{', '.join(UNIT_ROUNDOFF)}")
+    if not low:
+        return dict(TOLERANCES["fp32"]), TOLERANCE_SOURCE.replace("the dtype", "fp32")
+    dtype = max(low, key=UNIT_ROUNDOFF.__getitem__)
+    torch_default = _TORCH_DTYPE_TOLERANCES[dtype]
+    rtol = max(torch_default["rtol"], 2 * (world_size + 1) * UNIT_ROUNDOFF[dtype])
+    return ({"rtol": rtol, "atol": torch_default["atol"]},
+            MIXED_PRECISION_SOURCE.format(dtype=dtype, world=world_size))
+
+
+# AdamW, parameters after the first step. torch's AdamW at step 1 has m / (1 - b1) = g and
+# sqrt(v / (1 - b2)) = |g|, so each element moves by lr * f(g), f(g) = g / (|g| + eps), after the
+# weight decay p * (1 - lr * wd) (the same on every side: the initial weights are identical).
+# f is normalised: |f| < 1, and |f'(g)| = eps / (|g| + eps)^2 <= 1 / eps. A gradient element that
+# differs by d from the baseline's therefore moves its parameter by at most lr * min(2, d / eps)
+# more: for |g| near eps a rounding difference flips the update's sign (2 lr at worst), while for
+# |g| >> eps the update is lr * sign(g) whatever the rounding. The parity rule adds, per
+# parameter tensor, ``adam_first_step_bound(lr, eps, d)`` to its limit, with d the tensor's
+# measured step-0 gradient max_abs_diff (so a gradient that matches exactly leaves the plain
+# tolerance). SGD moves by lr * d at most, far inside rtol * max|p|: nothing is added.
+def adam_first_step_bound(lr: float, eps: float, grad_max_abs_diff: float) -> float:
+    """Largest change of one parameter element by AdamW's first step caused by a gradient
+    difference of ``grad_max_abs_diff``: ``lr * min(2, grad_max_abs_diff / eps)`` (rule above).
+    A NaN difference gives NaN (the tensor then fails; ``min`` would drop it)."""
+    if grad_max_abs_diff != grad_max_abs_diff:
+        return grad_max_abs_diff
+    return lr * min(2.0, grad_max_abs_diff / eps)
+
+
+# Loss beyond step 0: the divergence envelope. At step k the loss of the distributed run and of
+# the baseline differ by the rounding of step k's forward plus the effect of the parameter
+# differences left by the k optimizer steps before. For a stable run (SGD with lr < 2 / the
+# largest curvature; AdamW's steps are bounded by lr) an earlier difference is not amplified, and
+# each step adds at most one step's rounding, so the difference grows at most linearly:
+# limit_k = (k + 1) * (atol + rtol * |ref_k|). A bug that changes an update (a gradient not
+# zeroed, a wrong learning rate on a rank) moves the loss by the step's own size (lr * |g|^2 for
+# SGD), orders of magnitude above.
+def loss_envelope(step: int, ref: float, rtol: float, atol: float) -> float:
+    """The loss limit at ``step`` (0-based) for the baseline loss ``ref``: (step + 1) * (atol +
+    rtol * |ref|)."""
+    return (step + 1) * (atol + rtol * abs(ref))
 
 
 def sha256_file(path: Path | str) -> str:
