@@ -8,6 +8,7 @@ to the report's folder, so the report and its traces can be moved or served toge
 from __future__ import annotations
 
 import html
+import math
 import os
 from pathlib import Path
 from urllib.parse import quote
@@ -23,6 +24,8 @@ COLORS = {"compute_ns": "#4c78a8", "exposed_comm_ns": "#e45756", "data_wait_ns":
           "other_ns": "#b8b8b8",
           "idle_ns": "#eeeeee", "comm": "#f58518", "compute": "#4c78a8",
           "peak_rss_bytes": "#72b7b2", "peak_allocated": "#54a24b"}
+PALETTE = ("#4c78a8", "#e45756", "#54a24b", "#b279a2", "#f58518", "#72b7b2")
+"""Line colours of the loss curves, one per run."""
 LABELS = {"compute_ns": "compute", "exposed_comm_ns": "exposed communication",
           "data_wait_ns": "data wait",
           "other_ns": "other", "idle_ns": "idle"}
@@ -138,6 +141,42 @@ def timeline_svg(run: RunEntry) -> str:
     return "".join(out)
 
 
+def loss_svg(report: Report) -> str:
+    """Loss curves: one line per run (its loss, mean over ranks) and, dashed in the same
+    colour, the baseline's loss for the same steps; x = step, y = loss (linear)."""
+    runs = [r for r in report.runs if r.parity.loss_curve]
+    points = [(s.step, v) for r in runs for s in r.parity.loss_curve for v in (s.loss, s.ref)
+              if math.isfinite(v)]
+    if not points:
+        return ""
+    width, height, left, top, bottom = 900, 260, 70, 20, 40
+    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
+    y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
+    sx = (width - left - 160) / max(x1 - x0, 1)
+    sy = (height - top - bottom) / (y1 - y0 if y1 > y0 else 1.0)
+
+    def xy(step: int, v: float) -> str:
+        return f"{left + (step - x0) * sx:.1f},{height - bottom - (v - y0) * sy:.1f}"
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">'
+           '<title>loss per step</title>',
+           f'<text x="10" y="{top}">{e(fmt.num(y1, ".6g"))}</text>',
+           f'<text x="10" y="{height - bottom}">{e(fmt.num(y0, ".6g"))}</text>',
+           f'<text x="{left}" y="{height - 10}">step {x0}</text>',
+           f'<text x="{width - 200}" y="{height - 10}">step {x1}</text>']
+    for k, r in enumerate(runs):
+        color = PALETTE[k % len(PALETTE)]
+        curve = [s for s in r.parity.loss_curve if math.isfinite(s.loss) and math.isfinite(s.ref)]
+        for attr, dash in (("loss", ""), ("ref", ' stroke-dasharray="4 3"')):
+            pts = " ".join(xy(s.step, getattr(s, attr)) for s in curve)
+            out.append(f'<polyline points="{pts}" fill="none" stroke="{color}"{dash}>'
+                       f'<title>{e(r.name)} {"baseline" if attr == "ref" else "loss"}</title>'
+                       "</polyline>")
+        out.append(f'<text x="{width - 150}" y="{top + 16 * k}" fill="{color}">{e(r.name)}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
 def render(report: Report, out_dir: Path | str | None = None) -> str:
     """The whole report.html text; ``out_dir``: the folder it is written to (trace links are
     relative to it; absolute ``file:`` URLs when None)."""
@@ -157,6 +196,11 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
               f"<p>{e(notes.windows(runs))} {e(md_rows.COMPARISON_NOTE)}</p>"]
     parts += ["<h2>Parity</h2>", _table(*md_rows.parity_rows(report)),
               f"<p>{e(md_rows.PARITY_RULE)}</p>"]
+    heads, rows = md_rows.loss_rows(report)
+    if rows:
+        parts += ["<h3>Loss per step</h3>", loss_svg(report),
+                  "<p>Solid: the run's loss; dashed, same colour: the baseline's.</p>",
+                  _table(heads, rows), f"<p>{e(md_rows.LOSS_NOTE)}</p>"]
     heads, rows = md_rows.rank_rows(report)
     parts += ["<h2>Time per rank (mean per step)</h2>",
               _table(heads, rows) if rows else "<p>No traces.</p>",

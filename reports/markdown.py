@@ -105,6 +105,22 @@ Rows = tuple[list[str], list[list[Any]]]
 """(headers, rows) of one table: markdown.py and html.py render the same rows."""
 
 
+LOSS_NOTE = ("Loss per step: the run's loss (mean over ranks) and the baseline's at the same "
+             "step, computed by one process on the whole batch with the same settings; the "
+             "limit is the divergence envelope |loss - baseline| must stay within, (step + 1) x "
+             "(atol + rtol x |baseline|), which grows with the step because each optimizer step "
+             "can add one step's rounding (README \"Parity\").")
+
+
+def loss_rows(report: Report) -> Rows:
+    """The loss curve of every run, a row per (run, recorded step) (shared with html.py)."""
+    rows = [[r.name, s.step, fmt.num(s.loss, ".6g"), fmt.num(s.ref, ".6g"),
+             fmt.num(abs(s.loss - s.ref), ".2e"), fmt.num(s.limit, ".2e"),
+             "yes" if abs(s.loss - s.ref) <= s.limit else "no"]
+            for r in report.runs for s in r.parity.loss_curve]
+    return ["run", "step", "loss", "baseline", "|diff|", "limit", "within"], rows
+
+
 def parity_rows(report: Report) -> Rows:
     """The parity table: status, tolerance, figures, first divergence and why, per run."""
     rows = []
@@ -234,6 +250,9 @@ def render(report: Report) -> str:
                else ""), ""]
 
     out += ["## Parity", "", table(*parity_rows(report)), "", escape(PARITY_RULE), ""]
+    heads, rows = loss_rows(report)
+    if rows:
+        out += ["### Loss per step", "", table(heads, rows), "", escape(LOSS_NOTE), ""]
 
     heads, rows = rank_rows(report)
     out += ["## Time per rank (mean per step)", "", table(heads, rows) if rows else "No traces.",

@@ -39,7 +39,8 @@ import pandas as pd
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
 from analyzer.analyses.memory import read_parquet
-from analyzer.contract.report_types import (DivergenceTolerance, FailedCheck, FirstDivergence, Parity,
+from analyzer.contract.report_types import (DivergenceTolerance, FailedCheck, FirstDivergence, LossStep,
+                                   Parity,
                                    Tolerance, ToleranceOverride)
 
 KIND_ORDER = ("activation", "grad", "param")
@@ -272,6 +273,19 @@ def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.pa
     ``not_recorded`` ("not verified") when there are no gradient rows or no loss rows, or when
     a rank or a tensor of a rank is missing (unverified is not verified).
     """
+    parity = _evaluate(numerics, tol, path=path, world_size=world_size, adam=adam)
+    parity.loss_curve = loss_curve(check_loss(numerics, tol, path=path))
+    return parity
+
+
+def loss_curve(loss: pd.DataFrame) -> list[LossStep]:
+    """``check_loss`` rows as the report's loss curve (step, loss, ref, limit)."""
+    return [LossStep(step=int(r.step), loss=float(r.loss), ref=float(r.ref), limit=float(r.limit))
+            for r in loss.itertuples()]
+
+
+def _evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str, world_size: int | None,
+              adam: tuple[float, float] | None) -> Parity:
     tensors = check_tensors(numerics, tol, path=path, adam=adam)
     loss = check_loss(numerics, tol, path=path)
     failed = tensors[~tensors["passed"].astype(bool)]
@@ -333,7 +347,7 @@ def check_run(run_dir: Path | str, manifest: schemas.Manifest | None,
             bad = loss[~np.isfinite(loss[["loss", "ref"]].to_numpy(float)).all(axis=1)].iloc[0]
             return Parity(status="fail", tolerance=tol, first_divergence=_divergence(bad, "loss", tol),
                           reason=f"the baseline's loss is NaN/inf at step {int(bad['step'])}")
-        return Parity(status="reference", tolerance=tol,
+        return Parity(status="reference", tolerance=tol, loss_curve=loss_curve(loss),
                       reason="single-device baseline: the reference the others are checked against")
     return evaluate(numerics, tol, path=str(path), world_size=manifest.world_size,
                     adam=adam_settings(manifest))

@@ -152,9 +152,21 @@ class FailedCheck(_Figures, kw_only=True):
     limit: float | None
 
 
+class LossStep(_Figures, kw_only=True):
+    """The loss at one recorded step: ``loss`` the run's (mean over ranks), ``ref`` the
+    baseline's for the same step, ``limit`` the divergence envelope |loss - ref| must stay
+    within (``schemas.loss_envelope``)."""
+
+    step: int
+    loss: float
+    ref: float
+    limit: float
+
+
 class Parity(_Figures, kw_only=True):
     """A run's parity verdict: status one of ``pass``, ``fail``, ``not_recorded``, ``reference``
-    (the single run); ``failed_checks``: the first 10 failed tensor checks."""
+    (the single run); ``failed_checks``: the first 10 failed tensor checks; ``loss_curve``: the
+    loss of every recorded step beside the baseline's (empty without loss rows)."""
 
     status: Literal["pass", "fail", "not_recorded", "reference"]
     reason: str
@@ -163,6 +175,7 @@ class Parity(_Figures, kw_only=True):
     loss_max_rel_diff: float | None = None
     first_divergence: FirstDivergence | None = None
     failed_checks: list[FailedCheck] = []
+    loss_curve: list[LossStep] = []
 
 
 class StepTime(_Figures, kw_only=True):

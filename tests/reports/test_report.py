@@ -265,3 +265,28 @@ def test_hostile_names_are_escaped_in_markdown_and_stripped_on_the_terminal(tmp_
     proc = cli("report", str(tmp_path / "nope\x1b[31m\x9b"))
     assert proc.returncode == 2 and "\x1b" not in proc.stderr and "\x9b" not in proc.stderr
     assert len(proc.stderr.splitlines()) == 1
+
+
+def test_loss_curve_per_step_is_shown_beside_the_baseline(ddp_run, tmp_path):
+    """report.json, report.md and report.html carry the loss of every recorded step and the
+    baseline's. Oracle: numerics.parquet read here with pandas (mean over ranks of the loss
+    ``value``, the lowest rank's ``ref_value``)."""
+    import pandas as pd
+
+    run = copy_run(ddp_run, tmp_path / "traces" / "ddp")
+    num = pd.read_parquet(run / "numerics.parquet")
+    loss = num[num["kind"] == "loss"]
+    want = {int(s): (g[g["metric"] == "value"]["value"].mean(),
+                     g[g["metric"] == "ref_value"].sort_values("rank")["value"].iloc[0])
+            for s, g in loss.groupby("step")}
+    report = analyse(run.parent)
+    curve = report.runs[0].parity.loss_curve
+    assert [s.step for s in curve] == sorted(want) and len(curve) >= 2
+    for s in curve:
+        assert (s.loss, s.ref) == pytest.approx(want[s.step], rel=0, abs=0)
+        assert s.limit > 0 and abs(s.loss - s.ref) <= s.limit
+    md = markdown.render(report)
+    assert "### Loss per step" in md
+    assert md.count("| ddp | ") >= len(curve)
+    page = html.render(report)
+    assert page.count("<polyline") == 2  # the run's loss and its baseline's
