@@ -6,7 +6,8 @@ transformers is imported. Tiny on purpose (2 blocks, hidden 64, vocabulary 256, 
 a CPU record of every strategy takes seconds; the structure is the real one: GPT-2 ties its
 token embedding and its LM head (one FQN, ``transformer.wte.weight``), Llama has RMSNorm, rotary
 embeddings (buffers) and a gated MLP. Dropout is 0 (each rank and the baseline would draw
-different masks). FSDP units: the decoder blocks (``GPT2Block``, ``LlamaDecoderLayer``), as
+different masks); the KV cache is off (``use_cache=False``: training needs none, and activation
+checkpointing's recompute would append a second time to it). FSDP units: the decoder blocks (``GPT2Block``, ``LlamaDecoderLayer``), as
 torchtitan and the transformers FSDP docs wrap them.
 
 Batch: random token ids in [0, 256) from ``torch.Generator().manual_seed(seed + 1)``, shape
@@ -61,7 +62,8 @@ def gpt2() -> ModelSpec:
 
     config = tf.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=HIDDEN, n_layer=LAYERS,
                            n_head=HEADS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                           bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+                           bos_token_id=0, eos_token_id=0, attn_implementation="eager",
+                           use_cache=False)
     return ModelSpec(model=tf.GPT2LMHeadModel(config), make_batch=make_tokens,
                      loss=causal_lm_loss, units=(GPT2Block,))
 
@@ -75,7 +77,7 @@ def llama() -> ModelSpec:
                             num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                             num_key_value_heads=HEADS, max_position_embeddings=SEQ,
                             attention_dropout=0.0, bos_token_id=0, eos_token_id=0,
-                            attn_implementation="eager")
+                            attn_implementation="eager", use_cache=False)
     return ModelSpec(model=tf.LlamaForCausalLM(config), make_batch=make_tokens,
                      loss=causal_lm_loss, units=(LlamaDecoderLayer,))
 

@@ -77,6 +77,23 @@ def test_hf_spec_builds_a_tiny_offline_model(family, unit):
         assert "transformer.wte.weight" in params and "lm_head.weight" not in params
 
 
+@needs_hf
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_hf_baseline_with_activation_checkpointing_computes_the_same_numbers(family):
+    """Checkpointing recomputes each block in backward; with the KV cache on, the recompute
+    appended to the cache a second time (Llama: attention over 32 keys against a 16-token
+    mask). Oracle: the same baseline without checkpointing (the recompute changes no number)."""
+    from tracer.baseline import compute_baseline
+
+    plain, _ = compute_baseline(_cfg(f"hf:{family}"), "cpu")
+    ckpt, _ = compute_baseline(_cfg(f"hf:{family}", activation_checkpointing=True),
+                               "cpu")
+    grads = [k for k in plain if k.startswith("grad.")]
+    assert grads and set(grads) == {k for k in ckpt if k.startswith("grad.")}
+    for k in grads:
+        torch.testing.assert_close(ckpt[k], plain[k], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("spec,says", [
     ("nosuchpkg_xyz.mod:build", "no module 'nosuchpkg_xyz'"),
     ("/nonexistent/model.py:build", "no such file"),
