@@ -51,3 +51,16 @@ def test_summary_crosscheck_hta():
     rows = data["crosscheck_hta"]
     assert [r["hta_overlap_pct"] for r in rows] == [4.50, 2.47, 7.88, 3.31, 0.56, 0.64, 7.56, 9.51]
     assert all(abs(r["diff_pct"]) <= 0.005 + 1e-9 for r in rows)
+
+
+def test_summary_tables_write_bandwidth_as_gb_per_s_and_fit_80_columns(fixture_copy):
+    """Every bandwidth header says GB/s (never gbps), and the tables fit an 80-column terminal
+    (no table line longer than 80; prose notes are left to the terminal to wrap)."""
+    import os
+
+    env = dict(os.environ, COLUMNS="80")
+    res = runner.invoke(app, ["summary", str(fixture_copy("gpu_rules.json"))], env=env)
+    assert res.exit_code == 0, res.output
+    assert "GB/s" in res.output and "gbps" not in res.output.lower()
+    rows = [ln for ln in res.output.splitlines() if any(c in ln for c in "│─┃━")]
+    assert rows and max(len(ln) for ln in rows) <= 80
