@@ -92,3 +92,16 @@ def tolerance_line(tol: Tolerance | None) -> str:
     if not tol:
         return "-"
     return f"rtol {tol.rtol:.3g}, atol {tol.atol:.3g}; {tol.source}"
+
+
+def precision_setting(precision: str, training: dict | None) -> str:
+    """The settings table's precision cell: ``--precision`` and, when recorded, the training
+    setup that also decides the numbers (optimizer, mixed-precision policy, checkpointing)."""
+    if not training:
+        return precision
+    parts = [precision, str((training.get("optimizer") or {}).get("name", "sgd"))]
+    if training.get("mixed_precision"):
+        parts.append("mixed precision " + ",".join(training["mixed_precision"]))
+    if training.get("activation_checkpointing"):
+        parts.append("activation checkpointing")
+    return ", ".join(parts)

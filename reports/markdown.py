@@ -210,9 +210,11 @@ def settings_rows(report: Report) -> Rows:
         rows.append([r.name, ", ".join(f"{k} {x}" for k, x in v.items() if x),
                      f"{d.get('type')} {d.get('name')}",
                      f"global {b.get('global_batch')} x seq {b.get('seq_len')} x hidden {b.get('hidden')}"
-                     f" (per rank {b.get('per_rank_batch')})", s["seed"], s["precision"],
+                     f" (per rank {b.get('per_rank_batch')})", s["seed"],
+                     fmt.precision_setting(s["precision"], s.get("training")),
                      f"{la.get('method')}, {r.world_size} rank(s), backend {r.backend}"])
-    return ["run", "versions", "device", "batch shape", "seed", "precision", "launch"], rows
+    return ["run", "versions", "device", "batch shape", "seed", "precision and training",
+            "launch"], rows
 
 
 def drift_rows(report: Report) -> Rows:

@@ -186,8 +186,11 @@ def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
         word = "SKIP" if r.incomplete else "PASS" if passed else "FAIL"
         lines.append(f"{word} {r.name}: {r.parity.status} -- {r.parity.reason}")
     skipped = [r.name for r in runs if r.incomplete]
-    # nothing was gated: an incomplete run alone never passes
-    ok = ok and not (runs and len(skipped) == len(runs))
+    # nothing was gated: incomplete runs beside no verified distributed run (at most the
+    # single-device reference) never pass
+    verified = [r for r in runs if not r.incomplete and r.parity.status == "pass"]
+    nothing = bool(skipped) and not verified
+    ok = ok and not nothing
     tail = (f" ({len(skipped)} incomplete run(s) skipped, not verified: {', '.join(skipped)})"
             if skipped else "")
     if ok:
@@ -196,7 +199,9 @@ def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
         why = ([" at least one run is not numerically equivalent to the baseline"] if failed else []) + (
             [" at least one run is not verified (no numerics, or a rank or tensor missing "
              "from them)"] if unverified else []) + (
-            [" every run is incomplete: nothing was verified"] if not failed and not unverified else [])
+            [" nothing was verified: no complete distributed run (only incomplete runs"
+             + (" and the reference" if len(skipped) < len(runs) else "") + ")"]
+            if nothing and not failed and not unverified else [])
         lines.append(f"gate: FAILED --{';'.join(why)}{tail}")
     return ok, lines
 

@@ -35,7 +35,8 @@ from analyzer.contract.errors import BadInput
 from analyzer.compare.kept import KeptRun, open_kept
 from analyzer.contract.report_types import BaselineDrift, DriftComparison, RunEntry, Tolerance, ToleranceOverride
 
-DRIFT_SETTINGS = ("versions", "device", "precision", "sharding", "world_size", "model", "batch", "seed")
+DRIFT_SETTINGS = ("versions", "device", "precision", "training", "sharding", "world_size", "model",
+                  "batch", "seed")
 """Recorded settings compared between the two runs (all listed when they differ)."""
 EXPECTATION_SETTINGS = ("versions", "device", "precision")
 """Settings that decide bitwise vs precision tolerance."""
@@ -46,7 +47,8 @@ def settings_of(m: schemas.Manifest) -> dict[str, Any]:
     left out; device = type and name; model / batch = their shape fields)."""
     opts = {k: v for k, v in m.strategy_options.items() if k != "fsdp_units"}
     return {"versions": msgspec.to_builtins(m.versions), "device": {"type": m.device.type, "name": m.device.name},
-            "precision": m.precision, "sharding": {"strategy": m.strategy, **opts},
+            "precision": m.precision, "training": msgspec.to_builtins(m.training),
+            "sharding": {"strategy": m.strategy, **opts},
             "world_size": m.world_size, "model": {"hidden": m.model.hidden, "layers": m.model.layers},
             "batch": {"global_batch": m.batch.global_batch, "seq_len": m.batch.seq_len}, "seed": m.seed}
 

@@ -40,9 +40,12 @@ NOISE_RULE = (
     "for a decision."
 )
 
-SETTINGS = ("versions", "device", "batch", "seed", "model", "precision", "launch", "data")
+SETTINGS = ("versions", "device", "batch", "seed", "model", "precision", "training", "launch",
+            "data")
 """Manifest settings that must agree for runs to be one experiment. ``data`` (issue 10): how
-the input was supplied; a record without it was fed from memory (the only way before)."""
+the input was supplied; a record without it was fed from memory (the only way before).
+``training`` (issue 18): optimizer, mixed-precision policy, activation checkpointing -- a run
+with another training setup computes other numbers and times, so it is never ranked beside."""
 
 
 def _setting(run: RunEntry, key: str) -> Any:

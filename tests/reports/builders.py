@@ -52,8 +52,10 @@ def write_memory(path: Path, rows: list[dict]) -> None:
 
 
 def manifest(*, run_name, strategy, world_size=2, precision="fp32", fault=None, options=None,
-             device="cpu", torch_version="2.13.0", global_batch=8, seed=0, method="spawn"):
-    return {
+             device="cpu", torch_version="2.13.0", global_batch=8, seed=0, method="spawn",
+             training=None):
+    extra = {"training": training} if training is not None else {}
+    return {**extra,
         "schema_version": schemas.SCHEMA_VERSION, "run_id": f"id-{run_name}", "run_name": run_name,
         "created_utc": "2026-01-01T00:00:00Z", "strategy": strategy,
         "strategy_options": options or {}, "fault": fault, "precision": precision,

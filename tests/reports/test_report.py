@@ -87,6 +87,21 @@ def test_incomplete_run_is_bad_input_unless_allowed(tmp_path):
     assert runner.invoke(app, ["gate", str(root), "--allow-incomplete"]).exit_code == 0
 
 
+def test_allow_incomplete_gate_fails_when_no_distributed_run_was_verified(tmp_path):
+    """An interrupted `--strategy all` leaves the single reference complete and the others
+    incomplete: with --allow-incomplete the gate must still fail (nothing was verified)."""
+    root = tmp_path / "traces"
+    write_run(root / "single", strategy="single", walls={0: (1,), 1: (1,)})
+    (root / "ddp").mkdir(parents=True)
+    (root / "ddp" / "rank0.trace.json.gz").write_bytes(b"")
+    res = runner.invoke(app, ["gate", str(root), "--allow-incomplete"])
+    assert res.exit_code != 0, res.output
+    last = [ln for ln in res.output.splitlines() if ln.strip()][-1]
+    assert last.startswith("gate: FAILED") and "nothing was verified" in last
+    assert "and the reference" in last
+    assert "SKIP ddp" in res.output
+
+
 def test_different_settings_are_not_ranked_together(tmp_path):
     root = build_root(tmp_path)
     write_run(root / "fsdp2", strategy="fsdp2", walls={0: (1, 1), 1: (1, 1)}, seed=7,
@@ -95,6 +110,22 @@ def test_different_settings_are_not_ranked_together(tmp_path):
     assert rep.ranking.status == "withheld"
     assert "seed" in rep.ranking.reason and "versions" in rep.ranking.reason
     assert any("seed" in w for w in rep.settings_warnings)
+
+
+def test_runs_with_another_training_setup_are_not_ranked_together(tmp_path):
+    """A DDP run recorded with a bf16 gradient reduction and activation checkpointing computes
+    other numbers and times than the fp32 single run: never ranked beside it, and the settings
+    table says what differs."""
+    root = build_root(tmp_path)
+    write_run(root / "ddp-mp", strategy="ddp", walls={0: (1, 1), 1: (1, 1)},
+              training={"optimizer": {"name": "sgd", "lr": 0.1},
+                        "mixed_precision": ["fp32", "bf16", "fp32"],
+                        "activation_checkpointing": True})
+    rep = analyse(root)
+    assert rep.ranking.status == "withheld" and "training" in rep.ranking.reason
+    assert any("training" in w and "ddp-mp" in w for w in rep.settings_warnings)
+    md = markdown.render(rep)
+    assert "fp32, sgd, mixed precision fp32,bf16,fp32, activation checkpointing" in md
 
 
 def test_ties_are_broken_by_peak_memory():
