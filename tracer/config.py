@@ -213,7 +213,8 @@ class RecordConfig:
                 raise bad("sharding-strategy", "no_shard", "fsdp2 shards always; use ddp")
             if self.backward_prefetch != "pre":
                 raise bad("backward-prefetch", self.backward_prefetch,
-                          "fsdp2 only has its implicit pre-backward prefetch ('pre')")
+                          "fsdp2 only has its implicit pre-backward prefetch: drop the option "
+                          "or pass --backward-prefetch pre")
         if self.strategy == "fsdp" and self.reshard_after_forward is not None:
             implied = self.sharding_strategy == "full_shard"
             if self.reshard_after_forward != implied:
@@ -250,7 +251,9 @@ class RecordConfig:
             raise bad("mixed-precision", self.mixed_precision,
                       "ddp computes in its parameters' dtype (torch has no public DDP parameter "
                       "mixed precision): use fp32,REDUCE,fp32 (REDUCE via a compression comm hook), "
-                      "--precision bf16 (autocast), or fsdp / fsdp2")
+                      "--precision bf16 (autocast), or fsdp / fsdp2"
+                      + (" (--strategy all includes ddp: record single, fsdp and fsdp2 one "
+                         "by one)" if self.strategy == "ddp" else ""))
 
     def option_given(self, option: str) -> bool:
         """Whether ``option`` differs from its default (what ``to_argv`` would pass on)."""
