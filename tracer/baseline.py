@@ -44,11 +44,11 @@ from safetensors.torch import load_file, save_file
 from analyzer.contract.atomic import atomic_path
 from analyzer.contract.schemas import GOLDEN_NAME, KEPT_NAME, KEPT_SCHEMA, KEPT_TENSORS_NAME, NUMERICS_SCHEMA, kept_row
 from tracer.config import RecordConfig
-from tracer.model import precision_context
+from tracer.model import precision_context, rank_rows
 from tracer.modelspec import load_parameters, load_spec
 from tracer.numerics import ActivationRecorder, clean_fqn, rows_to_table, tensor_metrics
 from tracer.strategies import unit_names
-from tracer.training import MixedPrecisionStep, apply_checkpointing, build_optimizer
+from tracer.training import MixedPrecisionStep, apply_checkpointing, build_optimizer, micro_batches
 
 BASELINE_NAME = KEPT_TENSORS_NAME
 ACTIVATIONS_NAME = ".baseline.activations.safetensors"
@@ -67,6 +67,7 @@ def baseline_key(cfg: RecordConfig, device_type: str) -> dict:
     key["lr"] = cfg.learning_rate
     key["steps"] = cfg.total_steps
     key["device_type"] = device_type
+    key["micro_batches"] = micro_batches(cfg)
     return key
 
 
@@ -102,19 +103,12 @@ def compute_baseline(cfg: RecordConfig, device_type: str,
     order: list[str] = []
     for step in range(cfg.total_steps):
         mp.refresh()
-        if step == 0:
-            with ActivationRecorder(mp.compute, cfg.batch) as rec, \
-                    precision_context(cfg.precision, device_type):
-                loss = spec.loss(mp.compute(mp.inputs(xd)), yd)
-            for _, name, out in rec.items():
-                tensors[f"act.{name}"] = out.cpu().contiguous()
-                order.append(name)
-        else:
-            with precision_context(cfg.precision, device_type):
-                loss = spec.loss(mp.compute(mp.inputs(xd)), yd)
-        loss.backward()
+        loss, acts = _forward_backward(mp, spec, xd, yd, cfg, device_type, record=step == 0)
         mp.to_master()
         if step == 0:
+            for name, out in acts.items():
+                tensors[f"act.{name}"] = out
+                order.append(name)
             for name, p in named_parameters(model):
                 tensors[f"grad.{name}"] = p.grad.detach().cpu().clone()
         opt.step()
@@ -122,11 +116,37 @@ def compute_baseline(cfg: RecordConfig, device_type: str,
         if step == 0:
             for name, p in named_parameters(model):
                 tensors[f"param.{name}"] = p.detach().cpu().clone()
-        losses.append(float(loss.detach()))
+        losses.append(loss)
     tensors["loss"] = torch.tensor(losses, dtype=torch.float64)
     meta = {"config": json.dumps(baseline_key(cfg, device_type), sort_keys=True),
             "activation_order": json.dumps(order)}
     return tensors, meta
+
+
+def _forward_backward(mp: MixedPrecisionStep, spec, x: torch.Tensor, y: torch.Tensor,
+                      cfg: RecordConfig, device_type: str, *,
+                      record: bool) -> tuple[float, dict[str, torch.Tensor]]:
+    """One step's forward and backward over the global batch, as ``mp.micro_batches``
+    micro-batches of the ranks' rows (tracer/training.py). Returns (loss: the mean of the
+    micro-batches' losses, as the analyzer averages the ranks'; with ``record`` each module's
+    output, [B, ...] on CPU, the micro-batches' rows concatenated in rank order)."""
+    parts = mp.micro_batches
+    losses: list[float] = []
+    acts: dict[str, list[torch.Tensor]] = {}
+    for r in range(parts):
+        rows = rank_rows(cfg.batch, parts, r)
+        recorder = ActivationRecorder(mp.compute, rows.stop - rows.start) if record else None
+        with precision_context(cfg.precision, device_type):
+            loss = spec.loss(mp.compute(mp.inputs(x[rows])), y[rows])
+        if recorder is not None:
+            recorder.__exit__()
+            for _, name, out in recorder.items():
+                acts.setdefault(name, []).append(out.cpu())
+        loss.backward()
+        mp.accumulate()
+        losses.append(float(loss.detach()))
+    joined = {name: torch.cat(outs).contiguous() for name, outs in acts.items()}
+    return sum(losses) / parts, joined
 
 
 def named_parameters(model: torch.nn.Module):

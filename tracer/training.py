@@ -13,10 +13,14 @@ the parameters' fp32 for the optimizer; buffers are cast to BUFFER. FSDP2 ``Mixe
 (param_dtype, reduce_dtype)`` does the same for parameters and gradients (its ``cast_forward_inputs``
 default casts each unit's inputs); it has no buffer dtype: ``fully_shard`` does not manage
 buffers, so ``cast_buffers`` casts them once before wrapping, as FSDP1 does at its lazy init.
-The baseline emulates the policy step by step (``MixedPrecisionStep``): the one difference left
-is where the gradient is rounded to REDUCE -- once for the whole batch in the baseline, per rank
-and then per addition in the distributed reduction -- which the bf16 tolerance covers (README
-"Parity").
+The baseline emulates the policy step by step (``MixedPrecisionStep``). Under a low-precision
+PARAM or REDUCE it runs the global batch as W micro-batches, one per rank's rows, and accumulates
+their gradients in REDUCE as the ranks' reduction does (each cast to REDUCE, divided by W, added in
+rank order): one device doing gradient accumulation. A whole-batch gradient rounded once would
+differ from the ranks' W rounded partial sums by u relative to the *partials*, which in a small
+tensor whose rows cancel (a norm weight) exceeds any tolerance relative to the gradient itself.
+What is left is the order of the collective's additions (none for W = 2), which the tolerance
+covers (README "Parity").
 """
 
 from __future__ import annotations
@@ -118,14 +122,17 @@ class MixedPrecisionStep:
     precision, else a copy holding PARAM-dtype parameters and BUFFER-dtype buffers, refreshed
     from the fp32 master (``model``) before every forward (``refresh``). ``inputs`` casts the
     floating inputs to PARAM (FSDP1's root / FSDP2's ``cast_forward_inputs``). ``to_master``
-    moves the compute copy's gradients to the master: cast to REDUCE (where the ranks round before
-    their reduction), then to the master's dtype.
+    gives the master the micro-batches' gradients accumulated in REDUCE (``accumulate``, after each
+    micro-batch's backward), cast to the master's dtype. ``parts``: micro-batches per step
+    (default ``micro_batches(cfg)``; the ``single`` strategy's run uses 1, its whole batch).
     """
 
-    def __init__(self, model: nn.Module, cfg: RecordConfig):
+    def __init__(self, model: nn.Module, cfg: RecordConfig, parts: int | None = None):
         self.master = model
         self.enabled = cfg.mixed_precision is not None
         self.param_dtype, self.reduce_dtype, _ = mp_dtypes(cfg)
+        self.micro_batches = micro_batches(cfg) if parts is None else parts
+        self._sums: dict[int, torch.Tensor] = {}  # parameter index -> REDUCE sum
         if self.enabled:
             self.compute = copy.deepcopy(model)
             cast_buffers(self.compute, cfg)
@@ -144,10 +151,31 @@ class MixedPrecisionStep:
         """``x`` cast to PARAM when floating and mixed precision is on."""
         return x.to(self.param_dtype) if self.enabled and x.is_floating_point() else x
 
-    def to_master(self) -> None:
-        """Compute-copy gradients -> master ``.grad`` (via REDUCE); clears the copy's."""
+    def accumulate(self) -> None:
+        """After one micro-batch's backward: its compute-copy gradients, cast to REDUCE and
+        divided by ``micro_batches`` (as a rank's gradient before the reduction), are added in
+        REDUCE to the sum of the micro-batches so far; clears the copy's."""
         if not self.enabled:
             return
-        for p, m in zip(self.compute.parameters(), self.master.parameters()):
-            m.grad = None if p.grad is None else p.grad.to(self.reduce_dtype).to(m.dtype)
+        for i, p in enumerate(self.compute.parameters()):
+            if p.grad is not None:
+                part = p.grad.to(self.reduce_dtype).div(self.micro_batches)
+                self._sums[i] = part if self._sums.get(i) is None else self._sums[i] + part
             p.grad = None
+
+    def to_master(self) -> None:
+        """Accumulated gradients -> master ``.grad`` in the master's dtype; clears the sums."""
+        if not self.enabled:
+            return
+        for i, m in enumerate(self.master.parameters()):
+            m.grad = None if self._sums.get(i) is None else self._sums[i].to(m.dtype)
+        self._sums.clear()
+
+
+def micro_batches(cfg: RecordConfig) -> int:
+    """Micro-batches of the baseline's step: the distributed world size (``cfg.nproc``) under a
+    low-precision PARAM or REDUCE, so each rank's rows are computed and rounded as that rank does
+    (module docstring); 1 otherwise (one whole-batch step, the plain one-device reference)."""
+    if cfg.mixed_precision is None or all(d == "fp32" for d in cfg.mixed_precision_dtypes[:2]):
+        return 1
+    return cfg.nproc

@@ -48,7 +48,7 @@ from tracer.numerics import ActivationRecorder, NumericsRows, rows_to_table, ten
 from tracer.profiling import cuda_sync, make_profiler
 from tracer.rundir import PARTS_DIR, clear_run_dir
 from tracer.strategies import apply_ddp, apply_fsdp, apply_fsdp2, compared_tensors, full_view, unit_names
-from tracer.training import apply_checkpointing, build_optimizer
+from tracer.training import MixedPrecisionStep, apply_checkpointing, build_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +242,10 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
     """
     rank, world = env.rank, env.world_size
     opt = build_optimizer(cfg, model.parameters())
+    # single has no FSDP to apply --mixed-precision: it runs the baseline's emulation, one batch
+    mp = (MixedPrecisionStep(model, cfg, parts=1)
+          if cfg.strategy == "single" and cfg.mixed_precision is not None else None)
+    forward = model if mp is None else (lambda inputs: mp.compute(mp.inputs(inputs)))
     rows = rank_rows(cfg.batch, world, rank)
     batches = Batches(cfg, base["batch.x"], base["batch.y"], rank=rank, world_size=world,
                       device=device)
@@ -265,13 +269,18 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
                 t0 = time.perf_counter_ns()
                 x, y = batches.next()  # --data loader: the fetch is part of the step
                 recorder = ActivationRecorder(model, rows.stop - rows.start) if step == 0 else None
+                if mp is not None:
+                    mp.refresh()
                 with faults.grad_sync_context(model, cfg.fault):
                     with torch.profiler.record_function("forward"), precision_context(cfg.precision, device.type):
-                        loss = spec.loss(model(x), y)
+                        loss = spec.loss(forward(x), y)
                     if recorder is not None:
                         recorder.__exit__()
                     with torch.profiler.record_function("backward"):
                         loss.backward()
+                        if mp is not None:
+                            mp.accumulate()
+                            mp.to_master()
                 faults.after_backward(model, cfg.fault, world)
                 if step == 0:
                     t_num = time.perf_counter_ns()
