@@ -24,7 +24,8 @@ import shutil
 from pathlib import Path
 
 from analyzer.contract.schemas import (GOLDEN_NAME, KEPT_NAME, KEPT_TENSORS_NAME, LOCK_NAME, MANIFEST_NAME,
-                                       MEMORY_DIR, MEMORY_PARQUET_NAME, NUMERICS_NAME, RECORDING_NAME,
+                                       MEMORY_CATEGORIES_NAME, MEMORY_DIR, MEMORY_PARQUET_NAME, NUMERICS_NAME,
+                                       RECORDING_NAME,
                                        REPORT_DIR_NAME, STEPS_NAME, FileEntry, sha256_file)
 
 STAGING_PREFIX = ".tracer-baseline-"
@@ -33,7 +34,8 @@ baseline before placing it in each run dir."""
 PARTS_DIR = ".parts"
 """Per-rank partial tables, merged by rank 0 and removed before the manifest is written."""
 
-_NAMES = "|".join(re.escape(n) for n in (NUMERICS_NAME, STEPS_NAME, KEPT_NAME, GOLDEN_NAME, KEPT_TENSORS_NAME))
+_NAMES = "|".join(re.escape(n) for n in (NUMERICS_NAME, STEPS_NAME, KEPT_NAME, GOLDEN_NAME, KEPT_TENSORS_NAME,
+                                         MEMORY_CATEGORIES_NAME))
 TRACER_FILE = re.compile(rf"(rank\d+\.trace\.json\.gz|{_NAMES}|{re.escape(MEMORY_DIR)}/"
                          rf"(rank\d+\.snapshot\.pickle|{re.escape(MEMORY_PARQUET_NAME)}))")
 """Relative, '/'-separated paths of the files a record leaves in a run dir (besides the manifest);

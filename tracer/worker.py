@@ -14,6 +14,7 @@ last.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,11 +34,13 @@ import torch.distributed as dist
 
 from analyzer.contract.atomic import atomic_path, write_atomic
 from analyzer.contract.errors import ExitCode
-from analyzer.contract.schemas import (GOLDEN_METRICS, MEMORY_DIR, MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME,
-                              NUMERICS_SCHEMA, STEPS_NAME, STEPS_SCHEMA, Launch, trace_name)
+from analyzer.contract.schemas import (GOLDEN_METRICS, MEMORY_CATEGORIES_NAME, MEMORY_CATEGORIES_SCHEMA, MEMORY_DIR,
+                              MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME, NUMERICS_SCHEMA, STEPS_NAME,
+                              STEPS_SCHEMA, Launch, trace_name)
 from tracer import devices, faults
 from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
+from tracer import footprint
 from tracer.data import Batches
 from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV
 from tracer.manifest import build_manifest, write_manifest
@@ -183,10 +186,10 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     spec = load_spec(cfg)  # --model, re-created from its string in this process
     buffers, model_name = buffer_names(spec.model), type(spec.model).__name__  # before wrapping
     model, num_params, units = build_wrapped_model(cfg, spec, base, env.rank, device)
-    numerics, step_rows, snapshot_table = train(cfg, spec, model, base, env, device, hb)
+    numerics, step_rows, snapshot_table, categories = train(cfg, spec, model, base, env, device, hb)
     add_golden_losses(numerics, base)
     hb.beat("write")
-    write_rank_outputs(cfg, env.rank, numerics, step_rows, snapshot_table)
+    write_rank_outputs(cfg, env.rank, numerics, step_rows, snapshot_table, categories)
     dist.barrier()
     if env.rank == 0:
         hb.beat("manifest")
@@ -231,14 +234,15 @@ def build_wrapped_model(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torc
 
 
 def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict[str, torch.Tensor], env: RankEnv,
-          device: torch.device, hb: Heartbeat) -> tuple[NumericsRows, list[dict], pa.Table | None]:
+          device: torch.device, hb: Heartbeat) -> tuple[NumericsRows, list[dict], pa.Table | None, pa.Table]:
     """Run every step under the profiler on this rank's rows of the fixed batch.
 
     The batch comes from ``tracer.data.Batches`` (``--data``): the same rows either way.
     Step 0 records activations, gradients and updated parameters (outside the profiler's active
     window; their time is excluded from wall_ns); the loss is recorded at every step. The trace
-    is exported once at the end of the active window; a failure cancels the export. Returns
-    (numerics rows, steps rows, CUDA snapshot table or None).
+    is exported once at the end of the active window; a failure cancels the export. Step 0 also
+    measures the rank's memory by category (tracer/footprint.py; outside wall_ns). Returns
+    (numerics rows, steps rows, CUDA snapshot table or None, MEMORY_CATEGORIES_SCHEMA table).
     """
     rank, world = env.rank, env.world_size
     opt = build_optimizer(cfg, model.parameters())
@@ -257,6 +261,7 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
     start_history(device.type)
     prof, export = make_profiler(cfg, device.type, trace_path)
     snapshot_table = None
+    held: dict[str, int] = {}
     with prof:
         try:
             for step in range(cfg.total_steps):
@@ -271,8 +276,9 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
                 recorder = ActivationRecorder(model, rows.stop - rows.start) if step == 0 else None
                 if mp is not None:
                     mp.refresh()
+                saved = footprint.SavedActivations() if step == 0 else contextlib.nullcontext()
                 with faults.grad_sync_context(model, cfg.fault):
-                    with torch.profiler.record_function("forward"), precision_context(cfg.precision, device.type):
+                    with torch.profiler.record_function("forward"), precision_context(cfg.precision, device.type), saved:
                         loss = spec.loss(forward(x), y)
                     if recorder is not None:
                         recorder.__exit__()
@@ -284,6 +290,8 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
                 faults.after_backward(model, cfg.fault, world)
                 if step == 0:
                     t_num = time.perf_counter_ns()
+                    held["activations"] = saved.bytes
+                    held["gradients"] = footprint.gradient_bytes(model)
                     record_step0_before_optimizer(cfg, model, recorder, base, numerics, rank, world, rows)
                     numerics_ns += time.perf_counter_ns() - t_num
                 with torch.profiler.record_function("optimizer"):
@@ -292,6 +300,8 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
                         opt.zero_grad(set_to_none=True)
                 if step == 0:
                     t_num = time.perf_counter_ns()
+                    held["parameters"] = footprint.parameter_bytes(model)
+                    held["optimizer_state"] = footprint.optimizer_state_bytes(opt)
                     record_compared(cfg, model, base, numerics, "param", rank, world)
                     numerics_ns += time.perf_counter_ns() - t_num
                 cuda_sync(device)
@@ -313,7 +323,8 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
     for row in step_rows:
         if row["profiled"]:
             row["profiler_allocated_peak_bytes"] = peaks.get(row["step"])
-    return numerics, step_rows, snapshot_table
+    categories = footprint.category_table(rank, **held, cuda_peak=footprint.peak_from_steps(step_rows))
+    return numerics, step_rows, snapshot_table, categories
 
 
 def step_row(cfg: RecordConfig, rank: int, step: int, wall_ns: int, device: torch.device) -> dict:
@@ -328,12 +339,12 @@ def step_row(cfg: RecordConfig, rank: int, step: int, wall_ns: int, device: torc
 
 
 def write_rank_outputs(cfg: RecordConfig, rank: int, numerics: NumericsRows, step_rows: list[dict],
-                       snapshot_table: pa.Table | None) -> None:
+                       snapshot_table: pa.Table | None, categories: pa.Table) -> None:
     """This rank's partial tables, for rank 0 to merge."""
     parts = cfg.run_dir / PARTS_DIR
     parts.mkdir(exist_ok=True)
     tables = {"numerics": numerics.table(), "steps": rows_to_table(step_rows, STEPS_SCHEMA),
-              "memory": snapshot_table}
+              "memory": snapshot_table, "categories": categories}
     for kind, table in tables.items():
         if table is not None:
             with atomic_path(parts / f"rank{rank}.{kind}.parquet") as tmp:
@@ -395,7 +406,8 @@ def merge_parts(run_dir: Path, world: int, *, with_memory: bool) -> None:
     """Concatenate every rank's partial tables into the run-dir files, then drop the parts."""
     parts = run_dir / PARTS_DIR
     targets = [("numerics", NUMERICS_SCHEMA, run_dir / NUMERICS_NAME),
-               ("steps", STEPS_SCHEMA, run_dir / STEPS_NAME)]
+               ("steps", STEPS_SCHEMA, run_dir / STEPS_NAME),
+               ("categories", MEMORY_CATEGORIES_SCHEMA, run_dir / MEMORY_CATEGORIES_NAME)]
     if with_memory:
         targets.append(("memory", MEMORY_SCHEMA, run_dir / MEMORY_DIR / MEMORY_PARQUET_NAME))
     for kind, schema, target in targets:

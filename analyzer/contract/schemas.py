@@ -14,6 +14,7 @@ Run directory (one per strategy run, ``traces/<run-name>/``)::
     steps.parquet               STEPS_SCHEMA, one row per rank and step
     memory/rank<r>.snapshot.pickle   CUDA only: torch.cuda.memory._snapshot() for memory_viz
     memory/memory.parquet       CUDA only: MEMORY_SCHEMA, the snapshots converted at record time
+    memory_categories.parquet   MEMORY_CATEGORIES_SCHEMA: per rank, bytes by category (issue 19)
     .tracer-recording           RECORDING_NAME: present while a record writes the folder, and left
                                 by a record that failed or was killed; the record removes it after
                                 writing manifest.json. A reader treats a run dir holding it as
@@ -47,6 +48,7 @@ NUMERICS_NAME = "numerics.parquet"
 STEPS_NAME = "steps.parquet"
 MEMORY_DIR = "memory"
 MEMORY_PARQUET_NAME = "memory.parquet"
+MEMORY_CATEGORIES_NAME = "memory_categories.parquet"
 TRACE_GLOB = "rank*.trace.json.gz"
 RECORDING_NAME = ".tracer-recording"
 """Marker of a record in progress (or one that failed / was killed): the run dir is incomplete."""
@@ -157,6 +159,42 @@ MEMORY_SCHEMA = _run_file_schema(
     pa.field("top_frame", pa.string(), nullable=True),  # innermost user frame "file:line:func"
 )
 
+# --- memory_categories.parquet (issue 19) ------------------------------------------------------
+#
+# One row per rank and category: what each rank holds, counted from its own tensors, never from
+# the profiler's window (which misses everything allocated before profiling starts). Bytes are
+# those of the distinct storages behind the tensors (a DTensor: its local tensor), so views
+# count once and padding counts: FSDP1's flat-parameter local shard including its alignment and
+# world-size padding, FSDP2's padded Shard(0) buffers.
+#   parameters       the model's parameters as the rank holds them at rest (after the step-0
+#                    optimizer step; sharded strategies: the local shards)
+#   gradients        the ``.grad`` tensors after the step-0 backward, before the optimizer
+#                    (FSDP: the reduce-scattered shards; DDP's communication buckets are not
+#                    gradients and are not counted unless ``gradient_as_bucket_view`` makes the
+#                    gradients views into them)
+#   optimizer_state  every tensor of ``optimizer.state`` after the step-0 optimizer step
+#                    (AdamW: exp_avg, exp_avg_sq and the ``step`` tensor; SGD without momentum:
+#                    none, 0)
+#   activations      the tensors autograd saved for backward during the step-0 forward
+#                    (torch.autograd.graph.saved_tensors_hooks), parameters and views of them
+#                    left out; each distinct storage once
+#   peak             CUDA: the largest torch.cuda.max_memory_allocated over the steps after
+#                    step 0 (peak stats reset at each step's start, so everything live before the
+#                    step counts; step 0 is left out, it also holds the numerics capture), step 0
+#                    when it is the only one; ``reserved_bytes`` likewise from
+#                    max_memory_reserved. CPU: the sum of the four categories above (the
+#                    allocator gives no peak; the profiler's figure covers its window only).
+# source says how the row was measured: "tensors", "saved_tensors_hooks",
+# "cuda_max_allocated", "sum_of_categories".
+MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "peak")
+MEMORY_CATEGORIES_SCHEMA = _run_file_schema(
+    pa.field("rank", pa.int32(), nullable=False),
+    pa.field("category", pa.string(), nullable=False),  # one of MEMORY_CATEGORIES
+    pa.field("bytes", pa.int64(), nullable=False),
+    pa.field("reserved_bytes", pa.int64(), nullable=True),  # peak on CUDA only
+    pa.field("source", pa.string(), nullable=False),
+)
+
 # --- the analyzer's per-rank tables (analyzer/ingest/pipeline.py) ---------------------------
 #
 # Not run-directory files: the tables every command reads, one set per rank, kept in the tables
@@ -191,8 +229,20 @@ PREFETCH_SCHEMA = _columns("rank step phase:s unit:s prefetched:b issued_ns comm
 """One row per FSDP unit all_gather per rank (analyzer/analyses/prefetch.py)."""
 TIMELINE_SCHEMA = _columns("lane:s kind:s start_ns end_ns")
 """Merged compute and per-kind comm intervals of one step (breakdown.timeline_rows)."""
+NO_VALUE = -(2**63)
+"""The ``[memory]`` events' amounts (totals, bytes: any sign) where an event does not say
+(analyzer/ingest/decode.py ``memory_events``)."""
+DEVICE_MEMORY_SCHEMA = _columns("device_type device_id events peak_allocated_bytes "
+                                "peak_reserved_bytes start_bytes source:s")
+"""One row per device of the rank's ``[memory]`` profiler events (analyzer/analyses/memory.py
+``device_peaks``): device_type (Kineto's number: 0 CPU, 1 CUDA, 6 HIP ...; -1 unknown),
+device_id, events, peak_allocated_bytes, peak_reserved_bytes (-1 when the events do not say),
+start_bytes (the live bytes assumed before the first event, > 0 only when frees of blocks
+allocated before the window would otherwise make the running total negative), source (which
+figure the peak comes from)."""
 TABLE_SCHEMAS = {"steps": STEP_WINDOWS_SCHEMA, "breakdown": BREAKDOWN_SCHEMA,
-                 "collectives": COLLECTIVES_SCHEMA, "prefetch": PREFETCH_SCHEMA, "timeline": TIMELINE_SCHEMA}
+                 "collectives": COLLECTIVES_SCHEMA, "prefetch": PREFETCH_SCHEMA, "timeline": TIMELINE_SCHEMA,
+                 "device_memory": DEVICE_MEMORY_SCHEMA}
 
 
 def table_mismatch(table: pa.Table, schema: pa.Schema) -> str | None:

@@ -117,7 +117,7 @@ def trace_files(children: list[Path], *, run_dir: bool, notes: list[str]) -> lis
     return keep
 
 
-TRACER_FILES = (schemas.NUMERICS_NAME, schemas.STEPS_NAME, schemas.KEPT_NAME,
+TRACER_FILES = (schemas.NUMERICS_NAME, schemas.STEPS_NAME, schemas.MEMORY_CATEGORIES_NAME, schemas.KEPT_NAME,
                 schemas.KEPT_TENSORS_NAME, schemas.GOLDEN_NAME, schemas.MEMORY_DIR,
                 ".baseline.activations.safetensors", ".parts")
 """Files (and folders) of a run directory besides the manifest and the traces: the baseline
