@@ -1,9 +1,13 @@
-"""Memory and step-time summaries from ``steps.parquet`` and ``memory/memory.parquet``.
+"""Memory and step-time summaries from ``steps.parquet``, ``memory_categories.parquet``,
+``memory/memory.parquet`` and the traces' ``[memory]`` events.
 
-Per run and rank: CPU peak RSS (ru_maxrss high-water mark) and profiler-allocated peak; CUDA
-peak allocated / reserved; and, when the CUDA allocator snapshot was converted, the largest live
-allocations and bytes by category. Step time of a distributed step = the slowest rank's
-``wall_ns`` (every rank waits for it at the next collective).
+Per run and rank: bytes by category (parameters, gradients, optimizer state, activations, peak:
+what the rank holds, schemas.MEMORY_CATEGORIES_SCHEMA); CPU peak RSS (ru_maxrss high-water mark,
+the whole process) and the profiler-window allocated peak; CUDA peak allocated / reserved; when
+the CUDA allocator snapshot was converted, the largest live allocations and bytes by the
+snapshot's category; from any trace, peak allocated / reserved per device (``device_peaks``).
+Step time of a distributed step = the slowest rank's ``wall_ns`` (every rank waits for it at
+the next collective).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import pyarrow.parquet as pq
 
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
+from analyzer.contract.schemas import NO_VALUE
 
 PEAK_COLUMNS = ("peak_rss_bytes", "profiler_allocated_peak_bytes", "cuda_max_allocated_bytes",
                 "cuda_max_reserved_bytes")
@@ -125,3 +130,99 @@ def largest_allocations(mem: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     live = live.sort_values(["rank", "block_size_bytes"], ascending=[True, False], kind="stable")
     cols = ["rank", "block_size_bytes", "requested_size_bytes", "category", "top_frame"]
     return live.groupby("rank", sort=True).head(n)[cols].reset_index(drop=True)
+
+
+def read_categories(path: Path | str) -> pd.DataFrame:
+    """Read ``memory_categories.parquet`` (``schemas.MEMORY_CATEGORIES_SCHEMA``): rank, category,
+    bytes (int64), reserved_bytes (nullable Int64), source. Raises ``BadInput`` naming the file
+    when unreadable, incomplete, or holding a category outside ``schemas.MEMORY_CATEGORIES``."""
+    path = Path(path)
+    df = read_parquet(path, schemas.MEMORY_CATEGORIES_SCHEMA)
+    odd = sorted(set(df["category"]) - set(schemas.MEMORY_CATEGORIES))
+    if odd:
+        raise BadInput(path, "bad_run_file", f"has unknown memory categories {', '.join(odd)}",
+                       "re-record the run with this version of tracer")
+    df["rank"] = df["rank"].astype("int64")
+    df["bytes"] = df["bytes"].astype("int64")
+    df["reserved_bytes"] = df["reserved_bytes"].astype("Int64")
+    return df.sort_values(["rank", "category"], kind="stable").reset_index(drop=True)
+
+
+def snapshot_totals(mem: pd.DataFrame) -> pd.DataFrame:
+    """Per rank of a CUDA allocator snapshot (``read_memory``): allocated_bytes (live
+    ``active_allocated`` blocks) and reserved_bytes (every block of every segment: what the
+    caching allocator holds), the figures torch.cuda.memory_allocated / memory_reserved give
+    when the snapshot is taken."""
+    live = mem["state"] == "active_allocated"
+    out = pd.DataFrame({
+        "allocated_bytes": mem["block_size_bytes"].where(live, 0).groupby(mem["rank"]).sum(),
+        "reserved_bytes": mem.groupby("rank")["block_size_bytes"].sum()})
+    return out.astype("int64").rename_axis("rank").reset_index()
+
+
+DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "hip", 12: "xpu", 13: "mps", 19: "mtia", 20: "privateuse1"}
+"""Kineto's ``Device Type`` numbers (c10::DeviceType) as names; others are shown as numbers."""
+
+
+def device_peaks(events: pd.DataFrame) -> pd.DataFrame:
+    """Peak memory per device of one rank's ``[memory]`` events (``decode.memory_events``;
+    ``NO_VALUE`` where an event does not say):
+    ``schemas.DEVICE_MEMORY_SCHEMA`` rows, one per (device_type, device_id), in that order.
+
+    Peak allocated = the largest "Total Allocated" the allocator reported after an event
+    (source ``Total Allocated``); events without it: the running sum of their signed "Bytes"
+    (source ``running sum of Bytes``). Either way the series starts from the smallest
+    live amount that keeps it from going negative (``start_bytes``): a free of a block allocated
+    before the profiler's window (Bytes < 0, or a window-relative total below 0) says that much
+    was live already, so no running total is negative and the peak includes it. Peak reserved =
+    the largest "Total Reserved" (-1 when no event says)."""
+    cols = schemas.DEVICE_MEMORY_SCHEMA.names
+    if events.empty:
+        return schemas.DEVICE_MEMORY_SCHEMA.empty_table().to_pandas()
+    rows = []
+    ev = events.sort_values("ts_ns", kind="stable")
+    for (dtype, did), g in ev.groupby(["device_type", "device_id"], sort=True):
+        total = g["total_allocated"].to_numpy()
+        if (total != NO_VALUE).any():
+            series, source = total[total != NO_VALUE], "Total Allocated"
+        else:
+            known = g["bytes"].to_numpy()
+            series, source = np.cumsum(known[known != NO_VALUE]), "running sum of Bytes"
+        if series.size == 0:
+            continue
+        start = max(0, -int(series.min()))
+        peak = start + max(0, int(series.max()))
+        reserved = g["total_reserved"].to_numpy()
+        reserved = reserved[reserved != NO_VALUE]
+        rows.append({"device_type": int(dtype), "device_id": int(did), "events": len(g),
+                     "peak_allocated_bytes": peak,
+                     "peak_reserved_bytes": int(reserved.max()) if reserved.size else -1,
+                     "start_bytes": start, "source": source})
+    if not rows:
+        return schemas.DEVICE_MEMORY_SCHEMA.empty_table().to_pandas()
+    out = pd.DataFrame(rows, columns=cols)
+    for c in cols[:-1]:
+        out[c] = out[c].astype("int64")
+    return out
+
+
+def snapshot_agreement(categories: pd.DataFrame, totals: pd.DataFrame) -> pd.DataFrame:
+    """The categories (``read_categories``) beside a CUDA snapshot's totals
+    (``snapshot_totals``), per rank: held_bytes (parameters + optimizer state: what lives between
+    steps, after zero_grad freed the gradients -- when the snapshot is taken), allocated_bytes,
+    other_live_bytes (allocated - held: buffers, the batch, caches), reserved_bytes, peak_bytes,
+    peak_reserved_bytes and ``agrees``: held <= allocated <= peak and reserved <= peak reserved
+    (when known). Ranks in both tables only."""
+    wide = categories.pivot_table(index="rank", columns="category", values="bytes", aggfunc="max")
+    res = categories[categories["category"] == "peak"].set_index("rank")["reserved_bytes"]
+    out = totals.set_index("rank").join(wide, how="inner")
+    held = out.get("parameters", 0) + out.get("optimizer_state", 0)
+    df = pd.DataFrame({
+        "held_bytes": held.astype("int64"), "allocated_bytes": out["allocated_bytes"],
+        "other_live_bytes": (out["allocated_bytes"] - held).astype("int64"),
+        "reserved_bytes": out["reserved_bytes"], "peak_bytes": out["peak"].astype("int64"),
+        "peak_reserved_bytes": res.reindex(out.index).astype("Int64")})
+    known = df["peak_reserved_bytes"].notna()
+    df["agrees"] = ((df["held_bytes"] <= df["allocated_bytes"]) & (df["allocated_bytes"] <= df["peak_bytes"])
+                    & (~known | (df["reserved_bytes"] <= df["peak_reserved_bytes"].fillna(0))))
+    return df.rename_axis("rank").reset_index()

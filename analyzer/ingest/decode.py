@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.contract.errors import BadInput
+from analyzer.contract.schemas import NO_VALUE
 
 _NULL = msgspec.Raw(b"null")
 
@@ -766,3 +767,79 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     dp = trace.deviceProperties
     return Decoded(events=df, distributed_info=di,
                    device_count=len(dp) if isinstance(dp, list) else 0, warnings=warnings)
+
+
+# --- [memory] instant events (issue 19) ------------------------------------------------------
+#
+# torch.profiler(profile_memory=True) writes one instant event per allocation and free:
+#   {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": ..., "args": {
+#    "Device Type": 0 CPU / 1 CUDA / 6 HIP ..., "Device Id": ..., "Addr": ..., "Bytes": signed
+#    (negative for a free), "Total Allocated": the allocator's total after the event,
+#    "Total Reserved": the caching allocator's reserve after it}}
+# (Kineto ``MemoryTraceEvent``; on CPU the totals count only what the profiler saw.) They are read
+# in a second, light pass (names as raw bytes, args parsed for [memory] events only), only when
+# the file mentions "[memory]".
+_MEMORY_NAME = b'"[memory]"'
+
+
+class _MemArgs(msgspec.Struct, gc=False):
+    device_type: Any = msgspec.field(default=None, name="Device Type")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    nbytes: Any = msgspec.field(default=None, name="Bytes")
+
+
+class _MemEvent(msgspec.Struct, gc=False):
+    name: msgspec.Raw = _NULL
+    ts: msgspec.Raw = _NULL
+    args: msgspec.Raw = _NULL
+
+
+_MEM_TRACE = msgspec.json.Decoder(msgspec.defstruct(
+    "_MemTrace", [("traceEvents", list[_MemEvent])], gc=False))
+_MEM_ARGS = msgspec.json.Decoder(_MemArgs)
+MEMORY_EVENT_COLUMNS = ("ts_ns", "device_type", "device_id", "total_allocated", "total_reserved",
+                        "bytes")
+
+
+def _whole(v: Any, missing: int) -> int:
+    """A JSON number as a whole int64, ``missing`` when absent, not a number or out of range."""
+    if type(v) is float and v.is_integer():
+        v = int(v)
+    return v if type(v) is int and -_I64_MAX <= v <= _I64_MAX else missing
+
+
+def memory_events(data: bytes) -> tuple[pd.DataFrame, list[str]]:
+    """The ``[memory]`` instant events of trace JSON ``data``: (table, warnings). Columns
+    ``MEMORY_EVENT_COLUMNS``, all int64; device_type / device_id -1 and the amounts
+    (total_allocated, total_reserved, bytes: negative for a free, and totals relative to the
+    window can be) ``NO_VALUE`` where the event does not say; rows in file order, events with a bad ts left out and counted in
+    a warning. Empty when the file has none, or when its JSON is not readable here (the main
+    decode says why; a warning says the memory events were not read)."""
+    empty = pd.DataFrame({c: np.zeros(0, np.int64) for c in MEMORY_EVENT_COLUMNS})
+    if _MEMORY_NAME not in data:
+        return empty, []
+    try:
+        evs = _MEM_TRACE.decode(data).traceEvents
+    except (msgspec.DecodeError, RecursionError):
+        return empty, ["[memory] events not read: the trace's JSON needed repair"]
+    mem = [e for e in evs if bytes(e.name) == _MEMORY_NAME]
+    if not mem:
+        return empty, []
+    ts, ok = parse_decimal_ns([e.ts for e in mem])
+    cols: dict[str, list[int]] = {c: [] for c in MEMORY_EVENT_COLUMNS[1:]}
+    for e in mem:
+        try:
+            a = _MEM_ARGS.decode(e.args) if bytes(e.args) != b"null" else _MemArgs()
+        except msgspec.DecodeError:  # args that are not an object: nothing known
+            a = _MemArgs()
+        for c, v in zip(MEMORY_EVENT_COLUMNS[1:], (a.device_type, a.device_id, a.total_allocated,
+                                                   a.total_reserved, a.nbytes)):
+            cols[c].append(_whole(v, -1 if c.startswith("device") else NO_VALUE))
+    df = pd.DataFrame({"ts_ns": ts, **{c: np.asarray(v, np.int64) for c, v in cols.items()}})
+    warnings = []
+    if not ok.all():
+        warnings.append(f"skipped {int((~ok).sum())} [memory] events with a missing, negative or "
+                        "non-numeric ts")
+    return df[ok].reset_index(drop=True), warnings

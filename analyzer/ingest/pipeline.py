@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 _ANALYZER = Path(__file__).parents[1]
 CODE_MODULES = tuple(_ANALYZER / m for m in (
     "ingest/decode.py", "ingest/classify.py", "ingest/commid.py", "ingest/steps.py",
-    "ingest/pipeline.py", "analyses/breakdown.py",
+    "ingest/pipeline.py", "analyses/breakdown.py", "analyses/memory.py",
     "analyses/collectives.py", "analyses/prefetch.py", "analyses/intervals.py"))
 """The modules whose code shapes the cached tables (part of the cache key)."""
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
@@ -98,6 +98,9 @@ class RankTables:
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
     prefetch: pd.DataFrame = field(default_factory=pd.DataFrame)
     timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    device_memory: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Peak memory per device from the trace's ``[memory]`` events
+    (``schemas.DEVICE_MEMORY_SCHEMA``; empty when it has none)."""
     timeline_step: int = -1
     """The step of ``timeline``: the smallest step >= 0, -1 when none."""
     whole_overlap_ns: int = 0
@@ -220,7 +223,9 @@ def rank_tables(path: Path) -> RankTables:
     ``BadInput``."""
     from analyzer.analyses.breakdown import rank_breakdown, timeline_rows, whole_trace_overlap
     from analyzer.analyses.collectives import rank_collectives
+    from analyzer.analyses.memory import device_peaks
     from analyzer.analyses.prefetch import prefetch_table
+    from analyzer.ingest.decode import decode_bytes, decompress, memory_events
 
     try:
         sig = _stat_sig(path)
@@ -236,15 +241,21 @@ def rank_tables(path: Path) -> RankTables:
     if hit is not None:
         _write_tables(cpath, sig, hit)  # record the new stat signature
         return hit
-    dec = _decoded(path, raw)
+    data = decompress(raw, path)
     del raw
+    dec = decode_bytes(data, path)
+    mem_events, mem_notes = memory_events(data)
+    del data
+    dev_mem = device_peaks(mem_events)
+    dec.warnings += [f"{path}: {n}" for n in mem_notes]
     if dec.events.empty:  # an empty rank; load_run refuses a job of empty ranks only
         ws = (dec.distributed_info or {}).get("world_size")
         rt = RankTables(path=path, world_size=ws if isinstance(ws, int) else None,
                         distributed_info=dec.distributed_info, empty=True,
                         warnings=dec.warnings, sha256=sha,
                         **{t: s.empty_table().to_pandas()
-                           for t, s in schemas.TABLE_SCHEMAS.items()})
+                           for t, s in schemas.TABLE_SCHEMAS.items()
+                           if t != "device_memory"}, device_memory=dev_mem)
         _write_tables(cpath, sig, rt)
         return rt
     ev, info = classified(path, dec=dec)
@@ -273,7 +284,8 @@ def rank_tables(path: Path) -> RankTables:
                     warnings=info["warnings"], steps=steps,
                     breakdown=rank_breakdown(-1, ev, steps, device_kind, main_tid),
                     collectives=coll, prefetch=prefetch_table(ev, rank=-1),
-                    timeline=tl, timeline_step=tl_step, whole_overlap_ns=int(overlap_ns),
+                    timeline=tl, device_memory=dev_mem, timeline_step=tl_step,
+                    whole_overlap_ns=int(overlap_ns),
                     whole_comm_ns=int(comm_ns), sha256=sha, first_ns=int(ev["ts_ns"].min()))
     del ev
     _write_tables(cpath, sig, rt)
