@@ -80,7 +80,8 @@ def key(root: Path, out: Path, options: AnalysisOptions) -> str:
     """The cache key of a report of ``root`` written to ``out`` with ``options`` (``jobs``
     leaves the report unchanged: not in the key)."""
     chosen = {"rtol": options.tolerance.rtol, "atol": options.tolerance.atol,
-              "allow_incomplete": options.allow_incomplete}
+              "allow_incomplete": options.allow_incomplete,
+              "device_memory_bytes": options.device_memory_bytes}
     return cache_key(json.dumps({"root": os.path.realpath(root), "out": os.path.realpath(out),
                                  "options": chosen, "files": _files(root, out)},
                                 sort_keys=True), _MODULES)

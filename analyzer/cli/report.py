@@ -23,6 +23,9 @@ ALLOW_INCOMPLETE_HELP = (
     "Analyse a run directory without manifest.json (a record that did not finish) as found: "
     "marked incomplete, parity not checked, left out of the ranking. Folders of foreign "
     "traces need no flag: pass each such folder itself (a traces root takes run directories).")
+DEVICE_MEMORY_HELP = (
+    "One device's memory, e.g. 80GiB (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB): the Memory section "
+    "says per run whether its largest per-rank peak fits, and with how much to spare.")
 GATE_ALLOW_INCOMPLETE_HELP = (
     "Accept run directories without manifest.json (a record that did not finish): listed SKIP, "
     "not gated (they alone never pass).")
@@ -217,16 +220,19 @@ def register(app, run) -> None:
         rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
+        device_memory: Annotated[Optional[str], typer.Option("--device-memory", help=DEVICE_MEMORY_HELP)] = None,
     ) -> None:
         """Check parity, attribute time and memory, compare and rank; print report.md."""
-        from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride
+        from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride, parse_bytes
 
         formats = _formats(fmt)
         notes: list[str] = []
         _, md = run(lambda: write_report(directory, out=out, formats=formats, notes=notes,
                                          options=AnalysisOptions(
                                              tolerance=ToleranceOverride(rtol=rtol, atol=atol),
-                                             allow_incomplete=allow_incomplete)))
+                                             allow_incomplete=allow_incomplete,
+                                             device_memory_bytes=None if device_memory is None
+                                             else parse_bytes(device_memory))))
         from analyzer.cli import richout
 
         for n in notes:  # said by the analysis, or kept with the cached report: said again

@@ -5,7 +5,9 @@ Works on the report's run entries (``report_types.RunEntry``, the ``runs[]`` of 
 Ranking rule (stated in every output as ``RANKING_RULE``): runs whose parity passed, plus the
 ``single`` reference run (the speedup base), ordered by the median step time of the profiled
 steps -- the step time of a distributed step being its slowest rank's wall time from
-``steps.parquet`` -- fastest first; ties broken by lower peak allocated memory. The ranking is
+``steps.parquet`` -- fastest first; ties broken by the lower per-rank memory peak
+(``Memory.peak_allocated_bytes``: memory_categories.parquet's peak, i.e. what the rank holds,
+never the profiler's window-only figure; analyzer/compare/footprint.py). The ranking is
 withheld when any run failed parity or has none recorded (naming the run and its first diverging
 tensor or the reason), or when the runs were not recorded under the same settings (versions,
 device, global batch shape, seed, model, precision, launch), since they are then not one experiment.
@@ -21,8 +23,8 @@ from analyzer.contract.report_types import Noise, Ranking, RunEntry
 RANKING_RULE = (
     "Runs are ranked only when every run passed the parity gate (the single-device run is the "
     "reference and the speedup base). Order: median step time over the profiled steps, fastest "
-    "first (a distributed step lasts as long as its slowest rank); ties broken by lower peak "
-    "allocated memory. Runs recorded under different settings are never ranked together; an "
+    "first (a distributed step lasts as long as its slowest rank); ties broken by the lower "
+    "per-rank memory peak (Memory section: what the rank holds, not the profiler window). Runs recorded under different settings are never ranked together; an "
     "incomplete run (no manifest.json, --allow-incomplete) is left out."
 )
 
@@ -96,6 +98,8 @@ def settings_differences(runs: list[RunEntry]) -> list[str]:
 
 
 def _peak(run: RunEntry) -> float:
+    """The tie-break: the run's largest per-rank peak (``Memory.peak_allocated_bytes``, chosen
+    by analyzer/compare/footprint.py: recorded categories first); inf when unknown."""
     v = run.memory.peak_allocated_bytes
     return math.inf if v is None else float(v)
 

@@ -31,14 +31,14 @@ from pathlib import Path
 import msgspec
 import pandas as pd
 
-from analyzer.compare import drift, ranking
+from analyzer.compare import drift, footprint, ranking
 from analyzer.analyses import datasupply, memory, parity, prefetch
 from analyzer.ingest import pipeline, rundirs
 from analyzer.contract import schemas
 from analyzer.analyses.clock import clock_offsets
 from analyzer.analyses.collectives import by_kind, run_busbw_gbps
-from analyzer.contract.report_types import (AnalysisOptions, Allocation, CommGroup, CommKind, Interval,
-                                   Memory, MemoryCategory, MemoryRank, Parity, Prefetch, PrefetchUnit,
+from analyzer.contract.report_types import (AnalysisOptions, CommGroup, CommKind, Interval,
+                                   Memory, Parity, Prefetch, PrefetchUnit,
                                    RankFigures, Report, RunEntry, StepBar, StepTime, Timeline,
                                    TraceInfo)
 
@@ -189,29 +189,17 @@ def trace_step_source(tables) -> str:
             "rank")
 
 
-def _steps_and_memory(run: rundirs.RunDir) -> tuple[list[int], Memory]:
+def _steps_and_memory(run: rundirs.RunDir, tables, options: AnalysisOptions
+                      ) -> tuple[list[int], Memory]:
     """(profiled step times from steps.parquet, slowest rank's wall time, in ns; the run's
-    memory: peaks from steps.parquet, live blocks from memory/memory.parquet)."""
-    out = Memory()
-    path = run.path / schemas.MEMORY_DIR / schemas.MEMORY_PARQUET_NAME
-    if run.manifest is not None and path.exists():
-        mem = memory.read_memory(path)
-        out.by_category = [MemoryCategory(**r)
-                           for r in memory.memory_by_category(mem).to_dict("records")]
-        out.largest = [Allocation(**r) for r in memory.largest_allocations(mem).to_dict("records")]
+    memory, analyzer/compare/footprint.py)."""
     path = run.path / schemas.STEPS_NAME
-    if run.manifest is None or not path.exists():
-        return [], out
-    steps = memory.read_steps(path)
+    steps = memory.read_steps(path) if run.manifest is not None and path.exists() else None
+    mem = footprint.run_memory(run, steps, tables, options)
+    if steps is None:
+        return [], mem
     st = memory.step_times(steps)
-    peaks = memory.rank_peaks(steps)
-    out.ranks = [MemoryRank(**r) for r in peaks.to_dict("records")]
-    if len(peaks):
-        out.peak_rss_bytes, out.peak_reserved_bytes = (
-            None if pd.isna(v) else int(v)
-            for v in (peaks["peak_rss_bytes"].max(), peaks["cuda_max_reserved_bytes"].max()))
-        out.peak_allocated_bytes = memory.peak_allocated_bytes(peaks)
-    return st.loc[st["profiled"], "step_ns"].tolist(), out
+    return st.loc[st["profiled"], "step_ns"].tolist(), mem
 
 
 def _parity(run: rundirs.RunDir, options: AnalysisOptions) -> Parity:
@@ -226,7 +214,7 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
     per-rank tables, ``ingest.load_run``; None when it has no trace), the trace figures (module
     docstring). Raises ``BadInput`` for a malformed numerics, steps or memory file."""
     m = run.manifest
-    step_ns, mem = _steps_and_memory(run)
+    step_ns, mem = _steps_and_memory(run, tables, options)
     source = "steps.parquet: profiled steps, slowest rank's wall time" if step_ns else None
     entry = RunEntry(
         name=run.name, path=str(run.path), strategy=run.strategy,

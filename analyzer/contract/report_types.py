@@ -69,6 +69,8 @@ class AnalysisOptions:
     """Analyse run directories without manifest.json as found (marked incomplete)."""
     jobs: int | None = None
     """Processes parsing ranks (None: one per CPU, at most one per file)."""
+    device_memory_bytes: int | None = None
+    """``--device-memory``: one device's memory, for the fits / does not fit line (None: no line)."""
 
     def __post_init__(self) -> None:
         if self.jobs is not None and self.jobs < 1:
@@ -199,10 +201,37 @@ class MemoryRank(msgspec.Struct, kw_only=True):
 
 
 class MemoryCategory(msgspec.Struct, kw_only=True):
+    """Bytes one rank holds in one category (memory_categories.parquet): ``category`` one of
+    ``schemas.MEMORY_CATEGORIES`` (parameters, gradients, optimizer_state, activations, peak);
+    ``reserved_bytes`` on the CUDA peak row only; ``source`` how it was measured."""
+
+    rank: int
+    category: str
+    bytes: int
+    reserved_bytes: int | None = None
+    source: str = ""
+
+
+class SnapshotCategory(msgspec.Struct, kw_only=True):
+    """Live blocks of a CUDA allocator snapshot by the snapshot's own category."""
+
     rank: int
     category: str
     blocks: int
     bytes: int
+
+
+class SnapshotTotal(msgspec.Struct, kw_only=True):
+    """A rank's CUDA allocator snapshot in total: live (allocated) and all blocks (reserved);
+    beside the categories (``memory.snapshot_agreement``; None without them): ``held_bytes``
+    (parameters + optimizer state, what lives between steps) and ``agrees`` (held <= allocated
+    <= peak, reserved <= peak reserved)."""
+
+    rank: int
+    allocated_bytes: int
+    reserved_bytes: int
+    held_bytes: int | None = None
+    agrees: bool | None = None
 
 
 class Allocation(msgspec.Struct, kw_only=True):
@@ -213,16 +242,54 @@ class Allocation(msgspec.Struct, kw_only=True):
     top_frame: str | None
 
 
+class DeviceMemory(msgspec.Struct, kw_only=True):
+    """Peak memory of one device of one rank from the trace's ``[memory]`` events
+    (analyzer/analyses/memory.py ``device_peaks``); ``device`` e.g. ``cuda:0``;
+    ``peak_reserved_bytes`` None when the events do not say; ``start_bytes`` the live bytes
+    assumed before the first event (frees of blocks allocated before the window)."""
+
+    rank: int
+    device: str
+    events: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int | None
+    start_bytes: int
+    source: str
+
+
+class MemoryFit(msgspec.Struct, kw_only=True):
+    """``analyzer report --device-memory``: does the run's largest per-rank peak fit one device
+    of ``device_bytes``? ``needed_bytes`` (None: no memory figure), ``basis`` which figure it is,
+    ``spare_bytes`` = device_bytes - needed_bytes (negative: short by that much)."""
+
+    device_bytes: int
+    needed_bytes: int | None
+    basis: str
+    fits: bool | None
+    spare_bytes: int | None
+
+
 class Memory(msgspec.Struct, kw_only=True):
-    """Peaks over ranks (``peak_allocated_bytes``: CUDA when recorded, else the profiler's),
-    per rank, and from the CUDA allocator snapshot: live bytes by category, largest blocks."""
+    """A run's memory. ``peak_allocated_bytes``: the largest per-rank peak and
+    ``peak_source`` where it comes from -- memory_categories.parquet's ``peak`` (CUDA allocator
+    peak, or on CPU the sum of the categories) when recorded, else the traces' ``[memory]``
+    events (foreign traces), else steps.parquet's CUDA / profiler-window peak (older records).
+    ``by_category``: rows {rank, category, bytes} (issue 19); ``ranks``: steps.parquet's peaks
+    (process RSS among them); ``devices``: the traces' ``[memory]`` peaks; from the CUDA allocator
+    snapshot: ``snapshot_by_category``, ``snapshot_totals``, ``largest``; ``fit`` with
+    ``--device-memory``."""
 
     peak_rss_bytes: int | None = None
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
+    peak_source: str | None = None
     ranks: list[MemoryRank] = []
     by_category: list[MemoryCategory] = []
+    devices: list[DeviceMemory] = []
+    snapshot_by_category: list[SnapshotCategory] = []
+    snapshot_totals: list[SnapshotTotal] = []
     largest: list[Allocation] = []
+    fit: MemoryFit | None = None
 
 
 class CommKind(_Figures, kw_only=True):
@@ -466,3 +533,21 @@ def decode(text: str | bytes) -> Report:
     """A ``Report`` from report.json's text. Raises ``msgspec.ValidationError`` when it does
     not have the report's shape."""
     return msgspec.json.decode(text, type=Report)
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str, option: str = "--device-memory") -> int:
+    """``80GiB``, ``80 GB``, ``1.5TiB``, ``81920MiB`` or a plain number of bytes -> bytes (int).
+    Units: B, KB/MB/GB/TB (powers of 10), KiB/MiB/GiB/TiB (powers of 2), any case. Raises
+    ``BadInput`` (``bad_option``, naming ``option``) for anything else or a value <= 0."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _BYTE_UNITS or float(m.group(1)) * _BYTE_UNITS[unit] < 1:
+        raise BadInput(option, "bad_option", f"{str(text)[:40]!r} is not an amount of memory",
+                       f"pass e.g. {option} 80GiB (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    return int(float(m.group(1)) * _BYTE_UNITS[unit])

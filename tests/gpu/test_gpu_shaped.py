@@ -48,7 +48,7 @@ def test_fixtures_are_current(tmp_path):
         assert (tmp_path / name / "rank0.trace.json").read_text() == (FIX / name / "rank0.trace.json").read_text(), \
             f"fixtures/gpu_shaped/{name} is stale: run python3 fixtures/gpu_shaped/build.py"
     b.write_memory(tmp_path)
-    for f in ("memory.parquet", "steps.parquet"):
+    for f in ("memory.parquet", "steps.parquet", "memory_categories.parquet"):
         assert pq.read_table(tmp_path / "memory" / f).equals(pq.read_table(FIX / "memory" / f))
 
 
@@ -263,6 +263,48 @@ def test_cuda_peaks_from_steps():
     assert [int(v) // MIB for v in peaks["cuda_max_allocated_bytes"]] == [420, 430]
     assert [int(v) // MIB for v in peaks["cuda_max_reserved_bytes"]] == [640, 576]
     assert memory.peak_allocated_bytes(peaks) == 430 * MIB
+
+
+def test_categories_agree_with_the_snapshot_totals():
+    """memory_categories.parquet beside memory.parquet (build.py, MiB). Snapshot totals by hand:
+    rank 0 live 64 + 32 + 16 + 8 = 120, all blocks 120 + 128 + 4 = 252; rank 1 live 48 + 24 =
+    72, all 72 + 96 = 168. Between steps (gradients freed) a rank holds its parameters and
+    optimizer state: 96 + 24 = 120 and 48 + 24 = 72, exactly the live blocks; the peak row is
+    steps.parquet's largest allocated / reserved after step 0 (420 / 640, 430 / 576), above both
+    totals."""
+    MIB = 1 << 20
+    cats = memory.read_categories(FIX / "memory" / "memory_categories.parquet")
+    totals = memory.snapshot_totals(memory.read_memory(FIX / "memory" / "memory.parquet"))
+    assert [(r.rank, r.allocated_bytes // MIB, r.reserved_bytes // MIB) for r in totals.itertuples()] == [
+        (0, 120, 252), (1, 72, 168)]
+    steps = memory.read_steps(FIX / "memory" / "steps.parquet")
+    after0 = steps[steps["step"] > 0].groupby("rank")
+    peak = cats[cats["category"] == "peak"].set_index("rank")
+    assert list(peak["bytes"]) == list(after0["cuda_max_allocated_bytes"].max())
+    assert list(peak["reserved_bytes"]) == list(after0["cuda_max_reserved_bytes"].max())
+    agree = memory.snapshot_agreement(cats, totals)
+    assert list(agree["held_bytes"]) == list(totals["allocated_bytes"])
+    assert list(agree["other_live_bytes"]) == [0, 0] and agree["agrees"].all()
+
+
+def test_snapshot_and_categories_in_the_report(tmp_path):
+    """A GPU-shaped run directory (the fixture's three memory files, a manifest): the report's
+    peak is the categories' (430 MiB on rank 1, reserved 640), and the snapshot totals carry the
+    agreement."""
+    from analyzer.compare.runs import analyse
+    from tests.reports.builders import manifest, write_manifest
+
+    run = tmp_path / "ddp"
+    (run / "memory").mkdir(parents=True)
+    shutil.copy(FIX / "memory" / "memory.parquet", run / "memory" / "memory.parquet")
+    for f in ("steps.parquet", "memory_categories.parquet"):
+        shutil.copy(FIX / "memory" / f, run / f)
+    write_manifest(run, manifest(run_name="ddp", strategy="ddp", device="cuda"))
+    mem = analyse(run).runs[0].memory
+    MIB = 1 << 20
+    assert (mem.peak_allocated_bytes, mem.peak_reserved_bytes) == (430 * MIB, 640 * MIB)
+    assert "max_memory_allocated" in mem.peak_source
+    assert [(t.rank, t.held_bytes // MIB, t.agrees) for t in mem.snapshot_totals] == [(0, 120, True), (1, 72, True)]
 
 
 def test_traces_are_valid_json_with_nccl_info():
