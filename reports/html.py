@@ -16,6 +16,7 @@ from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
 from reports import fmt, notes
+from reports import memory as memory_section
 from reports import markdown as md_rows
 from reports.markdown import COMM_GROUP_HEADERS, PERFETTO_HINT, comm_group_rows, comparison_rows
 from reports.verdict import verdict
@@ -103,17 +104,6 @@ def comm_bars(report: Report) -> str:
     rows = [(r.name, [(k, v.time_ns_per_step or 0, color[k]) for k, v in r.communication.items()])
             for r in report.runs if r.communication]
     return _hbars("Communication time per collective kind (per rank, mean per profiled step)", rows, "ms", 1e6)
-
-
-def memory_bars(report: Report) -> str:
-    """Peak RSS and peak allocated per rank."""
-    rows = []
-    for r in report.runs:
-        for m in r.memory.ranks:
-            alloc = m.cuda_max_allocated_bytes or m.profiler_allocated_peak_bytes or 0
-            rows.append((f"{r.name} rank {m.rank} allocated", [("peak allocated", alloc, COLORS["peak_allocated"])]))
-            rows.append((f"{r.name} rank {m.rank} RSS", [("peak RSS", m.peak_rss_bytes or 0, COLORS["peak_rss_bytes"])]))
-    return _hbars("Memory peaks per rank", rows, "MiB", 2**20)
 
 
 def timeline_svg(run: RunEntry) -> str:
@@ -213,15 +203,8 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
     if groups:
         parts += ["<h3>By process group and dtype (per rank, whole trace)</h3>",
                   _table(COMM_GROUP_HEADERS, groups), f"<p>{e(notes.COMM_GROUPS)}</p>"]
-    heads, rows = md_rows.memory_rows(report)
-    parts += ["<h2>Memory per rank</h2>", _table(heads, rows) if rows else "<p>No steps.parquet.</p>",
-              f"<p>{e(' '.join(notes.memory_notes(runs)))}</p>"]
-    for r in runs:
-        if r.memory.by_category:
-            parts += [f"<p>CUDA allocator snapshot of {e(r.name)} (live blocks by category):</p>",
-                      _table(*md_rows.snapshot_rows(r)), "<p>Largest live allocations:</p>",
-                      _table(*md_rows.largest_rows(r))]
-    parts += ["<h2>Plots</h2>", step_bars(report), comm_bars(report), memory_bars(report)]
+    parts += memory_section.html(report, _table, _hbars, e)
+    parts += ["<h2>Plots</h2>", step_bars(report), comm_bars(report)]
     parts += [timeline_svg(r) for r in runs]
     pf = [r for r in runs if r.prefetch]
     if pf:

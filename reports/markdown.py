@@ -7,6 +7,7 @@ from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
 from reports import fmt, notes
+from reports import memory as memory_section
 from reports.verdict import verdict
 
 PERFETTO_HINT = "open in https://ui.perfetto.dev (Open trace file)"
@@ -156,28 +157,6 @@ def comm_kind_rows(report: Report) -> Rows:
              for r in report.runs for k, v in r.communication.items()])
 
 
-def memory_rows(report: Report) -> Rows:
-    """Memory peaks per rank (steps.parquet)."""
-    return (["run", "rank", "CPU peak RSS", "profiler allocated peak", "CUDA peak allocated",
-             "CUDA peak reserved"],
-            [[r.name, m.rank, fmt.mib(m.peak_rss_bytes), fmt.mib(m.profiler_allocated_peak_bytes),
-              fmt.mib(m.cuda_max_allocated_bytes), fmt.mib(m.cuda_max_reserved_bytes)]
-             for r in report.runs for m in r.memory.ranks])
-
-
-def snapshot_rows(run: RunEntry) -> Rows:
-    """A run's CUDA allocator snapshot: live blocks by category."""
-    return (["rank", "category", "blocks", "bytes"],
-            [[c.rank, c.category, c.blocks, fmt.mib(c.bytes)] for c in run.memory.by_category])
-
-
-def largest_rows(run: RunEntry) -> Rows:
-    """A run's largest live allocations."""
-    return (["rank", "size", "category", "where"],
-            [[a.rank, fmt.mib(a.block_size_bytes), a.category, a.top_frame or "-"]
-             for a in run.memory.largest])
-
-
 def prefetch_rows(run: RunEntry) -> Rows:
     """A run's FSDP prefetch per (phase, unit)."""
     return (["phase", "unit", "issued as prefetch", "all_gather (mean duration)",
@@ -269,14 +248,7 @@ def render(report: Report) -> str:
         out += ["### By process group and dtype (per rank, whole trace)", "",
                 table(COMM_GROUP_HEADERS, rows), "", notes.COMM_GROUPS, ""]
 
-    heads, rows = memory_rows(report)
-    out += ["## Memory per rank", "", table(heads, rows) if rows else "No steps.parquet.", "",
-            escape(" ".join(notes.memory_notes(runs))), ""]
-    for r in runs:
-        if r.memory.by_category:
-            out += [f"CUDA allocator snapshot of {escape(r.name)} (live blocks by category):", "",
-                    table(*snapshot_rows(r)), "", "Largest live allocations:", "",
-                    table(*largest_rows(r)), ""]
+    out += memory_section.markdown(report, table, escape)
 
     pf_runs = [r for r in runs if r.prefetch]
     if pf_runs:

@@ -28,21 +28,6 @@ OTHER_IDLE = (
     "recorded ops, e.g. untraced Python or the process waiting)."
 )
 
-PROFILER_PEAK = (
-    "Profiler allocated peak = the largest \"Total Allocated\" that torch.profiler's memory "
-    "events reported on the rank during a profiled step (bytes of live tensors from the "
-    "allocator the profiler sees; not the process RSS, not the CUDA caching allocator's "
-    "reserve). CUDA peaks are torch.cuda.max_memory_allocated / max_memory_reserved per step."
-)
-
-FSDP_PEAK = (
-    "Sharding need not lower this peak for a small model on CPU: while a unit runs, FSDP holds "
-    "its all_gathered, unsharded parameters in full plus the flat-parameter copies (the local "
-    "shard and the padded all_gather buffer), and the activations, gradients and optimizer "
-    "state that sharding saves are small for a tiny model, so FSDP's peak can exceed DDP's; "
-    "the saving shows once parameters and optimizer state dominate memory."
-)
-
 SLACK = (
     "Issued as prefetch = the all_gather was started ahead of the unit that needs it (by the "
     "previous unit's hook, or inside FSDP's forward / backward prefetch label) rather than by the "
@@ -95,14 +80,6 @@ COMM_GROUPS = (
     "= one rank's piece x the group's size), taken from the CPU side (record_param_comms, the "
     "c10d op) before the kernel; 'unknown' where the trace does not tell; busbw with the "
     "group's size. Group size unknown: not told by the trace (busbw then unknown).")
-
-
-def memory_notes(runs: list[RunEntry]) -> list[str]:
-    """The peak definition, plus the FSDP sentence when an FSDP run is present."""
-    out = [PROFILER_PEAK]
-    if any(r.strategy in ("fsdp", "fsdp2") for r in runs):
-        out.append(FSDP_PEAK)
-    return out
 
 
 def prefetch_sentence(run: RunEntry) -> str:

@@ -51,6 +51,19 @@ def write_memory(path: Path, rows: list[dict]) -> None:
     pq.write_table(pa.Table.from_pydict(data, schema=schemas.MEMORY_SCHEMA), path)
 
 
+def write_categories(path: Path, per_rank: dict[int, dict[str, int]], source: str = "sum_of_categories"
+                     ) -> None:
+    """memory_categories.parquet: ``per_rank`` {rank: {category: bytes}}; a missing ``peak`` is
+    the sum of the others (the CPU rule)."""
+    rows = []
+    for rank, cats in per_rank.items():
+        cats = {**cats, "peak": cats.get("peak", sum(cats.values()))}
+        rows += [{"rank": rank, "category": c, "bytes": b, "reserved_bytes": None,
+                  "source": source if c == "peak" else "tensors"} for c, b in cats.items()]
+    data = {f.name: pa.array([r[f.name] for r in rows], f.type) for f in schemas.MEMORY_CATEGORIES_SCHEMA}
+    pq.write_table(pa.Table.from_pydict(data, schema=schemas.MEMORY_CATEGORIES_SCHEMA), path)
+
+
 def manifest(*, run_name, strategy, world_size=2, precision="fp32", fault=None, options=None,
              device="cpu", torch_version="2.13.0", global_batch=8, seed=0, method="spawn",
              training=None):
@@ -127,7 +140,7 @@ def events(rows):
 
 def write_run(run_dir: Path, *, strategy: str, walls: dict[int, tuple[int, ...]],
               grad_diff: float = 0.0, tensor: str = "layers.0.attn.weight", peak_alloc: int = 10 << 20,
-              **manifest_kw) -> None:
+              categories: dict[int, dict[str, int]] | None = None, **manifest_kw) -> None:
     """A complete hand-built run directory (no traces): manifest, numerics, steps.
 
     ``walls`` maps step -> per-rank wall_ns; step 0 is unprofiled, the rest profiled.
@@ -149,6 +162,8 @@ def write_run(run_dir: Path, *, strategy: str, walls: dict[int, tuple[int, ...]]
                   profiler_allocated_peak_bytes=peak_alloc + rank)
              for step, w in walls.items() for rank in range(world)]
     write_steps(run_dir / "steps.parquet", srows)
+    if categories is not None:
+        write_categories(run_dir / schemas.MEMORY_CATEGORIES_NAME, categories)
     write_manifest(run_dir, manifest(run_name=run_dir.name, strategy=strategy, world_size=world,
                                      **manifest_kw))
 

@@ -178,7 +178,7 @@ def test_wording(tmp_path):
     assert "no single-device run" in md.split("\n")[2]
     assert "(source per run below)" not in md
     assert "ddp: steps.parquet: profiled steps, slowest rank's wall time; median and p90 over 2 step(s)" in md
-    for text in ("Other = ", "idle = ", "Profiler allocated peak = "):
+    for text in ("Other = ", "idle = ", "The profiler-window peak is ", "Process RSS is the whole process"):
         assert text in md and text in html.render(rep).replace("&quot;", '"')
     # a precision difference is stated once (under Ranking), without Python dict reprs
     write_run(root / "fsdp2", strategy="fsdp2", walls={0: (1, 1), 1: (9 * MS, 8 * MS), 2: (9 * MS, 9 * MS)},

@@ -1,0 +1,291 @@
+"""The report's Memory section (issue 19), for report.md and report.html: pure functions of the
+report. What each rank holds by category, the ratio to DDP beside the ratio sharding predicts,
+the fits / does not fit line of ``--device-memory``, the traces' ``[memory]`` peaks, the CUDA
+snapshot, and process RSS apart (the whole process, not what the model needs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.contract.report_types import Report, RunEntry
+from reports import fmt
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
+"""The categories that add up (the fifth, ``peak``, is their sum on CPU, the allocator's on CUDA)."""
+LABELS = {"parameters": "parameters", "gradients": "gradients",
+          "optimizer_state": "optimizer state", "activations": "activations", "peak": "peak"}
+COLORS = {"parameters": "#4c78a8", "gradients": "#f58518", "optimizer_state": "#54a24b",
+          "activations": "#b279a2", "rss": "#72b7b2"}
+SHARDED = ("parameters", "gradients", "optimizer_state")
+PEAK_SOURCES = {"sum_of_categories": "sum of the categories (CPU)",
+                "cuda_max_allocated": "CUDA allocator peak"}
+
+SOURCES = (
+    "Sources: parameters, gradients and optimizer state are counted from the tensors each rank "
+    "holds (distinct storages, so FSDP's padding counts: FSDP1's flat-parameter shard, FSDP2's "
+    "padded Shard(0) buffers; gradients after the first backward, optimizer state -- AdamW's "
+    "exp_avg, exp_avg_sq and step -- after the first optimizer step); activations are the "
+    "tensors autograd saved for backward in the first forward (saved-tensor hooks, parameters "
+    "left out); peak is torch.cuda.max_memory_allocated on CUDA (reserved beside it) and on CPU "
+    "the sum of the four categories. Written by the tracer to memory_categories.parquet. "
+    "The CPU sum leaves out transient buffers (FSDP's all_gathered unit while it computes, "
+    "communication buckets, temporaries), so it is what the rank holds between steps plus the "
+    "saved activations, a lower bound of the true peak. "
+    "Foreign traces have no categories: their peak comes from the trace's [memory] events. "
+    "Each run's peak source is named in the table.")
+RATIO_NOTE = (
+    "Ratio to DDP: the run's largest per-rank figure over DDP's. Predicted: what sharding over W "
+    "ranks gives -- 1/W for parameters, gradients and optimizer state under FULL_SHARD / "
+    "SHARD_GRAD_OP (both keep only the local shard between steps; padding makes it slightly "
+    "more), 1 under NO_SHARD; activations 1 (same rows per rank), W for the single-device run "
+    "(the whole global batch).")
+RSS_NOTE = (
+    "Process RSS is the whole process's high-water resident memory (ru_maxrss): torch, Python, "
+    "the libraries, the profiler and its buffers -- hundreds of MiB before the model -- so it is "
+    "shown apart, never as the memory the model needs. The profiler-window peak is the largest "
+    "\"Total Allocated\" of torch.profiler's [memory] events during a profiled step: it counts only "
+    "what was allocated while profiling (a parameter made before is invisible), so it is no peak "
+    "either; the CUDA columns are torch.cuda.max_memory_allocated / max_memory_reserved per step.")
+DEVICE_NOTE = (
+    "From the traces' [memory] events: peak allocated = the largest \"Total Allocated\" the "
+    "allocator reported (events without it: the running sum of their Bytes); a free of a block "
+    "allocated before the profiler started never makes the running total negative -- the "
+    "smallest amount that keeps it >= 0 is taken as live from the start (\"live before the "
+    "window\"). On CPU the totals cover only what the profiler saw.")
+
+
+def size(b: Any) -> str:
+    """Bytes as MiB, or KiB / B below a MiB (``fmt.data_bytes``); ``-`` when missing."""
+    return "-" if b is None else fmt.data_bytes(b)
+
+
+def gib(b: Any) -> str:
+    """Bytes as GiB (2^30) from 1 GiB up, below it as ``size``; ``-`` when missing."""
+    return "-" if b is None else f"{b / 2**30:.2f} GiB" if abs(b) >= 2**30 else size(abs(b))
+
+
+def _by_rank(run: RunEntry) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for c in run.memory.by_category:
+        out.setdefault(c.rank, {})[c.category] = c
+    return out
+
+
+def largest(run: RunEntry, category: str) -> int | None:
+    """The run's largest per-rank bytes in ``category`` (None without categories)."""
+    vals = [c.bytes for c in run.memory.by_category if c.category == category]
+    return max(vals) if vals else None
+
+
+def category_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
+    """Per run and rank: bytes by category and the peak with its source."""
+    heads = ["run", "rank", *(LABELS[c] for c in CATEGORIES), "peak", "peak reserved", "peak source"]
+    rows = []
+    for r in report.runs:
+        for rank, cats in sorted(_by_rank(r).items()):
+            peak = cats.get("peak")
+            rows.append([r.name, rank, *(size(cats[c].bytes) if c in cats else "-" for c in CATEGORIES),
+                         size(peak.bytes if peak else None),
+                         size(peak.reserved_bytes if peak else None),
+                         PEAK_SOURCES.get(peak.source, peak.source) if peak else "-"])
+    return heads, rows
+
+
+def predicted_ratio(run: RunEntry, category: str, ddp: RunEntry) -> float | None:
+    """What sharding predicts for ``run``'s ``category`` over DDP's (RATIO_NOTE); None: no
+    prediction (the peak, an unknown strategy)."""
+    if category == "peak":
+        return None
+    if run.strategy == "ddp":
+        return 1.0
+    if run.strategy == "single":
+        return float(ddp.world_size or 1) if category == "activations" else 1.0
+    if run.strategy in ("fsdp", "fsdp2"):
+        if category == "activations" or run.options.get("sharding_strategy") == "no_shard":
+            return 1.0
+        return 1.0 / (run.world_size or 1)
+    return None
+
+
+def reference_ddp(report: Report) -> RunEntry | None:
+    """The DDP run the ratios are taken against: the first complete ``ddp`` run with categories
+    and no fault."""
+    return next((r for r in report.runs if r.strategy == "ddp" and r.memory.by_category
+                 and not r.fault and not r.incomplete), None)
+
+
+def ratio_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
+    """Per run with categories and category: its largest per-rank bytes, DDP's, the ratio, the
+    prediction. Empty without a DDP run."""
+    heads = ["run", "category", "largest per rank", "DDP per rank", "ratio to DDP", "sharding predicts"]
+    ddp = reference_ddp(report)
+    if ddp is None:
+        return heads, []
+    rows = []
+    for r in report.runs:
+        if r is ddp or not r.memory.by_category:
+            continue
+        for c in (*CATEGORIES, "peak"):
+            mine, base = largest(r, c), largest(ddp, c)
+            ratio = None if mine is None or not base else mine / base
+            pred = predicted_ratio(r, c, ddp)
+            rows.append([r.name, LABELS[c], size(mine), size(base), fmt.num(ratio, ".3f"),
+                         "-" if pred is None else _fraction(pred, r, c, ddp)])
+    return heads, rows
+
+
+def _fraction(pred: float, run: RunEntry, category: str, ddp: RunEntry) -> str:
+    w = run.world_size or 1
+    if run.strategy in ("fsdp", "fsdp2") and category in SHARDED and pred < 1:
+        return f"1/{w} = {pred:.3f}"
+    return f"{pred:.3f}"
+
+
+def fit_lines(report: Report) -> list[str]:
+    """With ``--device-memory``: one line per run, fits / does not fit, with the margin."""
+    out = []
+    for r in report.runs:
+        f = r.memory.fit
+        if f is None:
+            continue
+        dev = gib(f.device_bytes)
+        if f.fits is None:
+            out.append(f"{r.name}: unknown whether it fits one {dev} device (no memory figure)")
+        elif f.fits:
+            out.append(f"{r.name}: fits at this batch on one {dev} device, with {gib(f.spare_bytes)} "
+                       f"to spare ({f.basis} {gib(f.needed_bytes)} on its largest rank)")
+        else:
+            out.append(f"{r.name}: does not fit at this batch on one {dev} device: needs "
+                       f"{gib(-f.spare_bytes)} more ({f.basis} {gib(f.needed_bytes)} on its "
+                       "largest rank)")
+    return out
+
+
+def peak_source_lines(report: Report) -> list[str]:
+    """One line per run: its peak and where it comes from."""
+    return [f"{r.name}: peak {size(r.memory.peak_allocated_bytes)} per rank, from "
+            f"{r.memory.peak_source}" for r in report.runs if r.memory.peak_source]
+
+
+def rss_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
+    """steps.parquet's per-rank figures: process RSS and the window-only / CUDA peaks."""
+    return (["run", "rank", "process peak RSS (whole process)", "profiler-window peak (window only)",
+             "CUDA peak allocated", "CUDA peak reserved"],
+            [[r.name, m.rank, size(m.peak_rss_bytes), size(m.profiler_allocated_peak_bytes),
+              size(m.cuda_max_allocated_bytes), size(m.cuda_max_reserved_bytes)]
+             for r in report.runs for m in r.memory.ranks])
+
+
+def device_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
+    """The traces' [memory] peaks per run, rank and device, for runs without categories (a
+    recorded run's are its profiler-window peaks, in ``rss_rows``)."""
+    return (["run", "rank", "device", "[memory] events", "peak allocated", "peak reserved",
+             "live before the window", "source"],
+            [[r.name, d.rank, d.device, d.events, size(d.peak_allocated_bytes),
+              size(d.peak_reserved_bytes), size(d.start_bytes), d.source]
+             for r in report.runs if not r.memory.by_category for d in r.memory.devices])
+
+
+def snapshot_rows(run: RunEntry) -> tuple[list[str], list[list[Any]]]:
+    """A run's CUDA allocator snapshot: live blocks by the snapshot's category."""
+    return (["rank", "category", "blocks", "bytes"],
+            [[c.rank, c.category, c.blocks, size(c.bytes)] for c in run.memory.snapshot_by_category])
+
+
+def snapshot_total_rows(run: RunEntry) -> tuple[list[str], list[list[Any]]]:
+    """A run's CUDA snapshot totals beside the categories (``SnapshotTotal``)."""
+    peaks = {c.rank: c for c in run.memory.by_category if c.category == "peak"}
+    return (["rank", "snapshot allocated (live blocks)", "snapshot reserved (all blocks)",
+             "parameters + optimizer state", "peak allocated", "peak reserved",
+             "agree (held <= live <= peak)"],
+            [[t.rank, size(t.allocated_bytes), size(t.reserved_bytes), size(t.held_bytes),
+              size(peaks[t.rank].bytes if t.rank in peaks else None),
+              size(peaks[t.rank].reserved_bytes if t.rank in peaks else None),
+              "-" if t.agrees is None else "yes" if t.agrees else "no"]
+             for t in run.memory.snapshot_totals])
+
+
+def largest_rows(run: RunEntry) -> tuple[list[str], list[list[Any]]]:
+    """A run's largest live allocations."""
+    return (["rank", "size", "category", "where"],
+            [[a.rank, size(a.block_size_bytes), a.category, a.top_frame or "-"]
+             for a in run.memory.largest])
+
+
+def bar_rows(report: Report) -> list[tuple[str, list[tuple[str, float, str]]]]:
+    """The stacked bar per run: its largest-peak rank's categories (bytes)."""
+    rows = []
+    for r in report.runs:
+        ranks = _by_rank(r)
+        if not ranks:
+            continue
+        rank, cats = max(ranks.items(), key=lambda kv: (kv[1]["peak"].bytes if "peak" in kv[1] else 0, -kv[0]))
+        rows.append((f"{r.name} (rank {rank})",
+                     [(LABELS[c], cats[c].bytes if c in cats else 0, COLORS[c]) for c in CATEGORIES]))
+    return rows
+
+
+def markdown(report: Report, table, escape) -> list[str]:
+    """The section's report.md lines; ``table`` / ``escape`` are reports/markdown.py's."""
+    out = ["## Memory per rank", ""]
+    heads, rows = category_rows(report)
+    out += [table(heads, rows) if rows else "No memory categories (foreign traces, or a record "
+            "made before they were written).", ""] + ([escape(SOURCES), ""] if rows else [])
+    out += [f"- {escape(line)}" for line in peak_source_lines(report)] + [""]
+    heads, rows = ratio_rows(report)
+    if rows:
+        out += ["### Ratio to DDP", "", table(heads, rows), "", escape(RATIO_NOTE), ""]
+    fits = fit_lines(report)
+    if fits:
+        out += ["### Will it fit", ""] + [f"- {escape(line)}" for line in fits] + [""]
+    heads, rows = device_rows(report)
+    if rows:
+        out += ["### Peaks from the traces' \\[memory\\] events", "", table(heads, rows), "",
+                escape(DEVICE_NOTE), ""]
+    for r in report.runs:
+        if r.memory.snapshot_by_category:
+            out += [f"CUDA allocator snapshot of {escape(r.name)} (live blocks by category):", "",
+                    table(*snapshot_rows(r)), "", table(*snapshot_total_rows(r)), "",
+                    "Largest live allocations:", "", table(*largest_rows(r)), ""]
+    heads, rows = rss_rows(report)
+    if rows:
+        out += ["### Process RSS and the profiler window (shown apart)", "", table(heads, rows), "",
+                escape(RSS_NOTE), ""]
+    return out
+
+
+def html(report: Report, table, hbars, e) -> list[str]:
+    """The section's report.html parts; ``table`` / ``hbars`` / ``e`` are reports/html.py's."""
+    parts = ["<h2>Memory per rank</h2>",
+             hbars("Memory per rank by category (each run's rank with the largest peak)",
+                   bar_rows(report), "MiB", 2**20)]
+    heads, rows = category_rows(report)
+    parts += [table(heads, rows) if rows else "<p>No memory categories (foreign traces, or a "
+              "record made before they were written).</p>"] + ([f"<p>{e(SOURCES)}</p>"] if rows else [])
+    lines = peak_source_lines(report)
+    if lines:
+        parts.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in lines) + "</ul>")
+    heads, rows = ratio_rows(report)
+    if rows:
+        parts += ["<h3>Ratio to DDP</h3>", table(heads, rows), f"<p>{e(RATIO_NOTE)}</p>"]
+    fits = fit_lines(report)
+    if fits:
+        parts += ["<h3>Will it fit</h3>", "<ul>" + "".join(f"<li>{e(x)}</li>" for x in fits) + "</ul>"]
+    heads, rows = device_rows(report)
+    if rows:
+        parts += ["<h3>Peaks from the traces' [memory] events</h3>", table(heads, rows),
+                  f"<p>{e(DEVICE_NOTE)}</p>"]
+    for r in report.runs:
+        if r.memory.snapshot_by_category:
+            parts += [f"<p>CUDA allocator snapshot of {e(r.name)} (live blocks by category):</p>",
+                      table(*snapshot_rows(r)), table(*snapshot_total_rows(r)),
+                      "<p>Largest live allocations:</p>", table(*largest_rows(r))]
+    heads, rows = rss_rows(report)
+    if rows:
+        rss = [(f"{r.name} rank {m.rank}", [("process peak RSS", m.peak_rss_bytes or 0, COLORS["rss"])])
+               for r in report.runs for m in r.memory.ranks]
+        parts += ["<h3>Process RSS and the profiler window (shown apart)</h3>",
+                  hbars("Process peak RSS per rank (the whole process, not the model)", rss, "MiB", 2**20),
+                  table(heads, rows), f"<p>{e(RSS_NOTE)}</p>"]
+    return parts
