@@ -16,7 +16,11 @@ time combined across ranks, ``collectives.run_busbw_gbps``; not a mean of per-ra
 plus ``count_per_step``, ``time_ns_per_step``, ``bytes_per_step``: collectives inside profiled
 steps per rank divided by that rank's number of profiled steps, mean over ranks;
 ``profiled_steps`` = the most profiled steps of a rank; ``comm_groups`` = the same per (kind,
-process group, dtype), whole trace. Step times: steps.parquet's profiled steps (slowest rank's
+process group, dtype), whole trace. Communication split (analyzer/analyses/commsplit.py): per
+rank and kind ``comm_ranks``, and in ``communication[kind]`` the per-rank means
+``transfer_ns`` / ``wait_ns`` (whole trace; their sum is ``time_ns``), the same per profiled
+step, and ``transfer_busbw_gbps`` (busbw with transfer time in place of the duration; in
+``comm_groups`` too). Step times: steps.parquet's profiled steps (slowest rank's
 wall time) when recorded, else the traces' step windows, slowest rank (analyzer/ingest/steps.py:
 device windows on GPU ranks, ProfilerStep spans with their gloo work on CPU ranks). Steps that
 launched no device work (``device_work`` False, empty windows) are left out of every mean,
@@ -37,8 +41,9 @@ from analyzer.ingest import pipeline, rundirs
 from analyzer.contract import schemas
 from analyzer.analyses.clock import clock_offsets
 from analyzer.analyses.collectives import by_kind, run_busbw_gbps
-from analyzer.contract.report_types import (AnalysisOptions, CommGroup, CommKind, Interval,
-                                   Memory, Parity, Prefetch, PrefetchUnit,
+from analyzer.analyses.commsplit import rank_kind_split, wait_transfer
+from analyzer.contract.report_types import (AnalysisOptions, CommGroup, CommKind, CommRank,
+                                   Interval, Memory, Parity, Prefetch, PrefetchUnit,
                                    RankFigures, Report, RunEntry, StepBar, StepTime, Timeline,
                                    TraceInfo)
 
@@ -63,13 +68,14 @@ def _ranks(bd: pd.DataFrame, offsets: pd.DataFrame) -> list[RankFigures]:
                         **row) for r, row in per.to_dict("index").items()]
 
 
-def _communication(coll: pd.DataFrame, bd: pd.DataFrame, n_ranks: int
-                   ) -> tuple[int, dict[str, CommKind]]:
-    """(profiled steps, ``communication`` per kind: module docstring)."""
+def _communication(coll: pd.DataFrame, bd: pd.DataFrame, n_ranks: int, split: pd.DataFrame
+                   ) -> tuple[int, dict[str, CommKind], list[CommRank]]:
+    """(profiled steps, ``communication`` per kind, ``comm_ranks``: module docstring);
+    ``split``: ``commsplit.wait_transfer`` of ``coll``."""
     rank_steps = bd.groupby("rank")["step"].nunique()
     profiled = int(rank_steps.max()) if len(rank_steps) else 0
     if coll.empty:
-        return profiled, {}
+        return profiled, {}, []
     n = max(n_ranks, 1)
     cols = ["count", "time_ns", "bytes"]
     whole = by_kind(coll)
@@ -90,25 +96,45 @@ def _communication(coll: pd.DataFrame, bd: pd.DataFrame, n_ranks: int
             return None
         return float(per_step.at[kind, c])
 
+    ranks = rank_kind_split(coll, split, rank_steps)
+    parts = ranks.groupby("kind")[["transfer_ns", "wait_ns", "transfer_ns_per_step",
+                                   "wait_ns_per_step"]].sum(min_count=1) / n
+    moved = by_kind(coll.assign(dur_ns=split["transfer_ns"].to_numpy()))
+    moved["kind"] = moved["kind"].astype(str)
+    tbus = moved.groupby("kind")[["bus_bytes", "bus_time_ns"]].sum()
+
+    def part(kind: str, c: str) -> float | None:
+        v = parts.at[kind, c] if kind in parts.index else None
+        return None if v is None or pd.isna(v) else float(v)
+
     return profiled, {
         kind: CommKind(count=t["count"] / n, time_ns=t["time_ns"] / n,
                        bytes=t["bytes"] / n if t["known"] else None,
                        unknown_bytes=int(unknown.get(kind, 0)),
                        busbw_gbps=run_busbw_gbps(t["bus_bytes"], t["bus_time_ns"]),
-                       **{f"{c}_per_step": step_figure(kind, c) for c in cols})
-        for kind, t in totals.to_dict("index").items()}
+                       transfer_busbw_gbps=run_busbw_gbps(tbus.at[kind, "bus_bytes"],
+                                                          tbus.at[kind, "bus_time_ns"]),
+                       **{f"{c}_per_step": step_figure(kind, c) for c in cols},
+                       **{c: part(kind, c) for c in parts.columns})
+        for kind, t in totals.to_dict("index").items()}, [
+        CommRank(**{k: (None if isinstance(v, float) and pd.isna(v) else v)
+                    for k, v in row.items()})
+        for row in ranks.astype({"rank": int, "count": int, "time_ns": int, "transfer_ns": int,
+                                 "wait_ns": int, "unmatched": int}).to_dict("records")]
 
 
-def _comm_groups(coll: pd.DataFrame, n_ranks: int) -> list[CommGroup]:
+def _comm_groups(coll: pd.DataFrame, n_ranks: int, split: pd.DataFrame) -> list[CommGroup]:
     """Per (kind, process group, dtype) over the whole trace (``CommGroup``): what shows a bf16
     vs an fp32 reduction, or a half-world process group, that the per-kind figures mix."""
     if coll.empty:
         return []
     n = max(n_ranks, 1)
-    c = coll.assign(kind=coll["kind"].astype(str), known=coll["bytes"] >= 0)
+    c = coll.assign(kind=coll["kind"].astype(str), known=coll["bytes"] >= 0,
+                    transfer_ns=split["transfer_ns"].to_numpy())
     out = []
     for (kind, pg, dtype), g in c.groupby(["kind", "pg", "dtype"], sort=True):
         k = by_kind(g.assign(kind=kind))  # per rank; bus bytes with each row's group size
+        moved = by_kind(g.assign(kind=kind, dur_ns=g["transfer_ns"]))
         sizes = sorted(set(g["group_size"].tolist()))
         known = g["known"].to_numpy()
         out.append(CommGroup(
@@ -118,7 +144,8 @@ def _comm_groups(coll: pd.DataFrame, n_ranks: int) -> list[CommGroup]:
             count=len(g) / n, time_ns=float(g["dur_ns"].sum()) / n,
             bytes=float(g.loc[known, "bytes"].sum()) / n if known.any() else None,
             unknown_bytes=int((~known).sum()),
-            busbw_gbps=run_busbw_gbps(k["bus_bytes"], k["bus_time_ns"])))
+            busbw_gbps=run_busbw_gbps(k["bus_bytes"], k["bus_time_ns"]),
+            transfer_busbw_gbps=run_busbw_gbps(moved["bus_bytes"], moved["bus_time_ns"])))
     return out
 
 
@@ -157,14 +184,17 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     # per-rank means over the ranks that recorded events: an empty (metadata-only) rank is
     # named in a note, not averaged in as a rank that communicated nothing
     n_ranks = sum(1 for r in tables.ranks if not r.empty)
-    profiled, comm = _communication(tables.collectives, bd, n_ranks)
+    coll = tables.collectives
+    offsets = clock_offsets(coll, [r.rank for r in tables.ranks])
+    split = wait_transfer(coll, offsets)
+    profiled, comm, comm_ranks = _communication(coll, bd, n_ranks, split)
     fields = dict(
-        communication=comm, profiled_steps=profiled,
-        comm_groups=_comm_groups(tables.collectives, n_ranks),
+        communication=comm, profiled_steps=profiled, comm_ranks=comm_ranks,
+        comm_groups=_comm_groups(coll, n_ranks, split),
         comm_ns_per_step=float(bd["comm_ns"].mean()) if len(bd) else None,
         overlap_frac=float(bd["overlap_ns"].sum() / comm_total) if comm_total else None,
         exposed_comm_ns=float(bd["exposed_comm_ns"].mean()) if len(bd) else None,
-        ranks=_ranks(bd, clock_offsets(tables.collectives, [r.rank for r in tables.ranks])),
+        ranks=_ranks(bd, offsets),
         prefetch=_prefetch(tables.prefetch, device_kind),
         steps=[StepBar(step=int(s), **row)
                for s, row in by_step[BAR_PARTS].mean().to_dict("index").items()],

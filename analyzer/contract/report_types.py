@@ -308,6 +308,19 @@ class CommKind(_Figures, kw_only=True):
     time_ns_per_step: float | None
     bytes_per_step: float | None
     unknown_bytes: int = 0
+    transfer_ns: float | None = None
+    """Per-rank mean of the whole trace's transfer time (analyzer/analyses/commsplit.py: from
+    the last rank's start of each matched instance to its end); transfer_ns + wait_ns =
+    time_ns."""
+    wait_ns: float | None = None
+    """Per-rank mean of the whole trace's time spent inside these collectives waiting for the
+    group's last rank to start them."""
+    transfer_ns_per_step: float | None = None
+    wait_ns_per_step: float | None = None
+    transfer_busbw_gbps: float | None = None
+    """busbw over the ranks (nccl-tests, as ``busbw_gbps``) with transfer time in place of the
+    whole duration: the bandwidth of the data's movement, without the wait for the slowest
+    rank that ``busbw_gbps`` includes."""
 
 
 class CommGroup(_Figures, kw_only=True):
@@ -326,6 +339,27 @@ class CommGroup(_Figures, kw_only=True):
     bytes: float | None
     unknown_bytes: int
     busbw_gbps: float | None
+    transfer_busbw_gbps: float | None = None
+    """busbw from transfer time (``CommKind.transfer_busbw_gbps``)."""
+
+
+class CommRank(_Figures, kw_only=True):
+    """One (rank, collective kind) of a run, split into transfer and waiting for the group's
+    slowest rank (analyzer/analyses/commsplit.py): sums over the whole trace, ``time_ns`` =
+    ``transfer_ns`` + ``wait_ns`` (sum of durations); ``unmatched`` instances (no match on
+    another rank) count as transfer; the ``_per_step`` figures: the rank's collectives inside
+    profiled steps over its number of profiled steps (None without steps)."""
+
+    rank: int
+    kind: str
+    count: int
+    time_ns: int
+    transfer_ns: int
+    wait_ns: int
+    unmatched: int
+    time_ns_per_step: float | None = None
+    transfer_ns_per_step: float | None = None
+    wait_ns_per_step: float | None = None
 
 
 class DataSupply(_Figures, kw_only=True):
@@ -452,6 +486,8 @@ class RunEntry(_Figures, kw_only=True):
     memory: Memory = msgspec.field(default_factory=Memory)
     communication: dict[str, CommKind] = {}
     comm_groups: list[CommGroup] = []
+    comm_ranks: list[CommRank] = []
+    """Per rank and kind: transfer and waiting for the slowest rank (``CommRank``)."""
     comm_ns_per_step: float | None = None
     """Communication per profiled step: the union of the rank's collective intervals inside
     the step (time with at least one collective running; never above the step), mean over
