@@ -15,24 +15,21 @@ from urllib.parse import quote
 from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
-from reports import fmt, notes
+from reports import fmt, notes, palette
 from reports import memory as memory_section
 from reports import markdown as md_rows
-from reports.markdown import COMM_GROUP_HEADERS, PERFETTO_HINT, comm_group_rows, comparison_rows
+from reports.decision import decision_input, decision_line
+from reports.markdown import (COMM_GROUP_HEADERS, PERFETTO_HINT, REFERENCE, comm_group_rows,
+                              comparison_rows)
 from reports.verdict import verdict
 
-COLORS = {"compute_ns": "#4c78a8", "exposed_comm_ns": "#e45756", "data_wait_ns": "#eeca3b",
-          "other_ns": "#b8b8b8",
-          "idle_ns": "#eeeeee", "comm": "#f58518", "compute": "#4c78a8",
-          "peak_rss_bytes": "#72b7b2", "peak_allocated": "#54a24b"}
-PALETTE = ("#4c78a8", "#e45756", "#54a24b", "#b279a2", "#f58518", "#72b7b2")
-"""Line colours of the loss curves, one per run."""
 LABELS = {"compute_ns": "compute", "exposed_comm_ns": "exposed communication",
-          "data_wait_ns": "data wait",
-          "other_ns": "other", "idle_ns": "idle"}
+          "data_wait_ns": "data wait", "other_ns": "other", "idle_ns": "idle"}
+"""Parts of a step bar; each drawn in the run's strategy colour at its shade
+(reports/palette.py ``SHADES``)."""
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}
-th{background:#f3f3f3}.verdict{font-size:16px;background:#f7f7ff;padding:1em;border-left:4px solid #4c78a8}
+th{background:#f3f3f3}.decision{font-size:17px;font-weight:bold;background:#f7f7ff;padding:1em;border-left:4px solid #4e79a7}
 .withheld{color:#b00;font-weight:bold}svg{font-size:11px;background:#fff}code{background:#f3f3f3}"""
 
 
@@ -47,23 +44,29 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _legend(items: list[tuple[str, str]], y: int) -> str:
+def _legend(items: list[tuple[str, str, float]], y: int) -> str:
+    """Swatches (label, colour, opacity) in one row at ``y``."""
     out, x = [], 10
-    for label, color in items:
-        out.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{color}" stroke="#999"/>'
-                   f'<text x="{x + 14}" y="{y + 9}">{e(label)}</text>')
+    for label, color, alpha in items:
+        out.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{color}" '
+                   f'fill-opacity="{alpha}" stroke="#999"/><text x="{x + 14}" y="{y + 9}">{e(label)}</text>')
         x += 20 + 7 * len(label)
     return "".join(out)
 
 
-def _hbars(title: str, rows: list[tuple[str, list[tuple[str, float, str]]]], unit: str,
-           scale_div: float) -> str:
-    """Horizontal stacked bars: rows of (label, [(part, value, color)])."""
+Part = tuple[str, float, str, float]
+"""One segment of a bar: (part name, value, colour, opacity)."""
+
+
+def _hbars(title: str, rows: list[tuple[str, list[Part]]], unit: str, scale_div: float,
+           legend: list[tuple[str, str, float]], *, totals: bool = True) -> str:
+    """Horizontal stacked bars: rows of (label, parts); a total after each bar when
+    ``totals``; ``legend`` swatches under the plot."""
     if not rows:
         return ""
     width, left, bar_h = 900, 220, 16
-    top = max((sum(v for _, v, _ in parts) for _, parts in rows), default=0) or 1
-    h = 40 + len(rows) * (bar_h + 6) + 30
+    top = max((sum(v for _, v, _, _ in parts) for _, parts in rows), default=0) or 1
+    h = 40 + len(rows) * (bar_h + 6) + 50
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" role="img">'
            f'<title>{e(title)}</title><text x="10" y="15" font-weight="bold">{e(title)}</text>']
     for i, (label, parts) in enumerate(rows):
@@ -71,61 +74,96 @@ def _hbars(title: str, rows: list[tuple[str, list[tuple[str, float, str]]]], uni
         out.append(f'<text x="10" y="{y + 12}">{e(label)}</text>')
         x = float(left)
         total = 0.0
-        for part, v, color in parts:
+        for part, v, color, alpha in parts:
             w = (width - left - 90) * v / top
             if w > 0:
                 out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" '
-                           f'fill="{color}"><title>{e(part)}: {v / scale_div:.3f} {e(unit)}</title></rect>')
+                           f'fill="{color}" fill-opacity="{alpha}" stroke="{color}">'
+                           f'<title>{e(label)} {e(part)}: {v / scale_div:.3f} {e(unit)}</title></rect>')
             x += w
             total += v
-        out.append(f'<text x="{x + 4:.1f}" y="{y + 12}">{total / scale_div:.2f} {e(unit)}</text>')
-    legend = {(p, c) for _, parts in rows for p, _, c in parts}
-    order = [p for _, parts in rows[:1] for p, _, _ in parts]
-    # first row's order; parts only later rows have (another run's kinds) after it, by name:
-    # a set's order changes from run to run (string hashing)
-    items = sorted(legend, key=lambda pc: (order.index(pc[0]) if pc[0] in order else 99, pc))
-    out.append(_legend(items, h - 20))
+        if totals:
+            out.append(f'<text x="{x + 4:.1f}" y="{y + 12}">{total / scale_div:.2f} {e(unit)}</text>')
+    out.append(_legend(legend, h - 40))
     out.append("</svg>")
     return "".join(out)
 
 
+def _colors(report: Report) -> dict[str, str]:
+    """{run name: its strategy's colour} (reports/palette.py), for every plot."""
+    return palette.run_colors([(r.name, r.strategy) for r in report.runs])
+
+
+def _run_label(r: RunEntry) -> str:
+    """A run's name in plots; the single-device run marked as the reference."""
+    return f"{r.name} ({REFERENCE})" if r.strategy == "single" else r.name
+
+
+def _legend_for(report: Report, parts: list[str]) -> list[tuple[str, str, float]]:
+    """The report's strategies in their colours, then ``parts`` as shades (palette.legend)."""
+    return palette.legend([r.strategy for r in report.runs], parts)
+
+
+def step_time_bars(report: Report) -> str:
+    """Median step time per run (the report's one step-time figure), in ranking order, the
+    single-device run last and marked as the reference."""
+    col = _colors(report)
+    rows = [(f"{row[0]}. {row[1]}" if row[0] not in ("-", REFERENCE) else
+             f"{row[1]} ({REFERENCE})" if row[0] == REFERENCE else row[1],
+             [("median step time", r.step_time_ns.median or 0, col[r.name], 1.0)])
+            for row in md_rows.ranking_rows(report)[1]
+            for r in report.runs if r.name == row[1]]
+    return _hbars("Median step time (ranking; the reference is not ranked)", rows, "ms", 1e6,
+                  _legend_for(report, []))
+
+
 def step_bars(report: Report) -> str:
-    """Per run and step: compute / exposed communication / other / idle (mean over ranks)."""
-    rows = [(f"{r.name} step {s.step}", [(LABELS[k], getattr(s, k) or 0, COLORS[k]) for k in LABELS])
+    """Per run and step: compute / exposed communication / data wait / other / idle (mean over
+    ranks), in the run's strategy colour, one shade per part; no total (the step time shown
+    is the median under Ranking)."""
+    col = _colors(report)
+    rows = [(f"{_run_label(r)} step {s.step}",
+             [(LABELS[k], getattr(s, k) or 0, col[r.name], palette.SHADES[LABELS[k]]) for k in LABELS])
             for r in report.runs for s in r.steps]
-    return _hbars("Step time breakdown (mean over ranks)", rows, "ms", 1e6)
+    return _hbars("Where the time of a step goes (per rank, mean over ranks)", rows, "ms", 1e6,
+                  _legend_for(report, list(LABELS.values())), totals=False)
 
 
 def comm_bars(report: Report) -> str:
-    """Time per collective kind per run (per rank)."""
-    palette = ["#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d"]
-    kinds = sorted({k for r in report.runs for k in r.communication})
-    color = {k: palette[i % len(palette)] for i, k in enumerate(kinds)}
-    rows = [(r.name, [(k, v.time_ns_per_step or 0, color[k]) for k, v in r.communication.items()])
-            for r in report.runs if r.communication]
-    return _hbars("Communication time per collective kind (per rank, mean per profiled step)", rows, "ms", 1e6)
+    """Per run, rank and collective kind: transfer and waiting for the slowest rank, per
+    profiled step, in the run's strategy colour (waiting lighter)."""
+    col = _colors(report)
+    rows = [(f"{r.name} rank {c.rank} {c.kind}",
+             [("transfer", c.transfer_ns_per_step or 0, col[r.name], palette.SHADES["transfer"]),
+              ("wait", c.wait_ns_per_step or 0, col[r.name], palette.SHADES["wait"])])
+            for r in report.runs for c in r.comm_ranks]
+    return _hbars("Communication per profiled step: transfer and waiting for the slowest rank",
+                  rows, "ms", 1e6, _legend_for(report, ["transfer", "wait"]))
 
 
-def timeline_svg(run: RunEntry) -> str:
-    """One step of one rank: compute and communication lanes."""
+def timeline_svg(run: RunEntry, color: str = palette.STRATEGY_COLORS["ddp"]) -> str:
+    """One step of one rank: compute and communication lanes, in the run's strategy colour
+    ``color`` (communication lighter)."""
     tl = run.timeline
     if not tl or not tl.intervals:
         return ""
     width, left = 900, 120
     span = max(tl.step_ns, max(i.end_ns for i in tl.intervals), 1)
     sx = (width - left - 20) / span
-    title = f"{run.name}: rank {tl.rank}, step {tl.step} ({fmt.ms(tl.step_ns)})"
+    title = f"{_run_label(run)}: rank {tl.rank}, step {tl.step}"
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="110" role="img">'
            f'<title>{e(title)}</title><text x="10" y="15" font-weight="bold">{e(title)}</text>']
-    for lane, y in (("compute", 30), ("comm", 60)):
+    for lane, y, alpha in (("compute", 30, palette.SHADES["compute"]),
+                           ("comm", 60, palette.SHADES["communication"])):
         out.append(f'<text x="10" y="{y + 13}">{e(lane)}</text>')
         for iv in tl.intervals:
             if iv.lane != lane:
                 continue
             x = left + max(iv.start_ns, 0) * sx
             w = max((iv.end_ns - max(iv.start_ns, 0)) * sx, 0.5)
-            out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="20" fill="{COLORS[lane]}">'
-                       f'<title>{e(iv.kind or lane)} {fmt.ms(iv.end_ns - iv.start_ns)}</title></rect>')
+            out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="20" fill="{color}" '
+                       f'fill-opacity="{alpha}"><title>{e(iv.kind or lane)} '
+                       f'{fmt.ms(iv.end_ns - iv.start_ns)}</title></rect>')
     out.append(f'<text x="{left}" y="100">0</text><text x="{width - 80}" y="100">{e(fmt.ms(span))}</text>')
     out.append("</svg>")
     return "".join(out)
@@ -154,36 +192,32 @@ def loss_svg(report: Report) -> str:
            f'<text x="10" y="{height - bottom}">{e(fmt.num(y0, ".6g"))}</text>',
            f'<text x="{left}" y="{height - 10}">step {x0}</text>',
            f'<text x="{width - 200}" y="{height - 10}">step {x1}</text>']
+    col = _colors(report)
     for k, r in enumerate(runs):
-        color = PALETTE[k % len(PALETTE)]
+        color = col[r.name]
         curve = [s for s in r.parity.loss_curve if math.isfinite(s.loss) and math.isfinite(s.ref)]
         for attr, dash in (("loss", ""), ("ref", ' stroke-dasharray="4 3"')):
             pts = " ".join(xy(s.step, getattr(s, attr)) for s in curve)
             out.append(f'<polyline points="{pts}" fill="none" stroke="{color}"{dash}>'
-                       f'<title>{e(r.name)} {"baseline" if attr == "ref" else "loss"}</title>'
+                       f'<title>{e(_run_label(r))} {"baseline" if attr == "ref" else "loss"}</title>'
                        "</polyline>")
-        out.append(f'<text x="{width - 150}" y="{top + 16 * k}" fill="{color}">{e(r.name)}</text>')
+        out.append(f'<text x="{width - 150}" y="{top + 16 * k}" fill="{color}">{e(_run_label(r))}</text>')
     out.append("</svg>")
     return "".join(out)
 
 
 def render(report: Report, out_dir: Path | str | None = None) -> str:
-    """The whole report.html text; ``out_dir``: the folder it is written to (trace links are
-    relative to it; absolute ``file:`` URLs when None)."""
+    """The whole report.html text, in report.md's order (reports/markdown.py ``render``), with
+    plots in one colour per strategy (reports/palette.py); ``out_dir``: the folder it is
+    written to (trace links are relative to it; absolute ``file:`` URLs when None)."""
     runs = report.runs
     rk = report.ranking
+    col = _colors(report)
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              "<title>paritytrace report</title>", f"<style>{CSS}</style></head><body>",
              "<h1>paritytrace report</h1>",
-             f'<p class="verdict">{e(" ".join(verdict(report)))}</p>', "<h2>Ranking</h2>"]
-    if rk.status == "ranked":
-        parts.append("<ol>" + "".join(f"<li>{e(n)}</li>" for n in rk.order) + "</ol>")
-    else:
-        parts.append(f'<p class="withheld">Withheld. {e(rk.reason)}</p>')
-    parts.append(f"<p>Rule: {e(rk.rule)}</p>")
-    parts += ["<h2>Comparison</h2>", _table(*comparison_rows(report)),
-              f"<p>Step-time source: {e('; '.join(notes.step_sources(runs)))}.</p>",
-              f"<p>{e(notes.windows(runs))} {e(md_rows.COMPARISON_NOTE)}</p>"]
+             f'<p class="decision">Decision: {e(decision_line(decision_input(report)))}</p>',
+             "<ul>" + "".join(f"<li>{e(s)}</li>" for s in verdict(report)) + "</ul>"]
     parts += ["<h2>Parity</h2>", _table(*md_rows.parity_rows(report)),
               f"<p>{e(md_rows.PARITY_RULE)}</p>"]
     heads, rows = md_rows.loss_rows(report)
@@ -191,21 +225,35 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
         parts += ["<h3>Loss per step</h3>", loss_svg(report),
                   "<p>Solid: the run's loss; dashed, same colour: the baseline's.</p>",
                   _table(heads, rows), f"<p>{e(md_rows.LOSS_NOTE)}</p>"]
-    heads, rows = md_rows.rank_rows(report)
-    parts += ["<h2>Time per rank (mean per step)</h2>",
-              _table(heads, rows) if rows else "<p>No traces.</p>",
-              f"<p>{e(notes.CLOCK_OFFSET)}</p>", f"<p>{e(md_rows.IDENTITY_NOTE + notes.OTHER_IDLE)}</p>"]
+    parts += memory_section.html(report, _table, _hbars, e)
+    heads, rows = md_rows.comm_split_rows(report)
+    parts += ["<h2>Communication</h2>",
+              "<h3>Transfer and waiting for the slowest rank (per rank, mean per profiled step)</h3>",
+              _table(heads, rows) if rows else "<p>No collectives found.</p>", comm_bars(report),
+              f"<p>{e(md_rows.SPLIT_NOTE)}</p>"]
     heads, rows = md_rows.comm_kind_rows(report)
-    parts += ["<h2>Communication by collective kind (per rank, mean per profiled step)</h2>",
-              _table(heads, rows) if rows else "<p>No collectives found.</p>",
-              f"<p>{e(md_rows.BUSBW_NOTE)}</p>"]
+    if rows:
+        parts += ["<h3>By collective kind (per rank, mean per profiled step)</h3>",
+                  _table(heads, rows), f"<p>{e(md_rows.BUSBW_NOTE)}</p>"]
     groups = comm_group_rows(report)
     if groups:
         parts += ["<h3>By process group and dtype (per rank, whole trace)</h3>",
                   _table(COMM_GROUP_HEADERS, groups), f"<p>{e(notes.COMM_GROUPS)}</p>"]
-    parts += memory_section.html(report, _table, _hbars, e)
-    parts += ["<h2>Plots</h2>", step_bars(report), comm_bars(report)]
-    parts += [timeline_svg(r) for r in runs]
+    parts.append("<h2>Ranking by step time</h2>")
+    if rk.status != "ranked":
+        parts.append(f'<p class="withheld">Withheld. {e(rk.reason)}</p>')
+    parts += [_table(*md_rows.ranking_rows(report)), step_time_bars(report),
+              f"<p>{e(notes.STEP_TIME)}</p>",
+              f"<p>Step-time source: {e('; '.join(notes.step_sources(runs)))}.</p>",
+              f"<p>Rule: {e(rk.rule)}</p>"]
+    parts += ["<h2>Time per step (per rank, mean per profiled step)</h2>",
+              _table(*comparison_rows(report)),
+              f"<p>{e(notes.windows(runs))} {e(md_rows.COMPARISON_NOTE)}</p>", step_bars(report)]
+    parts += [timeline_svg(r, col[r.name]) for r in runs]
+    heads, rows = md_rows.rank_rows(report)
+    parts += ["<h2>Time per rank (mean per step)</h2>",
+              _table(heads, rows) if rows else "<p>No traces.</p>",
+              f"<p>{e(notes.CLOCK_OFFSET)}</p>", f"<p>{e(md_rows.IDENTITY_NOTE + notes.OTHER_IDLE)}</p>"]
     pf = [r for r in runs if r.prefetch]
     if pf:
         parts.append("<h2>FSDP prefetch</h2>")

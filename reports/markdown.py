@@ -1,4 +1,5 @@
-"""report.md: the verdict, then the tables. Pure function of the report."""
+"""report.md: the decision line, the verdict's details, then parity, memory, communication,
+the ranking by step time and the remaining tables. Pure function of the report."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from analyzer.contract.report_types import Report, RunEntry
 from reports import fmt, notes
 from reports import memory as memory_section
+from reports.decision import decision_input, decision_line
 from reports.verdict import verdict
 
 PERFETTO_HINT = "open in https://ui.perfetto.dev (Open trace file)"
@@ -51,15 +53,35 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def comparison_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
-    """Headers and rows of the comparison table (shared with the HTML renderer)."""
-    headers = ["run", "strategy and options", "parity", "median step", "p90 step",
-               "speedup vs single", "communication / step (per rank)", "exposed comm / step",
-               "overlap", "data wait", "peak allocated", "peak RSS"]
-    return headers, [[r.name, fmt.options(r), r.parity.status, fmt.ms(r.step_time_ns.median),
-                      fmt.ms(r.step_time_ns.p90), fmt.speedup(r.speedup_vs_single),
-                      fmt.comm_kinds(r), fmt.ms(r.exposed_comm_ns), fmt.pct(r.overlap_frac),
-                      fmt.data_supply(r.data), fmt.mib(r.memory.peak_allocated_bytes),
-                      fmt.mib(r.memory.peak_rss_bytes)] for r in report.runs]
+    """Headers and rows of the per-step comparison table (shared with the HTML renderer);
+    step times are in ``ranking_rows``, the one place they are shown."""
+    headers = ["run", "communication / step (per rank)", "exposed comm / step", "overlap",
+               "data wait", "peak allocated", "peak RSS"]
+    return headers, [[r.name, fmt.comm_kinds(r), fmt.ms(r.exposed_comm_ns),
+                      fmt.pct(r.overlap_frac), fmt.data_supply(r.data),
+                      fmt.mib(r.memory.peak_allocated_bytes), fmt.mib(r.memory.peak_rss_bytes)]
+                     for r in report.runs]
+
+
+REFERENCE = "reference"
+"""What the ranking table and the plots call the single-device run: shown, never ranked."""
+
+
+def ranking_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
+    """The ranking table (shared with html.py): ranked distributed runs by position, fastest
+    first, then runs not ranked (``-``), then the single-device run marked ``REFERENCE``;
+    median step time (``notes.STEP_TIME``) and speedup vs single."""
+    rk = report.ranking
+    by = {r.name: r for r in report.runs}
+    ranked = [by[n] for n in rk.order if n in by and by[n].strategy != "single"]
+    rest = [r for r in report.runs if r not in ranked and r.strategy != "single"]
+    refs = [r for r in report.runs if r.strategy == "single"]
+    rows = [[str(i), r] for i, r in enumerate(ranked, 1)] + [["-", r] for r in rest] + \
+        [[REFERENCE, r] for r in refs]
+    return (["rank", "run", "strategy and options", "parity", "median step time",
+             "speedup vs single"],
+            [[pos, r.name, fmt.options(r), r.parity.status, fmt.ms(r.step_time_ns.median),
+              fmt.speedup(r.speedup_vs_single)] for pos, r in rows])
 
 
 COMPARISON_NOTE = (
@@ -81,17 +103,28 @@ PARITY_RULE = (
     "failure of the gate. Divergence is searched in activations (forward order), gradients, "
     "parameters after the first step, then loss.")
 IDENTITY_NOTE = (
-    "compute + exposed communication + data wait + other + idle = step, per rank and step "
-    "(each instant counted once, in that order of precedence). ")
+    "compute + exposed communication + data wait + other + idle = the rank's traced step, per "
+    "rank and step (each instant counted once, in that order of precedence; the traced step "
+    "per rank is in report.json ranks[].step_ns, the step time shown is under Ranking). ")
 BUSBW_NOTE = (
-    "busbw uses the nccl-tests factors (all_reduce 2(n-1)/n, all_gather, reduce_scatter "
-    "and all_to_all (n-1)/n, broadcast and send_recv 1) and, as nccl-tests does, combines the "
-    "ranks' times before dividing: bytes x factor summed over ranks / time summed over ranks "
-    "(= bytes x factor / mean time per rank), whole trace; GB/s = 10^9 bytes per second.")
+    "busbw from transfer time: the nccl-tests factors (all_reduce 2(n-1)/n, all_gather, "
+    "reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1) over the transfer time "
+    "(the wait for the slowest rank left out, as it moves no data), the ranks' times combined "
+    "before dividing as nccl-tests does: bytes x factor summed over ranks / transfer time "
+    "summed over ranks, whole trace; GB/s = 10^9 bytes per second. report.json keeps the busbw "
+    "over whole durations as busbw_gbps.")
+SPLIT_NOTE = (
+    "Transfer and waiting: the same collective on every rank of its group is matched by "
+    "process group, kind and order (on clocks aligned by the clock offset, see Time per rank); "
+    "a rank's wait = from its start of the collective to the latest start among the group's "
+    "ranks (waiting for the slowest rank, no data moves); transfer = the rest, from that latest "
+    "start to its end. wait + transfer = the collective's time on that rank, exactly. A "
+    "collective no other rank was seen running (not matched) counts as transfer. "
+    "analyzer/analyses/commsplit.py.")
 
 
 COMM_GROUP_HEADERS = ["run", "kind", "process group", "ranks", "group size", "dtype", "calls",
-                      "time (sum)", "bytes", "busbw (GB/s)"]
+                      "time (sum)", "bytes", "busbw from transfer (GB/s)"]
 
 
 def comm_group_rows(report: Report) -> list[list[Any]]:
@@ -99,7 +132,17 @@ def comm_group_rows(report: Report) -> list[list[Any]]:
     return [[r.name, g.kind, g.pg or "-", g.pg_ranks or "-",
              g.group_size or "unknown", g.dtype or "unknown",
              fmt.count(g.count), fmt.ms(g.time_ns), fmt.data_bytes(g.bytes, g.unknown_bytes),
-             fmt.num(g.busbw_gbps, ".3f")] for r in report.runs for g in r.comm_groups]
+             fmt.num(g.transfer_busbw_gbps, ".3f")] for r in report.runs for g in r.comm_groups]
+
+
+def comm_split_rows(report: Report) -> Rows:
+    """Per run, rank and kind: time, transfer and waiting for the slowest rank, per profiled
+    step (shared with html.py)."""
+    return (["run", "rank", "kind", "time / step (sum)", "transfer / step",
+             "waiting for slowest rank / step", "calls (whole trace)", "not matched"],
+            [[r.name, c.rank, c.kind, fmt.ms(c.time_ns_per_step), fmt.ms(c.transfer_ns_per_step),
+              fmt.ms(c.wait_ns_per_step), c.count, c.unmatched]
+             for r in report.runs for c in r.comm_ranks])
 
 
 Rows = tuple[list[str], list[list[Any]]]
@@ -138,9 +181,9 @@ def parity_rows(report: Report) -> Rows:
 
 def rank_rows(report: Report) -> Rows:
     """Time per rank (mean per step), with each rank's clock offset."""
-    return (["run", "rank", "step", "compute", "communication", "exposed comm", "overlap",
+    return (["run", "rank", "compute", "communication", "exposed comm", "overlap",
              "data wait", "other", "idle", "clock offset"],
-            [[r.name, k.rank, fmt.ms(k.step_ns), fmt.ms(k.compute_ns), fmt.ms(k.comm_ns),
+            [[r.name, k.rank, fmt.ms(k.compute_ns), fmt.ms(k.comm_ns),
               fmt.ms(k.exposed_comm_ns), fmt.pct(k.overlap_frac),
               f"{fmt.ms(k.data_wait_ns)} ({fmt.pct(k.data_wait_frac)})", fmt.ms(k.other_ns),
               fmt.ms(k.idle_ns), fmt.ms(k.clock_offset_ns, ".3f")]
@@ -150,10 +193,12 @@ def rank_rows(report: Report) -> Rows:
 def comm_kind_rows(report: Report) -> Rows:
     """Communication by collective kind (per rank, mean per profiled step)."""
     return (["run", "kind", "profiled steps", "calls / step", "time / step (sum)",
-             "bytes / step", "busbw (GB/s)"],
+             "transfer / step", "waiting for slowest rank / step", "bytes / step",
+             "busbw from transfer (GB/s)"],
             [[r.name, k, r.profiled_steps or "-", fmt.count(v.count_per_step),
-              fmt.ms(v.time_ns_per_step), fmt.data_bytes(v.bytes_per_step, v.unknown_bytes),
-              fmt.num(v.busbw_gbps, ".3f")]
+              fmt.ms(v.time_ns_per_step), fmt.ms(v.transfer_ns_per_step),
+              fmt.ms(v.wait_ns_per_step), fmt.data_bytes(v.bytes_per_step, v.unknown_bytes),
+              fmt.num(v.transfer_busbw_gbps, ".3f")]
              for r in report.runs for k, v in r.communication.items()])
 
 
@@ -211,44 +256,51 @@ def drift_rows(report: Report) -> Rows:
 
 def render(report: Report) -> str:
     """The whole report.md text: every string from a trace, a manifest or a path through
-    ``escape``."""
+    ``escape``. Order: the decision line, its details, Parity, Memory, Communication, the
+    ranking by step time, then the remaining tables."""
     runs = report.runs
-    out = ["# paritytrace report", "", " ".join(escape(s) for s in verdict(report)), ""]
-    rk = report.ranking
-    out += ["## Ranking", ""]
-    if rk.status == "ranked":
-        out += [f"{i}. {escape(n)}" for i, n in enumerate(rk.order, 1)] + [""]
-    else:
-        out += [f"**Withheld.** {escape(rk.reason)}", ""]
-    out += [f"Rule: {escape(rk.rule)}", ""]
-    out += ["## Comparison", "", table(*comparison_rows(report)), "",
-            "Step times: median and 90th percentile over the profiled steps; source per run: "
-            + escape("; ".join(notes.step_sources(runs))) + ". Speedup vs single = the single-device "
-            "run's median step / the run's, shown only for runs comparable with it (parity "
-            "passed, same recorded settings); '-' otherwise. " + escape(notes.windows(runs)) + " "
-            + escape(COMPARISON_NOTE)
-            + (" " + escape(CPU_COMPUTE_NOTE) if any(r.prefetch and r.device == "cpu" for r in runs)
-               else ""), ""]
+    out = ["# paritytrace report", "",
+           f"**Decision:** {escape(decision_line(decision_input(report)))}", ""]
+    out += [f"- {escape(s)}" for s in verdict(report)] + [""]
 
     out += ["## Parity", "", table(*parity_rows(report)), "", escape(PARITY_RULE), ""]
     heads, rows = loss_rows(report)
     if rows:
         out += ["### Loss per step", "", table(heads, rows), "", escape(LOSS_NOTE), ""]
 
-    heads, rows = rank_rows(report)
-    out += ["## Time per rank (mean per step)", "", table(heads, rows) if rows else "No traces.",
-            "", notes.CLOCK_OFFSET, "", escape(IDENTITY_NOTE + notes.OTHER_IDLE), ""]
+    out += memory_section.markdown(report, table, escape)
 
+    out += ["## Communication", ""]
+    heads, rows = comm_split_rows(report)
+    out += ["### Transfer and waiting for the slowest rank (per rank, mean per profiled step)", "",
+            table(heads, rows) if rows else "No collectives found.", "", escape(SPLIT_NOTE), ""]
     heads, rows = comm_kind_rows(report)
-    out += ["## Communication by collective kind (per rank, mean per profiled step)", "",
-            table(heads, rows) if rows else "No collectives found.", "", escape(BUSBW_NOTE), ""]
-
+    if rows:
+        out += ["### By collective kind (per rank, mean per profiled step)", "",
+                table(heads, rows), "", escape(BUSBW_NOTE), ""]
     rows = comm_group_rows(report)
     if rows:
         out += ["### By process group and dtype (per rank, whole trace)", "",
                 table(COMM_GROUP_HEADERS, rows), "", notes.COMM_GROUPS, ""]
 
-    out += memory_section.markdown(report, table, escape)
+    rk = report.ranking
+    out += ["## Ranking by step time", ""]
+    if rk.status != "ranked":
+        out += [f"**Withheld.** {escape(rk.reason)}", ""]
+    out += [table(*ranking_rows(report)), "", escape(notes.STEP_TIME), "",
+            "Step-time source: " + escape("; ".join(notes.step_sources(runs))) + ". Speedup vs "
+            "single = the single-device run's median step time / the run's, shown only for runs "
+            "comparable with it (parity passed, same recorded settings); '-' otherwise.", "",
+            f"Rule: {escape(rk.rule)}", ""]
+    out += ["## Time per step (per rank, mean per profiled step)", "",
+            table(*comparison_rows(report)), "",
+            escape(notes.windows(runs)) + " " + escape(COMPARISON_NOTE)
+            + (" " + escape(CPU_COMPUTE_NOTE) if any(r.prefetch and r.device == "cpu" for r in runs)
+               else ""), ""]
+
+    heads, rows = rank_rows(report)
+    out += ["## Time per rank (mean per step)", "", table(heads, rows) if rows else "No traces.",
+            "", notes.CLOCK_OFFSET, "", escape(IDENTITY_NOTE + notes.OTHER_IDLE), ""]
 
     pf_runs = [r for r in runs if r.prefetch]
     if pf_runs:

@@ -9,14 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
-from reports import fmt
+from reports import fmt, palette
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 """The categories that add up (the fifth, ``peak``, is their sum on CPU, the allocator's on CUDA)."""
 LABELS = {"parameters": "parameters", "gradients": "gradients",
           "optimizer_state": "optimizer state", "activations": "activations", "peak": "peak"}
-COLORS = {"parameters": "#4c78a8", "gradients": "#f58518", "optimizer_state": "#54a24b",
-          "activations": "#b279a2", "rss": "#72b7b2"}
 SHARDED = ("parameters", "gradients", "optimizer_state")
 PEAK_SOURCES = {"sum_of_categories": "sum of the categories (CPU)",
                 "cuda_max_allocated": "CUDA allocator peak"}
@@ -213,16 +211,24 @@ def largest_rows(run: RunEntry) -> tuple[list[str], list[list[Any]]]:
              for a in run.memory.largest])
 
 
-def bar_rows(report: Report) -> list[tuple[str, list[tuple[str, float, str]]]]:
-    """The stacked bar per run: its largest-peak rank's categories (bytes)."""
+def _label(r: RunEntry) -> str:
+    """A run's name in the plots; the single-device run marked as the reference."""
+    return f"{r.name} (reference)" if r.strategy == "single" else r.name
+
+
+def bar_rows(report: Report) -> list[tuple[str, list[tuple[str, float, str, float]]]]:
+    """The stacked bar per run: its largest-peak rank's categories (bytes), as (category,
+    bytes, the run's strategy colour, the category's shade)."""
+    col = palette.run_colors([(r.name, r.strategy) for r in report.runs])
     rows = []
     for r in report.runs:
         ranks = _by_rank(r)
         if not ranks:
             continue
         rank, cats = max(ranks.items(), key=lambda kv: (kv[1]["peak"].bytes if "peak" in kv[1] else 0, -kv[0]))
-        rows.append((f"{r.name} (rank {rank})",
-                     [(LABELS[c], cats[c].bytes if c in cats else 0, COLORS[c]) for c in CATEGORIES]))
+        rows.append((f"{_label(r)} (rank {rank})",
+                     [(LABELS[c], cats[c].bytes if c in cats else 0, col[r.name],
+                       palette.SHADES[LABELS[c]]) for c in CATEGORIES]))
     return rows
 
 
@@ -257,9 +263,11 @@ def markdown(report: Report, table, escape) -> list[str]:
 
 def html(report: Report, table, hbars, e) -> list[str]:
     """The section's report.html parts; ``table`` / ``hbars`` / ``e`` are reports/html.py's."""
+    strategies = [r.strategy for r in report.runs]
     parts = ["<h2>Memory per rank</h2>",
              hbars("Memory per rank by category (each run's rank with the largest peak)",
-                   bar_rows(report), "MiB", 2**20)]
+                   bar_rows(report), "MiB", 2**20,
+                   palette.legend(strategies, [LABELS[c] for c in CATEGORIES]))]
     heads, rows = category_rows(report)
     parts += [table(heads, rows) if rows else "<p>No memory categories (foreign traces, or a "
               "record made before they were written).</p>"] + ([f"<p>{e(SOURCES)}</p>"] if rows else [])
@@ -283,9 +291,13 @@ def html(report: Report, table, hbars, e) -> list[str]:
                       "<p>Largest live allocations:</p>", table(*largest_rows(r))]
     heads, rows = rss_rows(report)
     if rows:
-        rss = [(f"{r.name} rank {m.rank}", [("process peak RSS", m.peak_rss_bytes or 0, COLORS["rss"])])
+        col = palette.run_colors([(r.name, r.strategy) for r in report.runs])
+        rss = [(f"{_label(r)} rank {m.rank}",
+                [("process peak RSS", m.peak_rss_bytes or 0, col[r.name],
+                  palette.SHADES["process peak RSS"])])
                for r in report.runs for m in r.memory.ranks]
         parts += ["<h3>Process RSS and the profiler window (shown apart)</h3>",
-                  hbars("Process peak RSS per rank (the whole process, not the model)", rss, "MiB", 2**20),
+                  hbars("Process peak RSS per rank (the whole process, not the model)", rss, "MiB",
+                        2**20, palette.legend(strategies, ["process peak RSS"])),
                   table(heads, rows), f"<p>{e(RSS_NOTE)}</p>"]
     return parts

@@ -54,10 +54,21 @@ UNIT_NAMES = (
 )
 
 
+STEP_TIME = (
+    "Step time, the one step-time figure of this report: the time of a profiled step on its "
+    "slowest rank, median over the profiled steps. Recorded runs: the step's wall time from "
+    "steps.parquet (on CUDA the step ends with a device synchronisation, so it covers the "
+    "device work; on CPU it is the CPU step time). Foreign traces: the traces' step windows "
+    "(device windows on a GPU, CPU ProfilerStep spans with their gloo work without one). The "
+    "per-rank times below add up to each rank's own traced step (report.json ranks[].step_ns); "
+    "p90, min and max are in report.json step_time_ns."
+)
+
+
 def step_sources(runs: list[RunEntry]) -> list[str]:
     """One line per run: where its step times come from and over how many steps, e.g.
-    ``ddp: steps.parquet, slowest rank's wall time per step, median/p90 over 2 profiled steps``."""
-    return [f"{r.name}: {r.step_time_ns.source}; median and p90 over {r.step_time_ns.n} step(s)"
+    ``ddp: steps.parquet: profiled steps, slowest rank's wall time; median over 2 step(s)``."""
+    return [f"{r.name}: {r.step_time_ns.source}; median over {r.step_time_ns.n} step(s)"
             if r.step_time_ns.source else f"{r.name}: no step times" for r in runs]
 
 
@@ -78,8 +89,8 @@ COMM_GROUPS = (
     "Per process group and dtype: whole trace, per rank (mean over ranks); time = sum of "
     "durations; bytes as nccl-tests counts them (all_gather and reduce_scatter: the whole buffer "
     "= one rank's piece x the group's size), taken from the CPU side (record_param_comms, the "
-    "c10d op) before the kernel; 'unknown' where the trace does not tell; busbw with the "
-    "group's size. Group size unknown: not told by the trace (busbw then unknown).")
+    "c10d op) before the kernel; 'unknown' where the trace does not tell; busbw from "
+    "transfer time (the wait for the slowest rank left out) with the group's size. Group size unknown: not told by the trace (busbw then unknown).")
 
 
 def prefetch_sentence(run: RunEntry) -> str:

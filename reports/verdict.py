@@ -23,8 +23,9 @@ def input_bound_sentence(name: str, d: DataSupply | None) -> str | None:
 
 
 def verdict(report: Report) -> list[str]:
-    """Plain-language sentences: parity first, then the ranking (or why it is withheld), then
-    caveats (CPU timings, differing settings)."""
+    """Plain-language sentences under the decision line (reports/decision.py): parity first,
+    then the ranking of the distributed runs and the single-device reference beside it (or
+    why the ranking is withheld), then caveats (CPU timings, differing settings)."""
     runs = report.runs
     dist = [r for r in runs if r.strategy != "single"]
     out: list[str] = []
@@ -58,21 +59,30 @@ def verdict(report: Report) -> list[str]:
     rk = report.ranking
     by_name = {r.name: r for r in runs}
     if rk.status == "ranked":
+        order = [by_name[n] for n in rk.order if by_name[n].strategy != "single"]
+        ref = next((by_name[n] for n in rk.order if by_name[n].strategy == "single"), None)
+        text = ""
+        if order:
+            best = order[0]
+            text = f"Fastest: {best.name}, median step time {fmt.ms(best.step_time_ns.median)}"
+            if best.speedup_vs_single is not None:
+                text += f", {fmt.speedup(best.speedup_vs_single)} speedup over the single-device run"
+            rest = [f"{r.name} ({fmt.ms(r.step_time_ns.median)}"
+                    + (f", {fmt.speedup(r.speedup_vs_single)} the single-device speed"
+                       if r.speedup_vs_single else "")
+                    + ")" for r in order[1:]]
+            if rest:
+                text += "; then " + ", ".join(rest)
+            text += "."
+        if ref is not None:
+            text += (f" Reference (not ranked): {ref.name}, one device, median step time "
+                     f"{fmt.ms(ref.step_time_ns.median)}")
+            if order and all(r.step_time_ns.median > ref.step_time_ns.median for r in order):
+                text += (": at this model and batch size on this machine, no distributed "
+                         "strategy pays off")
+            text += "."
+        out.append(text.strip())
         order = [by_name[n] for n in rk.order]
-        best = order[0]
-        text = f"Fastest: {best.name}, median step {fmt.ms(best.step_time_ns.median)}"
-        if best.speedup_vs_single is not None and best.strategy != "single":
-            text += f", {fmt.speedup(best.speedup_vs_single)} speedup over the single-device run"
-        if best.strategy == "single":
-            text += (" -- the one-process baseline: at this model and batch size on this machine, "
-                     "no distributed strategy pays off")
-        rest = [f"{r.name} ({fmt.ms(r.step_time_ns.median)}"
-                + (f", {fmt.speedup(r.speedup_vs_single)} the single-device speed"
-                   if r.speedup_vs_single and r.strategy != "single" else "")
-                + ")" for r in order[1:]]
-        if rest:
-            text += "; then " + ", ".join(rest)
-        out.append(text + ".")
         noise = rk.noise or None
         if noise and not noise.decisive and len(order) > 1:
             close = "; ".join(f"{a} vs {b}: {fmt.pct(gap)} apart, {why}"

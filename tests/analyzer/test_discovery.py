@@ -104,7 +104,7 @@ def test_folder_of_symlinked_run_dirs_is_analysed(tmp_path, ddp_run):
     # before: "holds no run directory (manifest.json) and no trace files"
     proc = cli("report", str(links), "--out", str(tmp_path / "r"))
     assert proc.returncode == 0, proc.stderr
-    assert "1. ddp" in proc.stdout
+    assert "| 1 | ddp |" in proc.stdout  # ranked first in the ranking table
     md = (tmp_path / "r" / "report.md").read_text()
     assert f"{links / 'notes'}: symlink to" in md.replace("\\", "")
     assert f"{links / 'up'}: symlink to" in md.replace("\\", "")

@@ -192,3 +192,17 @@ if __name__ == "__main__":  # regenerate fixtures/report (python3 -m tests.repor
     for name, fault in (("clean", False), ("fault", True)):
         shutil.rmtree(dest / name, ignore_errors=True)
         build_root(dest / name, fault=fault)
+
+
+def details(md: str) -> str:
+    """The verdict's sentences under report.md's decision line (its bullet list), as one
+    string: the text a reader gets before the first section."""
+    head = md.split("\n## ", 1)[0]
+    return " ".join(line[2:] for line in head.splitlines() if line.startswith("- "))
+
+
+def decision(md: str) -> str:
+    """report.md's decision line (the first line after the title), without its label."""
+    line = md.splitlines()[2]
+    assert line.startswith("**Decision:** "), line
+    return line.removeprefix("**Decision:** ")

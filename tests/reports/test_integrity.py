@@ -20,7 +20,7 @@ from analyzer.contract.report_types import AnalysisOptions
 from analyzer.compare.runs import analyse
 from reports import fmt, html, markdown
 from tests.remanifest import refresh_manifest
-from tests.reports.builders import build_root, write_run
+from tests.reports.builders import build_root, details, write_run
 from tests.corpus import CORPUS, need
 
 runner = CliRunner()
@@ -104,9 +104,9 @@ def test_speedup_only_for_comparable_runs(tmp_path):
     assert by["ddp"].parity.status == "fail" and by["ddp"].speedup_vs_single is None
     assert by["fsdp2"].speedup_vs_single == pytest.approx(10 / 9)  # passed, same settings
     assert by["single"].speedup_vs_single == pytest.approx(1.0)
-    headers, rows = markdown.comparison_rows(rep)
+    headers, rows = markdown.ranking_rows(rep)
     col = headers.index("speedup vs single")
-    assert {r[0]: r[col] for r in rows} == {"single": "1.00x", "ddp": "-", "fsdp2": "1.11x"}
+    assert {r[1]: r[col] for r in rows} == {"single": "1.00x", "ddp": "-", "fsdp2": "1.11x"}
     # different settings from the reference (global batch): no speedup either
     root = build_root(tmp_path / "s")
     write_run(root / "fsdp2", strategy="fsdp2", walls={0: (1, 1), 1: (9 * MS, 8 * MS), 2: (9 * MS, 9 * MS)},
@@ -129,7 +129,7 @@ def test_allow_incomplete_root_includes_the_run_marked(tmp_path):
     assert by["fsdp"].incomplete is True and by["fsdp"].parity.status == "not_recorded"
     assert rep.ranking.status == "ranked" and rep.ranking.order == ["ddp", "fsdp2", "single"]
     assert "fsdp" in rep.ranking.reason and "incomplete" in rep.ranking.reason
-    verdict_line = markdown.render(rep).split("\n")[2]
+    verdict_line = details(markdown.render(rep))
     assert "Caveat: fsdp: incomplete run" in verdict_line
     res = runner.invoke(app, ["gate", str(root), "--allow-incomplete"])
     assert res.exit_code == 0 and "SKIP fsdp: not_recorded" in res.output
@@ -152,19 +152,19 @@ def test_noise_rule(tmp_path):
     assert not noise.cpu and noise.decisive is False
     assert [p[:2] for p in noise.close_pairs] == [("fsdp2", "ddp")]
     assert noise.close_pairs[0][2] == pytest.approx(0.2 / 6.8)
-    v = markdown.render(rep).split("\n")[2]
+    v = details(markdown.render(rep))
     assert "within measurement noise" in v and "fsdp2 vs ddp" in v and "not a basis for a decision" in v
     # GPU, all gaps >= 5 %: decisive, no noise sentence
     rep = _timed(tmp_path / "b", {"single": 10, "ddp": 7, "fsdp2": 8}, "cuda")
     assert rep.ranking.noise.decisive is True
-    assert "measurement noise" not in markdown.render(rep).split("\n")[2]
+    assert "measurement noise" not in details(markdown.render(rep))
     # CPU: a 43 % gap is below the 50 % CPU floor (identical CPU records differ by 30-50 %);
     # larger gaps are judged by the runs' measured spread (tests/reports/test_noise_spread.py)
     rep = _timed(tmp_path / "c", {"single": 10, "ddp": 7}, "cpu")
     noise = rep.ranking.noise
     assert noise.decisive is False and [p[:2] for p in noise.close_pairs] == [("ddp", "single")]
     assert "50 % CPU floor" in noise.close_pairs[0][3]
-    assert "within measurement noise" in markdown.render(rep).split("\n")[2]
+    assert "within measurement noise" in details(markdown.render(rep))
     assert "50 %" in rep.ranking.rule
 
 
@@ -175,9 +175,9 @@ def test_wording(tmp_path):
     rep = analyse(root)
     md = markdown.render(rep)
     assert "match the single-device baseline" not in md
-    assert "no single-device run" in md.split("\n")[2]
+    assert "no single-device run" in details(md)
     assert "(source per run below)" not in md
-    assert "ddp: steps.parquet: profiled steps, slowest rank's wall time; median and p90 over 2 step(s)" in md
+    assert "ddp: steps.parquet: profiled steps, slowest rank's wall time; median over 2 step(s)" in md
     for text in ("Other = ", "idle = ", "The profiler-window peak is ", "Process RSS is the whole process"):
         assert text in md and text in html.render(rep).replace("&quot;", '"')
     # a precision difference is stated once (under Ranking), without Python dict reprs

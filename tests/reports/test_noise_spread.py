@@ -12,7 +12,7 @@ import pytest
 from analyzer.compare.runs import analyse
 from reports import markdown
 from tests.inputs import cli, copy_run
-from tests.reports.builders import write_run
+from tests.reports.builders import details, write_run
 
 MS = 1_000_000
 
@@ -25,7 +25,7 @@ def _report(tmp_path, steps_ms: dict[str, list[float]], device: str = "cpu"):
         w = {0: (1, 1), **{i + 1: (int(ms * MS), int(ms * MS) - 1) for i, ms in enumerate(walls)}}
         write_run(root / name, strategy=name, walls=w, device=device)
     rep = analyse(root)
-    return rep, markdown.render(rep).split("\n")[2]
+    return rep, details(markdown.render(rep))
 
 
 def test_cpu_order_beyond_the_spread_is_not_called_noise(tmp_path):
@@ -108,7 +108,7 @@ def test_noise_statement_follows_the_measured_spread(ddp_run, tmp_path):
         shutil.copytree(run, sub / name)
         proc = cli("report", str(sub), "--out", str(tmp_path / f"rep-{name}"))
         assert proc.returncode == 0, proc.stderr
-        verdict = proc.stdout.splitlines()[2]
+        verdict = details(proc.stdout)
         b = _profiled_step_ns(run)
         gap = (statistics.median(b) - statistics.median(a)) / statistics.median(a)
         noise = max(a) >= min(b) or gap < 0.5  # the rule, CPU floor 50 %

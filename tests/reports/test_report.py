@@ -18,7 +18,7 @@ from analyzer.contract.report_types import CommKind, Interval, Memory, Parity, R
 from analyzer.compare.runs import analyse
 from reports import html, markdown
 from tests.inputs import cli, copy_run
-from tests.reports.builders import build_root, write_run
+from tests.reports.builders import build_root, decision, details, write_run
 
 runner = CliRunner()
 MS = 1_000_000
@@ -37,10 +37,17 @@ def test_clean_root_is_ranked_with_exact_medians(tmp_path):
     assert rep.ranking.status == "ranked" and rep.ranking.order == ["ddp", "fsdp2", "single"]
     assert by["ddp"].memory.peak_allocated_bytes == (10 << 20) + 1
     md = markdown.render(rep)
-    first = md.split("\n")[2]
+    first = details(md)
     assert first.startswith("Parity: all 2 distributed run(s) match the single-device baseline")
     assert "rtol 1.3e-06, atol 1e-05" in first and "torch.testing" in first
-    assert "Fastest: ddp, median step 7.00 ms, 1.43x speedup" in first
+    assert "Fastest: ddp, median step time 7.00 ms, 1.43x speedup" in first
+    assert "Reference (not ranked): single, one device, median step time 10.00 ms." in first
+    # the decision: ddp 9/7 = 1.29x faster than fsdp2; 7 vs 9 ms is 29 % apart, below the
+    # CPU floor of the current noise rule: within noise; peak allocated 10 MiB + 1 on both
+    assert decision(md) == ("ddp vs fsdp2: within noise at this sample size (1.29x; no "
+                            "confidence interval yet: medians of the profiled steps, and the "
+                            "ranking's noise rule for the verdict), the same memory per rank, "
+                            "1.43x the single-device speed; numerics match one device.")
 
 
 def test_fault_withholds_the_ranking_everywhere(tmp_path):
@@ -215,7 +222,7 @@ def test_html_links_traces_relative_to_the_report(tmp_path, monkeypatch, ddp_run
     text = (tmp_path / "traces" / "report" / "report.html").read_text()
     assert 'href="../ddp/rank0.trace.json.gz"' in text and "file:" not in text
     assert (tmp_path / "traces" / "report" / "../ddp/rank0.trace.json.gz").is_file()
-    for heading in ("Time per rank", "Communication by collective kind", "Memory per rank",
+    for heading in ("Time per rank", "By collective kind", "Memory per rank",
                     "Recorded settings", "first divergence"):  # report.md's tables, in HTML
         assert heading in text, heading
 

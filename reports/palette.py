@@ -1,0 +1,52 @@
+"""One colour per strategy, used by every plot of report.html.
+
+A bar, line or swatch that stands for a run takes its strategy's colour (``strategy_color``);
+what it shows of that run (compute or communication, transfer or wait, allocated or RSS) is told
+by the shade (``SHADES``: fill opacity), never by another hue, so a colour means the same
+strategy in every plot. The reference (``single``) is grey. Colours: Tableau 10 (Vega's
+``tableau10`` scheme), chosen for telling categories apart.
+"""
+
+from __future__ import annotations
+
+STRATEGY_COLORS = {"single": "#79706e", "ddp": "#4e79a7", "fsdp": "#f28e2b", "fsdp2": "#59a14f"}
+"""The four strategies of the tracer; the reference is grey."""
+OTHER_COLORS = ("#e15759", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f")
+"""Strategies the tracer does not know (foreign traces name their folder), by first use."""
+SHADES = {"compute": 1.0, "exposed communication": 0.6, "transfer": 1.0, "wait": 0.35,
+          "data wait": 0.4, "other": 0.22, "idle": 0.08, "peak allocated": 1.0, "peak RSS": 0.4,
+          "communication": 0.5, "parameters": 1.0, "gradients": 0.7, "optimizer state": 0.45,
+          "activations": 0.22, "process peak RSS": 0.4}
+"""Fill opacity of each part of a run's bar or lane."""
+SHADE_SWATCH = "#555555"
+"""Colour of the shade swatches in legends."""
+
+
+def strategy_color(strategy: str, seen: list[str] | None = None) -> str:
+    """The colour of ``strategy`` (``STRATEGY_COLORS``); another one from ``OTHER_COLORS`` by
+    its position in ``seen`` (the report's unknown strategies in run order; appended to when
+    new), so a report's unknown strategies keep one colour each in every plot."""
+    if strategy in STRATEGY_COLORS:
+        return STRATEGY_COLORS[strategy]
+    seen = [] if seen is None else seen
+    if strategy not in seen:
+        seen.append(strategy)
+    return OTHER_COLORS[seen.index(strategy) % len(OTHER_COLORS)]
+
+
+def run_colors(strategies: list[tuple[str, str]]) -> dict[str, str]:
+    """{run name: colour} for (run name, strategy) pairs in report order: runs of one strategy
+    share its colour."""
+    seen: list[str] = []
+    return {name: strategy_color(s, seen) for name, s in strategies}
+
+
+def legend(strategies: list[str], parts: list[str]) -> list[tuple[str, str, float]]:
+    """Legend swatches (label, colour, opacity): one per strategy in ``strategies`` (report
+    order, repeats ignored; the single-device run labelled as the reference) in its colour,
+    then one per part in ``parts`` in ``SHADE_SWATCH`` at the part's shade."""
+    unknown: list[str] = []
+    out = []
+    for s in dict.fromkeys(strategies):
+        out.append((f"{s} (reference)" if s == "single" else s, strategy_color(s, unknown), 1.0))
+    return out + [(f"shade: {p}", SHADE_SWATCH, SHADES[p]) for p in parts]
