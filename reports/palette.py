@@ -3,23 +3,24 @@
 A bar, line or swatch that stands for a run takes its strategy's colour (``strategy_color``);
 what it shows of that run (compute or communication, transfer or wait, allocated or RSS) is told
 by the shade (``SHADES``: fill opacity), never by another hue, so a colour means the same
-strategy in every plot. The reference (``single``) is grey. Colours: Tableau 10 (Vega's
-``tableau10`` scheme), chosen for telling categories apart.
+strategy in every plot; legends show the shades in black (``SHADE_SWATCH``), a colour no
+strategy has. Colours: Tableau 10 (Vega's ``tableau10`` scheme), chosen for telling
+categories apart; no strategy is grey, so a light shade never reads as another strategy.
 """
 
 from __future__ import annotations
 
-STRATEGY_COLORS = {"single": "#79706e", "ddp": "#4e79a7", "fsdp": "#f28e2b", "fsdp2": "#59a14f"}
-"""The four strategies of the tracer; the reference is grey."""
-OTHER_COLORS = ("#e15759", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f")
+STRATEGY_COLORS = {"single": "#b07aa1", "ddp": "#4e79a7", "fsdp": "#f28e2b", "fsdp2": "#59a14f"}
+"""The four strategies of the tracer (single: the reference)."""
+OTHER_COLORS = ("#e15759", "#76b7b2", "#edc948", "#ff9da7", "#9c755f")
 """Strategies the tracer does not know (foreign traces name their folder), by first use."""
 SHADES = {"compute": 1.0, "exposed communication": 0.6, "transfer": 1.0, "wait": 0.35,
           "data wait": 0.4, "other": 0.22, "idle": 0.08, "peak allocated": 1.0, "peak RSS": 0.4,
           "communication": 0.5, "parameters": 1.0, "gradients": 0.7, "optimizer state": 0.45,
           "activations": 0.22, "process peak RSS": 0.4}
 """Fill opacity of each part of a run's bar or lane."""
-SHADE_SWATCH = "#555555"
-"""Colour of the shade swatches in legends."""
+SHADE_SWATCH = "#000000"
+"""Colour of the shade swatches in legends (no strategy's)."""
 
 
 def strategy_color(strategy: str, seen: list[str] | None = None) -> str:

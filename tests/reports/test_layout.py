@@ -127,8 +127,12 @@ def test_every_plot_colours_a_run_by_its_strategy(ddp_run, fsdp_run, tmp_path):
     # the loss curves too: each run's line in its strategy colour
     for name in ("ddp", "fsdp"):
         assert re.search(rf'stroke="{palette.STRATEGY_COLORS[name]}"[^>]*><title>{name} loss', page)
-    # a colour means one strategy: no two strategies share one
-    assert len(set(palette.STRATEGY_COLORS.values())) == len(palette.STRATEGY_COLORS)
+    # no other hue anywhere: every fill is a run's strategy colour or the shade swatch
+    assert set(re.findall(r'fill="(#[0-9a-f]{6})"', page)) == {
+        palette.STRATEGY_COLORS["ddp"], palette.STRATEGY_COLORS["fsdp"], palette.SHADE_SWATCH}
+    # a colour means one strategy: no two strategies share one, none is the swatch
+    colors = [*palette.STRATEGY_COLORS.values(), *palette.OTHER_COLORS, palette.SHADE_SWATCH]
+    assert len(set(colors)) == len(colors)
 
 
 def _gloo_durations_ns(run_dir) -> dict[tuple[int, str], int]:
