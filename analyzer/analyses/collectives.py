@@ -7,8 +7,9 @@ reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1; GB = 10^9 byte
 ranks of a run, times are combined before the bandwidth is computed, as nccl-tests does
 (``run_busbw_gbps``).
 Cross-rank matching follows TraceLens: the same collective on every rank is the one with the
-same process group and the same index within that group; transfer time is the shortest
-duration across ranks (the time the data really moved), wait is the rest.
+same process group and the same index within that group; transfer and wait as the report
+splits them (analyzer/analyses/commsplit.py): a rank waits from its start to the group's
+latest start, and transfers from there to its end.
 """
 
 from __future__ import annotations
@@ -244,23 +245,28 @@ def match_ranks(coll: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
     from it counts as offset 0). Every start is first put on the reference rank's clock
     (start_ns - offset_ns), so a rank whose clock runs ahead is not the straggler of every
     collective. Columns: pg, seq, kind, n_ranks, start_ns (first aligned start, reference
-    clock), start_skew_ns (last aligned start - first), transfer_ns (shortest duration),
-    max_wait_ns (longest duration - transfer), straggler_rank (last to start, aligned),
-    kinds_agree. Durations need no alignment."""
+    clock), start_skew_ns (last aligned start - first), transfer_ns (the shortest of the
+    ranks' transfer times) and max_wait_ns (the longest of their waits for the last rank to
+    start), both by the report's rule (analyzer/analyses/commsplit.py ``wait_transfer``: wait
+    = start .. latest start of the group, transfer = the rest), straggler_rank (last to start,
+    aligned), kinds_agree."""
     cols = ["pg", "seq", "kind", "n_ranks", "start_ns", "start_skew_ns", "transfer_ns",
             "max_wait_ns", "straggler_rank", "kinds_agree"]
     if coll.empty:
         return pd.DataFrame(columns=cols)
+    from analyzer.analyses.commsplit import wait_transfer
+
+    split = wait_transfer(coll, offsets)
     shift = coll["rank"].map(dict(zip(offsets["rank"], offsets["offset_ns"]))).fillna(0)
-    coll = coll.assign(start_ns=coll["start_ns"] - shift.astype("int64"))
+    coll = coll.assign(start_ns=coll["start_ns"] - shift.astype("int64"),
+                       transfer_ns=split["transfer_ns"], wait_ns=split["wait_ns"])
     g = coll.groupby(["pg", "seq"], sort=True)
     last = coll.loc[g["start_ns"].idxmax(), ["pg", "seq", "rank"]].set_index(["pg", "seq"])
     out = g.agg(kind=("kind", lambda k: k.mode().iat[0]), n_ranks=("rank", "nunique"),
                 start_ns=("start_ns", "min"), last_start=("start_ns", "max"),
-                transfer_ns=("dur_ns", "min"), longest=("dur_ns", "max"),
+                transfer_ns=("transfer_ns", "min"), max_wait_ns=("wait_ns", "max"),
                 nkinds=("kind", "nunique"))
     out["start_skew_ns"] = out["last_start"] - out["start_ns"]
-    out["max_wait_ns"] = out["longest"] - out["transfer_ns"]
     out["straggler_rank"] = last["rank"].reindex(out.index)
     out["kinds_agree"] = out["nkinds"] == 1
     out = out.reset_index()

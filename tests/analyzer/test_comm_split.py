@@ -115,3 +115,20 @@ def test_report_shows_the_split_and_busbw_from_transfer_time(job):
     assert "| job | 1 | all_reduce | 7.00 ms | 7.00 ms | 0.00 ms |" in comm
     assert "0.571" in comm  # busbw from transfer time shown; the distorted one is not
     assert "0.140" not in comm
+
+
+def test_summary_uses_the_same_split(job, tmp_path):
+    # `analyzer summary`'s cross-rank table: per instance the shortest transfer (7 ms) and
+    # the longest wait (rank 0's 43 ms), the report's rule (summary matches by (pg, order)
+    # across kinds: rank 0's extra broadcast shifts its later instances, kinds_agree False)
+    from tests.inputs import cli
+
+    import json
+
+    out = tmp_path / "s.json"
+    proc = cli("summary", str(job), "--format", "json", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rows = [r for r in json.loads(out.read_text())["cross_rank"]
+            if r["kinds_agree"] and r["n_ranks"] == 2]
+    assert [(r["kind"], r["transfer_ns"], r["max_wait_ns"]) for r in rows] == \
+        [("all_reduce", 7 * MS, 43 * MS)]
