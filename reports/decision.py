@@ -99,13 +99,13 @@ def decision_input(report: Report) -> DecisionInput:
     by = {r.name: r for r in runs}
     dist = [r for r in runs if r.strategy != "single" and not r.incomplete]
     failed = [r for r in dist if r.parity.status == "fail"]
-    missing = [r.name for r in dist if r.parity.status == "not_recorded"]
+    missing = [r for r in dist if r.parity.status == "not_recorded"]
     rk = report.ranking
     if failed or missing:
         why = "; ".join([f"{r.name} failed the parity gate" + (
             f" (first divergence in {r.parity.first_divergence.subject})"
             if r.parity.first_divergence else "") for r in failed]
-            + ([f"{', '.join(missing)} not verified"] if missing else []))
+            + [f"{r.name} not verified ({r.parity.reason})" for r in missing])
         return DecisionInput(best=None, parity="fail" if failed else "not verified",
                              withheld=f"{why}: speed figures of a run whose numerics are not "
                                       "verified do not count (see Parity)")

@@ -17,6 +17,7 @@ from analyzer.compare.runs import analyse
 from analyzer.contract.errors import BadInput
 from analyzer.contract.report_types import AnalysisOptions
 from tests.inputs import CORPUS, DLRM, TBPLUGIN, bad_input, cli, copy_run, need
+from tests.reports.builders import details
 
 
 # hidden files, temporary files and our own outputs
@@ -140,7 +141,7 @@ def test_missing_ranks_are_said_and_the_report_is_not_presented_as_complete(tmp_
     assert proc.returncode == 0 and "7 of 8 ranks" in proc.stdout and "[5]" in proc.stdout
     proc = cli("report", str(job), "--out", str(tmp_path / "o"))
     assert proc.returncode == 0
-    verdict = proc.stdout.splitlines()[2]
+    verdict = details(proc.stdout)
     assert "Caveat: job: partial: ranks \\[5\\] of 8 have no trace" in verdict
 
 
@@ -154,7 +155,7 @@ def test_run_directory_without_manifest(tmp_path, ddp_run):
     assert exc.value.reason == "incomplete_run"
     proc = cli("report", str(job), "--allow-incomplete", "--out", str(tmp_path / "o"))
     assert proc.returncode == 0
-    assert "Caveat: ddp: incomplete run (no manifest.json)" in proc.stdout.splitlines()[2]
+    assert "Caveat: ddp: incomplete run (no manifest.json)" in details(proc.stdout)
     rep = analyse(job, AnalysisOptions(allow_incomplete=True))
     run = rep.runs[0]
     assert run.incomplete and run.parity.status == "not_recorded"
