@@ -1,7 +1,9 @@
 """``run_all``: one function over many inputs, in this process and ``jobs - 1`` workers of a
 ``ProcessPoolExecutor``, each taking the next input as it frees up (callers pass the largest
 first). ``workers()`` starts the workers ahead (importing ``preload`` while this process imports
-its own); ``run_all`` inside reuses them. Workers end with this process, however it ends."""
+its own); ``run_all`` inside reuses them. Workers end with this process, however it ends.
+Inside ``analyzer.ingest.cluster.connected`` (``--scheduler``), ``run_all`` hands the inputs to
+that Dask cluster instead (``push_map``)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Any
 from analyzer.contract.errors import ParityTraceError
 
 _POOL: list[ProcessPoolExecutor] = []  # the workers of the innermost open ``workers()``
+_MAPS: list[Callable[[Callable[[Any], Any], Sequence[Any]], list]] = []  # ``push_map``
 
 
 def run_all(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int | None = None
@@ -28,7 +31,10 @@ def run_all(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int | None = N
     """``[fn(x) for x in items]`` (``fn`` module-level) in ``jobs`` processes (default
     min(cpu count, len(items))). A ``ParityTraceError`` (``BadInput``...) raised in a worker is
     re-raised as is; another exception, or a worker that dies (killed, out of memory), raises
-    ``ParityTraceError`` naming the input(s) the workers were on."""
+    ``ParityTraceError`` naming the input(s) the workers were on. Inside ``push_map`` (a Dask
+    cluster) the innermost map pushed runs them instead, ``jobs`` unused."""
+    if _MAPS:
+        return _MAPS[-1](fn, items)
     jobs = min(jobs or os.cpu_count() or 1, len(items))
     if jobs <= 1:
         return [fn(x) for x in items]
@@ -36,6 +42,17 @@ def run_all(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int | None = N
         return _map(_POOL[-1], fn, items, jobs - 1)
     with _pool(jobs - 1) as ex:
         return _map(ex, fn, items, jobs - 1)
+
+
+def push_map(fn_map: Callable[[Callable[[Any], Any], Sequence[Any]], list]) -> None:
+    """Make ``fn_map(fn, items)`` (results in input order, errors as ``run_all``'s) what
+    ``run_all`` calls until ``pop_map(fn_map)``."""
+    _MAPS.append(fn_map)
+
+
+def pop_map(fn_map: Callable[[Callable[[Any], Any], Sequence[Any]], list]) -> None:
+    """Undo ``push_map(fn_map)``."""
+    _MAPS.remove(fn_map)
 
 
 @contextlib.contextmanager
