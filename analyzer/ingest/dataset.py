@@ -1,0 +1,229 @@
+"""``--tables-out DIR``: the per-rank tables as a hive-partitioned Parquet dataset.
+
+Layout (one sub-dataset per table; partition values in the folder names, not in the files)::
+
+    DIR/paritytrace-tables.json                 written last: its presence means complete
+    DIR/<table>/run=<run>/rank=<rank>/part-0.parquet
+
+``<table>`` is one of:
+
+* ``breakdown``   one row per rank and step (``schemas.BREAKDOWN_SCHEMA``): step_ns =
+  compute_ns + exposed_comm_ns + data_wait_ns + other_ns + idle_ns exactly;
+* ``collectives`` one row per collective instance (``schemas.COLLECTIVES_SCHEMA``), group_size
+  after the world-size fallback (analyzer/ingest/commid.py);
+* ``prefetch``    one row per FSDP unit all_gather (``schemas.PREFETCH_SCHEMA``);
+* ``steps``       one row per ProfilerStep window (``schemas.STEP_WINDOWS_SCHEMA``);
+* ``timeline``    the merged compute / per-kind comm intervals of the rank's first step
+  (``schemas.TIMELINE_SCHEMA``; the step is ``ranks.timeline_step``);
+* ``ranks``       one row per rank (``RANKS_SCHEMA``): the trace, how its rank was found, the
+  world size, the device kind, the whole-trace overlap, the decoder's and step rules' notes.
+
+Every time is int64 nanoseconds on the rank's trace clock; names are dictionary strings;
+``_frac`` columns are 0..1. The ``rank`` column of the tables above is the ``rank=`` partition
+(not stored in the files), ``run`` the run's name (``run=``, percent-encoded as pyarrow's
+hive partitioning writes it: a name of letters, digits, ``-_.`` is unchanged). Every rank has
+one file in every table, with no rows where it has none (``prefetch`` without FSDP), so a
+glob always finds the table's schema. Read it with, e.g.::
+
+    duckdb -c "SELECT run, rank, avg(exposed_comm_ns) FROM
+               read_parquet('DIR/breakdown/**/*.parquet', hive_partitioning=true) GROUP BY ALL"
+    pyarrow.dataset.dataset("DIR/breakdown", partitioning="hive")
+    polars.scan_parquet("DIR/breakdown/**/*.parquet", hive_partitioning=True)
+
+Writing is atomic for the whole folder: the dataset is written into a hidden sibling folder
+(``.tmp-<random>-<name>``) while the analysis runs; when the analysis ends it replaces ``DIR``
+(two renames: ``DIR`` is away for an instant, never half-written); on an error it is removed.
+``DIR`` may be new, an empty folder, or a dataset this tool wrote (``paritytrace-tables.json``
+and nothing but its table folders); anything else is refused (``unwritable``), as are a symlink
+and a folder inside the input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+from analyzer.contract.errors import BadInput, Reason
+
+MARKER = "paritytrace-tables.json"
+FORMAT = "paritytrace-tables"
+VERSION = 1
+TABLES = ("breakdown", "collectives", "prefetch", "steps", "timeline", "ranks")
+_OPEN: list["_Writer"] = []  # the innermost open ``writing()``
+
+
+def ranks_schema():
+    """The ``ranks`` table: one row per rank (module docstring)."""
+    import pyarrow as pa
+
+    return pa.schema([
+        ("trace", pa.string()), ("sha256", pa.string()), ("rank_source", pa.string()),
+        ("world_size", pa.int64()), ("device_kind", pa.string()),
+        ("whole_trace_mode", pa.bool_()), ("empty", pa.bool_()), ("timeline_step", pa.int64()),
+        ("whole_overlap_ns", pa.int64()), ("whole_comm_ns", pa.int64()),
+        ("first_ns", pa.int64()), ("warnings", pa.list_(pa.string()))])
+
+
+def partitioning():
+    """The hive partitioning of every table (run string, rank int64), for
+    ``pyarrow.dataset.dataset(DIR / table, partitioning=partitioning())``."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    return ds.partitioning(pa.schema([("run", pa.string()), ("rank", pa.int64())]),
+                           flavor="hive")
+
+
+def check_target(out: Path, inputs: Path) -> None:
+    """Refuse ``out`` as ``--tables-out`` before any analysis (module docstring; the caller
+    checks first that its nearest existing folder is writable). Raises ``BadInput``."""
+    if out.is_symlink():
+        raise BadInput(out, Reason.UNWRITABLE, "is a symlink; --tables-out is never written "
+                       "through one", "pass the folder itself")
+    real_in, real_out = os.path.realpath(inputs), os.path.realpath(out)
+    if os.path.commonpath([real_in, real_out]) == real_in:
+        raise BadInput(out, Reason.UNWRITABLE, f"is inside the input {inputs}; the dataset would "
+                       "be read back as input", "pass --tables-out a folder outside the input")
+    if out.is_dir() and not _ours(out):
+        raise BadInput(out, Reason.UNWRITABLE, f"holds files the analyzer did not write (no "
+                       f"{MARKER}, or more than its table folders); --tables-out replaces only "
+                       "a dataset it wrote", "pass --tables-out a new or empty folder")
+
+
+def _ours(out: Path) -> bool:
+    """True for an empty folder or a dataset this module wrote (marker + table folders)."""
+    names = set(os.listdir(out))
+    if not names:
+        return True
+    try:
+        marker = json.loads((out / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("format") == FORMAT and \
+        names <= {MARKER, *TABLES} and all((out / n).is_dir() for n in names - {MARKER})
+
+
+class _Writer:
+    def __init__(self, stage: Path) -> None:
+        self.stage = stage
+        self.runs: list[dict] = []
+
+    def add(self, run_name: str, job) -> None:
+        """Write the tables of one job (``pipeline.JobTables``) under ``run=<run_name>``."""
+        import pandas as pd
+        import pyarrow as pa
+
+        from analyzer.contract import schemas
+
+        part = f"run={quote(run_name, safe='')}"
+        if any(r["partition"] == part for r in self.runs):
+            raise BadInput(job.root, Reason.DUPLICATE_RUN, f"a second run named {run_name!r}",
+                           "rename one of the runs")
+        per_rank = {
+            "steps": (schemas.STEP_WINDOWS_SCHEMA, [(r.rank, r.steps) for r in job.ranks]),
+            "timeline": (schemas.TIMELINE_SCHEMA, [(r.rank, r.timeline) for r in job.ranks])}
+        for name in ("breakdown", "collectives", "prefetch"):
+            df = getattr(job, name)
+            per_rank[name] = (schemas.TABLE_SCHEMAS[name],
+                              [(int(r), g) for r, g in df.groupby("rank", sort=True)]
+                              if len(df) else [])
+        rows = [{"trace": str(r.path), "sha256": r.sha256, "rank_source": r.rank_source,
+                 "world_size": job.world_size, "device_kind": r.device_kind,
+                 "whole_trace_mode": r.whole_trace_mode, "empty": r.empty,
+                 "timeline_step": r.timeline_step, "whole_overlap_ns": r.whole_overlap_ns,
+                 "whole_comm_ns": r.whole_comm_ns, "first_ns": r.first_ns,
+                 "warnings": list(r.warnings)} for r in job.ranks]
+        per_rank["ranks"] = (ranks_schema(), [(r.rank, pd.DataFrame([row]))
+                                              for r, row in zip(job.ranks, rows)])
+        for name, (schema, parts) in per_rank.items():
+            fields = [f for f in schema if f.name != "rank"]
+            have = {rank for rank, _ in parts}
+            parts += [(r.rank, df0) for r in job.ranks if r.rank not in have
+                      for df0 in [schema.empty_table().to_pandas()]]
+            for rank, df in parts:
+                table = pa.Table.from_pandas(df[[f.name for f in fields]], preserve_index=False)
+                _write(table.cast(pa.schema(fields)),
+                       self.stage / name / part / f"rank={rank}" / "part-0.parquet")
+        self.runs.append({"run": run_name, "partition": part, "root": str(job.root),
+                          "ranks": [r.rank for r in job.ranks], "world_size": job.world_size})
+
+
+def _write(table, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="zstd")
+
+
+def offer(run_name: str, job) -> None:
+    """Called by the ingest with each job it loaded (``pipeline.load_run``): written to the
+    innermost open ``writing()`` dataset, if any."""
+    if _OPEN:
+        _OPEN[-1].add(run_name, job)
+
+
+@contextlib.contextmanager
+def writing(out: Path) -> Iterator[None]:
+    """While the block runs, every job loaded goes to a staging folder beside ``out``; when it
+    ends normally the staging folder replaces ``out`` (module docstring). ``check_target``
+    first. Raises ``BadInput`` (``unwritable``) when the folder cannot be written."""
+    from analyzer.contract.atomic import write_atomic
+
+    out = Path(os.path.abspath(out))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-", suffix=f"-{out.name}"))
+    except OSError as exc:
+        raise BadInput(out, Reason.UNWRITABLE, f"cannot be written ({exc.strerror})",
+                       "pass --tables-out to a writable folder") from None
+    writer = _Writer(stage)
+    _OPEN.append(writer)
+    try:
+        yield
+        _OPEN.remove(writer)
+        os.chmod(stage, 0o777 & ~_umask())
+        write_atomic(stage / MARKER, json.dumps(
+            {"format": FORMAT, "version": VERSION, "tables": list(TABLES),
+             "partitioning": ["run", "rank"], "runs": writer.runs}, indent=1) + "\n")
+        _swap(stage, out)
+    except OSError as exc:
+        raise BadInput(out, Reason.UNWRITABLE, f"cannot be written ({exc.strerror})",
+                       "pass --tables-out to a writable folder") from None
+    finally:
+        if writer in _OPEN:
+            _OPEN.remove(writer)
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _swap(stage: Path, out: Path) -> None:
+    """Put ``stage`` at ``out``: rename over a missing or empty ``out``; else move the old
+    dataset aside, rename, remove the old one (checked ours again just before)."""
+    try:
+        os.rename(stage, out)
+        return
+    except OSError:
+        if not out.is_dir():
+            raise
+    if not _ours(out):  # changed since check_target
+        raise OSError(39, "holds files the analyzer did not write", str(out))
+    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-old-", suffix=f"-{out.name}"))
+    os.rename(out, old / out.name)
+    try:
+        os.rename(stage, out)
+    except OSError:
+        os.rename(old / out.name, out)  # put the old dataset back
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
