@@ -26,6 +26,14 @@ ALLOW_INCOMPLETE_HELP = (
 DEVICE_MEMORY_HELP = (
     "One device's memory, e.g. 80GiB (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB): the Memory section "
     "says per run whether its largest per-rank peak fits, and with how much to spare.")
+SCHEDULER_HELP = (
+    "Parse the ranks on this Dask scheduler's workers (tcp://HOST:PORT; default "
+    "$DASK_SCHEDULER_ADDRESS; 'local' or unset: the local cores). Workers must see the traces "
+    "at the same absolute path (a shared filesystem). Needs paritytrace[dask].")
+TABLES_OUT_HELP = (
+    "Also write the per-rank tables to DIR as a hive-partitioned Parquet dataset "
+    "(DIR/<table>/run=<run>/rank=<rank>/part-0.parquet) for DuckDB / pandas / polars. DIR: new, "
+    "empty, or a dataset written by this option; outside the input.")
 GATE_ALLOW_INCOMPLETE_HELP = (
     "Accept run directories without manifest.json (a record that did not finish): listed SKIP, "
     "not gated (they alone never pass).")
@@ -74,9 +82,15 @@ def said_on_stderr(notes: list[str]) -> Iterator[None]:
 
 
 def write_report(root: Path, *, out: Path | None, formats: list[str], options: AnalysisOptions,
-                 notes: list[str] | None = None) -> tuple[Report, str]:
+                 notes: list[str] | None = None, scheduler: str | None = None,
+                 tables_out: Path | None = None) -> tuple[Report, str]:
     """Analyse ``root`` with ``options`` and write the chosen formats under ``out`` (default
     ``default_out(root)``). Returns (the report, markdown text). Raises ``BadInput``.
+
+    ``scheduler``: a Dask scheduler address (``tcp://HOST:PORT``) that parses the ranks
+    (analyzer/ingest/cluster.py), else the local process pool. ``tables_out``: also write every
+    run's per-rank tables there as a Parquet dataset (analyzer/ingest/dataset.py); the
+    analysis then runs even when the report is cached (the per-rank tables caches answer).
 
     The notes the analysis says on stderr (``said_on_stderr``) are stored with the cached
     report and given again on a cache hit: appended to ``notes`` when a list is passed (the
@@ -91,16 +105,28 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
         rundirs.discover(root)  # raises the one-line BadInput: missing, or not a trace file
     out = out or default_out(root)
     outpaths.check_out(out, option="--out", what="the report")
+    if tables_out is not None:
+        from analyzer.ingest import dataset
+
+        outpaths.check_out(tables_out, option="--tables-out", what="the tables dataset")
+        dataset.check_target(tables_out, root)
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
     key = cache.key(root, out, options)
-    hit = cache.load_entry(root, out, key)
+    hit = cache.load_entry(root, out, key) if tables_out is None else None
     if hit is None:
-        from analyzer.ingest import pool
+        from analyzer.ingest import cluster, pool
 
         said: list[str] = []
-        # workers start now and import the per-rank analysis while this process imports
-        # pandas and the report (analyzer/ingest/pool.py)
-        with said_on_stderr(said), pool.workers(preload=PARSE_MODULES):
+        with contextlib.ExitStack() as stack:
+            if scheduler is not None:  # ranks parsed by the Dask cluster's workers
+                stack.enter_context(cluster.connected(scheduler))
+            stack.enter_context(said_on_stderr(said))
+            if scheduler is None:
+                # workers start now and import the per-rank analysis while this process
+                # imports pandas and the report (analyzer/ingest/pool.py)
+                stack.enter_context(pool.workers(preload=PARSE_MODULES))
+            if tables_out is not None:
+                stack.enter_context(dataset.writing(tables_out))
             with pool.collector_paused():
                 from analyzer.compare import runs# pandas and the analysis: only on a cache miss
 
@@ -221,9 +247,12 @@ def register(app, run) -> None:
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
         device_memory: Annotated[Optional[str], typer.Option("--device-memory", help=DEVICE_MEMORY_HELP)] = None,
+        scheduler: Annotated[Optional[str], typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP)] = None,
+        tables_out: Annotated[Optional[Path], typer.Option("--tables-out", metavar="DIR", help=TABLES_OUT_HELP)] = None,
     ) -> None:
         """Check parity, attribute time and memory, compare and rank; print report.md."""
         from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride, parse_bytes
+        from analyzer.ingest.cluster import scheduler_address
 
         formats = _formats(fmt)
         notes: list[str] = []
@@ -232,7 +261,9 @@ def register(app, run) -> None:
                                              tolerance=ToleranceOverride(rtol=rtol, atol=atol),
                                              allow_incomplete=allow_incomplete,
                                              device_memory_bytes=None if device_memory is None
-                                             else parse_bytes(device_memory))))
+                                             else parse_bytes(device_memory)),
+                                         scheduler=scheduler_address(scheduler),
+                                         tables_out=tables_out))
         from analyzer.cli import richout
 
         for n in notes:  # said by the analysis, or kept with the cached report: said again
