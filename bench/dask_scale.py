@@ -238,6 +238,7 @@ def main() -> None:
           flush=True)
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "analyzer"),
                     str(REPO / "reports")], check=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cluster is stopped below
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="bench-dask-"))
     tmp.mkdir(parents=True, exist_ok=True)
     xdg = tmp / "xdg-cache"
