@@ -32,6 +32,7 @@ Failures, each one line, never a hang:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -105,6 +106,26 @@ def connected(address: str) -> Iterator[Callable[[Callable[[Any], Any], Sequence
     from analyzer.ingest import pool
 
     wait_s = timeout_s()
+    quiet = logging.getLogger("distributed")  # its reconnect / lost-worker lines: said once by us
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        with _client(address, wait_s) as client:
+            def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> list:
+                return dask_map(client, address, fn, items, wait_s=wait_s)
+
+            pool.push_map(run)
+            try:
+                yield run
+            finally:
+                pool.pop_map(run)
+    finally:
+        quiet.setLevel(level)
+
+
+@contextlib.contextmanager
+def _client(address: str, wait_s: float) -> Iterator[Any]:
+    """A ``distributed.Client`` of ``address``, closed after the block (``connected``)."""
     try:
         import distributed
     except ImportError:
@@ -120,15 +141,8 @@ def connected(address: str) -> Iterator[Callable[[Callable[[Any], Any], Sequence
                        "--scheduler / DASK_SCHEDULER_ADDRESS unset for the local cores"
                        ) from None
 
-    def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> list:
-        return dask_map(client, address, fn, items, wait_s=wait_s)
-
     try:
-        pool.push_map(run)
-        try:
-            yield run
-        finally:
-            pool.pop_map(run)
+        yield client
     finally:
         with contextlib.suppress(Exception):  # closing must not hide the block's error
             client.close(timeout=min(wait_s, 5))

@@ -196,6 +196,14 @@ def test_unreachable_or_malformed_scheduler_is_one_line_exit_2(tmp_path, fixture
                "--scheduler", "local").returncode == 0
 
 
+def test_scheduler_without_dask_installed_is_one_line_exit_2(tmp_path, fixture_copy,
+                                                            monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed: ImportError
+    trace = fixture_copy("gloo_rules.json")
+    bad_input(cli("report", str(trace), "--out", str(tmp_path / "o"), "--scheduler",
+                  "tcp://127.0.0.1:8786"), "needs dask.distributed", "paritytrace[dask]")
+
+
 def test_a_scheduler_without_workers_gives_one_line_naming_the_trace(tmp_path, fixture_copy,
                                                                     monkeypatch):
     monkeypatch.setenv("PARITYTRACE_DASK_TIMEOUT_S", "1")
