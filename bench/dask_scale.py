@@ -6,10 +6,12 @@
    folder per size (``--ranks``, default 1024, 2048, 4096). For each size, cold (no cache):
    ``analyzer report DIR --scheduler ADDR --tables-out DS`` against a cluster started with the
    real commands (``dask scheduler``; ``dask worker ADDR --nworkers W --nthreads 1``), and
-   (``--local``) the same report with the local process pool. Measured: wall time, the
-   client's peak RSS (the ``analyzer`` process alone: what must stay <= 2 GiB), the cluster's
-   peak RSS (scheduler + nanny + workers, polled likewise), and the ratio of each size's wall
-   time to the smallest's (linear: 2.0 and 4.0).
+   (``--local``) the same report with the local process pool. Measured: wall time, CPU time
+   of every process (the client's tree from ``wait4``, the cluster's from psutil before and
+   after: less sensitive than wall time to other load), the client's peak RSS (the
+   ``analyzer`` process alone: what must stay <= 2 GiB), the cluster's peak RSS (scheduler +
+   nanny + workers, polled likewise), and the ratio of each size's wall and CPU time to the
+   smallest's (linear: 2.0 and 4.0).
 2. **DLRM x50 against HTA.** The 8-rank set tiled 50 times (bench/tile.py via
    bench/bench_scale.py ``build``: ~42 MB of JSON per rank): the local pool, a 2-worker Dask
    cluster on this machine (processes, one thread each) and HTA (``TraceAnalysis`` +
@@ -95,8 +97,21 @@ class Cluster:
         self.peak_rss_bytes = 0
         self._stop = threading.Event()
 
+    def cpu_s(self) -> float:
+        """User + system CPU seconds used so far by the scheduler, nannies and workers."""
+        total = 0.0
+        for proc in self.procs:
+            for pid in _tree_pids(proc.pid):
+                try:
+                    t = psutil.Process(pid).cpu_times()
+                    total += t.user + t.system
+                except psutil.NoSuchProcess:
+                    pass
+        return total
+
     def poll(self) -> None:
         self.peak_rss_bytes = 0
+        self.cpu_start_s = self.cpu_s()
         self._stop.clear()
 
         def run() -> None:
@@ -110,6 +125,7 @@ class Cluster:
     def stop_poll(self) -> int:
         self._stop.set()
         self._thread.join()
+        self.used_cpu_s = self.cpu_s() - self.cpu_start_s
         return self.peak_rss_bytes
 
     def close(self) -> None:
@@ -154,22 +170,25 @@ def scale(args, tmp: Path, xdg: Path, cl: Cluster) -> None:
                 cl.poll()
             r = measure(report_cmd(traces, tmp / f"out-{mode}{n}", *extra))
             cluster_rss = cl.stop_poll() if mode == "dask" else 0
+            cpu = r.cpu_s + (cl.used_cpu_s if mode == "dask" else 0)
             ov = overlap_by_rank(tmp / f"out-{mode}{n}")
-            rows.append((n, mode, r, cluster_rss, len(ov)))
-            print(f"  {n} ranks, {mode}: {r.wall_s:.1f} s, client {gib(r.tree_rss_bytes)}",
-                  flush=True)
+            rows.append((n, mode, r, cluster_rss, len(ov), cpu))
+            print(f"  {n} ranks, {mode}: {r.wall_s:.1f} s, CPU {cpu:.1f} s, client "
+                  f"{gib(r.tree_rss_bytes)}, load {os.getloadavg()[0]:.1f}", flush=True)
         if not args.keep:
             shutil.rmtree(traces, ignore_errors=True)
             shutil.rmtree(tmp / f"ds{n}", ignore_errors=True)
     print()
-    print(f"| ranks | map | wall s | vs {sizes[0]} ranks | client peak RSS (tree) | "
-          "cluster peak RSS | ranks in report.json |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
-    base = {mode: r.wall_s for n, mode, r, _, _ in rows if n == sizes[0]}
-    for n, mode, r, crss, nr in rows:
-        print(f"| {n} | {mode} | {r.wall_s:.1f} | {r.wall_s / base[mode]:.2f} "
-              f"(linear {n / sizes[0]:.1f}) | {gib(r.tree_rss_bytes)} | "
+    print(f"| ranks | map | wall s | wall vs {sizes[0]} | CPU s, all processes | CPU vs "
+          f"{sizes[0]} | client peak RSS (tree) | cluster peak RSS | ranks in report.json |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    base = {mode: (r.wall_s, cpu) for n, mode, r, _, _, cpu in rows if n == sizes[0]}
+    for n, mode, r, crss, nr, cpu in rows:
+        print(f"| {n} | {mode} | {r.wall_s:.1f} | {r.wall_s / base[mode][0]:.2f} | {cpu:.1f} | "
+              f"{cpu / base[mode][1]:.2f} | {gib(r.tree_rss_bytes)} | "
               f"{gib(crss) if crss else '-'} | {nr} |")
+    print(f"(linear: {', '.join(f'{n / sizes[0]:.1f}' for n in sizes)}; the dask rows also "
+          "write --tables-out)")
     print()
 
 
