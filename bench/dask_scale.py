@@ -203,7 +203,7 @@ def x50(args, tmp: Path, xdg: Path, cl: Cluster) -> None:
                              f"analyzer report, Dask ({args.workers} workers)": []}
     if not args.no_hta:
         runs["HTA load + get_comm_comp_overlap"] = []
-    cluster_rss = []
+    cluster_rss, cluster_cpu = [], []
     for i in range(args.repeat):
         drop_caches(traces, xdg)
         runs["analyzer report, local pool"].append(
@@ -213,6 +213,7 @@ def x50(args, tmp: Path, xdg: Path, cl: Cluster) -> None:
         runs[f"analyzer report, Dask ({args.workers} workers)"].append(
             measure(report_cmd(traces, tmp / "x50-dask", "--scheduler", cl.address)))
         cluster_rss.append(cl.stop_poll())
+        cluster_cpu.append(cl.used_cpu_s)
         if not args.no_hta:
             runs["HTA load + get_comm_comp_overlap"].append(
                 measure([sys.executable, "-c", HTA_SCRIPT, str(traces)]))
@@ -223,13 +224,16 @@ def x50(args, tmp: Path, xdg: Path, cl: Cluster) -> None:
     ref = med.get("HTA load + get_comm_comp_overlap")
     print()
     print(f"| 8 ranks x {total / 8 / 1e6:.0f} MB, cold (median of {args.repeat}) | wall s | "
-          "CPU s (client tree) | peak RSS, client tree | peak RSS, cluster | wall vs HTA |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "CPU s, client tree | CPU s, cluster | peak RSS, client tree | peak RSS, cluster | "
+          "wall vs HTA |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for k, r in med.items():
-        crss = gib(sorted(cluster_rss)[len(cluster_rss) // 2]) if "Dask" in k else "-"
+        dask = "Dask" in k
+        crss = gib(sorted(cluster_rss)[len(cluster_rss) // 2]) if dask else "-"
+        ccpu = f"{sorted(cluster_cpu)[len(cluster_cpu) // 2]:.1f}" if dask else "-"
         vs = f"{r.wall_s / ref.wall_s:.2f}" if ref else "-"
-        print(f"| {k} | {r.wall_s:.1f} | {r.cpu_s:.1f} | {gib(r.tree_rss_bytes)} | {crss} | "
-              f"{vs} |")
+        print(f"| {k} | {r.wall_s:.1f} | {r.cpu_s:.1f} | {ccpu} | {gib(r.tree_rss_bytes)} | "
+              f"{crss} | {vs} |")
     print()
     print(f"per-rank overlap, local pool vs Dask report.json: {'identical' if same else 'DIFFER'}")
     if ref:
