@@ -9,9 +9,9 @@ Each rank is decoded, classified and reduced to its small tables in a worker pro
 (analyzer/ingest/pool.py), or a Dask worker with ``--scheduler`` (analyzer/ingest/cluster.py),
 which sends back only them: the parent never holds any rank's events and each worker one
 rank's at a time, so peak memory follows (largest rank) x (workers), not the sum of the ranks.
-The parent keeps one copy of the small tables: once joined into the job's tables, a rank's own
-breakdown, collectives and prefetch are emptied. With ``--tables-out`` each job's tables are
-also written as a Parquet dataset (analyzer/ingest/dataset.py).
+The parent holds every rank's small tables (kB per rank) and their join, the job's tables.
+With ``--tables-out`` each job's tables are also written as a Parquet dataset
+(analyzer/ingest/dataset.py).
 
 Rank rule (DESIGN.md "Trace semantics"): ``distributedInfo.rank`` when every file has one; a
 single file without one is rank 0 of 1; several files without one take the number from a
@@ -72,8 +72,7 @@ class RankTables:
     """One rank: its metadata and its result tables (no events).
 
     Tables as ``schemas.TABLE_SCHEMAS`` says (``prefetch`` is empty without FSDP labels;
-    ``timeline`` is the one of ``timeline_step``). In a ``JobTables`` (``load_run``) the rank's
-    breakdown, collectives and prefetch rows are in the job's tables only; its own are empty.
+    ``timeline`` is the one of ``timeline_step``).
     """
 
     path: Path
@@ -636,9 +635,6 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
                     prefetch=_concat([r.prefetch for r in ranks], schemas.PREFETCH_SCHEMA.names))
     if out.missing_ranks:
         notes.append(f"{len(ranks)} of {world} ranks")
-    for r in ranks:  # one copy of each rank's rows, the job's: not a second one per rank
-        r.breakdown, r.collectives, r.prefetch = (
-            df.head(0).copy() for df in (r.breakdown, r.collectives, r.prefetch))
     from analyzer.ingest import dataset
 
     dataset.offer(run.name, out)  # --tables-out (analyzer/ingest/dataset.py)
