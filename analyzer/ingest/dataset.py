@@ -15,6 +15,8 @@ Layout (one sub-dataset per table; partition values in the folder names, not in 
 * ``steps``       one row per ProfilerStep window (``schemas.STEP_WINDOWS_SCHEMA``);
 * ``timeline``    the merged compute / per-kind comm intervals of the rank's first step
   (``schemas.TIMELINE_SCHEMA``; the step is ``ranks.timeline_step``);
+* ``device_memory`` one row per device of the rank's ``[memory]`` profiler events
+  (``schemas.DEVICE_MEMORY_SCHEMA``: peak allocated / reserved bytes);
 * ``ranks``       one row per rank (``RANKS_SCHEMA``): the trace, how its rank was found, the
   world size, the device kind, the whole-trace overlap, the decoder's and step rules' notes.
 
@@ -55,7 +57,8 @@ from analyzer.contract.errors import BadInput, Reason
 MARKER = "paritytrace-tables.json"
 FORMAT = "paritytrace-tables"
 VERSION = 1
-TABLES = ("breakdown", "collectives", "prefetch", "steps", "timeline", "ranks")
+TABLES = ("breakdown", "collectives", "prefetch", "steps", "timeline", "device_memory", "ranks")
+_PER_RANK = ("steps", "timeline", "device_memory")  # RankTables' own, without a rank column
 _OPEN: list["_Writer"] = []  # the innermost open ``writing()``
 
 
@@ -129,7 +132,7 @@ class _Writer:
             raise BadInput(job.root, Reason.DUPLICATE_RUN, f"a second run named {run_name!r}",
                            "rename one of the runs")
         tables = {name: getattr(job, name) for name in ("breakdown", "collectives", "prefetch")}
-        for name in ("steps", "timeline"):  # per rank, without a rank column: add it
+        for name in _PER_RANK:  # per rank, without a rank column: add it
             frames = [getattr(r, name) for r in job.ranks]
             keep = [(r.rank, df) for r, df in zip(job.ranks, frames) if len(df)]
             tables[name] = pd.concat([df.assign(rank=rank) for rank, df in keep],
@@ -142,8 +145,7 @@ class _Writer:
                  "first_ns": r.first_ns, "warnings": list(r.warnings)} for r in job.ranks]
         lowest = min((r.rank for r in job.ranks), default=0)
         for name in TABLES:
-            schema = ranks_schema() if name == "ranks" else schemas.TABLE_SCHEMAS[
-                "steps" if name == "steps" else name]
+            schema = ranks_schema() if name == "ranks" else schemas.TABLE_SCHEMAS[name]
             fields = [f for f in schema if f.name != "rank"] + [pa.field("rank", pa.int64())]
             target = pa.schema(fields)
             if name == "ranks":

@@ -91,7 +91,7 @@ def _check_round_trip(ds: Path, run: str, job) -> None:
         got = got.sort_values(["rank", "step"], kind="stable")[list(want.columns)]
         pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True),
                                       check_dtype=False, check_categorical=False)
-    for name in ("steps", "timeline"):
+    for name in ("steps", "timeline", "device_memory"):
         got = _read(ds, name)
         for r in job.ranks:
             mine = got[(got["run"] == run) & (got["rank"] == r.rank)]
