@@ -31,7 +31,7 @@ SCHEDULER_HELP = (
     "$DASK_SCHEDULER_ADDRESS; 'local' or unset: the local cores). Workers must see the traces "
     "at the same absolute path (a shared filesystem). Needs paritytrace[dask].")
 TABLES_OUT_HELP = (
-    "Also write the per-rank tables to DIR as a hive-partitioned Parquet dataset "
+    "Also write the per-rank tables to this folder (DIR) as a hive-partitioned Parquet dataset "
     "(DIR/<table>/run=<run>/rank=<rank>/part-0.parquet) for DuckDB / pandas / polars. DIR: new, "
     "empty, or a dataset written by this option; outside the input.")
 GATE_ALLOW_INCOMPLETE_HELP = (
@@ -247,8 +247,8 @@ def register(app, run) -> None:
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
         device_memory: Annotated[Optional[str], typer.Option("--device-memory", help=DEVICE_MEMORY_HELP)] = None,
-        scheduler: Annotated[Optional[str], typer.Option("--scheduler", metavar="ADDRESS", help=SCHEDULER_HELP)] = None,
-        tables_out: Annotated[Optional[Path], typer.Option("--tables-out", metavar="DIR", help=TABLES_OUT_HELP)] = None,
+        scheduler: Annotated[Optional[str], typer.Option("--scheduler", help=SCHEDULER_HELP)] = None,
+        tables_out: Annotated[Optional[Path], typer.Option("--tables-out", help=TABLES_OUT_HELP)] = None,
     ) -> None:
         """Check parity, attribute time and memory, compare and rank; print report.md."""
         from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride, parse_bytes
