@@ -369,7 +369,7 @@ class Training(msgspec.Struct, kw_only=True, omit_defaults=True):
     activation_checkpointing: bool = False
 
 
-class Experiment(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Experiment(msgspec.Struct, kw_only=True):
     """The experiment a run belongs to (issue 20): every run one ``tracer record`` command
     recorded -- each chosen strategy, ``--repeat N`` times, interleaved (A B C A B C ...) --
     shares one ``id``; the analyzer ranks only runs of one experiment together."""
