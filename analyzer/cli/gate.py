@@ -105,8 +105,8 @@ def register(app, run) -> None:
             allowed = perfgate.parse_max_regression(max_regression or "10%")
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--max-regression") from None
-        options = AnalysisOptions(tolerance=ToleranceOverride(rtol=rtol, atol=atol),
-                                  allow_incomplete=allow_incomplete)
+        options = run(lambda: AnalysisOptions(tolerance=ToleranceOverride(rtol=rtol, atol=atol),
+                                              allow_incomplete=allow_incomplete))
         ok, lines = run(lambda: gate_lines(runs.gate(directory, options)))
         for line in lines:
             richout.echo(line)
