@@ -73,8 +73,9 @@ def _ratio(arms: dict[str, list], slow: str = "c", base: str = "a") -> float:
 def _calibrate(args) -> float:
     """Per-sample sleep (ms) that makes c about ``slow_frac`` slower than a on this machine now:
     a first guess from an unslowed record (median step x slow_frac / samples per rank), then
-    ``--calibrate`` rounds of one a/c record each, scaling the sleep by the measured shortfall
-    (a sleep also waits for a core to wake on, so the guess overshoots on a loaded machine)."""
+    ``--calibrate`` rounds of 3 interleaved a/c repeats each (one record pair is too noisy to
+    steer by), scaling the sleep by the measured shortfall (a sleep also waits for a core to
+    wake on, so the guess overshoots on a loaded machine); the scaling is clipped to 0.5-2x."""
     args.root = args.out / "calibrate0"
     cfg = _configs(args, 0.0, names=("a",))[0]
     record_local(interleave([RecordConfig(**{**cfg.to_dict(), "repeat": 1})]))
@@ -83,11 +84,11 @@ def _calibrate(args) -> float:
     cost = step_ns * args.slow_frac / per_rank / 1e6
     for i in range(1, args.calibrate + 1):
         args.root = args.out / f"calibrate{i}"
-        configs = [RecordConfig(**{**c.to_dict(), "repeat": 1}) for c in _configs(args, cost, ("a", "c"))]
+        configs = [RecordConfig(**{**c.to_dict(), "repeat": 3}) for c in _configs(args, cost, ("a", "c"))]
         record_local(interleave(configs))
         r = _ratio(_arms(args.root))
         print(f"calibration {i}: --data-sample-cost-ms {cost:.3f} made c {r:.2f}x a", flush=True)
-        cost *= args.slow_frac / (r - 1) if r > 1.02 else 2.0
+        cost *= min(2.0, max(0.5, args.slow_frac / (r - 1))) if r > 1 else 2.0
     return cost
 
 
