@@ -146,6 +146,22 @@ def ranked_experiment(runs: list[RunEntry]) -> tuple[list[RunEntry], list[RunEnt
     return groups[chosen], others, warn
 
 
+def busy_machine(runs: list[RunEntry]) -> str | None:
+    """A note when a run was recorded on a busy or oversubscribed machine (manifest ``machine``):
+    its 1-minute load average at the start at or above its usable CPUs, or ranks x threads above
+    them. None when no run says so (or none recorded the machine)."""
+    busy = [(r.name, m) for r in runs if (m := r.machine)
+            and (m["oversubscribed"] or m["load_avg"][0] >= m["usable_cpus"])]
+    if not busy:
+        return None
+    worst = max(m["load_avg"][0] for _, m in busy)
+    over = [n for n, m in busy if m["oversubscribed"]]
+    return (f"{len(busy)} of {len(runs)} run(s) were recorded on a busy machine (1-minute load "
+            f"average up to {worst:g} on {busy[0][1]['usable_cpus']} usable CPUs"
+            + (f"; oversubscribed: {', '.join(over)}" if over else "")
+            + "): expect wide intervals")
+
+
 def _steps(run: RunEntry) -> list[float]:
     st = run.step_time_ns
     if st.values_ns:
@@ -258,6 +274,8 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
         reason += f"; left out as incomplete (no manifest.json): {', '.join(left_out)}"
     if warns:
         reason += "; " + "; ".join(warns)
+    if busy := busy_machine(timed):
+        reason += "; " + busy
     order = [a.name for a, _ in ranked]
     return Ranking(status="ranked", order=order, reason=reason,
                    rule=RANKING_RULE + " " + NOISE_RULE, pairs=pairs,

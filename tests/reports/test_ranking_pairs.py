@@ -113,3 +113,17 @@ def test_runs_without_experiment_id_are_ranked_with_a_warning(tmp_path):
     assert rk.status == "ranked" and rk.experiment is None and rk.order == ["ddp", "fsdp"]
     assert "carry no experiment id" in rk.reason
     assert rk.pairs[0].decision == "within_noise"  # one run each: run-to-run noise unknown
+
+
+def test_a_busy_machine_is_named(tmp_path):
+    root = tmp_path / "t"
+    calm = {"load_avg": [0.5, 0.5, 0.5], "cpu_count": 4, "usable_cpus": 4, "threads_per_rank": 1,
+            "ranks_on_host": 2, "oversubscribed": False}
+    _arm(root, "ddp", [[6]] * 5, machine=calm)
+    _arm(root, "fsdp", [[9]] * 5, machine={**calm, "load_avg": [6.5, 3.0, 1.0]})
+    reason = analyse(root).ranking.reason
+    assert ("5 of 10 run(s) were recorded on a busy machine (1-minute load average up to 6.5 "
+            "on 4 usable CPUs)") in reason
+    calm_root = tmp_path / "c"
+    _arm(calm_root, "ddp", [[6]] * 5, machine=calm)
+    assert "busy machine" not in analyse(calm_root).ranking.reason
