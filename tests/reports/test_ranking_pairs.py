@@ -14,7 +14,7 @@ from analyzer.compare import ranking
 from analyzer.compare.runs import analyse
 from analyzer.contract import report_types
 from reports import markdown
-from tests.reports.builders import write_run
+from tests.reports.builders import decision, details, write_run
 
 MS = 1_000_000
 
@@ -58,9 +58,14 @@ def test_constant_gap_with_five_repeats_is_faster_with_its_interval(tmp_path):
         "ddp is 1.50x faster than fsdp (95 % CI 1.50-1.50, 5 repeats, 30 steps)")
     data = json.loads(report_types.encode(rep))["ranking"]["pairs"][0]
     assert {"faster", "slower", "ratio", "ci_low", "ci_high", "method"} <= set(data)
-    verdict = markdown.render(rep).split("\n")[2]
-    assert "Fastest: ddp, median step 6.00 ms, 5 repeats, 1.67x speedup over the single-device run" in verdict
+    md = markdown.render(rep)
+    assert decision(md) == ("ddp: 1.50x faster than fsdp \\[1.50, 1.50\\], the same memory per "
+                            "rank, 1.67x the single-device speed; numerics match one device.")
+    verdict = details(md)
+    assert ("Fastest: ddp, median step time 6.00 ms, 5 repeats, 1.67x speedup over the "
+            "single-device run") in verdict
     assert "ddp is 1.50x faster than fsdp" in verdict
+    assert "Reference (not ranked): single, one device, median step time 10.00 ms, 5 repeats." in verdict
 
 
 def test_too_few_repeats_never_decide(tmp_path):
@@ -102,7 +107,9 @@ def test_runs_of_another_experiment_are_described_not_ranked(tmp_path):
     by = {r.name: r for r in rep.runs}
     assert by["fsdp.r1"].speedup_vs_single is None  # no figure across experiments
     assert by["ddp.r3"].speedup_vs_single == pytest.approx(10 / 6)
-    assert "Not ranked (another experiment): fsdp.r1, fsdp.r2" in markdown.render(rep)
+    md = markdown.render(rep)
+    assert "Not ranked (another experiment): fsdp.r1, fsdp.r2" in details(md)
+    assert "| 1 | ddp.r1 |" in md and "| - | fsdp.r1 |" in md  # ranking table: by strategy
 
 
 def test_runs_without_experiment_id_are_ranked_with_a_warning(tmp_path):
