@@ -121,7 +121,8 @@ def arm_of(run: RunEntry) -> str:
 
 def ranked_experiment(runs: list[RunEntry]) -> tuple[list[RunEntry], list[RunEntry], list[str]]:
     """(the runs of the experiment to rank, the others, warnings). The experiment with the most
-    runs (ties: the smallest id) among those with an id; runs without an id (recorded before
+    distributed runs, then the most runs (ties: the smallest id), among those with an id; runs
+    without an id (recorded before
     experiment ids, or foreign traces) are one group, ranked only when no run has an id, with a
     warning that one command cannot be told from several."""
     groups: dict[str | None, list[RunEntry]] = {}
@@ -136,7 +137,8 @@ def ranked_experiment(runs: list[RunEntry]) -> tuple[list[RunEntry], list[RunEnt
                  "(tracer record --strategy ... --repeat 5) for a decision"]
                 if sum(1 for r in legacy if r.strategy != "single") > 1 else [])
         return legacy, [], warn
-    chosen = min(ids, key=lambda k: (-len(groups[k]), k))
+    chosen = min(ids, key=lambda k: (-sum(r.strategy != "single" for r in groups[k]),
+                                     -len(groups[k]), k))
     others = [r for r in runs if experiment_id(r) != chosen]
     warn = []
     if others:

@@ -112,6 +112,15 @@ def test_runs_of_another_experiment_are_described_not_ranked(tmp_path):
     assert "| 1 | ddp.r1 |" in md and "| - | fsdp.r1 |" in md  # ranking table: by strategy
 
 
+def test_the_experiment_with_distributed_runs_is_ranked(tmp_path):
+    root = tmp_path / "t"
+    _arm(root, "single", [[10]] * 3, exp="a-many-singles")
+    _arm(root, "ddp", [[6]], exp="z-one-ddp")
+    rk = analyse(root).ranking
+    assert rk.experiment == "z-one-ddp" and rk.order == ["ddp"]
+    assert rk.descriptive == ["single.r1", "single.r2", "single.r3"]
+
+
 def test_runs_without_experiment_id_are_ranked_with_a_warning(tmp_path):
     root = tmp_path / "t"
     _arm(root, "ddp", [[6, 6]], exp=None)
