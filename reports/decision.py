@@ -1,10 +1,10 @@
 """The one-line decision every output starts with (report.md, report.html, the terminal).
 
 ``decision_line(DecisionInput)`` is the interface: it takes the small input below and only
-words it. ``decision_input(report)`` builds that input from the report as it is; the ranking
-by pairs with confidence intervals (``ranking.pairs[]``: faster, slower, ratio, ci_low,
-ci_high) is meant to feed the same ``DecisionInput`` (``ratio``, ``ci_low``, ``ci_high``,
-``verdict``) in place of the median-only comparison used here, which has no interval and says so.
+words it. ``decision_input(report)`` builds that input from the report's ranking: the fastest
+ranked strategy against the runner-up, with the ratio, 95 % interval and decision of their
+``ranking.pairs[]`` entry (analyzer/compare/ranking.py ``decision``, which this mirrors: the
+renderers read report.json only).
 """
 
 from __future__ import annotations
@@ -12,13 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from analyzer.contract.report_types import Report, RunEntry
+from analyzer.contract.report_types import Report
 from reports import fmt
-
-NO_CI = ("no confidence interval yet: medians of the profiled steps, and the ranking's noise "
-         "rule for the verdict")
-"""``DecisionInput.note`` while the ranking has no interval."""
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DecisionInput:
@@ -52,7 +47,7 @@ class DecisionInput:
     """The single-device run's median step time / ``best``'s (0.18: one device is faster);
     None without a comparable single-device run."""
     note: str | None = None
-    """Said in parentheses after the ratio, e.g. ``NO_CI``."""
+    """Said in parentheses after the ratio: the repeats, what would resolve a within-noise pair."""
 
 
 def decision_line(d: DecisionInput) -> str:
@@ -85,18 +80,25 @@ def decision_line(d: DecisionInput) -> str:
     return f"{text}; {parity}."
 
 
-def _peak(run: RunEntry) -> int | None:
-    return run.memory.peak_allocated_bytes
+def _note(pair) -> str | None:
+    """What limits a within-noise pair: too few repeats, or how many would resolve it."""
+    if pair.decision == "faster":
+        return None
+    if pair.repeats < 5:
+        return (f"{pair.repeats} run{'s' if pair.repeats != 1 else ''} each: record with "
+                "tracer record --repeat 5 to decide")
+    if pair.repeats_needed is not None:
+        return f"{pair.repeats} repeats; about {pair.repeats_needed} would resolve it"
+    return f"{pair.repeats} repeats"
 
 
 def decision_input(report: Report) -> DecisionInput:
-    """``DecisionInput`` from the report's current ranking (``ranking.order``, fastest first,
-    and its noise rule): ``best`` / ``other`` = the first two ranked distributed runs,
-    ``ratio`` = their median step times, no interval (``note`` ``NO_CI``), ``verdict``
-    ``faster`` when the noise rule calls that pair decisive; memory = peak allocated per rank
-    (``memory.peak_allocated_bytes``: CUDA when recorded, else the profiler's)."""
+    """``DecisionInput`` from the report's ranking: ``best`` / ``other`` = the first two ranked
+    strategies (``ranking.order``; the single-device run is the reference, never ranked),
+    ``ratio`` / ``ci_low`` / ``ci_high`` / ``verdict`` from their ``ranking.pairs[]`` entry,
+    memory = the strategies' lowest peak allocated per rank (``ranking.arms[]``), vs_reference
+    = the reference's median step time / ``best``'s."""
     runs = report.runs
-    by = {r.name: r for r in runs}
     dist = [r for r in runs if r.strategy != "single" and not r.incomplete]
     failed = [r for r in dist if r.parity.status == "fail"]
     missing = [r for r in dist if r.parity.status == "not_recorded"]
@@ -114,20 +116,21 @@ def decision_input(report: Report) -> DecisionInput:
             return DecisionInput(best=None, withheld="the runs were not recorded under the same "
                                  "settings, so they are not one experiment (see Ranking)")
         return DecisionInput(best=None, withheld=rk.reason.rstrip("."))
-    order = [by[n] for n in rk.order if by[n].strategy != "single"]
-    if not order:
+    if not rk.order:
         return DecisionInput(best=None, withheld="no distributed run with a step time")
-    best = order[0]
-    other = order[1] if len(order) > 1 else None
-    ref = next((r for r in runs if r.strategy == "single"), None)
-    parity = "match" if ref is not None else "match recorded reference"
-    if other is None:
-        return DecisionInput(best=best.name, parity=parity, vs_reference=best.speedup_vs_single)
-    decisive = bool(rk.noise) and not any({a, b} == {best.name, other.name}
-                                          for a, b, *_ in rk.noise.close_pairs)
-    ratio = other.step_time_ns.median / best.step_time_ns.median
-    pb, po = _peak(best), _peak(other)
-    return DecisionInput(best=best.name, other=other.name, ratio=ratio,
-                         verdict="faster" if decisive else "within noise",
+    arms = {a.name: a for a in rk.arms}
+    best = arms[rk.order[0]]
+    ref = arms.get(rk.reference) if rk.reference else None
+    parity = "match" if any(r.strategy == "single" for r in runs) else "match recorded reference"
+    vs_ref = (ref.median_ns / best.median_ns if ref is not None and ref.median_ns
+              and best.median_ns else None)
+    if len(rk.order) < 2:
+        return DecisionInput(best=best.name, parity=parity, vs_reference=vs_ref)
+    other = arms[rk.order[1]]
+    pair = next(p for p in rk.pairs if {p.faster, p.slower} == {best.name, other.name})
+    pb, po = best.peak_allocated_bytes, other.peak_allocated_bytes
+    return DecisionInput(best=pair.faster, other=pair.slower, ratio=pair.ratio,
+                         ci_low=pair.ci_low, ci_high=pair.ci_high,
+                         verdict="faster" if pair.decision == "faster" else "within noise",
                          memory_ratio=pb / po if pb is not None and po else None,
-                         parity=parity, vs_reference=best.speedup_vs_single, note=NO_CI)
+                         parity=parity, vs_reference=vs_ref, note=_note(pair))

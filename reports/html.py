@@ -242,7 +242,10 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
     parts.append("<h2>Ranking by step time</h2>")
     if rk.status != "ranked":
         parts.append(f'<p class="withheld">Withheld. {e(rk.reason)}</p>')
-    parts += [_table(*md_rows.ranking_rows(report)), step_time_bars(report),
+    parts.append(_table(*md_rows.ranking_rows(report)))
+    if rk.pairs:
+        parts.append("<ul>" + "".join(f"<li>{e(p.sentence)}</li>" for p in rk.pairs) + "</ul>")
+    parts += [step_time_bars(report),
               f"<p>{e(notes.STEP_TIME)}</p>",
               f"<p>Step-time source: {e('; '.join(notes.step_sources(runs)))}.</p>",
               f"<p>Rule: {e(rk.rule)}</p>"]

@@ -67,21 +67,29 @@ REFERENCE = "reference"
 """What the ranking table and the plots call the single-device run: shown, never ranked."""
 
 
+def arm(run) -> str:
+    """The run's strategy entry in the ranking: the manifest's ``experiment.arm`` (the run
+    name without its ``.r<k>`` repeat suffix), else the run name (analyzer/compare/ranking.py)."""
+    return (run.experiment or {}).get("arm") or run.name
+
+
 def ranking_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
-    """The ranking table (shared with html.py): ranked distributed runs by position, fastest
-    first, then runs not ranked (``-``), then the single-device run marked ``REFERENCE``;
-    median step time (``notes.STEP_TIME``) and speedup vs single."""
+    """The ranking table (shared with html.py): ranked distributed runs by their strategy's
+    position (``ranking.order``: the repeats of one strategy share it), fastest first, then
+    runs not ranked (``-``), then the single-device run marked ``REFERENCE``; median step time
+    (``notes.STEP_TIME``) and speedup vs single."""
     rk = report.ranking
-    by = {r.name: r for r in report.runs}
-    ranked = [by[n] for n in rk.order if n in by and by[n].strategy != "single"]
+    pos = {n: i for i, n in enumerate(rk.order, 1)}
+    ranked = sorted((r for r in report.runs if r.strategy != "single" and arm(r) in pos),
+                    key=lambda r: (pos[arm(r)], (r.experiment or {}).get("repeat", 1), r.name))
     rest = [r for r in report.runs if r not in ranked and r.strategy != "single"]
     refs = [r for r in report.runs if r.strategy == "single"]
-    rows = [[str(i), r] for i, r in enumerate(ranked, 1)] + [["-", r] for r in rest] + \
+    rows = [[str(pos[arm(r)]), r] for r in ranked] + [["-", r] for r in rest] + \
         [[REFERENCE, r] for r in refs]
     return (["rank", "run", "strategy and options", "parity", "median step time",
              "speedup vs single"],
-            [[pos, r.name, fmt.options(r), r.parity.status, fmt.ms(r.step_time_ns.median),
-              fmt.speedup(r.speedup_vs_single)] for pos, r in rows])
+            [[p, r.name, fmt.options(r), r.parity.status, fmt.ms(r.step_time_ns.median),
+              fmt.speedup(r.speedup_vs_single)] for p, r in rows])
 
 
 COMPARISON_NOTE = (
@@ -287,7 +295,9 @@ def render(report: Report) -> str:
     out += ["## Ranking by step time", ""]
     if rk.status != "ranked":
         out += [f"**Withheld.** {escape(rk.reason)}", ""]
-    out += [table(*ranking_rows(report)), "", escape(notes.STEP_TIME), "",
+    out += [table(*ranking_rows(report)), ""]
+    out += [f"- {escape(p.sentence)}" for p in rk.pairs] + ([""] if rk.pairs else [])
+    out += [escape(notes.STEP_TIME), "",
             "Step-time source: " + escape("; ".join(notes.step_sources(runs))) + ". Speedup vs "
             "single = the single-device run's median step time / the run's, shown only for runs "
             "comparable with it (parity passed, same recorded settings); '-' otherwise.", "",

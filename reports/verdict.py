@@ -59,43 +59,48 @@ def verdict(report: Report) -> list[str]:
     rk = report.ranking
     by_name = {r.name: r for r in runs}
     if rk.status == "ranked":
-        order = [by_name[n] for n in rk.order if by_name[n].strategy != "single"]
-        ref = next((by_name[n] for n in rk.order if by_name[n].strategy == "single"), None)
+        arms = {a.name: a for a in rk.arms}
+        order = [arms[n] for n in rk.order]
+        ref = arms.get(rk.reference) if rk.reference else None
+
+        def reps(a) -> str:
+            return f", {len(a.runs)} repeats" if len(a.runs) > 1 else ""
+
+        def vs_ref(a, words: str = "the single-device speed") -> str:
+            if not ref or not ref.median_ns or not a.median_ns:
+                return ""
+            return f", {fmt.speedup(ref.median_ns / a.median_ns)} {words}"
+
         text = ""
         if order:
             best = order[0]
-            text = f"Fastest: {best.name}, median step time {fmt.ms(best.step_time_ns.median)}"
-            if best.speedup_vs_single is not None:
-                text += f", {fmt.speedup(best.speedup_vs_single)} speedup over the single-device run"
-            rest = [f"{r.name} ({fmt.ms(r.step_time_ns.median)}"
-                    + (f", {fmt.speedup(r.speedup_vs_single)} the single-device speed"
-                       if r.speedup_vs_single else "")
-                    + ")" for r in order[1:]]
+            text = (f"Fastest: {best.name}, median step time {fmt.ms(best.median_ns)}{reps(best)}"
+                    f"{vs_ref(best, 'speedup over the single-device run')}")
+            rest = [f"{a.name} ({fmt.ms(a.median_ns)}{reps(a)}{vs_ref(a)})" for a in order[1:]]
             if rest:
                 text += "; then " + ", ".join(rest)
             text += "."
         if ref is not None:
             text += (f" Reference (not ranked): {ref.name}, one device, median step time "
-                     f"{fmt.ms(ref.step_time_ns.median)}")
-            if order and all(r.step_time_ns.median > ref.step_time_ns.median for r in order):
+                     f"{fmt.ms(ref.median_ns)}{reps(ref)}")
+            if order and all(a.median_ns > ref.median_ns for a in order):
                 text += (": at this model and batch size on this machine, no distributed "
                          "strategy pays off")
             text += "."
-        out.append(text.strip())
-        order = [by_name[n] for n in rk.order]
+        out.append(text.strip() or "No strategy has step times to rank.")
         noise = rk.noise or None
         if noise and not noise.decisive and len(order) > 1:
-            close = "; ".join(f"{a} vs {b}: {fmt.pct(gap)} apart, {why}"
-                              for a, b, gap, why in noise.close_pairs)
+            close = "; ".join(why for _, _, _, why in noise.close_pairs)
             out.append(f"This order is within measurement noise ({close}) and is not a basis "
-                       "for a decision (rule: neighbours are within noise when their step times "
-                       "overlap or their medians differ by less than "
-                       f"{fmt.pct(noise.margin_frac)} on {'CPU' if noise.cpu else 'GPU'}).")
+                       "for a decision (rule: a strategy is faster only when the 95 % "
+                       "interval of the step-time ratio excludes 1).")
         elif noise and len(order) > 1:
-            out.append("This order is beyond the measured spread: no two neighbours' step times "
-                       "overlap and their medians differ by at least "
-                       f"{fmt.pct(noise.margin_frac)} (the {'CPU' if noise.cpu else 'GPU'} "
-                       "floor).")
+            said = {(p.faster, p.slower): p.sentence for p in rk.pairs}
+            beyond = "; ".join(said.get((a.name, b.name), "") for a, b in zip(order, order[1:]))
+            out.append(f"This order is beyond the measured noise: {beyond}.")
+        if rk.descriptive:
+            out.append(f"Not ranked (another experiment): {', '.join(rk.descriptive)}; "
+                       "compared in the tables only.")
     elif "not one experiment" in rk.reason:  # the differences: under Ranking
         out.append("Ranking withheld: the runs were not recorded under the same settings "
                    "(which ones differ: see Ranking), so they are not one experiment.")

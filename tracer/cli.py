@@ -37,7 +37,8 @@ def _fail(code: int, message: str) -> None:
 
 @app.command()
 def record(
-    strategy: Annotated[str, typer.Option(help="single, ddp, fsdp, fsdp2 or all.")] = "all",
+    strategy: Annotated[str, typer.Option(
+        help="single, ddp, fsdp, fsdp2, all, or a comma-separated list (ddp,fsdp2).")] = "all",
     nproc: Annotated[int, typer.Option(help="Ranks for distributed strategies (torchrun: its WORLD_SIZE).")] = 2,
     backend: Annotated[str, typer.Option(help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
@@ -85,9 +86,18 @@ def record(
     data_workers: Annotated[int, typer.Option(help="--data loader: DataLoader worker processes.")] = 0,
     data_sample_cost_ms: Annotated[float, typer.Option(
         help="--data loader: artificial cost per sample, ms (sleep; shows an input-bound run).")] = 0.0,
+    repeat: Annotated[int, typer.Option(
+        help="Record every chosen strategy N times, interleaved (A B C A B C ...), as one "
+             "experiment; run dirs NAME.r1 .. NAME.rN. 5 or more lets the report decide "
+             "(README \"Deciding on a noisy machine\").")] = 1,
+    experiment_id: Annotated[Optional[str], typer.Option(
+        help="Experiment id (default: a new one per command); pass the same id to several "
+             "torchrun commands to rank their runs together.")] = None,
+    repeat_index: Annotated[int, typer.Option(hidden=True)] = 0,
+    experiment_order: Annotated[Optional[str], typer.Option(hidden=True)] = None,
     ctx: typer.Context = typer.Option(None, hidden=True),
 ) -> None:
-    """Record one strategy (or all four) into OUT/NAME run directories."""
+    """Record one strategy, a list, or all four into OUT/NAME run directories."""
     # every option but these three is a RecordConfig field of the same name
     options = {k: v for k, v in locals().items() if k not in ("strategy", "name", "ctx")}
     if golden is not None:
@@ -95,19 +105,30 @@ def record(
     where, sep, factory = model.rpartition(":")
     if sep and where.endswith(".py"):  # every process (workers, baseline) finds the same file
         options["model"] = f"{Path(where).expanduser().resolve()}:{factory}"
-    from tracer.record import expand
+    from tracer.record import expand, interleave
 
     under_torchrun = "RANK" in os.environ
-    if under_torchrun and strategy == "all":
-        _fail(ExitCode.BAD_INPUT, "--strategy all: under torchrun record one strategy per torchrun command")
+    if under_torchrun and (strategy == "all" or "," in strategy):
+        _fail(ExitCode.BAD_INPUT, f"--strategy {strategy}: under torchrun record one strategy per torchrun command")
+    if under_torchrun and repeat > 1 and repeat_index == 0:  # spawned workers carry their index
+        _fail(ExitCode.BAD_INPUT, f"--repeat {repeat}: under torchrun record one run per torchrun "
+              "command; pass the same --experiment-id to each to rank them as one experiment")
     if under_torchrun and strategy != "single" and os.environ.get("WORLD_SIZE", "").isdigit():
         options["nproc"] = int(os.environ["WORLD_SIZE"])  # torchrun's world size wins
     try:
-        if strategy != "all":  # an option typed on the command line, even at its default value
+        if strategy != "all" and "," not in strategy:  # typed on the command line, even at its default
             from tracer.config import check_taken
 
             check_taken(strategy, [k for k in options if _given(ctx, k)])
         configs = expand(strategy, name, **options)
+        if not under_torchrun:
+            configs = interleave(configs, experiment_id)
+        elif repeat_index == 0:  # a torchrun rank: one run, its own experiment unless joined
+            import uuid
+            from dataclasses import replace
+
+            configs = [replace(configs[0], repeat_index=1,
+                               experiment_id=experiment_id or uuid.uuid4().hex)]
         if configs[0].golden is not None:
             from tracer.golden import check_golden
 

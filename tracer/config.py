@@ -7,6 +7,7 @@ torchrun worker parse the same options the same way.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ OPTIONS_BY_STRATEGY: dict[str, tuple[str, ...]] = {
     "fsdp": FSDP_ONLY,
     "fsdp2": FSDP_ONLY,
 }
+MAX_REPEAT = 100
+"""Largest ``--repeat``: far above what a decision needs (README "Deciding on a noisy machine")."""
+_EXPERIMENT_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_TIMEOUT_S = 7 * 24 * 3600
 """Largest ``--timeout``: one week, far above any useful wait and below what the waits it
 drives accept (a poll() timeout is a C int of milliseconds, about 24.8 days: ``subprocess.run``
@@ -156,6 +160,16 @@ class RecordConfig:
     ``full`` (safetensors plus kept.parquet) or ``summaries`` (kept.parquet only)."""
     golden: str | None = None
     """An earlier run directory whose kept inputs this record reuses and compares with (tracer/golden.py)."""
+    repeat: int = 1
+    """``--repeat N``: runs of every chosen strategy, recorded interleaved (A B C A B C ...);
+    with N > 1 the run dirs are ``<name>.r<k>``, k = 1..N (``run_name``)."""
+    repeat_index: int = 0
+    """This run's repeat, 1..``repeat`` (0: not yet assigned, ``record.interleave`` sets it)."""
+    experiment_id: str | None = None
+    """The experiment this run belongs to (analyzer/contract/schemas.py ``Experiment``); one per
+    command when not given. Letters, digits, '-', '_' and '.' only."""
+    experiment_order: str | None = None
+    """The arms (run names without repeat suffix) of the experiment in recording order, comma-separated."""
 
     def __post_init__(self) -> None:
         def bad(option: str, value: Any, why: str) -> ValueError:
@@ -196,6 +210,13 @@ class RecordConfig:
         if self.lr is not None and not 0 < self.lr < float("inf"):
             raise bad("lr", self.lr, "must be a finite number > 0")
         self._check_training_options(bad)
+        if not isinstance(self.repeat, int) or not 1 <= self.repeat <= MAX_REPEAT:
+            raise bad("repeat", self.repeat, f"must be an integer from 1 to {MAX_REPEAT}")
+        if not 0 <= self.repeat_index <= self.repeat:
+            raise bad("repeat-index", self.repeat_index, f"must be from 0 to --repeat {self.repeat}")
+        if self.experiment_id is not None and not _EXPERIMENT_ID.fullmatch(self.experiment_id):
+            raise bad("experiment-id", self.experiment_id,
+                      "use 1-64 letters, digits, '-', '_' or '.' (it names an experiment in reports)")
         if self.wrap_min_params is not None and self.wrap_min_params < 1:
             raise bad("wrap-min-params", self.wrap_min_params, "must be a positive integer")
         if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= MAX_TIMEOUT_S):
@@ -288,9 +309,14 @@ class RecordConfig:
         return self.steps if self.steps is not None else self.profiled_until
 
     @property
-    def run_name(self) -> str:
-        """Run-directory name."""
+    def arm(self) -> str:
+        """The run name without its repeat suffix: ``--name``, or the strategy."""
         return self.name or self.strategy
+
+    @property
+    def run_name(self) -> str:
+        """Run-directory name: ``arm``, with ``.r<k>`` for repeat k of ``--repeat N`` > 1."""
+        return f"{self.arm}.r{self.repeat_index}" if self.repeat > 1 and self.repeat_index else self.arm
 
     @property
     def run_dir(self) -> Path:
@@ -331,7 +357,7 @@ class RecordConfig:
 
     def to_argv(self) -> list[str]:
         """``tracer record`` arguments that reproduce this config (for spawned workers)."""
-        argv = ["--strategy", self.strategy, "--name", self.run_name]
+        argv = ["--strategy", self.strategy, "--name", self.arm]
         for f in fields(self):  # the CLI's options are the fields; its defaults are theirs
             value = getattr(self, f.name)
             if f.name in ("strategy", "name") or value is None or value == f.default:

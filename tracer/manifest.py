@@ -14,8 +14,8 @@ import torch
 
 from analyzer.contract.atomic import write_atomic
 from analyzer.contract.schemas import (MANIFEST_NAME, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES, Baseline, Batch,
-                                       Device, Launch, Manifest, Model, Profiler, Tolerance, Training,
-                                       Versions, mixed_precision_tolerance)
+                                       Device, Experiment, Launch, Machine, Manifest, Model, Profiler,
+                                       Tolerance, Training, Versions, mixed_precision_tolerance)
 from tracer.config import RecordConfig
 from tracer.data import data_manifest
 from tracer.golden import golden_section
@@ -61,10 +61,29 @@ def device_info(device: torch.device) -> Device:
     return Device(type="cpu", name=cpu_name(), count=os.cpu_count() or 1)
 
 
+def machine_info(load_avg: list[float], ranks_on_host: int) -> Machine:
+    """The machine section: ``load_avg`` (1, 5, 15 min, taken as the record started), CPUs,
+    this process's torch intra-op threads (every rank sets the same), oversubscription."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = torch.get_num_threads()
+    return Machine(load_avg=[round(v, 2) for v in load_avg], cpu_count=os.cpu_count() or 1,
+                   usable_cpus=usable, threads_per_rank=threads, ranks_on_host=ranks_on_host,
+                   oversubscribed=ranks_on_host * threads > usable)
+
+
+def experiment_section(cfg: RecordConfig) -> Experiment | None:
+    """The run's ``Experiment`` (None for a config never given an id: a library caller)."""
+    if cfg.experiment_id is None:
+        return None
+    return Experiment(id=cfg.experiment_id, arm=cfg.arm, repeat=max(1, cfg.repeat_index),
+                      repeats=cfg.repeat,
+                      order=cfg.experiment_order.split(",") if cfg.experiment_order else [cfg.arm])
+
+
 def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend: str | None,
                    device: torch.device, launch: Launch, num_params: int,
                    fsdp_units: list[str], spec, model_name: str, buffers: list[str],
-                   batch_x: torch.Tensor) -> Manifest:
+                   batch_x: torch.Tensor, machine: Machine | None = None) -> Manifest:
     """The run's manifest; ``files`` lists every file already in ``run_dir``.
 
     ``strategy_options`` also carries ``fsdp_units`` (the wrapped module FQNs, additive) for
@@ -109,7 +128,8 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
         keep_tensors=cfg.keep_tensors, golden=golden_section(cfg, run_dir),
         training=Training(optimizer=optimizer_manifest(cfg),
                           mixed_precision=list(cfg.mixed_precision_dtypes) if cfg.mixed_precision else None,
-                          activation_checkpointing=cfg.activation_checkpointing))
+                          activation_checkpointing=cfg.activation_checkpointing),
+        experiment=experiment_section(cfg), machine=machine)
 
 
 def precision_policy(cfg: RecordConfig) -> str:

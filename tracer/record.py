@@ -19,25 +19,66 @@ from tracer.rundir import STAGING_PREFIX
 log = logging.getLogger(__name__)
 
 
+def chosen_strategies(strategy: str) -> list[str]:
+    """``--strategy`` as a list: ``all`` -> single, ddp, fsdp, fsdp2; ``ddp,fsdp2`` -> both, in
+    that order; one name -> itself. Raises ``ValueError`` for an empty or repeated name."""
+    if strategy == "all":
+        return list(STRATEGIES)
+    names = [s.strip() for s in strategy.split(",")]
+    if "" in names or len(set(names)) != len(names):
+        raise ValueError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}, all, "
+                         "or a comma-separated list of distinct strategies (ddp,fsdp2)")
+    return names
+
+
 def expand(strategy: str, name: str | None, **options: Any) -> list[RecordConfig]:
-    """Configs for ``strategy`` (``all`` -> single, ddp, fsdp, fsdp2; with ``name`` the run dirs
-    are ``<name>-<strategy>``). A fault applies to the distributed strategies only, and each
-strategy gets only the strategy options it takes (config.OPTIONS_BY_STRATEGY).
+    """Configs for ``strategy`` (``all`` -> single, ddp, fsdp, fsdp2; a list ``ddp,fsdp2`` ->
+    those; with ``name`` and several strategies the run dirs are ``<name>-<strategy>``). With
+    several strategies a fault applies to the distributed ones only, and each strategy gets
+    only the strategy options it takes (config.OPTIONS_BY_STRATEGY).
 
     Raises ``ValueError`` naming the bad option.
     """
-    if strategy != "all":
-        return [RecordConfig(strategy=strategy, name=name, **options)]
+    chosen = chosen_strategies(strategy)
+    if len(chosen) == 1:
+        return [RecordConfig(strategy=chosen[0], name=name, **options)]
     configs = []
-    for s in STRATEGIES:
+    for s in chosen:
         opts = dict(options)
         if s == "single":
             opts["fault"] = None
         for option in STRATEGY_OPTIONS:  # each strategy of "all" gets only the options it takes
-            if option not in OPTIONS_BY_STRATEGY[s]:
+            if option not in OPTIONS_BY_STRATEGY.get(s, ()):
                 opts.pop(option, None)
         configs.append(RecordConfig(strategy=s, name=f"{name}-{s}" if name else None, **opts))
     return configs
+
+
+def interleave(configs: list[RecordConfig], experiment_id: str | None = None) -> list[RecordConfig]:
+    """One experiment (issue 20): every config ``repeat`` times, interleaved round by round
+    (A B C A B C ...), so that load drifting over the command hits every strategy alike. Each
+    gets its ``repeat_index`` (1..N: run dir ``<name>.r<k>`` when N > 1), the one
+    ``experiment_id`` (``experiment_id``, else a new uuid4 hex) and the arms' order."""
+    import uuid
+    from dataclasses import replace
+
+    exp = experiment_id or uuid.uuid4().hex
+    order = ",".join(c.arm for c in configs)
+    return [replace(c, repeat_index=k, experiment_id=exp, experiment_order=order)
+            for k in range(1, configs[0].repeat + 1) for c in configs]
+
+
+def oversubscription(configs: list[RecordConfig], usable_cpus: int, threads_per_rank: int = 1
+                     ) -> str | None:
+    """A warning when a config's ranks on this machine x ``threads_per_rank`` (the workers set
+    torch to 1 intra-op thread) exceed ``usable_cpus``: ranks then share cores and step times
+    measure the machine's scheduler as much as the strategy. None when every config fits."""
+    over = sorted({c.world_size for c in configs if c.world_size * threads_per_rank > usable_cpus})
+    if not over:
+        return None
+    return (f"warning: {over[-1]} ranks x {threads_per_rank} thread(s) per rank > {usable_cpus} "
+            "usable CPU core(s): the machine is oversubscribed, ranks share cores and step times "
+            "are noisy; record fewer ranks (--nproc) or on a larger machine")
 
 
 def check_gpus(configs: list[RecordConfig], gpu_count: int) -> None:
@@ -108,6 +149,9 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
         _release(configs)  # the CLI may have claimed them: a refusal leaves nothing behind
         raise
     claim_run_dirs(configs)
+    warning = oversubscription(configs, len(os.sched_getaffinity(0)))
+    if warning:
+        log.warning("%s", warning)
     try:  # same filesystem as the run dirs, so placing the baseline is a hard link
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=configs[0].run_dir.parent))
     except OSError as exc:

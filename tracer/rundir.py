@@ -12,7 +12,11 @@ Rules (analyzer/contract/schemas.py, run-directory layout):
 - ``tracer record`` writes only into a missing or empty folder, or one of its run dirs
   (``is_run_dir``), and never into one named ``REPORT_DIR_NAME``;
 - one record at a time per run dir: ``fcntl.flock`` on ``LOCK_NAME`` inside it, held by the
-  process that records it until that process ends (the launcher; under torchrun global rank 0).
+  process that records it until that process ends (the launcher; under torchrun global rank 0);
+- ``tracer record --repeat N`` (N > 1) writes N run dirs per strategy, ``<name>.r1`` ..
+  ``<name>.rN`` (``RecordConfig.run_name``), each a complete run dir under these same rules:
+  all are checked and locked before the first record starts, each gets its marker and the
+  staged baseline only when its own record starts (tracer/record.py ``record_local``).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from tracer.config import RecordConfig
 from tracer import footprint
 from tracer.data import Batches
 from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV
-from tracer.manifest import build_manifest, write_manifest
+from tracer.manifest import build_manifest, machine_info, write_manifest
 from tracer.memory import dump_snapshot, start_history
 from tracer.model import precision_context, rank_rows
 from tracer.modelspec import ModelSpec, buffer_names, load_parameters, load_spec
@@ -169,6 +169,7 @@ def check_world(cfg: RecordConfig, env: RankEnv) -> None:
 def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     """Everything one rank does; raises on any failure (the caller reports it)."""
     torch.set_num_threads(1)
+    load_avg = list(os.getloadavg())  # as the record starts (issue 20), before this run's work
     device = resolve_device(cfg, env.local_rank)
     backend = resolve_backend(cfg, device)
     hb.beat("init_process_group")
@@ -201,7 +202,8 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
         manifest = build_manifest(cfg=cfg, run_dir=cfg.run_dir, world_size=env.world_size,
                                   backend=backend, device=device, launch=launch,
                                   num_params=num_params, fsdp_units=units, spec=spec,
-                                  model_name=model_name, buffers=buffers, batch_x=base["batch.x"])
+                                  model_name=model_name, buffers=buffers, batch_x=base["batch.x"],
+                                  machine=machine_info(load_avg, env.local_world_size))
         write_manifest(cfg.run_dir, manifest)
     hb.beat("done")
 

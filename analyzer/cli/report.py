@@ -1,4 +1,4 @@
-"""`analyzer report DIR` and `analyzer gate DIR` (issue 4)."""
+"""`analyzer report DIR` (issue 4); `analyzer gate` is analyzer/cli/gate.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 if TYPE_CHECKING:
-    from analyzer.contract.report_types import AnalysisOptions, Report, RunEntry
+    from analyzer.contract.report_types import AnalysisOptions, Report
 
 log = logging.getLogger(__name__)
 FORMATS = ("md", "json", "html")
@@ -34,9 +34,6 @@ TABLES_OUT_HELP = (
     "Also write the per-rank tables to this folder (DIR) as a hive-partitioned Parquet dataset "
     "(DIR/<table>/run=<run>/rank=<rank>/part-0.parquet) for DuckDB / pandas / polars. DIR: new, "
     "empty, or a dataset written by this option; outside the input.")
-GATE_ALLOW_INCOMPLETE_HELP = (
-    "Accept run directories without manifest.json (a record that did not finish): listed SKIP, "
-    "not gated (they alone never pass).")
 
 
 def _formats(value: str) -> list[str]:
@@ -199,44 +196,8 @@ def _remove_stale(out: Path, formats: list[str], written: dict[str, str]
                        "pass --out to a writable folder") from None
 
 
-def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
-    """(every run passed, one line per run and the verdict line). The reference run counts as
-    a pass; an incomplete run (included only with ``--allow-incomplete``) has no parity to
-    gate: listed as SKIP; the verdict then says it was skipped, so it never reads as a pass of
-    that run. A run without numerics (or with a rank or tensor missing from them) is "not
-    verified" -- a failure, never called "not numerically equivalent"."""
-    lines, ok = [], True
-    failed, unverified = False, False
-    for r in runs:
-        passed = r.parity.status in ("pass", "reference")
-        ok &= passed or r.incomplete
-        failed |= r.parity.status == "fail" and not r.incomplete
-        unverified |= r.parity.status == "not_recorded" and not r.incomplete
-        word = "SKIP" if r.incomplete else "PASS" if passed else "FAIL"
-        lines.append(f"{word} {r.name}: {r.parity.status} -- {r.parity.reason}")
-    skipped = [r.name for r in runs if r.incomplete]
-    # nothing was gated: incomplete runs beside no verified distributed run (at most the
-    # single-device reference) never pass
-    verified = [r for r in runs if not r.incomplete and r.parity.status == "pass"]
-    nothing = bool(skipped) and not verified
-    ok = ok and not nothing
-    tail = (f" ({len(skipped)} incomplete run(s) skipped, not verified: {', '.join(skipped)})"
-            if skipped else "")
-    if ok:
-        lines.append(f"gate: passed{tail}")
-    else:
-        why = ([" at least one run is not numerically equivalent to the baseline"] if failed else []) + (
-            [" at least one run is not verified (no numerics, or a rank or tensor missing "
-             "from them)"] if unverified else []) + (
-            [" nothing was verified: no complete distributed run (only incomplete runs"
-             + (" and the reference" if len(skipped) < len(runs) else "") + ")"]
-            if nothing and not failed and not unverified else [])
-        lines.append(f"gate: FAILED --{';'.join(why)}{tail}")
-    return ok, lines
-
-
 def register(app, run) -> None:
-    """Add the ``report`` and ``gate`` commands to ``app``; ``run`` maps typed errors to exit codes."""
+    """Add the ``report`` command to ``app``; ``run`` maps typed errors to exit codes."""
 
     @app.command("report")
     def report_cmd(
@@ -271,23 +232,3 @@ def register(app, run) -> None:
         richout.echo(md)
         richout.echo(f"analyzer: wrote {', '.join(f'report.{f}' for f in FORMATS if f in formats)} "
                      f"to {out or default_out(directory)}", err=True)
-
-    @app.command("gate")
-    def gate_cmd(
-        directory: Annotated[Path, typer.Argument(help="Traces root or one run directory.")],
-        rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
-        atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
-        allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=GATE_ALLOW_INCOMPLETE_HELP)] = False,
-    ) -> None:
-        """Exit 0 when every run passes the parity gate (the reference counts), 3 otherwise."""
-        from analyzer.cli import richout
-        from analyzer.compare import runs
-        from analyzer.contract.errors import ExitCode
-        from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride
-
-        ok, lines = run(lambda: gate_lines(runs.gate(directory, AnalysisOptions(
-            tolerance=ToleranceOverride(rtol=rtol, atol=atol), allow_incomplete=allow_incomplete))))
-        for line in lines:
-            richout.echo(line)
-        if not ok:
-            raise typer.Exit(ExitCode.GATE_FAILED)

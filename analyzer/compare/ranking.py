@@ -1,16 +1,21 @@
-"""Compare runs and rank them -- only when every run's numerics are trusted.
+"""Compare runs and rank them -- only runs of one experiment, only when their numerics are trusted.
 
 Works on the report's run entries (``report_types.RunEntry``, the ``runs[]`` of report.json).
 
-Ranking rule (stated in every output as ``RANKING_RULE``): runs whose parity passed, plus the
-``single`` reference run (the speedup base), ordered by the median step time of the profiled
-steps -- the step time of a distributed step being its slowest rank's wall time from
-``steps.parquet`` -- fastest first; ties broken by the lower per-rank memory peak
-(``Memory.peak_allocated_bytes``: memory_categories.parquet's peak, i.e. what the rank holds,
-never the profiler's window-only figure; analyzer/compare/footprint.py). The ranking is
-withheld when any run failed parity or has none recorded (naming the run and its first diverging
-tensor or the reason), or when the runs were not recorded under the same settings (versions,
-device, global batch shape, seed, model, precision, launch), since they are then not one experiment.
+Ranking rule (stated in every output as ``RANKING_RULE``): one experiment is ranked -- the runs
+one ``tracer record`` command recorded (one experiment id in their manifests; ``--repeat N``
+records each strategy N times, interleaved). Runs of other experiments are compared in the
+tables only, with a warning; runs recorded before experiment ids count as one experiment when
+their settings agree, with a warning that this cannot be checked. Within it, runs are grouped by
+arm (the run name without its ``.r<k>`` repeat suffix); the single-device arm is the reference,
+not ranked. Arms are ordered by the median of all their profiled step times (a distributed
+step lasts as long as its slowest rank), ties broken by the lower per-rank memory peak
+(``Memory.peak_allocated_bytes``: what the rank holds, analyzer/compare/footprint.py). Each two
+arms get a ``Pair``: the ratio of their median step times with a 95 % interval
+(analyzer/compare/stats.py); one is called faster only when the interval excludes 1 and both
+have ``stats.MIN_REPEATS`` repeats, else the pair is "within noise at this sample size", with the
+repeats that would resolve it. The ranking is withheld when a run of the experiment failed
+parity or has none recorded, or its runs were not recorded under the same settings.
 """
 
 from __future__ import annotations
@@ -18,28 +23,26 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from analyzer.contract.report_types import Noise, Ranking, RunEntry
+from analyzer.compare import stats
+from analyzer.contract.report_types import Arm, Noise, Pair, Ranking, RunEntry
 
 RANKING_RULE = (
-    "Runs are ranked only when every run passed the parity gate (the single-device run is the "
-    "reference and the speedup base). Order: median step time over the profiled steps, fastest "
-    "first (a distributed step lasts as long as its slowest rank); ties broken by the lower "
-    "per-rank memory peak (Memory section: what the rank holds, not the profiler window). Runs recorded under different settings are never ranked together; an "
-    "incomplete run (no manifest.json, --allow-incomplete) is left out."
+    "Only the runs of one experiment (one tracer record command: one experiment id) are ranked, "
+    "and only when every one passed the parity gate; the single-device run is the reference "
+    "and the speedup base, not ranked. Strategies (a run name without its .rN repeat suffix) "
+    "are ordered by the median of all their profiled step times, fastest first (a distributed "
+    "step lasts as long as its slowest rank); ties broken by the lower per-rank memory peak "
+    "(Memory section: what the rank holds, not the profiler window). Runs "
+    "recorded under different settings are never ranked together; runs of other experiments "
+    "are compared in the tables only; an incomplete run (no manifest.json, --allow-incomplete) "
+    "is left out."
 )
 
-NOISE_MARGIN_FRAC = {"cpu": 0.50, "cuda": 0.05}
-"""Floor of the noise rule: a relative gap between consecutive ranked median step times,
-(slower - faster) / faster, below which their order is within measurement noise whatever the
-runs' own spread. CPU records (gloo, two ranks sharing cores) differ by 30-50 % between
-identical records (README), so 50 %; GPU steps are far steadier, 5 %."""
-
 NOISE_RULE = (
-    "Noise: two neighbours in the order are within measurement noise when their step times "
-    "overlap (the faster run's slowest profiled step is at least as slow as the slower run's "
-    "fastest) or their median step times differ by less than 50 % (CPU: identical CPU records "
-    "differ by 30-50 %) or 5 % (GPU) of the faster one; such an order is listed but is no basis "
-    "for a decision."
+    "Noise: for each two strategies, the ratio of their median step times has a 95 % "
+    "confidence interval (" + stats.METHOD + "); one is called faster only when the interval "
+    f"excludes 1 and each has at least {stats.MIN_REPEATS} repeats (tracer record --repeat), "
+    "otherwise the pair is within noise at this sample size."
 )
 
 SETTINGS = ("versions", "device", "batch", "seed", "model", "precision", "training", "launch",
@@ -104,11 +107,140 @@ def _peak(run: RunEntry) -> float:
     return math.inf if v is None else float(v)
 
 
+def experiment_id(run: RunEntry) -> str | None:
+    """The run's experiment id (manifest ``experiment.id``), None for older records and foreign
+    traces."""
+    return (run.experiment or {}).get("id")
+
+
+def arm_of(run: RunEntry) -> str:
+    """The run's arm: the manifest's ``experiment.arm`` (the run name without ``.r<k>``), else
+    the run name."""
+    return (run.experiment or {}).get("arm") or run.name
+
+
+def ranked_experiment(runs: list[RunEntry]) -> tuple[list[RunEntry], list[RunEntry], list[str]]:
+    """(the runs of the experiment to rank, the others, warnings). The experiment with the most
+    distributed runs, then the most runs (ties: the smallest id), among those with an id; runs
+    without an id (recorded before
+    experiment ids, or foreign traces) are one group, ranked only when no run has an id, with a
+    warning that one command cannot be told from several."""
+    groups: dict[str | None, list[RunEntry]] = {}
+    for r in runs:
+        groups.setdefault(experiment_id(r), []).append(r)
+    ids = [k for k in groups if k is not None]
+    if not ids:
+        legacy = groups.get(None, [])
+        warn = ([f"runs {', '.join(r.name for r in legacy)} carry no experiment id (recorded "
+                 "before tracer record --repeat, or foreign traces): ranked as one experiment, "
+                 "but whether one command recorded them cannot be checked; record them together "
+                 "(tracer record --strategy ... --repeat 5) for a decision"]
+                if sum(1 for r in legacy if r.strategy != "single") > 1 else [])
+        return legacy, [], warn
+    chosen = min(ids, key=lambda k: (-sum(r.strategy != "single" for r in groups[k]),
+                                     -len(groups[k]), k))
+    others = [r for r in runs if experiment_id(r) != chosen]
+    warn = []
+    if others:
+        warn.append(f"runs {', '.join(r.name for r in others)} are not of experiment "
+                    f"{chosen[:8]} (recorded by another tracer record command, or before "
+                    "experiment ids): compared in the tables only, never ranked with it")
+    return groups[chosen], others, warn
+
+
+def busy_machine(runs: list[RunEntry]) -> str | None:
+    """A note when a run was recorded on a busy or oversubscribed machine (manifest ``machine``):
+    its 1-minute load average at the start at or above its usable CPUs, or ranks x threads above
+    them. None when no run says so (or none recorded the machine)."""
+    busy = [(r.name, m) for r in runs if (m := r.machine)
+            and (m["oversubscribed"] or m["load_avg"][0] >= m["usable_cpus"])]
+    if not busy:
+        return None
+    worst = max(m["load_avg"][0] for _, m in busy)
+    over = [n for n, m in busy if m["oversubscribed"]]
+    return (f"{len(busy)} of {len(runs)} run(s) were recorded on a busy machine (1-minute load "
+            f"average up to {worst:g} on {busy[0][1]['usable_cpus']} usable CPUs"
+            + (f"; oversubscribed: {', '.join(over)}" if over else "")
+            + "): expect wide intervals")
+
+
+def _steps(run: RunEntry) -> list[float]:
+    st = run.step_time_ns
+    if st.values_ns:
+        return [float(v) for v in st.values_ns]
+    return [float(st.median)] if st.median else []
+
+
+def _arms(runs: list[RunEntry]) -> list[tuple[Arm, list[RunEntry]]]:
+    """Runs grouped by arm, each arm's runs in repeat order."""
+    groups: dict[str, list[RunEntry]] = {}
+    for r in runs:
+        groups.setdefault(arm_of(r), []).append(r)
+    out = []
+    for name, rs in groups.items():
+        rs = sorted(rs, key=lambda r: ((r.experiment or {}).get("repeat", 1), r.name))
+        steps = [v for r in rs for v in _steps(r)]
+        peaks = [_peak(r) for r in rs]
+        out.append((Arm(name=name, strategy=rs[0].strategy, runs=[r.name for r in rs],
+                        median_ns=stats.median(steps) if steps else None, steps=len(steps),
+                        peak_allocated_bytes=None if min(peaks) == math.inf else int(min(peaks))),
+                    rs))
+    return out
+
+
+def compare_arms(a: tuple[str, list[RunEntry]], b: tuple[str, list[RunEntry]]) -> Pair:
+    """The ``Pair`` of two arms (name, runs in repeat order), each with step times: B's median
+    over A's when A's is lower (else the other way round) with its interval (``stats.ratio_ci``;
+    repeats paired by index when both arms hold the same repeats of one experiment).
+    Raises ``ValueError`` when an arm has no step time."""
+    (na, ra), (nb, rb) = a, b
+    sa = [x for x in (_steps(r) for r in ra) if x]
+    sb = [x for x in (_steps(r) for r in rb) if x]
+    if not sa or not sb:
+        raise ValueError(f"{na if not sa else nb}: no step times")
+    if stats.median([v for x in sa for v in x]) > stats.median([v for x in sb for v in x]):
+        (na, ra, sa), (nb, rb, sb) = (nb, rb, sb), (na, ra, sa)
+    reps = lambda rs: [((r.experiment or {}).get("id"), (r.experiment or {}).get("repeat")) for r in rs]
+    paired = (len(sa) == len(sb) >= 2 and len(sa) == len(ra) == len(rb)
+              and [k[1] for k in reps(ra)] == [k[1] for k in reps(rb)]
+              and len({k[0] for k in reps(ra) + reps(rb)}) == 1 and reps(ra)[0][0] is not None)
+    ci = stats.ratio_ci(sa, sb, paired=paired)
+    decided = ci.ci_low > 1 and ci.repeats >= stats.MIN_REPEATS
+    need = stats.repeats_to_resolve(ci.log_sd, ci.ratio) if not decided else None
+    return Pair(faster=na, slower=nb, ratio=ci.ratio, ci_low=ci.ci_low, ci_high=ci.ci_high,
+                method=stats.METHOD, decision="faster" if decided else "within_noise",
+                repeats=ci.repeats, steps=ci.steps, paired=paired, repeats_needed=need,
+                sentence=pair_sentence(na, nb, ci, decided, need))
+
+
+def pair_sentence(faster: str, slower: str, ci: stats.RatioCI, decided: bool,
+                  need: int | None) -> str:
+    """The pair in words: ``fsdp2 is 1.31x faster than ddp (95 % CI 1.18-1.45, 5 repeats)``, or
+    ``ddp vs fsdp2: within noise at this sample size (...)`` with what would resolve it."""
+    figures = (f"95 % CI {ci.ci_low:.2f}-{ci.ci_high:.2f}, {ci.repeats} repeat"
+               f"{'s' if ci.repeats != 1 else ''}, {ci.steps} steps")
+    if decided:
+        return f"{faster} is {ci.ratio:.2f}x faster than {slower} ({figures})"
+    text = (f"{faster} vs {slower}: within noise at this sample size (ratio {ci.ratio:.2f}, "
+            f"{figures})")
+    if ci.repeats < stats.MIN_REPEATS:
+        return text + (f"; record both with tracer record --repeat {max(stats.MIN_REPEATS, need or 0)} "
+                       f"or more to decide ({stats.MIN_REPEATS} repeats at least: fewer cannot "
+                       "measure run-to-run variation)")
+    if need is not None:
+        return text + f"; about {need} repeats per strategy would resolve a {ci.ratio:.2f}x difference"
+    return text + "; no practical number of repeats would resolve so small a difference"
+
+
 def rank_runs(runs: list[RunEntry]) -> Ranking:
-    """The ranking (module docstring): ``order`` (names, fastest first; empty when withheld),
-    ``reason``, ``rule`` and, when ranked, ``noise`` (``ranking_noise``)."""
+    """The ranking (module docstring): ``order`` (arms, fastest first, the reference left out;
+    empty when withheld), ``pairs``, ``arms``, ``reason``, ``rule``, ``noise``, the experiment
+    ranked and the runs left to the tables (``descriptive``)."""
     left_out = [r.name for r in runs if r.incomplete]
-    runs = [r for r in runs if not r.incomplete]  # README: left out of the ranking
+    complete = [r for r in runs if not r.incomplete]  # README: left out of the ranking
+    runs, others, warns = ranked_experiment(complete)
+    exp = experiment_id(runs[0]) if runs else None
+    extra = dict(experiment=exp, descriptive=[r.name for r in others])
     withheld = []
     for r in runs:
         p = r.parity
@@ -119,56 +251,85 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
         elif p.status == "not_recorded":
             withheld.append(f"run {r.name} has no parity verdict ({p.reason})")
     diffs = settings_differences(runs)
-    timed = [r for r in runs if r.step_time_ns.median is not None]
+    timed = [r for r in runs if _steps(r)]
     reason = ("; ".join(withheld) + ". Speed figures of a run whose numerics are not verified "
               "do not count." if withheld else
               "the runs are not one experiment: " + "; ".join(diffs)
               + ". Record them together with the same settings." if diffs else
               "no run has a measured step time" if not timed else None)
     if reason:
-        return Ranking(status="withheld", order=[], reason=reason, rule=RANKING_RULE)
-    order = sorted(timed, key=lambda r: (r.step_time_ns.median, _peak(r), r.name))
-    reason = f"{len(order)} run(s) passed parity (or are the reference)"
-    untimed = [r.name for r in runs if r.step_time_ns.median is None]
+        return Ranking(status="withheld", order=[], reason="; ".join([reason] + warns),
+                       rule=RANKING_RULE, **extra)
+    arms = _arms(timed)
+    ref = next((a for a, _ in arms if a.strategy == "single"), None)
+    ranked = sorted(((a, rs) for a, rs in arms if a is not ref),
+                    key=lambda x: (x[0].median_ns, x[0].peak_allocated_bytes or math.inf, x[0].name))
+    pairs = [compare_arms((a.name, ra), (b.name, rb))
+             for i, (a, ra) in enumerate(ranked) for b, rb in ranked[i + 1:]]
+    reason = (f"{len(ranked)} strateg{'y' if len(ranked) == 1 else 'ies'} of "
+              f"{'experiment ' + exp[:8] if exp else 'runs without an experiment id'} passed "
+              f"parity ({len(timed)} run(s))" + (f"; reference: {ref.name}" if ref else ""))
+    untimed = [r.name for r in runs if not _steps(r)]
     if untimed:
         reason += f"; not ranked for lack of step times: {', '.join(untimed)}"
     if left_out:
         reason += f"; left out as incomplete (no manifest.json): {', '.join(left_out)}"
-    return Ranking(status="ranked", order=[r.name for r in order], reason=reason,
-                   rule=RANKING_RULE + " " + NOISE_RULE, noise=ranking_noise(order))
+    if warns:
+        reason += "; " + "; ".join(warns)
+    if busy := busy_machine(timed):
+        reason += "; " + busy
+    order = [a.name for a, _ in ranked]
+    return Ranking(status="ranked", order=order, reason=reason,
+                   rule=RANKING_RULE + " " + NOISE_RULE, pairs=pairs,
+                   arms=[a for a, _ in ranked] + ([ref] if ref else []),
+                   reference=ref.name if ref else None,
+                   noise=ranking_noise(order, pairs, cpu=any((r.device or "cpu") == "cpu" for r in timed)),
+                   **extra)
 
 
-def ranking_noise(order: list[RunEntry]) -> Noise:
-    """Whether the ranked ``order`` (fastest first) is a basis for a decision (``NOISE_RULE``).
-
-    Each run's ``step_time_ns`` holds ``median`` and, when measured, ``min`` / ``max`` over its
-    profiled steps (the spread within the run). ``close_pairs``: ``[faster, slower, gap_frac,
-    why]`` for each consecutive pair that is close: the faster run's slowest step is not faster
-    than the slower run's fastest step (``why`` names both), or ``gap_frac`` = (slower - faster)
-    / faster median is below the floor ``margin_frac`` (``why`` says so); ``decisive`` when none.
-    """
-    cpu = any((r.device or "cpu") == "cpu" for r in order)
-    margin = NOISE_MARGIN_FRAC["cpu" if cpu else "cuda"]
+def ranking_noise(order: list[str], pairs: list[Pair], *, cpu: bool) -> Noise:
+    """Whether the ranked ``order`` (arms, fastest first) is a basis for a decision
+    (``NOISE_RULE``): ``close_pairs`` = ``[faster, slower, ratio - 1, sentence]`` of each
+    neighbour pair whose ``Pair`` is within noise; ``decisive`` when none is."""
+    by = {(p.faster, p.slower): p for p in pairs}
+    by.update({(p.slower, p.faster): p for p in pairs})
     close = []
     for a, b in zip(order, order[1:]):
-        sa, sb = a.step_time_ns, b.step_time_ns
-        gap = (sb.median - sa.median) / sa.median if sa.median else math.inf
-        if sa.max is not None and sb.min is not None and sa.max >= sb.min:
-            close.append((a.name, b.name, gap, f"their step times overlap: {a.name}'s slowest "
-                          f"step {sa.max / 1e6:.2f} ms, {b.name}'s fastest {sb.min / 1e6:.2f} ms"))
-        elif gap < margin:
-            close.append((a.name, b.name, gap,
-                          f"below the {margin * 100:g} % {'CPU' if cpu else 'GPU'} floor"))
-    return Noise(cpu=cpu, margin_frac=margin, close_pairs=close, decisive=not close)
+        p = by[(a, b)]
+        if p.decision != "faster":
+            close.append((p.faster, p.slower, None if p.ratio is None else p.ratio - 1, p.sentence))
+    return Noise(cpu=cpu, close_pairs=close, decisive=not close)
+
+
+def decision(ranking: Ranking) -> Pair | None:
+    """The pair a one-line decision states: the fastest arm against the runner-up (``order[0]``
+    and ``order[1]``); None when withheld or fewer than two strategies are ranked."""
+    if ranking.status != "ranked" or len(ranking.order) < 2:
+        return None
+    first, second = ranking.order[:2]
+    return next(p for p in ranking.pairs if {p.faster, p.slower} == {first, second})
+
+
+def decision_sentence(ranking: Ranking) -> str | None:
+    """One line for the report's head: ``fsdp2 is 1.31x faster than ddp (95 % CI 1.18-1.45, 5
+    repeats, 50 steps)`` or the within-noise form (``Pair.sentence``); a single ranked strategy
+    is named alone; None when the ranking is withheld."""
+    if ranking.status != "ranked" or not ranking.order:
+        return None
+    pair = decision(ranking)
+    if pair is None:
+        return f"{ranking.order[0]}: the only strategy ranked"
+    return pair.sentence
 
 
 def comparable_to(run: RunEntry, base: RunEntry) -> bool:
     """True when ``run`` may be compared with the reference ``base``: it is ``base`` itself, or
-    its parity passed and every setting in ``SETTINGS`` agrees with the reference's (``launch``
-    is not compared, the reference is not launched). Foreign runs (no settings) never are."""
+    its parity passed, it is of the same experiment (``experiment_id``) and every setting in
+    ``SETTINGS`` agrees with the reference's (``launch`` is not compared, the reference is not
+    launched). Foreign runs (no settings) never are."""
     if run is base:
         return True
-    if run.parity.status != "pass" or not run.settings:
+    if run.parity.status != "pass" or not run.settings or experiment_id(run) != experiment_id(base):
         return False
     for key in SETTINGS:
         a, b = _setting(run, key), _setting(base, key)
@@ -180,14 +341,20 @@ def comparable_to(run: RunEntry, base: RunEntry) -> bool:
 
 
 def speedups(runs: list[RunEntry]) -> list[float | None]:
-    """Speedup of each run over the ``single`` run, in ``runs`` order: single's median step
-    time / the run's. None when there is no single run, either time is missing, or the run is
+    """Speedup of each run over the ``single`` run (of its experiment and repeat when there is
+    one, else the first), in ``runs`` order: single's median step time / the run's. None when there is no single run, either time is missing, or the run is
     not comparable with it (``comparable_to``: parity not passed, or recorded under different
     settings) -- the report must not show a speedup it says cannot be compared."""
-    base = next((r for r in runs if r.strategy == "single"), None)
-    b = base.step_time_ns.median if base else None
-    return [b / r.step_time_ns.median if b and r.step_time_ns.median and comparable_to(r, base)
-            else None for r in runs]
+    singles = [r for r in runs if r.strategy == "single"]
+    out = []
+    for r in runs:  # the single run of the same experiment and repeat, else the first single
+        rep = (experiment_id(r), (r.experiment or {}).get("repeat"))
+        base = next((s for s in singles if (experiment_id(s), (s.experiment or {}).get("repeat")) == rep),
+                    singles[0] if singles else None)
+        b = base.step_time_ns.median if base else None
+        out.append(b / r.step_time_ns.median if b and r.step_time_ns.median and comparable_to(r, base)
+                   else None)
+    return out
 
 
 def prefetch_groups(runs: list[RunEntry]) -> list[list[str]]:

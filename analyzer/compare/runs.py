@@ -199,6 +199,7 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
         steps=[StepBar(step=int(s), **row)
                for s, row in by_step[BAR_PARTS].mean().to_dict("index").items()],
         timeline=_timeline(tables, bd) if len(bd) else None,
+        exposed_comm_step_ns=[float(v) for v in by_step["exposed_comm_ns"].mean().tolist()],
         trace_info=TraceInfo(whole_trace_mode=tables.whole_trace_mode,
                              rank_sources=sorted({r.rank_source for r in tables.ranks}),
                              missing_ranks=tables.missing_ranks, device_kind=device_kind,
@@ -250,7 +251,9 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
         name=run.name, path=str(run.path), strategy=run.strategy,
         **({} if m is None else dict(
             options=m.strategy_options, fault=m.fault, world_size=m.world_size, backend=m.backend,
-            device=m.device.type, settings={k: msgspec.to_builtins(getattr(m, k)) for k in ranking.SETTINGS})),
+            device=m.device.type, settings={k: msgspec.to_builtins(getattr(m, k)) for k in ranking.SETTINGS},
+            experiment=msgspec.to_builtins(m.experiment) if m.experiment else None,
+            machine=msgspec.to_builtins(m.machine) if m.machine else None)),
         parity=_parity(run, options), traces=[str(p) for p in run.traces], memory=mem,
         incomplete=run.incomplete,
         data=datasupply.data_summary(None if tables is None else tables.breakdown, run.manifest),
@@ -275,7 +278,7 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
     stats = memory.step_stats(step_ns)
     entry.step_time_ns = StepTime(median=stats["median"], p90=stats["p90"], n=stats["n"],
                                   min=min(step_ns, default=None), max=max(step_ns, default=None),
-                                  source=source)
+                                  source=source, values_ns=[int(v) for v in step_ns])
     entry.notes = [n for n in notes if not _SAID.search(n)] + (
         entry.trace_info.trace_warnings if entry.trace_info else [])
     return entry

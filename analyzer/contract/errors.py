@@ -20,6 +20,7 @@ class ExitCode(enum.IntEnum):
     INTERNAL = 1  #: a bug in the analyzer; ``tracer``: a record failed
     BAD_INPUT = 2  #: bad input or usage: one line names the file, what is wrong, what to do
     GATE_FAILED = 3  #: ``gate``, ``drift --check``: a run is not numerically equivalent
+    REGRESSION = 4  #: ``gate --baseline``: a metric's interval lies wholly above the allowed regression
     INTERRUPTED = 130  #: Ctrl-C or SIGTERM (128 + SIGINT, as a shell reports it)
 
 

@@ -190,6 +190,8 @@ class StepTime(_Figures, kw_only=True):
     min: int | None = None
     max: int | None = None
     source: str | None = None
+    values_ns: list[int] = []
+    """Every profiled step's time, in step order: what the ranking's interval resamples."""
 
 
 class MemoryRank(msgspec.Struct, kw_only=True):
@@ -505,26 +507,78 @@ class RunEntry(_Figures, kw_only=True):
     caveats: list[str] = []
     notes: list[str] = []
     speedup_vs_single: float | None = None
+    experiment: dict[str, Any] | None = None
+    """The manifest's ``experiment`` (id, arm, repeat, repeats, order); None in older records
+    and foreign traces."""
+    machine: dict[str, Any] | None = None
+    """The manifest's ``machine`` (load average, CPUs, threads per rank, oversubscribed)."""
+    exposed_comm_step_ns: list[float] = []
+    """Exposed communication of every profiled step (mean over ranks), in step order: what the
+    performance gate's interval resamples."""
 
 
 class Noise(msgspec.Struct, kw_only=True):
-    """Whether a ranking is a basis for a decision (compare.py NOISE_RULE): ``close_pairs`` are
-    ``[faster, slower, gap_frac, why]``."""
+    """Whether a ranking is a basis for a decision (ranking.py NOISE_RULE): ``close_pairs`` are
+    ``[faster, slower, ratio - 1, why]`` for each neighbour pair of ``order`` that ``pairs``
+    calls within noise; ``decisive`` when there is none."""
 
     cpu: bool
-    margin_frac: float
     close_pairs: list[tuple[str, str, float | None, str]]
     decisive: bool
 
 
+class Pair(_Figures, kw_only=True):
+    """Two strategies (arms) of one experiment (analyzer/compare/ranking.py): ``ratio`` =
+    ``slower``'s median step time / ``faster``'s (>= 1; ``faster`` is the one with the lower
+    median, *called* faster only when ``decision`` is ``faster``), 95 % interval ``ci_low`` ..
+    ``ci_high`` by ``method`` over ``repeats`` repeats per arm and ``steps`` steps in all;
+    ``decision`` ``faster`` when the interval excludes 1 (and each arm has at least
+    ``stats.MIN_REPEATS`` repeats), else ``within_noise``; ``repeats_needed``: repeats per arm
+    that would resolve a difference of this ratio (None: unknown, e.g. one repeat);
+    ``sentence``: the pair in words."""
+
+    faster: str
+    slower: str
+    ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    method: str
+    decision: Literal["faster", "within_noise"]
+    repeats: int
+    steps: int
+    paired: bool
+    repeats_needed: int | None = None
+    sentence: str = ""
+
+
+class Arm(_Figures, kw_only=True):
+    """One strategy of the ranked experiment: its runs (one per repeat), median over all their
+    profiled steps (ns), lowest peak allocated memory over them (bytes)."""
+
+    name: str
+    strategy: str
+    runs: list[str]
+    median_ns: float | None
+    steps: int
+    peak_allocated_bytes: int | None = None
+
+
 class Ranking(msgspec.Struct, kw_only=True):
-    """``status`` ``ranked`` (``order`` fastest first, with ``noise``) or ``withheld``."""
+    """``status`` ``ranked`` (``order``: the arms fastest first, the single-device reference
+    left out; ``pairs`` every two of them; ``noise``) or ``withheld``. ``experiment``: the id of
+    the experiment ranked (None for older records); ``reference``: the single-device arm;
+    ``descriptive``: runs outside that experiment, compared in the tables only."""
 
     status: Literal["ranked", "withheld"]
     order: list[str]
     reason: str
     rule: str
     noise: Noise | UnsetType = UNSET
+    pairs: list[Pair] = []
+    arms: list[Arm] = []
+    experiment: str | None = None
+    reference: str | None = None
+    descriptive: list[str] = []
 
 
 class DriftComparison(msgspec.Struct, kw_only=True):

@@ -369,6 +369,28 @@ class Training(msgspec.Struct, kw_only=True, omit_defaults=True):
     activation_checkpointing: bool = False
 
 
+class Experiment(msgspec.Struct, kw_only=True):
+    """The experiment a run belongs to (issue 20): every run one ``tracer record`` command
+    recorded -- each chosen strategy, ``--repeat N`` times, interleaved (A B C A B C ...) --
+    shares one ``id``; the analyzer ranks only runs of one experiment together."""
+    id: str  # uuid4 hex, or the user's ``--experiment-id`` (to join torchrun commands)
+    arm: str  # the run name without its repeat suffix (``ddp`` for ``ddp.r2``): what is compared
+    repeat: int = 1  # this run's repeat, 1-based
+    repeats: int = 1  # ``--repeat``: runs of every arm
+    order: list[str] = []  # the arms in the order each round recorded them
+
+
+class Machine(msgspec.Struct, kw_only=True):
+    """The machine while the run was recorded (issue 20): a busy or oversubscribed machine
+    explains a slow or noisy run."""
+    load_avg: list[float]  # 1, 5 and 15 minute load average as the record started (os.getloadavg)
+    cpu_count: int  # logical CPUs (os.cpu_count)
+    usable_cpus: int  # CPUs the record may run on (os.sched_getaffinity)
+    threads_per_rank: int  # torch intra-op threads of each rank (torch.get_num_threads)
+    ranks_on_host: int  # ranks of this run on this machine (LOCAL_WORLD_SIZE)
+    oversubscribed: bool  # ranks_on_host x threads_per_rank > usable_cpus
+
+
 class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     """``manifest.json``, written last (atomically) by global rank 0."""
     schema_version: int  # == SCHEMA_VERSION
@@ -399,6 +421,8 @@ class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     golden: Golden | None = None  # with ``tracer record --golden`` only
     data: Data | None = None  # issue 10; absent in older records, which were fed from memory
     training: Training | None = None  # issue 18; absent in older records: plain SGD, fp32 / autocast
+    experiment: Experiment | None = None  # issue 20; absent in older records
+    machine: Machine | None = None  # issue 20; absent in older records
 
     def file(self, path: str) -> FileEntry | None:
         """The ``files`` entry of ``path``, None when it is not listed."""

@@ -68,7 +68,10 @@ def test_clean_record_is_ranked_and_passes_the_gate(clean_root):
     assert set(by) == {"single", "ddp", "fsdp", "fsdp2"}
     assert {n: r["parity"]["status"] for n, r in by.items()} == {
         "single": "reference", "ddp": "pass", "fsdp": "pass", "fsdp2": "pass"}
-    assert rep["ranking"]["status"] == "ranked" and sorted(rep["ranking"]["order"]) == sorted(by)
+    assert rep["ranking"]["status"] == "ranked" and rep["ranking"]["reference"] == "single"
+    assert sorted(rep["ranking"]["order"]) == sorted(set(by) - {"single"})  # the reference: not ranked
+    assert len(rep["ranking"]["pairs"]) == 3  # one record each: within noise, never "faster"
+    assert {p["decision"] for p in rep["ranking"]["pairs"]} == {"within_noise"}
     medians = [by[n]["step_time_ns"]["median"] for n in rep["ranking"]["order"]]
     assert medians == sorted(medians)
     for name, run in by.items():

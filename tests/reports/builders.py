@@ -66,8 +66,9 @@ def write_categories(path: Path, per_rank: dict[int, dict[str, int]], source: st
 
 def manifest(*, run_name, strategy, world_size=2, precision="fp32", fault=None, options=None,
              device="cpu", torch_version="2.13.0", global_batch=8, seed=0, method="spawn",
-             training=None):
-    extra = {"training": training} if training is not None else {}
+             training=None, experiment=None, machine=None):
+    extra = {k: v for k, v in (("training", training), ("experiment", experiment),
+                               ("machine", machine)) if v is not None}
     return {**extra,
         "schema_version": schemas.SCHEMA_VERSION, "run_id": f"id-{run_name}", "run_name": run_name,
         "created_utc": "2026-01-01T00:00:00Z", "strategy": strategy,

@@ -14,7 +14,9 @@ import pytest
 
 from analyzer.compare.runs import analyse
 from reports import html, markdown, palette
-from reports.decision import NO_CI, DecisionInput, decision_line
+from reports.decision import DecisionInput, decision_line
+
+NO_CI = "no confidence interval"  # any note: said in parentheses
 from tests.inputs import cli, copy_run
 from tests.reports.builders import build_root, decision, write_run
 

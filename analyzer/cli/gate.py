@@ -1,0 +1,121 @@
+"""`analyzer gate DIR`: the parity gate (issue 4) and, with ``--baseline OLD``, the performance
+gate (issue 20, analyzer/compare/perfgate.py).
+
+Exit codes (README "Exit codes and errors", ``ExitCode``): 0 every run passed parity and no
+metric regressed; 2 bad input or option; 3 a run is not numerically equivalent or not verified
+(checked first: speed figures of wrong numbers do not count); 4 a regression: the 95 % interval
+of new / old step time, exposed communication or peak allocated memory lies wholly above
+1 + ``--max-regression``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from analyzer.contract.report_types import RunEntry
+
+GATE_ALLOW_INCOMPLETE_HELP = (
+    "Accept run directories without manifest.json (a record that did not finish): listed SKIP, "
+    "not gated (they alone never pass).")
+GATE_HELP = (
+    "Exit 0 when every run passes the parity gate (the reference counts), 3 otherwise. With "
+    "--baseline OLD also compare performance with OLD, strategy by strategy: exit 4 when the "
+    "95 % interval of new/old step time, exposed communication or peak allocated memory lies "
+    "wholly above 1 + --max-regression (noise alone never fails it). Exit 2: bad input.")
+
+
+def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
+    """(every run passed, one line per run and the verdict line). The reference run counts as
+    a pass; an incomplete run (included only with ``--allow-incomplete``) has no parity to
+    gate: listed as SKIP; the verdict then says it was skipped, so it never reads as a pass of
+    that run. A run without numerics (or with a rank or tensor missing from them) is "not
+    verified" -- a failure, never called "not numerically equivalent"."""
+    lines, ok = [], True
+    failed, unverified = False, False
+    for r in runs:
+        passed = r.parity.status in ("pass", "reference")
+        ok &= passed or r.incomplete
+        failed |= r.parity.status == "fail" and not r.incomplete
+        unverified |= r.parity.status == "not_recorded" and not r.incomplete
+        word = "SKIP" if r.incomplete else "PASS" if passed else "FAIL"
+        lines.append(f"{word} {r.name}: {r.parity.status} -- {r.parity.reason}")
+    skipped = [r.name for r in runs if r.incomplete]
+    # nothing was gated: incomplete runs beside no verified distributed run (at most the
+    # single-device reference) never pass
+    verified = [r for r in runs if not r.incomplete and r.parity.status == "pass"]
+    nothing = bool(skipped) and not verified
+    ok = ok and not nothing
+    tail = (f" ({len(skipped)} incomplete run(s) skipped, not verified: {', '.join(skipped)})"
+            if skipped else "")
+    if ok:
+        lines.append(f"gate: passed{tail}")
+    else:
+        why = ([" at least one run is not numerically equivalent to the baseline"] if failed else []) + (
+            [" at least one run is not verified (no numerics, or a rank or tensor missing "
+             "from them)"] if unverified else []) + (
+            [" nothing was verified: no complete distributed run (only incomplete runs"
+             + (" and the reference" if len(skipped) < len(runs) else "") + ")"]
+            if nothing and not failed and not unverified else [])
+        lines.append(f"gate: FAILED --{';'.join(why)}{tail}")
+    return ok, lines
+
+
+def perf_gate(directory: Path, baseline: Path, max_regression: float, options) -> tuple[bool, list[str]]:
+    """Analyse both folders (``runs.analyse``, cached) and compare them (``perfgate``).
+    Raises ``BadInput`` (bad folders, no strategy in common)."""
+    from analyzer.compare import perfgate, runs
+    from analyzer.contract.errors import BadInput
+
+    new = runs.analyse(directory, options).runs
+    old = runs.analyse(baseline, options).runs
+    try:
+        checks = perfgate.compare(new, old, max_regression)
+    except ValueError as exc:
+        raise BadInput(baseline, "bad_option", f"--baseline: {exc}",
+                       "pass a baseline recorded with the same strategies (run names)") from None
+    return perfgate.lines(checks, max_regression)
+
+
+def register(app, run) -> None:
+    """Add the ``gate`` command to ``app``; ``run`` maps typed errors to exit codes."""
+
+    @app.command("gate", help=GATE_HELP)
+    def gate_cmd(
+        directory: Annotated[Path, typer.Argument(help="Traces root or one run directory.")],
+        rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
+        atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
+        allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=GATE_ALLOW_INCOMPLETE_HELP)] = False,
+        baseline: Annotated[Optional[Path], typer.Option(
+            "--baseline", help="Earlier traces root (or run directory) to compare performance with.")] = None,
+        max_regression: Annotated[Optional[str], typer.Option(
+            "--max-regression", help="Allowed slow-down, e.g. 10% or 0.10 (default 10% with --baseline).")] = None,
+    ) -> None:
+        from analyzer.cli import richout
+        from analyzer.compare import perfgate, runs
+        from analyzer.contract.errors import ExitCode
+        from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride
+
+        if max_regression is not None and baseline is None:
+            raise typer.BadParameter("needs --baseline OLD", param_hint="--max-regression")
+        try:
+            allowed = perfgate.parse_max_regression(max_regression or "10%")
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--max-regression") from None
+        options = run(lambda: AnalysisOptions(tolerance=ToleranceOverride(rtol=rtol, atol=atol),
+                                              allow_incomplete=allow_incomplete))
+        ok, lines = run(lambda: gate_lines(runs.gate(directory, options)))
+        for line in lines:
+            richout.echo(line)
+        if not ok:
+            raise typer.Exit(ExitCode.GATE_FAILED)
+        if baseline is None:
+            return
+        ok, lines = run(lambda: perf_gate(directory, baseline, allowed, options))
+        for line in lines:
+            richout.echo(line)
+        if not ok:
+            raise typer.Exit(ExitCode.REGRESSION)
