@@ -1,7 +1,7 @@
 """Benchmark of the ranking's decision on a noisy machine (issue 20; not a test: prints counts).
 
 Each trial records three arms of one configuration as one experiment, ``--repeat`` times
-interleaved (a b c a b c ...): ``a`` and ``b`` identical, ``c`` made slower by
+interleaved, each round rotated (a b c, b c a, c a b ...): ``a`` and ``b`` identical, ``c`` made slower by
 ``--data-sample-cost-ms`` (a sleep per sample in the DataLoader, calibrated once so that c's
 step is about ``--slow-frac`` slower than a's). It then asks the analyzer's pair decision
 (``analyzer.compare.ranking.compare_arms``, what ``analyzer report`` puts in

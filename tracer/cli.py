@@ -87,7 +87,7 @@ def record(
     data_sample_cost_ms: Annotated[float, typer.Option(
         help="--data loader: artificial cost per sample, ms (sleep; shows an input-bound run).")] = 0.0,
     repeat: Annotated[int, typer.Option(
-        help="Record every chosen strategy N times, interleaved (A B C A B C ...), as one "
+        help="Record every chosen strategy N times, interleaved (A B C, B C A, C A B ...), as one "
              "experiment; run dirs NAME.r1 .. NAME.rN. 5 or more lets the report decide "
              "(README \"Deciding on a noisy machine\").")] = 1,
     experiment_id: Annotated[Optional[str], typer.Option(

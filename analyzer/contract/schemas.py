@@ -371,13 +371,14 @@ class Training(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class Experiment(msgspec.Struct, kw_only=True):
     """The experiment a run belongs to (issue 20): every run one ``tracer record`` command
-    recorded -- each chosen strategy, ``--repeat N`` times, interleaved (A B C A B C ...) --
+    recorded -- each chosen strategy, ``--repeat N`` times, interleaved with each round's order
+    rotated (A B C, B C A, C A B ...) --
     shares one ``id``; the analyzer ranks only runs of one experiment together."""
     id: str  # uuid4 hex, or the user's ``--experiment-id`` (to join torchrun commands)
     arm: str  # the run name without its repeat suffix (``ddp`` for ``ddp.r2``): what is compared
     repeat: int = 1  # this run's repeat, 1-based
     repeats: int = 1  # ``--repeat``: runs of every arm
-    order: list[str] = []  # the arms in the order each round recorded them
+    order: list[str] = []  # the arms in the order this run's round recorded them (rotated per round)
 
 
 class Machine(msgspec.Struct, kw_only=True):

@@ -28,14 +28,19 @@ def test_strategy_lists_expand_in_the_given_order():
 
 def test_interleave_names_rounds_and_shares_one_experiment():
     configs = interleave(expand("single,ddp", None, repeat=3))
-    assert [c.run_name for c in configs] == ["single.r1", "ddp.r1", "single.r2", "ddp.r2",
+    # each round's order rotated by one: no strategy always first
+    assert [c.run_name for c in configs] == ["single.r1", "ddp.r1", "ddp.r2", "single.r2",
                                              "single.r3", "ddp.r3"]
     assert len({c.experiment_id for c in configs}) == 1
-    assert {c.experiment_order for c in configs} == {"single,ddp"}
+    assert [c.experiment_order for c in configs] == ["single,ddp"] * 2 + ["ddp,single"] * 2 + [
+        "single,ddp"] * 2
+    three = interleave(expand("single,ddp,fsdp", None, repeat=3))
+    assert [c.arm for c in three] == ["single", "ddp", "fsdp", "ddp", "fsdp", "single",
+                                      "fsdp", "single", "ddp"]
     one = interleave(expand("ddp", None), "my-exp")  # --repeat 1: the plain name
     assert [(c.run_name, c.repeat_index, c.experiment_id) for c in one] == [("ddp", 1, "my-exp")]
     # a worker rebuilds the same run dir from its arguments
-    argv = configs[3].to_argv()
+    argv = configs[2].to_argv()  # ddp.r2
     assert argv[:4] == ["--strategy", "ddp", "--name", "ddp"]
     assert "--repeat-index" in argv and argv[argv.index("--repeat-index") + 1] == "2"
 
@@ -60,14 +65,16 @@ def test_repeat_records_interleaved_complete_runs_of_one_experiment(tmp_path):
     proc, _ = run_tracer(["--strategy", "single,ddp", "--repeat", "2", "--active", "2",
                           "--out", str(tmp_path / "t")] + TINY, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    names = ["single.r1", "ddp.r1", "single.r2", "ddp.r2"]
+    names = ["single.r1", "ddp.r1", "ddp.r2", "single.r2"]
     assert [ln.split("/")[-1] for ln in proc.stdout.splitlines()] == names  # interleaved
     ms = {n: json.loads((tmp_path / "t" / n / schemas.MANIFEST_NAME).read_text()) for n in names}
     assert len({m["experiment"]["id"] for m in ms.values()}) == 1
     assert [(m["experiment"]["arm"], m["experiment"]["repeat"]) for m in ms.values()] == [
-        ("single", 1), ("ddp", 1), ("single", 2), ("ddp", 2)]
+        ("single", 1), ("ddp", 1), ("ddp", 2), ("single", 2)]
     for m in ms.values():
-        assert m["experiment"]["repeats"] == 2 and m["experiment"]["order"] == ["single", "ddp"]
+        assert m["experiment"]["repeats"] == 2
+        assert m["experiment"]["order"] == (["single", "ddp"] if m["experiment"]["repeat"] == 1
+                                            else ["ddp", "single"])
         mach = m["machine"]
         assert len(mach["load_avg"]) == 3 and mach["threads_per_rank"] == 1
         assert mach["ranks_on_host"] == m["world_size"]

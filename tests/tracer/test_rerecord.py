@@ -85,8 +85,8 @@ def _record_ddp(out, extra=(), env_extra=None):
 
 
 # The files a tiny 2-rank CPU ddp record leaves, by hand (not through tracer.rundir's patterns).
-DDP_FILES = ["baseline.safetensors", "kept.parquet", "numerics.parquet", "rank0.trace.json.gz",
-             "rank1.trace.json.gz", "steps.parquet"]
+DDP_FILES = ["baseline.safetensors", "kept.parquet", "memory_categories.parquet", "numerics.parquet",
+             "rank0.trace.json.gz", "rank1.trace.json.gz", "steps.parquet"]
 
 
 def test_record_report_record_report_gate_passes(tmp_path):
