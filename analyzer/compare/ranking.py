@@ -12,9 +12,9 @@ not ranked. Arms are ordered by the median of all their profiled step times (a d
 step lasts as long as its slowest rank), ties broken by the lower per-rank memory peak
 (``Memory.peak_allocated_bytes``: what the rank holds, analyzer/compare/footprint.py). Each two
 arms get a ``Pair``: the ratio of their median step times with a 95 % interval
-(analyzer/compare/stats.py); one is called faster only when the interval excludes 1 and both
-have ``stats.MIN_REPEATS`` repeats, else the pair is "within noise at this sample size", with the
-repeats that would resolve it. The ranking is withheld when a run of the experiment failed
+(analyzer/compare/stats.py); one is called faster only when the interval excludes 1, the ratio
+is at least 1 + ``stats.MIN_DIFFERENCE`` and both have ``stats.MIN_REPEATS`` repeats, else the
+pair is "within noise at this sample size", with the repeats that would resolve it. The ranking is withheld when a run of the experiment failed
 parity or has none recorded, or its runs were not recorded under the same settings.
 """
 
@@ -41,8 +41,10 @@ RANKING_RULE = (
 NOISE_RULE = (
     "Noise: for each two strategies, the ratio of their median step times has a 95 % "
     "confidence interval (" + stats.METHOD + "); one is called faster only when the interval "
-    f"excludes 1 and each has at least {stats.MIN_REPEATS} repeats (tracer record --repeat), "
-    "otherwise the pair is within noise at this sample size."
+    f"excludes 1, the ratio is at least {1 + stats.MIN_DIFFERENCE:.2f} (smaller differences "
+    "occur between identical records on one machine) and each has at least "
+    f"{stats.MIN_REPEATS} repeats (tracer record --repeat), otherwise the pair is within noise "
+    "at this sample size."
 )
 
 SETTINGS = ("versions", "device", "batch", "seed", "model", "precision", "training", "launch",
@@ -205,8 +207,9 @@ def compare_arms(a: tuple[str, list[RunEntry]], b: tuple[str, list[RunEntry]]) -
               and [k[1] for k in reps(ra)] == [k[1] for k in reps(rb)]
               and len({k[0] for k in reps(ra) + reps(rb)}) == 1 and reps(ra)[0][0] is not None)
     ci = stats.ratio_ci(sa, sb, paired=paired)
-    decided = ci.ci_low > 1 and ci.repeats >= stats.MIN_REPEATS
-    need = stats.repeats_to_resolve(ci.log_sd, ci.ratio) if not decided else None
+    small = ci.ratio < 1 + stats.MIN_DIFFERENCE
+    decided = ci.ci_low > 1 and not small and ci.repeats >= stats.MIN_REPEATS
+    need = stats.repeats_to_resolve(ci.log_sd, ci.ratio) if not (decided or small) else None
     return Pair(faster=na, slower=nb, ratio=ci.ratio, ci_low=ci.ci_low, ci_high=ci.ci_high,
                 method=stats.METHOD, decision="faster" if decided else "within_noise",
                 repeats=ci.repeats, steps=ci.steps, paired=paired, repeats_needed=need,
@@ -221,6 +224,10 @@ def pair_sentence(faster: str, slower: str, ci: stats.RatioCI, decided: bool,
                f"{'s' if ci.repeats != 1 else ''}, {ci.steps} steps")
     if decided:
         return f"{faster} is {ci.ratio:.2f}x faster than {slower} ({figures})"
+    if ci.ratio < 1 + stats.MIN_DIFFERENCE and ci.repeats >= stats.MIN_REPEATS:
+        return (f"{faster} vs {slower}: within noise, a difference under "
+                f"{stats.MIN_DIFFERENCE:.0%} (ratio {ci.ratio:.2f}, {figures}); identical "
+                "configurations differ by that much between records on one machine")
     text = (f"{faster} vs {slower}: within noise at this sample size (ratio {ci.ratio:.2f}, "
             f"{figures})")
     if ci.repeats < stats.MIN_REPEATS:

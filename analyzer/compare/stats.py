@@ -40,6 +40,12 @@ LEVEL = 0.95
 MIN_REPEATS = 5
 """Fewest repeats per run for a decision: below it the interval is shown but nothing is called
 faster (module docstring)."""
+MIN_DIFFERENCE = 0.05
+"""Smallest ratio beyond 1 called a difference (5 %): identical configurations recorded back to
+back, interleaved with rotated order, differed by a steady 1-3 % on the 2-core development
+machine (bench/noise_decision.py, quiet, 500 steps per arm: intervals such as 1.01-1.07 that
+exclude 1). That is a bias of the machine and of process placement, not noise the interval can
+shrink, so a ratio below 1 + MIN_DIFFERENCE is reported as "less than 5 %", never as faster."""
 METHOD = ("hierarchical bootstrap (repeats, then steps within each repeat; repeats paired by "
           "index when recorded interleaved), 4000 resamples, seed 0, percentile 95 % "
           "interval of the ratio of median step times")

@@ -78,6 +78,24 @@ def test_too_few_repeats_never_decide(tmp_path):
     assert "within noise at this sample size" in p.sentence and "--repeat 5" in p.sentence
 
 
+def test_a_steady_gap_under_five_percent_is_never_called_faster(tmp_path):
+    """Constant steps 10.0 vs 10.3 ms: the interval is exactly 1.03, excluding 1, but a 3 % gap is
+    what identical records differ by on one machine (stats.MIN_DIFFERENCE); 10.0 vs 10.6 is
+    decided."""
+    root = tmp_path / "t"
+    _arm(root, "ddp", [[10.0, 10.0, 10.0]] * 5)
+    _arm(root, "fsdp", [[10.3, 10.3, 10.3]] * 5)
+    (p,) = analyse(root).ranking.pairs
+    assert p.ci_low == pytest.approx(1.03) and p.ci_high == pytest.approx(1.03)
+    assert p.decision == "within_noise" and p.repeats_needed is None
+    assert "a difference under 5%" in p.sentence
+    root = tmp_path / "u"
+    _arm(root, "ddp", [[10.0, 10.0, 10.0]] * 5)
+    _arm(root, "fsdp", [[10.6, 10.6, 10.6]] * 5)
+    (p,) = analyse(root).ranking.pairs
+    assert p.decision == "faster" and p.ratio == pytest.approx(1.06)
+
+
 def test_overlapping_distributions_are_within_noise_with_repeats_to_resolve(tmp_path):
     rng = np.random.default_rng(0)
     root = tmp_path / "t"
