@@ -96,12 +96,14 @@ def check_target(out: Path, inputs: Path) -> None:
                        "be read back as input", "pass --tables-out a folder outside the input")
     if out.is_dir() and not _ours(out):
         raise BadInput(out, Reason.UNWRITABLE, f"holds files the analyzer did not write (no "
-                       f"{MARKER}, or more than its table folders); --tables-out replaces only "
+                       f"{MARKER}, or files it does not list); --tables-out replaces only "
                        "a dataset it wrote", "pass --tables-out a new or empty folder")
 
 
 def _ours(out: Path) -> bool:
-    """True for an empty folder or a dataset this module wrote (marker + table folders)."""
+    """True for an empty folder or a dataset this module wrote: its marker lists every file it
+    wrote, and the folder holds those files and nothing else (no other file, however deep, and
+    no symlink), so replacing it deletes nothing a user put there."""
     names = set(os.listdir(out))
     if not names:
         return True
@@ -109,8 +111,23 @@ def _ours(out: Path) -> bool:
         marker = json.loads((out / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(marker, dict) and marker.get("format") == FORMAT and \
-        names <= {MARKER, *TABLES} and all((out / n).is_dir() for n in names - {MARKER})
+    if not (isinstance(marker, dict) and marker.get("format") == FORMAT
+            and isinstance(marker.get("files"), list)):
+        return False
+    listed = {str(f) for f in marker["files"]} | {MARKER}
+    for folder, dirs, files in os.walk(out):
+        here = Path(folder)
+        if any((here / d).is_symlink() for d in dirs):
+            return False
+        for f in files:
+            if (here / f).is_symlink() or (here / f).relative_to(out).as_posix() not in listed:
+                return False
+    return True
+
+
+def _written(stage: Path) -> list[str]:
+    """Every file under ``stage``, as posix paths relative to it (the marker's ``files``)."""
+    return sorted(p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file())
 
 
 class _Writer:
@@ -213,7 +230,8 @@ def writing(out: Path) -> Iterator[None]:
         os.chmod(stage, 0o777 & ~_umask())
         write_atomic(stage / MARKER, json.dumps(
             {"format": FORMAT, "version": VERSION, "tables": list(TABLES),
-             "partitioning": ["run", "rank"], "runs": writer.runs}, indent=1) + "\n")
+             "partitioning": ["run", "rank"], "runs": writer.runs,
+             "files": _written(stage)}, indent=1) + "\n")
         _swap(stage, out)
     except OSError as exc:
         raise BadInput(out, Reason.UNWRITABLE, f"cannot be written ({exc.strerror})",

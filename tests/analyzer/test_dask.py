@@ -146,6 +146,16 @@ def test_tables_out_replaces_its_own_dataset_and_refuses_other_folders(tmp_path,
     (ds / "notes.txt").write_text("mine")
     bad_input(cli(*args, "--tables-out", str(ds)), str(ds), "did not write")
     assert (ds / "notes.txt").read_text() == "mine"
+    (ds / "notes.txt").unlink()
+    deep = next(p for p in ds.rglob("part-0.parquet")).parent / "my_analysis.csv"
+    deep.write_text("mine")  # a user's file deep inside the dataset: never deleted
+    bad_input(cli(*args, "--tables-out", str(ds)), str(ds), "did not write")
+    assert deep.read_text() == "mine"
+    deep.unlink()
+    (ds / "breakdown" / "extra").mkdir()
+    (ds / "breakdown" / "extra" / "keep.txt").write_text("x")
+    bad_input(cli(*args, "--tables-out", str(ds)), str(ds), "did not write")
+    assert (ds / "breakdown" / "extra" / "keep.txt").read_text() == "x"
     other = tmp_path / "other"
     other.mkdir()
     (other / "x.parquet").write_bytes(b"keep")
