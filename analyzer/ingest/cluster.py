@@ -99,20 +99,26 @@ def _call(fn: Callable[[Any], Any], item: Any, fingerprint: str, where: str) -> 
 
 @contextlib.contextmanager
 def connected(address: str) -> Iterator[Callable[[Callable[[Any], Any], Sequence[Any]], list]]:
-    """Connect to the Dask scheduler at ``address`` and make it the per-rank map of
-    ``pool.run_all`` inside the block. Yields the map (``fn``, items) -> results. Raises
-    ``BadInput`` (exit 2) when dask.distributed is not installed, the address is malformed or
-    no scheduler answers within ``timeout_s()``."""
+    """Make the Dask scheduler at ``address`` the per-rank map of ``pool.run_all`` inside the
+    block, connecting on the first map that has traces to parse (when every rank is cached it
+    is never contacted). Yields the map (``fn``, items) -> results. Raises ``BadInput`` (exit 2)
+    when dask.distributed is not installed, the address is malformed or no scheduler answers
+    within ``timeout_s()``."""
     from analyzer.ingest import pool
 
     wait_s = timeout_s()
     quiet = logging.getLogger("distributed")  # its reconnect / lost-worker lines: said once by us
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
+    clients: list[Any] = []
     try:
-        with _client(address, wait_s) as client:
+        with contextlib.ExitStack() as stack:
             def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> list:
-                return dask_map(client, address, fn, items, wait_s=wait_s)
+                if not items:  # every rank cached: the scheduler is never contacted
+                    return []
+                if not clients:
+                    clients.append(stack.enter_context(_client(address, wait_s)))
+                return dask_map(clients[0], address, fn, items, wait_s=wait_s)
 
             pool.push_map(run)
             try:

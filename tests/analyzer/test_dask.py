@@ -189,6 +189,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_every_rank_cached_never_contacts_the_scheduler(tmp_path, fixture_copy, monkeypatch):
+    """A second analysis whose ranks all come from the per-rank tables caches parses nothing, so
+    an unreachable --scheduler is not an error (--tables-out: the analysis runs, report cache or
+    not)."""
+    monkeypatch.setenv("PARITYTRACE_DASK_TIMEOUT_S", "1")
+    trace = fixture_copy("gloo_rules.json")
+    assert cli("report", str(trace), "--out", str(tmp_path / "o1")).returncode == 0
+    proc = cli("report", str(trace), "--out", str(tmp_path / "o2"), "--tables-out",
+               str(tmp_path / "ds"), "--scheduler", f"tcp://127.0.0.1:{_free_port()}")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "ds" / dataset.MARKER).is_file()
+
+
 def test_unreachable_or_malformed_scheduler_is_one_line_exit_2(tmp_path, fixture_copy,
                                                                monkeypatch):
     monkeypatch.setenv("PARITYTRACE_DASK_TIMEOUT_S", "1")
