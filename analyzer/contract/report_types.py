@@ -625,14 +625,15 @@ def decode(text: str | bytes) -> Report:
     return msgspec.json.decode(text, type=Report)
 
 
-_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+_BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def parse_bytes(text: str, option: str = "--device-memory") -> int:
-    """``80GiB``, ``80 GB``, ``1.5TiB``, ``81920MiB`` or a plain number of bytes -> bytes (int).
-    Units: B, KB/MB/GB/TB (powers of 10), KiB/MiB/GiB/TiB (powers of 2), any case. Raises
-    ``BadInput`` (``bad_option``, naming ``option``) for anything else or a value <= 0."""
+    """``80GiB``, ``80 GB``, ``1.5TiB``, ``81920MiB``, ``85899345920B`` -> bytes (int). Units: B,
+    KB/MB/GB/TB (powers of 10), KiB/MiB/GiB/TiB (powers of 2), any case; the unit is required (a
+    bare ``80`` could mean bytes or GiB). Raises ``BadInput`` (``bad_option``, naming ``option``)
+    for anything else or a value under one byte."""
     import re
 
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))

@@ -104,6 +104,8 @@ def test_device_memory_option_on_the_command_line(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "ddp: fits at this batch on one 80.00 GiB device, with 78.34 GiB to spare" in proc.stdout
     bad_input(cli("report", str(root), "--device-memory", "eighty"), "--device-memory", "80GiB")
+    bad_input(cli("report", str(root), "--device-memory", "80"), "--device-memory", "80GiB")  # unit?
+    assert report_types.parse_bytes("0.5KB") == 500 and report_types.parse_bytes("80GiB") == 80 * 2**30
 
 
 def test_unknown_category_is_bad_input(tmp_path):
