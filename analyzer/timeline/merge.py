@@ -374,7 +374,8 @@ _ENCODE_BATCH = 50_000
 def size_warning(traces: list[Path]) -> str | None:
     """One line, said before anything is read, when the largest of ``traces`` holds at least
     ``LARGE_RANK_BYTES`` of JSON (a gzip file's size after gunzip read from its trailer, RFC
-    1952 ISIZE: modulo 4 GiB, so never less than the file itself is taken): merge holds one
+    1952 ISIZE: modulo 4 GiB, so never less than the file itself is taken, and ignored when
+    above DEFLATE's largest ratio, as in a truncated file's last bytes): merge holds one
     rank's events as Python objects at a time, about 10x its JSON. None otherwise."""
     def json_bytes(p: Path) -> int:
         try:
@@ -383,7 +384,9 @@ def size_warning(traces: list[Path]) -> str | None:
                 if fh.read(2) != b"\x1f\x8b" or size < 18:
                     return size
                 fh.seek(-4, os.SEEK_END)
-                return max(size, int.from_bytes(fh.read(4), "little"))
+                isize = int.from_bytes(fh.read(4), "little")
+                # beyond DEFLATE's largest ratio (1032:1) the trailer is not one: a cut file
+                return size if isize > _DEFLATE_MAX_RATIO * size else max(size, isize)
         except OSError:
             return 0  # the ingest names an unreadable file
 
@@ -394,6 +397,10 @@ def size_warning(traces: list[Path]) -> str | None:
     return (f"{big.name} is {sizes[big] / 2**20:,.1f} MiB of JSON ({len(traces)} trace(s), "
             f"{sum(sizes.values()) / 2**20:,.1f} MiB in all): merge reads one rank at a time and "
             f"needs memory of about 10x the largest rank; this takes a while")
+
+
+_DEFLATE_MAX_RATIO = 1032
+"""Largest uncompressed / compressed size ratio DEFLATE reaches (zlib's technical details)."""
 
 
 def _stream(root: Path, out: Path, ranks: list[pipeline.RankTables],

@@ -161,4 +161,9 @@ def test_gzip_trailer_gives_the_json_size_for_the_warning(tmp_path, monkeypatch)
     assert merge.size_warning([folder / "rank0.json.gz"]) is not None
     monkeypatch.setattr(merge, "LARGE_RANK_BYTES", len(raw) + 1)
     assert merge.size_warning([folder / "rank0.json.gz"]) is None
+    # a cut file's last 4 bytes are no trailer: a claimed size beyond DEFLATE's 1032:1 is ignored
+    cut = gzip.compress(raw)[:-8] + (2**31).to_bytes(4, "little")
+    (folder / "rank0.json.gz").write_bytes(cut)
+    monkeypatch.setattr(merge, "LARGE_RANK_BYTES", len(cut) + 1)
+    assert merge.size_warning([folder / "rank0.json.gz"]) is None
     shutil.rmtree(folder)
