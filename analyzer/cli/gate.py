@@ -5,7 +5,9 @@ Exit codes (README "Exit codes and errors", ``ExitCode``): 0 every run passed pa
 metric regressed; 2 bad input or option; 3 a run is not numerically equivalent or not verified
 (checked first: speed figures of wrong numbers do not count); 4 a regression: the 95 % interval
 of new / old step time, exposed communication or peak allocated memory lies wholly above
-1 + ``--max-regression``.
+1 + ``--max-regression`` with at least ``stats.MIN_REPEATS`` runs on each side. With
+``--baseline`` both folders are analysed and checked (readable, a strategy in common, the same
+settings) before anything is printed: a bad baseline is one line, exit 2, never after PASS lines.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ GATE_HELP = (
     "Exit 0 when every run passes the parity gate (the reference counts), 3 otherwise. With "
     "--baseline OLD also compare performance with OLD, strategy by strategy: exit 4 when the "
     "95 % interval of new/old step time, exposed communication or peak allocated memory lies "
-    "wholly above 1 + --max-regression (noise alone never fails it). Exit 2: bad input.")
+    "wholly above 1 + --max-regression with enough runs a side (record both with --repeat 5; "
+    "noise alone never fails it). Exit 2: bad input, or a baseline without a strategy in "
+    "common or recorded under other settings.")
 
 
 def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
@@ -64,20 +68,29 @@ def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
     return ok, lines
 
 
-def perf_gate(directory: Path, baseline: Path, max_regression: float, options) -> tuple[bool, list[str]]:
-    """Analyse both folders (``runs.analyse``, cached) and compare them (``perfgate``).
-    Raises ``BadInput`` (bad folders, no strategy in common)."""
+def perf_inputs(directory: Path, baseline: Path, options
+                ) -> tuple[list[RunEntry], list[RunEntry]]:
+    """(NEW's runs, OLD's runs), both analysed (``runs.analyse``, cached), checked before the
+    gate prints anything. Raises ``BadInput``: either folder missing or unreadable, no strategy
+    in common, or a strategy's NEW and OLD runs recorded under different settings
+    (``perfgate.mismatch``: the ranking's rule for one experiment)."""
     from analyzer.compare import perfgate, runs
     from analyzer.contract.errors import BadInput
 
-    new = runs.analyse(directory, options).runs
     old = runs.analyse(baseline, options).runs
+    new = runs.analyse(directory, options).runs
     try:
-        checks = perfgate.compare(new, old, max_regression)
+        arms = perfgate.common_arms(new, old)
     except ValueError as exc:
         raise BadInput(baseline, "bad_option", f"--baseline: {exc}",
                        "pass a baseline recorded with the same strategies (run names)") from None
-    return perfgate.lines(checks, max_regression)
+    if diffs := perfgate.mismatch(arms, str(directory), str(baseline)):
+        raise BadInput(baseline, "bad_option",
+                       f"--baseline: recorded under other settings than {directory}, so its "
+                       f"times are no baseline for it: {'; '.join(diffs)}",
+                       f"record the baseline with the same settings as {directory} (the same "
+                       "tracer record options and versions) and gate again")
+    return new, old
 
 
 def register(app, run) -> None:
@@ -107,14 +120,18 @@ def register(app, run) -> None:
             raise typer.BadParameter(str(exc), param_hint="--max-regression") from None
         options = run(lambda: AnalysisOptions(tolerance=ToleranceOverride(rtol=rtol, atol=atol),
                                               allow_incomplete=allow_incomplete))
-        ok, lines = run(lambda: gate_lines(runs.gate(directory, options)))
+        if baseline is None:
+            entries = run(lambda: runs.gate(directory, options))
+        else:  # analysed and checked before any line is printed
+            entries, old = run(lambda: perf_inputs(directory, baseline, options))
+        ok, lines = gate_lines(entries)
         for line in lines:
             richout.echo(line)
         if not ok:
             raise typer.Exit(ExitCode.GATE_FAILED)
         if baseline is None:
             return
-        ok, lines = run(lambda: perf_gate(directory, baseline, allowed, options))
+        ok, lines = run(lambda: perfgate.lines(perfgate.compare(entries, old, allowed), allowed))
         for line in lines:
             richout.echo(line)
         if not ok:

@@ -5,10 +5,15 @@ both in the new runs and the baseline's, and for each metric -- step time (every
 ``StepTime.values_ns``), exposed communication (every profiled step, mean over ranks,
 ``RunEntry.exposed_comm_step_ns``), peak allocated memory (one value per run) -- the ratio
 new / old of their medians with a 95 % interval (analyzer/compare/stats.py, repeats never paired:
-the two sides were recorded apart). A metric regresses only when the whole interval lies above
-1 + the allowed regression: noise alone does not fail the gate; a regression the runs cannot
-resolve passes, and the line says so. Exposed communication below 1 ns counts as 1 ns (a run
-without communication has a ratio of 1, not 0/0).
+the two sides were recorded apart). A metric regresses only when both sides have at least
+``stats.MIN_REPEATS`` runs and the whole interval lies above 1 + the allowed regression: noise
+alone does not fail the gate. With fewer runs on a side the interval covers the steps but not
+run-to-run variation (the ranking's rule, ranking.NOISE_RULE), so the check cannot tell and
+passes; so does a regression the runs cannot resolve; the line says which. Exposed communication
+below 1 ns counts as 1 ns (a run without communication has a ratio of 1, not 0/0).
+
+Only runs of one experiment's settings are compared (``mismatch``: ranking.settings_differences
+per arm): hidden 64 against hidden 256 is no regression test.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from analyzer.compare import stats
-from analyzer.compare.ranking import arm_of
+from analyzer.compare.ranking import arm_of, settings_differences
 from analyzer.contract.report_types import RunEntry
 
 METRICS = ("step_time", "exposed_comm", "peak_allocated")
@@ -40,8 +45,9 @@ def parse_max_regression(text: str) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """One arm and metric: ``ratio`` new / old with ``ci_low`` .. ``ci_high``, ``regressed``
-    when ``ci_low`` > 1 + allowed; ``repeats`` new and old; ``note`` what limits it."""
+    """One arm and metric: ``ratio`` new / old with ``ci_low`` .. ``ci_high``; ``repeats`` new
+    and old (runs with a value); ``decidable`` when both are at least ``stats.MIN_REPEATS``;
+    ``regressed`` when decidable and ``ci_low`` > 1 + allowed."""
 
     arm: str
     metric: str
@@ -51,7 +57,7 @@ class Check:
     regressed: bool
     repeats_new: int
     repeats_old: int
-    note: str = ""
+    decidable: bool
 
 
 def _values(runs: list[RunEntry], metric: str) -> list[list[float]]:
@@ -77,42 +83,72 @@ def _arms(runs: list[RunEntry]) -> dict[str, list[RunEntry]]:
     return out
 
 
-def compare(new: list[RunEntry], old: list[RunEntry], max_regression: float) -> list[Check]:
-    """One ``Check`` per arm in both and metric measured on both sides (module docstring), arms
-    sorted by name. Raises ``ValueError`` when no arm is in both."""
+def common_arms(new: list[RunEntry], old: list[RunEntry]
+                ) -> dict[str, tuple[list[RunEntry], list[RunEntry]]]:
+    """arm -> (its complete new runs, its complete baseline runs) for every arm in both, sorted
+    by name. Raises ``ValueError`` when no arm is in both."""
     a_new, a_old = _arms(new), _arms(old)
     common = sorted(set(a_new) & set(a_old))
     if not common:
         raise ValueError(f"no strategy in common (new: {', '.join(sorted(a_new)) or 'none'}; "
                          f"baseline: {', '.join(sorted(a_old)) or 'none'})")
+    return {arm: (a_new[arm], a_old[arm]) for arm in common}
+
+
+def mismatch(arms: dict[str, tuple[list[RunEntry], list[RunEntry]]], new_label: str,
+             old_label: str) -> list[str]:
+    """Per group of arms (of ``common_arms``) whose new and baseline runs differ in a setting
+    that makes runs one experiment (``ranking.settings_differences``, runs named by
+    ``new_label`` / ``old_label``): ``ddp, fsdp: runs differ in model (NEW: ...; OLD: ...)``.
+    Empty when every arm's runs agree (foreign runs, without settings, are not checked)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for arm, (rn, ro) in arms.items():
+        side = {id(r): new_label for r in rn} | {id(r): old_label for r in ro}
+        diffs = settings_differences(rn + ro, label=lambda r: side[id(r)])
+        if diffs:
+            groups.setdefault(tuple(diffs), []).append(arm)
+    return [f"{', '.join(names)}: {'; '.join(diffs)}" for diffs, names in groups.items()]
+
+
+def compare(new: list[RunEntry], old: list[RunEntry], max_regression: float) -> list[Check]:
+    """One ``Check`` per arm in both and metric measured on both sides (module docstring), arms
+    sorted by name. Raises ``ValueError`` when no arm is in both."""
     out = []
-    for arm in common:
+    for arm, (rn, ro) in common_arms(new, old).items():
         for metric in METRICS:
-            vn, vo = _values(a_new[arm], metric), _values(a_old[arm], metric)
+            vn, vo = _values(rn, metric), _values(ro, metric)
             if not vn or not vo:
                 continue
             ci = stats.ratio_ci(vo, vn, paired=False)
-            note = ("one run on a side: run-to-run variation not measured (record with --repeat 5)"
-                    if min(len(vn), len(vo)) < 2 else "")
+            decidable = min(len(vn), len(vo)) >= stats.MIN_REPEATS
             out.append(Check(arm=arm, metric=metric, ratio=ci.ratio, ci_low=ci.ci_low,
-                             ci_high=ci.ci_high, regressed=ci.ci_low > 1 + max_regression,
-                             repeats_new=len(vn), repeats_old=len(vo), note=note))
+                             ci_high=ci.ci_high,
+                             regressed=decidable and ci.ci_low > 1 + max_regression,
+                             repeats_new=len(vn), repeats_old=len(vo), decidable=decidable))
     return out
 
 
 def lines(checks: list[Check], max_regression: float) -> tuple[bool, list[str]]:
     """(no check regressed, one line per check and the verdict line)."""
     limit = 1 + max_regression
+    n = stats.MIN_REPEATS
     out = []
     for c in checks:
-        word = "FAIL" if c.regressed else "PASS"
+        figures = (f"{c.metric}: new/old {c.ratio:.3f} (95 % CI {c.ci_low:.3f}-{c.ci_high:.3f}, "
+                   f"{c.repeats_new} vs {c.repeats_old} runs)")
+        if not c.decidable:
+            out.append(f"PASS {c.arm} {figures}, cannot tell ({c.repeats_new} vs {c.repeats_old} "
+                       f"runs: record both with tracer record --repeat {n}; fewer than {n} runs "
+                       "a side cannot measure run-to-run variation)")
+            continue
         why = ("the whole interval is above" if c.regressed else
                "within" if c.ci_high <= limit else "cannot tell from")
-        out.append(f"{word} {c.arm} {c.metric}: new/old {c.ratio:.3f} (95 % CI {c.ci_low:.3f}-"
-                   f"{c.ci_high:.3f}, {c.repeats_new} vs {c.repeats_old} runs), {why} the "
-                   f"allowed {limit:.3f}" + (f"; {c.note}" if c.note else ""))
+        out.append(f"{'FAIL' if c.regressed else 'PASS'} {c.arm} {figures}, {why} the allowed "
+                   f"{limit:.3f}")
     bad = [f"{c.arm} {c.metric}" for c in checks if c.regressed]
+    few = sum(not c.decidable for c in checks)
     pct = f"{100 * max_regression:g} %"
-    out.append(f"gate: FAILED -- regression beyond {pct}: {', '.join(bad)}" if bad else
-               f"gate: performance passed (no interval lies above the allowed {pct})")
+    tail = (f"; {few} check(s) could not tell: fewer than {n} runs a side" if few else "")
+    out.append(f"gate: FAILED -- regression beyond {pct}: {', '.join(bad)}{tail}" if bad else
+               f"gate: performance passed (no interval lies above the allowed {pct}{tail})")
     return not bad, out

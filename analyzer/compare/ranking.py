@@ -21,7 +21,7 @@ parity or has none recorded, or its runs were not recorded under the same settin
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from analyzer.compare import stats
 from analyzer.contract.report_types import Arm, Noise, Pair, Ranking, RunEntry
@@ -84,18 +84,20 @@ def _show(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
-def settings_differences(runs: list[RunEntry]) -> list[str]:
+def settings_differences(runs: list[RunEntry],
+                         label: Callable[[RunEntry], str] | None = None) -> list[str]:
     """One warning line per setting in ``SETTINGS`` on which the recorded runs disagree, naming
-    the runs and their values. Foreign runs (no settings) are ignored."""
+    the runs (``label(run)``, default the run name; equal labels are named once) and their
+    values. Foreign runs (no settings) are ignored."""
     recorded = [r for r in runs if r.settings]
     out = []
     for key in SETTINGS:
-        seen: dict[str, list[str]] = {}
+        seen: dict[str, dict[str, None]] = {}
         for r in recorded:
             v = _setting(r, key)
             if v is None and key == "launch":
                 continue
-            seen.setdefault(_show(v), []).append(r.name)
+            seen.setdefault(_show(v), {})[label(r) if label else r.name] = None
         if len(seen) > 1:
             parts = "; ".join(f"{', '.join(names)}: {v}" for v, names in seen.items())
             out.append(f"runs differ in {key} ({parts})")
@@ -221,7 +223,7 @@ def pair_sentence(faster: str, slower: str, ci: stats.RatioCI, decided: bool,
     """The pair in words: ``fsdp2 is 1.31x faster than ddp (95 % CI 1.18-1.45, 5 repeats)``, or
     ``ddp vs fsdp2: within noise at this sample size (...)`` with what would resolve it."""
     figures = (f"95 % CI {ci.ci_low:.2f}-{ci.ci_high:.2f}, {ci.repeats} repeat"
-               f"{'s' if ci.repeats != 1 else ''}, {ci.steps} steps")
+               f"{'s' if ci.repeats != 1 else ''}, {ci.steps} steps in all")
     if decided:
         return f"{faster} is {ci.ratio:.2f}x faster than {slower} ({figures})"
     if ci.ratio < 1 + stats.MIN_DIFFERENCE and ci.repeats >= stats.MIN_REPEATS:
@@ -319,7 +321,7 @@ def decision(ranking: Ranking) -> Pair | None:
 
 def decision_sentence(ranking: Ranking) -> str | None:
     """One line for the report's head: ``fsdp2 is 1.31x faster than ddp (95 % CI 1.18-1.45, 5
-    repeats, 50 steps)`` or the within-noise form (``Pair.sentence``); a single ranked strategy
+    repeats, 50 steps in all)`` or the within-noise form (``Pair.sentence``); a single ranked strategy
     is named alone; None when the ranking is withheld."""
     if ranking.status != "ranked" or not ranking.order:
         return None
