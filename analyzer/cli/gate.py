@@ -89,7 +89,11 @@ def perf_inputs(directory: Path, baseline: Path, options
                        f"--baseline: recorded under other settings than {directory}, so its "
                        f"times are no baseline for it: {'; '.join(diffs)}",
                        f"record the baseline with the same settings as {directory} (the same "
-                       "tracer record options and versions) and gate again")
+                       "tracer record options) and gate again")
+    from analyzer.cli import richout
+
+    for line in perfgate.mismatch(arms, str(directory), str(baseline), keys=("versions",)):
+        richout.echo(f"note: {line}: the comparison measures the upgrade as well", err=True)
     return new, old
 
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from analyzer.compare import stats
-from analyzer.compare.ranking import arm_of, settings_differences
+from analyzer.compare.ranking import SETTINGS, arm_of, settings_differences
 from analyzer.contract.report_types import RunEntry
 
 METRICS = ("step_time", "exposed_comm", "peak_allocated")
@@ -95,16 +95,23 @@ def common_arms(new: list[RunEntry], old: list[RunEntry]
     return {arm: (a_new[arm], a_old[arm]) for arm in common}
 
 
+GATED_SETTINGS = tuple(k for k in SETTINGS if k != "versions")
+"""Settings a baseline must share with the new runs. Not ``versions``: measuring a torch (or
+this tool's) upgrade against the runs before it is what a performance gate is for; the
+difference is said as a note (``mismatch(..., keys=("versions",))``)."""
+
+
 def mismatch(arms: dict[str, tuple[list[RunEntry], list[RunEntry]]], new_label: str,
-             old_label: str) -> list[str]:
+             old_label: str, keys: tuple[str, ...] = GATED_SETTINGS) -> list[str]:
     """Per group of arms (of ``common_arms``) whose new and baseline runs differ in a setting
-    that makes runs one experiment (``ranking.settings_differences``, runs named by
+    in ``keys`` (default ``GATED_SETTINGS``: what makes runs one experiment, versions aside;
+    ``ranking.settings_differences``, runs named by
     ``new_label`` / ``old_label``): ``ddp, fsdp: runs differ in model (NEW: ...; OLD: ...)``.
     Empty when every arm's runs agree (foreign runs, without settings, are not checked)."""
     groups: dict[tuple[str, ...], list[str]] = {}
     for arm, (rn, ro) in arms.items():
         side = {id(r): new_label for r in rn} | {id(r): old_label for r in ro}
-        diffs = settings_differences(rn + ro, label=lambda r: side[id(r)])
+        diffs = settings_differences(rn + ro, label=lambda r: side[id(r)], keys=keys)
         if diffs:
             groups.setdefault(tuple(diffs), []).append(arm)
     return [f"{', '.join(names)}: {'; '.join(diffs)}" for diffs, names in groups.items()]

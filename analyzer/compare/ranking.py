@@ -85,13 +85,14 @@ def _show(v: Any) -> str:
 
 
 def settings_differences(runs: list[RunEntry],
-                         label: Callable[[RunEntry], str] | None = None) -> list[str]:
-    """One warning line per setting in ``SETTINGS`` on which the recorded runs disagree, naming
-    the runs (``label(run)``, default the run name; equal labels are named once) and their
-    values. Foreign runs (no settings) are ignored."""
+                         label: Callable[[RunEntry], str] | None = None,
+                         keys: tuple[str, ...] = SETTINGS) -> list[str]:
+    """One warning line per setting in ``keys`` (default ``SETTINGS``) on which the recorded runs
+    disagree, naming the runs (``label(run)``, default the run name; equal labels are named
+    once) and their values. Foreign runs (no settings) are ignored."""
     recorded = [r for r in runs if r.settings]
     out = []
-    for key in SETTINGS:
+    for key in keys:
         seen: dict[str, dict[str, None]] = {}
         for r in recorded:
             v = _setting(r, key)

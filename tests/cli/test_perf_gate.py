@@ -125,6 +125,21 @@ def test_a_baseline_recorded_under_other_settings_is_refused(tmp_path, swap):
     assert cli("gate", str(same), "--baseline", str(small)).returncode == 0
 
 
+def test_a_baseline_of_other_versions_is_compared_with_a_note(tmp_path):
+    """Gating a torch upgrade against the runs before it is what the gate is for: versions are
+    not refused, only said."""
+    old = _root(tmp_path / "old", [[10, 10, 10]] * 5)
+    new = _root(tmp_path / "new", [[10, 10, 10]] * 5)
+    for run in new.iterdir():
+        m = json.loads((run / schemas.MANIFEST_NAME).read_text())
+        m["versions"]["torch"] = "9.9.9"
+        write_manifest(run, m)
+    res = cli("gate", str(new), "--baseline", str(old))
+    assert res.returncode == 0, res.stderr
+    assert "note: ddp: runs differ in versions (" in res.stderr and "9.9.9" in res.stderr
+    assert "the comparison measures the upgrade as well" in res.stderr
+
+
 @pytest.mark.parametrize("text,value", [("10%", 0.10), ("10 %", 0.10), ("0.1", 0.1), ("0", 0.0),
                                         ("2.5%", 0.025)])
 def test_max_regression_parsing(text, value):
