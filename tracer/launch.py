@@ -19,12 +19,18 @@ Stopping: Ctrl-C, SIGTERM or SIGHUP on the launcher (``stop_on_signals``) raises
 worker's process group, remove the staging folder) cannot itself be cut short, and runs to its
 end in well under a second. A worker's process group holds its own children (DataLoader worker
 processes), so they end with it, also when the worker itself was already dead.
+
+The signal is raised wherever the main thread is, also inside ``Popen.poll()`` between its
+acquiring and releasing ``Popen._waitpid_lock``: that lock then stays held for good, and a
+later ``Popen.wait()`` blocks forever. So the clean-up never waits through ``Popen``: ``reap``
+collects a worker with ``os.waitpid(pid, WNOHANG)`` itself, up to a deadline.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import shutil
 import signal
@@ -39,9 +45,14 @@ from pathlib import Path
 
 from tracer.config import RecordConfig
 
+log = logging.getLogger(__name__)
+
 FAIL_GRACE_S = 2.0
 HANG_SLACK_S = 30.0
 POLL_S = 0.05
+REAP_DEADLINE_S = 10.0
+"""Seconds ``kill_all`` waits for SIGKILLed workers to be collectable (a process in an
+uninterruptible kernel wait, e.g. a GPU driver call, dies only when that returns)."""
 LAUNCH_ENV = "PARITYTRACE_LAUNCH"
 CTRL_ENV = "PARITYTRACE_CTRL_DIR"
 GO_ENV = "PARITYTRACE_GO_FD"
@@ -75,6 +86,35 @@ def stop_on_signals() -> None:
     for s in STOP_SIGNALS:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, on_stop)
+
+
+def reap(proc: subprocess.Popen, deadline_s: float = REAP_DEADLINE_S) -> int | None:
+    """Collect ``proc`` once it has exited, waiting up to ``deadline_s`` seconds (0: look once).
+
+    Uses ``os.waitpid(pid, WNOHANG)`` directly, never ``Popen``'s ``_waitpid_lock``, which a
+    stop signal raised inside ``poll()``/``wait()`` may have left held (see the module doc).
+    Sets and returns ``proc.returncode`` (negative: killed by that signal); returns None when
+    the process still runs at the deadline. A status already collected by an interrupted
+    ``poll()`` is lost: the process counts as SIGKILLed (``-9``; only the clean-up, which sent
+    that SIGKILL, can meet this).
+    """
+    end = time.monotonic() + deadline_s
+    delay = 0.001
+    while proc.returncode is None:
+        try:
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            proc.returncode = -signal.SIGKILL
+            break
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            break
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            return None
+        time.sleep(min(delay, remaining))
+        delay = min(2 * delay, POLL_S)
+    return proc.returncode
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -169,17 +209,24 @@ class WorkerGroup:
 
         Also the group of a worker that already died: its children (DataLoader workers) may
         outlive it. That pid cannot have been reused meanwhile: the kernel keeps a pid that is
-        a live group's id (ESRCH once the group is empty)."""
+        a live group's id (ESRCH once the group is empty).
+
+        Returns within about ``REAP_DEADLINE_S`` seconds whatever ``Popen`` locks an
+        interrupted ``poll()`` left held (``reap``); a worker still not collectable by then is
+        named in a warning and left to the kernel (it dies with the launcher: PDEATHSIG)."""
         for w in self.workers:
-            if w.proc.poll() is None:
+            if reap(w.proc, 0) is None:
                 w.killed_by_us = True
             try:
                 os.killpg(w.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):  # the group is empty
                 pass
+        end = time.monotonic() + REAP_DEADLINE_S
         for w in self.workers:
             self._close_go(w)
-            w.proc.wait()
+            if reap(w.proc, max(0.0, end - time.monotonic())) is None:
+                log.warning("rank %d (pid %d) still runs %gs after SIGKILL", w.rank, w.proc.pid,
+                            REAP_DEADLINE_S)
 
     def _errors(self) -> dict[int, dict]:
         out = {}
