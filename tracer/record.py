@@ -139,31 +139,32 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     from dataclasses import replace
     from functools import partial
 
-    from tracer.baseline import BASELINE_NAME, write_baseline, write_baseline_isolated
-    from tracer.launch import run_workers
-    from tracer.rundir import abandon_record, finish_record
-
-    import torch
-
-    from tracer import devices
-
+    # The CLI may have claimed the run dirs already: refused or interrupted (Ctrl-C while torch
+    # is imported) before the first record starts, leave no lock and no folder made behind.
     try:
+        from tracer.baseline import BASELINE_NAME, write_baseline, write_baseline_isolated
+        from tracer.launch import run_workers
+        from tracer.rundir import abandon_record, finish_record
+
+        import torch
+
+        from tracer import devices
+
         device_type = devices.resolve_device_type(configs[0].device, torch.cuda.is_available())
         configs = [replace(c, device=device_type) for c in configs]
         if device_type == "cuda":
             check_gpus(configs, torch.cuda.device_count())
-    except ValueError:
-        _release(configs)  # the CLI may have claimed them: a refusal leaves nothing behind
-        raise
-    claim_run_dirs(configs)
-    warning = oversubscription(configs, len(os.sched_getaffinity(0)))
-    if warning:
-        log.warning("%s", warning)
-    try:  # same filesystem as the run dirs, so placing the baseline is a hard link
-        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=configs[0].run_dir.parent))
-    except OSError as exc:
+        claim_run_dirs(configs)
+        warning = oversubscription(configs, len(os.sched_getaffinity(0)))
+        if warning:
+            log.warning("%s", warning)
+        try:  # same filesystem as the run dirs, so placing the baseline is a hard link
+            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=configs[0].run_dir.parent))
+        except OSError as exc:
+            raise _cannot_prepare(configs[0].run_dir.parent, exc) from None
+    except BaseException:
         _release(configs)
-        raise _cannot_prepare(configs[0].run_dir.parent, exc) from None
+        raise
 
     def baseline_then_prepare(cfg: RecordConfig) -> None:
         if device_type == "cuda":  # keep the launcher free of a CUDA context while ranks run

@@ -266,6 +266,54 @@ def test_signals_during_clean_up_still_end_with_one_line_and_exit_130(tmp_path):
     _stopped(launcher, tag, tmp_path)
 
 
+
+def _phase_reached(out, phase: str) -> bool:
+    if phase == "claimed":  # the CLI locked the run dir; torch being imported
+        return (out / "ddp" / schemas.LOCK_NAME).exists()
+    if phase == "baseline":  # the staging folder exists: baseline being computed, ranks importing torch
+        return bool(_staging(out))
+    if phase == "prepared":  # the run dir was cleared and got its baseline: the record has started
+        return (out / "ddp" / schemas.RECORDING_NAME).exists()
+    phases = [h.read_text().split()[-1:] for h in out.glob("tracer-ddp-*/rank*.hb")]
+    return phases == [["step"], ["step"]]  # both ranks train
+
+
+@pytest.mark.parametrize("phase", ["claimed", "baseline", "prepared", "steps"])
+def test_sigterm_at_each_phase_of_a_record_exits_130_and_leaves_an_incomplete_run(tmp_path, phase):
+    """``kill -TERM`` on a plain (not hanging) record, sent as soon as it reaches ``phase``: one
+    line, exit 130, no process, no staging folder; a run dir the record had started writing
+    keeps its marker and has no manifest (reads as incomplete); one it had not started writing,
+    which it created itself, is gone again."""
+    tag = "term-" + os.urandom(8).hex()
+    env = dict(os.environ, TMPDIR=str(tmp_path), **{TAG_ENV: tag})
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    launcher = subprocess.Popen([sys.executable, "-m", "tracer", "record", "--strategy", "ddp", "--out",
+                                 str(tmp_path), "--active", "400"] + TINY,
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not _phase_reached(tmp_path, phase) and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert launcher.poll() is None, f"the record ended before reaching {phase}"
+        assert _phase_reached(tmp_path, phase), f"the record never reached {phase}"
+        launcher.send_signal(signal.SIGTERM)
+        _, stderr = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130, stderr
+    assert _one_line(stderr) == ("tracer: interrupted; all workers stopped, the interrupted run has "
+                                 "no manifest")
+    assert alive_with_tag(tag) == []
+    assert not _staging(tmp_path)
+    run_dir = tmp_path / "ddp"
+    assert not (run_dir / schemas.MANIFEST_NAME).exists()
+    if phase in ("prepared", "steps"):
+        assert (run_dir / schemas.RECORDING_NAME).exists()
+    if not (run_dir / schemas.RECORDING_NAME).exists():  # stopped before its record started
+        assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
+
+
 # -- a killed rank's DataLoader workers ----------------------------------------------------------
 
 def test_dataloader_workers_of_a_killed_rank_end_with_it(tmp_path):
