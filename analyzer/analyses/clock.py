@@ -28,7 +28,20 @@ import numpy as np
 import pandas as pd
 
 MATCHABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier")
-_KEY = ["pg", "kind", "seq"]
+KEY = ["pg", "kind", "seq"]
+
+
+def sequenced(coll: pd.DataFrame) -> pd.DataFrame:
+    """The ``MATCHABLE_KINDS`` rows of ``coll`` with ``seq`` = their order among the rows of the
+    same (rank, pg, kind), in table order; pg and kind as str. Columns rank, pg, kind, seq,
+    event_idx, start_ns, end_ns."""
+    cols = ["rank", *KEY, "event_idx", "start_ns", "end_ns"]
+    c = coll[coll["kind"].isin(MATCHABLE_KINDS)]
+    if c.empty:
+        return pd.DataFrame(columns=cols)
+    c = c.assign(kind=c["kind"].astype(str), pg=c["pg"].astype(str))
+    c = c.assign(seq=c.groupby(["rank", "pg", "kind"], sort=False).cumcount().astype("int64"))
+    return c[cols]
 
 
 def match_collectives(coll: pd.DataFrame) -> pd.DataFrame:
@@ -36,18 +49,46 @@ def match_collectives(coll: pd.DataFrame) -> pd.DataFrame:
 
     ``coll``: the ingest's collectives table of every rank (``JobTables.collectives``: rank,
     pg, kind, start_ns, end_ns, event_idx ..., each rank's rows by start). ``seq`` is here the
-    order of the collective among those of the same (pg, kind) on its rank. Only
-    ``MATCHABLE_KINDS`` and keys seen on at least two ranks are kept. Returns columns rank, pg,
-    kind, seq, event_idx, start_ns, end_ns.
+    order of the collective among those of the same (pg, kind) on its rank (``sequenced``).
+    Only ``MATCHABLE_KINDS`` and keys seen on at least two ranks are kept. Returns columns rank,
+    pg, kind, seq, event_idx, start_ns, end_ns.
     """
-    cols = ["rank", *_KEY, "event_idx", "start_ns", "end_ns"]
-    c = coll[coll["kind"].isin(MATCHABLE_KINDS)]
+    c = sequenced(coll)
     if c.empty:
-        return pd.DataFrame(columns=cols)
-    c = c.assign(kind=c["kind"].astype(str), pg=c["pg"].astype(str))
-    c = c.assign(seq=c.groupby(["rank", "pg", "kind"], sort=False).cumcount().astype("int64"))
-    n = c.groupby(_KEY)["rank"].transform("nunique")
-    return c[n >= 2][cols].sort_values([*_KEY, "rank"]).reset_index(drop=True)
+        return c
+    n = c.groupby(KEY)["rank"].transform("nunique")
+    return c[n >= 2].sort_values([*KEY, "rank"]).reset_index(drop=True)
+
+
+def reference(matched: pd.DataFrame, ref_rank: int) -> pd.DataFrame:
+    """``ref_rank``'s rows of ``matched`` (or of ``sequenced``), keyed by (pg, kind, seq), with
+    columns ref_start_ns and ref_end_ns: what ``offset_row`` merges each rank with."""
+    return matched[matched["rank"] == ref_rank][[*KEY, "start_ns", "end_ns"]].rename(
+        columns={"start_ns": "ref_start_ns", "end_ns": "ref_end_ns"})
+
+
+def offset_row(rank: int, mine: pd.DataFrame) -> tuple:
+    """(rank, offset_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent) of ``rank`` from
+    ``mine``: its rows of the collectives it shares with the reference rank, merged with
+    ``reference`` (``estimate_offsets`` says the rule)."""
+    if mine.empty:
+        return (rank, 0, None, None, None, 0, True)
+    diff = (mine["end_ns"] - mine["ref_end_ns"]).to_numpy(dtype=np.int64)
+    median = int(round(float(np.median(diff))))
+    mad = int(round(float(np.median(np.abs(diff - median)))))
+    lo = int((mine["start_ns"] - mine["ref_end_ns"]).max())
+    hi = int((mine["end_ns"] - mine["ref_start_ns"]).min())
+    consistent = lo <= hi
+    offset = min(max(median, lo), hi) if consistent else median
+    return (rank, offset, mad, lo, hi, len(diff), consistent)
+
+
+def offsets_frame(rows: list[tuple]) -> pd.DataFrame:
+    """The ``estimate_offsets`` table of ``offset_row`` tuples."""
+    out = pd.DataFrame(rows, columns=["rank", "offset_ns", "mad_ns", "lo_ns", "hi_ns", "n_matched",
+                                      "consistent"])
+    return out.astype({"rank": "int64", "offset_ns": "int64", "mad_ns": "Int64", "lo_ns": "Int64",
+                       "hi_ns": "Int64", "n_matched": "int64", "consistent": "bool"})
 
 
 def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int) -> pd.DataFrame:
@@ -63,29 +104,14 @@ def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int) -> 
     A rank sharing no collective with ``ref_rank`` gets offset 0, n_matched 0, nulls elsewhere.
     Columns: rank, offset_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent.
     """
-    ref = matched[matched["rank"] == ref_rank][[*_KEY, "start_ns", "end_ns"]].rename(
-        columns={"start_ns": "ref_start_ns", "end_ns": "ref_end_ns"})
+    ref = reference(matched, ref_rank)
     rows = []
     for rank in ranks:
         if rank == ref_rank:
             rows.append((rank, 0, 0, 0, 0, len(ref), True))
             continue
-        mine = matched[matched["rank"] == rank].merge(ref, on=_KEY)
-        if mine.empty:
-            rows.append((rank, 0, None, None, None, 0, True))
-            continue
-        diff = (mine["end_ns"] - mine["ref_end_ns"]).to_numpy(dtype=np.int64)
-        median = int(round(float(np.median(diff))))
-        mad = int(round(float(np.median(np.abs(diff - median)))))
-        lo = int((mine["start_ns"] - mine["ref_end_ns"]).max())
-        hi = int((mine["end_ns"] - mine["ref_start_ns"]).min())
-        consistent = lo <= hi
-        offset = min(max(median, lo), hi) if consistent else median
-        rows.append((rank, offset, mad, lo, hi, len(diff), consistent))
-    out = pd.DataFrame(rows, columns=["rank", "offset_ns", "mad_ns", "lo_ns", "hi_ns", "n_matched",
-                                      "consistent"])
-    return out.astype({"rank": "int64", "offset_ns": "int64", "mad_ns": "Int64", "lo_ns": "Int64",
-                       "hi_ns": "Int64", "n_matched": "int64", "consistent": "bool"})
+        rows.append(offset_row(rank, matched[matched["rank"] == rank].merge(ref, on=KEY)))
+    return offsets_frame(rows)
 
 
 def clock_offsets(coll: pd.DataFrame, ranks: list[int] | None = None,
@@ -108,7 +134,7 @@ def end_spread(matched: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
     spread_after_ns."""
     m = matched.merge(offsets[["rank", "offset_ns"]], on="rank")
     m["aligned_end_ns"] = m["end_ns"] - m["offset_ns"]
-    g = m.groupby(_KEY, sort=True)
+    g = m.groupby(KEY, sort=True)
     out = pd.DataFrame({
         "n_ranks": g["rank"].nunique(),
         "spread_before_ns": g["end_ns"].max() - g["end_ns"].min(),

@@ -31,35 +31,63 @@ import pandas as pd
 from analyzer.analyses.clock import MATCHABLE_KINDS
 
 
-def wait_transfer(coll: pd.DataFrame, offsets: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per row of ``coll`` (``JobTables.collectives``: rank, pg, kind, start_ns, dur_ns, ...
-    times int64 ns on each rank's own clock), in ``coll``'s order and index: wait_ns,
-    transfer_ns (int64 ns, wait_ns + transfer_ns = dur_ns) and matched (bool), by the module
-    docstring's rule. ``offsets``: each rank's clock offset (columns rank, offset_ns:
-    ``clock.clock_offsets`` of the same table; None or a missing rank: 0); aligned start =
-    start_ns - offset_ns. A negative duration (a malformed event) is taken as 0."""
-    out = pd.DataFrame({"wait_ns": np.zeros(len(coll), np.int64),
-                        "transfer_ns": np.zeros(len(coll), np.int64),
-                        "matched": np.zeros(len(coll), bool)}, index=coll.index)
-    if coll.empty:
-        return out
-    dur = np.maximum(coll["dur_ns"].to_numpy(dtype=np.int64), 0)
+def instance_keys(coll: pd.DataFrame, offsets: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per row of ``coll``: rank, pg, kind, start (aligned: start_ns - the rank's offset_ns),
+    pos (the row's position in ``coll``) and seq (its order within (rank, pg, kind) by start,
+    ties by position), sorted by (rank, pg, kind, start, pos). ``offsets`` as
+    ``wait_transfer``'s."""
     rank = coll["rank"].to_numpy(dtype=np.int64)
     shift = np.zeros(len(coll), np.int64)
     if offsets is not None and len(offsets):
         off = dict(zip(offsets["rank"].astype(int), offsets["offset_ns"].astype(int)))
         shift = np.array([off.get(int(r), 0) for r in rank], np.int64)
     start = coll["start_ns"].to_numpy(dtype=np.int64) - shift
-    kind = coll["kind"].astype(str).to_numpy()
-    key = pd.DataFrame({"rank": rank, "pg": coll["pg"].astype(str).to_numpy(), "kind": kind,
+    key = pd.DataFrame({"rank": rank, "pg": coll["pg"].astype(str).to_numpy(),
+                        "kind": coll["kind"].astype(str).to_numpy(),
                         "start": start, "pos": np.arange(len(coll))})
     # order within (rank, pg, kind) by start on the rank's clock (the offset is one constant
     # per rank), ties by table order
     key = key.sort_values(["rank", "pg", "kind", "start", "pos"], kind="stable")
     key["seq"] = key.groupby(["rank", "pg", "kind"], sort=False).cumcount()
-    group = key.groupby(["pg", "kind", "seq"], sort=False)
-    n_ranks = group["rank"].transform("nunique").to_numpy()
-    latest = group["start"].transform("max").to_numpy(dtype=np.int64)
+    return key
+
+
+def latest_starts(keys: pd.DataFrame) -> pd.DataFrame:
+    """Per instance (pg, kind, seq) of ``instance_keys`` rows (several ranks'), or of rows
+    with columns pg, kind, seq, latest, n_ranks (this table's own, reset: the reduction is
+    associative, analyzer/analyses/crossrank.py): latest (the latest aligned start, int64 ns)
+    and n_ranks (how many ranks ran it, each rank once). Indexed by (pg, kind, seq)."""
+    n = keys["n_ranks"] if "n_ranks" in keys.columns else pd.Series(1, index=keys.index)
+    latest = keys["latest"] if "latest" in keys.columns else keys["start"]
+    t = pd.DataFrame({"pg": keys["pg"], "kind": keys["kind"], "seq": keys["seq"],
+                      "latest": latest, "n_ranks": n})
+    return t.groupby(["pg", "kind", "seq"], sort=False).agg(latest=("latest", "max"),
+                                                            n_ranks=("n_ranks", "sum"))
+
+
+def wait_transfer(coll: pd.DataFrame, offsets: pd.DataFrame | None = None,
+                  instances: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per row of ``coll`` (``JobTables.collectives``: rank, pg, kind, start_ns, dur_ns, ...
+    times int64 ns on each rank's own clock), in ``coll``'s order and index: wait_ns,
+    transfer_ns (int64 ns, wait_ns + transfer_ns = dur_ns) and matched (bool), by the module
+    docstring's rule. ``offsets``: each rank's clock offset (columns rank, offset_ns:
+    ``clock.clock_offsets`` of the same table; None or a missing rank: 0); aligned start =
+    start_ns - offset_ns. ``instances``: ``latest_starts`` over every rank of the job, when
+    ``coll`` holds only some of them (analyzer/analyses/crossrank.py); None: ``coll``'s own.
+    A negative duration (a malformed event) is taken as 0."""
+    out = pd.DataFrame({"wait_ns": np.zeros(len(coll), np.int64),
+                        "transfer_ns": np.zeros(len(coll), np.int64),
+                        "matched": np.zeros(len(coll), bool)}, index=coll.index)
+    if coll.empty:
+        return out
+    dur = np.maximum(coll["dur_ns"].to_numpy(dtype=np.int64), 0)
+    key = instance_keys(coll, offsets)
+    inst = latest_starts(key) if instances is None else instances
+    at = inst.index.get_indexer(pd.MultiIndex.from_frame(key[["pg", "kind", "seq"]])) \
+        if len(inst) else np.full(len(key), -1)
+    seen = at >= 0  # int64 lookups: a join's NaN would turn the ns into floats
+    n_ranks = np.where(seen, inst["n_ranks"].to_numpy(dtype=np.int64)[at], 0)
+    latest = np.where(seen, inst["latest"].to_numpy(dtype=np.int64)[at], 0)
     pos = key["pos"].to_numpy()
     ok = (n_ranks >= 2) & np.isin(key["kind"].to_numpy(), MATCHABLE_KINDS)
     wait = np.where(ok, np.clip(latest - key["start"].to_numpy(), 0, dur[pos]), 0)

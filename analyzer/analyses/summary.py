@@ -48,11 +48,12 @@ class Summary:
 
 def summarize(job) -> Summary:
     """Build the summary tables of a loaded job (``analyzer.ingest.pipeline.JobTables``)."""
-    from analyzer.analyses.clock import clock_offsets
-    from analyzer.analyses.collectives import by_kind, match_ranks, stragglers
+    from analyzer.analyses import crossrank
+    from analyzer.analyses.collectives import stragglers
 
-    offsets = clock_offsets(job.collectives, [r.rank for r in job.ranks])
-    matched = match_ranks(job.collectives, offsets)
+    # one rank's collectives at a time (analyzer/analyses/crossrank.py)
+    offsets = crossrank.clock_offsets(job)
+    matched = crossrank.match_ranks(job, offsets)
     sources = sorted({r.rank_source for r in job.ranks})
     head = [f"{job.root}: {len(job.ranks)} of {job.world_size} ranks, rank from "
             f"{' / '.join(sources)}"]
@@ -79,5 +80,5 @@ def summarize(job) -> Summary:
                            "steps": len(r.steps), "whole_trace_mode": r.whole_trace_mode}
                           for r in job.ranks])
     return Summary(headline=head, ranks=ranks, breakdown=job.breakdown,
-                   by_kind=by_kind(job.collectives), offsets=offsets, cross_rank=matched,
+                   by_kind=crossrank.kind_table(job), offsets=offsets, cross_rank=matched,
                    stragglers=stragglers(matched))

@@ -36,12 +36,10 @@ import msgspec
 import pandas as pd
 
 from analyzer.compare import drift, footprint, ranking
-from analyzer.analyses import datasupply, memory, parity, prefetch
+from analyzer.analyses import crossrank, datasupply, memory, parity, prefetch
 from analyzer.ingest import pipeline, rundirs
 from analyzer.contract import schemas
-from analyzer.analyses.clock import clock_offsets
-from analyzer.analyses.collectives import by_kind, run_busbw_gbps
-from analyzer.analyses.commsplit import rank_kind_split, wait_transfer
+from analyzer.analyses.collectives import run_busbw_gbps
 from analyzer.contract.report_types import (AnalysisOptions, CommGroup, CommKind, CommRank,
                                    Interval, Memory, Parity, Prefetch, PrefetchUnit,
                                    RankFigures, Report, RunEntry, StepBar, StepTime, Timeline,
@@ -68,23 +66,21 @@ def _ranks(bd: pd.DataFrame, offsets: pd.DataFrame) -> list[RankFigures]:
                         **row) for r, row in per.to_dict("index").items()]
 
 
-def _communication(coll: pd.DataFrame, bd: pd.DataFrame, n_ranks: int, split: pd.DataFrame
-                   ) -> tuple[int, dict[str, CommKind], list[CommRank]]:
-    """(profiled steps, ``communication`` per kind, ``comm_ranks``: module docstring);
-    ``split``: ``commsplit.wait_transfer`` of ``coll``."""
-    rank_steps = bd.groupby("rank")["step"].nunique()
-    profiled = int(rank_steps.max()) if len(rank_steps) else 0
-    if coll.empty:
-        return profiled, {}, []
+def _communication(parts: dict[str, pd.DataFrame] | None, rank_steps: pd.Series, n_ranks: int
+                   ) -> tuple[dict[str, CommKind], list[CommRank]]:
+    """(``communication`` per kind, ``comm_ranks``: module docstring) from the per-rank pieces
+    of ``crossrank.comm_parts`` (None: no collective)."""
+    if parts is None:
+        return {}, []
     n = max(n_ranks, 1)
     cols = ["count", "time_ns", "bytes"]
-    whole = by_kind(coll)
+    whole = parts["whole"]
     whole["kind"] = whole["kind"].astype(str)
     whole["known"] = whole["bytes"] >= 0  # -1: no instance with known bytes
     whole["bytes"] = whole["bytes"].clip(lower=0)
     totals = whole.groupby("kind", sort=True)[[*cols, "bus_bytes", "bus_time_ns", "known"]].sum()
-    unknown = (coll["bytes"] < 0).groupby(coll["kind"].astype(str).to_numpy()).sum()
-    inside = by_kind(coll, rows=coll["step"].to_numpy() >= 0)
+    unknown = parts["unknown"].groupby("kind")["unknown"].sum()
+    inside = parts["inside"]
     # per profiled step: a rank's collectives inside steps over its number of steps (NaN: none)
     per_rank = inside[cols].clip(lower=0).astype(float).div(inside["rank"].map(rank_steps), axis=0)
     per_rank["known"] = (inside["bytes"] >= 0).to_numpy()
@@ -96,18 +92,18 @@ def _communication(coll: pd.DataFrame, bd: pd.DataFrame, n_ranks: int, split: pd
             return None
         return float(per_step.at[kind, c])
 
-    ranks = rank_kind_split(coll, split, rank_steps)
-    parts = ranks.groupby("kind")[["transfer_ns", "wait_ns", "transfer_ns_per_step",
+    ranks = parts["ranks"]
+    split = ranks.groupby("kind")[["transfer_ns", "wait_ns", "transfer_ns_per_step",
                                    "wait_ns_per_step"]].sum(min_count=1) / n
-    moved = by_kind(coll.assign(dur_ns=split["transfer_ns"].to_numpy()))
+    moved = parts["moved"]
     moved["kind"] = moved["kind"].astype(str)
     tbus = moved.groupby("kind")[["bus_bytes", "bus_time_ns"]].sum()
 
     def part(kind: str, c: str) -> float | None:
-        v = parts.at[kind, c] if kind in parts.index else None
+        v = split.at[kind, c] if kind in split.index else None
         return None if v is None or pd.isna(v) else float(v)
 
-    return profiled, {
+    return {
         kind: CommKind(count=t["count"] / n, time_ns=t["time_ns"] / n,
                        bytes=t["bytes"] / n if t["known"] else None,
                        unknown_bytes=int(unknown.get(kind, 0)),
@@ -115,7 +111,7 @@ def _communication(coll: pd.DataFrame, bd: pd.DataFrame, n_ranks: int, split: pd
                        transfer_busbw_gbps=run_busbw_gbps(tbus.at[kind, "bus_bytes"],
                                                           tbus.at[kind, "bus_time_ns"]),
                        **{f"{c}_per_step": step_figure(kind, c) for c in cols},
-                       **{c: part(kind, c) for c in parts.columns})
+                       **{c: part(kind, c) for c in split.columns})
         for kind, t in totals.to_dict("index").items()}, [
         CommRank(**{k: (None if isinstance(v, float) and pd.isna(v) else v)
                     for k, v in row.items()})
@@ -123,29 +119,28 @@ def _communication(coll: pd.DataFrame, bd: pd.DataFrame, n_ranks: int, split: pd
                                  "wait_ns": int, "unmatched": int}).to_dict("records")]
 
 
-def _comm_groups(coll: pd.DataFrame, n_ranks: int, split: pd.DataFrame) -> list[CommGroup]:
+def _comm_groups(parts: dict[str, pd.DataFrame] | None, n_ranks: int) -> list[CommGroup]:
     """Per (kind, process group, dtype) over the whole trace (``CommGroup``): what shows a bf16
-    vs an fp32 reduction, or a half-world process group, that the per-kind figures mix."""
-    if coll.empty:
+    vs an fp32 reduction, or a half-world process group, that the per-kind figures mix.
+    ``parts``: ``crossrank.comm_parts`` (its ``groups``: per rank, in rank order)."""
+    if parts is None:
         return []
     n = max(n_ranks, 1)
-    c = coll.assign(kind=coll["kind"].astype(str), known=coll["bytes"] >= 0,
-                    transfer_ns=split["transfer_ns"].to_numpy())
     out = []
-    for (kind, pg, dtype), g in c.groupby(["kind", "pg", "dtype"], sort=True):
-        k = by_kind(g.assign(kind=kind))  # per rank; bus bytes with each row's group size
-        moved = by_kind(g.assign(kind=kind, dur_ns=g["transfer_ns"]))
-        sizes = sorted(set(g["group_size"].tolist()))
-        known = g["known"].to_numpy()
+    for (kind, pg, dtype), g in parts["groups"].groupby(["kind", "pg", "dtype"], sort=True):
+        sizes = sorted(frozenset().union(*g["group_sizes"]))
+        pg_ranks = frozenset().union(*g["pg_ranks"])
+        known = int(g["known"].sum())
         out.append(CommGroup(
             kind=kind, pg=str(pg), dtype=str(dtype),
-            pg_ranks=str(g["pg_ranks"].iloc[0]) if len(set(g["pg_ranks"])) == 1 else "various",
+            pg_ranks=str(next(iter(pg_ranks))) if len(pg_ranks) == 1 else "various",
             group_size=int(sizes[0]) if len(sizes) == 1 and sizes[0] > 0 else None,
-            count=len(g) / n, time_ns=float(g["dur_ns"].sum()) / n,
-            bytes=float(g.loc[known, "bytes"].sum()) / n if known.any() else None,
-            unknown_bytes=int((~known).sum()),
-            busbw_gbps=run_busbw_gbps(k["bus_bytes"], k["bus_time_ns"]),
-            transfer_busbw_gbps=run_busbw_gbps(moved["bus_bytes"], moved["bus_time_ns"])))
+            count=int(g["count"].sum()) / n, time_ns=float(g["time_ns"].sum()) / n,
+            bytes=float(g["bytes"].sum()) / n if known else None,
+            unknown_bytes=int(g["count"].sum()) - known,
+            busbw_gbps=run_busbw_gbps(g["bus_bytes"].to_numpy(), g["bus_time_ns"].to_numpy()),
+            transfer_busbw_gbps=run_busbw_gbps(g["transfer_bus_bytes"].to_numpy(),
+                                               g["transfer_bus_time_ns"].to_numpy())))
     return out
 
 
@@ -160,16 +155,12 @@ def _timeline(tables, bd: pd.DataFrame) -> Timeline:
         for r in tables.timeline(r0, int(first["step"])).itertuples()])
 
 
-def _prefetch(pf: pd.DataFrame, device_kind: str) -> Prefetch | None:
-    if pf.empty:
+def _prefetch(tables, device_kind: str) -> Prefetch | None:
+    found = crossrank.prefetch_parts(tables)
+    if found is None:
         return None
-    units = (pf.groupby(["phase", "unit"], sort=False)
-             .agg(n=("rank", "size"), prefetched=("prefetched", "mean"),
-                  comm_ns=("comm_ns", "mean"), hidden_frac=("hidden_frac", "mean"),
-                  slack_ns=("slack_ns", "mean"), min_slack_ns=("slack_ns", "min"))
-             .reset_index())
-    return Prefetch(**prefetch.prefetch_summary(pf),
-                    note=prefetch.CPU_NOTE if device_kind == "cpu" else None,
+    units, total = found
+    return Prefetch(**total, note=prefetch.CPU_NOTE if device_kind == "cpu" else None,
                     units=[PrefetchUnit(**u) for u in units.to_dict("records")])
 
 
@@ -184,18 +175,20 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     # per-rank means over the ranks that recorded events: an empty (metadata-only) rank is
     # named in a note, not averaged in as a rank that communicated nothing
     n_ranks = sum(1 for r in tables.ranks if not r.empty)
-    coll = tables.collectives
-    offsets = clock_offsets(coll, [r.rank for r in tables.ranks])
-    split = wait_transfer(coll, offsets)
-    profiled, comm, comm_ranks = _communication(coll, bd, n_ranks, split)
+    # the cross-rank phase reads one rank's collectives at a time (analyzer/analyses/crossrank.py)
+    offsets = crossrank.clock_offsets(tables)
+    rank_steps = bd.groupby("rank")["step"].nunique()
+    profiled = int(rank_steps.max()) if len(rank_steps) else 0
+    parts = crossrank.comm_parts(tables, offsets, rank_steps)
+    comm, comm_ranks = _communication(parts, rank_steps, n_ranks)
     fields = dict(
         communication=comm, profiled_steps=profiled, comm_ranks=comm_ranks,
-        comm_groups=_comm_groups(coll, n_ranks, split),
+        comm_groups=_comm_groups(parts, n_ranks),
         comm_ns_per_step=float(bd["comm_ns"].mean()) if len(bd) else None,
         overlap_frac=float(bd["overlap_ns"].sum() / comm_total) if comm_total else None,
         exposed_comm_ns=float(bd["exposed_comm_ns"].mean()) if len(bd) else None,
         ranks=_ranks(bd, offsets),
-        prefetch=_prefetch(tables.prefetch, device_kind),
+        prefetch=_prefetch(tables, device_kind),
         steps=[StepBar(step=int(s), **row)
                for s, row in by_step[BAR_PARTS].mean().to_dict("index").items()],
         timeline=_timeline(tables, bd) if len(bd) else None,

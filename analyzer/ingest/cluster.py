@@ -98,12 +98,12 @@ def _call(fn: Callable[[Any], Any], item: Any, fingerprint: str, where: str) -> 
 
 
 @contextlib.contextmanager
-def connected(address: str) -> Iterator[Callable[[Callable[[Any], Any], Sequence[Any]], list]]:
+def connected(address: str) -> Iterator[Callable[..., list]]:
     """Make the Dask scheduler at ``address`` the per-rank map of ``pool.run_all`` inside the
     block, connecting on the first map that has traces to parse (when every rank is cached it
-    is never contacted). Yields the map (``fn``, items) -> results. Raises ``BadInput`` (exit 2)
-    when dask.distributed is not installed, the address is malformed or no scheduler answers
-    within ``timeout_s()``."""
+    is never contacted). Yields the map (``fn``, items, keep) -> results. Raises ``BadInput``
+    (exit 2) when dask.distributed is not installed, the address is malformed or no scheduler
+    answers within ``timeout_s()``."""
     from analyzer.ingest import pool
 
     wait_s = timeout_s()
@@ -113,12 +113,13 @@ def connected(address: str) -> Iterator[Callable[[Callable[[Any], Any], Sequence
     clients: list[Any] = []
     try:
         with contextlib.ExitStack() as stack:
-            def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> list:
+            def run(fn: Callable[[Any], Any], items: Sequence[Any],
+                    keep: Callable[[Any], Any] | None = None) -> list:
                 if not items:  # every rank cached: the scheduler is never contacted
                     return []
                 if not clients:
                     clients.append(stack.enter_context(_client(address, wait_s)))
-                return dask_map(clients[0], address, fn, items, wait_s=wait_s)
+                return dask_map(clients[0], address, fn, items, wait_s=wait_s, keep=keep)
 
             pool.push_map(run)
             try:
@@ -155,9 +156,10 @@ def _client(address: str, wait_s: float) -> Iterator[Any]:
 
 
 def dask_map(client, address: str, fn: Callable[[Any], Any], items: Sequence[Any], *,
-             wait_s: float) -> list:
-    """``[fn(x) for x in items]`` as one Dask task per item (submitted in order: the caller
-    passes the largest trace first), results in input order; failures as the module says."""
+             wait_s: float, keep: Callable[[Any], Any] | None = None) -> list:
+    """``[keep(fn(x)) for x in items]`` as one Dask task per item (submitted in order: the
+    caller passes the largest trace first; ``keep`` runs here on each result as it arrives,
+    None: the identity), results in input order; failures as the module says."""
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 
@@ -180,7 +182,7 @@ def dask_map(client, address: str, fn: Callable[[Any], Any], items: Sequence[Any
             for f in batch:
                 i = futures[f]
                 if f.status == "finished":
-                    out[i] = f.result()
+                    out[i] = f.result() if keep is None else keep(f.result())
                     f.release()
                     continue
                 exc = f.exception() if f.status == "error" else None

@@ -59,6 +59,8 @@ FORMAT = "paritytrace-tables"
 VERSION = 1
 TABLES = ("breakdown", "collectives", "prefetch", "steps", "timeline", "device_memory", "ranks")
 _PER_RANK = ("steps", "timeline", "device_memory")  # RankTables' own, without a rank column
+BATCH_RANKS = 256
+"""Ranks of a spillable table (analyzer/ingest/spill.py) held and written at once."""
 _OPEN: list["_Writer"] = []  # the innermost open ``writing()``
 
 
@@ -143,12 +145,13 @@ class _Writer:
         import pyarrow as pa
 
         from analyzer.contract import schemas
+        from analyzer.ingest.spill import SPILLED
 
         part = f"run={quote(run_name, safe='')}"
         if any(r["partition"] == part for r in self.runs):
             raise BadInput(job.root, Reason.DUPLICATE_RUN, f"a second run named {run_name!r}",
                            "rename one of the runs")
-        tables = {name: getattr(job, name) for name in ("breakdown", "collectives", "prefetch")}
+        tables = {"breakdown": job.breakdown}
         for name in _PER_RANK:  # per rank, without a rank column: add it
             frames = [getattr(r, name) for r in job.ranks]
             keep = [(r.rank, df) for r, df in zip(job.ranks, frames) if len(df)]
@@ -165,24 +168,38 @@ class _Writer:
             schema = ranks_schema() if name == "ranks" else schemas.TABLE_SCHEMAS[name]
             fields = [f for f in schema if f.name != "rank"] + [pa.field("rank", pa.int64())]
             target = pa.schema(fields)
+
+            def arrow(df: pd.DataFrame):
+                return pa.Table.from_pandas(df[[f.name for f in fields]],
+                                            preserve_index=False).cast(target)
+
+            wrote = False
             if name == "ranks":
-                table = pa.Table.from_pylist(rows, schema=target)
+                _write_ranks(pa.Table.from_pylist(rows, schema=target), self.stage / name / part,
+                             len(job.ranks))
+                wrote = True
+            elif name in SPILLED:  # read and written BATCH_RANKS ranks at a time
+                batch: list[pd.DataFrame] = []
+                for i, (_, df) in enumerate(job.each(name)):
+                    if len(df):
+                        batch.append(df)
+                    if batch and (len(batch) >= BATCH_RANKS or i == len(job.ranks) - 1):
+                        _write_ranks(arrow(pd.concat(batch, ignore_index=True)),
+                                     self.stage / name / part, len(batch))
+                        batch, wrote = [], True
             elif len(tables[name]):
-                df = tables[name]
-                table = pa.Table.from_pandas(df[[f.name for f in fields]],
-                                             preserve_index=False).cast(target)
-            else:  # no row in this run: one empty file keeps the table's schema readable
-                table = target.empty_table()
+                _write_ranks(arrow(tables[name]), self.stage / name / part, len(job.ranks))
+                wrote = True
+            if not wrote:  # no row in this run: one empty file keeps the table's schema readable
                 empty = target.remove(len(fields) - 1).empty_table()
                 _write_file(empty, self.stage / name / part / f"rank={lowest}" / "part-0.parquet")
-                continue
-            _write_ranks(table, self.stage / name / part, len(job.ranks))
         self.runs.append({"run": run_name, "partition": part, "root": str(job.root),
                           "ranks": [r.rank for r in job.ranks], "world_size": job.world_size})
 
 
 def _write_ranks(table, folder: Path, n_ranks: int) -> None:
-    """``table`` (with a ``rank`` column) as ``folder/rank=<r>/part-0.parquet``, rows in order."""
+    """``table`` (with a ``rank`` column) as ``folder/rank=<r>/part-0.parquet``, rows in order;
+    ``folder`` may hold other ranks' partitions already (an earlier batch of ranks)."""
     import pyarrow as pa
     import pyarrow.dataset as ds
 
@@ -191,7 +208,7 @@ def _write_ranks(table, folder: Path, n_ranks: int) -> None:
                                                   flavor="hive"),
                      file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
                      use_threads=False, max_partitions=max(n_ranks, 1) + 1,
-                     max_open_files=1024)
+                     max_open_files=1024, existing_data_behavior="overwrite_or_ignore")
 
 
 def _write_file(table, path: Path) -> None:

@@ -51,6 +51,7 @@ import pyarrow as pa
 
 from analyzer.ingest.cachekey import cache_dir, cache_key
 from analyzer.ingest.commid import group_fallback, pg_sizes_of
+from analyzer.ingest.spill import Spill
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
 
@@ -118,6 +119,12 @@ class RankTables:
     """True when the tables came from the cache."""
     sha256: str = ""
     """SHA-256 of the trace file (hex), checked against the run's manifest.json."""
+    group_fallback: int = 0
+    """The group size a collective of unknown group size takes (``commid.group_fallback``),
+    set with the rank."""
+    spilled: dict[str, str] = field(default_factory=dict)
+    """Tables moved to disk (analyzer/ingest/spill.py): name -> file. Read them with
+    ``JobTables.rank_table``; the attribute of a spilled table is empty."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -140,12 +147,43 @@ class JobTables:
     """Per rank and step time breakdown (``schemas.BREAKDOWN_SCHEMA``), sorted by rank,
     step. Identity: compute_ns + exposed_comm_ns + data_wait_ns + other_ns + idle_ns ==
     step_ns exactly."""
-    collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """One row per collective instance per rank (``schemas.COLLECTIVES_SCHEMA``), group_size
-    falling back to the world size when no process group of the trace is smaller (else -1,
-    unknown: analyzer/ingest/commid.py); ``collectives.by_kind`` / ``match_ranks`` take it."""
-    prefetch: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """``prefetch.prefetch_table`` rows of every rank (empty when none has FSDP labels)."""
+    spill: Any = None
+    """The ``spill.Spill`` holding the ranks' spilled tables (kept alive with the job)."""
+
+    def rank_table(self, rt: RankTables, name: str, columns: list[str] | None = None
+                   ) -> pd.DataFrame:
+        """Table ``name`` of rank ``rt`` (only ``columns``, None: all), from memory or from
+        disk (analyzer/ingest/spill.py); collectives' group_size and the rank column as
+        ``load_run`` set them."""
+        if name not in rt.spilled:
+            df = getattr(rt, name)
+            return df if columns is None else df[columns]
+        from analyzer.ingest import spill
+
+        return _fixed(rt, name, spill.read(rt.spilled[name], columns))
+
+    def each(self, name: str, columns: list[str] | None = None):
+        """(rank tables, its table ``name``) of every rank in rank order, one rank read at a
+        time (``rank_table``): what the cross-rank phase (analyzer/analyses/crossrank.py)
+        walks so that it never holds every rank's rows."""
+        for rt in self.ranks:
+            yield rt, self.rank_table(rt, name, columns)
+
+    @property
+    def collectives(self) -> pd.DataFrame:
+        """One row per collective instance per rank (``schemas.COLLECTIVES_SCHEMA``), ranks in
+        order, group_size falling back to the world size when no process group of the trace is
+        smaller (else -1, unknown: analyzer/ingest/commid.py); ``collectives.by_kind`` /
+        ``match_ranks`` take it. Built on each call and holds every rank's rows: for the
+        library API and ``analyzer merge``; ``report`` and ``summary`` walk ``each``."""
+        return _concat([df for _, df in self.each("collectives")],
+                       schemas.COLLECTIVES_SCHEMA.names)
+
+    @property
+    def prefetch(self) -> pd.DataFrame:
+        """``prefetch.prefetch_table`` rows of every rank (empty when none has FSDP labels);
+        built on each call, as ``collectives``."""
+        return _concat([df for _, df in self.each("prefetch")], schemas.PREFETCH_SCHEMA.names)
 
     @property
     def missing_ranks(self) -> list[int]:
@@ -406,10 +444,11 @@ def _size_bytes(path: Path) -> int:
         return 0  # the worker says what is wrong
 
 
-def parse_files(paths: list[Path], jobs: int | None, *, worker=_tables_worker
+def parse_files(paths: list[Path], jobs: int | None, *, worker=_tables_worker, keep=None
                 ) -> tuple[list[Any], list[BadInput]]:
     """``worker`` (a path -> a result, or the ``BadInput`` of a bad file) over
-    every path, in ``jobs`` processes (analyzer/ingest/pool.py), largest file first. Returns the
+    every path, in ``jobs`` processes (analyzer/ingest/pool.py), largest file first; ``keep``
+    (``spill.Spill.keep``, None: none) takes each result as it arrives. Returns the
     results in the order of ``paths`` and the problems (``BadInput``), so that all are
     reported."""
     from analyzer.ingest.pool import run_all
@@ -418,7 +457,7 @@ def parse_files(paths: list[Path], jobs: int | None, *, worker=_tables_worker
     # as they free up then end within about one small file of each other
     order = sorted(range(len(paths)), key=lambda i: -_size_bytes(paths[i]))
     results: list[Any] = [None] * len(paths)
-    for i, r in zip(order, run_all(worker, [paths[i] for i in order], jobs)):
+    for i, r in zip(order, run_all(worker, [paths[i] for i in order], jobs, keep=keep)):
         results[i] = r
     ok = [r for r in results if not isinstance(r, BadInput)]
     bad = [r for r in results if isinstance(r, BadInput)]
@@ -548,17 +587,25 @@ def check_manifest_sha256(root: Path, manifest: schemas.Manifest | None,
 
 def _set_rank(rt: RankTables, rank: int, source: str, world_size: int) -> None:
     rt.rank, rt.rank_source = rank, source
+    rt.group_fallback = group_fallback(pg_sizes_of(rt.distributed_info), world_size)
     for name in ("breakdown", "collectives", "prefetch"):
-        df = getattr(rt, name)
-        if "rank" in df.columns:
-            df["rank"] = pd.Series(rank, index=df.index, dtype=df["rank"].dtype
-                                   if df["rank"].dtype != object else "int64")
-    c = rt.collectives
-    fallback = group_fallback(pg_sizes_of(rt.distributed_info), world_size)
-    if len(c) and fallback > 0:  # unknown stays -1 where a smaller process group exists
-        gs = c["group_size"].to_numpy().copy()
-        gs[gs <= 0] = fallback
-        c["group_size"] = gs
+        if name not in rt.spilled:  # a spilled table is fixed as it is read
+            _fixed(rt, name, getattr(rt, name))
+
+
+def _fixed(rt: RankTables, name: str, df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (table ``name`` of ``rt``, in place) with the rank column set to ``rt.rank`` and,
+    in collectives, an unknown group size (<= 0) set to ``rt.group_fallback`` when that is
+    known (unknown stays -1 where a smaller process group exists)."""
+    if "rank" in df.columns:
+        df["rank"] = pd.Series(rt.rank, index=df.index, dtype=df["rank"].dtype
+                               if df["rank"].dtype != object else "int64")
+    if name == "collectives" and len(df) and "group_size" in df.columns \
+            and rt.group_fallback > 0:
+        gs = df["group_size"].to_numpy().copy()
+        gs[gs <= 0] = rt.group_fallback
+        df["group_size"] = gs
+    return df
 
 
 def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
@@ -588,9 +635,12 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
     notes = [f"{root}: incomplete run (no manifest.json), analysed as found"] \
         if run.incomplete else []
     notes += run.notes
-    # valid caches (stat fast path) are read here; only the others go to worker processes
-    cached = {p: _cached(p) for p in paths}
-    computed, problems = parse_files([p for p, hit in cached.items() if hit is None], jobs)
+    # valid caches (stat fast path) are read here; only the others go to worker processes.
+    # Each rank's big tables go to disk as it arrives once the job's pass the budget.
+    store = Spill()
+    cached = {p: store.keep(_cached(p)) for p in paths}
+    computed, problems = parse_files([p for p, hit in cached.items() if hit is None], jobs,
+                                     keep=store.keep)
     by_path = {**{p: hit for p, hit in cached.items() if hit is not None},
                **{f.path: f for f in computed}}
     files = [by_path[p] for p in paths if p in by_path]
@@ -623,16 +673,15 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
             notes.append(f"rank {r} ({f.path.name}) holds only metadata, no complete events: "
                          "reported as an empty rank")
         ranks.append(f)
-    check_same_job(root, _concat([r.collectives for r in ranks], schemas.COLLECTIVES_SCHEMA.names),
-                   {r.rank: r.path for r in ranks})
     whole = [rt.rank for rt in ranks if rt.whole_trace_mode]
     if whole and len(whole) < len(ranks):
         notes.append(f"ranks {whole} have no ProfilerStep and are analysed in whole-trace mode")
     out = JobTables(root=root, ranks=ranks, world_size=world, manifest=manifest,
                     whole_trace_mode=bool(whole) and len(whole) == len(ranks), warnings=notes,
                     breakdown=_concat([r.breakdown for r in ranks], schemas.BREAKDOWN_SCHEMA.names),
-                    collectives=_concat([r.collectives for r in ranks], schemas.COLLECTIVES_SCHEMA.names),
-                    prefetch=_concat([r.prefetch for r in ranks], schemas.PREFETCH_SCHEMA.names))
+                    spill=store)
+    check_same_job(root, out.each("collectives", ["rank", "step", "pg", "kind"]),
+                   {r.rank: r.path for r in ranks})
     if out.missing_ranks:
         notes.append(f"{len(ranks)} of {world} ranks")
     from analyzer.ingest import dataset

@@ -23,34 +23,42 @@ from typing import Any
 from analyzer.contract.errors import ParityTraceError
 
 _POOL: list[ProcessPoolExecutor] = []  # the workers of the innermost open ``workers()``
-_MAPS: list[Callable[[Callable[[Any], Any], Sequence[Any]], list]] = []  # ``push_map``
+_MAPS: list[Callable[..., list]] = []  # ``push_map``
 
 
-def run_all(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int | None = None
-            ) -> list[Any]:
-    """``[fn(x) for x in items]`` (``fn`` module-level) in ``jobs`` processes (default
-    min(cpu count, len(items))). A ``ParityTraceError`` (``BadInput``...) raised in a worker is
+def run_all(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int | None = None, *,
+            keep: Callable[[Any], Any] | None = None) -> list[Any]:
+    """``[keep(fn(x)) for x in items]`` (``fn`` module-level; ``keep`` None: the identity) in
+    ``jobs`` processes (default min(cpu count, len(items))). ``keep`` runs in this process on
+    each answer as it arrives, so a caller can put a big answer on disk before the next one
+    comes (analyzer/ingest/spill.py). A ``ParityTraceError`` (``BadInput``...) raised in a worker is
     re-raised as is; another exception, or a worker that dies (killed, out of memory), raises
     ``ParityTraceError`` naming the input(s) the workers were on. Inside ``push_map`` (a Dask
     cluster) the innermost map pushed runs them instead, ``jobs`` unused."""
+    keep = keep or _same
     if _MAPS:
-        return _MAPS[-1](fn, items)
+        return _MAPS[-1](fn, items, keep)
     jobs = min(jobs or os.cpu_count() or 1, len(items))
     if jobs <= 1:
-        return [fn(x) for x in items]
+        return [keep(fn(x)) for x in items]
     if _POOL:
-        return _map(_POOL[-1], fn, items, jobs - 1)
+        return _map(_POOL[-1], fn, items, jobs - 1, keep)
     with _pool(jobs - 1) as ex:
-        return _map(ex, fn, items, jobs - 1)
+        return _map(ex, fn, items, jobs - 1, keep)
 
 
-def push_map(fn_map: Callable[[Callable[[Any], Any], Sequence[Any]], list]) -> None:
-    """Make ``fn_map(fn, items)`` (results in input order, errors as ``run_all``'s) what
+def _same(x: Any) -> Any:
+    return x
+
+
+def push_map(fn_map: Callable[..., list]) -> None:
+    """Make ``fn_map(fn, items, keep)`` (results in input order, ``keep`` applied to each as it
+    arrives, errors as ``run_all``'s) what
     ``run_all`` calls until ``pop_map(fn_map)``."""
     _MAPS.append(fn_map)
 
 
-def pop_map(fn_map: Callable[[Callable[[Any], Any], Sequence[Any]], list]) -> None:
+def pop_map(fn_map: Callable[..., list]) -> None:
     """Undo ``push_map(fn_map)``."""
     _MAPS.remove(fn_map)
 
@@ -94,7 +102,8 @@ def _kill(ex: ProcessPoolExecutor) -> None:
     ex._result_queue._writer.close()
 
 
-def _map(ex: ProcessPoolExecutor, fn: Callable, items: Sequence[Any], n: int) -> list[Any]:
+def _map(ex: ProcessPoolExecutor, fn: Callable, items: Sequence[Any], n: int,
+         keep: Callable[[Any], Any]) -> list[Any]:
     """This process and ``n`` workers take the inputs in order. A worker's next input is
     submitted when its answer arrives (a done-callback, in the executor's thread): none waits
     queued behind a busy worker, and a dead worker breaks only the inputs in work."""
@@ -112,7 +121,7 @@ def _map(ex: ProcessPoolExecutor, fn: Callable, items: Sequence[Any], n: int) ->
         for _ in range(n):
             feed()
         while (i := next(todo, None)) is not None:
-            out[i] = fn(items[i])
+            out[i] = keep(fn(items[i]))
         while len(out) < len(items):
             done, _ = wait(list(running), timeout=0.05, return_when=FIRST_COMPLETED)
             if not done and any(p.exitcode is not None for p in list(ex._processes.values())):
@@ -123,7 +132,7 @@ def _map(ex: ProcessPoolExecutor, fn: Callable, items: Sequence[Any], n: int) ->
                 if exc:
                     raise ParityTraceError(f"{items[running[f]]}: a worker process failed on "
                                            f"it: {type(exc).__name__}: {exc}") from exc
-                out[running.pop(f)] = f.result()
+                out[running.pop(f)] = keep(f.result())
     except BrokenProcessPool:
         _kill(ex)
         lost = [items[i] for f, i in sorted(running.items(), key=lambda fi: fi[1])

@@ -48,26 +48,29 @@ def kind_sets(coll: pd.DataFrame) -> dict[int, dict[tuple[str, int], frozenset[s
     return {r: {c: frozenset(cells[r][c]) for c in sorted(cells[r])} for r in sorted(cells)}
 
 
-def check_same_job(root: Path | str, coll: pd.DataFrame, paths: dict[int, Path]) -> None:
+def check_same_job(root: Path | str, coll, paths: dict[int, Path]) -> None:
     """Raise ``BadInput(root, "mixed_jobs", ...)`` naming the files when some rank's collectives
     contradict the lowest rank's in every shared (process group, step) (module docstring).
-    ``paths`` maps rank -> trace file."""
-    sets = kind_sets(coll)
-    if len(sets) < 2:
-        return
-    ref = min(sets)
+    ``coll``: the collectives table (columns as ``kind_sets``), or an iterable of them, or of
+    (anything, table) pairs such as ``JobTables.each``, in ascending rank order: one rank is
+    held at a time besides the lowest rank's cells. ``paths`` maps rank -> trace file."""
+    parts = [coll] if isinstance(coll, pd.DataFrame) else coll
+    ref, ref_cells = None, {}
     odd, example = [], None
-    for rank, cells in sets.items():
-        if rank == ref:
-            continue
-        shared = sorted(set(cells) & set(sets[ref]))
-        if shared and all(cells[c] != sets[ref][c] for c in shared):
-            odd.append(rank)
-            if example is None:
-                pg, step = shared[0]
-                example = (f"process group {pg or '?'} step {step}: rank {ref} ran "
-                           f"{', '.join(sorted(sets[ref][shared[0]]))}, rank {rank} ran "
-                           f"{', '.join(sorted(cells[shared[0]]))}")
+    for part in parts:
+        frame = part[1] if isinstance(part, tuple) else part
+        for rank, cells in kind_sets(frame).items():
+            if ref is None:
+                ref, ref_cells = rank, cells
+                continue
+            shared = sorted(set(cells) & set(ref_cells))
+            if shared and all(cells[c] != ref_cells[c] for c in shared):
+                odd.append(rank)
+                if example is None:
+                    pg, step = shared[0]
+                    example = (f"process group {pg or '?'} step {step}: rank {ref} ran "
+                               f"{', '.join(sorted(ref_cells[shared[0]]))}, rank {rank} ran "
+                               f"{', '.join(sorted(cells[shared[0]]))}")
     if odd:
         names = ", ".join(Path(paths[r]).name for r in [ref, *odd] if r in paths)
         raise BadInput(root, "mixed_jobs",

@@ -26,7 +26,7 @@ import pyarrow.dataset as pads  # noqa: E402
 
 from analyzer import api  # noqa: E402
 from analyzer.contract.errors import ParityTraceError  # noqa: E402
-from analyzer.ingest import cluster, dataset  # noqa: E402
+from analyzer.ingest import cluster, dataset, spill  # noqa: E402
 from analyzer.ingest.pool import run_all  # noqa: E402
 from tests.inputs import DLRM, bad_input, cli, cli_proc, copy_run, need  # noqa: E402
 
@@ -54,9 +54,11 @@ def _report(out: Path, root: Path) -> dict:
     return json.loads(text)
 
 
-def _same_report_both_ways(tmp_path, src_copy, c, n_ranks):
+def _same_report_both_ways(tmp_path, src_copy, c, n_ranks, monkeypatch=None):
     """``analyzer report`` of two identical copies: the local pool (a fresh interpreter, its
-    forked workers) and the Dask cluster (with --tables-out). Returns the Dask copy's root."""
+    forked workers, every rank held in memory) and the Dask cluster (with --tables-out; with
+    ``monkeypatch``, every rank's tables put on disk as they arrive, analyzer/ingest/spill.py).
+    Returns the Dask copy's root."""
     local, remote = src_copy(tmp_path / "local" / "in"), src_copy(tmp_path / "dask" / "in")
     env_addr = os.environ.pop("DASK_SCHEDULER_ADDRESS", None)
     try:
@@ -66,6 +68,9 @@ def _same_report_both_ways(tmp_path, src_copy, c, n_ranks):
             os.environ["DASK_SCHEDULER_ADDRESS"] = env_addr
     assert proc.returncode == 0, proc.stderr
     before = _ran(c)
+    if monkeypatch is not None:
+        monkeypatch.setenv(spill.ENV, "0")
+        monkeypatch.setattr(dataset, "BATCH_RANKS", 1)  # each rank's rows written on their own
     proc = cli("report", str(remote), "--out", str(tmp_path / "do"), "--format", "json",
                "--scheduler", c.scheduler_address, "--tables-out", str(tmp_path / "ds"))
     assert proc.returncode == 0, proc.stderr
@@ -118,7 +123,7 @@ def test_dlrm_corpus_report_on_a_dask_cluster_equals_the_local_pool(tmp_path, lo
 
 
 def test_recorded_runs_on_a_dask_cluster_equal_the_local_pool(tmp_path, local_cluster, ddp_run,
-                                                              fsdp_run):
+                                                              fsdp_run, monkeypatch):
     def copy(dst: Path) -> Path:
         copy_run(ddp_run, dst / "ddp")
         copy_run(fsdp_run, dst / "fsdp")
@@ -126,7 +131,7 @@ def test_recorded_runs_on_a_dask_cluster_equal_the_local_pool(tmp_path, local_cl
             p.unlink()
         return dst
 
-    root = _same_report_both_ways(tmp_path, copy, local_cluster, 4)
+    root = _same_report_both_ways(tmp_path, copy, local_cluster, 4, monkeypatch)
     for run in ("ddp", "fsdp"):
         _check_round_trip(tmp_path / "ds", run, api.load_tables(root / run))
     assert len(_read(tmp_path / "ds", "prefetch")) > 0  # FSDP's all_gathers are in it

@@ -1,0 +1,124 @@
+"""A job's per-rank collectives and prefetch tables on disk once they pass a memory budget.
+
+Why: the cross-rank phase (analyzer/analyses/crossrank.py) reads these two tables one rank at
+a time, so the process holds one rank's rows plus aggregates per collective instance and per
+rank, never every rank's rows at once. They are the two tables that grow with a rank's events
+(tens of thousands of collectives, FSDP units x steps); the others (step windows, breakdown,
+one step's timeline, device memory) have a row per step or per device and stay in memory.
+
+Rule: the tables of a job stay in memory while their sum is under ``budget_bytes()``
+(``PARITYTRACE_TABLES_MEMORY``: bytes, with an optional K/M/G/T suffix, powers of 1024;
+default 256M; 0 puts every rank on disk). Past it each arriving rank's two tables are
+written as Arrow IPC files (the cache's format, analyzer/ingest/pipeline.py) into a private
+temporary folder (``tempfile.mkdtemp``: mode 0700, under ``$TMPDIR``) and read back,
+memory-mapped and only the columns asked for, by ``Spill.read``. The folder is removed when
+its ``Spill`` is garbage-collected or the process exits; it holds only what this process
+wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from analyzer.contract import schemas
+from analyzer.contract.errors import BadInput, Reason
+
+ENV = "PARITYTRACE_TABLES_MEMORY"
+DEFAULT_BYTES = 256 * 2**20
+SPILLED = ("collectives", "prefetch")
+"""The tables that go to disk: the ones whose rows grow with a rank's events."""
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+def budget_bytes() -> int:
+    """``PARITYTRACE_TABLES_MEMORY`` in bytes (module docstring). Raises ``BadInput``
+    (``bad_option``) when it is set to something else than a size."""
+    raw = os.environ.get(ENV, "")
+    if not raw.strip():
+        return DEFAULT_BYTES
+    m = _SIZE.match(raw)
+    if m is None:
+        raise BadInput(ENV, Reason.BAD_OPTION, f"is {raw!r}, not a size",
+                       "set it to bytes with an optional K/M/G/T suffix (256M), or unset it")
+    return int(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper())
+
+
+def frame_bytes(df: pd.DataFrame) -> int:
+    """Bytes ``df`` holds, strings included (pandas' deep count)."""
+    return int(df.memory_usage(index=False, deep=True).sum()) if len(df) else 0
+
+
+class Spill:
+    """Where one job's spilled tables live (module docstring). ``keep(result)`` is the hook
+    ``pool.run_all`` calls on each rank's answer as it arrives."""
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = budget_bytes() if budget is None else budget
+        self.held_bytes = 0
+        """Bytes of the spillable tables kept in memory so far."""
+        self.spilled_ranks = 0
+        self.folder: Path | None = None
+        self._n = 0
+
+    def keep(self, result):
+        """``result`` (a ``pipeline.RankTables``; anything else passes through) with its
+        collectives and prefetch tables moved to disk once the job's held bytes would pass the
+        budget. Raises ``BadInput`` (``unwritable``) when the temporary folder cannot be
+        written."""
+        if not hasattr(result, "spilled") or result.spilled:
+            return result
+        size = sum(frame_bytes(getattr(result, t)) for t in SPILLED)
+        if self.held_bytes + size <= self.budget:
+            self.held_bytes += size
+            return result
+        folder = self._folder()
+        self._n += 1
+        for t in SPILLED:
+            path = folder / f"{self._n}.{t}.arrow"
+            _write(path, t, getattr(result, t))
+            result.spilled[t] = str(path)
+            setattr(result, t, pd.DataFrame())
+        self.spilled_ranks += 1
+        return result
+
+    def _folder(self) -> Path:
+        if self.folder is None:
+            try:
+                self.folder = Path(tempfile.mkdtemp(prefix="paritytrace-tables-"))
+            except OSError as exc:
+                raise BadInput(tempfile.gettempdir(), Reason.UNWRITABLE,
+                               f"cannot hold the per-rank tables on disk ({exc.strerror})",
+                               f"free space there, point TMPDIR elsewhere, or raise {ENV}"
+                               ) from None
+            weakref.finalize(self, shutil.rmtree, str(self.folder), True)
+        return self.folder
+
+
+def _write(path: Path, name: str, df: pd.DataFrame) -> None:
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[name]):
+        raise ValueError(f"table {name}: {why}")
+    try:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+    except OSError as exc:
+        raise BadInput(path.parent, Reason.UNWRITABLE,
+                       f"cannot hold the per-rank tables on disk ({exc})",
+                       f"free space there, point TMPDIR elsewhere, or raise {ENV}") from None
+
+
+def read(path: str, columns: list[str] | None = None) -> pd.DataFrame:
+    """The table ``Spill.keep`` wrote at ``path``, only ``columns`` (None: all), as pandas."""
+    with pa.memory_map(path) as src:
+        table = pa.ipc.open_file(src).read_all()
+        if columns is not None:
+            table = table.select(columns)
+        return table.to_pandas()

@@ -1,0 +1,190 @@
+"""The cross-rank phase one rank at a time (analyzer/analyses/crossrank.py) and the per-rank
+tables on disk past a memory budget (analyzer/ingest/spill.py).
+
+Oracle: the whole-table functions (``clock.clock_offsets``, ``collectives.match_ranks``,
+``by_kind``, ``commsplit.wait_transfer`` / ``rank_kind_split``) on the concatenated table of
+every rank, which the report used before it streamed; and ``analyzer report`` with every rank
+held in memory. The hand-built job: 6 gloo ranks, each clock shifted by its own offset, 120
+all_reduces on the world group and 60 all_gathers on a 3-rank group, starts jittered by a
+seeded generator so that every rank is sometimes the last to start.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzer.analyses import clock, collectives, commsplit, crossrank
+from analyzer.ingest import spill
+from analyzer.ingest.pipeline import load_tables
+from tests.inputs import bad_input, cli, copy_run
+from tests.merge.builders import meta, write, x
+
+RANKS = 6
+HALF = [0, 2, 4]  # the all_gather group
+N_REDUCE, N_GATHER = 120, 60
+
+
+def _rank(rank: int, world: int = RANKS, n_reduce: int = N_REDUCE, n_gather: int = N_GATHER
+          ) -> dict:
+    """One rank: every 100 µs of true time one collective slot, the all_gathers in every
+    other slot of the first 2 x n_gather; a rank outside ``HALF`` leaves those slots empty."""
+    rng = np.random.default_rng(rank)
+    pid, main, gloo = 1000 + rank, 1000 + rank, 2000 + rank
+    clock_us = 5_000 + 777 * rank  # each rank's own clock offset
+    ev = [meta(pid, 0, "process_name", name="python3"),
+          meta(pid, main, "thread_name", name=f"thread {main} (python3)"),
+          meta(pid, gloo, "thread_name", name=f"thread {gloo} (pt_gloo_runloop)")]
+    slots = [("all_gather", "1", HALF) if k < 2 * n_gather and k % 2 else
+             ("all_reduce", "0", list(range(world))) for k in range(n_reduce + n_gather)]
+    per_step = 20
+    for k, (kind, pg, members) in enumerate(slots):
+        t = 100 * k
+        if k % per_step == 0:
+            ev.append(x(f"ProfilerStep#{k // per_step}", clock_us + t, per_step * 100,
+                        pid=pid, tid=main, cat="user_annotation"))
+        ev.append(x("aten::mm", clock_us + t, 8, pid=pid, tid=main))
+        if rank not in members:
+            continue
+        start = t + 10 + int(rng.integers(0, 30))
+        end = t + 80  # ends agree across ranks (true time)
+        ev.append(x("c10d::allreduce_" if kind == "all_reduce" else "c10d::allgather_",
+                    clock_us + start - 5, 3, pid=pid, tid=main,
+                    **{"Process Group Name": pg, "Process Group Ranks": str(members),
+                       "Group size": len(members), "dtype": "Float", "In msg nelems": 1024,
+                       "Out msg nelems": 1024 * (len(members) if kind == "all_gather" else 1)}))
+        ev.append(x(f"gloo:{kind}", clock_us + start, end - start, pid=pid, tid=gloo))
+    return {"schemaVersion": 1, "traceEvents": ev,
+            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world,
+                                "pg_count": 2,
+                                "pg_config": [{"pg_name": "0", "pg_size": world,
+                                               "ranks": list(range(world))},
+                                              {"pg_name": "1", "pg_size": 3, "ranks": HALF}]}}
+
+
+def _job(folder: Path, ranks: int = RANKS, **kw) -> Path:
+    for r in range(ranks):
+        write(folder / f"rank{r}.trace.json", _rank(r, ranks, **kw))
+    return folder
+
+
+@pytest.fixture()
+def job_dir(tmp_path):
+    return _job(tmp_path / "job")
+
+
+@pytest.fixture(params=["held", "spilled"])
+def budget(request, monkeypatch):
+    """Every rank's tables in memory, or every rank's on disk; several ranks per reduction."""
+    monkeypatch.setenv(spill.ENV, "1G" if request.param == "held" else "0")
+    monkeypatch.setattr(crossrank, "BATCH_ROWS", 250)  # several reductions of 1-2 ranks' rows
+    return request.param
+
+
+def test_streamed_figures_equal_the_whole_table_functions(job_dir, budget):
+    job = load_tables(job_dir)
+    assert all(bool(rt.spilled) == (budget == "spilled") for rt in job.ranks)
+    coll = job.collectives
+    assert set(coll["kind"]) == {"all_reduce", "all_gather"}
+    ranks = [rt.rank for rt in job.ranks]
+
+    off = crossrank.clock_offsets(job)
+    pd.testing.assert_frame_equal(off, clock.clock_offsets(coll, ranks))
+    assert off["n_matched"].tolist() == [180, 120, 180, 120, 180, 120]  # rank 0: the reference
+    assert off["offset_ns"].tolist() == [777_000 * r for r in range(RANKS)]
+
+    want = collectives.match_ranks(coll, off)
+    pd.testing.assert_frame_equal(crossrank.match_ranks(job, off), want)
+    assert set(want["straggler_rank"]) == set(range(RANKS))  # the jitter moves the straggler
+    pd.testing.assert_frame_equal(crossrank.kind_table(job), collectives.by_kind(coll))
+
+    split = commsplit.wait_transfer(coll, off)
+    assert split["wait_ns"].sum() > 0
+    steps = job.breakdown.groupby("rank")["step"].nunique()
+    parts = crossrank.comm_parts(job, off, steps)
+    pd.testing.assert_frame_equal(parts["ranks"], commsplit.rank_kind_split(coll, split, steps))
+    pd.testing.assert_frame_equal(parts["whole"], collectives.by_kind(coll))
+    moved = collectives.by_kind(coll.assign(dur_ns=split["transfer_ns"].to_numpy()))
+    pd.testing.assert_frame_equal(parts["moved"], moved)
+
+
+def test_spilled_ranks_give_the_report_of_held_ranks(tmp_path, monkeypatch, job_dir, ddp_run,
+                                                     fsdp_run):
+    copy_run(ddp_run, job_dir.parent / "runs" / "ddp")
+    copy_run(fsdp_run, job_dir.parent / "runs" / "fsdp")
+    reports = {}
+    for how, size in (("held", "1G"), ("spilled", "0")):
+        monkeypatch.setenv(spill.ENV, size)
+        for name, src in (("job", job_dir), ("runs", job_dir.parent / "runs")):
+            out = tmp_path / f"{how}-{name}"
+            proc = cli("report", str(src), "--out", str(out), "--format", "json")
+            assert proc.returncode == 0, proc.stderr
+            reports[how, name] = json.loads((out / "report.json").read_text())
+    for name in ("job", "runs"):
+        assert reports["spilled", name] == reports["held", name]
+    fsdp = next(r for r in reports["spilled", "runs"]["runs"] if r["name"] == "fsdp")
+    assert fsdp["prefetch"]["units"]  # FSDP units went through the disk too
+    assert reports["held", "job"]["runs"][0]["comm_groups"]
+
+
+def test_the_disk_folder_goes_with_its_job(job_dir, monkeypatch):
+    monkeypatch.setenv(spill.ENV, "0")
+    job = load_tables(job_dir)
+    folder = job.spill.folder
+    assert folder is not None and len(list(folder.iterdir())) == 2 * RANKS
+    del job
+    gc.collect()
+    assert not folder.exists()
+
+
+def test_held_bytes_stay_under_the_budget(job_dir, monkeypatch):
+    one = spill.frame_bytes(load_tables(job_dir).ranks[0].collectives)
+    monkeypatch.setenv(spill.ENV, str(3 * one))
+    job = load_tables(job_dir)
+    held = [rt.rank for rt in job.ranks if not rt.spilled]
+    assert 1 <= len(held) < RANKS and job.spill.held_bytes <= 3 * one
+
+
+def test_a_bad_budget_is_one_line(job_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv(spill.ENV, "lots")
+    bad_input(cli("report", str(job_dir), "--out", str(tmp_path / "o")), spill.ENV, "not a size")
+
+
+def _phase_peak(folder: Path) -> tuple[int, int, int]:
+    """(bytes of the job's collectives, peak traced bytes of the streamed cross-rank phase,
+    of the same offsets computed on the concatenated table)."""
+    job = load_tables(folder, jobs=2)
+    whole = spill.frame_bytes(job.collectives)
+    steps = job.breakdown.groupby("rank")["step"].nunique()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        off = crossrank.clock_offsets(job)
+        crossrank.comm_parts(job, off, steps)
+        crossrank.match_ranks(job, off)
+        streamed = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        clock.clock_offsets(job.collectives)
+        concatenated = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return whole, streamed, concatenated
+
+
+def test_cross_rank_phase_memory_does_not_follow_the_ranks(tmp_path, monkeypatch):
+    """8 and 32 ranks x 1,800 collectives, ranks on disk: the streamed phase (offsets, split,
+    per-instance matching) grows by under a quarter of what the concatenated table grows by,
+    and peaks under a quarter of it at 32 ranks; the same offsets on the concatenated table
+    hold more than half of it."""
+    monkeypatch.setenv(spill.ENV, "0")
+    monkeypatch.setattr(crossrank, "BATCH_ROWS", 1800)  # about one rank's, as at 4,096 ranks
+    small = _phase_peak(_job(tmp_path / "8", ranks=8, n_reduce=1200, n_gather=600))
+    big = _phase_peak(_job(tmp_path / "32", ranks=32, n_reduce=1200, n_gather=600))
+    assert big[1] - small[1] < (big[0] - small[0]) / 4, (small, big)
+    assert big[1] < big[0] / 4 < big[2] / 2, big
