@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from analyzer.cli.outpaths import input_path
+
 from analyzer.cli.richout import Format
 
 
@@ -15,8 +17,8 @@ def register(app, run) -> None:
 
     @app.command()
     def drift(
-        old: Annotated[Path, typer.Argument(help="Earlier (golden) run directory.")],
-        new: Annotated[Path, typer.Argument(help="Later run directory.")],
+        old: Annotated[Path, typer.Argument(parser=input_path, help="Earlier (golden) run directory.")],
+        new: Annotated[Path, typer.Argument(parser=input_path, help="Later run directory.")],
         fmt: Annotated[Format, typer.Option("--format", help="table or json.")] = Format.table,
         rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,

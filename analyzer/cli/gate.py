@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from analyzer.cli.outpaths import input_path
+
 if TYPE_CHECKING:
     from analyzer.contract.report_types import RunEntry
 
@@ -102,7 +104,7 @@ def register(app, run) -> None:
 
     @app.command("gate", help=GATE_HELP)
     def gate_cmd(
-        directory: Annotated[Path, typer.Argument(help="Traces root or one run directory.")],
+        directory: Annotated[Path, typer.Argument(parser=input_path, help="Traces root or one run directory.")],
         rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=GATE_ALLOW_INCOMPLETE_HELP)] = False,

@@ -7,13 +7,15 @@ from typing import Annotated, Optional
 
 import typer
 
+from analyzer.cli.outpaths import input_path
+
 
 def register(app, run) -> None:
     """Add the ``merge`` command to ``app``; ``run`` maps typed errors to exit codes."""
 
     @app.command()
     def merge(
-        directory: Annotated[Path, typer.Argument(help="Run directory, folder of per-rank traces, or one trace file.")],
+        directory: Annotated[Path, typer.Argument(parser=input_path, help="Run directory, folder of per-rank traces, or one trace file.")],
         out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Merged trace "
                        "(default DIR/merged.trace.json.gz; gzip when it ends in .gz).")] = None,
         steps: Annotated[Optional[str], typer.Option("--steps", help="ProfilerStep numbers to keep: "

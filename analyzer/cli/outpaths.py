@@ -67,3 +67,13 @@ def _writable(option: str, example: str) -> str:
     if example:
         return f"pass {option} a file in a writable folder, e.g. {option} /tmp/{example}"
     return f"pass {option} to a writable folder"
+
+
+def input_path(value: str) -> Path:
+    """An input path argument as typed: an empty one is a usage error, not the current folder
+    (``Path("")`` is ``.``). typer ``parser=`` of every command's input argument."""
+    if not str(value).strip():
+        import typer
+
+        raise typer.BadParameter("an empty path; give the folder or file to read")
+    return Path(value)

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from analyzer.cli.outpaths import input_path
+
 if TYPE_CHECKING:
     from analyzer.contract.report_types import AnalysisOptions, Report
 
@@ -28,8 +30,10 @@ DEVICE_MEMORY_HELP = (
     "says per run whether its largest per-rank peak fits, and with how much to spare.")
 SCHEDULER_HELP = (
     "Parse the ranks on this Dask scheduler's workers (tcp://HOST:PORT; default "
-    "$DASK_SCHEDULER_ADDRESS; 'local' or unset: the local cores). Workers must see the traces "
-    "at the same absolute path (a shared filesystem). Needs paritytrace[dask].")
+    "$DASK_SCHEDULER_ADDRESS; 'local' or unset: the local cores). Workers see the traces at "
+    "the same absolute path (a shared filesystem), or, when this machine does not have DIR, "
+    "each worker host lists its own traces there (then --out is needed). Needs "
+    "paritytrace[dask].")
 TABLES_OUT_HELP = (
     "Also write the per-rank tables to this folder (DIR) as a hive-partitioned Parquet dataset "
     "(DIR/<table>/run=<run>/rank=<rank>/part-0.parquet) for DuckDB / pandas / polars. DIR: new, "
@@ -96,7 +100,16 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
     from analyzer.contract import report_types
     from reports import cache, html, markdown
 
-    if not root.is_dir():
+    from analyzer.contract.errors import BadInput, Reason
+    from analyzer.ingest import hostlocal
+
+    # traces only the Dask workers' hosts hold (analyzer/ingest/hostlocal.py)
+    remote = scheduler is not None and not hostlocal.client_sees(root)
+    if remote and out is None:
+        raise BadInput(root, Reason.BAD_OPTION, "is not on this machine: the Dask workers read "
+                       "the traces there, so there is no folder here to write the report in",
+                       "pass --out FOLDER")
+    if not remote and not root.is_dir():
         from analyzer.ingest import rundirs
 
         rundirs.discover(root)  # raises the one-line BadInput: missing, or not a trace file
@@ -108,15 +121,17 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
         outpaths.check_out(tables_out, option="--tables-out", what="the tables dataset")
         dataset.check_target(tables_out, root)
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
-    key = cache.key(root, out, options)
-    hit = cache.load_entry(root, out, key) if tables_out is None else None
+    key = None if remote else cache.key(root, out, options)
+    hit = cache.load_entry(root, out, key) if tables_out is None and key is not None else None
     if hit is None:
         from analyzer.ingest import cluster, pool
 
         said: list[str] = []
         with contextlib.ExitStack() as stack:
             if scheduler is not None:  # ranks parsed by the Dask cluster's workers
-                stack.enter_context(cluster.connected(scheduler))
+                dask_map = stack.enter_context(cluster.connected(scheduler))
+                if remote:
+                    stack.enter_context(hostlocal.remote_job(root, dask_map))
             stack.enter_context(said_on_stderr(said))
             if scheduler is None:
                 # workers start now and import the per-rank analysis while this process
@@ -145,7 +160,7 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
             outpaths.write_out(out / f"report.{f}", text, option="--out")
             written[f"report.{f}"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
     stale, left = _remove_stale(out, formats, written)
-    if hit is None:
+    if hit is None and key is not None:
         cache.store(root, out, key, report_json, said)
     wrote = ", ".join(f"report.{f}" for f in FORMATS if f in formats)
     lines = [f"{out}: removed {', '.join(stale)} of an earlier analysis (this one wrote "
@@ -201,7 +216,7 @@ def register(app, run) -> None:
 
     @app.command("report")
     def report_cmd(
-        directory: Annotated[Path, typer.Argument(help="Traces root, one run directory, a folder of foreign traces, or one trace file.")],
+        directory: Annotated[Path, typer.Argument(parser=input_path, help="Traces root, one run directory, a folder of foreign traces, or one trace file.")],
         out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default DIR/report; FILE.report for one trace file).")] = None,
         fmt: Annotated[str, typer.Option("--format", help="Comma-separated: md,json,html.")] = "md,json,html",
         rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from analyzer.cli.outpaths import input_path
+
 from analyzer.cli.richout import Format
 
 
@@ -20,7 +22,7 @@ def register(app, run) -> None:
 
     @app.command()
     def summary(
-        path: Annotated[Path, typer.Argument(help="Run directory, folder of traces, or a trace file.")],
+        path: Annotated[Path, typer.Argument(parser=input_path, help="Run directory, folder of traces, or a trace file.")],
         fmt: Annotated[Format, typer.Option("--format", help="table (rich) or json.")] = Format.table,
         output: Annotated[Path | None, typer.Option("--output", "-o",
                                                     help="Write the JSON here instead of stdout (with --format json only).")] = None,

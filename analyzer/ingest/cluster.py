@@ -6,13 +6,16 @@ submits one Dask task per trace instead of using local processes. Everything els
 the per-rank tables caches the client can read, the rank rule, the checks, the cross-rank
 phase -- stays in this process, which receives only each rank's small tables.
 
-Where the traces are (the path rule): the client and every worker see the input folder at the
-same absolute path (a shared filesystem: NFS, Lustre, GPFS, a bind mount of the same share).
-The client discovers the traces and sends each worker a path made absolute on the client; a
-worker that cannot read it says so as for a local run (``unreadable``, naming the trace). Traces
-local to each host must first be put on such a share (or copied to one host). The per-rank
-tables cache is written where the worker sees the trace (beside it when the folder is writable,
-else the worker's ``$XDG_CACHE_HOME``), so a second run reads it back without Dask.
+Where the traces are (the path rule): when the client sees the input, the client and every
+worker see it at the same absolute path (a shared filesystem: NFS, Lustre, GPFS, a bind mount
+of the same share). The client discovers the traces and sends each worker a path made absolute
+on the client; a worker that cannot read it says so as for a local run (``unreadable``, naming
+the trace). When the client does not see the input, the traces are local to worker hosts: the
+workers list them and each is parsed on a host that holds it (analyzer/ingest/hostlocal.py
+states that rule; ``pinned`` sends a trace only to its hosts). The per-rank tables cache is
+written where the worker sees the trace (beside it when the folder is writable, else the
+worker's ``$XDG_CACHE_HOME``), so a second run from a client that sees it reads it back without
+Dask.
 
 Failures, each one line, never a hang:
 
@@ -26,7 +29,8 @@ Failures, each one line, never a hang:
   scheduler; one that kills ``distributed.scheduler.allowed-failures`` + 1 workers (default
   3 + 1) raises ``ParityTraceError`` naming it;
 * no worker connected, or the scheduler unreachable, for ``PARITYTRACE_DASK_TIMEOUT_S`` while
-  traces wait: ``ParityTraceError`` naming them. The waiting traces are cancelled on the way out.
+  traces wait: ``ParityTraceError`` naming them; likewise for traces pinned to hosts where no
+  worker is connected, naming the hosts. The waiting traces are cancelled on the way out.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def scheduler_address(option: str | None) -> str | None:
     return None if not address or address == LOCAL else address
 
 
-def _fingerprint() -> str:
+def fingerprint() -> str:
     """This process's per-rank tables code and library versions (the cache key of nothing)."""
     from analyzer.ingest.cachekey import cache_key
     from analyzer.ingest.pipeline import CODE_MODULES
@@ -79,11 +83,11 @@ def _fingerprint() -> str:
     return cache_key("", CODE_MODULES)
 
 
-def _call(fn: Callable[[Any], Any], item: Any, fingerprint: str, where: str) -> Any:
+def _call(fn: Callable[[Any], Any], item: Any, expected: str, where: str) -> Any:
     """The task run on a worker: refuse other code, then ``fn(item)`` (``item`` a path made
     absolute on the client; the result's ``path`` set back to ``where``'s relative form)."""
-    mine = _fingerprint()
-    if mine != fingerprint:
+    mine = fingerprint()
+    if mine != expected:
         from distributed import get_worker
 
         raise BadInput(get_worker().address, Reason.BAD_OPTION,
@@ -101,7 +105,8 @@ def _call(fn: Callable[[Any], Any], item: Any, fingerprint: str, where: str) -> 
 def connected(address: str) -> Iterator[Callable[..., list]]:
     """Make the Dask scheduler at ``address`` the per-rank map of ``pool.run_all`` inside the
     block, connecting on the first map that has traces to parse (when every rank is cached it
-    is never contacted). Yields the map (``fn``, items, keep) -> results. Raises ``BadInput``
+    is never contacted). Yields the map (``fn``, items, keep) -> results, whose ``client()``
+    connects now and returns the ``distributed.Client``. Raises ``BadInput``
     (exit 2) when dask.distributed is not installed, the address is malformed or no scheduler
     answers within ``timeout_s()``."""
     from analyzer.ingest import pool
@@ -113,13 +118,18 @@ def connected(address: str) -> Iterator[Callable[..., list]]:
     clients: list[Any] = []
     try:
         with contextlib.ExitStack() as stack:
+            def client() -> Any:
+                if not clients:
+                    clients.append(stack.enter_context(_client(address, wait_s)))
+                return clients[0]
+
             def run(fn: Callable[[Any], Any], items: Sequence[Any],
                     keep: Callable[[Any], Any] | None = None) -> list:
                 if not items:  # every rank cached: the scheduler is never contacted
                     return []
-                if not clients:
-                    clients.append(stack.enter_context(_client(address, wait_s)))
-                return dask_map(clients[0], address, fn, items, wait_s=wait_s, keep=keep)
+                return dask_map(client(), address, fn, items, wait_s=wait_s, keep=keep)
+
+            run.client = client  # type: ignore[attr-defined]  # hostlocal.py lists with it
 
             pool.push_map(run)
             try:
@@ -165,16 +175,19 @@ def dask_map(client, address: str, fn: Callable[[Any], Any], items: Sequence[Any
 
     if not items:
         return []
-    finger = _fingerprint()
+    finger = fingerprint()
     futures = {}
     for i, x in enumerate(items):
         sent = Path(os.path.abspath(x)) if isinstance(x, Path) else x
+        hosts = _PINS.get(str(sent))  # a trace only these hosts hold (hostlocal.py)
         f = client.submit(_call, fn, sent, finger, str(x), pure=False, retries=RETRIES,
-                          key=f"paritytrace-rank-{i}-{os.urandom(6).hex()}")
+                          key=f"paritytrace-rank-{i}-{os.urandom(6).hex()}",
+                          workers=hosts, allow_other_workers=False if hosts else None)
         futures[f] = i
     out: dict[int, Any] = {}
     done_q = as_completed(list(futures), loop=client.loop)
     stalled_since: float | None = None
+    orphaned_since: float | None = None
     next_check = 0.0
     try:
         while len(out) < len(items):
@@ -206,6 +219,16 @@ def dask_map(client, address: str, fn: Callable[[Any], Any], items: Sequence[Any
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + 0.5
+                left = [i for i in range(len(items)) if i not in out]
+                orphans = _orphans(client, [items[i] for i in left])
+                orphaned_since = (orphaned_since or now) if orphans else None
+                if orphaned_since is not None and now - orphaned_since >= wait_s:
+                    raise ParityTraceError(
+                        f"{', '.join(map(str, orphans[:5]))}{' ...' if len(orphans) > 5 else ''}"
+                        f": waited {wait_s:g} s for a Dask worker on the host(s) that hold "
+                        f"{'it' if len(orphans) == 1 else 'these traces'} "
+                        f"({', '.join(sorted({h for o in orphans for h in _PINS.get(str(o), [])}))}), "
+                        f"none connected to {address}; restart the worker(s) there and rerun")
                 if _stalled(client):
                     stalled_since = stalled_since or now
                     if now - stalled_since >= wait_s:
@@ -224,6 +247,45 @@ def dask_map(client, address: str, fn: Callable[[Any], Any], items: Sequence[Any
             with contextlib.suppress(Exception):
                 client.cancel([f for f, i in futures.items() if i not in out])
     return [out[i] for i in range(len(items))]
+
+
+_PINS: dict[str, list[str]] = {}
+"""Trace (absolute path) -> the hosts whose workers may parse it: traces local to worker
+hosts (analyzer/ingest/hostlocal.py); a trace not here goes to any worker."""
+
+
+@contextlib.contextmanager
+def pinned(pins: dict[str, list[str]]) -> Iterator[None]:
+    """Send each trace of ``pins`` only to workers on its hosts inside the block."""
+    _PINS.update(pins)
+    try:
+        yield
+    finally:
+        for k in pins:
+            _PINS.pop(k, None)
+
+
+def _orphans(client, items: Sequence[Any]) -> list[Any]:
+    """The pinned ``items`` none of whose hosts has a worker connected now."""
+    key = {id(x): str(Path(os.path.abspath(x))) if isinstance(x, Path) else str(x) for x in items}
+    pinned_items = [x for x in items if key[id(x)] in _PINS]
+    if not pinned_items:
+        return []
+    try:
+        alive = {worker_host(a) for a in client.scheduler_info(n_workers=-1).get("workers", {})}
+    except TypeError:  # an older distributed without n_workers
+        alive = {worker_host(a) for a in client.scheduler_info().get("workers", {})}
+    except OSError:
+        return []  # the scheduler is gone: _stalled says so
+    return [x for x in pinned_items if not alive & set(_PINS[key[id(x)]])]
+
+
+def worker_host(address: str) -> str:
+    """The host of a worker address (``tcp://10.0.0.5:40123`` -> ``10.0.0.5``): what Dask's
+    ``workers=`` restriction takes for "any worker on that host"."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(address).hostname or address
 
 
 def _stalled(client) -> bool:

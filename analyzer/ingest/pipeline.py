@@ -9,9 +9,12 @@ Each rank is decoded, classified and reduced to its small tables in a worker pro
 (analyzer/ingest/pool.py), or a Dask worker with ``--scheduler`` (analyzer/ingest/cluster.py),
 which sends back only them: the parent never holds any rank's events and each worker one
 rank's at a time, so peak memory follows (largest rank) x (workers), not the sum of the ranks.
-The parent holds every rank's small tables (kB per rank) and their join, the job's tables.
-With ``--tables-out`` each job's tables are also written as a Parquet dataset
-(analyzer/ingest/dataset.py).
+The parent holds each rank's small tables (step windows, breakdown, one step's timeline:
+rows per step) and, until the job's pass ``PARITYTRACE_TABLES_MEMORY``, its collectives and
+prefetch tables; past that budget each arriving rank's two are put on disk
+(analyzer/ingest/spill.py) and the cross-rank phase reads one rank at a time
+(``JobTables.each``, analyzer/analyses/crossrank.py). With ``--tables-out`` each job's tables
+are also written as a Parquet dataset (analyzer/ingest/dataset.py).
 
 Rank rule (DESIGN.md "Trace semantics"): ``distributedInfo.rank`` when every file has one; a
 single file without one is rank 0 of 1; several files without one take the number from a

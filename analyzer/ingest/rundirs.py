@@ -30,8 +30,10 @@ walked or read again. ``find_job`` is the same walk for the commands that take o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -313,6 +315,21 @@ def _linked_runs(root: Path, children: list[Path], skipped: list[str]) -> list[P
     return sorted(children)
 
 
+_ELSEWHERE: dict[Path, Discovery] = {}
+"""Jobs whose traces only the Dask workers' hosts hold (analyzer/ingest/hostlocal.py)."""
+
+
+@contextlib.contextmanager
+def elsewhere(found: Discovery) -> Iterator[None]:
+    """Inside the block ``discover(found.root)`` returns ``found`` (a job the Dask workers
+    listed on their hosts; this machine has no such folder)."""
+    _ELSEWHERE[found.root] = found
+    try:
+        yield
+    finally:
+        _ELSEWHERE.pop(found.root, None)
+
+
 def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     """Classify ``root`` and list its runs. ``root`` may also be one trace file (a foreign job
     of one file). Raises ``BadInput`` naming the folder when it is missing, empty of runs and
@@ -322,6 +339,8 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     warning), the output folders of ``analyzer report`` (``OUTPUT_FILES``, whatever their name),
     and sub-folders with no trace and no tracer file.
     """
+    if Path(root) in _ELSEWHERE:
+        return _ELSEWHERE[Path(root)]
     root = _existing(Path(root))
     if root.is_file():
         return Discovery(root=root, layout="foreign", runs=[_trace_file(root)])

@@ -10,7 +10,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from analyzer.contract.errors import BadInput, ExitCode, Reason
+from tests.inputs import cli
 
 REPO = Path(__file__).parents[2]
 PRODUCT = [p for pkg in ("analyzer", "reports", "tracer") for p in sorted((REPO / pkg).rglob("*.py"))]
@@ -88,3 +91,13 @@ def test_report_run_does_not_import_rich(tmp_path):
                 if line.startswith("import time:")}
     assert "typer" in imported  # the check itself sees imports
     assert "rich.console" not in imported
+
+
+@pytest.mark.parametrize("args", [("report", ""), ("summary", ""), ("merge", ""), ("gate", ""),
+                                  ("drift", "", "x"), ("report", " ")])
+def test_an_empty_path_is_a_usage_error_not_the_current_folder(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # "." would be an empty folder: a different error
+    proc = cli(*args)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "an empty path" in lines[0] and "Traceback" not in proc.stderr

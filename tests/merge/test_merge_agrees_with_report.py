@@ -120,7 +120,7 @@ def test_the_check_can_fail(tmp_path, monkeypatch):
 
     def other_kind(*args, **kwargs):
         job = pipeline.load_run(*args, **kwargs)
-        job.collectives.loc[0, "kind"] = "barrier"  # the trace runs no barrier
+        job.ranks[0].collectives.loc[0, "kind"] = "barrier"  # the trace runs no barrier
         return job
 
     folder = tmp_path / "tb"
