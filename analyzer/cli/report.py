@@ -32,7 +32,7 @@ SCHEDULER_HELP = (
     "Parse the ranks on this Dask scheduler's workers (tcp://HOST:PORT; default "
     "$DASK_SCHEDULER_ADDRESS; 'local' or unset: the local cores). Workers see the traces at "
     "the same absolute path (a shared filesystem), or, when this machine does not have DIR, "
-    "each worker host lists its own traces there (then --out is needed). Needs "
+    "each worker host lists its own traces there (report then needs --out). Needs "
     "paritytrace[dask].")
 TABLES_OUT_HELP = (
     "Also write the per-rank tables to this folder (DIR) as a hive-partitioned Parquet dataset "

@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 
 from analyzer.cli.outpaths import input_path
-
+from analyzer.cli.report import SCHEDULER_HELP
 from analyzer.cli.richout import Format
+from analyzer.contract.errors import BadInput, Reason
 
 
 class _Check(str, enum.Enum):
@@ -32,27 +33,41 @@ def register(app, run) -> None:
             "--allow-incomplete", help="Analyse a run directory without manifest.json.")] = False,
         jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1,
                                                  help="Parser processes (default: min(cpus, ranks)).")] = None,
+        scheduler: Annotated[str | None, typer.Option("--scheduler", help=SCHEDULER_HELP)] = None,
     ) -> None:
         """Time per collective, overlap and exposed communication per rank and ProfilerStep."""
         if output is not None and fmt != Format.json:  # -o writes JSON (its help says so)
             raise typer.BadParameter("writes JSON only: add --format json (the table goes to "
                                      "stdout: redirect it with > FILE)",
                                      param_hint="'--output' / '-o'")
-        run(lambda: _summary(path, fmt, output, crosscheck, allow_incomplete, jobs))
+        run(lambda: _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler))
 
 
-def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs) -> None:
+def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler) -> None:
+    import contextlib
     import json
 
     from analyzer.cli import outpaths
+    from analyzer.ingest import cluster, hostlocal
     from analyzer.ingest.pipeline import load_tables
     from analyzer.analyses.summary import summarize
 
     if output is not None:  # before the analysis: refused at once
         outpaths.check_out(output, option="-o", what="the summary", example="summary.json")
-    # a run directory gets the manifest checks of `report` and `gate` (analyzer/ingest/rundirs.py): a
-    # listed file missing or changed since the record is refused, not summarised partially
-    ts = load_tables(path, allow_incomplete=allow_incomplete, jobs=jobs)
+    address = cluster.scheduler_address(scheduler)
+    with contextlib.ExitStack() as stack:
+        if address is not None:  # ranks parsed by the Dask cluster's workers
+            dask_map = stack.enter_context(cluster.connected(address))
+            if not hostlocal.client_sees(path):
+                if crosscheck is not None:
+                    raise BadInput(path, Reason.BAD_OPTION, "is not on this machine, and "
+                                   "--crosscheck hta reads every trace here",
+                                   "drop --crosscheck, or run it where the traces are")
+                stack.enter_context(hostlocal.remote_job(path, dask_map))
+        # a run directory gets the manifest checks of `report` and `gate`
+        # (analyzer/ingest/rundirs.py): a listed file missing or changed since the record is
+        # refused, not summarised partially
+        ts = load_tables(path, allow_incomplete=allow_incomplete, jobs=jobs)
     s = summarize(ts)
     if crosscheck is not None:
         from analyzer.compare import crosscheck_hta

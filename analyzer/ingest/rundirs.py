@@ -278,6 +278,8 @@ def find_job(path: Path | str, *, allow_incomplete: bool = False) -> RunDir:
     or a folder of foreign traces. Raises ``BadInput``: also for a folder without trace files
     whose sub-folders hold some (naming what to pass instead); a folder with neither is left
     to the ingest (analyzer/ingest/pipeline.py ``load_run``), which refuses it."""
+    if Path(path) in _ELSEWHERE:  # traces the Dask workers' hosts hold (hostlocal.py)
+        return _ELSEWHERE[Path(path)].runs[0]
     path = _existing(Path(path))
     if path.is_file():
         return _trace_file(path)

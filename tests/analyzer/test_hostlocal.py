@@ -73,6 +73,23 @@ def test_traces_only_the_workers_hold_give_the_local_report(tmp_path, local_clus
                   local_cluster.scheduler_address), "relative path")
 
 
+def test_summary_of_traces_only_the_workers_hold_equals_the_local_one(tmp_path, local_cluster,
+                                                                      monkeypatch):
+    here = _job(tmp_path / "here" / "job")
+    there = tmp_path / "there" / "job"
+    shutil.copytree(here, there)
+    local = cli("summary", str(here), "--format", "json")
+    assert local.returncode == 0, local.stderr
+    _hide(monkeypatch, there)
+    remote = cli("summary", str(there), "--format", "json", "--scheduler",
+                 local_cluster.scheduler_address)
+    assert remote.returncode == 0, remote.stderr
+    assert json.loads(remote.stdout.replace(str(there), "ROOT")) == \
+        json.loads(local.stdout.replace(str(here), "ROOT"))
+    bad_input(cli("summary", str(there), "--crosscheck", "hta", "--scheduler",
+                  local_cluster.scheduler_address), "--crosscheck")
+
+
 def test_no_worker_holding_the_folder_is_one_line(tmp_path, local_cluster):
     gone = tmp_path / "nowhere" / "job"
     bad_input(cli("report", str(gone), "--out", str(tmp_path / "o"), "--scheduler",
