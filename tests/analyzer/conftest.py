@@ -32,3 +32,15 @@ def gloo_runs(tmp_path_factory) -> Path:
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    """A Dask cluster on loopback TCP: two in-process workers (one thread each) behind a
+    scheduler; skipped without dask.distributed."""
+    distributed = pytest.importorskip(
+        "distributed", reason="dask[distributed] is not installed (pip install 'paritytrace[dask]')")
+    c = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                 protocol="tcp", host="127.0.0.1", dashboard_address=":0")
+    yield c
+    c.close()

@@ -25,3 +25,10 @@ def copy_folder(dst: Path, files: list[Path]) -> Path:
     for f in files:
         shutil.copy(f, dst / f.name)
     return dst
+
+
+def dask_ranks_ran(c) -> int:
+    """Per-rank tasks (analyzer/ingest/cluster.py ``dask_map``) the Dask cluster ``c``'s
+    scheduler has run to completion so far."""
+    p = c.scheduler.task_prefixes.get("paritytrace-rank")
+    return 0 if p is None else p.state_counts["memory"]

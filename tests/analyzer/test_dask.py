@@ -28,24 +28,8 @@ from analyzer import api  # noqa: E402
 from analyzer.contract.errors import ParityTraceError  # noqa: E402
 from analyzer.ingest import cluster, dataset, spill  # noqa: E402
 from analyzer.ingest.pool import run_all  # noqa: E402
+from tests.analyzer.helpers import dask_ranks_ran  # noqa: E402
 from tests.inputs import DLRM, bad_input, cli, cli_proc, copy_run, need  # noqa: E402
-
-PREFIX = "paritytrace-rank"
-
-
-@pytest.fixture(scope="module")
-def local_cluster():
-    """Two in-process workers (one thread each) behind a scheduler on loopback TCP."""
-    c = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                 protocol="tcp", host="127.0.0.1", dashboard_address=":0")
-    yield c
-    c.close()
-
-
-def _ran(c) -> int:
-    """Per-rank tasks the scheduler has run to completion so far."""
-    p = c.scheduler.task_prefixes.get(PREFIX)
-    return 0 if p is None else p.state_counts["memory"]
 
 
 def _report(out: Path, root: Path) -> dict:
@@ -67,14 +51,14 @@ def _same_report_both_ways(tmp_path, src_copy, c, n_ranks, monkeypatch=None):
         if env_addr is not None:
             os.environ["DASK_SCHEDULER_ADDRESS"] = env_addr
     assert proc.returncode == 0, proc.stderr
-    before = _ran(c)
+    before = dask_ranks_ran(c)
     if monkeypatch is not None:
         monkeypatch.setenv(spill.ENV, "0")
         monkeypatch.setattr(dataset, "BATCH_RANKS", 1)  # each rank's rows written on their own
     proc = cli("report", str(remote), "--out", str(tmp_path / "do"), "--format", "json",
                "--scheduler", c.scheduler_address, "--tables-out", str(tmp_path / "ds"))
     assert proc.returncode == 0, proc.stderr
-    assert _ran(c) - before == n_ranks  # every rank parsed by the cluster's workers
+    assert dask_ranks_ran(c) - before == n_ranks  # every rank parsed by the cluster's workers
     assert _report(tmp_path / "do", remote) == _report(tmp_path / "lo", local)
     return remote
 

@@ -22,22 +22,8 @@ distributed = pytest.importorskip(
 from analyzer.contract.errors import BadInput, ParityTraceError  # noqa: E402
 from analyzer.ingest import cluster, hostlocal  # noqa: E402
 from tests.analyzer.test_crossrank import _job  # noqa: E402
+from tests.analyzer.helpers import dask_ranks_ran  # noqa: E402
 from tests.inputs import bad_input, cli  # noqa: E402
-
-PREFIX = "paritytrace-rank"
-
-
-@pytest.fixture(scope="module")
-def local_cluster():
-    c = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                 protocol="tcp", host="127.0.0.1", dashboard_address=":0")
-    yield c
-    c.close()
-
-
-def _ran(c) -> int:
-    p = c.scheduler.task_prefixes.get(PREFIX)
-    return 0 if p is None else p.state_counts["memory"]
 
 
 def _hide(monkeypatch, folder: Path) -> None:
@@ -59,11 +45,11 @@ def test_traces_only_the_workers_hold_give_the_local_report(tmp_path, local_clus
     assert cli("report", str(here), "--out", str(tmp_path / "lo"), "--format",
                "json").returncode == 0
     _hide(monkeypatch, there)
-    before = _ran(local_cluster)
+    before = dask_ranks_ran(local_cluster)
     proc = cli("report", str(there), "--out", str(tmp_path / "do"), "--format", "json",
                "--scheduler", local_cluster.scheduler_address)
     assert proc.returncode == 0, proc.stderr
-    assert _ran(local_cluster) - before == 6  # every rank parsed on a worker
+    assert dask_ranks_ran(local_cluster) - before == 6  # every rank parsed on a worker
     assert _report(tmp_path / "do", there) == _report(tmp_path / "lo", here)
     # no --out: there is no folder here to write beside; a relative path names nothing there
     bad_input(cli("report", str(there), "--scheduler", local_cluster.scheduler_address),
