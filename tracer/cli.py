@@ -144,17 +144,25 @@ def record(
 
             check_run_dir(configs[0].run_dir)
         else:
+            from tracer.launch import stop_on_signals
             from tracer.record import claim_run_dirs
 
+            # before the lock file exists: a stop signal from here on is one clean-up
+            stop_on_signals()
             claim_run_dirs(configs)
     except ValueError as exc:
         _fail(ExitCode.BAD_INPUT, str(exc))
+    except KeyboardInterrupt:  # claim_run_dirs released what it had taken
+        _fail(ExitCode.INTERRUPTED, _INTERRUPTED)
     if under_torchrun:
         from tracer.worker import worker_main
 
         worker_main(configs[0])
         return
     _record_here(configs)
+
+
+_INTERRUPTED = "interrupted; all workers stopped, the interrupted run has no manifest"
 
 
 def _given(ctx: typer.Context, option: str) -> bool:
@@ -164,9 +172,9 @@ def _given(ctx: typer.Context, option: str) -> bool:
 
 
 def _record_here(configs) -> None:
-    from tracer.launch import RecordFailed, stop_on_signals
+    from tracer.launch import RecordFailed
 
-    stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: one clean-up, before torch is imported
+    # Ctrl-C, SIGTERM, SIGHUP: one clean-up (stop_on_signals, installed before the claim)
     logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
     try:
         from tracer.record import record_local
@@ -177,7 +185,7 @@ def _record_here(configs) -> None:
     except ValueError as exc:
         _fail(ExitCode.BAD_INPUT, str(exc))
     except KeyboardInterrupt:
-        _fail(ExitCode.INTERRUPTED, "interrupted; all workers stopped, the interrupted run has no manifest")
+        _fail(ExitCode.INTERRUPTED, _INTERRUPTED)
     for run_dir in run_dirs:
         typer.echo(f"recorded {run_dir}")
 

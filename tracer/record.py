@@ -199,7 +199,7 @@ def claim_run_dirs(configs: list[RecordConfig]) -> None:
     (``rundir.check_run_dir``) and take its record lock (``rundir.lock_run_dir``, held until
     ``record_local`` ends or the process exits), so a refused or concurrent record stops at
     once with one line. Raises ``ValueError`` (``rundir.RunDirBusy`` for a held lock); on a
-    raise no lock is kept."""
+    raise, a stop signal's ``KeyboardInterrupt`` included, no lock is kept."""
     from tracer.rundir import check_run_dir, lock_run_dir
 
     try:
@@ -210,7 +210,7 @@ def claim_run_dirs(configs: list[RecordConfig]) -> None:
                 lock_run_dir(cfg.run_dir)
             except OSError as exc:
                 raise _cannot_prepare(cfg.run_dir, exc) from None
-    except ValueError:
+    except (ValueError, KeyboardInterrupt):
         _release(configs)
         raise
 
