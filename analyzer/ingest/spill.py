@@ -21,10 +21,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import tempfile
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -52,8 +54,18 @@ def budget_bytes() -> int:
 
 
 def frame_bytes(df: pd.DataFrame) -> int:
-    """Bytes ``df`` holds, strings included (pandas' deep count)."""
-    return int(df.memory_usage(index=False, deep=True).sum()) if len(df) else 0
+    """Bytes ``df`` holds: its arrays (pandas' Arrow-backed strings: their buffers), plus each
+    distinct Python object of its object columns once (rows there often share one object per
+    value, which pandas' deep count would add once per row)."""
+    if not len(df):
+        return 0
+    total = int(df.memory_usage(index=False, deep=False).sum())
+    for name in df.columns[df.dtypes == object]:
+        values = df[name].to_numpy()
+        ids = np.fromiter(map(id, values), np.int64, len(values))
+        _, first = np.unique(ids, return_index=True)
+        total += sum(sys.getsizeof(values[i]) for i in first.tolist())
+    return total
 
 
 class Spill:
@@ -103,9 +115,14 @@ class Spill:
 
 
 def _write(path: Path, name: str, df: pd.DataFrame) -> None:
+    """``df`` as an Arrow IPC file, string columns dictionary-encoded (a process group's
+    member list, kB at thousands of ranks, is written once, not once per collective)."""
     table = pa.Table.from_pandas(df, preserve_index=False)
     if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[name]):
         raise ValueError(f"table {name}: {why}")
+    table = pa.table([c.dictionary_encode() if pa.types.is_string(c.type)
+                      or pa.types.is_large_string(c.type) else c for c in table.columns],
+                     names=table.column_names)
     try:
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
             w.write_table(table)
@@ -116,9 +133,13 @@ def _write(path: Path, name: str, df: pd.DataFrame) -> None:
 
 
 def read(path: str, columns: list[str] | None = None) -> pd.DataFrame:
-    """The table ``Spill.keep`` wrote at ``path``, only ``columns`` (None: all), as pandas."""
+    """The table ``Spill.keep`` wrote at ``path``, only ``columns`` (None: all), as pandas:
+    string columns decoded back to strings (object columns, one Python object per distinct
+    value, as the cache's read gives)."""
     with pa.memory_map(path) as src:
         table = pa.ipc.open_file(src).read_all()
         if columns is not None:
             table = table.select(columns)
+        table = pa.table([c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c
+                          for c in table.columns], names=table.column_names)
         return table.to_pandas()

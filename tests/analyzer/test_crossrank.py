@@ -188,3 +188,20 @@ def test_cross_rank_phase_memory_does_not_follow_the_ranks(tmp_path, monkeypatch
     big = _phase_peak(_job(tmp_path / "32", ranks=32, n_reduce=1200, n_gather=600))
     assert big[1] - small[1] < (big[0] - small[0]) / 4, (small, big)
     assert big[1] < big[0] / 4 < big[2] / 2, big
+
+
+def test_a_member_list_on_every_collective_is_written_once(job_dir, monkeypatch):
+    """4,096 members as text (23 kB) on every collective of a rank: the file on disk holds it
+    once (dictionary-encoded) and reads back equal; the budget counts what memory holds."""
+    monkeypatch.setenv(spill.ENV, "1G")
+    rt = load_tables(job_dir).ranks[0]
+    members = str(list(range(4096)))
+    rt.collectives["pg_ranks"] = [members] * len(rt.collectives)
+    want = rt.collectives.copy()
+    held = spill.frame_bytes(want)
+    assert held >= int(want.memory_usage(index=False, deep=False).sum())
+    store = spill.Spill(budget=0)
+    store.keep(rt)
+    on_disk = Path(rt.spilled["collectives"]).stat().st_size
+    assert on_disk < len(want) * 400 + 2 * len(members) < len(want) * len(members) / 10
+    pd.testing.assert_frame_equal(spill.read(rt.spilled["collectives"]), want)
