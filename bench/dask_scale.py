@@ -16,12 +16,32 @@
    bench/bench_scale.py ``build``: ~42 MB of JSON per rank): the local pool, a 2-worker Dask
    cluster on this machine (processes, one thread each) and HTA (``TraceAnalysis`` +
    ``get_comm_comp_overlap``) in one table, cold, median of ``--repeat``.
+3. **Collective-heavy ranks.** The cross-rank phase with every rank's collectives held in
+   memory against the default budget (analyzer/ingest/spill.py, ``PARITYTRACE_TABLES_MEMORY``).
+   For each size N (``--heavy``, default 256, 512, 1024): N synthetic gloo ranks of world N
+   (tests/analyzer/test_crossrank.py ``_rank``; ``--heavy-collectives`` C per rank, two thirds
+   all_reduces on the world group, a third all_gathers on a 3-rank group that ranks 0, 2, 4
+   run, so the other ranks hold 2C/3), gzip ``.json.gz``. One cold ``analyzer report DIR
+   --format json`` fills the per-rank table caches (timed; its report.json is the one both
+   others must equal); then, report cache dropped and table caches kept (so that reading the
+   caches and the cross-rank phase are the work), the same report with
+   ``PARITYTRACE_TABLES_MEMORY=1T`` (every rank held: the report before the spill) and with it
+   unset (default 256 MiB). Measured: wall time and the client's peak RSS (tree); printed
+   with the bytes of the job's collectives table (pandas' deep count, ``spill.frame_bytes``
+   summed over the ranks, read in this process one rank at a time), the ratios default /
+   held, whether report.json is the same, and per mode the peak RSS growth per 1,000 ranks
+   between consecutive sizes. Each all_reduce row carries its
+   group's ranks as text (``pg_ranks``, "[0, 1, ..., N-1]", as PyTorch writes "Process Group
+   Ranks"): about 5 N bytes, so a rank's table grows with N and the job's with N^2 (at
+   1,024 ranks ~97 % of it). C is kept small (default 300) so that 1,024 ranks hold ~1 GiB
+   and the section takes ~6 minutes on 2 cores.
 
 Peak RSS is polled every 5 ms from /proc (bench/bench_scale.py ``measure``). Timings on a
 shared 2-core machine vary by 30-50 %; the load average is printed alongside.
 
 Usage: ``python3 bench/dask_scale.py [--ranks 1024,2048,4096] [--workers 2] [--local]
-[--repeat 1] [--no-x50] [--no-hta] [--keep DIR]``.
+[--repeat 1] [--no-scale] [--no-x50] [--no-hta] [--heavy 256,512,1024]
+[--heavy-collectives 300] [--no-heavy] [--keep DIR]``.
 """
 
 from __future__ import annotations
@@ -38,6 +58,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import msgspec
@@ -244,6 +265,87 @@ def x50(args, tmp: Path, xdg: Path, cl: Cluster) -> None:
               "percentage points")
 
 
+def _write_heavy(job: tuple[Path, int, int, int, int]) -> int:
+    """Write rank ``r`` of world ``n`` (``_rank`` of tests/analyzer/test_crossrank.py) as gzip
+    JSON; return its bytes."""
+    from tests.analyzer.test_crossrank import _rank
+    from tests.merge.builders import write
+
+    folder, r, n, n_reduce, n_gather = job
+    return write(folder / f"rank{r}.json.gz", _rank(r, n, n_reduce, n_gather)).stat().st_size
+
+
+def collectives_bytes(traces: Path) -> int:
+    """Bytes of the job's collectives table (``spill.frame_bytes``), one rank at a time."""
+    from analyzer.ingest import spill
+    from analyzer.ingest.pipeline import load_tables
+
+    os.environ[spill.ENV] = "0"  # every rank on disk: this process holds one at a time
+    try:
+        job = load_tables(traces)
+        return sum(spill.frame_bytes(c) for _, c in job.each("collectives"))
+    finally:
+        os.environ.pop(spill.ENV)
+
+
+def heavy(args, tmp: Path, xdg: Path) -> None:
+    sizes = [int(s) for s in args.heavy.split(",")]
+    c = args.heavy_collectives
+    n_reduce, n_gather = c - c // 3, c // 3
+    os.environ.pop("PARITYTRACE_TABLES_MEMORY", None)  # the subprocesses' budget: default
+    rows = []
+    for n in sizes:
+        traces = tmp / f"heavy{n}"
+        traces.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        with ProcessPoolExecutor(os.cpu_count()) as ex:
+            total = sum(ex.map(_write_heavy, [(traces, r, n, n_reduce, n_gather)
+                                              for r in range(n)], chunksize=16))
+        print(f"built {n} ranks x {c} collectives ({total / 1e6:.0f} MB gzip) in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        drop_caches(traces, xdg)
+        cold = measure(report_cmd(traces, tmp / f"heavy-cold{n}"))
+        coll = collectives_bytes(traces)
+        print(f"  cold (fills the table caches): {cold.wall_s:.1f} s, client "
+              f"{gib(cold.tree_rss_bytes)}; collectives table {coll / 2**20:.0f} MiB", flush=True)
+        runs = {}
+        for mode, budget in (("held", "1T"), ("default", None)):
+            drop_caches(traces, xdg, tables=False)
+            if budget:
+                os.environ["PARITYTRACE_TABLES_MEMORY"] = budget
+            try:
+                runs[mode] = measure(report_cmd(traces, tmp / f"heavy-{mode}{n}"))
+            finally:
+                os.environ.pop("PARITYTRACE_TABLES_MEMORY", None)
+            print(f"  warm, {mode}: {runs[mode].wall_s:.1f} s, client "
+                  f"{gib(runs[mode].tree_rss_bytes)}, load {os.getloadavg()[0]:.1f}", flush=True)
+        same = all(json.loads((tmp / f"heavy-{m}{n}" / "report.json").read_text()) ==
+                   json.loads((tmp / f"heavy-cold{n}" / "report.json").read_text())
+                   for m in runs)
+        rows.append((n, coll, cold, runs["held"], runs["default"], same))
+        if not args.keep:
+            shutil.rmtree(traces, ignore_errors=True)
+    print()
+    print(f"| ranks (world N, {c} collectives each) | collectives table | cold s | "
+          "warm s, held | warm s, default | wall held / default | peak RSS, held | "
+          "peak RSS, default | RSS default / held | report.json same |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for n, coll, cold, h, d, same in rows:
+        print(f"| {n} | {coll / 2**20:.0f} MiB | {cold.wall_s:.1f} | {h.wall_s:.1f} | "
+              f"{d.wall_s:.1f} | {h.wall_s / d.wall_s:.2f} | {gib(h.tree_rss_bytes)} | "
+              f"{gib(d.tree_rss_bytes)} | {d.tree_rss_bytes / h.tree_rss_bytes:.2f} | "
+              f"{'yes' if same else 'NO'} |")
+    for i, mode in ((3, "held"), (4, "default")):
+        slopes = [(a[0], b[0], (b[i].tree_rss_bytes - a[i].tree_rss_bytes) / (b[0] - a[0]))
+                  for a, b in zip(rows, rows[1:])]
+        slopes = [f"{a}->{b}: {d * 1000 / 2**20:+.0f}" for a, b, d in slopes]
+        print(f"peak RSS growth per 1,000 ranks, {mode}: {', '.join(slopes) or '-'} MiB")
+    print("(warm: per-rank table caches kept, report cache dropped; held: "
+          "PARITYTRACE_TABLES_MEMORY=1T; default: unset, 256 MiB; report.json compared with "
+          "the cold run's)")
+    print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", default="1024,2048,4096", help="comma-separated sizes")
@@ -253,6 +355,11 @@ def main() -> None:
     ap.add_argument("--no-x50", action="store_true", help="skip the DLRM x50 table")
     ap.add_argument("--no-scale", action="store_true", help="skip the thousands-of-ranks table")
     ap.add_argument("--no-hta", action="store_true", help="skip HTA")
+    ap.add_argument("--heavy", default="256,512,1024",
+                    help="comma-separated sizes of the collective-heavy table")
+    ap.add_argument("--heavy-collectives", type=int, default=300,
+                    help="collectives per rank of the collective-heavy table (default 300)")
+    ap.add_argument("--no-heavy", action="store_true", help="skip the collective-heavy table")
     ap.add_argument("--keep", type=Path, help="work here and keep the files")
     args = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
@@ -266,15 +373,21 @@ def main() -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     xdg = tmp / "xdg-cache"
     os.environ["XDG_CACHE_HOME"] = str(xdg)  # every subprocess's caches, ours to drop
-    cl = Cluster(args.workers, tmp)
-    print(f"cluster: {cl.address}, {args.workers} worker processes x 1 thread", flush=True)
+    cl = None
     try:
+        if not (args.no_scale and args.no_x50):
+            cl = Cluster(args.workers, tmp)
+            print(f"cluster: {cl.address}, {args.workers} worker processes x 1 thread",
+                  flush=True)
         if not args.no_scale:
             scale(args, tmp, xdg, cl)
         if not args.no_x50:
             x50(args, tmp, xdg, cl)
+        if not args.no_heavy:
+            heavy(args, tmp, xdg)
     finally:
-        cl.close()
+        if cl is not None:
+            cl.close()
         print(f"load average after: {os.getloadavg()[0]:.2f}")
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
