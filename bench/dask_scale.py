@@ -19,7 +19,7 @@
 3. **Collective-heavy ranks.** The cross-rank phase with every rank's collectives held in
    memory against the default budget (analyzer/ingest/spill.py, ``PARITYTRACE_TABLES_MEMORY``).
    For each size N (``--heavy``, default 256, 512, 1024): N synthetic gloo ranks of world N
-   (tests/analyzer/test_crossrank.py ``_rank``; ``--heavy-collectives`` C per rank, two thirds
+   (tests/analyzer/helpers.py ``gloo_rank``; ``--heavy-collectives`` C per rank, two thirds
    all_reduces on the world group, a third all_gathers on a 3-rank group that ranks 0, 2, 4
    run, so the other ranks hold 2C/3), gzip ``.json.gz``. One cold ``analyzer report DIR
    --format json`` fills the per-rank table caches (timed; its report.json is the one both
@@ -266,13 +266,13 @@ def x50(args, tmp: Path, xdg: Path, cl: Cluster) -> None:
 
 
 def _write_heavy(job: tuple[Path, int, int, int, int]) -> int:
-    """Write rank ``r`` of world ``n`` (``_rank`` of tests/analyzer/test_crossrank.py) as gzip
+    """Write rank ``r`` of world ``n`` (``gloo_rank`` of tests/analyzer/helpers.py) as gzip
     JSON; return its bytes."""
-    from tests.analyzer.test_crossrank import _rank
+    from tests.analyzer.helpers import gloo_rank
     from tests.merge.builders import write
 
     folder, r, n, n_reduce, n_gather = job
-    return write(folder / f"rank{r}.json.gz", _rank(r, n, n_reduce, n_gather)).stat().st_size
+    return write(folder / f"rank{r}.json.gz", gloo_rank(r, n, n_reduce, n_gather)).stat().st_size
 
 
 def collectives_bytes(traces: Path) -> int:

@@ -24,54 +24,13 @@ from analyzer.analyses import clock, collectives, commsplit, crossrank
 from analyzer.ingest import spill
 from analyzer.ingest.pipeline import load_tables
 from tests.inputs import bad_input, cli, copy_run
-from tests.merge.builders import meta, write, x
+from tests.analyzer.helpers import gloo_job
 
 RANKS = 6
-HALF = [0, 2, 4]  # the all_gather group
-N_REDUCE, N_GATHER = 120, 60
-
-
-def _rank(rank: int, world: int = RANKS, n_reduce: int = N_REDUCE, n_gather: int = N_GATHER
-          ) -> dict:
-    """One rank: every 100 µs of true time one collective slot, the all_gathers in every
-    other slot of the first 2 x n_gather; a rank outside ``HALF`` leaves those slots empty."""
-    rng = np.random.default_rng(rank)
-    pid, main, gloo = 1000 + rank, 1000 + rank, 2000 + rank
-    clock_us = 5_000 + 777 * rank  # each rank's own clock offset
-    ev = [meta(pid, 0, "process_name", name="python3"),
-          meta(pid, main, "thread_name", name=f"thread {main} (python3)"),
-          meta(pid, gloo, "thread_name", name=f"thread {gloo} (pt_gloo_runloop)")]
-    slots = [("all_gather", "1", HALF) if k < 2 * n_gather and k % 2 else
-             ("all_reduce", "0", list(range(world))) for k in range(n_reduce + n_gather)]
-    per_step = 20
-    for k, (kind, pg, members) in enumerate(slots):
-        t = 100 * k
-        if k % per_step == 0:
-            ev.append(x(f"ProfilerStep#{k // per_step}", clock_us + t, per_step * 100,
-                        pid=pid, tid=main, cat="user_annotation"))
-        ev.append(x("aten::mm", clock_us + t, 8, pid=pid, tid=main))
-        if rank not in members:
-            continue
-        start = t + 10 + int(rng.integers(0, 30))
-        end = t + 80  # ends agree across ranks (true time)
-        ev.append(x("c10d::allreduce_" if kind == "all_reduce" else "c10d::allgather_",
-                    clock_us + start - 5, 3, pid=pid, tid=main,
-                    **{"Process Group Name": pg, "Process Group Ranks": str(members),
-                       "Group size": len(members), "dtype": "Float", "In msg nelems": 1024,
-                       "Out msg nelems": 1024 * (len(members) if kind == "all_gather" else 1)}))
-        ev.append(x(f"gloo:{kind}", clock_us + start, end - start, pid=pid, tid=gloo))
-    return {"schemaVersion": 1, "traceEvents": ev,
-            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world,
-                                "pg_count": 2,
-                                "pg_config": [{"pg_name": "0", "pg_size": world,
-                                               "ranks": list(range(world))},
-                                              {"pg_name": "1", "pg_size": 3, "ranks": HALF}]}}
 
 
 def _job(folder: Path, ranks: int = RANKS, **kw) -> Path:
-    for r in range(ranks):
-        write(folder / f"rank{r}.trace.json", _rank(r, ranks, **kw))
-    return folder
+    return gloo_job(folder, ranks, **kw)
 
 
 @pytest.fixture()

@@ -21,7 +21,7 @@ distributed = pytest.importorskip(
 
 from analyzer.contract.errors import BadInput, ParityTraceError  # noqa: E402
 from analyzer.ingest import cluster, hostlocal  # noqa: E402
-from tests.analyzer.test_crossrank import _job  # noqa: E402
+from tests.analyzer.helpers import gloo_job as _job  # noqa: E402
 from tests.analyzer.helpers import dask_ranks_ran  # noqa: E402
 from tests.inputs import bad_input, cli  # noqa: E402
 
