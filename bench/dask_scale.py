@@ -27,7 +27,7 @@
    caches and the cross-rank phase are the work), the same report with
    ``PARITYTRACE_TABLES_MEMORY=1T`` (every rank held: the report before the spill) and with it
    unset (default 256 MiB). Measured: wall time and the client's peak RSS (tree); printed
-   with the bytes of the job's collectives table (pandas' deep count, ``spill.frame_bytes``
+   with the bytes of the job's collectives table (``spill.frame_bytes``: what pandas holds,
    summed over the ranks, read in this process one rank at a time), the ratios default /
    held, whether report.json is the same, and per mode the peak RSS growth per 1,000 ranks
    between consecutive sizes. Each all_reduce row carries its
