@@ -1,21 +1,24 @@
-"""The cross-rank phase, one rank at a time: what ``report`` and ``summary`` compute across a
+"""The cross-rank phase in batches of ranks: what ``report`` and ``summary`` compute across a
 job's ranks without holding every rank's collectives or prefetch rows at once.
 
-Each function walks ``JobTables.each`` (a rank's table read from memory or from disk,
-analyzer/ingest/spill.py) and keeps only what the rule it streams needs:
+Each function walks ``JobTables.batches`` (consecutive ranks' tables, read from memory or from
+disk, analyzer/ingest/spill.py, up to ``pipeline.BATCH_BYTES`` at a time) and keeps only what
+the rule it streams needs:
 - clock offsets (analyzer/analyses/clock.py): the reference rank's matchable collectives, then
   each other rank against them;
 - the transfer/wait split (analyzer/analyses/commsplit.py): per collective instance (pg, kind,
-  seq) the latest aligned start and the number of ranks that ran it, reduced rank by rank,
-  then each rank's split against it;
-- per rank and kind, per (kind, process group, dtype) and per FSDP unit: that rank's sums,
-  joined across ranks in rank order;
-- ``match_ranks`` (analyzer/analyses/collectives.py): per (pg, seq) its extremes, reduced rank
-  by rank.
-Memory: one rank's rows, plus one row per collective instance of the job (about one rank's
-collectives: every rank of an SPMD job runs the same ones) and a few rows per rank. Results
-equal the functions named above on the concatenated table (tests/analyzer/test_crossrank.py),
-except float means over FSDP units, which sum per rank first (within a few ulp).
+  seq) the latest aligned start and the number of ranks that ran it, reduced batch by batch,
+  then each batch's split against it;
+- per rank and kind, per (rank, kind, process group, dtype) and per FSDP unit: sums, joined
+  across batches in rank order;
+- ``match_ranks`` (analyzer/analyses/collectives.py): per (pg, seq) its extremes, reduced
+  batch by batch.
+Every rule above is per rank or an associative reduction over ranks, so a batch of ranks is
+computed as the whole table would be. Memory: one batch, plus one row per collective instance
+of the job (about one rank's collectives: every rank of an SPMD job runs the same ones) and a
+few rows per rank. Results equal the functions named above on the concatenated table
+(tests/analyzer/test_crossrank.py); the FSDP-unit means sum per batch first (equal when the job
+is one batch, within a few ulp otherwise).
 """
 
 from __future__ import annotations
@@ -29,73 +32,88 @@ from analyzer.analyses import clock
 from analyzer.analyses.collectives import by_kind
 from analyzer.analyses.commsplit import instance_keys, latest_starts, rank_kind_split, wait_transfer
 
-BATCH_ROWS = 1 << 18
-"""Per-instance rows of several ranks gathered before they are reduced into the running
-per-instance table (fewer reductions; at most ~20 MB besides that table)."""
-_JOIN_EVERY = 16
-"""Per-rank pieces joined into one frame every this many ranks."""
+REDUCE_ROWS = 1 << 18
+"""Per-instance rows gathered before they are reduced into the running per-instance table
+(fewer reductions; at most ~20 MB besides that table)."""
 _OFFSET_COLS = ["rank", "pg", "kind", "event_idx", "start_ns", "end_ns"]
+
+
+class _Reduction:
+    """Rows added batch by batch and folded with ``fold`` (rows -> the same columns, one row
+    per key) whenever ``REDUCE_ROWS`` have gathered: an associative reduction whose memory is
+    its result plus ``REDUCE_ROWS`` rows."""
+
+    def __init__(self, fold) -> None:
+        self.fold = fold
+        self.acc: pd.DataFrame | None = None
+        self.parts: list[pd.DataFrame] = []
+        self.rows = 0
+
+    def add(self, rows: pd.DataFrame) -> None:
+        if len(rows):
+            self.parts.append(rows)
+            self.rows += len(rows)
+        if self.rows >= REDUCE_ROWS:
+            self.result()
+
+    def result(self) -> pd.DataFrame | None:
+        if self.parts:
+            self.acc = self.fold(pd.concat(([] if self.acc is None else [self.acc]) + self.parts,
+                                           ignore_index=True))
+            self.parts, self.rows = [], 0
+        return self.acc
 
 
 def clock_offsets(job) -> pd.DataFrame:
     """``clock.clock_offsets(job.collectives, ranks)``: each rank's offset to the lowest rank,
-    holding the lowest rank's matchable collectives and one other rank's at a time."""
+    holding the lowest rank's matchable collectives and one batch of ranks at a time."""
     ranks = [rt.rank for rt in job.ranks]
     if not ranks:
         return clock.offsets_frame([])
     ref = min(ranks)
     ref_rt = next(rt for rt in job.ranks if rt.rank == ref)
-    ref_seq = clock.sequenced(job.rank_table(ref_rt, "collectives", _OFFSET_COLS))
-    ref_rows = clock.reference(ref_seq, ref)
+    ref_rows = clock.reference(
+        clock.sequenced(job.rank_table(ref_rt, "collectives", _OFFSET_COLS)), ref)
     shared: set[tuple] = set()  # the reference's instances some other rank also ran
     rows = []
-    for rt, coll in job.each("collectives", _OFFSET_COLS):
-        if rt.rank == ref:
-            rows.append(None)
-            continue
-        seq = clock.sequenced(coll)
+    for held, coll in job.batches("collectives", _OFFSET_COLS):
+        seq = clock.sequenced(coll[coll["rank"] != ref])
         mine = seq.merge(ref_rows, on=clock.KEY) if len(seq) and len(ref_rows) else \
             pd.DataFrame(columns=[*seq.columns, "ref_start_ns", "ref_end_ns"])
         shared.update(mine[clock.KEY].itertuples(index=False, name=None))
-        rows.append(clock.offset_row(rt.rank, mine))
+        by_rank = dict(iter(mine.groupby("rank", sort=False))) if len(mine) else {}
+        empty = mine.iloc[:0]
+        rows += [None if rt.rank == ref else clock.offset_row(rt.rank, by_rank.get(rt.rank, empty))
+                 for rt in held]
     rows = [(ref, 0, 0, 0, 0, len(shared), True) if r is None else r for r in rows]
     return clock.offsets_frame(rows)
 
 
 def instances(job, offsets: pd.DataFrame) -> pd.DataFrame:
     """``commsplit.latest_starts`` over every rank of ``job`` (aligned by ``offsets``),
-    reduced every ``BATCH_ROWS`` rows."""
-    cols = ["rank", "pg", "kind", "start_ns"]
-    acc: pd.DataFrame | None = None
-    batch: list[pd.DataFrame] = []
-
-    def reduce(parts: list[pd.DataFrame]) -> pd.DataFrame:
-        keys = pd.concat(parts, ignore_index=True)
-        return latest_starts(keys).reset_index()
-
-    for i, (_, coll) in enumerate(job.each("collectives", cols)):
+    indexed by (pg, kind, seq)."""
+    red = _Reduction(lambda t: latest_starts(t).reset_index())
+    for _, coll in job.batches("collectives", ["rank", "pg", "kind", "start_ns"]):
         if len(coll):  # as latest_starts' own rows, so that every column stays int64
             keys = instance_keys(coll, offsets)
-            batch.append(pd.DataFrame({"pg": keys["pg"], "kind": keys["kind"], "seq": keys["seq"],
-                                       "latest": keys["start"], "n_ranks": 1}))
-        if batch and (sum(map(len, batch)) >= BATCH_ROWS or i == len(job.ranks) - 1):
-            acc = reduce(([] if acc is None else [acc]) + batch)
-            batch = []
+            red.add(pd.DataFrame({"pg": keys["pg"], "kind": keys["kind"], "seq": keys["seq"],
+                                  "latest": keys["start"], "n_ranks": 1}))
+    acc = red.result()
     if acc is None:
         return latest_starts(pd.DataFrame({"pg": [], "kind": [], "seq": [], "start": []}))
     return acc.set_index(["pg", "kind", "seq"])
 
 
 def each_split(job, offsets: pd.DataFrame, inst: pd.DataFrame
-               ) -> Iterator[tuple[object, pd.DataFrame, pd.DataFrame]]:
-    """(rank tables, its collectives, ``wait_transfer`` of them against every rank's
-    ``inst``) per rank in rank order."""
-    for rt, coll in job.each("collectives"):
-        yield rt, coll, wait_transfer(coll, offsets, inst)
+               ) -> Iterator[tuple[list, pd.DataFrame, pd.DataFrame]]:
+    """(the batch's rank tables, their collectives, ``wait_transfer`` of them against every
+    rank's ``inst``) per batch of ranks, in rank order."""
+    for held, coll in job.batches("collectives"):
+        yield held, coll, wait_transfer(coll, offsets, inst)
 
 
 def joined(parts: list[pd.DataFrame], columns: list[str] | None = None) -> pd.DataFrame:
-    """The per-rank frames ``parts`` one below the other (fresh index); empty frames left out
+    """The frames ``parts`` one below the other (fresh index); empty frames left out
     (``columns``: an all-empty result's)."""
     keep = [p for p in parts if len(p)]
     if not keep:
@@ -106,11 +124,11 @@ def joined(parts: list[pd.DataFrame], columns: list[str] | None = None) -> pd.Da
 
 def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
                ) -> dict[str, pd.DataFrame] | None:
-    """The per-rank pieces ``analyzer/compare/runs.py`` builds the communication figures from,
-    each the concatenation in rank order of what the named function gives on one rank's rows:
-    whole (``by_kind``), inside (``by_kind`` of the rows in profiled steps), unknown (per kind:
+    """The pieces ``analyzer/compare/runs.py`` builds the communication figures from, each the
+    concatenation in rank order of what the named function gives on a batch of ranks: whole
+    (``by_kind``), inside (``by_kind`` of the rows in profiled steps), unknown (per kind:
     instances without bytes), ranks (``rank_kind_split``), moved (``by_kind`` with transfer time
-    as the duration), groups (per kind, pg and dtype: count, time_ns, bytes, known, unknown,
+    as the duration), groups (per rank, kind, pg and dtype: count, time_ns, bytes, known,
     bus_bytes, bus_time_ns, transfer_bus_bytes, transfer_bus_time_ns, group_sizes, pg_ranks).
     None when no rank has a collective."""
     inst = instances(job, offsets)
@@ -128,32 +146,31 @@ def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
         moved = coll.assign(dur_ns=split["transfer_ns"].to_numpy())
         out["moved"].append(by_kind(moved))
         out["groups"].append(_group_part(coll, moved))
-        if len(out["whole"]) >= _JOIN_EVERY:  # a frame per rank costs kB of pandas overhead
-            out = {k: [joined(v)] for k, v in out.items()}
     if not out["whole"]:
         return None
     return {k: joined(v) for k, v in out.items()}
 
 
 def _group_part(coll: pd.DataFrame, moved: pd.DataFrame) -> pd.DataFrame:
-    """One rank's sums per (kind, pg, dtype): ``by_kind`` with the rank column replaced by the
-    group's code, so bus bytes are summed exactly as ``by_kind`` sums them on the group."""
+    """Sums per (rank, kind, pg, dtype) in that order: ``by_kind`` with the rank column replaced
+    by the cell's code, so bus bytes are summed exactly as ``by_kind`` sums them per rank."""
     kind = coll["kind"].astype(str).to_numpy()  # as str: a row without a kind is "nan" here
     codes, uniq = pd.factorize(pd.MultiIndex.from_arrays(
-        [kind, coll["pg"].to_numpy(), coll["dtype"].to_numpy()]), sort=True)
+        [coll["rank"].to_numpy(), kind, coll["pg"].to_numpy(), coll["dtype"].to_numpy()]),
+        sort=True)
     k = by_kind(coll.assign(rank=codes, kind=kind))
     t = by_kind(moved.assign(rank=codes, kind=kind))
-    known = coll["bytes"].to_numpy() >= 0
-    sets = pd.DataFrame({"g": codes, "known": known, "gs": coll["group_size"].to_numpy(),
-                         "pr": coll["pg_ranks"].to_numpy()}).groupby("g", sort=True)
-    extra = sets.agg(known=("known", "sum"), group_sizes=("gs", lambda s: frozenset(s.tolist())),
-                     pg_ranks=("pr", lambda s: frozenset(s.tolist())))
+    cells = pd.DataFrame({"g": codes, "known": coll["bytes"].to_numpy() >= 0,
+                          "gs": coll["group_size"].to_numpy(),
+                          "pr": coll["pg_ranks"].to_numpy()}).groupby("g", sort=True)
+    extra = cells.agg(known=("known", "sum"), group_sizes=("gs", lambda s: frozenset(s.tolist())),
+                      pg_ranks=("pr", lambda s: frozenset(s.tolist())))
     g = k["rank"].to_numpy()
     return pd.DataFrame({
-        "kind": [uniq[i][0] for i in g], "pg": [uniq[i][1] for i in g],
-        "dtype": [uniq[i][2] for i in g], "count": k["count"].to_numpy(),
-        "time_ns": k["time_ns"].to_numpy(), "bytes": k["bytes"].clip(lower=0).to_numpy(),
-        "known": extra.loc[g, "known"].to_numpy(),
+        "rank": [uniq[i][0] for i in g], "kind": [uniq[i][1] for i in g],
+        "pg": [uniq[i][2] for i in g], "dtype": [uniq[i][3] for i in g],
+        "count": k["count"].to_numpy(), "time_ns": k["time_ns"].to_numpy(),
+        "bytes": k["bytes"].clip(lower=0).to_numpy(), "known": extra.loc[g, "known"].to_numpy(),
         "bus_bytes": k["bus_bytes"].to_numpy(), "bus_time_ns": k["bus_time_ns"].to_numpy(),
         "transfer_bus_bytes": t["bus_bytes"].to_numpy(),
         "transfer_bus_time_ns": t["bus_time_ns"].to_numpy(),
@@ -162,63 +179,56 @@ def _group_part(coll: pd.DataFrame, moved: pd.DataFrame) -> pd.DataFrame:
 
 
 def kind_table(job) -> pd.DataFrame:
-    """``by_kind(job.collectives)``, one rank at a time."""
-    return joined([by_kind(c) for _, c in job.each("collectives")],
+    """``by_kind(job.collectives)``, a batch of ranks at a time."""
+    return joined([by_kind(c) for _, c in job.batches("collectives")],
                   ["rank", "kind", "count", "time_ns", "bytes", "algbw_gbps", "busbw_gbps",
                    "bus_bytes", "bus_time_ns"])
 
 
+def _fold_instances(t: pd.DataFrame) -> pd.DataFrame:
+    """``match_ranks``' per-(pg, seq) reduction of rows with the same columns."""
+    last = (t.sort_values(["last_start", "straggler_rank"], ascending=[False, True],
+                          kind="stable")
+            .drop_duplicates(["pg", "seq"]).set_index(["pg", "seq"])["straggler_rank"])
+    g = t.groupby(["pg", "seq"], sort=True).agg(
+        n_ranks=("n_ranks", "sum"), start_ns=("start_ns", "min"),
+        last_start=("last_start", "max"), transfer_ns=("transfer_ns", "min"),
+        max_wait_ns=("max_wait_ns", "max"))
+    g["straggler_rank"] = last.reindex(g.index)
+    return g.reset_index()
+
+
 def match_ranks(job, offsets: pd.DataFrame) -> pd.DataFrame:
-    """``collectives.match_ranks(job.collectives, offsets)``, one rank at a time: per (pg, seq)
-    the first and last aligned start (the last's lowest rank on a tie, as ``idxmax`` over the
-    rank-ordered table), the shortest transfer, the longest wait, the ranks, and per kind the
-    ranks that ran it (the kind is their mode, ties to the smallest name)."""
+    """``collectives.match_ranks(job.collectives, offsets)``, a batch of ranks at a time: per
+    (pg, seq) the first and last aligned start (the last's lowest rank on a tie, as ``idxmax``
+    over the rank-ordered table), the shortest transfer, the longest wait, the ranks, and per
+    kind the ranks that ran it (the kind is their mode, ties to the smallest name)."""
     cols = ["pg", "seq", "kind", "n_ranks", "start_ns", "start_skew_ns", "transfer_ns",
             "max_wait_ns", "straggler_rank", "kinds_agree"]
     inst = instances(job, offsets)
     shift = dict(zip(offsets["rank"].astype(int), offsets["offset_ns"].astype(int)))
-    acc: pd.DataFrame | None = None
-    kinds: pd.DataFrame | None = None
-    batch: list[pd.DataFrame] = []
-
-    def reduce(parts: list[pd.DataFrame]) -> pd.DataFrame:
-        t = pd.concat(parts, ignore_index=True)
-        last = (t.sort_values(["last_start", "straggler_rank"], ascending=[False, True],
-                              kind="stable")
-                .drop_duplicates(["pg", "seq"]).set_index(["pg", "seq"])["straggler_rank"])
-        g = t.groupby(["pg", "seq"], sort=True).agg(
-            n_ranks=("n_ranks", "sum"), start_ns=("start_ns", "min"),
-            last_start=("last_start", "max"), transfer_ns=("transfer_ns", "min"),
-            max_wait_ns=("max_wait_ns", "max"))
-        g["straggler_rank"] = last.reindex(g.index)
-        return g.reset_index()
-
-    def count_kinds(parts: list[pd.DataFrame]) -> pd.DataFrame:
-        t = pd.concat(parts, ignore_index=True)
-        return t.groupby(["pg", "seq", "kind"], sort=True)["n"].sum().reset_index()
-
-    kind_parts: list[pd.DataFrame] = []
-    for i, (rt, coll, split) in enumerate(each_split(job, offsets, inst)):
-        if len(coll):
-            start = coll["start_ns"].to_numpy(dtype=np.int64) - shift.get(rt.rank, 0)
-            batch.append(pd.DataFrame({
-                "pg": coll["pg"].to_numpy(), "seq": coll["seq"].to_numpy(),
-                "n_ranks": 1, "start_ns": start, "last_start": start,
-                "transfer_ns": split["transfer_ns"].to_numpy(),
-                "max_wait_ns": split["wait_ns"].to_numpy(), "straggler_rank": rt.rank}))
-            kind_parts.append(pd.DataFrame({"pg": coll["pg"].to_numpy(),
-                                            "seq": coll["seq"].to_numpy(),
-                                            "kind": coll["kind"].to_numpy(), "n": 1}))
-        if batch and (sum(map(len, batch)) >= BATCH_ROWS or i == len(job.ranks) - 1):
-            acc = reduce(([] if acc is None else [acc]) + batch)
-            kinds = count_kinds(([] if kinds is None else [kinds]) + kind_parts)
-            batch, kind_parts = [], []
+    extremes = _Reduction(_fold_instances)
+    kinds = _Reduction(lambda t: t.groupby(["pg", "seq", "kind"], sort=True)["n"].sum()
+                       .reset_index())
+    for _, coll, split in each_split(job, offsets, inst):
+        if coll.empty:
+            continue
+        rank = coll["rank"].to_numpy(dtype=np.int64)
+        start = coll["start_ns"].to_numpy(dtype=np.int64) - np.array(
+            [shift.get(int(r), 0) for r in rank], np.int64)
+        extremes.add(pd.DataFrame({
+            "pg": coll["pg"].to_numpy(), "seq": coll["seq"].to_numpy(), "n_ranks": 1,
+            "start_ns": start, "last_start": start, "transfer_ns": split["transfer_ns"].to_numpy(),
+            "max_wait_ns": split["wait_ns"].to_numpy(), "straggler_rank": rank}))
+        kinds.add(pd.DataFrame({"pg": coll["pg"].to_numpy(), "seq": coll["seq"].to_numpy(),
+                                "kind": coll["kind"].to_numpy(), "n": 1}))
+    acc, counts = extremes.result(), kinds.result()
     if acc is None:
         return pd.DataFrame(columns=cols)
-    top = (kinds.sort_values(["pg", "seq", "n", "kind"], ascending=[True, True, False, True],
-                             kind="stable")
+    top = (counts.sort_values(["pg", "seq", "n", "kind"], ascending=[True, True, False, True],
+                              kind="stable")
            .drop_duplicates(["pg", "seq"]).set_index(["pg", "seq"])["kind"])
-    nkinds = kinds.groupby(["pg", "seq"])["kind"].nunique()
+    nkinds = counts.groupby(["pg", "seq"])["kind"].nunique()
     out = acc.set_index(["pg", "seq"])
     out["kind"] = top.reindex(out.index)
     out["kinds_agree"] = nkinds.reindex(out.index) == 1
@@ -236,7 +246,7 @@ def prefetch_parts(job) -> tuple[pd.DataFrame, dict] | None:
     units: pd.DataFrame | None = None
     total = {"all_gathers": 0, "prefetched": 0, "comm_ns": 0, "hidden_ns": 0, "late": 0,
              "unknown": 0, "wait_ns": 0, "labels": None}
-    for _, pf in job.each("prefetch"):
+    for _, pf in job.batches("prefetch"):
         if pf.empty:
             continue
         part = pf.groupby(["phase", "unit"], sort=False).agg(
@@ -269,4 +279,3 @@ def prefetch_parts(job) -> tuple[pd.DataFrame, dict] | None:
         units[c] = (units[f"{c}_sum"] / units[f"{c}_n"]).where(units[f"{c}_n"] > 0)
     return units[["phase", "unit", "n", "prefetched", "comm_ns", "hidden_frac", "slack_ns",
                   "min_slack_ns"]], total
-

@@ -59,8 +59,6 @@ FORMAT = "paritytrace-tables"
 VERSION = 1
 TABLES = ("breakdown", "collectives", "prefetch", "steps", "timeline", "device_memory", "ranks")
 _PER_RANK = ("steps", "timeline", "device_memory")  # RankTables' own, without a rank column
-BATCH_RANKS = 256
-"""Ranks of a spillable table (analyzer/ingest/spill.py) held and written at once."""
 _OPEN: list["_Writer"] = []  # the innermost open ``writing()``
 
 
@@ -178,15 +176,11 @@ class _Writer:
                 _write_ranks(pa.Table.from_pylist(rows, schema=target), self.stage / name / part,
                              len(job.ranks))
                 wrote = True
-            elif name in SPILLED:  # read and written BATCH_RANKS ranks at a time
-                batch: list[pd.DataFrame] = []
-                for i, (_, df) in enumerate(job.each(name)):
+            elif name in SPILLED:  # read and written a batch of ranks at a time
+                for held, df in job.batches(name):
                     if len(df):
-                        batch.append(df)
-                    if batch and (len(batch) >= BATCH_RANKS or i == len(job.ranks) - 1):
-                        _write_ranks(arrow(pd.concat(batch, ignore_index=True)),
-                                     self.stage / name / part, len(batch))
-                        batch, wrote = [], True
+                        _write_ranks(arrow(df), self.stage / name / part, len(held))
+                        wrote = True
             elif len(tables[name]):
                 _write_ranks(arrow(tables[name]), self.stage / name / part, len(job.ranks))
                 wrote = True

@@ -66,6 +66,8 @@ CODE_MODULES = tuple(_ANALYZER / m for m in (
     "ingest/pipeline.py", "analyses/breakdown.py", "analyses/memory.py",
     "analyses/collectives.py", "analyses/prefetch.py", "analyses/intervals.py"))
 """The modules whose code shapes the cached tables (part of the cache key)."""
+BATCH_BYTES = 64 * 2**20
+"""Bytes of a batch of ranks' table in the cross-rank phase (``JobTables.batches``)."""
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 _META = ("world_size", "device_kind", "distributed_info", "main_tid", "whole_trace_mode",
          "warnings", "timeline_step", "whole_overlap_ns", "whole_comm_ns", "empty", "first_ns")
@@ -171,6 +173,30 @@ class JobTables:
         walks so that it never holds every rank's rows."""
         for rt in self.ranks:
             yield rt, self.rank_table(rt, name, columns)
+
+    def batches(self, name: str, columns: list[str] | None = None,
+                max_bytes: int | None = None):
+        """(the ranks' tables, their tables ``name`` one below the other, in rank order) for
+        consecutive ranks, each batch closed once it holds ``max_bytes`` (default
+        ``BATCH_BYTES``; a rank larger than that is a batch of its own): the cross-rank
+        phase's unit of work, so that a job of many small ranks costs a few pandas calls and
+        one of large ranks holds one batch at a time."""
+        from analyzer.ingest.spill import frame_bytes
+
+        limit = BATCH_BYTES if max_bytes is None else max_bytes
+        names = columns or schemas.TABLE_SCHEMAS[name].names
+        held: list[RankTables] = []
+        frames: list[pd.DataFrame] = []
+        size = 0
+        for rt, df in self.each(name, columns):
+            held.append(rt)
+            frames.append(df)
+            size += frame_bytes(df)
+            if size >= limit:
+                yield held, _concat(frames, names)
+                held, frames, size = [], [], 0
+        if held:
+            yield held, _concat(frames, names)
 
     @property
     def collectives(self) -> pd.DataFrame:
@@ -683,7 +709,7 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
                     whole_trace_mode=bool(whole) and len(whole) == len(ranks), warnings=notes,
                     breakdown=_concat([r.breakdown for r in ranks], schemas.BREAKDOWN_SCHEMA.names),
                     spill=store)
-    check_same_job(root, out.each("collectives", ["rank", "step", "pg", "kind"]),
+    check_same_job(root, out.batches("collectives", ["rank", "step", "pg", "kind"]),
                    {r.rank: r.path for r in ranks})
     if out.missing_ranks:
         notes.append(f"{len(ranks)} of {world} ranks")

@@ -22,6 +22,7 @@ import pytest
 
 from analyzer.analyses import clock, collectives, commsplit, crossrank
 from analyzer.ingest import spill
+from analyzer.ingest import pipeline
 from analyzer.ingest.pipeline import load_tables
 from tests.inputs import bad_input, cli, copy_run
 from tests.analyzer.helpers import gloo_job
@@ -38,12 +39,18 @@ def job_dir(tmp_path):
     return _job(tmp_path / "job")
 
 
-@pytest.fixture(params=["held", "spilled"])
+@pytest.fixture(params=[("held", None), ("spilled", 1), ("spilled", 50_000)],
+                ids=["held-one-batch", "spilled-batch-per-rank", "spilled-batches-of-2"])
 def budget(request, monkeypatch):
-    """Every rank's tables in memory, or every rank's on disk; several ranks per reduction."""
-    monkeypatch.setenv(spill.ENV, "1G" if request.param == "held" else "0")
-    monkeypatch.setattr(crossrank, "BATCH_ROWS", 250)  # several reductions of 1-2 ranks' rows
-    return request.param
+    """Every rank's tables in memory, the job one batch; or every rank's on disk, a batch per
+    rank or per two ranks (a rank's collectives: 24-36 kB); several reductions of 1-2 ranks'
+    rows."""
+    how, batch = request.param
+    monkeypatch.setenv(spill.ENV, "1G" if how == "held" else "0")
+    monkeypatch.setattr(crossrank, "REDUCE_ROWS", 250)
+    if batch is not None:
+        monkeypatch.setattr(pipeline, "BATCH_BYTES", batch)
+    return how
 
 
 def test_streamed_figures_equal_the_whole_table_functions(job_dir, budget):
@@ -142,7 +149,8 @@ def test_cross_rank_phase_memory_does_not_follow_the_ranks(tmp_path, monkeypatch
     and peaks under a quarter of it at 32 ranks; the same offsets on the concatenated table
     hold more than half of it."""
     monkeypatch.setenv(spill.ENV, "0")
-    monkeypatch.setattr(crossrank, "BATCH_ROWS", 1800)  # about one rank's, as at 4,096 ranks
+    monkeypatch.setattr(crossrank, "REDUCE_ROWS", 1800)  # about one rank's, as at 4,096 ranks
+    monkeypatch.setattr(pipeline, "BATCH_BYTES", 1)  # a batch per rank
     small = _phase_peak(_job(tmp_path / "8", ranks=8, n_reduce=1200, n_gather=600))
     big = _phase_peak(_job(tmp_path / "32", ranks=32, n_reduce=1200, n_gather=600))
     assert big[1] - small[1] < (big[0] - small[0]) / 4, (small, big)

@@ -26,7 +26,7 @@ import pyarrow.dataset as pads  # noqa: E402
 
 from analyzer import api  # noqa: E402
 from analyzer.contract.errors import ParityTraceError  # noqa: E402
-from analyzer.ingest import cluster, dataset, spill  # noqa: E402
+from analyzer.ingest import cluster, dataset, pipeline, spill  # noqa: E402
 from analyzer.ingest.pool import run_all  # noqa: E402
 from tests.analyzer.helpers import dask_ranks_ran  # noqa: E402
 from tests.inputs import DLRM, bad_input, cli, cli_proc, copy_run, need  # noqa: E402
@@ -54,7 +54,7 @@ def _same_report_both_ways(tmp_path, src_copy, c, n_ranks, monkeypatch=None):
     before = dask_ranks_ran(c)
     if monkeypatch is not None:
         monkeypatch.setenv(spill.ENV, "0")
-        monkeypatch.setattr(dataset, "BATCH_RANKS", 1)  # each rank's rows written on their own
+        monkeypatch.setattr(pipeline, "BATCH_BYTES", 1)  # each rank's rows read and written alone
     proc = cli("report", str(remote), "--out", str(tmp_path / "do"), "--format", "json",
                "--scheduler", c.scheduler_address, "--tables-out", str(tmp_path / "ds"))
     assert proc.returncode == 0, proc.stderr
