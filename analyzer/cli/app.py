@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 import sys
 from typing import Annotated, Callable, NoReturn, TypeVar
 
@@ -117,7 +118,13 @@ def run() -> NoReturn:
     """Console-script entry point: ``main``, then, with the output flushed, end the process at
     once (``os._exit``): the interpreter's teardown of pandas / pyarrow costs about 0.1 s and
     does nothing for a finished command (files are written atomically and closed, the parse
-    workers already stopped). ``main`` (tests call it) ends with ``SystemExit`` as usual."""
+    workers already stopped). ``main`` (tests call it) ends with ``SystemExit`` as usual.
+
+    SIGTERM and SIGHUP (a batch system stopping the job, a closed terminal) are a Ctrl-C: the
+    first raises ``KeyboardInterrupt``, so the command cleans up (parse workers, the
+    ``--tables-out`` staging folder, the per-rank tables on disk) and exits 130 with one line;
+    later ones are ignored so the clean-up runs to its end."""
+    _stop_on_signals()
     try:
         main()
         code = 0
@@ -134,7 +141,25 @@ def run() -> NoReturn:
     except (BrokenPipeError, ValueError):
         pass
     logging.shutdown()
+    from analyzer.ingest import spill
+
+    spill.remove_all()  # os._exit runs no finalizer: the per-rank tables on disk go here
     os._exit(code)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM / SIGHUP raise ``KeyboardInterrupt`` once (``run``); a signal inherited as
+    ignored (``nohup``) stays ignored."""
+    stops = (signal.SIGTERM, signal.SIGHUP)
+
+    def on_stop(signum, frame):
+        for s in (*stops, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for s in stops:
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, on_stop)
 
 
 def _quiet_stdout() -> None:

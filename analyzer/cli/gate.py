@@ -109,7 +109,7 @@ def register(app, run) -> None:
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=GATE_ALLOW_INCOMPLETE_HELP)] = False,
         baseline: Annotated[Optional[Path], typer.Option(
-            "--baseline", help="Earlier traces root (or run directory) to compare performance with.")] = None,
+            "--baseline", parser=input_path, help="Earlier traces root (or run directory) to compare performance with.")] = None,
         max_regression: Annotated[Optional[str], typer.Option(
             "--max-regression", help="Allowed slow-down, e.g. 10% or 0.10 (default 10% with --baseline).")] = None,
     ) -> None:

@@ -16,7 +16,7 @@ def register(app, run) -> None:
     @app.command()
     def merge(
         directory: Annotated[Path, typer.Argument(parser=input_path, help="Run directory, folder of per-rank traces, or one trace file.")],
-        out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Merged trace "
+        out: Annotated[Optional[Path], typer.Option("-o", "--out", parser=input_path, help="Merged trace "
                        "(default DIR/merged.trace.json.gz; gzip when it ends in .gz).")] = None,
         steps: Annotated[Optional[str], typer.Option("--steps", help="ProfilerStep numbers to keep: "
                          "N, N-M or N,M (default: everything).")] = None,

@@ -70,10 +70,11 @@ def _writable(option: str, example: str) -> str:
 
 
 def input_path(value: str) -> Path:
-    """An input path argument as typed: an empty one is a usage error, not the current folder
-    (``Path("")`` is ``.``). typer ``parser=`` of every command's input argument."""
+    """A path argument or option as typed: an empty one is a usage error, not the current
+    folder (``Path("")`` is ``.``). typer ``parser=`` of every command's path arguments and
+    options (inputs and outputs)."""
     if not str(value).strip():
         import typer
 
-        raise typer.BadParameter("an empty path; give the folder or file to read")
+        raise typer.BadParameter("an empty path; give a folder or file")
     return Path(value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -101,7 +102,9 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
     from reports import cache, html, markdown
 
     from analyzer.contract.errors import BadInput, Reason
-    from analyzer.ingest import hostlocal
+    from analyzer.ingest import hostlocal, spill
+
+    spill.budget_bytes()  # a bad PARITYTRACE_TABLES_MEMORY is said even when the report is cached
 
     # traces only the Dask workers' hosts hold (analyzer/ingest/hostlocal.py)
     remote = scheduler is not None and not hostlocal.client_sees(root)
@@ -120,6 +123,11 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
 
         outpaths.check_out(tables_out, option="--tables-out", what="the tables dataset")
         dataset.check_target(tables_out, root)
+        a, b = os.path.realpath(out), os.path.realpath(tables_out)
+        if os.path.commonpath([a, b]) in (a, b):  # one inside the other: each would replace
+            raise BadInput(tables_out, Reason.BAD_OPTION, f"overlaps --out {out}: the report "
+                           "and the dataset would each read the other as files they did not "
+                           "write", "give --tables-out and --out two separate folders")
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
     key = None if remote else cache.key(root, out, options)
     hit = cache.load_entry(root, out, key) if tables_out is None and key is not None else None
@@ -217,14 +225,14 @@ def register(app, run) -> None:
     @app.command("report")
     def report_cmd(
         directory: Annotated[Path, typer.Argument(parser=input_path, help="Traces root, one run directory, a folder of foreign traces, or one trace file.")],
-        out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default DIR/report; FILE.report for one trace file).")] = None,
+        out: Annotated[Optional[Path], typer.Option("--out", parser=input_path, help="Output folder (default DIR/report; FILE.report for one trace file).")] = None,
         fmt: Annotated[str, typer.Option("--format", help="Comma-separated: md,json,html.")] = "md,json,html",
         rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
         device_memory: Annotated[Optional[str], typer.Option("--device-memory", help=DEVICE_MEMORY_HELP)] = None,
         scheduler: Annotated[Optional[str], typer.Option("--scheduler", help=SCHEDULER_HELP)] = None,
-        tables_out: Annotated[Optional[Path], typer.Option("--tables-out", help=TABLES_OUT_HELP)] = None,
+        tables_out: Annotated[Optional[Path], typer.Option("--tables-out", parser=input_path, help=TABLES_OUT_HELP)] = None,
     ) -> None:
         """Check parity, attribute time and memory, compare and rank; print report.md."""
         from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride, parse_bytes

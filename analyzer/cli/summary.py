@@ -25,7 +25,7 @@ def register(app, run) -> None:
     def summary(
         path: Annotated[Path, typer.Argument(parser=input_path, help="Run directory, folder of traces, or a trace file.")],
         fmt: Annotated[Format, typer.Option("--format", help="table (rich) or json.")] = Format.table,
-        output: Annotated[Path | None, typer.Option("--output", "-o",
+        output: Annotated[Path | None, typer.Option("--output", "-o", parser=input_path,
                                                     help="Write the JSON here instead of stdout (with --format json only).")] = None,
         crosscheck: Annotated[_Check | None, typer.Option(
             "--crosscheck", help="Also run HolisticTraceAnalysis's overlap and show both.")] = None,

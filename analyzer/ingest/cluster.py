@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -69,10 +70,35 @@ def timeout_s() -> float:
 
 def scheduler_address(option: str | None) -> str | None:
     """The scheduler to use: ``option`` (``--scheduler``), else ``$DASK_SCHEDULER_ADDRESS``;
-    None (or ``local``) means the local process pool."""
+    None (or ``local``) means the local process pool. Raises ``BadInput`` for a port out of
+    1..65535 (said at once, not after a connect timeout)."""
+    from urllib.parse import urlsplit
+
     address = option if option is not None else os.environ.get("DASK_SCHEDULER_ADDRESS")
     address = (address or "").strip()
-    return None if not address or address == LOCAL else address
+    if not address or address == LOCAL:
+        return None
+    try:
+        port = urlsplit(address if "://" in address else f"tcp://{address}").port
+    except ValueError:
+        port = 0
+    if port is not None and not 0 < port < 65536:
+        raise BadInput(address, Reason.BAD_OPTION, "is not a scheduler address (its port is "
+                       "not 1-65535)", "pass the tcp://HOST:PORT `dask scheduler` prints as "
+                       "'Scheduler at'")
+    return address
+
+
+def _quiet_distributed() -> list[tuple[logging.Logger, int]]:
+    """Silence dask.distributed's own loggers (``distributed``, ``distributed.client`` ... each
+    has its level and handler): their reconnect, lost-worker and rescheduling lines are said
+    once, in our words. Returns what to restore."""
+    names = ["distributed"] + [n for n in logging.Logger.manager.loggerDict
+                               if n.startswith("distributed.")]
+    saved = [(lg, lg.level) for lg in map(logging.getLogger, names)]
+    for lg, _ in saved:
+        lg.setLevel(logging.CRITICAL + 1)
+    return saved
 
 
 def fingerprint() -> str:
@@ -112,9 +138,7 @@ def connected(address: str) -> Iterator[Callable[..., list]]:
     from analyzer.ingest import pool
 
     wait_s = timeout_s()
-    quiet = logging.getLogger("distributed")  # its reconnect / lost-worker lines: said once by us
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)
+    saved = _quiet_distributed()
     clients: list[Any] = []
     try:
         with contextlib.ExitStack() as stack:
@@ -137,7 +161,8 @@ def connected(address: str) -> Iterator[Callable[..., list]]:
             finally:
                 pool.pop_map(run)
     finally:
-        quiet.setLevel(level)
+        for lg, level in saved:
+            lg.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -149,20 +174,44 @@ def _client(address: str, wait_s: float) -> Iterator[Any]:
         raise BadInput(address, Reason.BAD_OPTION, "--scheduler needs dask.distributed, which "
                        "is not installed", "pip install 'paritytrace[dask]', or drop "
                        "--scheduler to use the local cores") from None
-    try:
-        client = distributed.Client(address, timeout=wait_s, set_as_default=False)
-    except (OSError, ValueError, TypeError) as exc:  # TimeoutError is an OSError
-        why = " ".join(str(exc).split()) or type(exc).__name__
+    saved = _quiet_distributed()  # now that its modules made their loggers
+    made: dict[str, Any] = {}
+
+    def make() -> None:
+        try:
+            made["client"] = distributed.Client(address, timeout=wait_s, set_as_default=False)
+        except BaseException as exc:  # said below, in the caller's thread
+            made["error"] = exc
+
+    # in a thread with a deadline: Dask's timeout does not cover the handshake, so a server
+    # that is not a scheduler (the dashboard's HTTP port) would be waited on forever, and one
+    # that speaks first (an SSH banner) is read as a frame length
+    maker = threading.Thread(target=make, name="paritytrace-dask-connect", daemon=True)
+    maker.start()
+    maker.join(wait_s + 5)
+    if "client" not in made:
+        for lg, level in saved:
+            lg.setLevel(level)
+        exc = made.get("error")
+        if isinstance(exc, KeyboardInterrupt):
+            raise exc
+        why = "no Dask handshake within {:g} s: the dashboard's port (8787) or another " \
+            "service?".format(wait_s + 5) if exc is None else \
+            "what it sent is not Dask's protocol" if isinstance(exc, MemoryError) else \
+            (" ".join(str(exc).split()) or type(exc).__name__)[:200]
         raise BadInput(address, Reason.BAD_OPTION, f"no Dask scheduler answers there ({why})",
-                       "start one (`dask scheduler`) and pass its tcp://HOST:PORT, or leave "
-                       "--scheduler / DASK_SCHEDULER_ADDRESS unset for the local cores"
-                       ) from None
+                       "start one (`dask scheduler`) and pass the tcp://HOST:PORT it prints as "
+                       "'Scheduler at', or leave --scheduler / DASK_SCHEDULER_ADDRESS unset for "
+                       "the local cores")
+    client = made["client"]
 
     try:
         yield client
     finally:
         with contextlib.suppress(Exception):  # closing must not hide the block's error
             client.close(timeout=min(wait_s, 5))
+        for lg, level in saved:
+            lg.setLevel(level)
 
 
 def dask_map(client, address: str, fn: Callable[[Any], Any], items: Sequence[Any], *,

@@ -53,8 +53,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from analyzer.contract.errors import BadInput, Reason
+from analyzer.ingest.fswalk import DATASET_MARKER as MARKER
 
-MARKER = "paritytrace-tables.json"
 FORMAT = "paritytrace-tables"
 VERSION = 1
 TABLES = ("breakdown", "collectives", "prefetch", "steps", "timeline", "device_memory", "ranks")

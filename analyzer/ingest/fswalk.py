@@ -73,6 +73,10 @@ def check_name(path: Path) -> None:
                        "the folder)") from None
 
 
+DATASET_MARKER = "paritytrace-tables.json"
+"""The file ``analyzer report --tables-out`` writes last in its dataset (analyzer/ingest/dataset.py)."""
+
+
 def not_an_input(name: str) -> str | None:
     """Why a file named ``name`` in a trace folder is not a trace to analyse, or None.
 
@@ -87,5 +91,7 @@ def not_an_input(name: str) -> str | None:
         return "sidecar written by analyzer merge"
     if name.startswith("merged.") or ".merged." in name:
         return "merged trace written by analyzer merge"
+    if name == DATASET_MARKER:
+        return "the marker of a dataset written by analyzer report --tables-out"
     return None
 

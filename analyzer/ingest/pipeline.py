@@ -652,10 +652,9 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
     trace changed since the record (``file_changed``) and traces of different jobs
     (``mixed_jobs``, analyzer/ingest/samejob.py)."""
     from analyzer.ingest.decode import max_trace_bytes
-    from analyzer.ingest.samejob import check_same_job
 
     max_trace_bytes()  # a bad PARITYTRACE_MAX_TRACE_BYTES is said even when every rank is cached
-    root, manifest, paths = run.path, run.manifest, run.traces
+    root, paths = run.path, run.traces
     if not paths:
         what = "*.json / *.json.gz trace" if run.manifest is None and not run.incomplete \
             else "rank*.trace.json.gz"
@@ -666,7 +665,19 @@ def load_run(run, *, jobs: int | None = None) -> JobTables:
     notes += run.notes
     # valid caches (stat fast path) are read here; only the others go to worker processes.
     # Each rank's big tables go to disk as it arrives once the job's pass the budget.
-    store = Spill()
+    store = Spill()  # reads PARITYTRACE_TABLES_MEMORY: a bad value is said before any parse
+    try:
+        return _load(run, jobs, store, notes)
+    except BaseException:  # a refused job (or an interrupt) leaves nothing on disk
+        store.close()
+        raise
+
+
+def _load(run, jobs: int | None, store: Spill, notes: list[str]) -> JobTables:
+    """``load_run`` once its notes are made, with ``store`` taking each rank's tables."""
+    from analyzer.ingest.samejob import check_same_job
+
+    root, manifest, paths = run.path, run.manifest, run.traces
     cached = {p: store.keep(_cached(p)) for p in paths}
     computed, problems = parse_files([p for p, hit in cached.items() if hit is None], jobs,
                                      keep=store.keep)

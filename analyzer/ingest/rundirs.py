@@ -39,7 +39,7 @@ from pathlib import Path
 
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
-from analyzer.ingest.fswalk import entries, not_an_input
+from analyzer.ingest.fswalk import DATASET_MARKER, entries, not_an_input
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ files (``baseline.safetensors``, its hidden activations, ``golden.parquet``) are
 any rank starts (tracer/record.py ``prepare_run_dir``), ``.parts`` holds per-rank tables while
 the record runs (tracer/rundir.py), so a failed or running record always has one of them."""
 
-OUTPUT_FILES = ("report.md", "report.json", "report.html")
+OUTPUT_FILES = ("report.md", "report.json", "report.html", DATASET_MARKER)
 """What ``analyzer report`` writes into its output folder (analyzer/cli/report.py)."""
 
 
@@ -243,6 +243,14 @@ def _why_incomplete(folder: Path) -> str:
     return f"no manifest.json (the tracer writes it last): {_NOT_DONE}"
 
 
+def _not_a_dataset(folder: Path) -> None:
+    """Refuse a ``--tables-out`` dataset given as the input (it holds Parquet, not traces)."""
+    if (folder / DATASET_MARKER).is_file():
+        raise BadInput(folder, "empty", "is a dataset written by --tables-out (Parquet tables), "
+                       "not traces", "query it with DuckDB or pandas (README \"Beyond one "
+                       "machine\"), or pass the folder of traces it came from")
+
+
 def _existing(root: Path) -> Path:
     if not root.exists():
         raise BadInput(root, "missing", "no such file or folder", "check the path")
@@ -283,6 +291,7 @@ def find_job(path: Path | str, *, allow_incomplete: bool = False) -> RunDir:
     path = _existing(Path(path))
     if path.is_file():
         return _trace_file(path)
+    _not_a_dataset(path)
     if _complete(path):
         return _read(path)
     children, notes = entries(path)
@@ -346,6 +355,7 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     root = _existing(Path(root))
     if root.is_file():
         return Discovery(root=root, layout="foreign", runs=[_trace_file(root)])
+    _not_a_dataset(root)
     if _complete(root):
         return Discovery(root=root, layout="run", runs=[_read(root)])
     children, skipped = entries(root)

@@ -26,18 +26,18 @@ import tempfile
 import weakref
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
-from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput, Reason
+
+if TYPE_CHECKING:  # pandas / pyarrow load on use: budget_bytes() stays cheap for a cached report
+    import pandas as pd
 
 ENV = "PARITYTRACE_TABLES_MEMORY"
 DEFAULT_BYTES = 256 * 2**20
 SPILLED = ("collectives", "prefetch")
 """The tables that go to disk: the ones whose rows grow with a rank's events."""
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([0-9]+)([KMGT]?)\s*$", re.IGNORECASE | re.ASCII)
 
 
 def budget_bytes() -> int:
@@ -57,6 +57,8 @@ def frame_bytes(df: pd.DataFrame) -> int:
     """Bytes ``df`` holds: its arrays (pandas' Arrow-backed strings: their buffers), plus each
     distinct Python object of its object columns once (rows there often share one object per
     value, which pandas' deep count would add once per row)."""
+    import numpy as np
+
     if not len(df):
         return 0
     total = int(df.memory_usage(index=False, deep=False).sum())
@@ -87,6 +89,8 @@ class Spill:
         written."""
         if not hasattr(result, "spilled") or result.spilled:
             return result
+        import pandas as pd
+
         size = sum(frame_bytes(getattr(result, t)) for t in SPILLED)
         if self.held_bytes + size <= self.budget:
             self.held_bytes += size
@@ -110,13 +114,34 @@ class Spill:
                                f"cannot hold the per-rank tables on disk ({exc.strerror})",
                                f"free space there, point TMPDIR elsewhere, or raise {ENV}"
                                ) from None
-            weakref.finalize(self, shutil.rmtree, str(self.folder), True)
+            _REMOVERS.append(weakref.finalize(self, shutil.rmtree, str(self.folder), True))
         return self.folder
+
+    def close(self) -> None:
+        """Remove the folder now (the job's tables on disk are gone: only on the way out)."""
+        for remover in list(_REMOVERS):
+            if remover.alive and remover.peek() and remover.peek()[2][0] == str(self.folder):
+                remover()
+
+
+_REMOVERS: list[weakref.finalize] = []
+"""Every ``Spill`` folder's remover: run when its ``Spill`` is collected, at exit, or by
+``remove_all`` (the CLI ends with ``os._exit``, which runs neither)."""
+
+
+def remove_all() -> None:
+    """Remove every folder this process spilled to that is still there."""
+    while _REMOVERS:
+        _REMOVERS.pop()()
 
 
 def _write(path: Path, name: str, df: pd.DataFrame) -> None:
     """``df`` as an Arrow IPC file, string columns dictionary-encoded (a process group's
     member list, kB at thousands of ranks, is written once, not once per collective)."""
+    import pyarrow as pa
+
+    from analyzer.contract import schemas
+
     table = pa.Table.from_pandas(df, preserve_index=False)
     if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[name]):
         raise ValueError(f"table {name}: {why}")
@@ -136,6 +161,8 @@ def read(path: str, columns: list[str] | None = None) -> pd.DataFrame:
     """The table ``Spill.keep`` wrote at ``path``, only ``columns`` (None: all), as pandas:
     string columns decoded back to strings (object columns, one Python object per distinct
     value, as the cache's read gives)."""
+    import pyarrow as pa
+
     with pa.memory_map(path) as src:
         table = pa.ipc.open_file(src).read_all()
         if columns is not None:

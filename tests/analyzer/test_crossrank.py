@@ -13,6 +13,12 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -25,7 +31,7 @@ from analyzer.ingest import spill
 from analyzer.ingest import pipeline
 from analyzer.ingest.pipeline import load_tables
 from tests.inputs import bad_input, cli, copy_run
-from tests.analyzer.helpers import gloo_job
+from tests.analyzer.helpers import REPO, gloo_job
 
 RANKS = 6
 
@@ -172,3 +178,42 @@ def test_a_member_list_on_every_collective_is_written_once(job_dir, monkeypatch)
     on_disk = Path(rt.spilled["collectives"]).stat().st_size
     assert on_disk < len(want) * 400 + 2 * len(members) < len(want) * len(members) / 10
     pd.testing.assert_frame_equal(spill.read(rt.spilled["collectives"]), want)
+
+
+def _spill_folders(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob("paritytrace-tables-*"))
+
+
+def test_a_refused_job_leaves_no_tables_on_disk(tmp_path, monkeypatch):
+    job = _job(tmp_path / "job")
+    (job / "rank3.trace.json").write_text((job / "rank3.trace.json").read_text()[:5000])
+    monkeypatch.setenv(spill.ENV, "0")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR read again
+    bad_input(cli("report", str(job), "--out", str(tmp_path / "o")), "rank3.trace.json")
+    assert _spill_folders(tmp_path / "tmp") == []
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_mid_report_exits_130_and_leaves_nothing(tmp_path):
+    """A report of 120 ranks, every rank's tables on disk, with --tables-out: SIGTERM once
+    the tables are on disk gives one line, exit 130, and neither the tables folder nor the
+    dataset's staging folder stays."""
+    job = gloo_job(tmp_path / "job", 120, n_reduce=200, n_gather=100, suffix=".json.gz")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), **{spill.ENV: "0"})
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "analyzer", "report", str(job), "--out",
+                             str(tmp_path / "o"), "--tables-out", str(tmp_path / "ds")],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while not _spill_folders(tmp) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the report ended before its tables went to disk"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == "analyzer: interrupted", (proc.returncode, err)
+    assert _spill_folders(tmp) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job", "tmp"]  # no ds, no .tmp-*

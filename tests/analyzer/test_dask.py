@@ -256,3 +256,58 @@ def test_a_killed_worker_is_retried_then_named_in_one_line(tmp_path):
                 run_all(_die_each_time, [str(log)])
     pids = log.read_text().split()
     assert len(pids) == 2 and len(set(pids)) == 2
+
+
+def _serve(reply: bytes) -> tuple[socket.socket, str]:
+    """A TCP server on loopback that answers each connection with ``reply`` (b"": says
+    nothing, as an HTTP server waiting for a request does) and keeps it open."""
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    held = []
+
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if reply:
+                conn.sendall(reply)
+
+    threading.Thread(target=loop, daemon=True).start()
+    return srv, f"tcp://127.0.0.1:{srv.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("reply", [b"", b"SSH-2.0-OpenSSH_9.6\r\n" * 8],
+                         ids=["silent-like-the-dashboard", "speaks-first"])
+def test_a_server_that_is_not_a_scheduler_is_one_line_in_time(tmp_path, fixture_copy,
+                                                              monkeypatch, reply):
+    monkeypatch.setenv("PARITYTRACE_DASK_TIMEOUT_S", "1")
+    trace = fixture_copy("gloo_rules.json")
+    srv, address = _serve(reply)
+    try:
+        start = time.monotonic()
+        bad_input(cli("report", str(trace), "--out", str(tmp_path / "o"), "--scheduler",
+                      address), address, "no Dask scheduler answers there")
+        assert time.monotonic() - start < 20
+    finally:
+        srv.close()
+
+
+def test_addresses_and_outputs_refused_before_any_work(tmp_path, fixture_copy):
+    trace = fixture_copy("gloo_rules.json")
+    bad_input(cli("report", str(trace), "--scheduler", "tcp://127.0.0.1:99999"), "1-65535")
+    for out, ds in ((tmp_path / "a", tmp_path / "a"), (tmp_path / "b" / "rep", tmp_path / "b"),
+                    (tmp_path / "c", tmp_path / "c" / "ds")):
+        bad_input(cli("report", str(trace), "--out", str(out), "--tables-out", str(ds)),
+                  "overlaps --out")
+    bad_input(cli("report", str(trace), "--tables-out", ""), "an empty path")
+    ds = tmp_path / "ds"
+    assert cli("report", str(trace), "--out", str(tmp_path / "o"), "--tables-out",
+               str(ds)).returncode == 0
+    bad_input(cli("report", str(ds), "--out", str(tmp_path / "o2")), str(ds),
+              "dataset written by --tables-out")
