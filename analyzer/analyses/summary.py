@@ -51,7 +51,7 @@ def summarize(job) -> Summary:
     from analyzer.analyses import crossrank
     from analyzer.analyses.collectives import stragglers
 
-    # one rank's collectives at a time (analyzer/analyses/crossrank.py)
+    # a batch of ranks' collectives at a time (analyzer/analyses/crossrank.py)
     offsets = crossrank.clock_offsets(job)
     matched = crossrank.match_ranks(job, offsets)
     sources = sorted({r.rank_source for r in job.ranks})

@@ -175,7 +175,7 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     # per-rank means over the ranks that recorded events: an empty (metadata-only) rank is
     # named in a note, not averaged in as a rank that communicated nothing
     n_ranks = sum(1 for r in tables.ranks if not r.empty)
-    # the cross-rank phase reads one rank's collectives at a time (analyzer/analyses/crossrank.py)
+    # the cross-rank phase reads a batch of ranks at a time (analyzer/analyses/crossrank.py)
     offsets = crossrank.clock_offsets(tables)
     rank_steps = bd.groupby("rank")["step"].nunique()
     profiled = int(rank_steps.max()) if len(rank_steps) else 0

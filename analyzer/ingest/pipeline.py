@@ -12,8 +12,8 @@ rank's at a time, so peak memory follows (largest rank) x (workers), not the sum
 The parent holds each rank's small tables (step windows, breakdown, one step's timeline:
 rows per step) and, until the job's pass ``PARITYTRACE_TABLES_MEMORY``, its collectives and
 prefetch tables; past that budget each arriving rank's two are put on disk
-(analyzer/ingest/spill.py) and the cross-rank phase reads one rank at a time
-(``JobTables.each``, analyzer/analyses/crossrank.py). With ``--tables-out`` each job's tables
+(analyzer/ingest/spill.py) and the cross-rank phase reads batches of consecutive ranks
+(``JobTables.batches``, analyzer/analyses/crossrank.py). With ``--tables-out`` each job's tables
 are also written as a Parquet dataset (analyzer/ingest/dataset.py).
 
 Rank rule (DESIGN.md "Trace semantics"): ``distributedInfo.rank`` when every file has one; a

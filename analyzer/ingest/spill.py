@@ -1,15 +1,15 @@
 """A job's per-rank collectives and prefetch tables on disk once they pass a memory budget.
 
-Why: the cross-rank phase (analyzer/analyses/crossrank.py) reads these two tables one rank at
-a time, so the process holds one rank's rows plus aggregates per collective instance and per
-rank, never every rank's rows at once. They are the two tables that grow with a rank's events
+Why: the cross-rank phase (analyzer/analyses/crossrank.py) reads these two tables a batch of
+ranks at a time, so the process holds one batch's rows plus aggregates per collective
+instance and per rank, never every rank's rows at once. They are the two tables that grow with a rank's events
 (tens of thousands of collectives, FSDP units x steps); the others (step windows, breakdown,
 one step's timeline, device memory) have a row per step or per device and stay in memory.
 
 Rule: the tables of a job stay in memory while their sum is under ``budget_bytes()``
 (``PARITYTRACE_TABLES_MEMORY``: bytes, with an optional K/M/G/T suffix, powers of 1024;
 default 256M; 0 puts every rank on disk). Past it each arriving rank's two tables are
-written as Arrow IPC files (the cache's format, analyzer/ingest/pipeline.py) into a private
+written as Arrow IPC files (strings dictionary-encoded) into a private
 temporary folder (``tempfile.mkdtemp``: mode 0700, under ``$TMPDIR``) and read back,
 memory-mapped and only the columns asked for, by ``Spill.read``. The folder is removed when
 its ``Spill`` is garbage-collected or the process exits; it holds only what this process
