@@ -11,9 +11,10 @@ Rule: the tables of a job stay in memory while their sum is under ``budget_bytes
 default 256M; 0 puts every rank on disk). Past it each arriving rank's two tables are
 written as Arrow IPC files (strings dictionary-encoded) into a private
 temporary folder (``tempfile.mkdtemp``: mode 0700, under ``$TMPDIR``) and read back,
-memory-mapped and only the columns asked for, by ``Spill.read``. The folder is removed when
-its ``Spill`` is garbage-collected or the process exits; it holds only what this process
-wrote.
+memory-mapped and only the columns asked for, by ``read``. The folder is removed when its
+``Spill`` is garbage-collected, when its job is refused (``Spill.close``), and by
+``remove_all`` before the CLI's ``os._exit`` (a stop signal included); it holds only what
+this process wrote.
 """
 
 from __future__ import annotations
