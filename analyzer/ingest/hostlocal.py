@@ -121,7 +121,10 @@ def remote_job(root: Path, dask_map) -> Iterator[None]:
         raise ParityTraceError(f"{root}: waited {cluster.timeout_s():g} s for a Dask worker "
                                "to list the traces (none connected); start workers on the "
                                "hosts that hold them and rerun") from None
-    listings = client.run(list_here, str(root), cluster.fingerprint())
+    listings = client.run(list_here, str(root), cluster.fingerprint(), on_error="return")
+    listings = {w: a if isinstance(a, dict) else  # a worker that failed to answer
+                {"error": f"{type(a).__name__}: {' '.join(str(a).split())}"[:300]}
+                for w, a in listings.items()}
     traces, pins, notes = merge_listings(root, listings)
     found = rundirs.Discovery(root=root, layout="foreign", runs=[rundirs.RunDir(
         path=root, name=root.name, manifest=None, traces=traces, notes=notes)])
