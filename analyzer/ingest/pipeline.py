@@ -169,8 +169,7 @@ class JobTables:
 
     def each(self, name: str, columns: list[str] | None = None):
         """(rank tables, its table ``name``) of every rank in rank order, one rank read at a
-        time (``rank_table``): what the cross-rank phase (analyzer/analyses/crossrank.py)
-        walks so that it never holds every rank's rows."""
+        time (``rank_table``); ``batches`` groups them."""
         for rt in self.ranks:
             yield rt, self.rank_table(rt, name, columns)
 
@@ -204,7 +203,7 @@ class JobTables:
         order, group_size falling back to the world size when no process group of the trace is
         smaller (else -1, unknown: analyzer/ingest/commid.py); ``collectives.by_kind`` /
         ``match_ranks`` take it. Built on each call and holds every rank's rows: for the
-        library API and ``analyzer merge``; ``report`` and ``summary`` walk ``each``."""
+        library API and ``analyzer merge``; ``report`` and ``summary`` walk ``batches``."""
         return _concat([df for _, df in self.each("collectives")],
                        schemas.COLLECTIVES_SCHEMA.names)
 
