@@ -82,6 +82,7 @@ class Spill:
         self.spilled_ranks = 0
         self.folder: Path | None = None
         self._n = 0
+        self._remover: weakref.finalize | None = None
 
     def keep(self, result):
         """``result`` (a ``pipeline.RankTables``; anything else passes through) with its
@@ -115,14 +116,14 @@ class Spill:
                                f"cannot hold the per-rank tables on disk ({exc.strerror})",
                                f"free space there, point TMPDIR elsewhere, or raise {ENV}"
                                ) from None
-            _REMOVERS.append(weakref.finalize(self, shutil.rmtree, str(self.folder), True))
+            self._remover = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
+            _REMOVERS.append(self._remover)
         return self.folder
 
     def close(self) -> None:
         """Remove the folder now (the job's tables on disk are gone: only on the way out)."""
-        for remover in list(_REMOVERS):
-            if remover.alive and remover.peek() and remover.peek()[2][0] == str(self.folder):
-                remover()
+        if self._remover is not None:
+            self._remover()  # a finalize runs once: later calls and remove_all do nothing
 
 
 _REMOVERS: list[weakref.finalize] = []
