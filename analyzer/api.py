@@ -33,8 +33,9 @@ columns:
 
 Added columns (issue 3): thread_name (str), coll_name / dtype / pg_ranks (str|None, collective
 args as the trace says), in_nelems / out_nelems / group_size / shape_numel / shape_elem_bytes
-(int64, -1 unknown), launch_row (row of the CPU event that launched a GPU event, -1 none),
-paired_row (gloo op <-> c10d enqueue pairing, -1 none). Rows are sorted by ts_ns.
+/ shape2_numel (int64, -1 unknown; shape_*: the first tensor input's elements and element
+size, shape2_numel: the second's), launch_row (row of the CPU event that launched a GPU event,
+-1 none), paired_row (gloo op <-> c10d enqueue pairing, -1 none). Rows are sorted by ts_ns.
 Strings are pandas categoricals (name, cat, pid, tid, role, coll_kind, rule).
 
 Step windows (``load_events``' second table, ``RankTables.steps``): ``STEP_WINDOWS_SCHEMA``

@@ -170,8 +170,9 @@ class Decoded:
     traceEvents list), ts_ns, dur_ns, end_ns (int64), is_gpu (bool), stream, correlation,
     external_id (int64, -1 absent), thread_name (str, "" unknown), and argument columns
     coll_name, dtype (the ``dtype`` argument, else the first ``Input type`` naming a dtype), pg
-    (str or None), in_nelems, out_nelems, group_size, shape_numel,
-    shape_elem_bytes (int64, -1 unknown), pg_ranks (str or None).
+    (str or None), in_nelems, out_nelems, group_size, shape_numel, shape_elem_bytes (the first
+    tensor input's numel and element size), shape2_numel (the second tensor input's numel)
+    (int64, -1 unknown), pg_ranks (str or None).
     """
 
     events: pd.DataFrame
@@ -589,23 +590,31 @@ def _first_type(type_raw: msgspec.Raw) -> str | None:
     return t if isinstance(t, str) and dtype_bytes(t) > 0 else None
 
 
-def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int]:
-    """(numel of the first tensor input, its element size), -1 when unknown."""
+def _numel(dims: Any) -> int:
+    """Elements of one tensor's ``Input Dims`` entry (a list of int sizes), -1 when it is not
+    one (a tensor list, a scalar's ``[]``, a negative or oversized product)."""
+    if not isinstance(dims, list) or not dims or not all(type(d) is int for d in dims):
+        return -1
+    numel = math.prod(dims)
+    return numel if 0 <= numel <= _I64_MAX else -1
+
+
+def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int, int]:
+    """(numel of the first tensor input, its element size, numel of the second tensor input),
+    -1 when unknown. A c10d op records (output, input): ``c10d::_allgather_base_`` the whole
+    buffer then the piece, ``c10d::_reduce_scatter_base_`` the piece then the whole."""
     try:
         dims = msgspec.json.decode(dims_raw)
         types = msgspec.json.decode(type_raw)
     except msgspec.DecodeError:
-        return -1, -1
+        return -1, -1, -1
     if not isinstance(dims, list) or not dims:
-        return -1, -1
-    first = dims[0]
-    if not isinstance(first, list) or not first or not all(type(d) is int for d in first):
-        return -1, -1
-    numel = math.prod(first)
-    if numel < 0 or numel > _I64_MAX:
-        return -1, -1
+        return -1, -1, -1
+    numel = _numel(dims[0])
+    if numel < 0:
+        return -1, -1, -1
     size = dtype_bytes(types[0]) if isinstance(types, list) and types else -1
-    return numel, size
+    return numel, size, _numel(dims[1]) if len(dims) > 1 else -1
 
 
 def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
@@ -705,7 +714,8 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     dtype = np.full(m, None, object)
     pg = np.full(m, None, object)
     pg_ranks = np.full(m, None, object)
-    ints = np.full((5, m), -1, np.int64)  # in, out nelems, group size, shape numel, elem bytes
+    # in, out nelems, group size, first tensor's numel and elem bytes, second tensor's numel
+    ints = np.full((6, m), -1, np.int64)
     for k, i in enumerate(rows.tolist()):
         a = args[i]
         coll_name[k] = _as_str(a.coll_name)
@@ -718,7 +728,7 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         ints[1, k] = _as_int(a.out_nelems)
         ints[2, k] = _as_int(a.group_size)
         if a.input_dims is not _NULL:
-            ints[3, k], ints[4, k] = _shape(a.input_dims, a.input_type)
+            ints[3, k], ints[4, k], ints[5, k] = _shape(a.input_dims, a.input_type)
         if dtype[k] is None and a.input_type is not _NULL:  # the first tensor's element type
             dtype[k] = _first_type(a.input_type)
     del args, xs
@@ -762,6 +772,7 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         "group_size": sparse(ints[2]),
         "shape_numel": sparse(ints[3]),
         "shape_elem_bytes": sparse(ints[4]),
+        "shape2_numel": sparse(ints[5]),
     })
     di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
     dp = trace.deviceProperties
