@@ -33,14 +33,15 @@ def busbw_factor(kind: str, n: int) -> float:
     return float("nan")
 
 
-def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.DataFrame:
+def rank_collectives(rank: int, events: pd.DataFrame) -> pd.DataFrame:
     """One row per communication event (NCCL kernel or gloo op) of one rank (``schemas.COLLECTIVES_SCHEMA``).
 
     ``pg`` is "" when the trace does not name the process group (``dtype`` and ``pg_ranks``
     likewise); device rows with no launch on a trace that has launch links (queued before the
     profiler started) are left out, as HTA and TraceLens do; ``seq`` is the index within
     (rank, pg) by start time (ties: table order); rows are sorted by start time (ties: pg,
-    then table order); ``group_size`` falls back to ``world_size``; enqueue_* is the CPU
+    then table order); ``group_size`` is the event table's (-1 unknown: never assumed to be
+    the world size here, analyzer/ingest/commid.py says when it is); enqueue_* is the CPU
     op that launched it (GPU: the launch's enclosing comm op, gloo: the paired c10d op), -1
     when unknown; ``event_idx`` is the event's position in the trace file's traceEvents list
     (analyzer/ingest/decode.py), what ``analyzer merge`` links its flow arrows to.
@@ -68,7 +69,7 @@ def rank_collectives(rank: int, events: pd.DataFrame, world_size: int) -> pd.Dat
 
     pg = strs("pg", "")
     gs = ints("group_size")
-    gs[gs <= 0] = world_size
+    gs[gs <= 0] = -1
     launch, paired = ints("launch_row"), ints("paired_row")
     link = np.where(launch >= 0, launch, paired)
     ts = events["ts_ns"].to_numpy()

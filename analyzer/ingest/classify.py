@@ -144,11 +144,13 @@ def kind_from_text(text: str | None) -> str | None:
 
 
 def classify(df: pd.DataFrame, *, world_size: int | None,
-             pg_sizes: dict[str, int] | None = None) -> tuple[pd.DataFrame, dict]:
+             pg_sizes: dict[str, int] | None = None, pg_ranks: dict[str, str] | None = None
+             ) -> tuple[pd.DataFrame, dict]:
     """Add role, coll_kind, bytes, pg, rule, step to a decoded event table (analyzer/ingest/decode.py);
     on comm rows, dtype, pg_ranks and group_size are resolved (analyzer/ingest/commid.py).
 
-    ``pg_sizes``: process group name -> size (``commid.pg_sizes_of(distributedInfo)``).
+    ``pg_sizes``: process group name -> size (``commid.pg_sizes_of(distributedInfo)``);
+    ``pg_ranks``: process group name -> its ranks (``commid.pg_ranks_of(distributedInfo)``).
     Returns ``(events, info)`` with ``info`` = {device_kind, main_tid, whole_trace_mode,
     steps (``schemas.STEP_WINDOWS_SCHEMA``; analyzer/ingest/steps.py), unlaunched (bool per
     row: device work with no launch in the trace), notes (list of str: classes of events left
@@ -285,19 +287,40 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
 
     # --- collective identity: kind, bytes, dtype, group size, pg (analyzer/ingest/commid.py) -
     pg = _obj(df["pg"])
-    pg_ranks = _obj(df["pg_ranks"])
+    pg_rk = _obj(df["pg_ranks"])
     dtype = _obj(df["dtype"])
     group = df["group_size"].to_numpy().copy()
     nbytes = _bytes_from_args(df)
     args_bytes = nbytes.copy()  # bytes from each row's own collective args (-1 unknown)
     shape = _ShapeCols(df, names)
     fallback = commid.group_fallback(pg_sizes, world_size)
+    members = pg_ranks or {}
+    only_pg = next(iter(members)) if len(members) == 1 else None  # pg_config's one group
 
-    def group_of(i: int) -> int:
+    def name_group(i: int) -> None:
+        """pg of row ``i`` from pg_config's only group, pg_ranks from pg_config's ranks."""
+        if pg[i] is None and only_pg is not None:
+            pg[i] = only_pg
+        if pg_rk[i] is None and pg[i] is not None and members.get(str(pg[i])):
+            pg_rk[i] = members[str(pg[i])]
+
+    def group_of(i: int, src=()) -> int:
+        """Group size of row ``i`` launched by ops ``src`` (commid module docstring, 2-5)."""
         if group[i] > 0:
             return int(group[i])
         if pg[i] is not None and pg_sizes and str(pg[i]) in pg_sizes:
             return pg_sizes[str(pg[i])]
+        k = KINDS[kind[i]] if kind[i] >= 0 else None
+        if k in ("all_gather", "reduce_scatter"):
+            for j in (i, *src):
+                n = commid.group_from_counts(k, int(shape.n_in[j]), int(shape.n_out[j]))
+                if n > 0:
+                    return n
+            for j in (i, *src):
+                n = commid.group_from_tensors(str(names[j]), k, int(shape.numel[j]),
+                                              int(shape.numel2[j]))
+                if n > 0:
+                    return n
         return fallback
 
     comm_k = np.flatnonzero(is_gpu & (role == _ROLE["comm"]))
@@ -317,12 +340,13 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
                     kind[i] = name_kind[i]
                 else:
                     kind[i] = _KIND["send_recv" if "sendrecv" in names[i].lower() else "other"]
-            for col in (pg, pg_ranks, dtype):
+            for col in (pg, pg_rk, dtype):
                 if col[i] is None:
                     col[i] = next((col[j] for j in src if col[j] is not None), None)
+            name_group(i)
             if group[i] <= 0:
                 group[i] = next((group[j] for j in src if group[j] > 0), -1)
-            group[i] = group_of(i)
+            group[i] = group_of(i, src)
             if nbytes[i] < 0:
                 nbytes[i] = _bytes_from_ops(src, KINDS[kind[i]], args_bytes, shape, int(group[i]))
     # --- gloo: pair each runloop op with its enqueue by order and time -----------------------
@@ -341,17 +365,19 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
             if kind[i] < 0:
                 kind[i] = _KIND["other"]
             if j >= 0:
-                for col in (pg_ranks, dtype):
+                for col in (pg_rk, dtype):
                     if col[i] is None:
                         col[i] = col[j]
                 if group[i] <= 0:
                     group[i] = group[j]
-            group[i] = group_of(i)
+            name_group(i)
+            group[i] = group_of(i, (j,) if j >= 0 else ())
             if nbytes[i] < 0:
                 nbytes[i] = shape.nbytes(i, KINDS[kind[i]], int(group[i]))
             if nbytes[i] < 0 and j >= 0:
                 nbytes[i] = shape.nbytes(j, KINDS[kind[i]], int(group[i]))
     for i in np.flatnonzero(enq).tolist():
+        name_group(i)
         if nbytes[i] < 0:
             nbytes[i] = shape.nbytes(i, KINDS[kind[i]] if kind[i] >= 0 else None, group_of(i))
     is_comm = (role == _ROLE["comm"]) | (role == _ROLE["comm_enqueue"])
@@ -368,7 +394,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     out["coll_kind"] = pd.Categorical.from_codes(kind, categories=list(KINDS))
     out["bytes"] = nbytes.astype(np.int64)
     out["pg"] = str_array(pg)
-    out["pg_ranks"] = str_array(pg_ranks)
+    out["pg_ranks"] = str_array(pg_rk)
     out["dtype"] = str_array([commid.dtype_name(d) for d in dtype])
     out["group_size"] = group.astype(np.int64)
     out["rule"] = _used_categories(rule, RULES)
@@ -490,14 +516,18 @@ def _bytes_from_args(df: pd.DataFrame) -> np.ndarray:
 
 
 class _ShapeCols:
-    """The columns ``nbytes`` reads, as numpy arrays (row access without pandas overhead)."""
+    """The columns ``nbytes`` and the group-size ratios read, as numpy arrays (row access
+    without pandas overhead): first tensor's numel and element size, second tensor's numel,
+    In / Out msg nelems (analyzer/ingest/decode.py)."""
 
-    __slots__ = ("numel", "size", "group", "names")
+    __slots__ = ("numel", "size", "numel2", "n_in", "n_out", "names")
 
     def __init__(self, df: pd.DataFrame, names: np.ndarray):
         self.numel = df["shape_numel"].to_numpy()
         self.size = df["shape_elem_bytes"].to_numpy()
-        self.group = df["group_size"].to_numpy()
+        self.numel2 = df["shape2_numel"].to_numpy()
+        self.n_in = df["in_nelems"].to_numpy()
+        self.n_out = df["out_nelems"].to_numpy()
         self.names = names
 
     def nbytes(self, i: int, kind: str | None, group: int) -> int:

@@ -18,11 +18,23 @@ bytes  nccl-tests (doc/PERFORMANCE.md "Bus bandwidth": all_gather and reduce_sca
        ``c10d::_reduce_scatter_base_`` the output piece first (x group size), ``nccl:*`` /
        ``symm_mem::*`` / ``hccl:*`` ops the input tensor (all_gather: the piece, x group size);
        3. unknown (-1): never 0, never the world size when the process group may be smaller.
-group  record_param_comms' ``Group size`` (the kernel's own first), else the size distributedInfo's
-size   pg_config gives the named process group, else the world size when no process group in
-       pg_config is smaller than the world (or pg_config is absent), else unknown (-1).
-dtype, the kernel's own arguments, then the launching ops' (``dtype`` argument, else the op's
-pg     first input tensor type).
+group  1. the ``Group size`` argument (the kernel's own, then record_param_comms');
+size   2. the size distributedInfo's pg_config gives the named process group;
+       3. all_gather and reduce_scatter only: the ratio of the whole buffer to one rank's piece
+          when it is a whole number >= 1 (``group_from_counts``, ``group_from_tensors``): In /
+          Out msg nelems (the kernel's own, then record_param_comms'), else the two tensors of
+          the ``c10d::*`` op (output, input);
+       4. the world size only when pg_config is present and no process group in it is smaller
+          than the world (the trace proves every group is the world: ``group_fallback``);
+       5. else unknown (-1): never the world size on a trace that does not prove it (a rank of
+          a 16-rank job with FSDP groups of 8 and no pg_config). Bytes that need a piece x the
+          group size are then unknown, and so is busbw of every kind (its factor needs n).
+pg     the ``Process Group Name`` (else ``Process Group ID``) argument, the kernel's own then
+       the launching ops'; else, when pg_config lists exactly one process group, that one (the
+       rank is in no other); else "" (the trace does not name it). pg_ranks likewise, else the
+       ``ranks`` pg_config gives the named group.
+dtype  the kernel's own arguments, then the launching ops' (``dtype`` argument, else the op's
+       first input tensor type).
 
 Launching ops of a GPU row: the comm ops (role comm_enqueue) on the launching thread that
 enclose its runtime launch (correlation id), plus those with the launch's External id. A GPU
@@ -33,6 +45,7 @@ e.g. the DLRM set, where it names an unrelated CPU op) and exactly one comm op c
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -90,14 +103,44 @@ def dtype_name(text: str | None) -> str | None:
 
 
 def group_fallback(pg_sizes: dict[str, int] | None, world_size: int | None) -> int:
-    """The group size to assume when a collective names no group: the world size when no
-    process group of the trace (pg_sizes: pg name -> size, from distributedInfo.pg_config) is
-    smaller, else -1 (unknown)."""
-    if not world_size or world_size <= 0:
+    """The group size to assume for a collective nothing else sizes (module docstring, rule 4):
+    the world size when pg_config is present (``pg_sizes``: pg name -> size, non-empty) and
+    none of its groups is smaller than the world; else -1 (unknown). No pg_config proves
+    nothing: torch's older profilers write none, whatever the job's groups."""
+    if not world_size or world_size <= 0 or not pg_sizes:
         return -1
-    if pg_sizes and min(pg_sizes.values()) < world_size:
+    if min(pg_sizes.values()) < world_size:
         return -1
     return int(world_size)
+
+
+def _whole_ratio(whole: int, piece: int) -> int:
+    """``whole / piece`` when both are known (>= 0), piece > 0 and it divides whole, else -1."""
+    if whole < 0 or piece <= 0 or whole < piece or whole % piece:
+        return -1
+    return int(whole // piece)
+
+
+def group_from_counts(kind: str | None, in_nelems: int, out_nelems: int) -> int:
+    """Group size of an all_gather (out / in) or reduce_scatter (in / out) from a collective's
+    In / Out msg nelems (element counts; -1 unknown): one rank's piece is 1 / n of the whole
+    buffer. -1 for other kinds, unknown counts or a ratio that is not a whole number >= 1."""
+    if kind == "all_gather":
+        return _whole_ratio(out_nelems, in_nelems)
+    if kind == "reduce_scatter":
+        return _whole_ratio(in_nelems, out_nelems)
+    return -1
+
+
+def group_from_tensors(op_name: str, kind: str | None, first_numel: int, second_numel: int
+                       ) -> int:
+    """Group size from the first two tensors (elements, -1 unknown) a ``c10d::*`` op records,
+    (output, input): ``_allgather_base_`` whole / piece, ``_reduce_scatter_base_`` piece /
+    whole. -1 for other ops (``nccl:*`` / ``gloo:*`` record one tensor) and as
+    ``group_from_counts``."""
+    if not op_name.startswith("c10d::"):
+        return -1
+    return group_from_counts(kind, second_numel, first_numel)
 
 
 def pg_sizes_of(distributed_info: dict | None) -> dict[str, int]:
@@ -109,6 +152,22 @@ def pg_sizes_of(distributed_info: dict | None) -> dict[str, int]:
         for g in cfg:
             if isinstance(g, dict) and isinstance(g.get("pg_size"), int):
                 out[str(g.get("pg_name"))] = int(g["pg_size"])
+    return out
+
+
+def pg_ranks_of(distributed_info: dict | None) -> dict[str, str]:
+    """{process group name: its ranks as record_param_comms spells them, "[0, 1]"} from
+    distributedInfo.pg_config (``ranks``: a list of int); {} when absent or malformed. Its
+    keys are every group pg_config lists, with or without ranks (value "" then): torch lists
+    the groups this rank is a member of (``_world.pg_map``)."""
+    out: dict[str, str] = {}
+    cfg = (distributed_info or {}).get("pg_config")
+    if isinstance(cfg, list):
+        for g in cfg:
+            if isinstance(g, dict) and "pg_name" in g:
+                r = g.get("ranks")
+                ok = isinstance(r, list) and all(type(x) is int for x in r)
+                out[str(g["pg_name"])] = json.dumps(r) if ok else ""
     return out
 
 

@@ -53,7 +53,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analyzer.ingest.cachekey import cache_dir, cache_key
-from analyzer.ingest.commid import group_fallback, pg_sizes_of
+from analyzer.ingest.commid import group_fallback, pg_ranks_of, pg_sizes_of
 from analyzer.ingest.spill import Spill
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
@@ -200,8 +200,9 @@ class JobTables:
     @property
     def collectives(self) -> pd.DataFrame:
         """One row per collective instance per rank (``schemas.COLLECTIVES_SCHEMA``), ranks in
-        order, group_size falling back to the world size when no process group of the trace is
-        smaller (else -1, unknown: analyzer/ingest/commid.py); ``collectives.by_kind`` /
+        order, group_size falling back to the world size only when the trace's pg_config
+        proves every group is the world (else -1, unknown: analyzer/ingest/commid.py
+        ``group_fallback``); ``collectives.by_kind`` /
         ``match_ranks`` take it. Built on each call and holds every rank's rows: for the
         library API and ``analyzer merge``; ``report`` and ``summary`` walk ``batches``."""
         return _concat([df for _, df in self.each("collectives")],
@@ -282,7 +283,7 @@ def classified(path: Path, raw: bytes | None = None, dec=None
     di = dec.distributed_info
     ws = di.get("world_size") if di else None
     events, info = classify(dec.events, world_size=ws if isinstance(ws, int) else None,
-                            pg_sizes=pg_sizes_of(di))
+                            pg_sizes=pg_sizes_of(di), pg_ranks=pg_ranks_of(di))
     return events, {**info, "distributed_info": di, "warnings": dec.warnings + info["notes"]}
 
 
@@ -342,7 +343,7 @@ def rank_tables(path: Path) -> RankTables:
     else:
         tl = pd.DataFrame({"lane": [], "kind": [], "start_ns": [], "end_ns": []})
     overlap_ns, comm_ns = whole_trace_overlap(ev)
-    coll = rank_collectives(-1, ev, -1)
+    coll = rank_collectives(-1, ev)
     if info["unlaunched"].any():  # left out of collectives too (analyzer/ingest/steps.py)
         gone = ev["event_idx"].to_numpy()[info["unlaunched"]]
         coll = coll[~np.isin(coll["event_idx"].to_numpy(), gone)].reset_index(drop=True)
@@ -624,7 +625,8 @@ def _set_rank(rt: RankTables, rank: int, source: str, world_size: int) -> None:
 def _fixed(rt: RankTables, name: str, df: pd.DataFrame) -> pd.DataFrame:
     """``df`` (table ``name`` of ``rt``, in place) with the rank column set to ``rt.rank`` and,
     in collectives, an unknown group size (<= 0) set to ``rt.group_fallback`` when that is
-    known (unknown stays -1 where a smaller process group exists)."""
+    known (the job's world size where the trace's pg_config proves every group is the world;
+    unknown stays -1 otherwise: no pg_config, or a smaller process group in it)."""
     if "rank" in df.columns:
         df["rank"] = pd.Series(rt.rank, index=df.index, dtype=df["rank"].dtype
                                if df["rank"].dtype != object else "int64")

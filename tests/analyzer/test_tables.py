@@ -39,7 +39,7 @@ def _same_as_events(tt, ranks: list[int], world_size: int) -> None:
         ev, steps = api.load_events(rt.path)
         kind, main = ev.attrs["device_kind"], ev.attrs["main_tid"]
         bd.append(rank_breakdown(rt.rank, ev, steps, kind, main))
-        coll.append(rank_collectives(rt.rank, ev, world_size))
+        coll.append(rank_collectives(rt.rank, ev))
         pf.append(prefetch_table(ev, rank=rt.rank))
         assert rt.timeline_step == int(steps["step"].min())
         win = steps[steps["step"] == rt.timeline_step].iloc[0]
