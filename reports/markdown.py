@@ -131,13 +131,16 @@ SPLIT_NOTE = (
     "analyzer/analyses/commsplit.py.")
 
 
+NOT_IN_TRACE = "not in trace"
+"""A process group (or its ranks) the trace does not name: no Process Group Name / ID argument
+on the kernel or its launching ops, and no single group in distributedInfo.pg_config."""
 COMM_GROUP_HEADERS = ["run", "kind", "process group", "ranks", "group size", "dtype", "calls",
                       "time (sum)", "bytes", "busbw from transfer (GB/s)"]
 
 
 def comm_group_rows(report: Report) -> list[list[Any]]:
     """Rows of the per (kind, process group, dtype) table (shared with the HTML renderer)."""
-    return [[r.name, g.kind, g.pg or "-", g.pg_ranks or "-",
+    return [[r.name, g.kind, g.pg or NOT_IN_TRACE, g.pg_ranks or NOT_IN_TRACE,
              g.group_size or "unknown", g.dtype or "unknown",
              fmt.count(g.count), fmt.ms(g.time_ns), fmt.data_bytes(g.bytes, g.unknown_bytes),
              fmt.num(g.transfer_busbw_gbps, ".3f")] for r in report.runs for g in r.comm_groups]

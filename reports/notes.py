@@ -86,11 +86,18 @@ def windows(runs: list[RunEntry]) -> str:
             "all ranks and profiled steps.")
 
 COMM_GROUPS = (
-    "Per process group and dtype: whole trace, per rank (mean over ranks); time = sum of "
-    "durations; bytes as nccl-tests counts them (all_gather and reduce_scatter: the whole buffer "
-    "= one rank's piece x the group's size), taken from the CPU side (record_param_comms, the "
-    "c10d op) before the kernel; 'unknown' where the trace does not tell; busbw from "
-    "transfer time (the wait for the slowest rank left out) with the group's size. Group size unknown: not told by the trace (busbw then unknown).")
+    "Per process group and dtype: whole trace, per rank (mean over the ranks that ran it, i.e. "
+    "the group's members in the traces, not every rank of the job); time = sum of durations; "
+    "bytes as nccl-tests counts them (all_gather and reduce_scatter: the whole buffer = one "
+    "rank's piece x the group's size), taken from the CPU side (record_param_comms, the c10d "
+    "op) before the kernel; 'unknown' where the trace does not tell; busbw from transfer time "
+    "(the wait for the slowest rank left out) with the group's size. Process group 'not in "
+    "trace': no Process Group Name on the collective or its launching ops, and "
+    "distributedInfo.pg_config does not list exactly one group. Group size: the collective's "
+    "Group size argument, else pg_config's size of its group, else (all_gather, "
+    "reduce_scatter) whole buffer / piece (In / Out msg nelems, or the c10d op's output and "
+    "input), else the world size only where pg_config shows no group smaller than the world; "
+    "else unknown, never assumed to be the world (bytes that need it and busbw then unknown).")
 
 
 def prefetch_sentence(run: RunEntry) -> str:

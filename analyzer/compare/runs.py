@@ -16,7 +16,8 @@ time combined across ranks, ``collectives.run_busbw_gbps``; not a mean of per-ra
 plus ``count_per_step``, ``time_ns_per_step``, ``bytes_per_step``: collectives inside profiled
 steps per rank divided by that rank's number of profiled steps, mean over ranks;
 ``profiled_steps`` = the most profiled steps of a rank; ``comm_groups`` = the same per (kind,
-process group, dtype), whole trace. Communication split (analyzer/analyses/commsplit.py): per
+process group, dtype), whole trace, its per-rank means over the ranks that ran it (the
+group's members), not the job's. Communication split (analyzer/analyses/commsplit.py): per
 rank and kind ``comm_ranks``, and in ``communication[kind]`` the per-rank means
 ``transfer_ns`` / ``wait_ns`` (whole trace; their sum is ``time_ns``), the same per profiled
 step, and ``transfer_busbw_gbps`` (busbw with transfer time in place of the duration; in
@@ -119,23 +120,26 @@ def _communication(parts: dict[str, pd.DataFrame] | None, rank_steps: pd.Series,
                                  "wait_ns": int, "unmatched": int}).to_dict("records")]
 
 
-def _comm_groups(parts: dict[str, pd.DataFrame] | None, n_ranks: int) -> list[CommGroup]:
+def _comm_groups(parts: dict[str, pd.DataFrame] | None) -> list[CommGroup]:
     """Per (kind, process group, dtype) over the whole trace (``CommGroup``): what shows a bf16
     vs an fp32 reduction, or a half-world process group, that the per-kind figures mix.
-    ``parts``: ``crossrank.comm_parts`` (its ``groups``: per rank, in rank order)."""
+    ``parts``: ``crossrank.comm_parts`` (its ``groups``: per rank, in rank order). Per-rank
+    means are over the ranks that ran it (the ranks with rows for that kind, group and dtype:
+    the group's members in the traces), not over every rank of the job: an all_gather of a
+    group of 8 in a 16-rank job is not halved by the 8 ranks outside it."""
     if parts is None:
         return []
-    n = max(n_ranks, 1)
     out = []
     for (kind, pg, dtype), g in parts["groups"].groupby(["kind", "pg", "dtype"], sort=True):
         sizes = sorted(frozenset().union(*g["group_sizes"]))
         pg_ranks = frozenset().union(*g["pg_ranks"])
         known = int(g["known"].sum())
+        n = int(g["rank"].nunique())
         out.append(CommGroup(
             kind=kind, pg=str(pg), dtype=str(dtype),
             pg_ranks=str(next(iter(pg_ranks))) if len(pg_ranks) == 1 else "various",
             group_size=int(sizes[0]) if len(sizes) == 1 and sizes[0] > 0 else None,
-            count=int(g["count"].sum()) / n, time_ns=float(g["time_ns"].sum()) / n,
+            n_ranks=n, count=int(g["count"].sum()) / n, time_ns=float(g["time_ns"].sum()) / n,
             bytes=float(g["bytes"].sum()) / n if known else None,
             unknown_bytes=int(g["count"].sum()) - known,
             busbw_gbps=run_busbw_gbps(g["bus_bytes"].to_numpy(), g["bus_time_ns"].to_numpy()),
@@ -183,7 +187,7 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     comm, comm_ranks = _communication(parts, rank_steps, n_ranks)
     fields = dict(
         communication=comm, profiled_steps=profiled, comm_ranks=comm_ranks,
-        comm_groups=_comm_groups(parts, n_ranks),
+        comm_groups=_comm_groups(parts),
         comm_ns_per_step=float(bd["comm_ns"].mean()) if len(bd) else None,
         overlap_frac=float(bd["overlap_ns"].sum() / comm_total) if comm_total else None,
         exposed_comm_ns=float(bd["exposed_comm_ns"].mean()) if len(bd) else None,

@@ -327,15 +327,20 @@ class CommKind(_Figures, kw_only=True):
 
 class CommGroup(_Figures, kw_only=True):
     """One (kind, process group, dtype) of a run, whole trace: per-rank means of count, time_ns
-    (sum of durations) and bytes (known instances; None when none is known); ``pg`` "" and
-    ``dtype`` "" when the trace does not say; ``group_size`` None when unknown; busbw over the
-    ranks with the group's size (nccl-tests)."""
+    (sum of durations) and bytes (known instances; None when none is known) over the
+    ``n_ranks`` ranks that ran it (the group's members seen in the traces, not every rank of
+    the job); ``pg`` "", ``pg_ranks`` "" and ``dtype`` "" when the trace does not say;
+    ``group_size`` None when unknown (analyzer/ingest/commid.py); busbw over the ranks with the
+    group's size (nccl-tests; None when the size is unknown)."""
 
     kind: str
     pg: str
     pg_ranks: str
     group_size: int | None
     dtype: str
+    n_ranks: int | None = None
+    """Ranks that ran this (kind, pg, dtype): what the per-rank means divide by (None in a
+    report.json written before the field)."""
     count: float
     time_ns: float
     bytes: float | None
