@@ -120,7 +120,9 @@ BUSBW_NOTE = (
     "(the wait for the slowest rank left out, as it moves no data), the ranks' times combined "
     "before dividing as nccl-tests does: bytes x factor summed over ranks / transfer time "
     "summed over ranks, whole trace; GB/s = 10^9 bytes per second. report.json keeps the busbw "
-    "over whole durations as busbw_gbps.")
+    "over whole durations as busbw_gbps. '-' where no instance has both known bytes and a known "
+    "group size (n): the factor needs n, and the trace does not always give it (see the group "
+    "size rule under By process group and dtype).")
 SPLIT_NOTE = (
     "Transfer and waiting: the same collective on every rank of its group is matched by "
     "process group, kind and order (on clocks aligned by the clock offset, see Time per rank); "
