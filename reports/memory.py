@@ -148,8 +148,17 @@ def fit_lines(report: Report) -> list[str]:
         if f is None:
             continue
         dev = gib(f.device_bytes)
-        if f.fits is None:
+        bound = f"lower bound, {_record_kind(r)}: {f.basis} {gib(f.needed_bytes)} on its largest rank" \
+            if f.lower_bound else ""
+        if f.needed_bytes is None:
             out.append(f"{r.name}: unknown whether it fits one {dev} device (no memory figure)")
+        elif f.fits is None:
+            out.append(f"{r.name}: not known whether it fits one {dev} device ({bound}, "
+                       f"{gib(f.spare_bytes)} under the device; the true peak holds transient "
+                       "buffers this figure misses): record on the target device to know")
+        elif not f.fits and f.lower_bound:
+            out.append(f"{r.name}: does not fit at this batch on one {dev} device: needs "
+                       f"{gib(-f.spare_bytes)} more even by a lower bound ({bound})")
         elif f.fits:
             out.append(f"{r.name}: fits at this batch on one {dev} device, with {gib(f.spare_bytes)} "
                        f"to spare ({f.basis} {gib(f.needed_bytes)} on its largest rank)")
@@ -158,6 +167,11 @@ def fit_lines(report: Report) -> list[str]:
                        f"{gib(-f.spare_bytes)} more ({f.basis} {gib(f.needed_bytes)} on its "
                        "largest rank)")
     return out
+
+
+def _record_kind(run: RunEntry) -> str:
+    """What kind of record a lower-bound peak comes from, in words."""
+    return "CPU record" if run.device == "cpu" else "profiler window only"
 
 
 def peak_source_lines(report: Report) -> list[str]:

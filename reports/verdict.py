@@ -107,7 +107,10 @@ def verdict(report: Report) -> list[str]:
     else:
         out.append(f"Ranking withheld: {rk.reason}")
     out += [s for r in runs if (s := input_bound_sentence(r.name, r.data))]
-    cpu = [r for r in runs if r.device == "cpu" and r.strategy != "single"]
+    # said only where the evidence says gloo: the manifest's backend, or for foreign traces
+    # distributedInfo / gloo ops (analyzer/compare/runs.py trace_backend); a CPU-side-only
+    # trace of another device (MTIA, a CUPTI range profile) is no gloo record
+    cpu = [r for r in runs if r.device == "cpu" and r.backend == "gloo" and r.strategy != "single"]
     if cpu:
         text = ("These runs were recorded on CPU with gloo: timings carry +-30-50 % noise and "
                 "say little about GPUs.")

@@ -11,13 +11,15 @@ checked against real torch 2.13 CPU/gloo traces of ``fully_shard`` and ``FullySh
   <fqn>`` / ``FSDP::backward_prefetch for <fqn>`` -> forward / backward, prefetched;
   ``FSDP::pre_forward`` / ``FSDP::pre_backward`` -> forward / backward, prefetched when the hook
   is another unit's. With no such label around it, backward when it runs inside
-  ``autograd::engine::evaluate_function`` (FSDP's backward hooks are autograd hooks), else
-  forward, not prefetched. ``FSDP::all_gather_copy_out (<fqn>)`` (the unit's first after the
+  ``autograd::engine::evaluate_function`` (FSDP's backward hooks are autograd hooks) or on the
+  autograd engine's own thread (below), else forward, not prefetched. ``FSDP::all_gather_copy_out (<fqn>)`` (the unit's first after the
   issue, before its next issue) is the first consumer of the gathered data: on CPU *need* = its
   start; on GPU see "GPU need" below. No copy-out: need unknown.
 * FSDP1 (``FullyShardedDataParallel``): labels carry no unit name. Each ``c10d`` all_gather
   enqueue (``comm_enqueue`` row) is one unit's unshard, numbered ``#k`` in issue order within
-  the step's forward or backward; it is prefetched when inside ``_pre_forward_prefetch`` /
+  the step's forward or backward (backward: inside ``_pre_backward_hook`` /
+  ``_pre_backward_prefetch`` / ``_post_backward*``, or on the autograd engine's thread); it is
+  prefetched when inside ``_pre_forward_prefetch`` /
   ``_pre_backward_prefetch`` / ``_post_backward_prefetch`` (``_runtime_utils.py``). *need* =
   the end of the pre-hook (``_pre_forward`` / ``_pre_backward_hook``) that consumes it: the
   enclosing one, or for a prefetched unit the next one to start after the issue (the unit's
@@ -25,6 +27,15 @@ checked against real torch 2.13 CPU/gloo traces of ``fully_shard`` and ``FullySh
   all_gather shows up as nested enqueue ops (``c10d::_allgather_base_`` >
   ``record_param_comms`` > ``nccl:_all_gather_base``, as in the A100 corpus trace); only the
   outermost one on its thread is an issue.
+
+The autograd engine's thread: on a GPU job torch's engine runs backward on a device thread of
+its own (torch/csrc/autograd/engine.cpp ``Engine::thread_init`` per device), so everything it
+issues is backward, whether or not an ``evaluate_function`` span encloses it (hooks the engine
+calls between nodes, e.g. FSDP's pre-backward via a multi-grad hook, and callbacks queued with
+``queue_callback``). Found as a CPU thread that runs ``evaluate_function`` spans and no
+``ProfilerStep#`` span, in a trace that has ProfilerStep spans (the training loop's thread runs
+them); on CPU the engine runs on the calling thread, which is the loop's, and only the
+enclosing rules apply.
 
 Labels are read from CPU rows only: on GPU traces Kineto mirrors every user annotation as a
 ``gpu_user_annotation`` on a stream (GPU clock positions, same name), which is not an issue.
@@ -147,6 +158,20 @@ def _first(rows: np.ndarray, ts: np.ndarray) -> int:
 def _by_start(rows: np.ndarray, ts: np.ndarray) -> np.ndarray:
     """``rows`` by start (numpy quicksort, as ``sort_values("ts_ns")``)."""
     return rows[np.argsort(ts[rows], kind="quicksort")]
+
+
+def _autograd_thread_rows(tb: "_Table") -> np.ndarray:
+    """Per row, True when it runs on the autograd engine's own thread (module docstring): a CPU
+    thread with ``evaluate_function`` spans and no ``ProfilerStep#`` span, in a trace whose
+    ProfilerSteps run on some other thread."""
+    cpu = ~tb.gpu
+    tid = np.asarray(pd.factorize(tb.tid.astype(str))[0])
+    autograd = cpu & tb.names.mask(lambda n: n.startswith(AUTOGRAD_PREFIX))
+    step = cpu & tb.names.mask(lambda n: n.startswith("ProfilerStep#"))
+    if not step.any() or not autograd.any():
+        return np.zeros(len(tid), bool)
+    engine = np.setdiff1d(np.unique(tid[autograd]), np.unique(tid[step]))
+    return cpu & np.isin(tid, engine)
 
 
 def _enclosing(rows: np.ndarray, ts: np.ndarray, end: np.ndarray, t: int) -> np.ndarray:
@@ -334,6 +359,7 @@ def _issues_fsdp2(tb: _Table, gpu: _GpuView) -> list[dict]:
     hooks = rows("pre_forward", "pre_backward", "forward_prefetch", "backward_prefetch")
     own_hooks = rows("pre_forward", "pre_backward")
     autograd = np.flatnonzero(cpu & names.mask(lambda n: n.startswith(AUTOGRAD_PREFIX)))
+    engine = _autograd_thread_rows(tb)
     skip = (ts[issue], end[issue])  # launches inside an all_gather label: copy-in, NCCL
     unit_of = np.array([parsed.get(int(k), ("", ""))[1] for k in codes[issue]], dtype=object)
     out = []
@@ -351,7 +377,7 @@ def _issues_fsdp2(tb: _Table, gpu: _GpuView) -> list[dict]:
             phase = "backward" if "pre_backward" in whats else "forward"
             prefetched = not own
         else:  # no FSDP hook label around it: backward hooks run inside the autograd engine
-            phase = "backward" if len(_enclosing(autograd, ts, end, t)) else "forward"
+            phase = "backward" if engine[i] or len(_enclosing(autograd, ts, end, t)) else "forward"
             prefetched = False
         # the unit's copy-out: its first after this issue and before the unit's next issue
         later = issue[(unit_of == key) & (ts[issue] > t)]
@@ -387,11 +413,12 @@ def _issues_fsdp1(tb: _Table, gpu: _GpuView) -> list[dict]:
     bwd_any = np.flatnonzero(cpu & names.mask(
         lambda n: n in (FSDP1_PRE_BACKWARD, FSDP1_PREFETCH[1])
         or n.startswith("FullyShardedDataParallel._post_backward")))
+    engine = _autograd_thread_rows(tb)
     out = []
     counters: dict[tuple[int, str], int] = {}
     for i in enq.tolist():
         t = int(ts[i])
-        phase = "backward" if len(_enclosing(bwd_any, ts, end, t)) else "forward"
+        phase = "backward" if engine[i] or len(_enclosing(bwd_any, ts, end, t)) else "forward"
         prefetched = bool(len(_enclosing(prefetch, ts, end, t)))
         hooks = pre_bwd if phase == "backward" else pre_fwd
         if prefetched:

@@ -20,7 +20,9 @@ class Summary:
     breakdown: pd.DataFrame
     """``JobTables.breakdown`` (analyzer/analyses/breakdown.py COLUMNS)."""
     by_kind: pd.DataFrame
-    """analyzer.analyses.collectives.by_kind of the job's collectives."""
+    """analyzer.analyses.collectives.by_kind of the job's collectives (``busbw_gbps`` over the
+    whole durations, as report.json's), with ``transfer_busbw_gbps``: the same with each
+    instance's transfer time (analyzer/analyses/commsplit.py), as report.json's."""
     offsets: pd.DataFrame
     """analyzer.analyses.clock.clock_offsets of the job's collectives (rank, offset_ns, mad_ns,
     lo_ns, hi_ns, n_matched, consistent): the clocks ``cross_rank`` and ``stragglers`` align."""
@@ -80,5 +82,24 @@ def summarize(job) -> Summary:
                            "steps": len(r.steps), "whole_trace_mode": r.whole_trace_mode}
                           for r in job.ranks])
     return Summary(headline=head, ranks=ranks, breakdown=job.breakdown,
-                   by_kind=crossrank.kind_table(job), offsets=offsets, cross_rank=matched,
-                   stragglers=stragglers(matched))
+                   by_kind=_with_transfer_busbw(job, crossrank.kind_table(job), offsets),
+                   offsets=offsets, cross_rank=matched, stragglers=stragglers(matched))
+
+
+def _with_transfer_busbw(job, kinds: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
+    """``kinds`` (``crossrank.kind_table``) with column transfer_busbw_gbps per (rank, kind):
+    ``by_kind`` of the collectives with transfer time as the duration, the report's
+    "busbw from transfer" per rank (one definition per name: analyzer/compare/runs.py)."""
+    from analyzer.analyses import crossrank
+    from analyzer.analyses.collectives import by_kind
+
+    if kinds.empty:
+        return kinds.assign(transfer_busbw_gbps=pd.Series(dtype="float64"))
+    inst = crossrank.instances(job, offsets)
+    moved = crossrank.joined(
+        [by_kind(coll.assign(dur_ns=split["transfer_ns"].to_numpy()))
+         for _, coll, split in crossrank.each_split(job, offsets, inst) if len(coll)])
+    t = moved[["rank", "kind", "busbw_gbps"]].rename(columns={"busbw_gbps": "transfer_busbw_gbps"})
+    t = t.astype({"rank": kinds["rank"].dtype, "kind": str})
+    out = kinds.assign(kind=kinds["kind"].astype(str)).merge(t, on=["rank", "kind"], how="left")
+    return out.assign(transfer_busbw_gbps=out["transfer_busbw_gbps"].astype("float64"))

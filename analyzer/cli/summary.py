@@ -14,6 +14,15 @@ from analyzer.cli.richout import Format
 from analyzer.contract.errors import BadInput, Reason
 
 
+BUSBW_NOTE = (
+    "algbw = bytes / time; busbw = bytes x the nccl-tests factor (all_reduce 2(n-1)/n, "
+    "all_gather, reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1) / time, "
+    "GB/s = 10^9 bytes/s. whole duration: the time is each collective's whole duration, "
+    "waiting for the slowest rank included; from transfer: its transfer time only, from the "
+    "group's last start to its end (`analyzer report`'s \"busbw from transfer\"). --format "
+    "json gives both under report.json's names for them.")
+
+
 class _Check(str, enum.Enum):
     hta = "hta"
 
@@ -120,7 +129,10 @@ def _print_tables(s) -> None:
           "time_ms": ("time_ns", ms),
           "bytes": ("bytes", lambda b: fmt.data_bytes(None if b is None or b < 0 else b)),
           "algbw_gbps": ("algbw_gbps", gbps),
-          "busbw_gbps": ("busbw_gbps", gbps)})
+          "busbw_whole_duration_gbps": ("busbw_gbps", gbps),
+          "busbw_from_transfer_gbps": ("transfer_busbw_gbps", gbps)})
+    if s.by_kind is not None and len(s.by_kind):
+        con.print(BUSBW_NOTE, markup=False, highlight=False, soft_wrap=True)
     if len(s.offsets) > 1:
         show("Clock offsets (aligned time = rank time - offset)",
              s.offsets.astype({"mad_ns": "float64"}),

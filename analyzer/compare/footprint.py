@@ -86,6 +86,7 @@ def _choose_peak(out: Memory, steps: pd.DataFrame | None) -> None:
         reserved = [c.reserved_bytes for c in peak if c.reserved_bytes is not None]
         out.peak_reserved_bytes = max(reserved) if reserved else None
         out.peak_source = CATEGORY_SOURCE.get(top.source, f"memory_categories.parquet: {top.source}")
+        out.peak_lower_bound = top.source == "sum_of_categories"
         return
     devs = [d for d in out.devices if not d.device.startswith("cpu")] or out.devices
     if devs:
@@ -94,6 +95,7 @@ def _choose_peak(out: Memory, steps: pd.DataFrame | None) -> None:
         reserved = [d.peak_reserved_bytes for d in devs if d.peak_reserved_bytes is not None]
         out.peak_reserved_bytes = max(reserved) if reserved else None
         cpu = " (CPU: counts only what was allocated while profiling)" if top.device.startswith("cpu") else ""
+        out.peak_lower_bound = bool(cpu)
         out.peak_source = f"trace [memory] events: {top.source}, largest device ({top.device}){cpu}"
         return
     if steps is not None and len(steps):
@@ -103,6 +105,7 @@ def _choose_peak(out: Memory, steps: pd.DataFrame | None) -> None:
         out.peak_reserved_bytes = None if pd.isna(res) else int(res)
         if out.peak_allocated_bytes is not None:
             cuda = peaks["cuda_max_allocated_bytes"].notna().any()
+            out.peak_lower_bound = not cuda
             out.peak_source = ("steps.parquet: torch.cuda.max_memory_allocated" if cuda else
                                "steps.parquet: profiler window only (a record without "
                                "memory_categories.parquet; misses what was allocated before profiling)")
@@ -111,13 +114,17 @@ def _choose_peak(out: Memory, steps: pd.DataFrame | None) -> None:
 def fit(mem: Memory, device_bytes: int) -> MemoryFit:
     """Does ``mem``'s largest per-rank peak fit in ``device_bytes``? The needed figure is the
     peak reserved when known (what the CUDA caching allocator took from the device), else the
-    peak allocated."""
+    peak allocated. A peak that is only a lower bound (``Memory.peak_lower_bound``: a CPU
+    record's sum of categories, a profiler-window peak) proves "does not fit" when it is
+    above the device, and nothing when it is below: fits is then None (not known)."""
     if mem.peak_reserved_bytes is not None:
-        needed, basis = mem.peak_reserved_bytes, "peak reserved"
+        needed, basis, lower = mem.peak_reserved_bytes, "peak reserved", False
     elif mem.peak_allocated_bytes is not None:
-        needed, basis = mem.peak_allocated_bytes, "peak allocated"
+        needed, basis, lower = mem.peak_allocated_bytes, "peak allocated", mem.peak_lower_bound
     else:
         return MemoryFit(device_bytes=device_bytes, needed_bytes=None, basis="no memory figure",
                          fits=None, spare_bytes=None)
+    fits = needed <= device_bytes
     return MemoryFit(device_bytes=device_bytes, needed_bytes=needed, basis=basis,
-                     fits=needed <= device_bytes, spare_bytes=device_bytes - needed)
+                     fits=None if lower and fits else fits, spare_bytes=device_bytes - needed,
+                     lower_bound=lower)

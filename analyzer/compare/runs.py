@@ -205,6 +205,23 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     return fields, by_step["step_ns"].max().tolist(), list(tables.warnings)
 
 
+def trace_backend(tables) -> str | None:
+    """The communication backend foreign traces show: distributedInfo.backend when a rank's
+    trace names it (the same-job check refuses traces that disagree), else "gloo" when the
+    communication is gloo runloop ops (analyzer/ingest/classify.py rule ``cpu.gloo_op``), else
+    None: the traces do not tell (an MTIA or CUPTI-range trace is not a gloo record because it
+    has no GPU kernel)."""
+    named = sorted({str(di["backend"]) for r in tables.ranks
+                    if isinstance(di := r.distributed_info or {}, dict)
+                    and isinstance(di.get("backend"), str)})
+    if named:
+        return named[0]
+    for _, coll in tables.batches("collectives", ["rule"]):
+        if coll["rule"].astype(str).str.startswith("cpu.gloo_op").any():
+            return "gloo"
+    return None
+
+
 def trace_step_source(tables) -> str:
     """What the traces' step times are, in words (module docstring)."""
     if tables.whole_trace_mode:
@@ -263,6 +280,8 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
         if entry.world_size is None:
             entry.world_size = tables.world_size
             entry.device = "cuda" if entry.trace_info.device_kind == "gpu" else "cpu"
+        if m is None:
+            entry.backend = trace_backend(tables)
         if not step_ns and trace_step_ns:
             step_ns, source = trace_step_ns, trace_step_source(tables)
         if tables.missing_ranks:

@@ -268,7 +268,12 @@ class MemoryFit(msgspec.Struct, kw_only=True):
     needed_bytes: int | None
     basis: str
     fits: bool | None
+    """True / False; None when not known: no memory figure, or the figure is a lower bound
+    (``lower_bound``) that fits -- the true peak may not. A lower bound above the device is
+    False: the true peak is larger still."""
     spare_bytes: int | None
+    lower_bound: bool = False
+    """``needed_bytes`` is a lower bound of the peak (``Memory.peak_lower_bound``)."""
 
 
 class Memory(msgspec.Struct, kw_only=True):
@@ -292,6 +297,10 @@ class Memory(msgspec.Struct, kw_only=True):
     snapshot_totals: list[SnapshotTotal] = []
     largest: list[Allocation] = []
     fit: MemoryFit | None = None
+    peak_lower_bound: bool = False
+    """``peak_allocated_bytes`` is a lower bound of the true peak: a CPU record's sum of
+    categories (the allocator keeps no peak; transient buffers are missing), a profiler-window
+    peak (misses what was allocated before profiling), or a CPU trace's ``[memory]`` events."""
 
 
 class CommKind(_Figures, kw_only=True):

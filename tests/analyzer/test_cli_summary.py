@@ -64,3 +64,48 @@ def test_summary_tables_write_bandwidth_as_gb_per_s_and_fit_80_columns(fixture_c
     assert "GB/s" in res.output and "gbps" not in res.output.lower()
     rows = [ln for ln in res.output.splitlines() if any(c in ln for c in "│─┃━")]
     assert rows and max(len(ln) for ln in rows) <= 80
+
+
+def _busbw_job(folder):
+    """Two gloo ranks, one all_reduce of 1,000,000 floats (4 MB) in one step: rank 0 starts it
+    at 10 µs, rank 1 at 50 µs, both end at 90 µs (same clock). Exact answers, all_reduce on 2
+    ranks (factor 2(n-1)/n = 1): whole durations 80 and 40 µs -> busbw 4e6 / 80e3 ns = 50 GB/s
+    and 100 GB/s; transfer 40 µs on both (from the last start, 50 µs) -> 100 GB/s on both."""
+    from tests.analyzer.helpers import write
+
+    for rank, start in ((0, 10), (1, 50)):
+        ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+               "ts": 0, "dur": 100},
+              {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": 1,
+               "ts": start - 2, "dur": 1, "args": {"Process Group Name": "0", "Group size": 2}},
+              {"ph": "X", "cat": "cpu_op", "name": "gloo:all_reduce", "pid": 1, "tid": 2,
+               "ts": start, "dur": 90 - start,  # its shape as torch 2.13's gloo ops record it
+               "args": {"Input type": ["float"], "Input Dims": [[1_000_000]]}}]
+        write(folder / f"rank{rank}.trace.json",
+              {"schemaVersion": 1, "traceEvents": ev,
+               "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}})
+    return folder
+
+
+def test_summary_names_each_busbw_by_the_time_it_divides_by(tmp_path):
+    job = _busbw_job(tmp_path / "job")
+    res = runner.invoke(app, ["summary", str(job), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["rank"]: r for r in json.loads(res.output)["by_kind"]}
+    assert rows[0]["busbw_gbps"] == pytest.approx(50.0) and rows[1]["busbw_gbps"] == pytest.approx(100.0)
+    assert [rows[r]["transfer_busbw_gbps"] for r in (0, 1)] == pytest.approx([100.0, 100.0])
+    table = runner.invoke(app, ["summary", str(job)], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "whole" in table.output and "transfer" in table.output
+    assert "whole duration: the time is each collective's whole duration" in table.output
+
+
+def test_summary_and_report_agree_on_busbw_from_transfer(tmp_path):
+    """The report's run-level busbw from transfer = the ranks' bus bytes over their summed
+    transfer time: 2 x 4e6 bytes / 80 µs = 100 GB/s, the summary's per-rank figure here."""
+    from analyzer.compare.runs import analyse
+
+    job = _busbw_job(tmp_path / "job")
+    kind = analyse(job).runs[0].communication["all_reduce"]
+    assert kind.transfer_busbw_gbps == pytest.approx(100.0)
+    assert kind.busbw_gbps == pytest.approx(8e6 / 120e3)  # whole durations: 80 + 40 µs

@@ -21,6 +21,7 @@ from analyzer.contract.report_types import AnalysisOptions
 from reports import html, markdown
 from reports import memory as memory_section
 from tests.inputs import CORPUS, bad_input, cli, need
+from tests.remanifest import refresh_manifest
 from tests.reports.builders import write_categories, write_run
 
 MiB = 1 << 20
@@ -88,21 +89,47 @@ def test_ratio_to_ddp_beside_the_sharding_prediction(tmp_path):
     assert "Process peak RSS per rank" in page  # RSS apart, labelled
 
 
-def test_device_memory_says_fits_or_not_with_the_margin(tmp_path):
+def test_device_memory_from_a_cpu_record_is_a_lower_bound(tmp_path):
+    """A CPU record's peak is the sum of what the rank holds, a lower bound: below the device
+    it proves nothing (fits not known, said as such), above it proves "does not fit"."""
     rep = analyse(_root(tmp_path), AnalysisOptions(device_memory_bytes=GiB))
     fits = {r.name: r.memory.fit for r in rep.runs}
-    assert fits["fsdp2"].fits and fits["fsdp2"].spare_bytes == GiB - 901 * MiB
-    assert not fits["ddp"].fits and fits["ddp"].spare_bytes == GiB - 1700 * MiB
+    assert fits["fsdp2"].fits is None and fits["fsdp2"].lower_bound
+    assert fits["fsdp2"].spare_bytes == GiB - 901 * MiB
+    assert fits["ddp"].fits is False and fits["ddp"].spare_bytes == GiB - 1700 * MiB
     lines = memory_section.fit_lines(rep)
-    assert "fsdp2: fits at this batch on one 1.00 GiB device, with 123.0 MiB to spare" in lines[2]
-    assert lines[1].startswith("ddp: does not fit at this batch on one 1.00 GiB device: needs 676.0 MiB more")
+    assert lines[2].startswith("fsdp2: not known whether it fits one 1.00 GiB device (lower "
+                               "bound, CPU record: peak allocated 901.0 MiB on its largest rank, "
+                               "123.0 MiB under the device")
+    assert "to spare" not in " ".join(lines)
+    assert lines[1].startswith("ddp: does not fit at this batch on one 1.00 GiB device: needs "
+                               "676.0 MiB more even by a lower bound (lower bound, CPU record")
+
+
+def test_device_memory_from_a_cuda_peak_says_fits_or_not_with_the_margin(tmp_path):
+    """The allocator's own peak (CUDA max_memory_allocated) is the peak: fits, with the margin."""
+    root = tmp_path / "traces"
+    walls = {0: (1, 1), 1: (7 * MS, 7 * MS)}
+    cats = {"parameters": 200 * MiB, "gradients": 200 * MiB, "optimizer_state": 400 * MiB,
+            "activations": 100 * MiB}
+    write_run(root / "fsdp2", strategy="fsdp2", walls=walls, device="cuda")
+    write_categories(root / "fsdp2" / schemas.MEMORY_CATEGORIES_NAME, {0: cats, 1: cats},
+                     source="cuda_max_allocated")
+    refresh_manifest(root / "fsdp2")
+    rep = analyse(root, AnalysisOptions(device_memory_bytes=GiB))
+    f = rep.runs[0].memory.fit
+    assert f.fits is True and not f.lower_bound and f.spare_bytes == GiB - 900 * MiB
+    assert memory_section.fit_lines(rep) == [
+        "fsdp2: fits at this batch on one 1.00 GiB device, with 124.0 MiB to spare (peak "
+        "allocated 900.0 MiB on its largest rank)"]
 
 
 def test_device_memory_option_on_the_command_line(tmp_path):
     root = _root(tmp_path)
     proc = cli("report", str(root), "--device-memory", "80GiB", "--format", "md")
     assert proc.returncode == 0, proc.stderr
-    assert "ddp: fits at this batch on one 80.00 GiB device, with 78.34 GiB to spare" in proc.stdout
+    assert ("ddp: not known whether it fits one 80.00 GiB device (lower bound, CPU record: "
+            "peak allocated 1.66 GiB on its largest rank, 78.34 GiB under the device") in proc.stdout
     bad_input(cli("report", str(root), "--device-memory", "eighty"), "--device-memory", "80GiB")
     bad_input(cli("report", str(root), "--device-memory", "80"), "--device-memory", "80GiB")  # unit?
     assert report_types.parse_bytes("0.5KB") == 500 and report_types.parse_bytes("80GiB") == 80 * 2**30

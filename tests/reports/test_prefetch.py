@@ -245,3 +245,45 @@ def test_headline_counts_only_measured_slacks():
     assert "none of the 3 measured finished after its unit needed it" in text
     assert "Not measured for 1" in text
     assert "none of the 4 measured" in sentence(0) and "Not measured" not in sentence(0)
+
+
+def _engine_thread_fsdp2():
+    """GPU-shaped FSDP2 step: the training loop (thread 1, ProfilerStep) runs forward; the
+    autograd engine's device thread (thread 2) runs backward. Unit 1's backward all_gather is
+    issued on thread 2 at 2100, between two evaluate_function spans (1500..2000, 2500..3000),
+    under no FSDP hook label: backward, not prefetched. Unit 2's forward all_gather at 120 on
+    thread 1 stays forward."""
+    rows = [
+        ann("ProfilerStep#0", 0, 10000), ann("FSDP::pre_forward (2)", 100, 900),
+        ann("FSDP::all_gather (2)", 120, 200),
+        event("autograd::engine::evaluate_function: MmBackward0", 1500, 2000, tid="2"),
+        ann("FSDP::all_gather (1)", 2100, 2200, tid="2"),
+        event("autograd::engine::evaluate_function: MmBackward0", 2500, 3000, tid="2"),
+        kernel("ncclDevKernel_AllGather", 300, 800, role="comm", stream=20, coll_kind="all_gather"),
+        kernel("ncclDevKernel_AllGather", 2300, 2400, role="comm", stream=20, coll_kind="all_gather"),
+        kernel("gemm", 400, 600),
+    ]
+    return events(rows)
+
+
+def test_fsdp2_all_gather_on_the_autograd_thread_is_backward():
+    t = prefetch.prefetch_table(_engine_thread_fsdp2(), rank=0).set_index("unit")
+    assert list(t.index) == ["2", "1"]
+    assert list(t["phase"]) == ["forward", "backward"]
+    assert list(t["prefetched"]) == [False, False]
+
+
+def test_fsdp1_all_gather_on_the_autograd_thread_is_backward():
+    """FSDP1: an all_gather enqueue on the engine's thread (2) under no FSDP hook is the
+    backward's #0; the main thread's enqueue in _pre_forward is the forward's #0."""
+    F = "FullyShardedDataParallel."
+    rows = [
+        ann("ProfilerStep#0", 0, 10000), ann(F + "_pre_forward", 100, 1000),
+        event("c10d::allgather_", 200, 250, role="comm_enqueue", coll_kind="all_gather"),
+        event("autograd::engine::evaluate_function: AddBackward0", 2900, 3000, tid="2"),
+        event("c10d::allgather_", 3100, 3150, role="comm_enqueue", coll_kind="all_gather", tid="2"),
+        event("gloo:all_gather", 300, 900, role="comm", cat="user_annotation", tid="9", coll_kind="all_gather"),
+        event("gloo:all_gather", 3200, 3400, role="comm", cat="user_annotation", tid="9", coll_kind="all_gather"),
+    ]
+    t = prefetch.prefetch_table(events(rows), rank=0)
+    assert list(zip(t["phase"], t["unit"])) == [("forward", "#0"), ("backward", "#0")]
