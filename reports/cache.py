@@ -40,31 +40,53 @@ _MODULES = tuple(sorted((*(_HERE.parent / "analyzer").rglob("*.py"), *_HERE.glob
 
 def _files(root: Path, out: Path) -> list[list[Any]]:
     """[relative path, size, mtime_ns, ctime_ns, inode, device] of every file under ``root``,
-    leaving out ``out`` and the per-rank tables caches (a symlinked folder: the link itself)."""
+    leaving out ``out`` and the per-rank tables caches. A symlink to a folder (the documented
+    "folder of symlinks to run dirs") is recorded as the link and its target, and the target's
+    files are walked under the link's path: a linked run re-recorded changes the key. A folder
+    reached twice (a link cycle, two links to one run) is walked once per link path but never
+    inside itself."""
     rows: list[list[Any]] = []
     if root.is_file():
         st = root.stat()
         return [[root.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]]
     out_real = os.path.realpath(out)
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames
-                             if os.path.realpath(os.path.join(dirpath, d)) != out_real)
-        for name in sorted(filenames):
-            if name.endswith(_SKIP_SUFFIXES) or name.startswith(".tmp-"):
-                continue
-            p = os.path.join(dirpath, name)
+
+    def walk(folder: str, rel: str, above: frozenset) -> None:
+        try:
+            st = os.stat(folder)
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            rows.append([rel or ".", -1, -1, -1, -1, -1])
+            return
+        here = above | {(st.st_dev, st.st_ino)}
+        for e in entries:
+            p, r = e.path, os.path.join(rel, e.name) if rel else e.name
             try:
-                st = os.stat(p)
-                row = [os.path.relpath(p, root), st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                       st.st_ino, st.st_dev]
+                is_dir = e.is_dir(follow_symlinks=True)
             except OSError:
-                row = [os.path.relpath(p, root), -1, -1, -1, -1, -1]
-            rows.append(row)
-        # a symlink to a folder is not walked (followlinks=False): record the link itself
-        for d in dirnames:
-            p = os.path.join(dirpath, d)
-            if os.path.islink(p):
-                rows.append([os.path.relpath(p, root), "link", os.readlink(p)])
+                is_dir = False
+            if is_dir:
+                if os.path.realpath(p) == out_real:
+                    continue
+                if e.is_symlink():
+                    rows.append([r, "link", os.readlink(p)])
+                try:
+                    target = os.stat(p)
+                except OSError:
+                    continue
+                if (target.st_dev, target.st_ino) not in here:  # a cycle: recorded, not entered
+                    walk(p, r, here)
+                continue
+            if e.name.endswith(_SKIP_SUFFIXES) or e.name.startswith(".tmp-"):
+                continue
+            try:
+                fst = os.stat(p)  # a symlinked file: its target's signature
+                rows.append([r, fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns, fst.st_ino,
+                             fst.st_dev])
+            except OSError:
+                rows.append([r, -1, -1, -1, -1, -1])
+
+    walk(os.fspath(root), "", frozenset())
     return rows
 
 
