@@ -186,3 +186,43 @@ def remove_stale(out: Path, names: list[str], written: dict[str, str]) -> tuple[
         log.info("could not record the files written in %s (%s)", out, exc)
     return removed, left
 
+
+
+def _looks_written_by_us(path: Path) -> bool:
+    """True when ``path`` (report.md / .json / .html) starts as every report the analyzer
+    writes does: Markdown ``# paritytrace report``, HTML its doctype and title, JSON an object
+    whose first key is ``schema_version`` (reports/markdown.py, html.py, report_types.encode).
+    Read: the first 256 bytes."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    if path.suffix == ".md":
+        return head.startswith(b"# paritytrace report\n")
+    if path.suffix == ".html":
+        return head.startswith(b'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">\n'
+                               b"<title>paritytrace report</title>")
+    return head.lstrip().startswith(b"{") and head.lstrip()[1:].lstrip().startswith(b'"schema_version"')
+
+
+def foreign_files(out: Path, names: list[str]) -> list[str]:
+    """The files ``names`` in ``out`` that a report would replace and the analyzer did not
+    write: neither recorded as written by it (``remove_stale``'s record, same SHA-256) nor
+    carrying the start every analyzer report has (a record cleared with the cache still
+    leaves its own reports replaceable). A symlink counts as foreign (write_atomic would
+    replace the link, not what it names)."""
+    try:
+        known = msgspec.json.decode(_written_path(out).read_bytes(), type=dict[str, str])
+    except (OSError, msgspec.DecodeError):
+        known = {}
+    out_names = []
+    for name in names:
+        path = out / name
+        if not path.is_symlink() and not path.exists():
+            continue
+        if path.is_symlink() or not path.is_file():
+            out_names.append(name)
+        elif not ((name in known and _sha256(path) == known[name]) or _looks_written_by_us(path)):
+            out_names.append(name)
+    return out_names

@@ -128,6 +128,12 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
             raise BadInput(tables_out, Reason.BAD_OPTION, f"overlaps --out {out}: the report "
                            "and the dataset would each read the other as files they did not "
                            "write", "give --tables-out and --out two separate folders")
+    # report files of the user's own in --out are never replaced (reports/cache.py)
+    if foreign := cache.foreign_files(out, [f"report.{f}" for f in FORMATS if f in formats]):
+        raise BadInput(out / foreign[0], Reason.UNWRITABLE, "was not written by analyzer report "
+                       "and a report would replace it" + (f" (also {', '.join(foreign[1:])})"
+                                                          if len(foreign) > 1 else ""),
+                       "move it away, or pass another --out")
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
     key = None if remote else cache.key(root, out, options)
     hit = cache.load_entry(root, out, key) if tables_out is None and key is not None else None

@@ -189,3 +189,25 @@ def test_report_same_formats_again_removes_nothing(dlrm_copy, tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert "removed" not in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
+
+
+def test_report_never_replaces_report_files_of_the_users_own(dlrm_copy, tmp_path, monkeypatch):
+    """A report.md / report.json in --out that the analyzer did not write (no record of it,
+    not a paritytrace report) is refused in one line, exit 2, and left as it was; the
+    analyzer's own earlier reports are replaced, even after the records were cleared."""
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "report.md").write_text("# my notes\n")
+    (out / "report.json").write_text('{"mine": 1}')
+    proc = cli("report", str(dlrm_copy), "--out", str(out), "--format", "md,json")
+    bad_input(proc, f"{out / 'report.md'}: was not written by analyzer report", "another --out")
+    assert "(also report.json)" in proc.stderr
+    assert (out / "report.md").read_text() == "# my notes\n"
+    assert (out / "report.json").read_text() == '{"mine": 1}'
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    mine = tmp_path / "ours"
+    assert cli("report", str(dlrm_copy), "--out", str(mine)).returncode == 0
+    shutil.rmtree(tmp_path / "xdg" / "paritytrace")  # README's clearing recipe
+    again = cli("report", str(dlrm_copy), "--out", str(mine))
+    assert again.returncode == 0, again.stderr
