@@ -87,12 +87,12 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler) -
 def _print_tables(s) -> None:
     from functools import partial
 
-    from analyzer.cli.richout import add_column, console, table
+    from analyzer.cli.richout import add_column, clean, console, table
     from reports import fmt
 
     con = console()
-    for line in s.headline:
-        con.print(line, markup=False, highlight=False, soft_wrap=True)
+    for line in s.headline:  # one line each, whatever a path or name holds
+        con.print(clean(line, one_line=True), markup=False, highlight=False, soft_wrap=True)
     # units in the headers, bare numbers in the cells: 11 columns fit 80 characters
     text, pct = partial(fmt.num, spec=""), partial(fmt.num, spec=".1f")
     ms = lambda ns: fmt.num(None if ns is None else ns / 1e6, ".3f")  # noqa: E731 ms to 1 µs
@@ -140,4 +140,4 @@ def _print_tables(s) -> None:
          {"rank": ("rank", text), **{c: (c, pct100) for c in ("hta_overlap_pct", "ours_hta_scope_pct", "ours_step_pct",
                                        "diff_pct")}, "explanation": ("explanation", text)})
     for line in s.notes:
-        con.print(line, markup=False, highlight=False, soft_wrap=True)
+        con.print(clean(line, one_line=True), markup=False, highlight=False, soft_wrap=True)
