@@ -75,7 +75,10 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler) -
         s.crosscheck, notes = crosscheck_hta.crosscheck(ts)
         s.notes += notes
     if fmt == Format.json:
-        text = json.dumps(s.to_json(), indent=1)
+        from analyzer.ingest.fswalk import OUTPUT_MARKER
+
+        # the marker first: a folder walk knows the file for ours (analyzer/ingest/fswalk.py)
+        text = json.dumps({OUTPUT_MARKER: "analyzer summary", **s.to_json()}, indent=1)
         if output is None:
             typer.echo(text)
         else:
