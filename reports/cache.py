@@ -18,6 +18,7 @@ way, so both paths write identical outputs. A cache that cannot be read or writt
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -154,14 +155,27 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
-def remove_stale(out: Path, names: list[str], written: dict[str, str]) -> tuple[list[str], list[str]]:
+def fs_now_ns() -> int:
+    """Now on the clock the kernel stamps file times with (the coarse real-time clock where
+    there is one: a file written after this instant never carries an older mtime)."""
+    import time
+
+    coarse = getattr(time, "CLOCK_REALTIME_COARSE", None)
+    return time.clock_gettime_ns(coarse) if coarse is not None else time.time_ns()
+
+
+def remove_stale(out: Path, names: list[str], written: dict[str, str],
+                 started_ns: int | None = None) -> tuple[list[str], list[str]]:
     """Remove the files ``names`` of the output folder ``out`` that an earlier analysis wrote
     and nobody changed since: their SHA-256 equals the one recorded when it wrote them (kept
-    beside the report cache, ``_written_path``). A file of that name that the analyzer did
-    not write, or that was edited since, or with no record (the cache cleared), is left
-    alone. Then records ``written`` (name -> SHA-256 of this analysis's files) for ``out``.
-    Returns (names removed, names left). Raises ``OSError`` when a file cannot be removed;
-    a record that cannot be read or written is skipped (log line)."""
+    beside the report cache, ``_written_path``) and, with ``started_ns`` (``fs_now_ns`` when
+    this analysis began), they were written before it began -- a report running at the same
+    time (another ``--format``) wrote the newer ones, which stay and stay recorded. A file of
+    that name that the analyzer did not write, or that was edited since, or with no record (the
+    cache cleared), is left alone. Then records ``written`` (name -> SHA-256 of this analysis's
+    files, plus the concurrent ones kept) for ``out``. Call it under ``out_lock``. Returns
+    (names removed, names left). Raises ``OSError`` when a file cannot be removed; a record
+    that cannot be read or written is skipped (log line)."""
     rec_path = _written_path(out)
     try:
         known = msgspec.json.decode(rec_path.read_bytes(), type=dict[str, str])
@@ -170,22 +184,24 @@ def remove_stale(out: Path, names: list[str], written: dict[str, str]) -> tuple[
     except (OSError, msgspec.DecodeError) as exc:
         log.info("ignoring unreadable record of written files %s (%s)", rec_path, exc)
         known = {}
-    removed, left = [], []
+    removed, left, record = [], [], dict(written)
     for name in names:
         path = out / name
         if path.is_symlink() or not path.is_file():
             continue  # a link is not a file the analyzer writes (write_atomic replaces links)
         if name in known and _sha256(path) == known[name]:
+            if started_ns is not None and path.stat().st_mtime_ns >= started_ns:
+                record[name] = known[name]  # a concurrent report's: not an earlier analysis
+                continue
             path.unlink()
             removed.append(name)
         else:
             left.append(name)
     try:
-        write_atomic(rec_path, msgspec.json.encode(written))
+        write_atomic(rec_path, msgspec.json.encode(record))
     except OSError as exc:
         log.info("could not record the files written in %s (%s)", out, exc)
     return removed, left
-
 
 
 def _looks_written_by_us(path: Path) -> bool:
@@ -226,3 +242,28 @@ def foreign_files(out: Path, names: list[str]) -> list[str]:
         elif not ((name in known and _sha256(path) == known[name]) or _looks_written_by_us(path)):
             out_names.append(name)
     return out_names
+
+
+@contextlib.contextmanager
+def out_lock(out: Path):
+    """Hold an exclusive ``fcntl.flock`` for the output folder ``out`` while a report writes
+    its files, removes an earlier analysis's and records what it wrote: two reports into one
+    folder at once (say ``--format md`` and ``--format json``) take turns, so the folder ends as
+    one of them left it, never with each having removed the other's files. The lock file is
+    beside the record of written files in the user cache (nothing is added to ``out``); when it
+    cannot be created the report goes on unlocked (log line)."""
+    import fcntl
+
+    path = _written_path(out).with_suffix(".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        log.info("could not lock %s (%s)", path, exc)
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by close, or by the kernel if we die
+        yield
+    finally:
+        os.close(fd)

@@ -211,3 +211,31 @@ def test_report_never_replaces_report_files_of_the_users_own(dlrm_copy, tmp_path
     shutil.rmtree(tmp_path / "xdg" / "paritytrace")  # README's clearing recipe
     again = cli("report", str(dlrm_copy), "--out", str(mine))
     assert again.returncode == 0, again.stderr
+
+
+def test_concurrent_reports_of_other_formats_keep_each_others_files(tmp_path, monkeypatch):
+    """Two reports into one folder at once, --format json and --format md: the md report's
+    prune must not remove the json the other wrote after the md report began (nor may the
+    record forget it); a json from before it began is an earlier analysis's and goes."""
+    import hashlib
+    import os
+
+    from reports import cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    out = tmp_path / "rep"
+    out.mkdir()
+    started = cache.fs_now_ns()
+    text = '{"schema_version": 1}'
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    (out / "report.json").write_text(text)
+    cache.remove_stale(out, [], {"report.json": sha})  # the json report's own record
+    os.utime(out / "report.json", ns=(started + 10**9, started + 10**9))
+    with cache.out_lock(out):
+        removed, left = cache.remove_stale(out, ["report.json"], {"report.md": "m"}, started)
+    assert (removed, left) == ([], []) and (out / "report.json").is_file()
+    record = json.loads(cache._written_path(out).read_text())
+    assert record == {"report.md": "m", "report.json": sha}
+    os.utime(out / "report.json", ns=(started - 10**9, started - 10**9))
+    removed, _ = cache.remove_stale(out, ["report.json"], {"report.md": "m"}, started)
+    assert removed == ["report.json"] and not (out / "report.json").exists()
