@@ -18,6 +18,7 @@ way, so both paths write identical outputs. A cache that cannot be read or writt
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -40,31 +41,53 @@ _MODULES = tuple(sorted((*(_HERE.parent / "analyzer").rglob("*.py"), *_HERE.glob
 
 def _files(root: Path, out: Path) -> list[list[Any]]:
     """[relative path, size, mtime_ns, ctime_ns, inode, device] of every file under ``root``,
-    leaving out ``out`` and the per-rank tables caches (a symlinked folder: the link itself)."""
+    leaving out ``out`` and the per-rank tables caches. A symlink to a folder (the documented
+    "folder of symlinks to run dirs") is recorded as the link and its target, and the target's
+    files are walked under the link's path: a linked run re-recorded changes the key. A folder
+    reached twice (a link cycle, two links to one run) is walked once per link path but never
+    inside itself."""
     rows: list[list[Any]] = []
     if root.is_file():
         st = root.stat()
         return [[root.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]]
     out_real = os.path.realpath(out)
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames
-                             if os.path.realpath(os.path.join(dirpath, d)) != out_real)
-        for name in sorted(filenames):
-            if name.endswith(_SKIP_SUFFIXES) or name.startswith(".tmp-"):
-                continue
-            p = os.path.join(dirpath, name)
+
+    def walk(folder: str, rel: str, above: frozenset) -> None:
+        try:
+            st = os.stat(folder)
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            rows.append([rel or ".", -1, -1, -1, -1, -1])
+            return
+        here = above | {(st.st_dev, st.st_ino)}
+        for e in entries:
+            p, r = e.path, os.path.join(rel, e.name) if rel else e.name
             try:
-                st = os.stat(p)
-                row = [os.path.relpath(p, root), st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                       st.st_ino, st.st_dev]
+                is_dir = e.is_dir(follow_symlinks=True)
             except OSError:
-                row = [os.path.relpath(p, root), -1, -1, -1, -1, -1]
-            rows.append(row)
-        # a symlink to a folder is not walked (followlinks=False): record the link itself
-        for d in dirnames:
-            p = os.path.join(dirpath, d)
-            if os.path.islink(p):
-                rows.append([os.path.relpath(p, root), "link", os.readlink(p)])
+                is_dir = False
+            if is_dir:
+                if os.path.realpath(p) == out_real:
+                    continue
+                if e.is_symlink():
+                    rows.append([r, "link", os.readlink(p)])
+                try:
+                    target = os.stat(p)
+                except OSError:
+                    continue
+                if (target.st_dev, target.st_ino) not in here:  # a cycle: recorded, not entered
+                    walk(p, r, here)
+                continue
+            if e.name.endswith(_SKIP_SUFFIXES) or e.name.startswith(".tmp-"):
+                continue
+            try:
+                fst = os.stat(p)  # a symlinked file: its target's signature
+                rows.append([r, fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns, fst.st_ino,
+                             fst.st_dev])
+            except OSError:
+                rows.append([r, -1, -1, -1, -1, -1])
+
+    walk(os.fspath(root), "", frozenset())
     return rows
 
 
@@ -132,14 +155,27 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
-def remove_stale(out: Path, names: list[str], written: dict[str, str]) -> tuple[list[str], list[str]]:
+def fs_now_ns() -> int:
+    """Now on the clock the kernel stamps file times with (the coarse real-time clock where
+    there is one: a file written after this instant never carries an older mtime)."""
+    import time
+
+    coarse = getattr(time, "CLOCK_REALTIME_COARSE", None)
+    return time.clock_gettime_ns(coarse) if coarse is not None else time.time_ns()
+
+
+def remove_stale(out: Path, names: list[str], written: dict[str, str],
+                 started_ns: int | None = None) -> tuple[list[str], list[str]]:
     """Remove the files ``names`` of the output folder ``out`` that an earlier analysis wrote
     and nobody changed since: their SHA-256 equals the one recorded when it wrote them (kept
-    beside the report cache, ``_written_path``). A file of that name that the analyzer did
-    not write, or that was edited since, or with no record (the cache cleared), is left
-    alone. Then records ``written`` (name -> SHA-256 of this analysis's files) for ``out``.
-    Returns (names removed, names left). Raises ``OSError`` when a file cannot be removed;
-    a record that cannot be read or written is skipped (log line)."""
+    beside the report cache, ``_written_path``) and, with ``started_ns`` (``fs_now_ns`` when
+    this analysis began), they were written before it began -- a report running at the same
+    time (another ``--format``) wrote the newer ones, which stay and stay recorded. A file of
+    that name that the analyzer did not write, or that was edited since, or with no record (the
+    cache cleared), is left alone. Then records ``written`` (name -> SHA-256 of this analysis's
+    files, plus the concurrent ones kept) for ``out``. Call it under ``out_lock``. Returns
+    (names removed, names left). Raises ``OSError`` when a file cannot be removed; a record
+    that cannot be read or written is skipped (log line)."""
     rec_path = _written_path(out)
     try:
         known = msgspec.json.decode(rec_path.read_bytes(), type=dict[str, str])
@@ -148,19 +184,86 @@ def remove_stale(out: Path, names: list[str], written: dict[str, str]) -> tuple[
     except (OSError, msgspec.DecodeError) as exc:
         log.info("ignoring unreadable record of written files %s (%s)", rec_path, exc)
         known = {}
-    removed, left = [], []
+    removed, left, record = [], [], dict(written)
     for name in names:
         path = out / name
         if path.is_symlink() or not path.is_file():
             continue  # a link is not a file the analyzer writes (write_atomic replaces links)
         if name in known and _sha256(path) == known[name]:
+            if started_ns is not None and path.stat().st_mtime_ns >= started_ns:
+                record[name] = known[name]  # a concurrent report's: not an earlier analysis
+                continue
             path.unlink()
             removed.append(name)
         else:
             left.append(name)
     try:
-        write_atomic(rec_path, msgspec.json.encode(written))
+        write_atomic(rec_path, msgspec.json.encode(record))
     except OSError as exc:
         log.info("could not record the files written in %s (%s)", out, exc)
     return removed, left
 
+
+def _looks_written_by_us(path: Path) -> bool:
+    """True when ``path`` (report.md / .json / .html) starts as every report the analyzer
+    writes does: Markdown ``# paritytrace report``, HTML its doctype and title, JSON an object
+    whose first key is ``schema_version`` (reports/markdown.py, html.py, report_types.encode).
+    Read: the first 256 bytes."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    if path.suffix == ".md":
+        return head.startswith(b"# paritytrace report\n")
+    if path.suffix == ".html":
+        return head.startswith(b'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">\n'
+                               b"<title>paritytrace report</title>")
+    return head.lstrip().startswith(b"{") and head.lstrip()[1:].lstrip().startswith(b'"schema_version"')
+
+
+def foreign_files(out: Path, names: list[str]) -> list[str]:
+    """The files ``names`` in ``out`` that a report would replace and the analyzer did not
+    write: neither recorded as written by it (``remove_stale``'s record, same SHA-256) nor
+    carrying the start every analyzer report has (a record cleared with the cache still
+    leaves its own reports replaceable). A symlink counts as foreign (write_atomic would
+    replace the link, not what it names)."""
+    try:
+        known = msgspec.json.decode(_written_path(out).read_bytes(), type=dict[str, str])
+    except (OSError, msgspec.DecodeError):
+        known = {}
+    out_names = []
+    for name in names:
+        path = out / name
+        if not path.is_symlink() and not path.exists():
+            continue
+        if path.is_symlink() or not path.is_file():
+            out_names.append(name)
+        elif not ((name in known and _sha256(path) == known[name]) or _looks_written_by_us(path)):
+            out_names.append(name)
+    return out_names
+
+
+@contextlib.contextmanager
+def out_lock(out: Path):
+    """Hold an exclusive ``fcntl.flock`` for the output folder ``out`` while a report writes
+    its files, removes an earlier analysis's and records what it wrote: two reports into one
+    folder at once (say ``--format md`` and ``--format json``) take turns, so the folder ends as
+    one of them left it, never with each having removed the other's files. The lock file is
+    beside the record of written files in the user cache (nothing is added to ``out``); when it
+    cannot be created the report goes on unlocked (log line)."""
+    import fcntl
+
+    path = _written_path(out).with_suffix(".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        log.info("could not lock %s (%s)", path, exc)
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by close, or by the kernel if we die
+        yield
+    finally:
+        os.close(fd)

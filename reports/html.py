@@ -15,6 +15,7 @@ from urllib.parse import quote
 from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
+from analyzer.contract.text import show_bidi
 from reports import fmt, notes, palette
 from reports import memory as memory_section
 from reports import markdown as md_rows
@@ -34,8 +35,9 @@ th{background:#f3f3f3}.decision{font-size:17px;font-weight:bold;background:#f7f7
 
 
 def e(v: Any) -> str:
-    """Escape any value for HTML text or attribute context."""
-    return html.escape(str(v), quote=True)
+    """Escape any value for HTML text or attribute context; bidirectional controls shown as
+    their ``\\uXXXX`` escape (analyzer/contract/text.py)."""
+    return html.escape(show_bidi(str(v)), quote=True)
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
+from analyzer.contract.text import show_bidi
 from reports import fmt, notes
 from reports import memory as memory_section
 from reports.decision import decision_input, decision_line
@@ -33,14 +34,15 @@ def _underscores(m: re.Match) -> str:
 def escape(v: Any) -> str:
     """``str(v)`` as literal Markdown text, the same inside a table cell and outside one: every
     run of whitespace with a line break becomes one space (a newline would end a table row or
-    start a block), C0/C1 control characters are dropped, ``& < >`` become HTML entities (no
+    start a block), C0/C1 control characters are dropped, bidirectional controls shown as their
+    ``\\uXXXX`` escape (analyzer/contract/text.py), ``& < >`` become HTML entities (no
     tag, comment or entity of a trace name reaches a renderer), and ``\\ ` * _ [ ] | ~`` are
     backslash-escaped (CommonMark 0.31 section 2.4: any ASCII punctuation may be; ``|`` also
     inside GFM table cells, GFM spec 4.10; ``_`` only where it could open or close emphasis,
     ``_underscores``). Used for every string that comes from a trace, a manifest or a path:
     names, reasons, notes, paths, in and out of tables."""
     s = " ".join(str(v).splitlines())
-    s = _CONTROL.sub("", s.replace("\t", " "))
+    s = show_bidi(_CONTROL.sub("", s.replace("\t", " ")))  # analyzer/contract/text.py
     s = "".join(_ENTITIES.get(c, c) for c in s)
     return re.sub("_+", _underscores, _SPECIAL.sub(r"\\\1", s))
 

@@ -27,6 +27,8 @@ import re
 import shutil
 from pathlib import Path
 
+import msgspec
+
 from analyzer.contract.schemas import (GOLDEN_NAME, KEPT_NAME, KEPT_TENSORS_NAME, LOCK_NAME, MANIFEST_NAME,
                                        MEMORY_CATEGORIES_NAME, MEMORY_DIR, MEMORY_PARQUET_NAME, NUMERICS_NAME,
                                        RECORDING_NAME,
@@ -65,12 +67,29 @@ def is_tracer_file(rel: str) -> bool:
 
 
 def is_run_dir(path: Path) -> bool:
-    """True when ``path`` is a folder a record wrote (complete or not): it holds the manifest,
-    the record marker or lock, or one of the tracer's files (a failed record leaves its baseline)."""
-    if any((path / n).exists() for n in (MANIFEST_NAME, RECORDING_NAME, LOCK_NAME)):
+    """True when ``path`` is a folder a record wrote (complete or not): it holds the tracer's
+    manifest (a JSON object with the manifest's ``schema_version`` and ``run_id``), the record
+    marker or the record lock. Nothing else: a user's ``rank7.trace.json.gz`` or
+    ``numerics.parquet`` in a folder of their own makes it no run dir, so a record there is
+    refused instead of replacing them. Every record writes the marker before its first file
+    and a failed one keeps it (``abandon_record``), so no record of ours goes unrecognised."""
+    if any((path / n).is_file() for n in (RECORDING_NAME, LOCK_NAME)):
         return True
-    return any(is_tracer_file(p.name) for p in path.iterdir()) or any(
-        is_tracer_file(f"{MEMORY_DIR}/{p.name}") for p in (path / MEMORY_DIR).glob("*"))
+    return _is_tracer_manifest(path / MANIFEST_NAME)
+
+
+def _is_tracer_manifest(path: Path) -> bool:
+    """True when ``path`` is a JSON object with ``schema_version`` (an int) and ``run_id``,
+    as every manifest the tracer wrote (analyzer/contract/schemas.py ``Manifest``); at most
+    16 MiB is read."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(16 << 20)
+        data = msgspec.json.decode(raw)
+    except (OSError, msgspec.DecodeError):
+        return False
+    return isinstance(data, dict) and type(data.get("schema_version")) is int \
+        and isinstance(data.get("run_id"), str)
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -102,8 +121,9 @@ def check_run_dir(run_dir: Path) -> None:
                          "choose a readable --out") from None
     if not ours:
         raise ValueError(f"{run_dir}: not empty and not a run directory of tracer record "
-                         "(no manifest.json, none of its files); a record would replace what is "
-                         "there: choose another --out or --name, or empty the folder")
+                         "(no manifest.json of the tracer, no record marker or lock); a record "
+                         "would replace files of the same names there: choose another --out or "
+                         "--name, or empty the folder")
 
 
 def lock_run_dir(run_dir: Path) -> None:

@@ -95,7 +95,8 @@ def perf_inputs(directory: Path, baseline: Path, options
     from analyzer.cli import richout
 
     for line in perfgate.mismatch(arms, str(directory), str(baseline), keys=("versions",)):
-        richout.echo(f"note: {line}: the comparison measures the upgrade as well", err=True)
+        richout.echo(f"note: {line}: the comparison measures the upgrade as well", err=True,
+                     one_line=True)
     return new, old
 
 
@@ -131,14 +132,14 @@ def register(app, run) -> None:
         else:  # analysed and checked before any line is printed
             entries, old = run(lambda: perf_inputs(directory, baseline, options))
         ok, lines = gate_lines(entries)
-        for line in lines:
-            richout.echo(line)
+        for line in lines:  # one line each, whatever a run or tensor name holds
+            richout.echo(line, one_line=True)
         if not ok:
             raise typer.Exit(ExitCode.GATE_FAILED)
         if baseline is None:
             return
         ok, lines = run(lambda: perfgate.lines(perfgate.compare(entries, old, allowed), allowed))
         for line in lines:
-            richout.echo(line)
+            richout.echo(line, one_line=True)
         if not ok:
             raise typer.Exit(ExitCode.REGRESSION)

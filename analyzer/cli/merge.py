@@ -91,6 +91,7 @@ def _print(result) -> None:
                       f"{us(sp['spread_before_ns'].median())} µs before alignment, "
                       f"{us(sp['spread_after_ns'].median())} µs after")
     for line in result.warnings:
-        console.print(f"warning: {line}")
-    console.print(f"wrote {result.out_path} ({result.n_events} events, "
-                  f"{result.n_moved_to_overlap_tracks} on overlap tracks) and {result.sidecar_path}")
+        console.print(richout.clean(f"warning: {line}", one_line=True))
+    console.print(richout.clean(f"wrote {result.out_path} ({result.n_events} events, "
+                                f"{result.n_moved_to_overlap_tracks} on overlap tracks) and "
+                                f"{result.sidecar_path}", one_line=True))

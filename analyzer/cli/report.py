@@ -128,6 +128,13 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
             raise BadInput(tables_out, Reason.BAD_OPTION, f"overlaps --out {out}: the report "
                            "and the dataset would each read the other as files they did not "
                            "write", "give --tables-out and --out two separate folders")
+    started_ns = cache.fs_now_ns()  # what this analysis may prune is older than this
+    # report files of the user's own in --out are never replaced (reports/cache.py)
+    if foreign := cache.foreign_files(out, [f"report.{f}" for f in FORMATS if f in formats]):
+        raise BadInput(out / foreign[0], Reason.UNWRITABLE, "was not written by analyzer report "
+                       "and a report would replace it" + (f" (also {', '.join(foreign[1:])})"
+                                                          if len(foreign) > 1 else ""),
+                       "move it away, or pass another --out")
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
     key = None if remote else cache.key(root, out, options)
     hit = cache.load_entry(root, out, key) if tables_out is None and key is not None else None
@@ -162,12 +169,12 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
     md = markdown.render(report)
     texts = {"json": lambda: report_json, "html": lambda: html.render(report, out), "md": lambda: md}
     written = {}
-    for f in ("json", "html", "md"):
-        if f in formats:
-            text = texts[f]()
+    rendered = {f: texts[f]() for f in ("json", "html", "md") if f in formats}
+    with cache.out_lock(out):  # one report at a time writes and prunes this folder
+        for f, text in rendered.items():
             outpaths.write_out(out / f"report.{f}", text, option="--out")
             written[f"report.{f}"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    stale, left = _remove_stale(out, formats, written)
+        stale, left = _remove_stale(out, formats, written, started_ns)
     if hit is None and key is not None:
         cache.store(root, out, key, report_json, said)
     wrote = ", ".join(f"report.{f}" for f in FORMATS if f in formats)
@@ -201,7 +208,7 @@ def default_out(root: Path) -> Path:
     return out
 
 
-def _remove_stale(out: Path, formats: list[str], written: dict[str, str]
+def _remove_stale(out: Path, formats: list[str], written: dict[str, str], started_ns: int
                   ) -> tuple[list[str], list[str]]:
     """Remove ``out/report.{md,json,html}`` of the formats not in ``formats`` when an earlier
     analysis wrote them unchanged (reports/cache.py ``remove_stale``): left there, they would
@@ -212,7 +219,7 @@ def _remove_stale(out: Path, formats: list[str], written: dict[str, str]
 
     try:
         return cache.remove_stale(out, [f"report.{f}" for f in FORMATS if f not in formats],
-                                  written)
+                                  written, started_ns)
     except OSError as exc:
         raise BadInput(exc.filename or out, "unwritable", f"is from an earlier analysis and "
                        f"cannot be removed ({exc.strerror})",

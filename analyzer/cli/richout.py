@@ -20,23 +20,30 @@ import os
 import re
 import sys
 
+from analyzer.contract.text import show_bidi
+
 _CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 """C0 controls but newline, DEL, C1 controls (ECMA-48)."""
 _CONTROL_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def clean(text: object, *, one_line: bool = False) -> str:
-    """``str(text)`` without C0/C1 control characters (a newline kept unless ``one_line``; a
-    tab becomes a space, so columns of words stay apart)."""
-    s = str(text).replace("\t", " ")
+    """``str(text)`` without C0/C1 control characters (a tab becomes a space, so columns of
+    words stay apart) and with bidirectional controls shown as their ``\\uXXXX`` escape
+    (analyzer/contract/text.py). A newline is kept unless ``one_line``; then it is shown as
+    ``\\n``, so a name holding one cannot print a line of its own (a forged ``gate: passed``)."""
+    s = show_bidi(str(text).replace("\t", " "))
+    if one_line:
+        s = s.replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\r")
     return (_CONTROL_ONE_LINE if one_line else _CONTROL).sub("", s)
 
 
-def echo(text: object = "", *, err: bool = False) -> None:
-    """``typer.echo`` of ``clean(text)``: every plain line the CLIs print."""
+def echo(text: object = "", *, err: bool = False, one_line: bool = False) -> None:
+    """``typer.echo`` of ``clean(text, one_line=one_line)``: every plain line the CLIs print
+    (``one_line``: a line built around names from the input, which must stay one line)."""
     import typer
 
-    typer.echo(clean(text), err=err)
+    typer.echo(clean(text, one_line=one_line), err=err)
 
 
 class Format(str, enum.Enum):

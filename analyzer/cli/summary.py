@@ -84,7 +84,10 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler) -
         s.crosscheck, notes = crosscheck_hta.crosscheck(ts)
         s.notes += notes
     if fmt == Format.json:
-        text = json.dumps(s.to_json(), indent=1)
+        from analyzer.ingest.fswalk import OUTPUT_MARKER
+
+        # the marker first: a folder walk knows the file for ours (analyzer/ingest/fswalk.py)
+        text = json.dumps({OUTPUT_MARKER: "analyzer summary", **s.to_json()}, indent=1)
         if output is None:
             typer.echo(text)
         else:
@@ -96,12 +99,12 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler) -
 def _print_tables(s) -> None:
     from functools import partial
 
-    from analyzer.cli.richout import add_column, console, table
+    from analyzer.cli.richout import add_column, clean, console, table
     from reports import fmt
 
     con = console()
-    for line in s.headline:
-        con.print(line, markup=False, highlight=False, soft_wrap=True)
+    for line in s.headline:  # one line each, whatever a path or name holds
+        con.print(clean(line, one_line=True), markup=False, highlight=False, soft_wrap=True)
     # units in the headers, bare numbers in the cells: 11 columns fit 80 characters
     text, pct = partial(fmt.num, spec=""), partial(fmt.num, spec=".1f")
     ms = lambda ns: fmt.num(None if ns is None else ns / 1e6, ".3f")  # noqa: E731 ms to 1 µs
@@ -152,4 +155,4 @@ def _print_tables(s) -> None:
          {"rank": ("rank", text), **{c: (c, pct100) for c in ("hta_overlap_pct", "ours_hta_scope_pct", "ours_step_pct",
                                        "diff_pct")}, "explanation": ("explanation", text)})
     for line in s.notes:
-        con.print(line, markup=False, highlight=False, soft_wrap=True)
+        con.print(clean(line, one_line=True), markup=False, highlight=False, soft_wrap=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
 from analyzer.contract.errors import BadInput
@@ -75,6 +76,37 @@ def check_name(path: Path) -> None:
 
 DATASET_MARKER = "paritytrace-tables.json"
 """The file ``analyzer report --tables-out`` writes last in its dataset (analyzer/ingest/dataset.py)."""
+
+
+OUTPUT_MARKER = "paritytraceOutput"
+"""First key of every JSON file the analyzer writes that a folder walk could take for a trace
+(``analyzer summary --format json -o``, ``analyzer merge -o``), its value the command."""
+_OUTPUT_HEAD = re.compile(rb'\A\s*\{\s*"(?:%s"\s*:\s*"(?P<cmd>[^"]{0,40})"|(?P<report>schema_version)")'
+                          % OUTPUT_MARKER.encode())
+_SNIFF_BYTES = 4096
+
+
+def analyzer_output(path: Path) -> str | None:
+    """Why ``path`` is a file the analyzer wrote, whatever its name, or None: its JSON (gzip or
+    not) starts with ``OUTPUT_MARKER`` (summary -o, merge -o) or with report.json's
+    ``schema_version`` key (``report --out``; Kineto writes ``schemaVersion``, never that).
+    Reads at most the first 4 KiB of JSON; an unreadable file is None (the decode says why)."""
+    import zlib
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF_BYTES)
+            if head[:2] == b"\x1f\x8b":
+                d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                head = d.decompress(head + f.read(60 * 1024), _SNIFF_BYTES)
+    except (OSError, zlib.error):
+        return None
+    m = _OUTPUT_HEAD.match(head)
+    if m is None:
+        return None
+    if m.group("report"):
+        return "a report.json written by analyzer report"
+    return f"written by {m.group('cmd').decode('ascii', 'replace')}"
 
 
 def not_an_input(name: str) -> str | None:

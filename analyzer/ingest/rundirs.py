@@ -39,7 +39,7 @@ from pathlib import Path
 
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
-from analyzer.ingest.fswalk import DATASET_MARKER, entries, not_an_input
+from analyzer.ingest.fswalk import DATASET_MARKER, analyzer_output, entries, not_an_input
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,9 @@ def trace_files(children: list[Path], *, run_dir: bool, notes: list[str]) -> lis
     """The trace files among a folder's ``children`` (``fswalk.entries``): ``rank*.trace.json.gz``
     in a run directory (and hidden ``*.json*``, a killed record's ``.tmp-<pid>-rank0...``, so
     that they are named as skipped), else every ``*.json`` / ``*.json.gz`` but the manifest.
-    Hidden files and the analyzer's own outputs (``fswalk.not_an_input``) are left out with
-    one line each appended to ``notes``."""
+    Hidden files and the analyzer's own outputs (``fswalk.not_an_input`` by name; outside a
+    run directory also ``fswalk.analyzer_output`` by their first JSON key, whatever their
+    name) are left out with one line each appended to ``notes``."""
     from fnmatch import fnmatch
 
     if run_dir:
@@ -111,7 +112,7 @@ def trace_files(children: list[Path], *, run_dir: bool, notes: list[str]) -> lis
         found = [p for p in children if _is_trace(p)]
     keep = []
     for p in found:
-        why = not_an_input(p.name)
+        why = not_an_input(p.name) or (None if run_dir else analyzer_output(p))
         if why:
             notes.append(f"{p}: {why}; skipped")
         else:

@@ -48,6 +48,7 @@ from analyzer.contract import schemas
 from analyzer.contract.atomic import atomic_path, write_atomic
 from analyzer.timeline.chrome_check import PHASES, check_trace, phase_problem
 from analyzer.ingest.decode import decompress, repair, times_ns
+from analyzer.ingest.fswalk import OUTPUT_MARKER
 from analyzer.contract.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -422,7 +423,9 @@ def _stream(root: Path, out: Path, ranks: list[pipeline.RankTables],
     with atomic_path(out) as tmp, open(tmp, "wb") as raw_fh:
         fh = gzip.GzipFile(fileobj=raw_fh, mode="wb", compresslevel=6) \
             if out.name.endswith(".gz") else raw_fh
-        fh.write(b'{"schemaVersion":1,"displayTimeUnit":"ms","traceEvents":[')
+        # the marker first: a folder walk knows this file for ours from its first bytes
+        fh.write(b'{"' + OUTPUT_MARKER.encode() + b'":"analyzer merge","schemaVersion":1,'
+                 b'"displayTimeUnit":"ms","traceEvents":[')
         first = True
 
         def put(events: list[dict]) -> None:

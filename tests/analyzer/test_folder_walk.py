@@ -52,6 +52,27 @@ def test_folder_skips_hidden_files_and_own_outputs(ddp_run, tmp_path):
     assert sum("skipped" in w for w in ts.warnings) == 4
 
 
+def test_own_outputs_under_any_name_are_never_inputs(ddp_run, tmp_path):
+    """summary -o, merge -o and report --out written into the folder of traces itself, under
+    names no name rule knows: every later command skips them (said), and reads the two ranks."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for r in (0, 1):
+        shutil.copy(ddp_run / f"rank{r}.trace.json.gz", folder / f"worker{r}.json.gz")
+    assert cli("summary", str(folder), "--format", "json", "-o",
+               str(folder / "s.json")).returncode == 0
+    assert cli("merge", str(folder), "-o", str(folder / "all.json.gz")).returncode == 0
+    assert cli("report", str(folder), "--out", str(folder), "--format", "json").returncode == 0
+    for cmd in ("summary", "report"):
+        extra = ["--out", str(tmp_path / "rep")] if cmd == "report" else []
+        proc = cli(cmd, str(folder), *extra)
+        assert proc.returncode == 0, (cmd, proc.stderr)
+        for name in ("s.json", "all.json.gz", "report.json"):
+            assert f"{folder / name}: " in proc.stdout + proc.stderr, (cmd, name)
+    ts = load_tables(folder)
+    assert sorted(r.path.name for r in ts.ranks) == ["worker0.json.gz", "worker1.json.gz"]
+
+
 def test_run_dir_skips_tracer_temp_file(ddp_run, tmp_path):
     run = copy_run(ddp_run, tmp_path / "run")
     raw = (run / "rank0.trace.json.gz").read_bytes()

@@ -87,3 +87,41 @@ def test_readme_cache_locations_and_clearing(ddp_run, tmp_path, monkeypatch):
         assert left == [] and not user.exists()
     finally:
         runs["readonly"].chmod(0o755)
+
+
+def test_cached_report_follows_a_re_recorded_run_behind_a_symlink(ddp_run, fsdp_run,
+                                                                   fsdp_fault_run, tmp_path):
+    """The documented "folder of symlinks to run dirs": a linked run re-recorded (here with
+    --fault wrong-grad-scale) must not be served the cached report of the run it replaced."""
+    import json
+    import shutil
+
+    store, links = tmp_path / "store", tmp_path / "links"
+    copy_run(ddp_run, store / "ddp")
+    copy_run(fsdp_run, store / "fsdp")
+    links.mkdir()
+    for name in ("ddp", "fsdp"):
+        (links / name).symlink_to(store / name, target_is_directory=True)
+    args = ("report", str(links), "--out", str(tmp_path / "rep"), "--format", "json")
+
+    def fsdp_parity() -> str:
+        data = json.loads((tmp_path / "rep" / "report.json").read_text())
+        return next(r for r in data["runs"] if r["name"] == "fsdp")["parity"]["status"]
+
+    assert cli(*args).returncode == 0
+    assert fsdp_parity() == "pass"
+    shutil.rmtree(store / "fsdp")  # re-recorded in place, as `tracer record` does
+    copy_run(fsdp_fault_run, store / "fsdp")
+    assert cli(*args).returncode == 0
+    assert fsdp_parity() == "fail"
+    assert cli("gate", str(links)).returncode == 3
+
+
+def test_report_cache_key_survives_a_symlink_cycle(tmp_path):
+    from reports import cache
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "f.json").write_text("{}")
+    (tmp_path / "a" / "loop").symlink_to(tmp_path / "a", target_is_directory=True)
+    rows = cache._files(tmp_path, tmp_path / "out")
+    assert [r[0] for r in rows] == ["a/f.json", "a/loop"]

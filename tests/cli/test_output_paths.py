@@ -189,3 +189,53 @@ def test_report_same_formats_again_removes_nothing(dlrm_copy, tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert "removed" not in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
+
+
+def test_report_never_replaces_report_files_of_the_users_own(dlrm_copy, tmp_path, monkeypatch):
+    """A report.md / report.json in --out that the analyzer did not write (no record of it,
+    not a paritytrace report) is refused in one line, exit 2, and left as it was; the
+    analyzer's own earlier reports are replaced, even after the records were cleared."""
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "report.md").write_text("# my notes\n")
+    (out / "report.json").write_text('{"mine": 1}')
+    proc = cli("report", str(dlrm_copy), "--out", str(out), "--format", "md,json")
+    bad_input(proc, f"{out / 'report.md'}: was not written by analyzer report", "another --out")
+    assert "(also report.json)" in proc.stderr
+    assert (out / "report.md").read_text() == "# my notes\n"
+    assert (out / "report.json").read_text() == '{"mine": 1}'
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    mine = tmp_path / "ours"
+    assert cli("report", str(dlrm_copy), "--out", str(mine)).returncode == 0
+    shutil.rmtree(tmp_path / "xdg" / "paritytrace")  # README's clearing recipe
+    again = cli("report", str(dlrm_copy), "--out", str(mine))
+    assert again.returncode == 0, again.stderr
+
+
+def test_concurrent_reports_of_other_formats_keep_each_others_files(tmp_path, monkeypatch):
+    """Two reports into one folder at once, --format json and --format md: the md report's
+    prune must not remove the json the other wrote after the md report began (nor may the
+    record forget it); a json from before it began is an earlier analysis's and goes."""
+    import hashlib
+    import os
+
+    from reports import cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    out = tmp_path / "rep"
+    out.mkdir()
+    started = cache.fs_now_ns()
+    text = '{"schema_version": 1}'
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    (out / "report.json").write_text(text)
+    cache.remove_stale(out, [], {"report.json": sha})  # the json report's own record
+    os.utime(out / "report.json", ns=(started + 10**9, started + 10**9))
+    with cache.out_lock(out):
+        removed, left = cache.remove_stale(out, ["report.json"], {"report.md": "m"}, started)
+    assert (removed, left) == ([], []) and (out / "report.json").is_file()
+    record = json.loads(cache._written_path(out).read_text())
+    assert record == {"report.md": "m", "report.json": sha}
+    os.utime(out / "report.json", ns=(started - 10**9, started - 10**9))
+    removed, _ = cache.remove_stale(out, ["report.json"], {"report.md": "m"}, started)
+    assert removed == ["report.json"] and not (out / "report.json").exists()

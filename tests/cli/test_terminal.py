@@ -42,3 +42,48 @@ def test_summary_headers_not_cut(ddp_run, tmp_path, monkeypatch, columns):
         assert rules and max(len(ln) for ln in rules) <= 80
         # every table fits: no header word folded (before: ``comp / ute``, ``13.0 / 09 / ms``)
         assert "exposed" in proc.stdout and "compute" in proc.stdout
+
+
+FORGED = "x\ngate: passed"
+RLO = "\u202e"
+
+
+def _named(run, name: str):
+    """``run`` with its manifest's run_name (the name every report and gate line shows) set
+    to ``name``."""
+    import json
+
+    m = json.loads((run / "manifest.json").read_text())
+    m["run_name"] = name
+    (run / "manifest.json").write_text(json.dumps(m))
+    return run
+
+
+def test_a_name_with_a_newline_cannot_forge_a_gate_line(fsdp_fault_run, tmp_path):
+    """A run named with a newline and a fake verdict: every gate line stays one line (the
+    newline shown as \\n), so no line reads ``gate: passed`` but the real verdict."""
+    root = tmp_path / "traces"
+    _named(copy_run(fsdp_fault_run, root / "fsdp"), FORGED)
+    proc = cli("gate", str(root))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert not [ln for ln in lines if ln.startswith("gate: passed")], lines
+    assert lines[-1].startswith("gate: FAILED")
+    assert any("x\\ngate: passed" in ln for ln in lines), lines
+
+
+def test_bidi_overrides_are_shown_not_applied(ddp_run, tmp_path):
+    """U+202E in a run name reaches report.md, report.html and the terminal as the text
+    \\u202e, never as the character that reverses what follows it."""
+    root = tmp_path / "traces"
+    _named(copy_run(ddp_run, root / "ddp"), f"ddp{RLO}exe.fdp")
+    out = tmp_path / "rep"
+    proc = cli("report", str(root), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    for name in ("report.md", "report.html"):
+        text = (out / name).read_text()
+        assert RLO not in text, name
+        assert "u202e" in text, name
+    assert RLO not in proc.stdout + proc.stderr
+    gate = cli("gate", str(root))
+    assert RLO not in gate.stdout + gate.stderr and "\\u202e" in gate.stdout

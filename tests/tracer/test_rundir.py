@@ -137,3 +137,24 @@ def test_record_into_a_run_dir_another_record_holds_is_refused(tmp_path, no_torc
         holder.communicate("", timeout=30)
     rundir.lock_run_dir(run)  # the holder ended: its lock went with it
     rundir.unlock_run_dir(run)
+
+
+def test_user_files_named_like_the_tracers_do_not_make_a_run_dir(tmp_path, no_torch):
+    """A folder of the user's own with names the tracer writes (a trace, numerics.parquet,
+    a manifest.json of another tool) is no run dir: the record is refused, nothing touched."""
+    run = _tree(tmp_path / "out" / "ddp", ["rank7.trace.json.gz", "numerics.parquet"])
+    (run / schemas.MANIFEST_NAME).write_text('{"tool": "mine"}')
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    proc = _record_cli(["--strategy", "ddp", "--out", "out"], tmp_path, no_torch)
+    _one_line_refusal(proc, "out/ddp", "not empty and not a run directory")
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_a_run_dir_is_one_with_the_tracers_manifest_marker_or_lock(tmp_path):
+    for name, text in ((schemas.MANIFEST_NAME, '{"schema_version": 1, "run_id": "x"}'),
+                       (schemas.RECORDING_NAME, "123\n"), (schemas.LOCK_NAME, "")):
+        d = tmp_path / name
+        d.mkdir()
+        (d / name).write_text(text)
+        assert rundir.is_run_dir(d), name
+    assert not rundir.is_run_dir(_tree(tmp_path / "user", RECORDED))
