@@ -97,7 +97,8 @@ COMM_GROUPS = (
     "Group size argument, else pg_config's size of its group, else (all_gather, "
     "reduce_scatter) whole buffer / piece (In / Out msg nelems, or the c10d op's output and "
     "input), else the world size only where pg_config shows no group smaller than the world; "
-    "else unknown, never assumed to be the world (bytes that need it and busbw then unknown).")
+    "else unknown, never assumed to be the world (bytes that need it and busbw then unknown, "
+    "but for broadcast and send_recv: factor 1 whatever the group).")
 
 
 def prefetch_sentence(run: RunEntry) -> str:

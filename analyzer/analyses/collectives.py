@@ -21,15 +21,17 @@ from analyzer.analyses.breakdown import is_in
 
 
 def busbw_factor(kind: str, n: int) -> float:
-    """nccl-tests bus-bandwidth factor of ``kind`` on ``n`` ranks (NaN when undefined)."""
+    """nccl-tests bus-bandwidth factor of ``kind`` on ``n`` ranks (NaN when undefined). broadcast
+    and send_recv have factor 1 for any group (nccl-tests doc/PERFORMANCE.md), so an unknown
+    group size (``n`` <= 0) leaves them defined; the others are NaN then."""
+    if kind in ("broadcast", "send_recv"):
+        return 1.0
     if n <= 0:
         return float("nan")
     if kind == "all_reduce":
         return 2.0 * (n - 1) / n
     if kind in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
-    if kind in ("broadcast", "send_recv"):
-        return 1.0
     return float("nan")
 
 
