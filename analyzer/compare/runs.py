@@ -208,7 +208,8 @@ def trace_step_source(tables) -> str:
                 "ranks, the whole trace on CPU ranks; slowest rank")
     if any(r.device_kind == "gpu" for r in tables.ranks):
         return ("traces: device windows (first device work launched by the step to the next "
-                "step's), slowest rank")
+                "step's; the last step's to its first device work + its CPU span, or to its last "
+                "device work if later), slowest rank")
     return ("traces: CPU ProfilerStep spans extended to the end of their gloo work, slowest "
             "rank")
 
