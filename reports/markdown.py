@@ -119,7 +119,7 @@ BUSBW_NOTE = (
     "reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1) over the transfer time "
     "(the wait for the slowest rank left out, as it moves no data), the ranks' times combined "
     "before dividing as nccl-tests does: bytes x factor summed over ranks / transfer time "
-    "summed over ranks, whole trace; GB/s = 10^9 bytes per second. report.json keeps the busbw "
+    "summed over ranks, all profiled steps; GB/s = 10^9 bytes per second. report.json keeps the busbw "
     "over whole durations as busbw_gbps.")
 SPLIT_NOTE = (
     "Transfer and waiting: the same collective on every rank of its group is matched by "
@@ -147,7 +147,7 @@ def comm_split_rows(report: Report) -> Rows:
     """Per run, rank and kind: time, transfer and waiting for the slowest rank, per profiled
     step (shared with html.py)."""
     return (["run", "rank", "kind", "time / step (sum)", "transfer / step",
-             "waiting for slowest rank / step", "calls (whole trace)", "not matched"],
+             "waiting for slowest rank / step", "calls (all profiled steps)", "not matched"],
             [[r.name, c.rank, c.kind, fmt.ms(c.time_ns_per_step), fmt.ms(c.transfer_ns_per_step),
               fmt.ms(c.wait_ns_per_step), c.count, c.unmatched]
              for r in report.runs for c in r.comm_ranks])
@@ -288,7 +288,7 @@ def render(report: Report) -> str:
                 table(heads, rows), "", escape(BUSBW_NOTE), ""]
     rows = comm_group_rows(report)
     if rows:
-        out += ["### By process group and dtype (per rank, whole trace)", "",
+        out += ["### By process group and dtype (per rank, all profiled steps)", "",
                 table(COMM_GROUP_HEADERS, rows), "", notes.COMM_GROUPS, ""]
 
     rk = report.ranking

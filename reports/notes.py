@@ -86,11 +86,15 @@ def windows(runs: list[RunEntry]) -> str:
             "all ranks and profiled steps.")
 
 COMM_GROUPS = (
-    "Per process group and dtype: whole trace, per rank (mean over ranks); time = sum of "
+    "Per process group and dtype: all profiled steps, per rank (mean over ranks); time = sum of "
     "durations; bytes as nccl-tests counts them (all_gather and reduce_scatter: the whole buffer "
     "= one rank's piece x the group's size), taken from the CPU side (record_param_comms, the "
     "c10d op) before the kernel; 'unknown' where the trace does not tell; busbw from "
-    "transfer time (the wait for the slowest rank left out) with the group's size. Group size unknown: not told by the trace (busbw then unknown).")
+    "transfer time (the wait for the slowest rank left out) with the group's size. Group size unknown: not told by the trace (busbw then unknown). "
+    "All profiled steps: every table of this section counts only the collectives launched "
+    "inside a ProfilerStep (those launched outside every ProfilerStep, or queued before the "
+    "profiler started, are left out, as the notes below count them; without ProfilerStep, "
+    "step 0 is the whole trace).")
 
 
 def prefetch_sentence(run: RunEntry) -> str:

@@ -20,7 +20,9 @@ class Summary:
     breakdown: pd.DataFrame
     """``JobTables.breakdown`` (analyzer/analyses/breakdown.py COLUMNS)."""
     by_kind: pd.DataFrame
-    """analyzer.analyses.collectives.by_kind of the job's collectives."""
+    """analyzer.analyses.collectives.by_kind of the job's collectives in profiled steps
+    (``crossrank.kind_table``: those launched outside every ProfilerStep left out, as the
+    headline's step notes say; in whole-trace mode all of them)."""
     offsets: pd.DataFrame
     """analyzer.analyses.clock.clock_offsets of the job's collectives (rank, offset_ns, mad_ns,
     lo_ns, hi_ns, n_matched, consistent): the clocks ``cross_rank`` and ``stragglers`` align."""

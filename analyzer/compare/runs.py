@@ -11,14 +11,15 @@ steps; the run's ``overlap_frac`` = overlap / communication summed over ranks an
 the run's data supply (analyzer/analyses/datasupply.py); ``comm_ns_per_step`` = the union of a
 rank's collective intervals per profiled step (breakdown comm_ns), mean over ranks and steps: the
 run's communication per step, never above the step; ``communication[kind]`` = per-rank means of
-the whole trace's count, time_ns (a sum of durations, labelled so) and bytes (None when unknown), and the run's busbw (nccl-tests: bus bytes over the
+all profiled steps' count (collectives launched outside every ProfilerStep left out,
+analyzer/analyses/crossrank.py ``comm_parts``; without ProfilerStep the whole trace), time_ns (a sum of durations, labelled so) and bytes (None when unknown), and the run's busbw (nccl-tests: bus bytes over the
 time combined across ranks, ``collectives.run_busbw_gbps``; not a mean of per-rank busbw),
 plus ``count_per_step``, ``time_ns_per_step``, ``bytes_per_step``: collectives inside profiled
 steps per rank divided by that rank's number of profiled steps, mean over ranks;
 ``profiled_steps`` = the most profiled steps of a rank; ``comm_groups`` = the same per (kind,
-process group, dtype), whole trace. Communication split (analyzer/analyses/commsplit.py): per
+process group, dtype), all profiled steps. Communication split (analyzer/analyses/commsplit.py): per
 rank and kind ``comm_ranks``, and in ``communication[kind]`` the per-rank means
-``transfer_ns`` / ``wait_ns`` (whole trace; their sum is ``time_ns``), the same per profiled
+``transfer_ns`` / ``wait_ns`` (all profiled steps; their sum is ``time_ns``), the same per profiled
 step, and ``transfer_busbw_gbps`` (busbw with transfer time in place of the duration; in
 ``comm_groups`` too). Step times: steps.parquet's profiled steps (slowest rank's
 wall time) when recorded, else the traces' step windows, slowest rank (analyzer/ingest/steps.py:
@@ -120,7 +121,7 @@ def _communication(parts: dict[str, pd.DataFrame] | None, rank_steps: pd.Series,
 
 
 def _comm_groups(parts: dict[str, pd.DataFrame] | None, n_ranks: int) -> list[CommGroup]:
-    """Per (kind, process group, dtype) over the whole trace (``CommGroup``): what shows a bf16
+    """Per (kind, process group, dtype) over all profiled steps (``CommGroup``): what shows a bf16
     vs an fp32 reduction, or a half-world process group, that the per-kind figures mix.
     ``parts``: ``crossrank.comm_parts`` (its ``groups``: per rank, in rank order)."""
     if parts is None:

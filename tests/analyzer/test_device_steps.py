@@ -327,3 +327,32 @@ def test_whole_trace_work_without_a_launch_inside_the_extent_is_other(tmp_path):
     assert (b.loc[0, "step_ns"], b.loc[0, "compute_ns"], b.loc[0, "other_ns"],
             b.loc[0, "idle_ns"]) == (300 * US, 200 * US, 20 * US, 80 * US)
 
+
+AR = "ncclKernel_AllReduce_RING_LL_Sum_float"
+
+
+def test_collective_tables_leave_out_calls_launched_outside_every_step(tmp_path):
+    # One step #1 [100,200). all_reduces launched at 50 (before it, runs [60,70)), at 110
+    # (inside, [120,130)) and at 210 (after it, [220,230)). The note says the two outside
+    # calls are left out; every collective table agrees: 1 call of 10 µs (report per kind,
+    # per rank and per process group, summary per kind), not 3 and 30 µs. The per-instance
+    # table keeps all three (step -1 for two of them) for cross-rank matching.
+    from analyzer.analyses.summary import summarize
+    from analyzer.compare import runs
+
+    ev = [span(1, 100, 100), launch(50, 1), kernel(AR, 60, 10, 1, stream=20),
+          launch(110, 2), kernel(AR, 120, 10, 2, stream=20),
+          launch(210, 3), kernel(AR, 220, 10, 3, stream=20)]
+    path = write(tmp_path / "t.json", ev)
+    jt = load_tables(path)
+    assert sorted(jt.collectives["step"].tolist()) == [-1, -1, 1]
+    note = next(w for w in jt.ranks[0].warnings if "launched outside every ProfilerStep" in w)
+    assert note.startswith("2 device events") and "2 of them communication" in note
+    assert "left out of steps and the collective tables (calls, time, bytes)" in note
+    r = runs.analyse(path).runs[0]
+    ar = r.communication["all_reduce"]
+    assert (ar.count, ar.time_ns, ar.count_per_step) == (1, 10 * US, 1)
+    assert [(c.count, c.time_ns) for c in r.comm_ranks] == [(1, 10 * US)]
+    assert [(g.count, g.time_ns) for g in r.comm_groups] == [(1, 10 * US)]
+    k = summarize(jt).by_kind
+    assert (k["count"].tolist(), k["time_ns"].tolist()) == ([1], [10 * US])
