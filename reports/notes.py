@@ -20,11 +20,15 @@ CLOCK_OFFSET = (
 
 OTHER_IDLE = (
     "Other = step time covered by neither computation, communication nor data wait but by some "
-    "other recorded activity (GPU: memcpy, memset, sync; CPU: optimizer bookkeeping, Python "
+    "other recorded activity (GPU: memcpy, memset, sync, and device work of no step -- queued "
+    "before the profiler started or launched outside every ProfilerStep -- running inside the "
+    "window; CPU: optimizer bookkeeping, Python "
     "overhead inside recorded ranges, profiler annotations). Idle on a GPU rank = window time "
-    "with no device activity on the rank, the window running from the first device work the "
-    "step launched to the next step's (the gap while the GPU waits for the CPU counts as "
-    "idle); on a CPU rank = step time in which nothing was recorded on the rank (gaps between "
+    "with no device activity of any kind on the rank, the window running from the first device "
+    "work the step launched to the next step's (the gap while the GPU waits for the CPU counts "
+    "as idle); the last step, with no next step, to its first device work + its CPU "
+    "ProfilerStep span, or to its last device work when that ends later (a note per rank says "
+    "which); on a CPU rank = step time in which nothing was recorded on the rank (gaps between "
     "recorded ops, e.g. untraced Python or the process waiting)."
 )
 
