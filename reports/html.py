@@ -239,7 +239,7 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
                   _table(heads, rows), f"<p>{e(md_rows.BUSBW_NOTE)}</p>"]
     groups = comm_group_rows(report)
     if groups:
-        parts += ["<h3>By process group and dtype (per rank, whole trace)</h3>",
+        parts += ["<h3>By process group and dtype (per rank, all profiled steps)</h3>",
                   _table(COMM_GROUP_HEADERS, groups), f"<p>{e(notes.COMM_GROUPS)}</p>"]
     parts.append("<h2>Ranking by step time</h2>")
     if rk.status != "ranked":

@@ -121,10 +121,10 @@ BUSBW_NOTE = (
     "reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1) over the transfer time "
     "(the wait for the slowest rank left out, as it moves no data), the ranks' times combined "
     "before dividing as nccl-tests does: bytes x factor summed over ranks / transfer time "
-    "summed over ranks, whole trace; GB/s = 10^9 bytes per second. report.json keeps the busbw "
-    "over whole durations as busbw_gbps. '-' where no instance has both known bytes and a known "
-    "group size (n): the factor needs n, and the trace does not always give it (see the group "
-    "size rule under By process group and dtype).")
+    "summed over ranks, all profiled steps; GB/s = 10^9 bytes per second. report.json keeps the "
+    "busbw over whole durations as busbw_gbps. '-' where no instance has both known bytes and a "
+    "known group size (n): the factor needs n, and the trace does not always give it (see the "
+    "group size rule under By process group and dtype).")
 SPLIT_NOTE = (
     "Transfer and waiting: the same collective on every rank of its group is matched by "
     "process group, kind and order (on clocks aligned by the clock offset, see Time per rank); "
@@ -154,7 +154,7 @@ def comm_split_rows(report: Report) -> Rows:
     """Per run, rank and kind: time, transfer and waiting for the slowest rank, per profiled
     step (shared with html.py)."""
     return (["run", "rank", "kind", "time / step (sum)", "transfer / step",
-             "waiting for slowest rank / step", "calls (whole trace)", "not matched"],
+             "waiting for slowest rank / step", "calls (all profiled steps)", "not matched"],
             [[r.name, c.rank, c.kind, fmt.ms(c.time_ns_per_step), fmt.ms(c.transfer_ns_per_step),
               fmt.ms(c.wait_ns_per_step), c.count, c.unmatched]
              for r in report.runs for c in r.comm_ranks])
@@ -295,7 +295,7 @@ def render(report: Report) -> str:
                 table(heads, rows), "", escape(BUSBW_NOTE), ""]
     rows = comm_group_rows(report)
     if rows:
-        out += ["### By process group and dtype (per rank, whole trace)", "",
+        out += ["### By process group and dtype (per rank, all profiled steps)", "",
                 table(COMM_GROUP_HEADERS, rows), "", notes.COMM_GROUPS, ""]
 
     rk = report.ranking

@@ -20,11 +20,15 @@ CLOCK_OFFSET = (
 
 OTHER_IDLE = (
     "Other = step time covered by neither computation, communication nor data wait but by some "
-    "other recorded activity (GPU: memcpy, memset, sync; CPU: optimizer bookkeeping, Python "
+    "other recorded activity (GPU: memcpy, memset, sync, and device work of no step -- queued "
+    "before the profiler started or launched outside every ProfilerStep -- running inside the "
+    "window; CPU: optimizer bookkeeping, Python "
     "overhead inside recorded ranges, profiler annotations). Idle on a GPU rank = window time "
-    "with no device activity on the rank, the window running from the first device work the "
-    "step launched to the next step's (the gap while the GPU waits for the CPU counts as "
-    "idle); on a CPU rank = step time in which nothing was recorded on the rank (gaps between "
+    "with no device activity of any kind on the rank, the window running from the first device "
+    "work the step launched to the next step's (the gap while the GPU waits for the CPU counts "
+    "as idle); the last step, with no next step, to its first device work + its CPU "
+    "ProfilerStep span, or to its last device work when that ends later (a note per rank says "
+    "which); on a CPU rank = step time in which nothing was recorded on the rank (gaps between "
     "recorded ops, e.g. untraced Python or the process waiting)."
 )
 
@@ -86,19 +90,22 @@ def windows(runs: list[RunEntry]) -> str:
             "all ranks and profiled steps.")
 
 COMM_GROUPS = (
-    "Per process group and dtype: whole trace, per rank (mean over the ranks that ran it, i.e. "
-    "the group's members in the traces, not every rank of the job); time = sum of durations; "
-    "bytes as nccl-tests counts them (all_gather and reduce_scatter: the whole buffer = one "
-    "rank's piece x the group's size), taken from the CPU side (record_param_comms, the c10d "
-    "op) before the kernel; 'unknown' where the trace does not tell; busbw from transfer time "
-    "(the wait for the slowest rank left out) with the group's size. Process group 'not in "
-    "trace': no Process Group Name on the collective or its launching ops, and "
+    "Per process group and dtype: all profiled steps, per rank (mean over the ranks that ran it, "
+    "i.e. the group's members in the traces, not every rank of the job); time = sum of "
+    "durations; bytes as nccl-tests counts them (all_gather and reduce_scatter: the whole "
+    "buffer = one rank's piece x the group's size), taken from the CPU side (record_param_comms, "
+    "the c10d op) before the kernel; 'unknown' where the trace does not tell; busbw from "
+    "transfer time (the wait for the slowest rank left out) with the group's size. Process "
+    "group 'not in trace': no Process Group Name on the collective or its launching ops, and "
     "distributedInfo.pg_config does not list exactly one group. Group size: the collective's "
     "Group size argument, else pg_config's size of its group, else (all_gather, "
     "reduce_scatter) whole buffer / piece (In / Out msg nelems, or the c10d op's output and "
     "input), else the world size only where pg_config shows no group smaller than the world; "
     "else unknown, never assumed to be the world (bytes that need it and busbw then unknown, "
-    "but for broadcast and send_recv: factor 1 whatever the group).")
+    "but for broadcast and send_recv: factor 1 whatever the group). All profiled steps: every "
+    "table of this section counts only the collectives launched inside a ProfilerStep (those "
+    "launched outside every ProfilerStep, or queued before the profiler started, are left out, "
+    "as the notes below count them; without ProfilerStep, step 0 is the whole trace).")
 
 
 def prefetch_sentence(run: RunEntry) -> str:

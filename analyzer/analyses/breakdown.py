@@ -6,7 +6,11 @@ event crossing a window boundary counts in both windows, each part in its own); 
 the events of step S.
 
 GPU rank (the GPU timeline, as HTA's temporal breakdown):
-  C = NCCL kernels, K = other kernels, O = memcpy / memset / sync.
+  C = NCCL kernels, K = other kernels, O = memcpy / memset / sync of steps >= 0, and every
+  device event of no step (step -1: queued before the profiler started, or launched outside
+  every ProfilerStep; analyzer/ingest/steps.py rule 3) whatever its kind: it is not the step's
+  computation or communication, but the device was busy, so where it runs inside a window it
+  is other, not idle. Idle is then window time with no device activity of any kind.
 CPU rank (gloo):
   C = ``gloo:*`` ops (the runloop threads), K = main-thread cpu_ops minus the time the main
   thread spends inside c10d enqueue ops and waiting for collectives, O = every other CPU event
@@ -72,11 +76,13 @@ class _Rows:
     E its c10d enqueue ops, M its ops inside DataLoader ranges, and paired_row for the wait
     rule)."""
 
-    __slots__ = ("s", "e", "comm", "comp", "other", "data", "enq", "data_main", "paired")
+    __slots__ = ("s", "e", "comm", "comp", "other", "data", "enq", "data_main", "paired",
+                 "gpu")
 
     def __init__(self, ev: pd.DataFrame, device_kind: str, main_tid: str | None):
         role = ev["role"]
         gpu = ev["is_gpu"].to_numpy(dtype=bool)
+        self.gpu = gpu
         self.s = ev["ts_ns"].to_numpy()
         self.e = ev["end_ns"].to_numpy()
         is_data = is_in(role, ("data",))
@@ -106,6 +112,16 @@ class _Rows:
             v = getattr(self, k)
             setattr(out, k, None if v is None else v[idx])
         return out
+
+    def stepless_as_other(self, step: np.ndarray) -> np.ndarray:
+        """GPU rank: move device rows of no step (``step`` < 0, int64 per row) that are in
+        some set to O (module docstring), in place; returns them (bool per row)."""
+        stray = (step < 0) & self.gpu & (self.comm | self.comp | self.other | self.data)
+        self.comm = self.comm & ~stray
+        self.comp = self.comp & ~stray
+        self.data = self.data & ~stray
+        self.other = self.other | stray
+        return stray
 
     def used(self) -> np.ndarray:
         """Rows in some set."""
@@ -222,10 +238,11 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
     """Breakdown rows (``BREAKDOWN_SCHEMA``) of one rank; ``steps``: ``STEP_WINDOWS_SCHEMA``
     (analyzer/ingest/steps.py).
 
-    Which rows a window measures (``_membership``): on a GPU rank every row of a step >= 0 by
-    time, split across every window it intersects (device windows tile the device timeline, so
-    work of step S that runs on in S+1's window is activity there, and idle is window time with
-    no device activity); on a CPU rank the rows of the window's step. Every step's sets are
+    Which rows a window measures (``_membership``): on a GPU rank every row of a step >= 0 and
+    every device row of no step (as O) by time, split across every window it intersects (device
+    windows tile the device timeline, so work of step S that runs on in S+1's window is
+    activity there, and idle is window time with no device activity of any kind); on a CPU
+    rank the rows of the window's step. Every step's sets are
     built and measured in one pass (``_Windows``); the measures use |C ∩ K| = |C| + |K| -
     |C ∪ K| and |X \\ Y| = |X ∪ Y| - |Y|, exact in integers."""
     if not len(steps):
@@ -234,9 +251,13 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
     lo = steps["start_ns"].to_numpy().astype(np.int64)
     hi = steps["end_ns"].to_numpy().astype(np.int64)
     full = _Rows(events, device_kind, main_tid)
+    step_col = events["step"].to_numpy()
+    measured = step_col >= 0
+    if device_kind == "gpu":
+        measured = measured | full.stepless_as_other(step_col)
     used = np.flatnonzero(full.used())
     r = full.take(used)
-    row_of, win_of = _membership(r, events["step"].to_numpy()[used], st, lo, hi, device_kind)
+    row_of, win_of = _membership(r, step_col[used], measured[used], st, lo, hi, device_kind)
     spans = np.maximum(hi - lo, 0) + 1
     if sum(spans.tolist()) < _FIT:
         parts = [np.arange(len(st))]
@@ -277,14 +298,16 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
         "device_work": work})
 
 
-def _membership(r: _Rows, step_col: np.ndarray, st: np.ndarray, lo: np.ndarray,
-                hi: np.ndarray, device_kind: str) -> tuple[np.ndarray, np.ndarray]:
+def _membership(r: _Rows, step_col: np.ndarray, measured: np.ndarray, st: np.ndarray,
+                lo: np.ndarray, hi: np.ndarray, device_kind: str
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(row, window) pairs: which rows of ``r`` each window measures (``rank_breakdown``).
-    GPU rank: rows of steps >= 0, each paired with every non-empty window [lo, hi) it
-    intersects (the windows are disjoint and sorted by time: analyzer/ingest/steps.py);
-    otherwise each row with the window of its step."""
+    GPU rank: the ``measured`` rows (bool per row: steps >= 0 and device rows of no step), each
+    paired with every non-empty window [lo, hi) it intersects (the windows are disjoint and
+    sorted by time: analyzer/ingest/steps.py); otherwise each row with the window of its
+    step (``step_col``)."""
     if device_kind == "gpu":
-        rows = np.flatnonzero(step_col >= 0)
+        rows = np.flatnonzero(measured)
         nonempty = np.flatnonzero(hi > lo)
         nonempty = nonempty[np.argsort(lo[nonempty], kind="stable")]
         wl, wh = lo[nonempty], hi[nonempty]

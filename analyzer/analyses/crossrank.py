@@ -125,16 +125,24 @@ def joined(parts: list[pd.DataFrame], columns: list[str] | None = None) -> pd.Da
 def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
                ) -> dict[str, pd.DataFrame] | None:
     """The pieces ``analyzer/compare/runs.py`` builds the communication figures from, each the
-    concatenation in rank order of what the named function gives on a batch of ranks: whole
-    (``by_kind``), inside (``by_kind`` of the rows in profiled steps), unknown (per kind:
-    instances without bytes), ranks (``rank_kind_split``), moved (``by_kind`` with transfer time
-    as the duration), groups (per rank, kind, pg and dtype: count, time_ns, bytes, known,
-    bus_bytes, bus_time_ns, transfer_bus_bytes, transfer_bus_time_ns, group_sizes, pg_ranks).
-    None when no rank has a collective."""
+    concatenation in rank order of what the named function gives on a batch of ranks, over the
+    collectives of profiled steps only (``step`` >= 0: a collective launched outside every
+    ProfilerStep is left out of these tables, as the step notes say, analyzer/ingest/steps.py
+    rule 3; in whole-trace mode every collective is step 0's): whole (``by_kind``), inside
+    (the same rows), unknown (per kind: instances without bytes), ranks (``rank_kind_split``),
+    moved (``by_kind`` with transfer time as the duration), groups (per rank, kind, pg and
+    dtype: count, time_ns, bytes, known, bus_bytes, bus_time_ns, transfer_bus_bytes,
+    transfer_bus_time_ns, group_sizes, pg_ranks). The wait / transfer split itself matches
+    every collective, in steps or not (``instances``). None when no rank has a collective in a
+    profiled step."""
     inst = instances(job, offsets)
     out: dict[str, list[pd.DataFrame]] = {k: [] for k in
                                           ("whole", "inside", "unknown", "ranks", "moved", "groups")}
     for _, coll, split in each_split(job, offsets, inst):
+        if len(coll):
+            kept = coll["step"].to_numpy() >= 0
+            coll = coll[kept].reset_index(drop=True)
+            split = split[kept].reset_index(drop=True)
         if coll.empty:
             continue
         kind = coll["kind"].astype(str).to_numpy()
@@ -179,8 +187,10 @@ def _group_part(coll: pd.DataFrame, moved: pd.DataFrame) -> pd.DataFrame:
 
 
 def kind_table(job) -> pd.DataFrame:
-    """``by_kind(job.collectives)``, a batch of ranks at a time."""
-    return joined([by_kind(c) for _, c in job.batches("collectives")],
+    """``by_kind`` of ``job.collectives``' rows in profiled steps (``step`` >= 0, as
+    ``comm_parts``), a batch of ranks at a time."""
+    return joined([by_kind(c, rows=c["step"].to_numpy() >= 0)
+                   for _, c in job.batches("collectives")],
                   ["rank", "kind", "count", "time_ns", "bytes", "algbw_gbps", "busbw_gbps",
                    "bus_bytes", "bus_time_ns"])
 

@@ -20,9 +20,11 @@ class Summary:
     breakdown: pd.DataFrame
     """``JobTables.breakdown`` (analyzer/analyses/breakdown.py COLUMNS)."""
     by_kind: pd.DataFrame
-    """analyzer.analyses.collectives.by_kind of the job's collectives (``busbw_gbps`` over the
-    whole durations, as report.json's), with ``transfer_busbw_gbps``: the same with each
-    instance's transfer time (analyzer/analyses/commsplit.py), as report.json's."""
+    """analyzer.analyses.collectives.by_kind of the job's collectives in profiled steps
+    (``crossrank.kind_table``: those launched outside every ProfilerStep left out, as the
+    headline's step notes say; in whole-trace mode all of them), ``busbw_gbps`` over the whole
+    durations as report.json's, with ``transfer_busbw_gbps``: the same with each instance's
+    transfer time (analyzer/analyses/commsplit.py), as report.json's."""
     offsets: pd.DataFrame
     """analyzer.analyses.clock.clock_offsets of the job's collectives (rank, offset_ns, mad_ns,
     lo_ns, hi_ns, n_matched, consistent): the clocks ``cross_rank`` and ``stragglers`` align."""
@@ -96,8 +98,9 @@ def _with_transfer_busbw(job, kinds: pd.DataFrame, offsets: pd.DataFrame) -> pd.
     if kinds.empty:
         return kinds.assign(transfer_busbw_gbps=pd.Series(dtype="float64"))
     inst = crossrank.instances(job, offsets)
-    moved = crossrank.joined(
-        [by_kind(coll.assign(dur_ns=split["transfer_ns"].to_numpy()))
+    moved = crossrank.joined(  # the rows kind_table counts: those of profiled steps
+        [by_kind(coll.assign(dur_ns=split["transfer_ns"].to_numpy()),
+                 rows=coll["step"].to_numpy() >= 0)
          for _, coll, split in crossrank.each_split(job, offsets, inst) if len(coll)])
     t = moved[["rank", "kind", "busbw_gbps"]].rename(columns={"busbw_gbps": "transfer_busbw_gbps"})
     t = t.astype({"rank": kinds["rank"].dtype, "kind": str})

@@ -127,7 +127,7 @@ def _print_tables(s) -> None:
          {"rank": ("rank", text), "step": ("step", text), "step_ms": ("step_ns", ms),
           **{f"{c}_ms": (f"{c}_ns", ms) for c in times},
           "overlap_of_comm_%": ("overlap_frac", lambda f: pct(None if f is None else 100 * f))})
-    show("Per collective kind", s.by_kind,
+    show("Per collective kind (all profiled steps)", s.by_kind,
          {"rank": ("rank", text), "kind": ("kind", text), "count": ("count", text),
           "time_ms": ("time_ns", ms),
           "bytes": ("bytes", lambda b: fmt.data_bytes(None if b is None or b < 0 else b)),

@@ -11,15 +11,16 @@ steps; the run's ``overlap_frac`` = overlap / communication summed over ranks an
 the run's data supply (analyzer/analyses/datasupply.py); ``comm_ns_per_step`` = the union of a
 rank's collective intervals per profiled step (breakdown comm_ns), mean over ranks and steps: the
 run's communication per step, never above the step; ``communication[kind]`` = per-rank means of
-the whole trace's count, time_ns (a sum of durations, labelled so) and bytes (None when unknown), and the run's busbw (nccl-tests: bus bytes over the
+all profiled steps' count (collectives launched outside every ProfilerStep left out,
+analyzer/analyses/crossrank.py ``comm_parts``; without ProfilerStep the whole trace), time_ns (a sum of durations, labelled so) and bytes (None when unknown), and the run's busbw (nccl-tests: bus bytes over the
 time combined across ranks, ``collectives.run_busbw_gbps``; not a mean of per-rank busbw),
 plus ``count_per_step``, ``time_ns_per_step``, ``bytes_per_step``: collectives inside profiled
 steps per rank divided by that rank's number of profiled steps, mean over ranks;
 ``profiled_steps`` = the most profiled steps of a rank; ``comm_groups`` = the same per (kind,
-process group, dtype), whole trace, its per-rank means over the ranks that ran it (the
+process group, dtype), all profiled steps, its per-rank means over the ranks that ran it (the
 group's members), not the job's. Communication split (analyzer/analyses/commsplit.py): per
 rank and kind ``comm_ranks``, and in ``communication[kind]`` the per-rank means
-``transfer_ns`` / ``wait_ns`` (whole trace; their sum is ``time_ns``), the same per profiled
+``transfer_ns`` / ``wait_ns`` (all profiled steps; their sum is ``time_ns``), the same per profiled
 step, and ``transfer_busbw_gbps`` (busbw with transfer time in place of the duration; in
 ``comm_groups`` too). Step times: steps.parquet's profiled steps (slowest rank's
 wall time) when recorded, else the traces' step windows, slowest rank (analyzer/ingest/steps.py:
@@ -121,7 +122,7 @@ def _communication(parts: dict[str, pd.DataFrame] | None, rank_steps: pd.Series,
 
 
 def _comm_groups(parts: dict[str, pd.DataFrame] | None) -> list[CommGroup]:
-    """Per (kind, process group, dtype) over the whole trace (``CommGroup``): what shows a bf16
+    """Per (kind, process group, dtype) over all profiled steps (``CommGroup``): what shows a bf16
     vs an fp32 reduction, or a half-world process group, that the per-kind figures mix.
     ``parts``: ``crossrank.comm_parts`` (its ``groups``: per rank, in rank order). Per-rank
     means are over the ranks that ran it (the ranks with rows for that kind, group and dtype:
@@ -229,7 +230,8 @@ def trace_step_source(tables) -> str:
                 "ranks, the whole trace on CPU ranks; slowest rank")
     if any(r.device_kind == "gpu" for r in tables.ranks):
         return ("traces: device windows (first device work launched by the step to the next "
-                "step's), slowest rank")
+                "step's; the last step's to its first device work + its CPU span, or to its last "
+                "device work if later), slowest rank")
     return ("traces: CPU ProfilerStep spans extended to the end of their gloo work, slowest "
             "rank")
 

@@ -304,7 +304,9 @@ class Memory(msgspec.Struct, kw_only=True):
 
 
 class CommKind(_Figures, kw_only=True):
-    """One collective kind of a run: per-rank means of the whole trace's count, time_ns (a sum
+    """One collective kind of a run: per-rank means over all profiled steps (collectives
+    launched outside every ProfilerStep left out; without ProfilerStep the whole trace, step 0)
+    of count, time_ns (a sum
     of durations: collectives running at once count each) and bytes (over the instances whose
     bytes are known; None when none is); ``unknown_bytes``: instances whose bytes the trace
     does not tell (all ranks); busbw over the ranks (nccl-tests); the ``_per_step`` figures
@@ -320,11 +322,11 @@ class CommKind(_Figures, kw_only=True):
     bytes_per_step: float | None
     unknown_bytes: int = 0
     transfer_ns: float | None = None
-    """Per-rank mean of the whole trace's transfer time (analyzer/analyses/commsplit.py: from
+    """Per-rank mean of all profiled steps' transfer time (analyzer/analyses/commsplit.py: from
     the last rank's start of each matched instance to its end); transfer_ns + wait_ns =
     time_ns."""
     wait_ns: float | None = None
-    """Per-rank mean of the whole trace's time spent inside these collectives waiting for the
+    """Per-rank mean of all profiled steps' time spent inside these collectives waiting for the
     group's last rank to start them."""
     transfer_ns_per_step: float | None = None
     wait_ns_per_step: float | None = None
@@ -335,12 +337,12 @@ class CommKind(_Figures, kw_only=True):
 
 
 class CommGroup(_Figures, kw_only=True):
-    """One (kind, process group, dtype) of a run, whole trace: per-rank means of count, time_ns
-    (sum of durations) and bytes (known instances; None when none is known) over the
-    ``n_ranks`` ranks that ran it (the group's members seen in the traces, not every rank of
-    the job); ``pg`` "", ``pg_ranks`` "" and ``dtype`` "" when the trace does not say;
-    ``group_size`` None when unknown (analyzer/ingest/commid.py); busbw over the ranks with the
-    group's size (nccl-tests; None when the size is unknown)."""
+    """One (kind, process group, dtype) of a run, all profiled steps (as ``CommKind``): per-rank
+    means of count, time_ns (sum of durations) and bytes (known instances; None when none is
+    known) over the ``n_ranks`` ranks that ran it (the group's members seen in the traces, not
+    every rank of the job); ``pg`` "", ``pg_ranks`` "" and ``dtype`` "" when the trace does not
+    say; ``group_size`` None when unknown (analyzer/ingest/commid.py); busbw over the ranks
+    with the group's size (nccl-tests; None when the size is unknown)."""
 
     kind: str
     pg: str
@@ -361,7 +363,8 @@ class CommGroup(_Figures, kw_only=True):
 
 class CommRank(_Figures, kw_only=True):
     """One (rank, collective kind) of a run, split into transfer and waiting for the group's
-    slowest rank (analyzer/analyses/commsplit.py): sums over the whole trace, ``time_ns`` =
+    slowest rank (analyzer/analyses/commsplit.py): sums over all profiled steps (as
+    ``CommKind``), ``time_ns`` =
     ``transfer_ns`` + ``wait_ns`` (sum of durations); ``unmatched`` instances (no match on
     another rank) count as transfer; the ``_per_step`` figures: the rank's collectives inside
     profiled steps over its number of profiled steps (None without steps)."""

@@ -210,7 +210,8 @@ def _columns(spec: str) -> pa.Schema:
 STEP_WINDOWS_SCHEMA = _columns("step cpu_start_ns cpu_end_ns start_ns end_ns device_work:b")
 """One row per ProfilerStep of the rank's step track: cpu_start_ns, cpu_end_ns (the CPU span,
 clipped at the next span's start), start_ns, end_ns (the window the breakdown measures: on a GPU
-rank the device window, from the first device work the step launched to the next step's; on a
+rank the device window, from the first device work the step launched to the next step's, the
+last step's to its first device work + its CPU span or its last device work if later; on a
 CPU rank the span extended to the end of its gloo work, clipped at the next span's start),
 device_work (False: a GPU-rank step that launched no device work, empty window). Rules:
 analyzer/ingest/steps.py. Whole-trace mode: one row, step 0, the whole trace."""

@@ -18,19 +18,29 @@ The rule, in order:
    iteration, -1 when none) and tb_plugin (torch_tb_profiler/profiler/step_parser.py: a step's
    device work is the work of the runtime launches inside its span). Device work with no launch
    in the trace (queued before the profiler started) and work launched outside every span get
-   step -1: left out of every step, collectives and breakdown, counted and named in a note (HTA
-   and TraceLens leave it out too). A trace whose GPU rows carry no launch link at all is
-   assigned by start time instead, with a note.
+   step -1: left out of every step and of the collectives (HTA and TraceLens leave it out
+   too), counted and named in a note. It still ran on the device: where it runs inside a
+   step's window the breakdown counts it as *other*, not idle (rule 4). A trace whose GPU rows
+   carry no launch link at all is assigned by start time instead, with a note.
 4. **Device window** of step S on a GPU rank: a_S = earliest start of S's device work, taken in
    step (span) order and made monotone; window S = [a_S, a_{S+1}) -- the gap in which the GPU
-   waits for the CPU to launch step S+1 is S's idle -- and the last step's window is [a_S,
-   latest end of its device work). Windows never overlap and tile the device timeline
-   (tb_plugin likewise makes device-side steps non-overlapping). Inside a window the breakdown
-   counts every device activity of steps >= 0 *by time*, clipped to each window it intersects
-   (analyzer/analyses/breakdown.py), so idle = window time with no device activity on the rank
-   (TraceLens GPUEventAnalyser: idle = time the GPU runs no computation, communication or
-   memcpy), and the summed idle never exceeds the trace's device idle. Step time = window
-   length; the CPU span stays beside it (``cpu_start_ns``, ``cpu_end_ns``). A step that
+   waits for the CPU to launch step S+1 is S's idle. The **last step** with device work has no
+   a_{S+1}; its window is [a_S, max(a_S + its CPU span's length, latest end of its device
+   work)): the next step would have started its device work as long after its CPU span's
+   start as S did (a_{S+1} = cpu_end_S + (a_S - cpu_start_S), spans being back to back), so a
+   one-step trace reads as the same step followed by another, tail idle included; a GPU still
+   busy past that point ends the window at its last device work, as a next step queued behind
+   it would. A note per rank says which bound ended it (windows of the corpus's multi-step
+   traces track their CPU spans: a100 222.05 / 222.44 ms, 219.73 / 219.73 ms). Windows never
+   overlap and tile the device timeline (tb_plugin likewise makes device-side steps
+   non-overlapping). Inside a window the breakdown counts every device activity *by time*,
+   clipped to each window it intersects (analyzer/analyses/breakdown.py): that of steps >= 0
+   as compute, communication, data or other, device work of no step (rule 3) as other, so idle
+   = window time with no device activity of any kind on the rank (TraceLens GPUEventAnalyser:
+   idle = time the GPU runs no computation, communication or memcpy), and the summed idle
+   never exceeds the trace's device idle plus the last step's tail past the trace's last
+   device activity. Step time = window length; the CPU span stays beside it (``cpu_start_ns``,
+   ``cpu_end_ns``). A step that
    launched no device work gets an empty window, ``device_work`` False, is left out of medians
    and means and named in a note (tb_plugin drops such tail steps from its overview). If no step
    launched device work at all, the windows are the CPU spans (noted).
@@ -39,8 +49,9 @@ The rule, in order:
    windows never overlap. Events are measured by step, clipped to their step's window.
 6. **Whole-trace mode** (no ProfilerStep): every event in step 0. On a GPU rank the window is
    the extent of the launched device work (first start to last end; device work with no launch
-   in the trace left out and noted as in rule 3), so idle is device idle; on a CPU rank the
-   whole trace. The CPU span is the whole trace.
+   in the trace left out of the step and noted as in rule 3, counted as other where it runs
+   inside that extent), so idle is device idle; on a CPU rank the whole trace. The CPU span is
+   the whole trace.
 """
 
 from __future__ import annotations
@@ -50,6 +61,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from analyzer.analyses import intervals as iv
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)")
 
@@ -92,25 +105,32 @@ def assign_steps(df: pd.DataFrame, *, names: np.ndarray, is_step: np.ndarray,
     step = _by_time(ts, end, st, ss, se)
     device = is_gpu & ~is_gpu_annotation
     unlaunched = no_rows
+    outside = no_rows
     dev_rows = np.flatnonzero(device)
     if len(dev_rows):
         lk = launch[dev_rows]
         if (lk >= 0).any():
             step[dev_rows] = np.where(lk >= 0, step[np.maximum(lk, 0)], -1)
             unlaunched = device & (launch < 0)
-            _note_left_out(notes, df, names, unlaunched, is_comm,
-                           "have no launch in the trace (queued before the profiler started)")
-            _note_left_out(notes, df, names, device & (launch >= 0) & (step < 0), is_comm,
-                           "were launched outside every ProfilerStep")
+            outside = device & (launch >= 0) & (step < 0)
         else:
             notes.append("device events carry no launch link (correlation / External id): "
                          "each is put in the step whose CPU span contains its start")
     gl = np.flatnonzero(is_comm & ~is_gpu & (paired >= 0))
     step[gl] = step[paired[gl]]
+    later: list[str] = []
     if device_kind == "gpu":
-        lo, hi, work = _device_windows(ts, end, step, device, st, ss, se, notes)
+        lo, hi, work = _device_windows(ts, end, step, device, st, ss, se, later)
     else:
         lo, hi, work = _cpu_windows(end, step, is_comm | is_gpu, st, ss, se)
+    windows = (lo, hi) if device_kind == "gpu" else None
+    _note_left_out(notes, df, names, unlaunched, is_comm,
+                   "have no launch in the trace (queued before the profiler started)", windows)
+    _note_left_out(notes, df, names, outside, is_comm,
+                   "were launched outside every ProfilerStep", windows)
+    _note_left_out(notes, df, names, is_comm & ~is_gpu & (step < 0), is_comm,
+                   "ran outside every ProfilerStep", None, what="CPU collective ops")
+    notes += later
     table = pd.DataFrame({"step": st, "cpu_start_ns": ss, "cpu_end_ns": se, "start_ns": lo,
                           "end_ns": hi, "device_work": work})
     return Steps(step=step, table=_typed(table.sort_values("step").reset_index(drop=True)),
@@ -133,14 +153,15 @@ def _whole_trace(df, names, device, is_comm, launch, device_kind, notes) -> Step
         if (launch[device] >= 0).any():
             unlaunched = device & (launch < 0)
             step[unlaunched] = -1
-            _note_left_out(notes, df, names, unlaunched, is_comm,
-                           "have no launch in the trace (queued before the profiler started)")
         else:
             notes.append("device events carry no launch link (correlation / External id): "
                          "all of them are step 0's work")
         work = device & ~unlaunched
         if work.any():
             lo, hi = int(ts[work].min()), int(end[work].max())
+        _note_left_out(notes, df, names, unlaunched, is_comm,
+                       "have no launch in the trace (queued before the profiler started)",
+                       (np.array([lo]), np.array([hi])))
     table = pd.DataFrame({"step": [0], "cpu_start_ns": [cpu_lo], "cpu_end_ns": [cpu_hi],
                           "start_ns": [lo], "end_ns": [hi], "device_work": [True]})
     return Steps(step=step, table=_typed(table), whole_trace=True, unlaunched=unlaunched,
@@ -209,7 +230,21 @@ def _device_windows(ts, end, step, device, st, ss, se, notes):
         return ss.copy(), se.copy(), np.ones(m, bool)
     a = np.maximum.accumulate(np.where(work, first, np.iinfo(np.int64).min))
     w = np.flatnonzero(work)
-    tail_end = max(int(last[w[-1]]), int(a[w[-1]]))
+    j = int(w[-1])  # the last step with device work: no next a to end its window
+    paced_ns = int(a[j]) + int(se[j] - ss[j])
+    tail_end = max(int(last[j]), int(a[j]), paced_ns)
+    if paced_ns >= int(last[j]):
+        notes.append(f"step {int(st[j])}'s device window (the last step with device work, no "
+                     "next step to end it) ends at its first device work + its CPU "
+                     f"ProfilerStep span ({(se[j] - ss[j]) / 1e6:.3f} ms), "
+                     f"{(paced_ns - int(last[j])) / 1e6:.3f} ms after its last device work: "
+                     "the tail idle a next step launching as this one did would leave")
+    else:
+        notes.append(f"step {int(st[j])}'s device window (the last step with device work, no "
+                     "next step to end it) ends at its last device work, "
+                     f"{(int(last[j]) - paced_ns) / 1e6:.3f} ms after its first device work + "
+                     f"its CPU ProfilerStep span ({(se[j] - ss[j]) / 1e6:.3f} ms): the device "
+                     "ran behind the CPU")
     # a step without work starts where the next step with work starts (an empty window)
     nxt = np.searchsorted(w, np.arange(m))  # index in w of the next step with work
     lo = np.where(nxt < len(w), a[w[np.minimum(nxt, len(w) - 1)]], tail_end)
@@ -236,9 +271,12 @@ def _cpu_windows(end, step, work_rows, st, ss, se):
     return ss.copy(), np.maximum(hi, ss), np.ones(m, bool)
 
 
-def _note_left_out(notes, df, names, mask, is_comm, why: str) -> None:
-    """A note counting the rows of ``mask``: their device time, how much is communication, and
-    the name with the most time."""
+def _note_left_out(notes, df, names, mask, is_comm, why: str, windows=None, *,
+                   what: str = "device events") -> None:
+    """A note counting the rows of ``mask``: their time, how much is communication, the name
+    with the most time and, given the device ``windows`` ((lo, hi) arrays, ns), the time of
+    their union inside the windows, which the breakdown counts as other where no step's own
+    work covers it (rules 3 and 4)."""
     if not mask.any():
         return
     dur = df["dur_ns"].to_numpy()
@@ -246,8 +284,22 @@ def _note_left_out(notes, df, names, mask, is_comm, why: str) -> None:
     by_name = pd.Series(dur[mask]).groupby(names[mask]).sum().sort_values(ascending=False)
     top, top_ns = str(by_name.index[0]), int(by_name.iat[0])
     top = top if len(top) <= 80 else top[:77] + "..."
-    notes.append(f"{int(mask.sum())} device events ({dur[mask].sum() / 1e6:.1f} ms) {why}: left "
-                 "out of steps, collectives and breakdown, as HTA and TraceLens do; "
+    if windows is None:
+        where = ("left out of steps, breakdown and the collective tables (calls, time, bytes), as "
+                 "HTA and TraceLens do")
+    else:
+        where = ("left out of steps and the collective tables (calls, time, bytes), as HTA "
+                 "and TraceLens do; "
+                 f"{_inside_ns(df, mask, *windows) / 1e6:.3f} ms of it runs inside step "
+                 "windows, counted there as other (not idle) where no step's own work covers it")
+    notes.append(f"{int(mask.sum())} {what} ({dur[mask].sum() / 1e6:.1f} ms) {why}: {where}; "
                  f"{int(comm.sum())} of them communication ({dur[comm].sum() / 1e6:.1f} ms), "
                  f"{len(by_name)} distinct names, the longest in total {top} "
                  f"({top_ns / 1e6:.1f} ms)")
+
+
+def _inside_ns(df, mask, lo, hi) -> int:
+    """|(union of the rows of ``mask``) ∩ (union of the windows [lo, hi))|, int64 ns."""
+    rows = iv.merge(df["ts_ns"].to_numpy()[mask], df["end_ns"].to_numpy()[mask])
+    keep = hi > lo
+    return iv.measure(iv.intersect(rows, iv.merge(lo[keep], hi[keep])))

@@ -61,21 +61,22 @@ def test_cpu_loader_roles_and_timeline(data_fixture):
 def test_gpu_loader_exact(data_fixture):
     ts = load_tables(data_fixture("gpu_loader.json"))
     b = ts.breakdown.iloc[0]
-    # device window (analyzer/ingest/steps.py): first device work (NCCL at 10) to the end of
-    # the last (memset, 80): [10,80) = 70; the CPU span [0,100) stays beside it
-    assert b["step"] == 5 and b["step_ns"] == 70 * US and b["cpu_step_ns"] == 100 * US
+    # device window (analyzer/ingest/steps.py): first device work (NCCL at 10) to, this being
+    # the last step, 10 + its CPU span [0,100) = 110, later than its last work (memset, 80):
+    # [10,110) = 100
+    assert b["step"] == 5 and b["step_ns"] == 100 * US and b["cpu_step_ns"] == 100 * US
     # C = NCCL [10,25) = 15, K = gemm [40,70) = 30, no overlap: exposed 15
     assert (b["compute_ns"], b["comm_ns"], b["exposed_comm_ns"]) == (30 * US, 15 * US, 15 * US)
-    # D = DataLoader range [0,30) ∪ HtoD copy [32,40), clipped to [10,80), minus C ∪ K:
+    # D = DataLoader range [0,30) ∪ HtoD copy [32,40), clipped to [10,110), minus C ∪ K:
     # [25,30) [32,40) = 13 (the fetch before the first device work, [0,10), is outside the
     # window: with more steps it lies in the previous step's window)
     assert b["data_wait_ns"] == 13 * US
     # O = HtoD memcpy [32,40) (counted as data first) + memset [75,80) -> 5
     assert b["other_ns"] == 5 * US
-    # idle = [30,32) + [70,75) = 7
-    assert b["idle_ns"] == 7 * US
-    # 13 / 70 = 0.186 < INPUT_BOUND_FRAC 0.2
-    assert b["data_wait_frac"] == pytest.approx(13 / 70) and not bool(b["input_bound"])
+    # idle = [30,32) + [70,75) + [80,110) = 37
+    assert b["idle_ns"] == 37 * US
+    # 13 / 100 = 0.13 < INPUT_BOUND_FRAC 0.2
+    assert b["data_wait_frac"] == pytest.approx(13 / 100) and not bool(b["input_bound"])
     ev, _ = load_events(ts.ranks[0].path)
     htod = ev[ev["name"].astype(str).str.startswith("Memcpy HtoD")]
     assert list(htod["rule"].astype(str)) == ["gpu.memcpy.htod"]

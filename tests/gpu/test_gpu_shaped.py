@@ -93,13 +93,14 @@ def test_fsdp2_breakdown_across_streams(tmp_path):
     s7 1250..1900 = 650; optimizer 2000..2100 = 100 -> 1450.
     C: all_gathers s20 100..500 and 1050..1450 (400 + 400), reduce_scatter s21 1600..1800 -> 1000.
     C ∩ K: 100..150 + 300..500 (250) + 1250..1450 (200) + 1600..1800 (200) = 650; exposed 350.
-    device window = first kernel 50 .. last kernel's end 2100 (CPU step 0..3000 beside it);
-    idle = 2050 - 1450 - 350 = 250."""
+    device window (the only step, analyzer/ingest/steps.py rule 4) = first kernel 50 .. 50 +
+    its CPU span 0..3000 = 3050, later than its last kernel's end 2100: 3000;
+    idle = 3000 - 1450 - 350 = 1200."""
     bd = load("fsdp2", tmp_path).breakdown.iloc[0]
     got = {c: int(bd[c]) // US for c in ("step_ns", "compute_ns", "comm_ns", "overlap_ns",
                                          "exposed_comm_ns", "other_ns", "idle_ns")}
-    assert got == {"step_ns": 2050, "compute_ns": 1450, "comm_ns": 1000, "overlap_ns": 650,
-                   "exposed_comm_ns": 350, "other_ns": 0, "idle_ns": 250}
+    assert got == {"step_ns": 3000, "compute_ns": 1450, "comm_ns": 1000, "overlap_ns": 650,
+                   "exposed_comm_ns": 350, "other_ns": 0, "idle_ns": 1200}
 
 
 def test_fsdp2_prefetch_on_gpu(tmp_path):
@@ -233,11 +234,12 @@ def test_fsdp1_prefetch_on_gpu(tmp_path):
 
 def test_fsdp1_breakdown(tmp_path):
     """K: 10..60 + 250..700 + 1300..1500 = 700; C: 100..400 + 1100..1300 + 1500..1600 = 600;
-    C ∩ K = 250..400 = 150; exposed 450; device window 10..1600 (first kernel to the last
-    kernel's end; CPU step 0..2000): idle = 1590 - 700 - 450 = 440."""
+    C ∩ K = 250..400 = 150; exposed 450; device window 10..2010 (the only step: first kernel
+    + its CPU span 0..2000, later than the last kernel's end 1600): idle = 2000 - 700 - 450 =
+    850."""
     bd = load("fsdp1", tmp_path).breakdown.iloc[0]
     assert [int(bd[c]) // US for c in ("compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns")] \
-        == [700, 600, 150, 450, 440]
+        == [700, 600, 150, 450, 850]
 
 
 def test_memory_summary_from_parquet():
