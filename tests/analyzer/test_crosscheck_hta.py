@@ -84,7 +84,8 @@ def test_hta_scope_drops_the_last_step_and_unlaunched_kernels(tmp_path):
     # cutoff = start of ProfilerStep#2 = 100 µs: launches 1, 2 kept -> K1 [20, 60), C1 [40, 80)
     # overlap [40, 60) = 20 µs of 40 µs communication; K2, C2 dropped (last step), C0 unlaunched
     assert got == {"overlap_ns": 20_000, "comm_ns": 40_000, "last_step_dropped": 2,
-                   "unlaunched_dropped": 1, "sub_us": False}
+                   "unlaunched_dropped": 1, "last_step_kept": 0, "cutoff_step": "ProfilerStep#2",
+                   "cutoff_on_gpu": False, "no_step_rank": False, "sub_us": False}
     # fewer than two ProfilerSteps: HTA filters nothing. comm = [2,12) + [40,80) + [130,170)
     # = 90 µs; overlap = [40,60) + [130,150) = 40 µs
     whole = hta_scope_overlap(ev, filtered=False)
@@ -146,3 +147,83 @@ def test_hta_scope_overlap_rounds_sub_us_times_as_hta_does():
     assert round(100 * got["overlap_ns"] / got["comm_ns"], 2) == 14.31
     exact_ns = ev[ev["is_gpu"]]
     assert (exact_ns["ts_ns"] % 1000 != 0).any()  # the rounding has something to do
+
+
+# --- ProfilerStep copies on the GPU track are CPU rows to HTA (issue 32 item 6) ---
+
+def _gpu_trace_with_step_copies(copy2_us: int) -> dict:
+    """``_gpu_trace(2)`` with C2 lengthened to [130, 190) µs and the GPU-track copies Kineto
+    writes of each step (gpu_user_annotation, no stream, no correlation): ProfilerStep#1
+    [20, 80), ProfilerStep#2 from ``copy2_us`` to 190 (the GPU runs behind the CPU, whose
+    ProfilerStep#2 starts at 100)."""
+    t = _gpu_trace(2)
+    for e in t["traceEvents"]:
+        if e.get("cat") == "kernel" and e["args"]["correlation"] == 4:
+            e["dur"] = 60
+    t["traceEvents"] += [
+        {"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{n}", "pid": 0,
+         "tid": 7, "ts": ts, "dur": 190 - ts if n == 2 else 60, "args": {"External id": n}}
+        for n, ts in ((1, 20), (2, copy2_us))]
+    return t
+
+
+# copy2_us, hand-worked (µs). HTA's cutoff is the GPU copy's start (its latest ProfilerStep row):
+# 120: launches at 10, 12, 110, 112 start before it -> K1 [20,60), C1 [40,80), K2 [120,150),
+#      C2 [130,190) kept; comm 40 + 60 = 100, overlap [40,60) + [130,150) = 40 -> 40.00 %
+# 111: launch 112 (C2) is not before it -> C2 dropped, K2 kept; comm 40, overlap 20 -> 50.00 %
+# (the rule before: cutoff 100 = the CPU span, K2 and C2 dropped -> 50.00 % for both)
+STEP_COPY_CASES = {120: (40_000, 100_000, 0, 2, 40.0), 111: (20_000, 40_000, 1, 1, 50.0)}
+
+
+@pytest.mark.parametrize("copy2_us", sorted(STEP_COPY_CASES))
+def test_hta_scope_takes_gpu_step_copies_as_cpu_rows(tmp_path, copy2_us):
+    pytest.importorskip("hta.trace_analysis")
+    from analyzer.api import load_events
+    from analyzer.compare.crosscheck_hta import hta_scope_overlap, run_hta_overlap
+
+    job = tmp_path / "job"
+    job.mkdir()
+    p = job / "rank0.trace.json"
+    p.write_text(json.dumps(_gpu_trace_with_step_copies(copy2_us)))
+    overlap, comm, dropped, kept, pct = STEP_COPY_CASES[copy2_us]
+    got = hta_scope_overlap(load_events(p)[0], filtered=True)
+    assert (got["overlap_ns"], got["comm_ns"]) == (overlap, comm)
+    assert (got["last_step_dropped"], got["last_step_kept"]) == (dropped, kept)
+    assert got["cutoff_on_gpu"] and got["cutoff_step"] == "ProfilerStep#2"
+    assert got["unlaunched_dropped"] == 1  # C0, queued before the profiler started
+    hta = run_hta_overlap(job)  # the oracle: HTA itself
+    assert list(hta["rank"]) == [0] and hta["hta_overlap_pct"].iat[0] == pytest.approx(pct)
+
+    res = cli("summary", str(job), "--crosscheck", "hta", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    row = json.loads(res.stdout)["crosscheck_hta"][0]
+    assert row["hta_overlap_pct"] == pytest.approx(pct)
+    assert abs(row["ours_hta_scope_pct"] - pct) <= 0.005 + 1e-9
+    assert "drops the last ProfilerStep" not in row["explanation"]
+    assert "different figure" not in row["explanation"]
+
+
+def test_hta_keeps_nothing_of_a_rank_without_profiler_steps(tmp_path):
+    """Two ranks: rank 0 names ProfilerStep#1 and #2, rank 1 (the same events) none. HTA's
+    cutoff on rank 1 is its first CPU row's start, so it keeps no kernel there and gives no
+    figure (hta/common/trace.py); ours on HTA's scope is undefined too, and says why."""
+    pytest.importorskip("hta.trace_analysis")
+    from analyzer.compare.crosscheck_hta import run_hta_overlap
+
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in (0, 1):
+        t = _gpu_trace(2)
+        t["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 2}
+        if rank == 1:
+            t["traceEvents"] = [e for e in t["traceEvents"]
+                                if not str(e.get("name", "")).startswith("ProfilerStep")]
+        (job / f"rank{rank}.trace.json").write_text(json.dumps(t))
+    hta = run_hta_overlap(job).set_index("rank")["hta_overlap_pct"]
+    assert hta[0] == pytest.approx(50.0) and math.isnan(hta[1])
+    res = cli("summary", str(job), "--crosscheck", "hta", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    rows = {r["rank"]: r for r in json.loads(res.stdout)["crosscheck_hta"]}
+    assert rows[0]["ours_hta_scope_pct"] == pytest.approx(50.0)
+    assert rows[1]["ours_hta_scope_pct"] is None
+    assert "no ProfilerStep on this rank" in rows[1]["explanation"]
