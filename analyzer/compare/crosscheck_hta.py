@@ -47,15 +47,28 @@ Our report's figure is per ProfilerStep (device work in the step whose CPU span 
 differences between it and HTA's are explained by scope first: the kernels HTA drops after its
 cutoff, kernels without a launch in the trace, several steps pooled.
 
-When HTA itself raises (HTA 0.5.0 and traceinsight 0.6.1 both do under pandas 3.x on some
-traces), the cross-check reports HTA's error in one line and our figures still stand.
+HTA runs in a child process (analyzer/compare/hta_child.py, a fresh interpreter in its own
+process group, so HTA's fork pool is inside it), with its logging, stdout and stderr in a file
+of ours, never on the terminal, for at most ``PARITYTRACE_HTA_TIMEOUT_S`` seconds (default
+``timeout_s``: 300 s + 1 s per MB of trace files). Its figures come back as JSON in a file we
+create. When HTA raises (both releases do under pandas 3.x on some traces), ends without a
+result, or does not finish in time (it can hang in its process pool), the process tree is
+killed, the cross-check says so in one line and our figures still stand; Ctrl-C and SIGTERM kill
+the tree too.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -92,6 +105,14 @@ SCOPE_NOTE = (
     "the last ProfilerStep. Kernels queued before the profiler started (no launch) are dropped; "
     "with fewer than two ProfilerSteps HTA takes every kernel. ours_hta_scope_pct applies that "
     "filter to our events; ours_step_pct is the report's per-ProfilerStep figure.")
+TIMEOUT_ENV = "PARITYTRACE_HTA_TIMEOUT_S"
+RUNNER_ENV = "PARITYTRACE_HTA_RUNNER"
+"""For tests only: ``module:function`` the child runs in HTA's place (analyzer/compare/hta_child.py)."""
+
+
+class HtaFailed(RuntimeError):
+    """HTA raised, ended without a result, or did not finish in time: ``args[0]`` is the one
+    line the cross-check notes."""
 
 
 def hta_available() -> bool:
@@ -104,12 +125,43 @@ def hta_available() -> bool:
     return True
 
 
+def timeout_override() -> float | None:
+    """``PARITYTRACE_HTA_TIMEOUT_S`` in seconds, None when unset (then ``timeout_s``' default).
+    Raises ``BadInput`` (``bad_option``) for a value that is not a finite number > 0."""
+    from analyzer.contract.errors import BadInput, Reason
+
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise BadInput(TIMEOUT_ENV, Reason.BAD_OPTION,
+                       f"is {raw!r}, not a number of seconds > 0", "set it to e.g. 600")
+    return value
+
+
+def timeout_s(trace_dir: Path) -> float:
+    """The longest HTA may run on ``trace_dir``, s: ``PARITYTRACE_HTA_TIMEOUT_S``, else 300 s +
+    1 s per MB (10^6 bytes) of the ``*.json`` / ``*.json.gz`` files in it as stored (HTA took
+    30-78 s on 8 ranks x 41 MB of JSON on a 2-vCPU machine: README, Performance)."""
+    override = timeout_override()
+    if override is not None:
+        return override
+    size = sum(f.stat().st_size for f in trace_dir.iterdir()
+               if f.name.endswith((".json", ".json.gz")) and f.is_file())
+    return 300.0 + size / 1e6
+
+
 def crosscheck(ts) -> tuple[pd.DataFrame, list[str]]:
     """(``compare`` with HTA's figures for ``ts.root``, a folder or one trace file; note lines).
 
-    The notes state HTA's scope and, when HTA itself raised, one line with HTA's error (HTA's
-    column is then NaN, ours are still computed). Raises ``BadInput`` (``hta_missing``) when HTA
-    is not installed.
+    The notes state HTA's scope and, when HTA failed (``run_hta_overlap`` raised ``HtaFailed``:
+    HTA raised, died, or did not finish in time), that in one line (HTA's column is then NaN,
+    ours are still computed). Raises ``BadInput`` (``hta_missing``) when HTA is not installed,
+    (``bad_option``) for a bad ``PARITYTRACE_HTA_TIMEOUT_S``.
 
     HTA reads whole folders: for one file it gets a temporary folder holding only a symlink to
     it (removed afterwards). Given the file's parent instead, HTA read every sibling trace too,
@@ -119,6 +171,7 @@ def crosscheck(ts) -> tuple[pd.DataFrame, list[str]]:
     if not hta_available():
         raise BadInput(ts.root, Reason.HTA_MISSING, "--crosscheck hta needs HolisticTraceAnalysis",
                        "pip install 'paritytrace[hta]'")
+    timeout_override()  # a bad value is refused before HTA starts
     notes = [SCOPE_NOTE]
     try:
         if ts.root.is_dir():
@@ -127,29 +180,137 @@ def crosscheck(ts) -> tuple[pd.DataFrame, list[str]]:
             with tempfile.TemporaryDirectory(prefix="paritytrace-hta-") as tmp:
                 (Path(tmp) / ts.root.name).symlink_to(ts.root.resolve())
                 hta = run_hta_overlap(Path(tmp))
-    except Exception as exc:  # HTA's own failure: said in one line, ours still shown
-        text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
-        first = (text.strip().splitlines() or [""])[0][:300]  # KeyError's str() adds quotes
-        notes.append(f"HTA failed: {type(exc).__name__}: {first} (HTA's column left empty; "
-                     "our figures are unaffected)")
+    except HtaFailed as exc:  # HTA's own failure: said in one line, ours still shown
+        notes.append(exc.args[0])
         hta = pd.DataFrame({"rank": pd.Series([], dtype="int64"),
                             "hta_overlap_pct": pd.Series([], dtype=float)})
     return compare(ts, hta), notes
 
 
-def run_hta_overlap(trace_dir: Path) -> pd.DataFrame:
-    """HTA's get_comm_comp_overlap on ``trace_dir``: columns rank, hta_overlap_pct.
+def run_hta_overlap(trace_dir: Path, timeout: float | None = None) -> pd.DataFrame:
+    """HTA's get_comm_comp_overlap on ``trace_dir``, run in a child process: columns rank,
+    hta_overlap_pct (NaN where HTA gives none).
 
-    Raises ``ImportError`` when HTA is not installed, and whatever HTA raises. HTA needs one
-    folder holding only one job's traces with distributedInfo.rank (it reads the rank from the
-    trace too)."""
+    ``timeout``: seconds, default ``timeout_s(trace_dir)``. Raises ``HtaFailed`` (one line, HTA's
+    column left empty, our figures unaffected) when HTA raises, its process ends without a
+    result (killed, out of memory), or it runs past the timeout; the child and every process it
+    started are killed then, and on ``KeyboardInterrupt`` (Ctrl-C, SIGTERM in the CLI), which
+    is re-raised. HTA's log, stdout and stderr go to a temporary file (removed afterwards); its
+    last line is quoted when HTA ends without a result. HTA needs one folder holding only one
+    job's traces with distributedInfo.rank (it reads the rank from the trace too)."""
+    import analyzer
+
+    limit = timeout_s(trace_dir) if timeout is None else timeout
+    work = Path(tempfile.mkdtemp(prefix="paritytrace-hta-run-"))
+    try:
+        result, log_path = work / "result.json", work / "hta.log"
+        env = dict(os.environ)
+        root = str(Path(analyzer.__file__).resolve().parent.parent)  # this analyzer, not another
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        with open(log_path, "wb") as logf:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "analyzer.compare.hta_child", str(trace_dir), str(result),
+                 str(os.getpid())],
+                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True)  # its own process group: HTA's pool workers join it
+            try:
+                ended = _ended_within(proc, limit)
+            finally:  # also on KeyboardInterrupt: no HTA process outlives the command
+                _kill_tree(proc)
+        if not ended:
+            raise HtaFailed(f"HTA did not finish within {limit:g} s ({TIMEOUT_ENV}); its "
+                            "column is empty, our figures stand" + _last_line(log_path))
+        return _read_result(result, proc.returncode, log_path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _ended_within(proc: subprocess.Popen, limit: float) -> bool:
+    """Whether ``proc`` ends within ``limit`` s. On Linux it is waited for through a pidfd and
+    left unreaped (a zombie), so its pid, the id of its process group, cannot be reused before
+    ``_kill_tree`` signals the group; elsewhere ``Popen.wait``."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux >= 5.3
+        try:
+            proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    try:
+        return bool(select.select([fd], [], [], limit)[0])
+    finally:
+        os.close(fd)
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` (a process-group leader) and every process it started, found by psutil
+    (HTA depends on it) while ``proc`` lives and by the process group (which outlives its
+    leader while members live), then reap them."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    kids = []
+    if psutil is not None:
+        try:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:  # already gone (and reaped below)
+            kids = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group outlives its leader while members live
+    except (ProcessLookupError, PermissionError):
+        pass
+    for k in kids:  # one that left the group
+        try:
+            k.kill()
+        except psutil.Error:
+            pass
+    proc.wait()
+    if psutil is not None and kids:
+        psutil.wait_procs(kids, timeout=5)
+
+
+def _last_line(log_path: Path) -> str:
+    """``; its last log line: ...`` (at most 200 characters), or "" for an empty log."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(log_path) - 4096))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if ln]
+    return f"; its last log line: {lines[-1][:200]}" if lines else ""
+
+
+def _read_result(result: Path, code: int, log_path: Path) -> pd.DataFrame:
+    """The child's JSON (plain data, never pickle): {"rank": [...], "hta_overlap_pct": [...]} or
+    {"error": {"type", "message"}}. Raises ``HtaFailed``."""
+    try:
+        data = json.loads(result.read_text())
+    except (OSError, ValueError):
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        raise HtaFailed(f"HTA failed: its process ended ({how}) without a result (HTA's column "
+                        "left empty; our figures are unaffected)" + _last_line(log_path)) from None
+    if "error" in data:
+        err = data["error"]
+        first = (str(err.get("message", "")).strip().splitlines() or [""])[0][:300]
+        raise HtaFailed(f"HTA failed: {err.get('type', 'Error')}: {first} (HTA's column left "
+                        "empty; our figures are unaffected)")
+    pct = [math.nan if v is None else float(v) for v in data["hta_overlap_pct"]]
+    return pd.DataFrame({"rank": pd.Series(data["rank"], dtype="int64"),
+                         "hta_overlap_pct": pd.Series(pct, dtype=float)})
+
+
+def hta_overlap_in_process(trace_dir: str) -> dict[str, list]:
+    """HTA's get_comm_comp_overlap on ``trace_dir`` in this process (what the child runs):
+    {"rank": [int], "hta_overlap_pct": [float or None]}. Raises whatever HTA raises."""
     from hta.trace_analysis import TraceAnalysis
 
-    logging.getLogger("hta").setLevel(logging.WARNING)
     analysis = TraceAnalysis(trace_dir=str(trace_dir))
     df = analysis.get_comm_comp_overlap(visualize=False)
-    return pd.DataFrame({"rank": df["rank"].astype("int64"),
-                         "hta_overlap_pct": df["comp_comm_overlap_pctg"].astype(float)})
+    pct = [None if v != v else float(v) for v in df["comp_comm_overlap_pctg"].astype(float)]
+    return {"rank": [int(r) for r in df["rank"]], "hta_overlap_pct": pct}
 
 
 def _by_name(names: np.ndarray, test) -> np.ndarray:

@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -92,17 +93,21 @@ def test_hta_scope_drops_the_last_step_and_unlaunched_kernels(tmp_path):
     assert (whole["overlap_ns"], whole["comm_ns"]) == (40_000, 90_000)
 
 
+def _standin(monkeypatch, name: str) -> None:
+    """HTA's place in the child process taken by tests/analyzer/hta_standins.py NAME; HTA itself
+    need not be installed."""
+    from analyzer.compare import crosscheck_hta
+
+    monkeypatch.setattr(crosscheck_hta, "hta_available", lambda: True)
+    monkeypatch.setenv("PARITYTRACE_HTA_RUNNER", f"tests.analyzer.hta_standins:{name}")
+
+
 def test_hta_failure_is_one_line_and_our_figures_stay(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from analyzer.cli.app import app
-    from analyzer.compare import crosscheck_hta
 
-    def broken(trace_dir):
-        raise KeyError("'stream'\nsecond line of HTA's traceback text")
-
-    monkeypatch.setattr(crosscheck_hta, "hta_available", lambda: True)
-    monkeypatch.setattr(crosscheck_hta, "run_hta_overlap", broken)
+    _standin(monkeypatch, "key_error")
     p = tmp_path / "rank0.trace.json"
     p.write_text(json.dumps(_gpu_trace(2)))
     res = CliRunner().invoke(app, ["summary", str(p), "--crosscheck", "hta", "--format", "json"])
@@ -116,6 +121,126 @@ def test_hta_failure_is_one_line_and_our_figures_stay(tmp_path, monkeypatch):
     assert data["breakdown"], "our per-step figures are still printed"
     table = CliRunner().invoke(app, ["summary", str(p), "--crosscheck", "hta"])
     assert table.exit_code == 0 and sum("HTA failed" in ln for ln in table.output.splitlines()) == 1
+
+
+def test_hta_process_that_dies_is_one_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from analyzer.cli.app import app
+
+    _standin(monkeypatch, "dies")
+    p = tmp_path / "rank0.trace.json"
+    p.write_text(json.dumps(_gpu_trace(2)))
+    res = CliRunner().invoke(app, ["summary", str(p), "--crosscheck", "hta", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output[res.output.index("{"):])
+    failed = [n for n in data["notes"] if n.startswith("HTA failed")]
+    assert len(failed) == 1 and "signal 9" in failed[0] and "\n" not in failed[0]
+    assert data["breakdown"] and data["crosscheck_hta"][0]["hta_overlap_pct"] is None
+
+
+def _job(tmp_path) -> Path:
+    """A folder holding the one-rank trace of ``_gpu_trace(2)``: its path names the HTA child
+    and the pool workers it forks (their command line), so the test can find them."""
+    job = tmp_path / "job-hta-child-marker"
+    job.mkdir()
+    (job / "rank0.trace.json").write_text(json.dumps(_gpu_trace(2)))
+    return job
+
+
+def _survivors(marker: str) -> list:
+    """Processes alive whose command line names ``marker`` (zombies count as gone)."""
+    psutil = pytest.importorskip("psutil")
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(p.info["cmdline"] or []):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_hta_that_never_returns_is_cut_off_with_our_figures_kept(tmp_path, monkeypatch):
+    """An HTA stand-in that logs, forks a pool as HTA does, and never returns: with
+    PARITYTRACE_HTA_TIMEOUT_S=2 the command ends (cli_proc's own limit bounds the test), says so
+    in one line, keeps our figures, exits 0, and leaves no process of HTA's behind."""
+    from tests.analyzer.hta_standins import LOG_TEXT
+    from tests.inputs import cli_proc
+
+    pytest.importorskip("psutil")
+    job = _job(tmp_path)
+    monkeypatch.setenv("PARITYTRACE_HTA_RUNNER", "tests.analyzer.hta_standins:hang")
+    monkeypatch.setenv("PARITYTRACE_HTA_TIMEOUT_S", "2")
+    proc = cli_proc("summary", str(job), "--crosscheck", "hta", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    hung = [n for n in data["notes"] if "HTA did not finish" in n]
+    assert len(hung) == 1 and hung[0].startswith("HTA did not finish within 2 s")
+    assert "our figures stand" in hung[0] and "\n" not in hung[0]
+    assert data["crosscheck_hta"][0]["hta_overlap_pct"] is None
+    assert data["crosscheck_hta"][0]["ours_hta_scope_pct"] == pytest.approx(50.0)
+    assert data["breakdown"]
+    # HTA's log is off the terminal: at most its last line, inside that one note
+    assert LOG_TEXT not in proc.stderr
+    assert proc.stdout.count(LOG_TEXT) <= 1 and (LOG_TEXT not in proc.stdout or
+                                                 LOG_TEXT in hung[0])
+    assert _survivors(str(job)) == []
+
+
+def test_hta_log_stays_off_the_terminal(tmp_path, monkeypatch):
+    """An HTA stand-in that logs and prints on both streams and returns 12.34 %: the table shows
+    the figure, and none of its lines reaches our stdout or stderr."""
+    from tests.analyzer.hta_standins import LOG_TEXT
+    from tests.inputs import cli_proc
+
+    job = _job(tmp_path)
+    monkeypatch.setenv("PARITYTRACE_HTA_RUNNER", "tests.analyzer.hta_standins:chatty")
+    proc = cli_proc("summary", str(job), "--crosscheck", "hta")
+    assert proc.returncode == 0, proc.stderr
+    assert "12.34" in proc.stdout
+    assert LOG_TEXT not in proc.stdout + proc.stderr
+
+
+def test_sigterm_while_hta_runs_leaves_no_process(tmp_path):
+    """SIGTERM to the command while the (never-returning) HTA stand-in and its pool run: exit
+    130, and the child and its pool workers are gone. Waits on process events with bounds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    job = _job(tmp_path)
+    env = dict(os.environ, PARITYTRACE_HTA_RUNNER="tests.analyzer.hta_standins:hang",
+               PARITYTRACE_HTA_TIMEOUT_S="600")
+    cmd = subprocess.Popen([sys.executable, "-m", "analyzer", "summary", str(job),
+                            "--crosscheck", "hta"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_survivors(str(job))) < 3:  # the child and its two pool workers
+            assert cmd.poll() is None, cmd.communicate()
+            assert time.monotonic() < deadline, "HTA's stand-in never started its pool"
+            psutil.wait_procs([psutil.Process(cmd.pid)], timeout=0.2)
+        cmd.send_signal(signal.SIGTERM)
+        out, err = cmd.communicate(timeout=60)
+    finally:
+        if cmd.poll() is None:
+            cmd.kill()
+    assert cmd.returncode == 130, err
+    assert "interrupted" in err
+    assert _survivors(str(job)) == []
+
+
+def test_bad_hta_timeout_is_refused_before_the_analysis(tmp_path, monkeypatch):
+    from tests.inputs import bad_input, cli
+
+    _standin(monkeypatch, "chatty")
+    monkeypatch.setenv("PARITYTRACE_HTA_TIMEOUT_S", "soon")
+    bad_input(cli("summary", str(_job(tmp_path)), "--crosscheck", "hta"),
+              "PARITYTRACE_HTA_TIMEOUT_S", "not a number of seconds")
 
 
 def test_crosscheck_on_the_rocm_trace_exits_0_with_our_figures():
