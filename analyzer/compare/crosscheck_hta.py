@@ -345,7 +345,9 @@ def hta_scope_overlap(events: pd.DataFrame, filtered: bool) -> dict:
     last_step_dropped (rows dropped because they, or the CPU row launching them, start at or
     after the cutoff), unlaunched_dropped (kernels no CPU row carries the correlation of),
     last_step_kept (rows kept although launched at or after the start of the last ProfilerStep
-    on the CPU track: the cutoff is a later GPU copy), cutoff_step (the name of the row giving
+    on the CPU track: the cutoff is a later GPU copy), no_stream_kernels (our communication or
+    computation kernels with no ``stream`` argument: CPU rows to HTA, never counted),
+    cutoff_step (the name of the row giving
     the cutoff, "" when none), cutoff_on_gpu (that row is a GPU-track copy), no_step_rank
     (filtered, and this rank has no ProfilerStep row: HTA keeps nothing of it), sub_us (a kept
     row starts or ends off a whole µs)."""
@@ -362,9 +364,12 @@ def hta_scope_overlap(events: pd.DataFrame, filtered: bool) -> dict:
     is_comp = ~is_comm & _by_name(names, lambda n: not (_HTA_MEMORY.match(n)
                                                         or _HTA_NOT_COMPUTE.match(n)))
     counted = read & (stream != -1) & (is_comm | is_comp)  # get_comm_comp_overlap's rows
+    role = events["role"].to_numpy().astype(object)
+    ours = gpu_track & ((role == "comm") | (role == "compute"))
     keep = read.copy()
     out = {"last_step_dropped": 0, "unlaunched_dropped": 0, "last_step_kept": 0,
-           "cutoff_step": "", "cutoff_on_gpu": False, "no_step_rank": False}
+           "cutoff_step": "", "cutoff_on_gpu": False, "no_step_rank": False,
+           "no_stream_kernels": int((ours & (stream == -1)).sum())}
     if filtered and cpu.any():
         is_step = cpu & _by_name(names, _HTA_STEP.match)
         if is_step.any():
@@ -419,6 +424,9 @@ def _scope_reasons(sc: dict) -> list[str]:
     if sc["last_step_kept"]:
         scope.append(f"HTA keeps {sc['last_step_kept']} kernels of the last ProfilerStep "
                      f"(launched before its GPU copy {sc['cutoff_step']} started)")
+    if sc["no_stream_kernels"]:
+        scope.append(f"HTA leaves out {sc['no_stream_kernels']} kernels without a stream "
+                     "argument (CPU rows to HTA)")
     if sc["unlaunched_dropped"]:
         scope.append(f"HTA drops {sc['unlaunched_dropped']} kernels with no launch in the trace")
     scope.append("HTA pools its steps into one figure; ours counts device work in the step "
@@ -448,6 +456,9 @@ def compare(job, hta: pd.DataFrame) -> pd.DataFrame:
         elif math.isnan(hv) and sc["no_step_rank"]:
             why.append("no ProfilerStep on this rank while the traces name two or more: HTA "
                        "keeps none of its kernels")
+        elif math.isnan(hv) and not sc["comm_ns"] and sc["no_stream_kernels"]:
+            why.append(f"no communication kernel in HTA's scope: {sc['no_stream_kernels']} "
+                       "kernels carry no stream argument, which makes them CPU rows to HTA")
         elif math.isnan(hv) and not sc["comm_ns"]:
             why.append("no communication kernel in HTA's scope: overlap undefined")
         elif math.isnan(hv):

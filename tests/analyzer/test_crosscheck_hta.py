@@ -86,7 +86,8 @@ def test_hta_scope_drops_the_last_step_and_unlaunched_kernels(tmp_path):
     # overlap [40, 60) = 20 µs of 40 µs communication; K2, C2 dropped (last step), C0 unlaunched
     assert got == {"overlap_ns": 20_000, "comm_ns": 40_000, "last_step_dropped": 2,
                    "unlaunched_dropped": 1, "last_step_kept": 0, "cutoff_step": "ProfilerStep#2",
-                   "cutoff_on_gpu": False, "no_step_rank": False, "sub_us": False}
+                   "cutoff_on_gpu": False, "no_step_rank": False, "no_stream_kernels": 0,
+                   "sub_us": False}
     # fewer than two ProfilerSteps: HTA filters nothing. comm = [2,12) + [40,80) + [130,170)
     # = 90 µs; overlap = [40,60) + [130,150) = 40 µs
     whole = hta_scope_overlap(ev, filtered=False)
@@ -352,3 +353,27 @@ def test_hta_keeps_nothing_of_a_rank_without_profiler_steps(tmp_path):
     assert rows[0]["ours_hta_scope_pct"] == pytest.approx(50.0)
     assert rows[1]["ours_hta_scope_pct"] is None
     assert "no ProfilerStep on this rank" in rows[1]["explanation"]
+
+
+def test_kernels_without_a_stream_are_not_counted_by_hta(tmp_path):
+    """The tb_plugin's test traces write kernels with a correlation and no ``stream`` argument:
+    CPU rows to HTA, so it counts no kernel at all (checked against HTA itself), and the
+    explanation says why."""
+    pytest.importorskip("hta.trace_analysis")
+    from analyzer.api import load_events
+    from analyzer.compare.crosscheck_hta import hta_scope_overlap, run_hta_overlap
+
+    job = tmp_path / "job"
+    job.mkdir()
+    t = _gpu_trace(1)
+    for e in t["traceEvents"]:
+        if e.get("cat") == "kernel":
+            del e["args"]["stream"]
+    (job / "rank0.trace.json").write_text(json.dumps(t))
+    got = hta_scope_overlap(load_events(job / "rank0.trace.json")[0], filtered=False)
+    assert (got["comm_ns"], got["no_stream_kernels"]) == (0, 5)
+    assert math.isnan(run_hta_overlap(job)["hta_overlap_pct"].iat[0])
+    res = cli("summary", str(job), "--crosscheck", "hta", "--format", "json")
+    row = json.loads(res.stdout)["crosscheck_hta"][0]
+    assert row["ours_hta_scope_pct"] is None and "5 kernels carry no stream argument" in \
+        row["explanation"]
