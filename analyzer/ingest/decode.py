@@ -712,8 +712,17 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
             stream[i] = int(t) if t.isascii() and t.isdigit() and len(t) < 19 else -1
     # args.stream on every row, as written (-1 absent): HolisticTraceAnalysis takes a row as a
     # GPU kernel only with a stream >= 0 there (analyzer/compare/crosscheck_hta.py)
-    stream_arg = np.fromiter(map(_stream_arg, map(attrgetter("stream"), args)), np.int64,
-                             count=n_all)
+    stream_raw = list(map(attrgetter("stream"), args))
+    stream_at = np.flatnonzero(np.fromiter(map(is_not, stream_raw, repeat(None)), bool,
+                                           count=n_all))
+    stream_arg = np.full(n_all, -1, np.int64)
+    present = list(map(stream_raw.__getitem__, stream_at.tolist()))
+    try:  # one C loop when every value is a number (as pandas: floats truncated)
+        stream_arg[stream_at] = np.fromiter(present, np.int64, count=len(present))
+    except (TypeError, ValueError, OverflowError):  # "0x0", "7", ints beyond int64
+        stream_arg[stream_at] = np.fromiter(map(_stream_arg, present), np.int64,
+                                            count=len(present))
+    del stream_raw, present
 
     # collective arguments: only comm-related rows carry them; parse shapes for those only
     comm_name = np.array([x.startswith(_COMM_PREFIXES) for x in u_name], bool)

@@ -203,9 +203,11 @@ def test_hta_log_stays_off_the_terminal(tmp_path, monkeypatch):
     assert LOG_TEXT not in proc.stdout + proc.stderr
 
 
-def test_sigterm_while_hta_runs_leaves_no_process(tmp_path):
-    """SIGTERM to the command while the (never-returning) HTA stand-in and its pool run: exit
-    130, and the child and its pool workers are gone. Waits on process events with bounds."""
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_stop_signal_while_hta_runs_leaves_no_process(tmp_path, signame):
+    """SIGTERM, or SIGINT (Ctrl-C) to the command alone, while the (never-returning) HTA
+    stand-in and its pool run: exit 130, and the child and its pool workers are gone. Waits on
+    process events with bounds."""
     import os
     import signal
     import subprocess
@@ -225,7 +227,7 @@ def test_sigterm_while_hta_runs_leaves_no_process(tmp_path):
             assert cmd.poll() is None, cmd.communicate()
             assert time.monotonic() < deadline, "HTA's stand-in never started its pool"
             psutil.wait_procs([psutil.Process(cmd.pid)], timeout=0.2)
-        cmd.send_signal(signal.SIGTERM)
+        cmd.send_signal(getattr(signal, signame))
         out, err = cmd.communicate(timeout=60)
     finally:
         if cmd.poll() is None:
