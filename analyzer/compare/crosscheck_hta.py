@@ -30,7 +30,8 @@ in the trace (queued before the profiler started) are left out too. With fewer t
 ProfilerSteps nothing is filtered.
 
 What HTA counts (``get_comm_comp_overlap``): the kept rows whose stream is not -1 (a CPU row
-with a ``stream`` argument and no correlation counts too), typed by name with ``re.match``
+with a ``stream`` argument and no correlation counts too; a kernel without a ``stream``
+argument, as the tb_plugin's test traces write them, never does), typed by name with ``re.match``
 (hta/utils/utils.py ``get_kernel_type``, hta/common/types.py): communication
 ``(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)``, else memory ``(^(hip)?Memcpy)|(^(hip)?Memset)|
 (^dma)`` (not counted), else computation unless the name matches ``ComputeKernelGroupingPattern``
@@ -103,11 +104,10 @@ SCOPE_NOTE = (
     "ProfilerStep#N (no stream) count as CPU rows, so when the last step's GPU copy starts "
     "after its CPU span HTA keeps that step's kernels launched before it; otherwise it drops "
     "the last ProfilerStep. Kernels queued before the profiler started (no launch) are dropped; "
-    "with fewer than two ProfilerSteps HTA takes every kernel. ours_hta_scope_pct applies that "
-    "filter to our events; ours_step_pct is the report's per-ProfilerStep figure.")
+    "with fewer than two ProfilerSteps HTA takes every kernel. Kernels without a stream "
+    "argument are CPU rows to HTA and never counted. ours_hta_scope_pct applies these rules to "
+    "our events; ours_step_pct is the report's per-ProfilerStep figure.")
 TIMEOUT_ENV = "PARITYTRACE_HTA_TIMEOUT_S"
-RUNNER_ENV = "PARITYTRACE_HTA_RUNNER"
-"""For tests only: ``module:function`` the child runs in HTA's place (analyzer/compare/hta_child.py)."""
 
 
 class HtaFailed(RuntimeError):

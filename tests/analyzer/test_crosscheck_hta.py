@@ -379,3 +379,14 @@ def test_kernels_without_a_stream_are_not_counted_by_hta(tmp_path):
     row = json.loads(res.stdout)["crosscheck_hta"][0]
     assert row["ours_hta_scope_pct"] is None and "5 kernels carry no stream argument" in \
         row["explanation"]
+
+
+def test_hta_time_limit_scales_with_the_traces_and_env_overrides_it(tmp_path, monkeypatch):
+    from analyzer.compare.crosscheck_hta import timeout_s
+
+    monkeypatch.delenv("PARITYTRACE_HTA_TIMEOUT_S", raising=False)
+    (tmp_path / "rank0.trace.json.gz").write_bytes(b"\0" * 2_000_000)
+    (tmp_path / "notes.txt").write_bytes(b"\0" * 5_000_000)  # not a trace: not counted
+    assert timeout_s(tmp_path) == pytest.approx(302.0)  # 300 s + 1 s per MB of traces
+    monkeypatch.setenv("PARITYTRACE_HTA_TIMEOUT_S", "7.5")
+    assert timeout_s(tmp_path) == 7.5
