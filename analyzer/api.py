@@ -18,7 +18,10 @@ columns:
     dur_ns       int64   duration, ns
     end_ns       int64   ts_ns + dur_ns
     is_gpu       bool    the event runs on a GPU stream
-    stream       int64   CUDA stream, -1 for CPU events
+    stream       int64   CUDA stream, -1 for CPU events (GPU events without a ``stream``
+                         argument: the stream their tid names)
+    stream_arg   int64   the ``stream`` argument as the trace writes it, on every event; -1
+                         when absent or not a number (HTA's reading, crosscheck_hta.py)
     correlation  int64   -1 when absent
     external_id  int64   -1 when absent
     step         int64   ProfilerStep number the event starts in; -1 outside every step.

@@ -167,8 +167,9 @@ class Decoded:
     ``events``: one row per complete event (``ph == "X"``) with valid ts/dur, sorted by ts_ns
     then longest first (file order among equals: the order classification needs); columns
     name, cat, pid, tid (str), event_idx (int64: the event's position in the file's
-    traceEvents list), ts_ns, dur_ns, end_ns (int64), is_gpu (bool), stream, correlation,
-    external_id (int64, -1 absent), thread_name (str, "" unknown), and argument columns
+    traceEvents list), ts_ns, dur_ns, end_ns (int64), is_gpu (bool), stream (GPU rows: the
+    ``stream`` argument, else the tid; -1 on CPU rows), stream_arg (every row: the ``stream``
+    argument as written, -1 absent), correlation, external_id (int64, -1 absent), thread_name (str, "" unknown), and argument columns
     coll_name, dtype (the ``dtype`` argument, else the first ``Input type`` naming a dtype), pg
     (str or None), in_nelems, out_nelems, group_size, shape_numel, shape_elem_bytes (the first
     tensor input's numel and element size), shape2_numel (the second tensor input's numel)
@@ -576,6 +577,22 @@ def _as_int(v: Any) -> int:
     return v if type(v) is int and _I64_MIN <= v <= _I64_MAX else -1
 
 
+def _stream_arg(v: Any) -> int:
+    """An ``args.stream`` value as pandas' ``to_numeric(errors="coerce")`` reads it, which is
+    how HolisticTraceAnalysis reads it (hta/utils/utils.py ``normalize_gpu_stream_numbers``):
+    an int, a finite float (truncated) or a string of decimal digits; anything else (absent,
+    ``"0x0"`` as ROCm writes it) is -1."""
+    if type(v) is int:
+        return _as_int(v)
+    if type(v) is float and math.isfinite(v) and abs(v) < 2**63:
+        return int(v)
+    if type(v) is str:
+        t = v.strip()
+        if t.lstrip("+-").isdigit() and t.isascii() and len(t) < 19:
+            return int(t)
+    return -1
+
+
 def _as_str(v: Any) -> str | None:
     return v if v is None or type(v) is str else str(v)
 
@@ -702,6 +719,19 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         else:
             t = u_tid[tid_codes[i]].removeprefix("stream").strip()
             stream[i] = int(t) if t.isascii() and t.isdigit() and len(t) < 19 else -1
+    # args.stream on every row, as written (-1 absent): HolisticTraceAnalysis takes a row as a
+    # GPU kernel only with a stream >= 0 there (analyzer/compare/crosscheck_hta.py)
+    stream_raw = list(map(attrgetter("stream"), args))
+    stream_at = np.flatnonzero(np.fromiter(map(is_not, stream_raw, repeat(None)), bool,
+                                           count=n_all))
+    stream_arg = np.full(n_all, -1, np.int64)
+    present = list(map(stream_raw.__getitem__, stream_at.tolist()))
+    try:  # one C loop when every value is a number (as pandas: floats truncated)
+        stream_arg[stream_at] = np.fromiter(present, np.int64, count=len(present))
+    except (TypeError, ValueError, OverflowError):  # "0x0", "7", ints beyond int64
+        stream_arg[stream_at] = np.fromiter(map(_stream_arg, present), np.int64,
+                                            count=len(present))
+    del stream_raw, present
 
     # collective arguments: only comm-related rows carry them; parse shapes for those only
     comm_name = np.array([x.startswith(_COMM_PREFIXES) for x in u_name], bool)
@@ -760,6 +790,7 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         "end_ns": end[order],
         "is_gpu": is_gpu[order],
         "stream": stream[order],
+        "stream_arg": stream_arg[order],
         "correlation": corr[order],
         "external_id": ext[order],
         "thread_name": _cat(tn_codes, u_tn, order, kept),
