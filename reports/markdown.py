@@ -119,16 +119,24 @@ BUSBW_NOTE = (
     "reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1) over the transfer time "
     "(the wait for the slowest rank left out, as it moves no data), the ranks' times combined "
     "before dividing as nccl-tests does: bytes x factor summed over ranks / transfer time "
-    "summed over ranks, whole trace; GB/s = 10^9 bytes per second. report.json keeps the busbw "
+    "summed over ranks, whole trace, measured instances only (\"-\" when none is measured, "
+    "see Transfer and waiting); GB/s = 10^9 bytes per second. report.json keeps the busbw "
     "over whole durations as busbw_gbps.")
 SPLIT_NOTE = (
     "Transfer and waiting: the same collective on every rank of its group is matched by "
     "process group, kind and order (on clocks aligned by the clock offset, see Time per rank); "
     "a rank's wait = from its start of the collective to the latest start among the group's "
     "ranks (waiting for the slowest rank, no data moves); transfer = the rest, from that latest "
-    "start to its end. wait + transfer = the collective's time on that rank, exactly. A "
-    "collective no other rank was seen running (not matched) counts as transfer. "
-    "analyzer/analyses/commsplit.py.")
+    "start to its end. A match is accepted as one collective only when, on aligned clocks, "
+    "the latest start is at most 50 µs after the earliest end (no rank leaves a collective "
+    "before every rank entered it) and the ends lie within the shortest rank's duration + "
+    "50 µs of each other (after the first rank has all the data the others need at most the "
+    "rest of one transfer; 50 µs for timestamp rounding, completion latency and clock error). "
+    "Not measured (neither wait nor transfer, \"-\" when no instance of the kind is): a "
+    "collective no other rank was seen running (not matched), a match outside that bound "
+    "(not one instance), or a rank whose clock offset is not measured (see the caveats). wait "
+    "+ transfer + not measured = the collective's time on that rank, exactly. "
+    "analyzer/analyses/commsplit.py, analyzer/analyses/clock.py.")
 
 
 COMM_GROUP_HEADERS = ["run", "kind", "process group", "ranks", "group size", "dtype", "calls",
@@ -147,9 +155,11 @@ def comm_split_rows(report: Report) -> Rows:
     """Per run, rank and kind: time, transfer and waiting for the slowest rank, per profiled
     step (shared with html.py)."""
     return (["run", "rank", "kind", "time / step (sum)", "transfer / step",
-             "waiting for slowest rank / step", "calls (whole trace)", "not matched"],
+             "waiting for slowest rank / step", "not measured / step", "calls (whole trace)",
+             "not matched", "not one instance"],
             [[r.name, c.rank, c.kind, fmt.ms(c.time_ns_per_step), fmt.ms(c.transfer_ns_per_step),
-              fmt.ms(c.wait_ns_per_step), c.count, c.unmatched]
+              fmt.ms(c.wait_ns_per_step), fmt.ms(c.not_measured_ns_per_step), c.count,
+              c.unmatched, c.inconsistent]
              for r in report.runs for c in r.comm_ranks])
 
 
