@@ -127,8 +127,7 @@ def _print_tables(s) -> None:
              {"rank": ("rank", text), "offset_ms": ("offset_ns", ms),
               "estimate_ms": ("estimate_ns", ms), "mad_ms": ("mad_ns", ms),
               "matched": ("n_matched", text), "clock": ("clock", text)})
-    show("Stragglers (last to start a measured collective, skew > 0, aligned clocks)",
-         s.stragglers.head(10),
+    show("Stragglers (last to start, skew > 0, aligned clocks)", s.stragglers.head(10),
          {"rank": ("rank", text), "times_last": ("times_last", text),
           "skew_caused_ms": ("skew_caused_ns", ms)})
     x = s.cross_rank
