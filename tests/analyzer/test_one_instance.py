@@ -196,3 +196,33 @@ def test_the_partial_caveat_counts_ranks_instead_of_listing_them():
     assert partial_caveat(8, [5]) == "partial: 7 of 8 ranks have a trace (no trace: rank 5)"
     assert partial_caveat(8, [1, 2]) == \
         "partial: 6 of 8 ranks have a trace (no trace: ranks 1, 2)"
+
+
+@pytest.mark.parametrize("name", ["partial", "bound", "unresolved"])
+def test_streamed_cross_rank_phase_gives_the_whole_table_answers(tmp_path, monkeypatch, name):
+    # every rank on disk, a batch per rank (analyzer/analyses/crossrank.py): the same offsets,
+    # split, matching and sums as the whole-table functions, with a rank's clock not measured
+    # and matches rejected by the bound
+    import pandas as pd
+
+    from analyzer.analyses import collectives, crossrank
+    from analyzer.ingest import pipeline, spill
+    from analyzer.ingest.pipeline import load_tables
+
+    runs, world, step = {"partial": (PARTIAL, 128, 200_000), "bound": (BOUND, 2, 100_000),
+                         "unresolved": (UNRESOLVED, 2, 100_000)}[name]
+    d = _job(tmp_path, name, runs, world, step, pg=name != "partial")
+    monkeypatch.setenv(spill.ENV, "0")
+    monkeypatch.setattr(pipeline, "BATCH_BYTES", 1)
+    job = load_tables(d)
+    coll = job.collectives
+    off = crossrank.clock_offsets(job)
+    pd.testing.assert_frame_equal(off, clock.clock_offsets(coll, [rt.rank for rt in job.ranks]))
+    pd.testing.assert_frame_equal(crossrank.match_ranks(job, off),
+                                  collectives.match_ranks(coll, off))
+    steps = job.breakdown.groupby("rank")["step"].nunique()
+    parts = crossrank.comm_parts(job, off, steps)
+    split = wait_transfer(coll, off)
+    pd.testing.assert_frame_equal(parts["ranks"], rank_kind_split(coll, split, steps))
+    pd.testing.assert_frame_equal(parts["moved"],
+                                  collectives.by_kind(crossrank.transfer_rows(coll, split)))
