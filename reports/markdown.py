@@ -211,11 +211,12 @@ def rank_rows(report: Report) -> Rows:
 def comm_kind_rows(report: Report) -> Rows:
     """Communication by collective kind (per rank, mean per profiled step)."""
     return (["run", "kind", "profiled steps", "calls / step", "time / step (sum)",
-             "transfer / step", "waiting for slowest rank / step", "bytes / step",
-             "busbw from transfer (GB/s)"],
+             "transfer / step", "waiting for slowest rank / step", "not measured / step",
+             "bytes / step", "busbw from transfer (GB/s)"],
             [[r.name, k, r.profiled_steps or "-", fmt.count(v.count_per_step),
               fmt.ms(v.time_ns_per_step), fmt.ms(v.transfer_ns_per_step),
-              fmt.ms(v.wait_ns_per_step), fmt.data_bytes(v.bytes_per_step, v.unknown_bytes),
+              fmt.ms(v.wait_ns_per_step), fmt.ms(v.not_measured_ns_per_step),
+              fmt.data_bytes(v.bytes_per_step, v.unknown_bytes),
               fmt.num(v.transfer_busbw_gbps, ".3f")]
              for r in report.runs for k, v in r.communication.items()])
 
