@@ -12,6 +12,7 @@ transfer jitter. The offset estimate is the median of those differences, its unc
 median absolute deviation (MAD) around it (both robust to a few outliers: Rousseeuw & Croux
 1993), kept inside causality bounds (no rank ends a collective before every rank started it).
 Starts are not used: a rank that starts late is what skew measures, not a clock error.
+Point-to-point send/recv never finishes together across all ranks and is not used.
 
 When an offset is applied (``clock`` column of ``estimate_offsets``):
 - "measured": the estimate, which the causality bounds admit and which exceeds its own
@@ -38,11 +39,13 @@ most the rest of one transfer -- which is at most the shortest rank's time insid
 collective (the last rank to start spends all of its time transferring). END_TOL_NS = 50 us
 absorbs what the clocks and the trace add: timestamps in whole microseconds, launch and
 completion latency of a kernel or of a gloo runloop thread, and the offset's residual error
-(tens of us between hosts under NTP/PTP; the GPU corpus's MAD is 0.5-1 us). A match beyond
-the bound is "inconsistent": its time is neither wait nor transfer (analyzer/analyses/
+(its MAD: 0.5-1 us on the 8-rank GPU corpus job, 2 us on the 2-rank gloo one). A match beyond
+the bound is not one instance: its time is neither wait nor transfer (analyzer/analyses/
 commsplit.py) and it gives no skew or straggler (analyzer/analyses/collectives.py).
-Point-to-point send/recv never finishes together across all ranks and is not used. Source: the
-rule is ours (HTA analyses each rank on its own clock and aligns none), stated here and in
+Limits: a mis-pairing that shifts every end by the same amount cannot be told from a clock
+offset (it is absorbed into the offset); a CPU rank descheduled before its collective's end is
+recorded can push one genuine instance past the bound, which then counts as not measured
+rather than as a long transfer. Source: the rule is ours (HTA analyses each rank on its own clock and aligns none), stated here and in
 README "Clock offsets".
 
 Which events are collectives, their kind and process group: the ingest's rules, one for every
