@@ -121,18 +121,26 @@ BUSBW_NOTE = (
     "reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1) over the transfer time "
     "(the wait for the slowest rank left out, as it moves no data), the ranks' times combined "
     "before dividing as nccl-tests does: bytes x factor summed over ranks / transfer time "
-    "summed over ranks, all profiled steps; GB/s = 10^9 bytes per second. report.json keeps the "
-    "busbw over whole durations as busbw_gbps. '-' where no instance has both known bytes and a "
-    "known group size (n): the factor needs n, and the trace does not always give it (see the "
-    "group size rule under By process group and dtype).")
+    "summed over ranks, all profiled steps, measured instances only (\"-\" when none is "
+    "measured, see Transfer and waiting); GB/s = 10^9 bytes per second. report.json keeps the "
+    "busbw over whole durations as busbw_gbps. '-' also where no instance has both known bytes "
+    "and a known group size (n): the factor needs n, and the trace does not always give it (see "
+    "the group size rule under By process group and dtype).")
 SPLIT_NOTE = (
     "Transfer and waiting: the same collective on every rank of its group is matched by "
     "process group, kind and order (on clocks aligned by the clock offset, see Time per rank); "
     "a rank's wait = from its start of the collective to the latest start among the group's "
     "ranks (waiting for the slowest rank, no data moves); transfer = the rest, from that latest "
-    "start to its end. wait + transfer = the collective's time on that rank, exactly. A "
-    "collective no other rank was seen running (not matched) counts as transfer. "
-    "analyzer/analyses/commsplit.py.")
+    "start to its end. A match is accepted as one collective only when, on aligned clocks, "
+    "the latest start is at most 50 µs after the earliest end (no rank leaves a collective "
+    "before every rank entered it) and the ends lie within the shortest rank's duration + "
+    "50 µs of each other (after the first rank has all the data the others need at most the "
+    "rest of one transfer; 50 µs for timestamp rounding, completion latency and clock error). "
+    "Not measured (neither wait nor transfer, \"-\" when no instance of the kind is): a "
+    "collective no other rank was seen running (not matched), a match outside that bound "
+    "(not one instance), or a rank whose clock offset is not measured (see the caveats). wait "
+    "+ transfer + not measured = the collective's time on that rank, exactly. "
+    "analyzer/analyses/commsplit.py, analyzer/analyses/clock.py.")
 
 
 NOT_IN_TRACE = "not in trace"
@@ -154,9 +162,11 @@ def comm_split_rows(report: Report) -> Rows:
     """Per run, rank and kind: time, transfer and waiting for the slowest rank, per profiled
     step (shared with html.py)."""
     return (["run", "rank", "kind", "time / step (sum)", "transfer / step",
-             "waiting for slowest rank / step", "calls (all profiled steps)", "not matched"],
+             "waiting for slowest rank / step", "not measured / step",
+             "calls (all profiled steps)", "not matched", "not one instance"],
             [[r.name, c.rank, c.kind, fmt.ms(c.time_ns_per_step), fmt.ms(c.transfer_ns_per_step),
-              fmt.ms(c.wait_ns_per_step), c.count, c.unmatched]
+              fmt.ms(c.wait_ns_per_step), fmt.ms(c.not_measured_ns_per_step), c.count,
+              c.unmatched, c.inconsistent]
              for r in report.runs for c in r.comm_ranks])
 
 
@@ -208,11 +218,12 @@ def rank_rows(report: Report) -> Rows:
 def comm_kind_rows(report: Report) -> Rows:
     """Communication by collective kind (per rank, mean per profiled step)."""
     return (["run", "kind", "profiled steps", "calls / step", "time / step (sum)",
-             "transfer / step", "waiting for slowest rank / step", "bytes / step",
-             "busbw from transfer (GB/s)"],
+             "transfer / step", "waiting for slowest rank / step", "not measured / step",
+             "bytes / step", "busbw from transfer (GB/s)"],
             [[r.name, k, r.profiled_steps or "-", fmt.count(v.count_per_step),
               fmt.ms(v.time_ns_per_step), fmt.ms(v.transfer_ns_per_step),
-              fmt.ms(v.wait_ns_per_step), fmt.data_bytes(v.bytes_per_step, v.unknown_bytes),
+              fmt.ms(v.wait_ns_per_step), fmt.ms(v.not_measured_ns_per_step),
+              fmt.data_bytes(v.bytes_per_step, v.unknown_bytes),
               fmt.num(v.transfer_busbw_gbps, ".3f")]
              for r in report.runs for k, v in r.communication.items()])
 

@@ -14,8 +14,12 @@ CLOCK_OFFSET = (
     "collectives (same process group, kind and order) of the difference of their ends, which "
     "NCCL and gloo collectives reach together on every rank, kept inside causality bounds "
     "(analyzer/analyses/clock.py; `analyzer summary` aligns start skew and stragglers with it "
-    "and `analyzer merge` aligns the timeline with it). \"-\" = single rank or no collective "
-    "shared with the lowest rank."
+    "and `analyzer merge` aligns the timeline with it). Applied only when measured: \"-\" = "
+    "single rank, no collective shared with the lowest rank, an offset smaller than its own "
+    "spread (median absolute deviation: not resolved, 0 applied) or causality bounds that "
+    "contradict each other (matched collectives that cannot be one instance: 0 applied and "
+    "the rank's collectives left out of transfer, wait and stragglers); each such rank is "
+    "named in the caveats."
 )
 
 OTHER_IDLE = (

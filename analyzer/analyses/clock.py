@@ -12,8 +12,40 @@ transfer jitter. The offset estimate is the median of those differences, its unc
 median absolute deviation (MAD) around it (both robust to a few outliers: Rousseeuw & Croux
 1993), kept inside causality bounds (no rank ends a collective before every rank started it).
 Starts are not used: a rank that starts late is what skew measures, not a clock error.
-Point-to-point send/recv never finishes together across all ranks and is not used. Source: the
-rule is ours (HTA analyses each rank on its own clock and aligns none), stated here and in
+Point-to-point send/recv never finishes together across all ranks and is not used.
+
+When an offset is applied (``clock`` column of ``estimate_offsets``):
+- "measured": the estimate, which the causality bounds admit and which exceeds its own
+  uncertainty (|offset| >= MAD), is applied;
+- "unresolved": |offset| < MAD (e.g. -358 us +- 2,284 us, ranks on one host whose clocks
+  agree to better than the collectives' jitter): the offset cannot be told from 0 and 0 is
+  applied -- the rank's clock is taken as the reference's, and each matched instance is still
+  checked by the one-instance bound below;
+- "inconsistent": lo_ns > hi_ns, no single offset puts every matched collective of the rank
+  in causal order: the order-matching paired collectives that are not one instance (a partial
+  set of ranks with the process group unknown, a rank that skipped one). 0 is applied and the
+  rank's collectives are left out of every cross-rank figure (not measured);
+- "unmatched": the rank shares no collective with the reference: 0, its cross-rank figures
+  rest on no matched instance;
+- "reference": the reference rank itself.
+
+One instance (``one_instance``): a (pg, kind, seq) match on >= 2 ranks is accepted as one
+collective only when, on the applied clocks,
+    latest start - earliest end  <= END_TOL_NS                     (causality)
+    latest end   - earliest end  <= shortest duration + END_TOL_NS (ends agree)
+Why: no rank can leave a collective before every rank has entered it (each rank's result
+depends on every rank's data), and after the first rank has everything, the others need at
+most the rest of one transfer -- which is at most the shortest rank's time inside the
+collective (the last rank to start spends all of its time transferring). END_TOL_NS = 50 us
+absorbs what the clocks and the trace add: timestamps in whole microseconds, launch and
+completion latency of a kernel or of a gloo runloop thread, and the offset's residual error
+(its MAD: 0.5-1 us on the 8-rank GPU corpus job, 2 us on the 2-rank gloo one). A match beyond
+the bound is not one instance: its time is neither wait nor transfer (analyzer/analyses/
+commsplit.py) and it gives no skew or straggler (analyzer/analyses/collectives.py).
+Limits: a mis-pairing that shifts every end by the same amount cannot be told from a clock
+offset (it is absorbed into the offset); a CPU rank descheduled before its collective's end is
+recorded can push one genuine instance past the bound, which then counts as not measured
+rather than as a long transfer. Source: the rule is ours (HTA analyses each rank on its own clock and aligns none), stated here and in
 README "Clock offsets".
 
 Which events are collectives, their kind and process group: the ingest's rules, one for every
@@ -29,6 +61,22 @@ import pandas as pd
 
 MATCHABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier")
 KEY = ["pg", "kind", "seq"]
+END_TOL_NS = 50_000
+"""Tolerance of the one-instance bound (module docstring): 50 us."""
+CLOCK_STATES = ("reference", "measured", "unresolved", "inconsistent", "unmatched")
+"""``estimate_offsets``' ``clock`` values (module docstring)."""
+USABLE_CLOCKS = ("reference", "measured", "unresolved")
+"""Clocks whose rank's collectives can enter cross-rank figures (on the applied offset)."""
+
+
+def one_instance(latest_start_ns, first_end_ns, last_end_ns, min_dur_ns) -> np.ndarray:
+    """True where a matched instance can be one collective (module docstring): per instance
+    (arrays of int64 ns on aligned clocks: the latest start, earliest end and latest end over
+    its ranks, the shortest duration) latest start - earliest end <= END_TOL_NS and
+    latest end - earliest end <= shortest duration + END_TOL_NS."""
+    ls, fe, le, md = (np.asarray(a, dtype=np.int64) for a in
+                      (latest_start_ns, first_end_ns, last_end_ns, min_dur_ns))
+    return (ls - fe <= END_TOL_NS) & (le - fe <= np.maximum(md, 0) + END_TOL_NS)
 
 
 def sequenced(coll: pd.DataFrame) -> pd.DataFrame:
@@ -67,28 +115,70 @@ def reference(matched: pd.DataFrame, ref_rank: int) -> pd.DataFrame:
         columns={"start_ns": "ref_start_ns", "end_ns": "ref_end_ns"})
 
 
+def reference_row(rank: int, n_matched: int) -> tuple:
+    """The ``offset_row`` tuple of the reference rank itself."""
+    return (rank, 0, 0, 0, 0, 0, n_matched, True, "reference")
+
+
 def offset_row(rank: int, mine: pd.DataFrame) -> tuple:
-    """(rank, offset_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent) of ``rank`` from
-    ``mine``: its rows of the collectives it shares with the reference rank, merged with
-    ``reference`` (``estimate_offsets`` says the rule)."""
+    """(rank, offset_ns, estimate_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent, clock) of
+    ``rank`` from ``mine``: its rows of the collectives it shares with the reference rank,
+    merged with ``reference`` (``estimate_offsets`` says the rule)."""
     if mine.empty:
-        return (rank, 0, None, None, None, 0, True)
+        return (rank, 0, None, None, None, None, 0, True, "unmatched")
     diff = (mine["end_ns"] - mine["ref_end_ns"]).to_numpy(dtype=np.int64)
     median = int(round(float(np.median(diff))))
     mad = int(round(float(np.median(np.abs(diff - median)))))
     lo = int((mine["start_ns"] - mine["ref_end_ns"]).max())
     hi = int((mine["end_ns"] - mine["ref_start_ns"]).min())
     consistent = lo <= hi
-    offset = min(max(median, lo), hi) if consistent else median
-    return (rank, offset, mad, lo, hi, len(diff), consistent)
+    estimate = min(max(median, lo), hi) if consistent else median
+    state = ("inconsistent" if not consistent else
+             "unresolved" if abs(estimate) < mad else "measured")
+    return (rank, estimate if state == "measured" else 0, estimate, mad, lo, hi, len(diff),
+            consistent, state)
+
+
+OFFSET_COLUMNS = ["rank", "offset_ns", "estimate_ns", "mad_ns", "lo_ns", "hi_ns", "n_matched",
+                  "consistent", "clock"]
 
 
 def offsets_frame(rows: list[tuple]) -> pd.DataFrame:
     """The ``estimate_offsets`` table of ``offset_row`` tuples."""
-    out = pd.DataFrame(rows, columns=["rank", "offset_ns", "mad_ns", "lo_ns", "hi_ns", "n_matched",
-                                      "consistent"])
-    return out.astype({"rank": "int64", "offset_ns": "int64", "mad_ns": "Int64", "lo_ns": "Int64",
-                       "hi_ns": "Int64", "n_matched": "int64", "consistent": "bool"})
+    out = pd.DataFrame(rows, columns=OFFSET_COLUMNS)
+    return out.astype({"rank": "int64", "offset_ns": "int64", "estimate_ns": "Int64",
+                       "mad_ns": "Int64", "lo_ns": "Int64", "hi_ns": "Int64",
+                       "n_matched": "int64", "consistent": "bool", "clock": "object"})
+
+
+def unusable_ranks(offsets: pd.DataFrame | None) -> list[int]:
+    """The ranks of ``offsets`` whose clock is not in ``USABLE_CLOCKS`` (sorted); none when
+    ``offsets`` is None or has no ``clock`` column. A rank missing from ``offsets`` is usable
+    (offset 0)."""
+    if offsets is None or "clock" not in offsets.columns:
+        return []
+    return sorted(int(r) for r, c in zip(offsets["rank"], offsets["clock"])
+                  if c not in USABLE_CLOCKS)
+
+
+def clock_note(row) -> str | None:
+    """The report's line for one ``estimate_offsets`` row whose offset is not applied as
+    measured (None for a measured or reference clock)."""
+    us = lambda ns: f"{ns / 1000:,.0f} µs"  # noqa: E731
+    if row.clock == "inconsistent":
+        return (f"clock offset of rank {row.rank} not measured: its {row.n_matched} matched "
+                f"collectives contradict each other (causality bounds lo {us(row.lo_ns)} > hi "
+                f"{us(row.hi_ns)}: order-matching paired collectives that are not one "
+                "instance); offset 0, its collectives' wait/transfer, skew and straggler not "
+                "measured")
+    if row.clock == "unresolved":
+        return (f"clock offset of rank {row.rank} not resolved: {us(row.estimate_ns)} ± "
+                f"{us(row.mad_ns)} (smaller than its own spread): not applied (0); each "
+                "matched collective still checked by the one-instance bound")
+    if row.clock == "unmatched":
+        return (f"clock offset of rank {row.rank} not measured: it shares no collective with "
+                "the reference rank (offset 0)")
+    return None
 
 
 def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int) -> pd.DataFrame:
@@ -98,17 +188,20 @@ def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int) -> 
     - median_ns = median of d_k; mad_ns = median |d_k - median_ns| (the uncertainty).
     - causality bounds: no rank finishes a collective before every rank has started it, so
       lo_ns = max_k(start on r - end on ref) <= offset <= hi_ns = min_k(end on r - start on ref).
-    - offset_ns = median_ns clamped into [lo_ns, hi_ns] (the bounds win over a median pulled
-      by a descheduled rank); when lo_ns > hi_ns the bounds contradict each other (mismatched
-      collectives) and offset_ns = median_ns, consistent = False.
-    A rank sharing no collective with ``ref_rank`` gets offset 0, n_matched 0, nulls elsewhere.
-    Columns: rank, offset_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent.
+    - estimate_ns = median_ns clamped into [lo_ns, hi_ns] (the bounds win over a median
+      pulled by a descheduled rank); when lo_ns > hi_ns the bounds contradict each other
+      (mismatched collectives): estimate_ns = median_ns, consistent = False.
+    - clock (module docstring): "measured" (offset_ns = estimate_ns), "unresolved" (|estimate|
+      < mad: offset_ns 0), "inconsistent" (lo > hi: offset_ns 0), "unmatched" (no shared
+      collective: offset_ns 0, nulls elsewhere), "reference".
+    offset_ns is the offset every cross-rank figure applies. Columns: ``OFFSET_COLUMNS``
+    (rank, offset_ns, estimate_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent, clock).
     """
     ref = reference(matched, ref_rank)
     rows = []
     for rank in ranks:
         if rank == ref_rank:
-            rows.append((rank, 0, 0, 0, 0, len(ref), True))
+            rows.append(reference_row(rank, len(ref)))
             continue
         rows.append(offset_row(rank, matched[matched["rank"] == rank].merge(ref, on=KEY)))
     return offsets_frame(rows)

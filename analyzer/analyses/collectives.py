@@ -240,54 +240,85 @@ def _factors(kind: np.ndarray, has_kind: np.ndarray, kind_idx: np.ndarray, names
     return out
 
 
+MATCH_COLUMNS = ["pg", "seq", "kind", "n_ranks", "start_ns", "start_skew_ns", "transfer_ns",
+                 "max_wait_ns", "straggler_rank", "kinds_agree", "measured"]
+
+
+def finish_matches(out: pd.DataFrame) -> pd.DataFrame:
+    """``match_ranks``' last step on its per-(pg, seq) table (columns pg, seq, kind, n_ranks,
+    start_ns, last_start, transfer_ns, max_wait_ns, straggler_rank, kinds_agree, all_measured):
+    measured = every row measured, one kind, >= 2 ranks; start_skew_ns, transfer_ns,
+    max_wait_ns and straggler_rank null (Int64) where not measured, straggler_rank also where
+    the skew is 0 (a tie is nobody's)."""
+    out = out.copy()
+    measured = (out["all_measured"].astype(bool) & out["kinds_agree"].astype(bool)
+                & (out["n_ranks"] > 1))
+    out["measured"] = measured.to_numpy()
+    out["start_skew_ns"] = out["last_start"] - out["start_ns"]
+    for c in ("start_skew_ns", "transfer_ns", "max_wait_ns", "straggler_rank"):
+        out[c] = out[c].astype("int64").astype("Int64").where(measured.to_numpy())
+    out["straggler_rank"] = out["straggler_rank"].where(out["start_skew_ns"] > 0)
+    return out[MATCH_COLUMNS].astype({"n_ranks": "int64", "start_ns": "int64",
+                                      "kinds_agree": "bool", "measured": "bool"})
+
+
 def match_ranks(coll: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
     """Collectives matched across ranks by (pg, seq), compared on aligned clocks.
 
     ``coll``: ``JobTables.collectives``; ``offsets``: each rank's clock offset (columns rank,
-    offset_ns: ``analyzer.analyses.clock.clock_offsets`` of the same table; a rank missing
-    from it counts as offset 0). Every start is first put on the reference rank's clock
-    (start_ns - offset_ns), so a rank whose clock runs ahead is not the straggler of every
-    collective. Columns: pg, seq, kind, n_ranks, start_ns (first aligned start, reference
-    clock), start_skew_ns (last aligned start - first), transfer_ns (the shortest of the
-    ranks' transfer times) and max_wait_ns (the longest of their waits for the last rank to
-    start), both by the report's rule (analyzer/analyses/commsplit.py ``wait_transfer``: wait
-    = start .. latest start of the group, transfer = the rest), straggler_rank (last to start,
-    aligned), kinds_agree."""
-    cols = ["pg", "seq", "kind", "n_ranks", "start_ns", "start_skew_ns", "transfer_ns",
-            "max_wait_ns", "straggler_rank", "kinds_agree"]
-    if coll.empty:
-        return pd.DataFrame(columns=cols)
+    offset_ns, clock: ``analyzer.analyses.clock.clock_offsets`` of the same table; a rank
+    missing from it counts as offset 0). Every start is first put on the reference rank's
+    clock (start_ns - offset_ns), so a rank whose clock runs ahead is not the straggler of
+    every collective; a rank whose clock is not usable (``clock.USABLE_CLOCKS``) is left out.
+    Columns (``MATCH_COLUMNS``): pg, seq, kind, n_ranks, start_ns (first aligned start,
+    reference clock), start_skew_ns (last aligned start - first), transfer_ns (the shortest of
+    the ranks' transfer times) and max_wait_ns (the longest of their waits for the last rank
+    to start), both by the report's rule (analyzer/analyses/commsplit.py ``wait_transfer``:
+    wait = start .. latest start of the group, transfer = the rest), straggler_rank (last to
+    start, aligned; the lowest rank on a tie), kinds_agree, measured (every rank's row
+    measured by ``wait_transfer`` -- one instance by ``clock.one_instance`` -- one kind, >= 2
+    ranks). Not measured: skew, transfer, wait and straggler null; skew 0: straggler null."""
+    from analyzer.analyses.clock import unusable_ranks
     from analyzer.analyses.commsplit import wait_transfer
 
+    bad = unusable_ranks(offsets)
+    if bad and len(coll):
+        coll = coll[~coll["rank"].isin(bad)]
+    if coll.empty:
+        return pd.DataFrame(columns=MATCH_COLUMNS)
     split = wait_transfer(coll, offsets)
     shift = coll["rank"].map(dict(zip(offsets["rank"], offsets["offset_ns"]))).fillna(0)
     coll = coll.assign(start_ns=coll["start_ns"] - shift.astype("int64"),
-                       transfer_ns=split["transfer_ns"], wait_ns=split["wait_ns"])
+                       transfer_ns=split["transfer_ns"], wait_ns=split["wait_ns"],
+                       measured=split["measured"])
     g = coll.groupby(["pg", "seq"], sort=True)
     last = coll.loc[g["start_ns"].idxmax(), ["pg", "seq", "rank"]].set_index(["pg", "seq"])
     out = g.agg(kind=("kind", lambda k: k.mode().iat[0]), n_ranks=("rank", "nunique"),
                 start_ns=("start_ns", "min"), last_start=("start_ns", "max"),
                 transfer_ns=("transfer_ns", "min"), max_wait_ns=("wait_ns", "max"),
-                nkinds=("kind", "nunique"))
-    out["start_skew_ns"] = out["last_start"] - out["start_ns"]
+                nkinds=("kind", "nunique"), all_measured=("measured", "all"))
     out["straggler_rank"] = last["rank"].reindex(out.index)
     out["kinds_agree"] = out["nkinds"] == 1
-    out = out.reset_index()
-    return out[cols].astype({"n_ranks": "int64", "start_ns": "int64", "start_skew_ns": "int64",
-                             "transfer_ns": "int64", "max_wait_ns": "int64",
-                             "straggler_rank": "int64"})
+    return finish_matches(out.reset_index())
 
 
 def stragglers(matched: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: times_last (collectives it started last, among those seen on >1 rank),
-    skew_caused_ns (sum of start skew of those collectives). ``matched``: ``match_ranks``'
-    table, whose starts are already on aligned clocks. Sorted, worst first."""
-    m = matched[matched["n_ranks"] > 1]
+    """Per rank: times_last (measured collectives it started last with a start skew > 0:
+    a zero-skew tie counts for nobody), skew_caused_ns (sum of start skew of those
+    collectives). ``matched``: ``match_ranks``' table, whose starts are already on aligned
+    clocks; instances not measured (outside the one-instance bound, ``clock.one_instance``)
+    count for nobody. Sorted, worst first."""
     cols = ["rank", "times_last", "skew_caused_ns"]
+    if matched.empty:
+        return pd.DataFrame(columns=cols)
+    m = matched[matched["measured"].astype(bool) & matched["straggler_rank"].notna()
+                & (matched["n_ranks"] > 1)]
+    m = m[m["start_skew_ns"].astype("int64") > 0]
     if m.empty:
         return pd.DataFrame(columns=cols)
-    g = m.groupby("straggler_rank").agg(times_last=("seq", "size"),
-                                        skew_caused_ns=("start_skew_ns", "sum")).reset_index()
+    g = m.astype({"straggler_rank": "int64", "start_skew_ns": "int64"}).groupby(
+        "straggler_rank").agg(times_last=("seq", "size"),
+                              skew_caused_ns=("start_skew_ns", "sum")).reset_index()
     g = g.rename(columns={"straggler_rank": "rank"})
     return g.sort_values(["skew_caused_ns", "rank"], ascending=[False, True])[cols] \
         .reset_index(drop=True)

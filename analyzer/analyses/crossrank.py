@@ -29,12 +29,15 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses import clock
-from analyzer.analyses.collectives import by_kind
+from analyzer.analyses.collectives import MATCH_COLUMNS, by_kind, finish_matches
 from analyzer.analyses.commsplit import instance_keys, latest_starts, rank_kind_split, wait_transfer
 
 REDUCE_ROWS = 1 << 18
 """Per-instance rows gathered before they are reduced into the running per-instance table
 (fewer reductions; at most ~20 MB besides that table)."""
+COMPACT_PARTS = 8
+"""Per-batch pieces of ``comm_parts`` gathered before they are joined into one (the join is
+associative; a small frame's per-column overhead would otherwise grow with the batches)."""
 _OFFSET_COLS = ["rank", "pg", "kind", "event_idx", "start_ns", "end_ns"]
 
 
@@ -85,22 +88,26 @@ def clock_offsets(job) -> pd.DataFrame:
         empty = mine.iloc[:0]
         rows += [None if rt.rank == ref else clock.offset_row(rt.rank, by_rank.get(rt.rank, empty))
                  for rt in held]
-    rows = [(ref, 0, 0, 0, 0, len(shared), True) if r is None else r for r in rows]
+    rows = [clock.reference_row(ref, len(shared)) if r is None else r for r in rows]
     return clock.offsets_frame(rows)
 
 
 def instances(job, offsets: pd.DataFrame) -> pd.DataFrame:
-    """``commsplit.latest_starts`` over every rank of ``job`` (aligned by ``offsets``),
-    indexed by (pg, kind, seq)."""
+    """``commsplit.latest_starts`` over every rank of ``job`` (aligned by ``offsets``; ranks
+    whose clock is not usable left out), indexed by (pg, kind, seq)."""
     red = _Reduction(lambda t: latest_starts(t).reset_index())
-    for _, coll in job.batches("collectives", ["rank", "pg", "kind", "start_ns"]):
+    for _, coll in job.batches("collectives", ["rank", "pg", "kind", "start_ns", "dur_ns"]):
         if len(coll):  # as latest_starts' own rows, so that every column stays int64
             keys = instance_keys(coll, offsets)
+            keys = keys[keys["usable"]]
             red.add(pd.DataFrame({"pg": keys["pg"], "kind": keys["kind"], "seq": keys["seq"],
-                                  "latest": keys["start"], "n_ranks": 1}))
+                                  "latest": keys["start"], "first_end": keys["end"],
+                                  "last_end": keys["end"], "min_dur": keys["dur"],
+                                  "n_ranks": 1}))
     acc = red.result()
     if acc is None:
-        return latest_starts(pd.DataFrame({"pg": [], "kind": [], "seq": [], "start": []}))
+        return latest_starts(pd.DataFrame({"pg": [], "kind": [], "seq": [], "start": [],
+                                           "end": [], "dur": []}))
     return acc.set_index(["pg", "kind", "seq"])
 
 
@@ -151,12 +158,22 @@ def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
         out["unknown"].append(pd.DataFrame({"kind": kind, "unknown": coll["bytes"].to_numpy() < 0})
                               .groupby("kind", sort=True)["unknown"].sum().reset_index())
         out["ranks"].append(rank_kind_split(coll, split, rank_steps))
-        moved = coll.assign(dur_ns=split["transfer_ns"].to_numpy())
+        moved = transfer_rows(coll, split)
         out["moved"].append(by_kind(moved))
         out["groups"].append(_group_part(coll, moved))
+        if len(out["whole"]) >= COMPACT_PARTS:  # a small frame costs ~1 kB a column: join
+            out = {k: [joined(v)] for k, v in out.items()}
     if not out["whole"]:
         return None
     return {k: joined(v) for k, v in out.items()}
+
+
+def transfer_rows(coll: pd.DataFrame, split: pd.DataFrame) -> pd.DataFrame:
+    """``coll`` with dur_ns = transfer_ns and, on the rows not measured, bytes -1 (unknown),
+    so that ``by_kind`` gives busbw from the measured instances' transfer time only."""
+    measured = split["measured"].to_numpy()
+    return coll.assign(dur_ns=split["transfer_ns"].to_numpy(),
+                       bytes=np.where(measured, coll["bytes"].to_numpy(dtype=np.int64), -1))
 
 
 def _group_part(coll: pd.DataFrame, moved: pd.DataFrame) -> pd.DataFrame:
@@ -203,7 +220,7 @@ def _fold_instances(t: pd.DataFrame) -> pd.DataFrame:
     g = t.groupby(["pg", "seq"], sort=True).agg(
         n_ranks=("n_ranks", "sum"), start_ns=("start_ns", "min"),
         last_start=("last_start", "max"), transfer_ns=("transfer_ns", "min"),
-        max_wait_ns=("max_wait_ns", "max"))
+        max_wait_ns=("max_wait_ns", "max"), all_measured=("all_measured", "all"))
     g["straggler_rank"] = last.reindex(g.index)
     return g.reset_index()
 
@@ -211,16 +228,19 @@ def _fold_instances(t: pd.DataFrame) -> pd.DataFrame:
 def match_ranks(job, offsets: pd.DataFrame) -> pd.DataFrame:
     """``collectives.match_ranks(job.collectives, offsets)``, a batch of ranks at a time: per
     (pg, seq) the first and last aligned start (the last's lowest rank on a tie, as ``idxmax``
-    over the rank-ordered table), the shortest transfer, the longest wait, the ranks, and per
-    kind the ranks that ran it (the kind is their mode, ties to the smallest name)."""
-    cols = ["pg", "seq", "kind", "n_ranks", "start_ns", "start_skew_ns", "transfer_ns",
-            "max_wait_ns", "straggler_rank", "kinds_agree"]
+    over the rank-ordered table), the shortest transfer, the longest wait, whether every row
+    is measured, the ranks, and per kind the ranks that ran it (the kind is their mode, ties
+    to the smallest name); ranks whose clock is not usable left out."""
     inst = instances(job, offsets)
     shift = dict(zip(offsets["rank"].astype(int), offsets["offset_ns"].astype(int)))
+    bad = clock.unusable_ranks(offsets)
     extremes = _Reduction(_fold_instances)
     kinds = _Reduction(lambda t: t.groupby(["pg", "seq", "kind"], sort=True)["n"].sum()
                        .reset_index())
     for _, coll, split in each_split(job, offsets, inst):
+        if bad and len(coll):
+            keep = ~coll["rank"].isin(bad).to_numpy()
+            coll, split = coll[keep], split[keep]
         if coll.empty:
             continue
         rank = coll["rank"].to_numpy(dtype=np.int64)
@@ -229,12 +249,13 @@ def match_ranks(job, offsets: pd.DataFrame) -> pd.DataFrame:
         extremes.add(pd.DataFrame({
             "pg": coll["pg"].to_numpy(), "seq": coll["seq"].to_numpy(), "n_ranks": 1,
             "start_ns": start, "last_start": start, "transfer_ns": split["transfer_ns"].to_numpy(),
-            "max_wait_ns": split["wait_ns"].to_numpy(), "straggler_rank": rank}))
+            "max_wait_ns": split["wait_ns"].to_numpy(), "straggler_rank": rank,
+            "all_measured": split["measured"].to_numpy()}))
         kinds.add(pd.DataFrame({"pg": coll["pg"].to_numpy(), "seq": coll["seq"].to_numpy(),
                                 "kind": coll["kind"].to_numpy(), "n": 1}))
     acc, counts = extremes.result(), kinds.result()
     if acc is None:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=MATCH_COLUMNS)
     top = (counts.sort_values(["pg", "seq", "n", "kind"], ascending=[True, True, False, True],
                               kind="stable")
            .drop_duplicates(["pg", "seq"]).set_index(["pg", "seq"])["kind"])
@@ -242,11 +263,7 @@ def match_ranks(job, offsets: pd.DataFrame) -> pd.DataFrame:
     out = acc.set_index(["pg", "seq"])
     out["kind"] = top.reindex(out.index)
     out["kinds_agree"] = nkinds.reindex(out.index) == 1
-    out["start_skew_ns"] = out["last_start"] - out["start_ns"]
-    out = out.reset_index()
-    return out[cols].astype({"n_ranks": "int64", "start_ns": "int64", "start_skew_ns": "int64",
-                             "transfer_ns": "int64", "max_wait_ns": "int64",
-                             "straggler_rank": "int64"})
+    return finish_matches(out.reset_index())
 
 
 def prefetch_parts(job) -> tuple[pd.DataFrame, dict] | None:

@@ -26,12 +26,14 @@ class Summary:
     durations as report.json's, with ``transfer_busbw_gbps``: the same with each instance's
     transfer time (analyzer/analyses/commsplit.py), as report.json's."""
     offsets: pd.DataFrame
-    """analyzer.analyses.clock.clock_offsets of the job's collectives (rank, offset_ns, mad_ns,
-    lo_ns, hi_ns, n_matched, consistent): the clocks ``cross_rank`` and ``stragglers`` align."""
+    """analyzer.analyses.clock.clock_offsets of the job's collectives (``clock.OFFSET_COLUMNS``:
+    rank, offset_ns (applied), estimate_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent,
+    clock): the clocks ``cross_rank`` and ``stragglers`` align."""
     cross_rank: pd.DataFrame
-    """analyzer.analyses.collectives.match_ranks of the job's collectives, on aligned clocks."""
+    """analyzer.analyses.collectives.match_ranks of the job's collectives, on aligned clocks
+    (``measured`` False: skew, transfer, wait and straggler null)."""
     stragglers: pd.DataFrame
-    """analyzer.analyses.collectives.stragglers."""
+    """analyzer.analyses.collectives.stragglers (measured instances with skew > 0 only)."""
     crosscheck: pd.DataFrame | None = None
     """analyzer.compare.crosscheck_hta.compare when requested."""
     notes: list[str] = field(default_factory=list)
@@ -41,7 +43,7 @@ class Summary:
         """Plain JSON-able dict (NaN -> null)."""
         def records(df: pd.DataFrame | None):
             return None if df is None else [
-                {k: (None if isinstance(v, float) and math.isnan(v) else
+                {k: (None if v is pd.NA or (isinstance(v, float) and math.isnan(v)) else
                      v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
                 for rec in df.to_dict("records")]
         return {"headline": self.headline, "ranks": records(self.ranks),
@@ -50,9 +52,24 @@ class Summary:
                 "crosscheck_hta": records(self.crosscheck), "notes": self.notes}
 
 
+SHOW_RANKS = 8
+"""The partial-rank caveat names the missing ranks only when at most this many are missing."""
+
+
+def partial_caveat(world_size: int | None, missing: list[int]) -> str:
+    """"partial: 2 of 128 ranks have a trace" -- with the missing ranks' numbers only when
+    there are at most ``SHOW_RANKS`` of them."""
+    world = world_size if world_size is not None else len(missing)
+    text = f"partial: {world - len(missing)} of {world} ranks have a trace"
+    if len(missing) <= SHOW_RANKS:
+        text += f" (no trace: rank{'s' if len(missing) > 1 else ''} " \
+                f"{', '.join(str(r) for r in missing)})"
+    return text
+
+
 def summarize(job) -> Summary:
     """Build the summary tables of a loaded job (``analyzer.ingest.pipeline.JobTables``)."""
-    from analyzer.analyses import crossrank
+    from analyzer.analyses import clock, crossrank
     from analyzer.analyses.collectives import stragglers
 
     # a batch of ranks' collectives at a time (analyzer/analyses/crossrank.py)
@@ -62,9 +79,7 @@ def summarize(job) -> Summary:
     head = [f"{job.root}: {len(job.ranks)} of {job.world_size} ranks, rank from "
             f"{' / '.join(sources)}"]
     if job.missing_ranks:
-        shown = job.missing_ranks[:10]
-        more = "" if len(job.missing_ranks) <= 10 else f" and {len(job.missing_ranks) - 10} more"
-        head.append(f"partial: ranks {shown}{more} have no trace")
+        head.append(partial_caveat(job.world_size, job.missing_ranks))
     if job.whole_trace_mode:
         head.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the launched "
                     "device work's extent on a GPU rank, the whole trace on a CPU rank")
@@ -73,9 +88,16 @@ def summarize(job) -> Summary:
                     f"{int(offsets['rank'].min())} = median of (end on r - end on the reference) "
                     "over matched collectives (analyzer/analyses/clock.py)")
         for row in offsets.itertuples(index=False):
-            if row.rank != offsets["rank"].min() and row.n_matched == 0:
-                head.append(f"rank {row.rank} shares no collective with rank "
-                            f"{int(offsets['rank'].min())}: its clock is not aligned (offset 0)")
+            note = clock.clock_note(row)
+            if note is not None:
+                head.append(note)
+    bad = matched[matched["n_ranks"] > 1] if len(matched) else matched
+    if len(bad) and not bad["measured"].all():
+        n = int((~bad["measured"].astype(bool)).sum())
+        head.append(f"{n} of {len(bad)} collectives matched across ranks by process group and "
+                    "order are not one instance (kinds differ, ends further apart than the "
+                    "shortest duration + 50 µs, or a rank ended before another started, on "
+                    "aligned clocks): their skew, transfer, wait and straggler not measured")
     head += job.warnings
     for r in job.ranks:
         head += [f"rank {r.rank}: {w}" for w in r.warnings]
@@ -90,8 +112,9 @@ def summarize(job) -> Summary:
 
 def _with_transfer_busbw(job, kinds: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
     """``kinds`` (``crossrank.kind_table``) with column transfer_busbw_gbps per (rank, kind):
-    ``by_kind`` of the collectives with transfer time as the duration, the report's
-    "busbw from transfer" per rank (one definition per name: analyzer/compare/runs.py)."""
+    ``by_kind`` of the measured collectives with transfer time as the duration
+    (``crossrank.transfer_rows``), the report's "busbw from transfer" per rank (one definition
+    per name: analyzer/compare/runs.py); NaN where none is measured."""
     from analyzer.analyses import crossrank
     from analyzer.analyses.collectives import by_kind
 
@@ -99,8 +122,7 @@ def _with_transfer_busbw(job, kinds: pd.DataFrame, offsets: pd.DataFrame) -> pd.
         return kinds.assign(transfer_busbw_gbps=pd.Series(dtype="float64"))
     inst = crossrank.instances(job, offsets)
     moved = crossrank.joined(  # the rows kind_table counts: those of profiled steps
-        [by_kind(coll.assign(dur_ns=split["transfer_ns"].to_numpy()),
-                 rows=coll["step"].to_numpy() >= 0)
+        [by_kind(crossrank.transfer_rows(coll, split), rows=coll["step"].to_numpy() >= 0)
          for _, coll, split in crossrank.each_split(job, offsets, inst) if len(coll)])
     t = moved[["rank", "kind", "busbw_gbps"]].rename(columns={"busbw_gbps": "transfer_busbw_gbps"})
     t = t.astype({"rank": kinds["rank"].dtype, "kind": str})

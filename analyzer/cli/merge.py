@@ -76,13 +76,15 @@ def _print(result) -> None:
         return "-" if v is None or v != v else f"{v / 1000:,.1f}"
 
     table = Table(title=f"clock offsets vs rank {result.ref_rank} (µs; aligned = own - offset)")
-    for col in ("rank", "file", "offset", "± MAD", "bounds", "matched"):
-        table.add_column(col, justify="left" if col == "file" else "right")
+    for col in ("rank", "file", "offset", "estimate", "± MAD", "bounds", "matched", "clock"):
+        table.add_column(col, justify="left" if col in ("file", "clock") else "right")
     files = {r.rank: r.path.name for r in result.ranks}
     for row in result.offsets.itertuples(index=False):
         bounds = "-" if row.n_matched == 0 or row.rank == result.ref_rank else f"[{us(row.lo_ns)}, {us(row.hi_ns)}]"
         table.add_row(str(row.rank), files[row.rank], us(row.offset_ns),
-                      "-" if row.n_matched == 0 else us(row.mad_ns), bounds, str(row.n_matched))
+                      "-" if row.n_matched == 0 else us(row.estimate_ns),
+                      "-" if row.n_matched == 0 else us(row.mad_ns), bounds, str(row.n_matched),
+                      str(row.clock))
     console = richout.console()
     console.print(table)
     sp = result.spread

@@ -141,20 +141,24 @@ def _print_tables(s) -> None:
     if s.by_kind is not None and len(s.by_kind):
         con.print(BUSBW_NOTE, markup=False, highlight=False, soft_wrap=True)
     if len(s.offsets) > 1:
-        show("Clock offsets (aligned time = rank time - offset)",
-             s.offsets.astype({"mad_ns": "float64"}),
-             {"rank": ("rank", text), "offset_ms": ("offset_ns", ms), "mad_ms": ("mad_ns", ms),
-              "matched": ("n_matched", text)})
-    show("Stragglers (last to start a matched collective, aligned clocks)", s.stragglers.head(10),
+        show("Clock offsets (aligned time = rank time - offset applied)",
+             s.offsets.astype({"mad_ns": "float64", "estimate_ns": "float64"}),
+             {"rank": ("rank", text), "offset_ms": ("offset_ns", ms),
+              "estimate_ms": ("estimate_ns", ms), "mad_ms": ("mad_ns", ms),
+              "matched": ("n_matched", text), "clock": ("clock", text)})
+    show("Stragglers (last to start, skew > 0, aligned clocks)", s.stragglers.head(10),
          {"rank": ("rank", text), "times_last": ("times_last", text),
           "skew_caused_ms": ("skew_caused_ns", ms)})
     x = s.cross_rank
-    if len(x):  # a collective seen on one rank only has no skew to show
-        x = x[x["n_ranks"] > 1]
+    if len(x):  # a collective seen on one rank only, or not one instance, has no skew to show
+        x = x[(x["n_ranks"] > 1) & x["measured"].astype(bool)].astype(
+            {c: "int64" for c in ("start_skew_ns", "transfer_ns", "max_wait_ns")})
+        x = x.astype({"straggler_rank": "float64"})
     show("Cross-rank: largest start skews (aligned clocks)", x.sort_values("start_skew_ns", ascending=False).head(10),
          {**{c: (c, text) for c in ("pg", "seq", "kind", "n_ranks")},
           "start_skew_ms": ("start_skew_ns", ms), "transfer_ms": ("transfer_ns", ms),
-          "max_wait_ms": ("max_wait_ns", ms), "straggler_rank": ("straggler_rank", text)})
+          "max_wait_ms": ("max_wait_ns", ms),
+          "straggler_rank": ("straggler_rank", lambda v: text(None if v is None else int(v)))})
     show("Cross-check with HTA get_comm_comp_overlap (% of communication)", s.crosscheck,
          {"rank": ("rank", text), **{c: (c, pct100) for c in ("hta_overlap_pct", "ours_hta_scope_pct", "ours_step_pct",
                                        "diff_pct")}, "explanation": ("explanation", text)})

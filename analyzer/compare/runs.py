@@ -38,10 +38,11 @@ import msgspec
 import pandas as pd
 
 from analyzer.compare import drift, footprint, ranking
-from analyzer.analyses import crossrank, datasupply, memory, parity, prefetch
+from analyzer.analyses import clock, crossrank, datasupply, memory, parity, prefetch
 from analyzer.ingest import pipeline, rundirs
 from analyzer.contract import schemas
 from analyzer.analyses.collectives import run_busbw_gbps
+from analyzer.analyses.summary import partial_caveat
 from analyzer.contract.report_types import (AnalysisOptions, CommGroup, CommKind, CommRank,
                                    Interval, Memory, Parity, Prefetch, PrefetchUnit,
                                    RankFigures, Report, RunEntry, StepBar, StepTime, Timeline,
@@ -62,10 +63,13 @@ def _ranks(bd: pd.DataFrame, offsets: pd.DataFrame) -> list[RankFigures]:
     per["overlap_frac"] = (per["overlap"] / per["comm"]).where(per["comm"] != 0)
     per["data_wait_frac"] = (per["wait"] / per["total"]).where(per["total"] != 0)
     per = per.drop(columns=["comm", "overlap", "wait", "total"])
+    state = {int(o.rank): str(o.clock) for o in offsets.itertuples(index=False)}
     off = {int(o.rank): int(o.offset_ns) for o in offsets.itertuples(index=False)
-           if o.n_matched > 0 or o.rank == offsets["rank"].min()}
-    return [RankFigures(rank=int(r), clock_offset_ns=off.get(int(r)) if len(off) > 1 else None,
-                        **row) for r, row in per.to_dict("index").items()]
+           if o.clock in ("reference", "measured")}
+    many = len(offsets) > 1
+    return [RankFigures(rank=int(r), clock_offset_ns=off.get(int(r)) if many else None,
+                        clock=state.get(int(r)) if many else None, **row)
+            for r, row in per.to_dict("index").items()]
 
 
 def _communication(parts: dict[str, pd.DataFrame] | None, rank_steps: pd.Series, n_ranks: int
@@ -95,8 +99,13 @@ def _communication(parts: dict[str, pd.DataFrame] | None, rank_steps: pd.Series,
         return float(per_step.at[kind, c])
 
     ranks = parts["ranks"]
-    split = ranks.groupby("kind")[["transfer_ns", "wait_ns", "transfer_ns_per_step",
-                                   "wait_ns_per_step"]].sum(min_count=1) / n
+    split = ranks.groupby("kind")[["transfer_ns", "wait_ns", "not_measured_ns",
+                                   "transfer_ns_per_step", "wait_ns_per_step",
+                                   "not_measured_ns_per_step"]].sum(min_count=1) / n
+    # no measured instance of a kind: its transfer and wait are not measured (None), not 0
+    none_measured = ranks.groupby("kind")["measured"].sum() == 0
+    split.loc[none_measured.reindex(split.index, fill_value=True).to_numpy(),
+              ["transfer_ns", "wait_ns", "transfer_ns_per_step", "wait_ns_per_step"]] = float("nan")
     moved = parts["moved"]
     moved["kind"] = moved["kind"].astype(str)
     tbus = moved.groupby("kind")[["bus_bytes", "bus_time_ns"]].sum()
@@ -115,10 +124,20 @@ def _communication(parts: dict[str, pd.DataFrame] | None, rank_steps: pd.Series,
                        **{f"{c}_per_step": step_figure(kind, c) for c in cols},
                        **{c: part(kind, c) for c in split.columns})
         for kind, t in totals.to_dict("index").items()}, [
-        CommRank(**{k: (None if isinstance(v, float) and pd.isna(v) else v)
-                    for k, v in row.items()})
+        _comm_rank(row)
         for row in ranks.astype({"rank": int, "count": int, "time_ns": int, "transfer_ns": int,
-                                 "wait_ns": int, "unmatched": int}).to_dict("records")]
+                                 "wait_ns": int, "not_measured_ns": int, "unmatched": int,
+                                 "inconsistent": int, "measured": int}).to_dict("records")]
+
+
+def _comm_rank(row: dict) -> CommRank:
+    """A ``rank_kind_split`` row as a ``CommRank``: NaN as None, and transfer and wait None
+    (not measured) when none of the rank's instances of the kind is measured."""
+    row = {k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in row.items()}
+    if row["measured"] == 0:
+        for c in ("transfer_ns", "wait_ns", "transfer_ns_per_step", "wait_ns_per_step"):
+            row[c] = None
+    return CommRank(**row)
 
 
 def _comm_groups(parts: dict[str, pd.DataFrame] | None) -> list[CommGroup]:
@@ -186,6 +205,8 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     profiled = int(rank_steps.max()) if len(rank_steps) else 0
     parts = crossrank.comm_parts(tables, offsets, rank_steps)
     comm, comm_ranks = _communication(parts, rank_steps, n_ranks)
+    clock_notes = [n for n in (clock.clock_note(o) for o in offsets.itertuples(index=False))
+                   if n is not None] if len(offsets) > 1 else []
     fields = dict(
         communication=comm, profiled_steps=profiled, comm_ranks=comm_ranks,
         comm_groups=_comm_groups(parts),
@@ -203,6 +224,7 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
                              missing_ranks=tables.missing_ranks, device_kind=device_kind,
                              trace_warnings=[f"rank {r.rank}: {w}" for r in tables.ranks
                                              for w in r.warnings][:40]))
+    fields["caveats"] = clock_notes  # added to the entry's caveats (summarize_run)
     return fields, by_step["step_ns"].max().tolist(), list(tables.warnings)
 
 
@@ -221,6 +243,22 @@ def trace_backend(tables) -> str | None:
         if coll["rule"].astype(str).str.startswith("cpu.gloo_op").any():
             return "gloo"
     return None
+
+
+def _cross_rank_caveats(entry: RunEntry) -> list[str]:
+    """What the cross-rank figures of ``entry`` leave out: instances matched by order but
+    outside the one-instance bound (analyzer/analyses/clock.py ``one_instance``), per kind."""
+    out = []
+    by_kind: dict[str, int] = {}
+    for c in entry.comm_ranks:
+        if c.inconsistent:
+            by_kind[c.kind] = by_kind.get(c.kind, 0) + c.inconsistent
+    for kind, n in sorted(by_kind.items()):
+        out.append(f"{n} {kind} calls (over all ranks) matched by process group, kind and order "
+                   "are not one collective (ends further apart than the shortest duration + "
+                   "50 µs, or one rank ended before another started, on aligned clocks): "
+                   "their wait/transfer, skew and straggler not measured")
+    return out
 
 
 def trace_step_source(tables) -> str:
@@ -277,6 +315,7 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
     notes = []
     if tables is not None:
         fields, trace_step_ns, notes = _trace_figures(tables)
+        clock_caveats = fields.pop("caveats")
         for k, v in fields.items():
             setattr(entry, k, v)
         if entry.world_size is None:
@@ -287,8 +326,8 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
         if not step_ns and trace_step_ns:
             step_ns, source = trace_step_ns, trace_step_source(tables)
         if tables.missing_ranks:
-            entry.caveats.append(f"partial: ranks {tables.missing_ranks} of {entry.world_size} "
-                                 "have no trace")
+            entry.caveats.append(partial_caveat(entry.world_size, tables.missing_ranks))
+        entry.caveats += clock_caveats + _cross_rank_caveats(entry)
         if tables.whole_trace_mode:
             entry.caveats.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the "
                                  "launched device work's extent on a GPU rank, the whole trace "

@@ -323,17 +323,24 @@ class CommKind(_Figures, kw_only=True):
     unknown_bytes: int = 0
     transfer_ns: float | None = None
     """Per-rank mean of all profiled steps' transfer time (analyzer/analyses/commsplit.py: from
-    the last rank's start of each matched instance to its end); transfer_ns + wait_ns =
-    time_ns."""
+    the last rank's start of each measured instance -- matched and one instance by the bound
+    of analyzer/analyses/clock.py -- to its end); transfer_ns + wait_ns + not_measured_ns =
+    time_ns. None when no instance of the kind is measured."""
     wait_ns: float | None = None
-    """Per-rank mean of all profiled steps' time spent inside these collectives waiting for the
-    group's last rank to start them."""
+    """Per-rank mean of all profiled steps' time spent inside measured instances waiting for
+    the group's last rank to start them (None: none measured)."""
     transfer_ns_per_step: float | None = None
     wait_ns_per_step: float | None = None
+    not_measured_ns: float | None = None
+    """Per-rank mean of the time in instances that are not measured (unmatched, outside the
+    one-instance bound, or on a rank whose clock is inconsistent): neither wait nor
+    transfer."""
+    not_measured_ns_per_step: float | None = None
     transfer_busbw_gbps: float | None = None
     """busbw over the ranks (nccl-tests, as ``busbw_gbps``) with transfer time in place of the
-    whole duration: the bandwidth of the data's movement, without the wait for the slowest
-    rank that ``busbw_gbps`` includes."""
+    whole duration, over the measured instances only: the bandwidth of the data's movement,
+    without the wait for the slowest rank that ``busbw_gbps`` includes. None when no
+    instance is measured."""
 
 
 class CommGroup(_Figures, kw_only=True):
@@ -364,21 +371,27 @@ class CommGroup(_Figures, kw_only=True):
 class CommRank(_Figures, kw_only=True):
     """One (rank, collective kind) of a run, split into transfer and waiting for the group's
     slowest rank (analyzer/analyses/commsplit.py): sums over all profiled steps (as
-    ``CommKind``), ``time_ns`` =
-    ``transfer_ns`` + ``wait_ns`` (sum of durations); ``unmatched`` instances (no match on
-    another rank) count as transfer; the ``_per_step`` figures: the rank's collectives inside
-    profiled steps over its number of profiled steps (None without steps)."""
+    ``CommKind``), ``time_ns`` = ``transfer_ns`` + ``wait_ns`` + ``not_measured_ns`` (sum of
+    durations); ``unmatched`` instances (no match on another rank with a usable clock) and
+    ``inconsistent`` ones (matched, outside the one-instance bound of
+    analyzer/analyses/clock.py) are not measured; ``transfer_ns`` / ``wait_ns`` None when no
+    instance is measured; the ``_per_step`` figures: the rank's collectives inside profiled
+    steps over its number of profiled steps (None without steps)."""
 
     rank: int
     kind: str
     count: int
     time_ns: int
-    transfer_ns: int
-    wait_ns: int
+    transfer_ns: int | None
+    wait_ns: int | None
     unmatched: int
+    not_measured_ns: int = 0
+    inconsistent: int = 0
+    measured: int = 0
     time_ns_per_step: float | None = None
     transfer_ns_per_step: float | None = None
     wait_ns_per_step: float | None = None
+    not_measured_ns_per_step: float | None = None
 
 
 class DataSupply(_Figures, kw_only=True):
@@ -417,8 +430,12 @@ class RankFigures(_Figures, kw_only=True):
     input_bound_steps: int
     clock_offset_ns: int | None = None
     """This rank's clock minus the lowest rank's, from matched collective ends
-    (analyzer/analyses/clock.py, the offset ``summary`` and ``merge`` use); None when it shares
-    no collective with that rank."""
+    (analyzer/analyses/clock.py, the offset ``summary`` and ``merge`` use); None when it is
+    not measured (``clock`` "unresolved", "inconsistent" or "unmatched": 0 is applied)."""
+    clock: str | None = None
+    """``clock.estimate_offsets``' state of this rank's clock: reference, measured,
+    unresolved (|estimate| < its MAD), inconsistent (causality bounds contradict), unmatched;
+    None for a one-rank run."""
 
 
 class StepBar(_Figures, kw_only=True):

@@ -322,10 +322,8 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     for row in offsets.itertuples(index=False):
         if row.rank != ref_rank and row.n_matched == 0:
             warnings.append(f"rank {row.rank} shares no collective with rank {ref_rank}: not aligned (offset 0)")
-        elif not row.consistent:
-            warnings.append(f"rank {row.rank}: matched collectives give contradictory bounds "
-                            f"(lo {row.lo_ns} ns > hi {row.hi_ns} ns); collectives may be mismatched, "
-                            "offset is the plain median")
+        elif row.clock in ("inconsistent", "unresolved"):  # not applied: 0 (clock.py)
+            warnings.append(clock.clock_note(row))
     spread = clock.end_spread(matched, offsets)
     align = options.align
     if align and alignment_widens(spread):
@@ -630,7 +628,8 @@ def _summary(root: Path, inputs: list[pipeline.RankTables], ref_rank: int, offse
     rows = [{"rank": int(row.rank), "file": files[row.rank][0], "rank_source": files[row.rank][1],
              "offset_ns": int(row.offset_ns), "mad_ns": _opt_int(row.mad_ns),
              "lo_ns": _opt_int(row.lo_ns), "hi_ns": _opt_int(row.hi_ns),
-             "n_matched": int(row.n_matched), "consistent": bool(row.consistent)}
+             "n_matched": int(row.n_matched), "consistent": bool(row.consistent),
+             "estimate_ns": _opt_int(row.estimate_ns), "clock": str(row.clock)}
             for row in offsets.itertuples(index=False)]
     def stat(col: str, fn: str) -> int | None:
         return int(getattr(spread[col], fn)()) if len(spread) else None
@@ -642,7 +641,9 @@ def _summary(root: Path, inputs: list[pipeline.RankTables], ref_rank: int, offse
         "t0_note": "ts 0 in the merged trace is t0_ns on the reference rank's clock",
         "offset_rule": "aligned time = rank time - offset_ns; offset_ns = median over matched "
                        "collectives of (end on rank - end on ref_rank), clamped into the causality "
-                       "bounds [lo_ns, hi_ns]; mad_ns = median |diff - median|",
+                       "bounds [lo_ns, hi_ns] (estimate_ns); mad_ns = median |diff - median|; "
+                       "applied only when clock is measured: 0 when |estimate_ns| < mad_ns "
+                       "(unresolved) or lo_ns > hi_ns (inconsistent)",
         "steps": list(options.steps) if options.steps is not None else None,
         "offsets": rows,
         "matched_collectives": int(len(spread)),

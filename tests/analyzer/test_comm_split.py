@@ -5,7 +5,8 @@ Hand-built 2-rank gloo job, worked by hand (true time, µs; rank 1's clock runs 
 so the split must use aligned clocks): in each of 2 steps one all_reduce of 1,000,000 float32
 (4 MB); rank 0 starts it at step + 1000, rank 1 at step + 44000 (43 ms late), both end at step +
 51000. Wait: rank 0 43 ms per instance, rank 1 0; transfer (last start .. end): 7 ms on both.
-Rank 0 also runs one broadcast that rank 1 never runs: unmatched, all of it transfer.
+Rank 0 also runs one broadcast that rank 1 never runs: unmatched, so not measured (neither
+wait nor transfer: nothing shows either).
 Per rank over the trace: rank 0 all_reduce 100 ms = 86 ms wait + 14 ms transfer; rank 1 14 ms =
 0 + 14. busbw (nccl-tests, all_reduce factor 2(n-1)/n = 1): from the whole durations 2 x 4 MB /
 mean time (100 + 14) / 2 ms = 0.140 GB/s; from transfer time 8 MB / 14 ms = 0.571 GB/s.
@@ -71,7 +72,8 @@ def test_late_rank_makes_the_other_wait_and_transfer_is_equal(job):
     assert ar["transfer_ns"].tolist() == [7 * MS] * 4
     assert ar["matched"].all()
     bc = t[t["kind"] == "broadcast"]
-    assert bc[["wait_ns", "transfer_ns", "matched"]].values.tolist() == [[0, 2 * MS, False]]
+    assert bc[["wait_ns", "transfer_ns", "not_measured_ns", "matched", "measured"]
+              ].values.tolist() == [[0, 0, 2 * MS, False, False]]
     # control: on raw clocks rank 1 (an hour ahead) would look last by an hour and rank 0
     # would wait its whole duration
     raw = wait_transfer(coll, None)
@@ -92,7 +94,9 @@ def test_wait_plus_transfer_is_the_comm_time_per_rank(job):
     assert per.loc[(0, "broadcast"), "unmatched"] == 1
     # the comm time a second way: by_kind's sum of durations
     k = by_kind(coll).set_index(["rank", "kind"])
-    assert (per["wait_ns"] + per["transfer_ns"]).to_dict() == k["time_ns"].to_dict()
+    assert (per["wait_ns"] + per["transfer_ns"] + per["not_measured_ns"]).to_dict() == \
+        k["time_ns"].to_dict()
+    assert per.loc[(0, "broadcast"), ["transfer_ns", "not_measured_ns"]].tolist() == [0, 2 * MS]
 
 
 def test_report_shows_the_split_and_busbw_from_transfer_time(job):

@@ -159,11 +159,11 @@ def test_missing_ranks_are_said_and_the_report_is_not_presented_as_complete(tmp_
     ts = load_tables(job)
     assert ts.world_size == 8 and ts.missing_ranks == [5]
     proc = cli("summary", str(job))
-    assert proc.returncode == 0 and "7 of 8 ranks" in proc.stdout and "[5]" in proc.stdout
+    assert proc.returncode == 0 and "7 of 8 ranks" in proc.stdout and "rank 5)" in proc.stdout
     proc = cli("report", str(job), "--out", str(tmp_path / "o"))
     assert proc.returncode == 0
     verdict = details(proc.stdout)
-    assert "Caveat: job: partial: ranks \\[5\\] of 8 have no trace" in verdict
+    assert "Caveat: job: partial: 7 of 8 ranks have a trace (no trace: rank 5)" in verdict
 
 
 def test_run_directory_without_manifest(tmp_path, ddp_run):

@@ -34,8 +34,12 @@ def test_causality_bounds_clamp_a_median_pulled_by_a_late_rank():
     out = clock.estimate_offsets(matched(rows), [0, 1], 0).set_index("rank")
     # median(800, 5) = 402 (round half to even of 402.5) lies above hi = min(900 - 0, 1105 - 1000) = 105
     assert out.loc[1, "hi_ns"] == 105 and out.loc[1, "lo_ns"] == -100
-    assert out.loc[1, "offset_ns"] == 105
+    assert out.loc[1, "estimate_ns"] == 105
     assert bool(out.loc[1, "consistent"])
+    # MAD = median(|800 - 402|, |5 - 402|) = 398 > 105: the offset is within its own spread,
+    # not resolved, and 0 (the true offset here) is applied
+    assert (out.loc[1, "mad_ns"], out.loc[1, "clock"], out.loc[1, "offset_ns"]) == \
+        (398, "unresolved", 0)
 
 
 def test_contradictory_bounds_fall_back_to_the_median():
@@ -43,7 +47,8 @@ def test_contradictory_bounds_fall_back_to_the_median():
     rows = [(0, 0, 0, 10), (0, 1, 1000, 1010), (1, 0, 500, 510), (1, 1, 0, 10)]
     out = clock.estimate_offsets(matched(rows), [0, 1], 0).set_index("rank")
     assert not bool(out.loc[1, "consistent"])
-    assert out.loc[1, "offset_ns"] == round((500 + -1000) / 2)
+    assert out.loc[1, "estimate_ns"] == round((500 + -1000) / 2)
+    assert (out.loc[1, "clock"], out.loc[1, "offset_ns"]) == ("inconsistent", 0)  # not applied
 
 
 def test_rank_without_common_collective_is_not_aligned():
