@@ -229,6 +229,10 @@ def _client(address: str, wait_s: float) -> Iterator[Any]:
     # cluster sends is decoded as data, nothing unpickled (analyzer/ingest/daskwire.py)
     runner = LoopRunner()
     runner.start()
+    # what distributed leaves on it when interrupted (a gather cancelled by Ctrl-C / SIGTERM:
+    # "Task exception was never retrieved ... AllExit") is not ours to print: debug only
+    runner.loop.asyncio_loop.set_exception_handler(
+        lambda _loop, context: log.debug("dask client loop: %s", context.get("message")))
     guard = contextlib.ExitStack()
 
     def make() -> None:
