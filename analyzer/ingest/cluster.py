@@ -23,14 +23,22 @@ Failures, each one line, never a hang:
   (default 30): ``BadInput`` (exit 2) naming the address;
 * a worker runs other analyzer code or library versions than the client (the per-rank tables
   cache key, analyzer/ingest/cachekey.py, differs): ``BadInput`` naming the worker;
-* a task raising an exception other than ``BadInput`` is retried ``RETRIES`` times (an NFS
-  hiccup), then ``ParityTraceError`` naming the trace;
+* a task raising an exception other than ``BadInput`` is retried ``RETRIES`` times on its
+  worker (an NFS hiccup), then ``ParityTraceError`` naming the trace; tasks return their
+  results and errors as data (analyzer/ingest/daskwire.py), never a pickle: what the cluster
+  sends that is not such data, or is off its schema, is ``ParityTraceError`` naming the trace,
+  and none of it runs here;
+* a finished result not fetched within ``PARITYTRACE_DASK_TIMEOUT_S`` (the workers holding it
+  gone, none to compute it again): ``ParityTraceError`` naming the trace;
 * a worker that dies (killed, out of memory) has its trace rerun on another worker by the
   scheduler; one that kills ``distributed.scheduler.allowed-failures`` + 1 workers (default
   3 + 1) raises ``ParityTraceError`` naming it;
 * no worker connected, or the scheduler unreachable, for ``PARITYTRACE_DASK_TIMEOUT_S`` while
   traces wait: ``ParityTraceError`` naming them; likewise for traces pinned to hosts where no
   worker is connected, naming the hosts. The waiting traces are cancelled on the way out.
+
+A ``tcp://`` scheduler that is not on loopback is warned of once (``warn_if_open``): Dask
+has no authentication by default, so the cluster's network is the trust boundary.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from typing import Any
 
 import msgspec
 
-from analyzer.contract.errors import BadInput, Reason
+from analyzer.contract.errors import BadInput
 
 
 class Refused(Exception):
@@ -298,11 +298,10 @@ def decode(data: Any) -> Any:
     if isinstance(out, _Failed):
         return out
     if isinstance(out, _BadInput):
-        try:
-            reason = Reason(out.reason)
+        try:  # the worker's error, with its reason code (BadInput refuses an unknown one)
+            return BadInput(out.path, out.reason, out.message, out.fix)
         except ValueError:
             raise Refused(f"an unknown reason code {out.reason!r}") from None
-        return BadInput(out.path, reason, out.message, out.fix)
     if set(out.tables) != set(schemas.TABLE_SCHEMAS):
         raise Refused(f"tables {sorted(out.tables)}, expected {sorted(schemas.TABLE_SCHEMAS)}")
     tables = {}
