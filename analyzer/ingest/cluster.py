@@ -416,9 +416,12 @@ def _task_error(item: Any, address: str, f) -> ParityTraceError:
             f"{item}: the Dask workers parsing it died (killed, or out of memory) as many "
             "times as the scheduler allows (distributed.scheduler.allowed-failures); give the "
             "workers more memory (dask worker --memory-limit) and rerun")
-    what = f"an error that is {'a pickle of ' + name if name else type(exc).__name__}" \
-        if not isinstance(exc, daskwire.Refused) else f"an error that is {exc}"
-    return ParityTraceError(_refused(item, address, what))
+    if isinstance(exc, daskwire.Refused):
+        return ParityTraceError(_refused(item, address, f"an error that is {exc}"))
+    return ParityTraceError(
+        f"{item}: its Dask task failed on a worker of {address} with an error sent as a pickle "
+        f"({name or 'unreadable'}), which this client does not load; run the same paritytrace "
+        "and libraries on every worker (one without them cannot load the task) and rerun")
 
 
 _PINS: dict[str, list[str]] = {}

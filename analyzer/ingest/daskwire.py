@@ -82,6 +82,8 @@ def loads(frames: list) -> Any:
             return _enum(obj)
         if "__Set__" in obj:
             return set(obj.get("as-list", ()))
+        if isinstance(obj.get("traceback"), Refused):  # clean_exception wants one or None
+            obj["traceback"] = None
         return obj
 
     try:

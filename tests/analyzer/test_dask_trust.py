@@ -135,6 +135,10 @@ def test_distributed_alone_unpickles_what_the_guard_refuses(tmp_path, monkeypatc
     assert marker.exists()  # distributed's own loads ran it
     assert daskwire.loads(dumps({"b": Serialize(b"ab"), "m": [1, "x"]})) == \
         {"b": b"ab", "m": (1, "x")}
+    erred = daskwire.loads(dumps({"op": "task-erred", "exception": Serialize(Crafted()),
+                                  "traceback": ToPickle(Crafted())}))
+    # an error stays an error; a traceback distributed could not take is dropped (no hang)
+    assert isinstance(erred["exception"], daskwire.Refused) and erred["traceback"] is None
     with pytest.raises(daskwire.Refused, match="not a paritytrace result"):
         daskwire.decode(b"\x81\xa4type\xa6tables")
     with pytest.raises(daskwire.Refused, match="not the bytes"):
