@@ -88,7 +88,8 @@ def read_answer(answer: Any) -> dict[str, Any]:
     (analyzer/ingest/daskwire.py): the listing, or {"error": one line}."""
     from analyzer.ingest import daskwire
 
-    if isinstance(answer, BaseException):  # a worker that failed to answer
+    if isinstance(answer, BaseException) and not isinstance(answer, daskwire.Refused):
+        # a worker that failed to answer
         text = " ".join(str(answer).split()) if not isinstance(
             answer.args[0] if answer.args else None, bytes | bytearray) else \
             "its error is a pickle, which this client does not load"

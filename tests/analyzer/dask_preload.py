@@ -30,8 +30,10 @@ class Crafted:
 
 
 def _ours(x) -> bool:
-    """A result of our task: daskwire.encode's tagged msgpack (or, before it, the object)."""
-    return isinstance(x, bytes) and b"type" in x[:16] or type(x).__name__ == "RankTables"
+    """A result of our task or listing: daskwire.encode's tagged msgpack (or, before it, the
+    object)."""
+    return isinstance(x, bytes) and b"type" in x[:16] or type(x).__name__ == "RankTables" \
+        or isinstance(x, dict) and {"traces", "missing", "error"} & set(x)  # hostlocal's
 
 
 import distributed.protocol.core as _core  # noqa: E402

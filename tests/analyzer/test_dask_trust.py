@@ -101,6 +101,29 @@ def test_a_worker_sending_a_crafted_pickle_runs_nothing_here(tmp_path, fixture_c
 
 
 @pytest.mark.timeout(240)
+def test_a_worker_listing_host_local_traces_as_a_crafted_pickle_runs_nothing_here(
+        tmp_path, fixture_copy, scheduler, monkeypatch):
+    """Traces the client does not see (analyzer/ingest/hostlocal.py): the worker's listing
+    comes back as a crafted pickle: refused naming the worker, exit 2, nothing loaded."""
+    from analyzer.ingest import hostlocal
+
+    job = fixture_copy("gloo_rules.json").parent
+    monkeypatch.setattr(hostlocal, "client_sees", lambda p: False)
+    marker = tmp_path / "code-ran"
+    worker = _worker(scheduler, "pickle", marker)
+    try:
+        proc = cli("report", str(job), "--out", str(tmp_path / "o"), "--scheduler",
+                   scheduler.scheduler_address)
+    finally:
+        worker.kill()
+        worker.wait(30)
+    assert not marker.exists()
+    bad_input(proc, "tcp://127.0.0.1:", f"listing {job}", "refused its answer",
+              "serialised with 'pickle'")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.timeout(240)
 def test_a_result_off_its_schema_is_refused_in_one_line(tmp_path, fixture_copy, scheduler):
     trace = fixture_copy("gloo_rules.json")
     worker = _worker(scheduler, "schema", tmp_path / "unused")
