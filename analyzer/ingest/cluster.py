@@ -23,14 +23,22 @@ Failures, each one line, never a hang:
   (default 30): ``BadInput`` (exit 2) naming the address;
 * a worker runs other analyzer code or library versions than the client (the per-rank tables
   cache key, analyzer/ingest/cachekey.py, differs): ``BadInput`` naming the worker;
-* a task raising an exception other than ``BadInput`` is retried ``RETRIES`` times (an NFS
-  hiccup), then ``ParityTraceError`` naming the trace;
+* a task raising an exception other than ``BadInput`` is retried ``RETRIES`` times on its
+  worker (an NFS hiccup), then ``ParityTraceError`` naming the trace; tasks return their
+  results and errors as data (analyzer/ingest/daskwire.py), never a pickle: what the cluster
+  sends that is not such data, or is off its schema, is ``ParityTraceError`` naming the trace,
+  and none of it runs here;
+* a finished result not fetched within ``PARITYTRACE_DASK_TIMEOUT_S`` (the workers holding it
+  gone, none to compute it again): ``ParityTraceError`` naming the trace;
 * a worker that dies (killed, out of memory) has its trace rerun on another worker by the
   scheduler; one that kills ``distributed.scheduler.allowed-failures`` + 1 workers (default
   3 + 1) raises ``ParityTraceError`` naming it;
 * no worker connected, or the scheduler unreachable, for ``PARITYTRACE_DASK_TIMEOUT_S`` while
   traces wait: ``ParityTraceError`` naming them; likewise for traces pinned to hosts where no
   worker is connected, naming the hosts. The waiting traces are cancelled on the way out.
+
+A ``tcp://`` scheduler that is not on loopback is warned of once (``warn_if_open``): Dask
+has no authentication by default, so the cluster's network is the trust boundary.
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.contract.errors import BadInput, ParityTraceError, Reason
+
+log = logging.getLogger(__name__)
 
 RETRIES = 2
 """Reruns of a task that raised (not of a ``BadInput``, which is returned, not raised)."""
@@ -89,6 +99,34 @@ def scheduler_address(option: str | None) -> str | None:
     return address
 
 
+_WARNED: set[str] = set()
+
+
+def warn_if_open(address: str) -> bool:
+    """Say once per process, as a warning, that ``address`` is reached without TLS on a
+    non-loopback interface: Dask has no authentication by default, so whoever reaches that
+    network can join as a worker (what it sends back is only ever decoded as data,
+    analyzer/ingest/daskwire.py). Returns True when it warned."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parts.scheme not in ("tcp", "ws") or address in _WARNED:
+        return False
+    host = (parts.hostname or "").lower()
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return False
+    _WARNED.add(address)
+    log.warning("warning: --scheduler %s is not loopback and not tls://: anyone who reaches "
+                "that network can join the cluster (README 'Beyond one machine': TLS with "
+                "client certificates, or a private network)", address)
+    return True
+
+
 def _quiet_distributed() -> list[tuple[logging.Logger, int]]:
     """Silence dask.distributed's own loggers (``distributed``, ``distributed.client`` ... each
     has its level and handler): their reconnect, lost-worker and rescheduling lines are said
@@ -109,22 +147,36 @@ def fingerprint() -> str:
     return cache_key("", CODE_MODULES)
 
 
-def _call(fn: Callable[[Any], Any], item: Any, expected: str, where: str) -> Any:
+def _call(fn: Callable[[Any], Any], item: Any, expected: str, where: str) -> bytes:
     """The task run on a worker: refuse other code, then ``fn(item)`` (``item`` a path made
-    absolute on the client; the result's ``path`` set back to ``where``'s relative form)."""
-    mine = fingerprint()
-    if mine != expected:
+    absolute on the client; the result's ``path`` set back to ``where``'s relative form),
+    retried ``RETRIES`` times when it raises. Returns ``daskwire.encode`` bytes: the result,
+    a ``BadInput`` or the failure, as data (analyzer/ingest/daskwire.py)."""
+    from analyzer.ingest import daskwire
+
+    if fingerprint() != expected:
         from distributed import get_worker
 
-        raise BadInput(get_worker().address, Reason.BAD_OPTION,
-                       "this Dask worker runs other analyzer code or library versions (pandas, "
-                       "pyarrow, numpy, msgspec) than the client, so its tables could differ",
-                       "install the same paritytrace and libraries on every worker and the "
-                       "client")
-    out = fn(item)
+        return daskwire.encode(BadInput(
+            get_worker().address, Reason.BAD_OPTION, "this Dask worker runs other analyzer "
+            "code or library versions (pandas, pyarrow, numpy, msgspec) than the client, so "
+            "its tables could differ", "install the same paritytrace and libraries on every "
+            "worker and the client"))
+    for attempt in range(RETRIES + 1):
+        try:
+            out = fn(item)
+            break
+        except ParityTraceError as exc:
+            return daskwire.encode(exc if isinstance(exc, BadInput) else
+                                   daskwire.failed(" ".join(str(exc).split())))
+        except Exception as exc:  # an NFS hiccup: run it again; the last one is said
+            why = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+    else:
+        return daskwire.encode(daskwire.failed(f"{where}: a Dask worker failed on it "
+                                               f"{RETRIES + 1} times: {why}"))
     if isinstance(item, Path) and getattr(out, "path", None) == item:
         out.path = Path(where)
-    return out
+    return daskwire.encode(out)
 
 
 @contextlib.contextmanager
@@ -138,6 +190,7 @@ def connected(address: str) -> Iterator[Callable[..., list]]:
     from analyzer.ingest import pool
 
     wait_s = timeout_s()
+    warn_if_open(address)
     saved = _quiet_distributed()
     clients: list[Any] = []
     try:
@@ -174,14 +227,37 @@ def _client(address: str, wait_s: float) -> Iterator[Any]:
         raise BadInput(address, Reason.BAD_OPTION, "--scheduler needs dask.distributed, which "
                        "is not installed", "pip install 'paritytrace[dask]', or drop "
                        "--scheduler to use the local cores") from None
+    from distributed.utils import LoopRunner
+
+    from analyzer.ingest import daskwire
+
     saved = _quiet_distributed()  # now that its modules made their loggers
     made: dict[str, Any] = {}
+    # the client's own event loop, guarded before the first byte is read on it: what the
+    # cluster sends is decoded as data, nothing unpickled (analyzer/ingest/daskwire.py)
+    runner = LoopRunner()
+    runner.start()
+    # what distributed leaves on it when interrupted (a gather cancelled by Ctrl-C / SIGTERM:
+    # "Task exception was never retrieved ... AllExit") is not ours to print: debug only
+    runner.loop.asyncio_loop.set_exception_handler(
+        lambda _loop, context: log.debug("dask client loop: %s", context.get("message")))
+    guard = contextlib.ExitStack()
 
     def make() -> None:
         try:
-            made["client"] = distributed.Client(address, timeout=wait_s, set_as_default=False)
+            guard.enter_context(daskwire.guarded(runner.loop))
+            made["client"] = distributed.Client(
+                address, timeout=wait_s, set_as_default=False, loop=runner.loop,
+                direct_to_workers=False, deserializers=["msgpack", "dask"])
         except BaseException as exc:  # said below, in the caller's thread
             made["error"] = exc
+
+    def stop() -> None:
+        with contextlib.suppress(Exception):
+            runner.stop()
+        guard.close()  # after the loop ended: nothing more is read on it
+        for lg, level in saved:
+            lg.setLevel(level)
 
     # in a thread with a deadline: Dask's timeout does not cover the handshake, so a server
     # that is not a scheduler (the dashboard's HTTP port) would be waited on forever, and one
@@ -190,8 +266,7 @@ def _client(address: str, wait_s: float) -> Iterator[Any]:
     maker.start()
     maker.join(wait_s + 5)
     if "client" not in made:
-        for lg, level in saved:
-            lg.setLevel(level)
+        stop()
         exc = made.get("error")
         if isinstance(exc, KeyboardInterrupt):
             raise exc
@@ -204,14 +279,16 @@ def _client(address: str, wait_s: float) -> Iterator[Any]:
                        "'Scheduler at', or leave --scheduler / DASK_SCHEDULER_ADDRESS unset for "
                        "the local cores")
     client = made["client"]
+    for topic in ("print", "warn"):  # a worker's prints and warnings: not on our stderr
+        with contextlib.suppress(Exception):
+            client.unsubscribe_topic(topic)
 
     try:
         yield client
     finally:
         with contextlib.suppress(Exception):  # closing must not hide the block's error
             client.close(timeout=min(wait_s, 5))
-        for lg, level in saved:
-            lg.setLevel(level)
+        stop()
 
 
 def dask_map(client, address: str, fn: Callable[[Any], Any], items: Sequence[Any], *,
@@ -220,7 +297,6 @@ def dask_map(client, address: str, fn: Callable[[Any], Any], items: Sequence[Any
     caller passes the largest trace first; ``keep`` runs here on each result as it arrives,
     None: the identity), results in input order; failures as the module says."""
     from distributed import as_completed
-    from distributed.scheduler import KilledWorker
 
     if not items:
         return []
@@ -229,7 +305,7 @@ def dask_map(client, address: str, fn: Callable[[Any], Any], items: Sequence[Any
     for i, x in enumerate(items):
         sent = Path(os.path.abspath(x)) if isinstance(x, Path) else x
         hosts = _PINS.get(str(sent))  # a trace only these hosts hold (hostlocal.py)
-        f = client.submit(_call, fn, sent, finger, str(x), pure=False, retries=RETRIES,
+        f = client.submit(_call, fn, sent, finger, str(x), pure=False,
                           key=f"paritytrace-rank-{i}-{os.urandom(6).hex()}",
                           workers=hosts, allow_other_workers=False if hosts else None)
         futures[f] = i
@@ -244,22 +320,15 @@ def dask_map(client, address: str, fn: Callable[[Any], Any], items: Sequence[Any
             for f in batch:
                 i = futures[f]
                 if f.status == "finished":
-                    out[i] = f.result() if keep is None else keep(f.result())
+                    got = fetch(client, f, items[i], address, wait_s)
+                    if got is None:  # lost with its worker, computed again: wait for it
+                        done_q.add(f)
+                        continue
+                    out[i] = got if keep is None else keep(got)
                     f.release()
                     continue
-                exc = f.exception() if f.status == "error" else None
-                if isinstance(exc, ParityTraceError):
-                    raise exc
-                if isinstance(exc, KilledWorker):
-                    raise ParityTraceError(
-                        f"{items[i]}: the Dask workers parsing it died (killed, or out of "
-                        "memory) as many times as the scheduler allows "
-                        "(distributed.scheduler.allowed-failures); give the workers more "
-                        "memory (dask worker --memory-limit) and rerun") from None
-                if exc is not None:
-                    raise ParityTraceError(f"{items[i]}: a Dask worker failed on it "
-                                           f"{RETRIES + 1} times: {type(exc).__name__}: "
-                                           f"{' '.join(str(exc).split())}") from exc
+                if f.status == "error":
+                    raise _task_error(items[i], address, f)
                 raise ParityTraceError(f"{items[i]}: its Dask task was {f.status} (the "
                                        f"scheduler {address} went away?); rerun")
             if batch:
@@ -296,6 +365,63 @@ def dask_map(client, address: str, fn: Callable[[Any], Any], items: Sequence[Any
             with contextlib.suppress(Exception):
                 client.cancel([f for f, i in futures.items() if i not in out])
     return [out[i] for i in range(len(items))]
+
+
+def fetch(client, f, item: Any, address: str, wait_s: float) -> Any:
+    """The decoded result of the finished future ``f`` (``daskwire.decode``), waiting at most
+    ``wait_s``; None when it was lost meanwhile and is being computed again. Raises
+    ``ParityTraceError`` naming ``item`` when it cannot be fetched in time (the workers
+    holding it left, none connected) or for a result this client refuses."""
+    from analyzer.ingest import daskwire
+
+    try:
+        data = f.result(timeout=wait_s)
+    except TimeoutError:
+        if f.status in ("pending", "lost") and not _stalled(client):
+            return None
+        raise ParityTraceError(
+            f"{item}: waited {wait_s:g} s to fetch its tables from the Dask cluster "
+            f"{address} (the worker holding them left, and no other has them); start "
+            "workers and rerun") from None
+    except Exception:  # an error the task turned into meanwhile
+        raise _task_error(item, address, f) from None
+    try:
+        got = daskwire.decode(data)
+    except daskwire.Refused as exc:
+        raise ParityTraceError(_refused(item, address, str(exc))) from None
+    if isinstance(got, daskwire._Failed):
+        raise ParityTraceError(got.error)
+    return got
+
+
+def _refused(item: Any, address: str, what: str) -> str:
+    return (f"{item}: refused what the Dask cluster {address} sent back for it ({what}): "
+            "this client decodes data only, never a pickle; run the same paritytrace on "
+            "every worker, and keep the cluster private (TLS with client certificates, or a "
+            "private network: README 'Beyond one machine')")
+
+
+def _task_error(item: Any, address: str, f) -> ParityTraceError:
+    """The error of the erred future ``f``, from what the scheduler sent, never unpickled:
+    our tasks return their errors as data, so a task error is the scheduler's KilledWorker
+    (recognised by the class its pickle names, analyzer/ingest/daskwire.py
+    ``pickled_class``) or something this client refuses."""
+    from analyzer.ingest import daskwire
+
+    exc = f._state.exception  # set_error's: clean_exception left the refused pickle as bytes
+    raw = exc.args[0] if isinstance(exc, Exception) and exc.args else None
+    name = daskwire.pickled_class(raw) if isinstance(raw, bytes | bytearray) else None
+    if name == "distributed.scheduler.KilledWorker":
+        return ParityTraceError(
+            f"{item}: the Dask workers parsing it died (killed, or out of memory) as many "
+            "times as the scheduler allows (distributed.scheduler.allowed-failures); give the "
+            "workers more memory (dask worker --memory-limit) and rerun")
+    if isinstance(exc, daskwire.Refused):
+        return ParityTraceError(_refused(item, address, f"an error that is {exc}"))
+    return ParityTraceError(
+        f"{item}: its Dask task failed on a worker of {address} with an error sent as a pickle "
+        f"({name or 'unreadable'}), which this client does not load; run the same paritytrace "
+        "and libraries on every worker (one without them cannot load the task) and rerun")
 
 
 _PINS: dict[str, list[str]] = {}

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from analyzer.contract.errors import BadInput, ParityTraceError, Reason
 
 
@@ -37,10 +39,16 @@ def client_sees(path: Path) -> bool:
     return path.exists()
 
 
-def list_here(root: str, expected: str) -> dict[str, Any]:
-    """Run on a worker: the traces this host holds at ``root`` (module docstring, item 2):
-    {"traces": [[path, size, mtime_ns], ...], "notes": [...]}, {"missing": True}, or
-    {"error": one line}."""
+def list_here(root: str, expected: str) -> bytes:
+    """Run on a worker: the traces this host holds at ``root`` (module docstring, item 2),
+    as ``daskwire.encode`` bytes of {"traces": [[path, size, mtime_ns], ...], "notes": [...]},
+    {"missing": True}, or {"error": one line}."""
+    from analyzer.ingest import daskwire
+
+    return daskwire.encode(_listing(root, expected))
+
+
+def _listing(root: str, expected: str) -> dict[str, Any]:
     from analyzer.ingest import cluster, rundirs
 
     if cluster.fingerprint() != expected:
@@ -64,6 +72,37 @@ def list_here(root: str, expected: str) -> dict[str, Any]:
     run = found.runs[0]
     return {"traces": [[str(t), st.st_size, st.st_mtime_ns] for t, st in zip(run.traces, stats)],
             "notes": list(run.notes)}
+
+
+class _Listing(msgspec.Struct, forbid_unknown_fields=True):
+    """A worker's answer, as ``list_here`` makes it (checked on the client)."""
+
+    traces: list[tuple[str, int, int]] = []
+    notes: list[str] = []
+    missing: bool = False
+    error: str | None = None
+
+
+def read_answer(answer: Any) -> dict[str, Any]:
+    """A worker's ``Client.run`` answer to ``list_here``, decoded and checked
+    (analyzer/ingest/daskwire.py): the listing, or {"error": one line}."""
+    from analyzer.ingest import daskwire
+
+    if isinstance(answer, BaseException) and not isinstance(answer, daskwire.Refused):
+        # a worker that failed to answer
+        text = " ".join(str(answer).split()) if not isinstance(
+            answer.args[0] if answer.args else None, bytes | bytearray) else \
+            "its error is a pickle, which this client does not load"
+        return {"error": f"{type(answer).__name__}: {text}"[:300]}
+    try:
+        listing = msgspec.convert(daskwire.decode(answer), _Listing)
+    except (daskwire.Refused, msgspec.ValidationError) as exc:
+        return {"error": f"refused its answer ({' '.join(str(exc).split())})"[:300]}
+    if listing.error is not None:
+        return {"error": listing.error}
+    if listing.missing:
+        return {"missing": True}
+    return {"traces": [list(t) for t in listing.traces], "notes": listing.notes}
 
 
 def merge_listings(root: Path, listings: dict[str, dict[str, Any]]
@@ -121,10 +160,13 @@ def remote_job(root: Path, dask_map) -> Iterator[None]:
         raise ParityTraceError(f"{root}: waited {cluster.timeout_s():g} s for a Dask worker "
                                "to list the traces (none connected); start workers on the "
                                "hosts that hold them and rerun") from None
-    listings = client.run(list_here, str(root), cluster.fingerprint(), on_error="return")
-    listings = {w: a if isinstance(a, dict) else  # a worker that failed to answer
-                {"error": f"{type(a).__name__}: {' '.join(str(a).split())}"[:300]}
-                for w, a in listings.items()}
+    try:
+        listings = client.run(list_here, str(root), cluster.fingerprint(), on_error="return",
+                              callback_timeout=cluster.timeout_s())
+    except TimeoutError:
+        raise ParityTraceError(f"{root}: waited {cluster.timeout_s():g} s for the Dask workers "
+                               "to list the traces (one stuck, or gone); rerun") from None
+    listings = {w: read_answer(a) for w, a in listings.items()}
     traces, pins, notes = merge_listings(root, listings)
     found = rundirs.Discovery(root=root, layout="foreign", runs=[rundirs.RunDir(
         path=root, name=root.name, manifest=None, traces=traces, notes=notes)])
