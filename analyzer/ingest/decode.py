@@ -15,6 +15,7 @@ negative or not a number are skipped and counted in one warning line per kind.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -185,18 +186,60 @@ MAX_TRACE_ENV = "PARITYTRACE_MAX_TRACE_BYTES"
 gunzip): every command reads traces through ``decompress`` / ``check_size``, in the command's
 process and in its worker processes, so one variable reaches them all."""
 DEFAULT_MAX_TRACE_BYTES = 8 << 30
-"""8 GiB of JSON: above the largest real traces we know of (a 2 GB rank), while a gzip bomb
-(deflate expands zeros ~1000:1, so 10 MB on disk is 10 GB of JSON) stops here, before the
-memory of an ordinary machine is full."""
+"""The most the default cap can be, 8 GiB of JSON: above the largest real traces we know of (a
+2 GB rank). The default itself is ``default_max_trace_bytes``: what a process can afford."""
+MIN_DEFAULT_MAX_TRACE_BYTES = 64 << 20
+"""The least the default cap is, whatever the machine (a tiny container still reads a trace)."""
+RAM_SHARE = 4
+"""A worker's cap is 1 / ``RAM_SHARE`` of its share of the memory: decoding holds the gzip
+bytes, the JSON and the decoded events at once (about 3 x the JSON at the peak)."""
 _CHUNK_BYTES = 16 << 20
 
 
-def max_trace_bytes() -> int:
-    """The size cap (``MAX_TRACE_ENV``, else ``DEFAULT_MAX_TRACE_BYTES``). Raises ``BadInput``
-    (``bad_option``) when the variable is set to anything but a positive integer."""
+def memory_bytes() -> int:
+    """The memory this process may use: physical RAM, or the cgroup (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) limit when that is smaller; 0 when neither can be read."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 0
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) and (not total or int(text) < total):
+            total = int(text)
+    return total
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, else ``os.cpu_count()``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def default_max_trace_bytes(workers: int | None = None) -> int:
+    """The cap when ``MAX_TRACE_ENV`` is unset: min(8 GiB, memory / (``RAM_SHARE`` x
+    ``workers``)), at least 64 MiB; ``workers`` (default: the CPU count, the process pool's
+    size) is how many processes decode a trace at once. A gzip bomb (deflate expands zeros
+    ~1000:1) therefore stops before the memory of the machine is full, and a real trace over
+    it is refused with the variable to raise."""
+    share = memory_bytes() // (RAM_SHARE * max(1, workers or cpu_count()))
+    if share <= 0:
+        return DEFAULT_MAX_TRACE_BYTES
+    return max(MIN_DEFAULT_MAX_TRACE_BYTES, min(DEFAULT_MAX_TRACE_BYTES, share))
+
+
+def max_trace_bytes(workers: int | None = None) -> int:
+    """The size cap (``MAX_TRACE_ENV``, else ``default_max_trace_bytes(workers)``). Raises
+    ``BadInput`` (``bad_option``) when the variable is set to anything but a positive
+    integer."""
     text = os.environ.get(MAX_TRACE_ENV, "").strip()
     if not text:
-        return DEFAULT_MAX_TRACE_BYTES
+        return default_max_trace_bytes(workers)
     if not text.isdigit() or int(text) <= 0:
         raise BadInput(MAX_TRACE_ENV, "bad_option", f"is {text!r}, not a positive number of bytes",
                        f"set e.g. {MAX_TRACE_ENV}={DEFAULT_MAX_TRACE_BYTES}")
@@ -215,13 +258,15 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
     ``max_bytes`` (default ``max_trace_bytes()``) are ever produced: a small file that expands
     without bound (a gzip bomb) is refused once the output passes the cap, not after it fills
     the memory. Concatenated gzip members are read as one stream (as ``gzip.decompress`` does).
+    The chunks go into one growing buffer that becomes the result without a copy
+    (``io.BytesIO.getvalue``), so the JSON is held once, not as chunks and their join.
     Raises ``BadInput``: ``truncated`` (corrupt or cut short), ``too_large`` (over the cap)."""
     cap = max_trace_bytes() if max_bytes is None else max_bytes
     if raw[:2] != b"\x1f\x8b":
         if len(raw) > cap:
             raise too_large(path, f"{len(raw):,} bytes of JSON", cap)
         return raw
-    out: list[bytes] = []
+    out = io.BytesIO()
     size = 0
     rest = memoryview(raw)
     try:
@@ -233,7 +278,7 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
                 if size > cap:
                     raise too_large(path, "the gunzipped trace", cap)
                 if chunk:
-                    out.append(chunk)
+                    out.write(chunk)
                 if d.eof or not d.unconsumed_tail and not chunk:
                     break
                 chunk = d.decompress(d.unconsumed_tail, min(_CHUNK_BYTES, cap + 1 - size))
@@ -243,7 +288,7 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
     except (EOFError, zlib.error) as exc:
         raise BadInput(path, "truncated", f"truncated or corrupt gzip ({exc})",
                        "copy the trace again or re-record it") from None
-    return b"".join(out)
+    return out.getvalue()  # the buffer itself (no copy while no view of it is exported)
 
 
 def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:

@@ -231,16 +231,16 @@ class JobTables:
 
 # --- one file: read, decode, classify -----------------------------------------------------------
 
-def read_trace(path: Path) -> bytes:
+def read_trace(path: Path, max_bytes: int | None = None) -> bytes:
     """The bytes of the trace file at ``path``. Raises ``BadInput``: ``bad_name`` (the name is
     not UTF-8, ``fswalk.check_name``), ``unreadable``, ``too_large`` (a file, gzip or not, over
-    ``decode.max_trace_bytes()``: refused before it is read; the gunzipped size is checked by
-    ``decode.decompress``)."""
+    ``max_bytes``, default ``decode.max_trace_bytes()``: refused before it is read; the
+    gunzipped size is checked by ``decode.decompress``)."""
     from analyzer.ingest.decode import max_trace_bytes, too_large
     from analyzer.ingest.fswalk import check_name
 
     check_name(path)
-    cap = max_trace_bytes()
+    cap = max_trace_bytes() if max_bytes is None else max_bytes
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -286,9 +286,10 @@ def classified(path: Path, raw: bytes | None = None, dec=None
     return events, {**info, "distributed_info": di, "warnings": dec.warnings + info["notes"]}
 
 
-def rank_tables(path: Path) -> RankTables:
-    """The tables of one trace file, through the cache. Rank-dependent fields stay unset (rank
-    -1, group_size <= 0 left as -1): ``load_run`` fills them after the rank rule. Raises
+def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
+    """The tables of one trace file, through the cache, reading at most ``max_bytes`` of JSON
+    (default ``decode.max_trace_bytes()``). Rank-dependent fields stay unset (rank -1,
+    group_size <= 0 left as -1): ``load_run`` fills them after the rank rule. Raises
     ``BadInput``."""
     from analyzer.analyses.breakdown import rank_breakdown, timeline_rows, whole_trace_overlap
     from analyzer.analyses.collectives import rank_collectives
@@ -304,13 +305,13 @@ def rank_tables(path: Path) -> RankTables:
     hit = _read_tables(cpath, path, sig, None)
     if hit is not None:
         return hit
-    raw = read_trace(path)
+    raw = read_trace(path, max_bytes)
     sha = hashlib.sha256(raw).hexdigest()
     hit = _read_tables(cpath, path, sig, sha)  # touched but unchanged: the key agrees
     if hit is not None:
         _write_tables(cpath, sig, hit)  # record the new stat signature
         return hit
-    data = decompress(raw, path)
+    data = decompress(raw, path, max_bytes)
     del raw
     dec = decode_bytes(data, path)
     mem_events, mem_notes = memory_events(data)
@@ -456,11 +457,11 @@ def _cached(path: Path) -> RankTables | None:
     return _read_tables(tables_cache_path(path), path, sig, None)
 
 
-def _tables_worker(path: Path) -> RankTables | BadInput:
-    """Process-pool entry: a bad file's ``BadInput`` is returned, not raised, so that every
-    file's problem is reported at once."""
+def _tables_worker(path: Path, max_bytes: int | None = None) -> RankTables | BadInput:
+    """Process-pool (and Dask task) entry: ``rank_tables(path, max_bytes)``; a bad file's
+    ``BadInput`` is returned, not raised, so that every file's problem is reported at once."""
     try:
-        return rank_tables(path)
+        return rank_tables(path, max_bytes)
     except BadInput as exc:
         return exc
 
@@ -472,14 +473,23 @@ def _size_bytes(path: Path) -> int:
         return 0  # the worker says what is wrong
 
 
-def parse_files(paths: list[Path], jobs: int | None, *, worker=_tables_worker, keep=None
+def parse_files(paths: list[Path], jobs: int | None, *, worker=None, keep=None
                 ) -> tuple[list[Any], list[BadInput]]:
-    """``worker`` (a path -> a result, or the ``BadInput`` of a bad file) over
-    every path, in ``jobs`` processes (analyzer/ingest/pool.py), largest file first; ``keep``
-    (``spill.Spill.keep``, None: none) takes each result as it arrives. Returns the
-    results in the order of ``paths`` and the problems (``BadInput``), so that all are
-    reported."""
+    """``worker`` (a path -> a result, or the ``BadInput`` of a bad file; None: the per-rank
+    tables, ``rank_tables``) over every path, in ``jobs`` processes (analyzer/ingest/pool.py),
+    largest file first; ``keep`` (``spill.Spill.keep``, None: none) takes each result as it
+    arrives. Returns the results in the order of ``paths`` and the problems (``BadInput``), so
+    that all are reported. The default worker is given this process's size cap
+    (``decode.max_trace_bytes`` for that many processes) as an argument, so a Dask worker,
+    whose environment is not the client's, reads with the client's cap."""
+    from functools import partial
+
+    from analyzer.ingest.decode import cpu_count, max_trace_bytes
     from analyzer.ingest.pool import run_all
+
+    if worker is None:
+        procs = min(jobs or cpu_count(), max(1, len(paths)))
+        worker = partial(_tables_worker, max_bytes=max_trace_bytes(procs))
 
     # largest first (longest-processing-time-first scheduling): processes taking the next file
     # as they free up then end within about one small file of each other
