@@ -35,6 +35,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analyzer.analyses.memory import memory_bytes
 from analyzer.contract.errors import BadInput
 from analyzer.contract.schemas import NO_VALUE
 
@@ -194,23 +195,6 @@ RAM_SHARE = 4
 """A worker's cap is 1 / ``RAM_SHARE`` of its share of the memory: decoding holds the gzip
 bytes, the JSON and the decoded events at once (about 3 x the JSON at the peak)."""
 _CHUNK_BYTES = 16 << 20
-
-
-def memory_bytes() -> int:
-    """The memory this process may use: physical RAM, or the cgroup (v2 ``memory.max``, v1
-    ``memory.limit_in_bytes``) limit when that is smaller; 0 when neither can be read."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = 0
-    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(limit).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and 0 < int(text) and (not total or int(text) < total):
-            total = int(text)
-    return total
 
 
 def cpu_count() -> int:
