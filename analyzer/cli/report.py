@@ -128,6 +128,10 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
             raise BadInput(tables_out, Reason.BAD_OPTION, f"overlaps --out {out}: the report "
                            "and the dataset would each read the other as files they did not "
                            "write", "give --tables-out and --out two separate folders")
+    from analyzer.ingest.fswalk import check_name
+
+    check_name(root)  # the report, its cache's key and its notes hold the input's path
+    check_name(out)
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
     key = None if remote else cache.key(root, out, options)
     hit = cache.load_entry(root, out, key) if tables_out is None and key is not None else None

@@ -342,6 +342,11 @@ def repair(data: bytes, path: Path | str, exc: msgspec.DecodeError) -> tuple[byt
     if _at_non_finite(data, str(exc)):
         return _non_finite_as_null(data, path), (f"{path}: NaN / Infinity numbers (not JSON; "
                                                  "Python's json writes them) were read as null")
+    if "surrogate" in str(exc):
+        fixed = _LONE_SURROGATE.sub(rb"\\ufffd", data)
+        if fixed != data:
+            return fixed, (f"{path}: \\u escapes of lone UTF-16 surrogates (no character) in "
+                           "strings were replaced by U+FFFD")
     if "UTF-8" not in str(exc):
         _refuse_not_json(data, path)
         raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
@@ -383,9 +388,17 @@ def _at_non_finite(data: bytes, message: str) -> bool:
     return m is not None and data[int(m.group(1)):].startswith((b"NaN", b"Infinity"))
 
 
+_LONE_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                             rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+"""A ``\\uD800``-``\\uDFFF`` escape that is not half of a surrogate pair: JSON text that names no
+character (RFC 8259 8.2), which msgspec refuses and Python's json turns into a string no UTF-8
+writer takes."""
+
+
 def _non_finite_as_null(data: bytes, path: Path | str) -> bytes:
     """``data`` with NaN / Infinity written as null, read by Python's json (which accepts
     them; slow, for these files only). Raises ``BadInput`` (``truncated``)."""
+    data = _LONE_SURROGATE.sub(rb"\\ufffd", data)  # json.loads takes them, msgspec writes none
     try:
         return msgspec.json.encode(json.loads(data))  # msgspec writes non-finite as null
     except (ValueError, RecursionError) as exc:
