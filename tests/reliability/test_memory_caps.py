@@ -86,3 +86,38 @@ def test_dask_worker_reads_with_the_clients_cap(tmp_path, monkeypatch):
     assert len(ok) == 1 and len(bad) == 1
     assert isinstance(bad[0], BadInput) and bad[0].reason == "too_large", bad[0]
     assert "262,144 bytes" in bad[0].one_line()
+
+
+def _merge_job(folder):
+    for r in (0, 1):
+        write(folder / f"rank{r}.json", gloo_rank(r, 2, offset_us=0.0, ends_us=[600.0, 1600.0]))
+    return folder
+
+
+def test_merge_without_the_memory_it_needs_is_refused_before_reading(tmp_path, monkeypatch):
+    from analyzer.timeline import merge
+    from tests.inputs import bad_input, cli
+
+    folder = _merge_job(tmp_path / "job")
+    size = max(p.stat().st_size for p in folder.iterdir())
+    read: list = []
+    monkeypatch.setattr(merge.pipeline, "load_run", lambda *a, **k: read.append(1))
+    monkeypatch.setattr(merge, "available_memory_bytes", lambda: 10 * size - 1)
+    line = bad_input(cli("merge", str(folder), "-o", str(tmp_path / "m.json")), "rank",
+                     "needs about", "to merge", "free")
+    assert not read and not (tmp_path / "m.json").exists(), line
+
+
+def test_merge_running_out_of_memory_is_one_line(tmp_path, monkeypatch):
+    from analyzer.timeline import merge
+    from tests.inputs import bad_input, cli
+
+    folder = _merge_job(tmp_path / "job")
+
+    def no_memory(rt):
+        raise MemoryError
+
+    monkeypatch.setattr(merge, "_read_rank", no_memory)
+    bad_input(cli("merge", str(folder), "-o", str(tmp_path / "m.json")), "job",
+              "merge ran out of memory", "more free memory")
+    assert not (tmp_path / "m.json").exists()

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from analyzer.contract import schemas
 from analyzer.ingest import pipeline
-from analyzer.ingest.cachekey import sign
 from analyzer.ingest.pipeline import load_tables, tables_cache_path
 from tests.inputs import bad_input, cli, copy_run
 from tests.merge.builders import gloo_rank, write
@@ -72,6 +71,8 @@ def test_a_deep_safetensors_header_is_one_line(tmp_path, ddp_run):
 
 
 def test_a_malformed_cache_signed_or_not_is_recomputed(tmp_path):
+    from analyzer.ingest.cachekey import sign
+
     folder = _job(tmp_path / "job")
     want = load_tables(folder).breakdown
     cpath = tables_cache_path(folder / "rank0.json")
