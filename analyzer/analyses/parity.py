@@ -187,9 +187,6 @@ def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numeri
         raise BadInput(path, "bad_run_file",
                        f"{kind} {tensor} at step {step} is replicated on some ranks and sharded on "
                        "others", "re-record the run")
-    if why := impossible_sums(wide):
-        raise BadInput(path, "bad_run_file", f"{why}: not numbers tracer record writes",
-                       "re-record the run")
     wide["_limit"] = tol.atol + tol.rtol * wide["max_abs_ref"]
     err = wide[["max_abs_diff", "diff_sq_sum"]].to_numpy(float)
     wide["_bad"] = (wide["nonfinite"].fillna(1) > 0) | ~np.isfinite(err).all(axis=1)
@@ -402,6 +399,9 @@ def check_run(run_dir: Path | str, manifest: schemas.Manifest | None,
                           reason=f"the baseline's loss is NaN/inf at step {int(bad['step'])}")
         return Parity(status="reference", tolerance=tol, loss_curve=loss_curve(loss),
                       reason="single-device baseline: the reference the others are checked against")
+    if why := impossible_sums(_wide(numerics, str(path))):  # a record's file, not a model's
+        raise BadInput(path, "bad_run_file", f"{why}: not numbers tracer record writes",
+                       "re-record the run")
     return evaluate(numerics, tol, path=str(path), world_size=manifest.world_size,
                     adam=adam_settings(manifest), baseline=baseline_tensors(run_dir, manifest))
 
