@@ -34,6 +34,7 @@ Any change to a field's meaning or type bumps ``SCHEMA_VERSION``; a reader refus
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -677,6 +678,10 @@ def max_run_file_rows(manifest: Manifest, name: str) -> int | None:
     return None
 
 
+MAX_MANIFEST_BYTES = 64 << 20
+"""The largest manifest.json read (a record's is a few KB, ~200 bytes per listed file)."""
+
+
 def read_manifest(path: Path | str) -> Manifest:
     """Read and validate a ``manifest.json``.
 
@@ -685,7 +690,12 @@ def read_manifest(path: Path | str) -> Manifest:
     """
     path = Path(path)
     try:
-        data = msgspec.json.decode(path.read_bytes())
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_MANIFEST_BYTES:
+                raise SchemaError(path, f"is {size:,} bytes, more than any manifest tracer record "
+                                  f"writes ({MAX_MANIFEST_BYTES:,}); re-record the run")
+            data = msgspec.json.decode(fh.read())
     except (OSError, msgspec.DecodeError) as exc:
         raise SchemaError(path, f"not a readable JSON manifest ({exc}); re-record the run") from None
     except RecursionError:

@@ -95,3 +95,10 @@ def test_the_contract_names_the_tracers_files():
                 "memory/rank3.snapshot.pickle", "rank0.trace.json.gz.tables.msgpack",
                 "report/report.md", "manifest.json", "x.parquet"):
         assert (schemas.RUN_FILE.fullmatch(rel) is not None) == rundir.is_tracer_file(rel), rel
+
+
+def test_a_manifest_larger_than_any_record_writes_is_refused_unread(tmp_path, ddp_run, monkeypatch):
+    run = copy_run(ddp_run, tmp_path / "ddp")
+    size = (run / schemas.MANIFEST_NAME).stat().st_size
+    monkeypatch.setattr(schemas, "MAX_MANIFEST_BYTES", size - 1)
+    bad_input(cli("gate", str(run)), "manifest.json", f"{size:,} bytes", "re-record")
