@@ -27,23 +27,83 @@ PEAK_COLUMNS = ("peak_rss_bytes", "profiler_allocated_peak_bytes", "cuda_max_all
                 "cuda_max_reserved_bytes")
 
 
+ROW_BYTES = 256
+"""A generous cost of one row of a run file as pandas holds it: ``read_parquet`` refuses a file
+whose rows would take more than a quarter of the memory at this cost (``memory_bytes``)."""
+
+
+def memory_bytes() -> int:
+    """The memory this process may use: physical RAM, or the cgroup (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) limit when that is smaller; 0 when neither can be read."""
+    import os
+
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 0
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) and (not total or int(text) < total):
+            total = int(text)
+    return total
+
+
+def _run_manifest(path: Path) -> schemas.Manifest | None:
+    """The manifest of the run directory holding run file ``path`` (beside it, or one folder up
+    for memory/), None when there is none or it cannot be read (discovery has said why)."""
+    for folder in (path.parent, path.parent.parent):
+        m = folder / schemas.MANIFEST_NAME
+        if m.is_file():
+            try:
+                return schemas.read_manifest(m)
+            except schemas.SchemaError:
+                return None
+    return None
+
+
+def _too_many_rows(path: Path, rows: int) -> str | None:
+    """Why ``rows`` (the file's footer says) is more than run file ``path`` can hold: over what
+    its record's manifest allows (``schemas.max_run_file_rows``) or over what the memory
+    affords at ``ROW_BYTES`` a row; None when it is not."""
+    manifest = _run_manifest(path)
+    most = schemas.max_run_file_rows(manifest, path.name) if manifest is not None else None
+    if most is not None and rows > most:
+        return (f"holds {rows:,} rows, more than the {most:,} its manifest allows (world_size "
+                f"{manifest.world_size}, {manifest.steps} steps, {manifest.model.num_params:,} "
+                "parameters)")
+    mem = memory_bytes()
+    if mem and rows * ROW_BYTES > mem // 4:
+        return (f"holds {rows:,} rows, more than this machine's memory can hold "
+                f"({mem // 4 // ROW_BYTES:,})")
+    return None
+
+
 def read_parquet(path: Path, schema: pa.Schema) -> pd.DataFrame:
-    """The columns of ``schema`` from a run directory's Parquet file ``path``. Raises
+    """The columns of ``schema`` from a run directory's Parquet file ``path``. The row count in
+    the file's footer is checked first (``_too_many_rows``), and the file's own pandas metadata
+    is dropped (the columns are typed by ``schema``, not by what the file claims). Raises
     ``BadInput`` (reason ``bad_run_file``) naming the file when it is unreadable, written by a
-    newer schema or lacks a column."""
+    newer schema, lacks a column or holds more rows than its record can have."""
     try:
         schemas.check_parquet_version(path, schema)
-        table = pq.read_table(path)
+        rows = pq.ParquetFile(path).metadata.num_rows
+        if why := _too_many_rows(path, rows):
+            raise BadInput(path, "bad_run_file", why, "re-record the run")
+        table = pq.read_table(path, columns=[n for n in schema.names
+                                             if n in pq.read_schema(path).names])
     except schemas.SchemaError as exc:
         raise BadInput(path, "bad_run_file", str(exc).split(": ", 1)[-1]) from None
-    except (OSError, pa.ArrowInvalid) as exc:
+    except (OSError, pa.ArrowException) as exc:
         raise BadInput(path, "bad_run_file", f"not a readable Parquet file ({exc})",
                        "re-record the run") from None
     missing = [n for n in schema.names if n not in table.column_names]
     if missing:
         raise BadInput(path, "bad_run_file", f"lacks column(s) {', '.join(missing)}",
                        "re-record the run with this version of tracer")
-    return table.select(schema.names).to_pandas()
+    return table.select(schema.names).replace_schema_metadata(None).to_pandas()
 
 
 def read_steps(path: Path | str) -> pd.DataFrame:

@@ -114,6 +114,42 @@ def _wide(numerics: pd.DataFrame, path: str) -> pd.DataFrame:
     return wide
 
 
+def impossible_sums(wide: pd.DataFrame) -> str | None:
+    """The first rank's tensor row of ``wide`` (``_wide``: one row per kind, tensor, seq, step,
+    rank) whose metrics no tensor can have, in words, None when every row can: numel not a
+    whole number >= 0, a sum of squares or a maximum below 0, nonfinite outside [0, numel],
+    replicated not 0 or 1, and -- the sums being float64 sums of non-negative terms, each at
+    least its largest term (rounding is monotone) and at most numel x it -- ``max_abs_diff^2 >
+    diff_sq_sum`` or ``max_abs_ref^2 > ref_sq_sum`` (exact), or a sum above numel x max^2
+    (beyond 1e-6 relative rounding). Rows with NaN/inf are left to the gate (they fail it)."""
+    if wide.empty:
+        return None
+    m = {c: wide[c].to_numpy(float) for c in schemas.TENSOR_METRICS}
+    fin = np.isfinite(np.column_stack([m[c] for c in schemas.TENSOR_METRICS])).all(axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        checks = [
+            (m["numel"] < 0) | (m["numel"] != np.floor(m["numel"])), "numel is not a count",
+            (m["sq_sum"] < 0) | (m["ref_sq_sum"] < 0) | (m["diff_sq_sum"] < 0),
+            "a sum of squares is negative",
+            (m["max_abs_diff"] < 0) | (m["max_abs_ref"] < 0), "a maximum absolute value is negative",
+            (m["nonfinite"] < 0) | (m["nonfinite"] > m["numel"]), "nonfinite is outside [0, numel]",
+            ~np.isin(m["replicated"], (0.0, 1.0)), "replicated is neither 0 nor 1",
+            m["max_abs_diff"] ** 2 > m["diff_sq_sum"],
+            "max_abs_diff is above sqrt(diff_sq_sum) (a sum of squares holds its largest term)",
+            m["max_abs_ref"] ** 2 > m["ref_sq_sum"],
+            "max_abs_ref is above sqrt(ref_sq_sum) (a sum of squares holds its largest term)",
+            (m["diff_sq_sum"] > m["numel"] * m["max_abs_diff"] ** 2 * (1 + 1e-6))
+            | (m["ref_sq_sum"] > m["numel"] * m["max_abs_ref"] ** 2 * (1 + 1e-6)),
+            "a sum of squares is above numel x its largest term squared",
+        ]
+    for bad, what in zip(checks[::2], checks[1::2]):
+        bad = bad & fin
+        if bad.any():
+            r = wide[bad].iloc[0]
+            return f"{r['kind']} {r['tensor']} on rank {r['rank']} at step {r['step']}: {what}"
+    return None
+
+
 def _rel_l2(diff_sq: pd.Series, ref_sq: pd.Series) -> pd.Series:
     """sqrt(diff_sq) / sqrt(ref_sq); 0 when both are 0, inf when only ref_sq is 0; NaN stays NaN."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -238,7 +274,8 @@ def _divergence(row: pd.Series, kind: str, tol: Tolerance) -> FirstDivergence:
 
 
 def unverified(numerics: pd.DataFrame, world_size: int | None, *,
-               path: str = "numerics.parquet") -> str | None:
+               path: str = "numerics.parquet",
+               baseline: dict[str, set[str]] | None = None) -> str | None:
     """What of the run ``numerics`` (``read_numerics`` output) does not cover, in words, or None.
 
     Every rank of the tracer writes a row set for every compared tensor (an empty shard gives
@@ -246,7 +283,16 @@ def unverified(numerics: pd.DataFrame, world_size: int | None, *,
     rank in ``range(world_size)`` (the manifest's; None: the ranks present) with no rows, or a
     (kind, tensor, step) or loss step that lacks a rank, was not checked: a sharded tensor
     summed over fewer ranks, or a replicated one without its worst rank, is not verified.
+    ``baseline``: kind -> the tensors the baseline kept (``baseline_tensors``); one of them
+    that no rank wrote (removed from every rank) was not checked either.
     """
+    for kind, names in sorted((baseline or {}).items()):
+        have = set(numerics.loc[numerics["kind"] == kind, "tensor"].astype(str))
+        gone = sorted(names - have)
+        if gone:
+            more = f" and {len(gone) - 1} more" if len(gone) > 1 else ""
+            return (f"{path} has no rows of {kind} {gone[0]}{more} on any rank, though the "
+                    "baseline has it")
     present = sorted(set(numerics["rank"].tolist()))
     expected = list(range(world_size)) if world_size else present
     gone = [r for r in expected if r not in present]
@@ -264,16 +310,19 @@ def unverified(numerics: pd.DataFrame, world_size: int | None, *,
 
 
 def evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.parquet",
-             world_size: int | None = None, adam: tuple[float, float] | None = None) -> Parity:
+             world_size: int | None = None, adam: tuple[float, float] | None = None,
+             baseline: dict[str, set[str]] | None = None) -> Parity:
     """Verdict of a distributed run from its numerics (``read_numerics`` output), with its first
     10 failed tensor checks (the whole tables: ``check_tensors``, ``check_loss``).
 
     Status ``pass`` when every tensor and every loss step passes on every rank of
     ``world_size`` (``unverified``); ``fail`` with the first divergence when a check fails;
     ``not_recorded`` ("not verified") when there are no gradient rows or no loss rows, or when
-    a rank or a tensor of a rank is missing (unverified is not verified).
+    a rank or a tensor of a rank is missing, or a tensor of ``baseline`` (``unverified``) is
+    missing from every rank (unverified is not verified).
     """
-    parity = _evaluate(numerics, tol, path=path, world_size=world_size, adam=adam)
+    parity = _evaluate(numerics, tol, path=path, world_size=world_size, adam=adam,
+                       baseline=baseline)
     parity.loss_curve = loss_curve(check_loss(numerics, tol, path=path))
     return parity
 
@@ -285,7 +334,8 @@ def loss_curve(loss: pd.DataFrame) -> list[LossStep]:
 
 
 def _evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str, world_size: int | None,
-              adam: tuple[float, float] | None) -> Parity:
+              adam: tuple[float, float] | None,
+              baseline: dict[str, set[str]] | None = None) -> Parity:
     tensors = check_tensors(numerics, tol, path=path, adam=adam)
     loss = check_loss(numerics, tol, path=path)
     failed = tensors[~tensors["passed"].astype(bool)]
@@ -297,7 +347,7 @@ def _evaluate(numerics: pd.DataFrame, tol: Tolerance, *, path: str, world_size: 
     if grads.empty or loss.empty:
         return Parity(status="not_recorded", tolerance=tol, failed_checks=checks,
                       reason=f"{path} holds no {'gradient' if grads.empty else 'loss'} rows")
-    gap = unverified(numerics, world_size, path=path)
+    gap = unverified(numerics, world_size, path=path, baseline=baseline)
     first = (_divergence(failed.iloc[0], str(failed.iloc[0]["kind"]), tol) if len(failed) else
              _divergence(bad_loss.iloc[0], "loss", tol) if len(bad_loss) else None)
     reason = (f"first divergence: {first.describe()}; "
@@ -349,8 +399,26 @@ def check_run(run_dir: Path | str, manifest: schemas.Manifest | None,
                           reason=f"the baseline's loss is NaN/inf at step {int(bad['step'])}")
         return Parity(status="reference", tolerance=tol, loss_curve=loss_curve(loss),
                       reason="single-device baseline: the reference the others are checked against")
+    if why := impossible_sums(_wide(numerics, str(path))):  # a record's file, not a model's
+        raise BadInput(path, "bad_run_file", f"{why}: not numbers tracer record writes",
+                       "re-record the run")
     return evaluate(numerics, tol, path=str(path), world_size=manifest.world_size,
-                    adam=adam_settings(manifest))
+                    adam=adam_settings(manifest), baseline=baseline_tensors(run_dir, manifest))
+
+
+def baseline_tensors(run_dir: Path, manifest: schemas.Manifest) -> dict[str, set[str]] | None:
+    """Kind ("grad", "param") -> the tensors the record's baseline kept (``kept.parquet``:
+    ``grad.<fqn>``, ``param.<fqn>``), None when the record lists no kept.parquet (the rundir
+    check has hashed it when it does). Raises ``BadInput`` for an unreadable file."""
+    path = run_dir / schemas.KEPT_NAME
+    if manifest.file(schemas.KEPT_NAME) is None or not path.is_file():
+        return None
+    kept = read_parquet(path, schemas.KEPT_SCHEMA)
+    out: dict[str, set[str]] = {}
+    for kind in ("grad", "param"):
+        names = kept.loc[kept["group"] == kind, "tensor"].astype(str)
+        out[kind] = {n[len(kind) + 1:] for n in names if n.startswith(kind + ".")}
+    return out
 
 
 def adam_settings(manifest: schemas.Manifest) -> tuple[float, float] | None:

@@ -128,6 +128,10 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
             raise BadInput(tables_out, Reason.BAD_OPTION, f"overlaps --out {out}: the report "
                            "and the dataset would each read the other as files they did not "
                            "write", "give --tables-out and --out two separate folders")
+    from analyzer.ingest.fswalk import check_name
+
+    check_name(root)  # the report, its cache's key and its notes hold the input's path
+    check_name(out)
     started_ns = cache.fs_now_ns()  # what this analysis may prune is older than this
     # report files of the user's own in --out are never replaced (reports/cache.py)
     if foreign := cache.foreign_files(out, [f"report.{f}" for f in FORMATS if f in formats]):

@@ -58,21 +58,29 @@ def read_safetensors(path: Path) -> dict[str, tuple[str, list[int], bytes, np.nd
     except (OSError, ValueError, SafetensorError) as exc:
         raise BadInput(path, "bad_run_file", f"not a readable safetensors file ({exc})",
                        "re-record the run") from None
+    except RecursionError:  # a header nested deeper than any safetensors writer makes
+        raise BadInput(path, "bad_run_file", "not a readable safetensors file (its JSON "
+                       "header is nested too deeply)", "re-record the run") from None
     body = memoryview(data)[8 + n:]
     out = {}
     for name in names:
-        info = header[name]
-        dtype, shape = info["dtype"], [int(d) for d in info["shape"]]
-        start, end = info["data_offsets"]
-        raw = bytes(body[start:end])
-        if dtype == "BF16":
-            values = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
-        elif dtype in _NUMPY_DTYPES:
-            values = np.frombuffer(raw, _NUMPY_DTYPES[dtype])
-        else:
-            raise BadInput(path, "bad_run_file", f"tensor {name} has unsupported dtype {dtype}",
-                           "keep float tensors")
-        out[name] = (dtype, shape, raw, values.astype(np.float64).reshape(shape))
+        try:
+            info = header[name]
+            dtype, shape = info["dtype"], [int(d) for d in info["shape"]]
+            start, end = (int(x) for x in info["data_offsets"])
+            raw = bytes(body[start:end])
+            if dtype == "BF16":
+                values = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
+            elif dtype in _NUMPY_DTYPES:
+                values = np.frombuffer(raw, _NUMPY_DTYPES[dtype])
+            else:
+                raise BadInput(path, "bad_run_file", f"tensor {name} has unsupported dtype "
+                               f"{str(dtype)[:40]}", "keep float tensors")
+            out[name] = (dtype, shape, raw, values.astype(np.float64).reshape(shape))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadInput(path, "bad_run_file", f"not a readable safetensors file (tensor "
+                           f"{name[:80]}: {type(exc).__name__} {str(exc)[:80]})",
+                           "re-record the run") from None
     return out
 
 

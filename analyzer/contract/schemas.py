@@ -34,6 +34,8 @@ Any change to a field's meaning or type bumps ``SCHEMA_VERSION``; a reader refus
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -606,6 +608,81 @@ class SchemaError(ValueError):
         super().__init__(f"{path}: {message}")
 
 
+_RUN_NAMES = "|".join(re.escape(n) for n in (NUMERICS_NAME, STEPS_NAME, KEPT_NAME, GOLDEN_NAME,
+                                             KEPT_TENSORS_NAME, MEMORY_CATEGORIES_NAME))
+RUN_FILE = re.compile(rf"(rank(\d{{1,9}})\.trace\.json\.gz|{_RUN_NAMES}|{re.escape(MEMORY_DIR)}/"
+                      rf"(?:rank(\d{{1,9}})\.snapshot\.pickle|{re.escape(MEMORY_PARQUET_NAME)}))",
+                      re.ASCII)
+"""The relative paths of the files ``tracer record`` writes in a run directory besides the
+manifest (``fullmatch``; the tracer's own ``tracer/rundir.py`` ``TRACER_FILE`` names the same
+files): the only paths a manifest may list (``read_manifest``)."""
+
+
+def manifest_files_problem(manifest: Manifest) -> str | None:
+    """Why ``manifest.files`` cannot be what the tracer wrote, None when it can: a path that is
+    not one of the tracer's file names (``RUN_FILE``), a rank at or beyond ``world_size`` in a
+    name, a path listed twice, more entries than the tracer writes (one trace and one memory
+    snapshot per rank, each other file once)."""
+    most = 2 * max(manifest.world_size, 1) + 7
+    if len(manifest.files) > most:
+        return (f"lists {len(manifest.files):,} files, more than the {most:,} tracer record "
+                f"writes for world_size {manifest.world_size}")
+    seen: set[str] = set()
+    for i, f in enumerate(manifest.files):
+        m = RUN_FILE.fullmatch(f.path)
+        if m is None:
+            return (f"entry $.files[{i}].path {_quoted(f.path)} is not a file tracer record "
+                    "writes")
+        rank = m.group(2) or m.group(3)
+        if rank is not None and int(rank) >= manifest.world_size:
+            return (f"entry $.files[{i}].path {_quoted(f.path)} names rank {int(rank)}, beyond "
+                    f"world_size {manifest.world_size}")
+        if f.path in seen:
+            return f"entry $.files[{i}].path {_quoted(f.path)} is listed twice"
+        seen.add(f.path)
+        if f.size_bytes < 0:
+            return f"entry $.files[{i}].size_bytes {f.size_bytes} is negative"
+    return None
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a Python literal, cut at 80 characters (escapes NUL and other controls)."""
+    shown = repr(text)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+MODULE_ALLOWANCE = 100_000
+"""Tensors a record may name beyond its parameters' count (activations of modules without
+parameters): part of ``max_run_file_rows``."""
+
+
+def max_run_file_rows(manifest: Manifest, name: str) -> int | None:
+    """The most rows the tracer can write in run file ``name`` (``NUMERICS_NAME`` ...) of the
+    record ``manifest`` describes, None when the manifest does not bound it (memory.parquet:
+    allocator blocks). Every tensor holds at least one element, so a rank names at most
+    ``model.num_params + MODULE_ALLOWANCE`` tensors of each kind; numerics has a row per metric
+    of each, and loss rows per step. Read from the file's footer before the file is read
+    (analyzer/analyses/memory.py ``read_parquet``): a small file of many rows cannot fill the
+    memory."""
+    world = max(manifest.world_size, 1)
+    steps = max(manifest.steps, 0) + 1
+    tensors = max(manifest.model.num_params, 0) + MODULE_ALLOWANCE
+    metrics = len(TENSOR_METRICS) + len(GOLDEN_METRICS)
+    if name == NUMERICS_NAME:
+        return 2 * world * (len(NUMERICS_KINDS) * metrics * tensors + steps * metrics)
+    if name == STEPS_NAME:
+        return 2 * (world + 1) * steps
+    if name in (KEPT_NAME, GOLDEN_NAME):
+        return 2 * (len(KEPT_GROUPS) * tensors + steps)
+    if name == MEMORY_CATEGORIES_NAME:
+        return 2 * world * (len(MEMORY_CATEGORIES) + 1)
+    return None
+
+
+MAX_MANIFEST_BYTES = 64 << 20
+"""The largest manifest.json read (a record's is a few KB, ~200 bytes per listed file)."""
+
+
 def read_manifest(path: Path | str) -> Manifest:
     """Read and validate a ``manifest.json``.
 
@@ -614,9 +691,17 @@ def read_manifest(path: Path | str) -> Manifest:
     """
     path = Path(path)
     try:
-        data = msgspec.json.decode(path.read_bytes())
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_MANIFEST_BYTES:
+                raise SchemaError(path, f"is {size:,} bytes, more than any manifest tracer record "
+                                  f"writes ({MAX_MANIFEST_BYTES:,}); re-record the run")
+            data = msgspec.json.decode(fh.read())
     except (OSError, msgspec.DecodeError) as exc:
         raise SchemaError(path, f"not a readable JSON manifest ({exc}); re-record the run") from None
+    except RecursionError:
+        raise SchemaError(path, "JSON nested too deeply to be a manifest; re-record the "
+                          "run") from None
     if not isinstance(data, dict):
         raise SchemaError(path, "manifest is not a JSON object; re-record the run")
     version = data.get("schema_version")
@@ -642,8 +727,10 @@ def read_manifest(path: Path | str) -> Manifest:
                           "run could be checked against the record; re-record the run")
     for i, f in enumerate(manifest.files):
         if why := unsafe_run_path(f.path):
-            raise SchemaError(path, f"manifest entry $.files[{i}].path {f.path!r} {why}; "
+            raise SchemaError(path, f"manifest entry $.files[{i}].path {_quoted(f.path)} {why}; "
                               "re-record the run")
+    if why := manifest_files_problem(manifest):
+        raise SchemaError(path, f"manifest {why}; re-record the run")
     return manifest
 
 

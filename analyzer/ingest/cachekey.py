@@ -7,17 +7,32 @@ report's options and the stat signatures of its input files), of the source of e
 ``modules`` (the code that computes the result) and of the installed versions of the libraries
 the analysis runs on (``LIBS``). Any change to any of them is a miss. Light on purpose: a
 cached report renders without importing pandas, pyarrow or numpy.
+
+A cache file is also input the user did not write: one planted beside a trace, or copied with
+it from elsewhere, must not replace the analysis. ``sign`` / ``verify`` authenticate a cache
+file's bytes with HMAC-SHA256 under a per-user secret key (``user_key``: 32 random bytes in
+``cache_dir()/KEY_NAME``, mode 0600, made on first use): a cache written by this user's
+analyzer verifies; one written by anybody else, or edited, does not and is recomputed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import logging
 import os
+import stat
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
 LIBS = ("pandas", "numpy", "pyarrow", "msgspec")
+KEY_NAME = "cache.key"
+"""The per-user secret key file in ``cache_dir()`` (``user_key``)."""
+MAC_BYTES = 32
+"""Length of a cache file's HMAC-SHA256 (``sign``)."""
+_KEY_BYTES = 32
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -50,3 +65,63 @@ def _version(lib: str) -> str:
         return metadata.version(lib)
     except metadata.PackageNotFoundError:
         return "none"
+
+
+def user_key() -> bytes | None:
+    """This user's secret cache key (``cache_dir()/KEY_NAME``), made with 32 random bytes and
+    mode 0600 when absent (atomically: of two processes making it at once, both read the one
+    that was linked first). None when it cannot be read or made (a read-only home), or when the
+    file is not this user's own, private key: then no cache is trusted or written."""
+    return _key_at(str(cache_dir() / KEY_NAME))
+
+
+@lru_cache(maxsize=4)
+def _key_at(path: str) -> bytes | None:
+    try:
+        return _read_key(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.info("no cache key (%s): caches are not used", exc)
+        return None
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(os.urandom(_KEY_BYTES))
+            try:
+                os.link(tmp, path)  # fails if another process linked its key first
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
+        return _read_key(path)
+    except OSError as exc:
+        log.info("no cache key (%s): caches are not used", exc)
+        return None
+
+
+def _read_key(path: str) -> bytes | None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        key = fh.read(_KEY_BYTES + 1)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077 \
+            or len(key) != _KEY_BYTES:
+        log.info("ignoring cache key %s: not this user's private %d-byte file", path, _KEY_BYTES)
+        return None
+    return key
+
+
+def sign(payload: bytes) -> bytes | None:
+    """HMAC-SHA256 of ``payload`` under ``user_key()`` (``MAC_BYTES``), None without a key."""
+    key = user_key()
+    return None if key is None else hmac.new(key, payload, hashlib.sha256).digest()
+
+
+def verify(payload: bytes, mac: bytes) -> bool:
+    """True when ``mac`` is ``sign(payload)`` (compared in constant time)."""
+    want = sign(payload)
+    return want is not None and hmac.compare_digest(want, bytes(mac))

@@ -130,6 +130,32 @@ def _written(stage: Path) -> list[str]:
     return sorted(p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file())
 
 
+NAME_MAX = 255
+"""The longest file name (bytes) of the file systems the dataset is written to (ext4, xfs,
+btrfs, NTFS, APFS: 255)."""
+
+
+def partition_name(run_name: str) -> str:
+    """``run=<run_name percent-encoded>`` (pyarrow's hive form), within ``NAME_MAX`` bytes: a
+    longer one (28 CJK characters are 252 bytes encoded) keeps the longest prefix of whole
+    characters that fits and ends in ``~`` and 12 hex digits of the name's BLAKE2b, so that two
+    long names that share a prefix stay two partitions; ``paritytrace-tables.json`` maps each
+    partition to the full run name."""
+    import hashlib
+
+    part = f"run={quote(run_name, safe='')}"
+    if len(part.encode()) <= NAME_MAX:
+        return part
+    tag = "~" + hashlib.blake2b(run_name.encode("utf-8", "surrogatepass"),
+                                digest_size=6).hexdigest()
+    keep = ""
+    for ch in run_name:
+        if len(f"run={quote(keep + ch, safe='')}{tag}".encode()) > NAME_MAX:
+            break
+        keep += ch
+    return f"run={quote(keep, safe='')}{tag}"
+
+
 class _Writer:
     def __init__(self, stage: Path) -> None:
         self.stage = stage
@@ -145,7 +171,7 @@ class _Writer:
         from analyzer.contract import schemas
         from analyzer.ingest.spill import SPILLED
 
-        part = f"run={quote(run_name, safe='')}"
+        part = partition_name(run_name)
         if any(r["partition"] == part for r in self.runs):
             raise BadInput(job.root, Reason.DUPLICATE_RUN, f"a second run named {run_name!r}",
                            "rename one of the runs")

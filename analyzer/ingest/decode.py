@@ -15,6 +15,7 @@ negative or not a number are skipped and counted in one warning line per kind.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analyzer.analyses.memory import memory_bytes
 from analyzer.contract.errors import BadInput
 from analyzer.contract.schemas import NO_VALUE
 
@@ -187,18 +189,43 @@ MAX_TRACE_ENV = "PARITYTRACE_MAX_TRACE_BYTES"
 gunzip): every command reads traces through ``decompress`` / ``check_size``, in the command's
 process and in its worker processes, so one variable reaches them all."""
 DEFAULT_MAX_TRACE_BYTES = 8 << 30
-"""8 GiB of JSON: above the largest real traces we know of (a 2 GB rank), while a gzip bomb
-(deflate expands zeros ~1000:1, so 10 MB on disk is 10 GB of JSON) stops here, before the
-memory of an ordinary machine is full."""
+"""The most the default cap can be, 8 GiB of JSON: above the largest real traces we know of (a
+2 GB rank). The default itself is ``default_max_trace_bytes``: what a process can afford."""
+MIN_DEFAULT_MAX_TRACE_BYTES = 64 << 20
+"""The least the default cap is, whatever the machine (a tiny container still reads a trace)."""
+RAM_SHARE = 4
+"""A worker's cap is 1 / ``RAM_SHARE`` of its share of the memory: decoding holds the gzip
+bytes, the JSON and the decoded events at once (about 3 x the JSON at the peak)."""
 _CHUNK_BYTES = 16 << 20
 
 
-def max_trace_bytes() -> int:
-    """The size cap (``MAX_TRACE_ENV``, else ``DEFAULT_MAX_TRACE_BYTES``). Raises ``BadInput``
-    (``bad_option``) when the variable is set to anything but a positive integer."""
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, else ``os.cpu_count()``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def default_max_trace_bytes(workers: int | None = None) -> int:
+    """The cap when ``MAX_TRACE_ENV`` is unset: min(8 GiB, memory / (``RAM_SHARE`` x
+    ``workers``)), at least 64 MiB; ``workers`` (default: the CPU count, the process pool's
+    size) is how many processes decode a trace at once. A gzip bomb (deflate expands zeros
+    ~1000:1) therefore stops before the memory of the machine is full, and a real trace over
+    it is refused with the variable to raise."""
+    share = memory_bytes() // (RAM_SHARE * max(1, workers or cpu_count()))
+    if share <= 0:
+        return DEFAULT_MAX_TRACE_BYTES
+    return max(MIN_DEFAULT_MAX_TRACE_BYTES, min(DEFAULT_MAX_TRACE_BYTES, share))
+
+
+def max_trace_bytes(workers: int | None = None) -> int:
+    """The size cap (``MAX_TRACE_ENV``, else ``default_max_trace_bytes(workers)``). Raises
+    ``BadInput`` (``bad_option``) when the variable is set to anything but a positive
+    integer."""
     text = os.environ.get(MAX_TRACE_ENV, "").strip()
     if not text:
-        return DEFAULT_MAX_TRACE_BYTES
+        return default_max_trace_bytes(workers)
     if not text.isdigit() or int(text) <= 0:
         raise BadInput(MAX_TRACE_ENV, "bad_option", f"is {text!r}, not a positive number of bytes",
                        f"set e.g. {MAX_TRACE_ENV}={DEFAULT_MAX_TRACE_BYTES}")
@@ -217,13 +244,15 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
     ``max_bytes`` (default ``max_trace_bytes()``) are ever produced: a small file that expands
     without bound (a gzip bomb) is refused once the output passes the cap, not after it fills
     the memory. Concatenated gzip members are read as one stream (as ``gzip.decompress`` does).
+    The chunks go into one growing buffer that becomes the result without a copy
+    (``io.BytesIO.getvalue``), so the JSON is held once, not as chunks and their join.
     Raises ``BadInput``: ``truncated`` (corrupt or cut short), ``too_large`` (over the cap)."""
     cap = max_trace_bytes() if max_bytes is None else max_bytes
     if raw[:2] != b"\x1f\x8b":
         if len(raw) > cap:
             raise too_large(path, f"{len(raw):,} bytes of JSON", cap)
         return raw
-    out: list[bytes] = []
+    out = io.BytesIO()
     size = 0
     rest = memoryview(raw)
     try:
@@ -235,7 +264,7 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
                 if size > cap:
                     raise too_large(path, "the gunzipped trace", cap)
                 if chunk:
-                    out.append(chunk)
+                    out.write(chunk)
                 if d.eof or not d.unconsumed_tail and not chunk:
                     break
                 chunk = d.decompress(d.unconsumed_tail, min(_CHUNK_BYTES, cap + 1 - size))
@@ -245,7 +274,7 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
     except (EOFError, zlib.error) as exc:
         raise BadInput(path, "truncated", f"truncated or corrupt gzip ({exc})",
                        "copy the trace again or re-record it") from None
-    return b"".join(out)
+    return out.getvalue()  # the buffer itself (no copy while no view of it is exported)
 
 
 def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
@@ -315,6 +344,11 @@ def repair(data: bytes, path: Path | str, exc: msgspec.DecodeError) -> tuple[byt
     if _at_non_finite(data, str(exc)):
         return _non_finite_as_null(data, path), (f"{path}: NaN / Infinity numbers (not JSON; "
                                                  "Python's json writes them) were read as null")
+    if "surrogate" in str(exc):
+        fixed = _LONE_SURROGATE.sub(rb"\\ufffd", data)
+        if fixed != data:
+            return fixed, (f"{path}: \\u escapes of lone UTF-16 surrogates (no character) in "
+                           "strings were replaced by U+FFFD")
     if "UTF-8" not in str(exc):
         _refuse_not_json(data, path)
         raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
@@ -356,9 +390,17 @@ def _at_non_finite(data: bytes, message: str) -> bool:
     return m is not None and data[int(m.group(1)):].startswith((b"NaN", b"Infinity"))
 
 
+_LONE_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                             rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+"""A ``\\uD800``-``\\uDFFF`` escape that is not half of a surrogate pair: JSON text that names no
+character (RFC 8259 8.2), which msgspec refuses and Python's json turns into a string no UTF-8
+writer takes."""
+
+
 def _non_finite_as_null(data: bytes, path: Path | str) -> bytes:
     """``data`` with NaN / Infinity written as null, read by Python's json (which accepts
     them; slow, for these files only). Raises ``BadInput`` (``truncated``)."""
+    data = _LONE_SURROGATE.sub(rb"\\ufffd", data)  # json.loads takes them, msgspec writes none
     try:
         return msgspec.json.encode(json.loads(data))  # msgspec writes non-finite as null
     except (ValueError, RecursionError) as exc:

@@ -69,9 +69,26 @@ def check_name(path: Path) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
+        pass
+    else:
+        return
+    bad = Path(path)
+    while bad.parent != bad and _utf8(str(bad.parent)) is False:
+        bad = bad.parent  # the outermost component that is not UTF-8
+    if bad == Path(path) and not os.path.isdir(path):
         raise BadInput(shown(path), "bad_name", "the file name is not valid UTF-8, so it "
                        "cannot be written in a report", "rename the file (or move it out of "
                        "the folder)") from None
+    raise BadInput(shown(bad), "bad_name", "the folder name is not valid UTF-8, so it cannot "
+                   "be written in a report", "rename the folder") from None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 DATASET_MARKER = "paritytrace-tables.json"

@@ -31,7 +31,11 @@ the rank's metadata and one Arrow IPC stream per table (never pickle). Valid whe
 edit of the trace, of the code that makes the tables or of its libraries is a miss). As git's
 index does, a cache whose recorded stat signature of the trace (size, mtime, ctime, inode,
 device) equals the file's is trusted without hashing the file again. Writes are atomic; a cache
-that cannot be read or written is skipped with a log line, never an error.
+that cannot be read or written is skipped with a log line, never an error. A cache is input
+nobody vouches for (planted beside a trace, copied with it): it is used only when its HMAC
+verifies under this user's secret key (analyzer/ingest/cachekey.py ``user_key``; another user's
+or machine's cache, or an edited one, is recomputed), and its tables are on their schemas and
+their invariants (``table_invariant``: no negative durations, breakdowns that add up).
 """
 
 from __future__ import annotations
@@ -232,16 +236,16 @@ class JobTables:
 
 # --- one file: read, decode, classify -----------------------------------------------------------
 
-def read_trace(path: Path) -> bytes:
+def read_trace(path: Path, max_bytes: int | None = None) -> bytes:
     """The bytes of the trace file at ``path``. Raises ``BadInput``: ``bad_name`` (the name is
     not UTF-8, ``fswalk.check_name``), ``unreadable``, ``too_large`` (a file, gzip or not, over
-    ``decode.max_trace_bytes()``: refused before it is read; the gunzipped size is checked by
-    ``decode.decompress``)."""
+    ``max_bytes``, default ``decode.max_trace_bytes()``: refused before it is read; the
+    gunzipped size is checked by ``decode.decompress``)."""
     from analyzer.ingest.decode import max_trace_bytes, too_large
     from analyzer.ingest.fswalk import check_name
 
     check_name(path)
-    cap = max_trace_bytes()
+    cap = max_trace_bytes() if max_bytes is None else max_bytes
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -287,9 +291,10 @@ def classified(path: Path, raw: bytes | None = None, dec=None
     return events, {**info, "distributed_info": di, "warnings": dec.warnings + info["notes"]}
 
 
-def rank_tables(path: Path) -> RankTables:
-    """The tables of one trace file, through the cache. Rank-dependent fields stay unset (rank
-    -1, group_size <= 0 left as -1): ``load_run`` fills them after the rank rule. Raises
+def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
+    """The tables of one trace file, through the cache, reading at most ``max_bytes`` of JSON
+    (default ``decode.max_trace_bytes()``). Rank-dependent fields stay unset (rank -1,
+    group_size <= 0 left as -1): ``load_run`` fills them after the rank rule. Raises
     ``BadInput``."""
     from analyzer.analyses.breakdown import rank_breakdown, timeline_rows, whole_trace_overlap
     from analyzer.analyses.collectives import rank_collectives
@@ -305,13 +310,13 @@ def rank_tables(path: Path) -> RankTables:
     hit = _read_tables(cpath, path, sig, None)
     if hit is not None:
         return hit
-    raw = read_trace(path)
+    raw = read_trace(path, max_bytes)
     sha = hashlib.sha256(raw).hexdigest()
     hit = _read_tables(cpath, path, sig, sha)  # touched but unchanged: the key agrees
     if hit is not None:
         _write_tables(cpath, sig, hit)  # record the new stat signature
         return hit
-    data = decompress(raw, path)
+    data = decompress(raw, path, max_bytes)
     del raw
     dec = decode_bytes(data, path)
     mem_events, mem_notes = memory_events(data)
@@ -400,15 +405,118 @@ def _ipc(name: str, df: pd.DataFrame) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _read_tables(cpath: Path, path: Path, sig: list[int], sha: str | None) -> RankTables | None:
-    """The cached tables of ``path`` when valid: the key of the recorded SHA-256 (``sha`` None:
-    the stat signature ``sig`` must equal the recorded one) or of ``sha`` agrees."""
+CACHE_MAGIC = b"paritytrace-tables/1\n"
+"""First bytes of a per-rank tables cache file: then its HMAC (``cachekey.MAC_BYTES``), then
+the msgpack payload the HMAC covers."""
+
+
+class _Meta(msgspec.Struct):
+    """The rank metadata a cache holds, typed: a cache whose fields have other types is a miss."""
+
+    world_size: int | None
+    device_kind: str
+    distributed_info: dict[str, Any] | None
+    main_tid: str | None
+    whole_trace_mode: bool
+    warnings: list[str]
+    timeline_step: int
+    whole_overlap_ns: int
+    whole_comm_ns: int
+    empty: bool
+    first_ns: int
+
+
+def load_cache_blob(cpath: Path) -> dict[str, Any] | None:
+    """The payload of the cache file ``cpath`` when its HMAC verifies under this user's key
+    (``cachekey.verify``): None when absent, unreadable, or not written by this user's
+    analyzer (planted, copied from another user or machine, edited)."""
+    from analyzer.ingest.cachekey import MAC_BYTES, verify
+
     try:
-        blob = msgspec.msgpack.decode(cpath.read_bytes())
+        data = cpath.read_bytes()
     except FileNotFoundError:
         return None
-    except (OSError, msgspec.DecodeError) as exc:
+    except OSError as exc:
         log.info("ignoring unreadable cache %s (%s)", cpath, exc)
+        return None
+    head = len(CACHE_MAGIC) + MAC_BYTES
+    body = memoryview(data)[head:]
+    if not data.startswith(CACHE_MAGIC) or not verify(body, data[len(CACHE_MAGIC):head]):
+        log.info("ignoring cache %s: not signed with this user's cache key", cpath)
+        return None
+    try:
+        blob = msgspec.msgpack.decode(body)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        log.info("ignoring unreadable cache %s (%s)", cpath, exc)
+        return None
+    return blob if isinstance(blob, dict) else None
+
+
+def dump_cache_blob(cpath: Path, blob: dict[str, Any]) -> None:
+    """Write ``blob`` to ``cpath`` atomically, signed (``CACHE_MAGIC``, HMAC, payload). Raises
+    ``OSError`` (also when this user has no cache key)."""
+    from analyzer.ingest.cachekey import sign
+
+    payload = msgspec.msgpack.encode(blob)
+    mac = sign(payload)
+    if mac is None:
+        raise OSError("no cache key to sign with")
+    cpath.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cpath.parent, prefix=".tmp-", suffix=".msgpack")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(CACHE_MAGIC)
+            fh.write(mac)
+            fh.write(payload)
+        os.replace(tmp, cpath)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+_NON_NEGATIVE = {
+    "breakdown": ("step_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "other_ns",
+                  "idle_ns", "data_wait_ns", "cpu_step_ns"),
+    "collectives": ("dur_ns",), "prefetch": ("comm_ns", "hidden_ns"),
+}
+_ORDERED = {"steps": (("cpu_start_ns", "cpu_end_ns"), ("start_ns", "end_ns")),
+            "collectives": (("start_ns", "end_ns"),), "timeline": (("start_ns", "end_ns"),)}
+
+
+def table_invariant(name: str, table: pa.Table) -> str | None:
+    """Why table ``name`` cannot have been computed from a trace, None when it can: a duration
+    below 0, an interval ending before it starts, a breakdown that does not add up to its
+    step (compute + exposed comm + data wait + other + idle == step), a fraction outside
+    [0, 1]. Checked on every cache read (a damaged or planted cache is a miss)."""
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return None
+    for col in _NON_NEGATIVE.get(name, ()):
+        if pc.any(pc.less(table[col], 0)).as_py():
+            return f"negative {col}"
+    for lo, hi in _ORDERED.get(name, ()):
+        if pc.any(pc.less(table[hi], table[lo])).as_py():
+            return f"{hi} before {lo}"
+    if name == "breakdown":
+        parts = [table[c].to_numpy().astype(object) for c in
+                 ("compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns")]
+        if (sum(parts) != table["step_ns"].to_numpy().astype(object)).any():
+            return "parts that do not add up to step_ns"
+        for col in ("overlap_frac", "data_wait_frac"):
+            v = table[col].to_numpy(zero_copy_only=False)
+            if ((v < 0) | (v > 1)).any():
+                return f"{col} outside [0, 1]"
+    return None
+
+
+def _read_tables(cpath: Path, path: Path, sig: list[int], sha: str | None) -> RankTables | None:
+    """The cached tables of ``path`` when valid: signed by this user (``load_cache_blob``),
+    the key of the recorded SHA-256 (``sha`` None: the stat signature ``sig`` must equal the
+    recorded one) or of ``sha`` agrees, every table on its schema and its invariants
+    (``table_invariant``), the metadata of its types."""
+    blob = load_cache_blob(cpath)
+    if blob is None:
         return None
     try:
         if sha is None and blob["stat"] != sig:
@@ -416,15 +524,21 @@ def _read_tables(cpath: Path, path: Path, sig: list[int], sha: str | None) -> Ra
         sha = sha or str(blob["sha256"])
         if blob["key"] != cache_key(sha, CODE_MODULES):
             return None
+        meta = msgspec.convert(blob["meta"], _Meta)
         tables = {t: pa.ipc.open_stream(pa.py_buffer(blob["tables"][t])).read_all()
                   for t in schemas.TABLE_SCHEMAS}
         for t, table in tables.items():
             if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[t]):
                 raise ValueError(f"table {t}: {why}")
+            if why := table_invariant(t, table):
+                raise ValueError(f"table {t}: {why}")
+        if meta.whole_overlap_ns < 0 or meta.whole_comm_ns < meta.whole_overlap_ns:
+            raise ValueError("whole-trace overlap beyond its communication")
         return RankTables(path=path, cache_hit=True, sha256=sha,
-                          **{k: blob["meta"][k] for k in _META},
+                          **{k: getattr(meta, k) for k in _META},
                           **{t: table.to_pandas() for t, table in tables.items()})
-    except (KeyError, TypeError, ValueError, AttributeError, pa.ArrowException) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
+            msgspec.ValidationError, pa.ArrowException) as exc:
         log.info("ignoring unreadable cache %s (%s)", cpath, exc)
         return None
 
@@ -435,15 +549,7 @@ def _write_tables(cpath: Path, sig: list[int], rt: RankTables) -> None:
         blob = {"key": cache_key(rt.sha256, CODE_MODULES), "sha256": rt.sha256, "stat": sig,
                 "meta": {k: getattr(rt, k) for k in _META},
                 "tables": {t: _ipc(t, getattr(rt, t)) for t in schemas.TABLE_SCHEMAS}}
-        cpath.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cpath.parent, prefix=".tmp-", suffix=".msgpack")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(msgspec.msgpack.encode(blob))
-            os.replace(tmp, cpath)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        dump_cache_blob(cpath, blob)
     except (OSError, ValueError, pa.ArrowException) as exc:
         log.info("could not write cache %s (%s)", cpath, exc)
 
@@ -457,11 +563,11 @@ def _cached(path: Path) -> RankTables | None:
     return _read_tables(tables_cache_path(path), path, sig, None)
 
 
-def _tables_worker(path: Path) -> RankTables | BadInput:
-    """Process-pool entry: a bad file's ``BadInput`` is returned, not raised, so that every
-    file's problem is reported at once."""
+def _tables_worker(path: Path, max_bytes: int | None = None) -> RankTables | BadInput:
+    """Process-pool (and Dask task) entry: ``rank_tables(path, max_bytes)``; a bad file's
+    ``BadInput`` is returned, not raised, so that every file's problem is reported at once."""
     try:
-        return rank_tables(path)
+        return rank_tables(path, max_bytes)
     except BadInput as exc:
         return exc
 
@@ -473,14 +579,23 @@ def _size_bytes(path: Path) -> int:
         return 0  # the worker says what is wrong
 
 
-def parse_files(paths: list[Path], jobs: int | None, *, worker=_tables_worker, keep=None
+def parse_files(paths: list[Path], jobs: int | None, *, worker=None, keep=None
                 ) -> tuple[list[Any], list[BadInput]]:
-    """``worker`` (a path -> a result, or the ``BadInput`` of a bad file) over
-    every path, in ``jobs`` processes (analyzer/ingest/pool.py), largest file first; ``keep``
-    (``spill.Spill.keep``, None: none) takes each result as it arrives. Returns the
-    results in the order of ``paths`` and the problems (``BadInput``), so that all are
-    reported."""
+    """``worker`` (a path -> a result, or the ``BadInput`` of a bad file; None: the per-rank
+    tables, ``rank_tables``) over every path, in ``jobs`` processes (analyzer/ingest/pool.py),
+    largest file first; ``keep`` (``spill.Spill.keep``, None: none) takes each result as it
+    arrives. Returns the results in the order of ``paths`` and the problems (``BadInput``), so
+    that all are reported. The default worker is given this process's size cap
+    (``decode.max_trace_bytes`` for that many processes) as an argument, so a Dask worker,
+    whose environment is not the client's, reads with the client's cap."""
+    from functools import partial
+
+    from analyzer.ingest.decode import cpu_count, max_trace_bytes
     from analyzer.ingest.pool import run_all
+
+    if worker is None:
+        procs = min(jobs or cpu_count(), max(1, len(paths)))
+        worker = partial(_tables_worker, max_bytes=max_trace_bytes(procs))
 
     # largest first (longest-processing-time-first scheduling): processes taking the next file
     # as they free up then end within about one small file of each other

@@ -218,13 +218,30 @@ def _verify_files(run_dir: Path, manifest: schemas.Manifest) -> None:
                        "restore the file(s) or re-record the run")
     for f in manifest.files:
         path = run_dir / f.path
-        if path.stat().st_size != f.size_bytes:
-            what = f"size {path.stat().st_size} bytes differs from manifest.json's {f.size_bytes}"
+        st = path.stat()
+        if st.st_size != f.size_bytes:
+            what = f"size {st.st_size} bytes differs from manifest.json's {f.size_bytes}"
+        elif _sparse(st):
+            raise BadInput(path, "file_changed", f"is a sparse file ({st.st_size:,} bytes, "
+                           f"{st.st_blocks * 512:,} on disk): not a file tracer record wrote, "
+                           "so it is not hashed", "re-record the run")
         elif not _is_trace(path) and schemas.sha256_file(path) != f.sha256.lower():
             what = "sha256 differs from manifest.json"
         else:
             continue
         raise BadInput(path, "file_changed", f"changed since it was recorded ({what})", "re-record the run")
+
+
+SPARSE_MIN_BYTES = 64 << 20
+"""A listed file at least this large with under 1/8 of its bytes on disk is sparse."""
+
+
+def _sparse(st: os.stat_result) -> bool:
+    """True when the file of ``st`` is mostly holes (``truncate -s 1T``): the tracer writes every
+    byte of its files, while hashing a sparse terabyte would hang the command. Small files and
+    compressing file systems (ZFS, btrfs: a few times, not 8x, for Parquet and tensors) pass."""
+    blocks = getattr(st, "st_blocks", None)
+    return blocks is not None and st.st_size >= SPARSE_MIN_BYTES and blocks * 512 * 8 < st.st_size
 
 
 def _order(run: RunDir) -> tuple:

@@ -307,9 +307,21 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     root, out = Path(root), Path(out)
     run = rundirs.find_job(root, allow_incomplete=options.allow_incomplete)
     _refuse_out_on_input(run, out)
+    refuse_without_memory(run.traces)  # one line, before the warning and any reading
     early = size_warning(run.traces)
     if early:
         log.warning("%s", early)  # now, before the minutes of reading
+    try:
+        return _merge(root, out, options, run, early)
+    except MemoryError:  # the estimate passed, the machine did not: one line, nothing written
+        raise BadInput(root, "too_large", "merge ran out of memory (it holds one rank's events "
+                       f"as Python objects, about {MERGE_MEMORY_FACTOR}x its JSON)",
+                       "run merge on a machine with more free memory, or read the job's "
+                       "tables with `analyzer report` / `summary` (they hold no events)") from None
+
+
+def _merge(root: Path, out: Path, options: MergeOptions, run, early: str | None) -> MergeResult:
+    """``merge_traces`` once the input is found and its size said."""
     job = pipeline.load_run(run)
     ranks = [rt.rank for rt in job.ranks]
     ref_rank = options.ref_rank if options.ref_rank is not None else ranks[0]
@@ -364,6 +376,45 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
                        n_moved_to_overlap_tracks=moved, warnings=warnings)
 
 
+MERGE_MEMORY_FACTOR = 10
+"""Bytes of memory merge needs per byte of the largest rank's JSON (its events as Python
+objects): measured by bench/bench_merge_memory.py."""
+
+
+def available_memory_bytes() -> int:
+    """Memory free for this command: ``MemAvailable`` of /proc/meminfo, capped by the machine's
+    or cgroup's total (``memory.memory_bytes``); 0 when neither can be read."""
+    from analyzer.analyses.memory import memory_bytes
+
+    total = memory_bytes()
+    try:
+        with open("/proc/meminfo") as fh:
+            avail = next((int(line.split()[1]) * 1024 for line in fh
+                          if line.startswith("MemAvailable:")), 0)
+    except (OSError, ValueError, IndexError):
+        avail = 0
+    return min(x for x in (total, avail) if x) if (total or avail) else 0
+
+
+def refuse_without_memory(traces: list[Path]) -> None:
+    """Raise ``BadInput`` (``too_large``) before anything is read when the largest of
+    ``traces`` needs more memory to merge (``MERGE_MEMORY_FACTOR`` x its JSON, sized as
+    ``size_warning`` does) than ``available_memory_bytes``: a one-line refusal, not a
+    MemoryError after minutes of reading."""
+    avail = available_memory_bytes()
+    if not avail or not traces:
+        return
+    sizes = {p: _json_bytes(p) for p in traces}
+    big = max(sizes, key=sizes.get)
+    need = MERGE_MEMORY_FACTOR * sizes[big]
+    if need > avail:
+        raise BadInput(big, "too_large", f"{sizes[big] / 2**20:,.1f} MiB of JSON needs about "
+                       f"{need / 2**30:,.1f} GiB to merge ({MERGE_MEMORY_FACTOR}x, one rank at a "
+                       f"time) and {avail / 2**30:,.1f} GiB of memory is free",
+                       "run merge on a machine with more free memory, or read the job's tables "
+                       "with `analyzer report` / `summary` (they hold no events)")
+
+
 LARGE_RANK_BYTES = 1 << 30
 """A rank with this much trace JSON or more gets the early size warning of ``size_warning``."""
 _ENCODE_BATCH = 50_000
@@ -376,26 +427,28 @@ def size_warning(traces: list[Path]) -> str | None:
     1952 ISIZE: modulo 4 GiB, so never less than the file itself is taken, and ignored when
     above DEFLATE's largest ratio, as in a truncated file's last bytes): merge holds one
     rank's events as Python objects at a time, about 10x its JSON. None otherwise."""
-    def json_bytes(p: Path) -> int:
-        try:
-            with open(p, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if fh.read(2) != b"\x1f\x8b" or size < 18:
-                    return size
-                fh.seek(-4, os.SEEK_END)
-                isize = int.from_bytes(fh.read(4), "little")
-                # beyond DEFLATE's largest ratio (1032:1) the trailer is not one: a cut file
-                return size if isize > _DEFLATE_MAX_RATIO * size else max(size, isize)
-        except OSError:
-            return 0  # the ingest names an unreadable file
-
-    sizes = {p: json_bytes(p) for p in traces}
+    sizes = {p: _json_bytes(p) for p in traces}
     big = max(sizes, key=sizes.get, default=None)
     if big is None or sizes[big] < LARGE_RANK_BYTES:
         return None
     return (f"{big.name} is {sizes[big] / 2**20:,.1f} MiB of JSON ({len(traces)} trace(s), "
             f"{sum(sizes.values()) / 2**20:,.1f} MiB in all): merge reads one rank at a time and "
             f"needs memory of about 10x the largest rank; this takes a while")
+
+
+def _json_bytes(p: Path) -> int:
+    """The JSON size of trace ``p`` (``size_warning``); 0 when it cannot be read."""
+    try:
+        with open(p, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if fh.read(2) != b"\x1f\x8b" or size < 18:
+                return size
+            fh.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(fh.read(4), "little")
+            # beyond DEFLATE's largest ratio (1032:1) the trailer is not one: a cut file
+            return size if isize > _DEFLATE_MAX_RATIO * size else max(size, isize)
+    except OSError:
+        return 0  # the ingest names an unreadable file
 
 
 _DEFLATE_MAX_RATIO = 1032

@@ -17,9 +17,10 @@ import msgspec
 import pyarrow as pa
 
 from analyzer.api import load_events, load_tables
-from analyzer.ingest.cachekey import cache_key
+from analyzer.ingest.cachekey import cache_key, sign
 from analyzer.contract.errors import BadInput
-from analyzer.ingest.pipeline import CODE_MODULES, rank_tables, tables_cache_path
+from analyzer.ingest.pipeline import (CACHE_MAGIC, CODE_MODULES, dump_cache_blob, load_cache_blob,
+                                      rank_tables, tables_cache_path)
 from tests.analyzer.helpers import FIXTURES, corpus
 
 
@@ -175,7 +176,7 @@ def test_cache_beside_trace_is_used_and_invalidated(tmp_path):
     assert not again.cache_hit  # a stale cache is never used
     assert again.steps["end_ns"].max() == 100_000 and again.breakdown["compute_ns"].iat[0] == 30_000
     # the one key rule: the trace's SHA-256 and the code that made the tables
-    blob = msgspec.msgpack.decode(cached.read_bytes())
+    blob = load_cache_blob(cached)
     assert blob["key"] == cache_key(hashlib.sha256(p.read_bytes()).hexdigest(), CODE_MODULES)
 
 
@@ -183,8 +184,15 @@ def test_unreadable_cache_is_skipped_and_rewritten(tmp_path):
     p = write(tmp_path / "t.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 20)])
     want = load_tables(p).breakdown
     cached = p.with_name("t.json.tables.msgpack")
-    for junk in (b"\x00not msgpack", msgspec.msgpack.encode({"stat": [], "key": "x"}), b""):
-        cached.write_bytes(junk)
+    for junk in (b"\x00not msgpack", msgspec.msgpack.encode({"stat": [], "key": "x"}), b"",
+                 "signed", "signed-not-msgpack"):
+        if junk == "signed":  # signed by this user, but not a cache's fields
+            dump_cache_blob(cached, {"stat": [], "key": "x"})
+        elif junk == "signed-not-msgpack":  # signed, but the payload is no msgpack
+            body = b"\xc1"  # a byte msgpack never uses
+            cached.write_bytes(CACHE_MAGIC + sign(body) + body)
+        else:
+            cached.write_bytes(junk)
         got = load_tables(p)
         assert not got.ranks[0].cache_hit and got.breakdown.equals(want)
         assert rank_tables(p).cache_hit  # written again, readable
@@ -194,7 +202,7 @@ def test_cache_off_the_table_schema_is_a_logged_miss(tmp_path, caplog):
     p = write(tmp_path / "t.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 20)])
     want = load_tables(p).breakdown
     cached = p.with_name("t.json.tables.msgpack")
-    blob = msgspec.msgpack.decode(cached.read_bytes())
+    blob = load_cache_blob(cached)
     table = pa.ipc.open_stream(pa.py_buffer(blob["tables"]["breakdown"])).read_all()
     for bad in (table.drop_columns(["idle_ns"]), table.set_column(
             table.schema.get_field_index("step_ns"), "step_ns", table["step_ns"].cast(pa.float64()))):
@@ -202,7 +210,7 @@ def test_cache_off_the_table_schema_is_a_logged_miss(tmp_path, caplog):
         with pa.ipc.new_stream(sink, bad.schema) as w:
             w.write_table(bad)
         blob["tables"]["breakdown"] = sink.getvalue().to_pybytes()
-        cached.write_bytes(msgspec.msgpack.encode(blob))
+        dump_cache_blob(cached, blob)  # signed: the schema check is what refuses it
         with caplog.at_level(logging.INFO, logger="analyzer.ingest.pipeline"):
             got = load_tables(p)
         assert not got.ranks[0].cache_hit and got.breakdown.equals(want)

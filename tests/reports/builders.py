@@ -14,9 +14,12 @@ from analyzer.contract import schemas
 
 
 def tensor_rows(*, rank, kind, tensor, seq, step=0, numel=4.0, sq_sum=1.0, ref_sq_sum=1.0,
-                diff_sq_sum=0.0, max_abs_diff=0.0, max_abs_ref=1.0, nonfinite=0.0,
+                diff_sq_sum=None, max_abs_diff=0.0, max_abs_ref=1.0, nonfinite=0.0,
                 replicated=1.0):
-    """The eight metric rows of one tensor on one rank."""
+    """The eight metric rows of one tensor on one rank; ``diff_sq_sum`` defaults to
+    ``max_abs_diff ** 2`` (one element off by the maximum): sums a tensor can have."""
+    if diff_sq_sum is None:
+        diff_sq_sum = max_abs_diff ** 2
     vals = dict(numel=numel, sq_sum=sq_sum, ref_sq_sum=ref_sq_sum, diff_sq_sum=diff_sq_sum,
                 max_abs_diff=max_abs_diff, max_abs_ref=max_abs_ref, nonfinite=nonfinite,
                 replicated=replicated)
