@@ -2,8 +2,9 @@
 
 Exit codes (analyzer/contract/errors.py ``ExitCode``): 0 ok, 1 a record failed (one line names the rank
 and its first error), 2 bad options or a refused run dir (``rundir.check_run_dir``; another record
-holds it), 130 interrupted. Under torchrun (RANK set) this process is that rank. On success it
-prints ``recorded <run dir>`` per run (under torchrun global rank 0 only).
+holds it), 130 interrupted (SIGINT, SIGTERM, SIGHUP, SIGQUIT; from before the ``--model`` check
+on). Under torchrun (RANK set) this process is that rank. It prints ``recorded <run dir>`` per
+run it completed (under torchrun global rank 0 only), also before the one line of a failure.
 """
 
 from __future__ import annotations
