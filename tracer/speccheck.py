@@ -72,9 +72,11 @@ def check_spec_isolated(cfg: RecordConfig) -> None:
             how = (f"exited with status {code}" if code >= 0
                    else f"was killed by {signal.Signals(-code).name}" if -code in signal.valid_signals()
                    else f"was killed by signal {-code}")
+            said = _last_line(folder / LOG)
             raise ValueError(f"--model {spec}: the model code {how} during the spec check "
-                             "(os._exit or the like), before any worker started; never end the "
-                             "process from model code: raise an exception instead")
+                             f"(os._exit or the like{'; its last line: ' + said if said else ''}), "
+                             "before any worker started; never end the process from model code: "
+                             "raise an exception instead")
         if not verdict.get("ok"):
             raise ValueError(verdict.get("error") or f"--model {spec}: refused")
 
@@ -94,6 +96,15 @@ def _wait(proc: subprocess.Popen, folder: Path, timeout_s: float) -> int | None:
                 return None
         elif now - begun > timeout_s + HANG_SLACK_S:
             return None
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_bytes()[-4096:].decode("utf-8", "replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if ln]
+    return lines[-1] if lines else ""
 
 
 def _kill(proc: subprocess.Popen) -> None:

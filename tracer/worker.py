@@ -490,9 +490,12 @@ def worker_main(cfg: RecordConfig) -> None:
         print(f"tracer: rank {env.rank} failed at step {hb.step} ({hb.phase}): {line}{where}",
               file=sys.stderr, flush=True)
         _exit_now(ExitCode.INTERNAL)
-    if said is not None and env.rank == 0:  # the launcher says it otherwise (tracer.cli)
-        sys.stdout.flush()
-        os.write(said, f"recorded {cfg.run_dir}\n".encode())
+    if env.launch == "torchrun" and env.rank == 0:  # the launcher says it otherwise (tracer.cli)
+        if said is None:
+            print(f"recorded {cfg.run_dir}", flush=True)
+        else:
+            sys.stdout.flush()
+            os.write(said, f"recorded {cfg.run_dir}\n".encode())
     if dist.is_initialized():
         dist.destroy_process_group()
     logging.shutdown()  # flush and close the log handlers (the atexit hook os._exit skips)

@@ -77,3 +77,15 @@ def test_tables_out_sweeps_a_dead_runs_staging_only(tmp_path, dead_identity):
     assert live.exists() and foreign.exists() and other_name.exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")) == sorted(
         [live.name, foreign.name, other_name.name])  # and its own staging is gone
+
+
+def test_an_owner_is_dead_only_when_provably_gone():
+    """A reused pid (another start time) or another boot is dead; another host, a malformed
+    owner line, this very process are not."""
+    ident = owner.identity()
+    pid, ticks, boot, host = ident.split()
+    assert not owner.dead(ident)
+    assert owner.dead(f"{pid} {int(ticks) + 1} {boot} {host}")
+    assert owner.dead(f"{pid} {ticks} another-boot {host}")
+    assert not owner.dead(f"{pid} {ticks} {boot} {host}-elsewhere")
+    assert not owner.dead("") and not owner.dead("12 x y z") and not owner.dead(f"{pid} {ticks}")
