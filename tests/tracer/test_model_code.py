@@ -42,6 +42,7 @@ def _gate(out) -> subprocess.CompletedProcess:
     ("sys_exit_in_rank1", "rank 1 failed at step 0: the model code exited with status 0 (sys.exit) "
                           "during the record"),
     ("os_exit_in_rank1", "rank 1: the model code exited with status 0 during the record"),
+    ("os_exit_in_every_rank", ": the model code exited with status 0 during the record, at '0 step'"),
     ("library_gives_up_in_rank1", "rank 1 exited with code 1 at '0 step': FATAL: the kernel library "
                                   "gave up: shape mismatch"),
 ])
