@@ -265,18 +265,27 @@ def write_baseline_isolated(cfg: RecordConfig, device_type: str, path: Path) -> 
 
     Raises ``ValueError`` with the child's one line when it refused (exit 2: bad golden run,
     no space left, unwritable folder), ``RuntimeError`` with its last stderr line when it
-    failed otherwise or exceeded the config's timeout.
+    failed otherwise, exceeded the hang watchdog's limit (``2 * --timeout + HANG_SLACK_S``:
+    it imports torch first, slow on a loaded machine) or exited 0 without the file (model code
+    ended it: ``sys.exit(0)``, ``os._exit(0)``).
     """
+    from tracer.launch import HANG_SLACK_S
+
     cmd = [sys.executable, "-m", "tracer.baseline", json.dumps(cfg.to_dict()), device_type, str(path)]
+    limit_s = 2 * cfg.timeout_s + HANG_SLACK_S  # the ranks' hang watchdog: its torch import counts
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg.timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"baseline process exceeded {cfg.timeout_s}s") from None
+        raise RuntimeError(f"baseline process exceeded {limit_s:g}s (2 x --timeout + "
+                           f"{HANG_SLACK_S:g}s, as the hang watchdog)") from None
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         if proc.returncode == _REFUSED and lines:
             raise ValueError(lines[-1])
         raise RuntimeError(f"baseline process failed: {lines[-1] if lines else proc.returncode}")
+    if not Path(path).is_file():  # written last (save_baseline): exit 0 without it is not ours
+        raise RuntimeError("the model code exited with status 0 during the baseline (sys.exit or "
+                           "os._exit), before it was written")
 
 
 def load_baseline(path: Path, cfg: RecordConfig, device_type: str) -> tuple[dict[str, torch.Tensor], list[str]]:

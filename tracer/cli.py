@@ -2,8 +2,9 @@
 
 Exit codes (analyzer/contract/errors.py ``ExitCode``): 0 ok, 1 a record failed (one line names the rank
 and its first error), 2 bad options or a refused run dir (``rundir.check_run_dir``; another record
-holds it), 130 interrupted. Under torchrun (RANK set) this process is that rank. On success it
-prints ``recorded <run dir>`` per run (under torchrun global rank 0 only).
+holds it), 130 interrupted (SIGINT, SIGTERM, SIGHUP, SIGQUIT; from before the ``--model`` check
+on). Under torchrun (RANK set) this process is that rank. It prints ``recorded <run dir>`` per
+run it completed (under torchrun global rank 0 only), also before the one line of a failure.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ def _main() -> None:
     """paritytrace recorder."""
 
 
-def _fail(code: int, message: str) -> None:
+def _fail(code: int, message: str, recorded: list[Path] = ()) -> None:
+    """One line on stderr, exit ``code``; first, on stdout, the runs that were ``recorded``."""
+    for run_dir in recorded:
+        typer.echo(f"recorded {run_dir}")
     typer.echo(f"tracer: {message}", err=True)
     raise typer.Exit(code)
 
@@ -108,6 +112,12 @@ def record(
     from tracer.record import expand, interleave
 
     under_torchrun = "RANK" in os.environ
+    spawned = os.environ.get("PARITYTRACE_LAUNCH") == "spawn"  # launch.LAUNCH_ENV: checked there
+    if not under_torchrun:
+        from tracer.launch import stop_on_signals
+
+        # before any check runs model code: a stop signal from here on is one clean-up
+        stop_on_signals()
     if under_torchrun and (strategy == "all" or "," in strategy):
         _fail(ExitCode.BAD_INPUT, f"--strategy {strategy}: under torchrun record one strategy per torchrun command")
     if under_torchrun and repeat > 1 and repeat_index == 0:  # spawned workers carry their index
@@ -134,26 +144,25 @@ def record(
 
             for cfg in configs:
                 check_golden(cfg)
-        if configs[0].model != "reference":  # before any worker: a bad spec is one line, exit 2
-            from tracer.modelspec import check_spec
+        if configs[0].model != "reference" and not spawned:
+            # before any worker, in a child under --timeout: a bad spec is one line, exit 2
+            from tracer.speccheck import check_spec_isolated
 
-            check_spec(max(configs, key=lambda c: c.world_size))
+            check_spec_isolated(max(configs, key=lambda c: c.world_size))
         # before torch is imported: a refused folder or a held run dir stops at once
         if under_torchrun:  # rank 0 takes the lock when it clears the run dir (worker.run_rank)
-            from tracer.rundir import check_run_dir
+            from tracer.rundir import check_run_dir, check_writable
 
             check_run_dir(configs[0].run_dir)
+            check_writable(configs[0].run_dir)  # every rank, before the process group starts
         else:
-            from tracer.launch import stop_on_signals
             from tracer.record import claim_run_dirs
 
-            # before the lock file exists: a stop signal from here on is one clean-up
-            stop_on_signals()
             claim_run_dirs(configs)
     except ValueError as exc:
         _fail(ExitCode.BAD_INPUT, str(exc))
     except KeyboardInterrupt:  # claim_run_dirs released what it had taken
-        _fail(ExitCode.INTERRUPTED, _INTERRUPTED)
+        _fail(ExitCode.INTERRUPTED, _INTERRUPTED_EARLY)
     if under_torchrun:
         from tracer.worker import worker_main
 
@@ -163,6 +172,7 @@ def record(
 
 
 _INTERRUPTED = "interrupted; all workers stopped, the interrupted run has no manifest"
+_INTERRUPTED_EARLY = "interrupted before any record started; nothing written"
 
 
 def _given(ctx: typer.Context, option: str) -> bool:
@@ -176,17 +186,19 @@ def _record_here(configs) -> None:
 
     # Ctrl-C, SIGTERM, SIGHUP: one clean-up (stop_on_signals, installed before the claim)
     logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
-    try:
-        from tracer.record import record_local
+    from tracer.record import record_local, unrecorded
 
-        run_dirs = record_local(configs)
+    done: list[Path] = []
+    try:
+        record_local(configs, done)
     except RecordFailed as exc:
-        _fail(ExitCode.INTERNAL, f"record failed: {exc}; no manifest written")
+        _fail(ExitCode.INTERNAL, f"record failed: {exc}; no manifest written{unrecorded(configs, done)}",
+              done)
     except ValueError as exc:
-        _fail(ExitCode.BAD_INPUT, str(exc))
+        _fail(ExitCode.BAD_INPUT, f"{exc}{unrecorded(configs, done)}", done)
     except KeyboardInterrupt:
-        _fail(ExitCode.INTERRUPTED, _INTERRUPTED)
-    for run_dir in run_dirs:
+        _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{unrecorded(configs, done)}", done)
+    for run_dir in done:
         typer.echo(f"recorded {run_dir}")
 
 

@@ -58,8 +58,11 @@ CTRL_ENV = "PARITYTRACE_CTRL_DIR"
 GO_ENV = "PARITYTRACE_GO_FD"
 """Spawned workers of a gated start: the inherited fd on which the launcher signals that the run
 dir is prepared (``WorkerGroup.release``; read by tracer.worker.wait_for_go)."""
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""Signals that stop a record: Ctrl-C, ``kill`` / a batch system, a closed terminal."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+"""Signals that stop a record: Ctrl-C, ``kill`` / a batch system, a closed terminal, Ctrl-\\
+(SIGQUIT, whose default core dump would skip the clean-up)."""
+LOG_TAIL_BYTES = 64 * 1024
+"""How much of the end of a rank's log ``_log_line`` reads."""
 
 
 class RecordFailed(Exception):
@@ -132,6 +135,8 @@ class _Worker:
     """Write end of this worker's start-signal pipe (gated start only) until ``release``."""
     exited_at: float | None = None
     killed_by_us: bool = False
+    finished: bool = False
+    """It exited 0 after its heartbeat said ``done`` (the end of ``worker.worker_main``)."""
 
 
 def _signal_name(code: int) -> str:
@@ -263,10 +268,13 @@ class WorkerGroup:
             for w in self.workers:
                 if w.exited_at is None and w.proc.poll() is not None:
                     w.exited_at = now
+                    w.finished = w.proc.returncode == 0 and self._heartbeat_step(w.rank).endswith(" done")
             codes = [w.proc.returncode for w in self.workers]
-            if all(c == 0 for c in codes):
+            if all(w.finished for w in self.workers):
                 return
-            if first_failure is None and any(c not in (None, 0) for c in codes):
+            # exit 0 before the end (model code called os._exit(0)) is a failure like any other
+            if first_failure is None and any(c is not None and not w.finished
+                                             for c, w in zip(codes, self.workers)):
                 first_failure = now
             if first_failure is not None and (all(c is not None for c in codes)
                                               or now - first_failure > FAIL_GRACE_S):
@@ -282,6 +290,11 @@ class WorkerGroup:
             time.sleep(POLL_S)
 
     def _diagnose(self, alive_at_kill: list[int]) -> str:
+        """The one line naming the failure's cause. A rank that ended abruptly comes first:
+        killed by a signal, exited 0 before its work was done (model code's ``os._exit(0)``),
+        exited non-zero without writing an error (its log's line says why); the errors its
+        peers then wrote (a closed connection, a timed-out collective) follow from it. Else the
+        earliest error, or a hang."""
         errors = self._errors()
         by_signal = [w for w in self.workers
                      if w.proc.returncode is not None and w.proc.returncode < 0 and not w.killed_by_us]
@@ -289,6 +302,20 @@ class WorkerGroup:
             w = min(by_signal, key=lambda w: w.exited_at or 0.0)
             return (f"rank {w.rank} was killed by {_signal_name(w.proc.returncode)} "
                     f"(last progress: {self._heartbeat_step(w.rank)})")
+        quit_early = [w for w in self.workers if w.proc.returncode == 0 and not w.finished]
+        if quit_early:
+            w = min(quit_early, key=lambda w: w.exited_at or 0.0)
+            return (f"rank {w.rank}: the model code exited with status 0 during the record, at "
+                    f"'{self._heartbeat_step(w.rank)}' (os._exit(0) or the like: the rank ended "
+                    "before its work was done)")
+        silent = [w for w in self.workers if w.proc.returncode not in (None, 0)
+                  and not w.killed_by_us and w.rank not in errors]
+        if silent:
+            w = min(silent, key=lambda w: w.exited_at or 0.0)
+            said = self._log_line(w.rank)
+            if said:
+                return f"rank {w.rank} exited with code {w.proc.returncode} at '{self._heartbeat_step(w.rank)}': {said}"
+            return f"rank {w.rank} exited with code {w.proc.returncode} and wrote no error (its log is empty)"
         if errors:
             first = min(errors.values(), key=lambda e: e["time"])
             hung = [r for r in alive_at_kill if r not in errors]
@@ -296,9 +323,21 @@ class WorkerGroup:
                 return (f"rank {hung[0]} hung at '{self._heartbeat_step(hung[0])}': rank {first['rank']} "
                         f"timed out waiting for it after {self.cfg.timeout_s:g}s ({first['error']})")
             return f"rank {first['rank']} failed at step {first['step']}: {first['error']}"
-        failed = [w for w in self.workers if w.proc.returncode not in (None, 0) and not w.killed_by_us]
-        w = failed[0] if failed else self.workers[0]
+        w = self.workers[0]
         return f"rank {w.rank} exited with code {w.proc.returncode} and wrote no error"
+
+    def _log_line(self, rank: int) -> str:
+        """The line of ``rank``'s log that says why it ended: its last ``tracer: `` line
+        (prefix dropped), else its last line (a traceback's exception), "" for an empty log."""
+        try:
+            with open(self.ctrl_dir / f"rank{rank}.log", "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
+        except OSError:
+            return ""
+        lines = [ln for ln in lines if ln]
+        ours = [ln for ln in lines if ln.startswith("tracer: ")]
+        return ours[-1][len("tracer: "):] if ours else (lines[-1] if lines else "")
 
 
 def run_workers(cfg: RecordConfig, prepare: Callable[[], None] | None = None) -> None:

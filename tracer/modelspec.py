@@ -122,6 +122,11 @@ def _factory(spec: str) -> Callable[[], Any]:
     return factory
 
 
+def _exited(spec: str, where: str, exc: SystemExit) -> SpecError:
+    return _bad(spec, f"{where} exited with status {exc.code} (sys.exit)",
+                "never end the process from model code: raise an exception instead")
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else "(no message)"
@@ -145,6 +150,8 @@ def load_spec(cfg) -> ModelSpec:
         built = factory()
     except SpecError:
         raise
+    except SystemExit as exc:
+        raise _exited(spec, "the factory", exc) from None
     except Exception as exc:
         raise _bad(spec, f"the factory raised {type(exc).__name__}: {_first_line(exc)}",
                    "fix the factory") from None
@@ -188,6 +195,8 @@ def check_spec(cfg) -> ModelSpec:
     name = cfg.model
     try:
         x, y = spec.make_batch(cfg.batch, cfg.seed)
+    except SystemExit as exc:
+        raise _exited(name, "make_batch", exc) from None
     except Exception as exc:
         raise _bad(name, f"make_batch({cfg.batch}, {cfg.seed}) raised {type(exc).__name__}: "
                    f"{_first_line(exc)}", "fix make_batch") from None
@@ -202,6 +211,8 @@ def check_spec(cfg) -> ModelSpec:
     rows = rank_rows(cfg.batch, cfg.world_size, 0)
     try:
         loss = spec.loss(spec.model(x[rows]), y[rows])
+    except SystemExit as exc:
+        raise _exited(name, "the forward or loss", exc) from None
     except Exception as exc:
         raise _bad(name, f"the forward or loss raised {type(exc).__name__}: {_first_line(exc)}",
                    "fix the model or the loss") from None

@@ -119,7 +119,7 @@ def _cannot_prepare(path: Path, exc: OSError) -> ValueError:
                       "choose a writable --out")
 
 
-def record_local(configs: list[RecordConfig]) -> list[Path]:
+def record_local(configs: list[RecordConfig], done: list[Path] | None = None) -> list[Path]:
     """Record each config with spawned workers; return the run directories.
 
     Computes the baseline once (all configs share its settings) into a hidden staging folder
@@ -133,7 +133,9 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     Raises ``launch.RecordFailed`` on the first failed record, ``KeyboardInterrupt`` on Ctrl-C
     (workers killed either way), ``ValueError`` for an unusable device or output folder or a
     run dir another record holds,
-    ``RuntimeError`` when the baseline cannot be computed.
+    ``RuntimeError`` when the baseline cannot be computed. ``done``: a list that gets each run
+    dir as its record completes, so a caller can say which ones a failure left unrecorded
+    (``unrecorded``).
     """
     import tempfile
     from dataclasses import replace
@@ -144,7 +146,8 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
     try:
         from tracer.baseline import BASELINE_NAME, write_baseline, write_baseline_isolated
         from tracer.launch import run_workers
-        from tracer.rundir import abandon_record, finish_record
+        from analyzer.contract.owner import write_owner
+        from tracer.rundir import abandon_record, finish_record, sweep_leftovers
 
         import torch
 
@@ -158,8 +161,12 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
         warning = oversubscription(configs, len(os.sched_getaffinity(0)))
         if warning:
             log.warning("%s", warning)
+        for out in dict.fromkeys(c.run_dir.parent for c in configs):  # what killed records left
+            for path in sweep_leftovers(out):
+                log.info("removed %s, left by a killed record", path)
         try:  # same filesystem as the run dirs, so placing the baseline is a hard link
             staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=configs[0].run_dir.parent))
+            write_owner(staging)  # first: a SIGKILL from here on leaves a folder a later record sweeps
         except OSError as exc:
             raise _cannot_prepare(configs[0].run_dir.parent, exc) from None
     except BaseException:
@@ -167,14 +174,16 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
         raise
 
     def baseline_then_prepare(cfg: RecordConfig) -> None:
-        if device_type == "cuda":  # keep the launcher free of a CUDA context while ranks run
+        # CUDA: keep the launcher free of a CUDA context while ranks run; --model SPEC: the
+        # user's code never runs in the launcher (its os._exit(0) would end it with status 0)
+        if device_type == "cuda" or configs[0].model != "reference":
             write_baseline_isolated(configs[0], device_type, staging / BASELINE_NAME)
         else:
             write_baseline(configs[0], device_type, staging / BASELINE_NAME)
         prepare_run_dir(cfg, staging)
 
+    done = [] if done is None else done
     try:
-        done = []
         for i, cfg in enumerate(configs):
             log.info("recording %s into %s", cfg.strategy, cfg.run_dir)
             try:
@@ -194,17 +203,30 @@ def record_local(configs: list[RecordConfig]) -> list[Path]:
         _release(configs)
 
 
+def unrecorded(configs: list[RecordConfig], done: list[Path]) -> str:
+    """For the one line of a failed or interrupted command of several runs (``--repeat``, a
+    strategy list): which runs it recorded and which it did not ("" for a single run)."""
+    if len(configs) < 2:
+        return ""
+    kept = {Path(d) for d in done}
+    missing = [c.run_name for c in configs if c.run_dir not in kept]
+    got = [c.run_name for c in configs if c.run_dir in kept]
+    return (f"; {len(got)} of {len(configs)} runs recorded ({', '.join(got) or 'none'}), "
+            f"not recorded: {', '.join(missing)}")
+
+
 def claim_run_dirs(configs: list[RecordConfig]) -> None:
     """Before torch is imported or anything is written: check every config's run dir
     (``rundir.check_run_dir``) and take its record lock (``rundir.lock_run_dir``, held until
     ``record_local`` ends or the process exits), so a refused or concurrent record stops at
     once with one line. Raises ``ValueError`` (``rundir.RunDirBusy`` for a held lock); on a
     raise, a stop signal's ``KeyboardInterrupt`` included, no lock is kept."""
-    from tracer.rundir import check_run_dir, lock_run_dir
+    from tracer.rundir import check_run_dir, check_writable, lock_run_dir
 
     try:
         for cfg in configs:
             check_run_dir(cfg.run_dir)
+            check_writable(cfg.run_dir)
         for cfg in configs:
             try:
                 lock_run_dir(cfg.run_dir)

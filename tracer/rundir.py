@@ -29,6 +29,7 @@ from pathlib import Path
 
 import msgspec
 
+from analyzer.contract import owner
 from analyzer.contract.schemas import (GOLDEN_NAME, KEPT_NAME, KEPT_TENSORS_NAME, LOCK_NAME, MANIFEST_NAME,
                                        MEMORY_CATEGORIES_NAME, MEMORY_DIR, MEMORY_PARQUET_NAME, NUMERICS_NAME,
                                        RECORDING_NAME,
@@ -126,6 +127,30 @@ def check_run_dir(run_dir: Path) -> None:
                          "--name, or empty the folder")
 
 
+def check_writable(run_dir: Path) -> None:
+    """Refuse a run dir that cannot be written, before anything is written or any process
+    group starts (under torchrun every rank checks; rank 0 writes): the nearest existing folder
+    of ``run_dir`` (itself or an ancestor) is on a read-only filesystem, is marked read-only (no
+    write bit; refused even for root, which could still write there, as the analyzer refuses
+    it), or is not writable by this user. Writes nothing. Raises ``ValueError`` (one line, the
+    CLI exits 2), as a failed write would later (``record._cannot_prepare``)."""
+    folder = next((d for d in (run_dir, *run_dir.parents) if d.exists()), None)
+    if folder is None or not folder.is_dir():
+        return  # check_run_dir's: a file on the way
+    try:
+        read_only_fs = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+        marked = not folder.stat().st_mode & 0o222
+    except OSError as exc:
+        raise ValueError(f"{run_dir}: cannot prepare the run directory ({exc.strerror or exc}); "
+                         "choose a writable --out") from None
+    why = ("Read-only file system" if read_only_fs
+           else f"{folder} is marked read-only" if marked
+           else None if os.access(folder, os.W_OK | os.X_OK)
+           else f"{folder}: Permission denied")
+    if why is not None:
+        raise ValueError(f"{run_dir}: cannot prepare the run directory ({why}); choose a writable --out")
+
+
 def lock_run_dir(run_dir: Path) -> None:
     """Take ``run_dir``'s record lock (``fcntl.flock`` on ``LOCK_NAME``, created with the folder,
     holding this process's pid) for this process; a second call for the same folder is a no-op.
@@ -148,7 +173,7 @@ def lock_run_dir(run_dir: Path) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").split("\n")[0].strip() or "unknown"
             os.close(fd)
             raise RunDirBusy(f"{run_dir}: another tracer record (pid {holder}) is writing this run "
                              "directory; wait for it to end, or choose another --out or --name") from None
@@ -158,8 +183,8 @@ def lock_run_dir(run_dir: Path) -> None:
         except FileNotFoundError:
             pass
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    os.ftruncate(fd, 0)  # pid, then who exactly (a later sweep tells a dead holder: sweep_leftovers)
+    os.pwrite(fd, f"{os.getpid()}\n{owner.identity() or ''}\n".encode(), 0)
     _HELD[key] = fd
 
 
@@ -233,3 +258,65 @@ def file_entries(run_dir: Path) -> list[FileEntry]:
         if f.is_file() and not f.is_symlink() and is_tracer_file(rel):
             entries.append(FileEntry(path=rel, size_bytes=f.stat().st_size, sha256=sha256_file(f)))
     return sorted(entries, key=lambda e: e.path)
+
+
+def sweep_leftovers(out: Path) -> list[Path]:
+    """Remove from ``out`` (the ``--out`` folder) what records killed beyond any clean-up
+    (SIGKILL, a power cut) left there, and only what is provably theirs and theirs alone:
+
+    - a baseline staging folder (``STAGING_PREFIX``) whose owner file names a dead process
+      (``analyzer.contract.owner``) and that holds nothing but the owner file and baseline files;
+    - a run dir that holds nothing but its record lock (``--repeat``: the later repeats of a
+      killed record were claimed, never started) whose lock nobody holds and whose writer,
+      named in it, is dead.
+
+    Run dirs a record had started are left: they keep their marker and read as incomplete.
+    Returns the paths removed. Never raises for a folder it cannot read or remove (kept)."""
+    removed: list[Path] = []
+    try:
+        entries = [p for p in out.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return removed
+    for d in entries:
+        try:
+            if d.name.startswith(STAGING_PREFIX) and _staged_only(d) and owner.owner_dead(d):
+                shutil.rmtree(d)
+                removed.append(d)
+            elif not d.name.startswith(".") and _unstarted_and_dead(d):
+                removed.append(d)
+        except OSError:
+            continue
+    return removed
+
+
+def _staged_only(d: Path) -> bool:
+    return all(p.is_file() and not p.is_symlink()
+               and (p.name == owner.OWNER_NAME or is_tracer_file(p.name) or _TRANSIENT.fullmatch(p.name))
+               for p in d.iterdir())
+
+
+def _unstarted_and_dead(d: Path) -> bool:
+    """Remove ``d`` when it holds only a lock file, free, written by a dead process (True)."""
+    names = [p.name for p in d.iterdir()]
+    lock = d / LOCK_NAME
+    if names != [LOCK_NAME] or lock.is_symlink() or os.stat(d).st_uid != os.geteuid():
+        return False
+    fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a live record holds it
+            return False
+        lines = os.pread(fd, 512, 0).decode("ascii", "replace").split("\n")
+        if len(lines) < 2 or not owner.dead(lines[1].strip()):
+            return False
+        if os.stat(lock).st_ino != os.fstat(fd).st_ino:
+            return False
+        lock.unlink()  # while locked: whoever opens the path next gets a new file
+    finally:
+        os.close(fd)
+    try:
+        d.rmdir()
+    except OSError:  # something arrived meanwhile: keep it
+        return False
+    return True

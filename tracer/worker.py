@@ -441,6 +441,8 @@ def write_error(env: RankEnv, step: int, exc: BaseException) -> str:
     """Write this rank's first error for the launcher (``rank<r>.error.json``); return its line."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    if isinstance(exc, SystemExit):  # no code of the tracer's exits inside run_rank
+        line = f"the model code exited with status {exc.code} (sys.exit) during the record"
     if env.ctrl_dir is not None:
         payload = json.dumps({"rank": env.rank, "time": time.time(), "step": step, "error": line})
         write_atomic(env.ctrl_dir / f"rank{env.rank}.error.json", payload)
@@ -478,6 +480,7 @@ def worker_main(cfg: RecordConfig) -> None:
         print(f"tracer: {exc}", file=sys.stderr, flush=True)
         _exit_now(ExitCode.BAD_INPUT)
     logging.basicConfig(level=os.environ.get("PARITYTRACE_LOG", "WARNING").upper(), format=f"[rank{env.rank}] %(levelname)s %(name)s: %(message)s")
+    said = _keep_stdout_for_the_tracer() if env.launch == "torchrun" else None
     hb = Heartbeat(env)
     try:
         run_rank(cfg, env, hb)
@@ -488,11 +491,29 @@ def worker_main(cfg: RecordConfig) -> None:
               file=sys.stderr, flush=True)
         _exit_now(ExitCode.INTERNAL)
     if env.launch == "torchrun" and env.rank == 0:  # the launcher says it otherwise (tracer.cli)
-        print(f"recorded {cfg.run_dir}", flush=True)
+        if said is None:
+            print(f"recorded {cfg.run_dir}", flush=True)
+        else:
+            sys.stdout.flush()
+            os.write(said, f"recorded {cfg.run_dir}\n".encode())
     if dist.is_initialized():
         dist.destroy_process_group()
     logging.shutdown()  # flush and close the log handlers (the atexit hook os._exit skips)
     _exit_now(0)
+
+
+def _keep_stdout_for_the_tracer() -> int | None:
+    """Under torchrun the rank's stdout is the user's: point fd 1 at stderr for the rest of
+    the rank, so what model code prints (even a line like ``recorded traces/ddp``) goes to
+    stderr, and return a duplicate of the original stdout, on which only the tracer's own
+    ``recorded`` line is written. None when the descriptors cannot be set up (then as before)."""
+    try:
+        sys.stdout.flush()
+        kept = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:
+        return None
+    return kept
 
 
 def _exit_now(code: int) -> None:

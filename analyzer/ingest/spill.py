@@ -14,7 +14,9 @@ temporary folder (``tempfile.mkdtemp``: mode 0700, under ``$TMPDIR``) and read b
 memory-mapped and only the columns asked for, by ``read``. The folder is removed when its
 ``Spill`` is garbage-collected, when its job is refused (``Spill.close``), and by
 ``remove_all`` before the CLI's ``os._exit`` (a stop signal included); it holds only what
-this process wrote.
+this process wrote, and an owner file (analyzer/contract/owner.py): a folder left by a process
+killed beyond any clean-up (SIGKILL) is removed by the next spill of this user (``sweep``)
+once that process is provably dead.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analyzer.contract.errors import BadInput, Reason
+from analyzer.contract.owner import OWNER_NAME, owner_dead, write_owner
 
 if TYPE_CHECKING:  # pandas / pyarrow load on use: budget_bytes() stays cheap for a cached report
     import pandas as pd
@@ -38,6 +41,9 @@ ENV = "PARITYTRACE_TABLES_MEMORY"
 DEFAULT_BYTES = 256 * 2**20
 SPILLED = ("collectives", "prefetch")
 """The tables that go to disk: the ones whose rows grow with a rank's events."""
+PREFIX = "paritytrace-tables-"
+"""Name prefix of the spill folders in ``$TMPDIR``."""
+_SPILLED_FILE = re.compile(r"[0-9]+\.(collectives|prefetch)\.arrow")
 _SIZE = re.compile(r"^\s*([0-9]+)([KMGT]?)\s*$", re.IGNORECASE | re.ASCII)
 
 
@@ -110,14 +116,18 @@ class Spill:
     def _folder(self) -> Path:
         if self.folder is None:
             try:
-                self.folder = Path(tempfile.mkdtemp(prefix="paritytrace-tables-"))
+                sweep()
+                folder = Path(tempfile.mkdtemp(prefix=PREFIX))
+                self._remover = weakref.finalize(self, shutil.rmtree, str(folder), True)
+                _REMOVERS.append(self._remover)
+                write_owner(folder)  # first: a SIGKILL from here leaves one sweep() removes
             except OSError as exc:
+                self.close()
                 raise BadInput(tempfile.gettempdir(), Reason.UNWRITABLE,
                                f"cannot hold the per-rank tables on disk ({exc.strerror})",
                                f"free space there, point TMPDIR elsewhere, or raise {ENV}"
                                ) from None
-            self._remover = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
-            _REMOVERS.append(self._remover)
+            self.folder = folder
         return self.folder
 
     def close(self) -> None:
@@ -135,6 +145,29 @@ def remove_all() -> None:
     """Remove every folder this process spilled to that is still there."""
     while _REMOVERS:
         _REMOVERS.pop()()
+
+
+def sweep() -> list[Path]:
+    """Remove the spill folders in ``$TMPDIR`` that analyzers killed beyond any clean-up
+    (SIGKILL) left, when provably theirs: the owner file names a dead process of this user
+    (analyzer/contract/owner.py) and the folder holds only that file and spilled tables
+    (``<n>.collectives.arrow``, ``<n>.prefetch.arrow``). Returns the folders removed."""
+    removed = []
+    try:
+        candidates = [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(PREFIX)]
+    except OSError:
+        return removed
+    for d in candidates:
+        try:
+            if not d.is_dir() or not owner_dead(d):
+                continue
+            if all((f.name == OWNER_NAME or _SPILLED_FILE.fullmatch(f.name)) and f.is_file()
+                   and not f.is_symlink() for f in d.iterdir()):
+                shutil.rmtree(d)
+                removed.append(d)
+        except OSError:
+            continue
+    return removed
 
 
 def _write(path: Path, name: str, df: pd.DataFrame) -> None:

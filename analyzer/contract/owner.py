@@ -1,0 +1,92 @@
+"""Which process owns a temporary folder, and whether that process is provably dead.
+
+Part of the contract because both programs leave temporary folders that a SIGKILL (or a
+SIGQUIT's core dump, a power cut) cannot remove: the tracer's baseline staging folders
+(``.tracer-baseline-*`` under ``--out``), the analyzer's spill folders (``paritytrace-tables-*``
+in ``$TMPDIR``) and ``--tables-out`` staging folders (``.tmp-*-<name>`` beside it). Each such
+folder gets an owner file (``OWNER_NAME``) as its first entry: the creator's pid, its start
+time (``/proc/<pid>/stat`` field 22, clock ticks since boot), the boot id and the host name. A
+later run sweeps a leftover only when ``owner_dead`` proves that owner gone: same host, and
+another boot, or no process with that pid, or one with another start time (a reused pid).
+Anything else (no owner file, a malformed one, another host, no ``/proc``) is not provably
+dead and stays.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+OWNER_NAME = ".paritytrace-owner"
+"""The owner file inside a swept temporary folder."""
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _boot_id() -> str | None:
+    try:
+        return _BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """Start time of process ``pid`` in clock ticks since boot, or None when there is no such
+    process (or no ``/proc``)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and ')': the fields after the last ')' are plain
+    fields = raw[raw.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19])  # field 22 overall: 3 fields are before this slice
+    except (IndexError, ValueError):
+        return None
+
+
+def identity(pid: int | None = None) -> str | None:
+    """``"<pid> <start ticks> <boot id> <host>"`` of ``pid`` (default: this process), or None
+    where it cannot be told (no ``/proc``)."""
+    pid = os.getpid() if pid is None else pid
+    ticks, boot = start_ticks(pid), _boot_id()
+    if ticks is None or boot is None:
+        return None
+    return f"{pid} {ticks} {boot} {socket.gethostname()}"
+
+
+def write_owner(folder: Path) -> None:
+    """Write this process's ``identity`` into ``folder/OWNER_NAME`` (nothing where it cannot
+    be told: such a folder is then never swept). Raises ``OSError``."""
+    ident = identity()
+    if ident is not None:
+        (Path(folder) / OWNER_NAME).write_text(ident + "\n")
+
+
+def dead(ident: str) -> bool:
+    """True when the process ``ident`` (an ``identity`` string) is provably gone (module doc)."""
+    parts = ident.split()
+    if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
+        return False
+    pid, ticks, boot, host = int(parts[0]), int(parts[1]), parts[2], parts[3]
+    if host != socket.gethostname():
+        return False  # a shared filesystem: another host's pids are not ours to look up
+    here = _boot_id()
+    if here is None:
+        return False
+    if boot != here:
+        return True  # the machine rebooted since: every process of that boot is gone
+    return start_ticks(pid) != ticks
+
+
+def owner_dead(folder: Path) -> bool:
+    """True when ``folder`` holds an owner file naming a process that is provably gone, and
+    ``folder`` belongs to this user (a sweep never removes another user's folder)."""
+    folder = Path(folder)
+    try:
+        if folder.is_symlink() or folder.lstat().st_uid != os.geteuid():
+            return False
+        text = (folder / OWNER_NAME).read_text(errors="replace")
+    except OSError:
+        return False
+    return dead(text.strip())
