@@ -115,6 +115,8 @@ def wait_transfer(coll: pd.DataFrame, offsets: pd.DataFrame | None = None,
     seen = at >= 0  # int64 lookups: a join's NaN would turn the ns into floats
 
     def col(c: str) -> np.ndarray:
+        if not len(inst):  # no instance on a usable clock: every row unseen
+            return np.zeros(len(key), np.int64)
         return np.where(seen, inst[c].to_numpy(dtype=np.int64)[at], 0)
 
     latest = col("latest")

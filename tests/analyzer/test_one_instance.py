@@ -226,3 +226,20 @@ def test_streamed_cross_rank_phase_gives_the_whole_table_answers(tmp_path, monke
     pd.testing.assert_frame_equal(parts["ranks"], rank_kind_split(coll, split, steps))
     pd.testing.assert_frame_equal(parts["moved"],
                                   collectives.by_kind(crossrank.transfer_rows(coll, split)))
+
+
+def test_no_instance_on_a_usable_clock_leaves_every_row_not_measured():
+    """Every rank's clock unusable (or no instance shared): an empty instance table, so each
+    collective's time is all not measured, none of it wait or transfer."""
+    import pandas as pd
+
+    from analyzer.analyses.commsplit import latest_starts
+
+    coll = pd.DataFrame({"rank": [1, 1], "pg": ["", ""], "kind": ["all_reduce"] * 2,
+                         "start_ns": [100, 500], "end_ns": [300, 900], "dur_ns": [200, 400]})
+    empty = latest_starts(pd.DataFrame({"pg": [], "kind": [], "seq": [], "start": [],
+                                        "end": [], "dur": []}))
+    split = wait_transfer(coll, None, empty)
+    assert split["not_measured_ns"].tolist() == [200, 400]
+    assert split["wait_ns"].tolist() == [0, 0] and split["transfer_ns"].tolist() == [0, 0]
+    assert not split["measured"].any()

@@ -160,16 +160,23 @@ def test_wait_plus_transfer_is_the_comm_time_on_a_recorded_ddp_run(ddp_run, tmp_
     got = {(c.rank, c.kind): c for c in run.comm_ranks}
     assert set(got) == set(want) and {r for r, _ in got} == {0, 1}
     for key, c in got.items():  # instances outside the one-instance bound: not measured
+        assert c.measured + c.inconsistent + c.unmatched == c.count
+        if not c.measured:  # a loaded machine can leave a clock not measured: none split
+            assert c.wait_ns is None and c.transfer_ns is None
+            assert c.not_measured_ns == c.time_ns == want[key], key
+            continue
         assert c.wait_ns + c.transfer_ns + c.not_measured_ns == c.time_ns == want[key], key
-        assert c.wait_ns >= 0 and c.transfer_ns >= 0 and c.unmatched == 0
-        assert c.measured + c.inconsistent == c.count
+        assert c.wait_ns >= 0 and c.transfer_ns >= 0
     # per kind, the per-rank means add up too, and when every instance is measured busbw
     # from transfer is at least the one over whole durations (same bytes, less time)
     for kind, k in run.communication.items():
-        assert k.wait_ns + k.transfer_ns + k.not_measured_ns == pytest.approx(k.time_ns, abs=1)
+        moved = (k.wait_ns or 0) + (k.transfer_ns or 0)
+        assert moved + k.not_measured_ns == pytest.approx(k.time_ns, abs=1)
         if not k.not_measured_ns:
             assert k.transfer_busbw_gbps >= k.busbw_gbps
     md = markdown.render(analyse(run_dir))
     c = got[0, "all_reduce"]
+    if not c.measured:
+        return
     assert f"| ddp | 0 | all_reduce | {c.time_ns_per_step / 1e6:.2f} ms | " \
            f"{c.transfer_ns_per_step / 1e6:.2f} ms | {c.wait_ns_per_step / 1e6:.2f} ms |" in md
