@@ -41,6 +41,7 @@ from typing import Any
 import msgspec
 
 from analyzer.contract.errors import BadInput
+from analyzer.ingest.pipeline import RankMeta
 
 
 class Refused(Exception):
@@ -206,25 +207,11 @@ def pickled_class(data: Any) -> str | None:
 
 # --- task results -------------------------------------------------------------------------------
 
-class _Meta(msgspec.Struct, forbid_unknown_fields=True):
-    world_size: int | None
-    device_kind: str
-    distributed_info: dict[str, Any] | None
-    main_tid: str | None
-    whole_trace_mode: bool
-    warnings: list[str]
-    timeline_step: int
-    whole_overlap_ns: int
-    whole_comm_ns: int
-    empty: bool
-    first_ns: int
-
-
 class _Tables(msgspec.Struct, tag="tables", forbid_unknown_fields=True):
     path: str
     sha256: str
     cache_hit: bool
-    meta: _Meta
+    meta: RankMeta
     tables: dict[str, bytes]
 
 
@@ -258,7 +245,7 @@ def encode(result: Any) -> bytes:
 
         out: Any = _Tables(path=str(result.path), sha256=result.sha256,
                            cache_hit=result.cache_hit,
-                           meta=_Meta(**{k: getattr(result, k) for k in pipeline._META}),
+                           meta=RankMeta(**{k: getattr(result, k) for k in pipeline._META}),
                            tables={t: pipeline._ipc(t, getattr(result, t))
                                    for t in schemas.TABLE_SCHEMAS})
     elif isinstance(result, BadInput):

@@ -410,8 +410,10 @@ CACHE_MAGIC = b"paritytrace-tables/1\n"
 the msgpack payload the HMAC covers."""
 
 
-class _Meta(msgspec.Struct):
-    """The rank metadata a cache holds, typed: a cache whose fields have other types is a miss."""
+class RankMeta(msgspec.Struct, forbid_unknown_fields=True):
+    """A rank's metadata (``_META``) as a per-rank tables cache and a Dask worker's result
+    (analyzer/ingest/daskwire.py) carry it, typed: fields of other types, or others than
+    these, make the cache a miss and the result refused."""
 
     world_size: int | None
     device_kind: str
@@ -524,7 +526,7 @@ def _read_tables(cpath: Path, path: Path, sig: list[int], sha: str | None) -> Ra
         sha = sha or str(blob["sha256"])
         if blob["key"] != cache_key(sha, CODE_MODULES):
             return None
-        meta = msgspec.convert(blob["meta"], _Meta)
+        meta = msgspec.convert(blob["meta"], RankMeta)
         tables = {t: pa.ipc.open_stream(pa.py_buffer(blob["tables"][t])).read_all()
                   for t in schemas.TABLE_SCHEMAS}
         for t, table in tables.items():
