@@ -30,10 +30,8 @@ from pathlib import Path
 import msgspec
 
 from analyzer.contract import owner
-from analyzer.contract.schemas import (GOLDEN_NAME, KEPT_NAME, KEPT_TENSORS_NAME, LOCK_NAME, MANIFEST_NAME,
-                                       MEMORY_CATEGORIES_NAME, MEMORY_DIR, MEMORY_PARQUET_NAME, NUMERICS_NAME,
-                                       RECORDING_NAME,
-                                       REPORT_DIR_NAME, STEPS_NAME, FileEntry, sha256_file)
+from analyzer.contract.schemas import (LOCK_NAME, MANIFEST_NAME, MEMORY_DIR, RECORDING_NAME,
+                                       REPORT_DIR_NAME, RUN_FILE, FileEntry, sha256_file)
 
 STAGING_PREFIX = ".tracer-baseline-"
 """Name prefix of the hidden folder beside the run dirs where ``tracer record`` computes the
@@ -41,12 +39,10 @@ baseline before placing it in each run dir."""
 PARTS_DIR = ".parts"
 """Per-rank partial tables, merged by rank 0 and removed before the manifest is written."""
 
-_NAMES = "|".join(re.escape(n) for n in (NUMERICS_NAME, STEPS_NAME, KEPT_NAME, GOLDEN_NAME, KEPT_TENSORS_NAME,
-                                         MEMORY_CATEGORIES_NAME))
-TRACER_FILE = re.compile(rf"(rank\d+\.trace\.json\.gz|{_NAMES}|{re.escape(MEMORY_DIR)}/"
-                         rf"(rank\d+\.snapshot\.pickle|{re.escape(MEMORY_PARQUET_NAME)}))")
-"""Relative, '/'-separated paths of the files a record leaves in a run dir (besides the manifest);
-``fullmatch`` only: ``rank0.trace.json.gz.tables.msgpack`` (the analyzer's cache) is not one."""
+TRACER_FILE = RUN_FILE
+"""Relative, '/'-separated paths of the files a record leaves in a run dir (besides the manifest):
+the contract's ``RUN_FILE`` (the only paths a manifest may list); ``fullmatch`` only:
+``rank0.trace.json.gz.tables.msgpack`` (the analyzer's cache) is not one."""
 _TRANSIENT = re.compile(rf"\.baseline\.activations\.safetensors|\.tmp-.+-({TRACER_FILE.pattern}"
                         rf"|\.baseline\.activations\.safetensors|{re.escape(MANIFEST_NAME)})")
 """Hidden files a record writes and removes (a killed one leaves them): the ranks' activation

@@ -89,12 +89,14 @@ def test_a_deeply_nested_manifest_is_one_line(tmp_path, ddp_run):
 
 def test_the_contract_names_the_tracers_files():
     rundir = pytest.importorskip("tracer.rundir")
-    for rel in ("rank0.trace.json.gz", "rank12.trace.json.gz", "numerics.parquet",
-                "steps.parquet", "kept.parquet", "golden.parquet", "baseline.safetensors",
-                "memory_categories.parquet", "memory/memory.parquet",
-                "memory/rank3.snapshot.pickle", "rank0.trace.json.gz.tables.msgpack",
-                "report/report.md", "manifest.json", "x.parquet"):
-        assert (schemas.RUN_FILE.fullmatch(rel) is not None) == rundir.is_tracer_file(rel), rel
+    ours = ("rank0.trace.json.gz", "rank12.trace.json.gz", "numerics.parquet",
+            "steps.parquet", "kept.parquet", "golden.parquet", "baseline.safetensors",
+            "memory_categories.parquet", "memory/memory.parquet", "memory/rank3.snapshot.pickle")
+    others = ("rank0.trace.json.gz.tables.msgpack", "report/report.md", "manifest.json",
+              "x.parquet", "memory/x.pickle")
+    for rel in ours + others:
+        assert (schemas.RUN_FILE.fullmatch(rel) is not None) == (rel in ours), rel
+        assert rundir.is_tracer_file(rel) == (rel in ours), rel
 
 
 def test_a_manifest_larger_than_any_record_writes_is_refused_unread(tmp_path, ddp_run, monkeypatch):
