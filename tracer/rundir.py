@@ -206,22 +206,41 @@ def clear_run_dir(run_dir: Path) -> None:
 
     The marker comes before the manifest goes, and the manifest before anything else, so an
     interrupted clear or record never leaves a folder that reads as complete. Removes only the
-    tracer's files (``TRACER_FILE``, the hidden ``_TRANSIENT`` ones, ``.parts/``), and
-    ``memory/`` only when that leaves it empty; everything else stays (issue 17 items 2 and 4).
-    Raises ``RunDirBusy`` (another record holds the lock), ``OSError``.
+    tracer's files: of a complete record, the ones its manifest lists (and that carry the
+    tracer's names, ``TRACER_FILE``), so a file of the user's named like one (a
+    ``rank2.trace.json.gz`` beside a 2-rank run) stays; of a record that did not complete (no
+    readable manifest), every file named like the tracer's; always the hidden ``_TRANSIENT``
+    ones and ``.parts/``; ``memory/`` only when that leaves it empty. Everything else stays
+    (issue 17 items 2 and 4). Raises ``RunDirBusy`` (another record holds the lock), ``OSError``.
     """
     lock_run_dir(run_dir)
+    listed = _listed_files(run_dir / MANIFEST_NAME)  # before the manifest goes
     (run_dir / RECORDING_NAME).write_text(f"{os.getpid()}\n")
     (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
     for f in list(run_dir.iterdir()) + list((run_dir / MEMORY_DIR).glob("*")):
         rel = f.relative_to(run_dir).as_posix()
-        if f.is_file() and (is_tracer_file(rel) or _TRANSIENT.fullmatch(f.name)):
+        ours = is_tracer_file(rel) and (listed is None or rel in listed)
+        if f.is_file() and (ours or _TRANSIENT.fullmatch(f.name)):
             f.unlink(missing_ok=True)
     shutil.rmtree(run_dir / PARTS_DIR, ignore_errors=True)
     try:
         (run_dir / MEMORY_DIR).rmdir()
     except OSError:  # absent, or holds files that are not the tracer's
         pass
+
+
+def _listed_files(manifest: Path) -> set[str] | None:
+    """The ``files[].path`` of the tracer manifest ``manifest``; None when there is none or it
+    cannot be read as one (the previous record did not complete)."""
+    if not _is_tracer_manifest(manifest):
+        return None
+    try:
+        files = msgspec.json.decode(manifest.read_bytes()).get("files")
+    except (OSError, msgspec.DecodeError):
+        return None
+    if not isinstance(files, list):
+        return None
+    return {f["path"] for f in files if isinstance(f, dict) and isinstance(f.get("path"), str)}
 
 
 def holds_lock(run_dir: Path) -> bool:

@@ -158,3 +158,27 @@ def test_a_run_dir_is_one_with_the_tracers_manifest_marker_or_lock(tmp_path):
         (d / name).write_text(text)
         assert rundir.is_run_dir(d), name
     assert not rundir.is_run_dir(_tree(tmp_path / "user", RECORDED))
+
+
+def test_rerecord_removes_only_the_files_its_manifest_lists(tmp_path):
+    """A complete run dir whose manifest lists two ranks: a rank2.trace.json.gz and a
+    golden.parquet of the user's, named like the tracer's but not listed, stay."""
+    import json
+
+    run = _tree(tmp_path / "ddp", RECORDED + ["rank2.trace.json.gz", "golden.parquet", "notes.txt"])
+    listed = [n for n in RECORDED if n != "golden.parquet"]
+    (run / schemas.MANIFEST_NAME).write_text(json.dumps(
+        {"schema_version": 1, "run_id": "x", "files": [{"path": n} for n in listed]}))
+    rundir.clear_run_dir(run)
+    rundir.unlock_run_dir(run)
+    left = _files(run)
+    assert {"rank2.trace.json.gz", "golden.parquet", "notes.txt"} <= set(left)
+    assert not set(listed) & set(left)
+
+
+def test_rerecord_of_an_incomplete_run_removes_its_tracer_files(tmp_path):
+    """No manifest (the record did not complete): every file named like the tracer's goes."""
+    run = _tree(tmp_path / "ddp", RECORDED + ["notes.txt", schemas.RECORDING_NAME])
+    rundir.clear_run_dir(run)
+    rundir.unlock_run_dir(run)
+    assert _files(run) == sorted(["notes.txt", schemas.RECORDING_NAME])
