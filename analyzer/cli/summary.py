@@ -81,6 +81,8 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler) -
         # (analyzer/ingest/rundirs.py): a listed file missing or changed since the record is
         # refused, not summarised partially
         ts = load_tables(path, allow_incomplete=allow_incomplete, jobs=jobs)
+    if output is not None:
+        _refuse_output_on_input(output, path, ts)
     s = summarize(ts)
     if crosscheck is not None:
         from analyzer.compare import crosscheck_hta
@@ -98,6 +100,28 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler) -
             outpaths.write_out(output, text, option="-o", example="summary.json")
         return
     _print_tables(s)
+
+
+def _refuse_output_on_input(output: Path, path: Path, ts) -> None:
+    """Raise ``BadInput`` (``out_is_input``) when ``-o`` names, through any link, a file the
+    summary is made of: a trace it read, or in a run directory its manifest.json or a file of
+    the tracer's (``schemas.RUN_FILE``) -- writing it would destroy the input (as ``merge -o``
+    refuses, analyzer/timeline/merge.py)."""
+    import os
+
+    from analyzer.contract import schemas
+
+    inputs = [r.path for r in ts.ranks]
+    folder = path if path.is_dir() else path.parent
+    if (folder / schemas.MANIFEST_NAME).is_file():
+        inputs.append(folder / schemas.MANIFEST_NAME)
+        inputs += [p for p in folder.iterdir() if schemas.RUN_FILE.fullmatch(p.name)]
+    real = {os.path.realpath(p): p for p in inputs}
+    hit = real.get(os.path.realpath(output))
+    if hit is not None:
+        raise BadInput(output, Reason.OUT_IS_INPUT, f"is {hit.name}, one of the files summarised "
+                       "(writing it would destroy the input)",
+                       "pass -o a new file, e.g. -o summary.json")
 
 
 def _print_tables(s) -> None:

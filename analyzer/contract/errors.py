@@ -59,7 +59,7 @@ class Reason(str, enum.Enum):
     UNWRITABLE = "unwritable"  #: an output's folder is marked read-only, or the write failed
     OUT_IS_DIR = "out_is_dir"  #: ``-o`` names an existing folder where a file is written
     OUT_IS_FILE = "out_is_file"  #: ``--out`` names a file where a folder is needed
-    OUT_IS_INPUT = "out_is_input"  #: ``merge -o`` names one of the traces it reads
+    OUT_IS_INPUT = "out_is_input"  #: ``merge -o`` / ``summary -o`` names one of the files it reads
 
 
 class ParityTraceError(Exception):

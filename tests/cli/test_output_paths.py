@@ -239,3 +239,14 @@ def test_concurrent_reports_of_other_formats_keep_each_others_files(tmp_path, mo
     os.utime(out / "report.json", ns=(started - 10**9, started - 10**9))
     removed, _ = cache.remove_stale(out, ["report.json"], {"report.md": "m"}, started)
     assert removed == ["report.json"] and not (out / "report.json").exists()
+
+
+@pytest.mark.parametrize("target", ["rank0.trace.json.gz", "manifest.json", "rank1.trace.json.gz"])
+def test_summary_o_never_writes_over_an_input(ddp_run, tmp_path, target):
+    """summary -o onto a trace it reads or the run's manifest: one line (out_is_input), exit 2,
+    the file unchanged, as merge -o refuses."""
+    run = copy_run(ddp_run, tmp_path / "ddp")
+    before = (run / target).read_bytes()
+    proc = cli("summary", str(run), "--format", "json", "-o", str(run / target))
+    bad_input(proc, f"{run / target}: is {target}, one of the files summarised", "-o")
+    assert (run / target).read_bytes() == before
