@@ -164,6 +164,21 @@ def fs_now_ns() -> int:
     return time.clock_gettime_ns(coarse) if coarse is not None else time.time_ns()
 
 
+_COMMAND_STARTED_NS: list[int] = []
+
+
+def command_started() -> None:
+    """Note the instant this command started (``fs_now_ns``), as early as the CLI can
+    (analyzer/cli/app.py ``main``): what ``started_ns`` calls the start of this analysis."""
+    _COMMAND_STARTED_NS[:] = [fs_now_ns()]
+
+
+def started_ns() -> int:
+    """When this command started (``command_started``), else now: files a report running
+    beside this one wrote after it are newer, whatever each spent importing and analysing."""
+    return _COMMAND_STARTED_NS[0] if _COMMAND_STARTED_NS else fs_now_ns()
+
+
 def remove_stale(out: Path, names: list[str], written: dict[str, str],
                  started_ns: int | None = None) -> tuple[list[str], list[str]]:
     """Remove the files ``names`` of the output folder ``out`` that an earlier analysis wrote
@@ -224,10 +239,12 @@ def _looks_written_by_us(path: Path) -> bool:
 
 def foreign_files(out: Path, names: list[str]) -> list[str]:
     """The files ``names`` in ``out`` that a report would replace and the analyzer did not
-    write: neither recorded as written by it (``remove_stale``'s record, same SHA-256) nor
-    carrying the start every analyzer report has (a record cleared with the cache still
-    leaves its own reports replaceable). A symlink counts as foreign (write_atomic would
-    replace the link, not what it names)."""
+    write as they are: a file the record of written files (``remove_stale``'s) names is the
+    analyzer's only with the recorded SHA-256 (an edited report.md is the user's now); one it
+    does not name (the record cleared with the cache) is the analyzer's when it carries the
+    start every analyzer report has. A symlink counts as foreign (write_atomic would replace
+    the link, not what it names). Call it under ``out_lock``, so that a report writing at
+    the same time is seen before or after its record, never between."""
     try:
         known = msgspec.json.decode(_written_path(out).read_bytes(), type=dict[str, str])
     except (OSError, msgspec.DecodeError):
@@ -239,7 +256,7 @@ def foreign_files(out: Path, names: list[str]) -> list[str]:
             continue
         if path.is_symlink() or not path.is_file():
             out_names.append(name)
-        elif not ((name in known and _sha256(path) == known[name]) or _looks_written_by_us(path)):
+        elif not (_sha256(path) == known[name] if name in known else _looks_written_by_us(path)):
             out_names.append(name)
     return out_names
 

@@ -84,6 +84,9 @@ _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "Usage
 
 def main() -> None:
     """Console-script entry point."""
+    from reports import cache
+
+    cache.command_started()  # before the imports and parsing a report waits for
     try:
         rc = app(standalone_mode=False)
     except (BrokenPipeError, _PipeClosed):  # `analyzer ... | head`: the reader left; exit 0 quietly

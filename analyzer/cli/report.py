@@ -132,9 +132,11 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
 
     check_name(root)  # the report, its cache's key and its notes hold the input's path
     check_name(out)
-    started_ns = cache.fs_now_ns()  # what this analysis may prune is older than this
+    started_ns = cache.started_ns()  # what this analysis may prune is older than this
     # report files of the user's own in --out are never replaced (reports/cache.py)
-    if foreign := cache.foreign_files(out, [f"report.{f}" for f in FORMATS if f in formats]):
+    with cache.out_lock(out):
+        foreign = cache.foreign_files(out, [f"report.{f}" for f in FORMATS if f in formats])
+    if foreign:
         raise BadInput(out / foreign[0], Reason.UNWRITABLE, "was not written by analyzer report "
                        "and a report would replace it" + (f" (also {', '.join(foreign[1:])})"
                                                           if len(foreign) > 1 else ""),

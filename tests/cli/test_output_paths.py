@@ -250,3 +250,17 @@ def test_summary_o_never_writes_over_an_input(ddp_run, tmp_path, target):
     proc = cli("summary", str(run), "--format", "json", "-o", str(run / target))
     bad_input(proc, f"{run / target}: is {target}, one of the files summarised", "-o")
     assert (run / target).read_bytes() == before
+
+
+def test_report_never_replaces_a_report_edited_since_it_was_written(dlrm_copy, tmp_path,
+                                                                    monkeypatch):
+    """The analyzer's own report.md, edited by the user (the record's SHA-256 differs): the
+    next report into that folder refuses in one line and leaves the edit."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    out = tmp_path / "rep"
+    assert cli("report", str(dlrm_copy), "--out", str(out)).returncode == 0
+    edited = (out / "report.md").read_text() + "\nmy notes\n"
+    (out / "report.md").write_text(edited)
+    bad_input(cli("report", str(dlrm_copy), "--out", str(out)),
+              f"{out / 'report.md'}: was not written by analyzer report")
+    assert (out / "report.md").read_text() == edited
