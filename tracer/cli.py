@@ -198,6 +198,13 @@ def _record_here(configs) -> None:
         _fail(ExitCode.BAD_INPUT, f"{exc}{unrecorded(configs, done)}", done)
     except KeyboardInterrupt:
         _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{unrecorded(configs, done)}", done)
+    except Exception:
+        from tracer.launch import stop_requested
+
+        if not stop_requested():
+            raise
+        # the stop signal's KeyboardInterrupt, turned into another error by an import
+        _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{unrecorded(configs, done)}", done)
     for run_dir in done:
         typer.echo(f"recorded {run_dir}")
 
@@ -218,13 +225,12 @@ def main() -> None:
 
 
 def _exit_without_teardown(code: int) -> None:
-    """Exit with ``code`` now, skipping the interpreter's teardown when torch is loaded: it costs
-    about 1 s of CPU on torch 2.13 (after every file is written and every worker reaped), and a
-    stop signal landing in it would print a traceback from an atexit hook or, once Python has
-    restored the default handlers, end the process by that signal (exit -2 or -15, not the code
-    said). Only the console entry point does this; ``app`` invoked in-process returns normally."""
-    if "torch" not in sys.modules:
-        sys.exit(code)
+    """Exit with ``code`` now, skipping the interpreter's teardown: with torch loaded it costs
+    about 1 s of CPU on torch 2.13 (after every file is written and every worker reaped), and,
+    torch loaded or not, a stop signal landing in it would print a traceback from an atexit
+    hook or, once Python has restored the default handlers, end the process by that signal
+    (exit -2 or -15, not the code said: seen for a SIGTERM just after the run dir was claimed).
+    Only the console entry point does this; ``app`` invoked in-process returns normally."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

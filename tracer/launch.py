@@ -76,6 +76,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_STOPPED: list[int] = []
+
+
+def stop_requested() -> bool:
+    """True once a stop signal reached ``stop_on_signals``' handler: its KeyboardInterrupt may
+    surface as another exception (raised inside a C extension's module init, an import of
+    pyarrow or ssl turns it into a TypeError), which is then the interruption, not a failure."""
+    return bool(_STOPPED)
+
+
 def stop_on_signals() -> None:
     """Make the first ``STOP_SIGNALS`` signal raise ``KeyboardInterrupt`` and ignore every
     later one (the clean-up it starts then runs to its end: one line, exit 130, no traceback,
@@ -84,6 +94,7 @@ def stop_on_signals() -> None:
     def on_stop(signum, frame):
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
+        _STOPPED.append(signum)
         raise KeyboardInterrupt
 
     for s in STOP_SIGNALS:

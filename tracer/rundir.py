@@ -29,7 +29,7 @@ from pathlib import Path
 
 import msgspec
 
-from analyzer.contract import owner
+import analyzer.contract.owner as owner
 from analyzer.contract.schemas import (LOCK_NAME, MANIFEST_NAME, MEMORY_DIR, RECORDING_NAME,
                                        REPORT_DIR_NAME, RUN_FILE, FileEntry, sha256_file)
 

@@ -1,5 +1,5 @@
 """DESIGN.md: the contract is the one thing that crosses from analyzer to tracer. The tracer
-imports only the contract's modules (analyzer/contract/schemas.py, errors.py, atomic.py), and those
+imports only the contract's modules (analyzer/contract/schemas.py, errors.py, atomic.py, owner.py), and those
 import nothing else of the analyzer. Run-directory files are written through ``atomic_path``."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 from analyzer.contract.atomic import atomic_path, write_atomic
 
 REPO = Path(__file__).parents[2]
-CONTRACT = {"analyzer.contract.schemas", "analyzer.contract.errors", "analyzer.contract.atomic"}
+CONTRACT = {"analyzer.contract.schemas", "analyzer.contract.errors", "analyzer.contract.atomic",
+            "analyzer.contract.owner"}
 
 
 def _analyzer_imports(path: Path) -> set[str]:

@@ -302,8 +302,10 @@ def test_sigterm_at_each_phase_of_a_record_exits_130_and_leaves_an_incomplete_ru
         if launcher.poll() is None:
             launcher.kill()
     assert launcher.returncode == 130, stderr
-    assert _one_line(stderr) == ("tracer: interrupted; all workers stopped, the interrupted run has "
-                                 "no manifest")
+    said = ["tracer: interrupted; all workers stopped, the interrupted run has no manifest"]
+    if phase == "claimed":  # the signal may land while the claim is still being taken
+        said.append("tracer: interrupted before any record started; nothing written")
+    assert _one_line(stderr) in said
     assert alive_with_tag(tag) == []
     assert not _staging(tmp_path)
     run_dir = tmp_path / "ddp"
