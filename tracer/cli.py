@@ -18,6 +18,7 @@ from typing import Annotated, Optional
 import typer
 
 from analyzer.contract.errors import ExitCode
+from analyzer.contract.text import one_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
@@ -34,8 +35,8 @@ def _main() -> None:
 def _fail(code: int, message: str, recorded: list[Path] = ()) -> None:
     """One line on stderr, exit ``code``; first, on stdout, the runs that were ``recorded``."""
     for run_dir in recorded:
-        typer.echo(f"recorded {run_dir}")
-    typer.echo(f"tracer: {message}", err=True)
+        typer.echo(one_line(f"recorded {run_dir}"))
+    typer.echo(one_line(f"tracer: {message}"), err=True)
     raise typer.Exit(code)
 
 
@@ -206,7 +207,7 @@ def _record_here(configs) -> None:
         # the stop signal's KeyboardInterrupt, turned into another error by an import
         _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{unrecorded(configs, done)}", done)
     for run_dir in done:
-        typer.echo(f"recorded {run_dir}")
+        typer.echo(one_line(f"recorded {run_dir}"))
 
 
 def main() -> None:

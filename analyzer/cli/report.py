@@ -264,7 +264,7 @@ def register(app, run) -> None:
         from analyzer.cli import richout
 
         for n in notes:  # said by the analysis, or kept with the cached report: said again
-            richout.echo(n, err=True)
+            richout.echo(n, err=True, one_line=True)  # one line each, whatever a path holds
         richout.echo(md)
         richout.echo(f"analyzer: wrote {', '.join(f'report.{f}' for f in FORMATS if f in formats)} "
-                     f"to {out or default_out(directory)}", err=True)
+                     f"to {out or default_out(directory)}", err=True, one_line=True)

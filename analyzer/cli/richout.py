@@ -20,11 +20,10 @@ import os
 import re
 import sys
 
-from analyzer.contract.text import show_bidi
+from analyzer.contract.text import one_line as one_line_text, show_bidi
 
 _CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 """C0 controls but newline, DEL, C1 controls (ECMA-48)."""
-_CONTROL_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def clean(text: object, *, one_line: bool = False) -> str:
@@ -32,10 +31,9 @@ def clean(text: object, *, one_line: bool = False) -> str:
     words stay apart) and with bidirectional controls shown as their ``\\uXXXX`` escape
     (analyzer/contract/text.py). A newline is kept unless ``one_line``; then it is shown as
     ``\\n``, so a name holding one cannot print a line of its own (a forged ``gate: passed``)."""
-    s = show_bidi(str(text).replace("\t", " "))
     if one_line:
-        s = s.replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\r")
-    return (_CONTROL_ONE_LINE if one_line else _CONTROL).sub("", s)
+        return one_line_text(str(text))
+    return _CONTROL.sub("", show_bidi(str(text).replace("\t", " ")))
 
 
 def echo(text: object = "", *, err: bool = False, one_line: bool = False) -> None:

@@ -19,3 +19,15 @@ BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 def show_bidi(text: str) -> str:
     """``text`` with every ``BIDI_CONTROLS`` character written as its ``\\uXXXX`` escape."""
     return BIDI_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def one_line(text: str) -> str:
+    """``text`` as one terminal line: newlines shown as ``\\n`` (and ``\\r``), other C0/C1
+    controls dropped, bidirectional controls shown as their escape (``show_bidi``); for the
+    lines the tracer prints around a run name (analyzer/cli/richout.py ``clean`` does the same
+    for the analyzer)."""
+    s = show_bidi(text).replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\r")
+    return _CONTROLS.sub("", s.replace("\t", " "))

@@ -87,3 +87,21 @@ def test_bidi_overrides_are_shown_not_applied(ddp_run, tmp_path):
     assert RLO not in proc.stdout + proc.stderr
     gate = cli("gate", str(root))
     assert RLO not in gate.stdout + gate.stderr and "\\u202e" in gate.stdout
+
+
+def test_report_lines_around_a_folder_name_stay_one_line(ddp_run, tmp_path):
+    """A folder named with a newline and U+202E: the stderr lines of report (wrote ... to
+    FOLDER) stay one line each, the newline shown as \\n, the override as \\u202e."""
+    root = tmp_path / f"nl\nname{RLO}dir"
+    copy_run(ddp_run, root / "ddp")
+    proc = cli("report", str(root), "--format", "md")
+    assert proc.returncode == 0, proc.stderr
+    wrote = [ln for ln in proc.stderr.splitlines() if "wrote" in ln]
+    assert len(wrote) == 1 and "nl\\nname\\u202edir" in wrote[0], proc.stderr
+    assert RLO not in proc.stderr
+
+
+def test_contract_one_line_shows_what_would_break_a_line():
+    from analyzer.contract.text import one_line
+
+    assert one_line(f"a\nb\r\nc{RLO}d\x1b[31m") == "a\\nb\\nc\\u202ed[31m"
