@@ -103,17 +103,27 @@ def _standin(monkeypatch, name: str) -> None:
     monkeypatch.setenv("PARITYTRACE_HTA_RUNNER", f"tests.analyzer.hta_standins:{name}")
 
 
+def _summary_beside(standin: str, tmp_path, monkeypatch) -> tuple[dict, Path]:
+    """``summary --crosscheck hta --format json`` of a 2-rank GPU-shaped trace with the HTA
+    stand-in ``standin``: (its JSON, the trace's path); the command must exit 0."""
+    from typer.testing import CliRunner
+
+    from analyzer.cli.app import app
+
+    _standin(monkeypatch, standin)
+    p = tmp_path / "rank0.trace.json"
+    p.write_text(json.dumps(_gpu_trace(2)))
+    res = CliRunner().invoke(app, ["summary", str(p), "--crosscheck", "hta", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output[res.output.index("{"):]), p
+
+
 def test_hta_failure_is_one_line_and_our_figures_stay(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from analyzer.cli.app import app
 
-    _standin(monkeypatch, "key_error")
-    p = tmp_path / "rank0.trace.json"
-    p.write_text(json.dumps(_gpu_trace(2)))
-    res = CliRunner().invoke(app, ["summary", str(p), "--crosscheck", "hta", "--format", "json"])
-    assert res.exit_code == 0, res.output
-    data = json.loads(res.output[res.output.index("{"):])
+    data, p = _summary_beside("key_error", tmp_path, monkeypatch)
     failed = [n for n in data["notes"] if n.startswith("HTA failed")]
     assert len(failed) == 1 and "KeyError" in failed[0] and "second line" not in failed[0]
     row = data["crosscheck_hta"][0]
@@ -125,16 +135,7 @@ def test_hta_failure_is_one_line_and_our_figures_stay(tmp_path, monkeypatch):
 
 
 def test_hta_process_that_dies_is_one_line(tmp_path, monkeypatch):
-    from typer.testing import CliRunner
-
-    from analyzer.cli.app import app
-
-    _standin(monkeypatch, "dies")
-    p = tmp_path / "rank0.trace.json"
-    p.write_text(json.dumps(_gpu_trace(2)))
-    res = CliRunner().invoke(app, ["summary", str(p), "--crosscheck", "hta", "--format", "json"])
-    assert res.exit_code == 0, res.output
-    data = json.loads(res.output[res.output.index("{"):])
+    data, _ = _summary_beside("dies", tmp_path, monkeypatch)
     failed = [n for n in data["notes"] if n.startswith("HTA failed")]
     assert len(failed) == 1 and "signal 9" in failed[0] and "\n" not in failed[0]
     assert data["breakdown"] and data["crosscheck_hta"][0]["hta_overlap_pct"] is None

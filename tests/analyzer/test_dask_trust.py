@@ -77,6 +77,18 @@ def _one_line(proc, code: int, *must: str) -> str:
 
 
 @pytest.mark.timeout(240)
+def _report_beside(scheduler, mode: str, marker, path, out):
+    """``analyzer report PATH --out OUT --scheduler`` with one hostile worker (``_worker``) on
+    the cluster, stopped afterwards whatever happened."""
+    worker = _worker(scheduler, mode, marker)
+    try:
+        return cli("report", str(path), "--out", str(out), "--scheduler",
+                   scheduler.scheduler_address)
+    finally:
+        worker.kill()
+        worker.wait(30)
+
+
 @pytest.mark.parametrize("mode", ["dask-type", "pickle"])
 def test_a_worker_sending_a_crafted_pickle_runs_nothing_here(tmp_path, fixture_copy,
                                                              scheduler, mode):
@@ -85,13 +97,7 @@ def test_a_worker_sending_a_crafted_pickle_runs_nothing_here(tmp_path, fixture_c
     pickle (refused in one line, exit 1). The pickle is never loaded."""
     trace = fixture_copy("gloo_rules.json")
     marker = tmp_path / "code-ran"
-    worker = _worker(scheduler, mode, marker)
-    try:
-        proc = cli("report", str(trace), "--out", str(tmp_path / "o"), "--scheduler",
-                   scheduler.scheduler_address)
-    finally:
-        worker.kill()
-        worker.wait(30)
+    proc = _report_beside(scheduler, mode, marker, trace, tmp_path / "o")
     assert not marker.exists()
     if mode == "dask-type":
         assert proc.returncode == 0, proc.stderr
@@ -110,13 +116,7 @@ def test_a_worker_listing_host_local_traces_as_a_crafted_pickle_runs_nothing_her
     job = fixture_copy("gloo_rules.json").parent
     monkeypatch.setattr(hostlocal, "client_sees", lambda p: False)
     marker = tmp_path / "code-ran"
-    worker = _worker(scheduler, "pickle", marker)
-    try:
-        proc = cli("report", str(job), "--out", str(tmp_path / "o"), "--scheduler",
-                   scheduler.scheduler_address)
-    finally:
-        worker.kill()
-        worker.wait(30)
+    proc = _report_beside(scheduler, "pickle", marker, job, tmp_path / "o")
     assert not marker.exists()
     bad_input(proc, "tcp://127.0.0.1:", f"listing {job}", "refused its answer",
               "serialised with 'pickle'")
