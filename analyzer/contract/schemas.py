@@ -65,9 +65,25 @@ def trace_name(rank: int) -> str:
     return f"rank{rank}.trace.json.gz"
 
 
-Strategy = Literal["single", "ddp", "fsdp", "fsdp2"]
+Strategy = Literal["single", "ddp", "fsdp", "fsdp2", "hsdp", "fsdp2_tp", "pp"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
-"""Strategy names. ``single`` is the one-process baseline run; the rest are distributed."""
+"""Strategy names. ``single`` is the one-process baseline run; the rest are distributed:
+``ddp``, ``fsdp``, ``fsdp2`` on a flat group of ranks (``--strategy all`` records these four),
+``hsdp``, ``fsdp2_tp`` and ``pp`` on a 2-D ``DeviceMesh`` (manifest ``mesh``)."""
+FLAT_STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "fsdp2")
+"""What ``--strategy all`` records: the 1-D set."""
+MESH_STRATEGIES: tuple[str, ...] = ("hsdp", "fsdp2_tp", "pp")
+"""Strategies on a 2-D mesh (``Mesh``): HSDP (replicate x shard), FSDP2 + tensor parallel
+(dp x tp), pipeline parallel with FSDP2 on the remaining dimension (dp x pp)."""
+
+PG_TAG_PREFIX = "paritytrace::pg "
+"""A ``tracer record`` trace names the process group of every collective it issues: a CPU
+``user_annotation`` named ``PG_TAG_PREFIX + "<pg_name>"`` (``ProcessGroup.group_name``, the
+``pg_name`` of ``distributedInfo.pg_config``, whose ``pg_desc`` is ``mesh_<dim name>`` for a
+DeviceMesh dimension) encloses the call on the calling thread, for send / recv followed by
+``" peer <global rank>"``. gloo traces carry no process group on the collective itself (no
+``record_param_comms``): this is how the analyzer tells a mesh dimension's collectives apart
+there (tracer/pgtag.py writes it, analyzer/ingest/classify.py reads it)."""
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -395,6 +411,35 @@ class Machine(msgspec.Struct, kw_only=True):
     oversubscribed: bool  # ranks_on_host x threads_per_rank > usable_cpus
 
 
+class Mesh(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The ``DeviceMesh`` of a mesh strategy (issue 27): ``hsdp`` ["replicate", "shard"],
+    ``fsdp2_tp`` ["dp", "tp"], ``pp`` ["dp", "pp"]; rank = row-major index of its coordinates
+    (``init_device_mesh``): on a mesh of shape [A, B], rank r sits at (r // B, r % B), and the
+    group of the last dimension holds consecutive ranks."""
+    shape: list[int]
+    dim_names: list[str]
+    tp_plan: dict[str, str] = {}
+    """fsdp2_tp: module FQN -> "colwise" | "rowwise" (torch.distributed.tensor.parallel styles)."""
+    tp_sharded_params: int = 0
+    """fsdp2_tp: parameters (elements) that the TP plan shards over the tp dimension."""
+    pp_schedule: str | None = None  # pp: "gpipe" | "1f1b"
+    microbatches: int | None = None  # pp: microbatches per step
+    pp_stages: list[list[str]] = []
+    """pp: per stage, the module FQNs it owns (the reference model: its layers)."""
+    stage_params: list[int] = []
+    """pp: parameters (elements) each stage owns."""
+
+    def group_ranks(self, dim: int) -> list[list[int]]:
+        """The groups of dimension ``dim``: lists of global ranks, each sorted."""
+        import itertools
+        strides = [1] * len(self.shape)
+        for i in range(len(self.shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * self.shape[i + 1]
+        others = [range(n) if i != dim else range(1) for i, n in enumerate(self.shape)]
+        return [[sum(c * s for c, s in zip(coord, strides)) + k * strides[dim]
+                 for k in range(self.shape[dim])] for coord in itertools.product(*others)]
+
+
 class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     """``manifest.json``, written last (atomically) by global rank 0."""
     schema_version: int  # == SCHEMA_VERSION
@@ -427,6 +472,7 @@ class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     training: Training | None = None  # issue 18; absent in older records: plain SGD, fp32 / autocast
     experiment: Experiment | None = None  # issue 20; absent in older records
     machine: Machine | None = None  # issue 20; absent in older records
+    mesh: Mesh | None = None  # issue 27: the mesh strategies only
 
     def file(self, path: str) -> FileEntry | None:
         """The ``files`` entry of ``path``, None when it is not listed."""
