@@ -43,7 +43,8 @@ def _fail(code: int, message: str, recorded: list[Path] = ()) -> None:
 @app.command()
 def record(
     strategy: Annotated[str, typer.Option(
-        help="single, ddp, fsdp, fsdp2, all, or a comma-separated list (ddp,fsdp2).")] = "all",
+        help="single, ddp, fsdp, fsdp2, hsdp, fsdp2_tp, pp, all (the first four), or a "
+             "comma-separated list (ddp,fsdp2,hsdp).")] = "all",
     nproc: Annotated[int, typer.Option(help="Ranks for distributed strategies (torchrun: its WORLD_SIZE).")] = 2,
     backend: Annotated[str, typer.Option(help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
@@ -77,6 +78,13 @@ def record(
     forward_prefetch: Annotated[bool, typer.Option(help="FSDP forward prefetch.")] = False,
     reshard_after_forward: Annotated[Optional[bool], typer.Option(
         help="FSDP reshard after forward (default from the sharding strategy).")] = None,
+    mesh: Annotated[Optional[str], typer.Option(
+        help="hsdp: R,S = replicate x shard (R*S = ranks; default 2,N/2).")] = None,
+    tp: Annotated[Optional[int], typer.Option(help="fsdp2_tp: tensor-parallel degree (default 2).")] = None,
+    pp: Annotated[Optional[int], typer.Option(help="pp: pipeline stages (default 2).")] = None,
+    pp_schedule: Annotated[Optional[str], typer.Option(help="pp: gpipe or 1f1b (default).")] = None,
+    microbatches: Annotated[Optional[int], typer.Option(
+        help="pp: microbatches per step (default 2 x stages).")] = None,
     out: Annotated[str, typer.Option(help="Output root; run dirs are OUT/NAME.")] = "traces",
     name: Annotated[Optional[str], typer.Option(help="Run name (default the strategy; with all: NAME-strategy).")] = None,
     timeout_s: Annotated[float, typer.Option("--timeout", help="Collective timeout and hang watchdog, seconds.")] = 60.0,

@@ -32,12 +32,20 @@ MP_DTYPES = ("fp32", "bf16", "fp16")
 FSDP_ONLY = ("sharding_strategy", "wrap_min_params", "backward_prefetch", "forward_prefetch",
              "reshard_after_forward")
 DDP_ONLY = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
+PP_OPTIONS = ("pp", "pp_schedule", "microbatches")
 OPTIONS_BY_STRATEGY: dict[str, tuple[str, ...]] = {
     "single": (),
     "ddp": DDP_ONLY,
     "fsdp": FSDP_ONLY,
     "fsdp2": FSDP_ONLY,
+    "hsdp": FSDP_ONLY + ("mesh",),
+    "fsdp2_tp": FSDP_ONLY + ("tp",),
+    "pp": PP_OPTIONS,
 }
+FSDP2_FAMILY = ("fsdp2", "hsdp", "fsdp2_tp", "pp")
+"""Strategies built on FSDP2's ``fully_shard`` (pp: on the dp dimension of each stage)."""
+PP_SCHEDULES = ("gpipe", "1f1b")
+"""``--pp-schedule``: torch.distributed.pipelining ScheduleGPipe / Schedule1F1B."""
 MAX_REPEAT = 100
 """Largest ``--repeat``: far above what a decision needs (README "Deciding on a noisy machine")."""
 _EXPERIMENT_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -55,8 +63,11 @@ FAULTS_BY_STRATEGY: dict[str, tuple[str, ...]] = {
     "ddp": FAULTS,
     "fsdp": ("wrong-grad-scale", "unsynced-init"),
     "fsdp2": ("wrong-grad-scale", "unsynced-init"),
+    "hsdp": ("wrong-grad-scale", "unsynced-init", "skip-replicate-sync"),
+    "fsdp2_tp": ("wrong-grad-scale", "unsynced-init", "wrong-tp-placement"),
+    "pp": ("wrong-grad-scale", "unsynced-init", "skip-microbatch"),
 }
-STRATEGY_OPTIONS = FSDP_ONLY + DDP_ONLY
+STRATEGY_OPTIONS = FSDP_ONLY + DDP_ONLY + ("mesh", "tp") + PP_OPTIONS
 
 
 def check_taken(strategy: str, given: list[str]) -> None:
@@ -140,6 +151,16 @@ class RecordConfig:
     """FSDP forward prefetch (FSDP2: explicit prefetch of the next unit)."""
     reshard_after_forward: bool | None = None
     """Default from the sharding strategy: full_shard -> True, shard_grad_op/no_shard -> False."""
+    mesh: str | None = None
+    """hsdp: ``R,S`` (replicate x shard, R*S = world size); default ``2,W/2``."""
+    tp: int | None = None
+    """fsdp2_tp: tensor-parallel degree T (dp = world / T); default 2."""
+    pp: int | None = None
+    """pp: pipeline stages P (dp = world / P, FSDP2 over dp); default 2."""
+    pp_schedule: str | None = None
+    """pp: ``gpipe`` or ``1f1b`` (default)."""
+    microbatches: int | None = None
+    """pp: microbatches per step M; must divide the per-pipeline batch (batch / dp); default 2P."""
     out: str = "traces"
     """Output root; the run directory is ``out/name``."""
     name: str | None = None
@@ -202,9 +223,13 @@ class RecordConfig:
                     raise bad(option, getattr(self, option),
                               f"only for --model reference; --model {self.model} builds its own "
                               "model and batch (tracer.ModelSpec)")
-        if self.batch % self.world_size:
+        self._check_mesh(bad)
+        if self.batch % self.dp_size:
             raise bad("batch", self.batch,
-                      f"global batch must divide by the world size {self.world_size}")
+                      f"global batch must divide by the world size {self.world_size}"
+                      if self.dp_size == self.world_size else
+                      f"global batch must divide by the data-parallel size {self.dp_size} "
+                      f"(world {self.world_size} / {self.strategy} degree)")
         if self.optimizer not in OPTIMIZERS:
             raise bad("optimizer", self.optimizer, f"expected one of {', '.join(OPTIMIZERS)}")
         if self.lr is not None and not 0 < self.lr < float("inf"):
@@ -229,13 +254,13 @@ class RecordConfig:
             allowed = [s for s, f in FAULTS_BY_STRATEGY.items() if self.fault in f]
             raise bad("fault", self.fault,
                       f"not available for --strategy {self.strategy} (only {', '.join(allowed)})")
-        if self.strategy == "fsdp2":
+        if self.strategy in FSDP2_FAMILY:
             if self.sharding_strategy == "no_shard":
-                raise bad("sharding-strategy", "no_shard", "fsdp2 shards always; use ddp")
+                raise bad("sharding-strategy", "no_shard", f"{self.strategy} (FSDP2) shards always; use ddp")
             if self.backward_prefetch != "pre":
                 raise bad("backward-prefetch", self.backward_prefetch,
-                          "fsdp2 only has its implicit pre-backward prefetch: drop the option "
-                          "or pass --backward-prefetch pre")
+                          f"{self.strategy} (FSDP2) only has its implicit pre-backward prefetch: drop "
+                          "the option or pass --backward-prefetch pre")
         if self.strategy == "fsdp" and self.reshard_after_forward is not None:
             implied = self.sharding_strategy == "full_shard"
             if self.reshard_after_forward != implied:
@@ -253,6 +278,41 @@ class RecordConfig:
             raise bad("golden", repr(self.golden), "must be a run directory")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise bad("name", self.name, "must be a plain directory name")
+
+    def _check_mesh(self, bad) -> None:
+        """--mesh, --tp, --pp, --pp-schedule, --microbatches: parsed shapes that fit the world,
+        the model and the batch, refused before anything runs (one line naming the value)."""
+        if self.strategy == "hsdp":
+            r, s = self.mesh_shape
+            if r * s != self.world_size:
+                raise bad("mesh", self.mesh_text, f"replicate x shard = {r * s}, not the world size "
+                          f"{self.world_size}; pass R,S with R*S = {self.world_size}")
+        for option in ("tp", "pp", "microbatches"):
+            value = getattr(self, option)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise bad(option, value, "must be a positive integer")
+        if self.pp_schedule is not None and self.pp_schedule not in PP_SCHEDULES:
+            raise bad("pp-schedule", self.pp_schedule, f"expected one of {', '.join(PP_SCHEDULES)}")
+        if self.strategy == "fsdp2_tp":
+            t = self.tp_degree
+            if t < 2 or self.world_size % t:
+                raise bad("tp", t, f"must be >= 2 and divide the world size {self.world_size}")
+            if self.model == "reference" and self.hidden % t:
+                raise bad("tp", t, f"must divide --hidden {self.hidden} (the TP plan splits the "
+                          "attention and MLP linears' output / input features by T)")
+        if self.strategy == "pp":
+            p = self.pp_degree
+            if p < 2 or self.world_size % p:
+                raise bad("pp", p, f"must be >= 2 and divide the world size {self.world_size}")
+            if self.model == "reference" and p > self.layers:
+                raise bad("pp", p, f"more stages than --layers {self.layers}: each stage needs a layer")
+            m, per_pipeline = self.pp_microbatches, self.batch // self.dp_size
+            if self.batch % self.dp_size == 0 and per_pipeline % m:
+                raise bad("microbatches", m, f"must divide the batch of each pipeline "
+                          f"{per_pipeline} (--batch {self.batch} / dp {self.dp_size})")
+            if self.resolved_pp_schedule == "1f1b" and m < p:
+                raise bad("microbatches", m, f"1f1b needs at least one microbatch per stage "
+                          f"({p}); pass --microbatches >= {p} or --pp-schedule gpipe")
 
     def _check_training_options(self, bad) -> None:
         """--mixed-precision, DDP's options and options a strategy does not take."""
@@ -299,6 +359,60 @@ class RecordConfig:
         return 1 if self.strategy == "single" else self.nproc
 
     @property
+    def mesh_text(self) -> str:
+        """``--mesh`` as given, or its default."""
+        return self.mesh if self.mesh is not None else f"2,{self.world_size // 2}"
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """The 2-D mesh of a mesh strategy (``schemas.Mesh.shape``): hsdp (R, S) from
+        ``--mesh``, fsdp2_tp (W / T, T), pp (W / P, P); (world,) for the flat strategies.
+        Raises ``ValueError`` for a ``--mesh`` that is not two positive integers."""
+        if self.strategy == "hsdp":
+            parts = self.mesh_text.split(",")
+            if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+                raise ValueError(f"--mesh {self.mesh_text}: expected R,S (replicate x shard), two "
+                                 "positive integers, e.g. 2,2")
+            return int(parts[0]), int(parts[1])
+        if self.strategy == "fsdp2_tp":
+            return self.world_size // self.tp_degree, self.tp_degree
+        if self.strategy == "pp":
+            return self.world_size // self.pp_degree, self.pp_degree
+        return (self.world_size,)
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        """``schemas.Mesh.dim_names`` of the strategy (the ``mesh_<name>`` process groups)."""
+        return {"hsdp": ("replicate", "shard"), "fsdp2_tp": ("dp", "tp"),
+                "pp": ("dp", "pp")}.get(self.strategy, ("world",))
+
+    @property
+    def tp_degree(self) -> int:
+        """``--tp`` or its default 2 (fsdp2_tp); 1 for other strategies."""
+        return (self.tp or 2) if self.strategy == "fsdp2_tp" else 1
+
+    @property
+    def pp_degree(self) -> int:
+        """``--pp`` or its default 2 (pp); 1 for other strategies."""
+        return (self.pp or 2) if self.strategy == "pp" else 1
+
+    @property
+    def pp_microbatches(self) -> int:
+        """``--microbatches`` or its default 2P (pp)."""
+        return self.microbatches or 2 * self.pp_degree
+
+    @property
+    def resolved_pp_schedule(self) -> str:
+        """``--pp-schedule`` or its default 1f1b."""
+        return self.pp_schedule or "1f1b"
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks that split the global batch: the world, over T (fsdp2_tp) or P (pp); hsdp's
+        replicate and shard dimensions both split it."""
+        return self.world_size // (self.tp_degree * self.pp_degree)
+
+    @property
     def profiled_until(self) -> int:
         """First step after the profiler's active window (wait + warmup + active)."""
         return self.wait + self.warmup + self.active
@@ -341,7 +455,7 @@ class RecordConfig:
             return {"bucket_cap_mb": self.bucket_cap_mb if self.bucket_cap_mb is not None else 25.0,
                     "gradient_as_bucket_view": self.gradient_as_bucket_view,
                     "static_graph": self.static_graph}
-        if self.strategy not in ("fsdp", "fsdp2"):
+        if self.strategy not in ("fsdp", "fsdp2", "hsdp", "fsdp2_tp"):
             return {}
         return {
             "sharding_strategy": self.sharding_strategy,

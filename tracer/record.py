@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from analyzer.contract.schemas import STRATEGIES
+from analyzer.contract.schemas import FLAT_STRATEGIES, STRATEGIES
 from tracer.config import OPTIONS_BY_STRATEGY, STRATEGY_OPTIONS, RecordConfig
 from tracer.rundir import STAGING_PREFIX
 
@@ -20,10 +20,12 @@ log = logging.getLogger(__name__)
 
 
 def chosen_strategies(strategy: str) -> list[str]:
-    """``--strategy`` as a list: ``all`` -> single, ddp, fsdp, fsdp2; ``ddp,fsdp2`` -> both, in
-    that order; one name -> itself. Raises ``ValueError`` for an empty or repeated name."""
+    """``--strategy`` as a list: ``all`` -> single, ddp, fsdp, fsdp2 (the 1-D set,
+    ``schemas.FLAT_STRATEGIES``); ``ddp,fsdp2`` -> both, in that order (any of
+    ``schemas.STRATEGIES``, the mesh ones too); one name -> itself. Raises ``ValueError`` for an
+    empty or repeated name."""
     if strategy == "all":
-        return list(STRATEGIES)
+        return list(FLAT_STRATEGIES)
     names = [s.strip() for s in strategy.split(",")]
     if "" in names or len(set(names)) != len(names):
         raise ValueError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}, all, "
@@ -42,6 +44,14 @@ def expand(strategy: str, name: str | None, **options: Any) -> list[RecordConfig
     chosen = chosen_strategies(strategy)
     if len(chosen) == 1:
         return [RecordConfig(strategy=chosen[0], name=name, **options)]
+    from tracer.config import _DEFAULTS
+
+    for option in STRATEGY_OPTIONS:  # given, but for none of the listed strategies: a mistake
+        if options.get(option, _DEFAULTS[option]) != _DEFAULTS[option] and not any(
+                option in OPTIONS_BY_STRATEGY.get(s, ()) for s in chosen):
+            takers = [s for s, o in OPTIONS_BY_STRATEGY.items() if option in o]
+            raise ValueError(f"--{option.replace('_', '-')}: no strategy of --strategy {strategy} "
+                             f"takes it (only {', '.join(takers)}); drop it or add one of them")
     configs = []
     for s in chosen:
         opts = dict(options)

@@ -279,7 +279,8 @@ def table_mismatch(table: pa.Table, schema: pa.Schema) -> str | None:
 # --- manifest.json: ``Manifest`` ---------------------------------------------------------------
 #
 # Every field without a default is required. Readers ignore keys they do not know.
-FAULTS = ("skip-grad-sync", "wrong-grad-scale", "unsynced-init")
+FAULTS = ("skip-grad-sync", "wrong-grad-scale", "unsynced-init", "skip-replicate-sync",
+          "wrong-tp-placement", "skip-microbatch")
 
 
 class Device(msgspec.Struct, kw_only=True):

@@ -32,11 +32,11 @@ def _trace(path):
 
 def test_prints_where_run_dirs_went(fp32_all):
     out, proc = fp32_all
-    for s in schemas.STRATEGIES:
+    for s in schemas.FLAT_STRATEGIES:
         assert f"recorded {out / s}" in proc.stdout
 
 
-@pytest.mark.parametrize("strategy", schemas.STRATEGIES)
+@pytest.mark.parametrize("strategy", schemas.FLAT_STRATEGIES)
 def test_run_dir_is_complete(fp32_all, strategy):
     run_dir = _run_dir(fp32_all, strategy)
     manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
@@ -64,7 +64,7 @@ def test_run_dir_is_complete(fp32_all, strategy):
     assert not (run_dir / schemas.MEMORY_DIR).exists()  # CPU: no allocator snapshots
 
 
-@pytest.mark.parametrize("strategy", schemas.STRATEGIES)
+@pytest.mark.parametrize("strategy", schemas.FLAT_STRATEGIES)
 def test_manifest_files_match_size_and_sha256(fp32_all, strategy):
     run_dir = _run_dir(fp32_all, strategy)
     manifest = json.loads((run_dir / schemas.MANIFEST_NAME).read_text())
@@ -102,7 +102,7 @@ def test_compared_elements_cover_every_parameter_once(fp32_all, strategy):
         assert (per_rank == TINY_NUM_PARAMS).all()
 
 
-@pytest.mark.parametrize("strategy", schemas.STRATEGIES)
+@pytest.mark.parametrize("strategy", schemas.FLAT_STRATEGIES)
 def test_loss_every_step_matches_baseline(fp32_all, strategy):
     numerics = pd.read_parquet(_run_dir(fp32_all, strategy) / schemas.NUMERICS_NAME)
     loss = numerics[numerics["kind"] == "loss"].pivot_table(
@@ -117,7 +117,7 @@ def test_loss_every_step_matches_baseline(fp32_all, strategy):
     assert per_step["ref"].is_monotonic_decreasing  # SGD on a fixed batch
 
 
-@pytest.mark.parametrize("strategy", schemas.STRATEGIES)
+@pytest.mark.parametrize("strategy", schemas.FLAT_STRATEGIES)
 def test_steps_table(fp32_all, strategy):
     steps = pd.read_parquet(_run_dir(fp32_all, strategy) / schemas.STEPS_NAME)
     world = 1 if strategy == "single" else 2
@@ -156,5 +156,5 @@ def test_fsdp_options_recorded(fp32_all, strategy):
 
 def test_baseline_shared_by_all_runs(fp32_all):
     digests = {hashlib.sha256((fp32_all[0] / s / "baseline.safetensors").read_bytes()).hexdigest()
-               for s in schemas.STRATEGIES}
+               for s in schemas.FLAT_STRATEGIES}
     assert len(digests) == 1

@@ -50,11 +50,11 @@ def test_failed_rerecord_keeps_runs_that_never_started(fp32_all, tmp_path):
     # leaves them (one baseline inode shared by the four run dirs), so an in-place rewrite of
     # the shared file through single/ would show up as a sha256 mismatch in fsdp/ and fsdp2/.
     shared = out / "single" / BASELINE
-    for s in schemas.STRATEGIES[1:]:
+    for s in schemas.FLAT_STRATEGIES[1:]:
         assert _sha256(out / s / BASELINE) == _sha256(shared)
         (out / s / BASELINE).unlink()
         os.link(shared, out / s / BASELINE)
-    assert shared.stat().st_nlink == len(schemas.STRATEGIES)
+    assert shared.stat().st_nlink == len(schemas.FLAT_STRATEGIES)
     before = {s: _digests(out / s) for s in ("fsdp", "fsdp2")}
     old_seed = _assert_complete(out / "fsdp").seed
 

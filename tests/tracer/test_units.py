@@ -149,9 +149,9 @@ def test_clear_run_dir_removes_manifest_and_record_files_only(tmp_path):
 
 def test_expand_all_and_option_errors():
     cfgs = expand("all", None, fault="unsynced-init")
-    assert [c.strategy for c in cfgs] == list(schemas.STRATEGIES)
+    assert [c.strategy for c in cfgs] == list(schemas.FLAT_STRATEGIES)
     assert [c.fault for c in cfgs] == [None, "unsynced-init", "unsynced-init", "unsynced-init"]
-    assert [c.run_name for c in expand("all", "exp")] == [f"exp-{s}" for s in schemas.STRATEGIES]
+    assert [c.run_name for c in expand("all", "exp")] == [f"exp-{s}" for s in schemas.FLAT_STRATEGIES]
     with pytest.raises(ValueError, match="--steps 2"):
         RecordConfig(strategy="ddp", steps=2)
     with pytest.raises(ValueError, match="--batch 3"):
