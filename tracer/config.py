@@ -313,6 +313,21 @@ class RecordConfig:
             if self.resolved_pp_schedule == "1f1b" and m < p:
                 raise bad("microbatches", m, f"1f1b needs at least one microbatch per stage "
                           f"({p}); pass --microbatches >= {p} or --pp-schedule gpipe")
+            self._check_pp_scope(bad)
+
+    def _check_pp_scope(self, bad) -> None:
+        """What ``--strategy pp`` does not record (yet), refused in one line (tracer/pipeline.py
+        says why for each)."""
+        if self.model != "reference":
+            raise bad("model", self.model, "--strategy pp splits only the reference model into "
+                      "stages (ModelSpec has no stage-split hook); record pp with --model reference")
+        for option, value in (("mixed-precision", self.mixed_precision),
+                              ("activation-checkpointing", self.activation_checkpointing or None),
+                              ("precision", None if self.precision == "fp32" else self.precision)):
+            if value is not None:
+                raise bad(option, value, "not recorded with --strategy pp (the baseline's emulation "
+                          "and the step-0 activation hooks assume one forward per module and step); "
+                          "drop it for pp")
 
     def _check_training_options(self, bad) -> None:
         """--mixed-precision, DDP's options and options a strategy does not take."""

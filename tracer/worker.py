@@ -162,6 +162,11 @@ def check_world(cfg: RecordConfig, env: RankEnv) -> None:
                          "torchrun pass --nproc_per_node 1, or record single without torchrun")
     if env.world_size != cfg.world_size and env.launch != "torchrun":
         raise ValueError(f"WORLD_SIZE {env.world_size} != expected {cfg.world_size}")
+    if cfg.strategy == "pp":  # the batch splits over dp = W / P pipelines, not W ranks
+        from tracer.pipeline import check_world as check_pipeline_world
+
+        check_pipeline_world(cfg, env.world_size)
+        return
     if cfg.batch % env.world_size:
         raise ValueError(f"--batch {cfg.batch}: global batch must divide by the world size {env.world_size}")
 
@@ -183,11 +188,16 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
             clear_run_dir(cfg.run_dir)
             write_baseline_isolated(cfg, device.type, baseline_path)
         dist.barrier()
-    base, _order = load_baseline(baseline_path, cfg, device.type)
+    base, order = load_baseline(baseline_path, cfg, device.type)
     spec = load_spec(cfg)  # --model, re-created from its string in this process
     buffers, model_name = buffer_names(spec.model), type(spec.model).__name__  # before wrapping
-    model, num_params, units = build_wrapped_model(cfg, spec, base, env.rank, device)
-    numerics, step_rows, snapshot_table, categories = train(cfg, spec, model, base, env, device, hb)
+    pipe = None
+    if cfg.strategy == "pp":
+        pipe, num_params, units, (numerics, step_rows, snapshot_table, categories) = train_pipeline(
+            cfg, spec, base, order, env, device, hb)
+    else:
+        model, num_params, units = build_wrapped_model(cfg, spec, base, env.rank, device)
+        numerics, step_rows, snapshot_table, categories = train(cfg, spec, model, base, env, device, hb)
     add_golden_losses(numerics, base)
     hb.beat("write")
     write_rank_outputs(cfg, env.rank, numerics, step_rows, snapshot_table, categories)
@@ -204,8 +214,22 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
                                   num_params=num_params, fsdp_units=units, spec=spec,
                                   model_name=model_name, buffers=buffers, batch_x=base["batch.x"],
                                   machine=machine_info(load_avg, env.local_world_size))
+        if pipe is not None:  # pp: the mesh, and a rank trains its pipeline's rows (B / dp)
+            manifest.mesh = pipe.mesh_section(cfg)
+            manifest.batch.per_rank_batch = cfg.batch // pipe.dp
         write_manifest(cfg.run_dir, manifest)
     hb.beat("done")
+
+
+def train_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], order: list[str],
+                   env: RankEnv, device: torch.device, hb: Heartbeat):
+    """``--strategy pp`` (tracer/pipeline.py): build this rank's stage and train it. Returns
+    (pipeline rank, num_params, FSDP units ([]), the four tables of ``train``)."""
+    from tracer import pipeline
+
+    pipe, num_params = pipeline.build_pipeline(cfg, spec, base, env.rank, env.world_size, device)
+    tables = pipeline.train_pp(cfg, pipe, base, order, env.rank, env.world_size, device, hb, step_row)
+    return pipe, num_params, [], tables
 
 
 def build_wrapped_model(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
