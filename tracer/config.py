@@ -316,18 +316,21 @@ class RecordConfig:
             self._check_pp_scope(bad)
 
     def _check_pp_scope(self, bad) -> None:
-        """What ``--strategy pp`` does not record (yet), refused in one line (tracer/pipeline.py
-        says why for each)."""
+        """What ``--strategy pp`` does not record (yet), refused in one line saying why."""
         if self.model != "reference":
             raise bad("model", self.model, "--strategy pp splits only the reference model into "
                       "stages (ModelSpec has no stage-split hook); record pp with --model reference")
-        for option, value in (("mixed-precision", self.mixed_precision),
-                              ("activation-checkpointing", self.activation_checkpointing or None),
-                              ("precision", None if self.precision == "fp32" else self.precision)):
+        for option, value, why in (
+                ("mixed-precision", self.mixed_precision,
+                 "the baseline emulates it per rank's rows, not per microbatch"),
+                ("activation-checkpointing", self.activation_checkpointing or None,
+                 "its recomputation inside the schedule's backward would re-run the step-0 "
+                 "activation hooks"),
+                ("precision", None if self.precision == "fp32" else self.precision,
+                 "autocast around the schedule's step would also cover its backward, unlike the "
+                 "baseline's")):
             if value is not None:
-                raise bad(option, value, "not recorded with --strategy pp (the baseline's emulation "
-                          "and the step-0 activation hooks assume one forward per module and step); "
-                          "drop it for pp")
+                raise bad(option, value, f"not recorded with --strategy pp ({why}); drop it for pp")
 
     def _check_training_options(self, bad) -> None:
         """--mixed-precision, DDP's options and options a strategy does not take."""

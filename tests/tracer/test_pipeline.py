@@ -1,0 +1,149 @@
+"""``--strategy pp`` (tracer/pipeline.py): 4 gloo ranks, dp 2 x pp 2, tiny shapes.
+
+Oracles: the analyzer's gate (an independent reader of numerics.parquet), the manifest, the
+memory table against the parameter count from the layer formula 9h^2 + 8h, and the raw traces
+read with gzip/json.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pandas as pd
+import pytest
+
+from analyzer.analyses import parity
+from analyzer.contract import schemas
+from tests.tracer.helpers import REPO, run_tracer
+
+H, SEQ, BATCH, LAYERS = 16, 4, 8, 2
+PP_TINY = ["--nproc", "4", "--pp", "2", "--hidden", str(H), "--seq", str(SEQ), "--batch", str(BATCH),
+           "--layers", str(LAYERS), "--active", "1"]
+LAYER_PARAMS = 9 * H * H + 8 * H  # attn h^2+h, mlp 8h^2+5h, norm 2h
+
+
+def _record(tmp_path_factory, name: str, extra: list[str]):
+    out = tmp_path_factory.mktemp(name)
+    proc, _ = run_tracer(["--strategy", "pp", "--name", name, "--out", str(out)] + PP_TINY + extra,
+                         cwd=out, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / name
+
+
+@pytest.fixture(scope="module")
+def pp_1f1b(tmp_path_factory):
+    return _record(tmp_path_factory, "pp-1f1b", ["--pp-schedule", "1f1b", "--microbatches", "4"])
+
+
+@pytest.fixture(scope="module")
+def pp_gpipe(tmp_path_factory):
+    return _record(tmp_path_factory, "pp-gpipe", ["--pp-schedule", "gpipe", "--microbatches", "2"])
+
+
+@pytest.fixture(scope="module")
+def pp_canary(tmp_path_factory):
+    return _record(tmp_path_factory, "pp-skip", ["--microbatches", "4", "--fault", "skip-microbatch"])
+
+
+def _gate(run_dir) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analyzer", "gate", str(run_dir)], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which,schedule,microbatches", [("pp_1f1b", "1f1b", 4), ("pp_gpipe", "gpipe", 2)])
+def test_pp_records_its_mesh_and_passes_the_gate(request, which, schedule, microbatches):
+    run_dir = request.getfixturevalue(which)
+    manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
+    assert manifest.strategy == "pp" and manifest.world_size == 4
+    mesh = manifest.mesh
+    assert (mesh.shape, mesh.dim_names) == ([2, 2], ["dp", "pp"])
+    assert (mesh.pp_schedule, mesh.microbatches) == (schedule, microbatches)
+    assert mesh.pp_stages == [["layers.0"], ["layers.1"]]
+    assert mesh.stage_params == [LAYER_PARAMS, LAYER_PARAMS]
+    assert manifest.batch.per_rank_batch == BATCH // 2  # the rows of its pipeline
+    gate = _gate(run_dir)
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    assert "pass" in gate.stdout
+
+
+@pytest.mark.slow
+def test_pp_ranks_cover_each_tensor_once_and_share_their_pipeline_loss(pp_1f1b):
+    numerics = pd.read_parquet(pp_1f1b / schemas.NUMERICS_NAME)
+    numel = numerics[numerics["metric"] == "numel"]
+    for kind in ("grad", "param"):
+        rows = numel[(numel["kind"] == kind) & (numel["tensor"] == "layers.1.attn.weight")]
+        by_rank = rows.set_index("rank")["value"].to_dict()
+        # stage 1 = ranks 1, 3 (row-major dp x pp): half of the [h, h] weight each; stage 0 none
+        assert by_rank == {0: 0.0, 1: H * H / 2, 2: 0.0, 3: H * H / 2}, (kind, by_rank)
+    act = numel[(numel["kind"] == "activation") & (numel["tensor"] == "layers.0.mlp.0")]
+    assert act.set_index("rank")["value"].to_dict() == {0: 4 * SEQ * 4 * H, 1: 0.0, 2: 4 * SEQ * 4 * H, 3: 0.0}
+    assert set(numerics[numerics["metric"] == "replicated"]["value"]) == {0.0}
+    loss = numerics[(numerics["kind"] == "loss") & (numerics["metric"] == "value")]
+    per_rank = loss.pivot(index="step", columns="rank", values="value")
+    assert (per_rank[0] == per_rank[1]).all() and (per_rank[2] == per_rank[3]).all()
+    assert (per_rank[0] != per_rank[2]).all()  # two pipelines, two halves of the batch
+
+
+@pytest.mark.slow
+def test_pp_memory_counts_the_local_stage_shard(pp_1f1b):
+    mem = pd.read_parquet(pp_1f1b / schemas.MEMORY_CATEGORIES_NAME)
+    for category in ("parameters", "gradients"):
+        got = mem[mem["category"] == category].set_index("rank")["bytes"].to_dict()
+        # one layer per stage, FSDP2 Shard(0) over dp 2 (every dim 0 even), fp32
+        assert got == {r: LAYER_PARAMS // 2 * 4 for r in range(4)}, (category, got)
+
+
+@pytest.mark.slow
+def test_pp_trace_holds_the_microbatch_send_recv(pp_1f1b):
+    """Facts the analyzer relies on (gloo, torch 2.13): per profiled step each rank issues one
+    ``c10d::send`` and one ``c10d::recv_`` per microbatch on its main thread (stage 0 sends
+    activations and receives their gradients, stage 1 the reverse), each followed by a
+    ``gloo:send`` / ``gloo:recv`` user_annotation on the same thread; shapes are one
+    microbatch [B / (dp M), seq, h]; Concrete Inputs[2] is the peer's rank in the pp group."""
+    for rank in range(4):
+        with gzip.open(pp_1f1b / f"rank{rank}.trace.json.gz", "rt") as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        names = Counter(e["name"] for e in events)
+        assert names["c10d::send"] == names["c10d::recv_"] == 4, rank
+        assert names["gloo:send"] == names["gloo:recv"] == 4, rank
+        main = {e["tid"] for e in events if e["name"] == "pipeline"}
+        for e in events:
+            if e["name"] in ("c10d::send", "c10d::recv_", "gloo:send", "gloo:recv"):
+                assert e["tid"] in main, (rank, e["name"])
+            if e["name"] in ("c10d::send", "c10d::recv_"):
+                assert e["args"]["Input Dims"][0] == [[1, SEQ, H]]
+                assert e["args"]["Concrete Inputs"][2] == str(1 - rank % 2)
+
+
+@pytest.mark.slow
+def test_skip_microbatch_canary_fails_at_the_first_gradient(pp_canary):
+    manifest = schemas.read_manifest(pp_canary / schemas.MANIFEST_NAME)
+    assert manifest.fault == "skip-microbatch"
+    verdict = parity.check_run(pp_canary, manifest)
+    assert verdict.status == "fail"
+    first = verdict.first_divergence
+    # the forward is untouched (activations pass); the lost microbatch's gradient reaches every
+    # parameter, and the first in order is stage 0's first one
+    assert (first.kind, first.tensor, first.step) == ("grad", "layers.0.attn.weight", 0)
+    assert first.rel_l2 > 0.1
+    gate = _gate(pp_canary)
+    assert gate.returncode == 3 and "layers.0.attn.weight" in gate.stdout, gate.stdout
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--pp", "4", "--layers", "2"], "--pp 4: more stages than --layers 2"),
+    (["--pp", "2", "--microbatches", "3", "--batch", "8"], "--microbatches 3: must divide the batch of each pipeline 4"),
+    (["--pp", "2", "--model", "hf:gpt2"], "--model hf:gpt2: --strategy pp splits only the reference model"),
+    (["--pp", "2", "--activation-checkpointing"], "--activation-checkpointing True: not recorded with --strategy pp"),
+])
+def test_pp_refuses_bad_shapes_in_one_line(tmp_path, args, says):
+    proc, _ = run_tracer(["--strategy", "pp", "--nproc", "4", "--out", str(tmp_path)] + args, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], proc.stderr
+    assert not (tmp_path / "pp").exists()  # refused before anything ran
