@@ -147,3 +147,40 @@ def test_pp_refuses_bad_shapes_in_one_line(tmp_path, args, says):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], proc.stderr
     assert not (tmp_path / "pp").exists()  # refused before anything ran
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault,first_kind", [("wrong-grad-scale", "grad"), ("unsynced-init", "activation")])
+def test_pp_fault_canaries_fail_the_gate(tmp_path_factory, fault, first_kind):
+    run_dir = _record(tmp_path_factory, f"pp-{fault}", ["--microbatches", "2", "--pp-schedule", "gpipe",
+                                                         "--fault", fault])
+    verdict = parity.check_run(run_dir, schemas.read_manifest(run_dir / schemas.MANIFEST_NAME))
+    assert verdict.status == "fail"
+    assert verdict.first_divergence.kind == first_kind and verdict.first_divergence.step == 0
+    if fault == "wrong-grad-scale":  # g / W against g, W = 4
+        assert verdict.first_divergence.rel_l2 == pytest.approx(0.75, rel=1e-3)
+
+
+def test_stage_layers_split_contiguously():
+    from tracer.pipeline import owner_stage, stage_layers, stage_modules
+
+    assert [list(stage_layers(5, 2, s)) for s in range(2)] == [[0, 1], [2, 3, 4]]
+    assert [list(stage_layers(4, 4, s)) for s in range(4)] == [[0], [1], [2], [3]]
+    assert stage_modules(3, 2) == [["layers.0"], ["layers.1", "layers.2"]]
+    stages = stage_modules(12, 2)
+    assert owner_stage("layers.1.attn.weight", stages) == 0
+    assert owner_stage("layers.10.norm", stages) == 1 and owner_stage("layers.1", stages) == 0
+    with pytest.raises(ValueError):
+        stage_layers(2, 3, 0)
+
+
+def test_skip_microbatch_zeroes_the_last_microbatch_of_every_step():
+    import torch
+
+    from tracer.pipeline import microbatch_loss
+
+    loss = microbatch_loss(lambda out, y: (out - y).abs().mean(), "skip-microbatch", 3)
+    one = torch.ones(2)
+    got = [float(loss(one, torch.zeros(2))) for _ in range(6)]
+    assert got == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    assert microbatch_loss(len, None, 3) is len
