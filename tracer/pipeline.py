@@ -42,6 +42,16 @@ microbatch losses) is broadcast over the pipeline's ``mesh_pp`` group after the 
 (never inside the profiler's window), so every rank writes its pipeline's loss and the
 analyzer's mean over ranks is the global mean (equal rows per pipeline).
 
+Memory by category (tracer/footprint.py) counts this rank's stage module only (other stages'
+layers are ``nn.Identity``: no tensors): parameters, gradients and optimizer state are its
+owned layers' FSDP2 local shards (dp > 1) or whole tensors (dp = 1), i.e. ``stage_params[s] /
+dp`` elements each (tests/tracer/test_pipeline.py checks it). Activations: the storages saved
+for backward during the whole schedule step (``SavedActivations`` around it), keyed by address:
+under GPipe every microbatch's storages are alive at once and are all counted; under 1F1B a
+storage freed after one microbatch's backward may be reused at the same address by a later
+microbatch and then counts once, so the figure lies between the in-flight peak and the sum over
+microbatches (not exact; the CUDA allocator's peak is the measured one on GPU).
+
 Faults: ``skip-microbatch`` scales the last microbatch's loss by 0 (it runs, its gradient and
 loss contribution are lost); ``wrong-grad-scale`` divides the gradients by W once more after the
 schedule's step; ``unsynced-init`` perturbs ranks > 0 before wrapping (tracer/faults.py).
