@@ -164,9 +164,14 @@ def sharding_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
             pred = (size(k.padded_bytes) if k.padded_bytes is not None
                     else "-" if k.expected_bytes is None else f">= {size(round(k.expected_bytes))}")
             rows.append([r.name, k.rank, "-" if k.stage < 0 else k.stage,
-                         fmt.num(k.expected_elements, ",.1f"), pred, size(k.measured_bytes),
+                         _elements(k.expected_elements), pred, size(k.measured_bytes),
                          CHECKS.get(k.check, k.check)])
     return heads, rows
+
+
+def _elements(v: float | None) -> str:
+    """``1,216`` when whole, ``1,215.5`` otherwise; ``-`` when missing."""
+    return "-" if v is None else f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
 
 
 def sharding_lines(report: Report) -> list[str]:

@@ -23,12 +23,12 @@ def runs(report: Report) -> list[RunEntry]:
 
 
 def head_line(run: RunEntry) -> str:
-    """``pp: 2 stages x 4 microbatches, gpipe, dp 2; ideal bubble (P - 1)/(M + P - 1) = 20.0 %``."""
+    """``pp: 2 stages x 4 microbatches, schedule gpipe, dp 2; ideal bubble 20.0 % ((P - 1) /
+    (M + P - 1) ...: its source)``."""
     p = run.pipeline
     mb = "? microbatches" if p.microbatches is None else f"{p.microbatches} microbatches"
     return (f"{run.name}: {p.stages} stages x {mb}, schedule {p.schedule or 'unknown'}, dp "
-            f"{p.dp}; ideal bubble (P - 1)/(M + P - 1) = {fmt.pct(p.ideal_bubble_frac)} "
-            f"({p.ideal_source})")
+            f"{p.dp}; ideal bubble {fmt.pct(p.ideal_bubble_frac)} ({p.ideal_source})")
 
 
 def stage_rows(run: RunEntry) -> tuple[list[str], list[list[Any]]]:
