@@ -211,3 +211,19 @@ def test_pp_section_in_report_md_and_html(pp_report):
     assert rows == [[0, "0", 1, "1.00 ms", "0.49 ms", "0.50 ms", "50.0 %", "33.3 %"],
                     [1, "1", 1, "1.00 ms", "0.38 ms", "0.61 ms", "61.0 %", "33.3 %"]]
     assert "<h2>Pipeline</h2>" in html.render(pp_report)
+
+
+def test_drift_names_a_changed_mesh_as_a_sharding_change():
+    """Two hsdp records on 4 ranks, meshes [2, 2] and [1, 4]: the sharding setting differs in
+    its mesh only; the same mesh: no difference."""
+    from analyzer.compare import drift
+    from tests.reports.builders import manifest, typed
+
+    base = manifest(run_name="hsdp", strategy="hsdp", world_size=4, model=MODEL)
+    a = typed(base, mesh=MESHES["hsdp"])
+    b = typed(base, mesh={"shape": [1, 4], "dim_names": ["replicate", "shard"]})
+    assert drift.settings_diff(a, b) == [{
+        "setting": "sharding",
+        "old": {"mesh": {"shape": [2, 2], "dim_names": ["replicate", "shard"]}},
+        "new": {"mesh": {"shape": [1, 4], "dim_names": ["replicate", "shard"]}}}]
+    assert drift.settings_diff(a, typed(base, mesh=MESHES["hsdp"])) == []
