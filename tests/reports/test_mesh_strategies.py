@@ -133,20 +133,22 @@ def _pp_rank(rank: int) -> dict:
     other (enqueues) 10, idle 20: bubble 500 µs of 1000.
     Rank 1 (stage 1): c10d::recv_ [0, 5) with gloo:recv [5, 420), mm [420, 800), c10d::send
     [800, 805) with gloo:send [805, 890): compute 380, exposed 415 + 85 = 500, other 10, idle
-    110: bubble 610. Each call inside the tracer's ``paritytrace::pg 0 peer <other>``; as in a
-    real gloo trace, no op names its process group or bytes."""
-    pid, main, gloo = 1000 + rank, 1000 + rank, 2000 + rank
+    110: bubble 610. Each call inside the tracer's ``paritytrace::pg 0 peer <other>``. As
+    torch 2.13 records a pipelining schedule's p2p on gloo (ScheduleGPipe, 2 CPU ranks): the
+    gloo:send / gloo:recv work is a user_annotation on the calling thread, from the c10d op's
+    end, and no op names its process group or bytes."""
+    pid, main = 1000 + rank, 1000 + rank
     peer = 1 - rank
     ev = [meta(pid, 0, "process_name", name="python3"),
           meta(pid, main, "thread_name", name=f"thread {main} (python3)"),
-          meta(pid, gloo, "thread_name", name=f"thread {gloo} (pt_gloo_runloop)"),
           x("ProfilerStep#1", 0, 1000, pid=pid, tid=main, cat="user_annotation")]
 
     def call(op, start, gloo_start, gloo_end):
         return [x(f"{schemas.PG_TAG_PREFIX}0 peer {peer}", start, 5, pid=pid, tid=main,
                   cat="user_annotation"),
                 x(f"c10d::{op}", start, 5, pid=pid, tid=main),
-                x(f"gloo:{op.rstrip('_')}", gloo_start, gloo_end - gloo_start, pid=pid, tid=gloo)]
+                x(f"gloo:{op.rstrip('_')}", gloo_start, gloo_end - gloo_start, pid=pid, tid=main,
+                  cat="user_annotation")]
 
     if rank == 0:
         ev += [x("aten::mm", 10, 400, pid=pid, tid=main), *call("send", 410, 415, 500),
