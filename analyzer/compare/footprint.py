@@ -147,8 +147,9 @@ def sharding_entry(manifest: schemas.Manifest, by_category: list[MemoryCategory]
         exp = r["expected_elements"] * per
         padded = None if r["padded_elements"] is None else r["padded_elements"] * per
         got = measured.get(r["rank"])
-        ranks.append(ShardingRank(rank=r["rank"], stage=r["stage"], expected_elements=r["expected_elements"],
-                                  expected_bytes=exp, padded_bytes=padded, measured_bytes=got,
+        ranks.append(ShardingRank(rank=r["rank"], stage=r["stage"],
+                                  expected_elements=r["expected_elements"], expected_bytes=exp,
+                                  padded_bytes=padded, measured_bytes=got,
                                   check=sharding.check(exp, padded, got)))
     return ShardingPrediction(formula=pred["formula"], ratio=pred["ratio"],
                               largest_rank=pred["largest_rank"], exact=pred["exact"],
