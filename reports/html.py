@@ -18,6 +18,7 @@ from analyzer.contract.report_types import Report, RunEntry
 from analyzer.contract.text import show_bidi
 from reports import fmt, notes, palette
 from reports import memory as memory_section
+from reports import pipeline as pipeline_section
 from reports import markdown as md_rows
 from reports.decision import decision_input, decision_line
 from reports.markdown import (COMM_GROUP_HEADERS, PERFETTO_HINT, REFERENCE, comm_group_rows,
@@ -259,6 +260,7 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
     parts += ["<h2>Time per rank (mean per step)</h2>",
               _table(heads, rows) if rows else "<p>No traces.</p>",
               f"<p>{e(notes.CLOCK_OFFSET)}</p>", f"<p>{e(md_rows.IDENTITY_NOTE + notes.OTHER_IDLE)}</p>"]
+    parts += pipeline_section.html(report, _table, e)
     pf = [r for r in runs if r.prefetch]
     if pf:
         parts.append("<h2>FSDP prefetch</h2>")

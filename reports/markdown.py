@@ -10,6 +10,7 @@ from analyzer.contract.report_types import Report, RunEntry
 from analyzer.contract.text import show_bidi
 from reports import fmt, notes
 from reports import memory as memory_section
+from reports import pipeline as pipeline_section
 from reports.decision import decision_input, decision_line
 from reports.verdict import verdict
 
@@ -329,6 +330,7 @@ def render(report: Report) -> str:
     heads, rows = rank_rows(report)
     out += ["## Time per rank (mean per step)", "", table(heads, rows) if rows else "No traces.",
             "", notes.CLOCK_OFFSET, "", escape(IDENTITY_NOTE + notes.OTHER_IDLE), ""]
+    out += pipeline_section.markdown(report, table, escape)
 
     pf_runs = [r for r in runs if r.prefetch]
     if pf_runs:

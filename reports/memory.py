@@ -16,6 +16,8 @@ CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 LABELS = {"parameters": "parameters", "gradients": "gradients",
           "optimizer_state": "optimizer state", "activations": "activations", "peak": "peak"}
 SHARDED = ("parameters", "gradients", "optimizer_state")
+MESH_STRATEGIES = ("hsdp", "fsdp2_tp", "pp")
+"""schemas.MESH_STRATEGIES (the renderers read report.json only, not the contract's schemas)."""
 PEAK_SOURCES = {"sum_of_categories": "sum of the categories (CPU)",
                 "cuda_max_allocated": "CUDA allocator peak"}
 
@@ -103,6 +105,11 @@ def predicted_ratio(run: RunEntry, category: str, ddp: RunEntry) -> float | None
         if category == "activations" or run.options.get("sharding_strategy") == "no_shard":
             return 1.0
         return 1.0 / (run.world_size or 1)
+    if run.strategy in MESH_STRATEGIES:
+        if category == "activations":
+            return 1.0 if run.strategy == "hsdp" else None  # MESH_NOTE
+        sh = run.memory.sharding
+        return sh.ratio if sh is not None else None
     return None
 
 
@@ -137,7 +144,61 @@ def _fraction(pred: float, run: RunEntry, category: str, ddp: RunEntry) -> str:
     w = run.world_size or 1
     if run.strategy in ("fsdp", "fsdp2") and category in SHARDED and pred < 1:
         return f"1/{w} = {pred:.3f}"
+    if run.strategy in MESH_STRATEGIES and category in SHARDED and run.memory.sharding:
+        return f"{run.memory.sharding.formula} = {pred:.3f}"
     return f"{pred:.3f}"
+
+
+def sharding_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
+    """Per run with a sharding prediction (``Memory.sharding``) and rank: its share of the
+    parameters, the bytes the sharding predicts (the padded figure when the shapes are known,
+    else ">= " the share's bytes), what the rank holds, the check."""
+    heads = ["run", "rank", "stage", "share of N (elements)", "sharding predicts",
+             "parameters measured", "check"]
+    rows = []
+    for r in report.runs:
+        sh = r.memory.sharding
+        if sh is None:
+            continue
+        for k in sh.ranks:
+            pred = (size(k.padded_bytes) if k.padded_bytes is not None
+                    else "-" if k.expected_bytes is None else f">= {size(round(k.expected_bytes))}")
+            rows.append([r.name, k.rank, "-" if k.stage < 0 else k.stage,
+                         _elements(k.expected_elements), pred, size(k.measured_bytes),
+                         CHECKS.get(k.check, k.check)])
+    return heads, rows
+
+
+def _elements(v: float | None) -> str:
+    """``1,216`` when whole, ``1,215.5`` otherwise; ``-`` when missing."""
+    return "-" if v is None else f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+
+
+def sharding_lines(report: Report) -> list[str]:
+    """One line per run with a prediction: its formula and whether the check is exact."""
+    return [f"{r.name}: per rank {r.memory.sharding.formula} of the parameters; "
+            f"{r.memory.sharding.basis}" for r in report.runs if r.memory.sharding]
+
+
+CHECKS = {"exact": "exact", "differs": "DIFFERS", "at_least": "at least its share",
+          "below": "BELOW its share", "not_measured": "not measured"}
+MESH_NOTE = (
+    "Mesh strategies: hsdp shards over the shard dimension S only (the replicate dimension "
+    "copies): 1/S; fsdp2_tp: TP splits N_tp of the N parameters over T, then FSDP2 splits "
+    "every local tensor over dp: ((N - N_tp) + N_tp/T)/dp of N; pp: a rank holds its stage's "
+    "parameters split over dp, stage_params[stage]/dp of N -- the table's largest rank is "
+    "the one of the stage with the most. Gradients and optimizer state follow the parameters. "
+    "Activations: hsdp 1 (every rank its own rows, as DDP); fsdp2_tp and pp not predicted (TP "
+    "splits some activations, a stage keeps those of its microbatches in flight).")
+SHARDING_NOTE = (
+    "Sharding predicts, per rank: its share of the model's N parameters (manifest "
+    "model.num_params) x 4 bytes (fp32 parameters), beside the parameters it holds (the "
+    "tracer counts a DTensor's local storage: FSDP2's padded shard). FSDP2 splits each "
+    "parameter on dim 0 with torch.chunk into chunks of ceil(d0 / group) rows and pads every "
+    "rank's shard to that, so a rank holds exactly its share when every d0 divides by the "
+    "group and up to one row per parameter more otherwise. For the reference model the shapes "
+    "are known and the padded figure is exact (check: exact / DIFFERS); for another model "
+    "only the share is known, a lower bound (check: at least its share / BELOW its share).")
 
 
 def fit_lines(report: Report) -> list[str]:
@@ -256,6 +317,12 @@ def markdown(report: Report, table, escape) -> list[str]:
     heads, rows = ratio_rows(report)
     if rows:
         out += ["### Ratio to DDP", "", table(heads, rows), "", escape(RATIO_NOTE), ""]
+        if any(r.strategy in MESH_STRATEGIES for r in report.runs):
+            out += [escape(MESH_NOTE), ""]
+    heads, rows = sharding_rows(report)
+    if rows:
+        out += ["### Parameters per rank: what sharding predicts", "", table(heads, rows), "",
+                escape(SHARDING_NOTE), ""] + [f"- {escape(x)}" for x in sharding_lines(report)] + [""]
     fits = fit_lines(report)
     if fits:
         out += ["### Will it fit", ""] + [f"- {escape(line)}" for line in fits] + [""]
@@ -291,6 +358,13 @@ def html(report: Report, table, hbars, e) -> list[str]:
     heads, rows = ratio_rows(report)
     if rows:
         parts += ["<h3>Ratio to DDP</h3>", table(heads, rows), f"<p>{e(RATIO_NOTE)}</p>"]
+        if any(r.strategy in MESH_STRATEGIES for r in report.runs):
+            parts.append(f"<p>{e(MESH_NOTE)}</p>")
+    heads, rows = sharding_rows(report)
+    if rows:
+        parts += ["<h3>Parameters per rank: what sharding predicts</h3>", table(heads, rows),
+                  f"<p>{e(SHARDING_NOTE)}</p>",
+                  "<ul>" + "".join(f"<li>{e(x)}</li>" for x in sharding_lines(report)) + "</ul>"]
     fits = fit_lines(report)
     if fits:
         parts += ["<h3>Will it fit</h3>", "<ul>" + "".join(f"<li>{e(x)}</li>" for x in fits) + "</ul>"]

@@ -5,14 +5,17 @@ what it shows of that run (compute or communication, transfer or wait, allocated
 by the shade (``SHADES``: fill opacity), never by another hue, so a colour means the same
 strategy in every plot; legends show the shades in black (``SHADE_SWATCH``), a colour no
 strategy has. Colours: Tableau 10 (Vega's ``tableau10`` scheme), chosen for telling
-categories apart; no strategy is grey, so a light shade never reads as another strategy.
+categories apart (unknown strategies past Tableau 10's last two take Tableau 20's dark olive,
+teal and rose); no strategy is grey, so a light shade never reads as another strategy.
 """
 
 from __future__ import annotations
 
-STRATEGY_COLORS = {"single": "#b07aa1", "ddp": "#4e79a7", "fsdp": "#f28e2b", "fsdp2": "#59a14f"}
-"""The four strategies of the tracer (single: the reference)."""
-OTHER_COLORS = ("#e15759", "#76b7b2", "#edc948", "#ff9da7", "#9c755f")
+STRATEGY_COLORS = {"single": "#b07aa1", "ddp": "#4e79a7", "fsdp": "#f28e2b", "fsdp2": "#59a14f",
+                   "hsdp": "#e15759", "fsdp2_tp": "#76b7b2", "pp": "#edc948"}
+"""The seven strategies of the tracer (single: the reference; hsdp, fsdp2_tp, pp on a 2-D
+mesh): Tableau 10's first seven."""
+OTHER_COLORS = ("#ff9da7", "#9c755f", "#b6992d", "#499894", "#d37295")
 """Strategies the tracer does not know (foreign traces name their folder), by first use."""
 SHADES = {"compute": 1.0, "exposed communication": 0.6, "transfer": 1.0, "wait": 0.35,
           "data wait": 0.4, "other": 0.22, "idle": 0.08, "peak allocated": 1.0, "peak RSS": 0.4,

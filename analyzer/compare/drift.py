@@ -44,8 +44,13 @@ EXPECTATION_SETTINGS = ("versions", "device", "precision")
 
 def settings_of(m: schemas.Manifest) -> dict[str, Any]:
     """The DRIFT_SETTINGS values of a manifest (sharding = strategy + its options, FSDP units
-    left out; device = type and name; model / batch = their shape fields)."""
+    left out, + the mesh of a mesh strategy: shape, dim names, pp schedule and microbatches;
+    device = type and name; model / batch = their shape fields)."""
     opts = {k: v for k, v in m.strategy_options.items() if k != "fsdp_units"}
+    if m.mesh is not None:
+        opts["mesh"] = {"shape": m.mesh.shape, "dim_names": m.mesh.dim_names,
+                        **({"pp_schedule": m.mesh.pp_schedule, "microbatches": m.mesh.microbatches}
+                           if m.mesh.pp_schedule else {})}
     return {"versions": msgspec.to_builtins(m.versions), "device": {"type": m.device.type, "name": m.device.name},
             "precision": m.precision, "training": msgspec.to_builtins(m.training),
             "sharding": {"strategy": m.strategy, **opts},

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analyzer.analyses import memory
+from analyzer.analyses import memory, sharding
 from analyzer.contract import schemas
 from analyzer.contract.report_types import (Allocation, AnalysisOptions, DeviceMemory, Memory,
                                             MemoryCategory, MemoryFit, MemoryRank,
-                                            SnapshotCategory, SnapshotTotal)
+                                            ShardingPrediction, ShardingRank, SnapshotCategory,
+                                            SnapshotTotal)
 from analyzer.ingest import rundirs
 
 CATEGORY_SOURCE = {"cuda_max_allocated": "memory_categories.parquet: torch.cuda.max_memory_allocated "
@@ -66,6 +67,8 @@ def run_memory(run: rundirs.RunDir, steps: pd.DataFrame | None, tables, options:
         rss = peaks["peak_rss_bytes"].max()
         out.peak_rss_bytes = None if pd.isna(rss) else int(rss)
     _choose_peak(out, steps)
+    if recorded:
+        out.sharding = sharding_entry(run.manifest, out.by_category)
     if options.device_memory_bytes is not None:
         out.fit = fit(out, options.device_memory_bytes)
     return out
@@ -128,3 +131,26 @@ def fit(mem: Memory, device_bytes: int) -> MemoryFit:
     return MemoryFit(device_bytes=device_bytes, needed_bytes=needed, basis=basis,
                      fits=None if lower and fits else fits, spare_bytes=device_bytes - needed,
                      lower_bound=lower)
+
+
+def sharding_entry(manifest: schemas.Manifest, by_category: list[MemoryCategory]
+                   ) -> ShardingPrediction | None:
+    """What the run's sharding predicts (analyzer/analyses/sharding.py ``predict``) with each
+    rank's measured ``parameters`` bytes and its ``check``; None without a prediction."""
+    pred = sharding.predict(manifest)
+    if pred is None:
+        return None
+    measured = {c.rank: c.bytes for c in by_category if c.category == "parameters"}
+    per = sharding.BYTES_PER_ELEMENT
+    ranks = []
+    for r in pred["ranks"]:
+        exp = r["expected_elements"] * per
+        padded = None if r["padded_elements"] is None else r["padded_elements"] * per
+        got = measured.get(r["rank"])
+        ranks.append(ShardingRank(rank=r["rank"], stage=r["stage"],
+                                  expected_elements=r["expected_elements"], expected_bytes=exp,
+                                  padded_bytes=padded, measured_bytes=got,
+                                  check=sharding.check(exp, padded, got)))
+    return ShardingPrediction(formula=pred["formula"], ratio=pred["ratio"],
+                              largest_rank=pred["largest_rank"], exact=pred["exact"],
+                              basis=pred["basis"], bytes_per_element=per, ranks=ranks)

@@ -55,6 +55,10 @@ the input was supplied; a record without it was fed from memory (the only way be
 with another training setup computes other numbers and times, so it is never ranked beside."""
 
 
+FSDP_STRATEGIES = ("fsdp", "fsdp2", "hsdp", "fsdp2_tp", "pp")
+"""Strategies that shard with FSDP (hsdp, fsdp2_tp and pp apply FSDP2 on a mesh dimension)."""
+
+
 def _setting(run: RunEntry, key: str) -> Any:
     s = run.settings or {}
     value = s.get(key)
@@ -368,12 +372,13 @@ def speedups(runs: list[RunEntry]) -> list[float | None]:
 
 
 def prefetch_groups(runs: list[RunEntry]) -> list[list[str]]:
-    """Groups (>= 2 runs) of the same FSDP strategy whose strategy options differ only in the
-    prefetch settings (``backward_prefetch``, ``forward_prefetch``): compare them side by side."""
+    """Groups (>= 2 runs) of the same FSDP strategy (``FSDP_STRATEGIES``: FSDP1, and FSDP2 flat
+    or on a mesh) whose strategy options differ only in the prefetch settings
+    (``backward_prefetch``, ``forward_prefetch``): compare them side by side."""
     keys = ("backward_prefetch", "forward_prefetch")
     groups: dict[str, list[RunEntry]] = {}
     for r in runs:
-        if r.strategy not in ("fsdp", "fsdp2"):
+        if r.strategy not in FSDP_STRATEGIES:
             continue
         opts = {k: v for k, v in r.options.items() if k not in keys}
         settings = {k: _setting(r, k) for k in SETTINGS}

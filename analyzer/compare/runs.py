@@ -37,7 +37,7 @@ from pathlib import Path
 import msgspec
 import pandas as pd
 
-from analyzer.compare import drift, footprint, ranking
+from analyzer.compare import drift, footprint, pipefigs, ranking
 from analyzer.analyses import clock, crossrank, datasupply, memory, parity, prefetch
 from analyzer.ingest import pipeline, rundirs
 from analyzer.contract import schemas
@@ -332,6 +332,7 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
             entry.caveats.append("whole-trace mode: no ProfilerStep in the traces, step 0 = the "
                                  "launched device work's extent on a GPU rank, the whole trace "
                                  "on a CPU rank")
+    entry.pipeline = pipefigs.run_pipeline(tables, m)
     stats = memory.step_stats(step_ns)
     entry.step_time_ns = StepTime(median=stats["median"], p90=stats["p90"], n=stats["n"],
                                   min=min(step_ns, default=None), max=max(step_ns, default=None),

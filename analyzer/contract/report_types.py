@@ -276,6 +276,44 @@ class MemoryFit(msgspec.Struct, kw_only=True):
     """``needed_bytes`` is a lower bound of the peak (``Memory.peak_lower_bound``)."""
 
 
+class ShardingRank(_Figures, kw_only=True):
+    """One rank's parameters: what the sharding predicts (analyzer/analyses/sharding.py)
+    beside what the rank holds (memory_categories.parquet ``parameters``)."""
+
+    rank: int
+    stage: int = -1
+    """pp: the rank's pipeline stage; -1 otherwise."""
+    expected_elements: float | None
+    """The rank's share of the model's N parameters (elements; formula of ``ShardingPrediction``)."""
+    expected_bytes: float | None
+    """``expected_elements`` x 4 (fp32 parameters)."""
+    padded_bytes: int | None = None
+    """What the rank holds when the parameters' shapes are known (reference model): its padded
+    FSDP2 shards (ceil(d0 / group) rows per parameter) x 4; None when not known."""
+    measured_bytes: int | None = None
+    check: str = "not_measured"
+    """``exact`` (measured == padded_bytes), ``differs`` (padded known, measured another),
+    ``at_least`` (no padded figure; measured >= expected_bytes), ``below`` (measured under the
+    share), ``not_measured`` (no categories)."""
+
+
+class ShardingPrediction(_Figures, kw_only=True):
+    """What the run's sharding predicts for its parameters, gradients and optimizer state
+    (analyzer/analyses/sharding.py): ``ratio`` = the largest rank's share of the N parameters
+    (``largest_rank``; pp: the first rank of the stage with the most), the ratio to DDP the
+    Memory section's "sharding predicts" column shows for the three sharded categories;
+    ``formula`` it in symbols; ``exact``: every rank's ``padded_bytes`` is known (else each
+    rank's share is a lower bound, ``basis`` says why)."""
+
+    formula: str
+    ratio: float | None
+    largest_rank: int | None
+    exact: bool
+    basis: str
+    bytes_per_element: int = 4
+    ranks: list[ShardingRank] = []
+
+
 class Memory(msgspec.Struct, kw_only=True):
     """A run's memory. ``peak_allocated_bytes``: the largest per-rank peak and
     ``peak_source`` where it comes from -- memory_categories.parquet's ``peak`` (CUDA allocator
@@ -301,6 +339,9 @@ class Memory(msgspec.Struct, kw_only=True):
     """``peak_allocated_bytes`` is a lower bound of the true peak: a CPU record's sum of
     categories (the allocator keeps no peak; transient buffers are missing), a profiler-window
     peak (misses what was allocated before profiling), or a CPU trace's ``[memory]`` events."""
+    sharding: ShardingPrediction | None = None
+    """What the sharding predicts per rank (issue 27); None for foreign traces, an unknown
+    strategy or FSDP1 options without a prediction."""
 
 
 class CommKind(_Figures, kw_only=True):
@@ -494,6 +535,59 @@ class Prefetch(_Figures, kw_only=True):
     units: list[PrefetchUnit]
 
 
+class PipelineStage(_Figures, kw_only=True):
+    """One pipeline stage of a ``pp`` run (analyzer/analyses/pipeline.py ``stage_bubbles``):
+    means per rank and profiled step (ns) over the stage's ``ranks``; bubble_ns =
+    exposed_comm_ns + idle_ns of the breakdown (``Pipeline.bubble_rule``), bubble_frac = its
+    sum over the stage's ranks and steps / their step time."""
+
+    stage: int
+    ranks: list[int]
+    rank_steps: int
+    step_ns: float | None
+    compute_ns: float | None
+    bubble_ns: float | None
+    bubble_frac: float | None
+
+
+class PipelinePair(_Figures, kw_only=True):
+    """Send / recv calls from stage ``src_stage`` to ``dst_stage`` (-1: not known), per
+    profiled step, summed over the ranks of both stages (analyzer/analyses/pipeline.py
+    ``p2p_pairs``): a send counts on the sender, a recv on the receiver, so a complete trace
+    has sends == recvs; ``calls`` - sends - recvs: direction not known; bytes None when no
+    call says; ``peer_source`` how the peer stage is known: ``peer`` (the tracer's pg tag
+    names the peer rank), ``mesh`` (no peer, two stages: the other one), ``unknown``."""
+
+    src_stage: int
+    dst_stage: int
+    peer_source: str
+    calls: float
+    sends: float
+    recvs: float
+    send_bytes: float | None
+    recv_bytes: float | None
+    time_ns: float
+    send_ns: float
+    recv_ns: float
+
+
+class Pipeline(_Figures, kw_only=True):
+    """Pipeline parallelism of a ``pp`` run (issue 27): ``stages`` P, ``microbatches`` M,
+    ``schedule`` (gpipe / 1f1b), ``dp`` ranks per stage; ``ideal_bubble_frac`` =
+    (P - 1) / (M + P - 1) (``ideal_source``; None without M) beside each stage's measured
+    bubble (``per_stage``) and the traffic between stages (``pairs``)."""
+
+    stages: int
+    microbatches: int | None
+    schedule: str | None
+    dp: int
+    ideal_bubble_frac: float | None
+    ideal_source: str
+    bubble_rule: str
+    per_stage: list[PipelineStage] = []
+    pairs: list[PipelinePair] = []
+
+
 class TraceInfo(msgspec.Struct, kw_only=True):
     whole_trace_mode: bool
     rank_sources: list[str]
@@ -549,6 +643,9 @@ class RunEntry(_Figures, kw_only=True):
     exposed_comm_step_ns: list[float] = []
     """Exposed communication of every profiled step (mean over ranks), in step order: what the
     performance gate's interval resamples."""
+    pipeline: Pipeline | None = None
+    """A ``pp`` run's stages, bubbles and stage-to-stage traffic (``Pipeline``); None for other
+    runs."""
 
 
 class Noise(msgspec.Struct, kw_only=True):

@@ -69,9 +69,11 @@ def write_categories(path: Path, per_rank: dict[int, dict[str, int]], source: st
 
 def manifest(*, run_name, strategy, world_size=2, precision="fp32", fault=None, options=None,
              device="cpu", torch_version="2.13.0", global_batch=8, seed=0, method="spawn",
-             training=None, experiment=None, machine=None):
+             training=None, experiment=None, machine=None, mesh=None, model=None):
+    """A manifest dict; ``mesh`` (a ``schemas.Mesh`` dict) for the mesh strategies, ``model``
+    in place of the default 100-parameter one."""
     extra = {k: v for k, v in (("training", training), ("experiment", experiment),
-                               ("machine", machine)) if v is not None}
+                               ("machine", machine), ("mesh", mesh)) if v is not None}
     return {**extra,
         "schema_version": schemas.SCHEMA_VERSION, "run_id": f"id-{run_name}", "run_name": run_name,
         "created_utc": "2026-01-01T00:00:00Z", "strategy": strategy,
@@ -83,7 +85,7 @@ def manifest(*, run_name, strategy, world_size=2, precision="fp32", fault=None, 
                    "master_addr": None, "master_port": None},
         "versions": {"python": "3.11.7", "torch": torch_version, "cuda": None, "cudnn": None,
                      "nccl": None, "paritytrace": "0.1.0"},
-        "model": {"name": "SimpleTransformer", "hidden": 16, "layers": 2, "num_params": 100},
+        "model": model or {"name": "SimpleTransformer", "hidden": 16, "layers": 2, "num_params": 100},
         "batch": {"global_batch": global_batch, "seq_len": 4,
                   "per_rank_batch": global_batch if strategy == "single" else global_batch // world_size,
                   "hidden": 16},
