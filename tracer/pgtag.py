@@ -35,7 +35,6 @@ resolved (a bad argument) is passed through untagged so torch raises its own err
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import inspect
 import threading
@@ -97,29 +96,48 @@ def _c10d_group_name(group: Any) -> str:
     return pg.group_name
 
 
-def _peer(name: str, bound: inspect.BoundArguments, group: Any) -> int | None:
+class _Args:
+    """Reads named arguments of calls to ``fn`` without ``inspect.Signature.bind`` (which
+    costs more than the collective's own Python path): positions and defaults looked up once."""
+
+    def __init__(self, fn: Callable):
+        params = list(inspect.signature(fn).parameters.values())
+        self.pos = {p.name: i for i, p in enumerate(params)
+                    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)}
+        self.default = {p.name: None if p.default is p.empty else p.default for p in params}
+
+    def get(self, name: str, args: tuple, kwargs: dict) -> Any:
+        """The value of argument ``name`` in this call (its default when not passed)."""
+        if name in kwargs:
+            return kwargs[name]
+        i = self.pos.get(name)
+        return args[i] if i is not None and i < len(args) else self.default.get(name)
+
+
+def _peer(name: str, read: _Args, args: tuple, kwargs: dict, group: Any) -> int | None:
     """Global rank of a send's destination / recv's source (None: a recv from any source)."""
-    args = bound.arguments
     key, group_key = ("dst", "group_dst") if name in P2P_SEND else ("src", "group_src")
-    if args.get(key) is not None:
-        return int(args[key])
-    if args.get(group_key) is not None:
+    peer = read.get(key, args, kwargs)
+    if peer is not None:
+        return int(peer)
+    group_peer = read.get(group_key, args, kwargs)
+    if group_peer is not None:
         pg = c10d._get_default_group() if group is None else group
-        return c10d.get_global_rank(pg, int(args[group_key]))
+        return c10d.get_global_rank(pg, int(group_peer))
     return None
 
 
 def _wrap_c10d(name: str, fn: Callable) -> Callable:
-    sig = inspect.signature(fn)
+    read = _Args(fn)
     p2p = name in P2P_SEND + P2P_RECV
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            bound = sig.bind(*args, **kwargs)
-            group = bound.arguments.get("group")
-            tag = tag_name(_c10d_group_name(group), _peer(name, bound, group) if p2p else None)
-        except (TypeError, ValueError, RuntimeError, AttributeError):
+            group = read.get("group", args, kwargs)
+            tag = tag_name(_c10d_group_name(group),
+                           _peer(name, read, args, kwargs, group) if p2p else None)
+        except (TypeError, ValueError, RuntimeError, AttributeError, IndexError):
             tag = None  # torch raises its own error for the bad call
         with _tagged(tag):
             return fn(*args, **kwargs)
@@ -129,15 +147,13 @@ def _wrap_c10d(name: str, fn: Callable) -> Callable:
 
 
 def _wrap_funcol(fn: Callable, resolve: Callable[[Any, str], str]) -> Callable:
-    sig = inspect.signature(fn)
+    read = _Args(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            bound = sig.bind(*args, **kwargs)
-            group = bound.arguments["group"]
-            tag = tag_name(str(resolve(group, bound.arguments.get("tag", "") or "")))
-        except (TypeError, ValueError, RuntimeError, KeyError, AttributeError):
+            tag = tag_name(str(resolve(read.get("group", args, kwargs), read.get("tag", args, kwargs) or "")))
+        except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError):
             tag = None
         with _tagged(tag):
             return fn(*args, **kwargs)
@@ -156,8 +172,10 @@ def _wrap_batch(fn: Callable, ops: dict[Callable, Callable]) -> Callable:
         for op in p2p_op_list:
             target = ops.get(getattr(op, "op", None))
             if target is not None and target is not op.op:
-                op = copy.copy(op)
-                op.op = target
+                remapped = object.__new__(type(op))  # P2POp.__new__ would re-check the op
+                remapped.__dict__.update(op.__dict__)
+                remapped.op = target
+                op = remapped
             mapped.append(op)
         return fn(mapped)
 

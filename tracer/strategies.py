@@ -3,6 +3,16 @@
 ``apply_ddp`` / ``apply_fsdp`` / ``apply_fsdp2`` wrap the model; ``compared_tensors`` yields, for
 the numerics, each parameter's (or gradient's) local values together with the baseline elements
 they must equal.
+
+Tolerances of hsdp and fsdp2_tp are fsdp2's (``schemas.TOLERANCES`` by precision, the
+torch.testing.assert_close defaults), and so is their derivation: each compared element is a
+short float32 sum whose order changed. The order does change with the mesh: HSDP sums the
+ranks' gradients as (shard group reduce_scatter) then (replicate group all_reduce), i.e.
+(g0 + g1) + (g2 + g3) on a 2 x 2 mesh rather than one 4-way sum; fsdp2_tp sums each rowwise
+matmul's inner dimension in T partial sums added by the tp all_reduce, and its dp reduction
+runs over W / T ranks. Each reordering moves a result by a few float32 ulps of the summed
+magnitudes, the same order as fsdp2's own reduce_scatter, so rtol 1.3e-6 / atol 1e-5 hold; a
+wider or deeper model adds terms to each sum, not reorderings beyond that bound's form.
 """
 
 from __future__ import annotations

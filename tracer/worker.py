@@ -164,8 +164,11 @@ def check_world(cfg: RecordConfig, env: RankEnv) -> None:
                          "torchrun pass --nproc_per_node 1, or record single without torchrun")
     if env.world_size != cfg.world_size and env.launch != "torchrun":
         raise ValueError(f"WORLD_SIZE {env.world_size} != expected {cfg.world_size}")
-    if cfg.batch % env.world_size:
-        raise ValueError(f"--batch {cfg.batch}: global batch must divide by the world size {env.world_size}")
+    dp = env.world_size // (cfg.tp_degree * cfg.pp_degree)  # the ranks that split the batch
+    if cfg.batch % dp:
+        raise ValueError(f"--batch {cfg.batch}: global batch must divide by the data-parallel size {dp}"
+                         + ("" if dp == env.world_size else f" (WORLD_SIZE {env.world_size} / "
+                            f"{cfg.tp_degree * cfg.pp_degree})"))
 
 
 def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
