@@ -5,6 +5,7 @@ One process, a 1-rank gloo group (the call path of every rank: the Python wrappe
 record's active window. Per round, N calls each of ``dist.all_reduce`` (FSDP2's HSDP path) and
 ``funcol.all_reduce`` + ``wait_tensor`` (DTensor / TP's path) on a 1 KiB tensor, untagged then
 inside ``tag_collectives()``, rounds interleaved (A B A B ...) so machine noise hits both.
+The same again with no profiler running (a record's wait steps: the wrapper opens no tag).
 Prints per call: the median ns untagged and tagged, their ratio, and the added ns; then what
 that adds to a step of the tiny fsdp2_tp record (13 collectives a step, see
 tests/tracer/test_mesh2d.py) as a fraction of its median step time when ``--run DIR`` names
@@ -17,6 +18,7 @@ Usage: ``python3 bench/bench_pgtag.py [--calls N] [--rounds R] [--run RUN_DIR]``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -53,22 +55,25 @@ def main() -> None:
             "funcol.all_reduce+wait": lambda: funcol.wait_tensor(
                 funcol.all_reduce(x, "sum", dist.group.WORLD)),
         }
-        results: dict[str, dict[str, list[float]]] = {k: {"plain": [], "tagged": []} for k in cases}
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-        with prof:
-            for _ in range(args.rounds):
-                for name, fn in cases.items():
-                    fn()  # warm
-                    results[name]["plain"].append(_time_calls(lambda: cases[name](), args.calls))
-                    with tag_collectives():
-                        results[name]["tagged"].append(_time_calls(lambda: cases[name](), args.calls))
+        results: dict[tuple[str, bool], dict[str, list[float]]] = {}
+        for profiling in (True, False):  # in the active window; outside it (no tag opened)
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            with prof if profiling else contextlib.nullcontext():
+                for _ in range(args.rounds):
+                    for name, fn in cases.items():
+                        r = results.setdefault((name, profiling), {"plain": [], "tagged": []})
+                        fn()  # warm
+                        r["plain"].append(_time_calls(fn, args.calls))
+                        with tag_collectives():
+                            r["tagged"].append(_time_calls(lambda: cases[name](), args.calls))
         dist.destroy_process_group()
     added = []
-    for name, r in results.items():
+    for (name, profiling), r in results.items():
         plain, tagged = statistics.median(r["plain"]), statistics.median(r["tagged"])
-        added.append(tagged - plain)
-        print(f"{name:24s} untagged {plain:8.0f} ns/call  tagged {tagged:8.0f} ns/call  "
-              f"ratio {tagged / plain:5.3f}  added {tagged - plain:6.0f} ns")
+        if profiling:
+            added.append(tagged - plain)
+        print(f"{name:24s} {'profiled  ' if profiling else 'unprofiled'} untagged {plain:8.0f} ns/call  "
+              f"tagged {tagged:8.0f} ns/call  ratio {tagged / plain:5.3f}  added {tagged - plain:6.0f} ns")
     if args.run:
         import pandas as pd
 

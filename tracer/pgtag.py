@@ -26,7 +26,9 @@ attribute reaches them):
   recv of the batch is tagged with its peer.
 
 A call made inside a tagged call (distributed_c10d's own nesting) is not tagged again: one
-annotation per user-level call, the outermost. Calls through names bound before (``from
+annotation per user-level call, the outermost. No tag is opened while no profiler collects
+(``torch.autograd.profiler._is_profiler_enabled``): outside the active window the wrapper
+costs a dictionary lookup and a group name (bench/bench_pgtag.py measures both). Calls through names bound before (``from
 torch.distributed import all_reduce``) are not reached; tests/tracer/test_mesh2d.py checks that
 every c10d op of an hsdp and an fsdp2_tp record sits inside a tag. A group that cannot be
 resolved (a bad argument) is passed through untagged so torch raises its own error.
@@ -76,18 +78,24 @@ def tag_name(pg_name: str, peer: int | None = None) -> str:
     return PG_TAG_PREFIX + pg_name + ("" if peer is None else f" peer {peer}")
 
 
-@contextlib.contextmanager
-def _tagged(name: str | None) -> Iterator[None]:
-    """``record_function(name)`` unless ``name`` is None or a tag is already open here."""
-    if name is None or getattr(_state, "depth", 0):
-        yield
-        return
+def _call_tagged(name: str | None, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` inside ``record_function(name)``; untagged when ``name`` is None,
+    a tag is already open on this thread, or no profiler is collecting (the wait steps, a
+    record's step 0: the annotation would go nowhere and costs a dispatcher call each way)."""
+    if name is None or getattr(_state, "depth", 0) or not _profiler_enabled():
+        return fn(*args, **kwargs)
     _state.depth = 1
     try:
         with torch.profiler.record_function(name):
-            yield
+            return fn(*args, **kwargs)
     finally:
         _state.depth = 0
+
+
+def _profiler_enabled() -> bool:
+    """torch's own fast check (torch/autograd/profiler.py, set on profiler start / stop);
+    True where a torch lacks it (then every call is tagged)."""
+    return getattr(torch.autograd.profiler, "_is_profiler_enabled", True)
 
 
 def _c10d_group_name(group: Any) -> str:
@@ -139,8 +147,7 @@ def _wrap_c10d(name: str, fn: Callable) -> Callable:
                            _peer(name, read, args, kwargs, group) if p2p else None)
         except (TypeError, ValueError, RuntimeError, AttributeError, IndexError):
             tag = None  # torch raises its own error for the bad call
-        with _tagged(tag):
-            return fn(*args, **kwargs)
+        return _call_tagged(tag, fn, args, kwargs)
 
     wrapper.__paritytrace_original__ = fn
     return wrapper
@@ -155,8 +162,7 @@ def _wrap_funcol(fn: Callable, resolve: Callable[[Any, str], str]) -> Callable:
             tag = tag_name(str(resolve(read.get("group", args, kwargs), read.get("tag", args, kwargs) or "")))
         except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError):
             tag = None
-        with _tagged(tag):
-            return fn(*args, **kwargs)
+        return _call_tagged(tag, fn, args, kwargs)
 
     wrapper.__paritytrace_original__ = fn
     return wrapper

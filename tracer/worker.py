@@ -279,7 +279,10 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
           device: torch.device, hb: Heartbeat) -> tuple[NumericsRows, list[dict], pa.Table | None, pa.Table]:
     """Run every step under the profiler on this rank's rows of the fixed batch.
 
-    The batch comes from ``tracer.data.Batches`` (``--data``): the same rows either way.
+    The batch comes from ``tracer.data.Batches`` (``--data``): the same rows either way, those
+    of this rank's data-parallel index (``data_parallel_index``: fsdp2_tp's tp ranks share).
+    Every collective call of a distributed strategy is tagged with its process group while
+    the steps run (tracer/pgtag.py ``tag_collectives``; restored after).
     Step 0 records activations, gradients and updated parameters (outside the profiler's active
     window; their time is excluded from wall_ns); the loss is recorded at every step. The trace
     is exported once at the end of the active window; a failure cancels the export. Step 0 also
