@@ -209,3 +209,19 @@ def test_bad_mesh_refused_in_one_line(tmp_path, args, says):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_users_model_with_its_tp_plan(tmp_path):
+    proc, _ = run_tracer(["--strategy", "fsdp2_tp", "--tp", "2", "--nproc", "4", "--batch", "4",
+                          "--model", "tests/tracer/specs/tp_mlp.py:build", "--warmup", "0",
+                          "--active", "1", "--out", str(tmp_path)], REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "fsdp2_tp"
+    manifest = schemas.read_manifest(run / schemas.MANIFEST_NAME)
+    assert manifest.mesh.tp_plan == {"0": "colwise", "2": "rowwise"}
+    assert manifest.mesh.tp_sharded_params == 16 * 8 + 16 + 8 * 16  # 0: weight + bias; 2: weight
+    assert manifest.strategy_options["fsdp_units"] == ["0", "2"]
+    parity = _parity(run)
+    assert parity.status == "pass", parity.reason
+    numerics = pd.read_parquet(run / schemas.NUMERICS_NAME)
+    assert set(numerics.loc[numerics["kind"] == "activation", "tensor"]) == {"0", "1", "2"}
