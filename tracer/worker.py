@@ -284,7 +284,10 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
     Every collective call of a distributed strategy is tagged with its process group while
     the steps run (tracer/pgtag.py ``tag_collectives``; restored after).
     Step 0 records activations, gradients and updated parameters (outside the profiler's active
-    window; their time is excluded from wall_ns); the loss is recorded at every step. The trace
+    window; their time is excluded from wall_ns); the loss is recorded at every step: this
+    rank's dp rows' loss, which the T tp ranks of a dp group share (the analyzer's mean over the
+    W ranks weighs each dp group T times, equal weights: the mean over dp groups, i.e. the
+    global batch's mean, the rows per dp group being equal). The trace
     is exported once at the end of the active window; a failure cancels the export. Step 0 also
     measures the rank's memory by category (tracer/footprint.py; outside wall_ns). Returns
     (numerics rows, steps rows, CUDA snapshot table or None, MEMORY_CATEGORIES_SCHEMA table).
