@@ -28,8 +28,10 @@ attribute reaches them):
 A call made inside a tagged call (distributed_c10d's own nesting) is not tagged again: one
 annotation per user-level call, the outermost. No tag is opened while no profiler collects
 (``torch.autograd.profiler._is_profiler_enabled``): outside the active window the wrapper
-costs a dictionary lookup and a group name (bench/bench_pgtag.py measures both). Calls through names bound before (``from
-torch.distributed import all_reduce``) are not reached; tests/tracer/test_mesh2d.py checks that
+costs a dictionary lookup and a group name (bench/bench_pgtag.py measures both). Calls
+through names bound before (``from torch.distributed import all_reduce``) are not reached, nor
+a ``P2POp`` built inside and batched after ``tag_collectives`` (it would hold the wrapper;
+torch.distributed.pipelining builds its ops per step); tests/tracer/test_mesh2d.py checks that
 every c10d op of an hsdp and an fsdp2_tp record sits inside a tag. A group that cannot be
 resolved (a bad argument) is passed through untagged so torch raises its own error.
 """
@@ -192,8 +194,9 @@ def _wrap_batch(fn: Callable, ops: dict[Callable, Callable]) -> Callable:
 @contextlib.contextmanager
 def tag_collectives() -> Iterator[None]:
     """While active, every collective call of this process is tagged (module docstring).
-    Restores every replaced attribute on exit, also after an exception. Not reentrant across
-    threads' lifetimes: install once per process (tracer/worker.py ``train``)."""
+    Restores every replaced attribute on exit, also after an exception. Not nestable (an
+    inner one would wrap the wrappers): once per process, around the training loop
+    (tracer/worker.py ``train``)."""
     import torch.distributed._functional_collectives as funcol
 
     saved: list[tuple[Any, str, Any]] = []
