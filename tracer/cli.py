@@ -157,7 +157,9 @@ def record(
             # before any worker, in a child under --timeout: a bad spec is one line, exit 2
             from tracer.speccheck import check_spec_isolated
 
-            check_spec_isolated(max(configs, key=lambda c: c.world_size))
+            # fsdp2_tp first: the one strategy that needs more of the spec (its tp_plan)
+            check_spec_isolated(next((c for c in configs if c.strategy == "fsdp2_tp"),
+                                     max(configs, key=lambda c: c.world_size)))
         # before torch is imported: a refused folder or a held run dir stops at once
         if under_torchrun:  # rank 0 takes the lock when it clears the run dir (worker.run_rank)
             from tracer.rundir import check_run_dir, check_writable

@@ -1,4 +1,4 @@
-"""Fault canaries: three real bug classes reproduced on purpose (``--fault``).
+"""Fault canaries: real bug classes reproduced on purpose (``--fault``).
 
 - ``skip-grad-sync``: gradients are never averaged across ranks; each rank steps on its own
   slice's gradient (DDP ``no_sync()`` on every step). DDP only (see config.FAULTS_BY_STRATEGY).
@@ -8,6 +8,17 @@
   seeded by ``seed + r``). DDP would repair this with its constructor broadcast, so for DDP the
   noise is added after wrapping (like a per-rank checkpoint load after DDP); for FSDP1/FSDP2
   before wrapping (they never broadcast: each rank keeps its own shard of its own weights).
+- ``skip-replicate-sync`` (hsdp): the replicate dimension's gradient all_reduce never happens;
+  each replica steps on the gradient of its own rows. Reproduced as the configuration bug that
+  causes it: the units are ``fully_shard``-ed on ``mesh["shard"]`` (1-D) instead of the 2-D
+  mesh, so each replica is an FSDP2 job of its own (``hsdp_mesh``). Not FSDP2's
+  ``set_requires_all_reduce(False)``: that is its gradient-accumulation switch, which holds
+  the reduce-scattered gradient back for a later all_reduce and leaves ``.grad`` None at the
+  optimizer step (torch 2.13 _fsdp_collectives.py ``foreach_reduce``), so nothing would step.
+- ``wrong-tp-placement`` (fsdp2_tp): every ``RowwiseParallel`` of the plan keeps its output
+  ``Partial()`` instead of ``Replicate()`` (``tp_plan``): the rowwise all_reduce is skipped and
+  each tp rank carries on with its own partial sum -- it runs, with every shape right, and
+  computes wrong values from the first rowwise module's output on.
 
 Test-only failure injection (not a CLI option): env ``PARITYTRACE_INJECT=<what>@<rank>:<step>``
 with what = raise | hang | sigkill makes that rank raise, sleep forever, or SIGKILL itself at the
@@ -92,3 +103,26 @@ def maybe_inject(rank: int, step: int) -> None:
     if what == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise ValueError(f"{INJECT_ENV}={spec}: unknown injection {what!r}")
+
+
+def hsdp_mesh(mesh, fault: str | None):
+    """The mesh hsdp gives ``fully_shard``: the 2-D ``mesh``, or with skip-replicate-sync its
+    ``"shard"`` dimension alone (module docstring)."""
+    return mesh["shard"] if fault == "skip-replicate-sync" else mesh
+
+
+def tp_plan(plan: dict, fault: str | None) -> dict:
+    """The TP plan fsdp2_tp applies: ``plan``, or with wrong-tp-placement each RowwiseParallel
+    replaced by one whose output stays ``Partial()`` (module docstring). Raises ``ValueError``
+    when the fault finds no RowwiseParallel to break."""
+    if fault != "wrong-tp-placement":
+        return plan
+    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    broken = {fqn: RowwiseParallel(input_layouts=style.input_layouts[0], output_layouts=Partial(),
+                                   use_local_output=style.use_local_output)
+              if isinstance(style, RowwiseParallel) else style for fqn, style in plan.items()}
+    if not any(isinstance(s, RowwiseParallel) for s in plan.values()):
+        raise ValueError("--fault wrong-tp-placement: the TP plan has no RowwiseParallel to break")
+    return broken

@@ -20,15 +20,25 @@ from tracer.numerics import rows_to_table
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local tensor (FSDP2 shards), any other tensor itself."""
-    local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
+    """The tensor holding ``t``'s data on this rank: a DTensor's local tensor (FSDP2 and TP
+    shards, counted by what the rank holds), a functional collective's AsyncCollectiveTensor's
+    result (TP outputs: a wrapper without a storage of its own), any other tensor itself.
+    Wrapper subclasses are unwrapped through ``__tensor_flatten__`` (their first inner tensor)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    while is_traceable_wrapper_subclass(t):
+        inner = getattr(t, t.__tensor_flatten__()[0][0], None)
+        if not isinstance(inner, torch.Tensor):
+            break
+        t = inner
+    return t
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int, int] | None:
     """(device, storage data pointer, storage bytes) of ``t``; None for a tensor without a
     storage of its own data (a size-0 storage, a meta tensor)."""
-    st = _local(t).untyped_storage()
+    t = _local(t)
+    st = t.untyped_storage()
     nbytes = st.nbytes()
     if nbytes == 0 or t.device.type == "meta":
         return None

@@ -14,7 +14,7 @@ import torch
 
 from analyzer.contract.atomic import write_atomic
 from analyzer.contract.schemas import (MANIFEST_NAME, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES, Baseline, Batch,
-                                       Device, Experiment, Launch, Machine, Manifest, Model, Profiler,
+                                       Device, Experiment, Launch, Machine, Manifest, Mesh, Model, Profiler,
                                        Tolerance, Training, Versions, mixed_precision_tolerance)
 from tracer.config import RecordConfig
 from tracer.data import data_manifest
@@ -83,16 +83,20 @@ def experiment_section(cfg: RecordConfig) -> Experiment | None:
 def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend: str | None,
                    device: torch.device, launch: Launch, num_params: int,
                    fsdp_units: list[str], spec, model_name: str, buffers: list[str],
-                   batch_x: torch.Tensor, machine: Machine | None = None) -> Manifest:
+                   batch_x: torch.Tensor, machine: Machine | None = None,
+                   mesh: Mesh | None = None) -> Manifest:
     """The run's manifest; ``files`` lists every file already in ``run_dir``.
 
     ``strategy_options`` also carries ``fsdp_units`` (the wrapped module FQNs, additive) for
     fsdp / fsdp2; with a ModelSpec whose units are classes, ``fsdp_unit_classes`` (their names)
     replaces ``auto_wrap_min_num_params``. ``spec``: the run's ``tracer.ModelSpec``;
     ``model_name``: its model's class name (before wrapping); ``buffers``: its buffer FQNs; ``batch_x``: the global batch's inputs.
+    ``mesh``: hsdp / fsdp2_tp's ``Mesh`` (shape, dim names, TP plan and its sharded elements),
+    their ``strategy_options`` as fsdp2's (``fsdp_units`` included); ``batch.per_rank_batch``
+    is the rows of one data-parallel rank (batch / dp size: tp ranks share them).
     """
     options = cfg.strategy_options()
-    if cfg.strategy in ("fsdp", "fsdp2"):
+    if cfg.strategy in ("fsdp", "fsdp2", "hsdp", "fsdp2_tp"):
         options["fsdp_units"] = fsdp_units
         if spec.wrap_min_params is None:
             options.pop("auto_wrap_min_num_params", None)
@@ -111,7 +115,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
                     layers=cfg.layers if reference else 0, num_params=num_params, spec=cfg.model,
                     buffers_not_compared=buffers),
         batch=Batch(global_batch=cfg.batch, seq_len=cfg.seq if reference else dims[1],
-                    per_rank_batch=cfg.batch // world_size, hidden=cfg.hidden if reference else dims[2]),
+                    per_rank_batch=cfg.batch // (world_size // (cfg.tp_degree * cfg.pp_degree)), hidden=cfg.hidden if reference else dims[2]),
         seed=cfg.seed, steps=cfg.total_steps,
         profiler=Profiler(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
                           activities=[a.name for a in activities(device.type)],
@@ -129,7 +133,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
         training=Training(optimizer=optimizer_manifest(cfg),
                           mixed_precision=list(cfg.mixed_precision_dtypes) if cfg.mixed_precision else None,
                           activation_checkpointing=cfg.activation_checkpointing),
-        experiment=experiment_section(cfg), machine=machine)
+        experiment=experiment_section(cfg), machine=machine, mesh=mesh)
 
 
 def precision_policy(cfg: RecordConfig) -> str:

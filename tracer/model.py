@@ -68,6 +68,24 @@ def rank_rows(batch: int, world_size: int, rank: int) -> slice:
     return slice(rank * per_rank, (rank + 1) * per_rank)
 
 
+def tp_plan(model: SimpleTransformer, tp_mesh) -> dict:
+    """The reference model's tensor-parallel plan (``ModelSpec.tp_plan``), per layer i, as
+    torchtitan splits its blocks: ``layers.i.attn`` ColwiseParallel(output_layouts=Replicate())
+    (its output features split over tp, gathered back: fwd all_gather, bwd all_reduce of the
+    input gradient), ``layers.i.mlp.0`` ColwiseParallel (a local [b, s, 4h/T] output; bwd
+    all_reduce of the input gradient), ``layers.i.mlp.2`` RowwiseParallel (input features split,
+    fwd all_reduce of the [b, s, h] partial sums). The LayerNorm stays replicated."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {}
+    for i in range(len(model.layers)):
+        plan[f"layers.{i}.attn"] = ColwiseParallel(output_layouts=Replicate())
+        plan[f"layers.{i}.mlp.0"] = ColwiseParallel()
+        plan[f"layers.{i}.mlp.2"] = RowwiseParallel()
+    return plan
+
+
 def precision_context(precision: str, device_type: str) -> contextlib.AbstractContextManager:
     """The one precision policy, applied identically to the baseline and every strategy.
 

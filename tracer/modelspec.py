@@ -70,6 +70,23 @@ class ModelSpec:
     wrap_min_params: int | None = None
     """Set instead of ``units``: FSDP1 ``size_based_auto_wrap_policy(min_num_params=...)`` and
     the same modules for FSDP2 (what the reference model uses; ``--wrap-min-params`` sets it)."""
+    tp_plan: Callable[[nn.Module, Any], dict[str, Any]] | None = None
+    """``tp_plan(model, tp_mesh) -> {module FQN: ParallelStyle}``, the plan ``--strategy
+    fsdp2_tp`` gives ``torch.distributed.tensor.parallel.parallelize_module(model, tp_mesh,
+    plan)`` on the whole model (``tp_mesh``: the "tp" dimension of the (dp, tp) DeviceMesh),
+    before FSDP2 shards over "dp". None: the model has no TP plan, and ``--strategy fsdp2_tp``
+    is refused before any worker starts. The reference model's: ``tracer.model.tp_plan``.
+    Example (the MLP above)::
+
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        def plan(model, tp_mesh):
+            return {"0": ColwiseParallel(), "2": RowwiseParallel()}
+
+    Every parameter stays in ``named_parameters`` under its FQN (as a DTensor), so the numerics
+    compare it whole (``DTensor.full_tensor()``, tracer/strategies.py ``compared_tensors``). A
+    module's output is compared when it is replicated or last-dim sharded (ColwiseParallel's
+    local output); other layouts are left out (tracer/strategies.py ``tp_activation``)."""
 
 
 class SpecError(ValueError):
@@ -143,7 +160,8 @@ def load_spec(cfg) -> ModelSpec:
         return ModelSpec(
             model=reference.build_model(cfg.hidden, cfg.layers, cfg.seed),
             make_batch=lambda b, seed: reference.make_batch(b, cfg.seq, cfg.hidden, seed),
-            loss=reference.loss_fn, units=(), wrap_min_params=cfg.auto_wrap_min_params)
+            loss=reference.loss_fn, units=(), wrap_min_params=cfg.auto_wrap_min_params,
+            tp_plan=reference.tp_plan)
     factory = _factory(spec)
     torch.manual_seed(cfg.seed)
     try:
@@ -208,6 +226,10 @@ def check_spec(cfg) -> ModelSpec:
     if cfg.batch % cfg.world_size:
         raise _bad(name, f"--batch {cfg.batch} does not divide by the world size {cfg.world_size}",
                    "pick a multiple")
+    if cfg.strategy == "fsdp2_tp" and spec.tp_plan is None:
+        raise _bad(name, "--strategy fsdp2_tp needs a tensor-parallel plan and the ModelSpec has "
+                   "none (tp_plan is None)", "set ModelSpec.tp_plan (tracer/modelspec.py), or "
+                   "record another strategy")
     rows = rank_rows(cfg.batch, cfg.world_size, 0)
     try:
         loss = spec.loss(spec.model(x[rows]), y[rows])

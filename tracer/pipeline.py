@@ -78,6 +78,7 @@ from tracer.memory import dump_snapshot, start_history
 from tracer.model import rank_rows
 from tracer.modelspec import ModelSpec, load_parameters
 from tracer.numerics import NumericsRows, clean_fqn, tensor_metrics
+from tracer.pgtag import tag_collectives
 from tracer.profiling import cuda_sync, make_profiler
 from tracer.training import build_optimizer
 
@@ -292,7 +293,7 @@ def train_pp(cfg: RecordConfig, pipe: PipelineRank, base: dict[str, torch.Tensor
     prof, export = make_profiler(cfg, device.type, cfg.run_dir / trace_name(rank))
     snapshot_table = None
     held: dict[str, int] = {}
-    with prof:
+    with prof, tag_collectives():  # each send / recv names its group and peer (tracer/pgtag.py)
         try:
             for step in range(cfg.total_steps):
                 hb.beat("step", step)

@@ -3,6 +3,16 @@
 ``apply_ddp`` / ``apply_fsdp`` / ``apply_fsdp2`` wrap the model; ``compared_tensors`` yields, for
 the numerics, each parameter's (or gradient's) local values together with the baseline elements
 they must equal.
+
+Tolerances of hsdp and fsdp2_tp are fsdp2's (``schemas.TOLERANCES`` by precision, the
+torch.testing.assert_close defaults), and so is their derivation: each compared element is a
+short float32 sum whose order changed. The order does change with the mesh: HSDP sums the
+ranks' gradients as (shard group reduce_scatter) then (replicate group all_reduce), i.e.
+(g0 + g1) + (g2 + g3) on a 2 x 2 mesh rather than one 4-way sum; fsdp2_tp sums each rowwise
+matmul's inner dimension in T partial sums added by the tp all_reduce, and its dp reduction
+runs over W / T ranks. Each reordering moves a result by a few float32 ulps of the summed
+magnitudes, the same order as fsdp2's own reduce_scatter, so rtol 1.3e-6 / atol 1e-5 hold; a
+wider or deeper model adds terms to each sum, not reorderings beyond that bound's form.
 """
 
 from __future__ import annotations
@@ -124,19 +134,22 @@ def apply_fsdp(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: 
     )
 
 
-def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: ModelSpec) -> nn.Module:
+def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: ModelSpec,
+                mesh=None) -> nn.Module:
     """FSDP2: ``fully_shard`` on each unit of ``unit_names`` (post-order), then the root.
 
     ``--mixed-precision``: ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` on every
     ``fully_shard``; buffers cast to BUFFER once before (FSDP2 does not manage buffers).
-    Mesh: 1-D over all ranks on ``device.type`` (a "cpu" mesh works with gloo). Parameters become
+    Mesh: ``mesh`` (hsdp: the 2-D replicate x shard mesh; fsdp2_tp: its dp dimension), by
+    default 1-D over all ranks on ``device.type`` (a "cpu" mesh works with gloo). Parameters become
     DTensors sharded on dim 0 (``Shard(0)``, torch.chunk semantics). Backward prefetch is FSDP2's
     implicit one; ``forward_prefetch`` sets each unit to prefetch the next one explicitly.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    if mesh is None:
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     reshard = cfg.resolved_reshard_after_forward
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard}
     if cfg.mixed_precision is not None:
@@ -192,6 +205,13 @@ def compared_tensors(model: nn.Module, strategy: str, what: str, rank: int, worl
     DDP / single / FSDP1 (inside ``full_view``): the whole tensor, replicated. FSDP2: the local
     Shard(0) of the DTensor (``to_local()``) against ``torch.chunk(ref, world_size, 0)[rank]``
     (an empty tensor where the chunk does not exist), replicated = False - no collective needed.
+    hsdp / fsdp2_tp: the whole tensor (``DTensor.full_tensor()``, an all_gather over the mesh at
+    step 0, outside the profiler's active window), replicated = True. Whole rather than shard by
+    shard because a 2-D placement does not partition the ranks: HSDP's replicas hold the same
+    shard twice, fsdp2_tp's replicated bias is held by every tp rank and its colwise weights
+    are _StridedShard x Shard; a shard-by-shard form would need a per-placement rule deciding
+    which rank counts which elements, where full_tensor() is torch's own, and every rank then
+    checks the tensor its optimizer step actually used (replicas that drift apart show on each).
     """
     for seq, (name, p) in enumerate(unwrap(model).named_parameters()):
         fqn = clean_fqn(name)
@@ -200,7 +220,9 @@ def compared_tensors(model: nn.Module, strategy: str, what: str, rank: int, worl
         if t is None:
             raise RuntimeError(f"{fqn} has no gradient after backward")
         t = t.detach()
-        if strategy == "fsdp2":
+        if strategy in MESH_2D:  # a collective per tensor: on every rank, in the same order
+            yield seq, fqn, t.full_tensor() if hasattr(t, "full_tensor") else t, ref, True
+        elif strategy == "fsdp2":
             local = t.to_local()
             chunks = torch.chunk(ref, world_size, dim=0)
             ref_local = chunks[rank] if rank < len(chunks) else ref[:0]
@@ -208,3 +230,89 @@ def compared_tensors(model: nn.Module, strategy: str, what: str, rank: int, worl
         else:
             yield seq, fqn, t, ref, True
 
+
+
+MESH_2D = ("hsdp", "fsdp2_tp")
+"""Strategies on a 2-D DeviceMesh built here (``apply_hsdp``, ``apply_tp`` + ``apply_fsdp2``)."""
+
+
+def device_mesh_2d(cfg: RecordConfig, device: torch.device):
+    """``init_device_mesh(device.type, cfg.mesh_shape, mesh_dim_names=cfg.mesh_dim_names)``:
+    hsdp (R, S) ("replicate", "shard"), fsdp2_tp (W / T, T) ("dp", "tp"); rank r sits at
+    (r // B, r % B) (row-major), its groups described ``mesh_<name>`` in the trace's pg_config."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, tuple(cfg.mesh_shape), mesh_dim_names=tuple(cfg.mesh_dim_names))
+
+
+def apply_hsdp(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: ModelSpec) -> nn.Module:
+    """HSDP: ``apply_fsdp2`` on the 2-D mesh (replicate R x shard S, ``--mesh R,S``): the
+    units' parameters are DTensors (Replicate(), Shard(0)); per unit and step FSDP2 all_gathers
+    over the shard group, reduce_scatters the gradient over it and all_reduces the shard over
+    the replicate group. ``--fault skip-replicate-sync``: the units are sharded on
+    ``mesh["shard"]`` only (tracer/faults.py ``hsdp_mesh``)."""
+    from tracer import faults
+
+    mesh = faults.hsdp_mesh(device_mesh_2d(cfg, device), cfg.fault)
+    return apply_fsdp2(model, cfg, device, spec, mesh=mesh)
+
+
+def apply_tp(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: ModelSpec):
+    """Tensor parallel of fsdp2_tp: ``parallelize_module(model, mesh["tp"], spec.tp_plan(model,
+    mesh["tp"]))`` (the reference model: ``tracer.model.tp_plan``), ``--fault
+    wrong-tp-placement`` applied to the plan (tracer/faults.py ``tp_plan``). FSDP2 then shards
+    over ``mesh["dp"]`` (the caller: ``apply_fsdp2(..., mesh=mesh["dp"])``, after activation
+    checkpointing, which would hide the plan's module names). Returns (mesh, {fqn: style name}
+    of the applied plan). Raises ``ValueError`` when the spec has no ``tp_plan``."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from tracer import faults
+
+    if spec.tp_plan is None:
+        raise ValueError(f"--model {cfg.model}: ModelSpec.tp_plan is None; fsdp2_tp needs one")
+    mesh = device_mesh_2d(cfg, device)
+    plan = faults.tp_plan(spec.tp_plan(model, mesh["tp"]), cfg.fault)
+    parallelize_module(model, mesh["tp"], plan)
+    return mesh, {fqn: style_name(style) for fqn, style in plan.items()}
+
+
+def style_name(style) -> str:
+    """``schemas.Mesh.tp_plan`` value of a ParallelStyle: ColwiseParallel -> "colwise",
+    RowwiseParallel -> "rowwise", any other its class name without "Parallel", lower case."""
+    name = type(style).__name__
+    return (name[:-len("Parallel")] if name.endswith("Parallel") else name).lower()
+
+
+def tp_sharded_params(model: nn.Module, tp_dim: str = "tp") -> int:
+    """Elements of the parameters sharded over the mesh dimension ``tp_dim``: DTensors whose
+    placement on that dimension is a Shard (ColwiseParallel's weight and bias,
+    RowwiseParallel's weight; not its Replicate bias, not the norm)."""
+    total = 0
+    for p in model.parameters():
+        mesh = getattr(p, "device_mesh", None)
+        names = getattr(mesh, "mesh_dim_names", None) or ()
+        if tp_dim in names and p.placements[names.index(tp_dim)].is_shard():
+            total += p.numel()
+    return total
+
+
+def tp_activation(out: torch.Tensor, ref: torch.Tensor, tp: int, tp_rank: int
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The part of a module's step-0 output that tensor-parallel rank ``tp_rank`` of ``tp``
+    compares, and the baseline elements it must equal (``ref``: the dp rows of the baseline's
+    output), so that the tp ranks of a dp group partition the output (no element counted twice):
+
+    - ``out`` as large as ``ref`` (a replicated output: attn with output_layouts=Replicate(),
+      RowwiseParallel, the norm, the blocks): chunk ``tp_rank`` of both over the last dim;
+    - ``out`` the last-dim chunk of ``ref`` (ColwiseParallel's local output, its GELU): ``out``
+      against chunk ``tp_rank`` of ``ref`` (Shard(0) of the weight = torch.chunk of the out
+      features, so the local output is that chunk);
+    - any other shape (an activation sharded otherwise, e.g. over the sequence): None, not
+      compared (on every rank alike: shapes are the same on every rank).
+    """
+    if tuple(out.shape) == tuple(ref.shape):
+        return torch.chunk(out, tp, dim=-1)[tp_rank], torch.chunk(ref, tp, dim=-1)[tp_rank]
+    chunk = torch.chunk(ref, tp, dim=-1)
+    if tp_rank < len(chunk) and tuple(out.shape) == tuple(chunk[tp_rank].shape):
+        return out, chunk[tp_rank]
+    return None

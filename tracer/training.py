@@ -173,9 +173,9 @@ class MixedPrecisionStep:
 
 
 def micro_batches(cfg: RecordConfig) -> int:
-    """Micro-batches of the baseline's step: the distributed world size (``cfg.nproc``) under a
+    """Micro-batches of the baseline's step: the data-parallel size (``cfg.nproc`` / (T * P)) under a
     low-precision PARAM or REDUCE, so each rank's rows are computed and rounded as that rank does
     (module docstring); 1 otherwise (one whole-batch step, the plain one-device reference)."""
     if cfg.mixed_precision is None or all(d == "fp32" for d in cfg.mixed_precision_dtypes[:2]):
         return 1
-    return cfg.nproc
+    return cfg.nproc // (cfg.tp_degree * cfg.pp_degree)  # the data-parallel ranks

@@ -36,7 +36,7 @@ from analyzer.contract.atomic import atomic_path, write_atomic
 from analyzer.contract.errors import ExitCode
 from analyzer.contract.schemas import (GOLDEN_METRICS, MEMORY_CATEGORIES_NAME, MEMORY_CATEGORIES_SCHEMA, MEMORY_DIR,
                               MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME, NUMERICS_SCHEMA, STEPS_NAME,
-                              STEPS_SCHEMA, Launch, trace_name)
+                              STEPS_SCHEMA, Launch, Mesh, trace_name)
 from tracer import devices, faults
 from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
@@ -50,7 +50,9 @@ from tracer.modelspec import ModelSpec, buffer_names, load_parameters, load_spec
 from tracer.numerics import ActivationRecorder, NumericsRows, rows_to_table, tensor_metrics
 from tracer.profiling import cuda_sync, make_profiler
 from tracer.rundir import PARTS_DIR, clear_run_dir
-from tracer.strategies import apply_ddp, apply_fsdp, apply_fsdp2, compared_tensors, full_view, unit_names
+from tracer.pgtag import tag_collectives
+from tracer.strategies import (MESH_2D, apply_ddp, apply_fsdp, apply_fsdp2, apply_hsdp, apply_tp, compared_tensors,
+                               full_view, tp_activation, tp_sharded_params, unit_names)
 from tracer.training import MixedPrecisionStep, apply_checkpointing, build_optimizer
 
 log = logging.getLogger(__name__)
@@ -167,8 +169,11 @@ def check_world(cfg: RecordConfig, env: RankEnv) -> None:
 
         check_pipeline_world(cfg, env.world_size)
         return
-    if cfg.batch % env.world_size:
-        raise ValueError(f"--batch {cfg.batch}: global batch must divide by the world size {env.world_size}")
+    dp = env.world_size // (cfg.tp_degree * cfg.pp_degree)  # the ranks that split the batch
+    if cfg.batch % dp:
+        raise ValueError(f"--batch {cfg.batch}: global batch must divide by the data-parallel size {dp}"
+                         + ("" if dp == env.world_size else f" (WORLD_SIZE {env.world_size} / "
+                            f"{cfg.tp_degree * cfg.pp_degree})"))
 
 
 def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
@@ -191,12 +196,16 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     base, order = load_baseline(baseline_path, cfg, device.type)
     spec = load_spec(cfg)  # --model, re-created from its string in this process
     buffers, model_name = buffer_names(spec.model), type(spec.model).__name__  # before wrapping
-    pipe = None
+    pipe = mesh = None
     if cfg.strategy == "pp":
         pipe, num_params, units, (numerics, step_rows, snapshot_table, categories) = train_pipeline(
             cfg, spec, base, order, env, device, hb)
+        mesh = pipe.mesh_section(cfg)
     else:
-        model, num_params, units = build_wrapped_model(cfg, spec, base, env.rank, device)
+        if cfg.strategy in MESH_2D:
+            model, num_params, units, mesh = build_mesh_model(cfg, spec, base, env.rank, device)
+        else:
+            model, num_params, units = build_wrapped_model(cfg, spec, base, env.rank, device)
         numerics, step_rows, snapshot_table, categories = train(cfg, spec, model, base, env, device, hb)
     add_golden_losses(numerics, base)
     hb.beat("write")
@@ -213,10 +222,7 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
                                   backend=backend, device=device, launch=launch,
                                   num_params=num_params, fsdp_units=units, spec=spec,
                                   model_name=model_name, buffers=buffers, batch_x=base["batch.x"],
-                                  machine=machine_info(load_avg, env.local_world_size))
-        if pipe is not None:  # pp: the mesh, and a rank trains its pipeline's rows (B / dp)
-            manifest.mesh = pipe.mesh_section(cfg)
-            manifest.batch.per_rank_batch = cfg.batch // pipe.dp
+                                  machine=machine_info(load_avg, env.local_world_size), mesh=mesh)
         write_manifest(cfg.run_dir, manifest)
     hb.beat("done")
 
@@ -259,13 +265,50 @@ def build_wrapped_model(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torc
     return model, num_params, units
 
 
+def build_mesh_model(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
+                     device: torch.device) -> tuple[torch.nn.Module, int, list[str], Mesh]:
+    """hsdp / fsdp2_tp (``strategies.MESH_2D``): ``spec.model`` with the baseline's initial
+    parameters, unsynced-init applied (before wrapping: nothing broadcasts them, except TP's
+    ``distribute_tensor`` over each tp group, which leaves the dp groups apart), [fsdp2_tp: TP
+    plan applied], [activation checkpointing of the units], FSDP2 on the units of
+    ``unit_names`` then the root, over the 2-D mesh (hsdp) or its dp dimension (fsdp2_tp).
+    Returns (model, num_params, FSDP units, the manifest's ``Mesh``)."""
+    model = spec.model
+    load_parameters(model, base, "init.")
+    num_params = sum(p.numel() for p in model.parameters())
+    units = unit_names(model, spec)
+    if cfg.fault == "unsynced-init" and rank > 0:
+        faults.perturb_init(model, cfg.seed, rank)
+    model.to(device)
+    plan: dict[str, str] = {}
+    sharded = 0
+    if cfg.strategy == "fsdp2_tp":
+        mesh2d, plan = apply_tp(model, cfg, device, spec)
+        sharded = tp_sharded_params(model)
+    if cfg.activation_checkpointing:
+        apply_checkpointing(model, units)
+    if cfg.strategy == "hsdp":
+        model = apply_hsdp(model, cfg, device, spec)
+    else:
+        model = apply_fsdp2(model, cfg, device, spec, mesh=mesh2d["dp"])
+    mesh = Mesh(shape=list(cfg.mesh_shape), dim_names=list(cfg.mesh_dim_names), tp_plan=plan,
+                tp_sharded_params=sharded)
+    return model, num_params, units, mesh
+
+
 def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict[str, torch.Tensor], env: RankEnv,
           device: torch.device, hb: Heartbeat) -> tuple[NumericsRows, list[dict], pa.Table | None, pa.Table]:
     """Run every step under the profiler on this rank's rows of the fixed batch.
 
-    The batch comes from ``tracer.data.Batches`` (``--data``): the same rows either way.
+    The batch comes from ``tracer.data.Batches`` (``--data``): the same rows either way, those
+    of this rank's data-parallel index (``data_parallel_index``: fsdp2_tp's tp ranks share).
+    Every collective call of a distributed strategy is tagged with its process group while
+    the steps run (tracer/pgtag.py ``tag_collectives``; restored after).
     Step 0 records activations, gradients and updated parameters (outside the profiler's active
-    window; their time is excluded from wall_ns); the loss is recorded at every step. The trace
+    window; their time is excluded from wall_ns); the loss is recorded at every step: this
+    rank's dp rows' loss, which the T tp ranks of a dp group share (the analyzer's mean over the
+    W ranks weighs each dp group T times, equal weights: the mean over dp groups, i.e. the
+    global batch's mean, the rows per dp group being equal). The trace
     is exported once at the end of the active window; a failure cancels the export. Step 0 also
     measures the rank's memory by category (tracer/footprint.py; outside wall_ns). Returns
     (numerics rows, steps rows, CUDA snapshot table or None, MEMORY_CATEGORIES_SCHEMA table).
@@ -276,8 +319,9 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
     mp = (MixedPrecisionStep(model, cfg, parts=1)
           if cfg.strategy == "single" and cfg.mixed_precision is not None else None)
     forward = model if mp is None else (lambda inputs: mp.compute(mp.inputs(inputs)))
-    rows = rank_rows(cfg.batch, world, rank)
-    batches = Batches(cfg, base["batch.x"], base["batch.y"], rank=rank, world_size=world,
+    dp_rank, dp_size = data_parallel_index(cfg, rank), world // (cfg.tp_degree * cfg.pp_degree)
+    rows = rank_rows(cfg.batch, dp_size, dp_rank)
+    batches = Batches(cfg, base["batch.x"], base["batch.y"], rank=dp_rank, world_size=dp_size,
                       device=device)
     batches.start()  # before the profiler: a multi-process loader forks its workers here
     ref_losses = base["loss"].tolist()
@@ -288,7 +332,8 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
     prof, export = make_profiler(cfg, device.type, trace_path)
     snapshot_table = None
     held: dict[str, int] = {}
-    with prof:
+    tagged = tag_collectives() if cfg.strategy != "single" else contextlib.nullcontext()
+    with prof, tagged:
         try:
             for step in range(cfg.total_steps):
                 hb.beat("step", step)
@@ -318,7 +363,11 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
                     t_num = time.perf_counter_ns()
                     held["activations"] = saved.bytes
                     held["gradients"] = footprint.gradient_bytes(model)
-                    record_step0_before_optimizer(cfg, model, recorder, base, numerics, rank, world, rows)
+                    if cfg.strategy in MESH_2D:
+                        record_mesh_activations(cfg, recorder, base, numerics, rank, rows)
+                        record_compared(cfg, model, base, numerics, "grad", rank, world)
+                    else:
+                        record_step0_before_optimizer(cfg, model, recorder, base, numerics, rank, world, rows)
                     numerics_ns += time.perf_counter_ns() - t_num
                 with torch.profiler.record_function("optimizer"):
                     opt.step()
@@ -406,6 +455,31 @@ def record_step0_before_optimizer(cfg, model, recorder, base, numerics: Numerics
         ref = base[f"act.{name}"][rows]
         numerics.add_tensor(0, "activation", name, seq, tensor_metrics(out, ref, replicated=False))
     record_compared(cfg, model, base, numerics, "grad", rank, world)
+
+
+def data_parallel_index(cfg: RecordConfig, rank: int) -> int:
+    """This rank's index among the ``cfg.dp_size`` data-parallel ranks: on a (dp, X) mesh
+    (row-major, ``schemas.Mesh``) rank // X; hsdp's replicate x shard ranks and the flat
+    strategies' are all data-parallel: the rank itself."""
+    return rank // (cfg.tp_degree * cfg.pp_degree)
+
+
+def record_mesh_activations(cfg: RecordConfig, recorder: ActivationRecorder, base: dict[str, torch.Tensor],
+                            numerics: NumericsRows, rank: int, rows: slice) -> None:
+    """Step-0 activations of hsdp / fsdp2_tp: the baseline's dp rows (``rows``); fsdp2_tp:
+    of those, the part this tp rank compares (``strategies.tp_activation``: the tp ranks of a
+    dp group partition each output, so the reader's sums count every element once)."""
+    tp = cfg.tp_degree
+    for seq, name, out in recorder.items():
+        if f"act.{name}" not in base:
+            continue
+        ref = base[f"act.{name}"][rows]
+        if tp > 1:
+            pair = tp_activation(out, ref, tp, rank % tp)
+            if pair is None:
+                continue
+            out, ref = pair
+        numerics.add_tensor(0, "activation", name, seq, tensor_metrics(out, ref, replicated=False))
 
 
 def record_compared(cfg, model, base, numerics: NumericsRows, kind: str, rank: int,
