@@ -31,6 +31,7 @@ import pandas as pd
 from analyzer.analyses import clock
 from analyzer.analyses.collectives import MATCH_COLUMNS, by_kind, finish_matches
 from analyzer.analyses.commsplit import instance_keys, latest_starts, rank_kind_split, wait_transfer
+from analyzer.analyses.meshdims import dim_parts
 
 REDUCE_ROWS = 1 << 18
 """Per-instance rows gathered before they are reduced into the running per-instance table
@@ -139,12 +140,14 @@ def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
     (the same rows), unknown (per kind: instances without bytes), ranks (``rank_kind_split``),
     moved (``by_kind`` with transfer time as the duration), groups (per rank, kind, pg and
     dtype: count, time_ns, bytes, known, bus_bytes, bus_time_ns, transfer_bus_bytes,
-    transfer_bus_time_ns, group_sizes, pg_ranks). The wait / transfer split itself matches
+    transfer_bus_time_ns, group_sizes, pg_ranks), dims (``meshdims.dim_parts``: per rank,
+    kind and process group, what the figures per mesh dimension are summed from). The wait / transfer split itself matches
     every collective, in steps or not (``instances``). None when no rank has a collective in a
     profiled step."""
     inst = instances(job, offsets)
     out: dict[str, list[pd.DataFrame]] = {k: [] for k in
-                                          ("whole", "inside", "unknown", "ranks", "moved", "groups")}
+                                          ("whole", "inside", "unknown", "ranks", "moved", "groups",
+                                           "dims")}
     for _, coll, split in each_split(job, offsets, inst):
         if len(coll):
             kept = coll["step"].to_numpy() >= 0
@@ -161,6 +164,7 @@ def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
         moved = transfer_rows(coll, split)
         out["moved"].append(by_kind(moved))
         out["groups"].append(_group_part(coll, moved))
+        out["dims"].append(dim_parts(coll, split))
         if len(out["whole"]) >= COMPACT_PARTS:  # a small frame costs ~1 kB a column: join
             out = {k: [joined(v)] for k, v in out.items()}
     if not out["whole"]:
