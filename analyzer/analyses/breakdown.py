@@ -384,9 +384,6 @@ def comm_shares(events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
     union, exposed = np.zeros(n, np.int64), np.zeros(n, np.int64)
     if not len(steps) or not n:
         return union, exposed
-    if key is None:
-        key = events["pg"].astype(object).where(events["pg"].notna(), "").to_numpy()
-    key_code = pd.factorize(pd.Series(key, dtype=object).astype(str))[0]
     st = steps["step"].to_numpy().astype(np.int64)
     lo = steps["start_ns"].to_numpy().astype(np.int64)
     hi = steps["end_ns"].to_numpy().astype(np.int64)
@@ -395,6 +392,13 @@ def comm_shares(events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
     measured = step_col >= 0
     if device_kind == "gpu":
         measured = measured | full.stepless_as_other(step_col)
+    comm_rows = np.flatnonzero(full.comm)  # keys of these rows only (a few per step)
+    if not len(comm_rows):
+        return union, exposed
+    vals = (events["pg"].iloc[comm_rows] if key is None else pd.Series(key).iloc[comm_rows])
+    key_code = np.full(n, -1, np.int64)
+    key_code[comm_rows] = pd.factorize(vals.astype(object).where(vals.notna(), "")
+                                       .astype(str).to_numpy())[0]
     used = np.flatnonzero(full.used())
     r = full.take(used)
     row_of, win_of = _membership(r, step_col[used], measured[used], st, lo, hi, device_kind)
