@@ -5,7 +5,8 @@ Each function walks ``JobTables.batches`` (consecutive ranks' tables, read from 
 disk, analyzer/ingest/spill.py, up to ``pipeline.BATCH_BYTES`` at a time) and keeps only what
 the rule it streams needs:
 - clock offsets (analyzer/analyses/clock.py): the reference rank's matchable collectives, then
-  each other rank against them;
+  each other rank against them; ranks that share none with it, against the usable ranks'
+  (one row per instance) in a further pass per relay round;
 - the transfer/wait split (analyzer/analyses/commsplit.py): per collective instance (pg, kind,
   seq) the latest aligned start and the number of ranks that ran it, reduced batch by batch,
   then each batch's split against it;
@@ -90,7 +91,28 @@ def clock_offsets(job) -> pd.DataFrame:
         rows += [None if rt.rank == ref else clock.offset_row(rt.rank, by_rank.get(rt.rank, empty))
                  for rt in held]
     rows = [clock.reference_row(ref, len(shared)) if r is None else r for r in rows]
-    return clock.offsets_frame(rows)
+
+    def estimate(usable: dict[int, int], todo: list[int]) -> dict[int, tuple]:
+        """Relays (analyzer/analyses/clock.py): the usable ranks' rows folded to one per
+        instance, batch by batch, then each ``todo`` rank against them."""
+        red = _Reduction(lambda t: clock.relay_base(t, usable))
+        for _, coll in job.batches("collectives", _OFFSET_COLS):
+            red.add(clock.relay_base(clock.sequenced(coll[coll["rank"].isin(list(usable))]),
+                                     usable))
+        acc = red.result()
+        base = acc.drop(columns="rank") if acc is not None else \
+            pd.DataFrame(columns=[*clock.KEY, "ref_start_ns", "ref_end_ns"])
+        out = {}
+        for held, coll in job.batches("collectives", _OFFSET_COLS):
+            seq = clock.sequenced(coll[coll["rank"].isin(todo)])
+            mine = seq.merge(base, on=clock.KEY) if len(seq) and len(base) else \
+                pd.DataFrame(columns=[*seq.columns, "ref_start_ns", "ref_end_ns"])
+            for rt in held:
+                if rt.rank in todo:
+                    out[rt.rank] = clock.offset_row(rt.rank, mine[mine["rank"] == rt.rank])
+        return out
+
+    return clock.offsets_frame(clock.relayed(rows, estimate))
 
 
 def instances(job, offsets: pd.DataFrame) -> pd.DataFrame:

@@ -86,14 +86,13 @@ def test_tag_names_group_and_peer():
 # replicate, per step: union = sum = 250, exposed [700,800) = 100; 4096 B; factor 2(n-1)/n = 1:
 #   busbw 4096 B / 250,000 ns.
 # Transfer / wait: rank 0 is the clock reference; ranks 1 (pg 3) and 2 (pg 1) share a group with
-#   it and are measured; rank 3 shares none (its groups are 2 and 4): its clock is "unmatched"
-#   and its rows leave every cross-rank figure, so only pg 3 (ranks 0, 1) and pg 1 (ranks 0, 2)
-#   are measured. pg 3: all_gather #1 rank 0 waits 60 - 50 = 10 us, transfers 190, rank 1
-#   transfers 190; #2 100 each; reduce_scatter 200 each. Per rank over both steps, mean over 4:
-#   shard transfer (2 x 490 + 2 x 490) / 4 = 490, wait 2 x 10 / 4 = 5, not measured (rank 2
-#   2 x 500 + rank 3 2 x 490) / 4 = 495; replicate transfer (500 + 500) / 4 = 250, wait 0, not
-#   measured (ranks 1 and 3) 250. busbw from transfer, shard: 2 ranks x 2 steps x 3 x 8192 x 1/2
-#   over 2 ranks x 2 steps x 490 us; replicate: 2 x 2 x 4096 over 2 x 2 x 250 us.
+#   it; rank 3 shares none (its groups are 2 and 4) and is measured through them (relays,
+#   analyzer/analyses/clock.py), so every instance is matched within its group of 2.
+#   shard: all_gather #1 the even rank waits 60 - 50 = 10 us and transfers 190, the odd one
+#   transfers 190; #2 100 each; reduce_scatter 200 each: per rank and step transfer 490, wait
+#   10 on ranks 0 and 2. Over both steps, mean over 4 ranks: transfer 980, wait 2 x 2 x 10 / 4
+#   = 10, not measured 0. replicate: transfer 2 x 250 = 500, wait 0. busbw from transfer, shard:
+#   4 ranks x 2 steps x 3 x 8192 x 1/2 B over 4 x 2 x 490 us; replicate 4096 B / 250 us.
 
 
 def _check_hsdp(d: dict[str, report_types.MeshDimComm], shard: str, replicate: str, source: str):
@@ -111,10 +110,10 @@ def _check_hsdp(d: dict[str, report_types.MeshDimComm], shard: str, replicate: s
     assert (s.bytes, r.bytes, s.unknown_bytes) == (STEPS * 3 * 8192, STEPS * 4096, 0)
     assert s.busbw_gbps == pytest.approx(98304 / 3_960_000, rel=1e-12)
     assert r.busbw_gbps == pytest.approx(4096 / 250_000, rel=1e-12)
-    assert (s.transfer_ns, s.wait_ns, s.not_measured_ns) == (490 * US, 5 * US, 495 * US)
-    assert (r.transfer_ns, r.wait_ns, r.not_measured_ns) == (250 * US, 0, 250 * US)
-    assert s.transfer_busbw_gbps == pytest.approx(2 * 2 * 3 * 8192 / 2 / (2 * 2 * 490_000))
-    assert r.transfer_busbw_gbps == pytest.approx(4096 / 250_000)
+    assert (s.transfer_ns, s.wait_ns, s.not_measured_ns) == (980 * US, 10 * US, 0)
+    assert (r.transfer_ns, r.wait_ns, r.not_measured_ns) == (500 * US, 0, 0)
+    assert s.transfer_busbw_gbps == pytest.approx(98304 / 3_920_000, rel=1e-12)
+    assert r.transfer_busbw_gbps == pytest.approx(4096 / 250_000, rel=1e-12)
 
 
 def test_nccl_shaped_per_dimension(tmp_path):
@@ -285,10 +284,10 @@ def test_report_tables_and_plots_per_dimension(tmp_path):
     md = markdown.render(rep)
     assert "### Communication per mesh dimension (per rank, all profiled steps)" in md
     assert ("| nccl_hsdp | shard | pg_desc | 2 | 2 | all_gather, reduce_scatter | 6 | "
-            "0.99 ms | 0.89 ms | 0.29 ms | 48.0 KiB | 0.025 | 0.025 | 0.49 ms | 0.01 ms | "
-            "0.49 ms |") in md
+            "0.99 ms | 0.89 ms | 0.29 ms | 48.0 KiB | 0.025 | 0.025 | 0.98 ms | 0.01 ms | "
+            "0.00 ms |") in md
     assert ("| nccl_hsdp | replicate | pg_desc | 2 | 2 | all_reduce | 2 | 0.50 ms | 0.50 ms | "
-            "0.20 ms | 8.0 KiB | 0.016 | 0.016 | 0.25 ms | 0.00 ms | 0.25 ms |") in md
+            "0.20 ms | 8.0 KiB | 0.016 | 0.016 | 0.50 ms | 0.00 ms | 0.00 ms |") in md
     assert "| 32.0 KiB | 0.028 | shard (pg_desc) |" in md  # the group table's dimension column
     page = html.render(rep)
     assert page.count("<title>Mesh dimension ") == 2
@@ -324,3 +323,21 @@ def test_older_report_json_still_decodes(tmp_path):
     assert old.runs[0].mesh_dims == [] and old.runs[0].comm_groups[0].mesh_dim == ""
     assert "per mesh dimension" not in markdown.render(old)
     assert msgspec.to_builtins(old.runs[0].comm_groups[0])["mesh_dim_source"] == ""
+
+
+def test_rank_sharing_no_group_with_the_reference_is_measured_through_relays(tmp_path):
+    # 2 x 2 HSDP: rank 3 shares no process group with rank 0; its offset comes from its
+    # all_reduces with rank 1 (pg 2) and its shard collectives with rank 2 (pg 4): per step 1
+    # + 3, two steps = 8 matched; the streamed estimate (crossrank) equals the in-memory one
+    from analyzer.analyses import clock, crossrank
+    job = api.load_tables(_copy("nccl_hsdp", tmp_path))
+    off = crossrank.clock_offsets(job)
+    assert off.equals(clock.clock_offsets(job.collectives))
+    got = dict(zip(off["rank"], zip(off["clock"], off["n_matched"])))
+    assert got == {0: ("reference", 8), 1: ("measured", 6), 2: ("measured", 2),
+                   3: ("measured", 8)}
+    # a rank that shares no group with any rank stays unmatched
+    coll = job.collectives
+    alone = coll.assign(pg=coll["pg"].where(coll["rank"] != 3, "solo"))
+    st = clock.clock_offsets(alone).set_index("rank")["clock"]
+    assert st[3] == "unmatched"
