@@ -22,8 +22,9 @@ dimension's collectives running, in the step windows; analyzer/analyses/breakdow
 with two groups in one dimension gets the sum of their unions), exposed_ns (the part of that
 union no computation overlaps), bytes (known instances), transfer / wait / not measured
 (analyzer/analyses/commsplit.py), busbw (nccl-tests factors with the dimension's group size,
-analyzer/analyses/collectives.py ``busbw_factor``: sum of bytes x factor over the instances
-with known bytes, over the sum of their durations, all ranks).
+analyzer/analyses/collectives.py ``busbw_factor``, each instance's own group size, else the
+dimension's: sum of bytes x factor over the instances with known bytes and a factor, over the
+sum of their durations, all ranks).
 """
 
 from __future__ import annotations
@@ -137,9 +138,12 @@ def dim_group_size(name: str, source: str, rows: pd.DataFrame, mesh: Mesh | None
                    ) -> int | None:
     """The group size of a dimension: the manifest mesh's extent of ``name``, else the one
     size its rows have (their group_size, else the number of their ranks); None when they
-    disagree or none is known."""
+    disagree or none is known, and for "unknown" (groups the trace does not name) when some
+    row's size is unknown."""
     if mesh is not None and name in mesh.dim_names:
         return int(mesh.shape[mesh.dim_names.index(name)])
+    if name == UNKNOWN and (rows["group_size"] <= 0).any():
+        return None
     sizes = {int(g) for g in rows["group_size"].tolist() if int(g) > 0}
     sizes |= {len(r) for r in map(parse_ranks, rows["pg_ranks"].tolist()) if r}
     return sizes.pop() if len(sizes) == 1 else None
@@ -179,7 +183,10 @@ def dim_table(parts: pd.DataFrame, rank_steps: pd.Series, world_size: int | None
             v = (per_rank[c] / steps).dropna()
             return float(v.mean()) if len(v) else None
 
-        fac = np.array([busbw_factor(k, n_size or -1) for k in rows["kind"]])
+        # each instance's own group size, else the dimension's ("unknown": its own only)
+        sizes = [int(g) if int(g) > 0 else (n_size or -1) if name != UNKNOWN else -1
+                 for g in rows["group_size"].tolist()]
+        fac = np.array([busbw_factor(k, g) for k, g in zip(rows["kind"], sizes)])
         ok = np.isfinite(fac)
         f = np.nan_to_num(fac)
 

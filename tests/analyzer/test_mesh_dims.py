@@ -196,6 +196,11 @@ def test_without_tags_gloo_groups_are_unknown_and_matched_together(tmp_path):
     rep = runs.analyse(bare)
     dims = rep.runs[0].mesh_dims
     assert [(d.name, d.source) for d in dims] == [("unknown", "none")]
+    # all_gather / reduce_scatter are sized by their tensors (2), the all_reduce is not (no
+    # group named, pg_config has groups smaller than the world): no one size, and busbw over
+    # the sized instances only: 4 x 2 x 3 x 8192 x 1/2 B over 2 x (500+490+500+490) us
+    assert dims[0].group_size is None
+    assert dims[0].busbw_gbps == pytest.approx(98304 / 3_960_000, rel=1e-12)
     assert {g.pg for g in rep.runs[0].comm_groups} == {""}
     # with tags, every instance is matched within its group of 2 ranks; without, across all 4
     tagged = api.load_tables(_copy("gloo_hsdp", tmp_path))
