@@ -163,9 +163,9 @@ def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
     moved (``by_kind`` with transfer time as the duration), groups (per rank, kind, pg and
     dtype: count, time_ns, bytes, known, bus_bytes, bus_time_ns, transfer_bus_bytes,
     transfer_bus_time_ns, group_sizes, pg_ranks), dims (``meshdims.dim_parts``: per rank,
-    kind and process group, what the figures per mesh dimension are summed from). The wait / transfer split itself matches
-    every collective, in steps or not (``instances``). None when no rank has a collective in a
-    profiled step."""
+    kind and process group, what the figures per mesh dimension are summed from). The
+    wait / transfer split itself matches every collective, in steps or not (``instances``).
+    None when no rank has a collective in a profiled step."""
     inst = instances(job, offsets)
     out: dict[str, list[pd.DataFrame]] = {k: [] for k in
                                           ("whole", "inside", "unknown", "ranks", "moved", "groups",
