@@ -346,3 +346,44 @@ def test_rank_sharing_no_group_with_the_reference_is_measured_through_relays(tmp
     alone = coll.assign(pg=coll["pg"].where(coll["rank"] != 3, "solo"))
     st = clock.clock_offsets(alone).set_index("rank")["clock"]
     assert st[3] == "unmatched"
+
+
+def test_functional_collective_wait_is_not_compute(tmp_path):
+    # TP on gloo as torch 2.13 records it (/tmp/exp FSDP2 + TP traces): _c10d_functional::
+    # all_reduce > c10d::allreduce_ enqueues, the gloo work runs on a runloop thread, and the
+    # main thread waits in _c10d_functional::wait_tensor (milliseconds there). Step [0, 1000):
+    # K = aten::mm [10, 100) + [400, 600) = 290 us (the wait [200, 400) is not computation);
+    # C = gloo:all_reduce [130, 400) = 270, none of it under K: exposed 270.
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+           "ts": 0, "dur": 1000, "args": {}}]
+
+    def op(name, ts, end, tid=1, cat="cpu_op", **args):
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts,
+                   "dur": end - ts, "args": args})
+
+    op("aten::mm", 10, 100)
+    op("paritytrace::pg 3", 100, 130, cat="user_annotation")
+    op("_c10d_functional::all_reduce", 102, 128)
+    op("c10d::allreduce_", 110, 120, **{"Input Dims": [[[2, 4, 16]]], "Input type": ["TensorList"]})
+    op("gloo:all_reduce", 130, 400, tid=11, cat="user_annotation",
+       **{"Input Dims": [[2, 4, 16]], "Input type": ["float"]})
+    op("_c10d_functional::wait_tensor", 200, 400, **{"Input Dims": [[2, 4, 16]]})
+    op("aten::mm", 400, 600)
+    doc = {"schemaVersion": 1, "traceEvents": ev, "distributedInfo": {
+        "backend": "gloo", "rank": 0, "world_size": 4, "pg_config": [
+            {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+            {"pg_name": "3", "pg_desc": "mesh_tp", "pg_size": 2, "ranks": [0, 1]}]}}
+    path = tmp_path / "rank0.trace.json"
+    path.write_text(json.dumps(doc))
+    events, _ = api.load_events(path)
+    wait = events[events["name"].astype(str) == "_c10d_functional::wait_tensor"]
+    assert (str(wait["role"].iat[0]), str(wait["rule"].iat[0])) == \
+        ("comm_enqueue", "cpu.c10d_functional")
+    t = api.load_tables(path)
+    bd = t.breakdown.iloc[0]
+    assert (bd["compute_ns"], bd["comm_ns"], bd["exposed_comm_ns"]) == (290 * US, 270 * US,
+                                                                        270 * US)
+    c = t.collectives.iloc[0]
+    assert (c["kind"], c["pg"], c["pg_desc"], c["group_size"], c["bytes"]) == \
+        ("all_reduce", "3", "mesh_tp", 2, 2 * 4 * 16 * 4)
+    assert (c["union_ns"], c["exposed_ns"]) == (270 * US, 270 * US)
