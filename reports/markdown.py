@@ -7,7 +7,6 @@ import re
 from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
-from analyzer.contract.schemas import MESH_STRATEGIES
 from analyzer.contract.text import show_bidi
 from reports import fmt, notes
 from reports import memory as memory_section
@@ -167,10 +166,14 @@ def _dim_label(name: str, source: str) -> str:
 
 
 def mesh_runs(report: Report) -> list[RunEntry]:
-    """The runs whose communication is shown per mesh dimension: a mesh strategy's, or any
-    with more than one dimension."""
+    """The runs whose communication is shown per mesh dimension: any with more than one
+    dimension, or on a mesh (a dimension named by torch's ``mesh_<name>`` description or by
+    the manifest's mesh). (contract/schemas.py is not imported here: it brings pyarrow, which
+    a cached report renders without, reports/cache.py.)"""
     return [r for r in report.runs
-            if r.mesh_dims and (len(r.mesh_dims) > 1 or r.strategy in MESH_STRATEGIES)]
+            if len(r.mesh_dims) > 1 or any(d.source in ("pg_desc", "manifest")
+                                           and d.name not in ("world", "unknown")
+                                           for d in r.mesh_dims)]
 
 
 MESH_DIM_NOTE = (
