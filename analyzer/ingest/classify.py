@@ -678,28 +678,29 @@ def _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, tid
                         ) -> np.ndarray:
     """Pair again within each process group once the enqueues name theirs: gloo runs each
     process group's work on its own runloop threads, so a thread's group is the one most of
-    its paired enqueues name; each group's enqueues are then paired (``_pair_gloo``) with the
-    gloo ops of that group's threads only, so that two groups' collectives of one kind running
-    at once are not crossed. Enqueues and gloo ops without a group are paired among themselves
-    as before. Returns ``paired`` unchanged when no paired enqueue names a group, or when a
-    thread's paired enqueues name more than one (the trace does not show one runloop per
-    group)."""
+    its paired enqueues name (ties: the smaller name); each group's enqueues are then paired
+    (``_pair_gloo``) with the gloo ops of that group's threads only, so that two groups'
+    collectives of one kind running at once are not crossed. What stays unpaired (enqueues
+    without a group, ops on threads no enqueue names, a thread that serves several groups)
+    is then paired among itself as before. Returns ``paired`` unchanged when no paired
+    enqueue names a group."""
     votes: dict[int, dict[str, int]] = {}
     for i in gloo_idx.tolist():
         j = paired[i]
         if j >= 0 and pg[j] is not None:
             v = votes.setdefault(int(tid[i]), {})
             v[str(pg[j])] = v.get(str(pg[j]), 0) + 1
-    if not votes or any(len(v) > 1 for v in votes.values()):
+    if not votes:
         return paired
-    group_of_thread = {t: next(iter(v)) for t, v in votes.items()}
+    group_of_thread = {t: min(v, key=lambda g: (-v[g], g)) for t, v in votes.items()}
     out = np.full(len(paired), -1, np.int64)
     enq_pg = np.array([str(pg[j]) if pg[j] is not None else "" for j in c10d_idx.tolist()],
                       object)
     op_pg = np.array([group_of_thread.get(int(tid[i]), "") for i in gloo_idx.tolist()], object)
-    for g in sorted(set(enq_pg.tolist()) | set(op_pg.tolist())):
+    for g in sorted(set(enq_pg.tolist()) - {""}):
         out = _pair_gloo(c10d_idx[enq_pg == g], gloo_idx[op_pg == g], kind, name_kind, ts, out)
-    return out
+    return _pair_gloo(c10d_idx[out[c10d_idx] < 0], gloo_idx[out[gloo_idx] < 0], kind,
+                      name_kind, ts, out)
 
 
 def _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired) -> np.ndarray:

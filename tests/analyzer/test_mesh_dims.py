@@ -387,3 +387,49 @@ def test_functional_collective_wait_is_not_compute(tmp_path):
     assert (c["kind"], c["pg"], c["pg_desc"], c["group_size"], c["bytes"]) == \
         ("all_reduce", "3", "mesh_tp", 2, 2 * 4 * 16 * 4)
     assert (c["union_ns"], c["exposed_ns"]) == (270 * US, 270 * US)
+
+
+def test_gloo_pairing_keeps_two_groups_apart(tmp_path):
+    # one rank, shard work on runloop thread 11, replicate work on thread 21 (gloo: a group's
+    # own threads). At 30 the shard reduce_scatter is enqueued, at 40 the replicate all_reduce;
+    # the replicate group's gloo:all_reduce starts first (50), the shard's at 55. Pairing by
+    # kind and time alone crosses them (30 -> 50, 40 -> 55); the threads' groups (most of
+    # their paired enqueues: 11 -> "3", 21 -> "1") pair each group's enqueues with its own.
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+           "ts": 0, "dur": 1000, "args": {}}]
+
+    def enqueue(name, pg, ts, dims):
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"paritytrace::pg {pg}",
+                   "pid": 1, "tid": 1, "ts": ts, "dur": 8, "args": {}})
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts + 1,
+                   "dur": 5, "args": {"Input Dims": dims, "Input type": ["float"] * len(dims)}})
+
+    def work(name, tid, ts, end, n):
+        ev.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": tid,
+                   "ts": ts, "dur": end - ts, "args": {"Input Dims": [[n]],
+                                                       "Input type": ["float"]}})
+
+    enqueue("c10d::_allgather_base_", "3", 0, [[64], [32]])
+    work("gloo:all_gather", 11, 10, 20, 32)
+    enqueue("c10d::_reduce_scatter_base_", "3", 30, [[32], [64]])
+    enqueue("c10d::allreduce_", "1", 40, [[[16]]])
+    work("gloo:all_reduce", 21, 50, 60, 16)
+    work("gloo:all_reduce", 11, 55, 80, 64)
+    for k, t in enumerate((100, 200)):
+        enqueue("c10d::allreduce_", "1", t, [[[16]]])
+        work("gloo:all_reduce", 21, t + 10, t + 20, 16)
+    enqueue("c10d::_allgather_base_", "3", 300, [[64], [32]])
+    work("gloo:all_gather", 11, 310, 320, 32)
+    doc = {"schemaVersion": 1, "traceEvents": ev, "distributedInfo": {
+        "backend": "gloo", "rank": 0, "world_size": 4, "pg_config": [
+            {"pg_name": "1", "pg_desc": "mesh_replicate", "pg_size": 2, "ranks": [0, 2]},
+            {"pg_name": "3", "pg_desc": "mesh_shard", "pg_size": 2, "ranks": [0, 1]}]}}
+    path = tmp_path / "rank0.trace.json"
+    path.write_text(json.dumps(doc))
+    events, _ = api.load_events(path)
+    g = events[events["name"].astype(str).str.startswith("gloo:")]
+    got = [(int(t), str(k), str(p), int(b)) for t, k, p, b in
+           zip(g["ts_ns"] // US, g["coll_kind"], g["pg"], g["bytes"])]
+    assert got == [(10, "all_gather", "3", 256), (50, "all_reduce", "1", 64),
+                   (55, "reduce_scatter", "3", 256), (110, "all_reduce", "1", 64),
+                   (210, "all_reduce", "1", 64), (310, "all_gather", "3", 256)]
