@@ -31,7 +31,11 @@ columns:
     coll_kind    str|None all_gather | reduce_scatter | all_reduce | broadcast | all_to_all |
                          send_recv | barrier | other (comm and comm_enqueue rows only)
     bytes        int64   bytes of the collective as nccl-tests counts them, -1 unknown
-    pg           str|None process group name, when the trace says it
+    pg           str|None process group name, when the trace says it (or the tracer's
+                         ``paritytrace::pg`` tag around the collective: analyzer/ingest/commid.py)
+    pg_desc      str|None process group description ("mesh_shard", "default_pg" ...), when
+                         the trace says it (Process Group Description, else pg_config)
+    peer         int64   global rank a send / recv's tag names, -1 unknown (and on other rows)
     rule         str     id of the rule that classified the row (see analyzer/ingest/classify.py)
 
 Added columns (issue 3): thread_name (str), coll_name / dtype / pg_ranks (str|None, collective

@@ -144,6 +144,33 @@ def comm_bars(report: Report) -> str:
                   rows, "ms", 1e6, _legend_for(report, ["transfer", "wait"]))
 
 
+def mesh_dim_bars(report: Report) -> str:
+    """One plot per mesh dimension (``markdown.mesh_runs``' runs): per run, the dimension's
+    communication per profiled step (per rank, mean over the ranks that ran it): its exposed
+    part and the part computation overlaps, in the run's strategy colour."""
+    col = _colors(report)
+    runs = md_rows.mesh_runs(report)
+    names = list(dict.fromkeys(d.name for r in runs for d in r.mesh_dims))
+    out = []
+    for name in names:
+        rows = []
+        for r in runs:
+            for d in r.mesh_dims:
+                if d.name != name:
+                    continue
+                union, exposed = d.union_ns_per_step or 0, d.exposed_ns_per_step or 0
+                rows.append((f"{r.name} {d.name}",
+                             [("exposed communication", exposed, col[r.name],
+                               palette.SHADES["exposed communication"]),
+                              ("overlapped communication", max(union - exposed, 0), col[r.name],
+                               palette.SHADES["overlapped communication"])]))
+        out.append(_hbars(f"Mesh dimension {name}: communication per profiled step (union), "
+                          "exposed and overlapped", rows, "ms", 1e6,
+                          _legend_for(report, ["exposed communication",
+                                               "overlapped communication"])))
+    return "".join(out)
+
+
 def timeline_svg(run: RunEntry, color: str = palette.STRATEGY_COLORS["ddp"]) -> str:
     """One step of one rank: compute and communication lanes, in the run's strategy colour
     ``color`` (communication lighter)."""
@@ -242,6 +269,10 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
     if groups:
         parts += ["<h3>By process group and dtype (per rank, all profiled steps)</h3>",
                   _table(COMM_GROUP_HEADERS, groups), f"<p>{e(notes.COMM_GROUPS)}</p>"]
+    heads, rows = md_rows.mesh_dim_rows(report)
+    if rows:
+        parts += ["<h3>Communication per mesh dimension (per rank, all profiled steps)</h3>",
+                  _table(heads, rows), mesh_dim_bars(report), f"<p>{e(md_rows.MESH_DIM_NOTE)}</p>"]
     parts.append("<h2>Ranking by step time</h2>")
     if rk.status != "ranked":
         parts.append(f'<p class="withheld">Withheld. {e(rk.reason)}</p>')

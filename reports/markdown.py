@@ -148,7 +148,7 @@ NOT_IN_TRACE = "not in trace"
 """A process group (or its ranks) the trace does not name: no Process Group Name / ID argument
 on the kernel or its launching ops, and no single group in distributedInfo.pg_config."""
 COMM_GROUP_HEADERS = ["run", "kind", "process group", "ranks", "group size", "dtype", "calls",
-                      "time (sum)", "bytes", "busbw from transfer (GB/s)"]
+                      "time (sum)", "bytes", "busbw from transfer (GB/s)", "mesh dimension"]
 
 
 def comm_group_rows(report: Report) -> list[list[Any]]:
@@ -156,7 +156,55 @@ def comm_group_rows(report: Report) -> list[list[Any]]:
     return [[r.name, g.kind, g.pg or NOT_IN_TRACE, g.pg_ranks or NOT_IN_TRACE,
              g.group_size or "unknown", g.dtype or "unknown",
              fmt.count(g.count), fmt.ms(g.time_ns), fmt.data_bytes(g.bytes, g.unknown_bytes),
-             fmt.num(g.transfer_busbw_gbps, ".3f")] for r in report.runs for g in r.comm_groups]
+             fmt.num(g.transfer_busbw_gbps, ".3f"), _dim_label(g.mesh_dim, g.mesh_dim_source)]
+            for r in report.runs for g in r.comm_groups]
+
+
+def _dim_label(name: str, source: str) -> str:
+    """A mesh dimension with how it was found: ``shard (pg_desc)``; "-" when not given (an
+    older report.json)."""
+    return f"{name} ({source})" if name else "-"
+
+
+def mesh_runs(report: Report) -> list[RunEntry]:
+    """The runs whose communication is shown per mesh dimension: any with more than one
+    dimension, or on a mesh (a dimension named by torch's ``mesh_<name>`` description or by
+    the manifest's mesh). (contract/schemas.py is not imported here: it brings pyarrow, which
+    a cached report renders without, reports/cache.py.)"""
+    return [r for r in report.runs
+            if len(r.mesh_dims) > 1 or any(d.source in ("pg_desc", "manifest")
+                                           and d.name not in ("world", "unknown")
+                                           for d in r.mesh_dims)]
+
+
+MESH_DIM_NOTE = (
+    "Per mesh dimension: every collective's process group is one group of a DeviceMesh "
+    "dimension, found from the group's description (torch's mesh_<name>: source pg_desc), "
+    "else the run's manifest mesh (source manifest), else the group's ranks (source ranks: "
+    "inferred_consecutive_n<k> = k consecutive ranks, inferred_stride<s>_n<k> = k ranks s "
+    "apart); world = the default group; unknown = the trace does not name the group (a gloo "
+    "trace without the tracer's process-group tags). Per rank (mean over the ranks that ran "
+    "it), all profiled steps: calls; time = sum of durations; union = time with at least one "
+    "of the dimension's collectives running (inside the step windows); exposed = the part of "
+    "the union no computation overlaps; bytes as nccl-tests counts them; busbw with the "
+    "dimension's group size (nccl-tests factors), over whole durations and over transfer time; "
+    "transfer, waiting for the slowest rank and not measured as in Transfer and waiting.")
+
+
+def mesh_dim_rows(report: Report) -> Rows:
+    """Per run and mesh dimension (``RunEntry.mesh_dims``, runs of ``mesh_runs``): the table
+    of communication per mesh dimension (shared with html.py)."""
+    return (["run", "dimension", "source", "group size", "groups", "kinds", "calls",
+             "time (sum)", "union", "exposed", "bytes", "busbw (GB/s)",
+             "busbw from transfer (GB/s)", "transfer", "waiting for slowest rank",
+             "not measured"],
+            [[r.name, d.name, d.source, d.group_size or "unknown",
+              "-" if d.groups is None else d.groups, ", ".join(d.kinds), fmt.count(d.count),
+              fmt.ms(d.time_ns), fmt.ms(d.union_ns), fmt.ms(d.exposed_ns),
+              fmt.data_bytes(d.bytes, d.unknown_bytes), fmt.num(d.busbw_gbps, ".3f"),
+              fmt.num(d.transfer_busbw_gbps, ".3f"), fmt.ms(d.transfer_ns), fmt.ms(d.wait_ns),
+              fmt.ms(d.not_measured_ns)]
+             for r in mesh_runs(report) for d in r.mesh_dims])
 
 
 def comm_split_rows(report: Report) -> Rows:
@@ -309,6 +357,10 @@ def render(report: Report) -> str:
     if rows:
         out += ["### By process group and dtype (per rank, all profiled steps)", "",
                 table(COMM_GROUP_HEADERS, rows), "", notes.COMM_GROUPS, ""]
+    heads, rows = mesh_dim_rows(report)
+    if rows:
+        out += ["### Communication per mesh dimension (per rank, all profiled steps)", "",
+                table(heads, rows), "", escape(MESH_DIM_NOTE), ""]
 
     rk = report.ranking
     out += ["## Ranking by step time", ""]

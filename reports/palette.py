@@ -20,7 +20,7 @@ OTHER_COLORS = ("#ff9da7", "#9c755f", "#b6992d", "#499894", "#d37295")
 SHADES = {"compute": 1.0, "exposed communication": 0.6, "transfer": 1.0, "wait": 0.35,
           "data wait": 0.4, "other": 0.22, "idle": 0.08, "peak allocated": 1.0, "peak RSS": 0.4,
           "communication": 0.5, "parameters": 1.0, "gradients": 0.7, "optimizer state": 0.45,
-          "activations": 0.22, "process peak RSS": 0.4}
+          "activations": 0.22, "process peak RSS": 0.4, "overlapped communication": 0.25}
 """Fill opacity of each part of a run's bar or lane."""
 SHADE_SWATCH = "#000000"
 """Colour of the shade swatches in legends (no strategy's)."""

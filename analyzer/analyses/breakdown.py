@@ -364,3 +364,84 @@ def timeline_rows(ev: pd.DataFrame, device_kind: str, main_tid: str | None, lo: 
         "kind": pd.array(np.repeat([x for _, x, _ in lanes], counts).astype(object), dtype="str"),
         "start_ns": np.concatenate(starts).astype(np.int64),
         "end_ns": np.concatenate(ends).astype(np.int64)})
+
+
+def comm_shares(events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
+                main_tid: str | None, key: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(union_ns, exposed_ns): int64 per event row, each communication row's share of its
+    process group's communication in the windows ``rank_breakdown`` measures (C and K of the
+    module docstring, the same rows and windows, every step >= 0).
+
+    Per window and process group P (``key``: one value per event row; default the ``pg``
+    column, missing as ""), C_P = the union of P's rows; each instant of C_P is given to the
+    row of P that starts first among those covering it (ties: table order), so summing the
+    shares of any set of P's rows in one or more windows gives |C_P| there exactly (union_ns),
+    and |C_P \\ K| (exposed_ns: P's communication that no computation overlaps, as
+    ``exposed_comm_ns``). With one process group per rank, the shares of a step sum to its
+    ``comm_ns`` and ``exposed_comm_ns``. Rows outside C: 0."""
+    n = len(events)
+    union, exposed = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    if not len(steps) or not n:
+        return union, exposed
+    st = steps["step"].to_numpy().astype(np.int64)
+    lo = steps["start_ns"].to_numpy().astype(np.int64)
+    hi = steps["end_ns"].to_numpy().astype(np.int64)
+    full = _Rows(events, device_kind, main_tid)
+    step_col = events["step"].to_numpy()
+    measured = step_col >= 0
+    if device_kind == "gpu":
+        measured = measured | full.stepless_as_other(step_col)
+    comm_rows = np.flatnonzero(full.comm)  # keys of these rows only (a few per step)
+    if not len(comm_rows):
+        return union, exposed
+    vals = (events["pg"].iloc[comm_rows] if key is None else pd.Series(key).iloc[comm_rows])
+    key_code = np.full(n, -1, np.int64)
+    key_code[comm_rows] = pd.factorize(vals.astype(object).where(vals.notna(), "")
+                                       .astype(str).to_numpy())[0]
+    used = np.flatnonzero(full.used())
+    r = full.take(used)
+    row_of, win_of = _membership(r, step_col[used], measured[used], st, lo, hi, device_kind)
+    spans = np.maximum(hi - lo, 0) + 1
+    parts = [np.arange(len(st))] if sum(spans.tolist()) < _FIT else \
+        [np.array([k]) for k in range(len(st))]
+    for ks in parts:
+        local = np.full(len(st), -1, np.int64)
+        local[ks] = np.arange(len(ks))
+        sel = local[win_of] >= 0
+        w = _Windows(lo[ks], hi[ks], local[win_of[sel]])
+        rr = r.take(row_of[sel])
+        comp = _compute(rr, w, full.e)
+        cm = np.flatnonzero(rr.comm & (w.group >= 0))
+        if not len(cm):
+            continue
+        g = w.group[cm]
+        shift = w.base[g] - w.lo[g]
+        cs = np.clip(rr.s[cm], w.lo[g], w.hi[g]) + shift
+        ce = np.clip(rr.e[cm], w.lo[g], w.hi[g]) + shift
+        rows = used[row_of[sel][cm]]
+        codes = key_code[rows]
+        for c in np.unique(codes).tolist():
+            at = np.flatnonzero(codes == c)
+            at = at[np.lexsort((rows[at], cs[at]))]  # by start, ties by table order
+            s, e = cs[at], ce[at]
+            before = np.empty(len(e), np.int64)  # the furthest end of the earlier rows
+            before[0] = np.iinfo(np.int64).min
+            before[1:] = np.maximum.accumulate(e)[:-1]
+            a = np.maximum(s, before)
+            share = np.maximum(e - a, 0)
+            b = np.maximum(a, e)
+            hidden = _covered(comp, b) - _covered(comp, a)
+            np.add.at(union, rows[at], share)
+            np.add.at(exposed, rows[at], share - hidden)
+    return union, exposed
+
+
+def _covered(a: iv.Intervals, t: np.ndarray) -> np.ndarray:
+    """|a ∩ (-inf, t)| for every instant of ``t`` (``a`` canonical), int64 ns."""
+    cum = np.zeros(len(a[0]) + 1, np.int64)
+    np.cumsum(a[1] - a[0], out=cum[1:])
+    k = np.searchsorted(a[0], t, "right")  # intervals starting at or before t
+    over = np.where(k > 0, np.maximum(a[1][np.maximum(k - 1, 0)] - t, 0), 0) if len(a[0]) \
+        else np.zeros(len(t), np.int64)
+    return cum[k] - over

@@ -25,9 +25,18 @@ When an offset is applied (``clock`` column of ``estimate_offsets``):
   in causal order: the order-matching paired collectives that are not one instance (a partial
   set of ranks with the process group unknown, a rank that skipped one). 0 is applied and the
   rank's collectives are left out of every cross-rank figure (not measured);
-- "unmatched": the rank shares no collective with the reference: 0, its cross-rank figures
-  rest on no matched instance;
+- "unmatched": the rank shares no collective with the reference, directly or through relays
+  (below): 0, its cross-rank figures rest on no matched instance;
 - "reference": the reference rank itself.
+
+Relays (``relay_base``): on a 2-D mesh a rank may share no process group with the reference
+(HSDP 2 x 2: rank 3's groups [1, 3] and [2, 3] never hold rank 0), yet share one with a rank
+whose clock is known. Such a rank is estimated, by the same rule, against the collectives of
+the ranks whose clock is usable, each on the reference clock (own time - applied offset; per
+(pg, kind, seq) the lowest such rank's), and its state is then "measured", "unresolved" or
+"inconsistent" as for a direct match; this repeats while a round makes progress (a mesh's
+diameter: one round on 2-D). The error adds up along the chain (each link's MAD), which the
+one-instance bound below absorbs as it does one link's.
 
 One instance (``one_instance``): a (pg, kind, seq) match on >= 2 ranks is accepted as one
 collective only when, on the applied clocks,
@@ -120,6 +129,42 @@ def reference_row(rank: int, n_matched: int) -> tuple:
     return (rank, 0, 0, 0, 0, 0, n_matched, True, "reference")
 
 
+def relay_base(rows: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:
+    """Per (pg, kind, seq) of the ``sequenced`` rows ``rows`` of the ranks in ``offsets``
+    (rank -> applied offset_ns: the ranks whose clock is usable), the lowest such rank's row
+    on the reference clock (own time - offset), as ``reference`` gives it: columns pg, kind,
+    seq, ref_start_ns, ref_end_ns (module docstring, Relays). Its input may be its own output
+    with a rank column (the fold is associative: lowest rank wins)."""
+    if "ref_end_ns" in rows.columns:
+        t = rows
+    else:
+        t = rows[rows["rank"].isin(list(offsets))]
+        shift = t["rank"].map(offsets).astype("int64")
+        t = pd.DataFrame({"rank": t["rank"], **{k: t[k] for k in KEY},
+                          "ref_start_ns": t["start_ns"] - shift,
+                          "ref_end_ns": t["end_ns"] - shift})
+    return (t.sort_values([*KEY, "rank"], kind="stable").drop_duplicates(KEY)
+            .reset_index(drop=True)[["rank", *KEY, "ref_start_ns", "ref_end_ns"]])
+
+
+def relayed(rows: list[tuple], estimate) -> list[tuple]:
+    """``rows`` (``offset_row`` tuples of every rank) with each "unmatched" rank estimated
+    again through relays (module docstring), round after round while one makes progress.
+    ``estimate(usable, todo)``: {rank: offset_row tuple} of the ranks ``todo`` against
+    ``relay_base`` of the ``usable`` ranks (rank -> applied offset_ns)."""
+    rows = list(rows)
+    while True:
+        usable = {int(r[0]): int(r[1]) for r in rows if r[8] in USABLE_CLOCKS}
+        todo = [int(r[0]) for r in rows if r[8] == "unmatched"]
+        if not todo or not usable:
+            return rows
+        new = estimate(usable, todo)
+        done = {r: t for r, t in new.items() if t[8] != "unmatched"}
+        if not done:
+            return rows
+        rows = [done.get(int(r[0]), r) for r in rows]
+
+
 def offset_row(rank: int, mine: pd.DataFrame) -> tuple:
     """(rank, offset_ns, estimate_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent, clock) of
     ``rank`` from ``mine``: its rows of the collectives it shares with the reference rank,
@@ -191,6 +236,8 @@ def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int) -> 
     - estimate_ns = median_ns clamped into [lo_ns, hi_ns] (the bounds win over a median
       pulled by a descheduled rank); when lo_ns > hi_ns the bounds contradict each other
       (mismatched collectives): estimate_ns = median_ns, consistent = False.
+    - a rank that shares no collective with ``ref_rank``: the same against the usable ranks
+      (module docstring, Relays).
     - clock (module docstring): "measured" (offset_ns = estimate_ns), "unresolved" (|estimate|
       < mad: offset_ns 0), "inconsistent" (lo > hi: offset_ns 0), "unmatched" (no shared
       collective: offset_ns 0, nulls elsewhere), "reference".
@@ -204,7 +251,13 @@ def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int) -> 
             rows.append(reference_row(rank, len(ref)))
             continue
         rows.append(offset_row(rank, matched[matched["rank"] == rank].merge(ref, on=KEY)))
-    return offsets_frame(rows)
+
+    def estimate(usable: dict[int, int], todo: list[int]) -> dict[int, tuple]:
+        base = relay_base(matched, usable).drop(columns="rank")
+        return {r: offset_row(r, matched[matched["rank"] == r].merge(base, on=KEY))
+                for r in todo}
+
+    return offsets_frame(relayed(rows, estimate))
 
 
 def clock_offsets(coll: pd.DataFrame, ranks: list[int] | None = None,

@@ -35,7 +35,8 @@ def busbw_factor(kind: str, n: int) -> float:
     return float("nan")
 
 
-def rank_collectives(rank: int, events: pd.DataFrame) -> pd.DataFrame:
+def rank_collectives(rank: int, events: pd.DataFrame,
+                     shares: tuple[np.ndarray, np.ndarray] | None = None) -> pd.DataFrame:
     """One row per communication event (NCCL kernel or gloo op) of one rank (``schemas.COLLECTIVES_SCHEMA``).
 
     ``pg`` is "" when the trace does not name the process group (``dtype`` and ``pg_ranks``
@@ -46,7 +47,11 @@ def rank_collectives(rank: int, events: pd.DataFrame) -> pd.DataFrame:
     the world size here, analyzer/ingest/commid.py says when it is); enqueue_* is the CPU
     op that launched it (GPU: the launch's enclosing comm op, gloo: the paired c10d op), -1
     when unknown; ``event_idx`` is the event's position in the trace file's traceEvents list
-    (analyzer/ingest/decode.py), what ``analyzer merge`` links its flow arrows to.
+    (analyzer/ingest/decode.py), what ``analyzer merge`` links its flow arrows to; ``peer``
+    the global rank a send / recv's tag names (-1 unknown), ``pg_desc`` the process group's
+    description ("" unknown); ``union_ns`` / ``exposed_ns`` the row's share of its process
+    group's communication time and of the part no computation overlaps (``shares``:
+    ``breakdown.comm_shares`` of ``events``; None: 0).
     """
     comm = is_in(events["role"], ("comm",))
     gpu = events["is_gpu"].to_numpy(dtype=bool)
@@ -98,6 +103,14 @@ def rank_collectives(rank: int, events: pd.DataFrame) -> pd.DataFrame:
         "dtype": strs("dtype", "")[order], "pg_ranks": strs("pg_ranks", "")[order],
         "enqueue_start_ns": enq_s[order], "enqueue_end_ns": enq_e[order],
         "event_idx": ints("event_idx")[order],
+        "peer": (ints("peer") if "peer" in events.columns
+                 else np.full(len(idx), -1, np.int64))[order],
+        "pg_desc": (strs("pg_desc", "") if "pg_desc" in events.columns
+                    else np.full(len(idx), "", object))[order],
+        "union_ns": (shares[0][idx] if shares is not None
+                     else np.zeros(len(idx), np.int64))[order],
+        "exposed_ns": (shares[1][idx] if shares is not None
+                       else np.zeros(len(idx), np.int64))[order],
     })
 
 

@@ -5,7 +5,8 @@ Each function walks ``JobTables.batches`` (consecutive ranks' tables, read from 
 disk, analyzer/ingest/spill.py, up to ``pipeline.BATCH_BYTES`` at a time) and keeps only what
 the rule it streams needs:
 - clock offsets (analyzer/analyses/clock.py): the reference rank's matchable collectives, then
-  each other rank against them;
+  each other rank against them; ranks that share none with it, against the usable ranks'
+  (one row per instance) in a further pass per relay round;
 - the transfer/wait split (analyzer/analyses/commsplit.py): per collective instance (pg, kind,
   seq) the latest aligned start and the number of ranks that ran it, reduced batch by batch,
   then each batch's split against it;
@@ -31,6 +32,7 @@ import pandas as pd
 from analyzer.analyses import clock
 from analyzer.analyses.collectives import MATCH_COLUMNS, by_kind, finish_matches
 from analyzer.analyses.commsplit import instance_keys, latest_starts, rank_kind_split, wait_transfer
+from analyzer.analyses.meshdims import dim_parts
 
 REDUCE_ROWS = 1 << 18
 """Per-instance rows gathered before they are reduced into the running per-instance table
@@ -89,7 +91,28 @@ def clock_offsets(job) -> pd.DataFrame:
         rows += [None if rt.rank == ref else clock.offset_row(rt.rank, by_rank.get(rt.rank, empty))
                  for rt in held]
     rows = [clock.reference_row(ref, len(shared)) if r is None else r for r in rows]
-    return clock.offsets_frame(rows)
+
+    def estimate(usable: dict[int, int], todo: list[int]) -> dict[int, tuple]:
+        """Relays (analyzer/analyses/clock.py): the usable ranks' rows folded to one per
+        instance, batch by batch, then each ``todo`` rank against them."""
+        red = _Reduction(lambda t: clock.relay_base(t, usable))
+        for _, coll in job.batches("collectives", _OFFSET_COLS):
+            red.add(clock.relay_base(clock.sequenced(coll[coll["rank"].isin(list(usable))]),
+                                     usable))
+        acc = red.result()
+        base = acc.drop(columns="rank") if acc is not None else \
+            pd.DataFrame(columns=[*clock.KEY, "ref_start_ns", "ref_end_ns"])
+        out = {}
+        for held, coll in job.batches("collectives", _OFFSET_COLS):
+            seq = clock.sequenced(coll[coll["rank"].isin(todo)])
+            mine = seq.merge(base, on=clock.KEY) if len(seq) and len(base) else \
+                pd.DataFrame(columns=[*seq.columns, "ref_start_ns", "ref_end_ns"])
+            for rt in held:
+                if rt.rank in todo:
+                    out[rt.rank] = clock.offset_row(rt.rank, mine[mine["rank"] == rt.rank])
+        return out
+
+    return clock.offsets_frame(clock.relayed(rows, estimate))
 
 
 def instances(job, offsets: pd.DataFrame) -> pd.DataFrame:
@@ -139,12 +162,14 @@ def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
     (the same rows), unknown (per kind: instances without bytes), ranks (``rank_kind_split``),
     moved (``by_kind`` with transfer time as the duration), groups (per rank, kind, pg and
     dtype: count, time_ns, bytes, known, bus_bytes, bus_time_ns, transfer_bus_bytes,
-    transfer_bus_time_ns, group_sizes, pg_ranks). The wait / transfer split itself matches
-    every collective, in steps or not (``instances``). None when no rank has a collective in a
-    profiled step."""
+    transfer_bus_time_ns, group_sizes, pg_ranks), dims (``meshdims.dim_parts``: per rank,
+    kind and process group, what the figures per mesh dimension are summed from). The
+    wait / transfer split itself matches every collective, in steps or not (``instances``).
+    None when no rank has a collective in a profiled step."""
     inst = instances(job, offsets)
     out: dict[str, list[pd.DataFrame]] = {k: [] for k in
-                                          ("whole", "inside", "unknown", "ranks", "moved", "groups")}
+                                          ("whole", "inside", "unknown", "ranks", "moved", "groups",
+                                           "dims")}
     for _, coll, split in each_split(job, offsets, inst):
         if len(coll):
             kept = coll["step"].to_numpy() >= 0
@@ -161,6 +186,7 @@ def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
         moved = transfer_rows(coll, split)
         out["moved"].append(by_kind(moved))
         out["groups"].append(_group_part(coll, moved))
+        out["dims"].append(dim_parts(coll, split))
         if len(out["whole"]) >= COMPACT_PARTS:  # a small frame costs ~1 kB a column: join
             out = {k: [joined(v)] for k, v in out.items()}
     if not out["whole"]:

@@ -18,7 +18,10 @@ plus ``count_per_step``, ``time_ns_per_step``, ``bytes_per_step``: collectives i
 steps per rank divided by that rank's number of profiled steps, mean over ranks;
 ``profiled_steps`` = the most profiled steps of a rank; ``comm_groups`` = the same per (kind,
 process group, dtype), all profiled steps, its per-rank means over the ranks that ran it (the
-group's members), not the job's. Communication split (analyzer/analyses/commsplit.py): per
+group's members), not the job's, and its mesh dimension; ``mesh_dims`` = the same per mesh
+dimension (analyzer/analyses/meshdims.py: from pg_desc, else the manifest's mesh, else the
+group's ranks), with the union of its collectives' intervals and the part of it no computation
+overlaps. Communication split (analyzer/analyses/commsplit.py): per
 rank and kind ``comm_ranks``, and in ``communication[kind]`` the per-rank means
 ``transfer_ns`` / ``wait_ns`` (all profiled steps; their sum is ``time_ns``), the same per profiled
 step, and ``transfer_busbw_gbps`` (busbw with transfer time in place of the duration; in
@@ -38,13 +41,13 @@ import msgspec
 import pandas as pd
 
 from analyzer.compare import drift, footprint, pipefigs, ranking
-from analyzer.analyses import clock, crossrank, datasupply, memory, parity, prefetch
+from analyzer.analyses import clock, crossrank, datasupply, memory, meshdims, parity, prefetch
 from analyzer.ingest import pipeline, rundirs
 from analyzer.contract import schemas
 from analyzer.analyses.collectives import run_busbw_gbps
 from analyzer.analyses.summary import partial_caveat
 from analyzer.contract.report_types import (AnalysisOptions, CommGroup, CommKind, CommRank,
-                                   Interval, Memory, Parity, Prefetch, PrefetchUnit,
+                                   Interval, Memory, MeshDimComm, Parity, Prefetch, PrefetchUnit,
                                    RankFigures, Report, RunEntry, StepBar, StepTime, Timeline,
                                    TraceInfo)
 
@@ -140,13 +143,15 @@ def _comm_rank(row: dict) -> CommRank:
     return CommRank(**row)
 
 
-def _comm_groups(parts: dict[str, pd.DataFrame] | None) -> list[CommGroup]:
+def _comm_groups(parts: dict[str, pd.DataFrame] | None, dims: dict[str, tuple[str, str]]
+                 ) -> list[CommGroup]:
     """Per (kind, process group, dtype) over all profiled steps (``CommGroup``): what shows a bf16
     vs an fp32 reduction, or a half-world process group, that the per-kind figures mix.
     ``parts``: ``crossrank.comm_parts`` (its ``groups``: per rank, in rank order). Per-rank
     means are over the ranks that ran it (the ranks with rows for that kind, group and dtype:
     the group's members in the traces), not over every rank of the job: an all_gather of a
-    group of 8 in a 16-rank job is not halved by the 8 ranks outside it."""
+    group of 8 in a 16-rank job is not halved by the 8 ranks outside it. ``dims``: pg -> (mesh
+    dimension, source), ``meshdims.group_dims``."""
     if parts is None:
         return []
     out = []
@@ -164,7 +169,9 @@ def _comm_groups(parts: dict[str, pd.DataFrame] | None) -> list[CommGroup]:
             unknown_bytes=int(g["count"].sum()) - known,
             busbw_gbps=run_busbw_gbps(g["bus_bytes"].to_numpy(), g["bus_time_ns"].to_numpy()),
             transfer_busbw_gbps=run_busbw_gbps(g["transfer_bus_bytes"].to_numpy(),
-                                               g["transfer_bus_time_ns"].to_numpy())))
+                                               g["transfer_bus_time_ns"].to_numpy()),
+            mesh_dim=dims.get(str(pg), (meshdims.UNKNOWN, "none"))[0],
+            mesh_dim_source=dims.get(str(pg), (meshdims.UNKNOWN, "none"))[1]))
     return out
 
 
@@ -205,11 +212,15 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     profiled = int(rank_steps.max()) if len(rank_steps) else 0
     parts = crossrank.comm_parts(tables, offsets, rank_steps)
     comm, comm_ranks = _communication(parts, rank_steps, n_ranks)
+    mesh = tables.manifest.mesh if tables.manifest is not None else None
+    dim_rows = parts["dims"] if parts is not None else None
     clock_notes = [n for n in (clock.clock_note(o) for o in offsets.itertuples(index=False))
                    if n is not None] if len(offsets) > 1 else []
     fields = dict(
         communication=comm, profiled_steps=profiled, comm_ranks=comm_ranks,
-        comm_groups=_comm_groups(parts),
+        comm_groups=_comm_groups(parts, meshdims.group_dims(dim_rows, tables.world_size, mesh)),
+        mesh_dims=[MeshDimComm(**d) for d in
+                   meshdims.dim_table(dim_rows, rank_steps, tables.world_size, mesh)],
         comm_ns_per_step=float(bd["comm_ns"].mean()) if len(bd) else None,
         overlap_frac=float(bd["overlap_ns"].sum() / comm_total) if comm_total else None,
         exposed_comm_ns=float(bd["exposed_comm_ns"].mean()) if len(bd) else None,

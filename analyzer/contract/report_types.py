@@ -407,6 +407,54 @@ class CommGroup(_Figures, kw_only=True):
     busbw_gbps: float | None
     transfer_busbw_gbps: float | None = None
     """busbw from transfer time (``CommKind.transfer_busbw_gbps``)."""
+    mesh_dim: str = ""
+    """The mesh dimension of ``pg`` (analyzer/analyses/meshdims.py ``dim_of``: "shard", "tp",
+    "world", an ``inferred_...`` name, "unknown"); "" in a report.json written before the
+    field."""
+    mesh_dim_source: str = ""
+    """How ``mesh_dim`` was found: "pg_desc" (torch's ``mesh_<name>`` description), "manifest"
+    (the manifest's mesh), "ranks" (inferred from the group's ranks), "none"; "" before the
+    field."""
+
+
+class MeshDimComm(_Figures, kw_only=True):
+    """The collectives of one mesh dimension of a run (analyzer/analyses/meshdims.py), all
+    profiled steps (as ``CommGroup``): per-rank means over the ``n_ranks`` ranks that ran any
+    of them. ``time_ns``: sum of durations; ``union_ns``: time with at least one of the
+    dimension's collectives running, inside the step windows (never above the steps);
+    ``exposed_ns``: the part of ``union_ns`` no computation overlaps (the interval algebra of
+    the breakdown's ``exposed_comm_ns``); the ``_per_step`` figures: a rank's figure over its
+    profiled steps, mean over the ranks. ``bytes``: nccl-tests bytes of the instances whose
+    bytes are known (None: none is); busbw with the dimension's ``group_size`` (nccl-tests
+    factors; None when the size is unknown, except broadcast / send_recv). transfer / wait /
+    not measured as ``CommKind``'s."""
+
+    name: str
+    """"replicate", "shard", "dp", "tp", "pp" (manifest or pg_desc), "world" (the default
+    group), ``inferred_consecutive_n<k>`` / ``inferred_stride<s>_n<k>`` /
+    ``inferred_group_<pg>`` (from the group's ranks), "unknown" (no process group named)."""
+    source: str
+    """"pg_desc", "manifest", "ranks" or "none" (``CommGroup.mesh_dim_source``)."""
+    group_size: int | None
+    groups: int | None
+    """Distinct named process groups of the dimension over the ranks (None: none named)."""
+    pgs: list[str] = []
+    kinds: list[str] = []
+    n_ranks: int
+    count: float
+    time_ns: float
+    union_ns: float
+    exposed_ns: float
+    time_ns_per_step: float | None = None
+    union_ns_per_step: float | None = None
+    exposed_ns_per_step: float | None = None
+    bytes: float | None = None
+    unknown_bytes: int = 0
+    busbw_gbps: float | None = None
+    transfer_busbw_gbps: float | None = None
+    transfer_ns: float | None = None
+    wait_ns: float | None = None
+    not_measured_ns: float | None = None
 
 
 class CommRank(_Figures, kw_only=True):
@@ -618,6 +666,9 @@ class RunEntry(_Figures, kw_only=True):
     comm_groups: list[CommGroup] = []
     comm_ranks: list[CommRank] = []
     """Per rank and kind: transfer and waiting for the slowest rank (``CommRank``)."""
+    mesh_dims: list[MeshDimComm] = []
+    """Communication per mesh dimension (``MeshDimComm``): the manifest mesh's dimensions in
+    order, then "world", then the rest; [] without collectives (and in older report.json)."""
     comm_ns_per_step: float | None = None
     """Communication per profiled step: the union of the rank's collective intervals inside
     the step (time with at least one collective running; never above the step), mean over

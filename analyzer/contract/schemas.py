@@ -240,9 +240,13 @@ BREAKDOWN_SCHEMA = _columns("rank step step_start_ns step_ns compute_ns comm_ns 
 length, cpu_step_ns = the CPU ProfilerStep span's; device_work False: left out of medians and
 means."""
 COLLECTIVES_SCHEMA = _columns("rank step pg:s seq kind:s start_ns end_ns dur_ns bytes rule:s name:s "
-                              "group_size dtype:s pg_ranks:s enqueue_start_ns enqueue_end_ns event_idx")
+                              "group_size dtype:s pg_ranks:s enqueue_start_ns enqueue_end_ns event_idx "
+                              "peer pg_desc:s union_ns exposed_ns")
 """One row per collective instance per rank (analyzer/analyses/collectives.py); bytes -1 and
-dtype / pg_ranks "" when the trace does not say."""
+dtype / pg_ranks / pg_desc "" when the trace does not say, peer -1 (a send / recv's global
+peer rank, from the tracer's process-group tag); union_ns / exposed_ns: the row's share of its
+process group's communication, and of its part under no computation, in the step windows
+(analyzer/analyses/breakdown.py ``comm_shares``)."""
 PREFETCH_SCHEMA = _columns("rank step phase:s unit:s prefetched:b issued_ns comm_start_ns finished_ns "
                            "need_ns comm_ns hidden_ns hidden_frac:f slack_ns labels:s")
 """One row per FSDP unit all_gather per rank (analyzer/analyses/prefetch.py)."""

@@ -42,10 +42,18 @@ CPU events:
                              the whole buffer, so the enqueue says what it really was.
   ``cpu.c10d_enqueue``       ``c10d::*`` -> comm_enqueue (``c10d::wait*`` included: time the main
                              thread spends in a collective is not computation).
+  ``cpu.c10d_functional``    ``_c10d_functional::*`` (DTensor / TP functional collectives around
+                             their ``c10d::*`` op, and ``_c10d_functional::wait_tensor``: the
+                             main thread waiting for one, milliseconds on gloo) -> comm_enqueue.
   ``cpu.record_param_comms`` / ``cpu.nccl_op`` -> comm_enqueue.
   ``cpu.symm_mem_op`` / ``cpu.hccl_op`` / ``cpu.dispatch_op``: ``symm_mem::*``, ``hccl:*``,
                              custom dispatch / combine / all_to_all ops -> comm_enqueue.
   ``cpu.main_thread_op``     cpu_op on the main thread of a CPU-only rank -> compute.
+  ``cpu.pg_tag``             ``paritytrace::pg <pg_name>[ peer <global rank>]`` user_annotation
+                             (``schemas.PG_TAG_PREFIX``: the tracer's process-group tag) ->
+                             annotation (counts as nothing in the breakdown); it names the
+                             process group (and the peer of a send / recv) of the collectives
+                             it encloses (analyzer/ingest/commid.py, pg).
   ``cpu.annotation``         other user_annotation -> annotation.
   ``cpu.other``              everything else on the CPU -> other (on a GPU rank every CPU op).
 
@@ -66,6 +74,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from analyzer.contract.schemas import PG_TAG_PREFIX
 from analyzer.ingest import commid
 from analyzer.ingest.commid import DEEP_EP_KERNEL_RE, DISPATCH_OP_RE, NCCL_KERNEL_RE
 from analyzer.ingest.decode import str_array
@@ -82,7 +91,7 @@ RULES = ("gpu.nccl_kernel", "gpu.nccl_kernel.args", "gpu.nccl_kernel.launch", "g
          "cpu.c10d_enqueue", "cpu.record_param_comms", "cpu.nccl_op", "cpu.main_thread_op",
          "cpu.annotation", "cpu.other", "gpu.symm_mem_kernel", "gpu.hccl_kernel",
          "gpu.dispatch_kernel", "gpu.deep_ep_kernel", "cpu.symm_mem_op", "cpu.hccl_op",
-         "cpu.dispatch_op")
+         "cpu.dispatch_op", "cpu.pg_tag", "cpu.c10d_functional")
 _ROLE = {r: i for i, r in enumerate(ROLES)}
 _RULE = {r: i for i, r in enumerate(RULES)}
 _KIND = {k: i for i, k in enumerate(KINDS)}
@@ -116,8 +125,8 @@ def kind_from_text(text: str | None) -> str | None:
     if not text:
         return None
     t = text.lower()  # NCCL kernel names come in either case (``nccldevkernel_allreduce...``)
-    for p in ("nccldevkernel_", "ncclkernel_", "nccl::", "nccl:", "gloo:", "c10d::", "mpi:",
-              "ucc:"):
+    for p in ("nccldevkernel_", "ncclkernel_", "nccl::", "nccl:", "gloo:", "c10d::",
+              "_c10d_functional::", "mpi:", "ucc:"):
         if t.startswith(p):
             t = t[len(p):]
             break
@@ -143,14 +152,30 @@ def kind_from_text(text: str | None) -> str | None:
     return None
 
 
+def parse_pg_tag(name: str) -> tuple[str, int] | None:
+    """(pg name, peer global rank or -1) of a process-group tag's name (``schemas.PG_TAG_PREFIX``
+    + ``"<pg_name>"``, optionally + ``" peer <global rank>"``); None when ``name`` is not one
+    or names no group."""
+    if not name.startswith(PG_TAG_PREFIX):
+        return None
+    rest = name[len(PG_TAG_PREFIX):].strip()
+    head, sep, tail = rest.rpartition(" peer ")
+    peer = -1
+    if sep and tail.strip().lstrip("-").isdigit():
+        rest, peer = head.strip(), int(tail)
+    return (rest, peer) if rest else None
+
+
 def classify(df: pd.DataFrame, *, world_size: int | None,
-             pg_sizes: dict[str, int] | None = None, pg_ranks: dict[str, str] | None = None
-             ) -> tuple[pd.DataFrame, dict]:
+             pg_sizes: dict[str, int] | None = None, pg_ranks: dict[str, str] | None = None,
+             pg_descs: dict[str, str] | None = None) -> tuple[pd.DataFrame, dict]:
     """Add role, coll_kind, bytes, pg, rule, step to a decoded event table (analyzer/ingest/decode.py);
-    on comm rows, dtype, pg_ranks and group_size are resolved (analyzer/ingest/commid.py).
+    on comm rows, dtype, pg_ranks, pg_desc, peer and group_size are resolved
+    (analyzer/ingest/commid.py).
 
     ``pg_sizes``: process group name -> size (``commid.pg_sizes_of(distributedInfo)``);
-    ``pg_ranks``: process group name -> its ranks (``commid.pg_ranks_of(distributedInfo)``).
+    ``pg_ranks``: process group name -> its ranks (``commid.pg_ranks_of(distributedInfo)``);
+    ``pg_descs``: process group name -> pg_desc (``commid.pg_descs_of(distributedInfo)``).
     Returns ``(events, info)`` with ``info`` = {device_kind, main_tid, whole_trace_mode,
     steps (``schemas.STEP_WINDOWS_SCHEMA``; analyzer/ingest/steps.py), unlaunched (bool per
     row: device work with no launch in the trace), notes (list of str: classes of events left
@@ -195,6 +220,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     is_gloo = by_name(lambda u: u.startswith("gloo:")) & ~is_gpu
     is_c10d = by_name(lambda u: u.startswith("c10d::")) & ~is_gpu
     is_rpc = by_name(lambda u: u == "record_param_comms") & ~is_gpu
+    is_func = by_name(lambda u: u.startswith("_c10d_functional::")) & ~is_gpu
     is_nccl_op = by_name(lambda u: u.startswith(("nccl:", "mpi:", "ucc:"))) & ~is_gpu
     is_symm = by_name(lambda u: u.startswith("symm_mem::")) & ~is_gpu
     is_hccl = by_name(lambda u: u.startswith("hccl:")) & ~is_gpu
@@ -225,10 +251,13 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     # CPU
     cpu = ~is_gpu
     mark(cpu & by_cat("user_annotation"), "annotation", "cpu.annotation")
+    is_tag = cpu & by_cat("user_annotation") & by_name(lambda u: parse_pg_tag(u) is not None)
+    rule[is_tag] = _RULE["cpu.pg_tag"]
     mark(is_loader, "data", "cpu.dataloader_next")
     is_other_comm = is_symm | is_hccl | is_dispatch  # collective ops that are not NCCL
-    enq = is_c10d | is_rpc | is_nccl_op | is_other_comm
+    enq = is_c10d | is_rpc | is_nccl_op | is_other_comm | is_func
     role[enq] = _ROLE["comm_enqueue"]
+    rule[is_func] = _RULE["cpu.c10d_functional"]
     rule[is_c10d] = _RULE["cpu.c10d_enqueue"]
     rule[is_rpc] = _RULE["cpu.record_param_comms"]
     rule[is_nccl_op] = _RULE["cpu.nccl_op"]
@@ -289,6 +318,15 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     pg = _obj(df["pg"])
     pg_rk = _obj(df["pg_ranks"])
     dtype = _obj(df["dtype"])
+    desc = _obj(df["pg_desc"]) if "pg_desc" in df.columns else np.full(n, None, object)
+    from_args = np.array([p is not None for p in pg], bool) if n else np.zeros(0, bool)
+    peer = np.full(n, -1, np.int64)
+    tag_of = _tags(names, is_tag, enq, launch, is_gpu, ts, end, c_tid)
+    for j, (t_pg, t_peer) in tag_of.items():  # enqueue ops take their tag's group and peer
+        if enq[j] and pg[j] is None:
+            pg[j] = t_pg
+        if enq[j] and peer[j] < 0:
+            peer[j] = t_peer
     group = df["group_size"].to_numpy().copy()
     nbytes = _bytes_from_args(df)
     args_bytes = nbytes.copy()  # bytes from each row's own collective args (-1 unknown)
@@ -340,9 +378,18 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
                     kind[i] = name_kind[i]
                 else:
                     kind[i] = _KIND["send_recv" if "sendrecv" in names[i].lower() else "other"]
-            for col in (pg, pg_rk, dtype):
+            # pg: a record_param_comms' own name first, then a tagged op's, then the tag
+            # around the launch itself
+            if pg[i] is None:
+                pg[i] = next((pg[j] for j in src if from_args[j]), None)
+            for col in (pg, pg_rk, dtype, desc):
                 if col[i] is None:
                     col[i] = next((col[j] for j in src if col[j] is not None), None)
+            tag = tag_of.get(int(launch[i]))
+            if pg[i] is None and tag is not None:
+                pg[i] = tag[0]
+            peer[i] = next((peer[j] for j in src if peer[j] >= 0),
+                           tag[1] if tag is not None else -1)
             name_group(i)
             if group[i] <= 0:
                 group[i] = next((group[j] for j in src if group[j] > 0), -1)
@@ -355,6 +402,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     if len(gloo_idx):
         c10d_idx = np.flatnonzero(is_c10d & ~by_name(lambda u: u.startswith("c10d::wait")))
         paired = _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired)
+        paired = _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, c_tid)
         for i in gloo_idx.tolist():
             j = paired[i]
             if j >= 0:
@@ -365,9 +413,10 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
             if kind[i] < 0:
                 kind[i] = _KIND["other"]
             if j >= 0:
-                for col in (pg_rk, dtype):
+                for col in (pg_rk, dtype, desc):
                     if col[i] is None:
                         col[i] = col[j]
+                peer[i] = peer[j] if peer[i] < 0 else peer[i]
                 if group[i] <= 0:
                     group[i] = group[j]
             name_group(i)
@@ -388,7 +437,12 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
                          is_gpu_annotation=is_gpu_ann, is_comm=role == _ROLE["comm"],
                          launch=launch, paired=paired, device_kind=device_kind)
 
-    out = df.drop(columns=["pg", "pg_ranks", "dtype", "group_size"])
+    descs = pg_descs or {}
+    for i in np.flatnonzero(is_comm).tolist():  # pg_config's description of the named group
+        if desc[i] is None and pg[i] is not None:
+            desc[i] = descs.get(str(pg[i]))
+    out = df.drop(columns=[c for c in ("pg", "pg_ranks", "dtype", "group_size", "pg_desc")
+                           if c in df.columns])
     out["step"] = steps.step
     out["role"] = pd.Categorical.from_codes(role, categories=list(ROLES))
     out["coll_kind"] = pd.Categorical.from_codes(kind, categories=list(KINDS))
@@ -397,6 +451,8 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     out["pg_ranks"] = str_array(pg_rk)
     out["dtype"] = str_array([commid.dtype_name(d) for d in dtype])
     out["group_size"] = group.astype(np.int64)
+    out["pg_desc"] = str_array(desc)
+    out["peer"] = np.where(is_comm, peer, -1).astype(np.int64)
     out["rule"] = _used_categories(rule, RULES)
     out["launch_row"] = launch
     out["paired_row"] = paired
@@ -603,6 +659,48 @@ def _first_max(values: np.ndarray, labels: np.ndarray) -> int:
     """Index of the largest value; among equals, the one whose label sorts first."""
     best = np.flatnonzero(values == values.max())
     return int(min(best.tolist(), key=lambda c: str(labels[c])))
+
+
+def _tags(names, is_tag, enq, launch, is_gpu, ts, end, tid) -> dict[int, tuple[str, int]]:
+    """{row: (pg, peer)} for every comm enqueue op and every runtime launch of a GPU row that a
+    process-group tag (``parse_pg_tag``) encloses on the same thread: the innermost tag's."""
+    tags = np.flatnonzero(is_tag)
+    if not len(tags):
+        return {}
+    launches = launch[is_gpu & (launch >= 0)]
+    cand = np.unique(np.concatenate([np.flatnonzero(enq), launches])).astype(np.int64)
+    at = commid.ops_enclosing(tags, cand, ts, end, tid)
+    return {int(r): parse_pg_tag(str(names[t])) for r, t in zip(cand.tolist(), at.tolist())
+            if t >= 0}
+
+
+def _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, tid
+                        ) -> np.ndarray:
+    """Pair again within each process group once the enqueues name theirs: gloo runs each
+    process group's work on its own runloop threads, so a thread's group is the one most of
+    its paired enqueues name (ties: the smaller name); each group's enqueues are then paired
+    (``_pair_gloo``) with the gloo ops of that group's threads only, so that two groups'
+    collectives of one kind running at once are not crossed. What stays unpaired (enqueues
+    without a group, ops on threads no enqueue names, a thread that serves several groups)
+    is then paired among itself as before. Returns ``paired`` unchanged when no paired
+    enqueue names a group."""
+    votes: dict[int, dict[str, int]] = {}
+    for i in gloo_idx.tolist():
+        j = paired[i]
+        if j >= 0 and pg[j] is not None:
+            v = votes.setdefault(int(tid[i]), {})
+            v[str(pg[j])] = v.get(str(pg[j]), 0) + 1
+    if not votes:
+        return paired
+    group_of_thread = {t: min(v, key=lambda g: (-v[g], g)) for t, v in votes.items()}
+    out = np.full(len(paired), -1, np.int64)
+    enq_pg = np.array([str(pg[j]) if pg[j] is not None else "" for j in c10d_idx.tolist()],
+                      object)
+    op_pg = np.array([group_of_thread.get(int(tid[i]), "") for i in gloo_idx.tolist()], object)
+    for g in sorted(set(enq_pg.tolist()) - {""}):
+        out = _pair_gloo(c10d_idx[enq_pg == g], gloo_idx[op_pg == g], kind, name_kind, ts, out)
+    return _pair_gloo(c10d_idx[out[c10d_idx] < 0], gloo_idx[out[gloo_idx] < 0], kind,
+                      name_kind, ts, out)
 
 
 def _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired) -> np.ndarray:

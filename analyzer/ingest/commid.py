@@ -30,9 +30,14 @@ size   2. the size distributedInfo's pg_config gives the named process group;
           a 16-rank job with FSDP groups of 8 and no pg_config). Bytes that need a piece x the
           group size are then unknown, and so is busbw of every kind (its factor needs n).
 pg     the ``Process Group Name`` (else ``Process Group ID``) argument, the kernel's own then
-       the launching ops'; else, when pg_config lists exactly one process group, that one (the
-       rank is in no other); else "" (the trace does not name it). pg_ranks likewise, else the
-       ``ranks`` pg_config gives the named group.
+       the launching ops'; else the tracer's process-group tag (``schemas.PG_TAG_PREFIX``, a
+       CPU user_annotation) enclosing the enqueue op on its thread (a gloo op takes its paired
+       enqueue's, a kernel its launching ops' or the tag around its launch); else, when
+       pg_config lists exactly one process group, that one (the rank is in no other); else ""
+       (the trace does not name it). pg_ranks likewise, else the ``ranks`` pg_config gives the
+       named group. pg_desc: the ``Process Group Description`` argument as pg, else pg_config's
+       ``pg_desc`` of the named group ("default_pg", "mesh_shard" ...). peer: the global rank
+       a send / recv tag names (``... peer <rank>``), -1 unknown.
 dtype  the kernel's own arguments, then the launching ops' (``dtype`` argument, else the op's
        first input tensor type).
 
@@ -152,6 +157,19 @@ def pg_sizes_of(distributed_info: dict | None) -> dict[str, int]:
         for g in cfg:
             if isinstance(g, dict) and isinstance(g.get("pg_size"), int):
                 out[str(g.get("pg_name"))] = int(g["pg_size"])
+    return out
+
+
+def pg_descs_of(distributed_info: dict | None) -> dict[str, str]:
+    """{process group name: pg_desc} from distributedInfo.pg_config ("default_pg",
+    "mesh_replicate" ...: torch names a DeviceMesh dimension's group ``mesh_<dim name>``);
+    groups without a string pg_desc left out; {} when absent or malformed."""
+    out: dict[str, str] = {}
+    cfg = (distributed_info or {}).get("pg_config")
+    if isinstance(cfg, list):
+        for g in cfg:
+            if isinstance(g, dict) and "pg_name" in g and isinstance(g.get("pg_desc"), str):
+                out[str(g["pg_name"])] = g["pg_desc"]
     return out
 
 

@@ -56,6 +56,7 @@ class _Args(msgspec.Struct, gc=False):
     dtype: str | None = None
     pg_name: str | int | None = msgspec.field(default=None, name="Process Group Name")
     pg_id: int | str | None = msgspec.field(default=None, name="Process Group ID")
+    pg_desc: str | None = msgspec.field(default=None, name="Process Group Description")
     pg_ranks: msgspec.Raw = msgspec.field(default=_NULL, name="Process Group Ranks")
     input_dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
@@ -175,7 +176,8 @@ class Decoded:
     coll_name, dtype (the ``dtype`` argument, else the first ``Input type`` naming a dtype), pg
     (str or None), in_nelems, out_nelems, group_size, shape_numel, shape_elem_bytes (the first
     tensor input's numel and element size), shape2_numel (the second tensor input's numel)
-    (int64, -1 unknown), pg_ranks (str or None).
+    (int64, -1 unknown), pg_ranks, pg_desc (``Process Group Description``: "mesh_shard" ...)
+    (str or None).
     """
 
     events: pd.DataFrame
@@ -785,6 +787,7 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     coll_name = np.full(m, None, object)
     dtype = np.full(m, None, object)
     pg = np.full(m, None, object)
+    pg_desc = np.full(m, None, object)
     pg_ranks = np.full(m, None, object)
     # in, out nelems, group size, first tensor's numel and elem bytes, second tensor's numel
     ints = np.full((6, m), -1, np.int64)
@@ -793,6 +796,7 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         coll_name[k] = _as_str(a.coll_name)
         dtype[k] = _as_str(a.dtype)
         pg[k] = _as_str(a.pg_name) if a.pg_name is not None else _as_str(a.pg_id)
+        pg_desc[k] = _as_str(a.pg_desc)
         if a.pg_ranks is not _NULL:
             r = msgspec.json.decode(a.pg_ranks)
             pg_ranks[k] = None if r is None else r if isinstance(r, str) else json.dumps(r)
@@ -840,6 +844,7 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         "dtype": sparse_str(dtype),
         "pg": sparse_str(pg),
         "pg_ranks": sparse_str(pg_ranks),
+        "pg_desc": sparse_str(pg_desc),
         "in_nelems": sparse(ints[0]),
         "out_nelems": sparse(ints[1]),
         "group_size": sparse(ints[2]),

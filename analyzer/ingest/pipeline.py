@@ -57,7 +57,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analyzer.ingest.cachekey import cache_dir, cache_key
-from analyzer.ingest.commid import group_fallback, pg_ranks_of, pg_sizes_of
+from analyzer.ingest.commid import group_fallback, pg_descs_of, pg_ranks_of, pg_sizes_of
 from analyzer.ingest.spill import Spill
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
@@ -287,7 +287,8 @@ def classified(path: Path, raw: bytes | None = None, dec=None
     di = dec.distributed_info
     ws = di.get("world_size") if di else None
     events, info = classify(dec.events, world_size=ws if isinstance(ws, int) else None,
-                            pg_sizes=pg_sizes_of(di), pg_ranks=pg_ranks_of(di))
+                            pg_sizes=pg_sizes_of(di), pg_ranks=pg_ranks_of(di),
+                            pg_descs=pg_descs_of(di))
     return events, {**info, "distributed_info": di, "warnings": dec.warnings + info["notes"]}
 
 
@@ -296,7 +297,8 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
     (default ``decode.max_trace_bytes()``). Rank-dependent fields stay unset (rank -1,
     group_size <= 0 left as -1): ``load_run`` fills them after the rank rule. Raises
     ``BadInput``."""
-    from analyzer.analyses.breakdown import rank_breakdown, timeline_rows, whole_trace_overlap
+    from analyzer.analyses.breakdown import (comm_shares, rank_breakdown, timeline_rows,
+                                             whole_trace_overlap)
     from analyzer.analyses.collectives import rank_collectives
     from analyzer.analyses.memory import device_peaks
     from analyzer.analyses.prefetch import prefetch_table
@@ -348,7 +350,7 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
     else:
         tl = pd.DataFrame({"lane": [], "kind": [], "start_ns": [], "end_ns": []})
     overlap_ns, comm_ns = whole_trace_overlap(ev)
-    coll = rank_collectives(-1, ev)
+    coll = rank_collectives(-1, ev, comm_shares(ev, steps, device_kind, main_tid))
     if info["unlaunched"].any():  # left out of collectives too (analyzer/ingest/steps.py)
         gone = ev["event_idx"].to_numpy()[info["unlaunched"]]
         coll = coll[~np.isin(coll["event_idx"].to_numpy(), gone)].reset_index(drop=True)

@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 
 from analyzer import api
-from analyzer.analyses.breakdown import rank_breakdown, timeline_rows, whole_trace_overlap
+from analyzer.analyses.breakdown import (comm_shares, rank_breakdown, timeline_rows,
+                                         whole_trace_overlap)
 from analyzer.analyses.collectives import rank_collectives
 from analyzer.contract.errors import BadInput
 from analyzer.ingest.pipeline import rank_tables
@@ -39,7 +40,7 @@ def _same_as_events(tt, ranks: list[int], world_size: int) -> None:
         ev, steps = api.load_events(rt.path)
         kind, main = ev.attrs["device_kind"], ev.attrs["main_tid"]
         bd.append(rank_breakdown(rt.rank, ev, steps, kind, main))
-        coll.append(rank_collectives(rt.rank, ev))
+        coll.append(rank_collectives(rt.rank, ev, comm_shares(ev, steps, kind, main)))
         pf.append(prefetch_table(ev, rank=rt.rank))
         assert rt.timeline_step == int(steps["step"].min())
         win = steps[steps["step"] == rt.timeline_step].iloc[0]
