@@ -468,7 +468,17 @@ class RecordConfig:
         return self.sharding_strategy == "full_shard"
 
     def strategy_options(self) -> dict[str, Any]:
-        """The manifest's ``strategy_options`` (empty for single)."""
+        """The manifest's ``strategy_options`` (empty for single). The mesh strategies lead with
+        their mesh options (hsdp ``mesh`` "RxS", fsdp2_tp ``tp``, pp ``pp``, ``pp_schedule``,
+        ``microbatches``), so reports that name a run's options name its mesh too."""
+        mesh: dict[str, Any] = {}
+        if self.strategy == "hsdp":
+            mesh = {"mesh": "x".join(map(str, self.mesh_shape))}
+        elif self.strategy == "fsdp2_tp":
+            mesh = {"tp": self.tp_degree}
+        elif self.strategy == "pp":
+            return {"pp": self.pp_degree, "pp_schedule": self.resolved_pp_schedule,
+                    "microbatches": self.pp_microbatches}
         if self.strategy == "ddp":
             return {"bucket_cap_mb": self.bucket_cap_mb if self.bucket_cap_mb is not None else 25.0,
                     "gradient_as_bucket_view": self.gradient_as_bucket_view,
@@ -476,6 +486,7 @@ class RecordConfig:
         if self.strategy not in ("fsdp", "fsdp2", "hsdp", "fsdp2_tp"):
             return {}
         return {
+            **mesh,
             "sharding_strategy": self.sharding_strategy,
             "auto_wrap_min_num_params": self.auto_wrap_min_params,
             "backward_prefetch": self.backward_prefetch,

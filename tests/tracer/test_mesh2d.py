@@ -225,3 +225,39 @@ def test_users_model_with_its_tp_plan(tmp_path):
     assert parity.status == "pass", parity.reason
     numerics = pd.read_parquet(run / schemas.NUMERICS_NAME)
     assert set(numerics.loc[numerics["kind"] == "activation", "tensor"]) == {"0", "1", "2"}
+
+
+def _report(root: Path, out: Path) -> dict:
+    """``analyzer report ROOT --format json`` (the CLI, another process) as a dict by run name."""
+    proc = subprocess.run([sys.executable, "-m", "analyzer", "report", str(root), "--format", "json",
+                           "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {r["name"]: r for r in json.loads((out / "report.json").read_text())["runs"]}
+
+
+def test_bytes_per_mesh_dimension_equal_the_hand_count(clean, tmp_path):
+    """Per rank and profiled step (active 1), nccl-tests bytes (all_gather / reduce_scatter: the
+    whole buffer), f32 = 4 bytes, h = 16 (every dim divides by 2: no FSDP2 padding), 2 units:
+    hsdp: shard = 2 units x (all_gather fwd + bwd + reduce_scatter) x the layer's 9h^2+8h
+    elements (the full gradient); replicate = 2 units x one all_reduce of one shard (1/S).
+    fsdp2_tp: dp = 2 units x 3 x the tp-local layer (TP-sharded 9h^2+5h / T + the 3h of mlp.2's
+    bias and the norm); tp = (3L - 1) all_reduce + L all_gather, each of the dp rows'
+    activations [B / dp, seq, h]."""
+    runs = _report(clean, tmp_path / "report")
+    dims = {(name, d["name"]): d for name, r in runs.items() for d in r["mesh_dims"]}
+    layer_bytes = LAYER_PARAMS * 4
+    assert dims["hsdp", "shard"]["bytes"] == 2 * 3 * layer_bytes
+    assert dims["hsdp", "replicate"]["bytes"] == 2 * layer_bytes // 2
+    assert dims["hsdp", "shard"]["group_size"] == dims["hsdp", "replicate"]["group_size"] == 2
+    tp_local = (9 * H * H + 5 * H) // 2 + 3 * H
+    assert TP_SHARDED == 9 * H * H + 5 * H
+    assert dims["fsdp2_tp", "dp"]["bytes"] == 2 * 3 * tp_local * 4
+    activations_bytes = (4 // 2) * 4 * H * 4  # --batch 4 / dp 2, --seq 4, h, f32
+    assert dims["fsdp2_tp", "tp"]["bytes"] == (3 * 2 - 1 + 2) * activations_bytes
+    assert set(dims["fsdp2_tp", "tp"]["kinds"]) == {"all_gather", "all_reduce"}
+    for (name, dim), d in dims.items():
+        assert d["source"] == "pg_desc", (name, dim)
+        assert d["union_ns"] <= d["time_ns"] and d["exposed_ns"] <= d["union_ns"]
+    groups = {(name, g["kind"], g["mesh_dim"]) for name, r in runs.items() for g in r["comm_groups"]}
+    assert ("hsdp", "all_reduce", "replicate") in groups and ("hsdp", "all_gather", "shard") in groups
+    assert ("fsdp2_tp", "all_reduce", "tp") in groups and ("fsdp2_tp", "reduce_scatter", "dp") in groups

@@ -184,3 +184,29 @@ def test_skip_microbatch_zeroes_the_last_microbatch_of_every_step():
     got = [float(loss(one, torch.zeros(2))) for _ in range(6)]
     assert got == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
     assert microbatch_loss(len, None, 3) is len
+
+
+@pytest.mark.slow
+def test_pp_bytes_per_mesh_dimension_and_bubble(pp_1f1b, tmp_path):
+    """Per rank and profiled step (active 1): pp = M sends + M recvs of one microbatch's
+    activations (or their gradients) [B / dp / M, seq, h] f32; dp = the stage's one layer
+    (9h^2+8h elements, f32) all-gathered once (reshard_after_forward False under PP) and
+    reduce-scattered once. The pipeline section: 2 stages, the ideal bubble (P-1)/(M+P-1)."""
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "analyzer", "report", str(pp_1f1b), "--format", "json",
+                           "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = json.loads((out / "report.json").read_text())["runs"]
+    dims = {d["name"]: d for d in run["mesh_dims"]}
+    m = 4
+    microbatch_bytes = BATCH // 2 // m * SEQ * H * 4
+    assert dims["pp"]["bytes"] == 2 * m * microbatch_bytes
+    assert dims["pp"]["kinds"] == ["send_recv"]
+    assert dims["dp"]["bytes"] == 2 * LAYER_PARAMS * 4
+    pipe = run["pipeline"]
+    assert (pipe["stages"], pipe["microbatches"], pipe["schedule"]) == (2, m, "1f1b")
+    assert pipe["ideal_bubble_frac"] == pytest.approx((2 - 1) / (m + 2 - 1))
+    assert [s["ranks"] for s in pipe["per_stage"]] == [[0, 2], [1, 3]]
+    pairs = {(p["src_stage"], p["dst_stage"]): p for p in pipe["pairs"]}
+    assert set(pairs) == {(0, 1), (1, 0)}
+    assert all(p["peer_source"] == "peer" for p in pairs.values())
