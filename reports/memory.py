@@ -154,7 +154,8 @@ def sharding_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
     parameters, the bytes the sharding predicts (the padded figure when the shapes are known,
     else ">= " the share's bytes), what the rank holds, the check."""
     heads = ["run", "rank", "stage", "share of N (elements)", "sharding predicts",
-             "parameters measured", "check"]
+             "parameters measured", "check", "gradients measured", "check",
+             "optimizer state predicts", "optimizer state measured", "check"]
     rows = []
     for r in report.runs:
         sh = r.memory.sharding
@@ -163,9 +164,16 @@ def sharding_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
         for k in sh.ranks:
             pred = (size(k.padded_bytes) if k.padded_bytes is not None
                     else "-" if k.expected_bytes is None else f">= {size(round(k.expected_bytes))}")
+            opt = k.optimizer_state_expected_bytes
+            opt_pred = ("-" if opt is None else size(round(opt))
+                        if k.optimizer_state_check in ("exact", "differs") or not opt
+                        else f">= {size(round(opt))}")
             rows.append([r.name, k.rank, "-" if k.stage < 0 else k.stage,
                          _elements(k.expected_elements), pred, size(k.measured_bytes),
-                         CHECKS.get(k.check, k.check)])
+                         CHECKS.get(k.check, k.check), size(k.gradients_measured_bytes),
+                         CHECKS.get(k.gradients_check, k.gradients_check), opt_pred,
+                         size(k.optimizer_state_measured_bytes),
+                         CHECKS.get(k.optimizer_state_check, k.optimizer_state_check)])
     return heads, rows
 
 
@@ -198,7 +206,11 @@ SHARDING_NOTE = (
     "rank's shard to that, so a rank holds exactly its share when every d0 divides by the "
     "group and up to one row per parameter more otherwise. For the reference model the shapes "
     "are known and the padded figure is exact (check: exact / DIFFERS); for another model "
-    "only the share is known, a lower bound (check: at least its share / BELOW its share).")
+    "only the share is known, a lower bound (check: at least its share / BELOW its share). "
+    "Gradients follow the parameters' shards (the same prediction); the optimizer state is 0 "
+    "for SGD (no momentum) and for AdamW exp_avg + exp_avg_sq (twice the local view, "
+    "torch.chunk's rows without FSDP2's padding: a rank past the last chunk holds none) + a "
+    "4-byte step per parameter tensor.")
 
 
 def fit_lines(report: Report) -> list[str]:

@@ -140,17 +140,28 @@ def sharding_entry(manifest: schemas.Manifest, by_category: list[MemoryCategory]
     pred = sharding.predict(manifest)
     if pred is None:
         return None
-    measured = {c.rank: c.bytes for c in by_category if c.category == "parameters"}
+    measured = {(c.rank, c.category): c.bytes for c in by_category}
     per = sharding.BYTES_PER_ELEMENT
+    opt = (manifest.training.optimizer.get("name", "sgd") if manifest.training is not None
+           else "sgd")  # records before issue 18: plain SGD
     ranks = []
     for r in pred["ranks"]:
         exp = r["expected_elements"] * per
         padded = None if r["padded_elements"] is None else r["padded_elements"] * per
-        got = measured.get(r["rank"])
-        ranks.append(ShardingRank(rank=r["rank"], stage=r["stage"],
-                                  expected_elements=r["expected_elements"], expected_bytes=exp,
-                                  padded_bytes=padded, measured_bytes=got,
-                                  check=sharding.check(exp, padded, got)))
+        got = measured.get((r["rank"], "parameters"))
+        grads = measured.get((r["rank"], "gradients"))
+        state, state_exact = sharding.optimizer_state_elements(
+            opt, r.get("unpadded_elements"), r["expected_elements"], r.get("tensors"))
+        held = measured.get((r["rank"], "optimizer_state"))
+        ranks.append(ShardingRank(
+            rank=r["rank"], stage=r["stage"], expected_elements=r["expected_elements"],
+            expected_bytes=exp, padded_bytes=padded, measured_bytes=got,
+            check=sharding.check(exp, padded, got),
+            gradients_expected_bytes=padded if padded is not None else exp,
+            gradients_measured_bytes=grads, gradients_check=sharding.check(exp, padded, grads),
+            optimizer_state_expected_bytes=state, optimizer_state_measured_bytes=held,
+            optimizer_state_check=("not_measured" if state is None else sharding.check(
+                state, round(state) if state_exact else None, held))))
     return ShardingPrediction(formula=pred["formula"], ratio=pred["ratio"],
                               largest_rank=pred["largest_rank"], exact=pred["exact"],
                               basis=pred["basis"], bytes_per_element=per, ranks=ranks)

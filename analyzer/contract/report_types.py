@@ -295,6 +295,19 @@ class ShardingRank(_Figures, kw_only=True):
     """``exact`` (measured == padded_bytes), ``differs`` (padded known, measured another),
     ``at_least`` (no padded figure; measured >= expected_bytes), ``below`` (measured under the
     share), ``not_measured`` (no categories)."""
+    gradients_expected_bytes: float | None = None
+    """The gradients follow the parameters' shards (fp32 ``.grad`` of each local shard): the
+    padded figure when known, else the share's bytes (a lower bound)."""
+    gradients_measured_bytes: int | None = None
+    gradients_check: str = "not_measured"
+    """As ``check``, for memory_categories.parquet ``gradients``."""
+    optimizer_state_expected_bytes: float | None = None
+    """SGD (no momentum): 0; AdamW: exp_avg + exp_avg_sq (2 x the local view's elements x 4
+    bytes: torch.chunk rows, without FSDP2's padding) + a 4-byte ``step`` per parameter tensor (analyzer/analyses/sharding.py
+    ``optimizer_state_elements``); a lower bound without the shapes; None: unknown optimizer."""
+    optimizer_state_measured_bytes: int | None = None
+    optimizer_state_check: str = "not_measured"
+    """As ``check``, for ``optimizer_state``."""
 
 
 class ShardingPrediction(_Figures, kw_only=True):

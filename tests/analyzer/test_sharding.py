@@ -146,3 +146,31 @@ def test_hsdp_matches_what_torch_holds():
     mesh = {"shape": [1, 4], "dim_names": ["replicate", "shard"]}
     pred = sharding.predict(_m("hsdp", 4, hidden=6, layers=1, mesh=mesh))
     assert [x["padded_elements"] * 4 for x in pred["ranks"]] == [440] * 4
+
+
+@pytest.mark.parametrize("strategy, mesh, measured", [
+    ("fsdp2", None, [1824, 1824, 1824, 736]),
+    ("hsdp", {"shape": [2, 2], "dim_names": ["replicate", "shard"]}, [3040] * 4),
+    ("fsdp2_tp", {"shape": [2, 2], "dim_names": ["dp", "tp"],
+                  "tp_plan": {"attn": "colwise", "mlp.0": "colwise", "mlp.2": "rowwise"}},
+     [1680, 1680, 1568, 1568]),
+    ("pp", {"shape": [2, 2], "dim_names": ["dp", "pp"], "pp_stages": [["layers.0"], ["layers.1"]],
+            "stage_params": [372, 372]}, [1520] * 4)])
+def test_adamw_state_follows_the_unpadded_local_views(strategy, mesh, measured):
+    """AdamW state bytes tracer/footprint.py measured under torch 2.13 (CPU, gloo, 4 ranks, two
+    reference layers at h 6, --optimizer adamw): exp_avg and exp_avg_sq are ``zeros_like`` the
+    DTensor's local view -- torch.chunk rows, not FSDP2's padded buffer -- plus a 4-byte step
+    per parameter tensor. fsdp2 rank 3 holds chunk 3 of 4 of every 6-row parameter: none of
+    them, so 84 elements of each state where its padded parameters hold 220 (880 B)."""
+    shapes = sharding.reference_shapes(6, 2)
+    n = sum(sharding._numel(s) for _, s in shapes)
+    if strategy == "fsdp2_tp":
+        mesh["tp_sharded_params"] = sum(sharding._numel(s) for f, s in shapes
+                                        if ".attn." in f or ".mlp.0." in f
+                                        or f.endswith("mlp.2.weight"))
+    pred = sharding.predict(_m(strategy, 4, hidden=6, layers=2, num_params=n, mesh=mesh))
+    got = [sharding.optimizer_state_elements("adamw", x["unpadded_elements"],
+                                             x["expected_elements"], x["tensors"]) for x in pred["ranks"]]
+    assert [b for b, exact in got] == measured and all(exact for _, exact in got)
+    assert sharding.optimizer_state_elements("sgd", None, 1.0, None) == (0.0, True)
+    assert sharding.optimizer_state_elements("lion", 10, 10.0, 2) == (None, False)

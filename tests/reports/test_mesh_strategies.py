@@ -96,10 +96,12 @@ def test_ratio_to_ddp_uses_the_mesh(report):
 
 def test_the_memory_section_states_what_sharding_predicts(report):
     heads, rows = memory_section.sharding_rows(report)
-    got = {(r[0], r[1]): r[2:] for r in rows}
+    got = {(r[0], r[1]): r[2:7] for r in rows}  # the parameters' columns
     assert got[("pp", 1)] == [1, "1,216", "4.8 KiB", "4.8 KiB", "exact"]
     assert got[("fsdp2_tp", 3)][-1] == "DIFFERS"
     assert got[("single", 0)] == ["-", "4,864", "19.0 KiB", "19.0 KiB", "exact"]
+    assert heads[7:] == ["gradients measured", "check", "optimizer state predicts",
+                         "optimizer state measured", "check"]
     md = markdown.render(report)
     assert "### Parameters per rank: what sharding predicts" in md
     assert "a rank holds its stage's parameters split over dp" in md  # MESH_NOTE
