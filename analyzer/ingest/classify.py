@@ -54,7 +54,10 @@ CPU events:
                              annotation (counts as nothing in the breakdown); it names the
                              process group (and the peer of a send / recv) of the collectives
                              it encloses (analyzer/ingest/commid.py, pg).
-  ``cpu.annotation``         other user_annotation -> annotation.
+  ``cpu.annotation``         other user_annotation -> annotation; so is Kineto's span of the
+                             whole profiled window (category ``Trace``, ``PyTorch Profiler (0)``
+                             on pid ``Spans``): it marks the window, no work ran in it (counted
+                             as other, it turned a CPU rank's idle in its first step into other).
   ``cpu.other``              everything else on the CPU -> other (on a GPU rank every CPU op).
 
 Collective identity (kind, bytes, dtype, group size, process group) of comm events:
@@ -250,7 +253,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
 
     # CPU
     cpu = ~is_gpu
-    mark(cpu & by_cat("user_annotation"), "annotation", "cpu.annotation")
+    mark(cpu & by_cat("user_annotation", "trace"), "annotation", "cpu.annotation")
     is_tag = cpu & by_cat("user_annotation") & by_name(lambda u: parse_pg_tag(u) is not None)
     rule[is_tag] = _RULE["cpu.pg_tag"]
     mark(is_loader, "data", "cpu.dataloader_next")

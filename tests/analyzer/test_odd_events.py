@@ -165,3 +165,19 @@ def test_a_utf8_byte_order_mark_before_the_json_is_read(tmp_path):
     b, _ = load_events(bom)
     assert list(b["name"].astype(str)) == ["aten::mm"]
     assert b["ts_ns"].tolist() == a["ts_ns"].tolist() == [10_000]
+
+
+def test_kineto_window_span_counts_as_nothing(tmp_path, ddp_run):
+    """Kineto writes one span of the whole profiled window (cat "Trace", "PyTorch Profiler (0)"
+    on pid "Spans"); no work ran in it, so the breakdown is the same without it (it used to
+    turn a CPU rank's idle in its first step into other)."""
+    with_span = copy_run(ddp_run, tmp_path / "with")
+    without = copy_run(ddp_run, tmp_path / "without")
+    for r in (0, 1):
+        t = load(without / f"rank{r}.trace.json.gz")
+        spans = [e for e in t["traceEvents"] if e.get("cat") == "Trace"]
+        assert spans and spans[0]["name"].startswith("PyTorch Profiler")
+        t["traceEvents"] = [e for e in t["traceEvents"] if e.get("cat") != "Trace"]
+        save(without / f"rank{r}.trace.json.gz", t)
+    a, b = load_tables(with_span).breakdown, load_tables(without).breakdown
+    assert a[IDENTITY + ["step_ns"]].to_numpy().tolist() == b[IDENTITY + ["step_ns"]].to_numpy().tolist()
