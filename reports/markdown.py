@@ -186,7 +186,9 @@ MESH_DIM_NOTE = (
     "trace without the tracer's process-group tags). Per rank (mean over the ranks that ran "
     "it), all profiled steps: calls; time = sum of durations; union = time with at least one "
     "of the dimension's collectives running (inside the step windows); exposed = the part of "
-    "the union no computation overlaps; bytes as nccl-tests counts them; busbw with the "
+    "the union no computation overlaps; exposed share of step = the exposed time per profiled "
+    "step over the traced step (both means over ranks): how much of a step waits on that "
+    "dimension; bytes as nccl-tests counts them; busbw with the "
     "dimension's group size (nccl-tests factors), over whole durations and over transfer time; "
     "transfer, waiting for the slowest rank and not measured as in Transfer and waiting.")
 
@@ -195,16 +197,26 @@ def mesh_dim_rows(report: Report) -> Rows:
     """Per run and mesh dimension (``RunEntry.mesh_dims``, runs of ``mesh_runs``): the table
     of communication per mesh dimension (shared with html.py)."""
     return (["run", "dimension", "source", "group size", "groups", "kinds", "calls",
-             "time (sum)", "union", "exposed", "bytes", "busbw (GB/s)",
+             "time (sum)", "union", "exposed", "exposed share of step", "bytes", "busbw (GB/s)",
              "busbw from transfer (GB/s)", "transfer", "waiting for slowest rank",
              "not measured"],
             [[r.name, d.name, d.source, d.group_size or "unknown",
               "-" if d.groups is None else d.groups, ", ".join(d.kinds), fmt.count(d.count),
               fmt.ms(d.time_ns), fmt.ms(d.union_ns), fmt.ms(d.exposed_ns),
+              _step_share(d.exposed_ns_per_step, r),
               fmt.data_bytes(d.bytes, d.unknown_bytes), fmt.num(d.busbw_gbps, ".3f"),
               fmt.num(d.transfer_busbw_gbps, ".3f"), fmt.ms(d.transfer_ns), fmt.ms(d.wait_ns),
               fmt.ms(d.not_measured_ns)]
              for r in mesh_runs(report) for d in r.mesh_dims])
+
+
+def _step_share(per_step_ns: float | None, run: RunEntry) -> str:
+    """``per_step_ns`` (a rank's figure per profiled step, mean over ranks) over the run's
+    traced step (``ranks[].step_ns``, mean over ranks): how much of a step it is."""
+    steps = [k.step_ns for k in run.ranks if k.step_ns]
+    if per_step_ns is None or not steps:
+        return "-"
+    return fmt.pct(per_step_ns / (sum(steps) / len(steps)))
 
 
 def comm_split_rows(report: Report) -> Rows:

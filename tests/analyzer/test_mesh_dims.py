@@ -289,10 +289,10 @@ def test_report_tables_and_plots_per_dimension(tmp_path):
     md = markdown.render(rep)
     assert "### Communication per mesh dimension (per rank, all profiled steps)" in md
     assert ("| nccl_hsdp | shard | pg_desc | 2 | 2 | all_gather, reduce_scatter | 6 | "
-            "0.99 ms | 0.89 ms | 0.29 ms | 48.0 KiB | 0.025 | 0.025 | 0.98 ms | 0.01 ms | "
-            "0.00 ms |") in md
+            "0.99 ms | 0.89 ms | 0.29 ms | 14.5 % | 48.0 KiB | 0.025 | 0.025 | 0.98 ms | 0.01 ms | "
+            "0.00 ms |") in md  # exposed share: 0.29 ms over 2 steps of STEP_US = 1 ms
     assert ("| nccl_hsdp | replicate | pg_desc | 2 | 2 | all_reduce | 2 | 0.50 ms | 0.50 ms | "
-            "0.20 ms | 8.0 KiB | 0.016 | 0.016 | 0.50 ms | 0.00 ms | 0.00 ms |") in md
+            "0.20 ms | 10.0 % | 8.0 KiB | 0.016 | 0.016 | 0.50 ms | 0.00 ms | 0.00 ms |") in md
     assert "| 32.0 KiB | 0.028 | shard (pg_desc) |" in md  # the group table's dimension column
     page = html.render(rep)
     assert page.count("<title>Mesh dimension ") == 2
