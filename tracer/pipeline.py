@@ -342,16 +342,12 @@ def train_pp(cfg: RecordConfig, pipe: PipelineRank, base: dict[str, torch.Tensor
             raise
         finally:
             batches.close()
-    if not export.exported:
-        raise RuntimeError("profiler never exported its trace (schedule longer than the run?)")
+    from tracer.worker import finish_steps  # worker imports this module: not at the top
+
+    categories = finish_steps(export, step_rows, held, rank)
     for step, (value, ref) in enumerate(zip(pipeline_losses(pipe, losses, device),
                                             base["loss"].tolist())):
         numerics.add_loss(step, value, ref)
-    peaks = export.allocated_peaks
-    for row in step_rows:
-        if row["profiled"]:
-            row["profiler_allocated_peak_bytes"] = peaks.get(row["step"])
-    categories = footprint.category_table(rank, **held, cuda_peak=footprint.peak_from_steps(step_rows))
     return numerics, step_rows, snapshot_table, categories
 
 
