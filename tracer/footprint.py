@@ -133,3 +133,16 @@ def category_table(rank: int, *, parameters: int, gradients: int, optimizer_stat
                 "source": "cuda_max_allocated"}
     rows.append({"rank": rank, "category": "peak", **peak})
     return rows_to_table(rows, MEMORY_CATEGORIES_SCHEMA)
+
+
+def finish_steps(export, step_rows: list[dict], held: dict[str, int], rank: int) -> pa.Table:
+    """After the profiled loop (``train`` and tracer/pipeline.py's): the trace was exported
+    (else ``RuntimeError``), each profiled step gets the profiler window's allocated peak, and
+    the rank's memory by category (MEMORY_CATEGORIES_SCHEMA) is returned."""
+    if not export.exported:
+        raise RuntimeError("profiler never exported its trace (schedule longer than the run?)")
+    peaks = export.allocated_peaks
+    for row in step_rows:
+        if row["profiled"]:
+            row["profiler_allocated_peak_bytes"] = peaks.get(row["step"])
+    return category_table(rank, **held, cuda_peak=peak_from_steps(step_rows))

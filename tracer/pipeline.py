@@ -342,9 +342,7 @@ def train_pp(cfg: RecordConfig, pipe: PipelineRank, base: dict[str, torch.Tensor
             raise
         finally:
             batches.close()
-    from tracer.worker import finish_steps  # worker imports this module: not at the top
-
-    categories = finish_steps(export, step_rows, held, rank)
+    categories = footprint.finish_steps(export, step_rows, held, rank)
     for step, (value, ref) in enumerate(zip(pipeline_losses(pipe, losses, device),
                                             base["loss"].tolist())):
         numerics.add_loss(step, value, ref)

@@ -392,20 +392,7 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
             raise
         finally:
             batches.close()
-    return numerics, step_rows, snapshot_table, finish_steps(export, step_rows, held, rank)
-
-
-def finish_steps(export, step_rows: list[dict], held: dict[str, int], rank: int) -> pa.Table:
-    """After the profiled loop (``train`` and tracer/pipeline.py's): the trace was exported
-    (else ``RuntimeError``), each profiled step gets the profiler window's allocated peak, and
-    the rank's memory by category (MEMORY_CATEGORIES_SCHEMA) is returned."""
-    if not export.exported:
-        raise RuntimeError("profiler never exported its trace (schedule longer than the run?)")
-    peaks = export.allocated_peaks
-    for row in step_rows:
-        if row["profiled"]:
-            row["profiler_allocated_peak_bytes"] = peaks.get(row["step"])
-    return footprint.category_table(rank, **held, cuda_peak=footprint.peak_from_steps(step_rows))
+    return numerics, step_rows, snapshot_table, footprint.finish_steps(export, step_rows, held, rank)
 
 
 def step_row(cfg: RecordConfig, rank: int, step: int, wall_ns: int, device: torch.device) -> dict:
