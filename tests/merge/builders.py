@@ -64,3 +64,31 @@ def write(path: Path, data) -> Path:
 def read(path: Path):
     raw = path.read_bytes()
     return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+
+
+def hta_trace_facts(trace_files: dict[int, str], trace_dir: str, **kwargs) -> dict:
+    """HTA's ``TraceAnalysis`` on ``trace_files`` in a child process (HTA parses with a fork
+    pool: forked from the test process, which holds other tests' threads, a child can deadlock
+    on a lock one of them held, and the test would wait for ever). Returns, per rank, the pids
+    of its trace and the names of its events (HTA's symbol table applied). Raises
+    ``AssertionError`` with the child's stderr when HTA fails."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from hta.trace_analysis import TraceAnalysis\n"
+        "files, trace_dir, kwargs = json.loads(sys.argv[1])\n"
+        "t = TraceAnalysis(trace_files={int(k): v for k, v in files.items()}, trace_dir=trace_dir, **kwargs)\n"
+        "names = t.t.symbol_table.get_sym_table()\n"
+        "out = {}\n"
+        "for r in t.t.traces:\n"
+        "    df = t.t.get_trace(r)\n"
+        "    out[r] = {'pids': sorted(int(p) for p in df['pid'].unique()),\n"
+        "              'names': [names[i] for i in df['name'].tolist()]}\n"
+        "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps([trace_files, trace_dir, kwargs])],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
