@@ -438,7 +438,8 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
 
     steps = assign_steps(df, names=names, is_step=is_step, is_gpu=is_gpu,
                          is_gpu_annotation=is_gpu_ann, is_comm=role == _ROLE["comm"],
-                         launch=launch, paired=paired, device_kind=device_kind)
+                         launch=launch, paired=paired, device_kind=device_kind,
+                         is_trace_span=~is_gpu & by_cat("trace"))
 
     descs = pg_descs or {}
     for i in np.flatnonzero(is_comm).tolist():  # pg_config's description of the named group
