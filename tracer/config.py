@@ -60,7 +60,7 @@ raises OverflowError beyond it); inf and nan are refused."""
 # sees); the other two faults apply to every distributed strategy.
 FAULTS_BY_STRATEGY: dict[str, tuple[str, ...]] = {
     "single": (),
-    "ddp": FAULTS,
+    "ddp": ("skip-grad-sync", "wrong-grad-scale", "unsynced-init"),
     "fsdp": ("wrong-grad-scale", "unsynced-init"),
     "fsdp2": ("wrong-grad-scale", "unsynced-init"),
     "hsdp": ("wrong-grad-scale", "unsynced-init", "skip-replicate-sync"),
@@ -283,10 +283,17 @@ class RecordConfig:
         """--mesh, --tp, --pp, --pp-schedule, --microbatches: parsed shapes that fit the world,
         the model and the batch, refused before anything runs (one line naming the value)."""
         if self.strategy == "hsdp":
+            if self.mesh is None and (self.world_size < 4 or self.world_size % 2):
+                raise bad("nproc", self.world_size, "hsdp's default mesh 2,N/2 needs an even "
+                          "world of at least 4 ranks: pass --nproc 4 (or --mesh R,S)")
             r, s = self.mesh_shape
             if r * s != self.world_size:
                 raise bad("mesh", self.mesh_text, f"replicate x shard = {r * s}, not the world size "
                           f"{self.world_size}; pass R,S with R*S = {self.world_size}")
+            if r < 2 or s < 2:
+                raise bad("mesh", self.mesh_text, "a dimension of 1 is not HSDP (R = 1 is fsdp2, "
+                          "S = 1 replicates whole parameters like ddp); pass R, S >= 2 each "
+                          "(at least 4 ranks)")
         for option in ("tp", "pp", "microbatches"):
             value = getattr(self, option)
             if value is not None and (not isinstance(value, int) or value < 1):

@@ -34,6 +34,7 @@ Any change to a field's meaning or type bumps ``SCHEMA_VERSION``; a reader refus
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -782,7 +783,39 @@ def read_manifest(path: Path | str) -> Manifest:
                               "re-record the run")
     if why := manifest_files_problem(manifest):
         raise SchemaError(path, f"manifest {why}; re-record the run")
+    if why := mesh_problem(manifest):
+        raise SchemaError(path, f"manifest $.mesh {why}; re-record the run")
     return manifest
+
+
+_MESH_DIMS = {"hsdp": ("replicate", "shard"), "fsdp2_tp": ("dp", "tp"), "pp": ("dp", "pp")}
+
+
+def mesh_problem(m: Manifest) -> str | None:
+    """Why ``m.mesh`` cannot describe the run's ranks, or None: a mesh strategy without one;
+    sizes that are not positive or whose product is not the world size; dimension names that
+    are not the strategy's (``_MESH_DIMS``) or not one per size; pp with microbatches < 1, or
+    stages / stage parameters not one per stage."""
+    mesh = m.mesh
+    if m.strategy not in MESH_STRATEGIES:
+        return None
+    if mesh is None:
+        return f"is missing: a {m.strategy} record describes its DeviceMesh"
+    if not mesh.shape or any(not isinstance(n, int) or n < 1 for n in mesh.shape):
+        return f"shape {mesh.shape} is not a list of positive sizes"
+    if math.prod(mesh.shape) != m.world_size:
+        return f"shape {mesh.shape} holds {math.prod(mesh.shape)} ranks, not world_size {m.world_size}"
+    if tuple(mesh.dim_names) != _MESH_DIMS[m.strategy] or len(mesh.dim_names) != len(mesh.shape):
+        return (f"dim_names {mesh.dim_names} are not {list(_MESH_DIMS[m.strategy])}, one per "
+                f"size of shape {mesh.shape}")
+    if m.strategy == "pp":
+        stages = mesh.shape[mesh.dim_names.index("pp")]
+        if mesh.microbatches is None or mesh.microbatches < 1:
+            return f"microbatches {mesh.microbatches} is not a positive count"
+        for field in ("pp_stages", "stage_params"):
+            if len(getattr(mesh, field)) != stages:
+                return f"{field} lists {len(getattr(mesh, field))} stages, not the {stages} of its shape"
+    return None
 
 
 def unsafe_run_path(rel: str) -> str | None:

@@ -52,6 +52,31 @@ def test_manifest_with_a_wrong_type_or_unknown_strategy_and_with_extra_keys(tmp_
     assert cli("gate", str(job)).returncode == 0
 
 
+@pytest.mark.parametrize("strategy, mesh, says", [
+    ("hsdp", None, "is missing"),
+    ("hsdp", {"shape": [2, 3], "dim_names": ["replicate", "shard"]}, "holds 6 ranks, not world_size 2"),
+    ("hsdp", {"shape": [0, 2], "dim_names": ["replicate", "shard"]}, "not a list of positive sizes"),
+    ("fsdp2_tp", {"shape": [1, 2], "dim_names": ["tp", "tp"]}, "are not ['dp', 'tp']"),
+    ("hsdp", {"shape": [2], "dim_names": ["replicate"]}, "are not ['replicate', 'shard']"),
+    ("pp", {"shape": [1, 2], "dim_names": ["dp", "pp"], "microbatches": 0,
+            "pp_stages": [["layers.0"], ["layers.1"]], "stage_params": [1, 1]}, "microbatches 0"),
+    ("pp", {"shape": [1, 2], "dim_names": ["dp", "pp"], "microbatches": 2, "pp_stages": [],
+            "stage_params": [1, 1]}, "pp_stages lists 0 stages, not the 2"),
+])
+def test_a_mesh_that_cannot_describe_the_ranks_is_refused(tmp_path, ddp_run, strategy, mesh, says):
+    """A mesh strategy's manifest mesh is checked before any figure is drawn from it: one line,
+    exit 2, from report and gate alike (it would otherwise crash or show shares of a wrong
+    world)."""
+    job = copy_run(ddp_run, tmp_path / "ddp")
+    m = load(job / "manifest.json")
+    m["strategy"] = strategy
+    if mesh is not None:
+        m["mesh"] = mesh
+    (job / "manifest.json").write_text(json.dumps(m))
+    for cmd in ("report", "gate"):
+        bad_input(cli(cmd, str(job)), "manifest.json", "$.mesh", says, "re-record")
+
+
 def test_newer_schema_version_is_refused(tmp_path, ddp_run):
     job = copy_run(ddp_run, tmp_path / "m")
     m = load(job / "manifest.json")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -241,3 +242,18 @@ def test_one_shot_export_cancelled_writes_nothing(tmp_path):
     export.cancel()
     export(prof)
     assert not export.exported and prof.paths == [] and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"strategy": "hsdp"}, "--nproc 2: hsdp's default mesh 2,N/2 needs an even world of at least 4"),
+    ({"strategy": "hsdp", "nproc": 4, "mesh": "1,4"}, "--mesh 1,4: a dimension of 1 is not HSDP"),
+    ({"strategy": "hsdp", "nproc": 4, "mesh": "4,1"}, "--mesh 4,1: a dimension of 1 is not HSDP"),
+    ({"strategy": "ddp", "fault": "skip-microbatch"}, "not available for --strategy ddp (only pp)"),
+    ({"strategy": "ddp", "fault": "wrong-tp-placement"}, "(only fsdp2_tp)"),
+    ({"strategy": "ddp", "fault": "skip-replicate-sync"}, "(only hsdp)"),
+])
+def test_mesh_canaries_and_degenerate_meshes_are_refused(kw, says):
+    """A canary on a strategy where it cannot act, or an HSDP mesh with a dimension of 1 (no
+    replica to all_reduce across, or no shard), would record a run that proves nothing."""
+    with pytest.raises(ValueError, match=re.escape(says)):
+        RecordConfig(**kw)
