@@ -13,8 +13,9 @@ PAIR_NOTE = (
     "Per profiled step, over the ranks of both stages: a send counts on the rank that sends, a "
     "recv on the rank that receives (a complete trace has as many of each; calls beyond both "
     "have no direction in their name). Time is the sum of the calls' durations: a recv's "
-    "includes its wait for the other stage. Peer: from the tracer's paritytrace::pg annotation "
-    "(peer), from the mesh when it is not named and there are two stages (mesh), else unknown.")
+    "includes its wait for the other stage. Stages found from: the peer rank the tracer's "
+    "paritytrace::pg annotation names (peer), the mesh when no peer is named and there are two "
+    "stages (mesh), else unknown.")
 
 
 def runs(report: Report) -> list[RunEntry]:
@@ -48,7 +49,7 @@ def _stage(s: int) -> str:
 
 def pair_rows(run: RunEntry) -> tuple[list[str], list[list[Any]]]:
     """Per (src -> dst stage, peer source): calls, sends, recvs, bytes, time per step."""
-    heads = ["src -> dst", "peer", "calls", "sends", "recvs", "bytes sent", "bytes received",
+    heads = ["src -> dst", "stages found from", "calls", "sends", "recvs", "bytes sent", "bytes received",
              "time", "send time", "recv time"]
     return heads, [[f"{_stage(q.src_stage)} -> {_stage(q.dst_stage)}", q.peer_source,
                     fmt.count(q.calls), fmt.count(q.sends), fmt.count(q.recvs),

@@ -120,9 +120,29 @@ def verdict(report: Report) -> list[str]:
             text += (" FSDP collectives run effectively synchronously on CPU: the share of FSDP "
                      f"all_gather time hidden under computation is {measured}.")
         out.append(text)
+    if hidden := mesh_hidden_sentence(runs):
+        out.append(hidden)
     if report.settings_warnings and "not one experiment" not in rk.reason:
         out.append("Warning: " + "; ".join(report.settings_warnings) + ".")
     caveats = [f"{r.name}: {c}" for r in runs for c in r.caveats]
     if caveats:
         out.append("Caveat: " + "; ".join(caveats) + ".")
     return out
+
+
+def mesh_hidden_sentence(runs) -> str | None:
+    """One sentence: per run on a mesh and per dimension, the share of the time its collectives
+    ran (their union) that computation hid (1 - exposed / union, ``RunEntry.mesh_dims``); None
+    without such a run. Answers "is HSDP's cross-group all_reduce hidden" where it is asked."""
+    parts = []
+    for r in runs:
+        if not any(d.source in ("pg_desc", "manifest") and d.name != "world" for d in r.mesh_dims):
+            continue  # a flat group: the FSDP / DDP sentences say it
+        dims = [f"{d.name} {fmt.pct(1 - d.exposed_ns / d.union_ns)}" for d in r.mesh_dims
+                if d.union_ns]
+        if dims:
+            parts.append(f"{r.name} {', '.join(dims)}")
+    if not parts:
+        return None
+    return ("Communication hidden under computation per mesh dimension (1 - exposed / the time "
+            f"its collectives ran): {'; '.join(parts)}.")

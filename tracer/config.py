@@ -336,6 +336,8 @@ class RecordConfig:
                 ("precision", None if self.precision == "fp32" else self.precision,
                  "autocast around the schedule's step would also cover its backward, unlike the "
                  "baseline's")):
+            if value is True:  # a flag: named without a value the user never typed
+                raise ValueError(f"--{option}: not recorded with --strategy pp ({why}); drop it for pp")
             if value is not None:
                 raise bad(option, value, f"not recorded with --strategy pp ({why}); drop it for pp")
 

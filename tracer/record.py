@@ -27,6 +27,10 @@ def chosen_strategies(strategy: str) -> list[str]:
     if strategy == "all":
         return list(FLAT_STRATEGIES)
     names = [s.strip() for s in strategy.split(",")]
+    if "all" in names:
+        raise ValueError(f"--strategy {strategy}: all is the whole 1-D set ({', '.join(FLAT_STRATEGIES)}) "
+                         "and cannot be listed with others; list the strategies instead "
+                         f"(e.g. {','.join(FLAT_STRATEGIES)},hsdp)")
     if "" in names or len(set(names)) != len(names):
         raise ValueError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}, all, "
                          "or a comma-separated list of distinct strategies (ddp,fsdp2)")

@@ -433,3 +433,16 @@ def test_gloo_pairing_keeps_two_groups_apart(tmp_path):
     assert got == [(10, "all_gather", "3", 256), (50, "all_reduce", "1", 64),
                    (55, "reduce_scatter", "3", 256), (110, "all_reduce", "1", 64),
                    (210, "all_reduce", "1", 64), (310, "all_gather", "3", 256)]
+
+
+def test_decision_lines_say_how_much_of_each_dimension_is_hidden(tmp_path):
+    """The hand-built 2x2 HSDP set, per step: shard collectives run 445 us, 145 us of it
+    exposed (1 - 145/445 = 67.4 % hidden); the replicate all_reduce 250 us, 100 us exposed
+    (60.0 % hidden)."""
+    from reports import verdict
+
+    rep = runs.analyse(_copy("nccl_hsdp", tmp_path))
+    line = verdict.mesh_hidden_sentence(rep.runs)
+    assert line == ("Communication hidden under computation per mesh dimension (1 - exposed / "
+                    "the time its collectives ran): nccl_hsdp replicate 60.0 %, shard 67.4 %.")
+    assert line in markdown.render(rep)
