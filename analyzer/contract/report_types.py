@@ -657,6 +657,67 @@ class TraceInfo(msgspec.Struct, kw_only=True):
     trace_warnings: list[str]
 
 
+class StragglerCause(_Figures, kw_only=True):
+    """Why rank ``rank`` is the one its peers wait for (issue 28, analyzer/analyses/straggler.py):
+    over the measured collectives of ``kind`` it started last (``times_last``), its lateness
+    (``late_ns``: the sum of their start skews, what the others waited) split into what the
+    traces hold before each of them, against its peers over the same interval: device compute
+    longer than theirs, host-side delay (its device idle while the next work was not yet
+    launched), data wait, an earlier collective of its own, and what none of these explains
+    (``split_ns``, summing to ``late_ns``). ``cause``: the part that explains at least
+    ``CAUSE_THRESHOLD`` of it (``explained_frac``), else None ("cause not established");
+    ``rule`` says how it was found."""
+
+    rank: int
+    kind: str
+    times_last: int
+    late_ns: float
+    split_ns: dict[str, float] = {}
+    cause: str | None = None
+    explained_frac: float | None = None
+    rule: str = ""
+
+
+class Evidence(msgspec.Struct, kw_only=True):
+    """One figure a finding rests on: ``value`` in ``unit`` ("ns", "bytes", "frac", "GB/s",
+    "count"), and ``path``, the JSON pointer (RFC 6901) of the same figure in report.json
+    (e.g. "/runs/2/ranks/0/exposed_comm_ns"), so a reader -- and a test -- can check it."""
+
+    figure: str
+    value: float | None
+    unit: str
+    path: str
+
+
+class Finding(msgspec.Struct, kw_only=True):
+    """A conclusion drawn from the report's figures (issue 28, analyzer/analyses/findings.py):
+    ``kind`` (FINDING_KINDS), a one-line ``title``, what it concerns (``runs``, ``ranks``,
+    FSDP ``units``, ``mesh_dims``), its ``evidence``, a ``cause`` where one is established and
+    the ``cause_rule`` that established it with the share of the effect it explains
+    (``explained_frac``; a cause is named only at or above ``CAUSE_THRESHOLD``), a suggested
+    ``action`` where one follows, and ``severity_ns``: the step time at stake, per step (ns)."""
+
+    kind: str
+    title: str
+    runs: list[str] = []
+    ranks: list[int] = []
+    units: list[str] = []
+    mesh_dims: list[str] = []
+    evidence: list[Evidence] = []
+    cause: str | None = None
+    cause_rule: str | None = None
+    explained_frac: float | None = None
+    action: str | None = None
+    severity_ns: float | None = None
+
+
+FINDING_KINDS = ("parity_failed", "straggler", "exposed_communication", "prefetch_late",
+                 "input_bound", "host_bound", "imbalance", "memory_does_not_fit", "low_busbw",
+                 "mesh_dimension")
+CAUSE_THRESHOLD = 0.8
+"""A cause is named only when it explains at least this share of the effect (TraceML's 80 %)."""
+
+
 class RunEntry(_Figures, kw_only=True):
     """One run of the report. ``settings``/``options`` are the manifest's (None / {} for
     foreign traces); ``caveats`` say where a figure covers less than the whole run, ``notes``
@@ -710,6 +771,8 @@ class RunEntry(_Figures, kw_only=True):
     pipeline: Pipeline | None = None
     """A ``pp`` run's stages, bubbles and stage-to-stage traffic (``Pipeline``); None for other
     runs."""
+    stragglers: list[StragglerCause] = []
+    """Issue 28: the ranks its collectives wait for, each with the cause of its lateness."""
 
 
 class Noise(msgspec.Struct, kw_only=True):
@@ -807,6 +870,8 @@ class Report(msgspec.Struct, kw_only=True):
     prefetch_comparisons: list[list[str]] = []
     baseline_drift: BaselineDrift | None = None
     warnings: list[str] = []
+    findings: list[Finding] = []
+    """Issue 28: what the figures show, most severe first (analyzer/analyses/findings.py)."""
 
 
 def encode(report: Report) -> str:
