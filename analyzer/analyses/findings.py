@@ -23,7 +23,9 @@ median profiled step time (``step_time_ns.median``, slowest rank):
   (``split_ns``) is evidence either way. Severity: its lateness per step.
 * exposed_communication: ``exposed_comm_ns`` (per step, mean over ranks) >= ``EXPOSED_FRAC``
   of the step. Names the kind with the most time per step and the mesh dimension with the most
-  exposed time per step (when named). Cause, from the split of the run's collective time
+  exposed time per step (when named) and, when that kind is all_gather, the FSDP unit whose
+  all_gathers leave the most time unhidden (``prefetch.units[]``: comm_ns x (1 -
+  hidden_frac)). Cause, from the split of the run's collective time
   (``communication[k].wait_ns_per_step`` / ``transfer_ns_per_step`` summed over kinds, over
   their ``time_ns_per_step``): "waiting for the group's last rank" when the wait is >=
   ``CAUSE_THRESHOLD`` of it, "moving data" when the transfer is; else not established. Action:
@@ -232,16 +234,27 @@ def _exposed_communication(r: _Run) -> Iterator[Finding]:
         mesh = [d.name]
         ev.append(r.ev(f"mesh dimension {d.name} exposed per step", d.exposed_ns_per_step,
                        "ns", "mesh_dims", j, "exposed_ns_per_step"))
+    units = []
+    exposed_units = [(j, u) for j, u in enumerate(run.prefetch.units if run.prefetch else [])
+                     if u.comm_ns and u.hidden_frac is not None and u.hidden_frac < 1.0]
+    if kind == "all_gather" and exposed_units:
+        j, u = max(exposed_units, key=lambda ju: ju[1].comm_ns * (1 - ju[1].hidden_frac))
+        units = [u.unit]
+        ev += [r.ev(f"{u.phase} unit {u.unit}: all_gather time (mean per call)", u.comm_ns,
+                    "ns", "prefetch", "units", j, "comm_ns"),
+               r.ev(f"{u.phase} unit {u.unit}: share hidden under computation", u.hidden_frac,
+                    "frac", "prefetch", "units", j, "hidden_frac")]
     action = None
     if cause is not None and cause.startswith("waiting"):
         action = ("find the rank the others wait for (straggler, imbalance) and even out its "
                   "work: overlap cannot hide a wait")
     elif cause is not None and (run.overlap_frac or 0.0) < LOW_OVERLAP_FRAC:
         action = _overlap_action(run.strategy, kind)
-    where = f" (mesh dimension {mesh[0]})" if mesh else ""
+    where = "".join([f" (mesh dimension {mesh[0]})" if mesh else "",
+                     f", FSDP unit {units[0]} most exposed" if units else ""])
     yield Finding(kind="exposed_communication",
                   title=f"{run.name}: communication is exposed, mostly {kind}{where}: "
-                  f"{cause or _NOT_ESTABLISHED}", runs=[run.name], mesh_dims=mesh,
+                  f"{cause or _NOT_ESTABLISHED}", runs=[run.name], mesh_dims=mesh, units=units,
                   evidence=ev, cause=cause, cause_rule=rule, explained_frac=frac,
                   action=action, severity_ns=run.exposed_comm_ns)
 

@@ -170,6 +170,16 @@ def test_exposed_communication_mixed_split_cause_not_established():
     assert f.cause is None and f.action is None and "cause not established" in f.title
 
 
+def test_exposed_communication_names_the_least_hidden_fsdp_unit():
+    pf = _prefetch(0)
+    pf.units[0].hidden_frac, pf.units[1].hidden_frac = 0.9, 0.2  # 0.1 ms vs 0.8 ms unhidden
+    r = run(strategy="fsdp", exposed_comm_ns=2 * MS, overlap_frac=0.1, prefetch=pf,
+            communication={"all_gather": comm(time=3 * MS, wait=0.1 * MS, transfer=2.9 * MS)})
+    (f,) = kinds(report(r), "exposed_communication")
+    assert f.units == ["layers.1"] and "FSDP unit layers.1" in f.title
+    assert "forward_prefetch" in f.action
+
+
 def test_exposed_communication_below_threshold_no_finding():
     r = run(exposed_comm_ns=0.099 * 10 * MS, communication={
         "all_reduce": comm(time=3 * MS, wait=0.0, transfer=3 * MS)})
