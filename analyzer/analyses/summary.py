@@ -6,7 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pandas as pd
+
+from analyzer.contract.report_types import Finding
 
 
 @dataclass(kw_only=True, slots=True)
@@ -38,6 +41,10 @@ class Summary:
     """analyzer.compare.crosscheck_hta.compare when requested."""
     notes: list[str] = field(default_factory=list)
     """Cross-check remarks."""
+    findings: list[Finding] = field(default_factory=list)
+    """What ``analyzer report`` concludes for this job (analyzer/analyses/findings.py), most
+    severe first: the CLI sets them (analyzer/compare/runs.py ``job_findings``, the report's
+    rules on the same loaded tables); evidence paths point into that job's report.json."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able dict (NaN -> null)."""
@@ -49,7 +56,8 @@ class Summary:
         return {"headline": self.headline, "ranks": records(self.ranks),
                 "breakdown": records(self.breakdown), "by_kind": records(self.by_kind),
                 "clock_offsets": records(self.offsets), "cross_rank": records(self.cross_rank), "stragglers": records(self.stragglers),
-                "crosscheck_hta": records(self.crosscheck), "notes": self.notes}
+                "crosscheck_hta": records(self.crosscheck), "notes": self.notes,
+                "findings": msgspec.to_builtins(self.findings)}
 
 
 SHOW_RANKS = 8

@@ -58,8 +58,10 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler) -
 
     from analyzer.cli import outpaths
     from analyzer.ingest import cluster, hostlocal
-    from analyzer.ingest.pipeline import load_tables
     from analyzer.analyses.summary import summarize
+    from analyzer.compare.runs import job_findings
+    from analyzer.ingest.pipeline import load_run
+    from analyzer.ingest.rundirs import find_job
 
     if output is not None:  # before the analysis: refused at once
         outpaths.check_out(output, option="-o", what="the summary", example="summary.json")
@@ -80,10 +82,13 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler) -
         # a run directory gets the manifest checks of `report` and `gate`
         # (analyzer/ingest/rundirs.py): a listed file missing or changed since the record is
         # refused, not summarised partially
-        ts = load_tables(path, allow_incomplete=allow_incomplete, jobs=jobs)
+        job = find_job(path, allow_incomplete=allow_incomplete)  # as load_tables does
+        ts = load_run(job, jobs=jobs)
     if output is not None:
         _refuse_output_on_input(output, path, ts)
     s = summarize(ts)
+    # the findings `analyzer report` gives for this job, by the same rules (compare/runs.py)
+    s.findings = job_findings(job, ts)
     if crosscheck is not None:
         from analyzer.compare import crosscheck_hta
 
@@ -124,6 +129,42 @@ def _refuse_output_on_input(output: Path, path: Path, ts) -> None:
                        "pass -o a new file, e.g. -o summary.json")
 
 
+def _figure(value, unit: str) -> str:
+    from reports import fmt
+
+    if unit == "ns":
+        return fmt.ms(value, ".3f")
+    if unit == "bytes":
+        return fmt.data_bytes(value)
+    if unit == "frac":
+        return fmt.pct(value)
+    if unit == "GB/s":
+        return "-" if value is None else f"{value:.3g} GB/s"
+    if unit == "count":
+        return fmt.count(value)
+    return fmt.num(value)
+
+
+def finding_lines(findings) -> list[str]:
+    """The findings as plain lines, most severe first: ``N. title``, then indented the step
+    time at stake, the cause with its rule and share (or "cause not established"), the action
+    and the evidence (figure = value, report.json pointer)."""
+    from reports import fmt
+
+    if not findings:
+        return []
+    out = ["Findings (most severe first; evidence paths are report.json's for this job):"]
+    for n, f in enumerate(findings, 1):
+        out.append(f"{n}. [{f.kind}] {f.title}")
+        out.append(f"   at stake: {fmt.ms(f.severity_ns, '.3f')} per step")
+        out.append(f"   cause: {f.cause} ({f.cause_rule}; explains {fmt.pct(f.explained_frac)})"
+                   if f.cause else "   cause not established")
+        if f.action:
+            out.append(f"   try: {f.action}")
+        out += [f"   {e.figure} = {_figure(e.value, e.unit)} ({e.path})" for e in f.evidence]
+    return out
+
+
 def _print_tables(s) -> None:
     from functools import partial
 
@@ -132,6 +173,8 @@ def _print_tables(s) -> None:
 
     con = console()
     for line in s.headline:  # one line each, whatever a path or name holds
+        con.print(clean(line, one_line=True), markup=False, highlight=False, soft_wrap=True)
+    for line in finding_lines(s.findings):
         con.print(clean(line, one_line=True), markup=False, highlight=False, soft_wrap=True)
     # units in the headers, bare numbers in the cells: 11 columns fit 80 characters
     text, pct = partial(fmt.num, spec=""), partial(fmt.num, spec=".1f")

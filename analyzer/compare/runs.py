@@ -41,13 +41,14 @@ import msgspec
 import pandas as pd
 
 from analyzer.compare import drift, footprint, pipefigs, ranking
-from analyzer.analyses import clock, crossrank, datasupply, memory, meshdims, parity, prefetch
+from analyzer.analyses import (clock, crossrank, datasupply, findings, memory, meshdims,
+                               parity, prefetch)
 from analyzer.ingest import pipeline, rundirs
 from analyzer.contract import schemas
 from analyzer.analyses.collectives import run_busbw_gbps
 from analyzer.analyses.summary import partial_caveat
 from analyzer.contract.report_types import (AnalysisOptions, CommGroup, CommKind, CommRank,
-                                   Interval, Memory, MeshDimComm, Parity, Prefetch, PrefetchUnit,
+                                   Finding, Interval, Memory, MeshDimComm, Parity, Prefetch, PrefetchUnit,
                                    RankFigures, Report, RunEntry, StepBar, StepTime, Timeline,
                                    TraceInfo)
 
@@ -354,19 +355,37 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
 
 
 def analyse(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> Report:
-    """Discover the runs under ``root`` and build the whole report. Raises ``BadInput``."""
+    """Discover the runs under ``root`` and build the whole report, its findings last
+    (analyzer/analyses/findings.py). Raises ``BadInput``."""
     found = rundirs.discover(root, allow_incomplete=options.allow_incomplete)
     runs = [summarize_run(r, pipeline.load_run(r, jobs=options.jobs) if r.traces else None, options)
             for r in found.runs]
+    return _report(found, runs)
+
+
+def _report(found: rundirs.Discovery, runs: list[RunEntry]) -> Report:
     for r, s in zip(runs, ranking.speedups(runs)):
         r.speedup_vs_single = s
-    return Report(root=str(found.root), layout=found.layout, runs=runs,
-                  ranking=ranking.rank_runs(runs),
-                  settings_warnings=ranking.settings_differences(runs),
-                  prefetch_comparisons=ranking.prefetch_groups(runs),
-                  baseline_drift=drift.report_section(runs),
-                  warnings=found.warnings + [f"{r.name}: {n}" for r in runs
-                                             for n in r.caveats + r.notes])
+    report = Report(root=str(found.root), layout=found.layout, runs=runs,
+                    ranking=ranking.rank_runs(runs),
+                    settings_warnings=ranking.settings_differences(runs),
+                    prefetch_comparisons=ranking.prefetch_groups(runs),
+                    baseline_drift=drift.report_section(runs),
+                    warnings=found.warnings + [f"{r.name}: {n}" for r in runs
+                                               for n in r.caveats + r.notes])
+    report.findings = findings.findings(report)
+    return report
+
+
+def job_findings(run: rundirs.RunDir, tables) -> list[Finding]:
+    """``analyzer summary``'s findings: those ``analyzer report`` gives for the one job ``run``
+    (its loaded ``tables``, ``ingest.load_run``), from the same ``summarize_run`` with the
+    default options, so both commands draw them by one set of rules. Their evidence paths
+    point into the report.json of ``analyzer report`` on that job alone (``/runs/0/...``)."""
+    entry = summarize_run(run, tables, AnalysisOptions())
+    found = rundirs.Discovery(root=run.path, layout="foreign" if run.foreign else "run",
+                              runs=[run])
+    return _report(found, [entry]).findings
 
 
 def gate(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> list[RunEntry]:

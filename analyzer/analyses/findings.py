@@ -1,0 +1,496 @@
+"""Findings (issue 28): the typed ``Report`` -> what its figures show, most severe first.
+
+``findings(report)`` reads only the typed report (no pandas, no trace), so it runs on a cached
+report.json as well as at the end of ``analyzer.compare.runs.analyse``, and on foreign traces
+(no numerics: parity is "not verified" and gives no finding; every other rule still applies).
+
+Every finding carries the figures it rests on (``Evidence``: value, unit and the JSON pointer
+of the same value in report.json, taken from the attribute it is read from), a cause only when
+a rule establishes one (the cause's share of the effect >= ``CAUSE_THRESHOLD``, 0.8; otherwise
+``cause`` None: "cause not established"), a suggested action where one follows from the
+figures, and ``severity_ns``: the step time at stake per step (ns). Titles hold names, never
+formatted figures (display units live in reports/ only); the renderers and ``analyzer
+summary`` show the evidence.
+
+Rules, one function each (``RULES``), over each run ``runs[i]``; "the step" is the run's
+median profiled step time (``step_time_ns.median``, slowest rank):
+
+* parity_failed: ``parity.status == "fail"``; names the first divergence. Severity: the whole
+  step (the run's result is wrong whatever its speed).
+* straggler: one per ``stragglers[j]`` (analyzer/analyses/straggler.py) whose lateness per
+  profiled step (``late_ns / profiled_steps``) is >= ``MIN_STAKE_FRAC`` of the step. Cause:
+  the straggler's own ``cause`` when its ``explained_frac`` >= ``CAUSE_THRESHOLD``; the split
+  (``split_ns``) is evidence either way. Severity: its lateness per step.
+* exposed_communication: ``exposed_comm_ns`` (per step, mean over ranks) >= ``EXPOSED_FRAC``
+  of the step. Names the kind with the most time per step and the mesh dimension with the most
+  exposed time per step (when named) and, when that kind is all_gather, the FSDP unit whose
+  all_gathers leave the most time unhidden (``prefetch.units[]``: comm_ns x (1 -
+  hidden_frac)). Cause, from the split of the run's collective time
+  (``communication[k].wait_ns_per_step`` / ``transfer_ns_per_step`` summed over kinds, over
+  their ``time_ns_per_step``): "waiting for the group's last rank" when the wait is >=
+  ``CAUSE_THRESHOLD`` of it, "moving data" when the transfer is; else not established. Action:
+  wait -> the rank the others wait for; transfer -> DDP ``bucket_cap_mb`` when the top kind is
+  a DDP all_reduce, FSDP forward / backward prefetch when it is an FSDP all_gather, and only
+  when the run's ``overlap_frac`` < ``LOW_OVERLAP_FRAC`` (there is overlap left to gain).
+  Severity: ``exposed_comm_ns``.
+* prefetch_late: ``prefetch.late`` > 0 (all_gathers that finished after their unit needed
+  them: slack < 0, analyzer/analyses/prefetch.py) and their waiting per rank and profiled step
+  (``prefetch.wait_ns / (len(ranks) x profiled_steps)``) >= ``MIN_STAKE_FRAC`` of the step.
+  Names the late units (``units[].min_slack_ns`` < 0), worst first. Action: prefetch the
+  unit's phase (FSDP1 ``forward_prefetch`` / ``backward_prefetch=BACKWARD_PRE``, FSDP2
+  ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch``) when a late unit
+  is not prefetched, else issue it further ahead. Severity: that waiting per rank and step.
+* input_bound: ``data.input_bound`` (its worst rank waits for data >= ``data.threshold_frac``
+  of its step, analyzer/analyses/datasupply.py). Action: raise the DataLoader's
+  ``num_workers`` (and ``pin_memory``). Severity: the worst rank's ``data_wait_ns`` per step
+  (the others wait for it at the next collective).
+* host_bound: a GPU run (``trace_info.device_kind == "gpu"``) whose ranks' idle time (per step,
+  mean over ranks) is >= ``HOST_BOUND_FRAC`` of their step time (mean over ranks). On a GPU
+  rank ``idle_ns`` is window time with no device activity of any kind
+  (analyzer/analyses/breakdown.py): nothing was queued, the host had not launched the next
+  work. Why the host was late (Python, a host sync, contention) the report does not hold:
+  cause not established. Names the rank with the largest idle share. Severity: the least idle
+  rank's ``idle_ns`` (every rank's GPU loses at least that per step; a mean would count idle
+  that a waiting rank cannot win back twice with the straggler's lateness).
+* imbalance: >= 2 ranks and their step times (``ranks[].step_ns``) spread (max - min) >=
+  ``IMBALANCE_FRAC`` of the largest. Cause "device compute" when the compute spread
+  (``compute_ns`` max - min) is >= ``CAUSE_THRESHOLD`` of the step spread. Severity: the
+  slowest rank's step - the mean over ranks.
+* memory_does_not_fit: ``memory.fit.fits`` is False (``--device-memory``). Severity: the
+  whole step (the run does not run on that device).
+* low_busbw: among the run's kinds whose mean bytes per call are >= ``BUSBW_MIN_BYTES`` (below
+  that a collective is latency-bound: nccl-tests' curves are flat there), one whose busbw (from
+  transfer when every compared kind has it, else over the whole duration) is < ``LOW_BUSBW_FRAC``
+  of the best kind's; the same among the process groups / dtypes of one kind (``comm_groups``).
+  Severity: its time per step x (1 - busbw / best): what it would save at the best's bandwidth.
+* mesh_dimension: a run with >= 2 mesh dimensions: each named one (not "unknown") whose
+  ``exposed_ns_per_step`` is >= ``MESH_DIM_FRAC`` of the step. Cause as for
+  exposed_communication, from the dimension's ``wait_ns`` / ``transfer_ns`` over ``time_ns``.
+  Severity: ``exposed_ns_per_step``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from analyzer.contract.report_types import (CAUSE_THRESHOLD, FINDING_KINDS, Evidence, Finding,
+                                            Report, RunEntry)
+
+MIN_STAKE_FRAC = 0.01
+"""straggler, prefetch_late: not reported below this share of the step."""
+EXPOSED_FRAC = 0.10
+"""exposed_communication: exposed communication per step >= this share of the step."""
+LOW_OVERLAP_FRAC = 0.5
+"""exposed_communication: an overlap option is suggested only below this overlap share."""
+HOST_BOUND_FRAC = 0.20
+"""host_bound: GPU idle >= this share of the step."""
+IMBALANCE_FRAC = 0.10
+"""imbalance: ranks' step-time spread >= this share of the slowest rank's step."""
+LOW_BUSBW_FRAC = 0.25
+"""low_busbw: busbw < this share of the run's best kind's (or group's)."""
+BUSBW_MIN_BYTES = 1 << 20
+"""low_busbw: only kinds / groups moving at least this many bytes per call (1 MiB) compare."""
+MESH_DIM_FRAC = 0.10
+"""mesh_dimension: a dimension's exposed time per step >= this share of the step."""
+
+_NOT_ESTABLISHED = "cause not established"
+
+
+def pointer(*keys: str | int) -> str:
+    """The JSON pointer (RFC 6901) of ``keys`` from report.json's root: ``~`` -> ``~0``,
+    ``/`` -> ``~1`` in each key."""
+    return "".join("/" + str(k).replace("~", "~0").replace("/", "~1") for k in keys)
+
+
+class _Run:
+    """One run of the report, with the pointers of its figures (``at``) and its step."""
+
+    def __init__(self, index: int, run: RunEntry) -> None:
+        self.i, self.run = index, run
+        self.step_ns = run.step_time_ns.median
+
+    def at(self, *keys: str | int) -> str:
+        return pointer("runs", self.i, *keys)
+
+    def ev(self, figure: str, value, unit: str, *keys: str | int) -> Evidence:
+        return Evidence(figure=figure, value=value, unit=unit, path=self.at(*keys))
+
+    def step_ev(self) -> Evidence:
+        return self.ev("median step time", self.step_ns, "ns", "step_time_ns", "median")
+
+    def stake_ok(self, ns: float | None, frac: float) -> bool:
+        """``ns`` >= ``frac`` of the step (False when either is unknown)."""
+        return ns is not None and bool(self.step_ns) and ns >= frac * self.step_ns
+
+
+def _split_cause(wait_ns: float | None, transfer_ns: float | None, time_ns: float | None
+                 ) -> tuple[str | None, str | None, float | None]:
+    """(cause, rule, explained_frac) of communication time split into wait and transfer
+    (analyzer/analyses/commsplit.py): the part >= CAUSE_THRESHOLD of ``time_ns``, if any."""
+    if not time_ns or wait_ns is None or transfer_ns is None:
+        return None, None, None
+    for part, ns, cause in (("wait", wait_ns, "waiting for the group's last rank to start"),
+                            ("transfer", transfer_ns, "moving the data (transfer)")):
+        if ns / time_ns >= CAUSE_THRESHOLD:
+            return cause, (f"{part}_ns / time_ns of the collectives >= {CAUSE_THRESHOLD:g} "
+                           "(transfer: from the group's last start to the end; wait: before "
+                           "it)"), ns / time_ns
+    return None, None, None
+
+
+def _parity_failed(r: _Run) -> Iterator[Finding]:
+    p = r.run.parity
+    if p.status != "fail":
+        return
+    fd = p.first_divergence
+    ev = [r.step_ev()]
+    if fd is not None:
+        ev += [r.ev(f"first divergence {name}", getattr(fd, name), unit,
+                    "parity", "first_divergence", name)
+               for name, unit in (("max_abs_diff", "value"), ("limit", "value"),
+                                   ("rel_l2", "ratio"))]
+    where = f": first divergence {fd.subject} (step {fd.step})" if fd else ""
+    yield Finding(kind="parity_failed", title=f"{r.run.name} does not reproduce the "
+                  f"baseline{where}", runs=[r.run.name], evidence=ev,
+                  action=None if fd is None else f"look at {fd.subject} at step {fd.step}: "
+                  "the first check the run fails",
+                  severity_ns=r.step_ns)
+
+
+_STRAGGLER_ACTION = {
+    "device_compute": "its device computes longer than its peers': balance the work across "
+                      "ranks (batch split, sequence lengths, embedding tables)",
+    "host_delay": "its host launches the work late: look at that rank's CPU timeline for host "
+                  "syncs (.item(), .cpu()), Python overhead or CPU contention",
+    "data_wait": "it waits for its input: raise the DataLoader's num_workers on that rank",
+    "own_collective": "an earlier collective of its own delays it: look at the collective "
+                      "before it on that rank (another process group)",
+}
+
+
+def _straggler(r: _Run) -> Iterator[Finding]:
+    steps = r.run.profiled_steps or 1
+    for j, s in enumerate(r.run.stragglers):
+        late = s.late_ns / steps
+        if not r.stake_ok(late, MIN_STAKE_FRAC):
+            continue
+        ev = [r.ev(f"lateness of rank {s.rank} over {s.kind} (all profiled steps)", s.late_ns,
+                   "ns", "stragglers", j, "late_ns"),
+              r.ev(f"{s.kind} calls rank {s.rank} started last", s.times_last, "count",
+                   "stragglers", j, "times_last"),
+              *[r.ev(f"lateness split: {part}", ns, "ns", "stragglers", j, "split_ns", part)
+                for part, ns in s.split_ns.items()],
+              r.step_ev()]
+        named = s.cause is not None and (s.explained_frac or 0) >= CAUSE_THRESHOLD
+        title = (f"{r.run.name}: the {s.kind} waits for rank {s.rank} "
+                 f"({s.cause if named else _NOT_ESTABLISHED})")
+        yield Finding(kind="straggler", title=title, runs=[r.run.name], ranks=[s.rank],
+                      evidence=ev, cause=s.cause if named else None,
+                      cause_rule=(s.rule or None) if named else None,
+                      explained_frac=s.explained_frac if named else None,
+                      action=_STRAGGLER_ACTION.get(s.cause) if named else None,
+                      severity_ns=late)
+
+
+def _overlap_action(strategy: str, kind: str) -> str | None:
+    if strategy == "ddp" and kind == "all_reduce":
+        return ("DDP: try a smaller bucket_cap_mb (default 25) so that the first buckets' "
+                "all_reduce starts earlier in backward and overlaps more of it")
+    if strategy in ("fsdp", "fsdp2") and kind == "all_gather":
+        return ("FSDP: prefetch the next unit's all_gather (FSDP1 forward_prefetch=True, "
+                "backward_prefetch=BACKWARD_PRE; FSDP2 set_modules_to_forward_prefetch / "
+                "set_modules_to_backward_prefetch)")
+    return None
+
+
+def _exposed_communication(r: _Run) -> Iterator[Finding]:
+    run = r.run
+    if not r.stake_ok(run.exposed_comm_ns, EXPOSED_FRAC) or not run.communication:
+        return
+    kind, top = max(run.communication.items(), key=lambda kv: kv[1].time_ns_per_step or 0.0)
+    ev = [r.ev("exposed communication per step (mean over ranks)", run.exposed_comm_ns, "ns",
+               "exposed_comm_ns"), r.step_ev(),
+          r.ev("overlap of communication with computation", run.overlap_frac, "frac",
+               "overlap_frac"),
+          r.ev(f"{kind} time per step", top.time_ns_per_step, "ns", "communication", kind,
+               "time_ns_per_step")]
+    parts = list(run.communication.values())
+    wait = transfer = None
+    if all(k.wait_ns_per_step is not None and k.transfer_ns_per_step is not None for k in parts):
+        wait = sum(k.wait_ns_per_step for k in parts)
+        transfer = sum(k.transfer_ns_per_step for k in parts)
+        for name, k in run.communication.items():
+            ev += [r.ev(f"{name} waiting per step", k.wait_ns_per_step, "ns",
+                        "communication", name, "wait_ns_per_step"),
+                   r.ev(f"{name} transfer per step", k.transfer_ns_per_step, "ns",
+                        "communication", name, "transfer_ns_per_step")]
+    cause, rule, frac = _split_cause(wait, transfer,
+                                     sum(k.time_ns_per_step or 0.0 for k in parts))
+    dims = [(j, d) for j, d in enumerate(run.mesh_dims)
+            if d.name != "unknown" and d.exposed_ns_per_step is not None]
+    mesh = []
+    if dims:
+        j, d = max(dims, key=lambda jd: jd[1].exposed_ns_per_step)
+        mesh = [d.name]
+        ev.append(r.ev(f"mesh dimension {d.name} exposed per step", d.exposed_ns_per_step,
+                       "ns", "mesh_dims", j, "exposed_ns_per_step"))
+    units = []
+    exposed_units = [(j, u) for j, u in enumerate(run.prefetch.units if run.prefetch else [])
+                     if u.comm_ns and u.hidden_frac is not None and u.hidden_frac < 1.0]
+    if kind == "all_gather" and exposed_units:
+        j, u = max(exposed_units, key=lambda ju: ju[1].comm_ns * (1 - ju[1].hidden_frac))
+        units = [u.unit]
+        ev += [r.ev(f"{u.phase} unit {u.unit}: all_gather time (mean per call)", u.comm_ns,
+                    "ns", "prefetch", "units", j, "comm_ns"),
+               r.ev(f"{u.phase} unit {u.unit}: share hidden under computation", u.hidden_frac,
+                    "frac", "prefetch", "units", j, "hidden_frac")]
+    action = None
+    if cause is not None and cause.startswith("waiting"):
+        action = ("find the rank the others wait for (straggler, imbalance) and even out its "
+                  "work: overlap cannot hide a wait")
+    elif cause is not None and (run.overlap_frac or 0.0) < LOW_OVERLAP_FRAC:
+        action = _overlap_action(run.strategy, kind)
+    where = "".join([f" (mesh dimension {mesh[0]})" if mesh else "",
+                     f", FSDP unit {units[0]} most exposed" if units else ""])
+    yield Finding(kind="exposed_communication",
+                  title=f"{run.name}: communication is exposed, mostly {kind}{where}: "
+                  f"{cause or _NOT_ESTABLISHED}", runs=[run.name], mesh_dims=mesh, units=units,
+                  evidence=ev, cause=cause, cause_rule=rule, explained_frac=frac,
+                  action=action, severity_ns=run.exposed_comm_ns)
+
+
+def _prefetch_late(r: _Run) -> Iterator[Finding]:
+    pf, run = r.run.prefetch, r.run
+    if pf is None or pf.late <= 0 or not run.ranks:
+        return
+    stake = pf.wait_ns / (len(run.ranks) * (run.profiled_steps or 1))
+    if not r.stake_ok(stake, MIN_STAKE_FRAC):
+        return
+    late = sorted(((j, u) for j, u in enumerate(pf.units)
+                   if u.min_slack_ns is not None and u.min_slack_ns < 0),
+                  key=lambda ju: ju[1].min_slack_ns)
+    ev = [r.ev("late all_gathers (all ranks and steps)", pf.late, "count", "prefetch", "late"),
+          r.ev("all_gathers (all ranks and steps)", pf.all_gathers, "count", "prefetch",
+               "all_gathers"),
+          r.ev("waiting for late all_gathers (all ranks and steps)", pf.wait_ns, "ns",
+               "prefetch", "wait_ns"), r.step_ev()]
+    for j, u in late[:3]:
+        ev += [r.ev(f"{u.phase} unit {u.unit}: worst slack", u.min_slack_ns, "ns",
+                    "prefetch", "units", j, "min_slack_ns"),
+               r.ev(f"{u.phase} unit {u.unit}: share prefetched", u.prefetched, "frac",
+                    "prefetch", "units", j, "prefetched")]
+    phases = sorted({u.phase for _, u in late})
+    if any((u.prefetched or 0.0) < 1.0 for _, u in late):
+        action = ("prefetch it: " + "; ".join(
+            {"forward": "forward: FSDP1 forward_prefetch=True, FSDP2 "
+                        "set_modules_to_forward_prefetch",
+             "backward": "backward: FSDP1 backward_prefetch=BACKWARD_PRE, FSDP2 "
+                         "set_modules_to_backward_prefetch"}.get(p, p) for p in phases))
+    else:
+        action = ("it is prefetched but too late: issue it further ahead (FSDP2 "
+                  "set_modules_to_forward_prefetch with two modules ahead; FSDP1 "
+                  "limit_all_gathers=False)")
+    names = ", ".join(f"{u.phase} {u.unit}" for _, u in late[:3]) + (" ..." if len(late) > 3 else "")
+    yield Finding(kind="prefetch_late", title=f"{run.name}: FSDP all_gathers finish after "
+                  f"their unit needs them ({names or 'units not named'})", runs=[run.name],
+                  units=[u.unit for _, u in late], evidence=ev, action=action,
+                  severity_ns=stake)
+
+
+def _input_bound(r: _Run) -> Iterator[Finding]:
+    d, run = r.run.data, r.run
+    if d is None or not d.input_bound or d.worst_rank is None:
+        return
+    j, rank = next(((j, x) for j, x in enumerate(run.ranks) if x.rank == d.worst_rank),
+                   (None, None))
+    ev = [r.ev(f"rank {d.worst_rank}'s share of its step waiting for data", d.worst_rank_frac,
+               "frac", "data", "worst_rank_frac"),
+          r.ev("input-bound threshold", d.threshold_frac, "frac", "data", "threshold_frac"),
+          r.ev("share of all ranks' steps waiting for data", d.data_wait_frac, "frac", "data",
+               "data_wait_frac")]
+    if rank is not None:
+        ev.append(r.ev(f"rank {d.worst_rank}'s data wait per step", rank.data_wait_ns, "ns",
+                       "ranks", j, "data_wait_ns"))
+    action = "raise the DataLoader's num_workers"
+    if isinstance(d.workers, int):
+        ev.append(r.ev("DataLoader workers", d.workers, "count", "data", "workers"))
+        action += (f" (now {d.workers}: loading runs in the training process)" if d.workers == 0
+                   else f" above {d.workers}")
+    if d.pin_memory is False:
+        action += "; pin_memory=True"
+    yield Finding(kind="input_bound", title=f"{run.name}: input-bound: rank {d.worst_rank} "
+                  "waits for its next batch with nothing else to do", runs=[run.name],
+                  ranks=[d.worst_rank], evidence=ev, action=action,
+                  severity_ns=None if rank is None else rank.data_wait_ns)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _host_bound(r: _Run) -> Iterator[Finding]:
+    run = r.run
+    if run.trace_info is None or run.trace_info.device_kind != "gpu" or not run.ranks:
+        return
+    idle = _mean([x.idle_ns for x in run.ranks])
+    step = _mean([x.step_ns for x in run.ranks])
+    if idle is None or not step or idle < HOST_BOUND_FRAC * step:
+        return
+    known = [(j, x) for j, x in enumerate(run.ranks) if x.idle_ns is not None and x.step_ns]
+    j, worst = max(known, key=lambda jx: jx[1].idle_ns / jx[1].step_ns)
+    k, least = min(known, key=lambda jx: jx[1].idle_ns)
+    ev = [r.ev(f"rank {worst.rank}'s GPU idle per step (largest share)", worst.idle_ns, "ns",
+               "ranks", j, "idle_ns"),
+          r.ev(f"rank {worst.rank}'s step", worst.step_ns, "ns", "ranks", j, "step_ns"),
+          r.ev(f"rank {least.rank}'s GPU idle per step (least)", least.idle_ns, "ns",
+               "ranks", k, "idle_ns")]
+    yield Finding(kind="host_bound", title=f"{run.name}: the GPUs sit idle with no work "
+                  f"launched, rank {worst.rank} most (host-/launch-bound; why the host is late: "
+                  f"{_NOT_ESTABLISHED})", runs=[run.name], ranks=[worst.rank], evidence=ev,
+                  action=(f"look at rank {worst.rank}'s CPU timeline in the gaps: host syncs "
+                          "(.item(), .cpu(), cudaStreamSynchronize), Python between launches; "
+                          "CUDA graphs (torch.compile mode='reduce-overhead') cut launch "
+                          "overhead"), severity_ns=least.idle_ns)
+
+
+def _imbalance(r: _Run) -> Iterator[Finding]:
+    ranks = [(j, x) for j, x in enumerate(r.run.ranks) if x.step_ns is not None]
+    if len(ranks) < 2:
+        return
+    (js, slow), (jf, fast) = (max(ranks, key=lambda jx: jx[1].step_ns),
+                              min(ranks, key=lambda jx: jx[1].step_ns))
+    spread = slow.step_ns - fast.step_ns
+    if spread <= 0 or spread < IMBALANCE_FRAC * slow.step_ns:
+        return
+    ev = [r.ev(f"rank {slow.rank}'s step (slowest)", slow.step_ns, "ns", "ranks", js, "step_ns"),
+          r.ev(f"rank {fast.rank}'s step (fastest)", fast.step_ns, "ns", "ranks", jf, "step_ns")]
+    comp = [(j, x) for j, x in ranks if x.compute_ns is not None]
+    cause = rule = frac = action = None
+    if len(comp) >= 2:
+        (jc, cmax), (jd, cmin) = (max(comp, key=lambda jx: jx[1].compute_ns),
+                                  min(comp, key=lambda jx: jx[1].compute_ns))
+        ev += [r.ev(f"rank {cmax.rank}'s compute (most)", cmax.compute_ns, "ns", "ranks", jc,
+                    "compute_ns"),
+               r.ev(f"rank {cmin.rank}'s compute (least)", cmin.compute_ns, "ns", "ranks", jd,
+                    "compute_ns")]
+        share = (cmax.compute_ns - cmin.compute_ns) / spread
+        if share >= CAUSE_THRESHOLD:
+            cause, frac = f"rank {cmax.rank} computes longer than its peers", min(share, 1.0)
+            rule = (f"compute spread (max - min of ranks[].compute_ns) >= {CAUSE_THRESHOLD:g} "
+                    "x step spread (max - min of ranks[].step_ns)")
+            action = "balance the work across ranks (batch split, sequence lengths, sharding)"
+    mean = sum(x.step_ns for _, x in ranks) / len(ranks)
+    yield Finding(kind="imbalance", title=f"{r.run.name}: ranks' step times differ, rank "
+                  f"{slow.rank} slowest: {cause or _NOT_ESTABLISHED}", runs=[r.run.name],
+                  ranks=[slow.rank, fast.rank], evidence=ev, cause=cause, cause_rule=rule,
+                  explained_frac=frac, action=action, severity_ns=slow.step_ns - mean)
+
+
+def _memory_does_not_fit(r: _Run) -> Iterator[Finding]:
+    fit = r.run.memory.fit
+    if fit is None or fit.fits is not False:
+        return
+    ev = [r.ev("memory needed (largest rank)", fit.needed_bytes, "bytes", "memory", "fit",
+               "needed_bytes"),
+          r.ev("device memory", fit.device_bytes, "bytes", "memory", "fit", "device_bytes"),
+          r.ev("spare (negative: short)", fit.spare_bytes, "bytes", "memory", "fit",
+               "spare_bytes"), r.step_ev()]
+    sharded = r.run.strategy in ("fsdp", "fsdp2", "hsdp", "fsdp2_tp")
+    action = ("activation checkpointing, a smaller per-rank batch, or CPU offload" if sharded
+              else "shard it (FSDP / FSDP2), or activation checkpointing / a smaller per-rank batch")
+    yield Finding(kind="memory_does_not_fit", title=f"{r.run.name} does not fit the device "
+                  f"({fit.basis})", runs=[r.run.name], evidence=ev, action=action,
+                  severity_ns=r.step_ns)
+
+
+def _low_bandwidth(r: _Run, rows: list[tuple[str, tuple, object, float | None]], what: str
+                   ) -> Iterator[Finding]:
+    """``rows``: (name, pointer keys of the row, the row, its time per step)."""
+    rows = [x for x in rows if x[2].bytes is not None and x[2].count
+            and x[2].bytes / x[2].count >= BUSBW_MIN_BYTES]
+    field = "transfer_busbw_gbps" if all(getattr(x[2], "transfer_busbw_gbps") is not None
+                                         for x in rows) else "busbw_gbps"
+    rows = [x for x in rows if getattr(x[2], field) is not None]
+    if len(rows) < 2:
+        return
+    best = max(rows, key=lambda x: getattr(x[2], field))
+    top = getattr(best[2], field)
+    for name, keys, row, per_step in rows:
+        bw = getattr(row, field)
+        if top <= 0 or bw >= LOW_BUSBW_FRAC * top:
+            continue
+        ev = [r.ev(f"{name} {field}", bw, "GB/s", *keys, field),
+              r.ev(f"{best[0]} {field} (the run's best {what})", top, "GB/s", *best[1], field),
+              r.ev(f"{name} bytes (per rank, all profiled steps)", row.bytes, "bytes", *keys,
+                   "bytes"),
+              r.ev(f"{name} calls (per rank, all profiled steps)", row.count, "count", *keys,
+                   "count")]
+        yield Finding(kind="low_busbw", title=f"{r.run.name}: {name} moves data far slower "
+                      f"than the run's best {what} ({best[0]})", runs=[r.run.name], evidence=ev,
+                      action="check the link it crosses (NCCL_DEBUG=INFO names the transport: "
+                      "NVLink, PCIe, network) and its message sizes",
+                      severity_ns=None if per_step is None else per_step * (1 - bw / top))
+
+
+def _low_busbw(r: _Run) -> Iterator[Finding]:
+    run = r.run
+    steps = run.profiled_steps or 1
+    yield from _low_bandwidth(r, [(k, ("communication", k), c, c.transfer_ns_per_step
+                                   if c.transfer_ns_per_step is not None else c.time_ns_per_step)
+                                  for k, c in run.communication.items()], "kind")
+    for kind in sorted({g.kind for g in run.comm_groups}):
+        yield from _low_bandwidth(r, [
+            (f"{g.kind} pg {g.pg or '?'} {g.dtype or '?'}", ("comm_groups", j), g,
+             g.time_ns / steps) for j, g in enumerate(run.comm_groups) if g.kind == kind],
+            f"{kind} group")
+
+
+def _mesh_dimension(r: _Run) -> Iterator[Finding]:
+    run = r.run
+    if len(run.mesh_dims) < 2:
+        return
+    for j, d in enumerate(run.mesh_dims):
+        if d.name == "unknown" or not r.stake_ok(d.exposed_ns_per_step, MESH_DIM_FRAC):
+            continue
+        ev = [r.ev(f"{d.name} exposed per step", d.exposed_ns_per_step, "ns", "mesh_dims", j,
+                   "exposed_ns_per_step"),
+              r.ev(f"{d.name} running per step", d.union_ns_per_step, "ns", "mesh_dims", j,
+                   "union_ns_per_step"), r.step_ev()]
+        cause, rule, frac = _split_cause(d.wait_ns, d.transfer_ns, d.time_ns)
+        if d.wait_ns is not None and d.transfer_ns is not None:
+            ev += [r.ev(f"{d.name} waiting (all profiled steps)", d.wait_ns, "ns", "mesh_dims",
+                        j, "wait_ns"),
+                   r.ev(f"{d.name} transfer (all profiled steps)", d.transfer_ns, "ns",
+                        "mesh_dims", j, "transfer_ns")]
+        action = None
+        if cause is not None and cause.startswith("waiting"):
+            action = f"find the rank the {d.name} groups wait for and even out its work"
+        elif cause is not None and d.name == "tp":
+            action = ("keep TP inside a node (NVLink), or overlap it (async TP / sequence "
+                      "parallel)")
+        elif cause is not None and d.name == "pp":
+            action = "more microbatches per step (smaller pipeline bubble)"
+        yield Finding(kind="mesh_dimension", title=f"{run.name}: the {d.name} "
+                      f"{'/'.join(d.kinds) or 'collectives'} is exposed: "
+                      f"{cause or _NOT_ESTABLISHED}", runs=[run.name], mesh_dims=[d.name],
+                      evidence=ev, cause=cause, cause_rule=rule, explained_frac=frac,
+                      action=action, severity_ns=d.exposed_ns_per_step)
+
+
+RULES: dict[str, Callable[[_Run], Iterator[Finding]]] = {
+    "parity_failed": _parity_failed, "straggler": _straggler,
+    "exposed_communication": _exposed_communication, "prefetch_late": _prefetch_late,
+    "input_bound": _input_bound, "host_bound": _host_bound, "imbalance": _imbalance,
+    "memory_does_not_fit": _memory_does_not_fit, "low_busbw": _low_busbw,
+    "mesh_dimension": _mesh_dimension}
+assert tuple(RULES) == FINDING_KINDS
+
+
+def findings(report: Report) -> list[Finding]:
+    """Every rule (module docstring) over every run of ``report``, most severe first (a finding
+    without a severity last; ties in ``FINDING_KINDS`` order, then by title)."""
+    out = [f for i, run in enumerate(report.runs) for rule in RULES.values()
+           for f in rule(_Run(i, run))]
+    return sorted(out, key=lambda f: (f.severity_ns is None, -(f.severity_ns or 0.0),
+                                      FINDING_KINDS.index(f.kind), f.title))
