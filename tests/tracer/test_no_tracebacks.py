@@ -333,7 +333,9 @@ def test_dataloader_workers_of_a_killed_rank_end_with_it(tmp_path):
 # -- torchrun ------------------------------------------------------------------------------------
 
 def test_rank_failure_under_torchrun_is_one_line_per_rank_without_traceback(tmp_path):
-    proc, tag = run_tracer(["record", "--strategy", "ddp", "--out", str(tmp_path), "--timeout", "10"] + TINY
+    # --timeout 60: the rendezvous of a loaded machine can take longer than 10 s; torchrun
+    # stops rank 0 once rank 1 has failed, so the failure is not waited out
+    proc, tag = run_tracer(["record", "--strategy", "ddp", "--out", str(tmp_path), "--timeout", "60"] + TINY
                            + SHORT, tmp_path, module=TORCHRUN, env_extra={"PARITYTRACE_INJECT": "raise@1:1"})
     assert proc.returncode != 0
     ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("tracer: ")]
