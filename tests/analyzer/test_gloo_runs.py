@@ -63,6 +63,14 @@ def independent(path: Path):
            and not e["name"].startswith("c10d::")]
     out = {}
     starts = sorted(s["s"] for s in steps)
+    spans = [e for e in ev if e["cat"] == "Trace"]  # Kineto's span of the profiled window
+    opened = None
+    if spans:
+        t0 = min(e["s"] for e in spans)
+        first = min((st for st in steps if st["s"] >= t0), key=lambda st: st["s"], default=None)
+        if first is not None and not any(t0 <= e["s"] < first["s"] for e in ev
+                                         if e not in steps and e["cat"] != "Trace"):
+            opened = first
     for st in steps:
         n = int(st["name"].split("#")[1])
         mine = [(c, g) for c, g in pairs if st["s"] <= c["s"] < st["e"]]
@@ -71,6 +79,10 @@ def independent(path: Path):
         # bucket's all_reduce can still run when the next ProfilerStep begins)
         later = [t for t in starts if t > st["s"]]
         lo, hi = st["s"], max([st["e"]] + [g["e"] for g in gl])
+        # the step Kineto's window span opens starts at its first event (the profiler's start-up)
+        if st is opened:
+            lo = min(e["s"] for e in ev if e["s"] >= st["s"] and e not in steps
+                     and e["cat"] != "Trace")
         hi = min([hi] + later[:1])
         pts = sorted({lo, hi} | {x for e in ev for x in (e["s"], e["e"]) if lo <= x <= hi})
         pts = np.array(pts, dtype=object)
