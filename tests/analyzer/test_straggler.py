@@ -317,3 +317,81 @@ def test_dlrm_straggler_split_by_hand(tmp_path):
                                           "data_wait": 57_000, "own_collective": 0,
                                           "unexplained": 7_706_500})
     assert top.cause is None and top.explained_frac == pytest.approx(1_235_000 / 9_019_500)
+
+
+# --- CPU (gloo) ranks: compute = main-thread ops, host delay = nothing recorded -----------------
+
+def _cpu_rank(rank: int, gap) -> dict:
+    """A gloo rank (whole us): ProfilerStep 0..1000, aten::mm 10..100, all_reduce #0 enqueued
+    110..113, gloo:all_reduce 115..300 (ends together); then ``gap(ev)`` returns the start of
+    all_reduce #1's enqueue op (3 us); its gloo op runs from 2 us after that to 600."""
+    from tests.merge.builders import meta, x
+
+    pid, main, gloo = 1000 + rank, 1000 + rank, 2000 + rank
+    ev = [meta(pid, 0, "process_name", name="python3"),
+          meta(pid, main, "thread_name", name=f"thread {main} (python3)"),
+          meta(pid, gloo, "thread_name", name=f"thread {gloo} (pt_gloo_runloop)"),
+          x("ProfilerStep#0", 0, 1000, pid=pid, tid=main, cat="user_annotation"),
+          x("aten::mm", 10, 90, pid=pid, tid=main)]
+    args = {"Process Group Name": "0", "Process Group Ranks": "[0, 1, 2]", "Group size": 3,
+            "dtype": "Float", "In msg nelems": 1024, "Out msg nelems": 1024}
+
+    def allreduce(enq: int, end: int) -> None:
+        ev.append(x("c10d::allreduce_", enq, 3, pid=pid, tid=main, **args))
+        ev.append(x("gloo:all_reduce", enq + 5, end - enq - 5, pid=pid, tid=gloo))
+    allreduce(110, 300)
+    allreduce(gap(ev, pid, main, x), 600)
+    return {"schemaVersion": 1, "traceEvents": ev,
+            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 3}}
+
+
+def _cpu_peer(ev, pid, main, x) -> int:
+    """aten::mm 300..400, then all_reduce #1 enqueued at 400 (gap 300..405: compute 100,
+    the enqueue op 3, nothing recorded 403..405)."""
+    ev.append(x("aten::mm", 300, 100, pid=pid, tid=main))
+    return 400
+
+
+def _cpu_job(tmp_path: Path, gap):
+    from tests.merge.builders import write
+
+    for r in range(3):
+        write(tmp_path / f"rank{r}.trace.json", _cpu_rank(r, gap if r == 2 else _cpu_peer))
+    job = api.load_tables(tmp_path, jobs=1)
+    assert job.ranks[0].device_kind == "cpu"
+    return crossrank.straggler_causes(job, crossrank.clock_offsets(job))
+
+
+def test_cpu_python_gap_is_host_delay(tmp_path):
+    """Rank 2: aten::mm 300..400, then nothing recorded until its enqueue at 500."""
+    def gap(ev, pid, main, x):
+        ev.append(x("aten::mm", 300, 100, pid=pid, tid=main))
+        return 500
+    c = _one(_cpu_job(tmp_path, gap))
+    assert c.split_ns == {"device_compute": 0, "host_delay": 100 * US, "data_wait": 0,
+                          "own_collective": 0, "unexplained": 0}
+    assert c.cause == "host_delay"
+
+
+def test_cpu_longer_op_is_compute(tmp_path):
+    """Rank 2: aten::mm 300..500 (peers 100 us)."""
+    def gap(ev, pid, main, x):
+        ev.append(x("aten::mm", 300, 200, pid=pid, tid=main))
+        return 500
+    c = _one(_cpu_job(tmp_path, gap))
+    assert c.split_ns == {"device_compute": 100 * US, "host_delay": 0, "data_wait": 0,
+                          "own_collective": 0, "unexplained": 0}
+    assert c.cause == "device_compute"
+
+
+def test_cpu_dataloader_is_data_wait(tmp_path):
+    """Rank 2: aten::mm 300..400, then a DataLoader __next__ range 400..500."""
+    def gap(ev, pid, main, x):
+        ev.append(x("aten::mm", 300, 100, pid=pid, tid=main))
+        ev.append(x("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 400, 100,
+                    pid=pid, tid=main, cat="user_annotation"))
+        return 500
+    c = _one(_cpu_job(tmp_path, gap))
+    assert c.split_ns == {"device_compute": 0, "host_delay": 0, "data_wait": 100 * US,
+                          "own_collective": 0, "unexplained": 0}
+    assert c.cause == "data_wait"
