@@ -334,11 +334,13 @@ def prefetch_parts(job) -> tuple[pd.DataFrame, dict] | None:
                   "min_slack_ns"]], total
 
 
-def straggler_causes(job, offsets: pd.DataFrame, matched: pd.DataFrame | None = None) -> list:
+def straggler_causes(job, offsets: pd.DataFrame, matched: pd.DataFrame | None = None,
+                     by_kind: bool = True, limit: int | None = None) -> list:
     """``straggler.straggler_causes_frame(job.collectives, matched)``, a batch of ranks at a
     time: per instance the straggler's row and its first ``straggler.MEDIAN_PEERS`` peers'
     gap parts are kept (at most MEDIAN_PEERS + 1 rows per instance), then split.
-    ``matched``: ``match_ranks(job, offsets)`` (None: computed here)."""
+    ``matched``: ``match_ranks(job, offsets)`` (None: computed here); ``by_kind``, ``limit``:
+    ``straggler.causes``' (None: ``straggler.MAX_ROWS``)."""
     from analyzer.analyses import straggler
 
     if matched is None:
@@ -349,4 +351,5 @@ def straggler_causes(job, offsets: pd.DataFrame, matched: pd.DataFrame | None = 
     rows = red.result()
     if rows is None:
         return []
-    return straggler.causes(straggler.split_instances(straggler.bounded(rows)))
+    return straggler.causes(straggler.split_instances(straggler.bounded(rows)), by_kind,
+                            straggler.MAX_ROWS if limit is None else limit)

@@ -199,18 +199,22 @@ def split_instances(rows: pd.DataFrame) -> pd.DataFrame:
     return out[cols]
 
 
-def causes(inst: pd.DataFrame) -> list[StragglerCause]:
-    """Per (straggler rank, kind) of ``split_instances``: the ``StragglerCause``, largest
-    lateness first (ties: rank, kind), at most ``MAX_ROWS``."""
+def causes(inst: pd.DataFrame, by_kind: bool = True, limit: int | None = MAX_ROWS
+           ) -> list[StragglerCause]:
+    """Per (straggler rank, kind) of ``split_instances`` (``by_kind`` False: per rank, kind
+    "all"): the ``StragglerCause``, largest lateness first (ties: rank, kind), at most
+    ``limit`` (None: all)."""
     if inst.empty:
         return []
     keys = [*PARTS, "unexplained"]
+    if not by_kind:
+        inst = inst.assign(kind="all")
     g = inst.groupby(["straggler", "kind"], sort=True).agg(
         times_last=("seq", "size"), late_ns=("late_ns", "sum"), **{k: (k, "sum") for k in keys})
     g = g.reset_index().sort_values(["late_ns", "straggler", "kind"],
                                     ascending=[False, True, True], kind="stable")
     out = []
-    for row in g.head(MAX_ROWS).to_dict("records"):
+    for row in (g if limit is None else g.head(limit)).to_dict("records"):
         late = float(row["late_ns"])
         split = {k: float(row[k]) for k in keys}
         top = max(PARTS, key=lambda k: (split[k], -list(PARTS).index(k)))

@@ -395,3 +395,19 @@ def test_cpu_dataloader_is_data_wait(tmp_path):
     assert c.split_ns == {"device_compute": 0, "host_delay": 0, "data_wait": 100 * US,
                           "own_collective": 0, "unexplained": 0}
     assert c.cause == "data_wait"
+
+
+def test_summary_table_carries_the_cause(tmp_path):
+    """``analyzer summary``'s straggler table: per rank over all kinds, the same split, its
+    lateness the table's own skew_caused_ns."""
+    from analyzer.analyses.summary import summarize
+
+    def gap(t):
+        t.gpu(GEMM, 7, 300, 500, corr=3, launch_ts=290)
+        return 500
+    job, _, _ = _job(tmp_path, gap)
+    row = summarize(job).stragglers.iloc[0]
+    assert (row["rank"], row["skew_caused_ns"], row["cause"], row["largest_part"]) == \
+        (2, 100 * US, "device_compute", "device_compute")
+    assert (row["device_compute_ns"], row["unexplained_ns"], row["explained_frac"]) == \
+        (100 * US, 0, 1.0)
