@@ -93,6 +93,30 @@ def _host_delay(idle: iv.Intervals, r: _Rows, launch_ts: np.ndarray) -> iv.Inter
     return x[keep], end[keep]
 
 
+def _real_sets(r: _Rows, all_end_ns: np.ndarray, step: np.ndarray
+               ) -> tuple[iv.Intervals, iv.Intervals, iv.Intervals, iv.Intervals]:
+    """breakdown's (C, K, O, D) of rows ``r`` in real time, built per step as the breakdown
+    builds them (a CPU rank's collective waits pair an enqueue op with its own step's ops
+    only), each step's window the extent of its rows (nothing clipped), the rows of no step
+    one more window; the steps' sets merged."""
+    if not len(step):
+        return iv.EMPTY, iv.EMPTY, iv.EMPTY, iv.EMPTY
+    keys, g = np.unique(step, return_inverse=True)
+    g = g.ravel().astype(np.int64)
+    lo = np.full(len(keys), np.iinfo(np.int64).max)
+    hi = np.full(len(keys), np.iinfo(np.int64).min)
+    np.minimum.at(lo, g, r.s)
+    np.maximum.at(hi, g, r.e)
+    w = _Windows(lo, hi, g)
+    virtual = _sets(r, w, all_end_ns)
+    out = []
+    for x in virtual:
+        parts = [w.real(x, k) for k in range(len(keys))]
+        out.append(iv.merge(np.concatenate([p[0] for p in parts]) if parts else iv.EMPTY[0],
+                            np.concatenate([p[1] for p in parts]) if parts else iv.EMPTY[1]))
+    return tuple(out)
+
+
 def gap_parts(ev: pd.DataFrame, coll: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
               main_tid: str | None) -> pd.DataFrame:
     """Per row of ``coll`` (one rank's ``rank_collectives``, same order): gap_ns and its parts
@@ -109,8 +133,7 @@ def gap_parts(ev: pd.DataFrame, coll: pd.DataFrame, steps: pd.DataFrame, device_
     r = full.take(used)
     t0 = int(min(ev["ts_ns"].min(), coll["start_ns"].min()))
     t1 = int(max(ev["end_ns"].max(), coll["end_ns"].max()))
-    w = _Windows(np.array([t0]), np.array([t1]), np.zeros(len(used), np.int64))
-    comm, comp, other, data = (w.real(x, 0) for x in _sets(r, w, full.e))
+    comm, comp, other, data = _real_sets(r, full.e, ev["step"].to_numpy()[used])
     compute = iv.subtract(comp, comm)
     cu = iv.union(comm, comp)
     data_only = iv.subtract(data, cu)

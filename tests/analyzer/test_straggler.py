@@ -411,3 +411,21 @@ def test_summary_table_carries_the_cause(tmp_path):
         (2, 100 * US, "device_compute", "device_compute")
     assert (row["device_compute_ns"], row["unexplained_ns"], row["explained_frac"]) == \
         (100 * US, 0, 1.0)
+
+
+@pytest.mark.parametrize("name", ["a100_ddp_rank0_nccl_args.json.gz", "cpu_gloo_ddp_rank34.json.gz",
+                                  "b200_allgather_rank0.json.gz"])
+def test_gap_parts_are_disjoint_on_real_traces(name):
+    """On real single-rank traces (GPU and gloo CPU): every gap is >= 0 and its four parts,
+    disjoint by rule, sum to at most the gap."""
+    from tests.corpus import corpus
+
+    from analyzer.analyses.collectives import rank_collectives
+
+    ev, steps = api.load_events(corpus(f"single/{name}"))
+    coll = rank_collectives(0, ev)
+    assert len(coll)
+    g = straggler.gap_parts(ev, coll, steps, ev.attrs["device_kind"], ev.attrs["main_tid"])
+    assert (g["gap_ns"] >= 0).all()
+    assert (g[list(straggler.PARTS.values())].sum(axis=1) <= g["gap_ns"]).all()
+    assert (g[list(straggler.PARTS.values())] >= 0).all().all()
