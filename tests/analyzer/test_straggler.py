@@ -429,3 +429,22 @@ def test_gap_parts_are_disjoint_on_real_traces(name):
     assert (g["gap_ns"] >= 0).all()
     assert (g[list(straggler.PARTS.values())].sum(axis=1) <= g["gap_ns"]).all()
     assert (g[list(straggler.PARTS.values())] >= 0).all().all()
+
+
+def test_report_json_carries_the_stragglers(tmp_path):
+    """``analyzer report``'s analysis (compare/runs.py) fills RunEntry.stragglers, and
+    report.json round-trips it."""
+    import msgspec
+
+    from analyzer.compare.runs import analyse
+    from analyzer.contract.report_types import Report
+
+    def gap(t):
+        t.ann("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 300, 400)
+        t.gpu(GEMM, 7, 400, 500, corr=3, launch_ts=400)
+        return 500
+    _, _, want = _job(tmp_path, gap)
+    rep = analyse(tmp_path)
+    assert rep.runs[0].stragglers == want and want[0].cause == "data_wait"
+    back = msgspec.json.decode(msgspec.json.encode(rep), type=Report)
+    assert back.runs[0].stragglers == want
