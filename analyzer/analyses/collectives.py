@@ -111,6 +111,10 @@ def rank_collectives(rank: int, events: pd.DataFrame,
                      else np.zeros(len(idx), np.int64))[order],
         "exposed_ns": (shares[1][idx] if shares is not None
                        else np.zeros(len(idx), np.int64))[order],
+        # filled by analyzer/analyses/straggler.py ``gap_parts`` at ingest (-1: not computed)
+        "gap_ns": np.full(len(idx), -1, np.int64),
+        **{c: np.zeros(len(idx), np.int64)
+           for c in ("gap_compute_ns", "gap_host_ns", "gap_data_ns", "gap_coll_ns")},
     })
 
 

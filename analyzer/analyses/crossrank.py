@@ -332,3 +332,24 @@ def prefetch_parts(job) -> tuple[pd.DataFrame, dict] | None:
         units[c] = (units[f"{c}_sum"] / units[f"{c}_n"]).where(units[f"{c}_n"] > 0)
     return units[["phase", "unit", "n", "prefetched", "comm_ns", "hidden_frac", "slack_ns",
                   "min_slack_ns"]], total
+
+
+def straggler_causes(job, offsets: pd.DataFrame, matched: pd.DataFrame | None = None,
+                     by_kind: bool = True, limit: int | None = None) -> list:
+    """``straggler.straggler_causes_frame(job.collectives, matched)``, a batch of ranks at a
+    time: per instance the straggler's row and its first ``straggler.MEDIAN_PEERS`` peers'
+    gap parts are kept (at most MEDIAN_PEERS + 1 rows per instance), then split.
+    ``matched``: ``match_ranks(job, offsets)`` (None: computed here); ``by_kind``, ``limit``:
+    ``straggler.causes``' (None: ``straggler.MAX_ROWS``)."""
+    from analyzer.analyses import straggler
+
+    if matched is None:
+        matched = match_ranks(job, offsets)
+    red = _Reduction(straggler.bounded)
+    for _, coll in job.batches("collectives", ["rank", "pg", "seq", *straggler.GAP_COLUMNS]):
+        red.add(straggler.instance_rows(coll, matched))
+    rows = red.result()
+    if rows is None:
+        return []
+    return straggler.causes(straggler.split_instances(straggler.bounded(rows)), by_kind,
+                            straggler.MAX_ROWS if limit is None else limit)

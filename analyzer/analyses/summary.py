@@ -36,7 +36,11 @@ class Summary:
     """analyzer.analyses.collectives.match_ranks of the job's collectives, on aligned clocks
     (``measured`` False: skew, transfer, wait and straggler null)."""
     stragglers: pd.DataFrame
-    """analyzer.analyses.collectives.stragglers (measured instances with skew > 0 only)."""
+    """analyzer.analyses.collectives.stragglers (measured instances with skew > 0 only), with
+    each rank's lateness over all kinds split as report.json's ``stragglers``
+    (analyzer/analyses/straggler.py): cause (None: not established), largest_part (the
+    largest named part), explained_frac (its share of the lateness) and the parts in ns (device_compute_ns, host_delay_ns,
+    data_wait_ns, own_collective_ns, unexplained_ns)."""
     crosscheck: pd.DataFrame | None = None
     """analyzer.compare.crosscheck_hta.compare when requested."""
     notes: list[str] = field(default_factory=list)
@@ -115,7 +119,32 @@ def summarize(job) -> Summary:
                           for r in job.ranks])
     return Summary(headline=head, ranks=ranks, breakdown=job.breakdown,
                    by_kind=_with_transfer_busbw(job, crossrank.kind_table(job), offsets),
-                   offsets=offsets, cross_rank=matched, stragglers=stragglers(matched))
+                   offsets=offsets, cross_rank=matched,
+                   stragglers=_with_causes(stragglers(matched),
+                                           crossrank.straggler_causes(job, offsets, matched,
+                                                                      by_kind=False)))
+
+
+def _with_causes(table: pd.DataFrame, causes: list) -> pd.DataFrame:
+    """``collectives.stragglers``' table with each rank's cause columns (``Summary.stragglers``;
+    a rank without a split: cause None, the rest NaN)."""
+    from analyzer.analyses.straggler import PARTS
+
+    keys = [*PARTS, "unexplained"]
+    by_rank = {c.rank: c for c in causes}
+    rows = [by_rank.get(int(r)) for r in table["rank"]] if len(table) else []
+    out = table.assign(
+        cause=pd.Series([None if c is None else c.cause for c in rows], index=table.index,
+                        dtype=object),
+        largest_part=pd.Series([None if c is None else
+                                max(PARTS, key=lambda k: (c.split_ns[k], -list(PARTS).index(k)))
+                                for c in rows], index=table.index, dtype=object),
+        explained_frac=pd.Series([None if c is None else c.explained_frac for c in rows],
+                                 index=table.index, dtype="float64"))
+    for k in keys:
+        out[f"{k}_ns"] = pd.Series([None if c is None else c.split_ns[k] for c in rows],
+                                   index=table.index, dtype="float64")
+    return out
 
 
 def _with_transfer_busbw(job, kinds: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:

@@ -213,9 +213,12 @@ def _print_tables(s) -> None:
              {"rank": ("rank", text), "offset_ms": ("offset_ns", ms),
               "estimate_ms": ("estimate_ns", ms), "mad_ms": ("mad_ns", ms),
               "matched": ("n_matched", text), "clock": ("clock", text)})
-    show("Stragglers (last to start, skew > 0, aligned clocks)", s.stragglers.head(10),
+    show("Stragglers (last to start, skew > 0, aligned clocks; cause: a part >= 80 %)", s.stragglers.head(10),
          {"rank": ("rank", text), "times_last": ("times_last", text),
-          "skew_caused_ms": ("skew_caused_ns", ms)})
+          "skew_caused_ms": ("skew_caused_ns", ms),
+          "cause": ("cause", lambda v: text("not established" if v is None else v)),
+          "largest_part": ("largest_part", text),
+          "of_skew_%": ("explained_frac", lambda f: pct(None if f is None else 100 * f))})
     x = s.cross_rank
     if len(x):  # a collective seen on one rank only, or not one instance, has no skew to show
         x = x[(x["n_ranks"] > 1) & x["measured"].astype(bool)].astype(

@@ -226,6 +226,7 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
         overlap_frac=float(bd["overlap_ns"].sum() / comm_total) if comm_total else None,
         exposed_comm_ns=float(bd["exposed_comm_ns"].mean()) if len(bd) else None,
         ranks=_ranks(bd, offsets),
+        stragglers=crossrank.straggler_causes(tables, offsets),
         prefetch=_prefetch(tables, device_kind),
         steps=[StepBar(step=int(s), **row)
                for s, row in by_step[BAR_PARTS].mean().to_dict("index").items()],

@@ -68,7 +68,8 @@ _ANALYZER = Path(__file__).parents[1]
 CODE_MODULES = tuple(_ANALYZER / m for m in (
     "ingest/decode.py", "ingest/classify.py", "ingest/commid.py", "ingest/steps.py",
     "ingest/pipeline.py", "analyses/breakdown.py", "analyses/memory.py",
-    "analyses/collectives.py", "analyses/prefetch.py", "analyses/intervals.py"))
+    "analyses/collectives.py", "analyses/prefetch.py", "analyses/intervals.py",
+    "analyses/straggler.py"))
 """The modules whose code shapes the cached tables (part of the cache key)."""
 BATCH_BYTES = 64 * 2**20
 """Bytes of a batch of ranks' table in the cross-rank phase (``JobTables.batches``)."""
@@ -302,6 +303,7 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
     from analyzer.analyses.collectives import rank_collectives
     from analyzer.analyses.memory import device_peaks
     from analyzer.analyses.prefetch import prefetch_table
+    from analyzer.analyses.straggler import gap_parts
     from analyzer.ingest.decode import decode_bytes, decompress, memory_events
 
     try:
@@ -354,6 +356,9 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
     if info["unlaunched"].any():  # left out of collectives too (analyzer/ingest/steps.py)
         gone = ev["event_idx"].to_numpy()[info["unlaunched"]]
         coll = coll[~np.isin(coll["event_idx"].to_numpy(), gone)].reset_index(drop=True)
+    gaps = gap_parts(ev, coll, steps, device_kind, main_tid)
+    for c in gaps.columns:
+        coll[c] = gaps[c].to_numpy()
     ws = (info["distributed_info"] or {}).get("world_size")
     rt = RankTables(path=path, world_size=ws if isinstance(ws, int) else None,
                     device_kind=device_kind, distributed_info=info["distributed_info"],

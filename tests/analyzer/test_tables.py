@@ -21,6 +21,7 @@ from analyzer.analyses.collectives import rank_collectives
 from analyzer.contract.errors import BadInput
 from analyzer.ingest.pipeline import rank_tables
 from analyzer.analyses.prefetch import prefetch_table
+from analyzer.analyses.straggler import gap_parts
 from tests.corpus import CORPUS, need
 
 REPO = Path(__file__).parents[2]
@@ -40,7 +41,9 @@ def _same_as_events(tt, ranks: list[int], world_size: int) -> None:
         ev, steps = api.load_events(rt.path)
         kind, main = ev.attrs["device_kind"], ev.attrs["main_tid"]
         bd.append(rank_breakdown(rt.rank, ev, steps, kind, main))
-        coll.append(rank_collectives(rt.rank, ev, comm_shares(ev, steps, kind, main)))
+        c = rank_collectives(rt.rank, ev, comm_shares(ev, steps, kind, main))
+        gaps = gap_parts(ev, c, steps, kind, main)  # the ingest fills them (pipeline.py)
+        coll.append(c.assign(**{k: gaps[k].to_numpy() for k in gaps.columns}))
         pf.append(prefetch_table(ev, rank=rt.rank))
         assert rt.timeline_step == int(steps["step"].min())
         win = steps[steps["step"] == rt.timeline_step].iloc[0]
