@@ -27,22 +27,8 @@ def ordered(report: Report) -> list[Finding]:
 
 
 def value(ev: Evidence) -> str:
-    """One evidence figure in display units: ns as ms, bytes as MiB / KiB / B, frac as %,
-    GB/s, counts; another unit written after the number."""
-    v, u = ev.value, ev.unit
-    if v is None:
-        return "-"
-    if u == "ns":
-        return fmt.ms(v, ".3g" if abs(v) < 1e4 else ".2f")
-    if u == "bytes":
-        return fmt.data_bytes(v)
-    if u == "frac":
-        return fmt.pct(v)
-    if u == "GB/s":
-        return f"{fmt.num(v, '.3g')} GB/s"
-    if u == "count":
-        return fmt.count(v)
-    return f"{fmt.num(v, '.4g')} {u}".rstrip()
+    """One evidence figure in display units (``fmt.figure``)."""
+    return fmt.figure(ev.value, ev.unit)
 
 
 def evidence(f: Finding) -> str:

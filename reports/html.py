@@ -52,13 +52,31 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _legend(items: list[tuple[str, str, float]], y: int) -> str:
-    """Swatches (label, colour, opacity) in one row at ``y``."""
-    out, x = [], 10
-    for label, color, alpha in items:
-        out.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{color}" '
-                   f'fill-opacity="{alpha}" stroke="#999"/><text x="{x + 14}" y="{y + 9}">{e(label)}</text>')
-        x += 20 + 7 * len(label)
+def _legend_places(items: list[tuple[str, str, float]], width: int = 900
+                   ) -> list[tuple[float, int]]:
+    """(x, row) of each swatch: left to right, a new row where the next would pass ``width``."""
+    out, x, row = [], 10, 0
+    for label, _, _ in items:
+        w = 20 + 7 * len(label)
+        if x + w > width and x > 10:
+            x, row = 10, row + 1
+        out.append((x, row))
+        x += w
+    return out
+
+
+def legend_rows(items: list[tuple[str, str, float]], width: int = 900) -> int:
+    """How many rows ``_legend`` takes."""
+    return 1 + max((r for _, r in _legend_places(items, width)), default=0)
+
+
+def _legend(items: list[tuple[str, str, float]], y: int, width: int = 900) -> str:
+    """Swatches (label, colour, opacity) from ``y`` down, wrapped at ``width`` (16 px a row)."""
+    out = []
+    for (label, color, alpha), (x, row) in zip(items, _legend_places(items, width)):
+        yy = y + 16 * row
+        out.append(f'<rect x="{x}" y="{yy}" width="10" height="10" fill="{color}" '
+                   f'fill-opacity="{alpha}" stroke="#999"/><text x="{x + 14}" y="{yy + 9}">{e(label)}</text>')
     return "".join(out)
 
 
@@ -74,7 +92,7 @@ def _hbars(title: str, rows: list[tuple[str, list[Part]]], unit: str, scale_div:
         return ""
     width, left, bar_h = 900, 220, 16
     top = max((sum(v for _, v, _, _ in parts) for _, parts in rows), default=0) or 1
-    h = 40 + len(rows) * (bar_h + 6) + 50
+    h = 40 + len(rows) * (bar_h + 6) + 34 + 16 * legend_rows(legend, width)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" role="img" '
            f'class="plot">'
            f'<title>{e(title)}</title><text x="10" y="15" font-weight="bold">{e(title)}</text>']
@@ -93,7 +111,7 @@ def _hbars(title: str, rows: list[tuple[str, list[Part]]], unit: str, scale_div:
             total += v
         if totals:
             out.append(f'<text x="{x + 4:.1f}" y="{y + 12}">{total / scale_div:.2f} {e(unit)}</text>')
-    out.append(_legend(legend, h - 40))
+    out.append(_legend(legend, h - 24 - 16 * legend_rows(legend, width) + 10))
     out.append("</svg>")
     return "".join(out)
 
@@ -215,7 +233,8 @@ def timeline_svg(run: RunEntry, color: str = palette.STRATEGY_COLORS["ddp"]) -> 
                    for tl in tls), 1)
     sx = (width - left - 20) / span
     block = len(lanes) * (lane_h + 2) + gap
-    h = 30 + len(tls) * block + 40
+    legend = _legend_for_run(run, color)
+    h = 30 + len(tls) * block + 30 + 16 * legend_rows(legend, width)
     step = tls[0].step
     title = (f"{_run_label(run)}: step {step} on every rank (aligned clocks), lanes compute / "
              "communication by kind / idle")
@@ -236,13 +255,16 @@ def timeline_svg(run: RunEntry, color: str = palette.STRATEGY_COLORS["ddp"]) -> 
             for a, b in spans.get(lane, []):
                 x = left + max(a, 0) * sx
                 w = max((b - max(a, 0)) * sx, 0.5)
+                edge = (f' stroke="{color}" stroke-opacity="0.4" stroke-width="0.5"'
+                        if lane == "idle" else "")
                 out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_h}" '
-                           f'fill="{color}" fill-opacity="{palette.SHADES[shade]}" '
-                           f'stroke="{color}" stroke-width="0.3"><title>{e(run.name)} rank '
-                           f'{tl.rank} {e(lane)} {fmt.ms(b - a, ".3f")}</title></rect>')
-    out.append(f'<text x="{left}" y="{h - 24}">0</text><text x="{width - 90}" y="{h - 24}">'
+                           f'fill="{color}" fill-opacity="{palette.SHADES[shade]}"{edge}>'
+                           f'<title>{e(run.name)} rank {tl.rank} {e(lane)} '
+                           f'{fmt.ms(b - a, ".3f")}</title></rect>')
+    axis = 30 + len(tls) * block + 8
+    out.append(f'<text x="{left}" y="{axis}">0</text><text x="{width - 90}" y="{axis}">'
                f'{e(fmt.ms(span))}</text>')
-    out.append(_legend(_legend_for_run(run, color), h - 14))
+    out.append(_legend(legend, axis + 10))
     out.append("</svg>")
     return "".join(out)
 

@@ -172,7 +172,8 @@ def test_geometry_check_on_hand_made_dumps():
     assert geometry.problems({**GOOD, "decision": None}, plots=2) == [
         "decision not wholly in the first 1400x900 viewport: None", "1 plots drawn, the page has 2"]
     assert geometry.problems({**GOOD, "viewport": [1200, 2000]}, plots=1) == [
-        "viewport [1200, 2000] is not 1400x900"]
+        "viewport [1200, 2000] is not 1400 wide"]
+    assert geometry.problems({**GOOD, "viewport": [1400, 757]}, plots=1) == []
 
 
 def test_geometry_reads_back_from_a_dumped_dom(report):
