@@ -27,6 +27,25 @@ def num(v: Any, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def figure(v: Any, unit: str) -> str:
+    """A figure with its report.json unit (a finding's evidence) in display units: ns as ms,
+    bytes as MiB / KiB / B, frac as %, GB/s, counts; another unit written after the number;
+    ``-`` when missing."""
+    if v is None:
+        return "-"
+    if unit == "ns":
+        return ms(v, ".3g" if abs(v) < 1e4 else ".2f")
+    if unit == "bytes":
+        return data_bytes(v)
+    if unit == "frac":
+        return pct(v)
+    if unit == "GB/s":
+        return f"{num(v, '.3g')} GB/s"
+    if unit == "count":
+        return count(v)
+    return f"{num(v, '.4g')} {unit}".rstrip()
+
+
 def count(v: Any) -> str:
     """A count: an integer when whole (``6``, not ``6.0``), else one decimal (a mean)."""
     if v is None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
 from analyzer.contract.text import show_bidi
+from reports import findings as findings_text
 from reports import fmt, notes, palette
 from reports import memory as memory_section
 from reports import pipeline as pipeline_section
@@ -32,7 +33,11 @@ LABELS = {"compute_ns": "compute", "exposed_comm_ns": "exposed communication",
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}
 th{background:#f3f3f3}.decision{font-size:17px;font-weight:bold;background:#f7f7ff;padding:1em;border-left:4px solid #4e79a7}
-.withheld{color:#b00;font-weight:bold}svg{font-size:11px;background:#fff}code{background:#f3f3f3}"""
+.withheld{color:#b00;font-weight:bold}svg{font-size:11px;background:#fff;display:block;margin:.5em 0}
+code{background:#f3f3f3}h1{margin:.2em 0;font-size:24px}.decision{margin:.4em 0}
+.findings{font-size:14px;margin:.4em 0}.findings ol{margin:.2em 0;padding-left:1.6em}.findings li{margin:.15em 0}
+.findings p{margin:.3em 0;font-weight:bold}.verdict{font-size:13px}
+details.measured{margin:.3em 0 1em;font-size:13px;color:#444}details.measured summary{cursor:pointer;color:#4e79a7}"""
 
 
 def e(v: Any) -> str:
@@ -47,13 +52,31 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _legend(items: list[tuple[str, str, float]], y: int) -> str:
-    """Swatches (label, colour, opacity) in one row at ``y``."""
-    out, x = [], 10
-    for label, color, alpha in items:
-        out.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{color}" '
-                   f'fill-opacity="{alpha}" stroke="#999"/><text x="{x + 14}" y="{y + 9}">{e(label)}</text>')
-        x += 20 + 7 * len(label)
+def _legend_places(items: list[tuple[str, str, float]], width: int = 900
+                   ) -> list[tuple[float, int]]:
+    """(x, row) of each swatch: left to right, a new row where the next would pass ``width``."""
+    out, x, row = [], 10, 0
+    for label, _, _ in items:
+        w = 20 + 7 * len(label)
+        if x + w > width and x > 10:
+            x, row = 10, row + 1
+        out.append((x, row))
+        x += w
+    return out
+
+
+def legend_rows(items: list[tuple[str, str, float]], width: int = 900) -> int:
+    """How many rows ``_legend`` takes."""
+    return 1 + max((r for _, r in _legend_places(items, width)), default=0)
+
+
+def _legend(items: list[tuple[str, str, float]], y: int, width: int = 900) -> str:
+    """Swatches (label, colour, opacity) from ``y`` down, wrapped at ``width`` (16 px a row)."""
+    out = []
+    for (label, color, alpha), (x, row) in zip(items, _legend_places(items, width)):
+        yy = y + 16 * row
+        out.append(f'<rect x="{x}" y="{yy}" width="10" height="10" fill="{color}" '
+                   f'fill-opacity="{alpha}" stroke="#999"/><text x="{x + 14}" y="{yy + 9}">{e(label)}</text>')
     return "".join(out)
 
 
@@ -69,8 +92,9 @@ def _hbars(title: str, rows: list[tuple[str, list[Part]]], unit: str, scale_div:
         return ""
     width, left, bar_h = 900, 220, 16
     top = max((sum(v for _, v, _, _ in parts) for _, parts in rows), default=0) or 1
-    h = 40 + len(rows) * (bar_h + 6) + 50
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" role="img">'
+    h = 40 + len(rows) * (bar_h + 6) + 34 + 16 * legend_rows(legend, width)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" role="img" '
+           f'class="plot">'
            f'<title>{e(title)}</title><text x="10" y="15" font-weight="bold">{e(title)}</text>']
     for i, (label, parts) in enumerate(rows):
         y = 28 + i * (bar_h + 6)
@@ -87,7 +111,7 @@ def _hbars(title: str, rows: list[tuple[str, list[Part]]], unit: str, scale_div:
             total += v
         if totals:
             out.append(f'<text x="{x + 4:.1f}" y="{y + 12}">{total / scale_div:.2f} {e(unit)}</text>')
-    out.append(_legend(legend, h - 40))
+    out.append(_legend(legend, h - 24 - 16 * legend_rows(legend, width) + 10))
     out.append("</svg>")
     return "".join(out)
 
@@ -171,32 +195,101 @@ def mesh_dim_bars(report: Report) -> str:
     return "".join(out)
 
 
+def _gaps(ivs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """[lo, hi) minus the union of ``ivs``: a rank's idle time in its step window."""
+    out, at = [], lo
+    for s, t in sorted(ivs):
+        if s > at:
+            out.append((at, min(s, hi)))
+        at = max(at, t)
+        if at >= hi:
+            break
+    if at < hi:
+        out.append((at, hi))
+    return [(a, b) for a, b in out if b > a]
+
+
+def rank_timelines(run: RunEntry) -> list:
+    """The run's per-rank timelines (``RunEntry.rank_timelines``); an older report.json's one
+    rank (``timeline``) where it has none."""
+    if run.rank_timelines:
+        return run.rank_timelines
+    return [run.timeline] if run.timeline and run.timeline.intervals else []
+
+
 def timeline_svg(run: RunEntry, color: str = palette.STRATEGY_COLORS["ddp"]) -> str:
-    """One step of one rank: compute and communication lanes, in the run's strategy colour
-    ``color`` (communication lighter)."""
-    tl = run.timeline
-    if not tl or not tl.intervals:
+    """One profiled step of every rank (``rank_timelines``), ranks stacked on one time axis
+    (aligned clocks: each rank's step placed at its ``start_ns``), each with a compute lane, a
+    lane per collective kind and an idle lane (the step window covered by neither), in the
+    run's strategy colour ``color`` at each lane's shade (reports/palette.py ``SHADES``)."""
+    tls = rank_timelines(run)
+    if not tls:
         return ""
-    width, left = 900, 120
-    span = max(tl.step_ns, max(i.end_ns for i in tl.intervals), 1)
+    kinds = sorted({iv.kind or "communication" for tl in tls for iv in tl.intervals
+                    if iv.lane == "comm"})
+    lanes = [("compute", "compute")] + [(k, "communication") for k in kinds] + [("idle", "idle")]
+    width, left, lane_h, gap = 900, 170, 11, 8
+    span = max(max(tl.start_ns + max(tl.step_ns, max((i.end_ns for i in tl.intervals), default=0))
+                   for tl in tls), 1)
     sx = (width - left - 20) / span
-    title = f"{_run_label(run)}: rank {tl.rank}, step {tl.step}"
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="110" role="img">'
-           f'<title>{e(title)}</title><text x="10" y="15" font-weight="bold">{e(title)}</text>']
-    for lane, y, alpha in (("compute", 30, palette.SHADES["compute"]),
-                           ("comm", 60, palette.SHADES["communication"])):
-        out.append(f'<text x="10" y="{y + 13}">{e(lane)}</text>')
+    block = len(lanes) * (lane_h + 2) + gap
+    legend = _legend_for_run(run, color)
+    h = 30 + len(tls) * block + 30 + 16 * legend_rows(legend, width)
+    step = tls[0].step
+    title = (f"{_run_label(run)}: step {step} on every rank (aligned clocks), lanes compute / "
+             "communication by kind / idle")
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" role="img" '
+           f'class="plot timeline"><title>{e(title)}</title>'
+           f'<text x="10" y="15" font-weight="bold">{e(title)}</text>']
+    for n, tl in enumerate(tls):
+        y0 = 28 + n * block
+        busy = [(tl.start_ns + i.start_ns, tl.start_ns + i.end_ns) for i in tl.intervals]
+        spans = {"compute": [], "idle": _gaps(busy, tl.start_ns, tl.start_ns + tl.step_ns)}
         for iv in tl.intervals:
-            if iv.lane != lane:
-                continue
-            x = left + max(iv.start_ns, 0) * sx
-            w = max((iv.end_ns - max(iv.start_ns, 0)) * sx, 0.5)
-            out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="20" fill="{color}" '
-                       f'fill-opacity="{alpha}"><title>{e(iv.kind or lane)} '
-                       f'{fmt.ms(iv.end_ns - iv.start_ns)}</title></rect>')
-    out.append(f'<text x="{left}" y="100">0</text><text x="{width - 80}" y="100">{e(fmt.ms(span))}</text>')
+            key = "compute" if iv.lane == "compute" else iv.kind or "communication"
+            spans.setdefault(key, []).append((tl.start_ns + iv.start_ns, tl.start_ns + iv.end_ns))
+        for j, (lane, shade) in enumerate(lanes):
+            y = y0 + j * (lane_h + 2)
+            label = f"rank {tl.rank} {lane}" if j == 0 else lane
+            out.append(f'<text x="10" y="{y + 9}">{e(label)}</text>')
+            for a, b in spans.get(lane, []):
+                x = left + max(a, 0) * sx
+                w = max((b - max(a, 0)) * sx, 0.5)
+                edge = (f' stroke="{color}" stroke-opacity="0.4" stroke-width="0.5"'
+                        if lane == "idle" else "")
+                out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_h}" '
+                           f'fill="{color}" fill-opacity="{palette.SHADES[shade]}"{edge}>'
+                           f'<title>{e(run.name)} rank {tl.rank} {e(lane)} '
+                           f'{fmt.ms(b - a, ".3f")}</title></rect>')
+    axis = 30 + len(tls) * block + 8
+    out.append(f'<text x="{left}" y="{axis}">0</text><text x="{width - 90}" y="{axis}">'
+               f'{e(fmt.ms(span))}</text>')
+    out.append(_legend(legend, axis + 10))
     out.append("</svg>")
     return "".join(out)
+
+
+def _legend_for_run(run: RunEntry, color: str) -> list[tuple[str, str, float]]:
+    """The timeline's legend: the run's strategy in its colour, then the lanes' shades."""
+    return [(run.strategy, color, 1.0)] + [(f"shade: {p}", palette.SHADE_SWATCH, palette.SHADES[p])
+                                           for p in ("compute", "communication", "idle")]
+
+
+def breakdown_bars(report: Report) -> str:
+    """The time breakdown per strategy: one stacked bar per run -- compute, exposed
+    communication, data wait, other, idle per profiled step (per rank, mean over its ranks:
+    ``ranks[]``), adding up to the traced step -- in the run's strategy colour, one shade per
+    part."""
+    col = _colors(report)
+    rows = []
+    for r in report.runs:
+        if not r.ranks:
+            continue
+        n = len(r.ranks)
+        rows.append((_run_label(r), [(LABELS[k], sum(getattr(x, k) or 0 for x in r.ranks) / n,
+                                      col[r.name], palette.SHADES[LABELS[k]]) for k in LABELS]))
+    return _hbars("Time breakdown per strategy (per rank and profiled step, mean over ranks)",
+                  rows, "ms", 1e6, _legend_for(report, list(LABELS.values())))
 
 
 def loss_svg(report: Report) -> str:
@@ -216,7 +309,8 @@ def loss_svg(report: Report) -> str:
     def xy(step: int, v: float) -> str:
         return f"{left + (step - x0) * sx:.1f},{height - bottom - (v - y0) * sy:.1f}"
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">'
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+           'class="plot">'
            '<title>loss per step</title>',
            f'<text x="10" y="{top}">{e(fmt.num(y1, ".6g"))}</text>',
            f'<text x="10" y="{height - bottom}">{e(fmt.num(y0, ".6g"))}</text>',
@@ -236,43 +330,72 @@ def loss_svg(report: Report) -> str:
     return "".join(out)
 
 
+def _details(defs) -> str:
+    """A table's definitions behind one disclosure (closed; its summary names them)."""
+    defs = [d for d in defs if d.paragraphs]
+    if not defs:
+        return ""
+    body = "".join(f"<h4>{e(d.title)}</h4>" + "".join(f"<p>{e(p)}</p>" for p in d.paragraphs)
+                   for d in defs)
+    return (f'<details class="measured"><summary>How it is measured: '
+            f'{e(", ".join(d.title for d in defs))}</summary>{body}</details>')
+
+
+def first_screen(report: Report) -> list[str]:
+    """The part above the fold (1400 x 900): the decision line, then the top findings by
+    severity, one line each (reports/findings.py), then the verdict's details."""
+    lines, more = findings_text.first_screen(report)
+    items = "".join(f"<li>{e(x)}</li>" for x in lines)
+    if more:
+        items += f'<li>... and {more} more: <a href="#findings-in-full">Findings in full</a></li>'
+    return [f'<p class="decision" id="decision">Decision: '
+            f'{e(decision_line(decision_input(report)))}</p>',
+            f'<section id="findings" class="findings"><p>{e(findings_text.head(report))}</p>'
+            + (f"<ol>{items}</ol>" if items else "") + "</section>",
+            '<ul class="verdict">' + "".join(f"<li>{e(s)}</li>" for s in verdict(report)) + "</ul>"]
+
+
 def render(report: Report, out_dir: Path | str | None = None) -> str:
-    """The whole report.html text, in report.md's order (reports/markdown.py ``render``), with
-    plots in one colour per strategy (reports/palette.py); ``out_dir``: the folder it is
-    written to (trace links are relative to it; absolute ``file:`` URLs when None)."""
+    """The whole report.html text, in report.md's order (reports/markdown.py ``render``): the
+    first screen (decision, top findings), then the sections, each table's definitions behind
+    a disclosure under it, plots in one colour per strategy and one shade per category
+    (reports/palette.py); ``out_dir``: the folder it is written to (trace links are relative
+    to it; absolute ``file:`` URLs when None)."""
     runs = report.runs
     rk = report.ranking
     col = _colors(report)
+    defs = md_rows.definitions(report)
+
+    def measured(*keys: str) -> str:
+        return _details([defs[k] for k in keys])
+
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              "<title>paritytrace report</title>", f"<style>{CSS}</style></head><body>",
-             "<h1>paritytrace report</h1>",
-             f'<p class="decision">Decision: {e(decision_line(decision_input(report)))}</p>',
-             "<ul>" + "".join(f"<li>{e(s)}</li>" for s in verdict(report)) + "</ul>"]
-    parts += ["<h2>Parity</h2>", _table(*md_rows.parity_rows(report)),
-              f"<p>{e(md_rows.PARITY_RULE)}</p>"]
+             "<h1>paritytrace report</h1>", *first_screen(report)]
+    parts += ["<h2>Parity</h2>", _table(*md_rows.parity_rows(report)), measured("parity")]
     heads, rows = md_rows.loss_rows(report)
     if rows:
         parts += ["<h3>Loss per step</h3>", loss_svg(report),
                   "<p>Solid: the run's loss; dashed, same colour: the baseline's.</p>",
-                  _table(heads, rows), f"<p>{e(md_rows.LOSS_NOTE)}</p>"]
-    parts += memory_section.html(report, _table, _hbars, e)
+                  _table(heads, rows), measured("loss")]
+    parts += memory_section.html(report, _table, _hbars, e, measured)
     heads, rows = md_rows.comm_split_rows(report)
     parts += ["<h2>Communication</h2>",
               "<h3>Transfer and waiting for the slowest rank (per rank, mean per profiled step)</h3>",
               _table(heads, rows) if rows else "<p>No collectives found.</p>", comm_bars(report),
-              f"<p>{e(md_rows.SPLIT_NOTE)}</p>"]
+              measured("split")]
     heads, rows = md_rows.comm_kind_rows(report)
     if rows:
         parts += ["<h3>By collective kind (per rank, mean per profiled step)</h3>",
-                  _table(heads, rows), f"<p>{e(md_rows.BUSBW_NOTE)}</p>"]
+                  _table(heads, rows), measured("busbw")]
     groups = comm_group_rows(report)
     if groups:
         parts += ["<h3>By process group and dtype (per rank, all profiled steps)</h3>",
-                  _table(COMM_GROUP_HEADERS, groups), f"<p>{e(notes.COMM_GROUPS)}</p>"]
+                  _table(COMM_GROUP_HEADERS, groups), measured("groups")]
     heads, rows = md_rows.mesh_dim_rows(report)
     if rows:
         parts += ["<h3>Communication per mesh dimension (per rank, all profiled steps)</h3>",
-                  _table(heads, rows), mesh_dim_bars(report), f"<p>{e(md_rows.MESH_DIM_NOTE)}</p>"]
+                  _table(heads, rows), mesh_dim_bars(report), measured("mesh")]
     parts.append("<h2>Ranking by step time</h2>")
     if rk.status != "ranked":
         parts.append(f'<p class="withheld">Withheld. {e(rk.reason)}</p>')
@@ -280,30 +403,27 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
     if rk.pairs:
         parts.append("<ul>" + "".join(f"<li>{e(p.sentence)}</li>" for p in rk.pairs) + "</ul>")
     parts += [step_time_bars(report),
-              f"<p>{e(notes.STEP_TIME)}</p>",
               f"<p>Step-time source: {e('; '.join(notes.step_sources(runs)))}.</p>",
-              f"<p>Rule: {e(rk.rule)}</p>"]
+              measured("step_time", "speedup", "ranking")]
     parts += ["<h2>Time per step (per rank, mean per profiled step)</h2>",
-              _table(*comparison_rows(report)),
-              f"<p>{e(notes.windows(runs))} {e(md_rows.COMPARISON_NOTE)}</p>", step_bars(report)]
-    parts += [timeline_svg(r, col[r.name]) for r in runs]
+              _table(*comparison_rows(report)), breakdown_bars(report), step_bars(report),
+              measured("windows")]
     heads, rows = md_rows.rank_rows(report)
     parts += ["<h2>Time per rank (mean per step)</h2>",
               _table(heads, rows) if rows else "<p>No traces.</p>",
-              f"<p>{e(notes.CLOCK_OFFSET)}</p>", f"<p>{e(md_rows.IDENTITY_NOTE + notes.OTHER_IDLE)}</p>"]
-    parts += pipeline_section.html(report, _table, e)
+              *[timeline_svg(r, col[r.name]) for r in runs],
+              measured("clock", "identity")]
+    parts += pipeline_section.html(report, _table, e, lambda: measured("bubble", "pairs"))
     pf = [r for r in runs if r.prefetch]
     if pf:
         parts.append("<h2>FSDP prefetch</h2>")
         for r in pf:
             parts.append(f"<h3>{e(r.name)}</h3><p>{e(notes.prefetch_sentence(r))}</p>")
             parts.append(_table(*md_rows.prefetch_rows(r)))
-            if r.prefetch.note:
-                parts.append(f"<p>{e(r.prefetch.note)}</p>")
         for group in report.prefetch_comparisons:
             parts += ["<p>Prefetch settings side by side (runs differ only in them):</p>",
                       _table(*md_rows.prefetch_group_rows(report, group))]
-        parts.append(f"<p>{e(notes.UNIT_NAMES)}</p><p>{e(notes.SLACK)}</p>")
+        parts.append(measured("prefetch_cpu", "units", "slack"))
     parts += ["<h2>Recorded settings</h2>", _table(*md_rows.settings_rows(report))]
     bd = report.baseline_drift
     if bd:
@@ -316,6 +436,14 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
     parts += [f'<li>{e(r.name)}: <a href="{e(trace_href(t, out_dir))}">{e(t)}</a></li>'
               for r in runs for t in r.traces]
     parts.append("</ul>")
+    found = findings_text.ordered(report)
+    if found:
+        parts.append('<h2 id="findings-in-full">Findings in full</h2><ol>')
+        for f in found:
+            first, *rest = findings_text.full(f)
+            parts.append(f"<li>{e(first)}<ul>" + "".join(f"<li>{e(x)}</li>" for x in rest)
+                         + "</ul></li>")
+        parts.append("</ol>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

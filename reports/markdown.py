@@ -8,10 +8,13 @@ from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
 from analyzer.contract.text import show_bidi
+from reports import definitions as definitions_part
+from reports import findings as findings_text
 from reports import fmt, notes
 from reports import memory as memory_section
 from reports import pipeline as pipeline_section
 from reports.decision import decision_input, decision_line
+from reports.definitions import Cited, Definition, define
 from reports.verdict import verdict
 
 PERFETTO_HINT = "open in https://ui.perfetto.dev (Open trace file)"
@@ -341,38 +344,113 @@ def drift_rows(report: Report) -> Rows:
     return ["reference", "run", "settings that differ", "tolerance applied and why", "verdict"], rows
 
 
+def definitions(report: Report) -> dict[str, Definition]:
+    """Every definition a table of this report can cite, by key (shared with html.py): the
+    texts of this module, notes.py, memory.py and pipeline.py, once each."""
+    runs = report.runs
+    cpu_fsdp = any(r.prefetch and r.device == "cpu" for r in runs)
+    cpu_notes = list(dict.fromkeys(r.prefetch.note for r in runs if r.prefetch and r.prefetch.note))
+    bubble = list(dict.fromkeys(r.pipeline.bubble_rule for r in runs if r.pipeline is not None))
+    return {
+        "parity": define("Parity rule", PARITY_RULE),
+        "loss": define("Loss limit", LOSS_NOTE),
+        "split": define("Transfer and waiting", SPLIT_NOTE),
+        "busbw": define("busbw from transfer time", BUSBW_NOTE),
+        "groups": define("Per process group and dtype", notes.COMM_GROUPS, raw=True),
+        "mesh": define("Per mesh dimension", MESH_DIM_NOTE),
+        "step_time": define("Step time", notes.STEP_TIME),
+        "speedup": define("Speedup vs single", SPEEDUP_NOTE),
+        "ranking": define("Ranking rule", f"Rule: {report.ranking.rule}"),
+        "windows": define("Time windows and shares", notes.windows(runs) + " " + COMPARISON_NOTE
+                          + (" " + CPU_COMPUTE_NOTE if cpu_fsdp else "")),
+        "clock": define("Clock offset", notes.CLOCK_OFFSET, raw=True),
+        "identity": define("Step identity", IDENTITY_NOTE + notes.OTHER_IDLE),
+        "bubble": define("Pipeline bubble", *bubble),
+        "pairs": define("Send and recv between stages", pipeline_section.PAIR_NOTE),
+        "prefetch_cpu": define("FSDP prefetch on CPU", *cpu_notes),
+        "units": define("FSDP units", notes.UNIT_NAMES, raw=True),
+        "slack": define("Prefetch slack", notes.SLACK, raw=True),
+        **memory_section.definitions(report)}
+
+
+SPEEDUP_NOTE = ("Speedup vs single = the single-device run's median step time / the run's, shown "
+                "only for runs comparable with it (parity passed, same recorded settings); '-' "
+                "otherwise.")
+
+
+def measured_part(cited: Cited) -> list[str]:
+    """report.md's closing part: every definition ``cited`` holds, under its own heading (the
+    anchor the tables link to)."""
+    out = [f"## {definitions_part.PART}", "",
+           "Each table above links here; each definition and rule is written once.", ""]
+    for d in cited:
+        out += [f"### {d.title}", ""]
+        for p in d.paragraphs:
+            out += [p if d.raw else escape(p), ""]
+    return out
+
+
+def link_line(cited: Cited, *defs: Definition) -> str:
+    """``How it is measured: [Parity rule](#parity-rule).``: a table's link to its entries of
+    the closing part (recorded in ``cited``)."""
+    return "How it is measured: " + ", ".join(
+        f"[{escape(d.title)}](#{d.anchor})" for d in cited.cite(*defs)) + "."
+
+
+def first_screen(report: Report) -> list[str]:
+    """The first lines of report.md: title, the decision line, the top findings by severity
+    (each one line with its evidence, cause and action), then the verdict's details."""
+    out = ["# paritytrace report", "",
+           f"**Decision:** {escape(decision_line(decision_input(report)))}", "",
+           escape(findings_text.head(report)), ""]
+    lines, more = findings_text.first_screen(report)
+    out += [f"{i}. {escape(x)}" for i, x in enumerate(lines, 1)]
+    if more:
+        out.append(f"{len(lines) + 1}. ... and {more} more: [Findings in full](#findings-in-full)")
+    if lines:
+        out.append("")
+    out += [f"- {escape(s)}" for s in verdict(report)] + [""]
+    return out
+
+
 def render(report: Report) -> str:
     """The whole report.md text: every string from a trace, a manifest or a path through
-    ``escape``. Order: the decision line, its details, Parity, Memory, Communication, the
-    ranking by step time, then the remaining tables."""
+    ``escape``. Order: the first screen (decision, top findings, the verdict's details),
+    Parity, Memory, Communication, the ranking by step time, the remaining tables, the
+    findings in full, then "How each figure is measured" (every definition, once; each table
+    links to its own)."""
     runs = report.runs
-    out = ["# paritytrace report", "",
-           f"**Decision:** {escape(decision_line(decision_input(report)))}", ""]
-    out += [f"- {escape(s)}" for s in verdict(report)] + [""]
+    defs = definitions(report)
+    cited = Cited()
 
-    out += ["## Parity", "", table(*parity_rows(report)), "", escape(PARITY_RULE), ""]
+    def link(*keys: str) -> str:
+        return link_line(cited, *(defs[k] for k in keys))
+
+    out = first_screen(report)
+    out += ["## Parity", "", table(*parity_rows(report)), "", link("parity"), ""]
     heads, rows = loss_rows(report)
     if rows:
-        out += ["### Loss per step", "", table(heads, rows), "", escape(LOSS_NOTE), ""]
+        out += ["### Loss per step", "", table(heads, rows), "", link("loss"), ""]
 
-    out += memory_section.markdown(report, table, escape)
+    out += memory_section.markdown(report, table, escape,
+                                   lambda *keys: link_line(cited, *(defs[k] for k in keys)))
 
     out += ["## Communication", ""]
     heads, rows = comm_split_rows(report)
     out += ["### Transfer and waiting for the slowest rank (per rank, mean per profiled step)", "",
-            table(heads, rows) if rows else "No collectives found.", "", escape(SPLIT_NOTE), ""]
+            table(heads, rows) if rows else "No collectives found.", "", link("split"), ""]
     heads, rows = comm_kind_rows(report)
     if rows:
         out += ["### By collective kind (per rank, mean per profiled step)", "",
-                table(heads, rows), "", escape(BUSBW_NOTE), ""]
+                table(heads, rows), "", link("busbw"), ""]
     rows = comm_group_rows(report)
     if rows:
         out += ["### By process group and dtype (per rank, all profiled steps)", "",
-                table(COMM_GROUP_HEADERS, rows), "", notes.COMM_GROUPS, ""]
+                table(COMM_GROUP_HEADERS, rows), "", link("groups"), ""]
     heads, rows = mesh_dim_rows(report)
     if rows:
         out += ["### Communication per mesh dimension (per rank, all profiled steps)", "",
-                table(heads, rows), "", escape(MESH_DIM_NOTE), ""]
+                table(heads, rows), "", link("mesh"), ""]
 
     rk = report.ranking
     out += ["## Ranking by step time", ""]
@@ -380,33 +458,27 @@ def render(report: Report) -> str:
         out += [f"**Withheld.** {escape(rk.reason)}", ""]
     out += [table(*ranking_rows(report)), ""]
     out += [f"- {escape(p.sentence)}" for p in rk.pairs] + ([""] if rk.pairs else [])
-    out += [escape(notes.STEP_TIME), "",
-            "Step-time source: " + escape("; ".join(notes.step_sources(runs))) + ". Speedup vs "
-            "single = the single-device run's median step time / the run's, shown only for runs "
-            "comparable with it (parity passed, same recorded settings); '-' otherwise.", "",
-            f"Rule: {escape(rk.rule)}", ""]
+    out += ["Step-time source: " + escape("; ".join(notes.step_sources(runs))) + ".", "",
+            link("step_time", "speedup", "ranking"), ""]
     out += ["## Time per step (per rank, mean per profiled step)", "",
-            table(*comparison_rows(report)), "",
-            escape(notes.windows(runs)) + " " + escape(COMPARISON_NOTE)
-            + (" " + escape(CPU_COMPUTE_NOTE) if any(r.prefetch and r.device == "cpu" for r in runs)
-               else ""), ""]
+            table(*comparison_rows(report)), "", link("windows"), ""]
 
     heads, rows = rank_rows(report)
     out += ["## Time per rank (mean per step)", "", table(heads, rows) if rows else "No traces.",
-            "", notes.CLOCK_OFFSET, "", escape(IDENTITY_NOTE + notes.OTHER_IDLE), ""]
-    out += pipeline_section.markdown(report, table, escape)
+            "", link("clock", "identity"), ""]
+    out += pipeline_section.markdown(report, table, escape, link("bubble", "pairs")
+                                     if pipeline_section.runs(report) else "")
 
     pf_runs = [r for r in runs if r.prefetch]
     if pf_runs:
         out += ["## FSDP prefetch", ""]
         for r in pf_runs:
             out += [escape(notes.prefetch_sentence(r)), "", table(*prefetch_rows(r)), ""]
-            if r.prefetch.note:
-                out += [escape(r.prefetch.note), ""]
         for group in report.prefetch_comparisons:
             out += ["Prefetch settings side by side (runs differ only in them):", "",
                     table(*prefetch_group_rows(report, group)), ""]
-        out += [notes.UNIT_NAMES, "", notes.SLACK, ""]
+        keys = (["prefetch_cpu"] if defs["prefetch_cpu"].paragraphs else []) + ["units", "slack"]
+        out += [link(*keys), ""]
 
     out += ["## Recorded settings", "", table(*settings_rows(report)), ""]
     if report.settings_warnings:
@@ -423,6 +495,16 @@ def render(report: Report) -> str:
     out += ["## Trace files", "", f"Each is a Chrome trace; {PERFETTO_HINT}.", ""]
     out += [f"- {escape(r.name)}: {escape(t)}" for r in runs for t in r.traces]
     out.append("")
+    found = findings_text.ordered(report)
+    if found:
+        out += ["## Findings in full", "",
+                "Each finding's evidence with its place in report.json (a JSON pointer) and the "
+                "rule that established its cause.", ""]
+        for i, f in enumerate(found, 1):
+            first, *rest = findings_text.full(f)
+            out += [f"{i}. {escape(first)}"] + [f"   - {escape(x)}" for x in rest]
+        out.append("")
+    out += measured_part(cited)
     return "\n".join(out)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
 from reports import fmt, palette
+from reports.definitions import Definition, define
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 """The categories that add up (the fifth, ``peak``, is their sum on CPU, the allocator's on CUDA)."""
@@ -319,29 +320,39 @@ def bar_rows(report: Report) -> list[tuple[str, list[tuple[str, float, str, floa
     return rows
 
 
-def markdown(report: Report, table, escape) -> list[str]:
-    """The section's report.md lines; ``table`` / ``escape`` are reports/markdown.py's."""
+def definitions(report: Report) -> dict[str, Definition]:
+    """The section's definitions (reports/definitions.py), by key."""
+    return {"memory_sources": define("Memory categories and their sources", SOURCES),
+            "ratio": define("Ratio to DDP and what sharding predicts", RATIO_NOTE,
+                            MESH_NOTE if any(r.strategy in MESH_STRATEGIES for r in report.runs)
+                            else ""),
+            "sharding": define("Parameters per rank under sharding", SHARDING_NOTE),
+            "device_memory": define("Peaks from memory events", DEVICE_NOTE),
+            "rss": define("Process RSS and the profiler-window peak", RSS_NOTE)}
+
+
+def markdown(report: Report, table, escape, link=lambda *keys: "") -> list[str]:
+    """The section's report.md lines; ``table`` / ``escape`` are reports/markdown.py's;
+    ``link(*keys)``: the line linking a table to its definitions (``definitions``)."""
     out = ["## Memory per rank", ""]
     heads, rows = category_rows(report)
     out += [table(heads, rows) if rows else "No memory categories (foreign traces, or a record "
-            "made before they were written).", ""] + ([escape(SOURCES), ""] if rows else [])
+            "made before they were written).", ""] + ([link("memory_sources"), ""] if rows else [])
     out += [f"- {escape(line)}" for line in peak_source_lines(report)] + [""]
     heads, rows = ratio_rows(report)
     if rows:
-        out += ["### Ratio to DDP", "", table(heads, rows), "", escape(RATIO_NOTE), ""]
-        if any(r.strategy in MESH_STRATEGIES for r in report.runs):
-            out += [escape(MESH_NOTE), ""]
+        out += ["### Ratio to DDP", "", table(heads, rows), "", link("ratio"), ""]
     heads, rows = sharding_rows(report)
     if rows:
         out += ["### Parameters per rank: what sharding predicts", "", table(heads, rows), "",
-                escape(SHARDING_NOTE), ""] + [f"- {escape(x)}" for x in sharding_lines(report)] + [""]
+                link("sharding"), ""] + [f"- {escape(x)}" for x in sharding_lines(report)] + [""]
     fits = fit_lines(report)
     if fits:
         out += ["### Will it fit", ""] + [f"- {escape(line)}" for line in fits] + [""]
     heads, rows = device_rows(report)
     if rows:
         out += ["### Peaks from the traces' \\[memory\\] events", "", table(heads, rows), "",
-                escape(DEVICE_NOTE), ""]
+                link("device_memory"), ""]
     for r in report.runs:
         if r.memory.snapshot_by_category:
             out += [f"CUDA allocator snapshot of {escape(r.name)} (live blocks by category):", "",
@@ -350,12 +361,13 @@ def markdown(report: Report, table, escape) -> list[str]:
     heads, rows = rss_rows(report)
     if rows:
         out += ["### Process RSS and the profiler window (shown apart)", "", table(heads, rows), "",
-                escape(RSS_NOTE), ""]
+                link("rss"), ""]
     return out
 
 
-def html(report: Report, table, hbars, e) -> list[str]:
-    """The section's report.html parts; ``table`` / ``hbars`` / ``e`` are reports/html.py's."""
+def html(report: Report, table, hbars, e, measured=lambda *keys: "") -> list[str]:
+    """The section's report.html parts; ``table`` / ``hbars`` / ``e`` are reports/html.py's;
+    ``measured(*keys)``: the disclosure holding a table's definitions (``definitions``)."""
     strategies = [r.strategy for r in report.runs]
     parts = ["<h2>Memory per rank</h2>",
              hbars("Memory per rank by category (each run's rank with the largest peak)",
@@ -363,19 +375,17 @@ def html(report: Report, table, hbars, e) -> list[str]:
                    palette.legend(strategies, [LABELS[c] for c in CATEGORIES]))]
     heads, rows = category_rows(report)
     parts += [table(heads, rows) if rows else "<p>No memory categories (foreign traces, or a "
-              "record made before they were written).</p>"] + ([f"<p>{e(SOURCES)}</p>"] if rows else [])
+              "record made before they were written).</p>"] + ([measured("memory_sources")] if rows else [])
     lines = peak_source_lines(report)
     if lines:
         parts.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in lines) + "</ul>")
     heads, rows = ratio_rows(report)
     if rows:
-        parts += ["<h3>Ratio to DDP</h3>", table(heads, rows), f"<p>{e(RATIO_NOTE)}</p>"]
-        if any(r.strategy in MESH_STRATEGIES for r in report.runs):
-            parts.append(f"<p>{e(MESH_NOTE)}</p>")
+        parts += ["<h3>Ratio to DDP</h3>", table(heads, rows), measured("ratio")]
     heads, rows = sharding_rows(report)
     if rows:
         parts += ["<h3>Parameters per rank: what sharding predicts</h3>", table(heads, rows),
-                  f"<p>{e(SHARDING_NOTE)}</p>",
+                  measured("sharding"),
                   "<ul>" + "".join(f"<li>{e(x)}</li>" for x in sharding_lines(report)) + "</ul>"]
     fits = fit_lines(report)
     if fits:
@@ -383,7 +393,7 @@ def html(report: Report, table, hbars, e) -> list[str]:
     heads, rows = device_rows(report)
     if rows:
         parts += ["<h3>Peaks from the traces' [memory] events</h3>", table(heads, rows),
-                  f"<p>{e(DEVICE_NOTE)}</p>"]
+                  measured("device_memory")]
     for r in report.runs:
         if r.memory.snapshot_by_category:
             parts += [f"<p>CUDA allocator snapshot of {e(r.name)} (live blocks by category):</p>",
@@ -399,5 +409,5 @@ def html(report: Report, table, hbars, e) -> list[str]:
         parts += ["<h3>Process RSS and the profiler window (shown apart)</h3>",
                   hbars("Process peak RSS per rank (the whole process, not the model)", rss, "MiB",
                         2**20, palette.legend(strategies, ["process peak RSS"])),
-                  table(heads, rows), f"<p>{e(RSS_NOTE)}</p>"]
+                  table(heads, rows), measured("rss")]
     return parts

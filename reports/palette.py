@@ -1,4 +1,5 @@
-"""One colour per strategy, used by every plot of report.html.
+"""One colour per strategy and one shade per category, used by every plot of report.html
+(the loss curves, the memory and time-breakdown bars, the per-rank timeline).
 
 A bar, line or swatch that stands for a run takes its strategy's colour (``strategy_color``);
 what it shows of that run (compute or communication, transfer or wait, allocated or RSS) is told
@@ -21,7 +22,9 @@ SHADES = {"compute": 1.0, "exposed communication": 0.6, "transfer": 1.0, "wait":
           "data wait": 0.4, "other": 0.22, "idle": 0.08, "peak allocated": 1.0, "peak RSS": 0.4,
           "communication": 0.5, "parameters": 1.0, "gradients": 0.7, "optimizer state": 0.45,
           "activations": 0.22, "process peak RSS": 0.4, "overlapped communication": 0.25}
-"""Fill opacity of each part of a run's bar or lane."""
+"""Fill opacity of each part of a run's bar or lane: a category (compute, communication -- the
+timeline's lane of every collective kind --, idle, a memory category) has the same shade in
+every plot."""
 SHADE_SWATCH = "#000000"
 """Colour of the shade swatches in legends (no strategy's)."""
 

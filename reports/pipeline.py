@@ -59,23 +59,25 @@ def pair_rows(run: RunEntry) -> tuple[list[str], list[list[Any]]]:
                    for q in run.pipeline.pairs]
 
 
-def markdown(report: Report, table, escape) -> list[str]:
+def markdown(report: Report, table, escape, link: str = "") -> list[str]:
     """The section's report.md lines (none without a ``pp`` run); ``table`` / ``escape`` are
-    reports/markdown.py's."""
+    reports/markdown.py's; ``link``: the line linking to the section's definitions (the
+    bubble rule, ``PAIR_NOTE``) in report.md's closing part."""
     pp = runs(report)
     if not pp:
         return []
     out = ["## Pipeline", ""]
     for r in pp:
-        out += [escape(head_line(r)), "", table(*stage_rows(r)), "", escape(r.pipeline.bubble_rule), ""]
+        out += [escape(head_line(r)), "", table(*stage_rows(r)), ""]
         heads, rows = pair_rows(r)
         out += ["Send / recv between stages (per profiled step):", "",
                 table(heads, rows) if rows else "No send / recv in the traces.", ""]
-    return out + [escape(PAIR_NOTE), ""]
+    return out + ([link, ""] if link else [])
 
 
-def html(report: Report, table, e) -> list[str]:
-    """The section's report.html parts; ``table`` / ``e`` are reports/html.py's."""
+def html(report: Report, table, e, measured=lambda: "") -> list[str]:
+    """The section's report.html parts; ``table`` / ``e`` are reports/html.py's; ``measured()``:
+    the disclosure holding the section's definitions."""
     pp = runs(report)
     if not pp:
         return []
@@ -83,7 +85,6 @@ def html(report: Report, table, e) -> list[str]:
     for r in pp:
         heads, rows = pair_rows(r)
         parts += [f"<p>{e(head_line(r))}</p>", table(*stage_rows(r)),
-                  f"<p>{e(r.pipeline.bubble_rule)}</p>",
                   "<p>Send / recv between stages (per profiled step):</p>",
                   table(heads, rows) if rows else "<p>No send / recv in the traces.</p>"]
-    return parts + [f"<p>{e(PAIR_NOTE)}</p>"]
+    return parts + [measured()]

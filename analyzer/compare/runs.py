@@ -50,6 +50,7 @@ from analyzer.analyses.summary import partial_caveat
 from analyzer.contract.report_types import (AnalysisOptions, CommGroup, CommKind, CommRank,
                                    Finding, Interval, Memory, MeshDimComm, Parity, Prefetch, PrefetchUnit,
                                    RankFigures, Report, RunEntry, StepBar, StepTime, Timeline,
+                                   RANK_TIMELINES_MAX,
                                    TraceInfo)
 
 RANK_MEANS = ["step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "data_wait_ns", "other_ns",
@@ -187,6 +188,33 @@ def _timeline(tables, bd: pd.DataFrame) -> Timeline:
         for r in tables.timeline(r0, int(first["step"])).itertuples()])
 
 
+def _rank_timelines(tables, bd: pd.DataFrame, offsets: pd.DataFrame) -> list[Timeline]:
+    """Every rank's timeline of the lowest rank's first profiled step (``RunEntry.
+    rank_timelines``): intervals from the rank's own step start, ``start_ns`` = that start on
+    aligned clocks (trace clock minus the rank's measured clock offset, as ``_ranks`` reports
+    it) minus the earliest rank's."""
+    r0 = int(bd["rank"].min())
+    step = int(bd[bd["rank"] == r0]["step"].min())
+    off = {int(o.rank): int(o.offset_ns) for o in offsets.itertuples(index=False)
+           if o.clock in ("reference", "measured")} if len(offsets) > 1 else {}
+    rows = bd[bd["step"] == step].sort_values("rank").head(RANK_TIMELINES_MAX)
+    out = []
+    for r in rows.itertuples(index=False):
+        try:
+            ivs = tables.timeline(int(r.rank), step)
+        except KeyError:  # this rank's first profiled step is another one
+            continue
+        t0 = int(r.step_start_ns)
+        out.append((t0 - off.get(int(r.rank), 0), Timeline(
+            rank=int(r.rank), step=step, step_ns=int(r.step_ns), intervals=[
+                Interval(lane=str(i.lane), kind=str(i.kind or ""), start_ns=int(i.start_ns) - t0,
+                         end_ns=int(i.end_ns) - t0) for i in ivs.itertuples()])))
+    first = min((a for a, _ in out), default=0)
+    for aligned, tl in out:
+        tl.start_ns = aligned - first
+    return [tl for _, tl in out]
+
+
 def _prefetch(tables, device_kind: str) -> Prefetch | None:
     found = crossrank.prefetch_parts(tables)
     if found is None:
@@ -231,6 +259,7 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
         steps=[StepBar(step=int(s), **row)
                for s, row in by_step[BAR_PARTS].mean().to_dict("index").items()],
         timeline=_timeline(tables, bd) if len(bd) else None,
+        rank_timelines=_rank_timelines(tables, bd, offsets) if len(bd) else [],
         exposed_comm_step_ns=[float(v) for v in by_step["exposed_comm_ns"].mean().tolist()],
         trace_info=TraceInfo(whole_trace_mode=tables.whole_trace_mode,
                              rank_sources=sorted({r.rank_source for r in tables.ranks}),

@@ -567,6 +567,11 @@ class Timeline(msgspec.Struct, kw_only=True):
     step: int
     step_ns: int
     intervals: list[Interval]
+    start_ns: int = 0
+    """In ``RunEntry.rank_timelines``: this rank's step start on aligned clocks (its trace
+    clock minus ``ranks[].clock_offset_ns``; 0 applied where not measured) minus the earliest
+    such start among the run's ranks, so ``start_ns + intervals[].start_ns`` puts every rank
+    on one time axis. 0 in ``RunEntry.timeline``."""
 
 
 class PrefetchUnit(_Figures, kw_only=True):
@@ -711,6 +716,9 @@ class Finding(msgspec.Struct, kw_only=True):
     severity_ns: float | None = None
 
 
+RANK_TIMELINES_MAX = 16
+"""The most ranks ``RunEntry.rank_timelines`` holds (the lowest ranks): a picture of more is
+not read rank by rank, and report.json stays small."""
 FINDING_KINDS = ("parity_failed", "straggler", "exposed_communication", "prefetch_late",
                  "input_bound", "host_bound", "imbalance", "memory_does_not_fit", "low_busbw",
                  "mesh_dimension")
@@ -755,6 +763,12 @@ class RunEntry(_Figures, kw_only=True):
     prefetch: Prefetch | None = None
     steps: list[StepBar] = []
     timeline: Timeline | None = None
+    rank_timelines: list[Timeline] = []
+    """Issue 28: every rank's ``Timeline`` of the same profiled step (the lowest rank's first,
+    the one ``timeline`` shows), ranks in order, at most ``RANK_TIMELINES_MAX`` (the lowest),
+    each placed on the run's aligned time axis by ``start_ns``: report.html's per-rank
+    timeline. A rank whose first profiled step is another one is left out; [] without traces
+    (and in older report.json)."""
     trace_info: TraceInfo | None = None
     incomplete: bool = False
     caveats: list[str] = []

@@ -212,3 +212,54 @@ def decision(md: str) -> str:
     line = md.splitlines()[2]
     assert line.startswith("**Decision:** "), line
     return line.removeprefix("**Decision:** ")
+
+
+def findings() -> list:
+    """Hand-built findings (contract ``Finding``) with exact display answers, given out of
+    severity order: a straggler with an established cause (explains 86 % >= 80 %), exposed
+    communication whose cause explains too little (70 %: "cause not established"), an
+    input-bound run with no stake measured, and a low-busbw finding."""
+    from analyzer.contract.report_types import Evidence, Finding
+
+    return [
+        Finding(kind="exposed_communication", title="ddp's all_reduce is exposed",
+                runs=["ddp"], evidence=[Evidence(figure="exposed communication", value=1.5e6,
+                                                 unit="ns", path="/runs/1/exposed_comm_ns"),
+                                        Evidence(figure="overlap", value=0.125, unit="frac",
+                                                 path="/runs/1/overlap_frac")],
+                cause="bucket too large", cause_rule="bucket rule", explained_frac=0.7,
+                action="lower bucket_cap_mb", severity_ns=1.5e6),
+        Finding(kind="straggler", title="all_to_all waits for rank 3", runs=["ddp"], ranks=[3],
+                evidence=[Evidence(figure="late", value=4.2e6, unit="ns",
+                                   path="/runs/1/stragglers/0/late_ns"),
+                          Evidence(figure="times last", value=12, unit="count",
+                                   path="/runs/1/stragglers/0/times_last")],
+                cause="host-side delay", cause_rule="host delay >= 80 % of the lateness",
+                explained_frac=0.86, action="look for host work before the collective",
+                severity_ns=4.2e6),
+        Finding(kind="input_bound", title="fsdp2 waits for its input", runs=["fsdp2"],
+                evidence=[Evidence(figure="data wait", value=0.38, unit="frac",
+                                   path="/runs/2/data/data_wait_frac")],
+                action="raise DataLoader num_workers"),
+        Finding(kind="low_busbw", title="fsdp2 all_gather busbw below the run's best",
+                runs=["fsdp2"], evidence=[Evidence(figure="busbw", value=1.25, unit="GB/s",
+                                                   path="/runs/2/communication/all_gather/busbw_gbps"),
+                                          Evidence(figure="bytes", value=3 * 2**20, unit="bytes",
+                                                   path="/runs/2/communication/all_gather/bytes")],
+                severity_ns=0.2e6),
+    ]
+
+
+FINDING_LINES = [
+    "straggler (4.20 ms/step at stake): all_to_all waits for rank 3; evidence: late 4.20 ms, "
+    "times last 12; cause: host-side delay (explains 86.0 %); try: look for host work before "
+    "the collective",
+    "exposed communication (1.50 ms/step at stake): ddp's all_reduce is exposed; evidence: "
+    "exposed communication 1.50 ms, overlap 12.5 %; cause not established; try: lower "
+    "bucket_cap_mb",
+    "low busbw (0.20 ms/step at stake): fsdp2 all_gather busbw below the run's best; evidence: "
+    "busbw 1.25 GB/s, bytes 3.0 MiB; cause not established",
+    "input-bound (stake not measured): fsdp2 waits for its input; evidence: data wait 38.0 %; "
+    "cause not established; try: raise DataLoader num_workers",
+]
+"""``findings()``' lines on the first screen, most severe first (written by hand)."""

@@ -177,22 +177,48 @@ def test_html_escapes_every_trace_string(tmp_path):
 CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
 
 
-def test_html_opens_in_headless_chromium(tmp_path):
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run",
+                  "--window-size=1400,900"]
+
+
+def test_html_opens_in_headless_chromium(tmp_path, request):
+    """report.html in headless Chromium (Debian's chromium; .ci/run installs it where apt-get
+    can) at 1400x900: it loads without console errors and paints (a screenshot); with the
+    geometry script of tests/reports/geometry.py added to a copy, ``--dump-dom`` gives the
+    layout, and the decision and every first-screen finding lie wholly in the first viewport
+    and every plot is drawn with non-zero size (``geometry.problems``, tested on hand-made
+    dumps in test_first_screen.py where Chromium is absent)."""
     if CHROMIUM is None:
         pytest.skip("Chromium not installed (/usr/bin/chromium): headless screenshot test skipped")
+    from tests.reports import geometry
+    from tests.reports.builders import findings
+
     root = build_root(tmp_path / "r")
     assert runner.invoke(app, ["report", str(root), "--format", "html"]).exit_code == 0
     shot = tmp_path / "shot.png"
     proc = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,2000",
-         "--enable-logging=stderr", "--v=0", (root / "report" / "report.html").as_uri()],
+        [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+         f"--screenshot={shot}", "--enable-logging=stderr", "--v=0",
+         (root / "report" / "report.html").as_uri()],
         capture_output=True, text=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
     console_errors = [l for l in proc.stderr.splitlines() if "CONSOLE" in l and "rror" in l]
     assert console_errors == []
     print(f"screenshot: {shot}")
+    # a recorded DDP run (every plot: loss, memory, step bars, timeline) carrying findings
+    rep = analyse(copy_run(request.getfixturevalue("ddp_run"), tmp_path / "ddp"))
+    rep = msgspec.structs.replace(rep, findings=findings())
+    page = html.render(rep)
+    probe = tmp_path / "probe.html"
+    probe.write_text(geometry.instrument(page))
+    dom = subprocess.run(
+        [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", "--dump-dom",
+         "--virtual-time-budget=5000", probe.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    geom = geometry.geometry_from_dom(dom.stdout)
+    assert len(geom["finding_items"]) == len(rep.findings)
+    assert geometry.problems(geom, plots=page.count("<svg ")) == []
 
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "report"

@@ -45,6 +45,9 @@ def test_fsdp1_unit_names_are_defined(fsdp_fault_run, tmp_path):
     assert units and all(u.startswith("#") for u in units)  # FSDP1: numbered, not named
     assert "#0" in units
     definition = '"#k" is the all_gather issued k-th (from #0) in that phase'
-    assert definition in section
+    # written once, in the closing part, and linked from the section (issue 28)
+    assert "[FSDP units](#fsdp-units)" in section
+    part = md[md.index("## How each figure is measured"):]
+    assert definition in part[part.index("### FSDP units"):] and md.count(definition) == 1
     html = (out / "report.html").read_text().replace("&quot;", '"')
     assert definition in html and html.index("#0</td>") < html.index(definition)

@@ -1,0 +1,92 @@
+"""The findings on the report's first screen (issue 28): ``Report.findings`` (analyzer/analyses/
+findings.py), most severe first, each one line -- what, the step time at stake, its evidence
+(figures with units), its cause or "cause not established", the action to try -- and, later,
+each finding's evidence with its place in report.json and the rule behind its cause. Pure
+functions of the report; plain text (the renderers escape it)."""
+
+from __future__ import annotations
+
+from analyzer.contract.report_types import CAUSE_THRESHOLD, Evidence, Finding, Report
+from reports import fmt
+
+TOP = 8
+"""Findings shown on the first screen; the rest are listed under "Findings in full"."""
+NO_CAUSE = "cause not established"
+KIND_LABELS = {"parity_failed": "parity failed", "straggler": "straggler",
+               "exposed_communication": "exposed communication", "prefetch_late": "prefetch late",
+               "input_bound": "input-bound", "host_bound": "host-bound",
+               "imbalance": "imbalance across ranks", "memory_does_not_fit": "memory does not fit",
+               "low_busbw": "low busbw", "mesh_dimension": "mesh dimension"}
+
+
+def ordered(report: Report) -> list[Finding]:
+    """The findings by severity (step time at stake), largest first; those without one last,
+    in the analysis' order."""
+    return sorted(report.findings, key=lambda f: -(f.severity_ns or 0.0)
+                  if f.severity_ns is not None else float("inf"))
+
+
+def value(ev: Evidence) -> str:
+    """One evidence figure in display units (``fmt.figure``)."""
+    return fmt.figure(ev.value, ev.unit)
+
+
+def evidence(f: Finding) -> str:
+    """``exposed communication 3.20 ms, overlap 12.0 %``: the figures a finding rests on."""
+    return ", ".join(f"{ev.figure} {value(ev)}" for ev in f.evidence) or "no figure"
+
+
+def cause(f: Finding) -> str:
+    """``cause: host-side delay (explains 86 %)`` or ``cause not established``: a cause is
+    named only when it explains at least ``CAUSE_THRESHOLD`` of the effect."""
+    if f.cause and (f.explained_frac is None or f.explained_frac >= CAUSE_THRESHOLD):
+        share = f" (explains {fmt.pct(f.explained_frac)})" if f.explained_frac is not None else ""
+        return f"cause: {f.cause}{share}"
+    return NO_CAUSE
+
+
+def stake(f: Finding) -> str:
+    """``3.20 ms/step at stake``, or ``stake not measured``."""
+    return "stake not measured" if f.severity_ns is None else f"{fmt.ms(f.severity_ns)}/step at stake"
+
+
+def line(f: Finding) -> str:
+    """The finding's one line: ``straggler (4.20 ms/step at stake): <title>; evidence: ...;
+    cause ...; try: ...``."""
+    text = (f"{KIND_LABELS.get(f.kind, f.kind)} ({stake(f)}): {f.title}; evidence: "
+            f"{evidence(f)}; {cause(f)}")
+    return text + (f"; try: {f.action}" if f.action else "")
+
+
+def first_screen(report: Report) -> tuple[list[str], int]:
+    """(the top ``TOP`` findings' lines, how many more there are)."""
+    found = ordered(report)
+    return [line(f) for f in found[:TOP]], max(len(found) - TOP, 0)
+
+
+def head(report: Report) -> str:
+    """The line over the list."""
+    n = len(report.findings)
+    if not n:
+        return "Findings: none drawn from these figures."
+    return (f"Findings ({n}), most severe first (severity = the step time at stake per step; "
+            "a cause is named only when it explains at least "
+            f"{fmt.pct(CAUSE_THRESHOLD)} of the effect):")
+
+
+def full(f: Finding) -> list[str]:
+    """A finding in full: its line, what it concerns, each evidence figure with its JSON
+    pointer in report.json, the cause's rule."""
+    about = "; ".join(p for p in (
+        f"runs {', '.join(f.runs)}" if f.runs else "",
+        f"ranks {', '.join(str(r) for r in f.ranks)}" if f.ranks else "",
+        f"units {', '.join(f.units)}" if f.units else "",
+        f"mesh dimensions {', '.join(f.mesh_dims)}" if f.mesh_dims else "") if p)
+    out = [line(f)]
+    if about:
+        out.append(f"concerns: {about}")
+    out += [f"{ev.figure} = {value(ev)}: report.json {ev.path or '(no pointer)'}" for ev in f.evidence]
+    if f.cause_rule:
+        share = f", explains {fmt.pct(f.explained_frac)}" if f.explained_frac is not None else ""
+        out.append(f"rule: {f.cause_rule}{share}")
+    return out
