@@ -31,9 +31,17 @@ def value(ev: Evidence) -> str:
     return fmt.figure(ev.value, ev.unit)
 
 
-def evidence(f: Finding) -> str:
-    """``exposed communication 3.20 ms, overlap 12.0 %``: the figures a finding rests on."""
-    return ", ".join(f"{ev.figure} {value(ev)}" for ev in f.evidence) or "no figure"
+FIRST_SCREEN_EVIDENCE = 3
+"""Evidence figures a first-screen line shows; every figure is under "Findings in full"."""
+
+
+def evidence(f: Finding, limit: int | None = None) -> str:
+    """``exposed communication 3.20 ms, overlap 12.0 %``: the figures a finding rests on (the
+    first ``limit`` of them, and how many more, when given)."""
+    shown = f.evidence if limit is None else f.evidence[:limit]
+    more = len(f.evidence) - len(shown)
+    text = ", ".join(f"{ev.figure} {value(ev)}" for ev in shown) or "no figure"
+    return text + (f" (+{more} more in full)" if more else "")
 
 
 def cause(f: Finding) -> str:
@@ -53,8 +61,9 @@ def stake(f: Finding) -> str:
 def line(f: Finding) -> str:
     """The finding's one line: ``straggler (4.20 ms/step at stake): <title>; evidence: ...;
     cause ...; try: ...``."""
-    text = (f"{KIND_LABELS.get(f.kind, f.kind)} ({stake(f)}): {f.title}; evidence: "
-            f"{evidence(f)}; {cause(f)}")
+    title = f.title.removesuffix(f": {NO_CAUSE}")  # said once, after the evidence
+    text = (f"{KIND_LABELS.get(f.kind, f.kind)} ({stake(f)}): {title}; evidence: "
+            f"{evidence(f, FIRST_SCREEN_EVIDENCE)}; {cause(f)}")
     return text + (f"; try: {f.action}" if f.action else "")
 
 

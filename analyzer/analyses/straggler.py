@@ -228,7 +228,8 @@ def split_instances(rows: pd.DataFrame) -> pd.DataFrame:
                         "late_ns": late})
     for k, part in enumerate(PARTS):
         out[part] = ex[:, k]
-    out["unexplained"] = np.maximum(late - ex.sum(axis=1), 0.0)
+    rest = late - ex.sum(axis=1)
+    out["unexplained"] = np.where(rest < 0.5, 0.0, rest)  # under 1 ns: the scaling's rounding
     return out[cols]
 
 
