@@ -61,7 +61,7 @@ def stake(f: Finding) -> str:
 def line(f: Finding) -> str:
     """The finding's one line: ``straggler (4.20 ms/step at stake): <title>; evidence: ...;
     cause ...; try: ...``."""
-    title = f.title.removesuffix(f": {NO_CAUSE}")  # said once, after the evidence
+    title = f.title.removesuffix(f": {NO_CAUSE}").removesuffix(f" ({NO_CAUSE})")  # said once, below
     text = (f"{KIND_LABELS.get(f.kind, f.kind)} ({stake(f)}): {title}; evidence: "
             f"{evidence(f, FIRST_SCREEN_EVIDENCE)}; {cause(f)}")
     return text + (f"; try: {f.action}" if f.action else "")
