@@ -247,14 +247,7 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
     |C ∪ K| and |X \\ Y| = |X ∪ Y| - |Y|, exact in integers."""
     if not len(steps):
         return BREAKDOWN_SCHEMA.empty_table().to_pandas()
-    st = steps["step"].to_numpy().astype(np.int64)
-    lo = steps["start_ns"].to_numpy().astype(np.int64)
-    hi = steps["end_ns"].to_numpy().astype(np.int64)
-    full = _Rows(events, device_kind, main_tid)
-    step_col = events["step"].to_numpy()
-    measured = step_col >= 0
-    if device_kind == "gpu":
-        measured = measured | full.stepless_as_other(step_col)
+    st, lo, hi, full, step_col, measured = _windows_and_rows(events, steps, device_kind, main_tid)
     used = np.flatnonzero(full.used())
     r = full.take(used)
     row_of, win_of = _membership(r, step_col[used], measured[used], st, lo, hi, device_kind)
@@ -296,6 +289,21 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
         "cpu_step_ns": (steps["cpu_end_ns"].to_numpy() - steps["cpu_start_ns"].to_numpy()
                         ).astype(np.int64),
         "device_work": work})
+
+
+def _windows_and_rows(events: pd.DataFrame, steps: pd.DataFrame, device_kind: str, main_tid):
+    """What the breakdown and the comm shares both start from: the steps' ids and windows
+    (int64 ns), the rows (``_Rows``), each row's step and which rows are measured (GPU: also
+    device rows of no step, as other)."""
+    st = steps["step"].to_numpy().astype(np.int64)
+    lo = steps["start_ns"].to_numpy().astype(np.int64)
+    hi = steps["end_ns"].to_numpy().astype(np.int64)
+    full = _Rows(events, device_kind, main_tid)
+    step_col = events["step"].to_numpy()
+    measured = step_col >= 0
+    if device_kind == "gpu":
+        measured = measured | full.stepless_as_other(step_col)
+    return st, lo, hi, full, step_col, measured
 
 
 def _membership(r: _Rows, step_col: np.ndarray, measured: np.ndarray, st: np.ndarray,
@@ -384,14 +392,7 @@ def comm_shares(events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
     union, exposed = np.zeros(n, np.int64), np.zeros(n, np.int64)
     if not len(steps) or not n:
         return union, exposed
-    st = steps["step"].to_numpy().astype(np.int64)
-    lo = steps["start_ns"].to_numpy().astype(np.int64)
-    hi = steps["end_ns"].to_numpy().astype(np.int64)
-    full = _Rows(events, device_kind, main_tid)
-    step_col = events["step"].to_numpy()
-    measured = step_col >= 0
-    if device_kind == "gpu":
-        measured = measured | full.stepless_as_other(step_col)
+    st, lo, hi, full, step_col, measured = _windows_and_rows(events, steps, device_kind, main_tid)
     comm_rows = np.flatnonzero(full.comm)  # keys of these rows only (a few per step)
     if not len(comm_rows):
         return union, exposed
