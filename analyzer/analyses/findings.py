@@ -342,7 +342,7 @@ def _host_bound(r: _Run) -> Iterator[Finding]:
     k, least = min(known, key=lambda jx: jx[1].idle_ns)
     ev = [r.ev(f"rank {worst.rank}'s GPU idle per step (largest share)", worst.idle_ns, "ns",
                "ranks", j, "idle_ns"),
-          r.ev(f"rank {worst.rank}'s step", worst.step_ns, "ns", "ranks", j, "step_ns"),
+          r.ev(f"rank {worst.rank}'s traced step", worst.step_ns, "ns", "ranks", j, "step_ns"),
           r.ev(f"rank {least.rank}'s GPU idle per step (least)", least.idle_ns, "ns",
                "ranks", k, "idle_ns")]
     yield Finding(kind="host_bound", title=f"{run.name}: the GPUs sit idle with no work "
@@ -363,8 +363,8 @@ def _imbalance(r: _Run) -> Iterator[Finding]:
     spread = slow.step_ns - fast.step_ns
     if spread <= 0 or spread < IMBALANCE_FRAC * slow.step_ns:
         return
-    ev = [r.ev(f"rank {slow.rank}'s step (slowest)", slow.step_ns, "ns", "ranks", js, "step_ns"),
-          r.ev(f"rank {fast.rank}'s step (fastest)", fast.step_ns, "ns", "ranks", jf, "step_ns")]
+    ev = [r.ev(f"rank {slow.rank}'s traced step (slowest)", slow.step_ns, "ns", "ranks", js, "step_ns"),
+          r.ev(f"rank {fast.rank}'s traced step (fastest)", fast.step_ns, "ns", "ranks", jf, "step_ns")]
     comp = [(j, x) for j, x in ranks if x.compute_ns is not None]
     cause = rule = frac = action = None
     if len(comp) >= 2:
