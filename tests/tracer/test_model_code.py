@@ -169,7 +169,9 @@ def test_read_only_out_under_torchrun_refused_before_the_process_group(tmp_path)
         out.chmod(0o755)
     assert proc.returncode != 0
     refusals = [ln for ln in proc.stderr.splitlines() if "cannot prepare the run directory" in ln]
-    assert len(refusals) == 2, proc.stderr[-3000:]  # one line per rank
+    # one line per rank that got to say it: the first to exit 2 makes torchrun stop the other,
+    # on a loaded machine sometimes before that one has printed its own (seen in a full run)
+    assert 1 <= len(refusals) <= 2, proc.stderr[-3000:]
     assert all(f"{out / 'ddp'}: cannot prepare the run directory ({out} is marked read-only)" in ln
                for ln in refusals)
     assert "init_process_group" not in proc.stderr

@@ -139,7 +139,7 @@ def test_skip_microbatch_canary_fails_at_the_first_gradient(pp_canary):
     (["--pp", "4", "--layers", "2"], "--pp 4: more stages than --layers 2"),
     (["--pp", "2", "--microbatches", "3", "--batch", "8"], "--microbatches 3: must divide the batch of each pipeline 4"),
     (["--pp", "2", "--model", "hf:gpt2"], "--model hf:gpt2: --strategy pp splits only the reference model"),
-    (["--pp", "2", "--activation-checkpointing"], "--activation-checkpointing True: not recorded with --strategy pp"),
+    (["--pp", "2", "--activation-checkpointing"], "--activation-checkpointing: not recorded with --strategy pp"),
 ])
 def test_pp_refuses_bad_shapes_in_one_line(tmp_path, args, says):
     proc, _ = run_tracer(["--strategy", "pp", "--nproc", "4", "--out", str(tmp_path)] + args, tmp_path)
