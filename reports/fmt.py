@@ -35,8 +35,8 @@ def figure(v: Any, unit: str) -> str:
         return "-"
     if unit == "ns":
         return ms(v, ".3g" if abs(v) < 1e4 else ".2f")
-    if unit == "bytes":
-        return data_bytes(v)
+    if unit == "bytes":  # a shortfall (negative spare) in the same unit as the figures beside it
+        return ("-" + data_bytes(-v)) if v < 0 else data_bytes(v)
     if unit == "frac":
         return pct(v)
     if unit == "GB/s":

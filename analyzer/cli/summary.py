@@ -153,7 +153,9 @@ def finding_lines(findings) -> list[str]:
 
     if not findings:
         return []
-    out = ["Findings (most severe first; evidence paths are report.json's for this job):"]
+    out = ["Findings (most severe first; evidence paths point into the report.json that "
+           "'analyzer report' writes for this one job dir; a root's report.json numbers its "
+           "runs differently):"]
     for n, f in enumerate(findings, 1):
         out.append(f"{n}. [{f.kind}] {f.title}")
         out.append(f"   at stake: {fmt.ms(f.severity_ns, '.3f')} per step")

@@ -274,6 +274,15 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     if reason:
         return Ranking(status="withheld", order=[], reason="; ".join([reason] + warns),
                        rule=RANKING_RULE, **extra)
+    # memory before communication: a run that does not fit the device (--device-memory) is
+    # not a choice, however fast (the single-device reference stays the speedup base)
+    unfit = [r.name for r in timed if r.strategy != "single" and r.memory.fit is not None
+             and r.memory.fit.fits is False]
+    timed = [r for r in timed if r.name not in unfit]
+    if unfit and not any(r.strategy != "single" for r in timed):
+        return Ranking(status="withheld", order=[], reason="; ".join(
+            [f"no distributed run fits the device (--device-memory): {', '.join(unfit)} "
+             "do not fit"] + warns), rule=RANKING_RULE, **extra)
     arms = _arms(timed)
     ref = next((a for a, _ in arms if a.strategy == "single"), None)
     ranked = sorted(((a, rs) for a, rs in arms if a is not ref),
@@ -288,6 +297,8 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
         reason += f"; not ranked for lack of step times: {', '.join(untimed)}"
     if left_out:
         reason += f"; left out as incomplete (no manifest.json): {', '.join(left_out)}"
+    if unfit:
+        reason += f"; not ranked, they do not fit the device (--device-memory): {', '.join(unfit)}"
     if warns:
         reason += "; " + "; ".join(warns)
     if busy := busy_machine(timed):

@@ -145,6 +145,25 @@ def test_ties_are_broken_by_peak_memory():
     assert rk.order == ["c", "b", "a"]
 
 
+def test_a_run_that_does_not_fit_the_device_is_not_ranked():
+    """Numbers first, then memory: with --device-memory a faster run that does not fit is left
+    out of the order (named in the reason); when no distributed run fits, the ranking is
+    withheld."""
+    from analyzer.contract.report_types import MemoryFit
+
+    def run(name, median, fits):
+        fit = MemoryFit(device_bytes=100, needed_bytes=150 if fits is False else 50, basis="peak",
+                        fits=fits, spare_bytes=-50 if fits is False else 50)
+        return RunEntry(name=name, strategy="ddp", parity=Parity(status="pass", reason=""),
+                        step_time_ns=StepTime(median=median), memory=Memory(peak_allocated_bytes=1, fit=fit))
+    rk = compare.rank_runs([run("fast", 1, False), run("slow", 5, True), run("slower", 9, None)])
+    assert rk.order == ["slow", "slower"]
+    assert "do not fit the device (--device-memory): fast" in rk.reason
+    rk = compare.rank_runs([run("a", 1, False), run("b", 2, False)])
+    assert rk.status == "withheld" and rk.order == []
+    assert "no distributed run fits the device (--device-memory): a, b do not fit" in rk.reason
+
+
 def test_prefetch_groups_differ_only_in_prefetch():
     def run(name, options):
         return RunEntry(name=name, strategy="fsdp", settings={"seed": 0}, options=options,
