@@ -409,6 +409,17 @@ class Experiment(msgspec.Struct, kw_only=True):
     repeat: int = 1  # this run's repeat, 1-based
     repeats: int = 1  # ``--repeat``: runs of every arm
     order: list[str] = []  # the arms in the order this run's round recorded them (rotated per round)
+    settings: dict[str, Any] | None = None
+    """Declared arms (``tracer record --arm`` / ``--sweep``, issue 29): this arm's value of every
+    recorder option (a ``tracer.config.RecordConfig`` field name, e.g. ``reshard_after_forward``)
+    on which the experiment's arms differ; ``{}`` when they differ in none (identical arms).
+    None: an experiment of strategies (``--strategy a,b``), whose runs may differ in strategy
+    and strategy options only."""
+    baseline: str | None = None
+    """Declared arms: which single-device baseline the arm's numerics were checked against (the
+    first 12 hex digits of the SHA-256 of the settings that determine the baseline's numbers);
+    arms with equal ids share one baseline, an arm that changes the numerics (precision,
+    training, batch, model) has its own."""
 
 
 class Machine(msgspec.Struct, kw_only=True):
