@@ -71,6 +71,15 @@ def baseline_key(cfg: RecordConfig, device_type: str) -> dict:
     return key
 
 
+def baseline_id(cfg: RecordConfig, device_type: str) -> str:
+    """Which baseline ``cfg`` needs: the first 12 hex digits of the SHA-256 of its
+    ``baseline_key`` (configs with equal ids share one baseline; manifest ``experiment.baseline``)."""
+    import hashlib
+
+    text = json.dumps(baseline_key(cfg, device_type), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def compute_baseline(cfg: RecordConfig, device_type: str,
                      golden: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Run ``cfg.total_steps`` optimizer steps on the global batch, with the training setup of
@@ -236,8 +245,9 @@ def write_failure(exc: BaseException, folder: Path) -> ValueError | None:
     """
     from tracer.rundir import STAGING_PREFIX
 
-    if folder.name.startswith(STAGING_PREFIX):
-        folder = folder.parent
+    staging = next((p for p in (folder, *folder.parents) if p.name.startswith(STAGING_PREFIX)), None)
+    if staging is not None:  # the baselines of declared arms sit in folders under it
+        folder = staging.parent
     no_space = os.strerror(errno.ENOSPC)
     if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or no_space in str(exc):
         return ValueError(f"{folder}: no space left on device while writing the baseline; "

@@ -107,13 +107,24 @@ def record(
     experiment_id: Annotated[Optional[str], typer.Option(
         help="Experiment id (default: a new one per command); pass the same id to several "
              "torchrun commands to rank their runs together.")] = None,
+    arm: Annotated[Optional[list[str]], typer.Option(
+        help="A named arm, NAME=\"OPTIONS\" (repeatable): OPTIONS are tracer record options "
+             "over the ones given outside the arms, e.g. --arm base=\"--strategy fsdp2\" --arm "
+             "noreshard=\"--strategy fsdp2 --no-reshard-after-forward\". Each arm records one "
+             "strategy; all arms are one experiment, interleaved over --repeat.")] = None,
+    sweep: Annotated[Optional[list[str]], typer.Option(
+        help="KEY=V1,V2[,...]: one arm per value of a recorder option (at most two --sweep: "
+             "their grid), named KEY=V, e.g. --sweep bucket-cap-mb=1,25; ';' separates values "
+             "that hold commas (mesh=2,4;4,2). With --arm: every arm x every value. At most 16 arms.")] = None,
     repeat_index: Annotated[int, typer.Option(hidden=True)] = 0,
     experiment_order: Annotated[Optional[str], typer.Option(hidden=True)] = None,
+    arm_settings: Annotated[Optional[str], typer.Option(hidden=True)] = None,
+    baseline_id: Annotated[Optional[str], typer.Option(hidden=True)] = None,
     ctx: typer.Context = typer.Option(None, hidden=True),
 ) -> None:
-    """Record one strategy, a list, or all four into OUT/NAME run directories."""
-    # every option but these three is a RecordConfig field of the same name
-    options = {k: v for k, v in locals().items() if k not in ("strategy", "name", "ctx")}
+    """Record one strategy, a list, all four, or named arms into OUT/NAME run directories."""
+    # every option but these five is a RecordConfig field of the same name
+    options = {k: v for k, v in locals().items() if k not in ("strategy", "name", "ctx", "arm", "sweep")}
     if golden is not None:
         options["golden"] = str(Path(golden).resolve())
     where, sep, factory = model.rpartition(":")
@@ -133,14 +144,25 @@ def record(
     if under_torchrun and repeat > 1 and repeat_index == 0:  # spawned workers carry their index
         _fail(ExitCode.BAD_INPUT, f"--repeat {repeat}: under torchrun record one run per torchrun "
               "command; pass the same --experiment-id to each to rank them as one experiment")
+    declared = bool(arm or sweep)
+    if under_torchrun and declared:
+        _fail(ExitCode.BAD_INPUT, f"--{'arm' if arm else 'sweep'}: under torchrun record one run "
+              "per torchrun command (its options as that arm's); pass the same --experiment-id "
+              "to each to rank them as one experiment")
+    if declared and name is not None:
+        _fail(ExitCode.BAD_INPUT, f"--name {name}: with --arm / --sweep each arm names its runs; "
+              "drop --name")
     if under_torchrun and strategy != "single" and os.environ.get("WORLD_SIZE", "").isdigit():
         options["nproc"] = int(os.environ["WORLD_SIZE"])  # torchrun's world size wins
     try:
-        if strategy != "all" and "," not in strategy:  # typed on the command line, even at its default
-            from tracer.config import check_taken
+        if declared:
+            configs = _declared_arms(ctx, arm or [], sweep or [], strategy, options)
+        else:
+            if strategy != "all" and "," not in strategy:  # typed on the command line, even at its default
+                from tracer.config import check_taken
 
-            check_taken(strategy, [k for k in options if _given(ctx, k)])
-        configs = expand(strategy, name, **options)
+                check_taken(strategy, [k for k in options if _given(ctx, k)])
+            configs = expand(strategy, name, **options)
         if not under_torchrun:
             configs = interleave(configs, experiment_id)
         elif repeat_index == 0:  # a torchrun rank: one run, its own experiment unless joined
@@ -154,13 +176,16 @@ def record(
 
             for cfg in configs:
                 check_golden(cfg)
-        if configs[0].model != "reference" and not spawned:
+        for model_name in dict.fromkeys(c.model for c in configs):  # arms may differ in it
+            if model_name == "reference" or spawned:
+                continue
             # before any worker, in a child under --timeout: a bad spec is one line, exit 2
             from tracer.speccheck import check_spec_isolated
 
+            same = [c for c in configs if c.model == model_name]
             # fsdp2_tp first: the one strategy that needs more of the spec (its tp_plan)
-            check_spec_isolated(next((c for c in configs if c.strategy == "fsdp2_tp"),
-                                     max(configs, key=lambda c: c.world_size)))
+            check_spec_isolated(next((c for c in same if c.strategy == "fsdp2_tp"),
+                                     max(same, key=lambda c: c.world_size)))
         # before torch is imported: a refused folder or a held run dir stops at once
         if under_torchrun:  # rank 0 takes the lock when it clears the run dir (worker.run_rank)
             from tracer.rundir import check_run_dir, check_writable
@@ -185,6 +210,43 @@ def record(
 
 _INTERRUPTED = "interrupted; all workers stopped, the interrupted run has no manifest"
 _INTERRUPTED_EARLY = "interrupted before any record started; nothing written"
+
+
+def _declared_arms(ctx: typer.Context, arms: list[str], sweeps: list[str], strategy: str,
+                   options: dict) -> list:
+    """``--arm`` / ``--sweep`` -> one config per arm (tracer/arms.py). Raises ``ValueError``
+    with one line."""
+    from tracer.arms import expand_arms
+
+    parse, kinds = arm_parser(ctx.command)
+    given = [k for k in options if _given(ctx, k)]
+    return expand_arms(arms, sweeps, strategy=strategy if _given(ctx, "strategy") else None,
+                       common=options, given=given, parse=parse, option_kinds=kinds)
+
+
+def arm_parser(command=None):
+    """(parse, option kinds) for tracer/arms.py from ``record``'s own parser (``command``,
+    default this app's), so an arm takes exactly the options the command takes: ``parse(argv)``
+    -> {field: value} of the options given in ``argv`` (``ValueError`` with the parser's one
+    line); kinds: every visible option's field -> whether it is an on/off flag."""
+    if command is None:
+        command = typer.main.get_command(app).commands["record"]
+    params = {p.name: p for p in command.params if p.param_type_name == "option"}
+    kinds = {n: bool(p.is_flag or p.secondary_opts) for n, p in params.items()
+             if not p.hidden and n not in ("arm", "sweep", "name")}
+
+    def parse(argv: list[str]) -> dict:
+        try:
+            sub = command.make_context("arm", list(argv), resilient_parsing=False)
+        except _UsageError as exc:
+            raise ValueError(exc.format_message()) from None
+        given = {k: v for k, v in sub.params.items() if k != "ctx" and _given(sub, k)}
+        for nested in ("arm", "sweep"):
+            if nested in given:
+                raise ValueError(f"--{nested} inside an arm; give every arm at the top level")
+        return given
+
+    return parse, kinds
 
 
 def _given(ctx: typer.Context, option: str) -> bool:

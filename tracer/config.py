@@ -7,6 +7,7 @@ torchrun worker parse the same options the same way.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -191,6 +192,14 @@ class RecordConfig:
     command when not given. Letters, digits, '-', '_' and '.' only."""
     experiment_order: str | None = None
     """The arms (run names without repeat suffix) of the experiment in recording order, comma-separated."""
+    arm_settings: str | None = None
+    """Declared arms (``--arm`` / ``--sweep``, tracer/arms.py): JSON object of this arm's value of
+    every option on which the command's arms differ (the manifest's ``experiment.settings``);
+    None for a record of strategies."""
+    baseline_id: str | None = None
+    """Declared arms: the id of the single-device baseline this run is checked against
+    (``baseline.baseline_id``, set by ``record.record_local``; the manifest's
+    ``experiment.baseline``)."""
 
     def __post_init__(self) -> None:
         def bad(option: str, value: Any, why: str) -> ValueError:
@@ -278,6 +287,13 @@ class RecordConfig:
             raise bad("golden", repr(self.golden), "must be a run directory")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise bad("name", self.name, "must be a plain directory name")
+        if self.arm_settings is not None:
+            try:
+                ok = isinstance(json.loads(self.arm_settings), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise bad("arm-settings", self.arm_settings, "must be a JSON object")
 
     def _check_mesh(self, bad) -> None:
         """--mesh, --tp, --pp, --pp-schedule, --microbatches: parsed shapes that fit the world,

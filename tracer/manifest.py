@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import uuid
@@ -77,7 +78,9 @@ def experiment_section(cfg: RecordConfig) -> Experiment | None:
         return None
     return Experiment(id=cfg.experiment_id, arm=cfg.arm, repeat=max(1, cfg.repeat_index),
                       repeats=cfg.repeat,
-                      order=cfg.experiment_order.split(",") if cfg.experiment_order else [cfg.arm])
+                      order=cfg.experiment_order.split(",") if cfg.experiment_order else [cfg.arm],
+                      settings=None if cfg.arm_settings is None else json.loads(cfg.arm_settings),
+                      baseline=cfg.baseline_id)
 
 
 def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend: str | None,

@@ -158,7 +158,7 @@ def record_local(configs: list[RecordConfig], done: list[Path] | None = None) ->
     # The CLI may have claimed the run dirs already: refused or interrupted (Ctrl-C while torch
     # is imported) before the first record starts, leave no lock and no folder made behind.
     try:
-        from tracer.baseline import BASELINE_NAME, write_baseline, write_baseline_isolated
+        from tracer.baseline import BASELINE_NAME, baseline_id, write_baseline, write_baseline_isolated
         from tracer.launch import run_workers
         from analyzer.contract.owner import write_owner
         from tracer.rundir import abandon_record, finish_record, sweep_leftovers
@@ -187,24 +187,35 @@ def record_local(configs: list[RecordConfig], done: list[Path] | None = None) ->
         _release(configs)
         raise
 
-    def baseline_then_prepare(cfg: RecordConfig) -> None:
-        # CUDA: keep the launcher free of a CUDA context while ranks run; --model SPEC: the
-        # user's code never runs in the launcher (its os._exit(0) would end it with status 0)
-        if device_type == "cuda" or configs[0].model != "reference":
-            write_baseline_isolated(configs[0], device_type, staging / BASELINE_NAME)
-        else:
-            write_baseline(configs[0], device_type, staging / BASELINE_NAME)
-        prepare_run_dir(cfg, staging)
+    # One baseline per set of numerics settings (``baseline.baseline_id``): every config of a
+    # strategy list shares one; a declared arm that changes the numerics (precision, training,
+    # batch) gets its own, computed when its first run is prepared.
+    ids = [baseline_id(c, device_type) for c in configs]
+    configs = [replace(c, baseline_id=i) if c.arm_settings is not None else c
+               for c, i in zip(configs, ids)]
+    folders = {i: staging / f"baseline-{i}" for i in dict.fromkeys(ids)}
+
+    def baseline_then_prepare(cfg: RecordConfig, bid: str) -> None:
+        folder = folders[bid]
+        if not (folder / BASELINE_NAME).exists():
+            folder.mkdir(exist_ok=True)
+            # CUDA: keep the launcher free of a CUDA context while ranks run; --model SPEC: the
+            # user's code never runs in the launcher (its os._exit(0) would end it with status 0)
+            if device_type == "cuda" or cfg.model != "reference":
+                write_baseline_isolated(cfg, device_type, folder / BASELINE_NAME)
+            else:
+                write_baseline(cfg, device_type, folder / BASELINE_NAME)
+        prepare_run_dir(cfg, folder)
 
     done = [] if done is None else done
     try:
-        for i, cfg in enumerate(configs):
+        for i, (cfg, bid) in enumerate(zip(configs, ids)):
             log.info("recording %s into %s", cfg.strategy, cfg.run_dir)
             try:
-                if i == 0:
-                    run_workers(cfg, prepare=partial(baseline_then_prepare, cfg))
+                if i == 0:  # the baseline computes while the first run's workers start
+                    run_workers(cfg, prepare=partial(baseline_then_prepare, cfg, bid))
                 else:
-                    prepare_run_dir(cfg, staging)
+                    baseline_then_prepare(cfg, bid)
                     run_workers(cfg)
             except BaseException:
                 abandon_record(cfg.run_dir)

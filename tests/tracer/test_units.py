@@ -170,10 +170,14 @@ def test_to_argv_round_trips_through_the_cli():
 
     cfg = RecordConfig(strategy="fsdp", hidden=48, steps=9, wrap_min_params=123, precision="bf16",
                        sharding_strategy="shard_grad_op", backward_prefetch="post", forward_prefetch=True,
-                       timeout_s=7.5, fault="wrong-grad-scale", name="x", lr=0.25)
+                       timeout_s=7.5, fault="wrong-grad-scale", name="x", lr=0.25,
+                       arm_settings='{"precision": "bf16"}', baseline_id="0123456789ab")
     command = typer.main.get_command(app).commands["record"]
     ctx = command.make_context("record", cfg.to_argv())
-    again = RecordConfig(**ctx.params)  # every option is a RecordConfig field of the same name
+    # every option but --arm / --sweep (the launcher's, expanded into configs) is a
+    # RecordConfig field of the same name
+    assert not ctx.params.pop("arm") and not ctx.params.pop("sweep")
+    again = RecordConfig(**ctx.params)
     assert again == cfg
 
 
