@@ -60,6 +60,12 @@ class _Args(msgspec.Struct, gc=False):
     pg_ranks: msgspec.Raw = msgspec.field(default=_NULL, name="Process Group Ranks")
     input_dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
+    # per process group sequence number and cross-rank collective id: record_param_comms,
+    # copied onto the kernel by kineto #1296 / #1300 and the Python exporter (pytorch #184273)
+    seq: int | str | None = msgspec.field(default=None, name="Seq")
+    comms_id: msgspec.Raw = msgspec.field(default=_NULL, name="Comms Id")
+    # CUPTI's graph node of a kernel / memcpy / memset replayed from a CUDA graph (0: none)
+    graph_node: int | None = msgspec.field(default=-1, name="graph node id")
 
 
 class _MArgs(msgspec.Struct, gc=False):
@@ -177,7 +183,9 @@ class Decoded:
     (str or None), in_nelems, out_nelems, group_size, shape_numel, shape_elem_bytes (the first
     tensor input's numel and element size), shape2_numel (the second tensor input's numel)
     (int64, -1 unknown), pg_ranks, pg_desc (``Process Group Description``: "mesh_shard" ...)
-    (str or None).
+    (str or None), seq_arg (``Seq``: the per process group sequence number, int64 -1 unknown),
+    comms_id (``Comms Id`` as text, None unknown), graph_node (every row: ``graph node id``,
+    int64, 0 or -1: not replayed from a CUDA graph).
     """
 
     events: pd.DataFrame
@@ -621,6 +629,20 @@ def _as_int(v: Any) -> int:
     return v if type(v) is int and _I64_MIN <= v <= _I64_MAX else -1
 
 
+def _arg_int(v: Any) -> int:
+    """``_as_int`` that also reads a whole number written as a string (``"1024"``): CUDA-graph
+    kernel annotations stringify every value (pytorch #179768, ``_chrome_trace_export.py``)."""
+    if type(v) is str and v.isascii() and v.isdigit() and len(v) < 19:
+        return int(v)
+    return _as_int(v)
+
+
+def _raw_id(raw: msgspec.Raw) -> str | None:
+    """An id argument as text (``Comms Id``: a uint64 number, or a string), None for null."""
+    v = msgspec.json.decode(raw)
+    return None if v is None or isinstance(v, (dict, list)) else str(v)
+
+
 def _stream_arg(v: Any) -> int:
     """An ``args.stream`` value as pandas' ``to_numeric(errors="coerce")`` reads it, which is
     how HolisticTraceAnalysis reads it (hta/utils/utils.py ``normalize_gpu_stream_numbers``):
@@ -752,6 +774,7 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     ext = _int_column(args, "external_id", "external_id_lc" if lower_ext else None,
                       strict=strict)
     corr = _int_column(args, "correlation", strict=strict)
+    graph_node = _int_column(args, "graph_node", strict=strict)
 
     gpu_cat = np.array([c.lower() in GPU_CATS for c in u_cat], dtype=bool)
     is_gpu = gpu_cat[cat_codes] if n_all else np.zeros(0, bool)
@@ -789,6 +812,8 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     pg = np.full(m, None, object)
     pg_desc = np.full(m, None, object)
     pg_ranks = np.full(m, None, object)
+    comms_id = np.full(m, None, object)
+    seq_arg = np.full(m, -1, np.int64)
     # in, out nelems, group size, first tensor's numel and elem bytes, second tensor's numel
     ints = np.full((6, m), -1, np.int64)
     for k, i in enumerate(rows.tolist()):
@@ -800,9 +825,12 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         if a.pg_ranks is not _NULL:
             r = msgspec.json.decode(a.pg_ranks)
             pg_ranks[k] = None if r is None else r if isinstance(r, str) else json.dumps(r)
-        ints[0, k] = _as_int(a.in_nelems)
-        ints[1, k] = _as_int(a.out_nelems)
-        ints[2, k] = _as_int(a.group_size)
+        ints[0, k] = _arg_int(a.in_nelems)
+        ints[1, k] = _arg_int(a.out_nelems)
+        ints[2, k] = _arg_int(a.group_size)
+        seq_arg[k] = _arg_int(a.seq)
+        if a.comms_id is not _NULL:
+            comms_id[k] = _raw_id(a.comms_id)
         if a.input_dims is not _NULL:
             ints[3, k], ints[4, k], ints[5, k] = _shape(a.input_dims, a.input_type)
         if dtype[k] is None and a.input_type is not _NULL:  # the first tensor's element type
@@ -851,6 +879,9 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         "shape_numel": sparse(ints[3]),
         "shape_elem_bytes": sparse(ints[4]),
         "shape2_numel": sparse(ints[5]),
+        "seq_arg": sparse(seq_arg),
+        "comms_id": sparse_str(comms_id),
+        "graph_node": graph_node[order],
     })
     di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
     dp = trace.deviceProperties
