@@ -5,6 +5,12 @@ words it. ``decision_input(report)`` builds that input from the report's ranking
 ranked strategy against the runner-up, with the ratio, 95 % interval and decision of their
 ``ranking.pairs[]`` entry (analyzer/compare/ranking.py ``decision``, which this mirrors: the
 renderers read report.json only).
+
+Below ``Noise.min_repeats`` repeats the line shows the ratio alone, labelled with what it rests
+on, never an interval (``Pair.undecided``); a steady gap under 1 + ``Noise.min_difference``
+reads "less than 5 % apart". Declared arms (``Ranking.declared``) are named by their strategy
+and the settings in which the two differ (analyzer/contract/arms.py), and an arm left out for
+its parity is said after the parity status, the decision made among the others.
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from analyzer.contract.arms import pair_labels
 from analyzer.contract.report_types import Report
 from reports import fmt
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DecisionInput:
@@ -31,9 +39,16 @@ class DecisionInput:
     """Lower end of the ratio's 95 % confidence interval; None: no interval."""
     ci_high: float | None = None
     """Upper end of the interval; None: no interval."""
-    verdict: Literal["faster", "within noise"] = "within noise"
+    verdict: Literal["faster", "within noise", "small difference"] = "within noise"
     """``faster`` only when the measurement resolves the difference (the interval excludes 1);
-    else ``within noise``."""
+    ``small difference`` when the interval excludes 1 but the ratio is under 1 +
+    ``min_difference`` (what identical records differ by); else ``within noise``."""
+    basis: str | None = None
+    """Said right after the ratio in place of an interval, its punctuation included: what a
+    ratio of too few repeats rests on (``", steps of one run only"``, ``" from 3 repeats, too
+    few for an interval"``); None: the interval (or nothing) is shown."""
+    min_difference: float = 0.05
+    """The smallest ratio beyond 1 called a difference (``Noise.min_difference``)."""
     memory_ratio: float | None = None
     """``best``'s peak memory per rank / ``other``'s (0.62: 38 % less); None: not measured."""
     parity: Literal["match", "match recorded reference", "fail", "not verified"] = "match"
@@ -48,6 +63,11 @@ class DecisionInput:
     None without a comparable single-device run."""
     note: str | None = None
     """Said in parentheses after the ratio: the repeats, what would resolve a within-noise pair."""
+    what: str = "distributed strategy"
+    """What ``best`` is when it is alone: ``distributed strategy``, or ``arm`` (declared arms)."""
+    left_out: tuple[str, ...] = ()
+    """Declared arms left out for their parity (``Ranking.left_out``), said after the parity
+    status: ``arm skipgrad failed the parity gate (first divergence in ...), left out``."""
 
 
 def decision_line(d: DecisionInput) -> str:
@@ -56,13 +76,17 @@ def decision_line(d: DecisionInput) -> str:
     ...``. A ratio below 1 never reads "faster": the caller names the faster run ``best``."""
     if d.best is None or d.withheld:
         return f"No decision: {d.withheld or 'no strategy to recommend'}."
-    interval = (f" [{d.ci_low:.2f}, {d.ci_high:.2f}]"
+    interval = (d.basis if d.basis is not None else f" [{d.ci_low:.2f}, {d.ci_high:.2f}]"
                 if d.ci_low is not None and d.ci_high is not None else "")
     note = f" ({d.note})" if d.note else ""
     if d.other is None:
-        text = f"{d.best}: the only distributed strategy in this report{note}"
+        text = f"{d.best}: the only {d.what} in this report{note}"
     elif d.verdict == "faster":
         text = f"{d.best}: {fmt.speedup(d.ratio)} faster than {d.other}{interval}{note}"
+    elif d.verdict == "small difference":
+        text = (f"{d.best} vs {d.other}: less than {100 * d.min_difference:g} % apart "
+                f"({fmt.speedup(d.ratio)}{interval}{'; ' + d.note if d.note else ''}: the "
+                "difference identical records show on one machine)")
     else:
         text = (f"{d.best} vs {d.other}: within noise at this sample size "
                 f"({fmt.speedup(d.ratio)}{interval}{'; ' + d.note if d.note else ''})")
@@ -77,19 +101,48 @@ def decision_line(d: DecisionInput) -> str:
                                           "them (no single-device run here)",
               "fail": "numerics differ from one device",
               "not verified": "numerics not verified"}[d.parity]
-    return f"{text}; {parity}."
+    left = "".join(f"; {x}, left out" for x in d.left_out)
+    return f"{text}; {parity}{left}."
 
 
-def _note(pair) -> str | None:
-    """What limits a within-noise pair: too few repeats, or how many would resolve it."""
+def _why(pair, min_repeats: int) -> str | None:
+    """``Pair.undecided``; for a report.json written before it, from the repeats."""
     if pair.decision == "faster":
         return None
-    if pair.repeats < 5:
-        return (f"{pair.repeats} run{'s' if pair.repeats != 1 else ''} each: record with "
-                "tracer record --repeat 5 to decide")
-    if pair.repeats_needed is not None:
+    if pair.undecided is not None:
+        return pair.undecided
+    if pair.repeats < min_repeats:
+        return "one_run" if pair.repeats <= 1 else "few_repeats"
+    return "interval_includes_1"
+
+
+def _note(pair, why: str | None, min_repeats: int) -> str | None:
+    """What limits an undecided pair: too few repeats, or how many would resolve it."""
+    if why is None:
+        return None
+    todo = f"record with tracer record --repeat {min_repeats} to decide"
+    if why == "one_run":
+        return f"1 run each: {todo}"
+    if why == "few_repeats":
+        return todo
+    if why == "interval_includes_1" and pair.repeats_needed is not None:
         return f"{pair.repeats} repeats; about {pair.repeats_needed} would resolve it"
     return f"{pair.repeats} repeats"
+
+
+def _basis(pair, why: str | None) -> str | None:
+    """The label of a ratio shown without its interval (``DecisionInput.basis``)."""
+    if why == "one_run":
+        return ", steps of one run only"
+    if why == "few_repeats":
+        return f" from {pair.repeats} repeats, too few for an interval"
+    return None
+
+
+def _failed_line(r) -> str:
+    return f"{r.name} failed the parity gate" + (
+        f" (first divergence in {r.parity.first_divergence.subject})"
+        if r.parity.first_divergence else "")
 
 
 def decision_input(report: Report) -> DecisionInput:
@@ -97,17 +150,16 @@ def decision_input(report: Report) -> DecisionInput:
     strategies (``ranking.order``; the single-device run is the reference, never ranked),
     ``ratio`` / ``ci_low`` / ``ci_high`` / ``verdict`` from their ``ranking.pairs[]`` entry,
     memory = the strategies' lowest peak allocated per rank (``ranking.arms[]``), vs_reference
-    = the reference's median step time / ``best``'s."""
+    = the reference's median step time / ``best``'s. Declared arms: every arm ranked, named by
+    its settings; an arm that failed parity is left out and said, the others decided."""
     runs = report.runs
+    rk = report.ranking
     dist = [r for r in runs if r.strategy != "single" and not r.incomplete]
     failed = [r for r in dist if r.parity.status == "fail"]
     missing = [r for r in dist if r.parity.status == "not_recorded"]
-    rk = report.ranking
-    if failed or missing:
-        why = "; ".join([f"{r.name} failed the parity gate" + (
-            f" (first divergence in {r.parity.first_divergence.subject})"
-            if r.parity.first_divergence else "") for r in failed]
-            + [f"{r.name} not verified ({r.parity.reason})" for r in missing])
+    if (failed or missing) and not rk.declared:
+        why = "; ".join([_failed_line(r) for r in failed]
+                        + [f"{r.name} not verified ({r.parity.reason})" for r in missing])
         return DecisionInput(best=None, parity="fail" if failed else "not verified",
                              withheld=f"{why}: speed figures of a run whose numerics are not "
                                       "verified do not count (see Parity)")
@@ -124,13 +176,24 @@ def decision_input(report: Report) -> DecisionInput:
     parity = "match" if any(r.strategy == "single" for r in runs) else "match recorded reference"
     vs_ref = (ref.median_ns / best.median_ns if ref is not None and ref.median_ns
               and best.median_ns else None)
+    extra = dict(left_out=tuple(rk.left_out), what="arm") if rk.declared else {}
     if len(rk.order) < 2:
-        return DecisionInput(best=best.name, parity=parity, vs_reference=vs_ref)
+        return DecisionInput(best=best.label or best.name if rk.declared else best.name,
+                             parity=parity, vs_reference=vs_ref, **extra)
     other = arms[rk.order[1]]
     pair = next(p for p in rk.pairs if {p.faster, p.slower} == {best.name, other.name})
-    pb, po = best.peak_allocated_bytes, other.peak_allocated_bytes
-    return DecisionInput(best=pair.faster, other=pair.slower, ratio=pair.ratio,
+    fa, sl = arms[pair.faster], arms[pair.slower]
+    min_repeats = rk.noise.min_repeats if rk.noise else 5
+    why = _why(pair, min_repeats)
+    names = pair_labels(*((a.name, a.strategy, a.settings if rk.declared else None)
+                          for a in (fa, sl)))
+    pb, po = fa.peak_allocated_bytes, sl.peak_allocated_bytes
+    return DecisionInput(best=names[0], other=names[1], ratio=pair.ratio,
                          ci_low=pair.ci_low, ci_high=pair.ci_high,
-                         verdict="faster" if pair.decision == "faster" else "within noise",
+                         verdict="faster" if why is None else
+                         "small difference" if why == "small_difference" else "within noise",
+                         basis=_basis(pair, why),
+                         min_difference=rk.noise.min_difference if rk.noise else 0.05,
                          memory_ratio=pb / po if pb is not None and po else None,
-                         parity=parity, vs_reference=vs_ref, note=_note(pair))
+                         parity=parity, vs_reference=vs_ref, note=_note(pair, why, min_repeats),
+                         **extra)

@@ -122,8 +122,10 @@ def _colors(report: Report) -> dict[str, str]:
 
 
 def _run_label(r: RunEntry) -> str:
-    """A run's name in plots; the single-device run marked as the reference."""
-    return f"{r.name} ({REFERENCE})" if r.strategy == "single" else r.name
+    """A run's name in plots; the single-device run marked as the reference (not a declared
+    arm's: it is ranked)."""
+    ref = r.strategy == "single" and (r.experiment or {}).get("settings") is None
+    return f"{r.name} ({REFERENCE})" if ref else r.name
 
 
 def _legend_for(report: Report, parts: list[str]) -> list[tuple[str, str, float]]:

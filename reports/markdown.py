@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from analyzer.contract.arms import settings_text
 from analyzer.contract.report_types import Report, RunEntry
 from analyzer.contract.text import show_bidi
 from reports import definitions as definitions_part
@@ -80,22 +81,30 @@ def arm(run) -> str:
 
 
 def ranking_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
-    """The ranking table (shared with html.py): ranked distributed runs by their strategy's
-    position (``ranking.order``: the repeats of one strategy share it), fastest first, then
-    runs not ranked (``-``), then the single-device run marked ``REFERENCE``; median step time
-    (``notes.STEP_TIME``) and speedup vs single."""
+    """The ranking table (shared with html.py): ranked runs by their arm's position
+    (``ranking.order``: the repeats of one arm share it), fastest first, then runs not ranked
+    (``-``), then the single-device reference marked ``REFERENCE`` (declared arms have none:
+    a single-device arm is ranked); median step time (``notes.STEP_TIME``) and speedup vs
+    single. Declared arms (``ranking.declared``): a column with each arm's declared settings."""
     rk = report.ranking
     pos = {n: i for i, n in enumerate(rk.order, 1)}
-    ranked = sorted((r for r in report.runs if r.strategy != "single" and arm(r) in pos),
+    ranked = sorted((r for r in report.runs if (rk.declared or r.strategy != "single")
+                     and arm(r) in pos),
                     key=lambda r: (pos[arm(r)], (r.experiment or {}).get("repeat", 1), r.name))
-    rest = [r for r in report.runs if r not in ranked and r.strategy != "single"]
-    refs = [r for r in report.runs if r.strategy == "single"]
+    rest = [r for r in report.runs if r not in ranked and (rk.declared or r.strategy != "single")]
+    refs = [r for r in report.runs if r.strategy == "single" and r not in ranked + rest]
     rows = [[str(pos[arm(r)]), r] for r in ranked] + [["-", r] for r in rest] + \
         [[REFERENCE, r] for r in refs]
-    return (["rank", "run", "strategy and options", "parity", "median step time",
-             "speedup vs single"],
-            [[p, r.name, fmt.options(r), r.parity.status, fmt.ms(r.step_time_ns.median),
-              fmt.speedup(r.speedup_vs_single)] for p, r in rows])
+    heads = ["rank", "run", "strategy and options", "parity", "median step time",
+             "speedup vs single"]
+    body = [[p, r.name, fmt.options(r), r.parity.status, fmt.ms(r.step_time_ns.median),
+             fmt.speedup(r.speedup_vs_single)] for p, r in rows]
+    if rk.declared:
+        heads.insert(3, "declared settings")
+        for row, (_, r) in zip(body, rows):
+            row.insert(3, settings_text((r.experiment or {}).get("settings") or {}, keys=list(
+                (r.experiment or {}).get("settings") or {})) or "-")
+    return heads, body
 
 
 COMPARISON_NOTE = (

@@ -63,6 +63,9 @@ def verdict(report: Report) -> list[str]:
         order = [arms[n] for n in rk.order]
         ref = arms.get(rk.reference) if rk.reference else None
 
+        def said(a) -> str:  # a declared arm by its settings (analyzer/contract/arms.py)
+            return (a.label or a.name) if rk.declared else a.name
+
         def reps(a) -> str:
             return f", {len(a.runs)} repeats" if len(a.runs) > 1 else ""
 
@@ -74,9 +77,9 @@ def verdict(report: Report) -> list[str]:
         text = ""
         if order:
             best = order[0]
-            text = (f"Fastest: {best.name}, median step time {fmt.ms(best.median_ns)}{reps(best)}"
+            text = (f"Fastest: {said(best)}, median step time {fmt.ms(best.median_ns)}{reps(best)}"
                     f"{vs_ref(best, 'speedup over the single-device run')}")
-            rest = [f"{a.name} ({fmt.ms(a.median_ns)}{reps(a)}{vs_ref(a)})" for a in order[1:]]
+            rest = [f"{said(a)} ({fmt.ms(a.median_ns)}{reps(a)}{vs_ref(a)})" for a in order[1:]]
             if rest:
                 text += "; then " + ", ".join(rest)
             text += "."
@@ -98,6 +101,9 @@ def verdict(report: Report) -> list[str]:
             said = {(p.faster, p.slower): p.sentence for p in rk.pairs}
             beyond = "; ".join(said.get((a.name, b.name), "") for a, b in zip(order, order[1:]))
             out.append(f"This order is beyond the measured noise: {beyond}.")
+        if rk.left_out:
+            out.append("Left out of the ranking for their parity: " + "; ".join(rk.left_out)
+                       + "; the other arms are ranked.")
         if rk.descriptive:
             out.append(f"Not ranked (another experiment): {', '.join(rk.descriptive)}; "
                        "compared in the tables only.")

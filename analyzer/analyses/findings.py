@@ -2,7 +2,8 @@
 
 ``findings(report)`` reads only the typed report (no pandas, no trace), so it runs on a cached
 report.json as well as at the end of ``analyzer.compare.runs.analyse``, and on foreign traces
-(no numerics: parity is "not verified" and gives no finding; every other rule still applies).
+(no numerics: parity is "not verified" and gives no finding; every other rule still applies). A run of a declared arm (issue 29) is named in titles by its
+strategy and declared settings too (``who``) where its name does not say them.
 
 Every finding carries the figures it rests on (``Evidence``: value, unit and the JSON pointer
 of the same value in report.json, taken from the attribute it is read from), a cause only when
@@ -73,6 +74,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from analyzer.contract.arms import arm_label, name_says_settings
 from analyzer.contract.report_types import (CAUSE_THRESHOLD, FINDING_KINDS, Evidence, Finding,
                                             Report, RunEntry)
 
@@ -102,12 +104,24 @@ def pointer(*keys: str | int) -> str:
     return "".join("/" + str(k).replace("~", "~0").replace("/", "~1") for k in keys)
 
 
+def who(run: RunEntry) -> str:
+    """The run as a title names it: its name, and for a declared arm (``tracer record --arm`` /
+    ``--sweep``) its strategy and declared settings where the arm's name does not say them:
+    ``noreshard.r1 (fsdp2 with reshard_after_forward=False)``."""
+    exp = run.experiment or {}
+    settings, arm = exp.get("settings"), exp.get("arm") or run.name
+    if settings is None or name_says_settings(arm, run.strategy, settings):
+        return run.name
+    return f"{run.name} ({arm_label(arm, run.strategy, settings, show_name=False)})"
+
+
 class _Run:
     """One run of the report, with the pointers of its figures (``at``) and its step."""
 
     def __init__(self, index: int, run: RunEntry) -> None:
         self.i, self.run = index, run
         self.step_ns = run.step_time_ns.median
+        self.who = who(run)
 
     def at(self, *keys: str | int) -> str:
         return pointer("runs", self.i, *keys)
@@ -150,7 +164,7 @@ def _parity_failed(r: _Run) -> Iterator[Finding]:
                for name, unit in (("max_abs_diff", "value"), ("limit", "value"),
                                    ("rel_l2", "ratio"))]
     where = f": first divergence {fd.subject} (step {fd.step})" if fd else ""
-    yield Finding(kind="parity_failed", title=f"{r.run.name} does not reproduce the "
+    yield Finding(kind="parity_failed", title=f"{r.who} does not reproduce the "
                   f"baseline{where}", runs=[r.run.name], evidence=ev,
                   action=None if fd is None else f"look at {fd.subject} at step {fd.step}: "
                   "the first check the run fails",
@@ -182,7 +196,7 @@ def _straggler(r: _Run) -> Iterator[Finding]:
                 for part, ns in s.split_ns.items()],
               r.step_ev()]
         named = s.cause is not None and (s.explained_frac or 0) >= CAUSE_THRESHOLD
-        title = (f"{r.run.name}: the {s.kind} waits for rank {s.rank} "
+        title = (f"{r.who}: the {s.kind} waits for rank {s.rank} "
                  f"({s.cause if named else _NOT_ESTABLISHED})")
         yield Finding(kind="straggler", title=title, runs=[r.run.name], ranks=[s.rank],
                       evidence=ev, cause=s.cause if named else None,
@@ -253,7 +267,7 @@ def _exposed_communication(r: _Run) -> Iterator[Finding]:
     where = "".join([f" (mesh dimension {mesh[0]})" if mesh else "",
                      f", FSDP unit {units[0]} most exposed" if units else ""])
     yield Finding(kind="exposed_communication",
-                  title=f"{run.name}: communication is exposed, mostly {kind}{where}: "
+                  title=f"{r.who}: communication is exposed, mostly {kind}{where}: "
                   f"{cause or _NOT_ESTABLISHED}", runs=[run.name], mesh_dims=mesh, units=units,
                   evidence=ev, cause=cause, cause_rule=rule, explained_frac=frac,
                   action=action, severity_ns=run.exposed_comm_ns)
@@ -291,7 +305,7 @@ def _prefetch_late(r: _Run) -> Iterator[Finding]:
                   "set_modules_to_forward_prefetch with two modules ahead; FSDP1 "
                   "limit_all_gathers=False)")
     names = ", ".join(f"{u.phase} {u.unit}" for _, u in late[:3]) + (" ..." if len(late) > 3 else "")
-    yield Finding(kind="prefetch_late", title=f"{run.name}: FSDP all_gathers finish after "
+    yield Finding(kind="prefetch_late", title=f"{r.who}: FSDP all_gathers finish after "
                   f"their unit needs them ({names or 'units not named'})", runs=[run.name],
                   units=[u.unit for _, u in late], evidence=ev, action=action,
                   severity_ns=stake)
@@ -318,7 +332,7 @@ def _input_bound(r: _Run) -> Iterator[Finding]:
                    else f" above {d.workers}")
     if d.pin_memory is False:
         action += "; pin_memory=True"
-    yield Finding(kind="input_bound", title=f"{run.name}: input-bound: rank {d.worst_rank} "
+    yield Finding(kind="input_bound", title=f"{r.who}: input-bound: rank {d.worst_rank} "
                   "waits for its next batch with nothing else to do", runs=[run.name],
                   ranks=[d.worst_rank], evidence=ev, action=action,
                   severity_ns=None if rank is None else rank.data_wait_ns)
@@ -345,7 +359,7 @@ def _host_bound(r: _Run) -> Iterator[Finding]:
           r.ev(f"rank {worst.rank}'s traced step", worst.step_ns, "ns", "ranks", j, "step_ns"),
           r.ev(f"rank {least.rank}'s GPU idle per step (least)", least.idle_ns, "ns",
                "ranks", k, "idle_ns")]
-    yield Finding(kind="host_bound", title=f"{run.name}: the GPUs sit idle with no work "
+    yield Finding(kind="host_bound", title=f"{r.who}: the GPUs sit idle with no work "
                   f"launched, rank {worst.rank} most (host-/launch-bound; why the host is late: "
                   f"{_NOT_ESTABLISHED})", runs=[run.name], ranks=[worst.rank], evidence=ev,
                   action=(f"look at rank {worst.rank}'s CPU timeline in the gaps: host syncs "
@@ -381,7 +395,7 @@ def _imbalance(r: _Run) -> Iterator[Finding]:
                     "x step spread (max - min of ranks[].step_ns)")
             action = "balance the work across ranks (batch split, sequence lengths, sharding)"
     mean = sum(x.step_ns for _, x in ranks) / len(ranks)
-    yield Finding(kind="imbalance", title=f"{r.run.name}: ranks' step times differ, rank "
+    yield Finding(kind="imbalance", title=f"{r.who}: ranks' step times differ, rank "
                   f"{slow.rank} slowest: {cause or _NOT_ESTABLISHED}", runs=[r.run.name],
                   ranks=[slow.rank, fast.rank], evidence=ev, cause=cause, cause_rule=rule,
                   explained_frac=frac, action=action, severity_ns=slow.step_ns - mean)
@@ -399,7 +413,7 @@ def _memory_does_not_fit(r: _Run) -> Iterator[Finding]:
     sharded = r.run.strategy in ("fsdp", "fsdp2", "hsdp", "fsdp2_tp")
     action = ("activation checkpointing, a smaller per-rank batch, or CPU offload" if sharded
               else "shard it (FSDP / FSDP2), or activation checkpointing / a smaller per-rank batch")
-    yield Finding(kind="memory_does_not_fit", title=f"{r.run.name} does not fit the device "
+    yield Finding(kind="memory_does_not_fit", title=f"{r.who} does not fit the device "
                   f"({fit.basis})", runs=[r.run.name], evidence=ev, action=action,
                   severity_ns=r.step_ns)
 
@@ -426,7 +440,7 @@ def _low_bandwidth(r: _Run, rows: list[tuple[str, tuple, object, float | None]],
                    "bytes"),
               r.ev(f"{name} calls (per rank, all profiled steps)", row.count, "count", *keys,
                    "count")]
-        yield Finding(kind="low_busbw", title=f"{r.run.name}: {name} moves data far slower "
+        yield Finding(kind="low_busbw", title=f"{r.who}: {name} moves data far slower "
                       f"than the run's best {what} ({best[0]})", runs=[r.run.name], evidence=ev,
                       action="check the link it crosses (NCCL_DEBUG=INFO names the transport: "
                       "NVLink, PCIe, network) and its message sizes",
@@ -471,7 +485,7 @@ def _mesh_dimension(r: _Run) -> Iterator[Finding]:
                       "parallel)")
         elif cause is not None and d.name == "pp":
             action = "more microbatches per step (smaller pipeline bubble)"
-        yield Finding(kind="mesh_dimension", title=f"{run.name}: the {d.name} "
+        yield Finding(kind="mesh_dimension", title=f"{r.who}: the {d.name} "
                       f"{'/'.join(d.kinds) or 'collectives'} is exposed: "
                       f"{cause or _NOT_ESTABLISHED}", runs=[run.name], mesh_dims=[d.name],
                       evidence=ev, cause=cause, cause_rule=rule, explained_frac=frac,

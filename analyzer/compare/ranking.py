@@ -14,8 +14,20 @@ step lasts as long as its slowest rank), ties broken by the lower per-rank memor
 arms get a ``Pair``: the ratio of their median step times with a 95 % interval
 (analyzer/compare/stats.py); one is called faster only when the interval excludes 1, the ratio
 is at least 1 + ``stats.MIN_DIFFERENCE`` and both have ``stats.MIN_REPEATS`` repeats, else the
-pair is "within noise at this sample size", with the repeats that would resolve it. The ranking is withheld when a run of the experiment failed
-parity or has none recorded, or its runs were not recorded under the same settings.
+pair is "within noise at this sample size", with the repeats that would resolve it (below
+``stats.MIN_REPEATS`` repeats the sentence shows the ratio alone, labelled, never an interval;
+a steady gap under 1 + ``stats.MIN_DIFFERENCE`` reads "less than 5 % apart"). The ranking is
+withheld when a run of the experiment failed parity or has none recorded, or its runs were not
+recorded under the same settings.
+
+Declared arms (issue 29: ``tracer record --arm NAME="OPTIONS"`` / ``--sweep KEY=V1,V2``; the
+runs carry ``experiment.settings``): the user named every arm, so every arm is ranked, a
+single-device one too (no reference). An arm whose run failed parity or has none is left out,
+named with its first divergence, and the others are ranked. The settings in ``SETTINGS`` may
+differ where a declared option explains it (``OPTION_SETTINGS``, ``explained_settings``): the
+arms declare ``precision``, so ``precision`` may differ, as long as each arm's repeats agree.
+Pair sentences name the arms by strategy and the settings in which they differ
+(analyzer/contract/arms.py).
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ import math
 from typing import Any, Callable
 
 from analyzer.compare import stats
+from analyzer.contract.arms import arm_label, pair_labels
 from analyzer.contract.report_types import Arm, Noise, Pair, Ranking, RunEntry
 
 RANKING_RULE = (
@@ -44,7 +57,17 @@ NOISE_RULE = (
     f"excludes 1, the ratio is at least {1 + stats.MIN_DIFFERENCE:.2f} (smaller differences "
     "occur between identical records on one machine) and each has at least "
     f"{stats.MIN_REPEATS} repeats (tracer record --repeat), otherwise the pair is within noise "
-    "at this sample size."
+    f"at this sample size. Below {stats.MIN_REPEATS} repeats no interval is shown: the ratio "
+    "alone, labelled with the repeats it rests on."
+)
+
+ARMS_RULE = (
+    "Declared arms (tracer record --arm / --sweep): every arm is ranked, single-device ones "
+    "too; an arm whose run failed the parity gate or has none is left out, named, and the "
+    "others are ranked. Its runs may differ from the other arms' in a setting its declared "
+    "options change (precision, training, batch, model, data, seed, device), as long as the "
+    "repeats of each arm agree; any other difference (versions, launch, ...) withholds the "
+    "ranking."
 )
 
 SETTINGS = ("versions", "device", "batch", "seed", "model", "precision", "training", "launch",
@@ -53,6 +76,20 @@ SETTINGS = ("versions", "device", "batch", "seed", "model", "precision", "traini
 the input was supplied; a record without it was fed from memory (the only way before).
 ``training`` (issue 18): optimizer, mixed-precision policy, activation checkpointing -- a run
 with another training setup computes other numbers and times, so it is never ranked beside."""
+
+
+OPTION_SETTINGS: dict[str, tuple[str, ...]] = {
+    "data": ("data",), "data_workers": ("data",), "data_sample_cost_ms": ("data",),
+    "precision": ("precision",),
+    "optimizer": ("training",), "lr": ("training",), "mixed_precision": ("training",),
+    "activation_checkpointing": ("training",),
+    "batch": ("batch",), "seq": ("batch",), "hidden": ("model", "batch"),
+    "layers": ("model",), "model": ("model",),
+    "seed": ("seed",), "device": ("device",),
+}
+"""Declared arms: recorder option (a ``tracer.config.RecordConfig`` field, the keys of the
+manifest's ``experiment.settings``) -> the ``SETTINGS`` it changes. An option not here
+(``strategy``, ``nproc``, ``bucket_cap_mb``, ...) changes none of them."""
 
 
 FSDP_STRATEGIES = ("fsdp", "fsdp2", "hsdp", "fsdp2_tp", "pp")
@@ -88,15 +125,50 @@ def _show(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
+def declared(run: RunEntry) -> dict[str, Any] | None:
+    """The run's declared settings (manifest ``experiment.settings``): a dict for an arm of
+    ``tracer record --arm`` / ``--sweep``, None otherwise."""
+    return (run.experiment or {}).get("settings")
+
+
+def is_declared(runs: list[RunEntry]) -> bool:
+    """True when the recorded runs (those with settings) are one experiment of declared arms:
+    one experiment id, and every one of them carries ``experiment.settings``."""
+    recorded = [r for r in runs if r.settings]
+    return (bool(recorded) and len({experiment_id(r) for r in recorded}) == 1
+            and experiment_id(recorded[0]) is not None
+            and all(declared(r) is not None for r in recorded))
+
+
+def explained_settings(runs: list[RunEntry]) -> set[str]:
+    """The ``SETTINGS`` keys on which ``runs`` may differ: for one experiment of declared arms
+    (``is_declared``), each key a declared option maps to (``OPTION_SETTINGS``) on which the
+    runs of every arm (its repeats) agree among themselves; empty otherwise. The one rule for
+    both the ranking and the report's settings warnings."""
+    if not is_declared(runs):
+        return set()
+    recorded = [r for r in runs if r.settings]
+    keys = {k for r in recorded for o in declared(r) for k in OPTION_SETTINGS.get(o, ())}
+    by_arm: dict[str, list[RunEntry]] = {}
+    for r in recorded:
+        by_arm.setdefault(arm_of(r), []).append(r)
+    return {k for k in keys
+            if all(len({_show(_setting(r, k)) for r in rs}) == 1 for rs in by_arm.values())}
+
+
 def settings_differences(runs: list[RunEntry],
                          label: Callable[[RunEntry], str] | None = None,
                          keys: tuple[str, ...] = SETTINGS) -> list[str]:
     """One warning line per setting in ``keys`` (default ``SETTINGS``) on which the recorded runs
     disagree, naming the runs (``label(run)``, default the run name; equal labels are named
-    once) and their values. Foreign runs (no settings) are ignored."""
+    once) and their values. Foreign runs (no settings) are ignored; so are differences a
+    declared arm explains (``explained_settings``)."""
     recorded = [r for r in runs if r.settings]
+    explained = explained_settings(runs)
     out = []
     for key in keys:
+        if key in explained:
+            continue
         seen: dict[str, dict[str, None]] = {}
         for r in recorded:
             v = _setting(r, key)
@@ -190,11 +262,18 @@ def _arms(runs: list[RunEntry]) -> list[tuple[Arm, list[RunEntry]]]:
         rs = sorted(rs, key=lambda r: ((r.experiment or {}).get("repeat", 1), r.name))
         steps = [v for r in rs for v in _steps(r)]
         peaks = [_peak(r) for r in rs]
+        settings = declared(rs[0])
         out.append((Arm(name=name, strategy=rs[0].strategy, runs=[r.name for r in rs],
                         median_ns=stats.median(steps) if steps else None, steps=len(steps),
-                        peak_allocated_bytes=None if min(peaks) == math.inf else int(min(peaks))),
+                        peak_allocated_bytes=None if min(peaks) == math.inf else int(min(peaks)),
+                        settings=dict(settings or {}),
+                        label=arm_label(name, rs[0].strategy, settings)),
                     rs))
     return out
+
+
+def _who(name: str, runs: list[RunEntry]) -> tuple[str, str, dict[str, Any] | None]:
+    return name, runs[0].strategy, declared(runs[0])
 
 
 def compare_arms(a: tuple[str, list[RunEntry]], b: tuple[str, list[RunEntry]]) -> Pair:
@@ -214,85 +293,144 @@ def compare_arms(a: tuple[str, list[RunEntry]], b: tuple[str, list[RunEntry]]) -
               and [k[1] for k in reps(ra)] == [k[1] for k in reps(rb)]
               and len({k[0] for k in reps(ra) + reps(rb)}) == 1 and reps(ra)[0][0] is not None)
     ci = stats.ratio_ci(sa, sb, paired=paired)
+    undecided = undecided_why(ci)
     small = ci.ratio < 1 + stats.MIN_DIFFERENCE
-    decided = ci.ci_low > 1 and not small and ci.repeats >= stats.MIN_REPEATS
-    need = stats.repeats_to_resolve(ci.log_sd, ci.ratio) if not (decided or small) else None
+    need = (stats.repeats_to_resolve(ci.log_sd, ci.ratio)
+            if undecided is not None and not small else None)
+    fa, sl = pair_labels(_who(na, ra), _who(nb, rb))
     return Pair(faster=na, slower=nb, ratio=ci.ratio, ci_low=ci.ci_low, ci_high=ci.ci_high,
-                method=stats.METHOD, decision="faster" if decided else "within_noise",
+                method=stats.METHOD, decision="faster" if undecided is None else "within_noise",
                 repeats=ci.repeats, steps=ci.steps, paired=paired, repeats_needed=need,
-                sentence=pair_sentence(na, nb, ci, decided, need))
+                undecided=undecided, sentence=pair_sentence(fa, sl, ci, undecided, need))
 
 
-def pair_sentence(faster: str, slower: str, ci: stats.RatioCI, decided: bool,
+def undecided_why(ci: stats.RatioCI) -> str | None:
+    """Why a pair is not called faster (``Pair.undecided``), None when it is: too few repeats
+    first (``one_run``, ``few_repeats``: below ``stats.MIN_REPEATS``), then an interval that
+    does not exclude 1 (``interval_includes_1``), then a ratio under 1 +
+    ``stats.MIN_DIFFERENCE`` (``small_difference``)."""
+    if ci.repeats < stats.MIN_REPEATS:
+        return "one_run" if ci.repeats <= 1 else "few_repeats"
+    if not ci.ci_low > 1:
+        return "interval_includes_1"
+    if ci.ratio < 1 + stats.MIN_DIFFERENCE:
+        return "small_difference"
+    return None
+
+
+def ratio_basis(ratio: float, repeats: int, steps: int) -> str:
+    """The ratio below ``stats.MIN_REPEATS`` repeats, labelled with what it rests on (never an
+    interval): ``1.89x, steps of one run only, 6 steps in all`` / ``1.40x from 3 repeats, too few
+    for an interval, 18 steps in all``."""
+    rests = ("steps of one run only" if repeats <= 1 else
+             f"from {repeats} repeats, too few for an interval")
+    return f"{ratio:.2f}x{',' if repeats <= 1 else ''} {rests}, {steps} steps in all"
+
+
+def pair_sentence(faster: str, slower: str, ci: stats.RatioCI, undecided: str | None,
                   need: int | None) -> str:
-    """The pair in words: ``fsdp2 is 1.31x faster than ddp (95 % CI 1.18-1.45, 5 repeats)``, or
-    ``ddp vs fsdp2: within noise at this sample size (...)`` with what would resolve it."""
+    """The pair in words (``faster`` / ``slower``: the arms' labels): ``fsdp2 is 1.31x faster
+    than ddp (95 % CI 1.18-1.45, 5 repeats, 50 steps in all)``; below ``stats.MIN_REPEATS``
+    repeats the ratio alone (``ratio_basis``) and what would decide; ``less than 5 % apart``
+    for a steady gap under 1 + ``stats.MIN_DIFFERENCE``; else ``within noise at this sample
+    size`` with the repeats that would resolve it."""
     figures = (f"95 % CI {ci.ci_low:.2f}-{ci.ci_high:.2f}, {ci.repeats} repeat"
                f"{'s' if ci.repeats != 1 else ''}, {ci.steps} steps in all")
-    if decided:
+    least = f"{stats.MIN_DIFFERENCE * 100:g} %"
+    if undecided is None:
         return f"{faster} is {ci.ratio:.2f}x faster than {slower} ({figures})"
-    if ci.ratio < 1 + stats.MIN_DIFFERENCE and ci.repeats >= stats.MIN_REPEATS:
-        return (f"{faster} vs {slower}: within noise, a difference under "
-                f"{stats.MIN_DIFFERENCE:.0%} (ratio {ci.ratio:.2f}, {figures}); identical "
-                "configurations differ by that much between records on one machine")
+    if undecided in ("one_run", "few_repeats"):
+        each = f"{ci.repeats} run{'s' if ci.repeats != 1 else ''} each"
+        return (f"{faster} vs {slower}: within noise at this sample size "
+                f"({ratio_basis(ci.ratio, ci.repeats, ci.steps)}; {each}: record both with "
+                f"tracer record --repeat {max(stats.MIN_REPEATS, need or 0)} or more to decide, "
+                f"fewer than {stats.MIN_REPEATS} repeats cannot measure run-to-run variation)")
+    if undecided == "small_difference":
+        return (f"{faster} vs {slower}: less than {least} apart (ratio {ci.ratio:.2f}, "
+                f"{figures}): the difference identical records show on one machine, not called "
+                "faster")
     text = (f"{faster} vs {slower}: within noise at this sample size (ratio {ci.ratio:.2f}, "
             f"{figures})")
-    if ci.repeats < stats.MIN_REPEATS:
-        return text + (f"; record both with tracer record --repeat {max(stats.MIN_REPEATS, need or 0)} "
-                       f"or more to decide ({stats.MIN_REPEATS} repeats at least: fewer cannot "
-                       "measure run-to-run variation)")
+    if ci.ratio < 1 + stats.MIN_DIFFERENCE:
+        return text + (f"; a difference under {least} is not called one: identical records "
+                       "differ by that much on one machine")
     if need is not None:
-        return text + f"; about {need} repeats per strategy would resolve a {ci.ratio:.2f}x difference"
+        return text + f"; about {need} repeats per arm would resolve a {ci.ratio:.2f}x difference"
     return text + "; no practical number of repeats would resolve so small a difference"
+
+
+def _parity_problem(r: RunEntry) -> str | None:
+    """Why ``r``'s speed does not count: ``failed the parity gate (first divergence in grad
+    x)`` / ``has no parity verdict (...)``; None when it passed (or is the reference)."""
+    p = r.parity
+    if p.status == "fail":
+        what = (f"first divergence in {p.first_divergence.subject}" if p.first_divergence
+                else p.reason)
+        return f"failed the parity gate ({what})"
+    if p.status == "not_recorded":
+        return f"has no parity verdict ({p.reason})"
+    return None
 
 
 def rank_runs(runs: list[RunEntry]) -> Ranking:
     """The ranking (module docstring): ``order`` (arms, fastest first, the reference left out;
     empty when withheld), ``pairs``, ``arms``, ``reason``, ``rule``, ``noise``, the experiment
-    ranked and the runs left to the tables (``descriptive``)."""
+    ranked and the runs left to the tables (``descriptive``); for declared arms ``declared``,
+    every arm ranked and ``left_out`` the arms that failed parity."""
     left_out = [r.name for r in runs if r.incomplete]
     complete = [r for r in runs if not r.incomplete]  # README: left out of the ranking
     runs, others, warns = ranked_experiment(complete)
     exp = experiment_id(runs[0]) if runs else None
-    extra = dict(experiment=exp, descriptive=[r.name for r in others])
-    withheld = []
-    for r in runs:
-        p = r.parity
-        if p.status == "fail":
-            what = (f"first divergence in {p.first_divergence.subject}" if p.first_divergence
-                    else p.reason)
-            withheld.append(f"run {r.name} failed the parity gate ({what})")
-        elif p.status == "not_recorded":
-            withheld.append(f"run {r.name} has no parity verdict ({p.reason})")
+    arms_declared = is_declared(runs)
+    rule = RANKING_RULE + (" " + ARMS_RULE if arms_declared else "")
+    extra = dict(experiment=exp, descriptive=[r.name for r in others], declared=arms_declared)
+    problems = [(r, why) for r in runs if (why := _parity_problem(r))]
+    dropped: list[str] = []
+    if arms_declared:  # a failed arm is left out, the others ranked
+        bad: dict[str, str] = {}
+        for r, why in problems:
+            bad.setdefault(arm_of(r), why)  # its first run's problem
+        extra["left_out"] = [f"arm {a} {why}" for a, why in bad.items()]
+        dropped = [f"arm {a} left out: {why}" for a, why in bad.items()]
+        withheld = []
+    else:
+        bad, withheld = {}, [f"run {r.name} {why}" for r, why in problems]
     diffs = settings_differences(runs)
-    timed = [r for r in runs if _steps(r)]
+    kept = [r for r in runs if arm_of(r) not in bad]
+    timed = [r for r in kept if _steps(r)]
     reason = ("; ".join(withheld) + ". Speed figures of a run whose numerics are not verified "
               "do not count." if withheld else
               "the runs are not one experiment: " + "; ".join(diffs)
               + ". Record them together with the same settings." if diffs else
+              "; ".join(dropped + ["no arm passed the parity gate"]) if arms_declared and not kept else
               "no run has a measured step time" if not timed else None)
     if reason:
         return Ranking(status="withheld", order=[], reason="; ".join([reason] + warns),
-                       rule=RANKING_RULE, **extra)
+                       rule=rule, **extra)
     # memory before communication: a run that does not fit the device (--device-memory) is
     # not a choice, however fast (the single-device reference stays the speedup base)
-    unfit = [r.name for r in timed if r.strategy != "single" and r.memory.fit is not None
-             and r.memory.fit.fits is False]
+    unfit = [r.name for r in timed if (arms_declared or r.strategy != "single")
+             and r.memory.fit is not None and r.memory.fit.fits is False]
     timed = [r for r in timed if r.name not in unfit]
-    if unfit and not any(r.strategy != "single" for r in timed):
+    if unfit and not any(arms_declared or r.strategy != "single" for r in timed):
         return Ranking(status="withheld", order=[], reason="; ".join(
-            [f"no distributed run fits the device (--device-memory): {', '.join(unfit)} "
-             "do not fit"] + warns), rule=RANKING_RULE, **extra)
+            [f"no {'arm' if arms_declared else 'distributed run'} fits the device "
+             f"(--device-memory): {', '.join(unfit)} do not fit"] + warns), rule=rule, **extra)
     arms = _arms(timed)
-    ref = next((a for a, _ in arms if a.strategy == "single"), None)
+    ref = (None if arms_declared else
+           next((a for a, _ in arms if a.strategy == "single"), None))
     ranked = sorted(((a, rs) for a, rs in arms if a is not ref),
                     key=lambda x: (x[0].median_ns, x[0].peak_allocated_bytes or math.inf, x[0].name))
     pairs = [compare_arms((a.name, ra), (b.name, rb))
              for i, (a, ra) in enumerate(ranked) for b, rb in ranked[i + 1:]]
-    reason = (f"{len(ranked)} strateg{'y' if len(ranked) == 1 else 'ies'} of "
+    what = (f"arm{'' if len(ranked) == 1 else 's'}" if arms_declared else
+            f"strateg{'y' if len(ranked) == 1 else 'ies'}")
+    reason = (f"{len(ranked)} {what} of "
               f"{'experiment ' + exp[:8] if exp else 'runs without an experiment id'} passed "
               f"parity ({len(timed)} run(s))" + (f"; reference: {ref.name}" if ref else ""))
-    untimed = [r.name for r in runs if not _steps(r)]
+    if dropped:
+        reason += "; " + "; ".join(dropped)
+    untimed = [r.name for r in kept if not _steps(r)]
     if untimed:
         reason += f"; not ranked for lack of step times: {', '.join(untimed)}"
     if left_out:
@@ -305,7 +443,7 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
         reason += "; " + busy
     order = [a.name for a, _ in ranked]
     return Ranking(status="ranked", order=order, reason=reason,
-                   rule=RANKING_RULE + " " + NOISE_RULE, pairs=pairs,
+                   rule=rule + " " + NOISE_RULE, pairs=pairs,
                    arms=[a for a, _ in ranked] + ([ref] if ref else []),
                    reference=ref.name if ref else None,
                    noise=ranking_noise(order, pairs, cpu=any((r.device or "cpu") == "cpu" for r in timed)),
@@ -323,7 +461,8 @@ def ranking_noise(order: list[str], pairs: list[Pair], *, cpu: bool) -> Noise:
         p = by[(a, b)]
         if p.decision != "faster":
             close.append((p.faster, p.slower, None if p.ratio is None else p.ratio - 1, p.sentence))
-    return Noise(cpu=cpu, close_pairs=close, decisive=not close)
+    return Noise(cpu=cpu, close_pairs=close, decisive=not close, min_repeats=stats.MIN_REPEATS,
+                 min_difference=stats.MIN_DIFFERENCE)
 
 
 def decision(ranking: Ranking) -> Pair | None:

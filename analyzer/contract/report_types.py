@@ -797,6 +797,12 @@ class Noise(msgspec.Struct, kw_only=True):
     cpu: bool
     close_pairs: list[tuple[str, str, float | None, str]]
     decisive: bool
+    min_repeats: int = 5
+    """Fewest repeats per arm for a decision (analyzer/compare/stats.py ``MIN_REPEATS``): below
+    it no pair is called faster and no interval is shown (``Pair.undecided``)."""
+    min_difference: float = 0.05
+    """Smallest ratio beyond 1 called a difference (``stats.MIN_DIFFERENCE``, 0.05: 5 %): what
+    identical records differ by on one machine."""
 
 
 class Pair(_Figures, kw_only=True):
@@ -807,7 +813,11 @@ class Pair(_Figures, kw_only=True):
     ``decision`` ``faster`` when the interval excludes 1 (and each arm has at least
     ``stats.MIN_REPEATS`` repeats), else ``within_noise``; ``repeats_needed``: repeats per arm
     that would resolve a difference of this ratio (None: unknown, e.g. one repeat);
-    ``sentence``: the pair in words."""
+    ``sentence``: the pair in words (declared arms named by their strategy and the settings in
+    which they differ, analyzer/contract/arms.py). Below ``stats.MIN_REPEATS`` repeats
+    ``ci_low`` / ``ci_high`` are kept but are no basis for a decision (the percentile interval of
+    so few repeats is too narrow): the sentence and the decision line show the ratio alone,
+    labelled (``undecided``)."""
 
     faster: str
     slower: str
@@ -821,11 +831,19 @@ class Pair(_Figures, kw_only=True):
     paired: bool
     repeats_needed: int | None = None
     sentence: str = ""
+    undecided: Literal["one_run", "few_repeats", "small_difference", "interval_includes_1"] | None = None
+    """Why ``decision`` is ``within_noise`` (None when ``faster``): ``one_run`` (1 repeat per
+    arm: the interval holds one run's steps only) or ``few_repeats`` (2 to
+    ``Noise.min_repeats`` - 1): too few to measure run-to-run variation, no interval shown;
+    ``small_difference``: the interval excludes 1 but the ratio is under 1 +
+    ``Noise.min_difference``, a difference identical records show on one machine;
+    ``interval_includes_1``: the interval does not exclude 1."""
 
 
 class Arm(_Figures, kw_only=True):
-    """One strategy of the ranked experiment: its runs (one per repeat), median over all their
-    profiled steps (ns), lowest peak allocated memory over them (bytes)."""
+    """One arm of the ranked experiment (a strategy, or a declared arm of ``tracer record --arm``
+    / ``--sweep``): its runs (one per repeat), median over all their profiled steps (ns), lowest
+    peak allocated memory over them (bytes)."""
 
     name: str
     strategy: str
@@ -833,13 +851,22 @@ class Arm(_Figures, kw_only=True):
     median_ns: float | None
     steps: int
     peak_allocated_bytes: int | None = None
+    settings: dict[str, Any] = {}
+    """A declared arm's recorder options on which the experiment's arms differ (the manifest's
+    ``experiment.settings``, e.g. ``{"reshard_after_forward": false}``); ``{}`` for an arm of a
+    strategy experiment, or when the declared arms differ in nothing."""
+    label: str = ""
+    """The arm in words: ``fsdp2 with reshard_after_forward=False``, the arm's name added where
+    it says more than its settings (``(arm noreshard)``, analyzer/contract/arms.py); the name for
+    an arm of a strategy experiment."""
 
 
 class Ranking(msgspec.Struct, kw_only=True):
     """``status`` ``ranked`` (``order``: the arms fastest first, the single-device reference
     left out; ``pairs`` every two of them; ``noise``) or ``withheld``. ``experiment``: the id of
-    the experiment ranked (None for older records); ``reference``: the single-device arm;
-    ``descriptive``: runs outside that experiment, compared in the tables only."""
+    the experiment ranked (None for older records); ``reference``: the single-device arm (None
+    for declared arms: every arm is ranked); ``descriptive``: runs outside that experiment,
+    compared in the tables only."""
 
     status: Literal["ranked", "withheld"]
     order: list[str]
@@ -851,6 +878,15 @@ class Ranking(msgspec.Struct, kw_only=True):
     experiment: str | None = None
     reference: str | None = None
     descriptive: list[str] = []
+    declared: bool = False
+    """An experiment of declared arms (``tracer record --arm`` / ``--sweep``: its runs carry
+    ``experiment.settings``): every arm is ranked, single-device ones too; an arm that failed
+    parity or has none is left out (``reason`` names it and its first divergence) and the others
+    are ranked; the settings the arms declare may differ (analyzer/compare/ranking.py
+    ``OPTION_SETTINGS``)."""
+    left_out: list[str] = []
+    """Declared arms left out for their parity, one line each: ``arm skipgrad failed the parity
+    gate (first divergence in grad layers.0.attn.weight)``."""
 
 
 class DriftComparison(msgspec.Struct, kw_only=True):

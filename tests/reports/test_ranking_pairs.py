@@ -75,7 +75,16 @@ def test_too_few_repeats_never_decide(tmp_path):
     (p,) = analyse(root).ranking.pairs
     assert p.ci_low == pytest.approx(1.5)  # the interval excludes 1 ...
     assert p.decision == "within_noise" and p.repeats == 2  # ... but 2 repeats cannot decide
-    assert "within noise at this sample size" in p.sentence and "--repeat 5" in p.sentence
+    assert p.undecided == "few_repeats" and p.ci_high == pytest.approx(1.5)  # kept in report.json
+    # ... and it is not shown: the ratio alone, labelled
+    assert p.sentence.startswith("ddp vs fsdp: within noise at this sample size (1.50x from 2 "
+                                 "repeats, too few for an interval, 12 steps in all; 2 runs each: "
+                                 "record both with tracer record --repeat 5 or more to decide")
+    assert "CI" not in p.sentence
+    assert decision(markdown.render(analyse(root))) == (
+        "ddp vs fsdp: within noise at this sample size (1.50x from 2 repeats, too few for an "
+        "interval; record with tracer record --repeat 5 to decide), the same memory per rank; "
+        "numerics match the reference values recorded with them (no single-device run here).")
 
 
 def test_a_steady_gap_under_five_percent_is_never_called_faster(tmp_path):
@@ -88,7 +97,15 @@ def test_a_steady_gap_under_five_percent_is_never_called_faster(tmp_path):
     (p,) = analyse(root).ranking.pairs
     assert p.ci_low == pytest.approx(1.03) and p.ci_high == pytest.approx(1.03)
     assert p.decision == "within_noise" and p.repeats_needed is None
-    assert "a difference under 5%" in p.sentence
+    assert p.undecided == "small_difference"
+    # never "within noise" beside an interval that excludes 1
+    assert p.sentence == ("ddp vs fsdp: less than 5 % apart (ratio 1.03, 95 % CI 1.03-1.03, 5 "
+                          "repeats, 30 steps in all): the difference identical records show on "
+                          "one machine, not called faster")
+    assert decision(markdown.render(analyse(root))) == (
+        "ddp vs fsdp: less than 5 % apart (1.03x \\[1.03, 1.03\\]; 5 repeats: the difference "
+        "identical records show on one machine), the same memory per rank; numerics match the "
+        "reference values recorded with them (no single-device run here).")
     root = tmp_path / "u"
     _arm(root, "ddp", [[10.0, 10.0, 10.0]] * 5)
     _arm(root, "fsdp", [[10.6, 10.6, 10.6]] * 5)
