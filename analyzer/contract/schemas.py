@@ -243,7 +243,7 @@ means."""
 COLLECTIVES_SCHEMA = _columns("rank step pg:s seq kind:s start_ns end_ns dur_ns bytes rule:s name:s "
                               "group_size dtype:s pg_ranks:s enqueue_start_ns enqueue_end_ns event_idx "
                               "peer pg_desc:s union_ns exposed_ns gap_ns gap_compute_ns gap_host_ns "
-                              "gap_data_ns gap_coll_ns")
+                              "gap_data_ns gap_coll_ns pg_seq comms_id:s seq_source:s")
 """One row per collective instance per rank (analyzer/analyses/collectives.py); bytes -1 and
 dtype / pg_ranks / pg_desc "" when the trace does not say, peer -1 (a send / recv's global
 peer rank, from the tracer's process-group tag); union_ns / exposed_ns: the row's share of its
@@ -252,7 +252,9 @@ process group's communication, and of its part under no computation, in the step
 its anchor (the end of the rank's previous collective of the same process group, else its
 step's start) and its parts gap_compute_ns, gap_host_ns, gap_data_ns, gap_coll_ns (computation,
 host delay, data wait, another collective: analyzer/analyses/straggler.py ``gap_parts``; gap_ns
--1 where not computed)."""
+-1 where not computed); seq: the row's cross-rank key within its pg, from seq_source ("Seq",
+"Comms Id" or "order": analyzer/analyses/matchkey.py); pg_seq: the trace's per process group
+sequence number (-1 unknown), comms_id: its Comms Id ("" unknown)."""
 PREFETCH_SCHEMA = _columns("rank step phase:s unit:s prefetched:b issued_ns comm_start_ns finished_ns "
                            "need_ns comm_ns hidden_ns hidden_frac:f slack_ns labels:s")
 """One row per FSDP unit all_gather per rank (analyzer/analyses/prefetch.py)."""
