@@ -159,3 +159,35 @@ def test_arms_that_change_the_numerics_get_their_own_baseline(tmp_path):
     gate = subprocess.run([sys.executable, "-m", "analyzer", "gate", str(out)], cwd=REPO,
                           capture_output=True, text=True)
     assert gate.returncode == 0, gate.stdout + gate.stderr
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_canary_arm_ranks_the_passing_arms(tmp_path):
+    """End to end: `--sweep bucket-cap-mb=1,25` x arms ok / canary (--fault wrong-grad-scale);
+    the report ranks the two passing arms by their settings and leaves both canary arms out,
+    each named with its first diverging tensor."""
+    out = tmp_path / "t"
+    proc, _ = run_tracer(["--strategy", "ddp", "--sweep", "bucket-cap-mb=1,25", "--arm", "ok=",
+                          "--arm", "canary=--fault wrong-grad-scale", "--active", "2",
+                          "--out", str(out)] + TINY, cwd=tmp_path, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    arms = ["ok+bucket-cap-mb=1", "ok+bucket-cap-mb=25", "canary+bucket-cap-mb=1",
+            "canary+bucket-cap-mb=25"]
+    assert [ln.split("/")[-1] for ln in proc.stdout.splitlines()] == arms
+    report = subprocess.run([sys.executable, "-m", "analyzer", "report", str(out)], cwd=REPO,
+                            capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr[-3000:]
+    rk = json.loads((out / "report" / "report.json").read_text())["ranking"]
+    assert rk["status"] == "ranked" and rk["declared"] is True
+    assert sorted(rk["order"]) == arms[:2]
+    assert {a["name"]: a["settings"] for a in rk["arms"]} == {
+        "ok+bucket-cap-mb=1": {"bucket_cap_mb": 1.0, "fault": None},
+        "ok+bucket-cap-mb=25": {"bucket_cap_mb": 25.0, "fault": None}}
+    assert sorted(rk["left_out"]) == [
+        f"arm {a} failed the parity gate (first divergence in grad layers.0.attn.weight)"
+        for a in sorted(arms[2:])]
+    (pair,) = rk["pairs"]
+    assert pair["undecided"] == "one_run" and "steps of one run only" in pair["sentence"]
+    decision = report.stdout.splitlines()[2]
+    assert decision.startswith("**Decision:** ddp with bucket_cap_mb=")
+    assert "canary+bucket-cap-mb=1 failed the parity gate" in decision
