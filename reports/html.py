@@ -18,6 +18,7 @@ from analyzer.contract.report_types import Report, RunEntry
 from analyzer.contract.text import show_bidi
 from reports import findings as findings_text
 from reports import fmt, notes, palette
+from reports import hangs as hangs_section
 from reports import memory as memory_section
 from reports import pipeline as pipeline_section
 from reports import markdown as md_rows
@@ -374,6 +375,7 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              "<title>paritytrace report</title>", f"<style>{CSS}</style></head><body>",
              "<h1>paritytrace report</h1>", *first_screen(report)]
+    parts += hangs_section.html(report, _table, e)  # issue 30: a hung record's cause first
     parts += ["<h2>Parity</h2>", _table(*md_rows.parity_rows(report)), measured("parity")]
     heads, rows = md_rows.loss_rows(report)
     if rows:

@@ -12,6 +12,7 @@ from analyzer.contract.text import show_bidi
 from reports import definitions as definitions_part
 from reports import findings as findings_text
 from reports import fmt, notes
+from reports import hangs as hangs_section
 from reports import memory as memory_section
 from reports import pipeline as pipeline_section
 from reports.decision import decision_input, decision_line
@@ -436,6 +437,7 @@ def render(report: Report) -> str:
         return link_line(cited, *(defs[k] for k in keys))
 
     out = first_screen(report)
+    out += hangs_section.markdown(report, table, escape)  # issue 30: a hung record's cause first
     out += ["## Parity", "", table(*parity_rows(report)), "", link("parity"), ""]
     heads, rows = loss_rows(report)
     if rows:

@@ -43,7 +43,7 @@ import pandas as pd
 from analyzer.compare import drift, footprint, pipefigs, ranking
 from analyzer.analyses import (clock, crossrank, datasupply, findings, memory, meshdims,
                                parity, prefetch)
-from analyzer.ingest import pipeline, rundirs
+from analyzer.ingest import frdump, pipeline, rundirs
 from analyzer.contract import schemas
 from analyzer.analyses.collectives import run_busbw_gbps
 from analyzer.analyses.summary import partial_caveat
@@ -375,6 +375,7 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
                                  "launched device work's extent on a GPU rank, the whole trace "
                                  "on a CPU rank")
     entry.pipeline = pipefigs.run_pipeline(tables, m)
+    entry.flight_recorder = frdump.flight_recorder(run.fr_dumps, entry.world_size)  # issue 30
     stats = memory.step_stats(step_ns)
     entry.step_time_ns = StepTime(median=stats["median"], p90=stats["p90"], n=stats["n"],
                                   min=min(step_ns, default=None), max=max(step_ns, default=None),

@@ -716,6 +716,88 @@ class Finding(msgspec.Struct, kw_only=True):
     severity_ns: float | None = None
 
 
+class FlightRecorderRank(msgspec.Struct, kw_only=True):
+    """One rank of a process group in its Flight Recorder dump (analyzer/analyses/flightrec.py)."""
+
+    rank: int
+    """Global rank (from the dump's file name, as torch's fr_trace takes it)."""
+    last_enqueued_seq: int
+    """The last sequence number of the group it enqueued, i.e. entered (pg_status, else its newest entry)."""
+    last_completed_seq: int
+    """The last sequence number it completed (gloo: ended, a timed-out collective included)."""
+    waiting_in: str | None = None
+    """The first collective it entered and had not completed ("all_reduce #8"); None when none."""
+
+
+class FlightRecorderMismatch(msgspec.Struct, kw_only=True):
+    """A rank's entry of one collective that does not match the reference rank's by torch
+    fr_trace's ``Op.match`` (its state check left out)."""
+
+    seq: int
+    """The collective's sequence number in its process group (``collective_seq_id``)."""
+    kind: str
+    """The reference rank's kind of it ("all_reduce")."""
+    fr_state: str
+    """fr_trace's MatchState: COLLECTIVE_TYPE_MISMATCH, SIZE_OR_SYNTAX_MISMATCH or COLLECTIVE_DTYPE_MISMATCH."""
+    mismatch: str
+    """The same in a word: kind, size or dtype."""
+    rank: int
+    """The rank whose entry differs."""
+    reference_rank: int
+    """The rank it is compared with: the lowest rank holding the collective (fr_trace's first rank)."""
+    detail: str
+    """What differs, e.g. "input sizes [[8]] where the reference has [[4]]"."""
+
+
+class FlightRecorderGroup(msgspec.Struct, kw_only=True):
+    """One process group across the ranks' Flight Recorder dumps (analyzer/analyses/flightrec.py)."""
+
+    pg: str
+    """FR's process group name ("0": the default group)."""
+    desc: str = ""
+    """Its description (default_pg, or the group_desc given to new_group)."""
+    ranks: list[int] = []
+    """Its member global ranks."""
+    ranks_source: str = ""
+    """Where the members come from: pg_config (a dump's), world (the default group), dumps (the ranks naming it)."""
+    dumped_ranks: list[int] = []
+    """Members with a dump."""
+    missing_dumps: list[int] = []
+    """Members without a dump (nothing is known of them)."""
+    last_completed_seq: int | None = None
+    """The last sequence number every dumped member completed; None when no member has a dump."""
+    next_seq: int | None = None
+    """The first collective some member never entered; None when every member entered the same last one."""
+    next_kind: str | None = None
+    """Its kind ("all_reduce"), from the members that entered it."""
+    never_entered: list[int] = []
+    """The members that never entered ``next_seq``."""
+    entered: list[int] = []
+    """The members that entered ``next_seq`` and waited in it."""
+    per_rank: list[FlightRecorderRank] = []
+    """Each dumped member's last entered and completed collective."""
+    mismatches: list[FlightRecorderMismatch] = []
+    """The group's first kind / size / dtype mismatch, one row per differing rank ([] when none)."""
+    statement: str = ""
+    """The line the report prints ("rank 1 never entered all_reduce #7 of process group 0; rank 0 waited in it")."""
+
+
+class FlightRecorder(msgspec.Struct, kw_only=True):
+    """Issue 30: what the run's Flight Recorder JSON dumps say (a failed record's
+    ``rank<r>.flightrec.json``, or FR dumps beside foreign traces), per process group."""
+
+    dumps: list[str] = []
+    """The dump files read, by rank."""
+    ranks: list[int] = []
+    """The ranks they are of."""
+    groups: list[FlightRecorderGroup] = []
+    """One entry per process group named in the dumps, in group-name order."""
+    rule: str = ""
+    """How entered, completed and mismatches are decided (analyzer/analyses/flightrec.py)."""
+    notes: list[str] = []
+    """What was not matched (point-to-point entries)."""
+
+
 RANK_TIMELINES_MAX = 16
 """The most ranks ``RunEntry.rank_timelines`` holds (the lowest ranks): a picture of more is
 not read rank by rank, and report.json stays small."""
@@ -787,6 +869,9 @@ class RunEntry(_Figures, kw_only=True):
     runs."""
     stragglers: list[StragglerCause] = []
     """Issue 28: the ranks its collectives wait for, each with the cause of its lateness."""
+    flight_recorder: FlightRecorder | None = None
+    """Issue 30: the Flight Recorder dumps beside the run's traces (a failed record's, or FR
+    JSON dumps in a folder of traces), per process group; None without dumps."""
 
 
 class Noise(msgspec.Struct, kw_only=True):

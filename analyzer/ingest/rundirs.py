@@ -22,6 +22,10 @@ DIR may be (checked in this order):
 3. a folder of foreign traces: Chrome/Kineto trace files (``*.json``, ``*.json.gz``) and no
    manifest anywhere -- one job whose parity is "not recorded".
 
+Flight Recorder JSON dumps (issue 30) ride along with the job they sit beside (``fr_dumps``):
+an incomplete run directory's ``rank<r>.flightrec.json``, a foreign folder's FR dumps (which are
+then not traces; a folder of dumps alone is a job without traces).
+
 Each folder is listed once and each manifest read once per command: a ``RunDir`` carries its
 validated manifest and the trace files the ingest (analyzer/ingest/pipeline.py) reads, so nothing is
 walked or read again. ``find_job`` is the same walk for the commands that take one job
@@ -39,6 +43,7 @@ from pathlib import Path
 
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
+from analyzer.ingest import frdump
 from analyzer.ingest.fswalk import DATASET_MARKER, analyzer_output, entries, not_an_input
 
 log = logging.getLogger(__name__)
@@ -66,6 +71,9 @@ class RunDir:
     notes: list[str] = field(default_factory=list)
     """Files of the folder left out of ``traces`` (symlinks out of it, hidden files, the
     analyzer's own outputs), one line each."""
+    fr_dumps: list[Path] = field(default_factory=list)
+    """Flight Recorder JSON dumps beside the traces (``fr_dumps``): a failed record's
+    ``rank<r>.flightrec.json``, or FR dumps in a folder of foreign traces."""
 
     @property
     def foreign(self) -> bool:
@@ -108,8 +116,8 @@ def trace_files(children: list[Path], *, run_dir: bool, notes: list[str]) -> lis
     if run_dir:
         found = [p for p in children if p.is_file() and (fnmatch(p.name, schemas.TRACE_GLOB) or (
             p.name.startswith(".") and fnmatch(p.name, "*.json*")))]
-    else:
-        found = [p for p in children if _is_trace(p)]
+    else:  # a Flight Recorder dump is not a trace (fr_dumps)
+        found = [p for p in children if _is_trace(p) and not frdump.is_dump(p)]
     keep = []
     for p in found:
         why = not_an_input(p.name) or (None if run_dir else analyzer_output(p))
@@ -118,6 +126,15 @@ def trace_files(children: list[Path], *, run_dir: bool, notes: list[str]) -> lis
         else:
             keep.append(p)
     return keep
+
+
+def fr_dumps(children: list[Path], *, run_dir: bool) -> list[Path]:
+    """The Flight Recorder JSON dumps among a folder's ``children`` (analyzer/ingest/frdump.py):
+    in a run directory the tracer's ``rank<r>.flightrec.json``, else every ``*.json`` /
+    ``*.json.gz`` that starts as a dump does (not a trace: ``trace_files`` leaves them out)."""
+    if run_dir:
+        return frdump.in_run_dir(children)
+    return sorted(p for p in children if _is_trace(p) and not not_an_input(p.name) and frdump.is_dump(p))
 
 
 TRACER_FILES = (schemas.NUMERICS_NAME, schemas.STEPS_NAME, schemas.MEMORY_CATEGORIES_NAME, schemas.KEPT_NAME,
@@ -322,7 +339,7 @@ def find_job(path: Path | str, *, allow_incomplete: bool = False) -> RunDir:
     if hint:
         raise hint
     return RunDir(path=path, name=path.name, manifest=None, incomplete=incomplete, notes=notes,
-                  traces=traces)
+                  traces=traces, fr_dumps=fr_dumps(children, run_dir=incomplete))
 
 
 def _linked_runs(root: Path, children: list[Path], skipped: list[str]) -> list[Path]:
@@ -384,7 +401,8 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
         # the run is root itself: the walk's notes are the run's (said once, by its analysis)
         return Discovery(root=root, layout="run", runs=[RunDir(
             path=root, name=root.name, manifest=None, incomplete=True, notes=skipped,
-            traces=trace_files(children, run_dir=True, notes=skipped))])
+            traces=trace_files(children, run_dir=True, notes=skipped),
+            fr_dumps=fr_dumps(children, run_dir=True))])
     children = _linked_runs(root, children, skipped)
     warnings: list[str] = list(skipped)
     runs: list[RunDir] = []
@@ -418,7 +436,8 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
             log.warning("%s: %s; analysed as found", sub, msg)
             runs.append(RunDir(path=sub, name=sub.name, manifest=None, incomplete=True,
                                notes=notes, traces=trace_files(sub_children, run_dir=True,
-                                                               notes=notes)))
+                                                               notes=notes),
+                               fr_dumps=fr_dumps(sub_children, run_dir=True)))
         else:
             incomplete.append(sub)
     if incomplete:  # one line naming every incomplete run, before other problems
@@ -442,7 +461,8 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     if any(_is_trace(p) for p in children):
         return Discovery(root=root, layout="foreign", runs=[RunDir(
             path=root, name=root.name, manifest=None, notes=skipped,
-            traces=trace_files(children, run_dir=False, notes=skipped))])
+            traces=trace_files(children, run_dir=False, notes=skipped),
+            fr_dumps=fr_dumps(children, run_dir=False))])
     raise BadInput(root, "empty", "holds no run directory (manifest.json) and no trace files",
                    "pass a traces root written by `tracer record`, one run directory, "
                    "or a folder of *.json / *.json.gz profiler traces")

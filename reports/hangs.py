@@ -1,0 +1,74 @@
+"""The "Hangs (Flight Recorder)" section: per run with Flight Recorder dumps (issue 30), the line
+naming who never entered which collective, then one row per process group. Placed right after
+the first screen: when a record hung, it is the first thing to read. Pure function of the
+report; the escaping and table functions are the caller's (markdown or HTML)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.contract.report_types import FlightRecorderGroup, Report, RunEntry
+
+TITLE = "Hangs (Flight Recorder)"
+HEADERS = ["run", "process group", "ranks", "last completed by every rank", "never entered",
+           "waited in it", "each rank: last entered / completed", "mismatch"]
+
+
+def runs(report: Report) -> list[RunEntry]:
+    """The runs whose Flight Recorder dumps were read."""
+    return [r for r in report.runs if r.flight_recorder is not None]
+
+
+def lines(run: RunEntry) -> list[str]:
+    """The statements of the run's groups where something is wrong (a rank never entered, a
+    collective not completed, a mismatch, a missing dump), prefixed by the run's name; every
+    group's when none is."""
+    fr = run.flight_recorder
+    bad = [g for g in fr.groups if g.never_entered or g.mismatches or g.missing_dumps
+           or any(x.last_completed_seq < x.last_enqueued_seq for x in g.per_rank)]
+    return [f"{run.name}: {g.statement}" for g in (bad or fr.groups)]
+
+
+def _row(run: RunEntry, g: FlightRecorderGroup) -> list[Any]:
+    what = f"{g.next_kind or 'collective'} #{g.next_seq}" if g.next_seq is not None else "-"
+    mism = "; ".join(f"{m.mismatch} at {m.kind} #{m.seq}: rank {m.rank} {m.detail}" for m in g.mismatches)
+    return [run.name, f"{g.pg} ({g.desc})" if g.desc else g.pg, ", ".join(map(str, g.ranks)),
+            "-" if g.last_completed_seq is None else f"#{g.last_completed_seq}",
+            f"{', '.join(map(str, g.never_entered))}: {what}" if g.never_entered else "-",
+            ", ".join(map(str, g.entered)) or "-",
+            "; ".join(f"{x.rank}: #{x.last_enqueued_seq} / #{x.last_completed_seq}" for x in g.per_rank),
+            mism or "-"]
+
+
+def rows(report: Report) -> tuple[list[str], list[list[Any]]]:
+    return HEADERS, [_row(r, g) for r in runs(report) for g in r.flight_recorder.groups]
+
+
+def _notes(report: Report) -> list[str]:
+    out = []
+    for r in runs(report):
+        dumped = ", ".join(map(str, r.flight_recorder.ranks))
+        out.append(" ".join([f"{r.name}: dumps of rank(s) {dumped}.", *r.flight_recorder.notes]))
+    if out:
+        out.append("Rule: " + runs(report)[0].flight_recorder.rule + ".")
+    return out
+
+
+def markdown(report: Report, table, escape) -> list[str]:
+    """The section's Markdown lines; [] when no run has dumps."""
+    if not runs(report):
+        return []
+    out = [f"## {TITLE}", ""]
+    out += [f"- **{escape(x)}**" for r in runs(report) for x in lines(r)]
+    out += ["", table(*rows(report)), ""]
+    out += [escape(n) for n in _notes(report)] + [""]
+    return out
+
+
+def html(report: Report, table, e) -> list[str]:
+    """The section's HTML parts; [] when no run has dumps."""
+    if not runs(report):
+        return []
+    items = "".join(f"<li><strong>{e(x)}</strong></li>" for r in runs(report) for x in lines(r))
+    return [f'<h2 id="hangs">{e(TITLE)}</h2>', f"<ul>{items}</ul>", table(*rows(report)),
+            *(f"<p>{e(n)}</p>" for n in _notes(report))]

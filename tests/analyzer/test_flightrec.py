@@ -1,0 +1,203 @@
+"""Flight Recorder dumps (issue 30 item 5): hand-built dumps in the schema of torch's
+``_dump_fr_trace_json`` (the keys and value forms of a real torch 2.13 gloo dump) with exact
+answers -- a rank that never entered, a size mismatch, a dtype mismatch, a kind mismatch, all
+completed -- and FR dumps found beside foreign traces by ``analyzer report``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analyzer.analyses import flightrec
+from analyzer.compare.runs import analyse
+from analyzer.contract.errors import BadInput
+from analyzer.contract.report_types import AnalysisOptions
+from analyzer.ingest import frdump, rundirs
+from reports import markdown
+from tests.analyzer.helpers import gloo_job
+
+
+def entry(seq: int, kind: str = "all_reduce", *, pg: tuple[str, str] = ("0", "default_pg"), pg_id: int = 0,
+          sizes=((4,),), out_sizes=None, dtype: str = "Float", out_dtype: str | None = None,
+          backend: str = "gloo", state: str = "scheduled", retired: bool = True) -> dict:
+    """One FR entry as torch 2.13 writes it (every key of a real dump)."""
+    return {"collective_seq_id": seq, "input_dtypes": [dtype], "input_sizes": [list(s) for s in sizes],
+            "is_p2p": False, "op_id": seq, "output_dtypes": [out_dtype or dtype],
+            "output_sizes": [list(s) for s in (out_sizes or sizes)], "p2p_seq_id": 0, "pg_id": pg_id,
+            "process_group": list(pg), "profiling_name": f"{backend}:{kind}", "record_id": seq - 1,
+            "retired": retired, "state": state, "thread_id": "1", "thread_name": "python3",
+            "time_created_ns": 1_000 * seq, "time_discovered_completed_ns": 0,
+            "time_discovered_started_ns": 0, "timeout_ms": 20000}
+
+
+def dump(entries: list[dict], *, status: dict[str, tuple[int, int]] | None = None,
+         config: dict[str, list[int]] | None = None) -> dict:
+    """A dump: ``status`` {pg_id: (last enqueued, last completed)} (default: from the entries,
+    all completed), ``config`` {group name: ranks}."""
+    if status is None:
+        last = max((e["collective_seq_id"] for e in entries), default=0)
+        status = {"0": (last, last)}
+    return {"comm_lib_version": "", "entries": entries, "nccl_comm_state": {},
+            "pg_config": {n: {"desc": "", "name": n, "ranks": str(r)} for n, r in (config or {}).items()},
+            "pg_status": {k: {"last_completed_collective": str(c), "last_enqueued_collective": str(q),
+                              "last_started_collective": "-1"} for k, (q, c) in status.items()},
+            "version": "2.10"}
+
+
+def write_dumps(folder: Path, dumps: dict[int, dict], name: str = "rank{}.flightrec.json") -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for r, d in dumps.items():
+        p = folder / name.format(r)
+        p.write_text(json.dumps(d))
+        paths.append(p)
+    return paths
+
+
+def analysed(tmp_path: Path, dumps: dict[int, dict], world: int | None = None):
+    return flightrec.analyse(frdump.read_dumps(write_dumps(tmp_path, dumps)), world)
+
+
+def test_a_rank_that_never_entered_is_named_with_the_collective(tmp_path):
+    """3 ranks: 0 and 2 enqueued all_reduce #5 and wait in it (gloo: not completed while the
+    peer is missing), rank 1 stopped after #4."""
+    ok = [entry(s) for s in range(1, 5)]
+    fr = analysed(tmp_path, {0: dump(ok + [entry(5)], status={"0": (5, 4)}),
+                             1: dump(ok, status={"0": (4, 4)}),
+                             2: dump(ok + [entry(5)], status={"0": (5, 4)})}, world=3)
+    (g,) = fr.groups
+    assert (g.pg, g.ranks, g.ranks_source) == ("0", [0, 1, 2], "world")
+    assert (g.last_completed_seq, g.next_seq, g.next_kind) == (4, 5, "all_reduce")
+    assert (g.never_entered, g.entered, g.mismatches) == ([1], [0, 2], [])
+    assert [x.waiting_in for x in g.per_rank] == ["all_reduce #5", None, "all_reduce #5"]
+    assert g.statement == "rank 1 never entered all_reduce #5 of process group 0; ranks 0, 2 waited in it"
+
+
+def test_gloo_counts_the_timed_out_collective_as_completed(tmp_path):
+    """A real gloo dump after a timeout: the waiting rank's pg_status says #7 completed (it
+    ended, failing) and #8 enqueued; the stuck rank is at #6. Every rank completed #6."""
+    ok = [entry(s) for s in range(1, 7)]
+    fr = analysed(tmp_path, {0: dump(ok + [entry(7), entry(8, sizes=((9,),))], status={"0": (8, 7)}),
+                             1: dump(ok, status={"0": (6, 6)})})
+    (g,) = fr.groups
+    assert (g.last_completed_seq, g.next_seq, g.never_entered, g.entered) == (6, 7, [1], [0])
+    assert g.statement == "rank 1 never entered all_reduce #7 of process group 0; rank 0 waited in it"
+
+
+def test_size_mismatch_is_found_by_fr_trace_rules(tmp_path):
+    ok = [entry(s) for s in range(1, 3)]
+    fr = analysed(tmp_path, {0: dump(ok + [entry(3, sizes=((4,),))]),
+                             1: dump(ok + [entry(3, sizes=((8,),))])})
+    (g,) = fr.groups
+    assert g.never_entered == [] and g.next_seq is None
+    (m,) = g.mismatches
+    assert (m.seq, m.kind, m.fr_state, m.mismatch, m.rank, m.reference_rank) == (
+        3, "all_reduce", "SIZE_OR_SYNTAX_MISMATCH", "size", 1, 0)
+    assert m.detail == "input sizes [[8]] where the reference has [[4]]"
+    assert g.statement == ("process group 0: every rank completed all_reduce #3, its last; size mismatch "
+                           "at all_reduce #3: rank 1 has input sizes [[8]] where the reference has [[4]] (rank 0)")
+
+
+def test_dtype_mismatch(tmp_path):
+    fr = analysed(tmp_path, {0: dump([entry(1), entry(2, dtype="Float")]),
+                             1: dump([entry(1), entry(2, dtype="BFloat16")])})
+    (m,) = fr.groups[0].mismatches
+    assert (m.seq, m.fr_state, m.mismatch, m.rank) == (2, "COLLECTIVE_DTYPE_MISMATCH", "dtype", 1)
+
+
+def test_kind_mismatch_and_only_the_first_per_group(tmp_path):
+    """fr_trace stops pairing a group at its first mismatch: #2 (kind) is reported, #3 (size)
+    is not."""
+    fr = analysed(tmp_path, {0: dump([entry(1), entry(2, "all_reduce"), entry(3, sizes=((4,),))]),
+                             1: dump([entry(1), entry(2, "broadcast"), entry(3, sizes=((5,),))])})
+    assert [(m.seq, m.mismatch, m.detail) for m in fr.groups[0].mismatches] == [
+        (2, "kind", "kind broadcast where the reference has all_reduce")]
+
+
+def test_all_gather_output_must_be_input_times_group_size(tmp_path):
+    """Op.match: an all_gather's output numel = input numel x group size (here 2 x 4 = 8, not
+    6); both ranks agree with each other on sizes, the rule checks the reference's input."""
+    ag = dict(kind="all_gather", sizes=((4,),), out_sizes=((6,),))
+    fr = analysed(tmp_path, {0: dump([entry(1, **ag)]), 1: dump([entry(1, **ag)])})
+    (m,) = fr.groups[0].mismatches
+    assert (m.mismatch, m.rank) == ("size", 1)
+    assert m.detail == "output numel 6 where the reference's input numel 4 x group size 2 = 8"
+
+
+def test_all_completed_says_so_and_no_one_is_blamed(tmp_path):
+    ok = [entry(s) for s in range(1, 4)]
+    fr = analysed(tmp_path, {0: dump(ok), 1: dump(ok)})
+    (g,) = fr.groups
+    assert (g.last_completed_seq, g.never_entered, g.entered, g.mismatches, g.missing_dumps) == (3, [], [], [], [])
+    assert g.statement == "process group 0: every rank completed all_reduce #3, its last"
+
+
+def test_groups_apart_membership_from_pg_config_and_a_missing_dump(tmp_path):
+    """World 3: group "1" = ranks 0, 2 (pg_config) is stuck at #2 where rank 2 never entered;
+    the default group is fine but rank 1 left no dump of it."""
+    sub = dict(pg=("1", "dp"), pg_id=1)
+    d0 = dump([entry(1), entry(1, **sub), entry(2, **sub)], status={"0": (1, 1), "1": (2, 1)},
+              config={"0": [0, 1, 2], "1": [0, 2]})
+    d2 = dump([entry(1), entry(1, **sub)], status={"0": (1, 1), "1": (1, 1)}, config={"0": [0, 1, 2], "1": [0, 2]})
+    fr = analysed(tmp_path, {0: d0, 2: d2}, world=3)
+    g0, g1 = fr.groups
+    assert (g0.pg, g0.ranks, g0.missing_dumps) == ("0", [0, 1, 2], [1])
+    assert g0.statement == "process group 0: every rank completed all_reduce #1, its last (no dump from rank 1)"
+    assert (g1.pg, g1.desc, g1.ranks, g1.ranks_source, g1.missing_dumps) == ("1", "dp", [0, 2], "pg_config", [])
+    assert g1.statement == "rank 2 never entered all_reduce #2 of process group 1; rank 0 waited in it"
+
+
+def test_entries_dropped_from_the_ring_buffer_do_not_count_as_missing(tmp_path):
+    """Rank 1's buffer starts at #101 (older entries overwritten); pg_status still says how far
+    each rank got."""
+    fr = analysed(tmp_path, {0: dump([entry(s) for s in range(1, 151)], status={"0": (150, 150)}),
+                             1: dump([entry(s) for s in range(101, 151)], status={"0": (150, 150)})})
+    (g,) = fr.groups
+    assert (g.last_completed_seq, g.never_entered, g.mismatches) == (150, [], [])
+
+
+def test_reader_refuses_bad_dumps_naming_the_file(tmp_path):
+    (p,) = write_dumps(tmp_path / "a", {0: dump([entry(1)])}, name="dump{}.json")
+    twin = tmp_path / "a" / "other_rank0.json"
+    twin.write_text(p.read_text())
+    with pytest.raises(BadInput) as exc:
+        frdump.read_dumps([p, twin])
+    assert exc.value.reason == "duplicate_rank"
+    noname = tmp_path / "a" / "fr.json"
+    noname.write_text(p.read_text())
+    with pytest.raises(BadInput, match="ends with no rank number"):
+        frdump.read_dump(noname)
+    bad = tmp_path / "a" / "bad3.json"
+    bad.write_text(json.dumps({"version": "2.10", "entries": [{"collective_seq_id": "x"}]}))
+    with pytest.raises(BadInput) as exc:
+        frdump.read_dump(bad)
+    assert exc.value.reason == "bad_run_file" and str(bad) in str(exc.value)
+
+
+def test_report_reads_fr_dumps_beside_foreign_traces(tmp_path):
+    """A folder of gloo traces plus FR JSON dumps named as torch users name them: the dumps
+    are not taken as traces, and the report's Hangs section names the stuck rank."""
+    folder = gloo_job(tmp_path / "job", ranks=2, n_reduce=20, n_gather=0)
+    ok = [entry(s) for s in range(1, 4)]
+    write_dumps(folder, {0: dump(ok + [entry(4)], status={"0": (4, 3)}), 1: dump(ok)},
+                name="fr_trace_rank_{}.json")
+    found = rundirs.discover(folder)
+    (run,) = found.runs
+    assert sorted(p.name for p in run.traces) == ["rank0.trace.json", "rank1.trace.json"]
+    assert [p.name for p in run.fr_dumps] == ["fr_trace_rank_0.json", "fr_trace_rank_1.json"]
+    report = analyse(folder, AnalysisOptions())
+    (g,) = report.runs[0].flight_recorder.groups
+    assert g.statement == "rank 1 never entered all_reduce #4 of process group 0; rank 0 waited in it"
+    text = markdown.render(report)
+    assert "## Hangs (Flight Recorder)" in text
+    assert "- **job: rank 1 never entered all_reduce #4 of process group 0; rank 0 waited in it**" in text
+    assert report.runs[0].ranks  # the traces were analysed as before
+
+
+def test_no_dumps_no_section(tmp_path):
+    folder = gloo_job(tmp_path / "job", ranks=2, n_reduce=20, n_gather=0)
+    report = analyse(folder, AnalysisOptions())
+    assert report.runs[0].flight_recorder is None
+    assert "Hangs (Flight Recorder)" not in markdown.render(report)
