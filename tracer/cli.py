@@ -90,7 +90,7 @@ def record(
     timeout_s: Annotated[float, typer.Option("--timeout", help="Collective timeout and hang watchdog, seconds.")] = 60.0,
     fault: Annotated[Optional[str], typer.Option(
         help="Deliberate bug: skip-grad-sync (ddp), wrong-grad-scale, unsynced-init, "
-             "skip-replicate-sync (hsdp), wrong-tp-placement (fsdp2_tp), skip-microbatch (pp).")] = None,
+             "skip-replicate-sync (hsdp), wrong-tp-placement (fsdp2_tp), skip-microbatch (pp), hang (ddp).")] = None,
     keep_tensors: Annotated[str, typer.Option(
         help="Kept baseline tensors: full (safetensors + summaries) or summaries (per-tensor summaries and sha256).")] = "full",
     golden: Annotated[Optional[str], typer.Option(

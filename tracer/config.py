@@ -58,10 +58,11 @@ raises OverflowError beyond it); inf and nan are refused."""
 # Which fault canaries each strategy can reproduce. FSDP's reduce-scatter both sums and
 # partitions the gradient, so "never averaged" has no local-only form there (FSDP1 ``no_sync``
 # and FSDP2 ``set_requires_gradient_sync(False)`` keep unsharded gradients the optimizer never
-# sees); the other two faults apply to every distributed strategy.
+# sees); the other two faults apply to every distributed strategy. ``hang`` (rank 1 never enters
+# one gradient all_reduce) is a DDP canary of the Flight Recorder path (tracer/faults.py).
 FAULTS_BY_STRATEGY: dict[str, tuple[str, ...]] = {
     "single": (),
-    "ddp": ("skip-grad-sync", "wrong-grad-scale", "unsynced-init"),
+    "ddp": ("skip-grad-sync", "wrong-grad-scale", "unsynced-init", "hang"),
     "fsdp": ("wrong-grad-scale", "unsynced-init"),
     "fsdp2": ("wrong-grad-scale", "unsynced-init"),
     "hsdp": ("wrong-grad-scale", "unsynced-init", "skip-replicate-sync"),

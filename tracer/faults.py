@@ -19,6 +19,13 @@
   ``Partial()`` instead of ``Replicate()`` (``tp_plan``): the rowwise all_reduce is skipped and
   each tp rank carries on with its own partial sum -- it runs, with every shape right, and
   computes wrong values from the first rowwise module's output on.
+- ``hang`` (ddp): rank ``HANG_RANK`` never enters one all_reduce: at step ``HANG_STEP`` (the
+  first after the numerics step) it blocks after its forward, before the backward whose
+  gradient hooks would enqueue DDP's bucket all_reduce -- the stuck-rank bug class (a deadlock
+  in host code, a wait on I/O that never returns). Its peers enter that all_reduce and wait in
+  it until ``--timeout``; the record fails naming the stuck rank, and the Flight Recorder dumps
+  (tracer/flightrec.py) say which collective it never entered. The rank blocks on an event
+  nobody sets, so the Flight Recorder's dump thread still runs; the launcher then stops it.
 
 Test-only failure injection (not a CLI option): env ``PARITYTRACE_INJECT=<what>@<rank>:<step>``
 with what = raise | hang | sigkill makes that rank raise, sleep forever, or SIGKILL itself at the
@@ -30,14 +37,20 @@ so the next step's gradients add to stale ones -- the forgotten-zero_grad bug, w
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
+import threading
 import time
 
 import torch
 from torch import nn
 
+log = logging.getLogger(__name__)
+
 INJECT_ENV = "PARITYTRACE_INJECT"
+HANG_RANK = 1
+HANG_STEP = 1
 UNSYNCED_INIT_SCALE = 0.01
 
 
@@ -69,6 +82,14 @@ def after_backward(model: nn.Module, fault: str | None, world_size: int) -> None
         for p in model.parameters():
             if p.grad is not None:
                 p.grad.div_(world_size)
+
+
+def hang_before_backward(fault: str | None, rank: int, step: int) -> None:
+    """hang: block rank ``HANG_RANK`` for good at step ``HANG_STEP``, between its forward and
+    its backward (module docstring); a no-op otherwise."""
+    if fault == "hang" and rank == HANG_RANK and step == HANG_STEP:
+        log.warning("rank %d: --fault hang: blocking before the backward of step %d", rank, step)
+        threading.Event().wait()
 
 
 def _injection(rank: int, step: int) -> str | None:

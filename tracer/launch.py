@@ -14,6 +14,12 @@ the earliest error. A hang watchdog (for hangs outside collectives, which
 the collective timeout cannot see) kills everything when no worker made progress for
 ``2 * timeout + HANG_SLACK_S`` seconds (lenient: a step or a torch import under load is slow).
 
+Flight Recorder: before the remaining workers are killed after a failure or by the watchdog,
+each one whose dump listener runs (tracer/flightrec.py; ``rank<r>.flightrec.listening`` in the
+control folder) is asked, on its own pipe, for a JSON dump of its Flight Recorder into the run
+dir, and given up to ``DUMP_DEADLINE_S`` to answer (``request_dumps``; a worker that dies
+meanwhile is not waited for). An interrupted record asks for none.
+
 Stopping: Ctrl-C, SIGTERM or SIGHUP on the launcher (``stop_on_signals``) raises
 ``KeyboardInterrupt`` once; every later stop signal is ignored, so the clean-up (SIGKILL every
 worker's process group, remove the staging folder) cannot itself be cut short, and runs to its
@@ -43,6 +49,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from analyzer.contract.schemas import flightrec_name
+from tracer import flightrec
 from tracer.config import RecordConfig
 
 log = logging.getLogger(__name__)
@@ -62,6 +70,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 """Signals that stop a record: Ctrl-C, ``kill`` / a batch system, a closed terminal, Ctrl-\\
 (SIGQUIT, whose default core dump would skip the clean-up)."""
 LOG_TAIL_BYTES = 64 * 1024
+DUMP_DEADLINE_S = 30.0
+"""Seconds ``request_dumps`` waits for the live workers' Flight Recorder dumps (each takes
+milliseconds; the margin is for a loaded machine). Only a worker that neither answers nor dies
+costs the whole wait."""
 """How much of the end of a rank's log ``_log_line`` reads."""
 
 
@@ -144,6 +156,8 @@ class _Worker:
     proc: subprocess.Popen
     go_fd: int | None = None
     """Write end of this worker's start-signal pipe (gated start only) until ``release``."""
+    fr_fd: int | None = None
+    """Write end of this worker's Flight Recorder dump-request pipe, until ``kill_all``."""
     exited_at: float | None = None
     killed_by_us: bool = False
     finished: bool = False
@@ -164,6 +178,8 @@ class WorkerGroup:
         self.cfg = cfg
         self.ctrl_dir = ctrl_dir
         self.workers: list[_Worker] = []
+        self.dumped: list[int] = []
+        """Ranks whose Flight Recorder dump is in the run dir after a failure (``request_dumps``)."""
 
     def start(self, *, gated: bool = False) -> None:
         """Start ``cfg.world_size`` workers. ``gated``: each waits, before it reads anything
@@ -183,6 +199,9 @@ class WorkerGroup:
             if gated:
                 read_fd, write_fd = os.pipe()  # both non-inheritable; pass_fds hands on the read end
                 env[GO_ENV] = str(read_fd)
+            fr_read, fr_write = os.pipe()
+            env[flightrec.REQUEST_ENV] = str(fr_read)
+            passed = (fr_read,) if read_fd is None else (read_fd, fr_read)
             log = open(self.ctrl_dir / f"rank{rank}.log", "wb")
             # A stop signal raised inside Popen, after the fork, would leave a worker that
             # kill_all does not know: hold the signals until it is in self.workers.
@@ -191,18 +210,19 @@ class WorkerGroup:
                 proc = subprocess.Popen([sys.executable, "-m", "tracer", "record", *self.cfg.to_argv()],
                                         env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True, preexec_fn=_die_with_parent,
-                                        pass_fds=() if read_fd is None else (read_fd,))
+                                        pass_fds=passed)
             except BaseException:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-                for fd in (read_fd, write_fd):
+                for fd in (read_fd, write_fd, fr_read, fr_write):
                     if fd is not None:
                         os.close(fd)
                 raise
             finally:
                 log.close()
-            if read_fd is not None:
-                os.close(read_fd)
-            self.workers.append(_Worker(rank=rank, proc=proc, go_fd=write_fd))
+            for fd in (read_fd, fr_read):
+                if fd is not None:
+                    os.close(fd)
+            self.workers.append(_Worker(rank=rank, proc=proc, go_fd=write_fd, fr_fd=fr_write))
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a pending one is raised here
 
     def release(self) -> None:
@@ -240,9 +260,37 @@ class WorkerGroup:
         end = time.monotonic() + REAP_DEADLINE_S
         for w in self.workers:
             self._close_go(w)
+            if w.fr_fd is not None:
+                os.close(w.fr_fd)
+                w.fr_fd = None
             if reap(w.proc, max(0.0, end - time.monotonic())) is None:
                 log.warning("rank %d (pid %d) still runs %gs after SIGKILL", w.rank, w.proc.pid,
                             REAP_DEADLINE_S)
+
+    def request_dumps(self) -> list[int]:
+        """Ask every live worker whose dump listener runs for a Flight Recorder dump into the
+        run dir and wait, up to ``DUMP_DEADLINE_S``, until each has answered or died. Returns
+        the ranks that dumped (their own failure's dump included: ``rank<r>.flightrec.json``
+        in the run dir)."""
+        asked = []
+        for w in self.workers:
+            listening = (self.ctrl_dir / f"rank{w.rank}{flightrec.LISTENING_SUFFIX}").exists()
+            if w.fr_fd is None or not listening or w.proc.poll() is not None:
+                continue
+            (self.ctrl_dir / f"rank{w.rank}{flightrec.DONE_SUFFIX}").unlink(missing_ok=True)
+            try:
+                os.write(w.fr_fd, b"d")
+            except OSError:  # it died meanwhile
+                continue
+            asked.append(w)
+        end = time.monotonic() + DUMP_DEADLINE_S
+        while asked and time.monotonic() < end:
+            asked = [w for w in asked if w.proc.poll() is None
+                     and not (self.ctrl_dir / f"rank{w.rank}{flightrec.DONE_SUFFIX}").exists()]
+            time.sleep(POLL_S)
+        for w in asked:
+            log.warning("rank %d did not answer the Flight Recorder dump request in %gs", w.rank, DUMP_DEADLINE_S)
+        return [w.rank for w in self.workers if (self.cfg.run_dir / flightrec_name(w.rank)).is_file()]
 
     def _errors(self) -> dict[int, dict]:
         out = {}
@@ -290,11 +338,13 @@ class WorkerGroup:
             if first_failure is not None and (all(c is not None for c in codes)
                                               or now - first_failure > FAIL_GRACE_S):
                 alive = [w.rank for w in self.workers if w.proc.poll() is None]
+                self.dumped = self.request_dumps()
                 self.kill_all()
                 raise RecordFailed(self._diagnose(alive))
             if first_failure is None and time.time() - self._last_progress() > self.watchdog_s:
                 stale = [w.rank for w in self.workers if w.proc.poll() is None]
                 steps = {r: self._heartbeat_step(r) for r in stale}
+                self.dumped = self.request_dumps()
                 self.kill_all()
                 where = "; ".join(f"rank {r} at '{steps[r]}'" for r in stale)
                 raise RecordFailed(f"rank {stale[0]} hung: no progress for {self.watchdog_s:.0f}s ({where})")
@@ -376,7 +426,9 @@ def run_workers(cfg: RecordConfig, prepare: Callable[[], None] | None = None) ->
         group.wait()
     except RecordFailed as exc:
         group.kill_all()  # a failed prepare left them waiting; after wait() a no-op
-        raise RecordFailed(f"{cfg.run_name}: {exc} (worker logs: {ctrl_dir})") from None
+        dumps = (f"; Flight Recorder dumps of rank(s) {', '.join(map(str, group.dumped))} in the run dir"
+                 if group.dumped else "")
+        raise RecordFailed(f"{cfg.run_name}: {exc} (worker logs: {ctrl_dir}{dumps})") from None
     except BaseException:
         group.kill_all()
         shutil.rmtree(ctrl_dir, ignore_errors=True)  # interrupted: the logs tell nothing new

@@ -35,9 +35,9 @@ import torch.distributed as dist
 from analyzer.contract.atomic import atomic_path, write_atomic
 from analyzer.contract.errors import ExitCode
 from analyzer.contract.schemas import (GOLDEN_METRICS, MEMORY_CATEGORIES_NAME, MEMORY_CATEGORIES_SCHEMA, MEMORY_DIR,
-                              MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME, NUMERICS_SCHEMA, STEPS_NAME,
-                              STEPS_SCHEMA, Launch, Mesh, trace_name)
-from tracer import devices, faults
+                              MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME, NUMERICS_SCHEMA, RECORDING_NAME,
+                              STEPS_NAME, STEPS_SCHEMA, Launch, Mesh, trace_name)
+from tracer import devices, faults, flightrec
 from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
 from tracer import footprint
@@ -183,8 +183,10 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     device = resolve_device(cfg, env.local_rank)
     backend = resolve_backend(cfg, device)
     hb.beat("init_process_group")
+    flightrec.enable()  # before the first process group: torch reads the buffer size then
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=cfg.timeout_s))
+    flightrec.listen(cfg.run_dir, env.rank, env.ctrl_dir)  # the launcher's dump requests
     baseline_path = cfg.run_dir / BASELINE_NAME
     wait_for_go(hb)
     if env.launch == "torchrun":
@@ -353,6 +355,7 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
                         loss = spec.loss(forward(x), y)
                     if recorder is not None:
                         recorder.__exit__()
+                    faults.hang_before_backward(cfg.fault, rank, step)
                     with torch.profiler.record_function("backward"):
                         loss.backward()
                         if mp is not None:
@@ -540,6 +543,15 @@ def write_error(env: RankEnv, step: int, exc: BaseException) -> str:
     return line
 
 
+def dump_flight_recorder(cfg: RecordConfig, env: RankEnv) -> None:
+    """A failing rank's Flight Recorder dump (tracer/flightrec.py), before its error is reported
+    (the launcher stops its peers once it sees the error): only once its process group is up,
+    and only into a run dir this record is writing (its marker present: never into a previous
+    record's complete run dir, under torchrun before rank 0 cleared it)."""
+    if dist.is_available() and dist.is_initialized() and (cfg.run_dir / RECORDING_NAME).exists():
+        flightrec.dump(cfg.run_dir, env.rank)
+
+
 def keep_traceback(cfg: RecordConfig, env: RankEnv) -> str:
     """Keep the traceback of the exception being handled where it helps and does not clutter:
     spawned by ``tracer record``, stderr is the rank's log (the launcher names its folder), so
@@ -576,6 +588,7 @@ def worker_main(cfg: RecordConfig) -> None:
     try:
         run_rank(cfg, env, hb)
     except BaseException as exc:  # process boundary: report any failure (incl. Ctrl-C) and die
+        dump_flight_recorder(cfg, env)
         line = write_error(env, hb.step, exc)
         where = keep_traceback(cfg, env)
         print(f"tracer: rank {env.rank} failed at step {hb.step} ({hb.phase}): {line}{where}",

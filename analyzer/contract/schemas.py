@@ -15,6 +15,8 @@ Run directory (one per strategy run, ``traces/<run-name>/``)::
     memory/rank<r>.snapshot.pickle   CUDA only: torch.cuda.memory._snapshot() for memory_viz
     memory/memory.parquet       CUDA only: MEMORY_SCHEMA, the snapshots converted at record time
     memory_categories.parquet   MEMORY_CATEGORIES_SCHEMA: per rank, bytes by category (issue 19)
+    rank<r>.flightrec.json      a failed record only: the rank's Flight Recorder as JSON (torch's
+                                fr_trace schema; tracer/flightrec.py), read by analyzer/ingest/frdump.py
     .tracer-recording           RECORDING_NAME: present while a record writes the folder, and left
                                 by a record that failed or was killed; the record removes it after
                                 writing manifest.json. A reader treats a run dir holding it as
@@ -64,6 +66,13 @@ REPORT_DIR_NAME = "report"
 def trace_name(rank: int) -> str:
     """File name of rank ``rank``'s Chrome trace inside a run directory."""
     return f"rank{rank}.trace.json.gz"
+
+
+def flightrec_name(rank: int) -> str:
+    """File name of rank ``rank``'s Flight Recorder JSON dump (torch's FR schema) inside a run
+    directory: written only by a record that failed (tracer/flightrec.py), never listed in a
+    manifest."""
+    return f"rank{rank}.flightrec.json"
 
 
 Strategy = Literal["single", "ddp", "fsdp", "fsdp2", "hsdp", "fsdp2_tp", "pp"]
@@ -292,7 +301,7 @@ def table_mismatch(table: pa.Table, schema: pa.Schema) -> str | None:
 #
 # Every field without a default is required. Readers ignore keys they do not know.
 FAULTS = ("skip-grad-sync", "wrong-grad-scale", "unsynced-init", "skip-replicate-sync",
-          "wrong-tp-placement", "skip-microbatch")
+          "wrong-tp-placement", "skip-microbatch", "hang")
 
 
 class Device(msgspec.Struct, kw_only=True):
@@ -681,7 +690,8 @@ class SchemaError(ValueError):
 _RUN_NAMES = "|".join(re.escape(n) for n in (NUMERICS_NAME, STEPS_NAME, KEPT_NAME, GOLDEN_NAME,
                                              KEPT_TENSORS_NAME, MEMORY_CATEGORIES_NAME))
 RUN_FILE = re.compile(rf"(rank(\d{{1,9}})\.trace\.json\.gz|{_RUN_NAMES}|{re.escape(MEMORY_DIR)}/"
-                      rf"(?:rank(\d{{1,9}})\.snapshot\.pickle|{re.escape(MEMORY_PARQUET_NAME)}))",
+                      rf"(?:rank(\d{{1,9}})\.snapshot\.pickle|{re.escape(MEMORY_PARQUET_NAME)})"
+                      rf"|rank(\d{{1,9}})\.flightrec\.json)",
                       re.ASCII)
 """The relative paths of the files ``tracer record`` writes in a run directory besides the
 manifest (``fullmatch``; the tracer's own ``tracer/rundir.py`` ``TRACER_FILE`` names the same
@@ -703,7 +713,7 @@ def manifest_files_problem(manifest: Manifest) -> str | None:
         if m is None:
             return (f"entry $.files[{i}].path {_quoted(f.path)} is not a file tracer record "
                     "writes")
-        rank = m.group(2) or m.group(3)
+        rank = m.group(2) or m.group(3) or m.group(4)
         if rank is not None and int(rank) >= manifest.world_size:
             return (f"entry $.files[{i}].path {_quoted(f.path)} names rank {int(rank)}, beyond "
                     f"world_size {manifest.world_size}")
