@@ -5,8 +5,10 @@
 Rule: every rank of a collective (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all,
 barrier) finishes at nearly the same instant -- NCCL and gloo collectives complete only when the
 last rank's data has arrived everywhere, so their *ends* line up within one transfer whatever
-time each rank started (a late rank delays everyone's end, not only its own). The k-th
-collective of one kind in one process group is therefore matched across ranks, and the
+time each rank started (a late rank delays everyone's end, not only its own). The same
+collective of one kind in one process group -- the same Seq / Comms Id where the traces carry
+one, else the k-th (analyzer/analyses/matchkey.py; ``match_rule`` says which, once, on the
+reference rank's row) -- is therefore matched across ranks, and the
 difference of its end on rank r and on the reference rank is rank r's clock offset plus
 transfer jitter. The offset estimate is the median of those differences, its uncertainty the
 median absolute deviation (MAD) around it (both robust to a few outliers: Rousseeuw & Croux
@@ -68,6 +70,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analyzer.analyses.matchkey import order_or_key
+
 MATCHABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier")
 KEY = ["pg", "kind", "seq"]
 END_TOL_NS = 50_000
@@ -89,15 +93,19 @@ def one_instance(latest_start_ns, first_end_ns, last_end_ns, min_dur_ns) -> np.n
 
 
 def sequenced(coll: pd.DataFrame) -> pd.DataFrame:
-    """The ``MATCHABLE_KINDS`` rows of ``coll`` with ``seq`` = their order among the rows of the
-    same (rank, pg, kind), in table order; pg and kind as str. Columns rank, pg, kind, seq,
-    event_idx, start_ns, end_ns."""
-    cols = ["rank", *KEY, "event_idx", "start_ns", "end_ns"]
+    """The ``MATCHABLE_KINDS`` rows of ``coll`` with ``seq`` = their cross-rank key
+    (analyzer/analyses/matchkey.py): the table's Seq / Comms Id key where ``seq_source`` says
+    so, else their order among the rows of the same (rank, pg, kind), in table order; pg and
+    kind as str. Columns rank, pg, kind, seq, event_idx, start_ns, end_ns, seq_source
+    ("order" for a table without one)."""
+    cols = ["rank", *KEY, "event_idx", "start_ns", "end_ns", "seq_source"]
     c = coll[coll["kind"].isin(MATCHABLE_KINDS)]
     if c.empty:
         return pd.DataFrame(columns=cols)
     c = c.assign(kind=c["kind"].astype(str), pg=c["pg"].astype(str))
-    c = c.assign(seq=c.groupby(["rank", "pg", "kind"], sort=False).cumcount().astype("int64"))
+    order = c.groupby(["rank", "pg", "kind"], sort=False).cumcount().to_numpy(dtype=np.int64)
+    src = c["seq_source"].astype(str) if "seq_source" in c.columns else "order"
+    c = c.assign(seq=order_or_key(c, order), seq_source=src)
     return c[cols]
 
 
@@ -124,9 +132,10 @@ def reference(matched: pd.DataFrame, ref_rank: int) -> pd.DataFrame:
         columns={"start_ns": "ref_start_ns", "end_ns": "ref_end_ns"})
 
 
-def reference_row(rank: int, n_matched: int) -> tuple:
-    """The ``offset_row`` tuple of the reference rank itself."""
-    return (rank, 0, 0, 0, 0, 0, n_matched, True, "reference")
+def reference_row(rank: int, n_matched: int, match: str = "") -> tuple:
+    """The ``offset_row`` tuple of the reference rank itself; ``match``: ``match_rule``'s
+    text (the job's matching rule, said once, on this row)."""
+    return (rank, 0, 0, 0, 0, 0, n_matched, True, "reference", match)
 
 
 def relay_base(rows: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:
@@ -170,7 +179,7 @@ def offset_row(rank: int, mine: pd.DataFrame) -> tuple:
     ``rank`` from ``mine``: its rows of the collectives it shares with the reference rank,
     merged with ``reference`` (``estimate_offsets`` says the rule)."""
     if mine.empty:
-        return (rank, 0, None, None, None, None, 0, True, "unmatched")
+        return (rank, 0, None, None, None, None, 0, True, "unmatched", "")
     diff = (mine["end_ns"] - mine["ref_end_ns"]).to_numpy(dtype=np.int64)
     median = int(round(float(np.median(diff))))
     mad = int(round(float(np.median(np.abs(diff - median)))))
@@ -181,11 +190,11 @@ def offset_row(rank: int, mine: pd.DataFrame) -> tuple:
     state = ("inconsistent" if not consistent else
              "unresolved" if abs(estimate) < mad else "measured")
     return (rank, estimate if state == "measured" else 0, estimate, mad, lo, hi, len(diff),
-            consistent, state)
+            consistent, state, "")
 
 
 OFFSET_COLUMNS = ["rank", "offset_ns", "estimate_ns", "mad_ns", "lo_ns", "hi_ns", "n_matched",
-                  "consistent", "clock"]
+                  "consistent", "clock", "match"]
 
 
 def offsets_frame(rows: list[tuple]) -> pd.DataFrame:
@@ -193,7 +202,8 @@ def offsets_frame(rows: list[tuple]) -> pd.DataFrame:
     out = pd.DataFrame(rows, columns=OFFSET_COLUMNS)
     return out.astype({"rank": "int64", "offset_ns": "int64", "estimate_ns": "Int64",
                        "mad_ns": "Int64", "lo_ns": "Int64", "hi_ns": "Int64",
-                       "n_matched": "int64", "consistent": "bool", "clock": "object"})
+                       "n_matched": "int64", "consistent": "bool", "clock": "object",
+                       "match": "object"})
 
 
 def unusable_ranks(offsets: pd.DataFrame | None) -> list[int]:
@@ -210,6 +220,8 @@ def clock_note(row) -> str | None:
     """The report's line for one ``estimate_offsets`` row whose offset is not applied as
     measured (None for a measured or reference clock)."""
     us = lambda ns: f"{ns / 1000:,.0f} µs"  # noqa: E731
+    if row.clock == "reference":
+        return getattr(row, "match", "") or None
     if row.clock == "inconsistent":
         return (f"clock offset of rank {row.rank} not measured: its {row.n_matched} matched "
                 f"collectives contradict each other (causality bounds lo {us(row.lo_ns)} > hi "
@@ -226,7 +238,8 @@ def clock_note(row) -> str | None:
     return None
 
 
-def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int) -> pd.DataFrame:
+def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int,
+                     match: str = "") -> pd.DataFrame:
     """Clock offset of each rank relative to ``ref_rank``: aligned time = own time - offset_ns.
 
     For the collectives rank r shares with ``ref_rank`` (d_k = end on r - end on ref):
@@ -241,14 +254,15 @@ def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int) -> 
     - clock (module docstring): "measured" (offset_ns = estimate_ns), "unresolved" (|estimate|
       < mad: offset_ns 0), "inconsistent" (lo > hi: offset_ns 0), "unmatched" (no shared
       collective: offset_ns 0, nulls elsewhere), "reference".
+    - match: ``match`` on the reference row (``match_rule``'s text), "" elsewhere.
     offset_ns is the offset every cross-rank figure applies. Columns: ``OFFSET_COLUMNS``
-    (rank, offset_ns, estimate_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent, clock).
+    (rank, offset_ns, estimate_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent, clock, match).
     """
     ref = reference(matched, ref_rank)
     rows = []
     for rank in ranks:
         if rank == ref_rank:
-            rows.append(reference_row(rank, len(ref)))
+            rows.append(reference_row(rank, len(ref), match))
             continue
         rows.append(offset_row(rank, matched[matched["rank"] == rank].merge(ref, on=KEY)))
 
@@ -271,7 +285,69 @@ def clock_offsets(coll: pd.DataFrame, ranks: list[int] | None = None,
     if not ranks:
         return estimate_offsets(match_collectives(coll), [], 0)
     ref = min(ranks) if ref_rank is None else ref_rank
-    return estimate_offsets(match_collectives(coll), ranks, ref)
+    rule = match_rule(rule_counts(sequenced(coll))) if len(ranks) > 1 else ""
+    return estimate_offsets(match_collectives(coll), ranks, ref, rule)
+
+
+RULE_COLUMNS = ["rank", "pg", "kind", "seq_source", "n"]
+
+
+def rule_counts(seq_rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, pg, kind, seq_source) of ``sequenced`` rows: n, their count
+    (``RULE_COLUMNS``); its own output folds again (sums), so batches of ranks reduce."""
+    if seq_rows.empty:
+        return pd.DataFrame(columns=RULE_COLUMNS)
+    if "n" not in seq_rows.columns:
+        seq_rows = seq_rows.assign(n=1)
+    return seq_rows.groupby(RULE_COLUMNS[:-1], sort=True)["n"].sum().reset_index()
+
+
+def match_rule(counts: pd.DataFrame) -> str:
+    """The report's line on how collectives were matched across ranks (analyzer/analyses/
+    matchkey.py), from ``rule_counts`` of every rank: by Seq / Comms Id, by order, or a mix;
+    with order, whether the ranks' windows may begin at different collectives: a (pg, kind)
+    whose count differs between the ranks that ran it. "" without matchable collectives."""
+    if counts.empty:
+        return ""
+    by_pg = counts.groupby("pg")["seq_source"].agg(lambda s: frozenset(s))
+    keyed = sorted({s for v in by_pg for s in v} - {"order"})
+    keyed_pgs = sorted(str(pg) for pg, v in by_pg.items() if "order" not in v)
+    mixed = sorted(str(pg) for pg, v in by_pg.items() if "order" in v and len(v) > 1)
+    ordered = sorted(str(pg) for pg, v in by_pg.items() if v == {"order"})
+    some = bool(ordered or mixed)
+    out = []
+    if keyed_pgs:
+        out.append(f"collectives matched across ranks by {' / '.join(keyed)} (the per process "
+                   "group sequence number record_param_comms gives each collective, on the "
+                   "kernel since kineto #1296 / #1300)"
+                   + (f" in process group(s) {', '.join(keyed_pgs)}" if some else ""))
+    if ordered:
+        out.append(("in process group(s) " + ", ".join(ordered) + " " if keyed_pgs else
+                    "collectives matched across ranks ")
+                   + "by order within process group and kind (fallback: no Seq or Comms Id "
+                   "in the traces)" + _shift(counts, ordered))
+    if mixed:
+        out.append(f"process group(s) {', '.join(mixed)}: some ranks carry Seq / Comms Id and "
+                   "others not; their collectives cannot be matched by one key (pairs may be "
+                   "wrong)")
+    return "; ".join(x for x in out if x)
+
+
+def _shift(counts: pd.DataFrame, pgs: list[str]) -> str:
+    """The clause naming the first (pg, kind) matched by order whose count differs between the
+    ranks that ran it ("" when none does)."""
+    c = counts[counts["pg"].astype(str).isin(pgs)]
+    c = c.groupby(["pg", "kind", "rank"], sort=True)["n"].sum().reset_index()
+    for (pg, kind), g in c.groupby(["pg", "kind"], sort=True):
+        if g["n"].nunique() > 1:
+            lo, hi = g.loc[g["n"].idxmin()], g.loc[g["n"].idxmax()]
+            where = f"process group {pg}" if pg else "an unnamed process group"
+            return (f"; the ranks' profiler windows may begin at different collectives: rank "
+                    f"{int(lo['rank'])} has {int(lo['n'])} {kind} in {where}, rank "
+                    f"{int(hi['rank'])} {int(hi['n'])}, so order may pair different instances "
+                    "(their skew, wait / transfer and stragglers then wrong; a match outside "
+                    "the one-instance bound is left out)")
+    return ""
 
 
 def end_spread(matched: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:

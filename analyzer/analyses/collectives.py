@@ -6,8 +6,10 @@ all_to_all: the buffer), busbw = algbw x factor(n): all_reduce 2(n-1)/n, all_gat
 reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1; GB = 10^9 bytes. Across the
 ranks of a run, times are combined before the bandwidth is computed, as nccl-tests does
 (``run_busbw_gbps``).
-Cross-rank matching follows TraceLens: the same collective on every rank is the one with the
-same process group and the same index within that group; transfer and wait as the report
+Cross-rank matching: the same collective on every rank is the one with the same process group
+and the same key within it (analyzer/analyses/matchkey.py: the per process group sequence
+number Seq or the Comms Id where the traces carry them, kineto #1296 / #1300; else TraceLens'
+index within the group); transfer and wait as the report
 splits them (analyzer/analyses/commsplit.py): a rank waits from its start to the group's
 latest start, and transfers from there to its end.
 """
@@ -18,6 +20,8 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses.breakdown import is_in
+from analyzer.analyses.clock import MATCHABLE_KINDS
+from analyzer.analyses.matchkey import rank_keys
 
 
 def busbw_factor(kind: str, n: int) -> float:
@@ -41,8 +45,12 @@ def rank_collectives(rank: int, events: pd.DataFrame,
 
     ``pg`` is "" when the trace does not name the process group (``dtype`` and ``pg_ranks``
     likewise); device rows with no launch on a trace that has launch links (queued before the
-    profiler started) are left out, as HTA and TraceLens do; ``seq`` is the index within
-    (rank, pg) by start time (ties: table order); rows are sorted by start time (ties: pg,
+    profiler started) are left out, as HTA and TraceLens do; ``seq`` is the row's cross-rank
+    key within its pg (analyzer/analyses/matchkey.py ``rank_keys``: the trace's Seq or Comms
+    Id where every matchable row of the rank's pg has a distinct one, else the index within
+    (rank, pg) by start time, ties: table order), ``seq_source`` which ("Seq", "Comms Id",
+    "order"), ``pg_seq`` the row's own Seq (-1 unknown), ``comms_id`` its Comms Id ("" unknown);
+    rows are sorted by start time (ties: pg,
     then table order); ``group_size`` is the event table's (-1 unknown: never assumed to be
     the world size here, analyzer/ingest/commid.py says when it is); enqueue_* is the CPU
     op that launched it (GPU: the launch's enclosing comm op, gloo: the paired c10d op), -1
@@ -92,6 +100,9 @@ def rank_collectives(rank: int, events: pd.DataFrame,
     seq = np.empty(len(idx), np.int64)
     grouped = pg_code[by_pg]
     seq[by_pg] = np.arange(len(idx)) - np.searchsorted(grouped, grouped, "left")
+    pg_seq = ints("seq_arg") if "seq_arg" in events.columns else np.full(len(idx), -1, np.int64)
+    cid = strs("comms_id", "") if "comms_id" in events.columns else np.full(len(idx), "", object)
+    seq, source = rank_keys(pg, np.isin(strs("coll_kind"), MATCHABLE_KINDS), seq, pg_seq, cid)
     order = np.lexsort((pg_code, start))  # (start, pg, table order)
     return pd.DataFrame({
         "rank": np.full(len(idx), rank, np.int64), "step": ints("step")[order],
@@ -115,6 +126,7 @@ def rank_collectives(rank: int, events: pd.DataFrame,
         "gap_ns": np.full(len(idx), -1, np.int64),
         **{c: np.zeros(len(idx), np.int64)
            for c in ("gap_compute_ns", "gap_host_ns", "gap_data_ns", "gap_coll_ns")},
+        "pg_seq": pg_seq[order], "comms_id": cid[order], "seq_source": source[order],
     })
 
 

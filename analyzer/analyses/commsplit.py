@@ -38,13 +38,15 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses.clock import MATCHABLE_KINDS, one_instance, unusable_ranks
+from analyzer.analyses.matchkey import order_or_key
 
 
 def instance_keys(coll: pd.DataFrame, offsets: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per row of ``coll`` (columns rank, pg, kind, start_ns, dur_ns): rank, pg, kind, start
     and end (aligned: own time - the rank's offset_ns; end = start + max(dur_ns, 0)), dur
     (max(dur_ns, 0)), usable (the rank's clock is in ``clock.USABLE_CLOCKS``), pos (the row's
-    position in ``coll``) and seq (its order within (rank, pg, kind) by start, ties by
+    position in ``coll``) and seq (its Seq / Comms Id key where the table has one,
+    analyzer/analyses/matchkey.py; else its order within (rank, pg, kind) by start, ties by
     position), sorted by (rank, pg, kind, start, pos). ``offsets`` as ``wait_transfer``'s."""
     rank = coll["rank"].to_numpy(dtype=np.int64)
     shift = np.zeros(len(coll), np.int64)
@@ -62,7 +64,9 @@ def instance_keys(coll: pd.DataFrame, offsets: pd.DataFrame | None = None) -> pd
     # order within (rank, pg, kind) by start on the rank's clock (the offset is one constant
     # per rank), ties by table order
     key = key.sort_values(["rank", "pg", "kind", "start", "pos"], kind="stable")
-    key["seq"] = key.groupby(["rank", "pg", "kind"], sort=False).cumcount()
+    order = key.groupby(["rank", "pg", "kind"], sort=False).cumcount().to_numpy(dtype=np.int64)
+    # the Seq / Comms Id key where the rank's pg has one (analyzer/analyses/matchkey.py)
+    key["seq"] = order_or_key(coll.iloc[key["pos"].to_numpy()], order)
     return key
 
 

@@ -40,7 +40,7 @@ REDUCE_ROWS = 1 << 18
 COMPACT_PARTS = 8
 """Per-batch pieces of ``comm_parts`` gathered before they are joined into one (the join is
 associative; a small frame's per-column overhead would otherwise grow with the batches)."""
-_OFFSET_COLS = ["rank", "pg", "kind", "event_idx", "start_ns", "end_ns"]
+_OFFSET_COLS = ["rank", "pg", "kind", "event_idx", "start_ns", "end_ns", "seq", "seq_source"]
 
 
 class _Reduction:
@@ -81,8 +81,11 @@ def clock_offsets(job) -> pd.DataFrame:
         clock.sequenced(job.rank_table(ref_rt, "collectives", _OFFSET_COLS)), ref)
     shared: set[tuple] = set()  # the reference's instances some other rank also ran
     rows = []
+    counts = _Reduction(clock.rule_counts)  # the matching rule's note (clock.match_rule)
     for held, coll in job.batches("collectives", _OFFSET_COLS):
-        seq = clock.sequenced(coll[coll["rank"] != ref])
+        every = clock.sequenced(coll)
+        counts.add(clock.rule_counts(every))
+        seq = every[every["rank"] != ref]
         mine = seq.merge(ref_rows, on=clock.KEY) if len(seq) and len(ref_rows) else \
             pd.DataFrame(columns=[*seq.columns, "ref_start_ns", "ref_end_ns"])
         shared.update(mine[clock.KEY].itertuples(index=False, name=None))
@@ -90,7 +93,9 @@ def clock_offsets(job) -> pd.DataFrame:
         empty = mine.iloc[:0]
         rows += [None if rt.rank == ref else clock.offset_row(rt.rank, by_rank.get(rt.rank, empty))
                  for rt in held]
-    rows = [clock.reference_row(ref, len(shared)) if r is None else r for r in rows]
+    acc = counts.result()
+    rule = clock.match_rule(acc) if acc is not None and len(ranks) > 1 else ""
+    rows = [clock.reference_row(ref, len(shared), rule) if r is None else r for r in rows]
 
     def estimate(usable: dict[int, int], todo: list[int]) -> dict[int, tuple]:
         """Relays (analyzer/analyses/clock.py): the usable ranks' rows folded to one per
@@ -119,7 +124,8 @@ def instances(job, offsets: pd.DataFrame) -> pd.DataFrame:
     """``commsplit.latest_starts`` over every rank of ``job`` (aligned by ``offsets``; ranks
     whose clock is not usable left out), indexed by (pg, kind, seq)."""
     red = _Reduction(lambda t: latest_starts(t).reset_index())
-    for _, coll in job.batches("collectives", ["rank", "pg", "kind", "start_ns", "dur_ns"]):
+    for _, coll in job.batches("collectives", ["rank", "pg", "kind", "start_ns", "dur_ns", "seq",
+                                               "seq_source"]):
         if len(coll):  # as latest_starts' own rows, so that every column stays int64
             keys = instance_keys(coll, offsets)
             keys = keys[keys["usable"]]

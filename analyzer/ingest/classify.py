@@ -78,7 +78,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.contract.schemas import PG_TAG_PREFIX
-from analyzer.ingest import commid
+from analyzer.ingest import commid, graphs
 from analyzer.ingest.commid import DEEP_EP_KERNEL_RE, DISPATCH_OP_RE, NCCL_KERNEL_RE
 from analyzer.ingest.decode import str_array
 from analyzer.ingest.steps import STEP_RE, assign_steps
@@ -331,6 +331,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
         if enq[j] and peer[j] < 0:
             peer[j] = t_peer
     group = df["group_size"].to_numpy().copy()
+    seq_arg, comms_id, graph_rows = _seq_cols(df, n, is_gpu)
     nbytes = _bytes_from_args(df)
     args_bytes = nbytes.copy()  # bytes from each row's own collective args (-1 unknown)
     shape = _ShapeCols(df, names)
@@ -393,6 +394,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
                 pg[i] = tag[0]
             peer[i] = next((peer[j] for j in src if peer[j] >= 0),
                            tag[1] if tag is not None else -1)
+            _take_seq(i, src, seq_arg, comms_id, graph_rows[i])
             name_group(i)
             if group[i] <= 0:
                 group[i] = next((group[j] for j in src if group[j] > 0), -1)
@@ -416,6 +418,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
             if kind[i] < 0:
                 kind[i] = _KIND["other"]
             if j >= 0:
+                _take_seq(i, (j,), seq_arg, comms_id, False)
                 for col in (pg_rk, dtype, desc):
                     if col[i] is None:
                         col[i] = col[j]
@@ -445,8 +448,8 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     for i in np.flatnonzero(is_comm).tolist():  # pg_config's description of the named group
         if desc[i] is None and pg[i] is not None:
             desc[i] = descs.get(str(pg[i]))
-    out = df.drop(columns=[c for c in ("pg", "pg_ranks", "dtype", "group_size", "pg_desc")
-                           if c in df.columns])
+    out = df.drop(columns=[c for c in ("pg", "pg_ranks", "dtype", "group_size", "pg_desc",
+                                       "seq_arg", "comms_id") if c in df.columns])
     out["step"] = steps.step
     out["role"] = pd.Categorical.from_codes(role, categories=list(ROLES))
     out["coll_kind"] = pd.Categorical.from_codes(kind, categories=list(KINDS))
@@ -457,6 +460,8 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     out["group_size"] = group.astype(np.int64)
     out["pg_desc"] = str_array(desc)
     out["peer"] = np.where(is_comm, peer, -1).astype(np.int64)
+    out["seq_arg"] = np.where(is_comm, seq_arg, -1).astype(np.int64)
+    out["comms_id"] = str_array(np.where(is_comm, comms_id, None))
     out["rule"] = _used_categories(rule, RULES)
     out["launch_row"] = launch
     out["paired_row"] = paired
@@ -464,7 +469,9 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
             "whole_trace_mode": steps.whole_trace, "steps": steps.table,
             "unlaunched": steps.unlaunched,
             "notes": _notes(df, u_cat, c_cat, rule, is_gpu & (role == _ROLE["compute"]) & by_name(
-                lambda u: _LONE_EP_RE.search(u) is not None)) + steps.notes}
+                lambda u: _LONE_EP_RE.search(u) is not None)) + steps.notes
+            + graphs.replay_notes(graph_rows, has_coll_arg, launch, role == _ROLE["comm"], ts,
+                                  end, names)}
     if device_kind == "gpu" and not (is_gpu & (role == _ROLE["comm"])).any():
         info["notes"] += _no_device_comm(names, is_c10d & ~by_name(
             lambda u: u.startswith("c10d::wait")), world_size)
@@ -612,6 +619,34 @@ def _bytes_from_ops(src, kind, args_bytes, shape: _ShapeCols, group: int) -> int
         if b >= 0:
             return b
     return -1
+
+
+def _seq_cols(df: pd.DataFrame, n: int, is_gpu: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(Seq per row, int64 -1 unknown; Comms Id per row, object None unknown; bool per row:
+    replayed from a CUDA graph) from the decoded columns (analyzer/ingest/decode.py), each row's
+    own arguments; a graphed row's Seq / Comms Id are dropped: recorded at capture, they repeat
+    on every replay (analyzer/ingest/graphs.py)."""
+    seq = df["seq_arg"].to_numpy().astype(np.int64) if "seq_arg" in df.columns else \
+        np.full(n, -1, np.int64)
+    cid = _obj(df["comms_id"]) if "comms_id" in df.columns else np.full(n, None, object)
+    node = df["graph_node"].to_numpy() if "graph_node" in df.columns else np.zeros(n, np.int64)
+    rows = graphs.graphed(node, is_gpu)
+    seq = np.where(rows, -1, seq)
+    cid = np.where(rows, None, cid)
+    return seq, cid, rows
+
+
+def _take_seq(i: int, src, seq: np.ndarray, cid: np.ndarray, graphed: bool) -> None:
+    """Row ``i``'s Seq / Comms Id, where its own arguments do not say, from its launching or
+    paired ops ``src`` (the first that has one); none for a graphed row (capture-time values:
+    analyzer/ingest/graphs.py)."""
+    if graphed:
+        return
+    if seq[i] < 0:
+        seq[i] = next((seq[j] for j in src if seq[j] >= 0), -1)
+    if cid[i] is None:
+        cid[i] = next((cid[j] for j in src if cid[j] is not None), None)
 
 
 def _notes(df, u_cat, c_cat, rule, lone) -> list[str]:

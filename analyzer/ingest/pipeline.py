@@ -69,7 +69,7 @@ CODE_MODULES = tuple(_ANALYZER / m for m in (
     "ingest/decode.py", "ingest/classify.py", "ingest/commid.py", "ingest/steps.py",
     "ingest/pipeline.py", "analyses/breakdown.py", "analyses/memory.py",
     "analyses/collectives.py", "analyses/prefetch.py", "analyses/intervals.py",
-    "analyses/straggler.py"))
+    "analyses/straggler.py", "analyses/matchkey.py", "ingest/graphs.py"))
 """The modules whose code shapes the cached tables (part of the cache key)."""
 BATCH_BYTES = 64 * 2**20
 """Bytes of a batch of ranks' table in the cross-rank phase (``JobTables.batches``)."""
