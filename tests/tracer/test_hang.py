@@ -97,3 +97,19 @@ def test_hang_record_fails_naming_rank_1_and_the_report_names_the_collective(tmp
     assert not any("flightrec" in f.path for f in manifest.files)
     with gzip.open(run_dir / "rank0.trace.json.gz") as f:
         assert json.load(f)["traceEvents"]
+
+
+@pytest.mark.slow
+def test_watchdog_asks_every_hung_rank_for_its_dump(tmp_path):
+    """Both ranks stuck in Python, outside any collective (no collective timeout can fire):
+    the hang watchdog stops the record, and first every rank answers the dump request."""
+    timeout_s = 4  # the watchdog fires after 2 x 4 + 30 s without a heartbeat
+    args = ["--strategy", "ddp", "--timeout", str(timeout_s), "--out", str(tmp_path)] + TINY
+    proc, tag = run_tracer(args, tmp_path, env_extra={"PARITYTRACE_INJECT": "hang@*:1"}, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert alive_with_tag(tag) == []
+    assert "hung: no progress for" in proc.stderr and "Flight Recorder dumps of rank(s) 0, 1" in proc.stderr
+    dumps = [json.loads((tmp_path / "ddp" / f"rank{r}.flightrec.json").read_text()) for r in (0, 1)]
+    # neither rank is inside a collective: both completed the same last one of the default group
+    status = [d["pg_status"]["0"] for d in dumps]
+    assert status[0] == status[1] and status[0]["last_completed_collective"] == status[0]["last_enqueued_collective"]
