@@ -74,6 +74,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import msgspec
+
 from analyzer.contract.arms import arm_label, name_says_settings
 from analyzer.contract.report_types import (CAUSE_THRESHOLD, FINDING_KINDS, Evidence, Finding,
                                             Report, RunEntry)
@@ -502,9 +504,66 @@ assert tuple(RULES) == FINDING_KINDS
 
 
 def findings(report: Report) -> list[Finding]:
-    """Every rule (module docstring) over every run of ``report``, most severe first (a finding
-    without a severity last; ties in ``FINDING_KINDS`` order, then by title)."""
-    out = [f for i, run in enumerate(report.runs) for rule in RULES.values()
-           for f in rule(_Run(i, run))]
+    """Every rule (module docstring) over every run of ``report``, the repeats of one arm merged
+    (``merge_repeats``), most severe first (a finding without a severity last; ties in
+    ``FINDING_KINDS`` order, then by title)."""
+    out: list[Finding] = []
+    for group in _repeat_groups(report.runs):
+        found = {i: [f for rule in RULES.values() for f in rule(_Run(i, report.runs[i]))]
+                 for i in group}
+        out += (found[group[0]] if len(group) == 1 else
+                merge_repeats([report.runs[i] for i in group], [found[i] for i in group]))
     return sorted(out, key=lambda f: (f.severity_ns is None, -(f.severity_ns or 0.0),
                                       FINDING_KINDS.index(f.kind), f.title))
+
+
+def _repeat_groups(runs: list[RunEntry]) -> list[list[int]]:
+    """Indices of ``runs`` grouped by (experiment id, arm) for runs recorded with ``--repeat``
+    > 1; every other run alone."""
+    groups: dict[object, list[int]] = {}
+    for i, run in enumerate(runs):
+        exp = run.experiment or {}
+        key = ((exp.get("id"), exp.get("arm")) if exp.get("id") and (exp.get("repeats") or 1) > 1
+               else ("run", i))
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def merge_repeats(runs: list[RunEntry], found: list[list[Finding]]) -> list[Finding]:
+    """The findings of the repeats of one arm (``runs``, ``found[k]``: run k's findings) as one
+    finding per (kind, ranks, units, mesh dimensions): a straggler on rank 1 in 4 of 5 repeats
+    is one finding, not four, and one on rank 0 in the fifth is another (ranks that take turns
+    say the straggler is the machine's noise). Each keeps the evidence, cause and action of the
+    repeat whose severity is the median of the repeats it fired in (its evidence points into
+    that run), ``runs`` = every repeat it fired in, and ``severity_ns`` = the mean over all
+    the arm's repeats, 0 where it did not fire (the step time at stake per step of the arm).
+    Its title names the arm and how many repeats: ``ddp in 4 of 5 repeats (figures of
+    ddp.r2): the all_reduce waits for rank 1 (...)``."""
+    by: dict[tuple, list[tuple[RunEntry, Finding]]] = {}
+    for run, fs in zip(runs, found):
+        for f in fs:
+            key = (f.kind, tuple(f.ranks), tuple(f.units), tuple(f.mesh_dims))
+            by.setdefault(key, []).append((run, f))
+    out = []
+    for fired in by.values():
+        ranked = sorted(fired, key=lambda rf: rf[1].severity_ns or 0.0)
+        run, shown = ranked[(len(ranked) - 1) // 2]
+        title = shown.title
+        if title.startswith(who(run)):
+            title = (f"{_arm_who(run)} in {len({r.name for r, _ in fired})} of {len(runs)} "
+                     f"repeats (figures of {run.name}){title[len(who(run)):]}")
+        stakes = [f.severity_ns for _, f in fired]
+        out.append(msgspec.structs.replace(
+            shown, title=title, runs=sorted({r.name for r, _ in fired}),
+            severity_ns=None if any(v is None for v in stakes) else sum(stakes) / len(runs)))
+    return out
+
+
+def _arm_who(run: RunEntry) -> str:
+    """``who`` for an arm's repeats together: the arm's name, not a repeat's."""
+    exp = run.experiment or {}
+    arm = exp.get("arm") or run.name
+    settings = exp.get("settings")
+    if settings is None or name_says_settings(arm, run.strategy, settings):
+        return arm
+    return f"{arm} ({arm_label(arm, run.strategy, settings, show_name=False)})"

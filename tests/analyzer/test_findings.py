@@ -355,3 +355,37 @@ def test_no_figures_no_findings():
     rep = report(RunEntry(name="empty", strategy="unknown",
                           parity=Parity(status="not_recorded", reason="foreign")))
     assert rep.findings == []
+
+
+# --- repeats of one arm merged ---------------------------------------------------------------
+
+def _repeat(k: int, n: int, stragglers, arm="ddp", exp="e1") -> RunEntry:
+    return run(name=f"{arm}.r{k}", stragglers=stragglers,
+               experiment={"id": exp, "arm": arm, "repeat": k, "repeats": n, "order": [arm]})
+
+
+def test_repeats_of_one_arm_give_one_finding_per_subject():
+    """Four repeats: rank 7 straggles in r1, r2 and r4 (3, 6 and 1.5 ms per step), rank 3 in r3
+    (3 ms): one finding each, the first shown with the median repeat's figures (r1: 3 ms), at
+    stake the mean over all four repeats ((3 + 6 + 1.5 + 0) / 4 ms); the second fired in 1 of 4
+    (3 / 4 ms). Another experiment's run is not merged with them."""
+    s = _straggler(CAUSE_THRESHOLD)
+    scaled = lambda f, rank=7: StragglerCause(**{**{k: getattr(s, k) for k in
+                                                  StragglerCause.__struct_fields__},
+                                               "late_ns": f * s.late_ns, "rank": rank,
+                                               "split_ns": {k: f * v for k, v in s.split_ns.items()}})
+    rep = report(_repeat(1, 4, [scaled(1.0)]), _repeat(2, 4, [scaled(2.0)]),
+                 _repeat(3, 4, [scaled(1.0, rank=3)]), _repeat(4, 4, [scaled(0.5)]),
+                 _repeat(1, 1, [scaled(1.0)], exp="other"))
+    by = {(tuple(f.runs), f.ranks[0]): f for f in kinds(rep, "straggler")}
+    assert set(by) == {(("ddp.r1", "ddp.r2", "ddp.r4"), 7), (("ddp.r3",), 3), (("ddp.r1",), 7)}
+    seven = by[(("ddp.r1", "ddp.r2", "ddp.r4"), 7)]
+    assert seven.severity_ns == pytest.approx((3 + 6 + 1.5) / 4 * MS)
+    assert seven.title.startswith("ddp in 3 of 4 repeats (figures of ddp.r1): the all_to_all "
+                                  "waits for rank 7")
+    assert {e.path for e in seven.evidence} >= {"/runs/0/stragglers/0/late_ns"}  # r1's figures
+    three = by[(("ddp.r3",), 3)]
+    assert three.severity_ns == pytest.approx(3 / 4 * MS)
+    assert three.title.startswith("ddp in 1 of 4 repeats (figures of ddp.r3)")
+    alone = by[(("ddp.r1",), 7)]  # experiment "other", one repeat: as before
+    assert alone.title.startswith("ddp.r1: the all_to_all") and alone.severity_ns == 3 * MS
