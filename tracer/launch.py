@@ -240,6 +240,13 @@ class WorkerGroup:
             os.close(w.go_fd)
             w.go_fd = None
 
+    def _close_fr(self, w: _Worker) -> None:
+        """Close the dump-request pipe (its listener thread ends; a record of many repeats
+        keeps no descriptor per finished worker)."""
+        if w.fr_fd is not None:
+            os.close(w.fr_fd)
+            w.fr_fd = None
+
     def kill_all(self) -> None:
         """SIGKILL every worker's process group and reap the workers.
 
@@ -260,9 +267,7 @@ class WorkerGroup:
         end = time.monotonic() + REAP_DEADLINE_S
         for w in self.workers:
             self._close_go(w)
-            if w.fr_fd is not None:
-                os.close(w.fr_fd)
-                w.fr_fd = None
+            self._close_fr(w)
             if reap(w.proc, max(0.0, end - time.monotonic())) is None:
                 log.warning("rank %d (pid %d) still runs %gs after SIGKILL", w.rank, w.proc.pid,
                             REAP_DEADLINE_S)
@@ -330,6 +335,8 @@ class WorkerGroup:
                     w.finished = w.proc.returncode == 0 and self._heartbeat_step(w.rank).endswith(" done")
             codes = [w.proc.returncode for w in self.workers]
             if all(w.finished for w in self.workers):
+                for w in self.workers:
+                    self._close_fr(w)
                 return
             # exit 0 before the end (model code called os._exit(0)) is a failure like any other
             if first_failure is None and any(c is not None and not w.finished

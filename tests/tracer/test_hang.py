@@ -113,3 +113,23 @@ def test_watchdog_asks_every_hung_rank_for_its_dump(tmp_path):
     # neither rank is inside a collective: both completed the same last one of the default group
     status = [d["pg_status"]["0"] for d in dumps]
     assert status[0] == status[1] and status[0]["last_completed_collective"] == status[0]["last_enqueued_collective"]
+
+
+@pytest.mark.slow
+def test_a_finished_record_keeps_no_dump_pipe_open(tmp_path, monkeypatch):
+    """The launcher's dump-request pipes are closed when the workers succeed, not only when
+    they are killed: ``--repeat 100`` must not keep a descriptor per finished worker."""
+    import os
+
+    from tests.tracer.test_gated_start import TINY as TINY_KW, _worker_env
+    from tracer.baseline import BASELINE_NAME, write_baseline
+    from tracer.launch import run_workers
+
+    tag = _worker_env(monkeypatch, tmp_path)
+    cfg = RecordConfig(strategy="single", device="cpu", out=str(tmp_path / "out"), timeout_s=60, **TINY_KW)
+    cfg.run_dir.mkdir(parents=True)
+    before = set(os.listdir("/proc/self/fd"))
+    run_workers(cfg, prepare=lambda: write_baseline(cfg, "cpu", cfg.run_dir / BASELINE_NAME))
+    assert (cfg.run_dir / schemas.MANIFEST_NAME).exists()
+    assert set(os.listdir("/proc/self/fd")) - before == set()
+    assert alive_with_tag(tag) == []
