@@ -1,93 +1,88 @@
-"""Benchmark of the ranking's decision on a noisy machine (issue 20; not a test: prints counts).
+"""Benchmark of the ranking's decision on a noisy machine (issues 20, 29; not a test: prints counts).
 
-Each trial records three arms of one configuration as one experiment, ``--repeat`` times
-interleaved, each round rotated (a b c, b c a, c a b ...): ``a`` and ``b`` identical, ``c`` made slower by
-``--data-sample-cost-ms`` (a sleep per sample in the DataLoader, calibrated once so that c's
-step is about ``--slow-frac`` slower than a's). It then asks the analyzer's pair decision
-(``analyzer.compare.ranking.compare_arms``, what ``analyzer report`` puts in
-``ranking.pairs``) about a vs b and a vs c, and counts, over ``--trials`` trials, how often
-each pair is called "within noise" and how often "slower" (a decided pair). Goal (issue 20):
-identical pairs within noise in >= 9 of 10, the slowed one slower in >= 9 of 10.
+Each trial is one public command, as a user would type it::
 
-The arms are recorded with the tracer's own machinery (``record.interleave`` + ``record_local``,
-what ``tracer record --repeat N`` runs), called as a library because one command cannot record
-the same strategy twice under two names; ``c`` differs from ``a`` in its data settings, so
-``analyzer report`` would not rank them as one experiment -- this bench asks the pair decision
-directly. Every trial also prints the pairs' ratios and intervals. The machine's load (other
-jobs) is part of the noise on purpose; the load average is printed.
+    tracer record --strategy single --data loader [shape] --repeat 5 \\
+        --arm a= --arm b= --arm c="--data-sample-cost-ms X"
+    analyzer report TRIAL
 
-Usage: ``PYTHONPATH=. python3 bench/noise_decision.py [--trials 10] [--repeat 5]
-[--strategy single] [--active 50] [--slow-frac 0.3] [--out DIR]``. Results on the 2-core
-development machine, shared with other jobs: README "Deciding on a noisy machine".
+``a`` and ``b`` are identical, ``c`` is made slower by ``--data-sample-cost-ms`` (a sleep per
+sample in the DataLoader, calibrated once so that c's step is about ``--slow-frac`` slower than
+a's). The three arms are one experiment, recorded interleaved with each round rotated (a b c, b c
+a, c a b ...). The bench reads the pairs a vs b and a vs c from the report's ``ranking.pairs``
+(report.json, what ``analyzer report`` decides and prints) and counts, over ``--trials`` trials,
+how often each pair is called "within noise" and how often "slower" (a decided pair). Goal:
+identical pairs within noise in >= 9 of 10, the slowed one slower in >= 9 of 10. Every trial
+also prints the pairs' sentences. The machine's load (other jobs) is part of the noise on
+purpose; the load average is printed.
+
+Usage: ``python3 bench/noise_decision.py [--trials 10] [--repeat 5] [--strategy single]
+[--active 50] [--slow-frac 0.3] [--out DIR]`` (``tracer`` and ``analyzer`` on the PATH: the
+README's install). Results: bench/RESULTS.md "Deciding on a noisy machine".
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import json
 import os
-import statistics
-import sys
+import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
-
-from analyzer.compare import ranking  # noqa: E402
-from analyzer.compare.runs import summarize_run  # noqa: E402
-from analyzer.contract.report_types import AnalysisOptions  # noqa: E402
-from analyzer.ingest import rundirs  # noqa: E402
-from tracer.config import RecordConfig  # noqa: E402
-from tracer.record import interleave, record_local  # noqa: E402
-
-SHAPE = dict(hidden=128, layers=2, seq=64, batch=4, wait=1, warmup=1)
+SHAPE = ["--hidden", "128", "--layers", "2", "--seq", "64", "--batch", "4", "--wait", "1",
+         "--warmup", "1"]
 """A step of ~10-30 ms on a loaded 2-core machine: long enough that a sleep's wake-up delay is
 a small part of the added cost, short enough that a record is its process start-up."""
 
 
-def _configs(args, cost_ms: float, names=("a", "b", "c")) -> list[RecordConfig]:
-    base = dict(SHAPE, strategy=args.strategy, nproc=args.nproc, active=args.active,
-                repeat=args.repeat, data="loader", keep_tensors="summaries")
-    return [RecordConfig(name=n, data_sample_cost_ms=cost_ms if n == "c" else 0.0, out=str(args.root), **base)
-            for n in names]
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise SystemExit(f"noise_decision: {name} is not on the PATH; install the project first "
+                         "(README quickstart)")
+    return path
 
 
-def _arms(root: Path) -> dict[str, list]:
-    found = rundirs.discover(root)
-    runs = [summarize_run(r, None, AnalysisOptions()) for r in found.runs]
-    arms: dict[str, list] = {}
-    for r in runs:
-        arms.setdefault(ranking.arm_of(r), []).append(r)
-    for rs in arms.values():
-        rs.sort(key=lambda r: r.experiment["repeat"])
-    return arms
+def _record_and_report(args, root: Path, arms: dict[str, float], repeat: int) -> dict:
+    """Record ``arms`` (name -> --data-sample-cost-ms) with one ``tracer record`` command, report
+    them with ``analyzer report``; return report.json's ``ranking``."""
+    cmd = [_tool("tracer"), "record", "--strategy", args.strategy, "--nproc", str(args.nproc),
+           "--data", "loader", "--keep-tensors", "summaries", "--active", str(args.active),
+           "--repeat", str(repeat), "--out", str(root), *SHAPE]
+    for name, cost in arms.items():
+        cmd += ["--arm", f"{name}=--data-sample-cost-ms {cost:.4f}" if cost else f"{name}="]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([_tool("analyzer"), "report", str(root)], check=True, stdout=subprocess.DEVNULL)
+    ranking = json.loads((root / "report" / "report.json").read_text())["ranking"]
+    if ranking["status"] != "ranked":
+        raise SystemExit(f"noise_decision: {root}: ranking withheld: {ranking['reason']}")
+    return ranking
 
 
-def _ratio(arms: dict[str, list], slow: str = "c", base: str = "a") -> float:
-    med = lambda rs: statistics.median(v for r in rs for v in r.step_time_ns.values_ns)
-    return med(arms[slow]) / med(arms[base])
+def _pair(ranking: dict, x: str, y: str) -> dict:
+    return next(p for p in ranking["pairs"] if {p["faster"], p["slower"]} == {x, y})
+
+
+def _ratio(ranking: dict, slow: str = "c", base: str = "a") -> float:
+    med = {a["name"]: a["median_ns"] for a in ranking["arms"]}
+    return med[slow] / med[base]
 
 
 def _calibrate(args) -> float:
     """Per-sample sleep (ms) that makes c about ``slow_frac`` slower than a on this machine now:
-    a first guess from an unslowed record (median step x slow_frac / samples per rank), then
-    ``--calibrate`` rounds of 3 interleaved a/c repeats each (one record pair is too noisy to
-    steer by), scaling the sleep by the measured shortfall (a sleep also waits for a core to
+    a first guess from an unslowed pair of records (median step x slow_frac / samples per rank),
+    then ``--calibrate`` rounds of 3 interleaved a/c repeats each (one record pair is too noisy
+    to steer by), scaling the sleep by the measured shortfall (a sleep also waits for a core to
     wake on, so the guess overshoots on a loaded machine); the scaling is clipped to 0.5-2x."""
-    args.root = args.out / "calibrate0"
-    cfg = _configs(args, 0.0, names=("a",))[0]
-    record_local(interleave([RecordConfig(**{**cfg.to_dict(), "repeat": 1})]))
-    step_ns = statistics.median(v for r in _arms(args.root)["a"] for v in r.step_time_ns.values_ns)
-    per_rank = SHAPE["batch"] // (1 if args.strategy == "single" else args.nproc)
+    ranking = _record_and_report(args, args.out / "calibrate0", {"a": 0.0, "a2": 0.0}, 1)
+    step_ns = next(a["median_ns"] for a in ranking["arms"] if a["name"] == "a")
+    per_rank = 4 // (1 if args.strategy == "single" else args.nproc)
     cost = step_ns * args.slow_frac / per_rank / 1e6
     for i in range(1, args.calibrate + 1):
-        args.root = args.out / f"calibrate{i}"
-        configs = [RecordConfig(**{**c.to_dict(), "repeat": 3}) for c in _configs(args, cost, ("a", "c"))]
-        record_local(interleave(configs))
-        r = _ratio(_arms(args.root))
+        r = _ratio(_record_and_report(args, args.out / f"calibrate{i}", {"a": 0.0, "c": cost}, 3))
         print(f"calibration {i}: --data-sample-cost-ms {cost:.3f} made c {r:.2f}x a", flush=True)
         cost *= min(2.0, max(0.5, args.slow_frac / (r - 1))) if r > 1 else 2.0
     return cost
@@ -104,34 +99,34 @@ def main() -> None:
                          "part of a run, not all of it)")
     ap.add_argument("--slow-frac", type=float, default=0.3)
     ap.add_argument("--calibrate", type=int, default=2, help="calibration rounds")
+    ap.add_argument("--cost-ms", type=float, default=None,
+                    help="skip the calibration: c's --data-sample-cost-ms")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
     args.out = args.out or Path(tempfile.mkdtemp(prefix="noise-decision-"))
     t0 = time.monotonic()
-    cost = _calibrate(args)
-    print(f"calibrated --data-sample-cost-ms {cost:.3f} (aim: c {args.slow_frac:.0%} slower); "
+    cost = args.cost_ms if args.cost_ms is not None else _calibrate(args)
+    print(f"--data-sample-cost-ms {cost:.3f} for c (aim: {args.slow_frac:.0%} slower); "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
     counts = {"identical": {"within_noise": 0, "slower": 0}, "slowed": {"within_noise": 0, "slower": 0}}
     achieved = []
     for t in range(1, args.trials + 1):
-        args.root = args.out / f"trial{t}"
-        record_local(interleave(_configs(args, cost)))
-        arms = _arms(args.root)
+        ranking = _record_and_report(args, args.out / f"trial{t}", {"a": 0.0, "b": 0.0, "c": cost},
+                                     args.repeat)
         for kind, other in (("identical", "b"), ("slowed", "c")):
-            p = ranking.compare_arms(("a", arms["a"]), (other, arms[other]))
-            called = "slower" if p.decision == "faster" else "within_noise"
+            p = _pair(ranking, "a", other)
+            called = "slower" if p["decision"] == "faster" else "within_noise"
             counts[kind][called] += 1
-            if kind == "slowed":
-                achieved.append(p.ratio if p.slower == "c" else 1 / p.ratio)
-            print(f"trial {t} {kind}: {p.sentence} -> {called}", flush=True)
+            print(f"trial {t} {kind}: {p['sentence']} -> {called}", flush=True)
+        achieved.append(_ratio(ranking))
         print(f"  load average {os.getloadavg()[0]:.2f}", flush=True)
     wall = time.monotonic() - t0
+    achieved.sort()
     print(f"identical pairs: within noise {counts['identical']['within_noise']}/{args.trials}, "
           f"called different {counts['identical']['slower']}/{args.trials}")
     print(f"slowed pair: slower {counts['slowed']['slower']}/{args.trials}, within noise "
           f"{counts['slowed']['within_noise']}/{args.trials}; median c/a ratio "
-          f"{statistics.median(achieved):.2f}")
+          f"{achieved[len(achieved) // 2]:.2f}")
     print(f"wall {wall:.0f} s for {args.trials} trials x 3 arms x {args.repeat} repeats "
           f"({args.strategy}, {args.active} profiled steps each); records under {args.out}")
 
