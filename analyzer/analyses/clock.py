@@ -302,6 +302,13 @@ def rule_counts(seq_rows: pd.DataFrame) -> pd.DataFrame:
     return seq_rows.groupby(RULE_COLUMNS[:-1], sort=True)["n"].sum().reset_index()
 
 
+ORDER_FALLBACK = ("collectives matched across ranks by order within process group and kind "
+                  "(fallback: no Seq or Comms Id in the traces)")
+"""``match_rule``'s text when every group is matched by order and nothing suggests the ranks'
+windows begin at different collectives: the usual case of gloo traces (no
+``record_param_comms``), a note of the run rather than a caveat of the report."""
+
+
 def match_rule(counts: pd.DataFrame) -> str:
     """The report's line on how collectives were matched across ranks (analyzer/analyses/
     matchkey.py), from ``rule_counts`` of every rank: by Seq / Comms Id, by order, or a mix;
@@ -326,6 +333,8 @@ def match_rule(counts: pd.DataFrame) -> str:
                     "collectives matched across ranks ")
                    + "by order within process group and kind (fallback: no Seq or Comms Id "
                    "in the traces)" + _shift(counts, ordered))
+    if out == [ORDER_FALLBACK]:
+        return ORDER_FALLBACK
     if mixed:
         out.append(f"process group(s) {', '.join(mixed)}: some ranks carry Seq / Comms Id and "
                    "others not; their collectives cannot be matched by one key (pairs may be "

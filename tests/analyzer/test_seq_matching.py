@@ -160,3 +160,21 @@ def test_corpus_job_without_seq_keeps_order_keys():
     assert clock.clock_note(next(offsets.itertuples(index=False))) == (
         "collectives matched across ranks by order within process group and kind (fallback: "
         "no Seq or Comms Id in the traces)")
+
+
+def test_order_fallback_is_a_note_and_a_window_shift_a_caveat(tmp_path):
+    """In the report: order matching with equal counts per group (every gloo trace) is one of
+    the run's notes, off the first screen; with the shift above it is a caveat."""
+    from analyzer.compare.runs import analyse
+
+    for r in (0, 1):  # both windows hold steps 1..4: nothing amiss
+        doc = _rank(r, "none")
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") != "X" or e["ts"] >= 1000]
+        write(tmp_path / "even" / f"rank{r}.trace.json", doc)
+    (even,) = analyse(tmp_path / "even").runs
+    assert clock.ORDER_FALLBACK in even.notes
+    assert not any("matched across ranks" in c for c in even.caveats)
+    _job(tmp_path, "none")
+    (shifted,) = analyse(tmp_path / "none").runs
+    (caveat,) = [c for c in shifted.caveats if "matched across ranks" in c]
+    assert caveat.startswith(clock.ORDER_FALLBACK) and "windows may begin" in caveat
