@@ -98,8 +98,10 @@ def _sweep_argv(field: str, value: str, is_flag: bool) -> list[str]:
 
 
 def _sweep_name(field: str, value: str, is_flag: bool) -> str:
-    shown = ("true" if value.lower() in _TRUE else "false") if is_flag else value.replace(",", "_")
-    return f"{field.replace('_', '-')}={shown}"
+    shown = ("true" if value.lower() in _TRUE else "false") if is_flag else value
+    # a run-dir name holds letters, digits and . _ = + - only: mesh=2,4 -> mesh=2_4,
+    # model=path/m.py:build -> model=path_m.py_build
+    return f"{field.replace('_', '-')}={re.sub(r'[^A-Za-z0-9._=+-]', '_', shown)}"
 
 
 def expand_arms(arms: list[str], sweeps: list[str], *, strategy: str | None,
@@ -146,12 +148,35 @@ def expand_arms(arms: list[str], sweeps: list[str], *, strategy: str | None,
             if field in own:
                 raise ValueError(f"{where}: --{field.replace('_', '-')} is swept; drop it from "
                                  "the arm")
-            own.update(parse(_sweep_argv(field, value, option_kinds[field])))
+            try:
+                own.update(parse(_sweep_argv(field, value, option_kinds[field])))
+            except ValueError as exc:
+                raise ValueError(f"--sweep {field.replace('_', '-')}={value}: {exc}") from None
         name = "+".join(([arm] if arm else []) + [_sweep_name(f, v, option_kinds[f]) for f, v in point])
         check_arm_name(name, where)
         configs.append(_arm_config(name, where, own, strategy, common, given))
+    if len({c.arm for c in configs}) != len(configs):
+        raise ValueError("--arm/--sweep: two arms get one name ("
+                         + ", ".join(c.arm for c in configs) + "); name the arms apart")
     _check_common_taken(configs, common, given)
+    for i in range(0, len(configs), len(points)):  # each named arm's grid points
+        _check_distinct(configs[i:i + len(points)])
     return with_settings(configs)
+
+
+def _check_distinct(points: list[RecordConfig]) -> None:
+    """Refuse two grid points of one arm that record the same configuration (``--sweep
+    bucket-cap-mb=1.0,1``: spelled apart, applied alike). Named arms may be identical on
+    purpose (the noise check: ``--arm a= --arm b=``), so only one arm's points are compared."""
+    seen: dict[str, str] = {}
+    for c in points if len(points) > 1 else []:
+        key = json.dumps({k: v for k, v in c.to_dict().items()
+                          if k not in ("name", "arm_settings")}, sort_keys=True, default=str)
+        if key in seen:
+            raise ValueError(f"--sweep: arms {seen[key]} and {c.arm} record the same "
+                             "configuration (the values are one setting spelled two ways); "
+                             "sweep distinct values")
+        seen[key] = c.arm
 
 
 def _split(text: str, where: str) -> list[str]:
@@ -179,6 +204,10 @@ def _arm_config(name: str, where: str, own: dict[str, Any], strategy: str | None
     try:
         return RecordConfig(strategy=arm_strategy, name=name, **opts)
     except ValueError as exc:
+        said = re.match(r"--([a-z-]+)", str(exc))
+        if said and said.group(1).replace("-", "_") in set(common) - set(own) - {"strategy"} \
+                and said.group(1).replace("-", "_") not in STRATEGY_OPTIONS:
+            raise  # an option given outside the arms: the command's mistake, not the arm's
         raise ValueError(f"{where if where.endswith(name) else f'{where} ({name})'}: {exc}") from None
 
 

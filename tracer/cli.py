@@ -236,6 +236,8 @@ def arm_parser(command=None):
              if not p.hidden and n not in ("arm", "sweep", "name")}
 
     def parse(argv: list[str]) -> dict:
+        if "--help" in argv:  # click would print the help and exit 0: nothing recorded
+            raise ValueError("--help inside an arm; see tracer record --help for what an arm takes")
         try:
             sub = command.make_context("arm", list(argv), resilient_parsing=False)
         except _UsageError as exc:

@@ -106,12 +106,27 @@ def test_settings_are_resolved_per_strategy():
      f"20 arms (2 x 5 x 2) exceed the limit of {MAX_ARMS}"),
     ([], ["batch=8,7"], {"strategy": "ddp"}, "--batch 7: global batch must divide"),
     (["a=--bucket-cap-mb 1", "b="], ["bucket-cap-mb=2,3"], {"strategy": "ddp"}, "is swept"),
+    ([], ["bucket-cap-mb=1,abc"], {"strategy": "ddp"}, "--sweep bucket-cap-mb=abc: Invalid value"),
+    (["x=", "y="], ["bucket-cap-mb=1.0,1"], {"strategy": "ddp"},
+     "arms x+bucket-cap-mb=1.0 and x+bucket-cap-mb=1 record the same configuration"),
+    (["z=", "a=--help"], [], {"strategy": "ddp"}, "--arm a: --help inside an arm"),
+    (["a=", "b="], [], {"strategy": "ddp", "repeat": 0}, "--repeat 0: must be"),
 ])
 def test_bad_arms_and_sweeps_are_refused_in_one_line(arms, sweeps, kw, says):
     strategy = kw.pop("strategy", None)
     with pytest.raises(ValueError) as err:
         _expand(arms, sweeps, strategy, **kw)
     assert says in str(err.value) and "\n" not in str(err.value)
+    if "repeat" in kw:  # the command's own option: not blamed on an arm
+        assert str(err.value).startswith("--repeat 0")
+
+
+def test_identical_named_arms_stay_allowed_and_sweep_names_are_run_dir_names():
+    grid = _expand(["x=", "y="], ["static-graph=yes,no"], "ddp")
+    assert [c.arm for c in grid] == ["x+static-graph=true", "x+static-graph=false",
+                                     "y+static-graph=true", "y+static-graph=false"]
+    hsdp = _expand([], ["mesh=2,3;3,2"], "hsdp", nproc=6, batch=12)
+    assert [c.arm for c in hsdp] == ["mesh=2_3", "mesh=3_2"]  # "," cannot name a run dir
 
 
 def test_a_common_strategy_option_no_arm_takes_is_refused():
