@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 from analyzer.analyses.memory import memory_bytes
 from analyzer.contract.errors import BadInput
 from analyzer.contract.schemas import NO_VALUE
+from analyzer.ingest.quoterepair import repair_quotes
 
 _NULL = msgspec.Raw(b"null")
 
@@ -192,6 +193,9 @@ class Decoded:
     distributed_info: dict[str, Any] | None
     device_count: int
     warnings: list[str] = field(default_factory=list)
+    repaired_json: bytes | None = None
+    """The JSON as repaired in memory when the file's needed a repair (``repair``), for the
+    readers of the same bytes (``memory_events``); None otherwise. The file is never changed."""
 
 
 MAX_TRACE_ENV = "PARITYTRACE_MAX_TRACE_BYTES"
@@ -328,10 +332,7 @@ def _decode_trace(data: bytes, path: Path | str) -> tuple[Any, bytes]:
     try:
         trace = _decode_typed(data)
     except msgspec.DecodeError as exc:
-        data, line = repair(data, path, exc)
-        dec = decode_bytes(data, path)
-        dec.warnings.insert(0, line)
-        return dec, data
+        return _decode_repaired(data, path, exc)
     if trace is None:
         try:
             trace = _LENIENT.decode(data)
@@ -341,16 +342,36 @@ def _decode_trace(data: bytes, path: Path | str) -> tuple[Any, bytes]:
                            "pass PyTorch profiler traces (export_chrome_trace / "
                            "tensorboard_trace_handler output)") from None
         except msgspec.DecodeError as exc:  # the strict pass stopped at a type, before this
-            raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
-                           "copy the trace again or re-record it") from None
+            return _decode_repaired(data, path, exc)
     return trace, data
+
+
+def _decode_repaired(data: bytes, path: Path | str, exc: msgspec.DecodeError
+                     ) -> tuple[Decoded, bytes]:
+    """``data``, which msgspec refused with ``exc``, repaired (``repair``) and decoded, the
+    repair's note first among the warnings. Raises ``BadInput``: what ``repair`` raises, and
+    the refusal of ``exc`` when a quote repair was not all the file needed."""
+    fixed, line = repair(data, path, exc)
+    try:
+        dec = decode_bytes(fixed, path)
+    except BadInput as err:  # quotes were not all that was wrong: refused as before
+        if line.endswith(QUOTES_NOTE) and err.reason == "truncated":
+            raise _invalid_json(path, exc) from None
+        raise
+    dec.warnings.insert(0, line)
+    if dec.repaired_json is None:  # the innermost repair's bytes are the final ones
+        dec.repaired_json = fixed
+    return dec, fixed
 
 
 def repair(data: bytes, path: Path | str, exc: msgspec.DecodeError) -> tuple[bytes, str]:
     """``data``, which msgspec refused with ``exc``, made readable, and the warning line that
     says how: NaN / Infinity numbers (Python's json writes them) as null; bytes that are not
-    UTF-8 (C++ symbols, paths in names) replaced by U+FFFD, rather than refusing the whole
-    trace. Raises ``BadInput`` (``not_a_trace``, ``truncated``) for anything else."""
+    UTF-8 (C++ symbols, paths in names) replaced by U+FFFD; unescaped ``"`` inside strings
+    escaped (``quoterepair.repair_quotes``: only when its rule explains the failure), rather
+    than refusing the whole trace. The caller decodes the result strictly again; a quote
+    repair that does not give a trace is refused with the original error. Raises
+    ``BadInput`` (``not_a_trace``, ``truncated``) for anything else."""
     if _at_non_finite(data, str(exc)):
         return _non_finite_as_null(data, path), (f"{path}: NaN / Infinity numbers (not JSON; "
                                                  "Python's json writes them) were read as null")
@@ -361,10 +382,24 @@ def repair(data: bytes, path: Path | str, exc: msgspec.DecodeError) -> tuple[byt
                            "strings were replaced by U+FFFD")
     if "UTF-8" not in str(exc):
         _refuse_not_json(data, path)
-        raise BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
-                       "copy the trace again or re-record it") from None
+        fixed = repair_quotes(data)  # None unless quotes inside strings explain it
+        if fixed is None:
+            raise _invalid_json(path, exc)
+        n = fixed[1]
+        return fixed[0], f"{path}: {n} string{'s' if n != 1 else ''} repaired: {QUOTES_NOTE}"
     return (data.decode("utf-8", errors="replace").encode("utf-8"),
             f"{path}: invalid UTF-8 bytes in strings were replaced by U+FFFD")
+
+
+QUOTES_NOTE = ("event names with unescaped double quotes inside (exporters before kineto "
+               "#1459, pytorch#146900), read with the quotes as written; the file is unchanged")
+"""The end of the note of a quote repair (``repair``), after the number of strings."""
+
+
+def _invalid_json(path: Path | str, exc: msgspec.DecodeError) -> BadInput:
+    """The one-line refusal of JSON nothing repairs (reason ``truncated``)."""
+    return BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
+                    "copy the trace again or re-record it")
 
 
 class _Ts(msgspec.Struct, gc=False):

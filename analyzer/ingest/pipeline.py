@@ -323,8 +323,9 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
     data = decompress(raw, path, max_bytes)
     del raw
     dec = decode_bytes(data, path)
-    mem_events, mem_notes = memory_events(data)
+    mem_events, mem_notes = memory_events(dec.repaired_json or data)  # the bytes decoded
     del data
+    dec.repaired_json = None
     dev_mem = device_peaks(mem_events)
     dec.warnings += [f"{path}: {n}" for n in mem_notes]
     if dec.events.empty:  # an empty rank; load_run refuses a job of empty ranks only
