@@ -26,6 +26,12 @@ def register(app, run) -> None:
                             "(offsets are still estimated and reported).")] = False,
         allow_incomplete: Annotated[bool, typer.Option(
             "--allow-incomplete", help="Merge a run directory without manifest.json.")] = False,
+        perfetto_manifest: Annotated[bool, typer.Option(
+            "--perfetto-manifest", help="Also write OUT's stem + .perfetto_manifest.json beside "
+            "the merged trace: each rank's trace and the clock offset applied, in Perfetto's "
+            "manifest format 1 (perfetto.dev/docs/reference/perfetto-manifest), so that "
+            "`trace_processor util merge -o job.tar --manifest MANIFEST TRACES...` lines the "
+            "ranks up as merge does; the command is printed.")] = False,
     ) -> None:
         """Merge every rank into one Chrome trace aligned on matched collectives (opens in Perfetto)."""
         from analyzer.cli import outpaths
@@ -46,7 +52,8 @@ def register(app, run) -> None:
                                    example="merged.trace.json.gz")
             _check_like_report(directory, allow_incomplete)
             options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align,
-                                   allow_incomplete=allow_incomplete)
+                                   allow_incomplete=allow_incomplete,
+                                   perfetto_manifest=perfetto_manifest)
             return merge_traces(directory, target, options)
 
         result = run(go)
@@ -97,3 +104,12 @@ def _print(result) -> None:
     console.print(richout.clean(f"wrote {result.out_path} ({result.n_events} events, "
                                 f"{result.n_moved_to_overlap_tracks} on overlap tracks) and "
                                 f"{result.sidecar_path}", one_line=True))
+    if result.manifest_path is not None:
+        from analyzer.timeline.perfetto import MANIFEST_SUFFIX, util_merge_command
+
+        archive = result.manifest_path.with_name(
+            result.manifest_path.name.removesuffix(MANIFEST_SUFFIX) + ".perfetto.tar")
+        traces = {r.rank: r.path for r in result.ranks}
+        console.print(richout.clean(f"wrote {result.manifest_path}; for Perfetto's own merge: "
+                                    f"{util_merge_command(result.manifest_path, traces, archive)}",
+                                    one_line=True), soft_wrap=True, markup=False)

@@ -131,13 +131,16 @@ def not_an_input(name: str) -> str | None:
 
     Hidden files (a leading dot: macOS ``._worker0.json`` resource forks, the tracer's
     ``.tmp-<pid>-rank0.trace.json.gz`` left by a killed record) and the analyzer's own outputs
-    (``*.offsets.json`` merge sidecars, ``merged.*`` / ``*.merged.*`` traces written by
-    ``analyzer merge``) are skipped by every folder walk rather than failing the folder.
+    (``*.offsets.json`` merge sidecars, ``*perfetto_manifest.json`` manifests, ``merged.*`` /
+    ``*.merged.*`` traces written by ``analyzer merge``) are skipped by every folder walk
+    rather than failing the folder.
     """
     if name.startswith("."):
         return "hidden file (a macOS ._ file or a temporary file of a killed record)"
     if name.endswith(".offsets.json"):
         return "sidecar written by analyzer merge"
+    if name.endswith("perfetto_manifest.json"):  # analyzer/timeline/perfetto.py, or Perfetto's
+        return "Perfetto merge manifest (analyzer merge --perfetto-manifest)"
     if name.startswith("merged.") or ".merged." in name:
         return "merged trace written by analyzer merge"
     if name == DATASET_MARKER:

@@ -22,7 +22,9 @@ Output layout (Perfetto / chrome://tracing):
   event is at 0 (keeps ns precision in the JSON doubles); the rebase and the offsets are stored
   under the top-level key ``paritytraceMerge`` and in the JSON sidecar;
 - flow arrows (cat "collective") link each matched collective across ranks, in the order the
-  ranks started it; the sources' own flows (ac2g, fwdbwd) are kept with ids made unique.
+  ranks started it; the sources' own flows (ac2g, fwdbwd) are kept with ids made unique;
+- on request, a ``perfetto_manifest`` beside it: the same offsets for Perfetto's own merge of the
+  rank traces (analyzer/timeline/perfetto.py).
 
 Raises ``BadInput`` for unusable input (the ingest's refusals, as ``analyzer report`` says
 them). Writes atomically (temp file + ``os.replace``).
@@ -46,6 +48,7 @@ from analyzer.analyses import clock
 from analyzer.ingest import pipeline, rundirs
 from analyzer.contract import schemas
 from analyzer.contract.atomic import atomic_path, write_atomic
+from analyzer.timeline import perfetto
 from analyzer.timeline.chrome_check import PHASES, check_trace, phase_problem
 from analyzer.ingest.decode import decompress, repair, times_ns
 from analyzer.ingest.fswalk import OUTPUT_MARKER
@@ -69,6 +72,9 @@ class MergeOptions:
     """False: write the traces unshifted (offsets are still estimated and reported)."""
     allow_incomplete: bool = False
     """Merge a run directory without manifest.json (a record that did not finish) as found."""
+    perfetto_manifest: bool = False
+    """Also write a ``perfetto_manifest`` beside the merged trace (analyzer/timeline/perfetto.py):
+    each rank's trace and the offset applied, for Perfetto's ``trace_processor util merge``."""
 
     def __post_init__(self) -> None:
         if self.steps is not None and (not self.steps or any(s < 0 for s in self.steps)):
@@ -106,6 +112,8 @@ class MergeResult:
     """The merged trace."""
     sidecar_path: Path
     """The JSON sidecar with offsets and spreads."""
+    manifest_path: Path | None
+    """The ``perfetto_manifest`` written beside the merged trace, None when not asked for."""
     ranks: list[RankInput]
     """Inputs, sorted by rank (``data`` and ``events`` dropped after the merge)."""
     steps: dict[int, list[int]]
@@ -297,11 +305,14 @@ def sidecar_path_for(out: Path) -> Path:
 def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None = None) -> MergeResult:
     """Merge the traces in ``root`` into one aligned Chrome trace at ``out`` (gzip if ``.gz``).
 
-    Also writes the sidecar (``sidecar_path_for(out)``): ref_rank, t0_ns, offsets, spread summary.
+    Also writes the sidecar (``sidecar_path_for(out)``): ref_rank, t0_ns, offsets, spread summary;
+    with ``options.perfetto_manifest``, the ``perfetto_manifest`` (``perfetto.manifest_path_for``),
+    whose offsets are the ones applied here.
     Alignment rule: the estimated offsets are applied unless they widen the median spread of
     matched collective ends (``alignment_widens``); then the traces are written unshifted, the
     sidecar says ``"aligned": false`` and one warning line gives both medians.
-    Raises ``BadInput`` for unusable input or a ``--steps`` selection no rank has.
+    Raises ``BadInput`` for unusable input, a ``--steps`` selection no rank has, or (with the
+    manifest) two ranks' traces of one base name.
     """
     options = options or MergeOptions()
     root, out = Path(root), Path(out)
@@ -346,6 +357,9 @@ def _merge(root: Path, out: Path, options: MergeOptions, run, early: str | None)
             f"{_us_text(spread['spread_after_ns'].median())} µs after): traces written "
             "unshifted; try --ref-rank with another rank")
     shift = dict(zip(offsets["rank"], offsets["offset_ns"])) if align else {r: 0 for r in ranks}
+    traces = {rt.rank: rt.path for rt in job.ranks}
+    if options.perfetto_manifest:
+        perfetto.check_names(traces, root)  # before anything is written
 
     found: dict[int, list[int]] = {}
     if options.steps is not None:
@@ -359,6 +373,9 @@ def _merge(root: Path, out: Path, options: MergeOptions, run, early: str | None)
                            "pick steps shown by `analyzer summary`, or omit --steps")
 
     t0 = min(rt.first_ns - shift[rt.rank] for rt in job.ranks if not rt.empty)
+    if options.perfetto_manifest and t0 < 0:  # perfetto-manifest reference: offset_ns WARNING
+        warnings.append("the offsets move events before time 0, which Perfetto drops "
+                        "(stat trace_sorter_negative_timestamp_dropped)")
     summary = _summary(root, job.ranks, ref_rank, offsets, spread, t0, align, options, warnings)
     wanted = set(zip(matched["rank"].tolist(), matched["event_idx"].tolist()))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -367,8 +384,13 @@ def _merge(root: Path, out: Path, options: MergeOptions, run, early: str | None)
     n_events, n_meta, moved, inputs = written
     sidecar = sidecar_path_for(out)
     write_atomic(sidecar, msgspec.json.format(msgspec.json.encode(summary), indent=2))
+    manifest = None
+    if options.perfetto_manifest:
+        manifest = perfetto.manifest_path_for(out)
+        perfetto.write_manifest(manifest, perfetto.build_manifest(traces, shift, ref_rank))
     log.info("wrote %s (%d events, %d metadata)", out, n_events, n_meta)
-    return MergeResult(out_path=out, sidecar_path=sidecar, ranks=inputs, ref_rank=ref_rank,
+    return MergeResult(out_path=out, sidecar_path=sidecar, manifest_path=manifest, ranks=inputs,
+                       ref_rank=ref_rank,
                        steps={rt.rank: [] if rt.whole_trace_mode else rt.steps["step"].tolist()
                               for rt in job.ranks},
                        collectives=job.collectives, matched=matched,
