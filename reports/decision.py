@@ -68,6 +68,10 @@ class DecisionInput:
     left_out: tuple[str, ...] = ()
     """Declared arms left out for their parity (``Ranking.left_out``), said after the parity
     status: ``arm skipgrad failed the parity gate (first divergence in ...), left out``."""
+    missing: tuple[str, ...] = ()
+    """Declared arms or repeats of the experiment absent from the report (``Ranking.missing``),
+    said last: ``arm b: no complete run in this report, not ranked``, ``arm a: 1 of 4 repeats``.
+    With any, a lone arm is "the only arm ranked", never "the only arm in this report"."""
 
 
 def decision_line(d: DecisionInput) -> str:
@@ -80,7 +84,8 @@ def decision_line(d: DecisionInput) -> str:
                 if d.ci_low is not None and d.ci_high is not None else "")
     note = f" ({d.note})" if d.note else ""
     if d.other is None:
-        text = f"{d.best}: the only {d.what} in this report{note}"
+        text = (f"{d.best}: the only {d.what} {'ranked' if d.missing else 'in this report'}"
+                f"{note}")
     elif d.verdict == "faster":
         text = f"{d.best}: {fmt.speedup(d.ratio)} faster than {d.other}{interval}{note}"
     elif d.verdict == "small difference":
@@ -102,7 +107,7 @@ def decision_line(d: DecisionInput) -> str:
               "fail": "numerics differ from one device",
               "not verified": "numerics not verified"}[d.parity]
     left = "".join(f"; {x}, left out" for x in d.left_out)
-    return f"{text}; {parity}{left}."
+    return f"{text}; {parity}{left}{''.join(f'; {x}' for x in d.missing)}."
 
 
 def _why(pair, min_repeats: int) -> str | None:
@@ -176,7 +181,8 @@ def decision_input(report: Report) -> DecisionInput:
     parity = "match" if any(r.strategy == "single" for r in runs) else "match recorded reference"
     vs_ref = (ref.median_ns / best.median_ns if ref is not None and ref.median_ns
               and best.median_ns else None)
-    extra = dict(left_out=tuple(rk.left_out), what="arm") if rk.declared else {}
+    extra = (dict(left_out=tuple(rk.left_out), missing=tuple(rk.missing), what="arm")
+             if rk.declared else {})
     if len(rk.order) < 2:
         return DecisionInput(best=best.label or best.name if rk.declared else best.name,
                              parity=parity, vs_reference=vs_ref, **extra)

@@ -104,6 +104,8 @@ def verdict(report: Report) -> list[str]:
         if rk.left_out:
             out.append("Left out of the ranking for their parity: " + "; ".join(rk.left_out)
                        + "; the other arms are ranked.")
+        if rk.missing:
+            out.append("Not in this report: " + "; ".join(rk.missing) + ".")
         if rk.descriptive:
             out.append(f"Not ranked (another experiment): {', '.join(rk.descriptive)}; "
                        "compared in the tables only.")

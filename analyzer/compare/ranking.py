@@ -38,6 +38,7 @@ from typing import Any, Callable
 from analyzer.compare import stats
 from analyzer.contract.arms import arm_label, pair_labels
 from analyzer.contract.report_types import Arm, Noise, Pair, Ranking, RunEntry
+from analyzer.contract.text import one_line
 
 RANKING_RULE = (
     "Only the runs of one experiment (one tracer record command: one experiment id) are ranked, "
@@ -178,6 +179,25 @@ def settings_differences(runs: list[RunEntry],
         if len(seen) > 1:
             parts = "; ".join(f"{', '.join(names)}: {v}" for v, names in seen.items())
             out.append(f"runs differ in {key} ({parts})")
+    return out
+
+
+def missing_arms(runs: list[RunEntry]) -> list[str]:
+    """What of a declared experiment is not in ``runs`` (its complete runs in the report): one
+    line per arm that some run's ``experiment.order`` lists but no run here is of (``arm b: no
+    complete run in this report, not ranked``), then one per arm with fewer repeats here than
+    ``experiment.repeats`` (``arm a: 1 of 4 repeats``). Runs deleted, or left out as incomplete,
+    are named this way rather than the report going silent about them."""
+    exps = [r.experiment or {} for r in runs]
+    by_arm: dict[str, set[int]] = {}
+    for r, e in zip(runs, exps):
+        by_arm.setdefault(arm_of(r), set()).add(e.get("repeat", 1))
+    listed = dict.fromkeys(a for e in exps for a in e.get("order") or [])
+    want = max((e.get("repeats", 1) for e in exps), default=1)
+    out = [f"arm {one_line(a)}: no complete run in this report, not ranked"
+           for a in listed if a not in by_arm]
+    out += [f"arm {one_line(a)}: {len(reps)} of {want} repeats" for a, reps in by_arm.items()
+            if len(reps) < want]
     return out
 
 
@@ -376,7 +396,8 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     """The ranking (module docstring): ``order`` (arms, fastest first, the reference left out;
     empty when withheld), ``pairs``, ``arms``, ``reason``, ``rule``, ``noise``, the experiment
     ranked and the runs left to the tables (``descriptive``); for declared arms ``declared``,
-    every arm ranked and ``left_out`` the arms that failed parity."""
+    every arm ranked, ``left_out`` the arms that failed parity and ``missing`` the arms or
+    repeats of the experiment absent from the report (``missing_arms``)."""
     left_out = [r.name for r in runs if r.incomplete]
     complete = [r for r in runs if not r.incomplete]  # README: left out of the ranking
     runs, others, warns = ranked_experiment(complete)
@@ -384,6 +405,9 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     arms_declared = is_declared(runs)
     rule = RANKING_RULE + (" " + ARMS_RULE if arms_declared else "")
     extra = dict(experiment=exp, descriptive=[r.name for r in others], declared=arms_declared)
+    missing = missing_arms(runs) if arms_declared else []
+    extra["missing"] = missing
+    warns = missing + warns  # said whether the ranking is made or withheld
     problems = [(r, why) for r in runs if (why := _parity_problem(r))]
     dropped: list[str] = []
     if arms_declared:  # a failed arm is left out, the others ranked

@@ -972,6 +972,11 @@ class Ranking(msgspec.Struct, kw_only=True):
     left_out: list[str] = []
     """Declared arms left out for their parity, one line each: ``arm skipgrad failed the parity
     gate (first divergence in grad layers.0.attn.weight)``."""
+    missing: list[str] = []
+    """Declared arms: what of the experiment is not in the report, one line each -- an arm its
+    runs' ``experiment.order`` lists with no complete run here (``arm b: no complete run in this
+    report, not ranked``), an arm with fewer complete repeats than ``experiment.repeats`` (``arm
+    a: 1 of 4 repeats``; ranked on those it has)."""
 
 
 class DriftComparison(msgspec.Struct, kw_only=True):

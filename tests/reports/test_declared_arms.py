@@ -6,10 +6,13 @@ to the ratio)."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from analyzer.compare import ranking
 from analyzer.compare.runs import analyse
+from analyzer.contract.report_types import AnalysisOptions
 from analyzer.contract.arms import arm_label, name_says_settings, pair_labels
 from reports import html, markdown
 from tests.reports.builders import decision, details, write_run
@@ -20,14 +23,17 @@ RECORDED_REF = ("numerics match the reference values recorded with them (no sing
 
 
 def _arm(root, arm: str, steps_ms: float, *, settings: dict | None, strategy: str = "fsdp2",
-         repeats: int = 5, exp: str = "e1", per_repeat: list[dict] | None = None, **kw) -> None:
-    """Run dirs ``arm.r<k>`` (k = 1..repeats), three profiled steps of ``steps_ms`` on every
-    rank, of declared-arms experiment ``exp`` with this arm's ``settings`` (None: an ordinary
-    strategy experiment); ``per_repeat[k-1]``: manifest changes of repeat k."""
+         repeats: int = 5, exp: str = "e1", per_repeat: list[dict] | None = None,
+         order: list[str] | None = None, only: list[int] | None = None, **kw) -> None:
+    """Run dirs ``arm.r<k>`` (k = 1..repeats, or the repeats in ``only``), three profiled steps
+    of ``steps_ms`` on every rank, of declared-arms experiment ``exp`` with this arm's
+    ``settings`` (None: an ordinary strategy experiment); ``per_repeat[k-1]``: manifest changes
+    of repeat k; ``order``: the experiment's arms (``experiment.order``)."""
     ranks = 1 if strategy == "single" else 2
-    for k in range(1, repeats + 1):
+    for k in only or range(1, repeats + 1):
         walls = {0: (1,) * ranks, **{i: (int(steps_ms * MS),) * ranks for i in (1, 2, 3)}}
-        experiment = {"id": exp, "arm": arm, "repeat": k, "repeats": repeats, "order": [],
+        experiment = {"id": exp, "arm": arm, "repeat": k, "repeats": repeats,
+                      "order": order or [],
                       **({"settings": settings, "baseline": "b" * 12} if settings is not None
                          else {})}
         write_run(root / f"{arm}.r{k}", strategy=strategy, walls=walls, experiment=experiment,
@@ -204,6 +210,34 @@ def test_findings_name_a_user_named_arm_by_its_settings(tmp_path):
         "fsdp2 with reshard_after_forward=True (arm reshard): the only arm in this report; "
         f"{RECORDED_REF}; arm noreshard failed the parity gate (first divergence in grad "
         "layers.0.attn.weight), left out.")
+
+
+def test_an_arm_with_no_complete_run_and_missing_repeats_are_named(tmp_path):
+    """Arms a, b recorded with --repeat 4; three of a's runs deleted, b's left incomplete (no
+    manifest): b is named as absent and a's repeats counted, never "the only arm" alone."""
+    root = tmp_path / "t"
+    _arm(root, "a", 6, strategy="ddp", settings={"strategy": "ddp"}, repeats=4,
+         order=["a", "b"], only=[1])
+    (root / "b.r1").mkdir()  # incomplete: numerics, no manifest
+    shutil.copy(root / "a.r1" / "numerics.parquet", root / "b.r1" / "numerics.parquet")
+    rep = analyse(root, AnalysisOptions(allow_incomplete=True))
+    rk = rep.ranking
+    assert rk.status == "ranked" and rk.order == ["a"]
+    assert rk.missing == ["arm b: no complete run in this report, not ranked",
+                          "arm a: 1 of 4 repeats"]
+    assert "arm b: no complete run in this report, not ranked; arm a: 1 of 4 repeats" in rk.reason
+    md = markdown.render(rep)
+    assert decision(md) == (
+        f"ddp (arm a): the only arm ranked; {RECORDED_REF}; arm b: no complete run in this "
+        "report, not ranked; arm a: 1 of 4 repeats.")
+    assert ("Not in this report: arm b: no complete run in this report, not ranked; arm a: 1 of "
+            "4 repeats.") in details(md)
+    # every repeat of every listed arm present: nothing said
+    full = tmp_path / "f"
+    for arm, ms in (("a", 6), ("b", 9)):
+        _arm(full, arm, ms, strategy="ddp", settings={"strategy": "ddp"}, repeats=2,
+             order=["a", "b"])
+    assert analyse(full).ranking.missing == []
 
 
 def test_one_run_each_shows_the_ratio_alone_labelled(tmp_path):
