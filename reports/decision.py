@@ -169,7 +169,8 @@ def decision_input(report: Report) -> DecisionInput:
                              withheld=f"{why}: speed figures of a run whose numerics are not "
                                       "verified do not count (see Parity)")
     if rk.status != "ranked":
-        if report.settings_warnings:  # named under Ranking; not repeated here
+        if report.settings_warnings and rk.reason.startswith("the runs are not one experiment"):
+            # the differences are named under Ranking; not repeated here
             return DecisionInput(best=None, withheld="the runs were not recorded under the same "
                                  "settings, so they are not one experiment (see Ranking)")
         return DecisionInput(best=None, withheld=rk.reason.rstrip("."))

@@ -109,7 +109,7 @@ def verdict(report: Report) -> list[str]:
         if rk.descriptive:
             out.append(f"Not ranked (another experiment): {', '.join(rk.descriptive)}; "
                        "compared in the tables only.")
-    elif "not one experiment" in rk.reason:  # the differences: under Ranking
+    elif rk.reason.startswith("the runs are not one experiment"):  # differences: under Ranking
         out.append("Ranking withheld: the runs were not recorded under the same settings "
                    "(which ones differ: see Ranking), so they are not one experiment.")
     else:
@@ -130,7 +130,7 @@ def verdict(report: Report) -> list[str]:
         out.append(text)
     if hidden := mesh_hidden_sentence(runs):
         out.append(hidden)
-    if report.settings_warnings and "not one experiment" not in rk.reason:
+    if report.settings_warnings and not rk.reason.startswith("the runs are not one experiment"):
         out.append("Warning: " + "; ".join(report.settings_warnings) + ".")
     caveats = [f"{r.name}: {c}" for r in runs for c in r.caveats]
     if caveats:

@@ -27,16 +27,20 @@ named with its first divergence, and the others are ranked. The settings in ``SE
 differ where a declared option explains it (``OPTION_SETTINGS``, ``explained_settings``): the
 arms declare ``precision``, so ``precision`` may differ, as long as each arm's repeats agree.
 Pair sentences name the arms by strategy and the settings in which they differ
-(analyzer/contract/arms.py).
+(analyzer/contract/arms.py). The declared settings are checked before they are believed
+(``settings_problems``): repeats of one arm that declare different settings, a declared setting
+the run's own manifest contradicts (its strategy options, precision or strategy), or runs of the
+experiment without declared settings beside runs with them withhold the ranking, named.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 from analyzer.compare import stats
-from analyzer.contract.arms import arm_label, pair_labels
+from analyzer.contract.arms import arm_label, pair_labels, same_value, value_text
 from analyzer.contract.report_types import Arm, Noise, Pair, Ranking, RunEntry
 from analyzer.contract.text import one_line
 
@@ -180,6 +184,83 @@ def settings_differences(runs: list[RunEntry],
             parts = "; ".join(f"{', '.join(names)}: {v}" for v, names in seen.items())
             out.append(f"runs differ in {key} ({parts})")
     return out
+
+
+OPTION_KEYS: dict[str, str] = {
+    **{k: k for k in ("bucket_cap_mb", "reshard_after_forward", "static_graph",
+                      "gradient_as_bucket_view", "forward_prefetch", "backward_prefetch",
+                      "sharding_strategy", "mesh", "tp", "pp", "pp_schedule", "microbatches")},
+    "wrap_min_params": "auto_wrap_min_num_params",
+}
+"""Declared option (a key of ``experiment.settings``) -> its key in the manifest's
+``strategy_options`` (tracer/config.py ``strategy_options``), where the record wrote the value
+it applied."""
+
+
+def _contradictions(run: RunEntry) -> list[str]:
+    """Where ``run``'s ``experiment.settings`` disagree with what its own manifest says it ran:
+    a strategy option against ``strategy_options`` (only keys present there: an option its
+    strategy does not take is absent; ``mesh`` by its degrees, the record writes ``2,2`` as
+    ``2x2``), ``precision`` and ``strategy`` against the manifest's."""
+    out = []
+    for key, said in (declared(run) or {}).items():
+        if key == "strategy":
+            where, have = "strategy", run.strategy
+        elif key == "precision":
+            where, have = "precision", (run.settings or {}).get("precision")
+        elif OPTION_KEYS.get(key) in run.options:
+            opt = OPTION_KEYS[key]
+            where, have = "strategy_options" + ("" if opt == key else f" {opt}="), run.options[opt]
+        else:
+            continue
+        if key == "mesh":  # --mesh "2,2" is written "2x2" in strategy_options
+            agree = re.findall(r"\d+", str(said)) == re.findall(r"\d+", str(have))
+        else:
+            agree = same_value(said, have)
+        if not agree:
+            out.append(f"run {one_line(run.name)}: experiment.settings says "
+                       f"{one_line(f'{key}={value_text(said)}')}, its "
+                       f"{where}{'' if where.endswith('=') else ' '}{one_line(value_text(have))}: "
+                       "the manifest was edited; re-record")
+    return out
+
+
+def settings_problems(runs: list[RunEntry]) -> list[str]:
+    """Why the declared settings of ``runs`` (one experiment's) cannot be trusted, one line
+    each; empty when they can. Some runs declaring arms and others not (``experiment.settings``
+    None): the experiment is neither, refused. Repeats of one arm declaring different settings:
+    one line per arm naming the settings and values. A run whose declared settings its own
+    manifest contradicts (``_contradictions``): one line per run and setting."""
+    recorded = [r for r in runs if r.settings]
+    plain = [r for r in recorded if declared(r) is None]
+    if plain and len(plain) < len(recorded):
+        exp = experiment_id(recorded[0]) or "-"
+        return [f"run{'s' if len(plain) > 1 else ''} {', '.join(one_line(r.name) for r in plain)} "
+                f"of experiment {one_line(exp[:8])} carr{'y' if len(plain) > 1 else 'ies'} no "
+                "experiment.settings while its other runs declare arms (tracer record --arm / "
+                "--sweep): the manifests were edited or joined from different commands; "
+                "re-record"]
+    if not recorded or plain:
+        return []
+    out = []
+    by_arm: dict[str, list[RunEntry]] = {}
+    for r in recorded:
+        by_arm.setdefault(arm_of(r), []).append(r)
+    for arm, rs in by_arm.items():
+        keys = dict.fromkeys(k for r in rs for k in declared(r))
+        parts = []
+        for k in keys:
+            values: list[Any] = []
+            for r in rs:
+                v = declared(r).get(k)
+                if not any(same_value(v, x) for x in values):
+                    values.append(v)
+            if len(values) > 1:
+                parts.append(f"{k}: {' vs '.join(value_text(v) for v in values)}")
+        if parts:
+            out.append(f"arm {arm}'s repeats disagree in their declared settings "
+                       f"({one_line('; '.join(parts))})")
+    return out + [line for r in recorded for line in _contradictions(r)]
 
 
 def missing_arms(runs: list[RunEntry]) -> list[str]:
@@ -408,6 +489,7 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     missing = missing_arms(runs) if arms_declared else []
     extra["missing"] = missing
     warns = missing + warns  # said whether the ranking is made or withheld
+    untrusted = settings_problems(runs)
     problems = [(r, why) for r in runs if (why := _parity_problem(r))]
     dropped: list[str] = []
     if arms_declared:  # a failed arm is left out, the others ranked
@@ -422,7 +504,9 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     diffs = settings_differences(runs)
     kept = [r for r in runs if arm_of(r) not in bad]
     timed = [r for r in kept if _steps(r)]
-    reason = ("; ".join(withheld) + ". Speed figures of a run whose numerics are not verified "
+    reason = ("; ".join(untrusted) + ("; the runs are not one experiment either: "
+                                      + "; ".join(diffs) if diffs else "") if untrusted else
+              "; ".join(withheld) + ". Speed figures of a run whose numerics are not verified "
               "do not count." if withheld else
               "the runs are not one experiment: " + "; ".join(diffs)
               + ". Record them together with the same settings." if diffs else

@@ -60,6 +60,13 @@ def _norm(v: Any) -> Any:
     return ("s", str(v).lower())
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """True when two setting values are the same as a name or a manifest can write them:
+    numbers compared as floats (``5`` is ``5.0``), bools and None as themselves (``True`` is not
+    ``1``), text ignoring case."""
+    return _norm(a) == _norm(b)
+
+
 def name_says_settings(name: str, strategy: str, settings: dict[str, Any]) -> bool:
     """True when the arm's ``name`` says no more than its strategy and settings: its ``+``-joined
     parts are ``key=value`` (``-`` or ``_`` in the key, any case in the value) or the strategy,

@@ -28,16 +28,18 @@ def _arm(root, arm: str, steps_ms: float, *, settings: dict | None, strategy: st
     """Run dirs ``arm.r<k>`` (k = 1..repeats, or the repeats in ``only``), three profiled steps
     of ``steps_ms`` on every rank, of declared-arms experiment ``exp`` with this arm's
     ``settings`` (None: an ordinary strategy experiment); ``per_repeat[k-1]``: manifest changes
-    of repeat k; ``order``: the experiment's arms (``experiment.order``)."""
+    of repeat k (``settings``: its ``experiment.settings``); ``order``: the experiment's arms (``experiment.order``)."""
     ranks = 1 if strategy == "single" else 2
     for k in only or range(1, repeats + 1):
         walls = {0: (1,) * ranks, **{i: (int(steps_ms * MS),) * ranks for i in (1, 2, 3)}}
+        change = dict(per_repeat[k - 1]) if per_repeat else {}
+        said = change.pop("settings", settings)  # this repeat's experiment.settings
         experiment = {"id": exp, "arm": arm, "repeat": k, "repeats": repeats,
                       "order": order or [],
-                      **({"settings": settings, "baseline": "b" * 12} if settings is not None
+                      **({"settings": said, "baseline": "b" * 12} if said is not None
                          else {})}
         write_run(root / f"{arm}.r{k}", strategy=strategy, walls=walls, experiment=experiment,
-                  **{**kw, **(per_repeat[k - 1] if per_repeat else {})})
+                  **{**kw, **change})
 
 
 def test_a_sweep_is_ranked_and_worded_by_the_setting_that_differs(tmp_path):
@@ -129,6 +131,64 @@ def test_an_arm_whose_repeats_disagree_on_a_declared_setting_is_refused(tmp_path
     rep = analyse(root)
     assert ranking.explained_settings(rep.runs) == set()
     assert rep.ranking.status == "withheld" and "runs differ in precision" in rep.ranking.reason
+
+
+def test_repeats_of_an_arm_declaring_different_settings_withhold_the_ranking(tmp_path):
+    root = tmp_path / "t"
+    _arm(root, "a", 6, strategy="ddp", settings={"nproc": 2},
+         per_repeat=[{}, {"settings": {"nproc": 4}}, {}, {}, {}])
+    _arm(root, "b", 9, strategy="ddp", settings={"nproc": 3})
+    rep = analyse(root)
+    rk = rep.ranking
+    assert rk.status == "withheld" and rk.order == []
+    assert rk.reason == "arm a's repeats disagree in their declared settings (nproc: 2 vs 4)"
+    assert decision(markdown.render(rep)) == (
+        "No decision: arm a's repeats disagree in their declared settings (nproc: 2 vs 4).")
+
+
+@pytest.mark.parametrize("settings, kw, line", [
+    ({"bucket_cap_mb": 5.0}, {"options": {"bucket_cap_mb": 25.0}},
+     "run a.r1: experiment.settings says bucket_cap_mb=5.0, its strategy_options 25.0"),
+    ({"wrap_min_params": 1000}, {"options": {"auto_wrap_min_num_params": 500}},
+     "run a.r1: experiment.settings says wrap_min_params=1000, its strategy_options "
+     "auto_wrap_min_num_params=500"),
+    ({"precision": "bf16"}, {"precision": "fp32"},
+     "run a.r1: experiment.settings says precision=bf16, its precision fp32"),
+    ({"strategy": "fsdp2"}, {}, "run a.r1: experiment.settings says strategy=fsdp2, its "
+     "strategy ddp"),
+])
+def test_declared_settings_the_manifest_contradicts_are_refused(tmp_path, settings, kw, line):
+    root = tmp_path / "t"
+    _arm(root, "a", 6, strategy="ddp", settings=settings, repeats=1, **kw)
+    _arm(root, "b", 9, strategy="ddp", settings={"bucket_cap_mb": 25}, repeats=1,
+         options={"bucket_cap_mb": 25.0})  # 25 and 25.0: one number
+    rk = analyse(root).ranking
+    assert rk.status == "withheld"
+    assert rk.reason.startswith(f"{line}: the manifest was edited; re-record")
+    assert "run b.r1" not in rk.reason
+    # --mesh 2,2 as the record writes it in strategy_options: no contradiction
+    ok = tmp_path / "ok"
+    for arm, ms, mesh in (("a", 6, "1,2"), ("b", 9, "2,1")):
+        _arm(ok, arm, ms, strategy="hsdp", settings={"mesh": mesh}, repeats=1,
+             options={"mesh": mesh.replace(",", "x")},
+             mesh={"shape": [int(x) for x in mesh.split(",")],
+                   "dim_names": ["replicate", "shard"]})
+    assert analyse(ok).ranking.status == "ranked"
+
+
+def test_runs_without_declared_settings_in_a_declared_experiment_are_refused(tmp_path):
+    """One experiment id, arm a declared, arm b not (a manifest edited, or joined with
+    --experiment-id): neither declared arms nor strategies, so no ranking and no labels."""
+    root = tmp_path / "t"
+    _arm(root, "a", 6, strategy="ddp", settings={"bucket_cap_mb": 1}, repeats=1)
+    _arm(root, "b", 9, strategy="ddp", settings=None, repeats=1)
+    rep = analyse(root)
+    rk = rep.ranking
+    assert rk.status == "withheld" and not rk.declared and rk.pairs == []
+    assert rk.reason == ("run b.r1 of experiment e1 carries no experiment.settings while its "
+                         "other runs declare arms (tracer record --arm / --sweep): the manifests "
+                         "were edited or joined from different commands; re-record")
+    assert decision(markdown.render(rep)) == f"No decision: {rk.reason}."
 
 
 def test_a_failed_arm_is_left_out_and_named_the_others_ranked(tmp_path):
