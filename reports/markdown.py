@@ -496,10 +496,13 @@ def render(report: Report) -> str:
         out += ["The settings that differ are named under Ranking above.", ""]
     bd = report.baseline_drift
     if bd:
-        out += ["## Baseline drift", "", escape(f"{bd.note[0].upper()}{bd.note[1:]}. Reference: "
-                                                 f"{bd.reference}."), "",
-                table(*drift_rows(report)), "",
-                "Per-tensor figures: `analyzer drift REFERENCE RUN`.", ""]
+        out += ["## Baseline drift", ""]
+        if not bd.comparisons:  # declared arms, each checked against its own baseline
+            out += [escape(f"{bd.note[0].upper()}{bd.note[1:]}."), ""]
+        else:
+            out += [escape(f"{bd.note[0].upper()}{bd.note[1:]}. Reference: {bd.reference}."), "",
+                    table(*drift_rows(report)), "",
+                    "Per-tensor figures: `analyzer drift REFERENCE RUN`.", ""]
     for w in report.warnings:
         out += [f"Note: {escape(w)}", ""]
 

@@ -30,9 +30,11 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses import parity
+from analyzer.compare import ranking
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
 from analyzer.compare.kept import KeptRun, open_kept
+from analyzer.contract.text import one_line
 from analyzer.contract.report_types import BaselineDrift, DriftComparison, RunEntry, Tolerance, ToleranceOverride
 
 DRIFT_SETTINGS = ("versions", "device", "precision", "training", "sharding", "world_size", "model",
@@ -256,6 +258,8 @@ def report_section(runs: list[RunEntry]) -> BaselineDrift | None:
     Runs are grouped by those settings; the first run of the first group is the reference and
     the first run of every other group is compared with it (``drift``): which settings differ,
     the expectation, ok, the verdict and the first 10 tensors beyond it; or why not (``error``).
+    A group of declared arms whose difference their declared options explain (``_own_baseline``)
+    is not compared: the note says it was checked against its own baseline.
     """
     groups: dict[str, list[RunEntry]] = {}
     for r in runs:
@@ -266,9 +270,17 @@ def report_section(runs: list[RunEntry]) -> BaselineDrift | None:
             groups.setdefault(repr(key), []).append(r)
     if len(groups) < 2:
         return None
-    ref, *others = [g[0] for g in groups.values()]
+    ref_group, *other_groups = groups.values()
+    ref = ref_group[0]
+    own, compared = [], []
+    for group in other_groups:
+        why = _own_baseline(ref_group, group, runs)
+        if why is None:
+            compared.append(group[0])
+        else:
+            own.append(why)
     comparisons = []
-    for other in others:
+    for other in compared:
         try:
             d = drift(ref.path, other.path)
         except BadInput as exc:
@@ -278,7 +290,41 @@ def report_section(runs: list[RunEntry]) -> BaselineDrift | None:
             old=ref.name, new=other.name, settings_differ=d["settings_differ"],
             expectation=d["expectation"], ok=d["ok"], verdict=d["verdict"],
             beyond=[t["tensor"] for t in d["tensors"] if not t["ok"]][:10]))
-    return BaselineDrift(reference=ref.name, comparisons=comparisons,
-                         note="runs were recorded with different versions, device or precision "
-                              "policy: their baselines are compared here (analyzer drift) and the "
-                              "runs are not ranked against each other as one experiment")
+    notes = (["runs were recorded with different versions, device or precision policy: their "
+              "baselines are compared here (analyzer drift) and the runs are not ranked against "
+              "each other as one experiment"] if comparisons else [])
+    if own:
+        notes.append("; ".join(own) + ": the declared arms are ranked together, each "
+                     "checked against its own baseline")
+    return BaselineDrift(reference=ref.name, comparisons=comparisons, note="; ".join(notes))
+
+
+def _own_baseline(ref_group: list[RunEntry], group: list[RunEntry],
+                  runs: list[RunEntry]) -> str | None:
+    """Why ``group``'s runs were checked against their own baseline, not ``ref_group``'s:
+    ``arm precision=bf16 was checked against its own baseline (its experiment.baseline differs
+    from arm precision=fp32's) because it changes the numerics (precision bf16, not fp32)``.
+    Only for declared arms of the ranked experiment whose every difference from the reference
+    group (versions, device, precision) its declared options explain -- the ranking's rule,
+    ``ranking.explained_settings``, and whose ``experiment.baseline`` differs from the
+    reference's; None otherwise (the baselines are then compared)."""
+    chosen = ranking.ranked_experiment([r for r in runs if not r.incomplete])[0]
+    explained = ranking.explained_settings(chosen)
+    ids = {id(r) for r in chosen}
+    if not explained or not all(id(r) in ids for r in ref_group + group):
+        return None
+    a, b = ref_group[0], group[0]
+    differ = [k for k in ("versions", "device", "precision")
+              if ranking.setting_of(a, k) != ranking.setting_of(b, k)]
+    base = lambda r: (r.experiment or {}).get("baseline")
+    if not set(differ) <= explained or base(a) is None or base(a) == base(b):
+        return None
+    values = ", ".join(f"{k} {ranking.show_setting(ranking.setting_of(b, k))}, not "
+                       f"{ranking.show_setting(ranking.setting_of(a, k))}" for k in differ)
+    arms = list(dict.fromkeys(ranking.arm_of(r) for r in group))
+    return (f"arm{'s' if len(arms) > 1 else ''} {', '.join(one_line(x) for x in arms)} "
+            f"{'were' if len(arms) > 1 else 'was'} checked against "
+            f"{'their' if len(arms) > 1 else 'its'} own baseline (experiment.baseline "
+            f"{one_line(str(base(b)))}, not {one_line(str(base(a)))} of arm "
+            f"{one_line(ranking.arm_of(a))}) because {'they change' if len(arms) > 1 else 'it changes'} "
+            f"the numerics ({one_line(values)})")

@@ -101,7 +101,9 @@ FSDP_STRATEGIES = ("fsdp", "fsdp2", "hsdp", "fsdp2_tp", "pp")
 """Strategies that shard with FSDP (hsdp, fsdp2_tp and pp apply FSDP2 on a mesh dimension)."""
 
 
-def _setting(run: RunEntry, key: str) -> Any:
+def setting_of(run: RunEntry, key: str) -> Any:
+    """``run``'s value of ``key`` (a ``SETTINGS`` name) as runs are compared on it: the
+    per-rank batch, launch details past method and nnodes, device count left out."""
     s = run.settings or {}
     value = s.get(key)
     if key == "batch" and isinstance(value, dict):
@@ -120,13 +122,13 @@ def _setting(run: RunEntry, key: str) -> Any:
     return value
 
 
-def _show(v: Any) -> str:
+def show_setting(v: Any) -> str:
     """A setting's value as readable text: ``type cpu, name AMD EPYC`` for a dict (never a
     Python repr), ``-`` for None."""
     if isinstance(v, dict):
-        return ", ".join(f"{k} {_show(x)}" for k, x in v.items() if x is not None) or "-"
+        return ", ".join(f"{k} {show_setting(x)}" for k, x in v.items() if x is not None) or "-"
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_show(x) for x in v) + "]"
+        return "[" + ", ".join(show_setting(x) for x in v) + "]"
     return "-" if v is None else str(v)
 
 
@@ -158,7 +160,7 @@ def explained_settings(runs: list[RunEntry]) -> set[str]:
     for r in recorded:
         by_arm.setdefault(arm_of(r), []).append(r)
     return {k for k in keys
-            if all(len({_show(_setting(r, k)) for r in rs}) == 1 for rs in by_arm.values())}
+            if all(len({show_setting(setting_of(r, k)) for r in rs}) == 1 for rs in by_arm.values())}
 
 
 def settings_differences(runs: list[RunEntry],
@@ -176,10 +178,10 @@ def settings_differences(runs: list[RunEntry],
             continue
         seen: dict[str, dict[str, None]] = {}
         for r in recorded:
-            v = _setting(r, key)
+            v = setting_of(r, key)
             if v is None and key == "launch":
                 continue
-            seen.setdefault(_show(v), {})[label(r) if label else r.name] = None
+            seen.setdefault(show_setting(v), {})[label(r) if label else r.name] = None
         if len(seen) > 1:
             parts = "; ".join(f"{', '.join(names)}: {v}" for v, names in seen.items())
             out.append(f"runs differ in {key} ({parts})")
@@ -604,7 +606,7 @@ def comparable_to(run: RunEntry, base: RunEntry) -> bool:
     if run.parity.status != "pass" or not run.settings or experiment_id(run) != experiment_id(base):
         return False
     for key in SETTINGS:
-        a, b = _setting(run, key), _setting(base, key)
+        a, b = setting_of(run, key), setting_of(base, key)
         if key == "launch" and (a is None or b is None):
             continue
         if a != b:
@@ -639,7 +641,7 @@ def prefetch_groups(runs: list[RunEntry]) -> list[list[str]]:
         if r.strategy not in FSDP_STRATEGIES:
             continue
         opts = {k: v for k, v in r.options.items() if k not in keys}
-        settings = {k: _setting(r, k) for k in SETTINGS}
+        settings = {k: setting_of(r, k) for k in SETTINGS}
         groups.setdefault(repr((r.strategy, sorted(opts.items()), settings)), []).append(r)
     return [[r.name for r in group] for group in groups.values()
             if len(group) >= 2 and len({repr({k: r.options.get(k) for k in keys})

@@ -24,11 +24,13 @@ RECORDED_REF = ("numerics match the reference values recorded with them (no sing
 
 def _arm(root, arm: str, steps_ms: float, *, settings: dict | None, strategy: str = "fsdp2",
          repeats: int = 5, exp: str = "e1", per_repeat: list[dict] | None = None,
-         order: list[str] | None = None, only: list[int] | None = None, **kw) -> None:
+         order: list[str] | None = None, only: list[int] | None = None,
+         baseline: str = "b" * 12, **kw) -> None:
     """Run dirs ``arm.r<k>`` (k = 1..repeats, or the repeats in ``only``), three profiled steps
     of ``steps_ms`` on every rank, of declared-arms experiment ``exp`` with this arm's
     ``settings`` (None: an ordinary strategy experiment); ``per_repeat[k-1]``: manifest changes
-    of repeat k (``settings``: its ``experiment.settings``); ``order``: the experiment's arms (``experiment.order``)."""
+    of repeat k (``settings``: its ``experiment.settings``); ``order``: the experiment's arms
+    (``experiment.order``); ``baseline``: its ``experiment.baseline``."""
     ranks = 1 if strategy == "single" else 2
     for k in only or range(1, repeats + 1):
         walls = {0: (1,) * ranks, **{i: (int(steps_ms * MS),) * ranks for i in (1, 2, 3)}}
@@ -36,7 +38,7 @@ def _arm(root, arm: str, steps_ms: float, *, settings: dict | None, strategy: st
         said = change.pop("settings", settings)  # this repeat's experiment.settings
         experiment = {"id": exp, "arm": arm, "repeat": k, "repeats": repeats,
                       "order": order or [],
-                      **({"settings": said, "baseline": "b" * 12} if said is not None
+                      **({"settings": said, "baseline": baseline} if said is not None
                          else {})}
         write_run(root / f"{arm}.r{k}", strategy=strategy, walls=walls, experiment=experiment,
                   **{**kw, **change})
@@ -105,6 +107,38 @@ def test_a_declared_setting_may_differ_between_arms(tmp_path):
     rep = analyse(plain)
     assert rep.ranking.status == "withheld" and "runs differ in precision" in rep.ranking.reason
     assert any("precision" in w for w in rep.settings_warnings)
+
+
+def test_an_arm_that_changes_the_numerics_is_said_to_have_its_own_baseline(tmp_path):
+    """A bf16 arm beside an fp32 one is ranked with it; the Baseline drift section says the bf16
+    arm was checked against its own baseline, never that the runs are not ranked together."""
+    root = tmp_path / "t"
+    _arm(root, "precision=fp32", 9, settings={"precision": "fp32"}, precision="fp32",
+         baseline="a" * 12)
+    _arm(root, "precision=bf16", 6, settings={"precision": "bf16"}, precision="bf16",
+         baseline="c" * 12)
+    rep = analyse(root)
+    assert rep.ranking.status == "ranked"
+    bd = rep.baseline_drift
+    assert bd is not None and bd.comparisons == []
+    first, second = (("precision=fp32", "fp32", "a"), ("precision=bf16", "bf16", "c"))
+    if bd.reference != "precision=fp32.r1":
+        first, second = second, first
+    assert bd.note == (f"arm {second[0]} was checked against its own baseline (experiment."
+                       f"baseline {second[2] * 12}, not {first[2] * 12} of arm {first[0]}) "
+                       f"because it changes the numerics (precision {second[1]}, not {first[1]}): "
+                       "the declared arms are ranked together, each checked against its own "
+                       "baseline")
+    md = markdown.render(rep)
+    section = md.split("## Baseline drift")[1].split("\n## ")[0]
+    assert "not ranked against each other" not in section and "own baseline" in section
+    assert "not ranked against each other" not in html.render(rep)
+    # the same two precisions as strategies of one plain experiment: compared, as before
+    plain = tmp_path / "p"
+    _arm(plain, "ddp", 9, strategy="ddp", settings=None, precision="fp32")
+    _arm(plain, "fsdp2", 6, settings=None, precision="bf16")
+    bd = analyse(plain).baseline_drift
+    assert len(bd.comparisons) == 1 and "not ranked against each other" in bd.note
 
 
 @pytest.mark.parametrize("change, key", [
