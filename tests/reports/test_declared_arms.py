@@ -256,6 +256,17 @@ def test_a_failed_arm_is_left_out_and_named_the_others_ranked(tmp_path):
     assert decision(markdown.render(rep)).startswith("No decision: fsdp2.r1 failed the parity gate")
 
 
+def test_a_failed_arm_is_said_beyond_its_own_tolerance_only(tmp_path):
+    root = tmp_path / "t"
+    _arm(root, "canary", 6, settings={"precision": "fp32"}, precision="fp32", grad_diff=1e-3,
+         repeats=1)
+    _arm(root, "fast", 9, settings={"precision": "bf16"}, precision="bf16", repeats=1)
+    (line,) = [x for x in details(markdown.render(analyse(root))).split(". ")
+               if "FAILED for canary.r1" in x]
+    assert "beyond fp32 tolerance (rtol 1.3e-06" in line
+    assert "bf16" not in line and "0.016" not in line
+
+
 def test_with_every_arm_failed_the_ranking_is_withheld(tmp_path):
     root = tmp_path / "t"
     _arm(root, "a", 6, strategy="ddp", settings={"strategy": "ddp"}, grad_diff=1e-3)
