@@ -125,7 +125,9 @@ def _note(pair, why: str | None, min_repeats: int) -> str | None:
     """What limits an undecided pair: too few repeats, or how many would resolve it."""
     if why is None:
         return None
-    todo = f"record with tracer record --repeat {min_repeats} to decide"
+    # the number the pair's own sentence gives (analyzer/compare/ranking.py pair_sentence)
+    todo = (f"record with tracer record --repeat {max(min_repeats, pair.repeats_needed or 0)} "
+            "to decide")
     if why == "one_run":
         return f"1 run each: {todo}"
     if why == "few_repeats":

@@ -385,3 +385,21 @@ def test_labels():
         "ddp with data_sample_cost_ms=0.5, seed=None (arm x)")
     # a name from the command line is one line, its bidirectional controls shown
     assert arm_label("a\u202eb\nc", "ddp", {}) == "ddp (arm a\\u202eb\\nc)"
+
+
+def test_the_decision_asks_for_the_repeats_the_pair_asks_for(tmp_path):
+    """Two noisy repeats each, 8 % apart: the pair asks for more than the minimum 5 repeats,
+    and the decision line names the same number."""
+    root = tmp_path / "t"
+    for arm, steps in (("a", (6.0, 7.0)), ("b", (6.9, 7.2))):
+        for k, ms in enumerate(steps, 1):
+            walls = {0: (1, 1), **{i: (int(ms * MS),) * 2 for i in (1, 2, 3)}}
+            write_run(root / f"{arm}.r{k}", strategy="ddp", walls=walls, experiment={
+                "id": "e1", "arm": arm, "repeat": k, "repeats": 2, "order": ["a", "b"],
+                "settings": {"strategy": "ddp"}, "baseline": "b" * 12})
+    rep = analyse(root)
+    (p,) = rep.ranking.pairs
+    assert p.undecided == "few_repeats" and p.repeats_needed > 5
+    n = p.repeats_needed
+    assert f"tracer record --repeat {n} or more to decide" in p.sentence
+    assert f"record with tracer record --repeat {n} to decide" in decision(markdown.render(rep))
