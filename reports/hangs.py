@@ -10,7 +10,7 @@ from typing import Any
 from analyzer.contract.report_types import FlightRecorderGroup, Report, RunEntry
 
 TITLE = "Hangs (Flight Recorder)"
-HEADERS = ["run", "process group", "ranks", "last completed by every rank", "never entered",
+HEADERS = ["run", "process group", "ranks", "last completed by every dumped rank", "never entered",
            "waited in it", "each rank: last entered / completed", "mismatch"]
 
 
@@ -33,7 +33,9 @@ def _row(run: RunEntry, g: FlightRecorderGroup) -> list[Any]:
     what = f"{g.next_kind or 'collective'} #{g.next_seq}" if g.next_seq is not None else "-"
     mism = "; ".join(f"{m.mismatch} at {m.kind} #{m.seq}: rank {m.rank} {m.detail}" for m in g.mismatches)
     return [run.name, f"{g.pg} ({g.desc})" if g.desc else g.pg, ", ".join(map(str, g.ranks)),
-            "-" if g.last_completed_seq is None else f"#{g.last_completed_seq}",
+            "-" if g.last_completed_seq is None else f"#{g.last_completed_seq}" + (
+                f" ({', '.join(map(str, g.missing_dumps))}: no dump, unknown)"
+                if g.missing_dumps else ""),
             f"{', '.join(map(str, g.never_entered))}: {what}" if g.never_entered else "-",
             ", ".join(map(str, g.entered)) or "-",
             "; ".join(f"{x.rank}: #{x.last_enqueued_seq} / #{x.last_completed_seq}" for x in g.per_rank),

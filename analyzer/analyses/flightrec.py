@@ -21,6 +21,9 @@ Rules (``RULE``), per process group, over its member ranks that have a dump:
   entry in state ``completed`` or retired). gloo counts a collective that failed (timed out) as
   completed, so "completed" there means "ended";
 - the last sequence number every rank completed = the least of the ranks' last completed;
+  with a member's dump missing it is only the dumped ranks' figure, and the statement names
+  those ranks and the member as "no dump (unknown)", never "every rank" (the missing rank may
+  be the one that hung);
 - when the ranks' last enqueued numbers differ, the ranks at the lowest, L, *never entered*
   #L+1, and the others entered it and waited in it (a collective cannot end for some members
   while one never entered: fr_trace's "Not all ranks joining collective", utils.py
@@ -263,13 +266,17 @@ def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> F
         open_ = [x.rank for x in ranks if x.last_completed_seq < hi]
         es = next((per_seq[r][hi] for r in sorted(per_seq) if hi in per_seq[r]), None)
         what = f"{es[0].kind if es else 'collective'} #{hi}"
-        group.statement = (f"process group {name}: every rank completed {what}, its last" if not open_ else
-                           f"process group {name}: every rank entered {what}; not completed on "
+        # "every rank" only when every member left a dump: a rank without one may be the hang
+        who = _ranks_text(group.dumped_ranks) if group.missing_dumps else "every rank"
+        group.statement = (f"process group {name}: {who} completed {what}"
+                           f"{'' if group.missing_dumps else ', its last'}" if not open_ else
+                           f"process group {name}: {who} entered {what}; not completed on "
                            f"{_ranks_text(open_)}")
         if hi == 0:
-            group.statement = f"process group {name}: no collective recorded"
+            group.statement = (f"process group {name}: no collective recorded"
+                               + (f" by {who}" if group.missing_dumps else ""))
     if group.missing_dumps:
-        group.statement += f" (no dump from {_ranks_text(group.missing_dumps)})"
+        group.statement += f"; {_ranks_text(group.missing_dumps)}: no dump (unknown)"
     for m in group.mismatches:
         group.statement += (f"; {MISMATCH_WORD[m.fr_state]} mismatch at {m.kind} #{m.seq}: rank {m.rank} has "
                             f"{m.detail} (rank {m.reference_rank})")

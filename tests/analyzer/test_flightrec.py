@@ -136,7 +136,8 @@ def test_all_completed_says_so_and_no_one_is_blamed(tmp_path):
 
 def test_groups_apart_membership_from_pg_config_and_a_missing_dump(tmp_path):
     """World 3: group "1" = ranks 0, 2 (pg_config) is stuck at #2 where rank 2 never entered;
-    the default group is fine but rank 1 left no dump of it."""
+    the default group's dumped ranks completed #1 but rank 1 left no dump of it: never "every
+    rank" then, rank 1 may be the one that hung."""
     sub = dict(pg=("1", "dp"), pg_id=1)
     d0 = dump([entry(1), entry(1, **sub), entry(2, **sub)], status={"0": (1, 1), "1": (2, 1)},
               config={"0": [0, 1, 2], "1": [0, 2]})
@@ -144,9 +145,25 @@ def test_groups_apart_membership_from_pg_config_and_a_missing_dump(tmp_path):
     fr = analysed(tmp_path, {0: d0, 2: d2}, world=3)
     g0, g1 = fr.groups
     assert (g0.pg, g0.ranks, g0.missing_dumps) == ("0", [0, 1, 2], [1])
-    assert g0.statement == "process group 0: every rank completed all_reduce #1, its last (no dump from rank 1)"
+    assert g0.statement == ("process group 0: ranks 0, 2 completed all_reduce #1; rank 1: no dump "
+                            "(unknown)")
     assert (g1.pg, g1.desc, g1.ranks, g1.ranks_source, g1.missing_dumps) == ("1", "dp", [0, 2], "pg_config", [])
     assert g1.statement == "rank 2 never entered all_reduce #2 of process group 1; rank 0 waited in it"
+
+
+def test_a_missing_rank_dump_is_never_covered_by_every_rank(tmp_path):
+    """World 2, rank 0's dump only, its last all_reduce #7 completed: rank 1 may be hung in it
+    or never have entered it; the report says rank 0 completed #7 and rank 1 is unknown, in the
+    line and in the table."""
+    folder = gloo_job(tmp_path / "job", ranks=2, n_reduce=20, n_gather=0)
+    write_dumps(folder, {0: dump([entry(s) for s in range(1, 8)])}, name="fr_trace_rank_{}.json")
+    report = analyse(folder, AnalysisOptions())
+    (g,) = report.runs[0].flight_recorder.groups
+    assert (g.ranks, g.missing_dumps) == ([0, 1], [1])
+    assert g.statement == "process group 0: rank 0 completed all_reduce #7; rank 1: no dump (unknown)"
+    text = markdown.render(report)
+    assert "every rank" not in text.split("## Hangs (Flight Recorder)")[1].split("\nRule: ")[0]
+    assert "| #7 (1: no dump, unknown) |" in text
 
 
 def test_entries_dropped_from_the_ring_buffer_do_not_count_as_missing(tmp_path):
