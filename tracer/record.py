@@ -161,7 +161,7 @@ def record_local(configs: list[RecordConfig], done: list[Path] | None = None) ->
         from tracer.baseline import BASELINE_NAME, baseline_id, write_baseline, write_baseline_isolated
         from tracer.launch import run_workers
         from analyzer.contract.owner import write_owner
-        from tracer.rundir import abandon_record, finish_record, sweep_leftovers
+        from tracer.rundir import abandon_record, finish_record, staged_baseline, sweep_leftovers
 
         import torch
 
@@ -193,7 +193,7 @@ def record_local(configs: list[RecordConfig], done: list[Path] | None = None) ->
     ids = [baseline_id(c, device_type) for c in configs]
     configs = [replace(c, baseline_id=i) if c.arm_settings is not None else c
                for c, i in zip(configs, ids)]
-    folders = {i: staging / f"baseline-{i}" for i in dict.fromkeys(ids)}
+    folders = {i: staging / staged_baseline(i) for i in dict.fromkeys(ids)}
 
     def baseline_then_prepare(cfg: RecordConfig, bid: str) -> None:
         folder = folders[bid]

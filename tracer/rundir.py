@@ -304,10 +304,28 @@ def sweep_leftovers(out: Path) -> list[Path]:
     return removed
 
 
-def _staged_only(d: Path) -> bool:
-    return all(p.is_file() and not p.is_symlink()
-               and (p.name == owner.OWNER_NAME or is_tracer_file(p.name) or _TRANSIENT.fullmatch(p.name))
-               for p in d.iterdir())
+def staged_baseline(baseline_id: str) -> str:
+    """The folder, inside a staging folder, of the baseline ``baseline_id`` (record.py: one per
+    set of numerics settings)."""
+    return f"baseline-{baseline_id}"
+
+
+_STAGED_BASELINE = re.compile(r"baseline-[0-9a-f]{12}")
+
+
+def _staged_only(d: Path, *, inner: bool = False) -> bool:
+    """``d`` holds only its owner file, baseline files and (not ``inner``) baseline folders
+    holding only baseline files."""
+    for p in d.iterdir():
+        if p.is_symlink():
+            return False
+        if p.is_dir():
+            if inner or not _STAGED_BASELINE.fullmatch(p.name) or not _staged_only(p, inner=True):
+                return False
+        elif not (p.is_file() and ((p.name == owner.OWNER_NAME and not inner)
+                                   or is_tracer_file(p.name) or _TRANSIENT.fullmatch(p.name))):
+            return False
+    return True
 
 
 def _unstarted_and_dead(d: Path) -> bool:

@@ -129,7 +129,17 @@ def test_a_finished_record_keeps_no_dump_pipe_open(tmp_path, monkeypatch):
     cfg = RecordConfig(strategy="single", device="cpu", out=str(tmp_path / "out"), timeout_s=60, **TINY_KW)
     cfg.run_dir.mkdir(parents=True)
     before = set(os.listdir("/proc/self/fd"))
-    run_workers(cfg, prepare=lambda: write_baseline(cfg, "cpu", cfg.run_dir / BASELINE_NAME))
+    def prepare():  # as the launcher does: the baseline lands once the worker waits for it
+        # (placed earlier, the worker's own check of the run dir finds a folder not its own)
+        import time
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any(
+                "wait_for_launcher" in hb.read_text() for hb in tmp_path.glob("tracer-single-*/rank0.hb")):
+            time.sleep(0.05)
+        write_baseline(cfg, "cpu", cfg.run_dir / BASELINE_NAME)
+
+    run_workers(cfg, prepare=prepare)
     assert (cfg.run_dir / schemas.MANIFEST_NAME).exists()
     assert set(os.listdir("/proc/self/fd")) - before == set()
     assert alive_with_tag(tag) == []
