@@ -38,6 +38,7 @@ class Reason(str, enum.Enum):
     TOO_LARGE = "too_large"  #: a trace over PARITYTRACE_MAX_TRACE_BYTES of JSON (gzip bomb)
     BAD_NAME = "bad_name"  #: a file name that is not UTF-8 (cannot be written in a report)
     NOT_A_TRACE = "not_a_trace"  #: JSON without a ``traceEvents`` list of objects
+    PICKLE_DUMP = "pickle_dump"  #: a pickled Flight Recorder dump (never unpickled)
     NO_EVENTS = "no_events"  #: a trace without a complete (ph X) event with valid ts and dur
     DUPLICATE_RANK = "duplicate_rank"  #: two traces of the folder are the same rank
     NO_RANK = "no_rank"  #: no ``distributedInfo.rank`` and no ``rank<N>``/``worker<N>`` names

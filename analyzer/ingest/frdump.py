@@ -3,7 +3,9 @@
 A dump is a JSON object in the schema of ``torch._C._distributed_c10d._dump_fr_trace_json``
 (keys ``version``, ``entries``, ``pg_config``, ``pg_status``, ``comm_lib_version``,
 ``nccl_comm_state``; analyzer/analyses/flightrec.py ``Dump``). Pickle dumps (torch's default
-``TORCH_FR_DUMP_TEMP_FILE`` files) are never read.
+``TORCH_FR_DUMP_TEMP_FILE`` files, ``nccl_trace_rank_<r>``) are never read, never unpickled:
+one is known by its pickle protocol header alone (``starts_as_pickle``) and refused as what it
+is, given on its own, under a dump's name or a ``*.json`` name beside traces.
 
 Which files: in a run directory ``rank<r>.flightrec.json`` (contract ``schemas.flightrec_name``, what a
 failed ``tracer record`` writes); in a folder of foreign traces any ``*.json`` / ``*.json.gz``
@@ -43,15 +45,45 @@ def _head(path: Path) -> bytes:
     return head
 
 
+def starts_as_pickle(head: bytes) -> bool:
+    """True when ``head`` (a file's first bytes, gunzipped) opens with a pickle protocol header:
+    the PROTO opcode 0x80 and a protocol number 2-5. Only the header is looked at; nothing is
+    ever unpickled (unpickling runs code the file chooses)."""
+    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
+def is_pickle(path: Path) -> bool:
+    """True when ``path`` (gzip or not) starts as a pickle does (``starts_as_pickle``): torch's
+    default Flight Recorder dump (``nccl_trace_rank_<r>``), never read. An unreadable file is
+    not one (its reader says why)."""
+    try:
+        return starts_as_pickle(_head(path))
+    except (OSError, zlib.error):
+        return False
+
+
+def pickle_refusal(path: Path) -> BadInput:
+    """The refusal of a pickled Flight Recorder dump: what it is, that it is never read, and how
+    to dump JSON instead."""
+    return BadInput(path, "pickle_dump", "is a pickled Flight Recorder dump (torch's default "
+                    "format): pickle dumps are never read, unpickling a file runs code it chooses",
+                    "dump JSON instead: torch._C._distributed_c10d._dump_fr_trace_json() on each "
+                    "rank (tracer record does; the recorder is on with TORCH_NCCL_TRACE_BUFFER_SIZE"
+                    " > 0); or move the pickle out of the folder")
+
+
 def is_dump(path: Path) -> bool:
-    """True when ``path`` is a JSON file (gzip or not) starting with a Flight Recorder dump's
-    key; an unreadable file is not one (the trace reader says why)."""
+    """True when ``path`` is a ``*.json`` / ``*.json.gz`` file (gzip or not) starting with a
+    Flight Recorder dump's key, or with a pickle header (a pickled dump under a JSON name:
+    ``read_dump`` refuses it as such, never as a trace); an unreadable file is not one (the
+    trace reader says why)."""
     if not path.name.endswith((".json", ".json.gz")):
         return False
     try:
-        return _HEAD.match(_head(path)) is not None
+        head = _head(path)
     except (OSError, zlib.error):
         return False
+    return _HEAD.match(head) is not None or starts_as_pickle(head)
 
 
 def in_run_dir(children: list[Path]) -> list[Path]:
@@ -84,6 +116,8 @@ def read_dump(path: Path) -> Dump:
                 raw = f.read(MAX_DUMP_BYTES + 1)
     except (OSError, EOFError, zlib.error) as exc:
         raise BadInput(path, "unreadable", f"cannot read the Flight Recorder dump ({exc})") from None
+    if starts_as_pickle(raw[:2]):
+        raise pickle_refusal(path)
     if len(raw) > MAX_DUMP_BYTES:
         raise BadInput(path, "too_large", f"Flight Recorder dump over {MAX_DUMP_BYTES >> 20} MiB of JSON")
     try:

@@ -295,10 +295,13 @@ def _existing(root: Path) -> Path:
 def _trace_file(path: Path) -> RunDir:
     """One file given on its own: a job of one trace (``summary``, ``report``, ``merge`` and HTA
     take one); the ingest refuses a file that is not a trace, naming it. Raises ``BadInput``
-    for a run directory's ``manifest.json``: its folder is what to pass."""
+    for a run directory's ``manifest.json``: its folder is what to pass; for a pickled Flight
+    Recorder dump (``frdump.pickle_refusal``)."""
     if path.name == schemas.MANIFEST_NAME:
         raise BadInput(path, "not_a_folder", "is a run directory's manifest, not a trace",
                        f"pass the run directory that holds it: {path.parent}")
+    if frdump.is_pickle(path):  # torch's default nccl_trace_rank_<r>: never unpickled
+        raise frdump.pickle_refusal(path)
     return RunDir(path=path, name=path.name, manifest=None, traces=[path])
 
 

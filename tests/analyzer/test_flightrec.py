@@ -193,6 +193,44 @@ def test_reader_refuses_bad_dumps_naming_the_file(tmp_path):
     assert exc.value.reason == "bad_run_file" and str(bad) in str(exc.value)
 
 
+class _Explodes:
+    """Unpickling this runs code: the test fails if anything ever unpickles a dump."""
+
+    def __reduce__(self):
+        return (pytest.fail, ("a Flight Recorder pickle was unpickled",))
+
+
+@pytest.mark.parametrize("where", ["alone", "json_beside_traces", "run_dir_name"])
+def test_pickled_dumps_are_refused_as_such_and_never_unpickled(tmp_path, where):
+    """torch's default dump is a pickle (``nccl_trace_rank_<r>``): known by its protocol
+    header, refused saying so and how to dump JSON -- never as "not a Chrome/Kineto trace"."""
+    import pickle
+
+    data = pickle.dumps({"version": "2.10", "entries": [_Explodes()]}, protocol=4)
+    if where == "alone":
+        path = tmp_path / "nccl_trace_rank_0"
+        path.write_bytes(data)
+        with pytest.raises(BadInput) as exc:
+            analyse(path, AnalysisOptions())
+    elif where == "json_beside_traces":
+        folder = gloo_job(tmp_path / "job", ranks=2, n_reduce=3, n_gather=0)
+        path = folder / "fr_rank0.json"
+        path.write_bytes(data)
+        with pytest.raises(BadInput) as exc:
+            analyse(folder, AnalysisOptions())
+    else:
+        path = tmp_path / "rank0.flightrec.json"
+        path.write_bytes(data)
+        with pytest.raises(BadInput) as exc:
+            frdump.read_dump(path)
+    assert exc.value.reason == "pickle_dump" and str(path) in str(exc.value)
+    text = str(exc.value)
+    assert "pickle dumps are never read" in text and "_dump_fr_trace_json" in text
+    assert "Chrome/Kineto" not in text
+    # the header alone decides: 0x80 and a protocol byte, not any file starting with 0x80
+    assert frdump.starts_as_pickle(b"\x80\x04") and not frdump.starts_as_pickle(b"\x80{")
+
+
 def test_report_reads_fr_dumps_beside_foreign_traces(tmp_path):
     """A folder of gloo traces plus FR JSON dumps named as torch users name them: the dumps
     are not taken as traces, and the report's Hangs section names the stuck rank."""
