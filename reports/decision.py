@@ -51,6 +51,10 @@ class DecisionInput:
     """The smallest ratio beyond 1 called a difference (``Noise.min_difference``)."""
     memory_ratio: float | None = None
     """``best``'s peak memory per rank / ``other``'s (0.62: 38 % less); None: not measured."""
+    memory_lower_bound: bool = False
+    """Either run's memory is a lower bound (``Memory.peak_lower_bound``: a CPU record sums its
+    categories, the allocator keeps no peak): the comparison cannot see transient buffers
+    (FSDP's unsharded parameters), and the line says so."""
     parity: Literal["match", "match recorded reference", "fail", "not verified"] = "match"
     """``match``: every distributed run matches the single-device run within tolerance;
     ``match recorded reference``: they match the reference values recorded with them (no
@@ -99,6 +103,8 @@ def decision_line(d: DecisionInput) -> str:
         diff = 1.0 - d.memory_ratio
         text += (", the same memory per rank" if round(100 * diff) == 0 else
                  f", {abs(100 * diff):.0f} % {'less' if diff > 0 else 'more'} memory per rank")
+        if d.memory_lower_bound:
+            text += " (lower bounds)"
     if d.vs_reference is not None:
         text += f", {fmt.speedup(d.vs_reference)} the single-device speed"
     parity = {"match": "numerics match one device",
@@ -204,5 +210,7 @@ def decision_input(report: Report) -> DecisionInput:
                          basis=_basis(pair, why),
                          min_difference=rk.noise.min_difference if rk.noise else 0.05,
                          memory_ratio=pb / po if pb is not None and po else None,
+                         memory_lower_bound=any(r.memory.peak_lower_bound for r in runs
+                                                if r.name in fa.runs + sl.runs),
                          parity=parity, vs_reference=vs_ref, note=_note(pair, why, min_repeats),
                          **extra)

@@ -66,7 +66,7 @@ def test_a_sweep_is_ranked_and_worded_by_the_setting_that_differs(tmp_path):
     # peak allocated: (13 MiB + 1) / (10 MiB + 1) per rank = 1.30
     assert decision(md) == ("fsdp2 with reshard_after_forward=False: 1.50x faster than with "
                             "reshard_after_forward=True \\[1.50, 1.50\\], 30 % more memory per "
-                            f"rank; {RECORDED_REF}.")
+                            f"rank (lower bounds); {RECORDED_REF}.")
     assert "Fastest: fsdp2 with reshard_after_forward=False, median step time 6.00 ms" in details(md)
     table = md.split("## Ranking by step time")[1].split("\n## ")[0]
     assert "| rank | run | strategy and options | declared settings | parity |" in table
@@ -239,7 +239,7 @@ def test_a_failed_arm_is_left_out_and_named_the_others_ranked(tmp_path):
     assert f"arm skipgrad left out: {why}" in rk.reason
     md = markdown.render(rep)
     assert decision(md) == ("ddp (arm fast): 1.50x faster than fsdp2 (arm slow) \\[1.50, 1.50\\], "
-                            f"the same memory per rank; {RECORDED_REF}; arm skipgrad {why}, "
+                            f"the same memory per rank (lower bounds); {RECORDED_REF}; arm skipgrad {why}, "
                             "left out.")
     assert f"Left out of the ranking for their parity: arm skipgrad {why}" in details(md)
     assert "| - | skipgrad.r1 |" in md  # in the table, not ranked
@@ -362,7 +362,7 @@ def test_one_run_each_shows_the_ratio_alone_labelled(tmp_path):
     assert decision(markdown.render(rep)) == (
         "fsdp2 with reshard_after_forward=False vs with reshard_after_forward=True: within noise "
         "at this sample size (1.50x, steps of one run only; 1 run each: record with tracer "
-        f"record --repeat 5 to decide), the same memory per rank; {RECORDED_REF}.")
+        f"record --repeat 5 to decide), the same memory per rank (lower bounds); {RECORDED_REF}.")
 
 
 def test_labels():
@@ -403,3 +403,16 @@ def test_the_decision_asks_for_the_repeats_the_pair_asks_for(tmp_path):
     n = p.repeats_needed
     assert f"tracer record --repeat {n} or more to decide" in p.sentence
     assert f"record with tracer record --repeat {n} to decide" in decision(markdown.render(rep))
+
+
+def test_memory_that_is_a_lower_bound_is_said_so_in_the_decision():
+    """A CPU record's memory is the sum of its categories (the allocator keeps no peak), blind
+    to transient buffers such as FSDP's unsharded parameters: "the same memory" between
+    reshard_after_forward True and False would mislead without the qualifier."""
+    from reports.decision import DecisionInput, decision_line
+
+    base = dict(best="a", other="b", ratio=1.2, ci_low=1.1, ci_high=1.3, verdict="faster",
+                memory_ratio=1.0)
+    assert ", the same memory per rank (lower bounds);" in decision_line(
+        DecisionInput(**base, memory_lower_bound=True))
+    assert ", the same memory per rank;" in decision_line(DecisionInput(**base))

@@ -60,7 +60,8 @@ def test_constant_gap_with_five_repeats_is_faster_with_its_interval(tmp_path):
     assert {"faster", "slower", "ratio", "ci_low", "ci_high", "method"} <= set(data)
     md = markdown.render(rep)
     assert decision(md) == ("ddp: 1.50x faster than fsdp \\[1.50, 1.50\\], the same memory per "
-                            "rank, 1.67x the single-device speed; numerics match one device.")
+                            "rank (lower bounds), 1.67x the single-device speed; numerics match "
+                            "one device.")
     verdict = details(md)
     assert ("Fastest: ddp, median step time 6.00 ms, 5 repeats, 1.67x speedup over the "
             "single-device run") in verdict
@@ -83,7 +84,7 @@ def test_too_few_repeats_never_decide(tmp_path):
     assert "CI" not in p.sentence
     assert decision(markdown.render(analyse(root))) == (
         "ddp vs fsdp: within noise at this sample size (1.50x from 2 repeats, too few for an "
-        "interval; record with tracer record --repeat 5 to decide), the same memory per rank; "
+        "interval; record with tracer record --repeat 5 to decide), the same memory per rank (lower bounds); "
         "numerics match the reference values recorded with them (no single-device run here).")
 
 
@@ -104,7 +105,7 @@ def test_a_steady_gap_under_five_percent_is_never_called_faster(tmp_path):
                           "one machine, not called faster")
     assert decision(markdown.render(analyse(root))) == (
         "ddp vs fsdp: less than 5 % apart (1.03x \\[1.03, 1.03\\]; 5 repeats: the difference "
-        "identical records show on one machine), the same memory per rank; numerics match the "
+        "identical records show on one machine), the same memory per rank (lower bounds); numerics match the "
         "reference values recorded with them (no single-device run here).")
     root = tmp_path / "u"
     _arm(root, "ddp", [[10.0, 10.0, 10.0]] * 5)
