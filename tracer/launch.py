@@ -70,11 +70,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 """Signals that stop a record: Ctrl-C, ``kill`` / a batch system, a closed terminal, Ctrl-\\
 (SIGQUIT, whose default core dump would skip the clean-up)."""
 LOG_TAIL_BYTES = 64 * 1024
+"""How much of the end of a rank's log ``_log_line`` reads."""
 DUMP_DEADLINE_S = 30.0
 """Seconds ``request_dumps`` waits for the live workers' Flight Recorder dumps (each takes
 milliseconds; the margin is for a loaded machine). Only a worker that neither answers nor dies
 costs the whole wait."""
-"""How much of the end of a rank's log ``_log_line`` reads."""
 
 
 class RecordFailed(Exception):

@@ -106,15 +106,17 @@ def pointer(*keys: str | int) -> str:
     return "".join("/" + str(k).replace("~", "~0").replace("/", "~1") for k in keys)
 
 
-def who(run: RunEntry) -> str:
-    """The run as a title names it: its name, and for a declared arm (``tracer record --arm`` /
-    ``--sweep``) its strategy and declared settings where the arm's name does not say them:
-    ``noreshard.r1 (fsdp2 with reshard_after_forward=False)``."""
+def who(run: RunEntry, *, arm_only: bool = False) -> str:
+    """The run as a title names it: its name (``arm_only``: its arm's, for the repeats of an
+    arm together), and for a declared arm (``tracer record --arm`` / ``--sweep``) its strategy
+    and declared settings where the arm's name does not say them: ``noreshard.r1 (fsdp2 with
+    reshard_after_forward=False)``."""
     exp = run.experiment or {}
     settings, arm = exp.get("settings"), exp.get("arm") or run.name
+    name = arm if arm_only else run.name
     if settings is None or name_says_settings(arm, run.strategy, settings):
-        return run.name
-    return f"{run.name} ({arm_label(arm, run.strategy, settings, show_name=False)})"
+        return name
+    return f"{name} ({arm_label(arm, run.strategy, settings, show_name=False)})"
 
 
 class _Run:
@@ -550,7 +552,8 @@ def merge_repeats(runs: list[RunEntry], found: list[list[Finding]]) -> list[Find
         run, shown = ranked[(len(ranked) - 1) // 2]
         title = shown.title
         if title.startswith(who(run)):
-            title = (f"{_arm_who(run)} in {len({r.name for r, _ in fired})} of {len(runs)} "
+            title = (f"{who(run, arm_only=True)} in {len({r.name for r, _ in fired})} of "
+                     f"{len(runs)} "
                      f"repeats (figures of {run.name}){title[len(who(run)):]}")
         stakes = [f.severity_ns for _, f in fired]
         out.append(msgspec.structs.replace(
@@ -558,12 +561,3 @@ def merge_repeats(runs: list[RunEntry], found: list[list[Finding]]) -> list[Find
             severity_ns=None if any(v is None for v in stakes) else sum(stakes) / len(runs)))
     return out
 
-
-def _arm_who(run: RunEntry) -> str:
-    """``who`` for an arm's repeats together: the arm's name, not a repeat's."""
-    exp = run.experiment or {}
-    arm = exp.get("arm") or run.name
-    settings = exp.get("settings")
-    if settings is None or name_says_settings(arm, run.strategy, settings):
-        return arm
-    return f"{arm} ({arm_label(arm, run.strategy, settings, show_name=False)})"
