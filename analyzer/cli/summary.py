@@ -53,13 +53,18 @@ def register(app, run) -> None:
 
 
 def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler) -> None:
+    job, ts = _loaded(path, output, crosscheck, allow_incomplete, jobs, scheduler)
+    with ts:  # its spilled tables removed on the way out
+        _said(job, ts, path, fmt, output, crosscheck)
+
+
+def _loaded(path, output, crosscheck, allow_incomplete, jobs, scheduler):
+    """The job found at ``path`` and its tables (``JobTables``), the options checked before
+    any parse."""
     import contextlib
-    import json
 
     from analyzer.cli import outpaths
     from analyzer.ingest import cluster, hostlocal
-    from analyzer.analyses.summary import summarize
-    from analyzer.compare.runs import job_findings
     from analyzer.ingest.pipeline import load_run
     from analyzer.ingest.rundirs import find_job
 
@@ -83,7 +88,17 @@ def _summary(path, fmt, output, crosscheck, allow_incomplete, jobs, scheduler) -
         # (analyzer/ingest/rundirs.py): a listed file missing or changed since the record is
         # refused, not summarised partially
         job = find_job(path, allow_incomplete=allow_incomplete)  # as load_tables does
-        ts = load_run(job, jobs=jobs)
+        return job, load_run(job, jobs=jobs)
+
+
+def _said(job, ts, path, fmt, output, crosscheck) -> None:
+    """Summarise ``ts`` and print it, or write it to ``output``."""
+    import json
+
+    from analyzer.analyses.summary import summarize
+    from analyzer.cli import outpaths
+    from analyzer.compare.runs import job_findings
+
     if output is not None:
         _refuse_output_on_input(output, path, ts)
     s = summarize(ts)

@@ -393,9 +393,15 @@ def analyse(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> R
     """Discover the runs under ``root`` and build the whole report, its findings last
     (analyzer/analyses/findings.py). Raises ``BadInput``."""
     found = rundirs.discover(root, allow_incomplete=options.allow_incomplete)
-    runs = [summarize_run(r, pipeline.load_run(r, jobs=options.jobs) if r.traces else None, options)
-            for r in found.runs]
-    return _report(found, runs)
+    return _report(found, [_summarized(r, options) for r in found.runs])
+
+
+def _summarized(run: rundirs.RunDir, options: AnalysisOptions) -> RunEntry:
+    """``summarize_run`` of ``run``, its spilled tables removed once it is summarised."""
+    if not run.traces:
+        return summarize_run(run, None, options)
+    with pipeline.load_run(run, jobs=options.jobs) as tables:
+        return summarize_run(run, tables, options)
 
 
 def _report(found: rundirs.Discovery, runs: list[RunEntry]) -> Report:
@@ -434,6 +440,6 @@ def gate(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> list
     found = rundirs.discover(root, allow_incomplete=options.allow_incomplete)
     for r in found.runs:
         if r.foreign and not r.incomplete:
-            pipeline.load_run(r, jobs=options.jobs)
+            pipeline.load_run(r, jobs=options.jobs).close()
     return [RunEntry(name=r.name, strategy=r.strategy, incomplete=r.incomplete,
                      parity=_parity(r, options)) for r in found.runs]

@@ -160,6 +160,19 @@ class JobTables:
     spill: Any = None
     """The ``spill.Spill`` holding the ranks' spilled tables (kept alive with the job)."""
 
+    def __enter__(self) -> "JobTables":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the spilled tables now. Callers close (``with load_run(...) as job``) rather
+        than leave it to the garbage collector: a Ctrl-C / SIGTERM that lands in a collected
+        object's finalizer is printed and dropped, so the command would run on and exit 0."""
+        if self.spill is not None:
+            self.spill.close()
+
     def rank_table(self, rt: RankTables, name: str, columns: list[str] | None = None
                    ) -> pd.DataFrame:
         """Table ``name`` of rank ``rt`` (only ``columns``, None: all), from memory or from

@@ -323,7 +323,8 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
     if early:
         log.warning("%s", early)  # now, before the minutes of reading
     try:
-        return _merge(root, out, options, run, early)
+        with pipeline.load_run(run) as job:  # its spilled tables removed on the way out
+            return _merge(root, out, options, job, early)
     except MemoryError:  # the estimate passed, the machine did not: one line, nothing written
         raise BadInput(root, "too_large", "merge ran out of memory (it holds one rank's events "
                        f"as Python objects, about {MERGE_MEMORY_FACTOR}x its JSON)",
@@ -331,9 +332,8 @@ def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None
                        "tables with `analyzer report` / `summary` (they hold no events)") from None
 
 
-def _merge(root: Path, out: Path, options: MergeOptions, run, early: str | None) -> MergeResult:
-    """``merge_traces`` once the input is found and its size said."""
-    job = pipeline.load_run(run)
+def _merge(root: Path, out: Path, options: MergeOptions, job, early: str | None) -> MergeResult:
+    """``merge_traces`` once the input is found, its size said and its tables loaded."""
     ranks = [rt.rank for rt in job.ranks]
     ref_rank = options.ref_rank if options.ref_rank is not None else ranks[0]
     if ref_rank not in ranks:
