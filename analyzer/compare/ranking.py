@@ -584,18 +584,6 @@ def decision(ranking: Ranking) -> Pair | None:
     return next(p for p in ranking.pairs if {p.faster, p.slower} == {first, second})
 
 
-def decision_sentence(ranking: Ranking) -> str | None:
-    """One line for the report's head: ``fsdp2 is 1.31x faster than ddp (95 % CI 1.18-1.45, 5
-    repeats, 50 steps in all)`` or the within-noise form (``Pair.sentence``); a single ranked strategy
-    is named alone; None when the ranking is withheld."""
-    if ranking.status != "ranked" or not ranking.order:
-        return None
-    pair = decision(ranking)
-    if pair is None:
-        return f"{ranking.order[0]}: the only strategy ranked"
-    return pair.sentence
-
-
 def comparable_to(run: RunEntry, base: RunEntry) -> bool:
     """True when ``run`` may be compared with the reference ``base``: it is ``base`` itself, or
     its parity passed, it is of the same experiment (``experiment_id``) and every setting in

@@ -54,7 +54,7 @@ def test_constant_gap_with_five_repeats_is_faster_with_its_interval(tmp_path):
     assert "hierarchical bootstrap" in p.method
     assert rk.noise.decisive is True
     assert ranking.decision(rk) is p
-    assert ranking.decision_sentence(rk) == (
+    assert p.sentence == (
         "ddp is 1.50x faster than fsdp (95 % CI 1.50-1.50, 5 repeats, 30 steps in all)")  # 5 x 3 steps of each arm
     data = json.loads(report_types.encode(rep))["ranking"]["pairs"][0]
     assert {"faster", "slower", "ratio", "ci_low", "ci_high", "method"} <= set(data)
