@@ -76,8 +76,6 @@ MATCHABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "a
 KEY = ["pg", "kind", "seq"]
 END_TOL_NS = 50_000
 """Tolerance of the one-instance bound (module docstring): 50 us."""
-CLOCK_STATES = ("reference", "measured", "unresolved", "inconsistent", "unmatched")
-"""``estimate_offsets``' ``clock`` values (module docstring)."""
 USABLE_CLOCKS = ("reference", "measured", "unresolved")
 """Clocks whose rank's collectives can enter cross-rank figures (on the applied offset)."""
 

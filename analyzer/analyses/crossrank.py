@@ -301,7 +301,9 @@ def match_ranks(job, offsets: pd.DataFrame) -> pd.DataFrame:
 def prefetch_parts(job) -> tuple[pd.DataFrame, dict] | None:
     """Per FSDP unit (phase, unit; in order of first appearance over the ranks in rank order):
     n, and sums / counts of prefetched, comm_ns, hidden_frac and slack_ns, min slack_ns; plus
-    the run-level sums of ``prefetch.prefetch_summary``. None when no rank has a row."""
+    the run-level sums (all_gathers, prefetched, comm_ns, hidden_ns, hidden_frac time-weighted,
+    late: slack < 0, unknown: no slack, wait_ns: -slack over the late ones, labels). None when
+    no rank has a row."""
     units: pd.DataFrame | None = None
     total = {"all_gathers": 0, "prefetched": 0, "comm_ns": 0, "hidden_ns": 0, "late": 0,
              "unknown": 0, "wait_ns": 0, "labels": None}
@@ -342,8 +344,8 @@ def prefetch_parts(job) -> tuple[pd.DataFrame, dict] | None:
 
 def straggler_causes(job, offsets: pd.DataFrame, matched: pd.DataFrame | None = None,
                      by_kind: bool = True, limit: int | None = None) -> list:
-    """``straggler.straggler_causes_frame(job.collectives, matched)``, a batch of ranks at a
-    time: per instance the straggler's row and its first ``straggler.MEDIAN_PEERS`` peers'
+    """``straggler.causes`` of the job's collectives (``instance_rows``, ``bounded``,
+    ``split_instances``), a batch of ranks at a time: per instance the straggler's row and its first ``straggler.MEDIAN_PEERS`` peers'
     gap parts are kept (at most MEDIAN_PEERS + 1 rows per instance), then split.
     ``matched``: ``match_ranks(job, offsets)`` (None: computed here); ``by_kind``, ``limit``:
     ``straggler.causes``' (None: ``straggler.MAX_ROWS``)."""

@@ -508,21 +508,3 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
 
 _INT_COLUMNS = ("issued_ns", "comm_start_ns", "finished_ns", "need_ns", "comm_ns", "hidden_ns",
                 "slack_ns")
-
-
-def prefetch_summary(table: pd.DataFrame) -> dict | None:
-    """Run-level summary of ``prefetch_table`` rows (all ranks): all_gathers, prefetched (count),
-    comm_ns, hidden_ns, hidden_frac (time-weighted), late (count with slack < 0), unknown (count
-    with no slack: no consumer or no execution found), wait_ns (sum of -slack over the late
-    ones), labels. None when there are no rows."""
-    if table.empty:
-        return None
-    comm = int(table["comm_ns"].sum())
-    hidden = int(table["hidden_ns"].sum())
-    slack = table["slack_ns"].dropna()
-    late = slack[slack < 0]
-    return {"all_gathers": int(len(table)), "prefetched": int(table["prefetched"].sum()),
-            "comm_ns": comm, "hidden_ns": hidden,
-            "hidden_frac": hidden / comm if comm > 0 else None,
-            "late": int(len(late)), "unknown": int(len(table) - len(slack)), "wait_ns": int(-late.sum()),
-            "labels": str(table["labels"].iloc[0])}

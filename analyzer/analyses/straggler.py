@@ -258,9 +258,3 @@ def causes(inst: pd.DataFrame, by_kind: bool = True, limit: int | None = MAX_ROW
             late_ns=late, split_ns=split, explained_frac=frac,
             cause=top if frac is not None and frac >= CAUSE_THRESHOLD else None, rule=RULE))
     return out
-
-
-def straggler_causes_frame(coll: pd.DataFrame, matched: pd.DataFrame) -> list[StragglerCause]:
-    """``causes`` of a whole job's collectives table at once (the reference the batched
-    ``analyzer.analyses.crossrank.straggler_causes`` equals)."""
-    return causes(split_instances(bounded(instance_rows(coll, matched))))

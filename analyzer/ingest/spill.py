@@ -85,7 +85,6 @@ class Spill:
         self.budget = budget_bytes() if budget is None else budget
         self.held_bytes = 0
         """Bytes of the spillable tables kept in memory so far."""
-        self.spilled_ranks = 0
         self.folder: Path | None = None
         self._n = 0
         self._remover: weakref.finalize | None = None
@@ -110,7 +109,6 @@ class Spill:
             _write(path, t, getattr(result, t))
             result.spilled[t] = str(path)
             setattr(result, t, pd.DataFrame())
-        self.spilled_ranks += 1
         return result
 
     def _folder(self) -> Path:

@@ -30,12 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
-
-import msgspec
-
-from analyzer.ingest.decode import decompress
 
 METADATA_NAMES = {
     "process_name": ("name", str),
@@ -226,10 +221,3 @@ def _check_metadata(i: int, ev: dict, out: _Problems, process_names: set,
         process_names.add(ev["pid"])
     elif name == "thread_name":
         thread_names[(ev["pid"], ev["tid"])].add(value)
-
-
-def check_file(path: Path | str, *, strict_names: bool = True) -> list[str]:
-    """``check_trace`` on a ``.json`` or gzipped file. Raises OSError, ``BadInput`` (a broken
-    gzip), ``msgspec.DecodeError``."""
-    raw = decompress(Path(path).read_bytes(), path)
-    return check_trace(msgspec.json.decode(raw), strict_names=strict_names)

@@ -185,8 +185,8 @@ def test_batched_equals_whole_table(tmp_path, monkeypatch):
     from analyzer.ingest import pipeline
     monkeypatch.setattr(pipeline, "BATCH_BYTES", 1)
     assert crossrank.straggler_causes(job, off) == want
-    assert straggler.straggler_causes_frame(
-        job.collectives, crossrank.match_ranks(job, off)) == want
+    whole = straggler.instance_rows(job.collectives, crossrank.match_ranks(job, off))
+    assert straggler.causes(straggler.split_instances(straggler.bounded(whole))) == want
 
 
 # --- the 8-rank DLRM corpus job, checked against a second, plain-Python computation ----------

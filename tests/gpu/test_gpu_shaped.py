@@ -17,6 +17,7 @@ import pytest
 
 from analyzer import api
 from analyzer.analyses import memory, prefetch
+from tests.reports.test_prefetch import run_sums
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "gpu_shaped"
 US = 1000
@@ -131,7 +132,7 @@ def test_fsdp2_prefetch_on_gpu(tmp_path):
     assert us("slack_ns") == [-150, 200, -153, 150]
     assert us("hidden_ns") == [50, 200, 0, 200]
     assert list(t["hidden_frac"]) == [pytest.approx(0.25), 1.0, 0.0, 1.0]
-    s = prefetch.prefetch_summary(t)
+    s = run_sums(t)
     assert (s["all_gathers"], s["prefetched"], s["late"]) == (4, 1, 2)
     assert (s["comm_ns"], s["hidden_ns"], s["wait_ns"]) == (800 * US, 450 * US, 303 * US)
 
@@ -171,7 +172,7 @@ def test_fsdp2_prefetch_with_gpu_behind_cpu():
     assert us("need_ns") == [110, 2800, 3080, 4000]
     assert us("slack_ns") == [-190, 800, -320, 400]
     assert us("hidden_ns") == [0, 1700, 0, 190]
-    s = prefetch.prefetch_summary(t)
+    s = run_sums(t)
     assert (s["late"], s["unknown"], s["wait_ns"]) == (2, 0, 510 * US)
     assert (s["comm_ns"], s["hidden_ns"]) == (2390 * US, 1890 * US)
 
@@ -197,7 +198,7 @@ def test_fsdp2_without_hook_labels_slack_is_not_measured(tmp_path):
     t = prefetch.prefetch_table(ev, rank=0)
     assert list(t["phase"]) == ["forward", "forward", "backward", "backward"]
     assert t["slack_ns"].isna().all() and t["need_ns"].isna().all()
-    s = prefetch.prefetch_summary(t)
+    s = run_sums(t)
     assert (s["all_gathers"], s["late"], s["unknown"]) == (4, 0, 4)
     run = SimpleNamespace(name="fsdp2", exposed_comm_ns=0,
                           prefetch=Prefetch(**s, note=None, units=[]))

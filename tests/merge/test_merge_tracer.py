@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from analyzer.timeline.chrome_check import check_file, check_trace
+from analyzer.timeline.chrome_check import check_trace
 from analyzer.timeline.merge import merge_traces
 from tests.merge.builders import hta_trace_facts, read
 
@@ -37,12 +37,12 @@ def merged(ddp_run, tmp_path_factory):
 
 def test_tracer_traces_pass_the_structural_check(ddp_run):
     for path in sorted(ddp_run.glob("rank*.trace.json.gz")):
-        assert check_file(path, strict_names=False) == [], path.name
+        assert check_trace(read(path), strict_names=False) == [], path.name
 
 
 def test_tracer_traces_name_every_track(ddp_run):
     for path in sorted(ddp_run.glob("rank*.trace.json.gz")):
-        assert check_file(path) == [], path.name
+        assert check_trace(read(path)) == [], path.name
 
 
 def test_merged_tracer_run_is_viewer_clean(merged):

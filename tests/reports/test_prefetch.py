@@ -5,8 +5,20 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analyzer.analyses import prefetch
+from analyzer.analyses import crossrank, prefetch
 from tests.reports.builders import event, events
+
+
+def run_sums(table: pd.DataFrame) -> dict | None:
+    """The report's run-level prefetch sums (``crossrank.prefetch_parts``) of ``table``, the
+    job's one batch of ranks."""
+
+    class OneBatch:
+        def batches(self, name):
+            return [(None, table)]
+
+    parts = crossrank.prefetch_parts(OneBatch())
+    return None if parts is None else parts[1]
 
 
 def ann(name, ts, end, **kw):
@@ -69,7 +81,7 @@ def test_gpu_fsdp2_hidden_fraction_and_slack():
     assert list(t["need_ns"]) == [860, 2500, 4500]
     assert list(t["slack_ns"]) == [60, -500, -500]
     assert list(t["hidden_frac"]) == [pytest.approx(0.4), pytest.approx(0.5), pytest.approx(0.55)]
-    s = prefetch.prefetch_summary(t.reset_index())
+    s = run_sums(t.reset_index())
     assert (s["comm_ns"], s["hidden_ns"], s["late"], s["prefetched"]) == (3500, 1800, 2, 1)
     assert s["wait_ns"] == 1000
     assert s["hidden_frac"] == pytest.approx(1800 / 3500)
@@ -113,7 +125,7 @@ def test_cpu_fsdp1_units_by_order_and_late_prefetch():
     assert list(t["need_ns"]) == [1000, 2000, 3500]
     assert list(t["slack_ns"]) == [100, -500, 100]
     assert list(t["hidden_ns"]) == [0, 100, 0]
-    s = prefetch.prefetch_summary(t)
+    s = run_sums(t)
     assert (s["late"], s["wait_ns"], s["comm_ns"]) == (1, 500, 2300)
 
 
@@ -121,7 +133,7 @@ def test_no_fsdp_labels_gives_empty_table():
     ev = events([event("aten::mm", 0, 10), event("gloo:all_reduce", 0, 5, role="comm", coll_kind="all_reduce")])
     assert prefetch.detect_labels(ev) is None
     assert prefetch.prefetch_table(ev, rank=0).empty
-    assert prefetch.prefetch_summary(prefetch.prefetch_table(ev, rank=0)) is None
+    assert run_sums(prefetch.prefetch_table(ev, rank=0)) is None
 
 
 def test_epoch_ns_stay_exact_when_a_unit_has_no_consumer():
@@ -187,7 +199,7 @@ def test_gpu_consumer_from_pre_backward_after_copy_out_skips_copy_in():
     assert list(t["finished_ns"]) == [1300, 1500, 3200]
     assert t.loc["1", "need_ns"] == 1350 and t.loc["1", "slack_ns"] == 50
     assert t.loc[["0", "2"], "slack_ns"].isna().all()
-    s = prefetch.prefetch_summary(t.reset_index())
+    s = run_sums(t.reset_index())
     assert (s["late"], s["unknown"]) == (0, 2)
 
 
