@@ -13,13 +13,15 @@ def matched(rows):
                               start_ns=a, end_ns=b) for r, s, a, b in rows])
 
 
-def test_median_of_end_differences_and_mad():
-    # rank 1's clock is 1_000 ns ahead; its ends jitter by +10, -20, +0, +30, +5 ns
+def test_offset_is_the_median_of_end_differences_and_mad_their_median_deviation():
+    # rank 1's clock is 1_000 ns ahead; its ends jitter by +10, -20, +0, +5 ns and one ends
+    # 300 ns late (descheduled): the median and MAD ignore it, a mean would not
     ref = [(0, k, 1000 * k * 10, 1000 * k * 10 + 500) for k in range(5)]
-    jitter = [10, -20, 0, 30, 5]
+    jitter = [10, -20, 0, 300, 5]
     r1 = [(1, k, s + 1000, e + 1000 + j) for (_, k, s, e), j in zip(ref, jitter)]
     out = clock.estimate_offsets(matched(ref + r1), [0, 1], 0).set_index("rank")
-    # diffs 1010, 980, 1000, 1030, 1005 -> median 1005; |d - 1005| = 5, 25, 5, 25, 0 -> median 5
+    # diffs 1010, 980, 1000, 1300, 1005 -> median 1005 (mean 1059);
+    # |d - 1005| = 5, 25, 5, 295, 0 -> median 5 (mean 66)
     assert out.loc[1, "offset_ns"] == 1005
     assert out.loc[1, "mad_ns"] == 5
     assert out.loc[1, "n_matched"] == 5
