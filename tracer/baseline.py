@@ -45,7 +45,8 @@ from analyzer.contract.atomic import atomic_path
 from analyzer.contract.schemas import GOLDEN_NAME, KEPT_NAME, KEPT_SCHEMA, KEPT_TENSORS_NAME, NUMERICS_SCHEMA, kept_row
 from tracer.config import RecordConfig
 from tracer.model import precision_context, rank_rows
-from tracer.modelspec import load_parameters, load_spec
+from tracer.modelspec import load_parameters
+from tracer.specload import load_spec
 from tracer.numerics import ActivationRecorder, clean_fqn, rows_to_table, tensor_metrics
 from tracer.strategies import unit_names
 from tracer.training import MixedPrecisionStep, apply_checkpointing, build_optimizer, micro_batches
@@ -92,7 +93,7 @@ def compute_baseline(cfg: RecordConfig, device_type: str,
     """
     torch.set_num_threads(1)
     device = torch.device(device_type)
-    spec = load_spec(cfg)  # --model: the same spec as every rank's (tracer/modelspec.py)
+    spec = load_spec(cfg)  # --model: the same spec as every rank's (tracer/specload.py)
     model = spec.model
     if golden is None:
         x, y = spec.make_batch(cfg.batch, cfg.seed)

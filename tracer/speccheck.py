@@ -1,7 +1,7 @@
 """``--model SPEC`` checked before any worker starts, in a child process under ``--timeout``.
 
 Why a child: the check runs the user's code (import, factory, ``make_batch``, one forward and
-loss: ``modelspec.check_spec``), and user code can do what no ``except`` sees in the process
+loss: ``specload.check_spec``), and user code can do what no ``except`` sees in the process
 that runs it: hang (before any worker exists, so no hang watchdog could stop it), call
 ``os._exit(0)`` (the launcher would end with status 0, having recorded nothing), or print lines
 that read like the tracer's own. In a child the launcher stays in charge:
@@ -42,7 +42,7 @@ LOG = "check.log"
 
 
 def check_spec_isolated(cfg: RecordConfig) -> None:
-    """Run ``modelspec.check_spec(cfg)`` in a child process (module docstring). Raises
+    """Run ``specload.check_spec(cfg)`` in a child process (module docstring). Raises
     ``ValueError`` (one line) when the spec is refused, the check exceeds ``cfg.timeout_s``
     after the child's imports, or the child ends without a verdict; ``KeyboardInterrupt``
     on a stop signal (the child killed)."""
@@ -119,7 +119,8 @@ def _main(argv: list[str]) -> None:
     """The child: ``python -m tracer.speccheck CONFIG_JSON FOLDER``; always ends with
     ``os._exit(0)`` after writing its verdict (a model's own exit never writes one)."""
     from analyzer.contract.atomic import write_atomic
-    from tracer.modelspec import SpecError, check_spec
+    from tracer.modelspec import SpecError
+    from tracer.specload import check_spec
 
     cfg = RecordConfig(**json.loads(argv[0]))
     folder = Path(argv[1])

@@ -46,7 +46,8 @@ from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV
 from tracer.manifest import build_manifest, machine_info, write_manifest
 from tracer.memory import dump_snapshot, start_history
 from tracer.model import precision_context, rank_rows
-from tracer.modelspec import ModelSpec, buffer_names, load_parameters, load_spec
+from tracer.modelspec import ModelSpec, buffer_names, load_parameters
+from tracer.specload import load_spec
 from tracer.numerics import ActivationRecorder, NumericsRows, rows_to_table, tensor_metrics
 from tracer.profiling import cuda_sync, make_profiler
 from tracer.rundir import PARTS_DIR, clear_run_dir

@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from analyzer.contract import schemas
+from analyzer.contract.tolerance import TOLERANCES
 from tests.tracer.helpers import REPO, run_tracer, tensor_rel_l2
 from tracer.config import RecordConfig
-from tracer.modelspec import ModelSpec, SpecError, check_spec, load_spec
+from tracer.modelspec import ModelSpec, SpecError
+from tracer.specload import check_spec, load_spec
 from tracer.strategies import unit_names
 
 EXAMPLE = REPO / "examples" / "tiny_lm.py"
@@ -149,7 +151,7 @@ def test_numerics_on_batchnorm_tied_and_uneven_parameters(tmp_path):
     assert (numel["gate.bias", 0], numel["gate.bias", 1]) == (2.0, 1.0)
     assert (numel["embed.weight", 0], numel["embed.weight", 1]) == (24.0, 16.0)
     acts = tensor_rel_l2(num, "activation")
-    rtol = schemas.TOLERANCES["fp32"]["rtol"]
+    rtol = TOLERANCES["fp32"].rtol
     # before the BatchNorm each rank's rows equal the baseline's rows; BatchNorm in training
     # mode normalises with each rank's own 2 rows, not the 4 of the baseline: a real divergence
     # (DDP / FSDP without SyncBatchNorm), which the numerics show and the gate would fail
@@ -203,7 +205,7 @@ def test_fault_canary_fails_the_gate_on_user_model(tmp_path, model, strategy, fa
     assert proc.returncode == 0, proc.stderr[-3000:]
     num = pd.read_parquet(tmp_path / strategy / schemas.NUMERICS_NAME)
     worst = max(tensor_rel_l2(num, "grad").values())
-    assert worst > 1000 * schemas.TOLERANCES["fp32"]["rtol"], worst
+    assert worst > 1000 * TOLERANCES["fp32"].rtol, worst
     if fault == "wrong-grad-scale":  # g / 2 against g: rel L2 exactly 1/2 for every gradient
         assert all(math.isclose(v, 0.5, abs_tol=1e-4) for v in tensor_rel_l2(num, "grad").values())
     code, text = _gate(tmp_path)
