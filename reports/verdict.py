@@ -26,24 +26,31 @@ def verdict(report: Report) -> list[str]:
     """Plain-language sentences under the decision line (reports/decision.py): parity first,
     then the ranking of the distributed runs and the single-device reference beside it (or
     why the ranking is withheld), then caveats (CPU timings, differing settings)."""
-    runs = report.runs
+    return _parity(report.runs) + _ranking(report.ranking) + _caveats(report)
+
+
+def _tolerances(runs) -> str:
+    """The tolerances of ``runs``, each named once."""
+    tols = [r.parity.tolerance for r in runs if r.parity.tolerance]
+    if not tols:
+        return "tolerance"
+    return (f"{'/'.join(sorted({t.precision for t in tols}))} tolerance "
+            f"({'; '.join(sorted({fmt.tolerance_line(t) for t in tols}))})")
+
+
+def _parity(runs) -> list[str]:
+    """The parity sentences: each failed run with its first divergence, the unverified runs,
+    else that every distributed run matches."""
     dist = [r for r in runs if r.strategy != "single"]
     out: list[str] = []
     failed = [r for r in runs if r.parity.status == "fail"]
     missing = [r for r in runs if r.parity.status == "not_recorded"]
     passed = [r for r in dist if r.parity.status == "pass"]
-    def tol_text(of) -> str:  # the tolerances of runs ``of``, each named once
-        tols = [r.parity.tolerance for r in of if r.parity.tolerance]
-        if not tols:
-            return "tolerance"
-        return (f"{'/'.join(sorted({t.precision for t in tols}))} tolerance "
-                f"({'; '.join(sorted({fmt.tolerance_line(t) for t in tols}))})")
-
     if failed:
         for r in failed:  # its own tolerance, never another arm's
             fd = r.parity.first_divergence
             out.append(f"Parity: FAILED for {r.name} -- its numbers differ from the "
-                       f"single-device baseline beyond {tol_text([r])}. First divergence: "
+                       f"single-device baseline beyond {_tolerances([r])}. First divergence: "
                        f"{fd.describe(limit_terms=False) if fd else r.parity.reason}.")
         if passed:
             out.append(f"Parity passed for {', '.join(r.name for r in passed)}.")
@@ -57,68 +64,78 @@ def verdict(report: Report) -> list[str]:
             what = ("the single-device baseline" if has_single else
                     "the reference values recorded with them (there is no single-device run in "
                     "this report)")
-            out.append(f"Parity: all {len(dist)} distributed run(s) match {what} within {tol_text(runs)}.")
+            out.append(f"Parity: all {len(dist)} distributed run(s) match {what} within {_tolerances(runs)}.")
         elif runs:
             out.append("Parity: only the single-device reference run is present; nothing to compare.")
-    rk = report.ranking
-    by_name = {r.name: r for r in runs}
-    if rk.status == "ranked":
-        arms = {a.name: a for a in rk.arms}
-        order = [arms[n] for n in rk.order]
-        ref = arms.get(rk.reference) if rk.reference else None
+    return out
 
-        def said(a) -> str:  # a declared arm by its settings (analyzer/contract/arms.py)
-            return (a.label or a.name) if rk.declared else a.name
 
-        def reps(a) -> str:
-            return f", {len(a.runs)} repeats" if len(a.runs) > 1 else ""
+def _ranking(rk) -> list[str]:
+    """The ranking sentences: the arms in order with the reference beside them, whether the
+    order is beyond the noise, the arms left out; or why the ranking is withheld."""
+    if rk.status != "ranked":
+        if rk.reason.startswith("the runs are not one experiment"):  # differences: under Ranking
+            return ["Ranking withheld: the runs were not recorded under the same settings "
+                    "(which ones differ: see Ranking), so they are not one experiment."]
+        return [f"Ranking withheld: {rk.reason}"]
+    arms = {a.name: a for a in rk.arms}
+    order = [arms[n] for n in rk.order]
+    ref = arms.get(rk.reference) if rk.reference else None
 
-        def vs_ref(a, words: str = "the single-device speed") -> str:
-            if not ref or not ref.median_ns or not a.median_ns:
-                return ""
-            return f", {fmt.speedup(ref.median_ns / a.median_ns)} {words}"
+    def said(a) -> str:  # a declared arm by its settings (analyzer/contract/arms.py)
+        return (a.label or a.name) if rk.declared else a.name
 
-        text = ""
-        if order:
-            best = order[0]
-            text = (f"Fastest: {said(best)}, median step time {fmt.ms(best.median_ns)}{reps(best)}"
-                    f"{vs_ref(best, 'speedup over the single-device run')}")
-            rest = [f"{said(a)} ({fmt.ms(a.median_ns)}{reps(a)}{vs_ref(a)})" for a in order[1:]]
-            if rest:
-                text += "; then " + ", ".join(rest)
-            text += "."
-        if ref is not None:
-            text += (f" Reference (not ranked): {ref.name}, one device, median step time "
-                     f"{fmt.ms(ref.median_ns)}{reps(ref)}")
-            if order and all(a.median_ns > ref.median_ns for a in order):
-                text += (": at this model and batch size on this machine, no distributed "
-                         "strategy pays off")
-            text += "."
-        out.append(text.strip() or "No strategy has step times to rank.")
-        noise = rk.noise or None
-        if noise and not noise.decisive and len(order) > 1:
-            close = "; ".join(why for _, _, _, why in noise.close_pairs)
-            out.append(f"This order is within measurement noise ({close}) and is not a basis "
-                       "for a decision (rule: a strategy is faster only when the 95 % "
-                       "interval of the step-time ratio excludes 1).")
-        elif noise and len(order) > 1:
-            said = {(p.faster, p.slower): p.sentence for p in rk.pairs}
-            beyond = "; ".join(said.get((a.name, b.name), "") for a, b in zip(order, order[1:]))
-            out.append(f"This order is beyond the measured noise: {beyond}.")
-        if rk.left_out:
-            out.append("Left out of the ranking for their parity: " + "; ".join(rk.left_out)
-                       + "; the other arms are ranked.")
-        if rk.missing:
-            out.append("Not in this report: " + "; ".join(rk.missing) + ".")
-        if rk.descriptive:
-            out.append(f"Not ranked (another experiment): {', '.join(rk.descriptive)}; "
-                       "compared in the tables only.")
-    elif rk.reason.startswith("the runs are not one experiment"):  # differences: under Ranking
-        out.append("Ranking withheld: the runs were not recorded under the same settings "
-                   "(which ones differ: see Ranking), so they are not one experiment.")
-    else:
-        out.append(f"Ranking withheld: {rk.reason}")
-    out += [s for r in runs if (s := input_bound_sentence(r.name, r.data))]
+    def reps(a) -> str:
+        return f", {len(a.runs)} repeats" if len(a.runs) > 1 else ""
+
+    def vs_ref(a, words: str = "the single-device speed") -> str:
+        if not ref or not ref.median_ns or not a.median_ns:
+            return ""
+        return f", {fmt.speedup(ref.median_ns / a.median_ns)} {words}"
+
+    text = ""
+    if order:
+        best = order[0]
+        text = (f"Fastest: {said(best)}, median step time {fmt.ms(best.median_ns)}{reps(best)}"
+                f"{vs_ref(best, 'speedup over the single-device run')}")
+        rest = [f"{said(a)} ({fmt.ms(a.median_ns)}{reps(a)}{vs_ref(a)})" for a in order[1:]]
+        if rest:
+            text += "; then " + ", ".join(rest)
+        text += "."
+    if ref is not None:
+        text += (f" Reference (not ranked): {ref.name}, one device, median step time "
+                 f"{fmt.ms(ref.median_ns)}{reps(ref)}")
+        if order and all(a.median_ns > ref.median_ns for a in order):
+            text += (": at this model and batch size on this machine, no distributed "
+                     "strategy pays off")
+        text += "."
+    out = [text.strip() or "No strategy has step times to rank."]
+    noise = rk.noise or None
+    if noise and not noise.decisive and len(order) > 1:
+        close = "; ".join(why for _, _, _, why in noise.close_pairs)
+        out.append(f"This order is within measurement noise ({close}) and is not a basis "
+                   "for a decision (rule: a strategy is faster only when the 95 % "
+                   "interval of the step-time ratio excludes 1).")
+    elif noise and len(order) > 1:
+        sentence = {(p.faster, p.slower): p.sentence for p in rk.pairs}
+        beyond = "; ".join(sentence.get((a.name, b.name), "") for a, b in zip(order, order[1:]))
+        out.append(f"This order is beyond the measured noise: {beyond}.")
+    if rk.left_out:
+        out.append("Left out of the ranking for their parity: " + "; ".join(rk.left_out)
+                   + "; the other arms are ranked.")
+    if rk.missing:
+        out.append("Not in this report: " + "; ".join(rk.missing) + ".")
+    if rk.descriptive:
+        out.append(f"Not ranked (another experiment): {', '.join(rk.descriptive)}; "
+                   "compared in the tables only.")
+    return out
+
+
+def _caveats(report: Report) -> list[str]:
+    """The sentences after the ranking: input-bound runs, CPU timings, mesh overlap, settings
+    warnings, each run's caveats."""
+    runs, rk = report.runs, report.ranking
+    out = [s for r in runs if (s := input_bound_sentence(r.name, r.data))]
     # said only where the evidence says gloo: the manifest's backend, or for foreign traces
     # distributedInfo / gloo ops (analyzer/compare/runs.py trace_backend); a CPU-side-only
     # trace of another device (MTIA, a CUPTI range profile) is no gloo record
