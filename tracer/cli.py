@@ -1,4 +1,5 @@
-"""`tracer` command line (thin): parse options, call ``record_local`` or ``worker_main``.
+"""`tracer` command line (thin): parse options, call ``record_local`` or ``worker_main``. The
+options of ``record`` are ``RecordConfig``'s fields (tracer/config.py), built from them.
 
 Exit codes (analyzer/contract/errors.py ``ExitCode``): 0 ok, 1 a record failed (one line names the rank
 and its first error), 2 bad options or a refused run dir (``rundir.check_run_dir``; another record
@@ -9,16 +10,19 @@ run it completed (under torchrun global rank 0 only), also before the one line o
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, get_type_hints
 
 import typer
 
 from analyzer.contract.errors import ExitCode
 from analyzer.contract.text import one_line
+from tracer.config import RecordConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
@@ -40,73 +44,32 @@ def _fail(code: int, message: str, recorded: list[Path] = ()) -> None:
     raise typer.Exit(code)
 
 
+def _config_options(command):
+    """Give ``command`` one keyword option per ``RecordConfig`` field but ``strategy`` (a list
+    here), after its first parameter: name, type, default and help are the field's
+    (tracer/config.py ``_option``), so an option is declared once."""
+    types = get_type_hints(RecordConfig)
+    derived = []
+    for f in fields(RecordConfig):
+        if f.name == "strategy":
+            continue
+        help_text = f.metadata.get("help")
+        option = typer.Option(*filter(None, [f.metadata.get("flag")]), help=help_text,
+                              hidden=help_text is None)
+        derived.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                         annotation=Annotated[types[f.name], option]))
+    own = list(inspect.signature(command, eval_str=True).parameters.values())  # ends in **options
+    command.__signature__ = inspect.Signature([own[0], *derived, *own[1:-1]])
+    return command
+
+
 @app.command()
+@_config_options
 def record(
     strategy: Annotated[str, typer.Option(
         help="single, ddp, fsdp, fsdp2, hsdp, fsdp2_tp, pp, all (the first four), or a "
              "comma-separated list (ddp,fsdp2,hsdp).")] = "all",
-    nproc: Annotated[int, typer.Option(help="Ranks for distributed strategies (torchrun: its WORLD_SIZE).")] = 2,
-    backend: Annotated[str, typer.Option(help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    model: Annotated[str, typer.Option(
-        help="What to train: reference, hf:gpt2, hf:llama, package.module:factory or "
-             "path/to/file.py:factory (a function returning tracer.ModelSpec).")] = "reference",
-    hidden: Annotated[int, typer.Option(help="Model width (--model reference).")] = 256,
-    layers: Annotated[int, typer.Option(help="Transformer layers (--model reference).")] = 2,
-    batch: Annotated[int, typer.Option(help="Global batch (divisible by the world size).")] = 8,
-    seq: Annotated[int, typer.Option(help="Sequence length (--model reference).")] = 128,
-    steps: Annotated[Optional[int], typer.Option(help="Total steps (default wait+warmup+active).")] = None,
-    wait: Annotated[int, typer.Option(help="Profiler schedule wait (>= 1: step 0 is the numerics step).")] = 1,
-    warmup: Annotated[int, typer.Option(help="Profiler schedule warmup.")] = 1,
-    active: Annotated[int, typer.Option(help="Profiler schedule active steps.")] = 3,
-    seed: Annotated[int, typer.Option(help="Seed of weights and data.")] = 0,
-    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, fp32 master weights).")] = "fp32",
-    lr: Annotated[Optional[float], typer.Option(help="Learning rate (default: sgd 0.1, adamw 1e-3).")] = None,
-    optimizer: Annotated[str, typer.Option(help="sgd (plain) or adamw (torch defaults but the lr).")] = "sgd",
-    mixed_precision: Annotated[Optional[str], typer.Option(
-        help="PARAM,REDUCE,BUFFER dtypes (fp32, bf16, fp16), e.g. bf16,bf16,bf16: FSDP MixedPrecision, "
-             "emulated in the baseline; ddp takes fp32,REDUCE,fp32.")] = None,
-    activation_checkpointing: Annotated[bool, typer.Option(
-        help="Non-reentrant activation checkpointing of every FSDP unit (baseline and ddp too).")] = False,
-    bucket_cap_mb: Annotated[Optional[float], typer.Option(help="DDP bucket_cap_mb (default 25).")] = None,
-    gradient_as_bucket_view: Annotated[bool, typer.Option(help="DDP gradient_as_bucket_view.")] = False,
-    static_graph: Annotated[bool, typer.Option(help="DDP static_graph.")] = False,
-    sharding_strategy: Annotated[str, typer.Option(help="FSDP: full_shard, shard_grad_op, no_shard.")] = "full_shard",
-    wrap_min_params: Annotated[Optional[int], typer.Option(
-        help="FSDP size_based_auto_wrap_policy min_num_params (default: one layer, 9h^2+8h).")] = None,
-    backward_prefetch: Annotated[str, typer.Option(help="FSDP backward prefetch: pre, post, none.")] = "pre",
-    forward_prefetch: Annotated[bool, typer.Option(help="FSDP forward prefetch.")] = False,
-    reshard_after_forward: Annotated[Optional[bool], typer.Option(
-        help="FSDP reshard after forward (default from the sharding strategy).")] = None,
-    mesh: Annotated[Optional[str], typer.Option(
-        help="hsdp: R,S = replicate x shard (R*S = ranks; default 2,N/2).")] = None,
-    tp: Annotated[Optional[int], typer.Option(help="fsdp2_tp: tensor-parallel degree (default 2).")] = None,
-    pp: Annotated[Optional[int], typer.Option(help="pp: pipeline stages (default 2).")] = None,
-    pp_schedule: Annotated[Optional[str], typer.Option(help="pp: gpipe or 1f1b (default).")] = None,
-    microbatches: Annotated[Optional[int], typer.Option(
-        help="pp: microbatches per step (default 2 x stages).")] = None,
-    out: Annotated[str, typer.Option(help="Output root; run dirs are OUT/NAME.")] = "traces",
-    name: Annotated[Optional[str], typer.Option(help="Run name (default the strategy; with all: NAME-strategy).")] = None,
-    timeout_s: Annotated[float, typer.Option("--timeout", help="Collective timeout and hang watchdog, seconds.")] = 60.0,
-    fault: Annotated[Optional[str], typer.Option(
-        help="Deliberate bug: skip-grad-sync (ddp), wrong-grad-scale, unsynced-init, "
-             "skip-replicate-sync (hsdp), wrong-tp-placement (fsdp2_tp), skip-microbatch (pp), hang (ddp).")] = None,
-    keep_tensors: Annotated[str, typer.Option(
-        help="Kept baseline tensors: full (safetensors + summaries) or summaries (per-tensor summaries and sha256).")] = "full",
-    golden: Annotated[Optional[str], typer.Option(
-        help="Earlier run directory: reuse its batch and initial state, compare with its kept tensors.")] = None,
-    data: Annotated[str, typer.Option(
-        help="Input supply: memory (rows sliced once) or loader (DataLoader + DistributedSampler).")] = "memory",
-    data_workers: Annotated[int, typer.Option(help="--data loader: DataLoader worker processes.")] = 0,
-    data_sample_cost_ms: Annotated[float, typer.Option(
-        help="--data loader: artificial cost per sample, ms (sleep; shows an input-bound run).")] = 0.0,
-    repeat: Annotated[int, typer.Option(
-        help="Record every chosen strategy N times, interleaved (A B C, B C A, C A B ...), as one "
-             "experiment; run dirs NAME.r1 .. NAME.rN. 5 or more lets the report decide "
-             "(README \"Deciding on a noisy machine\").")] = 1,
-    experiment_id: Annotated[Optional[str], typer.Option(
-        help="Experiment id (default: a new one per command); pass the same id to several "
-             "torchrun commands to rank their runs together.")] = None,
+    *,
     arm: Annotated[Optional[list[str]], typer.Option(
         help="A named arm, NAME=\"OPTIONS\" (repeatable): OPTIONS are tracer record options "
              "over the ones given outside the arms, e.g. --arm base=\"--strategy fsdp2\" --arm "
@@ -116,86 +79,21 @@ def record(
         help="KEY=V1,V2[,...]: one arm per value of a recorder option (at most two --sweep: "
              "their grid), named KEY=V, e.g. --sweep bucket-cap-mb=1,25; ';' separates values "
              "that hold commas (mesh=2,4;4,2). With --arm: every arm x every value. At most 16 arms.")] = None,
-    repeat_index: Annotated[int, typer.Option(hidden=True)] = 0,
-    experiment_order: Annotated[Optional[str], typer.Option(hidden=True)] = None,
-    arm_settings: Annotated[Optional[str], typer.Option(hidden=True)] = None,
-    baseline_id: Annotated[Optional[str], typer.Option(hidden=True)] = None,
     ctx: typer.Context = typer.Option(None, hidden=True),
+    **options,
 ) -> None:
     """Record one strategy, a list, all four, or named arms into OUT/NAME run directories."""
-    # every option but these five is a RecordConfig field of the same name
-    options = {k: v for k, v in locals().items() if k not in ("strategy", "name", "ctx", "arm", "sweep")}
-    if golden is not None:
-        options["golden"] = str(Path(golden).resolve())
-    where, sep, factory = model.rpartition(":")
-    if sep and where.endswith(".py"):  # every process (workers, baseline) finds the same file
-        options["model"] = f"{Path(where).expanduser().resolve()}:{factory}"
-    from tracer.record import expand, interleave
-
     under_torchrun = "RANK" in os.environ
-    spawned = os.environ.get("PARITYTRACE_LAUNCH") == "spawn"  # launch.LAUNCH_ENV: checked there
     if not under_torchrun:
         from tracer.launch import stop_on_signals
 
         # before any check runs model code: a stop signal from here on is one clean-up
         stop_on_signals()
-    if under_torchrun and (strategy == "all" or "," in strategy):
-        _fail(ExitCode.BAD_INPUT, f"--strategy {strategy}: under torchrun record one strategy per torchrun command")
-    if under_torchrun and repeat > 1 and repeat_index == 0:  # spawned workers carry their index
-        _fail(ExitCode.BAD_INPUT, f"--repeat {repeat}: under torchrun record one run per torchrun "
-              "command; pass the same --experiment-id to each to rank them as one experiment")
-    declared = bool(arm or sweep)
-    if under_torchrun and declared:
-        _fail(ExitCode.BAD_INPUT, f"--{'arm' if arm else 'sweep'}: under torchrun record one run "
-              "per torchrun command (its options as that arm's); pass the same --experiment-id "
-              "to each to rank them as one experiment")
-    if declared and name is not None:
-        _fail(ExitCode.BAD_INPUT, f"--name {name}: with --arm / --sweep each arm names its runs; "
-              "drop --name")
-    if under_torchrun and strategy != "single" and os.environ.get("WORLD_SIZE", "").isdigit():
-        options["nproc"] = int(os.environ["WORLD_SIZE"])  # torchrun's world size wins
     try:
-        if declared:
-            configs = _declared_arms(ctx, arm or [], sweep or [], strategy, options)
-        else:
-            if strategy != "all" and "," not in strategy:  # typed on the command line, even at its default
-                from tracer.config import check_taken
-
-                check_taken(strategy, [k for k in options if _given(ctx, k)])
-            configs = expand(strategy, name, **options)
-        if not under_torchrun:
-            configs = interleave(configs, experiment_id)
-        elif repeat_index == 0:  # a torchrun rank: one run, its own experiment unless joined
-            import uuid
-            from dataclasses import replace
-
-            configs = [replace(configs[0], repeat_index=1,
-                               experiment_id=experiment_id or uuid.uuid4().hex)]
-        if configs[0].golden is not None:
-            from tracer.golden import check_golden
-
-            for cfg in configs:
-                check_golden(cfg)
-        for model_name in dict.fromkeys(c.model for c in configs):  # arms may differ in it
-            if model_name == "reference" or spawned:
-                continue
-            # before any worker, in a child under --timeout: a bad spec is one line, exit 2
-            from tracer.speccheck import check_spec_isolated
-
-            same = [c for c in configs if c.model == model_name]
-            # fsdp2_tp first: the one strategy that needs more of the spec (its tp_plan)
-            check_spec_isolated(next((c for c in same if c.strategy == "fsdp2_tp"),
-                                     max(same, key=lambda c: c.world_size)))
-        # before torch is imported: a refused folder or a held run dir stops at once
-        if under_torchrun:  # rank 0 takes the lock when it clears the run dir (worker.run_rank)
-            from tracer.rundir import check_run_dir, check_writable
-
-            check_run_dir(configs[0].run_dir)
-            check_writable(configs[0].run_dir)  # every rank, before the process group starts
-        else:
-            from tracer.record import claim_run_dirs
-
-            claim_run_dirs(configs)
+        _check_combination(strategy, arm, sweep, options, under_torchrun)
+        configs = _configs(ctx, strategy, arm or [], sweep or [], _resolved(options, strategy),
+                           under_torchrun)
+        _check_before_start(configs, under_torchrun)
     except ValueError as exc:
         _fail(ExitCode.BAD_INPUT, str(exc))
     except KeyboardInterrupt:  # claim_run_dirs released what it had taken
@@ -206,6 +104,93 @@ def record(
         worker_main(configs[0])
         return
     _record_here(configs)
+
+
+def _resolved(options: dict, strategy: str) -> dict:
+    """``options`` with ``--golden`` and a ``--model path/file.py:factory`` made absolute, so that
+    every process (workers, baseline) finds the same files; under torchrun its world size."""
+    options = dict(options)
+    if options["golden"] is not None:
+        options["golden"] = str(Path(options["golden"]).resolve())
+    where, sep, factory = options["model"].rpartition(":")
+    if sep and where.endswith(".py"):
+        options["model"] = f"{Path(where).expanduser().resolve()}:{factory}"
+    if "RANK" in os.environ and strategy != "single" and os.environ.get("WORLD_SIZE", "").isdigit():
+        options["nproc"] = int(os.environ["WORLD_SIZE"])  # torchrun's world size wins
+    return options
+
+
+def _check_combination(strategy: str, arm, sweep, options: dict, under_torchrun: bool) -> None:
+    """Refuse what one command cannot record (``ValueError``, one line): under torchrun one
+    run per command; ``--name`` with declared arms."""
+    how = "pass the same --experiment-id to each to rank them as one experiment"
+    if under_torchrun and (strategy == "all" or "," in strategy):
+        raise ValueError(f"--strategy {strategy}: under torchrun record one strategy per torchrun command")
+    if under_torchrun and options["repeat"] > 1 and options["repeat_index"] == 0:  # workers carry theirs
+        raise ValueError(f"--repeat {options['repeat']}: under torchrun record one run per torchrun "
+                         f"command; {how}")
+    if under_torchrun and (arm or sweep):
+        raise ValueError(f"--{'arm' if arm else 'sweep'}: under torchrun record one run per "
+                         f"torchrun command (its options as that arm's); {how}")
+    if (arm or sweep) and options["name"] is not None:
+        raise ValueError(f"--name {options['name']}: with --arm / --sweep each arm names its runs; "
+                         "drop --name")
+
+
+def _configs(ctx: typer.Context, strategy: str, arms: list[str], sweeps: list[str], options: dict,
+             under_torchrun: bool) -> list:
+    """One ``RecordConfig`` per run, in recording order (interleaved repeats; under torchrun the
+    one run of this command). Raises ``ValueError`` with one line."""
+    from tracer.record import expand, interleave
+
+    if arms or sweeps:
+        configs = _declared_arms(ctx, arms, sweeps, strategy,
+                                 {k: v for k, v in options.items() if k != "name"})
+    else:
+        if strategy != "all" and "," not in strategy:  # typed on the command line, even at its default
+            from tracer.config import check_taken
+
+            check_taken(strategy, [k for k in options if _given(ctx, k)])
+        configs = expand(strategy, **options)
+    if not under_torchrun:
+        return interleave(configs, options["experiment_id"])
+    if options["repeat_index"]:  # a spawned worker: its config is the launcher's
+        return configs
+    import uuid
+    from dataclasses import replace
+
+    # a torchrun rank: one run, its own experiment unless joined
+    return [replace(configs[0], repeat_index=1, experiment_id=options["experiment_id"] or uuid.uuid4().hex)]
+
+
+def _check_before_start(configs: list, under_torchrun: bool) -> None:
+    """Before torch is imported or a worker starts: the golden run, each user model spec (in a
+    child under --timeout), then the run dirs (a refused folder or a held run dir stops at once).
+    Raises ``ValueError`` with one line."""
+    if configs[0].golden is not None:
+        from tracer.golden import check_golden
+
+        for cfg in configs:
+            check_golden(cfg)
+    spawned = os.environ.get("PARITYTRACE_LAUNCH") == "spawn"  # launch.LAUNCH_ENV: checked there
+    for model_name in dict.fromkeys(c.model for c in configs):  # arms may differ in it
+        if model_name == "reference" or spawned:
+            continue
+        from tracer.speccheck import check_spec_isolated
+
+        same = [c for c in configs if c.model == model_name]
+        # fsdp2_tp first: the one strategy that needs more of the spec (its tp_plan)
+        check_spec_isolated(next((c for c in same if c.strategy == "fsdp2_tp"),
+                                 max(same, key=lambda c: c.world_size)))
+    if under_torchrun:  # rank 0 takes the lock when it clears the run dir (worker.run_rank)
+        from tracer.rundir import check_run_dir, check_writable
+
+        check_run_dir(configs[0].run_dir)
+        check_writable(configs[0].run_dir)  # every rank, before the process group starts
+    else:
+        from tracer.record import claim_run_dirs
+
+        claim_run_dirs(configs)
 
 
 _INTERRUPTED = "interrupted; all workers stopped, the interrupted run has no manifest"

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
-
-from analyzer.contract.schemas import FAULTS, KEEP_TENSORS, PRECISIONS, STRATEGIES
 
 SHARDING_STRATEGIES = ("full_shard", "shard_grad_op", "no_shard")
 BACKWARD_PREFETCH = ("pre", "post", "none")
@@ -84,6 +82,18 @@ def check_taken(strategy: str, given: list[str]) -> None:
                              f"(only {', '.join(takers)}); drop it or record {' / '.join(takers)}")
 
 
+def _option(default: Any, help: str | None = None, *, flag: str | None = None) -> Any:
+    """A ``RecordConfig`` field that is also a ``tracer record`` option: tracer/cli.py builds the
+    command from these fields (name, type and default) and ``help`` (None: hidden, passed on by
+    the launcher only); ``flag`` names the option when it is not ``--field-name``."""
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
+def option_flag(f) -> str:
+    """The command-line option of the ``RecordConfig`` field ``f`` (``--timeout`` for ``timeout_s``)."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
 def layer_num_params(hidden: int) -> int:
     """Parameters of one ``SimpleTransformerLayer`` of width ``hidden``: 9h^2 + 8h.
 
@@ -94,115 +104,130 @@ def layer_num_params(hidden: int) -> int:
 
 @dataclass(kw_only=True, slots=True)
 class RecordConfig:
-    """Everything one strategy's record needs. Raises ``ValueError`` naming a bad value."""
+    """Everything one strategy's record needs. Raises ``ValueError`` naming a bad value. A field
+    made by ``_option`` is a ``tracer record`` option; its help is its documentation, the
+    docstring under it (where there is one) says more."""
 
     strategy: str
     """One of ``analyzer.contract.schemas.STRATEGIES`` (``all`` is expanded by the CLI)."""
-    nproc: int = 2
+    nproc: int = _option(2, "Ranks for distributed strategies (torchrun: its WORLD_SIZE).")
     """Ranks for distributed strategies (``single`` always runs 1). Under torchrun, WORLD_SIZE wins."""
-    backend: str = "auto"
-    """``gloo``, ``nccl`` or ``auto`` (gloo on CPU, nccl on CUDA)."""
-    device: str = "auto"
+    backend: str = _option("auto", "auto (gloo on CPU, nccl on CUDA), gloo or nccl.")
+    device: str = _option("auto", "auto, cpu or cuda.")
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
-    model: str = "reference"
+    model: str = _option(
+        "reference", "What to train: reference, hf:gpt2, hf:llama, package.module:factory or "
+        "path/to/file.py:factory (a function returning tracer.ModelSpec).")
     """What to train (tracer/modelspec.py): ``reference``, ``hf:gpt2``, ``hf:llama``,
     ``package.module:factory`` or ``path/to/file.py:factory``."""
-    hidden: int = 256
+    hidden: int = _option(256, "Model width (--model reference).")
     """Model width h; activations are [batch, seq, h]."""
-    layers: int = 2
-    """Number of SimpleTransformerLayer blocks."""
-    batch: int = 8
-    """Global batch (rows); must divide by the world size."""
-    seq: int = 128
-    """Sequence length."""
-    steps: int | None = None
+    layers: int = _option(2, "Transformer layers (--model reference).")
+    batch: int = _option(8, "Global batch (divisible by the world size).")
+    seq: int = _option(128, "Sequence length (--model reference).")
+    steps: int | None = _option(None, "Total steps (default wait+warmup+active).")
     """Total training steps; default wait + warmup + active. Step 0 carries the numerics."""
-    wait: int = 1
-    """Profiler schedule: steps skipped (>= 1 so step 0, the numerics step, is never profiled)."""
-    warmup: int = 1
+    wait: int = _option(1, "Profiler schedule wait (>= 1: step 0 is the numerics step).")
+    warmup: int = _option(1, "Profiler schedule warmup.")
     """Profiler schedule: warm-up steps (traced, discarded)."""
-    active: int = 3
-    """Profiler schedule: recorded steps."""
-    seed: int = 0
-    """Seed of the initial weights and the synthetic batch."""
-    precision: str = "fp32"
+    active: int = _option(3, "Profiler schedule active steps.")
+    seed: int = _option(0, "Seed of weights and data.")
+    precision: str = _option("fp32", "fp32 or bf16 (autocast, fp32 master weights).")
     """``fp32`` or ``bf16`` (torch.autocast bf16, fp32 master weights and gradients)."""
-    lr: float | None = None
+    lr: float | None = _option(None, "Learning rate (default: sgd 0.1, adamw 1e-3).")
     """Learning rate; default ``DEFAULT_LR[optimizer]`` (``learning_rate``)."""
-    optimizer: str = "sgd"
+    optimizer: str = _option("sgd", "sgd (plain) or adamw (torch defaults but the lr).")
     """``sgd`` (plain, no momentum) or ``adamw`` (torch defaults: betas (0.9, 0.999), eps 1e-8,
     weight_decay 0.01; only the learning rate is ours)."""
-    mixed_precision: str | None = None
+    mixed_precision: str | None = _option(
+        None, "PARAM,REDUCE,BUFFER dtypes (fp32, bf16, fp16), e.g. bf16,bf16,bf16: FSDP "
+        "MixedPrecision, emulated in the baseline; ddp takes fp32,REDUCE,fp32.")
     """``PARAM,REDUCE,BUFFER`` dtypes (fp32, bf16, fp16): FSDP1 ``MixedPrecision``, FSDP2
     ``MixedPrecisionPolicy``, emulated in the baseline and DDP (tracer/training.py)."""
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = _option(
+        False, "Non-reentrant activation checkpointing of every FSDP unit (baseline and ddp too).")
     """Non-reentrant activation checkpointing of every FSDP unit (all strategies, baseline too)."""
-    bucket_cap_mb: float | None = None
+    bucket_cap_mb: float | None = _option(None, "DDP bucket_cap_mb (default 25).")
     """DDP gradient bucket size, MiB (DDP's default 25 when None)."""
-    gradient_as_bucket_view: bool = False
+    gradient_as_bucket_view: bool = _option(False, "DDP gradient_as_bucket_view.")
     """DDP ``gradient_as_bucket_view``: gradients are views into the reduction buckets."""
-    static_graph: bool = False
+    static_graph: bool = _option(False, "DDP static_graph.")
     """DDP ``static_graph``: the graph is the same every step."""
-    sharding_strategy: str = "full_shard"
+    sharding_strategy: str = _option("full_shard", "FSDP: full_shard, shard_grad_op, no_shard.")
     """FSDP1 sharding strategy (full_shard, shard_grad_op, no_shard); FSDP2 accepts the first two."""
-    wrap_min_params: int | None = None
+    wrap_min_params: int | None = _option(
+        None, "FSDP size_based_auto_wrap_policy min_num_params (default: one layer, 9h^2+8h).")
     """size_based_auto_wrap_policy min_num_params; default one layer's (9h^2 + 8h): a unit per layer."""
-    backward_prefetch: str = "pre"
+    backward_prefetch: str = _option("pre", "FSDP backward prefetch: pre, post, none.")
     """FSDP backward prefetch: pre, post or none (FSDP2: pre only, its implicit prefetch)."""
-    forward_prefetch: bool = False
+    forward_prefetch: bool = _option(False, "FSDP forward prefetch.")
     """FSDP forward prefetch (FSDP2: explicit prefetch of the next unit)."""
-    reshard_after_forward: bool | None = None
+    reshard_after_forward: bool | None = _option(
+        None, "FSDP reshard after forward (default from the sharding strategy).")
     """Default from the sharding strategy: full_shard -> True, shard_grad_op/no_shard -> False."""
-    mesh: str | None = None
+    mesh: str | None = _option(None, "hsdp: R,S = replicate x shard (R*S = ranks; default 2,N/2).")
     """hsdp: ``R,S`` (replicate x shard, R*S = world size); default ``2,W/2``."""
-    tp: int | None = None
+    tp: int | None = _option(None, "fsdp2_tp: tensor-parallel degree (default 2).")
     """fsdp2_tp: tensor-parallel degree T (dp = world / T); default 2."""
-    pp: int | None = None
+    pp: int | None = _option(None, "pp: pipeline stages (default 2).")
     """pp: pipeline stages P (dp = world / P, FSDP2 over dp); default 2."""
-    pp_schedule: str | None = None
-    """pp: ``gpipe`` or ``1f1b`` (default)."""
-    microbatches: int | None = None
+    pp_schedule: str | None = _option(None, "pp: gpipe or 1f1b (default).")
+    microbatches: int | None = _option(None, "pp: microbatches per step (default 2 x stages).")
     """pp: microbatches per step M; must divide the per-pipeline batch (batch / dp); default 2P."""
-    out: str = "traces"
-    """Output root; the run directory is ``out/name``."""
-    name: str | None = None
-    """Run-directory name; default the strategy."""
-    timeout_s: float = 60.0
+    out: str = _option("traces", "Output root; run dirs are OUT/NAME.")
+    name: str | None = _option(None, "Run name (default the strategy; with all: NAME-strategy).")
+    timeout_s: float = _option(60.0, "Collective timeout and hang watchdog, seconds.", flag="--timeout")
     """Collective / rendezvous timeout, and the launcher's hang watchdog (seconds); finite,
     in (0, ``MAX_TIMEOUT_S``]."""
-    fault: str | None = None
-    """A deliberate bug (analyzer.contract.schemas.FAULTS) or None."""
-    data: str = "memory"
+    fault: str | None = _option(
+        None, "Deliberate bug: skip-grad-sync (ddp), wrong-grad-scale, unsynced-init, "
+        "skip-replicate-sync (hsdp), wrong-tp-placement (fsdp2_tp), skip-microbatch (pp), hang "
+        "(ddp).")
+    data: str = _option(
+        "memory", "Input supply: memory (rows sliced once) or loader (DataLoader + DistributedSampler).")
     """Input supply (tracer/data.py): ``memory`` or ``loader`` (the same rows through a DataLoader)."""
-    data_workers: int = 0
+    data_workers: int = _option(0, "--data loader: DataLoader worker processes.")
     """``--data loader``: DataLoader worker processes (0: batches are made in the rank itself)."""
-    data_sample_cost_ms: float = 0.0
+    data_sample_cost_ms: float = _option(
+        0.0, "--data loader: artificial cost per sample, ms (sleep; shows an input-bound run).")
     """``--data loader``: milliseconds slept per sample in the Dataset (an input-bound run)."""
-    keep_tensors: str = "full"
+    keep_tensors: str = _option(
+        "full", "Kept baseline tensors: full (safetensors + summaries) or summaries (per-tensor "
+        "summaries and sha256).")
     """What the run dir keeps of its baseline (analyzer/contract/schemas.py "kept tensors"):
     ``full`` (safetensors plus kept.parquet) or ``summaries`` (kept.parquet only)."""
-    golden: str | None = None
+    golden: str | None = _option(
+        None, "Earlier run directory: reuse its batch and initial state, compare with its kept "
+        "tensors.")
     """An earlier run directory whose kept inputs this record reuses and compares with (tracer/golden.py)."""
-    repeat: int = 1
+    repeat: int = _option(
+        1, "Record every chosen strategy N times, interleaved (A B C, B C A, C A B ...), as one "
+        "experiment; run dirs NAME.r1 .. NAME.rN. 5 or more lets the report decide (README "
+        "\"Deciding on a noisy machine\").")
     """``--repeat N``: runs of every chosen strategy, recorded interleaved (A B C A B C ...);
     with N > 1 the run dirs are ``<name>.r<k>``, k = 1..N (``run_name``)."""
-    repeat_index: int = 0
+    repeat_index: int = _option(0)
     """This run's repeat, 1..``repeat`` (0: not yet assigned, ``record.interleave`` sets it)."""
-    experiment_id: str | None = None
+    experiment_id: str | None = _option(
+        None, "Experiment id (default: a new one per command); pass the same id to several torchrun "
+        "commands to rank their runs together.")
     """The experiment this run belongs to (analyzer/contract/schemas.py ``Experiment``); one per
     command when not given. Letters, digits, '-', '_' and '.' only."""
-    experiment_order: str | None = None
+    experiment_order: str | None = _option(None)
     """The arms (run names without repeat suffix) of the experiment in recording order, comma-separated."""
-    arm_settings: str | None = None
+    arm_settings: str | None = _option(None)
     """Declared arms (``--arm`` / ``--sweep``, tracer/arms.py): JSON object of this arm's value of
     every option on which the command's arms differ (the manifest's ``experiment.settings``);
     None for a record of strategies."""
-    baseline_id: str | None = None
+    baseline_id: str | None = _option(None)
     """Declared arms: the id of the single-device baseline this run is checked against
     (``baseline.baseline_id``, set by ``record.record_local``; the manifest's
     ``experiment.baseline``)."""
 
     def __post_init__(self) -> None:
+        # not at the top: ``tracer --help`` (built from these fields) need not load pyarrow
+        from analyzer.contract.schemas import FAULTS, KEEP_TENSORS, PRECISIONS, STRATEGIES
+
         def bad(option: str, value: Any, why: str) -> ValueError:
             return ValueError(f"--{option} {value}: {why}")
 
@@ -527,11 +552,11 @@ class RecordConfig:
     def to_argv(self) -> list[str]:
         """``tracer record`` arguments that reproduce this config (for spawned workers)."""
         argv = ["--strategy", self.strategy, "--name", self.arm]
-        for f in fields(self):  # the CLI's options are the fields; its defaults are theirs
+        for f in fields(self):  # the CLI's options are the fields (tracer/cli.py)
             value = getattr(self, f.name)
             if f.name in ("strategy", "name") or value is None or value == f.default:
                 continue
-            option = "--timeout" if f.name == "timeout_s" else "--" + f.name.replace("_", "-")
+            option = option_flag(f)
             if isinstance(value, bool):
                 argv.append(option if value else "--no-" + option[2:])
             else:
