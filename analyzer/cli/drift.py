@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from analyzer.cli.outpaths import input_path
+from analyzer.cli import input_path
 
 from analyzer.cli.richout import Format
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from analyzer.cli.outpaths import input_path
+from analyzer.cli import input_path
 
 if TYPE_CHECKING:
     from analyzer.contract.report_types import RunEntry

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from analyzer.cli.outpaths import input_path
+from analyzer.cli import input_path
 
 
 def register(app, run) -> None:
@@ -34,7 +34,7 @@ def register(app, run) -> None:
             "ranks up as merge does; the command is printed.")] = False,
     ) -> None:
         """Merge every rank into one Chrome trace aligned on matched collectives (opens in Perfetto)."""
-        from analyzer.cli import outpaths
+        from analyzer.contract import outpaths
         from analyzer.contract.errors import BadInput, Reason
         from analyzer.timeline.merge import MergeOptions, merge_traces, parse_steps
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from analyzer.cli.outpaths import input_path
+from analyzer.cli import input_path
 from analyzer.cli.report import SCHEDULER_HELP
 from analyzer.cli.richout import Format
 from analyzer.contract.errors import BadInput, Reason
@@ -63,7 +63,7 @@ def _loaded(path, output, crosscheck, allow_incomplete, jobs, scheduler):
     any parse."""
     import contextlib
 
-    from analyzer.cli import outpaths
+    from analyzer.contract import outpaths
     from analyzer.ingest import cluster, hostlocal
     from analyzer.ingest.pipeline import load_run
     from analyzer.ingest.rundirs import find_job
@@ -96,7 +96,7 @@ def _said(job, ts, path, fmt, output, crosscheck) -> None:
     import json
 
     from analyzer.analyses.summary import summarize
-    from analyzer.cli import outpaths
+    from analyzer.contract import outpaths
     from analyzer.compare.runs import job_findings
 
     if output is not None:

@@ -146,7 +146,7 @@ any rank starts (tracer/record.py ``prepare_run_dir``), ``.parts`` holds per-ran
 the record runs (tracer/rundir.py), so a failed or running record always has one of them."""
 
 OUTPUT_FILES = ("report.md", "report.json", "report.html", DATASET_MARKER)
-"""What ``analyzer report`` writes into its output folder (analyzer/cli/report.py)."""
+"""What ``analyzer report`` writes into its output folder (analyzer/compare/reportfiles.py)."""
 
 
 def tracer_written(folder: Path, children: list[Path] | None = None) -> bool:

@@ -149,9 +149,9 @@ def test_a_cached_report_renders_without_pandas_or_pyarrow(tmp_path):
 
 
 def test_report_cache_hit_is_identical_and_a_change_misses(tmp_path, monkeypatch):
+    from analyzer.compare.reportfiles import write_report
     from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride
     from reports import cache
-    from analyzer.cli.report import write_report
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     root = _copy_dlrm(tmp_path)

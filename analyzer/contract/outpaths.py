@@ -68,13 +68,3 @@ def _writable(option: str, example: str) -> str:
         return f"pass {option} a file in a writable folder, e.g. {option} /tmp/{example}"
     return f"pass {option} to a writable folder"
 
-
-def input_path(value: str) -> Path:
-    """A path argument or option as typed: an empty one is a usage error, not the current
-    folder (``Path("")`` is ``.``). typer ``parser=`` of every command's path arguments and
-    options (inputs and outputs)."""
-    if not str(value).strip():
-        import typer
-
-        raise typer.BadParameter("an empty path; give a folder or file")
-    return Path(value)
