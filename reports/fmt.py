@@ -107,10 +107,8 @@ def data_supply(d: DataSupply | None) -> str:
 
 
 def tolerance_line(tol: Tolerance | None) -> str:
-    """``rtol 1.3e-06, atol 1e-05 (source)``."""
-    if not tol:
-        return "-"
-    return f"rtol {tol.rtol:.3g}, atol {tol.atol:.3g}; {tol.source}"
+    """``rtol 1.3e-06, atol 1e-05; source`` (``Tolerance.describe``), ``-`` without one."""
+    return tol.describe() if tol else "-"
 
 
 def precision_setting(precision: str, training: dict | None) -> str:

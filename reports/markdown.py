@@ -122,7 +122,8 @@ PARITY_RULE = (
     "maxed; replicated tensors: the worst rank). A tensor passes iff it has no NaN/inf and "
     "max |x - ref| <= atol + rtol * max |ref| (the max-norm form of "
     "torch.testing.assert_close, never stricter than it). The loss at each step (mean over "
-    "ranks) passes iff |loss - ref| <= atol + rtol * |ref|. Every rank of the run must have "
+    "ranks) passes iff |loss - ref| <= (step + 1) x (atol + rtol * |ref|), the divergence "
+    "envelope. Every rank of the run must have "
     "written every tensor and the loss: a rank or a tensor missing is \"not verified\", a "
     "failure of the gate. Divergence is searched in activations (forward order), gradients, "
     "parameters after the first step, then loss.")

@@ -1,12 +1,12 @@
 """Write docs/report-reference.md: every report.json field, its type, unit and meaning.
 
-Generated from the contract itself (analyzer/contract/report_types.py): the structs reachable
-from ``Report``, their fields in declaration order, each field's docstring (the string under
-it), the struct's docstring above its table, and the unit read from the name (the project's
-rule: ``_ns``, ``_bytes``, ``_gbps``, ``_frac``, ``_ms``; the fields of a ``..._ns`` object
-are ns). Fields the contract leaves undocumented get their meaning from ``NOTES`` below.
-Usage: ``PYTHONPATH=. python3 scripts/report_reference.py`` (``--check``: exit 1 when the file
-is out of date; tests/test_docs.py runs the same comparison).
+Generated from the contract itself (analyzer/contract/report_types.py and tolerance.py): the
+structs reachable from ``Report``, their fields in declaration order, each field's docstring
+(the string under it), the struct's docstring above its table, and the unit read from the name
+(the project's rule: ``_ns``, ``_bytes``, ``_gbps``, ``_frac``, ``_ms``; the fields of a
+``..._ns`` object are ns). Fields the contract leaves undocumented get their meaning from
+``NOTES`` below. Usage: ``PYTHONPATH=. python3 scripts/report_reference.py`` (``--check``:
+exit 1 when the file is out of date; tests/test_docs.py runs the same comparison).
 """
 
 from __future__ import annotations
@@ -69,11 +69,6 @@ NOTES = {
     "Parity.first_divergence": "The first check that failed; None when none did.",
     "Parity.failed_checks": "The first 10 failed tensor checks.",
     "Parity.loss_curve": "The loss of every recorded step beside the baseline's.",
-    "Tolerance.rtol": "Relative tolerance.",
-    "Tolerance.atol": "Absolute tolerance (in the tensor's units).",
-    "DivergenceTolerance.rtol": "Relative tolerance applied to this tensor.",
-    "DivergenceTolerance.atol": "Absolute tolerance applied to this tensor.",
-    "DivergenceTolerance.source": "Where the tolerance comes from.",
     "FirstDivergence.tensor": "The tensor's name (FQN, or `loss`).",
     "FirstDivergence.kind": "activation, grad, param or loss.",
     "FirstDivergence.step": "The step of the check (0 for tensors; the loss's step).",
@@ -432,8 +427,8 @@ def unit(field: str, parent_field: str | None) -> str:
 def render() -> str:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from analyzer.contract import report_types as rt
-    docs = _field_docs(rt)
+    from analyzer.contract import report_types as rt, tolerance
+    docs = {**_field_docs(tolerance), **_field_docs(rt)}
     order, paths, parent = [], {}, {}
     queue = [(rt.Report, "", None)]
     while queue:  # breadth first: each struct under the shortest path that reaches it

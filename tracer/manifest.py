@@ -14,9 +14,9 @@ import msgspec
 import torch
 
 from analyzer.contract.atomic import write_atomic
-from analyzer.contract.schemas import (MANIFEST_NAME, SCHEMA_VERSION, TOLERANCE_SOURCE, TOLERANCES, Baseline, Batch,
-                                       Device, Experiment, Launch, Machine, Manifest, Mesh, Model, Profiler,
-                                       Tolerance, Training, Versions, mixed_precision_tolerance)
+from analyzer.contract.schemas import (MANIFEST_NAME, SCHEMA_VERSION, Baseline, Batch, Device, Experiment,
+                                       Launch, Machine, Manifest, Mesh, Model, Profiler, Training, Versions)
+from analyzer.contract.tolerance import TOLERANCES, mixed_precision_tolerance
 from tracer.config import RecordConfig
 from tracer.data import data_manifest
 from tracer.golden import golden_section
@@ -106,9 +106,8 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
             options["fsdp_unit_classes"] = [c.__name__ for c in spec.units]
     reference = cfg.model == "reference"
     dims = list(batch_x.shape) + [0, 0]
-    tol, source = TOLERANCES[cfg.precision], TOLERANCE_SOURCE
-    if cfg.mixed_precision is not None:
-        tol, source = mixed_precision_tolerance(list(cfg.mixed_precision_dtypes), world_size)
+    tol = (TOLERANCES[cfg.precision] if cfg.mixed_precision is None else
+           mixed_precision_tolerance(list(cfg.mixed_precision_dtypes), world_size))
     return Manifest(
         schema_version=SCHEMA_VERSION, run_id=uuid.uuid4().hex, run_name=run_dir.name,
         created_utc=datetime.now(timezone.utc).isoformat(), strategy=cfg.strategy,
@@ -123,7 +122,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
         profiler=Profiler(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
                           activities=[a.name for a in activities(device.type)],
                           record_shapes=True, profile_memory=True),
-        tolerance=Tolerance(rtol=tol["rtol"], atol=tol["atol"], source=source),
+        tolerance=tol,
         baseline=Baseline(
             kind="separate-process", file="baseline.safetensors",
             description=("one process, whole global batch, same seed, initial weights, data and "

@@ -4,7 +4,7 @@
 the numerics, each parameter's (or gradient's) local values together with the baseline elements
 they must equal.
 
-Tolerances of hsdp and fsdp2_tp are fsdp2's (``schemas.TOLERANCES`` by precision, the
+Tolerances of hsdp and fsdp2_tp are fsdp2's (``tolerance.TOLERANCES`` by precision, the
 torch.testing.assert_close defaults), and so is their derivation: each compared element is a
 short float32 sum whose order changed. The order does change with the mesh: HSDP sums the
 ranks' gradients as (shard group reduce_scatter) then (replicate group all_reduce), i.e.

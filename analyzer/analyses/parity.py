@@ -11,21 +11,21 @@ Rule (README "Parity"; contract in ``analyzer/contract/schemas.py``):
 2. ``rel_l2 = sqrt(diff_sq_sum) / sqrt(ref_sq_sum)``; 0 when both sums are 0, inf when only the
    reference is 0.
 3. A tensor passes iff it has no NaN/inf (``nonfinite == 0`` and every error metric finite) and
-   ``max_abs_diff <= atol + rtol * max_abs_ref``. This is the max-norm form of
-   ``torch.testing.assert_close``'s elementwise ``|x - r| <= atol + rtol * |r|``: whenever every
-   element passes assert_close, ``max |x - r| <= atol + rtol * max |r|`` holds too, so this rule is
-   never stricter than torch's.
+   ``max_abs_diff <= tol.limit(max_abs_ref)`` (``atol + rtol * max_abs_ref``). This is the
+   max-norm form of ``torch.testing.assert_close``'s elementwise ``|x - r| <= atol + rtol *
+   |r|``: whenever every element passes assert_close, ``max |x - r| <= atol + rtol * max |r|``
+   holds too, so this rule is never stricter than torch's.
 4. Loss at each recorded step k: the distributed loss is the mean over ranks of ``value`` (the
    ranks' slices are equal); it passes iff finite and ``|loss - ref| <= (k + 1) * (atol + rtol *
-   |ref|)``, the divergence envelope (``schemas.loss_envelope``: each step may add one step's
+   |ref|)``, the divergence envelope (``Tolerance.envelope``: each step may add one step's
    rounding). With AdamW the parameters after the first step get ``schemas.adam_first_step_bound``
    on top of their limit.
 5. First divergence, in this order: activations by forward order (``seq``), gradients by
    parameter order, parameters after the first optimizer step, then the loss by step.
 
-Tolerances: ``schemas.TOLERANCES`` by the manifest's precision (torch.testing.assert_close
-defaults), or ``schemas.mixed_precision_tolerance`` for a ``--mixed-precision`` record,
-overridable by the user; every output states them with their source.
+Tolerances (analyzer/contract/tolerance.py): ``TOLERANCES`` by the manifest's precision
+(torch.testing.assert_close defaults), or ``mixed_precision_tolerance`` for a
+``--mixed-precision`` record, overridable by the user; every output states them with their source.
 """
 
 from __future__ import annotations
@@ -39,9 +39,8 @@ import pandas as pd
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
 from analyzer.analyses.memory import read_parquet
-from analyzer.contract.report_types import (DivergenceTolerance, FailedCheck, FirstDivergence, LossStep,
-                                   Parity,
-                                   Tolerance, ToleranceOverride)
+from analyzer.contract.report_types import FailedCheck, FirstDivergence, LossStep, Parity, ToleranceOverride
+from analyzer.contract.tolerance import TOLERANCES, Tolerance, mixed_precision_tolerance
 
 KIND_ORDER = ("activation", "grad", "param")
 """Tensor kinds in first-divergence order (the loss comes after them)."""
@@ -52,26 +51,23 @@ _MAX_METRICS = ("max_abs_diff", "max_abs_ref")
 
 def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | None = None,
                   mixed_precision: list[str] | None = None, world_size: int = 1) -> Tolerance:
-    """Tolerance for ``precision`` from ``schemas.TOLERANCES`` -- or, for a record with
+    """Tolerance for ``precision`` from ``TOLERANCES`` -- or, for a record with
     ``--mixed-precision`` dtypes ``mixed_precision`` on ``world_size`` ranks,
-    ``schemas.mixed_precision_tolerance`` -- with optional user overrides.
+    ``mixed_precision_tolerance`` -- with the user's ``--rtol`` / ``--atol`` (None: keep).
 
     Raises ``ValueError`` for an unknown precision or dtype, or a negative / non-finite override.
     """
-    if precision not in schemas.TOLERANCES:
+    if precision not in schemas.PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; expected one of {schemas.PRECISIONS}")
-    base = schemas.TOLERANCES[precision]
-    source = schemas.TOLERANCE_SOURCE.replace("the dtype", precision)
-    if mixed_precision:
-        base, source = schemas.mixed_precision_tolerance(mixed_precision, world_size)
-        precision = "mixed " + ",".join(mixed_precision)
+    tol = (mixed_precision_tolerance(mixed_precision, world_size) if mixed_precision else
+           TOLERANCES[precision])
     overridden = [n for n, v in (("rtol", rtol), ("atol", atol)) if v is not None]
-    if overridden:
-        source = f"{' and '.join(overridden)} set by the user; otherwise {source}"
+    if not overridden:
+        return tol
     # + 0.0 turns a user's -0.0 into 0.0 (IEEE 754: -0.0 + 0.0 == +0.0), printed "0", not "-0"
-    return Tolerance(rtol=base["rtol"] if rtol is None else float(rtol) + 0.0,
-                     atol=base["atol"] if atol is None else float(atol) + 0.0,
-                     precision=precision, source=source)
+    return Tolerance(rtol=tol.rtol if rtol is None else float(rtol) + 0.0,
+                     atol=tol.atol if atol is None else float(atol) + 0.0, precision=tol.precision,
+                     source=f"{' and '.join(overridden)} set by the user; otherwise {tol.source}")
 
 
 def read_numerics(path: Path | str) -> pd.DataFrame:
@@ -170,9 +166,9 @@ def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numeri
     ``numerics`` is ``read_numerics`` output. Returns one row per (kind, tensor, step), sorted in
     first-divergence order, with columns: kind, tensor, seq, step, reduction ("sharded" |
     "replicated"), n_ranks, worst_rank (replicated only, else -1), numel, sq_sum, ref_sq_sum,
-    diff_sq_sum, max_abs_diff, max_abs_ref, nonfinite, rel_l2, limit (``atol + rtol *
-    max_abs_ref``), finite (bool), passed (bool). Raises ``BadInput`` when a tensor is marked
-    replicated on some ranks and sharded on others, or a metric is missing.
+    diff_sq_sum, max_abs_diff, max_abs_ref, nonfinite, rel_l2, limit (``tol.limit(max_abs_ref)``),
+    finite (bool), passed (bool). Raises ``BadInput`` when a tensor is marked replicated on some
+    ranks and sharded on others, or a metric is missing.
     """
     wide = _wide(numerics, path)
     cols = ["kind", "tensor", "seq", "step", "reduction", "n_ranks", "worst_rank", *_SUM_METRICS,
@@ -187,7 +183,7 @@ def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numeri
         raise BadInput(path, "bad_run_file",
                        f"{kind} {tensor} at step {step} is replicated on some ranks and sharded on "
                        "others", "re-record the run")
-    wide["_limit"] = tol.atol + tol.rtol * wide["max_abs_ref"]
+    wide["_limit"] = tol.limit(wide["max_abs_ref"])
     err = wide[["max_abs_diff", "diff_sq_sum"]].to_numpy(float)
     wide["_bad"] = (wide["nonfinite"].fillna(1) > 0) | ~np.isfinite(err).all(axis=1)
     wide["_excess"] = wide["max_abs_diff"] - wide["_limit"]
@@ -212,7 +208,7 @@ def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numeri
                          "_bad_any": bool(g["_bad"].any())})
     out = pd.DataFrame(out_rows)
     out["rel_l2"] = _rel_l2(out["diff_sq_sum"], out["ref_sq_sum"])
-    out["limit"] = tol.atol + tol.rtol * out["max_abs_ref"]
+    out["limit"] = tol.limit(out["max_abs_ref"])
     if adam is not None:
         grad_diff = out[(out["kind"] == "grad") & (out["step"] == 0)].set_index("tensor")["max_abs_diff"]
         first = (out["kind"] == "param") & (out["step"] == 0)
@@ -232,8 +228,8 @@ def check_loss(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.
 
     Returns one row per step: step, n_ranks, loss (mean over ranks of ``value``), ref (the
     baseline's ``ref_value``, lowest rank's), abs_diff, rel_diff (``abs_diff / |ref|``; 0 when
-    both are 0, inf when only ref is 0), limit (``schemas.loss_envelope``: ``(step + 1) * (atol
-    + rtol * |ref|)``, growing with the step, README "Parity"), passed (bool).
+    both are 0, inf when only ref is 0), limit (``tol.envelope``: ``(step + 1) * (atol + rtol *
+    |ref|)``, growing with the step, README "Parity"), passed (bool).
     Raises ``BadInput`` when a step lacks ``value`` or ``ref_value``.
     """
     rows = numerics[numerics["kind"] == "loss"]
@@ -254,7 +250,7 @@ def check_loss(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.
             rel = 0.0
         else:
             rel = diff / abs(ref) if ref != 0 else math.inf
-        limit = schemas.loss_envelope(int(step), ref, tol.rtol, tol.atol)
+        limit = tol.envelope(int(step), ref)
         ok = math.isfinite(loss) and math.isfinite(ref) and diff <= limit
         out.append({"step": int(step), "n_ranks": int(values["rank"].nunique()), "loss": loss,
                     "ref": ref, "abs_diff": diff, "rel_diff": rel, "limit": limit, "passed": ok})
@@ -268,7 +264,7 @@ def _divergence(row: pd.Series, kind: str, tol: Tolerance) -> FirstDivergence:
         rel_l2=float(row["rel_diff" if loss else "rel_l2"]),
         max_abs_diff=float(row["abs_diff" if loss else "max_abs_diff"]), limit=float(row["limit"]),
         nonfinite=(0 if math.isfinite(row["loss"]) else 1) if loss else float(row["nonfinite"]),
-        tolerance=DivergenceTolerance(rtol=tol.rtol, atol=tol.atol, source=tol.source),
+        tolerance=tol,
         # named once: the loss's kind and tensor are both "loss" ("loss loss" read as a typo)
         subject="the loss" if loss else f"{kind} {row['tensor']}")
 

@@ -6,9 +6,9 @@ Which difference is acceptable depends on what changed between the records:
   precision policy: the baseline is one process on one thread running the same code on the same
   inputs, so it must repeat **bitwise**; any difference is named as non-determinism;
 * a different torch (or other version), device or precision policy: the **precision tolerance**
-  of the looser precision of the two (``schemas.TOLERANCES``, torch.testing.assert_close defaults:
-  bf16 if either run is bf16), applied like the parity gate: a tensor is within tolerance iff it
-  is finite and ``max |new - old| <= atol + rtol * max |old|`` (analyzer/analyses/parity.py, rule 3).
+  of the looser precision of the two (analyzer/contract/tolerance.py ``TOLERANCES``,
+  torch.testing.assert_close defaults: bf16 if either run is bf16), applied like the parity gate:
+  a tensor is within tolerance iff it is finite and ``max |new - old| <= limit(max |old|)``.
 
 Sharding and world size do not enter the baseline (one process, the whole global batch); they are
 listed among the differing settings because the runs' distributed numerics differ with them.
@@ -35,7 +35,8 @@ from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
 from analyzer.compare.kept import KeptRun, open_kept
 from analyzer.contract.text import one_line
-from analyzer.contract.report_types import BaselineDrift, DriftComparison, RunEntry, Tolerance, ToleranceOverride
+from analyzer.contract.report_types import BaselineDrift, DriftComparison, RunEntry, ToleranceOverride
+from analyzer.contract.tolerance import Tolerance
 
 DRIFT_SETTINGS = ("versions", "device", "precision", "training", "sharding", "world_size", "model",
                   "batch", "seed")
@@ -79,8 +80,8 @@ def settings_diff(old: schemas.Manifest, new: schemas.Manifest) -> list[dict[str
 
 def expectation(old: schemas.Manifest, new: schemas.Manifest, diffs: list[dict[str, Any]],
                 override: ToleranceOverride = ToleranceOverride()) -> dict[str, Any]:
-    """``{mode: "bitwise" | "tolerance", tolerance: {rtol, atol, precision, source} | None, why}``
-    (module docstring). ``override`` replaces the tolerance's numbers."""
+    """``{mode: "bitwise" | "tolerance", tolerance: Tolerance's fields | None, why}`` (module
+    docstring). ``override`` replaces the tolerance's numbers."""
     changed = [d["setting"] for d in diffs if d["setting"] in EXPECTATION_SETTINGS]
     if not changed:
         return {"mode": "bitwise", "tolerance": None,
@@ -89,14 +90,14 @@ def expectation(old: schemas.Manifest, new: schemas.Manifest, diffs: list[dict[s
     precision = "bf16" if "bf16" in (old.precision, new.precision) else "fp32"
     tol = parity.tolerance_for(precision, rtol=override.rtol, atol=override.atol)
     return {"mode": "tolerance",
-            "tolerance": {"rtol": tol.rtol, "atol": tol.atol, "precision": precision, "source": tol.source},
+            "tolerance": msgspec.to_builtins(tol),
             "why": f"{', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'}: the {precision} precision tolerance applies "
                    f"({tol.describe()}), max |new - old| <= atol + rtol * max |old|"}
 
 
-def _limit(exp: dict[str, Any], max_abs_ref: float) -> float:
-    tol = exp["tolerance"]
-    return 0.0 if tol is None else tol["atol"] + tol["rtol"] * max_abs_ref
+def _tolerance(exp: dict[str, Any]) -> Tolerance:
+    """The tolerance of ``expectation``'s result; bitwise: rtol = atol = 0."""
+    return Tolerance(**(exp["tolerance"] or {"rtol": 0.0, "atol": 0.0, "source": "bitwise"}))
 
 
 def _status(exp: dict[str, Any], max_abs_diff: float, limit: float, finite: bool, bound: bool) -> tuple[str, bool]:
@@ -113,6 +114,7 @@ def compare_tensors(old: KeptRun, new: KeptRun, exp: dict[str, Any]) -> pd.DataF
     max_abs_ref (``max |old|``), limit, status, ok. With basis "summaries" the differences are
     lower bounds (module docstring)."""
     a, b = old.kept.set_index("tensor"), new.kept.set_index("tensor")
+    tol = _tolerance(exp)
     order = {g: i for i, g in enumerate(schemas.KEPT_GROUPS)}
     names = sorted(set(a.index) | set(b.index), key=lambda n: (order.get(n.split(".", 1)[0], 99), n))
     rows = []
@@ -131,7 +133,7 @@ def compare_tensors(old: KeptRun, new: KeptRun, exp: dict[str, Any]) -> pd.DataF
         elif ra["sha256"] == rb["sha256"]:
             row.update(bitwise_equal=True, max_abs_diff=0.0, rel_l2=0.0,
                        max_abs_ref=float(ra["max_abs"] or 0.0), status="identical", ok=True)
-            row["limit"] = _limit(exp, row["max_abs_ref"])
+            row["limit"] = tol.limit(row["max_abs_ref"])
         elif old.tensors is not None and new.tensors is not None:
             x, r = new.tensors[name].reshape(-1), old.tensors[name].reshape(-1)
             d = x - r
@@ -140,7 +142,7 @@ def compare_tensors(old: KeptRun, new: KeptRun, exp: dict[str, Any]) -> pd.DataF
             mad = float(np.abs(d).max()) if d.size else 0.0
             mar = float(np.abs(r).max()) if r.size else 0.0
             finite = bool(np.isfinite(x).all() and np.isfinite(r).all())
-            limit = _limit(exp, mar)
+            limit = tol.limit(mar)
             status, ok = _status(exp, mad, limit, finite, bound=False)
             row.update(basis="tensors", max_abs_diff=mad, max_abs_ref=mar, limit=limit, status=status, ok=ok,
                        rel_l2=(diff_norm / ref_norm) if ref_norm else (0.0 if diff_norm == 0 else math.inf))
@@ -150,7 +152,7 @@ def compare_tensors(old: KeptRun, new: KeptRun, exp: dict[str, Any]) -> pd.DataF
             l2 = abs(math.sqrt(rb["sq_sum"]) - ref_norm)
             mar = float(ra["max_abs"])
             finite = ra["nonfinite"] == 0 and rb["nonfinite"] == 0
-            limit = _limit(exp, mar)
+            limit = tol.limit(mar)
             status, ok = _status(exp, mad, limit, finite, bound=True)
             row.update(basis="summaries", max_abs_diff=float(mad), max_abs_ref=mar, limit=limit,
                        rel_l2=(l2 / ref_norm) if ref_norm else math.nan, status=status, ok=ok)
@@ -204,9 +206,7 @@ def golden_link(old: KeptRun, new: KeptRun, exp: dict[str, Any]) -> dict[str, An
     if new.manifest.strategy != "single" and path.exists():
         n = parity.read_numerics(path)
         if n["metric"].isin(schemas.GOLDEN_METRICS).any():
-            t = exp["tolerance"] or {"rtol": 0.0, "atol": 0.0, "precision": "user", "source": "bitwise"}
-            tol = Tolerance(rtol=t["rtol"], atol=t["atol"], precision=t["precision"], source=t["source"])
-            checked = parity.check_tensors(_as_base_metrics(n), tol, path=str(path))
+            checked = parity.check_tensors(_as_base_metrics(n), _tolerance(exp), path=str(path))
             out["distributed"] = {
                 "tensors": int(len(checked)), "max_rel_l2": float(checked["rel_l2"].max()) if len(checked) else None,
                 "max_abs_diff": float(checked["max_abs_diff"].max()) if len(checked) else None,

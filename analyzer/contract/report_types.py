@@ -20,6 +20,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from analyzer.contract.errors import BadInput
+from analyzer.contract.tolerance import Tolerance
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -88,34 +89,6 @@ class _Figures(msgspec.Struct, kw_only=True):
 Num = int | float | None
 
 
-class Tolerance(msgspec.Struct, kw_only=True):
-    """Tolerance of the gate: ``|x - r| <= atol + rtol * |r|``. Raises ``ValueError`` for a
-    negative or non-finite rtol / atol."""
-
-    rtol: float
-    atol: float
-    precision: str
-    """``fp32`` / ``bf16``: the precision the numbers are chosen for."""
-    source: str
-    """Where the numbers come from, stated in every report."""
-
-    def __post_init__(self) -> None:
-        for name in ("rtol", "atol"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-
-    def describe(self) -> str:
-        """One line, e.g. ``rtol 1.3e-06, atol 1e-05 (torch.testing.assert_close defaults ...)``."""
-        return f"rtol {self.rtol:.3g}, atol {self.atol:.3g} ({self.source})"
-
-
-class DivergenceTolerance(msgspec.Struct, kw_only=True):
-    rtol: float
-    atol: float
-    source: str
-
-
 class FirstDivergence(_Figures, kw_only=True):
     """The first check that failed (analyzer/analyses/parity.py order); ``subject`` names it in text
     (``grad layers.0.attn.weight``, ``the loss``). ``rel_l2`` is the loss's relative diff."""
@@ -127,7 +100,7 @@ class FirstDivergence(_Figures, kw_only=True):
     max_abs_diff: float | None
     limit: float | None
     nonfinite: Num
-    tolerance: DivergenceTolerance
+    tolerance: Tolerance
     subject: str
 
     def describe(self, *, limit_terms: bool = True) -> str:
@@ -138,7 +111,7 @@ class FirstDivergence(_Figures, kw_only=True):
         if (self.nonfinite or 0) > 0 or None in (self.max_abs_diff, self.rel_l2, self.limit):
             return f"{where} has NaN/inf values"
         terms = f"atol {self.tolerance.atol:.3g} + rtol {self.tolerance.rtol:.3g} x max |ref|"
-        if self.kind == "loss":  # the divergence envelope (schemas.loss_envelope)
+        if self.kind == "loss":  # the divergence envelope (Tolerance.envelope)
             terms = f"{self.step + 1} x (atol {self.tolerance.atol:.3g} + rtol {self.tolerance.rtol:.3g} x |ref|)"
         terms = f" ({terms})" if limit_terms else ""
         return (f"{where}: max |diff| {self.max_abs_diff:.3g} > limit {self.limit:.3g}{terms}, "
@@ -157,7 +130,7 @@ class FailedCheck(_Figures, kw_only=True):
 class LossStep(_Figures, kw_only=True):
     """The loss at one recorded step: ``loss`` the run's (mean over ranks), ``ref`` the
     baseline's for the same step, ``limit`` the divergence envelope |loss - ref| must stay
-    within (``schemas.loss_envelope``)."""
+    within (``Tolerance.envelope``)."""
 
     step: int
     loss: float

@@ -46,6 +46,8 @@ import msgspec
 import pyarrow as pa
 from msgspec import UNSET, UnsetType
 
+from analyzer.contract.tolerance import Tolerance
+
 SCHEMA_VERSION = 1
 
 MANIFEST_NAME = "manifest.json"
@@ -356,13 +358,6 @@ class Profiler(msgspec.Struct, kw_only=True, omit_defaults=True):
     profile_memory: bool | None = None
 
 
-class Tolerance(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The tolerance the tracer would apply (readers recompute it from the precision)."""
-    rtol: float | None = None
-    atol: float | None = None
-    source: str | None = None
-
-
 class Baseline(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How the baseline was obtained."""
     kind: str | None = None  # "in-process" | "separate-process"
@@ -496,7 +491,7 @@ class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     seed: int
     steps: int  # total steps run
     profiler: Profiler
-    tolerance: Tolerance
+    tolerance: Tolerance  # what the tracer applied (readers recompute it from the precision)
     baseline: Baseline
     files: list[FileEntry]  # every other file in the run directory
     keep_tensors: str | None = None  # "full" | "summaries": what was kept of the baseline (KEPT_*)
@@ -577,58 +572,6 @@ def kept_row(tensor: str, dtype: str, shape: list[int], raw: bytes, values: Any)
             "nonfinite": int(v.size - finite.sum())}
 
 
-# Parity tolerances by precision. Source: torch.testing.assert_close defaults
-# (https://pytorch.org/docs/stable/testing.html): float32 rtol 1.3e-6 atol 1e-5,
-# bfloat16 rtol 1.6e-2 atol 1e-5.
-TOLERANCES: dict[str, dict[str, float]] = {
-    "fp32": {"rtol": 1.3e-6, "atol": 1e-5},
-    "bf16": {"rtol": 1.6e-2, "atol": 1e-5},
-}
-TOLERANCE_SOURCE = "torch.testing.assert_close defaults for the dtype"
-
-# --- tolerances of the training setup (issue 18; README "Parity") ---------------------------
-#
-# Mixed precision (``--mixed-precision PARAM,REDUCE,BUFFER``). The baseline runs the global batch
-# as W micro-batches, one per rank's rows, in PARAM (tracer/training.py): each micro-batch's
-# gradient is computed and rounded exactly as that rank computes and rounds its own, cast to
-# REDUCE, divided by W and added in REDUCE in rank order. (A whole-batch gradient rounded once
-# differs from the ranks' W rounded partial sums by u relative to the *partials*: where rows cancel,
-# as in a norm weight's gradient, that is tens of u of the gradient itself, measured 11 u at the
-# reference model's default shapes -- no tolerance relative to the gradient covers it.) What is
-# left is the order of the W - 1 additions: the collective's (ring, tree) against the baseline's
-# rank order, each addition rounded (u = unit roundoff of REDUCE: bf16 has 8 significant bits, u =
-# 2^-8; fp16 u = 2^-11): at most 2 (W - 1) u of the summed magnitudes. For W = 2 the one addition
-# is commutative and the results are bitwise equal (measured: FSDP1, FSDP2 and DDP fp32,bf16,fp32,
-# every gradient, parameter and activation 0.0 at the reference model's default shapes). rtol =
-# max(torch's default for the dtype, 2 (W - 1) u): W = 2, bf16: 1.6e-2; W = 8: 14 u = 5.5e-2.
-# atol: torch's 1e-5. BUFFER does not enter: buffers are cast the same way in the baseline and on
-# every rank.
-UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
-_TORCH_DTYPE_TOLERANCES = {**TOLERANCES, "fp16": {"rtol": 1e-3, "atol": 1e-5}}
-MIXED_PRECISION_SOURCE = ("2 (W - 1) u for the order of a {dtype} reduction of W = {world} "
-                          "partial sums, which the baseline rounds per rank's rows as the ranks do "
-                          "(u = unit roundoff), or torch.testing.assert_close's {dtype} default "
-                          "when larger")
-
-
-def mixed_precision_tolerance(dtypes: list[str], world_size: int) -> tuple[dict[str, float], str]:
-    """(rtol/atol, source) for ``--mixed-precision`` ``dtypes`` [PARAM, REDUCE, BUFFER] on
-    ``world_size`` ranks: the rule above, for the lower of PARAM and REDUCE. All fp32: the fp32
-    tolerance. Raises ``ValueError`` for an unknown dtype name."""
-    low = [d for d in dtypes[:2] if d != "fp32"]
-    unknown = [d for d in dtypes if d not in UNIT_ROUNDOFF]
-    if unknown:
-        raise ValueError(f"unknown mixed-precision dtype {unknown[0]!r}; expected one of "
-                         f"{', '.join(UNIT_ROUNDOFF)}")
-    if not low:
-        return dict(TOLERANCES["fp32"]), TOLERANCE_SOURCE.replace("the dtype", "fp32")
-    dtype = max(low, key=UNIT_ROUNDOFF.__getitem__)
-    torch_default = _TORCH_DTYPE_TOLERANCES[dtype]
-    rtol = max(torch_default["rtol"], 2 * (world_size - 1) * UNIT_ROUNDOFF[dtype])
-    return ({"rtol": rtol, "atol": torch_default["atol"]},
-            MIXED_PRECISION_SOURCE.format(dtype=dtype, world=world_size))
-
-
 # AdamW, parameters after the first step. torch's AdamW at step 1 has m / (1 - b1) = g and
 # sqrt(v / (1 - b2)) = |g|, so each element moves by lr * f(g), f(g) = g / (|g| + eps), after the
 # weight decay p * (1 - lr * wd) (the same on every side: the initial weights are identical).
@@ -646,20 +589,6 @@ def adam_first_step_bound(lr: float, eps: float, grad_max_abs_diff: float) -> fl
     if grad_max_abs_diff != grad_max_abs_diff:
         return grad_max_abs_diff
     return lr * min(2.0, grad_max_abs_diff / eps)
-
-
-# Loss beyond step 0: the divergence envelope. At step k the loss of the distributed run and of
-# the baseline differ by the rounding of step k's forward plus the effect of the parameter
-# differences left by the k optimizer steps before. For a stable run (SGD with lr < 2 / the
-# largest curvature; AdamW's steps are bounded by lr) an earlier difference is not amplified, and
-# each step adds at most one step's rounding, so the difference grows at most linearly:
-# limit_k = (k + 1) * (atol + rtol * |ref_k|). A bug that changes an update (a gradient not
-# zeroed, a wrong learning rate on a rank) moves the loss by the step's own size (lr * |g|^2 for
-# SGD), orders of magnitude above.
-def loss_envelope(step: int, ref: float, rtol: float, atol: float) -> float:
-    """The loss limit at ``step`` (0-based) for the baseline loss ``ref``: (step + 1) * (atol +
-    rtol * |ref|)."""
-    return (step + 1) * (atol + rtol * abs(ref))
 
 
 def sha256_file(path: Path | str) -> str:

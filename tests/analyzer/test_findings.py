@@ -10,10 +10,11 @@ import pytest
 
 from analyzer.analyses import findings as fnd
 from analyzer.contract.report_types import (CAUSE_THRESHOLD, CommGroup, CommKind, DataSupply,
-                                            FirstDivergence, DivergenceTolerance, Memory,
+                                            FirstDivergence, Memory,
                                             MemoryFit, MeshDimComm, Parity, Prefetch,
                                             PrefetchUnit, RankFigures, Ranking, Report, RunEntry,
                                             StepTime, StragglerCause, TraceInfo, decode, encode)
+from analyzer.contract.tolerance import Tolerance
 
 MS = 1_000_000
 
@@ -85,7 +86,7 @@ def comm(*, time, wait, transfer, bytes_=None, count=1.0, busbw=None, tbusbw=Non
 def _divergence():
     return FirstDivergence(tensor="layers.0.attn.weight", kind="grad", step=1, rel_l2=0.5,
                            max_abs_diff=1e-3, limit=1.13e-5, nonfinite=0,
-                           tolerance=DivergenceTolerance(rtol=1.3e-6, atol=1e-5, source="t"),
+                           tolerance=Tolerance(rtol=1.3e-6, atol=1e-5, source="t"),
                            subject="grad layers.0.attn.weight")
 
 

@@ -33,7 +33,8 @@ def manifest(name: str, *, precision: str = "fp32", torch_version: str = "2.13.0
                      "nccl": None, "paritytrace": "0.1.0"},
         "model": {"name": "SimpleTransformer", "hidden": 2, "layers": 1, "num_params": 4},
         "batch": {"global_batch": 1, "seq_len": 1, "per_rank_batch": 1, "hidden": 2},
-        "seed": 0, "steps": 2, "profiler": {}, "tolerance": {}, "baseline": {}, "files": [],
+        "seed": 0, "steps": 2, "profiler": {}, "baseline": {}, "files": [],
+        "tolerance": {"rtol": 1.3e-6, "atol": 1e-5, "source": "torch.testing.assert_close defaults"},
     }
 
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analyzer.contract import schemas
+from analyzer.contract.tolerance import TOLERANCES
 
 
 def tensor_rows(*, rank, kind, tensor, seq, step=0, numel=4.0, sq_sum=1.0, ref_sq_sum=1.0,
@@ -92,7 +93,7 @@ def manifest(*, run_name, strategy, world_size=2, precision="fp32", fault=None, 
         "seed": seed, "steps": 3,
         "profiler": {"wait": 0, "warmup": 1, "active": 2, "activities": ["cpu"],
                      "record_shapes": False, "profile_memory": True},
-        "tolerance": {**schemas.TOLERANCES[precision], "source": schemas.TOLERANCE_SOURCE},
+        "tolerance": msgspec.to_builtins(TOLERANCES[precision]),
         "baseline": {"kind": "in-process", "description": "hand-built"},
         "files": [],
     }
@@ -113,9 +114,6 @@ def write_manifest(run_dir: Path, data: dict) -> None:
          "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
         for p in sorted(run_dir.iterdir()) if p.is_file() and p.name != schemas.MANIFEST_NAME]}
     (run_dir / schemas.MANIFEST_NAME).write_text(json.dumps(data, indent=1), encoding="utf-8")
-
-
-FP32 = schemas.TOLERANCES["fp32"]
 
 
 def limit(max_abs_ref: float) -> float:

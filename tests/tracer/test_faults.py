@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 
 from analyzer.contract import schemas
+from analyzer.contract.tolerance import TOLERANCES
 from tests.tracer.helpers import TINY, run_tracer, tensor_rel_l2
 
 pytestmark = pytest.mark.slow
-RTOL = schemas.TOLERANCES["fp32"]["rtol"]
+RTOL = TOLERANCES["fp32"].rtol
 
 
 # The canary records also exercise non-default FSDP options (recorded in the manifest).

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from analyzer.contract import schemas
+from analyzer.contract.tolerance import TOLERANCES
 from tests.tracer.helpers import TINY, alive_with_tag, run_tracer, tensor_rel_l2
 from tracer.launch import free_port
 
@@ -38,7 +39,7 @@ def test_torchrun_one_node_bf16_within_documented_tolerance_rank0_says_where(tmp
     assert not (tmp_path / "fsdp" / schemas.RECORDING_NAME).exists()
     assert not (tmp_path / "fsdp" / schemas.LOCK_NAME).exists()
     assert alive_with_tag(tag) == []
-    rtol = schemas.TOLERANCES["bf16"]["rtol"]
+    rtol = TOLERANCES["bf16"].rtol
     assert manifest.precision == "bf16" and manifest.tolerance.rtol == rtol
     grads = tensor_rel_l2(numerics, "grad")
     assert max(grads.values()) < rtol

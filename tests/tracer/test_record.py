@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analyzer.contract import schemas
+from analyzer.contract.tolerance import TOLERANCES
 from tests.tracer.helpers import tensor_rel_l2
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,7 @@ def test_run_dir_is_complete(fp32_all, strategy):
     assert manifest.model.num_params == TINY_NUM_PARAMS
     assert manifest.backend == "gloo" and manifest.device.type == "cpu"
     assert manifest.fault is None and manifest.precision == "fp32"
-    assert manifest.tolerance.rtol == schemas.TOLERANCES["fp32"]["rtol"]
+    assert manifest.tolerance.rtol == TOLERANCES["fp32"].rtol
     for rank in range(world):
         trace = _trace(run_dir / schemas.trace_name(rank))
         info = trace["distributedInfo"]

@@ -18,6 +18,7 @@ import pytest
 
 from analyzer.analyses import parity
 from analyzer.contract import schemas
+from analyzer.contract.tolerance import TOLERANCES, mixed_precision_tolerance
 from tests.tracer.helpers import TINY, run_tracer
 
 
@@ -90,14 +91,15 @@ def test_mixed_precision_tolerance_from_the_unit_roundoff():
     u_bf16 = torch.finfo(torch.bfloat16).eps / 2  # 2^-8: 8 significant bits
     u_fp16 = torch.finfo(torch.float16).eps / 2
     # 2 (W - 1) u, or torch's default for the dtype when larger
-    tol, _ = schemas.mixed_precision_tolerance(["bf16", "bf16", "bf16"], 2)
-    assert tol == {"rtol": 1.6e-2, "atol": 1e-5}  # 2 u = 7.8e-3 < 1.6e-2
-    tol, _ = schemas.mixed_precision_tolerance(["fp32", "bf16", "fp32"], 8)
-    assert tol["rtol"] == 14 * u_bf16  # 5.5e-2
-    assert schemas.mixed_precision_tolerance(["bf16", "fp32", "fp32"], 1)[0]["rtol"] == 1.6e-2
-    assert schemas.mixed_precision_tolerance(["fp16", "fp16", "fp32"], 2)[0]["rtol"] == 1e-3
-    assert schemas.mixed_precision_tolerance(["fp16", "fp16", "fp32"], 4)[0]["rtol"] == 6 * u_fp16
-    assert schemas.mixed_precision_tolerance(["fp32", "fp32", "bf16"], 2)[0] == schemas.TOLERANCES["fp32"]
+    tol = mixed_precision_tolerance(["bf16", "bf16", "bf16"], 2)
+    assert (tol.rtol, tol.atol) == (1.6e-2, 1e-5)  # 2 u = 7.8e-3 < 1.6e-2
+    assert tol.precision == "mixed bf16,bf16,bf16"
+    assert mixed_precision_tolerance(["fp32", "bf16", "fp32"], 8).rtol == 14 * u_bf16  # 5.5e-2
+    assert mixed_precision_tolerance(["bf16", "fp32", "fp32"], 1).rtol == 1.6e-2
+    assert mixed_precision_tolerance(["fp16", "fp16", "fp32"], 2).rtol == 1e-3
+    assert mixed_precision_tolerance(["fp16", "fp16", "fp32"], 4).rtol == 6 * u_fp16
+    fp32 = mixed_precision_tolerance(["fp32", "fp32", "bf16"], 2)
+    assert (fp32.rtol, fp32.atol, fp32.source) == (1.3e-6, 1e-5, TOLERANCES["fp32"].source)
 
 
 @pytest.mark.parametrize("g, d", [(1e-8, -2e-8), (3e-9, 1e-9), (1e-3, 1e-7), (0.0, 1e-12)])
@@ -209,7 +211,7 @@ def test_reference_mixed_precision_passes_at_its_tolerance(mixed_bf16, strategy)
     kept = load_file(str(mixed_bf16 / strategy / schemas.KEPT_TENSORS_NAME))
     fp32, _ = compute_baseline(RecordConfig(strategy="fsdp", hidden=32, seq=8, batch=4), "cpu")
     fp32_tol = parity.tolerance_for("fp32")
-    assert any((kept[k] - fp32[k]).abs().max() > fp32_tol.atol + fp32_tol.rtol * fp32[k].abs().max()
+    assert any((kept[k] - fp32[k]).abs().max() > fp32_tol.limit(fp32[k].abs().max())
                for k in kept if k.startswith("grad."))
     assert torch.equal(kept["batch.x"], fp32["batch.x"])  # same inputs: the difference is bf16's
 
@@ -226,11 +228,11 @@ def test_single_runs_the_mixed_precision_policy_too(mixed_bf16):
     loss = numerics[(numerics["kind"] == "loss") & (numerics["metric"] == "value")]
     loss = loss.sort_values("step")["value"].tolist()
     fp32, _ = compute_baseline(RecordConfig(strategy="single", hidden=32, seq=8, batch=4), "cpu")
-    bf16, fp32_tol = schemas.TOLERANCES["bf16"], schemas.TOLERANCES["fp32"]
+    bf16, fp32_tol = TOLERANCES["bf16"], TOLERANCES["fp32"]
     ref = fp32["loss"].tolist()
     assert len(loss) == len(ref)
-    assert all(abs(a - r) <= bf16["atol"] + bf16["rtol"] * abs(r) for a, r in zip(loss, ref))
-    assert any(abs(a - r) > fp32_tol["atol"] + fp32_tol["rtol"] * abs(r) for a, r in zip(loss, ref))
+    assert all(abs(a - r) <= bf16.limit(abs(r)) for a, r in zip(loss, ref))
+    assert any(abs(a - r) > fp32_tol.limit(abs(r)) for a, r in zip(loss, ref))
 
 
 @pytest.mark.slow

@@ -1,0 +1,86 @@
+"""The parity tolerance: one type for the gate, drift and the loss envelope (README "Parity").
+
+A value ``x`` checked against its reference ``r`` is within tolerance iff ``|x - r| <= atol +
+rtol * |r|`` (``torch.testing.assert_close``); a tensor iff ``max |x - r| <= limit(max |r|)``,
+the max-norm form (analyzer/analyses/parity.py, rule 3). The tracer writes it into the manifest,
+report.json holds it; msgspec only, so a cached report decodes without numpy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+
+class Tolerance(msgspec.Struct, kw_only=True, frozen=True):
+    """The parity tolerance, ``|x - r| <= atol + rtol * |r|``, and where its numbers come from.
+    Raises ``ValueError`` for a negative or non-finite rtol / atol."""
+
+    rtol: float
+    """Relative tolerance (dimensionless)."""
+    atol: float
+    """Absolute tolerance (in the compared values' units)."""
+    source: str
+    """Where the numbers come from, stated in every report."""
+    precision: str = ""
+    """What they are chosen for: ``fp32``, ``bf16``, ``mixed bf16,bf16,fp32``; "" where not
+    said (a tolerance applied bitwise, a report.json or manifest written before the field)."""
+
+    def __post_init__(self) -> None:
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    def limit(self, ref_abs_max):
+        """``atol + rtol * ref_abs_max``: the largest ``max |x - r|`` allowed where ``max |r|``
+        is ``ref_abs_max`` (a float, or a numpy / pandas array: elementwise; NaN stays NaN)."""
+        return self.atol + self.rtol * ref_abs_max
+
+    def envelope(self, step: int, ref: float) -> float:
+        """The loss limit at ``step`` (0-based) for the baseline's loss ``ref``, the divergence
+        envelope ``(step + 1) x limit(|ref|)``: in a stable run an earlier difference is not
+        amplified and each step adds at most one step's rounding, while a bug that changes an
+        update moves the loss by a whole step (docs/recording.md, "Loss beyond step 0")."""
+        return (step + 1) * self.limit(abs(ref))
+
+    def describe(self) -> str:
+        """One line, e.g. ``rtol 1.3e-06, atol 1e-05; torch.testing.assert_close defaults ...``."""
+        return f"rtol {self.rtol:.3g}, atol {self.atol:.3g}; {self.source}"
+
+
+# Source: torch.testing.assert_close defaults (https://pytorch.org/docs/stable/testing.html).
+TOLERANCES = {p: Tolerance(rtol=rtol, atol=1e-5, precision=p,
+                           source=f"torch.testing.assert_close defaults for {p}")
+              for p, rtol in (("fp32", 1.3e-6), ("bf16", 1.6e-2), ("fp16", 1e-3))}
+"""Parity tolerance by precision (``fp16``: mixed precision's only, never a record's precision)."""
+
+# Mixed precision (``--mixed-precision PARAM,REDUCE,BUFFER``; docs/recording.md, "Tolerances of
+# the training setup"). The baseline rounds each rank's rows' gradient as that rank does and adds
+# them in REDUCE in rank order (tracer/training.py), so what is left is the order of the W - 1
+# additions, the collective's against the baseline's, each rounded: at most 2 (W - 1) u of the
+# summed magnitudes (u = unit roundoff of REDUCE; W = 2: one commutative addition, bitwise equal,
+# as measured on FSDP1, FSDP2 and DDP). rtol = max(torch's default for the dtype, 2 (W - 1) u),
+# atol torch's. BUFFER does not enter: buffers are cast the same way in the baseline and the ranks.
+UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
+
+
+def mixed_precision_tolerance(dtypes: list[str], world_size: int) -> Tolerance:
+    """The tolerance for ``--mixed-precision`` ``dtypes`` [PARAM, REDUCE, BUFFER] on
+    ``world_size`` ranks: the rule above, for the lower of PARAM and REDUCE (all fp32: fp32's
+    numbers). Raises ``ValueError`` for an unknown dtype name."""
+    unknown = [d for d in dtypes if d not in UNIT_ROUNDOFF]
+    if unknown:
+        raise ValueError(f"unknown mixed-precision dtype {unknown[0]!r}; expected one of "
+                         f"{', '.join(UNIT_ROUNDOFF)}")
+    precision = "mixed " + ",".join(dtypes)
+    low = [d for d in dtypes[:2] if d != "fp32"]
+    if not low:
+        return msgspec.structs.replace(TOLERANCES["fp32"], precision=precision)
+    dtype = max(low, key=UNIT_ROUNDOFF.__getitem__)
+    rtol = max(TOLERANCES[dtype].rtol, 2 * (world_size - 1) * UNIT_ROUNDOFF[dtype])
+    return Tolerance(rtol=rtol, atol=TOLERANCES[dtype].atol, precision=precision, source=(
+        f"2 (W - 1) u for the order of a {dtype} reduction of W = {world_size} partial sums, which "
+        "the baseline rounds per rank's rows as the ranks do (u = unit roundoff), or "
+        f"torch.testing.assert_close's {dtype} default when larger"))
