@@ -1,5 +1,5 @@
-"""`analyzer gate DIR`: the parity gate (issue 4) and, with ``--baseline OLD``, the performance
-gate (issue 20, analyzer/compare/perfgate.py).
+"""`analyzer gate DIR`: the parity gate (issue 4) and, with ``--baseline OLD`` (the previous
+runs), the performance gate (issue 20, analyzer/compare/perfgate.py).
 
 Exit codes (README "Exit codes and errors", ``ExitCode``): 0 every run passed parity and no
 metric regressed; 2 bad input or option; 3 a run is not numerically equivalent or not verified
@@ -7,7 +7,7 @@ metric regressed; 2 bad input or option; 3 a run is not numerically equivalent o
 of new / old step time, exposed communication or peak allocated memory lies wholly above
 1 + ``--max-regression`` with at least ``stats.MIN_REPEATS`` runs on each side. With
 ``--baseline`` both folders are analysed and checked (readable, a strategy in common, the same
-settings) before anything is printed: a bad baseline is one line, exit 2, never after PASS lines.
+settings) before anything is printed: a bad OLD is one line, exit 2, never after PASS lines.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ GATE_ALLOW_INCOMPLETE_HELP = (
     "Accept run directories without manifest.json (a record that did not finish): listed SKIP, "
     "not gated (they alone never pass).")
 GATE_HELP = (
-    "Exit 0 when every run passes the parity gate (the reference counts), 3 otherwise. With "
-    "--baseline OLD also compare performance with OLD, strategy by strategy: exit 4 when the "
-    "95 % interval of new/old step time, exposed communication or peak allocated memory lies "
-    "wholly above 1 + --max-regression with enough runs a side (record both with --repeat 5; "
-    "noise alone never fails it). Exit 2: bad input, or a baseline without a strategy in "
-    "common or recorded under other settings.")
+    "Exit 0 when every run passes the parity gate (the single-device run counts), 3 otherwise. "
+    "With --baseline OLD, the previous runs, also compare performance with OLD, strategy by "
+    "strategy: exit 4 when the 95 % interval of new/old step time, exposed communication or "
+    "peak allocated memory lies wholly above 1 + --max-regression with enough runs a side "
+    "(record both with --repeat 5; noise alone never fails it). Exit 2: bad input, or OLD "
+    "without a strategy in common or recorded under other settings.")
 
 
 def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
@@ -70,7 +70,7 @@ def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
     return ok, lines
 
 
-def perf_inputs(directory: Path, baseline: Path, options
+def perf_inputs(directory: Path, previous: Path, options
                 ) -> tuple[list[RunEntry], list[RunEntry]]:
     """(NEW's runs, OLD's runs), both analysed (``runs.analyse``, cached), checked before the
     gate prints anything. Raises ``BadInput``: either folder missing or unreadable, no strategy
@@ -79,22 +79,22 @@ def perf_inputs(directory: Path, baseline: Path, options
     from analyzer.compare import perfgate, runs
     from analyzer.contract.errors import BadInput
 
-    old = runs.analyse(baseline, options).runs
+    old = runs.analyse(previous, options).runs
     new = runs.analyse(directory, options).runs
     try:
         arms = perfgate.common_arms(new, old)
     except ValueError as exc:
-        raise BadInput(baseline, "bad_option", f"--baseline: {exc}",
-                       "pass a baseline recorded with the same strategies (run names)") from None
-    if diffs := perfgate.mismatch(arms, str(directory), str(baseline)):
-        raise BadInput(baseline, "bad_option",
+        raise BadInput(previous, "bad_option", f"--baseline: {exc}",
+                       "pass previous runs recorded with the same strategies (run names)") from None
+    if diffs := perfgate.mismatch(arms, str(directory), str(previous)):
+        raise BadInput(previous, "bad_option",
                        f"--baseline: recorded under other settings than {directory}, so its "
-                       f"times are no baseline for it: {'; '.join(diffs)}",
-                       f"record the baseline with the same settings as {directory} (the same "
+                       f"times do not compare with it: {'; '.join(diffs)}",
+                       f"record {previous} with the same settings as {directory} (the same "
                        "tracer record options) and gate again")
     from analyzer.cli import richout
 
-    for line in perfgate.mismatch(arms, str(directory), str(baseline), keys=("versions",)):
+    for line in perfgate.mismatch(arms, str(directory), str(previous), keys=("versions",)):
         richout.echo(f"note: {line}: the comparison measures the upgrade as well", err=True,
                      one_line=True)
     return new, old
@@ -109,8 +109,8 @@ def register(app, run) -> None:
         rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the relative tolerance.")] = None,
         atol: Annotated[Optional[float], typer.Option("--atol", help="Override the absolute tolerance.")] = None,
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=GATE_ALLOW_INCOMPLETE_HELP)] = False,
-        baseline: Annotated[Optional[Path], typer.Option(
-            "--baseline", parser=input_path, help="Earlier traces root (or run directory) to compare performance with.")] = None,
+        previous: Annotated[Optional[Path], typer.Option(
+            "--baseline", parser=input_path, help="Previous runs: an earlier traces root (or run directory) to compare performance with.")] = None,
         max_regression: Annotated[Optional[str], typer.Option(
             "--max-regression", help="Allowed slow-down, e.g. 10% or 0.10 (default 10% with --baseline).")] = None,
     ) -> None:
@@ -119,7 +119,7 @@ def register(app, run) -> None:
         from analyzer.contract.errors import ExitCode
         from analyzer.contract.report_types import AnalysisOptions, ToleranceOverride
 
-        if max_regression is not None and baseline is None:
+        if max_regression is not None and previous is None:
             raise typer.BadParameter("needs --baseline OLD", param_hint="--max-regression")
         try:
             allowed = perfgate.parse_max_regression(max_regression or "10%")
@@ -127,16 +127,16 @@ def register(app, run) -> None:
             raise typer.BadParameter(str(exc), param_hint="--max-regression") from None
         options = run(lambda: AnalysisOptions(tolerance=ToleranceOverride(rtol=rtol, atol=atol),
                                               allow_incomplete=allow_incomplete))
-        if baseline is None:
+        if previous is None:
             entries = run(lambda: runs.gate(directory, options))
         else:  # analysed and checked before any line is printed
-            entries, old = run(lambda: perf_inputs(directory, baseline, options))
+            entries, old = run(lambda: perf_inputs(directory, previous, options))
         ok, lines = gate_lines(entries)
         for line in lines:  # one line each, whatever a run or tensor name holds
             richout.echo(line, one_line=True)
         if not ok:
             raise typer.Exit(ExitCode.GATE_FAILED)
-        if baseline is None:
+        if previous is None:
             return
         ok, lines = run(lambda: perfgate.lines(perfgate.compare(entries, old, allowed), allowed))
         for line in lines:

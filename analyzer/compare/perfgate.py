@@ -1,7 +1,8 @@
-"""The performance gate (``analyzer gate DIR --baseline OLD --max-regression 10%``, issue 20).
+"""The performance gate (``analyzer gate DIR --baseline OLD --max-regression 10%``, issue 20):
+the new runs (DIR) against the previous runs (OLD).
 
 For every arm (strategy; a run name without its ``.r<k>`` repeat suffix, ranking.arm_of) found
-both in the new runs and the baseline's, and for each metric -- step time (every profiled step,
+both in the new runs and the previous ones, and for each metric -- step time (every profiled step,
 ``StepTime.values_ns``), exposed communication (every profiled step, mean over ranks,
 ``RunEntry.exposed_comm_step_ns``), peak allocated memory (one value per run) -- the ratio
 new / old of their medians with a 95 % interval (analyzer/compare/stats.py, repeats never paired:
@@ -85,25 +86,25 @@ def _arms(runs: list[RunEntry]) -> dict[str, list[RunEntry]]:
 
 def common_arms(new: list[RunEntry], old: list[RunEntry]
                 ) -> dict[str, tuple[list[RunEntry], list[RunEntry]]]:
-    """arm -> (its complete new runs, its complete baseline runs) for every arm in both, sorted
+    """arm -> (its complete new runs, its complete previous runs) for every arm in both, sorted
     by name. Raises ``ValueError`` when no arm is in both."""
     a_new, a_old = _arms(new), _arms(old)
     common = sorted(set(a_new) & set(a_old))
     if not common:
         raise ValueError(f"no strategy in common (new: {', '.join(sorted(a_new)) or 'none'}; "
-                         f"baseline: {', '.join(sorted(a_old)) or 'none'})")
+                         f"previous: {', '.join(sorted(a_old)) or 'none'})")
     return {arm: (a_new[arm], a_old[arm]) for arm in common}
 
 
 GATED_SETTINGS = tuple(k for k in SETTINGS if k != "versions")
-"""Settings a baseline must share with the new runs. Not ``versions``: measuring a torch (or
+"""Settings the previous runs must share with the new ones. Not ``versions``: measuring a torch (or
 this tool's) upgrade against the runs before it is what a performance gate is for; the
 difference is said as a note (``mismatch(..., keys=("versions",))``)."""
 
 
 def mismatch(arms: dict[str, tuple[list[RunEntry], list[RunEntry]]], new_label: str,
              old_label: str, keys: tuple[str, ...] = GATED_SETTINGS) -> list[str]:
-    """Per group of arms (of ``common_arms``) whose new and baseline runs differ in a setting
+    """Per group of arms (of ``common_arms``) whose new and previous runs differ in a setting
     in ``keys`` (default ``GATED_SETTINGS``: what makes runs one experiment, versions aside;
     ``ranking.settings_differences``, runs named by
     ``new_label`` / ``old_label``): ``ddp, fsdp: runs differ in model (NEW: ...; OLD: ...)``.

@@ -1,6 +1,6 @@
 """`analyzer gate DIR --baseline OLD --max-regression X`: exit 4 only when the interval of new/old
 lies wholly above 1 + X with at least stats.MIN_REPEATS runs a side; 0 when within or when the
-runs cannot tell; 2 for bad input (a baseline missing, without a strategy in common or recorded
+runs cannot tell; 2 for bad input (OLD missing, without a strategy in common or recorded
 under other settings), before any line on stdout. Hand-built runs (no traces) with constant or
 seeded step times: the answers are exact or wide by design."""
 
@@ -108,7 +108,7 @@ def test_a_regression_fails_only_with_min_repeats_on_both_sides(tmp_path, n_new,
 
 
 @pytest.mark.parametrize("swap", [False, True])
-def test_a_baseline_recorded_under_other_settings_is_refused(tmp_path, swap):
+def test_previous_runs_recorded_under_other_settings_are_refused(tmp_path, swap):
     small = _root(tmp_path / "small", [[1]] * 5, hidden=64, seq=16)
     large = _root(tmp_path / "large", [[25]] * 5, hidden=256, seq=128, peak=250 << 20)
     new, old = (large, small) if swap else (small, large)
@@ -117,7 +117,7 @@ def test_a_baseline_recorded_under_other_settings_is_refused(tmp_path, swap):
                      "ddp: runs differ in batch (", "runs differ in model (",
                      f"{new}: name SimpleTransformer, hidden {64 if not swap else 256}",
                      f"{old}: name SimpleTransformer, hidden {256 if not swap else 64}",
-                     "record the baseline with the same settings")
+                     f"record {old} with the same settings as {new}")
     assert "seq_len 16" in line and "seq_len 128" in line
     assert res.stdout == ""  # no PASS/FAIL line before the refusal
     # the same settings are compared (the settings check is not a blanket refusal)
@@ -125,7 +125,7 @@ def test_a_baseline_recorded_under_other_settings_is_refused(tmp_path, swap):
     assert cli("gate", str(same), "--baseline", str(small)).returncode == 0
 
 
-def test_a_baseline_of_other_versions_is_compared_with_a_note(tmp_path):
+def test_previous_runs_of_other_versions_are_compared_with_a_note(tmp_path):
     """Gating a torch upgrade against the runs before it is what the gate is for: versions are
     not refused, only said."""
     old = _root(tmp_path / "old", [[10, 10, 10]] * 5)
