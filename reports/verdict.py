@@ -29,15 +29,6 @@ def verdict(report: Report) -> list[str]:
     return _parity(report.runs) + _ranking(report.ranking) + _caveats(report)
 
 
-def _tolerances(runs) -> str:
-    """The tolerances of ``runs``, each named once."""
-    tols = [r.parity.tolerance for r in runs if r.parity.tolerance]
-    if not tols:
-        return "tolerance"
-    return (f"{'/'.join(sorted({t.precision for t in tols}))} tolerance "
-            f"({'; '.join(sorted({fmt.tolerance_line(t) for t in tols}))})")
-
-
 def _parity(runs) -> list[str]:
     """The parity sentences: each failed run with its first divergence, the unverified runs,
     else that every distributed run matches."""
@@ -46,11 +37,19 @@ def _parity(runs) -> list[str]:
     failed = [r for r in runs if r.parity.status == "fail"]
     missing = [r for r in runs if r.parity.status == "not_recorded"]
     passed = [r for r in dist if r.parity.status == "pass"]
+
+    def tol_text(of) -> str:  # the tolerances of runs ``of``, each named once
+        tols = [r.parity.tolerance for r in of if r.parity.tolerance]
+        if not tols:
+            return "tolerance"
+        return (f"{'/'.join(sorted({t.precision for t in tols}))} tolerance "
+                f"({'; '.join(sorted({fmt.tolerance_line(t) for t in tols}))})")
+
     if failed:
         for r in failed:  # its own tolerance, never another arm's
             fd = r.parity.first_divergence
             out.append(f"Parity: FAILED for {r.name} -- its numbers differ from the "
-                       f"single-device baseline beyond {_tolerances([r])}. First divergence: "
+                       f"single-device baseline beyond {tol_text([r])}. First divergence: "
                        f"{fd.describe(limit_terms=False) if fd else r.parity.reason}.")
         if passed:
             out.append(f"Parity passed for {', '.join(r.name for r in passed)}.")
@@ -64,7 +63,7 @@ def _parity(runs) -> list[str]:
             what = ("the single-device baseline" if has_single else
                     "the reference values recorded with them (there is no single-device run in "
                     "this report)")
-            out.append(f"Parity: all {len(dist)} distributed run(s) match {what} within {_tolerances(runs)}.")
+            out.append(f"Parity: all {len(dist)} distributed run(s) match {what} within {tol_text(runs)}.")
         elif runs:
             out.append("Parity: only the single-device reference run is present; nothing to compare.")
     return out

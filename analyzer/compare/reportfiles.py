@@ -71,11 +71,11 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
     report and given again on a cache hit: appended to ``notes`` when a list is passed (the
     CLI prints them), else logged as warnings (``logging``)."""
     from analyzer.contract import outpaths, report_types
+    from analyzer.contract.errors import BadInput, Reason
     from reports import cache, html, markdown
 
-    out, remote = _checked_out(root, out, scheduler, tables_out)
     started_ns = cache.started_ns()  # what this analysis may prune is older than this
-    _refuse_foreign(out, formats)
+    out, remote = _checked_out(root, out, formats, scheduler, tables_out)
     # Unchanged inputs, options and code: render the cached report (reports/cache.py).
     key = None if remote else cache.key(root, out, options)
     hit = cache.load_entry(root, out, key) if tables_out is None and key is not None else None
@@ -84,13 +84,19 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
     _say(said, notes)
     md = markdown.render(report)
     texts = {"json": lambda: report_json, "html": lambda: html.render(report, out), "md": lambda: md}
-    written = {}
-    rendered = {f: texts[f]() for f in ("json", "html", "md") if f in formats}
+    rendered = {f"report.{f}": texts[f]() for f in ("json", "html", "md") if f in formats}
+    written = {name: hashlib.sha256(text.encode("utf-8")).hexdigest() for name, text in rendered.items()}
     with cache.out_lock(out):  # one report at a time writes and prunes this folder
-        for f, text in rendered.items():
-            outpaths.write_out(out / f"report.{f}", text, option="--out")
-            written[f"report.{f}"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        stale, left = _remove_stale(out, formats, written, started_ns)
+        for name, text in rendered.items():
+            outpaths.write_out(out / name, text, option="--out")
+        try:  # an earlier analysis's report.* of the formats not asked for: left, they
+            # would sit beside this report as if one set (reports/cache.py remove_stale)
+            stale, left = cache.remove_stale(
+                out, [f"report.{f}" for f in FORMATS if f not in formats], written, started_ns)
+        except OSError as exc:
+            raise BadInput(exc.filename or out, Reason.UNWRITABLE, "is from an earlier analysis "
+                           f"and cannot be removed ({exc.strerror})",
+                           "pass --out to a writable folder") from None
     if hit is None and key is not None:
         cache.store(root, out, key, report_json, said)
     wrote = ", ".join(f"report.{f}" for f in FORMATS if f in formats)
@@ -103,16 +109,17 @@ def write_report(root: Path, *, out: Path | None, formats: list[str], options: A
     return report, md
 
 
-def _checked_out(root: Path, out: Path | None, scheduler: str | None, tables_out: Path | None
-                 ) -> tuple[Path, bool]:
+def _checked_out(root: Path, out: Path | None, formats: list[str], scheduler: str | None,
+                 tables_out: Path | None) -> tuple[Path, bool]:
     """(the report folder, whether only the Dask workers' hosts hold the traces), every option
     checked before any analysis. Raises ``BadInput``."""
-    from analyzer.contract import outpaths, settings
+    from analyzer.contract import outpaths
     from analyzer.contract.errors import BadInput, Reason
-    from analyzer.ingest import hostlocal
+    from analyzer.ingest import hostlocal, spill
     from analyzer.ingest.fswalk import check_name
+    from reports import cache
 
-    settings.tables_memory_bytes()  # a bad value is said even when the report is cached
+    spill.budget_bytes()  # a bad PARITYTRACE_TABLES_MEMORY is said even when the report is cached
     # traces only the Dask workers' hosts hold (analyzer/ingest/hostlocal.py)
     remote = scheduler is not None and not hostlocal.client_sees(root)
     if remote and out is None:
@@ -137,15 +144,7 @@ def _checked_out(root: Path, out: Path | None, scheduler: str | None, tables_out
                            "write", "give --tables-out and --out two separate folders")
     check_name(root)  # the report, its cache's key and its notes hold the input's path
     check_name(out)
-    return out, remote
-
-
-def _refuse_foreign(out: Path, formats: list[str]) -> None:
-    """Raise ``BadInput`` when ``out`` holds a report file of the user's own that this report
-    would replace: they are never replaced (reports/cache.py ``foreign_files``)."""
-    from analyzer.contract.errors import BadInput, Reason
-    from reports import cache
-
+    # report files of the user's own in --out are never replaced (reports/cache.py)
     with cache.out_lock(out):
         foreign = cache.foreign_files(out, [f"report.{f}" for f in FORMATS if f in formats])
     if foreign:
@@ -153,6 +152,7 @@ def _refuse_foreign(out: Path, formats: list[str]) -> None:
                        "and a report would replace it" + (f" (also {', '.join(foreign[1:])})"
                                                           if len(foreign) > 1 else ""),
                        "move it away, or pass another --out")
+    return out, remote
 
 
 def _analysed(root: Path, options: AnalysisOptions, scheduler: str | None, remote: bool,
@@ -208,21 +208,3 @@ def default_out(root: Path) -> Path:
         raise BadInput(out, Reason.UNWRITABLE, "is a symlink; the default report folder of a "
                        "trace file is never written through one", "remove the link, or pass --out")
     return out
-
-
-def _remove_stale(out: Path, formats: list[str], written: dict[str, str], started_ns: int
-                  ) -> tuple[list[str], list[str]]:
-    """Remove ``out/report.{md,json,html}`` of the formats not in ``formats`` when an earlier
-    analysis wrote them unchanged (reports/cache.py ``remove_stale``): left there, they would
-    sit beside the new report as if one set. Returns (names removed, names left). Raises
-    ``BadInput`` when one cannot be removed."""
-    from analyzer.contract.errors import BadInput
-    from reports import cache
-
-    try:
-        return cache.remove_stale(out, [f"report.{f}" for f in FORMATS if f not in formats],
-                                  written, started_ns)
-    except OSError as exc:
-        raise BadInput(exc.filename or out, "unwritable", f"is from an earlier analysis and "
-                       f"cannot be removed ({exc.strerror})",
-                       "pass --out to a writable folder") from None
