@@ -277,15 +277,16 @@ def _write_heavy(job: tuple[Path, int, int, int, int]) -> int:
 
 def collectives_bytes(traces: Path) -> int:
     """Bytes of the job's collectives table (``spill.frame_bytes``), one rank at a time."""
+    from analyzer.contract import settings
     from analyzer.ingest import spill
     from analyzer.ingest.pipeline import load_tables
 
-    os.environ[spill.ENV] = "0"  # every rank on disk: this process holds one at a time
+    os.environ[settings.TABLES_MEMORY.name] = "0"  # every rank on disk: this process holds one at a time
     try:
         job = load_tables(traces)
         return sum(spill.frame_bytes(c) for _, c in job.each("collectives"))
     finally:
-        os.environ.pop(spill.ENV)
+        os.environ.pop(settings.TABLES_MEMORY.name)
 
 
 def heavy(args, tmp: Path, xdg: Path) -> None:

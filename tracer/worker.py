@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
+from analyzer.contract import settings
 from analyzer.contract.atomic import atomic_path, write_atomic
 from analyzer.contract.errors import ExitCode
 from analyzer.contract.schemas import (GOLDEN_METRICS, MEMORY_CATEGORIES_NAME, MEMORY_CATEGORIES_SCHEMA, MEMORY_DIR,
@@ -583,7 +584,7 @@ def worker_main(cfg: RecordConfig) -> None:
     except ValueError as exc:  # bad options or environment: one line, no rank started
         print(f"tracer: {exc}", file=sys.stderr, flush=True)
         _exit_now(ExitCode.BAD_INPUT)
-    logging.basicConfig(level=os.environ.get("PARITYTRACE_LOG", "WARNING").upper(), format=f"[rank{env.rank}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings.log_level(), format=f"[rank{env.rank}] %(levelname)s %(name)s: %(message)s")
     said = _keep_stdout_for_the_tracer() if env.launch == "torchrun" else None
     hb = Heartbeat(env)
     try:

@@ -71,9 +71,9 @@ def _loaded(path, output, crosscheck, allow_incomplete, jobs, scheduler):
     if output is not None:  # before the analysis: refused at once
         outpaths.check_out(output, option="-o", what="the summary", example="summary.json")
     if crosscheck is not None:  # a bad PARITYTRACE_HTA_TIMEOUT_S, likewise
-        from analyzer.compare import crosscheck_hta
+        from analyzer.contract import settings
 
-        crosscheck_hta.timeout_override()
+        settings.hta_timeout_s()
     address = cluster.scheduler_address(scheduler)
     with contextlib.ExitStack() as stack:
         if address is not None:  # ranks parsed by the Dask cluster's workers

@@ -77,6 +77,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses import intervals as iv
+from analyzer.contract import settings
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,6 @@ SCOPE_NOTE = (
     "with fewer than two ProfilerSteps HTA takes every kernel. Kernels without a stream "
     "argument are CPU rows to HTA and never counted. ours_hta_scope_pct applies these rules to "
     "our events; ours_step_pct is the report's per-ProfilerStep figure.")
-TIMEOUT_ENV = "PARITYTRACE_HTA_TIMEOUT_S"
 
 
 class HtaFailed(RuntimeError):
@@ -125,29 +125,11 @@ def hta_available() -> bool:
     return True
 
 
-def timeout_override() -> float | None:
-    """``PARITYTRACE_HTA_TIMEOUT_S`` in seconds, None when unset (then ``timeout_s``' default).
-    Raises ``BadInput`` (``bad_option``) for a value that is not a finite number > 0."""
-    from analyzer.contract.errors import BadInput, Reason
-
-    raw = os.environ.get(TIMEOUT_ENV)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise BadInput(TIMEOUT_ENV, Reason.BAD_OPTION,
-                       f"is {raw!r}, not a number of seconds > 0", "set it to e.g. 600")
-    return value
-
-
 def timeout_s(trace_dir: Path) -> float:
     """The longest HTA may run on ``trace_dir``, s: ``PARITYTRACE_HTA_TIMEOUT_S``, else 300 s +
     1 s per MB (10^6 bytes) of the ``*.json`` / ``*.json.gz`` files in it as stored (HTA took
     30-78 s on 8 ranks x 41 MB of JSON on a 2-vCPU machine: README, Performance)."""
-    override = timeout_override()
+    override = settings.hta_timeout_s()
     if override is not None:
         return override
     size = sum(f.stat().st_size for f in trace_dir.iterdir()
@@ -171,7 +153,7 @@ def crosscheck(ts) -> tuple[pd.DataFrame, list[str]]:
     if not hta_available():
         raise BadInput(ts.root, Reason.HTA_MISSING, "--crosscheck hta needs HolisticTraceAnalysis",
                        "pip install 'paritytrace[hta]'")
-    timeout_override()  # a bad value is refused before HTA starts
+    settings.hta_timeout_s()  # a bad value is refused before HTA starts
     notes = [SCOPE_NOTE]
     try:
         if ts.root.is_dir():
@@ -218,7 +200,7 @@ def run_hta_overlap(trace_dir: Path, timeout: float | None = None) -> pd.DataFra
             finally:  # also on KeyboardInterrupt: no HTA process outlives the command
                 _kill_tree(proc)
         if not ended:
-            raise HtaFailed(f"HTA did not finish within {limit:g} s ({TIMEOUT_ENV}); its "
+            raise HtaFailed(f"HTA did not finish within {limit:g} s ({settings.HTA_TIMEOUT_S.name}); its "
                             "column is empty, our figures stand" + _last_line(log_path))
         return _read_result(result, proc.returncode, log_path)
     finally:
@@ -402,7 +384,7 @@ def hta_scope_overlap(events: pd.DataFrame, filtered: bool) -> dict:
 def _scopes(job) -> dict[int, dict]:
     """``hta_scope_overlap`` of every rank of ``job`` (the traces decoded again: HTA's scope
     needs the events, which the cached tables do not hold)."""
-    from analyzer.ingest.pipeline import classified
+    from analyzer.ingest.ranktables import classified
 
     events = {rt.rank: classified(rt.path)[0] for rt in job.ranks}
     names: set[str] = set()

@@ -113,13 +113,13 @@ def _checked_out(root: Path, out: Path | None, formats: list[str], scheduler: st
                  tables_out: Path | None) -> tuple[Path, bool]:
     """(the report folder, whether only the Dask workers' hosts hold the traces), every option
     checked before any analysis. Raises ``BadInput``."""
-    from analyzer.contract import outpaths
+    from analyzer.contract import outpaths, settings
     from analyzer.contract.errors import BadInput, Reason
-    from analyzer.ingest import hostlocal, spill
+    from analyzer.ingest import hostlocal
     from analyzer.ingest.fswalk import check_name
     from reports import cache
 
-    spill.budget_bytes()  # a bad PARITYTRACE_TABLES_MEMORY is said even when the report is cached
+    settings.tables_memory_bytes()  # a bad value is said even when the report is cached
     # traces only the Dask workers' hosts hold (analyzer/ingest/hostlocal.py)
     remote = scheduler is not None and not hostlocal.client_sees(root)
     if remote and out is None:

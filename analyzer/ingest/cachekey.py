@@ -1,4 +1,4 @@
-"""The one key rule of the analyzer's two caches: the per-rank tables (analyzer/ingest/pipeline.py) and
+"""The one key rule of the analyzer's two caches: the per-rank tables (analyzer/ingest/tablecache.py) and
 the whole report (reports/cache.py).
 
 A cached result is valid when the key stored with it equals ``cache_key(content, modules)``: a
@@ -26,6 +26,8 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
+from analyzer.contract import settings
+
 LIBS = ("pandas", "numpy", "pyarrow", "msgspec")
 KEY_NAME = "cache.key"
 """The per-user secret key file in ``cache_dir()`` (``user_key``)."""
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/paritytrace`` (``XDG_CACHE_HOME`` defaults to ``~/.cache``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paritytrace"
+    return settings.cache_home() / "paritytrace"
 
 
 def cache_key(content: str, modules: tuple[Path, ...]) -> str:

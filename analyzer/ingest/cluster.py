@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from analyzer.contract import settings
 from analyzer.contract.errors import BadInput, ParityTraceError, Reason
 
 log = logging.getLogger(__name__)
@@ -63,28 +64,13 @@ LOCAL = "local"
 _POLL_S = 0.05
 
 
-def timeout_s() -> float:
-    """``PARITYTRACE_DASK_TIMEOUT_S`` (default 30): the connect timeout and the longest wait
-    with no worker or no scheduler. Raises ``BadInput`` for a value that is not a positive
-    number."""
-    raw = os.environ.get("PARITYTRACE_DASK_TIMEOUT_S", "30")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise BadInput("PARITYTRACE_DASK_TIMEOUT_S", Reason.BAD_OPTION,
-                       f"is {raw!r}, not a number of seconds > 0", "set it to e.g. 30")
-    return value
-
-
 def scheduler_address(option: str | None) -> str | None:
     """The scheduler to use: ``option`` (``--scheduler``), else ``$DASK_SCHEDULER_ADDRESS``;
     None (or ``local``) means the local process pool. Raises ``BadInput`` for a port out of
     1..65535 (said at once, not after a connect timeout)."""
     from urllib.parse import urlsplit
 
-    address = option if option is not None else os.environ.get("DASK_SCHEDULER_ADDRESS")
+    address = option if option is not None else settings.dask_scheduler_address()
     address = (address or "").strip()
     if not address or address == LOCAL:
         return None
@@ -142,7 +128,7 @@ def _quiet_distributed() -> list[tuple[logging.Logger, int]]:
 def fingerprint() -> str:
     """This process's per-rank tables code and library versions (the cache key of nothing)."""
     from analyzer.ingest.cachekey import cache_key
-    from analyzer.ingest.pipeline import CODE_MODULES
+    from analyzer.ingest.tablecache import CODE_MODULES
 
     return cache_key("", CODE_MODULES)
 
@@ -186,10 +172,10 @@ def connected(address: str) -> Iterator[Callable[..., list]]:
     is never contacted). Yields the map (``fn``, items, keep) -> results, whose ``client()``
     connects now and returns the ``distributed.Client``. Raises ``BadInput``
     (exit 2) when dask.distributed is not installed, the address is malformed or no scheduler
-    answers within ``timeout_s()``."""
+    answers within ``PARITYTRACE_DASK_TIMEOUT_S``."""
     from analyzer.ingest import pool
 
-    wait_s = timeout_s()
+    wait_s = settings.dask_timeout_s()
     warn_if_open(address)
     saved = _quiet_distributed()
     clients: list[Any] = []

@@ -237,13 +237,10 @@ def max_trace_bytes(workers: int | None = None) -> int:
     """The size cap (``MAX_TRACE_ENV``, else ``default_max_trace_bytes(workers)``). Raises
     ``BadInput`` (``bad_option``) when the variable is set to anything but a positive
     integer."""
-    text = os.environ.get(MAX_TRACE_ENV, "").strip()
-    if not text:
-        return default_max_trace_bytes(workers)
-    if not text.isdigit() or int(text) <= 0:
-        raise BadInput(MAX_TRACE_ENV, "bad_option", f"is {text!r}, not a positive number of bytes",
-                       f"set e.g. {MAX_TRACE_ENV}={DEFAULT_MAX_TRACE_BYTES}")
-    return int(text)
+    from analyzer.contract.settings import max_trace_bytes as setting
+
+    cap = setting()
+    return default_max_trace_bytes(workers) if cap is None else cap
 
 
 def too_large(path: Path | str, what: str, cap: int) -> BadInput:

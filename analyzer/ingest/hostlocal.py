@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from analyzer.contract import settings
 from analyzer.contract.errors import BadInput, ParityTraceError, Reason
 
 
@@ -146,7 +147,7 @@ def remote_job(root: Path, dask_map) -> Iterator[None]:
     and each of its traces goes only to workers on its hosts. ``dask_map``: what
     ``cluster.connected`` yields. Raises ``BadInput`` (exit 2) for a relative path, a
     listing that fails (module docstring), and when no worker connects within
-    ``cluster.timeout_s()`` (``ParityTraceError``, exit 1)."""
+    ``settings.dask_timeout_s()`` (``ParityTraceError``, exit 1)."""
     from analyzer.ingest import cluster, rundirs
 
     if not root.is_absolute():
@@ -155,16 +156,16 @@ def remote_job(root: Path, dask_map) -> Iterator[None]:
                        "give the absolute path the workers see")
     client = dask_map.client()
     try:
-        client.wait_for_workers(1, timeout=cluster.timeout_s())
+        client.wait_for_workers(1, timeout=settings.dask_timeout_s())
     except (TimeoutError, OSError):
-        raise ParityTraceError(f"{root}: waited {cluster.timeout_s():g} s for a Dask worker "
+        raise ParityTraceError(f"{root}: waited {settings.dask_timeout_s():g} s for a Dask worker "
                                "to list the traces (none connected); start workers on the "
                                "hosts that hold them and rerun") from None
     try:
         listings = client.run(list_here, str(root), cluster.fingerprint(), on_error="return",
-                              callback_timeout=cluster.timeout_s())
+                              callback_timeout=settings.dask_timeout_s())
     except TimeoutError:
-        raise ParityTraceError(f"{root}: waited {cluster.timeout_s():g} s for the Dask workers "
+        raise ParityTraceError(f"{root}: waited {settings.dask_timeout_s():g} s for the Dask workers "
                                "to list the traces (one stuck, or gone); rerun") from None
     listings = {w: read_answer(a) for w, a in listings.items()}
     traces, pins, notes = merge_listings(root, listings)

@@ -6,8 +6,8 @@ instance and per rank, never every rank's rows at once. They are the two tables 
 (tens of thousands of collectives, FSDP units x steps); the others (step windows, breakdown,
 one step's timeline, device memory) have a row per step or per device and stay in memory.
 
-Rule: the tables of a job stay in memory while their sum is under ``budget_bytes()``
-(``PARITYTRACE_TABLES_MEMORY``: bytes, with an optional K/M/G/T suffix, powers of 1024;
+Rule: the tables of a job stay in memory while their sum is under
+``PARITYTRACE_TABLES_MEMORY`` (analyzer/contract/settings.py: bytes, with an optional K/M/G/T suffix, powers of 1024;
 default 256M; 0 puts every rank on disk). Past it each arriving rank's two tables are
 written as Arrow IPC files (strings dictionary-encoded) into a private
 temporary folder (``tempfile.mkdtemp``: mode 0700, under ``$TMPDIR``) and read back,
@@ -21,7 +21,6 @@ once that process is provably dead.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys
@@ -31,33 +30,18 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from analyzer.contract import settings
 from analyzer.contract.errors import BadInput, Reason
 from analyzer.contract.owner import OWNER_NAME, owner_dead, write_owner
 
-if TYPE_CHECKING:  # pandas / pyarrow load on use: budget_bytes() stays cheap for a cached report
+if TYPE_CHECKING:  # pandas / pyarrow load on use: a Spill stays cheap for a cached report
     import pandas as pd
 
-ENV = "PARITYTRACE_TABLES_MEMORY"
-DEFAULT_BYTES = 256 * 2**20
 SPILLED = ("collectives", "prefetch")
 """The tables that go to disk: the ones whose rows grow with a rank's events."""
 PREFIX = "paritytrace-tables-"
 """Name prefix of the spill folders in ``$TMPDIR``."""
 _SPILLED_FILE = re.compile(r"[0-9]+\.(collectives|prefetch)\.arrow")
-_SIZE = re.compile(r"^\s*([0-9]+)([KMGT]?)\s*$", re.IGNORECASE | re.ASCII)
-
-
-def budget_bytes() -> int:
-    """``PARITYTRACE_TABLES_MEMORY`` in bytes (module docstring). Raises ``BadInput``
-    (``bad_option``) when it is set to something else than a size."""
-    raw = os.environ.get(ENV, "")
-    if not raw.strip():
-        return DEFAULT_BYTES
-    m = _SIZE.match(raw)
-    if m is None:
-        raise BadInput(ENV, Reason.BAD_OPTION, f"is {raw!r}, not a size",
-                       "set it to bytes with an optional K/M/G/T suffix (256M), or unset it")
-    return int(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper())
 
 
 def frame_bytes(df: pd.DataFrame) -> int:
@@ -82,7 +66,7 @@ class Spill:
     ``pool.run_all`` calls on each rank's answer as it arrives."""
 
     def __init__(self, budget: int | None = None) -> None:
-        self.budget = budget_bytes() if budget is None else budget
+        self.budget = settings.tables_memory_bytes() if budget is None else budget
         self.held_bytes = 0
         """Bytes of the spillable tables kept in memory so far."""
         self.folder: Path | None = None
@@ -90,7 +74,7 @@ class Spill:
         self._remover: weakref.finalize | None = None
 
     def keep(self, result):
-        """``result`` (a ``pipeline.RankTables``; anything else passes through) with its
+        """``result`` (a ``ranktables.RankTables``; anything else passes through) with its
         collectives and prefetch tables moved to disk once the job's held bytes would pass the
         budget. Raises ``BadInput`` (``unwritable``) when the temporary folder cannot be
         written."""

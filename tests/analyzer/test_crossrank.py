@@ -55,7 +55,7 @@ def budget(request, monkeypatch):
     rank or per two ranks (a rank's collectives: 24-36 kB); several reductions of 1-2 ranks'
     rows."""
     how, batch = request.param
-    monkeypatch.setenv(spill.ENV, "1G" if how == "held" else "0")
+    monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", "1G" if how == "held" else "0")
     monkeypatch.setattr(crossrank, "REDUCE_ROWS", 250)
     if batch is not None:
         monkeypatch.setattr(pipeline, "BATCH_BYTES", batch)
@@ -95,7 +95,7 @@ def test_spilled_ranks_give_the_report_of_held_ranks(tmp_path, monkeypatch, job_
     copy_run(fsdp_run, job_dir.parent / "runs" / "fsdp")
     reports = {}
     for how, size in (("held", "1G"), ("spilled", "0")):
-        monkeypatch.setenv(spill.ENV, size)
+        monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", size)
         for name, src in (("job", job_dir), ("runs", job_dir.parent / "runs")):
             out = tmp_path / f"{how}-{name}"
             proc = cli("report", str(src), "--out", str(out), "--format", "json")
@@ -109,7 +109,7 @@ def test_spilled_ranks_give_the_report_of_held_ranks(tmp_path, monkeypatch, job_
 
 
 def test_the_disk_folder_goes_with_its_job(job_dir, monkeypatch):
-    monkeypatch.setenv(spill.ENV, "0")
+    monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", "0")
     job = load_tables(job_dir)
     folder = job.spill.folder
     assert folder is not None and len([f for f in folder.iterdir() if f.name != OWNER_NAME]) == 2 * RANKS
@@ -122,7 +122,7 @@ def test_an_interrupt_while_the_disk_tables_go_stops_the_report(job_dir, monkeyp
     """A Ctrl-C / SIGTERM that lands while a job's tables on disk are removed reaches the
     report: the removal runs in the report's code (``with load_run(...)``), not in a collected
     object's finalizer, which would print the KeyboardInterrupt and drop it."""
-    monkeypatch.setenv(spill.ENV, "0")
+    monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", "0")
     real = shutil.rmtree
     removed = []
 
@@ -140,15 +140,15 @@ def test_an_interrupt_while_the_disk_tables_go_stops_the_report(job_dir, monkeyp
 
 def test_held_bytes_stay_under_the_budget(job_dir, monkeypatch):
     one = spill.frame_bytes(load_tables(job_dir).ranks[0].collectives)
-    monkeypatch.setenv(spill.ENV, str(3 * one))
+    monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", str(3 * one))
     job = load_tables(job_dir)
     held = [rt.rank for rt in job.ranks if not rt.spilled]
     assert 1 <= len(held) < RANKS and job.spill.held_bytes <= 3 * one
 
 
 def test_a_bad_budget_is_one_line(job_dir, monkeypatch, tmp_path):
-    monkeypatch.setenv(spill.ENV, "lots")
-    bad_input(cli("report", str(job_dir), "--out", str(tmp_path / "o")), spill.ENV, "not a size")
+    monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", "lots")
+    bad_input(cli("report", str(job_dir), "--out", str(tmp_path / "o")), "PARITYTRACE_TABLES_MEMORY", "not a size")
 
 
 def _phase_peak(folder: Path) -> tuple[int, int, int]:
@@ -177,7 +177,7 @@ def test_cross_rank_phase_memory_does_not_follow_the_ranks(tmp_path, monkeypatch
     per-instance matching) grows by under a quarter of what the concatenated table grows by,
     and peaks under a quarter of it at 32 ranks; the same offsets on the concatenated table
     hold more than half of it."""
-    monkeypatch.setenv(spill.ENV, "0")
+    monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", "0")
     monkeypatch.setattr(crossrank, "REDUCE_ROWS", 1800)  # about one rank's, as at 4,096 ranks
     monkeypatch.setattr(pipeline, "BATCH_BYTES", 1)  # a batch per rank
     small = _phase_peak(_job(tmp_path / "8", ranks=8, n_reduce=1200, n_gather=600))
@@ -189,7 +189,7 @@ def test_cross_rank_phase_memory_does_not_follow_the_ranks(tmp_path, monkeypatch
 def test_a_member_list_on_every_collective_is_written_once(job_dir, monkeypatch):
     """4,096 members as text (23 kB) on every collective of a rank: the file on disk holds it
     once (dictionary-encoded) and reads back equal; the budget counts what memory holds."""
-    monkeypatch.setenv(spill.ENV, "1G")
+    monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", "1G")
     rt = load_tables(job_dir).ranks[0]
     members = str(list(range(4096)))
     rt.collectives["pg_ranks"] = [members] * len(rt.collectives)
@@ -210,7 +210,7 @@ def _spill_folders(tmp: Path) -> list[Path]:
 def test_a_refused_job_leaves_no_tables_on_disk(tmp_path, monkeypatch):
     job = _job(tmp_path / "job")
     (job / "rank3.trace.json").write_text((job / "rank3.trace.json").read_text()[:5000])
-    monkeypatch.setenv(spill.ENV, "0")
+    monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", "0")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR read again
@@ -228,7 +228,7 @@ def test_sigterm_mid_report_exits_130_and_leaves_nothing(tmp_path):
     job = gloo_job(tmp_path / "job", 120, n_reduce=200, n_gather=100, suffix=".json.gz")
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = dict(os.environ, TMPDIR=str(tmp), **{spill.ENV: "0"})
+    env = dict(os.environ, TMPDIR=str(tmp), **{"PARITYTRACE_TABLES_MEMORY": "0"})
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     for _ in range(5):
         shutil.rmtree(tmp_path / "o", ignore_errors=True)

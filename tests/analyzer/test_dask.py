@@ -53,7 +53,7 @@ def _same_report_both_ways(tmp_path, src_copy, c, n_ranks, monkeypatch=None):
     assert proc.returncode == 0, proc.stderr
     before = dask_ranks_ran(c)
     if monkeypatch is not None:
-        monkeypatch.setenv(spill.ENV, "0")
+        monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", "0")
         monkeypatch.setattr(pipeline, "BATCH_BYTES", 1)  # each rank's rows read and written alone
     proc = cli("report", str(remote), "--out", str(tmp_path / "do"), "--format", "json",
                "--scheduler", c.scheduler_address, "--tables-out", str(tmp_path / "ds"))

@@ -46,7 +46,7 @@ def test_spill_sweeps_a_dead_runs_folder_only(tmp_path, monkeypatch, dead_identi
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    monkeypatch.setenv(spill.ENV, "0")
+    monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", "0")
     arrow = {"1.collectives.arrow": b"x", "1.prefetch.arrow": b"y"}
     dead = _left(tmp / "paritytrace-tables-dead", dead_identity, arrow)
     live = _left(tmp / "paritytrace-tables-live", owner.identity(), arrow)

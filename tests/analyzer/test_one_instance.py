@@ -211,13 +211,13 @@ def test_streamed_cross_rank_phase_gives_the_whole_table_answers(tmp_path, monke
     import pandas as pd
 
     from analyzer.analyses import collectives, crossrank
-    from analyzer.ingest import pipeline, spill
+    from analyzer.ingest import pipeline
     from analyzer.ingest.pipeline import load_tables
 
     runs, world, step = {"partial": (PARTIAL, 128, 200_000), "bound": (BOUND, 2, 100_000),
                          "unresolved": (UNRESOLVED, 2, 100_000)}[name]
     d = _job(tmp_path, name, runs, world, step, pg=name != "partial")
-    monkeypatch.setenv(spill.ENV, "0")
+    monkeypatch.setenv("PARITYTRACE_TABLES_MEMORY", "0")
     monkeypatch.setattr(pipeline, "BATCH_BYTES", 1)
     job = load_tables(d)
     coll = job.collectives
