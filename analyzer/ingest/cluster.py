@@ -20,7 +20,7 @@ Dask.
 Failures, each one line, never a hang:
 
 * the address is malformed or no scheduler answers within ``PARITYTRACE_DASK_TIMEOUT_S``
-  (default 30): ``BadInput`` (exit 2) naming the address;
+  (analyzer/contract/settings.py): ``BadInput`` (exit 2) naming the address;
 * a worker runs other analyzer code or library versions than the client (the per-rank tables
   cache key, analyzer/ingest/cachekey.py, differs): ``BadInput`` naming the worker;
 * a task raising an exception other than ``BadInput`` is retried ``RETRIES`` times on its

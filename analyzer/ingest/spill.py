@@ -7,8 +7,8 @@ instance and per rank, never every rank's rows at once. They are the two tables 
 one step's timeline, device memory) have a row per step or per device and stay in memory.
 
 Rule: the tables of a job stay in memory while their sum is under
-``PARITYTRACE_TABLES_MEMORY`` (analyzer/contract/settings.py: bytes, with an optional K/M/G/T suffix, powers of 1024;
-default 256M; 0 puts every rank on disk). Past it each arriving rank's two tables are
+``PARITYTRACE_TABLES_MEMORY`` (analyzer/contract/settings.py; 0 puts every rank on disk).
+Past it each arriving rank's two tables are
 written as Arrow IPC files (strings dictionary-encoded) into a private
 temporary folder (``tempfile.mkdtemp``: mode 0700, under ``$TMPDIR``) and read back,
 memory-mapped and only the columns asked for, by ``read``. The folder is removed when its
