@@ -22,7 +22,7 @@ import typer
 
 from analyzer.contract.errors import ExitCode
 from analyzer.contract.text import one_line
-from tracer.config import RecordConfig
+from tracer.config import RecordConfig, check_taken
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
@@ -148,8 +148,6 @@ def _configs(ctx: typer.Context, strategy: str, arms: list[str], sweeps: list[st
                                  {k: v for k, v in options.items() if k != "name"})
     else:
         if strategy != "all" and "," not in strategy:  # typed on the command line, even at its default
-            from tracer.config import check_taken
-
             check_taken(strategy, [k for k in options if _given(ctx, k)])
         configs = expand(strategy, **options)
     if not under_torchrun:

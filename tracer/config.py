@@ -89,11 +89,6 @@ def _option(default: Any, help: str | None = None, *, flag: str | None = None) -
     return field(default=default, metadata={"help": help, "flag": flag})
 
 
-def option_flag(f) -> str:
-    """The command-line option of the ``RecordConfig`` field ``f`` (``--timeout`` for ``timeout_s``)."""
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-
-
 def layer_num_params(hidden: int) -> int:
     """Parameters of one ``SimpleTransformerLayer`` of width ``hidden``: 9h^2 + 8h.
 
@@ -115,10 +110,9 @@ class RecordConfig:
     backend: str = _option("auto", "auto (gloo on CPU, nccl on CUDA), gloo or nccl.")
     device: str = _option("auto", "auto, cpu or cuda.")
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
-    model: str = _option(
-        "reference", "What to train: reference, hf:gpt2, hf:llama, package.module:factory or "
-        "path/to/file.py:factory (a function returning tracer.ModelSpec).")
-    """What to train (tracer/modelspec.py): ``reference``, ``hf:gpt2``, ``hf:llama``,
+    model: str = _option("reference", "What to train: reference, hf:gpt2, hf:llama, package.module:factory "
+                         "or path/to/file.py:factory (a function returning tracer.ModelSpec).")
+    """What to train (tracer/specload.py): ``reference``, ``hf:gpt2``, ``hf:llama``,
     ``package.module:factory`` or ``path/to/file.py:factory``."""
     hidden: int = _option(256, "Model width (--model reference).")
     """Model width h; activations are [batch, seq, h]."""
@@ -139,13 +133,13 @@ class RecordConfig:
     optimizer: str = _option("sgd", "sgd (plain) or adamw (torch defaults but the lr).")
     """``sgd`` (plain, no momentum) or ``adamw`` (torch defaults: betas (0.9, 0.999), eps 1e-8,
     weight_decay 0.01; only the learning rate is ours)."""
-    mixed_precision: str | None = _option(
-        None, "PARAM,REDUCE,BUFFER dtypes (fp32, bf16, fp16), e.g. bf16,bf16,bf16: FSDP "
-        "MixedPrecision, emulated in the baseline; ddp takes fp32,REDUCE,fp32.")
+    mixed_precision: str | None = _option(None, "PARAM,REDUCE,BUFFER dtypes (fp32, bf16, fp16), e.g. "
+                                          "bf16,bf16,bf16: FSDP MixedPrecision, emulated in the baseline; "
+                                          "ddp takes fp32,REDUCE,fp32.")
     """``PARAM,REDUCE,BUFFER`` dtypes (fp32, bf16, fp16): FSDP1 ``MixedPrecision``, FSDP2
     ``MixedPrecisionPolicy``, emulated in the baseline and DDP (tracer/training.py)."""
-    activation_checkpointing: bool = _option(
-        False, "Non-reentrant activation checkpointing of every FSDP unit (baseline and ddp too).")
+    activation_checkpointing: bool = _option(False, "Non-reentrant activation checkpointing of every FSDP "
+                                             "unit (baseline and ddp too).")
     """Non-reentrant activation checkpointing of every FSDP unit (all strategies, baseline too)."""
     bucket_cap_mb: float | None = _option(None, "DDP bucket_cap_mb (default 25).")
     """DDP gradient bucket size, MiB (DDP's default 25 when None)."""
@@ -155,15 +149,15 @@ class RecordConfig:
     """DDP ``static_graph``: the graph is the same every step."""
     sharding_strategy: str = _option("full_shard", "FSDP: full_shard, shard_grad_op, no_shard.")
     """FSDP1 sharding strategy (full_shard, shard_grad_op, no_shard); FSDP2 accepts the first two."""
-    wrap_min_params: int | None = _option(
-        None, "FSDP size_based_auto_wrap_policy min_num_params (default: one layer, 9h^2+8h).")
+    wrap_min_params: int | None = _option(None, "FSDP size_based_auto_wrap_policy min_num_params (default: "
+                                          "one layer, 9h^2+8h).")
     """size_based_auto_wrap_policy min_num_params; default one layer's (9h^2 + 8h): a unit per layer."""
     backward_prefetch: str = _option("pre", "FSDP backward prefetch: pre, post, none.")
     """FSDP backward prefetch: pre, post or none (FSDP2: pre only, its implicit prefetch)."""
     forward_prefetch: bool = _option(False, "FSDP forward prefetch.")
     """FSDP forward prefetch (FSDP2: explicit prefetch of the next unit)."""
-    reshard_after_forward: bool | None = _option(
-        None, "FSDP reshard after forward (default from the sharding strategy).")
+    reshard_after_forward: bool | None = _option(None, "FSDP reshard after forward (default from the "
+                                                 "sharding strategy).")
     """Default from the sharding strategy: full_shard -> True, shard_grad_op/no_shard -> False."""
     mesh: str | None = _option(None, "hsdp: R,S = replicate x shard (R*S = ranks; default 2,N/2).")
     """hsdp: ``R,S`` (replicate x shard, R*S = world size); default ``2,W/2``."""
@@ -179,38 +173,33 @@ class RecordConfig:
     timeout_s: float = _option(60.0, "Collective timeout and hang watchdog, seconds.", flag="--timeout")
     """Collective / rendezvous timeout, and the launcher's hang watchdog (seconds); finite,
     in (0, ``MAX_TIMEOUT_S``]."""
-    fault: str | None = _option(
-        None, "Deliberate bug: skip-grad-sync (ddp), wrong-grad-scale, unsynced-init, "
-        "skip-replicate-sync (hsdp), wrong-tp-placement (fsdp2_tp), skip-microbatch (pp), hang "
-        "(ddp).")
-    data: str = _option(
-        "memory", "Input supply: memory (rows sliced once) or loader (DataLoader + DistributedSampler).")
+    fault: str | None = _option(None, "Deliberate bug: skip-grad-sync (ddp), wrong-grad-scale, "
+                                "unsynced-init, skip-replicate-sync (hsdp), wrong-tp-placement (fsdp2_tp), "
+                                "skip-microbatch (pp), hang (ddp).")
+    data: str = _option("memory", "Input supply: memory (rows sliced once) or loader (DataLoader + "
+                        "DistributedSampler).")
     """Input supply (tracer/data.py): ``memory`` or ``loader`` (the same rows through a DataLoader)."""
     data_workers: int = _option(0, "--data loader: DataLoader worker processes.")
     """``--data loader``: DataLoader worker processes (0: batches are made in the rank itself)."""
-    data_sample_cost_ms: float = _option(
-        0.0, "--data loader: artificial cost per sample, ms (sleep; shows an input-bound run).")
+    data_sample_cost_ms: float = _option(0.0, "--data loader: artificial cost per sample, ms (sleep; shows "
+                                         "an input-bound run).")
     """``--data loader``: milliseconds slept per sample in the Dataset (an input-bound run)."""
-    keep_tensors: str = _option(
-        "full", "Kept baseline tensors: full (safetensors + summaries) or summaries (per-tensor "
-        "summaries and sha256).")
+    keep_tensors: str = _option("full", "Kept baseline tensors: full (safetensors + summaries) or summaries "
+                                "(per-tensor summaries and sha256).")
     """What the run dir keeps of its baseline (analyzer/contract/schemas.py "kept tensors"):
     ``full`` (safetensors plus kept.parquet) or ``summaries`` (kept.parquet only)."""
-    golden: str | None = _option(
-        None, "Earlier run directory: reuse its batch and initial state, compare with its kept "
-        "tensors.")
+    golden: str | None = _option(None, "Earlier run directory: reuse its batch and initial state, compare "
+                                 "with its kept tensors.")
     """An earlier run directory whose kept inputs this record reuses and compares with (tracer/golden.py)."""
-    repeat: int = _option(
-        1, "Record every chosen strategy N times, interleaved (A B C, B C A, C A B ...), as one "
-        "experiment; run dirs NAME.r1 .. NAME.rN. 5 or more lets the report decide (README "
-        "\"Deciding on a noisy machine\").")
+    repeat: int = _option(1, "Record every chosen strategy N times, interleaved (A B C, B C A, C A B ...), "
+                          "as one experiment; run dirs NAME.r1 .. NAME.rN. 5 or more lets the report decide "
+                          "(README \"Deciding on a noisy machine\").")
     """``--repeat N``: runs of every chosen strategy, recorded interleaved (A B C A B C ...);
     with N > 1 the run dirs are ``<name>.r<k>``, k = 1..N (``run_name``)."""
     repeat_index: int = _option(0)
     """This run's repeat, 1..``repeat`` (0: not yet assigned, ``record.interleave`` sets it)."""
-    experiment_id: str | None = _option(
-        None, "Experiment id (default: a new one per command); pass the same id to several torchrun "
-        "commands to rank their runs together.")
+    experiment_id: str | None = _option(None, "Experiment id (default: a new one per command); pass the same "
+                                        "id to several torchrun commands to rank their runs together.")
     """The experiment this run belongs to (analyzer/contract/schemas.py ``Experiment``); one per
     command when not given. Letters, digits, '-', '_' and '.' only."""
     experiment_order: str | None = _option(None)
@@ -556,7 +545,7 @@ class RecordConfig:
             value = getattr(self, f.name)
             if f.name in ("strategy", "name") or value is None or value == f.default:
                 continue
-            option = option_flag(f)
+            option = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
             if isinstance(value, bool):
                 argv.append(option if value else "--no-" + option[2:])
             else:

@@ -21,8 +21,7 @@ from analyzer.contract.errors import BadInput, Reason
 
 @dataclass(frozen=True, slots=True)
 class Knob:
-    """One environment variable: ``name``, its ``default`` and ``unit`` as the docs say them,
-    and ``what`` it sets (one line)."""
+    """One variable: its ``name``, ``default`` and ``unit`` as the docs say them, ``what`` it sets."""
 
     name: str
     default: str
@@ -33,19 +32,18 @@ class Knob:
 TABLES_MEMORY = Knob("PARITYTRACE_TABLES_MEMORY", "256M", "bytes, K/M/G/T suffix (powers of 1024)",
                      "memory for a job's per-rank collectives and prefetch tables; past it they "
                      "spill to disk (0: every rank on disk)")
-MAX_TRACE_BYTES = Knob("PARITYTRACE_MAX_TRACE_BYTES", "min(8 GiB, memory / (4 x workers)), at "
-                       "least 64 MiB", "bytes", "largest trace JSON read (gunzipped), a gzip "
-                       "bomb's stop")
-DASK_TIMEOUT_S = Knob("PARITYTRACE_DASK_TIMEOUT_S", "30", "s", "Dask: connect timeout and the "
-                      "longest wait with no worker, no scheduler or an unfetched result")
+MAX_TRACE_BYTES = Knob("PARITYTRACE_MAX_TRACE_BYTES", "min(8 GiB, memory / (4 x workers)), at least 64 MiB",
+                       "bytes", "largest trace JSON read (gunzipped), a gzip bomb's stop")
+DASK_TIMEOUT_S = Knob("PARITYTRACE_DASK_TIMEOUT_S", "30", "s", "Dask: connect timeout and the longest wait "
+                      "with no worker, no scheduler or an unfetched result")
 DASK_SCHEDULER_ADDRESS = Knob("DASK_SCHEDULER_ADDRESS", "unset: local processes", "tcp://HOST:PORT",
                               "the Dask scheduler of `--scheduler` when that option is not given")
 HTA_TIMEOUT_S = Knob("PARITYTRACE_HTA_TIMEOUT_S", "300 + 1 per MB of trace JSON", "s",
                      "longest `--crosscheck hta` run")
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "~/.cache", "folder",
                       "caches under `$XDG_CACHE_HOME/paritytrace` (docs/caches.md)")
-LOG = Knob("PARITYTRACE_LOG", "WARNING", "logging level", "the recorder's log level per rank "
-           "(INFO: each rank's phases with timestamps)")
+LOG = Knob("PARITYTRACE_LOG", "WARNING", "logging level",
+           "the recorder's log level per rank (INFO: each rank's phases with timestamps)")
 KNOBS = (TABLES_MEMORY, MAX_TRACE_BYTES, DASK_TIMEOUT_S, DASK_SCHEDULER_ADDRESS, HTA_TIMEOUT_S,
          XDG_CACHE_HOME, LOG)
 
@@ -66,7 +64,7 @@ def _seconds(knob: Knob, example: str) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
+        value = math.nan
     if not 0 < value < math.inf:
         raise BadInput(knob.name, Reason.BAD_OPTION, f"is {raw!r}, not a number of seconds > 0",
                        f"set it to e.g. {example}")
@@ -74,8 +72,7 @@ def _seconds(knob: Knob, example: str) -> float | None:
 
 
 def tables_memory_bytes() -> int:
-    """``PARITYTRACE_TABLES_MEMORY`` in bytes (analyzer/ingest/spill.py): digits with an
-    optional K/M/G/T suffix (powers of 1024); default 256 MiB."""
+    """``PARITYTRACE_TABLES_MEMORY``, bytes (analyzer/ingest/spill.py); default 256 MiB."""
     raw = _raw(TABLES_MEMORY) or "256M"
     m = _SIZE.match(raw)
     if m is None:
@@ -85,8 +82,7 @@ def tables_memory_bytes() -> int:
 
 
 def max_trace_bytes() -> int | None:
-    """``PARITYTRACE_MAX_TRACE_BYTES``, a positive integer; None when unset (then
-    analyzer/ingest/decode.py ``default_max_trace_bytes``)."""
+    """``PARITYTRACE_MAX_TRACE_BYTES``, bytes; None when unset (decode.py ``default_max_trace_bytes``)."""
     raw = _raw(MAX_TRACE_BYTES)
     if raw is not None and (not raw.isdigit() or int(raw) <= 0):
         raise BadInput(MAX_TRACE_BYTES.name, Reason.BAD_OPTION,
@@ -101,14 +97,12 @@ def dask_timeout_s() -> float:
 
 
 def dask_scheduler_address() -> str | None:
-    """``DASK_SCHEDULER_ADDRESS`` as set, or None (analyzer/ingest/cluster.py
-    ``scheduler_address`` checks it, as it checks ``--scheduler``)."""
+    """``DASK_SCHEDULER_ADDRESS`` or None (cluster.py ``scheduler_address`` checks it)."""
     return _raw(DASK_SCHEDULER_ADDRESS)
 
 
 def hta_timeout_s() -> float | None:
-    """``PARITYTRACE_HTA_TIMEOUT_S``, s; None when unset (then analyzer/compare/
-    crosscheck_hta.py ``timeout_s`` scales with the traces)."""
+    """``PARITYTRACE_HTA_TIMEOUT_S``, s; None when unset (crosscheck_hta.py ``timeout_s``)."""
     return _seconds(HTA_TIMEOUT_S, "600")
 
 
