@@ -131,8 +131,8 @@ def test_first_divergence_order_activation_seq_then_grad_then_param_then_loss():
     # without activations the gradient comes first, then params, then loss
     rows2 = [r for r in rows if r["kind"] != "activation"]
     assert parity.evaluate(frame(rows2), FP32).first_divergence.tensor == "aaa"
-    rows3 = [r for r in rows2 if r["kind"] != "grad" or True]
-    rows3 = [r for r in rows3 if not (r["kind"] == "grad")] + tensor_rows(
+    # the gradient now agrees: the param comes first
+    rows3 = [r for r in rows2 if r["kind"] != "grad"] + tensor_rows(
         rank=0, kind="grad", tensor="aaa", seq=0)
     assert parity.evaluate(frame(rows3), FP32).first_divergence.tensor == "p"
     rows4 = [r for r in rows3 if r["kind"] != "param"]
