@@ -55,7 +55,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyzer.ingest import pipeline
+from analyzer.ingest import pipeline, ranktables
 
 
 def load_tables(path: Path | str, *, allow_incomplete: bool = False, jobs: int | None = None
@@ -78,7 +78,7 @@ def load_events(path: Path | str) -> tuple[pd.DataFrame, pd.DataFrame]:
     and classified by the rules every command uses; no cache, no rank rule (``load_tables``
     says the rank). The table's ``attrs`` hold device_kind, main_tid, whole_trace_mode and
     warnings (``RankTables`` fields). Raises ``BadInput``."""
-    events, info = pipeline.classified(Path(path))
+    events, info = ranktables.classified(Path(path))
     events.attrs = {k: info[k] for k in ("device_kind", "main_tid", "whole_trace_mode",
                                          "warnings")}
     return events, info["steps"]

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 FORMATS = ("md", "json", "html")
 PARSE_MODULES = ("analyzer.ingest.pipeline", "analyzer.ingest.decode", "analyzer.ingest.classify",
                  "analyzer.analyses.breakdown", "analyzer.analyses.collectives", "analyzer.analyses.prefetch")
-"""What a worker parsing ranks imports (analyzer/ingest/pipeline.py ``rank_tables``)."""
+"""What a worker parsing ranks imports (analyzer/ingest/ranktables.py ``rank_tables``)."""
 
 
 @contextlib.contextmanager

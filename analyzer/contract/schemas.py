@@ -225,7 +225,7 @@ MEMORY_CATEGORIES_SCHEMA = _run_file_schema(
     pa.field("source", pa.string(), nullable=False),
 )
 
-# --- the analyzer's per-rank tables (analyzer/ingest/pipeline.py) ---------------------------
+# --- the analyzer's per-rank tables (analyzer/ingest/ranktables.py) -------------------------
 #
 # Not run-directory files: the tables every command reads, one set per rank, kept in the tables
 # cache beside each trace and checked when it is written and read (``table_mismatch``).

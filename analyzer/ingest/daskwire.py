@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 
 from analyzer.contract.errors import BadInput
-from analyzer.ingest.pipeline import RankMeta
+from analyzer.ingest.tablecache import RankMeta
 
 
 class Refused(Exception):
@@ -238,16 +238,17 @@ _Result = _Tables | _BadInput | _Failed | _Value
 def encode(result: Any) -> bytes:
     """On the worker: ``result`` (``RankTables``, ``BadInput``, a msgpack value, or
     ``failed(line)``) as msgpack bytes."""
-    from analyzer.ingest import pipeline
+    from analyzer.ingest.ranktables import RankTables
+    from analyzer.ingest.tablecache import ipc
 
-    if isinstance(result, pipeline.RankTables):
+    if isinstance(result, RankTables):
         from analyzer.contract import schemas
 
         out: Any = _Tables(path=str(result.path), sha256=result.sha256,
                            cache_hit=result.cache_hit,
-                           meta=RankMeta(**{k: getattr(result, k) for k in pipeline._META}),
-                           tables={t: pipeline._ipc(t, getattr(result, t))
-                                   for t in schemas.TABLE_SCHEMAS})
+                           meta=RankMeta(**{k: getattr(result, k)
+                                            for k in RankMeta.__struct_fields__}),
+                           tables={t: ipc(t, getattr(result, t)) for t in schemas.TABLE_SCHEMAS})
     elif isinstance(result, BadInput):
         if result.problems:  # a folder's several problems: the first says where to look
             result = result.problems[0]
@@ -272,7 +273,7 @@ def decode(data: Any) -> Any:
     import pyarrow as pa
 
     from analyzer.contract import schemas
-    from analyzer.ingest import pipeline
+    from analyzer.ingest.ranktables import RankTables
 
     if isinstance(data, Refused):
         raise data
@@ -304,5 +305,5 @@ def decode(data: Any) -> Any:
             raise Refused(f"table {name}: {why}")
         tables[name] = table.to_pandas()
     meta = msgspec.structs.asdict(out.meta)
-    return pipeline.RankTables(path=Path(out.path), sha256=out.sha256, cache_hit=out.cache_hit,
-                               **meta, **tables)
+    return RankTables(path=Path(out.path), sha256=out.sha256, cache_hit=out.cache_hit, **meta,
+                      **tables)

@@ -1,12 +1,14 @@
 """Refuse traces of different jobs mixed in one folder (reason ``mixed_jobs``).
 
-Signal: in one job every member of a process group issues the same collectives in the same
-order (SPMD; NCCL and gloo hang otherwise), so in a ProfilerStep both ranks trace, the set of
-collective kinds a rank ran on a process group equals every other member's. Two ranks whose
-sets differ in *every* (process group, step) they share cannot have run the same job. Requiring
-every shared cell to differ keeps a real run with a dropped event or a cut profiler window (one
-cell off) loading. distributedInfo is no signal: two jobs on the same world size carry the same
-backend, rank layout and ``pg_config``.
+Two signals. distributedInfo, when it contradicts itself across files
+(``distributed_info_mismatches``): the backend differs, or a process group of one name has
+different members. It rarely does: two jobs on the same world size carry the same backend, rank
+layout and ``pg_config``. So, second, the collectives (``check_same_job``): in one job every
+member of a process group issues the same collectives in the same order (SPMD; NCCL and gloo hang
+otherwise), so in a ProfilerStep both ranks trace, the set of collective kinds a rank ran on a
+process group equals every other member's. Two ranks whose sets differ in *every* (process group,
+step) they share cannot have run the same job. Requiring every shared cell to differ keeps a real
+run with a dropped event or a cut profiler window (one cell off) loading.
 
 Limit: two different jobs with the same collective kinds per step (two DDP runs of different
 models) are not told apart; ranks that share no (process group, step) are not compared.
@@ -14,11 +16,54 @@ models) are not told apart; ranks that share no (process group, step) are not co
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from analyzer.contract.errors import BadInput
+
+if TYPE_CHECKING:
+    from analyzer.ingest.ranktables import RankTables
+
+
+def distributed_info_mismatches(files: list[RankTables]) -> list[BadInput]:
+    """Problems (``mixed_jobs``) of files (a job's ``RankTables``) that cannot come from one
+    job: ``distributedInfo.backend`` differs, or a process group of the same name has different
+    member ranks (``distributedInfo.pg_config``). Ranks may list different groups (a rank
+    outside a subgroup does not know it), so only groups present in several files are
+    compared."""
+    problems: list[BadInput] = []
+    if not files:
+        return problems
+    folder = files[0].path.parent
+    backends: dict[str, list[RankTables]] = {}
+    groups: dict[str, dict[str, list[RankTables]]] = {}
+    for f in files:
+        di = f.distributed_info or {}
+        if isinstance(di.get("backend"), str):
+            backends.setdefault(di["backend"], []).append(f)
+        pgs = di.get("pg_config")
+        for pg in pgs if isinstance(pgs, list) else []:
+            if isinstance(pg, dict) and "pg_name" in pg and isinstance(pg.get("ranks"), list):
+                members = json.dumps(pg["ranks"])
+                groups.setdefault(str(pg["pg_name"]), {}).setdefault(members, []).append(f)
+
+    def names(fs: list[RankTables]) -> str:
+        return ", ".join(f.path.name for f in fs)
+
+    if len(backends) > 1:
+        desc = "; ".join(f"{b} in {names(fs)}" for b, fs in sorted(backends.items()))
+        problems.append(BadInput(folder, "mixed_jobs", f"backends disagree: {desc}",
+                                 "put only one job's traces in the folder"))
+    for pg, by_members in sorted(groups.items()):
+        if len(by_members) > 1:
+            desc = "; ".join(f"ranks {m} in {names(fs)}" for m, fs in sorted(by_members.items()))
+            problems.append(BadInput(folder, "mixed_jobs",
+                                     f"process group {pg!r} has different members: {desc}",
+                                     "put only one job's traces in the folder"))
+    return problems
 
 
 def kind_sets(coll: pd.DataFrame) -> dict[int, dict[tuple[str, int], frozenset[str]]]:

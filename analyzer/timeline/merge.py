@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses import clock
-from analyzer.ingest import pipeline, rundirs
+from analyzer.ingest import pipeline, ranktables, rundirs
 from analyzer.contract import schemas
 from analyzer.contract.atomic import atomic_path, write_atomic
 from analyzer.timeline import perfetto
@@ -145,10 +145,10 @@ class MergeResult:
 _TREE = msgspec.json.Decoder()
 
 
-def _read_rank(rt: pipeline.RankTables) -> RankInput:
+def _read_rank(rt: ranktables.RankTables) -> RankInput:
     """One rank's raw JSON, its event table and its events' exact times. Raises ``BadInput``
     (the file changed since the ingest read it)."""
-    raw = decompress(pipeline.read_trace(rt.path), rt.path)
+    raw = decompress(ranktables.read_trace(rt.path), rt.path)
     while True:  # the ingest accepted the file: repair() makes it readable as it did
         try:
             data = _TREE.decode(raw)
@@ -156,7 +156,7 @@ def _read_rank(rt: pipeline.RankTables) -> RankInput:
         except msgspec.DecodeError as exc:
             raw, _ = repair(raw, rt.path, exc)
     ts, ok = times_ns(raw)
-    events, _ = pipeline.classified(rt.path, raw)
+    events, _ = ranktables.classified(rt.path, raw)
     return RankInput(rank=rt.rank, path=rt.path, rank_source=rt.rank_source, data=data,
                      events=events, ts_ns=ts, ts_ok=ok)
 
@@ -183,13 +183,13 @@ def parse_steps(text: str) -> tuple[int, ...]:
     return tuple(sorted(steps))
 
 
-def _found_steps(rt: pipeline.RankTables, steps: tuple[int, ...]) -> list[int]:
+def _found_steps(rt: ranktables.RankTables, steps: tuple[int, ...]) -> list[int]:
     """The chosen ``steps`` that rank ``rt`` has (none in whole-trace mode), from the ingest's
     tables alone."""
     return [] if rt.whole_trace_mode else sorted(set(rt.steps["step"].tolist()) & set(steps))
 
 
-def _selected(r: RankInput, rt: pipeline.RankTables, found: list[int]) -> set[int]:
+def _selected(r: RankInput, rt: ranktables.RankTables, found: list[int]) -> set[int]:
     """Positions (in traceEvents) of rank ``r``'s events in the ProfilerSteps ``found``
     (``_found_steps``): complete events the ingest puts in one of them (module docstring),
     other events whose time lies in one of their ProfilerStep spans."""
@@ -477,7 +477,7 @@ _DEFLATE_MAX_RATIO = 1032
 """Largest uncompressed / compressed size ratio DEFLATE reaches (zlib's technical details)."""
 
 
-def _stream(root: Path, out: Path, ranks: list[pipeline.RankTables],
+def _stream(root: Path, out: Path, ranks: list[ranktables.RankTables],
             found: dict[int, list[int]] | None, shift: dict[int, int], t0: int,
             matched: pd.DataFrame, wanted: set[tuple[int, int]], ref_rank: int, summary: dict
             ) -> tuple[int, int, int, list[RankInput]]:
@@ -696,7 +696,7 @@ def _meta(pid: int, tid: int, kind: str, **args: Any) -> dict:
     return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": args}
 
 
-def _summary(root: Path, inputs: list[pipeline.RankTables], ref_rank: int, offsets: pd.DataFrame,
+def _summary(root: Path, inputs: list[ranktables.RankTables], ref_rank: int, offsets: pd.DataFrame,
              spread: pd.DataFrame, t0: int, aligned: bool, options: MergeOptions,
              warnings: list[str]) -> dict:
     files = {r.rank: (r.path.name, r.rank_source) for r in inputs}

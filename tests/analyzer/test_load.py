@@ -19,8 +19,9 @@ import pyarrow as pa
 from analyzer.api import load_events, load_tables
 from analyzer.ingest.cachekey import cache_key, sign
 from analyzer.contract.errors import BadInput
-from analyzer.ingest.pipeline import (CACHE_MAGIC, CODE_MODULES, dump_cache_blob, load_cache_blob,
-                                      rank_tables, tables_cache_path)
+from analyzer.ingest.ranktables import rank_tables
+from analyzer.ingest.tablecache import (CACHE_MAGIC, CODE_MODULES, dump_cache_blob, load_cache_blob,
+                                        tables_cache_path)
 from tests.analyzer.helpers import FIXTURES, corpus
 
 
@@ -211,7 +212,7 @@ def test_cache_off_the_table_schema_is_a_logged_miss(tmp_path, caplog):
             w.write_table(bad)
         blob["tables"]["breakdown"] = sink.getvalue().to_pybytes()
         dump_cache_blob(cached, blob)  # signed: the schema check is what refuses it
-        with caplog.at_level(logging.INFO, logger="analyzer.ingest.pipeline"):
+        with caplog.at_level(logging.INFO, logger="analyzer.ingest.tablecache"):
             got = load_tables(p)
         assert not got.ranks[0].cache_hit and got.breakdown.equals(want)
         assert "ignoring unreadable cache" in caplog.text and "table breakdown" in caplog.text
@@ -224,7 +225,7 @@ def test_table_off_its_schema_is_not_cached(tmp_path, caplog, monkeypatch):
     p = write(tmp_path / "t.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 20)])
     real = breakdown.rank_breakdown
     monkeypatch.setattr(breakdown, "rank_breakdown", lambda *a, **k: real(*a, **k).drop(columns="idle_ns"))
-    with caplog.at_level(logging.INFO, logger="analyzer.ingest.pipeline"):
+    with caplog.at_level(logging.INFO, logger="analyzer.ingest.tablecache"):
         rank_tables(p)
     assert "could not write cache" in caplog.text and "table breakdown: columns" in caplog.text
     assert not p.with_name("t.json.tables.msgpack").exists()

@@ -28,7 +28,7 @@ from analyzer.analyses import meshdims
 from analyzer.analyses.breakdown import comm_shares, rank_breakdown
 from analyzer.compare import runs
 from analyzer.contract import report_types, schemas
-from analyzer.ingest import pipeline
+from analyzer.ingest import ranktables
 from analyzer.ingest.classify import parse_pg_tag
 from reports import html, markdown
 from tests.reports.builders import manifest, write_manifest, write_run
@@ -216,7 +216,7 @@ def test_shares_add_up_to_the_breakdown_with_one_group():
     # one process group per rank: a step's union / exposed shares are its comm_ns /
     # exposed_comm_ns (fixtures/gpu_shaped, worked out in tests/gpu/test_gpu_shaped.py)
     for name in ("overlap", "fsdp2"):
-        ev, info = pipeline.classified(GPU_FIX / name / "rank0.trace.json")
+        ev, info = ranktables.classified(GPU_FIX / name / "rank0.trace.json")
         args = (ev, info["steps"], info["device_kind"], info["main_tid"])
         union, exposed = comm_shares(*args)
         bd = rank_breakdown(0, *args)
@@ -227,7 +227,7 @@ def test_shares_add_up_to_the_breakdown_with_one_group():
 def test_shares_split_by_group():
     # rank 0 of the NCCL set, step 1: shard shares sum to 450 / 150 us, replicate 250 / 100 us;
     # together 700 > comm_ns 650 (the two groups overlap in [550, 600))
-    ev, info = pipeline.classified(FIX / "nccl_hsdp" / "rank0.trace.json")
+    ev, info = ranktables.classified(FIX / "nccl_hsdp" / "rank0.trace.json")
     union, exposed = comm_shares(ev, info["steps"], info["device_kind"], info["main_tid"])
     pg = ev["pg"].astype(object).where(ev["pg"].notna(), "")
     step1 = (ev["step"] == 1).to_numpy()

@@ -1,4 +1,4 @@
-"""Per-rank tables (analyzer/ingest/pipeline.py) and the whole-report cache (reports/cache.py).
+"""Per-rank tables (analyzer/ingest/ranktables.py) and the whole-report cache (reports/cache.py).
 
 Oracle: the same quantities computed a second way, by the analyses run in the test on each
 rank's full event table (``api.load_events``: breakdown, collectives, timeline, prefetch,
@@ -19,7 +19,7 @@ from analyzer.analyses.breakdown import (comm_shares, rank_breakdown, timeline_r
                                          whole_trace_overlap)
 from analyzer.analyses.collectives import rank_collectives
 from analyzer.contract.errors import BadInput
-from analyzer.ingest.pipeline import rank_tables
+from analyzer.ingest.ranktables import rank_tables
 from analyzer.analyses.prefetch import prefetch_table
 from analyzer.analyses.straggler import gap_parts
 from tests.corpus import CORPUS, need
@@ -42,7 +42,7 @@ def _same_as_events(tt, ranks: list[int], world_size: int) -> None:
         kind, main = ev.attrs["device_kind"], ev.attrs["main_tid"]
         bd.append(rank_breakdown(rt.rank, ev, steps, kind, main))
         c = rank_collectives(rt.rank, ev, comm_shares(ev, steps, kind, main))
-        gaps = gap_parts(ev, c, steps, kind, main)  # the ingest fills them (pipeline.py)
+        gaps = gap_parts(ev, c, steps, kind, main)  # the ingest fills them (ranktables.py)
         coll.append(c.assign(**{k: gaps[k].to_numpy() for k in gaps.columns}))
         pf.append(prefetch_table(ev, rank=rt.rank))
         assert rt.timeline_step == int(steps["step"].min())

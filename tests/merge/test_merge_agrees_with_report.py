@@ -183,7 +183,6 @@ def test_the_check_can_fail(tmp_path, monkeypatch):
     folder.mkdir()
     for r in (0, 1):
         shutil.copy(need(CORPUS / f"tbplugin_2rank/nccl__worker{r}.json"), folder)
-    monkeypatch.setattr(merge, "pipeline", types.SimpleNamespace(
-        load_run=other_kind, read_trace=pipeline.read_trace, classified=pipeline.classified))
+    monkeypatch.setattr(merge, "pipeline", types.SimpleNamespace(load_run=other_kind))
     with pytest.raises(AssertionError):
         _check(folder, tmp_path, monkeypatch)

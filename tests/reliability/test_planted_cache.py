@@ -12,10 +12,14 @@ import os
 import shutil
 
 import msgspec
+import pyarrow as pa
 
-from analyzer.ingest import pipeline
+from analyzer.contract import schemas
+from analyzer.ingest import tablecache
 from analyzer.ingest.cachekey import cache_key
-from analyzer.ingest.pipeline import CODE_MODULES, load_tables, rank_tables, tables_cache_path
+from analyzer.ingest.pipeline import load_tables
+from analyzer.ingest.ranktables import rank_tables
+from analyzer.ingest.tablecache import CODE_MODULES, tables_cache_path
 from tests.inputs import copy_run
 
 _TIME = ("step_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "other_ns",
@@ -36,10 +40,11 @@ def _planted_blob(trace, scale):
         bd[c] = (bd[c] * scale).astype("int64")
     bd["idle_ns"] = bd["step_ns"] - bd[["compute_ns", "exposed_comm_ns", "data_wait_ns",
                                         "other_ns"]].sum(axis=1)
-    tables = {t: pipeline._ipc(t, bd if t == "breakdown" else getattr(rt, t))
-              for t in pipeline.schemas.TABLE_SCHEMAS}
+    tables = {t: tablecache.ipc(t, bd if t == "breakdown" else getattr(rt, t))
+              for t in schemas.TABLE_SCHEMAS}
     return {"key": cache_key(rt.sha256, CODE_MODULES), "sha256": rt.sha256,
-            "stat": pipeline._stat_sig(trace), "meta": {k: getattr(rt, k) for k in pipeline._META},
+            "stat": tablecache.stat_sig(trace),
+            "meta": {k: getattr(rt, k) for k in tablecache.RankMeta.__struct_fields__},
             "tables": tables}
 
 
@@ -49,7 +54,7 @@ def test_planted_cache_beside_a_real_trace_is_not_used(tmp_path, ddp_run):
     trace = run / "rank0.trace.json.gz"
     blob = _planted_blob(trace, 0.1)
     payload = msgspec.msgpack.encode(blob)
-    magic = getattr(pipeline, "CACHE_MAGIC", b"")
+    magic = tablecache.CACHE_MAGIC
     for planted in (payload,  # the unsigned format
                     magic + os.urandom(32) + payload):  # signed with another user's key
         tables_cache_path(trace).write_bytes(planted)
@@ -74,11 +79,11 @@ def test_own_cache_with_impossible_tables_is_recomputed(tmp_path, ddp_run):
         blob = _planted_blob(trace, scale)
         if scale > 0:  # parts that do not add up to the step
             blob = _planted_blob(trace, 1.0)
-            bd = pipeline.pa.ipc.open_stream(blob["tables"]["breakdown"]).read_all().to_pandas()
+            bd = pa.ipc.open_stream(blob["tables"]["breakdown"]).read_all().to_pandas()
             bd["idle_ns"] += 1
-            blob["tables"]["breakdown"] = pipeline._ipc("breakdown", bd)
+            blob["tables"]["breakdown"] = tablecache.ipc("breakdown", bd)
         # signed by this user's own key (a bug or a damaged disk, not an attacker)
-        pipeline.dump_cache_blob(tables_cache_path(trace), blob)
+        tablecache.dump_cache_blob(tables_cache_path(trace), blob)
         got = load_tables(run)
         assert not got.ranks[0].cache_hit
         assert got.breakdown.equals(want)

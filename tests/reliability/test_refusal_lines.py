@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from analyzer.contract import schemas
-from analyzer.ingest import pipeline
-from analyzer.ingest.pipeline import load_tables, tables_cache_path
+from analyzer.ingest.pipeline import load_tables
+from analyzer.ingest.tablecache import CACHE_MAGIC, tables_cache_path
 from tests.inputs import bad_input, cli, copy_run
 from tests.merge.builders import gloo_rank, write
 from tests.remanifest import refresh_manifest
@@ -78,7 +78,7 @@ def test_a_malformed_cache_signed_or_not_is_recomputed(tmp_path):
     cpath = tables_cache_path(folder / "rank0.json")
     for body in (b"\x00" * 40, b"\x91" + b"\x91" * 50_000 + b"\xc0",  # deep msgpack
                  __import__("msgspec").msgpack.encode({"key": 1, "meta": {"warnings": 5}})):
-        for data in (body, pipeline.CACHE_MAGIC + sign(body) + body):
+        for data in (body, CACHE_MAGIC + sign(body) + body):
             cpath.write_bytes(data)
             proc = cli("summary", str(folder))
             assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,237 @@
+"""One trace file -> its rank's tables (``RankTables``; no events), through the parse cache.
+
+read + SHA-256 -> decode (analyzer/ingest/decode.py) -> classify (analyzer/ingest/classify.py) ->
+per-rank tables (analyzer/analyses/), cached (analyzer/ingest/tablecache.py). The rank and what
+depends on it are set by the job (analyzer/ingest/pipeline.py ``load_run``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.contract import schemas
+from analyzer.contract.errors import BadInput
+from analyzer.ingest import tablecache
+from analyzer.ingest.commid import pg_descs_of, pg_ranks_of, pg_sizes_of
+
+
+@dataclass(kw_only=True, slots=True)
+class RankTables:
+    """One rank: its metadata and its result tables (no events).
+
+    Tables as ``schemas.TABLE_SCHEMAS`` says (``prefetch`` is empty without FSDP labels;
+    ``timeline`` is the one of ``timeline_step``).
+    """
+
+    path: Path
+    """The trace file."""
+    rank: int = -1
+    """Rank number (-1 until the rank rule has run)."""
+    rank_source: str = ""
+    """How the rank was found: "distributedInfo", "file name", "single file"."""
+    world_size: int | None = None
+    """World size the trace says (distributedInfo.world_size), None when it does not."""
+    device_kind: str = "cpu"
+    """"gpu" when the trace has GPU kernels, else "cpu"."""
+    distributed_info: dict[str, Any] | None = None
+    """The trace's distributedInfo as written (backend, pg_config ...), None when absent."""
+    main_tid: str | None = None
+    """The main thread's tid on a CPU-only rank (analyzer/ingest/classify.py says how it is found)."""
+    whole_trace_mode: bool = False
+    """No ProfilerStep in the trace: step 0 is the whole trace."""
+    warnings: list[str] = field(default_factory=list)
+    """Problems skipped while decoding (bad ts/dur counts ...) and the step rules' notes
+    (analyzer/ingest/steps.py: events left out, spans ignored or clipped), one line each."""
+    empty: bool = False
+    """The file holds no complete events (metadata only): an empty rank (``load_run``)."""
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)
+    collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
+    prefetch: pd.DataFrame = field(default_factory=pd.DataFrame)
+    timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    device_memory: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Peak memory per device from the trace's ``[memory]`` events
+    (``schemas.DEVICE_MEMORY_SCHEMA``; empty when it has none)."""
+    timeline_step: int = -1
+    """The step of ``timeline``: the smallest step >= 0, -1 when none."""
+    whole_overlap_ns: int = 0
+    """|comm ∩ compute| over every GPU event of the trace, whatever its step (HTA's scope:
+    ``breakdown.whole_trace_overlap``); 0 on a CPU-only rank."""
+    whole_comm_ns: int = 0
+    """|comm| over every GPU event of the trace (same scope)."""
+    first_ns: int = -1
+    """Start of the earliest complete event (trace clock, ns; -1 for an empty rank): where
+    ``analyzer merge`` puts ts 0 without reading every rank first."""
+    cache_hit: bool = False
+    """True when the tables came from the cache."""
+    sha256: str = ""
+    """SHA-256 of the trace file (hex), checked against the run's manifest.json."""
+    group_fallback: int = 0
+    """The group size a collective of unknown group size takes (``commid.group_fallback``),
+    set with the rank."""
+    spilled: dict[str, str] = field(default_factory=dict)
+    """Tables moved to disk (analyzer/ingest/spill.py): name -> file. Read them with
+    ``JobTables.rank_table``; the attribute of a spilled table is empty."""
+
+
+def read_trace(path: Path, max_bytes: int | None = None) -> bytes:
+    """The bytes of the trace file at ``path``. Raises ``BadInput``: ``bad_name`` (the name is
+    not UTF-8, ``fswalk.check_name``), ``unreadable``, ``too_large`` (a file, gzip or not, over
+    ``max_bytes``, default ``decode.max_trace_bytes()``: refused before it is read; the
+    gunzipped size is checked by ``decode.decompress``)."""
+    from analyzer.ingest.decode import max_trace_bytes, too_large
+    from analyzer.ingest.fswalk import check_name
+
+    check_name(path)
+    cap = max_trace_bytes() if max_bytes is None else max_bytes
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > cap:
+                raise too_large(path, f"the file ({size:,} bytes)", cap)
+            return fh.read()
+    except OSError as exc:
+        raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})",
+                       "check the path and its permissions") from None
+
+
+def no_events(path: Path) -> BadInput:
+    """The refusal of a trace with no complete events."""
+    return BadInput(path, "no_events", "holds no complete (ph X) events with a valid ts and "
+                    "dur (only metadata, or every event skipped): this rank recorded nothing",
+                    "re-record it, or move the file out of the folder to analyse the other "
+                    "ranks")
+
+
+def classified(path: Path, raw: bytes | None = None, dec=None
+               ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Decode and classify one trace file (``raw``: its bytes, read when None; ``dec``: its
+    decoded form, when already decoded).
+
+    Returns ``(events, info)``: the event table (analyzer/api.py module docstring) and info =
+    {device_kind, main_tid, whole_trace_mode, steps, unlaunched, distributed_info, warnings
+    (the decoder's, then classify's notes)}. Raises ``BadInput`` (unreadable, truncated,
+    not a trace, no complete events)."""
+    from analyzer.ingest.classify import classify
+    from analyzer.ingest.decode import decode_bytes, decompress
+
+    if dec is None:
+        dec = decode_bytes(decompress(read_trace(path) if raw is None else raw, path), path)
+    if dec.events.empty:
+        raise no_events(path)
+    di = dec.distributed_info
+    ws = di.get("world_size") if di else None
+    events, info = classify(dec.events, world_size=ws if isinstance(ws, int) else None,
+                            pg_sizes=pg_sizes_of(di), pg_ranks=pg_ranks_of(di),
+                            pg_descs=pg_descs_of(di))
+    return events, {**info, "distributed_info": di, "warnings": dec.warnings + info["notes"]}
+
+
+def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
+    """The tables of one trace file, through the cache, reading at most ``max_bytes`` of JSON
+    (default ``decode.max_trace_bytes()``). Rank-dependent fields stay unset (rank -1,
+    group_size <= 0 left as -1): ``load_run`` fills them after the rank rule. Raises
+    ``BadInput``."""
+    from analyzer.analyses.breakdown import (comm_shares, rank_breakdown, timeline_rows,
+                                             whole_trace_overlap)
+    from analyzer.analyses.collectives import rank_collectives
+    from analyzer.analyses.memory import device_peaks
+    from analyzer.analyses.prefetch import prefetch_table
+    from analyzer.analyses.straggler import gap_parts
+    from analyzer.ingest.decode import decode_bytes, decompress, memory_events
+
+    try:
+        sig = tablecache.stat_sig(path)
+    except OSError:
+        sig = []  # read_trace says what is wrong
+    if (hit := _cached(path, sig, None)) is not None:
+        return hit
+    raw = read_trace(path, max_bytes)
+    sha = hashlib.sha256(raw).hexdigest()
+    cpath = tablecache.tables_cache_path(path)
+    if (hit := _cached(path, sig, sha)) is not None:  # touched but unchanged: the key agrees
+        tablecache.write_tables(cpath, sig, hit)  # record the new stat signature
+        return hit
+    data = decompress(raw, path, max_bytes)
+    del raw
+    dec = decode_bytes(data, path)
+    mem_events, mem_notes = memory_events(dec.repaired_json or data)  # the bytes decoded
+    del data
+    dec.repaired_json = None
+    dev_mem = device_peaks(mem_events)
+    dec.warnings += [f"{path}: {n}" for n in mem_notes]
+    if dec.events.empty:  # an empty rank; load_run refuses a job of empty ranks only
+        ws = (dec.distributed_info or {}).get("world_size")
+        rt = RankTables(path=path, world_size=ws if isinstance(ws, int) else None,
+                        distributed_info=dec.distributed_info, empty=True,
+                        warnings=dec.warnings, sha256=sha,
+                        **{t: s.empty_table().to_pandas()
+                           for t, s in schemas.TABLE_SCHEMAS.items()
+                           if t != "device_memory"}, device_memory=dev_mem)
+        tablecache.write_tables(cpath, sig, rt)
+        return rt
+    ev, info = classified(path, dec=dec)
+    del dec
+    steps, device_kind, main_tid = info["steps"], info["device_kind"], info["main_tid"]
+    valid = steps[(steps["step"] >= 0) & steps["device_work"]] if len(steps) else steps
+    tl_step = int(valid["step"].min()) if len(valid) else -1
+    step_col = ev["step"].to_numpy()
+    if tl_step >= 0:
+        win = steps[steps["step"] == tl_step]
+        lo, hi = int(win["start_ns"].iat[0]), int(win["end_ns"].iat[0])
+        # a device window holds device activity of every step by time (analyzer/ingest/steps.py)
+        rows = step_col >= 0 if device_kind == "gpu" else step_col == tl_step
+        tl = timeline_rows(ev[rows], device_kind, main_tid, lo, hi, ev["end_ns"].to_numpy())
+    else:
+        tl = pd.DataFrame({"lane": [], "kind": [], "start_ns": [], "end_ns": []})
+    overlap_ns, comm_ns = whole_trace_overlap(ev)
+    coll = rank_collectives(-1, ev, comm_shares(ev, steps, device_kind, main_tid))
+    if info["unlaunched"].any():  # left out of collectives too (analyzer/ingest/steps.py)
+        gone = ev["event_idx"].to_numpy()[info["unlaunched"]]
+        coll = coll[~np.isin(coll["event_idx"].to_numpy(), gone)].reset_index(drop=True)
+    gaps = gap_parts(ev, coll, steps, device_kind, main_tid)
+    for c in gaps.columns:
+        coll[c] = gaps[c].to_numpy()
+    ws = (info["distributed_info"] or {}).get("world_size")
+    rt = RankTables(path=path, world_size=ws if isinstance(ws, int) else None,
+                    device_kind=device_kind, distributed_info=info["distributed_info"],
+                    main_tid=main_tid, whole_trace_mode=info["whole_trace_mode"],
+                    warnings=info["warnings"], steps=steps,
+                    breakdown=rank_breakdown(-1, ev, steps, device_kind, main_tid),
+                    collectives=coll, prefetch=prefetch_table(ev, rank=-1),
+                    timeline=tl, device_memory=dev_mem, timeline_step=tl_step,
+                    whole_overlap_ns=int(overlap_ns),
+                    whole_comm_ns=int(comm_ns), sha256=sha, first_ns=int(ev["ts_ns"].min()))
+    del ev
+    tablecache.write_tables(cpath, sig, rt)
+    return rt
+
+
+def cached(path: Path) -> RankTables | None:
+    """The tables of ``path`` from a cache whose stat signature matches, else None."""
+    try:
+        sig = tablecache.stat_sig(path)
+    except OSError:
+        return None
+    return _cached(path, sig, None)
+
+
+def _cached(path: Path, sig: list[int], sha: str | None) -> RankTables | None:
+    hit = tablecache.read_tables(tablecache.tables_cache_path(path), sig, sha)
+    return None if hit is None else RankTables(path=path, **hit)
+
+
+def tables_worker(path: Path, max_bytes: int | None = None) -> RankTables | BadInput:
+    """Process-pool (and Dask task) entry: ``rank_tables(path, max_bytes)``; a bad file's
+    ``BadInput`` is returned, not raised, so that every file's problem is reported at once."""
+    try:
+        return rank_tables(path, max_bytes)
+    except BadInput as exc:
+        return exc

@@ -1,0 +1,226 @@
+"""The parse cache: one rank's tables, beside its trace or in the user's cache (docs/caches.md).
+
+A cache file is ``CACHE_MAGIC``, an HMAC under this user's secret key (analyzer/ingest/cachekey.py),
+then msgpack of the rank's metadata (``RankMeta``) and one Arrow IPC stream per table (never
+pickle). It is used only when the HMAC verifies (a planted, copied or edited cache is recomputed),
+its key equals ``cache_key(<SHA-256 of the trace>, CODE_MODULES)`` (any edit of the trace, of the
+code that makes the tables or of its libraries is a miss) and its tables are on their schemas and
+invariants (``table_invariant``). As git's index does, a cache whose recorded stat signature of
+the trace equals the file's is trusted without hashing the file again. Writes are atomic; a cache
+that cannot be read or written is skipped with a log line, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+from analyzer.contract import schemas
+from analyzer.ingest.cachekey import cache_dir, cache_key
+
+log = logging.getLogger(__name__)
+
+_ANALYZER = Path(__file__).parents[1]
+CODE_MODULES = tuple(_ANALYZER / m for m in (
+    "ingest/decode.py", "ingest/classify.py", "ingest/commid.py", "ingest/steps.py",
+    "ingest/ranktables.py", "ingest/tablecache.py", "analyses/breakdown.py",
+    "analyses/memory.py", "analyses/collectives.py", "analyses/prefetch.py",
+    "analyses/intervals.py", "analyses/straggler.py", "analyses/matchkey.py", "ingest/graphs.py"))
+"""The modules whose code shapes the cached tables (part of the cache key)."""
+CACHE_MAGIC = b"paritytrace-tables/1\n"
+"""First bytes of a per-rank tables cache file: then its HMAC (``cachekey.MAC_BYTES``), then
+the msgpack payload the HMAC covers."""
+
+
+class RankMeta(msgspec.Struct, forbid_unknown_fields=True):
+    """A rank's metadata (the ``ranktables.RankTables`` fields of these names) as a per-rank
+    tables cache and a Dask worker's result (analyzer/ingest/daskwire.py) carry it, typed:
+    fields of other types, or others than these, make the cache a miss and the result
+    refused."""
+
+    world_size: int | None
+    device_kind: str
+    distributed_info: dict[str, Any] | None
+    main_tid: str | None
+    whole_trace_mode: bool
+    warnings: list[str]
+    timeline_step: int
+    whole_overlap_ns: int
+    whole_comm_ns: int
+    empty: bool
+    first_ns: int
+
+
+def folder_writable(folder: Path) -> bool:
+    """True when ``folder`` is writable *and* its mode has a write bit: root passes
+    ``os.access`` everywhere, but a folder marked read-only (a shared corpus) stays untouched."""
+    try:
+        mode = folder.stat().st_mode
+    except OSError:
+        return False
+    return bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) and os.access(folder, os.W_OK)
+
+
+def tables_cache_path(trace: Path) -> Path:
+    """Where the tables of ``trace`` are cached (module docstring)."""
+    if folder_writable(trace.parent):
+        return trace.with_name(trace.name + ".tables.msgpack")
+    name = hashlib.blake2b(str(trace.resolve()).encode(), digest_size=16).hexdigest()
+    return cache_dir() / f"{name}.tables.msgpack"
+
+
+def stat_sig(path: Path) -> list[int]:
+    """Size, mtime, ctime, inode and device of ``path``. The ctime is there because the mtime
+    can be set back (``cp -p``, ``touch -d``, ``os.utime``) after an edit that keeps the size;
+    the kernel sets the ctime on every write and no user call sets it back. Raises
+    ``OSError``."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def ipc(name: str, df) -> bytes:
+    """Table ``name`` (a pandas DataFrame) as an Arrow IPC stream. Raises ``ValueError`` when it
+    is off its schema (``schemas.TABLE_SCHEMAS``)."""
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[name]):
+        raise ValueError(f"table {name}: {why}")
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def load_cache_blob(cpath: Path) -> dict[str, Any] | None:
+    """The payload of the cache file ``cpath`` when its HMAC verifies under this user's key
+    (``cachekey.verify``): None when absent, unreadable, or not written by this user's
+    analyzer (planted, copied from another user or machine, edited)."""
+    from analyzer.ingest.cachekey import MAC_BYTES, verify
+
+    try:
+        data = cpath.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.info("ignoring unreadable cache %s (%s)", cpath, exc)
+        return None
+    head = len(CACHE_MAGIC) + MAC_BYTES
+    body = memoryview(data)[head:]
+    if not data.startswith(CACHE_MAGIC) or not verify(body, data[len(CACHE_MAGIC):head]):
+        log.info("ignoring cache %s: not signed with this user's cache key", cpath)
+        return None
+    try:
+        blob = msgspec.msgpack.decode(body)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        log.info("ignoring unreadable cache %s (%s)", cpath, exc)
+        return None
+    return blob if isinstance(blob, dict) else None
+
+
+def dump_cache_blob(cpath: Path, blob: dict[str, Any]) -> None:
+    """Write ``blob`` to ``cpath`` atomically, signed (``CACHE_MAGIC``, HMAC, payload). Raises
+    ``OSError`` (also when this user has no cache key)."""
+    from analyzer.ingest.cachekey import sign
+
+    payload = msgspec.msgpack.encode(blob)
+    mac = sign(payload)
+    if mac is None:
+        raise OSError("no cache key to sign with")
+    cpath.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cpath.parent, prefix=".tmp-", suffix=".msgpack")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(CACHE_MAGIC)
+            fh.write(mac)
+            fh.write(payload)
+        os.replace(tmp, cpath)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+_NON_NEGATIVE = {
+    "breakdown": ("step_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "other_ns",
+                  "idle_ns", "data_wait_ns", "cpu_step_ns"),
+    "collectives": ("dur_ns",), "prefetch": ("comm_ns", "hidden_ns"),
+}
+_ORDERED = {"steps": (("cpu_start_ns", "cpu_end_ns"), ("start_ns", "end_ns")),
+            "collectives": (("start_ns", "end_ns"),), "timeline": (("start_ns", "end_ns"),)}
+
+
+def table_invariant(name: str, table: pa.Table) -> str | None:
+    """Why table ``name`` cannot have been computed from a trace, None when it can: a duration
+    below 0, an interval ending before it starts, a breakdown that does not add up to its
+    step (compute + exposed comm + data wait + other + idle == step), a fraction outside
+    [0, 1]. Checked on every cache read (a damaged or planted cache is a miss)."""
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return None
+    for col in _NON_NEGATIVE.get(name, ()):
+        if pc.any(pc.less(table[col], 0)).as_py():
+            return f"negative {col}"
+    for lo, hi in _ORDERED.get(name, ()):
+        if pc.any(pc.less(table[hi], table[lo])).as_py():
+            return f"{hi} before {lo}"
+    if name == "breakdown":
+        parts = [table[c].to_numpy().astype(object) for c in
+                 ("compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns")]
+        if (sum(parts) != table["step_ns"].to_numpy().astype(object)).any():
+            return "parts that do not add up to step_ns"
+        for col in ("overlap_frac", "data_wait_frac"):
+            v = table[col].to_numpy(zero_copy_only=False)
+            if ((v < 0) | (v > 1)).any():
+                return f"{col} outside [0, 1]"
+    return None
+
+
+def read_tables(cpath: Path, sig: list[int], sha: str | None) -> dict[str, Any] | None:
+    """The ``RankTables`` fields (but ``path``) of the cache file ``cpath`` when it is valid:
+    signed by this user (``load_cache_blob``), the key of the recorded SHA-256 (``sha`` None:
+    the stat signature ``sig`` must equal the recorded one) or of ``sha`` agrees, every table
+    on its schema and its invariants (``table_invariant``), the metadata of its types."""
+    blob = load_cache_blob(cpath)
+    if blob is None:
+        return None
+    try:
+        if sha is None and blob["stat"] != sig:
+            return None
+        sha = sha or str(blob["sha256"])
+        if blob["key"] != cache_key(sha, CODE_MODULES):
+            return None
+        meta = msgspec.convert(blob["meta"], RankMeta)
+        tables = {t: pa.ipc.open_stream(pa.py_buffer(blob["tables"][t])).read_all()
+                  for t in schemas.TABLE_SCHEMAS}
+        for t, table in tables.items():
+            if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[t]):
+                raise ValueError(f"table {t}: {why}")
+            if why := table_invariant(t, table):
+                raise ValueError(f"table {t}: {why}")
+        if meta.whole_overlap_ns < 0 or meta.whole_comm_ns < meta.whole_overlap_ns:
+            raise ValueError("whole-trace overlap beyond its communication")
+        return {"cache_hit": True, "sha256": sha, **msgspec.structs.asdict(meta),
+                **{t: table.to_pandas() for t, table in tables.items()}}
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
+            msgspec.ValidationError, pa.ArrowException) as exc:
+        log.info("ignoring unreadable cache %s (%s)", cpath, exc)
+        return None
+
+
+def write_tables(cpath: Path, sig: list[int], rt) -> None:
+    """Cache ``rt`` (a ``ranktables.RankTables``); a table off its schema
+    (``schemas.TABLE_SCHEMAS``) is not cached, logged."""
+    try:
+        blob = {"key": cache_key(rt.sha256, CODE_MODULES), "sha256": rt.sha256, "stat": sig,
+                "meta": {k: getattr(rt, k) for k in RankMeta.__struct_fields__},
+                "tables": {t: ipc(t, getattr(rt, t)) for t in schemas.TABLE_SCHEMAS}}
+        dump_cache_blob(cpath, blob)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        log.info("could not write cache %s (%s)", cpath, exc)
