@@ -1,64 +1,11 @@
 """Classify decoded events: role, collective kind, bytes, process group, and the rule used.
 
-Rule ids (column ``rule``) and where each rule comes from:
-
-GPU events (``is_gpu``):
-  ``gpu.nccl_kernel``        NCCL kernel (HTA ``is_comm_kernel`` ``^nccl.*Kernel``, matched
-                             case-insensitively: ``ncclKernel_*``, ``ncclDevKernel_*``,
-                             ``nccldevkernel_*``; and ``nccl::Allreduce``-style names), or any GPU
-                             kernel carrying a ``Collective name`` argument -> comm; kind from
-                             the kernel name, because no CPU op says it.
-  ``gpu.nccl_kernel.args``   same, kind from the kernel's own ``Collective name`` argument
-                             (newer Kineto copies record_param_comms' args onto the kernel).
-  ``gpu.nccl_kernel.launch`` same, kind from the launching CPU op (record_param_comms
-                             ``Collective name``, else ``c10d::*`` name, else ``nccl:*`` name):
-                             the CPU side first, the kernel name last (analyzer/ingest/commid.py).
-  ``gpu.symm_mem_kernel``    a GPU kernel whose runtime launch lies inside a ``symm_mem::*`` op
-                             (torch symmetric memory, e.g. ``multimem_all_reduce_``) -> comm;
-                             kind from the op's name.
-  ``gpu.hccl_kernel``        same inside an ``hccl:*`` op (Ascend HCCL).
-  ``gpu.dispatch_kernel``    same inside a custom dispatch / combine / all_to_all op
-                             (``commid.DISPATCH_OP_RE``) -> comm, all_to_all.
-  ``gpu.deep_ep_kernel``     a kernel named ``deep_ep::...`` (DeepEP dispatch / combine) -> comm,
-                             all_to_all.
-  ``gpu.memcpy`` / ``gpu.memset`` category gpu_memcpy / gpu_memset (or name Memcpy*/Memset*)
-                             -> neither compute nor comm (HTA ``is_memory_kernel``).
-  ``gpu.memcpy.htod``        a memcpy whose name says ``HtoD`` (``Memcpy HtoD (Pinned ->
-                             Device)``): role memcpy, and an input copy for the breakdown's data
-                             supply (analyzer/analyses/breakdown.py; issue 10).
-  ``gpu.sync``               category cuda_sync or a name containing ``Sync`` (HTA excludes
-                             ``.*Sync`` from computation) -> neither.
-  ``gpu.annotation``         gpu_user_annotation -> annotation (a range, not work).
-  ``gpu.kernel``             every other GPU event -> compute (HTA ``is_compute_kernel``).
-
-CPU events:
-  ``cpu.profiler_step``      ``ProfilerStep#N`` -> step.
-  ``cpu.dataloader_next``    ``enumerate(DataLoader)#<iterator class>.__next__`` (the range
-                             torch.utils.data.DataLoader's iterator records around each batch
-                             fetch, any thread) -> data.
-  ``cpu.gloo_op``            ``gloo:*`` (any thread; gloo runs them on ``pt_gloo_runloop``
-                             threads) -> comm; kind from the name, or from the paired enqueue
-                             (``cpu.gloo_op.paired``): gloo runs reduce_scatter as an all_reduce of
-                             the whole buffer, so the enqueue says what it really was.
-  ``cpu.c10d_enqueue``       ``c10d::*`` -> comm_enqueue (``c10d::wait*`` included: time the main
-                             thread spends in a collective is not computation).
-  ``cpu.c10d_functional``    ``_c10d_functional::*`` (DTensor / TP functional collectives around
-                             their ``c10d::*`` op, and ``_c10d_functional::wait_tensor``: the
-                             main thread waiting for one, milliseconds on gloo) -> comm_enqueue.
-  ``cpu.record_param_comms`` / ``cpu.nccl_op`` -> comm_enqueue.
-  ``cpu.symm_mem_op`` / ``cpu.hccl_op`` / ``cpu.dispatch_op``: ``symm_mem::*``, ``hccl:*``,
-                             custom dispatch / combine / all_to_all ops -> comm_enqueue.
-  ``cpu.main_thread_op``     cpu_op on the main thread of a CPU-only rank -> compute.
-  ``cpu.pg_tag``             ``paritytrace::pg <pg_name>[ peer <global rank>]`` user_annotation
-                             (``schemas.PG_TAG_PREFIX``: the tracer's process-group tag) ->
-                             annotation (counts as nothing in the breakdown); it names the
-                             process group (and the peer of a send / recv) of the collectives
-                             it encloses (analyzer/ingest/commid.py, pg).
-  ``cpu.annotation``         other user_annotation -> annotation; so is Kineto's span of the
-                             whole profiled window (category ``Trace``, ``PyTorch Profiler (0)``
-                             on pid ``Spans``): it marks the window, no work ran in it (counted
-                             as other, it turned a CPU rank's idle in its first step into other).
-  ``cpu.other``              everything else on the CPU -> other (on a GPU rank every CPU op).
+Rule ids (column ``rule``): ``RULE_TABLE`` in order of precedence, each row with where it comes
+from (a ``gpu.*`` rule takes GPU events, ``is_gpu``; a ``cpu.*`` rule the others); then the rules
+that follow links between rows, each said by the function that applies it: cpu.main_thread_op
+(``_main_thread_rule``), gpu.symm_mem_kernel / gpu.hccl_kernel / gpu.dispatch_kernel
+(``_kernels_in_ops``), gpu.nccl_kernel.args / gpu.nccl_kernel.launch (``_comm_kernels``),
+cpu.gloo_op.paired (``_gloo_ops``).
 
 Collective identity (kind, bytes, dtype, group size, process group) of comm events:
 analyzer/ingest/commid.py. Device event categories the analyzer does not understand (MTIA's
@@ -88,15 +35,7 @@ ROLES = ("compute", "comm", "comm_enqueue", "memcpy", "memset", "sync", "step", 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv",
          "barrier", "other")
 
-RULES = ("gpu.nccl_kernel", "gpu.nccl_kernel.args", "gpu.nccl_kernel.launch", "gpu.memcpy",
-         "gpu.memset", "gpu.memcpy.htod", "gpu.sync", "gpu.annotation", "gpu.kernel",
-         "cpu.profiler_step", "cpu.dataloader_next", "cpu.gloo_op", "cpu.gloo_op.paired",
-         "cpu.c10d_enqueue", "cpu.record_param_comms", "cpu.nccl_op", "cpu.main_thread_op",
-         "cpu.annotation", "cpu.other", "gpu.symm_mem_kernel", "gpu.hccl_kernel",
-         "gpu.dispatch_kernel", "gpu.deep_ep_kernel", "cpu.symm_mem_op", "cpu.hccl_op",
-         "cpu.dispatch_op", "cpu.pg_tag", "cpu.c10d_functional")
 _ROLE = {r: i for i, r in enumerate(ROLES)}
-_RULE = {r: i for i, r in enumerate(RULES)}
 _KIND = {k: i for i, k in enumerate(KINDS)}
 
 KNOWN_CATS = frozenset({
@@ -169,12 +108,139 @@ def parse_pg_tag(name: str) -> tuple[str, int] | None:
     return (rest, peer) if rest else None
 
 
+def _on_cpu(test):
+    """A table predicate: CPU rows whose name passes ``test``."""
+    return lambda e: e.cpu & e.name(test)
+
+
+def _prefix(*prefixes: str):
+    """A table predicate: CPU rows whose name starts with one of ``prefixes``."""
+    return _on_cpu(lambda u: u.startswith(prefixes))
+
+
+RULE_TABLE = (
+    # (rule id, role or None: the row keeps the role an earlier rule gave it, its rows), in
+    # order of precedence: a later rule takes a row from an earlier one.
+    # on a GPU rank every CPU op is other
+    ("cpu.other", "other", lambda e: np.ones(e.n, bool)),
+    ("gpu.kernel", "compute", lambda e: e.gpu),  # HTA is_compute_kernel
+    # HTA excludes ``.*Sync`` from computation; memcpy / memset: HTA ``is_memory_kernel``
+    ("gpu.sync", "sync",
+     lambda e: e.gpu & (e.cat("cuda_sync", "gpu_sync") | e.name(lambda u: "Sync" in u))),
+    ("gpu.memset", "memset",
+     lambda e: e.gpu & (e.cat("gpu_memset") | e.name(lambda u: u.startswith("Memset")))),
+    ("gpu.memcpy", "memcpy",
+     lambda e: e.gpu & (e.cat("gpu_memcpy") | e.name(lambda u: u.startswith("Memcpy")))),
+    ("gpu.annotation", "annotation", lambda e: e.gpu & e.cat("gpu_user_annotation")),  # a range
+    # HTA ``is_comm_kernel`` (``^nccl.*Kernel``, matched case-insensitively: ``ncclKernel_*``,
+    # ``ncclDevKernel_*``, ``nccldevkernel_*``; and ``nccl::Allreduce``-style names), or any GPU
+    # kernel carrying a ``Collective name`` argument
+    ("gpu.nccl_kernel", "comm", lambda e: (e.name(NCCL_KERNEL_RE.match) | e.has_coll_arg)
+     & e.gpu & ~e.cat("gpu_user_annotation")),
+    ("gpu.deep_ep_kernel", "comm", lambda e: e.gpu & e.name(DEEP_EP_KERNEL_RE.search)
+     & ~e.rows("gpu.nccl_kernel")),  # DeepEP dispatch / combine: all_to_all
+    # ``Memcpy HtoD (Pinned -> Device)``: an input copy for the breakdown's data supply
+    # (analyzer/analyses/breakdown.py; issue 10)
+    ("gpu.memcpy.htod", None, lambda e: e.rows("gpu.memcpy") & e.name(lambda u: "HtoD" in u)),
+    # so is Kineto's span of the whole profiled window (category ``Trace``, ``PyTorch Profiler
+    # (0)`` on pid ``Spans``): no work ran in it (as other, it turned a CPU rank's idle into other)
+    ("cpu.annotation", "annotation", lambda e: e.cpu & e.cat("user_annotation", "trace")),
+    # the tracer's process-group tag (``schemas.PG_TAG_PREFIX``): counts as nothing in the
+    # breakdown; it names the process group (and the peer of a send / recv) of the collectives
+    # it encloses (analyzer/ingest/commid.py, pg)
+    ("cpu.pg_tag", None, lambda e: e.cpu & e.cat("user_annotation") & e.name(parse_pg_tag)),
+    # the range torch.utils.data.DataLoader's iterator records around each batch fetch
+    ("cpu.dataloader_next", "data", _on_cpu(DATALOADER_RE.match)),
+    # DTensor / TP functional collectives around their ``c10d::*`` op, and ``wait_tensor``:
+    # the main thread waiting for one, milliseconds on gloo
+    ("cpu.c10d_functional", "comm_enqueue", _prefix("_c10d_functional::")),
+    # ``c10d::wait*`` included: time the main thread spends in a collective is not computation
+    ("cpu.c10d_enqueue", "comm_enqueue", _prefix("c10d::")),
+    ("cpu.record_param_comms", "comm_enqueue", _on_cpu(lambda u: u == "record_param_comms")),
+    ("cpu.nccl_op", "comm_enqueue", _prefix("nccl:", "mpi:", "ucc:")),
+    ("cpu.symm_mem_op", "comm_enqueue", _prefix("symm_mem::")),
+    ("cpu.hccl_op", "comm_enqueue", _prefix("hccl:")),
+    ("cpu.dispatch_op", "comm_enqueue", _on_cpu(DISPATCH_OP_RE.match)),
+    # any thread: gloo runs them on ``pt_gloo_runloop`` threads
+    ("cpu.gloo_op", "comm", _prefix("gloo:")),
+    ("cpu.profiler_step", "step", _on_cpu(STEP_RE.match)),
+)
+RULES = tuple(r for r, _, _ in RULE_TABLE) + (
+    "gpu.nccl_kernel.args", "gpu.nccl_kernel.launch", "gpu.symm_mem_kernel", "gpu.hccl_kernel",
+    "gpu.dispatch_kernel", "cpu.gloo_op.paired", "cpu.main_thread_op")
+_RULE = {r: i for i, r in enumerate(RULES)}
+_PREDICATE = {rule_id: when for rule_id, _, when in RULE_TABLE}
+_OTHER_COMM = ("cpu.symm_mem_op", "cpu.hccl_op", "cpu.dispatch_op")  # not NCCL
+_ENQUEUE = ("cpu.c10d_functional", "cpu.c10d_enqueue", "cpu.record_param_comms",
+            "cpu.nccl_op") + _OTHER_COMM
+
+
+class _Events:
+    """The (time-sorted) event table as the rules read and write it, in its row order: numpy
+    columns; names, categories and threads as distinct values + a code per row, so that a
+    predicate runs once per distinct value; each table rule's rows (``rows``: what its predicate
+    matches, whichever rule the row ends with); role, rule and kind as codes into ROLES, RULES,
+    KINDS (kind -1: none yet)."""
+
+    def __init__(self, df: pd.DataFrame):
+        self.n = n = len(df)
+        self.uniq, self.codes = _distinct(df["name"])
+        self.names = self.uniq[self.codes]
+        self.u_cat, self.c_cat = _distinct(df["cat"])
+        self._u_cat_lc = [x.lower() for x in self.u_cat]
+        self.u_tid, self.c_tid = _distinct(df["tid"])
+        self.gpu = df["is_gpu"].to_numpy()
+        self.cpu = ~self.gpu
+        self.ts, self.end = df["ts_ns"].to_numpy(), df["end_ns"].to_numpy()
+        self.ext, self.corr = df["external_id"].to_numpy(), df["correlation"].to_numpy()
+        self.coll_name = _obj(df["coll_name"])
+        self.has_coll_arg = np.array([c is not None for c in self.coll_name], bool) if n else \
+            np.zeros(0, bool)
+        self._rows: dict[str, np.ndarray] = {}
+        self.enq = np.any([self.rows(r) for r in _ENQUEUE], axis=0)  # comm enqueue ops
+        self.other_comm = np.any([self.rows(r) for r in _OTHER_COMM], axis=0)
+        self.role = np.full(n, _ROLE["other"], np.int8)
+        self.rule = np.full(n, _RULE["cpu.other"], np.int8)
+        self.kind = np.full(n, -1, np.int8)
+        # what a row says of its kind: its ``Collective name`` argument, its name (a collective
+        # op that is not NCCL: ``commid.kind_in_text``)
+        self.arg_kind = np.full(n, -1, np.int8)
+        for i in np.flatnonzero(self.has_coll_arg).tolist():
+            self.arg_kind[i] = _kind_code(self.coll_name[i])
+        self.name_kind = np.where(self.other_comm,
+                                  self.name(lambda u: _KIND[commid.kind_in_text(u)], np.int8),
+                                  self.name(_kind_code, np.int8))
+
+    def name(self, fn, dtype=bool) -> np.ndarray:
+        """``fn`` of each row's name (``bool``: its truth), called once per distinct name."""
+        if not len(self.uniq):
+            return np.zeros(self.n, dtype)
+        values = [fn(u) for u in self.uniq]
+        return np.array([bool(v) for v in values] if dtype is bool else values, dtype)[self.codes]
+
+    def cat(self, *values: str) -> np.ndarray:
+        """Rows whose category, lower-cased, is one of ``values``."""
+        return np.array([c in values for c in self._u_cat_lc], bool)[self.c_cat] \
+            if len(self.u_cat) else np.zeros(self.n, bool)
+
+    def rows(self, rule_id: str) -> np.ndarray:
+        """The rows ``RULE_TABLE``'s predicate of ``rule_id`` matches (computed once)."""
+        if rule_id not in self._rows:
+            self._rows[rule_id] = _PREDICATE[rule_id](self)
+        return self._rows[rule_id]
+
+    def calls(self) -> np.ndarray:
+        """``c10d::*`` enqueue ops that call a collective (``c10d::wait*`` waits for one)."""
+        return self.rows("cpu.c10d_enqueue") & ~self.name(lambda u: u.startswith("c10d::wait"))
+
+
 def classify(df: pd.DataFrame, *, world_size: int | None,
              pg_sizes: dict[str, int] | None = None, pg_ranks: dict[str, str] | None = None,
              pg_descs: dict[str, str] | None = None) -> tuple[pd.DataFrame, dict]:
     """Add role, coll_kind, bytes, pg, rule, step to a decoded event table (analyzer/ingest/decode.py);
     on comm rows, dtype, pg_ranks, pg_desc, peer and group_size are resolved
-    (analyzer/ingest/commid.py).
+    (analyzer/ingest/commid.py). Roles and rules: ``RULE_TABLE`` in order, then the rules that
+    follow links between rows.
 
     ``pg_sizes``: process group name -> size (``commid.pg_sizes_of(distributedInfo)``);
     ``pg_ranks``: process group name -> its ranks (``commid.pg_ranks_of(distributedInfo)``);
@@ -184,298 +250,331 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     row: device work with no launch in the trace), notes (list of str: classes of events left
     out or counted by a rule the reader should know, the step rules' included)}. Pure function.
     """
-    ts = df["ts_ns"].to_numpy()
-    end = df["end_ns"].to_numpy()
-    if not _time_ordered(ts, end):  # analyzer/ingest/decode.py already gives this order
+    if not _time_ordered(df["ts_ns"].to_numpy(), df["end_ns"].to_numpy()):
         df = df.sort_values(["ts_ns", "end_ns"], ascending=[True, False], kind="stable")
-    df = df.reset_index(drop=True)
-    ts = df["ts_ns"].to_numpy()
-    end = df["end_ns"].to_numpy()
-    n = len(df)
-    # string columns as (distinct values, codes): predicates run once per distinct value
-    uniq, codes = _distinct(df["name"])
-    names = uniq[codes]
-    u_cat, c_cat = _distinct(df["cat"])
-    u_cat_lc = [x.lower() for x in u_cat]
-    is_gpu = df["is_gpu"].to_numpy()
-    u_tid, c_tid = _distinct(df["tid"])
-    # role, rule and kind as codes into ROLES, RULES and KINDS (-1: no kind)
-    role = np.full(n, _ROLE["other"], np.int8)
-    rule = np.full(n, _RULE["cpu.other"], np.int8)
-    kind = np.full(n, -1, np.int8)
+    df = df.reset_index(drop=True)  # analyzer/ingest/decode.py already gives this order
+    e = _Events(df)
+    for rule_id, role, _ in RULE_TABLE:
+        rows = e.rows(rule_id)
+        e.rule[rows] = _RULE[rule_id]
+        if role is not None:
+            e.role[rows] = _ROLE[role]
+    # kinds the table's comm rows say themselves
+    e.kind[e.rows("gpu.deep_ep_kernel")] = _KIND["all_to_all"]
+    enq, gloo = e.enq, e.rows("cpu.gloo_op")
+    e.kind[enq] = np.where(e.arg_kind[enq] >= 0, e.arg_kind[enq], e.name_kind[enq])
+    e.kind[gloo] = e.name_kind[gloo]
+    device_kind = "gpu" if (e.gpu & e.cat("kernel")).any() else "cpu"
+    main_tid = _main_thread_rule(df, e) if device_kind == "cpu" else None
+    launch = _launches(e)
+    _kernels_in_ops(e, launch)
+    ident = _Identity(df, e, launch, world_size, pg_sizes, pg_ranks)
+    _comm_kernels(e, launch, ident)
+    paired = _gloo_ops(e, ident)
+    for i in np.flatnonzero(e.enq).tolist():
+        ident.enqueue(i)
+    is_comm = (e.role == _ROLE["comm"]) | (e.role == _ROLE["comm_enqueue"])
+    e.kind[~is_comm] = -1
+    e.kind[is_comm & (e.kind < 0)] = _KIND["other"]
+    steps = assign_steps(df, names=e.names, is_step=e.rows("cpu.profiler_step"), is_gpu=e.gpu,
+                         is_gpu_annotation=e.rows("gpu.annotation"),
+                         is_comm=e.role == _ROLE["comm"], launch=launch, paired=paired,
+                         device_kind=device_kind, is_trace_span=e.cpu & e.cat("trace"))
+    out = ident.table(df, steps.step, is_comm, pg_descs, launch, paired)
+    compute_kernel = e.gpu & (e.role == _ROLE["compute"])
+    notes = _notes(df, e.u_cat, e.c_cat, e.rule, compute_kernel & e.name(_LONE_EP_RE.search)) \
+        + steps.notes + graphs.replay_notes(ident.graphed, e.has_coll_arg, launch,
+                                            e.role == _ROLE["comm"], e.ts, e.end, e.names)
+    if device_kind == "gpu" and not (e.gpu & (e.role == _ROLE["comm"])).any():
+        notes += _no_device_comm(e.names, e.calls(), world_size)
+    return out, {"device_kind": device_kind, "main_tid": main_tid,
+                 "whole_trace_mode": steps.whole_trace, "steps": steps.table,
+                 "unlaunched": steps.unlaunched, "notes": notes}
 
-    def by_name(fn, dtype=bool):
-        return np.array([fn(u) for u in uniq], dtype=dtype)[codes] if len(uniq) else \
-            np.zeros(n, dtype)
 
-    def by_cat(*values):
-        return np.array([c in values for c in u_cat_lc], bool)[c_cat] if len(u_cat) else \
-            np.zeros(n, bool)
+def _main_thread_rule(df: pd.DataFrame, e: _Events) -> str | None:
+    """cpu.main_thread_op on a CPU-only rank: the cpu_op rows no table rule took on its main
+    thread (module docstring; ties go to the thread whose tid sorts first as a string) are
+    compute. Returns the main thread's tid, None when no row tells."""
+    n_tid = len(e.u_tid)
+    ops = e.cat("cpu_op") & (e.role == _ROLE["other"])
+    score = next((np.bincount(e.c_tid[m], minlength=n_tid) for m in (
+        e.rows("cpu.profiler_step"), e.rows("cpu.c10d_enqueue")) if m.any()), None)
+    if score is None:
+        if not ops.any():
+            return None
+        score = np.zeros(n_tid, np.int64)
+        np.add.at(score, e.c_tid[ops], df["dur_ns"].to_numpy()[ops])
+        score[np.bincount(e.c_tid[ops], minlength=n_tid) == 0] = -1  # no such ops: never wins
+    code = min(np.flatnonzero(score == score.max()).tolist(), key=lambda c: str(e.u_tid[c]))
+    rows = e.cpu & (e.c_tid == code) & ops
+    e.role[rows] = _ROLE["compute"]
+    e.rule[rows] = _RULE["cpu.main_thread_op"]
+    return str(e.u_tid[code])
 
-    coll_name = _obj(df["coll_name"])
-    has_coll_arg = np.array([c is not None for c in coll_name], bool) if n else np.zeros(0, bool)
-    is_nccl_kernel = (by_name(lambda u: NCCL_KERNEL_RE.match(u) is not None) | has_coll_arg) \
-        & is_gpu & ~by_cat("gpu_user_annotation")
-    is_deep_ep = by_name(lambda u: DEEP_EP_KERNEL_RE.search(u) is not None) & is_gpu \
-        & ~is_nccl_kernel
-    name_kind = by_name(_kind_code, np.int8)
-    is_step = by_name(lambda u: STEP_RE.match(u) is not None) & ~is_gpu
-    is_gloo = by_name(lambda u: u.startswith("gloo:")) & ~is_gpu
-    is_c10d = by_name(lambda u: u.startswith("c10d::")) & ~is_gpu
-    is_rpc = by_name(lambda u: u == "record_param_comms") & ~is_gpu
-    is_func = by_name(lambda u: u.startswith("_c10d_functional::")) & ~is_gpu
-    is_nccl_op = by_name(lambda u: u.startswith(("nccl:", "mpi:", "ucc:"))) & ~is_gpu
-    is_symm = by_name(lambda u: u.startswith("symm_mem::")) & ~is_gpu
-    is_hccl = by_name(lambda u: u.startswith("hccl:")) & ~is_gpu
-    is_dispatch = by_name(lambda u: DISPATCH_OP_RE.match(u) is not None) & ~is_gpu
-    is_memcpy = is_gpu & (by_cat("gpu_memcpy") | by_name(lambda u: u.startswith("Memcpy")))
-    is_htod = is_memcpy & by_name(lambda u: "HtoD" in u)
-    is_loader = ~is_gpu & by_name(lambda u: DATALOADER_RE.match(u) is not None)
-    is_memset = is_gpu & (by_cat("gpu_memset") | by_name(lambda u: u.startswith("Memset")))
-    is_sync = is_gpu & (by_cat("cuda_sync", "gpu_sync") | by_name(lambda u: "Sync" in u))
-    is_gpu_ann = is_gpu & by_cat("gpu_user_annotation")
-    device_kind = "gpu" if (is_gpu & by_cat("kernel")).any() else "cpu"
 
-    def mark(mask, r, ru):
-        role[mask] = _ROLE[r]
-        rule[mask] = _RULE[ru]
+def _launches(e: _Events) -> np.ndarray:
+    """Row of each GPU row's launching CPU event (correlation id, else External id), -1 none."""
+    launch = np.full(e.n, -1, np.int64)
+    gpu_idx, cpu_idx = np.flatnonzero(e.gpu), np.flatnonzero(e.cpu)
+    if not len(gpu_idx):
+        return launch
+    ext, corr = e.ext, e.corr
+    rt_idx = np.flatnonzero(e.cpu & (corr >= 0) & e.cat("cuda_runtime", "cuda_driver", "cpu_op"))
+    launch[gpu_idx] = _lookup(corr[rt_idx], rt_idx, corr[gpu_idx])
+    # External id as a fallback only where it is not a copy of the correlation id
+    # (analyzer/ingest/commid.py: the DLRM set writes External id == correlation)
+    missing = gpu_idx[(launch[gpu_idx] < 0) & (ext[gpu_idx] != corr[gpu_idx])]
+    if len(missing):
+        not_range = (e.role[cpu_idx] != _ROLE["annotation"]) & (e.role[cpu_idx] != _ROLE["data"])
+        cand = cpu_idx[(ext[cpu_idx] >= 0) & not_range]
+        launch[missing] = _lookup(ext[cand], cand, ext[missing])
+    return launch
 
-    # GPU
-    mark(is_gpu, "compute", "gpu.kernel")
-    for mask, r, ru in ((is_sync, "sync", "gpu.sync"), (is_memset, "memset", "gpu.memset"),
-                        (is_memcpy, "memcpy", "gpu.memcpy"),
-                        (is_gpu_ann, "annotation", "gpu.annotation"),
-                        (is_nccl_kernel, "comm", "gpu.nccl_kernel"),
-                        (is_deep_ep, "comm", "gpu.deep_ep_kernel")):
-        mark(mask, r, ru)
-    kind[is_deep_ep] = _KIND["all_to_all"]
-    rule[is_htod] = _RULE["gpu.memcpy.htod"]
 
-    # CPU
-    cpu = ~is_gpu
-    mark(cpu & by_cat("user_annotation", "trace"), "annotation", "cpu.annotation")
-    is_tag = cpu & by_cat("user_annotation") & by_name(lambda u: parse_pg_tag(u) is not None)
-    rule[is_tag] = _RULE["cpu.pg_tag"]
-    mark(is_loader, "data", "cpu.dataloader_next")
-    is_other_comm = is_symm | is_hccl | is_dispatch  # collective ops that are not NCCL
-    enq = is_c10d | is_rpc | is_nccl_op | is_other_comm | is_func
-    role[enq] = _ROLE["comm_enqueue"]
-    rule[is_func] = _RULE["cpu.c10d_functional"]
-    rule[is_c10d] = _RULE["cpu.c10d_enqueue"]
-    rule[is_rpc] = _RULE["cpu.record_param_comms"]
-    rule[is_nccl_op] = _RULE["cpu.nccl_op"]
-    rule[is_symm] = _RULE["cpu.symm_mem_op"]
-    rule[is_hccl] = _RULE["cpu.hccl_op"]
-    rule[is_dispatch] = _RULE["cpu.dispatch_op"]
-    arg_kind = np.full(n, -1, np.int8)
-    for i in np.flatnonzero(has_coll_arg).tolist():
-        arg_kind[i] = _kind_code(coll_name[i])
-    other_kind = by_name(lambda u: _KIND[commid.kind_in_text(u)], np.int8)
-    name_kind = np.where(is_other_comm, other_kind, name_kind)
-    kind[enq] = np.where(arg_kind[enq] >= 0, arg_kind[enq], name_kind[enq])
-    mark(is_gloo, "comm", "cpu.gloo_op")
-    kind[is_gloo] = name_kind[is_gloo]
-    mark(is_step, "step", "cpu.profiler_step")
+def _kernels_in_ops(e: _Events, launch: np.ndarray) -> None:
+    """gpu.symm_mem_kernel, gpu.hccl_kernel, gpu.dispatch_kernel: a compute kernel whose runtime
+    launch lies inside a ``symm_mem::*`` op (torch symmetric memory, e.g.
+    ``multimem_all_reduce_``), an ``hccl:*`` op (Ascend HCCL) or a custom dispatch / combine /
+    all_to_all op (``commid.DISPATCH_OP_RE``) is communication of the op's kind."""
+    ops = np.flatnonzero(e.other_comm)
+    cand = np.flatnonzero(e.gpu & (e.role == _ROLE["compute"]) & (launch >= 0))
+    if not (len(ops) and len(cand)):
+        return
+    op_of = commid.ops_enclosing(ops, launch[cand], e.ts, e.end, e.c_tid)
+    rows, ops = cand[op_of >= 0], op_of[op_of >= 0]
+    e.role[rows] = _ROLE["comm"]
+    e.kind[rows] = e.name_kind[ops]
+    e.rule[rows] = np.where(e.rows("cpu.symm_mem_op")[ops], _RULE["gpu.symm_mem_kernel"],
+                            np.where(e.rows("cpu.hccl_op")[ops], _RULE["gpu.hccl_kernel"],
+                                     _RULE["gpu.dispatch_kernel"]))
 
-    main_tid = None
-    if device_kind == "cpu":
-        main_code = _main_thread(df, u_tid, c_tid, is_step, is_c10d, role, by_cat("cpu_op"))
-        if main_code is not None:
-            main_tid = str(u_tid[main_code])
-            main_op = cpu & (c_tid == main_code) & by_cat("cpu_op") & (role == _ROLE["other"])
-            mark(main_op, "compute", "cpu.main_thread_op")
 
-    ext = df["external_id"].to_numpy()
-    corr = df["correlation"].to_numpy()
+def _comm_kernels(e: _Events, launch: np.ndarray, ident: "_Identity") -> None:
+    """Every GPU comm row: an NCCL kernel's kind (gpu.nccl_kernel.args: its own ``Collective
+    name``, as newer Kineto copies record_param_comms' args onto it; gpu.nccl_kernel.launch: its
+    launching ops' (``_kind_from_ops``: the CPU side first, analyzer/ingest/commid.py); else, rule
+    gpu.nccl_kernel, its name's), then its identity from its launching enqueue ops
+    (``_Identity.kernel``)."""
+    kernels = np.flatnonzero(e.gpu & (e.role == _ROLE["comm"]))
+    if not len(kernels):
+        return
+    enq_idx = np.flatnonzero(e.enq)
+    enq_cols = (enq_idx, e.ext[enq_idx], e.ts[enq_idx], e.end[enq_idx], e.c_tid[enq_idx])
+    nccl, c10d = e.rows("gpu.nccl_kernel"), e.rows("cpu.c10d_enqueue")
+    for i in kernels.tolist():
+        src = commid.launching_ops(launch[i], e.ext[i], e.corr[i], enq_cols, e.ext, e.ts, e.end,
+                                   e.c_tid)
+        if nccl[i]:
+            if e.arg_kind[i] >= 0:
+                e.kind[i] = e.arg_kind[i]
+                e.rule[i] = _RULE["gpu.nccl_kernel.args"]
+            elif (k := _kind_from_ops(src, e.arg_kind, e.name_kind, c10d)) >= 0:
+                e.kind[i] = k
+                e.rule[i] = _RULE["gpu.nccl_kernel.launch"]
+            elif e.name_kind[i] >= 0:
+                e.kind[i] = e.name_kind[i]
+            else:
+                e.kind[i] = _KIND["send_recv" if "sendrecv" in e.names[i].lower() else "other"]
+        ident.kernel(i, src, launch[i])
 
-    # --- link GPU events to their launching CPU event (correlation, else External id) --------
-    launch = np.full(n, -1, np.int64)  # row index of the CPU launch event
-    gpu_idx = np.flatnonzero(is_gpu)
-    cpu_idx = np.flatnonzero(cpu)
-    if len(gpu_idx):
-        runtime = cpu & (corr >= 0) & by_cat("cuda_runtime", "cuda_driver", "cpu_op")
-        rt_idx = np.flatnonzero(runtime)
-        launch[gpu_idx] = _lookup(corr[rt_idx], rt_idx, corr[gpu_idx])
-        # External id as a fallback only where it is not a copy of the correlation id
-        # (analyzer/ingest/commid.py: the DLRM set writes External id == correlation)
-        missing = gpu_idx[(launch[gpu_idx] < 0) & (ext[gpu_idx] != corr[gpu_idx])]
-        if len(missing):
-            not_range = (role[cpu_idx] != _ROLE["annotation"]) & (role[cpu_idx] != _ROLE["data"])
-            cand = cpu_idx[(ext[cpu_idx] >= 0) & not_range]
-            launch[missing] = _lookup(ext[cand], cand, ext[missing])
 
-    # --- kernels launched inside collective ops that are not NCCL -> comm ------------------
-    other_ops = np.flatnonzero(is_other_comm)
-    cand = np.flatnonzero(is_gpu & (role == _ROLE["compute"]) & (launch >= 0))
-    if len(other_ops) and len(cand):
-        op_of = commid.ops_enclosing(other_ops, launch[cand], ts, end, c_tid)
-        hit = op_of >= 0
-        rows, ops = cand[hit], op_of[hit]
-        role[rows] = _ROLE["comm"]
-        kind[rows] = name_kind[ops]
-        rule[rows] = np.where(is_symm[ops], _RULE["gpu.symm_mem_kernel"],
-                              np.where(is_hccl[ops], _RULE["gpu.hccl_kernel"],
-                                       _RULE["gpu.dispatch_kernel"]))
+def _gloo_ops(e: _Events, ident: "_Identity") -> np.ndarray:
+    """cpu.gloo_op.paired: each gloo runloop op paired with its enqueue by order and time
+    (``_pair_gloo``, then within each process group), taking the enqueue's kind (gloo runs
+    reduce_scatter as an all_reduce of the whole buffer: the enqueue says what it really was)
+    and identity. Returns the paired row of every row (-1 none)."""
+    gloo_idx = np.flatnonzero(e.rows("cpu.gloo_op"))
+    paired = np.full(e.n, -1, np.int64)
+    if not len(gloo_idx):
+        return paired
+    c10d_idx = np.flatnonzero(e.calls())
+    paired = _pair_gloo(c10d_idx, gloo_idx, e.kind, e.name_kind, e.ts, paired)
+    paired = _pair_gloo_by_group(c10d_idx, gloo_idx, e.kind, e.name_kind, e.ts, paired, ident.pg,
+                                 e.c_tid)
+    for i in gloo_idx.tolist():
+        j = paired[i]
+        if j >= 0:
+            e.rule[i] = _RULE["cpu.gloo_op.paired"]
+            e.kind[i] = e.kind[j] if e.kind[j] >= 0 else e.kind[i]
+        if e.kind[i] < 0:
+            e.kind[i] = _KIND["other"]
+        ident.gloo_op(i, j)
+    return paired
 
-    # --- collective identity: kind, bytes, dtype, group size, pg (analyzer/ingest/commid.py) -
-    pg = _obj(df["pg"])
-    pg_rk = _obj(df["pg_ranks"])
-    dtype = _obj(df["dtype"])
-    desc = _obj(df["pg_desc"]) if "pg_desc" in df.columns else np.full(n, None, object)
-    from_args = np.array([p is not None for p in pg], bool) if n else np.zeros(0, bool)
-    peer = np.full(n, -1, np.int64)
-    tag_of = _tags(names, is_tag, enq, launch, is_gpu, ts, end, c_tid)
-    for j, (t_pg, t_peer) in tag_of.items():  # enqueue ops take their tag's group and peer
-        if enq[j] and pg[j] is None:
-            pg[j] = t_pg
-        if enq[j] and peer[j] < 0:
-            peer[j] = t_peer
-    group = df["group_size"].to_numpy().copy()
-    seq_arg, comms_id, graph_rows = _seq_cols(df, n, is_gpu)
-    nbytes = _bytes_from_args(df)
-    args_bytes = nbytes.copy()  # bytes from each row's own collective args (-1 unknown)
-    shape = _ShapeCols(df, names)
-    fallback = commid.group_fallback(pg_sizes, world_size)
-    members = pg_ranks or {}
-    only_pg = next(iter(members)) if len(members) == 1 else None  # pg_config's one group
 
-    def name_group(i: int) -> None:
+class _Identity:
+    """The identity of the comm rows (analyzer/ingest/commid.py) as it is resolved: pg, its
+    ranks, dtype, pg_desc (object arrays, None unknown), peer, group size, Seq, Comms Id,
+    bytes (-1 unknown); each row's own arguments first, then its process-group tag, its
+    launching or paired ops."""
+
+    def __init__(self, df: pd.DataFrame, e: _Events, launch: np.ndarray,
+                 world_size: int | None, pg_sizes: dict[str, int] | None,
+                 pg_ranks: dict[str, str] | None):
+        n, self.e = e.n, e
+        self.pg, self.pg_rk, self.dtype = _obj(df["pg"]), _obj(df["pg_ranks"]), _obj(df["dtype"])
+        self.desc = _obj(df["pg_desc"]) if "pg_desc" in df.columns else np.full(n, None, object)
+        self.from_args = np.array([p is not None for p in self.pg], bool) if n else \
+            np.zeros(0, bool)
+        self.peer = np.full(n, -1, np.int64)
+        self.tag_of = _tags(e.names, e.rows("cpu.pg_tag"), e.enq, launch, e.gpu, e.ts, e.end,
+                            e.c_tid)
+        for j, (t_pg, t_peer) in self.tag_of.items():  # enqueue ops take their tag's group
+            if e.enq[j] and self.pg[j] is None:
+                self.pg[j] = t_pg
+            if e.enq[j] and self.peer[j] < 0:
+                self.peer[j] = t_peer
+        self.group = df["group_size"].to_numpy().copy()
+        # a graphed row's Seq / Comms Id are dropped: recorded at capture, they repeat on every
+        # replay (analyzer/ingest/graphs.py)
+        self.graphed = graphs.graphed(df["graph_node"].to_numpy() if "graph_node" in df.columns
+                                      else np.zeros(n, np.int64), e.gpu)
+        self.seq = np.where(self.graphed, -1, df["seq_arg"].to_numpy().astype(np.int64)
+                            if "seq_arg" in df.columns else np.full(n, -1, np.int64))
+        self.cid = np.where(self.graphed, None, _obj(df["comms_id"]) if "comms_id" in df.columns
+                            else np.full(n, None, object))
+        self.nbytes = _bytes_from_args(df)
+        self.args_bytes = self.nbytes.copy()  # bytes from each row's own collective args
+        # first tensor's numel and element size, second tensor's numel, In / Out msg nelems
+        self.numel, self.size, self.numel2, self.n_in, self.n_out = (df[c].to_numpy() for c in (
+            "shape_numel", "shape_elem_bytes", "shape2_numel", "in_nelems", "out_nelems"))
+        self.pg_sizes = pg_sizes
+        self.fallback = commid.group_fallback(pg_sizes, world_size)
+        self.members = pg_ranks or {}
+        self.only_pg = next(iter(self.members)) if len(self.members) == 1 else None
+
+    def shape_bytes(self, i: int, kind: str | None, group: int) -> int:
+        """Bytes of row ``i`` from its first tensor's shape and dtype (``commid.total_bytes``:
+        a piece is multiplied by ``group``), -1 unknown."""
+        return commid.total_bytes(str(self.e.names[i]), kind, int(self.numel[i]),
+                                  int(self.size[i]), group)
+
+    def ops_bytes(self, src, kind: str, group: int) -> int:
+        """Bytes of a collective from its launching ops ``src``: collective args first
+        (record_param_comms), then the op shapes (below); -1 unknown."""
+        for j in src:
+            if self.args_bytes[j] >= 0:
+                return int(self.args_bytes[j])
+        # a c10d op's first tensor is its output: the whole buffer of an all_gather, the piece
+        # of a reduce_scatter; for other kinds (an uneven all_to_all) the nccl:* op's input first
+        c10d = [j for j in src if str(self.e.names[j]).startswith("c10d::")]
+        rest = [j for j in src if j not in c10d]
+        for j in (c10d + rest if kind in ("all_gather", "reduce_scatter") else rest + c10d):
+            if (b := self.shape_bytes(j, kind, group)) >= 0:
+                return b
+        return -1
+
+    def take_seq(self, i: int, src) -> None:
+        """Row ``i``'s Seq / Comms Id, where its own arguments do not say, from its launching or
+        paired ops ``src`` (the first that has one)."""
+        if self.seq[i] < 0:
+            self.seq[i] = next((self.seq[j] for j in src if self.seq[j] >= 0), -1)
+        if self.cid[i] is None:
+            self.cid[i] = next((self.cid[j] for j in src if self.cid[j] is not None), None)
+
+    def name_group(self, i: int) -> None:
         """pg of row ``i`` from pg_config's only group, pg_ranks from pg_config's ranks."""
-        if pg[i] is None and only_pg is not None:
-            pg[i] = only_pg
-        if pg_rk[i] is None and pg[i] is not None and members.get(str(pg[i])):
-            pg_rk[i] = members[str(pg[i])]
+        if self.pg[i] is None and self.only_pg is not None:
+            self.pg[i] = self.only_pg
+        if self.pg_rk[i] is None and self.pg[i] is not None and self.members.get(str(self.pg[i])):
+            self.pg_rk[i] = self.members[str(self.pg[i])]
 
-    def group_of(i: int, src=()) -> int:
+    def group_of(self, i: int, src=()) -> int:
         """Group size of row ``i`` launched by ops ``src`` (commid module docstring, 2-5)."""
-        if group[i] > 0:
-            return int(group[i])
-        if pg[i] is not None and pg_sizes and str(pg[i]) in pg_sizes:
-            return pg_sizes[str(pg[i])]
-        k = KINDS[kind[i]] if kind[i] >= 0 else None
+        if self.group[i] > 0:
+            return int(self.group[i])
+        if self.pg[i] is not None and self.pg_sizes and str(self.pg[i]) in self.pg_sizes:
+            return self.pg_sizes[str(self.pg[i])]
+        k = KINDS[self.e.kind[i]] if self.e.kind[i] >= 0 else None
         if k in ("all_gather", "reduce_scatter"):
             for j in (i, *src):
-                n = commid.group_from_counts(k, int(shape.n_in[j]), int(shape.n_out[j]))
+                n = commid.group_from_counts(k, int(self.n_in[j]), int(self.n_out[j]))
                 if n > 0:
                     return n
             for j in (i, *src):
-                n = commid.group_from_tensors(str(names[j]), k, int(shape.numel[j]),
-                                              int(shape.numel2[j]))
+                n = commid.group_from_tensors(str(self.e.names[j]), k, int(self.numel[j]),
+                                              int(self.numel2[j]))
                 if n > 0:
                     return n
-        return fallback
+        return self.fallback
 
-    comm_k = np.flatnonzero(is_gpu & (role == _ROLE["comm"]))
-    if len(comm_k):
-        enq_idx = np.flatnonzero(enq)
-        enq_cols = (enq_idx, ext[enq_idx], ts[enq_idx], end[enq_idx], c_tid[enq_idx])
-        for i in comm_k.tolist():
-            src = commid.launching_ops(launch[i], ext[i], corr[i], enq_cols, ext, ts, end, c_tid)
-            if is_nccl_kernel[i]:
-                if arg_kind[i] >= 0:
-                    kind[i] = arg_kind[i]
-                    rule[i] = _RULE["gpu.nccl_kernel.args"]
-                elif (k := _kind_from_ops(src, arg_kind, name_kind, is_c10d)) >= 0:
-                    kind[i] = k
-                    rule[i] = _RULE["gpu.nccl_kernel.launch"]
-                elif name_kind[i] >= 0:
-                    kind[i] = name_kind[i]
-                else:
-                    kind[i] = _KIND["send_recv" if "sendrecv" in names[i].lower() else "other"]
-            # pg: a record_param_comms' own name first, then a tagged op's, then the tag
-            # around the launch itself
-            if pg[i] is None:
-                pg[i] = next((pg[j] for j in src if from_args[j]), None)
-            for col in (pg, pg_rk, dtype, desc):
+    def kernel(self, i: int, src: list[int], launch_row: int) -> None:
+        """A GPU comm row ``i`` launched by enqueue ops ``src`` at runtime row ``launch_row``."""
+        pg, peer, group = self.pg, self.peer, self.group
+        # pg: a record_param_comms' own name first, then a tagged op's, then the tag around
+        # the launch itself
+        if pg[i] is None:
+            pg[i] = next((pg[j] for j in src if self.from_args[j]), None)
+        for col in (pg, self.pg_rk, self.dtype, self.desc):
+            if col[i] is None:
+                col[i] = next((col[j] for j in src if col[j] is not None), None)
+        tag = self.tag_of.get(int(launch_row))
+        if pg[i] is None and tag is not None:
+            pg[i] = tag[0]
+        peer[i] = next((peer[j] for j in src if peer[j] >= 0), tag[1] if tag is not None else -1)
+        if not self.graphed[i]:  # capture-time values (analyzer/ingest/graphs.py)
+            self.take_seq(i, src)
+        self.name_group(i)
+        if group[i] <= 0:
+            group[i] = next((group[j] for j in src if group[j] > 0), -1)
+        group[i] = self.group_of(i, src)
+        if self.nbytes[i] < 0:
+            self.nbytes[i] = self.ops_bytes(src, KINDS[self.e.kind[i]], int(group[i]))
+
+    def gloo_op(self, i: int, j: int) -> None:
+        """A gloo op ``i`` paired with enqueue ``j`` (-1: unpaired)."""
+        if j >= 0:
+            if self.pg[i] is None:
+                self.pg[i] = self.pg[j]
+            self.take_seq(i, (j,))
+            for col in (self.pg_rk, self.dtype, self.desc):
                 if col[i] is None:
-                    col[i] = next((col[j] for j in src if col[j] is not None), None)
-            tag = tag_of.get(int(launch[i]))
-            if pg[i] is None and tag is not None:
-                pg[i] = tag[0]
-            peer[i] = next((peer[j] for j in src if peer[j] >= 0),
-                           tag[1] if tag is not None else -1)
-            _take_seq(i, src, seq_arg, comms_id, graph_rows[i])
-            name_group(i)
-            if group[i] <= 0:
-                group[i] = next((group[j] for j in src if group[j] > 0), -1)
-            group[i] = group_of(i, src)
-            if nbytes[i] < 0:
-                nbytes[i] = _bytes_from_ops(src, KINDS[kind[i]], args_bytes, shape, int(group[i]))
-    # --- gloo: pair each runloop op with its enqueue by order and time -----------------------
-    gloo_idx = np.flatnonzero(is_gloo)
-    paired = np.full(n, -1, np.int64)
-    if len(gloo_idx):
-        c10d_idx = np.flatnonzero(is_c10d & ~by_name(lambda u: u.startswith("c10d::wait")))
-        paired = _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired)
-        paired = _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, c_tid)
-        for i in gloo_idx.tolist():
-            j = paired[i]
-            if j >= 0:
-                rule[i] = _RULE["cpu.gloo_op.paired"]
-                kind[i] = kind[j] if kind[j] >= 0 else kind[i]
-                if pg[i] is None:
-                    pg[i] = pg[j]
-            if kind[i] < 0:
-                kind[i] = _KIND["other"]
-            if j >= 0:
-                _take_seq(i, (j,), seq_arg, comms_id, False)
-                for col in (pg_rk, dtype, desc):
-                    if col[i] is None:
-                        col[i] = col[j]
-                peer[i] = peer[j] if peer[i] < 0 else peer[i]
-                if group[i] <= 0:
-                    group[i] = group[j]
-            name_group(i)
-            group[i] = group_of(i, (j,) if j >= 0 else ())
-            if nbytes[i] < 0:
-                nbytes[i] = shape.nbytes(i, KINDS[kind[i]], int(group[i]))
-            if nbytes[i] < 0 and j >= 0:
-                nbytes[i] = shape.nbytes(j, KINDS[kind[i]], int(group[i]))
-    for i in np.flatnonzero(enq).tolist():
-        name_group(i)
-        if nbytes[i] < 0:
-            nbytes[i] = shape.nbytes(i, KINDS[kind[i]] if kind[i] >= 0 else None, group_of(i))
-    is_comm = (role == _ROLE["comm"]) | (role == _ROLE["comm_enqueue"])
-    kind[~is_comm] = -1
-    kind[is_comm & (kind < 0)] = _KIND["other"]
+                    col[i] = col[j]
+            self.peer[i] = self.peer[j] if self.peer[i] < 0 else self.peer[i]
+            if self.group[i] <= 0:
+                self.group[i] = self.group[j]
+        self.name_group(i)
+        self.group[i] = self.group_of(i, (j,) if j >= 0 else ())
+        kind = KINDS[self.e.kind[i]]
+        if self.nbytes[i] < 0:
+            self.nbytes[i] = self.shape_bytes(i, kind, int(self.group[i]))
+        if self.nbytes[i] < 0 and j >= 0:
+            self.nbytes[i] = self.shape_bytes(j, kind, int(self.group[i]))
 
-    steps = assign_steps(df, names=names, is_step=is_step, is_gpu=is_gpu,
-                         is_gpu_annotation=is_gpu_ann, is_comm=role == _ROLE["comm"],
-                         launch=launch, paired=paired, device_kind=device_kind,
-                         is_trace_span=~is_gpu & by_cat("trace"))
+    def enqueue(self, i: int) -> None:
+        """An enqueue op ``i``: its group from pg_config, its bytes from its own shape."""
+        self.name_group(i)
+        if self.nbytes[i] < 0:
+            k = self.e.kind[i]
+            self.nbytes[i] = self.shape_bytes(i, KINDS[k] if k >= 0 else None, self.group_of(i))
 
-    descs = pg_descs or {}
-    for i in np.flatnonzero(is_comm).tolist():  # pg_config's description of the named group
-        if desc[i] is None and pg[i] is not None:
-            desc[i] = descs.get(str(pg[i]))
-    out = df.drop(columns=[c for c in ("pg", "pg_ranks", "dtype", "group_size", "pg_desc",
-                                       "seq_arg", "comms_id") if c in df.columns])
-    out["step"] = steps.step
-    out["role"] = pd.Categorical.from_codes(role, categories=list(ROLES))
-    out["coll_kind"] = pd.Categorical.from_codes(kind, categories=list(KINDS))
-    out["bytes"] = nbytes.astype(np.int64)
-    out["pg"] = str_array(pg)
-    out["pg_ranks"] = str_array(pg_rk)
-    out["dtype"] = str_array([commid.dtype_name(d) for d in dtype])
-    out["group_size"] = group.astype(np.int64)
-    out["pg_desc"] = str_array(desc)
-    out["peer"] = np.where(is_comm, peer, -1).astype(np.int64)
-    out["seq_arg"] = np.where(is_comm, seq_arg, -1).astype(np.int64)
-    out["comms_id"] = str_array(np.where(is_comm, comms_id, None))
-    out["rule"] = _used_categories(rule, RULES)
-    out["launch_row"] = launch
-    out["paired_row"] = paired
-    info = {"device_kind": device_kind, "main_tid": main_tid,
-            "whole_trace_mode": steps.whole_trace, "steps": steps.table,
-            "unlaunched": steps.unlaunched,
-            "notes": _notes(df, u_cat, c_cat, rule, is_gpu & (role == _ROLE["compute"]) & by_name(
-                lambda u: _LONE_EP_RE.search(u) is not None)) + steps.notes
-            + graphs.replay_notes(graph_rows, has_coll_arg, launch, role == _ROLE["comm"], ts,
-                                  end, names)}
-    if device_kind == "gpu" and not (is_gpu & (role == _ROLE["comm"])).any():
-        info["notes"] += _no_device_comm(names, is_c10d & ~by_name(
-            lambda u: u.startswith("c10d::wait")), world_size)
-    return out, info
+    def table(self, df: pd.DataFrame, step: np.ndarray, is_comm: np.ndarray,
+              pg_descs: dict[str, str] | None, launch: np.ndarray, paired: np.ndarray
+              ) -> pd.DataFrame:
+        """``df`` with ``step``, role, coll_kind, the identity columns (``is_comm``: rows that
+        keep a peer, Seq and Comms Id; ``pg_descs``: pg_config's description of each group),
+        rule, launch_row and paired_row."""
+        e, desc, descs = self.e, self.desc, pg_descs or {}
+        for i in np.flatnonzero(is_comm).tolist():
+            if desc[i] is None and self.pg[i] is not None:
+                desc[i] = descs.get(str(self.pg[i]))
+        out = df.drop(columns=[c for c in ("pg", "pg_ranks", "dtype", "group_size", "pg_desc",
+                                           "seq_arg", "comms_id") if c in df.columns])
+        for name, col in {
+                "step": step, "role": pd.Categorical.from_codes(e.role, categories=list(ROLES)),
+                "coll_kind": pd.Categorical.from_codes(e.kind, categories=list(KINDS)),
+                "bytes": self.nbytes.astype(np.int64), "pg": str_array(self.pg),
+                "pg_ranks": str_array(self.pg_rk),
+                "dtype": str_array([commid.dtype_name(d) for d in self.dtype]),
+                "group_size": self.group.astype(np.int64), "pg_desc": str_array(desc),
+                "peer": np.where(is_comm, self.peer, -1).astype(np.int64),
+                "seq_arg": np.where(is_comm, self.seq, -1).astype(np.int64),
+                "comms_id": str_array(np.where(is_comm, self.cid, None)),
+                "rule": _used_categories(e.rule, RULES), "launch_row": launch,
+                "paired_row": paired}.items():
+            out[name] = col
+        return out
 
 
 def _no_device_comm(names: np.ndarray, calls: np.ndarray, world_size: int | None) -> list[str]:
@@ -582,73 +681,6 @@ def _bytes_from_args(df: pd.DataFrame) -> np.ndarray:
     return out
 
 
-class _ShapeCols:
-    """The columns ``nbytes`` and the group-size ratios read, as numpy arrays (row access
-    without pandas overhead): first tensor's numel and element size, second tensor's numel,
-    In / Out msg nelems (analyzer/ingest/decode.py)."""
-
-    __slots__ = ("numel", "size", "numel2", "n_in", "n_out", "names")
-
-    def __init__(self, df: pd.DataFrame, names: np.ndarray):
-        self.numel = df["shape_numel"].to_numpy()
-        self.size = df["shape_elem_bytes"].to_numpy()
-        self.numel2 = df["shape2_numel"].to_numpy()
-        self.n_in = df["in_nelems"].to_numpy()
-        self.n_out = df["out_nelems"].to_numpy()
-        self.names = names
-
-    def nbytes(self, i: int, kind: str | None, group: int) -> int:
-        """Bytes of row ``i`` from its first tensor's shape and dtype (``commid.total_bytes``:
-        a piece is multiplied by ``group``), -1 unknown."""
-        return commid.total_bytes(str(self.names[i]), kind, int(self.numel[i]), int(self.size[i]),
-                                  group)
-
-
-def _bytes_from_ops(src, kind, args_bytes, shape: _ShapeCols, group: int) -> int:
-    """Bytes of a collective from its launching ops ``src``: collective args first
-    (record_param_comms), then the op shapes (below); -1 unknown."""
-    for j in src:
-        if args_bytes[j] >= 0:
-            return int(args_bytes[j])
-    # a c10d op's first tensor is its output: the whole buffer of an all_gather, the piece of a
-    # reduce_scatter; for other kinds (an uneven all_to_all) the nccl:* op's input comes first
-    c10d = [j for j in src if str(shape.names[j]).startswith("c10d::")]
-    rest = [j for j in src if j not in c10d]
-    for j in (c10d + rest if kind in ("all_gather", "reduce_scatter") else rest + c10d):
-        b = shape.nbytes(j, kind, group)
-        if b >= 0:
-            return b
-    return -1
-
-
-def _seq_cols(df: pd.DataFrame, n: int, is_gpu: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(Seq per row, int64 -1 unknown; Comms Id per row, object None unknown; bool per row:
-    replayed from a CUDA graph) from the decoded columns (analyzer/ingest/decode.py), each row's
-    own arguments; a graphed row's Seq / Comms Id are dropped: recorded at capture, they repeat
-    on every replay (analyzer/ingest/graphs.py)."""
-    seq = df["seq_arg"].to_numpy().astype(np.int64) if "seq_arg" in df.columns else \
-        np.full(n, -1, np.int64)
-    cid = _obj(df["comms_id"]) if "comms_id" in df.columns else np.full(n, None, object)
-    node = df["graph_node"].to_numpy() if "graph_node" in df.columns else np.zeros(n, np.int64)
-    rows = graphs.graphed(node, is_gpu)
-    seq = np.where(rows, -1, seq)
-    cid = np.where(rows, None, cid)
-    return seq, cid, rows
-
-
-def _take_seq(i: int, src, seq: np.ndarray, cid: np.ndarray, graphed: bool) -> None:
-    """Row ``i``'s Seq / Comms Id, where its own arguments do not say, from its launching or
-    paired ops ``src`` (the first that has one); none for a graphed row (capture-time values:
-    analyzer/ingest/graphs.py)."""
-    if graphed:
-        return
-    if seq[i] < 0:
-        seq[i] = next((seq[j] for j in src if seq[j] >= 0), -1)
-    if cid[i] is None:
-        cid[i] = next((cid[j] for j in src if cid[j] is not None), None)
-
-
 def _notes(df, u_cat, c_cat, rule, lone) -> list[str]:
     """Notes on classes of events the reader should know about: device categories not
     understood (not analysed), and GPU kernels counted as communication by a rule other than
@@ -676,28 +708,6 @@ def _notes(df, u_cat, c_cat, rule, lone) -> list[str]:
                    f"({dur[lone].sum() / 1e6:.3f} ms summed) counted as computation: no "
                    "collective op launched them, so they cannot be told from compute")
     return out
-
-
-def _main_thread(df, u_tid, c_tid, is_step, is_c10d, role, is_cpu_op) -> int | None:
-    """Code (in ``c_tid``, codes of the distinct tids ``u_tid``) of the main thread (module
-    docstring); ties go to the thread whose tid sorts first as a string. None when no row tells."""
-    for mask in (is_step, is_c10d):
-        if mask.any():
-            return _first_max(np.bincount(c_tid[mask], minlength=len(u_tid)), u_tid)
-    ops = is_cpu_op & (role == _ROLE["other"])
-    if not ops.any():
-        return None
-    has_ops = np.bincount(c_tid[ops], minlength=len(u_tid)) > 0
-    sums = np.zeros(len(u_tid), np.int64)
-    np.add.at(sums, c_tid[ops], df["dur_ns"].to_numpy()[ops])
-    sums[~has_ops] = -1  # threads without such ops never win
-    return _first_max(sums, u_tid)
-
-
-def _first_max(values: np.ndarray, labels: np.ndarray) -> int:
-    """Index of the largest value; among equals, the one whose label sorts first."""
-    best = np.flatnonzero(values == values.max())
-    return int(min(best.tolist(), key=lambda c: str(labels[c])))
 
 
 def _tags(names, is_tag, enq, launch, is_gpu, ts, end, tid) -> dict[int, tuple[str, int]]:
