@@ -739,10 +739,46 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     ``attrgetter``, a defaultdict coder); Python-level work runs per distinct value, or per
     row only for GPU rows and the few rows that carry collective arguments. ``lower_ext``:
     look for tb_plugin's ``external id`` spelling too (False when the file never says it)."""
-    evs = trace.traceEvents
     strict = not isinstance(trace, _LTrace)
     warnings: list[str] = []
-    if strict:  # a tagged union: the event's type says its phase
+    event_idx, xs, thread_names = _complete_events(trace, path, warnings)
+    ts, dur, order, kept = _times(trace, xs, path, warnings)
+    coded = _coded_names(xs, strict, thread_names)
+    no_args = _Args() if strict else _LArgs()
+    args = [e.args if e.args is not None else no_args for e in xs]
+    del xs
+    cat_codes, u_cat = coded["cat"]
+    is_gpu = np.array([c.lower() in GPU_CATS for c in u_cat], bool)[cat_codes] if len(args) \
+        else np.zeros(0, bool)
+    stream, stream_arg = _streams(args, is_gpu, *coded["tid"])
+    ext = _int_column(args, "external_id", "external_id_lc" if lower_ext else None,
+                      strict=strict)
+    corr = _int_column(args, "correlation", strict=strict)
+    graph_node = _int_column(args, "graph_node", strict=strict)
+    coll = _collective_args(args, coded["name"], order)
+    del args
+    end = ts + dur
+    df = pd.DataFrame({
+        **{c: _cat(*coded[c], order, kept) for c in ("name", "cat", "pid", "tid")},
+        "event_idx": event_idx[order], "ts_ns": ts[order], "dur_ns": dur[order],
+        "end_ns": end[order], "is_gpu": is_gpu[order], "stream": stream[order],
+        "stream_arg": stream_arg[order], "correlation": corr[order], "external_id": ext[order],
+        "thread_name": _cat(*coded["thread_name"], order, kept),
+        **coll, "graph_node": graph_node[order],
+    })
+    di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
+    dp = trace.deviceProperties
+    return Decoded(events=df, distributed_info=di,
+                   device_count=len(dp) if isinstance(dp, list) else 0, warnings=warnings)
+
+
+def _complete_events(trace: Any, path: Path | str, warnings: list[str]
+                     ) -> tuple[np.ndarray, list, dict[tuple[str, str], str]]:
+    """(index in traceEvents of each complete (X) event, the X events, thread names by (pid,
+    tid) from the metadata events: the last one wins, as trace viewers do). On a lenient
+    decode, events of no or an unknown phase are counted in ``warnings``."""
+    evs = trace.traceEvents
+    if not isinstance(trace, _LTrace):  # a tagged union: the event's type says its phase
         is_x = (_XUs if isinstance(trace, _TraceUs) else _X).__instancecheck__
         event_idx = np.flatnonzero(np.fromiter(map(is_x, evs), bool, count=len(evs)))
         xs = list(filter(is_x, evs))
@@ -755,11 +791,18 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         if n_odd:  # the strict decoders accept only known phases: only this path sees them
             warnings.append(f"{path}: skipped {n_odd} events with no or an unknown phase "
                             "(\"ph\"), which the Chrome trace format does not define")
-    # thread names from metadata events (last one wins, as trace viewers do)
     thread_names: dict[tuple[str, str], str] = {}
     for e in metas:
         if e.name == "thread_name" and e.args is not None:
             thread_names[(str(e.pid), str(e.tid))] = _as_str(e.args.meta_name) or ""
+    return event_idx, xs, thread_names
+
+
+def _times(trace: Any, xs: list, path: Path | str, warnings: list[str]
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(ts_ns, dur_ns of every X event in file order, 0 where invalid; ``order``: the rows kept,
+    sorted; ``kept``: the rows kept, in file order). Events with an invalid ts or dur are
+    counted in ``warnings``."""
     n_all = len(xs)
     if isinstance(trace, _TraceUs):  # whole µs, validated in range by the decoder
         ts = np.fromiter(map(attrgetter("ts"), xs), np.int64, count=n_all)
@@ -785,31 +828,33 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     kept = np.flatnonzero(ok)
     if len(kept) < n_all:
         order = order[ok[order]]
+    return ts, dur, order, kept
 
-    # name, cat, pid, tid coded together: one pass, then per distinct combination
+
+def _coded_names(xs: list, strict: bool, thread_names: dict[tuple[str, str], str]
+                 ) -> dict[str, tuple[np.ndarray, list[str]]]:
+    """(code of each event, distinct values) of name, cat, pid, tid and thread_name: the four
+    coded together in one pass, then split per distinct combination."""
     if strict:
         combos = map(attrgetter("name", "cat", "pid", "tid"), xs)
     else:  # any JSON value: as the strict types would give it
         combos = ((_as_str(e.name) or "", _as_str(e.cat) or "", str(e.pid), str(e.tid))
                   for e in xs)
-    combo_codes, u_combo = _str_codes(combos, n_all, as_str=False)
-    name_codes, u_name = _part_codes(u_combo, 0, combo_codes)
-    cat_codes, u_cat = _part_codes(u_combo, 1, combo_codes)
-    pid_codes, u_pid = _part_codes(u_combo, 2, combo_codes)
-    tid_codes, u_tid = _part_codes(u_combo, 3, combo_codes)
+    combo_codes, u_combo = _str_codes(combos, len(xs), as_str=False)
+    out = {c: _part_codes(u_combo, k, combo_codes)
+           for k, c in enumerate(("name", "cat", "pid", "tid"))}
     tn_of_combo, u_tn = _str_codes([thread_names.get((str(c[2]), str(c[3])), "")
                                     for c in u_combo])
-    tn_codes = tn_of_combo[combo_codes]
+    out["thread_name"] = (tn_of_combo[combo_codes], u_tn)
+    return out
 
-    no_args = _Args() if strict else _LArgs()
-    args = [e.args if e.args is not None else no_args for e in xs]
-    ext = _int_column(args, "external_id", "external_id_lc" if lower_ext else None,
-                      strict=strict)
-    corr = _int_column(args, "correlation", strict=strict)
-    graph_node = _int_column(args, "graph_node", strict=strict)
 
-    gpu_cat = np.array([c.lower() in GPU_CATS for c in u_cat], dtype=bool)
-    is_gpu = gpu_cat[cat_codes] if n_all else np.zeros(0, bool)
+def _streams(args: list, is_gpu: np.ndarray, tid_codes: np.ndarray, u_tid: list[str]
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(stream: a GPU row's ``stream`` argument, else the number in its tid, -1 on CPU rows;
+    stream_arg: every row's ``stream`` argument as written, -1 absent). HolisticTraceAnalysis
+    takes a row as a GPU kernel only with a stream >= 0 there (analyzer/compare/crosscheck_hta.py)."""
+    n_all = len(args)
     stream = np.full(n_all, -1, np.int64)
     for i in np.flatnonzero(is_gpu).tolist():
         s = args[i].stream
@@ -818,8 +863,6 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         else:
             t = u_tid[tid_codes[i]].removeprefix("stream").strip()
             stream[i] = int(t) if t.isascii() and t.isdigit() and len(t) < 19 else -1
-    # args.stream on every row, as written (-1 absent): HolisticTraceAnalysis takes a row as a
-    # GPU kernel only with a stream >= 0 there (analyzer/compare/crosscheck_hta.py)
     stream_raw = list(map(attrgetter("stream"), args))
     stream_at = np.flatnonzero(np.fromiter(map(is_not, stream_raw, repeat(None)), bool,
                                            count=n_all))
@@ -830,24 +873,33 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     except (TypeError, ValueError, OverflowError):  # "0x0", "7", ints beyond int64
         stream_arg[stream_at] = np.fromiter(map(_stream_arg, present), np.int64,
                                             count=len(present))
-    del stream_raw, present
+    return stream, stream_arg
 
-    # collective arguments: only comm-related rows carry them; parse shapes for those only
+
+_ARG_COLUMNS = ("coll_name", "dtype", "pg", "pg_ranks", "pg_desc", "in_nelems", "out_nelems",
+                "group_size", "shape_numel", "shape_elem_bytes", "shape2_numel", "seq_arg",
+                "comms_id")
+"""The collective-argument columns, in the table's order: str (``_STR_ARGS``), else int64."""
+_STR_ARGS = frozenset({"coll_name", "dtype", "pg", "pg_ranks", "pg_desc", "comms_id"})
+
+
+def _collective_args(args: list, name: tuple[np.ndarray, list[str]], order: np.ndarray
+                     ) -> dict[str, Any]:
+    """The ``_ARG_COLUMNS`` of the rows ``order`` selects and sorts: str (None unknown) or int64
+    (-1 unknown). Only comm-related rows carry them (a comm name, ``_COMM_PREFIXES``, or a
+    ``Collective name``): they are read, and shapes parsed, for those only."""
+    n_all = len(args)
+    codes, u_name = name
     comm_name = np.array([x.startswith(_COMM_PREFIXES) for x in u_name], bool)
-    carries = comm_name[name_codes] if n_all else np.zeros(0, bool)
+    carries = comm_name[codes] if n_all else np.zeros(0, bool)
     carries |= np.fromiter(map(is_not, map(attrgetter("coll_name"), args), repeat(None)), bool,
                            count=n_all)
     rows = np.flatnonzero(carries)
     m = len(rows)
-    coll_name = np.full(m, None, object)
-    dtype = np.full(m, None, object)
-    pg = np.full(m, None, object)
-    pg_desc = np.full(m, None, object)
-    pg_ranks = np.full(m, None, object)
-    comms_id = np.full(m, None, object)
-    seq_arg = np.full(m, -1, np.int64)
-    # in, out nelems, group size, first tensor's numel and elem bytes, second tensor's numel
-    ints = np.full((6, m), -1, np.int64)
+    out = {c: np.full(m, None, object) if c in _STR_ARGS else np.full(m, -1, np.int64)
+           for c in _ARG_COLUMNS}
+    (coll_name, dtype, pg, pg_ranks, pg_desc, n_in, n_out, group, numel, elem, numel2, seq,
+     comms_id) = out.values()
     for k, i in enumerate(rows.tolist()):
         a = args[i]
         coll_name[k] = _as_str(a.coll_name)
@@ -857,68 +909,27 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
         if a.pg_ranks is not _NULL:
             r = msgspec.json.decode(a.pg_ranks)
             pg_ranks[k] = None if r is None else r if isinstance(r, str) else json.dumps(r)
-        ints[0, k] = _arg_int(a.in_nelems)
-        ints[1, k] = _arg_int(a.out_nelems)
-        ints[2, k] = _arg_int(a.group_size)
-        seq_arg[k] = _arg_int(a.seq)
+        n_in[k], n_out[k] = _arg_int(a.in_nelems), _arg_int(a.out_nelems)
+        group[k], seq[k] = _arg_int(a.group_size), _arg_int(a.seq)
         if a.comms_id is not _NULL:
             comms_id[k] = _raw_id(a.comms_id)
         if a.input_dims is not _NULL:
-            ints[3, k], ints[4, k], ints[5, k] = _shape(a.input_dims, a.input_type)
+            numel[k], elem[k], numel2[k] = _shape(a.input_dims, a.input_type)
         if dtype[k] is None and a.input_type is not _NULL:  # the first tensor's element type
             dtype[k] = _first_type(a.input_type)
-    del args, xs
-
-    # carrying rows -> all rows, sorted: at = the index in ``rows`` of each sorted row, or -1
-    at = np.full(n_all, -1, np.int64)
+    at = np.full(n_all, -1, np.int64)  # carrying rows -> all rows, sorted
     at[rows] = np.arange(m)
     at = at[order]
     carried = at >= 0
-
-    def sparse(values: np.ndarray) -> np.ndarray:  # int64, -1 where not carried
-        return np.where(carried, values[np.maximum(at, 0)], -1) if m else np.full(len(at), -1)
-
     take = pa.array(at, mask=~carried)
-
-    def sparse_str(values: np.ndarray) -> pd.api.extensions.ExtensionArray:  # None: missing
-        col = pa.array(values, type=pa.string(), from_pandas=True).take(take)
-        return pd.Series(col, dtype=_STR).array
-
-    end = ts + dur
-    df = pd.DataFrame({
-        "name": _cat(name_codes, u_name, order, kept),
-        "cat": _cat(cat_codes, u_cat, order, kept),
-        "pid": _cat(pid_codes, u_pid, order, kept),
-        "tid": _cat(tid_codes, u_tid, order, kept),
-        "event_idx": event_idx[order],
-        "ts_ns": ts[order],
-        "dur_ns": dur[order],
-        "end_ns": end[order],
-        "is_gpu": is_gpu[order],
-        "stream": stream[order],
-        "stream_arg": stream_arg[order],
-        "correlation": corr[order],
-        "external_id": ext[order],
-        "thread_name": _cat(tn_codes, u_tn, order, kept),
-        "coll_name": sparse_str(coll_name),
-        "dtype": sparse_str(dtype),
-        "pg": sparse_str(pg),
-        "pg_ranks": sparse_str(pg_ranks),
-        "pg_desc": sparse_str(pg_desc),
-        "in_nelems": sparse(ints[0]),
-        "out_nelems": sparse(ints[1]),
-        "group_size": sparse(ints[2]),
-        "shape_numel": sparse(ints[3]),
-        "shape_elem_bytes": sparse(ints[4]),
-        "shape2_numel": sparse(ints[5]),
-        "seq_arg": sparse(seq_arg),
-        "comms_id": sparse_str(comms_id),
-        "graph_node": graph_node[order],
-    })
-    di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
-    dp = trace.deviceProperties
-    return Decoded(events=df, distributed_info=di,
-                   device_count=len(dp) if isinstance(dp, list) else 0, warnings=warnings)
+    for c, values in out.items():
+        if c in _STR_ARGS:
+            out[c] = pd.Series(pa.array(values, type=pa.string(), from_pandas=True).take(take),
+                               dtype=_STR).array
+        else:
+            out[c] = np.where(carried, values[np.maximum(at, 0)], -1) if m else \
+                np.full(len(at), -1)
+    return out
 
 
 # --- [memory] instant events (issue 19) ------------------------------------------------------
