@@ -121,6 +121,15 @@ def test_kind_comes_from_the_cpu_side_before_the_kernel_name(trace):
     assert c.loc[100, "rule"] == "gpu.nccl_kernel.launch"
 
 
+def test_in_and_out_element_counts_are_read_as_written(trace):
+    from analyzer.api import load_events
+
+    ev, _ = load_events(trace)
+    rpc = ev[(ev["name"] == "record_param_comms") & (ev["ts_ns"] == 12 * US)]
+    # (a) In msg nelems 16, Out msg nelems 32: the piece and the gathered buffer, not swapped
+    assert rpc[["in_nelems", "out_nelems"]].values.tolist() == [[16, 32]]
+
+
 def test_all_gather_bytes_use_the_process_group_not_the_world(trace):
     t = load_tables(trace)
     c = _by_start(t)
