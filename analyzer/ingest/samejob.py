@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from analyzer.contract.errors import BadInput
-
-if TYPE_CHECKING:
-    from analyzer.ingest.ranktables import RankTables
+from analyzer.ingest.ranktables import RankTables
 
 
 def distributed_info_mismatches(files: list[RankTables]) -> list[BadInput]:
@@ -34,34 +31,25 @@ def distributed_info_mismatches(files: list[RankTables]) -> list[BadInput]:
     member ranks (``distributedInfo.pg_config``). Ranks may list different groups (a rank
     outside a subgroup does not know it), so only groups present in several files are
     compared."""
-    problems: list[BadInput] = []
-    if not files:
-        return problems
-    folder = files[0].path.parent
-    backends: dict[str, list[RankTables]] = {}
-    groups: dict[str, dict[str, list[RankTables]]] = {}
+    seen: dict[tuple[str, str], dict[str, list[RankTables]]] = {}  # (what, pg) -> value -> files
     for f in files:
         di = f.distributed_info or {}
         if isinstance(di.get("backend"), str):
-            backends.setdefault(di["backend"], []).append(f)
+            seen.setdefault(("backend", ""), {}).setdefault(di["backend"], []).append(f)
         pgs = di.get("pg_config")
         for pg in pgs if isinstance(pgs, list) else []:
             if isinstance(pg, dict) and "pg_name" in pg and isinstance(pg.get("ranks"), list):
-                members = json.dumps(pg["ranks"])
-                groups.setdefault(str(pg["pg_name"]), {}).setdefault(members, []).append(f)
-
-    def names(fs: list[RankTables]) -> str:
-        return ", ".join(f.path.name for f in fs)
-
-    if len(backends) > 1:
-        desc = "; ".join(f"{b} in {names(fs)}" for b, fs in sorted(backends.items()))
-        problems.append(BadInput(folder, "mixed_jobs", f"backends disagree: {desc}",
-                                 "put only one job's traces in the folder"))
-    for pg, by_members in sorted(groups.items()):
-        if len(by_members) > 1:
-            desc = "; ".join(f"ranks {m} in {names(fs)}" for m, fs in sorted(by_members.items()))
-            problems.append(BadInput(folder, "mixed_jobs",
-                                     f"process group {pg!r} has different members: {desc}",
+                seen.setdefault(("pg", str(pg["pg_name"])), {}).setdefault(
+                    json.dumps(pg["ranks"]), []).append(f)
+    problems = []
+    for (what, pg), by_value in sorted(seen.items()):
+        if len(by_value) > 1:
+            desc = "; ".join(f"{'ranks ' if what == 'pg' else ''}{v} in "
+                             f"{', '.join(f.path.name for f in fs)}"
+                             for v, fs in sorted(by_value.items()))
+            head = "backends disagree" if what == "backend" else \
+                f"process group {pg!r} has different members"
+            problems.append(BadInput(files[0].path.parent, "mixed_jobs", f"{head}: {desc}",
                                      "put only one job's traces in the folder"))
     return problems
 
