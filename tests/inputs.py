@@ -21,6 +21,11 @@ DLRM = CORPUS / "dlrm_ddp_8rank_v100"
 TBPLUGIN = CORPUS / "tbplugin_2rank"
 TINY = ["--strategy", "ddp", "--hidden", "32", "--layers", "1", "--seq", "16", "--warmup", "0",
         "--active", "2"]
+HANG_S = 300
+"""Seconds after which a wait that normally ends in seconds (a process reaching a phase, a
+command ending after a signal) is taken for a hang, on a loaded 2-core machine too: a hang
+guard, never a speed check. A child process that does real work (a record, a report) gets no
+limit of its own: the suite's pytest-timeout (pyproject.toml) stops a hung test."""
 
 
 def record(out: Path, *args: str) -> Path:
@@ -30,6 +35,30 @@ def record(out: Path, *args: str) -> Path:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
+
+
+SHARED: dict[Path, dict[str, tuple[int, int]]] = {}
+"""Folder a fixture shares -> its listing when the fixture made it (``listing``)."""
+
+
+def listing(root: Path) -> dict[str, tuple[int, int]]:
+    """Relative path -> (size, mtime ns) of every file and folder under ``root``."""
+    out = {}
+    for p in root.rglob("*"):
+        st = p.lstat()
+        kept = p.is_file()
+        out[p.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns) if kept else (0, 0)
+    return out
+
+
+def shared(path: Path) -> Path:
+    """Mark ``path``, a folder a session- or module-scoped fixture returns, as read-only for the
+    tests that use it (they copy it first: ``copy_run``). After each test, tests/conftest.py's
+    ``_shared_folders_untouched`` fails the test that added, removed or changed a file there
+    (an analyzer cache written beside a trace, a report written into the run): the next test
+    would read another input than its neighbour did. Returns ``path``."""
+    SHARED[path] = listing(path)
+    return path
 
 
 def copy_run(src: Path, dst: Path) -> Path:

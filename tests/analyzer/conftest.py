@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.analyzer.helpers import FIXTURES
+from tests.inputs import shared
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def gloo_runs(tmp_path_factory) -> Path:
     proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    return shared(out)
 
 
 @pytest.fixture(scope="module")

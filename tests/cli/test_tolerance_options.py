@@ -85,8 +85,10 @@ def test_faulted_run_still_fails_at_the_bounds(which, request):
 @pytest.fixture(scope="module")
 def zero_tol_report(ddp_run, tmp_path_factory) -> Path:
     """``analyzer report`` of the tiny record with --rtol=-0.0 --atol=-0.0 (report folder)."""
-    out = tmp_path_factory.mktemp("zero") / "r"
-    proc = cli("report", str(ddp_run.parent), "--rtol=-0.0", "--atol=-0.0", "--out", str(out))
+    root = tmp_path_factory.mktemp("zero")
+    out = root / "r"
+    copy_run(ddp_run, root / "traces" / "ddp")  # the report's caches land in the copy
+    proc = cli("report", str(root / "traces"), "--rtol=-0.0", "--atol=-0.0", "--out", str(out))
     assert proc.returncode in (0, 1), proc.stderr  # 1: the gate fails at tolerance 0
     return out
 

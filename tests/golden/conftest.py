@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.inputs import shared
 from tests.tracer.helpers import run_tracer
 
 # Tiny shapes and the shortest schedule: one profiled step, two steps in all.
@@ -23,4 +24,4 @@ def golden_root(tmp_path_factory):
     record(out, "a", ["--strategy", "single"])
     record(out, "b", ["--strategy", "single"])
     record(out, "c", ["--strategy", "ddp", "--nproc", "2", "--precision", "bf16", "--golden", str(out / "a")])
-    return out
+    return shared(out)

@@ -138,7 +138,8 @@ def test_summaries_only(golden_root, tmp_path):
 
 
 def test_report_shows_baseline_drift_and_does_not_rank(golden_root, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "analyzer", "report", str(golden_root), "--out",
+    root = shutil.copytree(golden_root, tmp_path / "traces")  # the report's caches land there
+    proc = subprocess.run([sys.executable, "-m", "analyzer", "report", str(root), "--out",
                            str(tmp_path), "--format", "json,md"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     rep = json.loads((tmp_path / "report.json").read_text())

@@ -36,7 +36,7 @@ def test_loss_divergence_is_named_once(ddp_run, tmp_path):
 
 def test_fsdp1_unit_names_are_defined(fsdp_fault_run, tmp_path):
     out = tmp_path / "rep"
-    proc = cli("report", str(fsdp_fault_run), "--out", str(out))
+    proc = cli("report", str(copy_run(fsdp_fault_run, tmp_path / "fsdp")), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     md = proc.stdout
     section = md[md.index("## FSDP prefetch"):md.index("## Recorded settings")]
