@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.inputs import CORPUS, cli, need
+from tests.inputs import CORPUS, HANG_S, cli, need
 
 A100 = CORPUS / "single" / "a100_ddp_rank0_nccl_args.json.gz"
 
@@ -223,13 +223,13 @@ def test_stop_signal_while_hta_runs_leaves_no_process(tmp_path, signame):
                             "--crosscheck", "hta"], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while len(_survivors(str(job))) < 3:  # the child and its two pool workers
             assert cmd.poll() is None, cmd.communicate()
             assert time.monotonic() < deadline, "HTA's stand-in never started its pool"
             psutil.wait_procs([psutil.Process(cmd.pid)], timeout=0.2)
         cmd.send_signal(getattr(signal, signame))
-        out, err = cmd.communicate(timeout=60)
+        out, err = cmd.communicate(timeout=HANG_S)
     finally:
         if cmd.poll() is None:
             cmd.kill()

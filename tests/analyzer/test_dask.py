@@ -26,10 +26,15 @@ import pyarrow.dataset as pads  # noqa: E402
 
 from analyzer import api  # noqa: E402
 from analyzer.contract.errors import ParityTraceError  # noqa: E402
+from analyzer.contract.settings import DASK_TIMEOUT_S  # noqa: E402
 from analyzer.ingest import cluster, dataset, pipeline, spill  # noqa: E402
 from analyzer.ingest.pool import run_all  # noqa: E402
 from tests.analyzer.helpers import dask_ranks_ran  # noqa: E402
 from tests.inputs import DLRM, bad_input, cli, cli_proc, copy_run, need  # noqa: E402
+
+DEFAULT_WAIT_S = float(DASK_TIMEOUT_S.default)
+"""The Dask wait with PARITYTRACE_DASK_TIMEOUT_S unset. A test that sets a shorter one checks it
+ended before this: the setting was used (a bound the product's default sets, not a speed check)."""
 
 
 def _report(out: Path, root: Path) -> dict:
@@ -199,7 +204,8 @@ def test_unreachable_or_malformed_scheduler_is_one_line_exit_2(tmp_path, fixture
         start = time.monotonic()
         line = bad_input(cli("report", str(trace), "--out", str(tmp_path / "o"),
                              "--scheduler", address), address, "no Dask scheduler answers")
-        assert "dask scheduler" in line and time.monotonic() - start < 20
+        assert "dask scheduler" in line
+        assert time.monotonic() - start < DEFAULT_WAIT_S, "waited the default, not the 1 s set"
     assert not (tmp_path / "o").exists()
     # the environment names it when the option does not; "local" is the local pool
     monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", f"tcp://127.0.0.1:{_free_port()}")
@@ -225,7 +231,7 @@ def test_a_scheduler_without_workers_gives_one_line_naming_the_trace(tmp_path, f
         start = time.monotonic()
         proc = cli("report", str(trace), "--out", str(tmp_path / "o"),
                    "--scheduler", c.scheduler_address)
-        assert time.monotonic() - start < 30
+        assert time.monotonic() - start < DEFAULT_WAIT_S, "waited the default, not the 1 s set"
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
     assert str(trace) in lines[0] and "waited 1 s for a Dask worker" in lines[0]
@@ -238,22 +244,25 @@ def _die_each_time(log: str) -> str:
     os._exit(9)
 
 
-@pytest.mark.timeout(120)
 def test_a_killed_worker_is_retried_then_named_in_one_line(tmp_path):
     """One worker process (its nanny restarts it); the scheduler allows one death per task: a
     task that kills its worker runs twice, on two worker processes, then is named."""
     import cloudpickle
     import dask
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # no import of tests/ there
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)  # no import of tests/ there
     log = tmp_path / "attempts"
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1}), \
-            distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                     host="127.0.0.1", dashboard_address=":0") as c:
-        with cluster.connected(c.scheduler_address):
-            with pytest.raises(ParityTraceError, match=r"^.*attempts: the Dask workers parsing "
-                                                       r"it died \(killed, or out of memory\)"):
-                run_all(_die_each_time, [str(log)])
+    try:
+        with dask.config.set({"distributed.scheduler.allowed-failures": 1}), \
+                distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                         host="127.0.0.1", dashboard_address=":0") as c:
+            with cluster.connected(c.scheduler_address):
+                with pytest.raises(ParityTraceError, match=r"^.*attempts: the Dask workers "
+                                   r"parsing it died \(killed, or out of memory\)"):
+                    run_all(_die_each_time, [str(log)])
+    finally:  # process-wide: other tests pickle this module by reference
+        cloudpickle.unregister_pickle_by_value(module)
     pids = log.read_text().split()
     assert len(pids) == 2 and len(set(pids)) == 2
 
@@ -293,7 +302,7 @@ def test_a_server_that_is_not_a_scheduler_is_one_line_in_time(tmp_path, fixture_
         start = time.monotonic()
         bad_input(cli("report", str(trace), "--out", str(tmp_path / "o"), "--scheduler",
                       address), address, "no Dask scheduler answers there")
-        assert time.monotonic() - start < 20
+        assert time.monotonic() - start < DEFAULT_WAIT_S, "waited the default, not the 1 s set"
     finally:
         srv.close()
 

@@ -80,7 +80,7 @@ def test_loader_options_survive_to_argv():
 def test_cli_refuses_workers_without_loader(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tracer", "record", "--strategy", "ddp",
                            "--data-workers", "2", "--out", str(tmp_path)],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          capture_output=True, text=True, cwd=tmp_path,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2
     assert proc.stderr.strip() == "tracer: --data-workers 2: only with --data loader"

@@ -41,7 +41,7 @@ def records(tmp_path_factory):
         cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for name, extra in RUNS.items()}
     for name, p in procs.items():
-        _, err = p.communicate(timeout=240)
+        _, err = p.communicate()
         assert p.returncode == 0, f"{name}: {err[-3000:]}"
     return root
 
@@ -90,7 +90,7 @@ def test_data_wait_follows_the_sample_cost(records):
 def test_report_shows_data_supply_and_parity(records, tmp_path):
     out = tmp_path / "report"
     proc = subprocess.run([sys.executable, "-m", "analyzer", "report", str(records), "--out", str(out)],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          capture_output=True, text=True, cwd=tmp_path,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 0, proc.stderr
     rep = json.loads((out / "report.json").read_text())

@@ -60,8 +60,7 @@ def test_decompress_holds_the_json_once():
         assert len(out) == n
         print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 / n)
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert float(proc.stdout) < 1.4, proc.stdout  # ~1.1 streamed; ~2.0 with a join
 
