@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.inputs import bad_input, cli, copy_run
+from tests.inputs import bad_input, cli, copy_run, shared
 
 
 # refused: negative, NaN, infinite, above the bound
@@ -56,7 +56,7 @@ def ddp_default_fault_run(tmp_path_factory) -> Path:
                            "--warmup", "0", "--active", "2", "--fault", "wrong-grad-scale",
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out / "ddp"
+    return shared(out / "ddp")
 
 
 @pytest.mark.parametrize("which", ["tiny_fsdp", "default_ddp"])

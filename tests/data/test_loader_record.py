@@ -20,6 +20,7 @@ import pytest
 
 from analyzer.api import load_events, load_tables
 from tests.data.conftest import REPO
+from tests.inputs import copy_run, shared
 
 TINY = ["--hidden", "32", "--seq", "8", "--batch", "4", "--active", "2"]
 COST_MS = 40.0
@@ -43,7 +44,7 @@ def records(tmp_path_factory):
     for name, p in procs.items():
         _, err = p.communicate()
         assert p.returncode == 0, f"{name}: {err[-3000:]}"
-    return root
+    return shared(root)
 
 
 def _first_losses(run_dir) -> dict[int, float]:
@@ -68,14 +69,15 @@ def test_manifest_records_the_data_supply(records):
         ("loader", 0, COST_MS, False)
 
 
-def test_data_wait_follows_the_sample_cost(records):
-    bd = {name: load_tables(records / f"ddp-{name}").breakdown for name in RUNS}
+def test_data_wait_follows_the_sample_cost(records, tmp_path):
+    bd = {name: load_tables(copy_run(records / f"ddp-{name}", tmp_path / name)).breakdown
+          for name in RUNS}
     parts = ["compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]
     for b in bd.values():
         assert len(b) == 4 and (b[parts].sum(axis=1) == b["step_ns"]).all()
     # memory: no DataLoader range, nothing to wait for -- exactly 0
     assert (bd["mem"]["data_wait_ns"] == 0).all() and not bd["mem"]["input_bound"].any()
-    ev, _ = load_events(load_tables(records / "ddp-mem").ranks[0].path)
+    ev, _ = load_events(tmp_path / "mem" / "rank0.trace.json.gz")
     assert not (ev["role"].astype(str) == "data").any()
     # loader: every step has its DataLoader range; with the cost, each rank-step waited at
     # least its samples' sleep
@@ -89,7 +91,10 @@ def test_data_wait_follows_the_sample_cost(records):
 
 def test_report_shows_data_supply_and_parity(records, tmp_path):
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "analyzer", "report", str(records), "--out", str(out)],
+    root = tmp_path / "traces"
+    for name in RUNS:  # copies: the report's caches land there
+        copy_run(records / f"ddp-{name}", root / f"ddp-{name}")
+    proc = subprocess.run([sys.executable, "-m", "analyzer", "report", str(root), "--out", str(out)],
                           capture_output=True, text=True, cwd=tmp_path,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 0, proc.stderr

@@ -11,6 +11,7 @@ import pytest
 
 from analyzer.timeline.chrome_check import check_trace
 from analyzer.timeline.merge import merge_traces
+from tests.inputs import copy_run, shared
 from tests.merge.builders import hta_trace_facts, read
 
 pytestmark = pytest.mark.slow
@@ -27,12 +28,14 @@ def ddp_run(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = out / "ddp"
     assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
-    return run
+    return shared(run)
 
 
 @pytest.fixture(scope="module")
 def merged(ddp_run, tmp_path_factory):
-    return merge_traces(ddp_run, tmp_path_factory.mktemp("merged") / "merged.trace.json.gz")
+    """The merge of a copy of ``ddp_run`` (merge's tables caches land beside the traces)."""
+    d = tmp_path_factory.mktemp("merged")
+    return merge_traces(copy_run(ddp_run, d / "ddp"), d / "merged.trace.json.gz")
 
 
 def test_tracer_traces_pass_the_structural_check(ddp_run):
