@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 def _pytest_without_corpus(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != corpus_rule.ENV}
     # a folder beside the repo named like the old fixed location must not be found either
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", *args]
+    return subprocess.run(cmd,
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
