@@ -72,16 +72,6 @@ def dump_api():
     return getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
 
 
-def supported(backend: str) -> bool:
-    """Whether this torch can dump the Flight Recorder of ``backend`` as JSON: nccl with either
-    dump function; gloo only with ``_dump_fr_trace_json`` (the generic recorder gloo writes to)."""
-    import torch._C._distributed_c10d as c10d
-
-    if backend == "gloo":
-        return hasattr(c10d, "_dump_fr_trace_json")
-    return backend == "nccl" and dump_api() is not None
-
-
 def group_memberships() -> dict[str, dict[str, str]]:
     """``pg_config`` entries for every process group of this process, from torch.distributed:
     {group name: {"name", "desc", "ranks": "[0, 1]"}} (global ranks, FR's own string form)."""
