@@ -146,11 +146,6 @@ def resolve_device(cfg: RecordConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def resolve_backend(cfg: RecordConfig, device: torch.device) -> str:
-    """``cfg.backend`` resolved: auto -> nccl on CUDA, gloo on CPU (``devices.resolve_backend``)."""
-    return devices.resolve_backend(cfg.backend, device.type)
-
-
 def peak_rss_bytes() -> int:
     """High-water RSS of this process (ru_maxrss is KiB on Linux)."""
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -183,7 +178,7 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     torch.set_num_threads(1)
     load_avg = list(os.getloadavg())  # as the record starts (issue 20), before this run's work
     device = resolve_device(cfg, env.local_rank)
-    backend = resolve_backend(cfg, device)
+    backend = devices.resolve_backend(cfg.backend, device.type)
     hb.beat("init_process_group")
     flightrec.enable()  # before the first process group: torch reads the buffer size then
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
@@ -368,11 +363,9 @@ def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict
                     t_num = time.perf_counter_ns()
                     held["activations"] = saved.bytes
                     held["gradients"] = footprint.gradient_bytes(model)
-                    if cfg.strategy in MESH_2D:
-                        record_mesh_activations(cfg, recorder, base, numerics, rank, rows)
+                    if cfg.strategy != "single":
+                        record_activations(cfg, recorder, base, numerics, rank, rows)
                         record_compared(cfg, model, base, numerics, "grad", rank, world)
-                    else:
-                        record_step0_before_optimizer(cfg, model, recorder, base, numerics, rank, world, rows)
                     numerics_ns += time.perf_counter_ns() - t_num
                 with torch.profiler.record_function("optimizer"):
                     opt.step()
@@ -442,19 +435,6 @@ def add_golden_losses(numerics: NumericsRows, base: dict[str, torch.Tensor]) -> 
             numerics.add(step, "loss", "loss", 0, "golden_ref_value", value)
 
 
-def record_step0_before_optimizer(cfg, model, recorder, base, numerics: NumericsRows,
-                                  rank: int, world: int, rows: slice) -> None:
-    """Step-0 activations (this rank's rows) and gradients vs the baseline (no-op for single)."""
-    if cfg.strategy == "single":
-        return
-    for seq, name, out in recorder.items():
-        if f"act.{name}" not in base:  # dim 0 is the rank's row count only by coincidence
-            continue
-        ref = base[f"act.{name}"][rows]
-        numerics.add_tensor(0, "activation", name, seq, tensor_metrics(out, ref, replicated=False))
-    record_compared(cfg, model, base, numerics, "grad", rank, world)
-
-
 def data_parallel_index(cfg: RecordConfig, rank: int) -> int:
     """This rank's index among the ``cfg.dp_size`` data-parallel ranks: on a (dp, X) mesh
     (row-major, ``schemas.Mesh``) rank // X; hsdp's replicate x shard ranks and the flat
@@ -462,14 +442,14 @@ def data_parallel_index(cfg: RecordConfig, rank: int) -> int:
     return rank // (cfg.tp_degree * cfg.pp_degree)
 
 
-def record_mesh_activations(cfg: RecordConfig, recorder: ActivationRecorder, base: dict[str, torch.Tensor],
-                            numerics: NumericsRows, rank: int, rows: slice) -> None:
-    """Step-0 activations of hsdp / fsdp2_tp: the baseline's dp rows (``rows``); fsdp2_tp:
+def record_activations(cfg: RecordConfig, recorder: ActivationRecorder, base: dict[str, torch.Tensor],
+                       numerics: NumericsRows, rank: int, rows: slice) -> None:
+    """Step-0 activations vs the baseline's rows of this rank's dp index (``rows``); fsdp2_tp:
     of those, the part this tp rank compares (``strategies.tp_activation``: the tp ranks of a
     dp group partition each output, so the reader's sums count every element once)."""
     tp = cfg.tp_degree
     for seq, name, out in recorder.items():
-        if f"act.{name}" not in base:
+        if f"act.{name}" not in base:  # dim 0 is the rank's row count only by coincidence
             continue
         ref = base[f"act.{name}"][rows]
         if tp > 1:

@@ -82,7 +82,7 @@ def test_worker_places_each_rank_on_its_own_gpu(monkeypatch):
     cfg = RecordConfig(strategy="ddp", nproc=4, device="auto")
     dev = worker.resolve_device(cfg, local_rank=3)
     assert (dev.type, dev.index, fake.current) == ("cuda", 3, 3)
-    assert worker.resolve_backend(cfg, dev) == "nccl"
+    assert devices.resolve_backend(cfg.backend, dev.type) == "nccl"
 
 
 def test_worker_refuses_a_rank_without_a_gpu(monkeypatch):
@@ -96,7 +96,7 @@ def test_worker_on_cpu_machine(monkeypatch):
     FakeCuda(0).install(monkeypatch)
     cfg = RecordConfig(strategy="ddp", nproc=2)
     dev = worker.resolve_device(cfg, local_rank=1)
-    assert dev.type == "cpu" and worker.resolve_backend(cfg, dev) == "gloo"
+    assert dev.type == "cpu" and devices.resolve_backend(cfg.backend, dev.type) == "gloo"
 
 
 def torch_shaped_snapshot():
