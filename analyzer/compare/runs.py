@@ -177,17 +177,6 @@ def _comm_groups(parts: dict[str, pd.DataFrame] | None, dims: dict[str, tuple[st
     return out
 
 
-def _timeline(tables, bd: pd.DataFrame) -> Timeline:
-    """Rank 0's (the lowest rank's) first profiled step."""
-    r0 = int(bd["rank"].min())
-    first = bd[bd["rank"] == r0].sort_values("step").iloc[0]
-    t0 = int(first["step_start_ns"])
-    return Timeline(rank=r0, step=int(first["step"]), step_ns=int(first["step_ns"]), intervals=[
-        Interval(lane=str(r.lane), kind=str(r.kind or ""), start_ns=int(r.start_ns) - t0,
-                 end_ns=int(r.end_ns) - t0)
-        for r in tables.timeline(r0, int(first["step"])).itertuples()])
-
-
 def _rank_timelines(tables, bd: pd.DataFrame, offsets: pd.DataFrame) -> list[Timeline]:
     """Every rank's timeline of the lowest rank's first profiled step (``RunEntry.
     rank_timelines``): intervals from the rank's own step start, ``start_ns`` = that start on
@@ -245,6 +234,7 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     dim_rows = parts["dims"] if parts is not None else None
     clock_notes = [n for n in (clock.clock_note(o) for o in offsets.itertuples(index=False))
                    if n is not None] if len(offsets) > 1 else []
+    timelines = _rank_timelines(tables, bd, offsets) if len(bd) else []
     fields = dict(
         communication=comm, profiled_steps=profiled, comm_ranks=comm_ranks,
         comm_groups=_comm_groups(parts, meshdims.group_dims(dim_rows, tables.world_size, mesh)),
@@ -258,8 +248,8 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
         prefetch=_prefetch(tables, device_kind),
         steps=[StepBar(step=int(s), **row)
                for s, row in by_step[BAR_PARTS].mean().to_dict("index").items()],
-        timeline=_timeline(tables, bd) if len(bd) else None,
-        rank_timelines=_rank_timelines(tables, bd, offsets) if len(bd) else [],
+        timeline=msgspec.structs.replace(timelines[0], start_ns=0) if timelines else None,
+        rank_timelines=timelines,
         exposed_comm_step_ns=[float(v) for v in by_step["exposed_comm_ns"].mean().tolist()],
         trace_info=TraceInfo(whole_trace_mode=tables.whole_trace_mode,
                              rank_sources=sorted({r.rank_source for r in tables.ranks}),
