@@ -164,8 +164,8 @@ def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
     concatenation in rank order of what the named function gives on a batch of ranks, over the
     collectives of profiled steps only (``step`` >= 0: a collective launched outside every
     ProfilerStep is left out of these tables, as the step notes say, analyzer/ingest/steps.py
-    rule 3; in whole-trace mode every collective is step 0's): whole (``by_kind``), inside
-    (the same rows), unknown (per kind: instances without bytes), ranks (``rank_kind_split``),
+    rule 3; in whole-trace mode every collective is step 0's): whole (``by_kind``), unknown
+    (per kind: instances without bytes), ranks (``rank_kind_split``),
     moved (``by_kind`` with transfer time as the duration), groups (per rank, kind, pg and
     dtype: count, time_ns, bytes, known, bus_bytes, bus_time_ns, transfer_bus_bytes,
     transfer_bus_time_ns, group_sizes, pg_ranks), dims (``meshdims.dim_parts``: per rank,
@@ -173,9 +173,8 @@ def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
     wait / transfer split itself matches every collective, in steps or not (``instances``).
     None when no rank has a collective in a profiled step."""
     inst = instances(job, offsets)
-    out: dict[str, list[pd.DataFrame]] = {k: [] for k in
-                                          ("whole", "inside", "unknown", "ranks", "moved", "groups",
-                                           "dims")}
+    out: dict[str, list[pd.DataFrame]] = {k: [] for k in ("whole", "unknown", "ranks", "moved",
+                                                          "groups", "dims")}
     for _, coll, split in each_split(job, offsets, inst):
         if len(coll):
             kept = coll["step"].to_numpy() >= 0
@@ -185,7 +184,6 @@ def comm_parts(job, offsets: pd.DataFrame, rank_steps: pd.Series
             continue
         kind = coll["kind"].astype(str).to_numpy()
         out["whole"].append(by_kind(coll))
-        out["inside"].append(by_kind(coll, rows=coll["step"].to_numpy() >= 0))
         out["unknown"].append(pd.DataFrame({"kind": kind, "unknown": coll["bytes"].to_numpy() < 0})
                               .groupby("kind", sort=True)["unknown"].sum().reset_index())
         out["ranks"].append(rank_kind_split(coll, split, rank_steps))

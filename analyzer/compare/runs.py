@@ -85,18 +85,17 @@ def _communication(parts: dict[str, pd.DataFrame] | None, rank_steps: pd.Series,
         return {}, []
     n = max(n_ranks, 1)
     cols = ["count", "time_ns", "bytes"]
-    whole = parts["whole"]
+    whole = parts["whole"]  # collectives inside profiled steps only
+    # per profiled step: a rank's collectives over its number of steps (NaN: none)
+    per_rank = whole[cols].clip(lower=0).astype(float).div(whole["rank"].map(rank_steps), axis=0)
+    per_rank["known"] = (whole["bytes"] >= 0).to_numpy()
+    per_step = per_rank.groupby(whole["kind"].astype(str).to_numpy()).sum()
+    per_step[cols] = per_step[cols] / n
     whole["kind"] = whole["kind"].astype(str)
     whole["known"] = whole["bytes"] >= 0  # -1: no instance with known bytes
     whole["bytes"] = whole["bytes"].clip(lower=0)
     totals = whole.groupby("kind", sort=True)[[*cols, "bus_bytes", "bus_time_ns", "known"]].sum()
     unknown = parts["unknown"].groupby("kind")["unknown"].sum()
-    inside = parts["inside"]
-    # per profiled step: a rank's collectives inside steps over its number of steps (NaN: none)
-    per_rank = inside[cols].clip(lower=0).astype(float).div(inside["rank"].map(rank_steps), axis=0)
-    per_rank["known"] = (inside["bytes"] >= 0).to_numpy()
-    per_step = per_rank.groupby(inside["kind"].astype(str).to_numpy()).sum()
-    per_step[cols] = per_step[cols] / n
 
     def step_figure(kind: str, c: str) -> float | None:
         if kind not in per_step.index or (c == "bytes" and not per_step.at[kind, "known"]):
