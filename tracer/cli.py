@@ -10,6 +10,7 @@ run it completed (under torchrun global rank 0 only), also before the one line o
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -292,8 +293,6 @@ def _exit_without_teardown(code: int) -> None:
     Only the console entry point does this; ``app`` invoked in-process returns normally."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(BrokenPipeError):  # a reader that left early (| head)
             stream.flush()
-        except BrokenPipeError:  # a reader that left early (| head): nothing more to say
-            pass
     os._exit(code)

@@ -27,6 +27,7 @@ Under torchrun no process can ask a peer, so only the ranks that fail write dump
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -147,10 +148,8 @@ class DumpListener:
         except OSError:
             pass
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self.fd)
-            except OSError:
-                pass
 
 
 def listen(run_dir: Path, rank: int, ctrl_dir: Path | None) -> DumpListener | None:

@@ -34,6 +34,7 @@ collects a worker with ``os.waitpid(pid, WNOHANG)`` itself, up to a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -229,10 +230,8 @@ class WorkerGroup:
         """Let gated workers go on (one byte on each start pipe); no-op for others."""
         for w in self.workers:
             if w.go_fd is not None:
-                try:
+                with contextlib.suppress(BrokenPipeError):  # a dead worker: wait() reports it
                     os.write(w.go_fd, b"g")
-                except BrokenPipeError:  # the worker already died; wait() reports it
-                    pass
                 self._close_go(w)
 
     def _close_go(self, w: _Worker) -> None:
@@ -260,10 +259,8 @@ class WorkerGroup:
         for w in self.workers:
             if reap(w.proc, 0) is None:
                 w.killed_by_us = True
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is empty
                 os.killpg(w.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):  # the group is empty
-                pass
         end = time.monotonic() + REAP_DEADLINE_S
         for w in self.workers:
             self._close_go(w)

@@ -21,6 +21,7 @@ Rules (analyzer/contract/schemas.py, run-directory layout):
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -223,10 +224,8 @@ def clear_run_dir(run_dir: Path) -> None:
         if f.is_file() and (ours or _TRANSIENT.fullmatch(f.name)):
             f.unlink(missing_ok=True)
     shutil.rmtree(run_dir / PARTS_DIR, ignore_errors=True)
-    try:
+    with contextlib.suppress(OSError):  # absent, or holds files that are not the tracer's
         (run_dir / MEMORY_DIR).rmdir()
-    except OSError:  # absent, or holds files that are not the tracer's
-        pass
 
 
 def _listed_files(manifest: Path) -> set[str] | None:

@@ -24,6 +24,7 @@ CLI exits 2), as for the refusals of ``check_spec``. This module imports no torc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -108,10 +109,8 @@ def _last_line(log: Path) -> str:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     reap(proc, REAP_DEADLINE_S)
 
 

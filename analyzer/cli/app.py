@@ -6,6 +6,7 @@ printed only with ``--debug``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -139,10 +140,8 @@ def run() -> NoReturn:
         sys.stdout.flush()
     except (BrokenPipeError, ValueError):
         _quiet_stdout()
-    try:
+    with contextlib.suppress(BrokenPipeError, ValueError):
         sys.stderr.flush()
-    except (BrokenPipeError, ValueError):
-        pass
     logging.shutdown()
     from analyzer.ingest import spill
 

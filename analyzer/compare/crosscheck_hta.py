@@ -60,6 +60,7 @@ the tree too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -239,15 +240,11 @@ def _kill_tree(proc: subprocess.Popen) -> None:
             kids = psutil.Process(proc.pid).children(recursive=True)
         except psutil.Error:  # already gone (and reaped below)
             kids = []
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # the group outlives its leader while members live
-    except (ProcessLookupError, PermissionError):
-        pass
     for k in kids:  # one that left the group
-        try:
+        with contextlib.suppress(psutil.Error):
             k.kill()
-        except psutil.Error:
-            pass
     proc.wait()
     if psutil is not None and kids:
         psutil.wait_procs(kids, timeout=5)
