@@ -254,9 +254,8 @@ def foreign_files(out: Path, names: list[str]) -> list[str]:
         path = out / name
         if not path.is_symlink() and not path.exists():
             continue
-        if path.is_symlink() or not path.is_file():
-            out_names.append(name)
-        elif not (_sha256(path) == known[name] if name in known else _looks_written_by_us(path)):
+        if path.is_symlink() or not path.is_file() or not (
+                _sha256(path) == known[name] if name in known else _looks_written_by_us(path)):
             out_names.append(name)
     return out_names
 

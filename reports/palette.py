@@ -53,7 +53,6 @@ def legend(strategies: list[str], parts: list[str]) -> list[tuple[str, str, floa
     order, repeats ignored; the single-device run labelled as the reference) in its colour,
     then one per part in ``parts`` in ``SHADE_SWATCH`` at the part's shade."""
     unknown: list[str] = []
-    out = []
-    for s in dict.fromkeys(strategies):
-        out.append((f"{s} (reference)" if s == "single" else s, strategy_color(s, unknown), 1.0))
+    out = [(f"{s} (reference)" if s == "single" else s, strategy_color(s, unknown), 1.0)
+           for s in dict.fromkeys(strategies)]
     return out + [(f"shade: {p}", SHADE_SWATCH, SHADES[p]) for p in parts]

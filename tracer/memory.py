@@ -61,20 +61,11 @@ def _top_frame(frames: list[dict[str, Any]]) -> str | None:
 def snapshot_to_rows(snapshot: dict[str, Any], rank: int) -> list[dict[str, Any]]:
     """One MEMORY_SCHEMA row per block of every segment. ``category`` is null: the allocator
     snapshot does not classify blocks (memory_viz's categories come from the profiler)."""
-    rows = []
-    for seg in snapshot.get("segments", []):
-        for block in seg.get("blocks", []):
-            rows.append({
-                "rank": rank,
-                "segment_address": seg.get("address"),
-                "block_size_bytes": int(block["size"]),
-                "requested_size_bytes": block.get("requested_size"),
-                "state": str(block.get("state", "unknown")),
-                "stream": seg.get("stream"),
-                "category": block.get("category"),
-                "top_frame": _top_frame(block.get("frames", [])),
-            })
-    return rows
+    return [{"rank": rank, "segment_address": seg.get("address"), "block_size_bytes": int(block["size"]),
+             "requested_size_bytes": block.get("requested_size"),
+             "state": str(block.get("state", "unknown")), "stream": seg.get("stream"),
+             "category": block.get("category"), "top_frame": _top_frame(block.get("frames", []))}
+            for seg in snapshot.get("segments", []) for block in seg.get("blocks", [])]
 
 
 def snapshot_to_table(snapshot: dict[str, Any], rank: int) -> pa.Table:

@@ -51,12 +51,10 @@ def name_tracks(trace: dict[str, Any]) -> dict[str, Any]:
                 continue
             keep[key] = None  # keep only the first event that carries the chosen name
         out.append(ev)
-    for pid in timed_pids:
-        out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                    "args": {"name": str(pid) if pid != "" else "(no pid)"}})
-    for pid, tid in timed_threads:
-        out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                    "args": {"name": f"thread {tid}"}})
+    out += [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+             "args": {"name": str(pid) if pid != "" else "(no pid)"}} for pid in timed_pids]
+    out += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+             "args": {"name": f"thread {tid}"}} for pid, tid in timed_threads]
     trace["traceEvents"] = out
     return trace
 

@@ -364,9 +364,8 @@ def end_spread(matched: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
     m = matched.merge(offsets[["rank", "offset_ns"]], on="rank")
     m["aligned_end_ns"] = m["end_ns"] - m["offset_ns"]
     g = m.groupby(KEY, sort=True)
-    out = pd.DataFrame({
+    return pd.DataFrame({
         "n_ranks": g["rank"].nunique(),
         "spread_before_ns": g["end_ns"].max() - g["end_ns"].min(),
         "spread_after_ns": g["aligned_end_ns"].max() - g["aligned_end_ns"].min(),
     }).reset_index()
-    return out
