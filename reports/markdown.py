@@ -426,10 +426,9 @@ def first_screen(report: Report) -> list[str]:
 
 def render(report: Report) -> str:
     """The whole report.md text: every string from a trace, a manifest or a path through
-    ``escape``. Order: the first screen (decision, top findings, the verdict's details),
-    Parity, Memory, Communication, the ranking by step time, the remaining tables, the
-    findings in full, then "How each figure is measured" (every definition, once; each table
-    links to its own)."""
+    ``escape``. Order: the first screen (decision, top findings, the verdict's details), Parity,
+    Memory, Communication, the ranking by step time, the remaining tables, the findings in full,
+    then "How each figure is measured" (every definition, once; each table links to its own)."""
     runs = report.runs
     defs = definitions(report)
     cited = Cited()

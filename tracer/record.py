@@ -137,19 +137,18 @@ def record_local(configs: list[RecordConfig], done: list[Path] | None = None) ->
     """Record each config with spawned workers; return the run directories.
 
     Computes the baseline once (all configs share its settings) into a hidden staging folder
-    under ``--out`` while the first strategy's workers start (``launch.run_workers(prepare=...)``),
-    then runs the strategies one after another. Every run dir is checked and locked first
-    (``claim_run_dirs``); one is cleared (record marker written, ``rundir.clear_run_dir``) and
-    gets the baseline only when its own record starts, so runs that never started keep their
-    previous complete contents; its marker is removed once its ranks all exited 0, and a failed
-    or interrupted one is left without manifest (``rundir.abandon_record``). The staging folder
-    is removed and the locks released at the end, either way.
-    Raises ``launch.RecordFailed`` on the first failed record, ``KeyboardInterrupt`` on Ctrl-C
-    (workers killed either way), ``ValueError`` for an unusable device or output folder or a
-    run dir another record holds,
-    ``RuntimeError`` when the baseline cannot be computed. ``done``: a list that gets each run
-    dir as its record completes, so a caller can say which ones a failure left unrecorded
-    (``unrecorded``).
+    under ``--out`` while the first strategy's workers start
+    (``launch.run_workers(prepare=...)``), then runs the strategies one after another. Every run
+    dir is checked and locked first (``claim_run_dirs``); one is cleared (record marker written,
+    ``rundir.clear_run_dir``) and gets the baseline only when its own record starts, so runs
+    that never started keep their previous complete contents; its marker is removed once its
+    ranks all exited 0, and a failed or interrupted one is left without manifest
+    (``rundir.abandon_record``). The staging folder is removed and the locks released at the
+    end, either way. Raises ``launch.RecordFailed`` on the first failed record,
+    ``KeyboardInterrupt`` on Ctrl-C (workers killed either way), ``ValueError`` for an unusable
+    device or output folder or a run dir another record holds, ``RuntimeError`` when the
+    baseline cannot be computed. ``done``: a list that gets each run dir as its record
+    completes, so a caller can say which ones a failure left unrecorded (``unrecorded``).
     """
     import tempfile
     from dataclasses import replace

@@ -4,12 +4,11 @@ Environment (set by torchrun, or by tracer.launch): RANK, WORLD_SIZE, LOCAL_RANK
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; from tracer.launch also PARITYTRACE_LAUNCH=spawn
 and PARITYTRACE_CTRL_DIR (heartbeat and error files the launcher reads).
 
-Sequence per rank: init the process group (timeout = ``--timeout``) -> [gated spawn: wait for the
-launcher's start signal, the run dir prepared] -> [torchrun: rank 0 clears
-the run dir and computes the baseline in a child process; barrier] -> load the baseline -> build,
-wrap -> steps under the profiler (step 0 also records numerics, never profiled) -> write the
-trace, partial numerics/steps tables -> barrier -> rank 0 merges the tables, writes the manifest
-last.
+Sequence per rank: init the process group (timeout = ``--timeout``) -> [gated spawn: wait for
+the launcher's start signal, the run dir prepared] -> [torchrun: rank 0 clears the run dir and
+computes the baseline in a child process; barrier] -> load the baseline -> build, wrap -> steps
+under the profiler (step 0 also records numerics, never profiled) -> write the trace, partial
+numerics/steps tables -> barrier -> rank 0 merges the tables, writes the manifest last.
 """
 
 from __future__ import annotations

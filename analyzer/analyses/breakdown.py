@@ -71,10 +71,9 @@ def is_in(col: pd.Series, values: tuple[str, ...]) -> np.ndarray:
 
 
 class _Rows:
-    """Per event row, as numpy arrays: start / end and the set each row belongs to
-    (module docstring: C comm, K compute, O other, D data; on a CPU rank with a main thread,
-    E its c10d enqueue ops, M its ops inside DataLoader ranges, and paired_row for the wait
-    rule)."""
+    """Per event row, as numpy arrays: start / end and the set each row belongs to (module
+    docstring: C comm, K compute, O other, D data; on a CPU rank with a main thread, E its c10d
+    enqueue ops, M its ops inside DataLoader ranges, and paired_row for the wait rule)."""
 
     __slots__ = ("s", "e", "comm", "comp", "other", "data", "enq", "data_main", "paired",
                  "gpu")

@@ -1,17 +1,15 @@
 """Collective instances per rank, per-kind bandwidth, and cross-rank matching.
 
 Bandwidth follows nccl-tests (doc/PERFORMANCE.md): algbw = bytes / time with bytes as nccl-tests
-counts them (all_gather and reduce_scatter: the total buffer; all_reduce, broadcast,
-all_to_all: the buffer), busbw = algbw x factor(n): all_reduce 2(n-1)/n, all_gather,
-reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1; GB = 10^9 bytes. Across the
-ranks of a run, times are combined before the bandwidth is computed, as nccl-tests does
-(``run_busbw_gbps``).
+counts them (all_gather and reduce_scatter: the total buffer; all_reduce, broadcast, all_to_all:
+the buffer), busbw = algbw x factor(n): all_reduce 2(n-1)/n, all_gather, reduce_scatter and
+all_to_all (n-1)/n, broadcast and send_recv 1; GB = 10^9 bytes. Across the ranks of a run, times
+are combined before the bandwidth is computed, as nccl-tests does (``run_busbw_gbps``).
 Cross-rank matching: the same collective on every rank is the one with the same process group
-and the same key within it (analyzer/analyses/matchkey.py: the per process group sequence
-number Seq or the Comms Id where the traces carry them, kineto #1296 / #1300; else TraceLens'
-index within the group); transfer and wait as the report
-splits them (analyzer/analyses/commsplit.py): a rank waits from its start to the group's
-latest start, and transfers from there to its end.
+and the same key within it (analyzer/analyses/matchkey.py: the per process group sequence number
+Seq or the Comms Id where the traces carry them, kineto #1296 / #1300; else TraceLens' index
+within the group); transfer and wait as the report splits them (analyzer/analyses/commsplit.py):
+a rank waits from its start to the group's latest start, and transfers from there to its end.
 """
 
 from __future__ import annotations
@@ -45,20 +43,19 @@ def rank_collectives(rank: int, events: pd.DataFrame,
 
     ``pg`` is "" when the trace does not name the process group (``dtype`` and ``pg_ranks``
     likewise); device rows with no launch on a trace that has launch links (queued before the
-    profiler started) are left out, as HTA and TraceLens do; ``seq`` is the row's cross-rank
-    key within its pg (analyzer/analyses/matchkey.py ``rank_keys``: the trace's Seq or Comms
-    Id where every matchable row of the rank's pg has a distinct one, else the index within
-    (rank, pg) by start time, ties: table order), ``seq_source`` which ("Seq", "Comms Id",
-    "order"), ``pg_seq`` the row's own Seq (-1 unknown), ``comms_id`` its Comms Id ("" unknown);
-    rows are sorted by start time (ties: pg,
-    then table order); ``group_size`` is the event table's (-1 unknown: never assumed to be
-    the world size here, analyzer/ingest/commid.py says when it is); enqueue_* is the CPU
-    op that launched it (GPU: the launch's enclosing comm op, gloo: the paired c10d op), -1
-    when unknown; ``event_idx`` is the event's position in the trace file's traceEvents list
-    (analyzer/ingest/decode.py), what ``analyzer merge`` links its flow arrows to; ``peer``
-    the global rank a send / recv's tag names (-1 unknown), ``pg_desc`` the process group's
-    description ("" unknown); ``union_ns`` / ``exposed_ns`` the row's share of its process
-    group's communication time and of the part no computation overlaps (``shares``:
+    profiler started) are left out, as HTA and TraceLens do; ``seq`` is the row's cross-rank key
+    within its pg (analyzer/analyses/matchkey.py ``rank_keys``: the trace's Seq or Comms Id
+    where every matchable row of the rank's pg has a distinct one, else the index within (rank,
+    pg) by start time, ties: table order), ``seq_source`` which ("Seq", "Comms Id", "order"),
+    ``pg_seq`` the row's own Seq (-1 unknown), ``comms_id`` its Comms Id ("" unknown); rows are
+    sorted by start time (ties: pg, then table order); ``group_size`` is the event table's (-1
+    unknown: never assumed to be the world size here, analyzer/ingest/commid.py says when it
+    is); enqueue_* is the CPU op that launched it (GPU: the launch's enclosing comm op, gloo:
+    the paired c10d op), -1 when unknown; ``event_idx`` is the event's position in the trace
+    file's traceEvents list (analyzer/ingest/decode.py), what ``analyzer merge`` links its flow
+    arrows to; ``peer`` the global rank a send / recv's tag names (-1 unknown), ``pg_desc`` the
+    process group's description ("" unknown); ``union_ns`` / ``exposed_ns`` the row's share of
+    its process group's communication time and of the part no computation overlaps (``shares``:
     ``breakdown.comm_shares`` of ``events``; None: 0).
     """
     comm = is_in(events["role"], ("comm",))

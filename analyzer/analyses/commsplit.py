@@ -17,15 +17,14 @@ analyzer/analyses/clock.py ``one_instance`` (on aligned clocks: latest start - e
 50 us, latest end - earliest end <= shortest duration + 50 us). Then wait_ns + transfer_ns =
 dur_ns exactly; the last rank to start waits 0.
 
-Not measured (wait_ns = transfer_ns = 0, not_measured_ns = dur_ns): an instance seen on one
-rank only (its group's other ranks have no trace, or it is point-to-point send_recv), a kind
-that does not finish together, a match outside the one-instance bound ("inconsistent": the
-order pairs collectives that cannot be one, e.g. on 2 of 128 ranks with the process group
-unknown), or a rank whose clock is "inconsistent" (clock.py; its rows also leave the other
-ranks' instances). Nothing is inferred for them: there is no evidence of either. So wait_ns +
-transfer_ns + not_measured_ns = dur_ns per instance, rank and kind. When some ranks of a group
-have no trace, latest_start is over the ranks present, a lower bound: the wait can only be
-under-stated.
+Not measured (wait_ns = transfer_ns = 0, not_measured_ns = dur_ns): an instance seen on one rank
+only (its group's other ranks have no trace, or it is point-to-point send_recv), a kind that
+does not finish together, a match outside the one-instance bound ("inconsistent": the order
+pairs collectives that cannot be one, e.g. on 2 of 128 ranks with the process group unknown), or
+a rank whose clock is "inconsistent" (clock.py; its rows also leave the other ranks' instances).
+Nothing is inferred for them: there is no evidence of either. So wait_ns + transfer_ns +
+not_measured_ns = dur_ns per instance, rank and kind. When some ranks of a group have no trace,
+latest_start is over the ranks present, a lower bound: the wait can only be under-stated.
 
 busbw from transfer time: ``collectives.by_kind`` of the measured rows with ``dur_ns`` replaced
 by ``transfer_ns`` (the nccl-tests definitions, analyzer/analyses/collectives.py); none

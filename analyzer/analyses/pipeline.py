@@ -6,13 +6,12 @@ on a mesh of shape [dp, P] rank r is stage ``r % P``; ``stage_of``).
 
 Ideal bubble (``ideal_bubble_frac``): with P stages and M microbatches of equal cost, GPipe
 keeps each stage idle for P - 1 of the M + P - 1 microbatch slots of a step, so the bubble
-fraction is (P - 1) / (M + P - 1) (Huang et al. 2019, "GPipe: Efficient Training of Giant
-Neural Networks using Pipeline Parallelism": a bubble overhead of O((K-1)/(M+K-1)) for K
-partitions).
-1F1B (PipeDream-Flush) has the same bubble and only bounds the activations in flight
-(Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
-Megatron-LM", sec. 2.2: bubble time fraction (p - 1) / m of the ideal time, i.e.
-(p - 1) / (m + p - 1) of the whole step).
+fraction is (P - 1) / (M + P - 1) (Huang et al. 2019, "GPipe: Efficient Training of Giant Neural
+Networks using Pipeline Parallelism": a bubble overhead of O((K-1)/(M+K-1)) for K partitions).
+1F1B (PipeDream-Flush) has the same bubble and only bounds the activations in flight (Narayanan
+et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+sec. 2.2: bubble time fraction (p - 1) / m of the ideal time, i.e. (p - 1) / (m + p - 1) of the
+whole step).
 
 Measured bubble (``stage_bubbles``), from the per-rank breakdown (analyzer/analyses/
 breakdown.py: compute + exposed_comm + data_wait + other + idle = step, exactly, per rank and
@@ -27,12 +26,11 @@ exposed time: an upper bound of the schedule's bubble (with dp = 1 there is none
 bubble_frac = sum of bubble_ns / sum of step_ns over the stage's ranks and profiled steps.
 
 Stage pairs (``p2p_pairs``): every send_recv call of a rank, its direction from its name
-(``direction``: ``gloo:send`` / ``c10d::send`` send, ``...recv...`` recv; an NCCL
-``SendRecv`` kernel says neither) and its peer (the tracer's ``paritytrace::pg <pg> peer <r>``
-annotation, ``schemas.PG_TAG_PREFIX``; -1 when unknown). A send goes from the rank's stage to
-the peer's, a recv from the peer's to the rank's. Peer unknown: with P = 2 the peer stage is
-the other stage (``peer_source`` "mesh"); with more stages it cannot be told (stage -1,
-"unknown").
+(``direction``: ``gloo:send`` / ``c10d::send`` send, ``...recv...`` recv; an NCCL ``SendRecv``
+kernel says neither) and its peer (the tracer's ``paritytrace::pg <pg> peer <r>`` annotation,
+``schemas.PG_TAG_PREFIX``; -1 when unknown). A send goes from the rank's stage to the peer's, a
+recv from the peer's to the rank's. Peer unknown: with P = 2 the peer stage is the other stage
+(``peer_source`` "mesh"); with more stages it cannot be told (stage -1, "unknown").
 """
 
 from __future__ import annotations

@@ -20,17 +20,16 @@ copies; FSDP2's MixedPrecisionPolicy keeps the fp32 shard).
 
 Padding (why the check is exact or a bound). FSDP2 shards each parameter on dim 0 with
 ``torch.chunk`` over the group's W ranks: chunks of ceil(d0 / W) rows, the last shorter (or
-none, when d0 < W), and pads every rank's shard to ceil(d0 / W) rows in a buffer of its own;
-the tracer counts that padded buffer (tracer/footprint.py: a DTensor's local storage). So a
-rank holds sum over parameters of ceil(d0 / W) x (the other dims) elements: exactly N / W when
-every d0 divides by W, more otherwise (under one row per parameter: < sum of the other dims).
-TP (DTensor ``Shard``) uses ``torch.chunk`` too but does not pad: uneven tp ranks hold
-different amounts. With the parameters' shapes known -- the reference model
-(tracer/model.py: per layer attn Linear(h, h), mlp Linear(h, 4h) and Linear(4h, h),
-LayerNorm(h); ``reference_shapes``) -- the padded figure is computed exactly
-(``padded_elements``) and the check is exact; for another model only N's share is known, a
-lower bound of what the rank holds (``exact`` False). FSDP1's flat parameter is padded per wrap
-unit, which the manifest does not describe: a bound.
+none, when d0 < W), and pads every rank's shard to ceil(d0 / W) rows in a buffer of its own; the
+tracer counts that padded buffer (tracer/footprint.py: a DTensor's local storage). So a rank
+holds sum over parameters of ceil(d0 / W) x (the other dims) elements: exactly N / W when every
+d0 divides by W, more otherwise (under one row per parameter: < sum of the other dims). TP
+(DTensor ``Shard``) uses ``torch.chunk`` too but does not pad: uneven tp ranks hold different
+amounts. With the parameters' shapes known -- the reference model (tracer/model.py: per layer
+attn Linear(h, h), mlp Linear(h, 4h) and Linear(4h, h), LayerNorm(h); ``reference_shapes``) --
+the padded figure is computed exactly (``padded_elements``) and the check is exact; for another
+model only N's share is known, a lower bound of what the rank holds (``exact`` False). FSDP1's
+flat parameter is padded per wrap unit, which the manifest does not describe: a bound.
 
 Checked against torch 2.13 (CPU, gloo, 4 ranks, tracer/footprint.py ``parameter_bytes``): hsdp
 [1, 4] at h 6, one layer, 440 B on every rank (110 padded elements; the DTensor's local view

@@ -317,19 +317,18 @@ def hta_scope_overlap(events: pd.DataFrame, filtered: bool) -> dict:
 
     ``filtered``: the traces name at least two ProfilerSteps, so HTA's filter applies (module
     docstring: HTA's CPU rows and kernels by ``stream_arg`` and ``correlation``, the cutoff at
-    the latest ProfilerStep#N start among CPU rows, GPU copies without a stream included).
-    Times are rounded as HTA rounds them (starts up, ends down, to whole µs) before the cutoff
-    and the set algebra. Returns ns and counts of communication/computation rows (HTA's kernel
-    types): overlap_ns (|∪comm ∩ ∪compute| of what HTA keeps), comm_ns (|∪comm|),
-    last_step_dropped (rows dropped because they, or the CPU row launching them, start at or
-    after the cutoff), unlaunched_dropped (kernels no CPU row carries the correlation of),
-    last_step_kept (rows kept although launched at or after the start of the last ProfilerStep
-    on the CPU track: the cutoff is a later GPU copy), no_stream_kernels (our communication or
-    computation kernels with no ``stream`` argument: CPU rows to HTA, never counted),
-    cutoff_step (the name of the row giving
-    the cutoff, "" when none), cutoff_on_gpu (that row is a GPU-track copy), no_step_rank
-    (filtered, and this rank has no ProfilerStep row: HTA keeps nothing of it), sub_us (a kept
-    row starts or ends off a whole µs)."""
+    the latest ProfilerStep#N start among CPU rows, GPU copies without a stream included). Times
+    are rounded as HTA rounds them (starts up, ends down, to whole µs) before the cutoff and the
+    set algebra. Returns ns and counts of communication/computation rows (HTA's kernel types):
+    overlap_ns (|∪comm ∩ ∪compute| of what HTA keeps), comm_ns (|∪comm|), last_step_dropped
+    (rows dropped because they, or the CPU row launching them, start at or after the cutoff),
+    unlaunched_dropped (kernels no CPU row carries the correlation of), last_step_kept (rows
+    kept although launched at or after the start of the last ProfilerStep on the CPU track: the
+    cutoff is a later GPU copy), no_stream_kernels (our communication or computation kernels
+    with no ``stream`` argument: CPU rows to HTA, never counted), cutoff_step (the name of the
+    row giving the cutoff, "" when none), cutoff_on_gpu (that row is a GPU-track copy),
+    no_step_rank (filtered, and this rank has no ProfilerStep row: HTA keeps nothing of it),
+    sub_us (a kept row starts or ends off a whole µs)."""
     names = events["name"].astype(str).to_numpy()
     read = _hta_read(events)
     stream = events["stream_arg"].to_numpy()

@@ -306,9 +306,8 @@ def arm_of(run: RunEntry) -> str:
 def ranked_experiment(runs: list[RunEntry]) -> tuple[list[RunEntry], list[RunEntry], list[str]]:
     """(the runs of the experiment to rank, the others, warnings). The experiment with the most
     distributed runs, then the most runs (ties: the smallest id), among those with an id; runs
-    without an id (recorded before
-    experiment ids, or foreign traces) are one group, ranked only when no run has an id, with a
-    warning that one command cannot be told from several."""
+    without an id (recorded before experiment ids, or foreign traces) are one group, ranked only
+    when no run has an id, with a warning that one command cannot be told from several."""
     groups: dict[str | None, list[RunEntry]] = {}
     for r in runs:
         groups.setdefault(experiment_id(r), []).append(r)

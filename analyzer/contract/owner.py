@@ -4,12 +4,11 @@ Part of the contract because both programs leave temporary folders that a SIGKIL
 SIGQUIT's core dump, a power cut) cannot remove: the tracer's baseline staging folders
 (``.tracer-baseline-*`` under ``--out``), the analyzer's spill folders (``paritytrace-tables-*``
 in ``$TMPDIR``) and ``--tables-out`` staging folders (``.tmp-*-<name>`` beside it). Each such
-folder gets an owner file (``OWNER_NAME``) as its first entry: the creator's pid, its start
-time (``/proc/<pid>/stat`` field 22, clock ticks since boot), the boot id and the host name. A
-later run sweeps a leftover only when ``owner_dead`` proves that owner gone: same host, and
-another boot, or no process with that pid, or one with another start time (a reused pid).
-Anything else (no owner file, a malformed one, another host, no ``/proc``) is not provably
-dead and stays.
+folder gets an owner file (``OWNER_NAME``) as its first entry: the creator's pid, its start time
+(``/proc/<pid>/stat`` field 22, clock ticks since boot), the boot id and the host name. A later
+run sweeps a leftover only when ``owner_dead`` proves that owner gone: same host, and another
+boot, or no process with that pid, or one with another start time (a reused pid). Anything else
+(no owner file, a malformed one, another host, no ``/proc``) is not provably dead and stays.
 """
 
 from __future__ import annotations

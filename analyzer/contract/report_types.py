@@ -333,12 +333,11 @@ class Memory(msgspec.Struct, kw_only=True):
 class CommKind(_Figures, kw_only=True):
     """One collective kind of a run: per-rank means over all profiled steps (collectives
     launched outside every ProfilerStep left out; without ProfilerStep the whole trace, step 0)
-    of count, time_ns (a sum
-    of durations: collectives running at once count each) and bytes (over the instances whose
-    bytes are known; None when none is); ``unknown_bytes``: instances whose bytes the trace
-    does not tell (all ranks); busbw over the ranks (nccl-tests); the ``_per_step`` figures
-    count collectives inside profiled steps divided by the rank's profiled steps, mean over
-    ranks."""
+    of count, time_ns (a sum of durations: collectives running at once count each) and bytes
+    (over the instances whose bytes are known; None when none is); ``unknown_bytes``: instances
+    whose bytes the trace does not tell (all ranks); busbw over the ranks (nccl-tests); the
+    ``_per_step`` figures count collectives inside profiled steps divided by the rank's profiled
+    steps, mean over ranks."""
 
     count: float
     time_ns: float
@@ -360,8 +359,7 @@ class CommKind(_Figures, kw_only=True):
     wait_ns_per_step: float | None = None
     not_measured_ns: float | None = None
     """Per-rank mean of the time in instances that are not measured (unmatched, outside the
-    one-instance bound, or on a rank whose clock is inconsistent): neither wait nor
-    transfer."""
+    one-instance bound, or on a rank whose clock is inconsistent): neither wait nor transfer."""
     not_measured_ns_per_step: float | None = None
     transfer_busbw_gbps: float | None = None
     """busbw over the ranks (nccl-tests, as ``busbw_gbps``) with transfer time in place of the

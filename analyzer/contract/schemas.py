@@ -157,12 +157,11 @@ NUMERICS_SCHEMA = _run_file_schema(
 #
 # One row per rank and step (all steps, profiled or not). Wall time is measured around the whole
 # training step (forward, backward, optimizer) with time.perf_counter_ns after a device sync;
-# with ``--data loader`` it includes fetching the step's batch (manifest ``data``).
-# Memory peaks are per step: peak_rss_bytes is the process's high-water RSS so far (ru_maxrss,
-# monotonic); profiler_allocated_peak_bytes is the peak of the profiler's [memory] "Total
-# Allocated" during the step (null on unprofiled steps); the CUDA columns are
-# torch.cuda.max_memory_allocated / max_memory_reserved after reset at the step's start (null on
-# CPU).
+# with ``--data loader`` it includes fetching the step's batch (manifest ``data``). Memory peaks
+# are per step: peak_rss_bytes is the process's high-water RSS so far (ru_maxrss, monotonic);
+# profiler_allocated_peak_bytes is the peak of the profiler's [memory] "Total Allocated" during
+# the step (null on unprofiled steps); the CUDA columns are torch.cuda.max_memory_allocated /
+# max_memory_reserved after reset at the step's start (null on CPU).
 STEPS_SCHEMA = _run_file_schema(
     pa.field("rank", pa.int32(), nullable=False),
     pa.field("step", pa.int32(), nullable=False),
