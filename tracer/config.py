@@ -112,8 +112,6 @@ class RecordConfig:
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
     model: str = _option("reference", "What to train: reference, hf:gpt2, hf:llama, package.module:factory "
                          "or path/to/file.py:factory (a function returning tracer.ModelSpec).")
-    """What to train (tracer/specload.py): ``reference``, ``hf:gpt2``, ``hf:llama``,
-    ``package.module:factory`` or ``path/to/file.py:factory``."""
     hidden: int = _option(256, "Model width (--model reference).")
     """Model width h; activations are [batch, seq, h]."""
     layers: int = _option(2, "Transformer layers (--model reference).")
@@ -140,7 +138,6 @@ class RecordConfig:
     ``MixedPrecisionPolicy``, emulated in the baseline and DDP (tracer/training.py)."""
     activation_checkpointing: bool = _option(False, "Non-reentrant activation checkpointing of every FSDP "
                                              "unit (baseline and ddp too).")
-    """Non-reentrant activation checkpointing of every FSDP unit (all strategies, baseline too)."""
     bucket_cap_mb: float | None = _option(None, "DDP bucket_cap_mb (default 25).")
     """DDP gradient bucket size, MiB (DDP's default 25 when None)."""
     gradient_as_bucket_view: bool = _option(False, "DDP gradient_as_bucket_view.")
