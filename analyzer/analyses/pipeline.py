@@ -69,20 +69,15 @@ def pp_dim(mesh: Mesh) -> int:
 
 def stage_of(mesh: Mesh) -> dict[int, int]:
     """{global rank: its stage} for every rank of ``mesh`` (module docstring)."""
-    return {r: s for s, g in enumerate(_stage_groups(mesh)) for r in g}
-
-
-def _stage_groups(mesh: Mesh) -> list[list[int]]:
-    """Per stage, its ranks (sorted): the groups of the other dimension(s) at each pp
-    coordinate."""
-    d = pp_dim(mesh)
-    groups = mesh.group_ranks(d)  # one group per dp coordinate, ranks in stage order
-    return [sorted(g[s] for g in groups) for s in range(mesh.shape[d])]
+    return {r: s for s, g in enumerate(stage_ranks(mesh)) for r in g}
 
 
 def stage_ranks(mesh: Mesh) -> list[list[int]]:
-    """Per stage (in order) the global ranks it runs on."""
-    return _stage_groups(mesh)
+    """Per stage (in order) the global ranks it runs on, sorted: the groups of the other
+    dimension(s) at each pp coordinate."""
+    d = pp_dim(mesh)
+    groups = mesh.group_ranks(d)  # one group per dp coordinate, ranks in stage order
+    return [sorted(g[s] for g in groups) for s in range(mesh.shape[d])]
 
 
 def stage_bubbles(bd: pd.DataFrame, stages: dict[int, int]) -> pd.DataFrame:

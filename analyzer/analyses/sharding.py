@@ -74,19 +74,15 @@ def fsdp2_rows(d0: int, w: int) -> int:
     return -(-d0 // w)
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
 def _padded(shapes: list[tuple[int, ...]], w: int) -> int:
     """Elements a rank holds of ``shapes`` under FSDP2 over ``w`` ranks (padded chunks)."""
-    return sum(fsdp2_rows(s[0], w) * _numel(s[1:]) for s in shapes if s)
+    return sum(fsdp2_rows(s[0], w) * math.prod(s[1:]) for s in shapes if s)
 
 
 def _unpadded(shapes: list[tuple[int, ...]], w: int, k: int) -> int:
     """Elements of ``shapes`` in chunk ``k`` of ``w`` (``torch.chunk`` sizes, no padding): what
     a DTensor's local view holds, and so what ``zeros_like`` of it (AdamW's state) allocates."""
-    return sum(chunk_rows(s[0], w, k) * _numel(s[1:]) for s in shapes if s)
+    return sum(chunk_rows(s[0], w, k) * math.prod(s[1:]) for s in shapes if s)
 
 
 def _tp_style(fqn: str, plan: dict[str, str]) -> str | None:
@@ -146,7 +142,7 @@ def predict(m: schemas.Manifest) -> dict | None:
     shapes = None
     if m.model.spec == "reference" and m.model.hidden > 0:
         ref = reference_shapes(m.model.hidden, m.model.layers)
-        if sum(_numel(s) for _, s in ref) == n:
+        if sum(math.prod(s) for _, s in ref) == n:
             shapes = ref
     mesh = m.mesh
     ranks: list[dict] = []

@@ -40,7 +40,7 @@ import re
 from typing import Any, Callable
 
 from analyzer.compare import stats
-from analyzer.contract.arms import arm_label, pair_labels, same_value, value_text
+from analyzer.contract.arms import arm_label, pair_labels, same_value
 from analyzer.contract.report_types import Arm, Noise, Pair, Ranking, RunEntry
 from analyzer.contract.text import one_line
 
@@ -221,8 +221,8 @@ def _contradictions(run: RunEntry) -> list[str]:
             agree = same_value(said, have)
         if not agree:
             out.append(f"run {one_line(run.name)}: experiment.settings says "
-                       f"{one_line(f'{key}={value_text(said)}')}, its "
-                       f"{where}{'' if where.endswith('=') else ' '}{one_line(value_text(have))}: "
+                       f"{one_line(f'{key}={said}')}, its "
+                       f"{where}{'' if where.endswith('=') else ' '}{one_line(str(have))}: "
                        "the manifest was edited; re-record")
     return out
 
@@ -258,7 +258,7 @@ def settings_problems(runs: list[RunEntry]) -> list[str]:
                 if not any(same_value(v, x) for x in values):
                     values.append(v)
             if len(values) > 1:
-                parts.append(f"{k}: {' vs '.join(value_text(v) for v in values)}")
+                parts.append(f"{k}: {' vs '.join(str(v) for v in values)}")
         if parts:
             out.append(f"arm {arm}'s repeats disagree in their declared settings "
                        f"({one_line('; '.join(parts))})")

@@ -26,17 +26,11 @@ STRATEGY = "strategy"
 """The recorder option naming the strategy: shown first, never as ``strategy=...``."""
 
 
-def value_text(v: Any) -> str:
-    """A setting's value: ``True`` / ``False`` / ``None``, numbers as Python writes them
-    (``1``, ``0.5``), strings as they are."""
-    return str(v)
-
-
 def settings_text(settings: dict[str, Any], keys: list[str] | None = None) -> str:
     """``reshard_after_forward=False, bucket_cap_mb=1``: ``keys`` (default every key but the
-    strategy) in the settings' order."""
+    strategy) in the settings' order, each value as Python writes it (``str``)."""
     keys = [k for k in settings if k != STRATEGY] if keys is None else keys
-    return one_line(", ".join(f"{k}={value_text(settings.get(k))}" for k in keys))
+    return one_line(", ".join(f"{k}={settings.get(k)}" for k in keys))
 
 
 def _parse(word: str) -> Any:

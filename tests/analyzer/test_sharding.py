@@ -5,6 +5,8 @@ per layer: attn [h, h] + [h], mlp.0 [4h, h] + [4h], mlp.2 [h, 4h] + [h], norm [h
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from analyzer.analyses import sharding
@@ -29,7 +31,7 @@ def _by_rank(pred):
 
 def test_reference_shapes_add_up_to_the_layer_count():
     shapes = sharding.reference_shapes(16, 2)
-    assert len(shapes) == 16 and sum(sharding._numel(s) for _, s in shapes) == 2 * H16
+    assert len(shapes) == 16 and sum(math.prod(s) for _, s in shapes) == 2 * H16
     assert shapes[2] == ("layers.0.mlp.0.weight", (64, 16))
 
 
@@ -132,8 +134,8 @@ def test_fsdp2_tp_matches_what_torch_holds(hidden, shape, measured):
     root over dp). [dp 1, tp 4] at h 6 is uneven: torch.chunk(6 rows, 4) gives attn's colwise
     shards 2, 2, 2 and 0 rows, and TP does not pad, so tp rank 3 holds 28 elements less."""
     shapes = sharding.reference_shapes(hidden, 2)
-    n = sum(sharding._numel(s) for _, s in shapes)
-    ntp = sum(sharding._numel(s) for f, s in shapes
+    n = sum(math.prod(s) for _, s in shapes)
+    ntp = sum(math.prod(s) for f, s in shapes
               if ".attn." in f or ".mlp.0." in f or f.endswith("mlp.2.weight"))
     mesh = {"shape": shape, "dim_names": ["dp", "tp"], "tp_sharded_params": ntp,
             "tp_plan": {"attn": "colwise", "mlp.0": "colwise", "mlp.2": "rowwise"}}
@@ -163,9 +165,9 @@ def test_adamw_state_follows_the_unpadded_local_views(strategy, mesh, measured):
     per parameter tensor. fsdp2 rank 3 holds chunk 3 of 4 of every 6-row parameter: none of
     them, so 84 elements of each state where its padded parameters hold 220 (880 B)."""
     shapes = sharding.reference_shapes(6, 2)
-    n = sum(sharding._numel(s) for _, s in shapes)
+    n = sum(math.prod(s) for _, s in shapes)
     if strategy == "fsdp2_tp":
-        mesh["tp_sharded_params"] = sum(sharding._numel(s) for f, s in shapes
+        mesh["tp_sharded_params"] = sum(math.prod(s) for f, s in shapes
                                         if ".attn." in f or ".mlp.0." in f
                                         or f.endswith("mlp.2.weight"))
     pred = sharding.predict(_m(strategy, 4, hidden=6, layers=2, num_params=n, mesh=mesh))
