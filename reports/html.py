@@ -236,7 +236,8 @@ def timeline_svg(run: RunEntry, color: str = palette.STRATEGY_COLORS["ddp"]) -> 
                    for tl in tls), 1)
     sx = (width - left - 20) / span
     block = len(lanes) * (lane_h + 2) + gap
-    legend = _legend_for_run(run, color)
+    legend = [(run.strategy, color, 1.0)] + [(f"shade: {p}", palette.SHADE_SWATCH, palette.SHADES[p])
+                                             for p in ("compute", "communication", "idle")]
     h = 30 + len(tls) * block + 30 + 16 * legend_rows(legend, width)
     step = tls[0].step
     title = (f"{_run_label(run)}: step {step} on every rank (aligned clocks), lanes compute / "
@@ -270,12 +271,6 @@ def timeline_svg(run: RunEntry, color: str = palette.STRATEGY_COLORS["ddp"]) -> 
     out.append(_legend(legend, axis + 10))
     out.append("</svg>")
     return "".join(out)
-
-
-def _legend_for_run(run: RunEntry, color: str) -> list[tuple[str, str, float]]:
-    """The timeline's legend: the run's strategy in its colour, then the lanes' shades."""
-    return [(run.strategy, color, 1.0)] + [(f"shade: {p}", palette.SHADE_SWATCH, palette.SHADES[p])
-                                           for p in ("compute", "communication", "idle")]
 
 
 def breakdown_bars(report: Report) -> str:

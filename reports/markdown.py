@@ -170,14 +170,9 @@ def comm_group_rows(report: Report) -> list[list[Any]]:
     return [[r.name, g.kind, g.pg or NOT_IN_TRACE, g.pg_ranks or NOT_IN_TRACE,
              g.group_size or "unknown", g.dtype or "unknown",
              fmt.count(g.count), fmt.ms(g.time_ns), fmt.data_bytes(g.bytes, g.unknown_bytes),
-             fmt.num(g.transfer_busbw_gbps, ".3f"), _dim_label(g.mesh_dim, g.mesh_dim_source)]
+             fmt.num(g.transfer_busbw_gbps, ".3f"),
+             f"{g.mesh_dim} ({g.mesh_dim_source})" if g.mesh_dim else "-"]  # "": older report.json
             for r in report.runs for g in r.comm_groups]
-
-
-def _dim_label(name: str, source: str) -> str:
-    """A mesh dimension with how it was found: ``shard (pg_desc)``; "-" when not given (an
-    older report.json)."""
-    return f"{name} ({source})" if name else "-"
 
 
 def mesh_runs(report: Report) -> list[RunEntry]:

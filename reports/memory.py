@@ -222,7 +222,8 @@ def fit_lines(report: Report) -> list[str]:
         if f is None:
             continue
         dev = gib(f.device_bytes)
-        bound = f"lower bound, {_record_kind(r)}: {f.basis} {gib(f.needed_bytes)} on its largest rank" \
+        kind = "CPU record" if r.device == "cpu" else "profiler window only"  # of the lower bound
+        bound = f"lower bound, {kind}: {f.basis} {gib(f.needed_bytes)} on its largest rank" \
             if f.lower_bound else ""
         if f.needed_bytes is None:
             out.append(f"{r.name}: unknown whether it fits one {dev} device (no memory figure)")
@@ -241,11 +242,6 @@ def fit_lines(report: Report) -> list[str]:
                        f"{gib(-f.spare_bytes)} more ({f.basis} {gib(f.needed_bytes)} on its "
                        "largest rank)")
     return out
-
-
-def _record_kind(run: RunEntry) -> str:
-    """What kind of record a lower-bound peak comes from, in words."""
-    return "CPU record" if run.device == "cpu" else "profiler window only"
 
 
 def peak_source_lines(report: Report) -> list[str]:
