@@ -69,9 +69,7 @@ def perturb_init(model: nn.Module, seed: int, rank: int) -> None:
 
 def grad_sync_context(model: nn.Module, fault: str | None) -> contextlib.AbstractContextManager:
     """skip-grad-sync: DDP ``no_sync()`` around forward and backward; otherwise a no-op."""
-    if fault == "skip-grad-sync":
-        return model.no_sync()
-    return contextlib.nullcontext()
+    return model.no_sync() if fault == "skip-grad-sync" else contextlib.nullcontext()
 
 
 def after_backward(model: nn.Module, fault: str | None, world_size: int) -> None:

@@ -81,11 +81,6 @@ def _covered(a: iv.Intervals, t: np.ndarray) -> np.ndarray:
     return np.where(j >= 0, cs[jj] + np.clip(t - s[jj], 0, e[jj] - s[jj]), 0)
 
 
-def _within(a: iv.Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """|a ∩ [lo_k, hi_k)| for each k."""
-    return _covered(a, hi) - _covered(a, lo)
-
-
 def _host_delay(idle: iv.Intervals, r: _Rows, launch_ts: np.ndarray) -> iv.Intervals:
     """GPU: the part of each idle interval [x, y) before the launch call of the first device op
     starting at or after y (none, or no launch: nothing)."""
@@ -174,7 +169,7 @@ def gap_parts(ev: pd.DataFrame, coll: pd.DataFrame, steps: pd.DataFrame, device_
     out["gap_ns"] = start - lo
     for col, a in (("gap_coll_ns", comm), ("gap_compute_ns", compute),
                    ("gap_data_ns", data_only), ("gap_host_ns", host)):
-        out[col] = _within(a, lo, start)
+        out[col] = _covered(a, start) - _covered(a, lo)  # |a ∩ [lo, start)| per row
     return out
 
 
