@@ -10,6 +10,7 @@ import gzip
 import io
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,16 @@ def record(out: Path, *args: str) -> Path:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
+
+
+def default_signals() -> None:
+    """``preexec_fn`` of a child a test stops with SIGINT, SIGQUIT or SIGHUP: those at their
+    default action in it, as in a terminal's foreground job. A suite started in the background
+    (``pytest &`` in a script: SIGINT and SIGQUIT ignored) or under nohup (SIGHUP ignored) hands
+    its children the signals ignored, and the product keeps an inherited ignore on purpose
+    (a nohup'd record survives its terminal): the test would wait for an exit that never comes."""
+    for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
 
 
 SHARED: dict[Path, dict[str, tuple[int, int]]] = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.inputs import CORPUS, HANG_S, cli, need
+from tests.inputs import CORPUS, HANG_S, cli, default_signals, need
 
 A100 = CORPUS / "single" / "a100_ddp_rank0_nccl_args.json.gz"
 
@@ -221,7 +221,7 @@ def test_stop_signal_while_hta_runs_leaves_no_process(tmp_path, signame):
                PARITYTRACE_HTA_TIMEOUT_S="600")
     cmd = subprocess.Popen([sys.executable, "-m", "analyzer", "summary", str(job),
                             "--crosscheck", "hta"], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         deadline = time.monotonic() + HANG_S
         while len(_survivors(str(job))) < 3:  # the child and its two pool workers

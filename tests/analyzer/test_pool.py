@@ -15,6 +15,7 @@ import pytest
 from analyzer.ingest import pool as parallel
 from analyzer.contract.errors import BadInput, ParityTraceError
 from analyzer.ingest.pool import run_all
+from tests.inputs import default_signals
 
 _PARENT = os.getpid()
 
@@ -201,7 +202,7 @@ def test_workers_end_with_a_killed_caller_and_ignore_ctrl_c(tmp_path):
                               (IDLE, signal.SIGINT, 3)):
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=default_signals)
         kids = []
         try:
             said = {int(proc.stdout.readline()) for _ in range(n_said)}
