@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.inputs import shared
 from tests.tracer.helpers import TINY, run_tracer
 
 
@@ -17,4 +18,5 @@ def _record(tmp_path_factory, name: str, args: list[str]):
 @pytest.fixture(scope="session")
 def fp32_all(tmp_path_factory):
     """``tracer record --strategy all`` (fp32, tiny shapes): (out root, completed process)."""
-    return _record(tmp_path_factory, "fp32", ["--strategy", "all"])
+    out, proc = _record(tmp_path_factory, "fp32", ["--strategy", "all"])
+    return shared(out), proc

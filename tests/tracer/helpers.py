@@ -23,11 +23,17 @@ TINY = ["--hidden", "32", "--seq", "8", "--batch", "4"]
 TAG_ENV = "PARITYTRACE_TEST_TAG"
 
 
-def run_tracer(args: list[str], cwd: Path, *, env_extra: dict | None = None, timeout: float = 120,
+from tests.inputs import HANG_S  # noqa: E402, F401 - the tracer tests' hang guard
+
+
+def run_tracer(args: list[str], cwd: Path, *, env_extra: dict | None = None,
+               timeout: float | None = None,
                module: list[str] | None = None) -> tuple[subprocess.CompletedProcess, str]:
     """Run ``python -m tracer record ARGS`` (or ``module``) tagged with a unique env value.
 
     Returns (completed process, tag); the tag finds leftover processes (``alive_with_tag``).
+    ``timeout`` (s): none by default; a record that hangs is stopped by the suite's
+    pytest-timeout (pyproject.toml), whose exception kills the child as a timeout would.
     """
     tag = uuid.uuid4().hex
     # TMPDIR: failed records keep their worker logs in a temp folder; keep it inside the test's.

@@ -103,8 +103,9 @@ def test_hang_record_fails_naming_rank_1_and_the_report_names_the_collective(tmp
 def test_watchdog_asks_every_hung_rank_for_its_dump(tmp_path):
     """Both ranks stuck in Python, outside any collective (no collective timeout can fire):
     the hang watchdog stops the record, and first every rank answers the dump request."""
-    timeout_s = 4  # the watchdog fires after 2 x 4 + 30 s without a heartbeat
-    args = ["--strategy", "ddp", "--timeout", str(timeout_s), "--out", str(tmp_path)] + TINY
+    # the watchdog fires after 2 x 20 + 30 s without a heartbeat; a shorter --timeout (it is the
+    # rendezvous timeout too) can end a loaded machine's record before the injected hang
+    args = ["--strategy", "ddp", "--timeout", str(HANG_TIMEOUT_S), "--out", str(tmp_path)] + TINY
     proc, tag = run_tracer(args, tmp_path, env_extra={"PARITYTRACE_INJECT": "hang@*:1"}, timeout=600)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert alive_with_tag(tag) == []

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from analyzer.contract import owner, schemas
-from tests.tracer.helpers import REPO, TAG_ENV, TINY, alive_with_tag
+from tests.inputs import default_signals
+from tests.tracer.helpers import HANG_S, REPO, TAG_ENV, TINY, alive_with_tag
 
 pytestmark = pytest.mark.slow
 STEPS = ["--wait", "1", "--warmup", "0", "--active", "1"]
@@ -27,14 +28,15 @@ def _launch(out: Path, name: str, tag: str, cwd: Path) -> subprocess.Popen:
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.Popen([sys.executable, "-m", "tracer", "record", "--strategy", "ddp", "--repeat", "3",
                              "--name", name, "--out", str(out)] + TINY + STEPS,
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals)
 
 
 def _until_second_repeat_started(proc: subprocess.Popen, out: Path, name: str) -> None:
     """Wait until repeat 1 is complete and repeat 2 has begun (its record marker exists: the
     launcher counted repeat 1 done before it cleared repeat 2)."""
     marker = out / f"{name}.r2" / schemas.RECORDING_NAME
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + HANG_S
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marker.exists(), proc.stderr.read() if proc.poll() is not None else "repeat 2 never started"
@@ -56,7 +58,7 @@ def test_killed_repeat_leftovers_are_swept_and_an_interrupted_one_names_its_miss
     try:
         _until_second_repeat_started(killed, out, "ddp")
         killed.send_signal(signal.SIGKILL)
-        killed.communicate(timeout=60)
+        killed.communicate(timeout=HANG_S)
     finally:
         if killed.poll() is None:
             killed.kill()
@@ -72,7 +74,7 @@ def test_killed_repeat_leftovers_are_swept_and_an_interrupted_one_names_its_miss
         # the sweep ran before the first record: the killed launcher's leftovers are gone
         assert not staging[0].exists() and not (out / "ddp.r3").exists()
         stopped.send_signal(signal.SIGINT)
-        stdout, stderr = stopped.communicate(timeout=60)
+        stdout, stderr = stopped.communicate(timeout=HANG_S)
     finally:
         if stopped.poll() is None:
             stopped.kill()

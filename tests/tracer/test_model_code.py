@@ -18,7 +18,8 @@ import pytest
 
 from analyzer.contract import schemas
 from tests.inputs import copy_run
-from tests.tracer.helpers import REPO, TAG_ENV, TINY, alive_with_tag, run_tracer
+from tests.inputs import default_signals
+from tests.tracer.helpers import HANG_S, REPO, TAG_ENV, TINY, alive_with_tag, run_tracer
 from tests.tracer.specs.unruly import ARRIVED_ENV
 
 pytestmark = pytest.mark.slow
@@ -108,14 +109,15 @@ def test_stop_signal_during_a_hanging_factory_is_one_line_exit_130(tmp_path, sig
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     launcher = subprocess.Popen([sys.executable, "-m", "tracer", "record", "--strategy", "ddp", "--model",
                                  f"{SPECS}:hangs_in_factory", "--out", str(out), "--timeout", "600"] + BATCH,
-                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=default_signals)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while not arrived.exists() and launcher.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)  # until the factory runs
         assert arrived.exists(), "the factory never ran"
         launcher.send_signal(sig)
-        stdout, stderr = launcher.communicate(timeout=60)
+        stdout, stderr = launcher.communicate(timeout=HANG_S)
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -161,7 +163,7 @@ def test_read_only_out_under_torchrun_refused_before_the_process_group(tmp_path)
     (out / "keep.txt").write_text("mine")
     out.chmod(0o555)
     try:
-        proc, tag = run_tracer(["--strategy", "ddp", "--out", str(out)] + TINY, tmp_path, timeout=240,
+        proc, tag = run_tracer(["--strategy", "ddp", "--out", str(out)] + TINY, tmp_path,
                                module=[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                                        "-m", "tracer", "record"])
         assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]

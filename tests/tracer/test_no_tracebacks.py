@@ -22,7 +22,8 @@ import time
 import pytest
 
 from analyzer.contract import schemas
-from tests.tracer.helpers import REPO, TAG_ENV, TINY, alive_with_tag, run_tracer
+from tests.inputs import default_signals
+from tests.tracer.helpers import HANG_S, REPO, TAG_ENV, TINY, alive_with_tag, run_tracer
 from tracer import baseline
 from tracer.config import MAX_TIMEOUT_S, RecordConfig
 from tracer.rundir import STAGING_PREFIX
@@ -182,7 +183,7 @@ def test_golden_at_a_corrupt_file_is_one_line_exit_2(golden_run, tmp_path, kind)
     golden, expected = _corrupt(kind, run_dir)
     out = tmp_path / "out"
     proc, tag = run_tracer(["--strategy", "single", "--out", str(out), "--golden", str(golden)] + TINY + SHORT,
-                           tmp_path, timeout=90)
+                           tmp_path)
     assert proc.returncode == 2, proc.stderr
     line = _one_line(proc.stderr)
     assert line.startswith(f"tracer: --golden {golden}") and expected in line, line
@@ -201,7 +202,7 @@ def test_timeout_must_be_finite_positive_and_bounded(value):
 
 def test_timeout_inf_is_a_bad_option_with_one_line(tmp_path):
     proc, _ = run_tracer(["--strategy", "ddp", "--out", str(tmp_path / "o"), "--timeout", "inf"] + TINY,
-                         tmp_path, timeout=60)
+                         tmp_path)
     assert proc.returncode == 2
     assert _one_line(proc.stderr).startswith("tracer: --timeout inf: must be a finite number")
     assert not (tmp_path / "o").exists()
@@ -214,12 +215,11 @@ def _start_hanging_record(tmp_path, extra: list[str] = ()):
     tag = "sig-" + os.urandom(8).hex()
     env = dict(os.environ, PARITYTRACE_INJECT="hang@1:1", TMPDIR=str(tmp_path), **{TAG_ENV: tag})
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    # a launcher started from a non-interactive shell's background job inherits SIGINT ignored
     launcher = subprocess.Popen([sys.executable, "-m", "tracer", "record", "--strategy", "ddp", "--out",
                                  str(tmp_path), "--timeout", "120"] + TINY + list(extra),
                                 cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 90
+                                preexec_fn=default_signals)
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:  # until both ranks are at a step (heartbeat files)
         phases = [h.read_text().split()[-1:] for h in tmp_path.glob("tracer-ddp-*/rank*.hb")]
         if phases == [["step"], ["step"]]:
@@ -233,7 +233,7 @@ def _start_hanging_record(tmp_path, extra: list[str] = ()):
 
 def _stopped(launcher, tag, tmp_path):
     try:
-        _, stderr = launcher.communicate(timeout=30)
+        _, stderr = launcher.communicate(timeout=HANG_S)
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -291,13 +291,13 @@ def test_sigterm_at_each_phase_of_a_record_exits_130_and_leaves_an_incomplete_ru
                                  str(tmp_path), "--active", "400"] + TINY,
                                 cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + HANG_S
         while not _phase_reached(tmp_path, phase) and launcher.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert launcher.poll() is None, f"the record ended before reaching {phase}"
         assert _phase_reached(tmp_path, phase), f"the record never reached {phase}"
         launcher.send_signal(signal.SIGTERM)
-        _, stderr = launcher.communicate(timeout=30)
+        _, stderr = launcher.communicate(timeout=HANG_S)
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -61,7 +61,7 @@ def test_failed_rerecord_keeps_runs_that_never_started(fp32_all, tmp_path):
     # Re-record with another seed (a different baseline): single completes, rank 1 of ddp (the
     # second strategy) raises at step 2, fsdp and fsdp2 never start.
     new_seed = old_seed + 1
-    proc, tag = run_tracer(["--strategy", "all", "--out", str(out), "--seed", str(new_seed), "--timeout", "4"]
+    proc, tag = run_tracer(["--strategy", "all", "--out", str(out), "--seed", str(new_seed)]
                            + TINY, tmp_path, env_extra={"PARITYTRACE_INJECT": "raise@1:2"})
     assert proc.returncode == 1, proc.stderr
     assert "ddp" in proc.stderr and "rank 1 failed at step 2" in proc.stderr
@@ -135,7 +135,7 @@ def test_failed_rerecord_leaves_no_manifest_and_the_record_marker(tmp_path):
     out = tmp_path / "traces"
     proc, _ = _record_ddp(out)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc, tag = _record_ddp(out, ["--timeout", "4"], env_extra={"PARITYTRACE_INJECT": "raise@1:2"})
+    proc, tag = _record_ddp(out, [], env_extra={"PARITYTRACE_INJECT": "raise@1:2"})
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert alive_with_tag(tag) == []
     assert not (out / "ddp" / schemas.MANIFEST_NAME).exists()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.contract import schemas
-from tests.tracer.helpers import REPO
+from tests.tracer.helpers import HANG_S, REPO
 from tracer import rundir
 
 # The files a tiny CPU record leaves (tests/tracer/test_record.py checks them on real runs),
@@ -45,7 +45,7 @@ def _record_cli(args: list[str], cwd: Path, no_torch: Path | None = None) -> sub
     path = [str(REPO)] + ([str(no_torch)] if no_torch else []) + [os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     return subprocess.run([sys.executable, "-m", "tracer", "record", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True)
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_record_into_a_run_dir_another_record_holds_is_refused(tmp_path, no_torc
         with pytest.raises(rundir.RunDirBusy):
             rundir.lock_run_dir(run)
     finally:
-        holder.communicate("", timeout=30)
+        holder.communicate("", timeout=HANG_S)
     rundir.lock_run_dir(run)  # the holder ended: its lock went with it
     rundir.unlock_run_dir(run)
 
