@@ -32,7 +32,7 @@ def test_torchrun_one_node_bf16_within_documented_tolerance_rank0_says_where(tmp
     same code for every strategy and launcher). Global rank 0, and only it, prints where the
     run went (README's torchrun example: OUT/NAME, default traces/<strategy>)."""
     proc, tag = run_tracer(["record", "--strategy", "fsdp", "--precision", "bf16", "--out", str(tmp_path)]
-                           + TINY, tmp_path, module=TORCHRUN + ["--nproc_per_node", "2", "-m", "tracer"])
+                           + TINY, tmp_path, module=TORCHRUN + ["--standalone", "--nproc_per_node", "2", "-m", "tracer"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [ln for ln in proc.stdout.splitlines() if "recorded" in ln] == [f"recorded {tmp_path / 'fsdp'}"]
     manifest, numerics = _check(tmp_path / "fsdp", nnodes=1)

@@ -146,7 +146,7 @@ def test_model_output_under_torchrun_goes_to_stderr(tmp_path):
     out = tmp_path / "out"
     proc, tag = run_tracer(["--strategy", "ddp", "--model", f"{SPECS}:prints_recorded", "--out", str(out)]
                            + BATCH, tmp_path, timeout=240,
-                           module=[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           module=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                                    "-m", "tracer", "record"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == [f"recorded {out / 'ddp'}"]
@@ -164,7 +164,7 @@ def test_read_only_out_under_torchrun_refused_before_the_process_group(tmp_path)
     out.chmod(0o555)
     try:
         proc, tag = run_tracer(["--strategy", "ddp", "--out", str(out)] + TINY, tmp_path,
-                               module=[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                               module=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                                        "-m", "tracer", "record"])
         assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
     finally:

@@ -29,7 +29,8 @@ from tracer.config import MAX_TIMEOUT_S, RecordConfig
 from tracer.rundir import STAGING_PREFIX
 
 pytestmark = pytest.mark.slow
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "tracer"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "tracer"]  # --standalone: a free port, so parallel test workers do not meet
 SHORT = ["--wait", "1", "--warmup", "0", "--active", "1"]  # two steps: the least a record runs
 TRACER_FRAME = f'File "{REPO / "tracer"}'  # a traceback line inside tracer's own code
 
