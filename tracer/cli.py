@@ -281,6 +281,8 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("tracer: interrupted", err=True)
         code = ExitCode.INTERRUPTED
+    if "tracer.rundir" in sys.modules:  # no lock was taken otherwise
+        sys.modules["tracer.rundir"].unlock_all()
     _exit_without_teardown(code if isinstance(code, int) else 0)
 
 

@@ -201,6 +201,13 @@ def unlock_run_dir(run_dir: Path) -> None:
             break
 
 
+def unlock_all() -> None:
+    """Release every lock this process still holds (``unlock_run_dir``): the CLI's last step,
+    for a stop signal that landed between a claim and the code that releases it."""
+    for key in list(_HELD):
+        unlock_run_dir(Path(key))
+
+
 def clear_run_dir(run_dir: Path) -> None:
     """Start a record in ``run_dir``: take its lock (``lock_run_dir``), write the record marker
     ``RECORDING_NAME`` (pid), then remove a previous record's files, manifest first.

@@ -182,3 +182,16 @@ def test_rerecord_of_an_incomplete_run_removes_its_tracer_files(tmp_path):
     rundir.clear_run_dir(run)
     rundir.unlock_run_dir(run)
     assert _files(run) == sorted(["notes.txt", schemas.RECORDING_NAME])
+
+
+def test_unlock_all_releases_every_held_lock_and_the_folders_it_made(tmp_path):
+    """The CLI's last step (tracer/cli.py ``main``): a stop signal between a claim and its
+    release leaves no lock file and no empty run dir the claim made."""
+    runs = [tmp_path / "traces" / "ddp", tmp_path / "traces" / "fsdp"]
+    for run in runs:
+        rundir.lock_run_dir(run)
+    assert all((run / rundir.LOCK_NAME).exists() for run in runs)
+    rundir.unlock_all()
+    assert not any(run.exists() for run in runs)
+    rundir.lock_run_dir(runs[0])  # released: it can be taken again
+    rundir.unlock_run_dir(runs[0])
