@@ -3,7 +3,7 @@ options that match nothing are one line (exit 2); --help says what an option doe
 
 from __future__ import annotations
 
-from tests.inputs import bad_input, cli, cli_proc
+from tests.inputs import bad_input, cli, cli_proc, copy_run
 
 
 def test_unknown_report_format_and_missing_argument(tmp_path, ddp_run):  # usage errors
@@ -14,10 +14,11 @@ def test_unknown_report_format_and_missing_argument(tmp_path, ddp_run):  # usage
 
 
 def test_merge_options_that_match_nothing(tmp_path, ddp_run):
+    run = str(copy_run(ddp_run, tmp_path / "ddp"))  # the parse caches land beside the copy
     out = str(tmp_path / "m.json.gz")
-    bad_input(cli("merge", str(ddp_run), "-o", out, "--steps", "99"), "no trace has ProfilerStep [99]")
-    bad_input(cli("merge", str(ddp_run), "-o", out, "--ref-rank", "7"), "no trace of rank 7")
-    bad_input(cli("merge", str(ddp_run), "-o", out, "--steps", "two"), "--steps")
+    bad_input(cli("merge", run, "-o", out, "--steps", "99"), "no trace has ProfilerStep [99]")
+    bad_input(cli("merge", run, "-o", out, "--ref-rank", "7"), "no trace of rank 7")
+    bad_input(cli("merge", run, "-o", out, "--steps", "two"), "--steps")
 
 
 def _help(cmd: str) -> str:

@@ -1,5 +1,6 @@
 """DESIGN.md: the contract is the one thing that crosses from analyzer to tracer. The tracer
-imports only the contract's modules (analyzer/contract/schemas.py, errors.py, atomic.py, owner.py), and those
+imports only the contract's modules (analyzer/contract/schemas.py, errors.py, atomic.py, owner.py,
+text.py, tolerance.py, settings.py), and those
 import nothing else of the analyzer. Run-directory files are written through ``atomic_path``."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from analyzer.contract.atomic import atomic_path, write_atomic
 
 REPO = Path(__file__).parents[2]
 CONTRACT = {"analyzer.contract.schemas", "analyzer.contract.errors", "analyzer.contract.atomic",
-            "analyzer.contract.text",
+            "analyzer.contract.text", "analyzer.contract.tolerance", "analyzer.contract.settings",
             "analyzer.contract.owner"}
 
 
@@ -22,8 +23,8 @@ def _analyzer_imports(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            mods = ([f"analyzer.{a.name}" for a in node.names] if node.module == "analyzer"
-                    else [node.module])
+            package = (REPO / node.module.replace(".", "/")).is_dir()  # from PKG import MODULE
+            mods = [f"{node.module}.{a.name}" for a in node.names] if package else [node.module]
         elif isinstance(node, ast.Import):
             mods = [a.name for a in node.names]
         else:
