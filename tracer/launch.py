@@ -53,6 +53,7 @@ from pathlib import Path
 from analyzer.contract.schemas import flightrec_name
 from tracer import flightrec
 from tracer.config import RecordConfig
+from tracer.stopping import STOP_SIGNALS, stop_signals_held
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,6 @@ CTRL_ENV = "PARITYTRACE_CTRL_DIR"
 GO_ENV = "PARITYTRACE_GO_FD"
 """Spawned workers of a gated start: the inherited fd on which the launcher signals that the run
 dir is prepared (``WorkerGroup.release``; read by tracer.worker.wait_for_go)."""
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-"""Signals that stop a record: Ctrl-C, ``kill`` / a batch system, a closed terminal, Ctrl-\\
-(SIGQUIT, whose default core dump would skip the clean-up)."""
 LOG_TAIL_BYTES = 64 * 1024
 """How much of the end of a rank's log ``_log_line`` reads."""
 DUMP_DEADLINE_S = 30.0
@@ -87,32 +85,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-_STOPPED: list[int] = []
-
-
-def stop_requested() -> bool:
-    """True once a stop signal reached ``stop_on_signals``' handler: its KeyboardInterrupt may
-    surface as another exception (raised inside a C extension's module init, an import of
-    pyarrow or ssl turns it into a TypeError), which is then the interruption, not a failure."""
-    return bool(_STOPPED)
-
-
-def stop_on_signals() -> None:
-    """Make the first ``STOP_SIGNALS`` signal raise ``KeyboardInterrupt`` and ignore every
-    later one (the clean-up it starts then runs to its end: one line, exit 130, no traceback,
-    no worker and no staging folder left). A signal this process inherited as ignored (``nohup``:
-    SIGHUP) stays ignored. Call in the main thread before anything is written."""
-    def on_stop(signum, frame):
-        for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
-        _STOPPED.append(signum)
-        raise KeyboardInterrupt
-
-    for s in STOP_SIGNALS:
-        if signal.getsignal(s) is not signal.SIG_IGN:
-            signal.signal(s, on_stop)
 
 
 def reap(proc: subprocess.Popen, deadline_s: float = REAP_DEADLINE_S) -> int | None:
@@ -206,25 +178,23 @@ class WorkerGroup:
             log = open(self.ctrl_dir / f"rank{rank}.log", "wb")
             # A stop signal raised inside Popen, after the fork, would leave a worker that
             # kill_all does not know: hold the signals until it is in self.workers.
-            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-            try:
-                proc = subprocess.Popen([sys.executable, "-m", "tracer", "record", *self.cfg.to_argv()],
-                                        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, preexec_fn=_die_with_parent,
-                                        pass_fds=passed)
-            except BaseException:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-                for fd in (read_fd, write_fd, fr_read, fr_write):
+            with stop_signals_held():
+                try:
+                    proc = subprocess.Popen([sys.executable, "-m", "tracer", "record", *self.cfg.to_argv()],
+                                            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True, preexec_fn=_die_with_parent,
+                                            pass_fds=passed)
+                except BaseException:
+                    for fd in (read_fd, write_fd, fr_read, fr_write):
+                        if fd is not None:
+                            os.close(fd)
+                    raise
+                finally:
+                    log.close()
+                for fd in (read_fd, fr_read):
                     if fd is not None:
                         os.close(fd)
-                raise
-            finally:
-                log.close()
-            for fd in (read_fd, fr_read):
-                if fd is not None:
-                    os.close(fd)
-            self.workers.append(_Worker(rank=rank, proc=proc, go_fd=write_fd, fr_fd=fr_write))
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a pending one is raised here
+                self.workers.append(_Worker(rank=rank, proc=proc, go_fd=write_fd, fr_fd=fr_write))
 
     def release(self) -> None:
         """Let gated workers go on (one byte on each start pipe); no-op for others."""

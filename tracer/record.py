@@ -156,9 +156,11 @@ def record_local(configs: list[RecordConfig], done: list[Path] | None = None) ->
 
     # The CLI may have claimed the run dirs already: refused or interrupted (Ctrl-C while torch
     # is imported) before the first record starts, leave no lock and no folder made behind.
+    staging: Path | None = None
     try:
         from tracer.baseline import BASELINE_NAME, baseline_id, write_baseline, write_baseline_isolated
         from tracer.launch import run_workers
+        from tracer.stopping import stop_signals_held
         from analyzer.contract.owner import write_owner
         from tracer.rundir import abandon_record, finish_record, staged_baseline, sweep_leftovers
 
@@ -178,21 +180,23 @@ def record_local(configs: list[RecordConfig], done: list[Path] | None = None) ->
             for path in sweep_leftovers(out):
                 log.info("removed %s, left by a killed record", path)
         try:  # same filesystem as the run dirs, so placing the baseline is a hard link
-            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=configs[0].run_dir.parent))
+            with stop_signals_held():  # a stop between mkdtemp and here would leak the folder
+                staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=configs[0].run_dir.parent))
             write_owner(staging)  # first: a SIGKILL from here on leaves a folder a later record sweeps
         except OSError as exc:
             raise _cannot_prepare(configs[0].run_dir.parent, exc) from None
+        # One baseline per set of numerics settings (``baseline.baseline_id``): every config of a
+        # strategy list shares one; a declared arm that changes the numerics (precision,
+        # training, batch) gets its own, computed when its first run is prepared.
+        ids = [baseline_id(c, device_type) for c in configs]
+        configs = [replace(c, baseline_id=i) if c.arm_settings is not None else c
+                   for c, i in zip(configs, ids)]
+        folders = {i: staging / staged_baseline(i) for i in dict.fromkeys(ids)}
     except BaseException:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         _release(configs)
         raise
-
-    # One baseline per set of numerics settings (``baseline.baseline_id``): every config of a
-    # strategy list shares one; a declared arm that changes the numerics (precision, training,
-    # batch) gets its own, computed when its first run is prepared.
-    ids = [baseline_id(c, device_type) for c in configs]
-    configs = [replace(c, baseline_id=i) if c.arm_settings is not None else c
-               for c, i in zip(configs, ids)]
-    folders = {i: staging / staged_baseline(i) for i in dict.fromkeys(ids)}
 
     def baseline_then_prepare(cfg: RecordConfig, bid: str) -> None:
         folder = folders[bid]

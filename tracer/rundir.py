@@ -31,6 +31,7 @@ from pathlib import Path
 import msgspec
 
 import analyzer.contract.owner as owner
+from tracer.stopping import stop_signals_held
 from analyzer.contract.schemas import (LOCK_NAME, MANIFEST_NAME, MEMORY_DIR, RECORDING_NAME,
                                        REPORT_DIR_NAME, RUN_FILE, FileEntry, sha256_file)
 
@@ -161,6 +162,11 @@ def lock_run_dir(run_dir: Path) -> None:
     key = os.path.realpath(run_dir)
     if key in _HELD:
         return
+    with stop_signals_held():  # a stop between making the file and _HELD: unlock_all misses it
+        _take_lock(run_dir, key)
+
+
+def _take_lock(run_dir: Path, key: str) -> None:
     missing = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
     run_dir.mkdir(parents=True, exist_ok=True)
     _CREATED[key] = missing  # deepest first: unlock removes them again while they stay empty

@@ -13,7 +13,7 @@ that read like the tracer's own. In a child the launcher stays in charge:
   model code (``os._exit``, a signal), and the line says so with its status;
 - its stdout and stderr go to a log file in a temporary folder (removed afterwards), never
   to the launcher's stdout;
-- a stop signal on the launcher (``launch.stop_on_signals``, installed before the check) kills
+- a stop signal on the launcher (``stopping.stop_on_signals``, installed before the check) kills
   the child's group and propagates as ``KeyboardInterrupt``; the child also dies with the
   launcher (``PR_SET_PDEATHSIG``).
 

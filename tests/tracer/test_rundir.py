@@ -195,3 +195,57 @@ def test_unlock_all_releases_every_held_lock_and_the_folders_it_made(tmp_path):
     assert not any(run.exists() for run in runs)
     rundir.lock_run_dir(runs[0])  # released: it can be taken again
     rundir.unlock_run_dir(runs[0])
+
+
+@pytest.mark.parametrize("where", ["write_owner", "baseline_id"])
+def test_a_stop_right_after_the_staging_folder_is_made_leaves_no_folder_and_no_lock(tmp_path, monkeypatch, where):
+    """A stop signal (``KeyboardInterrupt``) landing while the baseline staging folder is being
+    set up (its owner file written, the baseline ids computed) removes that folder and every
+    lock before it propagates: ``--out`` holds what it held before."""
+    import tracer.baseline
+    from analyzer.contract import owner
+    from tracer.config import RecordConfig
+    from tracer.record import record_local
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if where == "write_owner":
+        monkeypatch.setattr(owner, "write_owner", stop)
+    else:
+        monkeypatch.setattr(tracer.baseline, "baseline_id", stop)
+    out = tmp_path / "traces"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(KeyboardInterrupt):
+        record_local([RecordConfig(strategy="ddp", out=str(out), device="cpu")])
+    assert _files(out) == ["notes.txt"]
+    assert not any(p.is_dir() for p in out.iterdir())
+
+
+def test_a_stop_signal_while_the_lock_is_taken_is_held_until_unlock_all_knows_the_lock(tmp_path, monkeypatch):
+    """SIGTERM (raising ``KeyboardInterrupt``, as ``stopping.stop_on_signals`` makes it) sent
+    after the lock file is made and before the lock is recorded: it is raised only once the
+    lock is recorded, so ``unlock_all`` (the CLI's last step) removes the file and the folder."""
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    real_pwrite = os.pwrite
+
+    def pwrite_then_signal(fd, data, offset):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_pwrite(fd, data, offset)
+
+    run = tmp_path / "traces" / "ddp"
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        monkeypatch.setattr(rundir.os, "pwrite", pwrite_then_signal)
+        with pytest.raises(KeyboardInterrupt):
+            rundir.lock_run_dir(run)
+        monkeypatch.undo()
+        rundir.unlock_all()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert not (tmp_path / "traces").exists()
