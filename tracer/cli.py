@@ -37,11 +37,17 @@ def _main() -> None:
     """paritytrace recorder."""
 
 
+_SAID: list[str] = []
+"""The line ``_fail`` said, if any: typer returns 130 for a ``KeyboardInterrupt`` that ends a
+command, saying nothing (``main`` then says it)."""
+
+
 def _fail(code: int, message: str, recorded: list[Path] = ()) -> None:
     """One line on stderr, exit ``code``; first, on stdout, the runs that were ``recorded``."""
     for run_dir in recorded:
         typer.echo(one_line(f"recorded {run_dir}"))
     typer.echo(one_line(f"tracer: {message}"), err=True)
+    _SAID.append(message)
     raise typer.Exit(code)
 
 
@@ -86,7 +92,7 @@ def record(
     """Record one strategy, a list, all four, or named arms into OUT/NAME run directories."""
     under_torchrun = "RANK" in os.environ
     if not under_torchrun:
-        from tracer.launch import stop_on_signals
+        from tracer.stopping import stop_on_signals
 
         # before any check runs model code: a stop signal from here on is one clean-up
         stop_on_signals()
@@ -187,6 +193,7 @@ def _check_before_start(configs: list, under_torchrun: bool) -> None:
         check_run_dir(configs[0].run_dir)
         check_writable(configs[0].run_dir)  # every rank, before the process group starts
     else:
+        import tracer.launch  # noqa: F401  before the claim: _record_here's imports are then instant
         from tracer.record import claim_run_dirs
 
         claim_run_dirs(configs)
@@ -243,13 +250,12 @@ def _given(ctx: typer.Context, option: str) -> bool:
 
 def _record_here(configs) -> None:
     from tracer.launch import RecordFailed
-
-    # Ctrl-C, SIGTERM, SIGHUP: one clean-up (stop_on_signals, installed before the claim)
-    logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
     from tracer.record import record_local, unrecorded
 
+    # Ctrl-C, SIGTERM, SIGHUP: one clean-up (stop_on_signals, installed before the claim)
     done: list[Path] = []
     try:
+        logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
         record_local(configs, done)
     except RecordFailed as exc:
         _fail(ExitCode.INTERNAL, f"record failed: {exc}; no manifest written{unrecorded(configs, done)}",
@@ -259,7 +265,7 @@ def _record_here(configs) -> None:
     except KeyboardInterrupt:
         _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{unrecorded(configs, done)}", done)
     except Exception:
-        from tracer.launch import stop_requested
+        from tracer.stopping import stop_requested
 
         if not stop_requested():
             raise
@@ -279,8 +285,9 @@ def main() -> None:
     except typer.Exit as exc:
         code = exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
-        typer.echo("tracer: interrupted", err=True)
         code = ExitCode.INTERRUPTED
+    if code == ExitCode.INTERRUPTED and not _SAID:
+        typer.echo("tracer: interrupted", err=True)
     if "tracer.rundir" in sys.modules:  # no lock was taken otherwise
         sys.modules["tracer.rundir"].unlock_all()
     _exit_without_teardown(code if isinstance(code, int) else 0)
