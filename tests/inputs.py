@@ -33,7 +33,7 @@ def record(out: Path, *args: str) -> Path:
     """``tracer record ARGS --out OUT`` in a fresh interpreter (2 gloo ranks on CPU); asserts
     that it succeeded and returns ``out``, the traces root holding the run directory."""
     proc = subprocess.run([sys.executable, "-m", "tracer", "record", *args, "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -98,8 +98,7 @@ def save(path: Path, trace: dict | bytes) -> Path:
 
 def cli_proc(*args: str) -> subprocess.CompletedProcess:
     """Run the real console entry point in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "analyzer", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "analyzer", *args], capture_output=True, text=True)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ def _pytest_without_corpus(*args: str, tmp_path: Path) -> subprocess.CompletedPr
     # a folder beside the repo named like the old fixed location must not be found either
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", *args]
     return subprocess.run(cmd,
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=env, capture_output=True, text=True)
 
 
 def test_corpus_root_is_none_when_the_variable_is_unset(monkeypatch):

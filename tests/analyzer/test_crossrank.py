@@ -33,7 +33,7 @@ from analyzer.ingest import spill
 from analyzer.ingest import pipeline
 from analyzer.compare import runs
 from analyzer.ingest.pipeline import load_tables
-from tests.inputs import bad_input, cli, copy_run
+from tests.inputs import HANG_S, bad_input, cli, copy_run
 from tests.analyzer.helpers import REPO, gloo_job
 
 RANKS = 6
@@ -243,7 +243,7 @@ def test_sigterm_mid_report_exits_130_and_leaves_nothing(tmp_path):
         if mid_report:
             proc.send_signal(signal.SIGTERM)  # pending until it runs again
         proc.send_signal(signal.SIGCONT)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=HANG_S)
         if mid_report:
             break
     else:

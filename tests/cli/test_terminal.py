@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.inputs import cli, copy_run
+from tests.inputs import HANG_S, cli, copy_run
 
 
 @pytest.mark.parametrize("cmd", ["summary", "drift", "report"])
@@ -20,7 +20,7 @@ def test_closed_pipe_exits_quietly(ddp_run, tmp_path, cmd):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # before the interpreter has even started: every write hits EPIPE
     err = proc.stderr.read().decode()
-    rc = proc.wait(timeout=300)
+    rc = proc.wait(timeout=HANG_S)
     assert rc == 0, err
     assert err == "", err  # no traceback, no "internal error", no "Exception ignored"
 

@@ -54,7 +54,7 @@ def ddp_default_fault_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fu-ddp-default") / "traces"
     proc = subprocess.run([sys.executable, "-m", "tracer", "record", "--strategy", "ddp",
                            "--warmup", "0", "--active", "2", "--fault", "wrong-grad-scale",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "--out", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return shared(out / "ddp")
 

@@ -26,8 +26,7 @@ pytestmark = pytest.mark.slow
 
 def cli(*args: str, check_rc: int | None = 0) -> subprocess.CompletedProcess:
     mod = "tracer" if args[0] == "tracer" else "analyzer"
-    proc = subprocess.run([sys.executable, "-m", mod, *args[1:]], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-m", mod, *args[1:]], capture_output=True, text=True)
     if check_rc is not None:
         assert proc.returncode == check_rc, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc

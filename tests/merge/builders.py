@@ -89,6 +89,6 @@ def hta_trace_facts(trace_files: dict[int, str], trace_dir: str, **kwargs) -> di
         "              'names': [names[i] for i in df['name'].tolist()]}\n"
         "print(json.dumps(out))\n")
     proc = subprocess.run([sys.executable, "-c", script, json.dumps([trace_files, trace_dir, kwargs])],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}

@@ -140,13 +140,13 @@ def test_a_common_strategy_option_no_arm_takes_is_refused():
 def test_the_command_refuses_arms_before_anything_is_written(tmp_path):
     """Through the CLI: one line on stderr, exit 2, no folder made."""
     proc, _ = run_tracer(["--strategy", "ddp", "--sweep", "bucket-cap-mb=1", "--out",
-                          str(tmp_path / "t")], cwd=tmp_path, timeout=300)
+                          str(tmp_path / "t")], cwd=tmp_path)
     assert proc.returncode == 2 and not (tmp_path / "t").exists()
     assert proc.stderr.strip().splitlines() == [
         "tracer: --sweep bucket-cap-mb=1: give at least two non-empty values, comma-separated "
         "(';'-separated for values that hold commas)"]
     proc, _ = run_tracer(["--strategy", "ddp", "--sweep", "bucket-cap-mb=1,2", "--name", "x",
-                          "--out", str(tmp_path / "t")], cwd=tmp_path, timeout=300)
+                          "--out", str(tmp_path / "t")], cwd=tmp_path)
     assert proc.returncode == 2 and "--name x: with --arm / --sweep" in proc.stderr
 
 
@@ -157,7 +157,7 @@ def test_arms_that_change_the_numerics_get_their_own_baseline(tmp_path):
     out = tmp_path / "t"
     proc, _ = run_tracer(["--strategy", "ddp", "--arm", "fp32=", "--arm", "bf16=--precision bf16",
                           "--arm", "f2=--strategy fsdp2", "--active", "1", "--out", str(out)] + TINY,
-                         cwd=tmp_path, timeout=1200)
+                         cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ms = {n: json.loads((out / n / schemas.MANIFEST_NAME).read_text()) for n in ("fp32", "bf16", "f2")}
     exp = {n: m["experiment"] for n, m in ms.items()}
@@ -184,7 +184,7 @@ def test_a_sweep_with_a_canary_arm_ranks_the_passing_arms(tmp_path):
     out = tmp_path / "t"
     proc, _ = run_tracer(["--strategy", "ddp", "--sweep", "bucket-cap-mb=1,25", "--arm", "ok=",
                           "--arm", "canary=--fault wrong-grad-scale", "--active", "2",
-                          "--out", str(out)] + TINY, cwd=tmp_path, timeout=1200)
+                          "--out", str(out)] + TINY, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     arms = ["ok+bucket-cap-mb=1", "ok+bucket-cap-mb=25", "canary+bucket-cap-mb=1",
             "canary+bucket-cap-mb=25"]

@@ -56,7 +56,7 @@ def test_hang_is_a_ddp_canary_only():
 @pytest.mark.slow
 def test_hang_record_fails_naming_rank_1_and_the_report_names_the_collective(tmp_path):
     args = ["--strategy", "ddp", "--fault", "hang", "--timeout", str(HANG_TIMEOUT_S), "--out", str(tmp_path)]
-    proc, tag = run_tracer(args + TINY, tmp_path, timeout=600)
+    proc, tag = run_tracer(args + TINY, tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert alive_with_tag(tag) == []
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -78,7 +78,7 @@ def test_hang_record_fails_naming_rank_1_and_the_report_names_the_collective(tmp
     assert dumps[0]["pg_config"]["0"]["ranks"] == "[0, 1]"
 
     rep = subprocess.run([sys.executable, "-m", "analyzer", "report", str(run_dir), "--allow-incomplete"],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
+                         cwd=REPO, capture_output=True, text=True)
     assert rep.returncode == 0, rep.stderr[-3000:]
     line = f"ddp: rank 1 never entered all_reduce #{n} of process group 0; rank 0 waited in it"
     assert f"- **{line}**" in (run_dir / "report" / "report.md").read_text()
@@ -90,7 +90,7 @@ def test_hang_record_fails_naming_rank_1_and_the_report_names_the_collective(tmp
         run_dir / "report" / "report.html").read_text())
 
     # A re-record into the same run dir (no fault) completes and removes the dumps.
-    proc, tag = run_tracer(["--strategy", "ddp", "--out", str(tmp_path)] + TINY, tmp_path, timeout=600)
+    proc, tag = run_tracer(["--strategy", "ddp", "--out", str(tmp_path)] + TINY, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not list(run_dir.glob("*.flightrec.json"))
     manifest = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
@@ -106,7 +106,7 @@ def test_watchdog_asks_every_hung_rank_for_its_dump(tmp_path):
     # the watchdog fires after 2 x 20 + 30 s without a heartbeat; a shorter --timeout (it is the
     # rendezvous timeout too) can end a loaded machine's record before the injected hang
     args = ["--strategy", "ddp", "--timeout", str(HANG_TIMEOUT_S), "--out", str(tmp_path)] + TINY
-    proc, tag = run_tracer(args, tmp_path, env_extra={"PARITYTRACE_INJECT": "hang@*:1"}, timeout=600)
+    proc, tag = run_tracer(args, tmp_path, env_extra={"PARITYTRACE_INJECT": "hang@*:1"})
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert alive_with_tag(tag) == []
     assert "hung: no progress for" in proc.stderr and "Flight Recorder dumps of rank(s) 0, 1" in proc.stderr

@@ -11,7 +11,7 @@ import pytest
 
 from analyzer.contract import schemas
 from analyzer.contract.tolerance import TOLERANCES
-from tests.tracer.helpers import TINY, alive_with_tag, run_tracer, tensor_rel_l2
+from tests.tracer.helpers import HANG_S, TINY, alive_with_tag, run_tracer, tensor_rel_l2
 from tracer.launch import free_port
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_torchrun_two_nodes_on_loopback(tmp_path):
                              env=env)
     try:
         proc, _ = run_tracer(args, tmp_path, module=TORCHRUN + common + ["--node_rank", "0", "-m", "tracer"])
-        _, err1 = node1.communicate(timeout=120)
+        _, err1 = node1.communicate(timeout=HANG_S)
     finally:
         if node1.poll() is None:
             node1.kill()

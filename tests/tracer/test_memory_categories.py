@@ -86,7 +86,7 @@ def adamw_all(tmp_path_factory):
     out = tmp_path_factory.mktemp("memcat")
     proc, _ = run_tracer(["--strategy", "all", "--optimizer", "adamw", "--hidden", str(HIDDEN),
                           "--layers", str(LAYERS), "--seq", "4", "--batch", "4", "--warmup", "0",
-                          "--active", "1", "--out", str(out)], cwd=out, timeout=300)
+                          "--active", "1", "--out", str(out)], cwd=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

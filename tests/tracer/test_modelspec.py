@@ -164,7 +164,7 @@ def _gate(root) -> tuple[int, str]:
     import sys
 
     proc = subprocess.run([sys.executable, "-m", "analyzer", "gate", str(root)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -63,7 +63,7 @@ def test_oversubscription_is_named():
 @pytest.mark.slow
 def test_repeat_records_interleaved_complete_runs_of_one_experiment(tmp_path):
     proc, _ = run_tracer(["--strategy", "single,ddp", "--repeat", "2", "--active", "2",
-                          "--out", str(tmp_path / "t")] + TINY, cwd=tmp_path, timeout=600)
+                          "--out", str(tmp_path / "t")] + TINY, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = ["single.r1", "ddp.r1", "ddp.r2", "single.r2"]
     assert [ln.split("/")[-1] for ln in proc.stdout.splitlines()] == names  # interleaved

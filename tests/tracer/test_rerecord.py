@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from analyzer.contract import schemas
-from tests.tracer.helpers import REPO, TINY, alive_with_tag, run_tracer
+from tests.tracer.helpers import HANG_S, REPO, TINY, alive_with_tag, run_tracer
 from tracer.rundir import STAGING_PREFIX
 
 pytestmark = pytest.mark.slow
@@ -184,7 +184,7 @@ def test_concurrent_records_into_one_run_dir_one_is_refused(tmp_path):
     cmd = [sys.executable, "-m", "tracer", "record", "--strategy", "ddp", "--out", str(out)] + TINY
     procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
-    results = sorted((p.wait(timeout=300), *p.communicate()) for p in procs)
+    results = sorted((p.wait(timeout=HANG_S), *p.communicate()) for p in procs)
     (rc0, out0, err0), (rc1, _, err1) = results
     assert (rc0, rc1) == (0, 2), results
     assert out0.strip() == f"recorded {out / 'ddp'}"
