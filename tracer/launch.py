@@ -53,7 +53,7 @@ from pathlib import Path
 from analyzer.contract.schemas import flightrec_name
 from tracer import flightrec
 from tracer.config import RecordConfig
-from tracer.stopping import STOP_SIGNALS, stop_signals_held
+from tracer.stopping import stop_signals_held
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,6 @@ def reap(proc: subprocess.Popen, deadline_s: float = REAP_DEADLINE_S) -> int | N
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    # the launcher blocks the stop signals while it spawns (WorkerGroup.start); not the worker
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 @dataclass(kw_only=True, slots=True)

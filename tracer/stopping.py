@@ -1,6 +1,6 @@
 """How a stop signal ends the launcher of ``tracer record``: Ctrl-C, SIGTERM, SIGHUP or SIGQUIT
 raises ``KeyboardInterrupt`` once, and a short section that creates something the clean-up must
-find can hold those signals until it is bound to a name (``stop_signals_held``). Torch-free:
+find can defer it until that is bound to a name (``stop_signals_held``). Torch-free:
 ``tracer.rundir`` takes its lock under it."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 (SIGQUIT, whose default core dump would skip the clean-up)."""
 
 _STOPPED: list[int] = []
+_HOLDING: list[int] = []
+"""Non-empty inside ``stop_signals_held``: a marker, then the signal that came meanwhile."""
 
 
 def stop_requested() -> bool:
@@ -31,6 +33,9 @@ def stop_on_signals() -> None:
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         _STOPPED.append(signum)
+        if _HOLDING:  # raised where the held section ends (stop_signals_held)
+            _HOLDING.append(signum)
+            return
         raise KeyboardInterrupt
 
     for s in STOP_SIGNALS:
@@ -40,11 +45,20 @@ def stop_on_signals() -> None:
 
 @contextlib.contextmanager
 def stop_signals_held():
-    """Block ``STOP_SIGNALS`` inside the ``with``: what it creates is bound to a name the
-    clean-up sees before a stop signal can interrupt. One that came meanwhile is raised (as
-    ``stop_on_signals``' KeyboardInterrupt) on leaving."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    """Inside the ``with``, a stop signal does not raise (``stop_on_signals``' handler notes
+    it); it is raised as ``KeyboardInterrupt`` on leaving the outermost one. For a short section
+    that creates something the clean-up must find: it is bound to a name before the stop can
+    interrupt. Not ``pthread_sigmask``: with the main thread blocking them, the kernel hands the
+    signals to another thread (numpy's BLAS threads), and CPython 3.11 on Linux then runs the
+    handler only when the main thread next happens to check (seen in a test: at its next block)."""
+    outermost = not _HOLDING
+    if outermost:
+        _HOLDING.append(0)
     try:
         yield
-    finally:  # the mask as it was (nested: still held); a pending signal is raised here
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    finally:
+        if outermost:
+            stopped = len(_HOLDING) > 1
+            _HOLDING.clear()
+            if stopped:
+                raise KeyboardInterrupt

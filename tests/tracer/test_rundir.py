@@ -224,22 +224,25 @@ def test_a_stop_right_after_the_staging_folder_is_made_leaves_no_folder_and_no_l
 
 
 def test_a_stop_signal_while_the_lock_is_taken_is_held_until_unlock_all_knows_the_lock(tmp_path, monkeypatch):
-    """SIGTERM (raising ``KeyboardInterrupt``, as ``stopping.stop_on_signals`` makes it) sent
-    after the lock file is made and before the lock is recorded: it is raised only once the
-    lock is recorded, so ``unlock_all`` (the CLI's last step) removes the file and the folder."""
+    """The launcher's SIGTERM handler (``stopping.stop_on_signals``: ``KeyboardInterrupt``) run
+    after the lock file is made and before the lock is recorded: the stop is raised only once
+    the lock is recorded, so ``unlock_all`` (the CLI's last step) removes the file and the
+    folder. The handler is called directly: Python runs it at the next bytecode of the main
+    thread when another thread took the signal (the kernel hands it to a thread that does not
+    block it: numpy's BLAS threads), so blocking the signals in the main thread is not enough."""
     import signal
 
-    def stop(signum, frame):
-        raise KeyboardInterrupt
+    from tracer import stopping
 
     real_pwrite = os.pwrite
 
     def pwrite_then_signal(fd, data, offset):
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
         return real_pwrite(fd, data, offset)
 
     run = tmp_path / "traces" / "ddp"
-    before = signal.signal(signal.SIGTERM, stop)
+    before = {s: signal.getsignal(s) for s in stopping.STOP_SIGNALS}
+    stopping.stop_on_signals()
     try:
         monkeypatch.setattr(rundir.os, "pwrite", pwrite_then_signal)
         with pytest.raises(KeyboardInterrupt):
@@ -247,5 +250,7 @@ def test_a_stop_signal_while_the_lock_is_taken_is_held_until_unlock_all_knows_th
         monkeypatch.undo()
         rundir.unlock_all()
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        stopping._STOPPED.clear()
     assert not (tmp_path / "traces").exists()
