@@ -73,6 +73,57 @@ df = a.get_comm_comp_overlap(visualize=False)
 print(json.dumps({int(r): float(p) for r, p in zip(df["rank"], df["comp_comm_overlap_pctg"])}))
 """
 
+FLOOR_SCRIPT = """
+import gzip, multiprocessing, os, sys
+from concurrent.futures import ProcessPoolExecutor
+import msgspec
+class Event(msgspec.Struct):  # what any analysis of a trace reads of each event
+    ph: str = ""
+    name: str = ""
+    cat: str = ""
+    pid: int | str = -1
+    tid: int | str = -1
+    ts: float = -1
+    dur: float = -1
+    args: msgspec.Raw = msgspec.Raw(b"null")
+class Trace(msgspec.Struct):
+    traceEvents: list[Event]
+decoder = msgspec.json.Decoder(Trace)
+def read(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:2] == b"\\x1f\\x8b":
+        data = gzip.decompress(data)
+    return len(decoder.decode(data).traceEvents)
+if __name__ == "__main__":
+    files = sorted(sys.argv[2:], key=os.path.getsize, reverse=True)
+    with ProcessPoolExecutor(int(sys.argv[1]), multiprocessing.get_context("fork")) as ex:
+        print(sum(ex.map(read, files)))
+"""
+"""The floor: read, gunzip (when gzip) and decode every rank's JSON with msgspec into typed
+events (the fields every analysis reads; ``args`` left as raw JSON), in as many processes as
+the report parses with (``decode.cpu_count()``, largest file first), nothing else."""
+
+PEAK_SCRIPT = """
+import gc, json, resource, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from analyzer.ingest import ranktables, tablecache
+import analyzer.analyses.breakdown, analyzer.analyses.collectives, analyzer.analyses.memory
+import analyzer.analyses.prefetch, analyzer.analyses.straggler, analyzer.ingest.classify
+path = Path(sys.argv[2])
+tablecache.tables_cache_path(path).unlink(missing_ok=True)  # parsed, not read from a cache
+gc.collect()
+with open("/proc/self/statm", "rb") as f:
+    before = int(f.read().split()[1]) * resource.getpagesize()
+ranktables.rank_tables(path)
+tablecache.tables_cache_path(path).unlink(missing_ok=True)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"before": before, "peak": peak}))
+"""
+"""One rank parsed as a worker parses it (``rank_tables``), in a process that imported what a
+worker imports: its RSS after the imports and its peak RSS (``ru_maxrss``)."""
+
 
 @dataclass(slots=True)
 class Run:
@@ -193,10 +244,15 @@ def build(dst: Path, *, k: int, ranks: int, sub_us: bool = False) -> int:
 def drop_caches(folder: Path, xdg: Path, *, tables: bool = True) -> None:
     """Remove the analyzer's caches: the whole-report cache (under ``xdg``, the subprocesses'
     XDG_CACHE_HOME) and, with ``tables``, those beside the traces (``*.tables.msgpack``
-    per-rank tables)."""
-    shutil.rmtree(xdg, ignore_errors=True)
-    for p in folder.glob("*.tables.msgpack") if tables else ():
-        p.unlink()
+    per-rank tables) and the cache key that signs them. Without ``tables`` the key stays: the
+    tables caches are signed with it (analyzer/ingest/cachekey.py), and a new key would make
+    them all misses."""
+    if tables:
+        shutil.rmtree(xdg, ignore_errors=True)
+        for p in folder.glob("*.tables.msgpack"):
+            p.unlink()
+    else:
+        shutil.rmtree(xdg / "paritytrace" / "reports", ignore_errors=True)
 
 
 def median_run(runs: list[Run]) -> Run:
@@ -230,6 +286,30 @@ def check_steps(traces: Path, k: int) -> tuple[int, int]:
 
 def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+def stages(traces: Path, out: Path, xdg: Path) -> tuple[Run, list[tuple[str, float, float]]]:
+    """One more cold report, under bench/stage_probe.py: (its run, its stage table)."""
+    from bench.stage_probe import stage_table
+
+    drop_caches(traces, xdg)
+    log = traces.parent / "stages.jsonl"
+    log.unlink(missing_ok=True)
+    run = measure([sys.executable, str(REPO / "bench" / "stage_probe.py"), str(log), str(traces),
+                   "--out", str(out)])
+    return run, stage_table(log, run.cpu_s)
+
+
+def parse_peak(traces: Path) -> tuple[int, int, int]:
+    """(bytes of the largest rank's JSON, RSS after a worker's imports, peak RSS of parsing that
+    rank): ``PEAK_SCRIPT`` in a subprocess."""
+    from analyzer.ingest.decode import decompress
+
+    largest = max(sorted(traces.glob("rank*.json*")), key=lambda p: p.stat().st_size)
+    json_bytes = len(decompress(largest.read_bytes(), largest, 1 << 40))
+    r = measure([sys.executable, "-c", PEAK_SCRIPT, str(REPO), str(largest)])
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return json_bytes, got["before"], got["peak"]
 
 
 def main() -> None:
@@ -283,8 +363,14 @@ def main() -> None:
         report = [sys.executable, "-m", "analyzer", "report", str(traces), "--out", str(out)]
         xdg = traces.parent / "xdg-cache"
         os.environ["XDG_CACHE_HOME"] = str(xdg)  # the subprocesses' report cache, ours to drop
-        cold, warm, tables, hta = [], [], [], []
+        from analyzer.ingest.decode import cpu_count
+
+        procs = min(cpu_count(), args.ranks)  # the report's processes (analyzer/ingest/pool.py)
+        floor_cmd = [sys.executable, "-c", FLOOR_SCRIPT, str(procs),
+                     *map(str, sorted(traces.glob("rank*.json")))]
+        cold, warm, tables, hta, floor = [], [], [], [], []
         for i in range(args.repeat):
+            floor.append(measure(floor_cmd))
             drop_caches(traces, xdg)
             cold.append(measure(report))
             warm.append(measure(report))
@@ -292,10 +378,12 @@ def main() -> None:
             tables.append(measure(report))
             if not args.no_hta:
                 hta.append(measure([sys.executable, "-c", HTA_SCRIPT, str(traces)]))
-            print(f"  run {i + 1}: cold {cold[-1].wall_s:.2f} s, warm {warm[-1].wall_s:.2f} s, "
+            print(f"  run {i + 1}: floor {floor[-1].wall_s:.2f} s, "
+                  f"cold {cold[-1].wall_s:.2f} s, warm {warm[-1].wall_s:.2f} s, "
                   f"tables cached {tables[-1].wall_s:.2f} s"
                   + (f", HTA {hta[-1].wall_s:.2f} s" if hta else ""))
-        rows = [("analyzer report, cold (no cache)", median_run(cold)),
+        rows = [(f"floor: read + decode every rank, {procs} processes", median_run(floor)),
+                ("analyzer report, cold (no cache)", median_run(cold)),
                 ("analyzer report, warm (report cached)", median_run(warm)),
                 ("analyzer report, per-rank tables cached", median_run(tables))]
         if hta:
@@ -312,6 +400,25 @@ def main() -> None:
             ratio_m = f"{r.tree_rss_bytes / ref.tree_rss_bytes:.3f}" if ref else "-"
             print(f"| {name} | {r.wall_s:.2f} | {r.cpu_s:.2f} | {gib(r.tree_rss_bytes)} | "
                   f"{gib(r.max_proc_rss_bytes)} | {ratio_w} | {ratio_c} | {ratio_m} |")
+        print()
+        fl, co = rows[0][1], rows[1][1]
+        print(f"cold / floor: wall {co.wall_s / fl.wall_s:.2f}, CPU {co.cpu_s / fl.cpu_s:.2f}")
+        if hta:
+            print(f"cold / HTA: wall {co.wall_s / ref.wall_s:.3f}; peak RSS, tree "
+                  f"{co.tree_rss_bytes / ref.tree_rss_bytes:.3f}, largest process "
+                  f"{co.max_proc_rss_bytes / ref.max_proc_rss_bytes:.3f}")
+        json_bytes, before, peak = parse_peak(traces)
+        print(f"parse of the largest rank ({json_bytes / 1e6:.1f} MB of JSON): RSS {gib(before)} "
+              f"after a worker's imports, peak {gib(peak)}: the parse adds "
+              f"{(peak - before) / json_bytes:.2f} x its JSON size")
+        run, table = stages(traces, out, xdg)
+        print(f"\nWhere a cold report's time goes (bench/stage_probe.py, one more cold run: wall "
+              f"{run.wall_s:.2f} s, CPU {run.cpu_s:.2f} s; CPU seconds summed over the "
+              f"{procs} processes)\n")
+        print("| stage | CPU s | share |")
+        print("|---|---:|---:|")
+        for name, sec, share in table:
+            print(f"| {name} | {sec:.2f} | {100 * share:.1f} % |")
         print()
         if hta:
             ours = {int(x["rank"]): 100.0 * x["overlap_frac"]
