@@ -87,8 +87,13 @@ _PHASES = "BEiIbneCstfPONDVvRc()"
 no fields, so their contents (e.g. flow events, a quarter of a Kineto trace) are skipped
 without building objects."""
 _KNOWN_PHASES = frozenset("XM" + _PHASES)
-_OTHERS = tuple(msgspec.defstruct(f"_Ph{ord(t)}", [], tag_field="ph", tag=t, gc=False)
-                for t in _PHASES)
+_INSTANT = "iI"
+"""Instant-event phases: their name is kept (as raw JSON), to tell whether the trace has
+``[memory]`` events (``Decoded.memory_events``) without scanning its bytes again."""
+_OTHERS = tuple(msgspec.defstruct(f"_Ph{ord(t)}", [("name", msgspec.Raw, _NULL)] if t in _INSTANT
+                                  else [], tag_field="ph", tag=t, gc=False) for t in _PHASES)
+_INSTANT_PH = tuple(_INSTANT)
+_IS_INSTANT = tuple(o.__instancecheck__ for o, t in zip(_OTHERS, _PHASES) if t in _INSTANT)
 
 
 def _trace_type(time_type: Any, default: Any) -> tuple[type, type]:
@@ -196,6 +201,8 @@ class Decoded:
     repaired_json: bytes | None = None
     """The JSON as repaired in memory when the file's needed a repair (``repair``), for the
     readers of the same bytes (``memory_events``); None otherwise. The file is never changed."""
+    memory_events: bool = False
+    """The trace has instant events named ``[memory]`` (``memory_events`` reads them)."""
 
 
 MAX_TRACE_ENV = "PARITYTRACE_MAX_TRACE_BYTES"
@@ -304,7 +311,7 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
             raise BadInput(path, "not_a_trace", f"schemaVersion {_shown(version)} is not a "
                            "version number (Kineto writes 1)",
                            "pass PyTorch profiler traces, or fix the trace's schemaVersion")
-        trace = _columns(trace, path, lower_ext=b'"external id"' in data)
+        trace = _columns(trace, path)
     return trace
 
 
@@ -732,16 +739,17 @@ def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int, int]
     return numel, size, _numel(dims[1]) if len(dims) > 1 else -1
 
 
-def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
-             ) -> Decoded:
+def _columns(trace: Any, path: Path | str) -> Decoded:
     """The ``Decoded`` table of a decoded trace: rows sorted by (ts_ns, longest first), file
     order among equals. Each pass over the events is one C-level loop (``map``,
     ``attrgetter``, a defaultdict coder); Python-level work runs per distinct value, or per
-    row only for GPU rows and the few rows that carry collective arguments. ``lower_ext``:
-    look for tb_plugin's ``external id`` spelling too (False when the file never says it)."""
+    row only for GPU rows and the few rows that carry collective arguments. ``trace``'s events
+    are dropped once read (its ``traceEvents`` left empty): the columns are built without
+    them all held."""
     strict = not isinstance(trace, _LTrace)
     warnings: list[str] = []
-    event_idx, xs, thread_names = _complete_events(trace, path, warnings)
+    event_idx, xs, thread_names, memory = _complete_events(trace, path, warnings)
+    trace.traceEvents = []
     ts, dur, order, kept = _times(trace, xs, path, warnings)
     coded = _coded_names(xs, strict, thread_names)
     no_args = _Args() if strict else _LArgs()
@@ -751,14 +759,13 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     is_gpu = np.array([c.lower() in GPU_CATS for c in u_cat], bool)[cat_codes] if len(args) \
         else np.zeros(0, bool)
     stream, stream_arg = _streams(args, is_gpu, *coded["tid"])
-    ext = _int_column(args, "external_id", "external_id_lc" if lower_ext else None,
-                      strict=strict)
+    ext = _int_column(args, "external_id", "external_id_lc", strict=strict)
     corr = _int_column(args, "correlation", strict=strict)
     graph_node = _int_column(args, "graph_node", strict=strict)
     coll = _collective_args(args, coded["name"], order)
     del args
     end = ts + dur
-    df = pd.DataFrame({
+    df = pd.DataFrame(copy=False, data={  # fresh arrays: no copy, no consolidation
         **{c: _cat(*coded[c], order, kept) for c in ("name", "cat", "pid", "tid")},
         "event_idx": event_idx[order], "ts_ns": ts[order], "dur_ns": dur[order],
         "end_ns": end[order], "is_gpu": is_gpu[order], "stream": stream[order],
@@ -769,24 +776,28 @@ def _columns(trace: Any, path: Path | str, *, lower_ext: bool = True
     di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
     dp = trace.deviceProperties
     return Decoded(events=df, distributed_info=di,
-                   device_count=len(dp) if isinstance(dp, list) else 0, warnings=warnings)
+                   device_count=len(dp) if isinstance(dp, list) else 0, warnings=warnings,
+                   memory_events=memory)
 
 
 def _complete_events(trace: Any, path: Path | str, warnings: list[str]
-                     ) -> tuple[np.ndarray, list, dict[tuple[str, str], str]]:
+                     ) -> tuple[np.ndarray, list, dict[tuple[str, str], str], bool]:
     """(index in traceEvents of each complete (X) event, the X events, thread names by (pid,
-    tid) from the metadata events: the last one wins, as trace viewers do). On a lenient
-    decode, events of no or an unknown phase are counted in ``warnings``."""
+    tid) from the metadata events: the last one wins, as trace viewers do; whether an instant
+    event is named ``[memory]``). On a lenient decode, events of no or an unknown phase are
+    counted in ``warnings``."""
     evs = trace.traceEvents
     if not isinstance(trace, _LTrace):  # a tagged union: the event's type says its phase
         is_x = (_XUs if isinstance(trace, _TraceUs) else _X).__instancecheck__
         event_idx = np.flatnonzero(np.fromiter(map(is_x, evs), bool, count=len(evs)))
         xs = list(filter(is_x, evs))
         metas = filter(_M.__instancecheck__, evs)
+        memory = any(_MEMORY_RAW == e.name for is_i in _IS_INSTANT for e in filter(is_i, evs))
     else:
         event_idx = np.array([i for i, e in enumerate(evs) if e.ph == "X"], np.int64)
         xs = [evs[i] for i in event_idx.tolist()]
         metas = (e for e in evs if e.ph == "M")
+        memory = any(e.ph in _INSTANT_PH and e.name == "[memory]" for e in evs)
         n_odd = sum(1 for e in evs if not (type(e.ph) is str and e.ph in _KNOWN_PHASES))
         if n_odd:  # the strict decoders accept only known phases: only this path sees them
             warnings.append(f"{path}: skipped {n_odd} events with no or an unknown phase "
@@ -795,7 +806,7 @@ def _complete_events(trace: Any, path: Path | str, warnings: list[str]
     for e in metas:
         if e.name == "thread_name" and e.args is not None:
             thread_names[(str(e.pid), str(e.tid))] = _as_str(e.args.meta_name) or ""
-    return event_idx, xs, thread_names
+    return event_idx, xs, thread_names, memory
 
 
 def _times(trace: Any, xs: list, path: Path | str, warnings: list[str]
@@ -941,8 +952,10 @@ def _collective_args(args: list, name: tuple[np.ndarray, list[str]], order: np.n
 #    "Total Reserved": the caching allocator's reserve after it}}
 # (Kineto ``MemoryTraceEvent``; on CPU the totals count only what the profiler saw.) They are read
 # in a second, light pass (names as raw bytes, args parsed for [memory] events only), only when
-# the file mentions "[memory]".
+# the main decode saw one (``Decoded.memory_events``).
 _MEMORY_NAME = b'"[memory]"'
+_MEMORY_RAW = msgspec.Raw(_MEMORY_NAME)
+_INSTANT_RAW = tuple(f'"{t}"'.encode() for t in _INSTANT)
 
 
 class _MemArgs(msgspec.Struct, gc=False):
@@ -954,6 +967,7 @@ class _MemArgs(msgspec.Struct, gc=False):
 
 
 class _MemEvent(msgspec.Struct, gc=False):
+    ph: msgspec.Raw = _NULL
     name: msgspec.Raw = _NULL
     ts: msgspec.Raw = _NULL
     args: msgspec.Raw = _NULL
@@ -987,7 +1001,7 @@ def memory_events(data: bytes) -> tuple[pd.DataFrame, list[str]]:
         evs = _MEM_TRACE.decode(data).traceEvents
     except (msgspec.DecodeError, RecursionError):
         return empty, ["[memory] events not read: the trace's JSON needed repair"]
-    mem = [e for e in evs if bytes(e.name) == _MEMORY_NAME]
+    mem = [e for e in evs if bytes(e.name) == _MEMORY_NAME and bytes(e.ph) in _INSTANT_RAW]
     if not mem:
         return empty, []
     ts, ok = parse_decimal_ns([e.ts for e in mem])

@@ -162,7 +162,8 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
     data = decompress(raw, path, max_bytes)
     del raw
     dec = decode_bytes(data, path)
-    mem_events, mem_notes = memory_events(dec.repaired_json or data)  # the bytes decoded
+    # the bytes decoded, read again only when the decode saw [memory] events (b"": none)
+    mem_events, mem_notes = memory_events(dec.repaired_json or data if dec.memory_events else b"")
     del data
     dec.repaired_json = None
     dev_mem = device_peaks(mem_events)

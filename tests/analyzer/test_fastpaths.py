@@ -102,6 +102,23 @@ def test_lower_case_external_id_only_when_the_capitalised_one_is_absent():
     assert df["external_id"].tolist() == [5, 6, 8]
 
 
+def test_memory_events_are_the_instant_events_named_memory_and_the_decode_says_so():
+    """memory_events reads [memory] instant events (ph i / I) only, and decode_bytes' flag says
+    whether there is one (rank_tables reads the bytes again only then), in every decoder."""
+    args = {"Device Type": 1, "Device Id": 0, "Total Allocated": 64, "Bytes": 64}
+    x = {"ph": "X", "name": "[memory]", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
+         "args": args}
+    inst = [{"ph": ph, "name": "[memory]", "pid": 1, "tid": 1, "ts": 2 + i, "args": args}
+            for i, ph in enumerate("iI")]
+    other = {"ph": "i", "name": "[other]", "pid": 1, "tid": 1, "ts": 5}
+    lenient = {"ph": "X", "name": 7, "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1, "dur": 1}
+    for events, n_mem in (([x, other], 0), ([x, other, *inst], 2), ([x, inst[1], lenient], 1)):
+        data = _trace(events)
+        assert decode.decode_bytes(data).memory_events == (n_mem > 0)
+        assert len(decode.memory_events(data)[0]) == n_mem
+    assert [n for n, _ in _tables_by_each_decoder(_trace([x, inst[1], lenient]))] == ["lenient"]
+
+
 def test_ids_beyond_int64_are_unknown():
     ev = [{"ph": "X", "name": "k", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
            "args": {"External id": 2**64 - 1, "correlation": 3}}]
@@ -124,7 +141,7 @@ def _tables_by_each_decoder(data: bytes) -> list[tuple[str, decode.Decoded]]:
             trace = dec.decode(data)
         except msgspec.ValidationError:
             continue
-        out.append((name, decode._columns(trace, "t", lower_ext=b'"external id"' in data)))
+        out.append((name, decode._columns(trace, "t")))
     return out
 
 
@@ -132,8 +149,8 @@ def _same(a: decode.Decoded, b: decode.Decoded) -> None:
     import pandas as pd
 
     pd.testing.assert_frame_equal(a.events, b.events)
-    assert (a.warnings, a.distributed_info, a.device_count) == (
-        b.warnings, b.distributed_info, b.device_count)
+    assert (a.warnings, a.distributed_info, a.device_count, a.memory_events) == (
+        b.warnings, b.distributed_info, b.device_count, b.memory_events)
 
 
 @pytest.mark.parametrize("path", params([pytest.param(p, id=p.name) for p in CORPUS_TRACES]))
