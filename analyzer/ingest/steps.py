@@ -185,7 +185,7 @@ def _track(df, names, is_step, notes) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """(step numbers, starts, ends) of the ProfilerStep track's spans in time order, clipped so
     that none overlaps the next (rule 1)."""
     idx = np.flatnonzero(is_step)
-    tid = df["tid"].to_numpy()[idx].astype(str)
+    tid = df["tid"].iloc[idx].to_numpy().astype(str)  # the span rows only, not every row
     ts = df["ts_ns"].to_numpy()[idx]
     spans = pd.DataFrame({"tid": tid, "s": ts, "e": df["end_ns"].to_numpy()[idx],
                           "step": [int(STEP_RE.match(names[i]).group(1)) for i in idx]})
