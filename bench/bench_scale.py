@@ -11,7 +11,15 @@ above 8 the 8 tiled traces are reused for ranks r, r+8, r+16 ... with their
   command again: the whole-report cache, reports/cache.py, answers) and with only the per-rank
   tables cached (analyzer/ingest/pipeline.py; report cache dropped: what a change of options costs);
 * HTA 0.5.0: ``TraceAnalysis(trace_dir=DIR)`` + ``get_comm_comp_overlap()`` as a subprocess
-  (skipped with ``--no-hta``).
+  (skipped with ``--no-hta``);
+* the floor (``FLOOR_SCRIPT``): what any tool must spend to read these traces, read + gunzip +
+  msgspec decode of every rank, in as many processes as the report uses, nothing else.
+
+Then, once: the peak RSS of parsing the largest rank as a worker does, as a multiple of its
+JSON (``PEAK_SCRIPT``), and one more cold report under bench/stage_probe.py, whose CPU seconds
+per stage (start-up, read + SHA-256, decode, columns, classify, steps, collective identity,
+per-rank tables, cache write, cross-rank phase, report build, rendering) are printed as a
+table with their shares of the run's CPU time.
 
 Both run from compiled .pyc files, as installed packages do (the analyzer's are compiled first).
 
