@@ -93,7 +93,7 @@ _INSTANT = "iI"
 _OTHERS = tuple(msgspec.defstruct(f"_Ph{ord(t)}", [("name", msgspec.Raw, _NULL)] if t in _INSTANT
                                   else [], tag_field="ph", tag=t, gc=False) for t in _PHASES)
 _INSTANT_PH = tuple(_INSTANT)
-_IS_INSTANT = tuple(o.__instancecheck__ for o, t in zip(_OTHERS, _PHASES) if t in _INSTANT)
+_INSTANT_TYPES = tuple(o for o, t in zip(_OTHERS, _PHASES) if t in _INSTANT)
 
 
 def _trace_type(time_type: Any, default: Any) -> tuple[type, type]:
@@ -788,11 +788,12 @@ def _complete_events(trace: Any, path: Path | str, warnings: list[str]
     counted in ``warnings``."""
     evs = trace.traceEvents
     if not isinstance(trace, _LTrace):  # a tagged union: the event's type says its phase
-        is_x = (_XUs if isinstance(trace, _TraceUs) else _X).__instancecheck__
-        event_idx = np.flatnonzero(np.fromiter(map(is_x, evs), bool, count=len(evs)))
-        xs = list(filter(is_x, evs))
-        metas = filter(_M.__instancecheck__, evs)
-        memory = any(_MEMORY_RAW == e.name for is_i in _IS_INSTANT for e in filter(is_i, evs))
+        kinds = {_XUs: 1, _X: 1, _M: 2, **dict.fromkeys(_INSTANT_TYPES, 3)}
+        kind = np.fromiter(map(kinds.get, map(type, evs), repeat(0)), np.int8, count=len(evs))
+        event_idx = np.flatnonzero(kind == 1)  # one pass over the events, then only the rows
+        xs = list(map(evs.__getitem__, event_idx.tolist()))
+        metas = map(evs.__getitem__, np.flatnonzero(kind == 2).tolist())
+        memory = any(evs[i].name == _MEMORY_RAW for i in np.flatnonzero(kind == 3).tolist())
     else:
         event_idx = np.array([i for i, e in enumerate(evs) if e.ph == "X"], np.int64)
         xs = [evs[i] for i in event_idx.tolist()]
