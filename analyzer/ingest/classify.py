@@ -556,8 +556,6 @@ class _Identity:
         keep a peer, Seq and Comms Id; ``pg_descs``: pg_config's description of each group),
         rule, launch_row and paired_row."""
         e, desc, descs = self.e, self.desc, pg_descs or {}
-        dtypes = pd.Series(self.dtype, dtype=object)  # named once per distinct dtype
-        dtypes = dtypes.map({d: commid.dtype_name(d) for d in dtypes.dropna().unique()})
         for i in np.flatnonzero(is_comm).tolist():
             if desc[i] is None and self.pg[i] is not None:
                 desc[i] = descs.get(str(self.pg[i]))
@@ -568,7 +566,7 @@ class _Identity:
                 "coll_kind": pd.Categorical.from_codes(e.kind, categories=list(KINDS)),
                 "bytes": self.nbytes.astype(np.int64), "pg": str_array(self.pg),
                 "pg_ranks": str_array(self.pg_rk),
-                "dtype": str_array(dtypes.to_numpy()),
+                "dtype": str_array([commid.dtype_name(d) for d in self.dtype]),
                 "group_size": self.group.astype(np.int64), "pg_desc": str_array(desc),
                 "peer": np.where(is_comm, self.peer, -1).astype(np.int64),
                 "seq_arg": np.where(is_comm, self.seq, -1).astype(np.int64),
