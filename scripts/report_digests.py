@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -44,6 +43,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.inputs import cli  # noqa: E402 - the analyzer's CLI in this process, as tests run it
+
 SNAPSHOT = REPO / "tests" / "analyzer" / "report_digests.json"
 CORPUS_ENV = "PARITYTRACE_CORPUS"
 PLACEHOLDER = "$CORPUS_COPY"
@@ -118,25 +120,6 @@ def _cache_home(folder: Path):
             os.environ["XDG_CACHE_HOME"] = old
 
 
-def _cli(*args: str) -> tuple[int, str]:
-    """``analyzer ARGS`` through ``analyzer.cli.app.main`` in this process (an interpreter start
-    per job would cost more than most analyses): (exit status, stderr)."""
-    from analyzer.cli.app import main
-
-    out, err = io.StringIO(), io.StringIO()
-    argv, sys.argv = sys.argv, ["analyzer", *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main()
-                rc = 0
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = argv
-    return rc, err.getvalue()
-
-
 def normalise(report_json: bytes, copy_root: Path) -> bytes:
     """``report_json`` with every occurrence of ``copy_root``'s path, as JSON spells it inside a
     string, replaced by ``PLACEHOLDER`` (module docstring); nothing else changes."""
@@ -152,9 +135,10 @@ def report_json(job: str, files: list[Path], work: Path) -> bytes:
     target = stage(job, files, copy_root)
     out = work / "report"
     with _cache_home(work / "xdg-cache"):
-        rc, err = _cli("report", str(target), "--out", str(out), "--format", "json")
-    if rc != 0:
-        raise ReportFailed(f"analyzer report {target} exited {rc}: {err.strip()[-2000:]}")
+        proc = cli("report", str(target), "--out", str(out), "--format", "json")
+    if proc.returncode != 0:
+        raise ReportFailed(f"analyzer report {target} exited {proc.returncode}: "
+                           f"{proc.stderr.strip()[-2000:]}")
     return normalise((out / "report.json").read_bytes(), copy_root)
 
 
