@@ -461,11 +461,13 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
             raise BadInput(root, "duplicate_run", f"run name(s) {', '.join(dup)} appear twice",
                            "give each run directory a distinct run_name")
         return Discovery(root=root, layout="root", runs=sorted(runs, key=_order), warnings=warnings)
-    if any(_is_trace(p) for p in children):
+    traces = trace_files(children, run_dir=False, notes=skipped)
+    dumps = fr_dumps(children, run_dir=False)
+    if traces or dumps:
         return Discovery(root=root, layout="foreign", runs=[RunDir(
-            path=root, name=root.name, manifest=None, notes=skipped,
-            traces=trace_files(children, run_dir=False, notes=skipped),
-            fr_dumps=fr_dumps(children, run_dir=False))])
-    raise BadInput(root, "empty", "holds no run directory (manifest.json) and no trace files",
-                   "pass a traces root written by `tracer record`, one run directory, "
+            path=root, name=root.name, manifest=None, notes=skipped, traces=traces,
+            fr_dumps=dumps)])
+    left = f" ({'; '.join(skipped)})" if skipped else ""  # e.g. only hidden *.json files
+    raise BadInput(root, "empty", "holds no run directory (manifest.json) and no trace files"
+                   + left, "pass a traces root written by `tracer record`, one run directory, "
                    "or a folder of *.json / *.json.gz profiler traces")

@@ -17,6 +17,7 @@ import msgspec
 import pyarrow as pa
 
 from analyzer.api import load_events, load_tables
+from analyzer.compare.runs import analyse
 from analyzer.ingest.cachekey import cache_key, sign
 from analyzer.contract.errors import BadInput
 from analyzer.ingest.ranktables import rank_tables
@@ -141,6 +142,19 @@ def test_single_file_without_rank_is_rank0_of_1():
         ts = load_tables(corpus(rel))
         assert [(r.rank, r.rank_source) for r in ts.ranks] == [(0, "single file")]
         assert ts.world_size == 1
+
+
+def test_a_folder_whose_only_traces_are_skipped_is_refused_as_empty(tmp_path):
+    """A hidden *.json (a macOS ._ file, a bench's stamp) is not a trace: a folder of only those
+    holds nothing to analyse, said in one line that names what was skipped, not a report of no
+    ranks."""
+    for name, body in ((".built.json", '{"k": 5}'), ("._rank0.json", "\x00\x05")):
+        folder = tmp_path / name.strip("._")
+        folder.mkdir()
+        (folder / name).write_text(body)
+        with pytest.raises(BadInput) as exc:
+            analyse(folder)  # what analyzer report runs
+        assert exc.value.reason == "empty" and name in str(exc.value)
 
 
 def test_empty_missing_and_incomplete_run(tmp_path):
