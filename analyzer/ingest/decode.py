@@ -87,13 +87,10 @@ _PHASES = "BEiIbneCstfPONDVvRc()"
 no fields, so their contents (e.g. flow events, a quarter of a Kineto trace) are skipped
 without building objects."""
 _KNOWN_PHASES = frozenset("XM" + _PHASES)
-_INSTANT = "iI"
-"""Instant-event phases: their name is kept (as raw JSON), to tell whether the trace has
-``[memory]`` events (``Decoded.memory_events``) without scanning its bytes again."""
-_OTHERS = tuple(msgspec.defstruct(f"_Ph{ord(t)}", [("name", msgspec.Raw, _NULL)] if t in _INSTANT
-                                  else [], tag_field="ph", tag=t, gc=False) for t in _PHASES)
-_INSTANT_PH = tuple(_INSTANT)
-_INSTANT_TYPES = tuple(o for o, t in zip(_OTHERS, _PHASES) if t in _INSTANT)
+_OTHERS = tuple(msgspec.defstruct(f"_Ph{ord(t)}", [("name", msgspec.Raw, _NULL)], tag_field="ph",
+                                  tag=t, gc=False) for t in _PHASES)
+"""Their name is kept as raw JSON (no string built), to tell whether the trace has ``[memory]``
+events (``Decoded.memory_events``) without scanning its bytes again."""
 
 
 def _trace_type(time_type: Any, default: Any) -> tuple[type, type]:
@@ -202,7 +199,7 @@ class Decoded:
     """The JSON as repaired in memory when the file's needed a repair (``repair``), for the
     readers of the same bytes (``memory_events``); None otherwise. The file is never changed."""
     memory_events: bool = False
-    """The trace has instant events named ``[memory]`` (``memory_events`` reads them)."""
+    """An event is named ``[memory]``: ``memory_events`` may find some (it reads them)."""
 
 
 MAX_TRACE_ENV = "PARITYTRACE_MAX_TRACE_BYTES"
@@ -752,6 +749,7 @@ def _columns(trace: Any, path: Path | str) -> Decoded:
     trace.traceEvents = []
     ts, dur, order, kept = _times(trace, xs, path, warnings)
     coded = _coded_names(xs, strict, thread_names)
+    memory = memory or "[memory]" in coded["name"][1]
     no_args = _Args() if strict else _LArgs()
     args = [e.args if e.args is not None else no_args for e in xs]
     del xs
@@ -783,27 +781,29 @@ def _columns(trace: Any, path: Path | str) -> Decoded:
 def _complete_events(trace: Any, path: Path | str, warnings: list[str]
                      ) -> tuple[np.ndarray, list, dict[tuple[str, str], str], bool]:
     """(index in traceEvents of each complete (X) event, the X events, thread names by (pid,
-    tid) from the metadata events: the last one wins, as trace viewers do; whether an instant
-    event is named ``[memory]``). On a lenient decode, events of no or an unknown phase are
+    tid) from the metadata events: the last one wins, as trace viewers do; whether an event
+    other than a complete one is named ``[memory]``). On a lenient decode, events of no or an unknown phase are
     counted in ``warnings``."""
     evs = trace.traceEvents
     if not isinstance(trace, _LTrace):  # a tagged union: the event's type says its phase
-        kinds = {_XUs: 1, _X: 1, _M: 2, **dict.fromkeys(_INSTANT_TYPES, 3)}
+        kinds = {_XUs: 1, _X: 1, _M: 2}
         kind = np.fromiter(map(kinds.get, map(type, evs), repeat(0)), np.int8, count=len(evs))
         event_idx = np.flatnonzero(kind == 1)  # one pass over the events, then only the rows
         xs = list(map(evs.__getitem__, event_idx.tolist()))
-        metas = map(evs.__getitem__, np.flatnonzero(kind == 2).tolist())
-        memory = any(evs[i].name == _MEMORY_RAW for i in np.flatnonzero(kind == 3).tolist())
+        metas = list(map(evs.__getitem__, np.flatnonzero(kind == 2).tolist()))
+        others = map(evs.__getitem__, np.flatnonzero(kind == 0).tolist())
+        memory = _MEMORY_RAW in map(attrgetter("name"), others)
     else:
         event_idx = np.array([i for i, e in enumerate(evs) if e.ph == "X"], np.int64)
         xs = [evs[i] for i in event_idx.tolist()]
-        metas = (e for e in evs if e.ph == "M")
-        memory = any(e.ph in _INSTANT_PH and e.name == "[memory]" for e in evs)
+        metas = [e for e in evs if e.ph == "M"]
+        memory = any(e.name == "[memory]" for e in evs)
         n_odd = sum(1 for e in evs if not (type(e.ph) is str and e.ph in _KNOWN_PHASES))
         if n_odd:  # the strict decoders accept only known phases: only this path sees them
             warnings.append(f"{path}: skipped {n_odd} events with no or an unknown phase "
                             "(\"ph\"), which the Chrome trace format does not define")
     thread_names: dict[tuple[str, str], str] = {}
+    memory = memory or any(e.name == "[memory]" for e in metas)
     for e in metas:
         if e.name == "thread_name" and e.args is not None:
             thread_names[(str(e.pid), str(e.tid))] = _as_str(e.args.meta_name) or ""
@@ -956,7 +956,6 @@ def _collective_args(args: list, name: tuple[np.ndarray, list[str]], order: np.n
 # the main decode saw one (``Decoded.memory_events``).
 _MEMORY_NAME = b'"[memory]"'
 _MEMORY_RAW = msgspec.Raw(_MEMORY_NAME)
-_INSTANT_RAW = tuple(f'"{t}"'.encode() for t in _INSTANT)
 
 
 class _MemArgs(msgspec.Struct, gc=False):
@@ -968,7 +967,6 @@ class _MemArgs(msgspec.Struct, gc=False):
 
 
 class _MemEvent(msgspec.Struct, gc=False):
-    ph: msgspec.Raw = _NULL
     name: msgspec.Raw = _NULL
     ts: msgspec.Raw = _NULL
     args: msgspec.Raw = _NULL
@@ -1002,7 +1000,7 @@ def memory_events(data: bytes) -> tuple[pd.DataFrame, list[str]]:
         evs = _MEM_TRACE.decode(data).traceEvents
     except (msgspec.DecodeError, RecursionError):
         return empty, ["[memory] events not read: the trace's JSON needed repair"]
-    mem = [e for e in evs if bytes(e.name) == _MEMORY_NAME and bytes(e.ph) in _INSTANT_RAW]
+    mem = [e for e in evs if bytes(e.name) == _MEMORY_NAME]
     if not mem:
         return empty, []
     ts, ok = parse_decimal_ns([e.ts for e in mem])

@@ -102,21 +102,27 @@ def test_lower_case_external_id_only_when_the_capitalised_one_is_absent():
     assert df["external_id"].tolist() == [5, 6, 8]
 
 
-def test_memory_events_are_the_instant_events_named_memory_and_the_decode_says_so():
-    """memory_events reads [memory] instant events (ph i / I) only, and decode_bytes' flag says
-    whether there is one (rank_tables reads the bytes again only then), in every decoder."""
+def test_the_decode_says_whether_memory_events_will_find_any():
+    """decode_bytes' flag is True whenever memory_events finds [memory] events (rank_tables reads
+    the bytes again only then), whatever their phase, in every decoder; False when the name
+    appears only inside another string."""
     args = {"Device Type": 1, "Device Id": 0, "Total Allocated": 64, "Bytes": 64}
     x = {"ph": "X", "name": "[memory]", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
          "args": args}
     inst = [{"ph": ph, "name": "[memory]", "pid": 1, "tid": 1, "ts": 2 + i, "args": args}
-            for i, ph in enumerate("iI")]
-    other = {"ph": "i", "name": "[other]", "pid": 1, "tid": 1, "ts": 5}
+            for i, ph in enumerate("iIRn")]
+    other = {"ph": "X", "name": "k", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 5, "dur": 1,
+             "args": {"note": "[memory]"}}
     lenient = {"ph": "X", "name": 7, "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1, "dur": 1}
-    for events, n_mem in (([x, other], 0), ([x, other, *inst], 2), ([x, inst[1], lenient], 1)):
+    meta = {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}
+    for events, n_mem in (([other], 0), ([x, other], 1), ([other, *inst], 4), ([other, inst[2]], 1),
+                          ([meta, other, inst[3], lenient], 1), ([meta, other, lenient], 0)):
         data = _trace(events)
-        assert decode.decode_bytes(data).memory_events == (n_mem > 0)
+        for name, dec in _tables_by_each_decoder(data):
+            assert dec.memory_events == (n_mem > 0), (name, events)
         assert len(decode.memory_events(data)[0]) == n_mem
-    assert [n for n, _ in _tables_by_each_decoder(_trace([x, inst[1], lenient]))] == ["lenient"]
+    assert decode.decode_bytes(_trace([meta, other, lenient])).events["thread_name"].tolist() == [
+        "main", "main"]
 
 
 def test_ids_beyond_int64_are_unknown():
