@@ -301,7 +301,7 @@ def stages(traces: Path, out: Path, xdg: Path) -> tuple[Run, list[tuple[str, flo
     from bench.stage_probe import stage_table
 
     drop_caches(traces, xdg)
-    log = traces.parent / "stages.jsonl"
+    log = out.parent / "stages.jsonl"
     log.unlink(missing_ok=True)
     run = measure([sys.executable, str(REPO / "bench" / "stage_probe.py"), str(log), str(traces),
                    "--out", str(out)])
@@ -313,7 +313,7 @@ def parse_peak(traces: Path) -> tuple[int, int, int]:
     rank): ``PEAK_SCRIPT`` in a subprocess."""
     from analyzer.ingest.decode import decompress
 
-    largest = max(sorted(traces.glob("rank*.json*")), key=lambda p: p.stat().st_size)
+    largest = max(sorted(traces.glob("rank*.json")), key=lambda p: p.stat().st_size)
     json_bytes = len(decompress(largest.read_bytes(), largest, 1 << 40))
     r = measure([sys.executable, "-c", PEAK_SCRIPT, str(REPO), str(largest)])
     got = json.loads(r.stdout.strip().splitlines()[-1])
@@ -327,10 +327,22 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement (default 3)")
     ap.add_argument("--no-hta", action="store_true", help="skip HTA")
     ap.add_argument("--no-check", action="store_true", help="skip the per-step agreement check")
-    ap.add_argument("--keep", type=Path, help="build (or reuse) the traces here and keep them")
+    ap.add_argument("--keep", type=Path, help="build (or reuse) the traces in this new or "
+                    "bench-built folder DIR and keep them; the reports, caches and stage log go "
+                    "in DIR.bench-work beside it")
     ap.add_argument("--sub-us", action="store_true",
                     help="write times with sub-µs decimals, as Kineto since 2023 does")
     args = ap.parse_args()
+    for name in ("k", "ranks", "repeat"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if not any(CORPUS.glob("worker*.pt.trace.json.gz")):
+        raise SystemExit(f"bench_scale: no DLRM traces (worker*.pt.trace.json.gz) in {CORPUS}: set "
+                         "PARITYTRACE_CORPUS to the corpus folder (../shared/corpus/README.md)")
+    if args.keep and args.keep.exists() and (not args.keep.is_dir() or any(args.keep.iterdir())
+                                             and not (args.keep / ".built.json").exists()):
+        raise SystemExit(f"bench_scale: --keep {args.keep} is not a folder this bench built (no "
+                         ".built.json): give a new or empty folder, nothing in it is replaced")
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
           f"{gib(psutil.virtual_memory().total)} RAM, Python {platform.python_version()}, "
@@ -348,8 +360,7 @@ def main() -> None:
         existing = sorted(traces.glob("rank*.json"))
         built = {"k": args.k, "ranks": args.ranks, "sub_us": args.sub_us}
         stamp = traces / ".built.json"
-        if len(existing) == args.ranks and (
-                not stamp.exists() or json.loads(stamp.read_text()) == built):
+        if len(existing) == args.ranks and stamp.exists() and json.loads(stamp.read_text()) == built:
             total = sum(p.stat().st_size for p in existing)
             print(f"reusing {args.ranks} traces in {traces}")
         else:
@@ -367,10 +378,15 @@ def main() -> None:
         # machine with PYTHONDONTWRITEBYTECODE would otherwise compile our sources on every run
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "analyzer"),
                         str(REPO / "reports")], check=True)
-        out = traces.parent / "report-out"
+        work = traces.with_name(traces.name + ".bench-work")  # the bench's own files, beside
+        work.mkdir(exist_ok=True)
+        out = work / "report-out"
         report = [sys.executable, "-m", "analyzer", "report", str(traces), "--out", str(out)]
-        xdg = traces.parent / "xdg-cache"
+        xdg = work / "xdg-cache"
         os.environ["XDG_CACHE_HOME"] = str(xdg)  # the subprocesses' report cache, ours to drop
+        # the subprocesses run this checkout's analyzer, wherever the bench is started from
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO),
+                                                                 os.environ.get("PYTHONPATH")]))
         from analyzer.ingest.decode import cpu_count
 
         procs = min(cpu_count(), args.ranks)  # the report's processes (analyzer/ingest/pool.py)
@@ -418,7 +434,8 @@ def main() -> None:
         json_bytes, before, peak = parse_peak(traces)
         print(f"parse of the largest rank ({json_bytes / 1e6:.1f} MB of JSON): RSS {gib(before)} "
               f"after a worker's imports, peak {gib(peak)}: the parse adds "
-              f"{(peak - before) / json_bytes:.2f} x its JSON size")
+              f"{(peak - before) / json_bytes:.2f} x its JSON size to the RSS (fixed costs "
+              "dominate this multiple for ranks of a few MB)")
         run, table = stages(traces, out, xdg)
         print(f"\nWhere a cold report's time goes (bench/stage_probe.py, one more cold run: wall "
               f"{run.wall_s:.2f} s, CPU {run.cpu_s:.2f} s; CPU seconds summed over the "

@@ -155,6 +155,9 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
 
 def main() -> None:
+    if len(sys.argv) < 3:
+        raise SystemExit("usage: python3 bench/stage_probe.py LOG ARGS... (the arguments of "
+                         "analyzer report; LOG: the file the stage times are appended to)")
     log, args = sys.argv[1], sys.argv[2:]
     _LOG_FD[:] = [os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), os.getpid()]
     sys.path.insert(0, str(REPO))
@@ -187,7 +190,7 @@ def stage_table(log: Path, total_cpu_s: float) -> list[tuple[str, float, float]]
     order, then "other" (the rest of ``total_cpu_s``). A stage's time in a process is that of
     its functions less that of its children's functions, where its functions ran there."""
     per_pid: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for line in log.read_text().splitlines():
+    for line in Path(log).read_text().splitlines():
         rec = json.loads(line)
         for spec, (_, c, _) in rec["totals"].items():
             per_pid[rec["pid"]][spec] += c
