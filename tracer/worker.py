@@ -572,8 +572,10 @@ def worker_main(cfg: RecordConfig) -> None:
         dump_flight_recorder(cfg, env)
         line = write_error(env, hb.step, exc)
         where = keep_traceback(cfg, env)
-        print(f"tracer: rank {env.rank} failed at step {hb.step} ({hb.phase}): {line}{where}",
-              file=sys.stderr, flush=True)
+        # one write, newline included: another process's line landed between print's two writes
+        sys.stderr.write(f"tracer: rank {env.rank} failed at step {hb.step} ({hb.phase}): "
+                         f"{line}{where}\n")
+        sys.stderr.flush()
         _exit_now(ExitCode.INTERNAL)
     if env.launch == "torchrun" and env.rank == 0:  # the launcher says it otherwise (tracer.cli)
         if said is None:
