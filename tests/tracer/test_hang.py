@@ -84,8 +84,13 @@ def test_hang_record_fails_naming_rank_1_and_the_report_names_the_collective(tmp
     assert f"- **{line}**" in (run_dir / "report" / "report.md").read_text()
     report = json.loads((run_dir / "report" / "report.json").read_text())
     (group,) = report["runs"][0]["flight_recorder"]["groups"]
-    assert (group["next_seq"], group["never_entered"], group["entered"], group["last_completed_seq"]) == (
-        n, [1], [0], n - 1)
+    assert (group["next_seq"], group["never_entered"], group["entered"]) == (n, [1], [0])
+    # gloo marks a collective completed in pg_status on its own thread after wait() returns (right
+    # after a broadcast's wait, 52 of 300 dumps still showed the one before): the report holds
+    # what the dumps say, and rank 1 completed at least the collective before its last one.
+    completed = {r: int(d["pg_status"]["0"]["last_completed_collective"]) for r, d in dumps.items()}
+    assert group["last_completed_seq"] == min(completed.values()) and completed[1] >= n - 2
+    assert [x["last_completed_seq"] for x in group["per_rank"]] == [completed[0], completed[1]]
     assert re.search(r"rank 1 never entered all_reduce #\d+ of process group 0", (
         run_dir / "report" / "report.html").read_text())
 
