@@ -165,7 +165,7 @@ def test_long_function_finder_counts_from_def_to_last_line():
         f"m.py:2 g ({MAX_FUNCTION_LINES + 1} lines)"]
 
 
-LINE_BUDGET = 27985
+LINE_BUDGET = 28020
 """Physical lines of every *.py under tracer/, analyzer/ and reports/: issue 31's fixes are made
 without growing the product code. Measured 2026-12-03: 27933 at f347ad4 (before issue 31's work),
 27912 once it was done; raised by 49 to 27961 for ``tracer/stopping.py`` (a stop signal deferred
@@ -175,7 +175,9 @@ for issue 34: the decode tells whether a trace has ``[memory]`` events (instant 
 their name), so that no rank's JSON is scanned twice more for a substring; by 1 for the
 events' phases read in one pass; by 6 for the cycle collector paused while a rank is parsed
 (``ranktables.tables_worker``); by 2 for a rank's failure line written in one write
-(``tracer/worker.py``: another process's line landed inside it).
+(``tracer/worker.py``: another process's line landed inside it); by 35 for the profiler stop
+that waits for the other threads to settle (``tracer/profiling.py``: torch 2.13 corrupts the
+heap when a stop races a gloo thread finishing a collective).
 Measure with ``python -c "from tests.test_architecture import product_lines;
 print(product_lines())"``. Lower it when the code shrinks; raise it only in a commit that says
 why the code must grow."""

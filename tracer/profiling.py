@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -14,6 +17,38 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from analyzer.contract.atomic import write_atomic
 from tracer.config import RecordConfig
 from tracer.trace_names import name_tracks
+
+
+def settle_threads(limit_s: float = 1.0, quiet_polls: int = 3) -> bool:
+    """Block until no other thread of this process runs (no ``R`` state in
+    ``/proc/self/task/*/stat`` on ``quiet_polls`` polls in a row, 1 ms apart), at most ``limit_s``
+    seconds (no /proc: 50 ms); True when they settled. Why: torch 2.13 races a profiler stop
+    against a gloo worker thread still finishing a collective the main thread saw complete (its
+    record-function end and bookkeeping run after the future is done), and corrupts the heap
+    (SIGSEGV, SIGABRT or bad_alloc in ``_disable_profiler``, Flight Recorder on or off).
+    tests/tracer/test_profiling_stop.py holds it under glibc's heap checks."""
+    tasks, me = Path("/proc/self/task"), str(threading.get_native_id())
+    if not tasks.is_dir():
+        time.sleep(0.05)
+        return False
+    deadline, quiet = time.monotonic() + limit_s, 0
+    while quiet < quiet_polls and time.monotonic() < deadline:
+        states = []
+        for task in tasks.iterdir():
+            with contextlib.suppress(OSError, IndexError):  # a thread that ended meanwhile
+                states.append(task.name != me and (task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        quiet = 0 if "R" in states else quiet + 1
+        time.sleep(0.001)
+    return quiet >= quiet_polls
+
+
+class SettledProfile(profile):
+    """``torch.profiler.profile`` whose stop first lets the other threads settle
+    (``settle_threads``), after the last ``ProfilerStep#N`` range ended: no step window holds it."""
+
+    def stop_trace(self) -> None:
+        settle_threads()
+        super().stop_trace()
 
 
 def activities(device_type: str) -> list[ProfilerActivity]:
@@ -66,7 +101,7 @@ def make_profiler(cfg: RecordConfig, device_type: str, trace_path: Path) -> tupl
     """A profiler with schedule(wait, warmup, active, repeat=1), record_shapes, profile_memory,
     no stacks; call ``step()`` after every training step (step 0 is always in ``wait``)."""
     export = OneShotExport(trace_path)
-    prof = profile(
+    prof = SettledProfile(
         activities=activities(device_type),
         schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=1),
         on_trace_ready=export,
