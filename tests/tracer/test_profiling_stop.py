@@ -28,7 +28,7 @@ def test_settle_waits_while_another_thread_runs_and_returns_once_it_stops():
     stop = threading.Event()
 
     def spin() -> None:  # hashing releases the GIL: the thread runs (state R) outside Python
-        data = b"x" * (1 << 20)
+        data = b"x" * (1 << 23)  # ~10 ms a hash: the thread is in state R nearly always
         while not stop.is_set():
             hashlib.sha256(data).digest()
 
