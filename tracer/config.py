@@ -246,11 +246,10 @@ class RecordConfig:
                               "model and batch (tracer.ModelSpec)")
         self._check_mesh(bad)
         if self.batch % self.dp_size:
-            raise bad("batch", self.batch,
-                      f"global batch must divide by the world size {self.world_size}"
-                      if self.dp_size == self.world_size else
-                      f"global batch must divide by the data-parallel size {self.dp_size} "
-                      f"(world {self.world_size} / {self.strategy} degree)")
+            raise bad("batch", self.batch, "global batch must divide by the " + (
+                f"world size {self.world_size}" if self.dp_size == self.world_size else
+                f"data-parallel size {self.dp_size} (world {self.world_size} / {self.strategy} "
+                f"degree)") + f"; pass a multiple of {self.dp_size}")
         if self.optimizer not in OPTIMIZERS:
             raise bad("optimizer", self.optimizer, f"expected one of {', '.join(OPTIMIZERS)}")
         if self.lr is not None and not 0 < self.lr < float("inf"):
