@@ -249,18 +249,13 @@ def build(dst: Path, *, k: int, ranks: int, sub_us: bool = False) -> int:
     return total
 
 
-def drop_caches(folder: Path, xdg: Path, *, tables: bool = True) -> None:
-    """Remove the analyzer's caches: the whole-report cache (under ``xdg``, the subprocesses'
-    XDG_CACHE_HOME) and, with ``tables``, those beside the traces (``*.tables.msgpack``
-    per-rank tables) and the cache key that signs them. Without ``tables`` the key stays: the
-    tables caches are signed with it (analyzer/ingest/cachekey.py), and a new key would make
-    them all misses."""
-    if tables:
-        shutil.rmtree(xdg, ignore_errors=True)
-        for p in folder.glob("*.tables.msgpack"):
-            p.unlink()
-    else:
-        shutil.rmtree(xdg / "paritytrace" / "reports", ignore_errors=True)
+def drop_caches(xdg: Path, *, tables: bool = True) -> None:
+    """Remove the analyzer's caches under ``xdg`` (the subprocesses' XDG_CACHE_HOME): the
+    whole-report cache and, with ``tables``, the per-rank tables caches
+    (``paritytrace/tables/``) and the cache key that signs them. Without ``tables`` the key
+    stays: the tables caches are signed with it (analyzer/ingest/cachekey.py), and a new key
+    would make them all misses."""
+    shutil.rmtree(xdg if tables else xdg / "paritytrace" / "reports", ignore_errors=True)
 
 
 def median_run(runs: list[Run]) -> Run:
@@ -300,7 +295,7 @@ def stages(traces: Path, out: Path, xdg: Path) -> tuple[Run, list[tuple[str, flo
     """One more cold report, under bench/stage_probe.py: (its run, its stage table)."""
     from bench.stage_probe import stage_table
 
-    drop_caches(traces, xdg)
+    drop_caches(xdg)
     log = out.parent / "stages.jsonl"
     log.unlink(missing_ok=True)
     run = measure([sys.executable, str(REPO / "bench" / "stage_probe.py"), str(log), str(traces),
@@ -395,10 +390,10 @@ def main() -> None:
         cold, warm, tables, hta, floor = [], [], [], [], []
         for i in range(args.repeat):
             floor.append(measure(floor_cmd))
-            drop_caches(traces, xdg)
+            drop_caches(xdg)
             cold.append(measure(report))
             warm.append(measure(report))
-            drop_caches(traces, xdg, tables=False)
+            drop_caches(xdg, tables=False)
             tables.append(measure(report))
             if not args.no_hta:
                 hta.append(measure([sys.executable, "-c", HTA_SCRIPT, str(traces)]))

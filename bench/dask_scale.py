@@ -185,7 +185,7 @@ def scale(args, tmp: Path, xdg: Path, cl: Cluster) -> None:
         if args.local:
             modes.append(("local", ("--scheduler", "local")))
         for mode, extra in modes:
-            drop_caches(traces, xdg)
+            drop_caches(xdg)
             shutil.rmtree(tmp / f"ds{n}", ignore_errors=True)
             if mode == "dask":
                 cl.poll()
@@ -226,10 +226,10 @@ def x50(args, tmp: Path, xdg: Path, cl: Cluster) -> None:
         runs["HTA load + get_comm_comp_overlap"] = []
     cluster_rss, cluster_cpu = [], []
     for i in range(args.repeat):
-        drop_caches(traces, xdg)
+        drop_caches(xdg)
         runs["analyzer report, local pool"].append(
             measure(report_cmd(traces, tmp / "x50-local", "--scheduler", "local")))
-        drop_caches(traces, xdg)
+        drop_caches(xdg)
         cl.poll()
         runs[f"analyzer report, Dask ({args.workers} workers)"].append(
             measure(report_cmd(traces, tmp / "x50-dask", "--scheduler", cl.address)))
@@ -304,14 +304,14 @@ def heavy(args, tmp: Path, xdg: Path) -> None:
                                               for r in range(n)], chunksize=16))
         print(f"built {n} ranks x {c} collectives ({total / 1e6:.0f} MB gzip) in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
-        drop_caches(traces, xdg)
+        drop_caches(xdg)
         cold = measure(report_cmd(traces, tmp / f"heavy-cold{n}"))
         coll = collectives_bytes(traces)
         print(f"  cold (fills the table caches): {cold.wall_s:.1f} s, client "
               f"{gib(cold.tree_rss_bytes)}; collectives table {coll / 2**20:.0f} MiB", flush=True)
         runs = {}
         for mode, budget in (("held", "1T"), ("default", None)):
-            drop_caches(traces, xdg, tables=False)
+            drop_caches(xdg, tables=False)
             if budget:
                 os.environ["PARITYTRACE_TABLES_MEMORY"] = budget
             try:

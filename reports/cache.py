@@ -12,7 +12,8 @@ The cache is ``$XDG_CACHE_HOME/paritytrace/reports/<hash of DIR and output folde
 stderr, which a hit says again), written atomically after the report; the output folder holds
 only the report files. A hit decodes the cached text (analyzer/contract/report_types.py) and renders
 it: no pandas import, no trace read. A miss renders from its report.json text decoded the same
-way, so both paths write identical outputs. A cache that cannot be read or written is skipped
+way, so both paths write identical outputs. Each write trims the folder to its cap
+(``cachekey.trim``; a hit touches its entry). A cache that cannot be read or written is skipped
 (log line), never an error.
 """
 
@@ -29,12 +30,13 @@ from typing import Any
 import msgspec
 
 from analyzer.contract.atomic import write_atomic
-from analyzer.ingest.cachekey import cache_dir, cache_key
+from analyzer.ingest.cachekey import cache_dir, cache_key, trim
 from analyzer.contract.report_types import AnalysisOptions
 
 log = logging.getLogger(__name__)
 
-_SKIP_SUFFIXES = (".tables.msgpack",)
+_SKIP_SUFFIXES = (".tables.msgpack",)  # an older analyzer's caches beside traces
+_NAMES = r"[0-9a-f]{32}(\.written)?\.json"  # ``_path``, ``_written_path``: what trim may delete
 _HERE = Path(__file__).resolve().parent
 _MODULES = tuple(sorted((*(_HERE.parent / "analyzer").rglob("*.py"), *_HERE.glob("*.py"))))
 
@@ -128,7 +130,11 @@ def load_entry(root: Path, out: Path, k: str) -> tuple[str, list[str]] | None:
     except (OSError, msgspec.DecodeError) as exc:  # ValidationError too: an older cache's shape
         log.info("ignoring unreadable report cache %s (%s)", path, exc)
         return None
-    return (entry.report, entry.notes) if entry.key == k else None
+    if entry.key != k:
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # used: the last to go when the folder is trimmed
+    return entry.report, entry.notes
 
 
 def store(root: Path, out: Path, k: str, report_json: str, notes: list[str] = ()) -> None:
@@ -137,6 +143,7 @@ def store(root: Path, out: Path, k: str, report_json: str, notes: list[str] = ()
     path = _path(root, out)
     try:
         write_atomic(path, msgspec.json.encode(_Entry(key=k, notes=list(notes), report=report_json)))
+        trim(path.parent, _NAMES)
     except OSError as exc:
         log.info("could not write report cache %s (%s)", path, exc)
 

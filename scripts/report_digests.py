@@ -10,8 +10,8 @@ the ranks 0 and 1, which the analyzer refuses as one folder: each job's ``<prefi
 files get a folder of their own). Each job is copied into a fresh folder and analysed there by
 the command-line entry point (``analyzer report INPUT --out OUT --format json``), in this
 process, with ``XDG_CACHE_HOME`` in that folder too: no tables or report cache of an earlier
-analysis can answer, and nothing is written into the corpus (a writable corpus would otherwise
-get a tables cache beside each trace).
+analysis can answer (both caches live there, never beside a trace), and nothing is written into
+the corpus.
 
 Normalisation, the only edit before hashing: report.json names its input by absolute path
 (``root``, ``runs[].path``, ``runs[].traces[]``), so every occurrence of the copy folder's

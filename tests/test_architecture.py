@@ -165,7 +165,7 @@ def test_long_function_finder_counts_from_def_to_last_line():
         f"m.py:2 g ({MAX_FUNCTION_LINES + 1} lines)"]
 
 
-LINE_BUDGET = 28020
+LINE_BUDGET = 28067
 """Physical lines of every *.py under tracer/, analyzer/ and reports/: issue 31's fixes are made
 without growing the product code. Measured 2026-12-03: 27933 at f347ad4 (before issue 31's work),
 27912 once it was done; raised by 49 to 27961 for ``tracer/stopping.py`` (a stop signal deferred
@@ -177,7 +177,11 @@ events' phases read in one pass; by 6 for the cycle collector paused while a ran
 (``ranktables.tables_worker``); by 2 for a rank's failure line written in one write
 (``tracer/worker.py``: another process's line landed inside it); by 35 for the profiler stop
 that waits for the other threads to settle (``tracer/profiling.py``: torch 2.13 corrupts the
-heap when a stop races a gloo thread finishing a collective).
+heap when a stop races a gloo thread finishing a collective); by 47 for bounded caches: the
+per-rank tables caches only in the user cache, each cache folder trimmed to
+``PARITYTRACE_CACHE_MAX_BYTES``, least recently used first (``cachekey.trim``, its setting and
+its callers: caches beside traces grew without bound, and a test run left 19 in a writable
+public corpus).
 Measure with ``python -c "from tests.test_architecture import product_lines;
 print(product_lines())"``. Lower it when the code shrinks; raise it only in a commit that says
 why the code must grow."""

@@ -8,7 +8,7 @@ Every file is written with ``analyzer.contract.atomic`` (a temp name in the same
 Rules (analyzer/contract/schemas.py, run-directory layout):
 - the tracer's files are the names ``TRACER_FILE`` matches; only they are listed in the
   manifest and only they (plus the tracer's own hidden transients) are removed by a re-record:
-  the analyzer's caches, ``report/`` and merge outputs beside them stay as they are;
+  an older analyzer's caches, ``report/`` and merge outputs beside them stay as they are;
 - ``tracer record`` writes only into a missing or empty folder, or one of its run dirs
   (``is_run_dir``), and never into one named ``REPORT_DIR_NAME``;
 - one record at a time per run dir: ``fcntl.flock`` on ``LOCK_NAME`` inside it, held by the
@@ -44,7 +44,7 @@ PARTS_DIR = ".parts"
 TRACER_FILE = RUN_FILE
 """Relative, '/'-separated paths of the files a record leaves in a run dir (besides the manifest):
 the contract's ``RUN_FILE`` (the only paths a manifest may list); ``fullmatch`` only:
-``rank0.trace.json.gz.tables.msgpack`` (the analyzer's cache) is not one."""
+``rank0.trace.json.gz.tables.msgpack`` (an older analyzer's cache) is not one."""
 _TRANSIENT = re.compile(rf"\.baseline\.activations\.safetensors|\.tmp-.+-({TRACER_FILE.pattern}"
                         rf"|\.baseline\.activations\.safetensors|{re.escape(MANIFEST_NAME)})")
 """Hidden files a record writes and removes (a killed one leaves them): the ranks' activation

@@ -26,7 +26,7 @@ Run directory (one per strategy run, ``traces/<run-name>/``)::
                                 to a reader)
 
 Only the files above are the tracer's (``manifest.files`` lists the non-hidden ones). Anything else
-in a run dir -- the analyzer's ``<trace>.tables.msgpack`` caches, a ``report/`` folder, merge
+in a run dir -- an old analyzer's ``<trace>.tables.msgpack`` caches, a ``report/`` folder, merge
 outputs -- is not listed, not removed by a re-record, and must not be read as a record's input.
 A traces root never holds a run dir named ``REPORT_DIR_NAME`` (``tracer record`` refuses the name:
 the analyzer writes its report there).
@@ -227,7 +227,7 @@ MEMORY_CATEGORIES_SCHEMA = _run_file_schema(
 # --- the analyzer's per-rank tables (analyzer/ingest/ranktables.py) -------------------------
 #
 # Not run-directory files: the tables every command reads, one set per rank, kept in the tables
-# cache beside each trace and checked when it is written and read (``table_mismatch``).
+# cache (analyzer/ingest/tablecache.py), checked when it is written and read (``table_mismatch``).
 _TYPES = {"i": pa.int64(), "f": pa.float64(), "b": pa.bool_(), "s": pa.large_string()}
 
 

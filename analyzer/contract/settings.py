@@ -3,13 +3,15 @@
 ``KNOBS`` lists them (README "Environment variables" is that table; tests/analyzer/
 test_settings.py keeps the two equal). Each has one reader below; a value it cannot use is
 ``BadInput`` (``bad_option``, exit 2) in one line naming the variable, what it holds and a
-value to set. An unset or blank variable takes its default. Variables the recorder sets for
-its own processes (``PARITYTRACE_LAUNCH``, ``PARITYTRACE_GO_FD`` ...) and test hooks
-(``PARITYTRACE_HTA_RUNNER``, ``PARITYTRACE_INJECT``) are plumbing, not settings.
+value to set (a bad ``PARITYTRACE_CACHE_MAX_BYTES`` is only logged). An unset or blank
+variable takes its default. Variables the recorder sets for its own processes
+(``PARITYTRACE_LAUNCH``, ``PARITYTRACE_GO_FD`` ...) and test hooks (``PARITYTRACE_HTA_RUNNER``,
+``PARITYTRACE_INJECT``) are plumbing, not settings.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -44,8 +46,10 @@ XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "~/.cache", "folder",
                       "caches under `$XDG_CACHE_HOME/paritytrace` (docs/caches.md)")
 LOG = Knob("PARITYTRACE_LOG", "WARNING", "logging level",
            "the recorder's log level per rank (INFO: each rank's phases with timestamps)")
+CACHE_MAX_BYTES = Knob("PARITYTRACE_CACHE_MAX_BYTES", "2147483648 (2 GiB)", "bytes", "cap of each "
+                       "cache folder; past it the least recently used files go (docs/caches.md)")
 KNOBS = (TABLES_MEMORY, MAX_TRACE_BYTES, DASK_TIMEOUT_S, DASK_SCHEDULER_ADDRESS, HTA_TIMEOUT_S,
-         XDG_CACHE_HOME, LOG)
+         XDG_CACHE_HOME, CACHE_MAX_BYTES, LOG)
 
 _SIZE = re.compile(r"^\s*([0-9]+)([KMGT]?)\s*$", re.IGNORECASE | re.ASCII)
 
@@ -109,6 +113,16 @@ def hta_timeout_s() -> float | None:
 def cache_home() -> Path:
     """``$XDG_CACHE_HOME``, default ``~/.cache`` (the XDG base directory rule)."""
     return Path(_raw(XDG_CACHE_HOME) or Path.home() / ".cache")
+
+
+def cache_max_bytes() -> int:
+    """``PARITYTRACE_CACHE_MAX_BYTES``, bytes, default 2 GiB (cachekey.py ``trim``); not a
+    positive int: logged, and the default used."""
+    raw = _raw(CACHE_MAX_BYTES)
+    if raw is not None and not (raw.isascii() and raw.isdigit() and int(raw) > 0):
+        logging.getLogger(__name__).info("ignoring %s=%r: not a positive int", CACHE_MAX_BYTES.name, raw)
+        raw = None
+    return int(raw or 2 * 2**30)
 
 
 def log_level() -> str:

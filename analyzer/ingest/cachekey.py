@@ -8,19 +8,22 @@ report's options and the stat signatures of its input files), of the source of e
 the analysis runs on (``LIBS``). Any change to any of them is a miss. Light on purpose: a
 cached report renders without importing pandas, pyarrow or numpy.
 
-A cache file is also input the user did not write: one planted beside a trace, or copied with
-it from elsewhere, must not replace the analysis. ``sign`` / ``verify`` authenticate a cache
+A cache file is also input the user did not write: one planted in the cache folder, or copied
+into it from elsewhere, must not replace the analysis. ``sign`` / ``verify`` authenticate a cache
 file's bytes with HMAC-SHA256 under a per-user secret key (``user_key``: 32 random bytes in
 ``cache_dir()/KEY_NAME``, mode 0600, made on first use): a cache written by this user's
-analyzer verifies; one written by anybody else, or edited, does not and is recomputed.
+analyzer verifies; one written by anybody else, or edited, does not and is recomputed. Each
+cache folder is kept within a size (``trim``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
 import os
+import re
 import stat
 from functools import lru_cache
 from importlib import metadata
@@ -40,6 +43,32 @@ log = logging.getLogger(__name__)
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/paritytrace`` (``XDG_CACHE_HOME`` defaults to ``~/.cache``)."""
     return settings.cache_home() / "paritytrace"
+
+
+def trim(folder: Path, names: str) -> None:
+    """Keep the cache folder ``folder`` within ``settings.cache_max_bytes()`` bytes: while the
+    files whose whole name matches the regular expression ``names`` (the tool's own cache files)
+    total more, delete the least recently used (oldest mtime first; a hit touches its file).
+    Other files (``KEY_NAME``, ``.tmp-*`` being written, any other name, symlinks) are neither
+    counted nor deleted; a file that vanishes or cannot be deleted is skipped, never raised."""
+    files = []
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for e in entries:
+            with contextlib.suppress(OSError):
+                if re.fullmatch(names, e.name) and e.is_file(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    files.append((st.st_mtime_ns, st.st_size, e.path))
+    total_bytes, cap_bytes = sum(f[1] for f in files), settings.cache_max_bytes()
+    for _, size_bytes, path in sorted(files):
+        if total_bytes <= cap_bytes:
+            break
+        try:
+            os.unlink(path)
+            total_bytes -= size_bytes
+        except FileNotFoundError:
+            total_bytes -= size_bytes  # trimmed by another process
+        except OSError as exc:
+            log.info("could not trim cache file %s (%s)", path, exc)
 
 
 def cache_key(content: str, modules: tuple[Path, ...]) -> str:

@@ -13,8 +13,8 @@ on the client; a worker that cannot read it says so as for a local run (``unread
 the trace). When the client does not see the input, the traces are local to worker hosts: the
 workers list them and each is parsed on a host that holds it (analyzer/ingest/hostlocal.py
 states that rule; ``pinned`` sends a trace only to its hosts). The per-rank tables cache is
-written where the worker sees the trace (beside it when the folder is writable, else the
-worker's ``$XDG_CACHE_HOME``), so a second run from a client that sees it reads it back without
+written in the worker's ``$XDG_CACHE_HOME``, under the trace's path as the worker sees it, so a
+second run from a client of the same home (same path, same cache key) reads it back without
 Dask.
 
 Failures, each one line, never a hang:

@@ -1,8 +1,8 @@
 """One trace file -> its rank's tables (``RankTables``; no events), through the parse cache.
 
 read + SHA-256 -> decode (analyzer/ingest/decode.py) -> classify (analyzer/ingest/classify.py) ->
-per-rank tables (analyzer/analyses/), cached (analyzer/ingest/tablecache.py). The rank and what
-depends on it are set by the job (analyzer/ingest/pipeline.py ``load_run``).
+per-rank tables (analyzer/analyses/), cached in the user's cache, never beside the trace
+(analyzer/ingest/tablecache.py). The job sets the rank (analyzer/ingest/pipeline.py ``load_run``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,24 @@
-"""The parse cache: one rank's tables, beside its trace or in the user's cache (docs/caches.md).
+"""The parse cache: one rank's tables, in the user's cache, never beside its trace (docs/caches.md).
 
-A cache file is ``CACHE_MAGIC``, an HMAC under this user's secret key (analyzer/ingest/cachekey.py),
-then msgpack of the rank's metadata (``RankMeta``) and one Arrow IPC stream per table (never
-pickle). It is used only when the HMAC verifies (a planted, copied or edited cache is recomputed),
-its key equals ``cache_key(<SHA-256 of the trace>, CODE_MODULES)`` (any edit of the trace, of the
-code that makes the tables or of its libraries is a miss) and its tables are on their schemas and
+A cache file is ``cache_dir()/tables/<BLAKE2b of the trace's resolved path>.tables.msgpack``:
+``CACHE_MAGIC``, an HMAC under this user's secret key (analyzer/ingest/cachekey.py), then msgpack
+of the rank's metadata (``RankMeta``) and one Arrow IPC stream per table (never pickle). It is
+used only when the HMAC verifies (a planted, copied or edited cache is recomputed), its key
+equals ``cache_key(<SHA-256 of the trace>, CODE_MODULES)`` (any edit of the trace, of the code
+that makes the tables or of its libraries is a miss) and its tables are on their schemas and
 invariants (``table_invariant``). As git's index does, a cache whose recorded stat signature of
-the trace equals the file's is trusted without hashing the file again. Writes are atomic; a cache
-that cannot be read or written is skipped with a log line, never an error.
+the trace equals the file's is trusted without hashing the file again. Writes are atomic and
+trim the folder to its cap (``cachekey.trim``; a hit touches its file); a cache that cannot be
+read or written is skipped with a log line, never an error. A ``<trace>.tables.msgpack`` beside
+a trace (an older version's) is never read nor removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
-import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ import msgspec
 import pyarrow as pa
 
 from analyzer.contract import schemas
-from analyzer.ingest.cachekey import cache_dir, cache_key
+from analyzer.ingest.cachekey import cache_dir, cache_key, trim
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +62,14 @@ class RankMeta(msgspec.Struct, forbid_unknown_fields=True):
     first_ns: int
 
 
-def folder_writable(folder: Path) -> bool:
-    """True when ``folder`` is writable *and* its mode has a write bit: root passes
-    ``os.access`` everywhere, but a folder marked read-only (a shared corpus) stays untouched."""
-    try:
-        mode = folder.stat().st_mode
-    except OSError:
-        return False
-    return bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) and os.access(folder, os.W_OK)
+TABLES_NAME = r"[0-9a-f]{32}\.tables\.msgpack"
+"""The name of every tables cache file (``tables_cache_path``): what ``trim`` may delete."""
 
 
 def tables_cache_path(trace: Path) -> Path:
     """Where the tables of ``trace`` are cached (module docstring)."""
-    if folder_writable(trace.parent):
-        return trace.with_name(trace.name + ".tables.msgpack")
-    name = hashlib.blake2b(str(trace.resolve()).encode(), digest_size=16).hexdigest()
-    return cache_dir() / f"{name}.tables.msgpack"
+    name = hashlib.blake2b(os.fsencode(trace.resolve()), digest_size=16).hexdigest()
+    return cache_dir() / "tables" / f"{name}.tables.msgpack"
 
 
 def stat_sig(path: Path) -> list[int]:
@@ -206,6 +201,8 @@ def read_tables(cpath: Path, sig: list[int], sha: str | None) -> dict[str, Any] 
                 raise ValueError(f"table {t}: {why}")
         if meta.whole_overlap_ns < 0 or meta.whole_comm_ns < meta.whole_overlap_ns:
             raise ValueError("whole-trace overlap beyond its communication")
+        with contextlib.suppress(OSError):
+            os.utime(cpath)  # used: the last to go when the folder is trimmed
         return {"cache_hit": True, "sha256": sha, **msgspec.structs.asdict(meta),
                 **{t: table.to_pandas() for t, table in tables.items()}}
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
@@ -222,5 +219,6 @@ def write_tables(cpath: Path, sig: list[int], rt) -> None:
                 "meta": {k: getattr(rt, k) for k in RankMeta.__struct_fields__},
                 "tables": {t: ipc(t, getattr(rt, t)) for t in schemas.TABLE_SCHEMAS}}
         dump_cache_blob(cpath, blob)
+        trim(cpath.parent, TABLES_NAME)
     except (OSError, ValueError, pa.ArrowException) as exc:
         log.info("could not write cache %s (%s)", cpath, exc)

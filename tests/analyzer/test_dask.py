@@ -32,6 +32,8 @@ from analyzer.ingest.pool import run_all  # noqa: E402
 from tests.analyzer.helpers import dask_ranks_ran  # noqa: E402
 from tests.inputs import DLRM, bad_input, cli, cli_proc, copy_run, need  # noqa: E402
 
+pytestmark = pytest.mark.integration  # real Dask workers on loopback TCP
+
 DEFAULT_WAIT_S = float(DASK_TIMEOUT_S.default)
 """The Dask wait with PARITYTRACE_DASK_TIMEOUT_S unset. A test that sets a shorter one checks it
 ended before this: the setting was used (a bound the product's default sets, not a speed check)."""
@@ -116,9 +118,10 @@ def test_recorded_runs_on_a_dask_cluster_equal_the_local_pool(tmp_path, local_cl
     def copy(dst: Path) -> Path:
         copy_run(ddp_run, dst / "ddp")
         copy_run(fsdp_run, dst / "fsdp")
-        for p in dst.rglob("*.tables.msgpack"):  # parse every rank again, on the cluster
-            p.unlink()
         return dst
+
+    # an empty user cache: no cached tables, every rank parsed again (on the cluster)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
 
     root = _same_report_both_ways(tmp_path, copy, local_cluster, 4, monkeypatch)
     for run in ("ddp", "fsdp"):

@@ -137,6 +137,7 @@ def test_rank_rule_file_names_and_errors(tmp_path):
     assert exc.value.reason == "mixed_rank_info" and "rank1.json" in str(exc.value)
 
 
+@pytest.mark.integration
 def test_single_file_without_rank_is_rank0_of_1():
     for rel in ("single/no_distributed_info.json.gz", "single/no_rank_key.json.gz"):
         ts = load_tables(corpus(rel))
@@ -177,11 +178,12 @@ def test_empty_missing_and_incomplete_run(tmp_path):
     assert any("1 of 2 ranks" in w for w in ts.warnings)
 
 
-def test_cache_beside_trace_is_used_and_invalidated(tmp_path):
+def test_tables_cache_is_used_and_invalidated(tmp_path):
     p = write(tmp_path / "t.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 20)])
     first = load_tables(p).ranks[0]
-    cached = p.with_name("t.json.tables.msgpack")
+    cached = tables_cache_path(p)
     assert cached.exists() and not first.cache_hit
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["t.json"]  # nothing beside the trace
     hit = rank_tables(p)  # before the rank rule: rank -1
     assert hit.cache_hit
     assert hit.breakdown.drop(columns="rank").equals(first.breakdown.drop(columns="rank"))
@@ -198,7 +200,7 @@ def test_cache_beside_trace_is_used_and_invalidated(tmp_path):
 def test_unreadable_cache_is_skipped_and_rewritten(tmp_path):
     p = write(tmp_path / "t.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 20)])
     want = load_tables(p).breakdown
-    cached = p.with_name("t.json.tables.msgpack")
+    cached = tables_cache_path(p)
     for junk in (b"\x00not msgpack", msgspec.msgpack.encode({"stat": [], "key": "x"}), b"",
                  "signed", "signed-not-msgpack"):
         if junk == "signed":  # signed by this user, but not a cache's fields
@@ -216,7 +218,7 @@ def test_unreadable_cache_is_skipped_and_rewritten(tmp_path):
 def test_cache_off_the_table_schema_is_a_logged_miss(tmp_path, caplog):
     p = write(tmp_path / "t.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", 10, 20)])
     want = load_tables(p).breakdown
-    cached = p.with_name("t.json.tables.msgpack")
+    cached = tables_cache_path(p)
     blob = load_cache_blob(cached)
     table = pa.ipc.open_stream(pa.py_buffer(blob["tables"]["breakdown"])).read_all()
     for bad in (table.drop_columns(["idle_ns"]), table.set_column(
@@ -242,23 +244,28 @@ def test_table_off_its_schema_is_not_cached(tmp_path, caplog, monkeypatch):
     with caplog.at_level(logging.INFO, logger="analyzer.ingest.tablecache"):
         rank_tables(p)
     assert "could not write cache" in caplog.text and "table breakdown: columns" in caplog.text
-    assert not p.with_name("t.json.tables.msgpack").exists()
+    assert not tables_cache_path(p).exists()
 
 
-def test_read_only_folder_caches_under_xdg(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    p = write(ro / "t.json", [op("ProfilerStep#0", 0, 100)])
-    os.chmod(ro, stat.S_IRUSR | stat.S_IXUSR)
+@pytest.mark.parametrize("mode", [stat.S_IRWXU, stat.S_IRUSR | stat.S_IXUSR],
+                         ids=["writable", "read-only"])
+def test_tables_cache_is_in_the_user_cache_whatever_the_folders_mode(tmp_path, monkeypatch, mode):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    p = write(folder / "t.json", [op("ProfilerStep#0", 0, 100)])
+    os.chmod(folder, mode)
     try:
-        load_tables(p)
-        assert not any(ro.glob("*.msgpack"))
+        assert not load_tables(p).ranks[0].cache_hit
+        assert [f.name for f in folder.iterdir()] == ["t.json"]
         target = tables_cache_path(p)
-        assert target.parent == Path(os.environ["XDG_CACHE_HOME"]) / "paritytrace"
+        assert target.parent == tmp_path / "xdg" / "paritytrace" / "tables"
+        assert target.name == hashlib.blake2b(str(p.resolve()).encode(),
+                                              digest_size=16).hexdigest() + ".tables.msgpack"
         assert target.exists()
         assert load_tables(p).ranks[0].cache_hit
     finally:
-        os.chmod(ro, stat.S_IRWXU)
+        os.chmod(folder, stat.S_IRWXU)
 
 
 def test_parallel_parse_equals_serial(tmp_path):
@@ -266,8 +273,8 @@ def test_parallel_parse_equals_serial(tmp_path):
         write(tmp_path / f"r{r}.json", [op("ProfilerStep#0", 0, 100), op("aten::mm", r, 20)],
               **di(r, 3))
     a = load_tables(tmp_path, jobs=1).breakdown
-    for f in tmp_path.glob("*.tables.msgpack"):
-        f.unlink()
+    for r in range(3):
+        tables_cache_path(tmp_path / f"r{r}.json").unlink()
     b = load_tables(tmp_path, jobs=3).breakdown
     assert a.equals(b)
 

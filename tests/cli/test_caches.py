@@ -1,11 +1,14 @@
 """The caches, through the commands: where the per-rank tables and report caches are written
-(docs/caches.md, and its clearing recipe run on a real record), and a report served from the
-cache says again the notes the analysis said on stderr."""
+(docs/caches.md: in the user cache, never beside the traces, and its clearing recipe run on a
+real record), each cache folder trimmed to its cap least recently used first, and a report
+served from the cache says again the notes the analysis said on stderr."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.inputs import cli, copy_run
 
@@ -42,40 +45,38 @@ def test_cached_report_repeats_the_stderr_notes(ddp_run, fsdp_fault_run, tmp_pat
 CACHES_DOC = Path(__file__).parents[2] / "docs" / "caches.md"
 
 
+@pytest.mark.integration
 def test_documented_cache_locations_and_clearing(ddp_run, tmp_path, monkeypatch):
     import os
     import re
 
     xdg = tmp_path / "xdg"
     monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
-    runs = {}
-    for name in ("writable", "readonly"):
-        run = copy_run(ddp_run, tmp_path / "traces" / name)
-        for p in run.glob("*.tables.msgpack"):
-            p.unlink()
-        runs[name] = run
-    runs["readonly"].chmod(0o555)  # marked read-only: root could still write, the analyzer must not
+    runs = {name: copy_run(ddp_run, tmp_path / "traces" / name)
+            for name in ("writable", "readonly")}
+    listed = {name: sorted(p.name for p in run.rglob("*")) for name, run in runs.items()}
+    runs["readonly"].chmod(0o555)  # marked read-only: the same place as a writable folder
     try:
         for name, run in runs.items():
             assert cli("summary", str(run)).returncode == 0
             assert cli("report", str(run), "--out", str(tmp_path / f"rep-{name}")).returncode == 0
-        beside = sorted(p.name for p in runs["writable"].iterdir() if p.name.startswith("rank"))
-        assert beside == ["rank0.trace.json.gz", "rank0.trace.json.gz.tables.msgpack",
-                          "rank1.trace.json.gz", "rank1.trace.json.gz.tables.msgpack"]
-        assert sorted(p.name for p in runs["readonly"].iterdir() if p.name.startswith("rank")) == \
-            ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+            assert sorted(p.name for p in run.rglob("*")) == listed[name]  # nothing written there
         user = xdg / "paritytrace"
-        assert len(list(user.glob("*.tables.msgpack"))) == 2  # the read-only run's two ranks
-        assert not list(user.glob("*.parquet"))  # one cache of trace analyses
+        assert len(list((user / "tables").glob("*.tables.msgpack"))) == 4  # two ranks, two runs
+        assert not list(user.glob("*.tables.msgpack")) and not list(user.rglob("*.parquet"))
         reports = sorted((user / "reports").glob("*.json"))
         written = [p for p in reports if p.name.endswith(".written.json")]
         assert len(reports) - len(written) == 2  # one per report, both runs
         assert len(written) == 2  # what each report wrote, by SHA-256
         section = CACHES_DOC.read_text()
-        for said in ("`<trace>.tables.msgpack` beside", "$XDG_CACHE_HOME/paritytrace/reports/",
-                     ".written.json",
-                     "defaults to `~/.cache`"):
+        for said in ("$XDG_CACHE_HOME/paritytrace/tables/", "$XDG_CACHE_HOME/paritytrace/reports/",
+                     ".written.json", "defaults to `~/.cache`",
+                     "no cache is ever written beside your traces",
+                     "`PARITYTRACE_CACHE_MAX_BYTES`", "2 GiB", "least recently used",
+                     "by mtime", "never read and never removed"):
             assert said in section, said
+        for run in runs.values():  # what an older version left beside the traces
+            (run / "rank0.trace.json.gz.tables.msgpack").write_bytes(b"old")
         script = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
         script = script.replace("find DIR", f"find {tmp_path / 'traces'}")
         proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
@@ -86,6 +87,119 @@ def test_documented_cache_locations_and_clearing(ddp_run, tmp_path, monkeypatch)
         assert left == [] and not user.exists()
     finally:
         runs["readonly"].chmod(0o755)
+
+
+def test_report_on_a_writable_folder_writes_nothing_beside_the_traces(ddp_run, tmp_path,
+                                                                      monkeypatch):
+    from analyzer.api import load_tables
+    from analyzer.compare import runs
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    run = copy_run(ddp_run, tmp_path / "run")
+    run.chmod(0o777)
+    before = sorted(p.name for p in run.rglob("*"))
+    args = ("report", str(run), "--out", str(tmp_path / "rep"))
+    cold = cli(*args)
+    assert cold.returncode == 0, cold.stderr
+    assert sorted(p.name for p in run.rglob("*")) == before
+    assert not list(run.rglob("*.tables.msgpack"))
+    assert all(r.cache_hit for r in load_tables(run).ranks)  # the ranks' tables, cached
+
+    def no_analysis(*a, **k):
+        raise AssertionError("the second report must come from the cache")
+
+    monkeypatch.setattr(runs, "analyse", no_analysis)
+    warm = cli(*args)
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stdout == cold.stdout
+    assert sorted(p.name for p in run.rglob("*")) == before
+
+
+def _trace(path: Path, mm_us: int) -> Path:
+    import json
+
+    events = [{"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+              for name, ts, dur in (("ProfilerStep#0", 0, 100), ("aten::mm", 10, mm_us))]
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+def test_tables_cache_is_trimmed_least_recently_used_first(tmp_path, monkeypatch):
+    import os
+
+    from analyzer.ingest.cachekey import KEY_NAME
+    from analyzer.ingest.ranktables import rank_tables
+    from analyzer.ingest.tablecache import tables_cache_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    traces = [_trace(tmp_path / f"t{i}.json", 20 + i) for i in range(3)]
+    cached = [tables_cache_path(t) for t in traces]
+    for t in traces:
+        assert not rank_tables(t).cache_hit  # the default cap: all three kept
+    sizes = [c.stat().st_size for c in cached]
+    folder = cached[0].parent
+    cached[2].unlink()
+    others = {"notes.txt": b"x" * 10**6, ".tmp-abc.msgpack": b"being written",
+              "f" * 32 + ".tables.msgpack.bak": b"not ours"}  # none of the tool's own names
+    for name, data in others.items():
+        (folder / name).write_bytes(data)
+    os.utime(cached[0], ns=(10**18, 10**18))  # t0 used first,
+    os.utime(cached[1], ns=(10**18 + 10**9, 10**18 + 10**9))  # t1 next,
+    assert rank_tables(traces[0]).cache_hit  # then t0 again: the hit counts as its last use
+    monkeypatch.setenv("PARITYTRACE_CACHE_MAX_BYTES", str(sizes[0] + sizes[2]))
+    assert not rank_tables(traces[2]).cache_hit  # written: the folder is trimmed
+    assert [c.exists() for c in cached] == [True, False, True]  # t1, least recently used, went
+    assert sum(c.stat().st_size for c in cached if c.exists()) <= sizes[0] + sizes[2]
+    assert (tmp_path / "xdg" / "paritytrace" / KEY_NAME).exists()
+    assert {n: (folder / n).read_bytes() for n in others} == others
+    assert rank_tables(traces[0]).cache_hit and rank_tables(traces[2]).cache_hit
+
+
+def test_report_cache_is_trimmed_least_recently_used_first(tmp_path, monkeypatch):
+    import os
+
+    from reports import cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    roots = [tmp_path / name for name in ("a", "b", "c")]
+    entries = [cache._path(r, tmp_path / "out") for r in roots]
+    cache.store(roots[0], tmp_path / "out", "k" * 32, "{}")
+    cache.store(roots[1], tmp_path / "out", "k" * 32, "{}")
+    lock = entries[0].parent / "0123.written.lock"
+    lock.write_bytes(b"")
+    os.utime(entries[1], ns=(10**18, 10**18))  # b used first,
+    os.utime(entries[0], ns=(10**18 + 10**9, 10**18 + 10**9))  # a next,
+    assert cache.load_entry(roots[1], tmp_path / "out", "k" * 32) == ("{}", [])  # b again: a hit
+    monkeypatch.setenv("PARITYTRACE_CACHE_MAX_BYTES", str(2 * entries[0].stat().st_size))
+    cache.store(roots[2], tmp_path / "out", "k" * 32, "{}")
+    assert [e.exists() for e in entries] == [False, True, True] and lock.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1e9", "2G", "lots", "\u00b2", " 12 x"])
+def test_a_bad_cache_cap_is_logged_and_the_default_used(tmp_path, monkeypatch, caplog, value):
+    import logging
+
+    from analyzer.contract import settings
+    from analyzer.ingest.ranktables import rank_tables
+    from analyzer.ingest.tablecache import tables_cache_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv(settings.CACHE_MAX_BYTES.name, value)
+    with caplog.at_level(logging.INFO, logger="analyzer.contract.settings"):
+        assert settings.cache_max_bytes() == 2 * 2**30
+        traces = [_trace(tmp_path / f"t{i}.json", 20 + i) for i in range(2)]
+        for t in traces:
+            rank_tables(t)  # no error, and nothing trimmed
+    assert all(tables_cache_path(t).exists() for t in traces)
+    assert f"ignoring PARITYTRACE_CACHE_MAX_BYTES={value.strip()!r}" in caplog.text
+
+
+def test_a_cache_cap_is_read_in_bytes(monkeypatch):
+    from analyzer.contract import settings
+
+    for value, want in (("1024", 1024), (" 4096 ", 4096), ("", 2 * 2**30)):
+        monkeypatch.setenv(settings.CACHE_MAX_BYTES.name, value)
+        assert settings.cache_max_bytes() == want
 
 
 def test_cached_report_follows_a_re_recorded_run_behind_a_symlink(ddp_run, fsdp_run,

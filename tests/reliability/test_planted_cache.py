@@ -1,5 +1,6 @@
-"""Caches beside traces are untrusted input (issue 33 item 4): a per-rank tables cache planted
-beside a real trace, or copied with it, never replaces the trace's analysis.
+"""Caches are untrusted input (issue 33 item 4): a per-rank tables cache planted in the user
+cache, or copied into it, never replaces the trace's analysis; one beside a trace (where older
+versions wrote them) is never read, and never removed.
 
 Oracles: the tables computed from the trace itself (no cache at all); the planted caches are
 built by the test as an attacker who knows the format would (the right key of the trace's
@@ -20,15 +21,15 @@ from analyzer.ingest.cachekey import cache_key
 from analyzer.ingest.pipeline import load_tables
 from analyzer.ingest.ranktables import rank_tables
 from analyzer.ingest.tablecache import CODE_MODULES, tables_cache_path
-from tests.inputs import copy_run
+from tests.inputs import cli, copy_run
 
 _TIME = ("step_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "other_ns",
          "idle_ns", "data_wait_ns", "cpu_step_ns")
 
 
 def _fresh(run):
-    for p in run.glob("*.tables.msgpack"):
-        p.unlink()
+    for p in run.glob("*.trace.json.gz"):
+        tables_cache_path(p).unlink(missing_ok=True)
     return load_tables(run).breakdown
 
 
@@ -88,3 +89,22 @@ def test_own_cache_with_impossible_tables_is_recomputed(tmp_path, ddp_run):
         assert not got.ranks[0].cache_hit
         assert got.breakdown.equals(want)
         assert rank_tables(trace).cache_hit  # recomputed and written again, valid
+
+
+def test_cache_beside_a_trace_is_neither_read_nor_removed(tmp_path, ddp_run, monkeypatch):
+    """A cache an older version wrote beside a trace, here signed with this user's own key and
+    valid in every way but its tenfold shorter steps: the tables come from the trace."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    run = copy_run(ddp_run, tmp_path / "run")
+    want = _fresh(run)
+    trace = run / "rank0.trace.json.gz"
+    beside = trace.with_name(trace.name + ".tables.msgpack")
+    tablecache.dump_cache_blob(beside, _planted_blob(trace, 0.1))
+    planted = beside.read_bytes()
+    tables_cache_path(trace).unlink()  # nothing in the user cache: only the file beside
+    got = load_tables(run)
+    assert not got.ranks[0].cache_hit and got.breakdown.equals(want)
+    assert load_tables(run).ranks[0].cache_hit  # from the user cache, not from beside
+    assert cli("report", str(run), "--out", str(tmp_path / "rep")).returncode == 0
+    assert beside.read_bytes() == planted  # never removed nor rewritten
+    assert sorted(p.name for p in run.glob("*.tables.msgpack")) == [beside.name]

@@ -70,9 +70,10 @@ def test_a_deep_safetensors_header_is_one_line(tmp_path, ddp_run):
     assert proc.returncode == 2 and "internal error" not in proc.stderr, proc.stderr
 
 
-def test_a_malformed_cache_signed_or_not_is_recomputed(tmp_path):
+def test_a_malformed_cache_signed_or_not_is_recomputed(tmp_path, monkeypatch):
     from analyzer.ingest.cachekey import sign
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     folder = _job(tmp_path / "job")
     want = load_tables(folder).breakdown
     cpath = tables_cache_path(folder / "rank0.json")
@@ -82,4 +83,7 @@ def test_a_malformed_cache_signed_or_not_is_recomputed(tmp_path):
             cpath.write_bytes(data)
             proc = cli("summary", str(folder))
             assert proc.returncode == 0, proc.stderr
-            assert load_tables(folder).breakdown.equals(want)
+            assert cpath.read_bytes() != data  # recomputed and written again, in the user cache
+            got = load_tables(folder)
+            assert got.breakdown.equals(want) and got.ranks[0].cache_hit
+    assert sorted(p.name for p in folder.iterdir()) == ["rank0.json", "rank1.json"]
