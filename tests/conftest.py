@@ -11,7 +11,45 @@ from pathlib import Path
 
 import pytest
 
-from tests.inputs import SHARED, TINY, listing, record, shared
+from tests import layers
+from tests.corpus import corpus_root
+from tests.inputs import SHARED, listing, shared
+from tests.records import committed
+
+
+def pytest_configure(config):
+    layers.configure(config)
+
+
+def pytest_collection_modifyitems(items):
+    layers.mark_collected(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    layers.started(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef):
+    done = layers.fixture_setup(fixturedef.argname)
+    try:
+        return (yield)
+    finally:
+        done()
+
+
+@pytest.fixture(autouse=True)
+def _marks_true():
+    """Fail the test that started a program or read the corpus without the mark that allows it
+    (tests/layers.py): the fast layer must not hide a record, a child program or the corpus."""
+    yield
+    if beyond := layers.finished():
+        if os.environ.get("PARITYTRACE_LAYERS_LOG"):  # survey mode: list, do not fail
+            with open(os.environ["PARITYTRACE_LAYERS_LOG"], "a") as fh:
+                fh.writelines(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t{b}\n" for b in beyond)
+            return
+        pytest.fail("tests/layers.py: this test " + "; ".join(beyond), pytrace=False)
 
 
 @pytest.fixture(autouse=True)
@@ -40,9 +78,6 @@ def _gc_restored():
     (gc.enable if enabled else gc.disable)()
 
 
-FSDP_TINY = [a if a != "ddp" else "fsdp" for a in TINY]
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _no_terminal_width():
     """Output width as a pipe gets it, whatever runs the suite: a terminal's COLUMNS (or the
@@ -51,6 +86,14 @@ def _no_terminal_width():
     saved = {k: os.environ.pop(k) for k in ("COLUMNS", "LINES") if k in os.environ}
     yield
     os.environ.update(saved)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _corpus_read_only():
+    """The public trace corpus is input, never output: a test that leaves a file in it (a cache,
+    a report) fails as for any shared folder (``_shared_folders_untouched``)."""
+    if (root := corpus_root()) is not None:
+        shared(root)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -66,21 +109,21 @@ def _private_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def ddp_run(tmp_path_factory) -> Path:
-    """A real 2-rank gloo DDP run directory written by `tracer record` (read-only by convention:
-    tests copy it with ``tests.inputs.copy_run``)."""
-    return shared(record(tmp_path_factory.mktemp("rel") / "traces", *TINY) / "ddp")
+def ddp_run() -> Path:
+    """A real 2-rank gloo DDP run directory written by `tracer record` (fixtures/recorded, kept
+    current by tests/tracer/test_recorded_fixtures.py); shared read-only: tests copy it with
+    ``tests.inputs.copy_run``."""
+    return committed("tiny") / "ddp"
 
 
 @pytest.fixture(scope="session")
-def fsdp_run(tmp_path_factory) -> Path:
-    """A real 2-rank gloo FSDP run directory (same tiny model as ``ddp_run``)."""
-    return shared(record(tmp_path_factory.mktemp("rel-fsdp") / "traces", *FSDP_TINY) / "fsdp")
+def fsdp_run() -> Path:
+    """A real 2-rank gloo FSDP run directory (same tiny model and record as ``ddp_run``)."""
+    return committed("tiny") / "fsdp"
 
 
 @pytest.fixture(scope="session")
-def fsdp_fault_run(tmp_path_factory) -> Path:
+def fsdp_fault_run() -> Path:
     """A real 2-rank gloo FSDP run directory recorded with ``--fault wrong-grad-scale``
     (gradients divided by the world size once more: relative error 0.5)."""
-    out = tmp_path_factory.mktemp("fu-fsdp") / "traces"
-    return shared(record(out, *FSDP_TINY, "--fault", "wrong-grad-scale") / "fsdp")
+    return committed("fsdp-wrong-grad-scale") / "fsdp"

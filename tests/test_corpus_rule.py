@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 import sys
@@ -35,12 +37,14 @@ def test_corpus_root_is_the_folder_the_variable_names(monkeypatch, tmp_path):
     assert corpus_rule.corpus_root() == tmp_path.resolve()
 
 
+@pytest.mark.integration
 def test_whole_suite_collects_without_the_corpus(tmp_path):
     proc = _pytest_without_corpus("--collect-only", "-q", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "error" not in proc.stdout.lower().splitlines()[-1], proc.stdout[-500:]
 
 
+@pytest.mark.integration
 def test_corpus_tests_skip_with_a_reason_naming_the_variable(tmp_path):
     proc = _pytest_without_corpus("-q", "-rs", "tests/reports/test_busbw.py",
                                   "tests/reports/test_integrity.py::"

@@ -106,6 +106,7 @@ def test_cli_reference_is_what_the_script_generates():
         "docs/cli.md is out of date: run PYTHONPATH=. python3 scripts/cli_reference.py"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("argv", [["tracer", "record"], ["analyzer", "report"], ["analyzer", "gate"]])
 def test_cli_reference_is_what_help_prints(argv):
     """In an 80-column terminal, as a user runs it (the prog name aside: ``python -m X``)."""

@@ -80,6 +80,7 @@ def test_errors_doc_lists_every_reason_once_and_every_exit_code():
     assert exits == {int(c) for c in ExitCode}
 
 
+@pytest.mark.integration
 def test_report_run_does_not_import_rich(tmp_path):
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "analyzer", "report",
                            str(tmp_path / "missing"), "--rtol", "1e-3", "--format", "md"],

@@ -26,6 +26,7 @@ def test_summary_json_matches_library(tmp_path, fixture_copy):
     assert "1 of 2 ranks" in data["headline"][0] and "distributedInfo" in data["headline"][0]
 
 
+@pytest.mark.integration
 def test_summary_table_partial_and_whole_trace(tmp_path):
     files = sorted(corpus("tbplugin_2rank").glob("nccl__worker*.json"))
     res = runner.invoke(app, ["summary", str(link_folder(tmp_path / "nccl", files[:1]))])
@@ -42,6 +43,7 @@ def test_summary_bad_input_exit_2(tmp_path):
     assert "truncated" in res.output and "Traceback" not in res.output
 
 
+@pytest.mark.integration
 def test_summary_crosscheck_hta():
     pytest.importorskip("hta", reason="HolisticTraceAnalysis not installed")
     res = runner.invoke(app, ["summary", str(corpus("dlrm_ddp_8rank_v100")), "--format", "json",

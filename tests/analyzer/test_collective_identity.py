@@ -214,6 +214,7 @@ def test_report_shows_union_unknown_bytes_dtype_and_group(trace):
     assert "0.0 MiB" not in text
 
 
+@pytest.mark.integration
 def test_corpus_a100_record_param_comms_identity():
     t = load_tables(corpus("single/a100_ddp_rank0_nccl_args.json.gz"))
     c = t.collectives
@@ -226,6 +227,7 @@ def test_corpus_a100_record_param_comms_identity():
     assert set(hit["group_size"]) == {2} and set(hit["dtype"]) == {"Float"}
 
 
+@pytest.mark.integration
 def test_corpus_b200_symm_mem_all_reduces_are_communication():
     t = load_tables(corpus("single/b200_allgather_rank0.json.gz"))
     c = t.collectives
@@ -241,6 +243,7 @@ def test_corpus_b200_symm_mem_all_reduces_are_communication():
     assert (ag["bytes"], ag["group_size"], ag["pg"]) == (402_176, 8, "3")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("rel,cats", [
     ("single/mtia_inference_rank0.json.gz", ["mtia_ccp_events", "mtia_runtime"]),
     ("single/cupti_range_profiler.json.gz", ["cuda_profiler_range"])])
@@ -251,6 +254,7 @@ def test_corpus_device_kinds_not_understood_are_named(rel, cats):
         assert f"category '{cat}'" in notes and "not understand" in notes
 
 
+@pytest.mark.integration
 def test_corpus_dlrm_bytes_known():
     t = load_tables(corpus("dlrm_ddp_8rank_v100/worker0.pt.trace.json.gz"))
     c = t.collectives

@@ -12,6 +12,8 @@ from analyzer.analyses.collectives import by_kind
 from bench.tile import tile_file
 from tests.analyzer.helpers import CORPUS, corpus, link_folder
 
+pytestmark = pytest.mark.integration
+
 HTA_PUBLISHED_PCT = [4.50, 2.47, 7.88, 3.31, 0.56, 0.64, 7.56, 9.51]  # corpus README
 IDENTITY = ["compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]
 FIGURES = ["step_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "other_ns",

@@ -13,6 +13,8 @@ import pytest
 
 from tests.inputs import CORPUS, HANG_S, cli, default_signals, need
 
+pytestmark = pytest.mark.integration
+
 A100 = CORPUS / "single" / "a100_ddp_rank0_nccl_args.json.gz"
 
 

@@ -172,6 +172,7 @@ def _phase_peak(folder: Path) -> tuple[int, int, int]:
     return whole, streamed, concatenated
 
 
+@pytest.mark.integration  # a scale test: 40 ranks of 1,800 collectives, tens of seconds
 def test_cross_rank_phase_memory_does_not_follow_the_ranks(tmp_path, monkeypatch):
     """8 and 32 ranks x 1,800 collectives, ranks on disk: the streamed phase (offsets, split,
     per-instance matching) grows by under a quarter of what the concatenated table grows by,
@@ -218,6 +219,7 @@ def test_a_refused_job_leaves_no_tables_on_disk(tmp_path, monkeypatch):
     assert _spill_folders(tmp_path / "tmp") == []
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_sigterm_mid_report_exits_130_and_leaves_nothing(tmp_path):
     """A report of 120 ranks, every rank's tables on disk, with --tables-out: SIGTERM while the

@@ -26,6 +26,8 @@ from analyzer.contract.settings import DASK_TIMEOUT_S  # noqa: E402
 from analyzer.ingest import cluster  # noqa: E402
 from tests.inputs import HANG_S, bad_input, cli  # noqa: E402
 
+pytestmark = pytest.mark.integration
+
 DEFAULT_WAIT_S = float(DASK_TIMEOUT_S.default)
 """The Dask wait with PARITYTRACE_DASK_TIMEOUT_S unset. A test that sets a shorter one checks it
 ended before this: the setting was used (a bound the product's default sets, not a speed check)."""

@@ -227,6 +227,7 @@ def test_an_empty_rank_is_not_averaged_into_per_rank_figures(tmp_path):
 
 # --- the public GPU traces ----------------------------------------------------------------
 
+@pytest.mark.integration
 def test_corpus_v100_device_step_is_close_to_the_cpu_step():
     # CPU steps of 35-96 ms used to become windows of 101-185 ms (the GPU runs a step behind);
     # the device windows now match the CPU's pace: medians within 2 %.

@@ -5,6 +5,8 @@ layout each test builds by hand, and the rule written out in analyzer/ingest/run
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import shutil
 
@@ -112,6 +114,7 @@ def test_folder_of_symlinked_run_dirs_is_analysed(tmp_path, ddp_run):
     assert cli("gate", str(links)).returncode == 0
 
 
+@pytest.mark.integration
 @needs_corpus
 def test_folder_of_trace_subfolders_says_what_to_pass(tmp_path):
     root = tmp_path / "root"

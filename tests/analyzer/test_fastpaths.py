@@ -159,6 +159,7 @@ def _same(a: decode.Decoded, b: decode.Decoded) -> None:
         b.warnings, b.distributed_info, b.device_count, b.memory_events)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path", params([pytest.param(p, id=p.name) for p in CORPUS_TRACES]))
 def test_every_decoder_that_accepts_a_corpus_trace_gives_the_same_table(path):
     data = decode.decompress(path.read_bytes(), path)

@@ -35,6 +35,7 @@ def _input(rel: str, tmp_path):
     return corpus(rel)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("rel", params(_jobs()))
 def test_corpus_findings_evidence_joins_report_json(rel, tmp_path):
     rep = analyse(_input(rel, tmp_path))
@@ -49,6 +50,7 @@ def dlrm():
     return analyse(corpus("dlrm_ddp_8rank_v100"))
 
 
+@pytest.mark.integration
 def test_dlrm_findings_without_stragglers(dlrm):
     """What DLRM gives from the figures alone (RunEntry.stragglers empty or not): its
     all_to_all time is almost all waiting for the group's last rank; the GPUs idle with nothing
@@ -66,6 +68,7 @@ def test_dlrm_findings_without_stragglers(dlrm):
     assert by_kind["imbalance"].ranks[0] == 1 and by_kind["imbalance"].cause is None
 
 
+@pytest.mark.integration
 def test_dlrm_first_finding_names_the_rank_the_all_to_all_waits_for(dlrm):
     run = dlrm.runs[0]
     if not run.stragglers:

@@ -82,6 +82,7 @@ def test_run_dir_skips_tracer_temp_file(ddp_run, tmp_path):
     assert ".tmp-99-rank0.trace.json.gz" in proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_gzip_named_json_and_plain_json_named_gz_just_work(tmp_path):  # not an error at all
     job = tmp_path / "job"
     job.mkdir()
@@ -108,6 +109,7 @@ def _count_notes(proc, out: Path, links: list[str]) -> list[tuple[int, int, int]
              md.count(f"{link}: "), sum(w.count(f"{link}: ") for w in warns)) for link in links]
 
 
+@pytest.mark.integration
 def test_symlink_notes_said_once_for_a_folder_of_traces(tmp_path):
     src = need(CORPUS / "tbplugin_2rank")
     folder = tmp_path / "fo"
@@ -152,6 +154,7 @@ def test_symlink_notes_said_once_in_a_traces_root(ddp_run, tmp_path):
 
 # partial rank sets, incomplete runs, folders of foreign traces under a root
 
+@pytest.mark.integration
 def test_missing_ranks_are_said_and_the_report_is_not_presented_as_complete(tmp_path):
     job = tmp_path / "job"
     shutil.copytree(need(DLRM), job)
@@ -187,6 +190,7 @@ def test_run_directory_without_manifest(tmp_path, ddp_run):
     assert proc.returncode == 0 and "incomplete run" in proc.stdout
 
 
+@pytest.mark.integration
 def test_root_of_foreign_trace_folders_advises_one_folder_at_a_time(tmp_path):
     root = tmp_path / "root"
     root.mkdir()

@@ -17,7 +17,7 @@ import pytest
 from analyzer.api import load_tables
 from tests.inputs import copy_run
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.record
 
 GLOO_FOR = {"c10d::allreduce_": "gloo:all_reduce", "c10d::_reduce_scatter_base_": "gloo:all_reduce",
             "c10d::allgather_": "gloo:all_gather", "c10d::_allgather_base_": "gloo:all_gather",

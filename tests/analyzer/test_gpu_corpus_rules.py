@@ -25,6 +25,8 @@ from analyzer.analyses import intervals as iv
 from analyzer.api import load_events, load_tables
 from tests.corpus import corpus
 
+pytestmark = pytest.mark.integration
+
 GPU_TRACES = ["single/v100_ddp_subus_timestamps.json.gz", "single/a100_ddp_rank0_nccl_args.json.gz",
               "single/b200_allgather_rank0.json.gz", "single/mtia_inference_rank0.json.gz",
               "single/cupti_range_profiler.json.gz",

@@ -18,6 +18,8 @@ from analyzer.ingest.pipeline import load_tables
 from tests.analyzer.helpers import gloo_job
 from tests.inputs import cli
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture()
 def dead_identity() -> str:

@@ -4,6 +4,8 @@ improperly nested events. The rest of the rank is analysed and the step identity
 
 from __future__ import annotations
 
+import pytest
+
 import re
 
 from analyzer.api import load_events, load_tables
@@ -13,6 +15,7 @@ from tests.reports.builders import details
 IDENTITY = ["compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]
 
 
+@pytest.mark.integration
 def test_events_with_bad_ts_or_dur_are_skipped_counted_and_said(tmp_path):
     t = load(need(DLRM / "worker0.pt.trace.json.gz"))
     xs = [e for e in t["traceEvents"] if e.get("ph") == "X"]

@@ -184,6 +184,7 @@ with pool.workers(preload=("says_ready",), jobs=3):  # each worker says so once 
 """
 
 
+@pytest.mark.integration
 def test_workers_end_with_a_killed_caller_and_ignore_ctrl_c(tmp_path):
     """kill -9 of the calling process ends its workers (no orphan parsing on for nothing);
     SIGINT to the whole group is left to the caller (no worker traceback), whether the workers

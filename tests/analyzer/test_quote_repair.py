@@ -182,6 +182,7 @@ def _corpus_traces() -> list:
     return sorted(p for p in CORPUS.rglob("*") if p.name.endswith((".json", ".json.gz")))
 
 
+@pytest.mark.integration
 def test_valid_corpus_traces_never_go_through_the_repair():
     """Every corpus trace decodes on the strict path (no repair note, no repaired bytes), and
     the repair would find nothing to change in any of them."""

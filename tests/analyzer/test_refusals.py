@@ -99,6 +99,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("reason,build,must", REFUSED)
 def test_every_command_refuses(tmp_path, request, reason, build, must):
     _every_cli_refuses(build(tmp_path, request), *must, reason=reason)
@@ -155,6 +156,7 @@ def test_pointing_at_the_manifest_or_a_parquet_file(tmp_path, ddp_run):
 
 # paths: missing, empty, a file where a folder is needed
 
+@pytest.mark.integration
 def test_path_that_does_not_exist(tmp_path):
     for cmd in ("summary", "report", "gate", "merge"):
         bad_input(cli(cmd, str(tmp_path / "nope")), "nope", "no such file or folder")
@@ -168,6 +170,7 @@ def test_empty_folder(tmp_path):
         bad_input(cli(cmd, str(tmp_path / "empty")), str(tmp_path / "empty"), "no ")
 
 
+@pytest.mark.integration
 def test_one_trace_file_is_a_job_for_every_command(tmp_path):
     # as summary and HTA do: rank 0 of the 8 the trace says (corpus README), before refused
     # by report, gate and merge as "is a file, not a folder"
@@ -192,6 +195,7 @@ def test_one_trace_file_is_a_job_for_every_command(tmp_path):
 
 # ranks of different jobs, ranks beyond the world size
 
+@pytest.mark.integration
 def test_ranks_from_different_jobs_world_size(tmp_path, ddp_run):
     job = tmp_path / "job"
     job.mkdir()
@@ -247,6 +251,7 @@ def test_merge_refuses_mixed_jobs_like_report(ddp_run, fsdp_fault_run, tmp_path)
     assert not out.exists()
 
 
+@pytest.mark.integration
 def test_same_job_sets_still_load(ddp_run, fsdp_run, tmp_path):
     from analyzer.api import load_tables
 
@@ -276,6 +281,7 @@ def test_rank_beyond_the_world_size(tmp_path, ddp_run):  # traces of a 2-rank an
 
 # gate on broken foreign traces: bad input (2), not a parity failure (3)
 
+@pytest.mark.integration
 def test_gate_on_broken_foreign_traces_is_bad_input(tmp_path):
     folder = tmp_path / "tb"
     folder.mkdir()

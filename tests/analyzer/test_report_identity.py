@@ -17,6 +17,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import report_digests  # noqa: E402
 
+pytestmark = pytest.mark.integration
+
 STORED = report_digests.load_snapshot()
 
 

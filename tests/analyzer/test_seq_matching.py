@@ -144,6 +144,7 @@ def test_annotated_graph_seq_is_no_key():
     assert key.tolist() == [7, 8, -1, 3, 4] and src.tolist() == ["Seq"] * 3 + ["order"] * 2
 
 
+@pytest.mark.integration
 def test_corpus_job_without_seq_keeps_order_keys():
     """The DLRM set (no Seq, no Comms Id): every key is the order within (rank, pg) by start,
     as before the rule, so no figure moves; the reference row says order was used."""

@@ -261,6 +261,7 @@ def _gaps_by_hand(path, coll):
     return out
 
 
+@pytest.mark.integration
 def test_dlrm_straggler_split_by_hand(tmp_path):
     """DLRM, DDP on 8 V100 (corpus): the all_to_all waits for rank 7 (last at 4 of the 6
     all_to_all, 9.02 ms of start skew). Its split, recomputed here from the events by the
@@ -413,6 +414,7 @@ def test_summary_table_carries_the_cause(tmp_path):
         (100 * US, 0, 1.0)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["a100_ddp_rank0_nccl_args.json.gz", "cpu_gloo_ddp_rank34.json.gz",
                                   "b200_allgather_rank0.json.gz"])
 def test_gap_parts_are_disjoint_on_real_traces(name):

@@ -24,6 +24,8 @@ from analyzer.analyses.prefetch import prefetch_table
 from analyzer.analyses.straggler import gap_parts
 from tests.corpus import CORPUS, need
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).parents[2]
 
 

@@ -35,6 +35,7 @@ def read_only_dlrm(dlrm_copy) -> Path:
 
 # merge: a read-only folder, -o onto a folder
 
+@pytest.mark.integration
 def test_merge_refuses_read_only_folder(read_only_dlrm):
     before = sorted(p.name for p in read_only_dlrm.iterdir())
     line = bad_input(cli("merge", str(read_only_dlrm)), str(read_only_dlrm), "read-only", "-o")
@@ -42,6 +43,7 @@ def test_merge_refuses_read_only_folder(read_only_dlrm):
     assert sorted(p.name for p in read_only_dlrm.iterdir()) == before
 
 
+@pytest.mark.integration
 def test_merge_refuses_read_only_out_folder(dlrm_copy, tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
@@ -53,6 +55,7 @@ def test_merge_refuses_read_only_out_folder(dlrm_copy, tmp_path):
         locked.chmod(0o755)
 
 
+@pytest.mark.integration
 def test_merge_of_read_only_folder_with_o_elsewhere_works(read_only_dlrm, tmp_path):
     """The refusal is about where the output goes, not about reading a read-only folder."""
     target = tmp_path / "out" / "m.trace.json.gz"
@@ -88,6 +91,7 @@ def test_summary_json_out_is_a_directory(tmp_path):
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.integration
 def test_summary_json_unwritable_parent_is_bad_input(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
@@ -109,6 +113,7 @@ def test_summary_atomic_writer_removes_its_temp_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json", "t.json"]
 
 
+@pytest.mark.integration
 def test_summary_json_to_file(tmp_path):
     out = tmp_path / "deep" / "s.json"
     proc = cli("summary", str(need(DLRM)), "--format", "json", "-o", str(out))
@@ -155,6 +160,7 @@ def test_report_out_is_an_existing_file(tmp_path, ddp_run):
     assert (tmp_path / "notes.txt").read_text() == "mine"  # nothing of the user's is overwritten
 
 
+@pytest.mark.integration
 def test_report_removes_formats_not_written_this_time(dlrm_copy, tmp_path):
     out = tmp_path / "rep"
     assert cli("report", str(dlrm_copy), "--out", str(out)).returncode == 0
@@ -182,6 +188,7 @@ def test_report_removes_formats_not_written_this_time(dlrm_copy, tmp_path):
         "report.css", "report.html", "report.json", "report.md.bak"]
 
 
+@pytest.mark.integration
 def test_report_same_formats_again_removes_nothing(dlrm_copy, tmp_path):
     out = tmp_path / "rep"
     for _ in range(2):
@@ -191,6 +198,7 @@ def test_report_same_formats_again_removes_nothing(dlrm_copy, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
 
 
+@pytest.mark.integration
 def test_report_never_replaces_report_files_of_the_users_own(dlrm_copy, tmp_path, monkeypatch):
     """A report.md / report.json in --out that the analyzer did not write (no record of it,
     not a paritytrace report) is refused in one line, exit 2, and left as it was; the
@@ -252,6 +260,7 @@ def test_summary_o_never_writes_over_an_input(ddp_run, tmp_path, target):
     assert (run / target).read_bytes() == before
 
 
+@pytest.mark.integration
 def test_report_never_replaces_a_report_edited_since_it_was_written(dlrm_copy, tmp_path,
                                                                     monkeypatch):
     """The analyzer's own report.md, edited by the user (the record's SHA-256 differs): the

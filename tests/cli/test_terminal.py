@@ -11,6 +11,7 @@ import pytest
 from tests.inputs import HANG_S, cli, copy_run
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("cmd", ["summary", "drift", "report"])
 def test_closed_pipe_exits_quietly(ddp_run, tmp_path, cmd):
     run = copy_run(ddp_run, tmp_path / "run")

@@ -59,6 +59,7 @@ def ddp_default_fault_run(tmp_path_factory) -> Path:
     return shared(out / "ddp")
 
 
+@pytest.mark.record
 @pytest.mark.parametrize("which", ["tiny_fsdp", "default_ddp"])
 def test_faulted_run_still_fails_at_the_bounds(which, request):
     from analyzer.contract.report_types import MAX_OVERRIDE

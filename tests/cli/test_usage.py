@@ -3,9 +3,12 @@ options that match nothing are one line (exit 2); --help says what an option doe
 
 from __future__ import annotations
 
+import pytest
+
 from tests.inputs import bad_input, cli, cli_proc, copy_run
 
 
+@pytest.mark.integration
 def test_unknown_report_format_and_missing_argument(tmp_path, ddp_run):  # usage errors
     bad_input(cli("report", str(ddp_run), "--format", "pdf", "--out", str(tmp_path / "o")),
               "unknown format(s) pdf", "analyzer report --help")

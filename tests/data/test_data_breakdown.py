@@ -90,6 +90,7 @@ def _mask(n: int, lo: int, spans) -> np.ndarray:
     return m
 
 
+@pytest.mark.integration
 def test_dlrm_data_wait_second_way(tmp_path):
     """DLRM rank 0 (8x V100, NCCL; one DataLoader range and HtoD input copies in step 10):
     data_wait_ns recomputed on a 1 µs boolean grid straight from the JSON (no analyzer code):

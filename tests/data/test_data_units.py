@@ -77,6 +77,7 @@ def test_loader_options_survive_to_argv():
     assert "--data" not in RecordConfig(strategy="ddp").to_argv()
 
 
+@pytest.mark.record
 def test_cli_refuses_workers_without_loader(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tracer", "record", "--strategy", "ddp",
                            "--data-workers", "2", "--out", str(tmp_path)],

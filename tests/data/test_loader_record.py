@@ -22,6 +22,8 @@ from analyzer.api import load_events, load_tables
 from tests.data.conftest import REPO
 from tests.inputs import copy_run, shared
 
+pytestmark = pytest.mark.record
+
 TINY = ["--hidden", "32", "--seq", "8", "--batch", "4", "--active", "2"]
 COST_MS = 40.0
 PER_RANK_BATCH = 2  # --batch 4 over 2 ranks

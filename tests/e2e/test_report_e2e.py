@@ -1,13 +1,14 @@
 """End to end: `tracer record` -> `analyzer report` / `analyzer gate`, and foreign traces.
 
-Records are shared through session fixtures (a clean `--strategy all`, one run per fault canary)
-so the multi-process part runs once. Numbers are checked against values computed a second way
+Records are shared with the rest of the suite (tests/records.py: a clean `--strategy all`, one run
+per fault canary), copied here before a report is written into them. Numbers are checked against values computed a second way
 here (steps.parquet read directly) or published by another tool (corpus README, HTA).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +19,10 @@ import pytest
 
 from analyzer.contract import report_types
 from tests.corpus import CORPUS, need
+from tests.records import COMMITTED, committed, recorded
 
 DLRM = CORPUS / "dlrm_ddp_8rank_v100"
-TINY = ["--hidden", "32", "--seq", "16", "--warmup", "0", "--active", "2"]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.record
 
 
 def cli(*args: str, check_rc: int | None = 0) -> subprocess.CompletedProcess:
@@ -34,21 +35,25 @@ def cli(*args: str, check_rc: int | None = 0) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def clean_root(tmp_path_factory) -> Path:
+    """A copy of the shared tiny ``--strategy all`` record (the reports are written into it)."""
     root = tmp_path_factory.mktemp("clean") / "traces"
-    cli("tracer", "record", "--strategy", "all", *TINY, "--out", str(root))
+    shutil.copytree(recorded("tiny", tmp_path_factory), root)
     return root
 
 
-FAULTS = {"skip-grad-sync": "ddp", "wrong-grad-scale": "fsdp2", "unsynced-init": "fsdp"}
+FAULTS = {"skip-grad-sync": "ddp", "wrong-grad-scale": "fsdp", "unsynced-init": "fsdp2"}
+"""Each fault canary on one strategy: tests.records names them ``<strategy>-<fault>``."""
 
 
 @pytest.fixture(scope="session")
 def canary_roots(tmp_path_factory) -> dict[str, Path]:
+    """A copy of the shared record of each fault canary (the committed one where there is one)."""
     out = {}
     for fault, strategy in FAULTS.items():
-        root = tmp_path_factory.mktemp(fault) / "traces"
-        cli("tracer", "record", "--strategy", strategy, "--fault", fault, *TINY, "--out", str(root))
-        out[fault] = root
+        name = f"{strategy}-{fault}"
+        src = committed(name) if name in COMMITTED else recorded(name, tmp_path_factory)
+        out[fault] = tmp_path_factory.mktemp(fault) / "traces"
+        shutil.copytree(src, out[fault])
     return out
 
 

@@ -99,6 +99,7 @@ def _flip_one_value(path, tensor: str, index: int, new_value: float) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.integration
 def test_tampered_tensor_is_named(tmp_path):
     a = run_dir(tmp_path, "a", BASE)
     b = run_dir(tmp_path, "b", BASE)
@@ -122,6 +123,7 @@ def test_tampered_kept_table_is_named(tmp_path):
         drift.drift(a, a)
 
 
+@pytest.mark.integration
 def test_cli_json_and_check(tmp_path):
     a = run_dir(tmp_path, "a", BASE)
     b = run_dir(tmp_path, "b", {**BASE, "loss": [0.75, 0.5 + 2.0 ** -10]})

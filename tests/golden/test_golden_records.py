@@ -19,6 +19,8 @@ from analyzer.contract import schemas
 from tests.golden.conftest import TINY
 from tests.tracer.helpers import run_tracer
 
+pytestmark = pytest.mark.record
+
 BF16_RTOL, BF16_ATOL = 1.6e-2, 1e-5  # torch.testing.assert_close defaults for bfloat16
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.record
+
 REPO = Path(__file__).resolve().parents[2]
 STRATEGIES = ("single", "ddp", "fsdp", "fsdp2")
 

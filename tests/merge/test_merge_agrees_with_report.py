@@ -18,8 +18,6 @@ import gzip
 import json
 import re
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -28,7 +26,8 @@ import pytest
 from analyzer import api
 from analyzer.timeline.merge import merge_traces
 from tests.corpus import CORPUS, need, params
-from tests.inputs import TINY
+
+pytestmark = pytest.mark.integration
 
 KERNEL_KIND = {"AllReduce": "all_reduce", "AllGather": "all_gather", "Broadcast": "broadcast",
                "ReduceScatter": "reduce_scatter",
@@ -147,21 +146,9 @@ def test_corpus_job(name, files, tmp_path, monkeypatch):
     _check(folder, tmp_path, monkeypatch)
 
 
-@pytest.fixture(scope="module")
-def recorded_run(tmp_path_factory) -> Path:
-    """A real 2-rank gloo DDP run directory written by `tracer record` (tests copy it)."""
-    pytest.importorskip("torch")
-    out = tmp_path_factory.mktemp("agree") / "traces"
-    proc = subprocess.run([sys.executable, "-m", "tracer", "record", *TINY, "--out", str(out)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out / "ddp"
-
-
-@pytest.mark.slow
-def test_recorded_run(recorded_run, tmp_path, monkeypatch):
+def test_recorded_run(ddp_run, tmp_path, monkeypatch):
     run = tmp_path / "ddp"
-    shutil.copytree(recorded_run, run)
+    shutil.copytree(ddp_run, run)
     oracle = _oracle(run)
     assert len(oracle) == 2 and all(steps and kinds for steps, kinds in oracle.values())
     _check(run, tmp_path, monkeypatch)

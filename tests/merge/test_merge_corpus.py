@@ -13,7 +13,7 @@ from analyzer.timeline.merge import merge_traces
 from tests.corpus import needs_corpus
 from tests.merge.builders import DLRM, read
 
-pytestmark = needs_corpus
+pytestmark = [pytest.mark.integration, needs_corpus]
 
 # injected per-rank clock shifts (whole us, so the shifted JSON stays exact)
 SHIFT_US = {r: (r * 1237 - 3000) * (1 if r % 2 else -1) for r in range(8)}

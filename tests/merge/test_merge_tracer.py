@@ -4,31 +4,15 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 
 import pytest
 
 from analyzer.timeline.chrome_check import check_trace
 from analyzer.timeline.merge import merge_traces
-from tests.inputs import copy_run, shared
+from tests.inputs import copy_run
 from tests.merge.builders import hta_trace_facts, read
 
-pytestmark = pytest.mark.slow
 SHIFT_US = 2_000_000  # injected into rank 1's clock: far beyond the natural spread (tens of ms under load)
-
-
-@pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory):
-    pytest.importorskip("torch")
-    out = tmp_path_factory.mktemp("tracer")
-    cmd = [sys.executable, "-m", "tracer", "record", "--strategy", "ddp", "--hidden", "32", "--layers", "1",
-           "--batch", "4", "--seq", "16", "--active", "3", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    run = out / "ddp"
-    assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
-    return shared(run)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +67,7 @@ def test_injected_shift_is_recovered_exactly(ddp_run, merged, tmp_path):
     assert res.spread["spread_after_ns"].sum() <= merged.spread["spread_after_ns"].sum() + 2 * len(res.spread)
 
 
+@pytest.mark.integration  # HTA in a child interpreter
 def test_hta_loads_tracer_traces_and_the_merged_trace(ddp_run, merged):
     pytest.importorskip("hta.trace_analysis")
     # trace_files, not trace_dir: HTA reads every *.json in a folder, manifest.json included

@@ -166,6 +166,7 @@ def test_same_base_name_is_refused(tmp_path):
     assert exc.value.reason == "bad_option" and "'rank.json'" in exc.value.message
 
 
+@pytest.mark.integration
 def test_corpus_job(tmp_path):
     if not (DLRM / "worker0.pt.trace.json.gz").exists():
         pytest.skip("PARITYTRACE_CORPUS is not set: no dlrm_ddp_8rank_v100")

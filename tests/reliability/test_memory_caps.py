@@ -45,6 +45,7 @@ def test_the_machine_default_is_below_its_memory():
     assert decode.default_max_trace_bytes(1) <= max(mem // 4, decode.MIN_DEFAULT_MAX_TRACE_BYTES)
 
 
+@pytest.mark.integration
 def test_decompress_holds_the_json_once():
     # 192 MiB of JSON blanks from a few hundred KB: the peak must stay near one copy (the
     # chunks and their join would be two), under a 1 GiB address-space limit

@@ -9,6 +9,8 @@ space limit, so reading the rows could not pass unnoticed."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import resource
 import subprocess
@@ -41,6 +43,7 @@ def _many_rows(path, groups: int, per_group: int) -> None:
             w.write_table(table)
 
 
+@pytest.mark.integration
 def test_numerics_with_more_rows_than_the_manifest_allows_is_refused_unread(tmp_path, ddp_run):
     run = copy_run(ddp_run, tmp_path / "ddp")
     manifest = schemas.read_manifest(run / schemas.MANIFEST_NAME)

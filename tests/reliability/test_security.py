@@ -3,6 +3,8 @@ folder walks never follow symlinks out of the input or into a loop."""
 
 from __future__ import annotations
 
+import pytest
+
 import html
 import os
 import re
@@ -74,6 +76,7 @@ def test_trace_strings_are_escaped_in_html_and_markdown(tmp_path, ddp_run):
     assert len(re.split(r"(?<!\\)\|", body)) == len(re.split(r"(?<!\\)\|", tab.splitlines()[0]))
 
 
+@pytest.mark.integration
 def test_symlink_loop_and_symlink_out_of_the_input_are_not_followed(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()

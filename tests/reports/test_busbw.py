@@ -44,6 +44,7 @@ def test_hand_built_two_ranks():
     assert run_busbw_gbps(k["bus_bytes"], k["bus_time_ns"]) == pytest.approx(16e6 * 0.75 / 7.5e6)
 
 
+@pytest.mark.integration
 def test_report_on_real_nccl_traces(tmp_path):
     need(TBPLUGIN)
     folder = tmp_path / "nccl"

@@ -5,6 +5,8 @@ only for the analyzer, not a gloo record."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 from pathlib import Path
 
@@ -63,6 +65,7 @@ def test_distributed_info_backend_is_the_foreign_runs_backend(tmp_path):
     assert analyse(tmp_path / "job").runs[0].backend == "nccl"
 
 
+@pytest.mark.integration
 def test_corpus_mtia_and_cupti_traces_are_not_called_gloo_records():
     need(CORPUS)
     for name in ("mtia_inference_rank0.json.gz", "cupti_range_profiler.json.gz"):

@@ -160,6 +160,7 @@ def test_wording(tmp_path):
 A100 = CORPUS / "single" / "a100_ddp_rank0_nccl_args.json.gz"
 
 
+@pytest.mark.integration
 def test_communication_per_profiled_step_against_the_corpus_readme(tmp_path):
     need(A100)
     (tmp_path / "job").mkdir()

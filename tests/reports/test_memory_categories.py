@@ -191,6 +191,7 @@ def test_bytes_only_trace_through_the_report(tmp_path):
     assert "running sum of Bytes" in mem.peak_source
 
 
+@pytest.mark.integration
 def test_corpus_trace_memory_events(tmp_path):
     """The corpus's one trace with [memory] events (sglang, 1,014 of them on HIP device 0):
     the peak equals the largest "Total Allocated" read here with json."""

@@ -1,22 +1,15 @@
-"""Session-scoped records shared by the tracer tests (each record costs a few seconds)."""
+"""Session-scoped records shared by the tracer tests (tests/records.py: made once per run)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.inputs import shared
-from tests.tracer.helpers import TINY, run_tracer
-
-
-def _record(tmp_path_factory, name: str, args: list[str]):
-    out = tmp_path_factory.mktemp(name)
-    proc, _ = run_tracer(args + TINY + ["--out", str(out)], cwd=out)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc
+from tests.records import recorded, stdout
 
 
 @pytest.fixture(scope="session")
 def fp32_all(tmp_path_factory):
-    """``tracer record --strategy all`` (fp32, tiny shapes): (out root, completed process)."""
-    out, proc = _record(tmp_path_factory, "fp32", ["--strategy", "all"])
-    return shared(out), proc
+    """``tracer record --strategy all`` (fp32, tiny shapes, the default profiler schedule):
+    (traces root, what the record printed on stdout)."""
+    return recorded("all-default-schedule", tmp_path_factory), stdout("all-default-schedule",
+                                                                      tmp_path_factory)

@@ -137,6 +137,7 @@ def test_a_common_strategy_option_no_arm_takes_is_refused():
     assert [c.bucket_cap_mb for c in ok] == [5.0, None]
 
 
+@pytest.mark.record
 def test_the_command_refuses_arms_before_anything_is_written(tmp_path):
     """Through the CLI: one line on stderr, exit 2, no folder made."""
     proc, _ = run_tracer(["--strategy", "ddp", "--sweep", "bucket-cap-mb=1", "--out",
@@ -150,7 +151,7 @@ def test_the_command_refuses_arms_before_anything_is_written(tmp_path):
     assert proc.returncode == 2 and "--name x: with --arm / --sweep" in proc.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_arms_that_change_the_numerics_get_their_own_baseline(tmp_path):
     """A precision arm is checked against a bf16 baseline, the fp32 arms share another; every
     manifest names its arm's settings and baseline, and every arm passes the gate."""
@@ -176,7 +177,7 @@ def test_arms_that_change_the_numerics_get_their_own_baseline(tmp_path):
     assert gate.returncode == 0, gate.stdout + gate.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_a_sweep_with_a_canary_arm_ranks_the_passing_arms(tmp_path):
     """End to end: `--sweep bucket-cap-mb=1,25` x arms ok / canary (--fault wrong-grad-scale);
     the report ranks the two passing arms by their settings and leaves both canary arms out,

@@ -35,6 +35,7 @@ def test_every_config_field_is_a_record_option_with_its_default_and_help():
     assert set(options) - {f.name for f in dataclasses.fields(RecordConfig)} == {"arm", "sweep"}
 
 
+@pytest.mark.record
 @pytest.mark.parametrize("args, torchrun, said", [
     (["--strategy", "all"], True, "--strategy all: under torchrun record one strategy per torchrun command"),
     (["--strategy", "ddp", "--repeat", "2"], True, "--repeat 2: under torchrun record one run per torchrun"),

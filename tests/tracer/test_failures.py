@@ -18,7 +18,7 @@ from tests.inputs import default_signals
 from tests.tracer.helpers import (HANG_S, REPO, TAG_ENV, TINY, alive_with_tag, run_tracer,
                                   tensor_rel_l2)
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.record
 HANG_TIMEOUT_S = 20
 """The hang test's collective timeout: rank 0 waits this long (generous for a loaded machine:
 a shorter one can fire at rendezvous before the injected hang)."""

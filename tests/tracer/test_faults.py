@@ -12,7 +12,7 @@ from analyzer.contract import schemas
 from analyzer.contract.tolerance import TOLERANCES
 from tests.tracer.helpers import TINY, run_tracer, tensor_rel_l2
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.record
 RTOL = TOLERANCES["fp32"].rtol
 
 

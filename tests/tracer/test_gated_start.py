@@ -57,7 +57,7 @@ def _worker_env(monkeypatch, tmp_path: Path) -> str:
     return tag
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_workers_wait_until_the_run_dir_is_prepared(tmp_path, monkeypatch):
     """prepare() waits until the worker says it waits for the launcher, and only then writes the
     baseline: the record completes, so the worker read nothing before the signal."""
@@ -86,7 +86,7 @@ def test_workers_wait_until_the_run_dir_is_prepared(tmp_path, monkeypatch):
     assert alive_with_tag(tag) == []
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_failed_prepare_kills_the_waiting_workers(tmp_path, monkeypatch):
     tag = _worker_env(monkeypatch, tmp_path)
     cfg = RecordConfig(strategy="ddp", device="cpu", out=str(tmp_path / "out"), **TINY)

@@ -53,7 +53,7 @@ def test_hang_is_a_ddp_canary_only():
         RecordConfig(strategy="fsdp2", fault="hang")
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_hang_record_fails_naming_rank_1_and_the_report_names_the_collective(tmp_path):
     args = ["--strategy", "ddp", "--fault", "hang", "--timeout", str(HANG_TIMEOUT_S), "--out", str(tmp_path)]
     proc, tag = run_tracer(args + TINY, tmp_path)
@@ -104,7 +104,7 @@ def test_hang_record_fails_naming_rank_1_and_the_report_names_the_collective(tmp
         assert json.load(f)["traceEvents"]
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_watchdog_asks_every_hung_rank_for_its_dump(tmp_path):
     """Both ranks stuck in Python, outside any collective (no collective timeout can fire):
     the hang watchdog stops the record, and first every rank answers the dump request."""
@@ -121,7 +121,7 @@ def test_watchdog_asks_every_hung_rank_for_its_dump(tmp_path):
     assert status[0] == status[1] and status[0]["last_completed_collective"] == status[0]["last_enqueued_collective"]
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_a_finished_record_keeps_no_dump_pipe_open(tmp_path, monkeypatch):
     """The launcher's dump-request pipes are closed when the workers succeed, not only when
     they are killed: ``--repeat 100`` must not keep a descriptor per finished worker."""

@@ -12,6 +12,8 @@ collected) and the exit status the kernel reports for a SIGKILLed process.
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import signal
 import subprocess
@@ -21,6 +23,8 @@ from pathlib import Path
 
 from tracer import launch
 from tracer.config import RecordConfig
+
+pytestmark = pytest.mark.integration
 
 HANG_S = 60.0  # far above any clean-up; only turns a hang into a failure
 

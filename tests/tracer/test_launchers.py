@@ -14,7 +14,7 @@ from analyzer.contract.tolerance import TOLERANCES
 from tests.tracer.helpers import HANG_S, TINY, alive_with_tag, run_tracer, tensor_rel_l2
 from tracer.launch import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.record
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 

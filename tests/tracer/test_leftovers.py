@@ -19,7 +19,7 @@ from analyzer.contract import owner, schemas
 from tests.inputs import default_signals
 from tests.tracer.helpers import HANG_S, REPO, TAG_ENV, TINY, alive_with_tag
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.record
 STEPS = ["--wait", "1", "--warmup", "0", "--active", "1"]
 
 

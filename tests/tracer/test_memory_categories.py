@@ -25,6 +25,8 @@ import pytest
 
 from tests.tracer.helpers import REPO, run_tracer
 
+pytestmark = pytest.mark.record
+
 W = 2
 HIDDEN, LAYERS = 5, 2
 FP32 = 4

@@ -18,7 +18,7 @@ from analyzer.analyses.parity import check_run
 from analyzer.contract import schemas
 from tests.tracer.helpers import REPO, run_tracer
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.record
 
 H = 16
 SHAPES = ["--nproc", "4", "--hidden", str(H), "--seq", "4", "--batch", "4", "--layers", "2",

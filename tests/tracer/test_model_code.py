@@ -22,7 +22,7 @@ from tests.inputs import default_signals
 from tests.tracer.helpers import HANG_S, REPO, TAG_ENV, TINY, alive_with_tag, run_tracer
 from tests.tracer.specs.unruly import ARRIVED_ENV
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.record
 SPECS = "tests.tracer.specs.unruly"
 BATCH = ["--batch", "4", "--wait", "1", "--warmup", "0", "--active", "1"]
 

@@ -120,6 +120,7 @@ def test_reference_options_refused_with_another_model():
         _cfg(f"{SPECS}:build", hidden=32)
 
 
+@pytest.mark.record
 @pytest.mark.parametrize("spec", [f"{SPECS}:raises", "examples/no_such.py:build"])
 def test_bad_spec_cli_exits_2_before_any_worker(tmp_path, spec):
     proc, _ = run_tracer(["--strategy", "all", "--model", spec, "--out", str(tmp_path / "out")], REPO)
@@ -129,7 +130,7 @@ def test_bad_spec_cli_exits_2_before_any_worker(tmp_path, spec):
     assert not (tmp_path / "out").exists()  # no run dir claimed, no worker started
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_numerics_on_batchnorm_tied_and_uneven_parameters(tmp_path):
     proc, _ = run_tracer(["--strategy", "fsdp2", "--model", f"{SPECS}:build", "--batch", "4",
                           "--warmup", "0", "--active", "1", "--out", str(tmp_path)], tmp_path)
@@ -176,7 +177,7 @@ def _where(model: str) -> str:
     return str(REPO / model) if model.endswith(":build") else model
 
 
-@pytest.mark.slow
+@pytest.mark.record
 @pytest.mark.parametrize("model", [pytest.param("hf:gpt2", marks=needs_hf), "examples/tiny_lm.py:build"])
 def test_user_model_records_every_strategy_and_passes_the_gate(tmp_path, model):
     proc, _ = run_tracer(["--strategy", "all", "--model", _where(model), "--out", str(tmp_path)] + _RECORD,
@@ -191,14 +192,18 @@ def test_user_model_records_every_strategy_and_passes_the_gate(tmp_path, model):
     assert m["strategy_options"]["fsdp_units"] == units
 
 
-# Each canary on each model: the gate fails it. fsdp2 carries wrong-grad-scale and unsynced-init,
-# ddp skip-grad-sync (config.FAULTS_BY_STRATEGY: FSDP has no local-only gradient).
-CANARIES = [("ddp", "skip-grad-sync"), ("fsdp2", "wrong-grad-scale"), ("fsdp", "unsynced-init")]
+# Each canary on a user model, and each user model with a canary: the gate fails it. fsdp2
+# carries wrong-grad-scale and unsynced-init, ddp skip-grad-sync (config.FAULTS_BY_STRATEGY: FSDP
+# has no local-only gradient). The canaries do not depend on the model's code (tests/tracer/
+# test_faults.py runs each on the reference model), so one model each keeps every pairing of
+# fault and model family that differs: a tied-weight HF model and a file spec.
+CANARIES = [pytest.param("hf:gpt2", "fsdp2", "wrong-grad-scale", marks=needs_hf),
+            pytest.param("hf:gpt2", "fsdp", "unsynced-init", marks=needs_hf),
+            ("examples/tiny_lm.py:build", "ddp", "skip-grad-sync")]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model", [pytest.param("hf:gpt2", marks=needs_hf), "examples/tiny_lm.py:build"])
-@pytest.mark.parametrize("strategy,fault", CANARIES)
+@pytest.mark.record
+@pytest.mark.parametrize("model,strategy,fault", CANARIES)
 def test_fault_canary_fails_the_gate_on_user_model(tmp_path, model, strategy, fault):
     proc, _ = run_tracer(["--strategy", strategy, "--fault", fault, "--model", _where(model),
                           "--out", str(tmp_path), "--batch", "4", "--warmup", "0", "--active", "1"], tmp_path)

@@ -28,7 +28,7 @@ from tracer import baseline
 from tracer.config import MAX_TIMEOUT_S, RecordConfig
 from tracer.rundir import STAGING_PREFIX
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.record
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
             "-m", "tracer"]  # --standalone: a free port, so parallel test workers do not meet
 SHORT = ["--wait", "1", "--warmup", "0", "--active", "1"]  # two steps: the least a record runs

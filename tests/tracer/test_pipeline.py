@@ -54,7 +54,7 @@ def _gate(run_dir) -> subprocess.CompletedProcess:
                           text=True, cwd=REPO)
 
 
-@pytest.mark.slow
+@pytest.mark.record
 @pytest.mark.parametrize("which,schedule,microbatches", [("pp_1f1b", "1f1b", 4), ("pp_gpipe", "gpipe", 2)])
 def test_pp_records_its_mesh_and_passes_the_gate(request, which, schedule, microbatches):
     run_dir = request.getfixturevalue(which)
@@ -71,7 +71,7 @@ def test_pp_records_its_mesh_and_passes_the_gate(request, which, schedule, micro
     assert "pass" in gate.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_pp_ranks_cover_each_tensor_once_and_share_their_pipeline_loss(pp_1f1b):
     numerics = pd.read_parquet(pp_1f1b / schemas.NUMERICS_NAME)
     numel = numerics[numerics["metric"] == "numel"]
@@ -89,7 +89,7 @@ def test_pp_ranks_cover_each_tensor_once_and_share_their_pipeline_loss(pp_1f1b):
     assert (per_rank[0] != per_rank[2]).all()  # two pipelines, two halves of the batch
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_pp_memory_counts_the_local_stage_shard(pp_1f1b):
     mem = pd.read_parquet(pp_1f1b / schemas.MEMORY_CATEGORIES_NAME)
     for category in ("parameters", "gradients"):
@@ -98,7 +98,7 @@ def test_pp_memory_counts_the_local_stage_shard(pp_1f1b):
         assert got == {r: LAYER_PARAMS // 2 * 4 for r in range(4)}, (category, got)
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_pp_trace_holds_the_microbatch_send_recv(pp_1f1b):
     """Facts the analyzer relies on (gloo, torch 2.13): per profiled step each rank issues one
     ``c10d::send`` and one ``c10d::recv_`` per microbatch on its main thread (stage 0 sends
@@ -120,7 +120,7 @@ def test_pp_trace_holds_the_microbatch_send_recv(pp_1f1b):
                 assert e["args"]["Concrete Inputs"][2] == str(1 - rank % 2)
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_skip_microbatch_canary_fails_at_the_first_gradient(pp_canary):
     manifest = schemas.read_manifest(pp_canary / schemas.MANIFEST_NAME)
     assert manifest.fault == "skip-microbatch"
@@ -135,6 +135,7 @@ def test_skip_microbatch_canary_fails_at_the_first_gradient(pp_canary):
     assert gate.returncode == 3 and "layers.0.attn.weight" in gate.stdout, gate.stdout
 
 
+@pytest.mark.record
 @pytest.mark.parametrize("args,says", [
     (["--pp", "4", "--layers", "2"], "--pp 4: more stages than --layers 2"),
     (["--pp", "2", "--microbatches", "3", "--batch", "8"], "--microbatches 3: must divide the batch of each pipeline 4"),
@@ -149,7 +150,7 @@ def test_pp_refuses_bad_shapes_in_one_line(tmp_path, args, says):
     assert not (tmp_path / "pp").exists()  # refused before anything ran
 
 
-@pytest.mark.slow
+@pytest.mark.record
 @pytest.mark.parametrize("fault,first_kind", [("wrong-grad-scale", "grad"), ("unsynced-init", "activation")])
 def test_pp_fault_canaries_fail_the_gate(tmp_path_factory, fault, first_kind):
     run_dir = _record(tmp_path_factory, f"pp-{fault}", ["--microbatches", "2", "--pp-schedule", "gpipe",
@@ -186,7 +187,7 @@ def test_skip_microbatch_zeroes_the_last_microbatch_of_every_step():
     assert microbatch_loss(len, None, 3) is len
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_pp_bytes_per_mesh_dimension_and_bubble(pp_1f1b, tmp_path):
     """Per rank and profiled step (active 1): pp = M sends + M recvs of one microbatch's
     activations (or their gradients) [B / dp / M, seq, h] f32; dp = the stage's one layer

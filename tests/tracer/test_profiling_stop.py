@@ -47,7 +47,7 @@ def test_the_record_profiler_is_the_settled_one(tmp_path):
     assert isinstance(prof, SettledProfile)
 
 
-@pytest.mark.slow
+@pytest.mark.record
 @pytest.mark.skipif(not MALLOC_DEBUG.exists(), reason=f"needs glibc's heap checker {MALLOC_DEBUG}")
 def test_profiler_stops_right_after_gloo_collectives_keep_the_heap_sound(tmp_path):
     env = dict(os.environ, LD_PRELOAD=str(MALLOC_DEBUG), MALLOC_CHECK_="3",

@@ -14,7 +14,7 @@ from analyzer.contract import schemas
 from analyzer.contract.tolerance import TOLERANCES
 from tests.tracer.helpers import tensor_rel_l2
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.record
 DISTRIBUTED = ("ddp", "fsdp", "fsdp2")
 HIDDEN, BATCH, SEQ = 32, 4, 8  # helpers.TINY
 # Parameters of the tiny model, by hand: per layer attn 32*32+32, mlp 32*128+128 + 128*32+32,
@@ -32,9 +32,9 @@ def _trace(path):
 
 
 def test_prints_where_run_dirs_went(fp32_all):
-    out, proc = fp32_all
+    out, printed = fp32_all
     for s in schemas.FLAT_STRATEGIES:
-        assert f"recorded {out / s}" in proc.stdout
+        assert f"recorded {out / s}" in printed
 
 
 @pytest.mark.parametrize("strategy", schemas.FLAT_STRATEGIES)

@@ -60,7 +60,7 @@ def test_oversubscription_is_named():
     assert oversubscription(configs, usable_cpus=4) is None
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_repeat_records_interleaved_complete_runs_of_one_experiment(tmp_path):
     proc, _ = run_tracer(["--strategy", "single,ddp", "--repeat", "2", "--active", "2",
                           "--out", str(tmp_path / "t")] + TINY, cwd=tmp_path)

@@ -96,6 +96,7 @@ def test_rerecord_marks_the_run_dir_incomplete_before_removing_its_manifest(tmp_
     assert not (run / schemas.RECORDING_NAME).exists()
 
 
+@pytest.mark.record
 def test_record_into_a_foreign_folder_is_refused_and_left_untouched(tmp_path, no_torch):
     _tree(tmp_path / "out" / "ddp", ["notes.txt", "data/x.csv"])
     proc = _record_cli(["--strategy", "ddp", "--out", "out"], tmp_path, no_torch)
@@ -103,12 +104,14 @@ def test_record_into_a_foreign_folder_is_refused_and_left_untouched(tmp_path, no
     assert _files(tmp_path / "out" / "ddp") == ["data/x.csv", "notes.txt"]
 
 
+@pytest.mark.record
 def test_record_named_like_the_report_folder_is_refused(tmp_path, no_torch):
     proc = _record_cli(["--strategy", "ddp", "--out", "out", "--name", "report"], tmp_path, no_torch)
     _one_line_refusal(proc, "out/report", "analyzer report")
     assert not (tmp_path / "out" / "report").exists()
 
 
+@pytest.mark.record
 def test_record_out_an_existing_file_is_refused_before_torch_is_imported(tmp_path, no_torch):
     (tmp_path / "afile").write_text("mine")
     proc = _record_cli(["--strategy", "all", "--out", "afile"], tmp_path, no_torch)
@@ -116,6 +119,7 @@ def test_record_out_an_existing_file_is_refused_before_torch_is_imported(tmp_pat
     assert (tmp_path / "afile").read_text() == "mine"
 
 
+@pytest.mark.record
 def test_record_into_a_run_dir_another_record_holds_is_refused(tmp_path, no_torch):
     """The holder is another process (flock locks are per open file: this test's own lock would
     not conflict with itself); the refusal comes before torch is imported."""
@@ -139,6 +143,7 @@ def test_record_into_a_run_dir_another_record_holds_is_refused(tmp_path, no_torc
     rundir.unlock_run_dir(run)
 
 
+@pytest.mark.record
 def test_user_files_named_like_the_tracers_do_not_make_a_run_dir(tmp_path, no_torch):
     """A folder of the user's own with names the tracer writes (a trace, numerics.parquet,
     a manifest.json of another tool) is no run dir: the record is refused, nothing touched."""

@@ -24,6 +24,7 @@ from tests.tracer.helpers import TINY, run_tracer
 
 # --- fast: option validation -----------------------------------------------------------------
 
+@pytest.mark.record
 def test_ddp_refuses_an_fsdp_option_even_at_its_default(tmp_path):
     """Before: ddp silently accepted --sharding-strategy. Typed on the command line at its
     default value it is still refused: one line, exit 2, nothing recorded."""
@@ -165,7 +166,7 @@ def adamw_all(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.record
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp2"])
 def test_adamw_records_pass_parity(adamw_all, strategy):
     """AdamW (lr 1e-3, eps 1e-8 recorded in the manifest): every tensor, the parameters after
@@ -187,7 +188,7 @@ def mixed_bf16(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.record
 @pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
 def test_reference_mixed_precision_passes_at_its_tolerance(mixed_bf16, strategy):
     """The reference code's policy, bf16 params / reduction / buffers, passes at its stated
@@ -216,7 +217,7 @@ def test_reference_mixed_precision_passes_at_its_tolerance(mixed_bf16, strategy)
     assert torch.equal(kept["batch.x"], fp32["batch.x"])  # same inputs: the difference is bf16's
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_single_runs_the_mixed_precision_policy_too(mixed_bf16):
     """``single`` has no FSDP to apply the policy; it runs the baseline's emulation on its whole
     batch, so its timing is of bf16 work: its losses are within bf16's tolerance of the (micro-
@@ -235,7 +236,7 @@ def test_single_runs_the_mixed_precision_policy_too(mixed_bf16):
     assert any(abs(a - r) > fp32_tol.limit(abs(r)) for a, r in zip(loss, ref))
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_wrong_grad_scale_fails_the_mixed_precision_gate(mixed_bf16):
     _, verdict = _verdict(mixed_bf16 / "fsdp2-canary")
     assert verdict.status == "fail"
@@ -243,7 +244,7 @@ def test_wrong_grad_scale_fails_the_mixed_precision_gate(mixed_bf16):
     assert verdict.first_divergence.rel_l2 == pytest.approx(0.5, rel=0.05)  # halved gradient
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_activation_checkpointing_passes_and_recomputes(tmp_path, adamw_all):
     """Checkpointed FSDP units: parity passes, and the backward recomputes the forward (more
     aten::linear calls on rank 0 than the same shapes and steps without checkpointing)."""
@@ -254,7 +255,7 @@ def test_activation_checkpointing_passes_and_recomputes(tmp_path, adamw_all):
     assert _op_counts(tmp_path / "fsdp")["aten::linear"] > _op_counts(adamw_all / "fsdp")["aten::linear"]
 
 
-@pytest.mark.slow
+@pytest.mark.record
 def test_a_bug_after_the_first_step_fails_on_the_loss(tmp_path):
     """A forgotten zero_grad after step 1 (test-only injection): step 0's gradients and
     parameters pass; step 2 steps on stale + fresh gradients, so the loss at step 3 leaves its
