@@ -24,14 +24,21 @@ def stop_requested() -> bool:
     return bool(_STOPPED)
 
 
+def _ignore(signum, frame) -> None:
+    """A stop signal after the first: nothing to do (the clean-up it started runs on)."""
+
+
 def stop_on_signals() -> None:
     """Make the first ``STOP_SIGNALS`` signal raise ``KeyboardInterrupt`` and ignore every
     later one (the clean-up it starts then runs to its end: one line, exit 130, no traceback,
     no worker and no staging folder left). A signal this process inherited as ignored (``nohup``:
     SIGHUP) stays ignored. Call in the main thread before anything is written."""
     def on_stop(signum, frame):
+        # later signals go to a handler that does nothing, not SIG_IGN: CPython raises "OSError:
+        # Signal N ignored due to race condition" for a signal that arrived before the switch
+        # and finds SIG_IGN when its turn comes (two signals in one burst: a traceback)
         for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
+            signal.signal(s, _ignore)
         _STOPPED.append(signum)
         if _HOLDING:  # raised where the held section ends (stop_signals_held)
             _HOLDING.append(signum)

@@ -155,8 +155,10 @@ def _stop_on_signals() -> None:
     stops = (signal.SIGTERM, signal.SIGHUP)
 
     def on_stop(signum, frame):
+        # later ones to a handler that does nothing: with SIG_IGN, a signal of the same burst
+        # ends in "OSError: Signal N ignored due to race condition" (tracer/stopping.py)
         for s in (*stops, signal.SIGINT):
-            signal.signal(s, signal.SIG_IGN)
+            signal.signal(s, lambda *_: None)
         raise KeyboardInterrupt
 
     for s in stops:
