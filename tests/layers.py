@@ -42,6 +42,10 @@ RECORD_FIXTURES = {"fp32_all", "golden_root", "gloo_runs", "adamw_all", "mixed_b
 carry the ``record`` mark. A fixture that starts a record while it is set up and is not named
 here fails the test that set it up."""
 
+RECORD_LOG_ENV = "PARITYTRACE_TESTS_RECORD_LOG"
+"""Set to a file's path, the suite appends a line there for every record a test or fixture
+starts (test id, fixtures being set up, argv): the list of records a run makes."""
+
 _CORPUS = str(corpus_root() or "")
 _UNLISTED = "unlisted"
 _running: dict = {"item": None, "did": [], "fixtures": []}
@@ -70,6 +74,10 @@ def _audit(event: str, args: tuple) -> None:
         argv = args[1] if isinstance(args[1], (list, tuple)) else [args[1] or args[0]]
         need, what = needs(argv), "started " + " ".join(map(str, argv))[:200]
         _running["did"].append((need, what))
+        if need == RECORD and (log := os.environ.get(RECORD_LOG_ENV)):
+            with open(log, "a") as fh:  # one line a record: test, fixture, argv
+                fh.write("\t".join([_running["item"].nodeid, ",".join(_running["fixtures"]),
+                                    " ".join(map(str, argv))]) + "\n")
         fixtures = _running["fixtures"]
         if need == RECORD and fixtures and not RECORD_FIXTURES.intersection(fixtures):
             _running["did"].append((_UNLISTED, f"set up fixture {fixtures[-1]}, which {what}: "
