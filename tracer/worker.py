@@ -561,7 +561,8 @@ def worker_main(cfg: RecordConfig) -> None:
         env = RankEnv.from_environ(cfg.strategy)
         check_world(cfg, env)
     except ValueError as exc:  # bad options or environment: one line, no rank started
-        print(f"tracer: {exc}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"tracer: {exc}\n")  # one write: each rank under torchrun says it
+        sys.stderr.flush()
         _exit_now(ExitCode.BAD_INPUT)
     logging.basicConfig(level=settings.log_level(), format=f"[rank{env.rank}] %(levelname)s %(name)s: %(message)s")
     said = _keep_stdout_for_the_tracer() if env.launch == "torchrun" else None
