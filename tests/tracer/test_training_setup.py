@@ -181,8 +181,7 @@ def test_adamw_records_pass_parity(adamw_all, strategy):
 @pytest.fixture(scope="module")
 def mixed_bf16(tmp_path_factory):
     out = tmp_path_factory.mktemp("mixed")
-    for strategy in ("single", "fsdp", "fsdp2"):
-        _record(out, "--strategy", strategy, "--mixed-precision", "bf16,bf16,bf16")
+    _record(out, "--strategy", "single,fsdp,fsdp2", "--mixed-precision", "bf16,bf16,bf16")
     _record(out, "--strategy", "fsdp2", "--mixed-precision", "bf16,bf16,bf16", "--fault",
             "wrong-grad-scale", "--name", "fsdp2-canary")
     return out
