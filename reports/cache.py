@@ -30,13 +30,17 @@ from typing import Any
 import msgspec
 
 from analyzer.contract.atomic import write_atomic
-from analyzer.ingest.cachekey import cache_dir, cache_key, trim
+from analyzer.ingest.cachekey import cache_dir, cache_key, read_regular, trim
 from analyzer.contract.report_types import AnalysisOptions
 
 log = logging.getLogger(__name__)
 
 _SKIP_SUFFIXES = (".tables.msgpack",)  # an older analyzer's caches beside traces
-_NAMES = r"[0-9a-f]{32}(\.written)?\.json"  # ``_path``, ``_written_path``: what trim may delete
+_NAMES = r"[0-9a-f]{32}\.json"
+"""The report entries (``_path``): what trim may delete. Never the records of written files
+(``_written_path``): without one, a report file the user edited could be taken for ours."""
+_RECORD_MAX_BYTES = 1 << 20
+"""A record of written files names a few report files: larger is not one of ours."""
 _HERE = Path(__file__).resolve().parent
 _MODULES = tuple(sorted((*(_HERE.parent / "analyzer").rglob("*.py"), *_HERE.glob("*.py"))))
 
@@ -124,7 +128,7 @@ def load_entry(root: Path, out: Path, k: str) -> tuple[str, list[str]] | None:
     stderr (``store``), so a hit can say them again."""
     path = _path(root, out)
     try:
-        entry = msgspec.json.decode(path.read_bytes(), type=_Entry)
+        entry = msgspec.json.decode(read_regular(path), type=_Entry)
     except FileNotFoundError:
         return None
     except (OSError, msgspec.DecodeError) as exc:  # ValidationError too: an older cache's shape
@@ -200,7 +204,7 @@ def remove_stale(out: Path, names: list[str], written: dict[str, str],
     that cannot be read or written is skipped (log line)."""
     rec_path = _written_path(out)
     try:
-        known = msgspec.json.decode(rec_path.read_bytes(), type=dict[str, str])
+        known = msgspec.json.decode(read_regular(rec_path, _RECORD_MAX_BYTES), type=dict[str, str])
     except FileNotFoundError:
         known = {}
     except (OSError, msgspec.DecodeError) as exc:
@@ -253,7 +257,8 @@ def foreign_files(out: Path, names: list[str]) -> list[str]:
     the link, not what it names). Call it under ``out_lock``, so that a report writing at
     the same time is seen before or after its record, never between."""
     try:
-        known = msgspec.json.decode(_written_path(out).read_bytes(), type=dict[str, str])
+        known = msgspec.json.decode(read_regular(_written_path(out), _RECORD_MAX_BYTES),
+                                   type=dict[str, str])
     except (OSError, msgspec.DecodeError):
         known = {}
     out_names = []

@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -57,10 +58,11 @@ def _root(factory: pytest.TempPathFactory) -> Path:
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "records"
 
 
-def make(name: str, out: Path) -> subprocess.CompletedProcess:
-    """Record configuration ``name`` into ``out`` (a traces root) in a fresh interpreter; returns
-    the finished process. Raises ``RuntimeError`` with the record's stderr when it fails."""
-    env = dict(os.environ, TMPDIR=str(out.parent))
+def make(name: str, out: Path, tmp: Path | None = None) -> subprocess.CompletedProcess:
+    """Record configuration ``name`` into ``out`` (a traces root) in a fresh interpreter, its
+    temporary files in ``tmp`` (default: beside ``out``); returns the finished process. Raises
+    ``RuntimeError`` with the record's stderr when it fails."""
+    env = dict(os.environ, TMPDIR=str(tmp or out.parent))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-m", "tracer", "record", *RECORDS[name], "--out",
                            str(out)], cwd=out.parent, env=env, capture_output=True, text=True)
@@ -112,7 +114,8 @@ def write_committed(dest: Path) -> None:
         target = dest / name
         shutil.rmtree(target, ignore_errors=True)
         target.parent.mkdir(parents=True, exist_ok=True)
-        make(name, target)
+        with tempfile.TemporaryDirectory() as tmp:  # torch's own temp folders stay out of dest
+            make(name, target, Path(tmp))
 
 
 if __name__ == "__main__":  # python3 -m tests.records fixtures/recorded

@@ -165,7 +165,7 @@ def test_long_function_finder_counts_from_def_to_last_line():
         f"m.py:2 g ({MAX_FUNCTION_LINES + 1} lines)"]
 
 
-LINE_BUDGET = 28067
+LINE_BUDGET = 28097
 """Physical lines of every *.py under tracer/, analyzer/ and reports/: issue 31's fixes are made
 without growing the product code. Measured 2026-12-03: 27933 at f347ad4 (before issue 31's work),
 27912 once it was done; raised by 49 to 27961 for ``tracer/stopping.py`` (a stop signal deferred
@@ -181,7 +181,11 @@ heap when a stop races a gloo thread finishing a collective); by 47 for bounded 
 per-rank tables caches only in the user cache, each cache folder trimmed to
 ``PARITYTRACE_CACHE_MAX_BYTES``, least recently used first (``cachekey.trim``, its setting and
 its callers: caches beside traces grew without bound, and a test run left 19 in a writable
-public corpus).
+public corpus); by 30 for a second stop signal of a burst going to a no-op handler, not SIG_IGN
+(CPython raised "Signal 15 ignored due to race condition" mid clean-up), a rank's bad-option
+line in one write, and cache files read only when regular and within the cap
+(``cachekey.read_regular``: a /dev/zero link filled the memory, a FIFO hung the command) with
+the records of written report files never trimmed (an edited report.md was replaced).
 Measure with ``python -c "from tests.test_architecture import product_lines;
 print(product_lines())"``. Lower it when the code shrinks; raise it only in a commit that says
 why the code must grow."""

@@ -45,6 +45,21 @@ def cache_dir() -> Path:
     return settings.cache_home() / "paritytrace"
 
 
+def read_regular(path: Path, limit_bytes: int | None = None) -> bytes:
+    """The bytes of the cache file ``path``, read only when it is a regular file of at most
+    ``limit_bytes`` (default ``settings.cache_max_bytes()``): a symlink (``/dev/zero``), a FIFO
+    or a device left in the cache folder is refused before anything is read, so it can neither
+    hang the command nor fill its memory. Raises ``FileNotFoundError`` when absent, ``OSError``
+    otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        limit = settings.cache_max_bytes() if limit_bytes is None else limit_bytes
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise OSError(f"not a regular file of at most {limit} bytes: {path}")
+        return fh.read()
+
+
 def trim(folder: Path, names: str) -> None:
     """Keep the cache folder ``folder`` within ``settings.cache_max_bytes()`` bytes: while the
     files whose whole name matches the regular expression ``names`` (the tool's own cache files)

@@ -97,10 +97,10 @@ def load_cache_blob(cpath: Path) -> dict[str, Any] | None:
     """The payload of the cache file ``cpath`` when its HMAC verifies under this user's key
     (``cachekey.verify``): None when absent, unreadable, or not written by this user's
     analyzer (planted, copied from another user or machine, edited)."""
-    from analyzer.ingest.cachekey import MAC_BYTES, verify
+    from analyzer.ingest.cachekey import MAC_BYTES, read_regular, verify
 
     try:
-        data = cpath.read_bytes()
+        data = read_regular(cpath)
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -175,6 +175,50 @@ def test_report_cache_is_trimmed_least_recently_used_first(tmp_path, monkeypatch
     assert [e.exists() for e in entries] == [False, True, True] and lock.exists()
 
 
+@pytest.mark.parametrize("plant", ["devzero-link", "fifo", "too-big"])
+def test_a_cache_file_that_is_not_a_small_regular_file_is_recomputed_unread(tmp_path, monkeypatch,
+                                                                           plant):
+    """A symlink to /dev/zero read whole filled the machine's memory; a FIFO hung the command;
+    a file past the cap is not read either. Each is a miss: the tables are made from the
+    trace, and the thing planted is left as it was (the next write replaces a regular file)."""
+    import os
+
+    from analyzer.ingest.ranktables import rank_tables
+    from analyzer.ingest.tablecache import tables_cache_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    trace = _trace(tmp_path / "t.json", 20)
+    want = rank_tables(trace).breakdown
+    cpath = tables_cache_path(trace)
+    cpath.unlink()
+    if plant == "devzero-link":
+        cpath.symlink_to("/dev/zero")
+    elif plant == "fifo":
+        os.mkfifo(cpath)
+    else:
+        monkeypatch.setenv("PARITYTRACE_CACHE_MAX_BYTES", "10")
+        cpath.write_bytes(b"x" * 11)
+    got = rank_tables(trace)
+    assert not got.cache_hit
+    assert got.breakdown.equals(want)
+
+
+def test_a_capped_report_cache_keeps_the_record_of_written_files(ddp_run, tmp_path, monkeypatch):
+    """The record of which report files the analyzer wrote is never trimmed: with the smallest
+    cap, a report.md the user edited is still refused, not replaced."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("PARITYTRACE_CACHE_MAX_BYTES", "1")
+    run = copy_run(ddp_run, tmp_path / "traces" / "ddp")
+    first = cli("report", str(run.parent), "--out", str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr
+    with open(tmp_path / "a" / "report.md", "a") as fh:
+        fh.write("MY NOTE\n")
+    assert cli("report", str(run.parent), "--out", str(tmp_path / "b")).returncode == 0
+    again = cli("report", str(run.parent), "--out", str(tmp_path / "a"))
+    assert again.returncode == 2 and "report.md" in again.stderr, again.stderr
+    assert (tmp_path / "a" / "report.md").read_text().endswith("MY NOTE\n")
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "1e9", "2G", "lots", "\u00b2", " 12 x"])
 def test_a_bad_cache_cap_is_logged_and_the_default_used(tmp_path, monkeypatch, caplog, value):
     import logging
