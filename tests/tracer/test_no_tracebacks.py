@@ -333,13 +333,20 @@ def test_dataloader_workers_of_a_killed_rank_end_with_it(tmp_path):
 
 # -- torchrun ------------------------------------------------------------------------------------
 
+def _tracer_lines(stderr: str) -> list[str]:
+    """The tracer's lines under torchrun, each from its "tracer: " on: torch's C++ loggers (Kineto's
+    "USDT: ... profiler_start") write a line's text and its newline apart, so another rank's
+    whole line can follow that text on the same line of the shared stderr."""
+    return [ln[ln.index("tracer: "):] for ln in stderr.splitlines() if "tracer: " in ln]
+
+
 def test_rank_failure_under_torchrun_is_one_line_per_rank_without_traceback(tmp_path):
     # --timeout 60: the rendezvous of a loaded machine can take longer than 10 s; torchrun
     # stops rank 0 once rank 1 has failed, so the failure is not waited out
     proc, tag = run_tracer(["record", "--strategy", "ddp", "--out", str(tmp_path), "--timeout", "60"] + TINY
                            + SHORT, tmp_path, module=TORCHRUN, env_extra={"PARITYTRACE_INJECT": "raise@1:1"})
     assert proc.returncode != 0
-    ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("tracer: ")]
+    ours = _tracer_lines(proc.stderr)
     assert TRACER_FRAME not in proc.stderr  # torchrun's own ChildFailedError report may follow
     rank1 = [ln for ln in ours if ln.startswith("tracer: rank 1 failed at step 1")]
     assert len(rank1) == 1 and "injected failure" in rank1[0], proc.stderr
@@ -354,7 +361,7 @@ def test_single_under_torchrun_with_two_processes_is_one_line_per_rank_exit_2(tm
                            module=TORCHRUN)
     assert proc.returncode != 0
     assert TRACER_FRAME not in proc.stderr
-    ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("tracer: ")]
+    ours = _tracer_lines(proc.stderr)
     # one line per rank that got to say it (torchrun SIGTERMs the others after the first exit)
     assert 1 <= len(ours) <= 2 and set(ours) == {
         "tracer: --strategy single: runs one process, not WORLD_SIZE 2; under torchrun pass "
