@@ -1,5 +1,5 @@
 """Shared inputs of the behaviour tests: real corpus traces and real tracer run directories
-(recorded once per session: ``record``, the fixtures of tests/conftest.py), corrupted copy by
+(tests/records.py, the fixtures of tests/conftest.py), corrupted copy by
 copy in tmp_path (never in place), and a CLI runner that checks the one-line error contract of
 issue 5."""
 
@@ -21,22 +21,11 @@ from tests.layers import unwatched
 
 DLRM = CORPUS / "dlrm_ddp_8rank_v100"
 TBPLUGIN = CORPUS / "tbplugin_2rank"
-TINY = ["--strategy", "ddp", "--hidden", "32", "--layers", "1", "--seq", "16", "--warmup", "0",
-        "--active", "2"]
 HANG_S = 300
 """Seconds after which a wait that normally ends in seconds (a process reaching a phase, a
 command ending after a signal) is taken for a hang, on a loaded 2-core machine too: a hang
 guard, never a speed check. A child process that does real work (a record, a report) gets no
 limit of its own: the suite's pytest-timeout (pyproject.toml) stops a hung test."""
-
-
-def record(out: Path, *args: str) -> Path:
-    """``tracer record ARGS --out OUT`` in a fresh interpreter (2 gloo ranks on CPU); asserts
-    that it succeeded and returns ``out``, the traces root holding the run directory."""
-    proc = subprocess.run([sys.executable, "-m", "tracer", "record", *args, "--out", str(out)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
 
 
 def default_signals() -> None:
