@@ -201,6 +201,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
                   "--window-size=1400,900"]
 
 
+@pytest.mark.integration
 def test_html_opens_in_headless_chromium(tmp_path, request):
     """report.html in headless Chromium (Debian's chromium; .ci/run installs it where apt-get
     can) at 1400x900: it loads without console errors and paints (a screenshot); with the
