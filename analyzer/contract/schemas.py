@@ -40,13 +40,14 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import msgspec
 import pyarrow as pa
 from msgspec import UNSET, UnsetType
 
 from analyzer.contract.tolerance import Tolerance
+from analyzer.contract import strategies
 
 SCHEMA_VERSION = 1
 
@@ -77,16 +78,14 @@ def flightrec_name(rank: int) -> str:
     return f"rank{rank}.flightrec.json"
 
 
-Strategy = Literal["single", "ddp", "fsdp", "fsdp2", "hsdp", "fsdp2_tp", "pp"]
-STRATEGIES: tuple[str, ...] = get_args(Strategy)
-"""Strategy names. ``single`` is the one-process baseline run; the rest are distributed:
-``ddp``, ``fsdp``, ``fsdp2`` on a flat group of ranks (``--strategy all`` records these four),
-``hsdp``, ``fsdp2_tp`` and ``pp`` on a 2-D ``DeviceMesh`` (manifest ``mesh``)."""
-FLAT_STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "fsdp2")
+Strategy = Literal[tuple(strategies.TABLE)]  # type: ignore[valid-type]
+STRATEGIES: tuple[str, ...] = tuple(strategies.TABLE)
+"""Strategy names, from the strategy table (contract/strategies.py): the reference ``single``
+(one process) and the distributed ones, flat or on a 2-D ``DeviceMesh`` (manifest ``mesh``)."""
+FLAT_STRATEGIES: tuple[str, ...] = tuple(strategies.all_set())
 """What ``--strategy all`` records: the 1-D set."""
-MESH_STRATEGIES: tuple[str, ...] = ("hsdp", "fsdp2_tp", "pp")
-"""Strategies on a 2-D mesh (``Mesh``): HSDP (replicate x shard), FSDP2 + tensor parallel
-(dp x tp), pipeline parallel with FSDP2 on the remaining dimension (dp x pp)."""
+MESH_STRATEGIES: tuple[str, ...] = tuple(s.name for s in strategies.TABLE.values() if not s.is_flat)
+"""Strategies on a 2-D mesh (``Mesh``)."""
 
 PG_TAG_PREFIX = "paritytrace::pg "
 """A ``tracer record`` trace names the process group of every collective it issues: a CPU
