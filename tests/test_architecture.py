@@ -1,6 +1,6 @@
 """The architecture holds (ARCHITECTURE.md): the layers import downwards only (the tracer and
-the reports see only the contract, the reports the cache key too), no import cycle, no function
-over ``MAX_FUNCTION_LINES`` lines, and the product code within ``LINE_BUDGET`` lines."""
+the reports see only the contract, the reports the cache key too), no import cycle, a long
+function says why it is long, and no product code asks a strategy by its name."""
 
 from __future__ import annotations
 
@@ -140,63 +140,97 @@ def test_every_product_module_belongs_to_a_stage():
     assert {_stage(m) for m in _modules()} - {"analyzer"} <= set(ALLOWED)
 
 
-MAX_FUNCTION_LINES = 100
-"""A function longer than this does more than one thing: split it (STYLE.md)."""
+LONG_FUNCTION_LINES = 80
+"""A function longer than this is read twice in review: its docstring says why it is long (a
+sentence with "long because"), or it is split. Guidance, not a budget: there is no line budget for
+the product code (issue 41: a budget with one line of slack pushed code up to the limit instead of
+into clearer pieces); ``product_lines()`` is the measure a closing note quotes."""
 
 
 def _long_functions(source: str, where: str) -> list[str]:
     """``where:line name (n lines)`` of each function or method of ``source`` (nested ones
-    too) longer than ``MAX_FUNCTION_LINES``, from its ``def`` line to its last line."""
+    too) longer than ``LONG_FUNCTION_LINES``, from its ``def`` line to its last line, whose
+    docstring does not say why it is long."""
     return [f"{where}:{node.lineno} {node.name} ({n} lines)"
             for node in ast.walk(ast.parse(source, where))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES]
+            and (n := node.end_lineno - node.lineno + 1) > LONG_FUNCTION_LINES
+            and "long because" not in (ast.get_docstring(node) or "").lower()]
 
 
-def test_no_product_function_is_over_100_lines():
+def test_a_long_product_function_says_why_it_is_long():
     long = [f for p in _product_files() for f in _long_functions(p.read_text(), str(p.relative_to(REPO)))]
-    assert not long, "split these functions: " + "; ".join(long)
+    assert not long, ("split these functions, or say in the docstring why each is long "
+                      "(\"long because ...\"): " + "; ".join(long))
 
 
-def test_long_function_finder_counts_from_def_to_last_line():
-    body = "    x = 1\n" * (MAX_FUNCTION_LINES - 1)
+def test_long_function_finder_counts_from_def_to_last_line_and_reads_the_reason():
+    body = "    x = 1\n" * (LONG_FUNCTION_LINES - 1)
     assert _long_functions(f"def f():\n{body}", "m.py") == []
     assert _long_functions(f"class C:\n  def g(self):\n{body}    x = 2\n", "m.py") == [
-        f"m.py:2 g ({MAX_FUNCTION_LINES + 1} lines)"]
-
-
-LINE_BUDGET = 28097
-"""Physical lines of every *.py under tracer/, analyzer/ and reports/: issue 31's fixes are made
-without growing the product code. Measured 2026-12-03: 27933 at f347ad4 (before issue 31's work),
-27912 once it was done; raised by 49 to 27961 for ``tracer/stopping.py`` (a stop signal deferred
-while the record lock and the baseline staging folder are made: a SIGTERM there left either
-behind) and for a SIGTERM that typer turned into a silent exit 130 (``tracer/cli.py``); by 15
-for issue 34: the decode tells whether a trace has ``[memory]`` events (instant events keep
-their name), so that no rank's JSON is scanned twice more for a substring; by 1 for the
-events' phases read in one pass; by 6 for the cycle collector paused while a rank is parsed
-(``ranktables.tables_worker``); by 2 for a rank's failure line written in one write
-(``tracer/worker.py``: another process's line landed inside it); by 35 for the profiler stop
-that waits for the other threads to settle (``tracer/profiling.py``: torch 2.13 corrupts the
-heap when a stop races a gloo thread finishing a collective); by 47 for bounded caches: the
-per-rank tables caches only in the user cache, each cache folder trimmed to
-``PARITYTRACE_CACHE_MAX_BYTES``, least recently used first (``cachekey.trim``, its setting and
-its callers: caches beside traces grew without bound, and a test run left 19 in a writable
-public corpus); by 30 for a second stop signal of a burst going to a no-op handler, not SIG_IGN
-(CPython raised "Signal 15 ignored due to race condition" mid clean-up), a rank's bad-option
-line in one write, and cache files read only when regular and within the cap
-(``cachekey.read_regular``: a /dev/zero link filled the memory, a FIFO hung the command) with
-the records of written report files never trimmed (an edited report.md was replaced).
-Measure with ``python -c "from tests.test_architecture import product_lines;
-print(product_lines())"``. Lower it when the code shrinks; raise it only in a commit that says
-why the code must grow."""
+        f"m.py:2 g ({LONG_FUNCTION_LINES + 1} lines)"]
+    said = f'def f():\n    """Long because the steps share state."""\n{body}'
+    assert _long_functions(said, "m.py") == []
 
 
 def product_lines() -> int:
-    """Physical lines of the product code (``LINE_BUDGET``'s measure)."""
+    """Physical lines of the product code: every *.py under tracer/, analyzer/ and reports/.
+    Measure with ``python -c "from tests.test_architecture import product_lines;
+    print(product_lines())"`` (28228 before issue 41)."""
     return sum(len(p.read_bytes().splitlines()) for p in _product_files())
 
 
-def test_product_code_stays_within_its_line_budget():
-    lines = product_lines()
-    assert lines <= LINE_BUDGET, (f"the product code has {lines} lines, over its budget of "
-                                  f"{LINE_BUDGET}: shrink it, or raise LINE_BUDGET saying why")
+STRATEGY_TABLE = REPO / "analyzer" / "contract" / "strategies.py"
+
+
+def _strategy_names() -> set[str]:
+    from analyzer.contract.strategies import TABLE
+    return set(TABLE)
+
+
+def _names_in(node: ast.AST, names: set[str]) -> list[str]:
+    """Strategy names that ``node`` spells as literals: a string, or the strings of a tuple,
+    list or set display."""
+    elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [e.value for e in elts if isinstance(e, ast.Constant) and e.value in names]
+
+
+def strategy_name_uses(source: str, where: str, names: set[str]) -> list[str]:
+    """``where:line`` of each place ``source`` asks a strategy by its name rather than its row
+    in the strategy table: a comparison (==, !=, in, not in) of an expression that mentions
+    "strategy" with a strategy-name literal, a collection of two or more strategy names, or a
+    dict keyed by two or more. A mesh dimension that shares a strategy's name (``"pp"`` in
+    ``mesh.dim_names``) is not a use: nothing there mentions a strategy."""
+    out = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any("strategy" in ast.unparse(s) for s in sides) and any(
+                    _names_in(s, names) for s in sides):
+                out.append(f"{where}:{node.lineno}")
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(_names_in(node, names)) > 1:
+            out.append(f"{where}:{node.lineno}")
+        elif isinstance(node, ast.Dict) and len(
+                [k for k in node.keys if k is not None and _names_in(k, names)]) > 1:
+            out.append(f"{where}:{node.lineno}")
+    return sorted(set(out), key=lambda s: (s.split(":")[0], int(s.split(":")[1])))
+
+
+def test_no_product_code_asks_a_strategy_by_its_name():
+    names = _strategy_names()
+    uses = [u for p in _product_files() if p != STRATEGY_TABLE
+            for u in strategy_name_uses(p.read_text(), str(p.relative_to(REPO)), names)]
+    assert not uses, ("ask the strategy's row (analyzer/contract/strategies.py) instead of "
+                      "its name: " + "; ".join(uses))
+
+
+def test_strategy_name_finder_sees_comparisons_collections_and_tables_not_dimensions():
+    names = {"single", "ddp", "pp"}
+    src = ("if cfg.strategy == 'ddp': pass\n"
+           "x = r.strategy in ('single', 'ddp')\n"
+           "COLOURS = {'single': 1, 'ddp': 2}\n"
+           "FAMILY = ('ddp', 'pp')\n"
+           "ok = 'pp' in mesh.dim_names\n"
+           "ok2 = mesh['pp']\n"
+           "ok3 = name == 'fsdp9'\n")
+    assert strategy_name_uses(src, "m.py", names) == ["m.py:1", "m.py:2", "m.py:3", "m.py:4"]

@@ -743,16 +743,13 @@ def read_manifest(path: Path | str) -> Manifest:
     return manifest
 
 
-_MESH_DIMS = {"hsdp": ("replicate", "shard"), "fsdp2_tp": ("dp", "tp"), "pp": ("dp", "pp")}
-
-
 def mesh_problem(m: Manifest) -> str | None:
     """Why ``m.mesh`` cannot describe the run's ranks, or None: a mesh strategy without one;
     sizes that are not positive or whose product is not the world size; dimension names that
-    are not the strategy's (``_MESH_DIMS``) or not one per size; pp with microbatches < 1, or
-    stages / stage parameters not one per stage."""
-    mesh = m.mesh
-    if m.strategy not in MESH_STRATEGIES:
+    are not the strategy's (its row's ``dims``) or not one per size; a pipelined strategy with
+    microbatches < 1, or stages / stage parameters not one per stage."""
+    mesh, row = m.mesh, strategies.spec(m.strategy)
+    if row is None or row.is_flat:
         return None
     if mesh is None:
         return f"is missing: a {m.strategy} record describes its DeviceMesh"
@@ -760,11 +757,11 @@ def mesh_problem(m: Manifest) -> str | None:
         return f"shape {mesh.shape} is not a list of positive sizes"
     if math.prod(mesh.shape) != m.world_size:
         return f"shape {mesh.shape} holds {math.prod(mesh.shape)} ranks, not world_size {m.world_size}"
-    if tuple(mesh.dim_names) != _MESH_DIMS[m.strategy] or len(mesh.dim_names) != len(mesh.shape):
-        return (f"dim_names {mesh.dim_names} are not {list(_MESH_DIMS[m.strategy])}, one per "
+    if tuple(mesh.dim_names) != row.dims or len(mesh.dim_names) != len(mesh.shape):
+        return (f"dim_names {mesh.dim_names} are not {list(row.dims)}, one per "
                 f"size of shape {mesh.shape}")
-    if m.strategy == "pp":
-        stages = mesh.shape[mesh.dim_names.index("pp")]
+    if stage_dim := row.dim_of("stage"):
+        stages = mesh.shape[mesh.dim_names.index(stage_dim)]
         if mesh.microbatches is None or mesh.microbatches < 1:
             return f"microbatches {mesh.microbatches} is not a positive count"
         for field in ("pp_stages", "stage_params"):
