@@ -88,7 +88,7 @@ def tables_memory_bytes() -> int:
 def max_trace_bytes() -> int | None:
     """``PARITYTRACE_MAX_TRACE_BYTES``, bytes; None when unset (decode.py ``default_max_trace_bytes``)."""
     raw = _raw(MAX_TRACE_BYTES)
-    if raw is not None and (not raw.isdigit() or int(raw) <= 0):
+    if raw is not None and not (raw.isascii() and raw.isdigit() and int(raw) > 0):
         raise BadInput(MAX_TRACE_BYTES.name, Reason.BAD_OPTION,
                        f"is {raw!r}, not a positive number of bytes",
                        f"set e.g. {MAX_TRACE_BYTES.name}={8 * 2**30}")
@@ -117,10 +117,10 @@ def cache_home() -> Path:
 
 def cache_max_bytes() -> int:
     """``PARITYTRACE_CACHE_MAX_BYTES``, bytes, default 2 GiB (cachekey.py ``trim``); not a
-    positive int: logged, and the default used."""
+    positive int: a warning, and the default used (a cache cap is no reason to refuse a report)."""
     raw = _raw(CACHE_MAX_BYTES)
     if raw is not None and not (raw.isascii() and raw.isdigit() and int(raw) > 0):
-        logging.getLogger(__name__).info("ignoring %s=%r: not a positive int", CACHE_MAX_BYTES.name, raw)
+        logging.getLogger(__name__).warning("ignoring %s=%r: not a positive int", CACHE_MAX_BYTES.name, raw)
         raw = None
     return int(raw or 2 * 2**30)
 

@@ -92,6 +92,7 @@ def test_cache_home_defaults_to_dot_cache(monkeypatch, tmp_path):
     (settings.TABLES_MEMORY, "1.5G", settings.tables_memory_bytes, "is '1.5G', not a size"),
     (settings.MAX_TRACE_BYTES, "0", settings.max_trace_bytes, "is '0', not a positive number of bytes"),
     (settings.MAX_TRACE_BYTES, "-5", settings.max_trace_bytes, "is '-5', not a positive number of bytes"),
+    (settings.MAX_TRACE_BYTES, "\u00b2", settings.max_trace_bytes, "is '\u00b2', not a positive number of bytes"),
     (settings.DASK_TIMEOUT_S, "inf", settings.dask_timeout_s, "is 'inf', not a number of seconds > 0"),
     (settings.DASK_TIMEOUT_S, "0", settings.dask_timeout_s, "is '0', not a number of seconds > 0"),
     (settings.HTA_TIMEOUT_S, "soon", settings.hta_timeout_s, "is 'soon', not a number of seconds > 0"),
@@ -105,3 +106,11 @@ def test_a_bad_value_is_one_bad_option_line_naming_the_variable(monkeypatch, kno
     line = caught.value.one_line()
     assert "\n" not in line and line.startswith(f"{knob.name}: {said}")
     assert re.search(rf"{knob.name}=\S+|e\.g\. \S+|\(256M\)", line)  # says a value to set
+
+
+@pytest.mark.parametrize("value", ["lots", "0", "\u00b2", "-1"])
+def test_a_bad_cache_cap_is_a_warning_and_the_default(monkeypatch, caplog, value):
+    monkeypatch.setenv(settings.CACHE_MAX_BYTES.name, value)
+    assert settings.cache_max_bytes() == 2 * 2**30
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert settings.CACHE_MAX_BYTES.name in caplog.records[0].getMessage()
