@@ -125,8 +125,7 @@ def _colors(report: Report) -> dict[str, str]:
 def _run_label(r: RunEntry) -> str:
     """A run's name in plots; the single-device run marked as the reference (not a declared
     arm's: it is ranked)."""
-    ref = r.strategy == "single" and (r.experiment or {}).get("settings") is None
-    return f"{r.name} ({REFERENCE})" if ref else r.name
+    return f"{r.name} ({REFERENCE})" if r.is_reference else r.name
 
 
 def _legend_for(report: Report, parts: list[str]) -> list[tuple[str, str, float]]:
@@ -220,7 +219,7 @@ def rank_timelines(run: RunEntry) -> list:
     return [run.timeline] if run.timeline and run.timeline.intervals else []
 
 
-def timeline_svg(run: RunEntry, color: str = palette.STRATEGY_COLORS["ddp"]) -> str:
+def timeline_svg(run: RunEntry, color: str) -> str:
     """One profiled step of every rank (``rank_timelines``), ranks stacked on one time axis
     (aligned clocks: each rank's step placed at its ``start_ns``), each with a compute lane, a
     lane per collective kind and an idle lane (the step window covered by neither), in the

@@ -89,11 +89,10 @@ def ranking_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
     single. Declared arms (``ranking.declared``): a column with each arm's declared settings."""
     rk = report.ranking
     pos = {n: i for i, n in enumerate(rk.order, 1)}
-    ranked = sorted((r for r in report.runs if (rk.declared or r.strategy != "single")
-                     and arm(r) in pos),
+    ranked = sorted((r for r in report.runs if not r.is_reference and arm(r) in pos),
                     key=lambda r: (pos[arm(r)], (r.experiment or {}).get("repeat", 1), r.name))
-    rest = [r for r in report.runs if r not in ranked and (rk.declared or r.strategy != "single")]
-    refs = [r for r in report.runs if r.strategy == "single" and r not in ranked + rest]
+    rest = [r for r in report.runs if r not in ranked and not r.is_reference]
+    refs = [r for r in report.runs if r.is_reference]
     rows = [[str(pos[arm(r)]), r] for r in ranked] + [["-", r] for r in rest] + \
         [[REFERENCE, r] for r in refs]
     heads = ["rank", "run", "strategy and options", "parity", "median step time",

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from analyzer.contract import strategies
 from analyzer.contract.errors import BadInput
 from analyzer.contract.tolerance import Tolerance
 
@@ -844,6 +845,15 @@ class RunEntry(_Figures, kw_only=True):
     """Issue 30: the Flight Recorder dumps beside the run's traces (a failed record's, or FR
     JSON dumps in a folder of traces), per process group; None without dumps."""
 
+    @property
+    def is_reference(self) -> bool:
+        """The run's role: the reference, shown beside the ranking and never ranked (its
+        strategy's row ``is_reference``, contract/strategies.py), unless it is a declared arm
+        (``experiment.settings``: every declared arm is ranked). The one definition the
+        ranking (analyzer/compare/ranking.py, ``Ranking.reference``) and every renderer read."""
+        return (strategies.is_reference(self.strategy)
+                and (self.experiment or {}).get("settings") is None)
+
 
 class Noise(msgspec.Struct, kw_only=True):
     """Whether a ranking is a basis for a decision (ranking.py NOISE_RULE): ``close_pairs`` are
@@ -948,6 +958,14 @@ class Ranking(msgspec.Struct, kw_only=True):
     runs' ``experiment.order`` lists with no complete run here (``arm b: no complete run in this
     report, not ranked``), an arm with fewer complete repeats than ``experiment.repeats`` (``arm
     a: 1 of 4 repeats``; ranked on those it has)."""
+
+    def speedup(self, arm: Arm) -> float | None:
+        """``arm``'s speedup over the reference arm (``reference``): the reference's median step
+        time over ``arm``'s; None without a reference or either median."""
+        ref = next((a for a in self.arms if a.name == self.reference), None)
+        if ref is None or not ref.median_ns or not arm.median_ns:
+            return None
+        return ref.median_ns / arm.median_ns
 
 
 class DriftComparison(msgspec.Struct, kw_only=True):
