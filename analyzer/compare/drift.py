@@ -31,7 +31,7 @@ import pandas as pd
 
 from analyzer.analyses import parity
 from analyzer.compare import ranking
-from analyzer.contract import schemas
+from analyzer.contract import schemas, strategies
 from analyzer.contract.errors import BadInput
 from analyzer.compare.kept import KeptRun, open_kept
 from analyzer.contract.text import one_line
@@ -203,7 +203,7 @@ def golden_link(old: KeptRun, new: KeptRun, exp: dict[str, Any]) -> dict[str, An
     out = {"batch_sha256_equal": g.batch_sha256_equal, "init_sha256_equal": g.init_sha256_equal,
            "distributed": None}
     path = new.path / schemas.NUMERICS_NAME
-    if new.manifest.strategy != "single" and path.exists():
+    if not strategies.is_reference(new.manifest.strategy) and path.exists():
         n = parity.read_numerics(path)
         if n["metric"].isin(schemas.GOLDEN_METRICS).any():
             checked = parity.check_tensors(_as_base_metrics(n), _tolerance(exp), path=str(path))
