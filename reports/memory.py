@@ -93,11 +93,9 @@ def category_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
 
 
 def predicted_ratio(run: RunEntry, category: str, ddp: RunEntry) -> float | None:
-    """What sharding predicts for ``run``'s ``category`` over DDP's (RATIO_NOTE): parameters,
-    gradients and optimizer state ``memory.sharding``'s ratio (analyzer/analyses/sharding.py);
-    activations 1 on data parallel ranks (each its own rows, as DDP's), DDP's world size for the
-    reference, not predicted under tensor or pipeline parallelism (MESH_NOTE). None: no
-    prediction (the peak, an unknown strategy)."""
+    """What sharding predicts for ``run``'s ``category`` over DDP's (RATIO_NOTE, MESH_NOTE):
+    ``memory.sharding``'s ratio; for activations 1 (DDP's world size for the reference), not
+    predicted under tensor or pipeline parallelism. None: no prediction (the peak, unknown)."""
     row = strategies.spec(run.strategy)
     if category == "peak" or row is None:
         return None
@@ -110,9 +108,10 @@ def predicted_ratio(run: RunEntry, category: str, ddp: RunEntry) -> float | None
 
 
 def reference_ddp(report: Report) -> RunEntry | None:
-    """The DDP run the ratios are taken against: the first complete ``ddp`` run with categories
-    and no fault."""
-    return next((r for r in report.runs if _wrapper(r) == "ddp" and r.memory.by_category
+    """The DDP run the ratios are taken against: the first complete run of a DDP row
+    (``wrapper`` ddp) with categories and no fault."""
+    ddp = {s.name for s in strategies.TABLE.values() if s.wrapper == "ddp"}
+    return next((r for r in report.runs if r.strategy in ddp and r.memory.by_category
                  and not r.fault and not r.incomplete), None)
 
 
@@ -143,11 +142,6 @@ def _fraction(pred: float, run: RunEntry, category: str, ddp: RunEntry) -> str:
     if category in SHARDED and pred < 1:
         return f"1/{run.world_size or 1} = {pred:.3f}"
     return f"{pred:.3f}"
-
-
-def _wrapper(run: RunEntry) -> str | None:
-    row = strategies.spec(run.strategy)
-    return row.wrapper if row is not None else None
 
 
 def _flat(run: RunEntry) -> bool:
@@ -302,22 +296,17 @@ def largest_rows(run: RunEntry) -> tuple[list[str], list[list[Any]]]:
              for a in run.memory.largest])
 
 
-def _label(r: RunEntry) -> str:
-    """A run's name in the plots; the single-device run marked as the reference."""
-    return f"{r.name} (reference)" if r.is_reference else r.name
-
-
 def bar_rows(report: Report) -> list[tuple[str, list[tuple[str, float, str, float]]]]:
     """The stacked bar per run: its largest-peak rank's categories (bytes), as (category,
     bytes, the run's strategy colour, the category's shade)."""
-    col = palette.run_colors([(r.name, r.strategy) for r in report.runs])
+    col = palette.run_colors(report.runs)
     rows = []
     for r in report.runs:
         ranks = _by_rank(r)
         if not ranks:
             continue
         rank, cats = max(ranks.items(), key=lambda kv: (kv[1]["peak"].bytes if "peak" in kv[1] else 0, -kv[0]))
-        rows.append((f"{_label(r)} (rank {rank})",
+        rows.append((f"{palette.run_label(r)} (rank {rank})",
                      [(LABELS[c], cats[c].bytes if c in cats else 0, col[r.name],
                        palette.SHADES[LABELS[c]]) for c in CATEGORIES]))
     return rows
@@ -371,11 +360,10 @@ def markdown(report: Report, table, escape, link=lambda *keys: "") -> list[str]:
 def html(report: Report, table, hbars, e, measured=lambda *keys: "") -> list[str]:
     """The section's report.html parts; ``table`` / ``hbars`` / ``e`` are reports/html.py's;
     ``measured(*keys)``: the disclosure holding a table's definitions (``definitions``)."""
-    names = [r.strategy for r in report.runs]
     parts = ["<h2>Memory per rank</h2>",
              hbars("Memory per rank by category (each run's rank with the largest peak)",
                    bar_rows(report), "MiB", 2**20,
-                   palette.legend(names, [LABELS[c] for c in CATEGORIES]))]
+                   palette.legend(report.runs, [LABELS[c] for c in CATEGORIES]))]
     heads, rows = category_rows(report)
     parts += [table(heads, rows) if rows else "<p>No memory categories (foreign traces, or a "
               "record made before they were written).</p>"] + ([measured("memory_sources")] if rows else [])
@@ -404,13 +392,13 @@ def html(report: Report, table, hbars, e, measured=lambda *keys: "") -> list[str
                       "<p>Largest live allocations:</p>", table(*largest_rows(r))]
     heads, rows = rss_rows(report)
     if rows:
-        col = palette.run_colors([(r.name, r.strategy) for r in report.runs])
-        rss = [(f"{_label(r)} rank {m.rank}",
+        col = palette.run_colors(report.runs)
+        rss = [(f"{palette.run_label(r)} rank {m.rank}",
                 [("process peak RSS", m.peak_rss_bytes or 0, col[r.name],
                   palette.SHADES["process peak RSS"])])
                for r in report.runs for m in r.memory.ranks]
         parts += ["<h3>Process RSS and the profiler window (shown apart)</h3>",
                   hbars("Process peak RSS per rank (the whole process, not the model)", rss, "MiB",
-                        2**20, palette.legend(names, ["process peak RSS"])),
+                        2**20, palette.legend(report.runs, ["process peak RSS"])),
                   table(heads, rows), measured("rss")]
     return parts

@@ -7,12 +7,14 @@ by the shade (``SHADES``: fill opacity), never by another hue, so a colour means
 strategy in every plot; legends show the shades in black (``SHADE_SWATCH``), a colour no
 strategy has. A strategy's colour is its row's (contract/strategies.py ``colour``): Tableau 10
 (Vega's ``tableau10`` scheme), chosen for telling categories apart (unknown strategies past
-Tableau 10's last two take Tableau 20's dark olive, teal and rose); no strategy is grey, so a light shade never reads as another strategy.
+Tableau 10's last two take Tableau 20's dark olive, teal and rose); no strategy is grey, so a
+light shade never reads as another strategy.
 """
 
 from __future__ import annotations
 
 from analyzer.contract import strategies
+from analyzer.contract.report_types import RunEntry
 
 OTHER_COLORS = ("#ff9da7", "#9c755f", "#b6992d", "#499894", "#d37295")
 """Strategies the tracer does not know (foreign traces name their folder), by first use."""
@@ -39,18 +41,23 @@ def strategy_color(strategy: str, seen: list[str] | None = None) -> str:
     return OTHER_COLORS[seen.index(strategy) % len(OTHER_COLORS)]
 
 
-def run_colors(runs: list[tuple[str, str]]) -> dict[str, str]:
-    """{run name: colour} for (run name, strategy) pairs in report order: runs of one strategy
+def run_colors(runs: list[RunEntry]) -> dict[str, str]:
+    """{run name: colour} for ``runs`` (``RunEntry``) in report order: runs of one strategy
     share its colour."""
     seen: list[str] = []
-    return {name: strategy_color(s, seen) for name, s in runs}
+    return {r.name: strategy_color(r.strategy, seen) for r in runs}
 
 
-def legend(names: list[str], parts: list[str]) -> list[tuple[str, str, float]]:
-    """Legend swatches (label, colour, opacity): one per strategy in ``names`` (report
-    order, repeats ignored; the single-device run labelled as the reference) in its colour,
-    then one per part in ``parts`` in ``SHADE_SWATCH`` at the part's shade."""
+def run_label(run: RunEntry) -> str:
+    """A run's name in plots and legends; the reference (``RunEntry.is_reference``) marked."""
+    return f"{run.name} (reference)" if run.is_reference else run.name
+
+
+def legend(runs: list[RunEntry], parts: list[str]) -> list[tuple[str, str, float]]:
+    """Legend swatches (label, colour, opacity): one per strategy of ``runs`` (``RunEntry``,
+    report order, repeats ignored; the reference strategy labelled so) in its colour, then one
+    per part in ``parts`` in ``SHADE_SWATCH`` at the part's shade."""
     unknown: list[str] = []
-    out = [(f"{s} (reference)" if strategies.is_reference(s) else s, strategy_color(s, unknown), 1.0)
-           for s in dict.fromkeys(names)]
+    out = [(f"{s} (reference)" if strategies.is_reference(s) else s, strategy_color(s, unknown),
+            1.0) for s in dict.fromkeys(r.strategy for r in runs)]
     return out + [(f"shade: {p}", SHADE_SWATCH, SHADES[p]) for p in parts]

@@ -137,8 +137,7 @@ def predict(m: schemas.Manifest) -> dict | None:
     figure; None when the shapes are unknown), unpadded_elements (the same without FSDP2's
     padding: the local views, what AdamW's state follows), tensors (the parameter tensors the
     rank holds; None when the shapes are unknown)}]}."""
-    spec = strategies.spec(m.strategy)
-    if spec is None:
+    if (spec := strategies.spec(m.strategy)) is None:
         return None
     n = m.model.num_params
     w = 1 if spec.is_reference else m.world_size
@@ -169,17 +168,15 @@ def predict(m: schemas.Manifest) -> dict | None:
         for r in range(w):
             row(r, n / w, _padded([s for _, s in shapes], w) if shapes else None,
                 unpadded=_unpadded([s for _, s in shapes], w, r) if shapes else None)
-    elif spec.is_flat:  # FSDP1
-        if m.strategy_options.get("sharding_strategy") not in ("full_shard", "shard_grad_op"):
-            return None
-        formula = f"1/W = 1/{w}"
+    elif spec.is_flat and m.strategy_options.get("sharding_strategy") in ("full_shard",
+                                                                          "shard_grad_op"):
+        formula = f"1/W = 1/{w}"  # FSDP1
         for r in range(w):
             row(r, n / w, None)  # the flat parameter's padding depends on the wrap units
-    elif mesh is None or any(d not in mesh.dim_names for d in (shard, tensor, stage_dim) if d):
+    elif spec.is_flat or mesh is None or (stage_dim and not mesh.stage_params) \
+            or any(d not in mesh.dim_names for d in (shard, tensor, stage_dim) if d):
         return None
     elif stage_dim:
-        if not mesh.stage_params:
-            return None
         dp = _dim(mesh, shard)
         formula = ("stage_params[{stage}]/dp / N (N {n:,}, dp {dp}; stage {stage} holds the most, "
                    "its rank {rank})")

@@ -321,10 +321,10 @@ def _own_baseline(ref_group: list[RunEntry], group: list[RunEntry],
         return None
     values = ", ".join(f"{k} {ranking.show_setting(ranking.setting_of(b, k))}, not "
                        f"{ranking.show_setting(ranking.setting_of(a, k))}" for k in differ)
-    arms = list(dict.fromkeys(ranking.arm_of(r) for r in group))
+    arms = list(dict.fromkeys(r.arm for r in group))
     return (f"arm{'s' if len(arms) > 1 else ''} {', '.join(one_line(x) for x in arms)} "
             f"{'were' if len(arms) > 1 else 'was'} checked against "
             f"{'their' if len(arms) > 1 else 'its'} own baseline (experiment.baseline "
             f"{one_line(str(base(b)))}, not {one_line(str(base(a)))} of arm "
-            f"{one_line(ranking.arm_of(a))}) because {'they change' if len(arms) > 1 else 'it changes'} "
+            f"{one_line(a.arm)}) because {'they change' if len(arms) > 1 else 'it changes'} "
             f"the numerics ({one_line(values)})")

@@ -155,7 +155,7 @@ def explained_settings(runs: list[RunEntry]) -> set[str]:
     keys = {k for r in recorded for o in declared(r) for k in OPTION_SETTINGS.get(o, ())}
     by_arm: dict[str, list[RunEntry]] = {}
     for r in recorded:
-        by_arm.setdefault(arm_of(r), []).append(r)
+        by_arm.setdefault(r.arm, []).append(r)
     return {k for k in keys
             if all(len({show_setting(setting_of(r, k)) for r in rs}) == 1 for rs in by_arm.values())}
 
@@ -244,7 +244,7 @@ def settings_problems(runs: list[RunEntry]) -> list[str]:
     out = []
     by_arm: dict[str, list[RunEntry]] = {}
     for r in recorded:
-        by_arm.setdefault(arm_of(r), []).append(r)
+        by_arm.setdefault(r.arm, []).append(r)
     for arm, rs in by_arm.items():
         keys = dict.fromkeys(k for r in rs for k in declared(r))
         parts = []
@@ -271,7 +271,7 @@ def missing_arms(runs: list[RunEntry]) -> list[str]:
     exps = [r.experiment or {} for r in runs]
     by_arm: dict[str, set[int]] = {}
     for r, e in zip(runs, exps):
-        by_arm.setdefault(arm_of(r), set()).add(e.get("repeat", 1))
+        by_arm.setdefault(r.arm, set()).add(e.get("repeat", 1))
     listed = dict.fromkeys(a for e in exps for a in e.get("order") or [])
     want = max((e.get("repeats", 1) for e in exps), default=1)
     out = [f"arm {one_line(a)}: no complete run in this report, not ranked"
@@ -294,12 +294,6 @@ def experiment_id(run: RunEntry) -> str | None:
     return (run.experiment or {}).get("id")
 
 
-def arm_of(run: RunEntry) -> str:
-    """The run's arm: the manifest's ``experiment.arm`` (the run name without ``.r<k>``), else
-    the run name."""
-    return (run.experiment or {}).get("arm") or run.name
-
-
 def ranked_experiment(runs: list[RunEntry]) -> tuple[list[RunEntry], list[RunEntry], list[str]]:
     """(the runs of the experiment to rank, the others, warnings). The experiment with the most
     distributed runs, then the most runs (ties: the smallest id), among those with an id; runs
@@ -317,8 +311,8 @@ def ranked_experiment(runs: list[RunEntry]) -> tuple[list[RunEntry], list[RunEnt
                  "(tracer record --strategy ... --repeat 5) for a decision"]
                 if sum(1 for r in legacy if not strategies.is_reference(r.strategy)) > 1 else [])
         return legacy, [], warn
-    chosen = min(ids, key=lambda k: (-sum(not strategies.is_reference(r.strategy) for r in groups[k]),
-                                     -len(groups[k]), k))
+    distributed = lambda k: sum(not strategies.is_reference(r.strategy) for r in groups[k])
+    chosen = min(ids, key=lambda k: (-distributed(k), -len(groups[k]), k))
     others = [r for r in runs if experiment_id(r) != chosen]
     warn = []
     if others:
@@ -355,7 +349,7 @@ def _arms(runs: list[RunEntry]) -> list[tuple[Arm, list[RunEntry]]]:
     """Runs grouped by arm, each arm's runs in repeat order."""
     groups: dict[str, list[RunEntry]] = {}
     for r in runs:
-        groups.setdefault(arm_of(r), []).append(r)
+        groups.setdefault(r.arm, []).append(r)
     out = []
     for name, rs in groups.items():
         rs = sorted(rs, key=lambda r: ((r.experiment or {}).get("repeat", 1), r.name))
@@ -493,14 +487,14 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     if arms_declared:  # a failed arm is left out, the others ranked
         bad: dict[str, str] = {}
         for r, why in problems:
-            bad.setdefault(arm_of(r), why)  # its first run's problem
+            bad.setdefault(r.arm, why)  # its first run's problem
         extra["left_out"] = [f"arm {a} {why}" for a, why in bad.items()]
         dropped = [f"arm {a} left out: {why}" for a, why in bad.items()]
         withheld = []
     else:
         bad, withheld = {}, [f"run {r.name} {why}" for r, why in problems]
     diffs = settings_differences(runs)
-    kept = [r for r in runs if arm_of(r) not in bad]
+    kept = [r for r in runs if r.arm not in bad]
     timed = [r for r in kept if _steps(r)]
     reason = ("; ".join(untrusted) + ("; the runs are not one experiment either: "
                                       + "; ".join(diffs) if diffs else "") if untrusted else

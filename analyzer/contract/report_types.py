@@ -846,11 +846,15 @@ class RunEntry(_Figures, kw_only=True):
     JSON dumps in a folder of traces), per process group; None without dumps."""
 
     @property
+    def arm(self) -> str:
+        """The run's arm: ``experiment.arm`` (the run name without ``.r<k>``), else its name."""
+        return (self.experiment or {}).get("arm") or self.name
+
+    @property
     def is_reference(self) -> bool:
-        """The run's role: the reference, shown beside the ranking and never ranked (its
-        strategy's row ``is_reference``, contract/strategies.py), unless it is a declared arm
-        (``experiment.settings``: every declared arm is ranked). The one definition the
-        ranking (analyzer/compare/ranking.py, ``Ranking.reference``) and every renderer read."""
+        """The reference, shown beside the ranking, never ranked (its strategy row's
+        ``is_reference``) unless a declared arm (``experiment.settings``): the one definition
+        the ranking (``Ranking.reference``) and every renderer read."""
         return (strategies.is_reference(self.strategy)
                 and (self.experiment or {}).get("settings") is None)
 
@@ -960,12 +964,10 @@ class Ranking(msgspec.Struct, kw_only=True):
     a: 1 of 4 repeats``; ranked on those it has)."""
 
     def speedup(self, arm: Arm) -> float | None:
-        """``arm``'s speedup over the reference arm (``reference``): the reference's median step
-        time over ``arm``'s; None without a reference or either median."""
+        """The ``reference`` arm's median step time over ``arm``'s; None without either."""
         ref = next((a for a in self.arms if a.name == self.reference), None)
-        if ref is None or not ref.median_ns or not arm.median_ns:
-            return None
-        return ref.median_ns / arm.median_ns
+        ok = ref is not None and ref.median_ns and arm.median_ns
+        return ref.median_ns / arm.median_ns if ok else None
 
 
 class DriftComparison(msgspec.Struct, kw_only=True):
