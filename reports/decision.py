@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from analyzer.contract import strategies
 from analyzer.contract.arms import pair_labels
 from analyzer.contract.report_types import Report
 from reports import fmt
@@ -167,7 +168,7 @@ def decision_input(report: Report) -> DecisionInput:
     its settings; an arm that failed parity is left out and said, the others decided."""
     runs = report.runs
     rk = report.ranking
-    dist = [r for r in runs if r.strategy != "single" and not r.incomplete]
+    dist = [r for r in runs if not strategies.is_reference(r.strategy) and not r.incomplete]
     failed = [r for r in dist if r.parity.status == "fail"]
     missing = [r for r in dist if r.parity.status == "not_recorded"]
     if (failed or missing) and not rk.declared:
@@ -186,10 +187,9 @@ def decision_input(report: Report) -> DecisionInput:
         return DecisionInput(best=None, withheld="no distributed run with a step time")
     arms = {a.name: a for a in rk.arms}
     best = arms[rk.order[0]]
-    ref = arms.get(rk.reference) if rk.reference else None
-    parity = "match" if any(r.strategy == "single" for r in runs) else "match recorded reference"
-    vs_ref = (ref.median_ns / best.median_ns if ref is not None and ref.median_ns
-              and best.median_ns else None)
+    parity = ("match" if any(strategies.is_reference(r.strategy) for r in runs)
+              else "match recorded reference")
+    vs_ref = rk.speedup(best)
     extra = (dict(left_out=tuple(rk.left_out), missing=tuple(rk.missing), what="arm")
              if rk.declared else {})
     if len(rk.order) < 2:

@@ -23,6 +23,7 @@ from reports import memory as memory_section
 from reports import pipeline as pipeline_section
 from reports import markdown as md_rows
 from reports.decision import decision_input, decision_line
+from reports.palette import run_label
 from reports.markdown import (COMM_GROUP_HEADERS, PERFETTO_HINT, REFERENCE, comm_group_rows,
                               comparison_rows)
 from reports.verdict import verdict
@@ -117,65 +118,47 @@ def _hbars(title: str, rows: list[tuple[str, list[Part]]], unit: str, scale_div:
     return "".join(out)
 
 
-def _colors(report: Report) -> dict[str, str]:
-    """{run name: its strategy's colour} (reports/palette.py), for every plot."""
-    return palette.run_colors([(r.name, r.strategy) for r in report.runs])
-
-
-def _run_label(r: RunEntry) -> str:
-    """A run's name in plots; the single-device run marked as the reference (not a declared
-    arm's: it is ranked)."""
-    ref = r.strategy == "single" and (r.experiment or {}).get("settings") is None
-    return f"{r.name} ({REFERENCE})" if ref else r.name
-
-
-def _legend_for(report: Report, parts: list[str]) -> list[tuple[str, str, float]]:
-    """The report's strategies in their colours, then ``parts`` as shades (palette.legend)."""
-    return palette.legend([r.strategy for r in report.runs], parts)
-
-
 def step_time_bars(report: Report) -> str:
     """Median step time per run (the report's one step-time figure), in ranking order, the
     single-device run last and marked as the reference."""
-    col = _colors(report)
-    rows = [(f"{row[0]}. {row[1]}" if row[0] not in ("-", REFERENCE) else
-             f"{row[1]} ({REFERENCE})" if row[0] == REFERENCE else row[1],
+    col = palette.run_colors(report.runs)
+    rows = [(f"{row[0]}. {row[1]}" if row[0] not in ("-", REFERENCE) else run_label(r),
              [("median step time", r.step_time_ns.median or 0, col[r.name], 1.0)])
             for row in md_rows.ranking_rows(report)[1]
             for r in report.runs if r.name == row[1]]
     return _hbars("Median step time (ranking; the reference is not ranked)", rows, "ms", 1e6,
-                  _legend_for(report, []))
+                  palette.legend(report.runs, []))
 
 
 def step_bars(report: Report) -> str:
     """Per run and step: compute / exposed communication / data wait / other / idle (mean over
     ranks), in the run's strategy colour, one shade per part; no total (the step time shown
     is the median under Ranking)."""
-    col = _colors(report)
-    rows = [(f"{_run_label(r)} step {s.step}",
+    col = palette.run_colors(report.runs)
+    rows = [(f"{run_label(r)} step {s.step}",
              [(LABELS[k], getattr(s, k) or 0, col[r.name], palette.SHADES[LABELS[k]]) for k in LABELS])
             for r in report.runs for s in r.steps]
     return _hbars("Where the time of a step goes (per rank, mean over ranks)", rows, "ms", 1e6,
-                  _legend_for(report, list(LABELS.values())), totals=False)
+                  palette.legend(report.runs, list(LABELS.values())), totals=False)
 
 
 def comm_bars(report: Report) -> str:
     """Per run, rank and collective kind: transfer and waiting for the slowest rank, per
     profiled step, in the run's strategy colour (waiting lighter)."""
-    col = _colors(report)
+    col = palette.run_colors(report.runs)
     rows = [(f"{r.name} rank {c.rank} {c.kind}",
              [("transfer", c.transfer_ns_per_step or 0, col[r.name], palette.SHADES["transfer"]),
               ("wait", c.wait_ns_per_step or 0, col[r.name], palette.SHADES["wait"])])
             for r in report.runs for c in r.comm_ranks]
     return _hbars("Communication per profiled step: transfer and waiting for the slowest rank",
-                  rows, "ms", 1e6, _legend_for(report, ["transfer", "wait"]))
+                  rows, "ms", 1e6, palette.legend(report.runs, ["transfer", "wait"]))
 
 
 def mesh_dim_bars(report: Report) -> str:
     """One plot per mesh dimension (``markdown.mesh_runs``' runs): per run, the dimension's
     communication per profiled step (per rank, mean over the ranks that ran it): its exposed
     part and the part computation overlaps, in the run's strategy colour."""
-    col = _colors(report)
+    col = palette.run_colors(report.runs)
     runs = md_rows.mesh_runs(report)
     names = list(dict.fromkeys(d.name for r in runs for d in r.mesh_dims))
     out = []
@@ -193,8 +176,8 @@ def mesh_dim_bars(report: Report) -> str:
                                palette.SHADES["overlapped communication"])]))
         out.append(_hbars(f"Mesh dimension {name}: communication per profiled step (union), "
                           "exposed and overlapped", rows, "ms", 1e6,
-                          _legend_for(report, ["exposed communication",
-                                               "overlapped communication"])))
+                          palette.legend(report.runs, ["exposed communication",
+                                                       "overlapped communication"])))
     return "".join(out)
 
 
@@ -220,7 +203,7 @@ def rank_timelines(run: RunEntry) -> list:
     return [run.timeline] if run.timeline and run.timeline.intervals else []
 
 
-def timeline_svg(run: RunEntry, color: str = palette.STRATEGY_COLORS["ddp"]) -> str:
+def timeline_svg(run: RunEntry, color: str) -> str:
     """One profiled step of every rank (``rank_timelines``), ranks stacked on one time axis
     (aligned clocks: each rank's step placed at its ``start_ns``), each with a compute lane, a
     lane per collective kind and an idle lane (the step window covered by neither), in the
@@ -240,7 +223,7 @@ def timeline_svg(run: RunEntry, color: str = palette.STRATEGY_COLORS["ddp"]) -> 
                                              for p in ("compute", "communication", "idle")]
     h = 30 + len(tls) * block + 30 + 16 * legend_rows(legend, width)
     step = tls[0].step
-    title = (f"{_run_label(run)}: step {step} on every rank (aligned clocks), lanes compute / "
+    title = (f"{run_label(run)}: step {step} on every rank (aligned clocks), lanes compute / "
              "communication by kind / idle")
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" role="img" '
            f'class="plot timeline"><title>{e(title)}</title>'
@@ -278,16 +261,16 @@ def breakdown_bars(report: Report) -> str:
     communication, data wait, other, idle per profiled step (per rank, mean over its ranks:
     ``ranks[]``), adding up to the traced step -- in the run's strategy colour, one shade per
     part."""
-    col = _colors(report)
+    col = palette.run_colors(report.runs)
     rows = []
     for r in report.runs:
         if not r.ranks:
             continue
         n = len(r.ranks)
-        rows.append((_run_label(r), [(LABELS[k], sum(getattr(x, k) or 0 for x in r.ranks) / n,
+        rows.append((run_label(r), [(LABELS[k], sum(getattr(x, k) or 0 for x in r.ranks) / n,
                                       col[r.name], palette.SHADES[LABELS[k]]) for k in LABELS]))
     return _hbars("Time breakdown per strategy (per rank and profiled step, mean over ranks)",
-                  rows, "ms", 1e6, _legend_for(report, list(LABELS.values())))
+                  rows, "ms", 1e6, palette.legend(report.runs, list(LABELS.values())))
 
 
 def loss_svg(report: Report) -> str:
@@ -314,16 +297,16 @@ def loss_svg(report: Report) -> str:
            f'<text x="10" y="{height - bottom}">{e(fmt.num(y0, ".6g"))}</text>',
            f'<text x="{left}" y="{height - 10}">step {x0}</text>',
            f'<text x="{width - 200}" y="{height - 10}">step {x1}</text>']
-    col = _colors(report)
+    col = palette.run_colors(report.runs)
     for k, r in enumerate(runs):
         color = col[r.name]
         curve = [s for s in r.parity.loss_curve if math.isfinite(s.loss) and math.isfinite(s.ref)]
         for attr, dash in (("loss", ""), ("ref", ' stroke-dasharray="4 3"')):
             pts = " ".join(xy(s.step, getattr(s, attr)) for s in curve)
             out.append(f'<polyline points="{pts}" fill="none" stroke="{color}"{dash}>'
-                       f'<title>{e(_run_label(r))} {"baseline" if attr == "ref" else "loss"}</title>'
+                       f'<title>{e(run_label(r))} {"baseline" if attr == "ref" else "loss"}</title>'
                        "</polyline>")
-        out.append(f'<text x="{width - 150}" y="{top + 16 * k}" fill="{color}">{e(_run_label(r))}</text>')
+        out.append(f'<text x="{width - 150}" y="{top + 16 * k}" fill="{color}">{e(run_label(r))}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -361,7 +344,7 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
     to it; absolute ``file:`` URLs when None)."""
     runs = report.runs
     rk = report.ranking
-    col = _colors(report)
+    col = palette.run_colors(report.runs)
     defs = md_rows.definitions(report)
 
     def measured(*keys: str) -> str:

@@ -75,12 +75,6 @@ REFERENCE = "reference"
 """What the ranking table and the plots call the single-device run: shown, never ranked."""
 
 
-def arm(run) -> str:
-    """The run's strategy entry in the ranking: the manifest's ``experiment.arm`` (the run
-    name without its ``.r<k>`` repeat suffix), else the run name (analyzer/compare/ranking.py)."""
-    return (run.experiment or {}).get("arm") or run.name
-
-
 def ranking_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
     """The ranking table (shared with html.py): ranked runs by their arm's position
     (``ranking.order``: the repeats of one arm share it), fastest first, then runs not ranked
@@ -89,12 +83,11 @@ def ranking_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
     single. Declared arms (``ranking.declared``): a column with each arm's declared settings."""
     rk = report.ranking
     pos = {n: i for i, n in enumerate(rk.order, 1)}
-    ranked = sorted((r for r in report.runs if (rk.declared or r.strategy != "single")
-                     and arm(r) in pos),
-                    key=lambda r: (pos[arm(r)], (r.experiment or {}).get("repeat", 1), r.name))
-    rest = [r for r in report.runs if r not in ranked and (rk.declared or r.strategy != "single")]
-    refs = [r for r in report.runs if r.strategy == "single" and r not in ranked + rest]
-    rows = [[str(pos[arm(r)]), r] for r in ranked] + [["-", r] for r in rest] + \
+    ranked = sorted((r for r in report.runs if not r.is_reference and r.arm in pos),
+                    key=lambda r: (pos[r.arm], (r.experiment or {}).get("repeat", 1), r.name))
+    rest = [r for r in report.runs if r not in ranked and not r.is_reference]
+    refs = [r for r in report.runs if r.is_reference]
+    rows = [[str(pos[r.arm]), r] for r in ranked] + [["-", r] for r in rest] + \
         [[REFERENCE, r] for r in refs]
     heads = ["rank", "run", "strategy and options", "parity", "median step time",
              "speedup vs single"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.contract import strategies
 from analyzer.contract.report_types import Report, RunEntry
 from reports import fmt, palette
 from reports.definitions import Definition, define
@@ -17,8 +18,6 @@ CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 LABELS = {"parameters": "parameters", "gradients": "gradients",
           "optimizer_state": "optimizer state", "activations": "activations", "peak": "peak"}
 SHARDED = ("parameters", "gradients", "optimizer_state")
-MESH_STRATEGIES = ("hsdp", "fsdp2_tp", "pp")
-"""schemas.MESH_STRATEGIES (the renderers read report.json only, not the contract's schemas)."""
 PEAK_SOURCES = {"sum_of_categories": "sum of the categories (CPU)",
                 "cuda_max_allocated": "CUDA allocator peak"}
 
@@ -94,30 +93,25 @@ def category_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
 
 
 def predicted_ratio(run: RunEntry, category: str, ddp: RunEntry) -> float | None:
-    """What sharding predicts for ``run``'s ``category`` over DDP's (RATIO_NOTE); None: no
-    prediction (the peak, an unknown strategy)."""
-    if category == "peak":
+    """What sharding predicts for ``run``'s ``category`` over DDP's (RATIO_NOTE, MESH_NOTE):
+    ``memory.sharding``'s ratio; for activations 1 (DDP's world size for the reference), not
+    predicted under tensor or pipeline parallelism. None: no prediction (the peak, unknown)."""
+    row = strategies.spec(run.strategy)
+    if category == "peak" or row is None:
         return None
-    if run.strategy == "ddp":
-        return 1.0
-    if run.strategy == "single":
-        return float(ddp.world_size or 1) if category == "activations" else 1.0
-    if run.strategy in ("fsdp", "fsdp2"):
-        if category == "activations" or run.options.get("sharding_strategy") == "no_shard":
-            return 1.0
-        return 1.0 / (run.world_size or 1)
-    if run.strategy in MESH_STRATEGIES:
-        if category == "activations":
-            return 1.0 if run.strategy == "hsdp" else None  # MESH_NOTE
-        sh = run.memory.sharding
-        return sh.ratio if sh is not None else None
-    return None
+    if category == "activations":
+        if row.is_reference:
+            return float(ddp.world_size or 1)
+        return None if row.dim_of("tensor") or row.dim_of("stage") else 1.0
+    sh = run.memory.sharding
+    return sh.ratio if sh is not None else None
 
 
 def reference_ddp(report: Report) -> RunEntry | None:
-    """The DDP run the ratios are taken against: the first complete ``ddp`` run with categories
-    and no fault."""
-    return next((r for r in report.runs if r.strategy == "ddp" and r.memory.by_category
+    """The DDP run the ratios are taken against: the first complete run of a DDP row
+    (``wrapper`` ddp) with categories and no fault."""
+    ddp = {s.name for s in strategies.TABLE.values() if s.wrapper == "ddp"}
+    return next((r for r in report.runs if r.strategy in ddp and r.memory.by_category
                  and not r.fault and not r.incomplete), None)
 
 
@@ -142,12 +136,19 @@ def ratio_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
 
 
 def _fraction(pred: float, run: RunEntry, category: str, ddp: RunEntry) -> str:
-    w = run.world_size or 1
-    if run.strategy in ("fsdp", "fsdp2") and category in SHARDED and pred < 1:
-        return f"1/{w} = {pred:.3f}"
-    if run.strategy in MESH_STRATEGIES and category in SHARDED and run.memory.sharding:
-        return f"{run.memory.sharding.formula} = {pred:.3f}"
+    sh = run.memory.sharding
+    if category in SHARDED and sh is not None and not _flat(run):
+        return f"{sh.formula} = {pred:.3f}"
+    if category in SHARDED and pred < 1:
+        return f"1/{run.world_size or 1} = {pred:.3f}"
     return f"{pred:.3f}"
+
+
+def _flat(run: RunEntry) -> bool:
+    """False for a strategy on a 2-D mesh (hsdp, fsdp2_tp, pp); True for the others, unknown
+    ones too."""
+    row = strategies.spec(run.strategy)
+    return row is None or row.is_flat
 
 
 def sharding_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
@@ -295,22 +296,17 @@ def largest_rows(run: RunEntry) -> tuple[list[str], list[list[Any]]]:
              for a in run.memory.largest])
 
 
-def _label(r: RunEntry) -> str:
-    """A run's name in the plots; the single-device run marked as the reference."""
-    return f"{r.name} (reference)" if r.strategy == "single" else r.name
-
-
 def bar_rows(report: Report) -> list[tuple[str, list[tuple[str, float, str, float]]]]:
     """The stacked bar per run: its largest-peak rank's categories (bytes), as (category,
     bytes, the run's strategy colour, the category's shade)."""
-    col = palette.run_colors([(r.name, r.strategy) for r in report.runs])
+    col = palette.run_colors(report.runs)
     rows = []
     for r in report.runs:
         ranks = _by_rank(r)
         if not ranks:
             continue
         rank, cats = max(ranks.items(), key=lambda kv: (kv[1]["peak"].bytes if "peak" in kv[1] else 0, -kv[0]))
-        rows.append((f"{_label(r)} (rank {rank})",
+        rows.append((f"{palette.run_label(r)} (rank {rank})",
                      [(LABELS[c], cats[c].bytes if c in cats else 0, col[r.name],
                        palette.SHADES[LABELS[c]]) for c in CATEGORIES]))
     return rows
@@ -320,7 +316,7 @@ def definitions(report: Report) -> dict[str, Definition]:
     """The section's definitions (reports/definitions.py), by key."""
     return {"memory_sources": define("Memory categories and their sources", SOURCES),
             "ratio": define("Ratio to DDP and what sharding predicts", RATIO_NOTE,
-                            MESH_NOTE if any(r.strategy in MESH_STRATEGIES for r in report.runs)
+                            MESH_NOTE if not all(_flat(r) for r in report.runs)
                             else ""),
             "sharding": define("Parameters per rank under sharding", SHARDING_NOTE),
             "device_memory": define("Peaks from memory events", DEVICE_NOTE),
@@ -364,11 +360,10 @@ def markdown(report: Report, table, escape, link=lambda *keys: "") -> list[str]:
 def html(report: Report, table, hbars, e, measured=lambda *keys: "") -> list[str]:
     """The section's report.html parts; ``table`` / ``hbars`` / ``e`` are reports/html.py's;
     ``measured(*keys)``: the disclosure holding a table's definitions (``definitions``)."""
-    strategies = [r.strategy for r in report.runs]
     parts = ["<h2>Memory per rank</h2>",
              hbars("Memory per rank by category (each run's rank with the largest peak)",
                    bar_rows(report), "MiB", 2**20,
-                   palette.legend(strategies, [LABELS[c] for c in CATEGORIES]))]
+                   palette.legend(report.runs, [LABELS[c] for c in CATEGORIES]))]
     heads, rows = category_rows(report)
     parts += [table(heads, rows) if rows else "<p>No memory categories (foreign traces, or a "
               "record made before they were written).</p>"] + ([measured("memory_sources")] if rows else [])
@@ -397,13 +392,13 @@ def html(report: Report, table, hbars, e, measured=lambda *keys: "") -> list[str
                       "<p>Largest live allocations:</p>", table(*largest_rows(r))]
     heads, rows = rss_rows(report)
     if rows:
-        col = palette.run_colors([(r.name, r.strategy) for r in report.runs])
-        rss = [(f"{_label(r)} rank {m.rank}",
+        col = palette.run_colors(report.runs)
+        rss = [(f"{palette.run_label(r)} rank {m.rank}",
                 [("process peak RSS", m.peak_rss_bytes or 0, col[r.name],
                   palette.SHADES["process peak RSS"])])
                for r in report.runs for m in r.memory.ranks]
         parts += ["<h3>Process RSS and the profiler window (shown apart)</h3>",
                   hbars("Process peak RSS per rank (the whole process, not the model)", rss, "MiB",
-                        2**20, palette.legend(strategies, ["process peak RSS"])),
+                        2**20, palette.legend(report.runs, ["process peak RSS"])),
                   table(heads, rows), measured("rss")]
     return parts

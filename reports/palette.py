@@ -5,17 +5,17 @@ A bar, line or swatch that stands for a run takes its strategy's colour (``strat
 what it shows of that run (compute or communication, transfer or wait, allocated or RSS) is told
 by the shade (``SHADES``: fill opacity), never by another hue, so a colour means the same
 strategy in every plot; legends show the shades in black (``SHADE_SWATCH``), a colour no
-strategy has. Colours: Tableau 10 (Vega's ``tableau10`` scheme), chosen for telling
-categories apart (unknown strategies past Tableau 10's last two take Tableau 20's dark olive,
-teal and rose); no strategy is grey, so a light shade never reads as another strategy.
+strategy has. A strategy's colour is its row's (contract/strategies.py ``colour``): Tableau 10
+(Vega's ``tableau10`` scheme), chosen for telling categories apart (unknown strategies past
+Tableau 10's last two take Tableau 20's dark olive, teal and rose); no strategy is grey, so a
+light shade never reads as another strategy.
 """
 
 from __future__ import annotations
 
-STRATEGY_COLORS = {"single": "#b07aa1", "ddp": "#4e79a7", "fsdp": "#f28e2b", "fsdp2": "#59a14f",
-                   "hsdp": "#e15759", "fsdp2_tp": "#76b7b2", "pp": "#edc948"}
-"""The seven strategies of the tracer (single: the reference; hsdp, fsdp2_tp, pp on a 2-D
-mesh): Tableau 10's first seven."""
+from analyzer.contract import strategies
+from analyzer.contract.report_types import RunEntry
+
 OTHER_COLORS = ("#ff9da7", "#9c755f", "#b6992d", "#499894", "#d37295")
 """Strategies the tracer does not know (foreign traces name their folder), by first use."""
 SHADES = {"compute": 1.0, "exposed communication": 0.6, "transfer": 1.0, "wait": 0.35,
@@ -30,29 +30,34 @@ SHADE_SWATCH = "#000000"
 
 
 def strategy_color(strategy: str, seen: list[str] | None = None) -> str:
-    """The colour of ``strategy`` (``STRATEGY_COLORS``); another one from ``OTHER_COLORS`` by
+    """The colour of ``strategy`` (its row's ``colour``); another one from ``OTHER_COLORS`` by
     its position in ``seen`` (the report's unknown strategies in run order; appended to when
     new), so a report's unknown strategies keep one colour each in every plot."""
-    if strategy in STRATEGY_COLORS:
-        return STRATEGY_COLORS[strategy]
+    if (row := strategies.spec(strategy)) is not None:
+        return row.colour
     seen = [] if seen is None else seen
     if strategy not in seen:
         seen.append(strategy)
     return OTHER_COLORS[seen.index(strategy) % len(OTHER_COLORS)]
 
 
-def run_colors(strategies: list[tuple[str, str]]) -> dict[str, str]:
-    """{run name: colour} for (run name, strategy) pairs in report order: runs of one strategy
+def run_colors(runs: list[RunEntry]) -> dict[str, str]:
+    """{run name: colour} for ``runs`` (``RunEntry``) in report order: runs of one strategy
     share its colour."""
     seen: list[str] = []
-    return {name: strategy_color(s, seen) for name, s in strategies}
+    return {r.name: strategy_color(r.strategy, seen) for r in runs}
 
 
-def legend(strategies: list[str], parts: list[str]) -> list[tuple[str, str, float]]:
-    """Legend swatches (label, colour, opacity): one per strategy in ``strategies`` (report
-    order, repeats ignored; the single-device run labelled as the reference) in its colour,
-    then one per part in ``parts`` in ``SHADE_SWATCH`` at the part's shade."""
+def run_label(run: RunEntry) -> str:
+    """A run's name in plots and legends; the reference (``RunEntry.is_reference``) marked."""
+    return f"{run.name} (reference)" if run.is_reference else run.name
+
+
+def legend(runs: list[RunEntry], parts: list[str]) -> list[tuple[str, str, float]]:
+    """Legend swatches (label, colour, opacity): one per strategy of ``runs`` (``RunEntry``,
+    report order, repeats ignored; the reference strategy labelled so) in its colour, then one
+    per part in ``parts`` in ``SHADE_SWATCH`` at the part's shade."""
     unknown: list[str] = []
-    out = [(f"{s} (reference)" if s == "single" else s, strategy_color(s, unknown), 1.0)
-           for s in dict.fromkeys(strategies)]
+    out = [(f"{s} (reference)" if strategies.is_reference(s) else s, strategy_color(s, unknown),
+            1.0) for s in dict.fromkeys(r.strategy for r in runs)]
     return out + [(f"shade: {p}", SHADE_SWATCH, SHADES[p]) for p in parts]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from analyzer.contract import strategies
 from analyzer.contract.report_types import DataSupply, Report
 from reports import fmt
 
@@ -32,7 +33,7 @@ def verdict(report: Report) -> list[str]:
 def _parity(runs) -> list[str]:
     """The parity sentences: each failed run with its first divergence, the unverified runs,
     else that every distributed run matches."""
-    dist = [r for r in runs if r.strategy != "single"]
+    dist = [r for r in runs if not strategies.is_reference(r.strategy)]
     out: list[str] = []
     failed = [r for r in runs if r.parity.status == "fail"]
     missing = [r for r in runs if r.parity.status == "not_recorded"]
@@ -58,7 +59,7 @@ def _parity(runs) -> list[str]:
         out.append(f"Parity: not verified for {names} ({missing[0].parity.reason}): their "
                    "numbers are not checked against the baseline.")
     if not failed and not missing:
-        has_single = any(r.strategy == "single" for r in runs)
+        has_single = any(strategies.is_reference(r.strategy) for r in runs)
         if dist:
             what = ("the single-device baseline" if has_single else
                     "the reference values recorded with them (there is no single-device run in "
@@ -88,9 +89,8 @@ def _ranking(rk) -> list[str]:
         return f", {len(a.runs)} repeats" if len(a.runs) > 1 else ""
 
     def vs_ref(a, words: str = "the single-device speed") -> str:
-        if not ref or not ref.median_ns or not a.median_ns:
-            return ""
-        return f", {fmt.speedup(ref.median_ns / a.median_ns)} {words}"
+        speedup = rk.speedup(a)
+        return "" if speedup is None else f", {fmt.speedup(speedup)} {words}"
 
     text = ""
     if order:
@@ -138,7 +138,8 @@ def _caveats(report: Report) -> list[str]:
     # said only where the evidence says gloo: the manifest's backend, or for foreign traces
     # distributedInfo / gloo ops (analyzer/compare/runs.py trace_backend); a CPU-side-only
     # trace of another device (MTIA, a CUPTI range profile) is no gloo record
-    cpu = [r for r in runs if r.device == "cpu" and r.backend == "gloo" and r.strategy != "single"]
+    cpu = [r for r in runs if r.device == "cpu" and r.backend == "gloo"
+           and not strategies.is_reference(r.strategy)]
     if cpu:
         text = ("These runs were recorded on CPU with gloo: timings carry +-30-50 % noise and "
                 "say little about GPUs.")

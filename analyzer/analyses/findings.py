@@ -76,6 +76,7 @@ from collections.abc import Callable, Iterator
 
 import msgspec
 
+from analyzer.contract import strategies
 from analyzer.contract.arms import arm_label, name_says_settings
 from analyzer.contract.report_types import (CAUSE_THRESHOLD, FINDING_KINDS, Evidence, Finding,
                                             Report, RunEntry)
@@ -211,10 +212,11 @@ def _straggler(r: _Run) -> Iterator[Finding]:
 
 
 def _overlap_action(strategy: str, kind: str) -> str | None:
-    if strategy == "ddp" and kind == "all_reduce":
+    row = strategies.spec(strategy)
+    if row is not None and row.wrapper == "ddp" and kind == "all_reduce":
         return ("DDP: try a smaller bucket_cap_mb (default 25) so that the first buckets' "
                 "all_reduce starts earlier in backward and overlaps more of it")
-    if strategy in ("fsdp", "fsdp2") and kind == "all_gather":
+    if row is not None and row.is_flat and row.dim_of("shard") and kind == "all_gather":
         return ("FSDP: prefetch the next unit's all_gather (FSDP1 forward_prefetch=True, "
                 "backward_prefetch=BACKWARD_PRE; FSDP2 set_modules_to_forward_prefetch / "
                 "set_modules_to_backward_prefetch)")
@@ -414,8 +416,9 @@ def _memory_does_not_fit(r: _Run) -> Iterator[Finding]:
           r.ev("device memory", fit.device_bytes, "bytes", "memory", "fit", "device_bytes"),
           r.ev("spare (negative: short)", fit.spare_bytes, "bytes", "memory", "fit",
                "spare_bytes"), r.step_ev()]
-    sharded = r.run.strategy in ("fsdp", "fsdp2", "hsdp", "fsdp2_tp")
-    action = ("activation checkpointing, a smaller per-rank batch, or CPU offload" if sharded
+    row = strategies.spec(r.run.strategy)
+    action = ("activation checkpointing, a smaller per-rank batch, or CPU offload"
+              if row is not None and row.shards_parameters(r.run.options)
               else "shard it (FSDP / FSDP2), or activation checkpointing / a smaller per-rank batch")
     yield Finding(kind="memory_does_not_fit", title=f"{r.who} does not fit the device "
                   f"({fit.basis})", runs=[r.run.name], evidence=ev, action=action,

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyzer.contract import schemas
+from analyzer.contract import schemas, strategies
 from analyzer.contract.errors import BadInput
 from analyzer.analyses.memory import read_parquet
 from analyzer.contract.report_types import FailedCheck, FirstDivergence, LossStep, Parity, ToleranceOverride
@@ -387,7 +387,7 @@ def check_run(run_dir: Path | str, manifest: schemas.Manifest | None,
         return Parity(status="not_recorded", tolerance=tol,
                       reason=f"{schemas.NUMERICS_NAME} is missing from the run directory")
     numerics = read_numerics(path)
-    if manifest.strategy == "single":
+    if strategies.is_reference(manifest.strategy):
         loss = check_loss(numerics, tol, path=str(path))
         if len(loss) and not np.isfinite(loss[["loss", "ref"]].to_numpy(float)).all():
             bad = loss[~np.isfinite(loss[["loss", "ref"]].to_numpy(float)).all(axis=1)].iloc[0]

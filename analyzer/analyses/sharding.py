@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 
-from analyzer.contract import schemas
+from analyzer.contract import schemas, strategies
 
 BYTES_PER_ELEMENT = 4
 """fp32 parameters (module docstring)."""
@@ -137,73 +137,76 @@ def predict(m: schemas.Manifest) -> dict | None:
     figure; None when the shapes are unknown), unpadded_elements (the same without FSDP2's
     padding: the local views, what AdamW's state follows), tensors (the parameter tensors the
     rank holds; None when the shapes are unknown)}]}."""
+    if (spec := strategies.spec(m.strategy)) is None:
+        return None
     n = m.model.num_params
-    w = 1 if m.strategy == "single" else m.world_size
+    w = 1 if spec.is_reference else m.world_size
     shapes = None
     if m.model.spec == "reference" and m.model.hidden > 0:
         ref = reference_shapes(m.model.hidden, m.model.layers)
         if sum(math.prod(s) for _, s in ref) == n:
             shapes = ref
     mesh = m.mesh
+    shard, tensor, stage_dim = spec.dim_of("shard"), spec.dim_of("tensor"), spec.dim_of("stage")
     ranks: list[dict] = []
 
     def row(rank: int, share: float, padded: int | None, stage: int = -1,
             unpadded: int | None = None) -> None:
         tensors = None
         if shapes is not None:  # the parameter tensors the rank's optimizer steps (pp: its stage's)
-            own = _stage_shapes(m, shapes, stage) if m.strategy == "pp" else shapes
+            own = _stage_shapes(m, shapes, stage) if stage_dim else shapes
             tensors = None if own is None else len(own)
         ranks.append(dict(rank=rank, stage=stage, expected_elements=float(share),
                           padded_elements=padded, unpadded_elements=unpadded, tensors=tensors))
 
-    if m.strategy in ("single", "ddp") or (
-            m.strategy == "fsdp" and m.strategy_options.get("sharding_strategy") == "no_shard"):
+    if not spec.shards_parameters(m.strategy_options):
         formula = "N (unsharded)"
         for r in range(w):
             row(r, n, n, unpadded=n)  # whole tensors: no padding whatever the shapes
-    elif m.strategy == "fsdp2":
+    elif spec.is_flat and spec.wrapper == "fsdp2":
         formula = f"1/W = 1/{w}"
         for r in range(w):
             row(r, n / w, _padded([s for _, s in shapes], w) if shapes else None,
                 unpadded=_unpadded([s for _, s in shapes], w, r) if shapes else None)
-    elif m.strategy == "fsdp" and m.strategy_options.get("sharding_strategy") in (
-            "full_shard", "shard_grad_op"):
-        formula = f"1/W = 1/{w}"
+    elif spec.is_flat and m.strategy_options.get("sharding_strategy") in ("full_shard",
+                                                                          "shard_grad_op"):
+        formula = f"1/W = 1/{w}"  # FSDP1
         for r in range(w):
             row(r, n / w, None)  # the flat parameter's padding depends on the wrap units
-    elif m.strategy == "hsdp" and mesh is not None and "shard" in mesh.dim_names:
-        s = _dim(mesh, "shard")
-        formula = f"1/S = 1/{s} (S: the shard dimension)"
-        for r in range(w):
-            row(r, n / s, _padded([x for _, x in shapes], s) if shapes else None,
-                unpadded=(_unpadded([x for _, x in shapes], s, _coord(mesh, r, "shard"))
-                          if shapes else None))
-    elif m.strategy == "fsdp2_tp" and mesh is not None and "tp" in mesh.dim_names:
-        tp, dp, ntp = _dim(mesh, "tp"), _dim(mesh, "dp"), mesh.tp_sharded_params
-        formula = f"((N - N_tp) + N_tp/T)/dp / N (N {n:,}, N_tp {ntp:,}, T {tp}, dp {dp})"
-        for r in range(w):
-            local = ([tp_local_shape(f, s, mesh.tp_plan, _coord(mesh, r, "tp"), tp) for f, s in shapes]
-                     if shapes and mesh.tp_plan else None)
-            row(r, ((n - ntp) + ntp / tp) / dp, _padded(local, dp) if local is not None else None,
-                unpadded=(_unpadded(local, dp, _coord(mesh, r, "dp")) if local is not None
-                          else None))
-    elif m.strategy == "pp" and mesh is not None and "pp" in mesh.dim_names and mesh.stage_params:
-        dp = _dim(mesh, "dp")
+    elif spec.is_flat or mesh is None or (stage_dim and not mesh.stage_params) \
+            or any(d not in mesh.dim_names for d in (shard, tensor, stage_dim) if d):
+        return None
+    elif stage_dim:
+        dp = _dim(mesh, shard)
         formula = ("stage_params[{stage}]/dp / N (N {n:,}, dp {dp}; stage {stage} holds the most, "
                    "its rank {rank})")
         for r in range(w):
-            st = _coord(mesh, r, "pp")
+            st = _coord(mesh, r, stage_dim)
             own = _stage_shapes(m, shapes, st) if shapes else None
             share = mesh.stage_params[st] / dp if st < len(mesh.stage_params) else math.nan
             row(r, share, _padded(own, dp) if own is not None else None, st,
-                unpadded=_unpadded(own, dp, _coord(mesh, r, "dp")) if own is not None else None)
-    else:
-        return None
+                unpadded=_unpadded(own, dp, _coord(mesh, r, shard)) if own is not None else None)
+    elif tensor:
+        tp, dp, ntp = _dim(mesh, tensor), _dim(mesh, shard), mesh.tp_sharded_params
+        formula = f"((N - N_tp) + N_tp/T)/dp / N (N {n:,}, N_tp {ntp:,}, T {tp}, dp {dp})"
+        for r in range(w):
+            local = ([tp_local_shape(f, s, mesh.tp_plan, _coord(mesh, r, tensor), tp)
+                      for f, s in shapes] if shapes and mesh.tp_plan else None)
+            row(r, ((n - ntp) + ntp / tp) / dp, _padded(local, dp) if local is not None else None,
+                unpadded=(_unpadded(local, dp, _coord(mesh, r, shard)) if local is not None
+                          else None))
+    else:  # shard over one dimension, replicate over the other (hsdp)
+        s = _dim(mesh, shard)
+        formula = f"1/S = 1/{s} (S: the shard dimension)"
+        for r in range(w):
+            row(r, n / s, _padded([x for _, x in shapes], s) if shapes else None,
+                unpadded=(_unpadded([x for _, x in shapes], s, _coord(mesh, r, shard))
+                          if shapes else None))
     if not ranks or not n:
         return None
     top = max(ranks, key=lambda x: (x["expected_elements"], -x["rank"]))
-    if m.strategy == "pp":
-        formula = formula.format(stage=top["stage"], n=n, dp=_dim(mesh, "dp"), rank=top["rank"])
+    if stage_dim:
+        formula = formula.format(stage=top["stage"], n=n, dp=_dim(mesh, shard), rank=top["rank"])
     exact = all(x["padded_elements"] is not None for x in ranks)
     basis = ("exact: the reference model's parameter shapes give each rank's padded FSDP2 "
              "shards (ceil(d0 / group) rows per parameter)" if exact else

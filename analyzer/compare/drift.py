@@ -31,7 +31,7 @@ import pandas as pd
 
 from analyzer.analyses import parity
 from analyzer.compare import ranking
-from analyzer.contract import schemas
+from analyzer.contract import schemas, strategies
 from analyzer.contract.errors import BadInput
 from analyzer.compare.kept import KeptRun, open_kept
 from analyzer.contract.text import one_line
@@ -203,7 +203,7 @@ def golden_link(old: KeptRun, new: KeptRun, exp: dict[str, Any]) -> dict[str, An
     out = {"batch_sha256_equal": g.batch_sha256_equal, "init_sha256_equal": g.init_sha256_equal,
            "distributed": None}
     path = new.path / schemas.NUMERICS_NAME
-    if new.manifest.strategy != "single" and path.exists():
+    if not strategies.is_reference(new.manifest.strategy) and path.exists():
         n = parity.read_numerics(path)
         if n["metric"].isin(schemas.GOLDEN_METRICS).any():
             checked = parity.check_tensors(_as_base_metrics(n), _tolerance(exp), path=str(path))
@@ -321,10 +321,10 @@ def _own_baseline(ref_group: list[RunEntry], group: list[RunEntry],
         return None
     values = ", ".join(f"{k} {ranking.show_setting(ranking.setting_of(b, k))}, not "
                        f"{ranking.show_setting(ranking.setting_of(a, k))}" for k in differ)
-    arms = list(dict.fromkeys(ranking.arm_of(r) for r in group))
+    arms = list(dict.fromkeys(r.arm for r in group))
     return (f"arm{'s' if len(arms) > 1 else ''} {', '.join(one_line(x) for x in arms)} "
             f"{'were' if len(arms) > 1 else 'was'} checked against "
             f"{'their' if len(arms) > 1 else 'its'} own baseline (experiment.baseline "
             f"{one_line(str(base(b)))}, not {one_line(str(base(a)))} of arm "
-            f"{one_line(ranking.arm_of(a))}) because {'they change' if len(arms) > 1 else 'it changes'} "
+            f"{one_line(a.arm)}) because {'they change' if len(arms) > 1 else 'it changes'} "
             f"the numerics ({one_line(values)})")

@@ -1,7 +1,7 @@
 """The performance gate (``analyzer gate DIR --baseline OLD --max-regression 10%``, issue 20):
 the new runs (DIR) against the previous runs (OLD).
 
-For every arm (strategy; a run name without its ``.r<k>`` repeat suffix, ranking.arm_of) found
+For every arm (strategy; a run name without its ``.r<k>`` repeat suffix, RunEntry.arm) found
 both in the new runs and the previous ones, and for each metric -- step time (every profiled step,
 ``StepTime.values_ns``), exposed communication (every profiled step, mean over ranks,
 ``RunEntry.exposed_comm_step_ns``), peak allocated memory (one value per run) -- the ratio
@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from analyzer.compare import stats
-from analyzer.compare.ranking import SETTINGS, arm_of, settings_differences
+from analyzer.compare.ranking import SETTINGS, settings_differences
 from analyzer.contract.report_types import RunEntry
 
 METRICS = ("step_time", "exposed_comm", "peak_allocated")
@@ -80,7 +80,7 @@ def _arms(runs: list[RunEntry]) -> dict[str, list[RunEntry]]:
     out: dict[str, list[RunEntry]] = {}
     for r in runs:
         if not r.incomplete:
-            out.setdefault(arm_of(r), []).append(r)
+            out.setdefault(r.arm, []).append(r)
     return out
 
 

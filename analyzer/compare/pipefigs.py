@@ -9,7 +9,7 @@ import math
 import pandas as pd
 
 from analyzer.analyses import pipeline
-from analyzer.contract import schemas
+from analyzer.contract import schemas, strategies
 from analyzer.contract.report_types import Pipeline, PipelinePair, PipelineStage
 
 _COLL = ["rank", "kind", "bytes", "dur_ns", "step", "name"]
@@ -36,12 +36,13 @@ def _pair(r: dict) -> PipelinePair:
 
 
 def run_pipeline(tables, manifest: schemas.Manifest | None) -> Pipeline | None:
-    """The pipeline entry of a ``pp`` run with a mesh that has a "pp" dimension; None for any
-    other run. ``tables``: its traces' per-rank tables (``ingest.load_run``; None without
-    traces: the stages and the ideal bubble only). Per-stage figures are over the profiled
-    steps with device work (as every mean of the report, analyzer/compare/runs.py)."""
-    if manifest is None or manifest.strategy != "pp" or manifest.mesh is None \
-            or "pp" not in manifest.mesh.dim_names:
+    """The pipeline entry of a run whose strategy stages its layers (``pp``) with a mesh that has
+    the stage dimension; None for any other run. ``tables``: its traces' per-rank tables
+    (``ingest.load_run``; None without traces: the stages and the ideal bubble only).
+    Per-stage figures are over the profiled steps with device work (as every mean of the
+    report, analyzer/compare/runs.py)."""
+    row = strategies.spec(manifest.strategy if manifest is not None else None)
+    if row is None or manifest.mesh is None or row.dim_of("stage") not in manifest.mesh.dim_names:
         return None
     mesh = manifest.mesh
     p = mesh.shape[pipeline.pp_dim(mesh)]

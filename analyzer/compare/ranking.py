@@ -40,6 +40,7 @@ import re
 from typing import Any, Callable
 
 from analyzer.compare import stats
+from analyzer.contract import strategies
 from analyzer.contract.arms import arm_label, pair_labels, same_value
 from analyzer.contract.report_types import Arm, Noise, Pair, Ranking, RunEntry
 from analyzer.contract.text import one_line
@@ -97,10 +98,6 @@ manifest's ``experiment.settings``) -> the ``SETTINGS`` it changes. An option no
 (``strategy``, ``nproc``, ``bucket_cap_mb``, ...) changes none of them."""
 
 
-FSDP_STRATEGIES = ("fsdp", "fsdp2", "hsdp", "fsdp2_tp", "pp")
-"""Strategies that shard with FSDP (hsdp, fsdp2_tp and pp apply FSDP2 on a mesh dimension)."""
-
-
 def setting_of(run: RunEntry, key: str) -> Any:
     """``run``'s value of ``key`` (a ``SETTINGS`` name) as runs are compared on it: the
     per-rank batch, launch details past method and nnodes, device count left out."""
@@ -110,7 +107,7 @@ def setting_of(run: RunEntry, key: str) -> Any:
         # per-rank batch differs by design between single and distributed runs
         return {k: v for k, v in value.items() if k != "per_rank_batch"}
     if key == "launch" and isinstance(value, dict):
-        if run.strategy == "single":
+        if strategies.is_reference(run.strategy):
             return None  # the baseline is not launched; nothing to compare
         return {k: v for k, v in value.items() if k in ("method", "nnodes")}
     if key == "data":
@@ -158,7 +155,7 @@ def explained_settings(runs: list[RunEntry]) -> set[str]:
     keys = {k for r in recorded for o in declared(r) for k in OPTION_SETTINGS.get(o, ())}
     by_arm: dict[str, list[RunEntry]] = {}
     for r in recorded:
-        by_arm.setdefault(arm_of(r), []).append(r)
+        by_arm.setdefault(r.arm, []).append(r)
     return {k for k in keys
             if all(len({show_setting(setting_of(r, k)) for r in rs}) == 1 for rs in by_arm.values())}
 
@@ -247,7 +244,7 @@ def settings_problems(runs: list[RunEntry]) -> list[str]:
     out = []
     by_arm: dict[str, list[RunEntry]] = {}
     for r in recorded:
-        by_arm.setdefault(arm_of(r), []).append(r)
+        by_arm.setdefault(r.arm, []).append(r)
     for arm, rs in by_arm.items():
         keys = dict.fromkeys(k for r in rs for k in declared(r))
         parts = []
@@ -274,7 +271,7 @@ def missing_arms(runs: list[RunEntry]) -> list[str]:
     exps = [r.experiment or {} for r in runs]
     by_arm: dict[str, set[int]] = {}
     for r, e in zip(runs, exps):
-        by_arm.setdefault(arm_of(r), set()).add(e.get("repeat", 1))
+        by_arm.setdefault(r.arm, set()).add(e.get("repeat", 1))
     listed = dict.fromkeys(a for e in exps for a in e.get("order") or [])
     want = max((e.get("repeats", 1) for e in exps), default=1)
     out = [f"arm {one_line(a)}: no complete run in this report, not ranked"
@@ -297,12 +294,6 @@ def experiment_id(run: RunEntry) -> str | None:
     return (run.experiment or {}).get("id")
 
 
-def arm_of(run: RunEntry) -> str:
-    """The run's arm: the manifest's ``experiment.arm`` (the run name without ``.r<k>``), else
-    the run name."""
-    return (run.experiment or {}).get("arm") or run.name
-
-
 def ranked_experiment(runs: list[RunEntry]) -> tuple[list[RunEntry], list[RunEntry], list[str]]:
     """(the runs of the experiment to rank, the others, warnings). The experiment with the most
     distributed runs, then the most runs (ties: the smallest id), among those with an id; runs
@@ -318,10 +309,10 @@ def ranked_experiment(runs: list[RunEntry]) -> tuple[list[RunEntry], list[RunEnt
                  "before tracer record --repeat, or foreign traces): ranked as one experiment, "
                  "but whether one command recorded them cannot be checked; record them together "
                  "(tracer record --strategy ... --repeat 5) for a decision"]
-                if sum(1 for r in legacy if r.strategy != "single") > 1 else [])
+                if sum(1 for r in legacy if not strategies.is_reference(r.strategy)) > 1 else [])
         return legacy, [], warn
-    chosen = min(ids, key=lambda k: (-sum(r.strategy != "single" for r in groups[k]),
-                                     -len(groups[k]), k))
+    distributed = lambda k: sum(not strategies.is_reference(r.strategy) for r in groups[k])
+    chosen = min(ids, key=lambda k: (-distributed(k), -len(groups[k]), k))
     others = [r for r in runs if experiment_id(r) != chosen]
     warn = []
     if others:
@@ -358,7 +349,7 @@ def _arms(runs: list[RunEntry]) -> list[tuple[Arm, list[RunEntry]]]:
     """Runs grouped by arm, each arm's runs in repeat order."""
     groups: dict[str, list[RunEntry]] = {}
     for r in runs:
-        groups.setdefault(arm_of(r), []).append(r)
+        groups.setdefault(r.arm, []).append(r)
     out = []
     for name, rs in groups.items():
         rs = sorted(rs, key=lambda r: ((r.experiment or {}).get("repeat", 1), r.name))
@@ -496,14 +487,14 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     if arms_declared:  # a failed arm is left out, the others ranked
         bad: dict[str, str] = {}
         for r, why in problems:
-            bad.setdefault(arm_of(r), why)  # its first run's problem
+            bad.setdefault(r.arm, why)  # its first run's problem
         extra["left_out"] = [f"arm {a} {why}" for a, why in bad.items()]
         dropped = [f"arm {a} left out: {why}" for a, why in bad.items()]
         withheld = []
     else:
         bad, withheld = {}, [f"run {r.name} {why}" for r, why in problems]
     diffs = settings_differences(runs)
-    kept = [r for r in runs if arm_of(r) not in bad]
+    kept = [r for r in runs if r.arm not in bad]
     timed = [r for r in kept if _steps(r)]
     reason = ("; ".join(untrusted) + ("; the runs are not one experiment either: "
                                       + "; ".join(diffs) if diffs else "") if untrusted else
@@ -518,16 +509,15 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
                        rule=rule, **extra)
     # memory before communication: a run that does not fit the device (--device-memory) is
     # not a choice, however fast (the single-device reference stays the speedup base)
-    unfit = [r.name for r in timed if (arms_declared or r.strategy != "single")
+    unfit = [r.name for r in timed if not r.is_reference
              and r.memory.fit is not None and r.memory.fit.fits is False]
     timed = [r for r in timed if r.name not in unfit]
-    if unfit and not any(arms_declared or r.strategy != "single" for r in timed):
+    if unfit and not any(not r.is_reference for r in timed):
         return Ranking(status="withheld", order=[], reason="; ".join(
             [f"no {'arm' if arms_declared else 'distributed run'} fits the device "
              f"(--device-memory): {', '.join(unfit)} do not fit"] + warns), rule=rule, **extra)
     arms = _arms(timed)
-    ref = (None if arms_declared else
-           next((a for a, _ in arms if a.strategy == "single"), None))
+    ref = next((a for a, rs in arms if rs[0].is_reference), None)
     ranked = sorted(((a, rs) for a, rs in arms if a is not ref),
                     key=lambda x: (x[0].median_ns, x[0].peak_allocated_bytes or math.inf, x[0].name))
     pairs = [compare_arms((a.name, ra), (b.name, rb))
@@ -602,11 +592,13 @@ def comparable_to(run: RunEntry, base: RunEntry) -> bool:
 
 
 def speedups(runs: list[RunEntry]) -> list[float | None]:
-    """Speedup of each run over the ``single`` run (of its experiment and repeat when there is
-    one, else the first), in ``runs`` order: single's median step time / the run's. None when there is no single run, either time is missing, or the run is
+    """Speedup of each run over the reference strategy's run (``strategies.is_reference``: of
+    its experiment and repeat when there is one, else the first), in ``runs`` order: the
+    reference's median step time / the run's. None when there is no such run, either time is
+    missing, or the run is
     not comparable with it (``comparable_to``: parity not passed, or recorded under different
     settings) -- the report must not show a speedup it says cannot be compared."""
-    singles = [r for r in runs if r.strategy == "single"]
+    singles = [r for r in runs if strategies.is_reference(r.strategy)]
     out = []
     for r in runs:  # the single run of the same experiment and repeat, else the first single
         rep = (experiment_id(r), (r.experiment or {}).get("repeat"))
@@ -619,13 +611,14 @@ def speedups(runs: list[RunEntry]) -> list[float | None]:
 
 
 def prefetch_groups(runs: list[RunEntry]) -> list[list[str]]:
-    """Groups (>= 2 runs) of the same FSDP strategy (``FSDP_STRATEGIES``: FSDP1, and FSDP2 flat
-    or on a mesh) whose strategy options differ only in the prefetch settings
+    """Groups (>= 2 runs) of the same FSDP strategy (a row with a shard dimension: FSDP1, and
+    FSDP2 flat or on a mesh) whose strategy options differ only in the prefetch settings
     (``backward_prefetch``, ``forward_prefetch``): compare them side by side."""
     keys = ("backward_prefetch", "forward_prefetch")
     groups: dict[str, list[RunEntry]] = {}
     for r in runs:
-        if r.strategy not in FSDP_STRATEGIES:
+        row = strategies.spec(r.strategy)
+        if row is None or row.dim_of("shard") is None:
             continue
         opts = {k: v for k, v in r.options.items() if k not in keys}
         settings = {k: setting_of(r, k) for k in SETTINGS}

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from analyzer.contract import strategies
 from analyzer.contract.errors import BadInput
 from analyzer.contract.tolerance import Tolerance
 
@@ -844,6 +845,19 @@ class RunEntry(_Figures, kw_only=True):
     """Issue 30: the Flight Recorder dumps beside the run's traces (a failed record's, or FR
     JSON dumps in a folder of traces), per process group; None without dumps."""
 
+    @property
+    def arm(self) -> str:
+        """The run's arm: ``experiment.arm`` (the run name without ``.r<k>``), else its name."""
+        return (self.experiment or {}).get("arm") or self.name
+
+    @property
+    def is_reference(self) -> bool:
+        """The reference, shown beside the ranking, never ranked (its strategy row's
+        ``is_reference``) unless a declared arm (``experiment.settings``): the one definition
+        the ranking (``Ranking.reference``) and every renderer read."""
+        return (strategies.is_reference(self.strategy)
+                and (self.experiment or {}).get("settings") is None)
+
 
 class Noise(msgspec.Struct, kw_only=True):
     """Whether a ranking is a basis for a decision (ranking.py NOISE_RULE): ``close_pairs`` are
@@ -948,6 +962,12 @@ class Ranking(msgspec.Struct, kw_only=True):
     runs' ``experiment.order`` lists with no complete run here (``arm b: no complete run in this
     report, not ranked``), an arm with fewer complete repeats than ``experiment.repeats`` (``arm
     a: 1 of 4 repeats``; ranked on those it has)."""
+
+    def speedup(self, arm: Arm) -> float | None:
+        """The ``reference`` arm's median step time over ``arm``'s; None without either."""
+        ref = next((a for a in self.arms if a.name == self.reference), None)
+        ok = ref is not None and ref.median_ns and arm.median_ns
+        return ref.median_ns / arm.median_ns if ok else None
 
 
 class DriftComparison(msgspec.Struct, kw_only=True):

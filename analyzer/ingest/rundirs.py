@@ -262,9 +262,8 @@ def _sparse(st: os.stat_result) -> bool:
 
 
 def _order(run: RunDir) -> tuple:
-    strategies = list(schemas.STRATEGIES)
-    s = run.strategy
-    return (strategies.index(s) if s in strategies else len(strategies), run.name)
+    names = list(schemas.STRATEGIES)  # the strategy table's order: the reference first
+    return (names.index(run.strategy) if run.strategy in names else len(names), run.name)
 
 
 _NOT_DONE = "the record did not complete (failed, interrupted or still running)"

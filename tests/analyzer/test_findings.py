@@ -282,6 +282,18 @@ def test_memory_does_not_fit():
     assert f.severity_ns == 10 * MS and "FSDP" in f.action
 
 
+@pytest.mark.parametrize("strategy,options,sharded", [
+    ("ddp", {}, False), ("single", {}, False), ("foreign", {}, False),
+    ("fsdp", {"sharding_strategy": "no_shard"}, False), ("fsdp", {}, True), ("fsdp2", {}, True),
+    ("hsdp", {}, True), ("fsdp2_tp", {}, True), ("pp", {"pp": 2}, True)])
+def test_memory_does_not_fit_advice_follows_the_strategy_sharding(strategy, options, sharded):
+    # issue 41: a pp run (FSDP2 over its dp dimension) was told to "shard it"
+    (f,) = kinds(report(run(strategy=strategy, options=options, memory=_fit(False))),
+                 "memory_does_not_fit")
+    assert f.action.startswith("shard it") is not sharded
+    assert ("CPU offload" in f.action) is sharded
+
+
 @pytest.mark.parametrize("fits", [True, None])
 def test_memory_fits_or_unknown_no_finding(fits):
     assert not kinds(report(run(memory=_fit(fits))), "memory_does_not_fit")

@@ -126,7 +126,7 @@ def test_rank_timelines_put_every_rank_of_one_step_on_aligned_clocks(ddp_run, tm
     assert tls[0].intervals == run.timeline.intervals  # rank 0's is the one timeline shown
     for t in tls:
         assert all(0 <= i.start_ns <= i.end_ns <= t.step_ns for i in t.intervals)
-    svg = html.timeline_svg(run, palette.STRATEGY_COLORS["ddp"])
+    svg = html.timeline_svg(run, palette.strategy_color("ddp"))
     for t in tls:  # every rank's compute, its collectives by kind, its idle time
         assert f"ddp rank {t.rank} compute " in svg and f"ddp rank {t.rank} idle " in svg
         for kind in {i.kind for i in t.intervals if i.lane == "comm"}:

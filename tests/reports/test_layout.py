@@ -13,6 +13,7 @@ from decimal import Decimal
 import pytest
 
 from analyzer.compare.runs import analyse
+from analyzer.contract import strategies
 from reports import html, markdown, palette
 from reports.decision import DecisionInput, decision_line
 
@@ -127,15 +128,15 @@ def test_every_plot_colours_a_run_by_its_strategy(ddp_run, fsdp_run, tmp_path):
     for fill, title in fills:
         run = title.split(" ")[0]
         if run in ("ddp", "fsdp"):
-            assert fill == palette.STRATEGY_COLORS[run], (title, fill)
+            assert fill == palette.strategy_color(run), (title, fill)
     # the loss curves too: each run's line in its strategy colour
     for name in ("ddp", "fsdp"):
-        assert re.search(rf'stroke="{palette.STRATEGY_COLORS[name]}"[^>]*><title>{name} loss', page)
+        assert re.search(rf'stroke="{palette.strategy_color(name)}"[^>]*><title>{name} loss', page)
     # no other hue anywhere: every fill is a run's strategy colour or the shade swatch
     assert set(re.findall(r'fill="(#[0-9a-f]{6})"', page)) == {
-        palette.STRATEGY_COLORS["ddp"], palette.STRATEGY_COLORS["fsdp"], palette.SHADE_SWATCH}
+        palette.strategy_color("ddp"), palette.strategy_color("fsdp"), palette.SHADE_SWATCH}
     # a colour means one strategy: no two strategies share one, none is the swatch
-    colors = [*palette.STRATEGY_COLORS.values(), *palette.OTHER_COLORS, palette.SHADE_SWATCH]
+    colors = [*(s.colour for s in strategies.TABLE.values()), *palette.OTHER_COLORS, palette.SHADE_SWATCH]
     assert len(set(colors)) == len(colors)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.compare.runs import analyse
-from analyzer.contract import report_types, schemas
+from analyzer.contract import report_types, schemas, strategies
 from reports import html, markdown, palette
 from reports import memory as memory_section
 from reports import pipeline as pipeline_section
@@ -118,12 +118,11 @@ def test_new_strategies_rank_colour_and_decide(report):
     assert md.splitlines()[2].startswith("**Decision:** hsdp")
     page = html.render(report)
     for s in ("hsdp", "fsdp2_tp", "pp"):
-        color = palette.STRATEGY_COLORS[s]
+        color = palette.strategy_color(s)
         assert color not in palette.OTHER_COLORS
         assert f'fill="{color}"' in page, s
-    colors = [*palette.STRATEGY_COLORS.values(), *palette.OTHER_COLORS, palette.SHADE_SWATCH]
+    colors = [*(s.colour for s in strategies.TABLE.values()), *palette.OTHER_COLORS, palette.SHADE_SWATCH]
     assert len(set(colors)) == len(colors)
-    assert set(palette.STRATEGY_COLORS) == set(schemas.STRATEGIES)
 
 
 # --- a pp run with traces: two stages, one rank each ------------------------------------------
