@@ -16,7 +16,6 @@ models) are not told apart; ranks that share no (process group, step) are not co
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -33,14 +32,12 @@ def distributed_info_mismatches(files: list[RankTables]) -> list[BadInput]:
     compared."""
     seen: dict[tuple[str, str], dict[str, list[RankTables]]] = {}  # (what, pg) -> value -> files
     for f in files:
-        di = f.distributed_info or {}
-        if isinstance(di.get("backend"), str):
-            seen.setdefault(("backend", ""), {}).setdefault(di["backend"], []).append(f)
-        pgs = di.get("pg_config")
-        for pg in pgs if isinstance(pgs, list) else []:
-            if isinstance(pg, dict) and "pg_name" in pg and isinstance(pg.get("ranks"), list):
-                seen.setdefault(("pg", str(pg["pg_name"])), {}).setdefault(
-                    json.dumps(pg["ranks"]), []).append(f)
+        d = f.dist
+        if d.backend is not None:
+            seen.setdefault(("backend", ""), {}).setdefault(d.backend, []).append(f)
+        for name, text in d.ranks_text().items():
+            if text:
+                seen.setdefault(("pg", name), {}).setdefault(text, []).append(f)
     problems = []
     for (what, pg), by_value in sorted(seen.items()):
         if len(by_value) > 1:
