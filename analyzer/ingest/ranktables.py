@@ -116,10 +116,8 @@ def no_events(path: Path) -> BadInput:
                     "ranks")
 
 
-def classified(path: Path, raw: bytes | None = None, dec=None
-               ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Decode and classify one trace file (``raw``: its bytes, read when None; ``dec``: its
-    decoded form, when already decoded).
+def classified(path: Path, dec=None) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Decode and classify one trace file (``dec``: its decoded form, when already decoded).
 
     Returns ``(events, info)``: the event table (analyzer/api.py module docstring) and info =
     {device_kind, main_tid, whole_trace_mode, steps, unlaunched, distributed_info, warnings
@@ -129,7 +127,7 @@ def classified(path: Path, raw: bytes | None = None, dec=None
     from analyzer.ingest.decode import decode_bytes, decompress
 
     if dec is None:
-        dec = decode_bytes(decompress(read_trace(path) if raw is None else raw, path), path)
+        dec = decode_bytes(decompress(read_trace(path), path), path)
     if dec.events.empty:
         raise no_events(path)
     d = read_distinfo(dec.distributed_info)
