@@ -103,7 +103,6 @@ def _trace_type(time_type: Any, default: Any) -> tuple[type, type]:
     event = Union[(x, _M, *_OTHERS)]  # noqa: UP007 - a tagged union needs typing.Union here
     trace = msgspec.defstruct("_Trace", [("traceEvents", list[event]),
                                          ("distributedInfo", Any, None),
-                                         ("deviceProperties", Any, None),
                                          ("schemaVersion", Any, None)], gc=False)
     return trace, x
 
@@ -137,7 +136,6 @@ class _LEvent(msgspec.Struct, gc=False):
 class _LTrace(msgspec.Struct, gc=False):
     traceEvents: list[_LEvent]
     distributedInfo: Any = None
-    deviceProperties: Any = None
     schemaVersion: Any = None
 
 
@@ -194,7 +192,6 @@ class Decoded:
 
     events: pd.DataFrame
     distributed_info: dict[str, Any] | None
-    device_count: int
     warnings: list[str] = field(default_factory=list)
     repaired_json: bytes | None = None
     """The JSON as repaired in memory when the file's needed a repair (``repair``), for the
@@ -766,10 +763,8 @@ def _columns(trace: Any, path: Path | str, other_times: bool = False) -> Decoded
         **coll, "graph_node": graph_node[order],
     })
     di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
-    dp = trace.deviceProperties
-    return Decoded(events=df, distributed_info=di,
-                   device_count=len(dp) if isinstance(dp, list) else 0, warnings=warnings,
-                   memory_events=memory, other_times=times)
+    return Decoded(events=df, distributed_info=di, warnings=warnings, memory_events=memory,
+                   other_times=times)
 
 
 def _complete_events(trace: Any, path: Path | str, warnings: list[str]
