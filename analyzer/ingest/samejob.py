@@ -78,17 +78,15 @@ def kind_sets(coll: pd.DataFrame) -> dict[int, dict[tuple[str, int], frozenset[s
     return {r: {c: frozenset(cells[r][c]) for c in sorted(cells[r])} for r in sorted(cells)}
 
 
-def check_same_job(root: Path | str, coll, paths: dict[int, Path]) -> None:
+def check_same_job(root: Path | str, batches, paths: dict[int, Path]) -> None:
     """Raise ``BadInput(root, "mixed_jobs", ...)`` naming the files when some rank's collectives
     contradict the lowest rank's in every shared (process group, step) (module docstring).
-    ``coll``: the collectives table (columns as ``kind_sets``), or an iterable of them, or of
-    (anything, table) pairs such as ``JobTables.each``, in ascending rank order: one rank is
-    held at a time besides the lowest rank's cells. ``paths`` maps rank -> trace file."""
-    parts = [coll] if isinstance(coll, pd.DataFrame) else coll
+    ``batches``: (anything, collectives table: columns as ``kind_sets``) pairs in ascending
+    rank order, as ``JobTables.batches`` gives them: one batch is held at a time besides the
+    lowest rank's cells. ``paths`` maps rank -> trace file."""
     ref, ref_cells = None, {}
     odd, example = [], None
-    for part in parts:
-        frame = part[1] if isinstance(part, tuple) else part
+    for _, frame in batches:
         for rank, cells in kind_sets(frame).items():
             if ref is None:
                 ref, ref_cells = rank, cells

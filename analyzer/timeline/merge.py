@@ -282,12 +282,7 @@ def _us(ns: int) -> int | float:
 
 def sidecar_path_for(out: Path) -> Path:
     """``merged.trace.json.gz`` -> ``merged.offsets.json`` (same folder)."""
-    name = out.name
-    for suffix in (".trace.json.gz", ".json.gz", ".trace.json", ".json", ".gz"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return out.with_name(name + ".offsets.json")
+    return perfetto.beside(out, ".offsets.json")
 
 
 def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None = None) -> MergeResult:
