@@ -265,9 +265,7 @@ def trace_backend(tables) -> str | None:
     communication is gloo runloop ops (analyzer/ingest/classify.py rule ``cpu.gloo_op``), else
     None: the traces do not tell (an MTIA or CUPTI-range trace is not a gloo record because it
     has no GPU kernel)."""
-    named = sorted({str(di["backend"]) for r in tables.ranks
-                    if isinstance(di := r.distributed_info or {}, dict)
-                    and isinstance(di.get("backend"), str)})
+    named = sorted({b for r in tables.ranks if (b := r.dist.backend) is not None})
     if named:
         return named[0]
     for _, coll in tables.batches("collectives", ["rule"]):

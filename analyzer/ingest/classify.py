@@ -242,9 +242,9 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     (analyzer/ingest/commid.py). Roles and rules: ``RULE_TABLE`` in order, then the rules that
     follow links between rows.
 
-    ``pg_sizes``: process group name -> size (``commid.pg_sizes_of(distributedInfo)``);
-    ``pg_ranks``: process group name -> its ranks (``commid.pg_ranks_of(distributedInfo)``);
-    ``pg_descs``: process group name -> pg_desc (``commid.pg_descs_of(distributedInfo)``).
+    ``pg_sizes``: process group name -> size (``distinfo.DistInfo.sizes``);
+    ``pg_ranks``: process group name -> its ranks (``DistInfo.ranks_text``);
+    ``pg_descs``: process group name -> pg_desc (``DistInfo.descs``).
     Returns ``(events, info)`` with ``info`` = {device_kind, main_tid, whole_trace_mode,
     steps (``schemas.STEP_WINDOWS_SCHEMA``; analyzer/ingest/steps.py), unlaunched (bool per
     row: device work with no launch in the trace), notes (list of str: classes of events left

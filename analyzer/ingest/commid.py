@@ -19,7 +19,7 @@ bytes  nccl-tests (doc/PERFORMANCE.md "Bus bandwidth": all_gather and reduce_sca
        ``symm_mem::*`` / ``hccl:*`` ops the input tensor (all_gather: the piece, x group size);
        3. unknown (-1): never 0, never the world size when the process group may be smaller.
 group  1. the ``Group size`` argument (the kernel's own, then record_param_comms');
-size   2. the size distributedInfo's pg_config gives the named process group;
+size   2. the size distributedInfo's pg_config gives the named process group (distinfo.py);
        3. all_gather and reduce_scatter only: the ratio of the whole buffer to one rank's piece
           when it is a whole number >= 1 (``group_from_counts``, ``group_from_tensors``): In /
           Out msg nelems (the kernel's own, then record_param_comms'), else the two tensors of
@@ -50,7 +50,6 @@ e.g. the DLRM set, where it names an unrelated CPU op) and exactly one comm op c
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
@@ -146,47 +145,6 @@ def group_from_tensors(op_name: str, kind: str | None, first_numel: int, second_
     if not op_name.startswith("c10d::"):
         return -1
     return group_from_counts(kind, second_numel, first_numel)
-
-
-def pg_sizes_of(distributed_info: dict | None) -> dict[str, int]:
-    """{process group name: size} from distributedInfo.pg_config (torch's profiler writes
-    pg_name, pg_size); {} when absent or malformed."""
-    out: dict[str, int] = {}
-    cfg = (distributed_info or {}).get("pg_config")
-    if isinstance(cfg, list):
-        for g in cfg:
-            if isinstance(g, dict) and isinstance(g.get("pg_size"), int):
-                out[str(g.get("pg_name"))] = int(g["pg_size"])
-    return out
-
-
-def pg_descs_of(distributed_info: dict | None) -> dict[str, str]:
-    """{process group name: pg_desc} from distributedInfo.pg_config ("default_pg",
-    "mesh_replicate" ...: torch names a DeviceMesh dimension's group ``mesh_<dim name>``);
-    groups without a string pg_desc left out; {} when absent or malformed."""
-    out: dict[str, str] = {}
-    cfg = (distributed_info or {}).get("pg_config")
-    if isinstance(cfg, list):
-        for g in cfg:
-            if isinstance(g, dict) and "pg_name" in g and isinstance(g.get("pg_desc"), str):
-                out[str(g["pg_name"])] = g["pg_desc"]
-    return out
-
-
-def pg_ranks_of(distributed_info: dict | None) -> dict[str, str]:
-    """{process group name: its ranks as record_param_comms spells them, "[0, 1]"} from
-    distributedInfo.pg_config (``ranks``: a list of int); {} when absent or malformed. Its
-    keys are every group pg_config lists, with or without ranks (value "" then): torch lists
-    the groups this rank is a member of (``_world.pg_map``)."""
-    out: dict[str, str] = {}
-    cfg = (distributed_info or {}).get("pg_config")
-    if isinstance(cfg, list):
-        for g in cfg:
-            if isinstance(g, dict) and "pg_name" in g:
-                r = g.get("ranks")
-                ok = isinstance(r, list) and all(type(x) is int for x in r)
-                out[str(g["pg_name"])] = json.dumps(r) if ok else ""
-    return out
 
 
 def launching_ops(launch_row: int, ext_i: int, corr_i: int, enq_cols, ext, ts, end, tid

@@ -87,10 +87,11 @@ _PHASES = "BEiIbneCstfPONDVvRc()"
 no fields, so their contents (e.g. flow events, a quarter of a Kineto trace) are skipped
 without building objects."""
 _KNOWN_PHASES = frozenset("XM" + _PHASES)
-_OTHERS = tuple(msgspec.defstruct(f"_Ph{ord(t)}", [("name", msgspec.Raw, _NULL)], tag_field="ph",
-                                  tag=t, gc=False) for t in _PHASES)
-"""Their name is kept as raw JSON (no string built), to tell whether the trace has ``[memory]``
-events (``Decoded.memory_events``) without scanning its bytes again."""
+_OTHERS = tuple(msgspec.defstruct(f"_Ph{ord(t)}", [("name", msgspec.Raw, _NULL),
+                                                  ("ts", msgspec.Raw, _NULL)],
+                                  tag_field="ph", tag=t, gc=False) for t in _PHASES)
+"""Their name and ts are kept as raw JSON (no string built): whether the trace has ``[memory]``
+events (``Decoded.memory_events``) and ``Decoded.other_times``, without reading it again."""
 
 
 def _trace_type(time_type: Any, default: Any) -> tuple[type, type]:
@@ -102,7 +103,6 @@ def _trace_type(time_type: Any, default: Any) -> tuple[type, type]:
     event = Union[(x, _M, *_OTHERS)]  # noqa: UP007 - a tagged union needs typing.Union here
     trace = msgspec.defstruct("_Trace", [("traceEvents", list[event]),
                                          ("distributedInfo", Any, None),
-                                         ("deviceProperties", Any, None),
                                          ("schemaVersion", Any, None)], gc=False)
     return trace, x
 
@@ -136,7 +136,6 @@ class _LEvent(msgspec.Struct, gc=False):
 class _LTrace(msgspec.Struct, gc=False):
     traceEvents: list[_LEvent]
     distributedInfo: Any = None
-    deviceProperties: Any = None
     schemaVersion: Any = None
 
 
@@ -193,13 +192,15 @@ class Decoded:
 
     events: pd.DataFrame
     distributed_info: dict[str, Any] | None
-    device_count: int
     warnings: list[str] = field(default_factory=list)
     repaired_json: bytes | None = None
     """The JSON as repaired in memory when the file's needed a repair (``repair``), for the
     readers of the same bytes (``memory_events``); None otherwise. The file is never changed."""
     memory_events: bool = False
     """An event is named ``[memory]``: ``memory_events`` may find some (it reads them)."""
+    other_times: tuple[np.ndarray, np.ndarray] | None = None
+    """(ts in int64 ns, ok) of every traceEvents entry by position, read (``parse_decimal_ns``)
+    for those neither complete nor metadata events, ok False elsewhere; None unless asked."""
 
 
 MAX_TRACE_ENV = "PARITYTRACE_MAX_TRACE_BYTES"
@@ -292,14 +293,16 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
     return out.getvalue()  # the buffer itself (no copy while no view of it is exported)
 
 
-def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
-    """Decode trace JSON ``data`` (see ``Decoded``). ``path`` is only used in messages. A
+def decode_bytes(data: bytes, path: Path | str = "<bytes>", *, other_times: bool = False
+                 ) -> Decoded:
+    """Decode trace JSON ``data`` (see ``Decoded``; ``other_times``: fill that field too).
+    ``path`` is only used in messages. A
     leading UTF-8 byte-order mark (an editor's save) is dropped: JSON (RFC 8259 8.1) lets a
     reader ignore it. Raises ``BadInput``: ``truncated``, ``not_a_trace`` (also for JSON nested
     deeper than the decoder's recursion limit, and a ``schemaVersion`` that is not a whole
     number >= 0: Kineto writes 1)."""
     try:
-        trace, data = _decode_trace(data, path)
+        trace, data = _decode_trace(data, path, other_times)
     except RecursionError:
         raise too_deep(path) from None
     if not isinstance(trace, Decoded):
@@ -308,7 +311,7 @@ def decode_bytes(data: bytes, path: Path | str = "<bytes>") -> Decoded:
             raise BadInput(path, "not_a_trace", f"schemaVersion {_shown(version)} is not a "
                            "version number (Kineto writes 1)",
                            "pass PyTorch profiler traces, or fix the trace's schemaVersion")
-        trace = _columns(trace, path)
+        trace = _columns(trace, path, other_times)
     return trace
 
 
@@ -325,7 +328,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _decode_trace(data: bytes, path: Path | str) -> tuple[Any, bytes]:
+def _decode_trace(data: bytes, path: Path | str, other_times: bool) -> tuple[Any, bytes]:
     """(the decoded trace struct, or an already built ``Decoded`` after a repair; the data
     it came from)."""
     if data.startswith(b"\xef\xbb\xbf"):
@@ -333,7 +336,7 @@ def _decode_trace(data: bytes, path: Path | str) -> tuple[Any, bytes]:
     try:
         trace = _decode_typed(data)
     except msgspec.DecodeError as exc:
-        return _decode_repaired(data, path, exc)
+        return _decode_repaired(data, path, exc, other_times)
     if trace is None:
         try:
             trace = _LENIENT.decode(data)
@@ -343,18 +346,18 @@ def _decode_trace(data: bytes, path: Path | str) -> tuple[Any, bytes]:
                            "pass PyTorch profiler traces (export_chrome_trace / "
                            "tensorboard_trace_handler output)") from None
         except msgspec.DecodeError as exc:  # the strict pass stopped at a type, before this
-            return _decode_repaired(data, path, exc)
+            return _decode_repaired(data, path, exc, other_times)
     return trace, data
 
 
-def _decode_repaired(data: bytes, path: Path | str, exc: msgspec.DecodeError
-                     ) -> tuple[Decoded, bytes]:
+def _decode_repaired(data: bytes, path: Path | str, exc: msgspec.DecodeError,
+                     other_times: bool) -> tuple[Decoded, bytes]:
     """``data``, which msgspec refused with ``exc``, repaired (``repair``) and decoded, the
     repair's note first among the warnings. Raises ``BadInput``: what ``repair`` raises, and
     the refusal of ``exc`` when a quote repair was not all the file needed."""
     fixed, line = repair(data, path, exc)
     try:
-        dec = decode_bytes(fixed, path)
+        dec = decode_bytes(fixed, path, other_times=other_times)
     except BadInput as err:  # quotes were not all that was wrong: refused as before
         if line.endswith(QUOTES_NOTE) and err.reason == "truncated":
             raise _invalid_json(path, exc) from None
@@ -401,22 +404,6 @@ def _invalid_json(path: Path | str, exc: msgspec.DecodeError) -> BadInput:
     """The one-line refusal of JSON nothing repairs (reason ``truncated``)."""
     return BadInput(path, "truncated", f"truncated or invalid JSON ({exc})",
                     "copy the trace again or re-record it")
-
-
-class _Ts(msgspec.Struct, gc=False):
-    ts: msgspec.Raw = _NULL
-
-
-_TS_ONLY = msgspec.json.Decoder(msgspec.defstruct("_TsTrace", [("traceEvents", list[_Ts])],
-                                                  gc=False))
-
-
-def times_ns(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """(ts in int64 ns, ok) of every entry of the trace's ``traceEvents``, by position, with
-    the event table's rule (``parse_decimal_ns``: exact, half up; ok False where the ts is
-    missing, negative or not a number). ``data``: JSON msgspec reads (``repair`` first) whose
-    events are objects (what ``decode_bytes`` accepts). Raises ``msgspec.DecodeError``."""
-    return parse_decimal_ns(list(map(attrgetter("ts"), _TS_ONLY.decode(data).traceEvents)))
 
 
 def _decode_typed(data: bytes) -> Any:
@@ -736,7 +723,7 @@ def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int, int]
     return numel, size, _numel(dims[1]) if len(dims) > 1 else -1
 
 
-def _columns(trace: Any, path: Path | str) -> Decoded:
+def _columns(trace: Any, path: Path | str, other_times: bool = False) -> Decoded:
     """The ``Decoded`` table of a decoded trace: rows sorted by (ts_ns, longest first), file
     order among equals. Each pass over the events is one C-level loop (``map``,
     ``attrgetter``, a defaultdict coder); Python-level work runs per distinct value, or per
@@ -745,7 +732,11 @@ def _columns(trace: Any, path: Path | str) -> Decoded:
     them all held."""
     strict = not isinstance(trace, _LTrace)
     warnings: list[str] = []
-    event_idx, xs, thread_names, memory = _complete_events(trace, path, warnings)
+    event_idx, xs, thread_names, memory, other_idx = _complete_events(trace, path, warnings)
+    evs, times = trace.traceEvents, None
+    if other_times:  # Decoded.other_times
+        times = np.zeros(len(evs), np.int64), np.zeros(len(evs), bool)
+        times[0][other_idx], times[1][other_idx] = parse_decimal_ns([evs[i].ts for i in other_idx.tolist()])
     trace.traceEvents = []
     ts, dur, order, kept = _times(trace, xs, path, warnings)
     coded = _coded_names(xs, strict, thread_names)
@@ -772,18 +763,17 @@ def _columns(trace: Any, path: Path | str) -> Decoded:
         **coll, "graph_node": graph_node[order],
     })
     di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
-    dp = trace.deviceProperties
-    return Decoded(events=df, distributed_info=di,
-                   device_count=len(dp) if isinstance(dp, list) else 0, warnings=warnings,
-                   memory_events=memory)
+    return Decoded(events=df, distributed_info=di, warnings=warnings, memory_events=memory,
+                   other_times=times)
 
 
 def _complete_events(trace: Any, path: Path | str, warnings: list[str]
-                     ) -> tuple[np.ndarray, list, dict[tuple[str, str], str], bool]:
+                     ) -> tuple[np.ndarray, list, dict[tuple[str, str], str], bool, np.ndarray]:
     """(index in traceEvents of each complete (X) event, the X events, thread names by (pid,
     tid) from the metadata events: the last one wins, as trace viewers do; whether an event
-    other than a complete one is named ``[memory]``). On a lenient decode, events of no or an unknown phase are
-    counted in ``warnings``."""
+    other than a complete one is named ``[memory]``; the index of each event neither complete
+    nor metadata). On a lenient decode, events of no or an unknown phase are counted in
+    ``warnings``."""
     evs = trace.traceEvents
     if not isinstance(trace, _LTrace):  # a tagged union: the event's type says its phase
         kinds = {_XUs: 1, _X: 1, _M: 2}
@@ -791,12 +781,13 @@ def _complete_events(trace: Any, path: Path | str, warnings: list[str]
         event_idx = np.flatnonzero(kind == 1)  # one pass over the events, then only the rows
         xs = list(map(evs.__getitem__, event_idx.tolist()))
         metas = list(map(evs.__getitem__, np.flatnonzero(kind == 2).tolist()))
-        others = map(evs.__getitem__, np.flatnonzero(kind == 0).tolist())
-        memory = _MEMORY_RAW in map(attrgetter("name"), others)
+        other_idx = np.flatnonzero(kind == 0)
+        memory = _MEMORY_RAW in map(attrgetter("name"), map(evs.__getitem__, other_idx.tolist()))
     else:
         event_idx = np.array([i for i, e in enumerate(evs) if e.ph == "X"], np.int64)
         xs = [evs[i] for i in event_idx.tolist()]
         metas = [e for e in evs if e.ph == "M"]
+        other_idx = np.array([i for i, e in enumerate(evs) if e.ph != "X" and e.ph != "M"], np.int64)
         memory = any(e.name == "[memory]" for e in evs)
         n_odd = sum(1 for e in evs if not (type(e.ph) is str and e.ph in _KNOWN_PHASES))
         if n_odd:  # the strict decoders accept only known phases: only this path sees them
@@ -807,7 +798,7 @@ def _complete_events(trace: Any, path: Path | str, warnings: list[str]
     for e in metas:
         if e.name == "thread_name" and e.args is not None:
             thread_names[(str(e.pid), str(e.tid))] = _as_str(e.args.meta_name) or ""
-    return event_idx, xs, thread_names, memory
+    return event_idx, xs, thread_names, memory, other_idx
 
 
 def _times(trace: Any, xs: list, path: Path | str, warnings: list[str]

@@ -35,7 +35,7 @@ import pandas as pd
 
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
-from analyzer.ingest.commid import group_fallback, pg_sizes_of
+from analyzer.ingest.commid import group_fallback
 from analyzer.ingest.ranktables import RankTables, cached, no_events, tables_worker
 from analyzer.ingest.samejob import check_same_job, distributed_info_mismatches
 from analyzer.ingest.spill import Spill
@@ -197,10 +197,7 @@ def assign_ranks(files: list[RankTables]) -> tuple[list[tuple[int, str, RankTabl
     """Apply the rank rule (module docstring). Returns ([(rank, rank_source, file)] sorted by
     rank, world size the traces say or None, problems: ``BadInput``)."""
     problems: list[BadInput] = []
-    ranks: list[int | None] = []
-    for f in files:
-        r = (f.distributed_info or {}).get("rank")
-        ranks.append(r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else None)
+    ranks = [f.dist.rank for f in files]
     with_rank = [f for f, r in zip(files, ranks) if r is not None]
     without = [f for f, r in zip(files, ranks) if r is None]
     out: list[tuple[int, str, RankTables]] = []
@@ -235,10 +232,9 @@ def assign_ranks(files: list[RankTables]) -> tuple[list[tuple[int, str, RankTabl
                                      "keep one trace per rank in the folder"))
     problems += distributed_info_mismatches(files)
     sizes: dict[int, list[RankTables]] = {}
-    for f in files:
-        ws = (f.distributed_info or {}).get("world_size")
-        if isinstance(ws, int):
-            sizes.setdefault(ws, []).append(f)
+    for f in files:  # world_size: the trace's, read as dist reads it
+        if f.world_size is not None:
+            sizes.setdefault(f.world_size, []).append(f)
     world = None
     if len(sizes) > 1:
         desc = "; ".join(f"{ws} in {', '.join(str(f.path) for f in fs)}"
@@ -276,7 +272,7 @@ def check_manifest_sha256(root: Path, manifest: schemas.Manifest | None,
 
 def _set_rank(rt: RankTables, rank: int, source: str, world_size: int) -> None:
     rt.rank, rt.rank_source = rank, source
-    rt.group_fallback = group_fallback(pg_sizes_of(rt.distributed_info), world_size)
+    rt.group_fallback = group_fallback(rt.dist.sizes(), world_size)
     for name in ("breakdown", "collectives", "prefetch"):
         if name not in rt.spilled:  # a spilled table is fixed as it is read
             _fixed(rt, name, getattr(rt, name))

@@ -20,7 +20,7 @@ import pandas as pd
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
 from analyzer.ingest import tablecache
-from analyzer.ingest.commid import pg_descs_of, pg_ranks_of, pg_sizes_of
+from analyzer.ingest.distinfo import DistInfo, read as read_distinfo
 
 
 @dataclass(kw_only=True, slots=True)
@@ -42,7 +42,7 @@ class RankTables:
     device_kind: str = "cpu"
     """"gpu" when the trace has GPU kernels, else "cpu"."""
     distributed_info: dict[str, Any] | None = None
-    """The trace's distributedInfo as written (backend, pg_config ...), None when absent."""
+    """The trace's distributedInfo as written (``dist`` reads it), None when absent."""
     main_tid: str | None = None
     """The main thread's tid on a CPU-only rank (analyzer/ingest/classify.py says how it is found)."""
     whole_trace_mode: bool = False
@@ -81,6 +81,11 @@ class RankTables:
     """Tables moved to disk (analyzer/ingest/spill.py): name -> file. Read them with
     ``JobTables.rank_table``; the attribute of a spilled table is empty."""
 
+    @property
+    def dist(self) -> DistInfo:
+        """``distributed_info`` read (analyzer/ingest/distinfo.py)."""
+        return read_distinfo(self.distributed_info)
+
 
 def read_trace(path: Path, max_bytes: int | None = None) -> bytes:
     """The bytes of the trace file at ``path``. Raises ``BadInput``: ``bad_name`` (the name is
@@ -111,10 +116,8 @@ def no_events(path: Path) -> BadInput:
                     "ranks")
 
 
-def classified(path: Path, raw: bytes | None = None, dec=None
-               ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Decode and classify one trace file (``raw``: its bytes, read when None; ``dec``: its
-    decoded form, when already decoded).
+def classified(path: Path, dec=None) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Decode and classify one trace file (``dec``: its decoded form, when already decoded).
 
     Returns ``(events, info)``: the event table (analyzer/api.py module docstring) and info =
     {device_kind, main_tid, whole_trace_mode, steps, unlaunched, distributed_info, warnings
@@ -124,15 +127,14 @@ def classified(path: Path, raw: bytes | None = None, dec=None
     from analyzer.ingest.decode import decode_bytes, decompress
 
     if dec is None:
-        dec = decode_bytes(decompress(read_trace(path) if raw is None else raw, path), path)
+        dec = decode_bytes(decompress(read_trace(path), path), path)
     if dec.events.empty:
         raise no_events(path)
-    di = dec.distributed_info
-    ws = di.get("world_size") if di else None
-    events, info = classify(dec.events, world_size=ws if isinstance(ws, int) else None,
-                            pg_sizes=pg_sizes_of(di), pg_ranks=pg_ranks_of(di),
-                            pg_descs=pg_descs_of(di))
-    return events, {**info, "distributed_info": di, "warnings": dec.warnings + info["notes"]}
+    d = read_distinfo(dec.distributed_info)
+    events, info = classify(dec.events, world_size=d.world_size, pg_sizes=d.sizes(),
+                            pg_ranks=d.ranks_text(), pg_descs=d.descs())
+    return events, {**info, "distributed_info": dec.distributed_info,
+                    "warnings": dec.warnings + info["notes"]}
 
 
 def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
@@ -170,8 +172,7 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
     dev_mem = device_peaks(mem_events)
     dec.warnings += [f"{path}: {n}" for n in mem_notes]
     if dec.events.empty:  # an empty rank; load_run refuses a job of empty ranks only
-        ws = (dec.distributed_info or {}).get("world_size")
-        rt = RankTables(path=path, world_size=ws if isinstance(ws, int) else None,
+        rt = RankTables(path=path, world_size=read_distinfo(dec.distributed_info).world_size,
                         distributed_info=dec.distributed_info, empty=True,
                         warnings=dec.warnings, sha256=sha,
                         **{t: s.empty_table().to_pandas()
@@ -201,8 +202,7 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
     gaps = gap_parts(ev, coll, steps, device_kind, main_tid)
     for c in gaps.columns:
         coll[c] = gaps[c].to_numpy()
-    ws = (info["distributed_info"] or {}).get("world_size")
-    rt = RankTables(path=path, world_size=ws if isinstance(ws, int) else None,
+    rt = RankTables(path=path, world_size=read_distinfo(info["distributed_info"]).world_size,
                     device_kind=device_kind, distributed_info=info["distributed_info"],
                     main_tid=main_tid, whole_trace_mode=info["whole_trace_mode"],
                     warnings=info["warnings"], steps=steps,

@@ -16,7 +16,6 @@ models) are not told apart; ranks that share no (process group, step) are not co
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -33,14 +32,12 @@ def distributed_info_mismatches(files: list[RankTables]) -> list[BadInput]:
     compared."""
     seen: dict[tuple[str, str], dict[str, list[RankTables]]] = {}  # (what, pg) -> value -> files
     for f in files:
-        di = f.distributed_info or {}
-        if isinstance(di.get("backend"), str):
-            seen.setdefault(("backend", ""), {}).setdefault(di["backend"], []).append(f)
-        pgs = di.get("pg_config")
-        for pg in pgs if isinstance(pgs, list) else []:
-            if isinstance(pg, dict) and "pg_name" in pg and isinstance(pg.get("ranks"), list):
-                seen.setdefault(("pg", str(pg["pg_name"])), {}).setdefault(
-                    json.dumps(pg["ranks"]), []).append(f)
+        d = f.dist
+        if d.backend is not None:
+            seen.setdefault(("backend", ""), {}).setdefault(d.backend, []).append(f)
+        for name, text in d.ranks_text().items():
+            if text:
+                seen.setdefault(("pg", name), {}).setdefault(text, []).append(f)
     problems = []
     for (what, pg), by_value in sorted(seen.items()):
         if len(by_value) > 1:
@@ -81,17 +78,15 @@ def kind_sets(coll: pd.DataFrame) -> dict[int, dict[tuple[str, int], frozenset[s
     return {r: {c: frozenset(cells[r][c]) for c in sorted(cells[r])} for r in sorted(cells)}
 
 
-def check_same_job(root: Path | str, coll, paths: dict[int, Path]) -> None:
+def check_same_job(root: Path | str, batches, paths: dict[int, Path]) -> None:
     """Raise ``BadInput(root, "mixed_jobs", ...)`` naming the files when some rank's collectives
     contradict the lowest rank's in every shared (process group, step) (module docstring).
-    ``coll``: the collectives table (columns as ``kind_sets``), or an iterable of them, or of
-    (anything, table) pairs such as ``JobTables.each``, in ascending rank order: one rank is
-    held at a time besides the lowest rank's cells. ``paths`` maps rank -> trace file."""
-    parts = [coll] if isinstance(coll, pd.DataFrame) else coll
+    ``batches``: (anything, collectives table: columns as ``kind_sets``) pairs in ascending
+    rank order, as ``JobTables.batches`` gives them: one batch is held at a time besides the
+    lowest rank's cells. ``paths`` maps rank -> trace file."""
     ref, ref_cells = None, {}
     odd, example = [], None
-    for part in parts:
-        frame = part[1] if isinstance(part, tuple) else part
+    for _, frame in batches:
         for rank, cells in kind_sets(frame).items():
             if ref is None:
                 ref, ref_cells = rank, cells

@@ -50,7 +50,7 @@ from analyzer.contract import schemas
 from analyzer.contract.atomic import atomic_path, write_atomic
 from analyzer.timeline import perfetto
 from analyzer.timeline.chrome_check import PHASES, check_trace, phase_problem
-from analyzer.ingest.decode import decompress, repair, times_ns
+from analyzer.ingest.decode import decode_bytes, decompress, repair
 from analyzer.ingest.fswalk import OUTPUT_MARKER
 from analyzer.contract.errors import BadInput
 
@@ -85,23 +85,17 @@ class MergeOptions:
 
 @dataclass(kw_only=True, slots=True)
 class RankInput:
-    """One rank's trace as read from disk."""
+    """One rank's trace as read from disk, held while it is written."""
 
     rank: int
-    """Rank number."""
-    path: Path
-    """The trace file."""
-    rank_source: str
-    """How the rank was found: "distributedInfo", "file name", "single file"."""
     data: dict[str, Any]
-    """The parsed JSON object (emptied after the merge, to free memory)."""
+    """The parsed JSON object."""
     events: pd.DataFrame
     """Its complete events as the ingest decodes and classifies them (``api.load_events``'
-    table: event_idx, ts_ns, dur_ns, is_gpu, role, step ...; emptied after the merge)."""
+    table: event_idx, ts_ns, dur_ns, is_gpu, role, step ...)."""
     ts_ns: np.ndarray
-    """``ts`` of every traceEvents entry in int64 ns (``decode.times_ns``), by position."""
     ts_ok: np.ndarray
-    """False where that ts is missing or not a number."""
+    """``ts_ns``, ``ts_ok``: ``decode.Decoded.other_times``, by position in traceEvents."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -114,8 +108,8 @@ class MergeResult:
     """The JSON sidecar with offsets and spreads."""
     manifest_path: Path | None
     """The ``perfetto_manifest`` written beside the merged trace, None when not asked for."""
-    ranks: list[RankInput]
-    """Inputs, sorted by rank (``data`` and ``events`` dropped after the merge)."""
+    ranks: list[ranktables.RankTables]
+    """The job's ranks as the ingest read them (``rank``, ``path``, ``rank_source`` ...)."""
     steps: dict[int, list[int]]
     """Rank -> the ProfilerStep numbers the ingest found on it (none in whole-trace mode):
     what ``--steps`` selects from."""
@@ -146,19 +140,21 @@ _TREE = msgspec.json.Decoder()
 
 
 def _read_rank(rt: ranktables.RankTables) -> RankInput:
-    """One rank's raw JSON, its event table and its events' exact times. Raises ``BadInput``
-    (the file changed since the ingest read it)."""
+    """One rank's raw JSON, its event table and its events' exact times, from two reads of
+    the JSON: the ingest's decoder (table and times) and a tree of the events to copy.
+    Raises ``BadInput`` (the file changed since the ingest read it)."""
     raw = decompress(ranktables.read_trace(rt.path), rt.path)
-    while True:  # the ingest accepted the file: repair() makes it readable as it did
+    dec = decode_bytes(raw, rt.path, other_times=True)
+    raw = dec.repaired_json or raw  # the ingest accepted the file: repaired as it was
+    while True:  # what the typed decoder skipped may need a repair too (old exporters)
         try:
             data = _TREE.decode(raw)
             break
         except msgspec.DecodeError as exc:
             raw, _ = repair(raw, rt.path, exc)
-    ts, ok = times_ns(raw)
-    events, _ = ranktables.classified(rt.path, raw)
-    return RankInput(rank=rt.rank, path=rt.path, rank_source=rt.rank_source, data=data,
-                     events=events, ts_ns=ts, ts_ok=ok)
+    events, _ = ranktables.classified(rt.path, dec=dec)
+    return RankInput(rank=rt.rank, data=data, events=events, ts_ns=dec.other_times[0],
+                     ts_ok=dec.other_times[1])
 
 
 def _key(ev: dict) -> tuple[str, str]:
@@ -183,25 +179,17 @@ def parse_steps(text: str) -> tuple[int, ...]:
     return tuple(sorted(steps))
 
 
-def _found_steps(rt: ranktables.RankTables, steps: tuple[int, ...]) -> list[int]:
-    """The chosen ``steps`` that rank ``rt`` has (none in whole-trace mode), from the ingest's
-    tables alone."""
-    return [] if rt.whole_trace_mode else sorted(set(rt.steps["step"].tolist()) & set(steps))
-
-
 def _selected(r: RankInput, rt: ranktables.RankTables, found: list[int]) -> set[int]:
-    """Positions (in traceEvents) of rank ``r``'s events in the ProfilerSteps ``found``
-    (``_found_steps``): complete events the ingest puts in one of them (module docstring),
+    """Positions (in traceEvents) of rank ``r``'s events in the ProfilerSteps ``found`` (the
+    chosen steps it has): complete events the ingest puts in one of them (module docstring),
     other events whose time lies in one of their ProfilerStep spans."""
     x = r.events
     keep = set(x.loc[x["step"].isin(found).to_numpy(), "event_idx"].tolist())
     win = rt.steps[rt.steps["step"].isin(found)]
     lo, hi = win["cpu_start_ns"].to_numpy(), win["cpu_end_ns"].to_numpy()
-    evs = r.data["traceEvents"]  # instants, counters, flows: by time
-    other = np.fromiter((ev.get("ph") not in ("X", "M") for ev in evs), bool, count=len(evs))
-    t = r.ts_ns[:, None]
+    t = r.ts_ns[:, None]  # instants, counters, flows (the only entries ts_ok holds): by time
     inside = ((lo <= t) & (t < hi)).any(axis=1)
-    keep.update(np.flatnonzero(other & r.ts_ok & inside).tolist())
+    keep.update(np.flatnonzero(r.ts_ok & inside).tolist())
     return keep
 
 
@@ -294,12 +282,7 @@ def _us(ns: int) -> int | float:
 
 def sidecar_path_for(out: Path) -> Path:
     """``merged.trace.json.gz`` -> ``merged.offsets.json`` (same folder)."""
-    name = out.name
-    for suffix in (".trace.json.gz", ".json.gz", ".trace.json", ".json", ".gz"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return out.with_name(name + ".offsets.json")
+    return perfetto.beside(out, ".offsets.json")
 
 
 def merge_traces(root: Path | str, out: Path | str, options: MergeOptions | None = None) -> MergeResult:
@@ -361,10 +344,11 @@ def _merge(root: Path, out: Path, options: MergeOptions, job, early: str | None)
     if options.perfetto_manifest:
         perfetto.check_names(traces, root)  # before anything is written
 
-    found: dict[int, list[int]] = {}
-    if options.steps is not None:
+    found: dict[int, list[int]] | None = None if options.steps is None else {}
+    if found is not None:
         for rt in job.ranks:
-            found[rt.rank] = _found_steps(rt, options.steps)
+            found[rt.rank] = [] if rt.whole_trace_mode else \
+                sorted(set(rt.steps["step"].tolist()) & set(options.steps))  # the ingest's tables
             missing = sorted(set(options.steps) - set(found[rt.rank]))
             if missing:
                 warnings.append(f"rank {rt.rank} ({rt.path.name}) has no ProfilerStep {missing}")
@@ -379,9 +363,8 @@ def _merge(root: Path, out: Path, options: MergeOptions, job, early: str | None)
     summary = _summary(root, job.ranks, ref_rank, offsets, spread, t0, align, options, warnings)
     wanted = set(zip(matched["rank"].tolist(), matched["event_idx"].tolist()))
     out.parent.mkdir(parents=True, exist_ok=True)
-    written = _stream(root, out, job.ranks, found if options.steps is not None else None,
-                      shift, t0, matched, wanted, ref_rank, summary)
-    n_events, n_meta, moved, inputs = written
+    n_events, n_meta, moved = _stream(root, out, job.ranks, found, shift, t0, matched, wanted,
+                                      ref_rank, summary)
     sidecar = sidecar_path_for(out)
     write_atomic(sidecar, msgspec.json.format(msgspec.json.encode(summary), indent=2))
     manifest = None
@@ -389,7 +372,7 @@ def _merge(root: Path, out: Path, options: MergeOptions, job, early: str | None)
         manifest = perfetto.manifest_path_for(out)
         perfetto.write_manifest(manifest, perfetto.build_manifest(traces, shift, ref_rank))
     log.info("wrote %s (%d events, %d metadata)", out, n_events, n_meta)
-    return MergeResult(out_path=out, sidecar_path=sidecar, manifest_path=manifest, ranks=inputs,
+    return MergeResult(out_path=out, sidecar_path=sidecar, manifest_path=manifest, ranks=job.ranks,
                        ref_rank=ref_rank,
                        steps={rt.rank: [] if rt.whole_trace_mode else rt.steps["step"].tolist()
                               for rt in job.ranks},
@@ -480,18 +463,17 @@ _DEFLATE_MAX_RATIO = 1032
 def _stream(root: Path, out: Path, ranks: list[ranktables.RankTables],
             found: dict[int, list[int]] | None, shift: dict[int, int], t0: int,
             matched: pd.DataFrame, wanted: set[tuple[int, int]], ref_rank: int, summary: dict
-            ) -> tuple[int, int, int, list[RankInput]]:
+            ) -> tuple[int, int, int]:
     """Write the merged trace to ``out`` (atomically; gzip when it ends in ``.gz``) one rank
     at a time: each rank is read, checked (``check_trace``, on its own events: their pids,
     track ids and flow ids are the rank's alone), encoded in batches and dropped before the
     next is read, so memory follows the largest rank, not the sum. Then the collective flow
     arrows, ``deviceProperties`` of ``ref_rank`` and the summary. Returns (events written,
-    of them metadata, events moved to overlap tracks, the inputs with data dropped). Raises
+    of them metadata, events moved to overlap tracks). Raises
     ``BadInput`` (``unmergeable``: the file is not left behind)."""
     n_events = n_meta = moved = 0
     locate: dict[tuple[int, int], tuple[int, int, int]] = {}
     n_flows = 0  # flow ids given so far: each rank's start after the previous ranks'
-    inputs: list[RankInput] = []
     device_props: Any = []
     with atomic_path(out) as tmp, open(tmp, "wb") as raw_fh:
         fh = gzip.GzipFile(fileobj=raw_fh, mode="wb", compresslevel=6) \
@@ -522,10 +504,7 @@ def _stream(root: Path, out: Path, ranks: list[ranktables.RankTables],
             n_events += len(events)
             n_meta += sum(1 for e in events if e["ph"] == "M")
             moved += n_moved
-            r.data, r.events = {}, r.events.iloc[:0]
-            r.ts_ns, r.ts_ok = r.ts_ns[:0], r.ts_ok[:0]
-            inputs.append(r)
-            del events
+            del events, r  # before the next rank is read
         flows = _collective_flows(matched, locate, shift, t0)
         _refuse_unmergeable(root, check_trace({"traceEvents": flows}, strict_names=False))
         put(flows)
@@ -534,7 +513,7 @@ def _stream(root: Path, out: Path, ranks: list[ranktables.RankTables],
                  + f',"{MERGE_KEY}":'.encode() + msgspec.json.encode(summary) + b"}")
         if fh is not raw_fh:
             fh.close()
-    return n_events, n_meta, moved, inputs
+    return n_events, n_meta, moved
 
 
 def _refuse_unmergeable(root: Path, problems: list[str]) -> None:

@@ -47,15 +47,17 @@ MANIFEST_SUFFIX = ".perfetto_manifest.json"
 """``merged.trace.json.gz`` -> ``merged.perfetto_manifest.json`` beside it."""
 
 
+def beside(out: Path, suffix: str) -> Path:
+    """The file of the merged trace ``out`` with ``suffix`` after its stem, in its folder
+    (``merged.trace.json.gz``, ``.offsets.json`` -> ``merged.offsets.json``)."""
+    ends = (".trace.json.gz", ".json.gz", ".trace.json", ".json", ".gz")
+    stem = next((out.name[: -len(e)] for e in ends if out.name.endswith(e)), out.name)
+    return out.with_name(stem + suffix)
+
+
 def manifest_path_for(out: Path) -> Path:
-    """Where the manifest of the merged trace ``out`` goes: same folder, ``MANIFEST_SUFFIX``
-    after the trace's stem (the sidecar's rule)."""
-    name = out.name
-    for suffix in (".trace.json.gz", ".json.gz", ".trace.json", ".json", ".gz"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return out.with_name(name + MANIFEST_SUFFIX)
+    """Where the manifest of the merged trace ``out`` goes (``MANIFEST_SUFFIX``)."""
+    return beside(out, MANIFEST_SUFFIX)
 
 
 def check_names(traces: dict[int, Path], root: Path | str) -> None:

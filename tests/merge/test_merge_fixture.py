@@ -8,6 +8,8 @@ from typer.testing import CliRunner
 from analyzer.timeline.chrome_check import check_trace
 from analyzer.cli.app import app
 from analyzer.contract.errors import BadInput
+from analyzer.ingest import decode
+from analyzer.timeline import merge
 from analyzer.timeline.merge import MergeOptions, merge_traces
 from tests.merge.builders import gloo_rank, read, write, x
 
@@ -89,6 +91,40 @@ def test_steps_limit_the_events(job, tmp_path):
     assert steps == ["ProfilerStep#1", "ProfilerStep#2"]
     assert len(x_events(merged)) == 3 * 2 * 4
     assert check_trace(merged) == []
+
+
+def test_merge_decodes_each_rank_once_after_the_ingest(job, tmp_path, monkeypatch):
+    """Per rank, merge reads the JSON twice: the ingest's decoder (the event table and the
+    other events' times in one pass) and the tree of events it copies; nothing else."""
+    parses: list[str] = []
+    real_decode, real_tree, real_read = decode.decode_bytes, merge._TREE, merge._read_rank
+    reading = False
+
+    def counted_decode(*args, **kwargs):
+        if reading:  # not the ingest's (cache misses in this process)
+            parses.append("decode")
+        return real_decode(*args, **kwargs)
+
+    class CountedTree:
+        def decode(self, raw):
+            parses.append("tree")
+            return real_tree.decode(raw)
+
+    def read_rank(rt):
+        nonlocal reading
+        reading = True
+        try:
+            return real_read(rt)
+        finally:
+            reading = False
+
+    for mod in (decode, merge):
+        monkeypatch.setattr(mod, "decode_bytes", counted_decode)
+    monkeypatch.setattr(merge, "_TREE", CountedTree())
+    monkeypatch.setattr(merge, "_read_rank", read_rank)
+    res = merge_traces(job, tmp_path / "m.trace.json.gz")
+    assert len(res.ranks) == 3
+    assert sorted(parses) == ["decode"] * 3 + ["tree"] * 3
 
 
 def test_no_align_keeps_each_clock(job, tmp_path):

@@ -8,6 +8,7 @@ many ranks' raw events are alive when the next rank is read)."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
@@ -115,19 +116,16 @@ def test_trace_schema_version_of_kineto_is_accepted(tmp_path):
 
 def test_merge_holds_one_rank_at_a_time(tmp_path, monkeypatch):
     folder = _job(tmp_path / "job", world=4)
-    read: list = []
     alive_at_read: list[int] = []
     real = merge._read_rank
 
-    def spy(rt):
-        alive_at_read.append(sum(1 for r in read if r.data))  # ranks still holding raw events
-        r = real(rt)
-        read.append(r)
-        return r
+    def spy(rt):  # ranks still holding raw events when the next is read
+        alive_at_read.append(sum(1 for o in gc.get_objects() if type(o) is merge.RankInput))
+        return real(rt)
 
     monkeypatch.setattr(merge, "_read_rank", spy)
     res = merge.merge_traces(folder, tmp_path / "m.json.gz")
-    assert len(read) == 4 and alive_at_read == [0, 0, 0, 0]
+    assert alive_at_read == [0, 0, 0, 0]
     merged = json.loads(gzip.decompress(res.out_path.read_bytes()))
     assert {e["pid"] for e in merged["traceEvents"]} == {1, 2, 3, 4}
     assert merged["traceEvents"][0]["ph"] == "M" and merge.MERGE_KEY in merged
