@@ -38,7 +38,7 @@ def test_a_new_row_takes_its_options_and_faults_from_the_table(ddp2):
     cfg = RecordConfig(strategy="ddp2", nproc=2, bucket_cap_mb=10.0, fault="skip-grad-sync")
     assert cfg.strategy_options() == RecordConfig(strategy="ddp", nproc=2,
                                                   bucket_cap_mb=10.0).strategy_options()
-    assert (cfg.world_size, cfg.mesh_shape, cfg.mesh_dim_names) == (2, (2,), ("world",))
+    assert (cfg.world_size, cfg.mesh_shape, cfg.tp_degree, cfg.pp_degree) == (2, (2,), 1, 1)
     with pytest.raises(ValueError, match=r"--sharding-strategy: --strategy ddp2 does not take it "
                                          r"\(only fsdp, fsdp2, hsdp, fsdp2_tp\)"):
         RecordConfig(strategy="ddp2", sharding_strategy="no_shard")
@@ -49,10 +49,10 @@ def test_a_new_row_takes_its_options_and_faults_from_the_table(ddp2):
 def test_mesh_degrees_come_from_the_rows_dimensions():
     from tracer.config import RecordConfig
 
-    tp = RecordConfig(strategy="fsdp2_tp", nproc=4)
+    tp = RecordConfig(strategy="fsdp2_tp", nproc=8, tp=4)
     pp = RecordConfig(strategy="pp", nproc=4, layers=2)
-    hsdp = RecordConfig(strategy="hsdp", nproc=4)
-    assert (tp.mesh_shape, tp.mesh_dim_names, tp.tp_degree, tp.pp_degree) == ((2, 2), ("dp", "tp"), 2, 1)
-    assert (pp.mesh_shape, pp.mesh_dim_names, pp.tp_degree, pp.pp_degree) == ((2, 2), ("dp", "pp"), 1, 2)
-    assert (hsdp.mesh_shape, hsdp.mesh_dim_names) == ((2, 2), ("replicate", "shard"))
+    hsdp = RecordConfig(strategy="hsdp", nproc=6, mesh="3,2", batch=12)
+    assert (tp.mesh_shape, tp.tp_degree, tp.pp_degree, tp.dp_size) == ((2, 4), 4, 1, 2)
+    assert (pp.mesh_shape, pp.tp_degree, pp.pp_degree, pp.dp_size) == ((2, 2), 1, 2, 2)
+    assert (hsdp.mesh_shape, hsdp.tp_degree, hsdp.pp_degree, hsdp.dp_size) == ((3, 2), 1, 1, 6)
     assert RecordConfig(strategy="single", nproc=4).world_size == 1
