@@ -156,8 +156,8 @@ def check_world(cfg: RecordConfig, env: RankEnv) -> None:
     batch that does not divide by torchrun's world size, a spawned world of the wrong size.
     Raises ``ValueError`` with one line (every rank exits 2 with it)."""
     if cfg.row.is_reference and env.world_size != 1:
-        raise ValueError(f"--strategy {cfg.strategy}: runs one process, not WORLD_SIZE {env.world_size}; under "
-                         "torchrun pass --nproc_per_node 1, or record single without torchrun")
+        raise ValueError(f"--strategy {cfg.strategy}: runs one process, not WORLD_SIZE {env.world_size}; "
+                         "under torchrun pass --nproc_per_node 1, or record single without torchrun")
     if env.world_size != cfg.world_size and env.launch != "torchrun":
         raise ValueError(f"WORLD_SIZE {env.world_size} != expected {cfg.world_size}")
     if cfg.row.dim_of("stage"):  # the batch splits over dp = W / P pipelines, not W ranks
