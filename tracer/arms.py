@@ -19,7 +19,8 @@ import re
 from dataclasses import fields, replace
 from typing import Any, Callable
 
-from tracer.config import OPTIONS_BY_STRATEGY, STRATEGY_OPTIONS, RecordConfig
+from analyzer.contract.strategies import STRATEGY_OPTIONS, is_reference
+from tracer.config import RecordConfig, takers_of, takes
 
 MAX_ARMS = 16
 """Most arms one command records (``--arm`` x ``--sweep`` grid): each is a full record per
@@ -196,10 +197,10 @@ def _arm_config(name: str, where: str, own: dict[str, Any], strategy: str | None
                          "arm or once outside the arms (not all or a list)")
     opts = dict(common)
     for option in STRATEGY_OPTIONS:  # outside the arms: only for the strategies that take it
-        if option not in OPTIONS_BY_STRATEGY.get(arm_strategy, ()) and option not in own:
+        if not takes(arm_strategy, option) and option not in own:
             opts.pop(option, None)
     opts.update(own)
-    if arm_strategy == "single" and "fault" not in own:
+    if is_reference(arm_strategy) and "fault" not in own:
         opts["fault"] = None
     try:
         return RecordConfig(strategy=arm_strategy, name=name, **opts)
@@ -213,8 +214,8 @@ def _arm_config(name: str, where: str, own: dict[str, Any], strategy: str | None
 
 def _check_common_taken(configs: list[RecordConfig], common: dict[str, Any], given: list[str]) -> None:
     for option in STRATEGY_OPTIONS:
-        if option in given and not any(option in OPTIONS_BY_STRATEGY.get(c.strategy, ()) for c in configs):
-            takers = [s for s, o in OPTIONS_BY_STRATEGY.items() if option in o]
+        if option in given and not any(takes(c.strategy, option) for c in configs):
+            takers = takers_of(option)
             raise ValueError(f"--{option.replace('_', '-')}: no arm's strategy takes it (only "
                              f"{', '.join(takers)}); drop it or give it inside an arm")
 
@@ -223,7 +224,7 @@ def setting_value(cfg: RecordConfig, field: str) -> Any:
     """``cfg``'s value of option ``field`` as its record applies it: defaults resolved
     (``reshard_after_forward`` from the sharding strategy, ``lr`` from the optimizer, DDP's 25
     MiB buckets, the mesh degrees), None for a strategy option its strategy does not take."""
-    if field in STRATEGY_OPTIONS and field not in OPTIONS_BY_STRATEGY.get(cfg.strategy, ()):
+    if field in STRATEGY_OPTIONS and not takes(cfg.strategy, field):
         return None
     resolved = {"reshard_after_forward": lambda: cfg.resolved_reshard_after_forward,
                 "lr": lambda: cfg.learning_rate,
@@ -249,11 +250,11 @@ def settings_of(configs: list[RecordConfig]) -> list[dict[str, Any]]:
             continue
         values = [setting_value(c, f.name) for c in configs]
         taking = [v for c, v in zip(configs, values)
-                  if f.name not in STRATEGY_OPTIONS or f.name in OPTIONS_BY_STRATEGY.get(c.strategy, ())]
+                  if f.name not in STRATEGY_OPTIONS or takes(c.strategy, f.name)]
         if len({json.dumps(v) for v in taking}) < 2:
             continue
         for d, c, v in zip(out, configs, values):
-            if f.name not in STRATEGY_OPTIONS or f.name in OPTIONS_BY_STRATEGY.get(c.strategy, ()):
+            if f.name not in STRATEGY_OPTIONS or takes(c.strategy, f.name):
                 d[f.name] = v
     return out
 

@@ -22,6 +22,7 @@ from typing import Annotated, Optional, get_type_hints
 import typer
 
 from analyzer.contract.errors import ExitCode
+from analyzer.contract.strategies import is_reference
 from analyzer.contract.text import one_line
 from tracer.config import RecordConfig, check_taken
 
@@ -122,7 +123,7 @@ def _resolved(options: dict, strategy: str) -> dict:
     where, sep, factory = options["model"].rpartition(":")
     if sep and where.endswith(".py"):
         options["model"] = f"{Path(where).expanduser().resolve()}:{factory}"
-    if "RANK" in os.environ and strategy != "single" and os.environ.get("WORLD_SIZE", "").isdigit():
+    if "RANK" in os.environ and not is_reference(strategy) and os.environ.get("WORLD_SIZE", "").isdigit():
         options["nproc"] = int(os.environ["WORLD_SIZE"])  # torchrun's world size wins
     return options
 
@@ -184,8 +185,8 @@ def _check_before_start(configs: list, under_torchrun: bool) -> None:
         from tracer.speccheck import check_spec_isolated
 
         same = [c for c in configs if c.model == model_name]
-        # fsdp2_tp first: the one strategy that needs more of the spec (its tp_plan)
-        check_spec_isolated(next((c for c in same if c.strategy == "fsdp2_tp"),
+        # a tensor-parallel strategy first: it needs more of the spec (its tp_plan)
+        check_spec_isolated(next((c for c in same if c.row.dim_of("tensor")),
                                  max(same, key=lambda c: c.world_size)))
     if under_torchrun:  # rank 0 takes the lock when it clears the run dir (worker.run_rank)
         from tracer.rundir import check_run_dir, check_writable

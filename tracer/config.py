@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from analyzer.contract import strategies
+
 SHARDING_STRATEGIES = ("full_shard", "shard_grad_op", "no_shard")
 BACKWARD_PREFETCH = ("pre", "post", "none")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -24,25 +26,6 @@ DEFAULT_LR = {"sgd": 0.1, "adamw": 1e-3}
 MP_DTYPES = ("fp32", "bf16", "fp16")
 """Dtype names of ``--mixed-precision PARAM,REDUCE,BUFFER``."""
 
-# Options only some strategies take (tracer/training.py applies them). A strategy given an
-# option it does not take is refused, never silently ignored. ``single`` is the baseline: it
-# takes what changes the numbers (mixed precision, checkpointing), nothing about sharding or
-# DDP's buckets.
-FSDP_ONLY = ("sharding_strategy", "wrap_min_params", "backward_prefetch", "forward_prefetch",
-             "reshard_after_forward")
-DDP_ONLY = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
-PP_OPTIONS = ("pp", "pp_schedule", "microbatches")
-OPTIONS_BY_STRATEGY: dict[str, tuple[str, ...]] = {
-    "single": (),
-    "ddp": DDP_ONLY,
-    "fsdp": FSDP_ONLY,
-    "fsdp2": FSDP_ONLY,
-    "hsdp": FSDP_ONLY + ("mesh",),
-    "fsdp2_tp": FSDP_ONLY + ("tp",),
-    "pp": PP_OPTIONS,
-}
-FSDP2_FAMILY = ("fsdp2", "hsdp", "fsdp2_tp", "pp")
-"""Strategies built on FSDP2's ``fully_shard`` (pp: on the dp dimension of each stage)."""
 PP_SCHEDULES = ("gpipe", "1f1b")
 """``--pp-schedule``: torch.distributed.pipelining ScheduleGPipe / Schedule1F1B."""
 MAX_REPEAT = 100
@@ -53,22 +36,6 @@ MAX_TIMEOUT_S = 7 * 24 * 3600
 drives accept (a poll() timeout is a C int of milliseconds, about 24.8 days: ``subprocess.run``
 raises OverflowError beyond it); inf and nan are refused."""
 
-# Which fault canaries each strategy can reproduce. FSDP's reduce-scatter both sums and
-# partitions the gradient, so "never averaged" has no local-only form there (FSDP1 ``no_sync``
-# and FSDP2 ``set_requires_gradient_sync(False)`` keep unsharded gradients the optimizer never
-# sees); the other two faults apply to every distributed strategy. ``hang`` (rank 1 never enters
-# one gradient all_reduce) is a DDP canary of the Flight Recorder path (tracer/faults.py).
-FAULTS_BY_STRATEGY: dict[str, tuple[str, ...]] = {
-    "single": (),
-    "ddp": ("skip-grad-sync", "wrong-grad-scale", "unsynced-init", "hang"),
-    "fsdp": ("wrong-grad-scale", "unsynced-init"),
-    "fsdp2": ("wrong-grad-scale", "unsynced-init"),
-    "hsdp": ("wrong-grad-scale", "unsynced-init", "skip-replicate-sync"),
-    "fsdp2_tp": ("wrong-grad-scale", "unsynced-init", "wrong-tp-placement"),
-    "pp": ("wrong-grad-scale", "unsynced-init", "skip-microbatch"),
-}
-STRATEGY_OPTIONS = FSDP_ONLY + DDP_ONLY + ("mesh", "tp") + PP_OPTIONS
-
 
 def check_taken(strategy: str, given: list[str]) -> None:
     """Refuse options of ``given`` (field names) that ``strategy`` does not take.
@@ -76,10 +43,22 @@ def check_taken(strategy: str, given: list[str]) -> None:
     Raises ``ValueError`` with one line naming the first such option and who takes it.
     """
     for option in given:
-        if option in STRATEGY_OPTIONS and option not in OPTIONS_BY_STRATEGY[strategy]:
-            takers = [s for s, o in OPTIONS_BY_STRATEGY.items() if option in o]
+        if option in strategies.STRATEGY_OPTIONS and not takes(strategy, option):
+            takers = takers_of(option)
             raise ValueError(f"--{option.replace('_', '-')}: --strategy {strategy} does not take it "
                              f"(only {', '.join(takers)}); drop it or record {' / '.join(takers)}")
+
+
+def takes(strategy: str, option: str) -> bool:
+    """Whether ``strategy``'s row takes ``option`` (a RecordConfig field name); False for a name
+    not in the table (``RecordConfig`` refuses it)."""
+    row = strategies.spec(strategy)
+    return row is not None and option in row.options
+
+
+def takers_of(option: str) -> list[str]:
+    """The strategies that take ``option`` (a RecordConfig field name), in table order."""
+    return [s.name for s in strategies.TABLE.values() if option in s.options]
 
 
 def _option(default: Any, help: str | None = None, *, flag: str | None = None) -> Any:
@@ -212,7 +191,7 @@ class RecordConfig:
 
     def __post_init__(self) -> None:
         # not at the top: ``tracer --help`` (built from these fields) need not load pyarrow
-        from analyzer.contract.schemas import FAULTS, KEEP_TENSORS, PRECISIONS, STRATEGIES
+        from analyzer.contract.schemas import KEEP_TENSORS, PRECISIONS, STRATEGIES
 
         def bad(option: str, value: Any, why: str) -> ValueError:
             return ValueError(f"--{option} {value}: {why}")
@@ -268,25 +247,7 @@ class RecordConfig:
             raise bad("timeout", self.timeout_s,
                       f"must be a finite number of seconds > 0 and at most {MAX_TIMEOUT_S:g} "
                       "(there is no 'no timeout': a hung collective would never be reported)")
-        if self.fault is not None and self.fault not in FAULTS:
-            raise bad("fault", self.fault, f"expected one of {', '.join(FAULTS)}")
-        if self.fault is not None and self.fault not in FAULTS_BY_STRATEGY[self.strategy]:
-            allowed = [s for s, f in FAULTS_BY_STRATEGY.items() if self.fault in f]
-            raise bad("fault", self.fault,
-                      f"not available for --strategy {self.strategy} (only {', '.join(allowed)})")
-        if self.strategy in FSDP2_FAMILY:
-            if self.sharding_strategy == "no_shard":
-                raise bad("sharding-strategy", "no_shard", f"{self.strategy} (FSDP2) shards always; use ddp")
-            if self.backward_prefetch != "pre":
-                raise bad("backward-prefetch", self.backward_prefetch,
-                          f"{self.strategy} (FSDP2) only has its implicit pre-backward prefetch: drop "
-                          "the option or pass --backward-prefetch pre")
-        if self.strategy == "fsdp" and self.reshard_after_forward is not None:
-            implied = self.sharding_strategy == "full_shard"
-            if self.reshard_after_forward != implied:
-                raise bad("reshard-after-forward", self.reshard_after_forward,
-                          f"FSDP1 derives it from --sharding-strategy {self.sharding_strategy} "
-                          f"({implied}); pick the matching sharding strategy instead")
+        self._check_wrapper(bad)
         if not isinstance(self.data_workers, int) or self.data_workers < 0:
             raise bad("data-workers", self.data_workers, "must be an integer >= 0")
         if not self.data_sample_cost_ms >= 0:
@@ -306,10 +267,35 @@ class RecordConfig:
             if not ok:
                 raise bad("arm-settings", self.arm_settings, "must be a JSON object")
 
+    def _check_wrapper(self, bad) -> None:
+        """--fault (a known one, and one the strategy's row reproduces) and the FSDP options the
+        strategy's wrapper cannot honour."""
+        from analyzer.contract.schemas import FAULTS
+
+        if self.fault is not None and self.fault not in FAULTS:
+            raise bad("fault", self.fault, f"expected one of {', '.join(FAULTS)}")
+        if self.fault is not None and self.fault not in self.row.faults:
+            allowed = [s.name for s in strategies.TABLE.values() if self.fault in s.faults]
+            raise bad("fault", self.fault,
+                      f"not available for --strategy {self.strategy} (only {', '.join(allowed)})")
+        if self.row.wrapper == "fsdp2":
+            if self.sharding_strategy == "no_shard":
+                raise bad("sharding-strategy", "no_shard", f"{self.strategy} (FSDP2) shards always; use ddp")
+            if self.backward_prefetch != "pre":
+                raise bad("backward-prefetch", self.backward_prefetch,
+                          f"{self.strategy} (FSDP2) only has its implicit pre-backward prefetch: drop "
+                          "the option or pass --backward-prefetch pre")
+        if self.row.wrapper == "fsdp1" and self.reshard_after_forward is not None:
+            implied = self.sharding_strategy == "full_shard"
+            if self.reshard_after_forward != implied:
+                raise bad("reshard-after-forward", self.reshard_after_forward,
+                          f"FSDP1 derives it from --sharding-strategy {self.sharding_strategy} "
+                          f"({implied}); pick the matching sharding strategy instead")
+
     def _check_mesh(self, bad) -> None:
         """--mesh, --tp, --pp, --pp-schedule, --microbatches: parsed shapes that fit the world,
         the model and the batch, refused before anything runs (one line naming the value)."""
-        if self.strategy == "hsdp":
+        if self._mesh_from_option:
             if self.mesh is None and (self.world_size < 4 or self.world_size % 2):
                 raise bad("nproc", self.world_size, "hsdp's default mesh 2,N/2 needs an even "
                           "world of at least 4 ranks: pass --nproc 4 (or --mesh R,S)")
@@ -327,14 +313,14 @@ class RecordConfig:
                 raise bad(option, value, "must be a positive integer")
         if self.pp_schedule is not None and self.pp_schedule not in PP_SCHEDULES:
             raise bad("pp-schedule", self.pp_schedule, f"expected one of {', '.join(PP_SCHEDULES)}")
-        if self.strategy == "fsdp2_tp":
+        if self.row.dim_of("tensor"):
             t = self.tp_degree
             if t < 2 or self.world_size % t:
                 raise bad("tp", t, f"must be >= 2 and divide the world size {self.world_size}")
             if self.model == "reference" and self.hidden % t:
                 raise bad("tp", t, f"must divide --hidden {self.hidden} (the TP plan splits the "
                           "attention and MLP linears' output / input features by T)")
-        if self.strategy == "pp":
+        if self.row.dim_of("stage"):
             p = self.pp_degree
             if p < 2 or self.world_size % p:
                 raise bad("pp", p, f"must be >= 2 and divide the world size {self.world_size}")
@@ -372,7 +358,7 @@ class RecordConfig:
         """--mixed-precision, DDP's options and options a strategy does not take."""
         if self.bucket_cap_mb is not None and not 0 < self.bucket_cap_mb < float("inf"):
             raise bad("bucket-cap-mb", self.bucket_cap_mb, "must be a finite number of MiB > 0")
-        check_taken(self.strategy, [o for o in STRATEGY_OPTIONS if self.option_given(o)])
+        check_taken(self.strategy, [o for o in strategies.STRATEGY_OPTIONS if self.option_given(o)])
         if self.mixed_precision is None:
             return
         dtypes = self.mixed_precision_dtypes
@@ -382,13 +368,12 @@ class RecordConfig:
         if self.precision != "fp32":
             raise bad("mixed-precision", self.mixed_precision,
                       f"one precision policy at a time: drop --precision {self.precision} (autocast)")
-        if self.strategy == "ddp" and (dtypes[0] != "fp32" or dtypes[2] != "fp32"):
+        if self.row.wrapper == "ddp" and (dtypes[0] != "fp32" or dtypes[2] != "fp32"):
             raise bad("mixed-precision", self.mixed_precision,
                       "ddp computes in its parameters' dtype (torch has no public DDP parameter "
                       "mixed precision): use fp32,REDUCE,fp32 (REDUCE via a compression comm hook), "
-                      "--precision bf16 (autocast), or fsdp / fsdp2"
-                      + (" (--strategy all includes ddp: record single, fsdp and fsdp2 one "
-                         "by one)" if self.strategy == "ddp" else ""))
+                      "--precision bf16 (autocast), or fsdp / fsdp2 (--strategy all includes ddp: "
+                      "record single, fsdp and fsdp2 one by one)")
 
     def option_given(self, option: str) -> bool:
         """Whether ``option`` differs from its default (what ``to_argv`` would pass on)."""
@@ -408,9 +393,19 @@ class RecordConfig:
         return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
 
     @property
+    def row(self) -> strategies.StrategySpec:
+        """The strategy's row of the table (analyzer/contract/strategies.py)."""
+        return strategies.TABLE[self.strategy]
+
+    @property
+    def _mesh_from_option(self) -> bool:
+        """A replicate x shard mesh, its shape given by ``--mesh R,S`` (hsdp)."""
+        return bool(self.row.dim_of("replicate") and self.row.dim_of("shard"))
+
+    @property
     def world_size(self) -> int:
-        """1 for ``single``, else ``nproc``."""
-        return 1 if self.strategy == "single" else self.nproc
+        """1 for the reference (``single``), else ``nproc``."""
+        return 1 if self.row.is_reference else self.nproc
 
     @property
     def mesh_text(self) -> str:
@@ -422,33 +417,26 @@ class RecordConfig:
         """The 2-D mesh of a mesh strategy (``schemas.Mesh.shape``): hsdp (R, S) from
         ``--mesh``, fsdp2_tp (W / T, T), pp (W / P, P); (world,) for the flat strategies.
         Raises ``ValueError`` for a ``--mesh`` that is not two positive integers."""
-        if self.strategy == "hsdp":
+        if self._mesh_from_option:
             parts = self.mesh_text.split(",")
             if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
                 raise ValueError(f"--mesh {self.mesh_text}: expected R,S (replicate x shard), two "
                                  "positive integers, e.g. 2,2")
             return int(parts[0]), int(parts[1])
-        if self.strategy == "fsdp2_tp":
-            return self.world_size // self.tp_degree, self.tp_degree
-        if self.strategy == "pp":
-            return self.world_size // self.pp_degree, self.pp_degree
-        return (self.world_size,)
-
-    @property
-    def mesh_dim_names(self) -> tuple[str, ...]:
-        """``schemas.Mesh.dim_names`` of the strategy (the ``mesh_<name>`` process groups)."""
-        return {"hsdp": ("replicate", "shard"), "fsdp2_tp": ("dp", "tp"),
-                "pp": ("dp", "pp")}.get(self.strategy, ("world",))
+        if self.row.is_flat:
+            return (self.world_size,)
+        degree = self.tp_degree * self.pp_degree  # (dp, X): X the tensor or stage degree
+        return self.world_size // degree, degree
 
     @property
     def tp_degree(self) -> int:
-        """``--tp`` or its default 2 (fsdp2_tp); 1 for other strategies."""
-        return (self.tp or 2) if self.strategy == "fsdp2_tp" else 1
+        """``--tp`` or its default 2 (a strategy with a tensor dimension: fsdp2_tp); 1 for others."""
+        return (self.tp or 2) if self.row.dim_of("tensor") else 1
 
     @property
     def pp_degree(self) -> int:
-        """``--pp`` or its default 2 (pp); 1 for other strategies."""
-        return (self.pp or 2) if self.strategy == "pp" else 1
+        """``--pp`` or its default 2 (a strategy with a stage dimension: pp); 1 for others."""
+        return (self.pp or 2) if self.row.dim_of("stage") else 1
 
     @property
     def pp_microbatches(self) -> int:
@@ -507,28 +495,25 @@ class RecordConfig:
         """The manifest's ``strategy_options`` (empty for single). The mesh strategies lead with
         their mesh options (hsdp ``mesh`` "RxS", fsdp2_tp ``tp``, pp ``pp``, ``pp_schedule``,
         ``microbatches``), so reports that name a run's options name its mesh too."""
-        mesh: dict[str, Any] = {}
-        if self.strategy == "hsdp":
-            mesh = {"mesh": "x".join(map(str, self.mesh_shape))}
-        elif self.strategy == "fsdp2_tp":
-            mesh = {"tp": self.tp_degree}
-        elif self.strategy == "pp":
-            return {"pp": self.pp_degree, "pp_schedule": self.resolved_pp_schedule,
-                    "microbatches": self.pp_microbatches}
-        if self.strategy == "ddp":
-            return {"bucket_cap_mb": self.bucket_cap_mb if self.bucket_cap_mb is not None else 25.0,
-                    "gradient_as_bucket_view": self.gradient_as_bucket_view,
-                    "static_graph": self.static_graph}
-        if self.strategy not in ("fsdp", "fsdp2", "hsdp", "fsdp2_tp"):
-            return {}
-        return {
-            **mesh,
-            "sharding_strategy": self.sharding_strategy,
-            "auto_wrap_min_num_params": self.auto_wrap_min_params,
-            "backward_prefetch": self.backward_prefetch,
-            "forward_prefetch": self.forward_prefetch,
-            "reshard_after_forward": self.resolved_reshard_after_forward,
-        }
+        taken, out = self.row.options, {}
+        if "mesh" in taken:
+            out["mesh"] = "x".join(map(str, self.mesh_shape))
+        if "tp" in taken:
+            out["tp"] = self.tp_degree
+        if "pp" in taken:
+            out.update(pp=self.pp_degree, pp_schedule=self.resolved_pp_schedule,
+                       microbatches=self.pp_microbatches)
+        if "bucket_cap_mb" in taken:
+            out.update(bucket_cap_mb=self.bucket_cap_mb if self.bucket_cap_mb is not None else 25.0,
+                       gradient_as_bucket_view=self.gradient_as_bucket_view,
+                       static_graph=self.static_graph)
+        if "sharding_strategy" in taken:
+            out.update(sharding_strategy=self.sharding_strategy,
+                       auto_wrap_min_num_params=self.auto_wrap_min_params,
+                       backward_prefetch=self.backward_prefetch,
+                       forward_prefetch=self.forward_prefetch,
+                       reshard_after_forward=self.resolved_reshard_after_forward)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-able) of every field."""

@@ -1,7 +1,8 @@
 """Fault canaries: real bug classes reproduced on purpose (``--fault``).
 
 - ``skip-grad-sync``: gradients are never averaged across ranks; each rank steps on its own
-  slice's gradient (DDP ``no_sync()`` on every step). DDP only (see config.FAULTS_BY_STRATEGY).
+  slice's gradient (DDP ``no_sync()`` on every step). DDP only (its row's ``faults``,
+  analyzer/contract/strategies.py).
 - ``wrong-grad-scale``: the averaged gradient is divided by the world size once more (the classic
   "divide by world size in the loss and again in the reduction" bug), before the optimizer.
 - ``unsynced-init``: ranks r > 0 start from different weights (initial weights + 0.01 * noise

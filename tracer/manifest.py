@@ -99,7 +99,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
     is the rows of one data-parallel rank (batch / dp size: tp ranks share them).
     """
     options = cfg.strategy_options()
-    if cfg.strategy in ("fsdp", "fsdp2", "hsdp", "fsdp2_tp"):
+    if "wrap_min_params" in cfg.row.options:  # a strategy whose FSDP units the options choose
         options["fsdp_units"] = fsdp_units
         if spec.wrap_min_params is None:
             options.pop("auto_wrap_min_num_params", None)

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.contract.schemas import FLAT_STRATEGIES, STRATEGIES
-from tracer.config import OPTIONS_BY_STRATEGY, STRATEGY_OPTIONS, RecordConfig
+from analyzer.contract.strategies import STRATEGY_OPTIONS, is_reference
+from tracer.config import RecordConfig, takers_of, takes
 from tracer.rundir import STAGING_PREFIX
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def expand(strategy: str, name: str | None, **options: Any) -> list[RecordConfig
     """Configs for ``strategy`` (``all`` -> single, ddp, fsdp, fsdp2; a list ``ddp,fsdp2`` ->
     those; with ``name`` and several strategies the run dirs are ``<name>-<strategy>``). With
     several strategies a fault applies to the distributed ones only, and each strategy gets
-    only the strategy options it takes (config.OPTIONS_BY_STRATEGY).
+    only the strategy options its row takes (``StrategySpec.options``).
 
     Raises ``ValueError`` naming the bad option.
     """
@@ -52,17 +53,17 @@ def expand(strategy: str, name: str | None, **options: Any) -> list[RecordConfig
 
     for option in STRATEGY_OPTIONS:  # given, but for none of the listed strategies: a mistake
         if options.get(option, _DEFAULTS[option]) != _DEFAULTS[option] and not any(
-                option in OPTIONS_BY_STRATEGY.get(s, ()) for s in chosen):
-            takers = [s for s, o in OPTIONS_BY_STRATEGY.items() if option in o]
+                takes(s, option) for s in chosen):
+            takers = takers_of(option)
             raise ValueError(f"--{option.replace('_', '-')}: no strategy of --strategy {strategy} "
                              f"takes it (only {', '.join(takers)}); drop it or add one of them")
     configs = []
     for s in chosen:
         opts = dict(options)
-        if s == "single":
+        if is_reference(s):
             opts["fault"] = None
         for option in STRATEGY_OPTIONS:  # each strategy of "all" gets only the options it takes
-            if option not in OPTIONS_BY_STRATEGY.get(s, ()):
+            if not takes(s, option):
                 opts.pop(option, None)
         configs.append(RecordConfig(strategy=s, name=f"{name}-{s}" if name else None, **opts))
     return configs
@@ -149,6 +150,8 @@ def record_local(configs: list[RecordConfig], done: list[Path] | None = None) ->
     device or output folder or a run dir another record holds, ``RuntimeError`` when the
     baseline cannot be computed. ``done``: a list that gets each run dir as its record
     completes, so a caller can say which ones a failure left unrecorded (``unrecorded``).
+    Long because the staging folder and the run-dir locks it takes are released on every exit
+    path, which one function sees whole.
     """
     import tempfile
     from dataclasses import replace

@@ -170,9 +170,9 @@ def check_spec(cfg) -> ModelSpec:
     if cfg.batch % cfg.world_size:
         raise _bad(name, f"--batch {cfg.batch} does not divide by the world size {cfg.world_size}",
                    "pick a multiple")
-    if cfg.strategy == "fsdp2_tp" and spec.tp_plan is None:
-        raise _bad(name, "--strategy fsdp2_tp needs a tensor-parallel plan and the ModelSpec has "
-                   "none (tp_plan is None)", "set ModelSpec.tp_plan (tracer/modelspec.py), or "
+    if cfg.row.dim_of("tensor") and spec.tp_plan is None:
+        raise _bad(name, f"--strategy {cfg.strategy} needs a tensor-parallel plan and the ModelSpec "
+                   "has none (tp_plan is None)", "set ModelSpec.tp_plan (tracer/modelspec.py), or "
                    "record another strategy")
     rows = rank_rows(cfg.batch, cfg.world_size, 0)
     try:

@@ -1,8 +1,11 @@
 """One plain function per strategy (torchtitan style) and how each exposes its gradients.
 
-``apply_ddp`` / ``apply_fsdp`` / ``apply_fsdp2`` wrap the model; ``compared_tensors`` yields, for
-the numerics, each parameter's (or gradient's) local values together with the baseline elements
-they must equal.
+``SETUP`` maps every strategy of the table (analyzer/contract/strategies.py) to its setup hook:
+the baseline's initial weights loaded, the model placed and wrapped (``apply_ddp`` /
+``apply_fsdp`` / ``apply_fsdp2`` / ``apply_tp``, pp's stages in
+tracer/pipeline.py), returned as a ``Built`` for the training loop. ``compared_tensors`` yields,
+for the numerics, each parameter's (or gradient's) local values together with the baseline
+elements they must equal.
 
 Tolerances of hsdp and fsdp2_tp are fsdp2's (``tolerance.TOLERANCES`` by precision, the
 torch.testing.assert_close defaults), and so is their derivation: each compared element is a
@@ -19,15 +22,23 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from analyzer.contract.schemas import Mesh
+from analyzer.contract.strategies import TABLE
+from tracer import faults
 from tracer.config import RecordConfig
-from tracer.modelspec import ModelSpec
+from tracer.modelspec import ModelSpec, load_parameters
 from tracer.numerics import clean_fqn
+from tracer.training import apply_checkpointing
+
+if TYPE_CHECKING:
+    from tracer.pipeline import PipelineRank
 
 
 def apply_ddp(model: nn.Module, cfg: RecordConfig, device: torch.device) -> nn.Module:
@@ -187,7 +198,7 @@ def full_view(model: nn.Module, strategy: str, *, with_grads: bool):
     public; its all_gather runs at step 0 only, outside the profiler's active window.
     Other strategies: no-op.
     """
-    if strategy != "fsdp":
+    if TABLE[strategy].wrapper != "fsdp1":
         yield
         return
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -213,6 +224,8 @@ def compared_tensors(model: nn.Module, strategy: str, what: str, rank: int, worl
     which rank counts which elements, where full_tensor() is torch's own, and every rank then
     checks the tensor its optimizer step actually used (replicas that drift apart show on each).
     """
+    row = TABLE[strategy]
+    whole = not row.is_flat and row.dim_of("stage") is None  # a 2-D mesh: hsdp, fsdp2_tp
     for seq, (name, p) in enumerate(unwrap(model).named_parameters()):
         fqn = clean_fqn(name)
         ref = baseline[prefix + fqn]
@@ -220,9 +233,9 @@ def compared_tensors(model: nn.Module, strategy: str, what: str, rank: int, worl
         if t is None:
             raise RuntimeError(f"{fqn} has no gradient after backward")
         t = t.detach()
-        if strategy in MESH_2D:  # a collective per tensor: on every rank, in the same order
+        if whole:  # a collective per tensor: on every rank, in the same order
             yield seq, fqn, t.full_tensor() if hasattr(t, "full_tensor") else t, ref, True
-        elif strategy == "fsdp2":
+        elif row.wrapper == "fsdp2":
             local = t.to_local()
             chunks = torch.chunk(ref, world_size, dim=0)
             ref_local = chunks[rank] if rank < len(chunks) else ref[:0]
@@ -231,30 +244,13 @@ def compared_tensors(model: nn.Module, strategy: str, what: str, rank: int, worl
             yield seq, fqn, t, ref, True
 
 
-
-MESH_2D = ("hsdp", "fsdp2_tp")
-"""Strategies on a 2-D DeviceMesh built here (``apply_hsdp``, ``apply_tp`` + ``apply_fsdp2``)."""
-
-
 def device_mesh_2d(cfg: RecordConfig, device: torch.device):
-    """``init_device_mesh(device.type, cfg.mesh_shape, mesh_dim_names=cfg.mesh_dim_names)``:
+    """``init_device_mesh(device.type, cfg.mesh_shape, mesh_dim_names=cfg.row.dims)``:
     hsdp (R, S) ("replicate", "shard"), fsdp2_tp (W / T, T) ("dp", "tp"); rank r sits at
     (r // B, r % B) (row-major), its groups described ``mesh_<name>`` in the trace's pg_config."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device.type, tuple(cfg.mesh_shape), mesh_dim_names=tuple(cfg.mesh_dim_names))
-
-
-def apply_hsdp(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: ModelSpec) -> nn.Module:
-    """HSDP: ``apply_fsdp2`` on the 2-D mesh (replicate R x shard S, ``--mesh R,S``): the
-    units' parameters are DTensors (Replicate(), Shard(0)); per unit and step FSDP2 all_gathers
-    over the shard group, reduce_scatters the gradient over it and all_reduces the shard over
-    the replicate group. ``--fault skip-replicate-sync``: the units are sharded on
-    ``mesh["shard"]`` only (tracer/faults.py ``hsdp_mesh``)."""
-    from tracer import faults
-
-    mesh = faults.hsdp_mesh(device_mesh_2d(cfg, device), cfg.fault)
-    return apply_fsdp2(model, cfg, device, spec, mesh=mesh)
+    return init_device_mesh(device.type, tuple(cfg.mesh_shape), mesh_dim_names=tuple(cfg.row.dims))
 
 
 def apply_tp(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: ModelSpec):
@@ -262,17 +258,17 @@ def apply_tp(model: nn.Module, cfg: RecordConfig, device: torch.device, spec: Mo
     mesh["tp"]))`` (the reference model: ``tracer.model.tp_plan``), ``--fault
     wrong-tp-placement`` applied to the plan (tracer/faults.py ``tp_plan``). FSDP2 then shards
     over ``mesh["dp"]`` (the caller: ``apply_fsdp2(..., mesh=mesh["dp"])``, after activation
-    checkpointing, which would hide the plan's module names). Returns (mesh, {fqn: style name}
-    of the applied plan). Raises ``ValueError`` when the spec has no ``tp_plan``."""
+    checkpointing, which would hide the plan's module names). The dimension names are the
+    row's (``dim_of("tensor")``). Returns (mesh, {fqn: style name} of the applied plan). Raises
+    ``ValueError`` when the spec has no ``tp_plan``."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from tracer import faults
-
     if spec.tp_plan is None:
-        raise ValueError(f"--model {cfg.model}: ModelSpec.tp_plan is None; fsdp2_tp needs one")
+        raise ValueError(f"--model {cfg.model}: ModelSpec.tp_plan is None; {cfg.strategy} needs one")
     mesh = device_mesh_2d(cfg, device)
-    plan = faults.tp_plan(spec.tp_plan(model, mesh["tp"]), cfg.fault)
-    parallelize_module(model, mesh["tp"], plan)
+    tp_mesh = mesh[cfg.row.dim_of("tensor")]
+    plan = faults.tp_plan(spec.tp_plan(model, tp_mesh), cfg.fault)
+    parallelize_module(model, tp_mesh, plan)
     return mesh, {fqn: style_name(style) for fqn, style in plan.items()}
 
 
@@ -316,3 +312,140 @@ def tp_activation(out: torch.Tensor, ref: torch.Tensor, tp: int, tp_rank: int
     if tp_rank < len(chunk) and tuple(out.shape) == tuple(chunk[tp_rank].shape):
         return out, chunk[tp_rank]
     return None
+
+
+@dataclass(kw_only=True, slots=True)
+class Built:
+    """What a setup hook hands the training loop: the model as trained (wrapped; pp: this
+    rank's stage module), the whole model's parameter count, ``unit_names`` (what FSDP wraps or,
+    without FSDP, activation checkpointing: the manifest's ``fsdp_units`` where the options
+    choose them), the manifest's 2-D ``mesh`` (None: flat) and pp's ``PipelineRank``."""
+
+    model: nn.Module
+    num_params: int
+    units: list[str] = field(default_factory=list)
+    mesh: Mesh | None = None
+    pipe: PipelineRank | None = None
+
+
+Setup = Callable[[RecordConfig, ModelSpec, dict[str, torch.Tensor], int, int, torch.device], Built]
+"""A setup hook: (cfg, spec, baseline tensors, rank, world size, device) -> ``Built``."""
+SETUP: dict[str, Setup] = {}
+"""Every strategy's setup hook, one per row of the table, keyed by the row's name
+(``registers``; tests/tracer/test_setup_registry.py checks that they name the same strategies)."""
+
+
+def registers(name: str) -> Callable[[Setup], Setup]:
+    """Decorator: the hook applies strategy ``name`` (``SETUP[name]``; torchtitan's spec
+    registry). Raises ``ValueError`` for a name registered twice."""
+    def register(hook: Setup) -> Setup:
+        if name in SETUP:
+            raise ValueError(f"strategy {name}: a setup hook is already registered")
+        SETUP[name] = hook
+        return hook
+    return register
+
+
+def _placed(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
+            device: torch.device, *, unsynced_now: bool = True) -> tuple[nn.Module, int, list[str]]:
+    """``spec.model`` with the baseline's initial parameters (identical on every rank; buffers
+    as the factory made them), ``--fault unsynced-init`` applied on ranks > 0 unless
+    ``unsynced_now`` is False (a wrapper that broadcasts the weights: after it), moved to
+    ``device``. Returns (model, num_params, ``unit_names``)."""
+    model = spec.model
+    load_parameters(model, base, "init.")
+    num_params = sum(p.numel() for p in model.parameters())
+    units = unit_names(model, spec)
+    if unsynced_now and cfg.fault == "unsynced-init" and rank > 0:
+        faults.perturb_init(model, cfg.seed, rank)
+    model.to(device)
+    return model, num_params, units
+
+
+def _checkpointed(cfg: RecordConfig, model: nn.Module, units: list[str]) -> None:
+    """``--activation-checkpointing`` of ``units`` (tracer/training.py); no-op without it."""
+    if cfg.activation_checkpointing:
+        apply_checkpointing(model, units)
+
+
+@registers("single")
+def setup_single(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
+                 world: int, device: torch.device) -> Built:
+    """The reference: the model unwrapped (its checkpointed units only)."""
+    model, num_params, units = _placed(cfg, spec, base, rank, device)
+    _checkpointed(cfg, model, units)
+    return Built(model=model, num_params=num_params, units=units)
+
+
+@registers("ddp")
+def setup_ddp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
+              world: int, device: torch.device) -> Built:
+    """``apply_ddp``, units checkpointed before; unsynced-init after DDP's constructor broadcast
+    (which would undo it)."""
+    model, num_params, units = _placed(cfg, spec, base, rank, device, unsynced_now=False)
+    _checkpointed(cfg, model, units)
+    model = apply_ddp(model, cfg, device)
+    if cfg.fault == "unsynced-init" and rank > 0:
+        faults.perturb_init(model, cfg.seed, rank)
+    return Built(model=model, num_params=num_params, units=units)
+
+
+@registers("fsdp")
+def setup_fsdp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
+               world: int, device: torch.device) -> Built:
+    """``apply_fsdp`` (FSDP1), then checkpointing inside its units (FSDP's own order)."""
+    model, num_params, units = _placed(cfg, spec, base, rank, device)
+    model = apply_fsdp(model, cfg, device, spec)
+    _checkpointed(cfg, model, units)
+    return Built(model=model, num_params=num_params, units=units)
+
+
+@registers("fsdp2")
+def setup_fsdp2(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
+                world: int, device: torch.device) -> Built:
+    """``apply_fsdp2`` over all ranks, units checkpointed before."""
+    model, num_params, units = _placed(cfg, spec, base, rank, device)
+    _checkpointed(cfg, model, units)
+    return Built(model=apply_fsdp2(model, cfg, device, spec), num_params=num_params, units=units)
+
+
+@registers("hsdp")
+def setup_hsdp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
+               world: int, device: torch.device) -> Built:
+    """HSDP: ``apply_fsdp2`` on the 2-D mesh (replicate R x shard S, ``--mesh R,S``), units
+    checkpointed before, unsynced-init before wrapping (nothing broadcasts the weights). The
+    units' parameters are DTensors (Replicate(), Shard(0)); per unit and step FSDP2 all_gathers
+    over the shard group, reduce_scatters the gradient over it and all_reduces the shard over
+    the replicate group. ``--fault skip-replicate-sync``: the units are sharded on
+    ``mesh["shard"]`` only (tracer/faults.py ``hsdp_mesh``)."""
+    model, num_params, units = _placed(cfg, spec, base, rank, device)
+    _checkpointed(cfg, model, units)
+    model = apply_fsdp2(model, cfg, device, spec, mesh=faults.hsdp_mesh(device_mesh_2d(cfg, device), cfg.fault))
+    mesh = Mesh(shape=list(cfg.mesh_shape), dim_names=list(cfg.row.dims))
+    return Built(model=model, num_params=num_params, units=units, mesh=mesh)
+
+
+@registers("fsdp2_tp")
+def setup_fsdp2_tp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
+                   world: int, device: torch.device) -> Built:
+    """``apply_tp`` (its plan on the tensor dimension; unsynced-init before: TP's
+    ``distribute_tensor`` broadcasts over each tp group only, leaving the dp groups apart),
+    units checkpointed, then ``apply_fsdp2`` over the mesh's shard (dp) dimension."""
+    model, num_params, units = _placed(cfg, spec, base, rank, device)
+    mesh2d, plan = apply_tp(model, cfg, device, spec)
+    sharded = tp_sharded_params(model, cfg.row.dim_of("tensor"))
+    _checkpointed(cfg, model, units)
+    model = apply_fsdp2(model, cfg, device, spec, mesh=mesh2d[cfg.row.dim_of("shard")])
+    mesh = Mesh(shape=list(cfg.mesh_shape), dim_names=list(cfg.row.dims), tp_plan=plan,
+                tp_sharded_params=sharded)
+    return Built(model=model, num_params=num_params, units=units, mesh=mesh)
+
+
+@registers("pp")
+def setup_pp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
+             world: int, device: torch.device) -> Built:
+    """This rank's pipeline stage, FSDP2 over dp (tracer/pipeline.py ``build_pipeline``)."""
+    from tracer import pipeline
+
+    pipe, num_params = pipeline.build_pipeline(cfg, spec, base, rank, world, device)
+    return Built(model=pipe.module, num_params=num_params, mesh=pipe.mesh_section(cfg), pipe=pipe)

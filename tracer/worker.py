@@ -36,7 +36,8 @@ from analyzer.contract.atomic import atomic_path, write_atomic
 from analyzer.contract.errors import ExitCode
 from analyzer.contract.schemas import (GOLDEN_METRICS, MEMORY_CATEGORIES_NAME, MEMORY_CATEGORIES_SCHEMA, MEMORY_DIR,
                               MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME, NUMERICS_SCHEMA, RECORDING_NAME,
-                              STEPS_NAME, STEPS_SCHEMA, Launch, Mesh, trace_name)
+                              STEPS_NAME, STEPS_SCHEMA, Launch, trace_name)
+from analyzer.contract.strategies import is_reference
 from tracer import devices, faults, flightrec
 from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
@@ -46,15 +47,14 @@ from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV
 from tracer.manifest import build_manifest, machine_info, write_manifest
 from tracer.memory import dump_snapshot, start_history
 from tracer.model import precision_context, rank_rows
-from tracer.modelspec import ModelSpec, buffer_names, load_parameters
+from tracer.modelspec import ModelSpec, buffer_names
 from tracer.specload import load_spec
 from tracer.numerics import ActivationRecorder, NumericsRows, rows_to_table, tensor_metrics
 from tracer.profiling import cuda_sync, make_profiler
 from tracer.rundir import PARTS_DIR, clear_run_dir
 from tracer.pgtag import tag_collectives
-from tracer.strategies import (MESH_2D, apply_ddp, apply_fsdp, apply_fsdp2, apply_hsdp, apply_tp, compared_tensors,
-                               full_view, tp_activation, tp_sharded_params, unit_names)
-from tracer.training import MixedPrecisionStep, apply_checkpointing, build_optimizer
+from tracer.strategies import SETUP, compared_tensors, full_view, tp_activation
+from tracer.training import MixedPrecisionStep, build_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class RankEnv:
         except (KeyError, ValueError) as exc:
             raise ValueError(f"bad torchrun environment: {exc}") from None
         launch = env.get(LAUNCH_ENV, "torchrun")
-        if strategy == "single" and launch == "spawn":
+        if is_reference(strategy) and launch == "spawn":
             launch = "single"
         ctrl = env.get(CTRL_ENV)
         return cls(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
@@ -155,12 +155,12 @@ def check_world(cfg: RecordConfig, env: RankEnv) -> None:
     with more than one process (torchrun ``--nproc_per_node 2 ... --strategy single``), a global
     batch that does not divide by torchrun's world size, a spawned world of the wrong size.
     Raises ``ValueError`` with one line (every rank exits 2 with it)."""
-    if cfg.strategy == "single" and env.world_size != 1:
-        raise ValueError(f"--strategy single: runs one process, not WORLD_SIZE {env.world_size}; under "
-                         "torchrun pass --nproc_per_node 1, or record single without torchrun")
+    if cfg.row.is_reference and env.world_size != 1:
+        raise ValueError(f"--strategy {cfg.strategy}: runs one process, not WORLD_SIZE {env.world_size}; "
+                         "under torchrun pass --nproc_per_node 1, or record single without torchrun")
     if env.world_size != cfg.world_size and env.launch != "torchrun":
         raise ValueError(f"WORLD_SIZE {env.world_size} != expected {cfg.world_size}")
-    if cfg.strategy == "pp":  # the batch splits over dp = W / P pipelines, not W ranks
+    if cfg.row.dim_of("stage"):  # the batch splits over dp = W / P pipelines, not W ranks
         from tracer.pipeline import check_world as check_pipeline_world
 
         check_pipeline_world(cfg, env.world_size)
@@ -194,17 +194,14 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     base, order = load_baseline(baseline_path, cfg, device.type)
     spec = load_spec(cfg)  # --model, re-created from its string in this process
     buffers, model_name = buffer_names(spec.model), type(spec.model).__name__  # before wrapping
-    pipe = mesh = None
-    if cfg.strategy == "pp":
-        pipe, num_params, units, (numerics, step_rows, snapshot_table, categories) = train_pipeline(
-            cfg, spec, base, order, env, device, hb)
-        mesh = pipe.mesh_section(cfg)
+    built = SETUP[cfg.strategy](cfg, spec, base, env.rank, env.world_size, device)
+    if built.pipe is not None:
+        from tracer.pipeline import train_pp
+
+        tables = train_pp(cfg, built.pipe, base, order, env.rank, env.world_size, device, hb, step_row)
     else:
-        if cfg.strategy in MESH_2D:
-            model, num_params, units, mesh = build_mesh_model(cfg, spec, base, env.rank, device)
-        else:
-            model, num_params, units = build_wrapped_model(cfg, spec, base, env.rank, device)
-        numerics, step_rows, snapshot_table, categories = train(cfg, spec, model, base, env, device, hb)
+        tables = train(cfg, spec, built.model, base, env, device, hb)
+    numerics, step_rows, snapshot_table, categories = tables
     add_golden_losses(numerics, base)
     hb.beat("write")
     write_rank_outputs(cfg, env.rank, numerics, step_rows, snapshot_table, categories)
@@ -218,80 +215,11 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
                         master_port=int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None)
         manifest = build_manifest(cfg=cfg, run_dir=cfg.run_dir, world_size=env.world_size,
                                   backend=backend, device=device, launch=launch,
-                                  num_params=num_params, fsdp_units=units, spec=spec,
+                                  num_params=built.num_params, fsdp_units=built.units, spec=spec,
                                   model_name=model_name, buffers=buffers, batch_x=base["batch.x"],
-                                  machine=machine_info(load_avg, env.local_world_size), mesh=mesh)
+                                  machine=machine_info(load_avg, env.local_world_size), mesh=built.mesh)
         write_manifest(cfg.run_dir, manifest)
     hb.beat("done")
-
-
-def train_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], order: list[str],
-                   env: RankEnv, device: torch.device, hb: Heartbeat):
-    """``--strategy pp`` (tracer/pipeline.py): build this rank's stage and train it. Returns
-    (pipeline rank, num_params, FSDP units ([]), the four tables of ``train``)."""
-    from tracer import pipeline
-
-    pipe, num_params = pipeline.build_pipeline(cfg, spec, base, env.rank, env.world_size, device)
-    tables = pipeline.train_pp(cfg, pipe, base, order, env.rank, env.world_size, device, hb, step_row)
-    return pipe, num_params, [], tables
-
-
-def build_wrapped_model(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
-                        device: torch.device) -> tuple[torch.nn.Module, int, list[str]]:
-    """``spec.model`` with the baseline's initial parameters (identical on every rank; buffers
-    as the factory made them), the unsynced-init fault applied, wrapped by the strategy.
-    Returns (model, num_params, FSDP units)."""
-    model = spec.model
-    load_parameters(model, base, "init.")
-    num_params = sum(p.numel() for p in model.parameters())
-    units = unit_names(model, spec) if cfg.strategy in ("fsdp", "fsdp2") else []
-    unsynced = cfg.fault == "unsynced-init" and rank > 0
-    if unsynced and cfg.strategy != "ddp":
-        faults.perturb_init(model, cfg.seed, rank)
-    model.to(device)
-    checkpointed = units if units else unit_names(model, spec)  # the FSDP units of any strategy
-    if cfg.activation_checkpointing and cfg.strategy != "fsdp":  # FSDP1: inside its units, below
-        apply_checkpointing(model, checkpointed)
-    if cfg.strategy == "ddp":
-        model = apply_ddp(model, cfg, device)
-    elif cfg.strategy in ("fsdp", "fsdp2"):
-        model = (apply_fsdp if cfg.strategy == "fsdp" else apply_fsdp2)(model, cfg, device, spec)
-    if cfg.activation_checkpointing and cfg.strategy == "fsdp":
-        apply_checkpointing(model, checkpointed)
-    if unsynced and cfg.strategy == "ddp":  # after DDP's constructor broadcast
-        faults.perturb_init(model, cfg.seed, rank)
-    return model, num_params, units
-
-
-def build_mesh_model(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
-                     device: torch.device) -> tuple[torch.nn.Module, int, list[str], Mesh]:
-    """hsdp / fsdp2_tp (``strategies.MESH_2D``): ``spec.model`` with the baseline's initial
-    parameters, unsynced-init applied (before wrapping: nothing broadcasts them, except TP's
-    ``distribute_tensor`` over each tp group, which leaves the dp groups apart), [fsdp2_tp: TP
-    plan applied], [activation checkpointing of the units], FSDP2 on the units of
-    ``unit_names`` then the root, over the 2-D mesh (hsdp) or its dp dimension (fsdp2_tp).
-    Returns (model, num_params, FSDP units, the manifest's ``Mesh``)."""
-    model = spec.model
-    load_parameters(model, base, "init.")
-    num_params = sum(p.numel() for p in model.parameters())
-    units = unit_names(model, spec)
-    if cfg.fault == "unsynced-init" and rank > 0:
-        faults.perturb_init(model, cfg.seed, rank)
-    model.to(device)
-    plan: dict[str, str] = {}
-    sharded = 0
-    if cfg.strategy == "fsdp2_tp":
-        mesh2d, plan = apply_tp(model, cfg, device, spec)
-        sharded = tp_sharded_params(model)
-    if cfg.activation_checkpointing:
-        apply_checkpointing(model, units)
-    if cfg.strategy == "hsdp":
-        model = apply_hsdp(model, cfg, device, spec)
-    else:
-        model = apply_fsdp2(model, cfg, device, spec, mesh=mesh2d["dp"])
-    mesh = Mesh(shape=list(cfg.mesh_shape), dim_names=list(cfg.mesh_dim_names), tp_plan=plan,
-                tp_sharded_params=sharded)
-    return model, num_params, units, mesh
 
 
 def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict[str, torch.Tensor], env: RankEnv,

@@ -193,7 +193,7 @@ def test_user_model_records_every_strategy_and_passes_the_gate(tmp_path, model):
 
 
 # Each canary on a user model, and each user model with a canary: the gate fails it. fsdp2
-# carries wrong-grad-scale and unsynced-init, ddp skip-grad-sync (config.FAULTS_BY_STRATEGY: FSDP
+# carries wrong-grad-scale and unsynced-init, ddp skip-grad-sync (the rows' ``faults``: FSDP
 # has no local-only gradient). The canaries do not depend on the model's code (tests/tracer/
 # test_faults.py runs each on the reference model), so one model each keeps every pairing of
 # fault and model family that differs: a tied-weight HF model and a file spec.
