@@ -22,7 +22,7 @@ from typing import Annotated, Optional, get_type_hints
 import typer
 
 from analyzer.contract.errors import ExitCode
-from analyzer.contract.strategies import is_reference
+from analyzer.contract.strategies import TABLE, all_set, is_reference
 from analyzer.contract.text import one_line
 from tracer.config import RecordConfig, check_taken
 
@@ -75,7 +75,7 @@ def _config_options(command):
 @_config_options
 def record(
     strategy: Annotated[str, typer.Option(
-        help="single, ddp, fsdp, fsdp2, hsdp, fsdp2_tp, pp, all (the first four), or a "
+        help=f"{', '.join(TABLE)}, all (the first {len(all_set())}), or a "
              "comma-separated list (ddp,fsdp2,hsdp).")] = "all",
     *,
     arm: Annotated[Optional[list[str]], typer.Option(
