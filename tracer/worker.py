@@ -300,9 +300,11 @@ class FlatStep:
         self.cfg, self.spec, self.model, self.base, self.device = cfg, spec, model, base, device
         self.rank, self.world = env.rank, env.world_size
         self.reference = strategies.spec(cfg.strategy).is_reference
-        self.mp = MixedPrecisionStep(model, cfg, parts=1) if self.reference and cfg.mixed_precision is not None else None
+        mixed = self.reference and cfg.mixed_precision is not None
+        self.mp = MixedPrecisionStep(model, cfg, parts=1) if mixed else None
         dp_rank, dp_size = loop.dp_coords(cfg, self.rank, self.world)
         self.rows = rank_rows(cfg.batch, dp_size, dp_rank)
+        self.loss: list[torch.Tensor] = []
 
     def recorder(self) -> ActivationRecorder:
         return ActivationRecorder(self.model, self.rows.stop - self.rows.start)
@@ -314,14 +316,15 @@ class FlatStep:
         forward = self.model if mp is None else (lambda inputs: mp.compute(mp.inputs(inputs)))
         with faults.grad_sync_context(self.model, cfg.fault):
             with torch.profiler.record_function("forward"), precision_context(cfg.precision, self.device.type), saved:
-                loss = self.spec.loss(forward(x), y)
+                # refilled, not replaced: the loop holds the list, the previous loss dies here (memory peaks)
+                self.loss[:] = [self.spec.loss(forward(x), y)]
             faults.hang_before_backward(cfg.fault, self.rank, step)
             with torch.profiler.record_function("backward"):
-                loss.backward()
+                self.loss[0].backward()
                 if mp is not None:
                     mp.accumulate()
                     mp.to_master()
-        return [loss]
+        return self.loss
 
     def compare(self, numerics: NumericsRows, kind: str, recorder: ActivationRecorder) -> None:
         if self.reference:
