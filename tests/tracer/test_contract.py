@@ -16,7 +16,7 @@ from analyzer.contract.atomic import atomic_path, write_atomic
 REPO = Path(__file__).parents[2]
 CONTRACT = {"analyzer.contract.schemas", "analyzer.contract.errors", "analyzer.contract.atomic",
             "analyzer.contract.text", "analyzer.contract.tolerance", "analyzer.contract.settings",
-            "analyzer.contract.owner"}
+            "analyzer.contract.owner", "analyzer.contract.strategies"}
 
 
 def _analyzer_imports(path: Path) -> set[str]:
