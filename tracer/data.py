@@ -88,8 +88,8 @@ def make_loader(cfg: RecordConfig, x: torch.Tensor, y: torch.Tensor, *, rank: in
 class Batches:
     """Per step, this rank's (inputs, targets) on ``device``, [B / W, seq, hidden] each.
 
-    ``rank`` / ``world_size`` are the data-parallel index and size (tracer/worker.py
-    ``data_parallel_index``): the world for the flat strategies and hsdp; world / T for
+    ``rank`` / ``world_size`` are the data-parallel index and size (tracer/loop.py
+    ``dp_coords``): the world for the flat strategies and hsdp; world / T for
     fsdp2_tp, whose T tensor-parallel ranks of one dp group train the same rows.
 
     ``start()`` before the profiler (a multi-process loader forks its workers there);

@@ -136,7 +136,7 @@ def category_table(rank: int, *, parameters: int, gradients: int, optimizer_stat
 
 
 def finish_steps(export, step_rows: list[dict], held: dict[str, int], rank: int) -> pa.Table:
-    """After the profiled loop (``train`` and tracer/pipeline.py's): the trace was exported
+    """After the profiled loop (tracer/loop.py ``train``): the trace was exported
     (else ``RuntimeError``), each profiled step gets the profiler window's allocated peak, and
     the rank's memory by category (MEMORY_CATEGORIES_SCHEMA) is returned."""
     if not export.exported:

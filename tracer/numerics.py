@@ -93,25 +93,31 @@ def _is_wrapper(module: nn.Module) -> bool:
 
 
 class ActivationRecorder:
-    """Forward hooks that keep each module's output (detached) at one step.
+    """Forward hooks that keep each module's outputs (detached) during one step.
 
-    Keys are clean module FQNs; order = order in which modules finished their forward. The
-    root module and wrapper modules are skipped (their output equals an inner module's). An
-    output is kept when it is a tensor, or a tuple / list whose first element is one (attention
-    blocks return ``(out, weights)``), and its dim 0 has ``batch_rows`` rows: only then do a
-    rank's rows line up with the baseline's rows of that rank (``rank_rows``). Outputs without
-    the batch dimension (``batch_rows`` None: any dim 0) (rotary tables [1, S, D], position embeddings) and model-output objects
-    (dicts: their tensors are some inner module's output) are not compared.
-    Use as a context manager around the step's forward.
+    Keys are clean module FQNs; order = order in which modules first finished a forward. The
+    root module and wrapper modules are skipped (their output equals an inner module's), and
+    with ``within`` (module FQNs: a pipeline stage's layers) the modules not at or under them.
+    An output is kept when it is a tensor, or a tuple / list whose first element is one
+    (attention blocks return ``(out, weights)``), and its dim 0 has ``batch_rows`` rows: only
+    then do a rank's rows line up with the baseline's rows of that rank (``rank_rows``).
+    Outputs without the batch dimension (``batch_rows`` None: any dim 0) (rotary tables
+    [1, S, D], position embeddings) and model-output objects (dicts: their tensors are some
+    inner module's output) are not compared. A module's activation: the outputs of the calls
+    ``calls`` picks, joined along dim 0 (default the first; a pipeline stage's last M are its
+    microbatches). Use as a context manager around what it captures.
     """
 
-    def __init__(self, model: nn.Module, batch_rows: int | None = None):
-        self.outputs: dict[str, torch.Tensor] = {}
+    def __init__(self, model: nn.Module, batch_rows: int | None = None, *, calls: slice = slice(0, 1),
+                 within: list[str] | None = None):
+        self.outputs: dict[str, list[torch.Tensor]] = {}
         self.batch_rows = batch_rows
+        self.calls = calls
         self._handles = []
         for name, module in model.named_modules():
             clean = clean_fqn(name)
-            if not clean or _is_wrapper(module):
+            if not clean or _is_wrapper(module) or (
+                    within is not None and not any(clean == m or clean.startswith(m + ".") for m in within)):
                 continue
             self._handles.append(module.register_forward_hook(self._hook(clean)))
 
@@ -119,9 +125,10 @@ class ActivationRecorder:
         def hook(_module, _inputs, output):
             if isinstance(output, (tuple, list)) and output:
                 output = output[0]
-            if (isinstance(output, torch.Tensor) and output.dim() > 0
-                    and self.batch_rows in (None, output.shape[0]) and name not in self.outputs):
-                self.outputs[name] = output.detach().clone()
+            if isinstance(output, torch.Tensor) and output.dim() > 0 and self.batch_rows in (None, output.shape[0]):
+                kept = self.outputs.setdefault(name, [])
+                if self.calls.stop is None or len(kept) < self.calls.stop:  # none past the last picked
+                    kept.append(output.detach().clone())
         return hook
 
     def __enter__(self) -> "ActivationRecorder":
@@ -132,7 +139,12 @@ class ActivationRecorder:
             handle.remove()
         self._handles.clear()
 
+    def output(self, name: str) -> torch.Tensor | None:
+        """Module ``name``'s activation (class docstring); None when none of its calls was kept."""
+        picked = self.outputs.get(name, [])[self.calls]
+        return (picked[0] if len(picked) == 1 else torch.cat(picked)) if picked else None
+
     def items(self) -> Iterator[tuple[int, str, torch.Tensor]]:
-        """(seq, name, output) in forward-finish order."""
-        for seq, (name, out) in enumerate(self.outputs.items()):
-            yield seq, name, out
+        """(seq, name, activation) in forward-finish order."""
+        for seq, name in enumerate(self.outputs):
+            yield seq, name, self.output(name)

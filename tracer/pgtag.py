@@ -196,7 +196,7 @@ def tag_collectives() -> Iterator[None]:
     """While active, every collective call of this process is tagged (module docstring).
     Restores every replaced attribute on exit, also after an exception. Not nestable (an
     inner one would wrap the wrappers): once per process, around the training loop
-    (tracer/worker.py ``train``)."""
+    (tracer/loop.py ``train``)."""
     import torch.distributed._functional_collectives as funcol
 
     saved: list[tuple[Any, str, Any]] = []

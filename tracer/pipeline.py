@@ -59,9 +59,7 @@ schedule's step; ``unsynced-init`` perturbs ranks > 0 before wrapping (tracer/fa
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -70,17 +68,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from analyzer.contract.schemas import GOLDEN_METRICS, MEMORY_DIR, Mesh, trace_name
-from tracer import faults, footprint
+from analyzer.contract.schemas import GOLDEN_METRICS, Mesh
+from tracer import faults, loop
 from tracer.config import RecordConfig
-from tracer.data import Batches
-from tracer.memory import dump_snapshot, start_history
 from tracer.model import rank_rows
 from tracer.modelspec import ModelSpec, load_parameters
-from tracer.numerics import NumericsRows, clean_fqn, tensor_metrics
-from tracer.pgtag import tag_collectives
-from tracer.profiling import cuda_sync, make_profiler
-from tracer.training import build_optimizer
+from tracer.numerics import ActivationRecorder, NumericsRows, clean_fqn, tensor_metrics
 
 
 def stage_layers(layers: int, stages: int, stage: int) -> range:
@@ -163,7 +156,7 @@ class PipelineRank:
         """The manifest's ``mesh``."""
         stage_params = [sum(n for f, n in self.param_numels.items()
                             if owner_stage(f, self.stages_fqns) == s) for s in range(self.stages)]
-        return Mesh(shape=[self.dp, self.stages], dim_names=["dp", "pp"],
+        return Mesh(shape=[self.dp, self.stages], dim_names=list(cfg.row.dims),
                     pp_schedule=cfg.resolved_pp_schedule, microbatches=cfg.pp_microbatches,
                     pp_stages=self.stages_fqns, stage_params=stage_params)
 
@@ -200,7 +193,7 @@ def build_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
     layers = len(model.layers)
     stages_fqns = stage_modules(layers, p)
     stage, dp_index = rank % p, rank // p
-    mesh = init_device_mesh(device.type, (dp, p), mesh_dim_names=("dp", "pp"))
+    mesh = init_device_mesh(device.type, (dp, p), mesh_dim_names=cfg.row.dims)  # ("dp", "pp")
     owned = set(stage_layers(layers, p, stage))
     for i in range(layers):
         if i not in owned:
@@ -223,141 +216,57 @@ def build_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
                         param_numels={f: t.numel() for f, t in named}), num_params
 
 
-class MicrobatchActivations:
-    """Forward hooks on the modules of this stage's layers: every output (detached), in call
-    order; a module's last ``microbatches`` outputs concatenate to the pipeline's rows. (At its
-    first step ``PipelineStage`` runs one more forward before the schedule, to infer the
-    shapes it sends and receives (stage.py, dynamic metadata mode); that first call is not a
-    microbatch and is dropped. Static shapes (``input_args``/``output_args``) would avoid it,
-    but in torch 2.13 on gloo the first stage then received no output gradient.)"""
-
-    def __init__(self, module: nn.Module, owned: list[str], microbatches: int):
-        self.microbatches = microbatches
-        self.outputs: dict[str, list[torch.Tensor]] = {}
-        self._handles = []
-        for name, sub in module.named_modules():
-            clean = clean_fqn(name)
-            if owner_stage(clean, [owned]) is None:
-                continue
-            self._handles.append(sub.register_forward_hook(self._hook(clean)))
-
-    def _hook(self, name: str):
-        def hook(_module, _inputs, output):
-            if isinstance(output, (tuple, list)) and output:
-                output = output[0]
-            if isinstance(output, torch.Tensor) and output.dim() > 0:
-                self.outputs.setdefault(name, []).append(output.detach().clone())
-        return hook
-
-    def close(self) -> None:
-        """Remove the hooks."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-    def joined(self, name: str) -> torch.Tensor | None:
-        """The module's microbatch outputs concatenated along dim 0, None when it ran fewer
-        than ``microbatches`` times."""
-        outs = self.outputs.get(name, [])
-        return torch.cat(outs[-self.microbatches:]) if len(outs) >= self.microbatches else None
-
-
-def run_schedule(pipe: PipelineRank, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
-    """One schedule step: stage 0 feeds ``x``, the last stage ``y``; returns the last stage's
-    microbatch losses (empty elsewhere)."""
-    losses: list[torch.Tensor] = []
-    if pipe.is_first:
-        pipe.schedule.step(x)
-    elif pipe.is_last:
-        pipe.schedule.step(target=y, losses=losses)
-    else:
-        pipe.schedule.step()
-    return losses
-
-
 def train_pp(cfg: RecordConfig, pipe: PipelineRank, base: dict[str, torch.Tensor], order: list[str],
-             rank: int, world: int, device: torch.device, hb,
-             step_row: Callable) -> tuple[NumericsRows, list[dict], pa.Table | None, pa.Table]:
-    """tracer/worker.py ``train`` for a pipeline rank (same profiler, step rows, memory
-    categories, step-0 numerics outside wall_ns); returns the same four tables."""
-    model = pipe.module
-    opt = build_optimizer(cfg, model.parameters())
-    rows = rank_rows(cfg.batch, pipe.dp, pipe.dp_index)
-    batches = Batches(cfg, base["batch.x"], base["batch.y"], rank=pipe.dp_index, world_size=pipe.dp,
-                      device=device)
-    batches.start()
-    numerics = NumericsRows(rank)
-    step_rows: list[dict] = []
-    losses: list[float] = []
-    start_history(device.type)
-    prof, export = make_profiler(cfg, device.type, cfg.run_dir / trace_name(rank))
-    snapshot_table = None
-    held: dict[str, int] = {}
-    with prof, tag_collectives():  # each send / recv names its group and peer (tracer/pgtag.py)
-        try:
-            for step in range(cfg.total_steps):
-                hb.beat("step", step)
-                faults.maybe_inject(rank, step)
-                numerics_ns = 0
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                cuda_sync(device)
-                t0 = time.perf_counter_ns()
-                x, y = batches.next()
-                recorder = MicrobatchActivations(model, pipe.owned, cfg.pp_microbatches) if step == 0 else None
-                saved = footprint.SavedActivations() if step == 0 else contextlib.nullcontext()
-                with torch.profiler.record_function("pipeline"), saved:
-                    mb_losses = run_schedule(pipe, x, y)
-                if recorder is not None:
-                    recorder.close()
-                faults.after_backward(model, cfg.fault, world)
-                if step == 0:
-                    t_num = time.perf_counter_ns()
-                    held["activations"] = saved.bytes
-                    held["gradients"] = footprint.gradient_bytes(model)
-                    record_activations(pipe, recorder, base, order, numerics, rows)
-                    record_owned(pipe, base, numerics, "grad")
-                    numerics_ns += time.perf_counter_ns() - t_num
-                with torch.profiler.record_function("optimizer"):
-                    opt.step()
-                    if not faults.injected("keep-grads", rank, step):
-                        opt.zero_grad(set_to_none=True)
-                if step == 0:
-                    t_num = time.perf_counter_ns()
-                    held["parameters"] = footprint.parameter_bytes(model)
-                    held["optimizer_state"] = footprint.optimizer_state_bytes(opt)
-                    record_owned(pipe, base, numerics, "param")
-                    numerics_ns += time.perf_counter_ns() - t_num
-                cuda_sync(device)
-                wall_ns = time.perf_counter_ns() - t0 - numerics_ns
-                losses.append(sum(float(v.detach()) for v in mb_losses) / len(mb_losses)
-                              if mb_losses else float("nan"))
-                step_rows.append(step_row(cfg, rank, step, wall_ns, device))
-                prof.step()
-                if step == cfg.profiled_until - 1:
-                    snapshot_table = dump_snapshot(
-                        device.type, cfg.run_dir / MEMORY_DIR / f"rank{rank}.snapshot.pickle", rank)
-        except BaseException:
-            export.cancel()
-            raise
-        finally:
-            batches.close()
-    categories = footprint.finish_steps(export, step_rows, held, rank)
-    for step, (value, ref) in enumerate(zip(pipeline_losses(pipe, losses, device),
-                                            base["loss"].tolist())):
-        numerics.add_loss(step, value, ref)
-    return numerics, step_rows, snapshot_table, categories
+             rank: int, world: int, device: torch.device,
+             hb) -> tuple[NumericsRows, list[dict], pa.Table | None, pa.Table]:
+    """A pipeline rank trained by tracer/loop.py ``train``; returns its tables."""
+    return loop.train(cfg, PipelineStep(cfg, pipe, base, order, device), base, rank, world, device, hb)
 
 
-def pipeline_losses(pipe: PipelineRank, losses: list[float], device: torch.device) -> list[float]:
-    """The last stage's per-step losses, broadcast over this pipeline's ``mesh_pp`` group (one
-    collective after the profiled loop)."""
-    t = torch.tensor(losses, dtype=torch.float64, device=device)
-    dist.broadcast(t, src=pipe.last_rank, group=pipe.pp_group)
-    return t.cpu().tolist()
+class PipelineStep:
+    """tracer/loop.py ``Step`` of a pipeline rank: one schedule step ("pipeline"), whose
+    saved tensors all count (module docstring, memory). Step-0 rows for every baseline tensor
+    (module docstring, numerics; activations' seq: the baseline's ``order``); the loss: its
+    pipeline's, from the last stage."""
+
+    def __init__(self, cfg: RecordConfig, pipe: PipelineRank, base: dict[str, torch.Tensor], order: list[str],
+                 device: torch.device):
+        self.pipe, self.model, self.base, self.order, self.device = pipe, pipe.module, base, order, device
+        self.microbatches = cfg.pp_microbatches
+        self.rows = rank_rows(cfg.batch, pipe.dp, pipe.dp_index)  # this pipeline's rows
+
+    def recorder(self) -> ActivationRecorder:
+        """This stage's layers; the last M calls: at its first step ``PipelineStage`` runs one
+        more forward before the schedule's, to infer the shapes it sends and receives (stage.py,
+        dynamic metadata mode; static shapes would avoid it, but in torch 2.13 on gloo the
+        first stage then received no output gradient)."""
+        return ActivationRecorder(self.pipe.module, calls=slice(-self.microbatches, None), within=self.pipe.owned)
+
+    def forward_backward(self, x, y, step, saved) -> list[torch.Tensor]:
+        """Stage 0 feeds ``x``, the last stage ``y``; the last stage's microbatch losses."""
+        pipe, losses = self.pipe, []
+        with torch.profiler.record_function("pipeline"), saved:
+            if pipe.is_first:
+                pipe.schedule.step(x)
+            elif pipe.is_last:
+                pipe.schedule.step(target=y, losses=losses)
+            else:
+                pipe.schedule.step()
+        return losses
+
+    def compare(self, numerics: NumericsRows, kind: str, recorder: ActivationRecorder) -> None:
+        if kind == "grad":
+            record_activations(self.pipe, recorder, self.base, self.order, numerics, self.rows)
+        record_owned(self.pipe, self.base, numerics, kind)
+
+    def losses(self, values: list[float]) -> list[float]:
+        """The last stage's, broadcast over this pipeline's ``mesh_pp`` group."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.broadcast(t, src=self.pipe.last_rank, group=self.pipe.pp_group)
+        return t.cpu().tolist()
 
 
-def record_activations(pipe: PipelineRank, recorder: MicrobatchActivations, base: dict[str, torch.Tensor],
+def record_activations(pipe: PipelineRank, recorder: ActivationRecorder, base: dict[str, torch.Tensor],
                        order: list[str], numerics: NumericsRows, rows: slice) -> None:
     """Step-0 activation rows for every module of the baseline's ``order``: owned modules'
     microbatch outputs joined vs the baseline's rows of this pipeline; others empty."""
@@ -370,7 +279,7 @@ def record_activations(pipe: PipelineRank, recorder: MicrobatchActivations, base
             empty = ref[:0]
             numerics.add_tensor(0, "activation", name, seq, tensor_metrics(empty, empty, replicated=False))
             continue
-        out = recorder.joined(name)
+        out = recorder.output(name)
         if out is None:
             raise RuntimeError(f"stage {pipe.stage} owns {name} but it produced no output at step 0")
         numerics.add_tensor(0, "activation", name, seq, tensor_metrics(out, ref, replicated=False))

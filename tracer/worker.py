@@ -13,11 +13,9 @@ numerics/steps tables -> barrier -> rank 0 merges the tables, writes the manifes
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -36,25 +34,20 @@ from analyzer.contract.atomic import atomic_path, write_atomic
 from analyzer.contract.errors import ExitCode
 from analyzer.contract.schemas import (GOLDEN_METRICS, MEMORY_CATEGORIES_NAME, MEMORY_CATEGORIES_SCHEMA, MEMORY_DIR,
                               MEMORY_PARQUET_NAME, MEMORY_SCHEMA, NUMERICS_NAME, NUMERICS_SCHEMA, RECORDING_NAME,
-                              STEPS_NAME, STEPS_SCHEMA, Launch, trace_name)
+                              STEPS_NAME, STEPS_SCHEMA, Launch)
 from analyzer.contract.strategies import is_reference
-from tracer import devices, faults, flightrec
+from tracer import devices, faults, flightrec, loop
 from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
-from tracer import footprint
-from tracer.data import Batches
 from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV
 from tracer.manifest import build_manifest, machine_info, write_manifest
-from tracer.memory import dump_snapshot, start_history
 from tracer.model import precision_context, rank_rows
 from tracer.modelspec import ModelSpec, buffer_names
 from tracer.specload import load_spec
 from tracer.numerics import ActivationRecorder, NumericsRows, rows_to_table, tensor_metrics
-from tracer.profiling import cuda_sync, make_profiler
 from tracer.rundir import PARTS_DIR, clear_run_dir
-from tracer.pgtag import tag_collectives
 from tracer.strategies import SETUP, compared_tensors, full_view, tp_activation
-from tracer.training import MixedPrecisionStep, build_optimizer
+from tracer.training import MixedPrecisionStep
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +138,6 @@ def resolve_device(cfg: RecordConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def peak_rss_bytes() -> int:
-    """High-water RSS of this process (ru_maxrss is KiB on Linux)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
 def check_world(cfg: RecordConfig, env: RankEnv) -> None:
     """Refuse, before any rank waits for another, a world this config cannot run in: ``single``
     with more than one process (torchrun ``--nproc_per_node 2 ... --strategy single``), a global
@@ -198,7 +186,7 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     if built.pipe is not None:
         from tracer.pipeline import train_pp
 
-        tables = train_pp(cfg, built.pipe, base, order, env.rank, env.world_size, device, hb, step_row)
+        tables = train_pp(cfg, built.pipe, base, order, env.rank, env.world_size, device, hb)
     else:
         tables = train(cfg, spec, built.model, base, env, device, hb)
     numerics, step_rows, snapshot_table, categories = tables
@@ -224,111 +212,57 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
 
 def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict[str, torch.Tensor], env: RankEnv,
           device: torch.device, hb: Heartbeat) -> tuple[NumericsRows, list[dict], pa.Table | None, pa.Table]:
-    """Run every step under the profiler on this rank's rows of the fixed batch.
+    """``model`` (wrapped by a flat or 2-D strategy) trained by tracer/loop.py ``train``; returns its tables."""
+    return loop.train(cfg, FlatStep(cfg, spec, model, base, env, device), base, env.rank, env.world_size, device, hb)
 
-    The batch comes from ``tracer.data.Batches`` (``--data``): the same rows either way, those
-    of this rank's data-parallel index (``data_parallel_index``: fsdp2_tp's tp ranks share).
-    Every collective call of a distributed strategy is tagged with its process group while
-    the steps run (tracer/pgtag.py ``tag_collectives``; restored after).
-    Step 0 records activations, gradients and updated parameters (outside the profiler's active
-    window; their time is excluded from wall_ns); the loss is recorded at every step: this
-    rank's dp rows' loss, which the T tp ranks of a dp group share (the analyzer's mean over the
-    W ranks weighs each dp group T times, equal weights: the mean over dp groups, i.e. the
-    global batch's mean, the rows per dp group being equal). The trace
-    is exported once at the end of the active window; a failure cancels the export. Step 0 also
-    measures the rank's memory by category (tracer/footprint.py; outside wall_ns). Returns
-    (numerics rows, steps rows, CUDA snapshot table or None, MEMORY_CATEGORIES_SCHEMA table).
-    """
-    rank, world = env.rank, env.world_size
-    opt = build_optimizer(cfg, model.parameters())
-    # single has no FSDP to apply --mixed-precision: it runs the baseline's emulation, one batch
-    mp = (MixedPrecisionStep(model, cfg, parts=1)
-          if cfg.strategy == "single" and cfg.mixed_precision is not None else None)
-    forward = model if mp is None else (lambda inputs: mp.compute(mp.inputs(inputs)))
-    dp_rank, dp_size = data_parallel_index(cfg, rank), world // (cfg.tp_degree * cfg.pp_degree)
-    rows = rank_rows(cfg.batch, dp_size, dp_rank)
-    batches = Batches(cfg, base["batch.x"], base["batch.y"], rank=dp_rank, world_size=dp_size,
-                      device=device)
-    batches.start()  # before the profiler: a multi-process loader forks its workers here
-    ref_losses = base["loss"].tolist()
-    numerics = NumericsRows(rank)
-    step_rows: list[dict] = []
-    trace_path = cfg.run_dir / trace_name(rank)
-    start_history(device.type)
-    prof, export = make_profiler(cfg, device.type, trace_path)
-    snapshot_table = None
-    held: dict[str, int] = {}
-    tagged = tag_collectives() if cfg.strategy != "single" else contextlib.nullcontext()
-    with prof, tagged:
-        try:
-            for step in range(cfg.total_steps):
-                hb.beat("step", step)
-                faults.maybe_inject(rank, step)
-                numerics_ns = 0
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                cuda_sync(device)
-                t0 = time.perf_counter_ns()
-                x, y = batches.next()  # --data loader: the fetch is part of the step
-                recorder = ActivationRecorder(model, rows.stop - rows.start) if step == 0 else None
+
+class FlatStep:
+    """tracer/loop.py ``Step`` of a strategy that runs the whole model on every rank: one
+    "forward", one "backward" on the rank's rows; the reference's ``--mixed-precision`` is the
+    baseline's emulation (it has no FSDP to apply it). Its loss is its dp rows' (the T tp ranks
+    of a dp group share it: the analyzer's mean over the W ranks, equal weights, is the global
+    batch's mean); no step-0 rows for the reference."""
+
+    def __init__(self, cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict[str, torch.Tensor],
+                 env: RankEnv, device: torch.device):
+        self.cfg, self.spec, self.model, self.base, self.device = cfg, spec, model, base, device
+        self.rank, self.world = env.rank, env.world_size
+        self.reference = cfg.row.is_reference
+        mixed = self.reference and cfg.mixed_precision is not None
+        self.mp = MixedPrecisionStep(model, cfg, parts=1) if mixed else None
+        dp_rank, dp_size = loop.dp_coords(cfg, self.rank, self.world)
+        self.rows = rank_rows(cfg.batch, dp_size, dp_rank)
+        self.loss: list[torch.Tensor] = []
+
+    def recorder(self) -> ActivationRecorder:
+        return ActivationRecorder(self.model, self.rows.stop - self.rows.start)
+
+    def forward_backward(self, x, y, step, saved) -> list[torch.Tensor]:
+        cfg, mp = self.cfg, self.mp
+        if mp is not None:
+            mp.refresh()
+        forward = self.model if mp is None else (lambda inputs: mp.compute(mp.inputs(inputs)))
+        with faults.grad_sync_context(self.model, cfg.fault):
+            with torch.profiler.record_function("forward"), precision_context(cfg.precision, self.device.type), saved:
+                # refilled, not replaced: the loop holds the list, the previous loss dies here (memory peaks)
+                self.loss[:] = [self.spec.loss(forward(x), y)]
+            faults.hang_before_backward(cfg.fault, self.rank, step)
+            with torch.profiler.record_function("backward"):
+                self.loss[0].backward()
                 if mp is not None:
-                    mp.refresh()
-                saved = footprint.SavedActivations() if step == 0 else contextlib.nullcontext()
-                with faults.grad_sync_context(model, cfg.fault):
-                    with torch.profiler.record_function("forward"), precision_context(cfg.precision, device.type), saved:
-                        loss = spec.loss(forward(x), y)
-                    if recorder is not None:
-                        recorder.__exit__()
-                    faults.hang_before_backward(cfg.fault, rank, step)
-                    with torch.profiler.record_function("backward"):
-                        loss.backward()
-                        if mp is not None:
-                            mp.accumulate()
-                            mp.to_master()
-                faults.after_backward(model, cfg.fault, world)
-                if step == 0:
-                    t_num = time.perf_counter_ns()
-                    held["activations"] = saved.bytes
-                    held["gradients"] = footprint.gradient_bytes(model)
-                    if cfg.strategy != "single":
-                        record_activations(cfg, recorder, base, numerics, rank, rows)
-                        record_compared(cfg, model, base, numerics, "grad", rank, world)
-                    numerics_ns += time.perf_counter_ns() - t_num
-                with torch.profiler.record_function("optimizer"):
-                    opt.step()
-                    if not faults.injected("keep-grads", rank, step):
-                        opt.zero_grad(set_to_none=True)
-                if step == 0:
-                    t_num = time.perf_counter_ns()
-                    held["parameters"] = footprint.parameter_bytes(model)
-                    held["optimizer_state"] = footprint.optimizer_state_bytes(opt)
-                    record_compared(cfg, model, base, numerics, "param", rank, world)
-                    numerics_ns += time.perf_counter_ns() - t_num
-                cuda_sync(device)
-                wall_ns = time.perf_counter_ns() - t0 - numerics_ns
-                numerics.add_loss(step, float(loss.detach()), ref_losses[step])
-                step_rows.append(step_row(cfg, rank, step, wall_ns, device))
-                prof.step()
-                if step == cfg.profiled_until - 1:
-                    snapshot_table = dump_snapshot(
-                        device.type, cfg.run_dir / MEMORY_DIR / f"rank{rank}.snapshot.pickle", rank)
-        except BaseException:
-            export.cancel()
-            raise
-        finally:
-            batches.close()
-    return numerics, step_rows, snapshot_table, footprint.finish_steps(export, step_rows, held, rank)
+                    mp.accumulate()
+                    mp.to_master()
+        return self.loss
 
+    def compare(self, numerics: NumericsRows, kind: str, recorder: ActivationRecorder) -> None:
+        if self.reference:
+            return
+        if kind == "grad":
+            record_activations(self.cfg, recorder, self.base, numerics, self.rank, self.rows)
+        record_compared(self.cfg, self.model, self.base, numerics, kind, self.rank, self.world)
 
-def step_row(cfg: RecordConfig, rank: int, step: int, wall_ns: int, device: torch.device) -> dict:
-    """One STEPS_SCHEMA row (profiler_allocated_peak_bytes filled in after the export)."""
-    cuda = device.type == "cuda"
-    return {
-        "rank": rank, "step": step, "profiled": cfg.wait + cfg.warmup <= step < cfg.profiled_until,
-        "wall_ns": wall_ns, "peak_rss_bytes": peak_rss_bytes(), "profiler_allocated_peak_bytes": None,
-        "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
-        "cuda_max_reserved_bytes": torch.cuda.max_memory_reserved(device) if cuda else None,
-    }
+    def losses(self, values: list[float]) -> list[float]:
+        return values
 
 
 def write_rank_outputs(cfg: RecordConfig, rank: int, numerics: NumericsRows, step_rows: list[dict],
@@ -362,13 +296,6 @@ def add_golden_losses(numerics: NumericsRows, base: dict[str, torch.Tensor]) -> 
             numerics.add(step, "loss", "loss", 0, "golden_ref_value", value)
 
 
-def data_parallel_index(cfg: RecordConfig, rank: int) -> int:
-    """This rank's index among the ``cfg.dp_size`` data-parallel ranks: on a (dp, X) mesh
-    (row-major, ``schemas.Mesh``) rank // X; hsdp's replicate x shard ranks and the flat
-    strategies' are all data-parallel: the rank itself."""
-    return rank // (cfg.tp_degree * cfg.pp_degree)
-
-
 def record_activations(cfg: RecordConfig, recorder: ActivationRecorder, base: dict[str, torch.Tensor],
                        numerics: NumericsRows, rank: int, rows: slice) -> None:
     """Step-0 activations vs the baseline's rows of this rank's dp index (``rows``); fsdp2_tp:
@@ -391,9 +318,7 @@ def record_compared(cfg, model, base, numerics: NumericsRows, kind: str, rank: i
                     world: int) -> None:
     """Step-0 ``kind`` tensors ("grad" before the optimizer step, "param" after it) vs the
     baseline, and with ``--golden`` vs the golden run's kept ones as GOLDEN_METRICS rows
-    (analyzer/contract/schemas.py). No-op for single."""
-    if cfg.strategy == "single":
-        return
+    (analyzer/contract/schemas.py)."""
     golden = any(k.startswith(f"golden.{kind}.") for k in base)
     with full_view(model, cfg.strategy, with_grads=kind == "grad"):
         for prefix in (f"{kind}.", f"golden.{kind}.") if golden else (f"{kind}.",):

@@ -73,7 +73,27 @@ def test_activation_recorder_forward_order():
     # norm(x + attn(x)) finishes attn, then norm, then mlp's children, mlp, and the layer.
     assert names == ["layers.0.attn", "layers.0.norm", "layers.0.mlp.0", "layers.0.mlp.1",
                      "layers.0.mlp.2", "layers.0.mlp", "layers.0"]
-    assert torch.equal(rec.outputs["layers.0"], out)
+    assert torch.equal(rec.output("layers.0"), out)
+
+
+def test_activation_recorder_keeps_a_module_s_first_call():
+    model = SimpleTransformer(hidden=4, layers=1)
+    with ActivationRecorder(model) as rec:
+        first = model(torch.randn(2, 3, 4))
+        model(torch.randn(2, 3, 4))
+    assert len(rec.outputs["layers.0"]) == 1 and torch.equal(rec.output("layers.0"), first)
+
+
+def test_activation_recorder_joins_a_stage_s_last_microbatches():
+    """A pipeline stage: its layers only; the shape-inference forward before its M
+    microbatches is dropped, the microbatches' outputs are joined in order."""
+    model = SimpleTransformer(hidden=4, layers=2)
+    mbs = [torch.randn(1, 3, 4) for _ in range(3)]
+    with ActivationRecorder(model, calls=slice(-2, None), within=["layers.1"]) as rec:
+        outs = [model(x) for x in mbs]
+    assert all(n.startswith("layers.1") for n in rec.outputs) and "layers.1.mlp.0" in rec.outputs
+    assert torch.equal(rec.output("layers.1"), torch.cat(outs[1:]))
+    assert rec.output("layers.0") is None
 
 
 @pytest.mark.parametrize("min_params", [1, 100, 1000, 5000, layer_num_params(32), 10**9])
