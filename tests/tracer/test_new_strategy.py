@@ -72,8 +72,13 @@ def test_a_toy_strategy_is_a_table_row_and_a_setup_hook(tmp_path):
     assert rep.returncode == 0, rep.stderr[-3000:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     runs = {r["name"]: r for r in report["runs"]}
-    assert runs["ddp2"]["parity"]["passed"] is True
+    assert runs["ddp2"]["parity"]["status"] == "pass"
+    assert runs["single"]["parity"]["status"] == "reference"
     assert report["ranking"]["reference"] == "single"
     assert sorted(report["ranking"]["order"]) == ["ddp", "ddp2"]
-    # ddp2 is ddp under another name: the same gradient all_reduce traffic per step
+    # ddp2 is ddp under another name: what sharding predicts, and the collectives per step
     assert runs["ddp2"]["memory"]["sharding"] == runs["ddp"]["memory"]["sharding"]
+    per_step = {name: {k: (c["count_per_step"], c["bytes_per_step"])
+                       for k, c in runs[name]["communication"].items()} for name in ("ddp", "ddp2")}
+    assert per_step["ddp2"] == per_step["ddp"] and "all_reduce" in per_step["ddp2"]
+    assert "ddp2" in (tmp_path / "report" / "report.md").read_text()
