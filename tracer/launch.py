@@ -310,13 +310,7 @@ class WorkerGroup:
     def _log_line(self, rank: int) -> str:
         """The line of ``rank``'s log that says why it ended: its last ``tracer: `` line
         (prefix dropped), else its last line (a traceback's exception), "" for an empty log."""
-        try:
-            with open(self.ctrl_dir / f"rank{rank}.log", "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-                lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
-        except OSError:
-            return ""
-        lines = [ln for ln in lines if ln]
+        lines = children.log_lines(self.ctrl_dir / f"rank{rank}.log", LOG_TAIL_BYTES)
         ours = [ln for ln in lines if ln.startswith("tracer: ")]
         return ours[-1][len("tracer: "):] if ours else (lines[-1] if lines else "")
 

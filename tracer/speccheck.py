@@ -68,7 +68,7 @@ def check_spec_isolated(cfg: RecordConfig) -> None:
             how = (f"exited with status {code}" if code >= 0
                    else f"was killed by {signal.Signals(-code).name}" if -code in signal.valid_signals()
                    else f"was killed by signal {-code}")
-            said = _last_line(folder / LOG)
+            said = (children.log_lines(folder / LOG) or [""])[-1]
             raise ValueError(f"--model {spec}: the model code {how} during the spec check "
                              f"(os._exit or the like{'; its last line: ' + said if said else ''}), "
                              "before any worker started; never end the process from model code: "
@@ -89,15 +89,6 @@ def _timed_out(proc: subprocess.Popen, folder: Path, timeout_s: float) -> bool:
         elif time.monotonic() - begun > timeout_s + HANG_SLACK_S:
             return True
     return False
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in log.read_bytes()[-4096:].decode("utf-8", "replace").splitlines()]
-    except OSError:
-        return ""
-    lines = [ln for ln in lines if ln]
-    return lines[-1] if lines else ""
 
 
 def _main(argv: list[str]) -> None:

@@ -198,13 +198,7 @@ def run_hta_overlap(trace_dir: Path, timeout: float | None = None) -> pd.DataFra
 
 def _last_line(log_path: Path) -> str:
     """``; its last log line: ...`` (at most 200 characters), or "" for an empty log."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(max(0, os.path.getsize(log_path) - 4096))
-            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
-    except OSError:
-        return ""
-    lines = [ln for ln in lines if ln]
+    lines = children.log_lines(log_path)
     return f"; its last log line: {lines[-1][:200]}" if lines else ""
 
 

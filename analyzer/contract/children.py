@@ -136,6 +136,18 @@ def kill(*procs: subprocess.Popen, deadline_s: float = REAP_DEADLINE_S) -> list[
     return codes
 
 
+def log_lines(log: Path, tail_bytes: int = 4096) -> list[str]:
+    """The non-empty lines (stripped) of the last ``tail_bytes`` of the file ``log`` (a child's
+    output: what it said last tells why it ended); [] when it cannot be read."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [ln.strip() for ln in text.splitlines() if ln.strip()]
+
+
 def run(argv: Sequence[str], log: Path, limit_s: float, *,
         env: Mapping[str, str] | None = None) -> int | None:
     """``spawn`` ``argv``, wait up to ``limit_s`` seconds, then ``kill`` its group (also on any
