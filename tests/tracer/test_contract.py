@@ -1,6 +1,6 @@
 """DESIGN.md: the contract is the one thing that crosses from analyzer to tracer. The tracer
 imports only the contract's modules (analyzer/contract/schemas.py, errors.py, atomic.py, owner.py,
-text.py, tolerance.py, settings.py), and those
+text.py, tolerance.py, settings.py, children.py), and those
 import nothing else of the analyzer. Run-directory files are written through ``atomic_path``."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from analyzer.contract.atomic import atomic_path, write_atomic
 REPO = Path(__file__).parents[2]
 CONTRACT = {"analyzer.contract.schemas", "analyzer.contract.errors", "analyzer.contract.atomic",
             "analyzer.contract.text", "analyzer.contract.tolerance", "analyzer.contract.settings",
-            "analyzer.contract.owner"}
+            "analyzer.contract.owner",
+            "analyzer.contract.children"}
 
 
 def _analyzer_imports(path: Path) -> set[str]:
