@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -62,27 +61,19 @@ def spawn(argv: Sequence[str], log: Path, *, env: Mapping[str, str] | None = Non
 def exited(proc: subprocess.Popen, limit_s: float) -> bool:
     """Whether ``proc`` ended (or ends within ``limit_s`` seconds; 0: look once), left unreaped
     (module docstring)."""
-    if proc.returncode is not None:
-        return True
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except ProcessLookupError:  # reaped already (an interrupted poll())
-        return True
-    except (AttributeError, OSError):  # not Linux >= 5.3: poll without reaping
-        end = time.monotonic() + limit_s
-        while True:
-            try:
-                if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-                    return True
-            except ChildProcessError:
-                return True
-            if time.monotonic() >= end:
-                return False
-            time.sleep(min(POLL_S, max(0.0, end - time.monotonic())))
-    try:
-        return bool(select.select([fd], [], [], limit_s)[0])
-    finally:
-        os.close(fd)
+    end = time.monotonic() + limit_s
+    delay = 0.001
+    while proc.returncode is None:
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                break
+        except ChildProcessError:  # reaped already (an interrupted poll())
+            break
+        if (left := end - time.monotonic()) <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(2 * delay, POLL_S)
+    return True
 
 
 def reap(proc: subprocess.Popen, deadline_s: float = REAP_DEADLINE_S) -> int | None:
@@ -90,22 +81,11 @@ def reap(proc: subprocess.Popen, deadline_s: float = REAP_DEADLINE_S) -> int | N
     through ``os.waitpid`` (module docstring). Sets and returns ``proc.returncode`` (negative:
     killed by that signal); None when it still runs at the deadline. A status an interrupted
     ``poll()`` collected is lost: the process counts as SIGKILLed (``-9``)."""
-    end = time.monotonic() + deadline_s
-    delay = 0.001
-    while proc.returncode is None:
+    if exited(proc, deadline_s) and proc.returncode is None:
         try:
-            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+            proc.returncode = os.waitstatus_to_exitcode(os.waitpid(proc.pid, 0)[1])
         except ChildProcessError:
             proc.returncode = -signal.SIGKILL
-            break
-        if pid == proc.pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            break
-        remaining = end - time.monotonic()
-        if remaining <= 0:
-            return None
-        time.sleep(min(delay, remaining))
-        delay = min(2 * delay, POLL_S)
     return proc.returncode
 
 
