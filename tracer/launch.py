@@ -2,9 +2,9 @@
 
 Each worker is ``python -m tracer record <same options>`` with the torchrun environment (RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<free port>), so
-the worker code path is the one torchrun runs. Workers run in their own session (the launcher
-alone decides when they die) with PR_SET_PDEATHSIG=SIGKILL (they die with the launcher), and
-log to ``rank<r>.log`` in a control folder.
+the worker code path is the one torchrun runs. Workers are children of
+analyzer/contract/children.py: each in its own session (the launcher alone decides when they
+die), dying with the launcher, logging to ``rank<r>.log`` in a control folder.
 
 Failure handling: when a worker exits non-zero the others get ``FAIL_GRACE_S`` to write their
 own errors, then every remaining worker's process group is SIGKILLed. The failing rank is
@@ -24,18 +24,13 @@ Stopping: Ctrl-C, SIGTERM or SIGHUP on the launcher (``stop_on_signals``) raises
 ``KeyboardInterrupt`` once; every later stop signal is ignored, so the clean-up (SIGKILL every
 worker's process group, remove the staging folder) cannot itself be cut short, and runs to its
 end in well under a second. A worker's process group holds its own children (DataLoader worker
-processes), so they end with it, also when the worker itself was already dead.
-
-The signal is raised wherever the main thread is, also inside ``Popen.poll()`` between its
-acquiring and releasing ``Popen._waitpid_lock``: that lock then stays held for good, and a
-later ``Popen.wait()`` blocks forever. So the clean-up never waits through ``Popen``: ``reap``
-collects a worker with ``os.waitpid(pid, WNOHANG)`` itself, up to a deadline.
+processes), so they end with it, also when the worker itself was already dead. The clean-up
+never waits through ``Popen`` (``children.kill``: an interrupted ``poll()`` may hold its lock).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -50,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from analyzer.contract import children
 from analyzer.contract.schemas import flightrec_name
 from tracer import flightrec
 from tracer.config import RecordConfig
@@ -60,9 +56,6 @@ log = logging.getLogger(__name__)
 FAIL_GRACE_S = 2.0
 HANG_SLACK_S = 30.0
 POLL_S = 0.05
-REAP_DEADLINE_S = 10.0
-"""Seconds ``kill_all`` waits for SIGKILLed workers to be collectable (a process in an
-uninterruptible kernel wait, e.g. a GPU driver call, dies only when that returns)."""
 LAUNCH_ENV = "PARITYTRACE_LAUNCH"
 CTRL_ENV = "PARITYTRACE_CTRL_DIR"
 GO_ENV = "PARITYTRACE_GO_FD"
@@ -85,40 +78,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def reap(proc: subprocess.Popen, deadline_s: float = REAP_DEADLINE_S) -> int | None:
-    """Collect ``proc`` once it has exited, waiting up to ``deadline_s`` seconds (0: look once).
-
-    Uses ``os.waitpid(pid, WNOHANG)`` directly, never ``Popen``'s ``_waitpid_lock``, which a
-    stop signal raised inside ``poll()``/``wait()`` may have left held (see the module doc).
-    Sets and returns ``proc.returncode`` (negative: killed by that signal); returns None when
-    the process still runs at the deadline. A status already collected by an interrupted
-    ``poll()`` is lost: the process counts as SIGKILLed (``-9``; only the clean-up, which sent
-    that SIGKILL, can meet this).
-    """
-    end = time.monotonic() + deadline_s
-    delay = 0.001
-    while proc.returncode is None:
-        try:
-            pid, status = os.waitpid(proc.pid, os.WNOHANG)
-        except ChildProcessError:
-            proc.returncode = -signal.SIGKILL
-            break
-        if pid == proc.pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            break
-        remaining = end - time.monotonic()
-        if remaining <= 0:
-            return None
-        time.sleep(min(delay, remaining))
-        delay = min(2 * delay, POLL_S)
-    return proc.returncode
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass(kw_only=True, slots=True)
@@ -173,22 +132,17 @@ class WorkerGroup:
             fr_read, fr_write = os.pipe()
             env[flightrec.REQUEST_ENV] = str(fr_read)
             passed = (fr_read,) if read_fd is None else (read_fd, fr_read)
-            log = open(self.ctrl_dir / f"rank{rank}.log", "wb")
             # A stop signal raised inside Popen, after the fork, would leave a worker that
             # kill_all does not know: hold the signals until it is in self.workers.
             with stop_signals_held():
                 try:
-                    proc = subprocess.Popen([sys.executable, "-m", "tracer", "record", *self.cfg.to_argv()],
-                                            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True, preexec_fn=_die_with_parent,
-                                            pass_fds=passed)
+                    proc = children.spawn([sys.executable, "-m", "tracer", "record", *self.cfg.to_argv()],
+                                          self.ctrl_dir / f"rank{rank}.log", env=env, pass_fds=passed)
                 except BaseException:
                     for fd in (read_fd, write_fd, fr_read, fr_write):
                         if fd is not None:
                             os.close(fd)
                     raise
-                finally:
-                    log.close()
                 for fd in (read_fd, fr_read):
                     if fd is not None:
                         os.close(fd)
@@ -215,27 +169,21 @@ class WorkerGroup:
             w.fr_fd = None
 
     def kill_all(self) -> None:
-        """SIGKILL every worker's process group and reap the workers.
-
-        Also the group of a worker that already died: its children (DataLoader workers) may
-        outlive it. That pid cannot have been reused meanwhile: the kernel keeps a pid that is
-        a live group's id (ESRCH once the group is empty).
-
-        Returns within about ``REAP_DEADLINE_S`` seconds whatever ``Popen`` locks an
-        interrupted ``poll()`` left held (``reap``); a worker still not collectable by then is
-        named in a warning and left to the kernel (it dies with the launcher: PDEATHSIG)."""
+        """SIGKILL every worker's process group, also a dead worker's (its DataLoader workers
+        may outlive it), and reap the workers (``children.kill``): within about
+        ``children.REAP_DEADLINE_S`` seconds; a worker still not collectable by then is named in
+        a warning and left to the kernel (it dies with the launcher). A worker that was still
+        running is ``killed_by_us``."""
         for w in self.workers:
-            if reap(w.proc, 0) is None:
+            if not children.exited(w.proc, 0):
                 w.killed_by_us = True
-            with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is empty
-                os.killpg(w.proc.pid, signal.SIGKILL)
-        end = time.monotonic() + REAP_DEADLINE_S
-        for w in self.workers:
+        codes = children.kill(*(w.proc for w in self.workers))
+        for w, code in zip(self.workers, codes):
             self._close_go(w)
             self._close_fr(w)
-            if reap(w.proc, max(0.0, end - time.monotonic())) is None:
+            if code is None:
                 log.warning("rank %d (pid %d) still runs %gs after SIGKILL", w.rank, w.proc.pid,
-                            REAP_DEADLINE_S)
+                            children.REAP_DEADLINE_S)
 
     def request_dumps(self) -> list[int]:
         """Ask every live worker whose dump listener runs for a Flight Recorder dump into the
@@ -362,13 +310,7 @@ class WorkerGroup:
     def _log_line(self, rank: int) -> str:
         """The line of ``rank``'s log that says why it ended: its last ``tracer: `` line
         (prefix dropped), else its last line (a traceback's exception), "" for an empty log."""
-        try:
-            with open(self.ctrl_dir / f"rank{rank}.log", "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-                lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
-        except OSError:
-            return ""
-        lines = [ln for ln in lines if ln]
+        lines = children.log_lines(self.ctrl_dir / f"rank{rank}.log", LOG_TAIL_BYTES)
         ours = [ln for ln in lines if ln.startswith("tracer: ")]
         return ours[-1][len("tracer: "):] if ours else (lines[-1] if lines else "")
 

@@ -299,17 +299,15 @@ def sweep_leftovers(out: Path) -> list[Path]:
 
     Run dirs a record had started are left: they keep their marker and read as incomplete.
     Returns the paths removed. Never raises for a folder it cannot read or remove (kept)."""
-    removed: list[Path] = []
+    removed = owner.sweep(out, lambda name: name.startswith(STAGING_PREFIX),
+                          lambda rel: _STAGED.fullmatch(rel) is not None)
     try:
         entries = [p for p in out.iterdir() if p.is_dir() and not p.is_symlink()]
     except OSError:
         return removed
     for d in entries:
         try:
-            if d.name.startswith(STAGING_PREFIX) and _staged_only(d) and owner.owner_dead(d):
-                shutil.rmtree(d)
-                removed.append(d)
-            elif not d.name.startswith(".") and _unstarted_and_dead(d):
+            if not d.name.startswith(".") and _unstarted_and_dead(d):
                 removed.append(d)
         except OSError:
             continue
@@ -322,22 +320,10 @@ def staged_baseline(baseline_id: str) -> str:
     return f"baseline-{baseline_id}"
 
 
-_STAGED_BASELINE = re.compile(r"baseline-[0-9a-f]{12}")
-
-
-def _staged_only(d: Path, *, inner: bool = False) -> bool:
-    """``d`` holds only its owner file, baseline files and (not ``inner``) baseline folders
-    holding only baseline files."""
-    for p in d.iterdir():
-        if p.is_symlink():
-            return False
-        if p.is_dir():
-            if inner or not _STAGED_BASELINE.fullmatch(p.name) or not _staged_only(p, inner=True):
-                return False
-        elif not (p.is_file() and ((p.name == owner.OWNER_NAME and not inner)
-                                   or is_tracer_file(p.name) or _TRANSIENT.fullmatch(p.name))):
-            return False
-    return True
+_STAGED = re.compile(rf"(baseline-[0-9a-f]{{12}}/)?({TRACER_FILE.pattern}|{_TRANSIENT.pattern})?",
+                     re.ASCII)
+"""What a staging folder holds besides its owner file: baseline folders (``staged_baseline``)
+and, in them or beside them, baseline files."""
 
 
 def _unstarted_and_dead(d: Path) -> bool:

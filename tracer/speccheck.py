@@ -24,7 +24,6 @@ CLI exits 2), as for the refusals of ``check_spec``. This module imports no torc
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -34,8 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from analyzer.contract import children
 from tracer.config import RecordConfig
-from tracer.launch import HANG_SLACK_S, REAP_DEADLINE_S, _die_with_parent, reap
+from tracer.launch import HANG_SLACK_S
 
 RESULT = "result.json"
 STARTED = "started"
@@ -50,18 +50,13 @@ def check_spec_isolated(cfg: RecordConfig) -> None:
     spec = cfg.model
     with tempfile.TemporaryDirectory(prefix="tracer-speccheck-") as tmp:
         folder = Path(tmp)
-        with open(folder / LOG, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tracer.speccheck", json.dumps(cfg.to_dict()), str(folder)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent)
+        proc = children.spawn([sys.executable, "-m", "tracer.speccheck", json.dumps(cfg.to_dict()),
+                               str(folder)], folder / LOG)
         try:
-            code = _wait(proc, folder, cfg.timeout_s)
-        except BaseException:
-            _kill(proc)
-            raise
-        if code is None:
-            _kill(proc)
+            timed_out = _timed_out(proc, folder, cfg.timeout_s)
+        finally:  # also on a stop signal; once it ended, what it started must not run on
+            code, = children.kill(proc)
+        if timed_out:
             raise ValueError(f"--model {spec}: the spec check (the factory, make_batch, one forward "
                              f"and loss) did not finish within --timeout {cfg.timeout_s:g}s; "
                              "fix the hang in the model code, or raise --timeout")
@@ -73,7 +68,7 @@ def check_spec_isolated(cfg: RecordConfig) -> None:
             how = (f"exited with status {code}" if code >= 0
                    else f"was killed by {signal.Signals(-code).name}" if -code in signal.valid_signals()
                    else f"was killed by signal {-code}")
-            said = _last_line(folder / LOG)
+            said = (children.log_lines(folder / LOG) or [""])[-1]
             raise ValueError(f"--model {spec}: the model code {how} during the spec check "
                              f"(os._exit or the like{'; its last line: ' + said if said else ''}), "
                              "before any worker started; never end the process from model code: "
@@ -82,36 +77,18 @@ def check_spec_isolated(cfg: RecordConfig) -> None:
             raise ValueError(verdict.get("error") or f"--model {spec}: refused")
 
 
-def _wait(proc: subprocess.Popen, folder: Path, timeout_s: float) -> int | None:
-    """The child's exit status, or None once it ran ``timeout_s`` past ``STARTED`` (or never
-    wrote it within ``timeout_s + HANG_SLACK_S``: the imports hung)."""
+def _timed_out(proc: subprocess.Popen, folder: Path, timeout_s: float) -> bool:
+    """Whether the child ran ``timeout_s`` past ``STARTED`` (or never wrote it within
+    ``timeout_s + HANG_SLACK_S``: the imports hung) before it ended."""
     begun = time.monotonic()
-    while True:
-        code = reap(proc, 0.05)
-        if code is not None:
-            return code
+    while not children.exited(proc, children.POLL_S):
         started = folder / STARTED
-        now = time.monotonic()
         if started.exists():
             if time.time() - started.stat().st_mtime > timeout_s:
-                return None
-        elif now - begun > timeout_s + HANG_SLACK_S:
-            return None
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in log.read_bytes()[-4096:].decode("utf-8", "replace").splitlines()]
-    except OSError:
-        return ""
-    lines = [ln for ln in lines if ln]
-    return lines[-1] if lines else ""
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    reap(proc, REAP_DEADLINE_S)
+                return True
+        elif time.monotonic() - begun > timeout_s + HANG_SLACK_S:
+            return True
+    return False
 
 
 def _main(argv: list[str]) -> None:

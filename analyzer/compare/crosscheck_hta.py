@@ -60,16 +60,12 @@ the tree too.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import re
-import select
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -78,7 +74,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses import intervals as iv
-from analyzer.contract import settings
+from analyzer.contract import children, settings
 
 log = logging.getLogger(__name__)
 
@@ -190,75 +186,19 @@ def run_hta_overlap(trace_dir: Path, timeout: float | None = None) -> pd.DataFra
         env = dict(os.environ)
         root = str(Path(analyzer.__file__).resolve().parent.parent)  # this analyzer, not another
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-        with open(log_path, "wb") as logf:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "analyzer.compare.hta_child", str(trace_dir), str(result),
-                 str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True)  # its own process group: HTA's pool workers join it
-            try:
-                ended = _ended_within(proc, limit)
-            finally:  # also on KeyboardInterrupt: no HTA process outlives the command
-                _kill_tree(proc)
-        if not ended:
+        code = children.run([sys.executable, "-m", "analyzer.compare.hta_child", str(trace_dir),
+                             str(result)], log_path, limit, env=env)
+        if code is None:
             raise HtaFailed(f"HTA did not finish within {limit:g} s ({settings.HTA_TIMEOUT_S.name}); its "
                             "column is empty, our figures stand" + _last_line(log_path))
-        return _read_result(result, proc.returncode, log_path)
+        return _read_result(result, code, log_path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _ended_within(proc: subprocess.Popen, limit: float) -> bool:
-    """Whether ``proc`` ends within ``limit`` s. On Linux it is waited for through a pidfd and
-    left unreaped (a zombie), so its pid, the id of its process group, cannot be reused before
-    ``_kill_tree`` signals the group; elsewhere ``Popen.wait``."""
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # not Linux >= 5.3
-        try:
-            proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-    try:
-        return bool(select.select([fd], [], [], limit)[0])
-    finally:
-        os.close(fd)
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc`` (a process-group leader) and every process it started, found by psutil
-    (HTA depends on it) while ``proc`` lives and by the process group (which outlives its
-    leader while members live), then reap them."""
-    try:
-        import psutil
-    except ImportError:
-        psutil = None
-    kids = []
-    if psutil is not None:
-        try:
-            kids = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.Error:  # already gone (and reaped below)
-            kids = []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # the group outlives its leader while members live
-    for k in kids:  # one that left the group
-        with contextlib.suppress(psutil.Error):
-            k.kill()
-    proc.wait()
-    if psutil is not None and kids:
-        psutil.wait_procs(kids, timeout=5)
-
-
 def _last_line(log_path: Path) -> str:
     """``; its last log line: ...`` (at most 200 characters), or "" for an empty log."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(max(0, os.path.getsize(log_path) - 4096))
-            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
-    except OSError:
-        return ""
-    lines = [ln for ln in lines if ln]
+    lines = children.log_lines(log_path)
     return f"; its last log line: {lines[-1][:200]}" if lines else ""
 
 

@@ -1,15 +1,15 @@
 """The child process that runs HolisticTraceAnalysis for ``--crosscheck hta``
 (analyzer/compare/crosscheck_hta.py ``run_hta_overlap`` starts it).
 
-``python -m analyzer.compare.hta_child TRACE_DIR RESULT_JSON PARENT_PID``: runs HTA's
+``python -m analyzer.compare.hta_child TRACE_DIR RESULT_JSON``: runs HTA's
 get_comm_comp_overlap on TRACE_DIR (``crosscheck_hta.hta_overlap_in_process``) and writes
 RESULT_JSON atomically: {"rank": [int], "hta_overlap_pct": [float or null]}, or
 {"error": {"type": name, "message": text}} when HTA raised. Plain JSON, so the parent never
 unpickles anything. Everything HTA logs or prints goes to this process's stdout and stderr,
 which the parent points at a file of its own (off the terminal). HTA's fork pool starts here,
-inside the process group the parent kills on a timeout. On Linux this process also ends when
-the parent does (PR_SET_PDEATHSIG = SIGKILL, as the parse workers: analyzer/ingest/pool.py), so
-a parent killed with SIGKILL leaves no HTA running on.
+inside the process group the parent kills on a timeout; this process also ends when the parent
+does (analyzer/contract/children.py ``spawn``), so a parent killed with SIGKILL leaves no HTA
+running on.
 
 ``PARITYTRACE_HTA_RUNNER=module:function`` (tests only) runs that function in HTA's place,
 with TRACE_DIR as its argument and the same result contract.
@@ -17,12 +17,10 @@ with TRACE_DIR as its argument and the same result contract.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import logging
 import os
-import signal
 import sys
 
 
@@ -37,11 +35,7 @@ def _runner():
 
 
 def main(argv: list[str]) -> int:
-    trace_dir, result, parent = argv
-    if sys.platform == "linux":
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-        if os.getppid() != int(parent):  # it ended before the line above took effect
-            return 1
+    trace_dir, result = argv
     logging.basicConfig(stream=sys.stderr, level=logging.INFO)  # this process only
     try:
         data = _runner()(trace_dir)

@@ -9,12 +9,17 @@ folder gets an owner file (``OWNER_NAME``) as its first entry: the creator's pid
 run sweeps a leftover only when ``owner_dead`` proves that owner gone: same host, and another
 boot, or no process with that pid, or one with another start time (a reused pid). Anything else
 (no owner file, a malformed one, another host, no ``/proc``) is not provably dead and stays.
+``sweep`` is the one sweep of such leftovers; each caller says which names are its folders and
+which entries it writes in them.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import stat
+from collections.abc import Callable
 from pathlib import Path
 
 OWNER_NAME = ".paritytrace-owner"
@@ -89,3 +94,42 @@ def owner_dead(folder: Path) -> bool:
     except OSError:
         return False
     return dead(text.strip())
+
+
+def sweep(parent: Path, is_ours: Callable[[str], bool],
+          allowed: Callable[[str], bool]) -> list[Path]:
+    """Remove the folders in ``parent`` that processes killed beyond any clean-up left, and only
+    those provably theirs: a folder whose name ``is_ours`` accepts, ``owner_dead`` (this user's,
+    no symlink, its owner provably gone), holding nothing but its owner file and entries that
+    ``allowed`` accepts (their '/'-separated paths relative to the folder, a folder's ending in
+    '/'): regular files and folders only, no symlink at any depth. Returns the folders removed;
+    one it cannot read or remove stays (never raises ``OSError``)."""
+    removed = []
+    try:
+        candidates = [p for p in Path(parent).iterdir() if is_ours(p.name)]
+    except OSError:
+        return removed
+    for d in candidates:
+        try:
+            if d.is_dir() and owner_dead(d) and _holds_only(d, allowed):
+                shutil.rmtree(d)
+                removed.append(d)
+        except OSError:
+            continue
+    return removed
+
+
+def _holds_only(folder: Path, allowed: Callable[[str], bool]) -> bool:
+    """``sweep``'s test of a folder's contents. Raises ``OSError`` for one it cannot list."""
+    def fail(exc: OSError):
+        raise exc
+
+    for here, dirs, files in os.walk(folder, onerror=fail):  # symlinks are not followed
+        rel = Path(here).relative_to(folder)
+        for name, want in [(n, stat.S_ISDIR) for n in dirs] + [(n, stat.S_ISREG) for n in files]:
+            path = (rel / name).as_posix() + ("/" if want is stat.S_ISDIR else "")
+            if not want(os.lstat(Path(here) / name).st_mode):
+                return False  # a symlink, a device, a fifo
+            if path != OWNER_NAME and not allowed(path):
+                return False
+    return True

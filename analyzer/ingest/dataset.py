@@ -54,8 +54,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+from analyzer.contract import owner
 from analyzer.contract.errors import BadInput, Reason
-from analyzer.contract.owner import OWNER_NAME, owner_dead, write_owner
 from analyzer.ingest.fswalk import DATASET_MARKER as MARKER
 
 FORMAT = "paritytrace-tables"
@@ -260,7 +260,7 @@ def writing(out: Path) -> Iterator[None]:
         out.parent.mkdir(parents=True, exist_ok=True)
         sweep(out)
         stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-", suffix=f"-{out.name}"))
-        write_owner(stage)  # first: a SIGKILL from here on leaves a folder a later run sweeps
+        owner.write_owner(stage)  # first: a SIGKILL from here on leaves a folder a later run sweeps
     except OSError as exc:
         raise BadInput(out, Reason.UNWRITABLE, f"cannot be written ({exc.strerror})",
                        "pass --tables-out to a writable folder") from None
@@ -270,7 +270,7 @@ def writing(out: Path) -> Iterator[None]:
         yield
         _OPEN.remove(writer)
         os.chmod(stage, 0o777 & ~_umask())
-        (stage / OWNER_NAME).unlink()  # not part of the dataset
+        (stage / owner.OWNER_NAME).unlink()  # not part of the dataset
         write_atomic(stage / MARKER, json.dumps(
             {"format": FORMAT, "version": VERSION, "tables": list(TABLES),
              "partitioning": ["run", "rank"], "runs": writer.runs,
@@ -287,42 +287,17 @@ def writing(out: Path) -> Iterator[None]:
 
 def sweep(out: Path) -> list[Path]:
     """Remove the staging folders (``.tmp-*-<out's name>`` beside ``out``) that runs killed
-    beyond any clean-up (SIGKILL) left, when provably theirs: the owner file names a dead
-    process (analyzer/contract/owner.py) and the folder holds nothing but that file and
-    dataset files (Parquet, the marker; a replaced dataset moved aside), no symlink. Returns
-    the folders removed; one it cannot read or remove stays."""
-    removed = []
+    beyond any clean-up (SIGKILL) left, when provably theirs (analyzer/contract/owner.py
+    ``sweep``): they hold nothing but dataset files (Parquet, the marker; a replaced dataset
+    moved aside). Returns the folders removed."""
     suffix = f"-{out.name}"
-    try:
-        candidates = [p for p in out.parent.iterdir()
-                      if p.name.startswith(".tmp-") and p.name.endswith(suffix) and p.is_dir()]
-    except OSError:
-        return removed
-    for d in candidates:
-        try:
-            if owner_dead(d) and _staged_only(d, out.name):
-                shutil.rmtree(d)
-                removed.append(d)
-        except OSError:
-            continue
-    return removed
 
-
-def _staged_only(stage: Path, name: str) -> bool:
-    for folder, dirs, files in os.walk(stage):
-        here = Path(folder)
-        if any((here / d).is_symlink() for d in dirs):
-            return False
-        for f in files:
-            rel = (here / f).relative_to(stage).as_posix()
-            if (here / f).is_symlink():
-                return False
-            if not (rel == OWNER_NAME or f.endswith(".parquet") or f == MARKER
-                    or (f.startswith(".tmp-") and f.endswith(MARKER))):
-                return False
-        if here == stage and not set(dirs) <= set(TABLES) | {name}:
-            return False
-    return True
+    def staged(rel: str) -> bool:
+        if rel.endswith("/"):  # a table's folder (or the dataset moved aside) on top, any below
+            return "/" in rel[:-1] or rel[:-1] in (*TABLES, out.name)
+        f = rel.rsplit("/", 1)[-1]
+        return f.endswith(".parquet") or f == MARKER or (f.startswith(".tmp-") and f.endswith(MARKER))
+    return owner.sweep(out.parent, lambda n: n.startswith(".tmp-") and n.endswith(suffix), staged)
 
 
 def _umask() -> int:
@@ -343,7 +318,7 @@ def _swap(stage: Path, out: Path) -> None:
     if not _ours(out):  # changed since check_target
         raise OSError(39, "holds files the analyzer did not write", str(out))
     old = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-old-", suffix=f"-{out.name}"))
-    write_owner(old)
+    owner.write_owner(old)
     os.rename(out, old / out.name)
     try:
         os.rename(stage, out)

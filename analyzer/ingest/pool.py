@@ -20,6 +20,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from analyzer.contract import children
 from analyzer.contract.errors import ParityTraceError
 
 _POOL: list[ProcessPoolExecutor] = []  # the workers of the innermost open ``workers()``
@@ -152,16 +153,13 @@ def _init_worker(preload: Sequence[str], parent: int) -> None:
     """Leave Ctrl-C to ``parent`` (the terminal sends SIGINT to the whole group), end quietly
     on SIGTERM / SIGHUP (the default action: a fork inherits the parent's handler, whose
     KeyboardInterrupt would print a worker's traceback when a whole process group is stopped;
-    the parent says the one line), end when the parent ends (Linux PR_SET_PDEATHSIG = SIGKILL:
-    no orphan after a kill -9), import ``preload``."""
+    the parent says the one line), end when the parent ends (no orphan after a kill -9), import
+    ``preload``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for s in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(s) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
             signal.signal(s, signal.SIG_DFL)
-    if sys.platform == "linux":
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-        if os.getppid() != parent:  # it ended before the line above took effect
-            os._exit(1)
+    children.die_with_parent(parent)
     retain_freed_memory()
     with collector_paused():
         for name in preload:

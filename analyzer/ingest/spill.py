@@ -30,9 +30,8 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from analyzer.contract import settings
+from analyzer.contract import owner, settings
 from analyzer.contract.errors import BadInput, Reason
-from analyzer.contract.owner import OWNER_NAME, owner_dead, write_owner
 
 if TYPE_CHECKING:  # pandas / pyarrow load on use: a Spill stays cheap for a cached report
     import pandas as pd
@@ -41,6 +40,7 @@ SPILLED = ("collectives", "prefetch")
 """The tables that go to disk: the ones whose rows grow with a rank's events."""
 PREFIX = "paritytrace-tables-"
 """Name prefix of the spill folders in ``$TMPDIR``."""
+ENV = settings.TABLES_MEMORY.name  # named in the refusals: the budget to raise
 _SPILLED_FILE = re.compile(r"[0-9]+\.(collectives|prefetch)\.arrow")
 
 
@@ -102,7 +102,7 @@ class Spill:
                 folder = Path(tempfile.mkdtemp(prefix=PREFIX))
                 self._remover = weakref.finalize(self, shutil.rmtree, str(folder), True)
                 _REMOVERS.append(self._remover)
-                write_owner(folder)  # first: a SIGKILL from here leaves one sweep() removes
+                owner.write_owner(folder)  # first: a SIGKILL from here leaves one sweep() removes
             except OSError as exc:
                 self.close()
                 raise BadInput(tempfile.gettempdir(), Reason.UNWRITABLE,
@@ -131,25 +131,11 @@ def remove_all() -> None:
 
 def sweep() -> list[Path]:
     """Remove the spill folders in ``$TMPDIR`` that analyzers killed beyond any clean-up
-    (SIGKILL) left, when provably theirs: the owner file names a dead process of this user
-    (analyzer/contract/owner.py) and the folder holds only that file and spilled tables
-    (``<n>.collectives.arrow``, ``<n>.prefetch.arrow``). Returns the folders removed."""
-    removed = []
-    try:
-        candidates = [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(PREFIX)]
-    except OSError:
-        return removed
-    for d in candidates:
-        try:
-            if not d.is_dir() or not owner_dead(d):
-                continue
-            if all((f.name == OWNER_NAME or _SPILLED_FILE.fullmatch(f.name)) and f.is_file()
-                   and not f.is_symlink() for f in d.iterdir()):
-                shutil.rmtree(d)
-                removed.append(d)
-        except OSError:
-            continue
-    return removed
+    (SIGKILL) left, when provably theirs (analyzer/contract/owner.py ``sweep``): they hold only
+    spilled tables (``<n>.collectives.arrow``, ``<n>.prefetch.arrow``). Returns the folders
+    removed."""
+    return owner.sweep(Path(tempfile.gettempdir()), lambda name: name.startswith(PREFIX),
+                      lambda rel: _SPILLED_FILE.fullmatch(rel) is not None)
 
 
 def _write(path: Path, name: str, df: pd.DataFrame) -> None:

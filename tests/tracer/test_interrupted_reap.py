@@ -21,6 +21,7 @@ import sys
 import threading
 from pathlib import Path
 
+from analyzer.contract import children
 from tracer import launch
 from tracer.config import RecordConfig
 
@@ -96,15 +97,15 @@ def test_reap_counts_a_status_an_interrupted_poll_collected_as_sigkill():
     p = _sleeper()
     os.killpg(p.pid, signal.SIGKILL)
     os.waitpid(p.pid, 0)  # collected, but the interrupted poll never stored the status
-    assert launch.reap(p, 1.0) == -signal.SIGKILL
+    assert children.reap(p, 1.0) == -signal.SIGKILL
 
 
 def test_reap_returns_none_at_the_deadline_for_a_running_process():
     p = _sleeper()
     try:
-        assert launch.reap(p, 0) is None
+        assert children.reap(p, 0) is None
         assert p.returncode is None
     finally:
         os.killpg(p.pid, signal.SIGKILL)
-        assert launch.reap(p, HANG_S) == -signal.SIGKILL
+        assert children.reap(p, HANG_S) == -signal.SIGKILL
 
