@@ -63,13 +63,12 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable
 
-import pyarrow as pa
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from analyzer.contract.schemas import GOLDEN_METRICS, Mesh
-from tracer import faults, loop
+from tracer import faults
 from tracer.config import RecordConfig
 from tracer.model import rank_rows
 from tracer.modelspec import ModelSpec, load_parameters
@@ -214,13 +213,6 @@ def build_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
                         schedule=schedule, pp_group=pp_group, stages_fqns=stages_fqns,
                         param_fqns=[f for f, _ in named],
                         param_numels={f: t.numel() for f, t in named}), num_params
-
-
-def train_pp(cfg: RecordConfig, pipe: PipelineRank, base: dict[str, torch.Tensor], order: list[str],
-             rank: int, world: int, device: torch.device,
-             hb) -> tuple[NumericsRows, list[dict], pa.Table | None, pa.Table]:
-    """A pipeline rank trained by tracer/loop.py ``train``; returns its tables."""
-    return loop.train(cfg, PipelineStep(cfg, pipe, base, order, device), base, rank, world, device, hb)
 
 
 class PipelineStep:

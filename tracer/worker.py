@@ -184,12 +184,13 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     buffers, model_name = buffer_names(spec.model), type(spec.model).__name__  # before wrapping
     built = SETUP[cfg.strategy](cfg, spec, base, env.rank, env.world_size, device)
     if built.pipe is not None:
-        from tracer.pipeline import train_pp
+        from tracer.pipeline import PipelineStep
 
-        tables = train_pp(cfg, built.pipe, base, order, env.rank, env.world_size, device, hb)
+        step = PipelineStep(cfg, built.pipe, base, order, device)
     else:
-        tables = train(cfg, spec, built.model, base, env, device, hb)
-    numerics, step_rows, snapshot_table, categories = tables
+        step = FlatStep(cfg, spec, built.model, base, env, device)
+    numerics, step_rows, snapshot_table, categories = loop.train(cfg, step, base, env.rank, env.world_size,
+                                                                 device, hb)
     add_golden_losses(numerics, base)
     hb.beat("write")
     write_rank_outputs(cfg, env.rank, numerics, step_rows, snapshot_table, categories)
@@ -208,12 +209,6 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
                                   machine=machine_info(load_avg, env.local_world_size), mesh=built.mesh)
         write_manifest(cfg.run_dir, manifest)
     hb.beat("done")
-
-
-def train(cfg: RecordConfig, spec: ModelSpec, model: torch.nn.Module, base: dict[str, torch.Tensor], env: RankEnv,
-          device: torch.device, hb: Heartbeat) -> tuple[NumericsRows, list[dict], pa.Table | None, pa.Table]:
-    """``model`` (wrapped by a flat or 2-D strategy) trained by tracer/loop.py ``train``; returns its tables."""
-    return loop.train(cfg, FlatStep(cfg, spec, model, base, env, device), base, env.rank, env.world_size, device, hb)
 
 
 class FlatStep:
