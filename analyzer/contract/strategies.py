@@ -1,20 +1,12 @@
-"""The strategy table: what each training strategy is, written once (issue 41).
-
-Every package asks a strategy's row, never its name: the tracer which options and fault canaries
-it takes, which mesh it builds and which setup hook applies it (``tracer/strategies.py``
-``SETUP``); the analyzer which mesh dimension shards parameters, whether the run is the
-reference, which FSDP label family its trace carries; the reports its colour. Adding a strategy
-is a row here and a setup hook in the tracer (ARCHITECTURE.md "Adding a strategy").
+"""The strategy table: what each training strategy is, written once. Every package asks a
+strategy's row, never its name; a new strategy is a row here and a setup hook in
+tracer/strategies.py (ARCHITECTURE.md "The strategy table").
 
 A row names its mesh dimensions (``dims``, ``("world",)`` for a flat group of ranks) and the role
 of each (``roles``): ``shard`` (parameters sharded over it: FSDP / FSDP2), ``replicate`` (whole
-parameters, gradients averaged over it: DDP, HSDP's replicate dimension), ``tensor`` (weights split
-by a tensor-parallel plan), ``stage`` (layers split into pipeline stages). A dimension with no role
-is one the run does not use (``single``'s world of one).
-
-Source of the roles: torchtitan's parallel dims (dp_replicate, dp_shard, tp, pp) and torch's
-DeviceMesh dimension names as the tracer builds them (``mesh_<name>`` process groups).
-"""
+parameters, gradients averaged over it), ``tensor`` (weights split by a tensor-parallel plan),
+``stage`` (layers split into pipeline stages); no role: unused (``single``'s world of one). The
+roles follow torchtitan's parallel dims (dp_replicate, dp_shard, tp, pp)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,7 +51,7 @@ class StrategySpec:
 
     @property
     def is_reference(self) -> bool:
-        """The one-process run every distributed run is compared with (parity, speedup)."""
+        """The one-process run the others are compared with (parity, speedup)."""
         return self.wrapper == "none"
 
     @property
@@ -125,8 +117,3 @@ def is_reference(name: str | None) -> bool:
 def all_set() -> list[str]:
     """What ``--strategy all`` records, in table order."""
     return [s.name for s in TABLE.values() if s.in_all]
-
-
-def reference_name() -> str:
-    """The name of the one reference row."""
-    return next(s.name for s in TABLE.values() if s.is_reference)
