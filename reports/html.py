@@ -341,7 +341,9 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
     first screen (decision, top findings), then the sections, each table's definitions behind
     a disclosure under it, plots in one colour per strategy and one shade per category
     (reports/palette.py); ``out_dir``: the folder it is written to (trace links are relative
-    to it; absolute ``file:`` URLs when None)."""
+    to it; absolute ``file:`` URLs when None). Long because it lays out the report's sections
+    in reading order, a few lines each: read whole, the order can be checked against
+    report.md's."""
     runs = report.runs
     rk = report.ranking
     col = palette.run_colors(report.runs)

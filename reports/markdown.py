@@ -416,7 +416,10 @@ def render(report: Report) -> str:
     """The whole report.md text: every string from a trace, a manifest or a path through
     ``escape``. Order: the first screen (decision, top findings, the verdict's details), Parity,
     Memory, Communication, the ranking by step time, the remaining tables, the findings in full,
-    then "How each figure is measured" (every definition, once; each table links to its own)."""
+    then "How each figure is measured" (every definition, once; each table links to its own).
+    Long because it lays out the report's sections in reading order, a few lines each, sharing
+    ``cited`` (the definitions in the order the tables cite them): read whole, the order is
+    the report's, the one reports/html.py ``render`` follows."""
     runs = report.runs
     defs = definitions(report)
     cited = Cited()

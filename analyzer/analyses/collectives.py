@@ -37,6 +37,31 @@ def busbw_factor(kind: str, n: int) -> float:
     return float("nan")
 
 
+def _enqueue_spans(events: pd.DataFrame, launch: np.ndarray,
+                   paired: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) ns of the CPU op that enqueued each communication row (``launch`` /
+    ``paired``: the rows' launch_row / paired_row in ``events``): the comm op enclosing the
+    launch or paired op (a runtime launch sits inside nccl:* / record_param_comms), else that
+    op itself; -1 when the row has neither."""
+    link = np.where(launch >= 0, launch, paired)
+    enclosers = _enclosing_enqueue(events, link)
+    src_row = np.where(enclosers >= 0, enclosers, link)
+    known, at = src_row >= 0, np.maximum(src_row, 0)
+    return (np.where(known, events["ts_ns"].to_numpy()[at], -1),
+            np.where(known, events["end_ns"].to_numpy()[at], -1))
+
+
+def _index_in_pg(pg: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a code per process group, each row's index within its group by ``start``, ties: table
+    order) of rows whose process groups are ``pg``."""
+    pg_code = np.unique(pg, return_inverse=True)[1].ravel() if len(pg) else np.zeros(0, int)
+    by_pg = np.lexsort((start, pg_code))  # (pg, start, table order)
+    seq = np.empty(len(pg), np.int64)
+    grouped = pg_code[by_pg]
+    seq[by_pg] = np.arange(len(pg)) - np.searchsorted(grouped, grouped, "left")
+    return pg_code, seq
+
+
 def rank_collectives(rank: int, events: pd.DataFrame,
                      shares: tuple[np.ndarray, np.ndarray] | None = None) -> pd.DataFrame:
     """One row per communication event (NCCL kernel or gloo op) of one rank (``schemas.COLLECTIVES_SCHEMA``).
@@ -82,21 +107,9 @@ def rank_collectives(rank: int, events: pd.DataFrame,
     pg = strs("pg", "")
     gs = ints("group_size")
     gs[gs <= 0] = -1
-    launch, paired = ints("launch_row"), ints("paired_row")
-    link = np.where(launch >= 0, launch, paired)
-    ts = events["ts_ns"].to_numpy()
-    end = events["end_ns"].to_numpy()
-    # the enclosing comm op (a runtime launch sits inside nccl:* / record_param_comms)
-    enclosers = _enclosing_enqueue(events, link)
-    src_row = np.where(enclosers >= 0, enclosers, link)
-    enq_s = np.where(src_row >= 0, ts[np.maximum(src_row, 0)], -1)
-    enq_e = np.where(src_row >= 0, end[np.maximum(src_row, 0)], -1)
-    start = ts[idx]
-    pg_code = np.unique(pg, return_inverse=True)[1].ravel() if len(pg) else np.zeros(0, int)
-    by_pg = np.lexsort((start, pg_code))  # (pg, start, table order)
-    seq = np.empty(len(idx), np.int64)
-    grouped = pg_code[by_pg]
-    seq[by_pg] = np.arange(len(idx)) - np.searchsorted(grouped, grouped, "left")
+    enq_s, enq_e = _enqueue_spans(events, ints("launch_row"), ints("paired_row"))
+    start, end = events["ts_ns"].to_numpy()[idx], events["end_ns"].to_numpy()[idx]
+    pg_code, seq = _index_in_pg(pg, start)
     pg_seq = ints("seq_arg") if "seq_arg" in events.columns else np.full(len(idx), -1, np.int64)
     cid = strs("comms_id", "") if "comms_id" in events.columns else np.full(len(idx), "", object)
     seq, source = rank_keys(pg, np.isin(strs("coll_kind"), MATCHABLE_KINDS), seq, pg_seq, cid)
@@ -104,7 +117,7 @@ def rank_collectives(rank: int, events: pd.DataFrame,
     return pd.DataFrame({
         "rank": np.full(len(idx), rank, np.int64), "step": ints("step")[order],
         "pg": pg[order], "seq": seq[order], "kind": strs("coll_kind")[order],
-        "start_ns": start[order], "end_ns": end[idx][order],
+        "start_ns": start[order], "end_ns": end[order],
         "dur_ns": events["dur_ns"].to_numpy()[idx][order],
         "bytes": events["bytes"].to_numpy()[idx][order], "rule": strs("rule")[order],
         "name": strs("name")[order], "group_size": gs[order],

@@ -128,6 +128,31 @@ def _stage_shapes(m: schemas.Manifest, shapes, stage: int) -> list[tuple[int, ..
     return [s for fqn, s in shapes if any(fqn == o or fqn.startswith(o + ".") for o in owned)]
 
 
+def _stage_share(m: schemas.Manifest, shapes, rank: int, shard: str,
+                 stage_dim: str) -> tuple[float, int | None, int | None, int]:
+    """(share, padded, unpadded, stage) of ``rank`` in a pipeline run (``predict``'s row):
+    its stage's parameters over the shard dimension; share NaN when the mesh does not count
+    the stage's parameters, padded / unpadded None when its shapes are unknown."""
+    dp, st = _dim(m.mesh, shard), _coord(m.mesh, rank, stage_dim)
+    own = _stage_shapes(m, shapes, st) if shapes else None
+    share = m.mesh.stage_params[st] / dp if st < len(m.mesh.stage_params) else math.nan
+    if own is None:
+        return share, None, None, st
+    return share, _padded(own, dp), _unpadded(own, dp, _coord(m.mesh, rank, shard)), st
+
+
+def _tensor_padding(mesh: schemas.Mesh, shapes, rank: int, shard: str,
+                    tensor: str) -> tuple[int | None, int | None]:
+    """(padded, unpadded) of ``rank`` in a tensor-parallel run (``predict``'s row): the local
+    views of its tensor coordinate over the shard dimension; None when the shapes or the
+    tp plan are unknown."""
+    if not (shapes and mesh.tp_plan):
+        return None, None
+    tp, dp = _dim(mesh, tensor), _dim(mesh, shard)
+    local = [tp_local_shape(f, s, mesh.tp_plan, _coord(mesh, rank, tensor), tp) for f, s in shapes]
+    return _padded(local, dp), _unpadded(local, dp, _coord(mesh, rank, shard))
+
+
 def predict(m: schemas.Manifest) -> dict | None:
     """What the sharding predicts for the run of manifest ``m`` (module docstring): None when
     there is no prediction (an unknown strategy or FSDP1 sharding, a mesh strategy without
@@ -150,8 +175,8 @@ def predict(m: schemas.Manifest) -> dict | None:
     shard, tensor, stage_dim = spec.dim_of("shard"), spec.dim_of("tensor"), spec.dim_of("stage")
     ranks: list[dict] = []
 
-    def row(rank: int, share: float, padded: int | None, stage: int = -1,
-            unpadded: int | None = None) -> None:
+    def row(rank: int, share: float, padded: int | None, unpadded: int | None = None,
+            stage: int = -1) -> None:
         tensors = None
         if shapes is not None:  # the parameter tensors the rank's optimizer steps (pp: its stage's)
             own = _stage_shapes(m, shapes, stage) if stage_dim else shapes
@@ -177,24 +202,15 @@ def predict(m: schemas.Manifest) -> dict | None:
             or any(d not in mesh.dim_names for d in (shard, tensor, stage_dim) if d):
         return None
     elif stage_dim:
-        dp = _dim(mesh, shard)
         formula = ("stage_params[{stage}]/dp / N (N {n:,}, dp {dp}; stage {stage} holds the most, "
                    "its rank {rank})")
         for r in range(w):
-            st = _coord(mesh, r, stage_dim)
-            own = _stage_shapes(m, shapes, st) if shapes else None
-            share = mesh.stage_params[st] / dp if st < len(mesh.stage_params) else math.nan
-            row(r, share, _padded(own, dp) if own is not None else None, st,
-                unpadded=_unpadded(own, dp, _coord(mesh, r, shard)) if own is not None else None)
+            row(r, *_stage_share(m, shapes, r, shard, stage_dim))
     elif tensor:
         tp, dp, ntp = _dim(mesh, tensor), _dim(mesh, shard), mesh.tp_sharded_params
         formula = f"((N - N_tp) + N_tp/T)/dp / N (N {n:,}, N_tp {ntp:,}, T {tp}, dp {dp})"
         for r in range(w):
-            local = ([tp_local_shape(f, s, mesh.tp_plan, _coord(mesh, r, tensor), tp)
-                      for f, s in shapes] if shapes and mesh.tp_plan else None)
-            row(r, ((n - ntp) + ntp / tp) / dp, _padded(local, dp) if local is not None else None,
-                unpadded=(_unpadded(local, dp, _coord(mesh, r, shard)) if local is not None
-                          else None))
+            row(r, ((n - ntp) + ntp / tp) / dp, *_tensor_padding(mesh, shapes, r, shard, tensor))
     else:  # shard over one dimension, replicate over the other (hsdp)
         s = _dim(mesh, shard)
         formula = f"1/S = 1/{s} (S: the shard dimension)"

@@ -465,6 +465,26 @@ def _parity_problem(r: RunEntry) -> str | None:
     return None
 
 
+def _withheld_reason(untrusted: list[str], withheld: list[str], diffs: list[str],
+                     dropped: list[str], *, no_arm_passed: bool, timed: bool) -> str | None:
+    """Why ``rank_runs`` withholds the ranking before comparing step times, the first cause that
+    holds: declared settings that cannot be trusted (``untrusted``), runs that failed parity
+    (``withheld``, undeclared arms), runs that are not one experiment (``diffs``), no declared
+    arm left (``dropped``: why each was left out), no run timed. None when none holds."""
+    if untrusted:
+        return "; ".join(untrusted) + ("; the runs are not one experiment either: "
+                                       + "; ".join(diffs) if diffs else "")
+    if withheld:
+        return ("; ".join(withheld) + ". Speed figures of a run whose numerics are not verified "
+                "do not count.")
+    if diffs:
+        return ("the runs are not one experiment: " + "; ".join(diffs)
+                + ". Record them together with the same settings.")
+    if no_arm_passed:
+        return "; ".join(dropped + ["no arm passed the parity gate"])
+    return None if timed else "no run has a measured step time"
+
+
 def rank_runs(runs: list[RunEntry]) -> Ranking:
     """The ranking (module docstring): ``order`` (arms, fastest first, the reference left out;
     empty when withheld), ``pairs``, ``arms``, ``reason``, ``rule``, ``noise``, the experiment
@@ -496,14 +516,8 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     diffs = settings_differences(runs)
     kept = [r for r in runs if r.arm not in bad]
     timed = [r for r in kept if _steps(r)]
-    reason = ("; ".join(untrusted) + ("; the runs are not one experiment either: "
-                                      + "; ".join(diffs) if diffs else "") if untrusted else
-              "; ".join(withheld) + ". Speed figures of a run whose numerics are not verified "
-              "do not count." if withheld else
-              "the runs are not one experiment: " + "; ".join(diffs)
-              + ". Record them together with the same settings." if diffs else
-              "; ".join(dropped + ["no arm passed the parity gate"]) if arms_declared and not kept else
-              "no run has a measured step time" if not timed else None)
+    reason = _withheld_reason(untrusted, withheld, diffs, dropped,
+                              no_arm_passed=arms_declared and not kept, timed=bool(timed))
     if reason:
         return Ranking(status="withheld", order=[], reason="; ".join([reason] + warns),
                        rule=rule, **extra)

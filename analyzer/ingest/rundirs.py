@@ -378,6 +378,35 @@ def elsewhere(found: Discovery) -> Iterator[None]:
         _ELSEWHERE.pop(found.root, None)
 
 
+def _incomplete_runs(root: Path, incomplete: list[Path]) -> BadInput:
+    """The one problem naming every incomplete run of ``root`` (its own path and reason when
+    there is one)."""
+    one = len(incomplete) == 1
+    return BadInput(
+        incomplete[0] if one else root, "incomplete_run",
+        f"incomplete run: {_why_incomplete(incomplete[0])}" if one else
+        f"incomplete runs {', '.join(p.name for p in incomplete)}: {_NOT_DONE} (no "
+        f"manifest.json, or a {schemas.RECORDING_NAME} marker)",
+        "re-record, or pass --allow-incomplete to analyse as found (marked incomplete, "
+        "not ranked, not gated)")
+
+
+def _foreign_job(root: Path, children: list[Path], skipped: list[str]) -> Discovery:
+    """``root`` with no run directory: one foreign job of its traces and Flight Recorder
+    dumps. Raises ``BadInput`` ("empty") when it holds neither (``skipped``: the walk's
+    notes, named in the message)."""
+    traces = trace_files(children, run_dir=False, notes=skipped)
+    dumps = fr_dumps(children, run_dir=False)
+    if traces or dumps:
+        return Discovery(root=root, layout="foreign", runs=[RunDir(
+            path=root, name=root.name, manifest=None, notes=skipped, traces=traces,
+            fr_dumps=dumps)])
+    left = f" ({'; '.join(skipped)})" if skipped else ""  # e.g. only hidden *.json files
+    raise BadInput(root, "empty", "holds no run directory (manifest.json) and no trace files"
+                   + left, "pass a traces root written by `tracer record`, one run directory, "
+                   "or a folder of *.json / *.json.gz profiler traces")
+
+
 def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     """Classify ``root`` and list its runs. ``root`` may also be one trace file (a foreign job
     of one file). Raises ``BadInput`` naming the folder when it is missing, empty of runs and
@@ -443,13 +472,7 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
         else:
             incomplete.append(sub)
     if incomplete:  # one line naming every incomplete run, before other problems
-        problems.insert(0, BadInput(
-            incomplete[0] if len(incomplete) == 1 else root, "incomplete_run",
-            f"incomplete run: {_why_incomplete(incomplete[0])}" if len(incomplete) == 1 else
-            f"incomplete runs {', '.join(p.name for p in incomplete)}: {_NOT_DONE} (no "
-            f"manifest.json, or a {schemas.RECORDING_NAME} marker)",
-            "re-record, or pass --allow-incomplete to analyse as found (marked incomplete, "
-            "not ranked, not gated)"))
+        problems.insert(0, _incomplete_runs(root, incomplete))
     if problems:
         first = problems[0]
         raise BadInput(first.path, first.reason, first.message, first.fix, problems=problems[1:])
@@ -460,13 +483,4 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
             raise BadInput(root, "duplicate_run", f"run name(s) {', '.join(dup)} appear twice",
                            "give each run directory a distinct run_name")
         return Discovery(root=root, layout="root", runs=sorted(runs, key=_order), warnings=warnings)
-    traces = trace_files(children, run_dir=False, notes=skipped)
-    dumps = fr_dumps(children, run_dir=False)
-    if traces or dumps:
-        return Discovery(root=root, layout="foreign", runs=[RunDir(
-            path=root, name=root.name, manifest=None, notes=skipped, traces=traces,
-            fr_dumps=dumps)])
-    left = f" ({'; '.join(skipped)})" if skipped else ""  # e.g. only hidden *.json files
-    raise BadInput(root, "empty", "holds no run directory (manifest.json) and no trace files"
-                   + left, "pass a traces root written by `tracer record`, one run directory, "
-                   "or a folder of *.json / *.json.gz profiler traces")
+    return _foreign_job(root, children, skipped)

@@ -89,6 +89,43 @@ class _Problems:
         return self.lines + more
 
 
+def _check_pairs(spans: dict, names_at: dict, open_b: dict, flows: dict, out: _Problems) -> None:
+    """The checks across events of one track or flow, once every event is read: X events that
+    partly overlap, B events never closed, flows without a start or finish or that go back."""
+    for key, items in spans.items():
+        for a, b in partial_overlaps(items):
+            na, nb = names_at[key][a], names_at[key][b]
+            out.add("partial_overlap", f"pid {key[0]!r} tid {key[1]!r}: {nb!r} "
+                    f"[{items[b][0]}, {items[b][1]}] ns starts inside {na!r} "
+                    f"[{items[a][0]}, {items[a][1]}] ns and ends after it")
+    for key, n in open_b.items():
+        if n:
+            out.add("unmatched_B", f"pid {key[0]!r} tid {key[1]!r}: {n} B events never closed")
+    for key, items in flows.items():
+        starts = [t for ph, t in items if ph == "s"]
+        ends = [t for ph, t in items if ph == "f"]
+        if not starts or not ends:
+            out.add("flow_unpaired", f"flow {key!r} has {len(starts)} start(s), {len(ends)} finish(es)")
+        elif max(ends) < min(starts):
+            out.add("flow_backwards", f"flow {key!r} finishes before it starts")
+
+
+def _check_names(pids_used: set, spans: dict, process_names: set, thread_names: dict,
+                 out: _Problems) -> None:
+    """``strict_names``'s checks: each pid with events has a process_name, each track with X
+    events a thread_name, and no track two different names."""
+    for pid in sorted(pids_used, key=str):
+        if pid not in process_names:
+            out.add("process_name", f"pid {pid!r} has events but no process_name metadata")
+    for key in sorted(spans, key=str):
+        if key not in thread_names:
+            out.add("thread_name", f"pid {key[0]!r} tid {key[1]!r} has X events but no thread_name")
+    for key, names in thread_names.items():
+        if len(names) > 1:
+            out.add("thread_name", f"pid {key[0]!r} tid {key[1]!r} has {len(names)} different "
+                    f"names {sorted(names)!r}")
+
+
 def check_trace(trace: Any, *, strict_names: bool = True) -> list[str]:
     """Check a parsed Chrome trace (object or array form); return one line per problem found.
 
@@ -159,33 +196,9 @@ def check_trace(trace: Any, *, strict_names: bool = True) -> list[str]:
                 key = (ev.get("cat"), ev.get("name"), str(ev.get("id", ev.get("id2"))))
                 flows[key].append((ph, _to_ns(ts)))
 
-    for key, items in spans.items():
-        for a, b in partial_overlaps(items):
-            na, nb = names_at[key][a], names_at[key][b]
-            out.add("partial_overlap", f"pid {key[0]!r} tid {key[1]!r}: {nb!r} "
-                    f"[{items[b][0]}, {items[b][1]}] ns starts inside {na!r} "
-                    f"[{items[a][0]}, {items[a][1]}] ns and ends after it")
-    for key, n in open_b.items():
-        if n:
-            out.add("unmatched_B", f"pid {key[0]!r} tid {key[1]!r}: {n} B events never closed")
-    for key, items in flows.items():
-        starts = [t for ph, t in items if ph == "s"]
-        ends = [t for ph, t in items if ph == "f"]
-        if not starts or not ends:
-            out.add("flow_unpaired", f"flow {key!r} has {len(starts)} start(s), {len(ends)} finish(es)")
-        elif max(ends) < min(starts):
-            out.add("flow_backwards", f"flow {key!r} finishes before it starts")
+    _check_pairs(spans, names_at, open_b, flows, out)
     if strict_names:
-        for pid in sorted(pids_used, key=str):
-            if pid not in process_names:
-                out.add("process_name", f"pid {pid!r} has events but no process_name metadata")
-        for key in sorted(spans, key=str):
-            if key not in thread_names:
-                out.add("thread_name", f"pid {key[0]!r} tid {key[1]!r} has X events but no thread_name")
-        for key, names in thread_names.items():
-            if len(names) > 1:
-                out.add("thread_name", f"pid {key[0]!r} tid {key[1]!r} has {len(names)} different "
-                        f"names {sorted(names)!r}")
+        _check_names(pids_used, spans, process_names, thread_names, out)
     return out.result()
 
 

@@ -555,29 +555,16 @@ def _us_text(ns: float) -> str:
     return f"{ns / 1000:,.1f}"
 
 
-def _write_events(r: RankInput, sel: set[int] | None, shift: dict[int, int], t0: int,
-                  flow_base: int, locate: dict[tuple[int, int], tuple[int, int, int]],
-                  wanted: set[tuple[int, int]]) -> tuple[list[dict], int, int]:
-    """Rewritten events of rank ``r`` (``sel``: the positions kept, None for all), the count
-    moved to overlap tracks and the count of flow ids given: the rank's source flows get ids
-    ``flow_base + 1 ...`` (unique across ranks when each rank starts after the previous ones).
-    Fills, for the (rank, event_idx) in ``wanted`` (matched collectives), ``locate``:
-    (rank, event_idx) -> (pid, tid, aligned start ns) of the written complete event."""
+def _tracks(rank: int, names: dict[tuple[str, str], tuple[int, str]],
+            key_of: dict[int, tuple[str, str]], row_of: dict[int, tuple[int, int]]
+            ) -> tuple[list[dict], dict[int, int], dict[tuple, int], int]:
+    """The tracks of ``rank`` in the merged trace: each source track (``names``: (pid, tid) ->
+    (sort group, display name), ``_track_names``) gets as many lanes as its complete events
+    (``row_of``: event_idx -> (ts, dur) ns) need to nest, then new tids in display order.
+    Returns (the process and thread metadata events, event_idx -> lane, (track, lane) -> tid,
+    the count of events moved to an overlap lane)."""
+    pid, moved = rank + 1, 0
     out: list[dict] = []
-    moved = 0
-    flow_ids: dict[tuple, int] = {}
-    evs = r.data["traceEvents"]
-    x = r.events
-    key_of = {i: _key(evs[i]) for i in x["event_idx"].tolist()}
-    gpu_tracks = {key_of[i] for i in x.loc[x["is_gpu"].to_numpy(), "event_idx"].tolist()}
-    step_tracks = {key_of[i] for i in x.loc[(x["role"] == "step").to_numpy(), "event_idx"]}
-    names = _track_names(r.data, gpu_tracks, step_tracks)
-    if sel is not None:
-        x = x[x["event_idx"].isin(sel).to_numpy()]
-    # complete events in the table's order (start, longest first, file order)
-    row_of = dict(zip(x["event_idx"].tolist(), zip(x["ts_ns"].tolist(), x["dur_ns"].tolist())))
-    pid = r.rank + 1
-    # lanes per source track, then new tids in display order
     by_track: dict[tuple[str, str], list[int]] = {}
     for i in row_of:
         by_track.setdefault(key_of[i], []).append(i)
@@ -590,8 +577,8 @@ def _write_events(r: RankInput, sel: set[int] | None, shift: dict[int, int], t0:
         moved += sum(1 for lane in lanes if lane)
     order = sorted(names, key=lambda k: (names[k][0], names[k][1], k))
     tid_of: dict[tuple[tuple[str, str], int], int] = {}
-    out.append(_meta(pid, 0, "process_name", name=f"rank {r.rank}"))
-    out.append(_meta(pid, 0, "process_sort_index", sort_index=r.rank))
+    out.append(_meta(pid, 0, "process_name", name=f"rank {rank}"))
+    out.append(_meta(pid, 0, "process_sort_index", sort_index=rank))
     for key in order:
         for lane in range(n_lanes.get(key, 1)):
             tid = len(tid_of) + 1
@@ -599,6 +586,30 @@ def _write_events(r: RankInput, sel: set[int] | None, shift: dict[int, int], t0:
             label = names[key][1] + (f" (overlap {lane})" if lane else "")
             out.append(_meta(pid, tid, "thread_name", name=label))
             out.append(_meta(pid, tid, "thread_sort_index", sort_index=tid))
+    return out, lane_of, tid_of, moved
+
+
+def _write_events(r: RankInput, sel: set[int] | None, shift: dict[int, int], t0: int,
+                  flow_base: int, locate: dict[tuple[int, int], tuple[int, int, int]],
+                  wanted: set[tuple[int, int]]) -> tuple[list[dict], int, int]:
+    """Rewritten events of rank ``r`` (``sel``: the positions kept, None for all), the count
+    moved to overlap tracks and the count of flow ids given: the rank's source flows get ids
+    ``flow_base + 1 ...`` (unique across ranks when each rank starts after the previous ones).
+    Fills, for the (rank, event_idx) in ``wanted`` (matched collectives), ``locate``:
+    (rank, event_idx) -> (pid, tid, aligned start ns) of the written complete event."""
+    flow_ids: dict[tuple, int] = {}
+    evs = r.data["traceEvents"]
+    x = r.events
+    key_of = {i: _key(evs[i]) for i in x["event_idx"].tolist()}
+    gpu_tracks = {key_of[i] for i in x.loc[x["is_gpu"].to_numpy(), "event_idx"].tolist()}
+    step_tracks = {key_of[i] for i in x.loc[(x["role"] == "step").to_numpy(), "event_idx"]}
+    names = _track_names(r.data, gpu_tracks, step_tracks)
+    if sel is not None:
+        x = x[x["event_idx"].isin(sel).to_numpy()]
+    # complete events in the table's order (start, longest first, file order)
+    row_of = dict(zip(x["event_idx"].tolist(), zip(x["ts_ns"].tolist(), x["dur_ns"].tolist())))
+    pid = r.rank + 1
+    out, lane_of, tid_of, moved = _tracks(r.rank, names, key_of, row_of)
     # innermost complete event starting at each (track, ts): flows bind to it
     starts_at: dict[tuple[tuple[str, str], int], tuple[int, int]] = {}
     for i, (ts, dur) in row_of.items():
