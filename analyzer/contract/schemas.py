@@ -84,8 +84,6 @@ STRATEGIES: tuple[str, ...] = tuple(strategies.TABLE)
 (one process) and the distributed ones, flat or on a 2-D ``DeviceMesh`` (manifest ``mesh``)."""
 FLAT_STRATEGIES: tuple[str, ...] = tuple(strategies.all_set())
 """What ``--strategy all`` records: the 1-D set."""
-MESH_STRATEGIES: tuple[str, ...] = tuple(s.name for s in strategies.TABLE.values() if not s.is_flat)
-"""Strategies on a 2-D mesh (``Mesh``)."""
 
 PG_TAG_PREFIX = "paritytrace::pg "
 """A ``tracer record`` trace names the process group of every collective it issues: a CPU
