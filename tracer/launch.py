@@ -47,9 +47,9 @@ from pathlib import Path
 
 from analyzer.contract import children
 from analyzer.contract.schemas import flightrec_name
+from analyzer.contract.stopping import stop_signals_held
 from tracer import flightrec
 from tracer.config import RecordConfig
-from tracer.stopping import stop_signals_held
 
 log = logging.getLogger(__name__)
 
