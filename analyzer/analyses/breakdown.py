@@ -7,10 +7,8 @@ the events of step S.
 
 GPU rank (the GPU timeline, as HTA's temporal breakdown):
   C = NCCL kernels, K = other kernels, O = memcpy / memset / sync of steps >= 0, and every
-  device event of no step (step -1: queued before the profiler started, or launched outside
-  every ProfilerStep; analyzer/ingest/steps.py rule 3) whatever its kind: it is not the step's
-  computation or communication, but the device was busy, so where it runs inside a window it
-  is other, not idle. Idle is then window time with no device activity of any kind.
+  device event of no step (analyzer/ingest/steps.py rule 3) whatever its kind: the device was
+  busy. Idle is then window time with no device activity of any kind.
 CPU rank (gloo):
   C = ``gloo:*`` ops (the runloop threads), K = main-thread cpu_ops minus the time the main
   thread spends inside c10d enqueue ops and waiting for collectives, O = every other CPU event
@@ -235,15 +233,9 @@ _FIT = 1 << 62
 def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
                    main_tid: str | None) -> pd.DataFrame:
     """Breakdown rows (``BREAKDOWN_SCHEMA``) of one rank; ``steps``: ``STEP_WINDOWS_SCHEMA``
-    (analyzer/ingest/steps.py).
-
-    Which rows a window measures (``_membership``): on a GPU rank every row of a step >= 0 and
-    every device row of no step (as O) by time, split across every window it intersects (device
-    windows tile the device timeline, so work of step S that runs on in S+1's window is
-    activity there, and idle is window time with no device activity of any kind); on a CPU
-    rank the rows of the window's step. Every step's sets are
-    built and measured in one pass (``_Windows``); the measures use |C ∩ K| = |C| + |K| -
-    |C ∪ K| and |X \\ Y| = |X ∪ Y| - |Y|, exact in integers."""
+    (analyzer/ingest/steps.py). The sets of the module docstring (``_membership``: which rows a
+    window measures), built and measured for every step in one pass (``_Windows``), with |C ∩
+    K| = |C| + |K| - |C ∪ K| and |X \\ Y| = |X ∪ Y| - |Y|, exact in integers."""
     if not len(steps):
         return BREAKDOWN_SCHEMA.empty_table().to_pandas()
     st, lo, hi, full, step_col, measured = _windows_and_rows(events, steps, device_kind, main_tid)
