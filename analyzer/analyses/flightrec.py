@@ -32,8 +32,9 @@ Rules (``RULE``), per process group, over its member ranks that have a dump:
   hold, each rank's entry is compared with the lowest such rank's (fr_trace's reference: the
   first rank's entry, ``build_collectives``) by fr_trace's ``Op.match`` (``op_match``: kind,
   sizes and numel x group size, dtypes). Its fourth kind, COLLECTIVE_STATE_MISMATCH, is left
-  out: in a hang the states differ because of the hang. As fr_trace stops pairing at a group's first mismatch ("the pairing is possibly
-  incorrect" after it), only the first mismatching sequence number per group is reported.
+  out: in a hang the states differ because of the hang. As fr_trace stops pairing at a group's
+  first mismatch ("the pairing is possibly incorrect" after it), only the first mismatching
+  sequence number per group is reported.
   Point-to-point entries (send / recv, ``p2p_seq_id``) are not matched here (counted in a note).
 """
 
