@@ -192,11 +192,9 @@ def full_view(model: nn.Module, strategy: str, *, with_grads: bool):
     """Context in which ``compared_tensors`` can read parameters (and gradients).
 
     FSDP1: ``FSDP.summon_full_params(with_grads=...)`` - every rank sees the full tensors, so
-    they are compared whole (replicated = 1). Chosen over mapping each flat-parameter shard to
-    its original parameters because that mapping lives in private FSDP1 attributes
-    (``_shard_param_infos``) that changed across torch versions, while summon_full_params is
-    public; its all_gather runs at step 0 only, outside the profiler's active window.
-    Other strategies: no-op.
+    they are compared whole (replicated = 1): public, where the shard -> parameter mapping is
+    private (``_shard_param_infos``, changed across torch versions); its all_gather runs at
+    step 0 only, outside the profiler's active window. Other strategies: no-op.
     """
     if TABLE[strategy].wrapper != "fsdp1":
         yield
