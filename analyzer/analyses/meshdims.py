@@ -146,14 +146,10 @@ def dim_group_size(name: str, source: str, rows: pd.DataFrame, mesh: Mesh | None
 
 def dim_table(parts: pd.DataFrame, rank_steps: pd.Series, world_size: int | None,
               mesh: Mesh | None) -> list[dict]:
-    """One dict per dimension (module docstring), in order of the manifest's ``dim_names``,
-    then "world", then the rest by name: name, source, group_size, groups (distinct named
-    process groups, None when none is named), pgs, kinds, n_ranks, count, time_ns, union_ns,
-    exposed_ns, time_ns_per_step / union_ns_per_step / exposed_ns_per_step (a rank's figure
-    over its profiled steps, ``rank_steps``: rank -> steps; mean over the ranks), bytes (None
-    when no instance has known bytes), unknown_bytes (instances, all ranks), busbw_gbps,
-    transfer_busbw_gbps, transfer_ns / wait_ns (None when no instance is measured),
-    not_measured_ns. ``parts``: ``dim_parts`` of every batch, joined."""
+    """One dict per dimension (module docstring), with the fields of report_types.py
+    ``MeshDimComm``, in order of the manifest's ``dim_names``, then "world", then the rest by
+    name. ``parts``: ``dim_parts`` of every batch, joined; ``rank_steps``: rank -> its profiled
+    steps (the ``_per_step`` figures' divisor)."""
     if parts is None or not len(parts):
         return []
     t = with_dims(parts, world_size, mesh)
