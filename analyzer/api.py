@@ -66,7 +66,7 @@ def load_tables(path: Path | str, *, allow_incomplete: bool = False, jobs: int |
     ``steps.parquet`` without a manifest: an incomplete run, refused unless
     ``allow_incomplete``), a folder of ``*.json`` / ``*.json.gz`` traces, or one trace file.
     Each rank is reduced, in one of ``jobs`` processes (default min(cpu count, files)), to its
-    tables (breakdown, collectives, prefetch, first-step timeline), cached beside the trace:
+    tables (breakdown, collectives, prefetch, first-step timeline), cached in the user's cache:
     no events are held, so memory follows the largest rank. Rank rule, cache and errors:
     analyzer/ingest/pipeline.py. All problems of a folder are raised together as one ``BadInput`` whose
     ``problems`` lists them."""

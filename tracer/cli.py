@@ -93,7 +93,7 @@ def record(
     """Record one strategy, a list, all four, or named arms into OUT/NAME run directories."""
     under_torchrun = "RANK" in os.environ
     if not under_torchrun:
-        from tracer.stopping import stop_on_signals
+        from analyzer.contract.stopping import stop_on_signals
 
         # before any check runs model code: a stop signal from here on is one clean-up
         stop_on_signals()
@@ -266,7 +266,7 @@ def _record_here(configs) -> None:
     except KeyboardInterrupt:
         _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{unrecorded(configs, done)}", done)
     except Exception:
-        from tracer.stopping import stop_requested
+        from analyzer.contract.stopping import stop_requested
 
         if not stop_requested():
             raise

@@ -10,9 +10,9 @@ Failure handling: when a worker exits non-zero the others get ``FAIL_GRACE_S`` t
 own errors, then every remaining worker's process group is SIGKILLed. The failing rank is
 (1) a rank killed by a signal the launcher did not send, else (2) when the earliest error is a
 collective timeout, the ranks still alive without an error (they hung), else (3) the rank with
-the earliest error. A hang watchdog (for hangs outside collectives, which
-the collective timeout cannot see) kills everything when no worker made progress for
-``2 * timeout + HANG_SLACK_S`` seconds (lenient: a step or a torch import under load is slow).
+the earliest error. A hang watchdog (for hangs outside collectives, which the collective
+timeout cannot see) kills everything when no worker made progress for ``2 * timeout +
+HANG_SLACK_S`` seconds (lenient: a step or a torch import under load is slow).
 
 Flight Recorder: before the remaining workers are killed after a failure or by the watchdog,
 each one whose dump listener runs (tracer/flightrec.py; ``rank<r>.flightrec.listening`` in the
@@ -20,10 +20,9 @@ control folder) is asked, on its own pipe, for a JSON dump of its Flight Recorde
 dir, and given up to ``DUMP_DEADLINE_S`` to answer (``request_dumps``; a worker that dies
 meanwhile is not waited for). An interrupted record asks for none.
 
-Stopping: Ctrl-C, SIGTERM or SIGHUP on the launcher (``stop_on_signals``) raises
-``KeyboardInterrupt`` once; every later stop signal is ignored, so the clean-up (SIGKILL every
-worker's process group, remove the staging folder) cannot itself be cut short, and runs to its
-end in well under a second. A worker's process group holds its own children (DataLoader worker
+Stopping: a stop signal on the launcher (analyzer/contract/stopping.py) raises
+``KeyboardInterrupt`` once, and the clean-up (SIGKILL every worker's process group, remove the
+staging folder) runs to its end in well under a second. A worker's process group holds its own children (DataLoader worker
 processes), so they end with it, also when the worker itself was already dead. The clean-up
 never waits through ``Popen`` (``children.kill``: an interrupted ``poll()`` may hold its lock).
 """
@@ -47,9 +46,9 @@ from pathlib import Path
 
 from analyzer.contract import children
 from analyzer.contract.schemas import flightrec_name
+from analyzer.contract.stopping import stop_signals_held
 from tracer import flightrec
 from tracer.config import RecordConfig
-from tracer.stopping import stop_signals_held
 
 log = logging.getLogger(__name__)
 

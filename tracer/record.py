@@ -163,7 +163,7 @@ def record_local(configs: list[RecordConfig], done: list[Path] | None = None) ->
     try:
         from tracer.baseline import BASELINE_NAME, baseline_id, write_baseline, write_baseline_isolated
         from tracer.launch import run_workers
-        from tracer.stopping import stop_signals_held
+        from analyzer.contract.stopping import stop_signals_held
         from analyzer.contract.owner import write_owner
         from tracer.rundir import abandon_record, finish_record, staged_baseline, sweep_leftovers
 

@@ -31,9 +31,9 @@ from pathlib import Path
 import msgspec
 
 import analyzer.contract.owner as owner
-from tracer.stopping import stop_signals_held
 from analyzer.contract.schemas import (LOCK_NAME, MANIFEST_NAME, MEMORY_DIR, RECORDING_NAME,
                                        REPORT_DIR_NAME, RUN_FILE, FileEntry, sha256_file)
+from analyzer.contract.stopping import stop_signals_held
 
 STAGING_PREFIX = ".tracer-baseline-"
 """Name prefix of the hidden folder beside the run dirs where ``tracer record`` computes the

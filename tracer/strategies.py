@@ -192,11 +192,9 @@ def full_view(model: nn.Module, strategy: str, *, with_grads: bool):
     """Context in which ``compared_tensors`` can read parameters (and gradients).
 
     FSDP1: ``FSDP.summon_full_params(with_grads=...)`` - every rank sees the full tensors, so
-    they are compared whole (replicated = 1). Chosen over mapping each flat-parameter shard to
-    its original parameters because that mapping lives in private FSDP1 attributes
-    (``_shard_param_infos``) that changed across torch versions, while summon_full_params is
-    public; its all_gather runs at step 0 only, outside the profiler's active window.
-    Other strategies: no-op.
+    they are compared whole (replicated = 1): public, where the shard -> parameter mapping is
+    private (``_shard_param_infos``, changed across torch versions); its all_gather runs at
+    step 0 only, outside the profiler's active window. Other strategies: no-op.
     """
     if TABLE[strategy].wrapper != "fsdp1":
         yield
@@ -217,12 +215,9 @@ def compared_tensors(model: nn.Module, strategy: str, what: str, rank: int, worl
     Shard(0) of the DTensor (``to_local()``) against ``torch.chunk(ref, world_size, 0)[rank]``
     (an empty tensor where the chunk does not exist), replicated = False - no collective needed.
     hsdp / fsdp2_tp: the whole tensor (``DTensor.full_tensor()``, an all_gather over the mesh at
-    step 0, outside the profiler's active window), replicated = True. Whole rather than shard by
-    shard because a 2-D placement does not partition the ranks: HSDP's replicas hold the same
-    shard twice, fsdp2_tp's replicated bias is held by every tp rank and its colwise weights
-    are _StridedShard x Shard; a shard-by-shard form would need a per-placement rule deciding
-    which rank counts which elements, where full_tensor() is torch's own, and every rank then
-    checks the tensor its optimizer step actually used (replicas that drift apart show on each).
+    step 0, outside the profiler's active window), replicated = True: a 2-D placement does not
+    partition the ranks (HSDP's replicas hold a shard twice, fsdp2_tp's colwise weights are
+    _StridedShard x Shard), and every rank checks the tensor its optimizer step used.
     """
     row = TABLE[strategy]
     whole = not row.is_flat and row.dim_of("stage") is None  # a 2-D mesh: hsdp, fsdp2_tp

@@ -7,10 +7,8 @@ the events of step S.
 
 GPU rank (the GPU timeline, as HTA's temporal breakdown):
   C = NCCL kernels, K = other kernels, O = memcpy / memset / sync of steps >= 0, and every
-  device event of no step (step -1: queued before the profiler started, or launched outside
-  every ProfilerStep; analyzer/ingest/steps.py rule 3) whatever its kind: it is not the step's
-  computation or communication, but the device was busy, so where it runs inside a window it
-  is other, not idle. Idle is then window time with no device activity of any kind.
+  device event of no step (analyzer/ingest/steps.py rule 3) whatever its kind: the device was
+  busy. Idle is then window time with no device activity of any kind.
 CPU rank (gloo):
   C = ``gloo:*`` ops (the runloop threads), K = main-thread cpu_ops minus the time the main
   thread spends inside c10d enqueue ops and waiting for collectives, O = every other CPU event
@@ -235,33 +233,15 @@ _FIT = 1 << 62
 def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
                    main_tid: str | None) -> pd.DataFrame:
     """Breakdown rows (``BREAKDOWN_SCHEMA``) of one rank; ``steps``: ``STEP_WINDOWS_SCHEMA``
-    (analyzer/ingest/steps.py).
-
-    Which rows a window measures (``_membership``): on a GPU rank every row of a step >= 0 and
-    every device row of no step (as O) by time, split across every window it intersects (device
-    windows tile the device timeline, so work of step S that runs on in S+1's window is
-    activity there, and idle is window time with no device activity of any kind); on a CPU
-    rank the rows of the window's step. Every step's sets are
-    built and measured in one pass (``_Windows``); the measures use |C ∩ K| = |C| + |K| -
-    |C ∪ K| and |X \\ Y| = |X ∪ Y| - |Y|, exact in integers."""
+    (analyzer/ingest/steps.py). The sets of the module docstring (``_membership``: which rows a
+    window measures), built and measured for every step in one pass (``_Windows``), with |C ∩
+    K| = |C| + |K| - |C ∪ K| and |X \\ Y| = |X ∪ Y| - |Y|, exact in integers."""
     if not len(steps):
         return BREAKDOWN_SCHEMA.empty_table().to_pandas()
     st, lo, hi, full, step_col, measured = _windows_and_rows(events, steps, device_kind, main_tid)
-    used = np.flatnonzero(full.used())
-    r = full.take(used)
-    row_of, win_of = _membership(r, step_col[used], measured[used], st, lo, hi, device_kind)
-    spans = np.maximum(hi - lo, 0) + 1
-    if sum(spans.tolist()) < _FIT:
-        parts = [np.arange(len(st))]
-    else:  # windows too long to lay end to end: one step at a time
-        parts = [np.array([k]) for k in range(len(st))]
     m = np.zeros((5, len(st)), np.int64)
-    for ks in parts:
-        local = np.full(len(st), -1, np.int64)
-        local[ks] = np.arange(len(ks))
-        sel = local[win_of] >= 0
-        w = _Windows(lo[ks], hi[ks], local[win_of[sel]])
-        comm, comp, other, data = _sets(r.take(row_of[sel]), w, full.e)
+    for ks, w, rows, _ in _batches(st, lo, hi, full, step_col, measured, device_kind):
+        comm, comp, other, data = _sets(rows, w, full.e)
         u1 = iv.union(comm, comp)
         u2 = iv.union(u1, data)
         u3 = iv.union(u2, other)
@@ -303,6 +283,24 @@ def _windows_and_rows(events: pd.DataFrame, steps: pd.DataFrame, device_kind: st
     if device_kind == "gpu":
         measured = measured | full.stepless_as_other(step_col)
     return st, lo, hi, full, step_col, measured
+
+
+def _batches(st, lo, hi, full: _Rows, step_col, measured, device_kind: str):
+    """(ks, w, rows, row_ids) per batch of windows ``ks`` measured in one pass: ``w`` their
+    ``_Windows``, ``rows`` the rows they measure (``_membership``), ``row_ids`` those rows'
+    indices in the event table. One batch, or one window per batch when the windows are too
+    long to lay end to end (``_FIT``)."""
+    used = np.flatnonzero(full.used())
+    r = full.take(used)
+    row_of, win_of = _membership(r, step_col[used], measured[used], st, lo, hi, device_kind)
+    spans = np.maximum(hi - lo, 0) + 1
+    parts = [np.arange(len(st))] if sum(spans.tolist()) < _FIT else \
+        [np.array([k]) for k in range(len(st))]
+    for ks in parts:
+        local = np.full(len(st), -1, np.int64)
+        local[ks] = np.arange(len(ks))
+        sel = local[win_of] >= 0
+        yield ks, _Windows(lo[ks], hi[ks], local[win_of[sel]]), r.take(row_of[sel]), used[row_of[sel]]
 
 
 def _membership(r: _Rows, step_col: np.ndarray, measured: np.ndarray, st: np.ndarray,
@@ -399,18 +397,7 @@ def comm_shares(events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
     key_code = np.full(n, -1, np.int64)
     key_code[comm_rows] = pd.factorize(vals.astype(object).where(vals.notna(), "")
                                        .astype(str).to_numpy())[0]
-    used = np.flatnonzero(full.used())
-    r = full.take(used)
-    row_of, win_of = _membership(r, step_col[used], measured[used], st, lo, hi, device_kind)
-    spans = np.maximum(hi - lo, 0) + 1
-    parts = [np.arange(len(st))] if sum(spans.tolist()) < _FIT else \
-        [np.array([k]) for k in range(len(st))]
-    for ks in parts:
-        local = np.full(len(st), -1, np.int64)
-        local[ks] = np.arange(len(ks))
-        sel = local[win_of] >= 0
-        w = _Windows(lo[ks], hi[ks], local[win_of[sel]])
-        rr = r.take(row_of[sel])
+    for _, w, rr, at_rows in _batches(st, lo, hi, full, step_col, measured, device_kind):
         comp = _compute(rr, w, full.e)
         cm = np.flatnonzero(rr.comm & (w.group >= 0))
         if not len(cm):
@@ -419,7 +406,7 @@ def comm_shares(events: pd.DataFrame, steps: pd.DataFrame, device_kind: str,
         shift = w.base[g] - w.lo[g]
         cs = np.clip(rr.s[cm], w.lo[g], w.hi[g]) + shift
         ce = np.clip(rr.e[cm], w.lo[g], w.hi[g]) + shift
-        rows = used[row_of[sel][cm]]
+        rows = at_rows[cm]
         codes = key_code[rows]
         for c in np.unique(codes).tolist():
             at = np.flatnonzero(codes == c)

@@ -3,18 +3,16 @@
 ``analyzer merge`` (aligned timeline) use.
 
 Rule: every rank of a collective (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all,
-barrier) finishes at nearly the same instant -- NCCL and gloo collectives complete only when the
-last rank's data has arrived everywhere, so their *ends* line up within one transfer whatever
-time each rank started (a late rank delays everyone's end, not only its own). The same
-collective of one kind in one process group -- the same Seq / Comms Id where the traces carry
-one, else the k-th (analyzer/analyses/matchkey.py; ``match_rule`` says which, once, on the
-reference rank's row) -- is therefore matched across ranks, and the
-difference of its end on rank r and on the reference rank is rank r's clock offset plus
-transfer jitter. The offset estimate is the median of those differences, its uncertainty the
-median absolute deviation (MAD) around it (both robust to a few outliers: Rousseeuw & Croux
-1993), kept inside causality bounds (no rank ends a collective before every rank started it).
-Starts are not used: a rank that starts late is what skew measures, not a clock error.
-Point-to-point send/recv never finishes together across all ranks and is not used.
+barrier) finishes at nearly the same instant: it completes only when the last rank's data has
+arrived everywhere, so the *ends* line up within one transfer whatever time each rank started.
+The same collective of one kind in one process group -- the same Seq / Comms Id where the traces
+carry one, else the k-th (analyzer/analyses/matchkey.py; ``match_rule`` says which, on the
+reference rank's row) -- is matched across ranks; the difference of its end on rank r and on
+the reference rank is rank r's clock offset plus transfer jitter. The offset estimate is the
+median of those differences, its uncertainty the median absolute deviation (MAD) around it (both
+robust to a few outliers: Rousseeuw & Croux 1993), kept inside causality bounds (no rank ends a
+collective before every rank started it). Starts are not used: a rank that starts late is what
+skew measures, not a clock error. Point-to-point send/recv never finishes together: not used.
 
 When an offset is applied (``clock`` column of ``estimate_offsets``):
 - "measured": the estimate, which the causality bounds admit and which exceeds its own
@@ -248,10 +246,8 @@ def estimate_offsets(matched: pd.DataFrame, ranks: list[int], ref_rank: int,
       pulled by a descheduled rank); when lo_ns > hi_ns the bounds contradict each other
       (mismatched collectives): estimate_ns = median_ns, consistent = False.
     - a rank that shares no collective with ``ref_rank``: the same against the usable ranks
-      (module docstring, Relays).
-    - clock (module docstring): "measured" (offset_ns = estimate_ns), "unresolved" (|estimate|
-      < mad: offset_ns 0), "inconsistent" (lo > hi: offset_ns 0), "unmatched" (no shared
-      collective: offset_ns 0, nulls elsewhere), "reference".
+      (module docstring, Relays); clock: its state (module docstring), offset_ns = estimate_ns
+      when "measured", else 0 (nulls elsewhere when "unmatched").
     - match: ``match`` on the reference row (``match_rule``'s text), "" elsewhere.
     offset_ns is the offset every cross-rank figure applies. Columns: ``OFFSET_COLUMNS``
     (rank, offset_ns, estimate_ns, mad_ns, lo_ns, hi_ns, n_matched, consistent, clock, match).

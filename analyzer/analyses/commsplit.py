@@ -11,11 +11,9 @@ aligned clocks, analyzer/analyses/clock.py):
 
 for an instance that is *measured*: matched (the same process group, kind and order among that
 (process group, kind) on >= 2 ranks whose clocks are usable, ``clock.USABLE_CLOCKS``; TraceLens
-matches by (process group, index in group); the kind is added so that one mis-ordered kind
-cannot pair an all_gather with an all_reduce) and one instance by the bound of
-analyzer/analyses/clock.py ``one_instance`` (on aligned clocks: latest start - earliest end <=
-50 us, latest end - earliest end <= shortest duration + 50 us). Then wait_ns + transfer_ns =
-dur_ns exactly; the last rank to start waits 0.
+matches by (process group, index in group), the kind keeps a mis-ordered kind from pairing an
+all_gather with an all_reduce) and one instance (``clock.one_instance``). Then wait_ns +
+transfer_ns = dur_ns exactly; the last rank to start waits 0.
 
 Not measured (wait_ns = transfer_ns = 0, not_measured_ns = dur_ns): an instance seen on one rank
 only (its group's other ranks have no trace, or it is point-to-point send_recv), a kind that

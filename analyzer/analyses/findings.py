@@ -1,9 +1,8 @@
 """Findings (issue 28): the typed ``Report`` -> what its figures show, most severe first.
 
-``findings(report)`` reads only the typed report (no pandas, no trace), so it runs on a cached
-report.json as well as at the end of ``analyzer.compare.runs.analyse``, and on foreign traces
-(no numerics: parity is "not verified" and gives no finding; every other rule still applies). A run of a declared arm (issue 29) is named in titles by its
-strategy and declared settings too (``who``) where its name does not say them.
+``findings(report)`` reads only the typed report (no pandas, no trace): it runs on a cached
+report.json too, and on foreign traces (parity "not verified" gives no finding). A run of a
+declared arm is named in titles by its strategy and declared settings too (``who``).
 
 Every finding carries the figures it rests on (``Evidence``: value, unit and the JSON pointer
 of the same value in report.json, taken from the attribute it is read from), a cause only when
@@ -46,13 +45,11 @@ median profiled step time (``step_time_ns.median``, slowest rank):
   ``num_workers`` (and ``pin_memory``). Severity: the worst rank's ``data_wait_ns`` per step
   (the others wait for it at the next collective).
 * host_bound: a GPU run (``trace_info.device_kind == "gpu"``) whose ranks' idle time (per step,
-  mean over ranks) is >= ``HOST_BOUND_FRAC`` of their step time (mean over ranks). On a GPU
-  rank ``idle_ns`` is window time with no device activity of any kind
-  (analyzer/analyses/breakdown.py): nothing was queued, the host had not launched the next
-  work. Why the host was late (Python, a host sync, contention) the report does not hold:
-  cause not established. Names the rank with the largest idle share. Severity: the least idle
-  rank's ``idle_ns`` (every rank's GPU loses at least that per step; a mean would count idle
-  that a waiting rank cannot win back twice with the straggler's lateness).
+  mean over ranks) is >= ``HOST_BOUND_FRAC`` of their step time (mean over ranks): no device
+  activity of any kind (analyzer/analyses/breakdown.py), the host had not launched the next
+  work; why, the report does not hold (cause not established). Names the rank with the largest
+  idle share. Severity: the least idle rank's ``idle_ns`` (every rank's GPU loses at least
+  that per step; a mean would count a waiting rank's idle twice with the straggler's).
 * imbalance: >= 2 ranks and their step times (``ranks[].step_ns``) spread (max - min) >=
   ``IMBALANCE_FRAC`` of the largest. Cause "device compute" when the compute spread
   (``compute_ns`` max - min) is >= ``CAUSE_THRESHOLD`` of the step spread. Severity: the

@@ -30,15 +30,11 @@ Rules (``RULE``), per process group, over its member ranks that have a dump:
   ``error_analysis`` case one);
 - kind, size and dtype mismatches: for each sequence number that two or more ranks' buffers
   hold, each rank's entry is compared with the lowest such rank's (fr_trace's reference: the
-  first rank's entry, ``build_collectives``) by fr_trace's ``Op.match`` (components/types.py):
-  COLLECTIVE_TYPE_MISMATCH when the kinds differ; SIZE_OR_SYNTAX_MISMATCH when input sizes
-  differ (not all_to_all / scatter), output sizes differ (not all_to_all / gather), an
-  all_reduce's input sizes differ from the other's output sizes, an all_gather's output numel
-  is not its input numel times the group size, a reduce_scatter's input numel is not its output
-  numel times the group size; COLLECTIVE_DTYPE_MISMATCH by ``Op.dtype_mismatch``. fr_trace's
-  fourth kind, COLLECTIVE_STATE_MISMATCH, is left out: in a hang the states differ because of
-  the hang. As fr_trace stops pairing at a group's first mismatch ("the pairing is possibly
-  incorrect" after it), only the first mismatching sequence number per group is reported.
+  first rank's entry, ``build_collectives``) by fr_trace's ``Op.match`` (``op_match``: kind,
+  sizes and numel x group size, dtypes). Its fourth kind, COLLECTIVE_STATE_MISMATCH, is left
+  out: in a hang the states differ because of the hang. As fr_trace stops pairing at a group's
+  first mismatch ("the pairing is possibly incorrect" after it), only the first mismatching
+  sequence number per group is reported.
   Point-to-point entries (send / recv, ``p2p_seq_id``) are not matched here (counted in a note).
 """
 

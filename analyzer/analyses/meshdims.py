@@ -14,17 +14,12 @@ Dimension of a process group (``dim_of``), the first rule that tells:
   4. else "unknown", source "none" (the trace does not name the process group, e.g. a gloo
      trace without the tracer's process-group tags, or names it without ranks or description).
 
-Figures of a dimension (``dim_table``), over the collectives of profiled steps (as
-``CommGroup``), per-rank means over the ranks that ran some collective of the dimension
-(``n_ranks``): count, time_ns (sum of durations), union_ns (time with at least one of the
-dimension's collectives running, in the step windows; analyzer/analyses/breakdown.py
-``comm_shares``: exact per process group, and a rank is in one group of each dimension; a rank
-with two groups in one dimension gets the sum of their unions), exposed_ns (the part of that
-union no computation overlaps), bytes (known instances), transfer / wait / not measured
-(analyzer/analyses/commsplit.py), busbw (nccl-tests factors with the dimension's group size,
-analyzer/analyses/collectives.py ``busbw_factor``, each instance's own group size, else the
-dimension's: sum of bytes x factor over the instances with known bytes and a factor, over the
-sum of their durations, all ranks).
+Figures of a dimension (``dim_table``; their meaning: report_types.py ``MeshDimComm``): union_ns
+and exposed_ns from analyzer/analyses/breakdown.py ``comm_shares``, exact per process group (a
+rank with two groups in one dimension gets the sum of their unions); transfer / wait / not
+measured from analyzer/analyses/commsplit.py; busbw = sum of bytes x factor
+(collectives.py ``busbw_factor``, each instance's own group size, else the dimension's) over
+the instances with known bytes and a factor, over the sum of their durations, all ranks.
 """
 
 from __future__ import annotations
@@ -151,14 +146,10 @@ def dim_group_size(name: str, source: str, rows: pd.DataFrame, mesh: Mesh | None
 
 def dim_table(parts: pd.DataFrame, rank_steps: pd.Series, world_size: int | None,
               mesh: Mesh | None) -> list[dict]:
-    """One dict per dimension (module docstring), in order of the manifest's ``dim_names``,
-    then "world", then the rest by name: name, source, group_size, groups (distinct named
-    process groups, None when none is named), pgs, kinds, n_ranks, count, time_ns, union_ns,
-    exposed_ns, time_ns_per_step / union_ns_per_step / exposed_ns_per_step (a rank's figure
-    over its profiled steps, ``rank_steps``: rank -> steps; mean over the ranks), bytes (None
-    when no instance has known bytes), unknown_bytes (instances, all ranks), busbw_gbps,
-    transfer_busbw_gbps, transfer_ns / wait_ns (None when no instance is measured),
-    not_measured_ns. ``parts``: ``dim_parts`` of every batch, joined."""
+    """One dict per dimension (module docstring), with the fields of report_types.py
+    ``MeshDimComm``, in order of the manifest's ``dim_names``, then "world", then the rest by
+    name. ``parts``: ``dim_parts`` of every batch, joined; ``rank_steps``: rank -> its profiled
+    steps (the ``_per_step`` figures' divisor)."""
     if parts is None or not len(parts):
         return []
     t = with_dims(parts, world_size, mesh)

@@ -19,8 +19,8 @@ checked against real torch 2.13 CPU/gloo traces of ``fully_shard`` and ``FullySh
   enqueue (``comm_enqueue`` row) is one unit's unshard, numbered ``#k`` in issue order within
   the step's forward or backward (backward: inside ``_pre_backward_hook`` /
   ``_pre_backward_prefetch`` / ``_post_backward*``, or on the autograd engine's thread); it is
-  prefetched when inside ``_pre_forward_prefetch`` /
-  ``_pre_backward_prefetch`` / ``_post_backward_prefetch`` (``_runtime_utils.py``). *need* =
+  prefetched when inside ``_pre_forward_prefetch`` / ``_pre_backward_prefetch`` /
+  ``_post_backward_prefetch`` (``_runtime_utils.py``). *need* =
   the end of the pre-hook (``_pre_forward`` / ``_pre_backward_hook``) that consumes it: the
   enclosing one, or for a prefetched unit the next one to start after the issue (the unit's
   module computation starts when that hook returns). On GPU: "GPU need" below. One NCCL
@@ -29,30 +29,23 @@ checked against real torch 2.13 CPU/gloo traces of ``fully_shard`` and ``FullySh
   outermost one on its thread is an issue.
 
 The autograd engine's thread: on a GPU job torch's engine runs backward on a device thread of
-its own (torch/csrc/autograd/engine.cpp ``Engine::thread_init`` per device), so everything it
-issues is backward, whether or not an ``evaluate_function`` span encloses it (hooks the engine
-calls between nodes, e.g. FSDP's pre-backward via a multi-grad hook, and callbacks queued with
-``queue_callback``). Found as a CPU thread that runs ``evaluate_function`` spans and no
-``ProfilerStep#`` span, in a trace that has ProfilerStep spans (the training loop's thread runs
-them); on CPU the engine runs on the calling thread, which is the loop's, and only the
-enclosing rules apply.
+its own (torch/csrc/autograd/engine.cpp ``Engine::thread_init``), so all it issues is backward,
+inside an ``evaluate_function`` span or not (hooks between nodes, ``queue_callback``). Found as
+a CPU thread with ``evaluate_function`` spans and no ``ProfilerStep#`` span in a trace that has
+them; on CPU the engine runs on the loop's thread and only the enclosing rules apply.
 
 Labels are read from CPU rows only: on GPU traces Kineto mirrors every user annotation as a
 ``gpu_user_annotation`` on a stream (GPU clock positions, same name), which is not an issue.
 
-GPU need. The consumer is found on the device timeline by launch, never by comparing a
-CPU time with GPU start times (the GPU may run steps behind the CPU, so the first kernel to
-*start* after a CPU label is an earlier unit's): FSDP2, the first GPU compute kernel or memcpy
-whose launch call (correlation id) lies inside the unit's ``FSDP::all_gather_copy_out``; else
-the first compute kernel launched inside the unit's own ``FSDP::pre_forward`` /
-``FSDP::pre_backward`` after the copy-out, skipping launches inside any ``FSDP::all_gather``
-span (the next unit's copy-in, on the all_gather stream); FSDP1, the first compute kernel
-launched after the consuming hook returned. None found: need unknown (slack not measured).
-The consumer runs on the compute stream after a stream wait on the all_gather, so its start is
-never before the all_gather's end, and "start of the consumer" would make every prefetch look
-on time. *need* on GPU is the consumer's ready time: when it could have started without that
-wait = max(its launch call's start on the CPU, the end of the previous operation on its
-stream). slack < 0 is then the time the compute stream sat waiting.
+GPU need. The consumer is found by launch, never by comparing a CPU time with GPU starts (the
+GPU may run steps behind): FSDP2, the first GPU compute kernel or memcpy launched (correlation
+id) inside the unit's ``FSDP::all_gather_copy_out``; else the first compute kernel launched
+inside the unit's own ``FSDP::pre_forward`` / ``FSDP::pre_backward`` after the copy-out,
+skipping launches inside any ``FSDP::all_gather`` span (the next unit's copy-in); FSDP1, the
+first compute kernel launched after the consuming hook returned. None found: need unknown. The
+consumer's start is never before the all_gather's end (it waits on it), so *need* is its ready
+time: max(its launch call's start on the CPU, the end of the previous operation on its stream);
+slack < 0 is then the time the compute stream sat waiting.
 
 Each issue is paired with the earliest not-yet-paired all_gather execution (``role == comm``)
 starting at or after it (gloo: the ``gloo:all_gather`` work on its runloop thread; NCCL: the

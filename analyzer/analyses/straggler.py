@@ -33,15 +33,13 @@ and cause = that part when explained_frac >= ``CAUSE_THRESHOLD`` (else None: "ca
 established"). A lateness the anchor itself carries (S began its step later, from before the
 trace) is no part of any gap: it stays unexplained.
 
-The sets are built per step, as the breakdown builds them (a CPU rank's collective waits pair
-an enqueue op with its own step's ops), then merged on the rank's time line. Memory across
-ranks: per instance the straggler's row and at most ``MEDIAN_PEERS`` peers' (6 int64 each),
-reduced batch by batch (analyzer/analyses/crossrank.py ``straggler_causes``). Limits: the
-previous collective of the same group is taken to be the same instance on every rank (an SPMD
-job; ``match_ranks`` pairs by the same order); a same-group collective still running when the
-next starts leaves an empty gap (0); a rank whose trace begins mid-step has its step's start
-as the anchor of its first collective, like its peers. The 80 % threshold is TraceML's; the
-rule itself is ours.
+The sets are built per step, then merged (``_real_sets``). Memory across ranks: per instance
+the straggler's row and at most ``MEDIAN_PEERS`` peers' (6 int64 each), reduced batch by batch
+(analyzer/analyses/crossrank.py ``straggler_causes``). Limits: the previous collective of the
+same group is taken to be the same instance on every rank (an SPMD job; ``match_ranks`` pairs
+by the same order); a same-group collective still running when the next starts leaves an empty
+gap (0); a rank whose trace begins mid-step has its step's start as the anchor of its first
+collective, like its peers. The 80 % threshold is TraceML's; the rule itself is ours.
 """
 
 from __future__ import annotations

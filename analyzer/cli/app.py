@@ -19,6 +19,7 @@ import typer
 from analyzer.cli import drift as cli_drift, merge as cli_merge, report as cli_report
 from analyzer.cli import gate as cli_gate, summary as cli_summary
 from analyzer.cli.richout import clean, echo
+from analyzer.contract import stopping
 from analyzer.contract.errors import ExitCode, ParityTraceError, Reason
 
 # rich_markup_mode=None: click's plain help, where a flag reads `--debug`, not `--debug <bool>`
@@ -128,7 +129,7 @@ def run() -> NoReturn:
     first raises ``KeyboardInterrupt``, so the command cleans up (parse workers, the
     ``--tables-out`` staging folder, the per-rank tables on disk) and exits 130 with one line;
     later ones are ignored so the clean-up runs to its end."""
-    _stop_on_signals()
+    stopping.stop_on_signals((signal.SIGTERM, signal.SIGHUP))
     try:
         main()
         code = 0
@@ -147,23 +148,6 @@ def run() -> NoReturn:
 
     spill.remove_all()  # os._exit runs no finalizer: the per-rank tables on disk go here
     os._exit(code)
-
-
-def _stop_on_signals() -> None:
-    """SIGTERM / SIGHUP raise ``KeyboardInterrupt`` once (``run``); a signal inherited as
-    ignored (``nohup``) stays ignored."""
-    stops = (signal.SIGTERM, signal.SIGHUP)
-
-    def on_stop(signum, frame):
-        # later ones to a handler that does nothing: with SIG_IGN, a signal of the same burst
-        # ends in "OSError: Signal N ignored due to race condition" (tracer/stopping.py)
-        for s in (*stops, signal.SIGINT):
-            signal.signal(s, lambda *_: None)
-        raise KeyboardInterrupt
-
-    for s in stops:
-        if signal.getsignal(s) is not signal.SIG_IGN:
-            signal.signal(s, on_stop)
 
 
 def _quiet_stdout() -> None:

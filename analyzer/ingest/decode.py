@@ -176,18 +176,13 @@ class Decoded:
     """One decoded trace file.
 
     ``events``: one row per complete event (``ph == "X"``) with valid ts/dur, sorted by ts_ns
-    then longest first (file order among equals: the order classification needs); columns
-    name, cat, pid, tid (str), event_idx (int64: the event's position in the file's
-    traceEvents list), ts_ns, dur_ns, end_ns (int64), is_gpu (bool), stream (GPU rows: the
-    ``stream`` argument, else the tid; -1 on CPU rows), stream_arg (every row: the ``stream``
-    argument as written, -1 absent), correlation, external_id (int64, -1 absent), thread_name (str, "" unknown), and argument columns
-    coll_name, dtype (the ``dtype`` argument, else the first ``Input type`` naming a dtype), pg
-    (str or None), in_nelems, out_nelems, group_size, shape_numel, shape_elem_bytes (the first
-    tensor input's numel and element size), shape2_numel (the second tensor input's numel)
-    (int64, -1 unknown), pg_ranks, pg_desc (``Process Group Description``: "mesh_shard" ...)
-    (str or None), seq_arg (``Seq``: the per process group sequence number, int64 -1 unknown),
-    comms_id (``Comms Id`` as text, None unknown), graph_node (every row: ``graph node id``,
-    int64, 0 or -1: not replayed from a CUDA graph).
+    then longest first (file order among equals: the order classification needs), with the
+    columns of analyzer/api.py's event table that the file gives: name ... external_id,
+    thread_name ("" unknown) and the arguments coll_name, dtype (the ``dtype`` argument, else
+    the first ``Input type`` naming a dtype), pg, in_nelems ... shape2_numel, pg_ranks, pg_desc
+    (``Process Group Description``); plus seq_arg (``Seq``: the per process group sequence
+    number, int64 -1 unknown), comms_id (``Comms Id`` as text, None unknown), graph_node
+    (``graph node id``, int64, 0 or -1: not replayed from a CUDA graph).
     """
 
     events: pd.DataFrame

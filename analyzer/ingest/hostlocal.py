@@ -17,7 +17,7 @@ A multi-node job often writes each rank's trace on its own host (local NVMe, ``/
    them; when they differ the job is refused naming the hosts (give the files distinct names).
 4. Ranks come from the traces as always (the rank rule, analyzer/ingest/pipeline.py); the
    report needs ``--out`` (there is no input folder on the client to write beside) and is not
-   cached; the per-rank tables caches are the workers', beside the traces on each host.
+   cached; the per-rank tables caches are the workers', in each host's user cache.
 A host whose workers all leave while its traces wait: ``ParityTraceError`` naming the traces
 and the host after ``PARITYTRACE_DASK_TIMEOUT_S`` (analyzer/ingest/cluster.py).
 """

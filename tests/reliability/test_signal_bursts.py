@@ -35,9 +35,11 @@ print("clean-up ran to its end")
 
 
 @pytest.mark.parametrize("install,other", [
-    ("from tracer.stopping import stop_on_signals; stop_on_signals()", "SIGINT"),
-    # the analyzer stops on SIGTERM and SIGHUP; Ctrl-C keeps Python's own KeyboardInterrupt
-    ("from analyzer.cli.app import _stop_on_signals; _stop_on_signals()", "SIGHUP"),
+    ("from analyzer.contract.stopping import stop_on_signals; stop_on_signals()", "SIGINT"),
+    # the analyzer (cli/app.py ``run``) stops on SIGTERM and SIGHUP; Ctrl-C keeps Python's own
+    # KeyboardInterrupt
+    ("from analyzer.contract.stopping import stop_on_signals; "
+     "stop_on_signals((signal.SIGTERM, signal.SIGHUP))", "SIGHUP"),
 ], ids=["tracer", "analyzer"])
 def test_a_burst_of_stop_signals_interrupts_once_without_a_traceback(install, other):
     code = textwrap.dedent(BURST.format(repo=str(REPO), install=install, other=other))

@@ -237,7 +237,7 @@ def test_a_stop_signal_while_the_lock_is_taken_is_held_until_unlock_all_knows_th
     block it: numpy's BLAS threads), so blocking the signals in the main thread is not enough."""
     import signal
 
-    from tracer import stopping
+    from analyzer.contract import stopping
 
     real_pwrite = os.pwrite
 

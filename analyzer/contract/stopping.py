@@ -1,7 +1,7 @@
-"""How a stop signal ends the launcher of ``tracer record``: Ctrl-C, SIGTERM, SIGHUP or SIGQUIT
-raises ``KeyboardInterrupt`` once, and a short section that creates something the clean-up must
-find can defer it until that is bound to a name (``stop_signals_held``). Torch-free:
-``tracer.rundir`` takes its lock under it."""
+"""How a stop signal ends a command (``tracer record``'s launcher: ``STOP_SIGNALS``; ``analyzer``:
+SIGTERM and SIGHUP): the first raises ``KeyboardInterrupt`` once, and a short section that
+creates something the clean-up must find can defer it until that is bound to a name
+(``stop_signals_held``). Standard library only: ``tracer.rundir`` takes its lock under it."""
 
 from __future__ import annotations
 
@@ -28,16 +28,16 @@ def _ignore(signum, frame) -> None:
     """A stop signal after the first: nothing to do (the clean-up it started runs on)."""
 
 
-def stop_on_signals() -> None:
-    """Make the first ``STOP_SIGNALS`` signal raise ``KeyboardInterrupt`` and ignore every
-    later one (the clean-up it starts then runs to its end: one line, exit 130, no traceback,
-    no worker and no staging folder left). A signal this process inherited as ignored (``nohup``:
+def stop_on_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    """Make the first of ``signals`` raise ``KeyboardInterrupt`` and ignore every later one and
+    Ctrl-C (the clean-up it starts then runs to its end: one line, exit 130, no traceback, no
+    worker and no staging folder left). A signal this process inherited as ignored (``nohup``:
     SIGHUP) stays ignored. Call in the main thread before anything is written."""
     def on_stop(signum, frame):
         # later signals go to a handler that does nothing, not SIG_IGN: CPython raises "OSError:
         # Signal N ignored due to race condition" for a signal that arrived before the switch
         # and finds SIG_IGN when its turn comes (two signals in one burst: a traceback)
-        for s in STOP_SIGNALS:
+        for s in (*signals, signal.SIGINT):
             signal.signal(s, _ignore)
         _STOPPED.append(signum)
         if _HOLDING:  # raised where the held section ends (stop_signals_held)
@@ -45,7 +45,7 @@ def stop_on_signals() -> None:
             return
         raise KeyboardInterrupt
 
-    for s in STOP_SIGNALS:
+    for s in signals:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, on_stop)
 
