@@ -173,6 +173,13 @@ def _check_before_start(configs: list, under_torchrun: bool) -> None:
     """Before torch is imported or a worker starts: the golden run, each user model spec (in a
     child under --timeout), then the run dirs (a refused folder or a held run dir stops at once).
     Raises ``ValueError`` with one line."""
+    from analyzer.contract import settings
+    from analyzer.contract.errors import BadInput
+
+    try:
+        settings.log_level()  # read by each rank after the baseline: refused here, before it
+    except BadInput as exc:
+        raise ValueError(exc.one_line()) from None
     if configs[0].golden is not None:
         from tracer.golden import check_golden
 

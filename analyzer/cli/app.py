@@ -19,7 +19,7 @@ import typer
 from analyzer.cli import drift as cli_drift, merge as cli_merge, report as cli_report
 from analyzer.cli import gate as cli_gate, summary as cli_summary
 from analyzer.cli.richout import clean, echo
-from analyzer.contract import stopping
+from analyzer.contract import settings, stopping
 from analyzer.contract.errors import ExitCode, ParityTraceError, Reason
 
 # rich_markup_mode=None: click's plain help, where a flag reads `--debug`, not `--debug <bool>`
@@ -33,6 +33,7 @@ T = TypeVar("T")
 def _run(fn: Callable[[], T]) -> T:
     """Call ``fn``; map typed errors to a one-line message on stderr and their exit code."""
     try:
+        settings.check_all()
         return fn()
     except ParityTraceError as exc:
         if _state["debug"]:

@@ -127,4 +127,19 @@ def cache_max_bytes() -> int:
 
 def log_level() -> str:
     """``PARITYTRACE_LOG`` upper-cased (a ``logging`` level name), default WARNING."""
-    return (_raw(LOG) or "WARNING").upper()
+    level = (_raw(LOG) or "WARNING").upper()
+    if level not in _LEVELS:
+        raise BadInput(LOG.name, Reason.BAD_OPTION, f"is {_raw(LOG)!r}, not a logging level",
+                       f"set one of {', '.join(_LEVELS)}, e.g. {LOG.name}=INFO")
+    return level
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def check_all() -> None:
+    """Read every setting a command may use, so that a bad value is refused (``BadInput``)
+    before any work, not when (or whether) the work reaches it: a warm cache skips the decode
+    that reads the trace cap, and the recorder's ranks read the log level after the baseline."""
+    for read in (tables_memory_bytes, max_trace_bytes, dask_timeout_s, hta_timeout_s, log_level):
+        read()

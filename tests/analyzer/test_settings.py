@@ -97,6 +97,7 @@ def test_cache_home_defaults_to_dot_cache(monkeypatch, tmp_path):
     (settings.DASK_TIMEOUT_S, "0", settings.dask_timeout_s, "is '0', not a number of seconds > 0"),
     (settings.HTA_TIMEOUT_S, "soon", settings.hta_timeout_s, "is 'soon', not a number of seconds > 0"),
     (settings.HTA_TIMEOUT_S, "nan", settings.hta_timeout_s, "is 'nan', not a number of seconds > 0"),
+    (settings.LOG, "LOUD", settings.log_level, "is 'LOUD', not a logging level"),
 ])
 def test_a_bad_value_is_one_bad_option_line_naming_the_variable(monkeypatch, knob, value, read, said):
     monkeypatch.setenv(knob.name, value)
@@ -114,3 +115,19 @@ def test_a_bad_cache_cap_is_a_warning_and_the_default(monkeypatch, caplog, value
     assert settings.cache_max_bytes() == 2 * 2**30
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     assert settings.CACHE_MAX_BYTES.name in caplog.records[0].getMessage()
+
+
+def test_every_command_refuses_a_bad_setting_before_its_work(monkeypatch, tmp_path):
+    """A bad trace cap is refused even where the work would never read it (a report of a
+    folder with no trace to decode: today's cause, a warm cache, skips the decode too)."""
+    from typer.testing import CliRunner
+
+    from analyzer.cli.app import app
+
+    monkeypatch.setenv(settings.MAX_TRACE_BYTES.name, "-1")
+    res = CliRunner().invoke(app, ["summary", str(tmp_path / "absent")])
+    assert res.exit_code == 2
+    assert "PARITYTRACE_MAX_TRACE_BYTES: is '-1'" in res.output
+    monkeypatch.setenv(settings.MAX_TRACE_BYTES.name, "5")
+    res = CliRunner().invoke(app, ["summary", str(tmp_path / "absent")])
+    assert "PARITYTRACE_MAX_TRACE_BYTES" not in res.output  # the folder's own refusal instead

@@ -49,3 +49,15 @@ def test_what_one_command_cannot_record_is_one_line_exit_2(tmp_path, args, torch
     [line] = proc.stderr.splitlines()
     assert line.startswith("tracer: ") and said in line
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_log_level_is_refused_before_the_record_starts(tmp_path, monkeypatch):
+    """PARITYTRACE_LOG is read by each rank after the baseline: a bad value is refused up
+    front, one line, exit 2, nothing written."""
+    from typer.testing import CliRunner
+
+    monkeypatch.setenv("PARITYTRACE_LOG", "LOUD")
+    res = CliRunner().invoke(app, ["record", "--strategy", "ddp", "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    assert "PARITYTRACE_LOG: is 'LOUD', not a logging level" in res.output
+    assert not (tmp_path / "out").exists()
