@@ -33,6 +33,7 @@ them). Writes atomically (temp file + ``os.replace``).
 from __future__ import annotations
 
 import bisect
+import errno
 import gzip
 import logging
 import os
@@ -53,7 +54,7 @@ from analyzer.timeline import perfetto
 from analyzer.timeline.chrome_check import PHASES, check_trace, phase_problem
 from analyzer.ingest.decode import decode_bytes, decompress, repair
 from analyzer.ingest.fswalk import OUTPUT_MARKER
-from analyzer.contract.errors import BadInput
+from analyzer.contract.errors import BadInput, Reason
 
 log = logging.getLogger(__name__)
 
@@ -440,15 +441,22 @@ def _merge(root: Path, out: Path, options: MergeOptions, job, early: str | None)
                         "(stat trace_sorter_negative_timestamp_dropped)")
     summary = _summary(root, job.ranks, ref_rank, offsets, spread, t0, align, options, warnings)
     wanted = set(zip(matched["rank"].tolist(), matched["event_idx"].tolist()))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    n_events, n_meta, moved = _stream(root, out, job.ranks, found, shift, t0, matched, wanted,
-                                      ref_rank, summary)
     sidecar = sidecar_path_for(out)
-    write_atomic(sidecar, msgspec.json.format(msgspec.json.encode(summary), indent=2))
-    manifest = None
-    if options.perfetto_manifest:
-        manifest = perfetto.manifest_path_for(out)
-        perfetto.write_manifest(manifest, perfetto.build_manifest(traces, shift, ref_rank))
+    manifest = perfetto.manifest_path_for(out) if options.perfetto_manifest else None
+    written: list[Path] = []
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        n_events, n_meta, moved = _stream(root, out, job.ranks, found, shift, t0, matched,
+                                          wanted, ref_rank, summary)
+        written.append(out)
+        write_atomic(sidecar, msgspec.json.format(msgspec.json.encode(summary), indent=2))
+        written.append(sidecar)
+        if manifest is not None:
+            perfetto.write_manifest(manifest, perfetto.build_manifest(traces, shift, ref_rank))
+    except OSError as exc:  # reads fail as BadInput: this is the disk the output is written to
+        for p in written:  # complete, but without its sidecar / manifest: not left as if whole
+            p.unlink(missing_ok=True)
+        raise write_failure(exc, out) from None
     log.info("wrote %s (%d events, %d metadata)", out, n_events, n_meta)
     return MergeResult(out_path=out, sidecar_path=sidecar, manifest_path=manifest, ranks=job.ranks,
                        ref_rank=ref_rank,
@@ -592,6 +600,19 @@ def _stream(root: Path, out: Path, ranks: list[ranktables.RankTables],
         if fh is not raw_fh:
             fh.close()
     return n_events, n_meta, moved
+
+
+def write_failure(exc: OSError, out: Path) -> BadInput:
+    """The one line (``unwritable``) for a write of the merged trace, its sidecar or its
+    manifest that failed: it names ``out`` and says that nothing half-written is left (the
+    atomic writer removes its temp file; ``_merge`` what it wrote before the failure)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return BadInput(out, Reason.UNWRITABLE, f"cannot be written: {os.strerror(exc.errno)} "
+                        "(nothing half-written is left)",
+                        "free space there, or pass -o a file on another disk")
+    return BadInput(out, Reason.UNWRITABLE, f"cannot be written ({exc.strerror or exc}); "
+                    "nothing half-written is left",
+                    "pass -o a file in a writable folder, e.g. -o /tmp/merged.trace.json.gz")
 
 
 def _refuse_unmergeable(root: Path, problems: list[str]) -> None:
