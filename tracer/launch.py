@@ -68,6 +68,24 @@ milliseconds; the margin is for a loaded machine). Only a worker that neither an
 costs the whole wait."""
 
 
+TMPDIR_FULL_BYTES = 1 << 20
+"""Free space under which a failed record's temporary folder counts as full (``tmpdir_full``)."""
+
+
+def tmpdir_full(folder: Path) -> str | None:
+    """The one line for a rank that failed with its temporary folder ``folder`` (TMPDIR) full,
+    None when it has room: a full TMPDIR cuts the rank's log (and its traceback)
+    short, so the log cannot say why."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    if st.f_bavail * st.f_frsize >= TMPDIR_FULL_BYTES:
+        return None
+    return (f"the temporary folder {folder} (TMPDIR) is full: free space there, "
+            "or point TMPDIR at a folder with room")
+
+
 class RecordFailed(Exception):
     """A record did not complete; the message is the one line to show (rank and first error)."""
 
@@ -341,6 +359,10 @@ def run_workers(cfg: RecordConfig, prepare: Callable[[], None] | None = None) ->
         group.kill_all()  # a failed prepare left them waiting; after wait() a no-op
         dumps = (f"; Flight Recorder dumps of rank(s) {', '.join(map(str, group.dumped))} in the run dir"
                  if group.dumped else "")
+        full = tmpdir_full(ctrl_dir.parent)
+        if full:  # the logs are cut short: the line says why, and nothing is left in TMPDIR
+            shutil.rmtree(ctrl_dir, ignore_errors=True)
+            raise RecordFailed(f"{cfg.run_name}: {full}{dumps}") from None
         raise RecordFailed(f"{cfg.run_name}: {exc} (worker logs: {ctrl_dir}{dumps})") from None
     except BaseException:
         group.kill_all()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import os
+import shutil
 import tempfile
 import threading
 import time
@@ -84,14 +84,13 @@ class OneShotExport:
             return
         if self.exported:
             raise RuntimeError(f"{self.path}: trace already exported once")
-        fd, raw_name = tempfile.mkstemp(suffix=".json")
-        os.close(fd)
-        raw = Path(raw_name)
+        folder = Path(tempfile.mkdtemp(prefix="tracer-export-"))
+        raw = folder / "trace.json"
         try:
             prof.export_chrome_trace(str(raw))  # not .gz: Kineto's own plain JSON
             trace = name_tracks(json.loads(raw.read_bytes()))
-        finally:
-            raw.unlink(missing_ok=True)
+        finally:  # with Kineto's own temp file (trace.json.tmp), left when its write failed
+            shutil.rmtree(folder, ignore_errors=True)
         self.allocated_peaks = peaks_of_events(trace.get("traceEvents", []))
         write_atomic(self.path, gzip.compress(json.dumps(trace).encode("utf-8"), compresslevel=6))
         self.exported = True

@@ -39,7 +39,7 @@ from analyzer.contract.strategies import is_reference
 from tracer import devices, faults, flightrec, loop
 from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
-from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV
+from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV, tmpdir_full
 from tracer.manifest import build_manifest, machine_info, write_manifest
 from tracer.model import precision_context, rank_rows
 from tracer.modelspec import ModelSpec, buffer_names
@@ -360,15 +360,23 @@ def read_part(path: Path, schema: pa.Schema) -> pa.Table:
         return f.read().select(schema.names).cast(schema)
 
 
-def write_error(env: RankEnv, step: int, exc: BaseException) -> str:
-    """Write this rank's first error for the launcher (``rank<r>.error.json``); return its line."""
+def write_error(env: RankEnv, step: int, exc: BaseException, full: str | None = None) -> str:
+    """Write this rank's first error for the launcher (``rank<r>.error.json``); return its line:
+    ``full`` (``tmpdir_full``'s line) when the temporary folder is full, whatever ``exc`` says
+    (a write cut short there surfaces as anything, e.g. a JSONDecodeError of a truncated export).
+    A write of the error file that fails (in a full TMPDIR) is skipped: the launcher then reads
+    the rank's log and the temporary folder itself."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     if isinstance(exc, SystemExit):  # no code of the tracer's exits inside run_rank
         line = f"the model code exited with status {exc.code} (sys.exit) during the record"
+    line = full or line
     if env.ctrl_dir is not None:
         payload = json.dumps({"rank": env.rank, "time": time.time(), "step": step, "error": line})
-        write_atomic(env.ctrl_dir / f"rank{env.rank}.error.json", payload)
+        try:
+            write_atomic(env.ctrl_dir / f"rank{env.rank}.error.json", payload)
+        except OSError:
+            pass
     return line
 
 
@@ -419,8 +427,10 @@ def worker_main(cfg: RecordConfig) -> None:
         run_rank(cfg, env, hb)
     except BaseException as exc:  # process boundary: report any failure (incl. Ctrl-C) and die
         dump_flight_recorder(cfg, env)
-        line = write_error(env, hb.step, exc)
-        where = keep_traceback(cfg, env)
+        full = tmpdir_full(env.ctrl_dir.parent if env.ctrl_dir is not None
+                           else Path(tempfile.gettempdir()))
+        line = write_error(env, hb.step, exc, full)
+        where = "" if full else keep_traceback(cfg, env)  # a full TMPDIR: the line alone
         # one write, newline included: another process's line landed between print's two writes
         sys.stderr.write(f"tracer: rank {env.rank} failed at step {hb.step} ({hb.phase}): "
                          f"{line}{where}\n")

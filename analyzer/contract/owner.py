@@ -3,7 +3,8 @@
 Part of the contract because both programs leave temporary folders that a SIGKILL (or a
 SIGQUIT's core dump, a power cut) cannot remove: the tracer's baseline staging folders
 (``.tracer-baseline-*`` under ``--out``), the analyzer's spill folders (``paritytrace-tables-*``
-in ``$TMPDIR``) and ``--tables-out`` staging folders (``.tmp-*-<name>`` beside it). Each such
+in ``$TMPDIR``), ``--tables-out`` staging folders (``.tmp-*-<name>`` beside it) and the atomic
+writer's temp folders (``.tmp-<random>-<name>`` beside the file, contract/atomic.py). Each such
 folder gets an owner file (``OWNER_NAME``) as its first entry: the creator's pid, its start time
 (``/proc/<pid>/stat`` field 22, clock ticks since boot), the boot id and the host name. A later
 run sweeps a leftover only when ``owner_dead`` proves that owner gone: same host, and another

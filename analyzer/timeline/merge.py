@@ -32,6 +32,8 @@ them). Writes atomically (temp file + ``os.replace``).
 
 from __future__ import annotations
 
+import bisect
+import errno
 import gzip
 import logging
 import os
@@ -52,7 +54,7 @@ from analyzer.timeline import perfetto
 from analyzer.timeline.chrome_check import PHASES, check_trace, phase_problem
 from analyzer.ingest.decode import decode_bytes, decompress, repair
 from analyzer.ingest.fswalk import OUTPUT_MARKER
-from analyzer.contract.errors import BadInput
+from analyzer.contract.errors import BadInput, Reason
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +66,9 @@ MERGE_KEY = "paritytraceMerge"
 class MergeOptions:
     """What ``merge_traces`` writes."""
 
-    steps: tuple[int, ...] | None = None
-    """ProfilerStep numbers to keep (None: the whole traces)."""
+    steps: "StepRanges | tuple[int, ...] | None" = None
+    """ProfilerSteps to keep (None: the whole traces): ``parse_steps``' ranges, or step numbers
+    (made ``StepRanges`` here)."""
     ref_rank: int | None = None
     """Rank whose clock the others are aligned to (None: the lowest rank)."""
     align: bool = True
@@ -77,8 +80,10 @@ class MergeOptions:
     each rank's trace and the offset applied, for Perfetto's ``trace_processor util merge``."""
 
     def __post_init__(self) -> None:
-        if self.steps is not None and (not self.steps or any(s < 0 for s in self.steps)):
-            raise ValueError(f"steps must be a non-empty tuple of step numbers >= 0, got {self.steps!r}")
+        if self.steps is not None and not isinstance(self.steps, StepRanges):
+            if not self.steps or any(s < 0 for s in self.steps):
+                raise ValueError(f"steps must be a non-empty tuple of step numbers >= 0, got {self.steps!r}")
+            self.steps = StepRanges.of(self.steps)
         if self.ref_rank is not None and self.ref_rank < 0:
             raise ValueError(f"ref_rank must be >= 0, got {self.ref_rank!r}")
 
@@ -164,9 +169,81 @@ def _key(ev: dict) -> tuple[str, str]:
 
 # --- steps ---------------------------------------------------------------------------------------
 
-def parse_steps(text: str) -> tuple[int, ...]:
-    """``"10"``, ``"10,12"``, ``"10-12"`` -> step numbers. Raises ValueError naming the bad part."""
-    steps: set[int] = set()
+@dataclass(frozen=True, slots=True)
+class StepRanges:
+    """A ``--steps`` selection as inclusive ranges, sorted and disjoint: never the set of step
+    numbers, whose size the user's text alone bounds (``0-100000000000000``). What is kept is
+    what a rank's trace holds (``pick``), so memory follows the trace, not the selection."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, steps) -> "StepRanges":
+        """From step numbers (``MergeOptions(steps=(1, 2))``). Raises ValueError."""
+        return cls.from_pairs((int(s), int(s)) for s in steps)
+
+    @classmethod
+    def from_pairs(cls, pairs) -> "StepRanges":
+        """From (lo, hi) pairs in any order, overlapping or adjacent ones joined. Raises
+        ValueError for none, a negative step or an end before its start."""
+        joined: list[list[int]] = []
+        for lo, hi in sorted(pairs):
+            if lo < 0 or hi < lo:
+                raise ValueError(f"bad step range {lo}-{hi}: steps are >= 0, end not before start")
+            if joined and lo <= joined[-1][1] + 1:
+                joined[-1][1] = max(joined[-1][1], hi)
+            else:
+                joined.append([lo, hi])
+        if not joined:
+            raise ValueError("no step selected")
+        return cls(tuple((lo, hi) for lo, hi in joined))
+
+    def __contains__(self, step: int) -> bool:
+        k = bisect.bisect_right(self.ranges, (step, _INF)) - 1
+        return k >= 0 and self.ranges[k][0] <= step <= self.ranges[k][1]
+
+    def pick(self, steps) -> list[int]:
+        """The sorted distinct ``steps`` (a trace's step numbers) inside the selection."""
+        return sorted({int(s) for s in steps if int(s) in self})
+
+    def count(self) -> int:
+        return sum(hi - lo + 1 for lo, hi in self.ranges)
+
+    def without(self, steps: list[int]) -> "list[tuple[int, int]]":
+        """The selection's ranges less the sorted distinct ``steps`` (each inside it)."""
+        out, drop = [], iter(steps)
+        nxt = next(drop, None)
+        for lo, hi in self.ranges:
+            while nxt is not None and nxt <= hi:
+                if nxt > lo:
+                    out.append((lo, nxt - 1))
+                lo = nxt + 1
+                nxt = next(drop, None)
+            if lo <= hi:
+                out.append((lo, hi))
+        return out
+
+    def text(self) -> str:
+        """``1-3,7`` (the ranges) for a message."""
+        return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self.ranges)
+
+
+_INF = float("inf")
+_LISTED_STEPS = 32
+"""A message lists step numbers up to this many, ranges beyond (``StepRanges.text``)."""
+
+
+def _steps_text(ranges: list[tuple[int, int]]) -> str:
+    """``[3, 4]`` as before for a few steps; ``[3-100000000000000]`` for many."""
+    if sum(hi - lo + 1 for lo, hi in ranges) <= _LISTED_STEPS:
+        return str([s for lo, hi in ranges for s in range(lo, hi + 1)])
+    return "[" + StepRanges(tuple(ranges)).text() + "]"
+
+
+def parse_steps(text: str) -> StepRanges:
+    """``"10"``, ``"10,12"``, ``"10-12"`` -> ``StepRanges`` (ranges, never the numbers: the
+    size of ``0-100000000000000`` is not allocated). Raises ValueError naming the bad part."""
+    pairs = []
     for part in text.split(","):
         part = part.strip()
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
@@ -175,8 +252,8 @@ def parse_steps(text: str) -> tuple[int, ...]:
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if hi < lo:
             raise ValueError(f"bad step range {part!r}: end before start")
-        steps.update(range(lo, hi + 1))
-    return tuple(sorted(steps))
+        pairs.append((lo, hi))
+    return StepRanges.from_pairs(pairs)
 
 
 def _selected(r: RankInput, rt: ranktables.RankTables, found: list[int]) -> set[int]:
@@ -347,13 +424,15 @@ def _merge(root: Path, out: Path, options: MergeOptions, job, early: str | None)
     found: dict[int, list[int]] | None = None if options.steps is None else {}
     if found is not None:
         for rt in job.ranks:
-            found[rt.rank] = [] if rt.whole_trace_mode else \
-                sorted(set(rt.steps["step"].tolist()) & set(options.steps))  # the ingest's tables
-            missing = sorted(set(options.steps) - set(found[rt.rank]))
+            # bounded by the steps the trace holds (the ingest's tables), never by the selection
+            found[rt.rank] = [] if rt.whole_trace_mode else options.steps.pick(rt.steps["step"])
+            missing = options.steps.without(found[rt.rank])
             if missing:
-                warnings.append(f"rank {rt.rank} ({rt.path.name}) has no ProfilerStep {missing}")
+                warnings.append(f"rank {rt.rank} ({rt.path.name}) has no ProfilerStep "
+                                f"{_steps_text(missing)}")
         if not any(found.values()):
-            raise BadInput(root, "bad_option", f"no trace has ProfilerStep {list(options.steps)}",
+            raise BadInput(root, "bad_option", "no trace has ProfilerStep "
+                           f"{_steps_text(list(options.steps.ranges))}",
                            "pick steps shown by `analyzer summary`, or omit --steps")
 
     t0 = min(rt.first_ns - shift[rt.rank] for rt in job.ranks if not rt.empty)
@@ -362,15 +441,22 @@ def _merge(root: Path, out: Path, options: MergeOptions, job, early: str | None)
                         "(stat trace_sorter_negative_timestamp_dropped)")
     summary = _summary(root, job.ranks, ref_rank, offsets, spread, t0, align, options, warnings)
     wanted = set(zip(matched["rank"].tolist(), matched["event_idx"].tolist()))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    n_events, n_meta, moved = _stream(root, out, job.ranks, found, shift, t0, matched, wanted,
-                                      ref_rank, summary)
     sidecar = sidecar_path_for(out)
-    write_atomic(sidecar, msgspec.json.format(msgspec.json.encode(summary), indent=2))
-    manifest = None
-    if options.perfetto_manifest:
-        manifest = perfetto.manifest_path_for(out)
-        perfetto.write_manifest(manifest, perfetto.build_manifest(traces, shift, ref_rank))
+    manifest = perfetto.manifest_path_for(out) if options.perfetto_manifest else None
+    written: list[Path] = []
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        n_events, n_meta, moved = _stream(root, out, job.ranks, found, shift, t0, matched,
+                                          wanted, ref_rank, summary)
+        written.append(out)
+        write_atomic(sidecar, msgspec.json.format(msgspec.json.encode(summary), indent=2))
+        written.append(sidecar)
+        if manifest is not None:
+            perfetto.write_manifest(manifest, perfetto.build_manifest(traces, shift, ref_rank))
+    except OSError as exc:  # reads fail as BadInput: this is the disk the output is written to
+        for p in written:  # complete, but without its sidecar / manifest: not left as if whole
+            p.unlink(missing_ok=True)
+        raise write_failure(exc, out) from None
     log.info("wrote %s (%d events, %d metadata)", out, n_events, n_meta)
     return MergeResult(out_path=out, sidecar_path=sidecar, manifest_path=manifest, ranks=job.ranks,
                        ref_rank=ref_rank,
@@ -514,6 +600,19 @@ def _stream(root: Path, out: Path, ranks: list[ranktables.RankTables],
         if fh is not raw_fh:
             fh.close()
     return n_events, n_meta, moved
+
+
+def write_failure(exc: OSError, out: Path) -> BadInput:
+    """The one line (``unwritable``) for a write of the merged trace, its sidecar or its
+    manifest that failed: it names ``out`` and says that nothing half-written is left (the
+    atomic writer removes its temp file; ``_merge`` what it wrote before the failure)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return BadInput(out, Reason.UNWRITABLE, f"cannot be written: {os.strerror(exc.errno)} "
+                        "(nothing half-written is left)",
+                        "free space there, or pass -o a file on another disk")
+    return BadInput(out, Reason.UNWRITABLE, f"cannot be written ({exc.strerror or exc}); "
+                    "nothing half-written is left",
+                    "pass -o a file in a writable folder, e.g. -o /tmp/merged.trace.json.gz")
 
 
 def _refuse_unmergeable(root: Path, problems: list[str]) -> None:
@@ -682,6 +781,17 @@ def _opt_int(value: Any) -> int | None:
     return None if pd.isna(value) else int(value)
 
 
+def _summary_steps(steps: StepRanges | None) -> list | None:
+    """The sidecar's ``steps``: the step numbers chosen, as ever, for a selection of up to
+    ``_LISTED_STEPS``; beyond, its ranges as [lo, hi] pairs (a number list would be the
+    selection's size)."""
+    if steps is None:
+        return None
+    if steps.count() <= _LISTED_STEPS:
+        return [s for lo, hi in steps.ranges for s in range(lo, hi + 1)]
+    return [[lo, hi] for lo, hi in steps.ranges]
+
+
 def _meta(pid: int, tid: int, kind: str, **args: Any) -> dict:
     return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": args}
 
@@ -709,7 +819,7 @@ def _summary(root: Path, inputs: list[ranktables.RankTables], ref_rank: int, off
                        "bounds [lo_ns, hi_ns] (estimate_ns); mad_ns = median |diff - median|; "
                        "applied only when clock is measured: 0 when |estimate_ns| < mad_ns "
                        "(unresolved) or lo_ns > hi_ns (inconsistent)",
-        "steps": list(options.steps) if options.steps is not None else None,
+        "steps": _summary_steps(options.steps),
         "offsets": rows,
         "matched_collectives": int(len(spread)),
         "spread_before_ns": {"median": stat("spread_before_ns", "median"), "max": stat("spread_before_ns", "max")},

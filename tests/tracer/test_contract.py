@@ -51,8 +51,8 @@ def test_atomic_path_replaces_on_success_and_leaves_nothing_on_failure(tmp_path)
     target.write_bytes(b"old")
     with pytest.raises(RuntimeError):
         with atomic_path(target) as tmp:
-            assert tmp.parent == tmp_path and tmp.name.startswith(".tmp-")
-            assert tmp.name.endswith("-t.parquet")  # suffixes kept
+            assert tmp.parent.parent == tmp_path and tmp.parent.name.startswith(".tmp-")
+            assert tmp.name == "t.parquet"  # suffixes kept, in a hidden owned temp folder
             tmp.write_bytes(b"half")
             raise RuntimeError("writer failed")
     assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"] and target.read_bytes() == b"old"
