@@ -108,10 +108,15 @@ def read_parquet(path: Path, schema: pa.Schema) -> pd.DataFrame:
 
 def read_steps(path: Path | str) -> pd.DataFrame:
     """Read ``steps.parquet``: columns of ``schemas.STEPS_SCHEMA``; byte columns as nullable
-    ``Int64``. Raises ``BadInput`` naming the file when unreadable or incomplete."""
+    ``Int64``. Raises ``BadInput`` naming the file when unreadable or incomplete, or when a
+    rank, step or wall time is negative (the tracer writes none: a step time below zero would
+    be ranked as the fastest)."""
     df = read_parquet(Path(path), schemas.STEPS_SCHEMA)
     for c in ("rank", "step", "wall_ns"):
         df[c] = df[c].astype("int64")
+        if (df[c] < 0).any():
+            raise BadInput(path, "bad_run_file", f"holds a negative {c} ({int(df[c].min())})",
+                           "re-record the run")
     for c in PEAK_COLUMNS:
         df[c] = df[c].astype("Int64")
     df["profiled"] = df["profiled"].astype(bool)

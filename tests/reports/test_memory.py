@@ -63,3 +63,14 @@ def test_bad_steps_file_is_bad_input(tmp_path):
     p.write_text("x")
     with pytest.raises(BadInput, match="steps.parquet"):
         memory.read_steps(p)
+
+
+@pytest.mark.parametrize("column", ["wall_ns", "step", "rank"])
+def test_a_negative_step_figure_is_bad_input_not_the_fastest_run(tmp_path, column):
+    rows = _steps()
+    rows[3][column] = -rows[3][column] or -1
+    p = tmp_path / "steps.parquet"
+    write_steps(p, rows)
+    with pytest.raises(BadInput, match=f"steps.parquet.*negative {column}") as caught:
+        memory.read_steps(p)
+    assert caught.value.reason == "bad_run_file"
