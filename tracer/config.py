@@ -31,6 +31,10 @@ PP_SCHEDULES = ("gpipe", "1f1b")
 MAX_REPEAT = 100
 """Largest ``--repeat``: far above what a decision needs (README "Deciding on a noisy machine")."""
 _EXPERIMENT_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+MAX_NPROC = 65536
+"""Largest world ``tracer record`` takes (``--nproc``, torchrun's WORLD_SIZE): 2^16 ranks, above
+the largest jobs run today; the built-in launcher, which starts every rank on this machine,
+takes only as many as its memory holds (``record.check_ranks_fit_machine``)."""
 MAX_TIMEOUT_S = 7 * 24 * 3600
 """Largest ``--timeout``: one week, far above any useful wait and below what the waits it
 drives accept (a poll() timeout is a C int of milliseconds, about 24.8 days: ``subprocess.run``
@@ -211,6 +215,9 @@ class RecordConfig:
             value = getattr(self, option)
             if not isinstance(value, int) or value < 1:
                 raise bad(option, value, "must be a positive integer")
+        if self.nproc > MAX_NPROC:
+            raise bad("nproc", self.nproc, f"must be at most {MAX_NPROC} ranks (the largest world "
+                      "tracer record takes)")
         if self.wait < 1:
             raise bad("wait", self.wait, "must be >= 1 so step 0 (the numerics step) is not profiled")
         if self.warmup < 0:
