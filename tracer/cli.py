@@ -170,8 +170,9 @@ def _configs(ctx: typer.Context, strategy: str, arms: list[str], sweeps: list[st
 
 
 def _check_before_start(configs: list, under_torchrun: bool) -> None:
-    """Before torch is imported or a worker starts: the golden run, each user model spec (in a
-    child under --timeout), then the run dirs (a refused folder or a held run dir stops at once).
+    """Before torch is imported or a worker starts: the built-in launcher's ranks fit this
+    machine's memory, the golden run, each user model spec (in a child under --timeout), then
+    the run dirs (a refused folder or a held run dir stops at once).
     Raises ``ValueError`` with one line."""
     from analyzer.contract import settings
     from analyzer.contract.errors import BadInput
@@ -180,6 +181,10 @@ def _check_before_start(configs: list, under_torchrun: bool) -> None:
         settings.log_level()  # read by each rank after the baseline: refused here, before it
     except BadInput as exc:
         raise ValueError(exc.one_line()) from None
+    if not under_torchrun:  # all ranks on this machine: as many as its memory holds
+        from tracer.record import check_ranks_fit_machine, machine_memory_bytes
+
+        check_ranks_fit_machine(configs, machine_memory_bytes())
     if configs[0].golden is not None:
         from tracer.golden import check_golden
 

@@ -31,6 +31,15 @@ PP_SCHEDULES = ("gpipe", "1f1b")
 MAX_REPEAT = 100
 """Largest ``--repeat``: far above what a decision needs (README "Deciding on a noisy machine")."""
 _EXPERIMENT_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+MAX_NPROC = 65536
+"""Largest world ``tracer record`` takes (``--nproc``, torchrun's WORLD_SIZE): 2^16 ranks, above
+the largest jobs run today; the built-in launcher, which starts every rank on this machine,
+takes only as many as its memory holds (``record.check_ranks_fit_machine``)."""
+MIN_TIMEOUT_S = 3.0
+"""Smallest ``--timeout``: the collective timeout covers the rendezvous and the first
+collectives, which a loaded machine slows (0.2 s failed a healthy 2-rank record as "rank 1
+failed at step -1: Timed out waiting 200ms" on an idle 2-core machine); 3 s is also the
+shortest the suite waits for a hung spec check."""
 MAX_TIMEOUT_S = 7 * 24 * 3600
 """Largest ``--timeout``: one week, far above any useful wait and below what the waits it
 drives accept (a poll() timeout is a C int of milliseconds, about 24.8 days: ``subprocess.run``
@@ -148,7 +157,7 @@ class RecordConfig:
     name: str | None = _option(None, "Run name (default the strategy; with all: NAME-strategy).")
     timeout_s: float = _option(60.0, "Collective timeout and hang watchdog, seconds.", flag="--timeout")
     """Collective / rendezvous timeout, and the launcher's hang watchdog (seconds); finite,
-    in (0, ``MAX_TIMEOUT_S``]."""
+    in [``MIN_TIMEOUT_S``, ``MAX_TIMEOUT_S``]."""
     fault: str | None = _option(None, "Deliberate bug: skip-grad-sync (ddp), wrong-grad-scale, "
                                 "unsynced-init, skip-replicate-sync (hsdp), wrong-tp-placement (fsdp2_tp), "
                                 "skip-microbatch (pp), hang (ddp).")
@@ -211,6 +220,9 @@ class RecordConfig:
             value = getattr(self, option)
             if not isinstance(value, int) or value < 1:
                 raise bad(option, value, "must be a positive integer")
+        if self.nproc > MAX_NPROC:
+            raise bad("nproc", self.nproc, f"must be at most {MAX_NPROC} ranks (the largest world "
+                      "tracer record takes)")
         if self.wait < 1:
             raise bad("wait", self.wait, "must be >= 1 so step 0 (the numerics step) is not profiled")
         if self.warmup < 0:
@@ -243,10 +255,7 @@ class RecordConfig:
                       "use 1-64 letters, digits, '-', '_' or '.' (it names an experiment in reports)")
         if self.wrap_min_params is not None and self.wrap_min_params < 1:
             raise bad("wrap-min-params", self.wrap_min_params, "must be a positive integer")
-        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= MAX_TIMEOUT_S):
-            raise bad("timeout", self.timeout_s,
-                      f"must be a finite number of seconds > 0 and at most {MAX_TIMEOUT_S:g} "
-                      "(there is no 'no timeout': a hung collective would never be reported)")
+        self._check_timeout(bad)
         self._check_wrapper(bad)
         if not isinstance(self.data_workers, int) or self.data_workers < 0:
             raise bad("data-workers", self.data_workers, "must be an integer >= 0")
@@ -266,6 +275,15 @@ class RecordConfig:
                 ok = False
             if not ok:
                 raise bad("arm-settings", self.arm_settings, "must be a JSON object")
+
+    def _check_timeout(self, bad) -> None:
+        """--timeout: finite, in [``MIN_TIMEOUT_S``, ``MAX_TIMEOUT_S``]."""
+        if not (isinstance(self.timeout_s, (int, float)) and MIN_TIMEOUT_S <= self.timeout_s <= MAX_TIMEOUT_S):
+            raise bad("timeout", self.timeout_s,
+                      f"must be a finite number of seconds >= {MIN_TIMEOUT_S:g} and at most "
+                      f"{MAX_TIMEOUT_S:g} (shorter fails a healthy record as a hang in its first "
+                      "collectives; there is no 'no timeout': a hung collective would never be "
+                      "reported)")
 
     def _check_wrapper(self, bad) -> None:
         """--fault (a known one, and one the strategy's row reproduces) and the FSDP options the

@@ -1,8 +1,9 @@
 """``tracer record`` without torchrun: spawn one worker process per rank and watch them.
 
 Each worker is ``python -m tracer record <same options>`` with the torchrun environment (RANK,
-WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<free port>), so
-the worker code path is the one torchrun runs. Workers are children of
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<port>), so
+the worker code path is the one torchrun runs; the rendezvous listens on 127.0.0.1 only (the
+launcher binds its socket and hands it to rank 0: ``STORE_FD_ENV``). Workers are children of
 analyzer/contract/children.py: each in its own session (the launcher alone decides when they
 die), dying with the launcher, logging to ``rank<r>.log`` in a control folder.
 
@@ -60,6 +61,10 @@ CTRL_ENV = "PARITYTRACE_CTRL_DIR"
 GO_ENV = "PARITYTRACE_GO_FD"
 """Spawned workers of a gated start: the inherited fd on which the launcher signals that the run
 dir is prepared (``WorkerGroup.release``; read by tracer.worker.wait_for_go)."""
+STORE_FD_ENV = "PARITYTRACE_STORE_FD"
+"""Rank 0 of a spawned record: the inherited fd of the socket the launcher bound on 127.0.0.1
+for the rendezvous (``loopback_listener``), where its TCPStore serves (tracer.worker
+``rendezvous_store``): a one-machine record listens on loopback only, never on every interface."""
 LOG_TAIL_BYTES = 64 * 1024
 """How much of the end of a rank's log ``_log_line`` reads."""
 DUMP_DEADLINE_S = 30.0
@@ -97,6 +102,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def loopback_listener() -> socket.socket:
+    """A TCP socket listening on 127.0.0.1 on a port of its own, for the rendezvous of a spawned
+    record: held from here until rank 0's TCPStore serves on it, so no other process can take
+    the port meanwhile (``free_port``'s race) and no other interface ever listens."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        s.listen(socket.SOMAXCONN)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
 @dataclass(kw_only=True, slots=True)
 class _Worker:
     rank: int
@@ -132,7 +151,11 @@ class WorkerGroup:
         """Start ``cfg.world_size`` workers. ``gated``: each waits, before it reads anything
         from the run dir, until ``release()`` (tracer.worker.wait_for_go), so the launcher can
         prepare the run dir while the workers import torch."""
-        port = free_port()
+        with loopback_listener() as store_socket:  # rank 0 inherits it; ours closes at the end
+            self._start(store_socket, gated)
+
+    def _start(self, store_socket: socket.socket, gated: bool) -> None:
+        port = store_socket.getsockname()[1]
         world = self.cfg.world_size
         for rank in range(world):
             env = dict(os.environ)
@@ -142,13 +165,18 @@ class WorkerGroup:
                         "OMP_NUM_THREADS": "1"})
             env.pop("TORCHELASTIC_RUN_ID", None)
             env.pop(GO_ENV, None)
+            env.pop(STORE_FD_ENV, None)
+            store_fd = ()
+            if rank == 0:
+                store_fd = (store_socket.fileno(),)
+                env[STORE_FD_ENV] = str(store_fd[0])
             read_fd = write_fd = None
             if gated:
                 read_fd, write_fd = os.pipe()  # both non-inheritable; pass_fds hands on the read end
                 env[GO_ENV] = str(read_fd)
             fr_read, fr_write = os.pipe()
             env[flightrec.REQUEST_ENV] = str(fr_read)
-            passed = (fr_read,) if read_fd is None else (read_fd, fr_read)
+            passed = ((fr_read,) if read_fd is None else (read_fd, fr_read)) + store_fd
             # A stop signal raised inside Popen, after the fork, would leave a worker that
             # kill_all does not know: hold the signals until it is in self.workers.
             with stop_signals_held():

@@ -110,6 +110,7 @@ def check_run_dir(run_dir: Path) -> None:
         if p.exists() and not p.is_dir():
             what = "--out" if p == run_dir.parent else "the run directory"
             raise ValueError(f"{p}: is a file, not a folder ({what}); choose another --out or --name")
+    check_no_links_out(run_dir)
     if not run_dir.is_dir():
         return
     try:
@@ -123,6 +124,36 @@ def check_run_dir(run_dir: Path) -> None:
                          "(no manifest.json of the tracer, no record marker or lock); a record "
                          "would replace files of the same names there: choose another --out or "
                          "--name, or empty the folder")
+
+
+_OWN_PATHS = (MEMORY_DIR, PARTS_DIR, LOCK_NAME, RECORDING_NAME)
+"""What a record opens, writes or removes files *through* in a run dir (folders it writes into,
+files it writes in place); every other file of the record is replaced by a rename, and a link
+in its place is replaced, never followed."""
+
+
+def check_no_links_out(run_dir: Path) -> None:
+    """Refuse a run dir a record would delete or write files through a symlink in
+    (``ValueError``, one line naming the link; the CLI exits 2): the run dir itself a link that
+    resolves outside ``--out`` (its parent), or any of ``_OWN_PATHS`` in it a link, wherever it
+    points (the tracer never makes one: a ``memory`` link elsewhere, even to another run of the
+    same ``--out``, would have a re-record delete that folder's ``memory.parquet`` and
+    snapshots). Rule: nothing is deleted or written through a link that leaves the folder the
+    user named (issue 43 R1). Reads only; never raises for a folder that does not exist."""
+    out = run_dir.parent
+    if run_dir.is_symlink():
+        real, real_out = os.path.realpath(run_dir), os.path.realpath(out)
+        if real == real_out or os.path.commonpath([real, real_out]) != real_out:
+            raise ValueError(f"{run_dir}: is a symlink to {real}, outside --out {out}; a record "
+                             "would delete and write files there: replace the link by a folder, "
+                             "or choose another --out or --name")
+    for name in _OWN_PATHS:
+        link = run_dir / name
+        if link.is_symlink():
+            raise ValueError(f"{link}: is a symlink to {os.path.realpath(link)}; a re-record would "
+                             f"delete and write the tracer's files through it: remove the link "
+                             f"(the record makes its own {name}) or move the run directory's "
+                             "files, or choose another --out or --name")
 
 
 def check_writable(run_dir: Path) -> None:
@@ -172,7 +203,7 @@ def _take_lock(run_dir: Path, key: str) -> None:
     _CREATED[key] = missing  # deepest first: unlock removes them again while they stay empty
     path = run_dir / LOCK_NAME
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -227,11 +258,12 @@ def clear_run_dir(run_dir: Path) -> None:
     ones and ``.parts/``; ``memory/`` only when that leaves it empty. Everything else stays
     (issue 17 items 2 and 4). Raises ``RunDirBusy`` (another record holds the lock), ``OSError``.
     """
+    check_no_links_out(run_dir)  # again: under torchrun rank 0 clears what every rank checked
     lock_run_dir(run_dir)
     listed = _listed_files(run_dir / MANIFEST_NAME)  # before the manifest goes
-    (run_dir / RECORDING_NAME).write_text(f"{os.getpid()}\n")
+    _write_no_follow(run_dir / RECORDING_NAME, f"{os.getpid()}\n")
     (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
-    for f in list(run_dir.iterdir()) + list((run_dir / MEMORY_DIR).glob("*")):
+    for f in _entries(run_dir):
         rel = f.relative_to(run_dir).as_posix()
         ours = is_tracer_file(rel) and (listed is None or rel in listed)
         if f.is_file() and (ours or _TRANSIENT.fullmatch(f.name)):
@@ -239,6 +271,13 @@ def clear_run_dir(run_dir: Path) -> None:
     shutil.rmtree(run_dir / PARTS_DIR, ignore_errors=True)
     with contextlib.suppress(OSError):  # absent, or holds files that are not the tracer's
         (run_dir / MEMORY_DIR).rmdir()
+
+
+def _write_no_follow(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` in place, never through a symlink there (``ELOOP``: OSError)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _listed_files(manifest: Path) -> set[str] | None:
@@ -276,11 +315,19 @@ def abandon_record(run_dir: Path) -> None:
         (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
 
 
+def _entries(run_dir: Path) -> list[Path]:
+    """The run dir's entries and its ``memory/`` folder's; a ``memory`` link is not entered
+    (``check_no_links_out`` refused it before; this is for a link made since)."""
+    memory = run_dir / MEMORY_DIR
+    inside = [] if memory.is_symlink() else list(memory.glob("*"))
+    return list(run_dir.iterdir()) + inside
+
+
 def file_entries(run_dir: Path) -> list[FileEntry]:
     """One entry per tracer file in ``run_dir`` (``TRACER_FILE``): paths relative,
     '/'-separated, sorted. Other files (the analyzer's caches and reports) are not the record's."""
     entries = []
-    for f in sorted(list(run_dir.iterdir()) + list((run_dir / MEMORY_DIR).glob("*"))):
+    for f in sorted(_entries(run_dir)):
         rel = f.relative_to(run_dir).as_posix()
         if f.is_file() and not f.is_symlink() and is_tracer_file(rel):
             entries.append(FileEntry(path=rel, size_bytes=f.stat().st_size, sha256=sha256_file(f)))

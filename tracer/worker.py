@@ -39,7 +39,7 @@ from analyzer.contract.strategies import is_reference
 from tracer import devices, faults, flightrec, loop
 from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
 from tracer.config import RecordConfig
-from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV, tmpdir_full
+from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV, STORE_FD_ENV, tmpdir_full
 from tracer.manifest import build_manifest, machine_info, write_manifest
 from tracer.model import precision_context, rank_rows
 from tracer.modelspec import ModelSpec, buffer_names
@@ -160,6 +160,24 @@ def check_world(cfg: RecordConfig, env: RankEnv) -> None:
                             f"{cfg.tp_degree * cfg.pp_degree})"))
 
 
+def rendezvous_store(env: RankEnv, timeout: timedelta) -> dist.Store | None:
+    """The store of a spawned record's rendezvous, listening on loopback only (issue 43 R10):
+    rank 0's TCPStore serves on the socket the launcher bound on 127.0.0.1
+    (``launch.STORE_FD_ENV``), the other ranks connect to it, all under the ``default_pg``
+    prefix env:// would give. None under torchrun (env://: what torchrun chose, across nodes
+    too) and without the socket (rank 0 of an older launcher)."""
+    fd = os.environ.pop(STORE_FD_ENV, None)
+    if env.launch == "torchrun" or (env.rank == 0 and fd is None):
+        return None
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if env.rank == 0:
+        store = dist.TCPStore(host, port, env.world_size, True, timeout=timeout,
+                              master_listen_fd=int(fd))
+    else:
+        store = dist.TCPStore(host, port, env.world_size, False, timeout=timeout)
+    return dist.PrefixStore("default_pg", store)
+
+
 def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     """Everything one rank does; raises on any failure (the caller reports it)."""
     torch.set_num_threads(1)
@@ -168,8 +186,9 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     backend = devices.resolve_backend(cfg.backend, device.type)
     hb.beat("init_process_group")
     flightrec.enable()  # before the first process group: torch reads the buffer size then
+    timeout = timedelta(seconds=cfg.timeout_s)
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(seconds=cfg.timeout_s))
+                            timeout=timeout, store=rendezvous_store(env, timeout))
     flightrec.listen(cfg.run_dir, env.rank, env.ctrl_dir)  # the launcher's dump requests
     baseline_path = cfg.run_dir / BASELINE_NAME
     wait_for_go(hb)

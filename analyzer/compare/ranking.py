@@ -489,8 +489,8 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     """The ranking (module docstring): ``order`` (arms, fastest first, the reference left out;
     empty when withheld), ``pairs``, ``arms``, ``reason``, ``rule``, ``noise``, the experiment
     ranked and the runs left to the tables (``descriptive``); for declared arms ``declared``,
-    every arm ranked, ``left_out`` the arms that failed parity and ``missing`` the arms or
-    repeats of the experiment absent from the report (``missing_arms``)."""
+    every arm ranked, ``left_out`` the arms that failed parity; ``missing`` the arms or
+    repeats of the experiment absent from the report (``missing_arms``), for any experiment."""
     left_out = [r.name for r in runs if r.incomplete]
     complete = [r for r in runs if not r.incomplete]  # README: left out of the ranking
     runs, others, warns = ranked_experiment(complete)
@@ -498,7 +498,7 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     arms_declared = is_declared(runs)
     rule = RANKING_RULE + (" " + ARMS_RULE if arms_declared else "")
     extra = dict(experiment=exp, descriptive=[r.name for r in others], declared=arms_declared)
-    missing = missing_arms(runs) if arms_declared else []
+    missing = missing_arms(runs)  # declared arms or a record of strategies with --repeat
     extra["missing"] = missing
     warns = missing + warns  # said whether the ranking is made or withheld
     untrusted = settings_problems(runs)

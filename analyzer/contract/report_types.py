@@ -958,10 +958,10 @@ class Ranking(msgspec.Struct, kw_only=True):
     """Declared arms left out for their parity, one line each: ``arm skipgrad failed the parity
     gate (first divergence in grad layers.0.attn.weight)``."""
     missing: list[str] = []
-    """Declared arms: what of the experiment is not in the report, one line each -- an arm its
-    runs' ``experiment.order`` lists with no complete run here (``arm b: no complete run in this
-    report, not ranked``), an arm with fewer complete repeats than ``experiment.repeats`` (``arm
-    a: 1 of 4 repeats``; ranked on those it has)."""
+    """What of the experiment (declared arms, or strategies recorded with ``--repeat``) is not
+    in the report, one line each -- an arm its runs' ``experiment.order`` lists with no complete
+    run here (``arm b: no complete run in this report, not ranked``), an arm with fewer complete
+    repeats than ``experiment.repeats`` (``arm a: 1 of 4 repeats``; ranked on those it has)."""
 
     def speedup(self, arm: Arm) -> float | None:
         """The ``reference`` arm's median step time over ``arm``'s; None without either."""

@@ -407,6 +407,16 @@ def _foreign_job(root: Path, children: list[Path], skipped: list[str]) -> Discov
                    "or a folder of *.json / *.json.gz profiler traces")
 
 
+def _claimed_only(sub: Path) -> list[str]:
+    """The warning for a sub-folder with no trace and none of the tracer's files that holds the
+    record lock (``schemas.LOCK_NAME``): a run dir a ``--repeat`` record claimed and never
+    started (killed before it; the next record sweeps it), or one about to start."""
+    if not (sub / schemas.LOCK_NAME).is_file():
+        return []
+    return [f"{sub}: holds only the record lock of tracer record (a --repeat record killed "
+            "before this run, or one still running): no run yet; skipped"]
+
+
 def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     """Classify ``root`` and list its runs. ``root`` may also be one trace file (a foreign job
     of one file). Raises ``BadInput`` naming the folder when it is missing, empty of runs and
@@ -453,6 +463,7 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
         traces = [p for p in sub_children if _is_trace(p)]
         written = tracer_written(sub, sub_children)
         if not traces and not written:
+            warnings += _claimed_only(sub)
             continue
         if not written:
             problems.append(BadInput(

@@ -61,3 +61,39 @@ def test_a_bad_log_level_is_refused_before_the_record_starts(tmp_path, monkeypat
     assert res.exit_code == 2, res.output
     assert "PARITYTRACE_LOG: is 'LOUD', not a logging level" in res.output
     assert not (tmp_path / "out").exists()
+
+
+# -- --nproc: bounded before anything starts ------------------------------------------------------
+
+def test_nproc_above_the_largest_world_is_refused():
+    from tracer.config import MAX_NPROC
+
+    with pytest.raises(ValueError, match=f"^--nproc {MAX_NPROC + 1}: must be at most {MAX_NPROC} ranks"):
+        RecordConfig(strategy="ddp", nproc=MAX_NPROC + 1, batch=MAX_NPROC + 1)
+    RecordConfig(strategy="ddp", nproc=MAX_NPROC, batch=MAX_NPROC)
+
+
+def test_the_built_in_launcher_takes_only_the_ranks_this_machine_holds():
+    from tracer.record import RANK_MEMORY_BYTES, check_ranks_fit_machine
+
+    memory = 16 * RANK_MEMORY_BYTES
+    check_ranks_fit_machine([RecordConfig(strategy="ddp", nproc=16, batch=16)], memory)
+    check_ranks_fit_machine([RecordConfig(strategy="single", nproc=64, batch=64)], memory)  # 1 rank
+    with pytest.raises(ValueError, match=r"^--nproc 17: the built-in launcher .* hold at most 16; "
+                                         r"pass --nproc 16 or less, or launch across machines with torchrun$"):
+        check_ranks_fit_machine([RecordConfig(strategy="ddp", nproc=17, batch=17)], memory)
+    check_ranks_fit_machine([RecordConfig(strategy="ddp", nproc=17, batch=17)], None)  # unknown: unchecked
+
+
+@pytest.mark.record
+def test_nproc_beyond_the_machine_is_one_line_before_any_rank_starts(tmp_path):
+    """65536 ranks of at least 256 MiB each (16 TiB): refused in one line, exit 2, before a
+    worker starts (``alive_with_tag``) or the run dir is made."""
+    from tests.tracer.helpers import alive_with_tag
+
+    proc, tag = run_tracer(["--strategy", "ddp", "--nproc", "65536", "--batch", "65536",
+                            "--out", str(tmp_path / "o")], tmp_path, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("tracer: --nproc 65536: the built-in launcher starts every rank"), lines
+    assert not (tmp_path / "o").exists() and alive_with_tag(tag) == []

@@ -66,3 +66,64 @@ def test_torchrun_two_nodes_on_loopback(tmp_path):
     assert node1.returncode == 0, err1[-3000:]
     _, numerics = _check(tmp_path / "ddp", nnodes=2)
     assert max(tensor_rel_l2(numerics, "grad").values()) < 1e-5
+
+
+def _listening(pid: int) -> list[tuple[str, int]]:
+    import psutil
+
+    try:
+        return [(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN]
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
+
+
+def test_the_built_in_launchers_rendezvous_listens_on_loopback_only(tmp_path):
+    """A one-machine record (the built-in launcher): while its ranks run, every socket they
+    listen on (rank 0's TCPStore, gloo's pairs) is on 127.0.0.1, none on every interface; rank
+    0's store is among them (on MASTER_PORT). Rank 1 is held at step 1 (``PARITYTRACE_INJECT``)
+    so the ranks are looked at mid-record, then the record is stopped."""
+    import signal
+    import time
+
+    import psutil
+
+    from tests.inputs import default_signals
+    from tests.tracer.helpers import REPO, TAG_ENV
+
+    tag = "rdv-" + os.urandom(8).hex()
+    env = dict(os.environ, PARITYTRACE_INJECT="hang@1:1", TMPDIR=str(tmp_path), **{TAG_ENV: tag})
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    launcher = subprocess.Popen([sys.executable, "-m", "tracer", "record", "--strategy", "ddp", "--out",
+                                 str(tmp_path), "--timeout", "120"] + TINY, cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=default_signals)
+    try:
+        deadline = time.monotonic() + HANG_S
+        while time.monotonic() < deadline:  # both ranks at a step (heartbeat files)
+            phases = [h.read_text().split()[-1:] for h in tmp_path.glob("tracer-ddp-*/rank*.hb")]
+            if phases == [["step"], ["step"]]:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("workers never reached a step")
+        ranks = {}
+        for p in psutil.process_iter(["pid"]):
+            try:
+                penv = p.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            if penv.get(TAG_ENV) == tag and "RANK" in penv:
+                ranks[int(penv["RANK"])] = (p.pid, int(penv["MASTER_PORT"]))
+        assert sorted(ranks) == [0, 1], ranks
+        listening = {r: _listening(pid) for r, (pid, _) in ranks.items()}
+        assert ("127.0.0.1", ranks[0][1]) in listening[0], listening
+        assert all(ip in ("127.0.0.1", "::1") for socks in listening.values() for ip, _ in socks), listening
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        try:
+            launcher.communicate(timeout=HANG_S)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    assert alive_with_tag(tag) == []

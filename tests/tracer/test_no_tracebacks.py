@@ -25,7 +25,7 @@ from analyzer.contract import schemas
 from tests.inputs import default_signals
 from tests.tracer.helpers import HANG_S, REPO, TAG_ENV, TINY, alive_with_tag, run_tracer
 from tracer import baseline
-from tracer.config import MAX_TIMEOUT_S, RecordConfig
+from tracer.config import MAX_TIMEOUT_S, MIN_TIMEOUT_S, RecordConfig
 from tracer.rundir import STAGING_PREFIX
 
 pytestmark = pytest.mark.record
@@ -194,18 +194,22 @@ def test_golden_at_a_corrupt_file_is_one_line_exit_2(golden_run, tmp_path, kind)
 
 # -- --timeout ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), -1.0, 0.0, MAX_TIMEOUT_S + 1])
-def test_timeout_must_be_finite_positive_and_bounded(value):
-    with pytest.raises(ValueError, match="^--timeout .*: must be a finite number of seconds > 0"):
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), -1.0, 0.0, 0.5,
+                                   MIN_TIMEOUT_S - 0.01, MAX_TIMEOUT_S + 1])
+def test_timeout_must_be_finite_and_bounded(value):
+    with pytest.raises(ValueError, match=f"^--timeout .*: must be a finite number of seconds "
+                                         f">= {MIN_TIMEOUT_S:g} and at most {MAX_TIMEOUT_S:g}"):
         RecordConfig(strategy="ddp", timeout_s=value)
-    RecordConfig(strategy="ddp", timeout_s=MAX_TIMEOUT_S)  # the bound itself is accepted
+    RecordConfig(strategy="ddp", timeout_s=MAX_TIMEOUT_S)  # the bounds themselves are accepted
+    RecordConfig(strategy="ddp", timeout_s=MIN_TIMEOUT_S)
 
 
-def test_timeout_inf_is_a_bad_option_with_one_line(tmp_path):
-    proc, _ = run_tracer(["--strategy", "ddp", "--out", str(tmp_path / "o"), "--timeout", "inf"] + TINY,
+@pytest.mark.parametrize("value", ["inf", "0.5"])
+def test_timeout_out_of_bounds_is_a_bad_option_with_one_line(tmp_path, value):
+    proc, _ = run_tracer(["--strategy", "ddp", "--out", str(tmp_path / "o"), "--timeout", value] + TINY,
                          tmp_path)
     assert proc.returncode == 2
-    assert _one_line(proc.stderr).startswith("tracer: --timeout inf: must be a finite number")
+    assert _one_line(proc.stderr).startswith(f"tracer: --timeout {value}: must be a finite number")
     assert not (tmp_path / "o").exists()
 
 

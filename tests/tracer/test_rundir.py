@@ -259,3 +259,67 @@ def test_a_stop_signal_while_the_lock_is_taken_is_held_until_unlock_all_knows_th
             signal.signal(s, handler)
         stopping._STOPPED.clear()
     assert not (tmp_path / "traces").exists()
+
+
+def _linked_memory(tmp_path: Path, *, manifest: bool) -> tuple[Path, Path, dict]:
+    """out/ddp, a run dir (complete with ``manifest``, else incomplete) whose ``memory`` is a
+    symlink to a folder outside out/ holding files named like the tracer's memory files."""
+    import json
+
+    elsewhere = _tree(tmp_path / "elsewhere", ["memory.parquet", "rank0.snapshot.pickle", "mine.txt"])
+    run = _tree(tmp_path / "out" / "ddp", [n for n in RECORDED if not n.startswith("memory/")])
+    (run / "memory").symlink_to(elsewhere)
+    if manifest:
+        (run / schemas.MANIFEST_NAME).write_text(json.dumps(
+            {"schema_version": 1, "run_id": "x", "files": [{"path": n} for n in RECORDED]}))
+    else:
+        (run / schemas.RECORDING_NAME).write_text("1\n")
+    return run, elsewhere, {p.name: p.read_bytes() for p in elsewhere.iterdir()}
+
+
+@pytest.mark.parametrize("manifest", [True, False], ids=["complete", "incomplete"])
+def test_rerecord_never_deletes_through_a_memory_link_out_of_the_run_dir(tmp_path, manifest):
+    run, elsewhere, before = _linked_memory(tmp_path, manifest=manifest)
+    with pytest.raises(ValueError, match=r"out/ddp/memory: is a symlink to .*elsewhere.*remove the link"):
+        rundir.check_run_dir(run)
+    with pytest.raises(ValueError, match="is a symlink"):
+        rundir.clear_run_dir(run)
+    rundir.unlock_all()
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
+    assert "memory/memory.parquet" not in [e.path for e in rundir.file_entries(run)]
+
+
+@pytest.mark.parametrize("name", [rundir.PARTS_DIR, schemas.LOCK_NAME, schemas.RECORDING_NAME])
+def test_a_run_dir_whose_own_paths_are_links_is_refused(tmp_path, name):
+    """The folders a record writes into and the files it writes in place: a link there is
+    refused, and the file it points to is never written."""
+    target = tmp_path / "elsewhere"
+    if name == rundir.PARTS_DIR:
+        target.mkdir()
+    else:
+        target.write_text("mine")
+    run = _tree(tmp_path / "out" / "ddp", [schemas.MANIFEST_NAME])
+    (run / name).symlink_to(target)
+    with pytest.raises(ValueError, match=f"{name}: is a symlink"):
+        rundir.check_run_dir(run)
+    if name != rundir.PARTS_DIR:
+        assert target.read_text() == "mine"
+
+
+def test_a_run_dir_linked_outside_out_is_refused_one_inside_is_not(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out" / "b").mkdir(parents=True)
+    (tmp_path / "out" / "a").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "out" / "c").symlink_to(tmp_path / "out" / "b")
+    with pytest.raises(ValueError, match="out/a: is a symlink to .*outside --out"):
+        rundir.check_run_dir(tmp_path / "out" / "a")
+    rundir.check_run_dir(tmp_path / "out" / "c")
+
+
+@pytest.mark.record
+def test_record_over_a_memory_link_is_refused_before_torch_is_imported(tmp_path, no_torch):
+    run, elsewhere, before = _linked_memory(tmp_path, manifest=False)
+    proc = _record_cli(["--strategy", "ddp", "--out", "out"], tmp_path, no_torch)
+    _one_line_refusal(proc, "out/ddp/memory: is a symlink", "remove the link")
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
+    assert (run / "memory").is_symlink()
