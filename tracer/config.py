@@ -29,7 +29,7 @@ MP_DTYPES = ("fp32", "bf16", "fp16")
 PP_SCHEDULES = ("gpipe", "1f1b")
 """``--pp-schedule``: torch.distributed.pipelining ScheduleGPipe / Schedule1F1B."""
 MAX_REPEAT = 100
-"""Largest ``--repeat``: far above what a decision needs (README "Deciding on a noisy machine")."""
+"""Largest ``--repeat``: far above what a decision needs (docs/howto/noisy-machine.md)."""
 _EXPERIMENT_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_NPROC = 65536
 """Largest world ``tracer record`` takes (``--nproc``, torchrun's WORLD_SIZE): 2^16 ranks, above
@@ -178,7 +178,7 @@ class RecordConfig:
     """An earlier run directory whose kept inputs this record reuses and compares with (tracer/golden.py)."""
     repeat: int = _option(1, "Record every chosen strategy N times, interleaved (A B C, B C A, C A B ...), "
                           "as one experiment; run dirs NAME.r1 .. NAME.rN. 5 or more lets the report decide "
-                          "(README \"Deciding on a noisy machine\").")
+                          "(docs/howto/noisy-machine.md).")
     """``--repeat N``: runs of every chosen strategy, recorded interleaved (A B C A B C ...);
     with N > 1 the run dirs are ``<name>.r<k>``, k = 1..N (``run_name``)."""
     repeat_index: int = _option(0)
