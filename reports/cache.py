@@ -1,7 +1,7 @@
 """Whole-report cache: a second ``analyzer report`` on unchanged inputs skips the analysis.
 
 The key is ``analyzer.ingest.cachekey.cache_key`` of the resolved DIR and output folder, the
-options and the stat signature (``_files``) of every file under DIR, computed by every
+options and the stat signature (``cachekey.input_signature``) of every file under DIR, computed by every
 ``analyzer`` and ``reports`` module. The ctime is in it because the mtime can be set back
 (``cp -p``, ``touch -d``): a file rewritten in place with its old size and mtime would otherwise
 be served the stale report, skipping the manifest's sha256 check that a miss runs; no user
@@ -25,12 +25,11 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from analyzer.contract.atomic import write_atomic
-from analyzer.ingest.cachekey import cache_dir, cache_key, read_regular, trim
+from analyzer.ingest.cachekey import cache_dir, cache_key, input_signature, read_regular, trim
 from analyzer.contract.report_types import AnalysisOptions
 
 log = logging.getLogger(__name__)
@@ -43,58 +42,6 @@ _RECORD_MAX_BYTES = 1 << 20
 """A record of written files names a few report files: larger is not one of ours."""
 _HERE = Path(__file__).resolve().parent
 _MODULES = tuple(sorted((*(_HERE.parent / "analyzer").rglob("*.py"), *_HERE.glob("*.py"))))
-
-
-def _files(root: Path, out: Path) -> list[list[Any]]:
-    """[relative path, size, mtime_ns, ctime_ns, inode, device] of every file under ``root``,
-    leaving out ``out`` and the per-rank tables caches. A symlink to a folder (the documented
-    "folder of symlinks to run dirs") is recorded as the link and its target, and the target's
-    files are walked under the link's path: a linked run re-recorded changes the key. A folder
-    reached twice (a link cycle, two links to one run) is walked once per link path but never
-    inside itself."""
-    rows: list[list[Any]] = []
-    if root.is_file():
-        st = root.stat()
-        return [[root.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]]
-    out_real = os.path.realpath(out)
-
-    def walk(folder: str, rel: str, above: frozenset) -> None:
-        try:
-            st = os.stat(folder)
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            rows.append([rel or ".", -1, -1, -1, -1, -1])
-            return
-        here = above | {(st.st_dev, st.st_ino)}
-        for e in entries:
-            p, r = e.path, os.path.join(rel, e.name) if rel else e.name
-            try:
-                is_dir = e.is_dir(follow_symlinks=True)
-            except OSError:
-                is_dir = False
-            if is_dir:
-                if os.path.realpath(p) == out_real:
-                    continue
-                if e.is_symlink():
-                    rows.append([r, "link", os.readlink(p)])
-                try:
-                    target = os.stat(p)
-                except OSError:
-                    continue
-                if (target.st_dev, target.st_ino) not in here:  # a cycle: recorded, not entered
-                    walk(p, r, here)
-                continue
-            if e.name.endswith(_SKIP_SUFFIXES) or e.name.startswith(".tmp-"):
-                continue
-            try:
-                fst = os.stat(p)  # a symlinked file: its target's signature
-                rows.append([r, fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns, fst.st_ino,
-                             fst.st_dev])
-            except OSError:
-                rows.append([r, -1, -1, -1, -1, -1])
-
-    walk(os.fspath(root), "", frozenset())
-    return rows
 
 
 class _Entry(msgspec.Struct):
@@ -112,7 +59,7 @@ def key(root: Path, out: Path, options: AnalysisOptions) -> str:
               "allow_incomplete": options.allow_incomplete,
               "device_memory_bytes": options.device_memory_bytes}
     return cache_key(json.dumps({"root": os.path.realpath(root), "out": os.path.realpath(out),
-                                 "options": chosen, "files": _files(root, out)},
+                                 "options": chosen, "files": input_signature(root, out, _SKIP_SUFFIXES)},
                                 sort_keys=True), _MODULES)
 
 

@@ -3,7 +3,8 @@ the whole report (reports/cache.py).
 
 A cached result is valid when the key stored with it equals ``cache_key(content, modules)``: a
 BLAKE2b hash of ``content`` (what the result was computed from: a trace's SHA-256, or the
-report's options and the stat signatures of its input files), of the source of every module in
+report's options and the stat signatures of its input files, ``input_signature``, a walk
+that follows links where the ingest does), of the source of every module in
 ``modules`` (the code that computes the result) and of the installed versions of the libraries
 the analysis runs on (``LIBS``). Any change to any of them is a miss. Light on purpose: a
 cached report renders without importing pandas, pyarrow or numpy.
@@ -28,6 +29,7 @@ import stat
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from analyzer.contract import settings
 
@@ -58,6 +60,80 @@ def read_regular(path: Path, limit_bytes: int | None = None) -> bytes:
         if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
             raise OSError(f"not a regular file of at most {limit} bytes: {path}")
         return fh.read()
+
+
+def input_signature(root: Path, out: Path, skip_suffixes: tuple[str, ...] = ()) -> list[list[Any]]:
+    """[relative path, size, mtime_ns, ctime_ns, inode, device] of every file under ``root``
+    that the analysis may read, leaving out ``out``, names ending in ``skip_suffixes`` and ``.tmp-*`` files
+    being written. The report cache's key (reports/cache.py). Symlinks
+    are followed by the ingest's rule (analyzer/ingest/fswalk.py ``link_skipped``): only to a
+    target inside the folder being walked, never into a loop; a link it does not follow is
+    recorded as the link alone (a link to ``/`` or ``/sys`` costs one row, not a walk of the
+    machine). The one way out is the ingest's too (rundirs.py ``linked_run``): a link in
+    ``root`` to a run directory (the documented "folder of symlinks to run dirs") is recorded
+    as the link and its target's files are walked under the link's path, confined to that run
+    directory: a linked run re-recorded changes the key. A folder reached twice (two links to
+    one run) is walked once per link path but never inside itself."""
+    from analyzer.ingest.fswalk import link_skipped, linked_folder
+
+    rows: list[list[Any]] = []
+    if root.is_file():
+        st = root.stat()
+        return [[root.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]]
+    out_real = os.path.realpath(out)
+
+    def linked_run(link: Path) -> Path | None:
+        if linked_folder(link, root) is None:  # not a folder outside: no run dir to ask about
+            return None
+        from analyzer.ingest.rundirs import linked_run  # pyarrow: only for a folder of links
+
+        return linked_run(link, root)
+
+    def walk(folder: str, rel: str, base: Path, above: frozenset) -> None:
+        try:
+            st = os.stat(folder)
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            rows.append([rel or ".", -1, -1, -1, -1, -1])
+            return
+        here = above | {(st.st_dev, st.st_ino)}
+        for e in entries:
+            p, r = e.path, os.path.join(rel, e.name) if rel else e.name
+            inner = base
+            if e.is_symlink():
+                if os.path.realpath(p) == out_real:
+                    continue
+                rows.append([r, "link", os.readlink(p)])
+                if link_skipped(Path(p), base) is not None:
+                    target = linked_run(Path(p)) if not rel else None
+                    if target is None:
+                        continue  # not followed by the ingest: the link alone is in the key
+                    inner = target  # a linked run: walked inside itself only
+            try:
+                is_dir = e.is_dir(follow_symlinks=True)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if os.path.realpath(p) == out_real:
+                    continue
+                try:
+                    target_st = os.stat(p)
+                except OSError:
+                    continue
+                if (target_st.st_dev, target_st.st_ino) not in here:  # a cycle: not entered
+                    walk(p, r, inner, here)
+                continue
+            if e.name.endswith(skip_suffixes) or e.name.startswith(".tmp-"):
+                continue
+            try:
+                fst = os.stat(p)  # a symlinked file: its target's signature
+                rows.append([r, fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns, fst.st_ino,
+                             fst.st_dev])
+            except OSError:
+                rows.append([r, -1, -1, -1, -1, -1])
+
+    walk(os.fspath(root), "", Path(os.path.realpath(root)), frozenset())
+    return rows
 
 
 def trim(folder: Path, names: str) -> None:

@@ -275,10 +275,61 @@ def test_cached_report_follows_a_re_recorded_run_behind_a_symlink(ddp_run, fsdp_
 
 
 def test_report_cache_key_survives_a_symlink_cycle(tmp_path):
-    from reports import cache
+    from analyzer.ingest.cachekey import input_signature
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "f.json").write_text("{}")
     (tmp_path / "a" / "loop").symlink_to(tmp_path / "a", target_is_directory=True)
-    rows = cache._files(tmp_path, tmp_path / "out")
+    rows = input_signature(tmp_path, tmp_path / "out")
     assert [r[0] for r in rows] == ["a/f.json", "a/loop"]
+
+
+def test_report_cache_key_walk_follows_links_as_the_ingest_does(tmp_path):
+    """The key walk follows a symlink only where the ingest does (analyzer/ingest/fswalk.py
+    ``link_skipped``): a link out of the input, or to a folder above it, is one row (the link),
+    never a walk of what it names; a link inside the input is followed."""
+    from analyzer.ingest.cachekey import input_signature
+
+    root, outside = tmp_path / "traces", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    for i in range(5):
+        (outside / f"x{i}.json").write_text("{}")
+    _trace(root / "t.json", 20)
+    (root / "sub").mkdir()
+    (root / "away").symlink_to(outside, target_is_directory=True)
+    (root / "file-away.json").symlink_to(outside / "x0.json")
+    (root / "up").symlink_to(tmp_path, target_is_directory=True)
+    (root / "sub" / "back").symlink_to(root / "t.json")
+    rows = input_signature(root, tmp_path / "out")
+    assert [r[0] for r in rows] == ["away", "file-away.json", "sub/back", "sub/back", "t.json",
+                                    "up"]
+    assert [r[1] for r in rows if r[0] in ("away", "file-away.json", "up")] == ["link"] * 3
+    assert rows[3][1] == (root / "t.json").stat().st_size  # inside: followed
+
+
+def test_report_of_a_folder_with_a_link_to_the_filesystem_root_walks_only_the_folder(
+        tmp_path, monkeypatch):
+    """A link to / or /sys in a folder of traces made the key walk list the whole machine
+    (`report` past 180 s, `summary` 9.5 s). Counted in folders listed, not seconds."""
+    import os
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    root = tmp_path / "traces"
+    root.mkdir()
+    _trace(root / "t.json", 20)
+    (root / "all").symlink_to("/", target_is_directory=True)
+    (root / "sys").symlink_to("/sys" if os.path.isdir("/sys") else "/usr",
+                              target_is_directory=True)
+    listed, real_scandir = [], os.scandir
+
+    def counted(path="."):
+        listed.append(path)
+        if len(listed) > 100:
+            raise AssertionError(f"walked out of the input: {listed[-3:]}")
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counted)
+    done = cli("report", str(root), "--out", str(tmp_path / "rep"), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert len(listed) < 20, listed
