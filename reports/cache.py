@@ -9,7 +9,9 @@ call can set the ctime back.
 
 The cache is ``$XDG_CACHE_HOME/paritytrace/reports/<hash of DIR and output folder>.json``
 (``~/.cache`` when unset; report.json's text plus the key and the notes the analysis said on
-stderr, which a hit says again), written atomically after the report; the output folder holds
+stderr, which a hit says again), signed with this user's cache key as the per-rank tables
+caches are (``_MAGIC``; a planted or copied entry is a miss, never read whole), written
+atomically after the report; the output folder holds
 only the report files. A hit decodes the cached text (analyzer/contract/report_types.py) and renders
 it: no pandas import, no trace read. A miss renders from its report.json text decoded the same
 way, so both paths write identical outputs. Each write trims the folder to its cap
@@ -29,7 +31,8 @@ from pathlib import Path
 import msgspec
 
 from analyzer.contract.atomic import write_atomic
-from analyzer.ingest.cachekey import cache_dir, cache_key, input_signature, read_regular, trim
+from analyzer.ingest.cachekey import (cache_dir, cache_key, input_signature, read_regular,
+                                      read_signed, sign, trim)
 from analyzer.contract.report_types import AnalysisOptions
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,9 @@ _SKIP_SUFFIXES = (".tables.msgpack",)  # an older analyzer's caches beside trace
 _NAMES = r"[0-9a-f]{32}\.json"
 """The report entries (``_path``): what trim may delete. Never the records of written files
 (``_written_path``): without one, a report file the user edited could be taken for ours."""
+_MAGIC = b"paritytrace-report/1\n"
+"""First bytes of a report entry (``_path``): then its HMAC under this user's cache key
+(analyzer/ingest/cachekey.py ``sign``), then the entry's JSON the HMAC covers."""
 _RECORD_MAX_BYTES = 1 << 20
 """A record of written files names a few report files: larger is not one of ours."""
 _HERE = Path(__file__).resolve().parent
@@ -75,7 +81,11 @@ def load_entry(root: Path, out: Path, k: str) -> tuple[str, list[str]] | None:
     stderr (``store``), so a hit can say them again."""
     path = _path(root, out)
     try:
-        entry = msgspec.json.decode(read_regular(path), type=_Entry)
+        payload = read_signed(path, _MAGIC)  # nothing held before its HMAC verifies
+        if payload is None:
+            log.info("ignoring report cache %s: not signed with this user's cache key", path)
+            return None
+        entry = msgspec.json.decode(payload, type=_Entry)
     except FileNotFoundError:
         return None
     except (OSError, msgspec.DecodeError) as exc:  # ValidationError too: an older cache's shape
@@ -92,8 +102,12 @@ def store(root: Path, out: Path, k: str, report_json: str, notes: list[str] = ()
     """Write the cache atomically: ``report_json`` (report.json's text) and ``notes`` (the
     lines the analysis said on stderr, one per note)."""
     path = _path(root, out)
+    payload = msgspec.json.encode(_Entry(key=k, notes=list(notes), report=report_json))
+    mac = sign(payload)
+    if mac is None:
+        return  # no cache key (a read-only home): nothing a later report could trust
     try:
-        write_atomic(path, msgspec.json.encode(_Entry(key=k, notes=list(notes), report=report_json)))
+        write_atomic(path, _MAGIC + mac + payload)
         trim(path.parent, _NAMES)
     except OSError as exc:
         log.info("could not write report cache %s (%s)", path, exc)
@@ -107,10 +121,15 @@ def _written_path(out: Path) -> Path:
 
 
 def _sha256(path: Path) -> str | None:
+    """SHA-256 of the file ``path``, read in chunks (a huge file in --out costs no memory)."""
+    h = hashlib.sha256()
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
     except OSError:
         return None
+    return h.hexdigest()
 
 
 def fs_now_ns() -> int:

@@ -13,7 +13,8 @@ A cache file is also input the user did not write: one planted in the cache fold
 into it from elsewhere, must not replace the analysis. ``sign`` / ``verify`` authenticate a cache
 file's bytes with HMAC-SHA256 under a per-user secret key (``user_key``: 32 random bytes in
 ``cache_dir()/KEY_NAME``, mode 0600, made on first use): a cache written by this user's
-analyzer verifies; one written by anybody else, or edited, does not and is recomputed. Each
+analyzer verifies; one written by anybody else, or edited, does not and is recomputed, and
+``read_signed`` holds none of its bytes before it verifies. Each
 cache folder is kept within a size (``trim``).
 """
 
@@ -53,13 +54,49 @@ def read_regular(path: Path, limit_bytes: int | None = None) -> bytes:
     or a device left in the cache folder is refused before anything is read, so it can neither
     hang the command nor fill its memory. Raises ``FileNotFoundError`` when absent, ``OSError``
     otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        limit = settings.cache_max_bytes() if limit_bytes is None else limit_bytes
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            raise OSError(f"not a regular file of at most {limit} bytes: {path}")
+    with _open_regular(path, limit_bytes) as fh:
         return fh.read()
+
+
+def read_signed(path: Path, magic: bytes, limit_bytes: int | None = None) -> bytes | None:
+    """The payload of the signed cache file ``path`` (``magic``, then ``sign(payload)``, then
+    the payload), held in memory only once it verifies: the file checked as ``read_regular``
+    does, then its first bytes against ``magic``, then its HMAC computed over the file in
+    chunks of ``_CHUNK_BYTES`` -- a planted file (a sparse one of any size within the cap, a
+    copied or edited cache) costs one chunk of memory, never its size. The payload is verified
+    again as read (a file changed in between is refused too). None when it does not verify or
+    this user has no cache key; raises ``FileNotFoundError`` when absent, ``OSError`` when not
+    a regular file within the cap."""
+    key = user_key()
+    with _open_regular(path, limit_bytes) as fh:
+        head = fh.read(len(magic) + MAC_BYTES)
+        if key is None or len(head) != len(magic) + MAC_BYTES or not head.startswith(magic):
+            return None
+        mac = head[len(magic):]
+        h = hmac.new(key, digestmod=hashlib.sha256)
+        while chunk := fh.read(_CHUNK_BYTES):
+            h.update(chunk)
+        if not hmac.compare_digest(h.digest(), mac):
+            return None
+        fh.seek(len(head))
+        payload = fh.read()
+    return payload if verify(payload, mac) else None
+
+
+_CHUNK_BYTES = 1 << 20
+
+
+def _open_regular(path: Path, limit_bytes: int | None):
+    """``path`` opened for reading when it is a regular file of at most ``limit_bytes``
+    (``read_regular``), without following a symlink or blocking on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fh = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    limit = settings.cache_max_bytes() if limit_bytes is None else limit_bytes
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        fh.close()
+        raise OSError(f"not a regular file of at most {limit} bytes: {path}")
+    return fh
 
 
 def input_signature(root: Path, out: Path, skip_suffixes: tuple[str, ...] = ()) -> list[list[Any]]:

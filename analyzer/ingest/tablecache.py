@@ -95,20 +95,19 @@ def ipc(name: str, df) -> bytes:
 
 def load_cache_blob(cpath: Path) -> dict[str, Any] | None:
     """The payload of the cache file ``cpath`` when its HMAC verifies under this user's key
-    (``cachekey.verify``): None when absent, unreadable, or not written by this user's
-    analyzer (planted, copied from another user or machine, edited)."""
-    from analyzer.ingest.cachekey import MAC_BYTES, read_regular, verify
+    (``cachekey.read_signed``: nothing held in memory before it does): None when absent,
+    unreadable, or not written by this user's analyzer (planted, copied from another user or
+    machine, edited)."""
+    from analyzer.ingest.cachekey import read_signed
 
     try:
-        data = read_regular(cpath)
+        body = read_signed(cpath, CACHE_MAGIC)
     except FileNotFoundError:
         return None
     except OSError as exc:
         log.info("ignoring unreadable cache %s (%s)", cpath, exc)
         return None
-    head = len(CACHE_MAGIC) + MAC_BYTES
-    body = memoryview(data)[head:]
-    if not data.startswith(CACHE_MAGIC) or not verify(body, data[len(CACHE_MAGIC):head]):
+    if body is None:
         log.info("ignoring cache %s: not signed with this user's cache key", cpath)
         return None
     try:

@@ -333,3 +333,99 @@ def test_report_of_a_folder_with_a_link_to_the_filesystem_root_walks_only_the_fo
     done = cli("report", str(root), "--out", str(tmp_path / "rep"), "--format", "json")
     assert done.returncode == 0, done.stderr
     assert len(listed) < 20, listed
+
+
+def _planted(path: Path, magic: bytes, size_bytes: int) -> None:
+    """A sparse file of ``size_bytes`` at ``path`` that starts as a cache file does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(magic)
+        fh.truncate(size_bytes)
+
+
+@pytest.mark.parametrize("which", ["tables", "report"])
+def test_a_planted_cache_file_costs_a_chunk_not_its_size(tmp_path, monkeypatch, which):
+    """A file in the cache folder that starts as a cache file does, within the cap (2 GiB by
+    default), was read whole before its HMAC was checked (a sparse file of 2 GiB: 22.7 s and
+    2.2 GB peak): now its HMAC is computed in chunks and nothing is held until it verifies.
+    Python's allocations are traced (32 MiB planted, a few MiB allowed)."""
+    import tracemalloc
+
+    from analyzer.ingest import tablecache
+    from reports import cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    size = 32 << 20
+    if which == "tables":
+        path = tablecache.tables_cache_path(tmp_path / "t.json")
+        _planted(path, tablecache.CACHE_MAGIC, size)
+        load = lambda: tablecache.load_cache_blob(path)  # noqa: E731
+    else:
+        path = cache._path(tmp_path, tmp_path / "out")
+        _planted(path, getattr(cache, "_MAGIC", b"{"), size)
+        load = lambda: cache.load_entry(tmp_path, tmp_path / "out", "k" * 32)  # noqa: E731
+    tracemalloc.start()
+    try:
+        assert load() is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+
+
+def test_a_report_entry_not_signed_by_this_user_is_a_miss(tmp_path, monkeypatch):
+    """A report entry planted (or copied) into the cache folder with the right key -- the key
+    is made of what anyone can know: paths, stat signatures, the code -- is not served."""
+    import msgspec
+
+    from reports import cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    out = tmp_path / "out"
+    cache.store(tmp_path, out, "k" * 32, '{"schema_version": 1}')
+    assert cache.load_entry(tmp_path, out, "k" * 32) == ('{"schema_version": 1}', [])
+    path = cache._path(tmp_path, out)
+    path.write_bytes(msgspec.json.encode({"key": "k" * 32, "notes": [], "report": "{}"}))
+    assert cache.load_entry(tmp_path, out, "k" * 32) is None
+    signed = path.read_bytes()
+    path.write_bytes(signed)
+    cache.store(tmp_path, out, "k" * 32, '{"schema_version": 2}')
+    forged = bytearray(path.read_bytes())
+    forged[-3] ^= 1  # an edited entry
+    path.write_bytes(bytes(forged))
+    assert cache.load_entry(tmp_path, out, "k" * 32) is None
+
+
+@pytest.mark.integration
+def test_planted_caches_in_the_cache_folder_cost_neither_time_nor_memory(tmp_path,
+                                                                         monkeypatch):
+    """The R2 variants in the cache folder itself, through `summary` and `report` under a
+    1 GiB address-space limit: a FIFO, a link to /dev/zero and a sparse file just under the
+    2 GiB cap that starts as a cache file does, for each rank's tables and for the report."""
+    import json
+    import os
+    import resource
+    import sys
+
+    from analyzer.ingest import tablecache
+    from reports import cache
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    xdg, root, out = tmp_path / "xdg", tmp_path / "traces", tmp_path / "rep"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    root.mkdir()
+    plants = [tablecache.tables_cache_path(_trace(root / f"rank{r}.json", 20 + r))
+              for r in range(3)]
+    plants[0].parent.mkdir(parents=True)
+    os.mkfifo(plants[0])
+    plants[1].symlink_to("/dev/zero")
+    _planted(plants[2], tablecache.CACHE_MAGIC, (2 << 30) - 4096)
+    _planted(cache._path(root, out), getattr(cache, "_MAGIC", b'{"key":'), (2 << 30) - 4096)
+    for args in (["summary", str(root), "--format", "json"],
+                 ["report", str(root), "--out", str(out), "--format", "json"]):
+        proc = subprocess.run([sys.executable, "-m", "analyzer", *args], capture_output=True,
+                              text=True, preexec_fn=capped, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "report.json").read_text())["schema_version"]
