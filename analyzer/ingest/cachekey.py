@@ -96,7 +96,23 @@ def _open_regular(path: Path, limit_bytes: int | None):
     if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
         fh.close()
         raise OSError(f"not a regular file of at most {limit} bytes: {path}")
+    if _sparse(st):
+        fh.close()
+        raise OSError(f"a sparse file ({st.st_size:,} bytes, {st.st_blocks * 512:,} on disk), "
+                      f"which the analyzer never writes: {path}")
     return fh
+
+
+_SPARSE_MIN_BYTES = 1 << 20
+
+
+def _sparse(st: os.stat_result) -> bool:
+    """True when a file of ``st`` holds a MiB or more and under an eighth of it is on disk: a
+    sparse file, which a cache written front to back never is (a filesystem that compresses
+    stores no less than an eighth of Arrow's and msgpack's bytes); rundirs.py has the same
+    rule for run files."""
+    blocks = getattr(st, "st_blocks", None)
+    return blocks is not None and st.st_size >= _SPARSE_MIN_BYTES and blocks * 512 * 8 < st.st_size
 
 
 def input_signature(root: Path, out: Path, skip_suffixes: tuple[str, ...] = ()) -> list[list[Any]]:

@@ -335,11 +335,15 @@ def test_report_of_a_folder_with_a_link_to_the_filesystem_root_walks_only_the_fo
     assert len(listed) < 20, listed
 
 
-def _planted(path: Path, magic: bytes, size_bytes: int) -> None:
-    """A sparse file of ``size_bytes`` at ``path`` that starts as a cache file does."""
+def _planted(path: Path, magic: bytes, size_bytes: int, *, dense: bool = False) -> None:
+    """A file of ``size_bytes`` at ``path`` that starts as a cache file does: sparse, or with
+    ``dense`` every byte written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as fh:
         fh.write(magic)
+        if dense:
+            for _ in range((size_bytes - len(magic)) >> 20):
+                fh.write(bytes(1 << 20))
         fh.truncate(size_bytes)
 
 
@@ -348,7 +352,7 @@ def test_a_planted_cache_file_costs_a_chunk_not_its_size(tmp_path, monkeypatch, 
     """A file in the cache folder that starts as a cache file does, within the cap (2 GiB by
     default), was read whole before its HMAC was checked (a sparse file of 2 GiB: 22.7 s and
     2.2 GB peak): now its HMAC is computed in chunks and nothing is held until it verifies.
-    Python's allocations are traced (32 MiB planted, a few MiB allowed)."""
+    Python's allocations are traced (32 MiB planted, every byte on disk; a few MiB allowed)."""
     import tracemalloc
 
     from analyzer.ingest import tablecache
@@ -358,11 +362,11 @@ def test_a_planted_cache_file_costs_a_chunk_not_its_size(tmp_path, monkeypatch, 
     size = 32 << 20
     if which == "tables":
         path = tablecache.tables_cache_path(tmp_path / "t.json")
-        _planted(path, tablecache.CACHE_MAGIC, size)
+        _planted(path, tablecache.CACHE_MAGIC, size, dense=True)
         load = lambda: tablecache.load_cache_blob(path)  # noqa: E731
     else:
         path = cache._path(tmp_path, tmp_path / "out")
-        _planted(path, getattr(cache, "_MAGIC", b"{"), size)
+        _planted(path, getattr(cache, "_MAGIC", b"{"), size, dense=True)
         load = lambda: cache.load_entry(tmp_path, tmp_path / "out", "k" * 32)  # noqa: E731
     tracemalloc.start()
     try:
@@ -429,3 +433,43 @@ def test_planted_caches_in_the_cache_folder_cost_neither_time_nor_memory(tmp_pat
                               text=True, preexec_fn=capped, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((out / "report.json").read_text())["schema_version"]
+
+
+def test_a_sparse_or_oversized_tables_cache_is_not_read(tmp_path, monkeypatch):
+    """A sparse file (the analyzer writes none) and a tables cache far larger than its trace
+    could give (``TABLES_PER_TRACE_BYTE``) are refused before a byte is hashed: counted in
+    bytes read, so that a 2 GiB plant costs no 30 s of hashing either."""
+    from analyzer.ingest import cachekey, tablecache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    trace = _trace(tmp_path / "t.json", 20)
+    sig = tablecache.stat_sig(trace)
+    cpath = tablecache.tables_cache_path(trace)
+    read: list[int] = []
+
+    class Counted:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def read(self, n=-1):
+            data = self.fh.read(n)
+            read.append(len(data))
+            return data
+
+        def seek(self, *a):
+            return self.fh.seek(*a)
+
+    real_open_regular = cachekey._open_regular
+    monkeypatch.setattr(cachekey, "_open_regular", lambda *a: Counted(real_open_regular(*a)))
+    _planted(cpath, tablecache.CACHE_MAGIC, 64 << 20)  # sparse
+    assert tablecache.read_tables(cpath, sig, None) is None
+    cpath.unlink()
+    _planted(cpath, tablecache.CACHE_MAGIC, 4 << 20, dense=True)  # dense, 4 MiB for 300 bytes
+    assert tablecache.read_tables(cpath, sig, None) is None
+    assert sum(read) == 0, read
