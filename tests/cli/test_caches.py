@@ -473,3 +473,24 @@ def test_a_sparse_or_oversized_tables_cache_is_not_read(tmp_path, monkeypatch):
     _planted(cpath, tablecache.CACHE_MAGIC, 4 << 20, dense=True)  # dense, 4 MiB for 300 bytes
     assert tablecache.read_tables(cpath, sig, None) is None
     assert sum(read) == 0, read
+
+
+def test_planted_caches_beside_traces_are_never_opened(tmp_path, monkeypatch):
+    """The R2 variants beside the traces (where older versions cached): a FIFO, a link to
+    /dev/zero and a 20 GB sparse file named ``<trace>.tables.msgpack``. Since the caches moved
+    to the user cache (issue 40) nothing opens them: every command reads the traces alone."""
+    import os
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    root = tmp_path / "traces"
+    root.mkdir()
+    for r in range(3):
+        _trace(root / f"rank{r}.json", 20 + r)
+    os.mkfifo(root / "rank0.json.tables.msgpack")
+    (root / "rank1.json.tables.msgpack").symlink_to("/dev/zero")
+    with open(root / "rank2.json.tables.msgpack", "wb") as fh:
+        fh.truncate(20 << 30)
+    for args in (["summary", str(root)], ["merge", str(root), "-o", str(tmp_path / "m.json")],
+                 ["report", str(root), "--out", str(tmp_path / "rep"), "--format", "json"]):
+        done = cli(*args)
+        assert done.returncode == 0, (args, done.stderr)
