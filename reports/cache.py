@@ -1,7 +1,7 @@
 """Whole-report cache: a second ``analyzer report`` on unchanged inputs skips the analysis.
 
 The key is ``analyzer.ingest.cachekey.cache_key`` of the resolved DIR and output folder, the
-options and the stat signature (``_files``) of every file under DIR, computed by every
+options and the stat signature (``cachekey.input_signature``) of every file under DIR, computed by every
 ``analyzer`` and ``reports`` module. The ctime is in it because the mtime can be set back
 (``cp -p``, ``touch -d``): a file rewritten in place with its old size and mtime would otherwise
 be served the stale report, skipping the manifest's sha256 check that a miss runs; no user
@@ -9,7 +9,9 @@ call can set the ctime back.
 
 The cache is ``$XDG_CACHE_HOME/paritytrace/reports/<hash of DIR and output folder>.json``
 (``~/.cache`` when unset; report.json's text plus the key and the notes the analysis said on
-stderr, which a hit says again), written atomically after the report; the output folder holds
+stderr, which a hit says again), signed with this user's cache key as the per-rank tables
+caches are (``_MAGIC``; a planted or copied entry is a miss, never read whole), written
+atomically after the report; the output folder holds
 only the report files. A hit decodes the cached text (analyzer/contract/report_types.py) and renders
 it: no pandas import, no trace read. A miss renders from its report.json text decoded the same
 way, so both paths write identical outputs. Each write trims the folder to its cap
@@ -25,12 +27,12 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from analyzer.contract.atomic import write_atomic
-from analyzer.ingest.cachekey import cache_dir, cache_key, read_regular, trim
+from analyzer.ingest.cachekey import (cache_dir, cache_key, input_signature, read_regular,
+                                      read_signed, sign, trim)
 from analyzer.contract.report_types import AnalysisOptions
 
 log = logging.getLogger(__name__)
@@ -39,62 +41,13 @@ _SKIP_SUFFIXES = (".tables.msgpack",)  # an older analyzer's caches beside trace
 _NAMES = r"[0-9a-f]{32}\.json"
 """The report entries (``_path``): what trim may delete. Never the records of written files
 (``_written_path``): without one, a report file the user edited could be taken for ours."""
+_MAGIC = b"paritytrace-report/1\n"
+"""First bytes of a report entry (``_path``): then its HMAC under this user's cache key
+(analyzer/ingest/cachekey.py ``sign``), then the entry's JSON the HMAC covers."""
 _RECORD_MAX_BYTES = 1 << 20
 """A record of written files names a few report files: larger is not one of ours."""
 _HERE = Path(__file__).resolve().parent
 _MODULES = tuple(sorted((*(_HERE.parent / "analyzer").rglob("*.py"), *_HERE.glob("*.py"))))
-
-
-def _files(root: Path, out: Path) -> list[list[Any]]:
-    """[relative path, size, mtime_ns, ctime_ns, inode, device] of every file under ``root``,
-    leaving out ``out`` and the per-rank tables caches. A symlink to a folder (the documented
-    "folder of symlinks to run dirs") is recorded as the link and its target, and the target's
-    files are walked under the link's path: a linked run re-recorded changes the key. A folder
-    reached twice (a link cycle, two links to one run) is walked once per link path but never
-    inside itself."""
-    rows: list[list[Any]] = []
-    if root.is_file():
-        st = root.stat()
-        return [[root.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]]
-    out_real = os.path.realpath(out)
-
-    def walk(folder: str, rel: str, above: frozenset) -> None:
-        try:
-            st = os.stat(folder)
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            rows.append([rel or ".", -1, -1, -1, -1, -1])
-            return
-        here = above | {(st.st_dev, st.st_ino)}
-        for e in entries:
-            p, r = e.path, os.path.join(rel, e.name) if rel else e.name
-            try:
-                is_dir = e.is_dir(follow_symlinks=True)
-            except OSError:
-                is_dir = False
-            if is_dir:
-                if os.path.realpath(p) == out_real:
-                    continue
-                if e.is_symlink():
-                    rows.append([r, "link", os.readlink(p)])
-                try:
-                    target = os.stat(p)
-                except OSError:
-                    continue
-                if (target.st_dev, target.st_ino) not in here:  # a cycle: recorded, not entered
-                    walk(p, r, here)
-                continue
-            if e.name.endswith(_SKIP_SUFFIXES) or e.name.startswith(".tmp-"):
-                continue
-            try:
-                fst = os.stat(p)  # a symlinked file: its target's signature
-                rows.append([r, fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns, fst.st_ino,
-                             fst.st_dev])
-            except OSError:
-                rows.append([r, -1, -1, -1, -1, -1])
-
-    walk(os.fspath(root), "", frozenset())
-    return rows
 
 
 class _Entry(msgspec.Struct):
@@ -112,7 +65,7 @@ def key(root: Path, out: Path, options: AnalysisOptions) -> str:
               "allow_incomplete": options.allow_incomplete,
               "device_memory_bytes": options.device_memory_bytes}
     return cache_key(json.dumps({"root": os.path.realpath(root), "out": os.path.realpath(out),
-                                 "options": chosen, "files": _files(root, out)},
+                                 "options": chosen, "files": input_signature(root, out, _SKIP_SUFFIXES)},
                                 sort_keys=True), _MODULES)
 
 
@@ -128,7 +81,11 @@ def load_entry(root: Path, out: Path, k: str) -> tuple[str, list[str]] | None:
     stderr (``store``), so a hit can say them again."""
     path = _path(root, out)
     try:
-        entry = msgspec.json.decode(read_regular(path), type=_Entry)
+        payload = read_signed(path, _MAGIC)  # nothing held before its HMAC verifies
+        if payload is None:
+            log.info("ignoring report cache %s: not signed with this user's cache key", path)
+            return None
+        entry = msgspec.json.decode(payload, type=_Entry)
     except FileNotFoundError:
         return None
     except (OSError, msgspec.DecodeError) as exc:  # ValidationError too: an older cache's shape
@@ -145,8 +102,12 @@ def store(root: Path, out: Path, k: str, report_json: str, notes: list[str] = ()
     """Write the cache atomically: ``report_json`` (report.json's text) and ``notes`` (the
     lines the analysis said on stderr, one per note)."""
     path = _path(root, out)
+    payload = msgspec.json.encode(_Entry(key=k, notes=list(notes), report=report_json))
+    mac = sign(payload)
+    if mac is None:
+        return  # no cache key (a read-only home): nothing a later report could trust
     try:
-        write_atomic(path, msgspec.json.encode(_Entry(key=k, notes=list(notes), report=report_json)))
+        write_atomic(path, _MAGIC + mac + payload)
         trim(path.parent, _NAMES)
     except OSError as exc:
         log.info("could not write report cache %s (%s)", path, exc)
@@ -160,10 +121,15 @@ def _written_path(out: Path) -> Path:
 
 
 def _sha256(path: Path) -> str | None:
+    """SHA-256 of the file ``path``, read in chunks (a huge file in --out costs no memory)."""
+    h = hashlib.sha256()
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
     except OSError:
         return None
+    return h.hexdigest()
 
 
 def fs_now_ns() -> int:

@@ -656,31 +656,46 @@ def _quoted(text: str) -> str:
     return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
-MODULE_ALLOWANCE = 100_000
-"""Tensors a record may name beyond its parameters' count (activations of modules without
+MODULES_PER_PARAM = 4
+"""Modules without parameters a record may name per parameter element (containers,
+activations, dropouts: they come with the modules that hold the parameters): part of
+``max_run_file_rows``."""
+MODULE_ALLOWANCE = 1_000
+"""Modules a record may name beyond ``MODULES_PER_PARAM`` per parameter (a model of very few
 parameters): part of ``max_run_file_rows``."""
+LOSS_METRICS = ("value", "ref_value")
+"""The metrics of numerics.parquet's loss rows (one each per rank and step)."""
+BATCH_TENSORS = 16
+"""The most batch tensors a record keeps (kept.parquet group ``batch``: ``batch.x``, ``batch.y``)."""
 
 
 def max_run_file_rows(manifest: Manifest, name: str) -> int | None:
     """The most rows the tracer can write in run file ``name`` (``NUMERICS_NAME`` ...) of the
     record ``manifest`` describes, None when the manifest does not bound it (memory.parquet:
-    allocator blocks). Every tensor holds at least one element, so a rank names at most
-    ``model.num_params + MODULE_ALLOWANCE`` tensors of each kind; numerics has a row per metric
-    of each, and loss rows per step. Read from the file's footer before the file is read
-    (analyzer/analyses/memory.py ``read_parquet``): a small file of many rows cannot fill the
-    memory."""
+    allocator blocks). Every parameter holds at least one element, so a rank names at most
+    ``model.num_params`` parameters (grad and param rows each) and, for activations, at most
+    ``MODULES_PER_PARAM`` modules per parameter plus ``MODULE_ALLOWANCE``; numerics has a row per
+    metric of each (the golden metrics only in a ``--golden`` record) and ``LOSS_METRICS`` rows
+    per step (golden.parquet: rank 0's grad, param and loss rows); kept.parquet a row per kept
+tensor; steps.parquet a row per rank and step. Read from the file's footer before the file
+    is read (analyzer/analyses/memory.py ``read_parquet``): a small file of many rows cannot
+    fill the memory. The rule's looseness is ``num_params``: it counts elements, and the rows
+    count tensors (a record names about a thousandth as many)."""
     world = max(manifest.world_size, 1)
     steps = max(manifest.steps, 0) + 1
-    tensors = max(manifest.model.num_params, 0) + MODULE_ALLOWANCE
-    metrics = len(TENSOR_METRICS) + len(GOLDEN_METRICS)
+    params = max(manifest.model.num_params, 0)
+    modules = MODULES_PER_PARAM * params + MODULE_ALLOWANCE
+    metrics = len(TENSOR_METRICS) + (len(GOLDEN_METRICS) if manifest.golden is not None else 0)
     if name == NUMERICS_NAME:
-        return 2 * world * (len(NUMERICS_KINDS) * metrics * tensors + steps * metrics)
+        return world * (metrics * (2 * params + modules) + steps * len(LOSS_METRICS))
     if name == STEPS_NAME:
-        return 2 * (world + 1) * steps
-    if name in (KEPT_NAME, GOLDEN_NAME):
-        return 2 * (len(KEPT_GROUPS) * tensors + steps)
+        return world * steps
+    if name == KEPT_NAME:
+        return 3 * params + BATCH_TENSORS + steps  # init, grad, param; batch; loss
+    if name == GOLDEN_NAME:  # numerics rows of rank 0: grad and param, loss per step
+        return 2 * params * len(TENSOR_METRICS) + steps * len(LOSS_METRICS)
     if name == MEMORY_CATEGORIES_NAME:
-        return 2 * world * (len(MEMORY_CATEGORIES) + 1)
+        return world * len(MEMORY_CATEGORIES)
     return None
 
 

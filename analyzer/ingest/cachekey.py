@@ -3,7 +3,8 @@ the whole report (reports/cache.py).
 
 A cached result is valid when the key stored with it equals ``cache_key(content, modules)``: a
 BLAKE2b hash of ``content`` (what the result was computed from: a trace's SHA-256, or the
-report's options and the stat signatures of its input files), of the source of every module in
+report's options and the stat signatures of its input files, ``input_signature``, a walk
+that follows links where the ingest does), of the source of every module in
 ``modules`` (the code that computes the result) and of the installed versions of the libraries
 the analysis runs on (``LIBS``). Any change to any of them is a miss. Light on purpose: a
 cached report renders without importing pandas, pyarrow or numpy.
@@ -12,7 +13,8 @@ A cache file is also input the user did not write: one planted in the cache fold
 into it from elsewhere, must not replace the analysis. ``sign`` / ``verify`` authenticate a cache
 file's bytes with HMAC-SHA256 under a per-user secret key (``user_key``: 32 random bytes in
 ``cache_dir()/KEY_NAME``, mode 0600, made on first use): a cache written by this user's
-analyzer verifies; one written by anybody else, or edited, does not and is recomputed. Each
+analyzer verifies; one written by anybody else, or edited, does not and is recomputed, and
+``read_signed`` holds none of its bytes before it verifies. Each
 cache folder is kept within a size (``trim``).
 """
 
@@ -28,6 +30,7 @@ import stat
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from analyzer.contract import settings
 
@@ -51,13 +54,139 @@ def read_regular(path: Path, limit_bytes: int | None = None) -> bytes:
     or a device left in the cache folder is refused before anything is read, so it can neither
     hang the command nor fill its memory. Raises ``FileNotFoundError`` when absent, ``OSError``
     otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        limit = settings.cache_max_bytes() if limit_bytes is None else limit_bytes
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            raise OSError(f"not a regular file of at most {limit} bytes: {path}")
+    with _open_regular(path, limit_bytes) as fh:
         return fh.read()
+
+
+def read_signed(path: Path, magic: bytes, limit_bytes: int | None = None) -> bytes | None:
+    """The payload of the signed cache file ``path`` (``magic``, then ``sign(payload)``, then
+    the payload), held in memory only once it verifies: the file checked as ``read_regular``
+    does, then its first bytes against ``magic``, then its HMAC computed over the file in
+    chunks of ``_CHUNK_BYTES`` -- a planted file (a sparse one of any size within the cap, a
+    copied or edited cache) costs one chunk of memory, never its size. The payload is verified
+    again as read (a file changed in between is refused too). None when it does not verify or
+    this user has no cache key; raises ``FileNotFoundError`` when absent, ``OSError`` when not
+    a regular file within the cap."""
+    key = user_key()
+    with _open_regular(path, limit_bytes) as fh:
+        head = fh.read(len(magic) + MAC_BYTES)
+        if key is None or len(head) != len(magic) + MAC_BYTES or not head.startswith(magic):
+            return None
+        mac = head[len(magic):]
+        h = hmac.new(key, digestmod=hashlib.sha256)
+        while chunk := fh.read(_CHUNK_BYTES):
+            h.update(chunk)
+        if not hmac.compare_digest(h.digest(), mac):
+            return None
+        fh.seek(len(head))
+        payload = fh.read()
+    return payload if verify(payload, mac) else None
+
+
+_CHUNK_BYTES = 1 << 20
+
+
+def _open_regular(path: Path, limit_bytes: int | None):
+    """``path`` opened for reading when it is a regular file of at most ``limit_bytes``
+    (``read_regular``), without following a symlink or blocking on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fh = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    limit = settings.cache_max_bytes() if limit_bytes is None else limit_bytes
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        fh.close()
+        raise OSError(f"not a regular file of at most {limit} bytes: {path}")
+    if _sparse(st):
+        fh.close()
+        raise OSError(f"a sparse file ({st.st_size:,} bytes, {st.st_blocks * 512:,} on disk), "
+                      f"which the analyzer never writes: {path}")
+    return fh
+
+
+_SPARSE_MIN_BYTES = 1 << 20
+
+
+def _sparse(st: os.stat_result) -> bool:
+    """True when a file of ``st`` holds a MiB or more and under an eighth of it is on disk: a
+    sparse file, which a cache written front to back never is (a filesystem that compresses
+    stores no less than an eighth of Arrow's and msgpack's bytes); rundirs.py has the same
+    rule for run files."""
+    blocks = getattr(st, "st_blocks", None)
+    return blocks is not None and st.st_size >= _SPARSE_MIN_BYTES and blocks * 512 * 8 < st.st_size
+
+
+def input_signature(root: Path, out: Path, skip_suffixes: tuple[str, ...] = ()) -> list[list[Any]]:
+    """[relative path, size, mtime_ns, ctime_ns, inode, device] of every file under ``root``
+    that the analysis may read, leaving out ``out``, names ending in ``skip_suffixes`` and ``.tmp-*`` files
+    being written. The report cache's key (reports/cache.py). Symlinks
+    are followed by the ingest's rule (analyzer/ingest/fswalk.py ``link_skipped``): only to a
+    target inside the folder being walked, never into a loop; a link it does not follow is
+    recorded as the link alone (a link to ``/`` or ``/sys`` costs one row, not a walk of the
+    machine). The one way out is the ingest's too (rundirs.py ``linked_run``): a link in
+    ``root`` to a run directory (the documented "folder of symlinks to run dirs") is recorded
+    as the link and its target's files are walked under the link's path, confined to that run
+    directory: a linked run re-recorded changes the key. A folder reached twice (two links to
+    one run) is walked once per link path but never inside itself."""
+    from analyzer.ingest.fswalk import link_skipped, linked_folder
+
+    rows: list[list[Any]] = []
+    if root.is_file():
+        st = root.stat()
+        return [[root.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]]
+    out_real = os.path.realpath(out)
+
+    def linked_run(link: Path) -> Path | None:
+        if linked_folder(link, root) is None:  # not a folder outside: no run dir to ask about
+            return None
+        from analyzer.ingest.rundirs import linked_run  # pyarrow: only for a folder of links
+
+        return linked_run(link, root)
+
+    def walk(folder: str, rel: str, base: Path, above: frozenset) -> None:
+        try:
+            st = os.stat(folder)
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            rows.append([rel or ".", -1, -1, -1, -1, -1])
+            return
+        here = above | {(st.st_dev, st.st_ino)}
+        for e in entries:
+            p, r = e.path, os.path.join(rel, e.name) if rel else e.name
+            inner = base
+            if e.is_symlink():
+                if os.path.realpath(p) == out_real:
+                    continue
+                rows.append([r, "link", os.readlink(p)])
+                if link_skipped(Path(p), base) is not None:
+                    target = linked_run(Path(p)) if not rel else None
+                    if target is None:
+                        continue  # not followed by the ingest: the link alone is in the key
+                    inner = target  # a linked run: walked inside itself only
+            try:
+                is_dir = e.is_dir(follow_symlinks=True)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if os.path.realpath(p) == out_real:
+                    continue
+                try:
+                    target_st = os.stat(p)
+                except OSError:
+                    continue
+                if (target_st.st_dev, target_st.st_ino) not in here:  # a cycle: not entered
+                    walk(p, r, inner, here)
+                continue
+            if e.name.endswith(skip_suffixes) or e.name.startswith(".tmp-"):
+                continue
+            try:
+                fst = os.stat(p)  # a symlinked file: its target's signature
+                rows.append([r, fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns, fst.st_ino,
+                             fst.st_dev])
+            except OSError:
+                rows.append([r, -1, -1, -1, -1, -1])
+
+    walk(os.fspath(root), "", Path(os.path.realpath(root)), frozenset())
+    return rows
 
 
 def trim(folder: Path, names: str) -> None:

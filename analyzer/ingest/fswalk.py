@@ -36,21 +36,39 @@ def entries(folder: Path, *, root: Path | None = None) -> tuple[list[Path], list
     skipped: list[str] = []
     for p in sorted(folder.iterdir()):
         check_name(p)
-        if not p.is_symlink():
+        why = link_skipped(p, base) if p.is_symlink() else None
+        if why is None:
             keep.append(p)
-            continue
-        target = Path(os.path.realpath(p))
-        if not _inside(target, base):
-            skipped.append(f"{p}: symlink to {target} outside {base}; skipped")
-        elif target.is_dir() and _inside(Path(os.path.realpath(p.parent)), target):
-            skipped.append(f"{p}: symlink to {target} loops back to a folder above it; skipped")
-        elif not target.exists():
-            skipped.append(f"{p}: broken symlink; skipped")
         else:
-            keep.append(p)
+            skipped.append(why)
     for line in skipped:
         log.info("%s", line)
     return keep, skipped
+
+
+def link_skipped(link: Path, base: Path) -> str | None:
+    """Why a walk of the folder ``base`` (resolved) does not follow the symlink ``link`` below
+    it, one line (``"<link>: symlink to <target> outside <base>; skipped"``, a loop back to a
+    folder above it, a broken link), or None when it follows it: the rule of every folder walk
+    (``entries``; the report cache's key walk, reports/cache.py)."""
+    target = Path(os.path.realpath(link))
+    if not _inside(target, base):
+        return f"{link}: symlink to {target} outside {base}; skipped"
+    if target.is_dir() and _inside(Path(os.path.realpath(link.parent)), target):
+        return f"{link}: symlink to {target} loops back to a folder above it; skipped"
+    if not target.exists():
+        return f"{link}: broken symlink; skipped"
+    return None
+
+
+def linked_folder(link: Path, root: Path) -> Path | None:
+    """The folder a symlink ``link`` in ``root`` names outside it, None when it names no folder,
+    ``root`` itself or a folder above it (a loop). The one way out of the folder the user gave:
+    a traces root's link to a run directory (analyzer/ingest/rundirs.py ``linked_run``)."""
+    real_root, target = Path(os.path.realpath(root)), Path(os.path.realpath(link))
+    if not link.is_symlink() or not target.is_dir() or _inside(real_root, target):
+        return None
+    return target
 
 
 def shown(path: Path | str) -> str:

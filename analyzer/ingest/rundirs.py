@@ -44,7 +44,8 @@ from pathlib import Path
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
 from analyzer.ingest import frdump
-from analyzer.ingest.fswalk import DATASET_MARKER, analyzer_output, entries, not_an_input
+from analyzer.ingest.fswalk import (DATASET_MARKER, analyzer_output, entries, linked_folder,
+                                    not_an_input)
 
 log = logging.getLogger(__name__)
 
@@ -349,18 +350,21 @@ def _linked_runs(root: Path, children: list[Path], skipped: list[str]) -> list[P
     user's choice of runs): appended to ``children`` and their "outside" lines taken out of
     ``skipped``. A link to ``root`` or a folder above it (a loop) or to anything that is not a
     run directory stays skipped and named (analyzer/ingest/fswalk.py ``entries``)."""
-    import os
-
-    real_root = Path(os.path.realpath(root))
     kept = set(children)
     for link in sorted(p for p in root.iterdir() if p.is_symlink() and p not in kept):
-        target = Path(os.path.realpath(link))
-        if (not target.is_dir() or target == real_root or target in real_root.parents
-                or not (_complete(target) or tracer_written(target))):
+        if linked_run(link, root) is None:
             continue
         children.append(link)
         skipped[:] = [s for s in skipped if not s.startswith(f"{link}: ")]
     return sorted(children)
+
+
+def linked_run(link: Path, root: Path) -> Path | None:
+    """The run directory (complete or not) the symlink ``link`` in ``root`` names outside it
+    (``fswalk.linked_folder``), else None: what ``_linked_runs`` takes and the report cache's
+    key walks (reports/cache.py)."""
+    target = linked_folder(link, root)
+    return target if target is not None and (_complete(target) or tracer_written(target)) else None
 
 
 _ELSEWHERE: dict[Path, Discovery] = {}

@@ -275,10 +275,222 @@ def test_cached_report_follows_a_re_recorded_run_behind_a_symlink(ddp_run, fsdp_
 
 
 def test_report_cache_key_survives_a_symlink_cycle(tmp_path):
-    from reports import cache
+    from analyzer.ingest.cachekey import input_signature
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "f.json").write_text("{}")
     (tmp_path / "a" / "loop").symlink_to(tmp_path / "a", target_is_directory=True)
-    rows = cache._files(tmp_path, tmp_path / "out")
+    rows = input_signature(tmp_path, tmp_path / "out")
     assert [r[0] for r in rows] == ["a/f.json", "a/loop"]
+
+
+def test_report_cache_key_walk_follows_links_as_the_ingest_does(tmp_path):
+    """The key walk follows a symlink only where the ingest does (analyzer/ingest/fswalk.py
+    ``link_skipped``): a link out of the input, or to a folder above it, is one row (the link),
+    never a walk of what it names; a link inside the input is followed."""
+    from analyzer.ingest.cachekey import input_signature
+
+    root, outside = tmp_path / "traces", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    for i in range(5):
+        (outside / f"x{i}.json").write_text("{}")
+    _trace(root / "t.json", 20)
+    (root / "sub").mkdir()
+    (root / "away").symlink_to(outside, target_is_directory=True)
+    (root / "file-away.json").symlink_to(outside / "x0.json")
+    (root / "up").symlink_to(tmp_path, target_is_directory=True)
+    (root / "sub" / "back").symlink_to(root / "t.json")
+    rows = input_signature(root, tmp_path / "out")
+    assert [r[0] for r in rows] == ["away", "file-away.json", "sub/back", "sub/back", "t.json",
+                                    "up"]
+    assert [r[1] for r in rows if r[0] in ("away", "file-away.json", "up")] == ["link"] * 3
+    assert rows[3][1] == (root / "t.json").stat().st_size  # inside: followed
+
+
+def test_report_of_a_folder_with_a_link_to_the_filesystem_root_walks_only_the_folder(
+        tmp_path, monkeypatch):
+    """A link to / or /sys in a folder of traces made the key walk list the whole machine
+    (`report` past 180 s, `summary` 9.5 s). Counted in folders listed, not seconds."""
+    import os
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    root = tmp_path / "traces"
+    root.mkdir()
+    _trace(root / "t.json", 20)
+    (root / "all").symlink_to("/", target_is_directory=True)
+    (root / "sys").symlink_to("/sys" if os.path.isdir("/sys") else "/usr",
+                              target_is_directory=True)
+    listed, real_scandir = [], os.scandir
+
+    def counted(path="."):
+        listed.append(path)
+        if len(listed) > 100:
+            raise AssertionError(f"walked out of the input: {listed[-3:]}")
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counted)
+    done = cli("report", str(root), "--out", str(tmp_path / "rep"), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert len(listed) < 20, listed
+
+
+def _planted(path: Path, magic: bytes, size_bytes: int, *, dense: bool = False) -> None:
+    """A file of ``size_bytes`` at ``path`` that starts as a cache file does: sparse, or with
+    ``dense`` every byte written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(magic)
+        if dense:
+            for _ in range((size_bytes - len(magic)) >> 20):
+                fh.write(bytes(1 << 20))
+        fh.truncate(size_bytes)
+
+
+@pytest.mark.parametrize("which", ["tables", "report"])
+def test_a_planted_cache_file_costs_a_chunk_not_its_size(tmp_path, monkeypatch, which):
+    """A file in the cache folder that starts as a cache file does, within the cap (2 GiB by
+    default), was read whole before its HMAC was checked (a sparse file of 2 GiB: 22.7 s and
+    2.2 GB peak): now its HMAC is computed in chunks and nothing is held until it verifies.
+    Python's allocations are traced (32 MiB planted, every byte on disk; a few MiB allowed)."""
+    import tracemalloc
+
+    from analyzer.ingest import tablecache
+    from reports import cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    size = 32 << 20
+    if which == "tables":
+        path = tablecache.tables_cache_path(tmp_path / "t.json")
+        _planted(path, tablecache.CACHE_MAGIC, size, dense=True)
+        load = lambda: tablecache.load_cache_blob(path)  # noqa: E731
+    else:
+        path = cache._path(tmp_path, tmp_path / "out")
+        _planted(path, getattr(cache, "_MAGIC", b"{"), size, dense=True)
+        load = lambda: cache.load_entry(tmp_path, tmp_path / "out", "k" * 32)  # noqa: E731
+    tracemalloc.start()
+    try:
+        assert load() is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+
+
+def test_a_report_entry_not_signed_by_this_user_is_a_miss(tmp_path, monkeypatch):
+    """A report entry planted (or copied) into the cache folder with the right key -- the key
+    is made of what anyone can know: paths, stat signatures, the code -- is not served."""
+    import msgspec
+
+    from reports import cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    out = tmp_path / "out"
+    cache.store(tmp_path, out, "k" * 32, '{"schema_version": 1}')
+    assert cache.load_entry(tmp_path, out, "k" * 32) == ('{"schema_version": 1}', [])
+    path = cache._path(tmp_path, out)
+    path.write_bytes(msgspec.json.encode({"key": "k" * 32, "notes": [], "report": "{}"}))
+    assert cache.load_entry(tmp_path, out, "k" * 32) is None
+    signed = path.read_bytes()
+    path.write_bytes(signed)
+    cache.store(tmp_path, out, "k" * 32, '{"schema_version": 2}')
+    forged = bytearray(path.read_bytes())
+    forged[-3] ^= 1  # an edited entry
+    path.write_bytes(bytes(forged))
+    assert cache.load_entry(tmp_path, out, "k" * 32) is None
+
+
+@pytest.mark.integration
+def test_planted_caches_in_the_cache_folder_cost_neither_time_nor_memory(tmp_path,
+                                                                         monkeypatch):
+    """The R2 variants in the cache folder itself, through `summary` and `report` under a
+    1 GiB address-space limit: a FIFO, a link to /dev/zero and a sparse file just under the
+    2 GiB cap that starts as a cache file does, for each rank's tables and for the report."""
+    import json
+    import os
+    import resource
+    import sys
+
+    from analyzer.ingest import tablecache
+    from reports import cache
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    xdg, root, out = tmp_path / "xdg", tmp_path / "traces", tmp_path / "rep"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    root.mkdir()
+    plants = [tablecache.tables_cache_path(_trace(root / f"rank{r}.json", 20 + r))
+              for r in range(3)]
+    plants[0].parent.mkdir(parents=True)
+    os.mkfifo(plants[0])
+    plants[1].symlink_to("/dev/zero")
+    _planted(plants[2], tablecache.CACHE_MAGIC, (2 << 30) - 4096)
+    _planted(cache._path(root, out), getattr(cache, "_MAGIC", b'{"key":'), (2 << 30) - 4096)
+    for args in (["summary", str(root), "--format", "json"],
+                 ["report", str(root), "--out", str(out), "--format", "json"]):
+        proc = subprocess.run([sys.executable, "-m", "analyzer", *args], capture_output=True,
+                              text=True, preexec_fn=capped, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "report.json").read_text())["schema_version"]
+
+
+def test_a_sparse_or_oversized_tables_cache_is_not_read(tmp_path, monkeypatch):
+    """A sparse file (the analyzer writes none) and a tables cache far larger than its trace
+    could give (``TABLES_PER_TRACE_BYTE``) are refused before a byte is hashed: counted in
+    bytes read, so that a 2 GiB plant costs no 30 s of hashing either."""
+    from analyzer.ingest import cachekey, tablecache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    trace = _trace(tmp_path / "t.json", 20)
+    sig = tablecache.stat_sig(trace)
+    cpath = tablecache.tables_cache_path(trace)
+    read: list[int] = []
+
+    class Counted:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def read(self, n=-1):
+            data = self.fh.read(n)
+            read.append(len(data))
+            return data
+
+        def seek(self, *a):
+            return self.fh.seek(*a)
+
+    real_open_regular = cachekey._open_regular
+    monkeypatch.setattr(cachekey, "_open_regular", lambda *a: Counted(real_open_regular(*a)))
+    _planted(cpath, tablecache.CACHE_MAGIC, 64 << 20)  # sparse
+    assert tablecache.read_tables(cpath, sig, None) is None
+    cpath.unlink()
+    _planted(cpath, tablecache.CACHE_MAGIC, 4 << 20, dense=True)  # dense, 4 MiB for 300 bytes
+    assert tablecache.read_tables(cpath, sig, None) is None
+    assert sum(read) == 0, read
+
+
+def test_planted_caches_beside_traces_are_never_opened(tmp_path, monkeypatch):
+    """The R2 variants beside the traces (where older versions cached): a FIFO, a link to
+    /dev/zero and a 20 GB sparse file named ``<trace>.tables.msgpack``. Since the caches moved
+    to the user cache (issue 40) nothing opens them: every command reads the traces alone."""
+    import os
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    root = tmp_path / "traces"
+    root.mkdir()
+    for r in range(3):
+        _trace(root / f"rank{r}.json", 20 + r)
+    os.mkfifo(root / "rank0.json.tables.msgpack")
+    (root / "rank1.json.tables.msgpack").symlink_to("/dev/zero")
+    with open(root / "rank2.json.tables.msgpack", "wb") as fh:
+        fh.truncate(20 << 30)
+    for args in (["summary", str(root)], ["merge", str(root), "-o", str(tmp_path / "m.json")],
+                 ["report", str(root), "--out", str(tmp_path / "rep"), "--format", "json"]):
+        done = cli(*args)
+        assert done.returncode == 0, (args, done.stderr)

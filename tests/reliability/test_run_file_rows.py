@@ -15,6 +15,7 @@ import json
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -61,11 +62,49 @@ def test_numerics_with_more_rows_than_the_manifest_allows_is_refused_unread(tmp_
               "re-record")
 
 
-def test_the_bound_admits_the_real_record(ddp_run):
+RECORDED = Path(__file__).parents[2] / "fixtures" / "recorded"
+
+
+@pytest.mark.parametrize("manifest_path", sorted(RECORDED.glob("*/*/manifest.json")),
+                         ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
+def test_the_bound_admits_every_committed_record(manifest_path):
+    run = manifest_path.parent
+    manifest = schemas.read_manifest(manifest_path)
+    for name in (schemas.NUMERICS_NAME, schemas.STEPS_NAME, schemas.KEPT_NAME,
+                 schemas.GOLDEN_NAME, schemas.MEMORY_CATEGORIES_NAME):
+        if (run / name).is_file():
+            rows = pq.ParquetFile(run / name).metadata.num_rows
+            assert 0 < rows <= schemas.max_run_file_rows(manifest, name), name
+
+
+def test_the_bound_is_a_bound_on_memory_for_the_tiny_record(ddp_run):
+    """The bound let a numerics.parquet of 22.8M rows (3.7 MB) through for this record, which
+    writes 748: gate ran 375 s to 5.15 GB. It now counts what the tracer writes -- grad and
+    param rows per parameter, activations per module, the golden metrics only with --golden,
+    two loss rows a step, no doubling -- so the rows it admits fit in well under 1 GiB."""
+    from analyzer.analyses.memory import ROW_BYTES
+
     manifest = schemas.read_manifest(ddp_run / schemas.MANIFEST_NAME)
-    for name in (schemas.NUMERICS_NAME, schemas.STEPS_NAME):
-        rows = pq.ParquetFile(ddp_run / name).metadata.num_rows
-        assert 0 < rows <= schemas.max_run_file_rows(manifest, name)
+    most = schemas.max_run_file_rows(manifest, schemas.NUMERICS_NAME)
+    assert most < 22_837_440 // 10
+    assert most * ROW_BYTES < 1 << 30
+    assert schemas.max_run_file_rows(manifest, schemas.STEPS_NAME) == 2 * 4  # world x steps+1
+
+
+@pytest.mark.integration
+def test_numerics_of_the_probes_rows_is_refused_unread(tmp_path, ddp_run):
+    """The probe's case at a tenth of its rows (2.3M identical rows, a few MB; the old bound
+    admitted 22.8M for this record, which writes 748): refused in one line, unread."""
+    run = copy_run(ddp_run, tmp_path / "ddp")
+    groups, per = 4, 22_837_440 // 40
+    path = run / schemas.NUMERICS_NAME
+    path.unlink()
+    _many_rows(path, groups, per)
+    refresh_manifest(run)
+    proc = subprocess.run([sys.executable, "-m", "analyzer", "gate", str(run)],
+                          capture_output=True, text=True, preexec_fn=_capped)
+    bad_input(proc, "numerics.parquet", f"{groups * per:,} rows", "its manifest allows",
+              "re-record")
 
 
 def test_crafted_pandas_metadata_in_a_run_file_is_ignored(tmp_path, ddp_run):

@@ -168,8 +168,9 @@ def write_run(run_dir: Path, *, strategy: str, walls: dict[int, tuple[int, ...]]
     write_steps(run_dir / "steps.parquet", srows)
     if categories is not None:
         write_categories(run_dir / schemas.MEMORY_CATEGORIES_NAME, categories)
-    write_manifest(run_dir, manifest(run_name=run_dir.name, strategy=strategy, world_size=world,
-                                     **manifest_kw))
+    data = manifest(run_name=run_dir.name, strategy=strategy, world_size=world, **manifest_kw)
+    data["steps"] = max(data["steps"], len(walls) - 1)  # the steps.parquet rows are bounded by it
+    write_manifest(run_dir, data)
 
 
 def build_root(root: Path, *, fault: bool = False) -> Path:
