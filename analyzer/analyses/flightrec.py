@@ -40,7 +40,6 @@ Rules (``RULE``), per process group, over its member ranks that have a dump:
 
 from __future__ import annotations
 
-import ast
 import math
 from collections import defaultdict
 
@@ -83,6 +82,9 @@ class Entry(msgspec.Struct, kw_only=True):
 
 
 class PgConfig(msgspec.Struct, kw_only=True):
+    """A group's entry of ``pg_config``; ``ranks`` as the dump holds it, then as the reader
+    parsed it (analyzer/ingest/frdump.py ``read_dump``): the global ranks, [] when unknown."""
+
     name: str = ""
     desc: str = ""
     ranks: str | list[int] = "[]"
@@ -121,13 +123,10 @@ def _members(name: str, desc: str, dumps: list[Dump], world_size: int) -> tuple[
         cfg = d.pg_config.get(name)
         if cfg is None:
             continue
-        ranks = cfg.ranks
-        if isinstance(ranks, str):
-            try:
-                ranks = ast.literal_eval(ranks) if ranks.strip() else []
-            except (ValueError, SyntaxError):
-                ranks = []
-        if isinstance(ranks, (list, tuple)) and ranks and all(isinstance(r, int) for r in ranks):
+        # parsed and bounded by the reader (analyzer/ingest/frdump.py, distinfo.ranks); text
+        # is never parsed here: a second parser of ranks would be a second set of rules
+        ranks = cfg.ranks if isinstance(cfg.ranks, list) else []
+        if ranks:
             return sorted(set(ranks)), "pg_config"
     if desc == "default_pg" or name == "0":
         return list(range(world_size)), "world"

@@ -366,7 +366,9 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
                                  "launched device work's extent on a GPU rank, the whole trace "
                                  "on a CPU rank")
     entry.pipeline = pipefigs.run_pipeline(tables, m)
-    entry.flight_recorder = frdump.flight_recorder(run.fr_dumps, entry.world_size)  # issue 30
+    stated = m is not None or (tables is not None and any(r.world_size is not None for r in tables.ranks))
+    entry.flight_recorder = frdump.flight_recorder(run.fr_dumps, entry.world_size,  # issue 30
+                                                   world_stated=stated)
     stats = memory.step_stats(step_ns)
     entry.step_time_ns = StepTime(median=stats["median"], p90=stats["p90"], n=stats["n"],
                                   min=min(step_ns, default=None), max=max(step_ns, default=None),

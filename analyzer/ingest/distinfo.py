@@ -4,6 +4,11 @@ torch's profiler (profiler.py ``_get_distributed_info``) writes backend, rank, w
 since 2.2, pg_config: pg_name, pg_desc (2.3), pg_size, ranks of each group the rank is in.
 Absent or mistyped: unknown (None), never an error. Also read: pg_config as {pg_name: entry}
 (Flight Recorder's, ``desc``); ranks "[0, 1]" or "all" (the world). No pg_name: left out.
+
+``ranks`` is the one parser of a group's ranks, the traces' and the Flight Recorder dumps'
+(analyzer/ingest/frdump.py). Given ``most`` (the most ranks the job holds) it is bounded: a
+string longer than ``most`` ranks can spell is refused before it is parsed, and so is any rank
+outside ``range(most)``; nothing is allocated beyond what a job of that size holds.
 """
 
 from __future__ import annotations
@@ -47,16 +52,39 @@ def _whole(value: Any, least: int) -> int | None:
     return value if type(value) is int and value >= least else None
 
 
-def _ranks(value: Any, world_size: int | None) -> tuple[int, ...] | None:
+MAX_WORLD_SIZE = 1 << 17
+"""The most ranks a job is taken to hold when nothing states its world size (131072: more than
+any training job published; Llama 3 trained on 16384 GPUs). Bounds the ranks a Flight Recorder
+dump may name when no manifest or trace says how many there are."""
+
+
+def _spelled_bytes(most: int) -> int:
+    """The longest ``str(list)`` of ``most`` distinct ranks below ``most`` ("[0, 1, 2]"), with
+    room for other spacing: a longer string cannot be such a list."""
+    return 2 + most * (len(str(most - 1)) + 2) * 2
+
+
+def ranks(value: Any, world_size: int | None, *, most: int | None = None) -> tuple[int, ...] | None:
+    """A group's global ranks from pg_config's ``ranks``: a list of ints, its JSON text "[0, 1]",
+    or "all" (``range(world_size)``); None when it is none of them. ``most``: the most ranks
+    the job holds; given, a string longer than such a list can be is None unparsed, and so is
+    a list of more than ``most`` ranks or a rank outside ``range(most)``. Never raises."""
     if isinstance(value, str):
+        if most is not None and len(value) > _spelled_bytes(most):
+            return None
         if value.strip() == "all":
-            return None if world_size is None else tuple(range(world_size))
+            if world_size is None or (most is not None and world_size > most):
+                return None
+            return tuple(range(world_size))
         try:
             value = json.loads(value)
         except (ValueError, RecursionError):
             return None
-    ok = isinstance(value, list) and all(type(r) is int for r in value)
-    return tuple(value) if ok else None
+    if not (isinstance(value, list) and all(type(r) is int for r in value)):
+        return None
+    if most is not None and (len(value) > most or any(not 0 <= r < most for r in value)):
+        return None
+    return tuple(value)
 
 
 def read(info: Any) -> DistInfo:
@@ -72,7 +100,7 @@ def read(info: Any) -> DistInfo:
         if type(name) is str or type(name) is int:
             desc = g.get("pg_desc", g.get("desc"))
             groups[str(name)] = ProcessGroup(desc if isinstance(desc, str) else None,
-                                             _ranks(g.get("ranks"), world),
+                                             ranks(g.get("ranks"), world),
                                              _whole(g.get("pg_size"), 1))
     backend = info.get("backend")
     return DistInfo(_whole(info.get("rank"), 0), world,

@@ -13,12 +13,24 @@ whose first key is one of the dump's own (``is_dump``: a Kineto trace starts wit
 ``schemaVersion``, ``traceEvents``, ``distributedInfo`` or ``deviceProperties``, never one of
 them), which is then not a trace. The rank is the number the file name ends with (before
 ``.json``), as fr_trace's loader takes it (``components/loader.py``: a dump holds no rank).
+
+What a dump may cost (``read_dump``): its rank is below the job's world size (the manifest's or
+the traces'; when none states it, ``distinfo.MAX_WORLD_SIZE``), checked from its name before
+anything is read; the file is opened without blocking and must be a regular file of at most
+``MAX_DUMP_BYTES`` (gunzipped: read no further) before it is read; its nesting is bounded by
+msgspec's (a deeper dump is refused); its groups' ranks are parsed by the one parser of ranks
+(``distinfo.ranks``), bounded by the same world size: a ranks value that cannot be a group of
+that job is unknown (the group's members then come from the world or the dumps), never parsed
+further. ``MAX_DUMP_BYTES`` bounds JSON bytes, not memory: the decoded entries take a few times
+their JSON's size.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
 import re
+import stat
 import zlib
 from pathlib import Path
 
@@ -26,6 +38,7 @@ import msgspec
 
 from analyzer.analyses.flightrec import Dump
 from analyzer.contract.errors import BadInput
+from analyzer.ingest import distinfo
 
 DUMP_KEYS = ("comm_lib_version", "entries", "nccl_comm_state", "nccl_version", "pg_config", "pg_status",
              "version")
@@ -37,8 +50,22 @@ MAX_DUMP_BYTES = 256 << 20
 """A dump larger than this (decompressed) is refused: 2000 entries with stack frames are a few MiB."""
 
 
+def _open_regular(path: Path):
+    """``path`` opened for reading when it is a regular file: opened without blocking (a FIFO
+    cannot hang the open) and its type taken from the open file (``fstat``), so a FIFO or a
+    device (``/dev/zero``) is refused before a byte is read. Symlinks are followed: the folder
+    walk (analyzer/ingest/fswalk.py) keeps only those that stay inside the input. Raises
+    ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        raise OSError(f"not a regular file: {path}")
+    return fh
+
+
 def _head(path: Path) -> bytes:
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         head = f.read(_SNIFF_BYTES)
         if head[:2] == b"\x1f\x8b":
             head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head + f.read(60 * 1024), _SNIFF_BYTES)
@@ -102,24 +129,58 @@ def dump_rank(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def read_dump(path: Path) -> Dump:
-    """One dump, validated against the schema. Raises ``BadInput`` naming the file."""
+def _too_large(path: Path) -> BadInput:
+    return BadInput(path, "too_large", f"Flight Recorder dump over {MAX_DUMP_BYTES >> 20} MiB of JSON",
+                    "move it out of the folder; a dump of torch's _dump_fr_trace_json is a few MiB")
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The JSON bytes of the dump at ``path`` (gunzipped), read only from a regular file, and
+    no more than ``MAX_DUMP_BYTES`` + 1 of them: a larger file is refused by its size before
+    it is read. Raises ``BadInput``."""
+    try:
+        with _open_regular(path) as f:
+            size_bytes = os.fstat(f.fileno()).st_size
+            head = f.read(2)
+            if head == b"\x1f\x8b":
+                f.seek(0)
+                with gzip.GzipFile(fileobj=f, mode="rb") as z:
+                    return z.read(MAX_DUMP_BYTES + 1)
+            if size_bytes > MAX_DUMP_BYTES:
+                raise _too_large(path)
+            return head + f.read(MAX_DUMP_BYTES + 1 - len(head))
+    except (OSError, EOFError, zlib.error) as exc:
+        raise BadInput(path, "unreadable", f"cannot read the Flight Recorder dump ({exc})",
+                       "pass a regular file, or move it out of the folder") from None
+
+
+def _rank_bound(path: Path, rank: int, world_size: int | None) -> None:
+    """Refuse a dump whose rank is outside the job (``world_size``, stated by its manifest or
+    traces; None: ``distinfo.MAX_WORLD_SIZE``)."""
+    most = distinfo.MAX_WORLD_SIZE if world_size is None else world_size
+    if rank >= most:
+        whose = (f"the job's world size is {world_size}" if world_size is not None else
+                 f"no job holds more than {most} ranks here (analyzer/ingest/distinfo.py MAX_WORLD_SIZE)")
+        raise BadInput(path, "rank_out_of_range", f"a Flight Recorder dump of rank {rank}, but {whose}",
+                       "remove the dump, or name it by its rank (rank<N>.flightrec.json, fr_rank<N>.json)")
+
+
+def read_dump(path: Path, world_size: int | None = None, notes: list[str] | None = None) -> Dump:
+    """One dump, validated against the schema, its rank below ``world_size`` (the job's, as its
+    manifest or traces state it; None: unknown) and its groups' ``ranks`` parsed (a list of
+    ints, or [] when they cannot be a group of the job: one line each appended to ``notes``).
+    Raises ``BadInput`` naming the file."""
     rank = dump_rank(path)
     if rank is None:
         raise BadInput(path, "no_rank", "a Flight Recorder dump whose file name ends with no rank "
                        "number (fr_trace takes the rank from the name, a dump holds none)",
                        "rename it to end with its rank, e.g. fr_rank0.json")
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            with gzip.open(path, "rb") as f:
-                raw = f.read(MAX_DUMP_BYTES + 1)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise BadInput(path, "unreadable", f"cannot read the Flight Recorder dump ({exc})") from None
+    _rank_bound(path, rank, world_size)
+    raw = _read_bytes(path)
     if starts_as_pickle(raw[:2]):
         raise pickle_refusal(path)
     if len(raw) > MAX_DUMP_BYTES:
-        raise BadInput(path, "too_large", f"Flight Recorder dump over {MAX_DUMP_BYTES >> 20} MiB of JSON")
+        raise _too_large(path)
     try:
         dump = msgspec.json.decode(raw, type=Dump)
     except msgspec.ValidationError as exc:
@@ -127,14 +188,25 @@ def read_dump(path: Path) -> Dump:
                        "pass dumps of torch's _dump_fr_trace_json") from None
     except msgspec.DecodeError as exc:
         raise BadInput(path, "truncated", f"the Flight Recorder dump is not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec's bound on nesting (the interpreter's recursion limit)
+        raise BadInput(path, "bad_run_file", "not a Flight Recorder JSON dump: nested too deep "
+                       "for one (torch's nest a few levels)", "pass dumps of torch's _dump_fr_trace_json"
+                       ) from None
+    most = distinfo.MAX_WORLD_SIZE if world_size is None else world_size
+    for name, cfg in dump.pg_config.items():
+        ranks = distinfo.ranks(cfg.ranks, world_size, most=most)
+        if ranks is None and cfg.ranks not in ("", "[]", []) and notes is not None:
+            notes.append(f"{path}: process group {name}'s pg_config ranks are not a group of a job of "
+                         f"{most} ranks; set aside")
+        cfg.ranks = list(ranks or ())
     dump.rank, dump.path = rank, str(path)
     return dump
 
 
-def read_dumps(paths: list[Path]) -> list[Dump]:
-    """Every dump of ``paths``, one per rank. Raises ``BadInput``: a malformed dump, or two of
-    one rank (``duplicate_rank``, naming both)."""
-    dumps = [read_dump(p) for p in paths]
+def read_dumps(paths: list[Path], world_size: int | None = None, notes: list[str] | None = None) -> list[Dump]:
+    """Every dump of ``paths``, one per rank, each below ``world_size`` (``read_dump``). Raises
+    ``BadInput``: a malformed dump, or two of one rank (``duplicate_rank``, naming both)."""
+    dumps = [read_dump(p, world_size, notes) for p in paths]
     seen: dict[int, str] = {}
     for d in dumps:
         if d.rank in seen:
@@ -144,11 +216,16 @@ def read_dumps(paths: list[Path]) -> list[Dump]:
     return sorted(dumps, key=lambda d: d.rank)
 
 
-def flight_recorder(paths: list[Path], world_size: int | None = None):
+def flight_recorder(paths: list[Path], world_size: int | None = None, *, world_stated: bool = True):
     """The report's ``FlightRecorder`` of the dumps at ``paths`` (analyses/flightrec.py), None
-    when there are none."""
+    when there are none. ``world_size``: the job's; ``world_stated``: whether its manifest or
+    a trace states it (then it bounds the dumps' ranks), rather than it being inferred from
+    the traces' ranks (then ``distinfo.MAX_WORLD_SIZE`` does)."""
     from analyzer.analyses import flightrec
 
     if not paths:
         return None
-    return flightrec.analyse(read_dumps(paths), world_size)
+    notes: list[str] = []
+    fr = flightrec.analyse(read_dumps(paths, world_size if world_stated else None, notes), world_size)
+    fr.notes += notes
+    return fr
