@@ -207,9 +207,12 @@ DEFAULT_MAX_TRACE_BYTES = 8 << 30
 2 GB rank). The default itself is ``default_max_trace_bytes``: what a process can afford."""
 MIN_DEFAULT_MAX_TRACE_BYTES = 64 << 20
 """The least the default cap is, whatever the machine (a tiny container still reads a trace)."""
-RAM_SHARE = 4
-"""A worker's cap is 1 / ``RAM_SHARE`` of its share of the memory: decoding holds the gzip
-bytes, the JSON and the decoded events at once (about 3 x the JSON at the peak)."""
+RAM_SHARE = 10
+"""A worker's cap is 1 / ``RAM_SHARE`` of its share of the memory: the cap counts bytes of
+JSON, and decoding holds the gzip bytes, the JSON, the decoded events and their tables at
+once: measured peaks of dense events are ~9x the JSON (200 MB: 1.76 GB RSS; issue 43 R7's
+550 MB: 5.4 GB). A trace that still runs out of memory is one line naming the file
+(``ranktables.out_of_memory``)."""
 _CHUNK_BYTES = 16 << 20
 
 
