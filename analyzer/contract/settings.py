@@ -34,8 +34,9 @@ class Knob:
 TABLES_MEMORY = Knob("PARITYTRACE_TABLES_MEMORY", "256M", "bytes, K/M/G/T suffix (powers of 1024)",
                      "memory for a job's per-rank collectives and prefetch tables; past it they "
                      "spill to disk (0: every rank on disk)")
-MAX_TRACE_BYTES = Knob("PARITYTRACE_MAX_TRACE_BYTES", "min(8 GiB, memory / (4 x workers)), at least 64 MiB",
-                       "bytes", "largest trace JSON read (gunzipped), a gzip bomb's stop")
+MAX_TRACE_BYTES = Knob("PARITYTRACE_MAX_TRACE_BYTES", "min(8 GiB, memory / (10 x workers)), at least 64 MiB",
+                       "bytes", "largest trace JSON read (gunzipped), a gzip bomb's stop; bytes of "
+                       "JSON, not memory: decoding takes up to ~10x them")
 DASK_TIMEOUT_S = Knob("PARITYTRACE_DASK_TIMEOUT_S", "30", "s", "Dask: connect timeout and the longest wait "
                       "with no worker, no scheduler or an unfetched result")
 DASK_SCHEDULER_ADDRESS = Knob("DASK_SCHEDULER_ADDRESS", "unset: local processes", "tcp://HOST:PORT",

@@ -236,7 +236,8 @@ class _Events:
 
 def classify(df: pd.DataFrame, *, world_size: int | None,
              pg_sizes: dict[str, int] | None = None, pg_ranks: dict[str, str] | None = None,
-             pg_descs: dict[str, str] | None = None) -> tuple[pd.DataFrame, dict]:
+             pg_descs: dict[str, str] | None = None, path: str = "<trace>"
+             ) -> tuple[pd.DataFrame, dict]:
     """Add role, coll_kind, bytes, pg, rule, step to a decoded event table (analyzer/ingest/decode.py);
     on comm rows, dtype, pg_ranks, pg_desc, peer and group_size are resolved
     (analyzer/ingest/commid.py). Roles and rules: ``RULE_TABLE`` in order, then the rules that
@@ -249,6 +250,8 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     steps (``schemas.STEP_WINDOWS_SCHEMA``; analyzer/ingest/steps.py), unlaunched (bool per
     row: device work with no launch in the trace), notes (list of str: classes of events left
     out or counted by a rule the reader should know, the step rules' included)}. Pure function.
+    Raises ``BadInput`` naming ``path`` for a ProfilerStep number no profiler writes
+    (``steps.step_number``).
     """
     if not _time_ordered(df["ts_ns"].to_numpy(), df["end_ns"].to_numpy()):
         df = df.sort_values(["ts_ns", "end_ns"], ascending=[True, False], kind="stable")
@@ -279,7 +282,8 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     steps = assign_steps(df, names=e.names, is_step=e.rows("cpu.profiler_step"), is_gpu=e.gpu,
                          is_gpu_annotation=e.rows("gpu.annotation"),
                          is_comm=e.role == _ROLE["comm"], launch=launch, paired=paired,
-                         device_kind=device_kind, is_trace_span=e.cpu & e.cat("trace"))
+                         device_kind=device_kind, is_trace_span=e.cpu & e.cat("trace"),
+                         path=path)
     out = ident.table(df, steps.step, is_comm, pg_descs, launch, paired)
     compute_kernel = e.gpu & (e.role == _ROLE["compute"])
     notes = _notes(df, e.u_cat, e.c_cat, e.rule, compute_kernel & e.name(_LONE_EP_RE.search)) \

@@ -132,7 +132,7 @@ def classified(path: Path, dec=None) -> tuple[pd.DataFrame, dict[str, Any]]:
         raise no_events(path)
     d = read_distinfo(dec.distributed_info)
     events, info = classify(dec.events, world_size=d.world_size, pg_sizes=d.sizes(),
-                            pg_ranks=d.ranks_text(), pg_descs=d.descs())
+                            pg_ranks=d.ranks_text(), pg_descs=d.descs(), path=str(path))
     return events, {**info, "distributed_info": dec.distributed_info,
                     "warnings": dec.warnings + info["notes"]}
 
@@ -230,6 +230,17 @@ def _cached(path: Path, sig: list[int], sha: str | None) -> RankTables | None:
     return None if hit is None else RankTables(path=path, **hit)
 
 
+def out_of_memory(path: Path) -> BadInput:
+    """The refusal of a trace whose decoding ran out of memory: the size cap bounds JSON
+    bytes, and decoding dense events takes up to ~``decode.RAM_SHARE`` times that."""
+    from analyzer.ingest.decode import MAX_TRACE_ENV, RAM_SHARE
+
+    return BadInput(path, "too_large", "ran out of memory while decoding it (a trace takes up "
+                    f"to ~{RAM_SHARE}x its JSON size in memory)",
+                    f"free memory or analyse on a larger machine; {MAX_TRACE_ENV} (bytes of "
+                    "JSON) set lower refuses such traces before they are read")
+
+
 def tables_worker(path: Path, max_bytes: int | None = None) -> RankTables | BadInput:
     """Process-pool (and Dask task) entry: ``rank_tables(path, max_bytes)``; a bad file's
     ``BadInput`` is returned, not raised, so that every file's problem is reported at once."""
@@ -239,6 +250,8 @@ def tables_worker(path: Path, max_bytes: int | None = None) -> RankTables | BadI
         return rank_tables(path, max_bytes)
     except BadInput as exc:
         return exc
+    except MemoryError:  # what was allocated for it is freed by now: one line for this file
+        return out_of_memory(path)
     finally:
         if enabled:
             gc.enable()

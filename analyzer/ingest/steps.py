@@ -3,6 +3,7 @@
 The rule, in order:
 
 1. **One ProfilerStep track per rank**: the thread holding the most ``ProfilerStep#N`` spans
+   (N a whole number up to ``MAX_STEP``: a larger one is refused, ``step_number``)
    (ties: the one whose first span starts earliest, then the tid as a string). Spans on other
    threads are ignored and named in a note (merging them per step number would stretch a 1.00
    ms step to 1.30 ms when a second thread's span is offset). Spans of the track that overlap
@@ -68,8 +69,27 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses import intervals as iv
+from analyzer.contract.errors import BadInput
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)")
+MAX_STEP = (1 << 53) - 1
+"""The largest ProfilerStep number read: torch counts ``profiler.step()`` calls from 0, and a
+loop of a million steps a second reaches this in 285 years. It is the largest whole number a
+JSON reader that holds numbers as doubles (JavaScript, jq) keeps exact, and far inside the
+int64 step columns (a larger number wrapped or failed there)."""
+
+
+def step_number(name: str, path: str = "<trace>") -> int:
+    """N of a ``ProfilerStep#N`` name. Raises ``BadInput`` (``not_a_trace``) when N is over
+    ``MAX_STEP``: no profiler writes it, and the trace's steps cannot be told apart by it."""
+    digits = STEP_RE.match(name).group(1)
+    if len(digits) <= len(str(MAX_STEP)) and int(digits) <= MAX_STEP:
+        return int(digits)
+    shown = digits if len(digits) <= 24 else f"{digits[:20]}... ({len(digits):,} digits)"
+    raise BadInput(path, "not_a_trace", f"ProfilerStep#{shown}: a step number over "
+                   f"{MAX_STEP:,} (profilers count steps from 0)",
+                   "pass the trace as the profiler wrote it, or number its ProfilerStep spans "
+                   "by step")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -91,8 +111,9 @@ class Steps:
 def assign_steps(df: pd.DataFrame, *, names: np.ndarray, is_step: np.ndarray,
                  is_gpu: np.ndarray, is_gpu_annotation: np.ndarray, is_comm: np.ndarray,
                  launch: np.ndarray, paired: np.ndarray, device_kind: str,
-                 is_trace_span: np.ndarray | None = None) -> Steps:
-    """Steps and windows of one rank's classified rows (module docstring).
+                 is_trace_span: np.ndarray | None = None, path: str = "<trace>") -> Steps:
+    """Steps and windows of one rank's classified rows (module docstring; ``path`` names the
+    trace in a refusal: ``step_number``).
 
     ``df``: the decoded table sorted by start (ts_ns, end_ns, dur_ns, tid, coll... int64 ns);
     ``names``: each row's name; the masks: ProfilerStep rows, device rows, gpu_user_annotation
@@ -107,7 +128,7 @@ def assign_steps(df: pd.DataFrame, *, names: np.ndarray, is_step: np.ndarray,
     if not is_step.any():
         return _whole_trace(df, names, is_gpu & ~is_gpu_annotation, is_comm, launch,
                             device_kind, notes)
-    st, ss, se = _track(df, names, is_step, notes)
+    st, ss, se = _track(df, names, is_step, notes, path)
     step = _by_time(ts, end, st, ss, se)
     device = is_gpu & ~is_gpu_annotation
     unlaunched = no_rows
@@ -181,14 +202,14 @@ def _typed(table: pd.DataFrame) -> pd.DataFrame:
                                                    "start_ns", "end_ns")}, "device_work": bool})
 
 
-def _track(df, names, is_step, notes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _track(df, names, is_step, notes, path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(step numbers, starts, ends) of the ProfilerStep track's spans in time order, clipped so
     that none overlaps the next (rule 1)."""
     idx = np.flatnonzero(is_step)
     tid = df["tid"].iloc[idx].to_numpy().astype(str)  # the span rows only, not every row
     ts = df["ts_ns"].to_numpy()[idx]
     spans = pd.DataFrame({"tid": tid, "s": ts, "e": df["end_ns"].to_numpy()[idx],
-                          "step": [int(STEP_RE.match(names[i]).group(1)) for i in idx]})
+                          "step": [step_number(names[i], path) for i in idx]})
     per = spans.groupby("tid").agg(count=("s", "size"), first=("s", "min")).reset_index()
     per = per.sort_values(["count", "first", "tid"], ascending=[False, True, True])
     chosen = per["tid"].iat[0]

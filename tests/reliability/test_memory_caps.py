@@ -10,6 +10,7 @@ by the test."""
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 import subprocess
 import sys
@@ -26,8 +27,8 @@ GiB, MiB = 1 << 30, 1 << 20
 
 def test_default_cap_is_a_share_of_memory_per_decoding_process(monkeypatch):
     monkeypatch.delenv(decode.MAX_TRACE_ENV, raising=False)
-    monkeypatch.setattr(decode, "memory_bytes", lambda: 4 * GiB)
-    assert decode.default_max_trace_bytes(1) == GiB  # 4 GiB / (4 x 1)
+    monkeypatch.setattr(decode, "memory_bytes", lambda: 10 * GiB)
+    assert decode.default_max_trace_bytes(1) == GiB  # 10 GiB / (10 x 1)
     assert decode.default_max_trace_bytes(2) == 512 * MiB
     assert decode.max_trace_bytes(2) == 512 * MiB
     monkeypatch.setattr(decode, "memory_bytes", lambda: 1024 * GiB)
@@ -42,7 +43,7 @@ def test_the_machine_default_is_below_its_memory():
     mem = decode.memory_bytes()
     if not mem:
         pytest.skip("memory size not readable here")
-    assert decode.default_max_trace_bytes(1) <= max(mem // 4, decode.MIN_DEFAULT_MAX_TRACE_BYTES)
+    assert decode.default_max_trace_bytes(1) <= max(mem // 10, decode.MIN_DEFAULT_MAX_TRACE_BYTES)
 
 
 @pytest.mark.integration
@@ -121,3 +122,33 @@ def test_merge_running_out_of_memory_is_one_line(tmp_path, monkeypatch):
     bad_input(cli("merge", str(folder), "-o", str(tmp_path / "m.json")), "job",
               "merge ran out of memory", "more free memory")
     assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.integration
+def test_a_trace_that_runs_out_of_memory_is_one_line(tmp_path):
+    # issue 43 R7: under an address-space limit, a gzip bomb of dense events under the cap
+    # was "internal error: MemoryError"; now one line naming the file and the cap, exit 2
+    import resource
+    import zlib
+
+    ev = b'{"ph":"X","cat":"cpu_op","name":"aten::mm","ts":1,"dur":1,"pid":1,"tid":1},'
+    z = zlib.compressobj(6, wbits=31)
+    block = ev * 10_000
+    parts = [z.compress(b'{"traceEvents":[')]
+    parts += [z.compress(block) for _ in range((200 << 20) // len(block))]  # 200 MB of JSON
+    parts += [z.compress(ev.rstrip(b",") + b"]}"), z.flush()]
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "rank0.json.gz").write_bytes(b"".join(parts))
+    limit = 1_400 << 20  # the analyzer's imports fit; this trace's decode (~1.8 GB) does not
+
+    def cap_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    proc = subprocess.run([sys.executable, "-m", "analyzer", "summary", str(tmp_path / "job")],
+                          capture_output=True, text=True, preexec_fn=cap_memory, timeout=300,
+                          env={**os.environ, decode.MAX_TRACE_ENV: str(8 << 30)})
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and "internal error" not in lines[0], proc.stderr[-2000:]
+    assert "rank0.json.gz" in lines[0] and decode.MAX_TRACE_ENV in lines[0], lines[0]
+    assert "out of memory" in lines[0], lines[0]
