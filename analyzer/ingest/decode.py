@@ -246,11 +246,14 @@ def max_trace_bytes(workers: int | None = None) -> int:
     return default_max_trace_bytes(workers) if cap is None else cap
 
 
-def too_large(path: Path | str, what: str, cap: int) -> BadInput:
-    """The refusal of a trace over the cap ``cap`` (bytes): names the cap and how to raise it."""
+def too_large(path: Path | str, what: str, cap: int, size: int = 0) -> BadInput:
+    """The refusal of a trace over the cap ``cap`` (bytes): names the cap and a value that
+    would admit it: the trace's ``size`` (bytes, when known; 0 when the read stopped at the
+    cap) rounded up to a MiB, at least 4 x the cap."""
+    admit = max(cap * 4, -(-size // 2**20) * 2**20)
     return BadInput(path, "too_large", f"{what} is over the analyzer's limit of {cap:,} bytes "
                     f"of trace JSON ({MAX_TRACE_ENV})",
-                    f"if the trace is genuine, raise the limit, e.g. {MAX_TRACE_ENV}={cap * 4}")
+                    f"if the trace is genuine, raise the limit, e.g. {MAX_TRACE_ENV}={admit}")
 
 
 def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> bytes:
@@ -265,7 +268,7 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
     cap = max_trace_bytes() if max_bytes is None else max_bytes
     if raw[:2] != b"\x1f\x8b":
         if len(raw) > cap:
-            raise too_large(path, f"{len(raw):,} bytes of JSON", cap)
+            raise too_large(path, f"{len(raw):,} bytes of JSON", cap, len(raw))
         return raw
     try:
         return _gunzip(raw, path, cap)

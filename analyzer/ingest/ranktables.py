@@ -101,7 +101,7 @@ def read_trace(path: Path, max_bytes: int | None = None) -> bytes:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             if size > cap:
-                raise too_large(path, f"the file ({size:,} bytes)", cap)
+                raise too_large(path, f"the file ({size:,} bytes)", cap, size)
             return fh.read()
     except OSError as exc:
         raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})",

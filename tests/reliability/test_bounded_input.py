@@ -165,3 +165,15 @@ def test_gzip_trailer_gives_the_json_size_for_the_warning(tmp_path, monkeypatch)
     monkeypatch.setattr(merge, "LARGE_RANK_BYTES", len(cut) + 1)
     assert merge.size_warning([folder / "rank0.json.gz"]) is None
     shutil.rmtree(folder)
+
+
+def test_the_limit_a_refusal_suggests_admits_the_trace():
+    """A trace of known size over the cap is told a value that admits it (a cap of 1 byte and a
+    60 kB trace once suggested 4); one cut off at the cap is told four times the cap."""
+    from analyzer.ingest import decode
+
+    line = decode.too_large("rank0.json", "the file (59,763 bytes)", 1, 59_763).one_line()
+    suggested = int(line.rsplit("=", 1)[1])
+    assert suggested >= 59_763 and suggested % 2**20 == 0
+    line = decode.too_large("rank0.json", "the gunzipped trace", 2**30).one_line()
+    assert line.endswith(f"={4 * 2**30}")
