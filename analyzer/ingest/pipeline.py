@@ -35,6 +35,7 @@ import pandas as pd
 
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
+from analyzer.ingest import distinfo
 from analyzer.ingest.commid import group_fallback
 from analyzer.ingest.ranktables import RankTables, cached, no_events, tables_worker
 from analyzer.ingest.samejob import check_same_job, distributed_info_mismatches
@@ -242,8 +243,13 @@ def assign_ranks(files: list[RankTables]) -> tuple[list[tuple[int, str, RankTabl
         problems.append(BadInput(files[0].path.parent, "world_size_mismatch",
                                  f"world sizes disagree: {desc}",
                                  "put only one job's traces in the folder"))
+    elif sizes and (world := next(iter(sizes))) > distinfo.MAX_WORLD_SIZE:
+        problems.append(BadInput(sizes[world][0].path, "not_a_trace",
+                                 f"distributedInfo.world_size {world:,} is over the "
+                                 f"{distinfo.MAX_WORLD_SIZE:,} ranks a job may hold here",
+                                 "pass the traces as the profiler wrote them"))
+        world = None
     elif sizes:
-        world = next(iter(sizes))
         beyond = [(r, f) for r, _, f in out if r >= world]
         if beyond:
             problems.append(BadInput(", ".join(str(f.path) for _, f in beyond), "rank_out_of_range",

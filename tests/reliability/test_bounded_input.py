@@ -177,3 +177,27 @@ def test_the_limit_a_refusal_suggests_admits_the_trace():
     assert suggested >= 59_763 and suggested % 2**20 == 0
     line = decode.too_large("rank0.json", "the gunzipped trace", 2**30).one_line()
     assert line.endswith(f"={4 * 2**30}")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", ["summary", "report"])
+def test_a_world_size_no_job_holds_is_refused_before_it_is_allocated(tmp_path, command):
+    """A trace claiming 10^9 ranks once built range(world_size) of its missing ranks and ended
+    in MemoryError; it is one line naming the file, exit 2, under a 1 GiB address space."""
+    import resource
+    import subprocess
+    import sys
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    trace = json.loads(json.dumps(gloo_rank(0, 2, offset_us=0.0, ends_us=[600.0, 1600.0])))
+    trace.setdefault("distributedInfo", {})["world_size"] = 10**9
+    (folder / "rank0.json").write_text(json.dumps(trace))
+    argv = [sys.executable, "-m", "analyzer", command, str(folder)]
+    if command == "report":
+        argv += ["--out", str(tmp_path / "out")]
+    proc = subprocess.run(argv, capture_output=True, text=True, preexec_fn=lambda: resource.setrlimit(
+        resource.RLIMIT_AS, (1 << 30, 1 << 30)))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert "rank0.json: distributedInfo.world_size 1,000,000,000 is over the 131,072 ranks" in line
