@@ -37,6 +37,7 @@ def register(app, run) -> None:
         from analyzer.contract import outpaths
         from analyzer.contract.errors import BadInput, Reason
         from analyzer.timeline.merge import MergeOptions, merge_traces, parse_steps
+        from analyzer.timeline import perfetto
 
         def go():
             try:
@@ -48,8 +49,9 @@ def register(app, run) -> None:
             target = out or (directory / "merged.trace.json.gz" if directory.is_dir()
                              else directory.with_name("merged.trace.json.gz"))
             if directory.exists():  # else merge_traces names what is wrong with the input
-                outpaths.check_out(target, option="-o", what="the merged trace",
-                                   example="merged.trace.json.gz")
+                for path in (target, perfetto.beside(target, ".offsets.json")):
+                    outpaths.check_out(path, option="-o", what="the merged trace",
+                                       example="merged.trace.json.gz")
             _check_like_report(directory, allow_incomplete)
             options = MergeOptions(steps=chosen, ref_rank=ref_rank, align=not no_align,
                                    allow_incomplete=allow_incomplete,

@@ -8,6 +8,7 @@ An output that cannot go where it is asked is refused before any analysis, namin
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from analyzer.contract.atomic import write_atomic
@@ -20,10 +21,15 @@ def check_out(path: Path, *, option: str, what: str, example: str = "") -> None:
     naming an existing folder is refused (``out_is_dir``); without, ``path`` is the folder the
     outputs go in and it, or its nearest existing parent, being a file is refused
     (``out_is_file``). Either way the nearest existing folder must not be marked read-only
-    (``unwritable``). Raises ``BadInput``."""
+    (``unwritable``). A file output that exists as anything but a regular file (a symlink, a
+    device such as /dev/null, a FIFO) is refused too (``unwritable``): the write renames a new
+    file over the path, which would replace what is there. Raises ``BadInput``."""
     if example and path.is_dir():
         raise BadInput(path, Reason.OUT_IS_DIR, f"{option} names an existing directory, not a file",
                        f"pass a file name, e.g. {option} {path / example}")
+    if example and (kind := _not_regular(path)):
+        raise BadInput(path, Reason.UNWRITABLE, f"is {kind}, not a regular file; {what} would "
+                       "replace it", f"pass {option} a new file name, e.g. {option} /tmp/{example}")
     folder = path.parent if example else path
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is None:
@@ -55,12 +61,31 @@ def default_report_dir(root: Path) -> Path:
 
 def write_out(path: Path, data: str | bytes, *, option: str, example: str = "") -> None:
     """``write_atomic`` (analyzer/contract/atomic.py), an ``OSError`` becoming ``BadInput``
-    (``unwritable``) naming ``path``; ``option`` and ``example`` as for ``check_out``."""
+    (``unwritable``) naming ``path``; ``option`` and ``example`` as for ``check_out``; a
+    ``path`` that exists as anything but a regular file is refused unwritten, as there."""
+    if kind := _not_regular(path):
+        raise BadInput(path, Reason.UNWRITABLE, f"is {kind}, not a regular file; it would be "
+                       "replaced", _writable(option, example))
     try:
         write_atomic(path, data)
     except OSError as exc:
         raise BadInput(path, Reason.UNWRITABLE, f"cannot be written ({exc.strerror})",
                        _writable(option, example)) from None
+
+
+def _not_regular(path: Path) -> str | None:
+    """What ``path`` is when it exists as anything but a regular file (a link is not
+    followed), else None."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return None
+    for test, kind in ((stat.S_ISREG, None), (stat.S_ISLNK, "a symlink"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 def _writable(option: str, example: str) -> str:

@@ -273,3 +273,35 @@ def test_report_never_replaces_a_report_edited_since_it_was_written(dlrm_copy, t
     bad_input(cli("report", str(dlrm_copy), "--out", str(out)),
               f"{out / 'report.md'}: was not written by analyzer report")
     assert (out / "report.md").read_text() == edited
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "sidecar_symlink"])
+def test_merge_never_replaces_what_is_not_a_regular_file(ddp_run, tmp_path, kind):
+    """-o onto a link (e.g. to /dev/stdout), a FIFO or a device: the write would rename a new
+    file over it; refused, one line, the link and what it points at untouched."""
+    import os
+
+    run = copy_run(ddp_run, tmp_path / "run")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    target = tmp_path / "m.trace.json.gz"
+    if kind == "symlink":
+        target.symlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(target)
+    else:
+        (tmp_path / "m.offsets.json").symlink_to(victim)
+    named = target if kind != "sidecar_symlink" else tmp_path / "m.offsets.json"
+    what = "a FIFO" if kind == "fifo" else "a symlink"
+    bad_input(cli("merge", str(run), "-o", str(target)), str(named), what, "not a regular file")
+    assert victim.read_text() == "keep"
+    assert named.is_symlink() or kind == "fifo"
+
+
+def test_summary_never_replaces_a_symlink(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (tmp_path / "s.json").symlink_to(victim)
+    bad_input(cli("summary", str(need(DLRM)), "--format", "json", "-o", str(tmp_path / "s.json")),
+              str(tmp_path / "s.json"), "a symlink", "not a regular file")
+    assert victim.read_text() == "keep" and (tmp_path / "s.json").is_symlink()
