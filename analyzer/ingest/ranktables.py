@@ -116,6 +116,15 @@ def no_events(path: Path) -> BadInput:
                     "ranks")
 
 
+def _beyond_int64(value: Any) -> int | None:
+    """The first integer in ``value`` (JSON: dicts, lists, scalars; nesting bounded by the
+    decoder) outside int64, which neither the cache's msgpack nor numpy holds; else None."""
+    if type(value) is int:
+        return value if not -2**63 <= value < 2**63 else None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return next((b for v in items if (b := _beyond_int64(v)) is not None), None)
+
+
 def classified(path: Path, dec=None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Decode and classify one trace file (``dec``: its decoded form, when already decoded).
 
@@ -130,6 +139,10 @@ def classified(path: Path, dec=None) -> tuple[pd.DataFrame, dict[str, Any]]:
         dec = decode_bytes(decompress(read_trace(path), path), path)
     if dec.events.empty:
         raise no_events(path)
+    if (big := _beyond_int64(dec.distributed_info)) is not None:
+        raise BadInput(path, "not_a_trace", f"distributedInfo holds an integer of {big.bit_length()} "
+                       "bits, beyond 64: no process group, rank or size is that large",
+                       "pass the trace as the profiler wrote it")
     d = read_distinfo(dec.distributed_info)
     events, info = classify(dec.events, world_size=d.world_size, pg_sizes=d.sizes(),
                             pg_ranks=d.ranks_text(), pg_descs=d.descs(), path=str(path))

@@ -201,3 +201,20 @@ def test_a_world_size_no_job_holds_is_refused_before_it_is_allocated(tmp_path, c
     assert proc.returncode == 2, proc.stderr[-2000:]
     [line] = proc.stderr.strip().splitlines()
     assert "rank0.json: distributedInfo.world_size 1,000,000,000 is over the 131,072 ranks" in line
+
+
+@pytest.mark.parametrize("where", ["world_size", "pg_count", "pg_size", "rank"])
+def test_an_integer_beyond_64_bits_in_distributed_info_is_one_line(tmp_path, where):
+    """10**30 anywhere in distributedInfo once ended in "internal error: OverflowError" (the
+    cache's msgpack, numpy's C long); no process group, rank or size is that large."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    trace = json.loads(json.dumps(gloo_rank(0, 2, offset_us=0.0, ends_us=[600.0, 1600.0])))
+    info = trace.setdefault("distributedInfo", {"rank": 0, "world_size": 2, "backend": "gloo"})
+    if where == "pg_size":
+        info["pg_config"] = [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1],
+                              "pg_size": 10**30}]
+    else:
+        info[where] = 10**30
+    (folder / "rank0.json").write_text(json.dumps(trace))
+    bad_input(cli("summary", str(folder)), "rank0.json", "integer of 100 bits, beyond 64")
