@@ -165,9 +165,14 @@ def decision_input(report: Report) -> DecisionInput:
     ``ratio`` / ``ci_low`` / ``ci_high`` / ``verdict`` from their ``ranking.pairs[]`` entry,
     memory = the strategies' lowest peak allocated per rank (``ranking.arms[]``), vs_reference
     = the reference's median step time / ``best``'s. Declared arms: every arm ranked, named by
-    its settings; an arm that failed parity is left out and said, the others decided."""
+    its settings; an arm that failed parity is left out and said, the others decided. A hang
+    (a ``hang`` finding) withholds the decision and is said first."""
     runs = report.runs
     rk = report.ranking
+    hangs = [f for f in report.findings if f.kind == "hang"]
+    if hangs:  # a run that never finishes has nothing to rank; what hung it comes first
+        return DecisionInput(best=None, parity="not verified", withheld="; ".join(
+            f"{', '.join(f.runs)} hung: {f.cause}" for f in hangs) + " (see Hangs)")
     dist = [r for r in runs if not strategies.is_reference(r.strategy) and not r.incomplete]
     failed = [r for r in dist if r.parity.status == "fail"]
     missing = [r for r in dist if r.parity.status == "not_recorded"]

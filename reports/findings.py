@@ -9,21 +9,33 @@ from __future__ import annotations
 from analyzer.contract.report_types import CAUSE_THRESHOLD, Evidence, Finding, Report
 from reports import fmt
 
-TOP = 8
-"""Findings shown on the first screen; the rest are listed under "Findings in full"."""
+TOP = 3
+"""Findings to act on (a cause or a "try") shown on the first screen; the rest are counted there
+and listed under "Findings in full"."""
 NO_CAUSE = "cause not established"
 KIND_LABELS = {"parity_failed": "parity failed", "straggler": "straggler",
                "exposed_communication": "exposed communication", "prefetch_late": "prefetch late",
                "input_bound": "input-bound", "host_bound": "host-bound",
                "imbalance": "imbalance across ranks", "memory_does_not_fit": "memory does not fit",
-               "low_busbw": "low busbw", "mesh_dimension": "mesh dimension"}
+               "low_busbw": "low busbw", "mesh_dimension": "mesh dimension", "hang": "hang",
+               "pipeline_bubble": "pipeline bubble"}
 
 
 def ordered(report: Report) -> list[Finding]:
-    """The findings by severity (step time at stake), largest first; those without one last,
-    in the analysis' order."""
-    return sorted(report.findings, key=lambda f: -(f.severity_ns or 0.0)
-                  if f.severity_ns is not None else float("inf"))
+    """The findings: hangs first, then by severity (step time at stake), largest first; those
+    without one last, in the analysis' order."""
+    return sorted(report.findings, key=lambda f: (f.kind != "hang", -(f.severity_ns or 0.0)
+                  if f.severity_ns is not None else float("inf")))
+
+
+def established(f: Finding) -> bool:
+    """A cause explains at least ``CAUSE_THRESHOLD`` of the effect (or needs no share: a hang)."""
+    return bool(f.cause) and (f.explained_frac is None or f.explained_frac >= CAUSE_THRESHOLD)
+
+
+def to_act_on(f: Finding) -> bool:
+    """A finding the first screen shows: one with an established cause or an action to try."""
+    return established(f) or bool(f.action)
 
 
 def value(ev: Evidence) -> str:
@@ -47,15 +59,18 @@ def evidence(f: Finding, limit: int | None = None) -> str:
 def cause(f: Finding) -> str:
     """``cause: host-side delay (explains 86 %)`` or ``cause not established``: a cause is
     named only when it explains at least ``CAUSE_THRESHOLD`` of the effect."""
-    if f.cause and (f.explained_frac is None or f.explained_frac >= CAUSE_THRESHOLD):
+    if established(f):
         share = f" (explains {fmt.pct(f.explained_frac)})" if f.explained_frac is not None else ""
         return f"cause: {f.cause}{share}"
     return NO_CAUSE
 
 
 def stake(f: Finding) -> str:
-    """``3.20 ms/step at stake``, or ``stake not measured``."""
-    return "stake not measured" if f.severity_ns is None else f"{fmt.ms(f.severity_ns)}/step at stake"
+    """``3.20 ms/step at stake``; a hang without a step: ``the run does not finish``; else
+    ``stake not measured``."""
+    if f.severity_ns is None:
+        return "the run does not finish" if f.kind == "hang" else "stake not measured"
+    return f"{fmt.ms(f.severity_ns)}/step at stake"
 
 
 def line(f: Finding) -> str:
@@ -67,10 +82,17 @@ def line(f: Finding) -> str:
     return text + (f"; try: {f.action}" if f.action else "")
 
 
-def first_screen(report: Report) -> tuple[list[str], int]:
-    """(the top ``TOP`` findings' lines, how many more there are)."""
+def first_screen(report: Report) -> tuple[list[str], str | None]:
+    """(the lines of the first ``TOP`` findings to act on, in ``ordered`` order; the line that
+    counts the rest, None when nothing is left out)."""
     found = ordered(report)
-    return [line(f) for f in found[:TOP]], max(len(found) - TOP, 0)
+    act = [f for f in found if to_act_on(f)]
+    shown = act[:TOP]
+    more, observed = len(act) - len(shown), len(found) - len(act)
+    parts = ([f"{more} more with a cause or a try"] if more else []) + (
+        [f"{observed} observation{'s' if observed > 1 else ''} without an established cause"]
+        if observed else [])
+    return [line(f) for f in shown], " and ".join(parts) or None
 
 
 def head(report: Report) -> str:
@@ -78,9 +100,12 @@ def head(report: Report) -> str:
     n = len(report.findings)
     if not n:
         return "Findings: none drawn from these figures."
-    return (f"Findings ({n}), most severe first (severity = the step time at stake per step; "
-            "a cause is named only when it explains at least "
-            f"{fmt.pct(CAUSE_THRESHOLD)} of the effect):")
+    act = sum(map(to_act_on, report.findings))
+    if not act:
+        return f"Findings: none with an established cause or an action to try, of {n}."
+    return (f"Findings to act on ({min(act, TOP)} of {n}: a cause that explains at least "
+            f"{fmt.pct(CAUSE_THRESHOLD)} of the effect, or an action to try; most step time at "
+            "stake first):")
 
 
 def full(f: Finding) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
 from analyzer.contract.text import show_bidi
+from reports import context
 from reports import findings as findings_text
 from reports import fmt, notes, palette
 from reports import hangs as hangs_section
@@ -39,6 +40,7 @@ th{background:#f3f3f3}.decision{font-size:17px;font-weight:bold;background:#f7f7
 code{background:#f3f3f3}h1{margin:.2em 0;font-size:24px}.decision{margin:.4em 0}
 .findings{font-size:14px;margin:.4em 0}.findings ol{margin:.2em 0;padding-left:1.6em}.findings li{margin:.15em 0}
 .findings p{margin:.3em 0;font-weight:bold}.verdict{font-size:13px}
+.context{font-size:13px;margin:.3em 0}.context p{margin:.2em 0;font-weight:bold}.context ul{margin:.1em 0}
 details.measured{margin:.3em 0 1em;font-size:13px;color:#444}details.measured summary{cursor:pointer;color:#4e79a7}"""
 
 
@@ -323,16 +325,20 @@ def _details(defs) -> str:
 
 
 def first_screen(report: Report) -> list[str]:
-    """The part above the fold (1400 x 900): the decision line, then the top findings by
-    severity, one line each (reports/findings.py), then the verdict's details."""
-    lines, more = findings_text.first_screen(report)
+    """The part above the fold (1400 x 900), as report.md's (reports/markdown.py
+    ``first_screen``): the decision line, the context, the findings to act on, one line each
+    (reports/findings.py), the rest counted, then the verdict's details."""
+    lines, rest = findings_text.first_screen(report)
     items = "".join(f"<li>{e(x)}</li>" for x in lines)
-    if more:
-        items += f'<li>... and {more} more: <a href="#findings-in-full">Findings in full</a></li>'
+    ctx = context.lines(report)
+    folded = (f'<p>{"Also" if lines else "There are"} {e(rest)}: '
+              '<a href="#findings-in-full">Findings in full</a>.</p>' if rest else "")
     return [f'<p class="decision" id="decision">Decision: '
             f'{e(decision_line(decision_input(report)))}</p>',
+            *(['<section id="context" class="context"><p>Context:</p><ul>'
+               + "".join(f"<li>{e(x)}</li>" for x in ctx) + "</ul></section>"] if ctx else []),
             f'<section id="findings" class="findings"><p>{e(findings_text.head(report))}</p>'
-            + (f"<ol>{items}</ol>" if items else "") + "</section>",
+            + (f"<ol>{items}</ol>" if items else "") + folded + "</section>",
             '<ul class="verdict">' + "".join(f"<li>{e(s)}</li>" for s in verdict(report)) + "</ul>"]
 
 
@@ -418,6 +424,9 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
                   _table(*md_rows.drift_rows(report)),
                   "<p>Per-tensor figures: <code>analyzer drift REFERENCE RUN</code>.</p>"]
     parts += [f"<p>Note: {e(w)}</p>" for w in report.warnings]
+    caveats = [f"<li>{e(r.name)}: {e(c)}</li>" for r in runs for c in r.caveats]
+    if caveats:
+        parts += ['<h2 id="caveats">Caveats</h2><ul>', *caveats, "</ul>"]
     parts.append(f"<h2>Trace files</h2><p>Each is a Chrome trace; {e(PERFETTO_HINT)}.</p><ul>")
     parts += [f'<li>{e(r.name)}: <a href="{e(trace_href(t, out_dir))}">{e(t)}</a></li>'
               for r in runs for t in r.traces]

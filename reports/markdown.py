@@ -9,6 +9,7 @@ from typing import Any
 from analyzer.contract.arms import settings_text
 from analyzer.contract.report_types import Report, RunEntry
 from analyzer.contract.text import show_bidi
+from reports import context
 from reports import definitions as definitions_part
 from reports import findings as findings_text
 from reports import fmt, notes
@@ -397,19 +398,31 @@ def link_line(cited: Cited, *defs: Definition) -> str:
 
 
 def first_screen(report: Report) -> list[str]:
-    """The first lines of report.md: title, the decision line, the top findings by severity
-    (each one line with its evidence, cause and action), then the verdict's details."""
+    """The first lines of report.md: title, the decision line, the context the figures were
+    measured in (reports/context.py), the findings to act on (at most ``findings_text.TOP``,
+    each one line with its evidence, cause and action; the rest counted), then the verdict's
+    details."""
     out = ["# paritytrace report", "",
-           f"**Decision:** {escape(decision_line(decision_input(report)))}", "",
-           escape(findings_text.head(report)), ""]
-    lines, more = findings_text.first_screen(report)
+           f"**Decision:** {escape(decision_line(decision_input(report)))}", ""]
+    ctx = context.lines(report)
+    if ctx:
+        out += ["**Context:**", ""] + [f"- {escape(x)}" for x in ctx] + [""]
+    out += [escape(findings_text.head(report)), ""]
+    lines, rest = findings_text.first_screen(report)
     out += [f"{i}. {escape(x)}" for i, x in enumerate(lines, 1)]
-    if more:
-        out.append(f"{len(lines) + 1}. ... and {more} more: [Findings in full](#findings-in-full)")
     if lines:
         out.append("")
+    if rest:
+        out += [f"{'Also' if lines else 'There are'} {escape(rest)}: "
+                "[Findings in full](#findings-in-full).", ""]
     out += [f"- {escape(s)}" for s in verdict(report)] + [""]
     return out
+
+
+def caveats_part(report: Report) -> list[str]:
+    """The "Caveats" section: each run's caveats, one bullet each (none: [])."""
+    items = [f"- {escape(r.name)}: {escape(c)}" for r in report.runs for c in r.caveats]
+    return ["## Caveats", "", *items, ""] if items else []
 
 
 def render(report: Report) -> str:
@@ -497,6 +510,7 @@ def render(report: Report) -> str:
     for w in report.warnings:
         out += [f"Note: {escape(w)}", ""]
 
+    out += caveats_part(report)
     out += ["## Trace files", "", f"Each is a Chrome trace; {PERFETTO_HINT}.", ""]
     out += [f"- {escape(r.name)}: {escape(t)}" for r in runs for t in r.traces]
     out.append("")

@@ -26,7 +26,8 @@ def input_bound_sentence(name: str, d: DataSupply | None) -> str | None:
 def verdict(report: Report) -> list[str]:
     """Plain-language sentences under the decision line (reports/decision.py): parity first,
     then the ranking of the distributed runs and the single-device reference beside it (or
-    why the ranking is withheld), then caveats (CPU timings, differing settings)."""
+    why the ranking is withheld), then what CPU records measured, differing settings, and how
+    many caveats the Caveats section holds."""
     return _parity(report.runs) + _ranking(report.ranking) + _caveats(report)
 
 
@@ -141,21 +142,18 @@ def _caveats(report: Report) -> list[str]:
     cpu = [r for r in runs if r.device == "cpu" and r.backend == "gloo"
            and not strategies.is_reference(r.strategy)]
     if cpu:
-        text = ("These runs were recorded on CPU with gloo: timings carry +-30-50 % noise and "
-                "say little about GPUs.")
+        # the context list (reports/context.py) says CPU / gloo; here only what it measured
         fsdp = [r for r in cpu if r.prefetch]
         if fsdp:
             measured = ", ".join(f"{r.name} {fmt.pct(r.prefetch.hidden_frac)}" for r in fsdp)
-            text += (" FSDP collectives run effectively synchronously on CPU: the share of FSDP "
-                     f"all_gather time hidden under computation is {measured}.")
-        out.append(text)
+            out.append("FSDP collectives run effectively synchronously on CPU: the share of "
+                       f"FSDP all_gather time hidden under computation is {measured}.")
     if hidden := mesh_hidden_sentence(runs):
         out.append(hidden)
     if report.settings_warnings and not rk.reason.startswith("the runs are not one experiment"):
         out.append("Warning: " + "; ".join(report.settings_warnings) + ".")
-    caveats = [f"{r.name}: {c}" for r in runs for c in r.caveats]
-    if caveats:
-        out.append("Caveat: " + "; ".join(caveats) + ".")
+    if n := sum(len(r.caveats) for r in runs):
+        out.append(f"{n} caveat{'s' if n > 1 else ''} on how figures were measured: see Caveats.")
     return out
 
 

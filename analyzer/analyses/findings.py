@@ -15,6 +15,11 @@ summary`` show the evidence.
 Rules, one function each (``RULES``), over each run ``runs[i]``; "the step" is the run's
 median profiled step time (``step_time_ns.median``, slowest rank):
 
+* hang: one per process group of the run's Flight Recorder dumps (``flight_recorder.groups``,
+  analyzer/analyses/flightrec.py) where a rank never entered the collective its peers waited
+  in, or whose entries do not match across ranks. Cause: the group's statement (the dumps of
+  every rank establish it). Severity: the step when one was measured (none: the run does not
+  finish); listed first whatever the severity.
 * parity_failed: ``parity.status == "fail"``; names the first divergence. Severity: the whole
   step (the run's result is wrong whatever its speed).
 * straggler: one per ``stragglers[j]`` (analyzer/analyses/straggler.py) whose lateness per
@@ -22,8 +27,8 @@ median profiled step time (``step_time_ns.median``, slowest rank):
   the straggler's own ``cause`` when its ``explained_frac`` >= ``CAUSE_THRESHOLD``; the split
   (``split_ns``) is evidence either way. Severity: its lateness per step.
 * exposed_communication: ``exposed_comm_ns`` (per step, mean over ranks) >= ``EXPOSED_FRAC``
-  of the step. Names the kind with the most time per step and the mesh dimension with the most
-  exposed time per step (when named) and, when that kind is all_gather, the FSDP unit whose
+  of the step. Names the kind with the most time per step, with its own mesh dimension (the
+  named one where that kind's collectives spend the most time, ``comm_groups[].mesh_dim``) and, when that kind is all_gather, the FSDP unit whose
   all_gathers leave the most time unhidden (``prefetch.units[]``: comm_ns x (1 -
   hidden_frac)). Cause, from the split of the run's collective time
   (``communication[k].wait_ns_per_step`` / ``transfer_ns_per_step`` summed over kinds, over
@@ -65,6 +70,11 @@ median profiled step time (``step_time_ns.median``, slowest rank):
   ``exposed_ns_per_step`` is >= ``MESH_DIM_FRAC`` of the step. Cause as for
   exposed_communication, from the dimension's ``wait_ns`` / ``transfer_ns`` over ``time_ns``.
   Severity: ``exposed_ns_per_step``.
+* pipeline_bubble: a pipelined run whose stages' mean bubble share (``pipeline.per_stage[]
+  .bubble_frac``) is >= the schedule's ideal (``pipeline.ideal_bubble_frac``, (P - 1) / (M + P
+  - 1)) + ``BUBBLE_EXCESS_FRAC``. Names the stage with the largest bubble. Action: more
+  microbatches (with the ideal that doubling M gives), or a schedule with several stages per
+  rank. Severity: (mean bubble share - ideal) x the step.
 """
 
 from __future__ import annotations
@@ -73,6 +83,7 @@ from collections.abc import Callable, Iterator
 
 import msgspec
 
+from analyzer.analyses.pipeline import ideal_bubble_frac
 from analyzer.contract import strategies
 from analyzer.contract.arms import arm_label, name_says_settings
 from analyzer.contract.report_types import (CAUSE_THRESHOLD, FINDING_KINDS, Evidence, Finding,
@@ -94,6 +105,8 @@ BUSBW_MIN_BYTES = 1 << 20
 """low_busbw: only kinds / groups moving at least this many bytes per call (1 MiB) compare."""
 MESH_DIM_FRAC = 0.10
 """mesh_dimension: a dimension's exposed time per step >= this share of the step."""
+BUBBLE_EXCESS_FRAC = 0.05
+"""pipeline_bubble: the stages' mean bubble share >= the schedule's ideal + this share."""
 
 _NOT_ESTABLISHED = "cause not established"
 
@@ -152,6 +165,40 @@ def _split_cause(wait_ns: float | None, transfer_ns: float | None, time_ns: floa
                            "(transfer: from the group's last start to the end; wait: before "
                            "it)"), ns / time_ns
     return None, None, None
+
+
+def _hang(r: _Run) -> Iterator[Finding]:
+    fr = r.run.flight_recorder
+    if fr is None:
+        return
+    for j, g in enumerate(fr.groups):
+        if not g.statement or not (g.never_entered or g.mismatches):
+            continue
+        at = ("flight_recorder", "groups", j)
+        ev = [r.ev(f"process group {g.pg}: last collective every dumped rank completed",
+                   g.last_completed_seq, "count", *at, "last_completed_seq")]
+        if g.never_entered:
+            ev += [r.ev(f"process group {g.pg}: the collective some rank never entered",
+                        g.next_seq, "count", *at, "next_seq"),
+                   r.ev(f"process group {g.pg}: ranks that never entered it",
+                        len(g.never_entered), "count", *at, "never_entered")]
+            ranks, action = g.never_entered, (
+                f"look at what rank{'s' if len(g.never_entered) > 1 else ''} "
+                f"{', '.join(map(str, g.never_entered))} did instead (its log, the stack of "
+                "its newest Flight Recorder entry): a rank that skips or reorders a "
+                "collective hangs its peers")
+        else:
+            ranks = sorted({m.rank for m in g.mismatches})
+            ev.append(r.ev(f"process group {g.pg}: ranks whose entry differs", len(ranks),
+                           "count", *at, "mismatches"))
+            action = ("make every rank call the same collective with the same shape and dtype "
+                      f"at #{g.mismatches[0].seq}")
+        where = f"process group {g.pg}" + (f" ({g.desc})" if g.desc else "")
+        yield Finding(kind="hang", title=f"{r.who} hung in {where}", runs=[r.run.name],
+                      ranks=ranks, evidence=ev, cause=g.statement,
+                      cause_rule="the Flight Recorder dumps of every rank "
+                                 "(analyzer/analyses/flightrec.py): " + fr.rule,
+                      action=action, severity_ns=r.step_ns or None)
 
 
 def _parity_failed(r: _Run) -> Iterator[Finding]:
@@ -220,6 +267,19 @@ def _overlap_action(strategy: str, kind: str) -> str | None:
     return None
 
 
+def _dim_of_kind(run: RunEntry, kind: str) -> tuple[int, object] | None:
+    """(index, ``mesh_dims`` entry) of the named mesh dimension where ``kind`` spends the most
+    time (``comm_groups[].time_ns`` by ``mesh_dim``): a headline names a kind with its own
+    dimension (HSDP's all_reduce is on replicate, whatever the shard dimension exposes)."""
+    time_ns: dict[str, float] = {}
+    for g in run.comm_groups:
+        if g.kind == kind and g.mesh_dim:
+            time_ns[g.mesh_dim] = time_ns.get(g.mesh_dim, 0.0) + g.time_ns
+    dims = [(j, d) for j, d in enumerate(run.mesh_dims) if d.name != "unknown"
+            and d.exposed_ns_per_step is not None and time_ns.get(d.name)]
+    return max(dims, key=lambda jd: time_ns[jd[1].name]) if dims else None
+
+
 def _exposed_communication(r: _Run) -> Iterator[Finding]:
     run = r.run
     if not r.stake_ok(run.exposed_comm_ns, EXPOSED_FRAC) or not run.communication:
@@ -243,11 +303,9 @@ def _exposed_communication(r: _Run) -> Iterator[Finding]:
                         "communication", name, "transfer_ns_per_step")]
     cause, rule, frac = _split_cause(wait, transfer,
                                      sum(k.time_ns_per_step or 0.0 for k in parts))
-    dims = [(j, d) for j, d in enumerate(run.mesh_dims)
-            if d.name != "unknown" and d.exposed_ns_per_step is not None]
     mesh = []
-    if dims:
-        j, d = max(dims, key=lambda jd: jd[1].exposed_ns_per_step)
+    if (found := _dim_of_kind(run, kind)) is not None:
+        j, d = found
         mesh = [d.name]
         ev.append(r.ev(f"mesh dimension {d.name} exposed per step", d.exposed_ns_per_step,
                        "ns", "mesh_dims", j, "exposed_ns_per_step"))
@@ -496,18 +554,50 @@ def _mesh_dimension(r: _Run) -> Iterator[Finding]:
                       action=action, severity_ns=d.exposed_ns_per_step)
 
 
+def _pipeline_bubble(r: _Run) -> Iterator[Finding]:
+    pp = r.run.pipeline
+    if pp is None or pp.ideal_bubble_frac is None or not r.step_ns:
+        return
+    stages = [(j, s) for j, s in enumerate(pp.per_stage) if s.bubble_frac is not None]
+    if not stages:
+        return
+    j, worst = max(stages, key=lambda js: js[1].bubble_frac)
+    measured = sum(s.bubble_frac for _, s in stages) / len(stages)
+    excess = measured - pp.ideal_bubble_frac
+    if excess < BUBBLE_EXCESS_FRAC:
+        return
+    ev = [r.ev(f"stage {s.stage} bubble share of its step", s.bubble_frac, "frac", "pipeline",
+               "per_stage", k, "bubble_frac") for k, s in stages]
+    ev += [r.ev(f"ideal bubble of the {pp.schedule or 'pipeline'} schedule", pp.ideal_bubble_frac,
+                "frac", "pipeline", "ideal_bubble_frac"), r.step_ev()]
+    if pp.microbatches is not None:
+        ev.append(r.ev("microbatches per step", pp.microbatches, "count", "pipeline",
+                       "microbatches"))
+    more = (f" (M = {2 * pp.microbatches} gives an ideal of "
+            f"{100 * ideal_bubble_frac(pp.stages, 2 * pp.microbatches):.0f} %)"
+            if pp.microbatches else "")
+    yield Finding(kind="pipeline_bubble", title=f"{r.who}: the pipeline bubble is above its "
+                  f"schedule's ideal, stage {worst.stage} most", runs=[r.run.name],
+                  mesh_dims=[d] if (row := strategies.spec(r.run.strategy)) and (
+                      d := row.dim_of("stage")) else [],
+                  evidence=ev, action=f"more microbatches per step{more}, or a schedule with "
+                  "a smaller bubble (torch.distributed.pipelining ScheduleInterleaved1F1B, "
+                  "ScheduleInterleavedZeroBubble: several stages per rank)",
+                  severity_ns=excess * r.step_ns)
+
+
 RULES: dict[str, Callable[[_Run], Iterator[Finding]]] = {
-    "parity_failed": _parity_failed, "straggler": _straggler,
+    "hang": _hang, "parity_failed": _parity_failed, "straggler": _straggler,
     "exposed_communication": _exposed_communication, "prefetch_late": _prefetch_late,
     "input_bound": _input_bound, "host_bound": _host_bound, "imbalance": _imbalance,
     "memory_does_not_fit": _memory_does_not_fit, "low_busbw": _low_busbw,
-    "mesh_dimension": _mesh_dimension}
+    "mesh_dimension": _mesh_dimension, "pipeline_bubble": _pipeline_bubble}
 assert tuple(RULES) == FINDING_KINDS
 
 
 def findings(report: Report) -> list[Finding]:
     """Every rule (module docstring) over every run of ``report``, the repeats of one arm merged
-    (``merge_repeats``), most severe first (a finding without a severity last; ties in
+    (``merge_repeats``), hangs first, then most severe first (a finding without a severity last; ties in
     ``FINDING_KINDS`` order, then by title)."""
     out: list[Finding] = []
     for group in _repeat_groups(report.runs):
@@ -515,7 +605,7 @@ def findings(report: Report) -> list[Finding]:
                  for i in group}
         out += (found[group[0]] if len(group) == 1 else
                 merge_repeats([report.runs[i] for i in group], [found[i] for i in group]))
-    return sorted(out, key=lambda f: (f.severity_ns is None, -(f.severity_ns or 0.0),
+    return sorted(out, key=lambda f: (f.kind != "hang", f.severity_ns is None, -(f.severity_ns or 0.0),
                                       FINDING_KINDS.index(f.kind), f.title))
 
 

@@ -773,9 +773,9 @@ class FlightRecorder(msgspec.Struct, kw_only=True):
 RANK_TIMELINES_MAX = 16
 """The most ranks ``RunEntry.rank_timelines`` holds (the lowest ranks): a picture of more is
 not read rank by rank, and report.json stays small."""
-FINDING_KINDS = ("parity_failed", "straggler", "exposed_communication", "prefetch_late",
+FINDING_KINDS = ("hang", "parity_failed", "straggler", "exposed_communication", "prefetch_late",
                  "input_bound", "host_bound", "imbalance", "memory_does_not_fit", "low_busbw",
-                 "mesh_dimension")
+                 "mesh_dimension", "pipeline_bubble")
 CAUSE_THRESHOLD = 0.8
 """A cause is named only when it explains at least this share of the effect (TraceML's 80 %)."""
 

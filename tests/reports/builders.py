@@ -203,7 +203,19 @@ def details(md: str) -> str:
     """The verdict's sentences under report.md's decision line (its bullet list), as one
     string: the text a reader gets before the first section."""
     head = md.split("\n## ", 1)[0]
-    return " ".join(line[2:] for line in head.splitlines() if line.startswith("- "))
+    head = head.split("\n**Context:**\n\n", 1)
+    if len(head) == 2:  # the context list precedes them: its block ends at a blank line
+        head = [head[0], head[1].split("\n\n", 1)[1]]
+    return " ".join(line[2:] for line in "\n".join(head).splitlines() if line.startswith("- "))
+
+
+def context(md: str) -> list[str]:
+    """report.md's context list (reports/context.py), one string per line; [] without one."""
+    head = md.split("\n## ", 1)[0]
+    if "\n**Context:**\n\n" not in head:
+        return []
+    block = head.split("\n**Context:**\n\n", 1)[1].split("\n\n", 1)[0]
+    return [line[2:] for line in block.splitlines()]
 
 
 def decision(md: str) -> str:

@@ -1,4 +1,4 @@
-"""The verdict's "recorded on CPU with gloo" sentence is said only where the evidence says gloo:
+"""The context's "CPU with gloo" line is said only where the evidence says gloo:
 a record's manifest, or in foreign traces distributedInfo.backend or gloo runloop ops. A trace
 whose device work the analyzer does not understand (MTIA, a CUPTI range profile) is CPU-side
 only for the analyzer, not a gloo record."""
@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 from analyzer.compare.runs import analyse
-from reports import verdict
+from reports import context
 from tests.inputs import CORPUS, need
 
-SENTENCE = "recorded on CPU with gloo"
+SENTENCE = "CPU with gloo ("
 
 
 def _trace(path: Path, events: list[dict], distributed_info: dict | None = None) -> Path:
@@ -37,7 +37,7 @@ def _op(name: str, ts: int, dur: int, tid: int = 1, cat: str = "cpu_op") -> dict
 
 def _lines(root: Path) -> str:
     report = analyse(root)
-    return " ".join(verdict.verdict(report))
+    return " ".join(context.lines(report))
 
 
 def test_gloo_ops_in_foreign_traces_say_cpu_with_gloo(tmp_path):

@@ -31,8 +31,14 @@ def test_first_25_lines_hold_the_decision_and_the_findings_by_severity(report):
     head = md.splitlines()[:25]
     assert head[2].startswith("**Decision:** ddp vs fsdp2: within noise")
     shown = [line for line in head if re.match(r"\d+\. ", line)]
-    assert shown == [f"{i}. {markdown.escape(x)}" for i, x in enumerate(FINDING_LINES, 1)]
-    assert head.index(shown[0]) < next(i for i, line in enumerate(head) if line.startswith("- "))
+    # those with a cause or a try, by severity; the one without either is counted, not shown
+    acted = [FINDING_LINES[i] for i in (0, 1, 3)]
+    assert shown == [f"{i}. {markdown.escape(x)}" for i, x in enumerate(acted, 1)]
+    assert head[head.index(shown[-1]) + 2] == ("Also 1 observation without an established "
+                                               "cause: [Findings in full](#findings-in-full).")
+    assert head[head.index(shown[0]) - 2].startswith("Findings to act on (3 of 4: ")
+    verdict_at = max(i for i, line in enumerate(head) if line.startswith("- "))
+    assert head.index(shown[0]) < verdict_at
     assert not any(line.startswith("## ") for line in md.splitlines()[:head.index(shown[-1])])
     assert "Fastest: ddp" in details(md)  # the verdict's details follow the findings
 
@@ -51,8 +57,9 @@ def test_more_findings_than_the_first_screen_holds_are_listed_in_full(report):
     md = markdown.render(msgspec.structs.replace(report, findings=many))
     head = md.splitlines()[:25]
     numbered = [line for line in head if re.match(r"\d+\. ", line)]
-    assert len(numbered) == findings_text.TOP + 1 and "f11" in numbered[0]
-    assert numbered[-1] == "9. ... and 3 more: [Findings in full](#findings-in-full)"
+    assert len(numbered) == findings_text.TOP == 3 and "f11" in numbered[0]
+    assert head[head.index(numbered[-1]) + 2] == ("Also 8 more with a cause or a try: "
+                                                  "[Findings in full](#findings-in-full).")
     full = md[md.index("## Findings in full"):md.index("## " + definitions.PART)]
     assert full.count("all\\_to\\_all waits") == 0 and "f1;" in full  # every finding, escaped titles
     assert "late = 4.20 ms: report.json /runs/1/stragglers/0/late_ns" in full
@@ -61,7 +68,9 @@ def test_more_findings_than_the_first_screen_holds_are_listed_in_full(report):
 
 def test_no_findings_says_so_in_one_line(tmp_path):
     md = markdown.render(analyse(build_root(tmp_path / "t")))
-    assert md.splitlines()[4] == "Findings: none drawn from these figures."
+    lines = md.splitlines()
+    assert lines[4] == "**Context:**"  # then the findings' one line, after the context list
+    assert lines[lines.index("", 6) + 1] == "Findings: none drawn from these figures."
     assert "## Findings in full" not in md
 
 
@@ -108,8 +117,9 @@ def test_html_puts_each_tables_definitions_behind_a_disclosure(report):
 def test_html_first_screen_is_decision_then_findings(report):
     page = html.render(report)
     assert page.index('id="decision"') < page.index('id="findings"') < page.index("<h2>")
-    items = re.findall(r"<li>(.*?)</li>", page[page.index('id="findings"'):page.index("</section>")])
-    assert items == [html.e(x) for x in FINDING_LINES]
+    items = re.findall(r"<li>(.*?)</li>", page[page.index('id="findings"'):page.index("</section>", page.index('id="findings"'))])
+    assert items == [html.e(FINDING_LINES[i]) for i in (0, 1, 3)]
+    assert page.index('id="decision"') < page.index('id="context"') < page.index('id="findings"')
 
 
 def test_gaps_are_the_step_minus_the_busy_union():

@@ -129,8 +129,9 @@ def test_allow_incomplete_root_includes_the_run_marked(tmp_path):
     assert by["fsdp"].incomplete is True and by["fsdp"].parity.status == "not_recorded"
     assert rep.ranking.status == "ranked" and rep.ranking.order == ["ddp", "fsdp2"] and rep.ranking.reference == "single"
     assert "fsdp" in rep.ranking.reason and "incomplete" in rep.ranking.reason
-    verdict_line = details(markdown.render(rep))
-    assert "Caveat: fsdp: incomplete run" in verdict_line
+    md = markdown.render(rep)
+    assert "1 caveat on how figures were measured: see Caveats." in details(md)
+    assert "## Caveats\n\n- fsdp: incomplete run" in md
     res = runner.invoke(app, ["gate", str(root), "--allow-incomplete"])
     assert res.exit_code == 0 and "SKIP fsdp: not_recorded" in res.output
 

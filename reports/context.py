@@ -1,0 +1,80 @@
+"""The context of the figures (issue 42): what the machine, the backend, the rank set and the
+clocks let the report say, as a short list on the first screen of report.md and report.html,
+one line each with its count of runs. The full sentences stay where they were (the verdict's
+details, each run's caveats under "Caveats"). Pure functions of the report; plain text (the
+renderers escape it)."""
+
+from __future__ import annotations
+
+from analyzer.contract import strategies
+from analyzer.contract.report_types import Report, RunEntry
+
+UNALIGNED = ("unresolved", "inconsistent", "unmatched")
+"""``RankFigures.clock`` states whose offset is not applied (analyzer/analyses/clock.py)."""
+
+
+def _of(some: list[RunEntry], runs: list[RunEntry]) -> str:
+    return f"{len(some)} of {len(runs)} run{'s' if len(runs) > 1 else ''}"
+
+
+def _busy(runs: list[RunEntry]) -> str | None:
+    """Busy (1-minute load >= usable CPUs) or oversubscribed (ranks x threads > usable CPUs)
+    records, from the manifest's ``machine`` (tracer/record.py)."""
+    busy = [r for r in runs if (m := r.machine)
+            and (m["oversubscribed"] or m["load_avg"][0] >= m["usable_cpus"])]
+    if not busy:
+        return None
+    worst = max(busy, key=lambda r: r.machine["load_avg"][0]).machine
+    over = [r.machine for r in busy if r.machine["oversubscribed"]]
+    text = (f"Busy machine ({_of(busy, runs)}): 1-minute load up to {worst['load_avg'][0]:g} on "
+            f"{worst['usable_cpus']} usable CPUs")
+    if over:
+        m = max(over, key=lambda m: m["ranks_on_host"] * m["threads_per_rank"])
+        text += (f"; oversubscribed ({len(over)}): {m['ranks_on_host']} ranks x "
+                 f"{m['threads_per_rank']} thread(s) on {m['usable_cpus']} CPUs, so ranks wait "
+                 "for cores: CPU contention, not a device to rebalance")
+    return text + "."
+
+
+def _cpu_gloo(runs: list[RunEntry]) -> str | None:
+    """Distributed runs recorded on CPU with gloo: their timings carry a shared machine's noise
+    and their collectives run synchronously (no overlap to measure)."""
+    cpu = [r for r in runs if r.device == "cpu" and r.backend == "gloo"
+           and not strategies.is_reference(r.strategy)]
+    dist = [r for r in runs if not strategies.is_reference(r.strategy)]
+    if not cpu:
+        return None
+    return (f"CPU with gloo ({_of(cpu, dist)}): timings carry +-30-50 % noise, collectives "
+            "run synchronously (overlap near 0), memory is a lower bound: the order of "
+            "strategies here says little about GPUs.")
+
+
+def _partial(runs: list[RunEntry]) -> str | None:
+    """Runs whose traces miss ranks of their world (``trace_info.missing_ranks``)."""
+    part = [r for r in runs if r.trace_info is not None and r.trace_info.missing_ranks]
+    if not part:
+        return None
+    named = "; ".join(f"{r.name}: {len(r.trace_info.missing_ranks)} of {r.world_size or '?'} "
+                      "ranks missing" for r in part[:3]) + ("; ..." if len(part) > 3 else "")
+    return (f"Partial rank set ({_of(part, runs)}): {named}; cross-rank figures cover the "
+            "traced ranks only.")
+
+
+def _clocks(runs: list[RunEntry]) -> str | None:
+    """Runs with ranks whose clock offset is not measured (0 applied: cross-rank waits on them
+    are as their clocks say)."""
+    off = [(r, [x.rank for x in r.ranks if x.clock in UNALIGNED]) for r in runs]
+    off = [(r, ranks) for r, ranks in off if ranks]
+    if not off:
+        return None
+    named = "; ".join(f"{r.name}: {len(ranks)} of {len(r.ranks)} ranks" for r, ranks in off[:3]
+                      ) + ("; ..." if len(off) > 3 else "")
+    return (f"Unaligned clocks ({_of([r for r, _ in off], runs)}): offsets not measured for "
+            f"{named} (0 applied); waits across ranks on them are approximate.")
+
+
+def lines(report: Report) -> list[str]:
+    """The context list: busy or oversubscribed machine, CPU/gloo, a partial rank set,
+    unaligned clocks; each present item one line; [] when none applies."""
+    runs = [r for r in report.runs if not r.incomplete]
+    return [x for x in (_busy(runs), _cpu_gloo(runs), _partial(runs), _clocks(runs)) if x]
