@@ -178,10 +178,8 @@ def _hang(r: _Run) -> Iterator[Finding]:
         ev = [r.ev(f"process group {g.pg}: last collective every dumped rank completed",
                    g.last_completed_seq, "count", *at, "last_completed_seq")]
         if g.never_entered:
-            ev += [r.ev(f"process group {g.pg}: the collective some rank never entered",
-                        g.next_seq, "count", *at, "next_seq"),
-                   r.ev(f"process group {g.pg}: ranks that never entered it",
-                        len(g.never_entered), "count", *at, "never_entered")]
+            ev.append(r.ev(f"process group {g.pg}: the collective some rank never entered",
+                           g.next_seq, "count", *at, "next_seq"))
             ranks, action = g.never_entered, (
                 f"look at what rank{'s' if len(g.never_entered) > 1 else ''} "
                 f"{', '.join(map(str, g.never_entered))} did instead (its log, the stack of "
@@ -189,8 +187,8 @@ def _hang(r: _Run) -> Iterator[Finding]:
                 "collective hangs its peers")
         else:
             ranks = sorted({m.rank for m in g.mismatches})
-            ev.append(r.ev(f"process group {g.pg}: ranks whose entry differs", len(ranks),
-                           "count", *at, "mismatches"))
+            ev.append(r.ev(f"process group {g.pg}: the first collective whose entries differ",
+                           g.mismatches[0].seq, "count", *at, "mismatches", 0, "seq"))
             action = ("make every rank call the same collective with the same shape and dtype "
                       f"at #{g.mismatches[0].seq}")
         where = f"process group {g.pg}" + (f" ({g.desc})" if g.desc else "")
