@@ -103,9 +103,9 @@ def head(report: Report) -> str:
     act = sum(map(to_act_on, report.findings))
     if not act:
         return f"Findings: none with an established cause or an action to try, of {n}."
-    return (f"Findings to act on ({min(act, TOP)} of {n}: a cause that explains at least "
-            f"{fmt.pct(CAUSE_THRESHOLD)} of the effect, or an action to try; most step time at "
-            "stake first):")
+    return (f"Findings to act on, most step time at stake first ({act} of {n} have a cause "
+            f"that explains at least {fmt.pct(CAUSE_THRESHOLD)} of the effect or an action to "
+            "try):")
 
 
 def full(f: Finding) -> list[str]:

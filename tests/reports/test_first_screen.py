@@ -36,7 +36,8 @@ def test_first_25_lines_hold_the_decision_and_the_findings_by_severity(report):
     assert shown == [f"{i}. {markdown.escape(x)}" for i, x in enumerate(acted, 1)]
     assert head[head.index(shown[-1]) + 2] == ("Also 1 observation without an established "
                                                "cause: [Findings in full](#findings-in-full).")
-    assert head[head.index(shown[0]) - 2].startswith("Findings to act on (3 of 4: ")
+    assert head[head.index(shown[0]) - 2].startswith("Findings to act on, most step time at "
+                                                     "stake first (3 of 4 have a cause ")
     verdict_at = max(i for i, line in enumerate(head) if line.startswith("- "))
     assert head.index(shown[0]) < verdict_at
     assert not any(line.startswith("## ") for line in md.splitlines()[:head.index(shown[-1])])
