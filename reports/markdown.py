@@ -125,6 +125,13 @@ IDENTITY_NOTE = (
     "compute + exposed communication + data wait + other + idle = the rank's traced step, per "
     "rank and step (each instant counted once, in that order of precedence; the traced step "
     "per rank is in report.json ranks[].step_ns, the step time shown is under Ranking). ")
+TAIL_NOTE = (
+    "Of which last step's tail (GPU ranks): the part of idle that lies in the last profiled "
+    "step after its last device work, per step (and in that step): the last step has no next "
+    "step to end its window, so it runs to its first device work + its CPU ProfilerStep span, "
+    "the idle a next step launching as it did would leave (report.json "
+    "ranks[].last_step_tail_ns). HTA and TraceLens measure idle up to the last kernel and do "
+    "not count it; idle minus it is theirs. No finding rests on it alone.")
 BUSBW_NOTE = (
     "busbw from transfer time: the nccl-tests factors (all_reduce 2(n-1)/n, all_gather, "
     "reduce_scatter and all_to_all (n-1)/n, broadcast and send_recv 1) over the transfer time "
@@ -269,14 +276,27 @@ def parity_rows(report: Report) -> Rows:
 
 
 def rank_rows(report: Report) -> Rows:
-    """Time per rank (mean per step), with each rank's clock offset."""
+    """Time per rank (mean per step), with each rank's clock offset; where a GPU rank is in the
+    report, the idle of its last step after its last device work beside its idle
+    (``RankFigures.last_step_tail_ns``, part of that idle: ``TAIL_NOTE``)."""
+    tail = any(k.last_step_tail_ns is not None for r in report.runs for k in r.ranks)
     return (["run", "rank", "compute", "communication", "exposed comm", "overlap",
-             "data wait", "other", "idle", "clock offset"],
+             "data wait", "other", "idle"] + (["of which last step's tail"] if tail else [])
+            + ["clock offset"],
             [[r.name, k.rank, fmt.ms(k.compute_ns), fmt.ms(k.comm_ns),
               fmt.ms(k.exposed_comm_ns), fmt.pct(k.overlap_frac),
               f"{fmt.ms(k.data_wait_ns)} ({fmt.pct(k.data_wait_frac)})", fmt.ms(k.other_ns),
-              fmt.ms(k.idle_ns), fmt.ms(k.clock_offset_ns, ".3f")]
+              fmt.ms(k.idle_ns)] + ([_tail(k)] if tail else [])
+             + [fmt.ms(k.clock_offset_ns, ".3f")]
              for r in report.runs for k in r.ranks])
+
+
+def _tail(k) -> str:
+    """A rank's last-step tail as its share of the mean idle per step, and in its last step."""
+    if k.last_step_tail_ns is None or not k.steps:
+        return "-"
+    return (f"{fmt.ms(k.last_step_tail_ns / k.steps)} ({fmt.ms(k.last_step_tail_ns)} in the "
+            "last step)")
 
 
 def comm_kind_rows(report: Report) -> Rows:
@@ -364,7 +384,9 @@ def definitions(report: Report) -> dict[str, Definition]:
         "windows": define("Time windows and shares", notes.windows(runs) + " " + COMPARISON_NOTE
                           + (" " + CPU_COMPUTE_NOTE if cpu_fsdp else "")),
         "clock": define("Clock offset", notes.CLOCK_OFFSET, raw=True),
-        "identity": define("Step identity", IDENTITY_NOTE + notes.OTHER_IDLE),
+        "identity": define("Step identity", IDENTITY_NOTE + notes.OTHER_IDLE,
+                           TAIL_NOTE if any(k.last_step_tail_ns is not None
+                                            for r in runs for k in r.ranks) else ""),
         "bubble": define("Pipeline bubble", *bubble),
         "pairs": define("Send and recv between stages", pipeline_section.PAIR_NOTE),
         "prefetch_cpu": define("FSDP prefetch on CPU", *cpu_notes),

@@ -39,6 +39,18 @@ nothing to do but fetch or wait for input. Without DataLoader ranges and HtoD co
 and the other figures are those of the four-part breakdown.
 data_wait_frac = data_wait_ns / step_ns; a step is ``input_bound`` when data_wait_frac >=
 INPUT_BOUND_FRAC (a convention of this project, not a published threshold).
+
+Last step's tail (``last_step_tail_ns``): on a GPU rank, the part of the last step's window
+(the last step with device work, whose window no next step ends: analyzer/ingest/steps.py rule
+4, its first device work + its CPU span) after the last device activity of any kind in it:
+window end - end of C ∪ K ∪ D ∪ O there (the whole window when nothing runs in it); 0 on every
+other step, on a CPU rank and when the window ends at its last device work. All of it is
+idle_ns (nothing runs in it). It is idle the rule infers (a next step launching as this one
+did), not idle seen between two device activities: HTA's temporal breakdown
+(hta/analyzers/breakdown_analysis.py ``_get_idle_time_for_kernels``) measures idle from the
+first kernel's start to the last kernel's end, and TraceLens' GPUEventAnalyser over the
+events' extent, so neither counts it; idle_ns - last_step_tail_ns over the steps is the idle
+they see (up to their own step windows).
 """
 
 from __future__ import annotations
@@ -240,12 +252,20 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
         return BREAKDOWN_SCHEMA.empty_table().to_pandas()
     st, lo, hi, full, step_col, measured = _windows_and_rows(events, steps, device_kind, main_tid)
     m = np.zeros((5, len(st)), np.int64)
+    work = (steps["device_work"].to_numpy().astype(bool) if "device_work" in steps.columns
+            else np.ones(len(st), bool))
+    last = _last_window(steps["cpu_start_ns"].to_numpy(), work) if device_kind == "gpu" else -1
+    tail_ns = np.zeros(len(st), np.int64)
     for ks, w, rows, _ in _batches(st, lo, hi, full, step_col, measured, device_kind):
         comm, comp, other, data = _sets(rows, w, full.e)
         u1 = iv.union(comm, comp)
         u2 = iv.union(u1, data)
         u3 = iv.union(u2, other)
         m[:, ks] = [w.measure(x) for x in (comm, comp, u1, u2, u3)]
+        if last in ks.tolist():
+            busy = w.real(u3, ks.tolist().index(last))
+            tail_ns[last] = hi[last] - max(int(busy[1][-1]) if len(busy[1]) else lo[last],
+                                           lo[last])
     comm_ns, compute_ns, u1_ns, u2_ns, u3_ns = m
     step_ns = hi - lo
     overlap_ns = comm_ns + compute_ns - u1_ns
@@ -256,8 +276,6 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
     nan = float("nan")
     overlap_frac = [o / c if c else nan for o, c in zip(overlap_ns.tolist(), comm_ns.tolist())]
     data_frac = [d / s if s else nan for d, s in zip(data_ns.tolist(), step_ns.tolist())]
-    work = (steps["device_work"].to_numpy().astype(bool) if "device_work" in steps.columns
-            else np.ones(len(st), bool))
     return pd.DataFrame({
         "rank": np.full(len(st), rank, np.int64), "step": st, "step_start_ns": lo,
         "step_ns": step_ns, "compute_ns": compute_ns, "comm_ns": comm_ns,
@@ -267,7 +285,14 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
         "input_bound": np.array([f >= INPUT_BOUND_FRAC for f in data_frac], bool),
         "cpu_step_ns": (steps["cpu_end_ns"].to_numpy() - steps["cpu_start_ns"].to_numpy()
                         ).astype(np.int64),
-        "device_work": work})
+        "device_work": work, "last_step_tail_ns": tail_ns})
+
+
+def _last_window(cpu_start_ns: np.ndarray, work: np.ndarray) -> int:
+    """Index of the last step with device work in time (span) order, -1 when none: on a GPU
+    rank the one window no next step ends (analyzer/ingest/steps.py rule 4)."""
+    k = np.flatnonzero(work)
+    return int(k[np.argmax(cpu_start_ns[k])]) if len(k) else -1
 
 
 def _windows_and_rows(events: pd.DataFrame, steps: pd.DataFrame, device_kind: str, main_tid):

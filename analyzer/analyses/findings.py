@@ -403,28 +403,44 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def _host_bound(r: _Run) -> Iterator[Finding]:
+    """host_bound (module docstring), on idle seen between device work: each rank's idle and
+    step per step less its last step's tail (``RankFigures.last_step_tail_ns`` / steps, idle
+    the step rule infers after the last device work, which HTA and TraceLens do not count), so
+    a run whose only idle is that tail gets no finding; the tail is cited beside the idle it
+    was taken from."""
     run = r.run
     if run.trace_info is None or run.trace_info.device_kind != "gpu" or not run.ranks:
         return
-    idle = _mean([x.idle_ns for x in run.ranks])
-    step = _mean([x.step_ns for x in run.ranks])
+
+    def less_tail(x, ns):  # ns per step without the rank's last-step tail
+        tail = x.last_step_tail_ns or 0
+        return None if ns is None else ns - (tail / x.steps if x.steps else 0)
+
+    idle = _mean([less_tail(x, x.idle_ns) for x in run.ranks])
+    step = _mean([less_tail(x, x.step_ns) for x in run.ranks])
     if idle is None or not step or idle < HOST_BOUND_FRAC * step:
         return
-    known = [(j, x) for j, x in enumerate(run.ranks) if x.idle_ns is not None and x.step_ns]
-    j, worst = max(known, key=lambda jx: jx[1].idle_ns / jx[1].step_ns)
-    k, least = min(known, key=lambda jx: jx[1].idle_ns)
+    known = [(j, x) for j, x in enumerate(run.ranks)
+             if x.idle_ns is not None and less_tail(x, x.step_ns)]
+    j, worst = max(known, key=lambda jx: less_tail(jx[1], jx[1].idle_ns)
+                   / less_tail(jx[1], jx[1].step_ns))
+    k, least = min(known, key=lambda jx: less_tail(jx[1], jx[1].idle_ns))
     ev = [r.ev(f"rank {worst.rank}'s GPU idle per step (largest share)", worst.idle_ns, "ns",
                "ranks", j, "idle_ns"),
           r.ev(f"rank {worst.rank}'s traced step", worst.step_ns, "ns", "ranks", j, "step_ns"),
           r.ev(f"rank {least.rank}'s GPU idle per step (least)", least.idle_ns, "ns",
                "ranks", k, "idle_ns")]
+    ev += [r.ev(f"rank {x.rank}'s last-step tail (left out of its idle: "
+                f"{x.steps} step(s))", x.last_step_tail_ns, "ns", "ranks", i,
+                "last_step_tail_ns")
+           for i, x in ((j, worst), (k, least))[:1 if j == k else 2] if x.last_step_tail_ns]
     yield Finding(kind="host_bound", title=f"{r.who}: the GPUs sit idle with no work "
                   f"launched, rank {worst.rank} most (host-/launch-bound; why the host is late: "
                   f"{_NOT_ESTABLISHED})", runs=[run.name], ranks=[worst.rank], evidence=ev,
                   action=(f"look at rank {worst.rank}'s CPU timeline in the gaps: host syncs "
                           "(.item(), .cpu(), cudaStreamSynchronize), Python between launches; "
                           "CUDA graphs (torch.compile mode='reduce-overhead') cut launch "
-                          "overhead"), severity_ns=least.idle_ns)
+                          "overhead"), severity_ns=less_tail(least, least.idle_ns))
 
 
 def _imbalance(r: _Run) -> Iterator[Finding]:

@@ -60,9 +60,10 @@ _SAID = re.compile(r"^\d+ of \d+ ranks$|incomplete run")
 """Load notes that are already caveats."""
 
 
-def _ranks(bd: pd.DataFrame, offsets: pd.DataFrame) -> list[RankFigures]:
+def _ranks(bd: pd.DataFrame, offsets: pd.DataFrame, device_kind: str) -> list[RankFigures]:
     per = bd.groupby("rank", sort=True).agg(
         steps=("step", "size"), **{c: (c, "mean") for c in RANK_MEANS},
+        last_step_tail_ns=("last_step_tail_ns", "sum"),
         comm=("comm_ns", "sum"), overlap=("overlap_ns", "sum"), wait=("data_wait_ns", "sum"),
         total=("step_ns", "sum"), input_bound_steps=("input_bound", "sum"))
     per["overlap_frac"] = (per["overlap"] / per["comm"]).where(per["comm"] != 0)
@@ -72,6 +73,9 @@ def _ranks(bd: pd.DataFrame, offsets: pd.DataFrame) -> list[RankFigures]:
     off = {int(o.rank): int(o.offset_ns) for o in offsets.itertuples(index=False)
            if o.clock in ("reference", "measured")}
     many = len(offsets) > 1
+    # one row per rank holds the tail (its last step with device work), the others 0
+    per["last_step_tail_ns"] = [int(v) if device_kind == "gpu" else None
+                                for v in per["last_step_tail_ns"].tolist()]
     return [RankFigures(rank=int(r), clock_offset_ns=off.get(int(r)) if many else None,
                         clock=state.get(int(r)) if many else None, **row)
             for r, row in per.to_dict("index").items()]
@@ -242,7 +246,7 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
         comm_ns_per_step=float(bd["comm_ns"].mean()) if len(bd) else None,
         overlap_frac=float(bd["overlap_ns"].sum() / comm_total) if comm_total else None,
         exposed_comm_ns=float(bd["exposed_comm_ns"].mean()) if len(bd) else None,
-        ranks=_ranks(bd, offsets),
+        ranks=_ranks(bd, offsets, device_kind),
         stragglers=crossrank.straggler_causes(tables, offsets),
         prefetch=_prefetch(tables, device_kind),
         steps=[StepBar(step=int(s), **row)

@@ -510,6 +510,13 @@ class RankFigures(_Figures, kw_only=True):
     """``clock.estimate_offsets``' state of this rank's clock: reference, measured,
     unresolved (|estimate| < its MAD), inconsistent (causality bounds contradict), unmatched;
     None for a one-rank run."""
+    last_step_tail_ns: int | None = None
+    """GPU rank: the idle of its last profiled step after its last device activity, the window
+    its first device work + its CPU ProfilerStep span gives a step no next step ends
+    (analyzer/analyses/breakdown.py, analyzer/ingest/steps.py rule 4); 0 when the window ends
+    at its last device work. Included in ``idle_ns`` (as last_step_tail_ns / steps) and
+    ``step_ns``; HTA and TraceLens, which measure idle up to the last kernel, do not count it.
+    None on a CPU rank."""
 
 
 class StepBar(_Figures, kw_only=True):

@@ -243,10 +243,11 @@ device_work (False: a GPU-rank step that launched no device work, empty window).
 analyzer/ingest/steps.py. Whole-trace mode: one row, step 0, the whole trace."""
 BREAKDOWN_SCHEMA = _columns("rank step step_start_ns step_ns compute_ns comm_ns overlap_ns exposed_comm_ns "
                             "other_ns idle_ns overlap_frac:f data_wait_ns data_wait_frac:f input_bound:b "
-                            "cpu_step_ns device_work:b")
+                            "cpu_step_ns device_work:b last_step_tail_ns")
 """Per rank and step time breakdown (analyzer/analyses/breakdown.py): step_ns = the window's
 length, cpu_step_ns = the CPU ProfilerStep span's; device_work False: left out of medians and
-means."""
+means; last_step_tail_ns: the idle of a GPU rank's last step after its last device activity
+(0 elsewhere)."""
 COLLECTIVES_SCHEMA = _columns("rank step pg:s seq kind:s start_ns end_ns dur_ns bytes rule:s name:s "
                               "group_size dtype:s pg_ranks:s enqueue_start_ns enqueue_end_ns event_idx "
                               "peer pg_desc:s union_ns exposed_ns gap_ns gap_compute_ns gap_host_ns "

@@ -38,10 +38,21 @@ KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all"
 _ROLE = {r: i for i, r in enumerate(ROLES)}
 _KIND = {k: i for i, k in enumerate(KINDS)}
 
+EARLY_DEVICE_CATS = {"memcpy": "gpu_memcpy", "memset": "gpu_memset"}
+"""Device categories as Kineto first wrote them (compared lower-cased), by today's name. Its
+ChromeTraceLogger (pytorch/kineto libkineto/src/output_json.cpp, ``handleGpuActivity``) wrote
+the category as a literal per CUPTI record, ``"cat": "Kernel"``, ``"Memcpy"``, ``"Memset"``
+(with ``Operator`` and ``Runtime`` on the host), the shape of the traces tb_plugin read in 2021
+(tb_plugin/test/test_profiler.py ``test_all_categories``; its samples of June 2021); later
+versions write ``toString(ActivityType)`` (libkineto/src/ActivityType.cpp: ``kernel``,
+``gpu_memcpy``, ``gpu_memset``). ``Kernel`` already reads as ``kernel`` lower-cased; without
+these two, such a trace's copies and memsets were CPU events and its step windows started at
+its first kernel. analyzer/ingest/decode.py ``GPU_CATS`` puts them on the device. (Their
+``Runtime`` launches are found through ``external id``, ``_launches``.)"""
 KNOWN_CATS = frozenset({
     "cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "kernel",
     "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "gpu_sync", "ac2g",
-    "overhead", "trace", "fwdbwd", "cpu_instant_event", "memory"})
+    "overhead", "trace", "fwdbwd", "cpu_instant_event", "memory", *EARLY_DEVICE_CATS})
 """Kineto categories the analyzer reads (compared lower-cased)."""
 UNKNOWN_DEVICE_RE = re.compile(r"mtia|profiler_range|gpu|cuda|hip|xpu|hpu|npu|device|kernel|"
                                r"accelerator|privateuse", re.IGNORECASE)
@@ -127,10 +138,13 @@ RULE_TABLE = (
     # HTA excludes ``.*Sync`` from computation; memcpy / memset: HTA ``is_memory_kernel``
     ("gpu.sync", "sync",
      lambda e: e.gpu & (e.cat("cuda_sync", "gpu_sync") | e.name(lambda u: "Sync" in u))),
+    # early Kineto's ``Memset`` / ``Memcpy`` categories too (``EARLY_DEVICE_CATS``)
     ("gpu.memset", "memset",
-     lambda e: e.gpu & (e.cat("gpu_memset") | e.name(lambda u: u.startswith("Memset")))),
+     lambda e: e.gpu & (e.cat("gpu_memset", "memset")
+                        | e.name(lambda u: u.startswith("Memset")))),
     ("gpu.memcpy", "memcpy",
-     lambda e: e.gpu & (e.cat("gpu_memcpy") | e.name(lambda u: u.startswith("Memcpy")))),
+     lambda e: e.gpu & (e.cat("gpu_memcpy", "memcpy")
+                        | e.name(lambda u: u.startswith("Memcpy")))),
     ("gpu.annotation", "annotation", lambda e: e.gpu & e.cat("gpu_user_annotation")),  # a range
     # HTA ``is_comm_kernel`` (``^nccl.*Kernel``, matched case-insensitively: ``ncclKernel_*``,
     # ``ncclDevKernel_*``, ``nccldevkernel_*``; and ``nccl::Allreduce``-style names), or any GPU

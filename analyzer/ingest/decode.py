@@ -145,9 +145,10 @@ time that is not a whole µs in range) is decoded by ``_LENIENT``."""
 _LENIENT = msgspec.json.Decoder(_LTrace)
 
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync",
-                      "gpu_sync"})
+                      "gpu_sync", "memcpy", "memset"})
 """Kineto categories of events that run on a GPU stream (compared lower-cased: the tb_plugin's
-test traces write ``Kernel``)."""
+test traces write ``Kernel``; ``memcpy`` / ``memset``: the categories Kineto wrote before
+``gpu_memcpy`` / ``gpu_memset``, analyzer/ingest/classify.py ``EARLY_DEVICE_CATS``)."""
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,

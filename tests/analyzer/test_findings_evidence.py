@@ -64,7 +64,9 @@ def test_dlrm_findings_without_stragglers(dlrm):
         k.time_ns_per_step for k in c.values())
     assert ex.explained_frac >= CAUSE_THRESHOLD and ex.severity_ns == run.exposed_comm_ns
     host = by_kind["host_bound"]
-    assert host.ranks == [7] and host.severity_ns == min(r.idle_ns for r in run.ranks)
+    # the least idle rank's idle per step, less its last step's tail (1 step each)
+    assert host.ranks == [7] and host.severity_ns == min(
+        r.idle_ns - r.last_step_tail_ns for r in run.ranks) == 6_342_000
     assert by_kind["imbalance"].ranks[0] == 1 and by_kind["imbalance"].cause is None
 
 
