@@ -52,9 +52,12 @@ median profiled step time (``step_time_ns.median``, slowest rank):
 * host_bound: a GPU run (``trace_info.device_kind == "gpu"``) whose ranks' idle time (per step,
   mean over ranks) is >= ``HOST_BOUND_FRAC`` of their step time (mean over ranks): no device
   activity of any kind (analyzer/analyses/breakdown.py), the host had not launched the next
-  work; why, the report does not hold (cause not established). Names the rank with the largest
-  idle share. Severity: the least idle rank's ``idle_ns`` (every rank's GPU loses at least
-  that per step; a mean would count a waiting rank's idle twice with the straggler's).
+  work; why, the report does not hold (cause not established). Idle and step are taken less
+  each rank's last-step tail (``last_step_tail_ns`` per step: idle the step rule infers after
+  the last device work, which HTA and TraceLens do not count), so no finding rests on the tail
+  alone. Names the rank with the largest idle share. Severity: the least idle rank's idle less
+  its tail (every rank's GPU loses at least that per step; a mean would count a waiting rank's
+  idle twice with the straggler's).
 * imbalance: >= 2 ranks and their step times (``ranks[].step_ns``) spread (max - min) >=
   ``IMBALANCE_FRAC`` of the largest. Cause "device compute" when the compute spread
   (``compute_ns`` max - min) is >= ``CAUSE_THRESHOLD`` of the step spread. Severity: the
