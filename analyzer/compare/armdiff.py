@@ -151,7 +151,8 @@ def _memory_rows(order: list[str], members: dict[str, list[RunEntry]], arms: dic
             out.append(ArmDifference(what="memory", kind=cat, unit="bytes", values=vals))
     if not allocator:
         keys = [k for k in dict.fromkeys(k for a in order for k in arms[a].settings)
-                if k in TRANSIENT_MEMORY]
+                if k in TRANSIENT_MEMORY  # and the arms differ in it
+                and len({repr(arms[a].settings.get(k)) for a in order}) > 1]
         if keys:
             out.append(ArmDifference(
                 what="memory_unseen", values={a: None for a in order}, settings=keys,

@@ -177,3 +177,15 @@ def test_too_few_repeats_ask_for_the_minimum_never_an_extrapolated_count(tmp_pat
         f"reshard_after_forward; {RECORDED_REF}.")
     assert stats.repeats_to_resolve(0.5, 1.08, repeats=2) is None
     assert stats.repeats_to_resolve(0.5, 1.08) > 5  # the formula itself is unchanged
+
+
+def test_a_transient_setting_the_arms_share_is_not_said(tmp_path):
+    """Arms that differ in bucket_cap_mb but declare the same reshard_after_forward: memory
+    is not called unmeasurable for a setting that does not differ."""
+    root = tmp_path / "t"
+    for arm, ms, cap in (("a", 9, 1), ("b", 6, 25)):
+        _arm(root, arm, ms, {"reshard_after_forward": True, "bucket_cap_mb": cap},
+             order=("a", "b"))
+    rep = analyse(root)
+    assert rep.ranking.differences == []
+    assert armdiff.lines(rep) == []
