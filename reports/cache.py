@@ -239,19 +239,28 @@ def foreign_files(out: Path, names: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def out_lock(out: Path):
+def out_lock(out: Path, *, create: bool = True):
     """Hold an exclusive ``fcntl.flock`` for the output folder ``out`` while a report writes
     its files, removes an earlier analysis's and records what it wrote: two reports into one
     folder at once (say ``--format md`` and ``--format json``) take turns, so the folder ends as
     one of them left it, never with each having removed the other's files. The lock file is
     beside the record of written files in the user cache (nothing is added to ``out``); when it
-    cannot be created the report goes on unlocked (log line)."""
+    cannot be created the report goes on unlocked (log line). ``create`` False (the checks
+    before an input is accepted, which must leave no cache file): an absent lock file is not
+    made and nothing is locked -- no report has written ``out`` under this cache, so there is
+    no record of written files to read consistently."""
     import fcntl
 
     path = _written_path(out).with_suffix(".lock")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError:
+        if create:
+            log.info("could not lock %s (not found)", path)
+        yield
+        return
     except OSError as exc:
         log.info("could not lock %s (%s)", path, exc)
         yield

@@ -10,7 +10,11 @@ Below ``Noise.min_repeats`` repeats the line shows the ratio alone, labelled wit
 on, never an interval (``Pair.undecided``); a steady gap under 1 + ``Noise.min_difference``
 reads "less than 5 % apart". Declared arms (``Ranking.declared``) are named by their strategy
 and the settings in which the two differ (analyzer/contract/arms.py), and an arm left out for
-its parity is said after the parity status, the decision made among the others.
+its parity is said after the parity status, the decision made among the others. Memory is
+compared only where it is measured: arms that differ in a setting whose memory this device's
+record cannot see (``ranking.differences``, analyzer/compare/armdiff.py) read "memory not
+measurable on this device for ...", never "the same memory per rank". Runs of another experiment
+in the report (``ranking.descriptive``) are counted at the end.
 """
 
 from __future__ import annotations
@@ -77,6 +81,14 @@ class DecisionInput:
     """Declared arms or repeats of the experiment absent from the report (``Ranking.missing``),
     said last: ``arm b: no complete run in this report, not ranked``, ``arm a: 1 of 4 repeats``.
     With any, a lone arm is "the only arm ranked", never "the only arm in this report"."""
+    memory_unseen: tuple[str, ...] = ()
+    """The declared settings in which ``best`` and ``other`` differ whose memory effect this
+    device's record cannot see (``ranking.differences`` ``memory_unseen``,
+    analyzer/compare/armdiff.py): the line says memory is not measurable for them, never "the
+    same memory"."""
+    other_experiments: int = 0
+    """Runs of the report that are of another experiment (``Ranking.descriptive``: recorded by
+    another tracer record command), compared in the tables only: said after the parity."""
 
 
 def decision_line(d: DecisionInput) -> str:
@@ -100,7 +112,9 @@ def decision_line(d: DecisionInput) -> str:
     else:
         text = (f"{d.best} vs {d.other}: within noise at this sample size "
                 f"({fmt.speedup(d.ratio)}{interval}{'; ' + d.note if d.note else ''})")
-    if d.memory_ratio is not None and d.other is not None:
+    if d.memory_unseen and d.other is not None:
+        text += f", memory not measurable on this device for {', '.join(d.memory_unseen)}"
+    elif d.memory_ratio is not None and d.other is not None:
         diff = 1.0 - d.memory_ratio
         text += (", the same memory per rank" if round(100 * diff) == 0 else
                  f", {abs(100 * diff):.0f} % {'less' if diff > 0 else 'more'} memory per rank")
@@ -114,7 +128,10 @@ def decision_line(d: DecisionInput) -> str:
               "fail": "numerics differ from one device",
               "not verified": "numerics not verified"}[d.parity]
     left = "".join(f"; {x}, left out" for x in d.left_out)
-    return f"{text}; {parity}{left}{''.join(f'; {x}' for x in d.missing)}."
+    n = d.other_experiments
+    others = (f"; {n} run{'s' if n != 1 else ''} of another experiment (compared in the tables "
+              "only)" if n else "")
+    return f"{text}; {parity}{left}{''.join(f'; {x}' for x in d.missing)}{others}."
 
 
 def _why(pair, min_repeats: int) -> str | None:
@@ -132,8 +149,11 @@ def _note(pair, why: str | None, min_repeats: int) -> str | None:
     """What limits an undecided pair: too few repeats, or how many would resolve it."""
     if why is None:
         return None
-    # the number the pair's own sentence gives (analyzer/compare/ranking.py pair_sentence)
-    todo = (f"record with tracer record --repeat {max(min_repeats, pair.repeats_needed or 0)} "
+    # the number the pair's own sentence gives (analyzer/compare/ranking.py pair_sentence):
+    # below min_repeats the spread of the repeats is no basis for a count (a report.json
+    # written before that rule may hold one extrapolated from 2 repeats), so the minimum
+    need = pair.repeats_needed if pair.repeats >= min_repeats else None
+    todo = (f"record with tracer record --repeat {max(min_repeats, need or 0)} or more "
             "to decide")
     if why == "one_run":
         return f"1 run each: {todo}"
@@ -153,6 +173,15 @@ def _basis(pair, why: str | None) -> str | None:
     return None
 
 
+def _memory_unseen(rk, a, b) -> tuple[str, ...]:
+    """The settings in which arms ``a`` and ``b`` differ whose memory this device's record
+    cannot see (``ranking.differences`` rows ``memory_unseen``); () when none."""
+    differ = {k for k in {*a.settings, *b.settings}
+              if k not in a.settings or k not in b.settings or a.settings[k] != b.settings[k]}
+    return tuple(dict.fromkeys(k for d in rk.differences or [] if d.what == "memory_unseen"
+                               for k in d.settings if k in differ))
+
+
 def _failed_line(r) -> str:
     return f"{r.name} failed the parity gate" + (
         f" (first divergence in {r.parity.first_divergence.subject})"
@@ -165,8 +194,10 @@ def decision_input(report: Report) -> DecisionInput:
     ``ratio`` / ``ci_low`` / ``ci_high`` / ``verdict`` from their ``ranking.pairs[]`` entry,
     memory = the strategies' lowest peak allocated per rank (``ranking.arms[]``), vs_reference
     = the reference's median step time / ``best``'s. Declared arms: every arm ranked, named by
-    its settings; an arm that failed parity is left out and said, the others decided. A hang
-    (a ``hang`` finding) withholds the decision and is said first."""
+    its settings; an arm that failed parity is left out and said, the others decided;
+    ``memory_unseen`` from ``ranking.differences``, ``other_experiments`` from
+    ``ranking.descriptive``. A hang (a ``hang`` finding) withholds the decision and is said
+    first."""
     runs = report.runs
     rk = report.ranking
     hangs = [f for f in report.findings if f.kind == "hang"]
@@ -197,6 +228,7 @@ def decision_input(report: Report) -> DecisionInput:
     vs_ref = rk.speedup(best)
     extra = (dict(left_out=tuple(rk.left_out), missing=tuple(rk.missing), what="arm")
              if rk.declared else {})
+    extra["other_experiments"] = len(rk.descriptive)
     if len(rk.order) < 2:
         return DecisionInput(best=best.label or best.name if rk.declared else best.name,
                              parity=parity, vs_reference=vs_ref, **extra)
@@ -215,6 +247,7 @@ def decision_input(report: Report) -> DecisionInput:
                          basis=_basis(pair, why),
                          min_difference=rk.noise.min_difference if rk.noise else 0.05,
                          memory_ratio=pb / po if pb is not None and po else None,
+                         memory_unseen=_memory_unseen(rk, fa, sl),
                          memory_lower_bound=any(r.memory.peak_lower_bound for r in runs
                                                 if r.name in fa.runs + sl.runs),
                          parity=parity, vs_reference=vs_ref, note=_note(pair, why, min_repeats),

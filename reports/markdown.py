@@ -64,12 +64,13 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 def comparison_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
     """Headers and rows of the per-step comparison table (shared with the HTML renderer);
     step times are in ``ranking_rows``, the one place they are shown."""
+    mem_head, mem = memory_section.peak_column(report.runs)  # a peak, or named the sum it is
     headers = ["run", "communication / step (per rank)", "exposed comm / step", "overlap",
-               "data wait", "peak allocated", "peak RSS"]
+               "data wait", mem_head, "peak RSS"]
     return headers, [[r.name, fmt.comm_kinds(r), fmt.ms(r.exposed_comm_ns),
                       fmt.pct(r.overlap_frac), fmt.data_supply(r.data),
-                      fmt.mib(r.memory.peak_allocated_bytes), fmt.mib(r.memory.peak_rss_bytes)]
-                     for r in report.runs]
+                      m, fmt.mib(r.memory.peak_rss_bytes)]
+                     for r, m in zip(report.runs, mem)]
 
 
 REFERENCE = "reference"

@@ -72,6 +72,43 @@ def _by_rank(run: RunEntry) -> dict[int, dict[str, Any]]:
     return out
 
 
+def peak_name(run: RunEntry) -> str:
+    """What the run's memory figure (``Memory.peak_allocated_bytes``) is, named for it: ``peak
+    allocated`` where it is the allocator's peak, else the lower bound it is -- ``sum of
+    categories (lower bound)`` (a CPU record: memory_categories.parquet's peak row is the sum of
+    the categories, the allocator keeps no peak), ``profiler-window peak (lower bound)``
+    (steps.parquet of an older record), ``[memory] events peak (lower bound)`` (a CPU trace's
+    events: only what was allocated while profiling). ``-`` without a figure."""
+    m = run.memory
+    if m.peak_allocated_bytes is None:
+        return "-"
+    if not m.peak_lower_bound:
+        return "peak allocated"
+    if any(c.category == "peak" and c.source == "sum_of_categories" for c in m.by_category):
+        return "sum of categories (lower bound)"
+    if (m.peak_source or "").startswith("trace [memory] events"):
+        return "[memory] events peak (lower bound)"
+    return "profiler-window peak (lower bound)"
+
+
+def peak_column(runs: list[RunEntry]) -> tuple[str, list[str]]:
+    """The header and cells of a per-run memory column (``peak_name``): ``peak allocated per
+    rank`` when every run's figure is the allocator's peak; ``memory per rank (sum of
+    categories, lower bound)`` (or the one lower bound they share) when every one is that lower
+    bound; else ``memory per rank (>= a lower bound)``, each lower bound's cell marked
+    ``>=``."""
+    names = {peak_name(r) for r in runs if r.memory.peak_allocated_bytes is not None}
+    cells = [fmt.mib(r.memory.peak_allocated_bytes) for r in runs]
+    if names <= {"peak allocated"}:
+        return "peak allocated per rank", cells
+    if len(names) == 1:
+        what = next(iter(names)).replace(" (lower bound)", ", lower bound")
+        return f"memory per rank ({what})", cells
+    return "memory per rank (>= a lower bound)", [
+        (">= " + c) if r.memory.peak_lower_bound and r.memory.peak_allocated_bytes is not None
+        else c for r, c in zip(runs, cells)]
+
+
 def largest(run: RunEntry, category: str) -> int | None:
     """The run's largest per-rank bytes in ``category`` (None without categories)."""
     vals = [c.bytes for c in run.memory.by_category if c.category == category]
@@ -224,7 +261,10 @@ def fit_lines(report: Report) -> list[str]:
             continue
         dev = gib(f.device_bytes)
         kind = "CPU record" if r.device == "cpu" else "profiler window only"  # of the lower bound
-        bound = f"lower bound, {kind}: {f.basis} {gib(f.needed_bytes)} on its largest rank" \
+        # MemoryFit.basis says "peak allocated" for any allocated figure; a CPU record's is a sum
+        basis = ("sum of categories" if f.basis == "peak allocated" and peak_name(r).startswith("sum")
+                 else f.basis)
+        bound = f"lower bound, {kind}: {basis} {gib(f.needed_bytes)} on its largest rank" \
             if f.lower_bound else ""
         if f.needed_bytes is None:
             out.append(f"{r.name}: unknown whether it fits one {dev} device (no memory figure)")
@@ -246,8 +286,9 @@ def fit_lines(report: Report) -> list[str]:
 
 
 def peak_source_lines(report: Report) -> list[str]:
-    """One line per run: its peak and where it comes from."""
-    return [f"{r.name}: peak {size(r.memory.peak_allocated_bytes)} per rank, from "
+    """One line per run: its memory figure named for what it is (``peak_name``) and where it
+    comes from."""
+    return [f"{r.name}: {peak_name(r)} {size(r.memory.peak_allocated_bytes)} per rank, from "
             f"{r.memory.peak_source}" for r in report.runs if r.memory.peak_source]
 
 

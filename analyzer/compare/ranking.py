@@ -39,7 +39,7 @@ import math
 import re
 from typing import Any, Callable
 
-from analyzer.compare import stats
+from analyzer.compare import armdiff, stats
 from analyzer.contract import strategies
 from analyzer.contract.arms import arm_label, pair_labels, same_value
 from analyzer.contract.report_types import Arm, Noise, Pair, Ranking, RunEntry
@@ -388,7 +388,7 @@ def compare_arms(a: tuple[str, list[RunEntry]], b: tuple[str, list[RunEntry]]) -
     ci = stats.ratio_ci(sa, sb, paired=paired)
     undecided = undecided_why(ci)
     small = ci.ratio < 1 + stats.MIN_DIFFERENCE
-    need = (stats.repeats_to_resolve(ci.log_sd, ci.ratio)
+    need = (stats.repeats_to_resolve(ci.log_sd, ci.ratio, repeats=ci.repeats)
             if undecided is not None and not small else None)
     fa, sl = pair_labels(_who(na, ra), _who(nb, rb))
     return Pair(faster=na, slower=nb, ratio=ci.ratio, ci_low=ci.ci_low, ci_high=ci.ci_high,
@@ -436,7 +436,7 @@ def pair_sentence(faster: str, slower: str, ci: stats.RatioCI, undecided: str | 
         each = f"{ci.repeats} run{'s' if ci.repeats != 1 else ''} each"
         return (f"{faster} vs {slower}: within noise at this sample size "
                 f"({ratio_basis(ci.ratio, ci.repeats, ci.steps)}; {each}: record both with "
-                f"tracer record --repeat {max(stats.MIN_REPEATS, need or 0)} or more to decide, "
+                f"tracer record --repeat {stats.MIN_REPEATS} or more to decide, "
                 f"fewer than {stats.MIN_REPEATS} repeats cannot measure run-to-run variation)")
     if undecided == "small_difference":
         return (f"{faster} vs {slower}: less than {least} apart (ratio {ci.ratio:.2f}, "
@@ -555,12 +555,15 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     if busy := busy_machine(timed):
         reason += "; " + busy
     order = [a.name for a, _ in ranked]
-    return Ranking(status="ranked", order=order, reason=reason,
-                   rule=rule + " " + NOISE_RULE, pairs=pairs,
-                   arms=[a for a, _ in ranked] + ([ref] if ref else []),
-                   reference=ref.name if ref else None,
-                   noise=ranking_noise(order, pairs, cpu=any((r.device or "cpu") == "cpu" for r in timed)),
-                   **extra)
+    out = Ranking(status="ranked", order=order, reason=reason,
+                  rule=rule + " " + NOISE_RULE, pairs=pairs,
+                  arms=[a for a, _ in ranked] + ([ref] if ref else []),
+                  reference=ref.name if ref else None,
+                  noise=ranking_noise(order, pairs, cpu=any((r.device or "cpu") == "cpu" for r in timed)),
+                  **extra)
+    if arms_declared and len(order) >= 2:  # what the arms did, beside their step times
+        out.differences = armdiff.differences(timed, out)
+    return out
 
 
 def ranking_noise(order: list[str], pairs: list[Pair], *, cpu: bool) -> Noise:

@@ -145,7 +145,7 @@ def _checked_out(root: Path, out: Path | None, formats: list[str], scheduler: st
     check_name(root)  # the report, its cache's key and its notes hold the input's path
     check_name(out)
     # report files of the user's own in --out are never replaced (reports/cache.py)
-    with cache.out_lock(out):
+    with cache.out_lock(out, create=False):  # checked before the input is: no cache file made
         foreign = cache.foreign_files(out, [f"report.{f}" for f in FORMATS if f in formats])
     if foreign:
         raise BadInput(out / foreign[0], Reason.UNWRITABLE, "was not written by analyzer report "

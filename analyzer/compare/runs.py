@@ -43,8 +43,9 @@ import pandas as pd
 from analyzer.compare import drift, footprint, pipefigs, ranking
 from analyzer.analyses import (clock, crossrank, datasupply, findings, memory, meshdims,
                                parity, prefetch)
-from analyzer.ingest import frdump, pipeline, rundirs
+from analyzer.ingest import cachekey, frdump, pipeline, rundirs, tablecache
 from analyzer.contract import schemas
+from analyzer.contract.errors import BadInput
 from analyzer.analyses.collectives import run_busbw_gbps
 from analyzer.analyses.summary import partial_caveat
 from analyzer.contract.report_types import (AnalysisOptions, CommGroup, CommKind, CommRank,
@@ -386,7 +387,17 @@ def analyse(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> R
     """Discover the runs under ``root`` and build the whole report, its findings last
     (analyzer/analyses/findings.py). Raises ``BadInput``."""
     found = rundirs.discover(root, allow_incomplete=options.allow_incomplete)
-    return _report(found, [_summarized(r, options) for r in found.runs])
+    had_key = cachekey.key_exists()
+    try:
+        entries = [_summarized(r, options) for r in found.runs]
+    except BadInput:
+        # a refused input leaves no cache file (issue 42): the ranks parsed before the one
+        # refused were cached by the workers, and the key they were signed with may be new
+        tablecache.forget([t for r in found.runs for t in r.traces])
+        if not had_key:
+            cachekey.forget_new_key()
+        raise
+    return _report(found, entries)
 
 
 def _summarized(run: rundirs.RunDir, options: AnalysisOptions) -> RunEntry:

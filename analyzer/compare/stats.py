@@ -156,12 +156,16 @@ def _log_sd(ra: list[np.ndarray], rb: list[np.ndarray], paired: bool) -> float |
 
 
 def repeats_to_resolve(log_sd: float | None, ratio: float, *, power: float = 0.8,
-                       most: int = 1000) -> int | None:
+                       most: int = 1000, repeats: int | None = None) -> int | None:
     """Repeats per run for a 95 % t-interval of the log ratio to exclude 1 with probability
     ``power`` when the true ratio is ``ratio`` and one repeat's log ratio has standard deviation
     ``log_sd``: the least n >= ``MIN_REPEATS`` with (t(n-1) + z(power)) log_sd / sqrt(n) <=
-    |log ratio|. None when ``log_sd`` is unknown, ``ratio`` is 1, or more than ``most`` would
-    be needed."""
+    |log ratio|. None when ``log_sd`` is unknown, ``ratio`` is 1, more than ``most`` would
+    be needed, or ``log_sd`` was measured over ``repeats`` < ``MIN_REPEATS`` repeats: a standard
+    deviation of 2 repeats has one degree of freedom, and a count extrapolated from it ("63")
+    is no basis for advice (the caller asks for ``MIN_REPEATS`` or more)."""
+    if repeats is not None and repeats < MIN_REPEATS:
+        return None
     if log_sd is None or not math.isfinite(log_sd) or ratio <= 0 or ratio == 1:
         return None
     if log_sd == 0:

@@ -889,7 +889,8 @@ class Pair(_Figures, kw_only=True):
     ``ci_high`` by ``method`` over ``repeats`` repeats per arm and ``steps`` steps in all;
     ``decision`` ``faster`` when the interval excludes 1 (and each arm has at least
     ``stats.MIN_REPEATS`` repeats), else ``within_noise``; ``repeats_needed``: repeats per arm
-    that would resolve a difference of this ratio (None: unknown, e.g. one repeat);
+    that would resolve a difference of this ratio (None: unknown, e.g. below
+    ``stats.MIN_REPEATS`` repeats, whose spread is no basis for a count);
     ``sentence``: the pair in words (declared arms named by their strategy and the settings in
     which they differ, analyzer/contract/arms.py). Below ``stats.MIN_REPEATS`` repeats
     ``ci_low`` / ``ci_high`` are kept but are no basis for a decision (the percentile interval of
@@ -938,6 +939,38 @@ class Arm(_Figures, kw_only=True):
     an arm of a strategy experiment."""
 
 
+class ArmDifference(msgspec.Struct, kw_only=True):
+    """One figure on which the ranked arms of a declared experiment differ
+    (analyzer/compare/armdiff.py), measured without step-time noise: what the runs did, per
+    rank, not how long it took. ``what``: ``collective_calls`` / ``collective_bytes`` (``kind`` a collective kind,
+    ``mesh_dim`` its mesh dimension; per rank, mean over the ranks of the dimension, per
+    profiled step), ``memory`` (``kind`` a memory category of memory_categories.parquet, or
+    ``peak`` for an allocator peak; bytes on the arm's largest rank) or ``memory_unseen`` (the
+    arms differ in a setting whose memory lives in buffers this device's record cannot see:
+    ``values`` all None, ``settings`` names them, ``why`` says what is not seen)."""
+
+    what: Literal["collective_calls", "collective_bytes", "memory", "memory_unseen"]
+    """What the figure is: collective calls or bytes per step, memory per rank, or a memory
+    effect this device's record cannot see."""
+    kind: str = ""
+    """The collective kind (``all_gather``) or the memory category (``parameters``, ``peak``);
+    "" for ``memory_unseen``."""
+    mesh_dim: str = ""
+    """The collectives' mesh dimension (``CommGroup.mesh_dim``); "" for memory."""
+    unit: Literal["calls_per_step", "bytes_per_step", "bytes", ""] = ""
+    """The unit of ``values``: calls or bytes per profiled step (per rank), bytes per rank;
+    "" for ``memory_unseen``."""
+    values: dict[str, float | None] = {}
+    """Arm name -> its figure in ``unit`` (the mean over its repeats; memory: the largest over
+    them), arms in the experiment's declared order; None: not measured."""
+    settings: list[str] = []
+    """``memory_unseen``: the declared settings the arms differ in whose memory effect is
+    transient (analyzer/compare/armdiff.py ``TRANSIENT_MEMORY``)."""
+    why: str = ""
+    """``memory_unseen``: why the record cannot see it, e.g. ``CPU records sum categories;
+    transient unsharded parameters are not seen``."""
+
+
 class Ranking(msgspec.Struct, kw_only=True):
     """``status`` ``ranked`` (``order``: the arms fastest first, the single-device reference
     left out; ``pairs`` every two of them; ``noise``) or ``withheld``. ``experiment``: the id of
@@ -969,6 +1002,12 @@ class Ranking(msgspec.Struct, kw_only=True):
     in the report, one line each -- an arm its runs' ``experiment.order`` lists with no complete
     run here (``arm b: no complete run in this report, not ranked``), an arm with fewer complete
     repeats than ``experiment.repeats`` (``arm a: 1 of 4 repeats``; ranked on those it has)."""
+    differences: list[ArmDifference] | UnsetType = UNSET
+    """Declared arms (``declared``, ranked, two or more arms): the figures on which the arms
+    differ that do not depend on step-time noise -- collective calls and bytes per step by kind
+    and mesh dimension, memory by category where the record can measure it, and
+    ``memory_unseen`` where it cannot (analyzer/compare/armdiff.py); only figures that differ
+    between arms (``[]``: none does). Absent from report.json otherwise."""
 
     def speedup(self, arm: Arm) -> float | None:
         """The ``reference`` arm's median step time over ``arm``'s; None without either."""

@@ -67,8 +67,10 @@ def read_signed(path: Path, magic: bytes, limit_bytes: int | None = None) -> byt
     again as read (a file changed in between is refused too). None when it does not verify or
     this user has no cache key; raises ``FileNotFoundError`` when absent, ``OSError`` when not
     a regular file within the cap."""
-    key = user_key()
     with _open_regular(path, limit_bytes) as fh:
+        # the key only once a cache file is there: reading an absent entry makes no key file
+        # (an input refused before anything is cached leaves the cache folder as it was)
+        key = user_key()
         head = fh.read(len(magic) + MAC_BYTES)
         if key is None or len(head) != len(magic) + MAC_BYTES or not head.startswith(magic):
             return None
@@ -276,6 +278,26 @@ def _key_at(path: str) -> bytes | None:
     except OSError as exc:
         log.info("no cache key (%s): caches are not used", exc)
         return None
+
+
+def key_exists() -> bool:
+    """True when this user's cache key file is there (``user_key`` makes it on first use)."""
+    return os.path.lexists(cache_dir() / KEY_NAME)
+
+
+def forget_new_key() -> None:
+    """Remove the cache key a refused command made (the caller saw no key before it began,
+    ``key_exists``) when no file but the key is under ``cache_dir()``: nothing it signed is
+    kept, so a refused input leaves no cache file (issue 42). Left when anything else is
+    there (another command's caches signed with it)."""
+    folder = cache_dir()
+    try:
+        others = [p for p in folder.rglob("*") if not p.is_dir() and p.name != KEY_NAME]
+        if not others:
+            (folder / KEY_NAME).unlink()
+            _key_at.cache_clear()
+    except OSError as exc:
+        log.info("could not remove the cache key (%s)", exc)
 
 
 def _read_key(path: str) -> bytes | None:

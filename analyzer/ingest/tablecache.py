@@ -229,3 +229,18 @@ def write_tables(cpath: Path, sig: list[int], rt) -> None:
         trim(cpath.parent, TABLES_NAME)
     except (OSError, ValueError, pa.ArrowException) as exc:
         log.info("could not write cache %s (%s)", cpath, exc)
+
+
+def forget(traces: list[Path]) -> None:
+    """Remove the tables caches of ``traces`` (``tables_cache_path``): an input refused after
+    some of its ranks were parsed and cached (a truncated rank among good ones) leaves no
+    cache file (issue 42). A cache that cannot be removed is left, logged."""
+    for trace in traces:
+        cpath = tables_cache_path(trace)
+        try:
+            cpath.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.info("could not remove cache %s (%s)", cpath, exc)
+

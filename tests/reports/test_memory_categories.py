@@ -99,7 +99,8 @@ def test_device_memory_from_a_cpu_record_is_a_lower_bound(tmp_path):
     assert fits["ddp"].fits is False and fits["ddp"].spare_bytes == GiB - 1700 * MiB
     lines = memory_section.fit_lines(rep)
     assert lines[2].startswith("fsdp2: not known whether it fits one 1.00 GiB device (lower "
-                               "bound, CPU record: peak allocated 901.0 MiB on its largest rank, "
+                               "bound, CPU record: sum of categories 901.0 MiB on its largest "
+                               "rank, "
                                "123.0 MiB under the device")
     assert "to spare" not in " ".join(lines)
     assert lines[1].startswith("ddp: does not fit at this batch on one 1.00 GiB device: needs "
@@ -129,7 +130,7 @@ def test_device_memory_option_on_the_command_line(tmp_path):
     proc = cli("report", str(root), "--device-memory", "80GiB", "--format", "md")
     assert proc.returncode == 0, proc.stderr
     assert ("ddp: not known whether it fits one 80.00 GiB device (lower bound, CPU record: "
-            "peak allocated 1.66 GiB on its largest rank, 78.34 GiB under the device") in proc.stdout
+            "sum of categories 1.66 GiB on its largest rank, 78.34 GiB under the device") in proc.stdout
     bad_input(cli("report", str(root), "--device-memory", "eighty"), "--device-memory", "80GiB")
     bad_input(cli("report", str(root), "--device-memory", "80"), "--device-memory", "80GiB")  # unit?
     assert report_types.parse_bytes("0.5KB") == 500 and report_types.parse_bytes("80GiB") == 80 * 2**30

@@ -84,7 +84,8 @@ def test_too_few_repeats_never_decide(tmp_path):
     assert "CI" not in p.sentence
     assert decision(markdown.render(analyse(root))) == (
         "ddp vs fsdp: within noise at this sample size (1.50x from 2 repeats, too few for an "
-        "interval; record with tracer record --repeat 5 to decide), the same memory per rank (lower bounds); "
+        "interval; record with tracer record --repeat 5 or more to decide), the same memory per "
+        "rank (lower bounds); "
         "numerics match the reference values recorded with them (no single-device run here).")
 
 

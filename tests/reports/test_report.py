@@ -46,8 +46,8 @@ def test_clean_root_is_ranked_with_exact_medians(tmp_path):
     # ratio alone, labelled, no interval (one run's steps say nothing of run-to-run variation);
     # peak allocated 10 MiB + 1 on both
     assert decision(md) == ("ddp vs fsdp2: within noise at this sample size (1.29x, steps of one "
-                            "run only; 1 run each: record with tracer record --repeat 5 to "
-                            "decide), the same memory per rank (lower bounds), 1.43x the single-device speed; "
+                            "run only; 1 run each: record with tracer record --repeat 5 or more "
+                            "to decide), the same memory per rank (lower bounds), 1.43x the single-device speed; "
                             "numerics match one device.")
 
 

@@ -1,0 +1,72 @@
+"""What differs between declared arms, in words, for the first screen (issue 42): the
+``ranking.differences`` of report.json (analyzer/compare/armdiff.py) as plain-text lines.
+
+Collective figures of one kind and mesh dimension share a line (``all_gather (shard): 4 -> 2
+calls per step, 9.0 -> 4.5 MiB per step``), memory one line per category, and a memory effect
+the record cannot see says so (``memory: not measurable on this device for
+reshard_after_forward (...)``). Arms appear in the experiment's declared order, named once on
+the first line; each figure lists their values in that order, joined by ``->``.
+"""
+
+from __future__ import annotations
+
+from analyzer.contract.arms import arm_label, pair_labels
+from analyzer.contract.report_types import ArmDifference, Report
+from reports import fmt
+from reports.memory import LABELS
+
+
+def _bytes(values: list[float | None], per: str) -> str:
+    """``9.0 -> 4.5 MiB per step``: every value in the unit of the largest (MiB, KiB, B)."""
+    top = max(v for v in values if v is not None)
+    div, unit, spec = ((2**20, "MiB", ".1f") if top >= 2**20 else (2**10, "KiB", ".1f")
+                       if top >= 2**10 else (1, "B", ".0f"))
+    return (" -> ".join("unknown" if v is None else format(v / div, spec) for v in values)
+            + f" {unit} {per}")
+
+
+def _calls(values: list[float | None]) -> str:
+    return " -> ".join(fmt.count(v) for v in values) + " calls per step"
+
+
+def _arms_line(report: Report, names: list[str]) -> str:
+    """``arms: fsdp2 with reshard_after_forward=True -> with reshard_after_forward=False``."""
+    arms = {a.name: a for a in report.ranking.arms}
+    who = [(n, arms[n].strategy, arms[n].settings) for n in names if n in arms]
+    if len(who) == 2:
+        labels = list(pair_labels(*who))
+    else:
+        labels = [arm_label(*w) for w in who]
+    return "arms: " + " -> ".join(labels)
+
+
+def lines(report: Report) -> list[str]:
+    """Plain-text lines (the renderers escape them) of ``report.ranking.differences``: first the
+    arms in the order their values are given, then one line per collective kind and mesh
+    dimension whose calls or bytes per step differ, one per memory category that differs (bytes
+    on the largest rank), and one per memory effect not measurable on this device. Empty when
+    the report has no differences (not declared arms, withheld, or nothing differs)."""
+    rows = report.ranking.differences or []  # UNSET (not declared arms) is falsy
+    if not rows:
+        return []
+    names = list(rows[0].values)
+    out = [_arms_line(report, names)]
+    comm: dict[tuple[str, str], dict[str, ArmDifference]] = {}
+    for d in rows:
+        if d.what.startswith("collective_"):
+            comm.setdefault((d.kind, d.mesh_dim), {})[d.what] = d
+    for (kind, dim), got in comm.items():
+        parts = []
+        if "collective_calls" in got:
+            parts.append(_calls(list(got["collective_calls"].values.values())))
+        if "collective_bytes" in got:
+            parts.append(_bytes(list(got["collective_bytes"].values.values()), "per step"))
+        out.append(f"{kind} ({dim}): {', '.join(parts)}")
+    for d in rows:
+        if d.what == "memory":
+            label = "peak allocated" if d.kind == "peak" else LABELS.get(d.kind, d.kind)
+            out.append(f"{label}: {_bytes(list(d.values.values()), 'per rank')}")
+        elif d.what == "memory_unseen":
+            out.append(f"memory: not measurable on this device for {', '.join(d.settings)} "
+                       f"({d.why})")
+    return out
