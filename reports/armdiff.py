@@ -1,11 +1,11 @@
 """What differs between declared arms, in words, for the first screen (issue 42): the
 ``ranking.differences`` of report.json (analyzer/compare/armdiff.py) as plain-text lines.
 
-Collective figures of one kind and mesh dimension share a line (``all_gather (shard): 4 -> 2
-calls per step, 9.0 -> 4.5 MiB per step``), memory one line per category, and a memory effect
+Collective figures of one kind and mesh dimension share a line (``all_gather (shard): 4 → 2
+calls per step, 9.0 → 4.5 MiB per step``), memory one line per category, and a memory effect
 the record cannot see says so (``memory: not measurable on this device for
 reshard_after_forward (...)``). Arms appear in the experiment's declared order, named once on
-the first line; each figure lists their values in that order, joined by ``->``.
+the first line; each figure lists their values in that order, joined by ``→``.
 """
 
 from __future__ import annotations
@@ -17,27 +17,27 @@ from reports.memory import LABELS
 
 
 def _bytes(values: list[float | None], per: str) -> str:
-    """``9.0 -> 4.5 MiB per step``: every value in the unit of the largest (MiB, KiB, B)."""
+    """``9.0 → 4.5 MiB per step``: every value in the unit of the largest (MiB, KiB, B)."""
     top = max(v for v in values if v is not None)
     div, unit, spec = ((2**20, "MiB", ".1f") if top >= 2**20 else (2**10, "KiB", ".1f")
                        if top >= 2**10 else (1, "B", ".0f"))
-    return (" -> ".join("unknown" if v is None else format(v / div, spec) for v in values)
+    return (" → ".join("unknown" if v is None else format(v / div, spec) for v in values)
             + f" {unit} {per}")
 
 
 def _calls(values: list[float | None]) -> str:
-    return " -> ".join(fmt.count(v) for v in values) + " calls per step"
+    return " → ".join(fmt.count(v) for v in values) + " calls per step"
 
 
 def _arms_line(report: Report, names: list[str]) -> str:
-    """``arms: fsdp2 with reshard_after_forward=True -> with reshard_after_forward=False``."""
+    """``arms: fsdp2 with reshard_after_forward=True → with reshard_after_forward=False``."""
     arms = {a.name: a for a in report.ranking.arms}
     who = [(n, arms[n].strategy, arms[n].settings) for n in names if n in arms]
     if len(who) == 2:
         labels = list(pair_labels(*who))
     else:
         labels = [arm_label(*w) for w in who]
-    return "arms: " + " -> ".join(labels)
+    return "arms: " + " → ".join(labels)
 
 
 def lines(report: Report) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from analyzer.contract.report_types import Report, RunEntry
 from analyzer.contract.text import show_bidi
-from reports import context
+from reports import armdiff, context
 from reports import findings as findings_text
 from reports import fmt, notes, palette
 from reports import hangs as hangs_section
@@ -326,8 +326,9 @@ def _details(defs) -> str:
 
 def first_screen(report: Report) -> list[str]:
     """The part above the fold (1400 x 900), as report.md's (reports/markdown.py
-    ``first_screen``): the decision line, the context, the findings to act on, one line each
-    (reports/findings.py), the rest counted, then the verdict's details."""
+    ``first_screen``): the decision line, what differs between declared arms, the context, the
+    findings to act on, one line each (reports/findings.py), the rest counted, then the
+    verdict's details."""
     lines, rest = findings_text.first_screen(report)
     items = "".join(f"<li>{e(x)}</li>" for x in lines)
     ctx = context.lines(report)
@@ -335,10 +336,14 @@ def first_screen(report: Report) -> list[str]:
               '<a href="#findings-in-full">Findings in full</a>.</p>' if rest else "")
     return [f'<p class="decision" id="decision">Decision: '
             f'{e(decision_line(decision_input(report)))}</p>',
+            *([f'<section id="arm-differences" class="context"><p>{e(md_rows.DIFFERS)}</p><ul>'
+               + "".join(f"<li>{e(x)}</li>" for x in diff) + "</ul></section>"]
+              if (diff := armdiff.lines(report)) else []),
             *(['<section id="context" class="context"><p>Context:</p><ul>'
                + "".join(f"<li>{e(x)}</li>" for x in ctx) + "</ul></section>"] if ctx else []),
             f'<section id="findings" class="findings"><p>{e(findings_text.head(report))}</p>'
             + (f"<ol>{items}</ol>" if items else "") + folded + "</section>",
+
             '<ul class="verdict">' + "".join(f"<li>{e(s)}</li>" for s in verdict(report)) + "</ul>"]
 
 

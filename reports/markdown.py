@@ -9,7 +9,7 @@ from typing import Any
 from analyzer.contract.arms import settings_text
 from analyzer.contract.report_types import Report, RunEntry
 from analyzer.contract.text import show_bidi
-from reports import context
+from reports import armdiff, context
 from reports import definitions as definitions_part
 from reports import findings as findings_text
 from reports import fmt, notes
@@ -420,13 +420,18 @@ def link_line(cited: Cited, *defs: Definition) -> str:
         f"[{escape(d.title)}](#{d.anchor})" for d in cited.cite(*defs)) + "."
 
 
+DIFFERS = "What differs between the arms (counted, not timed: no noise in it):"
+
+
 def first_screen(report: Report) -> list[str]:
-    """The first lines of report.md: title, the decision line, the context the figures were
-    measured in (reports/context.py), the findings to act on (at most ``findings_text.TOP``,
-    each one line with its evidence, cause and action; the rest counted), then the verdict's
-    details."""
+    """The first lines of report.md: title, the decision line, what differs between declared
+    arms (reports/armdiff.py), the context the figures were measured in (reports/context.py),
+    the findings to act on (at most ``findings_text.TOP``, each one line with its evidence,
+    cause and action; the rest counted), then the verdict's details."""
     out = ["# paritytrace report", "",
            f"**Decision:** {escape(decision_line(decision_input(report)))}", ""]
+    if diff := armdiff.lines(report):
+        out += [f"**{DIFFERS}**", ""] + [f"- {escape(x)}" for x in diff] + [""]
     ctx = context.lines(report)
     if ctx:
         out += ["**Context:**", ""] + [f"- {escape(x)}" for x in ctx] + [""]

@@ -203,10 +203,11 @@ def details(md: str) -> str:
     """The verdict's sentences under report.md's decision line (its bullet list), as one
     string: the text a reader gets before the first section."""
     head = md.split("\n## ", 1)[0]
-    head = head.split("\n**Context:**\n\n", 1)
-    if len(head) == 2:  # the context list precedes them: its block ends at a blank line
-        head = [head[0], head[1].split("\n\n", 1)[1]]
-    return " ".join(line[2:] for line in "\n".join(head).splitlines() if line.startswith("- "))
+    for label in ("\n**Context:**", "\n**What differs between the arms"):
+        parts = head.split(label, 1)
+        if len(parts) == 2:  # a labelled list before them (label, blank, list, blank): not theirs
+            head = parts[0] + "\n" + parts[1].split("\n\n", 2)[-1]
+    return " ".join(line[2:] for line in head.splitlines() if line.startswith("- "))
 
 
 def context(md: str) -> list[str]:

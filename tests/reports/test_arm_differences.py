@@ -79,8 +79,8 @@ def test_a_reshard_sweep_on_cpu_names_what_differs_and_the_memory_it_cannot_see(
     _sweep(tmp_path / "t")
     rep = _with_collectives(analyse(tmp_path / "t"))
     assert armdiff.lines(rep) == [
-        "arms: fsdp2 with reshard_after_forward=True -> with reshard_after_forward=False",
-        "all_gather (shard): 4 -> 2 calls per step, 9.0 -> 4.5 MiB per step",
+        "arms: fsdp2 with reshard_after_forward=True → with reshard_after_forward=False",
+        "all_gather (shard): 4 → 2 calls per step, 9.0 → 4.5 MiB per step",
         "memory: not measurable on this device for reshard_after_forward (CPU records sum "
         "categories; transient unsharded parameters are not seen)"]
     assert decision(markdown.render(rep)) == (
@@ -123,8 +123,8 @@ def test_an_allocator_peak_is_compared_by_category(tmp_path):
                              source="cuda_max_allocated")
             write_manifest(run, json.loads((run / schemas.MANIFEST_NAME).read_text()))
     rep = _with_collectives(analyse(root))
-    assert armdiff.lines(rep)[2:] == ["activations: 1.0 -> 0.5 MiB per rank",
-                                      "peak allocated: 12.0 -> 15.0 MiB per rank"]
+    assert armdiff.lines(rep)[2:] == ["activations: 1.0 → 0.5 MiB per rank",
+                                      "peak allocated: 12.0 → 15.0 MiB per rank"]
     assert decision(markdown.render(rep)) == (
         "fsdp2 with reshard_after_forward=False: 1.50x faster than with "
         f"reshard_after_forward=True \\[1.50, 1.50\\], 25 % more memory per rank; {RECORDED_REF}.")
