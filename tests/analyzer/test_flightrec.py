@@ -380,3 +380,24 @@ def test_a_collective_hang_outranks_a_pending_p2p_op(tmp_path):
     (g,) = fr.groups
     assert g.verdict == "collective_hang"
     assert g.statement == "rank 1 never entered all_reduce #2 of process group 0; rank 0 waited in it"
+
+
+@pytest.mark.parametrize("names", [["nccl_trace_rank_0", "nccl_trace_rank_1"], ["job_dump_0", "job_dump_1"]])
+def test_a_folder_of_pickled_dumps_is_refused_naming_them(tmp_path, names):
+    """torch's default dumps (TORCH_FR_DUMP_TEMP_FILE prefix + rank, pickled) and nothing else:
+    one line naming them as Flight Recorder pickles, never unpickled, and how to get JSON.
+    18fb8ff said "holds no run directory (manifest.json) and no trace files"."""
+    import pickle
+
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    for n in names:
+        (folder / n).write_bytes(pickle.dumps({"version": "2.10", "entries": [_Explodes()]}, protocol=2))
+    with pytest.raises(BadInput) as exc:
+        rundirs.discover(folder)
+    assert exc.value.reason == "pickle_dump"
+    assert str(exc.value) == (
+        f"{folder}: holds no trace, only Flight Recorder dumps in torch's pickle format ({', '.join(names)}): "
+        "pickle dumps are never read, unpickling a file runs code it chooses; dump JSON instead: "
+        "torch._C._distributed_c10d._dump_fr_trace_json() on each rank, written as <prefix><rank>.json beside "
+        "the traces (tracer record writes rank<r>.flightrec.json on a failed record)")
