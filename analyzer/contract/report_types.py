@@ -694,7 +694,7 @@ class FlightRecorderRank(msgspec.Struct, kw_only=True):
     rank: int
     """Global rank (from the dump's file name, as torch's fr_trace takes it)."""
     last_enqueued_seq: int
-    """The last sequence number of the group it enqueued, i.e. entered (pg_status, else its newest entry)."""
+    """The last collective of the group it entered: its newest collective entry (pg_status where that counts collectives alone)."""
     last_completed_seq: int
     """The last sequence number it completed (gloo: ended, a timed-out collective included)."""
     waiting_in: str | None = None
@@ -772,8 +772,8 @@ class FlightRecorderGroup(msgspec.Struct, kw_only=True):
     """What the dumps establish for the group (analyzer/analyses/flightrec.py): "" none (every
     member completed its last collective, no collective recorded, or a member without a dump
     and nothing else wrong); "collective_hang" (a member never entered the next collective, or
-    every member entered it and some did not complete it); "mismatch" (every member entered the
-    same collectives, and fr_trace's Op.match finds a kind / size / dtype mismatch);
+    every member entered it and some did not complete it); "mismatch" (no collective hang, and
+    fr_trace's Op.match finds a kind / size / dtype mismatch);
     "p2p_pending" (no collective verdict, and a send or recv a member entered and did not
     complete whose peer never entered the matching op). Collective verdicts come from the
     group's collective entries only: a group with only send / recv entries never gets one."""
@@ -798,7 +798,7 @@ class FlightRecorder(msgspec.Struct, kw_only=True):
     rule: str = ""
     """How entered, completed and mismatches are decided (analyzer/analyses/flightrec.py)."""
     notes: list[str] = []
-    """What was not matched (point-to-point entries)."""
+    """What the analysis set aside: a group's pg_status that counts point-to-point ops, pg_config ranks no group of the job can hold, dumps without entries."""
 
 
 RANK_TIMELINES_MAX = 16
