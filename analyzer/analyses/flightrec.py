@@ -68,7 +68,7 @@ from analyzer.contract.report_types import (FlightRecorder, FlightRecorderGroup,
 
 RULE = ("per process group, from its collective entries by collective_seq_id as torch's fr_trace "
         "matches them (pg_status only where it counts collectives alone: no send / recv entry and "
-        "op_id = collective_seq_id on every entry): a rank entered #S when its newest collective entry "
+        "on gloo op_id = collective_seq_id on every entry): a rank entered #S when its newest collective entry "
         "is #S or later, completed it when that entry ended (gloo: ended, failures included); the ranks "
         "with the lowest last entered never entered the next collective, the others waited in it; kind / "
         "size / dtype compared with the lowest rank's entry by fr_trace's Op.match, first mismatch per "
@@ -233,7 +233,9 @@ def _completed(d: Dump, pg_id: int | None, entries: dict[int, list[Entry]], coun
     status = _status(d, pg_id)
     if counts and status is not None and _int(status.last_completed_collective) >= 0:
         return _int(status.last_completed_collective)
-    done = [s for s, es in entries.items() if all(_done(e) for e in es)]
+    # a coalesced collective's ops share its number and only its last entry (the "coalesced"
+    # one, highest op_id) holds the work that ends (fr_trace find_coalesced_group_with_non_p2p)
+    done = [s for s, es in entries.items() if _done(es[-1])]
     return max(done, default=0)
 
 
@@ -252,14 +254,15 @@ def _status_counts_collectives(name: str, dumps: dict[int, Dump]) -> tuple[bool,
     torch numbers them in another count where point-to-point ops are involved: NCCL sets
     ``lastEnqueuedSeq`` / ``lastCompletedSeq`` to the work's ``seq_``, ``seqP2P_`` for a send /
     recv and ``seqCollective_`` for a collective (ProcessGroupNCCL.cpp ``initWork``,
-    ``workEnqueue``); gloo to the work's ``seq_``, which its send / recv bump too, though
-    they are never recorded (ProcessGroupGloo.cpp ``enqueue``: "p2p does not call enqueue";
-    checked on torch 2.13 CPU: after all_reduce, 10 sends, all_reduce, pg_status says 12 for
-    collective #2). An entry's ``op_id`` counts every op of the group (NCCL ``op_id_``, gloo
-    ``seq_``) and its ``collective_seq_id`` only the collectives, so the counters are read as
-    collective numbers only when no dump holds a point-to-point entry of the group and every
-    collective entry of it has ``op_id`` == ``collective_seq_id`` (no send, recv or coalesced
-    op came before it). Otherwise entered / completed come from the collective entries."""
+    ``workEnqueue``), and records every send / recv (``is_p2p``); gloo sets them to the work's
+    ``seq_``, which its send / recv bump too though they are never recorded
+    (ProcessGroupGloo.cpp ``enqueue``: "p2p does not call enqueue"; checked on torch 2.13 CPU:
+    after all_reduce, 10 sends, all_reduce, pg_status says 12 for collective #2). So the
+    counters are set aside when a dump holds a point-to-point entry of the group, or a gloo
+    entry whose ``op_id`` (gloo's ``seq_``: every op) differs from its ``collective_seq_id``
+    (a send or recv came before it). NCCL's ``op_id`` also counts each op of a coalesced
+    collective, which its counters count once: no evidence of send / recv there. Where set
+    aside, entered / completed come from the collective entries."""
     for r in sorted(dumps):
         for e in dumps[r].entries:
             if e.process_group[0] != name:
@@ -268,10 +271,10 @@ def _status_counts_collectives(name: str, dumps: dict[int, Dump]) -> tuple[bool,
                 return False, (f"process group {name}: pg_status set aside (it counts point-to-point "
                                f"ops too: rank {r} holds a {e.kind} entry); entered / completed from "
                                "its collective entries")
-            if e.op_id != e.collective_seq_id:
-                return False, (f"process group {name}: pg_status set aside (it counts other ops too: "
-                               f"rank {r}'s {e.kind} #{e.collective_seq_id} is op {e.op_id} of the "
-                               "group); entered / completed from its collective entries")
+            if e.profiling_name.startswith("gloo:") and e.op_id != e.collective_seq_id:
+                return False, (f"process group {name}: pg_status set aside (it counts point-to-point "
+                               f"ops too: rank {r}'s {e.kind} #{e.collective_seq_id} is gloo's op "
+                               f"{e.op_id} of the group); entered / completed from its collective entries")
     return True, None
 
 

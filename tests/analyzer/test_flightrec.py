@@ -279,8 +279,32 @@ def test_pg_status_that_counts_point_to_point_ops_is_set_aside():
     assert g.verdict == "collective_hang"
     assert g.statement == "rank 1 never entered all_reduce #3 of process group 0; rank 0 waited in it"
     assert [(x.rank, x.last_enqueued_seq, x.last_completed_seq) for x in g.per_rank] == [(0, 3, 2), (1, 2, 2)]
-    assert fr.notes == ["process group 0: pg_status set aside (it counts other ops too: rank 0's all_reduce "
-                        "#2 is op 12 of the group); entered / completed from its collective entries"]
+    assert fr.notes == ["process group 0: pg_status set aside (it counts point-to-point ops too: rank 0's "
+                        "all_reduce #2 is gloo's op 12 of the group); entered / completed from its collective "
+                        "entries"]
+
+
+def test_nccl_coalesced_collectives_keep_pg_status_and_end_with_their_last_entry(tmp_path):
+    """NCCL's op_id counts each op of a coalesced collective (FSDP's all_gather batch), its
+    counters the batch once: no send / recv, so pg_status still counts collectives. And where
+    the entries decide, a batch ends with its last ("coalesced") entry, the one holding the
+    work: its first ops' entries never leave "scheduled"."""
+    def batch(seq: int, done: bool) -> list[dict]:
+        ops = [entry(seq, "all_gather", out_sizes=((8,),), backend="nccl", state="scheduled", retired=False)
+               for _ in range(2)]
+        last = entry(seq, "coalesced", backend="nccl", state="completed" if done else "started", retired=done)
+        for i, e in enumerate(ops + [last]):
+            e["op_id"] = 3 * (seq - 1) + i + 1
+        return ops + [last]
+    fr = analysed(tmp_path, {0: dump(batch(1, True) + batch(2, True), status={"0": (2, 2)}),
+                             1: dump(batch(1, True) + batch(2, False), status={"0": (2, 1)})})
+    (g,) = fr.groups
+    assert fr.notes == []
+    assert [(x.last_enqueued_seq, x.last_completed_seq) for x in g.per_rank] == [(2, 2), (2, 1)]
+    assert g.statement == "process group 0: every rank entered all_gather #2; not completed on rank 1"
+    fr = analysed(tmp_path / "no_status", {0: {**dump(batch(1, True)), "pg_status": {}},
+                                          1: {**dump(batch(1, True)), "pg_status": {}}})
+    assert fr.groups[0].summary == "process group 0: every rank completed all_gather #1, its last"
 
 
 def test_a_real_gloo_pp_hang_gets_no_collective_verdict():
@@ -401,3 +425,16 @@ def test_a_folder_of_pickled_dumps_is_refused_naming_them(tmp_path, names):
         "pickle dumps are never read, unpickling a file runs code it chooses; dump JSON instead: "
         "torch._C._distributed_c10d._dump_fr_trace_json() on each rank, written as <prefix><rank>.json beside "
         "the traces (tracer record writes rank<r>.flightrec.json on a failed record)")
+
+
+def test_report_prints_a_never_matched_send_as_the_hang_line(tmp_path):
+    """The Hangs section's line and table column for a p2p verdict (NCCL-shaped dumps beside
+    a folder of traces)."""
+    folder = gloo_job(tmp_path / "job", ranks=2, n_reduce=20, n_gather=0)
+    write_dumps(folder, {0: dump([p2p(1, "send", 0, 1), p2p(2, "send", 0, 1, done=False)]),
+                         1: dump([p2p(1, "recv", 1, 0)])}, name="fr_trace_rank_{}.json")
+    report = analyse(folder, AnalysisOptions())
+    text = markdown.render(report)
+    line = "rank 0's send #2 to rank 1 (process group 0) was never matched: rank 1 never entered its recv"
+    assert f"- **job: {line}**" in text
+    assert "| 0 send #2 to 1 |" in text
