@@ -63,8 +63,10 @@ def markdown(report: Report, table, escape) -> list[str]:
     if not runs(report):
         return []
     out = [f"## {TITLE}", ""]
-    out += [f"- **{escape(x)}**" for r in runs(report) for x in lines(r)]
-    out += ["", table(*rows(report)), ""]
+    bold = [f"- **{escape(x)}**" for r in runs(report) for x in lines(r)]
+    out += bold + [""] if bold else []
+    headers, body = rows(report)
+    out += [table(headers, body), ""] if body else []  # dumps without entries: no group
     out += [escape(n) for n in _notes(report)] + [""]
     return out
 
@@ -74,5 +76,6 @@ def html(report: Report, table, e) -> list[str]:
     if not runs(report):
         return []
     items = "".join(f"<li><strong>{e(x)}</strong></li>" for r in runs(report) for x in lines(r))
-    return [f'<h2 id="hangs">{e(TITLE)}</h2>', f"<ul>{items}</ul>", table(*rows(report)),
-            *(f"<p>{e(n)}</p>" for n in _notes(report))]
+    headers, body = rows(report)
+    return [f'<h2 id="hangs">{e(TITLE)}</h2>', *([f"<ul>{items}</ul>"] if items else []),
+            *([table(headers, body)] if body else []), *(f"<p>{e(n)}</p>" for n in _notes(report))]

@@ -469,7 +469,7 @@ def analyse(dumps: list[Dump], world_size: int | None = None) -> FlightRecorder:
             groups.setdefault(e.process_group[0], e.process_group[1])
     notes = []
     if dumps and not groups:
-        notes.append("the dumps hold no entry: no process group recorded an op (torch's gloo records "
+        notes.append("The dumps hold no entry: no process group recorded an op (torch's gloo records "
                      "collectives only, never a send or recv: ProcessGroupGloo::enqueue)")
     key = (lambda n: (0, int(n)) if n.isdigit() else (1, n))
     out = []

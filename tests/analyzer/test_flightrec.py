@@ -307,15 +307,25 @@ def test_nccl_coalesced_collectives_keep_pg_status_and_end_with_their_last_entry
     assert fr.groups[0].summary == "process group 0: every rank completed all_gather #1, its last"
 
 
-def test_a_real_gloo_pp_hang_gets_no_collective_verdict():
+def test_a_real_gloo_pp_hang_gets_no_collective_verdict(tmp_path):
     """A real `tracer record --strategy pp --nproc 2` on gloo with rank 1 stopped at step 1
     (fixtures/flightrec/README.md): its default group carried only send / recv, which gloo
     never records, so the dumps hold no entry and no pg_status. No group, no collective
-    verdict; a note says why the dumps are empty; the Hangs section blames no one."""
+    verdict; a note says why the dumps are empty; the Hangs section blames no one and shows
+    no empty table."""
+    note = ("The dumps hold no entry: no process group recorded an op (torch's gloo records "
+            "collectives only, never a send or recv: ProcessGroupGloo::enqueue)")
     fr = fixture_dumps("gloo_pp_hang", 2)
     assert fr.groups == [] and fr.ranks == [0, 1]
-    assert fr.notes == ["the dumps hold no entry: no process group recorded an op (torch's gloo records "
-                        "collectives only, never a send or recv: ProcessGroupGloo::enqueue)"]
+    assert fr.notes == [note]
+    folder = gloo_job(tmp_path / "job", ranks=2, n_reduce=3, n_gather=0)
+    for r in (0, 1):
+        (folder / f"fr_trace_rank_{r}.json").write_bytes(
+            (FR_FIXTURES / "gloo_pp_hang" / f"rank{r}.flightrec.json").read_bytes())
+    section = markdown.render(analyse(folder, AnalysisOptions())).split("## Hangs (Flight Recorder)")[1]
+    section = section.split("\n## ")[0]
+    assert section.strip().splitlines()[0] == f"job: dumps of rank(s) 0, 1. {note}"
+    assert "| run |" not in section and "never entered" not in section.split("Rule: ")[0]
 
 
 def p2p(seq: int, op: str, me: int, peer: int, *, coll: int = 0, done: bool = True,
