@@ -389,9 +389,19 @@ def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> t
         group.summary = f"process group {name}: no dump of any of its ranks"
         return group, note
     group.p2p_pending = _p2p_pending(name, by_rank, members)
+    _judge(group, per_seq, by_rank)
+    return group, note
+
+
+def _judge(group: FlightRecorderGroup, per_seq: dict[int, dict[int, list[Entry]]], by_rank: dict[int, Dump]) -> None:
+    """Set the group's collective figures, ``verdict``, ``statement`` and ``summary`` from its
+    ranks' last entered / completed collectives (``per_rank``), mismatches and pending
+    point-to-point ops (module docstring: the precedence collective_hang, mismatch,
+    p2p_pending)."""
+    name, ranks = group.pg, group.per_rank
     group.last_completed_seq = min(x.last_completed_seq for x in ranks)
     lo, hi = min(x.last_enqueued_seq for x in ranks), max(x.last_enqueued_seq for x in ranks)
-    group.mismatches = _first_mismatch(per_seq, len(members))
+    group.mismatches = _first_mismatch(per_seq, len(group.ranks))
     open_ = [x.rank for x in ranks if x.last_completed_seq < hi]
     if lo < hi:
         seq = lo + 1
@@ -434,7 +444,6 @@ def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> t
             line += f"; {len(group.p2p_pending) - len(shown)} more never-matched point-to-point ops"
         group.summary = line
     group.statement = line if group.verdict else ""
-    return group, note
 
 
 def _first_mismatch(per_seq: dict[int, dict[int, list[Entry]]], pg_size: int) -> list[FlightRecorderMismatch]:
