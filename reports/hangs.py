@@ -11,7 +11,8 @@ from analyzer.contract.report_types import FlightRecorderGroup, Report, RunEntry
 
 TITLE = "Hangs (Flight Recorder)"
 HEADERS = ["run", "process group", "ranks", "last completed by every dumped rank", "never entered",
-           "waited in it", "each rank: last entered / completed", "mismatch"]
+           "waited in it", "each rank: last entered / completed", "mismatch",
+           "send / recv never matched"]
 
 
 def runs(report: Report) -> list[RunEntry]:
@@ -20,13 +21,12 @@ def runs(report: Report) -> list[RunEntry]:
 
 
 def lines(run: RunEntry) -> list[str]:
-    """The statements of the run's groups where something is wrong (a rank never entered, a
-    collective not completed, a mismatch, a missing dump), prefixed by the run's name; every
-    group's when none is."""
+    """The statements of the run's groups that have a verdict (a rank never entered or did not
+    complete a collective, a mismatch, a never-matched send / recv), prefixed by the run's
+    name; every group's summary when none has one."""
     fr = run.flight_recorder
-    bad = [g for g in fr.groups if g.never_entered or g.mismatches or g.missing_dumps
-           or any(x.last_completed_seq < x.last_enqueued_seq for x in g.per_rank)]
-    return [f"{run.name}: {g.statement}" for g in (bad or fr.groups)]
+    bad = [g.statement for g in fr.groups if g.verdict]
+    return [f"{run.name}: {x}" for x in (bad or [g.summary for g in fr.groups])]
 
 
 def _row(run: RunEntry, g: FlightRecorderGroup) -> list[Any]:
@@ -39,7 +39,9 @@ def _row(run: RunEntry, g: FlightRecorderGroup) -> list[Any]:
             f"{', '.join(map(str, g.never_entered))}: {what}" if g.never_entered else "-",
             ", ".join(map(str, g.entered)) or "-",
             "; ".join(f"{x.rank}: #{x.last_enqueued_seq} / #{x.last_completed_seq}" for x in g.per_rank),
-            mism or "-"]
+            mism or "-",
+            "; ".join(f"{x.rank} {x.op} #{x.p2p_seq} {'to' if x.op == 'send' else 'from'} {x.peer}"
+                      for x in g.p2p_pending) or "-"]
 
 
 def rows(report: Report) -> tuple[list[str], list[list[Any]]]:
@@ -61,8 +63,10 @@ def markdown(report: Report, table, escape) -> list[str]:
     if not runs(report):
         return []
     out = [f"## {TITLE}", ""]
-    out += [f"- **{escape(x)}**" for r in runs(report) for x in lines(r)]
-    out += ["", table(*rows(report)), ""]
+    bold = [f"- **{escape(x)}**" for r in runs(report) for x in lines(r)]
+    out += bold + [""] if bold else []
+    headers, body = rows(report)
+    out += [table(headers, body), ""] if body else []  # dumps without entries: no group
     out += [escape(n) for n in _notes(report)] + [""]
     return out
 
@@ -72,5 +76,6 @@ def html(report: Report, table, e) -> list[str]:
     if not runs(report):
         return []
     items = "".join(f"<li><strong>{e(x)}</strong></li>" for r in runs(report) for x in lines(r))
-    return [f'<h2 id="hangs">{e(TITLE)}</h2>', f"<ul>{items}</ul>", table(*rows(report)),
-            *(f"<p>{e(n)}</p>" for n in _notes(report))]
+    headers, body = rows(report)
+    return [f'<h2 id="hangs">{e(TITLE)}</h2>', *([f"<ul>{items}</ul>"] if items else []),
+            *([table(headers, body)] if body else []), *(f"<p>{e(n)}</p>" for n in _notes(report))]

@@ -11,7 +11,12 @@ What torch 2.13 records (tested, CPU build): NCCL (``ProcessGroupNCCL``) and glo
 ``scheduled`` and ``time_discovered_*`` 0 (no started/completed tracking per entry); completion
 is in ``pg_status`` (``last_completed_collective``, which counts a collective that failed, e.g.
 timed out, as completed); ``pg_config`` holds no group membership (one entry named ""), so
-``dump`` adds each group's ranks from ``torch.distributed`` (``supplement_pg_config``).
+``dump`` adds each group's ranks from ``torch.distributed`` (``supplement_pg_config``). gloo
+records no send / recv (``ProcessGroupGloo::enqueue``, where it records, is collective-only),
+yet its ``pg_status`` and entries' ``op_id`` count them (its ``seq_``): after all_reduce, 10
+sends, all_reduce, the second all_reduce is ``collective_seq_id`` 2, ``op_id`` 12, and
+``pg_status`` says 12 (fixtures/flightrec/build_gloo_p2p_hang.py). So a gloo pp hang's dumps
+hold nothing of the send / recv it hung in (fixtures/flightrec/gloo_pp_hang).
 
 Dumps are written to ``rank<r>.flightrec.json`` in the run dir (``FLIGHTREC_NAME``), a name
 the contract lists as the tracer's (``schemas.RUN_FILE``), so a re-record removes them; they

@@ -10,49 +10,70 @@ desc, ranks}}) and ``pg_status`` ({pg_id: last_enqueued / last_started /
 last_completed_collective}). ``Dump`` is that schema as typed structs (the reader:
 analyzer/ingest/frdump.py).
 
-Rules (``RULE``), per process group, over its member ranks that have a dump:
+Rules (``RULE``), per process group, over its member ranks that have a dump. Collective
+verdicts come from the group's *collective* entries (``is_p2p`` false, not send / recv); its
+``pg_status`` counters are read only where they provably count collectives alone
+(``_status_counts_collectives``): torch's counters also count point-to-point ops (NCCL: the
+last work's ``seqP2P_`` or ``seqCollective_``; gloo: ``seq_``, bumped by send / recv), so on a
+job whose default group carried send / recv they are not collective numbers:
 
-- a rank *entered* collective #S of the group when it enqueued it: its last enqueued sequence
-  number (``pg_status.last_enqueued_collective``, else its newest entry) is >= S. Sequence
-  numbers count each group's collectives on every rank alike (fr_trace matches entries across
-  ranks by (group, ``collective_seq_id``): utils.py ``check_current_entry_match``), so it is
-  exact even when the ring buffer has dropped older entries;
-- a rank *completed* #S when ``pg_status.last_completed_collective`` >= S (else: its newest
-  entry in state ``completed`` or retired). gloo counts a collective that failed (timed out) as
-  completed, so "completed" there means "ended";
+- a rank *entered* collective #S of the group when its newest collective entry's
+  ``collective_seq_id`` is >= S (or its ``pg_status.last_enqueued_collective``, where that
+  counts collectives, when the ring buffer dropped older entries). Sequence numbers count each
+  group's collectives on every rank alike (fr_trace matches entries across ranks by (group,
+  ``collective_seq_id``): utils.py ``check_current_entry_match``);
+- a rank *completed* #S when its collective entries of #S ended (state ``completed``, or
+  ``retired``: gloo keeps ``scheduled``), or ``pg_status.last_completed_collective`` >= S where
+  that counts collectives. gloo counts a collective that failed (timed out) as completed, so
+  "completed" there means "ended";
 - the last sequence number every rank completed = the least of the ranks' last completed;
   with a member's dump missing it is only the dumped ranks' figure, and the statement names
   those ranks and the member as "no dump (unknown)", never "every rank" (the missing rank may
   be the one that hung);
-- when the ranks' last enqueued numbers differ, the ranks at the lowest, L, *never entered*
+- when the ranks' last entered numbers differ, the ranks at the lowest, L, *never entered*
   #L+1, and the others entered it and waited in it (a collective cannot end for some members
   while one never entered: fr_trace's "Not all ranks joining collective", utils.py
-  ``error_analysis`` case one);
+  ``error_analysis`` case one): verdict ``collective_hang``; so is a collective every member
+  entered and some did not complete;
 - kind, size and dtype mismatches: for each sequence number that two or more ranks' buffers
   hold, each rank's entry is compared with the lowest such rank's (fr_trace's reference: the
   first rank's entry, ``build_collectives``) by fr_trace's ``Op.match`` (``op_match``: kind,
   sizes and numel x group size, dtypes). Its fourth kind, COLLECTIVE_STATE_MISMATCH, is left
   out: in a hang the states differ because of the hang. As fr_trace stops pairing at a group's
   first mismatch ("the pairing is possibly incorrect" after it), only the first mismatching
-  sequence number per group is reported.
-  Point-to-point entries (send / recv, ``p2p_seq_id``) are not matched here (counted in a note).
+  sequence number per group is reported: verdict ``mismatch`` when no collective hang;
+- a group with no collective entry gets no collective verdict;
+- point-to-point (``_p2p_pending``): a send or recv a rank entered and did not complete (its
+  entry, or its batch's "coalesced" entry, neither completed nor retired) whose peer left a
+  dump holding no pending op of the other kind with that rank *was never matched*: the peer
+  never entered its recv / send (sends and recvs between two ranks are matched in the order
+  they are posted: fr_trace's ``Op.match`` pairs a send with a recv of the same src, dst and
+  sizes; peers named in ``profiling_name`` "send <src>-><dst>" / "recv <dst><-<src>" as group
+  ranks, mapped to global ranks as ``Op._init_global_src_dst`` does). ``#N`` is the op's
+  ``p2p_seq_id``, the rank's N-th point-to-point op in the group. Verdict ``p2p_pending`` when
+  the group has no collective verdict. gloo records no send / recv (ProcessGroupGloo.cpp
+  ``enqueue`` is collective-only; checked on torch 2.13): on gloo this verdict never fires.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 
 import msgspec
 
 from analyzer.contract.report_types import (FlightRecorder, FlightRecorderGroup, FlightRecorderMismatch,
-                                            FlightRecorderRank)
+                                            FlightRecorderP2P, FlightRecorderRank)
 
-RULE = ("per process group, by collective_seq_id as torch's fr_trace matches it: a rank entered #S "
-        "when its last enqueued number is S or more, completed it when pg_status last_completed is "
-        "(gloo: ended, failures included); the ranks with the lowest last enqueued never entered the next collective, "
-        "the others waited in it; kind / size / dtype compared with the lowest rank's entry by "
-        "fr_trace's Op.match, first mismatch per group (analyzer/analyses/flightrec.py)")
+RULE = ("per process group, from its collective entries by collective_seq_id as torch's fr_trace "
+        "matches them (pg_status only where it counts collectives alone: no send / recv entry and "
+        "on gloo op_id = collective_seq_id on every entry): a rank entered #S when its newest collective entry "
+        "is #S or later, completed it when that entry ended (gloo: ended, failures included); the ranks "
+        "with the lowest last entered never entered the next collective, the others waited in it; kind / "
+        "size / dtype compared with the lowest rank's entry by fr_trace's Op.match, first mismatch per "
+        "group; a send / recv entered and not completed whose peer holds no pending match was never "
+        "matched (analyzer/analyses/flightrec.py)")
 
 P2P = ("send", "recv")
 
@@ -195,44 +216,167 @@ def _seq_match(ref: list[Entry], other: list[Entry], pg_size: int) -> tuple[str,
     return None
 
 
-def _completed(d: Dump, pg_id: int | None, entries: dict[int, list[Entry]]) -> int:
-    status = d.pg_status.get(str(pg_id)) if pg_id is not None else None
-    if status is not None and _int(status.last_completed_collective) >= 0:
+def _done(e: Entry) -> bool:
+    """An entry's op ended: state ``completed`` (NCCL's watchdog saw its end event), or
+    ``retired`` (gloo keeps ``scheduled`` and retires the entry when the work ends)."""
+    return e.state == "completed" or e.retired
+
+
+def _status(d: Dump, pg_id: int | None) -> PgStatus | None:
+    return d.pg_status.get(str(pg_id)) if pg_id is not None else None
+
+
+def _completed(d: Dump, pg_id: int | None, entries: dict[int, list[Entry]], counts: bool) -> int:
+    """The rank's last completed collective: ``pg_status`` when ``counts`` (it counts
+    collectives alone: ``_status_counts_collectives``), else its newest collective entry
+    that ended."""
+    status = _status(d, pg_id)
+    if counts and status is not None and _int(status.last_completed_collective) >= 0:
         return _int(status.last_completed_collective)
-    done = [s for s, es in entries.items() if all(e.state == "completed" or e.retired for e in es)]
+    # a coalesced collective's ops share its number and only its last entry (the "coalesced"
+    # one, highest op_id) holds the work that ends (fr_trace find_coalesced_group_with_non_p2p)
+    done = [s for s, es in entries.items() if _done(es[-1])]
     return max(done, default=0)
 
 
-def _enqueued(d: Dump, pg_id: int | None, entries: dict[int, list[Entry]]) -> int:
-    status = d.pg_status.get(str(pg_id)) if pg_id is not None else None
-    last = _int(status.last_enqueued_collective) if status is not None else -1
+def _enqueued(d: Dump, pg_id: int | None, entries: dict[int, list[Entry]], counts: bool) -> int:
+    """The rank's last entered collective: its newest collective entry, or ``pg_status`` when
+    that is higher and ``counts`` (entries dropped from the ring buffer)."""
+    status = _status(d, pg_id)
+    last = _int(status.last_enqueued_collective) if counts and status is not None else -1
     return max(last, max(entries, default=0))
+
+
+def _status_counts_collectives(name: str, dumps: dict[int, Dump]) -> tuple[bool, str | None]:
+    """Whether the group's ``pg_status`` counters count its collectives alone, and where not,
+    the evidence (a line for the notes).
+
+    torch numbers them in another count where point-to-point ops are involved: NCCL sets
+    ``lastEnqueuedSeq`` / ``lastCompletedSeq`` to the work's ``seq_``, ``seqP2P_`` for a send /
+    recv and ``seqCollective_`` for a collective (ProcessGroupNCCL.cpp ``initWork``,
+    ``workEnqueue``), and records every send / recv (``is_p2p``); gloo sets them to the work's
+    ``seq_``, which its send / recv bump too though they are never recorded
+    (ProcessGroupGloo.cpp ``enqueue``: "p2p does not call enqueue"; checked on torch 2.13 CPU:
+    after all_reduce, 10 sends, all_reduce, pg_status says 12 for collective #2). So the
+    counters are set aside when a dump holds a point-to-point entry of the group, or a gloo
+    entry whose ``op_id`` (gloo's ``seq_``: every op) differs from its ``collective_seq_id``
+    (a send or recv came before it). NCCL's ``op_id`` also counts each op of a coalesced
+    collective, which its counters count once: no evidence of send / recv there. Where set
+    aside, entered / completed come from the collective entries."""
+    for r in sorted(dumps):
+        for e in dumps[r].entries:
+            if e.process_group[0] != name:
+                continue
+            if _is_p2p(e):
+                return False, (f"process group {name}: pg_status set aside (it counts point-to-point "
+                               f"ops too: rank {r} holds a {e.kind} entry); entered / completed from "
+                               "its collective entries")
+            if e.profiling_name.startswith("gloo:") and e.op_id != e.collective_seq_id:
+                return False, (f"process group {name}: pg_status set aside (it counts point-to-point "
+                               f"ops too: rank {r}'s {e.kind} #{e.collective_seq_id} is gloo's op "
+                               f"{e.op_id} of the group); entered / completed from its collective entries")
+    return True, None
+
+
+def _is_p2p(e: Entry) -> bool:
+    """A point-to-point entry: ``is_p2p`` (NCCL sets it on send, recv and their coalesced
+    batch), or a send / recv by its name."""
+    return e.is_p2p or e.kind in P2P
+
+
+_SEND = re.compile(r"(\d+)->(\d+)$")
+_RECV = re.compile(r"(\d+)<-(\d+)$")
+
+
+def _p2p_peer(e: Entry, members: list[int]) -> tuple[int, int] | None:
+    """(global rank of the entry's own end, global rank of its peer) from ``profiling_name``
+    "<backend>:send <src>-><dst>" / "<backend>:recv <dst><-<src>" (group ranks, mapped to
+    global ranks through the sorted members as fr_trace's ``Op._init_global_src_dst`` does);
+    None when it names none or a rank outside the group."""
+    meta = e.profiling_name.split(":", 1)[-1].split(" ", 1)
+    m = (_SEND if e.kind == "send" else _RECV).match(meta[1]) if len(meta) == 2 else None
+    if m is None:
+        return None
+    own, peer = int(m.group(1)), int(m.group(2))
+    if not (own < len(members) and peer < len(members)):
+        return None
+    return members[own], members[peer]
+
+
+def _p2p_ops(name: str, d: Dump, members: list[int]) -> list[tuple[str, int, int, bool]]:
+    """The rank's sends and recvs in the group as (op, peer, p2p_seq_id, ended), in op order.
+    An op of a batch (``batch_isend_irecv``: NCCL records each op, then a "coalesced" entry of
+    the same ``p2p_seq_id`` whose state is the batch's; fr_trace ``find_coalesced_group``) ended
+    when the batch did."""
+    mine = [e for e in d.entries if e.process_group[0] == name and _is_p2p(e)]
+    batch_done = {e.p2p_seq_id: _done(e) for e in mine if e.kind not in P2P}
+    out = []
+    for e in sorted(mine, key=lambda e: (e.p2p_seq_id, e.op_id)):
+        ends = _p2p_peer(e, members) if e.kind in P2P else None
+        if ends is None or ends[0] != d.rank:
+            continue
+        out.append((e.kind, ends[1], e.p2p_seq_id, batch_done.get(e.p2p_seq_id, _done(e))))
+    return out
+
+
+def _p2p_pending(name: str, by_rank: dict[int, Dump], members: list[int]) -> list[FlightRecorderP2P]:
+    """The sends and recvs a rank entered and did not complete whose peer never entered the
+    matching op: the peer has a dump and it holds no pending op of the other kind with that
+    rank (sends and recvs between two ranks are matched in the order they are posted; a peer
+    that had posted the match would either have ended it -- and the op with it -- or hold it
+    pending: both pending is no such verdict). The first per (rank, op, peer)."""
+    ops = {r: _p2p_ops(name, d, members) for r, d in by_rank.items()}
+    out, seen = [], set()
+    for r in sorted(ops):
+        for op, peer, seq, ended in ops[r]:
+            if ended or peer not in ops or (op, peer) in seen:
+                continue
+            want = "recv" if op == "send" else "send"
+            if any(o == want and p == r and not e for o, p, _, e in ops[peer]):
+                continue
+            seen.add((op, peer))
+            out.append(FlightRecorderP2P(rank=r, op=op, peer=peer, p2p_seq=seq))
+    return out
+
+
+def _p2p_line(x: FlightRecorderP2P, pg: str) -> str:
+    want = "recv" if x.op == "send" else "send"
+    return (f"rank {x.rank}'s {x.op} #{x.p2p_seq} {'to' if x.op == 'send' else 'from'} rank {x.peer} "
+            f"(process group {pg}) was never matched: rank {x.peer} never entered its {want}")
+
+
+P2P_LINES = 3
+"""The most never-matched point-to-point ops a group's statement names (the rest counted)."""
 
 
 def _ranks_text(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> FlightRecorderGroup:
-    """One process group's state across the dumps (module docstring)."""
+def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> tuple[FlightRecorderGroup, str | None]:
+    """One process group's state across the dumps (module docstring), and a note when its
+    ``pg_status`` was set aside (None otherwise)."""
     members, source = _members(name, desc, dumps, world_size)
     by_rank = {d.rank: d for d in dumps if d.rank in members}
+    counts, note = _status_counts_collectives(name, by_rank)
     per_seq: dict[int, dict[int, list[Entry]]] = {}
     pg_id = None
     for r, d in by_rank.items():
         seqs: dict[int, list[Entry]] = defaultdict(list)
         for e in d.entries:
-            if e.process_group[0] != name or e.is_p2p or e.kind in P2P:
+            if e.process_group[0] != name:
                 continue
-            seqs[e.collective_seq_id].append(e)
             pg_id = e.pg_id if e.pg_id is not None else pg_id
+            if not _is_p2p(e):
+                seqs[e.collective_seq_id].append(e)
         per_seq[r] = {s: sorted(es, key=lambda e: e.op_id) for s, es in seqs.items()}
     if pg_id is None and name.isdigit():
         pg_id = int(name)
     ranks = []
     for r in sorted(by_rank):
         seqs = per_seq[r]
-        enq, done = _enqueued(by_rank[r], pg_id, seqs), _completed(by_rank[r], pg_id, seqs)
+        enq = _enqueued(by_rank[r], pg_id, seqs, counts)
+        done = min(_completed(by_rank[r], pg_id, seqs, counts), enq)
         waiting = None
         if done < enq:
             es = seqs.get(done + 1)
@@ -242,11 +386,23 @@ def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> F
                                 dumped_ranks=sorted(by_rank), missing_dumps=[r for r in members if r not in by_rank],
                                 per_rank=ranks)
     if not ranks:
-        group.statement = f"process group {name}: no dump of any of its ranks"
-        return group
+        group.summary = f"process group {name}: no dump of any of its ranks"
+        return group, note
+    group.p2p_pending = _p2p_pending(name, by_rank, members)
+    _judge(group, per_seq, by_rank)
+    return group, note
+
+
+def _judge(group: FlightRecorderGroup, per_seq: dict[int, dict[int, list[Entry]]], by_rank: dict[int, Dump]) -> None:
+    """Set the group's collective figures, ``verdict``, ``statement`` and ``summary`` from its
+    ranks' last entered / completed collectives (``per_rank``), mismatches and pending
+    point-to-point ops (module docstring: the precedence collective_hang, mismatch,
+    p2p_pending)."""
+    name, ranks = group.pg, group.per_rank
     group.last_completed_seq = min(x.last_completed_seq for x in ranks)
     lo, hi = min(x.last_enqueued_seq for x in ranks), max(x.last_enqueued_seq for x in ranks)
-    group.mismatches = _first_mismatch(per_seq, len(members))
+    group.mismatches = _first_mismatch(per_seq, len(group.ranks))
+    open_ = [x.rank for x in ranks if x.last_completed_seq < hi]
     if lo < hi:
         seq = lo + 1
         group.next_seq = seq
@@ -255,27 +411,39 @@ def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> F
         kinds = [per_seq[r][seq][0].kind for r in group.entered if seq in per_seq[r]]
         group.next_kind = kinds[0] if kinds else None
         what = f"{group.next_kind or 'collective'} #{seq}"
-        group.statement = (f"{_ranks_text(group.never_entered)} never entered {what} of process group "
-                           f"{name}; {_ranks_text(group.entered)} waited in it")
+        group.verdict = "collective_hang"
+        line = (f"{_ranks_text(group.never_entered)} never entered {what} of process group "
+                f"{name}; {_ranks_text(group.entered)} waited in it")
     else:
-        open_ = [x.rank for x in ranks if x.last_completed_seq < hi]
         es = next((per_seq[r][hi] for r in sorted(per_seq) if hi in per_seq[r]), None)
         what = f"{es[0].kind if es else 'collective'} #{hi}"
         # "every rank" only when every member left a dump: a rank without one may be the hang
         who = _ranks_text(group.dumped_ranks) if group.missing_dumps else "every rank"
-        group.statement = (f"process group {name}: {who} completed {what}"
-                           f"{'' if group.missing_dumps else ', its last'}" if not open_ else
-                           f"process group {name}: {who} entered {what}; not completed on "
-                           f"{_ranks_text(open_)}")
         if hi == 0:
-            group.statement = (f"process group {name}: no collective recorded"
-                               + (f" by {who}" if group.missing_dumps else ""))
+            n_p2p = sum(_is_p2p(e) for d in by_rank.values() for e in d.entries if e.process_group[0] == name)
+            line = (f"process group {name}: no collective recorded" + (f" by {who}" if group.missing_dumps else "")
+                    + (f" ({n_p2p} point-to-point entries only)" if n_p2p else ""))
+        elif open_:
+            group.verdict = "collective_hang"
+            line = f"process group {name}: {who} entered {what}; not completed on {_ranks_text(open_)}"
+        else:
+            line = f"process group {name}: {who} completed {what}{'' if group.missing_dumps else ', its last'}"
     if group.missing_dumps:
-        group.statement += f"; {_ranks_text(group.missing_dumps)}: no dump (unknown)"
+        line += f"; {_ranks_text(group.missing_dumps)}: no dump (unknown)"
     for m in group.mismatches:
-        group.statement += (f"; {MISMATCH_WORD[m.fr_state]} mismatch at {m.kind} #{m.seq}: rank {m.rank} has "
-                            f"{m.detail} (rank {m.reference_rank})")
-    return group
+        line += (f"; {MISMATCH_WORD[m.fr_state]} mismatch at {m.kind} #{m.seq}: rank {m.rank} has "
+                 f"{m.detail} (rank {m.reference_rank})")
+    if group.mismatches and not group.verdict:
+        group.verdict = "mismatch"
+    group.summary = line
+    if not group.verdict and group.p2p_pending:
+        group.verdict = "p2p_pending"
+        shown = group.p2p_pending[:P2P_LINES]
+        line = "; ".join(_p2p_line(x, name) for x in shown)
+        if len(group.p2p_pending) > len(shown):
+            line += f"; {len(group.p2p_pending) - len(shown)} more never-matched point-to-point ops"
+        group.summary = line
+    group.statement = line if group.verdict else ""
 
 
 def _first_mismatch(per_seq: dict[int, dict[int, list[Entry]]], pg_size: int) -> list[FlightRecorderMismatch]:
@@ -300,22 +468,23 @@ def _first_mismatch(per_seq: dict[int, dict[int, list[Entry]]], pg_size: int) ->
 
 
 def analyse(dumps: list[Dump], world_size: int | None = None) -> FlightRecorder:
-    """Every process group named in ``dumps`` (one per rank; module docstring), in group-name
-    order. ``world_size``: the run's (manifest), else one more than the highest dumped rank."""
+    """Every process group named in the dumps' entries (one dump per rank; module docstring),
+    in group-name order. ``world_size``: the run's (manifest), else one more than the highest
+    dumped rank."""
     world = max(world_size or 0, max((d.rank for d in dumps), default=-1) + 1)
     groups: dict[str, str] = {}
-    p2p = 0
     for d in dumps:
         for e in d.entries:
             groups.setdefault(e.process_group[0], e.process_group[1])
-            p2p += e.is_p2p or e.kind in P2P
     notes = []
-    if p2p:
-        notes.append(f"{p2p} point-to-point entries (send / recv) not matched: fr_trace pairs them by "
-                     "peer, which this analysis does not")
+    if dumps and not groups:
+        notes.append("The dumps hold no entry: no process group recorded an op (torch's gloo records "
+                     "collectives only, never a send or recv: ProcessGroupGloo::enqueue)")
     key = (lambda n: (0, int(n)) if n.isdigit() else (1, n))
+    out = []
+    for n in sorted(groups, key=key):
+        group, note = analyse_group(n, groups[n], dumps, world)
+        out.append(group)
+        notes += [note] if note else []
     return FlightRecorder(dumps=[d.path for d in sorted(dumps, key=lambda d: d.rank)],
-                          ranks=sorted(d.rank for d in dumps), rule=RULE,
-                          groups=[analyse_group(n, groups[n], dumps, world) for n in sorted(groups, key=key)],
-                          notes=notes)
-
+                          ranks=sorted(d.rank for d in dumps), rule=RULE, groups=out, notes=notes)

@@ -701,7 +701,7 @@ class FlightRecorderRank(msgspec.Struct, kw_only=True):
     rank: int
     """Global rank (from the dump's file name, as torch's fr_trace takes it)."""
     last_enqueued_seq: int
-    """The last sequence number of the group it enqueued, i.e. entered (pg_status, else its newest entry)."""
+    """The last collective of the group it entered: its newest collective entry (pg_status where that counts collectives alone)."""
     last_completed_seq: int
     """The last sequence number it completed (gloo: ended, a timed-out collective included)."""
     waiting_in: str | None = None
@@ -726,6 +726,21 @@ class FlightRecorderMismatch(msgspec.Struct, kw_only=True):
     """The rank it is compared with: the lowest rank holding the collective (fr_trace's first rank)."""
     detail: str
     """What differs, e.g. "input sizes [[8]] where the reference has [[4]]"."""
+
+
+class FlightRecorderP2P(msgspec.Struct, kw_only=True):
+    """A send or recv one rank entered and did not complete, whose peer never entered the
+    matching op (its dump holds no pending recv / send with that rank)."""
+
+    rank: int
+    """The global rank that entered the op."""
+    op: str
+    """send or recv."""
+    peer: int
+    """The global rank it sends to / receives from."""
+    p2p_seq: int
+    """Its ``p2p_seq_id``: the rank's count of point-to-point ops in the group (sends and recvs
+    together, every peer: ProcessGroupNCCL ``seqP2P_``)."""
 
 
 class FlightRecorderGroup(msgspec.Struct, kw_only=True):
@@ -758,7 +773,23 @@ class FlightRecorderGroup(msgspec.Struct, kw_only=True):
     mismatches: list[FlightRecorderMismatch] = []
     """The group's first kind / size / dtype mismatch, one row per differing rank ([] when none)."""
     statement: str = ""
-    """The line the report prints ("rank 1 never entered all_reduce #7 of process group 0; rank 0 waited in it")."""
+    """The line the report prints for ``verdict`` ("rank 1 never entered all_reduce #7 of process
+    group 0; rank 0 waited in it"); "" when ``verdict`` is "" (then ``summary`` says the state)."""
+    verdict: str = ""
+    """What the dumps establish for the group (analyzer/analyses/flightrec.py): "" none (every
+    member completed its last collective, no collective recorded, or a member without a dump
+    and nothing else wrong); "collective_hang" (a member never entered the next collective, or
+    every member entered it and some did not complete it); "mismatch" (no collective hang, and
+    fr_trace's Op.match finds a kind / size / dtype mismatch);
+    "p2p_pending" (no collective verdict, and a send or recv a member entered and did not
+    complete whose peer never entered the matching op). Collective verdicts come from the
+    group's collective entries only: a group with only send / recv entries never gets one."""
+    p2p_pending: list[FlightRecorderP2P] = []
+    """The point-to-point ops a member entered and did not complete whose peer's dump holds no
+    pending matching op ([] when none), by rank."""
+    summary: str = ""
+    """The group's state in one line whatever its verdict ("process group 0: every rank completed
+    all_reduce #3, its last"); the Hangs section prints it where no group has a verdict."""
 
 
 class FlightRecorder(msgspec.Struct, kw_only=True):
@@ -774,7 +805,7 @@ class FlightRecorder(msgspec.Struct, kw_only=True):
     rule: str = ""
     """How entered, completed and mismatches are decided (analyzer/analyses/flightrec.py)."""
     notes: list[str] = []
-    """What was not matched (point-to-point entries)."""
+    """What the analysis set aside: a group's pg_status that counts point-to-point ops, pg_config ranks no group of the job can hold, dumps without entries."""
 
 
 RANK_TIMELINES_MAX = 16

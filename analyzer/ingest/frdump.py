@@ -5,7 +5,8 @@ A dump is a JSON object in the schema of ``torch._C._distributed_c10d._dump_fr_t
 ``nccl_comm_state``; analyzer/analyses/flightrec.py ``Dump``). Pickle dumps (torch's default
 ``TORCH_FR_DUMP_TEMP_FILE`` files, ``nccl_trace_rank_<r>``) are never read, never unpickled:
 one is known by its pickle protocol header alone (``starts_as_pickle``) and refused as what it
-is, given on its own, under a dump's name or a ``*.json`` name beside traces.
+is, given on its own, under a dump's name or a ``*.json`` name beside traces, or as a folder's
+only inputs (``pickle_dumps``: named ``<prefix><rank>`` as torch writes them).
 
 Which files: in a run directory ``rank<r>.flightrec.json`` (contract ``schemas.flightrec_name``, what a
 failed ``tracer record`` writes); in a folder of foreign traces any ``*.json`` / ``*.json.gz``
@@ -97,6 +98,31 @@ def pickle_refusal(path: Path) -> BadInput:
                     "dump JSON instead: torch._C._distributed_c10d._dump_fr_trace_json() on each "
                     "rank (tracer record does; the recorder is on with TORCH_NCCL_TRACE_BUFFER_SIZE"
                     " > 0); or move the pickle out of the folder")
+
+
+_PICKLE_NAME = re.compile(r"[\w\-.]*?(\d{1,9})(\.pkl|\.pickle)?")
+"""torch's pickled dump names: ``<prefix><rank>``, the prefix ``TORCH_FR_DUMP_TEMP_FILE`` /
+``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` (default ``nccl_trace_rank_``: ProcessGroupNCCL's
+``DebugInfoWriter``), e.g. ``nccl_trace_rank_3``, ``job_dump_3`` -- fr_trace's loader takes the
+rank as the digits its names end with (components/loader.py ``exp``)."""
+
+
+def pickle_dumps(children: list[Path]) -> list[Path]:
+    """The pickled Flight Recorder dumps among a folder's ``children``: regular files named
+    ``<prefix><rank>`` (``_PICKLE_NAME``) that start as a pickle (``is_pickle``: the header
+    alone, never unpickled)."""
+    return sorted(p for p in children if _PICKLE_NAME.fullmatch(p.name) and p.is_file() and is_pickle(p))
+
+
+def pickle_folder_refusal(folder: Path, pickles: list[Path]) -> BadInput:
+    """The refusal of a folder whose only inputs are pickled Flight Recorder dumps: it names
+    them as such, says they are never unpickled and how to get the JSON form (one line)."""
+    names = ", ".join(p.name for p in pickles[:3]) + (f" and {len(pickles) - 3} more" if len(pickles) > 3 else "")
+    return BadInput(folder, "pickle_dump", f"holds no trace, only Flight Recorder dumps in torch's pickle "
+                    f"format ({names}): pickle dumps are never read, unpickling a file runs code it "
+                    "chooses", "dump JSON instead: torch._C._distributed_c10d._dump_fr_trace_json() on each "
+                    "rank, written as <prefix><rank>.json beside the traces (tracer record writes "
+                    "rank<r>.flightrec.json on a failed record)")
 
 
 def is_dump(path: Path) -> bool:

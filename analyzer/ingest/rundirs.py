@@ -405,6 +405,9 @@ def _foreign_job(root: Path, children: list[Path], skipped: list[str]) -> Discov
         return Discovery(root=root, layout="foreign", runs=[RunDir(
             path=root, name=root.name, manifest=None, notes=skipped, traces=traces,
             fr_dumps=dumps)])
+    pickles = frdump.pickle_dumps(children)
+    if pickles:  # torch's default FR dumps (nccl_trace_rank_<r>): named, never unpickled
+        raise frdump.pickle_folder_refusal(root, pickles)
     left = f" ({'; '.join(skipped)})" if skipped else ""  # e.g. only hidden *.json files
     raise BadInput(root, "empty", "holds no run directory (manifest.json) and no trace files"
                    + left, "pass a traces root written by `tracer record`, one run directory, "
