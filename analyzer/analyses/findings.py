@@ -16,9 +16,10 @@ Rules, one function each (``RULES``), over each run ``runs[i]``; "the step" is t
 median profiled step time (``step_time_ns.median``, slowest rank):
 
 * hang: one per process group of the run's Flight Recorder dumps (``flight_recorder.groups``,
-  analyzer/analyses/flightrec.py) where a rank never entered the collective its peers waited
-  in, or whose entries do not match across ranks. Cause: the group's statement (the dumps of
-  every rank establish it). Severity: the step when one was measured (none: the run does not
+  analyzer/analyses/flightrec.py) with a verdict: a rank never entered the collective its peers
+  waited in (collective_hang), entries that do not match across ranks (mismatch), or a send /
+  recv whose peer never entered the matching op (p2p_pending). Cause: the group's statement
+  (the dumps of every rank establish it). Severity: the step when one was measured (none: the run does not
   finish); listed first whatever the severity.
 * parity_failed: ``parity.status == "fail"``; names the first divergence. Severity: the whole
   step (the run's result is wrong whatever its speed).
@@ -175,28 +176,41 @@ def _hang(r: _Run) -> Iterator[Finding]:
     if fr is None:
         return
     for j, g in enumerate(fr.groups):
-        if not g.statement or not (g.never_entered or g.mismatches):
+        if not g.verdict or not g.statement:
             continue
         at = ("flight_recorder", "groups", j)
-        ev = [r.ev(f"process group {g.pg}: last collective every dumped rank completed",
-                   g.last_completed_seq, "count", *at, "last_completed_seq")]
-        if g.never_entered:
-            ev.append(r.ev(f"process group {g.pg}: the collective some rank never entered",
-                           g.next_seq, "count", *at, "next_seq"))
-            ranks, action = g.never_entered, (
-                f"look at what rank{'s' if len(g.never_entered) > 1 else ''} "
-                f"{', '.join(map(str, g.never_entered))} did instead (its log, the stack of "
-                "its newest Flight Recorder entry): a rank that skips or reorders a "
-                "collective hangs its peers")
-        else:
+        ev = ([r.ev(f"process group {g.pg}: last collective every dumped rank completed",
+                    g.last_completed_seq, "count", *at, "last_completed_seq")]
+              if g.last_completed_seq is not None else [])
+        if g.verdict == "collective_hang":
+            ranks = g.never_entered
+            if g.next_seq is not None:
+                ev.append(r.ev(f"process group {g.pg}: the collective some rank never entered",
+                               g.next_seq, "count", *at, "next_seq"))
+            action = (f"look at what rank{'s' if len(ranks) > 1 else ''} "
+                      f"{', '.join(map(str, ranks))} did instead (its log, the stack of its "
+                      "newest Flight Recorder entry): a rank that skips or reorders a collective "
+                      "hangs its peers" if ranks else
+                      "every rank entered it and some never completed it: look at the ranks' "
+                      "logs for a rank that died or a transport error")
+        elif g.verdict == "mismatch":
             ranks = sorted({m.rank for m in g.mismatches})
             ev.append(r.ev(f"process group {g.pg}: the first collective whose entries differ",
                            g.mismatches[0].seq, "count", *at, "mismatches", 0, "seq"))
             action = ("make every rank call the same collective with the same shape and dtype "
                       f"at #{g.mismatches[0].seq}")
+        else:  # p2p_pending: a send / recv whose peer never entered the matching op
+            ranks = sorted({p.peer for p in g.p2p_pending})
+            ev += [r.ev(f"rank {p.rank}'s {p.op} #{p.p2p_seq}: point-to-point op number",
+                        p.p2p_seq, "count", *at, "p2p_pending", k, "p2p_seq")
+                   for k, p in enumerate(g.p2p_pending[:3])]
+            action = (f"look at what rank{'s' if len(ranks) > 1 else ''} "
+                      f"{', '.join(map(str, ranks))} did instead of the matching "
+                      "send / recv: pipeline stages must issue their sends and recvs in the "
+                      "same order")
         where = f"process group {g.pg}" + (f" ({g.desc})" if g.desc else "")
         yield Finding(kind="hang", title=f"{r.who} hung in {where}", runs=[r.run.name],
-                      ranks=ranks, evidence=ev, cause=g.statement,
+                      ranks=list(ranks), evidence=ev, cause=g.statement,
                       cause_rule="the Flight Recorder dumps of every rank "
                                  "(analyzer/analyses/flightrec.py): " + fr.rule,
                       action=action, severity_ns=r.step_ns or None)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from analyzer.contract.report_types import (CommGroup, CommKind, FlightRecorder,
-                                            FlightRecorderGroup, FlightRecorderRank, Pipeline,
-                                            PipelineStage)
+                                            FlightRecorderGroup, FlightRecorderP2P,
+                                            FlightRecorderRank, Pipeline, PipelineStage)
 from reports import findings as findings_text
 from reports.decision import decision_input, decision_line
 from tests.analyzer.test_findings import MS, _dim, _straggler, kinds, report, run
@@ -21,6 +21,7 @@ def _fr() -> FlightRecorder:
         last_completed_seq=6, next_seq=7, next_kind="all_reduce", never_entered=[1],
         entered=[0], per_rank=[FlightRecorderRank(rank=0, last_enqueued_seq=7, last_completed_seq=6),
                                FlightRecorderRank(rank=1, last_enqueued_seq=6, last_completed_seq=6)],
+        verdict="collective_hang",
         statement="rank 1 never entered all_reduce #7 of process group 0; rank 0 waited in it")
     return FlightRecorder(dumps=["rank0.flightrec.json", "rank1.flightrec.json"], ranks=[0, 1],
                           groups=[g], rule="by collective_seq_id")
@@ -53,8 +54,20 @@ def test_a_hang_without_a_step_says_the_run_does_not_finish():
 
 def test_a_group_every_rank_completed_is_no_hang():
     fine = FlightRecorderGroup(pg="0", ranks=[0, 1], last_completed_seq=7,
-                               statement="every dumped rank completed #7 of process group 0")
+                               summary="process group 0: every rank completed all_reduce #7")
     assert not kinds(report(run(flight_recorder=FlightRecorder(groups=[fine]))), "hang")
+
+
+def test_a_send_never_received_is_a_hang_of_its_own():
+    line = ("rank 3's send #12 to rank 4 (process group 0) was never matched: rank 4 never "
+            "entered its recv")
+    g = FlightRecorderGroup(pg="0", desc="default_pg", ranks=[0, 1, 2, 3, 4], verdict="p2p_pending",
+                            p2p_pending=[FlightRecorderP2P(rank=3, op="send", peer=4, p2p_seq=12)],
+                            statement=line)
+    (f,) = kinds(report(run(flight_recorder=FlightRecorder(groups=[g]))), "hang")
+    assert f.cause == line and f.ranks == [4]
+    assert f.action.startswith("look at what rank 4 did instead of the matching send / recv")
+    assert [e.path for e in f.evidence] == ["/runs/0/flight_recorder/groups/0/p2p_pending/0/p2p_seq"]
 
 
 def _pipeline(bubbles: list[float], microbatches: int = 4) -> Pipeline:

@@ -81,7 +81,13 @@ def test_hang_record_fails_naming_rank_1_and_the_report_names_the_collective(tmp
                          cwd=REPO, capture_output=True, text=True)
     assert rep.returncode == 0, rep.stderr[-3000:]
     line = f"ddp: rank 1 never entered all_reduce #{n} of process group 0; rank 0 waited in it"
-    assert f"- **{line}**" in (run_dir / "report" / "report.md").read_text()
+    md = (run_dir / "report" / "report.md").read_text()
+    assert f"- **{line}**" in md
+    # the hang is the decision and finding 1 (issue 42)
+    head = md.splitlines()
+    assert head[2] == f"**Decision:** No decision: {line.replace(':', ' hung:', 1)} (see Hangs)."
+    assert next(x for x in head if x.startswith("1. ")).startswith(
+        "1. hang (the run does not finish): ddp hung in process group 0 (default_pg)")
     report = json.loads((run_dir / "report" / "report.json").read_text())
     (group,) = report["runs"][0]["flight_recorder"]["groups"]
     assert (group["next_seq"], group["never_entered"], group["entered"]) == (n, [1], [0])
