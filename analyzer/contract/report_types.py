@@ -510,6 +510,15 @@ class RankFigures(_Figures, kw_only=True):
     """``clock.estimate_offsets``' state of this rank's clock: reference, measured,
     unresolved (|estimate| < its MAD), inconsistent (causality bounds contradict), unmatched;
     None for a one-rank run."""
+    transfer_ns: float | None = None
+    """Its collectives' transfer per profiled step: the part of each measured collective after
+    the group's last rank started it (analyzer/analyses/commsplit.py), summed over kinds (the
+    rank's ``comm_ranks[].transfer_ns_per_step``); 0 without collectives, None when the rank
+    has collectives and none is measured (issue 42)."""
+    work_ns: float | None = None
+    """The rank's own work per profiled step: ``compute_ns`` + ``transfer_ns`` (a transfer under
+    computation counts in both), never its waiting for other ranks or its idle; what the
+    imbalance finding compares (analyzer/analyses/findings.py). None when either is None."""
 
 
 class StepBar(_Figures, kw_only=True):
