@@ -92,7 +92,7 @@ from analyzer.contract.report_types import (CAUSE_THRESHOLD, FINDING_KINDS, Evid
                                             Report, RunEntry)
 
 MIN_STAKE_FRAC = 0.01
-"""straggler, prefetch_late: not reported below this share of the step."""
+"""straggler, prefetch_late, imbalance: not reported below this share of the step."""
 EXPOSED_FRAC = 0.10
 """exposed_communication: exposed communication per step >= this share of the step."""
 LOW_OVERLAP_FRAC = 0.5
@@ -100,7 +100,7 @@ LOW_OVERLAP_FRAC = 0.5
 HOST_BOUND_FRAC = 0.20
 """host_bound: GPU idle >= this share of the step."""
 IMBALANCE_FRAC = 0.10
-"""imbalance: ranks' step-time spread >= this share of the slowest rank's step."""
+"""imbalance: ranks' work spread >= this share of the slowest rank's work per step."""
 LOW_BUSBW_FRAC = 0.25
 """low_busbw: busbw < this share of the run's best kind's (or group's)."""
 BUSBW_MIN_BYTES = 1 << 20
@@ -531,7 +531,7 @@ _BANDWIDTH_ACTION = {
 }
 """low_busbw: the action per backend (``RunEntry.backend``; "": another or unknown): only the
 tools that backend has (NCCL_DEBUG is NCCL's; gloo reads GLOO_SOCKET_IFNAME, torch.distributed's
-documented variable)."""
+documented variable: docs/source/distributed.rst, Common environment variables)."""
 
 
 def _low_bandwidth(r: _Run, rows: list[tuple[str, tuple, object, float | None]], what: str

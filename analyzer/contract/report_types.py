@@ -649,8 +649,9 @@ class StragglerCause(_Figures, kw_only=True):
     (``late_ns``: the sum of their start skews, what the others waited) split into what the
     traces hold before each of them, against its peers over the same interval: device compute
     longer than theirs, host-side delay (its device idle while the next work was not yet
-    launched), data wait, an earlier collective of its own, and what none of these explains
-    (``split_ns``, summing to ``late_ns``). ``cause``: the part that explains at least
+    launched), data wait, an earlier collective of its own, its step's start after the first
+    rank's where the gap begins there (late_step_start, issue 42: the delay lies before the
+    step's window), and what none of these explains (``split_ns``, summing to ``late_ns``). ``cause``: the part that explains at least
     ``CAUSE_THRESHOLD`` of it (``explained_frac``), else None ("cause not established");
     ``rule`` says how it was found."""
 
