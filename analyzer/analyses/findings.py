@@ -227,7 +227,7 @@ def _device_kind(run: RunEntry) -> str:
 
 
 def _contention(r: _Run) -> tuple[str, list[Evidence]] | None:
-    """("CPU contention (4 ranks x 2 threads on 2 CPUs)", its evidence) when the run's
+    """("4 ranks x 2 threads on 2 CPUs", its evidence) when the run's
     manifest ``machine`` says the record ran on an oversubscribed machine (ranks_on_host x
     threads_per_rank > usable_cpus) or a busy one (1-minute load >= usable_cpus), as
     analyzer/compare/ranking.py ``busy_machine`` reads it; else None (foreign traces: no
@@ -247,7 +247,7 @@ def _contention(r: _Run) -> tuple[str, list[Evidence]] | None:
                        "machine", "load_avg", 0))
     what = (f"{n} ranks x {t} threads on {cpus} CPUs" if over and n and t else
             f"1-minute load {load:g} on {cpus} CPUs")
-    return f"CPU contention ({what})", ev
+    return what, ev
 
 
 _CONTENTION_RULE = ("the manifest's machine: ranks_on_host x threads_per_rank > usable_cpus "
@@ -284,8 +284,9 @@ def _straggler(r: _Run) -> Iterator[Finding]:
         if named and s.cause == "late_step_start":
             cause, label = _LATE_START_CAUSE.format(rank=s.rank), "late step start"
         elif named and busy is not None and s.cause in _CONTENTION_PARTS[device]:
-            cause, more = busy
-            label, action = cause, _CONTENTION_ACTION
+            what, more = busy
+            cause, label = f"CPU contention ({what})", f"CPU contention: {what}"
+            action = _CONTENTION_ACTION
             rule = f"{s.rule}; " + _CONTENTION_RULE.format(part=s.cause)
             ev = ev[:-1] + more + ev[-1:]
         yield Finding(kind="straggler", title=f"{r.who}: the {s.kind} waits for rank {s.rank} "
@@ -490,7 +491,8 @@ def _imbalance(r: _Run) -> Iterator[Finding]:
                 "x work spread (max - min of ranks[].work_ns)")
         busy = _contention(r) if _device_kind(r.run) == "cpu" else None
         if busy is not None:
-            (cause, more), action = busy, _CONTENTION_ACTION
+            (what, more), action = busy, _CONTENTION_ACTION
+            cause = f"CPU contention ({what})"
             rule += "; " + _CONTENTION_RULE.format(part="compute")
             ev += more
         else:

@@ -132,8 +132,14 @@ def test_straggler_on_an_oversubscribed_cpu_run_is_cpu_contention(part):
     r = run(device="cpu", backend="gloo", machine=BUSY, stragglers=[_cause(part)])
     (f,) = kinds(report(r), "straggler")
     assert f.cause == "CPU contention (4 ranks x 2 threads on 2 CPUs)"
-    assert f.title == ("ddp: the all_reduce waits for rank 3 (CPU contention (4 ranks x 2 "
-                       "threads on 2 CPUs))")
+    assert f.title == ("ddp: the all_reduce waits for rank 3 (CPU contention: 4 ranks x 2 "
+                       "threads on 2 CPUs)")
+    assert line(f) == (
+        "straggler (3.00 ms/step at stake): ddp: the all_reduce waits for rank 3 (CPU "
+        "contention: 4 ranks x 2 threads on 2 CPUs); evidence: lateness of rank 3 over "
+        "all_reduce (all profiled steps) 6.00 ms, all_reduce calls rank 3 started last 5, "
+        f"lateness split: {part} 5.40 ms (+6 more in full); cause: CPU contention (4 ranks x 2 "
+        f"threads on 2 CPUs) (explains 90.0 %); try: {CONTENTION_ACTION}")
     assert f.action == CONTENTION_ACTION and "balance" not in f.action.replace("rebalanced", "")
     assert f.explained_frac == 0.9 and "oversubscribed" in f.cause_rule
     assert {"/runs/0/machine/ranks_on_host", "/runs/0/machine/threads_per_rank",
