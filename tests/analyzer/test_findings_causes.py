@@ -233,3 +233,26 @@ def test_dlrm_names_rank_7_with_its_late_step_start():
     assert not [f for f in rep.findings if f.kind == "imbalance"]  # work within 8 %
     work = {x.rank: x.work_ns for x in rep.runs[0].ranks}
     assert (work[1], work[7], max(work.values())) == (1_250_000, 1_271_000, 1_343_000)
+
+
+# --- a committed record on a busy 2-CPU machine (fixtures/recorded/tiny) -------------------------
+
+def test_recorded_gloo_run_on_a_busy_machine_says_cpu_contention(tmp_path):
+    """tiny's ddp was recorded with 2 ranks on 2 CPUs at a 1-minute load of 6.34 (manifest
+    machine): rank 1's all_reduce lateness is host delay, that is the shared CPUs; nothing
+    asks to rebalance the work or to look at NCCL."""
+    import shutil
+
+    from analyzer.compare.runs import analyse
+    from tests.records import committed
+
+    src = tmp_path / "ddp"
+    shutil.copytree(committed("tiny") / "ddp", src)
+    rep = analyse(src)
+    (f,) = [f for f in rep.findings if f.kind == "straggler" and f.cause is not None]
+    assert (f.ranks, f.cause, f.action) == (
+        [1], "CPU contention (1-minute load 6.34 on 2 CPUs)", CONTENTION_ACTION)
+    assert f.title == ("ddp: the all_reduce waits for rank 1 (CPU contention: 1-minute load "
+                       "6.34 on 2 CPUs)")
+    actions = " ".join(x.action or "" for x in rep.findings)
+    assert "balance the work" not in actions and "NCCL" not in actions
