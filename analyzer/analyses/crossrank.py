@@ -354,8 +354,9 @@ def straggler_causes(job, offsets: pd.DataFrame, matched: pd.DataFrame | None = 
     if matched is None:
         matched = match_ranks(job, offsets)
     red = _Reduction(straggler.bounded)
-    for _, coll in job.batches("collectives", straggler.ANCHOR_COLUMNS):
-        red.add(straggler.instance_rows(coll, matched, offsets))
+    for held, coll in job.batches("collectives", straggler.ANCHOR_COLUMNS):
+        red.add(straggler.instance_rows(coll, matched, offsets,
+                                        [rt.rank for rt in held if rt.whole_trace_mode]))
     rows = red.result()
     if rows is None:
         return []

@@ -191,12 +191,15 @@ def gap_parts(ev: pd.DataFrame, coll: pd.DataFrame, steps: pd.DataFrame, device_
     return out
 
 
-def step_anchors(coll: pd.DataFrame, offsets: pd.DataFrame | None) -> np.ndarray:
+def step_anchors(coll: pd.DataFrame, offsets: pd.DataFrame | None,
+                 whole_trace_ranks: tuple[int, ...] | list[int] = ()) -> np.ndarray:
     """Per row of ``coll`` (whole ranks' ``rank_collectives`` with rank, pg, seq, step,
     start_ns, gap_ns): the gap's anchor on aligned clocks (start_ns - gap_ns - the rank's
     offset_ns), int64 ns (epoch-scale: a float64 would round it to 256 ns), where that anchor
     is the step's start (the rank's first collective of its process group, inside a step,
-    ``gap_parts``' rule) and the rank's clock is usable; ``NO_ANCHOR`` elsewhere."""
+    ``gap_parts``' rule) and the rank's clock is usable; ``NO_ANCHOR`` elsewhere, and on the
+    ``whole_trace_ranks`` (no ProfilerStep: their one step's start is the trace's, when the
+    profiler started, not when the rank entered a step)."""
     from analyzer.analyses.clock import unusable_ranks
 
     if coll.empty:
@@ -212,7 +215,8 @@ def step_anchors(coll: pd.DataFrame, offsets: pd.DataFrame | None) -> np.ndarray
         shift = np.array([off.get(int(r), 0) for r in rank], np.int64)
         bad = unusable_ranks(offsets)
     gap = coll["gap_ns"].to_numpy(dtype=np.int64)
-    ok = first & (coll["step"].to_numpy(dtype=np.int64) >= 0) & (gap >= 0) & ~np.isin(rank, bad)
+    ok = (first & (coll["step"].to_numpy(dtype=np.int64) >= 0) & (gap >= 0)
+          & ~np.isin(rank, [*bad, *whole_trace_ranks]))
     anchor = coll["start_ns"].to_numpy(dtype=np.int64) - gap - shift
     return np.where(ok, anchor, NO_ANCHOR)
 
@@ -224,11 +228,13 @@ ANCHOR_COLUMNS = ["rank", "pg", "seq", "step", "start_ns", *GAP_COLUMNS]
 
 
 def instance_rows(coll: pd.DataFrame, matched: pd.DataFrame,
-                  offsets: pd.DataFrame | None = None) -> pd.DataFrame:
+                  offsets: pd.DataFrame | None = None,
+                  whole_trace_ranks: tuple[int, ...] | list[int] = ()) -> pd.DataFrame:
     """The rows of ``coll`` (whole ranks' rows: ``ANCHOR_COLUMNS``; without step / start_ns
     no anchor) whose instance ``matched`` (``match_ranks``) measured with a straggler: rank,
-    pg, seq, ``GAP_COLUMNS``, anchor_ns (``step_anchors`` on ``offsets``' clocks), with its
-    straggler, kind and skew: the straggler's own row and its peers'."""
+    pg, seq, ``GAP_COLUMNS``, anchor_ns (``step_anchors`` on ``offsets``' clocks, none on the
+    ``whole_trace_ranks``), with its straggler, kind and skew: the straggler's own row and its
+    peers'."""
     m = matched[matched["measured"].astype(bool) & matched["straggler_rank"].notna()]
     m = m[m["start_skew_ns"].astype("int64") > 0]
     cols = ["rank", "pg", "seq", *GAP_COLUMNS]
@@ -238,7 +244,8 @@ def instance_rows(coll: pd.DataFrame, matched: pd.DataFrame,
                       "straggler": m["straggler_rank"].astype("int64").to_numpy(),
                       "kind": m["kind"].astype(str).to_numpy(),
                       "late_ns": m["start_skew_ns"].astype("int64").to_numpy()})
-    anchor = step_anchors(coll, offsets) if {"step", "start_ns"} <= set(coll.columns) \
+    anchor = step_anchors(coll, offsets, whole_trace_ranks) \
+        if {"step", "start_ns"} <= set(coll.columns) \
         else np.full(len(coll), NO_ANCHOR, np.int64)
     c = coll[cols].assign(pg=coll["pg"].astype(str).to_numpy(),
                           seq=coll["seq"].to_numpy(dtype=np.int64), anchor_ns=anchor)

@@ -218,6 +218,25 @@ def test_late_step_start_is_its_own_part(tmp_path):
         (2, "late_step_start", 100 * US)
 
 
+def test_step_anchors_only_where_the_gap_starts_at_a_step_start():
+    """Per row: the anchor (start - gap - the rank's offset) of a rank's first collective of
+    each group inside a step; none for a later one (its anchor is the previous collective),
+    one outside any step, a rank whose clock is not usable, or a rank without ProfilerStep
+    (its one step starts when the profiler did)."""
+    import pandas as pd
+
+    coll = pd.DataFrame({"rank": [0, 0, 0, 1, 2, 3, 4], "pg": ["0", "0", "7", "0", "0", "0", "0"],
+                         "seq": [0, 1, 0, 0, 0, 0, 0], "step": [5, 5, 5, 5, -1, 5, 5],
+                         "start_ns": [1000, 2000, 1500, 1100, 900, 1000, 1000],
+                         "gap_ns": [400, 300, 200, 100, 50, 10, 10]})
+    off = pd.DataFrame({"rank": [0, 1, 2, 3, 4], "offset_ns": [0, -30, 0, 0, 0],
+                        "clock": ["reference", "measured", "measured", "inconsistent",
+                                  "measured"]})
+    none = straggler.NO_ANCHOR
+    assert straggler.step_anchors(coll, off, [4]).tolist() == [600, none, 1300, 1030, none,
+                                                                none, none]
+
+
 # --- the 8-rank DLRM corpus job, checked against a second, plain-Python computation ----------
 
 def _merged(pairs):
