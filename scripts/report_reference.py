@@ -299,7 +299,7 @@ NOTES = {
     "StragglerCause.kind": "The collective kind.",
     "StragglerCause.times_last": "Measured instances it started last.",
     "StragglerCause.late_ns": "Sum of their start skews: what the others waited.",
-    "StragglerCause.split_ns": "late_ns split into device_compute, host_delay, data_wait, own_collective, unexplained.",
+    "StragglerCause.split_ns": "late_ns split into device_compute, host_delay, data_wait, own_collective, late_step_start (it entered the step after the first rank), unexplained.",
     "StragglerCause.cause": "The part explaining at least CAUSE_THRESHOLD (0.8) of late_ns; None: cause not established.",
     "StragglerCause.explained_frac": "The share of late_ns the cause explains.",
     "StragglerCause.rule": "How the cause was found.",

@@ -343,8 +343,10 @@ def prefetch_parts(job) -> tuple[pd.DataFrame, dict] | None:
 def straggler_causes(job, offsets: pd.DataFrame, matched: pd.DataFrame | None = None,
                      by_kind: bool = True, limit: int | None = None) -> list:
     """``straggler.causes`` of the job's collectives (``instance_rows``, ``bounded``,
-    ``split_instances``), a batch of ranks at a time: per instance the straggler's row and its first ``straggler.MEDIAN_PEERS`` peers'
-    gap parts are kept (at most MEDIAN_PEERS + 1 rows per instance), then split.
+    ``split_instances``), a batch of ranks at a time (whole ranks: ``step_anchors`` reads a
+    rank's first collective of each group): per instance the straggler's row and its first
+    ``straggler.MEDIAN_PEERS`` peers' gap parts and step-start anchors (aligned by
+    ``offsets``) are kept (at most MEDIAN_PEERS + 1 rows per instance), then split.
     ``matched``: ``match_ranks(job, offsets)`` (None: computed here); ``by_kind``, ``limit``:
     ``straggler.causes``' (None: ``straggler.MAX_ROWS``)."""
     from analyzer.analyses import straggler
@@ -352,8 +354,9 @@ def straggler_causes(job, offsets: pd.DataFrame, matched: pd.DataFrame | None = 
     if matched is None:
         matched = match_ranks(job, offsets)
     red = _Reduction(straggler.bounded)
-    for _, coll in job.batches("collectives", ["rank", "pg", "seq", *straggler.GAP_COLUMNS]):
-        red.add(straggler.instance_rows(coll, matched))
+    for held, coll in job.batches("collectives", straggler.ANCHOR_COLUMNS):
+        red.add(straggler.instance_rows(coll, matched, offsets,
+                                        [rt.rank for rt in held if rt.whole_trace_mode]))
     rows = red.result()
     if rows is None:
         return []

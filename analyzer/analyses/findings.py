@@ -26,7 +26,14 @@ median profiled step time (``step_time_ns.median``, slowest rank):
 * straggler: one per ``stragglers[j]`` (analyzer/analyses/straggler.py) whose lateness per
   profiled step (``late_ns / profiled_steps``) is >= ``MIN_STAKE_FRAC`` of the step. Cause:
   the straggler's own ``cause`` when its ``explained_frac`` >= ``CAUSE_THRESHOLD``; the split
-  (``split_ns``) is evidence either way. Severity: its lateness per step.
+  (``split_ns``) is evidence either way. late_step_start is said as what the trace shows
+  ("rank 7 entered the step after the first rank: the delay lies before the step's window",
+  the figure first in the evidence) and its action points before the window, not at a cause
+  the trace cannot see. On a busy or oversubscribed machine (manifest ``machine``,
+  ``_contention``) a host_delay (and, on a CPU run, a device_compute) cause is "CPU
+  contention (N ranks x T threads on C CPUs)": the ranks share the CPUs, no work is to be
+  rebalanced. Actions name what exists on the run's device (no launch or .item() sync on a
+  CPU run). Severity: its lateness per step.
 * exposed_communication: ``exposed_comm_ns`` (per step, mean over ranks) >= ``EXPOSED_FRAC``
   of the step. Names the kind with the most time per step, with its own mesh dimension (the
   named one where that kind's collectives spend the most time, ``comm_groups[].mesh_dim``) and, when that kind is all_gather, the FSDP unit whose
@@ -59,10 +66,14 @@ median profiled step time (``step_time_ns.median``, slowest rank):
   alone. Names the rank with the largest idle share. Severity: the least idle rank's idle less
   its tail (every rank's GPU loses at least that per step; a mean would count a waiting rank's
   idle twice with the straggler's).
-* imbalance: >= 2 ranks and their step times (``ranks[].step_ns``) spread (max - min) >=
-  ``IMBALANCE_FRAC`` of the largest. Cause "device compute" when the compute spread
-  (``compute_ns`` max - min) is >= ``CAUSE_THRESHOLD`` of the step spread. Severity: the
-  slowest rank's step - the mean over ranks.
+* imbalance: >= 2 ranks and their work per step (``ranks[].work_ns`` = compute + own
+  transfer, analyzer/analyses/commsplit.py; never the traced step, which holds the waiting:
+  the rank that waits for a straggler has the longest traced step) spread (max - min) >=
+  ``IMBALANCE_FRAC`` of the largest, and the slowest rank's work over the mean >=
+  ``MIN_STAKE_FRAC`` of the step. Cause "rank R computes longer than its peers" when the
+  compute spread (``compute_ns`` max - min) is >= ``CAUSE_THRESHOLD`` of the work spread; on
+  a CPU run on a busy or oversubscribed machine, "CPU contention (...)" instead. Severity:
+  the slowest rank's work - the mean over ranks.
 * memory_does_not_fit: ``memory.fit.fits`` is False (``--device-memory``). Severity: the
   whole step (the run does not run on that device).
 * low_busbw: among the run's kinds whose mean bytes per call are >= ``BUSBW_MIN_BYTES`` (below
@@ -70,6 +81,8 @@ median profiled step time (``step_time_ns.median``, slowest rank):
   transfer when every compared kind has it, else over the whole duration) is < ``LOW_BUSBW_FRAC``
   of the best kind's; the same among the process groups / dtypes of one kind (``comm_groups``).
   Severity: its time per step x (1 - busbw / best): what it would save at the best's bandwidth.
+  Action per backend (``RunEntry.backend``): NCCL_DEBUG=INFO only for NCCL; gloo's interface
+  variable for gloo; message sizes and the link otherwise.
 * mesh_dimension: a run with >= 2 mesh dimensions: each named one (not "unknown") whose
   ``exposed_ns_per_step`` is >= ``MESH_DIM_FRAC`` of the step. Cause as for
   exposed_communication, from the dimension's ``wait_ns`` / ``transfer_ns`` over ``time_ns``.
@@ -94,7 +107,7 @@ from analyzer.contract.report_types import (CAUSE_THRESHOLD, FINDING_KINDS, Evid
                                             Report, RunEntry)
 
 MIN_STAKE_FRAC = 0.01
-"""straggler, prefetch_late: not reported below this share of the step."""
+"""straggler, prefetch_late, imbalance: not reported below this share of the step."""
 EXPOSED_FRAC = 0.10
 """exposed_communication: exposed communication per step >= this share of the step."""
 LOW_OVERLAP_FRAC = 0.5
@@ -102,7 +115,7 @@ LOW_OVERLAP_FRAC = 0.5
 HOST_BOUND_FRAC = 0.20
 """host_bound: GPU idle >= this share of the step."""
 IMBALANCE_FRAC = 0.10
-"""imbalance: ranks' step-time spread >= this share of the slowest rank's step."""
+"""imbalance: ranks' work spread >= this share of the slowest rank's work per step."""
 LOW_BUSBW_FRAC = 0.25
 """low_busbw: busbw < this share of the run's best kind's (or group's)."""
 BUSBW_MIN_BYTES = 1 << 20
@@ -243,31 +256,106 @@ _STRAGGLER_ACTION = {
     "data_wait": "it waits for its input: raise the DataLoader's num_workers on that rank",
     "own_collective": "an earlier collective of its own delays it: look at the collective "
                       "before it on that rank (another process group)",
+    "late_step_start": "look at what that rank did before this step, which the trace does not "
+                       "show: the previous step's end (optimizer, a host sync), data loading, "
+                       "checkpointing or logging on that rank; a trace that starts a step "
+                       "earlier shows it",
 }
+"""GPU runs: the action per straggler cause (analyzer/analyses/straggler.py's parts)."""
+_STRAGGLER_ACTION_CPU = {
+    **_STRAGGLER_ACTION,
+    "device_compute": "it computes longer than its peers (its ops on the CPU): balance the work "
+                      "across ranks (batch split, sequence lengths)",
+    "host_delay": "nothing is recorded on that rank while its peers go on: look at its untraced "
+                  "time between ops (Python, a sleep, a lock) and at other processes on its CPUs",
+}
+"""CPU runs (gloo): no device, no launch; host_delay is time with nothing recorded."""
+_LATE_START_CAUSE = "rank {rank} entered the step after the first rank: the delay lies before " \
+    "the step's window"
+"""late_step_start in words: what the trace establishes, not why (the figure is evidence)."""
+_CONTENTION_PARTS = {"gpu": ("host_delay",), "cpu": ("device_compute", "host_delay")}
+"""Straggler parts a busy machine's CPU contention accounts for, per device kind: on a GPU the
+kernels do not run on the CPUs, so their time is not contention."""
+_CONTENTION_ACTION = ("the ranks share the CPUs: run fewer ranks per host or fewer threads per "
+                      "rank (torch.set_num_threads, OMP_NUM_THREADS), or measure on a quiet "
+                      "machine; the work across ranks need not be rebalanced")
+
+
+def _device_kind(run: RunEntry) -> str:
+    """"gpu" or "cpu": the traces' device kind, else the manifest's device."""
+    if run.trace_info is not None:
+        return run.trace_info.device_kind
+    return "cpu" if (run.device or "cpu") == "cpu" else "gpu"
+
+
+def _contention(r: _Run) -> tuple[str, list[Evidence]] | None:
+    """("4 ranks x 2 threads on 2 CPUs", its evidence) when the run's
+    manifest ``machine`` says the record ran on an oversubscribed machine (ranks_on_host x
+    threads_per_rank > usable_cpus) or a busy one (1-minute load >= usable_cpus), as
+    analyzer/compare/ranking.py ``busy_machine`` reads it; else None (foreign traces: no
+    machine)."""
+    m = r.run.machine or {}
+    cpus, load = m.get("usable_cpus"), (m.get("load_avg") or [None])[0]
+    over = bool(m.get("oversubscribed"))
+    if not cpus or not (over or (load is not None and load >= cpus)):
+        return None
+    n, t = m.get("ranks_on_host"), m.get("threads_per_rank")
+    ev = [r.ev(f"{name} (manifest machine)", m[key], "count", "machine", key)
+          for key, name in (("ranks_on_host", "ranks on the host"),
+                            ("threads_per_rank", "threads per rank"),
+                            ("usable_cpus", "usable CPUs")) if m.get(key) is not None]
+    if load is not None:
+        ev.append(r.ev("1-minute load average at the start (manifest machine)", load, "count",
+                       "machine", "load_avg", 0))
+    what = (f"{n} ranks x {t} threads on {cpus} CPUs" if over and n and t else
+            f"1-minute load {load:g} on {cpus} CPUs")
+    return what, ev
+
+
+_CONTENTION_RULE = ("the manifest's machine: ranks_on_host x threads_per_rank > usable_cpus "
+                    "(oversubscribed) or 1-minute load >= usable_cpus: the ranks' CPU time is "
+                    "shared, so its {part} is the machine's, not the rank's work")
 
 
 def _straggler(r: _Run) -> Iterator[Finding]:
     steps = r.run.profiled_steps or 1
+    device = _device_kind(r.run)
+    busy = _contention(r)
     for j, s in enumerate(r.run.stragglers):
         late = s.late_ns / steps
         if not r.stake_ok(late, MIN_STAKE_FRAC):
             continue
-        ev = [r.ev(f"lateness of rank {s.rank} over {s.kind} (all profiled steps)", s.late_ns,
+        named = s.cause is not None and (s.explained_frac or 0) >= CAUSE_THRESHOLD
+        first = []
+        if named and s.cause == "late_step_start":
+            first = [r.ev(f"rank {s.rank}'s step start after the first rank's (all profiled "
+                          "steps)", s.split_ns.get(s.cause), "ns", "stragglers", j, "split_ns",
+                          s.cause)]
+        ev = [*first,
+              r.ev(f"lateness of rank {s.rank} over {s.kind} (all profiled steps)", s.late_ns,
                    "ns", "stragglers", j, "late_ns"),
               r.ev(f"{s.kind} calls rank {s.rank} started last", s.times_last, "count",
                    "stragglers", j, "times_last"),
               *[r.ev(f"lateness split: {part}", ns, "ns", "stragglers", j, "split_ns", part)
-                for part, ns in s.split_ns.items()],
+                for part, ns in s.split_ns.items() if not (first and part == s.cause)],
               r.step_ev()]
-        named = s.cause is not None and (s.explained_frac or 0) >= CAUSE_THRESHOLD
-        title = (f"{r.who}: the {s.kind} waits for rank {s.rank} "
-                 f"({s.cause if named else _NOT_ESTABLISHED})")
-        yield Finding(kind="straggler", title=title, runs=[r.run.name], ranks=[s.rank],
-                      evidence=ev, cause=s.cause if named else None,
-                      cause_rule=(s.rule or None) if named else None,
+        cause, rule = (s.cause, s.rule or None) if named else (None, None)
+        action = (_STRAGGLER_ACTION_CPU if device == "cpu" else _STRAGGLER_ACTION).get(s.cause) \
+            if named else None
+        label = cause or _NOT_ESTABLISHED
+        if named and s.cause == "late_step_start":
+            cause, label = _LATE_START_CAUSE.format(rank=s.rank), "late step start"
+        elif named and busy is not None and s.cause in _CONTENTION_PARTS[device]:
+            what, more = busy
+            cause, label = f"CPU contention ({what})", f"CPU contention: {what}"
+            action = _CONTENTION_ACTION
+            rule = f"{s.rule}; " + _CONTENTION_RULE.format(part=s.cause)
+            ev = ev[:-1] + more + ev[-1:]
+        yield Finding(kind="straggler", title=f"{r.who}: the {s.kind} waits for rank {s.rank} "
+                      f"({label})", runs=[r.run.name], ranks=[s.rank],
+                      evidence=ev, cause=cause, cause_rule=rule,
                       explained_frac=s.explained_frac if named else None,
-                      action=_STRAGGLER_ACTION.get(s.cause) if named else None,
-                      severity_ns=late)
+                      action=action, severity_ns=late)
 
 
 def _overlap_action(strategy: str, kind: str) -> str | None:
@@ -461,36 +549,50 @@ def _host_bound(r: _Run) -> Iterator[Finding]:
 
 
 def _imbalance(r: _Run) -> Iterator[Finding]:
-    ranks = [(j, x) for j, x in enumerate(r.run.ranks) if x.step_ns is not None]
+    ranks = [(j, x) for j, x in enumerate(r.run.ranks) if x.work_ns is not None]
     if len(ranks) < 2:
         return
-    (js, slow), (jf, fast) = (max(ranks, key=lambda jx: jx[1].step_ns),
-                              min(ranks, key=lambda jx: jx[1].step_ns))
-    spread = slow.step_ns - fast.step_ns
-    if spread <= 0 or spread < IMBALANCE_FRAC * slow.step_ns:
+    (js, slow), (jf, fast) = (max(ranks, key=lambda jx: jx[1].work_ns),
+                              min(ranks, key=lambda jx: jx[1].work_ns))
+    spread = slow.work_ns - fast.work_ns
+    mean = sum(x.work_ns for _, x in ranks) / len(ranks)
+    if (spread <= 0 or spread < IMBALANCE_FRAC * slow.work_ns
+            or not r.stake_ok(slow.work_ns - mean, MIN_STAKE_FRAC)):
         return
-    ev = [r.ev(f"rank {slow.rank}'s traced step (slowest)", slow.step_ns, "ns", "ranks", js, "step_ns"),
-          r.ev(f"rank {fast.rank}'s traced step (fastest)", fast.step_ns, "ns", "ranks", jf, "step_ns")]
+    ev = [r.ev(f"rank {slow.rank}'s work per step (compute + own transfer; most)", slow.work_ns,
+               "ns", "ranks", js, "work_ns"),
+          r.ev(f"rank {fast.rank}'s work per step (compute + own transfer; least)", fast.work_ns,
+               "ns", "ranks", jf, "work_ns"),
+          r.ev(f"rank {slow.rank}'s own transfer per step", slow.transfer_ns, "ns", "ranks", js,
+               "transfer_ns")]
     comp = [(j, x) for j, x in ranks if x.compute_ns is not None]
     cause = rule = frac = action = None
-    if len(comp) >= 2:
-        (jc, cmax), (jd, cmin) = (max(comp, key=lambda jx: jx[1].compute_ns),
-                                  min(comp, key=lambda jx: jx[1].compute_ns))
-        ev += [r.ev(f"rank {cmax.rank}'s compute (most)", cmax.compute_ns, "ns", "ranks", jc,
-                    "compute_ns"),
-               r.ev(f"rank {cmin.rank}'s compute (least)", cmin.compute_ns, "ns", "ranks", jd,
-                    "compute_ns")]
-        share = (cmax.compute_ns - cmin.compute_ns) / spread
-        if share >= CAUSE_THRESHOLD:
-            cause, frac = f"rank {cmax.rank} computes longer than its peers", min(share, 1.0)
-            rule = (f"compute spread (max - min of ranks[].compute_ns) >= {CAUSE_THRESHOLD:g} "
-                    "x step spread (max - min of ranks[].step_ns)")
+    (jc, cmax), (jd, cmin) = (max(comp, key=lambda jx: jx[1].compute_ns),
+                              min(comp, key=lambda jx: jx[1].compute_ns))
+    ev += [r.ev(f"rank {cmax.rank}'s compute (most)", cmax.compute_ns, "ns", "ranks", jc,
+                "compute_ns"),
+           r.ev(f"rank {cmin.rank}'s compute (least)", cmin.compute_ns, "ns", "ranks", jd,
+                "compute_ns")]
+    share = (cmax.compute_ns - cmin.compute_ns) / spread
+    if share >= CAUSE_THRESHOLD:
+        frac = min(share, 1.0)
+        rule = (f"compute spread (max - min of ranks[].compute_ns) >= {CAUSE_THRESHOLD:g} "
+                "x work spread (max - min of ranks[].work_ns)")
+        busy = _contention(r) if _device_kind(r.run) == "cpu" else None
+        if busy is not None:
+            (what, more), action = busy, _CONTENTION_ACTION
+            cause = f"CPU contention ({what})"
+            rule += "; " + _CONTENTION_RULE.format(part="compute")
+            ev += more
+        else:
+            cause = f"rank {cmax.rank} computes longer than its peers"
             action = "balance the work across ranks (batch split, sequence lengths, sharding)"
-    mean = sum(x.step_ns for _, x in ranks) / len(ranks)
-    yield Finding(kind="imbalance", title=f"{r.who}: ranks' step times differ, rank "
-                  f"{slow.rank} slowest: {cause or _NOT_ESTABLISHED}", runs=[r.run.name],
-                  ranks=[slow.rank, fast.rank], evidence=ev, cause=cause, cause_rule=rule,
-                  explained_frac=frac, action=action, severity_ns=slow.step_ns - mean)
+    ev.append(r.step_ev())
+    yield Finding(kind="imbalance", title=f"{r.who}: ranks' work per step (compute + own "
+                  f"transfer) differs, rank {slow.rank} slowest: {cause or _NOT_ESTABLISHED}",
+                  runs=[r.run.name], ranks=[slow.rank, fast.rank], evidence=ev, cause=cause,
+                  cause_rule=rule, explained_frac=frac, action=action,
+                  severity_ns=slow.work_ns - mean)
 
 
 def _memory_does_not_fit(r: _Run) -> Iterator[Finding]:
@@ -509,6 +611,18 @@ def _memory_does_not_fit(r: _Run) -> Iterator[Finding]:
     yield Finding(kind="memory_does_not_fit", title=f"{r.who} does not fit the device "
                   f"({fit.basis})", runs=[r.run.name], evidence=ev, action=action,
                   severity_ns=r.step_ns)
+
+
+_BANDWIDTH_ACTION = {
+    "nccl": "check the link it crosses (NCCL_DEBUG=INFO names the transport: NVLink, PCIe, "
+            "network) and its message sizes",
+    "gloo": "check its message sizes and the network interface gloo sends over "
+            "(GLOO_SOCKET_IFNAME sets it; on one host, loopback TCP through the CPUs)",
+    "": "check its message sizes and the link it crosses",
+}
+"""low_busbw: the action per backend (``RunEntry.backend``; "": another or unknown): only the
+tools that backend has (NCCL_DEBUG is NCCL's; gloo reads GLOO_SOCKET_IFNAME, torch.distributed's
+documented variable: docs/source/distributed.rst, Common environment variables)."""
 
 
 def _low_bandwidth(r: _Run, rows: list[tuple[str, tuple, object, float | None]], what: str
@@ -535,8 +649,8 @@ def _low_bandwidth(r: _Run, rows: list[tuple[str, tuple, object, float | None]],
                    "count")]
         yield Finding(kind="low_busbw", title=f"{r.who}: {name} moves data far slower "
                       f"than the run's best {what} ({best[0]})", runs=[r.run.name], evidence=ev,
-                      action="check the link it crosses (NCCL_DEBUG=INFO names the transport: "
-                      "NVLink, PCIe, network) and its message sizes",
+                      action=_BANDWIDTH_ACTION.get((r.run.backend or "").lower(),
+                                                   _BANDWIDTH_ACTION[""]),
                       severity_ns=None if per_step is None else per_step * (1 - bw / top))
 
 

@@ -24,17 +24,29 @@ Across ranks (``straggler_causes``), per collective instance (pg, seq) measured 
 the last rank S to start is the straggler and L its lateness. Its part c in the gap is
 compared with the median of c over its peers (the other ranks of the instance; the first
 ``MEDIAN_PEERS`` of them in rank order, so the cross-rank state stays bounded): excess_c =
-max(part_c(S) - median_c, 0). With E = the sum of the four excesses: E <= L gives split_c +=
-excess_c and unexplained += L - E; E > L scales every excess by L / E (the parts then explain
-all of L). An instance without a gap on some rank (tables built without one) adds L to
-unexplained. Per (straggler rank, kind): late_ns = sum of L (as ``collectives.stragglers``'
-skew_caused_ns), split_ns (sums to late_ns), the largest named part's share explained_frac,
-and cause = that part when explained_frac >= ``CAUSE_THRESHOLD`` (else None: "cause not
-established"). A lateness the anchor itself carries (S began its step later, from before the
-trace) is no part of any gap: it stays unexplained.
+max(part_c(S) - median_c, 0).
+
+A fifth part, late_step_start, is the lateness the anchor itself carries. Where the gap's
+anchor is the start of the step (the rank's first collective of its process group, inside a
+ProfilerStep: nothing earlier of that group pairs it with its peers), the straggler's anchor
+is compared on aligned clocks (own clock - ``clock.clock_offsets``' offset_ns; a rank whose
+clock is not usable, ``clock.unusable_ranks``, has none) with the earliest of its peers'
+anchors: excess_late_step_start = max(anchor(S) - min over peers of anchor, 0), how much later
+S entered the step than the first rank. L is measured from the first rank's start, so
+L = (anchor(S) - anchor(F)) + (gap(S) - gap(F)) for the rank F that started first: the
+anchors' difference is compared with the first rank's, not the median's. What made S enter
+its step late lies before the step's window (the trace does not show it: the previous step's
+end, data loading, a host sync, checkpointing ...).
+
+With E = the sum of the five excesses: E <= L gives split_c += excess_c and unexplained +=
+L - E; E > L scales every excess by L / E (the parts then explain all of L). An instance
+without a gap on some rank (tables built without one) adds L to unexplained. Per (straggler
+rank, kind): late_ns = sum of L (as ``collectives.stragglers``' skew_caused_ns), split_ns
+(sums to late_ns), the largest named part's share explained_frac, and cause = that part when
+explained_frac >= ``CAUSE_THRESHOLD`` (else None: "cause not established").
 
 The sets are built per step, then merged (``_real_sets``). Memory across ranks: per instance
-the straggler's row and at most ``MEDIAN_PEERS`` peers' (6 int64 each), reduced batch by batch
+the straggler's row and at most ``MEDIAN_PEERS`` peers' (7 int64 each), reduced batch by batch
 (analyzer/analyses/crossrank.py ``straggler_causes``). Limits: the previous collective of the
 same group is taken to be the same instance on every rank (an SPMD job; ``match_ranks`` pairs
 by the same order); a same-group collective still running when the next starts leaves an empty
@@ -55,6 +67,12 @@ PARTS = {"device_compute": "gap_compute_ns", "host_delay": "gap_host_ns",
          "data_wait": "gap_data_ns", "own_collective": "gap_coll_ns"}
 """split_ns key -> the collectives table's column (``COLLECTIVES_SCHEMA``)."""
 GAP_COLUMNS = ["gap_ns", *PARTS.values()]
+LATE_START = "late_step_start"
+"""split_ns key: the straggler entered the step after the first of its peers (module
+docstring); the anchor's part, not the gap's."""
+NAMED = (*PARTS, LATE_START)
+"""The named parts of split_ns, in order (ties for the largest go to the earlier); then
+"unexplained"."""
 MEDIAN_PEERS = 63
 """Peers whose parts the median of an instance is taken over (the first in rank order): every
 peer in a group of up to 64 ranks."""
@@ -64,6 +82,8 @@ RULE = ("per measured collective it started last (aligned clocks): lateness = st
         "gap (from the end of its previous collective of the same process group, the first: "
         "its step's start, to this start) split into own_collective, device_compute, "
         "data_wait, host_delay (analyzer/analyses/straggler.py) against the peers' median; "
+        "where the gap starts at its step's start (its group's first collective), "
+        "late_step_start: that start after the earliest peer's; "
         f"a cause when one part explains >= {CAUSE_THRESHOLD:.0%} of the lateness")
 
 
@@ -171,21 +191,64 @@ def gap_parts(ev: pd.DataFrame, coll: pd.DataFrame, steps: pd.DataFrame, device_
     return out
 
 
-def instance_rows(coll: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame:
-    """The rows of ``coll`` (rank, pg, seq and ``GAP_COLUMNS``) whose instance ``matched``
-    (``match_ranks``) measured with a straggler, with its straggler, kind and skew: the
-    straggler's own row and its peers'."""
+def step_anchors(coll: pd.DataFrame, offsets: pd.DataFrame | None,
+                 whole_trace_ranks: tuple[int, ...] | list[int] = ()) -> np.ndarray:
+    """Per row of ``coll`` (whole ranks' ``rank_collectives`` with rank, pg, seq, step,
+    start_ns, gap_ns): the gap's anchor on aligned clocks (start_ns - gap_ns - the rank's
+    offset_ns), int64 ns (epoch-scale: a float64 would round it to 256 ns), where that anchor
+    is the step's start (the rank's first collective of its process group, inside a step,
+    ``gap_parts``' rule) and the rank's clock is usable; ``NO_ANCHOR`` elsewhere, and on the
+    ``whole_trace_ranks`` (no ProfilerStep: their one step's start is the trace's, when the
+    profiler started, not when the rank entered a step)."""
+    from analyzer.analyses.clock import unusable_ranks
+
+    if coll.empty:
+        return np.zeros(0, np.int64)
+    rank = coll["rank"].to_numpy(dtype=np.int64)
+    seq = coll["seq"].to_numpy(dtype=np.int64)
+    first = seq == pd.Series(seq).groupby([rank, coll["pg"].astype(str).to_numpy()]
+                                          ).transform("min").to_numpy()
+    shift = np.zeros(len(coll), np.int64)
+    bad: list[int] = []
+    if offsets is not None and len(offsets):
+        off = dict(zip(offsets["rank"].astype(int), offsets["offset_ns"].astype(int)))
+        shift = np.array([off.get(int(r), 0) for r in rank], np.int64)
+        bad = unusable_ranks(offsets)
+    gap = coll["gap_ns"].to_numpy(dtype=np.int64)
+    ok = (first & (coll["step"].to_numpy(dtype=np.int64) >= 0) & (gap >= 0)
+          & ~np.isin(rank, [*bad, *whole_trace_ranks]))
+    anchor = coll["start_ns"].to_numpy(dtype=np.int64) - gap - shift
+    return np.where(ok, anchor, NO_ANCHOR)
+
+
+NO_ANCHOR = np.iinfo(np.int64).max
+"""``step_anchors``: the row's gap does not start at its step's start."""
+ANCHOR_COLUMNS = ["rank", "pg", "seq", "step", "start_ns", *GAP_COLUMNS]
+"""The collectives' columns ``instance_rows`` reads."""
+
+
+def instance_rows(coll: pd.DataFrame, matched: pd.DataFrame,
+                  offsets: pd.DataFrame | None = None,
+                  whole_trace_ranks: tuple[int, ...] | list[int] = ()) -> pd.DataFrame:
+    """The rows of ``coll`` (whole ranks' rows: ``ANCHOR_COLUMNS``; without step / start_ns
+    no anchor) whose instance ``matched`` (``match_ranks``) measured with a straggler: rank,
+    pg, seq, ``GAP_COLUMNS``, anchor_ns (``step_anchors`` on ``offsets``' clocks, none on the
+    ``whole_trace_ranks``), with its straggler, kind and skew: the straggler's own row and its
+    peers'."""
     m = matched[matched["measured"].astype(bool) & matched["straggler_rank"].notna()]
     m = m[m["start_skew_ns"].astype("int64") > 0]
     cols = ["rank", "pg", "seq", *GAP_COLUMNS]
     if m.empty or coll.empty:
-        return pd.DataFrame(columns=[*cols, "straggler", "kind", "late_ns"])
+        return pd.DataFrame(columns=[*cols, "anchor_ns", "straggler", "kind", "late_ns"])
     m = pd.DataFrame({"pg": m["pg"].astype(str).to_numpy(), "seq": m["seq"].astype("int64"),
                       "straggler": m["straggler_rank"].astype("int64").to_numpy(),
                       "kind": m["kind"].astype(str).to_numpy(),
                       "late_ns": m["start_skew_ns"].astype("int64").to_numpy()})
+    anchor = step_anchors(coll, offsets, whole_trace_ranks) \
+        if {"step", "start_ns"} <= set(coll.columns) \
+        else np.full(len(coll), NO_ANCHOR, np.int64)
     c = coll[cols].assign(pg=coll["pg"].astype(str).to_numpy(),
-                          seq=coll["seq"].to_numpy(dtype=np.int64))
+                          seq=coll["seq"].to_numpy(dtype=np.int64), anchor_ns=anchor)
     return c.merge(m, on=["pg", "seq"], how="inner")
 
 
@@ -199,19 +262,28 @@ def bounded(rows: pd.DataFrame) -> pd.DataFrame:
 
 def split_instances(rows: pd.DataFrame) -> pd.DataFrame:
     """Per instance (pg, seq) of ``instance_rows``: straggler, kind, late_ns and the split of
-    late_ns into ``PARTS`` and unexplained (module docstring), floats."""
-    cols = ["pg", "seq", "straggler", "kind", "late_ns", *PARTS, "unexplained"]
+    late_ns into ``NAMED`` and unexplained (module docstring), floats."""
+    cols = ["pg", "seq", "straggler", "kind", "late_ns", *NAMED, "unexplained"]
     if rows.empty:
         return pd.DataFrame(columns=cols)
+    if "anchor_ns" not in rows.columns:
+        rows = rows.assign(anchor_ns=NO_ANCHOR)
     own = rows[rows["rank"] == rows["straggler"]].set_index(["pg", "seq"])
     peers = rows[rows["rank"] != rows["straggler"]]
     med = peers.groupby(["pg", "seq"], sort=True)[GAP_COLUMNS].median()
+    first = peers.astype({"anchor_ns": "int64"}).groupby(["pg", "seq"], sort=True)[
+        "anchor_ns"].min()  # NO_ANCHOR is the largest: the earliest peer with one
     gapless = rows.assign(bad=rows["gap_ns"] < 0).groupby(["pg", "seq"])["bad"].any()
     idx = own.index.intersection(med.index)
     own, med = own.loc[idx], med.loc[idx]
     late = own["late_ns"].to_numpy(dtype=np.float64)
     ex = np.stack([np.maximum(own[c].to_numpy(np.float64) - med[c].to_numpy(np.float64), 0.0)
                    for c in PARTS.values()], axis=1)
+    mine = own["anchor_ns"].to_numpy(np.int64)
+    theirs = first.reindex(idx, fill_value=NO_ANCHOR).to_numpy(np.int64)
+    has = (mine != NO_ANCHOR) & (theirs != NO_ANCHOR)
+    start = np.where(has, np.maximum(np.where(has, mine, 0) - np.where(has, theirs, 0), 0), 0)
+    ex = np.column_stack([ex, start.astype(np.float64)])
     ex[gapless.reindex(idx).fillna(True).to_numpy(bool)] = 0.0
     tot = ex.sum(axis=1)
     scale = np.where(tot > late, late / np.where(tot > 0, tot, 1.0), 1.0)
@@ -219,7 +291,7 @@ def split_instances(rows: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"pg": idx.get_level_values(0), "seq": idx.get_level_values(1),
                         "straggler": own["straggler"].to_numpy(), "kind": own["kind"].to_numpy(),
                         "late_ns": late})
-    for k, part in enumerate(PARTS):
+    for k, part in enumerate(NAMED):
         out[part] = ex[:, k]
     rest = late - ex.sum(axis=1)
     out["unexplained"] = np.where(rest < 0.5, 0.0, rest)  # under 1 ns: the scaling's rounding
@@ -233,7 +305,7 @@ def causes(inst: pd.DataFrame, by_kind: bool = True, limit: int | None = MAX_ROW
     ``limit`` (None: all)."""
     if inst.empty:
         return []
-    keys = [*PARTS, "unexplained"]
+    keys = [*NAMED, "unexplained"]
     if not by_kind:
         inst = inst.assign(kind="all")
     g = inst.groupby(["straggler", "kind"], sort=True).agg(
@@ -244,7 +316,7 @@ def causes(inst: pd.DataFrame, by_kind: bool = True, limit: int | None = MAX_ROW
     for row in (g if limit is None else g.head(limit)).to_dict("records"):
         late = float(row["late_ns"])
         split = {k: float(row[k]) for k in keys}
-        top = max(PARTS, key=lambda k: (split[k], -list(PARTS).index(k)))
+        top = max(NAMED, key=lambda k: (split[k], -NAMED.index(k)))
         frac = split[top] / late if late > 0 else None
         out.append(StragglerCause(
             rank=int(row["straggler"]), kind=str(row["kind"]), times_last=int(row["times_last"]),

@@ -40,7 +40,7 @@ class Summary:
     each rank's lateness over all kinds split as report.json's ``stragglers``
     (analyzer/analyses/straggler.py): cause (None: not established), largest_part (the
     largest named part), explained_frac (its share of the lateness) and the parts in ns (device_compute_ns, host_delay_ns,
-    data_wait_ns, own_collective_ns, unexplained_ns)."""
+    data_wait_ns, own_collective_ns, late_step_start_ns, unexplained_ns)."""
     crosscheck: pd.DataFrame | None = None
     """analyzer.compare.crosscheck_hta.compare when requested."""
     notes: list[str] = field(default_factory=list)
@@ -128,16 +128,16 @@ def summarize(job) -> Summary:
 def _with_causes(table: pd.DataFrame, causes: list) -> pd.DataFrame:
     """``collectives.stragglers``' table with each rank's cause columns (``Summary.stragglers``;
     a rank without a split: cause None, the rest NaN)."""
-    from analyzer.analyses.straggler import PARTS
+    from analyzer.analyses.straggler import NAMED
 
-    keys = [*PARTS, "unexplained"]
+    keys = [*NAMED, "unexplained"]
     by_rank = {c.rank: c for c in causes}
     rows = [by_rank.get(int(r)) for r in table["rank"]] if len(table) else []
     out = table.assign(
         cause=pd.Series([None if c is None else c.cause for c in rows], index=table.index,
                         dtype=object),
         largest_part=pd.Series([None if c is None else
-                                max(PARTS, key=lambda k: (c.split_ns[k], -list(PARTS).index(k)))
+                                max(NAMED, key=lambda k: (c.split_ns[k], -NAMED.index(k)))
                                 for c in rows], index=table.index, dtype=object),
         explained_frac=pd.Series([None if c is None else c.explained_frac for c in rows],
                                  index=table.index, dtype="float64"))

@@ -82,6 +82,27 @@ def _ranks(bd: pd.DataFrame, offsets: pd.DataFrame, device_kind: str) -> list[Ra
             for r, row in per.to_dict("index").items()]
 
 
+def _with_work(ranks: list[RankFigures], comm_ranks: list[CommRank]) -> list[RankFigures]:
+    """``ranks`` with ``transfer_ns`` (the sum of the rank's ``comm_ranks[]
+    .transfer_ns_per_step`` over its measured kinds: 0 without collectives, None when none is
+    measured) and ``work_ns`` = compute_ns + transfer_ns (None if either is)."""
+    by: dict[int, list[float]] = {}
+    unmeasured: set[int] = set()
+    for c in comm_ranks:
+        if c.transfer_ns_per_step is not None:
+            by.setdefault(c.rank, []).append(c.transfer_ns_per_step)
+        elif c.measured == 0:
+            unmeasured.add(c.rank)
+    out = []
+    for x in ranks:
+        transfer = (sum(by[x.rank]) if x.rank in by else
+                    None if x.rank in unmeasured else 0.0)
+        out.append(msgspec.structs.replace(
+            x, transfer_ns=transfer, work_ns=None if transfer is None or x.compute_ns is None
+            else x.compute_ns + transfer))
+    return out
+
+
 def _communication(parts: dict[str, pd.DataFrame] | None, rank_steps: pd.Series, n_ranks: int
                    ) -> tuple[dict[str, CommKind], list[CommRank]]:
     """(``communication`` per kind, ``comm_ranks``: module docstring) from the per-rank pieces
@@ -247,7 +268,7 @@ def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
         comm_ns_per_step=float(bd["comm_ns"].mean()) if len(bd) else None,
         overlap_frac=float(bd["overlap_ns"].sum() / comm_total) if comm_total else None,
         exposed_comm_ns=float(bd["exposed_comm_ns"].mean()) if len(bd) else None,
-        ranks=_ranks(bd, offsets, device_kind),
+        ranks=_with_work(_ranks(bd, offsets, device_kind), comm_ranks),
         stragglers=crossrank.straggler_causes(tables, offsets),
         prefetch=_prefetch(tables, device_kind),
         steps=[StepBar(step=int(s), **row)

@@ -517,6 +517,15 @@ class RankFigures(_Figures, kw_only=True):
     at its last device work. Included in ``idle_ns`` (as last_step_tail_ns / steps) and
     ``step_ns``; HTA and TraceLens, which measure idle up to the last kernel, do not count it.
     None on a CPU rank."""
+    transfer_ns: float | None = None
+    """Its collectives' transfer per profiled step: the part of each measured collective after
+    the group's last rank started it (analyzer/analyses/commsplit.py), summed over kinds (the
+    rank's ``comm_ranks[].transfer_ns_per_step``); 0 without collectives, None when the rank
+    has collectives and none is measured (issue 42)."""
+    work_ns: float | None = None
+    """The rank's own work per profiled step: ``compute_ns`` + ``transfer_ns`` (a transfer under
+    computation counts in both), never its waiting for other ranks or its idle; what the
+    imbalance finding compares (analyzer/analyses/findings.py). None when either is None."""
 
 
 class StepBar(_Figures, kw_only=True):
@@ -647,8 +656,9 @@ class StragglerCause(_Figures, kw_only=True):
     (``late_ns``: the sum of their start skews, what the others waited) split into what the
     traces hold before each of them, against its peers over the same interval: device compute
     longer than theirs, host-side delay (its device idle while the next work was not yet
-    launched), data wait, an earlier collective of its own, and what none of these explains
-    (``split_ns``, summing to ``late_ns``). ``cause``: the part that explains at least
+    launched), data wait, an earlier collective of its own, its step's start after the first
+    rank's where the gap begins there (late_step_start, issue 42: the delay lies before the
+    step's window), and what none of these explains (``split_ns``, summing to ``late_ns``). ``cause``: the part that explains at least
     ``CAUSE_THRESHOLD`` of it (``explained_frac``), else None ("cause not established");
     ``rule`` says how it was found."""
 

@@ -54,7 +54,8 @@ def dlrm():
 def test_dlrm_findings_without_stragglers(dlrm):
     """What DLRM gives from the figures alone (RunEntry.stragglers empty or not): its
     all_to_all time is almost all waiting for the group's last rank; the GPUs idle with nothing
-    launched, rank 7 most; rank 1's step is the slowest."""
+    launched, rank 7 most; no imbalance: the ranks' work (compute + own transfer) is within
+    8 %, rank 1's longest traced step is its waiting (issue 42)."""
     run = dlrm.runs[0]
     by_kind = {f.kind: f for f in dlrm.findings}
     ex = by_kind["exposed_communication"]
@@ -67,7 +68,7 @@ def test_dlrm_findings_without_stragglers(dlrm):
     # the least idle rank's idle per step, less its last step's tail (1 step each)
     assert host.ranks == [7] and host.severity_ns == min(
         r.idle_ns - r.last_step_tail_ns for r in run.ranks) == 6_342_000
-    assert by_kind["imbalance"].ranks[0] == 1 and by_kind["imbalance"].cause is None
+    assert "imbalance" not in by_kind
 
 
 @pytest.mark.integration

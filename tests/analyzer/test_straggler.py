@@ -87,7 +87,7 @@ def test_longer_compute_is_device_compute(tmp_path):
         return 500
     c = _one(_job(tmp_path, gap)[2])
     assert c.split_ns == {"device_compute": 100 * US, "host_delay": 0, "data_wait": 0,
-                          "own_collective": 0, "unexplained": 0}
+                          "own_collective": 0, "late_step_start": 0, "unexplained": 0}
     assert (c.cause, c.explained_frac) == ("device_compute", 1.0)
 
 
@@ -100,7 +100,7 @@ def test_late_launch_is_host_delay(tmp_path):
         return 500
     c = _one(_job(tmp_path, gap)[2])
     assert c.split_ns == {"device_compute": 0, "host_delay": 95 * US, "data_wait": 0,
-                          "own_collective": 0, "unexplained": 5 * US}
+                          "own_collective": 0, "late_step_start": 0, "unexplained": 5 * US}
     assert (c.cause, c.explained_frac) == ("host_delay", 0.95)
 
 
@@ -113,7 +113,7 @@ def test_dataloader_range_is_data_wait(tmp_path):
         return 500
     c = _one(_job(tmp_path, gap)[2])
     assert c.split_ns == {"device_compute": 0, "host_delay": 0, "data_wait": 100 * US,
-                          "own_collective": 0, "unexplained": 0}
+                          "own_collective": 0, "late_step_start": 0, "unexplained": 0}
     assert (c.cause, c.explained_frac) == ("data_wait", 1.0)
 
 
@@ -126,7 +126,7 @@ def test_other_group_collective_is_own_collective(tmp_path):
         return 500
     c = _one(_job(tmp_path, gap)[2])
     assert c.split_ns == {"device_compute": 0, "host_delay": 0, "data_wait": 0,
-                          "own_collective": 100 * US, "unexplained": 0}
+                          "own_collective": 100 * US, "late_step_start": 0, "unexplained": 0}
     assert (c.cause, c.explained_frac) == ("own_collective", 1.0)
 
 
@@ -138,7 +138,7 @@ def test_mixed_causes_establish_none(tmp_path):
         return 500
     c = _one(_job(tmp_path, gap)[2])
     assert c.split_ns == {"device_compute": 50 * US, "host_delay": 45 * US, "data_wait": 0,
-                          "own_collective": 0, "unexplained": 5 * US}
+                          "own_collective": 0, "late_step_start": 0, "unexplained": 5 * US}
     assert c.cause is None and c.explained_frac == 0.5 < CAUSE_THRESHOLD
 
 
@@ -160,7 +160,7 @@ def test_excess_over_lateness_is_scaled(tmp_path):
         return 500
     c = _one(_job(tmp_path, gap, peer)[2])
     assert c.split_ns == {"device_compute": 100 * US, "host_delay": 0, "data_wait": 0,
-                          "own_collective": 0, "unexplained": 0}
+                          "own_collective": 0, "late_step_start": 0, "unexplained": 0}
     assert (c.cause, c.explained_frac) == ("device_compute", 1.0)
 
 
@@ -172,7 +172,7 @@ def test_idle_with_work_queued_is_not_host_delay(tmp_path):
         return 500
     c = _one(_job(tmp_path, gap)[2])
     assert c.split_ns == {"device_compute": 50 * US, "host_delay": 0, "data_wait": 0,
-                          "own_collective": 0, "unexplained": 50 * US}
+                          "own_collective": 0, "late_step_start": 0, "unexplained": 50 * US}
     assert c.cause is None and c.explained_frac == 0.5
 
 
@@ -187,6 +187,54 @@ def test_batched_equals_whole_table(tmp_path, monkeypatch):
     assert crossrank.straggler_causes(job, off) == want
     whole = straggler.instance_rows(job.collectives, crossrank.match_ranks(job, off))
     assert straggler.causes(straggler.split_instances(straggler.bounded(whole))) == want
+
+
+def test_late_step_start_is_its_own_part(tmp_path):
+    """Rank 2 enters its step 100 us after its peers (ProfilerStep from 100, theirs from 0)
+    and then does what they do, 100 us later: GEMM launched at step start + 10, running
+    + 20..+ 120, all_reduce #0 launched at + 130, starting at + 140 (peers 140, rank 2 240;
+    all end at 300). Its gap (step start .. + 140) holds the same compute (100) and host delay
+    (10 + 10) as theirs: no gap part explains the 100 us; its anchor, the step's start, is
+    100 us after the first peer's: late_step_start = the whole lateness."""
+    Trace = _trace_cls()
+    for r in range(3):
+        t = Trace(rank=r, world_size=3)
+        d = 100 if r == 2 else 0
+        t.ann("ProfilerStep#1", d, 1000)
+        t.gpu(GEMM, 7, d + 20, d + 120, corr=1, launch_ts=d + 10)
+        _collective(t, AR, "allreduce", "0", (0, 1, 2), d + 140, 300, d + 130, 2)
+        _collective(t, AR, "allreduce", "0", (0, 1, 2), _peer(t), 600, 395, 9)
+        t.write(tmp_path / f"rank{r}.trace.json")
+    job = api.load_tables(tmp_path, jobs=1)
+    off = crossrank.clock_offsets(job)
+    c = _one(crossrank.straggler_causes(job, off))
+    assert c.split_ns == {"device_compute": 0, "host_delay": 0, "data_wait": 0,
+                          "own_collective": 0, "late_step_start": 100 * US, "unexplained": 0}
+    assert (c.cause, c.explained_frac) == ("late_step_start", 1.0)
+    # analyzer summary's per-rank table names the same largest part
+    from analyzer.analyses.summary import summarize
+    row = summarize(job).stragglers.iloc[0]
+    assert (row["rank"], row["largest_part"], row["late_step_start_ns"]) == \
+        (2, "late_step_start", 100 * US)
+
+
+def test_step_anchors_only_where_the_gap_starts_at_a_step_start():
+    """Per row: the anchor (start - gap - the rank's offset) of a rank's first collective of
+    each group inside a step; none for a later one (its anchor is the previous collective),
+    one outside any step, a rank whose clock is not usable, or a rank without ProfilerStep
+    (its one step starts when the profiler did)."""
+    import pandas as pd
+
+    coll = pd.DataFrame({"rank": [0, 0, 0, 1, 2, 3, 4], "pg": ["0", "0", "7", "0", "0", "0", "0"],
+                         "seq": [0, 1, 0, 0, 0, 0, 0], "step": [5, 5, 5, 5, -1, 5, 5],
+                         "start_ns": [1000, 2000, 1500, 1100, 900, 1000, 1000],
+                         "gap_ns": [400, 300, 200, 100, 50, 10, 10]})
+    off = pd.DataFrame({"rank": [0, 1, 2, 3, 4], "offset_ns": [0, -30, 0, 0, 0],
+                        "clock": ["reference", "measured", "measured", "inconsistent",
+                                  "measured"]})
+    none = straggler.NO_ANCHOR
+    assert straggler.step_anchors(coll, off, [4]).tolist() == [600, none, 1300, 1030, none,
+                                                                none, none]
 
 
 # --- the 8-rank DLRM corpus job, checked against a second, plain-Python computation ----------
@@ -254,9 +302,10 @@ def _gaps_by_hand(path, coll):
     for r in coll.sort_values(["pg", "seq"]).itertuples():
         anchor = prev.get(r.pg, cpu_start.get(r.step, t0) if r.step >= 0 else t0)
         lo = min(anchor, r.start_ns)
+        step_start = r.pg not in prev and r.step >= 0  # the anchor is the step's start
         out[(r.pg, r.seq)] = (r.start_ns - lo, _inside(compute, lo, r.start_ns),
                               _inside(host, lo, r.start_ns), _inside(data, lo, r.start_ns),
-                              _inside(iv_["C"], lo, r.start_ns))
+                              _inside(iv_["C"], lo, r.start_ns), lo if step_start else None)
         prev[r.pg] = r.end_ns
     return out
 
@@ -266,7 +315,8 @@ def test_dlrm_straggler_split_by_hand(tmp_path):
     """DLRM, DDP on 8 V100 (corpus): the all_to_all waits for rank 7 (last at 4 of the 6
     all_to_all, 9.02 ms of start skew). Its split, recomputed here from the events by the
     rule in plain Python: the first all_to_all's 7.62 ms skew is rank 7 starting its step
-    late (before the trace: nothing in its gap explains it), so no cause is established."""
+    late (its ProfilerStep begins 7.51 ms after rank 1's on aligned clocks; nothing in its gap
+    explains it): late_step_start, 83 % of the lateness, the cause."""
     import shutil
     import statistics
 
@@ -285,8 +335,8 @@ def test_dlrm_straggler_split_by_hand(tmp_path):
         byhand = _gaps_by_hand(rt.path, mine)
         for r in mine.itertuples():
             hand[(rt.rank, r.pg, r.seq)] = byhand[(r.pg, r.seq)]
-            assert byhand[(r.pg, r.seq)] == (r.gap_ns, r.gap_compute_ns, r.gap_host_ns,
-                                             r.gap_data_ns, r.gap_coll_ns)
+            assert byhand[(r.pg, r.seq)][:5] == (r.gap_ns, r.gap_compute_ns, r.gap_host_ns,
+                                                 r.gap_data_ns, r.gap_coll_ns)
     # across ranks: aligned starts, last rank, skew, excess over the peers' median
     shift = dict(zip(off["rank"], off["offset_ns"]))
     split = {}
@@ -300,24 +350,30 @@ def test_dlrm_straggler_split_by_hand(tmp_path):
         parts = [max(hand[(last, pg, seq)][1 + k]
                      - statistics.median(hand[(p, pg, seq)][1 + k] for p in starts if p != last),
                      0) for k in range(4)]
+        # late_step_start: its step-start anchor after the earliest peer's, aligned clocks
+        anchors = {p: hand[(p, pg, seq)][5] - int(shift[p]) for p in starts
+                   if hand[(p, pg, seq)][5] is not None}
+        peers = [a for p, a in anchors.items() if p != last]
+        parts.append(max(anchors[last] - min(peers), 0) if last in anchors and peers else 0)
         f = min(1.0, late / sum(parts)) if sum(parts) else 1.0
-        acc = split.setdefault((last, kind), [0, 0.0, 0.0, 0.0, 0.0, 0.0])
+        acc = split.setdefault((last, kind), [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
         acc[0] += late
-        for k in range(4):
+        for k in range(5):
             acc[1 + k] += parts[k] * f
-        acc[5] += late - sum(p * f for p in parts)
+        acc[6] += late - sum(p * f for p in parts)
     want = sorted(split.items(), key=lambda kv: (-kv[1][0], kv[0]))
     assert [(c.rank, c.kind) for c in got] == [k for k, _ in want]
     for c, (_, v) in zip(got, want):
         assert c.late_ns == v[0]
-        assert [c.split_ns[k] for k in (*straggler.PARTS, "unexplained")] == \
+        assert [c.split_ns[k] for k in (*straggler.NAMED, "unexplained")] == \
             pytest.approx(v[1:], abs=1e-6)
     top = got[0]
     assert (top.rank, top.kind, top.times_last, top.late_ns) == (7, "all_to_all", 4, 9_019_500)
     assert top.split_ns == pytest.approx({"device_compute": 21_000, "host_delay": 1_235_000,
                                           "data_wait": 57_000, "own_collective": 0,
-                                          "unexplained": 7_706_500})
-    assert top.cause is None and top.explained_frac == pytest.approx(1_235_000 / 9_019_500)
+                                          "late_step_start": 7_513_500, "unexplained": 193_000})
+    assert top.cause == "late_step_start"
+    assert top.explained_frac == pytest.approx(7_513_500 / 9_019_500)
 
 
 # --- CPU (gloo) ranks: compute = main-thread ops, host delay = nothing recorded -----------------
@@ -370,7 +426,7 @@ def test_cpu_python_gap_is_host_delay(tmp_path):
         return 500
     c = _one(_cpu_job(tmp_path, gap))
     assert c.split_ns == {"device_compute": 0, "host_delay": 100 * US, "data_wait": 0,
-                          "own_collective": 0, "unexplained": 0}
+                          "own_collective": 0, "late_step_start": 0, "unexplained": 0}
     assert c.cause == "host_delay"
 
 
@@ -381,7 +437,7 @@ def test_cpu_longer_op_is_compute(tmp_path):
         return 500
     c = _one(_cpu_job(tmp_path, gap))
     assert c.split_ns == {"device_compute": 100 * US, "host_delay": 0, "data_wait": 0,
-                          "own_collective": 0, "unexplained": 0}
+                          "own_collective": 0, "late_step_start": 0, "unexplained": 0}
     assert c.cause == "device_compute"
 
 
@@ -394,7 +450,7 @@ def test_cpu_dataloader_is_data_wait(tmp_path):
         return 500
     c = _one(_cpu_job(tmp_path, gap))
     assert c.split_ns == {"device_compute": 0, "host_delay": 0, "data_wait": 100 * US,
-                          "own_collective": 0, "unexplained": 0}
+                          "own_collective": 0, "late_step_start": 0, "unexplained": 0}
     assert c.cause == "data_wait"
 
 
