@@ -494,12 +494,17 @@ def _input_bound(r: _Run) -> Iterator[Finding]:
         ev.append(r.ev("DataLoader workers", d.workers, "count", "data", "workers"))
         action += (f" (now {d.workers}: loading runs in the training process)" if d.workers == 0
                    else f" above {d.workers}")
-    if d.pin_memory is False:
+    if d.pin_memory is False and _on_gpu(run):  # pinned memory speeds host-to-device copies only
         action += "; pin_memory=True"
     yield Finding(kind="input_bound", title=f"{r.who}: input-bound: rank {d.worst_rank} "
                   "waits for its next batch with nothing else to do", runs=[run.name],
                   ranks=[d.worst_rank], evidence=ev, action=action,
                   severity_ns=None if rank is None else rank.data_wait_ns)
+
+
+def _on_gpu(run: RunEntry) -> bool:
+    """The run's traces hold GPU work (advice that names a GPU feature needs it)."""
+    return run.trace_info is not None and run.trace_info.device_kind == "gpu"
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -687,9 +692,9 @@ def _mesh_dimension(r: _Run) -> Iterator[Finding]:
         action = None
         if cause is not None and cause.startswith("waiting"):
             action = f"find the rank the {d.name} groups wait for and even out its work"
-        elif cause is not None and d.name == "tp":
+        elif cause is not None and d.name == "tp":  # NVLink exists only between GPUs
             action = ("keep TP inside a node (NVLink), or overlap it (async TP / sequence "
-                      "parallel)")
+                      "parallel)" if _on_gpu(run) else "overlap it (async TP / sequence parallel)")
         elif cause is not None and d.name == "pp":
             action = "more microbatches per step (smaller pipeline bubble)"
         yield Finding(kind="mesh_dimension", title=f"{r.who}: the {d.name} "

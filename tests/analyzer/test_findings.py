@@ -223,10 +223,27 @@ def _data(bound, workers=0):
 
 
 def test_input_bound_raise_workers():
-    r = run(data=_data(True), ranks=[rank(0), rank(1, data=3 * MS)])
+    r = run(data=_data(True), ranks=[rank(0), rank(1, data=3 * MS)], device="gpu")
     (f,) = kinds(report(r), "input_bound")
     assert f.ranks == [1] and f.severity_ns == 3 * MS
     assert "num_workers (now 0" in f.action and "pin_memory=True" in f.action
+
+
+def test_pinned_memory_is_advised_only_where_a_gpu_copies_from_it():
+    r = run(data=_data(True), ranks=[rank(0), rank(1, data=3 * MS)], device="cpu")
+    (f,) = kinds(report(r), "input_bound")
+    assert f.action == ("raise the DataLoader's num_workers (now 0: loading runs in the training "
+                        "process)")
+
+
+def test_nvlink_is_advised_only_on_gpus():
+    for device, action in (("gpu", "keep TP inside a node (NVLink), or overlap it (async TP / "
+                                   "sequence parallel)"),
+                           ("cpu", "overlap it (async TP / sequence parallel)")):
+        rep = report(run(strategy="fsdp2_tp", device=device,
+                         mesh_dims=[_dim("dp", 0.1 * MS), _dim("tp", 8 * MS)]))
+        (f,) = kinds(rep, "mesh_dimension")
+        assert f.action == action, device
 
 
 def test_not_input_bound_no_finding():
