@@ -1,5 +1,5 @@
-"""The context of the figures (issue 42): what the machine, the backend, the rank set and the
-clocks let the report say, as a short list on the first screen of report.md and report.html,
+"""The context of the figures (issue 42): what the machine, the backend, the rank set, the
+clocks and the step markers let the report say, as a short list on the first screen of report.md and report.html,
 one line each with its count of runs. The full sentences stay where they were (the verdict's
 details, each run's caveats under "Caveats"). Pure functions of the report; plain text (the
 renderers escape it)."""
@@ -73,8 +73,18 @@ def _clocks(runs: list[RunEntry]) -> str | None:
             f"{named} (0 applied); waits across ranks on them are approximate.")
 
 
+def _whole_trace(runs: list[RunEntry]) -> str | None:
+    """Runs whose traces hold no ProfilerStep: one "step" is the whole trace."""
+    whole = [r for r in runs if r.trace_info is not None and r.trace_info.whole_trace_mode]
+    if not whole:
+        return None
+    return (f"No ProfilerStep ({_of(whole, runs)}): whole-trace mode, one step is the whole "
+            "trace; per-step figures are per trace.")
+
+
 def lines(report: Report) -> list[str]:
     """The context list: busy or oversubscribed machine, CPU/gloo, a partial rank set,
-    unaligned clocks; each present item one line; [] when none applies."""
+    unaligned clocks, no ProfilerStep; each present item one line; [] when none applies."""
     runs = [r for r in report.runs if not r.incomplete]
-    return [x for x in (_busy(runs), _cpu_gloo(runs), _partial(runs), _clocks(runs)) if x]
+    return [x for x in (_busy(runs), _cpu_gloo(runs), _partial(runs), _clocks(runs),
+                        _whole_trace(runs)) if x]

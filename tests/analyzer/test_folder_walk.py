@@ -17,7 +17,7 @@ from analyzer.compare.runs import analyse
 from analyzer.contract.errors import BadInput
 from analyzer.contract.report_types import AnalysisOptions
 from tests.inputs import CORPUS, DLRM, TBPLUGIN, bad_input, cli, copy_run, need
-from tests.reports.builders import details
+from tests.reports.builders import caveats, context, details
 
 
 # hidden files, temporary files and our own outputs
@@ -165,8 +165,9 @@ def test_missing_ranks_are_said_and_the_report_is_not_presented_as_complete(tmp_
     assert proc.returncode == 0 and "7 of 8 ranks" in proc.stdout and "rank 5)" in proc.stdout
     proc = cli("report", str(job), "--out", str(tmp_path / "o"))
     assert proc.returncode == 0
-    verdict = details(proc.stdout)
-    assert "Caveat: job: partial: 7 of 8 ranks have a trace (no trace: rank 5)" in verdict
+    assert "job: partial: 7 of 8 ranks have a trace (no trace: rank 5)" in caveats(proc.stdout)
+    assert ("Partial rank set (1 of 1 run): job: 1 of 8 ranks missing; cross-rank figures "
+            "cover the traced ranks only.") in context(proc.stdout)
 
 
 def test_run_directory_without_manifest(tmp_path, ddp_run):
@@ -179,7 +180,8 @@ def test_run_directory_without_manifest(tmp_path, ddp_run):
     assert exc.value.reason == "incomplete_run"
     proc = cli("report", str(job), "--allow-incomplete", "--out", str(tmp_path / "o"))
     assert proc.returncode == 0
-    assert "Caveat: ddp: incomplete run (no manifest.json)" in details(proc.stdout)
+    assert "1 caveat on how figures were measured: see Caveats." in details(proc.stdout)
+    assert any(c.startswith("ddp: incomplete run (no manifest.json)") for c in caveats(proc.stdout))
     rep = analyse(job, AnalysisOptions(allow_incomplete=True))
     run = rep.runs[0]
     assert run.incomplete and run.parity.status == "not_recorded"

@@ -10,7 +10,7 @@ import re
 
 from analyzer.api import load_events, load_tables
 from tests.inputs import DLRM, cli, copy_run, load, need, save
-from tests.reports.builders import details
+from tests.reports.builders import caveats, context
 
 IDENTITY = ["compute_ns", "exposed_comm_ns", "data_wait_ns", "other_ns", "idle_ns"]
 
@@ -131,7 +131,9 @@ def test_no_profiler_step_is_whole_trace_mode_and_said(tmp_path, ddp_run):
     assert (b[IDENTITY].sum(axis=1) == b["step_ns"]).all()
     assert "whole-trace mode" in cli("summary", str(job)).stdout
     proc = cli("report", str(job), "--out", str(tmp_path / "o"))
-    assert proc.returncode == 0 and "whole-trace mode" in details(proc.stdout)
+    assert proc.returncode == 0 and any("whole-trace mode" in c for c in caveats(proc.stdout))
+    assert ("No ProfilerStep (1 of 1 run): whole-trace mode, one step is the whole trace; "
+            "per-step figures are per trace.") in context(proc.stdout)
     assert "whole-trace mode" in (tmp_path / "o" / "report.html").read_text()
 
 

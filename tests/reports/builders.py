@@ -210,6 +210,14 @@ def details(md: str) -> str:
     return " ".join(line[2:] for line in head.splitlines() if line.startswith("- "))
 
 
+def caveats(md: str) -> list[str]:
+    """report.md's Caveats section, one string per run's caveat ("ddp: ..."); [] without one."""
+    if "\n## Caveats\n\n" not in md:
+        return []
+    block = md.split("\n## Caveats\n\n", 1)[1].split("\n\n", 1)[0]
+    return [line[2:] for line in block.splitlines()]
+
+
 def context(md: str) -> list[str]:
     """report.md's context list (reports/context.py), one string per line; [] without one."""
     head = md.split("\n## ", 1)[0]
