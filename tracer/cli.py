@@ -62,13 +62,26 @@ def _config_options(command):
         if f.name == "strategy":
             continue
         help_text = f.metadata.get("help")
+        parser = f.metadata.get("parser")
         option = typer.Option(*filter(None, [f.metadata.get("flag")]), help=help_text,
-                              hidden=help_text is None)
+                              hidden=help_text is None, parser=parser and _as_bad_parameter(parser),
+                              metavar=f"<{types[f.name].__args__[0].__name__}|default>" if parser else None)
         derived.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                                          annotation=Annotated[types[f.name], option]))
     own = list(inspect.signature(command, eval_str=True).parameters.values())  # ends in **options
     command.__signature__ = inspect.Signature([own[0], *derived, *own[1:-1]])
     return command
+
+
+def _as_bad_parameter(parse):
+    """``parse`` with its ``ValueError`` raised as click's ``BadParameter``: the one line says
+    the option and the parser's words, nothing more."""
+    def parsed(text):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return parsed
 
 
 @app.command()
