@@ -183,13 +183,17 @@ def _configs(ctx: typer.Context, strategy: str, arms: list[str], sweeps: list[st
 
 
 def _check_before_start(configs: list, under_torchrun: bool) -> None:
-    """Before torch is imported or a worker starts: the built-in launcher's ranks fit this
+    """Before torch is imported or a worker starts: each ``--model`` names a model
+    (``specform.parse_spec``: its form, its file), the built-in launcher's ranks fit this
     machine's memory, the golden run, each user model spec (in a child under --timeout), then
     the run dirs (a refused folder or a held run dir stops at once).
     Raises ``ValueError`` with one line."""
     from analyzer.contract import settings
     from analyzer.contract.errors import BadInput
+    from tracer.specform import parse_spec
 
+    for model_name in dict.fromkeys(c.model for c in configs):  # no torch, no model code yet
+        parse_spec(model_name)  # a missing file, an unknown family: one line, nothing started
     try:
         settings.log_level()  # read by each rank after the baseline: refused here, before it
     except BadInput as exc:

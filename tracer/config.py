@@ -120,7 +120,8 @@ class RecordConfig:
     backend: str = _option("auto", "auto (gloo on CPU, nccl on CUDA), gloo or nccl.")
     device: str = _option("auto", "auto, cpu or cuda.")
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
-    model: str = _option("reference", "What to train: reference, hf:gpt2, hf:llama, package.module:factory "
+    model: str = _option("reference", "What to train: reference, hf:gpt2, hf:llama (resized: "
+                         "hf:gpt2?n_layer=4,n_embd=128), package.module:factory "
                          "or path/to/file.py:factory (a function returning tracer.ModelSpec).")
     hidden: int = _option(256, "Model width (--model reference).")
     """Model width h; activations are [batch, seq, h]."""
