@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import shutil
@@ -34,6 +35,9 @@ import analyzer.contract.owner as owner
 from analyzer.contract.schemas import (LOCK_NAME, MANIFEST_NAME, MEMORY_DIR, RECORDING_NAME,
                                        REPORT_DIR_NAME, RUN_FILE, FileEntry, sha256_file)
 from analyzer.contract.stopping import stop_signals_held
+from analyzer.contract.text import one_line
+
+log = logging.getLogger(__name__)
 
 STAGING_PREFIX = ".tracer-baseline-"
 """Name prefix of the hidden folder beside the run dirs where ``tracer record`` computes the
@@ -256,11 +260,17 @@ def clear_run_dir(run_dir: Path) -> None:
     ``rank2.trace.json.gz`` beside a 2-rank run) stays; of a record that did not complete (no
     readable manifest), every file named like the tracer's; always the hidden ``_TRANSIENT``
     ones and ``.parts/``; ``memory/`` only when that leaves it empty. Everything else stays
-    (issue 17 items 2 and 4). Raises ``RunDirBusy`` (another record holds the lock), ``OSError``.
+    (issue 17 items 2 and 4). A finished run it replaces is named in one warning
+    (``finished_run``: ``traces/ddp: replacing a finished ddp run of 2 ranks recorded
+    2026-12-07 04:40 UTC``), so a re-record never loses one silently.
+    Raises ``RunDirBusy`` (another record holds the lock), ``OSError``.
     """
     check_no_links_out(run_dir)  # again: under torchrun rank 0 clears what every rank checked
     lock_run_dir(run_dir)
     listed = _listed_files(run_dir / MANIFEST_NAME)  # before the manifest goes
+    replaced = finished_run(run_dir)
+    if replaced is not None:  # never lose a finished run silently (issue 42)
+        log.warning("%s: replacing %s", run_dir, replaced)
     _write_no_follow(run_dir / RECORDING_NAME, f"{os.getpid()}\n")
     (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
     for f in _entries(run_dir):
@@ -271,6 +281,26 @@ def clear_run_dir(run_dir: Path) -> None:
     shutil.rmtree(run_dir / PARTS_DIR, ignore_errors=True)
     with contextlib.suppress(OSError):  # absent, or holds files that are not the tracer's
         (run_dir / MEMORY_DIR).rmdir()
+
+
+def finished_run(run_dir: Path) -> str | None:
+    """``a finished ddp run of 2 ranks recorded 2026-12-07 04:40 UTC`` when ``run_dir`` holds a
+    finished record (the tracer's manifest and no record marker), None otherwise (empty, or a
+    record that did not finish: nothing of value is replaced). Reads the manifest only."""
+    path = run_dir / MANIFEST_NAME
+    if (run_dir / RECORDING_NAME).exists() or not _is_tracer_manifest(path):
+        return None
+    try:
+        m = msgspec.json.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return None
+    strategy, world, created = m.get("strategy"), m.get("world_size"), m.get("created_utc")
+    ranks = f" of {world} rank{'s' * (world != 1)}" if type(world) is int else ""
+    when = ""
+    if isinstance(created, str):
+        when = " recorded " + (created[:16].replace("T", " ") + " UTC"
+                               if re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d.*", created) else created)
+    return one_line(f"a finished {strategy if isinstance(strategy, str) else 'tracer'} run{ranks}{when}")
 
 
 def _write_no_follow(path: Path, text: str) -> None:

@@ -323,3 +323,20 @@ def test_record_over_a_memory_link_is_refused_before_torch_is_imported(tmp_path,
     _one_line_refusal(proc, "out/ddp/memory: is a symlink", "remove the link")
     assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
     assert (run / "memory").is_symlink()
+
+
+def test_rerecord_of_a_finished_run_names_what_it_replaces(tmp_path, caplog):
+    import shutil
+
+    run = tmp_path / "ddp"
+    shutil.copytree(REPO / "fixtures" / "recorded" / "tiny" / "ddp", run)
+    with caplog.at_level("WARNING", logger="tracer.rundir"):
+        rundir.clear_run_dir(run)
+        rundir.unlock_run_dir(run)
+    assert caplog.messages == [f"{run}: replacing a finished ddp run of 2 ranks recorded "
+                               "2026-12-06 23:12 UTC"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tracer.rundir"):  # now incomplete: nothing of value
+        rundir.clear_run_dir(run)
+        rundir.unlock_run_dir(run)
+    assert caplog.messages == []
