@@ -91,5 +91,6 @@ def load_parameters(model: nn.Module, tensors: dict[str, torch.Tensor], prefix: 
 
 
 def buffer_names(model: nn.Module) -> list[str]:
-    """FQNs of the model's buffers: not compared (README "Your own model": why)."""
+    """FQNs of the model's buffers: not compared (why: docs/howto/your-model.md, "How to: record
+    your own model")."""
     return [name for name, _ in model.named_buffers()]
