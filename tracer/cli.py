@@ -280,29 +280,41 @@ def _given(ctx: typer.Context, option: str) -> bool:
 
 def _record_here(configs) -> None:
     from tracer.launch import RecordFailed
-    from tracer.record import record_local, unrecorded
+    from tracer.record import REPLACED, record_local, unrecorded
+    from tracer.rundir import incomplete_hint
 
     # Ctrl-C, SIGTERM, SIGHUP: one clean-up (stop_on_signals, installed before the claim)
     done: list[Path] = []
+
+    def replaced() -> list[str]:  # the finished runs the recorded ones replaced
+        return [f"{d} replaced {REPLACED[d]}" for d in done if d in REPLACED]
+
+    def left() -> str:  # which runs were (not) recorded, how to clean up the incomplete ones,
+        # and what the recorded ones replaced: all in the command's one line
+        return (unrecorded(configs, done) + incomplete_hint(
+            [c.run_dir for c in configs if c.run_dir not in done], REPLACED)
+            + "".join(f"; {s}" for s in replaced()))
+
     try:
         logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
         record_local(configs, done)
     except RecordFailed as exc:
-        _fail(ExitCode.INTERNAL, f"record failed: {exc}; no manifest written{unrecorded(configs, done)}",
-              done)
+        _fail(ExitCode.INTERNAL, f"record failed: {exc}; no manifest written{left()}", done)
     except ValueError as exc:
-        _fail(ExitCode.BAD_INPUT, f"{exc}{unrecorded(configs, done)}", done)
+        _fail(ExitCode.BAD_INPUT, f"{exc}{left()}", done)
     except KeyboardInterrupt:
-        _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{unrecorded(configs, done)}", done)
+        _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{left()}", done)
     except Exception:
         from analyzer.contract.stopping import stop_requested
 
         if not stop_requested():
             raise
         # the stop signal's KeyboardInterrupt, turned into another error by an import
-        _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{unrecorded(configs, done)}", done)
+        _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{left()}", done)
     for run_dir in done:
         typer.echo(one_line(f"recorded {run_dir}"))
+    for line in replaced():  # never lose a finished run silently (issue 42)
+        typer.echo(one_line(f"tracer: {line}"), err=True)
 
 
 def main() -> None:

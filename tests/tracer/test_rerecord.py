@@ -205,6 +205,7 @@ def test_rerecord_says_which_finished_run_it_replaced(tmp_path):
     created = schemas.read_manifest(tmp_path / "ddp" / schemas.MANIFEST_NAME).created_utc
     again, _ = run_tracer(args, REPO)
     assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines() == [f"recorded {tmp_path / 'ddp'}"]
     assert again.stderr.splitlines() == [
-        f"tracer: {tmp_path / 'ddp'}: replacing a finished ddp run of 2 ranks recorded "
+        f"tracer: {tmp_path / 'ddp'} replaced a finished ddp run of 2 ranks recorded "
         f"{created[:10]} {created[11:16]} UTC"]
