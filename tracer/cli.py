@@ -65,7 +65,7 @@ def _config_options(command):
         parser = f.metadata.get("parser")
         option = typer.Option(*filter(None, [f.metadata.get("flag")]), help=help_text,
                               hidden=help_text is None, parser=parser and _as_bad_parameter(parser),
-                              metavar=f"<{types[f.name].__args__[0].__name__}|default>" if parser else None)
+                              metavar=f.metadata.get("metavar"))
         derived.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                                          annotation=Annotated[types[f.name], option]))
     own = list(inspect.signature(command, eval_str=True).parameters.values())  # ends in **options
@@ -98,7 +98,7 @@ def record(
              "strategy; all arms are one experiment, interleaved over --repeat.")] = None,
     sweep: Annotated[Optional[list[str]], typer.Option(
         help="KEY=V1,V2[,...]: one arm per value of a recorder option (at most two --sweep: "
-             "their grid), named KEY=V, e.g. --sweep bucket-cap-mb=1,25; ';' separates values "
+             "their grid), named KEY=V, e.g. --sweep bucket-cap-mb=default,25; ';' separates values "
              "that hold commas (mesh=2,4;4,2). With --arm: every arm x every value. At most 16 arms.")] = None,
     ctx: typer.Context = typer.Option(None, hidden=True),
     **options,

@@ -71,12 +71,14 @@ def takers_of(option: str) -> list[str]:
 
 
 def _option(default: Any, help: str | None = None, *, flag: str | None = None,
-            parser: Any = None) -> Any:
+            parser: Any = None, metavar: str | None = None) -> Any:
     """A ``RecordConfig`` field that is also a ``tracer record`` option: tracer/cli.py builds the
     command from these fields (name, type and default) and ``help`` (None: hidden, passed on by
     the launcher only); ``flag`` names the option when it is not ``--field-name``; ``parser``
-    turns its text into the field's value when the type alone cannot (``parse_bucket_cap_mb``)."""
-    return field(default=default, metadata={"help": help, "flag": flag, "parser": parser})
+    turns its text into the field's value when the type alone cannot (``parse_bucket_cap_mb``),
+    ``metavar`` says what it takes in ``--help``."""
+    return field(default=default, metadata={"help": help, "flag": flag, "parser": parser,
+                                            "metavar": metavar})
 
 
 def parse_bucket_cap_mb(text: str | float | None) -> float | None:
@@ -150,7 +152,8 @@ class RecordConfig:
     activation_checkpointing: bool = _option(False, "Non-reentrant activation checkpointing of every FSDP "
                                              "unit (baseline and ddp too).")
     bucket_cap_mb: float | None = _option(None, "DDP bucket_cap_mb, MiB, or default (torch's: a 1 MiB "
-                                          "first bucket, then 25 MiB).", parser=parse_bucket_cap_mb)
+                                          "first bucket, then 25 MiB).", parser=parse_bucket_cap_mb,
+                                          metavar="<float|default>")
     """DDP gradient bucket size, MiB; None (``--bucket-cap-mb default``): torch's default, a 1 MiB
     first bucket then 25 MiB (``strategies.DDP_DEFAULT_BUCKET``), not the same as 25."""
     gradient_as_bucket_view: bool = _option(False, "DDP gradient_as_bucket_view.")
