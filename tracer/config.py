@@ -235,10 +235,6 @@ class RecordConfig:
 
         if self.strategy not in STRATEGIES:
             raise bad("strategy", self.strategy, f"expected one of {', '.join(STRATEGIES + ('all',))}")
-        try:  # a config built in Python may say "default" as the command line does
-            self.bucket_cap_mb = parse_bucket_cap_mb(self.bucket_cap_mb)
-        except ValueError as exc:
-            raise bad("bucket-cap-mb", self.bucket_cap_mb, str(exc)) from None
         for option, allowed in (("backend", BACKENDS), ("device", DEVICES),
                                 ("precision", PRECISIONS), ("sharding_strategy", SHARDING_STRATEGIES),
                                 ("backward_prefetch", BACKWARD_PREFETCH), ("data", DATA_SOURCES),
@@ -406,6 +402,10 @@ class RecordConfig:
 
     def _check_training_options(self, bad) -> None:
         """--mixed-precision, DDP's options and options a strategy does not take."""
+        try:  # a config built in Python may say "default" as the command line does
+            self.bucket_cap_mb = parse_bucket_cap_mb(self.bucket_cap_mb)
+        except ValueError as exc:
+            raise bad("bucket-cap-mb", self.bucket_cap_mb, str(exc)) from None
         if self.bucket_cap_mb is not None and not 0 < self.bucket_cap_mb < float("inf"):
             raise bad("bucket-cap-mb", self.bucket_cap_mb, "must be a finite number of MiB > 0")
         check_taken(self.strategy, [o for o in strategies.STRATEGY_OPTIONS if self.option_given(o)])
