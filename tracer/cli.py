@@ -285,6 +285,7 @@ def _record_here(configs) -> None:
 
     # Ctrl-C, SIGTERM, SIGHUP: one clean-up (stop_on_signals, installed before the claim)
     done: list[Path] = []
+    REPLACED.clear()  # this command's only (app may be invoked twice in one process)
 
     def replaced() -> list[str]:  # the finished runs the recorded ones replaced
         return [f"{d} replaced {REPLACED[d]}" for d in done if d in REPLACED]
