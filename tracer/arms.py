@@ -20,7 +20,7 @@ from dataclasses import fields, replace
 from typing import Any, Callable
 
 from analyzer.contract.strategies import STRATEGY_OPTIONS, is_reference
-from tracer.config import RecordConfig, takers_of, takes
+from tracer.config import RecordConfig, bucket_setting, takers_of, takes
 
 MAX_ARMS = 16
 """Most arms one command records (``--arm`` x ``--sweep`` grid): each is a full record per
@@ -222,13 +222,14 @@ def _check_common_taken(configs: list[RecordConfig], common: dict[str, Any], giv
 
 def setting_value(cfg: RecordConfig, field: str) -> Any:
     """``cfg``'s value of option ``field`` as its record applies it: defaults resolved
-    (``reshard_after_forward`` from the sharding strategy, ``lr`` from the optimizer, DDP's 25
-    MiB buckets, the mesh degrees), None for a strategy option its strategy does not take."""
+    (``reshard_after_forward`` from the sharding strategy, ``lr`` from the optimizer, DDP's
+    ``"default"`` buckets when no size was given -- torch's 1 MiB first bucket, not 25 MiB --,
+    the mesh degrees), None for a strategy option its strategy does not take."""
     if field in STRATEGY_OPTIONS and not takes(cfg.strategy, field):
         return None
     resolved = {"reshard_after_forward": lambda: cfg.resolved_reshard_after_forward,
                 "lr": lambda: cfg.learning_rate,
-                "bucket_cap_mb": lambda: 25.0 if cfg.bucket_cap_mb is None else cfg.bucket_cap_mb,
+                "bucket_cap_mb": lambda: bucket_setting(cfg.bucket_cap_mb),
                 "wrap_min_params": lambda: cfg.auto_wrap_min_params,
                 "mesh": lambda: cfg.mesh_text,
                 "tp": lambda: cfg.tp_degree, "pp": lambda: cfg.pp_degree,

@@ -62,13 +62,26 @@ def _config_options(command):
         if f.name == "strategy":
             continue
         help_text = f.metadata.get("help")
+        parser = f.metadata.get("parser")
         option = typer.Option(*filter(None, [f.metadata.get("flag")]), help=help_text,
-                              hidden=help_text is None)
+                              hidden=help_text is None, parser=parser and _as_bad_parameter(parser),
+                              metavar=f.metadata.get("metavar"))
         derived.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                                          annotation=Annotated[types[f.name], option]))
     own = list(inspect.signature(command, eval_str=True).parameters.values())  # ends in **options
     command.__signature__ = inspect.Signature([own[0], *derived, *own[1:-1]])
     return command
+
+
+def _as_bad_parameter(parse):
+    """``parse`` with its ``ValueError`` raised as click's ``BadParameter``: the one line says
+    the option and the parser's words, nothing more."""
+    def parsed(text):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return parsed
 
 
 @app.command()
@@ -85,7 +98,7 @@ def record(
              "strategy; all arms are one experiment, interleaved over --repeat.")] = None,
     sweep: Annotated[Optional[list[str]], typer.Option(
         help="KEY=V1,V2[,...]: one arm per value of a recorder option (at most two --sweep: "
-             "their grid), named KEY=V, e.g. --sweep bucket-cap-mb=1,25; ';' separates values "
+             "their grid), named KEY=V, e.g. --sweep bucket-cap-mb=default,25; ';' separates values "
              "that hold commas (mesh=2,4;4,2). With --arm: every arm x every value. At most 16 arms.")] = None,
     ctx: typer.Context = typer.Option(None, hidden=True),
     **options,
@@ -170,13 +183,17 @@ def _configs(ctx: typer.Context, strategy: str, arms: list[str], sweeps: list[st
 
 
 def _check_before_start(configs: list, under_torchrun: bool) -> None:
-    """Before torch is imported or a worker starts: the built-in launcher's ranks fit this
+    """Before torch is imported or a worker starts: each ``--model`` names a model
+    (``specform.parse_spec``: its form, its file), the built-in launcher's ranks fit this
     machine's memory, the golden run, each user model spec (in a child under --timeout), then
     the run dirs (a refused folder or a held run dir stops at once).
     Raises ``ValueError`` with one line."""
     from analyzer.contract import settings
     from analyzer.contract.errors import BadInput
+    from tracer.specform import parse_spec
 
+    for model_name in dict.fromkeys(c.model for c in configs):  # no torch, no model code yet
+        parse_spec(model_name)  # a missing file, an unknown family: one line, nothing started
     try:
         settings.log_level()  # read by each rank after the baseline: refused here, before it
     except BadInput as exc:
@@ -263,29 +280,42 @@ def _given(ctx: typer.Context, option: str) -> bool:
 
 def _record_here(configs) -> None:
     from tracer.launch import RecordFailed
-    from tracer.record import record_local, unrecorded
+    from tracer.record import REPLACED, record_local, unrecorded
+    from tracer.rundir import incomplete_hint
 
     # Ctrl-C, SIGTERM, SIGHUP: one clean-up (stop_on_signals, installed before the claim)
     done: list[Path] = []
+    REPLACED.clear()  # this command's only (app may be invoked twice in one process)
+
+    def replaced() -> list[str]:  # the finished runs the recorded ones replaced
+        return [f"{d} replaced {REPLACED[d]}" for d in done if d in REPLACED]
+
+    def left() -> str:  # which runs were (not) recorded, how to clean up the incomplete ones,
+        # and what the recorded ones replaced: all in the command's one line
+        return (unrecorded(configs, done) + incomplete_hint(
+            [c.run_dir for c in configs if c.run_dir not in done], REPLACED)
+            + "".join(f"; {s}" for s in replaced()))
+
     try:
         logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
         record_local(configs, done)
     except RecordFailed as exc:
-        _fail(ExitCode.INTERNAL, f"record failed: {exc}; no manifest written{unrecorded(configs, done)}",
-              done)
+        _fail(ExitCode.INTERNAL, f"record failed: {exc}; no manifest written{left()}", done)
     except ValueError as exc:
-        _fail(ExitCode.BAD_INPUT, f"{exc}{unrecorded(configs, done)}", done)
+        _fail(ExitCode.BAD_INPUT, f"{exc}{left()}", done)
     except KeyboardInterrupt:
-        _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{unrecorded(configs, done)}", done)
+        _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{left()}", done)
     except Exception:
         from analyzer.contract.stopping import stop_requested
 
         if not stop_requested():
             raise
         # the stop signal's KeyboardInterrupt, turned into another error by an import
-        _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{unrecorded(configs, done)}", done)
+        _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{left()}", done)
     for run_dir in done:
         typer.echo(one_line(f"recorded {run_dir}"))
+    for line in replaced():  # never lose a finished run silently (issue 42)
+        typer.echo(one_line(f"tracer: {line}"), err=True)
 
 
 def main() -> None:

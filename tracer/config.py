@@ -70,11 +70,35 @@ def takers_of(option: str) -> list[str]:
     return [s.name for s in strategies.TABLE.values() if option in s.options]
 
 
-def _option(default: Any, help: str | None = None, *, flag: str | None = None) -> Any:
+def _option(default: Any, help: str | None = None, *, flag: str | None = None,
+            parser: Any = None, metavar: str | None = None) -> Any:
     """A ``RecordConfig`` field that is also a ``tracer record`` option: tracer/cli.py builds the
     command from these fields (name, type and default) and ``help`` (None: hidden, passed on by
-    the launcher only); ``flag`` names the option when it is not ``--field-name``."""
-    return field(default=default, metadata={"help": help, "flag": flag})
+    the launcher only); ``flag`` names the option when it is not ``--field-name``; ``parser``
+    turns its text into the field's value when the type alone cannot (``parse_bucket_cap_mb``),
+    ``metavar`` says what it takes in ``--help``."""
+    return field(default=default, metadata={"help": help, "flag": flag, "parser": parser,
+                                            "metavar": metavar})
+
+
+def parse_bucket_cap_mb(text: str | float | None) -> float | None:
+    """``--bucket-cap-mb`` as typed -> the field's value: ``default`` (any case) -> None, torch's
+    default buckets (``strategies.DDP_DEFAULT_BUCKET``); a number -> MiB as a float. Raises
+    ``ValueError`` for anything else."""
+    if text is None or isinstance(text, (int, float)) and not isinstance(text, bool):
+        return None if text is None else float(text)
+    if str(text).strip().lower() == strategies.DDP_DEFAULT_BUCKET:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of MiB or {strategies.DDP_DEFAULT_BUCKET}") from None
+
+
+def bucket_setting(bucket_cap_mb: float | None) -> float | str:
+    """The bucket setting torch applies, as the manifest records it: the MiB given, or
+    ``strategies.DDP_DEFAULT_BUCKET`` when none was (1 MiB first bucket, then 25 MiB)."""
+    return strategies.DDP_DEFAULT_BUCKET if bucket_cap_mb is None else bucket_cap_mb
 
 
 def layer_num_params(hidden: int) -> int:
@@ -98,7 +122,8 @@ class RecordConfig:
     backend: str = _option("auto", "auto (gloo on CPU, nccl on CUDA), gloo or nccl.")
     device: str = _option("auto", "auto, cpu or cuda.")
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
-    model: str = _option("reference", "What to train: reference, hf:gpt2, hf:llama, package.module:factory "
+    model: str = _option("reference", "What to train: reference, hf:gpt2, hf:llama (resized: "
+                         "hf:gpt2?n_layer=4,n_embd=128), package.module:factory "
                          "or path/to/file.py:factory (a function returning tracer.ModelSpec).")
     hidden: int = _option(256, "Model width (--model reference).")
     """Model width h; activations are [batch, seq, h]."""
@@ -126,8 +151,11 @@ class RecordConfig:
     ``MixedPrecisionPolicy``, emulated in the baseline and DDP (tracer/training.py)."""
     activation_checkpointing: bool = _option(False, "Non-reentrant activation checkpointing of every FSDP "
                                              "unit (baseline and ddp too).")
-    bucket_cap_mb: float | None = _option(None, "DDP bucket_cap_mb (default 25).")
-    """DDP gradient bucket size, MiB (DDP's default 25 when None)."""
+    bucket_cap_mb: float | None = _option(None, "DDP bucket_cap_mb, MiB, or default (torch's: a 1 MiB "
+                                          "first bucket, then 25 MiB).", parser=parse_bucket_cap_mb,
+                                          metavar="<float|default>")
+    """DDP gradient bucket size, MiB; None (``--bucket-cap-mb default``): torch's default, a 1 MiB
+    first bucket then 25 MiB (``strategies.DDP_DEFAULT_BUCKET``), not the same as 25."""
     gradient_as_bucket_view: bool = _option(False, "DDP gradient_as_bucket_view.")
     """DDP ``gradient_as_bucket_view``: gradients are views into the reduction buckets."""
     static_graph: bool = _option(False, "DDP static_graph.")
@@ -374,6 +402,10 @@ class RecordConfig:
 
     def _check_training_options(self, bad) -> None:
         """--mixed-precision, DDP's options and options a strategy does not take."""
+        try:  # a config built in Python may say "default" as the command line does
+            self.bucket_cap_mb = parse_bucket_cap_mb(self.bucket_cap_mb)
+        except ValueError as exc:
+            raise bad("bucket-cap-mb", self.bucket_cap_mb, str(exc)) from None
         if self.bucket_cap_mb is not None and not 0 < self.bucket_cap_mb < float("inf"):
             raise bad("bucket-cap-mb", self.bucket_cap_mb, "must be a finite number of MiB > 0")
         check_taken(self.strategy, [o for o in strategies.STRATEGY_OPTIONS if self.option_given(o)])
@@ -522,7 +554,7 @@ class RecordConfig:
             out.update(pp=self.pp_degree, pp_schedule=self.resolved_pp_schedule,
                        microbatches=self.pp_microbatches)
         if "bucket_cap_mb" in taken:
-            out.update(bucket_cap_mb=self.bucket_cap_mb if self.bucket_cap_mb is not None else 25.0,
+            out.update(bucket_cap_mb=bucket_setting(self.bucket_cap_mb),
                        gradient_as_bucket_view=self.gradient_as_bucket_view,
                        static_graph=self.static_graph)
         if "sharding_strategy" in taken:

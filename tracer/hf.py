@@ -10,7 +10,11 @@ different masks); the KV cache is off (``use_cache=False``: training needs none,
 checkpointing's recompute would append a second time to it). FSDP units: the decoder blocks (``GPT2Block``, ``LlamaDecoderLayer``), as
 torchtitan and the transformers FSDP docs wrap them.
 
-Batch: random token ids in [0, 256) from ``torch.Generator().manual_seed(seed + 1)``, shape
+Sizes: ``hf:gpt2?n_layer=4,n_embd=128`` sets those keys of the config over the tiny ones
+(tracer/specform.py parses the text; a key the config does not have is refused, naming the valid
+ones); the manifest's ``model.spec`` keeps the SPEC as given, overrides included.
+
+Batch: random token ids in [0, 256) (in [0, vocab_size) when an override makes it smaller) from ``torch.Generator().manual_seed(seed + 1)``, shape
 [batch, 17]; inputs are tokens 0..15, targets tokens 1..16. Loss: causal-LM cross-entropy, the
 mean over every target token of the rows given (fp32 logits).
 """
@@ -18,6 +22,8 @@ mean over every target token of the rows given (fp32 logits).
 from __future__ import annotations
 
 import os
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -42,10 +48,11 @@ def _transformers(family: str):
     return transformers
 
 
-def make_tokens(batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets): [batch, SEQ] int64 token ids each, targets shifted by one."""
+def make_tokens(batch_size: int, seed: int, vocab: int = VOCAB) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets): [batch, SEQ] int64 token ids in [0, min(vocab, VOCAB)) each, targets
+    shifted by one."""
     gen = torch.Generator().manual_seed(seed + 1)
-    ids = torch.randint(0, VOCAB, (batch_size, SEQ + 1), generator=gen)
+    ids = torch.randint(0, min(vocab, VOCAB), (batch_size, SEQ + 1), generator=gen)
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
@@ -55,29 +62,55 @@ def causal_lm_loss(outputs, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def gpt2() -> ModelSpec:
-    """Tiny GPT2LMHeadModel (tied embedding and head); units: GPT2Block."""
+def config_keys(config_class) -> list[str]:
+    """The keys ``hf:FAMILY?KEY=VALUE`` may set: the config's own fields (``to_dict`` of a
+    default config, transformers' bookkeeping ``_*`` and ``transformers_version`` left out)
+    and their standard aliases (``attribute_map``: ``hidden_size`` for GPT-2's ``n_embd``)."""
+    keys = {k for k in config_class().to_dict() if not k.startswith("_") and k != "transformers_version"}
+    return sorted(keys | set(getattr(config_class, "attribute_map", {})))
+
+
+def _config(config_class, family: str, ours: dict[str, Any], overrides: dict[str, Any] | None,
+            spec: str | None):
+    """``config_class(**ours)`` with ``overrides`` set over ours. Raises ``SpecError`` (one
+    line naming the key and the valid ones) for a key the config does not have."""
+    overrides = overrides or {}
+    valid = config_keys(config_class)
+    unknown = [k for k in overrides if k not in valid]
+    if unknown:
+        raise SpecError(f"--model {spec or 'hf:' + family}: {config_class.__name__} has no key "
+                        f"{unknown[0]!r}; valid keys: {', '.join(valid)}")
+    return config_class(**{**ours, **overrides})
+
+
+def _spec(model, config, units: tuple) -> ModelSpec:
+    vocab = int(config.vocab_size)
+    return ModelSpec(model=model, make_batch=lambda b, seed: make_tokens(b, seed, vocab),
+                     loss=causal_lm_loss, units=units)
+
+
+def gpt2(overrides: dict[str, Any] | None = None, spec: str | None = None) -> ModelSpec:
+    """Tiny GPT2LMHeadModel (tied embedding and head); units: GPT2Block. ``overrides``: config
+    keys set over the tiny ones (``hf:gpt2?n_layer=4``; ``spec`` names it in a refusal)."""
     tf = _transformers("gpt2")
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
-    config = tf.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=HIDDEN, n_layer=LAYERS,
-                           n_head=HEADS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                           bos_token_id=0, eos_token_id=0, attn_implementation="eager",
-                           use_cache=False)
-    return ModelSpec(model=tf.GPT2LMHeadModel(config), make_batch=make_tokens,
-                     loss=causal_lm_loss, units=(GPT2Block,))
+    config = _config(tf.GPT2Config, "gpt2", dict(
+        vocab_size=VOCAB, n_positions=SEQ, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+        attn_implementation="eager", use_cache=False), overrides, spec)
+    return _spec(tf.GPT2LMHeadModel(config), config, (GPT2Block,))
 
 
-def llama() -> ModelSpec:
-    """Tiny LlamaForCausalLM (untied head, RMSNorm, rotary buffers); units: LlamaDecoderLayer."""
+def llama(overrides: dict[str, Any] | None = None, spec: str | None = None) -> ModelSpec:
+    """Tiny LlamaForCausalLM (untied head, RMSNorm, rotary buffers); units: LlamaDecoderLayer.
+    ``overrides``: config keys set over the tiny ones (``hf:llama?num_hidden_layers=4``)."""
     tf = _transformers("llama")
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    config = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
-                            num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                            num_key_value_heads=HEADS, max_position_embeddings=SEQ,
-                            attention_dropout=0.0, bos_token_id=0, eos_token_id=0,
-                            attn_implementation="eager", use_cache=False)
-    return ModelSpec(model=tf.LlamaForCausalLM(config), make_batch=make_tokens,
-                     loss=causal_lm_loss, units=(LlamaDecoderLayer,))
-
+    config = _config(tf.LlamaConfig, "llama", dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+        max_position_embeddings=SEQ, attention_dropout=0.0, bos_token_id=0, eos_token_id=0,
+        attn_implementation="eager", use_cache=False), overrides, spec)
+    return _spec(tf.LlamaForCausalLM(config), config, (LlamaDecoderLayer,))

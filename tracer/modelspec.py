@@ -11,6 +11,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from tracer.specform import SpecError  # defined without torch (tracer/specform.py)
+
+__all__ = ["ModelSpec", "SpecError", "load_parameters", "buffer_names"]
+
 
 @dataclass(kw_only=True, slots=True)
 class ModelSpec:
@@ -68,8 +72,6 @@ class ModelSpec:
     local output); other layouts are left out (tracer/strategies.py ``tp_activation``)."""
 
 
-class SpecError(ValueError):
-    """A SPEC that cannot be used: one line naming the spec, the problem and what to do."""
 
 def load_parameters(model: nn.Module, tensors: dict[str, torch.Tensor], prefix: str) -> None:
     """Copy ``tensors[prefix + fqn]`` into each parameter of ``model`` (``named_parameters``:
@@ -89,5 +91,6 @@ def load_parameters(model: nn.Module, tensors: dict[str, torch.Tensor], prefix: 
 
 
 def buffer_names(model: nn.Module) -> list[str]:
-    """FQNs of the model's buffers: not compared (README "Your own model": why)."""
+    """FQNs of the model's buffers: not compared (why: docs/howto/your-model.md, "How to: record
+    your own model")."""
     return [name for name, _ in model.named_buffers()]

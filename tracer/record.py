@@ -315,16 +315,24 @@ def _release(configs: list[RecordConfig]) -> None:
         unlock_run_dir(cfg.run_dir)
 
 
+REPLACED: dict[Path, str] = {}
+"""Run dir -> the finished run this process's record replaced there (``rundir.finished_run``'s
+words), for the CLI to say with the outcome (tracer/cli.py ``_record_here``)."""
+
+
 def prepare_run_dir(cfg: RecordConfig, staging: Path) -> None:
-    """Clear ``cfg.run_dir`` (``rundir.clear_run_dir``) and place the staged baseline files in
-    it (hard links). Raises ``ValueError`` when the folder cannot be written."""
+    """Clear ``cfg.run_dir`` (``rundir.clear_run_dir``; a finished run it held is named in
+    ``REPLACED``) and place the staged baseline files in it (hard links). Raises ``ValueError``
+    when the folder cannot be written."""
     from tracer.baseline import BASELINE_FILES
     from tracer.rundir import clear_run_dir
 
     try:
-        clear_run_dir(cfg.run_dir)
+        replaced = clear_run_dir(cfg.run_dir)
     except OSError as exc:
         raise _cannot_prepare(cfg.run_dir, exc) from None
+    if replaced is not None:
+        REPLACED[cfg.run_dir] = replaced
     for name in BASELINE_FILES:
         if (staging / name).exists():
             _place(staging / name, cfg.run_dir / name)

@@ -34,6 +34,7 @@ import analyzer.contract.owner as owner
 from analyzer.contract.schemas import (LOCK_NAME, MANIFEST_NAME, MEMORY_DIR, RECORDING_NAME,
                                        REPORT_DIR_NAME, RUN_FILE, FileEntry, sha256_file)
 from analyzer.contract.stopping import stop_signals_held
+from analyzer.contract.text import one_line
 
 STAGING_PREFIX = ".tracer-baseline-"
 """Name prefix of the hidden folder beside the run dirs where ``tracer record`` computes the
@@ -245,7 +246,7 @@ def unlock_all() -> None:
         unlock_run_dir(Path(key))
 
 
-def clear_run_dir(run_dir: Path) -> None:
+def clear_run_dir(run_dir: Path) -> str | None:
     """Start a record in ``run_dir``: take its lock (``lock_run_dir``), write the record marker
     ``RECORDING_NAME`` (pid), then remove a previous record's files, manifest first.
 
@@ -256,11 +257,16 @@ def clear_run_dir(run_dir: Path) -> None:
     ``rank2.trace.json.gz`` beside a 2-rank run) stays; of a record that did not complete (no
     readable manifest), every file named like the tracer's; always the hidden ``_TRANSIENT``
     ones and ``.parts/``; ``memory/`` only when that leaves it empty. Everything else stays
-    (issue 17 items 2 and 4). Raises ``RunDirBusy`` (another record holds the lock), ``OSError``.
+    (issue 17 items 2 and 4). Returns what it replaced, ``finished_run``'s words (``a finished
+    ddp run of 2 ranks recorded 2026-12-07 04:40 UTC``), None when the folder held no finished
+    run: the caller says it (the CLI, with the run's outcome), so a re-record never loses a
+    finished run silently (issue 42). Raises ``RunDirBusy`` (another record holds the lock),
+    ``OSError``.
     """
     check_no_links_out(run_dir)  # again: under torchrun rank 0 clears what every rank checked
     lock_run_dir(run_dir)
     listed = _listed_files(run_dir / MANIFEST_NAME)  # before the manifest goes
+    replaced = finished_run(run_dir)  # said by the caller: never lose a finished run silently
     _write_no_follow(run_dir / RECORDING_NAME, f"{os.getpid()}\n")
     (run_dir / MANIFEST_NAME).unlink(missing_ok=True)
     for f in _entries(run_dir):
@@ -271,6 +277,48 @@ def clear_run_dir(run_dir: Path) -> None:
     shutil.rmtree(run_dir / PARTS_DIR, ignore_errors=True)
     with contextlib.suppress(OSError):  # absent, or holds files that are not the tracer's
         (run_dir / MEMORY_DIR).rmdir()
+    return replaced
+
+
+def finished_run(run_dir: Path) -> str | None:
+    """``a finished ddp run of 2 ranks recorded 2026-12-07 04:40 UTC`` when ``run_dir`` holds a
+    finished record (the tracer's manifest and no record marker), None otherwise (empty, or a
+    record that did not finish: nothing of value is replaced). Reads the manifest only."""
+    path = run_dir / MANIFEST_NAME
+    if (run_dir / RECORDING_NAME).exists() or not _is_tracer_manifest(path):
+        return None
+    try:
+        m = msgspec.json.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return None
+    strategy, world, created = m.get("strategy"), m.get("world_size"), m.get("created_utc")
+    ranks = f" of {world} rank{'s' * (world != 1)}" if type(world) is int else ""
+    when = ""
+    if isinstance(created, str):
+        when = " recorded " + (created[:16].replace("T", " ") + " UTC"
+                               if re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d.*", created) else created)
+    return one_line(f"a finished {strategy if isinstance(strategy, str) else 'tracer'} run{ranks}{when}")
+
+
+def incomplete_hint(run_dirs: list[Path], replaced: dict[Path, str] | None = None) -> str:
+    """For the one line of a failed or interrupted command: which of ``run_dirs`` its records
+    left incomplete (the record marker, no manifest) and how to clean them up, exactly --
+    ``; traces/ddp is incomplete: run this command again to re-record it, or delete the folder
+    traces/ddp`` (several: ``...: run this command again to re-record them, or delete the
+    folders a, b``); "" when none is. ``replaced``: run dir -> the finished run its record
+    replaced (``clear_run_dir``), named after it (``traces/ddp (it held a finished ddp run of 2
+    ranks recorded ...)``). A re-record of the same command replaces them; the analyzer refuses
+    them until then (analyzer/ingest/rundirs.py)."""
+    replaced = replaced or {}
+    left = [d for d in run_dirs if (d / RECORDING_NAME).exists()]
+    if not left:
+        return ""
+    named = ", ".join(f"{d}" + (f" (it held {replaced[d]})" if d in replaced else "") for d in left)
+    if len(left) == 1:
+        return (f"; {named} is incomplete: run this command again to re-record it, or delete "
+                f"the folder {left[0]}")
+    return (f"; {named} are incomplete: run this command again to re-record them, or "
+            f"delete the folders {', '.join(map(str, left))}")
 
 
 def _write_no_follow(path: Path, text: str) -> None:

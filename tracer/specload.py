@@ -6,7 +6,11 @@ SPEC forms (``load_spec``):
   ``--layers``, ``--seq``), FSDP units from ``size_based_auto_wrap_policy``.
 - ``package.module:factory``: ``factory`` imported from an importable module.
 - ``path/to/file.py:factory``: ``factory`` from the user's own file (importlib, from its path).
-- ``hf:gpt2``, ``hf:llama``: tiny transformers models built offline (tracer/hf.py).
+- ``hf:gpt2``, ``hf:llama``: tiny transformers models built offline (tracer/hf.py);
+  ``hf:gpt2?n_layer=4,n_embd=128`` sets those keys of its config (checked against it).
+
+The form is read without torch first (tracer/specform.py): the CLI refuses a SPEC that names
+no model (a missing file, say) before torch is imported.
 
 A factory takes no arguments and returns a ``ModelSpec`` (tracer/modelspec.py).
 ``torch.manual_seed(--seed)`` is set just before it is called, so a factory that draws its
@@ -18,6 +22,7 @@ same in each process.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import sys
@@ -28,36 +33,27 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from tracer import hf
+from tracer import hf, specform
 from tracer.modelspec import ModelSpec, SpecError
 
-REFERENCE = "reference"
-HF_PREFIX = "hf:"
-HF_FAMILIES = ("gpt2", "llama")
-"""``hf:<name>``: the factory ``name`` of tracer/hf.py."""
+REFERENCE = specform.REFERENCE
+HF_PREFIX = specform.HF_PREFIX
+HF_FAMILIES = specform.HF_FAMILIES
 
 
 def _bad(spec: str, problem: str, fix: str) -> SpecError:
-    return SpecError(f"--model {spec}: {problem}; {fix}")
-
-
-_FORMS = "use reference, hf:gpt2, hf:llama, package.module:factory or path/to/file.py:factory"
+    return specform.bad_spec(spec, problem, fix)
 
 
 def _factory(spec: str) -> Callable[[], Any]:
-    """The factory named by ``spec`` (not ``reference``). Raises ``SpecError``."""
-    if spec.startswith(HF_PREFIX):  # the factories of tracer/hf.py, by name
-        name = spec[len(HF_PREFIX):]
-        if name not in HF_FAMILIES:
-            raise _bad(spec, f"unknown family {name!r}", f"use one of hf:{', hf:'.join(HF_FAMILIES)}")
-        return getattr(hf, name)
-    where, sep, attr = spec.rpartition(":")
-    if not sep or not where or not attr.isidentifier():
-        raise _bad(spec, "not a model spec", _FORMS)
-    if where.endswith(".py"):
+    """The factory named by ``spec`` (not ``reference``; its form read by
+    ``specform.parse_spec``). Raises ``SpecError``."""
+    form = specform.parse_spec(spec)
+    if form.kind == "hf":  # the factories of tracer/hf.py, by name, with the config's overrides
+        return functools.partial(getattr(hf, form.where), overrides=dict(form.overrides), spec=spec)
+    where, attr = form.where, form.factory
+    if form.kind == "file":
         path = Path(where).expanduser()
-        if not path.is_file():
-            raise _bad(spec, f"no such file {path}", "pass the path of your .py file")
         name = f"_paritytrace_spec_{abs(hash(str(path.resolve())))}"
         loader = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(loader)

@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 def apply_ddp(model: nn.Module, cfg: RecordConfig, device: torch.device) -> nn.Module:
     """DistributedDataParallel; on CUDA pinned to ``device``. DDP broadcasts rank 0's weights.
 
-    ``--bucket-cap-mb`` (DDP's default 25 MiB when None), ``--gradient-as-bucket-view``,
-    ``--static-graph`` are DDP's constructor arguments; ``--mixed-precision fp32,REDUCE,fp32``
+    ``--bucket-cap-mb`` (None: not passed, torch's default, a 1 MiB first bucket then 25 MiB),
+    ``--gradient-as-bucket-view``, ``--static-graph`` are DDP's constructor arguments; ``--mixed-precision fp32,REDUCE,fp32``
     registers a compression comm hook (``training.ddp_comm_hook``).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -20,7 +20,7 @@ rank order): one device doing gradient accumulation. A whole-batch gradient roun
 differ from the ranks' W rounded partial sums by u relative to the *partials*, which in a small
 tensor whose rows cancel (a norm weight) exceeds any tolerance relative to the gradient itself.
 What is left is the order of the collective's additions (none for W = 2), which the tolerance
-covers (README "Parity").
+covers (docs/method.md "Reading the report": the parity check and its tolerance).
 """
 
 from __future__ import annotations

@@ -195,7 +195,9 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
     if env.launch == "torchrun":
         if env.rank == 0:
             hb.beat("baseline")
-            clear_run_dir(cfg.run_dir)
+            replaced = clear_run_dir(cfg.run_dir)
+            if replaced is not None:  # torchrun: said by rank 0 as it happens (rank-prefixed)
+                log.warning("%s: replacing %s", cfg.run_dir, replaced)
             write_baseline_isolated(cfg, device.type, baseline_path)
         dist.barrier()
     base, order = load_baseline(baseline_path, cfg, device.type)

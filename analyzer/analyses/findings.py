@@ -361,7 +361,8 @@ def _straggler(r: _Run) -> Iterator[Finding]:
 def _overlap_action(strategy: str, kind: str) -> str | None:
     row = strategies.spec(strategy)
     if row is not None and row.wrapper == "ddp" and kind == "all_reduce":
-        return ("DDP: try a smaller bucket_cap_mb (default 25) so that the first buckets' "
+        return ("DDP: try a smaller bucket_cap_mb (torch's default: a 1 MiB first bucket, then "
+                "25 MiB) so that the first buckets' "
                 "all_reduce starts earlier in backward and overlaps more of it")
     if row is not None and row.is_flat and row.dim_of("shard") and kind == "all_gather":
         return ("FSDP: prefetch the next unit's all_gather (FSDP1 forward_prefetch=True, "

@@ -1,7 +1,7 @@
 """`analyzer gate DIR`: the parity gate (issue 4) and, with ``--baseline OLD`` (the previous
 runs), the performance gate (issue 20, analyzer/compare/perfgate.py).
 
-Exit codes (README "Exit codes and errors", ``ExitCode``): 0 every run passed parity and no
+Exit codes (docs/errors.md "Exit codes and errors", ``ExitCode``): 0 every run passed parity and no
 metric regressed; 2 bad input or option; 3 a run is not numerically equivalent or not verified
 (checked first: speed figures of wrong numbers do not count); 4 a regression: the 95 % interval
 of new / old step time, exposed communication or peak allocated memory lies wholly above

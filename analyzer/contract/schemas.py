@@ -475,7 +475,10 @@ class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     strategy_options: dict[str, Any]
     """For fsdp/fsdp2 {sharding_strategy, auto_wrap_min_num_params, backward_prefetch,
     forward_prefetch, reshard_after_forward, fsdp_units (wrapped module FQNs, post-order)}; for
-    ddp {bucket_cap_mb, gradient_as_bucket_view, static_graph}."""
+    ddp {bucket_cap_mb, gradient_as_bucket_view, static_graph}: ``bucket_cap_mb`` the MiB given,
+    or ``"default"`` (``strategies.DDP_DEFAULT_BUCKET``) when none was: torch's 1 MiB first
+    bucket, then 25 MiB -- another setting than an explicit 25 (records before issue 42 wrote
+    25.0 for both)."""
     fault: str | None  # one of FAULTS (a deliberate bug, see tracer)
     precision: str  # one of PRECISIONS
     world_size: int

@@ -21,6 +21,14 @@ Role = Literal["shard", "replicate", "tensor", "stage"]
 FSDP_OPTIONS = ("sharding_strategy", "wrap_min_params", "backward_prefetch", "forward_prefetch",
                 "reshard_after_forward")
 DDP_OPTIONS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
+DDP_DEFAULT_BUCKET = "default"
+"""The manifest's ``strategy_options.bucket_cap_mb`` (and a declared arm's setting) of a ddp run
+given no ``--bucket-cap-mb`` (``--bucket-cap-mb default``): torch's default buckets, a first
+bucket of 1 MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``) and 25 MiB after it
+(``_DEFAULT_BUCKET_CAP_MB``; torch/nn/parallel/distributed.py ``_BucketCapacityConfig.create``:
+the small first bucket only when ``bucket_cap_mb`` is None). An explicit ``--bucket-cap-mb 25``
+makes every bucket 25 MiB, the first too, so the two are different settings (on the reference
+model, 2 all_reduce calls per step against 1). Records before issue 42 wrote 25.0 for both."""
 PP_OPTIONS = ("pp", "pp_schedule", "microbatches")
 COMMON_FAULTS = ("wrong-grad-scale", "unsynced-init")
 """Fault canaries every distributed strategy reproduces (tracer/faults.py)."""

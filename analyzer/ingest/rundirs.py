@@ -268,7 +268,28 @@ def _order(run: RunDir) -> tuple:
 
 
 _NOT_DONE = "the record did not complete (failed, interrupted or still running)"
-_INCOMPLETE_FIX = "re-record the run, or pass --allow-incomplete to analyse what is there"
+_ANALYSE_ANYWAY = "or pass --allow-incomplete to analyse what is there"
+
+
+def cleanup_hint(folders: list[Path]) -> str:
+    """How to clean up incomplete run directories, exactly: re-record each where it was
+    recorded (``tracer record`` writes ``--out OUT --name NAME`` to ``OUT/NAME``, and replaces a
+    run dir of its own there) or delete the folder. One folder::
+
+        re-record it (tracer record ... --out traces --name ddp) or delete the folder traces/ddp
+
+    Several: each named, ``re-record them (tracer record ... --out traces --name ddp, ... --name
+    fsdp) or delete the folders traces/ddp, traces/fsdp``."""
+    if len(folders) == 1:
+        f = folders[0]
+        return f"re-record it (tracer record ... --out {f.parent} --name {f.name}) or delete the folder {f}"
+    names = ", ".join(f"... --name {f.name}" for f in folders[1:])
+    return (f"re-record them (tracer record ... --out {folders[0].parent} --name {folders[0].name}"
+            f"{', ' + names if names else ''}) or delete the folders {', '.join(map(str, folders))}")
+
+
+def _incomplete_fix(folders: list[Path]) -> str:
+    return f"{cleanup_hint(folders)}; {_ANALYSE_ANYWAY}"
 
 
 def _why_incomplete(folder: Path) -> str:
@@ -336,7 +357,7 @@ def find_job(path: Path | str, *, allow_incomplete: bool = False) -> RunDir:
     incomplete = tracer_written(path)
     if incomplete and not allow_incomplete:
         raise BadInput(path, "incomplete_run", f"incomplete run: {_why_incomplete(path)}",
-                       _INCOMPLETE_FIX)
+                       _incomplete_fix([path]))
     traces = trace_files(children, run_dir=incomplete, notes=notes)
     hint = None if traces or incomplete else _subfolders_hint(path, children)
     if hint:
@@ -391,8 +412,8 @@ def _incomplete_runs(root: Path, incomplete: list[Path]) -> BadInput:
         f"incomplete run: {_why_incomplete(incomplete[0])}" if one else
         f"incomplete runs {', '.join(p.name for p in incomplete)}: {_NOT_DONE} (no "
         f"manifest.json, or a {schemas.RECORDING_NAME} marker)",
-        "re-record, or pass --allow-incomplete to analyse as found (marked incomplete, "
-        "not ranked, not gated)")
+        f"{cleanup_hint(incomplete)}; or pass --allow-incomplete to analyse as found (marked "
+        "incomplete, not ranked, not gated)")
 
 
 def _foreign_job(root: Path, children: list[Path], skipped: list[str]) -> Discovery:
@@ -445,7 +466,7 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     if tracer_written(root):
         if not allow_incomplete:
             raise BadInput(root, "incomplete_run", f"incomplete run: {_why_incomplete(root)}",
-                           _INCOMPLETE_FIX)
+                           _incomplete_fix([root]))
         # the run is root itself: the walk's notes are the run's (said once, by its analysis)
         return Discovery(root=root, layout="run", runs=[RunDir(
             path=root, name=root.name, manifest=None, incomplete=True, notes=skipped,
@@ -481,7 +502,8 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
             continue
         if allow_incomplete:  # README: analysed as found, marked incomplete
             msg = _why_incomplete(sub)
-            warnings.append(f"{sub}: {msg}; analysed as found (--allow-incomplete)")
+            warnings.append(f"{sub}: {msg}; analysed as found (--allow-incomplete); to clean "
+                            f"up, {cleanup_hint([sub])}")
             log.warning("%s: %s; analysed as found", sub, msg)
             runs.append(RunDir(path=sub, name=sub.name, manifest=None, incomplete=True,
                                notes=notes, traces=trace_files(sub_children, run_dir=True,

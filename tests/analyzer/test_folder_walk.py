@@ -222,4 +222,5 @@ def test_root_of_foreign_trace_folders_advises_one_folder_at_a_time(tmp_path):
     shutil.copy(tb / "nccl__worker0.json", inc / "rank0.trace.json.gz")
     proc = cli("report", str(root))
     assert f"analyzer: {inc}: incomplete run: no manifest.json" in proc.stderr
-    assert "re-record, or pass --allow-incomplete to analyse as found" in proc.stderr
+    assert (f"re-record it (tracer record ... --out {root} --name ddp) or delete the folder "
+            f"{inc}; or pass --allow-incomplete to analyse as found") in proc.stderr

@@ -77,7 +77,8 @@ def test_arms_interleave_rotated_as_one_experiment():
 
 def test_settings_are_resolved_per_strategy():
     cfgs = [RecordConfig(strategy="ddp", name="a"), RecordConfig(strategy="ddp", name="b", bucket_cap_mb=25.0)]
-    assert settings_of(cfgs) == [{}, {}]  # None is DDP's 25 MiB: not a difference
+    # None is torch's default buckets (1 MiB first, then 25 MiB): not an explicit 25
+    assert settings_of(cfgs) == [{"bucket_cap_mb": "default"}, {"bucket_cap_mb": 25.0}]
     lr = [RecordConfig(strategy="ddp", name="a"), RecordConfig(strategy="ddp", name="b", lr=0.1)]
     assert settings_of(lr) == [{}, {}]  # sgd's default lr is 0.1
 

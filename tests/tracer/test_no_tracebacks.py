@@ -307,13 +307,16 @@ def test_sigterm_at_each_phase_of_a_record_exits_130_and_leaves_an_incomplete_ru
         if launcher.poll() is None:
             launcher.kill()
     assert launcher.returncode == 130, stderr
+    run_dir = tmp_path / "ddp"
     said = ["tracer: interrupted; all workers stopped, the interrupted run has no manifest"]
+    if (run_dir / schemas.RECORDING_NAME).exists():  # left incomplete: how to clean it up
+        said = [f"{said[0]}; {run_dir} is incomplete: run this command again to re-record it, "
+                f"or delete the folder {run_dir}"]
     if phase == "claimed":  # the signal may land while the claim is still being taken
         said.append("tracer: interrupted before any record started; nothing written")
     assert _one_line(stderr) in said
     assert alive_with_tag(tag) == []
     assert not _staging(tmp_path)
-    run_dir = tmp_path / "ddp"
     assert not (run_dir / schemas.MANIFEST_NAME).exists()
     if phase in ("prepared", "steps"):
         assert (run_dir / schemas.RECORDING_NAME).exists()

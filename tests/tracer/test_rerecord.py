@@ -196,3 +196,16 @@ def test_concurrent_records_into_one_run_dir_one_is_refused(tmp_path):
     assert len(lines) == 1 and "another tracer record" in lines[0] and str(out / "ddp") in lines[0], err1
     _assert_listed(out / "ddp")
     assert cli("gate", str(out)).returncode == 0
+
+
+def test_rerecord_says_which_finished_run_it_replaced(tmp_path):
+    args = ["--strategy", "ddp", *TINY, "--warmup", "0", "--active", "1", "--out", str(tmp_path)]
+    first, _ = run_tracer(args, REPO)
+    assert first.returncode == 0 and "replacing" not in first.stderr, first.stderr
+    created = schemas.read_manifest(tmp_path / "ddp" / schemas.MANIFEST_NAME).created_utc
+    again, _ = run_tracer(args, REPO)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines() == [f"recorded {tmp_path / 'ddp'}"]
+    assert again.stderr.splitlines() == [
+        f"tracer: {tmp_path / 'ddp'} replaced a finished ddp run of 2 ranks recorded "
+        f"{created[:10]} {created[11:16]} UTC"]

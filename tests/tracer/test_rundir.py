@@ -323,3 +323,28 @@ def test_record_over_a_memory_link_is_refused_before_torch_is_imported(tmp_path,
     _one_line_refusal(proc, "out/ddp/memory: is a symlink", "remove the link")
     assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
     assert (run / "memory").is_symlink()
+
+
+def test_rerecord_of_a_finished_run_names_what_it_replaces(tmp_path):
+    import shutil
+
+    run = tmp_path / "ddp"
+    shutil.copytree(REPO / "fixtures" / "recorded" / "tiny" / "ddp", run)
+    assert rundir.clear_run_dir(run) == "a finished ddp run of 2 ranks recorded 2026-12-06 23:12 UTC"
+    rundir.unlock_run_dir(run)
+    assert rundir.clear_run_dir(run) is None  # now incomplete: nothing of value replaced
+    rundir.unlock_run_dir(run)
+
+
+def test_incomplete_run_dirs_say_how_to_clean_them_up(tmp_path):
+    a, b, done = (_tree(tmp_path / n, [schemas.RECORDING_NAME]) for n in ("a", "b", "c"))
+    (done / schemas.RECORDING_NAME).unlink()
+    assert rundir.incomplete_hint([done]) == ""
+    assert rundir.incomplete_hint([a, done]) == (
+        f"; {a} is incomplete: run this command again to re-record it, or delete the folder {a}")
+    assert rundir.incomplete_hint([a, b]) == (
+        f"; {a}, {b} are incomplete: run this command again to re-record them, or delete the "
+        f"folders {a}, {b}")
+    assert rundir.incomplete_hint([a], {a: "a finished ddp run of 2 ranks recorded X"}) == (
+        f"; {a} (it held a finished ddp run of 2 ranks recorded X) is incomplete: run this "
+        f"command again to re-record it, or delete the folder {a}")
