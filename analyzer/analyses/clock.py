@@ -55,7 +55,7 @@ Limits: a mis-pairing that shifts every end by the same amount cannot be told fr
 offset (it is absorbed into the offset); a CPU rank descheduled before its collective's end is
 recorded can push one genuine instance past the bound, which then counts as not measured
 rather than as a long transfer. Source: the rule is ours (HTA analyses each rank on its own clock and aligns none), stated here and in
-README "Clock offsets".
+docs/method.md "Clock offsets".
 
 Which events are collectives, their kind and process group: the ingest's rules, one for every
 command (analyzer/ingest/classify.py, the collectives table of analyzer/analyses/collectives.py

@@ -1,6 +1,6 @@
 """The parity gate, recomputed from ``numerics.parquet`` (never from a stored flag).
 
-Rule (README "Parity"; contract in ``analyzer/contract/schemas.py``):
+Rule (docs/method.md "Reading the report"; contract in ``analyzer/contract/schemas.py``):
 
 1. Reduce each tensor's metrics across ranks. A *sharded* tensor (``replicated == 0``: FSDP
    shards, per-rank activation slices) is one tensor split over the ranks: sums are summed
@@ -161,7 +161,7 @@ def check_tensors(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numeri
 
     ``adam``: (lr, eps) of a record with ``--optimizer adamw``: the limit of each parameter after
     the first step grows by ``schemas.adam_first_step_bound(lr, eps, d)``, d = the same
-    tensor's step-0 gradient max_abs_diff (README "Parity", AdamW).
+    tensor's step-0 gradient max_abs_diff (docs/method.md "Reading the report", AdamW).
 
     ``numerics`` is ``read_numerics`` output. Returns one row per (kind, tensor, step), sorted in
     first-divergence order, with columns: kind, tensor, seq, step, reduction ("sharded" |
@@ -229,7 +229,7 @@ def check_loss(numerics: pd.DataFrame, tol: Tolerance, *, path: str = "numerics.
     Returns one row per step: step, n_ranks, loss (mean over ranks of ``value``), ref (the
     baseline's ``ref_value``, lowest rank's), abs_diff, rel_diff (``abs_diff / |ref|``; 0 when
     both are 0, inf when only ref is 0), limit (``tol.envelope``: ``(step + 1) * (atol + rtol *
-    |ref|)``, growing with the step, README "Parity"), passed (bool).
+    |ref|)``, growing with the step, docs/method.md "Reading the report"), passed (bool).
     Raises ``BadInput`` when a step lacks ``value`` or ``ref_value``.
     """
     rows = numerics[numerics["kind"] == "loss"]

@@ -4,7 +4,7 @@ Part of the contract between tracer and analyzer, with analyzer/contract/schemas
 hold) and analyzer/contract/atomic.py (how they are written); the tracer imports these three and
 nothing else of the analyzer (tests/tracer/test_contract.py). It stays a module of its own,
 standard library only, because schemas.py imports pyarrow: every command imports the errors,
-and a cached report must not pay for pyarrow. README "Exit codes and errors" lists every code.
+and a cached report must not pay for pyarrow. docs/errors.md lists every code.
 """
 
 from __future__ import annotations

@@ -333,8 +333,9 @@ class Model(msgspec.Struct, kw_only=True):
     spec: str = "reference"  # ``tracer record --model`` (absent in older records: reference)
     buffers_not_compared: list[str] = []
     """Buffer FQNs (BatchNorm running statistics, rotary tables): not in the numerics, since the
-    optimizer does not train them and each rank updates its own from its rows (README "Your
-    own model"); their effect on the numbers shows in the activations and the loss."""
+    optimizer does not train them and each rank updates its own from its rows
+    (docs/howto/your-model.md); their effect on the numbers shows in the activations and the
+    loss."""
 
 
 class Batch(msgspec.Struct, kw_only=True):

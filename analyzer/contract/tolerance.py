@@ -1,4 +1,5 @@
-"""The parity tolerance: one type for the gate, drift and the loss envelope (README "Parity").
+"""The parity tolerance: one type for the gate, drift and the loss envelope (docs/method.md
+"Reading the report").
 
 A value ``x`` checked against its reference ``r`` is within tolerance iff ``|x - r| <= atol +
 rtol * |r|`` (``torch.testing.assert_close``); a tensor iff ``max |x - r| <= limit(max |r|)``,
@@ -56,8 +57,8 @@ TOLERANCES = {p: Tolerance(rtol=rtol, atol=1e-5, precision=p,
               for p, rtol in (("fp32", 1.3e-6), ("bf16", 1.6e-2), ("fp16", 1e-3))}
 """Parity tolerance by precision (``fp16``: mixed precision's only, never a record's precision)."""
 
-# Mixed precision (``--mixed-precision PARAM,REDUCE,BUFFER``; docs/recording.md, "Tolerances of
-# the training setup"). The baseline rounds each rank's rows' gradient as that rank does and adds
+# Mixed precision (``--mixed-precision PARAM,REDUCE,BUFFER``; docs/recording.md,
+# "Tolerances of the training setup"). The baseline rounds each rank's rows' gradient as that rank does and adds
 # them in REDUCE in rank order (tracer/training.py), so what is left is the order of the W - 1
 # additions, the collective's against the baseline's, each rounded: at most 2 (W - 1) u of the
 # summed magnitudes (u = unit roundoff of REDUCE; W = 2: one commutative addition, bitwise equal,

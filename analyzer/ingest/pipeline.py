@@ -16,7 +16,7 @@ prefetch tables; past that budget each arriving rank's two are put on disk
 (``JobTables.batches``, analyzer/analyses/crossrank.py). With ``--tables-out`` each job's tables
 are also written as a Parquet dataset (analyzer/ingest/dataset.py).
 
-Rank rule (DESIGN.md "Trace semantics"): ``distributedInfo.rank`` when every file has one; a
+Rank rule (ours; its row in ARCHITECTURE.md): ``distributedInfo.rank`` when every file has one; a
 single file without one is rank 0 of 1; several files without one take the number from a
 ``rank<N>`` / ``worker<N>`` pattern in the file name only when every file has one and all
 differ; anything else (some files with a rank and some without, names without a number,

@@ -15,11 +15,12 @@ from tests.test_docs import anchors
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = [REPO / "docs" / "cli.md", *sorted((REPO / "tracer").glob("*.py")),
-           *sorted((REPO / "analyzer" / "cli").glob("*.py"))]
+           *sorted((REPO / "analyzer").rglob("*.py")), *sorted((REPO / "reports").glob("*.py"))]
 POINTER = re.compile(r'(?<![\w/.-])(README(?:\.md)?|(?:[\w-]+/)*[\w-]+\.md)(#[\w-]+)?'
                      r'(?:[ ,(]*"([^"\n]{2,80})")?')
-EXCEPT = {"report.md"}
-"""Names of outputs, not docs (``analyzer report`` writes report.md)."""
+EXCEPT = {"report.md", "doc/PERFORMANCE.md"}
+"""Names of outputs or of other projects' files, not docs here (``analyzer report`` writes
+report.md; doc/PERFORMANCE.md is nccl-tests')."""
 
 
 def _target(source: Path, name: str) -> Path | None:
@@ -33,7 +34,11 @@ def _target(source: Path, name: str) -> Path | None:
 
 
 def _headings(path: Path) -> list[str]:
-    return [m.group(1).strip() for m in re.finditer(r"^#{1,6} (.+?)\s*$", path.read_text(), re.M)]
+    """Its headings, and the bold or italic words that open a paragraph or a list item (the
+    docs name a rule's paragraph so: ``**Tolerances of the training setup**``)."""
+    text = path.read_text()
+    return [m.group(1).strip() for m in re.finditer(r"^#{1,6} (.+?)\s*$", text, re.M)] + [
+        m.group(1).strip() for m in re.finditer(r"^(?:- )?[*_]{1,2}([^*_\n]+)[*_]{1,2}", text, re.M)]
 
 
 def pointers() -> list[tuple[Path, str, str | None, str | None]]:
