@@ -11,9 +11,14 @@ the first line; each figure lists their values in that order, joined by ``→``.
 from __future__ import annotations
 
 from analyzer.contract.arms import arm_label, pair_labels
-from analyzer.contract.report_types import ArmDifference, Report
+from analyzer.contract.report_types import UNSET, ArmDifference, Report
 from reports import fmt
 from reports.memory import LABELS
+
+
+NOTHING_DIFFERS = ("no collective call or byte per kind and mesh dimension and no memory category "
+                   "differs between the arms: a step-time difference between them is not from "
+                   "the work counted here")
 
 
 def _bytes(values: list[float | None], per: str) -> str:
@@ -45,10 +50,19 @@ def lines(report: Report) -> list[str]:
     arms in the order their values are given, then one line per collective kind and mesh
     dimension whose calls or bytes per step differ, one per memory category that differs (bytes
     on the largest rank), and one per memory effect not measurable on this device. Empty when
-    the report has no differences (not declared arms, withheld, or nothing differs)."""
-    rows = report.ranking.differences or []  # UNSET (not declared arms) is falsy
+    the report has no differences to state (not declared arms, withheld, an arm without
+    traces); when every arm was traced and nothing differs, that one line (a step-time ratio
+    between them is then not from the work counted here)."""
+    rows = report.ranking.differences
+    if rows is UNSET or not isinstance(rows, list):
+        return []  # not declared arms
     if not rows:
-        return []
+        ranked = {n for a in report.ranking.arms if a.name in report.ranking.order for n in a.runs}
+        traced = [r for r in report.runs if r.name in ranked]
+        if len(report.ranking.order) < 2 or not traced or not all(r.traces for r in traced):
+            return []
+        return [_arms_line(report, list(report.ranking.order)),
+                NOTHING_DIFFERS]
     names = list(rows[0].values)
     out = [_arms_line(report, names)]
     comm: dict[tuple[str, str], dict[str, ArmDifference]] = {}

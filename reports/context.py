@@ -37,16 +37,17 @@ def _busy(runs: list[RunEntry]) -> str | None:
 
 
 def _cpu_gloo(runs: list[RunEntry]) -> str | None:
-    """Distributed runs recorded on CPU with gloo: their timings carry a shared machine's noise
-    and their collectives run synchronously (no overlap to measure)."""
+    """Distributed runs recorded on CPU with gloo: their timings carry a shared machine's noise,
+    their memory is a sum of categories, and FSDP's collectives run synchronously there (DDP's
+    bucket all_reduces still overlap backward on gloo: only FSDP's overlap is said to be 0)."""
     cpu = [r for r in runs if r.device == "cpu" and r.backend == "gloo"
            and not strategies.is_reference(r.strategy)]
-    dist = [r for r in runs if not strategies.is_reference(r.strategy)]
     if not cpu:
         return None
-    return (f"CPU with gloo ({_of(cpu, dist)}): timings carry +-30-50 % noise, collectives "
-            "run synchronously (overlap near 0), memory is a lower bound: the order of "
-            "strategies here says little about GPUs.")
+    fsdp = [r for r in cpu if r.prefetch]
+    return (f"CPU with gloo ({_of(cpu, runs)}): timings carry +-30-50 % noise, memory is a "
+            "lower bound" + (", FSDP's collectives run synchronously (no overlap)" if fsdp else "")
+            + ": the order of strategies here says little about GPUs.")
 
 
 def _partial(runs: list[RunEntry]) -> str | None:

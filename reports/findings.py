@@ -88,10 +88,16 @@ def first_screen(report: Report) -> tuple[list[str], str | None]:
     found = ordered(report)
     act = [f for f in found if to_act_on(f)]
     shown = act[:TOP]
-    more, observed = len(act) - len(shown), len(found) - len(act)
-    parts = ([f"{more} more with a cause or a try"] if more else []) + (
-        [f"{observed} observation{'s' if observed > 1 else ''} without an established cause"]
-        if observed else [])
+    more = len(act) - len(shown)
+    observed = [f for f in found if not to_act_on(f)]
+    parts = ([f"{more} more with a cause or a try"] if more else [])
+    if observed:  # the largest at stake is named: a folded finding may outweigh those shown
+        top = observed[0]
+        parts.append(f"{len(observed)} observation{'s' if len(observed) > 1 else ''} without "
+                     "an established cause" + (
+                         f" (largest: {KIND_LABELS.get(top.kind, top.kind)} in "
+                         f"{', '.join(top.runs)}, {stake(top)})"
+                         if top.severity_ns is not None and top.runs else ""))
     return [line(f) for f in shown], " and ".join(parts) or None
 
 
@@ -102,7 +108,7 @@ def head(report: Report) -> str:
         return "Findings: none drawn from these figures."
     act = sum(map(to_act_on, report.findings))
     if not act:
-        return f"Findings: none with an established cause or an action to try, of {n}."
+        return (f"Findings: {n}, none with an established cause or an action to try.")
     return (f"Findings to act on, most step time at stake first ({act} of {n} have a cause "
             f"that explains at least {fmt.pct(CAUSE_THRESHOLD)} of the effect or an action to "
             "try):")

@@ -332,7 +332,7 @@ def first_screen(report: Report) -> list[str]:
     lines, rest = findings_text.first_screen(report)
     items = "".join(f"<li>{e(x)}</li>" for x in lines)
     ctx = context.lines(report)
-    folded = (f'<p>{"Also" if lines else "There are"} {e(rest)}: '
+    folded = (f'<p>{"Also" if lines else "Folded:"} {e(rest)}: '
               '<a href="#findings-in-full">Findings in full</a>.</p>' if rest else "")
     return [f'<p class="decision" id="decision">Decision: '
             f'{e(decision_line(decision_input(report)))}</p>',

@@ -441,7 +441,7 @@ def first_screen(report: Report) -> list[str]:
     if lines:
         out.append("")
     if rest:
-        out += [f"{'Also' if lines else 'There are'} {escape(rest)}: "
+        out += [f"{'Also' if lines else 'Folded:'} {escape(rest)}: "
                 "[Findings in full](#findings-in-full).", ""]
     out += [f"- {escape(s)}" for s in verdict(report)] + [""]
     return out

@@ -168,7 +168,7 @@ def mesh_hidden_sentence(runs) -> str | None:
         dims = [f"{d.name} {fmt.pct(1 - d.exposed_ns / d.union_ns)}" for d in r.mesh_dims
                 if d.union_ns]
         if dims:
-            parts.append(f"{r.name} {', '.join(dims)}")
+            parts.append(f"{r.name}: {', '.join(dims)}")
     if not parts:
         return None
     return ("Communication hidden under computation per mesh dimension (1 - exposed / the time "

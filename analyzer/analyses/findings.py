@@ -91,7 +91,8 @@ median profiled step time (``step_time_ns.median``, slowest rank):
   .bubble_frac``) is >= the schedule's ideal (``pipeline.ideal_bubble_frac``, (P - 1) / (M + P
   - 1)) + ``BUBBLE_EXCESS_FRAC``. Names the stage with the largest bubble. Action: more
   microbatches (with the ideal that doubling M gives), or a schedule with several stages per
-  rank. Severity: (mean bubble share - ideal) x the step.
+  rank; on a busy or oversubscribed machine, a quiet machine first. Severity, in the stages'
+  own figures: their mean ``bubble_ns`` - ideal x their mean ``step_ns``.
 """
 
 from __future__ import annotations
@@ -707,34 +708,44 @@ def _mesh_dimension(r: _Run) -> Iterator[Finding]:
 
 def _pipeline_bubble(r: _Run) -> Iterator[Finding]:
     pp = r.run.pipeline
-    if pp is None or pp.ideal_bubble_frac is None or not r.step_ns:
+    if pp is None or pp.ideal_bubble_frac is None:
         return
-    stages = [(j, s) for j, s in enumerate(pp.per_stage) if s.bubble_frac is not None]
+    stages = [(j, s) for j, s in enumerate(pp.per_stage)
+              if s.bubble_frac is not None and s.bubble_ns is not None and s.step_ns]
     if not stages:
         return
     j, worst = max(stages, key=lambda js: js[1].bubble_frac)
     measured = sum(s.bubble_frac for _, s in stages) / len(stages)
-    excess = measured - pp.ideal_bubble_frac
-    if excess < BUBBLE_EXCESS_FRAC:
+    if measured - pp.ideal_bubble_frac < BUBBLE_EXCESS_FRAC:
         return
-    ev = [r.ev(f"stage {s.stage} bubble share of its step", s.bubble_frac, "frac", "pipeline",
-               "per_stage", k, "bubble_frac") for k, s in stages]
-    ev += [r.ev(f"ideal bubble of the {pp.schedule or 'pipeline'} schedule", pp.ideal_bubble_frac,
-                "frac", "pipeline", "ideal_bubble_frac"), r.step_ev()]
+    # in the stages' own figures (the Pipeline table): their bubble over the ideal share of their step
+    bubble_ns = sum(s.bubble_ns for _, s in stages) / len(stages)
+    step_ns = sum(s.step_ns for _, s in stages) / len(stages)
+    ev = [e for k, s in stages for e in (
+        r.ev(f"stage {s.stage} bubble per step", s.bubble_ns, "ns", "pipeline", "per_stage", k,
+             "bubble_ns"),
+        r.ev(f"stage {s.stage} step", s.step_ns, "ns", "pipeline", "per_stage", k, "step_ns"))]
+    ev.append(r.ev(f"ideal bubble of the {pp.schedule or 'pipeline'} schedule",
+                   pp.ideal_bubble_frac, "frac", "pipeline", "ideal_bubble_frac"))
     if pp.microbatches is not None:
         ev.append(r.ev("microbatches per step", pp.microbatches, "count", "pipeline",
                        "microbatches"))
     more = (f" (M = {2 * pp.microbatches} gives an ideal of "
             f"{100 * ideal_bubble_frac(pp.stages, 2 * pp.microbatches):.0f} %)"
             if pp.microbatches else "")
+    action = (f"more microbatches per step{more}, or a schedule with a smaller bubble "
+              "(torch.distributed.pipelining ScheduleInterleaved1F1B, "
+              "ScheduleInterleavedZeroBubble: several stages per rank)")
+    if (busy := _contention(r)) is not None:  # shared CPUs leave stages waiting too
+        action = (f"the ranks share the CPUs ({busy[0]}), which leaves stages waiting as "
+                  f"well: measure on a quiet machine first; then {action}")
+        ev += busy[1]
     yield Finding(kind="pipeline_bubble", title=f"{r.who}: the pipeline bubble is above its "
                   f"schedule's ideal, stage {worst.stage} most", runs=[r.run.name],
                   mesh_dims=[d] if (row := strategies.spec(r.run.strategy)) and (
                       d := row.dim_of("stage")) else [],
-                  evidence=ev, action=f"more microbatches per step{more}, or a schedule with "
-                  "a smaller bubble (torch.distributed.pipelining ScheduleInterleaved1F1B, "
-                  "ScheduleInterleavedZeroBubble: several stages per rank)",
-                  severity_ns=excess * r.step_ns)
+                  evidence=ev, action=action,
+                  severity_ns=bubble_ns - pp.ideal_bubble_frac * step_ns)
 
 
 RULES: dict[str, Callable[[_Run], Iterator[Finding]]] = {

@@ -89,6 +89,16 @@ def test_a_bubble_above_the_schedules_ideal_is_a_finding():
     assert findings_text.to_act_on(f)
 
 
+def test_a_bubble_on_shared_cpus_says_measure_on_a_quiet_machine_first():
+    over = {"load_avg": [5.3, 4.0, 3.0], "cpu_count": 2, "usable_cpus": 2, "threads_per_rank": 1,
+            "ranks_on_host": 4, "oversubscribed": True}
+    rep = report(run(name="pp", strategy="pp", pipeline=_pipeline([0.5, 0.48]), machine=over))
+    (f,) = kinds(rep, "pipeline_bubble")
+    assert f.action.startswith("the ranks share the CPUs (4 ranks x 1 threads on 2 CPUs), which "
+                               "leaves stages waiting as well: measure on a quiet machine first; "
+                               "then more microbatches per step")
+
+
 def test_a_bubble_at_the_schedules_ideal_is_no_finding():
     assert not kinds(report(run(name="pp", strategy="pp", pipeline=_pipeline([0.22, 0.23]))),
                      "pipeline_bubble")

@@ -29,9 +29,8 @@ def test_four_ranks_on_two_cores_say_cpu_contention_first():
         "Busy machine (1 of 3 runs): 1-minute load up to 18 on 2 usable CPUs; oversubscribed "
         "(1): 4 ranks x 1 thread(s) on 2 CPUs, so ranks wait for cores: CPU contention, not a "
         "device to rebalance.",
-        "CPU with gloo (2 of 2 runs): timings carry +-30-50 % noise, collectives run "
-        "synchronously (overlap near 0), memory is a lower bound: the order of strategies here "
-        "says little about GPUs."]
+        "CPU with gloo (2 of 3 runs): timings carry +-30-50 % noise, memory is a lower bound: "
+        "the order of strategies here says little about GPUs."]
     md = markdown.render(rep)
     assert md_context(md) == [markdown.escape(x) for x in context.lines(rep)]
     assert md.index("**Context:**") < md.index("Findings")

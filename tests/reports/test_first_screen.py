@@ -34,8 +34,9 @@ def test_first_25_lines_hold_the_decision_and_the_findings_by_severity(report):
     # those with a cause or a try, by severity; the one without either is counted, not shown
     acted = [FINDING_LINES[i] for i in (0, 1, 3)]
     assert shown == [f"{i}. {markdown.escape(x)}" for i, x in enumerate(acted, 1)]
-    assert head[head.index(shown[-1]) + 2] == ("Also 1 observation without an established "
-                                               "cause: [Findings in full](#findings-in-full).")
+    assert head[head.index(shown[-1]) + 2] == (
+        "Also 1 observation without an established cause (largest: low busbw in fsdp2, 0.20 "
+        "ms/step at stake): [Findings in full](#findings-in-full).")
     assert head[head.index(shown[0]) - 2].startswith("Findings to act on, most step time at "
                                                      "stake first (3 of 4 have a cause ")
     verdict_at = max(i for i, line in enumerate(head) if line.startswith("- "))
