@@ -79,7 +79,7 @@ class DecisionInput:
     status: ``arm skipgrad failed the parity gate (first divergence in ...), left out``."""
     missing: tuple[str, ...] = ()
     """Declared arms or repeats of the experiment absent from the report (``Ranking.missing``),
-    said last: ``arm b: no complete run in this report, not ranked``, ``arm a: 1 of 4 repeats``.
+    said last: ``arm b: recorded in this experiment, no complete run in this report``, ``arm a: 1 of 4 repeats``.
     With any, a lone arm is "the only arm ranked", never "the only arm in this report"."""
     memory_unseen: tuple[str, ...] = ()
     """The declared settings in which ``best`` and ``other`` differ whose memory effect this

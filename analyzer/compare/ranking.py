@@ -264,8 +264,9 @@ def settings_problems(runs: list[RunEntry]) -> list[str]:
 
 def missing_arms(runs: list[RunEntry]) -> list[str]:
     """What of a declared experiment is not in ``runs`` (its complete runs in the report): one
-    line per arm that some run's ``experiment.order`` lists but no run here is of (``arm b: no
-    complete run in this report, not ranked``), then one per arm with fewer repeats here than
+    line per arm that some run's ``experiment.order`` lists but no run here is of (``arm b:
+    recorded in this experiment, no complete run in this report``; ``strategy fsdp: ...`` for a
+    strategy list, which declares no arms), then one per arm with fewer repeats here than
     ``experiment.repeats`` (``arm a: 1 of 4 repeats``). Runs deleted, or left out as incomplete,
     are named this way rather than the report going silent about them."""
     exps = [r.experiment or {} for r in runs]
@@ -274,9 +275,11 @@ def missing_arms(runs: list[RunEntry]) -> list[str]:
         by_arm.setdefault(r.arm, set()).add(e.get("repeat", 1))
     listed = dict.fromkeys(a for e in exps for a in e.get("order") or [])
     want = max((e.get("repeats", 1) for e in exps), default=1)
-    out = [f"arm {one_line(a)}: no complete run in this report, not ranked"
+    # declared arms (--arm / --sweep) are arms; a strategy list's members are its strategies
+    what = "arm" if any(e.get("settings") is not None for e in exps) else "strategy"
+    out = [f"{what} {one_line(a)}: recorded in this experiment, no complete run in this report"
            for a in listed if a not in by_arm]
-    out += [f"arm {one_line(a)}: {len(reps)} of {want} repeats" for a, reps in by_arm.items()
+    out += [f"{what} {one_line(a)}: {len(reps)} of {want} repeats" for a, reps in by_arm.items()
             if len(reps) < want]
     return out
 

@@ -329,14 +329,14 @@ def test_an_arm_with_no_complete_run_and_missing_repeats_are_named(tmp_path):
     rep = analyse(root, AnalysisOptions(allow_incomplete=True))
     rk = rep.ranking
     assert rk.status == "ranked" and rk.order == ["a"]
-    assert rk.missing == ["arm b: no complete run in this report, not ranked",
+    assert rk.missing == ["arm b: recorded in this experiment, no complete run in this report",
                           "arm a: 1 of 4 repeats"]
-    assert "arm b: no complete run in this report, not ranked; arm a: 1 of 4 repeats" in rk.reason
+    assert "arm b: recorded in this experiment, no complete run in this report; arm a: 1 of 4 repeats" in rk.reason
     md = markdown.render(rep)
     assert decision(md) == (
-        f"ddp (arm a): the only arm ranked; {RECORDED_REF}; arm b: no complete run in this "
-        "report, not ranked; arm a: 1 of 4 repeats.")
-    assert ("Not in this report: arm b: no complete run in this report, not ranked; arm a: 1 of "
+        f"ddp (arm a): the only arm ranked; {RECORDED_REF}; arm b: recorded in this experiment, "
+        "no complete run in this report; arm a: 1 of 4 repeats.")
+    assert ("Not in this report: arm b: recorded in this experiment, no complete run in this report; arm a: 1 of "
             "4 repeats.") in details(md)
     # every repeat of every listed arm present: nothing said
     full = tmp_path / "f"
