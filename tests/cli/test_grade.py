@@ -5,7 +5,8 @@ another configuration refused in one line (exit 2). Inputs: copies of the commit
 records (fixtures/recorded/tiny), edited where a test says so, with exact answers: ddp's one
 all_reduce of the 18,944 fp32 parameters (75,776 bytes) and one 9-element Int broadcast (36
 bytes) per step; fsdp2's 4 all_gathers (151,552 bytes) and 2 reduce_scatters (75,776 bytes)
-per step of each rank, half the parameters and gradients each."""
+per step of each rank, half the parameters and gradients each. Mesh dimensions: the hand-built
+2 x 2 HSDP traces of fixtures/mesh/gloo_hsdp (counted in tests/analyzer/test_mesh_dims.py)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,11 @@ from typer.testing import CliRunner
 from analyzer.cli.app import app
 from analyzer.cli.grade import ranks_text
 from tests.remanifest import refresh_manifest
+from tests.reports.builders import manifest, write_categories, write_manifest
 
 TINY = Path(__file__).resolve().parents[2] / "fixtures" / "recorded" / "tiny"
+MESH = Path(__file__).resolve().parents[2] / "fixtures" / "mesh" / "gloo_hsdp"
+HSDP_MESH = {"shape": [2, 2], "dim_names": ["replicate", "shard"]}
 runner = CliRunner()
 
 
@@ -156,6 +160,60 @@ def test_a_run_whose_manifest_says_another_world_size_is_another_configuration(t
     res = _grade(proj, real)
     assert res.exit_code == 2
     assert f"runs differ in world_size ({proj}: 2; {real}: 4)" in res.output
+
+
+def _hsdp(dest: Path, ranks: list[int], *, categories: bool = True, mesh=HSDP_MESH) -> Path:
+    """A 2 x 2 HSDP run directory holding the traces of ``ranks`` (fixtures/mesh/gloo_hsdp, per
+    rank and step: 2 all_gathers of 8,192 bytes and a reduce_scatter of 8,192 on the shard
+    dimension, an all_reduce of 4,096 on the replicate one) and, with ``categories``, 1,000
+    parameter and gradient bytes and 2,000 optimizer-state bytes per rank."""
+    dest.mkdir(parents=True)
+    for r in ranks:
+        (dest / f"rank{r}.trace.json.gz").write_bytes(
+            gzip.compress((MESH / f"rank{r}.trace.json").read_bytes()))
+    if categories:
+        write_categories(dest / "memory_categories.parquet", {
+            r: {"parameters": 1000, "gradients": 1000, "optimizer_state": 2000, "activations": 7}
+            for r in ranks})
+    write_manifest(dest, manifest(run_name=dest.name, strategy="hsdp", world_size=4, mesh=mesh))
+    return dest
+
+
+def test_grade_compares_the_projected_ranks_per_mesh_dimension(tmp_path):
+    proj = _hsdp(tmp_path / "proj", [0, 3])
+    res = _grade(proj, _hsdp(tmp_path / "real", [0, 1, 2]))
+    assert res.exit_code == 0, res.output
+    assert "ranks compared: 0 (projected ranks not in RUN: 3)\n" in res.output
+    assert _table(res.output) == [
+        "calls/step all_gather shard 0 2 2 equal",
+        "bytes/step all_gather shard 0 16,384 16,384 equal",
+        "calls/step all_reduce replicate 0 1 1 equal",
+        "bytes/step all_reduce replicate 0 4,096 4,096 equal",
+        "calls/step reduce_scatter shard 0 1 1 equal",
+        "bytes/step reduce_scatter shard 0 8,192 8,192 equal",
+        "memory bytes parameters - 0 1,000 1,000 equal",
+        "memory bytes gradients - 0 1,000 1,000 equal",
+        "memory bytes optimizer_state - 0 2,000 2,000 equal",
+    ]
+
+
+def test_a_projection_without_memory_categories_is_not_measured_and_exits_3(tmp_path):
+    proj = _hsdp(tmp_path / "proj", [0, 3], categories=False)
+    res = _grade(proj, _hsdp(tmp_path / "real", [0, 1, 2, 3]))
+    assert res.exit_code == 3, res.output
+    assert "memory bytes parameters - 0, 3 - 1,000 unknown" in _table(res.output)
+    assert res.output.splitlines()[-1] == (
+        "grade: FAILED -- 6 of 18 exact figures not measured, first: memory bytes parameters "
+        "rank 0 (projected -, measured 1,000)")
+
+
+def test_a_run_on_another_mesh_is_another_configuration(tmp_path):
+    proj = _hsdp(tmp_path / "proj", [0])
+    real = _hsdp(tmp_path / "real", [0], mesh={"shape": [1, 4], "dim_names": ["replicate", "shard"]})
+    res = _grade(proj, real)
+    assert res.exit_code == 2
+    assert (f"runs differ in mesh ({proj}: shape [2, 2], dim_names [replicate, shard]; {real}: "
+            "shape [1, 4], dim_names [replicate, shard])") in res.output
 
 
 def test_ranks_text_writes_runs_of_three_as_ranges():
