@@ -79,20 +79,23 @@ def lines(g: Grade) -> tuple[list[str], list[str]]:
             f"ranks compared: {ranks_text(g.ranks_compared)}"
             + (f" (projected ranks not in RUN: {ranks_text(g.ranks_not_in_run)})"
                if g.ranks_not_in_run else "")]
-    bad = [f for f in g.figures if f.status != "equal"]
+    differ = [f for f in g.figures if f.status == "mismatch"]
+    unknown = [f for f in g.figures if f.status == "unknown"]
     tail = ["step time: not projected yet (timed figures are graded once a projected step "
             "exists)"]
-    if not bad:
+    if not differ and not unknown:
         tail.append(f"grade: passed -- {len(g.figures)} exact figures equal on ranks "
                     f"{ranks_text(g.ranks_compared)}")
-    else:
-        first = bad[0]
+    else:  # a difference is named before a figure not measured
+        first = (differ or unknown)[0]
         where = f"{_FIGURE[first.figure]} {first.kind}" + (
             f" {first.mesh_dim}" if first.mesh_dim else "")
-        tail.append(f"grade: FAILED -- {len(bad)} of {len(g.figures)} exact figures "
-                    f"{'differ' if any(f.status == 'mismatch' for f in bad) else 'not measured'}"
-                    f", first: {where} rank {first.rank} (projected {_show(first.projected)}, "
-                    f"measured {_show(first.measured)})")
+        counts = ", ".join(([f"{len(differ)} of {len(g.figures)} exact figures differ"]
+                            if differ else [])
+                           + ([f"{len(unknown)}{'' if differ else f' of {len(g.figures)}'} "
+                               "exact figures not measured"] if unknown else []))
+        tail.append(f"grade: FAILED -- {counts}, first: {where} rank {first.rank} (projected "
+                    f"{_show(first.projected)}, measured {_show(first.measured)})")
     return head, tail
 
 

@@ -232,3 +232,19 @@ def test_grade_command_exit_codes_as_a_program(tmp_path):
                             str(_copy(tmp_path, "fsdp2", "other"))], capture_output=True, text=True)
     assert other.returncode == 2 and other.stdout == ""
     assert "runs differ in strategy" in other.stderr
+
+
+def test_the_verdict_names_a_difference_before_a_figure_not_measured():
+    from fractions import Fraction
+
+    from analyzer.cli.grade import lines
+    from analyzer.compare.grade import Figure, Grade
+
+    g = Grade(projection="p", run="r", projection_info=None, world_size=2, ranks_compared=[0],
+              ranks_not_in_run=[], figures=[
+                  Figure("bytes", "parameters", "", 0, None, Fraction(3)),
+                  Figure("calls_per_step", "all_reduce", "world", 0, Fraction(1), Fraction(2))])
+    assert not g.ok
+    assert lines(g)[1][-1] == (
+        "grade: FAILED -- 1 of 2 exact figures differ, 1 exact figures not measured, first: "
+        "calls/step all_reduce world rank 0 (projected 1, measured 2)")
