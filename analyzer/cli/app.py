@@ -17,7 +17,7 @@ from typing import Annotated, Callable, NoReturn, TypeVar
 import typer
 
 from analyzer.cli import drift as cli_drift, merge as cli_merge, report as cli_report
-from analyzer.cli import gate as cli_gate, summary as cli_summary
+from analyzer.cli import gate as cli_gate, grade as cli_grade, summary as cli_summary
 from analyzer.cli.richout import clean, echo
 from analyzer.contract import settings, stopping
 from analyzer.contract.errors import ExitCode, ParityTraceError, Reason
@@ -75,7 +75,7 @@ def _pipe_safe(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 # Each command lives beside the library code it calls; heavy imports stay inside commands.
-for _command in (cli_summary, cli_merge, cli_report, cli_gate, cli_drift):
+for _command in (cli_summary, cli_merge, cli_report, cli_gate, cli_drift, cli_grade):
     _command.register(app, _run)
 for _info in app.registered_commands:
     _info.callback = _pipe_safe(_info.callback)

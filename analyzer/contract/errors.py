@@ -55,6 +55,7 @@ class Reason(str, enum.Enum):
     FILE_CHANGED = "file_changed"  #: size or sha256 differs from the record's (file, tensor)
     NO_KEPT = "no_kept"  #: recorded before baseline tensors were kept (``drift``)
     BAD_OPTION = "bad_option"  #: an option's value is invalid or names what the input lacks
+    OTHER_CONFIGURATION = "other_configuration"  #: ``grade``: RUN is not the projection's configuration
     UNMERGEABLE = "unmergeable"  #: the merged trace would break the Trace Event Format
     HTA_MISSING = "hta_missing"  #: ``--crosscheck hta`` without HolisticTraceAnalysis
     UNWRITABLE = "unwritable"  #: an output's folder is marked read-only, or the write failed

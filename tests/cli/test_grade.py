@@ -1,0 +1,250 @@
+"""`analyzer grade PROJECTION RUN` (issue 44, Deliver 4): a projection's exact figures --
+collective calls and bytes per step by kind and mesh dimension, parameter / gradient /
+optimizer-state bytes per rank -- beside the real run's, equal or a failure (exit 3); a RUN of
+another configuration refused in one line (exit 2). Inputs: copies of the committed 2-rank
+records (fixtures/recorded/tiny), edited where a test says so, with exact answers: ddp's one
+all_reduce of the 18,944 fp32 parameters (75,776 bytes) and one 9-element Int broadcast (36
+bytes) per step; fsdp2's 4 all_gathers (151,552 bytes) and 2 reduce_scatters (75,776 bytes)
+per step of each rank, half the parameters and gradients each. Mesh dimensions: the hand-built
+2 x 2 HSDP traces of fixtures/mesh/gloo_hsdp (counted in tests/analyzer/test_mesh_dims.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from analyzer.cli.app import app
+from analyzer.cli.grade import ranks_text
+from tests.remanifest import refresh_manifest
+from tests.reports.builders import manifest, write_categories, write_manifest
+
+TINY = Path(__file__).resolve().parents[2] / "fixtures" / "recorded" / "tiny"
+MESH = Path(__file__).resolve().parents[2] / "fixtures" / "mesh" / "gloo_hsdp"
+HSDP_MESH = {"shape": [2, 2], "dim_names": ["replicate", "shard"]}
+runner = CliRunner()
+
+
+def _copy(tmp_path: Path, name: str, as_name: str) -> Path:
+    dest = tmp_path / as_name
+    shutil.copytree(TINY / name, dest)
+    return dest
+
+
+def _edit_manifest(run: Path, **changes) -> None:
+    path = run / "manifest.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data.update(changes)
+    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+
+def _projection_of_rank0(tmp_path: Path, name: str = "ddp", world: int = 2) -> Path:
+    """A copy of ``name`` holding rank 0's trace only, its manifest marked as a projection at
+    ``world`` (the field tracer project writes)."""
+    proj = _copy(tmp_path, name, "proj")
+    (proj / "rank1.trace.json.gz").unlink()
+    data = json.loads((proj / "manifest.json").read_text(encoding="utf-8"))
+    _edit_manifest(proj, files=[f for f in data["files"] if f["path"] != "rank1.trace.json.gz"],
+                   projection={"world_size": world, "roles_run": [0], "device": "cpu",
+                               "fake_process_group": True})
+    return proj
+
+
+def _grade(*args: str):
+    return runner.invoke(app, ["grade", *map(str, args)], env={"COLUMNS": "200"})
+
+
+def _table(out: str) -> list[str]:
+    """The table's rows, whitespace collapsed."""
+    lines = out.splitlines()
+    start = next(i for i, s in enumerate(lines) if s.strip().startswith("─")) + 1
+    return [" ".join(s.split()) for s in lines[start:] if s.strip()][:-2]
+
+
+def test_grade_of_an_equal_projection_prints_exact_rows_and_exits_0(tmp_path):
+    proj = _projection_of_rank0(tmp_path)
+    real = _copy(tmp_path, "ddp", "real")
+    res = _grade(proj, real)
+    assert res.exit_code == 0, res.output
+    assert f"PROJECTION {proj} (projected at world 2 from one process, roles run 0, on cpu)" in res.output
+    assert "ranks compared: 0\n" in res.output
+    assert _table(res.output) == [
+        "calls/step all_reduce world 0 1 1 equal",
+        "bytes/step all_reduce world 0 75,776 75,776 equal",
+        "calls/step broadcast world 0 1 1 equal",
+        "bytes/step broadcast world 0 36 36 equal",
+        "memory bytes parameters - 0 75,776 75,776 equal",
+        "memory bytes gradients - 0 75,776 75,776 equal",
+        "memory bytes optimizer_state - 0 0 0 equal",
+    ]
+    assert res.output.splitlines()[-2:] == [
+        "step time: not projected yet (timed figures are graded once a projected step exists)",
+        "grade: passed -- 7 exact figures equal on ranks 0"]
+
+
+def test_grade_json_holds_every_figure_of_every_rank_exactly(tmp_path):
+    proj = _copy(tmp_path, "fsdp2", "proj")
+    real = _copy(tmp_path, "fsdp2", "real")
+    res = _grade(proj, real, "--format", "json")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert got["ok"] is True and got["ranks_compared"] == [0, 1] and got["world_size"] == 2
+    assert got["projection_info"] is None and got["timed"] == {"step_time_ns": "not projected yet"}
+    rows = {(x["figure"], x["kind"], x["mesh_dim"], x["rank"]): (x["projected"], x["measured"],
+                                                                 x["status"])
+            for x in got["exact"]}
+    want = {("calls_per_step", "all_gather", "world"): 4,
+            ("bytes_per_step", "all_gather", "world"): 151552,
+            ("calls_per_step", "reduce_scatter", "world"): 2,
+            ("bytes_per_step", "reduce_scatter", "world"): 75776,
+            ("bytes", "parameters", ""): 37888, ("bytes", "gradients", ""): 37888,
+            ("bytes", "optimizer_state", ""): 0}
+    assert rows == {k + (r,): (v, v, "equal") for k, v in want.items() for r in (0, 1)}
+
+
+def test_a_planted_byte_difference_is_a_mismatch_and_exits_3(tmp_path):
+    proj = _copy(tmp_path, "ddp", "proj")
+    trace = proj / "rank0.trace.json.gz"
+    raw = gzip.decompress(trace.read_bytes()).decode()
+    # gloo's all_reduce annotation gives the size: one more fp32 element, 4 bytes more
+    assert raw.count('"Input Dims": [[18944]]') == 2
+    trace.write_bytes(gzip.compress(raw.replace('"Input Dims": [[18944]]',
+                                                '"Input Dims": [[18945]]').encode()))
+    refresh_manifest(proj)
+    res = _grade(proj, _copy(tmp_path, "ddp", "real"))
+    assert res.exit_code == 3, res.output
+    table = _table(res.output)
+    assert "bytes/step all_reduce world 0 75,780 75,776 MISMATCH" in table
+    assert "bytes/step all_reduce world 1 75,776 75,776 equal" in table
+    assert res.output.splitlines()[-1] == (
+        "grade: FAILED -- 1 of 14 exact figures differ, first: bytes/step all_reduce world "
+        "rank 0 (projected 75,780, measured 75,776)")
+
+
+def test_a_run_of_another_strategy_is_refused_in_one_line_with_exit_2(tmp_path):
+    proj = _copy(tmp_path, "ddp", "proj")
+    real = _copy(tmp_path, "fsdp2", "real")
+    res = _grade(proj, real)
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"analyzer: {real}: not the configuration of {proj}, so its "
+                               f"figures do not grade the projection: runs differ in strategy "
+                               f"({proj}: ddp; {real}: fsdp2); runs differ in strategy_options")
+
+
+def test_a_projection_at_another_world_size_is_refused_before_any_trace_is_read(tmp_path):
+    proj = _projection_of_rank0(tmp_path, world=8)
+    real = _copy(tmp_path, "ddp", "real")
+    (real / "rank0.trace.json.gz").write_bytes(b"not a trace")  # never read: refused first
+    refresh_manifest(real)
+    res = _grade(proj, real)
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        f"analyzer: {real}: not the configuration of {proj}, so its figures do not grade the "
+        f"projection: runs differ in world_size ({proj}: 8; {real}: 2); grade a run recorded "
+        "with the projection's strategy, options, mesh, world size, model, batch, precision "
+        "and training setup")
+
+
+def test_a_run_whose_manifest_says_another_world_size_is_another_configuration(tmp_path):
+    proj = _copy(tmp_path, "ddp", "proj")
+    real = _copy(tmp_path, "ddp", "real")
+    _edit_manifest(real, world_size=4)
+    res = _grade(proj, real)
+    assert res.exit_code == 2
+    assert f"runs differ in world_size ({proj}: 2; {real}: 4)" in res.output
+
+
+def _hsdp(dest: Path, ranks: list[int], *, categories: bool = True, mesh=HSDP_MESH) -> Path:
+    """A 2 x 2 HSDP run directory holding the traces of ``ranks`` (fixtures/mesh/gloo_hsdp, per
+    rank and step: 2 all_gathers of 8,192 bytes and a reduce_scatter of 8,192 on the shard
+    dimension, an all_reduce of 4,096 on the replicate one) and, with ``categories``, 1,000
+    parameter and gradient bytes and 2,000 optimizer-state bytes per rank."""
+    dest.mkdir(parents=True)
+    for r in ranks:
+        (dest / f"rank{r}.trace.json.gz").write_bytes(
+            gzip.compress((MESH / f"rank{r}.trace.json").read_bytes()))
+    if categories:
+        write_categories(dest / "memory_categories.parquet", {
+            r: {"parameters": 1000, "gradients": 1000, "optimizer_state": 2000, "activations": 7}
+            for r in ranks})
+    write_manifest(dest, manifest(run_name=dest.name, strategy="hsdp", world_size=4, mesh=mesh))
+    return dest
+
+
+def test_grade_compares_the_projected_ranks_per_mesh_dimension(tmp_path):
+    proj = _hsdp(tmp_path / "proj", [0, 3])
+    res = _grade(proj, _hsdp(tmp_path / "real", [0, 1, 2]))
+    assert res.exit_code == 0, res.output
+    assert "ranks compared: 0 (projected ranks not in RUN: 3)\n" in res.output
+    assert _table(res.output) == [
+        "calls/step all_gather shard 0 2 2 equal",
+        "bytes/step all_gather shard 0 16,384 16,384 equal",
+        "calls/step all_reduce replicate 0 1 1 equal",
+        "bytes/step all_reduce replicate 0 4,096 4,096 equal",
+        "calls/step reduce_scatter shard 0 1 1 equal",
+        "bytes/step reduce_scatter shard 0 8,192 8,192 equal",
+        "memory bytes parameters - 0 1,000 1,000 equal",
+        "memory bytes gradients - 0 1,000 1,000 equal",
+        "memory bytes optimizer_state - 0 2,000 2,000 equal",
+    ]
+
+
+def test_a_projection_without_memory_categories_is_not_measured_and_exits_3(tmp_path):
+    proj = _hsdp(tmp_path / "proj", [0, 3], categories=False)
+    res = _grade(proj, _hsdp(tmp_path / "real", [0, 1, 2, 3]))
+    assert res.exit_code == 3, res.output
+    assert "memory bytes parameters - 0, 3 - 1,000 unknown" in _table(res.output)
+    assert res.output.splitlines()[-1] == (
+        "grade: FAILED -- 6 of 18 exact figures not measured, first: memory bytes parameters "
+        "rank 0 (projected -, measured 1,000)")
+
+
+def test_a_run_on_another_mesh_is_another_configuration(tmp_path):
+    proj = _hsdp(tmp_path / "proj", [0])
+    real = _hsdp(tmp_path / "real", [0], mesh={"shape": [1, 4], "dim_names": ["replicate", "shard"]})
+    res = _grade(proj, real)
+    assert res.exit_code == 2
+    assert (f"runs differ in mesh ({proj}: shape [2, 2], dim_names [replicate, shard]; {real}: "
+            "shape [1, 4], dim_names [replicate, shard])") in res.output
+
+
+def test_ranks_text_writes_runs_of_three_as_ranges():
+    assert ranks_text([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7, 8"
+    assert ranks_text([0]) == "0"
+
+
+@pytest.mark.integration
+def test_grade_command_exit_codes_as_a_program(tmp_path):
+    proj = _copy(tmp_path, "ddp", "proj")
+    same = subprocess.run([sys.executable, "-m", "analyzer", "grade", str(proj),
+                           str(_copy(tmp_path, "ddp", "real"))], capture_output=True, text=True)
+    assert same.returncode == 0, same.stderr
+    assert same.stdout.splitlines()[-1] == "grade: passed -- 14 exact figures equal on ranks 0, 1"
+    other = subprocess.run([sys.executable, "-m", "analyzer", "grade", str(proj),
+                            str(_copy(tmp_path, "fsdp2", "other"))], capture_output=True, text=True)
+    assert other.returncode == 2 and other.stdout == ""
+    assert "runs differ in strategy" in other.stderr
+
+
+def test_the_verdict_names_a_difference_before_a_figure_not_measured():
+    from fractions import Fraction
+
+    from analyzer.cli.grade import lines
+    from analyzer.compare.grade import Figure, Grade
+
+    g = Grade(projection="p", run="r", projection_info=None, world_size=2, ranks_compared=[0],
+              ranks_not_in_run=[], figures=[
+                  Figure("bytes", "parameters", "", 0, None, Fraction(3)),
+                  Figure("calls_per_step", "all_reduce", "world", 0, Fraction(1), Fraction(2))])
+    assert not g.ok
+    assert lines(g)[1][-1] == (
+        "grade: FAILED -- 1 of 2 exact figures differ, 1 exact figures not measured, first: "
+        "calls/step all_reduce world rank 0 (projected 1, measured 2)")
