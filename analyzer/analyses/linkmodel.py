@@ -13,7 +13,8 @@ Curves come from
     ``reduce_scatter_perf``, ``alltoall_perf``, ``sendrecv_perf``; the out-of-place time), and
 (b) the transfer times already measured in a report's runs (``curves_from_report``: the part of
     each collective after its group's last rank started, analyzer/analyses/commsplit.py).
-The table form is JSON (``dump_curves`` / ``load_curves``), what a link benchmark writes too.
+The table form is JSON (``dump_curves`` / ``load_curves``), what the link benchmark on this
+machine writes too (tracer/linkbench.py: gloo on CPU, NCCL on GPUs; it needs torch).
 
 ``lookup`` interpolates in log-log between the measured sizes of the one curve of the same kind
 and span (g, n); there are no built-in numbers. A span no curve has is refused (``BadInput``
