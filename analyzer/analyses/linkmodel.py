@@ -227,7 +227,8 @@ def _kind_of(lines: list[str], path: Path) -> str | None:
 
 # --- (b) transfer times measured in a report's runs --------------------------------------
 
-def curves_from_report(report: Report) -> tuple[list[LinkCurve], list[str]]:
+def curves_from_report(report: Report, *, nodes: int | None = None
+                       ) -> tuple[list[LinkCurve], list[str]]:
     """Curves from the transfer times a report measured (analyzer/analyses/commsplit.py: from
     the group's last rank's start to the end, so the wait for a late rank is not link time).
 
@@ -238,7 +239,9 @@ def curves_from_report(report: Report) -> tuple[list[LinkCurve], list[str]]:
     the mean of the times is the time of the mean size). g: the ``comm_groups`` of the kind,
     which must agree on one size; n: 1 when the run's ranks were all on one host
     (``machine.ranks_on_host`` >= ``world_size``), else the hosts the group's ``pg_ranks``
-    span with ``ranks_on_host`` consecutive ranks per host (torchrun's placement). Points of
+    span with ``ranks_on_host`` consecutive ranks per host (torchrun's placement); a run whose
+    manifest does not say (foreign traces): ``nodes`` when given (the caller knows where the
+    traces were recorded), else the kind is left out. Points of
     the same (kind, g, n, dtype) from several runs make one curve; runs at the same bytes
     give their median time.
 
@@ -252,7 +255,7 @@ def curves_from_report(report: Report) -> tuple[list[LinkCurve], list[str]]:
         for kind, figs in sorted(run.communication.items()):
             if kind not in KINDS:
                 continue
-            why, key = _span(run, kind)
+            why, key = _span(run, kind, nodes)
             measured = sum(r.measured for r in run.comm_ranks if r.kind == kind)
             transfer = sum(r.transfer_ns or 0 for r in run.comm_ranks if r.kind == kind)
             if why is None and (figs.bytes is None or figs.unknown_bytes or not figs.count):
@@ -278,7 +281,7 @@ def curves_from_report(report: Report) -> tuple[list[LinkCurve], list[str]]:
     return curves, notes
 
 
-def _span(run, kind: str) -> tuple[str | None, tuple[str, int, int, str]]:
+def _span(run, kind: str, nodes: int | None) -> tuple[str | None, tuple[str, int, int, str]]:
     """(why the kind is left out or None, (kind, g, n, dtype)) of a run's kind."""
     groups = [grp for grp in run.comm_groups if grp.kind == kind]
     sizes = {grp.group_size for grp in groups}
@@ -292,11 +295,14 @@ def _span(run, kind: str) -> tuple[str | None, tuple[str, int, int, str]]:
     world = run.world_size
     if per_host and world and per_host >= world:
         n = 1
+    elif not per_host and nodes is not None:
+        n = nodes
     else:
         spans = {len({int(r) // per_host for r in re.findall(r"\d+", grp.pg_ranks)})
                  for grp in groups} if per_host else set()
         if len(spans) != 1 or 0 in spans:
-            return "the nodes its groups span are unknown", (kind, g, 0, "")
+            return ("the nodes its groups span are unknown (no ranks per host in the "
+                    "manifest: give the node count)"), (kind, g, 0, "")
         n = spans.pop()
     dtypes = {grp.dtype for grp in groups}
     return None, (kind, g, n, dtypes.pop() if len(dtypes) == 1 else "")

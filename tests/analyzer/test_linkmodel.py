@@ -174,3 +174,17 @@ def test_curves_from_a_reports_measured_transfer_times():
         "which its per-kind times mix",
     ]
     assert lookup(curves, "all_reduce", 4096, 2, 1).time_ns == 6200.0
+
+
+def test_curves_from_foreign_traces_take_the_node_count_the_caller_gives():
+    run = _run("foreign", {"all_reduce": (2, 8192.0, [(3000, 2), (5000, 2)], [(2, "[0, 1]")])})
+    run.machine = None  # foreign traces: no manifest, so no ranks per host
+    report = Report(root="/t", layout="traces", runs=[run], ranking=Ranking(
+        status="withheld", order=[], reason="", rule=""))
+    assert curves_from_report(report) == ([], [
+        "run foreign: all_reduce left out of the link model: the nodes its groups span are "
+        "unknown (no ranks per host in the manifest: give the node count)"])
+    # (3000 + 5000) ns over 2 + 2 measured instances = 2000 ns at 8192 / 2 = 4096 bytes
+    assert curves_from_report(report, nodes=1)[0] == [LinkCurve(
+        source="measured in run foreign (report /t)", kind="all_reduce", group_size=2, nodes=1,
+        dtype="Float", rows=[LinkRow(bytes=4096, time_ns=2000)])]
