@@ -44,7 +44,7 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"
 NCCL_TESTS_KINDS = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
                     "reduce_scatter_perf": "reduce_scatter", "alltoall_perf": "all_to_all",
                     "sendrecv_perf": "send_recv"}
-"""nccl-tests binary -> kind (NVIDIA/nccl-tests src/*.cu, README "Tests")."""
+"""nccl-tests binary -> kind (the binaries NVIDIA/nccl-tests builds from src/*.cu)."""
 
 
 class LinkRow(msgspec.Struct, kw_only=True, frozen=True):
