@@ -154,8 +154,9 @@ def parse_nccl_tests(path: Path | str, *, kind: str | None = None) -> list[LinkC
         raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})") from None
     lines = [_PREFIX.sub("", line, count=1) for line in text.splitlines()]
 
-    header = next((line.lstrip("#").split() for line in lines
-                   if line.lstrip().startswith("#") and _is_header(line.lstrip("#").split())), None)
+    # the header is a comment line; quoted outputs sometimes lose the "#", so it is not required
+    header = next((cells for cells in (line.strip().lstrip("#").split() for line in lines)
+                   if _is_header(cells)), None)
     if header is None:
         raise _not_nccl_tests(path, 'no column header ("#  size  count  type ... time  algbw  '
                               'busbw")')

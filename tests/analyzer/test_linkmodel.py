@@ -188,3 +188,21 @@ def test_curves_from_foreign_traces_take_the_node_count_the_caller_gives():
     assert curves_from_report(report, nodes=1)[0] == [LinkCurve(
         source="measured in run foreign (report /t)", kind="all_reduce", group_size=2, nodes=1,
         dtype="Float", rows=[LinkRow(bytes=4096, time_ns=2000)])]
+
+
+def test_nccl_tests_keeps_one_curve_per_dtype_the_sum_rows_and_refuses_a_size_twice(tmp_path):
+    lines = (FIX / "all_reduce_perf.txt").read_text().splitlines()
+    rows = [i for i, line in enumerate(lines) if line.strip().startswith("1024 ")]
+    extra = [  # -d all: a half row; -o all: a prod row of float (left out: sum is kept)
+        "        1024           512      half     sum      -1     19.00    0.05    0.08    N/A"
+        "     19.10    0.05    0.08    N/A",
+        "        4096          1024     float    prod      -1     99.99    0.04    0.06      0"
+        "     99.10    0.04    0.06      0"]
+    path = tmp_path / "all_reduce_perf.txt"
+    path.write_text("\n".join(lines[:rows[0]] + extra + lines[rows[0]:]))
+    curves = parse_nccl_tests(path)
+    assert [(c.dtype, c.rows) for c in curves] == [
+        ("half", [LinkRow(bytes=1024, time_ns=19000)]), ("float", ALL_REDUCE_ROWS)]
+    path.write_text("\n".join(lines + lines[rows[0]:rows[0] + 1]))
+    with pytest.raises(BadInput, match="size 1024 appears twice for float: two runs in one file"):
+        parse_nccl_tests(path)
