@@ -168,7 +168,7 @@ def parse_nccl_tests(path: Path | str, *, kind: str | None = None) -> list[LinkC
         cells = line.split()
         if len(cells) <= col["time"] or not cells[col["size"]].isdigit():
             continue
-        if len(cells) != len(header) and len(cells) != len(header) - header.count("#wrong"):
+        if len(cells) != len(header):
             continue  # not a row of this table (an NCCL INFO line starting with a number)
         t_ns = _time_ns(cells[col["time"]])
         size = int(cells[col["size"]])
@@ -179,17 +179,7 @@ def parse_nccl_tests(path: Path | str, *, kind: str | None = None) -> list[LinkC
     if not rows:
         raise _not_nccl_tests(path, "a column header but no data row under it")
 
-    ranks = [m.groups() for m in map(_RANK.match, lines) if m]
-    if not ranks:
-        raise _not_nccl_tests(path, 'no "#  Rank  0 Group  0 Pid ... on HOST device ..." lines '
-                              "to tell the group size and nodes")
-    per_group = Counter(g or "0" for _, g, _ in ranks)
-    if len(set(per_group.values())) != 1:
-        raise _not_nccl_tests(path, f"groups of unequal size ({dict(per_group)})")
-    first = min(per_group, key=int)
-    g = per_group[first]
-    n = len({host for _, grp, host in ranks if (grp or "0") == first})
-
+    g, n = _group_and_nodes(lines, path)
     kind = kind or _kind_of(lines, path)
     if kind not in KINDS:
         raise _not_nccl_tests(path, "cannot tell which collective it measured; name the file "
@@ -207,6 +197,22 @@ def parse_nccl_tests(path: Path | str, *, kind: str | None = None) -> list[LinkC
                                 nodes=n, dtype=dtype,
                                 rows=[LinkRow(bytes=b, time_ns=t) for b, t in sorted(sizes)]))
     return curves
+
+
+def _group_and_nodes(lines: list[str], path: Path) -> tuple[int, int]:
+    """(g, n) from the "Rank r [Group k] Pid p on HOST device" lines: the ranks of the lowest
+    group (src/common.cu prints the split ``color``: a run split by NCCL_TESTS_SPLIT_MASK runs
+    the collective within each group) and the distinct hosts among them."""
+    ranks = [m.groups() for m in map(_RANK.match, lines) if m]
+    if not ranks:
+        raise _not_nccl_tests(path, 'no "#  Rank  0 Group  0 Pid ... on HOST device ..." lines '
+                              "to tell the group size and nodes")
+    per_group = Counter(g or "0" for _, g, _ in ranks)
+    if len(set(per_group.values())) != 1:
+        raise _not_nccl_tests(path, f"groups of unequal size ({dict(per_group)})")
+    first = min(per_group, key=int)
+    return (per_group[first],
+            len({host for _, grp, host in ranks if (grp or "0") == first}))
 
 
 def _is_header(cells: list[str]) -> bool:
