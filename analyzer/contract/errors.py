@@ -62,6 +62,8 @@ class Reason(str, enum.Enum):
     OUT_IS_DIR = "out_is_dir"  #: ``-o`` names an existing folder where a file is written
     OUT_IS_FILE = "out_is_file"  #: ``--out`` names a file where a folder is needed
     OUT_IS_INPUT = "out_is_input"  #: ``merge -o`` / ``summary -o`` names one of the files it reads
+    NOT_NCCL_TESTS = "not_nccl_tests"  #: a link-model input that is not nccl-tests output
+    NO_LINK_CURVE = "no_link_curve"  #: no link curve of the kind and group span (or size) asked
 
 
 class ParityTraceError(Exception):

@@ -1,0 +1,392 @@
+"""The link model (issue 44, Deliver 2): the time of a collective of B bytes on g ranks over n
+nodes, per kind, from curves that each keep their source.
+
+A curve is a table: its source, the collective kind (all_reduce, all_gather, reduce_scatter,
+all_to_all, send_recv), the group size g and node count n it was measured on, the dtype, and
+rows (bytes, time_ns) in ascending bytes. Bytes follow nccl-tests (doc/PERFORMANCE.md, as
+analyzer/analyses/collectives.py counts them: all_gather and reduce_scatter the whole buffer,
+all_reduce and all_to_all the buffer); algbw and busbw of a row are nccl-tests' and reuse
+``collectives.busbw_factor`` (``algbw_gbps``, ``busbw_gbps``).
+
+Curves come from
+(a) nccl-tests output files (``parse_nccl_tests``: ``all_reduce_perf``, ``all_gather_perf``,
+    ``reduce_scatter_perf``, ``alltoall_perf``, ``sendrecv_perf``; the out-of-place time), and
+(b) the transfer times already measured in a report's runs (``curves_from_report``: the part of
+    each collective after its group's last rank started, analyzer/analyses/commsplit.py).
+The table form is JSON (``dump_curves`` / ``load_curves``), what the link benchmark on this
+machine writes too (tracer/linkbench.py: gloo on CPU, NCCL on GPUs; it needs torch).
+
+``lookup`` interpolates in log-log between the measured sizes of the one curve of the same kind
+and span (g, n); there are no built-in numbers. A span no curve has is refused (``BadInput``
+``no_link_curve``); a size outside the curve's measured sizes is flagged in the answer
+(``LinkTime.outside``), or refused with ``outside="refuse"``: never extrapolated silently.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import Counter
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from analyzer.analyses.collectives import busbw_factor
+from analyzer.contract.errors import BadInput
+from analyzer.contract.report_types import Report
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+"""The collective kinds a curve may hold (the analyzer's kind names, analyzer/ingest/commid.py)."""
+
+NCCL_TESTS_KINDS = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
+                    "reduce_scatter_perf": "reduce_scatter", "alltoall_perf": "all_to_all",
+                    "sendrecv_perf": "send_recv"}
+"""nccl-tests binary -> kind (the binaries NVIDIA/nccl-tests builds from src/*.cu)."""
+
+
+class LinkRow(msgspec.Struct, kw_only=True, frozen=True):
+    """One measured size of a curve."""
+
+    bytes: int
+    """nccl-tests bytes of the collective (> 0)."""
+    time_ns: int
+    """Its time (> 0): nccl-tests' out-of-place time, or the measured transfer time."""
+
+
+class LinkCurve(msgspec.Struct, kw_only=True, frozen=True):
+    """One measured curve of the link model (the table form; JSON by ``dump_curves``)."""
+
+    source: str
+    """Where the rows come from: ``nccl-tests file PATH``, ``measured in run NAME (report
+    ROOT)``, ``link benchmark on this machine DATE``."""
+    kind: str
+    """One of ``KINDS``."""
+    group_size: int
+    """Ranks of the group it was measured on (g)."""
+    nodes: int
+    """Nodes the group spans (n)."""
+    dtype: str
+    """Element type as the source writes it (nccl-tests ``float``, ``bfloat16``; a trace's
+    dtype); "" unknown."""
+    rows: list[LinkRow]
+    """Ascending, distinct bytes."""
+
+
+class LinkTime(msgspec.Struct, kw_only=True, frozen=True):
+    """The answer of ``lookup``."""
+
+    time_ns: float
+    source: str
+    """The curve's ``source``: every figure says where it comes from."""
+    outside: Literal["", "below", "above"] = ""
+    """"" inside the measured sizes (interpolated, or a measured size); "below": under the
+    smallest measured size, ``time_ns`` is the smallest size's time (an upper bound: a
+    collective's time does not fall as its size grows); "above": over the largest, the largest
+    size's algbw held (``time_ns`` = its time x B / its bytes): an extrapolation, flagged."""
+
+
+def algbw_gbps(row: LinkRow) -> float:
+    """nccl-tests algbw of a row: bytes / time, GB/s (10^9 bytes/s)."""
+    return row.bytes / row.time_ns
+
+
+def busbw_gbps(curve: LinkCurve, row: LinkRow) -> float:
+    """nccl-tests busbw of a row: algbw x the kind's factor on the curve's group size
+    (``collectives.busbw_factor``; NaN where the factor is undefined)."""
+    return algbw_gbps(row) * busbw_factor(curve.kind, curve.group_size)
+
+
+# --- (a) nccl-tests output -----------------------------------------------------------------
+
+# mpirun --tag-output / srun --label put "[1,0]<stdout>:" or "0: " before every line
+_PREFIX = re.compile(r"^\s*(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:\s)")
+# "#  Rank  0 Group  0 Pid   6899 on host device  0 [0x07] NVIDIA H100" (2.13+: with Group);
+# "#   Rank  0 Pid  21284 on host device  0 [...]" (older)
+_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\b")
+_STARTING = re.compile(r"^#\s*Collective test starting:\s*(\w+)")
+_NOT_NCCL_TESTS_FIX = ("pass the output of an nccl-tests binary (all_reduce_perf, all_gather_perf, "
+                       "reduce_scatter_perf, alltoall_perf, sendrecv_perf) as it printed it")
+
+
+def _not_nccl_tests(path: Path | str, problem: str) -> BadInput:
+    return BadInput(path, "not_nccl_tests", f"not nccl-tests output: {problem}",
+                    _NOT_NCCL_TESTS_FIX)
+
+
+def _time_ns(text: str) -> int | None:
+    """nccl-tests' time column (microseconds, "%7.2f" or "%7.0f" by magnitude) -> int ns
+    exactly (Decimal: no float rounding); None for "N/A" or anything not a positive number."""
+    try:
+        us = Decimal(text)
+    except InvalidOperation:
+        return None
+    return int((us * 1000).to_integral_value()) if us.is_finite() and us > 0 else None
+
+
+def parse_nccl_tests(path: Path | str, *, kind: str | None = None) -> list[LinkCurve]:
+    """The curves of one nccl-tests output file: one per dtype the table holds (``-d all``
+    prints several), rows (size, out-of-place time) in ascending size.
+
+    Format (NVIDIA/nccl-tests src/common.cu, its README's sample output): "#  Rank  r Group  k
+    Pid p on HOST device d [...]" lines name the ranks (g: the ranks of group 0; n: the
+    distinct hosts among them); the column header "#  size  count  type  redop  root  time
+    algbw  busbw #wrong  time ..." gives the columns (the first ``time`` is the out-of-place
+    one, in microseconds); data rows follow, possibly interleaved with NCCL INFO lines and
+    prefixed by mpirun's "[1,0]<stdout>:". Rows of size 0 are left out (no log of 0); with
+    several reduction ops (``-o all``) the rows of "sum" are kept, else of the first op seen.
+    The kind: ``kind`` (one of ``KINDS``), else the "# Collective test starting: X_perf" line,
+    else the file name (``all_reduce_perf.txt``).
+
+    Raises ``BadInput`` (``not_nccl_tests``) naming the file when it has no nccl-tests column
+    header, no data row, no "Rank ... on HOST device" lines, groups of unequal size, no kind
+    to tell, or a size twice for one dtype (two runs in one file); ``missing`` / ``unreadable``
+    when it cannot be read.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise BadInput(path, "missing", "no such file or folder", "check the path") from None
+    except OSError as exc:
+        raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})") from None
+    lines = [_PREFIX.sub("", line, count=1) for line in text.splitlines()]
+
+    # the header is a comment line; quoted outputs sometimes lose the "#", so it is not required
+    header = next((cells for cells in (line.strip().lstrip("#").split() for line in lines)
+                   if _is_header(cells)), None)
+    if header is None:
+        raise _not_nccl_tests(path, 'no column header ("#  size  count  type ... time  algbw  '
+                              'busbw")')
+    col = {name: header.index(name) for name in ("size", "type", "time")}
+    redop_at = header.index("redop") if "redop" in header else None
+
+    rows: dict[str, list[tuple[str, int, int]]] = {}  # dtype -> (redop, bytes, time_ns)
+    for line in lines:
+        cells = line.split()
+        if len(cells) <= col["time"] or not cells[col["size"]].isdigit():
+            continue
+        if len(cells) != len(header):
+            continue  # not a row of this table (an NCCL INFO line starting with a number)
+        t_ns = _time_ns(cells[col["time"]])
+        size = int(cells[col["size"]])
+        if t_ns is None or size == 0:
+            continue
+        redop = cells[redop_at] if redop_at is not None else ""
+        rows.setdefault(cells[col["type"]], []).append((redop, size, t_ns))
+    if not rows:
+        raise _not_nccl_tests(path, "a column header but no data row under it")
+
+    g, n = _group_and_nodes(lines, path)
+    kind = kind or _kind_of(lines, path)
+    if kind not in KINDS:
+        raise _not_nccl_tests(path, "cannot tell which collective it measured; name the file "
+                              "after the test (all_reduce_perf.txt, ...) or give its kind")
+    curves = []
+    for dtype, found in rows.items():
+        ops = [op for op, _, _ in found]
+        keep = "sum" if "sum" in ops else ops[0]
+        sizes = [(b, t) for op, b, t in found if op == keep]
+        twice = [b for b, c in Counter(b for b, _ in sizes).items() if c > 1]
+        if twice:
+            raise _not_nccl_tests(path, f"size {twice[0]} appears twice for {dtype}: two runs in "
+                                  "one file; pass one run per file")
+        curves.append(LinkCurve(source=f"nccl-tests file {path}", kind=kind, group_size=g,
+                                nodes=n, dtype=dtype,
+                                rows=[LinkRow(bytes=b, time_ns=t) for b, t in sorted(sizes)]))
+    return curves
+
+
+def _group_and_nodes(lines: list[str], path: Path) -> tuple[int, int]:
+    """(g, n) from the "Rank r [Group k] Pid p on HOST device" lines: the ranks of the lowest
+    group (src/common.cu prints the split ``color``: a run split by NCCL_TESTS_SPLIT_MASK runs
+    the collective within each group) and the distinct hosts among them."""
+    ranks = [m.groups() for m in map(_RANK.match, lines) if m]
+    if not ranks:
+        raise _not_nccl_tests(path, 'no "#  Rank  0 Group  0 Pid ... on HOST device ..." lines '
+                              "to tell the group size and nodes")
+    per_group = Counter(g or "0" for _, g, _ in ranks)
+    if len(set(per_group.values())) != 1:
+        raise _not_nccl_tests(path, f"groups of unequal size ({dict(per_group)})")
+    first = min(per_group, key=int)
+    return (per_group[first],
+            len({host for _, grp, host in ranks if (grp or "0") == first}))
+
+
+def _is_header(cells: list[str]) -> bool:
+    """The nccl-tests column header: size, count, type, then time, algbw, busbw."""
+    return (cells[:3] == ["size", "count", "type"] and "time" in cells and "algbw" in cells
+            and "busbw" in cells)
+
+
+def _kind_of(lines: list[str], path: Path) -> str | None:
+    """The kind from the "Collective test starting" line (nccl-tests 2.14+), else the name."""
+    for line in lines:
+        m = _STARTING.match(line)
+        if m:
+            return NCCL_TESTS_KINDS.get(m.group(1))
+    stem = path.name.lower()
+    found = [k for b, k in NCCL_TESTS_KINDS.items() if b.removesuffix("_perf") in stem]
+    return found[0] if len(found) == 1 else None
+
+
+# --- (b) transfer times measured in a report's runs --------------------------------------
+
+def curves_from_report(report: Report, *, nodes: int | None = None
+                       ) -> tuple[list[LinkCurve], list[str]]:
+    """Curves from the transfer times a report measured (analyzer/analyses/commsplit.py: from
+    the group's last rank's start to the end, so the wait for a late rank is not link time).
+
+    One point per (run, kind): bytes = ``communication[kind].bytes / .count`` (the mean
+    nccl-tests bytes of an instance), time_ns = the kind's summed ``comm_ranks[].transfer_ns``
+    over its summed ``measured`` instances (the mean transfer of a measured instance), rounded
+    to ns. A mean is a point of the curve where time is affine in bytes (time = a + B / bw:
+    the mean of the times is the time of the mean size). g: the ``comm_groups`` of the kind,
+    which must agree on one size; n: 1 when the run's ranks were all on one host
+    (``machine.ranks_on_host`` >= ``world_size``), else the hosts the group's ``pg_ranks``
+    span with ``ranks_on_host`` consecutive ranks per host (torchrun's placement); a run whose
+    manifest does not say (foreign traces): ``nodes`` when given (the caller knows where the
+    traces were recorded), else the kind is left out. Points of
+    the same (kind, g, n, dtype) from several runs make one curve; runs at the same bytes
+    give their median time.
+
+    Returns (curves, notes): a kind left out is said in a note (unknown bytes, nothing
+    measured, groups of several sizes, nodes unknown); nothing is raised.
+    """
+    points: dict[tuple[str, int, int, str], dict[int, list[int]]] = {}
+    runs: dict[tuple[str, int, int, str], list[str]] = {}
+    notes = []
+    for run in report.runs:
+        for kind, figs in sorted(run.communication.items()):
+            if kind not in KINDS:
+                continue
+            why, key = _span(run, kind, nodes)
+            measured = sum(r.measured for r in run.comm_ranks if r.kind == kind)
+            transfer = sum(r.transfer_ns or 0 for r in run.comm_ranks if r.kind == kind)
+            if why is None and (figs.bytes is None or figs.unknown_bytes or not figs.count):
+                why = "the trace does not tell the bytes of every instance"
+            if why is None and not measured:
+                why = "no instance measured (no match across ranks)"
+            if why is not None:
+                notes.append(f"run {run.name}: {kind} left out of the link model: {why}")
+                continue
+            size = round(figs.bytes / figs.count)
+            if size <= 0 or transfer <= 0:
+                notes.append(f"run {run.name}: {kind} left out of the link model: "
+                             "zero bytes or zero transfer time")
+                continue
+            points.setdefault(key, {}).setdefault(size, []).append(round(transfer / measured))
+            runs.setdefault(key, []).append(run.name)
+    curves = [LinkCurve(source=f"measured in run {', '.join(dict.fromkeys(runs[key]))} "
+                               f"(report {report.root})",
+                        kind=key[0], group_size=key[1], nodes=key[2], dtype=key[3],
+                        rows=[LinkRow(bytes=b, time_ns=round(statistics.median(ts)))
+                              for b, ts in sorted(by_size.items())])
+              for key, by_size in points.items()]
+    return curves, notes
+
+
+def _span(run, kind: str, nodes: int | None) -> tuple[str | None, tuple[str, int, int, str]]:
+    """(why the kind is left out or None, (kind, g, n, dtype)) of a run's kind."""
+    groups = [grp for grp in run.comm_groups if grp.kind == kind]
+    sizes = {grp.group_size for grp in groups}
+    if not groups or None in sizes:
+        return "its group size is unknown", (kind, 0, 0, "")
+    if len(sizes) > 1:
+        return (f"it runs on groups of sizes {sorted(sizes)}, which its per-kind times mix",
+                (kind, 0, 0, ""))
+    g = sizes.pop()
+    per_host = (run.machine or {}).get("ranks_on_host")
+    world = run.world_size
+    if per_host and world and per_host >= world:
+        n = 1
+    elif not per_host and nodes is not None:
+        n = nodes
+    else:
+        spans = {len({int(r) // per_host for r in re.findall(r"\d+", grp.pg_ranks)})
+                 for grp in groups} if per_host else set()
+        if len(spans) != 1 or 0 in spans:
+            return ("the nodes its groups span are unknown (no ranks per host in the "
+                    "manifest: give the node count)"), (kind, g, 0, "")
+        n = spans.pop()
+    dtypes = {grp.dtype for grp in groups}
+    return None, (kind, g, n, dtypes.pop() if len(dtypes) == 1 else "")
+
+
+# --- the table form and the lookup ---------------------------------------------------------
+
+def dump_curves(curves: list[LinkCurve]) -> str:
+    """The table form as JSON text (a list of curves, indented, final newline)."""
+    return msgspec.json.format(msgspec.json.encode(curves), indent=2).decode() + "\n"
+
+
+def load_curves(path: Path | str) -> list[LinkCurve]:
+    """Curves from a JSON file of the table form (``dump_curves``; a link benchmark's output).
+    Raises ``BadInput`` (``bad_run_file``) when it does not have that shape or a curve's kind
+    or rows are invalid."""
+    path = Path(path)
+    try:
+        curves = msgspec.json.decode(path.read_bytes(), type=list[LinkCurve])
+    except OSError as exc:
+        raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})") from None
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise BadInput(path, "bad_run_file", f"not a link-model table ({exc})",
+                       "pass a file the link benchmark or dump_curves wrote") from None
+    for c in curves:
+        sizes = [r.bytes for r in c.rows]
+        if (c.kind not in KINDS or c.group_size < 1 or c.nodes < 1 or not c.rows
+                or sizes != sorted(set(sizes)) or min(sizes) <= 0
+                or min(r.time_ns for r in c.rows) <= 0):
+            raise BadInput(path, "bad_run_file", f"curve {c.kind!r} from {c.source!r} is not "
+                           "valid (kind, g >= 1, n >= 1, rows of ascending distinct bytes > 0 "
+                           "and time > 0)", "pass a file the link benchmark or dump_curves wrote")
+    return curves
+
+
+def lookup(curves: list[LinkCurve], kind: str, size_bytes: int, group_size: int, nodes: int,
+           *, dtype: str | None = None,
+           outside: Literal["flag", "refuse"] = "flag") -> LinkTime:
+    """Time of a ``kind`` collective of ``size_bytes`` (nccl-tests bytes) on ``group_size``
+    ranks over ``nodes`` nodes, from the first curve in ``curves`` of that kind and span (and
+    ``dtype`` when given): a measured size gives its row's time; between two measured sizes
+    B0 < B < B1 with times t0, t1, the log-log interpolation
+    t = t0 x (B / B0) ** (log(t1 / t0) / log(B1 / B0)).
+    Outside the measured sizes: flagged (``LinkTime.outside``), or with ``outside="refuse"``
+    raised. Raises ``BadInput`` (``no_link_curve``) when no curve has the span, or the size is
+    outside and ``outside="refuse"``; ``ValueError`` for ``size_bytes`` <= 0."""
+    if size_bytes <= 0:
+        raise ValueError(f"size_bytes must be > 0, got {size_bytes!r}")
+    match = [c for c in curves if (c.kind, c.group_size, c.nodes) == (kind, group_size, nodes)
+             and (dtype is None or c.dtype == dtype)]
+    if not match:
+        have = sorted({(c.group_size, c.nodes) for c in curves if c.kind == kind})
+        spans = ", ".join(f"g={g} n={n}" for g, n in have) or "none"
+        raise BadInput(f"{kind} g={group_size} n={nodes}", "no_link_curve",
+                       f"no link curve measured on this group span (curves of {kind}: {spans})",
+                       f"pass nccl-tests output ({_binary(kind)}) measured on {group_size} ranks "
+                       f"over {nodes} node(s), or run the link benchmark on such a group")
+    curve = match[0]
+    rows = curve.rows
+    lo, hi = rows[0], rows[-1]
+    if size_bytes < lo.bytes or size_bytes > hi.bytes:
+        if outside == "refuse":
+            raise BadInput(f"{kind} g={group_size} n={nodes}", "no_link_curve",
+                           f"{size_bytes} bytes is outside the measured sizes {lo.bytes}.."
+                           f"{hi.bytes} of {curve.source}",
+                           "measure the curve over the sizes the projection needs")
+        if size_bytes < lo.bytes:
+            return LinkTime(time_ns=float(lo.time_ns), source=curve.source, outside="below")
+        return LinkTime(time_ns=hi.time_ns * size_bytes / hi.bytes, source=curve.source,
+                        outside="above")
+    i = next(i for i, r in enumerate(rows) if r.bytes >= size_bytes)
+    if rows[i].bytes == size_bytes:
+        return LinkTime(time_ns=float(rows[i].time_ns), source=curve.source)
+    b0, b1 = rows[i - 1], rows[i]
+    slope = math.log(b1.time_ns / b0.time_ns) / math.log(b1.bytes / b0.bytes)
+    return LinkTime(time_ns=b0.time_ns * (size_bytes / b0.bytes) ** slope, source=curve.source)
+
+
+def _binary(kind: str) -> str:
+    return next(b for b, k in NCCL_TESTS_KINDS.items() if k == kind) if kind in KINDS else kind

@@ -1,0 +1,208 @@
+"""The link model (issue 44, Deliver 2; analyzer/analyses/linkmodel.py): nccl-tests files parsed
+to exact rows, curves from a report's measured transfer times, and the lookup's log-log
+interpolation, flags and refusals, each against a hand count."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from analyzer.analyses.linkmodel import (LinkCurve, LinkRow, LinkTime, busbw_gbps,
+                                         curves_from_report, dump_curves, load_curves, lookup,
+                                         parse_nccl_tests)
+from analyzer.contract.errors import BadInput
+from analyzer.contract.report_types import (CommGroup, CommKind, CommRank, Parity, Ranking,
+                                            Report, RunEntry)
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "linkmodel"
+ALL_REDUCE_ROWS = [LinkRow(bytes=1024, time_ns=20500), LinkRow(bytes=4096, time_ns=21300),
+                   LinkRow(bytes=16384, time_ns=24100), LinkRow(bytes=65536, time_ns=35800),
+                   LinkRow(bytes=1048576, time_ns=210400)]
+
+
+def _all_reduce() -> LinkCurve:
+    return parse_nccl_tests(FIX / "all_reduce_perf.txt")[0]
+
+
+def test_nccl_tests_all_reduce_parses_to_its_out_of_place_rows_group_and_hosts():
+    curves = parse_nccl_tests(FIX / "all_reduce_perf.txt")
+    assert curves == [LinkCurve(source=f"nccl-tests file {FIX / 'all_reduce_perf.txt'}",
+                                kind="all_reduce", group_size=4, nodes=2, dtype="float",
+                                rows=ALL_REDUCE_ROWS)]
+
+
+def test_nccl_tests_older_form_behind_mpirun_prefix_takes_its_kind_from_the_name():
+    (curve,) = parse_nccl_tests(FIX / "alltoall_perf_mpirun.txt")
+    assert (curve.kind, curve.group_size, curve.nodes, curve.dtype) == ("all_to_all", 2, 1,
+                                                                       "float")
+    assert [(r.bytes, r.time_ns) for r in curve.rows] == [
+        (8, 9100), (64, 9200), (512, 9600), (4096, 11200), (32768, 16000)]
+
+
+def test_busbw_of_a_row_is_the_files_busbw_column():
+    # the file's row 65536: busbw column 2.75 (all_reduce on 4 ranks: factor 2 x 3 / 4)
+    assert round(busbw_gbps(_all_reduce(), ALL_REDUCE_ROWS[3]), 2) == 2.75
+
+
+def test_a_file_that_is_not_nccl_tests_output_is_refused_in_one_line():
+    path = FIX / "osu_allreduce.txt"
+    with pytest.raises(BadInput) as err:
+        parse_nccl_tests(path)
+    assert err.value.reason == "not_nccl_tests"
+    assert str(err.value) == (
+        f'{path}: not nccl-tests output: no column header ("#  size  count  type ... time  algbw'
+        '  busbw"); pass the output of an nccl-tests binary (all_reduce_perf, all_gather_perf, '
+        "reduce_scatter_perf, alltoall_perf, sendrecv_perf) as it printed it")
+
+
+def test_nccl_tests_table_without_rank_lines_or_kind_is_refused(tmp_path):
+    table = (FIX / "all_reduce_perf.txt").read_text().splitlines()
+    no_ranks = tmp_path / "all_reduce_perf.txt"
+    no_ranks.write_text("\n".join(line for line in table if "Rank" not in line))
+    with pytest.raises(BadInput, match="no .* Rank .* lines"):
+        parse_nccl_tests(no_ranks)
+    no_kind = tmp_path / "out.txt"
+    no_kind.write_text("\n".join(line for line in table if "starting" not in line))
+    with pytest.raises(BadInput, match="cannot tell which collective"):
+        parse_nccl_tests(no_kind)
+    assert parse_nccl_tests(no_kind, kind="all_reduce")[0].rows == ALL_REDUCE_ROWS
+
+
+def test_lookup_at_a_measured_size_is_that_rows_time():
+    assert lookup([_all_reduce()], "all_reduce", 4096, 4, 2) == LinkTime(
+        time_ns=21300.0, source=_all_reduce().source)
+
+
+def test_lookup_between_two_sizes_interpolates_in_log_log():
+    # 8192 is halfway between 4096 and 16384 in log(bytes): log-log interpolation gives the
+    # geometric mean of their times, sqrt(21300 x 24100) = 22656.79 ns
+    got = lookup([_all_reduce()], "all_reduce", 8192, 4, 2)
+    assert got.outside == "" and got.time_ns == pytest.approx(math.sqrt(21300 * 24100), rel=1e-12)
+    # 2^18 B between 65536 and 1048576: t = 35800 x 4 ** (log(210400/35800) / log(16))
+    t = lookup([_all_reduce()], "all_reduce", 2**18, 4, 2).time_ns
+    assert t == pytest.approx(35800 * 4 ** (math.log(210400 / 35800) / math.log(16)), rel=1e-12)
+
+
+def test_lookup_outside_the_measured_sizes_is_flagged_or_refused():
+    curve = _all_reduce()
+    assert lookup([curve], "all_reduce", 512, 4, 2) == LinkTime(
+        time_ns=20500.0, source=curve.source, outside="below")
+    assert lookup([curve], "all_reduce", 2 * 1048576, 4, 2) == LinkTime(
+        time_ns=420800.0, source=curve.source, outside="above")
+    with pytest.raises(BadInput) as err:
+        lookup([curve], "all_reduce", 2 * 1048576, 4, 2, outside="refuse")
+    assert str(err.value) == (
+        f"all_reduce g=4 n=2: 2097152 bytes is outside the measured sizes 1024..1048576 of "
+        f"{curve.source}; measure the curve over the sizes the projection needs")
+
+
+def test_lookup_of_a_span_without_a_curve_is_refused_naming_the_spans_there_are():
+    with pytest.raises(BadInput) as err:
+        lookup([_all_reduce()], "all_reduce", 4096, 8, 1)
+    assert err.value.reason == "no_link_curve"
+    assert str(err.value) == (
+        "all_reduce g=8 n=1: no link curve measured on this group span (curves of all_reduce: "
+        "g=4 n=2); pass nccl-tests output (all_reduce_perf) measured on 8 ranks over 1 node(s), "
+        "or run the link benchmark on such a group")
+    with pytest.raises(BadInput, match=r"curves of all_gather: none"):
+        lookup([_all_reduce()], "all_gather", 4096, 4, 2)
+
+
+def test_table_form_round_trips_through_json(tmp_path):
+    path = tmp_path / "links.json"
+    curves = parse_nccl_tests(FIX / "all_reduce_perf.txt") + parse_nccl_tests(
+        FIX / "alltoall_perf_mpirun.txt")
+    path.write_text(dump_curves(curves))
+    assert load_curves(path) == curves
+    path.write_text('[{"source": "x", "kind": "all_reduce", "group_size": 2, "nodes": 1, '
+                    '"dtype": "", "rows": [{"bytes": 8, "time_ns": 5}, {"bytes": 8, '
+                    '"time_ns": 6}]}]')
+    with pytest.raises(BadInput, match="not valid"):
+        load_curves(path)
+
+
+def _run(name: str, kinds: dict, *, world: int = 2, per_host: int = 2) -> RunEntry:
+    """A run whose ``kinds`` maps kind -> (count, bytes, [(transfer_ns, measured) per rank],
+    [(group_size, pg_ranks)])."""
+    comm, groups, ranks = {}, [], []
+    for kind, (count, nbytes, per_rank, grps) in kinds.items():
+        comm[kind] = CommKind(count=count, time_ns=1.0, bytes=nbytes, busbw_gbps=None,
+                              count_per_step=None, time_ns_per_step=None, bytes_per_step=None)
+        groups += [CommGroup(kind=kind, pg=str(i), pg_ranks=pr, group_size=g, dtype="Float",
+                             count=count, time_ns=1.0, bytes=nbytes, unknown_bytes=0,
+                             busbw_gbps=None) for i, (g, pr) in enumerate(grps)]
+        ranks += [CommRank(rank=r, kind=kind, count=int(count), time_ns=t, transfer_ns=t,
+                           wait_ns=0, unmatched=0, measured=m)
+                  for r, (t, m) in enumerate(per_rank)]
+    return RunEntry(name=name, strategy="ddp", parity=Parity(status="pass", reason=""),
+                    world_size=world, machine={"ranks_on_host": per_host},
+                    communication=comm, comm_groups=groups, comm_ranks=ranks)
+
+
+def test_curves_from_a_reports_measured_transfer_times():
+    pair = [(2, "[0, 1]")]
+    report = Report(root="/runs", layout="root", ranking=Ranking(
+        status="withheld", order=[], reason="", rule=""), runs=[
+        # all_reduce of 4096 B: (50000 + 70000) ns over 10 + 10 measured instances = 6000 ns
+        _run("ddp.r0", {"all_reduce": (10, 40960.0, [(50000, 10), (70000, 10)], pair),
+                        "all_gather": (4, None, [(100, 4), (100, 4)], pair)}),
+        # the same size again: 6400 ns; the curve holds their median, 6200 ns
+        _run("ddp.r1", {"all_reduce": (10, 40960.0, [(64000, 10), (64000, 10)], pair),
+                        # 2 of 4 instances measured: 9000 / 2 = 4500 ns at 16384 B
+                        "reduce_scatter": (4, 65536.0, [(9000, 2), (0, 0)], pair)}),
+        # world 4 on two hosts of 2 ranks: the group [0, 2] spans 2 nodes
+        _run("ddp4", {"all_reduce": (5, 5 * 4096.0, [(10000, 5), (10000, 5)], [(2, "[0, 2]")]),
+                      "all_to_all": (2, 200.0, [(10, 2)], [(2, "[0, 1]"), (4, "[0, 1, 2, 3]")])},
+             world=4),
+    ])
+    curves, notes = curves_from_report(report)
+    src = "measured in run {} (report /runs)"
+    assert curves == [
+        LinkCurve(source=src.format("ddp.r0, ddp.r1"), kind="all_reduce", group_size=2, nodes=1,
+                  dtype="Float", rows=[LinkRow(bytes=4096, time_ns=6200)]),
+        LinkCurve(source=src.format("ddp.r1"), kind="reduce_scatter", group_size=2, nodes=1,
+                  dtype="Float", rows=[LinkRow(bytes=16384, time_ns=4500)]),
+        LinkCurve(source=src.format("ddp4"), kind="all_reduce", group_size=2, nodes=2,
+                  dtype="Float", rows=[LinkRow(bytes=4096, time_ns=2000)]),
+    ]
+    assert notes == [
+        "run ddp.r0: all_gather left out of the link model: the trace does not tell the bytes "
+        "of every instance",
+        "run ddp4: all_to_all left out of the link model: it runs on groups of sizes [2, 4], "
+        "which its per-kind times mix",
+    ]
+    assert lookup(curves, "all_reduce", 4096, 2, 1).time_ns == 6200.0
+
+
+def test_curves_from_foreign_traces_take_the_node_count_the_caller_gives():
+    run = _run("foreign", {"all_reduce": (2, 8192.0, [(3000, 2), (5000, 2)], [(2, "[0, 1]")])})
+    run.machine = None  # foreign traces: no manifest, so no ranks per host
+    report = Report(root="/t", layout="traces", runs=[run], ranking=Ranking(
+        status="withheld", order=[], reason="", rule=""))
+    assert curves_from_report(report) == ([], [
+        "run foreign: all_reduce left out of the link model: the nodes its groups span are "
+        "unknown (no ranks per host in the manifest: give the node count)"])
+    # (3000 + 5000) ns over 2 + 2 measured instances = 2000 ns at 8192 / 2 = 4096 bytes
+    assert curves_from_report(report, nodes=1)[0] == [LinkCurve(
+        source="measured in run foreign (report /t)", kind="all_reduce", group_size=2, nodes=1,
+        dtype="Float", rows=[LinkRow(bytes=4096, time_ns=2000)])]
+
+
+def test_nccl_tests_keeps_one_curve_per_dtype_the_sum_rows_and_refuses_a_size_twice(tmp_path):
+    lines = (FIX / "all_reduce_perf.txt").read_text().splitlines()
+    rows = [i for i, line in enumerate(lines) if line.strip().startswith("1024 ")]
+    extra = [  # -d all: a half row; -o all: a prod row of float (left out: sum is kept)
+        "        1024           512      half     sum      -1     19.00    0.05    0.08    N/A"
+        "     19.10    0.05    0.08    N/A",
+        "        4096          1024     float    prod      -1     99.99    0.04    0.06      0"
+        "     99.10    0.04    0.06      0"]
+    path = tmp_path / "all_reduce_perf.txt"
+    path.write_text("\n".join(lines[:rows[0]] + extra + lines[rows[0]:]))
+    curves = parse_nccl_tests(path)
+    assert [(c.dtype, c.rows) for c in curves] == [
+        ("half", [LinkRow(bytes=1024, time_ns=19000)]), ("float", ALL_REDUCE_ROWS)]
+    path.write_text("\n".join(lines + lines[rows[0]:rows[0] + 1]))
+    with pytest.raises(BadInput, match="size 1024 appears twice for float: two runs in one file"):
+        parse_nccl_tests(path)
