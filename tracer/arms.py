@@ -134,7 +134,7 @@ def expand_arms(arms: list[str], sweeps: list[str], *, strategy: str | None,
                          "per experiment; record fewer values or arms")
     if total < 2:
         raise ValueError("--arm: give at least two arms (or --sweep two values) to compare")
-    configs = []
+    configs, arm_options = [], {}
     for (arm, text), point in itertools.product(named, points):
         where = f"--arm {arm}" if arm else "--sweep"
         try:
@@ -145,10 +145,16 @@ def expand_arms(arms: list[str], sweeps: list[str], *, strategy: str | None,
             if field in COMMAND_ONLY or field in ("arm", "sweep"):
                 raise ValueError(f"{where}: --{field.replace('_', '-')} applies to the whole "
                                  "command, not to one arm; give it once outside the arms")
+        if point == points[0]:
+            arm_options[arm] = dict(own)  # the arm's own options, before the swept ones
         for field, value in point:
             if field in own:
                 raise ValueError(f"{where}: --{field.replace('_', '-')} is swept; drop it from "
                                  "the arm")
+            if arm == named[0][0]:  # once per swept option
+                sweep = next(s for s in sweeps if parse_sweep(s, option_kinds)[0] == field)
+                _check_not_fixed(field, f"--sweep {sweep}", strategy, common, given,
+                                 option_kinds)
             try:
                 own.update(parse(_sweep_argv(field, value, option_kinds[field])))
             except ValueError as exc:
@@ -159,10 +165,56 @@ def expand_arms(arms: list[str], sweeps: list[str], *, strategy: str | None,
     if len({c.arm for c in configs}) != len(configs):
         raise ValueError("--arm/--sweep: two arms get one name ("
                          + ", ".join(c.arm for c in configs) + "); name the arms apart")
+    if arms:
+        _check_reaches_an_arm(arm_options, strategy, common, given, option_kinds)
     _check_common_taken(configs, common, given)
     for i in range(0, len(configs), len(points)):  # each named arm's grid points
         _check_distinct(configs[i:i + len(points)])
     return with_settings(configs)
+
+
+def _fixed(field: str, value: Any, option_kinds: dict[str, bool]) -> str:
+    """Option ``field`` set to ``value`` as typed on a command line (``--bucket-cap-mb 5``,
+    ``--no-static-graph``)."""
+    option = "--" + field.replace("_", "-")
+    if option_kinds.get(field) and isinstance(value, bool):
+        return option if value else "--no-" + option[2:]
+    shown = bucket_setting(value) if field == "bucket_cap_mb" else value
+    return f"{option} {shown}"
+
+
+def _check_reaches_an_arm(arm_options: dict[str, dict[str, Any]], strategy: str | None,
+                          common: dict[str, Any], given: list[str],
+                          option_kinds: dict[str, bool]) -> None:
+    """Refuse an option given outside the arms that every named arm sets itself
+    (``arm_options``: arm name -> its own options): it would reach no arm, dropped without a
+    word. One some arms set is their value over the common one (the help's "options over the
+    ones given outside the arms": ``--strategy ddp --arm a= --arm f="--strategy fsdp2"``).
+    Raises ``ValueError`` naming both."""
+    for field in ["strategy", *given]:
+        if all(field in own for own in arm_options.values()):
+            set_by = ", ".join(f"{arm}: {_fixed(field, own[field], option_kinds)}"
+                               for arm, own in arm_options.items())
+            _check_not_fixed(field, f"every --arm ({set_by})", strategy, common, given,
+                             option_kinds)
+
+
+def _check_not_fixed(field: str, varied: str, strategy: str | None, common: dict[str, Any],
+                     given: list[str], option_kinds: dict[str, bool]) -> None:
+    """Refuse option ``field`` that ``varied`` (an arm's options or a ``--sweep``) sets when the
+    command also gives it outside the arms: the arm's value would replace it without a word
+    (a ``--sweep`` replaces it in every arm: ``--bucket-cap-mb 5`` was never recorded). Raises
+    ``ValueError`` naming both."""
+    if field == "strategy":
+        if strategy is None:
+            return
+        fixed = f"--strategy {strategy}"
+    elif field in given:
+        fixed = _fixed(field, common.get(field), option_kinds)
+    else:
+        return
+    raise ValueError(f"{fixed} and {varied} both set --{field.replace('_', '-')}: give it in "
+                     "one place")
 
 
 def _check_distinct(points: list[RecordConfig]) -> None:

@@ -82,13 +82,18 @@ def _option(default: Any, help: str | None = None, *, flag: str | None = None,
 
 
 def parse_bucket_cap_mb(text: str | float | None) -> float | None:
-    """``--bucket-cap-mb`` as typed -> the field's value: ``default`` (any case) -> None, torch's
-    default buckets (``strategies.DDP_DEFAULT_BUCKET``); a number -> MiB as a float. Raises
-    ``ValueError`` for anything else."""
+    """``--bucket-cap-mb`` as typed -> the field's value: ``default`` (exactly, lower case) ->
+    None, torch's default buckets (``strategies.DDP_DEFAULT_BUCKET``); a number -> MiB as a
+    float. Raises ``ValueError`` for anything else, other cases of ``default`` included: the
+    value names a ``--sweep`` arm's run dir (``bucket-cap-mb=default``) and is the manifest's
+    setting, so one setting has one spelling (``DEFAULT`` would name a second dir of it)."""
     if text is None or isinstance(text, (int, float)) and not isinstance(text, bool):
         return None if text is None else float(text)
-    if str(text).strip().lower() == strategies.DDP_DEFAULT_BUCKET:
+    if str(text).strip() == strategies.DDP_DEFAULT_BUCKET:
         return None
+    if str(text).strip().lower() == strategies.DDP_DEFAULT_BUCKET:
+        raise ValueError(f"{text!r}: write {strategies.DDP_DEFAULT_BUCKET} in lower case, its "
+                         "one spelling")
     try:
         return float(text)
     except ValueError:

@@ -70,17 +70,67 @@ def config_keys(config_class) -> list[str]:
     return sorted(keys | set(getattr(config_class, "attribute_map", {})))
 
 
+_KINDS = {bool: "true or false", int: "a whole number", float: "a number"}
+
+
+def _typed(config_class, key: str, value: Any, ours: dict[str, Any]) -> Any:
+    """``value`` of override ``key`` as the config's field takes it, judged by the type of the
+    field's value in our tiny config or the class's default (bool, int or float; ``1`` is a
+    float field's 1.0); any other field (None default, text) is left to the config. Raises
+    ``ValueError`` naming the kind expected."""
+    default = ours.get(key, getattr(config_class(), key, None))
+    kind = next((k for k in _KINDS if type(default) is k), None)
+    if kind is None or type(value) is kind:
+        return value
+    if kind is float and type(value) is int:
+        return float(value)
+    raise ValueError(f"{key}={value} is not {_KINDS[kind]} ({config_class.__name__}'s {key} "
+                     f"is {type(default).__name__})")
+
+
+def _refused(name: str, spec: str, exc: Exception) -> SpecError:
+    """``--model SPEC: NAME refused it: <its whole message, on one line>; change the override``:
+    transformers refusing a combination of overrides (``n_embd`` not divisible by ``n_head``)."""
+    text = " ".join(str(exc).split()).rstrip(".")
+    if isinstance(exc, (KeyError, IndexError)) or not text:  # KeyError 'nope' says little alone
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return SpecError(f"--model {spec}: {name} refused it: {text}; change the override")
+
+
 def _config(config_class, family: str, ours: dict[str, Any], overrides: dict[str, Any] | None,
             spec: str | None):
     """``config_class(**ours)`` with ``overrides`` set over ours. Raises ``SpecError`` (one
-    line naming the key and the valid ones) for a key the config does not have."""
+    line) for a key the config does not have (naming the valid ones), a value not of the
+    field's type (``_typed``; the sizes' range: tracer/specform.py ``HF_SIZE_KEYS``) and a
+    combination the config refuses (its whole message)."""
     overrides = overrides or {}
+    spec = spec or "hf:" + family
     valid = config_keys(config_class)
     unknown = [k for k in overrides if k not in valid]
     if unknown:
-        raise SpecError(f"--model {spec or 'hf:' + family}: {config_class.__name__} has no key "
+        raise SpecError(f"--model {spec}: {config_class.__name__} has no key "
                         f"{unknown[0]!r}; valid keys: {', '.join(valid)}")
-    return config_class(**{**ours, **overrides})
+    typed = {}
+    for key, value in overrides.items():
+        try:
+            typed[key] = _typed(config_class, key, value, ours)
+        except ValueError as exc:
+            raise SpecError(f"--model {spec}: {exc}; change the override") from None
+    try:
+        return config_class(**{**ours, **typed})
+    except Exception as exc:  # transformers' validation: ValueError, StrictDataclass... errors
+        raise _refused(config_class.__name__, spec, exc) from None
+
+
+def _model(model_class, config, spec: str | None, family: str):
+    """``model_class(config)``; a combination the model's layers refuse (GPT2Attention:
+    ``embed_dim`` must be divisible by ``num_heads``) is a ``SpecError`` naming the override."""
+    if spec is None or "?" not in spec:
+        return model_class(config)  # the tiny config builds: a failure is ours, not the user's
+    try:
+        return model_class(config)
+    except Exception as exc:  # noqa: BLE001 -- any: the tiny config alone builds
+        raise _refused(model_class.__name__, spec, exc) from None
 
 
 def _spec(model, config, units: tuple) -> ModelSpec:
@@ -99,7 +149,7 @@ def gpt2(overrides: dict[str, Any] | None = None, spec: str | None = None) -> Mo
         vocab_size=VOCAB, n_positions=SEQ, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
         attn_implementation="eager", use_cache=False), overrides, spec)
-    return _spec(tf.GPT2LMHeadModel(config), config, (GPT2Block,))
+    return _spec(_model(tf.GPT2LMHeadModel, config, spec, "gpt2"), config, (GPT2Block,))
 
 
 def llama(overrides: dict[str, Any] | None = None, spec: str | None = None) -> ModelSpec:
@@ -113,4 +163,5 @@ def llama(overrides: dict[str, Any] | None = None, spec: str | None = None) -> M
         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
         max_position_embeddings=SEQ, attention_dropout=0.0, bos_token_id=0, eos_token_id=0,
         attn_implementation="eager", use_cache=False), overrides, spec)
-    return _spec(tf.LlamaForCausalLM(config), config, (LlamaDecoderLayer,))
+    return _spec(_model(tf.LlamaForCausalLM, config, spec, "llama"), config,
+                 (LlamaDecoderLayer,))

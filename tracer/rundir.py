@@ -303,22 +303,31 @@ def finished_run(run_dir: Path) -> str | None:
 def incomplete_hint(run_dirs: list[Path], replaced: dict[Path, str] | None = None) -> str:
     """For the one line of a failed or interrupted command: which of ``run_dirs`` its records
     left incomplete (the record marker, no manifest) and how to clean them up, exactly --
-    ``; traces/ddp is incomplete: run this command again to re-record it, or delete the folder
-    traces/ddp`` (several: ``...: run this command again to re-record them, or delete the
-    folders a, b``); "" when none is. ``replaced``: run dir -> the finished run its record
-    replaced (``clear_run_dir``), named after it (``traces/ddp (it held a finished ddp run of 2
-    ranks recorded ...)``). A re-record of the same command replaces them; the analyzer refuses
-    them until then (analyzer/ingest/rundirs.py)."""
+    ``; traces/ddp is incomplete: record it again, or delete the folder traces/ddp`` (several:
+    ``...: record them again, or delete the folders a, b``); "" when none is. ``replaced``: run
+    dir -> the finished run its record replaced (``clear_run_dir``), said gone: ``traces/ddp is
+    incomplete (the finished ddp run of 2 ranks recorded ... it held was removed when this
+    record started)``. "Record it again", not "run this command again": the command may be what
+    failed (a ``--fault hang`` canary hangs again). The analyzer refuses them until a record
+    completes there (analyzer/ingest/rundirs.py)."""
     replaced = replaced or {}
     left = [d for d in run_dirs if (d / RECORDING_NAME).exists()]
     if not left:
         return ""
-    named = ", ".join(f"{d}" + (f" (it held {replaced[d]})" if d in replaced else "") for d in left)
     if len(left) == 1:
-        return (f"; {named} is incomplete: run this command again to re-record it, or delete "
-                f"the folder {left[0]}")
-    return (f"; {named} are incomplete: run this command again to re-record them, or "
-            f"delete the folders {', '.join(map(str, left))}")
+        d = left[0]
+        gone = (f" ({_the(replaced[d])} it held was removed when this record started)"
+                if d in replaced else "")
+        return f"; {d} is incomplete{gone}: record it again, or delete the folder {d}"
+    named = ", ".join(f"{d}" + (f" ({_the(replaced[d])} it held was removed when its record "
+                                "started)" if d in replaced else "") for d in left)
+    return (f"; {named} are incomplete: record them again, or delete the folders "
+            f"{', '.join(map(str, left))}")
+
+
+def _the(run: str) -> str:
+    """``a finished ddp run ...`` (``finished_run``) -> ``the finished ddp run ...``."""
+    return "the " + run[2:] if run.startswith("a ") else run
 
 
 def _write_no_follow(path: Path, text: str) -> None:

@@ -19,6 +19,12 @@ REFERENCE = "reference"
 HF_PREFIX = "hf:"
 HF_FAMILIES = ("gpt2", "llama")
 """``hf:<name>``: the factory ``name`` of tracer/hf.py."""
+HF_SIZE_KEYS = ("n_layer", "n_embd", "n_head", "n_positions", "n_inner", "num_hidden_layers",
+                "hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "max_position_embeddings", "head_dim")
+"""``hf:`` config keys that are sizes (counts of layers, heads, features, tokens) of GPT2Config
+or LlamaConfig (and their aliases, ``attribute_map``): a whole number >= 1. Checked here, before
+torch: transformers takes ``n_layer=0`` (a model of no blocks) and ``n_layer=-1`` alike."""
 FORMS = ("use reference, hf:gpt2, hf:llama (resized: hf:gpt2?n_layer=4,n_embd=128), "
          "package.module:factory or path/to/file.py:factory")
 
@@ -72,13 +78,20 @@ def _hf(spec: str, rest: str) -> SpecForm:
         if key in overrides:
             raise bad_spec(spec, f"{key} is given twice", "give each config key once")
         overrides[key] = _value(value)
+        size = overrides[key]
+        if key in HF_SIZE_KEYS and (type(size) is not int or size < 1):
+            raise bad_spec(spec, f"{key}={value} is not a size (a whole number >= 1)",
+                           "change the override")
     return SpecForm(kind="hf", where=family, overrides=tuple(overrides.items()))
 
 
 def parse_spec(spec: str) -> SpecForm:
     """The form of ``spec`` (module docstring). Raises ``SpecError`` (one line) for text that
-    is none of the forms, an unknown ``hf:`` family, a malformed override, and a
-    ``path/to/file.py:factory`` whose file does not exist. Reads no file, imports nothing."""
+    is none of the forms, an unknown ``hf:`` family, a malformed override or a size override
+    that is not a whole number >= 1 (``HF_SIZE_KEYS``), a ``path/to/file.py:factory`` whose
+    file does not exist, and a path (an existing file, or text with a ``/``) that is not a
+    ``.py`` file (it would be read as a module name: "no module 'notpy'"). Reads no file,
+    imports nothing."""
     if spec == REFERENCE:
         return SpecForm(kind="reference")
     if spec.startswith(HF_PREFIX):
@@ -91,4 +104,7 @@ def parse_spec(spec: str) -> SpecForm:
         if not path.is_file():
             raise bad_spec(spec, f"no such file {path}", "pass the path of your .py file")
         return SpecForm(kind="file", where=where, factory=attr)
+    if "/" in where or Path(where).expanduser().is_file():  # a path, which no module name is
+        raise bad_spec(spec, f"{where} is not a .py file", "pass the path of your .py file "
+                       "(path/to/file.py:factory) or package.module:factory")
     return SpecForm(kind="module", where=where, factory=attr)

@@ -758,7 +758,45 @@ def read_manifest(path: Path | str) -> Manifest:
         raise SchemaError(path, f"manifest {why}; re-record the run")
     if why := mesh_problem(manifest):
         raise SchemaError(path, f"manifest $.mesh {why}; re-record the run")
+    if why := strategy_options_problem(manifest):
+        raise SchemaError(path, f"manifest $.strategy_options{why}; re-record the run")
     return manifest
+
+
+OPTION_MANIFEST_KEYS: dict[str, tuple[str, ...]] = {
+    "wrap_min_params": ("auto_wrap_min_num_params", "fsdp_unit_classes", "fsdp_units"),
+}
+"""A strategy option (``strategies.StrategySpec.options``, RecordConfig field names) -> the keys
+the record writes for it in ``strategy_options`` (tracer/config.py ``strategy_options``,
+tracer/manifest.py ``build_manifest``: the FSDP units come with the wrap option); an option not
+listed is written under its own name."""
+
+
+def strategy_options_problem(m: Manifest) -> str | None:
+    """Why ``m.strategy_options`` cannot be what ``tracer record --strategy m.strategy`` wrote,
+    None when it can: a key of an option the strategy does not take (its row's ``options``,
+    analyzer/contract/strategies.py: the strategy was edited, or the options), or a ddp
+    ``bucket_cap_mb`` that is neither a positive finite number of MiB nor exactly
+    ``strategies.DDP_DEFAULT_BUCKET``. The text starts where the JSON path ``$.strategy_options``
+    ends (``" lists ..."``, ``".bucket_cap_mb ..."``)."""
+    row = strategies.spec(m.strategy)
+    if row is None:  # the Strategy literal refused any other name already
+        return None
+    taken = {k for o in row.options for k in OPTION_MANIFEST_KEYS.get(o, (o,))}
+    foreign = [k for k in m.strategy_options if k not in taken]
+    if foreign:
+        return (f" lists {', '.join(k if k.isidentifier() else _quoted(k) for k in foreign)}, "
+                f"which {m.strategy} does not take: the strategy or its options were edited")
+    if "bucket_cap_mb" in m.strategy_options:
+        value = m.strategy_options["bucket_cap_mb"]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (value == strategies.DDP_DEFAULT_BUCKET
+                or (number and math.isfinite(value) and value > 0)):
+            shown = repr(value) if number else msgspec.json.encode(value).decode()
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            return (f".bucket_cap_mb {shown} is neither a positive number of MiB nor "
+                    f'"{strategies.DDP_DEFAULT_BUCKET}"')
+    return None
 
 
 def mesh_problem(m: Manifest) -> str | None:

@@ -52,6 +52,31 @@ def test_manifest_with_a_wrong_type_or_unknown_strategy_and_with_extra_keys(tmp_
     assert cli("gate", str(job)).returncode == 0
 
 
+@pytest.mark.parametrize("edit, says", [
+    ({"strategy": "fsdp"}, "manifest.json: manifest $.strategy_options lists bucket_cap_mb, "
+     "gradient_as_bucket_view, static_graph, which fsdp does not take: the strategy or its "
+     "options were edited; re-record the run"),
+    ({"bucket_cap_mb": -1}, "manifest.json: manifest $.strategy_options.bucket_cap_mb -1 is "
+     'neither a positive number of MiB nor "default"; re-record the run'),
+    ({"bucket_cap_mb": "defaultx"}, 'manifest.json: manifest $.strategy_options.bucket_cap_mb '
+     '"defaultx" is neither a positive number of MiB nor "default"; re-record the run'),
+])
+def test_strategy_options_the_strategy_does_not_take_are_refused_when_read(tmp_path, ddp_run,
+                                                                          edit, says):
+    """A finished ddp run's manifest edited to say fsdp (keeping ddp's options), or its bucket
+    size to one no record writes: refused when the manifest is read, one line, exit 2, from
+    report, gate and summary alike (report used to rank "fsdp (bucket_cap_mb=25.0, ...)")."""
+    job = copy_run(ddp_run, tmp_path / "ddp")
+    m = load(job / "manifest.json")
+    if "strategy" in edit:
+        m["strategy"] = edit["strategy"]
+    else:
+        m["strategy_options"].update(edit)
+    (job / "manifest.json").write_text(json.dumps(m))
+    for cmd in ("report", "gate", "summary"):
+        bad_input(cli(cmd, str(job)), says)
+
+
 @pytest.mark.parametrize("strategy, mesh, says", [
     ("hsdp", None, "is missing"),
     ("hsdp", {"shape": [2, 3], "dim_names": ["replicate", "shard"]}, "holds 6 ranks, not world_size 2"),

@@ -14,7 +14,7 @@ import msgspec
 
 from analyzer.compare import ranking, stats
 from analyzer.compare.runs import analyse
-from analyzer.contract import schemas
+from analyzer.contract import schemas, strategies
 from analyzer.contract.report_types import ArmDifference, CommGroup, encode
 from reports import armdiff, markdown
 from reports import memory as memory_section
@@ -39,7 +39,8 @@ def _arm(root, arm: str, steps_ms: float, settings: dict, *, exp: str = "e1",
         walls = {0: (1, 1), **{i: (int(steps_ms * MS),) * 2 for i in (1, 2, 3)}}
         write_run(root / f"{arm}.r{k}", strategy=strategy, walls=walls,
                   categories={0: cats or CATS, 1: cats or CATS},
-                  options=dict(settings) if strategy != "ddp" else None,
+                  options={k: v for k, v in settings.items()  # what its strategy records
+                           if k in strategies.spec(strategy).options} if strategy != "ddp" else None,
                   experiment={"id": exp, "arm": arm, "repeat": k, "repeats": repeats,
                               "order": list(order), "settings": settings,
                               "baseline": "b" * 12}, **kw)

@@ -184,7 +184,8 @@ def test_repeats_of_an_arm_declaring_different_settings_withhold_the_ranking(tmp
 @pytest.mark.parametrize("settings, kw, line", [
     ({"bucket_cap_mb": 5.0}, {"options": {"bucket_cap_mb": 25.0}},
      "run a.r1: experiment.settings says bucket_cap_mb=5.0, its strategy_options 25.0"),
-    ({"wrap_min_params": 1000}, {"options": {"auto_wrap_min_num_params": 500}},
+    ({"wrap_min_params": 1000}, {"options": {"auto_wrap_min_num_params": 500},
+                                 "strategy": "fsdp2"},  # an option ddp does not take: refused
      "run a.r1: experiment.settings says wrap_min_params=1000, its strategy_options "
      "auto_wrap_min_num_params=500"),
     ({"precision": "bf16"}, {"precision": "fp32"},
@@ -194,7 +195,8 @@ def test_repeats_of_an_arm_declaring_different_settings_withhold_the_ranking(tmp
 ])
 def test_declared_settings_the_manifest_contradicts_are_refused(tmp_path, settings, kw, line):
     root = tmp_path / "t"
-    _arm(root, "a", 6, strategy="ddp", settings=settings, repeats=1, **kw)
+    kw = {"strategy": "ddp", **kw}
+    _arm(root, "a", 6, settings=settings, repeats=1, **kw)
     _arm(root, "b", 9, strategy="ddp", settings={"bucket_cap_mb": 25}, repeats=1,
          options={"bucket_cap_mb": 25.0})  # 25 and 25.0: one number
     rk = analyse(root).ranking

@@ -208,3 +208,37 @@ def test_a_sweep_with_a_canary_arm_ranks_the_passing_arms(tmp_path):
     decision = report.stdout.splitlines()[2]
     assert decision.startswith("**Decision:** ddp with bucket_cap_mb=")
     assert "canary+bucket-cap-mb=1 failed the parity gate" in decision
+
+
+@pytest.mark.parametrize("arms, sweeps, strategy, kw, says", [
+    ([], ["bucket-cap-mb=default,25"], "ddp", {"bucket_cap_mb": 5.0},
+     "--bucket-cap-mb 5.0 and --sweep bucket-cap-mb=default,25 both set --bucket-cap-mb: give it "
+     "in one place"),
+    ([], ["static-graph=true,false"], "ddp", {"static_graph": False},
+     "--no-static-graph and --sweep static-graph=true,false both set --static-graph: give it in "
+     "one place"),
+    ([], ["seed=1,2"], "ddp", {"seed": 3},
+     "--seed 3 and --sweep seed=1,2 both set --seed: give it in one place"),
+    ([], ["strategy=ddp,fsdp2"], "ddp", {},
+     "--strategy ddp and --sweep strategy=ddp,fsdp2 both set --strategy: give it in one place"),
+    (["a=--bucket-cap-mb default", "b=--bucket-cap-mb 1"], [], "ddp", {"bucket_cap_mb": 5.0},
+     "--bucket-cap-mb 5.0 and every --arm (a: --bucket-cap-mb default, b: --bucket-cap-mb 1.0) "
+     "both set --bucket-cap-mb: give it in one place"),
+    (["a=--strategy fsdp2", "b=--strategy fsdp"], [], "ddp", {},
+     "--strategy ddp and every --arm (a: --strategy fsdp2, b: --strategy fsdp) both set "
+     "--strategy: give it in one place"),
+])
+def test_an_option_given_fixed_and_in_the_arms_is_refused(arms, sweeps, strategy, kw, says):
+    """The arms' value used to replace the fixed one without a word (with --sweep in every arm:
+    ``--bucket-cap-mb 5`` was never recorded)."""
+    with pytest.raises(ValueError) as err:
+        _expand(arms, sweeps, strategy, **kw)
+    assert str(err.value) == says
+
+
+def test_an_option_some_arms_set_is_their_value_over_the_common_one():
+    configs = _expand(["a=--static-graph", "b=--bucket-cap-mb 1"], ["seed=1,2"], "ddp",
+                      bucket_cap_mb=5.0)
+    assert [c.bucket_cap_mb for c in configs] == [5.0, 5.0, 1.0, 1.0]
+    mixed = _expand(["d=", "f=--strategy fsdp2"], [], "ddp")
+    assert [c.strategy for c in mixed] == ["ddp", "fsdp2"]

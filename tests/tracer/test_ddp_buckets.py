@@ -28,11 +28,28 @@ def test_manifest_records_torch_default_buckets_apart_from_an_explicit_25():
 
 def test_bucket_cap_mb_takes_default_as_a_value():
     assert parse_bucket_cap_mb("default") is None
-    assert parse_bucket_cap_mb("Default") is None
+    for other_case in ("Default", "DEFAULT"):  # one spelling: it names a --sweep arm's run dir
+        with pytest.raises(ValueError, match=f"'{other_case}': write default in lower case, "
+                                             "its one spelling"):
+            parse_bucket_cap_mb(other_case)
     assert parse_bucket_cap_mb("25") == 25.0
     with pytest.raises(ValueError, match="'big' is not a number of MiB or default"):
         parse_bucket_cap_mb("big")
     assert RecordConfig(strategy="ddp", name="a", bucket_cap_mb="default").bucket_cap_mb is None
+
+
+@pytest.mark.parametrize("arms, sweeps, says", [
+    ([], ["bucket-cap-mb=DEFAULT,25"], "--sweep bucket-cap-mb=DEFAULT: Invalid value for "
+     "'--bucket-cap-mb': 'DEFAULT': write default in lower case, its one spelling"),
+    (["a=--bucket-cap-mb Default", "b="], [], "--arm a: Invalid value for '--bucket-cap-mb': "
+     "'Default': write default in lower case, its one spelling"),
+])
+def test_other_spellings_of_default_are_refused_in_sweeps_and_arms(arms, sweeps, says):
+    """``DEFAULT`` would name a second run dir (``bucket-cap-mb=DEFAULT``) of the setting
+    ``default``: two dirs, one label."""
+    with pytest.raises(ValueError) as err:
+        _expand(arms, sweeps, strategy="ddp")
+    assert str(err.value) == says
 
 
 def test_sweep_names_the_default_bucket_setting():

@@ -64,9 +64,9 @@ def test_model_code_ending_a_rank_fails_the_record_and_the_gate(tmp_path, ddp_ru
     run_dir = out / "ddp"
     created = json.loads((ddp_run / schemas.MANIFEST_NAME).read_text())["created_utc"]
     assert line.endswith(  # the finished run it replaced, and how to clean up
-        f"no manifest written; {run_dir} (it held a finished ddp run of 2 ranks recorded "
-        f"{created[:10]} {created[11:16]} UTC) is incomplete: run this command again to "
-        f"re-record it, or delete the folder {run_dir}"), line
+        f"no manifest written; {run_dir} is incomplete (the finished ddp run of 2 ranks "
+        f"recorded {created[:10]} {created[11:16]} UTC it held was removed when this record "
+        f"started): record it again, or delete the folder {run_dir}"), line
     assert not (run_dir / schemas.MANIFEST_NAME).exists()
     assert (run_dir / schemas.RECORDING_NAME).exists()  # incomplete
     gate = _gate(out)

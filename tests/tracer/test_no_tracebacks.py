@@ -310,8 +310,8 @@ def test_sigterm_at_each_phase_of_a_record_exits_130_and_leaves_an_incomplete_ru
     run_dir = tmp_path / "ddp"
     said = ["tracer: interrupted; all workers stopped, the interrupted run has no manifest"]
     if (run_dir / schemas.RECORDING_NAME).exists():  # left incomplete: how to clean it up
-        said = [f"{said[0]}; {run_dir} is incomplete: run this command again to re-record it, "
-                f"or delete the folder {run_dir}"]
+        said = [f"{said[0]}; {run_dir} is incomplete: record it again, or delete the folder "
+                f"{run_dir}"]
     if phase == "claimed":  # the signal may land while the claim is still being taken
         said.append("tracer: interrupted before any record started; nothing written")
     assert _one_line(stderr) in said

@@ -341,10 +341,13 @@ def test_incomplete_run_dirs_say_how_to_clean_them_up(tmp_path):
     (done / schemas.RECORDING_NAME).unlink()
     assert rundir.incomplete_hint([done]) == ""
     assert rundir.incomplete_hint([a, done]) == (
-        f"; {a} is incomplete: run this command again to re-record it, or delete the folder {a}")
+        f"; {a} is incomplete: record it again, or delete the folder {a}")
     assert rundir.incomplete_hint([a, b]) == (
-        f"; {a}, {b} are incomplete: run this command again to re-record them, or delete the "
-        f"folders {a}, {b}")
+        f"; {a}, {b} are incomplete: record them again, or delete the folders {a}, {b}")
+    # the finished run is gone (cleared when the record started): said so, not "it held"
     assert rundir.incomplete_hint([a], {a: "a finished ddp run of 2 ranks recorded X"}) == (
-        f"; {a} (it held a finished ddp run of 2 ranks recorded X) is incomplete: run this "
-        f"command again to re-record it, or delete the folder {a}")
+        f"; {a} is incomplete (the finished ddp run of 2 ranks recorded X it held was removed "
+        f"when this record started): record it again, or delete the folder {a}")
+    assert rundir.incomplete_hint([a, b], {b: "a finished ddp run of 2 ranks recorded X"}) == (
+        f"; {a}, {b} (the finished ddp run of 2 ranks recorded X it held was removed when its "
+        f"record started) are incomplete: record them again, or delete the folders {a}, {b}")

@@ -46,6 +46,38 @@ def test_spec_that_names_no_model_is_one_line(spec, line):
     assert str(info.value) == line
 
 
+@pytest.mark.parametrize("spec,line", [
+    ("hf:gpt2?n_layer=abc", "--model hf:gpt2?n_layer=abc: n_layer=abc is not a size (a whole "
+     "number >= 1); change the override"),
+    ("hf:gpt2?n_layer=0", "--model hf:gpt2?n_layer=0: n_layer=0 is not a size (a whole number "
+     ">= 1); change the override"),
+    ("hf:llama?num_attention_heads=-2", "--model hf:llama?num_attention_heads=-2: "
+     "num_attention_heads=-2 is not a size (a whole number >= 1); change the override"),
+    ("hf:gpt2?n_embd=64.5", "--model hf:gpt2?n_embd=64.5: n_embd=64.5 is not a size (a whole "
+     "number >= 1); change the override"),
+    ("hf:gpt2?vocab_size=true", "--model hf:gpt2?vocab_size=true: vocab_size=true is not a size "
+     "(a whole number >= 1); change the override"),
+])
+def test_hf_size_overrides_that_are_not_sizes_are_refused_before_torch(spec, line):
+    """``n_layer=0`` used to record a model of no blocks; ``n_layer=abc`` reached transformers
+    and came back "the factory raised ...; fix the factory" (the user wrote no factory)."""
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec)
+    assert str(info.value) == line
+
+
+def test_a_model_file_that_is_not_python_is_named_so(tmp_path, monkeypatch):
+    """``notpy.txt:build`` (the file exists) was read as module ``notpy``: "no module 'notpy'"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notpy.txt").write_text("def build(): pass\n")
+    fix = "pass the path of your .py file (path/to/file.py:factory) or package.module:factory"
+    for spec, where in (("notpy.txt:build", "notpy.txt"), ("models/m.txt:build", "models/m.txt")):
+        with pytest.raises(SpecError) as info:
+            parse_spec(spec)
+        assert str(info.value) == f"--model {spec}: {where} is not a .py file; {fix}"
+    assert parse_spec("pkg.mod:build").kind == "module"  # no such file: a module name
+
+
 _AUDIT = """
 import sys
 seen = []
@@ -85,6 +117,39 @@ def test_hf_overrides_resize_the_config():
     assert len(spec.model.transformer.h) == 3
     llama = check_spec(RecordConfig(strategy="ddp", model="hf:llama?num_hidden_layers=1", batch=4))
     assert len(llama.model.model.layers) == 1
+
+
+@needs_hf
+@pytest.mark.parametrize("spec,line", [
+    ("hf:gpt2?n_embd=65", "--model hf:gpt2?n_embd=65: GPT2LMHeadModel refused it: `embed_dim` "
+     "must be divisible by num_heads (got `embed_dim`: 65 and `num_heads`: 2); change the "
+     "override"),
+    ("hf:llama?hidden_size=65", "--model hf:llama?hidden_size=65: LlamaConfig refused it: Class "
+     "validation error for validator 'validate_architecture': ValueError: The hidden size (65) "
+     "is not a multiple of the number of attention heads (2); change the override"),
+    ("hf:gpt2?layer_norm_epsilon=abc", "--model hf:gpt2?layer_norm_epsilon=abc: "
+     "layer_norm_epsilon=abc is not a number (GPT2Config's layer_norm_epsilon is float); change "
+     "the override"),
+    ("hf:gpt2?scale_attn_weights=3", "--model hf:gpt2?scale_attn_weights=3: "
+     "scale_attn_weights=3 is not true or false (GPT2Config's scale_attn_weights is bool); "
+     "change the override"),
+])
+def test_hf_overrides_transformers_refuses_name_the_override_not_a_factory(spec, line):
+    """Was "the factory raised StrictDataclassFieldValidationError: Validation error for field
+    'n_layer':; fix the factory" (cut at its first line; the user wrote no factory)."""
+    from tracer.specload import check_spec
+
+    with pytest.raises(SpecError) as info:
+        check_spec(RecordConfig(strategy="ddp", model=spec, batch=4))
+    assert str(info.value) == line
+
+
+@needs_hf
+def test_hf_float_fields_take_whole_numbers():
+    from tracer.specload import check_spec
+
+    spec = check_spec(RecordConfig(strategy="ddp", model="hf:gpt2?layer_norm_epsilon=1", batch=4))
+    assert spec.model.config.layer_norm_epsilon == 1.0
 
 
 @needs_hf
