@@ -81,8 +81,10 @@ def test_killed_repeat_leftovers_are_swept_and_an_interrupted_one_names_its_miss
     assert stopped.returncode == 130, stderr
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    r2 = out / "other.r2"  # its record had started: left incomplete, and said how to clean up
     assert lines[0].startswith("tracer: interrupted") and lines[0].endswith(
-        "; 1 of 3 runs recorded (other.r1), not recorded: other.r2, other.r3"), lines[0]
+        "; 1 of 3 runs recorded (other.r1), not recorded: other.r2, other.r3; "
+        f"{r2} is incomplete: record it again, or delete the folder {r2}"), lines[0]
     assert stdout.splitlines() == [f"recorded {out / 'other.r1'}"]
     assert alive_with_tag(tag) == []
 
