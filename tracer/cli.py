@@ -127,7 +127,7 @@ def record(
     _record_here(configs)
 
 
-PROJECTED_STRATEGIES = ("fsdp2", "fsdp", "ddp")
+PROJECTED_STRATEGIES = ("fsdp2", "fsdp", "ddp", "hsdp")
 """What ``tracer project`` runs so far (issue 44: hsdp, fsdp2_tp and pp next)."""
 
 

@@ -61,8 +61,20 @@ def fsdp2_counts(w: int) -> dict:
     unit_bytes = padded * w * FP32
     return {"parameters": LAYERS * padded * FP32, "gradients": LAYERS * padded * FP32,
             "optimizer_state": LAYERS * (2 * local * FP32 + len(per_layer) * FP32),
-            "calls": {"all_gather": (2 * LAYERS, 2 * LAYERS * unit_bytes),
-                      "reduce_scatter": (LAYERS, LAYERS * unit_bytes)}}
+            "calls": {("all_gather", "default_pg"): (2 * LAYERS, 2 * LAYERS * unit_bytes),
+                      ("reduce_scatter", "default_pg"): (LAYERS, LAYERS * unit_bytes)}}
+
+
+def hsdp_counts(r: int, s: int) -> dict:
+    """Rank 0 of HSDP on an R x S mesh: FSDP2 over the shard group of S ranks (memory and
+    calls as ``fsdp2_counts(S)`` there), and per step and layer one all_reduce of the layer's
+    padded shard over the replicate group of R ranks (FSDP2's HSDP path:
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``)."""
+    flat = fsdp2_counts(s)
+    shard_bytes = flat["parameters"] // LAYERS
+    calls = {(kind, "mesh_shard"): v for (kind, _), v in flat["calls"].items()}
+    calls[("all_reduce", "mesh_replicate")] = (LAYERS, LAYERS * shard_bytes)
+    return {**flat, "calls": calls}
 
 
 def fsdp1_counts(w: int) -> dict:
@@ -78,8 +90,8 @@ def fsdp1_counts(w: int) -> dict:
     state = 2 * sum(mine) * FP32 + sum(m > 0 for m in mine) * FP32
     return {"parameters": LAYERS * shard * FP32, "gradients": LAYERS * shard * FP32,
             "optimizer_state": LAYERS * state,
-            "calls": {"all_gather": (2 * LAYERS, 2 * LAYERS * total * FP32),
-                      "reduce_scatter": (LAYERS, LAYERS * total * FP32)}}
+            "calls": {("all_gather", "default_pg"): (2 * LAYERS, 2 * LAYERS * total * FP32),
+                      ("reduce_scatter", "default_pg"): (LAYERS, LAYERS * total * FP32)}}
 
 
 def ddp_counts(w: int) -> dict:
@@ -87,10 +99,12 @@ def ddp_counts(w: int) -> dict:
     whole = N_PARAMS * FP32
     return {"parameters": whole, "gradients": whole,
             "optimizer_state": 2 * whole + len(SHAPES) * FP32,
-            "calls": {"all_reduce": (1, whole)}}
+            "calls": {("all_reduce", "default_pg"): (1, whole)}}
 
 
 HAND = {"fsdp2": fsdp2_counts, "fsdp": fsdp1_counts, "ddp": ddp_counts}
+CASES = [(s, w, []) for s in HAND for w in WORLDS] + [
+    ("hsdp", r * c, ["--mesh", f"{r},{c}"]) for r, c in ((2, 2), (2, 4), (8, 8))]
 
 
 def test_hand_counts_agree_with_the_sharding_arithmetic():
@@ -107,20 +121,21 @@ def test_hand_counts_agree_with_the_sharding_arithmetic():
     assert N_PARAMS * FP32 < 1024 * 1024
 
 
-def per_step_calls(trace: Path, profiled: list[int]) -> dict[int, dict[str, tuple[int, int]]]:
-    """{step: {kind: (calls, bytes)}} of the collective calls (comm enqueue rows) the analyzer
+def per_step_calls(trace: Path, profiled: list[int]) -> dict[int, dict[tuple[str, str], tuple[int, int]]]:
+    """{step: {(kind, pg_desc): (calls, bytes)}} of the collective calls (comm enqueue rows) the analyzer
     reads in ``trace``, for the ``profiled`` steps."""
     from analyzer.api import load_events
 
     events, _ = load_events(trace)
     comm = events[events["role"].astype(str).isin(["comm", "comm_enqueue"])]
-    out: dict[int, dict[str, tuple[int, int]]] = {s: {} for s in profiled}
+    out: dict[int, dict[tuple[str, str], tuple[int, int]]] = {s: {} for s in profiled}
     for (step, kind), g in comm.groupby([comm["step"], comm["coll_kind"].astype(str)], observed=True):
         if int(step) in out:
             assert (g["bytes"] > 0).all(), (step, kind, g[["name", "bytes"]])
             assert set(g["dtype"]) == {"Float"}, (step, kind)
             assert g["pg"].astype(str).str.len().gt(0).all()
-            out[int(step)][kind] = (len(g), int(g["bytes"].sum()))
+            for desc, h in g.groupby(g["pg_desc"].astype(str)):
+                out[int(step)][(kind, desc)] = (len(h), int(h["bytes"].sum()))
     return out
 
 
@@ -131,10 +146,10 @@ def categories(run_dir: Path) -> dict[str, int]:
 
 
 @pytest.mark.record
-@pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("strategy", ["fsdp2", "fsdp", "ddp"])
-def test_projection_at_n_equals_the_hand_counts(tmp_path, strategy, world):
-    proc, _ = run_tracer(["--strategy", strategy, "--nproc", str(world), "--hidden", str(HIDDEN),
+@pytest.mark.parametrize(("strategy", "world", "mesh"), CASES,
+                         ids=[f"{s}-{w}{'-' + m[1] if m else ''}" for s, w, m in CASES])
+def test_projection_at_n_equals_the_hand_counts(tmp_path, strategy, world, mesh):
+    proc, _ = run_tracer(["--strategy", strategy, "--nproc", str(world), *mesh, "--hidden", str(HIDDEN),
                           "--layers", str(LAYERS), "--seq", "16", "--batch", str(world),
                           "--optimizer", "adamw", *STEPS, "--out", str(tmp_path), "--name", "p"],
                          cwd=tmp_path, module=[sys.executable, "-m", "tracer", "project"])
@@ -146,7 +161,7 @@ def test_projection_at_n_equals_the_hand_counts(tmp_path, strategy, world):
                                       "fake_process_group": True}
     assert manifest["world_size"] == world and manifest["backend"] == "fake"
     assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz"]
-    want = HAND[strategy](world)
+    want = hsdp_counts(*map(int, mesh[1].split(","))) if strategy == "hsdp" else HAND[strategy](world)
     got = categories(run)
     for cat in ("parameters", "gradients", "optimizer_state"):
         assert got[cat] == want[cat], (cat, got[cat], want[cat])
@@ -160,6 +175,16 @@ def test_projection_at_n_equals_the_hand_counts(tmp_path, strategy, world):
     calls = per_step_calls(run / "rank0.trace.json.gz", [2, 3])
     for step, kinds in calls.items():
         assert kinds == want["calls"], (step, kinds)
+
+
+@pytest.mark.integration
+def test_projection_refuses_a_mesh_that_does_not_divide_the_world(tmp_path):
+    proc, _ = run_tracer(["--strategy", "hsdp", "--nproc", "8", "--mesh", "3,3", "--out",
+                          str(tmp_path)], cwd=tmp_path,
+                         module=[sys.executable, "-m", "tracer", "project"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "tracer: --mesh 3,3: replicate x shard = 9, not the world size 8; pass R,S with R*S = 8"]
 
 
 @pytest.mark.integration
