@@ -21,9 +21,8 @@ group the tracer's process-group tag carries the call's first tensor (tracer/pgt
 Python calls the tag wraps (DDP's bucket rebuild broadcast in its second iteration), has its
 kind and process group but no bytes (-1, unknown) in a projection.
 
-Roles: the ranks whose shapes differ (``roles``). The fake group is a per-process default
-group, so the roles run one after another in this process, the group destroyed and made again
-between them.
+Roles: the ranks whose shapes differ (``roles``), each in a child process of its own, one
+after another (``run_role_isolated``: a process keeps its process groups by name).
 """
 
 from __future__ import annotations
@@ -77,9 +76,10 @@ def project(cfg: RecordConfig) -> Path:
 
     Claims the run dir as a record does (tracer/record.py ``claim_run_dirs``), computes the
     baseline in this process (the record's numerics inputs: initial weights, batch), runs every
-    role of ``roles`` in turn and writes the manifest last. Returns the run dir. Raises
-    ``ValueError`` (one line) for options a projection refuses or a run dir it may not write;
-    anything else is a failure of the run (the run dir is left incomplete, no manifest)."""
+    role of ``roles`` in a child process of its own, one after another (``run_role_isolated``),
+    and writes the manifest last. Returns the run dir. Raises ``ValueError`` (one line) for
+    options a projection refuses or a run dir it may not write, ``RuntimeError`` with the
+    child's last line when a role fails (the run dir is then left incomplete, no manifest)."""
     from dataclasses import replace
 
     import torch
@@ -99,10 +99,9 @@ def project(cfg: RecordConfig) -> Path:
             log.warning("%s: replacing %s", cfg.run_dir, replaced)
         write_baseline(cfg, device_type, cfg.run_dir / BASELINE_NAME)
         ranks = roles(cfg)
-        built = None
         for rank in ranks:
-            built = run_role(cfg, rank)
-        write_projection_manifest(cfg, ranks, built)
+            run_role_isolated(cfg, rank)
+        write_projection_manifest(cfg, ranks)
         finish_record(cfg.run_dir)
     except BaseException:
         abandon_record(cfg.run_dir)
@@ -112,11 +111,36 @@ def project(cfg: RecordConfig) -> Path:
     return cfg.run_dir
 
 
-def run_role(cfg: RecordConfig, rank: int):
-    """Rank ``rank`` of a world of ``cfg.world_size`` on the fake group: the record's setup,
-    step and loop (tracer/worker.py ``run_rank`` without its rendezvous, barriers and
-    launcher), its trace and partial tables written. Returns ``(Built, spec facts)`` for the
-    manifest: (built, model class name, buffer names, batch inputs, device)."""
+def run_role_isolated(cfg: RecordConfig, rank: int) -> None:
+    """``run_role`` in a child process (``python -m tracer.project``): DTensor and DeviceMesh
+    keep process groups by name across ``destroy_process_group`` (measured: a second role of
+    fsdp2_tp in one process fails with "Could not resolve the process group registered under
+    the name 1"), so every role gets a fresh process. Raises ``RuntimeError`` with the child's
+    last stderr line when it fails."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "tracer.project", json.dumps(cfg.to_dict()), str(rank)]
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        raise RuntimeError(f"rank {rank} of the projection failed: "
+                           f"{lines[-1] if lines else f'exit {proc.returncode}'}")
+
+
+def _role_facts_path(cfg: RecordConfig, rank: int) -> Path:
+    from tracer.rundir import PARTS_DIR
+
+    return cfg.run_dir / PARTS_DIR / f"rank{rank}.role.json"
+
+
+def run_role(cfg: RecordConfig, rank: int) -> None:
+    """Rank ``rank`` of a world of ``cfg.world_size`` on the fake group, in this process: the
+    record's setup, step and loop (tracer/worker.py ``run_rank`` without its rendezvous,
+    barriers and launcher), its trace and partial tables written, and the facts the manifest
+    needs (``_role_facts_path``: parameter count, units, mesh, model class, buffers)."""
+    import msgspec
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -134,43 +158,81 @@ def run_role(cfg: RecordConfig, rank: int):
                   launch="project", ctrl_dir=None)
     device = resolve_device(cfg, 0)  # every role on this one device
     dist.init_process_group(FAKE_BACKEND, rank=rank, world_size=world, store=FakeStore())
-    try:
-        base, order = load_baseline(cfg.run_dir / BASELINE_NAME, cfg, device.type)
-        spec = load_spec(cfg)
-        buffers, model_name = buffer_names(spec.model), type(spec.model).__name__
-        built = SETUP[cfg.strategy](cfg, spec, base, rank, world, device)
-        if built.pipe is not None:
-            from tracer.pipeline import PipelineStep
+    base, order = load_baseline(cfg.run_dir / BASELINE_NAME, cfg, device.type)
+    spec = load_spec(cfg)
+    buffers, model_name = buffer_names(spec.model), type(spec.model).__name__
+    built = SETUP[cfg.strategy](cfg, spec, base, rank, world, device)
+    if built.pipe is not None:
+        from tracer.pipeline import PipelineStep
 
-            step = PipelineStep(cfg, built.pipe, base, order, device)
-        else:
-            step = FlatStep(cfg, spec, built.model, base, env, device)
-        numerics, step_rows, snapshot, categories = loop.train(cfg, step, base, rank, world, device,
-                                                               Heartbeat(env))
-        add_golden_losses(numerics, base)
-        write_rank_outputs(cfg, rank, numerics, step_rows, snapshot, categories)
-    finally:
-        dist.destroy_process_group()
-    return built, model_name, buffers, base["batch.x"], device, snapshot is not None
+        step = PipelineStep(cfg, built.pipe, base, order, device)
+    else:
+        step = FlatStep(cfg, spec, built.model, base, env, device)
+    numerics, step_rows, snapshot, categories = loop.train(cfg, step, base, rank, world, device,
+                                                           Heartbeat(env))
+    add_golden_losses(numerics, base)
+    write_rank_outputs(cfg, rank, numerics, step_rows, snapshot, categories)
+    facts = {"num_params": built.num_params, "units": built.units, "mesh": built.mesh,
+             "model_name": model_name, "buffers": buffers, "device": str(device),
+             "with_memory": snapshot is not None}
+    _role_facts_path(cfg, rank).write_bytes(msgspec.json.encode(facts))
 
 
-def write_projection_manifest(cfg: RecordConfig, ranks: list[int], last) -> None:
+def write_projection_manifest(cfg: RecordConfig, ranks: list[int]) -> None:
     """Merge the roles' partial tables and write the manifest (tracer/manifest.py
-    ``build_manifest``) with its ``projection`` section; backend ``"fake"``."""
-    from analyzer.contract.schemas import Launch, Projection
+    ``build_manifest``, the first role's facts) with its ``projection`` section; backend
+    ``"fake"``."""
+    import msgspec
+    import torch
+
+    from analyzer.contract.schemas import Launch, Mesh, Projection
+    from tracer.baseline import BASELINE_NAME
     from tracer.manifest import build_manifest, machine_info, write_manifest
     from tracer.specload import load_spec
     from tracer.worker import finish_kept, merge_parts
 
-    built, model_name, buffers, batch_x, device, with_memory = last
-    merge_parts(cfg.run_dir, cfg.world_size, with_memory=with_memory, ranks=ranks)
+    facts = msgspec.json.decode(_role_facts_path(cfg, ranks[0]).read_bytes())
+    for rank in ranks:
+        _role_facts_path(cfg, rank).unlink()
+    from safetensors import safe_open
+
+    with safe_open(str(cfg.run_dir / BASELINE_NAME), framework="pt") as f:
+        batch_x = f.get_tensor("batch.x")
+    merge_parts(cfg.run_dir, cfg.world_size, with_memory=facts["with_memory"], ranks=ranks)
     finish_kept(cfg)
+    device = torch.device(facts["device"])
+    mesh = None if facts["mesh"] is None else msgspec.convert(facts["mesh"], Mesh)
     launch = Launch(method="project", nnodes=1, master_addr=None, master_port=None)
     manifest = build_manifest(cfg=cfg, run_dir=cfg.run_dir, world_size=cfg.world_size,
                               backend=FAKE_BACKEND, device=device, launch=launch,
-                              num_params=built.num_params, fsdp_units=built.units, spec=load_spec(cfg),
-                              model_name=model_name, buffers=buffers, batch_x=batch_x,
-                              machine=machine_info(list(os.getloadavg()), 1), mesh=built.mesh)
+                              num_params=facts["num_params"], fsdp_units=facts["units"],
+                              spec=load_spec(cfg), model_name=facts["model_name"],
+                              buffers=facts["buffers"], batch_x=batch_x,
+                              machine=machine_info(list(os.getloadavg()), 1), mesh=mesh)
     manifest.projection = Projection(world_size=cfg.world_size, roles_run=list(ranks),
                                      device=device.type, fake_process_group=True)
     write_manifest(cfg.run_dir, manifest)
+
+
+def _main(argv: list[str]) -> int:
+    """Child entry (``run_role_isolated``): ``python -m tracer.project CONFIG_JSON RANK``."""
+    import json
+    import sys
+
+    logging.basicConfig(level=logging.WARNING, format=f"[rank{argv[1]}] %(levelname)s %(name)s: %(message)s")
+    try:
+        run_role(RecordConfig(**json.loads(argv[0])), int(argv[1]))
+    except Exception as exc:  # process boundary: the parent reports the last line
+        import traceback
+
+        traceback.print_exc()
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"{type(exc).__name__}: {text}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

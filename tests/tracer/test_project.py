@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -218,3 +217,28 @@ def test_tensor_note_sums_a_tensor_list():
     assert tensor_note((out, torch.zeros(4)), {}) == " tensor float32 8"
     assert tensor_note((torch.zeros(2, 3, dtype=torch.bfloat16),), {}) == " tensor bfloat16 6"
     assert tensor_note((), {"group": None}) == ""
+
+
+@pytest.mark.record
+def test_projection_parity_reads_not_verified(tmp_path):
+    """A projection's numbers are not the job's (no data moves): the report says so, never
+    pass or fail; its trace passes the Chrome-trace check (analyzer/timeline/chrome_check.py)."""
+    proc, _ = run_tracer(["--strategy", "fsdp2", "--nproc", "8", "--hidden", str(HIDDEN), "--seq",
+                          "16", "--batch", "8", *STEPS, "--out", str(tmp_path), "--name", "p"],
+                         cwd=tmp_path, module=[sys.executable, "-m", "tracer", "project"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report, _ = run_tracer([str(tmp_path)], cwd=tmp_path,
+                           module=[sys.executable, "-m", "analyzer", "report"])
+    assert report.returncode == 0, report.stderr[-3000:]
+    md = (tmp_path / "report" / "report.md").read_text().splitlines()
+    assert ("- Parity: not verified for p (projection: the fake process group moves no data): "
+            "their numbers are not checked against the baseline.") in md
+    parity = json.loads((tmp_path / "report" / "report.json").read_text())["runs"][0]["parity"]
+    assert (parity["status"], parity["reason"]) == (
+        "not_recorded", "projection: the fake process group moves no data")
+    import gzip
+
+    from analyzer.timeline.chrome_check import check_trace
+
+    with gzip.open(tmp_path / "p" / "rank0.trace.json.gz") as f:  # what Perfetto opens
+        assert check_trace(json.load(f)) == []
