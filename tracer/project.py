@@ -43,9 +43,13 @@ torch.testing._internal.distributed.fake_pg."""
 def roles(cfg: RecordConfig) -> list[int]:
     """The global ranks a projection runs: one per distinct role of the job.
 
-    Flat strategies and hsdp: rank 0 (every rank holds the same shapes: FSDP2 pads each shard to
-    ``ceil(dim0 / S)`` rows, torch/distributed/fsdp/_fully_shard/_fsdp_param.py, so even the
-    last rank allocates what rank 0 does). fsdp2_tp: ranks 0..T-1, the tp group of dp index 0
+    Flat strategies and hsdp: rank 0. Every rank issues the same collectives with the same
+    shapes and holds the same parameter and gradient bytes (FSDP2 pads each shard to
+    ``ceil(dim0 / S)`` rows, torch/distributed/fsdp/_fully_shard/_fsdp_param.py; FSDP1 pads its
+    flat parameter to a multiple of N). Not quite everything: AdamW's state follows each rank's
+    unpadded local view, smaller on the last ranks where a dim 0 does not divide by the shard
+    group (analyzer/analyses/sharding.py gives every rank's); the projection measures rank 0's,
+    the largest. fsdp2_tp: ranks 0..T-1, the tp group of dp index 0
     (a split that does not divide evenly gives tp ranks different local shapes; with an even one
     they are the same, and T is small). pp: ranks 0..P-1, one per stage (the (dp, pp) mesh is
     row-major: rank = dp * P + stage, ``schemas.Mesh``)."""

@@ -321,7 +321,7 @@ class Device(msgspec.Struct, kw_only=True):
 
 
 class Launch(msgspec.Struct, kw_only=True):
-    method: str  # "spawn" | "torchrun" | "single"
+    method: str  # "spawn" | "torchrun" | "single" | "project" (``tracer project``, issue 44)
     nnodes: int
     master_addr: str | None
     master_port: int | None

@@ -103,7 +103,11 @@ def ddp_counts(w: int) -> dict:
 
 HAND = {"fsdp2": fsdp2_counts, "fsdp": fsdp1_counts, "ddp": ddp_counts}
 CASES = [(s, w, []) for s in HAND for w in WORLDS] + [
-    ("hsdp", r * c, ["--mesh", f"{r},{c}"]) for r, c in ((2, 2), (2, 4), (8, 8))]
+    ("hsdp", r * c, ["--mesh", f"{r},{c}"]) for r, c in ((2, 2), (2, 4), (8, 8))] + [
+    ("ddp", 8, ["--mixed-precision", "fp32,bf16,fp32"])]
+"""(strategy, N, extra options). The last: DDP reducing in bf16 (tracer/training.py
+``ddp_comm_hook``): fp32 parameters, gradients and state, the bucket all_reduced in bf16, half
+the bytes."""
 
 
 def test_hand_counts_agree_with_the_sharding_arithmetic():
@@ -120,7 +124,7 @@ def test_hand_counts_agree_with_the_sharding_arithmetic():
     assert N_PARAMS * FP32 < 1024 * 1024
 
 
-def per_step_calls(trace: Path, profiled: list[int]) -> dict[int, dict[tuple[str, str], tuple[int, int]]]:
+def per_step_calls(trace: Path, profiled: list[int], dtype: str = "Float") -> dict[int, dict[tuple[str, str], tuple[int, int]]]:
     """{step: {(kind, pg_desc): (calls, bytes)}} of the collective calls (comm enqueue rows) the analyzer
     reads in ``trace``, for the ``profiled`` steps."""
     from analyzer.api import load_events
@@ -131,7 +135,7 @@ def per_step_calls(trace: Path, profiled: list[int]) -> dict[int, dict[tuple[str
     for (step, kind), g in comm.groupby([comm["step"], comm["coll_kind"].astype(str)], observed=True):
         if int(step) in out:
             assert (g["bytes"] > 0).all(), (step, kind, g[["name", "bytes"]])
-            assert set(g["dtype"]) == {"Float"}, (step, kind)
+            assert set(g["dtype"]) == {dtype}, (step, kind)
             assert g["pg"].astype(str).str.len().gt(0).all()
             for desc, h in g.groupby(g["pg_desc"].astype(str)):
                 out[int(step)][(kind, desc)] = (len(h), int(h["bytes"].sum()))
@@ -145,10 +149,10 @@ def categories(run_dir: Path) -> dict[str, int]:
 
 
 @pytest.mark.record
-@pytest.mark.parametrize(("strategy", "world", "mesh"), CASES,
+@pytest.mark.parametrize(("strategy", "world", "extra"), CASES,
                          ids=[f"{s}-{w}{'-' + m[1] if m else ''}" for s, w, m in CASES])
-def test_projection_at_n_equals_the_hand_counts(tmp_path, strategy, world, mesh):
-    proc, _ = run_tracer(["--strategy", strategy, "--nproc", str(world), *mesh, "--hidden", str(HIDDEN),
+def test_projection_at_n_equals_the_hand_counts(tmp_path, strategy, world, extra):
+    proc, _ = run_tracer(["--strategy", strategy, "--nproc", str(world), *extra, "--hidden", str(HIDDEN),
                           "--layers", str(LAYERS), "--seq", "16", "--batch", str(world),
                           "--optimizer", "adamw", *STEPS, "--out", str(tmp_path), "--name", "p"],
                          cwd=tmp_path, module=[sys.executable, "-m", "tracer", "project"])
@@ -160,7 +164,11 @@ def test_projection_at_n_equals_the_hand_counts(tmp_path, strategy, world, mesh)
                                       "fake_process_group": True}
     assert manifest["world_size"] == world and manifest["backend"] == "fake"
     assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz"]
-    want = hsdp_counts(*map(int, mesh[1].split(","))) if strategy == "hsdp" else HAND[strategy](world)
+    want = hsdp_counts(*map(int, extra[1].split(","))) if strategy == "hsdp" else HAND[strategy](world)
+    dtype = "Float"
+    if "--mixed-precision" in extra:
+        dtype = "BFloat16"
+        want["calls"] = {k: (n, b // 2) for k, (n, b) in want["calls"].items()}
     got = categories(run)
     for cat in ("parameters", "gradients", "optimizer_state"):
         assert got[cat] == want[cat], (cat, got[cat], want[cat])
@@ -171,7 +179,7 @@ def test_projection_at_n_equals_the_hand_counts(tmp_path, strategy, world, mesh)
 
         m = msgspec.json.decode((run / "manifest.json").read_bytes(), type=Manifest)
         assert sharding.predict(m)["ranks"][0]["padded_elements"] * FP32 == got["parameters"]
-    calls = per_step_calls(run / "rank0.trace.json.gz", [2, 3])
+    calls = per_step_calls(run / "rank0.trace.json.gz", [2, 3], dtype)
     for step, kinds in calls.items():
         assert kinds == want["calls"], (step, kinds)
 
