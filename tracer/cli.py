@@ -127,6 +127,68 @@ def record(
     _record_here(configs)
 
 
+PROJECTED_STRATEGIES = tuple(name for name, row in TABLE.items() if not row.is_reference
+                             and row.dim_of("tensor") is None and row.dim_of("stage") is None)
+"""What ``tracer project`` runs so far (issue 44): the distributed strategies without a tensor
+or stage dimension (ddp, fsdp, fsdp2, hsdp). A tensor dimension's collectives
+(``_c10d_functional::*`` ops around a nested ``c10d::*`` op, fsdp2_tp) read with unknown bytes
+and twice over on the fake group; a stage dimension fails there (torch.distributed.pipelining
+exchanges its stages' shapes with ``recv_object_list``, which receives garbage). Neither is
+offered yet."""
+
+
+@app.command()
+@_config_options
+def project(
+    strategy: Annotated[str, typer.Option(
+        help=f"One of {', '.join(PROJECTED_STRATEGIES)}.")] = "fsdp2",
+    *,
+    ctx: typer.Context = typer.Option(None, hidden=True),
+    **options,
+) -> None:
+    """Project one strategy at --nproc N ranks from ONE process (torch's fake process group,
+    no data moved), on this device, into OUT/NAME: a run directory the analyzer reads like a
+    record, holding each distinct role's rank (rank 0 of a flat strategy) at N: its local
+    shapes, every collective call with its process group, kind, dtype and bytes, and memory
+    per rank by category (parameters, gradients, optimizer state, activations). The manifest
+    says it is projected; its numerics are not verified (no data moves), and its step times are
+    this one process's, not a projection of the N-rank step time (not made yet). Options as
+    tracer record's (--backend and --repeat do not apply)."""
+    from analyzer.contract.stopping import stop_on_signals
+
+    stop_on_signals()
+    try:
+        if strategy not in PROJECTED_STRATEGIES:
+            raise ValueError(f"--strategy {strategy}: tracer project runs "
+                             f"{', '.join(PROJECTED_STRATEGIES)} so far")
+        for option, default in (("repeat", 1), ("backend", "auto")):  # one process, the fake group
+            if options[option] != default:
+                raise ValueError(f"--{option} {options[option]}: tracer project runs one process on "
+                                 "torch's fake process group; drop it")
+        check_taken(strategy, [k for k in options if _given(ctx, k)])
+        cfg = RecordConfig(strategy=strategy, **_resolved(options, strategy))
+        # as one torchrun rank: one process (no N-rank memory check), the run dir only checked
+        # (tracer.project.project claims it)
+        _check_before_start([cfg], under_torchrun=True)
+        from tracer.project import check_projection, project as run_projection
+
+        check_projection(cfg)
+    except ValueError as exc:
+        _fail(ExitCode.BAD_INPUT, str(exc))
+    except KeyboardInterrupt:
+        _fail(ExitCode.INTERRUPTED, _INTERRUPTED_EARLY)
+    logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
+    try:
+        run_dir = run_projection(cfg)
+    except ValueError as exc:
+        _fail(ExitCode.BAD_INPUT, str(exc))
+    except RuntimeError as exc:  # a role's child failed: its last line
+        _fail(ExitCode.INTERNAL, f"projection failed: {exc}; no manifest written")
+    except KeyboardInterrupt:
+        _fail(ExitCode.INTERRUPTED, _INTERRUPTED)
+    typer.echo(one_line(f"projected {run_dir}"))
+
+
 def _resolved(options: dict, strategy: str) -> dict:
     """``options`` with ``--golden`` and a ``--model path/file.py:factory`` made absolute, so that
     every process (workers, baseline) finds the same files; under torchrun its world size."""

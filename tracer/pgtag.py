@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from analyzer.contract.schemas import PG_TAG_PREFIX
+from analyzer.contract.schemas import PG_TAG_PREFIX, PG_TAG_TENSOR
 
 C10D_FUNCTIONS = (
     "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_single",
@@ -75,9 +75,33 @@ FUNCOL_FUNCTIONS = (
 _state = threading.local()
 
 
-def tag_name(pg_name: str, peer: int | None = None) -> str:
-    """The annotation's name: ``PG_TAG_PREFIX + pg_name`` (+ ``" peer <peer>"``)."""
-    return PG_TAG_PREFIX + pg_name + ("" if peer is None else f" peer {peer}")
+def tag_name(pg_name: str, peer: int | None = None, tensor: str = "") -> str:
+    """The annotation's name: ``PG_TAG_PREFIX + pg_name`` (+ ``tensor_note``'s ``tensor``)
+    (+ ``" peer <peer>"``)."""
+    return PG_TAG_PREFIX + pg_name + tensor + ("" if peer is None else f" peer {peer}")
+
+
+def tensor_note(args: tuple, kwargs: dict) -> str:
+    """``PG_TAG_TENSOR + "<dtype> <numel>"`` of a call's first tensor argument (a list or tuple
+    of tensors: the first's dtype, their summed elements; positional first, then keyword in
+    call order), "" when it has none. Written on the fake process group only (``schemas.
+    PG_TAG_PREFIX``: there nothing else records a tensor-list call's dtype)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, (list, tuple)) and value and all(isinstance(t, torch.Tensor) for t in value):
+            return f"{PG_TAG_TENSOR}{str(value[0].dtype).removeprefix('torch.')} {sum(t.numel() for t in value)}"
+        if isinstance(value, (list, tuple)) and value and all(
+                isinstance(x, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in x) for x in value):
+            flat = [t for x in value for t in x]  # all_gather_coalesced's list of lists
+            if flat:
+                return f"{PG_TAG_TENSOR}{str(flat[0].dtype).removeprefix('torch.')} {sum(t.numel() for t in flat)}"
+        if isinstance(value, torch.Tensor):
+            return f"{PG_TAG_TENSOR}{str(value.dtype).removeprefix('torch.')} {value.numel()}"
+    return ""
+
+
+def _is_fake(group: Any) -> bool:
+    """Whether the c10d ``group`` (None: the default group) is torch's fake process group."""
+    return dist.get_backend(group) == "fake"
 
 
 def _call_tagged(name: str | None, fn: Callable, args: tuple, kwargs: dict) -> Any:
@@ -146,7 +170,8 @@ def _wrap_c10d(name: str, fn: Callable) -> Callable:
         try:
             group = read.get("group", args, kwargs)
             tag = tag_name(_c10d_group_name(group),
-                           _peer(name, read, args, kwargs, group) if p2p else None)
+                           _peer(name, read, args, kwargs, group) if p2p else None,
+                           tensor_note(args, kwargs) if _is_fake(group) else "")
         except (TypeError, ValueError, RuntimeError, AttributeError, IndexError):
             tag = None  # torch raises its own error for the bad call
         return _call_tagged(tag, fn, args, kwargs)

@@ -96,23 +96,39 @@ def ddp_comm_hook(model: nn.Module, cfg: RecordConfig) -> None:
     ``bf16_compress_hook`` / ``fp16_compress_hook`` (torch/distributed/algorithms/ddp_comm_hooks/
     default_hooks.py), which refuse gloo (they check for NCCL); this one runs on any backend. It
     rounds the gradient where FSDP's ``reduce_dtype`` does."""
+    import torch.distributed as dist
+
     reduce = mp_dtypes(cfg)[1]
     if reduce == torch.float32:
+        if dist.get_backend() == "fake":  # tracer project (issue 44)
+            model.register_comm_hook(state=None, hook=_fake_group_allreduce)
         return
-    import torch.distributed as dist
 
     def compress(_state, bucket):
         buffer = bucket.buffer()
         compressed = buffer.to(reduce).div_(dist.get_world_size())
         fut = dist.all_reduce(compressed, async_op=True).get_future()
 
-        def decompress(f):
-            buffer.copy_(f.value()[0])
+        def decompress(_f):  # all_reduce is in place; the fake group's future holds None
+            buffer.copy_(compressed)
             return buffer
 
         return fut.then(decompress)
 
     model.register_comm_hook(state=None, hook=compress)
+
+
+def _fake_group_allreduce(_state, bucket):
+    """DDP's own all_reduce of a bucket, as a comm hook, for torch's fake process group: the
+    built-in reducer's future yields None there, which DDP's backward refuses ("expected the
+    hook result is either a Tensor or a TensorList", torch/csrc/distributed/c10d/comm.cpp).
+    Same call as the reducer's (``allreduce_`` of the bucket divided by the world size,
+    torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py ``allreduce_hook``), returning
+    the bucket's buffer."""
+    import torch.distributed as dist
+
+    buffer = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda _f: buffer)
 
 
 class MixedPrecisionStep:

@@ -348,8 +348,9 @@ def record_compared(cfg, model, base, numerics: NumericsRows, kind: str, rank: i
                     numerics.add(0, kind, fqn, seq, metric, m[metric[len("golden_"):]])
 
 
-def merge_parts(run_dir: Path, world: int, *, with_memory: bool) -> None:
-    """Concatenate every rank's partial tables into the run-dir files, then drop the parts."""
+def merge_parts(run_dir: Path, world: int, *, with_memory: bool, ranks: list[int] | None = None) -> None:
+    """Concatenate every rank's partial tables into the run-dir files, then drop the parts.
+    ``ranks``: the ranks that wrote them (default ``range(world)``; a projection: its roles)."""
     parts = run_dir / PARTS_DIR
     targets = [("numerics", NUMERICS_SCHEMA, run_dir / NUMERICS_NAME),
                ("steps", STEPS_SCHEMA, run_dir / STEPS_NAME),
@@ -358,7 +359,7 @@ def merge_parts(run_dir: Path, world: int, *, with_memory: bool) -> None:
         targets.append(("memory", MEMORY_SCHEMA, run_dir / MEMORY_DIR / MEMORY_PARQUET_NAME))
     for kind, schema, target in targets:
         tables = []
-        for r in range(world):
+        for r in range(world) if ranks is None else ranks:
             part = parts / f"rank{r}.{kind}.parquet"
             if not part.exists():
                 raise RuntimeError(f"rank {r} wrote no {kind} table ({part})")

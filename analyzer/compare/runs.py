@@ -342,7 +342,16 @@ def _steps_and_memory(run: rundirs.RunDir, tables, options: AnalysisOptions
     return st.loc[st["profiled"], "step_ns"].tolist(), mem
 
 
+PROJECTION_PARITY = "projection: the fake process group moves no data"
+"""The parity reason of a ``tracer project`` run (manifest ``projection``, issue 44; the
+reports say "not verified (<reason>)" for a run without a verdict): its
+collectives ran on torch's fake process group (torch/testing/_internal/distributed/fake_pg.py),
+which returns without moving data, so its numbers are not the job's: neither pass nor fail."""
+
+
 def _parity(run: rundirs.RunDir, options: AnalysisOptions) -> Parity:
+    if run.manifest is not None and run.manifest.projection is not None:
+        return Parity(status="not_recorded", reason=PROJECTION_PARITY)
     res = parity.check_run(run.path, run.manifest, options.tolerance)
     if run.incomplete:
         res.reason = "incomplete run (no manifest.json): parity not checked"

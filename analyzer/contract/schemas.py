@@ -92,7 +92,18 @@ PG_TAG_PREFIX = "paritytrace::pg "
 DeviceMesh dimension) encloses the call on the calling thread, for send / recv followed by
 ``" peer <global rank>"``. gloo traces carry no process group on the collective itself (no
 ``record_param_comms``): this is how the analyzer tells a mesh dimension's collectives apart
-there (tracer/pgtag.py writes it, analyzer/ingest/classify.py reads it)."""
+there (tracer/pgtag.py writes it, analyzer/ingest/classify.py reads it).
+
+On torch's fake process group (``tracer project``, issue 44) the name also carries, before any
+peer, ``PG_TAG_TENSOR + "<dtype> <numel>"``: the call's first tensor argument (a list of
+tensors: their summed elements), dtype as torch names it without ``torch.`` (``float32``). The
+fake group runs no transfer op, and the ``c10d::*`` op of a call that takes tensor lists
+(``allreduce_``, ``allgather_``) records no dtype (Kineto's ``Input type`` is ``TensorList``):
+the tag is then the only place its dtype and bytes are written. The first tensor argument is
+what a ``c10d::*`` op records first (the output: an all_gather's whole buffer, a
+reduce_scatter's piece), read by the same rule (analyzer/ingest/commid.py ``total_bytes``)."""
+PG_TAG_TENSOR = " tensor "
+"""Marks the tensor note of a process-group tag (``PG_TAG_PREFIX``)."""
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -310,7 +321,7 @@ class Device(msgspec.Struct, kw_only=True):
 
 
 class Launch(msgspec.Struct, kw_only=True):
-    method: str  # "spawn" | "torchrun" | "single"
+    method: str  # "spawn" | "torchrun" | "single" | "project" (``tracer project``, issue 44)
     nnodes: int
     master_addr: str | None
     master_port: int | None
@@ -466,6 +477,19 @@ class Mesh(msgspec.Struct, kw_only=True, omit_defaults=True):
                  for k in range(self.shape[dim])] for coord in itertools.product(*others)]
 
 
+class Projection(msgspec.Struct, kw_only=True):
+    """A run that ``tracer project`` made (issue 44), not a record: its ranks ran one after
+    another in one process, each as rank r of a world of ``world_size`` on torch's fake process
+    group (torch/testing/_internal/distributed/fake_pg.py), which completes every collective
+    without moving data. Its trace files exist for ``roles_run`` only; its shapes, collective
+    calls and bytes and memory per rank are the job's at ``world_size``, its numerics are not
+    (parity: not verified), its step times are one process's, not the job's."""
+    world_size: int  # the projected world N (== Manifest.world_size)
+    roles_run: list[int]  # the global ranks that ran (one per distinct role), each a rank<r> trace
+    device: str  # "cpu" | "cuda": where the roles ran
+    fake_process_group: bool = True  # collectives on torch's fake group: no data moved
+
+
 class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     """``manifest.json``, written last (atomically) by global rank 0."""
     schema_version: int  # == SCHEMA_VERSION
@@ -502,6 +526,10 @@ class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     experiment: Experiment | None = None  # issue 20; absent in older records
     machine: Machine | None = None  # issue 20; absent in older records
     mesh: Mesh | None = None  # issue 27: the mesh strategies only
+    projection: Projection | None = None
+    """issue 44: set by ``tracer project`` only (absent in a record): the run is a projection
+    at ``Projection.world_size`` from one process, not a measured job. Additive: no
+    ``SCHEMA_VERSION`` bump (a reader that does not know the key ignores it)."""
 
     def file(self, path: str) -> FileEntry | None:
         """The ``files`` entry of ``path``, None when it is not listed."""

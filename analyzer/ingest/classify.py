@@ -24,10 +24,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from analyzer.contract.schemas import PG_TAG_PREFIX
+from analyzer.contract.schemas import PG_TAG_PREFIX, PG_TAG_TENSOR
 from analyzer.ingest import commid, graphs
 from analyzer.ingest.commid import DEEP_EP_KERNEL_RE, DISPATCH_OP_RE, NCCL_KERNEL_RE
-from analyzer.ingest.decode import str_array
+from analyzer.ingest.decode import dtype_bytes, str_array
 from analyzer.ingest.steps import STEP_RE, assign_steps
 
 ROLES = ("compute", "comm", "comm_enqueue", "memcpy", "memset", "sync", "step", "annotation",
@@ -116,7 +116,19 @@ def parse_pg_tag(name: str) -> tuple[str, int] | None:
     peer = -1
     if sep and tail.strip().lstrip("-").isdigit():
         rest, peer = head.strip(), int(tail)
+    rest = rest.partition(PG_TAG_TENSOR)[0].strip()  # the fake group's tensor note
     return (rest, peer) if rest else None
+
+
+def parse_tag_tensor(name: str) -> tuple[str, int] | None:
+    """(dtype, elements) of a process-group tag's tensor note (``schemas.PG_TAG_PREFIX``: the
+    fake group's, ``tracer project``), None without one."""
+    if not name.startswith(PG_TAG_PREFIX) or PG_TAG_TENSOR not in name:
+        return None
+    words = name.partition(PG_TAG_TENSOR)[2].split()
+    if len(words) < 2 or not words[1].isdigit():
+        return None
+    return words[0], int(words[1])
 
 
 def _on_cpu(test):
@@ -455,8 +467,16 @@ class _Identity:
         self.nbytes = _bytes_from_args(df)
         self.args_bytes = self.nbytes.copy()  # bytes from each row's own collective args
         # first tensor's numel and element size, second tensor's numel, In / Out msg nelems
-        self.numel, self.size, self.numel2, self.n_in, self.n_out = (df[c].to_numpy() for c in (
+        self.numel, self.size, self.numel2, self.n_in, self.n_out = (df[c].to_numpy().copy() for c in (
             "shape_numel", "shape_elem_bytes", "shape2_numel", "in_nelems", "out_nelems"))
+        # the fake group's tag notes (tracer project): an enqueue op's first tensor where its
+        # own record lacks it (a tensor-list op: Kineto writes no dtype)
+        for j, (t_dtype, t_numel) in _tag_tensors(e.names, e.rows("cpu.pg_tag"), e.enq, e.ts,
+                                                   e.end, e.c_tid).items():
+            if self.numel[j] < 0 or self.size[j] < 0:
+                self.numel[j], self.size[j] = t_numel, dtype_bytes(t_dtype)
+            if self.dtype[j] is None:
+                self.dtype[j] = t_dtype
         self.pg_sizes = pg_sizes
         self.fallback = commid.group_fallback(pg_sizes, world_size)
         self.members = pg_ranks or {}
@@ -739,6 +759,19 @@ def _tags(names, is_tag, enq, launch, is_gpu, ts, end, tid) -> dict[int, tuple[s
     at = commid.ops_enclosing(tags, cand, ts, end, tid)
     return {int(r): parse_pg_tag(str(names[t])) for r, t in zip(cand.tolist(), at.tolist())
             if t >= 0}
+
+
+def _tag_tensors(names, is_tag, enq, ts, end, tid) -> dict[int, tuple[str, int]]:
+    """{row: (dtype, elements)} for every comm enqueue op whose enclosing process-group tag has
+    a tensor note (``parse_tag_tensor``: the fake group's)."""
+    tags = np.flatnonzero(is_tag)
+    tags = tags[[PG_TAG_TENSOR in str(names[t]) for t in tags.tolist()]] if len(tags) else tags
+    if not len(tags):
+        return {}
+    cand = np.flatnonzero(enq).astype(np.int64)
+    at = commid.ops_enclosing(tags, cand, ts, end, tid)
+    return {int(r): note for r, t in zip(cand.tolist(), at.tolist())
+            if t >= 0 and (note := parse_tag_tensor(str(names[t]))) is not None}
 
 
 def _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, tid

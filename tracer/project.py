@@ -1,0 +1,242 @@
+"""``tracer project``: a record's training step at world size N, from one process (issue 44).
+
+Each distinct role of the job runs as rank r of a world of N on torch's fake process group
+(torch/testing/_internal/distributed/fake_pg.py: ``FakeProcessGroup``, which completes every
+collective at once and moves no data), under the profiler, on this device. The step is the
+record's own: the strategy's setup hook (tracer/strategies.py ``SETUP``), the record's step
+(tracer/worker.py ``FlatStep``, tracer/pipeline.py ``PipelineStep``) and loop (tracer/loop.py
+``train``), the same trace, memory categories, steps and manifest writers. So the run directory
+reads like a record's, with ``rank<r>.trace.json.gz`` for each role's rank only, and a manifest
+whose ``projection`` section (analyzer/contract/schemas.py ``Projection``) says so.
+
+What it gives at N: each role's local shapes, every collective call (kind, process group,
+dtype, bytes) and memory per rank by category. What it does not: numerics (a fake collective
+returns whatever its output buffer held: the analyzer says "not verified", never pass / fail),
+step time at N (a later part of issue 44: the link model).
+
+Collective identity: the fake group runs no transfer op (gloo's ``gloo:*`` ops carry a record's
+dtype and bytes), and a ``c10d::*`` op that takes tensor lists records no dtype; so on the fake
+group the tracer's process-group tag carries the call's first tensor (tracer/pgtag.py
+``tensor_note``, ``schemas.PG_TAG_PREFIX``). A collective torch issues from C++, outside the
+Python calls the tag wraps (DDP's bucket rebuild broadcast in its second iteration), has its
+kind and process group but no bytes (-1, unknown) in a projection.
+
+Roles: the ranks whose shapes differ (``roles``), each in a child process of its own, one
+after another (``run_role_isolated``: a process keeps its process groups by name).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from tracer.config import RecordConfig
+
+log = logging.getLogger(__name__)
+
+FAKE_BACKEND = "fake"
+"""``torch.distributed.Backend.FAKE``: registered by importing
+torch.testing._internal.distributed.fake_pg."""
+
+
+def roles(cfg: RecordConfig) -> list[int]:
+    """The global ranks a projection runs: one per distinct role of the job.
+
+    Flat strategies and hsdp: rank 0. Every rank issues the same collectives with the same
+    shapes and holds the same parameter and gradient bytes (FSDP2 pads each shard to
+    ``ceil(dim0 / S)`` rows, torch/distributed/fsdp/_fully_shard/_fsdp_param.py; FSDP1 pads its
+    flat parameter to a multiple of N). Not quite everything: AdamW's state follows each rank's
+    unpadded local view, smaller on the last ranks where a dim 0 does not divide by the shard
+    group (analyzer/analyses/sharding.py gives every rank's); the projection measures rank 0's,
+    the largest. fsdp2_tp: ranks 0..T-1, the tp group of dp index 0
+    (a split that does not divide evenly gives tp ranks different local shapes; with an even one
+    they are the same, and T is small). pp: ranks 0..P-1, one per stage (the (dp, pp) mesh is
+    row-major: rank = dp * P + stage, ``schemas.Mesh``)."""
+    row = cfg.row
+    if row.dim_of("stage"):
+        return list(range(cfg.pp_degree))
+    if row.dim_of("tensor"):
+        return list(range(cfg.tp_degree))
+    return [0]
+
+
+def check_projection(cfg: RecordConfig) -> None:
+    """Refuse what a projection cannot run, with one line naming the option (``ValueError``):
+    the reference (it runs one process, nothing to project) and a world the batch or mesh
+    does not divide (tracer/worker.py ``check_world``, the record's own check)."""
+    from tracer.worker import RankEnv, check_world
+
+    if cfg.row.is_reference:
+        raise ValueError(f"--strategy {cfg.strategy}: the single-device reference has no world "
+                         "to project; choose a distributed strategy")
+    env = RankEnv(rank=0, world_size=cfg.world_size, local_rank=0, local_world_size=1,
+                  launch="project", ctrl_dir=None)
+    check_world(cfg, env)
+
+
+def project(cfg: RecordConfig) -> Path:
+    """Project ``cfg`` (a record's options; ``cfg.nproc`` the world N) into ``cfg.run_dir``.
+
+    Claims the run dir as a record does (tracer/record.py ``claim_run_dirs``), computes the
+    baseline in this process (the record's numerics inputs: initial weights, batch), runs every
+    role of ``roles`` in a child process of its own, one after another (``run_role_isolated``),
+    and writes the manifest last. Returns the run dir. Raises ``ValueError`` (one line) for
+    options a projection refuses or a run dir it may not write, ``RuntimeError`` with the
+    child's last line when a role fails (the run dir is then left incomplete, no manifest)."""
+    from dataclasses import replace
+
+    import torch
+
+    from tracer import devices
+    from tracer.baseline import BASELINE_NAME, write_baseline
+    from tracer.record import _release, claim_run_dirs
+    from tracer.rundir import abandon_record, clear_run_dir, finish_record
+
+    check_projection(cfg)
+    device_type = devices.resolve_device_type(cfg.device, torch.cuda.is_available())
+    cfg = replace(cfg, device=device_type)
+    claim_run_dirs([cfg])
+    try:
+        replaced = clear_run_dir(cfg.run_dir)
+        if replaced is not None:
+            log.warning("%s: replacing %s", cfg.run_dir, replaced)
+        write_baseline(cfg, device_type, cfg.run_dir / BASELINE_NAME)
+        ranks = roles(cfg)
+        for rank in ranks:
+            run_role_isolated(cfg, rank)
+        write_projection_manifest(cfg, ranks)
+        finish_record(cfg.run_dir)
+    except BaseException:
+        abandon_record(cfg.run_dir)
+        raise
+    finally:
+        _release([cfg])
+    return cfg.run_dir
+
+
+def run_role_isolated(cfg: RecordConfig, rank: int) -> None:
+    """``run_role`` in a child process (``python -m tracer.project``): DTensor and DeviceMesh
+    keep process groups by name across ``destroy_process_group`` (measured: a second role of
+    fsdp2_tp in one process fails with "Could not resolve the process group registered under
+    the name 1"), so every role gets a fresh process. Raises ``RuntimeError`` with the child's
+    last stderr line when it fails."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "tracer.project", json.dumps(cfg.to_dict()), str(rank)]
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        raise RuntimeError(f"rank {rank} of the projection failed: "
+                           f"{lines[-1] if lines else f'exit {proc.returncode}'}")
+
+
+def _role_facts_path(cfg: RecordConfig, rank: int) -> Path:
+    from tracer.rundir import PARTS_DIR
+
+    return cfg.run_dir / PARTS_DIR / f"rank{rank}.role.json"
+
+
+def run_role(cfg: RecordConfig, rank: int) -> None:
+    """Rank ``rank`` of a world of ``cfg.world_size`` on the fake group, in this process: the
+    record's setup, step and loop (tracer/worker.py ``run_rank`` without its rendezvous,
+    barriers and launcher), its trace and partial tables written, and the facts the manifest
+    needs (``_role_facts_path``: parameter count, units, mesh, model class, buffers)."""
+    import msgspec
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from tracer import loop
+    from tracer.baseline import BASELINE_NAME, load_baseline
+    from tracer.modelspec import buffer_names
+    from tracer.specload import load_spec
+    from tracer.strategies import SETUP
+    from tracer.worker import FlatStep, Heartbeat, RankEnv, add_golden_losses, resolve_device, write_rank_outputs
+
+    torch.set_num_threads(1)  # as a record's rank
+    world = cfg.world_size
+    env = RankEnv(rank=rank, world_size=world, local_rank=0, local_world_size=1,
+                  launch="project", ctrl_dir=None)
+    device = resolve_device(cfg, 0)  # every role on this one device
+    dist.init_process_group(FAKE_BACKEND, rank=rank, world_size=world, store=FakeStore())
+    base, order = load_baseline(cfg.run_dir / BASELINE_NAME, cfg, device.type)
+    spec = load_spec(cfg)
+    buffers, model_name = buffer_names(spec.model), type(spec.model).__name__
+    built = SETUP[cfg.strategy](cfg, spec, base, rank, world, device)
+    if built.pipe is not None:
+        from tracer.pipeline import PipelineStep
+
+        step = PipelineStep(cfg, built.pipe, base, order, device)
+    else:
+        step = FlatStep(cfg, spec, built.model, base, env, device)
+    numerics, step_rows, snapshot, categories = loop.train(cfg, step, base, rank, world, device,
+                                                           Heartbeat(env))
+    add_golden_losses(numerics, base)
+    write_rank_outputs(cfg, rank, numerics, step_rows, snapshot, categories)
+    facts = {"num_params": built.num_params, "units": built.units, "mesh": built.mesh,
+             "model_name": model_name, "buffers": buffers, "device": str(device),
+             "with_memory": snapshot is not None}
+    _role_facts_path(cfg, rank).write_bytes(msgspec.json.encode(facts))
+
+
+def write_projection_manifest(cfg: RecordConfig, ranks: list[int]) -> None:
+    """Merge the roles' partial tables and write the manifest (tracer/manifest.py
+    ``build_manifest``, the first role's facts) with its ``projection`` section; backend
+    ``"fake"``."""
+    import msgspec
+    import torch
+
+    from analyzer.contract.schemas import Launch, Mesh, Projection
+    from tracer.baseline import BASELINE_NAME
+    from tracer.manifest import build_manifest, machine_info, write_manifest
+    from tracer.specload import load_spec
+    from tracer.worker import finish_kept, merge_parts
+
+    facts = msgspec.json.decode(_role_facts_path(cfg, ranks[0]).read_bytes())
+    for rank in ranks:
+        _role_facts_path(cfg, rank).unlink()
+    from safetensors import safe_open
+
+    with safe_open(str(cfg.run_dir / BASELINE_NAME), framework="pt") as f:
+        batch_x = f.get_tensor("batch.x")
+    merge_parts(cfg.run_dir, cfg.world_size, with_memory=facts["with_memory"], ranks=ranks)
+    finish_kept(cfg)
+    device = torch.device(facts["device"])
+    mesh = None if facts["mesh"] is None else msgspec.convert(facts["mesh"], Mesh)
+    launch = Launch(method="project", nnodes=1, master_addr=None, master_port=None)
+    manifest = build_manifest(cfg=cfg, run_dir=cfg.run_dir, world_size=cfg.world_size,
+                              backend=FAKE_BACKEND, device=device, launch=launch,
+                              num_params=facts["num_params"], fsdp_units=facts["units"],
+                              spec=load_spec(cfg), model_name=facts["model_name"],
+                              buffers=facts["buffers"], batch_x=batch_x,
+                              machine=machine_info(list(os.getloadavg()), 1), mesh=mesh)
+    manifest.projection = Projection(world_size=cfg.world_size, roles_run=list(ranks),
+                                     device=device.type, fake_process_group=True)
+    write_manifest(cfg.run_dir, manifest)
+
+
+def _main(argv: list[str]) -> int:
+    """Child entry (``run_role_isolated``): ``python -m tracer.project CONFIG_JSON RANK``."""
+    import json
+    import sys
+
+    logging.basicConfig(level=logging.WARNING, format=f"[rank{argv[1]}] %(levelname)s %(name)s: %(message)s")
+    try:
+        run_role(RecordConfig(**json.loads(argv[0])), int(argv[1]))
+    except Exception as exc:  # process boundary: the parent reports the last line
+        import traceback
+
+        traceback.print_exc()
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"{type(exc).__name__}: {text}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))
