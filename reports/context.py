@@ -50,9 +50,25 @@ def _cpu_gloo(runs: list[RunEntry]) -> str | None:
             + ": the order of strategies here says little about GPUs.")
 
 
+def _projected(runs: list[RunEntry]) -> str | None:
+    """Runs of ``tracer project``: roles run in one process at world N on the fake process group,
+    so their shapes, collectives and memory are the job's, their times are not."""
+    proj = [r for r in runs if r.projection]
+    if not proj:
+        return None
+    named = "; ".join(f"{r.name}: world {r.projection.get('world_size')} from ranks "
+                      f"{', '.join(map(str, r.projection.get('roles_run') or []))}"
+                      for r in proj[:3]) + ("; ..." if len(proj) > 3 else "")
+    return (f"Projected ({_of(proj, runs)}): {named}, on the fake process group: shapes, "
+            "collectives and memory per rank are the job's; no data moves, so times and "
+            "numerics are not.")
+
+
 def _partial(runs: list[RunEntry]) -> str | None:
-    """Runs whose traces miss ranks of their world (``trace_info.missing_ranks``)."""
-    part = [r for r in runs if r.trace_info is not None and r.trace_info.missing_ranks]
+    """Runs whose traces miss ranks of their world (``trace_info.missing_ranks``); a projection
+    runs only its roles by design (``_projected`` says so)."""
+    part = [r for r in runs if r.trace_info is not None and r.trace_info.missing_ranks
+            and not r.projection]
     if not part:
         return None
     named = "; ".join(f"{r.name}: {len(r.trace_info.missing_ranks)} of {r.world_size or '?'} "
@@ -84,8 +100,8 @@ def _whole_trace(runs: list[RunEntry]) -> str | None:
 
 
 def lines(report: Report) -> list[str]:
-    """The context list: busy or oversubscribed machine, CPU/gloo, a partial rank set,
-    unaligned clocks, no ProfilerStep; each present item one line; [] when none applies."""
+    """The context list: a projection, busy or oversubscribed machine, CPU/gloo, a partial rank
+    set, unaligned clocks, no ProfilerStep; each present item one line; [] when none applies."""
     runs = [r for r in report.runs if not r.incomplete]
-    return [x for x in (_busy(runs), _cpu_gloo(runs), _partial(runs), _clocks(runs),
-                        _whole_trace(runs)) if x]
+    return [x for x in (_projected(runs), _busy(runs), _cpu_gloo(runs), _partial(runs),
+                        _clocks(runs), _whole_trace(runs)) if x]

@@ -892,6 +892,10 @@ class RunEntry(_Figures, kw_only=True):
     flight_recorder: FlightRecorder | None = None
     """Issue 30: the Flight Recorder dumps beside the run's traces (a failed record's, or FR
     JSON dumps in a folder of traces), per process group; None without dumps."""
+    projection: dict[str, Any] | None = None
+    """Issue 44: the manifest's ``projection`` of a ``tracer project`` run (world_size, roles_run,
+    device, fake_process_group): its ranks are the roles run at that world size on torch's fake
+    process group; None for a record or foreign traces."""
 
     @property
     def arm(self) -> str:

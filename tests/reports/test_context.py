@@ -55,3 +55,15 @@ def test_partial_ranks_and_unaligned_clocks_are_counted():
 def test_a_quiet_gpu_run_has_no_context_list():
     rep = report(run(device="gpu", backend="nccl", machine=QUIET))
     assert context.lines(rep) == [] and "**Context:**" not in markdown.render(rep)
+
+
+def test_a_projection_says_what_it_holds_and_no_partial_rank_set():
+    proj = msgspec.structs.replace(run(name="p8", strategy="fsdp2", world_size=8), projection={
+        "world_size": 8, "roles_run": [0], "device": "cpu", "fake_process_group": True},
+        trace_info=TraceInfo(whole_trace_mode=False, rank_sources=["distributedInfo"],
+                             missing_ranks=[1, 2, 3, 4, 5, 6, 7], device_kind="cpu",
+                             trace_warnings=[]))
+    assert context.lines(report(proj)) == [
+        "Projected (1 of 1 run): p8: world 8 from ranks 0, on the fake process group: shapes, "
+        "collectives and memory per rank are the job's; no data moves, so times and numerics "
+        "are not."]
