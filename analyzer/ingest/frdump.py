@@ -213,7 +213,8 @@ def read_dump(path: Path, world_size: int | None = None, notes: list[str] | None
         raise BadInput(path, "bad_run_file", f"not a Flight Recorder JSON dump: {exc}",
                        "pass dumps of torch's _dump_fr_trace_json") from None
     except msgspec.DecodeError as exc:
-        raise BadInput(path, "truncated", f"the Flight Recorder dump is not valid JSON: {exc}") from None
+        raise BadInput(path, "truncated", f"the Flight Recorder dump is not valid JSON: {exc}",
+                       "re-dump it, or move it out of the folder to analyse the rest") from None
     except RecursionError:  # msgspec's bound on nesting (the interpreter's recursion limit)
         raise BadInput(path, "bad_run_file", "not a Flight Recorder JSON dump: nested too deep "
                        "for one (torch's nest a few levels)", "pass dumps of torch's _dump_fr_trace_json"

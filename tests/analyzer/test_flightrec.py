@@ -196,6 +196,16 @@ def test_reader_refuses_bad_dumps_naming_the_file(tmp_path):
     assert exc.value.reason == "bad_run_file" and str(bad) in str(exc.value)
 
 
+def test_a_truncated_dump_is_refused_with_what_to_do(tmp_path):
+    """A dump cut off mid-write (a rank killed while dumping): the refusal says how to go on."""
+    (p,) = write_dumps(tmp_path, {1: dump([entry(1)])})
+    p.write_bytes(p.read_bytes()[:40])
+    with pytest.raises(BadInput) as exc:
+        frdump.read_dump(p)
+    assert str(exc.value) == (f"{p}: the Flight Recorder dump is not valid JSON: Input data was truncated; "
+                              "re-dump it, or move it out of the folder to analyse the rest")
+
+
 class _Explodes:
     """Unpickling this runs code: the test fails if anything ever unpickles a dump."""
 
