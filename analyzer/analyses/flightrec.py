@@ -353,9 +353,11 @@ def _ranks_text(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> tuple[FlightRecorderGroup, str | None]:
+def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int,
+                  pickled_ranks: list[int] = ()) -> tuple[FlightRecorderGroup, str | None]:
     """One process group's state across the dumps (module docstring), and a note when its
-    ``pg_status`` was set aside (None otherwise)."""
+    ``pg_status`` was set aside (None otherwise). ``pickled_ranks``: members whose dump is a
+    pickle (not read)."""
     members, source = _members(name, desc, dumps, world_size)
     by_rank = {d.rank: d for d in dumps if d.rank in members}
     counts, note = _status_counts_collectives(name, by_rank)
@@ -389,11 +391,22 @@ def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> t
         group.summary = f"process group {name}: no dump of any of its ranks"
         return group, note
     group.p2p_pending = _p2p_pending(name, by_rank, members)
-    _judge(group, per_seq, by_rank)
+    _judge(group, per_seq, by_rank, pickled_ranks)
     return group, note
 
 
-def _judge(group: FlightRecorderGroup, per_seq: dict[int, dict[int, list[Entry]]], by_rank: dict[int, Dump]) -> None:
+def _missing_text(missing: list[int], pickled_ranks: list[int]) -> str:
+    """The members without a dump read, for a group's line: those whose dump is a pickle
+    ("rank 1: its dump is a pickle (not read)"), the others "no dump (unknown)"."""
+    pick = [r for r in missing if r in pickled_ranks]
+    none = [r for r in missing if r not in pickled_ranks]
+    return "; ".join([f"{_ranks_text(none)}: no dump (unknown)"] * bool(none)
+                     + [f"{_ranks_text(pick)}: {'its dump is a pickle' if len(pick) == 1 else 'their dumps are pickles'}"
+                        " (not read)"] * bool(pick))
+
+
+def _judge(group: FlightRecorderGroup, per_seq: dict[int, dict[int, list[Entry]]], by_rank: dict[int, Dump],
+           pickled_ranks: list[int] = ()) -> None:
     """Set the group's collective figures, ``verdict``, ``statement`` and ``summary`` from its
     ranks' last entered / completed collectives (``per_rank``), mismatches and pending
     point-to-point ops (module docstring: the precedence collective_hang, mismatch,
@@ -429,7 +442,7 @@ def _judge(group: FlightRecorderGroup, per_seq: dict[int, dict[int, list[Entry]]
         else:
             line = f"process group {name}: {who} completed {what}{'' if group.missing_dumps else ', its last'}"
     if group.missing_dumps:
-        line += f"; {_ranks_text(group.missing_dumps)}: no dump (unknown)"
+        line += "; " + _missing_text(group.missing_dumps, pickled_ranks)
     for m in group.mismatches:
         line += (f"; {MISMATCH_WORD[m.fr_state]} mismatch at {m.kind} #{m.seq}: rank {m.rank} has "
                  f"{m.detail} (rank {m.reference_rank})")
@@ -467,11 +480,13 @@ def _first_mismatch(per_seq: dict[int, dict[int, list[Entry]]], pg_size: int) ->
     return []
 
 
-def analyse(dumps: list[Dump], world_size: int | None = None) -> FlightRecorder:
+def analyse(dumps: list[Dump], world_size: int | None = None, pickled_ranks: list[int] = ()) -> FlightRecorder:
     """Every process group named in the dumps' entries (one dump per rank; module docstring),
     in group-name order. ``world_size``: the run's (manifest), else one more than the highest
-    dumped rank."""
-    world = max(world_size or 0, max((d.rank for d in dumps), default=-1) + 1)
+    dumped (or pickled) rank. ``pickled_ranks``: ranks whose dump is a pickle, never read: a
+    member among them is said to have one ("its dump is a pickle (not read)"), not no dump."""
+    world = max(world_size or 0, max((d.rank for d in dumps), default=-1) + 1,
+                max(pickled_ranks, default=-1) + 1)
     groups: dict[str, str] = {}
     for d in dumps:
         for e in d.entries:
@@ -483,8 +498,9 @@ def analyse(dumps: list[Dump], world_size: int | None = None) -> FlightRecorder:
     key = (lambda n: (0, int(n)) if n.isdigit() else (1, n))
     out = []
     for n in sorted(groups, key=key):
-        group, note = analyse_group(n, groups[n], dumps, world)
+        group, note = analyse_group(n, groups[n], dumps, world, pickled_ranks)
         out.append(group)
         notes += [note] if note else []
     return FlightRecorder(dumps=[d.path for d in sorted(dumps, key=lambda d: d.rank)],
-                          ranks=sorted(d.rank for d in dumps), rule=RULE, groups=out, notes=notes)
+                          ranks=sorted(d.rank for d in dumps), rule=RULE, groups=out, notes=notes,
+                          pickled_ranks=sorted(pickled_ranks))

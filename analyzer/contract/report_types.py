@@ -816,6 +816,9 @@ class FlightRecorder(msgspec.Struct, kw_only=True):
     """How entered, completed and mismatches are decided (analyzer/analyses/flightrec.py)."""
     notes: list[str] = []
     """What the analysis set aside: a group's pg_status that counts point-to-point ops, pg_config ranks no group of the job can hold, dumps without entries."""
+    pickled_ranks: list[int] = []
+    """Ranks whose dump beside the others is in torch's pickle format (``nccl_trace_rank_<r>``):
+    never read; the groups' lines say "its dump is a pickle (not read)" for them, not "no dump"."""
 
 
 RANK_TIMELINES_MAX = 16
