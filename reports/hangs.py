@@ -46,7 +46,8 @@ def _row(run: RunEntry, g: FlightRecorderGroup) -> list[Any]:
                 if g.missing_dumps else ""),
             f"{', '.join(map(str, g.never_entered))}: {what}" if g.never_entered else "-",
             ", ".join(map(str, g.entered)) or "-",
-            "; ".join(f"{x.rank}: #{x.last_enqueued_seq} / #{x.last_completed_seq}" for x in g.per_rank),
+            "; ".join(f"{x.rank}: #{x.last_enqueued_seq} / #{x.last_completed_seq}"
+                      + (f" (#{x.failed_seq} failed)" if x.failed_seq is not None else "") for x in g.per_rank),
             mism or "-",
             "; ".join(f"{x.rank} {x.op} #{x.p2p_seq} {'to' if x.op == 'send' else 'from'} {x.peer}"
                       for x in g.p2p_pending) or "-"]
