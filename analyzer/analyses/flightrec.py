@@ -487,10 +487,14 @@ def _judge(group: FlightRecorderGroup, per_seq: dict[int, dict[int, list[Entry]]
             # a dumped member entered it and did not complete it (NCCL: not completed; gloo:
             # not ended), the others are unknown: the hang is established, its cause is not
             group.verdict = "collective_hang"
+            none = [r for r in group.missing_dumps if r not in pickled_ranks]
+            pick = [r for r in group.missing_dumps if r in pickled_ranks]
+            its = lambda rs: "its" if len(rs) == 1 else "their"  # noqa: E731
+            parts = ([f"{_ranks_text(none)} left no dump ({its(none)} state is unknown)"] if none else []) + (
+                [f"{_ranks_text(pick)}: {its(pick)} dump{'s are pickles' if len(pick) > 1 else ' is a pickle'} "
+                 f"(not read; {its(pick)} state is unknown)"] if pick else [])
             line = (f"{_ranks_text(open_)} entered {what} of process group {name} and did not complete it; "
-                    f"{_ranks_text(group.missing_dumps)} left no dump (its state is unknown)")
-            if any(r in pickled_ranks for r in group.missing_dumps):
-                line += "; " + _missing_text(group.missing_dumps, pickled_ranks)
+                    + "; ".join(parts))
             group.summary = group.statement = line
             return
         elif open_:

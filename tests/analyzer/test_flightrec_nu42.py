@@ -109,3 +109,13 @@ def test_a_gloo_collective_ended_with_a_dump_missing_is_not_called_completed(tmp
     assert g.verdict == ""
     assert g.summary == ("process group 0: rank 0 ended all_reduce #7 (completed, or failed: gloo records both "
                          "alike); rank 1: no dump (unknown)")
+
+
+def test_a_hang_whose_missing_rank_left_a_pickle_says_so(tmp_path):
+    """The same hang, rank 1's dump a pickle beside rank 0's JSON: the statement names the
+    pickle, never "left no dump"."""
+    folder = _gloo_ddp_hang(tmp_path, ranks=(0,), retired_7=False)
+    fr = frdump.flight_recorder(sorted(folder.iterdir()), 2, pickles=[folder / "nccl_trace_rank_1"])
+    (g,) = fr.groups
+    assert g.statement == ("rank 0 entered all_reduce #7 of process group 0 and did not complete it; rank 1: "
+                           "its dump is a pickle (not read; its state is unknown)")
