@@ -29,16 +29,25 @@ def lines(run: RunEntry) -> list[str]:
     return [f"{run.name}: {x}" for x in (bad or [g.summary for g in fr.groups])]
 
 
+def _missing(run: RunEntry, g: FlightRecorderGroup) -> str:
+    """The group's members without a dump read: "1: no dump, unknown", "1: pickle, not read"."""
+    pick = [r for r in g.missing_dumps if r in run.flight_recorder.pickled_ranks]
+    none = [r for r in g.missing_dumps if r not in pick]
+    return "; ".join([f"{', '.join(map(str, none))}: no dump, unknown"] * bool(none)
+                     + [f"{', '.join(map(str, pick))}: pickle, not read"] * bool(pick))
+
+
 def _row(run: RunEntry, g: FlightRecorderGroup) -> list[Any]:
     what = f"{g.next_kind or 'collective'} #{g.next_seq}" if g.next_seq is not None else "-"
     mism = "; ".join(f"{m.mismatch} at {m.kind} #{m.seq}: rank {m.rank} {m.detail}" for m in g.mismatches)
     return [run.name, f"{g.pg} ({g.desc})" if g.desc else g.pg, ", ".join(map(str, g.ranks)),
             "-" if g.last_completed_seq is None else f"#{g.last_completed_seq}" + (
-                f" ({', '.join(map(str, g.missing_dumps))}: no dump, unknown)"
+                f" ({_missing(run, g)})"
                 if g.missing_dumps else ""),
             f"{', '.join(map(str, g.never_entered))}: {what}" if g.never_entered else "-",
             ", ".join(map(str, g.entered)) or "-",
-            "; ".join(f"{x.rank}: #{x.last_enqueued_seq} / #{x.last_completed_seq}" for x in g.per_rank),
+            "; ".join(f"{x.rank}: #{x.last_enqueued_seq} / #{x.last_completed_seq}"
+                      + (f" (#{x.failed_seq} failed)" if x.failed_seq is not None else "") for x in g.per_rank),
             mism or "-",
             "; ".join(f"{x.rank} {x.op} #{x.p2p_seq} {'to' if x.op == 'send' else 'from'} {x.peer}"
                       for x in g.p2p_pending) or "-"]
@@ -52,7 +61,8 @@ def _notes(report: Report) -> list[str]:
     out = []
     for r in runs(report):
         dumped = ", ".join(map(str, r.flight_recorder.ranks))
-        out.append(" ".join([f"{r.name}: dumps of rank(s) {dumped}.", *r.flight_recorder.notes]))
+        out.append(" ".join([f"{r.name}: dumps of rank(s) {dumped}." if dumped else f"{r.name}: no JSON dump.",
+                             *r.flight_recorder.notes]))
     if out:
         out.append("Rule: " + runs(report)[0].flight_recorder.rule + ".")
     return out

@@ -197,14 +197,19 @@ def _hang(r: _Run) -> Iterator[Finding]:
                     g.last_completed_seq, "count", *at, "last_completed_seq")]
               if g.last_completed_seq is not None else [])
         if g.verdict == "collective_hang":
-            ranks = g.never_entered
+            # a member never entered the next collective; else, with members without a
+            # dump, those are the ones to look at (a dumped member did not complete it)
+            ranks = g.never_entered or g.missing_dumps
             if g.next_seq is not None:
                 ev.append(r.ev(f"process group {g.pg}: the collective some rank never entered",
                                g.next_seq, "count", *at, "next_seq"))
             action = (f"look at what rank{'s' if len(ranks) > 1 else ''} "
                       f"{', '.join(map(str, ranks))} did instead (its log, the stack of its "
                       "newest Flight Recorder entry): a rank that skips or reorders a collective "
-                      "hangs its peers" if ranks else
+                      "hangs its peers" if g.never_entered else
+                      f"look at what rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+                      "did (no Flight Recorder dump: its log, whether it died or hung before "
+                      "dumping): a dumped rank entered the collective and did not complete it" if ranks else
                       "every rank entered it and some never completed it: look at the ranks' "
                       "logs for a rank that died or a transport error")
         elif g.verdict == "mismatch":

@@ -22,10 +22,17 @@ job whose default group carried send / recv they are not collective numbers:
   counts collectives, when the ring buffer dropped older entries). Sequence numbers count each
   group's collectives on every rank alike (fr_trace matches entries across ranks by (group,
   ``collective_seq_id``): utils.py ``check_current_entry_match``);
-- a rank *completed* #S when its collective entries of #S ended (state ``completed``, or
-  ``retired``: gloo keeps ``scheduled``), or ``pg_status.last_completed_collective`` >= S where
-  that counts collectives. gloo counts a collective that failed (timed out) as completed, so
-  "completed" there means "ended";
+- a rank *completed* #S when its collective entries of #S completed (state ``completed``;
+  NCCL's watchdog retires an entry in another state only when it ended without completing),
+  or on gloo, which sets no state, ended (``retired``, or
+  ``pg_status.last_completed_collective`` >= S where that counts collectives). gloo retires
+  and counts a collective that failed (timed out, a peer gone) as one that completed
+  (``_done``): where a dumped member never entered #S, #S cannot have completed anywhere, and
+  a rank that ended it *failed* in it (``_failed``: ``failed_seq``, "waited in it until it
+  failed"); where a member left no dump, an ended #S is "ended (completed, or failed)";
+- a dumped member that entered #S and did not complete it (not ended) while another member
+  left no dump: verdict ``collective_hang`` ("rank 0 entered all_reduce #7 ... and did not
+  complete it; rank 1 left no dump (its state is unknown)");
 - the last sequence number every rank completed = the least of the ranks' last completed;
   with a member's dump missing it is only the dumped ranks' figure, and the statement names
   those ranks and the member as "no dump (unknown)", never "every rank" (the missing rank may
@@ -69,7 +76,8 @@ from analyzer.contract.report_types import (FlightRecorder, FlightRecorderGroup,
 RULE = ("per process group, from its collective entries by collective_seq_id as torch's fr_trace "
         "matches them (pg_status only where it counts collectives alone: no send / recv entry and "
         "on gloo op_id = collective_seq_id on every entry): a rank entered #S when its newest collective entry "
-        "is #S or later, completed it when that entry ended (gloo: ended, failures included); the ranks "
+        "is #S or later, completed it when that entry completed (gloo, whose entries end failed as they "
+        "end completed: ended, and no dumped member never entered it, else it failed there); the ranks "
         "with the lowest last entered never entered the next collective, the others waited in it; kind / "
         "size / dtype compared with the lowest rank's entry by fr_trace's Op.match, first mismatch per "
         "group; a send / recv entered and not completed whose peer holds no pending match was never "
@@ -216,10 +224,23 @@ def _seq_match(ref: list[Entry], other: list[Entry], pg_size: int) -> tuple[str,
     return None
 
 
+def _tracks_state(e: Entry) -> bool:
+    """Whether the entry's backend sets ``state``: NCCL does (FlightRecorder ``update_state``
+    queries its start / end CUDA events), so there ``completed`` alone means completed and an
+    entry retired in another state ended without completing. gloo records no events: its
+    state stays ``scheduled``."""
+    return e.profiling_name.startswith("nccl:")
+
+
 def _done(e: Entry) -> bool:
-    """An entry's op ended: state ``completed`` (NCCL's watchdog saw its end event), or
-    ``retired`` (gloo keeps ``scheduled`` and retires the entry when the work ends)."""
-    return e.state == "completed" or e.retired
+    """An entry's op ended: state ``completed`` (NCCL's watchdog saw its end event), or, on a
+    backend that sets no state (gloo), ``retired``. gloo retires an entry when its work ends,
+    failed or not: ``ProcessGroupGloo::runLoop`` calls ``retire_id`` after
+    ``AsyncWork::execute`` whatever its outcome (checked on torch 2.13 CPU: an all_reduce
+    whose peer never entered it, timed out, is retired, and ``pg_status`` counts it completed,
+    within a second of its error). So on gloo "ended" is not "completed": ``_failed`` tells
+    the two apart where the dumps can."""
+    return e.state == "completed" or (e.retired and not _tracks_state(e))
 
 
 def _status(d: Dump, pg_id: int | None) -> PgStatus | None:
@@ -353,9 +374,11 @@ def _ranks_text(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> tuple[FlightRecorderGroup, str | None]:
+def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int,
+                  pickled_ranks: list[int] = ()) -> tuple[FlightRecorderGroup, str | None]:
     """One process group's state across the dumps (module docstring), and a note when its
-    ``pg_status`` was set aside (None otherwise)."""
+    ``pg_status`` was set aside (None otherwise). ``pickled_ranks``: members whose dump is a
+    pickle (not read)."""
     members, source = _members(name, desc, dumps, world_size)
     by_rank = {d.rank: d for d in dumps if d.rank in members}
     counts, note = _status_counts_collectives(name, by_rank)
@@ -382,6 +405,7 @@ def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> t
             es = seqs.get(done + 1)
             waiting = f"{es[0].kind if es else 'collective'} #{done + 1}"
         ranks.append(FlightRecorderRank(rank=r, last_enqueued_seq=enq, last_completed_seq=done, waiting_in=waiting))
+    _failed(ranks, per_seq, by_rank, name)
     group = FlightRecorderGroup(pg=name, desc=desc, ranks=members, ranks_source=source,
                                 dumped_ranks=sorted(by_rank), missing_dumps=[r for r in members if r not in by_rank],
                                 per_rank=ranks)
@@ -389,11 +413,44 @@ def analyse_group(name: str, desc: str, dumps: list[Dump], world_size: int) -> t
         group.summary = f"process group {name}: no dump of any of its ranks"
         return group, note
     group.p2p_pending = _p2p_pending(name, by_rank, members)
-    _judge(group, per_seq, by_rank)
+    _judge(group, per_seq, by_rank, pickled_ranks)
     return group, note
 
 
-def _judge(group: FlightRecorderGroup, per_seq: dict[int, dict[int, list[Entry]]], by_rank: dict[int, Dump]) -> None:
+def _missing_text(missing: list[int], pickled_ranks: list[int]) -> str:
+    """The members without a dump read, for a group's line: those whose dump is a pickle
+    ("rank 1: its dump is a pickle (not read)"), the others "no dump (unknown)"."""
+    pick = [r for r in missing if r in pickled_ranks]
+    none = [r for r in missing if r not in pickled_ranks]
+    return "; ".join([f"{_ranks_text(none)}: no dump (unknown)"] * bool(none)
+                     + [f"{_ranks_text(pick)}: {'its dump is a pickle' if len(pick) == 1 else 'their dumps are pickles'}"
+                        " (not read)"] * bool(pick))
+
+
+def _failed(ranks: list[FlightRecorderRank], per_seq: dict[int, dict[int, list[Entry]]], by_rank: dict[int, Dump],
+            name: str) -> None:
+    """On a backend whose entries end failed as they end completed (gloo: ``_done``), a
+    collective a dumped member never entered cannot have completed on any member (a
+    collective completes only once every member contributed): a rank that ended it ended it
+    in error (a timeout, or a peer that left). Such a rank's ``last_completed_seq`` is
+    lowered to the last collective every dumped member entered, its ``failed_seq`` set to
+    the one after and ``waiting_in`` names it. NCCL's ``state`` says completed itself."""
+    if not ranks or any(_tracks_state(e) for d in by_rank.values() for e in d.entries if e.process_group[0] == name):
+        return
+    lo = min(x.last_enqueued_seq for x in ranks)
+    for x in ranks:
+        if x.last_completed_seq > lo:
+            es = per_seq[x.rank].get(lo + 1)
+            x.last_completed_seq, x.failed_seq = lo, lo + 1
+            x.waiting_in = f"{es[0].kind if es else 'collective'} #{lo + 1}"
+
+
+FAILED = "until it failed (timed out, or a peer left)"
+"""How a waiting rank's statement ends when its collective ended in error (``_failed``)."""
+
+
+def _judge(group: FlightRecorderGroup, per_seq: dict[int, dict[int, list[Entry]]], by_rank: dict[int, Dump],
+           pickled_ranks: list[int] = ()) -> None:
     """Set the group's collective figures, ``verdict``, ``statement`` and ``summary`` from its
     ranks' last entered / completed collectives (``per_rank``), mismatches and pending
     point-to-point ops (module docstring: the precedence collective_hang, mismatch,
@@ -412,8 +469,11 @@ def _judge(group: FlightRecorderGroup, per_seq: dict[int, dict[int, list[Entry]]
         group.next_kind = kinds[0] if kinds else None
         what = f"{group.next_kind or 'collective'} #{seq}"
         group.verdict = "collective_hang"
+        failed = [x.rank for x in ranks if x.failed_seq == seq]
         line = (f"{_ranks_text(group.never_entered)} never entered {what} of process group "
                 f"{name}; {_ranks_text(group.entered)} waited in it")
+        if failed:
+            line += (f" {FAILED}" if failed == group.entered else f" ({_ranks_text(failed)} {FAILED})")
     else:
         es = next((per_seq[r][hi] for r in sorted(per_seq) if hi in per_seq[r]), None)
         what = f"{es[0].kind if es else 'collective'} #{hi}"
@@ -423,13 +483,33 @@ def _judge(group: FlightRecorderGroup, per_seq: dict[int, dict[int, list[Entry]]
             n_p2p = sum(_is_p2p(e) for d in by_rank.values() for e in d.entries if e.process_group[0] == name)
             line = (f"process group {name}: no collective recorded" + (f" by {who}" if group.missing_dumps else "")
                     + (f" ({n_p2p} point-to-point entries only)" if n_p2p else ""))
+        elif open_ and group.missing_dumps:
+            # a dumped member entered it and did not complete it (NCCL: not completed; gloo:
+            # not ended), the others are unknown: the hang is established, its cause is not
+            group.verdict = "collective_hang"
+            none = [r for r in group.missing_dumps if r not in pickled_ranks]
+            pick = [r for r in group.missing_dumps if r in pickled_ranks]
+            its = lambda rs: "its" if len(rs) == 1 else "their"  # noqa: E731
+            parts = ([f"{_ranks_text(none)} left no dump ({its(none)} state is unknown)"] if none else []) + (
+                [f"{_ranks_text(pick)}: {its(pick)} dump{'s are pickles' if len(pick) > 1 else ' is a pickle'} "
+                 f"(not read; {its(pick)} state is unknown)"] if pick else [])
+            line = (f"{_ranks_text(open_)} entered {what} of process group {name} and did not complete it; "
+                    + "; ".join(parts))
+            group.summary = group.statement = line
+            return
         elif open_:
             group.verdict = "collective_hang"
             line = f"process group {name}: {who} entered {what}; not completed on {_ranks_text(open_)}"
+        elif group.missing_dumps and not any(_tracks_state(e) for es in per_seq.values() for x in es.values()
+                                             for e in x):
+            # gloo: ended, completed or failed alike (``_done``); only the missing member's
+            # dump could tell which
+            line = (f"process group {name}: {who} ended {what} (completed, or failed: gloo records "
+                    "both alike)")
         else:
             line = f"process group {name}: {who} completed {what}{'' if group.missing_dumps else ', its last'}"
     if group.missing_dumps:
-        line += f"; {_ranks_text(group.missing_dumps)}: no dump (unknown)"
+        line += "; " + _missing_text(group.missing_dumps, pickled_ranks)
     for m in group.mismatches:
         line += (f"; {MISMATCH_WORD[m.fr_state]} mismatch at {m.kind} #{m.seq}: rank {m.rank} has "
                  f"{m.detail} (rank {m.reference_rank})")
@@ -467,11 +547,13 @@ def _first_mismatch(per_seq: dict[int, dict[int, list[Entry]]], pg_size: int) ->
     return []
 
 
-def analyse(dumps: list[Dump], world_size: int | None = None) -> FlightRecorder:
+def analyse(dumps: list[Dump], world_size: int | None = None, pickled_ranks: list[int] = ()) -> FlightRecorder:
     """Every process group named in the dumps' entries (one dump per rank; module docstring),
     in group-name order. ``world_size``: the run's (manifest), else one more than the highest
-    dumped rank."""
-    world = max(world_size or 0, max((d.rank for d in dumps), default=-1) + 1)
+    dumped (or pickled) rank. ``pickled_ranks``: ranks whose dump is a pickle, never read: a
+    member among them is said to have one ("its dump is a pickle (not read)"), not no dump."""
+    world = max(world_size or 0, max((d.rank for d in dumps), default=-1) + 1,
+                max(pickled_ranks, default=-1) + 1)
     groups: dict[str, str] = {}
     for d in dumps:
         for e in d.entries:
@@ -483,8 +565,9 @@ def analyse(dumps: list[Dump], world_size: int | None = None) -> FlightRecorder:
     key = (lambda n: (0, int(n)) if n.isdigit() else (1, n))
     out = []
     for n in sorted(groups, key=key):
-        group, note = analyse_group(n, groups[n], dumps, world)
+        group, note = analyse_group(n, groups[n], dumps, world, pickled_ranks)
         out.append(group)
         notes += [note] if note else []
     return FlightRecorder(dumps=[d.path for d in sorted(dumps, key=lambda d: d.rank)],
-                          ranks=sorted(d.rank for d in dumps), rule=RULE, groups=out, notes=notes)
+                          ranks=sorted(d.rank for d in dumps), rule=RULE, groups=out, notes=notes,
+                          pickled_ranks=sorted(pickled_ranks))

@@ -404,7 +404,8 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
     entry.pipeline = pipefigs.run_pipeline(tables, m)
     stated = m is not None or (tables is not None and any(r.world_size is not None for r in tables.ranks))
     entry.flight_recorder = frdump.flight_recorder(run.fr_dumps, entry.world_size,  # issue 30
-                                                   world_stated=stated)
+                                                   world_stated=stated, pickles=run.fr_pickles)
+    entry.caveats += [frdump.pickle_line(p) for p in run.fr_pickles]  # never read: said where seen
     stats = memory.step_stats(step_ns)
     entry.step_time_ns = StepTime(median=stats["median"], p90=stats["p90"], n=stats["n"],
                                   min=min(step_ns, default=None), max=max(step_ns, default=None),

@@ -713,9 +713,14 @@ class FlightRecorderRank(msgspec.Struct, kw_only=True):
     last_enqueued_seq: int
     """The last collective of the group it entered: its newest collective entry (pg_status where that counts collectives alone)."""
     last_completed_seq: int
-    """The last sequence number it completed (gloo: ended, a timed-out collective included)."""
+    """The last sequence number it completed (gloo: ended, unless a member never entered it: then ``failed_seq``)."""
     waiting_in: str | None = None
     """The first collective it entered and had not completed ("all_reduce #8"); None when none."""
+    failed_seq: int | None = None
+    """The collective it entered that ended without completing: gloo retires a failed (e.g.
+    timed-out) collective as it does a completed one, so one a dumped member never entered
+    ended in error on the ranks that ended it (their ``last_completed_seq`` stays below it);
+    None when none is known."""
 
 
 class FlightRecorderMismatch(msgspec.Struct, kw_only=True):
@@ -816,6 +821,9 @@ class FlightRecorder(msgspec.Struct, kw_only=True):
     """How entered, completed and mismatches are decided (analyzer/analyses/flightrec.py)."""
     notes: list[str] = []
     """What the analysis set aside: a group's pg_status that counts point-to-point ops, pg_config ranks no group of the job can hold, dumps without entries."""
+    pickled_ranks: list[int] = []
+    """Ranks whose dump beside the others is in torch's pickle format (``nccl_trace_rank_<r>``):
+    never read; the groups' lines say "its dump is a pickle (not read)" for them, not "no dump"."""
 
 
 RANK_TIMELINES_MAX = 16

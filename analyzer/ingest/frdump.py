@@ -114,6 +114,21 @@ def pickle_dumps(children: list[Path]) -> list[Path]:
     return sorted(p for p in children if _PICKLE_NAME.fullmatch(p.name) and p.is_file() and is_pickle(p))
 
 
+def pickle_rank(path: Path) -> int | None:
+    """The rank a pickled dump's name ends with (``nccl_trace_rank_1`` -> 1; ``_PICKLE_NAME``,
+    as fr_trace's loader takes it), None when it ends with none."""
+    m = _PICKLE_NAME.fullmatch(path.name)
+    return int(m.group(1)) if m else None
+
+
+def pickle_line(path: Path) -> str:
+    """The note and caveat naming a pickled dump found beside traces or JSON dumps (one line):
+    what it is, that it is not read, and how to get the JSON form."""
+    return (f"{path.name}: a Flight Recorder dump in torch's pickle format, not read (never "
+            "unpickled); dump JSON instead: torch._C._distributed_c10d._dump_fr_trace_json() on "
+            "each rank, written as <prefix><rank>.json beside the traces")
+
+
 def pickle_folder_refusal(folder: Path, pickles: list[Path]) -> BadInput:
     """The refusal of a folder whose only inputs are pickled Flight Recorder dumps: it names
     them as such, says they are never unpickled and how to get the JSON form (one line)."""
@@ -213,7 +228,8 @@ def read_dump(path: Path, world_size: int | None = None, notes: list[str] | None
         raise BadInput(path, "bad_run_file", f"not a Flight Recorder JSON dump: {exc}",
                        "pass dumps of torch's _dump_fr_trace_json") from None
     except msgspec.DecodeError as exc:
-        raise BadInput(path, "truncated", f"the Flight Recorder dump is not valid JSON: {exc}") from None
+        raise BadInput(path, "truncated", f"the Flight Recorder dump is not valid JSON: {exc}",
+                       "re-dump it, or move it out of the folder to analyse the rest") from None
     except RecursionError:  # msgspec's bound on nesting (the interpreter's recursion limit)
         raise BadInput(path, "bad_run_file", "not a Flight Recorder JSON dump: nested too deep "
                        "for one (torch's nest a few levels)", "pass dumps of torch's _dump_fr_trace_json"
@@ -242,16 +258,23 @@ def read_dumps(paths: list[Path], world_size: int | None = None, notes: list[str
     return sorted(dumps, key=lambda d: d.rank)
 
 
-def flight_recorder(paths: list[Path], world_size: int | None = None, *, world_stated: bool = True):
+def flight_recorder(paths: list[Path], world_size: int | None = None, *, world_stated: bool = True,
+                    pickles: list[Path] = ()):
     """The report's ``FlightRecorder`` of the dumps at ``paths`` (analyses/flightrec.py), None
-    when there are none. ``world_size``: the job's; ``world_stated``: whether its manifest or
-    a trace states it (then it bounds the dumps' ranks), rather than it being inferred from
-    the traces' ranks (then ``distinfo.MAX_WORLD_SIZE`` does)."""
+    when there are none and no ``pickles``. ``world_size``: the job's; ``world_stated``: whether
+    its manifest or a trace states it (then it bounds the dumps' ranks), rather than it being
+    inferred from the traces' ranks (then ``distinfo.MAX_WORLD_SIZE`` does). ``pickles``: the
+    pickled dumps beside them (``pickle_dumps``), never read: each is named in the notes
+    (``pickle_line``) and its rank, where its name gives one below the bound, is a member
+    whose dump is a pickle rather than one without a dump."""
     from analyzer.analyses import flightrec
 
-    if not paths:
+    if not paths and not pickles:
         return None
     notes: list[str] = []
-    fr = flightrec.analyse(read_dumps(paths, world_size if world_stated else None, notes), world_size)
-    fr.notes += notes
+    most = world_size if world_stated and world_size is not None else distinfo.MAX_WORLD_SIZE
+    pickled = sorted({r for p in pickles if (r := pickle_rank(p)) is not None and r < most})
+    fr = flightrec.analyse(read_dumps(paths, world_size if world_stated else None, notes), world_size,
+                           pickled_ranks=pickled)
+    fr.notes += notes + [pickle_line(p) for p in pickles]
     return fr

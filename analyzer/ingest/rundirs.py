@@ -75,6 +75,10 @@ class RunDir:
     fr_dumps: list[Path] = field(default_factory=list)
     """Flight Recorder JSON dumps beside the traces (``fr_dumps``): a failed record's
     ``rank<r>.flightrec.json``, or FR dumps in a folder of foreign traces."""
+    fr_pickles: list[Path] = field(default_factory=list)
+    """Flight Recorder dumps in torch's pickle format beside the traces / dumps
+    (``frdump.pickle_dumps``: ``nccl_trace_rank_<r>``): never read, named in the run's
+    Flight Recorder notes and caveats."""
 
     @property
     def foreign(self) -> bool:
@@ -189,7 +193,7 @@ def _read(run_dir: Path) -> RunDir:
     traces = trace_files(children, run_dir=True, notes=notes)
     _check_traces_listed(run_dir, manifest, traces)
     return RunDir(path=run_dir, name=manifest.run_name or run_dir.name,
-                  manifest=manifest, traces=traces, notes=notes)
+                  manifest=manifest, traces=traces, notes=notes, fr_pickles=frdump.pickle_dumps(children))
 
 
 def _check_manifest_paths(run_dir: Path, manifest: schemas.Manifest) -> None:
@@ -363,7 +367,8 @@ def find_job(path: Path | str, *, allow_incomplete: bool = False) -> RunDir:
     if hint:
         raise hint
     return RunDir(path=path, name=path.name, manifest=None, incomplete=incomplete, notes=notes,
-                  traces=traces, fr_dumps=fr_dumps(children, run_dir=incomplete))
+                  traces=traces, fr_dumps=fr_dumps(children, run_dir=incomplete),
+                  fr_pickles=frdump.pickle_dumps(children))
 
 
 def _linked_runs(root: Path, children: list[Path], skipped: list[str]) -> list[Path]:
@@ -425,7 +430,7 @@ def _foreign_job(root: Path, children: list[Path], skipped: list[str]) -> Discov
     if traces or dumps:
         return Discovery(root=root, layout="foreign", runs=[RunDir(
             path=root, name=root.name, manifest=None, notes=skipped, traces=traces,
-            fr_dumps=dumps)])
+            fr_dumps=dumps, fr_pickles=frdump.pickle_dumps(children))])
     pickles = frdump.pickle_dumps(children)
     if pickles:  # torch's default FR dumps (nccl_trace_rank_<r>): named, never unpickled
         raise frdump.pickle_folder_refusal(root, pickles)
@@ -471,7 +476,7 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
         return Discovery(root=root, layout="run", runs=[RunDir(
             path=root, name=root.name, manifest=None, incomplete=True, notes=skipped,
             traces=trace_files(children, run_dir=True, notes=skipped),
-            fr_dumps=fr_dumps(children, run_dir=True))])
+            fr_dumps=fr_dumps(children, run_dir=True), fr_pickles=frdump.pickle_dumps(children))])
     children = _linked_runs(root, children, skipped)
     warnings: list[str] = list(skipped)
     runs: list[RunDir] = []
@@ -508,7 +513,8 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
             runs.append(RunDir(path=sub, name=sub.name, manifest=None, incomplete=True,
                                notes=notes, traces=trace_files(sub_children, run_dir=True,
                                                                notes=notes),
-                               fr_dumps=fr_dumps(sub_children, run_dir=True)))
+                               fr_dumps=fr_dumps(sub_children, run_dir=True),
+                               fr_pickles=frdump.pickle_dumps(sub_children)))
         else:
             incomplete.append(sub)
     if incomplete:  # one line naming every incomplete run, before other problems

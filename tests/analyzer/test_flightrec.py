@@ -75,15 +75,18 @@ def test_a_rank_that_never_entered_is_named_with_the_collective(tmp_path):
     assert g.statement == "rank 1 never entered all_reduce #5 of process group 0; ranks 0, 2 waited in it"
 
 
-def test_gloo_counts_the_timed_out_collective_as_completed(tmp_path):
+def test_gloo_s_timed_out_collective_is_failed_not_completed(tmp_path):
     """A real gloo dump after a timeout: the waiting rank's pg_status says #7 completed (it
-    ended, failing) and #8 enqueued; the stuck rank is at #6. Every rank completed #6."""
+    ended, failing) and #8 enqueued; the stuck rank is at #6. Every rank completed #6; #7
+    failed on rank 0 (rank 1 never entered it: it cannot have completed)."""
     ok = [entry(s) for s in range(1, 7)]
     fr = analysed(tmp_path, {0: dump(ok + [entry(7), entry(8, sizes=((9,),))], status={"0": (8, 7)}),
                              1: dump(ok, status={"0": (6, 6)})})
     (g,) = fr.groups
     assert (g.last_completed_seq, g.next_seq, g.never_entered, g.entered) == (6, 7, [1], [0])
-    assert g.statement == "rank 1 never entered all_reduce #7 of process group 0; rank 0 waited in it"
+    assert g.statement == ("rank 1 never entered all_reduce #7 of process group 0; rank 0 waited in it "
+                           "until it failed (timed out, or a peer left)")
+    assert [(x.last_completed_seq, x.failed_seq) for x in g.per_rank] == [(6, 7), (6, None)]
 
 
 def test_size_mismatch_is_found_by_fr_trace_rules(tmp_path):
@@ -147,24 +150,27 @@ def test_groups_apart_membership_from_pg_config_and_a_missing_dump(tmp_path):
     g0, g1 = fr.groups
     assert (g0.pg, g0.ranks, g0.missing_dumps) == ("0", [0, 1, 2], [1])
     assert (g0.verdict, g0.statement) == ("", "")
-    assert g0.summary == "process group 0: ranks 0, 2 completed all_reduce #1; rank 1: no dump (unknown)"
+    assert g0.summary == ("process group 0: ranks 0, 2 ended all_reduce #1 (completed, or failed: gloo records "
+                          "both alike); rank 1: no dump (unknown)")
     assert (g1.pg, g1.desc, g1.ranks, g1.ranks_source, g1.missing_dumps) == ("1", "dp", [0, 2], "pg_config", [])
     assert g1.verdict == "collective_hang"
     assert g1.statement == "rank 2 never entered all_reduce #2 of process group 1; rank 0 waited in it"
 
 
 def test_a_missing_rank_dump_is_never_covered_by_every_rank(tmp_path):
-    """World 2, rank 0's dump only, its last all_reduce #7 completed: rank 1 may be hung in it
-    or never have entered it; the report says rank 0 completed #7 and rank 1 is unknown, in the
-    line and in the table."""
+    """World 2, rank 0's dump only, its last all_reduce #7 ended (gloo: completed or failed):
+    rank 1 may be hung in it or never have entered it; the report says rank 0 ended #7 and
+    rank 1 is unknown, in the line and in the table."""
     folder = gloo_job(tmp_path / "job", ranks=2, n_reduce=20, n_gather=0)
     write_dumps(folder, {0: dump([entry(s) for s in range(1, 8)])}, name="fr_trace_rank_{}.json")
     report = analyse(folder, AnalysisOptions())
     (g,) = report.runs[0].flight_recorder.groups
     assert (g.ranks, g.missing_dumps) == ([0, 1], [1])
-    assert g.summary == "process group 0: rank 0 completed all_reduce #7; rank 1: no dump (unknown)"
+    line = ("process group 0: rank 0 ended all_reduce #7 (completed, or failed: gloo records both alike); "
+            "rank 1: no dump (unknown)")
+    assert g.summary == line
     text = markdown.render(report)
-    assert "- **job: process group 0: rank 0 completed all_reduce #7; rank 1: no dump (unknown)**" in text
+    assert f"- **job: {line}**" in text
     assert "every rank" not in text.split("## Hangs (Flight Recorder)")[1].split("\nRule: ")[0]
     assert "| #7 (1: no dump, unknown) |" in text
 
@@ -194,6 +200,16 @@ def test_reader_refuses_bad_dumps_naming_the_file(tmp_path):
     with pytest.raises(BadInput) as exc:
         frdump.read_dump(bad)
     assert exc.value.reason == "bad_run_file" and str(bad) in str(exc.value)
+
+
+def test_a_truncated_dump_is_refused_with_what_to_do(tmp_path):
+    """A dump cut off mid-write (a rank killed while dumping): the refusal says how to go on."""
+    (p,) = write_dumps(tmp_path, {1: dump([entry(1)])})
+    p.write_bytes(p.read_bytes()[:40])
+    with pytest.raises(BadInput) as exc:
+        frdump.read_dump(p)
+    assert str(exc.value) == (f"{p}: the Flight Recorder dump is not valid JSON: Input data was truncated; "
+                              "re-dump it, or move it out of the folder to analyse the rest")
 
 
 class _Explodes:

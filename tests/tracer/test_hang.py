@@ -82,10 +82,12 @@ def test_hang_record_fails_naming_rank_1_and_the_report_names_the_collective(tmp
     assert rep.returncode == 0, rep.stderr[-3000:]
     line = f"ddp: rank 1 never entered all_reduce #{n} of process group 0; rank 0 waited in it"
     md = (run_dir / "report" / "report.md").read_text()
-    assert f"- **{line}**" in md
+    # rank 0's all_reduce ended in error or not yet, as its dump came before or after gloo
+    # retired it: "... waited in it" or "... waited in it until it failed (...)" (issue 42)
+    assert f"- **{line}" in md
     # the hang is the decision and finding 1 (issue 42)
     head = md.splitlines()
-    assert head[2] == f"**Decision:** No decision: {line.replace(':', ' hung:', 1)} (see Hangs)."
+    assert head[2].startswith(f"**Decision:** No decision: {line.replace(':', ' hung:', 1)}")
     assert next(x for x in head if x.startswith("1. ")).startswith(
         "1. hang (the run does not finish): ddp hung in process group 0 (default_pg)")
     report = json.loads((run_dir / "report" / "report.json").read_text())
