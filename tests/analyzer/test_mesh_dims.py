@@ -444,5 +444,5 @@ def test_decision_lines_say_how_much_of_each_dimension_is_hidden(tmp_path):
     rep = runs.analyse(_copy("nccl_hsdp", tmp_path))
     line = verdict.mesh_hidden_sentence(rep.runs)
     assert line == ("Communication hidden under computation per mesh dimension (1 - exposed / "
-                    "the time its collectives ran): nccl_hsdp replicate 60.0 %, shard 67.4 %.")
+                    "the time its collectives ran): nccl_hsdp: replicate 60.0 %, shard 67.4 %.")
     assert line in markdown.render(rep)

@@ -34,8 +34,8 @@ def test_missing_repeats_of_a_strategy_experiment_are_named(tmp_path):
     _repeats(root, "ddp", 6, [1, 2])
     rep = analyse(root)
     assert not rep.ranking.declared
-    assert rep.ranking.missing == ["arm ddp: 2 of 4 repeats"]
-    assert "Not in this report: arm ddp: 2 of 4 repeats." in details(markdown.render(rep))
+    assert rep.ranking.missing == ["strategy ddp: 2 of 4 repeats"]
+    assert "Not in this report: strategy ddp: 2 of 4 repeats." in details(markdown.render(rep))
     full = tmp_path / "f"  # every repeat here: nothing said
     _repeats(full, "single", 9, [1, 2], repeats=2)
     _repeats(full, "ddp", 6, [1, 2], repeats=2)
