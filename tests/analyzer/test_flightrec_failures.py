@@ -1,4 +1,4 @@
-"""Flight Recorder defects a new user found (issue 42, nu42): a pickled dump beside the JSON
+"""Flight Recorder rules for failed and missing dumps (issue 42): a pickled dump beside the JSON
 ones is named, a gloo collective that failed is not "completed", a hang with one rank's dump
 missing still gets a verdict, a truncated dump says what to do."""
 
