@@ -7,7 +7,7 @@ renderers escape it)."""
 from __future__ import annotations
 
 from analyzer.contract import strategies
-from analyzer.contract.report_types import Report, RunEntry
+from analyzer.contract.report_types import Report, RunEntry, machine_busy
 
 UNALIGNED = ("unresolved", "inconsistent", "unmatched")
 """``RankFigures.clock`` states whose offset is not applied (analyzer/analyses/clock.py)."""
@@ -20,8 +20,7 @@ def _of(some: list[RunEntry], runs: list[RunEntry]) -> str:
 def _busy(runs: list[RunEntry]) -> str | None:
     """Busy (1-minute load >= usable CPUs) or oversubscribed (ranks x threads > usable CPUs)
     records, from the manifest's ``machine`` (tracer/record.py)."""
-    busy = [r for r in runs if (m := r.machine)
-            and (m["oversubscribed"] or m["load_avg"][0] >= m["usable_cpus"])]
+    busy = [r for r in runs if machine_busy(r.machine)]
     if not busy:
         return None
     worst = max(busy, key=lambda r: r.machine["load_avg"][0]).machine

@@ -105,7 +105,7 @@ from analyzer.analyses.pipeline import ideal_bubble_frac
 from analyzer.contract import strategies
 from analyzer.contract.arms import arm_label, name_says_settings
 from analyzer.contract.report_types import (CAUSE_THRESHOLD, FINDING_KINDS, Evidence, Finding,
-                                            Report, RunEntry)
+                                            Report, RunEntry, machine_busy)
 
 MIN_STAKE_FRAC = 0.01
 """straggler, prefetch_late, imbalance: not reported below this share of the step."""
@@ -298,13 +298,13 @@ def _contention(r: _Run) -> tuple[str, list[Evidence]] | None:
     """("4 ranks x 2 threads on 2 CPUs", its evidence) when the run's
     manifest ``machine`` says the record ran on an oversubscribed machine (ranks_on_host x
     threads_per_rank > usable_cpus) or a busy one (1-minute load >= usable_cpus), as
-    analyzer/compare/ranking.py ``busy_machine`` reads it; else None (foreign traces: no
+    ``report_types.machine_busy`` decides it; else None (foreign traces: no
     machine)."""
-    m = r.run.machine or {}
+    if not machine_busy(r.run.machine):
+        return None
+    m = r.run.machine
     cpus, load = m.get("usable_cpus"), (m.get("load_avg") or [None])[0]
     over = bool(m.get("oversubscribed"))
-    if not cpus or not (over or (load is not None and load >= cpus)):
-        return None
     n, t = m.get("ranks_on_host"), m.get("threads_per_rank")
     ev = [r.ev(f"{name} (manifest machine)", m[key], "count", "machine", key)
           for key, name in (("ranks_on_host", "ranks on the host"),

@@ -42,7 +42,7 @@ from typing import Any, Callable
 from analyzer.compare import armdiff, stats
 from analyzer.contract import strategies
 from analyzer.contract.arms import arm_label, pair_labels, same_value
-from analyzer.contract.report_types import Arm, Noise, Pair, Ranking, RunEntry
+from analyzer.contract.report_types import Arm, Noise, Pair, Ranking, RunEntry, machine_busy
 from analyzer.contract.text import one_line
 
 RANKING_RULE = (
@@ -329,8 +329,7 @@ def busy_machine(runs: list[RunEntry]) -> str | None:
     """A note when a run was recorded on a busy or oversubscribed machine (manifest ``machine``):
     its 1-minute load average at the start at or above its usable CPUs, or ranks x threads above
     them. None when no run says so (or none recorded the machine)."""
-    busy = [(r.name, m) for r in runs if (m := r.machine)
-            and (m["oversubscribed"] or m["load_avg"][0] >= m["usable_cpus"])]
+    busy = [(r.name, r.machine) for r in runs if machine_busy(r.machine)]
     if not busy:
         return None
     worst = max(m["load_avg"][0] for _, m in busy)

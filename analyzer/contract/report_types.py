@@ -836,6 +836,15 @@ CAUSE_THRESHOLD = 0.8
 """A cause is named only when it explains at least this share of the effect (TraceML's 80 %)."""
 
 
+def machine_busy(machine: dict | None) -> bool:
+    """The one rule of a busy record (a RunEntry's ``machine``, the manifest's ``Machine`` as a
+    dict): oversubscribed, or its 1-minute load at the start at or above its usable CPUs.
+    False without a machine (foreign traces) or without its figures."""
+    m = machine or {}
+    cpus, load = m.get("usable_cpus"), (m.get("load_avg") or [None])[0]
+    return bool(cpus) and (bool(m.get("oversubscribed")) or (load is not None and load >= cpus))
+
+
 class RunEntry(_Figures, kw_only=True):
     """One run of the report. ``settings``/``options`` are the manifest's (None / {} for
     foreign traces); ``caveats`` say where a figure covers less than the whole run, ``notes``
