@@ -193,7 +193,7 @@ RULE_TABLE = (
 )
 RULES = tuple(r for r, _, _ in RULE_TABLE) + (
     "gpu.nccl_kernel.args", "gpu.nccl_kernel.launch", "gpu.symm_mem_kernel", "gpu.hccl_kernel",
-    "gpu.dispatch_kernel", "cpu.gloo_op.paired", "cpu.main_thread_op")
+    "gpu.dispatch_kernel", "cpu.gloo_op.paired", "cpu.main_thread_op", "cpu.fake_collective")
 _RULE = {r: i for i, r in enumerate(RULES)}
 _PREDICATE = {rule_id: when for rule_id, _, when in RULE_TABLE}
 _OTHER_COMM = ("cpu.symm_mem_op", "cpu.hccl_op", "cpu.dispatch_op")  # not NCCL
@@ -262,8 +262,8 @@ class _Events:
 
 def classify(df: pd.DataFrame, *, world_size: int | None,
              pg_sizes: dict[str, int] | None = None, pg_ranks: dict[str, str] | None = None,
-             pg_descs: dict[str, str] | None = None, path: str = "<trace>"
-             ) -> tuple[pd.DataFrame, dict]:
+             pg_descs: dict[str, str] | None = None, path: str = "<trace>",
+             fake_group: bool = False) -> tuple[pd.DataFrame, dict]:
     """Add role, coll_kind, bytes, pg, rule, step to a decoded event table (analyzer/ingest/decode.py);
     on comm rows, dtype, pg_ranks, pg_desc, peer and group_size are resolved
     (analyzer/ingest/commid.py). Roles and rules: ``RULE_TABLE`` in order, then the rules that
@@ -271,7 +271,9 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
 
     ``pg_sizes``: process group name -> size (``distinfo.DistInfo.sizes``);
     ``pg_ranks``: process group name -> its ranks (``DistInfo.ranks_text``);
-    ``pg_descs``: process group name -> pg_desc (``DistInfo.descs``).
+    ``pg_descs``: process group name -> pg_desc (``DistInfo.descs``);
+    ``fake_group``: the trace's backend is torch's fake process group (``tracer project``:
+    each collective call is its own comm row, ``_fake_collectives``).
     Returns ``(events, info)`` with ``info`` = {device_kind, main_tid, whole_trace_mode,
     steps (``schemas.STEP_WINDOWS_SCHEMA``; analyzer/ingest/steps.py), unlaunched (bool per
     row: device work with no launch in the trace), notes (list of str: classes of events left
@@ -288,6 +290,8 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
         e.rule[rows] = _RULE[rule_id]
         if role is not None:
             e.role[rows] = _ROLE[role]
+    if fake_group:
+        _fake_collectives(e)
     # kinds the table's comm rows say themselves
     e.kind[e.rows("gpu.deep_ep_kernel")] = _KIND["all_to_all"]
     enq, gloo = e.enq, e.rows("cpu.gloo_op")
@@ -320,6 +324,23 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     return out, {"device_kind": device_kind, "main_tid": main_tid,
                  "whole_trace_mode": steps.whole_trace, "steps": steps.table,
                  "unlaunched": steps.unlaunched, "notes": notes}
+
+
+def _fake_collectives(e: _Events) -> None:
+    """cpu.fake_collective: on torch's fake process group (torch/testing/_internal/distributed/
+    fake_pg.py ``FakeProcessGroup``) no transfer op runs (no ``gloo:*`` op, no kernel): each
+    call that launches a collective is its own comm row, the collective itself, of the time the
+    call took (a fake collective completes at once). A call is a ``c10d::*`` op other than a
+    wait, or a ``_c10d_functional::*`` collective (DTensor, tensor parallel) that encloses no
+    ``c10d::*`` call (where it encloses one, that one is the row: a call counted once)."""
+    calls = e.calls()
+    functional = e.rows("cpu.c10d_functional") & ~e.name(lambda u: "wait" in u)
+    call_rows, func_rows = np.flatnonzero(calls), np.flatnonzero(functional)
+    enclosing = commid.ops_enclosing(func_rows, call_rows, e.ts, e.end, e.c_tid)
+    functional[enclosing[enclosing >= 0]] = False
+    rows = calls | functional
+    e.role[rows] = _ROLE["comm"]
+    e.rule[rows] = _RULE["cpu.fake_collective"]
 
 
 def _main_thread_rule(df: pd.DataFrame, e: _Events) -> str | None:

@@ -248,3 +248,27 @@ def test_the_verdict_names_a_difference_before_a_figure_not_measured():
     assert lines(g)[1][-1] == (
         "grade: FAILED -- 1 of 2 exact figures differ, 1 exact figures not measured, first: "
         "calls/step all_reduce world rank 0 (projected 1, measured 2)")
+
+
+@pytest.mark.record
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
+def test_a_projection_grades_equal_against_the_real_run_it_projects(tmp_path, strategy):
+    """``tracer project`` at world 2 beside ``tracer record`` of the same options: every exact
+    figure equal (the analyzer reads the fake group's collective calls, ingest rule
+    cpu.fake_collective), exit 0."""
+    from tests.tracer.helpers import run_tracer
+
+    opts = ["--strategy", strategy, "--nproc", "2", "--hidden", "32", "--layers", "2", "--seq",
+            "16", "--batch", "4", "--optimizer", "adamw", "--out", str(tmp_path)]
+    proc, _ = run_tracer([*opts, "--name", "proj"], cwd=tmp_path,
+                         module=[sys.executable, "-m", "tracer", "project"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc, _ = run_tracer([*opts, "--name", "real"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = runner.invoke(app, ["grade", str(tmp_path / "proj"), str(tmp_path / "real"),
+                              "--format", "json"])
+    assert res.exit_code == 0, res.output
+    figures = json.loads(res.output)["exact"]
+    calls = {f["kind"]: f["measured"] for f in figures if f["figure"] == "calls_per_step"}
+    assert calls == ({"all_gather": 4, "reduce_scatter": 2} if strategy == "fsdp2"
+                     else {"all_reduce": 1})
