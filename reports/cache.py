@@ -63,7 +63,10 @@ def key(root: Path, out: Path, options: AnalysisOptions) -> str:
     leaves the report unchanged: not in the key)."""
     chosen = {"rtol": options.tolerance.rtol, "atol": options.tolerance.atol,
               "allow_incomplete": options.allow_incomplete,
-              "device_memory_bytes": options.device_memory_bytes}
+              "device_memory_bytes": options.device_memory_bytes,
+              # the link model's files by content: a re-measured curve changes the projection
+              "link_model": [[os.path.realpath(p), _sha256(Path(p))] for p in options.link_model],
+              "ranks_per_node": options.ranks_per_node}
     return cache_key(json.dumps({"root": os.path.realpath(root), "out": os.path.realpath(out),
                                  "options": chosen, "files": input_signature(root, out, _SKIP_SUFFIXES)},
                                 sort_keys=True), _MODULES)

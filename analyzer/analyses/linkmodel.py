@@ -390,3 +390,20 @@ def lookup(curves: list[LinkCurve], kind: str, size_bytes: int, group_size: int,
 
 def _binary(kind: str) -> str:
     return next(b for b, k in NCCL_TESTS_KINDS.items() if k == kind) if kind in KINDS else kind
+
+
+def read_link_model(paths: list[Path | str] | tuple[Path | str, ...]) -> list[LinkCurve]:
+    """The curves of every file in ``paths``, in order: the table form (a JSON list, as
+    ``dump_curves`` and the link benchmark write it) or nccl-tests output (``parse_nccl_tests``).
+    Raises ``BadInput``: a file missing or unreadable (``bad_run_file``), not a curve table
+    and not nccl-tests output (``not_nccl_tests``)."""
+    curves: list[LinkCurve] = []
+    for path in paths:
+        p = Path(path)
+        try:
+            head = p.read_bytes()[:64].lstrip()
+        except OSError as exc:
+            raise BadInput(p, "bad_run_file", f"cannot read it ({exc.strerror or exc})",
+                           "pass a link benchmark's JSON or nccl-tests output") from None
+        curves += load_curves(p) if head.startswith(b"[") else parse_nccl_tests(p)
+    return curves

@@ -9,11 +9,12 @@ or could not be measured (``ExitCode.GATE_FAILED``, the gate's "check failed").
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from analyzer.cli import input_path
+from analyzer.cli.report import LINK_MODEL_HELP, RANKS_PER_NODE_HELP
 from analyzer.cli.richout import Format
 
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ GRADE_HELP = (
     "bytes, for each rank the projection holds, stand beside the measured ones and must be "
     "exactly equal. Exit 0 when all are, 3 when one differs or is not measured, 2 for bad "
     "input or a RUN of another configuration (strategy, options, mesh, world size, model, "
-    "batch, precision, training). Step time is not graded: not projected yet.")
+    "batch, precision, training). With --link-model, the projected step time [interval] "
+    "stands beside the RUNs' measured median with the error: an error bar, not a failure.")
 
 _FIGURE = {"calls_per_step": "calls/step", "bytes_per_step": "bytes/step", "bytes": "memory bytes"}
 
@@ -81,8 +83,7 @@ def lines(g: Grade) -> tuple[list[str], list[str]]:
                if g.ranks_not_in_run else "")]
     differ = [f for f in g.figures if f.status == "mismatch"]
     unknown = [f for f in g.figures if f.status == "unknown"]
-    tail = ["step time: not projected yet (timed figures are graded once a projected step "
-            "exists)"]
+    tail = [step_line(g)]
     if not differ and not unknown:
         tail.append(f"grade: passed -- {len(g.figures)} exact figures equal on ranks "
                     f"{ranks_text(g.ranks_compared)}")
@@ -97,6 +98,21 @@ def lines(g: Grade) -> tuple[list[str], list[str]]:
         tail.append(f"grade: FAILED -- {counts}, first: {where} rank {first.rank} (projected "
                     f"{_show(first.projected)}, measured {_show(first.measured)})")
     return head, tail
+
+
+def step_line(g: Grade) -> str:
+    """The step time's line: projected [interval] beside the measured median, or why not."""
+    from analyzer.compare.grade import TIMED
+
+    s = g.step
+    if s is None:
+        return f"step time: {TIMED}"
+    ms = lambda ns: f"{ns / 1e6:,.3g} ms"  # noqa: E731
+    return (f"step time: projected {ms(s.projected_ns)} [{ms(s.low_ns)}, {ms(s.high_ns)}], "
+            f"measured median {ms(s.measured_median_ns)} over {s.measured_steps} profiled "
+            f"steps of {len(g.runs)} run(s): error {s.error:+.1%}, "
+            f"{'inside' if s.inside else 'outside'} the interval (an error bar, not graded "
+            "exactly)")
 
 
 def _print(g: Grade) -> None:
@@ -126,13 +142,18 @@ def register(app, call) -> None:
     @app.command("grade", help=GRADE_HELP)
     def grade_cmd(
         projection: Annotated[Path, typer.Argument(parser=input_path, help="The projection's run directory (tracer project).")],
-        run: Annotated[Path, typer.Argument(parser=input_path, help="The real run's directory, of the same configuration.")],
+        runs: Annotated[list[Path], typer.Argument(parser=input_path, help="The real run's directory, of the same configuration; several: repeats of it (their step times pooled).")],
         fmt: Annotated[Format, typer.Option("--format", help="table or json.")] = Format.table,
+        link_model: Annotated[Optional[list[Path]], typer.Option("--link-model", parser=input_path, help=LINK_MODEL_HELP)] = None,
+        ranks_per_node: Annotated[Optional[int], typer.Option("--ranks-per-node", min=1, help=RANKS_PER_NODE_HELP)] = None,
     ) -> None:
         from analyzer.compare import grade
         from analyzer.contract.errors import ExitCode
+        from analyzer.contract.report_types import AnalysisOptions
 
-        g = call(lambda: grade.grade(projection, run))
+        options = AnalysisOptions(link_model=tuple(str(p) for p in link_model or ()),
+                                  ranks_per_node=ranks_per_node)
+        g = call(lambda: grade.grade(projection, runs, options))
         if fmt == Format.json:
             import json
 

@@ -18,6 +18,13 @@ ALLOW_INCOMPLETE_HELP = (
 DEVICE_MEMORY_HELP = (
     "One device's memory, e.g. 80GiB (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB): the Memory section "
     "says per run whether its largest per-rank peak fits, and with how much to spare.")
+LINK_MODEL_HELP = (
+    "A link model for the runs tracer project wrote: a JSON file of curves (tracer linkbench) "
+    "or nccl-tests output (all_reduce_perf ... as printed); repeat for several. Each projection "
+    "then gets a projected step at its world size (section Projection at N ranks).")
+RANKS_PER_NODE_HELP = (
+    "The target's ranks per node for a projected step: a process group spans nodes by it "
+    "(default: the whole world on one node).")
 SCHEDULER_HELP = (
     "Parse the ranks on this Dask scheduler's workers (tcp://HOST:PORT; default "
     "$DASK_SCHEDULER_ADDRESS; 'local' or unset: the local cores). Workers see the traces at "
@@ -52,6 +59,8 @@ def register(app, run) -> None:
         allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
         device_memory: Annotated[Optional[str], typer.Option("--device-memory", help=DEVICE_MEMORY_HELP)] = None,
         scheduler: Annotated[Optional[str], typer.Option("--scheduler", help=SCHEDULER_HELP)] = None,
+        link_model: Annotated[Optional[list[Path]], typer.Option("--link-model", parser=input_path, help=LINK_MODEL_HELP)] = None,
+        ranks_per_node: Annotated[Optional[int], typer.Option("--ranks-per-node", min=1, help=RANKS_PER_NODE_HELP)] = None,
         tables_out: Annotated[Optional[Path], typer.Option("--tables-out", parser=input_path, help=TABLES_OUT_HELP)] = None,
     ) -> None:
         """Check parity, attribute time and memory, compare and rank; print report.md."""
@@ -66,7 +75,9 @@ def register(app, run) -> None:
                                              tolerance=ToleranceOverride(rtol=rtol, atol=atol),
                                              allow_incomplete=allow_incomplete,
                                              device_memory_bytes=None if device_memory is None
-                                             else parse_bytes(device_memory)),
+                                             else parse_bytes(device_memory),
+                                             link_model=tuple(str(p) for p in link_model or ()),
+                                             ranks_per_node=ranks_per_node),
                                          scheduler=scheduler_address(scheduler),
                                          tables_out=tables_out))
         from analyzer.cli import richout

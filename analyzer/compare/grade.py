@@ -31,8 +31,17 @@ profiled steps; those absent from RUN are named, not compared):
 
 A figure is ``equal``, a ``mismatch`` (a bug in the projection or the record, never an error
 bar), or ``unknown`` (a side did not measure it: no categories file, bytes not in the trace).
-The grade passes only when every figure is equal. Step time and every other timed figure are
-not graded: no projected step exists yet (Deliver 3).
+The grade passes only when every figure is equal.
+
+Several RUNs (repeats of one configuration, ``tracer record --repeat``): each is checked for
+the configuration and its exact figures against the projection's (a figure is equal only when
+every RUN's is); their profiled step times are pooled for the measured median.
+
+Step time, with a link model (``AnalysisOptions.link_model``): the projected step
+(analyzer/compare/projection.py, ``RunEntry.projected_step``) beside the RUNs' measured median
+(steps.parquet's profiled steps, slowest rank's wall time, as ``runs[].step_time_ns``): the
+relative error (projected - measured) / measured and whether the median lies inside the
+projected interval. An error bar, not a failure: it does not change the exit code.
 """
 
 from __future__ import annotations
@@ -55,8 +64,28 @@ CONFIGURATION = ("strategy", "strategy_options", "mesh", "world_size", "fault", 
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state")
 """memory_categories.parquet's categories graded exactly: what sharding arithmetic predicts."""
 
-TIMED = "not projected yet"
-"""What grading says of step time until a projected step exists (issue 44, Deliver 3)."""
+TIMED = "not projected: pass --link-model"
+"""What grading says of step time without a link model."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepGrade:
+    """The projected step beside the measured one (module docstring); ns."""
+
+    projected_ns: int
+    low_ns: int
+    high_ns: int
+    measured_median_ns: int
+    measured_steps: int
+
+    @property
+    def error(self) -> float:
+        """(projected - measured) / measured."""
+        return (self.projected_ns - self.measured_median_ns) / self.measured_median_ns
+
+    @property
+    def inside(self) -> bool:
+        return self.low_ns <= self.measured_median_ns <= self.high_ns
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +122,10 @@ class Grade:
     ranks_compared: list[int]
     ranks_not_in_run: list[int]
     figures: list[Figure] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+    """Every RUN graded (``run`` is the first)."""
+    step: StepGrade | None = None
+    """None without a link model (``TIMED``) or without measured steps."""
 
     @property
     def ok(self) -> bool:
@@ -196,9 +229,11 @@ def rank_memory(entry: RunEntry) -> dict[int, dict[str, int]]:
     return out
 
 
-def _measure(run, options: AnalysisOptions) -> tuple[dict, dict, list[int]]:
-    """(``rank_collectives``, ``rank_memory``, ranks with traces) of ``run``, from one load of
-    its traces (``pipeline.load_run``, cached) and the report's summary of it."""
+def _measure(run, options: AnalysisOptions) -> tuple[dict, dict, list[int], RunEntry]:
+    """(``rank_collectives``, ``rank_memory``, ranks with traces, the report's entry) of
+    ``run``, from one load of its traces (``pipeline.load_run``, cached) and the report's
+    summary of it (with ``options.link_model``, a projection's entry holds its projected
+    step)."""
     from analyzer.compare import runs
     from analyzer.ingest import pipeline
 
@@ -209,7 +244,7 @@ def _measure(run, options: AnalysisOptions) -> tuple[dict, dict, list[int]]:
         entry = runs.summarize_run(run, tables, options)
         coll = rank_collectives(tables)
         traced = sorted(rt.rank for rt in tables.ranks if not rt.empty)
-    return coll, rank_memory(entry), traced
+    return coll, rank_memory(entry), traced, entry
 
 
 def _figures(rank: int, proj: tuple[dict, dict], real: tuple[dict, dict]) -> list[Figure]:
@@ -231,32 +266,58 @@ def _figures(rank: int, proj: tuple[dict, dict], real: tuple[dict, dict]) -> lis
     return out
 
 
-def grade(projection: Path, run: Path, options: AnalysisOptions = AnalysisOptions()) -> Grade:
-    """Grade ``projection`` against ``run`` (module docstring). Raises ``BadInput``: either is
-    not one run directory with a manifest, they are of another configuration (one line naming
-    each difference, checked before any trace is read), have no trace, or share no rank."""
-    p_run, r_run = _one_run(projection, "PROJECTION"), _one_run(run, "RUN")
-    if diffs := configuration_differences(p_run, r_run, (str(projection), str(run))):
-        raise BadInput(run, "other_configuration",
-                       f"not the configuration of {projection}, so its figures do not grade "
-                       f"the projection: {'; '.join(diffs)}",
-                       "grade a run recorded with the projection's strategy, options, mesh, "
-                       "world size, model, batch, precision and training setup")
-    p_coll, p_mem, p_ranks = _measure(p_run, options)
-    r_coll, r_mem, r_ranks = _measure(r_run, options)
+def grade(projection: Path, run: Path | list[Path],
+          options: AnalysisOptions = AnalysisOptions()) -> Grade:
+    """Grade ``projection`` against ``run`` (one run directory, or several: repeats of one
+    configuration; module docstring). Raises ``BadInput``: an input is not one run directory
+    with a manifest, a RUN is of another configuration (one line naming each difference,
+    checked before any trace is read), has no trace, or shares no rank; with a link model,
+    what the projected step raises (no link curve for a group span)."""
+    paths = [run] if isinstance(run, (str, Path)) else list(run)
+    p_run = _one_run(projection, "PROJECTION")
+    r_runs = [_one_run(p, "RUN") for p in paths]
+    for path, r_run in zip(paths, r_runs):
+        if diffs := configuration_differences(p_run, r_run, (str(projection), str(path))):
+            raise BadInput(path, "other_configuration",
+                           f"not the configuration of {projection}, so its figures do not "
+                           f"grade the projection: {'; '.join(diffs)}",
+                           "grade a run recorded with the projection's strategy, options, mesh, "
+                           "world size, model, batch, precision and training setup")
+    p_coll, p_mem, p_ranks, p_entry = _measure(p_run, options)
+    measured = [_measure(r, AnalysisOptions(jobs=options.jobs)) for r in r_runs]
+    r_ranks = sorted(set.intersection(*(set(m[2]) for m in measured)))
     compared = [r for r in p_ranks if r in r_ranks]
     if not compared:
-        raise BadInput(run, "bad_option", f"holds none of the projected ranks "
+        raise BadInput(paths[0], "bad_option", f"holds none of the projected ranks "
                        f"({', '.join(map(str, p_ranks))})",
                        "grade a run whose traces include the ranks the projection ran")
     info = projection_info(p_run)
     world = info.get("world_size") if info and isinstance(info.get("world_size"), int) else (
         p_run.manifest.world_size)
-    g = Grade(projection=str(projection), run=str(run), projection_info=info, world_size=world,
-              ranks_compared=compared, ranks_not_in_run=[r for r in p_ranks if r not in r_ranks])
+    g = Grade(projection=str(projection), run=str(paths[0]), projection_info=info,
+              world_size=world, ranks_compared=compared,
+              ranks_not_in_run=[r for r in p_ranks if r not in r_ranks],
+              runs=[str(p) for p in paths])
     for rank in compared:
-        g.figures += _figures(rank, (p_coll, p_mem), (r_coll, r_mem))
+        per_run = [_figures(rank, (p_coll, p_mem), (m[0], m[1])) for m in measured]
+        # one figure per row: the first RUN whose figure is not equal, else the first's
+        g.figures += [next((f for f in fs if f.status != "equal"), fs[0])
+                      for fs in zip(*per_run)]
+    g.step = _step_grade(p_entry, [m[3] for m in measured])
     return g
+
+
+def _step_grade(projection: RunEntry, runs: list[RunEntry]) -> StepGrade | None:
+    """The projected step beside the RUNs' pooled profiled step times (module docstring)."""
+    import statistics
+
+    ps = projection.projected_step
+    values = [v for r in runs for v in r.step_time_ns.values_ns]
+    if ps is None or not values:
+        return None
+    return StepGrade(projected_ns=ps.step_ns, low_ns=ps.low_ns, high_ns=ps.high_ns,
+                     measured_median_ns=round(statistics.median(values)),
+                     measured_steps=len(values))
 
 
 def number(v: Fraction | None) -> int | float | None:
@@ -276,6 +337,12 @@ def to_json(g: Grade) -> dict[str, Any]:
         "exact": [{"figure": f.figure, "kind": f.kind, "mesh_dim": f.mesh_dim, "rank": f.rank,
                    "projected": number(f.projected), "measured": number(f.measured),
                    "status": f.status} for f in g.figures],
-        "timed": {"step_time_ns": TIMED},
+        "runs": g.runs,
+        "step": None if g.step is None else {
+            "projected_ns": g.step.projected_ns, "low_ns": g.step.low_ns,
+            "high_ns": g.step.high_ns, "measured_median_ns": g.step.measured_median_ns,
+            "measured_steps": g.step.measured_steps, "error": g.step.error,
+            "inside": g.step.inside},
+        "timed": {"step_time_ns": "graded" if g.step is not None else TIMED},
         "ok": g.ok,
     }

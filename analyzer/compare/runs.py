@@ -406,6 +406,12 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
     entry.flight_recorder = frdump.flight_recorder(run.fr_dumps, entry.world_size,  # issue 30
                                                    world_stated=stated, pickles=run.fr_pickles)
     entry.caveats += [frdump.pickle_line(p) for p in run.fr_pickles]  # never read: said where seen
+    if m is not None and m.projection is not None and options.link_model and tables is not None:
+        from analyzer.analyses.linkmodel import read_link_model
+        from analyzer.compare.projection import projected_step
+
+        entry.projected_step = projected_step(run, tables, read_link_model(options.link_model),
+                                              ranks_per_node=options.ranks_per_node)
     stats = memory.step_stats(step_ns)
     entry.step_time_ns = StepTime(median=stats["median"], p90=stats["p90"], n=stats["n"],
                                   min=min(step_ns, default=None), max=max(step_ns, default=None),

@@ -73,6 +73,12 @@ class AnalysisOptions:
     """Processes parsing ranks (None: one per CPU, at most one per file)."""
     device_memory_bytes: int | None = None
     """``--device-memory``: one device's memory, for the fits / does not fit line (None: no line)."""
+    link_model: tuple[str, ...] = ()
+    """``--link-model``: link model files (the link benchmark's JSON, nccl-tests output) for a
+    projection's step (analyzer/compare/projection.py); () none: no projected step."""
+    ranks_per_node: int | None = None
+    """``--ranks-per-node``: the target's ranks per node for a projected step (None: the whole
+    world on one node)."""
 
     def __post_init__(self) -> None:
         if self.jobs is not None and self.jobs < 1:
@@ -845,6 +851,43 @@ def machine_busy(machine: dict | None) -> bool:
     return bool(cpus) and (bool(m.get("oversubscribed")) or (load is not None and load >= cpus))
 
 
+class ProjectedStep(_Figures, kw_only=True):
+    """A projection's training step at world ``world_size`` (analyzer/compare/projection.py):
+    the roles' compute and collective calls replayed with each call's time on the link model
+    (analyzer/analyses/projstep.py). Times in ns."""
+
+    world_size: int
+    """The projected world N."""
+    steps: int
+    """Profiled steps of the projection replayed."""
+    step_ns: int
+    """Median over those steps of the replayed step (the slowest role's)."""
+    low_ns: int
+    """The interval's low end: the fastest step replayed with each link time's low."""
+    high_ns: int
+    """Its high end: the slowest step replayed with each link time's high."""
+    compute_ns: int
+    """The median step's compute (the slowest role's, x ``compute_scale``)."""
+    comm_ns: int
+    """Link time of the median step's calls of the slowest role, overlapped or not."""
+    exposed_comm_ns: int
+    """Its part under no compute: step_ns - compute_ns of the median step."""
+    exposed_by_dim_ns: dict[str, int] = {}
+    """Exposed communication per mesh dimension ("world" where the group is the world)."""
+    tokens_per_s_per_device: float | None = None
+    """global batch x sequence length / step / world size; None for inputs without a sequence."""
+    overlap: str = ""
+    """The overlap rule the replay applied."""
+    compute_scale: float = 1.0
+    """What the compute was multiplied by (CPU ranks sharing cores), 1 where not."""
+    link_sources: list[str] = []
+    """The link curves' sources."""
+    outside_sizes: list[str] = []
+    """Calls (kind, bytes) outside a curve's measured sizes: flagged, not extrapolated silently."""
+    assumptions: list[str] = []
+    """What the projection assumes beyond what it measured, one line each."""
+
+
 class RunEntry(_Figures, kw_only=True):
     """One run of the report. ``settings``/``options`` are the manifest's (None / {} for
     foreign traces); ``caveats`` say where a figure covers less than the whole run, ``notes``
@@ -913,6 +956,10 @@ class RunEntry(_Figures, kw_only=True):
     """Issue 44: the manifest's ``projection`` of a ``tracer project`` run (world_size, roles_run,
     device, fake_process_group): its ranks are the roles run at that world size on torch's fake
     process group; None for a record or foreign traces."""
+    projected_step: ProjectedStep | None = None
+    """Issue 44 Deliver 3: a projection's step at its world size from the link model
+    (``--link-model``; analyzer/compare/projection.py); None for a record, or without a link
+    model."""
 
     @property
     def arm(self) -> str:

@@ -84,7 +84,7 @@ def test_grade_of_an_equal_projection_prints_exact_rows_and_exits_0(tmp_path):
         "memory bytes optimizer_state - 0 0 0 equal",
     ]
     assert res.output.splitlines()[-2:] == [
-        "step time: not projected yet (timed figures are graded once a projected step exists)",
+        "step time: not projected: pass --link-model",
         "grade: passed -- 7 exact figures equal on ranks 0"]
 
 
@@ -95,7 +95,8 @@ def test_grade_json_holds_every_figure_of_every_rank_exactly(tmp_path):
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)
     assert got["ok"] is True and got["ranks_compared"] == [0, 1] and got["world_size"] == 2
-    assert got["projection_info"] is None and got["timed"] == {"step_time_ns": "not projected yet"}
+    assert got["projection_info"] is None and got["timed"] == {"step_time_ns": "not projected: pass --link-model"}
+    assert got["step"] is None and got["runs"] == [str(real)]
     rows = {(x["figure"], x["kind"], x["mesh_dim"], x["rank"]): (x["projected"], x["measured"],
                                                                  x["status"])
             for x in got["exact"]}
@@ -272,3 +273,67 @@ def test_a_projection_grades_equal_against_the_real_run_it_projects(tmp_path, st
     calls = {f["kind"]: f["measured"] for f in figures if f["figure"] == "calls_per_step"}
     assert calls == ({"all_gather": 4, "reduce_scatter": 2} if strategy == "fsdp2"
                      else {"all_reduce": 1})
+
+
+def _flat_curves(tmp_path: Path, time_ns: int, kinds=("all_gather", "reduce_scatter")) -> Path:
+    """A link model whose every call of ``kinds`` on 2 ranks takes ``time_ns`` (1 KiB..1 MiB,
+    low half, high double)."""
+    curves = [{"source": "hand-built", "kind": k, "group_size": 2, "nodes": 1, "dtype": "float32",
+               "rows": [{"bytes": 1024, "time_ns": time_ns}, {"bytes": 1 << 20, "time_ns": time_ns}]}
+              for k in kinds]
+    path = tmp_path / "link.json"
+    path.write_text(json.dumps(curves), encoding="utf-8")
+    return path
+
+
+def test_the_projected_step_is_the_compute_plus_each_calls_link_time_on_cpu(tmp_path):
+    """fsdp2's rank 0 as a projection at world 2, every call 1 ms on the link: on CPU (gloo, no
+    overlap) each step replays as its window less its calls' own time plus 6 x 1 ms; the
+    median over the steps, computed here a second way from the ingest's tables."""
+    import statistics
+
+    from analyzer.api import load_tables
+
+    proj = _projection_of_rank0(tmp_path, "fsdp2")
+    real = _copy(tmp_path, "fsdp2", "real")
+    res = _grade(proj, real, "--format", "json", "--link-model", _flat_curves(tmp_path, 1_000_000))
+    assert res.exit_code == 0, res.output
+    step = json.loads(res.output)["step"]
+    t = load_tables(proj)
+    bd, c = t.breakdown, t.collectives
+    want = [int(b.step_ns) - int(c.loc[c["step"] == b.step, "dur_ns"].sum()) + 6_000_000
+            for b in bd.itertuples()]
+    assert step["projected_ns"] == round(statistics.median(want))
+    assert step["low_ns"] == min(want) and step["high_ns"] == max(want)
+    measured = json.loads((real / "manifest.json").read_text())  # steps.parquet's, second way
+    from analyzer.analyses.memory import read_steps, step_times
+
+    st = step_times(read_steps(real / "steps.parquet"))
+    assert step["measured_median_ns"] == round(statistics.median(st.loc[st["profiled"], "step_ns"]))
+    assert step["error"] == (step["projected_ns"] - step["measured_median_ns"]) / step["measured_median_ns"]
+    assert step["inside"] == (step["low_ns"] <= step["measured_median_ns"] <= step["high_ns"])
+    assert measured["strategy"] == "fsdp2"
+
+
+def test_a_kind_without_a_link_curve_is_refused_in_one_line_with_exit_2(tmp_path):
+    proj = _projection_of_rank0(tmp_path, "fsdp2")
+    real = _copy(tmp_path, "fsdp2", "real")
+    res = _grade(proj, real, "--link-model", _flat_curves(tmp_path, 1000, kinds=("all_gather",)))
+    assert res.exit_code == 2
+    assert "no link curve measured on this group span (curves of reduce_scatter: none)" in res.output
+
+
+def test_several_runs_pool_their_step_times_and_each_is_graded(tmp_path):
+    proj = _projection_of_rank0(tmp_path, "fsdp2")
+    a, b = _copy(tmp_path, "fsdp2", "a"), _copy(tmp_path, "fsdp2", "b")
+    res = _grade(proj, a, b, "--format", "json", "--link-model", _flat_curves(tmp_path, 1000))
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert got["runs"] == [str(a), str(b)]
+    from analyzer.analyses.memory import read_steps, step_times
+
+    one = int(step_times(read_steps(a / "steps.parquet"))["profiled"].sum())
+    assert one >= 1 and got["step"]["measured_steps"] == 2 * one  # the same steps, twice
+    other = _copy(tmp_path, "ddp", "other")
+    res = _grade(proj, a, other)
+    assert res.exit_code == 2 and f"{other}: not the configuration of {proj}" in res.output

@@ -1,0 +1,201 @@
+"""A projection's step at world N (issue 44, Deliver 3): the roles' compute and collective calls
+from their traces, each call's time from the link model, replayed (analyzer/analyses/projstep.py).
+
+From a ``tracer project`` run directory's tables (one trace per role, ``Projection.roles_run``),
+per profiled step of each role:
+
+- compute: the step's window (``breakdown.step_ns``) less the time of its fake calls (a fake
+  collective completes at once, but its call still takes host time: the link time replaces it);
+- calls: the step's collectives (ingest rule ``cpu.fake_collective``) in issue order, each with
+  its kind, bytes, process group, the group's global ranks (``pg_ranks``; the world when the
+  trace does not say), its mesh dimension (``meshdims.with_dims``) and its peer;
+- where each call is needed (``need_ns``, the overlap rule, named in ``ProjectedStep.overlap``):
+  on CPU (gloo) every call where it is issued: the analyzer measures no overlap in gloo records
+  (docs/method.md), so none is projected; on CUDA (NCCL) an FSDP all_gather where its unit
+  needs it (the prefetch table's ``need_ns``: ``FSDP::all_gather_copy_out``, torch's
+  wait_for_unshard), a reduce_scatter or all_reduce on a data-parallel dimension at the end of
+  the step's compute (the gradient reduction runs under backward and the optimizer needs it),
+  any other call where it is issued.
+
+Each call's link time: ``linkmodel.lookup`` of its kind, bytes, group size and node span (the
+group's ranks over ``ranks_per_node``, default: the whole world on one node, said in the
+assumptions); a size outside a curve's measured sizes is flagged and counted, a span no curve
+has refused (``BadInput`` no_link_curve). Ranks that share a CPU's cores (CPU only): each
+compute stretch x (ranks per node x threads per rank / usable CPUs) when above 1, from the
+projection's manifest ``machine`` (the machine it ran on stands for the target's).
+
+The step: the median over the profiled steps of the replayed step; its interval: from the
+fastest step replayed with each link row's low time to the slowest with its high time
+(``linkmodel.LinkTime.low_ns`` / ``high_ns`` where the curve has a spread, else its time).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pandas as pd
+from typing import TYPE_CHECKING
+
+from analyzer.analyses import linkmodel, meshdims
+from analyzer.analyses.projstep import Call, Role, replay
+from analyzer.contract.errors import BadInput
+from analyzer.contract.report_types import ProjectedStep
+
+if TYPE_CHECKING:
+    from analyzer.ingest.rundirs import RunDir
+
+DATA_PARALLEL_DIMS = ("world", "shard", "replicate", "dp")
+"""Mesh dimensions whose reduce_scatter / all_reduce reduce gradients (needed by the optimizer,
+issued under backward); a tensor-parallel dimension's are needed at once."""
+
+
+def _ranks(text: str, world: int) -> tuple[int, ...]:
+    try:
+        got = json.loads(text) if text else None
+    except ValueError:
+        got = None
+    return tuple(int(r) for r in got) if isinstance(got, list) and got else tuple(range(world))
+
+
+def _steps_of_role(rank: int, bd, coll, prefetch, world: int, nccl: bool
+                   ) -> dict[int, Role]:
+    """The rank's profiled steps as ``Role``s (module docstring), keyed by step number. Raises
+    ``BadInput`` for a call whose bytes the trace does not give."""
+    out = {}
+    for row in bd[bd["rank"] == rank].itertuples(index=False):
+        step, start = int(row.step), int(row.step_start_ns)
+        calls = coll[(coll["rank"] == rank) & (coll["step"] == step)].sort_values("start_ns")
+        pf = prefetch[(prefetch["rank"] == rank) & (prefetch["step"] == step)] \
+            if nccl and len(prefetch) else prefetch.iloc[0:0]
+        needs = sorted((int(i), int(n)) for i, n in zip(pf["issued_ns"], pf["need_ns"])
+                       if pd.notna(i) and pd.notna(n))
+        spent = 0  # fake calls' own time so far: taken out of the compute clock
+        made: list[Call] = []
+        spans: list[tuple[int, int]] = []  # (start, dur) of the calls, absolute ns
+        for c in calls.itertuples(index=False):
+            if int(c.bytes) < 0:
+                raise BadInput(f"rank{rank} step {step}", "no_link_curve",
+                               f"a {c.kind} call of process group {c.pg or '?'} has no bytes in "
+                               "the trace: its link time cannot be looked up",
+                               "project with tracer project, whose traces carry every call's bytes")
+            issue = int(c.start_ns) - start - spent
+            spans.append((int(c.start_ns), int(c.dur_ns)))
+            spent += int(c.dur_ns)
+            peer = int(c.peer)
+            group = (tuple(sorted({rank, peer})) if c.kind == "send_recv" and peer >= 0
+                     else _ranks(str(c.pg_ranks), world))  # a send / recv: the pair
+            made.append(Call(kind=str(c.kind), pg=str(c.pg), group=group,
+                             nbytes=int(c.bytes), issue_ns=issue, need_ns=issue,
+                             dim=str(c.mesh_dim), peer=peer))
+        compute = int(row.step_ns) - spent
+        if nccl:
+            made = [_nccl_need(c, compute, spans[i][0], needs, start, spans)
+                    for i, c in enumerate(made)]
+        out[step] = Role(rank=rank, compute_ns=compute, calls=tuple(made))
+    return out
+
+
+def _nccl_need(c: Call, compute: float, start_abs: int, needs: list[tuple[int, int]],
+               step_start: int,
+               spans: list[tuple[int, int]]) -> Call:
+    """``c`` with its need on NCCL (module docstring); ``spans``: (start, dur) of the step's
+    calls, absolute ns."""
+    from dataclasses import replace
+
+    if c.kind == "all_gather":
+        # its FSDP unit's row: the last all_gather issued (the FSDP::all_gather range that
+        # encloses the call) at or before the call
+        unit = [n for i, n in needs if i <= start_abs]
+        if unit:
+            need = unit[-1]
+            # the compute clock at the need: its time less the calls' own time before it
+            spent = sum(min(d, max(0, need - s)) for s, d in spans)
+            return replace(c, need_ns=max(c.issue_ns, need - step_start - spent))
+    if c.kind in ("reduce_scatter", "all_reduce") and c.dim in DATA_PARALLEL_DIMS:
+        return replace(c, need_ns=max(c.issue_ns, compute))
+    return c
+
+
+def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
+                   ranks_per_node: int | None = None) -> ProjectedStep:
+    """The projected step of projection ``run`` (its manifest has ``projection``) from its
+    ``tables`` (``ingest.load_run``) and the link ``curves`` (module docstring). Raises
+    ``BadInput``: no link curve for a group span, a call without bytes, roles that do not
+    match."""
+    m = run.manifest
+    proj = m.projection
+    world = proj.world_size
+    nccl = proj.device == "cuda"
+    rpn = min(ranks_per_node or world, world)
+    parts = tables.collectives
+    parts = meshdims.with_dims(parts, world, m.mesh)
+    bd, prefetch = tables.breakdown, tables.prefetch
+    roles = {rt.rank: _steps_of_role(rt.rank, bd, parts, prefetch, world, nccl)
+             for rt in tables.ranks}
+    steps = sorted(set.intersection(*(set(s) for s in roles.values()))) if roles else []
+    if not steps:
+        raise BadInput(run.path, "not_a_trace", "the projection's roles share no profiled step",
+                       "project again: each role's trace holds the profiled steps")
+    scale, assumptions = _compute_scale(m, rpn, nccl)
+    role_ranks = sorted(roles)
+    role_of = _role_of(m, role_ranks)
+
+    def link(which: str):
+        def time_of(c: Call) -> tuple[float, str]:
+            nodes = len({r // rpn for r in c.group})
+            lt = linkmodel.lookup(curves, c.kind, c.nbytes, len(c.group), nodes)
+            t = getattr(lt, which, None) if which != "time_ns" else lt.time_ns
+            return float(lt.time_ns if t is None else t), lt.outside
+        return time_of
+
+    mid = [replay([roles[r][s] for r in role_ranks], role_of, link("time_ns"),
+                  compute_scale=scale) for s in steps]
+    low = [replay([roles[r][s] for r in role_ranks], role_of, link("low_ns"),
+                  compute_scale=scale).step_ns for s in steps]
+    high = [replay([roles[r][s] for r in role_ranks], role_of, link("high_ns"),
+                   compute_scale=scale).step_ns for s in steps]
+    step_ns = statistics.median(r.step_ns for r in mid)
+    middle = min(mid, key=lambda r: abs(r.step_ns - step_ns))
+    tokens = m.batch.global_batch * m.batch.seq_len if m.batch.seq_len > 0 else None
+    sources = sorted({c.source for c in curves})
+    assumptions = [f"{rpn} ranks per node ({'--ranks-per-node' if ranks_per_node else 'the whole world on one node: --ranks-per-node to change'})",
+                   *assumptions]
+    flagged = sorted({f"{k} {b:,} bytes" for r in mid for k, b in r.outside})
+    return ProjectedStep(
+        world_size=world, steps=len(steps), step_ns=round(step_ns), low_ns=round(min(low)),
+        high_ns=round(max(high)), compute_ns=round(statistics.median(
+            max(roles[r][s].compute_ns for r in role_ranks) for s in steps) * scale),
+        comm_ns=round(middle.comm_ns), exposed_comm_ns=round(middle.exposed_ns),
+        exposed_by_dim_ns={k: round(v) for k, v in sorted(middle.exposed_by_dim_ns.items())},
+        tokens_per_s_per_device=None if tokens is None or step_ns <= 0
+        else tokens / (step_ns / 1e9) / world,
+        overlap=("as the trace's order allows (NCCL): FSDP all_gathers where their unit needs "
+                 "them, gradient reductions by the end of the step's compute" if nccl else
+                 "none (gloo on CPU, as measured: every collective exposed)"),
+        compute_scale=scale, link_sources=sources, outside_sizes=flagged,
+        assumptions=assumptions)
+
+
+def _compute_scale(m, rpn: int, nccl: bool) -> tuple[float, list[str]]:
+    """(compute multiplier, its assumption lines): CPU ranks sharing cores (module docstring)."""
+    if nccl or m.machine is None:
+        return 1.0, ["one device per rank: compute as measured on this device" if nccl else
+                     "compute as measured in this one process (no machine facts in the manifest)"]
+    threads, cpus = m.machine.threads_per_rank, max(m.machine.usable_cpus, 1)
+    scale = max(1.0, rpn * threads / cpus)
+    return scale, [f"compute x {scale:g}: {rpn} ranks of {threads} thread(s) share this "
+                   f"machine's {cpus} usable CPUs" if scale > 1 else
+                   f"compute as measured: {rpn} ranks of {threads} thread(s) fit this machine's "
+                   f"{cpus} usable CPUs"]
+
+
+def _role_of(m, role_ranks: list[int]):
+    """Global rank -> the role rank it plays: flat strategies and hsdp one role (rank 0's);
+    a mesh whose roles are its last dimension's first members (fsdp2_tp ranks 0..T-1, pp
+    stages 0..P-1: rank = dp x P + index, ``schemas.Mesh`` row-major)."""
+    if len(role_ranks) == 1:
+        only = role_ranks[0]
+        return lambda rank: only
+    width = len(role_ranks)
+    return lambda rank: role_ranks[rank % width]
