@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from analyzer.analyses import linkmodel, meshdims
 from analyzer.analyses.projstep import Call, Role, replay
 from analyzer.contract.errors import BadInput
-from analyzer.contract.report_types import ProjectedStep
+from analyzer.contract.report_types import ProjectedStep, ProjectionRow, RunEntry
 
 if TYPE_CHECKING:
     from analyzer.ingest.rundirs import RunDir
@@ -199,3 +199,38 @@ def _role_of(m, role_ranks: list[int]):
         return lambda rank: only
     width = len(role_ranks)
     return lambda rank: role_ranks[rank % width]
+
+
+STATE = ("parameters", "gradients", "optimizer_state")
+
+
+def projection_rows(runs: list[RunEntry]) -> list[ProjectionRow]:
+    """The report's projections with a projected step (issue 44, Deliver 3): each verified by
+    the first run of the report with the same strategy and strategy options whose parity
+    passed (a small-scale run of the configuration: a projection moves no data, so its own
+    numerics are never checked), else "numerics not verified" and not ranked; ranked by
+    projected step among the verified, fastest first, then the unverified in that order."""
+    passed = [r for r in runs if r.projection is None and r.parity.status == "pass"]
+    rows = []
+    for r in runs:
+        ps = r.projected_step
+        if ps is None:
+            continue
+        by = next((p.name for p in passed if p.strategy == r.strategy and p.options == r.options),
+                  None)
+        state = {}
+        for c in r.memory.by_category:
+            if c.category in STATE:
+                state.setdefault(c.rank, 0)
+                state[c.rank] += int(c.bytes)
+        rows.append(ProjectionRow(
+            run=r.name, strategy=r.strategy, world_size=ps.world_size, step_ns=ps.step_ns,
+            low_ns=ps.low_ns, high_ns=ps.high_ns,
+            tokens_per_s_per_device=ps.tokens_per_s_per_device,
+            exposed_comm_ns=ps.exposed_comm_ns, state_bytes=max(state.values(), default=None),
+            peak_bytes=r.memory.peak_allocated_bytes,
+            fits=None if r.memory.fit is None else r.memory.fit.fits, verified_by=by))
+    rows.sort(key=lambda x: (x.verified_by is None, x.step_ns))
+    for i, x in enumerate(x for x in rows if x.verified_by is not None):
+        x.rank = i + 1
+    return rows

@@ -447,6 +447,8 @@ def _summarized(run: rundirs.RunDir, options: AnalysisOptions) -> RunEntry:
 
 
 def _report(found: rundirs.Discovery, runs: list[RunEntry]) -> Report:
+    from analyzer.compare.projection import projection_rows
+
     for r, s in zip(runs, ranking.speedups(runs)):
         r.speedup_vs_single = s
     report = Report(root=str(found.root), layout=found.layout, runs=runs,
@@ -456,6 +458,7 @@ def _report(found: rundirs.Discovery, runs: list[RunEntry]) -> Report:
                     baseline_drift=drift.report_section(runs),
                     warnings=found.warnings + [f"{r.name}: {n}" for r in runs
                                                for n in r.caveats + r.notes])
+    report.projections = projection_rows(runs)
     report.findings = findings.findings(report)
     return report
 

@@ -1144,6 +1144,36 @@ class BaselineDrift(msgspec.Struct, kw_only=True):
     note: str
 
 
+class ProjectionRow(_Figures, kw_only=True):
+    """One projection of the report's "Projection at N ranks" section (issue 44): its projected
+    step (``RunEntry.projected_step``), memory per rank, and whether its numerics are verified
+    by a run of the report (analyzer/compare/projection.py ``projection_rows``)."""
+
+    run: str
+    """The projection's run name."""
+    strategy: str
+    world_size: int
+    step_ns: int
+    """The projected step (``ProjectedStep.step_ns``)."""
+    low_ns: int
+    high_ns: int
+    """Its interval."""
+    tokens_per_s_per_device: float | None = None
+    exposed_comm_ns: int
+    """Exposed communication of the projected step."""
+    state_bytes: int | None = None
+    """Parameters + gradients + optimizer state of the largest role rank (memory_categories)."""
+    peak_bytes: int | None = None
+    """The largest per-rank peak (``Memory.peak_allocated_bytes``; CPU: the categories' sum)."""
+    fits: bool | None = None
+    """Against ``--device-memory`` (``Memory.fit.fits``); None without it."""
+    verified_by: str | None = None
+    """The run of the report whose parity passed with this strategy and options (its name);
+    None: numerics not verified, not ranked."""
+    rank: int | None = None
+    """1 = the fastest projected step among the verified projections; None when not ranked."""
+
+
 class Report(msgspec.Struct, kw_only=True):
     """report.json."""
 
@@ -1158,6 +1188,9 @@ class Report(msgspec.Struct, kw_only=True):
     warnings: list[str] = []
     findings: list[Finding] = []
     """Issue 28: what the figures show, most severe first (analyzer/analyses/findings.py)."""
+    projections: list[ProjectionRow] = []
+    """Issue 44: the projections with a projected step, fastest verified first
+    (analyzer/compare/projection.py ``projection_rows``); [] without a link model."""
 
 
 def encode(report: Report) -> str:
