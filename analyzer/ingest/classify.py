@@ -5,7 +5,7 @@ from (a ``gpu.*`` rule takes GPU events, ``is_gpu``; a ``cpu.*`` rule the others
 that follow links between rows, each said by the function that applies it: cpu.main_thread_op
 (``_main_thread_rule``), gpu.symm_mem_kernel / gpu.hccl_kernel / gpu.dispatch_kernel
 (``_kernels_in_ops``), gpu.nccl_kernel.args / gpu.nccl_kernel.launch (``_comm_kernels``),
-cpu.gloo_op.paired (``_gloo_ops``).
+cpu.gloo_op.paired (``_gloo_ops``), cpu.fake_pg_op (``_fake_pg_ops``).
 
 Collective identity (kind, bytes, dtype, group size, process group) of comm events:
 analyzer/ingest/commid.py. Device event categories the analyzer does not understand (MTIA's
@@ -193,7 +193,7 @@ RULE_TABLE = (
 )
 RULES = tuple(r for r, _, _ in RULE_TABLE) + (
     "gpu.nccl_kernel.args", "gpu.nccl_kernel.launch", "gpu.symm_mem_kernel", "gpu.hccl_kernel",
-    "gpu.dispatch_kernel", "cpu.gloo_op.paired", "cpu.main_thread_op")
+    "gpu.dispatch_kernel", "cpu.gloo_op.paired", "cpu.main_thread_op", "cpu.fake_pg_op")
 _RULE = {r: i for i, r in enumerate(RULES)}
 _PREDICATE = {rule_id: when for rule_id, _, when in RULE_TABLE}
 _OTHER_COMM = ("cpu.symm_mem_op", "cpu.hccl_op", "cpu.dispatch_op")  # not NCCL
@@ -302,6 +302,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     paired = _gloo_ops(e, ident)
     for i in np.flatnonzero(e.enq).tolist():
         ident.enqueue(i)
+    _fake_pg_ops(e, ident.fake_ops, paired)
     is_comm = (e.role == _ROLE["comm"]) | (e.role == _ROLE["comm_enqueue"])
     e.kind[~is_comm] = -1
     e.kind[is_comm & (e.kind < 0)] = _KIND["other"]
@@ -320,6 +321,26 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     return out, {"device_kind": device_kind, "main_tid": main_tid,
                  "whole_trace_mode": steps.whole_trace, "steps": steps.table,
                  "unlaunched": steps.unlaunched, "notes": notes}
+
+
+def _fake_pg_ops(e: _Events, noted: np.ndarray, paired: np.ndarray) -> None:
+    """cpu.fake_pg_op: on torch's fake process group (``tracer project``, tracer/project.py) no
+    transfer runs -- no gloo op, no kernel -- so the enqueue op is the collective: each enqueue
+    op that a tag with a tensor note encloses (``noted``: only the tracer's fake-group tag
+    carries one) and that no other such op encloses on its thread becomes a comm row, paired
+    with itself (its enqueue span is its own). Every other trace is left as it was."""
+    if not len(noted):
+        return
+    order = noted[np.lexsort((-e.end[noted], e.ts[noted], e.c_tid[noted]))]  # (thread, start, outer first)
+    outer = np.ones(len(order), bool)
+    for t in np.unique(e.c_tid[order]).tolist():
+        on = np.flatnonzero(e.c_tid[order] == t)
+        reach = np.maximum.accumulate(e.end[order[on]])
+        outer[on[1:]] = e.end[order[on[1:]]] > reach[:-1]  # inside an earlier op: nested
+    rows = order[outer]
+    e.role[rows] = _ROLE["comm"]
+    e.rule[rows] = _RULE["cpu.fake_pg_op"]
+    paired[rows] = rows
 
 
 def _main_thread_rule(df: pd.DataFrame, e: _Events) -> str | None:
@@ -471,8 +492,9 @@ class _Identity:
             "shape_numel", "shape_elem_bytes", "shape2_numel", "in_nelems", "out_nelems"))
         # the fake group's tag notes (tracer project): an enqueue op's first tensor where its
         # own record lacks it (a tensor-list op: Kineto writes no dtype)
-        for j, (t_dtype, t_numel) in _tag_tensors(e.names, e.rows("cpu.pg_tag"), e.enq, e.ts,
-                                                   e.end, e.c_tid).items():
+        noted = _tag_tensors(e.names, e.rows("cpu.pg_tag"), e.enq, e.ts, e.end, e.c_tid)
+        self.fake_ops = np.array(sorted(noted), np.int64)  # cpu.fake_pg_op's candidates
+        for j, (t_dtype, t_numel) in noted.items():
             if self.numel[j] < 0 or self.size[j] < 0:
                 self.numel[j], self.size[j] = t_numel, dtype_bytes(t_dtype)
             if self.dtype[j] is None:
