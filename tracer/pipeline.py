@@ -19,6 +19,12 @@ microbatch). ``PipelineStage`` drives FSDP2 itself (stage.py ``backward_maybe_wi
 no gradient sync until the last microbatch; ``perform_reduce_grad`` runs the post-backward
 reduce-scatter once per step). dp = 1: no FSDP, plain parameters.
 
+Shapes: every stage is given its input and output shapes (``stage_shapes``: one microbatch,
+[B / (dp M), seq, h] fp32), so torch's warm-up vote finds them static and no stage runs a
+shape-inference forward or exchanges shapes with ``send_object_list`` in its first step (a
+record's profiled steps are unchanged by it; its step-0 activations no longer count that extra
+forward). ``tracer project`` runs the same stages on the fake process group (``_stage_class``).
+
 Data: pipeline d trains the rows ``rank_rows(B, dp, d)`` (tracer/model.py); the schedule splits
 them into M contiguous microbatches of B / (dp M) rows (``TensorChunkSpec(0)``, torch.tensor_split
 order). Stage 0 feeds the inputs, stage P-1 the targets; ``ModelSpec.loss`` (a mean) per
@@ -160,6 +166,48 @@ class PipelineRank:
                     pp_stages=self.stages_fqns, stage_params=stage_params)
 
 
+def stage_shapes(cfg: RecordConfig, dp: int, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input, output) example tensors of stage ``stage`` (meta device: shapes only) for
+    ``PipelineStage(input_args=, output_args=)``: one microbatch of a pipeline's rows,
+    [B / (dp M), seq, h] fp32 in and out (every layer maps [rows, seq, h] to itself; pp records
+    fp32 only, tracer/config.py ``_check_pp_scope``). The input requires grad on every stage but
+    the first (its gradient is what the stage sends back; torch derives the gradients' shapes
+    from these flags, _utils.py ``_derive_grad_metas``: a stage whose input did not require grad
+    would send none and its predecessor would wait for one).
+
+    Given both, each stage votes STATIC and torch skips the shape exchange of its first step
+    (stage.py ``_warmup_forward_vote``, ``InferenceMode.needs_dynamic``: no extra forward, no
+    ``send_object_list`` / ``recv_object_list``, which a fake process group cannot carry)."""
+    rows = cfg.batch // dp // cfg.pp_microbatches
+    shape = (rows, cfg.seq, cfg.hidden)
+    # the meta device: torch keeps only shape, stride, dtype and requires_grad (_TensorMeta)
+    x = torch.empty(shape, dtype=torch.float32, device="meta").requires_grad_(stage > 0)
+    return x, torch.empty(shape, dtype=torch.float32, device="meta").requires_grad_(True)
+
+
+def _stage_class():
+    """``PipelineStage`` whose warm-up vote, on torch's fake process group, comes out STATIC.
+
+    torch 2.13 (stage.py ``_warmup_forward_vote`` / ``_warmup_backward_result``, schedules.py
+    ``_warmup_p2p``) multiplies every stage's vote (1 = static shapes given) along the pipeline
+    with ``dist.send`` / ``dist.recv`` of an int32 and sends the product back. A fake group's
+    recv moves no data (the buffer keeps its zeros), so every rank would read DYNAMIC and then
+    fail in ``recv_object_list``. Every stage here is given its static shapes
+    (``stage_shapes``), so the product a real group carries is 1: the vote's sends and recvs
+    are still issued (the record's calls), and on a fake group the result is taken as that 1.
+    On any other group the received result stands."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class StaticShapeStage(PipelineStage):
+        def _warmup_backward_result(self, received_result=None):
+            got = super()._warmup_backward_result(received_result)
+            if dist.get_backend(self.group) == dist.Backend.FAKE:
+                return torch.ones_like(got)
+            return got
+
+    return StaticShapeStage
+
+
 def microbatch_loss(loss: Callable, fault: str | None, microbatches: int) -> Callable:
     """``loss`` per microbatch; with ``skip-microbatch`` the last microbatch of every step
     (call M-1, 2M-1, ... on the last stage) is scaled by 0: it runs, but its loss and its
@@ -181,7 +229,7 @@ def build_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
     Returns (pipeline rank, full-model parameter count)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
     p = cfg.pp_degree
     dp = world // p
@@ -205,7 +253,9 @@ def build_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
             fully_shard(model.layers[i], mesh=mesh["dp"], reshard_after_forward=False)
         fully_shard(model, mesh=mesh["dp"], reshard_after_forward=False)
     pp_group = mesh["pp"].get_group()
-    pipe_stage = PipelineStage(model, stage, p, device, group=pp_group)
+    inputs, outputs = stage_shapes(cfg, dp, stage)
+    pipe_stage = _stage_class()(model, stage, p, device, input_args=inputs, output_args=outputs,
+                                group=pp_group)
     schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.resolved_pp_schedule]
     loss = microbatch_loss(spec.loss, cfg.fault, cfg.pp_microbatches)
     schedule = schedule_cls(pipe_stage, cfg.pp_microbatches, loss_fn=loss, scale_grads=True)
@@ -228,10 +278,9 @@ class PipelineStep:
         self.rows = rank_rows(cfg.batch, pipe.dp, pipe.dp_index)  # this pipeline's rows
 
     def recorder(self) -> ActivationRecorder:
-        """This stage's layers; the last M calls: at its first step ``PipelineStage`` runs one
-        more forward before the schedule's, to infer the shapes it sends and receives (stage.py,
-        dynamic metadata mode; static shapes would avoid it, but in torch 2.13 on gloo the
-        first stage then received no output gradient)."""
+        """This stage's layers; the last M calls, the schedule's M microbatches (given its
+        static shapes, ``stage_shapes``, the stage runs no shape-inference forward before
+        them)."""
         return ActivationRecorder(self.pipe.module, calls=slice(-self.microbatches, None), within=self.pipe.owned)
 
     def forward_backward(self, x, y, step, saved) -> list[torch.Tensor]:

@@ -5,7 +5,7 @@ from (a ``gpu.*`` rule takes GPU events, ``is_gpu``; a ``cpu.*`` rule the others
 that follow links between rows, each said by the function that applies it: cpu.main_thread_op
 (``_main_thread_rule``), gpu.symm_mem_kernel / gpu.hccl_kernel / gpu.dispatch_kernel
 (``_kernels_in_ops``), gpu.nccl_kernel.args / gpu.nccl_kernel.launch (``_comm_kernels``),
-cpu.gloo_op.paired (``_gloo_ops``).
+cpu.gloo_op.paired (``_gloo_ops``), cpu.fake_collective (``_fake_collectives``).
 
 Collective identity (kind, bytes, dtype, group size, process group) of comm events:
 analyzer/ingest/commid.py. Device event categories the analyzer does not understand (MTIA's
@@ -492,8 +492,8 @@ class _Identity:
             "shape_numel", "shape_elem_bytes", "shape2_numel", "in_nelems", "out_nelems"))
         # the fake group's tag notes (tracer project): an enqueue op's first tensor where its
         # own record lacks it (a tensor-list op: Kineto writes no dtype)
-        for j, (t_dtype, t_numel) in _tag_tensors(e.names, e.rows("cpu.pg_tag"), e.enq, e.ts,
-                                                   e.end, e.c_tid).items():
+        noted = _tag_tensors(e.names, e.rows("cpu.pg_tag"), e.enq, e.ts, e.end, e.c_tid)
+        for j, (t_dtype, t_numel) in noted.items():
             if self.numel[j] < 0 or self.size[j] < 0:
                 self.numel[j], self.size[j] = t_numel, dtype_bytes(t_dtype)
             if self.dtype[j] is None:

@@ -250,3 +250,120 @@ def test_projection_parity_reads_not_verified(tmp_path):
 
     with gzip.open(tmp_path / "p" / "rank0.trace.json.gz") as f:  # what Perfetto opens
         assert check_trace(json.load(f)) == []
+
+
+# --- pp: one role per stage (tracer/project.py ``roles``), static stage shapes -----------------
+
+PP_STAGES = 2
+"""--pp 2 over the two layers: stage s owns layer s (tracer/pipeline.py ``stage_layers``)."""
+
+
+def pp_counts(w: int, stage: int, batch: int, microbatches: int = 2 * PP_STAGES) -> dict:
+    """Rank ``stage`` (dp index 0) of pp over ``w`` ranks, P = 2: memory bytes and per-step
+    (calls, bytes) per (kind, pg_desc).
+
+    - its one layer FSDP2-sharded over dp = w / P (``fsdp2_counts``' rule for one layer; dp 1:
+      no FSDP, the whole layer); per step one all_gather (``reshard_after_forward=False`` under
+      PP: the layer stays unsharded over the M microbatches) and one reduce_scatter of the
+      padded layer x dp, on the dp group (``mesh_dp``);
+    - Schedule1F1B, M microbatches of B / (dp M) rows: stage 0 sends M activations and receives
+      M gradients, stage 1 the reverse, each [rows, seq 16, h] fp32, on the pp group
+      (``mesh_pp``; the default group itself at dp 1, where the pp dimension is the world)."""
+    dp = w // PP_STAGES
+    per_layer = [s for _, s in layer_shapes(HIDDEN)]
+    padded = sum(math.ceil(s[0] / dp) * math.prod(s[1:]) for s in per_layer)
+    local = sum(min(s[0], math.ceil(s[0] / dp)) * math.prod(s[1:]) for s in per_layer)
+    microbatch_bytes = batch // dp // microbatches * 16 * HIDDEN * FP32
+    pp_desc = "default_pg" if dp == 1 else "mesh_pp"
+    calls = {("send_recv", pp_desc): (2 * microbatches, 2 * microbatches * microbatch_bytes)}
+    if dp > 1:
+        calls |= {("all_gather", "mesh_dp"): (1, padded * dp * FP32),
+                  ("reduce_scatter", "mesh_dp"): (1, padded * dp * FP32)}
+    return {"parameters": padded * FP32, "gradients": padded * FP32,
+            "optimizer_state": 2 * local * FP32 + len(per_layer) * FP32, "calls": calls}
+
+
+def test_pp_hand_counts_at_dp_1_are_the_whole_layer():
+    """The fast half: at dp 1 a stage holds its layer whole (9h^2 + 8h elements); at dp 32 the
+    layer's padded shard (rows ceil(d0 / 32): 1 + 1 + 4 + 4 + 1 + 1 + 1 + 1 rows)."""
+    one_layer = 9 * HIDDEN * HIDDEN + 8 * HIDDEN
+    assert pp_counts(2, 0, 8)["parameters"] == one_layer * FP32 == N_PARAMS * FP32 // LAYERS
+    assert pp_counts(64, 1, 128)["parameters"] == (HIDDEN + 1 + 4 * HIDDEN + 4 + HIDDEN * 4
+                                                   + 1 + 1 + 1) * FP32
+    assert pp_counts(4, 0, 8)["calls"][("send_recv", "mesh_pp")] == (8, 8 * 16 * HIDDEN * FP32)
+
+
+PP_CASES = [(2, 8), (4, 8), (8, 16), (64, 128)]
+"""(N, --batch): one microbatch row per pipeline at N > 2 (B / (dp M) with M = 4)."""
+
+
+@pytest.mark.record
+@pytest.mark.parametrize(("world", "batch"), PP_CASES, ids=[f"pp-{w}" for w, _ in PP_CASES])
+def test_pp_projection_at_n_equals_the_hand_counts(tmp_path, world, batch):
+    proc, _ = run_tracer(["--strategy", "pp", "--nproc", str(world), "--hidden", str(HIDDEN),
+                          "--layers", str(LAYERS), "--seq", "16", "--batch", str(batch),
+                          "--optimizer", "adamw", *STEPS, "--out", str(tmp_path), "--name", "p"],
+                         cwd=tmp_path, module=[sys.executable, "-m", "tracer", "project"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "p"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["projection"] == {"world_size": world, "roles_run": [0, 1], "device": "cpu",
+                                      "fake_process_group": True}
+    assert manifest["mesh"]["shape"] == [world // PP_STAGES, PP_STAGES]
+    assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == [
+        "rank0.trace.json.gz", "rank1.trace.json.gz"]
+    rows = pq.read_table(run / "memory_categories.parquet").to_pylist()
+    for stage in range(PP_STAGES):
+        want = pp_counts(world, stage, batch)
+        got = {r["category"]: r["bytes"] for r in rows if r["rank"] == stage}
+        for cat in ("parameters", "gradients", "optimizer_state"):
+            assert got[cat] == want[cat], (stage, cat, got[cat], want[cat])
+        calls = per_step_calls(run / f"rank{stage}.trace.json.gz", [2, 3])
+        for step, kinds in calls.items():
+            assert kinds == want["calls"], (stage, step, kinds)
+
+
+@pytest.mark.record
+def test_pp_projection_grades_equal_to_the_gloo_record(tmp_path):
+    """dp 2 x pp 2 at world 4: the projection's two stage ranks against a real 4-rank gloo
+    record of the same options: every exact figure equal, ``analyzer grade`` exits 0."""
+    opts = ["--strategy", "pp", "--nproc", "4", "--hidden", str(HIDDEN), "--layers", str(LAYERS),
+            "--seq", "16", "--batch", "8", "--optimizer", "adamw", *STEPS, "--out", str(tmp_path)]
+    proj, _ = run_tracer([*opts, "--name", "proj"], cwd=tmp_path,
+                         module=[sys.executable, "-m", "tracer", "project"])
+    assert proj.returncode == 0, proj.stderr[-3000:]
+    real, _ = run_tracer([*opts, "--name", "real"], cwd=tmp_path)
+    assert real.returncode == 0, real.stderr[-3000:]
+    grade, _ = run_tracer([str(tmp_path / "proj"), str(tmp_path / "real")], cwd=tmp_path,
+                          module=[sys.executable, "-m", "analyzer", "grade"])
+    assert grade.returncode == 0, grade.stdout[-3000:] + grade.stderr[-3000:]
+    assert grade.stdout.strip().splitlines()[-1] == (
+        "grade: passed -- 18 exact figures equal on ranks 0, 1")
+
+
+def test_fake_group_enqueue_op_is_the_collective(tmp_path):
+    """On the fake process group no transfer op runs (no gloo:* op, no kernel): the c10d op
+    call is the collective (classify.py cpu.fake_collective), once -- a functional collective
+    enclosing a c10d call is not counted again, the inner call is the row -- with the tag's
+    bytes, group and peer."""
+    from analyzer.api import load_tables
+
+    def op(name, ts, dur, cat="cpu_op"):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    events = [op("ProfilerStep#2", 0, 100, "user_annotation"),
+              op("paritytrace::pg 0 tensor float32 512 peer 1", 10, 10, "user_annotation"),
+              op("c10d::send", 11, 8),
+              op("paritytrace::pg 0 tensor float32 512 peer 1", 30, 10, "user_annotation"),
+              op("c10d::recv_", 31, 8),
+              op("paritytrace::pg 0 tensor float32 16", 50, 20, "user_annotation"),
+              op("_c10d_functional::all_reduce", 51, 18), op("c10d::allreduce_", 52, 16)]
+    trace = tmp_path / "rank0.trace.json"
+    trace.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events, "distributedInfo": {
+        "backend": "fake", "rank": 0, "world_size": 2}}))
+    coll = load_tables(trace).collectives
+    got = sorted(zip(coll["kind"].astype(str), coll["bytes"], coll["pg"].astype(str),
+                     coll["peer"], coll["rule"].astype(str), coll["start_ns"]))
+    assert got == [("all_reduce", 64, "0", -1, "cpu.fake_collective", 52_000),
+                   ("send_recv", 2048, "0", 1, "cpu.fake_collective", 11_000),
+                   ("send_recv", 2048, "0", 1, "cpu.fake_collective", 31_000)]
