@@ -400,7 +400,7 @@ def linkbench(
         help="Comma-separated sizes in bytes (nccl-tests bytes), each a multiple of 4 x P; "
              "default 2^10..2^24 by x4.", metavar="BYTES,...")] = None,
 ) -> None:
-    """Measure this machine's links for a projection's step time (issue 44): each collective
+    """Measure this machine's links for a projection's step time: each collective
     kind (all_reduce, all_gather, reduce_scatter, all_to_all, send_recv) at each size on
     groups of each size g that divides --nproc, gloo on CPU or NCCL when P GPUs are visible;
     per size the ranks' mean of their median call and a spread (10th..90th percentile of the
