@@ -7,8 +7,8 @@ group_size, nodes, dtype, rows of bytes, time_ns, low_ns and high_ns).
 All groups at once: at group size g the world splits into world / g groups of g contiguous
 ranks (0..g-1, g..2g-1, ...) and every group runs its collective at the same time, as in a real
 job where every rank is busy, so the curve at g carries the contention of all ``world``
-processes on this machine (a lone pair of processes on an idle machine is faster than a pair
-of a 4-rank job's, and the projection asks for the latter). ``layout="strided"`` groups ranks
+processes on this machine (a pair of a 4-rank job shares the cores and links with the other
+pair, and the projection asks for that pair, not a lone one). ``layout="strided"`` groups ranks
 k, k + world/g, ... instead (the replicate dimension of a 2-D mesh); on one machine it makes
 no difference the benchmark could tell from its spread (bench/RESULTS.md), so it is an option,
 not a second curve of the same span.
