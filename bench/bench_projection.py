@@ -83,7 +83,7 @@ def grade(proj: Path, run_dir: Path, links: Path, log: Path) -> tuple[dict | Non
     proc = run(["analyzer", "grade", str(proj), str(run_dir), "--link-model", str(links),
                 "--format", "json"], log)
     note = ""
-    if proc.returncode == 2 and "link-model" in proc.stderr:
+    if proc.returncode == 2 and "No such option: --link-model" in proc.stderr:
         note = "analyzer grade has no --link-model yet"
         proc = run(["analyzer", "grade", str(proj), str(run_dir), "--format", "json"], log)
     if proc.returncode not in (0, 3):
