@@ -415,6 +415,9 @@ def linkbench(
         chosen = bench.SIZES_BYTES if sizes is None else _sizes(sizes)
         bench.check_options(nproc, iters, chosen, bench.KINDS)
         check_out(out, option="--out", what="the link curves", example="links.json")
+        above = next(p for p in out.absolute().parents if p.exists())
+        if not above.is_dir():  # refused now, not after the whole benchmark ran
+            raise ValueError(f"{above}: is a file, not a folder; pass --out a file in a folder")
     except ValueError as exc:
         _fail(ExitCode.BAD_INPUT, str(exc))
     except BadInput as exc:

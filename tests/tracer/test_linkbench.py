@@ -56,11 +56,18 @@ def test_curves_hold_each_group_size_the_ranks_mean_of_medians_and_the_pooled_sp
      "tracer: --sizes 1024,1032: distinct sizes in bytes, each a positive multiple of 16 "
      "(4-byte elements split over up to 4 ranks)"),
     (["--sizes", "1k"], "tracer: '1k': comma-separated sizes in bytes, e.g. 1024,65536"),
+    (["--out", "{tmp}/file/links.json"], "tracer: {tmp}/file: is a file, not a folder; pass "
+     "--out a file in a folder"),
+    (["--out", "{tmp}"], "tracer: {tmp}: --out names an existing directory, not a file; pass a "
+     "file name, e.g. --out {tmp}/links.json"),
 ])
 def test_bad_linkbench_options_are_one_line_exit_2(tmp_path, args, said):
-    proc, _ = run_tracer([*args, "--out", str(tmp_path / "links.json")], tmp_path,
+    (tmp_path / "file").write_text("")
+    args = [a.format(tmp=tmp_path) for a in args]
+    out = [] if "--out" in args else ["--out", str(tmp_path / "links.json")]
+    proc, _ = run_tracer([*args, *out], tmp_path,
                          module=[sys.executable, "-m", "tracer", "linkbench"])
-    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", said + "\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", said.format(tmp=tmp_path) + "\n")
     assert not (tmp_path / "links.json").exists()
 
 
