@@ -380,6 +380,59 @@ def _record_here(configs) -> None:
         typer.echo(one_line(f"tracer: {line}"), err=True)
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    """``--sizes 1024,4096,...`` -> bytes; ``ValueError`` for an item that is not an integer."""
+    try:
+        return tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r}: comma-separated sizes in bytes, e.g. 1024,65536") from None
+
+
+@app.command()
+def linkbench(
+    nproc: Annotated[int, typer.Option(
+        help="Local processes P: groups of every size g dividing P (g >= 2) are measured, all "
+             "P / g groups at once.")] = 2,
+    out: Annotated[Path, typer.Option(
+        help="The JSON file the curves go to (the link model's table form).")] = Path("links.json"),
+    iters: Annotated[int, typer.Option(help="Timed calls per kind and size (after one warm-up).")] = 5,
+    sizes: Annotated[Optional[str], typer.Option(
+        help="Comma-separated sizes in bytes (nccl-tests bytes), each a multiple of 4 x P; "
+             "default 2^10..2^24 by x4.", metavar="BYTES,...")] = None,
+) -> None:
+    """Measure this machine's links for a projection's step time: each collective
+    kind (all_reduce, all_gather, reduce_scatter, all_to_all, send_recv) at each size on
+    groups of each size g that divides --nproc, gloo on CPU or NCCL when P GPUs are visible;
+    per size the ranks' mean of their median call and a spread (10th..90th percentile of the
+    calls). Writes the curves to --out for analyzer grade --link-model."""
+    from analyzer.contract.errors import BadInput
+    from analyzer.contract.outpaths import check_out
+    from analyzer.contract.stopping import stop_on_signals
+    from tracer import linkbench as bench
+
+    stop_on_signals()
+    try:
+        chosen = bench.SIZES_BYTES if sizes is None else _sizes(sizes)
+        bench.check_options(nproc, iters, chosen, bench.KINDS)
+        check_out(out, option="--out", what="the link curves", example="links.json")
+        above = next(p for p in out.absolute().parents if p.exists())
+        if not above.is_dir():  # refused now, not after the whole benchmark ran
+            raise ValueError(f"{above}: is a file, not a folder; pass --out a file in a folder")
+    except ValueError as exc:
+        _fail(ExitCode.BAD_INPUT, str(exc))
+    except BadInput as exc:
+        _fail(ExitCode.BAD_INPUT, exc.one_line())
+    try:
+        curves = bench.run_linkbench(out, world=nproc, iters=iters, sizes=chosen)
+    except KeyboardInterrupt:
+        _fail(ExitCode.INTERRUPTED, "interrupted; no link curves written")
+    except OSError as exc:  # the write of --out
+        _fail(ExitCode.BAD_INPUT, f"{out}: cannot be written ({exc.strerror})")
+    spans = ", ".join(f"g={g}" for g in dict.fromkeys(c["group_size"] for c in curves))
+    typer.echo(one_line(f"wrote {out}: {len(curves)} curves ({spans}; "
+                        f"{len(bench.KINDS)} kinds x {len(chosen)} sizes each)"))
+
+
 def main() -> None:
     """Console-script entry point: one-line usage errors (exit 2), never a traceback for them."""
     try:

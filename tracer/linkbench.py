@@ -1,15 +1,28 @@
 """A short link benchmark on this machine (issue 44, Deliver 2 (c)): the time of each collective
-kind at sizes 2^10..2^24 bytes on ``world`` local processes, gloo on CPU or NCCL on GPUs, written
-in the link model's table form (analyzer/analyses/linkmodel.py ``LinkCurve``: a JSON list of
-curves with source, kind, group_size, nodes, dtype, rows of bytes and time_ns).
+kind at sizes 2^10..2^24 bytes on groups of every size g that divides the ``world`` local
+processes (g >= 2), gloo on CPU or NCCL on GPUs, written in the link model's table form
+(analyzer/analyses/linkmodel.py ``LinkCurve``: a JSON list of curves with source, kind,
+group_size, nodes, dtype, rows of bytes, time_ns, low_ns and high_ns).
+
+All groups at once: at group size g the world splits into world / g groups of g contiguous
+ranks (0..g-1, g..2g-1, ...) and every group runs its collective at the same time, as in a real
+job where every rank is busy, so the curve at g carries the contention of all ``world``
+processes on this machine (a pair of a 4-rank job shares the cores and links with the other
+pair, and the projection asks for that pair, not a lone one). ``layout="strided"`` groups ranks
+k, k + world/g, ... instead (the replicate dimension of a 2-D mesh); on one machine it makes
+no difference the benchmark could tell from its spread (bench/RESULTS.md), so it is an option,
+not a second curve of the same span.
 
 Measured as nccl-tests measures (NVIDIA/nccl-tests src/common.cu, doc/PERFORMANCE.md): bytes
 in its convention (all_gather: the whole gathered buffer, each rank contributing bytes / g;
 reduce_scatter: the whole input, each rank keeping bytes / g; all_reduce, all_to_all: the
-buffer; send_recv: each rank sends bytes to the next rank and receives as many from the
-previous one, at once), warm-up calls first, each rank's time per call, the ranks' times
-averaged; here each rank's median over ``iters`` timed calls (a shared machine's outliers),
-every call after a barrier so that the time is transfer, not a wait for a late rank.
+buffer; send_recv: each rank sends bytes to the next rank of its group and receives as many
+from the previous one, at once), warm-up calls first, each rank's time per call, the ranks'
+times averaged; here each rank's median over ``iters`` timed calls (a shared machine's
+outliers), every call after a barrier of the whole world so that the time is transfer, not a
+wait for a late rank, and all groups start together. A row's spread: the 10th and 90th
+percentiles of every per-call time of the size (all iterations, all ranks), widened to hold
+the row's time.
 
 Needs torch; the analyzer reads the file with ``linkmodel.load_curves``.
 """
@@ -23,34 +36,53 @@ import socket
 import statistics
 import time
 from pathlib import Path
+from typing import Literal
 
 from analyzer.contract.atomic import write_atomic
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 SIZES_BYTES = tuple(2**k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB, x4
 _ELEMENT_BYTES = 4  # float32
+LAYOUTS = ("contiguous", "strided")
 
 
-def _one_call(dist, torch, kind: str, size_bytes: int, rank: int, world: int, device):
-    """A callable that runs one ``kind`` collective of ``size_bytes`` (nccl-tests bytes)."""
+def group_sizes(world: int) -> list[int]:
+    """The group sizes measured on ``world`` processes: every divisor g >= 2, ascending."""
+    return [g for g in range(2, world + 1) if world % g == 0]
+
+
+def groups_of(world: int, g: int, layout: str = "contiguous") -> list[list[int]]:
+    """The world / g groups of size g the world splits into: contiguous ranks
+    ([0..g-1], [g..2g-1], ...) or strided (ranks k, k + world/g, ..., k + (g-1) world/g)."""
+    count = world // g
+    if layout == "strided":
+        return [[k + j * count for j in range(g)] for k in range(count)]
+    return [list(range(k * g, (k + 1) * g)) for k in range(count)]
+
+
+def _one_call(dist, torch, kind: str, size_bytes: int, ranks: list[int], pg, rank: int, device):
+    """A callable that runs one ``kind`` collective of ``size_bytes`` (nccl-tests bytes) on the
+    group ``pg`` of global ``ranks`` (this ``rank`` among them)."""
+    g = len(ranks)
     n = size_bytes // _ELEMENT_BYTES
     full = torch.ones(n, dtype=torch.float32, device=device)
-    part = torch.ones(n // world, dtype=torch.float32, device=device)
+    part = torch.ones(n // g, dtype=torch.float32, device=device)
     if kind == "all_reduce":
-        return lambda: dist.all_reduce(full)
+        return lambda: dist.all_reduce(full, group=pg)
     # torch 2.13 names them *_single (the *_tensor names warn); older torch has only *_tensor
     if kind == "all_gather":
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        return lambda: gather(full, part)
+        return lambda: gather(full, part, group=pg)
     if kind == "reduce_scatter":
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        return lambda: scatter(part, full)
+        return lambda: scatter(part, full, group=pg)
     if kind == "all_to_all":
         out = torch.empty_like(full)
-        return lambda: dist.all_to_all_single(out, full)
+        return lambda: dist.all_to_all_single(out, full, group=pg)
     recv = torch.empty_like(full)
-    ops = [dist.P2POp(dist.isend, full, (rank + 1) % world),
-           dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
+    at = ranks.index(rank)  # P2POp's peers are global ranks
+    ops = [dist.P2POp(dist.isend, full, ranks[(at + 1) % g], group=pg),
+           dist.P2POp(dist.irecv, recv, ranks[(at - 1) % g], group=pg)]
 
     def send_recv():
         for req in dist.batch_isend_irecv(ops):
@@ -59,55 +91,115 @@ def _one_call(dist, torch, kind: str, size_bytes: int, rank: int, world: int, de
 
 
 def _worker(rank: int, world: int, port: int, backend: str, iters: int, kinds: tuple[str, ...],
-            sizes: tuple[int, ...], out_dir: str) -> None:
-    """One rank: every (kind, size), its median time per call written to rank<r>.json."""
+            sizes: tuple[int, ...], layout: str, out_dir: str) -> None:
+    """One rank: every (group size, kind, size), its per-call times (ns) written to
+    rank<r>.json as {g: {kind: {size: [ns, ...]}}}."""
     import torch
     import torch.distributed as dist
 
+    torch.set_num_threads(1)  # as a record's rank: the machine's cores are the ranks'
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
-    times: dict[str, dict[int, int]] = {}
+    times: dict[int, dict[str, dict[int, list[int]]]] = {}
     try:
-        for kind in kinds:
-            for size in sizes:
-                call = _one_call(dist, torch, kind, size, rank, world, device)
-                call()  # warm-up: connections, buffers
-                sync()
-                per_call = []
-                for _ in range(iters):
-                    dist.barrier()
+        for g in group_sizes(world):
+            mine, pg = None, None
+            for ranks in groups_of(world, g, layout):  # every rank creates every group
+                made = dist.group.WORLD if g == world else dist.new_group(ranks)
+                if rank in ranks:
+                    mine, pg = ranks, made
+            for kind in kinds:
+                for size in sizes:
+                    call = _one_call(dist, torch, kind, size, mine, pg, rank, device)
+                    call()  # warm-up: connections, buffers
                     sync()
-                    t0 = time.perf_counter_ns()
-                    call()
-                    sync()
-                    per_call.append(time.perf_counter_ns() - t0)
-                times.setdefault(kind, {})[size] = int(statistics.median(per_call))
+                    per_call = []
+                    for _ in range(iters):
+                        dist.barrier()  # the whole world: every group starts together
+                        sync()
+                        t0 = time.perf_counter_ns()
+                        call()
+                        sync()
+                        per_call.append(time.perf_counter_ns() - t0)
+                    times.setdefault(g, {}).setdefault(kind, {})[size] = per_call
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(times))
 
 
+def check_options(world: int, iters: int, sizes: tuple[int, ...], kinds: tuple[str, ...],
+                  layout: str = "contiguous") -> None:
+    """Refuse what the benchmark cannot measure (``ValueError``, one line naming the value):
+    ``world`` < 2, ``iters`` < 1, no size, a size <= 0 or not a multiple of 4 x ``world``
+    bytes (float32 elements, split evenly over every group size), repeated sizes, a kind or
+    layout not known."""
+    step = _ELEMENT_BYTES * world
+    if world < 2:
+        raise ValueError(f"--nproc {world}: the link benchmark needs at least 2 processes")
+    if iters < 1:
+        raise ValueError(f"--iters {iters}: time at least 1 call per size")
+    if not sizes or any(s <= 0 or s % step for s in sizes) or len(set(sizes)) != len(sizes):
+        raise ValueError(f"--sizes {','.join(map(str, sizes))}: distinct sizes in bytes, each a "
+                         f"positive multiple of {step} (4-byte elements split over up to "
+                         f"{world} ranks)")
+    if set(kinds) - set(KINDS) or not kinds:
+        raise ValueError(f"kinds {', '.join(kinds)}: choose among {', '.join(KINDS)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
+
+
+def spread_ns(per_call_ns: list[int], time_ns: int) -> tuple[int, int]:
+    """(low_ns, high_ns): the 10th and 90th percentiles of ``per_call_ns`` (statistics'
+    "inclusive" method: linear between order statistics), rounded, widened to hold
+    ``time_ns``; one call: that call's time, widened."""
+    if len(per_call_ns) == 1:
+        lo = hi = per_call_ns[0]
+    else:
+        cuts = statistics.quantiles(per_call_ns, n=10, method="inclusive")
+        lo, hi = round(cuts[0]), round(cuts[-1])
+    return min(lo, time_ns), max(hi, time_ns)
+
+
+def curves_of(per_rank: list[dict], source: str, kinds: tuple[str, ...],
+              sizes: tuple[int, ...]) -> list[dict]:
+    """The table form from the ranks' per-call times (``_worker``'s files, JSON-decoded: keys
+    are strings): one curve per (group size, kind), rows (bytes, time_ns = the ranks' mean of
+    their median call, rounded; ``spread_ns`` of all calls of all ranks)."""
+    curves = []
+    for g in sorted({int(g) for r in per_rank for g in r}):
+        for kind in kinds:
+            rows = []
+            for size in sizes:
+                calls = [r[str(g)][kind][str(size)] for r in per_rank]
+                t = round(statistics.fmean(statistics.median(c) for c in calls))
+                lo, hi = spread_ns([ns for c in calls for ns in c], t)
+                rows.append({"bytes": size, "time_ns": t, "low_ns": lo, "high_ns": hi})
+            curves.append({"source": source.format(groups=len(per_rank) // g, g=g), "kind": kind,
+                           "group_size": g, "nodes": 1, "dtype": "float32", "rows": rows})
+    return curves
+
+
 def run_linkbench(out: Path | str, *, world: int = 2, backend: str | None = None,
                   iters: int = 5, kinds: tuple[str, ...] = KINDS,
-                  sizes: tuple[int, ...] = SIZES_BYTES) -> list[dict]:
+                  sizes: tuple[int, ...] = SIZES_BYTES,
+                  layout: Literal["contiguous", "strided"] = "contiguous") -> list[dict]:
     """Run the benchmark on ``world`` local processes (``backend`` None: NCCL when ``world``
     GPUs are visible, else gloo) and write its curves to ``out`` (JSON, atomically); returns
-    them. One curve per kind: group_size ``world``, nodes 1, dtype "float32", rows (bytes,
-    time_ns) with time_ns the ranks' mean of their median call. ``sizes`` must be multiples of
-    4 x ``world`` bytes. Raises ``ValueError`` for a bad ``world`` / ``sizes`` / ``kinds``."""
+    them. One curve per (group size g of ``group_sizes(world)``, kind): nodes 1, dtype
+    "float32", rows (bytes, time_ns, low_ns, high_ns) (``curves_of``), measured with all
+    world / g groups at once (module docstring). Raises ``ValueError`` (``check_options``);
+    ``RuntimeError`` from torch's process start when a rank fails."""
     import tempfile
 
     import torch
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    if world < 2 or any(s % (_ELEMENT_BYTES * world) for s in sizes) or set(kinds) - set(KINDS):
-        raise ValueError(f"world >= 2, sizes multiples of {_ELEMENT_BYTES * world} bytes and "
-                         f"kinds among {KINDS}; got {world}, {sizes}, {kinds}")
+    check_options(world, iters, tuple(sizes), tuple(kinds), layout)
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world \
             else "gloo"
@@ -117,17 +209,13 @@ def run_linkbench(out: Path | str, *, world: int = 2, backend: str | None = None
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     with tempfile.TemporaryDirectory(prefix="paritytrace-linkbench-") as tmp:
         mp.start_processes(_worker, args=(world, store.port, backend, iters, tuple(kinds),
-                                          tuple(sizes), tmp),
+                                          tuple(sizes), layout, tmp),
                            nprocs=world, join=True, start_method="spawn")
         per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
     source = (f"link benchmark on this machine {socket.gethostname()} {when} "
-              f"({backend}, {device}, {world} processes, median of {iters} calls)")
-    curves = [{"source": source, "kind": kind, "group_size": world, "nodes": 1,
-               "dtype": "float32",
-               "rows": [{"bytes": size,
-                         "time_ns": round(statistics.fmean(r[kind][str(size)] for r in per_rank))}
-                        for size in sizes]}
-              for kind in kinds]
+              f"({backend}, {device}, {world} processes, {{groups}} {layout} group(s) of {{g}} "
+              f"at once, median of {iters} calls, spread p10..p90)")
+    curves = curves_of(per_rank, source, tuple(kinds), tuple(sizes))
     write_atomic(out, json.dumps(curves, indent=2) + "\n")
     del store
     return curves

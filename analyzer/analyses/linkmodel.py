@@ -54,6 +54,13 @@ class LinkRow(msgspec.Struct, kw_only=True, frozen=True):
     """nccl-tests bytes of the collective (> 0)."""
     time_ns: int
     """Its time (> 0): nccl-tests' out-of-place time, or the measured transfer time."""
+    low_ns: int | None = None
+    """The low end of its spread (0 < low_ns <= time_ns), None where the source gives none:
+    nccl-tests' smaller of the out-of-place and in-place times; the link benchmark's 10th
+    percentile of the per-call times over its iterations and ranks."""
+    high_ns: int | None = None
+    """The high end (high_ns >= time_ns): nccl-tests' larger of the two times; the link
+    benchmark's 90th percentile."""
 
 
 class LinkCurve(msgspec.Struct, kw_only=True, frozen=True):
@@ -86,6 +93,11 @@ class LinkTime(msgspec.Struct, kw_only=True, frozen=True):
     smallest measured size, ``time_ns`` is the smallest size's time (an upper bound: a
     collective's time does not fall as its size grows); "above": over the largest, the largest
     size's algbw held (``time_ns`` = its time x B / its bytes): an extrapolation, flagged."""
+    low_ns: float | None = None
+    """The low end of the spread at this size: the rows' ``low_ns`` interpolated (and flagged)
+    as ``time_ns`` is; None where either row around the size has none."""
+    high_ns: float | None = None
+    """The high end, likewise from the rows' ``high_ns``."""
 
 
 def algbw_gbps(row: LinkRow) -> float:
@@ -128,13 +140,15 @@ def _time_ns(text: str) -> int | None:
 
 def parse_nccl_tests(path: Path | str, *, kind: str | None = None) -> list[LinkCurve]:
     """The curves of one nccl-tests output file: one per dtype the table holds (``-d all``
-    prints several), rows (size, out-of-place time) in ascending size.
+    prints several), rows (size, out-of-place time) in ascending size; each row's spread
+    (``low_ns``, ``high_ns``) the smaller and the larger of its out-of-place and in-place times
+    (the two measurements nccl-tests makes of a size), None where the in-place time is "N/A".
 
     Format (NVIDIA/nccl-tests src/common.cu, its README's sample output): "#  Rank  r Group  k
     Pid p on HOST device d [...]" lines name the ranks (g: the ranks of group 0; n: the
     distinct hosts among them); the column header "#  size  count  type  redop  root  time
     algbw  busbw #wrong  time ..." gives the columns (the first ``time`` is the out-of-place
-    one, in microseconds); data rows follow, possibly interleaved with NCCL INFO lines and
+    one, in microseconds, the second the in-place one); data rows follow, possibly interleaved with NCCL INFO lines and
     prefixed by mpirun's "[1,0]<stdout>:". Rows of size 0 are left out (no log of 0); with
     several reduction ops (``-o all``) the rows of "sum" are kept, else of the first op seen.
     The kind: ``kind`` (one of ``KINDS``), else the "# Collective test starting: X_perf" line,
@@ -161,9 +175,12 @@ def parse_nccl_tests(path: Path | str, *, kind: str | None = None) -> list[LinkC
         raise _not_nccl_tests(path, 'no column header ("#  size  count  type ... time  algbw  '
                               'busbw")')
     col = {name: header.index(name) for name in ("size", "type", "time")}
+    in_place_at = next((i for i in range(col["time"] + 1, len(header)) if header[i] == "time"),
+                       None)
     redop_at = header.index("redop") if "redop" in header else None
 
-    rows: dict[str, list[tuple[str, int, int]]] = {}  # dtype -> (redop, bytes, time_ns)
+    # dtype -> (redop, bytes, time_ns, in-place time_ns or None)
+    rows: dict[str, list[tuple[str, int, int, int | None]]] = {}
     for line in lines:
         cells = line.split()
         if len(cells) <= col["time"] or not cells[col["size"]].isdigit():
@@ -175,7 +192,8 @@ def parse_nccl_tests(path: Path | str, *, kind: str | None = None) -> list[LinkC
         if t_ns is None or size == 0:
             continue
         redop = cells[redop_at] if redop_at is not None else ""
-        rows.setdefault(cells[col["type"]], []).append((redop, size, t_ns))
+        t_in_ns = None if in_place_at is None else _time_ns(cells[in_place_at])
+        rows.setdefault(cells[col["type"]], []).append((redop, size, t_ns, t_in_ns))
     if not rows:
         raise _not_nccl_tests(path, "a column header but no data row under it")
 
@@ -186,17 +204,26 @@ def parse_nccl_tests(path: Path | str, *, kind: str | None = None) -> list[LinkC
                               "after the test (all_reduce_perf.txt, ...) or give its kind")
     curves = []
     for dtype, found in rows.items():
-        ops = [op for op, _, _ in found]
+        ops = [op for op, _, _, _ in found]
         keep = "sum" if "sum" in ops else ops[0]
-        sizes = [(b, t) for op, b, t in found if op == keep]
-        twice = [b for b, c in Counter(b for b, _ in sizes).items() if c > 1]
+        sizes = [(b, t, t_in) for op, b, t, t_in in found if op == keep]
+        twice = [b for b, c in Counter(b for b, _, _ in sizes).items() if c > 1]
         if twice:
             raise _not_nccl_tests(path, f"size {twice[0]} appears twice for {dtype}: two runs in "
                                   "one file; pass one run per file")
         curves.append(LinkCurve(source=f"nccl-tests file {path}", kind=kind, group_size=g,
                                 nodes=n, dtype=dtype,
-                                rows=[LinkRow(bytes=b, time_ns=t) for b, t in sorted(sizes)]))
+                                rows=[_nccl_row(*size) for size in sorted(sizes)]))
     return curves
+
+
+def _nccl_row(size: int, t_ns: int, t_in_ns: int | None) -> LinkRow:
+    """A row: the out-of-place time; its spread the two times' min and max (None without an
+    in-place time)."""
+    if t_in_ns is None:
+        return LinkRow(bytes=size, time_ns=t_ns)
+    return LinkRow(bytes=size, time_ns=t_ns, low_ns=min(t_ns, t_in_ns),
+                   high_ns=max(t_ns, t_in_ns))
 
 
 def _group_and_nodes(lines: list[str], path: Path) -> tuple[int, int]:
@@ -338,11 +365,19 @@ def load_curves(path: Path | str) -> list[LinkCurve]:
         sizes = [r.bytes for r in c.rows]
         if (c.kind not in KINDS or c.group_size < 1 or c.nodes < 1 or not c.rows
                 or sizes != sorted(set(sizes)) or min(sizes) <= 0
-                or min(r.time_ns for r in c.rows) <= 0):
+                or min(r.time_ns for r in c.rows) <= 0
+                or not all(map(_spread_valid, c.rows))):
             raise BadInput(path, "bad_run_file", f"curve {c.kind!r} from {c.source!r} is not "
                            "valid (kind, g >= 1, n >= 1, rows of ascending distinct bytes > 0 "
-                           "and time > 0)", "pass a file the link benchmark or dump_curves wrote")
+                           "and 0 < low <= time <= high)",
+                           "pass a file the link benchmark or dump_curves wrote")
     return curves
+
+
+def _spread_valid(row: LinkRow) -> bool:
+    """0 < low_ns <= time_ns <= high_ns, each end where given."""
+    return ((row.low_ns is None or 0 < row.low_ns <= row.time_ns)
+            and (row.high_ns is None or row.high_ns >= row.time_ns))
 
 
 def lookup(curves: list[LinkCurve], kind: str, size_bytes: int, group_size: int, nodes: int,
@@ -352,7 +387,8 @@ def lookup(curves: list[LinkCurve], kind: str, size_bytes: int, group_size: int,
     ranks over ``nodes`` nodes, from the first curve in ``curves`` of that kind and span (and
     ``dtype`` when given): a measured size gives its row's time; between two measured sizes
     B0 < B < B1 with times t0, t1, the log-log interpolation
-    t = t0 x (B / B0) ** (log(t1 / t0) / log(B1 / B0)).
+    t = t0 x (B / B0) ** (log(t1 / t0) / log(B1 / B0)); the spread's ends (``low_ns``,
+    ``high_ns``) each the same way from the rows' ends (None where a row has none).
     Outside the measured sizes: flagged (``LinkTime.outside``), or with ``outside="refuse"``
     raised. Raises ``BadInput`` (``no_link_curve``) when no curve has the span, or the size is
     outside and ``outside="refuse"``; ``ValueError`` for ``size_bytes`` <= 0."""
@@ -377,15 +413,34 @@ def lookup(curves: list[LinkCurve], kind: str, size_bytes: int, group_size: int,
                            f"{hi.bytes} of {curve.source}",
                            "measure the curve over the sizes the projection needs")
         if size_bytes < lo.bytes:
-            return LinkTime(time_ns=float(lo.time_ns), source=curve.source, outside="below")
-        return LinkTime(time_ns=hi.time_ns * size_bytes / hi.bytes, source=curve.source,
-                        outside="above")
+            return LinkTime(time_ns=float(lo.time_ns), source=curve.source, outside="below",
+                            low_ns=_scaled(lo.low_ns, 1.0), high_ns=_scaled(lo.high_ns, 1.0))
+        scale = size_bytes / hi.bytes
+        return LinkTime(time_ns=hi.time_ns * scale, source=curve.source, outside="above",
+                        low_ns=_scaled(hi.low_ns, scale), high_ns=_scaled(hi.high_ns, scale))
     i = next(i for i, r in enumerate(rows) if r.bytes >= size_bytes)
     if rows[i].bytes == size_bytes:
-        return LinkTime(time_ns=float(rows[i].time_ns), source=curve.source)
+        r = rows[i]
+        return LinkTime(time_ns=float(r.time_ns), source=curve.source,
+                        low_ns=_scaled(r.low_ns, 1.0), high_ns=_scaled(r.high_ns, 1.0))
     b0, b1 = rows[i - 1], rows[i]
-    slope = math.log(b1.time_ns / b0.time_ns) / math.log(b1.bytes / b0.bytes)
-    return LinkTime(time_ns=b0.time_ns * (size_bytes / b0.bytes) ** slope, source=curve.source)
+    at = math.log(size_bytes / b0.bytes) / math.log(b1.bytes / b0.bytes)  # 0..1 in log(bytes)
+    return LinkTime(time_ns=_log_log(b0.time_ns, b1.time_ns, at), source=curve.source,
+                    low_ns=_log_log(b0.low_ns, b1.low_ns, at),
+                    high_ns=_log_log(b0.high_ns, b1.high_ns, at))
+
+
+def _scaled(t_ns: int | None, scale: float) -> float | None:
+    return None if t_ns is None else t_ns * scale
+
+
+def _log_log(t0: int | None, t1: int | None, at: float) -> float | None:
+    """t0 x (t1 / t0) ** at: the log-log line through (B0, t0) and (B1, t1) at the size whose
+    log lies ``at`` of the way from B0 to B1 (the same t as t0 (B / B0) ** slope); None where
+    a time is None."""
+    if t0 is None or t1 is None:
+        return None
+    return t0 * (t1 / t0) ** at
 
 
 def _binary(kind: str) -> str:

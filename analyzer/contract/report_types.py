@@ -1152,13 +1152,17 @@ class ProjectionRow(_Figures, kw_only=True):
     run: str
     """The projection's run name."""
     strategy: str
+    """Its strategy."""
     world_size: int
+    """The projected world N."""
     step_ns: int
     """The projected step (``ProjectedStep.step_ns``)."""
     low_ns: int
+    """Its interval's low end."""
     high_ns: int
-    """Its interval."""
+    """Its interval's high end."""
     tokens_per_s_per_device: float | None = None
+    """``ProjectedStep.tokens_per_s_per_device``."""
     exposed_comm_ns: int
     """Exposed communication of the projected step."""
     state_bytes: int | None = None

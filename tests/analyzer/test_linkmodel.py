@@ -17,9 +17,12 @@ from analyzer.contract.report_types import (CommGroup, CommKind, CommRank, Parit
                                             Report, RunEntry)
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "linkmodel"
-ALL_REDUCE_ROWS = [LinkRow(bytes=1024, time_ns=20500), LinkRow(bytes=4096, time_ns=21300),
-                   LinkRow(bytes=16384, time_ns=24100), LinkRow(bytes=65536, time_ns=35800),
-                   LinkRow(bytes=1048576, time_ns=210400)]
+# out-of-place time; spread: min and max of the out-of-place and in-place times of the row
+ALL_REDUCE_ROWS = [LinkRow(bytes=1024, time_ns=20500, low_ns=20310, high_ns=20500),
+                   LinkRow(bytes=4096, time_ns=21300, low_ns=21120, high_ns=21300),
+                   LinkRow(bytes=16384, time_ns=24100, low_ns=23960, high_ns=24100),
+                   LinkRow(bytes=65536, time_ns=35800, low_ns=35510, high_ns=35800),
+                   LinkRow(bytes=1048576, time_ns=210400, low_ns=208900, high_ns=210400)]
 
 
 def _all_reduce() -> LinkCurve:
@@ -72,7 +75,7 @@ def test_nccl_tests_table_without_rank_lines_or_kind_is_refused(tmp_path):
 
 def test_lookup_at_a_measured_size_is_that_rows_time():
     assert lookup([_all_reduce()], "all_reduce", 4096, 4, 2) == LinkTime(
-        time_ns=21300.0, source=_all_reduce().source)
+        time_ns=21300.0, source=_all_reduce().source, low_ns=21120.0, high_ns=21300.0)
 
 
 def test_lookup_between_two_sizes_interpolates_in_log_log():
@@ -88,9 +91,10 @@ def test_lookup_between_two_sizes_interpolates_in_log_log():
 def test_lookup_outside_the_measured_sizes_is_flagged_or_refused():
     curve = _all_reduce()
     assert lookup([curve], "all_reduce", 512, 4, 2) == LinkTime(
-        time_ns=20500.0, source=curve.source, outside="below")
+        time_ns=20500.0, source=curve.source, outside="below", low_ns=20310.0, high_ns=20500.0)
     assert lookup([curve], "all_reduce", 2 * 1048576, 4, 2) == LinkTime(
-        time_ns=420800.0, source=curve.source, outside="above")
+        time_ns=420800.0, source=curve.source, outside="above", low_ns=417800.0,
+        high_ns=420800.0)
     with pytest.raises(BadInput) as err:
         lookup([curve], "all_reduce", 2 * 1048576, 4, 2, outside="refuse")
     assert str(err.value) == (
@@ -202,7 +206,52 @@ def test_nccl_tests_keeps_one_curve_per_dtype_the_sum_rows_and_refuses_a_size_tw
     path.write_text("\n".join(lines[:rows[0]] + extra + lines[rows[0]:]))
     curves = parse_nccl_tests(path)
     assert [(c.dtype, c.rows) for c in curves] == [
-        ("half", [LinkRow(bytes=1024, time_ns=19000)]), ("float", ALL_REDUCE_ROWS)]
+        ("half", [LinkRow(bytes=1024, time_ns=19000, low_ns=19000, high_ns=19100)]),
+        ("float", ALL_REDUCE_ROWS)]
     path.write_text("\n".join(lines + lines[rows[0]:rows[0] + 1]))
     with pytest.raises(BadInput, match="size 1024 appears twice for float: two runs in one file"):
         parse_nccl_tests(path)
+
+
+def test_nccl_tests_row_without_an_in_place_time_has_no_spread(tmp_path):
+    lines = (FIX / "all_reduce_perf.txt").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("4096 "))
+    lines[at] = ("        4096          1024     float     sum      -1     21.30    0.19    0.29"
+                 "      0       N/A     N/A     N/A    N/A")
+    path = tmp_path / "all_reduce_perf.txt"
+    path.write_text("\n".join(lines))
+    rows = parse_nccl_tests(path)[0].rows
+    assert rows[1] == LinkRow(bytes=4096, time_ns=21300)
+    # no spread at 4096: a size between it and 16384 has none; the time still interpolates
+    got = lookup([parse_nccl_tests(path)[0]], "all_reduce", 8192, 4, 2)
+    assert (got.low_ns, got.high_ns) == (None, None)
+    assert got.time_ns == pytest.approx(math.sqrt(21300 * 24100), rel=1e-12)
+
+
+def test_lookup_interpolates_the_spread_as_the_time():
+    # 8192 halfway in log(bytes) between 4096 and 16384: each end the geometric mean of the
+    # rows' ends, low sqrt(21120 x 23960), high sqrt(21300 x 24100)
+    got = lookup([_all_reduce()], "all_reduce", 8192, 4, 2)
+    assert got.low_ns == pytest.approx(math.sqrt(21120 * 23960), rel=1e-12)
+    assert got.high_ns == pytest.approx(math.sqrt(21300 * 24100), rel=1e-12)
+    # a hand-built curve of exact powers: low 1000 -> 4000 ns, high 3000 -> 12000 ns over
+    # 1024 -> 4096 B (slope 1): at 2048 B exactly 2000 and 6000 ns
+    curve = LinkCurve(source="hand", kind="all_gather", group_size=2, nodes=1, dtype="",
+                      rows=[LinkRow(bytes=1024, time_ns=2000, low_ns=1000, high_ns=3000),
+                            LinkRow(bytes=4096, time_ns=8000, low_ns=4000, high_ns=12000)])
+    got = lookup([curve], "all_gather", 2048, 2, 1)
+    assert (got.time_ns, got.low_ns, got.high_ns) == pytest.approx((4000, 2000, 6000),
+                                                                   rel=1e-12)
+
+
+def test_table_form_keeps_the_spread_and_refuses_one_that_does_not_hold_the_time(tmp_path):
+    path = tmp_path / "links.json"
+    curves = [LinkCurve(source="hand", kind="send_recv", group_size=2, nodes=1, dtype="float32",
+                        rows=[LinkRow(bytes=1024, time_ns=50, low_ns=40, high_ns=70),
+                              LinkRow(bytes=2048, time_ns=60)])]
+    path.write_text(dump_curves(curves))
+    assert load_curves(path) == curves
+    path.write_text('[{"source": "x", "kind": "all_reduce", "group_size": 2, "nodes": 1, '
+                    '"dtype": "", "rows": [{"bytes": 8, "time_ns": 5, "low_ns": 6}]}]')
+    with pytest.raises(BadInput, match=r"0 < low <= time <= high"):
+        load_curves(path)

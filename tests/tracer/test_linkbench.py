@@ -1,24 +1,94 @@
-"""The link benchmark (tracer/linkbench.py, issue 44 Deliver 2 (c)): two gloo processes on this
-machine write the link model's table form, which the analyzer reads and looks up."""
+"""The link benchmark (tracer/linkbench.py, issue 44 Deliver 2 (c)) and ``tracer linkbench``:
+groups of every size dividing the world, all at once, rows with a spread, in the link model's
+table form, which the analyzer reads and looks up; bad input one line, exit 2."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from analyzer.analyses.linkmodel import KINDS, load_curves, lookup
+from analyzer.analyses.linkmodel import KINDS, LinkRow, load_curves, lookup
+from tests.tracer.helpers import run_tracer
+from tracer.linkbench import curves_of, group_sizes, groups_of, spread_ns
+
+
+def test_group_sizes_are_every_divisor_of_the_world_from_two():
+    assert group_sizes(2) == [2]
+    assert group_sizes(4) == [2, 4]
+    assert group_sizes(12) == [2, 3, 4, 6, 12]
+    assert group_sizes(7) == [7]
+
+
+def test_the_world_splits_into_contiguous_or_strided_groups():
+    assert groups_of(4, 2) == [[0, 1], [2, 3]]
+    assert groups_of(4, 2, "strided") == [[0, 2], [1, 3]]
+    assert groups_of(6, 3, "strided") == [[0, 2, 4], [1, 3, 5]]
+    assert groups_of(4, 4) == groups_of(4, 4, "strided") == [[0, 1, 2, 3]]
+
+
+def test_spread_is_the_10th_and_90th_percentile_widened_to_hold_the_time():
+    # 11 calls 0, 10, ..., 100 ns: inclusive percentiles at positions 1 and 9 -> 10 and 90 ns
+    calls = list(range(0, 101, 10))
+    assert spread_ns(calls, 50) == (10, 90)
+    assert spread_ns(calls, 95) == (10, 95)  # a mean of medians above p90: the spread holds it
+    assert spread_ns([7], 7) == (7, 7)
+
+
+def test_curves_hold_each_group_size_the_ranks_mean_of_medians_and_the_pooled_spread():
+    # 4 ranks, group sizes 2 and 4, one kind, one size, 3 calls per rank (JSON keys: strings)
+    per_rank = [{"2": {"all_reduce": {"1024": calls}}, "4": {"all_reduce": {"1024": [c * 2 for c in calls]}}}
+                for calls in ([10, 20, 30], [20, 40, 60], [10, 10, 10], [30, 30, 90])]
+    curves = curves_of(per_rank, "bench ({groups} group(s) of {g})", ("all_reduce",), (1024,))
+    # medians 20, 40, 10, 30 -> mean 25; pooled 12 calls sorted 10,10,10,10,20,20,30,30,30,40,60,90:
+    # p10 at position 1.1 -> 10, p90 at position 9.9 -> 40 + 0.9 x 20 = 58
+    assert [(c["group_size"], c["source"], c["rows"]) for c in curves] == [
+        (2, "bench (2 group(s) of 2)", [{"bytes": 1024, "time_ns": 25, "low_ns": 10, "high_ns": 58}]),
+        (4, "bench (1 group(s) of 4)", [{"bytes": 1024, "time_ns": 50, "low_ns": 20, "high_ns": 116}]),
+    ]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("args, said", [
+    (["--nproc", "1"], "tracer: --nproc 1: the link benchmark needs at least 2 processes"),
+    (["--iters", "0"], "tracer: --iters 0: time at least 1 call per size"),
+    (["--nproc", "4", "--sizes", "1024,1032"],
+     "tracer: --sizes 1024,1032: distinct sizes in bytes, each a positive multiple of 16 "
+     "(4-byte elements split over up to 4 ranks)"),
+    (["--sizes", "1k"], "tracer: '1k': comma-separated sizes in bytes, e.g. 1024,65536"),
+    (["--out", "{tmp}/file/links.json"], "tracer: {tmp}/file: is a file, not a folder; pass "
+     "--out a file in a folder"),
+    (["--out", "{tmp}"], "tracer: {tmp}: --out names an existing directory, not a file; pass a "
+     "file name, e.g. --out {tmp}/links.json"),
+])
+def test_bad_linkbench_options_are_one_line_exit_2(tmp_path, args, said):
+    (tmp_path / "file").write_text("")
+    args = [a.format(tmp=tmp_path) for a in args]
+    out = [] if "--out" in args else ["--out", str(tmp_path / "links.json")]
+    proc, _ = run_tracer([*args, *out], tmp_path,
+                         module=[sys.executable, "-m", "tracer", "linkbench"])
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", said.format(tmp=tmp_path) + "\n")
+    assert not (tmp_path / "links.json").exists()
 
 
 @pytest.mark.record
-def test_link_benchmark_writes_one_curve_per_kind_the_analyzer_reads(tmp_path):
-    from tracer.linkbench import run_linkbench
-
+def test_linkbench_writes_a_curve_per_group_size_and_kind_the_analyzer_reads(tmp_path):
     out = tmp_path / "links.json"
-    run_linkbench(out, world=2, backend="gloo", iters=2, sizes=(1024, 4096))
+    proc, _ = run_tracer(["--nproc", "2", "--iters", "2", "--sizes", "1024,4096", "--out",
+                          str(out)], tmp_path, module=[sys.executable, "-m", "tracer",
+                                                       "linkbench"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"wrote {out}: 5 curves (g=2; 5 kinds x 2 sizes each)\n"
     curves = load_curves(out)
     assert [(c.kind, c.group_size, c.nodes, c.dtype, [r.bytes for r in c.rows])
             for c in curves] == [(k, 2, 1, "float32", [1024, 4096]) for k in KINDS]
     assert all(c.source.startswith("link benchmark on this machine ") and "(gloo, CPU, 2 "
-               "processes, median of 2 calls)" in c.source for c in curves)
+               "processes, 1 contiguous group(s) of 2 at once, median of 2 calls, spread "
+               "p10..p90)" in c.source for c in curves)
+    assert all(isinstance(r, LinkRow) and 0 < r.low_ns <= r.time_ns <= r.high_ns
+               for c in curves for r in c.rows)
     got = lookup(curves, "all_reduce", 2048, 2, 1)
-    lo, hi = (r.time_ns for r in curves[0].rows)
-    assert got.outside == "" and min(lo, hi) <= got.time_ns <= max(lo, hi)
+    lo, hi = curves[0].rows
+    assert got.outside == "" and min(lo.time_ns, hi.time_ns) <= got.time_ns <= max(
+        lo.time_ns, hi.time_ns)
+    assert min(lo.low_ns, hi.low_ns) <= got.low_ns <= max(lo.low_ns, hi.low_ns)
