@@ -204,7 +204,8 @@ def decision_input(report: Report) -> DecisionInput:
     if hangs:  # a run that never finishes has nothing to rank; what hung it comes first
         return DecisionInput(best=None, parity="not verified", withheld="; ".join(
             f"{', '.join(f.runs)} hung: {f.cause}" for f in hangs) + " (see Hangs)")
-    dist = [r for r in runs if not strategies.is_reference(r.strategy) and not r.incomplete]
+    dist = [r for r in runs if not strategies.is_reference(r.strategy) and not r.incomplete
+            and r.projection is None]  # projections: the Projected line (``projected_line``)
     failed = [r for r in dist if r.parity.status == "fail"]
     missing = [r for r in dist if r.parity.status == "not_recorded"]
     if (failed or missing) and not rk.declared:
@@ -252,3 +253,25 @@ def decision_input(report: Report) -> DecisionInput:
                                                 if r.name in fa.runs + sl.runs),
                          parity=parity, vs_reference=vs_ref, note=_note(pair, why, min_repeats),
                          **extra)
+
+
+def projected_line(report: Report) -> str | None:
+    """The first screen's line on the projections (``Report.projections``, issue 44), plain
+    text: ``fsdp2-at-64 (fsdp2, 64 ranks): 7.35 ms per step [7.12, 8.90], the fastest of 2
+    projections whose numerics a run here verified; 1 more not verified, not ranked``; None
+    without a projected step."""
+    rows = report.projections
+    if not rows:
+        return None
+    ranked = [p for p in rows if p.rank is not None]
+    unverified = len(rows) - len(ranked)
+    tail = (f"; {unverified} more not verified (no run of the strategy passed parity here), not "
+            "ranked" if unverified and ranked else "")
+    if not ranked:
+        return (f"{len(rows)} projection(s), none ranked: no run of their strategies passed "
+                "parity here (record one at a small world size beside them)")
+    p = ranked[0]
+    what = ("the only projection whose numerics a run here verified" if len(ranked) == 1 else
+            f"the fastest of {len(ranked)} projections whose numerics a run here verified")
+    return (f"{p.run} ({p.strategy}, {p.world_size} ranks): {fmt.ms(p.step_ns)} per step "
+            f"[{fmt.ms(p.low_ns)}, {fmt.ms(p.high_ns)}], {what}{tail} (see Projection)")

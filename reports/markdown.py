@@ -16,7 +16,8 @@ from reports import fmt, notes
 from reports import hangs as hangs_section
 from reports import memory as memory_section
 from reports import pipeline as pipeline_section
-from reports.decision import decision_input, decision_line
+from reports import projection as projection_section
+from reports.decision import decision_input, decision_line, projected_line
 from reports.definitions import Cited, Definition, define
 from reports.verdict import verdict
 
@@ -430,6 +431,8 @@ def first_screen(report: Report) -> list[str]:
     cause and action; the rest counted), then the verdict's details."""
     out = ["# paritytrace report", "",
            f"**Decision:** {escape(decision_line(decision_input(report)))}", ""]
+    if projected := projected_line(report):
+        out += [f"**Projected:** {escape(projected)}", ""]
     if diff := armdiff.lines(report):
         out += [f"**{DIFFERS}**", ""] + [f"- {escape(x)}" for x in diff] + [""]
     ctx = context.lines(report)
@@ -503,6 +506,7 @@ def render(report: Report) -> str:
     out += [f"- {escape(p.sentence)}" for p in rk.pairs] + ([""] if rk.pairs else [])
     out += ["Step-time source: " + escape("; ".join(notes.step_sources(runs))) + ".", "",
             link("step_time", "speedup", "ranking"), ""]
+    out += projection_section.markdown(report, table, escape)
     out += ["## Time per step (per rank, mean per profiled step)", "",
             table(*comparison_rows(report)), "", link("windows"), ""]
 

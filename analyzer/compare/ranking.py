@@ -494,7 +494,8 @@ def rank_runs(runs: list[RunEntry]) -> Ranking:
     every arm ranked, ``left_out`` the arms that failed parity; ``missing`` the arms or
     repeats of the experiment absent from the report (``missing_arms``), for any experiment."""
     left_out = [r.name for r in runs if r.incomplete]
-    complete = [r for r in runs if not r.incomplete]  # README: left out of the ranking
+    # left out: incomplete runs (README); projections, ranked apart (Report.projections)
+    complete = [r for r in runs if not r.incomplete and r.projection is None]
     runs, others, warns = ranked_experiment(complete)
     exp = experiment_id(runs[0]) if runs else None
     arms_declared = is_declared(runs)

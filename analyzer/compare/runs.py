@@ -453,7 +453,8 @@ def _report(found: rundirs.Discovery, runs: list[RunEntry]) -> Report:
         r.speedup_vs_single = s
     report = Report(root=str(found.root), layout=found.layout, runs=runs,
                     ranking=ranking.rank_runs(runs),
-                    settings_warnings=ranking.settings_differences(runs),
+                    settings_warnings=ranking.settings_differences(
+                        [r for r in runs if r.projection is None]),
                     prefetch_comparisons=ranking.prefetch_groups(runs),
                     baseline_drift=drift.report_section(runs),
                     warnings=found.warnings + [f"{r.name}: {n}" for r in runs
