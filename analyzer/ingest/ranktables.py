@@ -145,7 +145,8 @@ def classified(path: Path, dec=None) -> tuple[pd.DataFrame, dict[str, Any]]:
                        "pass the trace as the profiler wrote it")
     d = read_distinfo(dec.distributed_info)
     events, info = classify(dec.events, world_size=d.world_size, pg_sizes=d.sizes(),
-                            pg_ranks=d.ranks_text(), pg_descs=d.descs(), path=str(path))
+                            pg_ranks=d.ranks_text(), pg_descs=d.descs(), path=str(path),
+                            backend=d.backend)
     return events, {**info, "distributed_info": dec.distributed_info,
                     "warnings": dec.warnings + info["notes"]}
 
