@@ -128,13 +128,11 @@ def record(
 
 
 PROJECTED_STRATEGIES = tuple(name for name, row in TABLE.items() if not row.is_reference
-                             and row.dim_of("tensor") is None and row.dim_of("stage") is None)
-"""What ``tracer project`` runs so far (issue 44): the distributed strategies without a tensor
-or stage dimension (ddp, fsdp, fsdp2, hsdp). A tensor dimension's collectives
-(``_c10d_functional::*`` ops around a nested ``c10d::*`` op, fsdp2_tp) read with unknown bytes
-and twice over on the fake group; a stage dimension fails there (torch.distributed.pipelining
-exchanges its stages' shapes with ``recv_object_list``, which receives garbage). Neither is
-offered yet."""
+                             and row.dim_of("stage") is None)
+"""What ``tracer project`` runs so far (issue 44): the distributed strategies without a stage
+dimension (ddp, fsdp, fsdp2, hsdp, fsdp2_tp). A stage dimension fails on the fake group
+(torch.distributed.pipelining exchanges its stages' shapes with ``recv_object_list``, which
+receives garbage): not offered yet."""
 
 
 @app.command()
@@ -148,12 +146,13 @@ def project(
 ) -> None:
     """Project one strategy at --nproc N ranks from ONE process (torch's fake process group,
     no data moved), on this device, into OUT/NAME: a run directory the analyzer reads like a
-    record, holding each distinct role's rank (rank 0 of a flat strategy) at N: its local
-    shapes, every collective call with its process group, kind, dtype and bytes, and memory
-    per rank by category (parameters, gradients, optimizer state, activations). The manifest
-    says it is projected; its numerics are not verified (no data moves), and its step times are
-    this one process's, not a projection of the N-rank step time (not made yet). Options as
-    tracer record's (--backend and --repeat do not apply)."""
+    record, holding each distinct role's rank at N (rank 0 of a flat strategy or hsdp; of
+    fsdp2_tp the tp ranks 0..T-1 of dp index 0): its local shapes, every collective call with
+    its process group, kind, dtype and bytes, and memory per rank by category (parameters,
+    gradients, optimizer state, activations). The manifest says it is projected; its numerics
+    are not verified (no data moves), and its step times are this one process's, not a
+    projection of the N-rank step time (not made yet). Options as tracer record's (--backend
+    and --repeat do not apply)."""
     from analyzer.contract.stopping import stop_on_signals
 
     stop_on_signals()
