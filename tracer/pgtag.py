@@ -182,9 +182,17 @@ def _wrap_c10d(name: str, fn: Callable) -> Callable:
     return wrapper
 
 
-def _is_fake_name(pg_name: str) -> bool:
-    """Whether the process group registered as ``pg_name`` is torch's fake process group."""
-    return _is_fake(c10d._resolve_process_group(pg_name))
+def _fake_note(pg_name: str, args: tuple, kwargs: dict) -> str:
+    """``tensor_note`` of a call on the process group registered as ``pg_name`` when it is
+    torch's fake group and a profiler collects (no tag is opened otherwise), else "" (also
+    for a name that does not resolve: the call keeps its plain tag)."""
+    if not _profiler_enabled():
+        return ""
+    try:
+        fake = _is_fake(c10d._resolve_process_group(pg_name))
+    except (TypeError, ValueError, RuntimeError, KeyError):
+        return ""
+    return tensor_note(args, kwargs) if fake else ""
 
 
 def _wrap_funcol(fn: Callable, resolve: Callable[[Any, str], str]) -> Callable:
@@ -200,8 +208,7 @@ def _wrap_funcol(fn: Callable, resolve: Callable[[Any, str], str]) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             name = str(resolve(read.get("group", args, kwargs), read.get("tag", args, kwargs) or ""))
-            fake = _profiler_enabled() and _is_fake_name(name)  # no tag is opened otherwise
-            tag = tag_name(name, tensor=tensor_note(args, kwargs) if fake else "")
+            tag = tag_name(name, tensor=_fake_note(name, args, kwargs))
         except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError):
             tag = None
         return _call_tagged(tag, fn, args, kwargs)

@@ -519,3 +519,30 @@ def test_a_real_backend_keeps_its_c10d_ops_as_enqueues(tmp_path):
 
     trace = _fake_tp_trace(tmp_path / "rank0.trace.json", backend="gloo")
     assert load_tables(trace).collectives.empty
+
+
+def test_funcol_tag_carries_its_input_on_the_fake_group():
+    """tracer/pgtag.py on the fake group: a funcol call's tag names its group and its first
+    tensor, the input (all_reduce's buffer, all_gather's piece), as a torch.distributed call's
+    does; without it the ``c10d::*`` op it runs (a tensor list) has no bytes in the trace."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from tracer.pgtag import tag_collectives
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            with tag_collectives():
+                funcol.all_reduce(torch.ones(2, 3), "sum", dist.group.WORLD).wait()
+                funcol.all_gather_single(torch.ones(5), 0, dist.group.WORLD).wait()
+                dist.all_reduce(torch.ones(7))
+        tags = [e.name for e in prof.events() if e.name.startswith("paritytrace::pg")]
+    finally:
+        dist.destroy_process_group()
+    assert tags == ["paritytrace::pg 0 tensor float32 6", "paritytrace::pg 0 tensor float32 5",
+                    "paritytrace::pg 0 tensor float32 7"]
