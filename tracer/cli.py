@@ -127,13 +127,10 @@ def record(
     _record_here(configs)
 
 
-PROJECTED_STRATEGIES = tuple(name for name, row in TABLE.items() if not row.is_reference
-                             and row.dim_of("tensor") is None)
-"""What ``tracer project`` runs so far (issue 44): the distributed strategies without a tensor
-dimension (ddp, fsdp, fsdp2, hsdp, pp: each pp stage is given its static shapes,
-tracer/pipeline.py ``stage_shapes``, so no shape exchange needs data the fake group cannot
-move). A tensor dimension's collectives (``_c10d_functional::*`` ops around a nested ``c10d::*``
-op, fsdp2_tp) read with unknown bytes and twice over on the fake group: not offered yet."""
+PROJECTED_STRATEGIES = tuple(name for name, row in TABLE.items() if not row.is_reference)
+"""What ``tracer project`` runs (issue 44): every distributed strategy (pp: each stage is given
+its static shapes, tracer/pipeline.py ``stage_shapes``, so no shape exchange needs data the fake
+group cannot move; fsdp2_tp: the tp ranks of dp index 0)."""
 
 
 @app.command()
@@ -147,13 +144,13 @@ def project(
 ) -> None:
     """Project one strategy at --nproc N ranks from ONE process (torch's fake process group,
     no data moved), on this device, into OUT/NAME: a run directory the analyzer reads like a
-    record, holding each distinct role's rank (rank 0 of a flat strategy; pp: ranks 0..P-1,
-    one per stage, with its send / recv) at N: its local
+    record, holding each distinct role's rank at N (rank 0 of a flat strategy or hsdp; of
+    fsdp2_tp the tp ranks 0..T-1 of dp index 0; of pp ranks 0..P-1, one per stage): its local
     shapes, every collective call with its process group, kind, dtype and bytes, and memory
     per rank by category (parameters, gradients, optimizer state, activations). The manifest
-    says it is projected; its numerics are not verified (no data moves), and its step times are
-    this one process's, not a projection of the N-rank step time (not made yet). Options as
-    tracer record's (--backend and --repeat do not apply)."""
+    says it is projected; its numerics are not verified (no data moves); its step times are
+    this one process's: analyzer report --link-model projects the step at N from them.
+    Options as tracer record's (--backend and --repeat do not apply)."""
     from analyzer.contract.stopping import stop_on_signals
 
     stop_on_signals()

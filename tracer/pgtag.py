@@ -19,7 +19,9 @@ attribute reaches them):
   checks ``op in [isend, irecv]`` against those globals.
 - ``torch.distributed._functional_collectives``: ``FUNCOL_FUNCTIONS``, which DTensor and tensor
   parallel call as ``funcol.<name>`` (the group resolved by funcol's own
-  ``_resolve_group_name``: a ProcessGroup, a DeviceMesh, (mesh, dim), ranks or a name).
+  ``_resolve_group_name``: a ProcessGroup, a DeviceMesh, (mesh, dim), ranks or a name). On the
+  fake group their tag carries the call's first tensor as the c10d calls' does (``tensor_note``):
+  the ``c10d::*`` op a funcol op runs takes a tensor list, which Kineto records without dtype.
 - ``batch_isend_irecv``: each ``P2POp``'s ``op`` is mapped to the wrapped isend / irecv (an op
   built before ``tag_collectives`` holds the original function, which batch_isend_irecv would
   otherwise misread: it tests ``op.op is isend`` against the patched global), so each send and
@@ -180,13 +182,33 @@ def _wrap_c10d(name: str, fn: Callable) -> Callable:
     return wrapper
 
 
+def _fake_note(pg_name: str, args: tuple, kwargs: dict) -> str:
+    """``tensor_note`` of a call on the process group registered as ``pg_name`` when it is
+    torch's fake group and a profiler collects (no tag is opened otherwise), else "" (also
+    for a name that does not resolve: the call keeps its plain tag)."""
+    if not _profiler_enabled():
+        return ""
+    try:
+        fake = _is_fake(c10d._resolve_process_group(pg_name))
+    except (TypeError, ValueError, RuntimeError, KeyError):
+        return ""
+    return tensor_note(args, kwargs) if fake else ""
+
+
 def _wrap_funcol(fn: Callable, resolve: Callable[[Any, str], str]) -> Callable:
+    """A funcol call tagged with its group; on the fake group with its first tensor too
+    (``tensor_note``): funcol's functions take their input first (``self``: all_gather's
+    piece, reduce_scatter's whole buffer, all_reduce's buffer), the tensor the
+    ``_c10d_functional::*`` op they call receives first (torch/distributed/
+    _functional_collectives.py ``all_gather_single``, ``reduce_scatter_tensor``,
+    ``all_reduce``)."""
     read = _Args(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            tag = tag_name(str(resolve(read.get("group", args, kwargs), read.get("tag", args, kwargs) or "")))
+            name = str(resolve(read.get("group", args, kwargs), read.get("tag", args, kwargs) or ""))
+            tag = tag_name(name, tensor=_fake_note(name, args, kwargs))
         except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError):
             tag = None
         return _call_tagged(tag, fn, args, kwargs)

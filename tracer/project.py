@@ -15,8 +15,11 @@ returns whatever its output buffer held: the analyzer says "not verified", never
 step time at N (a later part of issue 44: the link model).
 
 Collective identity: the fake group runs no transfer op (gloo's ``gloo:*`` ops carry a record's
-dtype and bytes), and a ``c10d::*`` op that takes tensor lists records no dtype; so on the fake
-group the tracer's process-group tag carries the call's first tensor (tracer/pgtag.py
+dtype and bytes), so the analyzer counts each call's ``c10d::*`` op instead, once
+(analyzer/ingest/classify.py ``FAKE_BACKEND``: a tensor-parallel call's
+``_c10d_functional::*`` op around it is not counted again); and a ``c10d::*`` op that takes
+tensor lists records no dtype, so on the fake group the tracer's process-group tag carries the
+call's first tensor, a torch.distributed call's and a funcol call's alike (tracer/pgtag.py
 ``tensor_note``, ``schemas.PG_TAG_PREFIX``). A collective torch issues from C++, outside the
 Python calls the tag wraps (DDP's bucket rebuild broadcast in its second iteration), has its
 kind and process group but no bytes (-1, unknown) in a projection.
@@ -49,9 +52,11 @@ def roles(cfg: RecordConfig) -> list[int]:
     flat parameter to a multiple of N). Not quite everything: AdamW's state follows each rank's
     unpadded local view, smaller on the last ranks where a dim 0 does not divide by the shard
     group (analyzer/analyses/sharding.py gives every rank's); the projection measures rank 0's,
-    the largest. fsdp2_tp: ranks 0..T-1, the tp group of dp index 0
-    (a split that does not divide evenly gives tp ranks different local shapes; with an even one
-    they are the same, and T is small). pp: ranks 0..P-1, one per stage (the (dp, pp) mesh is
+    the largest. fsdp2_tp: ranks 0..T-1, the tp group of dp index 0 (the (dp, tp) mesh is
+    row-major). A split that does not divide evenly gives tp ranks different local shapes
+    (DTensor ``Shard`` cuts as ``torch.chunk``: 10 features over 3 tp ranks are 4, 4 and 2;
+    tests/tracer/test_project.py projects and grades it); with an even one they hold and send
+    the same, and T is small. pp: ranks 0..P-1, one per stage (the (dp, pp) mesh is
     row-major: rank = dp * P + stage, ``schemas.Mesh``)."""
     row = cfg.row
     if row.dim_of("stage"):

@@ -5,7 +5,7 @@ from (a ``gpu.*`` rule takes GPU events, ``is_gpu``; a ``cpu.*`` rule the others
 that follow links between rows, each said by the function that applies it: cpu.main_thread_op
 (``_main_thread_rule``), gpu.symm_mem_kernel / gpu.hccl_kernel / gpu.dispatch_kernel
 (``_kernels_in_ops``), gpu.nccl_kernel.args / gpu.nccl_kernel.launch (``_comm_kernels``),
-cpu.gloo_op.paired (``_gloo_ops``), cpu.fake_collective (``_fake_collectives``).
+cpu.gloo_op.paired (``_gloo_ops``).
 
 Collective identity (kind, bytes, dtype, group size, process group) of comm events:
 analyzer/ingest/commid.py. Device event categories the analyzer does not understand (MTIA's
@@ -63,6 +63,21 @@ _LONE_EP_RE = re.compile(r"::(?:\w+_)?(?:dispatch|combine)(?![A-Za-z0-9])", re.I
 ``cub::DispatchReduceByKey``): named in a note when no collective op launched it."""
 # torch/utils/data/dataloader.py _BaseDataLoaderIter: f"enumerate(DataLoader)#{cls.__name__}.__next__"
 DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
+
+FAKE_BACKEND = "fake"
+"""distributedInfo's backend on torch's fake process group (``torch.distributed.Backend.FAKE``,
+torch/testing/_internal/distributed/fake_pg.py; the C++ ``FakeProcessGroup``,
+torch/csrc/distributed/c10d/FakeProcessGroup.hpp, completes every collective at once and runs
+no transfer op). Rule cpu.fake_pg_call: each collective call is then its ``c10d::*`` op (not a
+``c10d::wait*``), as a gloo op is on a real trace. One call, one op: every ProcessGroup method
+is one dispatcher op (torch/csrc/distributed/c10d/Ops.cpp, ``c10d::allreduce_`` ...), which a
+torch.distributed call runs once, and a funcol op runs once inside itself (torch/csrc/
+distributed/c10d/Functional.cpp; the profiler records ``_c10d_functional::all_reduce`` around
+``c10d::allreduce_``, ``_c10d_functional::all_gather_into_tensor`` around
+``c10d::allgather_into_tensor_coalesced_``), so the ``_c10d_functional::*`` op stays an
+enqueue: counting both counted each tensor-parallel call twice. On gloo each such ``c10d::*``
+op is paired with exactly one ``gloo:*`` op (``_pair_gloo``): the same calls a record counts
+(tests/tracer/test_project.py grades a fsdp2_tp projection against a gloo record)."""
 
 _GLOO_FOR_C10D = {  # the gloo op that carries out each enqueue kind on the runloop thread
     "all_reduce": "all_reduce", "reduce_scatter": "all_reduce", "all_gather": "all_gather",
@@ -182,6 +197,9 @@ RULE_TABLE = (
     ("cpu.c10d_functional", "comm_enqueue", _prefix("_c10d_functional::")),
     # ``c10d::wait*`` included: time the main thread spends in a collective is not computation
     ("cpu.c10d_enqueue", "comm_enqueue", _prefix("c10d::")),
+    # torch's fake process group (distributedInfo backend "fake", ``tracer project``) runs no
+    # transfer op: each collective call is its ``c10d::*`` op (``FAKE_BACKEND``)
+    ("cpu.fake_pg_call", "comm", lambda e: e.calls() if e.fake else np.zeros(e.n, bool)),
     ("cpu.record_param_comms", "comm_enqueue", _on_cpu(lambda u: u == "record_param_comms")),
     ("cpu.nccl_op", "comm_enqueue", _prefix("nccl:", "mpi:", "ucc:")),
     ("cpu.symm_mem_op", "comm_enqueue", _prefix("symm_mem::")),
@@ -193,7 +211,7 @@ RULE_TABLE = (
 )
 RULES = tuple(r for r, _, _ in RULE_TABLE) + (
     "gpu.nccl_kernel.args", "gpu.nccl_kernel.launch", "gpu.symm_mem_kernel", "gpu.hccl_kernel",
-    "gpu.dispatch_kernel", "cpu.gloo_op.paired", "cpu.main_thread_op", "cpu.fake_collective")
+    "gpu.dispatch_kernel", "cpu.gloo_op.paired", "cpu.main_thread_op")
 _RULE = {r: i for i, r in enumerate(RULES)}
 _PREDICATE = {rule_id: when for rule_id, _, when in RULE_TABLE}
 _OTHER_COMM = ("cpu.symm_mem_op", "cpu.hccl_op", "cpu.dispatch_op")  # not NCCL
@@ -208,8 +226,9 @@ class _Events:
     matches, whichever rule the row ends with); role, rule and kind as codes into ROLES, RULES,
     KINDS (kind -1: none yet)."""
 
-    def __init__(self, df: pd.DataFrame):
+    def __init__(self, df: pd.DataFrame, fake: bool = False):
         self.n = n = len(df)
+        self.fake = fake  # the trace's backend is torch's fake process group (FAKE_BACKEND)
         self.uniq, self.codes = _distinct(df["name"])
         self.names = self.uniq[self.codes]
         self.u_cat, self.c_cat = _distinct(df["cat"])
@@ -263,7 +282,7 @@ class _Events:
 def classify(df: pd.DataFrame, *, world_size: int | None,
              pg_sizes: dict[str, int] | None = None, pg_ranks: dict[str, str] | None = None,
              pg_descs: dict[str, str] | None = None, path: str = "<trace>",
-             fake_group: bool = False) -> tuple[pd.DataFrame, dict]:
+             backend: str | None = None) -> tuple[pd.DataFrame, dict]:
     """Add role, coll_kind, bytes, pg, rule, step to a decoded event table (analyzer/ingest/decode.py);
     on comm rows, dtype, pg_ranks, pg_desc, peer and group_size are resolved
     (analyzer/ingest/commid.py). Roles and rules: ``RULE_TABLE`` in order, then the rules that
@@ -272,8 +291,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     ``pg_sizes``: process group name -> size (``distinfo.DistInfo.sizes``);
     ``pg_ranks``: process group name -> its ranks (``DistInfo.ranks_text``);
     ``pg_descs``: process group name -> pg_desc (``DistInfo.descs``);
-    ``fake_group``: the trace's backend is torch's fake process group (``tracer project``:
-    each collective call is its own comm row, ``_fake_collectives``).
+    ``backend``: distributedInfo's backend (``FAKE_BACKEND``: rule cpu.fake_pg_call).
     Returns ``(events, info)`` with ``info`` = {device_kind, main_tid, whole_trace_mode,
     steps (``schemas.STEP_WINDOWS_SCHEMA``; analyzer/ingest/steps.py), unlaunched (bool per
     row: device work with no launch in the trace), notes (list of str: classes of events left
@@ -284,14 +302,12 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     if not _time_ordered(df["ts_ns"].to_numpy(), df["end_ns"].to_numpy()):
         df = df.sort_values(["ts_ns", "end_ns"], ascending=[True, False], kind="stable")
     df = df.reset_index(drop=True)  # analyzer/ingest/decode.py already gives this order
-    e = _Events(df)
+    e = _Events(df, fake=backend == FAKE_BACKEND)
     for rule_id, role, _ in RULE_TABLE:
         rows = e.rows(rule_id)
         e.rule[rows] = _RULE[rule_id]
         if role is not None:
             e.role[rows] = _ROLE[role]
-    if fake_group:
-        _fake_collectives(e)
     # kinds the table's comm rows say themselves
     e.kind[e.rows("gpu.deep_ep_kernel")] = _KIND["all_to_all"]
     enq, gloo = e.enq, e.rows("cpu.gloo_op")
@@ -306,6 +322,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     paired = _gloo_ops(e, ident)
     for i in np.flatnonzero(e.enq).tolist():
         ident.enqueue(i)
+    _fake_calls(e, ident)
     is_comm = (e.role == _ROLE["comm"]) | (e.role == _ROLE["comm_enqueue"])
     e.kind[~is_comm] = -1
     e.kind[is_comm & (e.kind < 0)] = _KIND["other"]
@@ -324,23 +341,6 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     return out, {"device_kind": device_kind, "main_tid": main_tid,
                  "whole_trace_mode": steps.whole_trace, "steps": steps.table,
                  "unlaunched": steps.unlaunched, "notes": notes}
-
-
-def _fake_collectives(e: _Events) -> None:
-    """cpu.fake_collective: on torch's fake process group (torch/testing/_internal/distributed/
-    fake_pg.py ``FakeProcessGroup``) no transfer op runs (no ``gloo:*`` op, no kernel): each
-    call that launches a collective is its own comm row, the collective itself, of the time the
-    call took (a fake collective completes at once). A call is a ``c10d::*`` op other than a
-    wait, or a ``_c10d_functional::*`` collective (DTensor, tensor parallel) that encloses no
-    ``c10d::*`` call (where it encloses one, that one is the row: a call counted once)."""
-    calls = e.calls()
-    functional = e.rows("cpu.c10d_functional") & ~e.name(lambda u: "wait" in u)
-    call_rows, func_rows = np.flatnonzero(calls), np.flatnonzero(functional)
-    enclosing = commid.ops_enclosing(func_rows, call_rows, e.ts, e.end, e.c_tid)
-    functional[enclosing[enclosing >= 0]] = False
-    rows = calls | functional
-    e.role[rows] = _ROLE["comm"]
-    e.rule[rows] = _RULE["cpu.fake_collective"]
 
 
 def _main_thread_rule(df: pd.DataFrame, e: _Events) -> str | None:
@@ -492,8 +492,8 @@ class _Identity:
             "shape_numel", "shape_elem_bytes", "shape2_numel", "in_nelems", "out_nelems"))
         # the fake group's tag notes (tracer project): an enqueue op's first tensor where its
         # own record lacks it (a tensor-list op: Kineto writes no dtype)
-        noted = _tag_tensors(e.names, e.rows("cpu.pg_tag"), e.enq, e.ts, e.end, e.c_tid)
-        for j, (t_dtype, t_numel) in noted.items():
+        for j, (t_dtype, t_numel) in _tag_tensors(e.names, e.rows("cpu.pg_tag"), e.enq, e.ts,
+                                                   e.end, e.c_tid).items():
             if self.numel[j] < 0 or self.size[j] < 0:
                 self.numel[j], self.size[j] = t_numel, dtype_bytes(t_dtype)
             if self.dtype[j] is None:
@@ -600,6 +600,18 @@ class _Identity:
             self.nbytes[i] = self.shape_bytes(i, kind, int(self.group[i]))
         if self.nbytes[i] < 0 and j >= 0:
             self.nbytes[i] = self.shape_bytes(j, kind, int(self.group[i]))
+
+    def fake_call(self, i: int, j: int) -> None:
+        """A fake group's collective call ``i`` (its ``c10d::*`` op, ``_fake_calls``) run by
+        enqueue op ``j`` (-1: none): dtype and bytes from ``j`` where its own are unknown,
+        its group size as a gloo op's (``group_of``)."""
+        if j >= 0:
+            if self.dtype[i] is None:
+                self.dtype[i] = self.dtype[j]
+            if self.nbytes[i] < 0:
+                self.nbytes[i] = self.nbytes[j]
+        self.name_group(i)
+        self.group[i] = self.group_of(i)
 
     def enqueue(self, i: int) -> None:
         """An enqueue op ``i``: its group from pg_config, its bytes from its own shape."""
@@ -783,16 +795,42 @@ def _tags(names, is_tag, enq, launch, is_gpu, ts, end, tid) -> dict[int, tuple[s
 
 
 def _tag_tensors(names, is_tag, enq, ts, end, tid) -> dict[int, tuple[str, int]]:
-    """{row: (dtype, elements)} for every comm enqueue op whose enclosing process-group tag has
-    a tensor note (``parse_tag_tensor``: the fake group's)."""
+    """{row: (dtype, elements)} of the op of each tagged call whose process-group tag has a
+    tensor note (``parse_tag_tensor``: the fake group's): the first comm enqueue op the tag
+    encloses (rows are in (start, longest first) order). The note is the first tensor of the
+    Python call the tag wraps (tracer/pgtag.py), and so of the op that call runs first: a
+    ``c10d::*`` op for a torch.distributed call (output first, as ``dist.
+    all_gather_into_tensor(output, input)``), a ``_c10d_functional::*`` op for a funcol call
+    (input first). The ops that one runs inside it (its ``c10d::*`` op, a tensor list) and
+    after it (``_wrap_tensor_autograd``, ``wait_tensor``) take none: the note would be
+    another op's tensor."""
     tags = np.flatnonzero(is_tag)
     tags = tags[[PG_TAG_TENSOR in str(names[t]) for t in tags.tolist()]] if len(tags) else tags
     if not len(tags):
         return {}
     cand = np.flatnonzero(enq).astype(np.int64)
     at = commid.ops_enclosing(tags, cand, ts, end, tid)
-    return {int(r): note for r, t in zip(cand.tolist(), at.tolist())
-            if t >= 0 and (note := parse_tag_tensor(str(names[t]))) is not None}
+    first: dict[int, int] = {}
+    for r, t in zip(cand.tolist(), at.tolist()):
+        if t >= 0 and t not in first:
+            first[t] = r
+    return {int(r): note for t, r in first.items()
+            if (note := parse_tag_tensor(str(names[t]))) is not None}
+
+
+def _fake_calls(e: _Events, ident: "_Identity") -> None:
+    """The fake group's collective calls (rule cpu.fake_pg_call, ``FAKE_BACKEND``): each takes,
+    where its own record lacks them, the dtype and bytes of the innermost comm enqueue op of
+    its kind enclosing it on its thread (``_Identity.fake_call``): the
+    ``_c10d_functional::*`` op that ran it, sized by its tag's tensor note (``_tag_tensors``;
+    its ``c10d::*`` op takes a tensor list, which Kineto records with no dtype or shape)."""
+    calls = np.flatnonzero(e.rule == _RULE["cpu.fake_pg_call"])
+    if not len(calls):
+        return
+    outer = np.flatnonzero(e.enq & (e.rule != _RULE["cpu.fake_pg_call"]))
+    at = commid.ops_enclosing(outer, calls, e.ts, e.end, e.c_tid)
+    for i, j in zip(calls.tolist(), at.tolist()):
+        ident.fake_call(i, j if j >= 0 and e.kind[j] == e.kind[i] else -1)
 
 
 def _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, tid

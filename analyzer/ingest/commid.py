@@ -17,7 +17,11 @@ bytes  nccl-tests (doc/PERFORMANCE.md "Bus bandwidth": all_gather and reduce_sca
        ``c10d::_allgather_base_`` records the output tensor first (the total),
        ``c10d::_reduce_scatter_base_`` the output piece first (x group size), ``nccl:*`` /
        ``symm_mem::*`` / ``hccl:*`` ops the input tensor (all_gather: the piece, x group size);
-       3. unknown (-1): never 0, never the world size when the process group may be smaller.
+       3. on torch's fake process group (no transfer op: the collective is its ``c10d::*`` op,
+          classify.py ``FAKE_BACKEND``), the first tensor of the tagged call (the tag's tensor
+          note) on the call's first op, a ``_c10d_functional::*`` op's taken by the ``c10d::*``
+          op it runs;
+       4. unknown (-1): never 0, never the world size when the process group may be smaller.
 group  1. the ``Group size`` argument (the kernel's own, then record_param_comms');
 size   2. the size distributedInfo's pg_config gives the named process group (distinfo.py);
        3. all_gather and reduce_scatter only: the ratio of the whole buffer to one rank's piece

@@ -52,12 +52,6 @@ def _whole(value: Any, least: int) -> int | None:
     return value if type(value) is int and value >= least else None
 
 
-FAKE_BACKEND = "fake"
-"""distributedInfo's backend on torch's fake process group (torch.distributed.Backend.FAKE,
-torch/testing/_internal/distributed/fake_pg.py): ``tracer project``'s traces, where every
-collective completes at once and no transfer op exists (analyzer/ingest/classify.py
-``cpu.fake_collective``)."""
-
 MAX_WORLD_SIZE = 1 << 17
 """The most ranks a job is taken to hold when nothing states its world size (131072: more than
 any training job published; Llama 3 trained on 16384 GPUs). Bounds the ranks a Flight Recorder

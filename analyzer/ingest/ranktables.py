@@ -20,7 +20,7 @@ import pandas as pd
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
 from analyzer.ingest import tablecache
-from analyzer.ingest.distinfo import FAKE_BACKEND, DistInfo, read as read_distinfo
+from analyzer.ingest.distinfo import DistInfo, read as read_distinfo
 
 
 @dataclass(kw_only=True, slots=True)
@@ -146,7 +146,7 @@ def classified(path: Path, dec=None) -> tuple[pd.DataFrame, dict[str, Any]]:
     d = read_distinfo(dec.distributed_info)
     events, info = classify(dec.events, world_size=d.world_size, pg_sizes=d.sizes(),
                             pg_ranks=d.ranks_text(), pg_descs=d.descs(), path=str(path),
-                            fake_group=d.backend == FAKE_BACKEND)
+                            backend=d.backend)
     return events, {**info, "distributed_info": dec.distributed_info,
                     "warnings": dec.warnings + info["notes"]}
 

@@ -153,19 +153,20 @@ def test_kind_from_text(name, kind):
 
 def test_fake_group_collective_calls_are_the_comm_rows(fixture_copy):
     """fixtures/core/fake_group_rules.json: a ``tracer project`` rank (backend "fake"): no
-    transfer op, so each collective call is its comm row (rule cpu.fake_collective), once."""
+    transfer op, so each collective call's ``c10d::*`` op is its comm row (rule
+    cpu.fake_pg_call), once."""
     ts = load_tables(fixture_copy("fake_group_rules.json"))
     c = ts.collectives.sort_values("start_ns")
     # c10d::_allgather_base_ [20,25) under tag pg 0 float32 x 64 -> 256 bytes; the
-    # functional all_reduce [100,110) encloses c10d::allreduce_ [102,106): the inner call is
-    # the row (tag pg 1 bfloat16 x 16 -> 32 bytes), the outer not counted again; the
-    # functional all_gather [160,170) encloses no call: it is the row (no tag: bytes unknown);
-    # c10d::wait and wait_tensor are waits, not calls
-    assert list(c["kind"]) == ["all_gather", "all_reduce", "all_gather"]
-    assert list(c["rule"]) == ["cpu.fake_collective"] * 3
-    assert list(c["start_ns"]) == [20 * US, 102 * US, 160 * US]
-    assert list(c["dur_ns"]) == [5 * US, 4 * US, 10 * US]
-    assert list(c["bytes"]) == [256, 32, -1]
-    assert list(c["pg"]) == ["0", "1", ""]
-    assert list(c["pg_desc"]) == ["default_pg", "mesh_tp", ""]
-    assert _row(ts.breakdown)["comm_ns"] == 19 * US  # 5 + 4 + 10: each call's own time
+    # functional all_reduce [100,110) runs c10d::allreduce_ [102,106): the inner call is the
+    # row (tag pg 1 bfloat16 x 16 -> 32 bytes), the outer an enqueue, not counted again;
+    # c10d::wait and wait_tensor are waits, not calls; a functional op that runs no c10d op
+    # ([160,170): no FakeProcessGroup call) stays an enqueue
+    assert list(c["kind"]) == ["all_gather", "all_reduce"]
+    assert list(c["rule"]) == ["cpu.fake_pg_call"] * 2
+    assert list(c["start_ns"]) == [20 * US, 102 * US]
+    assert list(c["dur_ns"]) == [5 * US, 4 * US]
+    assert list(c["bytes"]) == [256, 32]
+    assert list(c["pg"]) == ["0", "1"]
+    assert list(c["pg_desc"]) == ["default_pg", "mesh_tp"]
+    assert _row(ts.breakdown)["comm_ns"] == 9 * US  # 5 + 4: each call's own time

@@ -31,7 +31,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.tracer.helpers import run_tracer
+from tests.tracer.helpers import REPO, run_tracer
 
 HIDDEN, LAYERS, FP32 = 32, 2, 4
 WORLDS = (2, 4, 8, 64)
@@ -343,7 +343,7 @@ def test_pp_projection_grades_equal_to_the_gloo_record(tmp_path):
 
 def test_fake_group_enqueue_op_is_the_collective(tmp_path):
     """On the fake process group no transfer op runs (no gloo:* op, no kernel): the c10d op
-    call is the collective (classify.py cpu.fake_collective), once -- a functional collective
+    call is the collective (classify.py cpu.fake_pg_call), once -- a functional collective
     enclosing a c10d call is not counted again, the inner call is the row -- with the tag's
     bytes, group and peer."""
     from analyzer.api import load_tables
@@ -364,6 +364,302 @@ def test_fake_group_enqueue_op_is_the_collective(tmp_path):
     coll = load_tables(trace).collectives
     got = sorted(zip(coll["kind"].astype(str), coll["bytes"], coll["pg"].astype(str),
                      coll["peer"], coll["rule"].astype(str), coll["start_ns"]))
-    assert got == [("all_reduce", 64, "0", -1, "cpu.fake_collective", 52_000),
-                   ("send_recv", 2048, "0", 1, "cpu.fake_collective", 11_000),
-                   ("send_recv", 2048, "0", 1, "cpu.fake_collective", 31_000)]
+    assert got == [("all_reduce", 64, "0", -1, "cpu.fake_pg_call", 52_000),
+                   ("send_recv", 2048, "0", 1, "cpu.fake_pg_call", 11_000),
+                   ("send_recv", 2048, "0", 1, "cpu.fake_pg_call", 31_000)]
+
+
+# --- fsdp2_tp: tensor parallel at N (issue 44, Deliver 1) -------------------------------------
+#
+# Hand rules (torch 2.13), the reference model's plan (tracer/model.py ``tp_plan``) over T = 2
+# tp ranks, FSDP2 over the dp = N / T ranks of each tp coordinate:
+# - TP-local shapes: attn (ColwiseParallel) and mlp.0 (ColwiseParallel) split their out
+#   features (weight and bias dim 0) by T, mlp.2 (RowwiseParallel) its weight's in features
+#   (dim 1), its bias and the norm stay whole; FSDP2 then shards each TP-local tensor on dim 0
+#   over dp as ``fsdp2_counts`` does (chunks of ceil(d0 / dp) rows, padded).
+# - dp (``mesh_dp``) per step and layer: all_gather forward and backward, one reduce_scatter,
+#   each of the layer's padded TP-local shard x dp.
+# - tp (``mesh_tp``) per step, each collective of one activation [B / dp, seq, h] (nccl-tests
+#   bytes: all_gather the gathered whole): per layer one all_gather of attn's output
+#   (``output_layouts=Replicate()``), one all_reduce of mlp.2's partial sums forward, one of
+#   mlp.0's input gradient backward, and one of attn's input gradient on every layer but the
+#   first (the batch needs no gradient): 3L - 1 all_reduces.
+# - Roles: tp ranks 0..T-1 of dp index 0 (tracer/project.py ``roles``); with an even split
+#   they hold and send the same.
+
+TP = 2
+SEQ = 16
+
+
+def tp_local_shapes(h: int, tp: int) -> list[tuple[int, ...]]:
+    """One layer's parameters as tp rank 0 holds them (even split: every tp rank)."""
+    return [(h // tp, h), (h // tp,), (4 * h // tp, h), (4 * h // tp,), (h, 4 * h // tp), (h,),
+            (h,), (h,)]
+
+
+def fsdp2_tp_counts(world: int, batch: int) -> dict:
+    """Rank 0 (and 1) of fsdp2_tp over ``world`` ranks, T = 2: memory bytes and per-step
+    (calls, bytes) per (kind, pg_desc)."""
+    dp = world // TP
+    per_layer = tp_local_shapes(HIDDEN, TP)
+    padded = sum(math.ceil(s[0] / dp) * math.prod(s[1:]) for s in per_layer)
+    local = sum(min(s[0], math.ceil(s[0] / dp)) * math.prod(s[1:]) for s in per_layer)
+    unit_bytes = padded * dp * FP32
+    activation = batch // dp * SEQ * HIDDEN * FP32
+    return {"parameters": LAYERS * padded * FP32, "gradients": LAYERS * padded * FP32,
+            "optimizer_state": LAYERS * (2 * local * FP32 + len(per_layer) * FP32),
+            "calls": {("all_gather", "mesh_dp"): (2 * LAYERS, 2 * LAYERS * unit_bytes),
+                      ("reduce_scatter", "mesh_dp"): (LAYERS, LAYERS * unit_bytes),
+                      ("all_gather", "mesh_tp"): (LAYERS, LAYERS * activation),
+                      ("all_reduce", "mesh_tp"): (3 * LAYERS - 1, (3 * LAYERS - 1) * activation)}}
+
+
+TP_WORLDS = (4, 8, 64)
+"""Meshes 2 x 2, 4 x 2 and 32 x 2 (dp x tp)."""
+
+
+def test_fsdp2_tp_hand_counts_agree_with_the_sharding_arithmetic():
+    """The fast half: the hand count's parameters are the analyzer's padded TP arithmetic
+    (analyzer/analyses/sharding.py ``tp_local_shape`` then ``_padded`` over dp) at every N, and
+    at 2 x 2 the figures a real gloo record of this configuration measured (19,136 B a rank,
+    4 dp all_gathers of 76,544 B, 5 tp all_reduces of 20,480 B per step)."""
+    from analyzer.analyses import sharding
+
+    plan = {f"layers.{i}.{m}": s for i in range(LAYERS)
+            for m, s in (("attn", "colwise"), ("mlp.0", "colwise"), ("mlp.2", "rowwise"))}
+    for world in (*TP_WORLDS, 16, 1024):
+        local = [sharding.tp_local_shape(f, s, plan, 0, TP)
+                 for f, s in sharding.reference_shapes(HIDDEN, LAYERS)]
+        assert fsdp2_tp_counts(world, world)["parameters"] == \
+            sharding._padded(local, world // TP) * FP32, world
+    four = fsdp2_tp_counts(4, 4)
+    assert (four["parameters"], four["optimizer_state"]) == (19_136, 38_336)
+    assert four["calls"] == {("all_gather", "mesh_dp"): (4, 76_544),
+                             ("reduce_scatter", "mesh_dp"): (2, 38_272),
+                             ("all_gather", "mesh_tp"): (2, 8_192),
+                             ("all_reduce", "mesh_tp"): (5, 20_480)}
+
+
+def collective_calls(run: Path, ranks: list[int], profiled: list[int]
+                     ) -> dict[int, dict[int, dict[tuple[str, str], tuple[int, int]]]]:
+    """{rank: {step: {(kind, pg_desc): (calls, bytes)}}} of the collectives the analyzer
+    counts (``load_tables``' collectives table, what report and grade read) in ``profiled``
+    steps; every one with known bytes and dtype Float."""
+    from analyzer.api import load_tables
+
+    coll = load_tables(run).collectives
+    out: dict[int, dict[int, dict]] = {r: {s: {} for s in profiled} for r in ranks}
+    for (rank, step, kind, desc), g in coll.groupby(
+            [coll["rank"], coll["step"], coll["kind"].astype(str), coll["pg_desc"].astype(str)]):
+        if int(step) in profiled:
+            assert (g["bytes"] > 0).all() and set(g["dtype"]) == {"Float"}, (rank, step, kind)
+            out[int(rank)][int(step)][(kind, desc)] = (len(g), int(g["bytes"].sum()))
+    return out
+
+
+def rank_categories(run_dir: Path) -> dict[int, dict[str, int]]:
+    rows = pq.read_table(run_dir / "memory_categories.parquet").to_pylist()
+    out: dict[int, dict[str, int]] = {}
+    for r in rows:
+        out.setdefault(r["rank"], {})[r["category"]] = r["bytes"]
+    return out
+
+
+def _project_tp(tmp_path: Path, world: int, *extra: str, name: str = "p"):
+    return run_tracer(["--strategy", "fsdp2_tp", "--nproc", str(world), *extra, *STEPS,
+                       "--optimizer", "adamw", "--out", str(tmp_path), "--name", name],
+                      cwd=tmp_path, module=[sys.executable, "-m", "tracer", "project"])[0]
+
+
+@pytest.mark.record
+@pytest.mark.parametrize("world", TP_WORLDS, ids=[f"fsdp2_tp-{w // TP}x{TP}" for w in TP_WORLDS])
+def test_fsdp2_tp_projection_at_n_equals_the_hand_counts(tmp_path, world):
+    proc = _project_tp(tmp_path, world, "--hidden", str(HIDDEN), "--layers", str(LAYERS),
+                       "--seq", str(SEQ), "--batch", str(world))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "p"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["projection"] == {"world_size": world, "roles_run": [0, 1], "device": "cpu",
+                                      "fake_process_group": True}
+    assert manifest["mesh"]["shape"] == [world // TP, TP]
+    assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == [
+        "rank0.trace.json.gz", "rank1.trace.json.gz"]
+    want = fsdp2_tp_counts(world, world)
+    got = rank_categories(run)
+    assert sorted(got) == [0, 1]
+    for rank in (0, 1):
+        for cat in ("parameters", "gradients", "optimizer_state"):
+            assert got[rank][cat] == want[cat], (rank, cat, got[rank][cat], want[cat])
+    from analyzer.analyses import sharding
+    from analyzer.contract.schemas import Manifest
+    import msgspec
+
+    m = msgspec.json.decode((run / "manifest.json").read_bytes(), type=Manifest)
+    assert sharding.predict(m)["ranks"][0]["padded_elements"] * FP32 == want["parameters"]
+    for rank, steps in collective_calls(run, [0, 1], [2, 3]).items():
+        for step, kinds in steps.items():
+            assert kinds == want["calls"], (rank, step, kinds)
+
+
+@pytest.mark.record
+def test_fsdp2_tp_projection_grades_equal_against_the_real_record(tmp_path):
+    """World 4, mesh 2 x 2: the projection (ranks 0 and 1 from one process) and a real gloo
+    record of the same options; ``analyzer grade`` finds every exact figure equal and exits 0."""
+    opts = ["--hidden", str(HIDDEN), "--layers", str(LAYERS), "--seq", str(SEQ), "--batch", "4"]
+    proc = _project_tp(tmp_path, 4, *opts)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    real, _ = run_tracer(["--strategy", "fsdp2_tp", "--nproc", "4", *opts, *STEPS, "--optimizer",
+                          "adamw", "--out", str(tmp_path), "--name", "real"], cwd=tmp_path)
+    assert real.returncode == 0, real.stderr[-3000:]
+    graded, _ = run_tracer([str(tmp_path / "p"), str(tmp_path / "real")], cwd=tmp_path,
+                           module=[sys.executable, "-m", "analyzer", "grade"])
+    assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
+    assert graded.stdout.strip().splitlines()[-1] == \
+        "grade: passed -- 22 exact figures equal on ranks 0, 1"
+
+
+UNEVEN = f"{REPO / 'tests' / 'tracer' / 'specs' / 'tp_uneven.py'}:build"
+"""Linear(8, 10) ColwiseParallel(output_layouts=Replicate()), then Linear(10, 8) replicated;
+each Linear an FSDP2 unit."""
+
+
+def uneven_counts(t: int) -> dict:
+    """tp rank ``t`` (dp index 0) of the uneven model at --tp 3 --nproc 6 --batch 6 (dp 2):
+    the first Linear's 10 rows in torch.chunk pieces 4, 4, 2 over tp, each then over dp 2
+    (ceil(rows / 2)); the second Linear whole, 8 rows over dp (4 each). tp: one all_gather per
+    step of the first Linear's output, 3 rows of ceil(10 / 3) = 4 padded features from each
+    of 3 ranks (DTensor pads an uneven shard to the largest before gathering,
+    torch/distributed/tensor/placement_types.py ``Shard._to_replicate_tensor``)."""
+    rows = (4, 4, 2)[t]
+    first = math.ceil(rows / 2) * 8 + math.ceil(rows / 2)
+    second = 4 * 10 + 4
+    unit = [(first) * 2 * FP32, second * 2 * FP32]
+    local = first + second  # dp rank 0 holds full chunks: unpadded = padded
+    return {"parameters": local * FP32, "gradients": local * FP32,
+            "optimizer_state": 2 * local * FP32 + 4 * FP32,
+            "calls": {("all_gather", "mesh_dp"): (4, 2 * sum(unit)),
+                      ("reduce_scatter", "mesh_dp"): (2, sum(unit)),
+                      ("all_gather", "mesh_tp"): (1, 3 * 4 * 3 * FP32)}}
+
+
+@pytest.mark.record
+def test_uneven_tp_split_runs_every_tp_rank_and_grades_equal(tmp_path):
+    """--tp 3 over 10 features: tp ranks hold 4, 4 and 2 rows, so the projection runs all
+    three (roles 0, 1, 2; tracer/project.py ``roles``), rank 2 smaller, each equal to the hand
+    count and to a real gloo record of the same options."""
+    opts = ["--tp", "3", "--batch", "6", "--model", UNEVEN]
+    proc = _project_tp(tmp_path, 6, *opts)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "p"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["projection"]["roles_run"] == [0, 1, 2]
+    got = rank_categories(run)
+    calls = collective_calls(run, [0, 1, 2], [2, 3])
+    for t in (0, 1, 2):
+        want = uneven_counts(t)
+        assert {c: got[t][c] for c in ("parameters", "gradients", "optimizer_state")} == \
+            {c: want[c] for c in ("parameters", "gradients", "optimizer_state")}, t
+        for step, kinds in calls[t].items():
+            assert kinds == want["calls"], (t, step, kinds)
+    assert uneven_counts(2)["parameters"] < uneven_counts(0)["parameters"]
+    real, _ = run_tracer(["--strategy", "fsdp2_tp", "--nproc", "6", *opts, *STEPS, "--optimizer",
+                          "adamw", "--out", str(tmp_path), "--name", "real"], cwd=tmp_path)
+    assert real.returncode == 0, real.stderr[-3000:]
+    graded, _ = run_tracer([str(run), str(tmp_path / "real")], cwd=tmp_path,
+                           module=[sys.executable, "-m", "analyzer", "grade"])
+    assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
+    assert graded.stdout.strip().splitlines()[-1] == \
+        "grade: passed -- 27 exact figures equal on ranks 0-2"
+
+
+def _fake_tp_trace(path: Path, backend: str = "fake") -> Path:
+    """One profiled step of a fsdp2_tp rank on the fake group as torch 2.13 records it (times
+    in µs): an FSDP2 all_gather through torch.distributed (its tag, then ``c10d::
+    _allgather_base_`` with its own shapes), then two funcol calls, each tagged with the
+    call's first tensor (tracer/pgtag.py) around ``_c10d_functional::<op>`` > the ``c10d::*``
+    op it runs (a tensor list: no dtype), ``_wrap_tensor_autograd`` and ``wait_tensor``."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#2", "pid": 1, "tid": 1,
+           "ts": 0, "dur": 1000, "args": {}}]
+
+    def op(name, ts, end, cat="cpu_op", **args):
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts,
+                   "dur": end - ts, "args": args})
+
+    op("paritytrace::pg 1 tensor float32 4784", 10, 60, cat="user_annotation")
+    op("c10d::_allgather_base_", 20, 50, **{"Input Dims": [[4784], [2392]],
+                                           "Input type": ["float", "float"]})
+    for t0, funcol, c10d, dims in ((100, "all_gather_into_tensor",
+                                    "allgather_into_tensor_coalesced_", [2, 16, 16]),
+                                   (300, "all_reduce", "allreduce_", [2, 16, 32])):
+        op(f"paritytrace::pg 3 tensor float32 {math.prod(dims)}", t0, t0 + 100,
+           cat="user_annotation")
+        op(f"_c10d_functional::{funcol}", t0 + 10, t0 + 50, **{"Input Dims": [dims, []],
+                                                                "Input type": ["float", ""]})
+        op(f"c10d::{c10d}", t0 + 20, t0 + 40, **{"Input Dims": [[dims]],
+                                                 "Input type": ["TensorList"]})
+        op("_c10d_functional::_wrap_tensor_autograd", t0 + 55, t0 + 60)
+        op("_c10d_functional::wait_tensor", t0 + 70, t0 + 80)
+    doc = {"schemaVersion": 1, "traceEvents": ev, "distributedInfo": {
+        "backend": backend, "rank": 0, "world_size": 4, "pg_config": [
+            {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+            {"pg_name": "1", "pg_desc": "mesh_dp", "pg_size": 2, "ranks": [0, 2]},
+            {"pg_name": "3", "pg_desc": "mesh_tp", "pg_size": 2, "ranks": [0, 1]}]}}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_fake_group_counts_each_call_once_with_its_bytes(tmp_path):
+    """On the fake group each call is its ``c10d::*`` op (analyzer/ingest/classify.py rule
+    cpu.fake_pg_call), once, not its ``_c10d_functional::*`` op too; a funcol call's bytes
+    come from its tag's tensor (the input: all_gather's piece x 2 ranks, all_reduce's buffer),
+    as a gloo record's transfer gives them."""
+    from analyzer.api import load_events, load_tables
+
+    trace = _fake_tp_trace(tmp_path / "rank0.trace.json")
+    coll = load_tables(trace).collectives
+    got = [(r.kind, r.pg_desc, r.name, r.bytes, r.dtype, r.group_size, r.rule)
+           for r in coll.itertuples()]
+    assert got == [
+        ("all_gather", "mesh_dp", "c10d::_allgather_base_", 19_136, "Float", 2, "cpu.fake_pg_call"),
+        ("all_gather", "mesh_tp", "c10d::allgather_into_tensor_coalesced_", 4_096, "Float", 2,
+         "cpu.fake_pg_call"),
+        ("all_reduce", "mesh_tp", "c10d::allreduce_", 4_096, "Float", 2, "cpu.fake_pg_call")]
+    events, _ = load_events(trace)
+    funcol = events[events["name"].astype(str).str.startswith("_c10d_functional::")]
+    assert set(funcol["role"].astype(str)) == {"comm_enqueue"}
+
+
+def test_a_real_backend_keeps_its_c10d_ops_as_enqueues(tmp_path):
+    """The same events on gloo: no transfer op in the trace, so no collective (a record's
+    are its ``gloo:*`` ops): the rule reads the backend, never the events alone."""
+    from analyzer.api import load_tables
+
+    trace = _fake_tp_trace(tmp_path / "rank0.trace.json", backend="gloo")
+    assert load_tables(trace).collectives.empty
+
+
+def test_funcol_tag_carries_its_input_on_the_fake_group():
+    """tracer/pgtag.py on the fake group: a funcol call's tag names its group and its first
+    tensor, the input (all_reduce's buffer, all_gather's piece), as a torch.distributed call's
+    does; without it the ``c10d::*`` op it runs (a tensor list) has no bytes in the trace."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from tracer.pgtag import tag_collectives
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            with tag_collectives():
+                funcol.all_reduce(torch.ones(2, 3), "sum", dist.group.WORLD).wait()
+                funcol.all_gather_single(torch.ones(5), 0, dist.group.WORLD).wait()
+                dist.all_reduce(torch.ones(7))
+        tags = [e.name for e in prof.events() if e.name.startswith("paritytrace::pg")]
+    finally:
+        dist.destroy_process_group()
+    assert tags == ["paritytrace::pg 0 tensor float32 6", "paritytrace::pg 0 tensor float32 5",
+                    "paritytrace::pg 0 tensor float32 7"]
