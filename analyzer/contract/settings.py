@@ -1,6 +1,6 @@
 """The environment variables a user may set, each read and checked here and nowhere else.
 
-``KNOBS`` lists them (README "Environment variables" is that table; tests/analyzer/
+``KNOBS`` lists them (docs/environment.md is that table; tests/analyzer/
 test_settings.py keeps the two equal). Each has one reader below; a value it cannot use is
 ``BadInput`` (``bad_option``, exit 2) in one line naming the variable, what it holds and a
 value to set (a bad ``PARITYTRACE_CACHE_MAX_BYTES`` is only logged). An unset or blank

@@ -1,5 +1,5 @@
 """Environment variables (analyzer/contract/settings.py): each read there and nowhere else in the
-analyzer and reports, each listed in README's table as the module states it, a bad value one
+analyzer and reports, each listed in docs/environment.md's table as the module states it, a bad value one
 ``BadInput`` line naming the variable."""
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ NOT_SETTINGS = {"PARITYTRACE_HTA_RUNNER": "test hook of analyzer/compare/hta_chi
                 "COLUMNS": "the terminal's width (analyzer/cli/richout.py), not ours to check"}
 
 
-def _readme_rows() -> list[tuple[str, ...]]:
-    text = (REPO / "README.md").read_text()
-    section = text.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+def _table_rows() -> list[tuple[str, ...]]:
+    text = (REPO / "docs" / "environment.md").read_text()
+    section = text.split("# Environment variables", 1)[1]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     return [tuple(cell.strip() for cell in row.strip("|").split("|")) for row in rows]
 
 
-def test_readme_table_is_the_settings_module():
-    assert _readme_rows() == [(f"`{k.name}`", k.default, k.unit, k.what) for k in settings.KNOBS]
+def test_environment_table_is_the_settings_module():
+    assert _table_rows() == [(f"`{k.name}`", k.default, k.unit, k.what) for k in settings.KNOBS]
 
 
 def _environment_reads(path: Path) -> list[str]:
