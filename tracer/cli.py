@@ -139,6 +139,11 @@ def project(
     strategy: Annotated[str, typer.Option(
         help=f"One of {', '.join(PROJECTED_STRATEGIES)}.")] = "fsdp2",
     *,
+    ranks_per_node: Annotated[Optional[int], typer.Option(
+        "--ranks-per-node", min=1,
+        help="The target's ranks per node (default: all N on one node). On CPU each role's "
+             "compute is measured with this many copies running at once, up to this machine's "
+             "CPUs, so it carries the contention of the node's other ranks.")] = None,
     ctx: typer.Context = typer.Option(None, hidden=True),
     **options,
 ) -> None:
@@ -176,7 +181,7 @@ def project(
         _fail(ExitCode.INTERRUPTED, _INTERRUPTED_EARLY)
     logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
     try:
-        run_dir = run_projection(cfg)
+        run_dir = run_projection(cfg, ranks_per_node=ranks_per_node)
     except ValueError as exc:
         _fail(ExitCode.BAD_INPUT, str(exc))
     except RuntimeError as exc:  # a role's child failed: its last line

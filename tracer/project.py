@@ -80,15 +80,29 @@ def check_projection(cfg: RecordConfig) -> None:
     check_world(cfg, env)
 
 
-def project(cfg: RecordConfig) -> Path:
+def co_runners(device_type: str, world: int, ranks_per_node: int | None) -> int:
+    """Copies of a role run at once to measure its compute: on CPU the target node's ranks
+    (``ranks_per_node``, default the whole world), at most this machine's usable CPUs, so the
+    compute carries what the node's other ranks cost it (shared cores' caches and memory
+    bandwidth, SMT siblings: measured here, two copies of a 2-rank ddp step on 2 vCPUs took
+    1.7-2x one copy's time, as the real 2-rank record's compute did). Time-sharing beyond the
+    CPUs is the analyzer's (``ProjectedStep.compute_scale``). On a GPU 1: a rank per device."""
+    if device_type != "cpu":
+        return 1
+    return max(1, min(ranks_per_node or world, len(os.sched_getaffinity(0))))
+
+
+def project(cfg: RecordConfig, *, ranks_per_node: int | None = None) -> Path:
     """Project ``cfg`` (a record's options; ``cfg.nproc`` the world N) into ``cfg.run_dir``.
 
     Claims the run dir as a record does (tracer/record.py ``claim_run_dirs``), computes the
     baseline in this process (the record's numerics inputs: initial weights, batch), runs every
-    role of ``roles`` in a child process of its own, one after another (``run_role_isolated``),
-    and writes the manifest last. Returns the run dir. Raises ``ValueError`` (one line) for
-    options a projection refuses or a run dir it may not write, ``RuntimeError`` with the
-    child's last line when a role fails (the run dir is then left incomplete, no manifest)."""
+    role of ``roles`` in a child process of its own, one after another, each beside its
+    ``co_runners`` - 1 twins (``run_role_isolated``), and writes the manifest last, with
+    ``ranks_per_node`` (the target's; None: the world) and the co-runners. Returns the run dir.
+    Raises ``ValueError`` (one line) for options a projection refuses or a run dir it may not
+    write, ``RuntimeError`` with the child's last line when a role fails (the run dir is then
+    left incomplete, no manifest)."""
     from dataclasses import replace
 
     import torch
@@ -108,9 +122,11 @@ def project(cfg: RecordConfig) -> Path:
             log.warning("%s: replacing %s", cfg.run_dir, replaced)
         write_baseline(cfg, device_type, cfg.run_dir / BASELINE_NAME)
         ranks = roles(cfg)
+        co = co_runners(device_type, cfg.world_size, ranks_per_node)
         for rank in ranks:
-            run_role_isolated(cfg, rank)
-        write_projection_manifest(cfg, ranks)
+            run_role_isolated(cfg, rank, co=co)
+        write_projection_manifest(cfg, ranks, ranks_per_node=ranks_per_node or cfg.world_size,
+                                  co=co)
         finish_record(cfg.run_dir)
     except BaseException:
         abandon_record(cfg.run_dir)
@@ -120,22 +136,42 @@ def project(cfg: RecordConfig) -> Path:
     return cfg.run_dir
 
 
-def run_role_isolated(cfg: RecordConfig, rank: int) -> None:
+def run_role_isolated(cfg: RecordConfig, rank: int, *, co: int = 1) -> None:
     """``run_role`` in a child process (``python -m tracer.project``): DTensor and DeviceMesh
     keep process groups by name across ``destroy_process_group`` (measured: a second role of
     fsdp2_tp in one process fails with "Could not resolve the process group registered under
-    the name 1"), so every role gets a fresh process. Raises ``RuntimeError`` with the child's
-    last stderr line when it fails."""
+    the name 1"), so every role gets a fresh process. With ``co`` > 1, ``co`` - 1 twins run
+    the same role at the same time, each into a scratch run dir of its own (removed after):
+    the node's other ranks (``co_runners``). Raises ``RuntimeError`` with the child's last
+    stderr line when it, or a twin, fails."""
     import json
+    import shutil
     import subprocess
     import sys
+    import tempfile
+    from dataclasses import replace
 
-    cmd = [sys.executable, "-m", "tracer.project", json.dumps(cfg.to_dict()), str(rank)]
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        raise RuntimeError(f"rank {rank} of the projection failed: "
-                           f"{lines[-1] if lines else f'exit {proc.returncode}'}")
+    def start(c: RecordConfig) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "tracer.project", json.dumps(c.to_dict()),
+                                 str(rank)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+
+    with tempfile.TemporaryDirectory(prefix="paritytrace-twins-") as tmp:
+        twins = []
+        for k in range(1, co):
+            twin = replace(cfg, out=tmp, name=f"twin{k}")
+            twin.run_dir.mkdir(parents=True)
+            for f in cfg.run_dir.iterdir():  # the baseline's files: all the run dir holds yet
+                if f.is_file():
+                    shutil.copyfile(f, twin.run_dir / f.name)
+            twins.append(twin)
+        procs = [start(cfg)] + [start(t) for t in twins]
+        errs = [p.communicate()[1] for p in procs]
+    for who, proc, err in zip(["rank"] + ["a twin of rank"] * len(twins), procs, errs):
+        if proc.returncode != 0:
+            lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+            raise RuntimeError(f"{who} {rank} of the projection failed: "
+                               f"{lines[-1] if lines else f'exit {proc.returncode}'}")
 
 
 def _role_facts_path(cfg: RecordConfig, rank: int) -> Path:
@@ -187,7 +223,8 @@ def run_role(cfg: RecordConfig, rank: int) -> None:
     _role_facts_path(cfg, rank).write_bytes(msgspec.json.encode(facts))
 
 
-def write_projection_manifest(cfg: RecordConfig, ranks: list[int]) -> None:
+def write_projection_manifest(cfg: RecordConfig, ranks: list[int], *,
+                              ranks_per_node: int | None = None, co: int = 1) -> None:
     """Merge the roles' partial tables and write the manifest (tracer/manifest.py
     ``build_manifest``, the first role's facts) with its ``projection`` section; backend
     ``"fake"``."""
@@ -219,7 +256,9 @@ def write_projection_manifest(cfg: RecordConfig, ranks: list[int]) -> None:
                               buffers=facts["buffers"], batch_x=batch_x,
                               machine=machine_info(list(os.getloadavg()), 1), mesh=mesh)
     manifest.projection = Projection(world_size=cfg.world_size, roles_run=list(ranks),
-                                     device=device.type, fake_process_group=True)
+                                     device=device.type, fake_process_group=True,
+                                     ranks_per_node=ranks_per_node or cfg.world_size,
+                                     co_runners=co)
     write_manifest(cfg.run_dir, manifest)
 
 

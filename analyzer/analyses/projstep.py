@@ -10,11 +10,11 @@ into that sequence:
 - each role runs its compute in the order the trace shows; the time of a fake call itself is
   left out (the link time replaces it: a link curve times the whole call);
 - a collective starts when every member of its group has issued it (a member rank plays its
-  role: ``Role.of``) and the group's previous collective has finished (one stream per process
+  role: ``role_of``) and the group's previous collective has finished (one stream per process
   group: NCCL runs the collectives of one communicator in issue order, gloo one at a time per
   group), and lasts the link time of its kind, bytes, group size and node span;
-- a send and its recv (``send_recv``: the k-th call of a role to a peer matches the peer's
-  k-th call back) start when both sides have issued them;
+- a send and its recv (the k-th send a -> b is the k-th recv at b from a) start when both
+  sides have issued them and the previous transfer in that direction has finished;
 - the role waits for a call where it needs the result (``Call.need_ns``); the step ends when its
   compute is done and every call it issued has finished.
 
@@ -51,6 +51,8 @@ class Call:
     need_ns: float
     dim: str = "world"
     peer: int = -1
+    direction: str = ""
+    """A send / recv's side: "send", "recv", "" unknown (paired by order alone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +131,7 @@ class _Run:
         self.ends: dict[int, list[float | None]] = {r.rank: [None] * len(r.calls) for r in roles}
         self.issued: dict[int, list[float | None]] = {r.rank: [None] * len(r.calls)
                                                       for r in roles}
-        self.stream_free: dict[tuple[int, str], float] = {}
+        self.stream_free: dict[tuple, float] = {}
         self.durations: dict[tuple, float] = {}
         self.outside: list[tuple[str, int]] = []
         self.exposed: dict[int, dict[str, float]] = {r.rank: {} for r in roles}
@@ -177,7 +179,10 @@ class _Run:
             dur, flag = self.link(call)
             if flag:
                 self.outside.append((call.kind, call.nbytes))
-            streams = [(m, self.roles[m].calls[k].pg) for m, k in members]
+            # one stream per process group; a send / recv per direction of its pair (a pipeline
+            # sends activations forward while gradients come back)
+            lane = key[1] if key[0] == "p2p" else ()
+            streams = [(m, self.roles[m].calls[k].pg, lane) for m, k in members]
             start = max(*times, *(self.stream_free.get(s, 0.0) for s in streams))
             self.durations[key] = dur
             for (m, k), s in zip(members, streams):
@@ -201,18 +206,23 @@ def _matching(roles: list[Role], role_of: Callable[[int], int]
     """Each collective instance -> the (role rank, call index) that take part in it.
 
     A group's call is matched across the roles its members play by order: the k-th call of
-    role a on group G is the k-th call on G of every other role with a member in G. A send /
-    recv pairs the k-th call of a to peer p with the k-th call of p's role to a's rank (kept
-    apart by the peer ranks: the role that plays p sees a's rank as its peer). Raises
+    role a on group G is the k-th call on G of every other role with a member in G. A send
+    from a to b is the k-th send a -> b and pairs with the k-th recv at b from a (pipeline
+    schedules interleave the two directions: 1F1B); a send / recv of unknown direction pairs
+    the k-th call of a to peer p with the k-th call of p's role to a's rank. Raises
     ``BadInput`` when a role's count differs from its partner's."""
     out: dict[tuple, list[tuple[int, int]]] = {}
     counts: dict[tuple, int] = {}
     for role in roles:
         for k, c in enumerate(role.calls):
             if c.kind == "send_recv" and c.peer >= 0:
-                pair = tuple(sorted((role.rank, role_of(c.peer))))
-                # the other side plays role_of(peer); its peer is a rank of this role
-                key0 = ("p2p", pair, role.rank)
+                if c.direction:  # the k-th send a -> b is the k-th recv at b from a
+                    pair = ((role.rank, role_of(c.peer)) if c.direction == "send"
+                            else (role_of(c.peer), role.rank))
+                    key0 = ("p2p", pair, c.direction)
+                else:  # the other side plays role_of(peer); its peer is a rank of this role
+                    pair = tuple(sorted((role.rank, role_of(c.peer))))
+                    key0 = ("p2p", pair, role.rank)
                 n = counts.get(key0, 0)
                 counts[key0] = n + 1
                 key = ("p2p", pair, n)

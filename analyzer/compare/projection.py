@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 
 import pandas as pd
 from typing import TYPE_CHECKING
@@ -87,8 +88,11 @@ def _steps_of_role(rank: int, bd, coll, prefetch, world: int, nccl: bool
                      else _ranks(str(c.pg_ranks), world))  # a send / recv: the pair
             made.append(Call(kind=str(c.kind), pg=str(c.pg), group=group,
                              nbytes=int(c.bytes), issue_ns=issue, need_ns=issue,
-                             dim=str(c.mesh_dim), peer=peer))
+                             dim=str(c.mesh_dim), peer=peer, direction=_direction(str(c.name))))
         compute = int(row.step_ns) - spent
+        # a send is waited for at the end of the schedule's phase (torch.distributed.pipelining
+        # schedules.py: the send works are waited after the microbatches), not where issued
+        made = [replace(c, need_ns=compute) if c.direction == "send" else c for c in made]
         if nccl:
             made = [_nccl_need(c, compute, spans[i][0], needs, start, spans)
                     for i, c in enumerate(made)]
@@ -96,13 +100,18 @@ def _steps_of_role(rank: int, bd, coll, prefetch, world: int, nccl: bool
     return out
 
 
+def _direction(name: str) -> str:
+    """A p2p op's side from its name: ``c10d::send`` "send", ``c10d::recv_`` /
+    ``c10d::recv_any_source_`` "recv", else ""."""
+    op = name.rpartition("::")[2]
+    return "send" if op.startswith("send") else "recv" if op.startswith("recv") else ""
+
+
 def _nccl_need(c: Call, compute: float, start_abs: int, needs: list[tuple[int, int]],
                step_start: int,
                spans: list[tuple[int, int]]) -> Call:
     """``c`` with its need on NCCL (module docstring); ``spans``: (start, dur) of the step's
     calls, absolute ns."""
-    from dataclasses import replace
-
     if c.kind == "all_gather":
         # its FSDP unit's row: the last all_gather issued (the FSDP::all_gather range that
         # encloses the call) at or before the call
@@ -127,7 +136,7 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
     proj = m.projection
     world = proj.world_size
     nccl = proj.device == "cuda"
-    rpn = min(ranks_per_node or world, world)
+    rpn = min(ranks_per_node or proj.ranks_per_node or world, world)
     parts = tables.collectives
     parts = meshdims.with_dims(parts, world, m.mesh)
     bd, prefetch = tables.breakdown, tables.prefetch
@@ -137,7 +146,7 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
     if not steps:
         raise BadInput(run.path, "not_a_trace", "the projection's roles share no profiled step",
                        "project again: each role's trace holds the profiled steps")
-    scale, assumptions = _compute_scale(m, rpn, nccl)
+    scale, assumptions = _compute_scale(m, rpn, nccl, proj.co_runners)
     role_ranks = sorted(roles)
     role_of = _role_of(m, role_ranks)
 
@@ -159,8 +168,9 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
     middle = min(mid, key=lambda r: abs(r.step_ns - step_ns))
     tokens = m.batch.global_batch * m.batch.seq_len if m.batch.seq_len > 0 else None
     sources = sorted({c.source for c in curves})
-    assumptions = [f"{rpn} ranks per node ({'--ranks-per-node' if ranks_per_node else 'the whole world on one node: --ranks-per-node to change'})",
-                   *assumptions]
+    how = ("--ranks-per-node" if ranks_per_node else "tracer project --ranks-per-node"
+           if proj.ranks_per_node else "the whole world on one node: --ranks-per-node to change")
+    assumptions = [f"{rpn} ranks per node ({how})", *assumptions]
     flagged = sorted({f"{k} {b:,} bytes" for r in mid for k, b in r.outside})
     return ProjectedStep(
         world_size=world, steps=len(steps), step_ns=round(step_ns), low_ns=round(min(low)),
@@ -177,16 +187,21 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
         assumptions=assumptions)
 
 
-def _compute_scale(m, rpn: int, nccl: bool) -> tuple[float, list[str]]:
-    """(compute multiplier, its assumption lines): CPU ranks sharing cores (module docstring)."""
+def _compute_scale(m, rpn: int, nccl: bool, co: int) -> tuple[float, list[str]]:
+    """(compute multiplier, its assumption lines): CPU ranks sharing cores (module docstring).
+    ``co``: copies of each role the projection ran at once (tracer/project.py
+    ``co_runners``): their contention is in the measured compute already; what is left is
+    time-sharing, ranks per node x threads over the CPUs when above 1."""
     if nccl or m.machine is None:
         return 1.0, ["one device per rank: compute as measured on this device" if nccl else
                      "compute as measured in this one process (no machine facts in the manifest)"]
     threads, cpus = m.machine.threads_per_rank, max(m.machine.usable_cpus, 1)
     scale = max(1.0, rpn * threads / cpus)
-    return scale, [f"compute x {scale:g}: {rpn} ranks of {threads} thread(s) share this "
+    measured = (f"compute measured with {co} copies of each role running at once"
+                if co > 1 else "compute measured in one process, alone")
+    return scale, [f"{measured}; x {scale:g}: {rpn} ranks of {threads} thread(s) share this "
                    f"machine's {cpus} usable CPUs" if scale > 1 else
-                   f"compute as measured: {rpn} ranks of {threads} thread(s) fit this machine's "
+                   f"{measured}: {rpn} ranks of {threads} thread(s) fit this machine's "
                    f"{cpus} usable CPUs"]
 
 

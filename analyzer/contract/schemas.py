@@ -488,6 +488,8 @@ class Projection(msgspec.Struct, kw_only=True):
     roles_run: list[int]  # the global ranks that ran (one per distinct role), each a rank<r> trace
     device: str  # "cpu" | "cuda": where the roles ran
     fake_process_group: bool = True  # collectives on torch's fake group: no data moved
+    ranks_per_node: int | None = None  # the target's (tracer project --ranks-per-node; None: older)
+    co_runners: int = 1  # copies of each role run at once to measure its compute (tracer/project.py)
 
 
 class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -85,3 +85,23 @@ def test_roles_issuing_different_sequences_on_one_group_are_refused():
     r1 = Role(rank=1, compute_ns=10, calls=(Call("all_reduce", "1", (0, 1), 8, 1, 1),))
     with pytest.raises(BadInput, match="roles"):
         replay([r0, r1], lambda rank: rank, _link({("all_reduce", 8): 1}))
+
+
+def test_sends_pair_with_recvs_by_direction_in_an_interleaved_schedule():
+    # 1F1B-like: stage 0 sends, sends, then receives; stage 1 receives, sends, receives. By
+    # direction: 0's sends #0, #1 pair with 1's recvs #0, #1; 1's send #0 with 0's recv #0;
+    # each 5 ns, one lane per direction.
+    def call(issue, need, direction, peer):
+        return Call("send_recv", "2", (0, 1), 16, issue, need, peer=peer, direction=direction)
+
+    s0 = Role(rank=0, compute_ns=10, calls=(call(0, 10, "send", 1), call(2, 10, "send", 1),
+                                            call(4, 4, "recv", 1)))
+    s1 = Role(rank=1, compute_ns=10, calls=(call(0, 0, "recv", 0), call(1, 10, "send", 0),
+                                            call(1, 1, "recv", 0)))
+    r = replay([s0, s1], lambda rank: rank % 2, _link({("send_recv", 16): 5}))
+    # 0 -> 1 #0: issued at 0 and 0: [0, 5). Stage 1 waits for it (need 0) to 5, computes 1,
+    # issues its send (1 -> 0) and recv #1 at 6. 0 -> 1 #1 (stage 0 issued it at 2): [6, 11);
+    # 1 -> 0 #0 (stage 0's recv issued at 4): its own lane, [6, 11). Stage 0 needs its recv
+    # at 4: waits to 11, then 6 more: 17. Stage 1 needs recv #1 at 1 (its clock 6): waits to
+    # 11, then 9 more: 20
+    assert r.role_step_ns == {0: 17, 1: 20}

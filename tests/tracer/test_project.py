@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -34,6 +35,14 @@ import pytest
 from tests.tracer.helpers import REPO, run_tracer
 
 HIDDEN, LAYERS, FP32 = 32, 2, 4
+
+
+def projection_section(world: int, roles: list[int]) -> dict:
+    """The manifest's ``projection`` of a CPU projection at ``world`` on its defaults: the
+    target's ranks per node the whole world, each role measured beside as many copies as this
+    machine's CPUs allow (tracer/project.py ``co_runners``)."""
+    return {"world_size": world, "roles_run": roles, "device": "cpu", "fake_process_group": True,
+            "ranks_per_node": world, "co_runners": min(world, len(os.sched_getaffinity(0)))}
 WORLDS = (2, 4, 8, 64)
 STEPS = ["--wait", "1", "--warmup", "1", "--active", "2"]
 """Profiled steps 2 and 3: the steady state (DDP rebuilds its buckets in its second iteration,
@@ -160,8 +169,7 @@ def test_projection_at_n_equals_the_hand_counts(tmp_path, strategy, world, extra
     assert proc.stdout.strip() == f"projected {tmp_path / 'p'}"
     run = tmp_path / "p"
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["projection"] == {"world_size": world, "roles_run": [0], "device": "cpu",
-                                      "fake_process_group": True}
+    assert manifest["projection"] == projection_section(world, [0])
     assert manifest["world_size"] == world and manifest["backend"] == "fake"
     assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz"]
     want = hsdp_counts(*map(int, extra[1].split(","))) if strategy == "hsdp" else HAND[strategy](world)
@@ -307,8 +315,7 @@ def test_pp_projection_at_n_equals_the_hand_counts(tmp_path, world, batch):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "p"
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["projection"] == {"world_size": world, "roles_run": [0, 1], "device": "cpu",
-                                      "fake_process_group": True}
+    assert manifest["projection"] == projection_section(world, [0, 1])
     assert manifest["mesh"]["shape"] == [world // PP_STAGES, PP_STAGES]
     assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == [
         "rank0.trace.json.gz", "rank1.trace.json.gz"]
@@ -479,8 +486,7 @@ def test_fsdp2_tp_projection_at_n_equals_the_hand_counts(tmp_path, world):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "p"
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["projection"] == {"world_size": world, "roles_run": [0, 1], "device": "cpu",
-                                      "fake_process_group": True}
+    assert manifest["projection"] == projection_section(world, [0, 1])
     assert manifest["mesh"]["shape"] == [world // TP, TP]
     assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == [
         "rank0.trace.json.gz", "rank1.trace.json.gz"]
