@@ -43,6 +43,12 @@ def rows(report: Report) -> tuple[list[str], list[list[Any]]]:
             "-" if p.peak_bytes is None else fmt.mib(p.peak_bytes),
             {True: "fits", False: "DOES NOT FIT", None: "-"}[p.fits],
             f"verified by {p.verified_by}" if p.verified_by else NOT_VERIFIED])
+        if any(x.measured_run for x in report.projections):
+            out[-1].insert(5, "-" if p.measured_run is None else
+                           f"{fmt.ms(p.measured_median_ns)} ({p.measured_run}): "
+                           f"{p.error:+.1%}, {'inside' if p.inside else 'outside'}")
+    if any(x.measured_run for x in report.projections):
+        heads.insert(5, "measured (error, interval)")
     return heads, out
 
 

@@ -217,22 +217,29 @@ def _role_of(m, role_ranks: list[int]):
 
 
 STATE = ("parameters", "gradients", "optimizer_state")
+NUMERICS_SETTINGS = ("model", "precision", "training")
+"""What a verifying run shares with the projection beside strategy and options: what changes
+the numbers computed (the world size and batch change how they are split, which parity checks)."""
 
 
 def projection_rows(runs: list[RunEntry]) -> list[ProjectionRow]:
     """The report's projections with a projected step (issue 44, Deliver 3): each verified by
-    the first run of the report with the same strategy and strategy options whose parity
-    passed (a small-scale run of the configuration: a projection moves no data, so its own
-    numerics are never checked), else "numerics not verified" and not ranked; ranked by
-    projected step among the verified, fastest first, then the unverified in that order."""
+    the first run of the report with the same strategy, strategy options and
+    ``NUMERICS_SETTINGS`` whose parity passed (a small-scale run of the configuration, at any
+    world size and batch: a projection moves no data, so its own numerics are never checked),
+    else "numerics not verified" and not ranked; ranked by projected step among the verified,
+    fastest first, then the unverified in that order; graded against a run of the same
+    configuration at its world where the report holds one (``_grade_row``)."""
+    from analyzer.compare.ranking import settings_differences
+
     passed = [r for r in runs if r.projection is None and r.parity.status == "pass"]
     rows = []
     for r in runs:
         ps = r.projected_step
         if ps is None:
             continue
-        by = next((p.name for p in passed if p.strategy == r.strategy and p.options == r.options),
-                  None)
+        by = next((p.name for p in passed if p.strategy == r.strategy and p.options == r.options
+                   and not settings_differences([r, p], keys=NUMERICS_SETTINGS)), None)
         state = {}
         for c in r.memory.by_category:
             if c.category in STATE:
@@ -245,7 +252,31 @@ def projection_rows(runs: list[RunEntry]) -> list[ProjectionRow]:
             exposed_comm_ns=ps.exposed_comm_ns, state_bytes=max(state.values(), default=None),
             peak_bytes=r.memory.peak_allocated_bytes,
             fits=None if r.memory.fit is None else r.memory.fit.fits, verified_by=by))
+    for x in rows:
+        _grade_row(x, next(r for r in runs if r.name == x.run), runs)
     rows.sort(key=lambda x: (x.verified_by is None, x.step_ns))
     for i, x in enumerate(x for x in rows if x.verified_by is not None):
         x.rank = i + 1
     return rows
+
+
+GRADED_SETTINGS = ("model", "batch", "precision", "training")
+"""What must agree, beside strategy, options and world size, for a run of the report to grade a
+projection (analyzer/compare/grade.py's configuration, from the report's entries)."""
+
+
+def _grade_row(row: ProjectionRow, proj: RunEntry, runs: list[RunEntry]) -> None:
+    """Set ``row``'s measured figures from the first complete, timed run of the report of the
+    projection's configuration (``GRADED_SETTINGS``), if any: Deliver 4 inside the report."""
+    from analyzer.compare.ranking import settings_differences
+
+    for r in runs:
+        if (r.projection is None and not r.incomplete and r.strategy == proj.strategy
+                and r.options == proj.options and r.world_size == row.world_size
+                and r.step_time_ns.median
+                and not settings_differences([proj, r], keys=GRADED_SETTINGS)):
+            m = float(r.step_time_ns.median)
+            row.measured_run, row.measured_median_ns = r.name, m
+            row.error = (row.step_ns - m) / m
+            row.inside = row.low_ns <= m <= row.high_ns
+            return

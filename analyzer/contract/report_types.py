@@ -1176,6 +1176,15 @@ class ProjectionRow(_Figures, kw_only=True):
     None: numerics not verified, not ranked."""
     rank: int | None = None
     """1 = the fastest projected step among the verified projections; None when not ranked."""
+    measured_run: str | None = None
+    """A run of the report of the same configuration at the same world size (strategy,
+    options, model, batch, precision, training): the projection is graded against it; None."""
+    measured_median_ns: float | None = None
+    """Its median step time (``runs[].step_time_ns.median``)."""
+    error: float | None = None
+    """(step_ns - measured_median_ns) / measured_median_ns."""
+    inside: bool | None = None
+    """Whether the measured median lies in [low_ns, high_ns]."""
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -1,0 +1,49 @@
+"""The report's projection rows (analyzer/compare/projection.py ``projection_rows``): verified
+only by a passing run of the same strategy and options, ranked among the verified by projected
+step, graded against a run of the same configuration at the same world. Hand-built entries."""
+
+from __future__ import annotations
+
+from analyzer.compare.projection import projection_rows
+from analyzer.contract.report_types import Parity, ProjectedStep, RunEntry, StepTime
+
+SETTINGS = {"model": {"name": "SimpleTransformer"}, "batch": {"global_batch": 8},
+            "precision": "fp32", "training": {"optimizer": "adamw"}}
+
+
+def _proj(name, strategy, world, step_ns, low, high):
+    return RunEntry(name=name, strategy=strategy, world_size=world, settings=dict(SETTINGS),
+                    parity=Parity(status="not_recorded", reason="projection"),
+                    projection={"world_size": world},
+                    projected_step=ProjectedStep(world_size=world, steps=3, step_ns=step_ns,
+                                                 low_ns=low, high_ns=high, compute_ns=step_ns,
+                                                 comm_ns=0, exposed_comm_ns=0))
+
+
+def _run(name, strategy, world, status="pass", median=None, settings=SETTINGS):
+    return RunEntry(name=name, strategy=strategy, world_size=world, settings=dict(settings),
+                    parity=Parity(status=status, reason=""),
+                    step_time_ns=StepTime(median=median, n=3 if median else 0))
+
+
+def test_only_projections_a_passing_run_verifies_are_ranked_fastest_first():
+    runs = [_proj("hsdp-64", "hsdp", 64, 300, 250, 350), _proj("fsdp2-64", "fsdp2", 64, 200, 190, 260),
+            _proj("ddp-64", "ddp", 64, 100, 90, 110),
+            _run("hsdp", "hsdp", 4), _run("fsdp2", "fsdp2", 4), _run("ddp", "ddp", 4, "fail")]
+    rows = projection_rows(runs)
+    # ddp-64 is fastest but its strategy's run failed parity: listed last, not ranked
+    assert [(r.run, r.rank, r.verified_by) for r in rows] == [
+        ("fsdp2-64", 1, "fsdp2"), ("hsdp-64", 2, "hsdp"), ("ddp-64", None, None)]
+    assert all(r.measured_run is None for r in rows)  # no run at world 64
+
+
+def test_a_run_of_the_same_configuration_and_world_grades_the_projection():
+    runs = [_proj("fsdp2-4", "fsdp2", 4, 110, 100, 130),
+            _run("fsdp2-other", "fsdp2", 4, median=100.0, settings={**SETTINGS, "precision": "bf16"}),
+            _run("fsdp2", "fsdp2", 4, median=100.0)]
+    (row,) = projection_rows(runs)
+    # the bf16 run is another configuration: the fp32 one grades: +10 %, inside [100, 130]
+    assert (row.measured_run, row.measured_median_ns, row.inside) == ("fsdp2", 100.0, True)
+    assert row.error == (110 - 100) / 100
+    # verification: the same strategy, options, model, precision, training: not the bf16 run
+    assert row.verified_by == "fsdp2"
