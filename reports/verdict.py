@@ -163,6 +163,8 @@ def mesh_hidden_sentence(runs) -> str | None:
     without such a run. Answers "is HSDP's cross-group all_reduce hidden" where it is asked."""
     parts = []
     for r in runs:
+        if r.projection is not None:
+            continue  # fake collectives: nothing hid them (Projection at N ranks says it)
         if not any(d.source in ("pg_desc", "manifest") and d.name != "world" for d in r.mesh_dims):
             continue  # a flat group: the FSDP / DDP sentences say it
         dims = [f"{d.name} {fmt.pct(1 - d.exposed_ns / d.union_ns)}" for d in r.mesh_dims

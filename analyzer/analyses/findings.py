@@ -763,11 +763,14 @@ assert tuple(RULES) == FINDING_KINDS
 
 
 def findings(report: Report) -> list[Finding]:
-    """Every rule (module docstring) over every run of ``report``, the repeats of one arm merged
+    """Every rule (module docstring) over every run of ``report`` but projections (``tracer
+    project``: fake collectives, one process's times), the repeats of one arm merged
     (``merge_repeats``), hangs first, then most severe first (a finding without a severity last; ties in
     ``FINDING_KINDS`` order, then by title)."""
     out: list[Finding] = []
     for group in _repeat_groups(report.runs):
+        if report.runs[group[0]].projection is not None:
+            continue  # a projection's times are one process's: its step is projected instead
         found = {i: [f for rule in RULES.values() for f in rule(_Run(i, report.runs[i]))]
                  for i in group}
         out += (found[group[0]] if len(group) == 1 else

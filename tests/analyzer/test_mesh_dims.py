@@ -446,3 +446,17 @@ def test_decision_lines_say_how_much_of_each_dimension_is_hidden(tmp_path):
     assert line == ("Communication hidden under computation per mesh dimension (1 - exposed / "
                     "the time its collectives ran): nccl_hsdp: replicate 60.0 %, shard 67.4 %.")
     assert line in markdown.render(rep)
+
+
+def test_a_projection_has_no_hidden_share_and_no_findings(tmp_path):
+    """The same set marked as a projection (tracer project): its collectives are the fake
+    group's, so nothing hid them: no hidden-share sentence, no finding drawn from its times."""
+    from analyzer.analyses.findings import findings
+    from reports import verdict
+
+    rep = runs.analyse(_copy("nccl_hsdp", tmp_path))
+    assert findings(rep)  # the record has some: a projection of it must have none
+    for r in rep.runs:
+        r.projection = {"world_size": r.world_size, "roles_run": [0]}
+    assert verdict.mesh_hidden_sentence(rep.runs) is None
+    assert findings(rep) == []
