@@ -286,6 +286,8 @@ def curves_from_report(report: Report, *, nodes: int | None = None
     runs: dict[tuple[str, int, int, str], list[str]] = {}
     notes = []
     for run in report.runs:
+        if run.projection is not None:
+            continue  # the fake group's calls: no transfer measured
         for kind, figs in sorted(run.communication.items()):
             if kind not in KINDS:
                 continue
@@ -449,9 +451,11 @@ def _binary(kind: str) -> str:
 
 def read_link_model(paths: list[Path | str] | tuple[Path | str, ...]) -> list[LinkCurve]:
     """The curves of every file in ``paths``, in order: the table form (a JSON list, as
-    ``dump_curves`` and the link benchmark write it) or nccl-tests output (``parse_nccl_tests``).
-    Raises ``BadInput``: a file missing or unreadable (``bad_run_file``), not a curve table
-    and not nccl-tests output (``not_nccl_tests``)."""
+    ``dump_curves`` and the link benchmark write it), a report.json (the transfers its runs
+    measured, ``curves_from_report``: (b) of the module docstring) or nccl-tests output
+    (``parse_nccl_tests``). Raises ``BadInput``: a file missing or unreadable
+    (``bad_run_file``), a report.json with no measured transfer (``no_link_curve``), not a
+    curve table and not nccl-tests output (``not_nccl_tests``)."""
     curves: list[LinkCurve] = []
     for path in paths:
         p = Path(path)
@@ -460,5 +464,25 @@ def read_link_model(paths: list[Path | str] | tuple[Path | str, ...]) -> list[Li
         except OSError as exc:
             raise BadInput(p, "bad_run_file", f"cannot read it ({exc.strerror or exc})",
                            "pass a link benchmark's JSON or nccl-tests output") from None
-        curves += load_curves(p) if head.startswith(b"[") else parse_nccl_tests(p)
+        if head.startswith(b"{"):
+            curves += _report_curves(p)
+        else:
+            curves += load_curves(p) if head.startswith(b"[") else parse_nccl_tests(p)
+    return curves
+
+
+def _report_curves(path: Path) -> list[LinkCurve]:
+    """``curves_from_report`` of the report.json at ``path``."""
+    from analyzer.contract.report_types import decode
+
+    try:
+        report = decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise BadInput(path, "bad_run_file", f"not a report.json the analyzer wrote ({exc})",
+                       "pass a link benchmark's JSON, nccl-tests output or a report.json") from None
+    curves, notes = curves_from_report(report)
+    if not curves:
+        raise BadInput(path, "no_link_curve", "its runs measured no transfer the link model can "
+                       "use" + (f" ({notes[0]})" if notes else ""),
+                       "pass the report of multi-rank records, or nccl-tests output")
     return curves

@@ -19,9 +19,10 @@ DEVICE_MEMORY_HELP = (
     "One device's memory, e.g. 80GiB (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB): the Memory section "
     "says per run whether its largest per-rank peak fits, and with how much to spare.")
 LINK_MODEL_HELP = (
-    "A link model for the runs tracer project wrote: a JSON file of curves (tracer linkbench) "
-    "or nccl-tests output (all_reduce_perf ... as printed); repeat for several. Each projection "
-    "then gets a projected step at its world size (section Projection at N ranks).")
+    "A link model for the runs tracer project wrote: a JSON file of curves (tracer linkbench), "
+    "nccl-tests output (all_reduce_perf ... as printed), or a report.json whose records "
+    "measured transfers; repeat for several. Each projection then gets a projected step at "
+    "its world size (section Projection at N ranks).")
 RANKS_PER_NODE_HELP = (
     "The target's ranks per node for a projected step: a process group spans nodes by it "
     "(default: the whole world on one node).")

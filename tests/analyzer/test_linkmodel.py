@@ -255,3 +255,29 @@ def test_table_form_keeps_the_spread_and_refuses_one_that_does_not_hold_the_time
                     '"dtype": "", "rows": [{"bytes": 8, "time_ns": 5, "low_ns": 6}]}]')
     with pytest.raises(BadInput, match=r"0 < low <= time <= high"):
         load_curves(path)
+
+
+def test_a_report_json_is_a_link_model_of_its_measured_transfers_projections_left_out(tmp_path):
+    from analyzer.analyses.linkmodel import read_link_model
+    from analyzer.contract.report_types import encode
+
+    pair = [(2, "[0, 1]")]
+    real = _run("ddp", {"all_reduce": (10, 40960.0, [(50000, 10), (70000, 10)], pair)})
+    fake = _run("ddp-at-2", {"all_gather": (4, 4096.0, [(100, 4), (100, 4)], pair)})
+    fake.projection = {"world_size": 2, "roles_run": [0]}
+    report = Report(root="/runs", layout="root", runs=[real, fake], ranking=Ranking(
+        status="withheld", order=[], reason="", rule=""))
+    path = tmp_path / "report.json"
+    path.write_text(encode(report))
+    # the record's all_reduce only: (50000 + 70000) / 20 = 6000 ns at 4096 B; the projection's
+    # fake all_gather measured no transfer
+    assert read_link_model([path]) == [LinkCurve(
+        source="measured in run ddp (report /runs)", kind="all_reduce", group_size=2, nodes=1,
+        dtype="Float", rows=[LinkRow(bytes=4096, time_ns=6000)])]
+    only_fake = Report(root="/runs", layout="root", runs=[fake], ranking=report.ranking)
+    path.write_text(encode(only_fake))
+    with pytest.raises(BadInput, match="its runs measured no transfer"):
+        read_link_model([path])
+    path.write_text('{"runs": 3}')
+    with pytest.raises(BadInput, match="not a report.json the analyzer wrote"):
+        read_link_model([path])
