@@ -6,6 +6,9 @@ per profiled step of each role:
 
 - compute: the step's window (``breakdown.step_ns``) less the time of its fake calls (a fake
   collective completes at once, but its call still takes host time: the link time replaces it);
+  on CUDA the window is the device's, which host calls do not occupy: nothing taken out, and a
+  call's issue is its host time from the window's start, within the window (an approximation:
+  a host that runs ahead of its device issues early; not yet checked on a GPU);
 - calls: the step's collectives (ingest rule ``cpu.fake_collective``) in issue order, each with
   its kind, bytes, process group, the group's global ranks (``pg_ranks``; the world when the
   trace does not say), its mesh dimension (``meshdims.with_dims``) and its peer;
@@ -81,8 +84,8 @@ def _steps_of_role(rank: int, bd, coll, prefetch, world: int, nccl: bool
                                "the trace: its link time cannot be looked up",
                                "project with tracer project, whose traces carry every call's bytes")
             issue = int(c.start_ns) - start - spent
-            spans.append((int(c.start_ns), int(c.dur_ns)))
-            spent += int(c.dur_ns)
+            spans.append((int(c.start_ns), 0 if nccl else int(c.dur_ns)))
+            spent += 0 if nccl else int(c.dur_ns)
             peer = int(c.peer)
             group = (tuple(sorted({rank, peer})) if c.kind == "send_recv" and peer >= 0
                      else _ranks(str(c.pg_ranks), world))  # a send / recv: the pair
@@ -90,6 +93,8 @@ def _steps_of_role(rank: int, bd, coll, prefetch, world: int, nccl: bool
                              nbytes=int(c.bytes), issue_ns=issue, need_ns=issue,
                              dim=str(c.mesh_dim), peer=peer, direction=_direction(str(c.name))))
         compute = int(row.step_ns) - spent
+        made = [replace(c, issue_ns=min(max(c.issue_ns, 0), compute), need_ns=min(max(
+            c.need_ns, 0), compute)) for c in made]  # a GPU step's window is the device's
         # a send is waited for at the end of the schedule's phase (torch.distributed.pipelining
         # schedules.py: the send works are waited after the microbatches), not where issued
         made = [replace(c, need_ns=compute) if c.direction == "send" else c for c in made]

@@ -42,12 +42,14 @@ def test_on_cpu_every_call_is_needed_where_it_is_issued_and_its_own_time_leaves_
 
 def test_on_cuda_fsdp_gathers_and_gradient_reductions_are_needed_later():
     role = _steps_of_role(0, BD, COLL, PREFETCH, world=8, nccl=True)[3]
-    # all_gather: its unit's row (issued at 1090, before the call at 1100) needs it at 1200
-    # -> 200 - 10 (the gather's own time before it) = 190; reduce_scatter on a data-parallel
-    # dim: at the end of compute, 455; the tp all_reduce and the recv: where issued; the send
+    # the window is the device's: compute 500, nothing taken out; issues at their host time
+    # from the window's start: 100, 300, 400, 450, 460. all_gather: its unit's row (issued at
+    # 1090, before the call at 1100) needs it at 1200 -> 200; reduce_scatter on a data-parallel
+    # dim: at the end of compute, 500; the tp all_reduce and the recv: where issued; the send
     # at the end
-    assert [(c.issue_ns, c.need_ns) for c in role.calls] == [(100, 190), (290, 455), (370, 370),
-                                                             (415, 455), (420, 420)]
+    assert role.compute_ns == 500
+    assert [(c.issue_ns, c.need_ns) for c in role.calls] == [(100, 200), (300, 500), (400, 400),
+                                                             (450, 500), (460, 460)]
 
 
 def test_a_call_without_bytes_is_refused():
