@@ -205,7 +205,7 @@ def decision_input(report: Report) -> DecisionInput:
         return DecisionInput(best=None, parity="not verified", withheld="; ".join(
             f"{', '.join(f.runs)} hung: {f.cause}" for f in hangs) + " (see Hangs)")
     dist = [r for r in runs if not strategies.is_reference(r.strategy) and not r.incomplete
-            and r.projection is None]  # projections: the Projected line (``projected_line``)
+            and r.projection is None]  # projections: the Projected lines (``projected_lines``)
     failed = [r for r in dist if r.parity.status == "fail"]
     missing = [r for r in dist if r.parity.status == "not_recorded"]
     if (failed or missing) and not rk.declared:
@@ -255,23 +255,32 @@ def decision_input(report: Report) -> DecisionInput:
                          **extra)
 
 
-def projected_line(report: Report) -> str | None:
-    """The first screen's line on the projections (``Report.projections``, issue 44), plain
-    text: ``fsdp2-at-64 (fsdp2, 64 ranks): 7.35 ms per step [7.12, 8.90], the fastest of 2
-    projections whose numerics a run here verified; 1 more not verified, not ranked``; None
-    without a projected step."""
-    rows = report.projections
-    if not rows:
-        return None
-    ranked = [p for p in rows if p.rank is not None]
-    unverified = len(rows) - len(ranked)
-    tail = (f"; {unverified} more not verified (no run of the strategy passed parity here), not "
-            "ranked" if unverified and ranked else "")
-    if not ranked:
-        return (f"{len(rows)} projection(s), none ranked: no run of their strategies passed "
-                "parity here (record one at a small world size beside them)")
-    p = ranked[0]
-    what = ("the only projection whose numerics a run here verified" if len(ranked) == 1 else
-            f"the fastest of {len(ranked)} projections whose numerics a run here verified")
-    return (f"{p.run} ({p.strategy}, {p.world_size} ranks): {fmt.ms(p.step_ns)} per step "
-            f"[{fmt.ms(p.low_ns)}, {fmt.ms(p.high_ns)}], {what}{tail} (see Projection)")
+def projected_lines(report: Report) -> list[str]:
+    """The first screen's lines on the projections (``Report.projections``, issue 44), plain
+    text, one per world size: ``at 64 ranks: fsdp2-at-64 (fsdp2) 7.35 ms per step [7.12,
+    8.90], the fastest of 2 projections whose numerics a run here verified; 1 more not
+    verified, not ranked``; [] without a projected step. Compute measured on one kind of
+    machine and links on another are said."""
+    out = []
+    for world in sorted({p.world_size for p in report.projections}):
+        rows = [p for p in report.projections if p.world_size == world]
+        ranked = [p for p in rows if p.rank == 1]
+        unverified = sum(p.verified_by is None for p in rows)
+        verified = len(rows) - unverified
+        if not ranked:
+            out.append(f"at {world} ranks: {len(rows)} projection(s), none ranked: no run of "
+                       "their strategies passed parity here (record one at a small world "
+                       "beside them)")
+            continue
+        p = ranked[0]
+        what = ("the only projection whose numerics a run here verified" if verified == 1 else
+                f"the fastest of {verified} projections whose numerics a run here verified")
+        tail = (f"; {unverified} more not verified (no run of the strategy passed parity "
+                "here), not ranked" if unverified else "")
+        entry = next((r for r in report.runs if r.name == p.run), None)
+        mixed = ("; WARNING: " + entry.projected_step.warnings[0]
+                 if entry and entry.projected_step and entry.projected_step.warnings else "")
+        out.append(f"at {world} ranks: {p.run} ({p.strategy}) {fmt.ms(p.step_ns)} per step "
+                   f"[{fmt.ms(p.low_ns)}, {fmt.ms(p.high_ns)}], {what}{tail}{mixed} "
+                   "(see Projection)")
+    return out

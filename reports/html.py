@@ -24,7 +24,7 @@ from reports import memory as memory_section
 from reports import pipeline as pipeline_section
 from reports import projection as projection_section
 from reports import markdown as md_rows
-from reports.decision import decision_input, decision_line, projected_line
+from reports.decision import decision_input, decision_line, projected_lines
 from reports.palette import run_label
 from reports.markdown import (COMM_GROUP_HEADERS, PERFETTO_HINT, REFERENCE, comm_group_rows,
                               comparison_rows)
@@ -337,8 +337,7 @@ def first_screen(report: Report) -> list[str]:
               '<a href="#findings-in-full">Findings in full</a>.</p>' if rest else "")
     return [f'<p class="decision" id="decision">Decision: '
             f'{e(decision_line(decision_input(report)))}</p>',
-            *([f'<p class="decision">Projected: {e(projected)}</p>']
-              if (projected := projected_line(report)) else []),
+            *[f'<p class="decision">Projected {e(line)}</p>' for line in projected_lines(report)],
             *([f'<section id="arm-differences" class="context"><p>{e(md_rows.DIFFERS)}</p><ul>'
                + "".join(f"<li>{e(x)}</li>" for x in diff) + "</ul></section>"]
               if (diff := armdiff.lines(report)) else []),
@@ -402,7 +401,7 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
         parts.append("<ul>" + "".join(f"<li>{e(p.sentence)}</li>" for p in rk.pairs) + "</ul>")
     parts += [step_time_bars(report),
               *projection_section.html(report, _table, e),
-              f"<p>Step-time source: {e('; '.join(notes.step_sources(runs)))}.</p>",
+              f"<p>Step-time source: {e('; '.join(notes.step_sources([r for r in runs if r.projection is None])))}.</p>",
               measured("step_time", "speedup", "ranking")]
     parts += ["<h2>Time per step (per rank, mean per profiled step)</h2>",
               _table(*comparison_rows(report)), breakdown_bars(report), step_bars(report),
@@ -413,7 +412,7 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
               *[timeline_svg(r, col[r.name]) for r in runs],
               measured("clock", "identity")]
     parts += pipeline_section.html(report, _table, e, lambda: measured("bubble", "pairs"))
-    pf = [r for r in runs if r.prefetch]
+    pf = [r for r in runs if r.prefetch and r.projection is None]  # fake all_gathers
     if pf:
         parts.append("<h2>FSDP prefetch</h2>")
         for r in pf:

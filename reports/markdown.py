@@ -17,7 +17,7 @@ from reports import hangs as hangs_section
 from reports import memory as memory_section
 from reports import pipeline as pipeline_section
 from reports import projection as projection_section
-from reports.decision import decision_input, decision_line, projected_line
+from reports.decision import decision_input, decision_line, projected_lines
 from reports.definitions import Cited, Definition, define
 from reports.verdict import verdict
 
@@ -83,12 +83,15 @@ def ranking_rows(report: Report) -> tuple[list[str], list[list[Any]]]:
     (``ranking.order``: the repeats of one arm share it), fastest first, then runs not ranked
     (``-``), then the single-device reference marked ``REFERENCE`` (declared arms have none:
     a single-device arm is ranked); median step time (``notes.STEP_TIME``) and speedup vs
-    single. Declared arms (``ranking.declared``): a column with each arm's declared settings."""
+    single; projections are left to their own section. Declared arms (``ranking.declared``): a
+    column with each arm's declared settings."""
     rk = report.ranking
     pos = {n: i for i, n in enumerate(rk.order, 1)}
     ranked = sorted((r for r in report.runs if not r.is_reference and r.arm in pos),
                     key=lambda r: (pos[r.arm], (r.experiment or {}).get("repeat", 1), r.name))
-    rest = [r for r in report.runs if r not in ranked and not r.is_reference]
+    # projections: their own table (Projection at N ranks); their step times are one process's
+    rest = [r for r in report.runs if r not in ranked and not r.is_reference
+            and r.projection is None]
     refs = [r for r in report.runs if r.is_reference]
     rows = [[str(pos[r.arm]), r] for r in ranked] + [["-", r] for r in rest] + \
         [[REFERENCE, r] for r in refs]
@@ -431,8 +434,7 @@ def first_screen(report: Report) -> list[str]:
     cause and action; the rest counted), then the verdict's details."""
     out = ["# paritytrace report", "",
            f"**Decision:** {escape(decision_line(decision_input(report)))}", ""]
-    if projected := projected_line(report):
-        out += [f"**Projected:** {escape(projected)}", ""]
+    out += [x for line in projected_lines(report) for x in (f"**Projected** {escape(line)}", "")]
     if diff := armdiff.lines(report):
         out += [f"**{DIFFERS}**", ""] + [f"- {escape(x)}" for x in diff] + [""]
     ctx = context.lines(report)
@@ -504,7 +506,7 @@ def render(report: Report) -> str:
         out += [f"**Withheld.** {escape(rk.reason)}", ""]
     out += [table(*ranking_rows(report)), ""]
     out += [f"- {escape(p.sentence)}" for p in rk.pairs] + ([""] if rk.pairs else [])
-    out += ["Step-time source: " + escape("; ".join(notes.step_sources(runs))) + ".", "",
+    out += ["Step-time source: " + escape("; ".join(notes.step_sources([r for r in runs if r.projection is None]))) + ".", "",
             link("step_time", "speedup", "ranking"), ""]
     out += projection_section.markdown(report, table, escape)
     out += ["## Time per step (per rank, mean per profiled step)", "",
@@ -516,7 +518,7 @@ def render(report: Report) -> str:
     out += pipeline_section.markdown(report, table, escape, link("bubble", "pairs")
                                      if pipeline_section.runs(report) else "")
 
-    pf_runs = [r for r in runs if r.prefetch]
+    pf_runs = [r for r in runs if r.prefetch and r.projection is None]  # fake all_gathers
     if pf_runs:
         out += ["## FSDP prefetch", ""]
         for r in pf_runs:

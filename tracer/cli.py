@@ -406,7 +406,9 @@ def linkbench(
     kind (all_reduce, all_gather, reduce_scatter, all_to_all, send_recv) at each size on
     groups of each size g that divides --nproc, gloo on CPU or NCCL when P GPUs are visible;
     per size the ranks' mean of their median call and a spread (10th..90th percentile of the
-    calls). Writes the curves to --out for analyzer grade --link-model."""
+    calls). Writes the curves to --out for analyzer report / grade --link-model. More
+    processes than CPUs measure a shared machine (said); a time that falls as the size grows is
+    noise (said: rerun on a quiet machine or with more --iters)."""
     from analyzer.contract.errors import BadInput
     from analyzer.contract.outpaths import check_out
     from analyzer.contract.stopping import stop_on_signals
@@ -424,6 +426,11 @@ def linkbench(
         _fail(ExitCode.BAD_INPUT, str(exc))
     except BadInput as exc:
         _fail(ExitCode.BAD_INPUT, exc.one_line())
+    cpus = len(os.sched_getaffinity(0))
+    if nproc > cpus:
+        typer.echo(one_line(f"tracer: {nproc} processes on {cpus} usable CPUs: the curves carry "
+                            "this machine's oversubscription, as a record of that many ranks "
+                            "here would"), err=True)
     try:
         curves = bench.run_linkbench(out, world=nproc, iters=iters, sizes=chosen)
     except KeyboardInterrupt:
@@ -433,6 +440,8 @@ def linkbench(
     spans = ", ".join(f"g={g}" for g in dict.fromkeys(c["group_size"] for c in curves))
     typer.echo(one_line(f"wrote {out}: {len(curves)} curves ({spans}; "
                         f"{len(bench.KINDS)} kinds x {len(chosen)} sizes each)"))
+    for line in bench.falling(curves):
+        typer.echo(one_line(f"tracer: {line}"), err=True)
 
 
 def main() -> None:

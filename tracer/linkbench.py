@@ -226,3 +226,18 @@ if __name__ == "__main__":  # python -m tracer.linkbench OUT.json [WORLD]
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     run_linkbench(sys.argv[1], world=int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+
+
+def falling(curves: list[dict]) -> list[str]:
+    """One line per curve whose time falls by more than half as the size grows: a collective's
+    time does not fall with its size, so the smaller size's time is noise (a busy machine)."""
+    out = []
+    for c in curves:
+        rows = c["rows"]
+        for a, b in zip(rows, rows[1:]):
+            if b["time_ns"] < a["time_ns"] / 2:
+                out.append(f"{c['kind']} g={c['group_size']}: {a['time_ns'] / 1e6:.3g} ms at "
+                           f"{a['bytes']:,} B but {b['time_ns'] / 1e6:.3g} ms at {b['bytes']:,} B: "
+                           "noise; rerun on a quiet machine or with more --iters")
+                break
+    return out

@@ -68,13 +68,20 @@ def roles(cfg: RecordConfig) -> list[int]:
 
 def check_projection(cfg: RecordConfig) -> None:
     """Refuse what a projection cannot run, with one line naming the option (``ValueError``):
-    the reference (it runs one process, nothing to project) and a world the batch or mesh
-    does not divide (tracer/worker.py ``check_world``, the record's own check)."""
+    the reference (it runs one process, nothing to project), a world under 2, a fault canary
+    (no numerics to catch it), and a world the batch or mesh does not divide
+    (tracer/worker.py ``check_world``, the record's own check)."""
     from tracer.worker import RankEnv, check_world
 
     if cfg.row.is_reference:
         raise ValueError(f"--strategy {cfg.strategy}: the single-device reference has no world "
                          "to project; choose a distributed strategy")
+    if cfg.world_size < 2:
+        raise ValueError(f"--nproc {cfg.world_size}: a projection is of a world of 2 ranks or "
+                         "more; pass the world size to project")
+    if cfg.fault is not None:
+        raise ValueError(f"--fault {cfg.fault}: a fault canary plants a numerics error, and a "
+                         "projection computes no numerics to catch it; drop --fault")
     env = RankEnv(rank=0, world_size=cfg.world_size, local_rank=0, local_world_size=1,
                   launch="project", ctrl_dir=None)
     check_world(cfg, env)

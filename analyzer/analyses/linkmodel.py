@@ -454,8 +454,9 @@ def read_link_model(paths: list[Path | str] | tuple[Path | str, ...]) -> list[Li
     ``dump_curves`` and the link benchmark write it), a report.json (the transfers its runs
     measured, ``curves_from_report``: (b) of the module docstring) or nccl-tests output
     (``parse_nccl_tests``). Raises ``BadInput``: a file missing or unreadable
-    (``bad_run_file``), a report.json with no measured transfer (``no_link_curve``), not a
-    curve table and not nccl-tests output (``not_nccl_tests``)."""
+    (``bad_run_file``), a report.json with no measured transfer or two curves of one kind,
+    span and dtype (``no_link_curve``), not a curve table and not nccl-tests output
+    (``not_nccl_tests``)."""
     curves: list[LinkCurve] = []
     for path in paths:
         p = Path(path)
@@ -468,6 +469,16 @@ def read_link_model(paths: list[Path | str] | tuple[Path | str, ...]) -> list[Li
             curves += _report_curves(p)
         else:
             curves += load_curves(p) if head.startswith(b"[") else parse_nccl_tests(p)
+    seen: dict[tuple, LinkCurve] = {}
+    for c in curves:  # lookup takes the first of a span: two would be chosen by file order
+        key = (c.kind, c.group_size, c.nodes, c.dtype)
+        if key in seen:
+            raise BadInput(paths[0] if len(paths) == 1 else ", ".join(map(str, paths)),
+                           "no_link_curve", f"two curves of {c.kind} on g={c.group_size} "
+                           f"n={c.nodes} ({c.dtype or 'dtype unknown'}): {seen[key].source}; "
+                           f"{c.source}", "pass one measurement of each kind and group span "
+                           "(the one taken on the target's ranks)")
+        seen[key] = c
     return curves
 
 

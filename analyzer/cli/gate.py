@@ -36,27 +36,31 @@ GATE_HELP = (
 
 def gate_lines(runs: list[RunEntry]) -> tuple[bool, list[str]]:
     """(every run passed, one line per run and the verdict line). The reference run counts as
-    a pass; an incomplete run (included only with ``--allow-incomplete``) has no parity to
-    gate: listed as SKIP; the verdict then says it was skipped, so it never reads as a pass of
+    a pass; an incomplete run (included only with ``--allow-incomplete``) and a projection
+    (``tracer project``: no data moved) have no parity to gate: listed as SKIP; the verdict then says it was skipped, so it never reads as a pass of
     that run. A run without numerics (or with a rank or tensor missing from them) is "not
     verified" -- a failure, never called "not numerically equivalent"."""
     lines, ok = [], True
     failed, unverified = False, False
     for r in runs:
         passed = r.parity.status in ("pass", "reference")
-        ok &= passed or r.incomplete
-        failed |= r.parity.status == "fail" and not r.incomplete
-        unverified |= r.parity.status == "not_recorded" and not r.incomplete
-        word = "SKIP" if r.incomplete else "PASS" if passed else "FAIL"
+        skip = r.incomplete or r.projection is not None
+        ok &= passed or skip
+        failed |= r.parity.status == "fail" and not skip
+        unverified |= r.parity.status == "not_recorded" and not skip
+        word = "SKIP" if skip else "PASS" if passed else "FAIL"
         lines.append(f"{word} {r.name}: {r.parity.status} -- {r.parity.reason}")
     skipped = [r.name for r in runs if r.incomplete]
+    projected = [r.name for r in runs if r.projection is not None and not r.incomplete]
     # nothing was gated: incomplete runs beside no verified distributed run (at most the
     # single-device reference) never pass
     verified = [r for r in runs if not r.incomplete and r.parity.status == "pass"]
     nothing = bool(skipped) and not verified
     ok = ok and not nothing
     tail = (f" ({len(skipped)} incomplete run(s) skipped, not verified: {', '.join(skipped)})"
-            if skipped else "")
+            if skipped else "") + (
+        f" ({len(projected)} projection(s) skipped: tracer project moves no data, so there are "
+        f"no numerics to gate: {', '.join(projected)})" if projected else "")
     if ok:
         lines.append(f"gate: passed{tail}")
     else:

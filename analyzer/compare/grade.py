@@ -276,6 +276,16 @@ def grade(projection: Path, run: Path | list[Path],
     paths = [run] if isinstance(run, (str, Path)) else list(run)
     p_run = _one_run(projection, "PROJECTION")
     r_runs = [_one_run(p, "RUN") for p in paths]
+    seen: set[str] = {str(p_run.path.resolve())}
+    for path, r_run in zip(paths, r_runs):
+        if projection_info(r_run) is not None:
+            raise BadInput(path, "bad_option", "RUN: a projection (tracer project), not a real "
+                           "run: its times and collectives are the fake group's",
+                           "grade against a run tracer record wrote")
+        if str(r_run.path.resolve()) in seen:
+            raise BadInput(path, "bad_option", "given twice (as PROJECTION or another RUN): "
+                           "each run counts once", "pass each run directory once")
+        seen.add(str(r_run.path.resolve()))
     for path, r_run in zip(paths, r_runs):
         if diffs := configuration_differences(p_run, r_run, (str(projection), str(path))):
             raise BadInput(path, "other_configuration",

@@ -35,7 +35,6 @@ fastest step replayed with each link row's low time to the slowest with its high
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import replace
 
 import pandas as pd
@@ -169,8 +168,10 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
                   compute_scale=scale).step_ns for s in steps]
     high = [replay([roles[r][s] for r in role_ranks], role_of, link("high_ns"),
                    compute_scale=scale).step_ns for s in steps]
-    step_ns = statistics.median(r.step_ns for r in mid)
-    middle = min(mid, key=lambda r: abs(r.step_ns - step_ns))
+    # the median step (the lower of the two middle ones for an even count): a replayed step,
+    # so that its compute and exposed communication add up to it
+    middle = sorted(mid, key=lambda r: r.step_ns)[(len(mid) - 1) // 2]
+    step_ns = middle.step_ns
     tokens = m.batch.global_batch * m.batch.seq_len if m.batch.seq_len > 0 else None
     sources = sorted({c.source for c in curves})
     how = ("--ranks-per-node" if ranks_per_node else "tracer project --ranks-per-node"
@@ -179,8 +180,7 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
     flagged = sorted({f"{k} {b:,} bytes" for r in mid for k, b in r.outside})
     return ProjectedStep(
         world_size=world, steps=len(steps), step_ns=round(step_ns), low_ns=round(min(low)),
-        high_ns=round(max(high)), compute_ns=round(statistics.median(
-            max(roles[r][s].compute_ns for r in role_ranks) for s in steps) * scale),
+        high_ns=round(max(high)), compute_ns=round(step_ns - middle.exposed_ns),
         comm_ns=round(middle.comm_ns), exposed_comm_ns=round(middle.exposed_ns),
         exposed_by_dim_ns={k: round(v) for k, v in sorted(middle.exposed_by_dim_ns.items())},
         tokens_per_s_per_device=None if tokens is None or step_ns <= 0
@@ -189,7 +189,23 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
                  "them, gradient reductions by the end of the step's compute" if nccl else
                  "none (gloo on CPU, as measured: every collective exposed)"),
         compute_scale=scale, link_sources=sources, outside_sizes=flagged,
-        assumptions=assumptions)
+        assumptions=assumptions, warnings=_mixed_devices(proj.device, sources))
+
+
+def _mixed_devices(device: str, sources: list[str]) -> list[str]:
+    """A warning when the compute and the links were measured on different kinds of machine:
+    a CPU projection with nccl-tests or NCCL benchmark curves, a CUDA one with gloo curves
+    (the link benchmark's source names its backend; nccl-tests runs on GPUs)."""
+    gpu_links = [x for x in sources if x.startswith("nccl-tests") or "(nccl," in x]
+    cpu_links = [x for x in sources if "(gloo," in x]
+    if device != "cuda" and gpu_links:
+        return ["compute measured on this machine's CPU, links from GPUs (" + "; ".join(
+            gpu_links) + "): the step mixes the two; project on the target's GPU "
+            "(tracer project --device cuda) to rank GPU layouts"]
+    if device == "cuda" and cpu_links:
+        return ["compute measured on a GPU, links from CPU / gloo (" + "; ".join(cpu_links)
+                + "): the step mixes the two; pass nccl-tests output or an NCCL link benchmark"]
+    return []
 
 
 def _compute_scale(m, rpn: int, nccl: bool, co: int) -> tuple[float, list[str]]:
@@ -232,9 +248,11 @@ def projection_rows(runs: list[RunEntry]) -> list[ProjectionRow]:
     the first run of the report with the same strategy, strategy options and
     ``NUMERICS_SETTINGS`` whose parity passed (a small-scale run of the configuration, at any
     world size and batch: a projection moves no data, so its own numerics are never checked),
-    else "numerics not verified" and not ranked; ranked by projected step among the verified,
-    fastest first, then the unverified in that order; graded against a run of the same
-    configuration at its world where the report holds one (``_grade_row``)."""
+    else "numerics not verified" and not ranked; the same fault, and the options but the
+    mesh's shape (``_layout``); ranked by projected step among the verified projections of one
+    world size and setup (``_setup``), fastest first, the unverified after them; graded
+    against a run of the same configuration at its world where the report holds one
+    (``_grade_row``)."""
     from analyzer.compare.ranking import settings_differences
 
     passed = [r for r in runs if r.projection is None and r.parity.status == "pass"]
@@ -243,7 +261,8 @@ def projection_rows(runs: list[RunEntry]) -> list[ProjectionRow]:
         ps = r.projected_step
         if ps is None:
             continue
-        by = next((p.name for p in passed if p.strategy == r.strategy and p.options == r.options
+        by = next((p.name for p in passed if p.strategy == r.strategy and p.fault == r.fault
+                   and _layout(p.options) == _layout(r.options)
                    and not settings_differences([r, p], keys=NUMERICS_SETTINGS)), None)
         state = {}
         for c in r.memory.by_category:
@@ -259,10 +278,28 @@ def projection_rows(runs: list[RunEntry]) -> list[ProjectionRow]:
             fits=None if r.memory.fit is None else r.memory.fit.fits, verified_by=by))
     for x in rows:
         _grade_row(x, next(r for r in runs if r.name == x.run), runs)
-    rows.sort(key=lambda x: (x.verified_by is None, x.step_ns))
-    for i, x in enumerate(x for x in rows if x.verified_by is not None):
-        x.rank = i + 1
+    rows.sort(key=lambda x: (x.world_size, x.verified_by is None, x.step_ns))
+    comparable: dict[tuple, int] = {}
+    for x in rows:  # ranked among the projections of one world, batch, model and setup
+        if x.verified_by is not None:
+            key = (x.world_size, _setup(next(r for r in runs if r.name == x.run)))
+            comparable[key] = x.rank = comparable.get(key, 0) + 1
     return rows
+
+
+def _layout(options: dict) -> dict:
+    """Strategy options but the mesh's shape, which follows the world size: a 2x2 HSDP record
+    verifies the layout an 8x8 projection runs."""
+    return {k: v for k, v in options.items() if k != "mesh"}
+
+
+def _setup(run: RunEntry) -> str:
+    """What projections ranked against each other share beside the world: batch, model,
+    precision, training (their settings as the manifest wrote them)."""
+    import json as _json
+
+    return _json.dumps({k: (run.settings or {}).get(k) for k in GRADED_SETTINGS}, sort_keys=True,
+                       default=str)
 
 
 GRADED_SETTINGS = ("model", "batch", "precision", "training")

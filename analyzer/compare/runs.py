@@ -488,4 +488,7 @@ def gate(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> list
         if r.foreign and not r.incomplete:
             pipeline.load_run(r, jobs=options.jobs).close()
     return [RunEntry(name=r.name, strategy=r.strategy, incomplete=r.incomplete,
-                     parity=_parity(r, options)) for r in found.runs]
+                     parity=_parity(r, options),
+                     projection=msgspec.to_builtins(r.manifest.projection)
+                     if r.manifest is not None and r.manifest.projection else None)
+            for r in found.runs]

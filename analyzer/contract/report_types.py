@@ -886,6 +886,8 @@ class ProjectedStep(_Figures, kw_only=True):
     """Calls (kind, bytes) outside a curve's measured sizes: flagged, not extrapolated silently."""
     assumptions: list[str] = []
     """What the projection assumes beyond what it measured, one line each."""
+    warnings: list[str] = []
+    """What makes the step doubtful: compute and links measured on different kinds of machine."""
 
 
 class RunEntry(_Figures, kw_only=True):
@@ -1175,7 +1177,8 @@ class ProjectionRow(_Figures, kw_only=True):
     """The run of the report whose parity passed with this strategy and options (its name);
     None: numerics not verified, not ranked."""
     rank: int | None = None
-    """1 = the fastest projected step among the verified projections; None when not ranked."""
+    """1 = the fastest projected step among the verified projections of its world size, batch,
+    model, precision and training; None when not ranked."""
     measured_run: str | None = None
     """A run of the report of the same configuration at the same world size (strategy,
     options, model, batch, precision, training): the projection is graded against it; None."""

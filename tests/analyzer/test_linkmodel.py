@@ -281,3 +281,17 @@ def test_a_report_json_is_a_link_model_of_its_measured_transfers_projections_lef
     path.write_text('{"runs": 3}')
     with pytest.raises(BadInput, match="not a report.json the analyzer wrote"):
         read_link_model([path])
+
+
+def test_two_curves_of_one_kind_and_span_are_refused_not_chosen_by_file_order(tmp_path):
+    from analyzer.analyses.linkmodel import read_link_model
+
+    one = LinkCurve(source="a", kind="all_reduce", group_size=2, nodes=1, dtype="float32",
+                    rows=[LinkRow(bytes=1024, time_ns=10)])
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(dump_curves([one]))
+    b.write_text(dump_curves([LinkCurve(**{**{f: getattr(one, f) for f in one.__struct_fields__},
+                                           "source": "b", "rows": [LinkRow(bytes=1024, time_ns=1000)]})]))
+    with pytest.raises(BadInput, match="two curves of all_reduce on g=2 n=1 \\(float32\\): a; b"):
+        read_link_model([a, b])
+    assert read_link_model([a]) == [one]

@@ -47,3 +47,29 @@ def test_a_run_of_the_same_configuration_and_world_grades_the_projection():
     assert row.error == (110 - 100) / 100
     # verification: the same strategy, options, model, precision, training: not the bf16 run
     assert row.verified_by == "fsdp2"
+
+
+def test_projections_rank_within_their_world_and_a_mesh_of_another_shape_verifies():
+    small = _run("hsdp", "hsdp", 4)
+    small.options = {"mesh": "2x2", "sharding_strategy": "full_shard"}
+    at64 = _proj("hsdp-64", "hsdp", 64, 300, 250, 350)
+    at64.options = {"mesh": "8x8", "sharding_strategy": "full_shard"}
+    at4 = _proj("hsdp-4", "hsdp", 4, 900, 800, 950)
+    at4.options = dict(small.options)
+    faulted = _proj("hsdp-4-fault", "hsdp", 4, 100, 90, 110)
+    faulted.options, faulted.fault = dict(small.options), "wrong-grad-scale"
+    rows = projection_rows([at64, at4, faulted, small])
+    # the mesh's shape follows the world: the 2x2 record verifies the 8x8 projection; each is
+    # first of its world; the faulted one is not verified by a run without the fault
+    assert [(r.run, r.world_size, r.rank, r.verified_by) for r in rows] == [
+        ("hsdp-4", 4, 1, "hsdp"), ("hsdp-4-fault", 4, None, None), ("hsdp-64", 64, 1, "hsdp")]
+
+
+def test_cpu_compute_with_gpu_links_is_a_warning():
+    from analyzer.compare.projection import _mixed_devices
+
+    assert _mixed_devices("cpu", ["link benchmark on this machine vm (gloo, CPU, 4 processes)"]) == []
+    (w,) = _mixed_devices("cpu", ["nccl-tests file all_reduce_perf.txt (8 ranks on 1 host)"])
+    assert w.startswith("compute measured on this machine's CPU, links from GPUs")
+    (w,) = _mixed_devices("cuda", ["link benchmark on this machine vm (gloo, CPU, 2 processes)"])
+    assert w.startswith("compute measured on a GPU, links from CPU / gloo")

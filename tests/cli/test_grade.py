@@ -289,7 +289,7 @@ def _flat_curves(tmp_path: Path, time_ns: int, kinds=("all_gather", "reduce_scat
 def test_the_projected_step_is_the_compute_plus_each_calls_link_time_on_cpu(tmp_path):
     """fsdp2's rank 0 as a projection at world 2, every call 1 ms on the link: on CPU (gloo, no
     overlap) each step replays as its window less its calls' own time plus 6 x 1 ms; the
-    median over the steps, computed here a second way from the ingest's tables."""
+    median step, computed here a second way from the ingest's tables."""
     import statistics
 
     from analyzer.api import load_tables
@@ -303,7 +303,8 @@ def test_the_projected_step_is_the_compute_plus_each_calls_link_time_on_cpu(tmp_
     bd, c = t.breakdown, t.collectives
     want = [int(b.step_ns) - int(c.loc[c["step"] == b.step, "dur_ns"].sum()) + 6_000_000
             for b in bd.itertuples()]
-    assert step["projected_ns"] == round(statistics.median(want))
+    # the median replayed step (the lower middle one of an even count: a replayed step)
+    assert step["projected_ns"] == sorted(want)[(len(want) - 1) // 2]
     assert step["low_ns"] == min(want) and step["high_ns"] == max(want)
     measured = json.loads((real / "manifest.json").read_text())  # steps.parquet's, second way
     from analyzer.analyses.memory import read_steps, step_times
@@ -337,3 +338,26 @@ def test_several_runs_pool_their_step_times_and_each_is_graded(tmp_path):
     other = _copy(tmp_path, "ddp", "other")
     res = _grade(proj, a, other)
     assert res.exit_code == 2 and f"{other}: not the configuration of {proj}" in res.output
+
+
+def test_a_projection_or_a_run_given_twice_is_not_a_run_to_grade_against(tmp_path):
+    proj = _projection_of_rank0(tmp_path, "fsdp2")
+    real = _copy(tmp_path, "fsdp2", "real")
+    res = _grade(proj, proj)
+    assert res.exit_code == 2 and "RUN: a projection (tracer project), not a real run" in res.output
+    res = _grade(proj, real, real)
+    assert res.exit_code == 2 and "given twice (as PROJECTION or another RUN)" in res.output
+
+
+def test_gate_skips_a_projection_it_has_no_numerics_to_gate(tmp_path):
+    root = tmp_path / "traces"
+    root.mkdir()
+    _projection_of_rank0(root, "fsdp2")
+    _copy(root, "fsdp2", "real")
+    _edit_manifest(root / "real", run_name="real")
+    res = runner.invoke(app, ["gate", str(root)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    # the projection's run name is its manifest's, fsdp2
+    assert "SKIP fsdp2: not_recorded -- projection: the fake process group moves no data" in res.output
+    assert ("gate: passed (1 projection(s) skipped: tracer project moves no data, so there are no "
+            "numerics to gate: fsdp2)") in res.output

@@ -92,3 +92,14 @@ def test_linkbench_writes_a_curve_per_group_size_and_kind_the_analyzer_reads(tmp
     assert got.outside == "" and min(lo.time_ns, hi.time_ns) <= got.time_ns <= max(
         lo.time_ns, hi.time_ns)
     assert min(lo.low_ns, hi.low_ns) <= got.low_ns <= max(lo.low_ns, hi.low_ns)
+
+
+def test_a_time_that_falls_by_half_as_the_size_grows_is_said_to_be_noise():
+    from tracer.linkbench import falling
+
+    curves = [{"kind": "all_gather", "group_size": 4, "rows": [
+        {"bytes": 65536, "time_ns": 6_100_000}, {"bytes": 1 << 20, "time_ns": 1_750_000}]},
+        {"kind": "all_reduce", "group_size": 2, "rows": [  # falls by less than half: kept quiet
+            {"bytes": 1024, "time_ns": 200_000}, {"bytes": 4096, "time_ns": 150_000}]}]
+    assert falling(curves) == ["all_gather g=4: 6.1 ms at 65,536 B but 1.75 ms at 1,048,576 B: "
+                               "noise; rerun on a quiet machine or with more --iters"]

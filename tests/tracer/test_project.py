@@ -213,6 +213,22 @@ def test_projection_refuses_a_batch_the_world_does_not_divide(tmp_path):
     assert not (tmp_path / "fsdp2").exists()
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize(("args", "line"), [
+    (["--nproc", "1", "--batch", "8"],
+     "tracer: --nproc 1: a projection is of a world of 2 ranks or more; pass the world size to "
+     "project"),
+    (["--nproc", "2", "--fault", "wrong-grad-scale"],
+     "tracer: --fault wrong-grad-scale: a fault canary plants a numerics error, and a projection "
+     "computes no numerics to catch it; drop --fault")], ids=["world-1", "fault"])
+def test_projection_refuses_a_world_of_one_and_a_fault_canary(tmp_path, args, line):
+    proc, _ = run_tracer(["--strategy", "fsdp2", *args, "--out", str(tmp_path)], cwd=tmp_path,
+                         module=[sys.executable, "-m", "tracer", "project"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [line]
+    assert not (tmp_path / "fsdp2").exists()
+
+
 def test_tag_tensor_note_reads_back():
     """The fake group's process-group tag: its tensor note gives dtype and elements, and the
     process group and peer read as before."""
