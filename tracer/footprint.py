@@ -74,14 +74,27 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
                          if isinstance(v, torch.Tensor))
 
 
+def _span_bytes(t: torch.Tensor) -> tuple[int, int]:
+    """[start, end) in bytes of the part of its storage ``t`` reaches (offset, sizes, strides)."""
+    elem = t.element_size()
+    start = t.storage_offset() * elem
+    if t.numel() == 0:
+        return start, start
+    reach = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return start, start + reach * elem
+
+
 class SavedActivations:
     """Context manager counting the tensors autograd saves for backward inside it
-    (``torch.autograd.graph.saved_tensors_hooks``): ``bytes`` = their distinct storages,
-    parameters and views of parameters (a weight's transpose) left out. The tensors are saved
-    unchanged; only their storages are noted (keys, not references: nothing is kept alive)."""
+    (``torch.autograd.graph.saved_tensors_hooks``): ``bytes`` = per distinct storage, the part
+    the saved tensors reach (from the lowest start to the highest end of their views: a rank's
+    slice of the global batch counts its rows, not the whole batch's storage, which every rank
+    of a real job would not hold), parameters and views of parameters (a weight's transpose)
+    left out. The tensors are saved unchanged; only their storages are noted (keys, not
+    references: nothing is kept alive)."""
 
     def __init__(self) -> None:
-        self._storages: dict[tuple[str, int], int] = {}
+        self._storages: dict[tuple[str, int], tuple[int, int]] = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -89,13 +102,16 @@ class SavedActivations:
         if not isinstance(base, nn.Parameter) and not isinstance(t, nn.Parameter):
             key = _storage_key(t)
             if key is not None:
-                self._storages[key[:2]] = key[2]
+                lo, hi = _span_bytes(_local(t))
+                old = self._storages.get(key[:2])
+                self._storages[key[:2]] = (lo, hi) if old is None else (min(old[0], lo),
+                                                                        max(old[1], hi))
         return t
 
     @property
     def bytes(self) -> int:
-        """Bytes of the distinct non-parameter storages saved so far."""
-        return sum(self._storages.values())
+        """Bytes of the distinct non-parameter storages saved so far, the parts reached."""
+        return sum(hi - lo for lo, hi in self._storages.values())
 
     def __enter__(self) -> "SavedActivations":
         self._hooks.__enter__()

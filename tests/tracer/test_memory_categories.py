@@ -148,7 +148,8 @@ def test_activations_do_not_depend_on_the_sharding_and_peak_is_the_cpu_sum(adamw
 def test_saved_activations_count_what_backward_keeps_not_the_weights():
     """Linear(4, 3) -> GELU on x [2, 4]: autograd keeps x for the weight's gradient (32 bytes)
     and GELU's input, the linear output [2, 3] (24 bytes); the weight's transpose it also keeps
-    is a view of a parameter, left out. A view of a saved tensor's storage counts once."""
+    is a view of a parameter, left out. A view of a saved tensor's storage counts once; a slice
+    of a larger storage, the part it reaches."""
     import torch
 
     from tracer.footprint import SavedActivations, storage_bytes
@@ -164,6 +165,14 @@ def test_saved_activations_count_what_backward_keeps_not_the_weights():
     assert lin.weight.grad is not None
     t = torch.zeros(10)
     assert storage_bytes([t, t[2:5], t.view(2, 5), None]) == 10 * FP32
+    # a rank's rows of the global batch: x[4:6] of x [8, 4] saved by the linear: its 2 rows,
+    # 32 bytes, not the 128-byte batch; with the output [2, 3]: 24 bytes more
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        batch = torch.randn(8, 4)
+    with SavedActivations() as saved:
+        y = torch.nn.functional.gelu(lin(batch[4:6]))
+    assert saved.bytes == 2 * 4 * FP32 + 2 * 3 * FP32
 
 
 def test_cuda_peak_is_the_largest_after_step_0():
