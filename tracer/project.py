@@ -78,8 +78,9 @@ def check_projection(cfg: RecordConfig) -> None:
 def project(cfg: RecordConfig) -> Path:
     """Project ``cfg`` (a record's options; ``cfg.nproc`` the world N) into ``cfg.run_dir``.
 
-    Claims the run dir as a record does (tracer/record.py ``claim_run_dirs``), computes the
-    baseline in this process (the record's numerics inputs: initial weights, batch), runs every
+    Claims the run dir as a record does (tracer/record.py ``claim_run_dirs``), writes the
+    record's inputs in this process (initial weights, batch; no numerics baseline:
+    tracer/projinputs.py), runs every
     role of ``roles`` in a child process of its own, one after another (``run_role_isolated``),
     and writes the manifest last. Returns the run dir. Raises ``ValueError`` (one line) for
     options a projection refuses or a run dir it may not write, ``RuntimeError`` with the
@@ -89,7 +90,8 @@ def project(cfg: RecordConfig) -> Path:
     import torch
 
     from tracer import devices
-    from tracer.baseline import BASELINE_NAME, write_baseline
+    from tracer.baseline import BASELINE_NAME
+    from tracer.projinputs import write_projection_inputs
     from tracer.record import _release, claim_run_dirs
     from tracer.rundir import abandon_record, clear_run_dir, finish_record
 
@@ -101,7 +103,7 @@ def project(cfg: RecordConfig) -> Path:
         replaced = clear_run_dir(cfg.run_dir)
         if replaced is not None:
             log.warning("%s: replacing %s", cfg.run_dir, replaced)
-        write_baseline(cfg, device_type, cfg.run_dir / BASELINE_NAME)
+        write_projection_inputs(cfg, device_type, cfg.run_dir / BASELINE_NAME)
         ranks = roles(cfg)
         for rank in ranks:
             run_role_isolated(cfg, rank)
@@ -152,6 +154,7 @@ def run_role(cfg: RecordConfig, rank: int) -> None:
     from tracer import loop
     from tracer.baseline import BASELINE_NAME, load_baseline
     from tracer.modelspec import buffer_names
+    from tracer.projinputs import Unverified
     from tracer.specload import load_spec
     from tracer.strategies import SETUP
     from tracer.worker import FlatStep, Heartbeat, RankEnv, add_golden_losses, resolve_device, write_rank_outputs
@@ -172,6 +175,7 @@ def run_role(cfg: RecordConfig, rank: int) -> None:
         step = PipelineStep(cfg, built.pipe, base, order, device)
     else:
         step = FlatStep(cfg, spec, built.model, base, env, device)
+    step = Unverified(step)  # no numerics baseline to compare with (tracer/projinputs.py)
     numerics, step_rows, snapshot, categories = loop.train(cfg, step, base, rank, world, device,
                                                            Heartbeat(env))
     add_golden_losses(numerics, base)
