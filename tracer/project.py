@@ -32,6 +32,8 @@ import os
 from pathlib import Path
 
 from tracer.config import RecordConfig
+from tracer.fakeproject import (FakeOptions, check_fake_tensors, decide_fake_tensors, fake_projection,
+                                shapes_only)
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ def check_projection(cfg: RecordConfig) -> None:
     check_world(cfg, env)
 
 
-def project(cfg: RecordConfig) -> Path:
+def project(cfg: RecordConfig, fake: FakeOptions | None = None) -> Path:
     """Project ``cfg`` (a record's options; ``cfg.nproc`` the world N) into ``cfg.run_dir``.
 
     Claims the run dir as a record does (tracer/record.py ``claim_run_dirs``), writes the
@@ -84,7 +86,9 @@ def project(cfg: RecordConfig) -> Path:
     role of ``roles`` in a child process of its own, one after another (``run_role_isolated``),
     and writes the manifest last. Returns the run dir. Raises ``ValueError`` (one line) for
     options a projection refuses or a run dir it may not write, ``RuntimeError`` with the
-    child's last line when a role fails (the run dir is then left incomplete, no manifest)."""
+    child's last line when a role fails (the run dir is then left incomplete, no manifest).
+    ``fake``: tracer/fakeproject.py ``FakeOptions`` (default: real tensors); with fake tensors
+    (asked, or decided: ``decide_fake_tensors``) no inputs file is computed but the batch's."""
     from dataclasses import replace
 
     import torch
@@ -98,16 +102,20 @@ def project(cfg: RecordConfig) -> Path:
     check_projection(cfg)
     device_type = devices.resolve_device_type(cfg.device, torch.cuda.is_available())
     cfg = replace(cfg, device=device_type)
+    fake = fake or FakeOptions()
+    fake = replace(fake, fake_tensors=decide_fake_tensors(cfg, device_type, fake))
+    if fake.fake_tensors:
+        check_fake_tensors(cfg)
     claim_run_dirs([cfg])
     try:
         replaced = clear_run_dir(cfg.run_dir)
         if replaced is not None:
             log.warning("%s: replacing %s", cfg.run_dir, replaced)
-        write_projection_inputs(cfg, device_type, cfg.run_dir / BASELINE_NAME)
+        write_projection_inputs(cfg, device_type, cfg.run_dir / BASELINE_NAME, fake.fake_tensors)
         ranks = roles(cfg)
         for rank in ranks:
-            run_role_isolated(cfg, rank)
-        write_projection_manifest(cfg, ranks)
+            run_role_isolated(cfg, rank, fake)
+        write_projection_manifest(cfg, ranks, fake)
         finish_record(cfg.run_dir)
     except BaseException:
         abandon_record(cfg.run_dir)
@@ -117,7 +125,7 @@ def project(cfg: RecordConfig) -> Path:
     return cfg.run_dir
 
 
-def run_role_isolated(cfg: RecordConfig, rank: int) -> None:
+def run_role_isolated(cfg: RecordConfig, rank: int, fake: FakeOptions | None = None) -> None:
     """``run_role`` in a child process (``python -m tracer.project``): DTensor and DeviceMesh
     keep process groups by name across ``destroy_process_group`` (measured: a second role of
     fsdp2_tp in one process fails with "Could not resolve the process group registered under
@@ -127,7 +135,10 @@ def run_role_isolated(cfg: RecordConfig, rank: int) -> None:
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "tracer.project", json.dumps(cfg.to_dict()), str(rank)]
+    from dataclasses import asdict
+
+    cmd = [sys.executable, "-m", "tracer.project", json.dumps(cfg.to_dict()), str(rank),
+           json.dumps(asdict(fake or FakeOptions()))]
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
@@ -141,11 +152,13 @@ def _role_facts_path(cfg: RecordConfig, rank: int) -> Path:
     return cfg.run_dir / PARTS_DIR / f"rank{rank}.role.json"
 
 
-def run_role(cfg: RecordConfig, rank: int) -> None:
+def run_role(cfg: RecordConfig, rank: int, cost=None, fake: FakeOptions | None = None) -> None:
     """Rank ``rank`` of a world of ``cfg.world_size`` on the fake group, in this process: the
     record's setup, step and loop (tracer/worker.py ``run_rank`` without its rendezvous,
     barriers and launcher), its trace and partial tables written, and the facts the manifest
-    needs (``_role_facts_path``: parameter count, units, mesh, model class, buffers)."""
+    needs (``_role_facts_path``: parameter count, units, mesh, model class, buffers; with fake
+    tensors the compute estimate). ``cost``: the role's tracer/fakeproject.py ``OpCost`` when it
+    runs under FakeTensorMode (``fake_role``), else None."""
     import msgspec
     import torch
     import torch.distributed as dist
@@ -154,6 +167,7 @@ def run_role(cfg: RecordConfig, rank: int) -> None:
     from tracer import loop
     from tracer.baseline import BASELINE_NAME, load_baseline
     from tracer.modelspec import buffer_names
+    from tracer.fakeproject import fake_inputs
     from tracer.projinputs import Unverified
     from tracer.specload import load_spec
     from tracer.strategies import SETUP
@@ -165,7 +179,10 @@ def run_role(cfg: RecordConfig, rank: int) -> None:
                   launch="project", ctrl_dir=None)
     device = resolve_device(cfg, 0)  # every role on this one device
     dist.init_process_group(FAKE_BACKEND, rank=rank, world_size=world, store=FakeStore())
-    base, order = load_baseline(cfg.run_dir / BASELINE_NAME, cfg, device.type)
+    if cost is None:
+        base, order = load_baseline(cfg.run_dir / BASELINE_NAME, cfg, device.type)
+    else:  # fake tensors: no real inputs (tracer/fakeproject.py)
+        base, order = fake_inputs(cfg), []
     spec = load_spec(cfg)
     buffers, model_name = buffer_names(spec.model), type(spec.model).__name__
     built = SETUP[cfg.strategy](cfg, spec, base, rank, world, device)
@@ -175,21 +192,22 @@ def run_role(cfg: RecordConfig, rank: int) -> None:
         step = PipelineStep(cfg, built.pipe, base, order, device)
     else:
         step = FlatStep(cfg, spec, built.model, base, env, device)
-    step = Unverified(step)  # no numerics baseline to compare with (tracer/projinputs.py)
+    step = Unverified(step, losses_kept=cost is None, cost=cost)  # no baseline (tracer/projinputs.py)
     numerics, step_rows, snapshot, categories = loop.train(cfg, step, base, rank, world, device,
                                                            Heartbeat(env))
     add_golden_losses(numerics, base)
     write_rank_outputs(cfg, rank, numerics, step_rows, snapshot, categories)
     facts = {"num_params": built.num_params, "units": built.units, "mesh": built.mesh,
              "model_name": model_name, "buffers": buffers, "device": str(device),
-             "with_memory": snapshot is not None}
+             "with_memory": snapshot is not None,
+             "compute_estimate": None if cost is None else cost.rows(rank, fake or FakeOptions())}
     _role_facts_path(cfg, rank).write_bytes(msgspec.json.encode(facts))
 
 
-def write_projection_manifest(cfg: RecordConfig, ranks: list[int]) -> None:
+def write_projection_manifest(cfg: RecordConfig, ranks: list[int], fake: FakeOptions | None = None) -> None:
     """Merge the roles' partial tables and write the manifest (tracer/manifest.py
     ``build_manifest``, the first role's facts) with its ``projection`` section; backend
-    ``"fake"``."""
+    ``"fake"``; with fake tensors the section's fake-tensor fields (``fake_projection``)."""
     import msgspec
     import torch
 
@@ -200,6 +218,8 @@ def write_projection_manifest(cfg: RecordConfig, ranks: list[int]) -> None:
     from tracer.worker import finish_kept, merge_parts
 
     facts = msgspec.json.decode(_role_facts_path(cfg, ranks[0]).read_bytes())
+    estimates = [row for rank in ranks
+                 for row in msgspec.json.decode(_role_facts_path(cfg, rank).read_bytes()).get("compute_estimate") or []]
     for rank in ranks:
         _role_facts_path(cfg, rank).unlink()
     from safetensors import safe_open
@@ -211,25 +231,34 @@ def write_projection_manifest(cfg: RecordConfig, ranks: list[int]) -> None:
     device = torch.device(facts["device"])
     mesh = None if facts["mesh"] is None else msgspec.convert(facts["mesh"], Mesh)
     launch = Launch(method="project", nnodes=1, master_addr=None, master_port=None)
+    with shapes_only((fake or FakeOptions()).fake_tensors):  # the manifest reads the spec's settings
+        spec = load_spec(cfg)
     manifest = build_manifest(cfg=cfg, run_dir=cfg.run_dir, world_size=cfg.world_size,
                               backend=FAKE_BACKEND, device=device, launch=launch,
                               num_params=facts["num_params"], fsdp_units=facts["units"],
-                              spec=load_spec(cfg), model_name=facts["model_name"],
+                              spec=spec, model_name=facts["model_name"],
                               buffers=facts["buffers"], batch_x=batch_x,
                               machine=machine_info(list(os.getloadavg()), 1), mesh=mesh)
     manifest.projection = Projection(world_size=cfg.world_size, roles_run=list(ranks),
-                                     device=device.type, fake_process_group=True)
+                                     device=device.type, fake_process_group=True,
+                                     **fake_projection(fake or FakeOptions(), estimates))
     write_manifest(cfg.run_dir, manifest)
 
 
 def _main(argv: list[str]) -> int:
-    """Child entry (``run_role_isolated``): ``python -m tracer.project CONFIG_JSON RANK``."""
+    """Child entry (``run_role_isolated``): ``python -m tracer.project CONFIG_JSON RANK
+    [FAKE_OPTIONS_JSON]``."""
     import json
     import sys
 
+    from tracer.fakeproject import fake_role
+
     logging.basicConfig(level=logging.WARNING, format=f"[rank{argv[1]}] %(levelname)s %(name)s: %(message)s")
     try:
-        run_role(RecordConfig(**json.loads(argv[0])), int(argv[1]))
+        cfg = RecordConfig(**json.loads(argv[0]))
+        fake = FakeOptions(**json.loads(argv[2])) if len(argv) > 2 else FakeOptions()
+        with fake_role(cfg, bool(fake.fake_tensors)) as cost:
+            run_role(cfg, int(argv[1]), cost, fake)
     except Exception as exc:  # process boundary: the parent reports the last line
         import traceback
 

@@ -56,13 +56,20 @@ def projection_inputs(cfg: RecordConfig, device_type: str) -> tuple[dict[str, to
     return tensors, meta
 
 
-def write_projection_inputs(cfg: RecordConfig, device_type: str, path: Path) -> None:
+def write_projection_inputs(cfg: RecordConfig, device_type: str, path: Path,
+                            fake_tensors: bool = False) -> None:
     """Write ``projection_inputs`` where the baseline goes (``path``: the run dir's
     baseline.safetensors), by the baseline's writer (tracer/baseline.py ``save_baseline``:
-    atomic, one-line ``ValueError`` when the folder cannot take it)."""
+    atomic, one-line ``ValueError`` when the folder cannot take it). ``fake_tensors``: the
+    batch only (tracer/fakeproject.py ``batch_only``: the model is never built with storage)."""
     from tracer.baseline import save_baseline
 
-    tensors, meta = projection_inputs(cfg, device_type)
+    if fake_tensors:
+        from tracer.fakeproject import batch_only
+
+        tensors, meta = batch_only(cfg)
+    else:
+        tensors, meta = projection_inputs(cfg, device_type)
     save_baseline(tensors, meta, path)
 
 
@@ -70,15 +77,18 @@ class Unverified:
     """A role's ``tracer.loop.Step`` without the step-0 comparison: no activation capture,
     ``compare`` does nothing (the inputs hold no reference to compare with). ``losses_kept``
     False: ``forward_backward`` returns no loss (the loop reads each loss's value, which a fake
-    tensor has none of; the steps' losses are then NaN, as a rank that computed none)."""
+    tensor has none of; the steps' losses are then NaN, as a rank that computed none).
+    ``cost``: a tracer/fakeproject.py ``OpCost``, told each step's index as it starts."""
 
-    def __init__(self, step, *, losses_kept: bool = True):
-        self.step, self.model, self.losses_kept = step, step.model, losses_kept
+    def __init__(self, step, *, losses_kept: bool = True, cost=None):
+        self.step, self.model, self.losses_kept, self.cost = step, step.model, losses_kept, cost
 
     def recorder(self):
         return contextlib.nullcontext()
 
     def forward_backward(self, x, y, step, saved):
+        if self.cost is not None:  # tracer/fakeproject.py OpCost: the ops until the next step are step's
+            self.cost.step = step
         losses = self.step.forward_backward(x, y, step, saved)
         return losses if self.losses_kept else []
 
