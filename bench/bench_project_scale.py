@@ -2,6 +2,7 @@
 reference model projected in under a minute within this machine's memory").
 
     python3 bench/bench_project_scale.py [--worlds 8,64,1024] [--strategy fsdp2] [--repeat 1]
+                                         [--repo CHECKOUT]
 
 Per world N: `tracer project --strategy S --nproc N --batch N` (the reference model's other
 defaults: hidden 256, 2 layers, seq 128; one row of the batch per rank, so each role's work is
@@ -26,12 +27,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def project_once(strategy: str, world: int, out: Path, extra: list[str]) -> tuple[float, int]:
+def project_once(strategy: str, world: int, out: Path, extra: list[str],
+                 repo: Path = REPO) -> tuple[float, int]:
     """(wall seconds, peak RSS bytes of the largest process) of one projection at ``world``.
     Raises ``RuntimeError`` with the command's stderr when it fails."""
     cmd = [sys.executable, "-m", "tracer", "project", "--strategy", strategy, "--nproc", str(world),
            "--batch", str(world), "--out", str(out), "--name", f"{strategy}-{world}", *extra]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     err = out / f"{strategy}-{world}.stderr"
     with open(err, "wb") as stderr:
         t0 = time.perf_counter()
@@ -50,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategy", default="fsdp2")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--keep", type=Path, default=None, help="keep the run dirs here")
+    ap.add_argument("--repo", type=Path, default=REPO,
+                    help="the checkout whose tracer runs (default this one; another for a before/after)")
     ap.add_argument("extra", nargs="*", help="more `tracer project` options, after --")
     args = ap.parse_args(argv)
     worlds = [int(w) for w in args.worlds.split(",")]
@@ -59,13 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for _ in range(args.repeat):
             for w in worlds:
-                results[w].append(project_once(args.strategy, w, out, args.extra))
+                results[w].append(project_once(args.strategy, w, out, args.extra, args.repo.resolve()))
     finally:
         if args.keep is None:
             shutil.rmtree(out, ignore_errors=True)
     load = os.getloadavg()
-    print(f"tracer project --strategy {args.strategy} --nproc N --batch N {' '.join(args.extra)}"
-          f"(median of {args.repeat}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+    print(f"{args.repo.resolve()}: tracer project --strategy {args.strategy} --nproc N --batch N "
+          f"{' '.join(args.extra)}(median of {args.repeat}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
           f"{os.cpu_count()} CPUs)")
     print("| world N | wall s | peak RSS MiB (largest process) | wall / world "
           f"{worlds[0]} | peak RSS / world {worlds[0]} |")
