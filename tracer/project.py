@@ -106,6 +106,9 @@ def project(cfg: RecordConfig, fake: FakeOptions | None = None) -> Path:
     fake = replace(fake, fake_tensors=decide_fake_tensors(cfg, device_type, fake))
     if fake.fake_tensors:
         check_fake_tensors(cfg)
+    elif fake.device_tflops is not None:  # undecided, then real: the ops' times are measured
+        log.warning("--device-tflops / --device-mem-gbps unused: the model fits, real tensors "
+                    "measure each op on %s", device_type)
     claim_run_dirs([cfg])
     try:
         replaced = clear_run_dir(cfg.run_dir)
