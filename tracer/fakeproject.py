@@ -204,6 +204,20 @@ def fake_inputs(cfg: RecordConfig) -> dict:
     return base
 
 
+def fake_step_outputs(rank: int, step_rows: list[dict], categories):
+    """A fake-tensor role's steps rows and MEMORY_CATEGORIES_SCHEMA table (tracer/loop.py
+    ``train``'s) without allocator figures: a fake storage is never allocated, so the CUDA
+    allocator's and the profiler's peaks (near 0) are not the role's; they become None, and
+    the ``peak`` category the sum of the four categories (tracer/footprint.py
+    ``category_table``'s CPU rule, which the analyzer reads as a lower bound)."""
+    from tracer.footprint import category_table
+
+    rows = [{**r, "cuda_max_allocated_bytes": None, "cuda_max_reserved_bytes": None,
+             "profiler_allocated_peak_bytes": None} for r in step_rows]
+    held = {r["category"]: r["bytes"] for r in categories.to_pylist() if r["category"] != "peak"}
+    return rows, category_table(rank, **held, cuda_peak=(None, None))
+
+
 @contextlib.contextmanager
 def fake_role(cfg: RecordConfig, on: bool):
     """Around a role (tracer/project.py ``run_role``): with ``on`` a FakeTensorMode

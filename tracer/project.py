@@ -170,7 +170,7 @@ def run_role(cfg: RecordConfig, rank: int, cost=None, fake: FakeOptions | None =
     from tracer import loop
     from tracer.baseline import BASELINE_NAME, load_baseline
     from tracer.modelspec import buffer_names
-    from tracer.fakeproject import fake_inputs
+    from tracer.fakeproject import fake_inputs, fake_step_outputs
     from tracer.projinputs import Unverified
     from tracer.specload import load_spec
     from tracer.strategies import SETUP
@@ -198,6 +198,8 @@ def run_role(cfg: RecordConfig, rank: int, cost=None, fake: FakeOptions | None =
     step = Unverified(step, losses_kept=cost is None, cost=cost)  # no baseline (tracer/projinputs.py)
     numerics, step_rows, snapshot, categories = loop.train(cfg, step, base, rank, world, device,
                                                            Heartbeat(env))
+    if cost is not None:  # fake storage is not allocated: no allocator peaks (tracer/fakeproject.py)
+        step_rows, categories = fake_step_outputs(rank, step_rows, categories)
     add_golden_losses(numerics, base)
     write_rank_outputs(cfg, rank, numerics, step_rows, snapshot, categories)
     facts = {"num_params": built.num_params, "units": built.units, "mesh": built.mesh,

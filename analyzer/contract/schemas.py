@@ -503,7 +503,8 @@ class Projection(msgspec.Struct, kw_only=True):
     """The roles ran under torch's FakeTensorMode (``tracer project --fake-tensors``, or decided
     because the model did not fit this device): no storage, no values. Collective calls and
     bytes, parameter / gradient / optimizer-state bytes and activations (saved for backward,
-    step 0) are the job's; op durations in the trace are the meta kernels' (``op_durations``)."""
+    step 0) are the job's; the ``peak`` category is their sum (no allocator figures: none is
+    allocated); op durations in the trace are the meta kernels' (``op_durations``)."""
     op_durations: str = "measured"
     """What the trace's op durations are: "measured" (real tensors on ``device``) or
     "meta_kernels" (fake tensors: not the device's; the estimate is ``compute_estimate``)."""

@@ -319,6 +319,8 @@ def test_fake_tensors_give_the_real_projections_exact_figures(tmp_path, strategy
         assert r["estimated_ns_per_step"] == round(max(r["flops_per_step"] / 2e12,
                                                        r["bytes_per_step"] / 50e9) * 1e9), r
     assert not any(r["op"].startswith("c10d::") for r in estimate)  # collectives are not compute
+    steps = pq.read_table(fake / "steps.parquet").to_pylist()  # nothing allocated: no allocator peaks
+    assert {(r["profiler_allocated_peak_bytes"], r["cuda_max_allocated_bytes"]) for r in steps} == {(None, None)}
 
 
 @pytest.mark.integration
