@@ -7,7 +7,9 @@ Patterson, "Roofline", CACM 2009; torch/distributed/_tools/runtime_estimator.py'
 ``_roofline_estimate`` takes the same max, from its datasheet figures of CUDA devices only).
 FLOPs: torch/utils/flop_counter.py ``flop_registry``, the formulas ``FlopCounterMode`` uses
 (matmuls, convolutions, attention; an operator without a formula counts 0 FLOPs and its bytes
-only). Bytes: each tensor argument and result read or written once (no cache, no fusion).
+only). Bytes: each distinct tensor argument and result read or written once (no cache, no
+fusion): an upper bound where an op returns a buffer it does not fill (FSDP2's
+``all_gather_copy_in`` allocates the all_gather's output).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -41,6 +44,12 @@ class OpCost(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(issubclass(t, DTensor) for t in types):
+            # A mode sees an op before the tensor subclasses do: a DTensor op here has the
+            # global shapes (AdamW's step on FSDP2's sharded parameters: W times the rank's
+            # bytes). NotImplemented lets DTensor run it as local ops, which come back here
+            # (torch/distributed/_tools/mem_tracker.py ``MemTracker`` does the same).
+            return NotImplemented
         if func.namespace == "profiler":  # record_function's own ops: the annotation itself
             return func(*args, **kwargs)
         # The profiler recorded this op as it was called (the dispatcher's RecordFunction,

@@ -315,6 +315,9 @@ def test_fake_tensors_give_the_real_projections_exact_figures(tmp_path, strategy
     rows = 8 // (2 if strategy == "hsdp" else 1) // (4 if strategy == "hsdp" else 8)  # batch rows a rank
     for op, flops in reference_matmul_flops(rows * 16, HIDDEN, LAYERS).items():
         assert ops[op]["flops_per_step"] == flops, (op, ops[op])
+    # AdamW's last update, param.addcdiv_(exp_avg, denom): three tensors of the rank's shard
+    # (its local views, not a DTensor's global shape; no padding at h 32 over 4 or 8)
+    assert ops["aten::addcdiv_"]["bytes_per_step"] == 3 * want["parameters"], ops["aten::addcdiv_"]
     for r in estimate:
         assert r["estimated_ns_per_step"] == round(max(r["flops_per_step"] / 2e12,
                                                        r["bytes_per_step"] / 50e9) * 1e9), r
