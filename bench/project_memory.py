@@ -7,7 +7,8 @@
 the allocator peak -- ``torch.cuda.max_memory_allocated`` of the role's process, reset at the
 start of each step (tracer/loop.py; steps.parquet ``cuda_max_allocated_bytes``), the largest
 over its profiled steps; None on CPU or on fake tensors, whose storage is not allocated -- the
-memory the tracer measured by category (memory_categories.parquet), and what the sharding
+memory the tracer measured by category (memory_categories.parquet), with fake tensors the live-bytes peak (the manifest's
+``projection.live_peak_bytes``, tracer/livebytes.py), and what the sharding
 arithmetic expects the rank to hold (analyzer/analyses/sharding.py ``predict``: parameters and
 gradients the padded shard x 4 bytes, optimizer state ``optimizer_state_elements``).
 ``markdown``: those rows as a bench/RESULTS.md section.
@@ -61,6 +62,7 @@ def collect(run_dir: Path) -> list[dict]:
             "fake_tensors": m.projection.fake_tensors, "hidden": m.model.hidden,
             "precision": m.precision,
             "cuda_max_allocated_bytes": max(peaks) if peaks else None,
+            "live_peak_bytes": m.projection.live_peak_bytes.get(str(rank)),
             "measured_bytes": {c: measured.get(c) for c in CATEGORIES},
             "expected_bytes": {c: expected.get(c) for c in CATEGORIES[:3]},
         })
@@ -75,20 +77,24 @@ def markdown(rows: list[dict], title: str, command: str) -> str:
     """A bench/RESULTS.md section of ``collect``'s rows."""
     day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     out = [f"### {title}, {day}", "", f"`{command}`" if command else "", "",
-           "| run | strategy | world | rank | device | tensors | allocator peak MiB | parameters MiB (expected) "
+           "| run | strategy | world | rank | device | tensors | allocator peak MiB | live peak MiB (fake) "
+           "| parameters MiB (expected) "
            "| gradients MiB (expected) | optimizer state MiB (expected) | activations MiB | "
            "parameters + gradients + optimizer state = arithmetic |",
-           "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|"]
+           "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         meas, exp = r["measured_bytes"], r["expected_bytes"]
         same = all(exp[c] is not None and meas[c] == exp[c] for c in CATEGORIES[:3])
         out.append(
             f"| {r['run']} | {r['strategy']}{' ' + r['mesh'] if r['mesh'] else ''} | {r['world_size']} | {r['rank']} | {r['device']} | "
             f"{'fake' if r['fake_tensors'] else 'real'} | {_mib(r['cuda_max_allocated_bytes'])} | "
+            f"{_mib(r.get('live_peak_bytes'))} | "
             + " | ".join(f"{_mib(meas[c])} ({_mib(exp[c])})" for c in CATEGORIES[:3])
             + f" | {_mib(meas['activations'])} | {'yes, to the byte' if same else 'no'} |")
     out += ["", "Allocator peak: `torch.cuda.max_memory_allocated` of the role's process, reset at "
             "each step, the largest over the profiled steps (\"-\" on CPU or fake tensors). "
+            "Live peak: fake tensors only, the role's live tensor bytes on its device in the "
+            "profiled steps (tracer/livebytes.py; no allocator rounding or caching). "
             "Expected: analyzer/analyses/sharding.py (padded FSDP2 shards x 4 bytes; AdamW state "
             "of the local views + a 4-byte step per tensor).", ""]
     return "\n".join(out)

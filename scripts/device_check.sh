@@ -18,7 +18,8 @@
 #   TIMEOUT=120 (collective timeout, s)
 # Projection step (issue 44): `tracer project` of world PROJ_NPROC=8 fsdp2 and hsdp 2x4 of the
 # reference model in bf16 (AdamW), real tensors where they fit this device, else fake ones (the
-# tool decides), per-rank allocator peak beside the sharding arithmetic in
+# tool decides), and fsdp2 again on fake tensors (its live-bytes peak beside the real allocator
+# peak); per-rank allocator peak beside the sharding arithmetic in
 # OUTDIR/projection-memory.{json,md} (bench/project_memory.py). cuda: PROJ_HIDDEN=4096
 # PROJ_SEQ=512 PROJ_BATCH=16; cpu: 64, 16, 8. PROJ_LAYERS=2. PROJECT=0 skips it; PROJ_ONLY=1
 # runs only it (no records, no report).
@@ -116,6 +117,8 @@ if [ "${PROJECT:-1}" = 1 ]; then
   pstatus=0
   project "fsdp2-w$PROJ_NPROC-h$PROJ_HIDDEN" --strategy fsdp2 || pstatus=1
   project "hsdp-2x$((PROJ_NPROC / 2))-h$PROJ_HIDDEN" --strategy hsdp --mesh "2,$((PROJ_NPROC / 2))" || pstatus=1
+  # the same fsdp2 on fake tensors: its live-bytes peak beside the real run's allocator peak
+  project "fsdp2-w$PROJ_NPROC-h$PROJ_HIDDEN-fake" --strategy fsdp2 --fake-tensors || pstatus=1
   if [ "$pstatus" -eq 0 ]; then
     "$PY" "$REPO/bench/project_memory.py" collect "$OUTDIR"/projections/*/ \
       --out "$OUTDIR/projection-memory.json" > /dev/null || pstatus=1

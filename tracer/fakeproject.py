@@ -189,7 +189,8 @@ def shapes_only(on: bool | None):
 def fake_inputs(cfg: RecordConfig) -> dict:
     """A role's inputs under an active FakeTensorMode (``tracer.projinputs.projection_inputs``'s
     keys): the batch (``spec.make_batch``'s shapes), the initial parameters (a model built
-    for the purpose: shapes only), a NaN loss per step (a real tensor: read with ``tolist``)."""
+    for the purpose: shapes only; on the CPU, as a record's), a NaN loss per step (a real
+    tensor: read with ``tolist``)."""
     import torch
 
     from tracer.specload import load_spec
@@ -230,8 +231,13 @@ def fake_role(cfg: RecordConfig, on: bool):
 
     from tracer.opcost import OpCost
 
-    cost = OpCost(range(cfg.wait + cfg.warmup, cfg.profiled_until))
-    with FakeTensorMode(allow_non_fake_inputs=True), cost, _real_device_mesh():
+    from tracer.livebytes import LiveBytes
+
+    profiled = range(cfg.wait + cfg.warmup, cfg.profiled_until)
+    cost = OpCost(profiled)
+    cost.live = LiveBytes(cfg.device, profiled)
+    with FakeTensorMode(allow_non_fake_inputs=True), cost, _real_device_mesh(), \
+            cost.live.tracking_resize():
         yield cost
 
 
@@ -261,13 +267,15 @@ def _real_device_mesh():
         dm.init_device_mesh = made
 
 
-def fake_projection(fake: FakeOptions, estimates: list[dict]) -> dict:
+def fake_projection(fake: FakeOptions, estimates: list[dict], live_peaks: dict[int, int]) -> dict:
     """The ``schemas.Projection`` fields of the fake-tensor options (``fake_tensors``,
-    ``op_durations``, the assumed device figures, the compute estimate's rows)."""
+    ``op_durations``, the assumed device figures, the compute estimate's rows, each role's
+    live-bytes peak: tracer/livebytes.py)."""
     from analyzer.contract.schemas import OpEstimate
 
     if not fake.fake_tensors:
         return {}
     return {"fake_tensors": True, "op_durations": "meta_kernels",
             "device_tflops": fake.device_tflops, "device_mem_gbps": fake.device_mem_gbps,
-            "compute_estimate": [OpEstimate(**row) for row in estimates]}
+            "compute_estimate": [OpEstimate(**row) for row in estimates],
+            "live_peak_bytes": {str(rank): peak for rank, peak in live_peaks.items()}}

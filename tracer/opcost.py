@@ -40,6 +40,7 @@ class OpCost(TorchDispatchMode):
     def __init__(self, profiled: range):
         super().__init__()
         self.profiled, self.step = profiled, None
+        self.live = None  # a tracer/livebytes.py LiveBytes, handed every op's results
         self.ops: dict[str, list[int]] = {}  # name -> [calls, flops, bytes]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -61,6 +62,8 @@ class OpCost(TorchDispatchMode):
             out = func(*args, **kwargs)
         finally:
             torch._C._autograd._enable_record_function(True)
+        if self.live is not None:
+            self.live.add(out, self.step)
         if self.step in self.profiled and func.namespace not in self.NOT_COMPUTE:
             self._count(func, args, kwargs, out)
         return out

@@ -205,7 +205,8 @@ def run_role(cfg: RecordConfig, rank: int, cost=None, fake: FakeOptions | None =
     facts = {"num_params": built.num_params, "units": built.units, "mesh": built.mesh,
              "model_name": model_name, "buffers": buffers, "device": str(device),
              "with_memory": snapshot is not None,
-             "compute_estimate": None if cost is None else cost.rows(rank, fake or FakeOptions())}
+             "compute_estimate": None if cost is None else cost.rows(rank, fake or FakeOptions()),
+             "live_peak_bytes": None if cost is None else cost.live.peak}
     _role_facts_path(cfg, rank).write_bytes(msgspec.json.encode(facts))
 
 
@@ -223,8 +224,10 @@ def write_projection_manifest(cfg: RecordConfig, ranks: list[int], fake: FakeOpt
     from tracer.worker import finish_kept, merge_parts
 
     facts = msgspec.json.decode(_role_facts_path(cfg, ranks[0]).read_bytes())
-    estimates = [row for rank in ranks
-                 for row in msgspec.json.decode(_role_facts_path(cfg, rank).read_bytes()).get("compute_estimate") or []]
+    roles = {rank: msgspec.json.decode(_role_facts_path(cfg, rank).read_bytes()) for rank in ranks}
+    estimates = [row for rank in ranks for row in roles[rank].get("compute_estimate") or []]
+    live_peaks = {rank: roles[rank]["live_peak_bytes"] for rank in ranks
+                  if roles[rank].get("live_peak_bytes") is not None}
     for rank in ranks:
         _role_facts_path(cfg, rank).unlink()
     from safetensors import safe_open
@@ -246,7 +249,7 @@ def write_projection_manifest(cfg: RecordConfig, ranks: list[int], fake: FakeOpt
                               machine=machine_info(list(os.getloadavg()), 1), mesh=mesh)
     manifest.projection = Projection(world_size=cfg.world_size, roles_run=list(ranks),
                                      device=device.type, fake_process_group=True,
-                                     **fake_projection(fake or FakeOptions(), estimates))
+                                     **fake_projection(fake or FakeOptions(), estimates, live_peaks))
     write_manifest(cfg.run_dir, manifest)
 
 

@@ -917,8 +917,9 @@ class RunEntry(_Figures, kw_only=True):
     times are not the device's), the assumed ``device_tflops`` (10^12 FLOP/s) and
     ``device_mem_gbps`` (10^9 bytes/s), and ``compute_estimate``: per role and operator,
     ``calls_per_step``, ``flops_per_step``, ``bytes_per_step``, ``estimated_ns_per_step``
-    (a roofline of the two; null without them); with real tensors false, "measured", null,
-    null, []."""
+    (a roofline of the two; null without them), and ``live_peak_bytes``: per role (its rank
+    as a string), the peak of its live tensor bytes on its device in the profiled steps
+    (tracer/livebytes.py); with real tensors false, "measured", null, null, [], {}."""
 
     @property
     def arm(self) -> str:

@@ -513,6 +513,10 @@ class Projection(msgspec.Struct, kw_only=True):
     compute_estimate: list[OpEstimate] = msgspec.field(default_factory=list)
     """Fake tensors: per role and operator, calls, FLOPs, bytes and the roofline time per step
     (tracer/opcost.py); empty with real tensors."""
+    live_peak_bytes: dict[str, int] = msgspec.field(default_factory=dict)
+    """Fake tensors: per role (its global rank, a string: a JSON key), the peak of its live
+    tensor bytes on its device in the profiled steps (tracer/livebytes.py: no allocator
+    rounding or caching); empty with real tensors, whose allocator peak is in steps.parquet."""
 
 
 class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -58,11 +58,14 @@ def test_projection_step_writes_memory_beside_the_arithmetic(check):
     section for bench/RESULTS.md written and printed."""
     out, proc = check
     rows = json.loads((out / "projection-memory.json").read_text())
-    assert [(r["run"], r["strategy"], r["mesh"], r["world_size"], r["rank"]) for r in rows] == [
-        ("fsdp2-w8-h64", "fsdp2", None, 8, 0), ("hsdp-2x4-h64", "hsdp", "2x4", 8, 0)]
+    assert sorted((r["run"], r["strategy"], r["mesh"], r["fake_tensors"]) for r in rows) == [
+        ("fsdp2-w8-h64", "fsdp2", None, False), ("fsdp2-w8-h64-fake", "fsdp2", None, True),
+        ("hsdp-2x4-h64", "hsdp", "2x4", False)]
     for r in rows:
+        assert (r["world_size"], r["rank"]) == (8, 0)
         assert r["measured_bytes"] | r["expected_bytes"] == r["measured_bytes"], r
         assert (r["device"], r["precision"], r["cuda_max_allocated_bytes"]) == ("cpu", "bf16", None)
+        assert (r["live_peak_bytes"] is not None) == r["fake_tensors"]
     md = (out / "projection-memory.md").read_text()
     assert md.startswith("### Projected per-rank memory, world 8, hidden 64, bf16, on cpu (issue 44), ")
-    assert md.count("| yes, to the byte |") == 2 and md in proc.stdout
+    assert md.count("| yes, to the byte |") == 3 and md in proc.stdout

@@ -42,7 +42,7 @@ does not hold, tracer/project.py)."""
 
 
 REAL_TENSORS = {"fake_tensors": False, "op_durations": "measured", "device_tflops": None,
-                "device_mem_gbps": None, "compute_estimate": []}
+                "device_mem_gbps": None, "compute_estimate": [], "live_peak_bytes": {}}
 """A projection's fake-tensor fields with real tensors (analyzer/contract/schemas.py ``Projection``)."""
 
 
@@ -307,6 +307,10 @@ def test_fake_tensors_give_the_real_projections_exact_figures(tmp_path, strategy
     assert all(f["status"] == "equal" for f in exact), exact
     projection = json.loads((fake / "manifest.json").read_text())["projection"]
     estimate = projection.pop("compute_estimate")
+    # live tensor bytes at the peak (tracer/livebytes.py): at least what the rank holds at once
+    # after its backward (the categories' sum, which the report shows as a lower bound)
+    live = projection.pop("live_peak_bytes")
+    assert list(live) == ["0"] and live["0"] >= categories(fake)["peak"], live
     assert projection == {"world_size": 8, "roles_run": [0], "device": "cpu",
                           "fake_process_group": True, "fake_tensors": True,
                           "op_durations": "meta_kernels", "device_tflops": 2.0,
@@ -416,3 +420,31 @@ def test_projection_inputs_hold_no_numerics_reference():
     assert tuple(tensors["batch.x"].shape) == (8, 16, HIDDEN)
     assert len(tensors["loss"]) == cfg.total_steps and all(_math.isnan(v) for v in tensors["loss"].tolist())
     assert json.loads(meta["activation_order"]) == []
+
+
+def test_live_bytes_follow_allocation_free_and_resize():
+    """tracer/livebytes.py on fake tensors: a storage counts from the op that returns it until it
+    dies or is resized (FSDP2's free of an unsharded parameter: ``resize_(0)``); the peak is
+    sampled in the profiled steps only."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tracer.livebytes import LiveBytes
+    from tracer.opcost import OpCost
+
+    cost = OpCost(range(1, 2))
+    cost.live = LiveBytes("cpu", range(1, 2))
+    with FakeTensorMode(), cost, cost.live.tracking_resize():
+        cost.step = 0
+        big = torch.empty(4096)  # 16 KiB, before the profiled step: live, not a peak
+        assert (cost.live.live, cost.live.peak) == (16384, 0)
+        cost.step = 1
+        a, b = torch.empty(1024), torch.empty(1024)
+        del a
+        c = torch.empty(2048)
+        assert (cost.live.live, cost.live.peak) == (16384 + 4096 + 8192, 16384 + 8192 + 4096)
+        big.untyped_storage().resize_(0)
+        d = torch.empty(8)
+        assert cost.live.live == 4096 + 8192 + 32 and cost.live.peak == 28672
+        del b, c, d
+    assert cost.live.live == 0
