@@ -16,6 +16,13 @@
 #   DEVICE=cuda|cpu   NPROC (default: visible GPUs; cpu: 2)   HIDDEN=256 LAYERS=2 SEQ=128 BATCH
 #   BIG_HIDDEN=4096 BIG_LAYERS=2 BIG_SEQ=512 BIG_BATCH (0 = skip the big model)  STEPS_ACTIVE=3
 #   TIMEOUT=120 (collective timeout, s)
+# Projection step (issue 44): `tracer project` of world PROJ_NPROC=8 fsdp2 and hsdp 2x4 of the
+# reference model in bf16 (AdamW), real tensors where they fit this device, else fake ones (the
+# tool decides), and fsdp2 again on fake tensors (its live-bytes peak beside the real allocator
+# peak); per-rank allocator peak beside the sharding arithmetic in
+# OUTDIR/projection-memory.{json,md} (bench/project_memory.py). cuda: PROJ_HIDDEN=4096
+# PROJ_SEQ=512 PROJ_BATCH=16; cpu: 64, 16, 8. PROJ_LAYERS=2. PROJECT=0 skips it; PROJ_ONLY=1
+# runs only it (no records, no report).
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -83,7 +90,48 @@ record() {  # record NAME ARGS...: one `tracer record --strategy all`, log kept 
   echo "device_check: $name recorded in $((SECONDS - t0)) s"
 }
 
+project() {  # project NAME ARGS...: one `tracer project` into OUTDIR/projections
+  local name="$1"; shift
+  local t0=$SECONDS
+  echo "device_check: projecting $name (world $PROJ_NPROC, hidden $PROJ_HIDDEN, device $DEVICE) ..."
+  if ! "$PY" -m tracer project --nproc "$PROJ_NPROC" --device "$DEVICE" --precision bf16 \
+      --optimizer adamw --hidden "$PROJ_HIDDEN" --layers "$PROJ_LAYERS" --seq "$PROJ_SEQ" \
+      --batch "$PROJ_BATCH" --out "$OUTDIR/projections" --name "$name" "$@" \
+      > "$OUTDIR/project-$name.log" 2>&1; then
+    cat "$OUTDIR/project-$name.log" >&2
+    echo "device_check: project $name FAILED" >&2
+    return 1
+  fi
+  cat "$OUTDIR/project-$name.log"  # the fake-tensor decision, when made
+  echo "device_check: $name projected in $((SECONDS - t0)) s"
+}
+
 status=0
+if [ "${PROJECT:-1}" = 1 ]; then
+  PROJ_NPROC="${PROJ_NPROC:-8}"; PROJ_LAYERS="${PROJ_LAYERS:-2}"
+  if [ "$DEVICE" = cuda ]; then
+    PROJ_HIDDEN="${PROJ_HIDDEN:-4096}"; PROJ_SEQ="${PROJ_SEQ:-512}"; PROJ_BATCH="${PROJ_BATCH:-16}"
+  else
+    PROJ_HIDDEN="${PROJ_HIDDEN:-64}"; PROJ_SEQ="${PROJ_SEQ:-16}"; PROJ_BATCH="${PROJ_BATCH:-8}"
+  fi
+  pstatus=0
+  project "fsdp2-w$PROJ_NPROC-h$PROJ_HIDDEN" --strategy fsdp2 || pstatus=1
+  project "hsdp-2x$((PROJ_NPROC / 2))-h$PROJ_HIDDEN" --strategy hsdp --mesh "2,$((PROJ_NPROC / 2))" || pstatus=1
+  # the same fsdp2 on fake tensors: its live-bytes peak beside the real run's allocator peak
+  project "fsdp2-w$PROJ_NPROC-h$PROJ_HIDDEN-fake" --strategy fsdp2 --fake-tensors || pstatus=1
+  if [ "$pstatus" -eq 0 ]; then
+    "$PY" "$REPO/bench/project_memory.py" collect "$OUTDIR"/projections/*/ \
+      --out "$OUTDIR/projection-memory.json" > /dev/null || pstatus=1
+    "$PY" "$REPO/bench/project_memory.py" markdown "$OUTDIR/projection-memory.json" \
+      --title "Projected per-rank memory, world $PROJ_NPROC, hidden $PROJ_HIDDEN, bf16, on $DEVICE (issue 44)" \
+      --command "DEVICE=$DEVICE scripts/device_check.sh OUTDIR (projection step)" \
+      > "$OUTDIR/projection-memory.md" && cat "$OUTDIR/projection-memory.md" || pstatus=1
+  fi
+  [ "$pstatus" -eq 0 ] || status=1
+fi
+if [ "${PROJ_ONLY:-0}" = 1 ]; then
+  exit "$status"
+fi
 record small --hidden "$HIDDEN" --layers "$LAYERS" --seq "$SEQ" --batch "$BATCH" || status=1
 if [ "$BIG_BATCH" -gt 0 ]; then
   # the kept baseline of the big model is GBs (batch, weights, gradients, updated weights): keep

@@ -144,6 +144,18 @@ def project(
         help="The target's ranks per node (default: all N on one node). On CPU each role's "
              "compute is measured with this many copies running at once, up to this machine's "
              "CPUs, so it carries the contention of the node's other ranks.")] = None,
+    fake_tensors: Annotated[Optional[bool], typer.Option(
+        "--fake-tensors/--real-tensors",
+        help="Run the roles under torch's FakeTensorMode (no storage, no values: for a model "
+             "too large for this device) or with real tensors. Default: fake only when the "
+             "model's parameters and one rank's parameters + gradients + optimizer state do "
+             "not fit this device's free memory (one log line says so).")] = None,
+    device_tflops: Annotated[Optional[float], typer.Option(
+        help="With fake tensors: the target device's assumed peak, 10^12 FLOP/s, for the "
+             "per-op compute estimate (a roofline with --device-mem-gbps).")] = None,
+    device_mem_gbps: Annotated[Optional[float], typer.Option(
+        help="With fake tensors: the target device's assumed memory bandwidth, 10^9 "
+             "bytes/s.")] = None,
     ctx: typer.Context = typer.Option(None, hidden=True),
     **options,
 ) -> None:
@@ -169,6 +181,10 @@ def project(
                                  "torch's fake process group; drop it")
         check_taken(strategy, [k for k in options if _given(ctx, k)])
         cfg = RecordConfig(strategy=strategy, **_resolved(options, strategy))
+        from tracer.fakeproject import FakeOptions
+
+        fake = FakeOptions(fake_tensors=fake_tensors, device_tflops=device_tflops,
+                           device_mem_gbps=device_mem_gbps)
         # as one torchrun rank: one process (no N-rank memory check), the run dir only checked
         # (tracer.project.project claims it)
         _check_before_start([cfg], under_torchrun=True)
@@ -181,7 +197,7 @@ def project(
         _fail(ExitCode.INTERRUPTED, _INTERRUPTED_EARLY)
     logging.basicConfig(level=logging.WARNING, format="tracer: %(message)s")
     try:
-        run_dir = run_projection(cfg, ranks_per_node=ranks_per_node)
+        run_dir = run_projection(cfg, fake, ranks_per_node=ranks_per_node)
     except ValueError as exc:
         _fail(ExitCode.BAD_INPUT, str(exc))
     except RuntimeError as exc:  # a role's child failed: its last line

@@ -36,13 +36,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int, int] | None:
     """(device, storage data pointer, storage bytes) of ``t``; None for a tensor without a
-    storage of its own data (a size-0 storage, a meta tensor)."""
+    storage of its own data (a size-0 storage, a meta tensor). A fake tensor (``tracer project
+    --fake-tensors``) has no data pointer (0 for all): its storage object's address instead."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
     t = _local(t)
     st = t.untyped_storage()
     nbytes = st.nbytes()
     if nbytes == 0 or t.device.type == "meta":
         return None
-    return str(t.device), st.data_ptr(), nbytes
+    return str(t.device), st._cdata if isinstance(t, FakeTensor) else st.data_ptr(), nbytes
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:

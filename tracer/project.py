@@ -35,6 +35,8 @@ import os
 from pathlib import Path
 
 from tracer.config import RecordConfig
+from tracer.fakeproject import (FakeOptions, check_fake_tensors, decide_fake_tensors, fake_projection,
+                                shapes_only)
 
 log = logging.getLogger(__name__)
 
@@ -87,52 +89,65 @@ def check_projection(cfg: RecordConfig) -> None:
     check_world(cfg, env)
 
 
-def co_runners(device_type: str, world: int, ranks_per_node: int | None) -> int:
+def co_runners(device_type: str, world: int, ranks_per_node: int | None,
+               fake_tensors: bool = False) -> int:
     """Copies of a role run at once to measure its compute: on CPU the target node's ranks
     (``ranks_per_node``, default the whole world), at most this machine's usable CPUs, so the
     compute carries what the node's other ranks cost it (shared cores' caches and memory
     bandwidth, SMT siblings: measured here, two copies of a 2-rank ddp step on 2 vCPUs took
     1.7-2x one copy's time, as the real 2-rank record's compute did). Time-sharing beyond the
-    CPUs is the analyzer's (``ProjectedStep.compute_scale``). On a GPU 1: a rank per device."""
-    if device_type != "cpu":
+    CPUs is the analyzer's (``ProjectedStep.compute_scale``). On a GPU 1: a rank per device;
+    with fake tensors 1: no compute is measured (tracer/fakeproject.py estimates it)."""
+    if device_type != "cpu" or fake_tensors:
         return 1
     return max(1, min(ranks_per_node or world, len(os.sched_getaffinity(0))))
 
 
-def project(cfg: RecordConfig, *, ranks_per_node: int | None = None) -> Path:
+def project(cfg: RecordConfig, fake: FakeOptions | None = None, *,
+            ranks_per_node: int | None = None) -> Path:
     """Project ``cfg`` (a record's options; ``cfg.nproc`` the world N) into ``cfg.run_dir``.
 
-    Claims the run dir as a record does (tracer/record.py ``claim_run_dirs``), computes the
-    baseline in this process (the record's numerics inputs: initial weights, batch), runs every
-    role of ``roles`` in a child process of its own, one after another, each beside its
-    ``co_runners`` - 1 twins (``run_role_isolated``), and writes the manifest last, with
-    ``ranks_per_node`` (the target's; None: the world) and the co-runners. Returns the run dir.
-    Raises ``ValueError`` (one line) for options a projection refuses or a run dir it may not
-    write, ``RuntimeError`` with the child's last line when a role fails (the run dir is then
-    left incomplete, no manifest)."""
+    Claims the run dir as a record does (tracer/record.py ``claim_run_dirs``), writes the
+    record's inputs in this process (initial weights, batch; no numerics baseline:
+    tracer/projinputs.py), runs every role of ``roles`` in a child process of its own, one
+    after another, each beside its ``co_runners`` - 1 twins (``run_role_isolated``), and
+    writes the manifest last, with ``ranks_per_node`` (the target's; None: the world) and the
+    co-runners. Returns the run dir. Raises ``ValueError`` (one line) for options a projection
+    refuses or a run dir it may not write, ``RuntimeError`` with the child's last line when a
+    role fails (the run dir is then left incomplete, no manifest). ``fake``:
+    tracer/fakeproject.py ``FakeOptions`` (default: real tensors); with fake tensors (asked,
+    or decided: ``decide_fake_tensors``) no inputs file is computed but the batch's."""
     from dataclasses import replace
 
     import torch
 
     from tracer import devices
-    from tracer.baseline import BASELINE_NAME, write_baseline
+    from tracer.baseline import BASELINE_NAME
+    from tracer.projinputs import write_projection_inputs
     from tracer.record import _release, claim_run_dirs
     from tracer.rundir import abandon_record, clear_run_dir, finish_record
 
     check_projection(cfg)
     device_type = devices.resolve_device_type(cfg.device, torch.cuda.is_available())
     cfg = replace(cfg, device=device_type)
+    fake = fake or FakeOptions()
+    fake = replace(fake, fake_tensors=decide_fake_tensors(cfg, device_type, fake))
+    if fake.fake_tensors:
+        check_fake_tensors(cfg)
+    elif fake.device_tflops is not None:  # undecided, then real: the ops' times are measured
+        log.warning("--device-tflops / --device-mem-gbps unused: the model fits, real tensors "
+                    "measure each op on %s", device_type)
     claim_run_dirs([cfg])
     try:
         replaced = clear_run_dir(cfg.run_dir)
         if replaced is not None:
             log.warning("%s: replacing %s", cfg.run_dir, replaced)
-        write_baseline(cfg, device_type, cfg.run_dir / BASELINE_NAME)
+        write_projection_inputs(cfg, device_type, cfg.run_dir / BASELINE_NAME, fake.fake_tensors)
         ranks = roles(cfg)
-        co = co_runners(device_type, cfg.world_size, ranks_per_node)
+        co = co_runners(device_type, cfg.world_size, ranks_per_node, fake.fake_tensors)
         for rank in ranks:
-            run_role_isolated(cfg, rank, co=co)
-        write_projection_manifest(cfg, ranks, ranks_per_node=ranks_per_node or cfg.world_size,
+            run_role_isolated(cfg, rank, fake, co=co)
+        write_projection_manifest(cfg, ranks, fake, ranks_per_node=ranks_per_node or cfg.world_size,
                                   co=co)
         finish_record(cfg.run_dir)
     except BaseException:
@@ -143,7 +158,8 @@ def project(cfg: RecordConfig, *, ranks_per_node: int | None = None) -> Path:
     return cfg.run_dir
 
 
-def run_role_isolated(cfg: RecordConfig, rank: int, *, co: int = 1) -> None:
+def run_role_isolated(cfg: RecordConfig, rank: int, fake: FakeOptions | None = None, *,
+                      co: int = 1) -> None:
     """``run_role`` in a child process (``python -m tracer.project``): DTensor and DeviceMesh
     keep process groups by name across ``destroy_process_group`` (measured: a second role of
     fsdp2_tp in one process fails with "Could not resolve the process group registered under
@@ -158,17 +174,19 @@ def run_role_isolated(cfg: RecordConfig, rank: int, *, co: int = 1) -> None:
     import tempfile
     from dataclasses import replace
 
+    from dataclasses import asdict
+
     def start(c: RecordConfig) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "tracer.project", json.dumps(c.to_dict()),
-                                 str(rank)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)
+                                 str(rank), json.dumps(asdict(fake or FakeOptions()))],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     with tempfile.TemporaryDirectory(prefix="paritytrace-twins-") as tmp:
         twins = []
         for k in range(1, co):
             twin = replace(cfg, out=tmp, name=f"twin{k}")
             twin.run_dir.mkdir(parents=True)
-            for f in cfg.run_dir.iterdir():  # the baseline's files: all the run dir holds yet
+            for f in cfg.run_dir.iterdir():  # the inputs' files: all the run dir holds yet
                 if f.is_file():
                     shutil.copyfile(f, twin.run_dir / f.name)
             twins.append(twin)
@@ -187,11 +205,13 @@ def _role_facts_path(cfg: RecordConfig, rank: int) -> Path:
     return cfg.run_dir / PARTS_DIR / f"rank{rank}.role.json"
 
 
-def run_role(cfg: RecordConfig, rank: int) -> None:
+def run_role(cfg: RecordConfig, rank: int, cost=None, fake: FakeOptions | None = None) -> None:
     """Rank ``rank`` of a world of ``cfg.world_size`` on the fake group, in this process: the
     record's setup, step and loop (tracer/worker.py ``run_rank`` without its rendezvous,
     barriers and launcher), its trace and partial tables written, and the facts the manifest
-    needs (``_role_facts_path``: parameter count, units, mesh, model class, buffers)."""
+    needs (``_role_facts_path``: parameter count, units, mesh, model class, buffers; with fake
+    tensors the compute estimate). ``cost``: the role's tracer/fakeproject.py ``OpCost`` when it
+    runs under FakeTensorMode (``fake_role``), else None."""
     import msgspec
     import torch
     import torch.distributed as dist
@@ -200,6 +220,8 @@ def run_role(cfg: RecordConfig, rank: int) -> None:
     from tracer import loop
     from tracer.baseline import BASELINE_NAME, load_baseline
     from tracer.modelspec import buffer_names
+    from tracer.fakeproject import fake_inputs, fake_step_outputs
+    from tracer.projinputs import Unverified
     from tracer.specload import load_spec
     from tracer.strategies import SETUP
     from tracer.worker import FlatStep, Heartbeat, RankEnv, add_golden_losses, resolve_device, write_rank_outputs
@@ -210,7 +232,10 @@ def run_role(cfg: RecordConfig, rank: int) -> None:
                   launch="project", ctrl_dir=None)
     device = resolve_device(cfg, 0)  # every role on this one device
     dist.init_process_group(FAKE_BACKEND, rank=rank, world_size=world, store=FakeStore())
-    base, order = load_baseline(cfg.run_dir / BASELINE_NAME, cfg, device.type)
+    if cost is None:
+        base, order = load_baseline(cfg.run_dir / BASELINE_NAME, cfg, device.type)
+    else:  # fake tensors: no real inputs (tracer/fakeproject.py)
+        base, order = fake_inputs(cfg), []
     spec = load_spec(cfg)
     buffers, model_name = buffer_names(spec.model), type(spec.model).__name__
     built = SETUP[cfg.strategy](cfg, spec, base, rank, world, device)
@@ -220,21 +245,26 @@ def run_role(cfg: RecordConfig, rank: int) -> None:
         step = PipelineStep(cfg, built.pipe, base, order, device)
     else:
         step = FlatStep(cfg, spec, built.model, base, env, device)
+    step = Unverified(step, losses_kept=cost is None, cost=cost)  # no baseline (tracer/projinputs.py)
     numerics, step_rows, snapshot, categories = loop.train(cfg, step, base, rank, world, device,
                                                            Heartbeat(env))
+    if cost is not None:  # fake storage is not allocated: no allocator peaks (tracer/fakeproject.py)
+        step_rows, categories = fake_step_outputs(rank, step_rows, categories)
     add_golden_losses(numerics, base)
     write_rank_outputs(cfg, rank, numerics, step_rows, snapshot, categories)
     facts = {"num_params": built.num_params, "units": built.units, "mesh": built.mesh,
              "model_name": model_name, "buffers": buffers, "device": str(device),
-             "with_memory": snapshot is not None}
+             "with_memory": snapshot is not None,
+             "compute_estimate": None if cost is None else cost.rows(rank, fake or FakeOptions()),
+             "live_peak_bytes": None if cost is None else cost.live.peak}
     _role_facts_path(cfg, rank).write_bytes(msgspec.json.encode(facts))
 
 
-def write_projection_manifest(cfg: RecordConfig, ranks: list[int], *,
-                              ranks_per_node: int | None = None, co: int = 1) -> None:
+def write_projection_manifest(cfg: RecordConfig, ranks: list[int], fake: FakeOptions | None = None,
+                              *, ranks_per_node: int | None = None, co: int = 1) -> None:
     """Merge the roles' partial tables and write the manifest (tracer/manifest.py
     ``build_manifest``, the first role's facts) with its ``projection`` section; backend
-    ``"fake"``."""
+    ``"fake"``; with fake tensors the section's fake-tensor fields (``fake_projection``)."""
     import msgspec
     import torch
 
@@ -245,6 +275,10 @@ def write_projection_manifest(cfg: RecordConfig, ranks: list[int], *,
     from tracer.worker import finish_kept, merge_parts
 
     facts = msgspec.json.decode(_role_facts_path(cfg, ranks[0]).read_bytes())
+    roles = {rank: msgspec.json.decode(_role_facts_path(cfg, rank).read_bytes()) for rank in ranks}
+    estimates = [row for rank in ranks for row in roles[rank].get("compute_estimate") or []]
+    live_peaks = {rank: roles[rank]["live_peak_bytes"] for rank in ranks
+                  if roles[rank].get("live_peak_bytes") is not None}
     for rank in ranks:
         _role_facts_path(cfg, rank).unlink()
     from safetensors import safe_open
@@ -256,27 +290,36 @@ def write_projection_manifest(cfg: RecordConfig, ranks: list[int], *,
     device = torch.device(facts["device"])
     mesh = None if facts["mesh"] is None else msgspec.convert(facts["mesh"], Mesh)
     launch = Launch(method="project", nnodes=1, master_addr=None, master_port=None)
+    with shapes_only((fake or FakeOptions()).fake_tensors):  # the manifest reads the spec's settings
+        spec = load_spec(cfg)
     manifest = build_manifest(cfg=cfg, run_dir=cfg.run_dir, world_size=cfg.world_size,
                               backend=FAKE_BACKEND, device=device, launch=launch,
                               num_params=facts["num_params"], fsdp_units=facts["units"],
-                              spec=load_spec(cfg), model_name=facts["model_name"],
+                              spec=spec, model_name=facts["model_name"],
                               buffers=facts["buffers"], batch_x=batch_x,
                               machine=machine_info(list(os.getloadavg()), 1), mesh=mesh)
     manifest.projection = Projection(world_size=cfg.world_size, roles_run=list(ranks),
                                      device=device.type, fake_process_group=True,
                                      ranks_per_node=ranks_per_node or cfg.world_size,
-                                     co_runners=co)
+                                     co_runners=co,
+                                     **fake_projection(fake or FakeOptions(), estimates, live_peaks))
     write_manifest(cfg.run_dir, manifest)
 
 
 def _main(argv: list[str]) -> int:
-    """Child entry (``run_role_isolated``): ``python -m tracer.project CONFIG_JSON RANK``."""
+    """Child entry (``run_role_isolated``): ``python -m tracer.project CONFIG_JSON RANK
+    [FAKE_OPTIONS_JSON]``."""
     import json
     import sys
 
+    from tracer.fakeproject import fake_role
+
     logging.basicConfig(level=logging.WARNING, format=f"[rank{argv[1]}] %(levelname)s %(name)s: %(message)s")
     try:
-        run_role(RecordConfig(**json.loads(argv[0])), int(argv[1]))
+        cfg = RecordConfig(**json.loads(argv[0]))
+        fake = FakeOptions(**json.loads(argv[2])) if len(argv) > 2 else FakeOptions()
+        with fake_role(cfg, bool(fake.fake_tensors)) as cost:
+            run_role(cfg, int(argv[1]), cost, fake)
     except Exception as exc:  # process boundary: the parent reports the last line
         import traceback
 

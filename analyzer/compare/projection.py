@@ -146,11 +146,20 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
     bd, prefetch = tables.breakdown, tables.prefetch
     roles = {rt.rank: _steps_of_role(rt.rank, bd, parts, prefetch, world, nccl)
              for rt in tables.ranks}
+    estimated = False
+    if proj.fake_tensors:  # the trace's op times are the meta kernels': the estimate stands in
+        roles = _estimated(run, roles, proj)
+        estimated = True
     steps = sorted(set.intersection(*(set(s) for s in roles.values()))) if roles else []
     if not steps:
         raise BadInput(run.path, "not_a_trace", "the projection's roles share no profiled step",
                        "project again: each role's trace holds the profiled steps")
-    scale, assumptions = _compute_scale(m, rpn, nccl, proj.co_runners)
+    scale, assumptions = ((1.0, [f"compute estimated, not measured (fake tensors): the "
+                                 f"roofline of each operator's FLOPs and bytes at "
+                                 f"{proj.device_tflops:g} TFLOP/s and {proj.device_mem_gbps:g} "
+                                 "GB/s (tracer project --device-tflops / --device-mem-gbps), in "
+                                 "the order and at the relative places the trace shows"])
+                          if estimated else _compute_scale(m, rpn, nccl, proj.co_runners))
     role_ranks = sorted(roles)
     role_of = _role_of(m, role_ranks)
 
@@ -189,7 +198,35 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
                  "them, gradient reductions by the end of the step's compute" if nccl else
                  "none (gloo on CPU, as measured: every collective exposed)"),
         compute_scale=scale, link_sources=sources, outside_sizes=flagged,
-        assumptions=assumptions, warnings=_mixed_devices(proj.device, sources))
+        assumptions=assumptions,
+        warnings=[] if estimated else _mixed_devices(proj.device, sources))
+
+
+def _estimated(run, roles: dict[int, dict[int, Role]], proj) -> dict[int, dict[int, Role]]:
+    """Fake tensors: each role's steps with their compute the manifest's estimate
+    (``Projection.compute_estimate``: per role, the sum of its operators' roofline ns per step),
+    the calls' issue and need moved in proportion (the trace gives their order and relative
+    places, its meta kernels' times nothing more). Raises ``BadInput`` when the projection has
+    no estimate (no --device-tflops / --device-mem-gbps)."""
+    total: dict[int, int] = {}
+    for e in proj.compute_estimate:
+        if e.estimated_ns_per_step is None:
+            raise BadInput(run.path, "no_link_curve", "a projection on fake tensors without a "
+                           "compute estimate: its trace's op times are the meta kernels', not "
+                           "the device's", "project again with --device-tflops and "
+                           "--device-mem-gbps (the target device's peak and bandwidth)")
+        total[e.rank] = total.get(e.rank, 0) + e.estimated_ns_per_step
+    out = {}
+    for rank, steps in roles.items():
+        if rank not in total:
+            raise BadInput(run.path, "no_link_curve", f"rank {rank}'s compute estimate is "
+                           "missing from the manifest", "project again")
+        out[rank] = {}
+        for step, role in steps.items():
+            k = total[rank] / role.compute_ns if role.compute_ns > 0 else 0.0
+            out[rank][step] = Role(rank=rank, compute_ns=total[rank], calls=tuple(
+                replace(c, issue_ns=c.issue_ns * k, need_ns=c.need_ns * k) for c in role.calls))
+    return out
 
 
 def _mixed_devices(device: str, sources: list[str]) -> list[str]:

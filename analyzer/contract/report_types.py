@@ -957,7 +957,14 @@ class RunEntry(_Figures, kw_only=True):
     projection: dict[str, Any] | None = None
     """Issue 44: the manifest's ``projection`` of a ``tracer project`` run (world_size, roles_run,
     device, fake_process_group): its ranks are the roles run at that world size on torch's fake
-    process group; None for a record or foreign traces."""
+    process group; None for a record or foreign traces. Fake tensors (``tracer project
+    --fake-tensors``): ``fake_tensors`` true, ``op_durations`` "meta_kernels" (the trace's op
+    times are not the device's), the assumed ``device_tflops`` (10^12 FLOP/s) and
+    ``device_mem_gbps`` (10^9 bytes/s), and ``compute_estimate``: per role and operator,
+    ``calls_per_step``, ``flops_per_step``, ``bytes_per_step``, ``estimated_ns_per_step``
+    (a roofline of the two; null without them), and ``live_peak_bytes``: per role (its rank
+    as a string), the peak of its live tensor bytes on its device in the profiled steps
+    (tracer/livebytes.py); with real tensors false, "measured", null, null, [], {}."""
     projected_step: ProjectedStep | None = None
     """Issue 44 Deliver 3: a projection's step at its world size from the link model
     (``--link-model``; analyzer/compare/projection.py); None for a record, or without a link

@@ -477,6 +477,17 @@ class Mesh(msgspec.Struct, kw_only=True, omit_defaults=True):
                  for k in range(self.shape[dim])] for coord in itertools.product(*others)]
 
 
+class OpEstimate(msgspec.Struct, kw_only=True):
+    """One operator's compute in one role's step of a projection on fake tensors
+    (tracer/opcost.py ``OpCost``): the profiled steps' mean."""
+    rank: int  # the role's global rank
+    op: str  # "aten::mm": the operator's namespace and overload packet
+    calls_per_step: int
+    flops_per_step: int  # torch/utils/flop_counter.py flop_registry; 0: no formula for the op
+    bytes_per_step: int  # its tensor arguments' and results' bytes, each read or written once
+    estimated_ns_per_step: int | None  # roofline with Projection.device_tflops / device_mem_gbps; None without them
+
+
 class Projection(msgspec.Struct, kw_only=True):
     """A run that ``tracer project`` made (issue 44), not a record: its ranks ran one after
     another in one process, each as rank r of a world of ``world_size`` on torch's fake process
@@ -490,6 +501,24 @@ class Projection(msgspec.Struct, kw_only=True):
     fake_process_group: bool = True  # collectives on torch's fake group: no data moved
     ranks_per_node: int | None = None  # the target's (tracer project --ranks-per-node; None: older)
     co_runners: int = 1  # copies of each role run at once to measure its compute (tracer/project.py)
+    fake_tensors: bool = False
+    """The roles ran under torch's FakeTensorMode (``tracer project --fake-tensors``, or decided
+    because the model did not fit this device): no storage, no values. Collective calls and
+    bytes, parameter / gradient / optimizer-state bytes and activations (saved for backward,
+    step 0) are the job's; the ``peak`` category is their sum (no allocator figures: none is
+    allocated); op durations in the trace are the meta kernels' (``op_durations``)."""
+    op_durations: str = "measured"
+    """What the trace's op durations are: "measured" (real tensors on ``device``) or
+    "meta_kernels" (fake tensors: not the device's; the estimate is ``compute_estimate``)."""
+    device_tflops: float | None = None  # assumed peak of the target device, 10^12 FLOP/s (estimate input)
+    device_mem_gbps: float | None = None  # assumed memory bandwidth, 10^9 bytes/s (estimate input)
+    compute_estimate: list[OpEstimate] = msgspec.field(default_factory=list)
+    """Fake tensors: per role and operator, calls, FLOPs, bytes and the roofline time per step
+    (tracer/opcost.py); empty with real tensors."""
+    live_peak_bytes: dict[str, int] = msgspec.field(default_factory=dict)
+    """Fake tensors: per role (its global rank, a string: a JSON key), the peak of its live
+    tensor bytes on its device in the profiled steps (tracer/livebytes.py: no allocator
+    rounding or caching); empty with real tensors, whose allocator peak is in steps.parquet."""
 
 
 class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):

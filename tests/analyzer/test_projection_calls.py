@@ -56,3 +56,26 @@ def test_a_call_without_bytes_is_refused():
     coll = _coll([(0, 3, "all_gather", "0", "", 1100, 10, -1, "world", -1, "c10d::allgather_")])
     with pytest.raises(BadInput, match="has no bytes in the trace"):
         _steps_of_role(0, BD, coll, PREFETCH, world=2, nccl=False)
+
+
+def test_fake_tensor_compute_is_the_estimate_the_calls_moved_in_proportion():
+    from types import SimpleNamespace
+
+    from analyzer.compare.projection import _estimated
+    from analyzer.contract.schemas import OpEstimate
+
+    roles = {0: _steps_of_role(0, BD, COLL, PREFETCH, world=8, nccl=False)}  # compute 455
+    est = [OpEstimate(rank=0, op="aten::mm", calls_per_step=4, flops_per_step=1,
+                      bytes_per_step=1, estimated_ns_per_step=600),
+           OpEstimate(rank=0, op="aten::add", calls_per_step=1, flops_per_step=1,
+                      bytes_per_step=1, estimated_ns_per_step=310)]
+    proj = SimpleNamespace(compute_estimate=est)
+    role = _estimated(SimpleNamespace(path="p"), roles, proj)[0][3]
+    # 600 + 310 = 910 ns = 2 x 455: every issue and need doubled
+    assert role.compute_ns == 910
+    assert [(c.issue_ns, c.need_ns) for c in role.calls] == [(200, 200), (580, 580), (740, 740),
+                                                             (830, 910), (840, 840)]
+    est[1] = OpEstimate(rank=0, op="aten::add", calls_per_step=1, flops_per_step=1,
+                        bytes_per_step=1, estimated_ns_per_step=None)
+    with pytest.raises(BadInput, match="without a compute estimate"):
+        _estimated(SimpleNamespace(path="p"), roles, proj)

@@ -50,3 +50,22 @@ def test_every_strategy_recorded_twice_with_the_requested_shapes(check):
 def test_usage_error(tmp_path):
     proc = subprocess.run(["bash", str(REPO / "scripts" / "device_check.sh")], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+def test_projection_step_writes_memory_beside_the_arithmetic(check):
+    """The projection step (issue 44): world 8 fsdp2 and hsdp 2x4 projected on this device, each
+    role's parameter / gradient / optimizer bytes equal to the sharding arithmetic, and the
+    section for bench/RESULTS.md written and printed."""
+    out, proc = check
+    rows = json.loads((out / "projection-memory.json").read_text())
+    assert sorted((r["run"], r["strategy"], r["mesh"], r["fake_tensors"]) for r in rows) == [
+        ("fsdp2-w8-h64", "fsdp2", None, False), ("fsdp2-w8-h64-fake", "fsdp2", None, True),
+        ("hsdp-2x4-h64", "hsdp", "2x4", False)]
+    for r in rows:
+        assert (r["world_size"], r["rank"]) == (8, 0)
+        assert r["measured_bytes"] | r["expected_bytes"] == r["measured_bytes"], r
+        assert (r["device"], r["precision"], r["cuda_max_allocated_bytes"]) == ("cpu", "bf16", None)
+        assert (r["live_peak_bytes"] is not None) == r["fake_tensors"]
+    md = (out / "projection-memory.md").read_text()
+    assert md.startswith("### Projected per-rank memory, world 8, hidden 64, bf16, on cpu (issue 44), ")
+    assert md.count("| yes, to the byte |") == 3 and md in proc.stdout

@@ -42,7 +42,13 @@ def projection_section(world: int, roles: list[int]) -> dict:
     target's ranks per node the whole world, each role measured beside as many copies as this
     machine's CPUs allow (tracer/project.py ``co_runners``)."""
     return {"world_size": world, "roles_run": roles, "device": "cpu", "fake_process_group": True,
-            "ranks_per_node": world, "co_runners": min(world, len(os.sched_getaffinity(0)))}
+            "ranks_per_node": world, "co_runners": min(world, len(os.sched_getaffinity(0))),
+            **REAL_TENSORS}
+
+
+REAL_TENSORS = {"fake_tensors": False, "op_durations": "measured", "device_tflops": None,
+                "device_mem_gbps": None, "compute_estimate": [], "live_peak_bytes": {}}
+"""A projection's fake-tensor fields with real tensors (analyzer/contract/schemas.py ``Projection``)."""
 WORLDS = (2, 4, 8, 64)
 STEPS = ["--wait", "1", "--warmup", "1", "--active", "2"]
 """Profiled steps 2 and 3: the steady state (DDP rebuilds its buckets in its second iteration,
@@ -685,3 +691,197 @@ def test_funcol_tag_carries_its_input_on_the_fake_group():
         dist.destroy_process_group()
     assert tags == ["paritytrace::pg 0 tensor float32 6", "paritytrace::pg 0 tensor float32 5",
                     "paritytrace::pg 0 tensor float32 7"]
+
+
+# ---- Fake tensors and the projection's inputs (issue 44, Deliver 1) ----
+
+FAKE_CASES = [("fsdp2", []), ("hsdp", ["--mesh", "2,4"]), ("fsdp", [])]
+"""World 8, with and without --fake-tensors (DDP is refused on fake tensors)."""
+
+
+def _project(tmp_path: Path, name: str, strategy: str, extra: list[str]) -> Path:
+    proc, _ = run_tracer(["--strategy", strategy, "--nproc", "8", *extra, "--hidden", str(HIDDEN),
+                          "--layers", str(LAYERS), "--seq", "16", "--batch", "8", "--optimizer",
+                          "adamw", *STEPS, "--out", str(tmp_path), "--name", name],
+                         cwd=tmp_path, module=[sys.executable, "-m", "tracer", "project"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp_path / name
+
+
+def reference_matmul_flops(tokens: int, h: int, layers: int) -> dict[str, int]:
+    """Hand count of a step's matmul FLOPs on ``tokens`` rows of the reference model
+    (torch/utils/flop_counter.py: 2 m n k per [m, k] x [k, n]): per layer three Linear layers
+    of h x h, h x 4h, 4h x h (9 h^2 multiply-adds a token). Forward: one ``addmm`` each.
+    Backward: an ``mm`` for each weight's gradient and one for each input's, except the first
+    layer's input, which needs no gradient."""
+    fwd = 2 * tokens * 9 * h * h * layers
+    return {"aten::addmm": fwd, "aten::mm": 2 * fwd - 2 * tokens * h * h}
+
+
+@pytest.mark.record
+@pytest.mark.parametrize(("strategy", "extra"), FAKE_CASES, ids=[s for s, _ in FAKE_CASES])
+def test_fake_tensors_give_the_real_projections_exact_figures(tmp_path, strategy, extra):
+    """The same configuration with and without --fake-tensors: equal collective calls and bytes
+    per step, kind and mesh dimension, equal memory by category, and `analyzer grade` passes;
+    the fake run's manifest says so and carries the compute estimate, whose matmul FLOPs are
+    the hand count and whose times are the roofline of the given figures."""
+    real = _project(tmp_path, "real", strategy, extra)
+    fake = _project(tmp_path, "fake", strategy, [*extra, "--fake-tensors", "--device-tflops", "2",
+                                                 "--device-mem-gbps", "50"])
+    assert per_step_calls(fake / "rank0.trace.json.gz", [2, 3]) == per_step_calls(
+        real / "rank0.trace.json.gz", [2, 3])
+    assert categories(fake) == categories(real)
+    want = hsdp_counts(2, 4) if strategy == "hsdp" else HAND[strategy](8)
+    for cat in ("parameters", "gradients", "optimizer_state"):
+        assert categories(fake)[cat] == want[cat], cat
+    graded, _ = run_tracer([str(fake), str(real), "--format", "json"], cwd=tmp_path,
+                           module=[sys.executable, "-m", "analyzer", "grade"])
+    assert graded.returncode == 0, graded.stdout + graded.stderr
+    exact = json.loads(graded.stdout)["exact"]
+    assert {(f["kind"], f["status"]) for f in exact} >= {
+        ("parameters", "equal"), ("gradients", "equal"), ("optimizer_state", "equal")}
+    assert all(f["status"] == "equal" for f in exact), exact
+    projection = json.loads((fake / "manifest.json").read_text())["projection"]
+    estimate = projection.pop("compute_estimate")
+    # live tensor bytes at the peak (tracer/livebytes.py): at least what the rank holds at once
+    # after its backward (the categories' sum, which the report shows as a lower bound)
+    live = projection.pop("live_peak_bytes")
+    assert list(live) == ["0"] and live["0"] >= categories(fake)["peak"], live
+    assert projection == {"world_size": 8, "roles_run": [0], "device": "cpu",
+                          "fake_process_group": True, "ranks_per_node": 8, "co_runners": 1,
+                          "fake_tensors": True,
+                          "op_durations": "meta_kernels", "device_tflops": 2.0,
+                          "device_mem_gbps": 50.0}
+    ops = {r["op"]: r for r in estimate}
+    rows = 8 // (2 if strategy == "hsdp" else 1) // (4 if strategy == "hsdp" else 8)  # batch rows a rank
+    for op, flops in reference_matmul_flops(rows * 16, HIDDEN, LAYERS).items():
+        assert ops[op]["flops_per_step"] == flops, (op, ops[op])
+    # AdamW's last update, param.addcdiv_(exp_avg, denom): three tensors of the rank's shard
+    # (its local views, not a DTensor's global shape; no padding at h 32 over 4 or 8)
+    assert ops["aten::addcdiv_"]["bytes_per_step"] == 3 * want["parameters"], ops["aten::addcdiv_"]
+    for r in estimate:
+        assert r["estimated_ns_per_step"] == round(max(r["flops_per_step"] / 2e12,
+                                                       r["bytes_per_step"] / 50e9) * 1e9), r
+    assert not any(r["op"].startswith("c10d::") for r in estimate)  # collectives are not compute
+    steps = pq.read_table(fake / "steps.parquet").to_pylist()  # nothing allocated: no allocator peaks
+    assert {(r["profiler_allocated_peak_bytes"], r["cuda_max_allocated_bytes"]) for r in steps} == {(None, None)}
+
+
+@pytest.mark.integration
+def test_fake_tensors_refuse_ddp(tmp_path):
+    proc, _ = run_tracer(["--strategy", "ddp", "--nproc", "8", "--fake-tensors", "--out",
+                          str(tmp_path)], cwd=tmp_path,
+                         module=[sys.executable, "-m", "tracer", "project"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "tracer: --strategy ddp --fake-tensors: DDP's reducer reads its gradient buckets' data, "
+        "which fake tensors do not have; project it with real tensors (--real-tensors) at a "
+        "size this device holds"]
+
+
+def test_a_roofline_needs_both_device_figures_and_fake_tensors():
+    from tracer.fakeproject import FakeOptions
+
+    with pytest.raises(ValueError, match=r"^--device-tflops and --device-mem-gbps: give both"):
+        FakeOptions(fake_tensors=True, device_tflops=100.0)
+    with pytest.raises(ValueError, match=r"^--device-tflops 100: the compute estimate is for --fake-tensors"):
+        FakeOptions(fake_tensors=False, device_tflops=100.0, device_mem_gbps=1000.0)
+    with pytest.raises(ValueError, match=r"^--device-mem-gbps -1.0: must be a positive number"):
+        FakeOptions(fake_tensors=True, device_tflops=1.0, device_mem_gbps=-1.0)
+    FakeOptions(fake_tensors=None, device_tflops=1.0, device_mem_gbps=1.0)  # decided later
+
+
+def test_fake_tensors_are_decided_by_the_models_state_per_rank(monkeypatch, caplog):
+    """Undecided (--fake-tensors not given): fake exactly when the whole model's parameters
+    (built whole before sharding) plus one rank's parameters + gradients + AdamW state exceed
+    the free memory; one log line says so. Reference model h 32, 2 layers: 18,944 fp32
+    parameters = 75,776 B; FSDP2 over 8: 9,472 B a rank, x 4 (parameters, gradients, exp_avg,
+    exp_avg_sq) = 37,888 B; together 113,664 B."""
+    import logging
+
+    from tracer import fakeproject
+    from tracer.config import RecordConfig
+
+    cfg = RecordConfig(strategy="fsdp2", nproc=8, hidden=HIDDEN, layers=LAYERS, seq=16, batch=8,
+                       optimizer="adamw")
+    assert fakeproject.state_bytes(cfg) == (75_776, 37_888)
+    undecided = fakeproject.FakeOptions(fake_tensors=None)
+    monkeypatch.setattr(fakeproject, "free_bytes", lambda device_type: 113_664)
+    assert fakeproject.decide_fake_tensors(cfg, "cpu", undecided) is False
+    monkeypatch.setattr(fakeproject, "free_bytes", lambda device_type: 113_663)
+    with caplog.at_level(logging.WARNING, logger="tracer.fakeproject"):
+        assert fakeproject.decide_fake_tensors(cfg, "cpu", undecided) is True
+    assert [r.getMessage() for r in caplog.records] == [
+        "--fake-tensors on: the model's parameters (0.00 GiB, built whole before sharding) and "
+        "one rank's parameters + gradients + optimizer state at fsdp2 over 8 ranks (0.00 GiB) "
+        "exceed this machine's free memory (0.00 GiB); no real tensors, numerics not verified"]
+    assert fakeproject.decide_fake_tensors(cfg, "cpu", fakeproject.FakeOptions(fake_tensors=False)) is False
+
+
+def test_op_cost_counts_each_op_once_with_its_flops_and_bytes():
+    """A [4, 8] x [8, 16] matmul on fake tensors: 2 x 4 x 8 x 16 FLOPs, (32 + 128 + 64) x 4
+    bytes; a view counts no bytes; ops outside the profiled steps are not counted."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tracer.opcost import OpCost
+
+    cost = OpCost(range(1, 2))
+    with FakeTensorMode(), cost:
+        a, b = torch.empty(4, 8), torch.empty(8, 16)
+        cost.step = 0
+        torch.mm(a, b)
+        cost.step = 1
+        torch.mm(a, b).view(64, 1)
+    assert cost.ops == {"aten::mm": [1, 1024, 896], "aten::view": [1, 0, 0]}
+    from tracer.fakeproject import FakeOptions
+
+    rows = cost.rows(0, FakeOptions(fake_tensors=True, device_tflops=1e-3, device_mem_gbps=1.0))
+    assert rows[0] == {"rank": 0, "op": "aten::mm", "calls_per_step": 1, "flops_per_step": 1024,
+                       "bytes_per_step": 896, "estimated_ns_per_step": 1024}
+
+
+def test_projection_inputs_hold_no_numerics_reference():
+    """What a projection writes instead of the baseline: the batch, the initial parameters and
+    a NaN loss per step; no gradients, updated parameters or activations to compare with
+    (tracer/projinputs.py), so its cost does not grow with the global batch's compute."""
+    import math as _math
+
+    from tracer.config import RecordConfig
+    from tracer.projinputs import projection_inputs
+
+    cfg = RecordConfig(strategy="fsdp2", nproc=8, hidden=HIDDEN, layers=LAYERS, seq=16, batch=8)
+    tensors, meta = projection_inputs(cfg, "cpu")
+    assert sorted({k.split(".")[0] for k in tensors}) == ["batch", "init", "loss"]
+    assert sum(1 for k in tensors if k.startswith("init.")) == len(SHAPES)
+    assert tuple(tensors["batch.x"].shape) == (8, 16, HIDDEN)
+    assert len(tensors["loss"]) == cfg.total_steps and all(_math.isnan(v) for v in tensors["loss"].tolist())
+    assert json.loads(meta["activation_order"]) == []
+
+
+def test_live_bytes_follow_allocation_free_and_resize():
+    """tracer/livebytes.py on fake tensors: a storage counts from the op that returns it until it
+    dies or is resized (FSDP2's free of an unsharded parameter: ``resize_(0)``); the peak is
+    sampled in the profiled steps only."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tracer.livebytes import LiveBytes
+    from tracer.opcost import OpCost
+
+    cost = OpCost(range(1, 2))
+    cost.live = LiveBytes("cpu", range(1, 2))
+    with FakeTensorMode(), cost, cost.live.tracking_resize():
+        cost.step = 0
+        big = torch.empty(4096)  # 16 KiB, before the profiled step: live, not a peak
+        assert (cost.live.live, cost.live.peak) == (16384, 0)
+        cost.step = 1
+        a, b = torch.empty(1024), torch.empty(1024)
+        del a
+        c = torch.empty(2048)
+        assert (cost.live.live, cost.live.peak) == (16384 + 4096 + 8192, 16384 + 8192 + 4096)
+        big.untyped_storage().resize_(0)
+        d = torch.empty(8)
+        assert cost.live.live == 4096 + 8192 + 32 and cost.live.peak == 28672
+        del b, c, d
+    assert cost.live.live == 0
