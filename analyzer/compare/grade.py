@@ -35,7 +35,9 @@ The grade passes only when every figure is equal.
 
 Several RUNs (repeats of one configuration, ``tracer record --repeat``): each is checked for
 the configuration and its exact figures against the projection's (a figure is equal only when
-every RUN's is); their profiled step times are pooled for the measured median.
+every RUN's is); their profiled step times are pooled for the measured median. A RUN that is
+itself a projection grades the exact figures (fake tensors against real ones) but measures no
+step time.
 
 Step time, with a link model (``AnalysisOptions.link_model``): the projected step
 (analyzer/compare/projection.py, ``RunEntry.projected_step``) beside the RUNs' measured median
@@ -278,10 +280,6 @@ def grade(projection: Path, run: Path | list[Path],
     r_runs = [_one_run(p, "RUN") for p in paths]
     seen: set[str] = {str(p_run.path.resolve())}
     for path, r_run in zip(paths, r_runs):
-        if projection_info(r_run) is not None:
-            raise BadInput(path, "bad_option", "RUN: a projection (tracer project), not a real "
-                           "run: its times and collectives are the fake group's",
-                           "grade against a run tracer record wrote")
         if str(r_run.path.resolve()) in seen:
             raise BadInput(path, "bad_option", "given twice (as PROJECTION or another RUN): "
                            "each run counts once", "pass each run directory once")
@@ -322,7 +320,9 @@ def _step_grade(projection: RunEntry, runs: list[RunEntry]) -> StepGrade | None:
     import statistics
 
     ps = projection.projected_step
-    values = [v for r in runs for v in r.step_time_ns.values_ns]
+    # a RUN that is itself a projection (its exact figures grade, e.g. fake against real
+    # tensors) has no measured step: one process's times
+    values = [v for r in runs if r.projection is None for v in r.step_time_ns.values_ns]
     if ps is None or not values:
         return None
     return StepGrade(projected_ns=ps.step_ns, low_ns=ps.low_ns, high_ns=ps.high_ns,

@@ -340,11 +340,16 @@ def test_several_runs_pool_their_step_times_and_each_is_graded(tmp_path):
     assert res.exit_code == 2 and f"{other}: not the configuration of {proj}" in res.output
 
 
-def test_a_projection_or_a_run_given_twice_is_not_a_run_to_grade_against(tmp_path):
+def test_a_run_given_twice_is_refused_and_a_projection_as_run_has_no_step(tmp_path):
     proj = _projection_of_rank0(tmp_path, "fsdp2")
     real = _copy(tmp_path, "fsdp2", "real")
     res = _grade(proj, proj)
-    assert res.exit_code == 2 and "RUN: a projection (tracer project), not a real run" in res.output
+    assert res.exit_code == 2 and "given twice (as PROJECTION or another RUN)" in res.output
+    # a projection as RUN grades the exact figures, but no step time: its times are one process's
+    other = _projection_of_rank0(tmp_path / "b", "fsdp2") if (tmp_path / "b").mkdir() is None else None
+    res = _grade(proj, other, "--format", "json", "--link-model", _flat_curves(tmp_path, 1000))
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["step"] is None
     res = _grade(proj, real, real)
     assert res.exit_code == 2 and "given twice (as PROJECTION or another RUN)" in res.output
 
