@@ -297,13 +297,23 @@ def write_projection_manifest(cfg: RecordConfig, ranks: list[int], fake: FakeOpt
                               num_params=facts["num_params"], fsdp_units=facts["units"],
                               spec=spec, model_name=facts["model_name"],
                               buffers=facts["buffers"], batch_x=batch_x,
-                              machine=machine_info(list(os.getloadavg()), 1), mesh=mesh)
+                              machine=_machine(machine_info(list(os.getloadavg()), co)),
+                              mesh=mesh)
     manifest.projection = Projection(world_size=cfg.world_size, roles_run=list(ranks),
                                      device=device.type, fake_process_group=True,
                                      ranks_per_node=ranks_per_node or cfg.world_size,
                                      co_runners=co,
                                      **fake_projection(fake or FakeOptions(), estimates, live_peaks))
     write_manifest(cfg.run_dir, manifest)
+
+
+def _machine(m):
+    """The machine section as the roles ran: one torch thread each (``run_role``, as a record's
+    rank), ``co`` processes at once; this parent process's own thread count is not theirs."""
+    import msgspec
+
+    return msgspec.structs.replace(m, threads_per_rank=1,
+                                   oversubscribed=m.ranks_on_host > m.usable_cpus)
 
 
 def _main(argv: list[str]) -> int:
