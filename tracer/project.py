@@ -145,10 +145,9 @@ def project(cfg: RecordConfig, fake: FakeOptions | None = None, *,
         write_projection_inputs(cfg, device_type, cfg.run_dir / BASELINE_NAME, fake.fake_tensors)
         ranks = roles(cfg)
         co = co_runners(device_type, cfg.world_size, ranks_per_node, fake.fake_tensors)
-        for rank in ranks:
-            run_role_isolated(cfg, rank, fake, co=co)
+        twin_ns = {str(rank): run_role_isolated(cfg, rank, fake, co=co) for rank in ranks}
         write_projection_manifest(cfg, ranks, fake, ranks_per_node=ranks_per_node or cfg.world_size,
-                                  co=co)
+                                  co=co, twin_ns={k: v for k, v in twin_ns.items() if v})
         finish_record(cfg.run_dir)
     except BaseException:
         abandon_record(cfg.run_dir)
@@ -159,14 +158,14 @@ def project(cfg: RecordConfig, fake: FakeOptions | None = None, *,
 
 
 def run_role_isolated(cfg: RecordConfig, rank: int, fake: FakeOptions | None = None, *,
-                      co: int = 1) -> None:
+                      co: int = 1) -> list[int]:
     """``run_role`` in a child process (``python -m tracer.project``): DTensor and DeviceMesh
     keep process groups by name across ``destroy_process_group`` (measured: a second role of
     fsdp2_tp in one process fails with "Could not resolve the process group registered under
     the name 1"), so every role gets a fresh process. With ``co`` > 1, ``co`` - 1 twins run
     the same role at the same time, each into a scratch run dir of its own (removed after):
-    the node's other ranks (``co_runners``). Raises ``RuntimeError`` with the child's last
-    stderr line when it, or a twin, fails."""
+    the node's other ranks (``co_runners``). Returns the twins' profiled step wall times (ns).
+    Raises ``RuntimeError`` with the child's last stderr line when it, or a twin, fails."""
     import json
     import shutil
     import subprocess
@@ -192,11 +191,24 @@ def run_role_isolated(cfg: RecordConfig, rank: int, fake: FakeOptions | None = N
             twins.append(twin)
         procs = [start(cfg)] + [start(t) for t in twins]
         errs = [p.communicate()[1] for p in procs]
-    for who, proc, err in zip(["rank"] + ["a twin of rank"] * len(twins), procs, errs):
-        if proc.returncode != 0:
-            lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-            raise RuntimeError(f"{who} {rank} of the projection failed: "
-                               f"{lines[-1] if lines else f'exit {proc.returncode}'}")
+        for who, proc, err in zip(["rank"] + ["a twin of rank"] * len(twins), procs, errs):
+            if proc.returncode != 0:
+                lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+                raise RuntimeError(f"{who} {rank} of the projection failed: "
+                                   f"{lines[-1] if lines else f'exit {proc.returncode}'}")
+        return [ns for t in twins for ns in _profiled_wall_ns(t, rank)]
+
+
+def _profiled_wall_ns(cfg: RecordConfig, rank: int) -> list[int]:
+    """The profiled steps' wall times of ``rank`` in ``cfg``'s partial steps table (a twin's:
+    more samples of the role's compute under the same contention)."""
+    import pyarrow.parquet as pq
+
+    from tracer.rundir import PARTS_DIR
+
+    t = pq.read_table(cfg.run_dir / PARTS_DIR / f"rank{rank}.steps.parquet",
+                      columns=["profiled", "wall_ns"]).to_pylist()
+    return [int(r["wall_ns"]) for r in t if r["profiled"] and r["wall_ns"] is not None]
 
 
 def _role_facts_path(cfg: RecordConfig, rank: int) -> Path:
@@ -261,7 +273,8 @@ def run_role(cfg: RecordConfig, rank: int, cost=None, fake: FakeOptions | None =
 
 
 def write_projection_manifest(cfg: RecordConfig, ranks: list[int], fake: FakeOptions | None = None,
-                              *, ranks_per_node: int | None = None, co: int = 1) -> None:
+                              *, ranks_per_node: int | None = None, co: int = 1,
+                              twin_ns: dict[str, list[int]] | None = None) -> None:
     """Merge the roles' partial tables and write the manifest (tracer/manifest.py
     ``build_manifest``, the first role's facts) with its ``projection`` section; backend
     ``"fake"``; with fake tensors the section's fake-tensor fields (``fake_projection``)."""
@@ -302,7 +315,7 @@ def write_projection_manifest(cfg: RecordConfig, ranks: list[int], fake: FakeOpt
     manifest.projection = Projection(world_size=cfg.world_size, roles_run=list(ranks),
                                      device=device.type, fake_process_group=True,
                                      ranks_per_node=ranks_per_node or cfg.world_size,
-                                     co_runners=co,
+                                     co_runners=co, co_runner_step_ns=twin_ns or {},
                                      **fake_projection(fake or FakeOptions(), estimates, live_peaks))
     write_manifest(cfg.run_dir, manifest)
 

@@ -177,6 +177,14 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
                   compute_scale=scale).step_ns for s in steps]
     high = [replay([roles[r][s] for r in role_ranks], role_of, link("high_ns"),
                    compute_scale=scale).step_ns for s in steps]
+    spread = None if estimated else _co_runner_spread(run, proj, role_ranks)
+    if spread is not None:  # the co-runners' steps: more samples of the same compute
+        lo_k, hi_k = spread
+        for s in steps:
+            low.append(replay([_scaled(roles[r][s], lo_k) for r in role_ranks], role_of,
+                              link("low_ns"), compute_scale=scale).step_ns)
+            high.append(replay([_scaled(roles[r][s], hi_k) for r in role_ranks], role_of,
+                               link("high_ns"), compute_scale=scale).step_ns)
     # the median step (the lower of the two middle ones for an even count): a replayed step,
     # so that its compute and exposed communication add up to it
     middle = sorted(mid, key=lambda r: r.step_ns)[(len(mid) - 1) // 2]
@@ -200,6 +208,34 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
         compute_scale=scale, link_sources=sources, outside_sizes=flagged,
         assumptions=assumptions,
         warnings=[] if estimated else _mixed_devices(proj.device, sources))
+
+
+def _scaled(role: Role, k: float) -> Role:
+    """``role`` with its compute, and its calls' places in it, times ``k``."""
+    return Role(rank=role.rank, compute_ns=role.compute_ns * k, calls=tuple(
+        replace(c, issue_ns=c.issue_ns * k, need_ns=c.need_ns * k) for c in role.calls))
+
+
+def _co_runner_spread(run, proj, role_ranks: list[int]) -> tuple[float, float] | None:
+    """(lowest, highest) ratio of a profiled step's wall time, over the roles' own steps
+    (steps.parquet) and their co-runners' (``Projection.co_runner_step_ns``), to the role's
+    own median: the compute's spread over every step measured. None without co-runners."""
+    import statistics as st
+
+    from analyzer.analyses.memory import read_steps
+    from analyzer.contract.schemas import STEPS_NAME
+
+    if not proj.co_runner_step_ns:
+        return None
+    steps = read_steps(run.path / STEPS_NAME)
+    ratios = []
+    for rank in role_ranks:
+        own = [int(v) for v in steps.loc[(steps["rank"] == rank) & steps["profiled"], "wall_ns"]]
+        if not own:
+            continue
+        mid = st.median(own)
+        ratios += [v / mid for v in own + proj.co_runner_step_ns.get(str(rank), [])]
+    return (min(ratios), max(ratios)) if ratios else None
 
 
 def _estimated(run, roles: dict[int, dict[int, Role]], proj) -> dict[int, dict[int, Role]]:

@@ -501,6 +501,10 @@ class Projection(msgspec.Struct, kw_only=True):
     fake_process_group: bool = True  # collectives on torch's fake group: no data moved
     ranks_per_node: int | None = None  # the target's (tracer project --ranks-per-node; None: older)
     co_runners: int = 1  # copies of each role run at once to measure its compute (tracer/project.py)
+    co_runner_step_ns: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    """Per role (its global rank, a string: a JSON key), the co-runners' profiled step wall
+    times (ns): more samples of its compute under the same contention, for the projected step's
+    interval (analyzer/compare/projection.py); empty with one runner."""
     fake_tensors: bool = False
     """The roles ran under torch's FakeTensorMode (``tracer project --fake-tensors``, or decided
     because the model did not fit this device): no storage, no values. Collective calls and

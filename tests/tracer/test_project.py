@@ -37,6 +37,17 @@ from tests.tracer.helpers import REPO, run_tracer
 HIDDEN, LAYERS, FP32 = 32, 2, 4
 
 
+def assert_projection_section(got: dict, world: int, roles: list[int]) -> None:
+    """``got`` is ``projection_section``, with each role's co-runners' profiled step wall
+    times (2 profiled steps of each of co - 1 twins; none with one runner)."""
+    got = dict(got)
+    twins = got.pop("co_runner_step_ns")
+    assert got == projection_section(world, roles)
+    co = got["co_runners"]
+    assert sorted(twins) == (sorted(str(r) for r in roles) if co > 1 else [])
+    assert all(len(v) == (co - 1) * 2 and min(v) > 0 for v in twins.values()), twins
+
+
 def projection_section(world: int, roles: list[int]) -> dict:
     """The manifest's ``projection`` of a CPU projection at ``world`` on its defaults: the
     target's ranks per node the whole world, each role measured beside as many copies as this
@@ -175,7 +186,7 @@ def test_projection_at_n_equals_the_hand_counts(tmp_path, strategy, world, extra
     assert proc.stdout.strip() == f"projected {tmp_path / 'p'}"
     run = tmp_path / "p"
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["projection"] == projection_section(world, [0])
+    assert_projection_section(manifest["projection"], world, [0])
     assert manifest["world_size"] == world and manifest["backend"] == "fake"
     assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz"]
     want = hsdp_counts(*map(int, extra[1].split(","))) if strategy == "hsdp" else HAND[strategy](world)
@@ -337,7 +348,7 @@ def test_pp_projection_at_n_equals_the_hand_counts(tmp_path, world, batch):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "p"
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["projection"] == projection_section(world, [0, 1])
+    assert_projection_section(manifest["projection"], world, [0, 1])
     assert manifest["mesh"]["shape"] == [world // PP_STAGES, PP_STAGES]
     assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == [
         "rank0.trace.json.gz", "rank1.trace.json.gz"]
@@ -508,7 +519,7 @@ def test_fsdp2_tp_projection_at_n_equals_the_hand_counts(tmp_path, world):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "p"
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["projection"] == projection_section(world, [0, 1])
+    assert_projection_section(manifest["projection"], world, [0, 1])
     assert manifest["mesh"]["shape"] == [world // TP, TP]
     assert sorted(p.name for p in run.glob("rank*.trace.json.gz")) == [
         "rank0.trace.json.gz", "rank1.trace.json.gz"]
@@ -749,7 +760,7 @@ def test_fake_tensors_give_the_real_projections_exact_figures(tmp_path, strategy
     assert list(live) == ["0"] and live["0"] >= categories(fake)["peak"], live
     assert projection == {"world_size": 8, "roles_run": [0], "device": "cpu",
                           "fake_process_group": True, "ranks_per_node": 8, "co_runners": 1,
-                          "fake_tensors": True,
+                          "co_runner_step_ns": {}, "fake_tensors": True,
                           "op_durations": "meta_kernels", "device_tflops": 2.0,
                           "device_mem_gbps": 50.0}
     ops = {r["op"]: r for r in estimate}
