@@ -9,7 +9,7 @@ per profiled step of each role:
   on CUDA the window is the device's, which host calls do not occupy: nothing taken out, and a
   call's issue is its host time from the window's start, within the window (an approximation:
   a host that runs ahead of its device issues early; not yet checked on a GPU);
-- calls: the step's collectives (ingest rule ``cpu.fake_collective``) in issue order, each with
+- calls: the step's collectives (ingest rule ``cpu.fake_pg_call``) in issue order, each with
   its kind, bytes, process group, the group's global ranks (``pg_ranks``; the world when the
   trace does not say), its mesh dimension (``meshdims.with_dims``) and its peer;
 - where each call is needed (``need_ns``, the overlap rule, named in ``ProjectedStep.overlap``):
@@ -18,7 +18,10 @@ per profiled step of each role:
   needs it (the prefetch table's ``need_ns``: ``FSDP::all_gather_copy_out``, torch's
   wait_for_unshard), a reduce_scatter or all_reduce on a data-parallel dimension at the end of
   the step's compute (the gradient reduction runs under backward and the optimizer needs it),
-  any other call where it is issued.
+  any other call where it is issued; a send (``c10d::send``) by the end of the step's compute
+  on either (torch.distributed.pipelining's schedules wait their sends after the microbatches);
+- on fake tensors the compute is the manifest's estimate, the calls moved in proportion
+  (``_estimated``).
 
 Each call's link time: ``linkmodel.lookup`` of its kind, bytes, group size and node span (the
 group's ranks over ``ranks_per_node``, default: the whole world on one node, said in the
@@ -27,18 +30,21 @@ has refused (``BadInput`` no_link_curve). Ranks that share a CPU's cores (CPU on
 compute stretch x (ranks per node x threads per rank / usable CPUs) when above 1, from the
 projection's manifest ``machine`` (the machine it ran on stands for the target's).
 
-The step: the median over the profiled steps of the replayed step; its interval: from the
-fastest step replayed with each link row's low time to the slowest with its high time
-(``linkmodel.LinkTime.low_ns`` / ``high_ns`` where the curve has a spread, else its time).
+The step: the median replayed step over the profiled steps (the lower middle one of an even
+count: a replayed step, whose compute and exposed communication add up to it); its interval:
+from the fastest step replayed with each link row's low time to the slowest with its high time
+(``linkmodel.LinkTime.low_ns`` / ``high_ns`` where the curve has a spread, else its time),
+widened by the co-runners' steps (``_co_runner_spread``: every step measured of the role's
+compute, its own and its co-runners', as a ratio to its own median).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pandas as pd
-from typing import TYPE_CHECKING
 
 from analyzer.analyses import linkmodel, meshdims
 from analyzer.analyses.projstep import Call, Role, replay
@@ -369,9 +375,7 @@ def _layout(options: dict) -> dict:
 def _setup(run: RunEntry) -> str:
     """What projections ranked against each other share beside the world: batch, model,
     precision, training (their settings as the manifest wrote them)."""
-    import json as _json
-
-    return _json.dumps({k: (run.settings or {}).get(k) for k in GRADED_SETTINGS}, sort_keys=True,
+    return json.dumps({k: (run.settings or {}).get(k) for k in GRADED_SETTINGS}, sort_keys=True,
                        default=str)
 
 

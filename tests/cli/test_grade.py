@@ -256,7 +256,7 @@ def test_the_verdict_names_a_difference_before_a_figure_not_measured():
 def test_a_projection_grades_equal_against_the_real_run_it_projects(tmp_path, strategy):
     """``tracer project`` at world 2 beside ``tracer record`` of the same options: every exact
     figure equal (the analyzer reads the fake group's collective calls, ingest rule
-    cpu.fake_collective), exit 0."""
+    cpu.fake_pg_call), exit 0."""
     from tests.tracer.helpers import run_tracer
 
     opts = ["--strategy", strategy, "--nproc", "2", "--hidden", "32", "--layers", "2", "--seq",
