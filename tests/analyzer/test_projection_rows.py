@@ -8,7 +8,8 @@ from analyzer.compare.projection import projection_rows
 from analyzer.contract.report_types import Parity, ProjectedStep, RunEntry, StepTime
 
 SETTINGS = {"model": {"name": "SimpleTransformer"}, "batch": {"global_batch": 8},
-            "precision": "fp32", "training": {"optimizer": "adamw"}}
+            "precision": "fp32", "training": {"optimizer": {"name": "adamw"}}, "versions": None,
+            "device": None, "seed": None, "launch": None, "data": None}
 
 
 def _proj(name, strategy, world, step_ns, low, high):
@@ -73,3 +74,23 @@ def test_cpu_compute_with_gpu_links_is_a_warning():
     assert w.startswith("compute measured on this machine's CPU, links from GPUs")
     (w,) = _mixed_devices("cuda", ["link benchmark on this machine vm (gloo, CPU, 2 processes)"])
     assert w.startswith("compute measured on a GPU, links from CPU / gloo")
+
+
+def test_the_projection_section_and_first_screen_line_render_in_md_and_html():
+    from analyzer.compare.projection import projection_rows
+    from analyzer.contract.report_types import Ranking, Report
+    from reports import html, markdown
+
+    runs = [_proj("fsdp2-64", "fsdp2", 64, 7_350_000, 7_120_000, 8_900_000), _run("fsdp2", "fsdp2", 4)]
+    runs[0].projected_step.assumptions = ["8 ranks per node (--ranks-per-node)"]
+    report = Report(root="/t", layout="root", runs=runs, ranking=Ranking(
+        status="withheld", order=[], reason="no run has a measured step time", rule=""))
+    report.projections = projection_rows(runs)
+    md = markdown.render(report)
+    assert ("**Projected** at 64 ranks: fsdp2-64 (fsdp2) 7.35 ms per step \\[7.12 ms, 8.90 ms\\], "
+            "the only projection whose numerics a run here verified (see Projection)") in md
+    assert "## Projection at 64 ranks" in md
+    assert "| 1 | fsdp2-64 | fsdp2 | 64 | 7.35 ms \\[7.12 ms, 8.90 ms\\] |" in md
+    assert "- Assumed: 8 ranks per node (--ranks-per-node)." in md
+    page = html.render(report)
+    assert "<h2>Projection at 64 ranks</h2>" in page and "verified by fsdp2 (at 4 ranks)" in page
