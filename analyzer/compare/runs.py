@@ -425,6 +425,14 @@ def analyse(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> R
     """Discover the runs under ``root`` and build the whole report, its findings last
     (analyzer/analyses/findings.py). Raises ``BadInput``."""
     found = rundirs.discover(root, allow_incomplete=options.allow_incomplete)
+    if options.link_model:  # read now: a bad file is refused even where no projection uses it
+        from analyzer.analyses.linkmodel import read_link_model
+
+        read_link_model(options.link_model)
+        if not any(r.manifest is not None and r.manifest.projection is not None
+                   for r in found.runs):
+            found.warnings.append("--link-model: no run here is a projection (tracer project), "
+                                  "so no step was projected with it")
     had_key = cachekey.key_exists()
     try:
         entries = [_summarized(r, options) for r in found.runs]

@@ -366,3 +366,19 @@ def test_gate_skips_a_projection_it_has_no_numerics_to_gate(tmp_path):
     assert "SKIP fsdp2: not_recorded -- projection: the fake process group moves no data" in res.output
     assert ("gate: passed (1 projection(s) skipped: tracer project moves no data, so there are no "
             "numerics to gate: fsdp2)") in res.output
+
+
+def test_a_bad_link_model_is_refused_even_without_a_projection(tmp_path):
+    real = _copy(tmp_path, "fsdp2", "real")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("garbage\n")
+    res = runner.invoke(app, ["report", str(real), "--out", str(tmp_path / "r"),
+                              "--link-model", str(bad)], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and "not nccl-tests output" in res.output
+    res = runner.invoke(app, ["report", str(real), "--out", str(tmp_path / "r"), "--format", "json",
+                              "--link-model", str(_flat_curves(tmp_path, 1000))],
+                        env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    warnings = json.loads((tmp_path / "r" / "report.json").read_text())["warnings"]
+    assert ("--link-model: no run here is a projection (tracer project), so no step was "
+            "projected with it") in warnings
