@@ -266,8 +266,7 @@ def _estimated(run, roles: dict[int, dict[int, Role]], proj) -> dict[int, dict[i
         out[rank] = {}
         for step, role in steps.items():
             k = total[rank] / role.compute_ns if role.compute_ns > 0 else 0.0
-            out[rank][step] = Role(rank=rank, compute_ns=total[rank], calls=tuple(
-                replace(c, issue_ns=c.issue_ns * k, need_ns=c.need_ns * k) for c in role.calls))
+            out[rank][step] = replace(_scaled(role, k), compute_ns=total[rank])
     return out
 
 
