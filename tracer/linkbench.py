@@ -18,8 +18,12 @@ in its convention (all_gather: the whole gathered buffer, each rank contributing
 reduce_scatter: the whole input, each rank keeping bytes / g; all_reduce, all_to_all: the
 buffer; send_recv: each rank sends bytes to the next rank of its group and receives as many
 from the previous one, at once), warm-up calls first, each rank's time per call, the ranks'
-times averaged; here each rank's median over ``iters`` timed calls (a shared machine's
-outliers), every call after a barrier of the whole world so that the time is transfer, not a
+times averaged; here the mean of every timed call of every rank (nccl-tests' time is a mean
+over its iterations too). A mean, not a median: a step is a sum of many calls, and a sum's
+typical value follows its parts' means; on a shared CPU a call's time is heavy-tailed (most
+calls fast, some a scheduler time slice longer: measured here, p10 0.4 ms and p90 3.7 ms at
+1 MiB on 2 vCPUs), so a median of a few calls misses the tail every real step pays (a real
+2-rank fsdp2 record's calls averaged 1.5-2.5x the benchmark's median). Every call after a barrier of the whole world so that the time is transfer, not a
 wait for a late rank, and all groups start together. A row's spread: the 10th and 90th
 percentiles of every per-call time of the size (all iterations, all ranks), widened to hold
 the row's time.
@@ -167,16 +171,17 @@ def spread_ns(per_call_ns: list[int], time_ns: int) -> tuple[int, int]:
 def curves_of(per_rank: list[dict], source: str, kinds: tuple[str, ...],
               sizes: tuple[int, ...]) -> list[dict]:
     """The table form from the ranks' per-call times (``_worker``'s files, JSON-decoded: keys
-    are strings): one curve per (group size, kind), rows (bytes, time_ns = the ranks' mean of
-    their median call, rounded; ``spread_ns`` of all calls of all ranks)."""
+    are strings): one curve per (group size, kind), rows (bytes, time_ns = the mean of all
+    calls of all ranks, rounded (module docstring); ``spread_ns`` of the same calls)."""
     curves = []
     for g in sorted({int(g) for r in per_rank for g in r}):
         for kind in kinds:
             rows = []
             for size in sizes:
                 calls = [r[str(g)][kind][str(size)] for r in per_rank]
-                t = round(statistics.fmean(statistics.median(c) for c in calls))
-                lo, hi = spread_ns([ns for c in calls for ns in c], t)
+                pooled = [ns for c in calls for ns in c]
+                t = round(statistics.fmean(pooled))
+                lo, hi = spread_ns(pooled, t)
                 rows.append({"bytes": size, "time_ns": t, "low_ns": lo, "high_ns": hi})
             curves.append({"source": source.format(groups=len(per_rank) // g, g=g), "kind": kind,
                            "group_size": g, "nodes": 1, "dtype": "float32", "rows": rows})
@@ -214,7 +219,7 @@ def run_linkbench(out: Path | str, *, world: int = 2, backend: str | None = None
         per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
     source = (f"link benchmark on this machine {socket.gethostname()} {when} "
               f"({backend}, {device}, {world} processes, {{groups}} {layout} group(s) of {{g}} "
-              f"at once, median of {iters} calls, spread p10..p90)")
+              f"at once, mean of {iters} calls per rank, spread p10..p90)")
     curves = curves_of(per_rank, source, tuple(kinds), tuple(sizes))
     write_atomic(out, json.dumps(curves, indent=2) + "\n")
     del store

@@ -35,16 +35,17 @@ def test_spread_is_the_10th_and_90th_percentile_widened_to_hold_the_time():
     assert spread_ns([7], 7) == (7, 7)
 
 
-def test_curves_hold_each_group_size_the_ranks_mean_of_medians_and_the_pooled_spread():
+def test_curves_hold_each_group_size_the_mean_and_spread_of_all_calls_of_all_ranks():
     # 4 ranks, group sizes 2 and 4, one kind, one size, 3 calls per rank (JSON keys: strings)
     per_rank = [{"2": {"all_reduce": {"1024": calls}}, "4": {"all_reduce": {"1024": [c * 2 for c in calls]}}}
                 for calls in ([10, 20, 30], [20, 40, 60], [10, 10, 10], [30, 30, 90])]
     curves = curves_of(per_rank, "bench ({groups} group(s) of {g})", ("all_reduce",), (1024,))
-    # medians 20, 40, 10, 30 -> mean 25; pooled 12 calls sorted 10,10,10,10,20,20,30,30,30,40,60,90:
-    # p10 at position 1.1 -> 10, p90 at position 9.9 -> 40 + 0.9 x 20 = 58
+    # pooled 12 calls sorted 10,10,10,10,20,20,30,30,30,40,60,90: mean 360 / 12 = 30 (a median
+    # per rank would give 25: the tail of rank 3's 90 ns counts); p10 at position 1.1 -> 10,
+    # p90 at position 9.9 -> 40 + 0.9 x 20 = 58
     assert [(c["group_size"], c["source"], c["rows"]) for c in curves] == [
-        (2, "bench (2 group(s) of 2)", [{"bytes": 1024, "time_ns": 25, "low_ns": 10, "high_ns": 58}]),
-        (4, "bench (1 group(s) of 4)", [{"bytes": 1024, "time_ns": 50, "low_ns": 20, "high_ns": 116}]),
+        (2, "bench (2 group(s) of 2)", [{"bytes": 1024, "time_ns": 30, "low_ns": 10, "high_ns": 58}]),
+        (4, "bench (1 group(s) of 4)", [{"bytes": 1024, "time_ns": 60, "low_ns": 20, "high_ns": 116}]),
     ]
 
 
@@ -83,7 +84,7 @@ def test_linkbench_writes_a_curve_per_group_size_and_kind_the_analyzer_reads(tmp
     assert [(c.kind, c.group_size, c.nodes, c.dtype, [r.bytes for r in c.rows])
             for c in curves] == [(k, 2, 1, "float32", [1024, 4096]) for k in KINDS]
     assert all(c.source.startswith("link benchmark on this machine ") and "(gloo, CPU, 2 "
-               "processes, 1 contiguous group(s) of 2 at once, median of 2 calls, spread "
+               "processes, 1 contiguous group(s) of 2 at once, mean of 2 calls per rank, spread "
                "p10..p90)" in c.source for c in curves)
     assert all(isinstance(r, LinkRow) and 0 < r.low_ns <= r.time_ns <= r.high_ns
                for c in curves for r in c.rows)
