@@ -70,6 +70,11 @@ class ModelSpec:
     compare it whole (``DTensor.full_tensor()``, tracer/strategies.py ``compared_tensors``). A
     module's output is compared when it is replicated or last-dim sharded (ColwiseParallel's
     local output); other layouts are left out (tracer/strategies.py ``tp_activation``)."""
+    config: dict[str, Any] | None = None
+    """The model's configuration as built (JSON values: sizes, epsilons, flags), written to the
+    manifest's ``model.config``; ``hf:`` models give their transformers config
+    (tracer/hf.py ``built_config``). None: the spec names none (the parameter count,
+    ``model.num_params``, is recorded either way)."""
 
 
 
