@@ -197,3 +197,16 @@ def test_wrong_tp_placement_fails_the_gate_on_sized_llama(tmp_path):
     code, text = _gate(tmp_path)
     assert code != 0 and text.startswith("FAIL fsdp2_tp: fail -- first divergence: activation "
                                          "model.layers.0.self_attn.o_proj (step 0)"), text
+
+
+def test_a_model_config_the_manifest_cannot_hold_is_refused_when_the_factory_returns():
+    import torch
+    from torch import nn
+
+    from tracer.modelspec import ModelSpec
+
+    with pytest.raises(ValueError) as info:
+        ModelSpec(model=nn.Linear(2, 2), make_batch=lambda b, s: (torch.zeros(b, 2),) * 2,
+                  loss=nn.functional.mse_loss, config={"dtype": torch.float32})
+    assert str(info.value) == ("ModelSpec.config is not JSON (Object of type dtype is not JSON "
+                               "serializable)")
