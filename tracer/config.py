@@ -128,7 +128,8 @@ class RecordConfig:
     device: str = _option("auto", "auto, cpu or cuda.")
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
     model: str = _option("reference", "What to train: reference, hf:gpt2, hf:llama (resized: "
-                         "hf:gpt2?n_layer=4,n_embd=128), package.module:factory "
+                         "hf:llama?layers=4,hidden=256,heads=4,vocab=512,seq=32 or any config "
+                         "key, hf:gpt2?n_embd=128), package.module:factory "
                          "or path/to/file.py:factory (a function returning tracer.ModelSpec).")
     hidden: int = _option(256, "Model width (--model reference).")
     """Model width h; activations are [batch, seq, h]."""
@@ -371,6 +372,10 @@ class RecordConfig:
             if self.model == "reference" and self.hidden % t:
                 raise bad("tp", t, f"must divide --hidden {self.hidden} (the TP plan splits the "
                           "attention and MLP linears' output / input features by T)")
+            from tracer.specform import hf_tp_refusal  # no torch: an hf: model's heads / ffn
+
+            if (why := hf_tp_refusal(self.model, t)) is not None:
+                raise bad("tp", t, why)
         if self.row.dim_of("stage"):
             p = self.pp_degree
             if p < 2 or self.world_size % p:

@@ -115,7 +115,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
         backend=backend, device=device_info(device), launch=launch, versions=versions(),
         model=Model(name=model_name, hidden=cfg.hidden if reference else 0,
                     layers=cfg.layers if reference else 0, num_params=num_params, spec=cfg.model,
-                    buffers_not_compared=buffers),
+                    buffers_not_compared=buffers, config=spec.config),
         batch=Batch(global_batch=cfg.batch, seq_len=cfg.seq if reference else dims[1],
                     per_rank_batch=cfg.batch // (world_size // (cfg.tp_degree * cfg.pp_degree)), hidden=cfg.hidden if reference else dims[2]),
         seed=cfg.seed, steps=cfg.total_steps,

@@ -5,6 +5,7 @@ loads the baseline's initial parameters into it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -70,6 +71,23 @@ class ModelSpec:
     compare it whole (``DTensor.full_tensor()``, tracer/strategies.py ``compared_tensors``). A
     module's output is compared when it is replicated or last-dim sharded (ColwiseParallel's
     local output); other layouts are left out (tracer/strategies.py ``tp_activation``)."""
+    config: dict[str, Any] | None = None
+    """The model's configuration as built (JSON values: sizes, epsilons, flags), written to the
+    manifest's ``model.config``; ``hf:`` models give their transformers config
+    (tracer/hf.py ``built_config``). None: the spec names none (the parameter count,
+    ``model.num_params``, is recorded either way)."""
+
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` for a ``config`` the manifest cannot hold (not a dict of JSON
+        values): refused when the factory returns, not when a rank writes its manifest."""
+        if self.config is None:
+            return
+        try:
+            json.dumps(self.config, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"ModelSpec.config is not JSON ({exc})") from None
+        if not isinstance(self.config, dict):
+            raise ValueError(f"ModelSpec.config is a {type(self.config).__name__}, not a dict")
 
 
 

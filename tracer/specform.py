@@ -19,13 +19,34 @@ REFERENCE = "reference"
 HF_PREFIX = "hf:"
 HF_FAMILIES = ("gpt2", "llama")
 """``hf:<name>``: the factory ``name`` of tracer/hf.py."""
+HF_TINY = {"layers": 2, "hidden": 64, "heads": 2, "vocab": 256, "seq": 16}
+"""The tiny ``hf:`` models' sizes (tracer/hf.py builds them), by family-independent name."""
+HF_SIZE_NAMES = {
+    "layers": {"gpt2": "n_layer", "llama": "num_hidden_layers"},
+    "hidden": {"gpt2": "n_embd", "llama": "hidden_size"},
+    "heads": {"gpt2": "n_head", "llama": "num_attention_heads"},
+    "kv_heads": {"llama": "num_key_value_heads"},
+    "ffn": {"gpt2": "n_inner", "llama": "intermediate_size"},
+    "vocab": {"gpt2": "vocab_size", "llama": "vocab_size"},
+    "seq": {"gpt2": "n_positions", "llama": "max_position_embeddings"},
+}
+"""``hf:FAMILY?layers=4,hidden=256,heads=4,vocab=512,seq=32``: family-independent size names,
+each the family's config key (``kv_heads``: Llama's key / value heads, grouped-query attention;
+``ffn``: the MLP's inner width). ``seq`` is the batch's sequence length too (tracer/hf.py trains
+at the model's whole context)."""
+HF_CONFIG_ALIASES = {"gpt2": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions",
+                              "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"},
+                     "llama": {}}
+"""Each family's config ``attribute_map`` (transformers' GPT2Config: ``hidden_size`` reads
+``n_embd``), so that ``hidden=`` and ``hidden_size=`` are known as one size, given twice."""
 HF_SIZE_KEYS = ("n_layer", "n_embd", "n_head", "n_positions", "n_inner", "num_hidden_layers",
                 "hidden_size", "intermediate_size", "num_attention_heads",
                 "num_key_value_heads", "vocab_size", "max_position_embeddings", "head_dim")
 """``hf:`` config keys that are sizes (counts of layers, heads, features, tokens) of GPT2Config
-or LlamaConfig (and their aliases, ``attribute_map``): a whole number >= 1. Checked here, before
-torch: transformers takes ``n_layer=0`` (a model of no blocks) and ``n_layer=-1`` alike."""
-FORMS = ("use reference, hf:gpt2, hf:llama (resized: hf:gpt2?n_layer=4,n_embd=128), "
+or LlamaConfig (and their aliases, ``attribute_map``): a whole number >= 1, as are the
+``HF_SIZE_NAMES``. Checked here, before torch: transformers takes ``n_layer=0`` (a model of no
+blocks) and ``n_layer=-1`` alike."""
+FORMS = ("use reference, hf:gpt2, hf:llama (resized: hf:llama?layers=4,hidden=256), "
          "package.module:factory or path/to/file.py:factory")
 
 
@@ -69,20 +90,81 @@ def _hf(spec: str, rest: str) -> SpecForm:
     if family not in HF_FAMILIES:
         raise bad_spec(spec, f"unknown family {family!r}", f"use one of hf:{', hf:'.join(HF_FAMILIES)}")
     overrides: dict[str, Any] = {}
+    given: dict[str, str] = {}  # config key (attribute_map resolved) -> the name as written
     for part in query.split(",") if sep else []:
         key, eq, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if not eq or not key.isidentifier() or not value:
             raise bad_spec(spec, f"{part!r} is not KEY=VALUE",
                            f"write hf:{family}?KEY=VALUE,... (e.g. hf:gpt2?n_layer=4,n_embd=128)")
-        if key in overrides:
-            raise bad_spec(spec, f"{key} is given twice", "give each config key once")
-        overrides[key] = _value(value)
-        size = overrides[key]
-        if key in HF_SIZE_KEYS and (type(size) is not int or size < 1):
+        size = _value(value)
+        if (key in HF_SIZE_KEYS or key in HF_SIZE_NAMES) and (type(size) is not int or size < 1):
             raise bad_spec(spec, f"{key}={value} is not a size (a whole number >= 1)",
                            "change the override")
-    return SpecForm(kind="hf", where=family, overrides=tuple(overrides.items()))
+        named = key
+        if key in HF_SIZE_NAMES:
+            if family not in HF_SIZE_NAMES[key]:
+                raise bad_spec(spec, f"hf:{family} has no size {key}", "use one of " + ", ".join(
+                    n for n, keys in HF_SIZE_NAMES.items() if family in keys))
+            key = HF_SIZE_NAMES[key][family]
+        canonical = HF_CONFIG_ALIASES[family].get(key, key)
+        if canonical in given:
+            first = given[canonical]
+            raise bad_spec(spec, f"{key} is given twice" if first == named else
+                           f"{first} and {named} both set {canonical}", "give each config key once")
+        given[canonical] = named
+        overrides[key] = size
+    form = SpecForm(kind="hf", where=family, overrides=tuple(overrides.items()))
+    sizes = hf_sizes(form)
+    if sizes["heads"] % sizes["kv_heads"]:
+        raise bad_spec(spec, f"heads {sizes['heads']} do not divide by kv_heads "
+                       f"{sizes['kv_heads']} (each key / value head serves heads / kv_heads query "
+                       "heads: transformers' LlamaAttention.num_key_value_groups, repeat_kv)",
+                       "change the override")
+    return form
+
+
+def hf_sizes(form: SpecForm) -> dict[str, int]:
+    """The sizes of the ``hf:`` model ``form`` names, by ``HF_SIZE_NAMES`` name, plus
+    ``head_dim``: each override (by its name or its config key) over ``HF_TINY``, and the
+    derived ones as tracer/hf.py and transformers derive them: ``kv_heads`` = heads (Llama:
+    ours; GPT-2 has no grouped-query attention), ``ffn`` = 4 x hidden (GPT-2: GPT2MLP, when
+    ``n_inner`` is None) or 2 x hidden (Llama: ours), ``head_dim`` = hidden // heads
+    (GPT2Attention; LlamaConfig when ``head_dim`` is not given). Reads no config: the values of
+    a well-formed form (``_hf`` checked each size is a whole number >= 1)."""
+    family = form.where
+    given = {HF_CONFIG_ALIASES[family].get(k, k): v for k, v in form.overrides}
+    sizes = {}
+    for name, keys in HF_SIZE_NAMES.items():
+        key = keys.get(family)
+        if key in given:
+            sizes[name] = given[key]
+        elif name in HF_TINY:
+            sizes[name] = HF_TINY[name]
+    sizes.setdefault("kv_heads", sizes["heads"])
+    sizes.setdefault("ffn", (4 if family == "gpt2" else 2) * sizes["hidden"])
+    sizes["head_dim"] = given.get("head_dim", sizes["hidden"] // sizes["heads"])
+    return sizes
+
+
+def hf_tp_refusal(spec: str, tp: int) -> str | None:
+    """Why ``--tp tp`` cannot split the ``hf:`` model ``spec`` (its Llama TP plan, tracer/hf.py
+    ``llama_tp_plan``: q / k / v / gate / up colwise, o / down rowwise), or None. Each rank must
+    hold whole heads (LlamaAttention views its q / k / v outputs as [.., -1, head_dim], so a
+    rank's local head count is its share of the projection's rows) and an equal share of the
+    MLP: heads, kv_heads and ffn must divide by ``tp``. None for another family (GPT-2 has no TP
+    plan: tracer/specload.py ``check_spec`` refuses it) or a spec that is not ``hf:``."""
+    if not spec.startswith(HF_PREFIX):
+        return None
+    form = parse_spec(spec)
+    if form.where != "llama":
+        return None
+    sizes = hf_sizes(form)
+    for name in ("heads", "kv_heads", "ffn"):
+        if sizes[name] % tp:
+            return (f"must divide the model's {name} {sizes[name]} (the TP plan gives each rank "
+                    f"{name} / T of q / k / v and gate / up / down)")
+    return None
 
 
 def parse_spec(spec: str) -> SpecForm:

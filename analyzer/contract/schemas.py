@@ -347,6 +347,11 @@ class Model(msgspec.Struct, kw_only=True):
     optimizer does not train them and each rank updates its own from its rows
     (docs/howto/your-model.md); their effect on the numbers shows in the activations and the
     loss."""
+    config: dict[str, Any] | None = None
+    """The model's configuration as torch built it (``tracer.ModelSpec.config``; ``hf:`` models:
+    their transformers config after the overrides, read back from the built model, e.g.
+    ``num_hidden_layers``, ``hidden_size``, ``head_dim``); None where the spec gives none
+    (reference: ``hidden`` and ``layers`` say it)."""
 
 
 class Batch(msgspec.Struct, kw_only=True):
