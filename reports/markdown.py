@@ -319,9 +319,11 @@ def comm_kind_rows(report: Report) -> Rows:
 
 def prefetch_rows(run: RunEntry) -> Rows:
     """A run's FSDP prefetch per (phase, unit)."""
-    return (["phase", "unit", "issued as prefetch", "all_gather (mean duration)",
-             "under computation", "ready before use (mean slack)", "ready before use (worst slack)"],
-            [[u.phase, u.unit, fmt.pct(u.prefetched), fmt.ms(u.comm_ns), fmt.pct(u.hidden_frac),
+    return (["phase", "unit", "issued as prefetch", "issued ahead (units, most)", "ranks gathered",
+             "all_gather (mean duration)", "under computation", "ready before use (mean slack)",
+             "ready before use (worst slack)"],
+            [[u.phase, u.unit, fmt.pct(u.prefetched), fmt.count(u.ahead_units),
+              fmt.count(u.group_size), fmt.ms(u.comm_ns), fmt.pct(u.hidden_frac),
               fmt.ms(u.slack_ns), fmt.ms(u.min_slack_ns)] for u in run.prefetch.units])
 
 
