@@ -74,3 +74,4 @@ def test_ahead_is_unknown_without_the_units_own_hook():
             ann("FSDP::forward_prefetch for b", 140, 180), ann("FSDP::all_gather (b)", 150, 170)]
     t = prefetch.prefetch_table(events(rows), rank=0)
     assert t["ahead_units"].isna().all() and t["group_size"].isna().all()
+
