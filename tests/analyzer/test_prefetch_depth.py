@@ -75,3 +75,21 @@ def test_ahead_is_unknown_without_the_units_own_hook():
     t = prefetch.prefetch_table(events(rows), rank=0)
     assert t["ahead_units"].isna().all() and t["group_size"].isna().all()
 
+
+
+def test_runs_differing_only_in_fsdp2_prefetch_depth_are_compared_side_by_side():
+    from analyzer.compare import ranking
+    from types import SimpleNamespace
+
+    from analyzer.contract.report_types import Parity, RunEntry
+    from reports.markdown import prefetch_group_rows
+
+    def run(name, depth, reshard=True):
+        return RunEntry(name=name, strategy="fsdp2", settings={"seed": 0}, parity=Parity(
+            status="pass", reason=""), options={"reshard_after_forward": reshard, "fsdp2_prefetch": {
+                "forward": depth, "backward": depth or "implicit"}})
+    runs = [run("p0", 0), run("p1", 1), run("p2", 2), run("p2r", 2, reshard=2)]
+    assert ranking.prefetch_groups(runs) == [["p0", "p1", "p2"]]
+    head, rows = prefetch_group_rows(SimpleNamespace(runs=runs), ["p0", "p2"])
+    assert head[3] == "fsdp2_prefetch (forward / backward)"
+    assert [r[3] for r in rows] == ["0 / implicit", "2 / 2"]
