@@ -107,3 +107,39 @@ def test_float8_tolerance_is_twice_the_e5m2_and_e4m3_unit_roundoffs():
     tol = float8_tolerance()
     assert (tol.rtol, tol.atol, tol.precision) == (0.375, 1e-5, "float8 tensorwise")
     assert tol.describe().startswith("rtol 0.375, atol 1e-05; 2 (u_e5m2 + u_e4m3)")
+
+
+def test_float8_on_cuda_without_torchao_is_refused_before_the_record(monkeypatch):
+    import importlib.util
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torchao" else real(name, *a))
+    assert _refusal(strategy="fsdp2", float8=True) == (
+        "--float8: needs torchao (pip install torchao), not installed here")
+
+
+def test_async_tp_turns_on_inductors_pass_symmetric_memory_and_compiles_the_blocks(monkeypatch):
+    # the CUDA path without a GPU: what apply_async_tp asks of torch, on stand-ins
+    import torch
+    import torch.distributed._symmetric_memory as symm
+
+    from tracer.gpuonly import apply_async_tp
+    from tracer.model import build_model
+
+    groups = []
+    monkeypatch.setattr(symm, "enable_symm_mem_for_group", groups.append)
+    monkeypatch.setattr(torch._inductor.config, "_micro_pipeline_tp", False)
+
+    class Mesh:
+        def get_group(self):
+            return type("G", (), {"group_name": "7"})()
+
+    model = build_model(32, 2, 0)
+    assert apply_async_tp(model, Mesh(), ["layers.0", "layers.1"]) is True
+    assert groups == ["7"] and torch._inductor.config._micro_pipeline_tp is True
+    assert all(layer._compiled_call_impl is not None for layer in model.layers)
+    assert [n for n, _ in model.named_parameters()][:1] == ["layers.0.attn.weight"]  # FQNs kept
