@@ -319,19 +319,29 @@ def comm_kind_rows(report: Report) -> Rows:
 
 def prefetch_rows(run: RunEntry) -> Rows:
     """A run's FSDP prefetch per (phase, unit)."""
-    return (["phase", "unit", "issued as prefetch", "all_gather (mean duration)",
-             "under computation", "ready before use (mean slack)", "ready before use (worst slack)"],
-            [[u.phase, u.unit, fmt.pct(u.prefetched), fmt.ms(u.comm_ns), fmt.pct(u.hidden_frac),
+    return (["phase", "unit", "issued as prefetch", "issued ahead (units, most)", "ranks gathered",
+             "all_gather (mean duration)", "under computation", "ready before use (mean slack)",
+             "ready before use (worst slack)"],
+            [[u.phase, u.unit, fmt.pct(u.prefetched), fmt.count(u.ahead_units),
+              fmt.count(u.group_size), fmt.ms(u.comm_ns), fmt.pct(u.hidden_frac),
               fmt.ms(u.slack_ns), fmt.ms(u.min_slack_ns)] for u in run.prefetch.units])
 
 
 def prefetch_group_rows(report: Report, group: list[str]) -> Rows:
-    """Runs that differ only in their prefetch settings, side by side."""
-    return (["run", "backward_prefetch", "forward_prefetch", "median step", "under computation",
-             "late all_gathers"],
-            [[r.name, r.options.get("backward_prefetch"), r.options.get("forward_prefetch"),
+    """Runs that differ only in their prefetch settings, side by side; FSDP2 runs add their
+    explicit prefetch depth as applied (``fsdp2_prefetch``: forward / backward)."""
+    runs = [r for r in report.runs if r.name in group]
+    depth = any("fsdp2_prefetch" in r.options for r in runs)
+
+    def fsdp2(r) -> list[str]:
+        d = r.options.get("fsdp2_prefetch")
+        return [f"{d.get('forward')} / {d.get('backward')}" if isinstance(d, dict) else "-"] * depth
+
+    return (["run", "backward_prefetch", "forward_prefetch"] + ["fsdp2_prefetch (forward / backward)"] * depth
+            + ["median step", "under computation", "late all_gathers"],
+            [[r.name, r.options.get("backward_prefetch"), r.options.get("forward_prefetch"), *fsdp2(r),
               fmt.ms(r.step_time_ns.median), fmt.pct(r.prefetch.hidden_frac if r.prefetch else None),
-              _late(r.prefetch)] for r in report.runs if r.name in group])
+              _late(r.prefetch)] for r in runs])
 
 
 def settings_rows(report: Report) -> Rows:

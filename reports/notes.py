@@ -39,7 +39,12 @@ OTHER_IDLE = (
 SLACK = (
     "Issued as prefetch = the all_gather was started ahead of the unit that needs it (by the "
     "previous unit's hook, or inside FSDP's forward / backward prefetch label) rather than by the "
-    "unit's own hook. Under computation = share of "
+    "unit's own hook. Issued ahead (units, most) = how many units before its use the earliest "
+    "of its all_gathers was issued: 0 by its own hook, 1 by the previous unit's (FSDP2's "
+    "implicit backward prefetch, or an explicit prefetch depth of 1), 2 two units before "
+    "(depth 2); FSDP1 prefetches one unit ahead at most. Ranks gathered = the process group "
+    "size of its all_gathers in that phase, - when they differ or are not known "
+    "(reshard_after_forward=N: N in backward). Under computation = share of "
     "the all_gather's duration during which the rank was computing. Ready before use (slack) = "
     "when the unit first used the gathered parameters minus when the all_gather finished; "
     "negative = the computation had to wait (late). On a GPU the first use is the first kernel "

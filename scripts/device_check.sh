@@ -16,6 +16,11 @@
 #   DEVICE=cuda|cpu   NPROC (default: visible GPUs; cpu: 2)   HIDDEN=256 LAYERS=2 SEQ=128 BATCH
 #   BIG_HIDDEN=4096 BIG_LAYERS=2 BIG_SEQ=512 BIG_BATCH (0 = skip the big model)  STEPS_ACTIVE=3
 #   TIMEOUT=120 (collective timeout, s)
+# GPU-only step (issue 45; cuda only, GPU_ONLY=0 skips it): fsdp2 --float8 (torchao: carry its
+# wheel in .whl/ where the image lacks it; it pulls in nothing else) and fsdp2_tp --async-tp,
+# each at the small shapes, reported apart into OUTDIR/gpu-only-report; their parity verdicts and
+# tolerances (for bench/RESULTS.md) in OUTDIR/gpu-only.md. fsdp2_tp needs >= 2 ranks (a tp
+# degree of 2): on one GPU the step says so instead of recording it.
 # Projection step (issue 44): `tracer project` of world PROJ_NPROC=8 fsdp2 and hsdp 2x4 of the
 # reference model in bf16 (AdamW), real tensors where they fit this device, else fake ones (the
 # tool decides), and fsdp2 again on fake tensors (its live-bytes peak beside the real allocator
@@ -140,6 +145,56 @@ if [ "$BIG_BATCH" -gt 0 ]; then
   [ "${KEEP_BASELINE:-0}" = 1 ] && keep=full
   record big --hidden "$BIG_HIDDEN" --layers "$BIG_LAYERS" --seq "$BIG_SEQ" --batch "$BIG_BATCH" \
     --precision bf16 --keep-tensors "$keep" || status=1
+fi
+
+gpu_only() {  # the --float8 / --async-tp records (issue 45), their report and verdicts
+  local gtraces="$OUTDIR/gpu-only-traces" gstatus=0 notes=()
+  mkdir -p "$gtraces"
+  one() {  # one NAME ARGS...: one strategy recorded into gpu-only-traces
+    local name="$1"; shift
+    echo "device_check: recording $name (nproc $NPROC) ..."
+    if ! "$PY" -m tracer record --nproc "$NPROC" --device cuda --active "$ACTIVE" \
+        --timeout "$TIMEOUT" --out "$gtraces" --name "$name" --hidden "$HIDDEN" \
+        --layers "$LAYERS" --seq "$SEQ" --batch "$BATCH" "$@" > "$OUTDIR/record-$name.log" 2>&1; then
+      cat "$OUTDIR/record-$name.log" >&2
+      echo "device_check: record $name FAILED" >&2
+      return 1
+    fi
+  }
+  if "$PY" -c 'import torchao' 2>/dev/null; then
+    one fsdp2-float8 --strategy fsdp2 --float8 || gstatus=1
+  else
+    notes+=("fsdp2 --float8: not recorded, torchao is not importable here (put its wheel in .whl/)")
+  fi
+  if [ "$NPROC" -ge 2 ] && [ $((NPROC % 2)) -eq 0 ]; then
+    one fsdp2_tp-async --strategy fsdp2_tp --async-tp || gstatus=1
+  else
+    notes+=("fsdp2_tp --async-tp: not recorded, world $NPROC has no tensor-parallel degree >= 2 (one GPU)")
+  fi
+  if compgen -G "$gtraces/*/manifest.json" >/dev/null; then
+    "$PY" -m analyzer report "$gtraces" --out "$OUTDIR/gpu-only-report" \
+      > "$OUTDIR/gpu-only-report.stdout" 2>&1 || [ $? -le 3 ] || gstatus=1
+  fi
+  "$PY" - "$OUTDIR/gpu-only-report/report.json" "$OUTDIR/gpu-only.md" ${notes[@]+"${notes[@]}"} <<'PY' || gstatus=1
+import json, pathlib, sys
+src, dst, notes = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3:]
+lines = ["| run | strategy and settings | parity | tolerance | median step (ms) |", "|---|---|---|---|---|"]
+if src.exists():
+    for r in json.loads(src.read_text())["runs"]:
+        p, tol = r.get("parity") or {}, (r.get("parity") or {}).get("tolerance") or {}
+        opts = ", ".join(f"{k}={v}" for k, v in (r.get("options") or {}).items() if k in ("float8", "async_tp"))
+        step = (r.get("step_time_ns") or {}).get("median")
+        lines.append(f"| {r['name']} | {r['strategy']} {opts} | {p.get('status', '-')} | rtol {tol.get('rtol')}, "
+                     f"atol {tol.get('atol')} ({tol.get('precision', '')}) | "
+                     f"{'-' if step is None else f'{step / 1e6:.2f}'} |")
+lines += [f"- {n}" for n in notes]
+dst.write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+  return "$gstatus"
+}
+if [ "$DEVICE" = cuda ] && [ "${GPU_ONLY:-1}" = 1 ]; then
+  gpu_only || status=1
 fi
 
 echo "device_check: analyzer report $TRACES"

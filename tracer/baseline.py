@@ -69,6 +69,8 @@ def baseline_key(cfg: RecordConfig, device_type: str) -> dict:
     key["steps"] = cfg.total_steps
     key["device_type"] = device_type
     key["micro_batches"] = micro_batches(cfg)
+    if cfg.float8:  # only where on: every other baseline keeps its id
+        key["float8"] = True
     return key
 
 
@@ -103,6 +105,10 @@ def compute_baseline(cfg: RecordConfig, device_type: str,
     tensors: dict[str, torch.Tensor] = {"batch.x": x, "batch.y": y}
     for name, p in model.named_parameters():
         tensors[f"init.{name}"] = p.detach().clone()
+    if cfg.float8:  # the ranks' float8 model (tracer/gpuonly.py), so parity compares like with like
+        from tracer.gpuonly import apply_float8
+
+        apply_float8(model)
     if cfg.activation_checkpointing:
         apply_checkpointing(model, unit_names(model, spec))
     model.to(device)

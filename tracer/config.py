@@ -178,6 +178,39 @@ class RecordConfig:
     reshard_after_forward: bool | None = _option(None, "FSDP reshard after forward (default from the "
                                                  "sharding strategy).")
     """Default from the sharding strategy: full_shard -> True, shard_grad_op/no_shard -> False."""
+    # FSDP2's explicit prefetch and partial resharding (issue 45): tracer/strategies.py apply_fsdp2
+    fsdp2_prefetch: int = _option(0, "FSDP2 explicit prefetch depth N: each unit all_gathers the "
+                                  "next N units in forward and the previous N in backward (0: "
+                                  "FSDP2's own, none in forward, the previous unit in backward).")
+    """Depth N of ``set_modules_to_forward_prefetch`` (the next N units) and
+    ``set_modules_to_backward_prefetch`` (the previous N units) on every FSDP2 unit. One depth for
+    both passes: torch 2.13 cannot express a backward depth below 1 (an empty backward list *is*
+    the implicit prefetch of the previous unit, ``FSDPState._pre_backward``: ``default_prefetch =
+    len(self._states_to_backward_prefetch) == 0``), so a separate backward depth could only be 1
+    (the default) or the forward one; 0 keeps FSDP2's defaults."""
+    reshard_after_forward_size: int | None = _option(None, "FSDP2 reshard_after_forward=N: after "
+                                                     "forward, reshard each unit to groups of N "
+                                                     "ranks, so backward all_gathers over N (a "
+                                                     "divisor of the shard dimension, 1 < N < it).")
+    """FSDP2 ``fully_shard(reshard_after_forward=N)`` (int): after forward the parameters stay
+    sharded over groups of N consecutive ranks of the shard mesh (torch 2.13
+    ``_fsdp_init._get_post_forward_mesh_info``: ``mesh.view(-1, N)``), and backward's all_gathers
+    run over those N. torch takes a divisor of the shard dimension's size S; N = 1 is
+    ``--no-reshard-after-forward`` and N = S is ``--reshard-after-forward`` (torch maps them so),
+    refused here so that one setting has one spelling."""
+    # GPU-only settings (issue 45): accepted on CUDA, refused on CPU (tracer/gpuonly.py)
+    float8: bool = _option(False, "Float8 training: torchao convert_to_float8_training on the "
+                           "Linear layers (tensorwise scaling), baseline too; CUDA only.")
+    """torchao float8 training (``convert_to_float8_training``, its default tensorwise recipe) on
+    every ``nn.Linear`` whose features divide by 16, in the ranks and the baseline alike; its
+    parity tolerance is ``tolerance.float8_tolerance``. CUDA only: float8 matmuls
+    (``torch._scaled_mm``) need a GPU of compute capability >= 8.9."""
+    async_tp: bool = _option(False, "fsdp2_tp: async tensor parallel (inductor's micro-pipeline "
+                             "TP over symmetric memory, each block compiled); CUDA only.")
+    """Async TP: ``torch._inductor.config._micro_pipeline_tp = True`` and
+    ``enable_symm_mem_for_group`` on the tp group, the transformer blocks compiled (inductor's
+    pass fuses each all_gather / reduce_scatter with its matmul). CUDA only: symmetric memory
+    and the fused kernels are CUDA's."""
     mesh: str | None = _option(None, "hsdp: R,S = replicate x shard (R*S = ranks; default 2,N/2).")
     """hsdp: ``R,S`` (replicate x shard, R*S = world size); default ``2,W/2``."""
     tp: int | None = _option(None, "fsdp2_tp: tensor-parallel degree (default 2).")
@@ -291,6 +324,8 @@ class RecordConfig:
             raise bad("wrap-min-params", self.wrap_min_params, "must be a positive integer")
         self._check_timeout(bad)
         self._check_wrapper(bad)
+        self._check_fsdp2(bad)
+        self._check_gpu_only(bad)
         if not isinstance(self.data_workers, int) or self.data_workers < 0:
             raise bad("data-workers", self.data_workers, "must be an integer >= 0")
         if not self.data_sample_cost_ms >= 0:
@@ -343,6 +378,61 @@ class RecordConfig:
                 raise bad("reshard-after-forward", self.reshard_after_forward,
                           f"FSDP1 derives it from --sharding-strategy {self.sharding_strategy} "
                           f"({implied}); pick the matching sharding strategy instead")
+
+    def _check_fsdp2(self, bad) -> None:
+        """--fsdp2-prefetch and --reshard-after-forward-size (FSDP2's explicit prefetch and
+        partial resharding): values torch takes, one spelling per setting."""
+        if not isinstance(self.fsdp2_prefetch, int) or self.fsdp2_prefetch < 0:
+            raise bad("fsdp2-prefetch", self.fsdp2_prefetch, "must be an integer >= 0 (units "
+                      "prefetched ahead; 0: FSDP2's own prefetch)")
+        if self.fsdp2_prefetch and self.forward_prefetch:
+            raise ValueError(f"--forward-prefetch and --fsdp2-prefetch {self.fsdp2_prefetch}: "
+                             "both set FSDP2's forward prefetch; give one (--forward-prefetch is "
+                             "a forward depth of 1 with FSDP2's implicit backward prefetch)")
+        size = self.reshard_after_forward_size
+        if size is None:
+            return
+        s = self.shard_size
+        if not isinstance(size, int) or size < 1 or s % size:
+            raise bad("reshard-after-forward-size", size, f"must divide the shard dimension's "
+                      f"{s} ranks (torch's reshard_after_forward int: a group size to reshard to)")
+        if size in (1, s):
+            same = "--no-reshard-after-forward" if size == 1 else "--reshard-after-forward"
+            raise bad("reshard-after-forward-size", size, f"is {same} (torch maps "
+                      f"reshard_after_forward={size} to {size != 1}); pass a divisor of {s} "
+                      f"other than 1 and {s}, or {same}")
+        if self.reshard_after_forward is False or self.sharding_strategy != "full_shard":
+            raise bad("reshard-after-forward-size", size, "reshards after forward: drop "
+                      "--no-reshard-after-forward / --sharding-strategy shard_grad_op")
+
+    def _check_gpu_only(self, bad) -> None:
+        """--float8 and --async-tp: refused on CPU in one line naming why (torch is imported
+        only when one is given and --device is auto)."""
+        given = [o for o in ("float8", "async_tp") if getattr(self, o)]
+        if not given:
+            return
+        device = self.device
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        why = {"float8": "float8 matmuls (torch._scaled_mm) run on CUDA GPUs of compute "
+                         "capability >= 8.9 only",
+               "async_tp": "async TP fuses collectives into matmuls over CUDA symmetric memory"}
+        if device != "cuda":
+            option = given[0]
+            raise ValueError(f"--{option.replace('_', '-')}: needs --device cuda ({why[option]}); "
+                             f"this record runs on {device}: drop it on CPU")
+        if self.float8:
+            import importlib.util
+
+            import torch
+
+            if importlib.util.find_spec("torchao") is None:
+                raise ValueError("--float8: needs torchao (pip install torchao), not installed here")
+            major, minor = torch.cuda.get_device_capability()
+            if (major, minor) < (8, 9):
+                raise ValueError(f"--float8: {why['float8']}; this GPU is {major}.{minor}")
 
     def _check_mesh(self, bad) -> None:
         """--mesh, --tp, --pp, --pp-schedule, --microbatches: parsed shapes that fit the world,
@@ -545,11 +635,21 @@ class RecordConfig:
         return self.wrap_min_params if self.wrap_min_params is not None else layer_num_params(self.hidden)
 
     @property
-    def resolved_reshard_after_forward(self) -> bool:
-        """reshard_after_forward, defaulted from the sharding strategy."""
+    def resolved_reshard_after_forward(self) -> bool | int:
+        """reshard_after_forward as passed to torch: ``--reshard-after-forward-size`` N (an int,
+        FSDP2), else the flag, else defaulted from the sharding strategy."""
+        if self.reshard_after_forward_size is not None:
+            return self.reshard_after_forward_size
         if self.reshard_after_forward is not None:
             return self.reshard_after_forward
         return self.sharding_strategy == "full_shard"
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks of the dimension FSDP shards over: hsdp's S, fsdp2_tp's dp, else the world."""
+        if self.row.dim_of("shard") is None or self.row.is_flat:
+            return self.world_size
+        return self.mesh_shape[self.row.dims.index(self.row.dim_of("shard"))]
 
     def strategy_options(self) -> dict[str, Any]:
         """The manifest's ``strategy_options`` (empty for single). The mesh strategies lead with
@@ -573,6 +673,12 @@ class RecordConfig:
                        backward_prefetch=self.backward_prefetch,
                        forward_prefetch=self.forward_prefetch,
                        reshard_after_forward=self.resolved_reshard_after_forward)
+        if "fsdp2_prefetch" in taken:  # as asked; the worker replaces it with what torch used
+            out["fsdp2_prefetch"] = {"forward": self.fsdp2_prefetch or int(self.forward_prefetch),
+                                     "backward": self.fsdp2_prefetch or "implicit"}
+        for option in ("float8", "async_tp"):  # GPU-only: written where on (a CPU run has none)
+            if option in taken and getattr(self, option):
+                out[option] = True
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import torch
 from analyzer.contract.atomic import write_atomic
 from analyzer.contract.schemas import (MANIFEST_NAME, SCHEMA_VERSION, Baseline, Batch, Device, Experiment,
                                        Launch, Machine, Manifest, Mesh, Model, Profiler, Training, Versions)
-from analyzer.contract.tolerance import TOLERANCES, mixed_precision_tolerance
+from analyzer.contract.tolerance import TOLERANCES, float8_tolerance, mixed_precision_tolerance
 from tracer.config import RecordConfig
 from tracer.data import data_manifest
 from tracer.golden import golden_section
@@ -87,7 +87,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
                    device: torch.device, launch: Launch, num_params: int,
                    fsdp_units: list[str], spec, model_name: str, buffers: list[str],
                    batch_x: torch.Tensor, machine: Machine | None = None,
-                   mesh: Mesh | None = None) -> Manifest:
+                   mesh: Mesh | None = None, applied: dict | None = None) -> Manifest:
     """The run's manifest; ``files`` lists every file already in ``run_dir``.
 
     ``strategy_options`` also carries ``fsdp_units`` (the wrapped module FQNs, additive) for
@@ -95,10 +95,12 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
     replaces ``auto_wrap_min_num_params``. ``spec``: the run's ``tracer.ModelSpec``;
     ``model_name``: its model's class name (before wrapping); ``buffers``: its buffer FQNs; ``batch_x``: the global batch's inputs.
     ``mesh``: hsdp / fsdp2_tp's ``Mesh`` (shape, dim names, TP plan and its sharded elements),
-    their ``strategy_options`` as fsdp2's (``fsdp_units`` included); ``batch.per_rank_batch``
+    their ``strategy_options`` as fsdp2's (``fsdp_units`` included); ``applied``: options as
+    torch applied them (tracer/strategies.py ``Built.applied``) over those asked; ``batch.per_rank_batch``
     is the rows of one data-parallel rank (batch / dp size: tp ranks share them).
     """
     options = cfg.strategy_options()
+    options.update(applied or {})  # what torch applied, read back (strategies.Built.applied)
     if "wrap_min_params" in cfg.row.options:  # a strategy whose FSDP units the options choose
         options["fsdp_units"] = fsdp_units
         if spec.wrap_min_params is None:
@@ -108,6 +110,8 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
     dims = list(batch_x.shape) + [0, 0]
     tol = (TOLERANCES[cfg.precision] if cfg.mixed_precision is None else
            mixed_precision_tolerance(list(cfg.mixed_precision_dtypes), world_size))
+    if cfg.float8:  # float8 casts differ more than any reduction order (tolerance.py)
+        tol = float8_tolerance()
     return Manifest(
         schema_version=SCHEMA_VERSION, run_id=uuid.uuid4().hex, run_name=run_dir.name,
         created_utc=datetime.now(timezone.utc).isoformat(), strategy=cfg.strategy,

@@ -153,12 +153,18 @@ def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device, spec:
     ``fully_shard``; buffers cast to BUFFER once before (FSDP2 does not manage buffers).
     Mesh: ``mesh`` (hsdp: the 2-D replicate x shard mesh; fsdp2_tp: its dp dimension), by
     default 1-D over all ranks on ``device.type`` (a "cpu" mesh works with gloo). Parameters become
-    DTensors sharded on dim 0 (``Shard(0)``, torch.chunk semantics). Backward prefetch is FSDP2's
-    implicit one; ``forward_prefetch`` sets each unit to prefetch the next one explicitly.
+    DTensors sharded on dim 0 (``Shard(0)``, torch.chunk semantics). ``reshard_after_forward``:
+    ``cfg.resolved_reshard_after_forward`` (an int N: reshard to groups of N ranks after
+    forward). Prefetch: ``fsdp2_prefetch_units``. ``--float8``: torchao's conversion first
+    (tracer/gpuonly.py). What torch then holds: ``fsdp2_applied``.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    if cfg.float8:
+        from tracer.gpuonly import apply_float8
+
+        apply_float8(model)
     if mesh is None:
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     reshard = cfg.resolved_reshard_after_forward
@@ -176,10 +182,62 @@ def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device, spec:
     for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
-    if cfg.forward_prefetch:
-        for unit, nxt in zip(units, units[1:]):
-            unit.set_modules_to_forward_prefetch([nxt])
+    forward, backward = fsdp2_prefetch_units(len(units), cfg.fsdp2_prefetch or int(cfg.forward_prefetch),
+                                             cfg.fsdp2_prefetch)
+    for k, unit in enumerate(units):
+        if forward[k]:
+            unit.set_modules_to_forward_prefetch([units[j] for j in forward[k]])
+        if backward[k]:
+            unit.set_modules_to_backward_prefetch([units[j] for j in backward[k]])
     return model
+
+
+def fsdp2_prefetch_units(n_units: int, forward_depth: int, backward_depth: int
+                         ) -> tuple[list[list[int]], list[list[int]]]:
+    """Which units each of ``n_units`` FSDP2 units (forward order) prefetches explicitly:
+    (forward, backward), per unit the indices of the next ``forward_depth`` units and of the
+    previous ``backward_depth`` units, nearest first (torchtitan's and torch's FSDP2 example's
+    pattern). The root is not a unit here: it runs first in forward and last in backward, so
+    nothing precedes it to prefetch it. A depth of 0 gives empty lists: FSDP2's own behaviour
+    (no forward prefetch; in backward the implicit prefetch of the previous unit, which an
+    empty ``set_modules_to_backward_prefetch`` list keeps, torch 2.13 ``FSDPState._pre_backward``).
+    Raises ``ValueError`` for a negative depth."""
+    if forward_depth < 0 or backward_depth < 0:
+        raise ValueError(f"prefetch depths must be >= 0, got {forward_depth}, {backward_depth}")
+    forward = [list(range(k + 1, min(n_units, k + 1 + forward_depth))) for k in range(n_units)]
+    backward = [list(range(k - 1, max(-1, k - 1 - backward_depth), -1)) for k in range(n_units)]
+    return forward, backward
+
+
+def fsdp2_applied(model: nn.Module) -> dict:
+    """What torch holds after ``apply_fsdp2`` (the manifest's ``strategy_options``, read back
+    from each ``FSDPModule``'s state, torch 2.13 private fields ``_states_to_forward_prefetch``,
+    ``_states_to_backward_prefetch`` and ``FSDPParamGroup.post_forward_mesh_info``):
+    ``fsdp2_prefetch`` {"forward": the most units one unit prefetches in forward, "backward":
+    in backward, or "implicit" when no unit has an explicit list}, ``reshard_after_forward``
+    of the non-root units (True / False / the group size N it reshards to). Empty when the
+    model has no FSDP2 unit below the root or the fields are not there (another torch)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    states = [m._get_fsdp_state() for m in model.modules() if isinstance(m, FSDPModule)
+              and m is not model]
+    if not states:
+        return {}
+    try:
+        fwd = max(len(st._states_to_forward_prefetch) for st in states)
+        bwd = max(len(st._states_to_backward_prefetch) for st in states)
+        reshard = set()
+        for st in states:
+            for group in st._fsdp_param_groups:
+                post, own = group.post_forward_mesh_info, group.mesh_info
+                reshard.add(False if post is None else True if post is own
+                            else int(post.shard_mesh_size))
+    except AttributeError:  # a torch without these fields: the options as asked stay
+        return {}
+    out = {"fsdp2_prefetch": {"forward": fwd, "backward": bwd or "implicit"}}
+    if len(reshard) == 1:
+        out["reshard_after_forward"] = reshard.pop()
+    return out
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -321,6 +379,9 @@ class Built:
     units: list[str] = field(default_factory=list)
     mesh: Mesh | None = None
     pipe: PipelineRank | None = None
+    applied: dict = field(default_factory=dict)
+    """Options as torch applied them, read back from the wrapped model (``fsdp2_applied``):
+    they replace the options as asked in the manifest's ``strategy_options``."""
 
 
 Setup = Callable[[RecordConfig, ModelSpec, dict[str, torch.Tensor], int, int, torch.device], Built]
@@ -401,7 +462,8 @@ def setup_fsdp2(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor
     """``apply_fsdp2`` over all ranks, units checkpointed before."""
     model, num_params, units = _placed(cfg, spec, base, rank, device)
     _checkpointed(cfg, model, units)
-    return Built(model=apply_fsdp2(model, cfg, device, spec), num_params=num_params, units=units)
+    model = apply_fsdp2(model, cfg, device, spec)
+    return Built(model=model, num_params=num_params, units=units, applied=fsdp2_applied(model))
 
 
 @registers("hsdp")
@@ -417,7 +479,8 @@ def setup_hsdp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor]
     _checkpointed(cfg, model, units)
     model = apply_fsdp2(model, cfg, device, spec, mesh=faults.hsdp_mesh(device_mesh_2d(cfg, device), cfg.fault))
     mesh = Mesh(shape=list(cfg.mesh_shape), dim_names=list(cfg.row.dims))
-    return Built(model=model, num_params=num_params, units=units, mesh=mesh)
+    return Built(model=model, num_params=num_params, units=units, mesh=mesh,
+                 applied=fsdp2_applied(model))
 
 
 @registers("fsdp2_tp")
@@ -430,10 +493,16 @@ def setup_fsdp2_tp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
     mesh2d, plan = apply_tp(model, cfg, device, spec)
     sharded = tp_sharded_params(model, cfg.row.dim_of("tensor"))
     _checkpointed(cfg, model, units)
+    applied = {}
+    if cfg.async_tp:  # before fully_shard: the blocks compiled, inductor's TP pass on
+        from tracer.gpuonly import apply_async_tp
+
+        applied["async_tp"] = apply_async_tp(model, mesh2d[cfg.row.dim_of("tensor")], units)
     model = apply_fsdp2(model, cfg, device, spec, mesh=mesh2d[cfg.row.dim_of("shard")])
     mesh = Mesh(shape=list(cfg.mesh_shape), dim_names=list(cfg.row.dims), tp_plan=plan,
                 tp_sharded_params=sharded)
-    return Built(model=model, num_params=num_params, units=units, mesh=mesh)
+    return Built(model=model, num_params=num_params, units=units, mesh=mesh,
+                 applied={**fsdp2_applied(model), **applied})
 
 
 @registers("pp")

@@ -227,7 +227,8 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
                                   backend=backend, device=device, launch=launch,
                                   num_params=built.num_params, fsdp_units=built.units, spec=spec,
                                   model_name=model_name, buffers=buffers, batch_x=base["batch.x"],
-                                  machine=machine_info(load_avg, env.local_world_size), mesh=built.mesh)
+                                  machine=machine_info(load_avg, env.local_world_size), mesh=built.mesh,
+                                  applied=built.applied)
         write_manifest(cfg.run_dir, manifest)
     hb.beat("done")
 

@@ -313,12 +313,13 @@ def prefetch_parts(job) -> tuple[pd.DataFrame, dict] | None:
             prefetched_n=("prefetched", "count"), comm_ns_sum=("comm_ns", "sum"),
             comm_ns_n=("comm_ns", "count"), hidden_frac_sum=("hidden_frac", "sum"),
             hidden_frac_n=("hidden_frac", "count"), slack_ns_sum=("slack_ns", "sum"),
-            slack_ns_n=("slack_ns", "count"), min_slack_ns=("slack_ns", "min")).reset_index()
+            slack_ns_n=("slack_ns", "count"), min_slack_ns=("slack_ns", "min"),
+            **_extra_aggs(pf)).reset_index()
         part = part.astype({c: "float64" for c in part.columns if c.endswith("_sum")})
         units = part if units is None else (
             pd.concat([units, part], ignore_index=True).groupby(["phase", "unit"], sort=False)
-            .agg({**{c: "sum" for c in part.columns if c not in ("phase", "unit", "min_slack_ns")},
-                  "min_slack_ns": "min"}).reset_index())
+            .agg({**{c: "sum" for c in part.columns if c not in ("phase", "unit") + _NOT_SUMMED},
+                  **_NOT_SUMMED_AGG}).reset_index())
         slack = pf["slack_ns"].dropna()
         late = slack[slack < 0]
         total["all_gathers"] += len(pf)
@@ -336,8 +337,27 @@ def prefetch_parts(job) -> tuple[pd.DataFrame, dict] | None:
     total["hidden_frac"] = total["hidden_ns"] / comm if comm > 0 else None
     for c in ("prefetched", "comm_ns", "hidden_frac", "slack_ns"):
         units[c] = (units[f"{c}_sum"] / units[f"{c}_n"]).where(units[f"{c}_n"] > 0)
-    return units[["phase", "unit", "n", "prefetched", "comm_ns", "hidden_frac", "slack_ns",
-                  "min_slack_ns"]], total
+    one = units["min_group_size"] == units["max_group_size"]  # one group size, else None
+    units["group_size"] = units["min_group_size"].where(one)
+    units["ahead_units"] = units["max_ahead_units"]
+    out = units[["phase", "unit", "n", "prefetched", "comm_ns", "hidden_frac", "slack_ns",
+                 "min_slack_ns", "ahead_units", "group_size"]].astype(object)
+    for c in ("ahead_units", "group_size"):  # ints or None (msgspec: int | None)
+        out[c] = [None if pd.isna(v) else int(v) for v in out[c]]
+    return out, total
+
+
+_NOT_SUMMED = ("min_slack_ns", "max_ahead_units", "min_group_size", "max_group_size")
+_NOT_SUMMED_AGG = {"min_slack_ns": "min", "max_ahead_units": "max", "min_group_size": "min",
+                   "max_group_size": "max"}
+
+
+def _extra_aggs(pf: pd.DataFrame) -> dict:
+    """Per unit: the most units ahead its all_gathers were issued, the least and most ranks they
+    gathered over (issue 45; ``PREFETCH_SCHEMA`` columns, so every table read has them)."""
+    del pf
+    return dict(max_ahead_units=("ahead_units", "max"), min_group_size=("group_size", "min"),
+                max_group_size=("group_size", "max"))
 
 
 def straggler_causes(job, offsets: pd.DataFrame, matched: pd.DataFrame | None = None,

@@ -62,6 +62,18 @@ call (correlation id) lies inside the issue's span is taken first. Then per all_
 
 On CPU/gloo the FSDP all_gather is waited for inside the label, so hidden_frac is about 0 there;
 ``cpu_note`` says so.
+
+How far ahead (issue 45: FSDP2's explicit prefetch depth, ``set_modules_to_forward_prefetch`` /
+``set_modules_to_backward_prefetch``): ``ahead_units`` = 0 for an all_gather its own unit's hook
+issued; for a prefetched FSDP2 one, 1 + the number of other units whose own hook of the same
+pass (``FSDP::pre_forward`` / ``FSDP::pre_backward``) starts between the issue and the unit's
+own hook in that step -- depth 1 gives 1 (the previous unit's hook issued it), depth 2 gives up
+to 2 (a unit prefetched two units before it is used). <NA> when the unit's own hook is not
+found after the issue. FSDP1 prefetches one handle at a time (``_runtime_utils.py``
+``_get_handle_to_prefetch``): 1 when prefetched, else 0. ``group_size``: the paired
+execution's process-group size (``reshard_after_forward=N``: backward's all_gathers run over
+the N ranks of the post-forward group, torch 2.13 ``FSDPParamGroup._all_gather_process_group``);
+<NA> when not known.
 """
 
 from __future__ import annotations
@@ -204,6 +216,8 @@ class _Table:
         self.execs = is_in(role, ("comm",)) & all_gather
         self.enqueue = is_in(role, ("comm_enqueue",)) & all_gather
         self.tid = ev["tid"]
+        self.group = (ev["group_size"].to_numpy().astype(np.int64, copy=False)
+                      if "group_size" in ev else np.full(len(ev), -1, np.int64))
         self.launch_row = (ev["launch_row"].to_numpy().astype(np.int64, copy=False)
                            if "launch_row" in ev else None)
 
@@ -355,6 +369,7 @@ def _issues_fsdp2(tb: _Table, gpu: _GpuView) -> list[dict]:
     engine = _autograd_thread_rows(tb)
     skip = (ts[issue], end[issue])  # launches inside an all_gather label: copy-in, NCCL
     unit_of = np.array([parsed.get(int(k), ("", ""))[1] for k in codes[issue]], dtype=object)
+    own_of = np.array([parsed[int(k)] for k in codes[own_hooks]] or np.empty((0, 2)), dtype=object)
     out = []
     for n, i in enumerate(issue.tolist()):
         key = unit_of[n]
@@ -390,10 +405,32 @@ def _issues_fsdp2(tb: _Table, gpu: _GpuView) -> list[dict]:
                     if len(h):
                         k = gpu.first_launched(int(end[c]), int(end[h].min()), skip=skip)
                 need = gpu.ready_ns(k) if k is not None else None
+        ahead = _ahead_fsdp2(own_hooks, own_of, tb, i, key, phase) if prefetched else 0
         out.append({"step": int(tb.step[i]), "phase": phase, "unit": "(root)" + key if key[:1] in ("", " ") else key,
                     "prefetched": bool(prefetched), "issued_ns": t, "issue_end_ns": int(end[i]),
-                    "need_ns": need})
+                    "need_ns": need, "ahead_units": ahead})
     return out
+
+
+def _ahead_fsdp2(own_hooks: np.ndarray, own_of: np.ndarray, tb: _Table, i: int, key: str,
+                 phase: str) -> int | None:
+    """How many units ahead of its use the prefetched all_gather at row ``i`` (unit ``key``,
+    pass ``phase``) was issued (module docstring, "How far ahead"): 1 + the distinct other units
+    whose own hook of the pass starts after the issue and before the unit's own one, in the
+    issue's step; None when the unit's own hook is not found after the issue. ``own_hooks``:
+    the rows of the ``FSDP::pre_forward`` / ``pre_backward`` labels, ``own_of`` their (what,
+    unit key)."""
+    if not len(own_hooks):
+        return None
+    what = "pre_forward" if phase == "forward" else "pre_backward"
+    t, step = int(tb.ts[i]), tb.step[i]
+    later = (own_of[:, 0] == what) & (tb.ts[own_hooks] > t) & (tb.step[own_hooks] == step)
+    mine = later & (own_of[:, 1] == key)
+    if not mine.any():
+        return None
+    use = int(tb.ts[own_hooks][mine].min())
+    between = later & (tb.ts[own_hooks] < use) & (own_of[:, 1] != key)
+    return 1 + len(set(own_of[between, 1].tolist()))
 
 
 def _issues_fsdp1(tb: _Table, gpu: _GpuView) -> list[dict]:
@@ -428,7 +465,7 @@ def _issues_fsdp1(tb: _Table, gpu: _GpuView) -> list[dict]:
         counters[key] = k + 1
         out.append({"step": int(tb.step[i]), "phase": phase, "unit": f"#{k}",
                     "prefetched": prefetched, "issued_ns": t, "issue_end_ns": int(end[i]),
-                    "need_ns": need})
+                    "need_ns": need, "ahead_units": int(prefetched)})
     return out
 
 
@@ -472,10 +509,13 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
         if not len(cand):
             cand = np.flatnonzero(~taken & (exec_start >= it["issued_ns"]))
         rec = {"rank": rank, **it, "comm_start_ns": None, "finished_ns": None, "comm_ns": None,
-               "hidden_ns": None, "hidden_frac": None, "slack_ns": None, "labels": family}
+               "hidden_ns": None, "hidden_frac": None, "slack_ns": None, "labels": family,
+               "group_size": None}
         if len(cand):
             i = int(cand[0])
             taken[i] = True
+            g = int(tb.group[execs[i]])
+            rec["group_size"] = g if g > 0 else None
             s, e = int(exec_start[i]), int(exec_end[i])
             a, b = np.searchsorted(merged[1], s, "right"), np.searchsorted(merged[0], e)
             hidden = iv.measure(iv.clip((merged[0][a:b], merged[1][a:b]), s, e))
@@ -500,4 +540,4 @@ def prefetch_table(events: pd.DataFrame, *, rank: int) -> pd.DataFrame:
 
 
 _INT_COLUMNS = ("issued_ns", "comm_start_ns", "finished_ns", "need_ns", "comm_ns", "hidden_ns",
-                "slack_ns")
+                "slack_ns", "ahead_units", "group_size")

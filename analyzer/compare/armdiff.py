@@ -37,6 +37,8 @@ TRANSIENT_MEMORY: dict[str, str] = {
     "reshard_after_forward": "transient unsharded parameters are not seen",
     "forward_prefetch": "parameters all-gathered ahead of their unit are not seen",
     "backward_prefetch": "parameters all-gathered ahead of their unit are not seen",
+    "fsdp2_prefetch": "parameters all-gathered ahead of their unit are not seen",
+    "reshard_after_forward_size": "parameter shards kept between forward and backward are not seen",
     "sharding_strategy": "parameters kept unsharded between forward and backward are not seen",
 }
 """Declared settings whose memory effect lies in buffers that live only inside a step, with what

@@ -633,8 +633,9 @@ def speedups(runs: list[RunEntry]) -> list[float | None]:
 def prefetch_groups(runs: list[RunEntry]) -> list[list[str]]:
     """Groups (>= 2 runs) of the same FSDP strategy (a row with a shard dimension: FSDP1, and
     FSDP2 flat or on a mesh) whose strategy options differ only in the prefetch settings
-    (``backward_prefetch``, ``forward_prefetch``): compare them side by side."""
-    keys = ("backward_prefetch", "forward_prefetch")
+    (``backward_prefetch``, ``forward_prefetch``, FSDP2's ``fsdp2_prefetch`` depth): compare
+    them side by side."""
+    keys = ("backward_prefetch", "forward_prefetch", "fsdp2_prefetch")
     groups: dict[str, list[RunEntry]] = {}
     for r in runs:
         row = strategies.spec(r.strategy)

@@ -577,6 +577,14 @@ class PrefetchUnit(_Figures, kw_only=True):
     hidden_frac: float | None
     slack_ns: float | None
     min_slack_ns: Num
+    ahead_units: int | None = None
+    """The most units ahead of its use one of the unit's all_gathers was issued (issue 45): 0
+    its own hook issued each, 1 the previous unit's hook (FSDP2's implicit backward prefetch,
+    explicit depth 1), 2 two units before (explicit depth 2); analyzer/analyses/prefetch.py.
+    None where not known."""
+    group_size: int | None = None
+    """Ranks each of the unit's all_gathers in this phase ran over, when they all agree (FSDP2
+    ``reshard_after_forward=N``: N in backward); None when they differ or are not known."""
 
 
 class Prefetch(_Figures, kw_only=True):

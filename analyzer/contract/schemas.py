@@ -275,8 +275,11 @@ host delay, data wait, another collective: analyzer/analyses/straggler.py ``gap_
 "Comms Id" or "order": analyzer/analyses/matchkey.py); pg_seq: the trace's per process group
 sequence number (-1 unknown), comms_id: its Comms Id ("" unknown)."""
 PREFETCH_SCHEMA = _columns("rank step phase:s unit:s prefetched:b issued_ns comm_start_ns finished_ns "
-                           "need_ns comm_ns hidden_ns hidden_frac:f slack_ns labels:s")
-"""One row per FSDP unit all_gather per rank (analyzer/analyses/prefetch.py)."""
+                           "need_ns comm_ns hidden_ns hidden_frac:f slack_ns labels:s ahead_units "
+                           "group_size")
+"""One row per FSDP unit all_gather per rank (analyzer/analyses/prefetch.py); ahead_units and
+group_size (issue 45: how many units ahead it was issued, the ranks it gathered over) are <NA>
+where not known."""
 TIMELINE_SCHEMA = _columns("lane:s kind:s start_ns end_ns")
 """Merged compute and per-kind comm intervals of one step (breakdown.timeline_rows)."""
 NO_VALUE = -(2**63)

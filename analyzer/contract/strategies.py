@@ -20,6 +20,8 @@ Role = Literal["shard", "replicate", "tensor", "stage"]
 
 FSDP_OPTIONS = ("sharding_strategy", "wrap_min_params", "backward_prefetch", "forward_prefetch",
                 "reshard_after_forward")
+FSDP2_OPTIONS = ("fsdp2_prefetch", "reshard_after_forward_size")
+"""FSDP2's explicit prefetch depth and partial resharding (issue 45; FSDP1 has neither)."""
 DDP_OPTIONS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
 DDP_DEFAULT_BUCKET = "default"
 """The manifest's ``strategy_options.bucket_cap_mb`` (and a declared arm's setting) of a ddp run
@@ -94,11 +96,13 @@ TABLE: dict[str, StrategySpec] = {s.name: s for s in (
          ("skip-grad-sync", *COMMON_FAULTS, "hang"), "#4e79a7", in_all=True),
     _row("fsdp", "fsdp1", {"world": "shard"}, FSDP_OPTIONS, COMMON_FAULTS, "#f28e2b",
          in_all=True),
-    _row("fsdp2", "fsdp2", {"world": "shard"}, FSDP_OPTIONS, COMMON_FAULTS, "#59a14f",
-         in_all=True),
-    _row("hsdp", "fsdp2", {"replicate": "replicate", "shard": "shard"}, FSDP_OPTIONS + ("mesh",),
+    _row("fsdp2", "fsdp2", {"world": "shard"}, FSDP_OPTIONS + FSDP2_OPTIONS + ("float8",),
+         COMMON_FAULTS, "#59a14f", in_all=True),
+    _row("hsdp", "fsdp2", {"replicate": "replicate", "shard": "shard"},
+         FSDP_OPTIONS + FSDP2_OPTIONS + ("float8", "mesh"),
          (*COMMON_FAULTS, "skip-replicate-sync"), "#e15759"),
-    _row("fsdp2_tp", "fsdp2", {"dp": "shard", "tp": "tensor"}, FSDP_OPTIONS + ("tp",),
+    _row("fsdp2_tp", "fsdp2", {"dp": "shard", "tp": "tensor"},
+         FSDP_OPTIONS + FSDP2_OPTIONS + ("async_tp", "tp"),
          (*COMMON_FAULTS, "wrong-tp-placement"), "#76b7b2"),
     _row("pp", "fsdp2", {"dp": "shard", "pp": "stage"}, PP_OPTIONS,
          (*COMMON_FAULTS, "skip-microbatch"), "#edc948"),

@@ -85,3 +85,34 @@ def mixed_precision_tolerance(dtypes: list[str], world_size: int) -> Tolerance:
         f"2 (W - 1) u for the order of a {dtype} reduction of W = {world_size} partial sums, which "
         "the baseline rounds per rank's rows as the ranks do (u = unit roundoff), or "
         f"torch.testing.assert_close's {dtype} default when larger"))
+
+
+# Float8 training (``--float8``, issue 45: torchao ``convert_to_float8_training``, tensorwise
+# dynamic scaling). The baseline trains the same float8 model (tracer/gpuonly.py), so what is
+# left is where the two runs *cast* differently: a tensorwise cast scales by the tensor's amax,
+# and a rank's activations and output gradients are its batch shard, the baseline's the global
+# batch, so their scales differ and an element rounds to a different float8 value (the weights
+# are all-gathered in high precision and cast whole: the same amax, the same cast). Each cast of
+# a normal value errs by at most u |v| (u = unit roundoff: float8_e4m3fn 2^-4, 3 mantissa bits;
+# float8_e5m2 2^-3, 2 bits), independently in the two runs, so a float8 matmul's element differs
+# by at most 2 (u_a + u_b) times the sum of its products' magnitudes: forward (inputs e4m3,
+# weights alike) 2 u4; input gradient (output gradient e5m2) 2 u5; weight gradient (output
+# gradient e5m2 x input e4m3) 2 (u5 + u4) = 0.375, the largest, taken as rtol (of max |r|, the
+# max-norm form; values below float8's smallest normal err by less than that in absolute terms).
+# A first-order bound, loose by construction: it passes a float8 run whose differences are
+# rounding and still fails a wrong gradient scale or a missing reduction (100 % or more).
+# Measured with torchao 0.18's float8 emulation on CPU (the same casts; reference model, 2-4
+# shards of an 8-row batch, hidden 64-256): gradients differ by 0.11-0.14 of max |r|,
+# activations by 0.03-0.07 (2-8 layers).
+FLOAT8_UNIT_ROUNDOFF = {"float8_e4m3fn": 2.0 ** -4, "float8_e5m2": 2.0 ** -3}
+
+
+def float8_tolerance() -> Tolerance:
+    """The parity tolerance of a ``--float8`` record against its float8 baseline: rtol
+    2 (u_e5m2 + u_e4m3) = 0.375 (the comment above), atol torch's bf16 default."""
+    u = FLOAT8_UNIT_ROUNDOFF
+    rtol = 2 * (u["float8_e5m2"] + u["float8_e4m3fn"])
+    return Tolerance(rtol=rtol, atol=TOLERANCES["bf16"].atol, precision="float8 tensorwise", source=(
+        "2 (u_e5m2 + u_e4m3) for a float8 weight-gradient matmul whose operands the ranks and the "
+        "float8 baseline scale by different amaxes (a batch shard's against the global batch's; "
+        "u = unit roundoff), torch.testing.assert_close's bf16 atol"))
