@@ -293,15 +293,22 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
             raise too_large(path, f"{len(raw):,} bytes of JSON", cap, len(raw))
         return raw
     try:
-        try:
-            return _gunzip(raw, path, cap, INFLATE)
-        except _INFLATE_ERROR:
-            if INFLATE is zlib:
-                raise
-            return _gunzip(raw, path, cap, zlib)  # zlib's words for it, as before
+        return _gunzip(raw, path, cap, INFLATE)
     except (EOFError, zlib.error) as exc:
-        raise BadInput(path, "truncated", f"truncated or corrupt gzip ({exc})",
-                       "copy the trace again or re-record it") from None
+        raise _corrupt(path, exc) from None
+    except _INFLATE_ERROR:
+        pass  # ISA-L's error is left behind: its class cannot be pickled (igzip_lib.IsalError)
+    try:  # zlib's words for it, as the refusal has always said
+        return _gunzip(raw, path, cap, zlib)
+    except (EOFError, zlib.error) as exc:
+        raise _corrupt(path, exc) from None
+
+
+def _corrupt(path: Path | str, exc: Exception) -> BadInput:
+    """The refusal of a gzip stream that is cut short or corrupt (``exc``: zlib's error, or
+    ``_gunzip``'s ``EOFError``)."""
+    return BadInput(path, "truncated", f"truncated or corrupt gzip ({exc})",
+                    "copy the trace again or re-record it")
 
 
 _FIRST_IN_BYTES = 1 << 10

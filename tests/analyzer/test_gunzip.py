@@ -8,6 +8,7 @@ copy per member was x16."""
 from __future__ import annotations
 
 import gzip
+import pickle
 import struct
 import time
 import zlib
@@ -104,3 +105,18 @@ def test_a_forged_trailer_under_the_cap_is_refused_as_zlib_refuses_it(monkeypatc
     assert fast[0][1] == ("t.json.gz: truncated or corrupt gzip (Error -3 while decompressing "
                           "data: incorrect length check); copy the trace again or re-record it")
     assert "incorrect data check" in fast[1][1]
+
+
+def test_the_refusal_of_corrupt_gzip_pickles_with_its_whole_chain():
+    # a worker's BadInput crosses to the parent pickled; with tblib's pickling support (which
+    # dask.distributed installs on import) its __context__ chain is pickled too, and ISA-L's
+    # error class (igzip_lib.IsalError) cannot be: none may be left in the chain
+    raw = b"\x1f\x8b\x09" + gzip.compress(TRACE)[3:]
+    with pytest.raises(BadInput) as exc:
+        decode.decompress(raw, "t.json.gz", max_bytes=1 << 20)
+    chain, e = [], exc.value
+    while e is not None:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:
+        assert pickle.loads(pickle.dumps(e)).args == e.args, type(e)
