@@ -214,10 +214,9 @@ JSON, and decoding holds the gzip bytes, the JSON, the decoded events and their 
 once: measured peaks of dense events are ~9x the JSON (200 MB: 1.76 GB RSS; issue 43 R7's
 550 MB: 5.4 GB). A trace that still runs out of memory is one line naming the file
 (``ranktables.out_of_memory``)."""
-_CHUNK_BYTES = 4 << 20
-"""The most output one inflate call makes (``_gunzip``). ISA-L inflated a 40 MB trace in ~31 ms
-in 4 MiB chunks, ~46 ms in 16 MiB ones (each fresh chunk's pages faulted in, then copied into
-the result); zlib took the same either way (issue 46)."""
+_CHUNK_BYTES = 16 << 20
+"""The most output one inflate call of the chunked loop makes (``_gunzip``). 4 and 8 MiB
+chunks were no faster with ISA-L, and slower with zlib (issue 46)."""
 
 
 def cpu_count() -> int:
@@ -260,7 +259,7 @@ def too_large(path: Path | str, what: str, cap: int, size: int = 0) -> BadInput:
                     f"if the trace is genuine, raise the limit, e.g. {MAX_TRACE_ENV}={admit}")
 
 
-try:  # ISA-L's inflate: zlib's streaming API at ~2x its speed (issue 46: 40 MB, 24 vs 54 ms)
+try:  # ISA-L's inflate: zlib's API at ~2x its speed (issue 46: 40 MB, ~29 vs ~57 ms)
     from isal import isal_zlib as INFLATE
 
     _INFLATE_ERROR: type[Exception] = INFLATE.error
@@ -270,7 +269,8 @@ except ImportError:  # a platform without an isal wheel: the standard library's
 """The inflate module ``_gunzip`` uses: ``isal.isal_zlib`` (python-isal, bindings to Intel's
 ISA-L) where it imports, else ``zlib``. Both give the ``decompressobj(wbits=31)`` API whose
 ``max_length`` bounds each call's output, so the gzip-bomb cap is enforced as the bytes are
-produced: the gzip trailer's size (ISIZE, the size mod 2^32, forgeable) is never trusted.
+produced (or, for a file whose deflate bound is within the cap, ``DEFLATE_MAX_RATIO``, cannot
+pass it): the gzip trailer's size (ISIZE, the size mod 2^32, forgeable) is never trusted.
 libdeflate (``deflate``) was as fast here, but its one-shot API needs the output size up
 front: from ISIZE (a liar's or wrapped value) or the cap (an allocation of up to 8 GiB).
 ISA-L checks the trailer's CRC-32 and size as zlib does; its errors are said in zlib's words
@@ -285,7 +285,8 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
     in time linear in the file whatever their number (``_gunzip``).
     The chunks go into one growing buffer that becomes the result without a copy
     (``io.BytesIO.getvalue``), so the JSON is held once, not as chunks and their join.
-    Inflated by ``INFLATE`` (ISA-L where installed, else zlib).
+    Inflated by ``INFLATE`` (ISA-L where installed, else zlib); a file too small to reach the
+    cap even at deflate's largest ratio has its first member inflated in one call.
     Raises ``BadInput``: ``truncated`` (corrupt or cut short), ``too_large`` (over the cap)."""
     cap = max_trace_bytes() if max_bytes is None else max_bytes
     if raw[:2] != b"\x1f\x8b":
@@ -317,11 +318,19 @@ the last, up to ``_MAX_IN_BYTES``. zlib copies what follows a member's end into
 ``unused_data`` (and what it had no room to inflate into ``unconsumed_tail``): fed the whole
 rest of the file, a file of many small members cost the rest of the file per member, quadratic
 (160k members: 18 s). Pieces that grow from small cost at most twice a member's own bytes."""
-_MAX_IN_BYTES = 1 << 20
+_MAX_IN_BYTES = 4 << 20
 """The largest piece of compressed input fed at once: at most a quarter of a ``_CHUNK_BYTES``
-of output is copied as a tail per chunk (a bomb's ~1000:1 too). With 16 MiB chunks, 1 MiB
-pieces cost zlib ~15 % more CPU on a 190 MB trace than 4 MiB ones; with 4 MiB chunks, 1 MiB
-pieces cost the same as 4 MiB ones did (issue 46, a 40 MB trace and a 512 MiB bomb)."""
+of output is copied as a tail per chunk (a bomb's ~1000:1 too). 1 MiB pieces cost ~15 % more
+CPU on a 190 MB trace than whole-file input; 4 MiB pieces cost the same."""
+
+
+DEFLATE_MAX_RATIO = 1032
+"""The most bytes one byte of a deflate stream inflates to (zlib's technical details, "the
+limit is 1032:1": a 258-byte match in two bits). A gzip file of ``n`` bytes gunzips to less
+than ``n`` x this; when that is within the cap, ``_gunzip`` inflates its first member in one
+call, without the chunks that bound a bomb's output, and returns that buffer itself:
+~26 ms instead of ~40 for a 40 MB trace with ISA-L (the copy into the growing buffer and the
+chunks' fresh pages); zlib gains less (issue 46, bench/bench_ingest_read.py)."""
 
 
 def _gunzip(raw: bytes, path: Path | str, cap: int, inflate: Any = zlib) -> bytes:
@@ -333,6 +342,18 @@ def _gunzip(raw: bytes, path: Path | str, cap: int, inflate: Any = zlib) -> byte
     size = 0
     view = memoryview(raw).toreadonly()
     pos, end = 0, len(view)
+    if end * DEFLATE_MAX_RATIO <= cap:  # no output can pass the cap: the first member at once
+        d = inflate.decompressobj(wbits=31)
+        first = d.decompress(view)
+        if not d.eof:
+            raise EOFError("compressed file ended before the end-of-stream marker")
+        if len(first) > cap:  # not for a valid deflate stream (``DEFLATE_MAX_RATIO``)
+            raise too_large(path, "the gunzipped trace", cap)
+        rest = d.unused_data
+        if not rest.strip(b"\x00"):
+            return first  # one member (and zero padding): no copy into the buffer
+        out.write(first)
+        size, pos = len(first), end - len(rest)
     while pos < end:
         if view[pos] == 0 and not raw[pos:].strip(b"\x00"):
             break  # zero padding to the end (checked once: anything else fails in zlib)
