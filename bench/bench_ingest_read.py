@@ -6,10 +6,9 @@ Builds one large rank (the first DLRM corpus rank tiled ``--k`` times, bench/til
 writes it) in ``--dir`` (reused when there), then, interleaved ``--reps`` times, the fastest
 CPU time of each:
 
-- gunzip: ``decode.decompress`` as shipped (``decode.INFLATE``: ISA-L where installed; the
-  file's first member in one call when 1032 x its size is within the cap, the default case),
-  the same on zlib (the fallback), both under a cap that forces the chunked loop (a file over
-  cap / 1032: ~6 MB of gzip at a 6 GiB cap), the loop as it shipped before issue 46, ``zlib.decompress`` and
+- gunzip, at this machine's default cap: ``decode.decompress`` as shipped (``decode.INFLATE``:
+  ISA-L where installed), the same on zlib (the fallback: the chunked loop that shipped before
+  issue 46), ``zlib.decompress`` and
   libdeflate's one-shot ``deflate.gzip_decompress`` when installed (not used: the issue's
   docs say why); ratios against the zlib loop;
 - key: what a cold parse and a cache hit spend on recognising the trace: SHA-256 of the plain
@@ -80,25 +79,11 @@ def main() -> None:
     data, raw = plain.read_bytes(), gz.read_bytes()
     print(f"trace: {len(data) / 1e6:.1f} MB of JSON, {len(raw) / 1e6:.2f} MB gzipped; "
           f"decode.INFLATE = {decode.INFLATE.__name__}; load average {os.getloadavg()[0]:.2f}")
-    zloop = "decompress, zlib (the fallback)"
-
-    def old_loop() -> None:
-        chunk, piece, ratio = decode._CHUNK_BYTES, decode._MAX_IN_BYTES, decode.DEFLATE_MAX_RATIO
-        decode._CHUNK_BYTES, decode._MAX_IN_BYTES = 16 << 20, 4 << 20
-        decode.DEFLATE_MAX_RATIO = 1 << 62  # never one call: the chunked loop alone
-        try:
-            decode._gunzip(raw, gz, 1 << 40, zlib)
-        finally:
-            decode._CHUNK_BYTES, decode._MAX_IN_BYTES, decode.DEFLATE_MAX_RATIO = chunk, piece, ratio
-
-    chunked = len(raw) * decode.DEFLATE_MAX_RATIO - 1  # a cap that rules out the one call
+    zloop = "decompress on zlib (the fallback; as before issue 46)"
+    cap = decode.max_trace_bytes()
     gunzip = {f"decompress as shipped ({decode.INFLATE.__name__})":
-              lambda: decode.decompress(raw, gz, 1 << 40),
-              zloop: lambda: decode._gunzip(raw, gz, 1 << 40, zlib),
-              f"decompress, chunked ({decode.INFLATE.__name__}; a cap under 1032 x the file)":
-              lambda: decode.decompress(raw, gz, chunked),
-              "decompress, chunked (zlib)": lambda: decode._gunzip(raw, gz, chunked, zlib),
-              "decompress loop before issue 46 (zlib, 16 MiB chunks, 4 MiB pieces)": old_loop,
+              lambda: decode.decompress(raw, gz, cap),
+              zloop: lambda: decode._gunzip(raw, gz, cap, zlib),
               "zlib.decompress, one shot": lambda: zlib.decompress(raw, 31)}
     try:
         import deflate

@@ -269,8 +269,7 @@ except ImportError:  # a platform without an isal wheel: the standard library's
 """The inflate module ``_gunzip`` uses: ``isal.isal_zlib`` (python-isal, bindings to Intel's
 ISA-L) where it imports, else ``zlib``. Both give the ``decompressobj(wbits=31)`` API whose
 ``max_length`` bounds each call's output, so the gzip-bomb cap is enforced as the bytes are
-produced (or, for a file whose deflate bound is within the cap, ``DEFLATE_MAX_RATIO``, cannot
-pass it): the gzip trailer's size (ISIZE, the size mod 2^32, forgeable) is never trusted.
+produced: the gzip trailer's size (ISIZE, the size mod 2^32, forgeable) is never trusted.
 libdeflate (``deflate``) was as fast here, but its one-shot API needs the output size up
 front: from ISIZE (a liar's or wrapped value) or the cap (an allocation of up to 8 GiB).
 ISA-L checks the trailer's CRC-32 and size as zlib does; its errors are said in zlib's words
@@ -285,8 +284,7 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
     in time linear in the file whatever their number (``_gunzip``).
     The chunks go into one growing buffer that becomes the result without a copy
     (``io.BytesIO.getvalue``), so the JSON is held once, not as chunks and their join.
-    Inflated by ``INFLATE`` (ISA-L where installed, else zlib); a file too small to reach the
-    cap even at deflate's largest ratio has its first member inflated in one call.
+    Inflated by ``INFLATE`` (ISA-L where installed, else zlib: ``_gunzip``).
     Raises ``BadInput``: ``truncated`` (corrupt or cut short), ``too_large`` (over the cap)."""
     cap = max_trace_bytes() if max_bytes is None else max_bytes
     if raw[:2] != b"\x1f\x8b":
@@ -324,31 +322,29 @@ of output is copied as a tail per chunk (a bomb's ~1000:1 too). 1 MiB pieces cos
 CPU on a 190 MB trace than whole-file input; 4 MiB pieces cost the same."""
 
 
-DEFLATE_MAX_RATIO = 1032
-"""The most bytes one byte of a deflate stream inflates to (zlib's technical details, "the
-limit is 1032:1": a 258-byte match in two bits). A gzip file of ``n`` bytes gunzips to less
-than ``n`` x this; when that is within the cap, ``_gunzip`` inflates its first member in one
-call, without the chunks that bound a bomb's output, and returns that buffer itself:
-~26 ms instead of ~40 for a 40 MB trace with ISA-L (the copy into the growing buffer and the
-chunks' fresh pages); zlib gains less (issue 46, bench/bench_ingest_read.py)."""
-
-
 def _gunzip(raw: bytes, path: Path | str, cap: int, inflate: Any = zlib) -> bytes:
     """``raw``'s gzip members inflated one after another into one buffer, at most ``cap`` bytes
     (``too_large`` past it); trailing zero bytes (padding some copies add) are ignored.
     ``inflate``: ``zlib`` or a module of its API (``INFLATE``). Raises ``EOFError`` for a
-    stream cut short, ``inflate.error`` for a corrupt one."""
+    stream cut short, ``inflate.error`` for a corrupt one.
+
+    ISA-L inflates the first member in one call bounded by the cap, and its buffer is the
+    result when no member follows: it grows one buffer, so a 40 MB trace costs ~29 ms, as
+    libdeflate's one shot, against ~44 in chunks (their fresh pages, the copy into ``out``),
+    and a bomb stops at the cap as in chunks (``out`` held up to the cap there too). zlib's
+    buffer is built of blocks joined at the end (CPython's ``_BlocksOutputBuffer``): twice the
+    JSON at the peak in one call, so zlib inflates in chunks (``_CHUNK_BYTES``)."""
     out = io.BytesIO()
     size = 0
     view = memoryview(raw).toreadonly()
     pos, end = 0, len(view)
-    if end * DEFLATE_MAX_RATIO <= cap:  # no output can pass the cap: the first member at once
+    if inflate is not zlib:  # the first member in one call, its buffer returned as is
         d = inflate.decompressobj(wbits=31)
-        first = d.decompress(view)
-        if not d.eof:
-            raise EOFError("compressed file ended before the end-of-stream marker")
-        if len(first) > cap:  # not for a valid deflate stream (``DEFLATE_MAX_RATIO``)
+        first = d.decompress(view, cap + 1)
+        if len(first) > cap:
             raise too_large(path, "the gunzipped trace", cap)
+        if not d.eof:  # under the cap, yet not ended: the input ran out
+            raise EOFError("compressed file ended before the end-of-stream marker")
         rest = d.unused_data
         if not rest.strip(b"\x00"):
             return first  # one member (and zero padding): no copy into the buffer
