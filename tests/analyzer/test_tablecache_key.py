@@ -132,3 +132,17 @@ def test_stat_sig_of_a_fifo_does_not_block(tmp_path):
     fifo = tmp_path / "t.json"
     os.mkfifo(fifo)
     assert tablecache.stat_sig(fifo)[-1] == ""  # no probe read from a FIFO, no hang
+
+
+def test_a_cache_of_the_signature_without_probe_is_hashed_once_then_hits(tmp_path):
+    # a cache an older analyzer wrote (size, times, inode, device only): its signature never
+    # equals the new one, so the trace is hashed, the key agrees and the signature is rewritten
+    p = _write(tmp_path / "t.json.gz", 20)
+    rank_tables(p)
+    cpath = tablecache.tables_cache_path(p)
+    blob = tablecache.load_cache_blob(cpath)
+    blob["stat"] = blob["stat"][:5]
+    tablecache.dump_cache_blob(cpath, blob)
+    assert tablecache.read_tables(cpath, tablecache.stat_sig(p), None) is None
+    assert rank_tables(p).cache_hit
+    assert tablecache.load_cache_blob(cpath)["stat"] == tablecache.stat_sig(p)
