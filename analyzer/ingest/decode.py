@@ -271,7 +271,8 @@ ISA-L) where it imports, else ``zlib``. Both give the ``decompressobj(wbits=31)`
 ``max_length`` bounds each call's output, so the gzip-bomb cap is enforced as the bytes are
 produced: the gzip trailer's size (ISIZE, the size mod 2^32, forgeable) is never trusted.
 libdeflate (``deflate``) was as fast here, but its one-shot API needs the output size up
-front: from ISIZE (a liar's or wrapped value) or the cap (an allocation of up to 8 GiB).
+front, from ISIZE (a liar's or wrapped value) or the cap (an allocation of up to 8 GiB), and
+deflate 0.9.0's ``gzip_decompress`` returns the first of several members without a word.
 ISA-L checks the trailer's CRC-32 and size as zlib does; its errors are said in zlib's words
 (``decompress`` runs zlib on a file ISA-L refuses)."""
 
