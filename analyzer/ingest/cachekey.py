@@ -2,7 +2,9 @@
 the whole report (reports/cache.py).
 
 A cached result is valid when the key stored with it equals ``cache_key(content, modules)``: a
-BLAKE2b hash of ``content`` (what the result was computed from: a trace's SHA-256, or the
+BLAKE2b hash of ``content`` (what the result was computed from: the SHA-256 of a trace's bytes
+as stored, its gzip bytes for a .json.gz, matched first on its stat and the hash of its ends
+as analyzer/ingest/tablecache.py ``stat_sig`` says; or the
 report's options and the stat signatures of its input files, ``input_signature``, a walk
 that follows links where the ingest does), of the source of every module in
 ``modules`` (the code that computes the result) and of the installed versions of the libraries

@@ -215,6 +215,8 @@ once: measured peaks of dense events are ~9x the JSON (200 MB: 1.76 GB RSS; issu
 550 MB: 5.4 GB). A trace that still runs out of memory is one line naming the file
 (``ranktables.out_of_memory``)."""
 _CHUNK_BYTES = 16 << 20
+"""The most output one inflate call of the chunked loop makes (``_gunzip``). 4 and 8 MiB
+chunks were no faster with ISA-L, and slower with zlib (issue 46)."""
 
 
 def cpu_count() -> int:
@@ -257,6 +259,24 @@ def too_large(path: Path | str, what: str, cap: int, size: int = 0) -> BadInput:
                     f"if the trace is genuine, raise the limit, e.g. {MAX_TRACE_ENV}={admit}")
 
 
+try:  # ISA-L's inflate: zlib's API at ~2x its speed (issue 46: 40 MB, ~29 vs ~57 ms)
+    from isal import isal_zlib as INFLATE
+
+    _INFLATE_ERROR: type[Exception] = INFLATE.error
+except ImportError:  # a platform without an isal wheel: the standard library's
+    INFLATE = zlib
+    _INFLATE_ERROR = zlib.error
+"""The inflate module ``_gunzip`` uses: ``isal.isal_zlib`` (python-isal, bindings to Intel's
+ISA-L) where it imports, else ``zlib``. Both give the ``decompressobj(wbits=31)`` API whose
+``max_length`` bounds each call's output, so the gzip-bomb cap is enforced as the bytes are
+produced: the gzip trailer's size (ISIZE, the size mod 2^32, forgeable) is never trusted.
+libdeflate (``deflate``) was as fast here, but its one-shot API needs the output size up
+front, from ISIZE (a liar's or wrapped value) or the cap (an allocation of up to 8 GiB), and
+deflate 0.9.0's ``gzip_decompress`` returns the first of several members without a word.
+ISA-L checks the trailer's CRC-32 and size as zlib does; its errors are said in zlib's words
+(``decompress`` runs zlib on a file ISA-L refuses)."""
+
+
 def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> bytes:
     """Gunzip ``raw`` when it is gzip, else return it, streaming in chunks so that no more than
     ``max_bytes`` (default ``max_trace_bytes()``) are ever produced: a small file that expands
@@ -265,6 +285,7 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
     in time linear in the file whatever their number (``_gunzip``).
     The chunks go into one growing buffer that becomes the result without a copy
     (``io.BytesIO.getvalue``), so the JSON is held once, not as chunks and their join.
+    Inflated by ``INFLATE`` (ISA-L where installed, else zlib: ``_gunzip``).
     Raises ``BadInput``: ``truncated`` (corrupt or cut short), ``too_large`` (over the cap)."""
     cap = max_trace_bytes() if max_bytes is None else max_bytes
     if raw[:2] != b"\x1f\x8b":
@@ -272,10 +293,22 @@ def decompress(raw: bytes, path: Path | str, max_bytes: int | None = None) -> by
             raise too_large(path, f"{len(raw):,} bytes of JSON", cap, len(raw))
         return raw
     try:
-        return _gunzip(raw, path, cap)
+        return _gunzip(raw, path, cap, INFLATE)
     except (EOFError, zlib.error) as exc:
-        raise BadInput(path, "truncated", f"truncated or corrupt gzip ({exc})",
-                       "copy the trace again or re-record it") from None
+        raise _corrupt(path, exc) from None
+    except _INFLATE_ERROR:
+        pass  # ISA-L's error is left behind: its class cannot be pickled (igzip_lib.IsalError)
+    try:  # zlib's words for it, as the refusal has always said
+        return _gunzip(raw, path, cap, zlib)
+    except (EOFError, zlib.error) as exc:
+        raise _corrupt(path, exc) from None
+
+
+def _corrupt(path: Path | str, exc: Exception) -> BadInput:
+    """The refusal of a gzip stream that is cut short or corrupt (``exc``: zlib's error, or
+    ``_gunzip``'s ``EOFError``)."""
+    return BadInput(path, "truncated", f"truncated or corrupt gzip ({exc})",
+                    "copy the trace again or re-record it")
 
 
 _FIRST_IN_BYTES = 1 << 10
@@ -290,18 +323,38 @@ of output is copied as a tail per chunk (a bomb's ~1000:1 too). 1 MiB pieces cos
 CPU on a 190 MB trace than whole-file input; 4 MiB pieces cost the same."""
 
 
-def _gunzip(raw: bytes, path: Path | str, cap: int) -> bytes:
+def _gunzip(raw: bytes, path: Path | str, cap: int, inflate: Any = zlib) -> bytes:
     """``raw``'s gzip members inflated one after another into one buffer, at most ``cap`` bytes
-    (``too_large`` past it); trailing zero bytes (padding some copies add) are ignored. Raises
-    ``EOFError`` / ``zlib.error`` for a stream cut short or corrupt."""
+    (``too_large`` past it); trailing zero bytes (padding some copies add) are ignored.
+    ``inflate``: ``zlib`` or a module of its API (``INFLATE``). Raises ``EOFError`` for a
+    stream cut short, ``inflate.error`` for a corrupt one.
+
+    ISA-L inflates the first member in one call bounded by the cap, and its buffer is the
+    result when no member follows: it grows one buffer, so a 40 MB trace costs ~29 ms, as
+    libdeflate's one shot, against ~44 in chunks (their fresh pages, the copy into ``out``),
+    and a bomb stops at the cap as in chunks (``out`` held up to the cap there too). zlib's
+    buffer is built of blocks joined at the end (CPython's ``_BlocksOutputBuffer``): twice the
+    JSON at the peak in one call, so zlib inflates in chunks (``_CHUNK_BYTES``)."""
     out = io.BytesIO()
     size = 0
     view = memoryview(raw).toreadonly()
     pos, end = 0, len(view)
+    if inflate is not zlib:  # the first member in one call, its buffer returned as is
+        d = inflate.decompressobj(wbits=31)
+        first = d.decompress(view, cap + 1)
+        if len(first) > cap:
+            raise too_large(path, "the gunzipped trace", cap)
+        if not d.eof:  # under the cap, yet not ended: the input ran out
+            raise EOFError("compressed file ended before the end-of-stream marker")
+        rest = d.unused_data
+        if not rest.strip(b"\x00"):
+            return first  # one member (and zero padding): no copy into the buffer
+        out.write(first)
+        size, pos = len(first), end - len(rest)
     while pos < end:
         if view[pos] == 0 and not raw[pos:].strip(b"\x00"):
             break  # zero padding to the end (checked once: anything else fails in zlib)
-        d = zlib.decompressobj(wbits=31)  # one gzip member
+        d = inflate.decompressobj(wbits=31)  # one gzip member
         piece = _FIRST_IN_BYTES
         while not d.eof:
             if pos >= end:

@@ -7,7 +7,9 @@ used only when the HMAC verifies (a planted, copied or edited cache is recompute
 equals ``cache_key(<SHA-256 of the trace>, CODE_MODULES)`` (any edit of the trace, of the code
 that makes the tables or of its libraries is a miss) and its tables are on their schemas and
 invariants (``table_invariant``). As git's index does, a cache whose recorded stat signature of
-the trace equals the file's is trusted without hashing the file again. Writes are atomic and
+the trace (``stat_sig``: size, mtime, ctime, inode, device and a hash of its first and last
+64 KiB) equals the file's is trusted without hashing the whole file again; a trace whose
+signature changed is hashed (SHA-256 of its bytes as stored: the gzip bytes of a .json.gz). Writes are atomic and
 trim the folder to its cap (``cachekey.trim``; a hit touches its file); a cache that cannot be
 read or written is skipped with a log line, never an error. A ``<trace>.tables.msgpack`` beside
 a trace (an older version's) is never read nor removed.
@@ -19,6 +21,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -72,13 +75,40 @@ def tables_cache_path(trace: Path) -> Path:
     return cache_dir() / "tables" / f"{name}.tables.msgpack"
 
 
-def stat_sig(path: Path) -> list[int]:
-    """Size, mtime, ctime, inode and device of ``path``. The ctime is there because the mtime
-    can be set back (``cp -p``, ``touch -d``, ``os.utime``) after an edit that keeps the size;
-    the kernel sets the ctime on every write and no user call sets it back. Raises
+def stat_sig(path: Path) -> list[int | str]:
+    """Size, mtime, ctime, inode and device of ``path``, then its ``probe``: what a cache hit
+    is matched on without reading the trace (docs/caches.md "What a hit is keyed on"). The
+    ctime is there because the mtime can be set back (``cp -p``, ``touch -d``, ``os.utime``)
+    after an edit that keeps the size; the kernel sets the ctime on every write and no user
+    call sets it back. The probe is there for what the times miss: an edit within their
+    granularity after the cache was written, a file system with no change time. Raises
     ``OSError``."""
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        head = probe(fd, st.st_size) if stat.S_ISREG(st.st_mode) else ""
+    finally:
+        os.close(fd)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, head]
+
+
+PROBE_BYTES = 64 << 10
+"""Bytes read at each end of a trace for its ``probe``."""
+
+
+def probe(fd: int, size_bytes: int) -> str:
+    """BLAKE2b (32 hex digits) of the first and the last ``PROBE_BYTES`` of the open file
+    ``fd`` of ``size_bytes`` (all of it when smaller). A gzip trace ends with its last
+    member's trailer, the CRC-32 of that member's JSON (RFC 1952): for a one-member
+    ``.json.gz`` (what the profiler and the tracer write) the probe changes with any byte of
+    the JSON, at the cost of two reads (measured in bench/bench_ingest_read.py). Raises
+    ``OSError``."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(os.pread(fd, PROBE_BYTES, 0))
+    tail_at = max(PROBE_BYTES, size_bytes - PROBE_BYTES)
+    if tail_at < size_bytes:
+        h.update(os.pread(fd, size_bytes - tail_at, tail_at))
+    return h.hexdigest()
 
 
 def ipc(name: str, df) -> bytes:
@@ -183,11 +213,13 @@ def table_invariant(name: str, table: pa.Table) -> str | None:
     return None
 
 
-def read_tables(cpath: Path, sig: list[int], sha: str | None) -> dict[str, Any] | None:
+def read_tables(cpath: Path, sig: list[int | str], sha: str | None) -> dict[str, Any] | None:
     """The ``RankTables`` fields (but ``path``) of the cache file ``cpath`` when it is valid:
     signed by this user (``load_cache_blob``), the key of the recorded SHA-256 (``sha`` None:
     the stat signature ``sig`` must equal the recorded one) or of ``sha`` agrees, every table
     on its schema and its invariants (``table_invariant``), the metadata of its types."""
+    if not sig:  # the trace could not be opened: read_trace says why
+        return None
     limit = min(settings.cache_max_bytes(), TABLES_PER_TRACE_BYTE * sig[0] + TABLES_FIXED_BYTES)
     blob = load_cache_blob(cpath, limit)  # a cache of a few KB of trace is not 2 GiB
     if blob is None:
@@ -218,7 +250,7 @@ def read_tables(cpath: Path, sig: list[int], sha: str | None) -> dict[str, Any] 
         return None
 
 
-def write_tables(cpath: Path, sig: list[int], rt) -> None:
+def write_tables(cpath: Path, sig: list[int | str], rt) -> None:
     """Cache ``rt`` (a ``ranktables.RankTables``); a table off its schema
     (``schemas.TABLE_SCHEMAS``) is not cached, logged."""
     try:
