@@ -735,12 +735,15 @@ def _pipeline_bubble(r: _Run) -> Iterator[Finding]:
     if pp.microbatches is not None:
         ev.append(r.ev("microbatches per step", pp.microbatches, "count", "pipeline",
                        "microbatches"))
-    more = (f" (M = {2 * pp.microbatches} gives an ideal of "
-            f"{100 * ideal_bubble_frac(pp.stages, 2 * pp.microbatches):.0f} %)"
-            if pp.microbatches else "")
+    doubled = (ideal_bubble_frac(pp.stages, 2 * pp.microbatches, pp.schedule, pp.virtual_stages)
+               if pp.microbatches else None)
+    more = f" (M = {2 * pp.microbatches} gives an ideal of {100 * doubled:.0f} %)" if doubled is not None else ""
     action = (f"more microbatches per step{more}, or a schedule with a smaller bubble "
               "(torch.distributed.pipelining ScheduleInterleaved1F1B, "
               "ScheduleInterleavedZeroBubble: several stages per rank)")
+    if doubled is not None and doubled >= pp.ideal_bubble_frac:  # zbv: its ideal is 0 at any M
+        action = ("even out the stages' work: the schedule's ideal assumes equal forward, "
+                  "input-backward and weight-backward times on every stage")
     if (busy := _contention(r)) is not None:  # shared CPUs leave stages waiting too
         action = (f"the ranks share the CPUs ({busy[0]}), which leaves stages waiting as "
                   f"well: measure on a quiet machine first; then {action}")
