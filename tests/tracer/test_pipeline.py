@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -139,8 +140,14 @@ def test_skip_microbatch_canary_fails_at_the_first_gradient(pp_canary):
 @pytest.mark.parametrize("args,says", [
     (["--pp", "4", "--layers", "2"], "--pp 4: more stages than --layers 2"),
     (["--pp", "2", "--microbatches", "3", "--batch", "8"], "--microbatches 3: must divide the batch of each pipeline 4"),
-    (["--pp", "2", "--model", "hf:gpt2"], "--model hf:gpt2: --strategy pp splits only the reference model"),
+    (["--pp", "2", "--model", "hf:gpt2"], "--model hf:gpt2: --strategy pp needs a stage-split hook "
+                                           "(ModelSpec.pp_split) and hf: models have none"),
     (["--pp", "2", "--activation-checkpointing"], "--activation-checkpointing: not recorded with --strategy pp"),
+    (["--pp", "2", "--precision", "bf16"], "--precision bf16: not recorded with --strategy pp (autocast"),
+    (["--pp", "2", "--pp-schedule", "interleaved-1f1b", "--layers", "3"],
+     "--pp 2: 2 x --pp-virtual 2 = 4 stages, more than --layers 3"),
+    (["--pp", "2", "--model", f"{REPO}/tests/tracer/specs/pp_chain.py:build_skip"],
+     "the chain of the 2 stages' modules does not give model(inputs)"),
 ])
 def test_pp_refuses_bad_shapes_in_one_line(tmp_path, args, says):
     proc, _ = run_tracer(["--strategy", "pp", "--nproc", "4", "--out", str(tmp_path)] + args, tmp_path)
@@ -211,3 +218,154 @@ def test_pp_bytes_per_mesh_dimension_and_bubble(pp_1f1b, tmp_path):
     pairs = {(p["src_stage"], p["dst_stage"]): p for p in pipe["pairs"]}
     assert set(pairs) == {(0, 1), (1, 0)}
     assert all(p["peer_source"] == "peer" for p in pairs.values())
+
+
+# --- schedules with several stages per rank (issue 45) -------------------------------------
+
+V_TINY = ["--nproc", "4", "--pp", "4", "--layers", "8", "--hidden", "8", "--seq", "2", "--batch", "8",
+          "--microbatches", "4", "--active", "1"]
+
+
+@pytest.fixture(scope="module")
+def pp_interleaved(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pp-il")
+    proc, _ = run_tracer(["--strategy", "pp", "--name", "il", "--out", str(out), "--pp-schedule",
+                          "interleaved-1f1b", "--pp-virtual", "2"] + V_TINY, cwd=out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "il"
+
+
+@pytest.fixture(scope="module")
+def pp_zbv(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pp-zbv")
+    proc, _ = run_tracer(["--strategy", "pp", "--name", "zbv", "--out", str(out), "--pp-schedule", "zbv"]
+                         + V_TINY, cwd=out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "zbv"
+
+
+@pytest.mark.record
+@pytest.mark.parametrize("which,cls,stage_ids", [
+    ("pp_interleaved", "ScheduleInterleaved1F1B", [[0, 4], [1, 5], [2, 6], [3, 7]]),
+    ("pp_zbv", "ScheduleZBVZeroBubble", [[0, 7], [1, 6], [2, 5], [3, 4]])])
+def test_multi_stage_schedules_record_8_stages_on_4_ranks_and_pass_parity(request, which, cls, stage_ids):
+    run_dir = request.getfixturevalue(which)
+    m = schemas.read_manifest(run_dir / schemas.MANIFEST_NAME)
+    assert (m.mesh.pp_schedule_class, m.mesh.pp_stage_ids, m.mesh.microbatches) == (cls, stage_ids, 4)
+    assert m.mesh.pp_stages == [[f"layers.{i}" for i in ids] for ids in stage_ids]
+    assert m.strategy_options["pp_virtual"] == 2
+    verdict = parity.check_run(run_dir, m)
+    assert verdict.status == "pass", verdict
+    # every parameter's gradient compared once, on the rank whose stage owns it
+    df = pd.read_parquet(run_dir / "numerics.parquet")
+    grads = df[(df["kind"] == "grad") & (df["step"] == 0) & (df["metric"] == "numel")]
+    owned = grads[grads["value"] > 0].groupby("tensor")["rank"].agg(list)
+    assert owned["layers.7.attn.weight"] == [3 if which == "pp_interleaved" else 0]
+    assert owned["layers.4.mlp.0.weight"] == [0 if which == "pp_interleaved" else 3]
+
+
+@pytest.mark.record
+def test_report_gives_the_schedules_ideal_bubble_beside_the_measured(pp_interleaved, tmp_path):
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "analyzer", "report", str(pp_interleaved), "--format",
+                           "json,md", "--out", str(out)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = json.loads((out / "report.json").read_text())["runs"]
+    pipe = run["pipeline"]
+    assert (pipe["schedule_class"], pipe["virtual_stages"]) == ("ScheduleInterleaved1F1B", 2)
+    assert pipe["ideal_bubble_frac"] == pytest.approx(3 / (2 * 4 + 3))  # (P-1)/(VM+P-1)
+    assert all(s["bubble_frac"] is not None for s in pipe["per_stage"])
+    assert ("il: 8 stages (2 per rank on 4 ranks) x 4 microbatches, schedule interleaved-1f1b, dp 1; "
+            "ideal bubble 27.3 % ((P - 1) / (V M + P - 1)") in (out / "report.md").read_text()
+
+
+@pytest.mark.record
+def test_own_model_pipelines_through_its_stage_split_hook(tmp_path):
+    """tests/tracer/specs/pp_chain.py: embed, 4 blocks, head over 2 ranks x 2 stages, FSDP2 over
+    dp 2: each stage's shapes come from the chain (8 -> 16 -> 4 features)."""
+    proc, _ = run_tracer(["--strategy", "pp", "--name", "chain", "--out", str(tmp_path), "--nproc", "4",
+                          "--pp", "2", "--pp-schedule", "looped-bfs", "--model",
+                          "tests/tracer/specs/pp_chain.py:build", "--batch", "8", "--microbatches", "2",
+                          "--active", "1"], cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = schemas.read_manifest(tmp_path / "chain" / schemas.MANIFEST_NAME)
+    assert m.mesh.pp_stages == [["embed", "blocks.0", "blocks.2"], ["blocks.1", "blocks.3", "head"]]
+    assert parity.check_run(tmp_path / "chain", m).status == "pass"
+
+
+def test_stage_placement_is_torchs_loop_or_v():
+    from tracer.pipeline import stage_placement
+
+    assert stage_placement(4, 2, "interleaved-1f1b") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert stage_placement(2, 3, "looped-bfs") == [[0, 2, 4], [1, 3, 5]]
+    assert stage_placement(4, 2, "zbv") == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert stage_placement(2, 1, "1f1b") == [[0], [1]]
+
+
+def test_split_module_list_puts_first_and_last_modules_on_the_end_stages():
+    from torch import nn
+
+    from tracer.modelspec import split_module_list
+
+    model = nn.Module()
+    model.blocks = nn.ModuleList(nn.Linear(2, 2) for _ in range(5))
+    split = split_module_list("blocks", first=("embed",), last=("norm", "head"))
+    assert split(model, 2) == [["embed", "blocks.0", "blocks.1"], ["blocks.2", "blocks.3", "blocks.4", "norm", "head"]]
+    assert split_module_list("blocks")(model, 5)[4] == ["blocks.4"]
+    with pytest.raises(ValueError, match="6 pipeline stages over 5 blocks"):
+        split(model, 6)
+
+
+def test_a_split_that_misses_or_ties_a_parameter_is_refused():
+    import torch
+    from torch import nn
+
+    from tracer.modelspec import ModelSpec
+    from tracer.pipeline import check_split, split_stages
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2))
+
+    def spec(split):
+        return ModelSpec(model=model, make_batch=None, loss=None, pp_split=lambda m, n: split)
+
+    with pytest.raises(ValueError, match="parameter 2.weight is under no stage's modules"):
+        split_stages(spec([["0"], ["1"]]), 2)
+    with pytest.raises(ValueError, match="must return 2 non-empty lists"):
+        split_stages(spec([["0", "1", "2"], []]), 2)
+    with pytest.raises(ValueError, match="'3' is not a submodule"):
+        split_stages(spec([["0"], ["1", "2", "3"]]), 2)
+    model[2] = model[0]  # tied: one module in two stages
+    with pytest.raises(ValueError, match="also in stage 0"):
+        split_stages(spec([["0"], ["1", "2"]]), 2)
+    with pytest.raises(ValueError, match="no stage-split hook"):
+        split_stages(ModelSpec(model=model, make_batch=None, loss=None), 2)
+    with pytest.raises(ValueError, match="does not give model"):  # it runs 0, 1, 0; the chain 0, 1
+        check_split(spec([["0"], ["1"]]), 2, torch.ones(3, 2))
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    check_split(spec([["0"], ["1"]]), 2, torch.ones(3, 2))
+
+
+@pytest.mark.parametrize("options,said", [
+    (dict(pp_schedule="1f1b", pp_virtual=2), "--pp-virtual 2: 1f1b runs one stage per rank"),
+    (dict(pp_schedule="zbv", pp_virtual=3, layers=6), "--pp-virtual 3: zbv needs exactly 2 stages per rank"),
+    (dict(pp_schedule="dualpipev", microbatches=4, layers=8, pp=4),
+     "--microbatches 4: dualpipev needs at least as many microbatches as stages (8"),
+    (dict(pp_schedule="interleaved-1f1b", microbatches=6, pp=4, layers=8, batch=12, nproc=4),
+     "--microbatches 6: interleaved-1f1b needs a multiple of its rounds max(1, M // P) = 1"),
+])
+def test_schedule_and_virtual_stages_that_torch_refuses_are_one_line(options, said):
+    from tracer.config import RecordConfig
+
+    kw = dict(strategy="pp", nproc=4, batch=8, layers=4) | options
+    if "rounds max(1, M // P) = 1" in said:  # M 6 over P 4 is 1 round: torch takes it
+        RecordConfig(**kw)
+        return
+    with pytest.raises(ValueError, match="^" + re.escape(said)):
+        RecordConfig(**kw)
+
+
+def test_multi_stage_schedules_default_to_2_stages_per_rank():
+    from tracer.config import RecordConfig
+
+    assert RecordConfig(strategy="pp", nproc=4, batch=8, layers=4, pp_schedule="looped-bfs").pp_virtual_stages == 2
+    assert RecordConfig(strategy="pp", nproc=4, batch=8, layers=4).pp_virtual_stages == 1
