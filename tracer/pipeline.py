@@ -5,12 +5,25 @@ row-major (analyzer/contract/schemas.py ``Mesh``): global rank r is stage ``r % 
 (dp index) ``r // P``; a pipeline's stages are consecutive ranks (the ``mesh_pp`` group), the
 ranks of one stage the ``mesh_dp`` group. CPU gloo and CUDA NCCL alike.
 
-Split rule (reference model only; ``ModelSpec`` has no stage-split hook, so the config refuses
-``--model`` other than reference for pp): stage s owns the contiguous layers
-``[s*L // P, (s+1)*L // P)`` (``stage_layers``; every stage gets at least one since P <= L).
-The stage module is the full ``SimpleTransformer`` with the other stages' layers replaced by
-``nn.Identity`` (they hold no parameters), so an owned parameter keeps its full-model FQN
-(``layers.1.attn.weight``) and the numerics rows line up with the baseline by name.
+Split rule: the model is cut into n = P x V stages (``--pp-virtual`` V stages per rank) by its
+``ModelSpec.pp_split(model, n)`` (``split_stages``): per stage, the submodule FQNs it runs in
+order; the reference model's is ``split_module_list("layers")``, stage s owning the contiguous
+layers ``[s*L // n, (s+1)*L // n)`` (``stage_layers``; every stage gets one since n <= L).
+Stages go to pp ranks by torch's placement (``stage_placement``: stage s on rank s % P, or a V
+for zbv / dualpipev). A rank's module is the full model with the other ranks' stage modules
+replaced by ``nn.Identity`` (they hold no parameters), so an owned parameter keeps its
+full-model FQN (``layers.1.attn.weight``) and the numerics rows line up with the baseline by
+name; each of its stages runs a ``StageChain`` of its modules (the reference model with one
+stage per rank runs the whole structure, as before issue 45). ``mesh.pp_stages`` lists per pp
+rank the modules of all its stages, ``mesh.pp_stage_ids`` their global indices.
+
+Schedules (``SCHEDULES``): gpipe, 1f1b (one stage per rank), interleaved-1f1b, looped-bfs,
+interleaved-zb (V >= 1 stages per rank, looped), zbv, dualpipev (V = 2, a V); torch's rules on
+V and M are refused by tracer/config.py before anything runs. Whatever the schedule, each stage
+sees every microbatch once forward and once backward (the zero-bubble ones split the backward
+into input and weight parts, which sum into the same ``.grad``), so the gradient rule below
+holds for all of them; the rank holding stage 0 feeds the inputs and the rank holding the last
+stage (pp rank P - 1, or 0 for a V) the targets.
 
 FSDP2 (dp > 1): ``fully_shard(layer, mesh=mesh["dp"])`` on each owned layer, then on the stage
 module, with ``reshard_after_forward=False`` as torchtitan does under PP (its
