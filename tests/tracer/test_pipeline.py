@@ -369,3 +369,25 @@ def test_multi_stage_schedules_default_to_2_stages_per_rank():
 
     assert RecordConfig(strategy="pp", nproc=4, batch=8, layers=4, pp_schedule="looped-bfs").pp_virtual_stages == 2
     assert RecordConfig(strategy="pp", nproc=4, batch=8, layers=4).pp_virtual_stages == 1
+
+
+def test_a_sweep_over_schedules_names_the_stages_per_rank_each_ran():
+    from tracer.arms import expand_arms
+    from tracer.cli import arm_parser
+    from tracer.config import _DEFAULTS
+
+    def _expand(sweeps, strategy, **given):
+        parse, kinds = arm_parser()
+        common = {k: v for k, v in _DEFAULTS.items() if k not in ("strategy", "name")} | given
+        return expand_arms([], sweeps, strategy=strategy, common=common, given=list(given),
+                           parse=parse, option_kinds=kinds)
+
+    configs = _expand(sweeps=["pp-schedule=1f1b,interleaved-1f1b,zbv"], strategy="pp", nproc=4, pp=2,
+                      layers=4, batch=8)
+    assert {c.arm: json.loads(c.arm_settings) for c in configs} == {
+        "pp-schedule=1f1b": {"pp_schedule": "1f1b", "pp_virtual": 1},
+        "pp-schedule=interleaved-1f1b": {"pp_schedule": "interleaved-1f1b", "pp_virtual": 2},
+        "pp-schedule=zbv": {"pp_schedule": "zbv", "pp_virtual": 2}}
+    grid = _expand(sweeps=["pp-virtual=1,2"], strategy="pp", nproc=4, pp=2, layers=4, batch=8,
+                   pp_schedule="looped-bfs")
+    assert [c.pp_virtual_stages for c in grid] == [1, 2]
