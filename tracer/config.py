@@ -436,10 +436,7 @@ class RecordConfig:
                  "the baseline emulates it per rank's rows, not per microbatch"),
                 ("activation-checkpointing", self.activation_checkpointing or None,
                  "its recomputation inside the schedule's backward would re-run the step-0 "
-                 "activation hooks"),
-                ("precision", None if self.precision == "fp32" else self.precision,
-                 "autocast around the schedule's step would also cover its backward, unlike the "
-                 "baseline's")):
+                 "activation hooks")):
             if value is True:  # a flag: named without a value the user never typed
                 raise ValueError(f"--{option}: not recorded with --strategy pp ({why}); drop it for pp")
             if value is not None:

@@ -25,6 +25,10 @@ into input and weight parts, which sum into the same ``.grad``), so the gradient
 holds for all of them; the rank holding stage 0 feeds the inputs and the rank holding the last
 stage (pp rank P - 1, or 0 for a V) the targets.
 
+Precision: ``--precision bf16`` autocasts each stage's forward (``StageChain``) and each
+microbatch's loss (``precise_loss``) and not the schedule's backward, as the baseline autocasts
+its forward and loss and not its backward (tracer/model.py ``precision_context``).
+
 FSDP2 (dp > 1): ``fully_shard(layer, mesh=mesh["dp"])`` on each owned layer, then on the stage
 module, with ``reshard_after_forward=False`` as torchtitan does under PP (its
 ``reshard_after_forward_policy="default"``: resharding would all_gather once more per
@@ -78,6 +82,8 @@ schedule's step; ``unsynced-init`` perturbs ranks > 0 before wrapping (tracer/fa
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Callable
@@ -89,7 +95,7 @@ from torch import nn
 from analyzer.contract.schemas import GOLDEN_METRICS, Mesh
 from tracer import faults
 from tracer.config import RecordConfig
-from tracer.model import rank_rows
+from tracer.model import precision_context, rank_rows
 from tracer.modelspec import ModelSpec, load_parameters
 from tracer.numerics import ActivationRecorder, NumericsRows, clean_fqn, tensor_metrics
 
@@ -171,26 +177,31 @@ def split_stages(spec: ModelSpec, stages: int) -> list[list[str]]:
 
 class StageChain(nn.Module):
     """One pipeline stage: its ``pp_split`` modules applied in order (the model's own modules,
-    shared with the rank's module, so their parameters keep their full-model FQNs there)."""
+    shared with the rank's module, so their parameters keep their full-model FQNs there),
+    under ``context()`` (``--precision bf16``: autocast around this forward only, as the
+    baseline's around its forward; the schedule's backward runs outside it, as the baseline's)."""
 
-    def __init__(self, parts: list[nn.Module]):
+    def __init__(self, parts: list[nn.Module], context: Callable = contextlib.nullcontext):
         super().__init__()
         self.parts = nn.ModuleList(parts)
+        self.context = context
 
     def forward(self, x):
-        for part in self.parts:
-            x = part(x)
+        with self.context():
+            for part in self.parts:
+                x = part(x)
         return x
 
 
-def chain_shapes(model: nn.Module, split: list[list[str]], x: torch.Tensor
-                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def chain_shapes(model: nn.Module, split: list[list[str]], x: torch.Tensor,
+                 context: Callable = contextlib.nullcontext) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per stage, (input, output) meta tensors of one microbatch ``x`` run through the chain
-    (no grad): shape and dtype as the stage sees them, the input requiring grad on every stage
-    but the first and when floating (``stage_shapes`` says why), the output when floating.
-    Raises ``ValueError`` when a stage's output is not one tensor."""
+    (no grad, under ``context()``: the stages' precision): shape and dtype as the stage sees
+    them, the input requiring grad on every stage but the first and when floating
+    (``stage_shapes`` says why), the output when floating. Raises ``ValueError`` when a
+    stage's output is not one tensor."""
     out, h = [], x
-    with torch.no_grad():
+    with torch.no_grad(), context():
         for k, fqns in enumerate(split):
             inp = h
             for fqn in fqns:
@@ -308,8 +319,8 @@ class PipelineRank:
 def stage_shapes(cfg: RecordConfig, dp: int, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input, output) example tensors of stage ``stage`` (meta device: shapes only) for
     ``PipelineStage(input_args=, output_args=)``: one microbatch of a pipeline's rows,
-    [B / (dp M), seq, h] fp32 in and out (every layer maps [rows, seq, h] to itself; pp records
-    fp32 only, tracer/config.py ``_check_pp_scope``). The input requires grad on every stage but
+    [B / (dp M), seq, h] fp32 in and out (every layer maps [rows, seq, h] to itself; under bf16
+    autocast too, its output being a residual sum with the fp32 input). The input requires grad on every stage but
     the first (its gradient is what the stage sends back; torch derives the gradients' shapes
     from these flags, _utils.py ``_derive_grad_metas``: a stage whose input did not require grad
     would send none and its predecessor would wait for one).
@@ -345,6 +356,15 @@ def _stage_class():
             return got
 
     return StaticShapeStage
+
+
+def precise_loss(loss: Callable, context: Callable) -> Callable:
+    """``loss`` under ``context()`` (the baseline computes its loss under autocast too,
+    tracer/baseline.py); ``loss`` itself when the context is fp32's."""
+    def under(out, target):
+        with context():
+            return loss(out, target)
+    return under
 
 
 def microbatch_loss(loss: Callable, fault: str | None, microbatches: int) -> Callable:
@@ -384,11 +404,12 @@ def build_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
     stage, dp_index = rank % p, rank // p
     mine = placement[stage]
     reference = cfg.model == "reference"
-    if reference:  # every layer maps [rows, seq, h] to itself
+    context = functools.partial(precision_context, cfg.precision, device.type)
+    if reference:  # every layer maps [rows, seq, h] fp32 to itself (under autocast too: fp32 sums)
         shapes = {i: stage_shapes(cfg, dp, i) for i in mine}
     else:  # one microbatch of the batch through the chain, before other stages' modules go
         x, _ = spec.make_batch(cfg.batch, cfg.seed)
-        every = chain_shapes(model, split, x[:cfg.batch // dp // cfg.pp_microbatches])
+        every = chain_shapes(model, split, x[:cfg.batch // dp // cfg.pp_microbatches], context)
         shapes = {i: every[i] for i in mine}
     mesh = init_device_mesh(device.type, (dp, p), mesh_dim_names=cfg.row.dims)  # ("dp", "pp")
     owned = set(stages_fqns[stage])
@@ -397,9 +418,10 @@ def build_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
     if cfg.fault == "unsynced-init" and rank > 0:
         faults.perturb_init(model, cfg.seed, rank)
     model.to(device)
-    # one stage of the reference model: the whole structure runs (today's records); else chains
-    chunks = [model] if reference and len(mine) == 1 else [
-        StageChain([model.get_submodule(f) for f in split[i]]) for i in mine]
+    # one fp32 stage of the reference model: the whole structure runs (the records before issue
+    # 45); else chains, which put autocast around each stage's forward only
+    chunks = [model] if reference and len(mine) == 1 and cfg.precision == "fp32" else [
+        StageChain([model.get_submodule(f) for f in split[i]], context) for i in mine]
     if dp > 1:
         for fqn in stages_fqns[stage]:
             fully_shard(model.get_submodule(fqn), mesh=mesh["dp"], reshard_after_forward=False)
@@ -410,7 +432,7 @@ def build_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
     pipe_stages = [stage_cls(chunk, i, n, device, input_args=shapes[i][0], output_args=shapes[i][1],
                              group=pp_group) for chunk, i in zip(chunks, mine)]
     schedule_cls = getattr(torch_schedules, SCHEDULES[schedule_name])
-    loss = microbatch_loss(spec.loss, cfg.fault, cfg.pp_microbatches)
+    loss = microbatch_loss(precise_loss(spec.loss, context), cfg.fault, cfg.pp_microbatches)
     single = issubclass(schedule_cls, torch_schedules.PipelineScheduleSingle)
     schedule = schedule_cls(pipe_stages[0] if single else pipe_stages, cfg.pp_microbatches,
                             loss_fn=loss, scale_grads=True)

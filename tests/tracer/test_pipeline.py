@@ -143,7 +143,6 @@ def test_skip_microbatch_canary_fails_at_the_first_gradient(pp_canary):
     (["--pp", "2", "--model", "hf:gpt2"], "--model hf:gpt2: --strategy pp needs a stage-split hook "
                                            "(ModelSpec.pp_split) and hf: models have none"),
     (["--pp", "2", "--activation-checkpointing"], "--activation-checkpointing: not recorded with --strategy pp"),
-    (["--pp", "2", "--precision", "bf16"], "--precision bf16: not recorded with --strategy pp (autocast"),
     (["--pp", "2", "--pp-schedule", "interleaved-1f1b", "--layers", "3"],
      "--pp 2: 2 x --pp-virtual 2 = 4 stages, more than --layers 3"),
     (["--pp", "2", "--model", f"{REPO}/tests/tracer/specs/pp_chain.py:build_skip"],
@@ -391,3 +390,19 @@ def test_a_sweep_over_schedules_names_the_stages_per_rank_each_ran():
     grid = _expand(sweeps=["pp-virtual=1,2"], strategy="pp", nproc=4, pp=2, layers=4, batch=8,
                    pp_schedule="looped-bfs")
     assert [c.pp_virtual_stages for c in grid] == [1, 2]
+
+
+@pytest.mark.record
+def test_bf16_autocasts_each_stage_forward_and_passes_parity(tmp_path):
+    """--precision bf16 under an interleaved schedule, dp 2 x pp 2 x 2 stages per rank:
+    autocast around each stage's forward and the loss, the backward outside it, as the
+    baseline; the bf16 tolerance (analyzer/contract/tolerance.py) holds."""
+    proc, _ = run_tracer(["--strategy", "pp", "--name", "bf", "--out", str(tmp_path), "--nproc", "4",
+                          "--pp", "2", "--pp-schedule", "interleaved-1f1b", "--layers", "4", "--hidden", "16",
+                          "--seq", "4", "--batch", "8", "--microbatches", "2", "--active", "1",
+                          "--precision", "bf16"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = schemas.read_manifest(tmp_path / "bf" / schemas.MANIFEST_NAME)
+    verdict = parity.check_run(tmp_path / "bf", m)
+    assert verdict.status == "pass", verdict
+    assert "rtol 0.016" in _gate(tmp_path / "bf").stdout
