@@ -190,8 +190,9 @@ class RecordConfig:
     """hsdp: ``R,S`` (replicate x shard, R*S = world size); default ``2,W/2``."""
     tp: int | None = _option(None, "fsdp2_tp: tensor-parallel degree (default 2).")
     """fsdp2_tp: tensor-parallel degree T (dp = world / T); default 2."""
-    pp: int | None = _option(None, "pp: pipeline stages (default 2).")
-    """pp: pipeline stages P (dp = world / P, FSDP2 over dp); default 2."""
+    pp: int | None = _option(None, "pp: pipeline ranks P, one stage each or --pp-virtual (default 2).")
+    """pp: pipeline-parallel ranks P (dp = world / P, FSDP2 over dp), each running one stage or
+    ``--pp-virtual`` V; default 2."""
     pp_schedule: str | None = _option(None, "pp: gpipe, 1f1b (default), interleaved-1f1b, looped-bfs, "
                                       "interleaved-zb, zbv, dualpipev.")
     """pp: torch.distributed.pipelining schedule (``PP_SCHEDULES``)."""
