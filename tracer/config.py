@@ -432,16 +432,9 @@ class RecordConfig:
             raise bad("model", self.model, "--strategy pp needs a stage-split hook "
                       "(ModelSpec.pp_split) and hf: models have none; record pp with --model "
                       "reference or your own ModelSpec with pp_split")
-        for option, value, why in (
-                ("mixed-precision", self.mixed_precision,
-                 "the baseline emulates it per rank's rows, not per microbatch"),
-                ("activation-checkpointing", self.activation_checkpointing or None,
-                 "its recomputation inside the schedule's backward would re-run the step-0 "
-                 "activation hooks")):
-            if value is True:  # a flag: named without a value the user never typed
-                raise ValueError(f"--{option}: not recorded with --strategy pp ({why}); drop it for pp")
-            if value is not None:
-                raise bad(option, value, f"not recorded with --strategy pp ({why}); drop it for pp")
+        if self.mixed_precision is not None:
+            raise bad("mixed-precision", self.mixed_precision, "not recorded with --strategy pp "
+                      "(the baseline emulates it per rank's rows, not per microbatch); drop it for pp")
 
     def _check_training_options(self, bad) -> None:
         """--mixed-precision, DDP's options and options a strategy does not take."""

@@ -28,6 +28,8 @@ stage (pp rank P - 1, or 0 for a V) the targets.
 Precision: ``--precision bf16`` autocasts each stage's forward (``StageChain``) and each
 microbatch's loss (``precise_loss``) and not the schedule's backward, as the baseline autocasts
 its forward and loss and not its backward (tracer/model.py ``precision_context``).
+``--activation-checkpointing`` wraps each of the rank's stage modules (tracer/training.py
+``apply_checkpointing``) before FSDP2; ``ForwardRecorder`` keeps the forward calls only.
 
 FSDP2 (dp > 1): ``fully_shard(layer, mesh=mesh["dp"])`` on each owned layer, then on the stage
 module, with ``reshard_after_forward=False`` as torchtitan does under PP (its
@@ -418,9 +420,14 @@ def build_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
     if cfg.fault == "unsynced-init" and rank > 0:
         faults.perturb_init(model, cfg.seed, rank)
     model.to(device)
+    if cfg.activation_checkpointing:  # each stage module, before FSDP2 (as torchtitan orders them)
+        from tracer.training import apply_checkpointing
+
+        apply_checkpointing(model, stages_fqns[stage])
     # one fp32 stage of the reference model: the whole structure runs (the records before issue
     # 45); else chains, which put autocast around each stage's forward only
-    chunks = [model] if reference and len(mine) == 1 and cfg.precision == "fp32" else [
+    chunks = [model] if reference and len(mine) == 1 and cfg.precision == "fp32" and \
+        not cfg.activation_checkpointing else [
         StageChain([model.get_submodule(f) for f in split[i]], context) for i in mine]
     if dp > 1:
         for fqn in stages_fqns[stage]:
@@ -442,6 +449,22 @@ def build_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
                         param_numels={f: t.numel() for f, t in named}, placement=placement), num_params
 
 
+class ForwardRecorder(ActivationRecorder):
+    """``ActivationRecorder`` that skips the calls made inside autograd's backward: under
+    ``--activation-checkpointing`` a checkpointed module's forward runs again there (the
+    non-reentrant recomputation, interleaved with the schedule's next forwards), and only the
+    M forward calls are the microbatches' activations. torch's ``_current_graph_task_id()`` is
+    -1 outside a backward pass (torch/csrc/autograd/python_engine.cpp)."""
+
+    def _hook(self, name: str):
+        keep = super()._hook(name)
+
+        def hook(module, inputs, output):
+            if torch._C._current_graph_task_id() == -1:
+                keep(module, inputs, output)
+        return hook
+
+
 class PipelineStep:
     """tracer/loop.py ``Step`` of a pipeline rank: one schedule step ("pipeline"), whose
     saved tensors all count (module docstring, memory). Step-0 rows for every baseline tensor
@@ -458,7 +481,7 @@ class PipelineStep:
         """This stage's layers; the last M calls, the schedule's M microbatches (given its
         static shapes, ``stage_shapes``, the stage runs no shape-inference forward before
         them)."""
-        return ActivationRecorder(self.pipe.module, calls=slice(-self.microbatches, None), within=self.pipe.owned)
+        return ForwardRecorder(self.pipe.module, calls=slice(-self.microbatches, None), within=self.pipe.owned)
 
     def forward_backward(self, x, y, step, saved) -> list[torch.Tensor]:
         """Stage 0 feeds ``x``, the last stage ``y``; the last stage's microbatch losses."""

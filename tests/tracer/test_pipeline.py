@@ -142,7 +142,8 @@ def test_skip_microbatch_canary_fails_at_the_first_gradient(pp_canary):
     (["--pp", "2", "--microbatches", "3", "--batch", "8"], "--microbatches 3: must divide the batch of each pipeline 4"),
     (["--pp", "2", "--model", "hf:gpt2"], "--model hf:gpt2: --strategy pp needs a stage-split hook "
                                            "(ModelSpec.pp_split) and hf: models have none"),
-    (["--pp", "2", "--activation-checkpointing"], "--activation-checkpointing: not recorded with --strategy pp"),
+    (["--pp", "2", "--mixed-precision", "bf16,fp32,fp32"],
+     "--mixed-precision bf16,fp32,fp32: not recorded with --strategy pp (the baseline emulates it"),
     (["--pp", "2", "--pp-schedule", "interleaved-1f1b", "--layers", "3"],
      "--pp 2: 2 x --pp-virtual 2 = 4 stages, more than --layers 3"),
     (["--pp", "2", "--model", f"{REPO}/tests/tracer/specs/pp_chain.py:build_skip"],
@@ -406,3 +407,47 @@ def test_bf16_autocasts_each_stage_forward_and_passes_parity(tmp_path):
     verdict = parity.check_run(tmp_path / "bf", m)
     assert verdict.status == "pass", verdict
     assert "rtol 0.016" in _gate(tmp_path / "bf").stdout
+
+
+def test_forward_recorder_skips_the_recomputation_inside_backward():
+    """A checkpointed module runs its forward again inside backward (non-reentrant
+    recomputation); the pipeline's recorder keeps only the M forward calls."""
+    import torch
+    from torch import nn
+
+    from tracer.numerics import ActivationRecorder
+    from tracer.pipeline import ForwardRecorder
+    from tracer.training import apply_checkpointing
+
+    model = nn.Sequential(nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 3)), nn.Linear(3, 1))
+    apply_checkpointing(model, ["0"])
+    xs = [torch.randn(2, 3), torch.randn(2, 3)]
+    with ForwardRecorder(model, calls=slice(-2, None)) as fwd, ActivationRecorder(model, calls=slice(-2, None)) as every:
+        outs = [model(x) for x in xs]
+        (outs[0].sum() + outs[1].sum()).backward()
+    # the recomputation stops once it has rebuilt what backward saved (torch's early stop), so
+    # the unit's inner modules finish their forward again, and their hooks fire again
+    assert len(fwd.outputs["0.0"]) == 2 and len(every.outputs["0.0"]) == 4
+    with torch.no_grad():
+        want = torch.cat([model[0][0](x) for x in xs])
+    assert torch.equal(fwd.output("0.0"), want)
+
+
+@pytest.mark.record
+def test_activation_checkpointing_recomputes_inside_the_schedule_and_passes_parity(tmp_path):
+    """--activation-checkpointing on each stage's layers, interleaved 1F1B (2 stages per rank):
+    each layer's forward runs twice per microbatch (the trace's layer_norm calls double) and
+    parity holds at fp32's tolerance."""
+    common = ["--strategy", "pp", "--out", str(tmp_path), "--nproc", "2", "--pp", "2", "--pp-schedule",
+              "interleaved-1f1b", "--layers", "4", "--hidden", "8", "--seq", "2", "--batch", "4",
+              "--microbatches", "2", "--active", "1"]
+    for name, extra in (("ac", ["--activation-checkpointing"]), ("plain", [])):
+        proc, _ = run_tracer(common + ["--name", name] + extra, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    m = schemas.read_manifest(tmp_path / "ac" / schemas.MANIFEST_NAME)
+    assert parity.check_run(tmp_path / "ac", m).status == "pass"
+
+    def layer_norms(run):
+        with gzip.open(tmp_path / run / "rank0.trace.json.gz") as f:
+            return sum(e.get("name") == "aten::layer_norm" for e in json.load(f)["traceEvents"])
+    assert layer_norms("ac") == 2 * layer_norms("plain") > 0
