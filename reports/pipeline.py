@@ -28,7 +28,9 @@ def head_line(run: RunEntry) -> str:
     (M + P - 1) ...: its source)``."""
     p = run.pipeline
     mb = "? microbatches" if p.microbatches is None else f"{p.microbatches} microbatches"
-    return (f"{run.name}: {p.stages} stages x {mb}, schedule {p.schedule or 'unknown'}, dp "
+    v = p.virtual_stages
+    stages = f"{p.stages} stages" if v == 1 else f"{p.stages * v} stages ({v} per rank on {p.stages} ranks)"
+    return (f"{run.name}: {stages} x {mb}, schedule {p.schedule or 'unknown'}, dp "
             f"{p.dp}; ideal bubble {fmt.pct(p.ideal_bubble_frac)} ({p.ideal_source})")
 
 

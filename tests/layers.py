@@ -37,7 +37,7 @@ MARKS = {
 
 RECORD_FIXTURES = {"fp32_all", "golden_root", "gloo_runs", "adamw_all", "mixed_bf16", "clean",
                    "pp_1f1b", "pp_gpipe", "pp_canary", "golden_run", "records", "clean_root",
-                   "canary_roots", "ddp_default_fault_run", "check"}
+                   "canary_roots", "ddp_default_fault_run", "check", "pp_interleaved", "pp_zbv"}
 """The fixtures that record (or return what a record fixture made): a test that uses one must
 carry the ``record`` mark. A fixture that starts a record while it is set up and is not named
 here fails the test that set it up."""

@@ -3,8 +3,8 @@
 
 
 def __getattr__(name: str):
-    if name == "ModelSpec":
-        from tracer.modelspec import ModelSpec
+    if name in ("ModelSpec", "split_module_list"):
+        from tracer import modelspec
 
-        return ModelSpec
+        return getattr(modelspec, name)
     raise AttributeError(f"module 'tracer' has no attribute {name!r}")

@@ -287,6 +287,7 @@ def setting_value(cfg: RecordConfig, field: str) -> Any:
                 "tp": lambda: cfg.tp_degree, "pp": lambda: cfg.pp_degree,
                 "microbatches": lambda: cfg.pp_microbatches,
                 "pp_schedule": lambda: cfg.resolved_pp_schedule,
+                "pp_virtual": lambda: cfg.pp_virtual_stages,
                 "nproc": lambda: cfg.world_size}
     return resolved[field]() if field in resolved else getattr(cfg, field)
 

@@ -294,8 +294,8 @@ def _check_before_start(configs: list, under_torchrun: bool) -> None:
         from tracer.speccheck import check_spec_isolated
 
         same = [c for c in configs if c.model == model_name]
-        # a tensor-parallel strategy first: it needs more of the spec (its tp_plan)
-        check_spec_isolated(next((c for c in same if c.row.dim_of("tensor")),
+        # a tensor-parallel or pipelined strategy first: it needs more of the spec (tp_plan, pp_split)
+        check_spec_isolated(next((c for c in same if c.row.dim_of("tensor") or c.row.dim_of("stage")),
                                  max(same, key=lambda c: c.world_size)))
     if under_torchrun:  # rank 0 takes the lock when it clears the run dir (worker.run_rank)
         from tracer.rundir import check_run_dir, check_writable

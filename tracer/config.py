@@ -26,8 +26,17 @@ DEFAULT_LR = {"sgd": 0.1, "adamw": 1e-3}
 MP_DTYPES = ("fp32", "bf16", "fp16")
 """Dtype names of ``--mixed-precision PARAM,REDUCE,BUFFER``."""
 
-PP_SCHEDULES = ("gpipe", "1f1b")
-"""``--pp-schedule``: torch.distributed.pipelining ScheduleGPipe / Schedule1F1B."""
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev")
+"""``--pp-schedule``: torch.distributed.pipelining ScheduleGPipe, Schedule1F1B (one stage per
+rank), ScheduleInterleaved1F1B, ScheduleLoopedBFS, ScheduleInterleavedZeroBubble (``--pp-virtual``
+V >= 1 stages per rank, looped placement) and ScheduleZBVZeroBubble, ScheduleDualPipeV (exactly
+2 stages per rank, V placement); tracer/pipeline.py ``SCHEDULES``. All seven run on gloo / CPU
+in torch 2.13."""
+PP_MULTI_STAGE = ("interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev")
+"""Schedules that take several stages per rank (torch's ``PipelineScheduleMulti``)."""
+PP_V_SHAPE = ("zbv", "dualpipev")
+"""Schedules that need exactly 2 stages per rank, placed as a V (schedules.py
+``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV``: "requires exactly 2 stages per rank")."""
 MAX_REPEAT = 100
 """Largest ``--repeat``: far above what a decision needs (docs/howto/noisy-machine.md)."""
 _EXPERIMENT_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -215,9 +224,17 @@ class RecordConfig:
     """hsdp: ``R,S`` (replicate x shard, R*S = world size); default ``2,W/2``."""
     tp: int | None = _option(None, "fsdp2_tp: tensor-parallel degree (default 2).")
     """fsdp2_tp: tensor-parallel degree T (dp = world / T); default 2."""
-    pp: int | None = _option(None, "pp: pipeline stages (default 2).")
-    """pp: pipeline stages P (dp = world / P, FSDP2 over dp); default 2."""
-    pp_schedule: str | None = _option(None, "pp: gpipe or 1f1b (default).")
+    pp: int | None = _option(None, "pp: pipeline ranks P, one stage each or --pp-virtual (default 2).")
+    """pp: pipeline-parallel ranks P (dp = world / P, FSDP2 over dp), each running one stage or
+    ``--pp-virtual`` V; default 2."""
+    pp_schedule: str | None = _option(None, "pp: gpipe, 1f1b (default), interleaved-1f1b, looped-bfs, "
+                                      "interleaved-zb, zbv, dualpipev.")
+    """pp: torch.distributed.pipelining schedule (``PP_SCHEDULES``)."""
+    pp_virtual: int | None = _option(None, "pp: stages per rank V (multi-stage schedules; default 2): "
+                                     "the model is cut into P x V stages.")
+    """pp: virtual stages per rank V; the model is cut into P x V stages (tracer/pipeline.py
+    ``stage_placement``). 1 for gpipe / 1f1b, exactly 2 for zbv / dualpipev; default 1 for the
+    single-stage schedules, 2 for the others."""
     microbatches: int | None = _option(None, "pp: microbatches per step (default 2 x stages).")
     """pp: microbatches per step M; must divide the per-pipeline batch (batch / dp); default 2P."""
     out: str = _option("traces", "Output root; run dirs are OUT/NAME.")
@@ -449,7 +466,7 @@ class RecordConfig:
                 raise bad("mesh", self.mesh_text, "a dimension of 1 is not HSDP (R = 1 is fsdp2, "
                           "S = 1 replicates whole parameters like ddp); pass R, S >= 2 each "
                           "(at least 4 ranks)")
-        for option in ("tp", "pp", "microbatches"):
+        for option in ("tp", "pp", "microbatches", "pp_virtual"):
             value = getattr(self, option)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise bad(option, value, "must be a positive integer")
@@ -470,35 +487,49 @@ class RecordConfig:
             p = self.pp_degree
             if p < 2 or self.world_size % p:
                 raise bad("pp", p, f"must be >= 2 and divide the world size {self.world_size}")
-            if self.model == "reference" and p > self.layers:
-                raise bad("pp", p, f"more stages than --layers {self.layers}: each stage needs a layer")
+            self._check_pp_virtual(bad)
+            v = self.pp_virtual_stages
+            if self.model == "reference" and p * v > self.layers:
+                what = "more stages" if v == 1 else f"{p} x --pp-virtual {v} = {p * v} stages, more"
+                raise bad("pp", p, f"{what} than --layers {self.layers}: each stage needs a layer")
             m, per_pipeline = self.pp_microbatches, self.batch // self.dp_size
             if self.batch % self.dp_size == 0 and per_pipeline % m:
                 raise bad("microbatches", m, f"must divide the batch of each pipeline "
                           f"{per_pipeline} (--batch {self.batch} / dp {self.dp_size})")
-            if self.resolved_pp_schedule == "1f1b" and m < p:
+            schedule = self.resolved_pp_schedule
+            if schedule == "1f1b" and m < p:
                 raise bad("microbatches", m, f"1f1b needs at least one microbatch per stage "
                           f"({p}); pass --microbatches >= {p} or --pp-schedule gpipe")
+            rounds = max(1, m // p)  # schedules.py ScheduleInterleaved1F1B / ...ZeroBubble
+            if schedule in ("interleaved-1f1b", "interleaved-zb") and m % rounds:
+                raise bad("microbatches", m, f"{schedule} needs a multiple of its rounds "
+                          f"max(1, M // P) = {rounds} (torch's rule); pass a multiple of {p}")
+            if schedule == "dualpipev" and m < p * v:
+                raise bad("microbatches", m, f"dualpipev needs at least as many microbatches as "
+                          f"stages ({p * v}, torch's rule); pass --microbatches >= {p * v}")
             self._check_pp_scope(bad)
+
+    def _check_pp_virtual(self, bad) -> None:
+        """--pp-virtual against the schedule: 1 for the single-stage ones, 2 for the V ones."""
+        v, schedule = self.pp_virtual, self.resolved_pp_schedule
+        if v is None:
+            return
+        if schedule not in PP_MULTI_STAGE and v != 1:
+            raise bad("pp-virtual", v, f"{schedule} runs one stage per rank; pass a multi-stage "
+                      f"--pp-schedule ({', '.join(PP_MULTI_STAGE)})")
+        if schedule in PP_V_SHAPE and v != 2:
+            raise bad("pp-virtual", v, f"{schedule} needs exactly 2 stages per rank (torch's "
+                      "rule); pass --pp-virtual 2")
 
     def _check_pp_scope(self, bad) -> None:
         """What ``--strategy pp`` does not record (yet), refused in one line saying why."""
-        if self.model != "reference":
-            raise bad("model", self.model, "--strategy pp splits only the reference model into "
-                      "stages (ModelSpec has no stage-split hook); record pp with --model reference")
-        for option, value, why in (
-                ("mixed-precision", self.mixed_precision,
-                 "the baseline emulates it per rank's rows, not per microbatch"),
-                ("activation-checkpointing", self.activation_checkpointing or None,
-                 "its recomputation inside the schedule's backward would re-run the step-0 "
-                 "activation hooks"),
-                ("precision", None if self.precision == "fp32" else self.precision,
-                 "autocast around the schedule's step would also cover its backward, unlike the "
-                 "baseline's")):
-            if value is True:  # a flag: named without a value the user never typed
-                raise ValueError(f"--{option}: not recorded with --strategy pp ({why}); drop it for pp")
-            if value is not None:
-                raise bad(option, value, f"not recorded with --strategy pp ({why}); drop it for pp")
+        if self.model.startswith("hf:"):  # another --model: its pp_split is checked with the spec
+            raise bad("model", self.model, "--strategy pp needs a stage-split hook "
+                      "(ModelSpec.pp_split) and hf: models have none; record pp with --model "
+                      "reference or your own ModelSpec with pp_split")
+        if self.mixed_precision is not None:
+            raise bad("mixed-precision", self.mixed_precision, "not recorded with --strategy pp "
+                      "(the baseline emulates it per rank's rows, not per microbatch); drop it for pp")
 
     def _check_training_options(self, bad) -> None:
         """--mixed-precision, DDP's options and options a strategy does not take."""
@@ -599,6 +630,13 @@ class RecordConfig:
         return self.pp_schedule or "1f1b"
 
     @property
+    def pp_virtual_stages(self) -> int:
+        """``--pp-virtual`` or its default: 2 for a multi-stage schedule, else 1."""
+        if self.pp_virtual is not None:
+            return self.pp_virtual
+        return 2 if self.resolved_pp_schedule in PP_MULTI_STAGE else 1
+
+    @property
     def dp_size(self) -> int:
         """Ranks that split the global batch: the world, over T (fsdp2_tp) or P (pp); hsdp's
         replicate and shard dimensions both split it."""
@@ -663,6 +701,8 @@ class RecordConfig:
         if "pp" in taken:
             out.update(pp=self.pp_degree, pp_schedule=self.resolved_pp_schedule,
                        microbatches=self.pp_microbatches)
+            if self.pp_virtual_stages != 1:  # runs before it had none: their options stay as they were
+                out["pp_virtual"] = self.pp_virtual_stages
         if "bucket_cap_mb" in taken:
             out.update(bucket_cap_mb=bucket_setting(self.bucket_cap_mb),
                        gradient_as_bucket_view=self.gradient_as_bucket_view,

@@ -14,7 +14,7 @@ from torch import nn
 
 from tracer.specform import SpecError  # defined without torch (tracer/specform.py)
 
-__all__ = ["ModelSpec", "SpecError", "load_parameters", "buffer_names"]
+__all__ = ["ModelSpec", "SpecError", "load_parameters", "buffer_names", "split_module_list"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -77,6 +77,24 @@ class ModelSpec:
     (tracer/hf.py ``built_config``). None: the spec names none (the parameter count,
     ``model.num_params``, is recorded either way)."""
 
+    pp_split: Callable[[nn.Module, int], list[list[str]]] | None = None
+    """The stage-split hook of ``--strategy pp``: ``pp_split(model, n) -> n lists of submodule
+    FQNs``, stage k's modules in forward order. The model must be a chain along them: stage 0's
+    modules applied in order to the batch's inputs, each next module to the previous one's
+    output (a single tensor), the last stage's output is what ``loss`` takes, and the whole
+    chain gives ``model(inputs)`` (``tracer record`` checks it on rank 0's rows before any
+    worker starts, with every other rule here). Every parameter lies under exactly one stage's
+    modules (tied parameters across stages are refused). ``n`` = P x V (``--pp`` x
+    ``--pp-virtual``); stage k runs on pp rank k % P (looped schedules) or as a V (zbv,
+    dualpipev; tracer/pipeline.py ``stage_placement``). None: ``--strategy pp`` is refused.
+    The reference model's: ``split_module_list("layers")``. Example (a GPT whose forward is
+    ``head(norm(blocks(embed(ids))))``)::
+
+        from tracer import split_module_list
+
+        pp_split = split_module_list("blocks", first=("embed",), last=("norm", "head"))
+    """
+
     def __post_init__(self) -> None:
         """Raises ``ValueError`` for a ``config`` the manifest cannot hold (not a dict of JSON
         values): refused when the factory returns, not when a rank writes its manifest."""
@@ -89,6 +107,24 @@ class ModelSpec:
         if not isinstance(self.config, dict):
             raise ValueError(f"ModelSpec.config is a {type(self.config).__name__}, not a dict")
 
+
+def split_module_list(attr: str, first: tuple[str, ...] = (), last: tuple[str, ...] = ()
+                      ) -> Callable[[nn.Module, int], list[list[str]]]:
+    """A ``ModelSpec.pp_split`` for a model whose forward is ``first`` modules, then the blocks
+    of ``model.<attr>`` (an ``nn.ModuleList`` / ``nn.Sequential``) in order, then ``last``:
+    stage k of n gets the contiguous blocks ``[k*L // n, (k+1)*L // n)`` (L blocks), stage 0
+    the ``first`` modules before its blocks, stage n-1 the ``last`` after its blocks. The split
+    raises ``ValueError`` when n < 1 or n > L (a stage with no block)."""
+
+    def split(model: nn.Module, n: int) -> list[list[str]]:
+        blocks = len(model.get_submodule(attr))
+        if not 0 < n <= blocks:
+            raise ValueError(f"{n} pipeline stages over {blocks} blocks of {attr}: need 1 <= stages <= blocks")
+        out = [[f"{attr}.{i}" for i in range(k * blocks // n, (k + 1) * blocks // n)] for k in range(n)]
+        out[0][:0] = list(first)
+        out[-1].extend(last)
+        return out
+    return split
 
 
 def load_parameters(model: nn.Module, tensors: dict[str, torch.Tensor], prefix: str) -> None:

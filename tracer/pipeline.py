@@ -5,12 +5,31 @@ row-major (analyzer/contract/schemas.py ``Mesh``): global rank r is stage ``r % 
 (dp index) ``r // P``; a pipeline's stages are consecutive ranks (the ``mesh_pp`` group), the
 ranks of one stage the ``mesh_dp`` group. CPU gloo and CUDA NCCL alike.
 
-Split rule (reference model only; ``ModelSpec`` has no stage-split hook, so the config refuses
-``--model`` other than reference for pp): stage s owns the contiguous layers
-``[s*L // P, (s+1)*L // P)`` (``stage_layers``; every stage gets at least one since P <= L).
-The stage module is the full ``SimpleTransformer`` with the other stages' layers replaced by
-``nn.Identity`` (they hold no parameters), so an owned parameter keeps its full-model FQN
-(``layers.1.attn.weight``) and the numerics rows line up with the baseline by name.
+Split rule: the model is cut into n = P x V stages (``--pp-virtual`` V stages per rank) by its
+``ModelSpec.pp_split(model, n)`` (``split_stages``): per stage, the submodule FQNs it runs in
+order; the reference model's is ``split_module_list("layers")``, stage s owning the contiguous
+layers ``[s*L // n, (s+1)*L // n)`` (``stage_layers``; every stage gets one since n <= L).
+Stages go to pp ranks by torch's placement (``stage_placement``: stage s on rank s % P, or a V
+for zbv / dualpipev). A rank's module is the full model with the other ranks' stage modules
+replaced by ``nn.Identity`` (they hold no parameters), so an owned parameter keeps its
+full-model FQN (``layers.1.attn.weight``) and the numerics rows line up with the baseline by
+name; each of its stages runs a ``StageChain`` of its modules (the reference model with one
+stage per rank runs the whole structure, as before issue 45). ``mesh.pp_stages`` lists per pp
+rank the modules of all its stages, ``mesh.pp_stage_ids`` their global indices.
+
+Schedules (``SCHEDULES``): gpipe, 1f1b (one stage per rank), interleaved-1f1b, looped-bfs,
+interleaved-zb (V >= 1 stages per rank, looped), zbv, dualpipev (V = 2, a V); torch's rules on
+V and M are refused by tracer/config.py before anything runs. Whatever the schedule, each stage
+sees every microbatch once forward and once backward (the zero-bubble ones split the backward
+into input and weight parts, which sum into the same ``.grad``), so the gradient rule below
+holds for all of them; the rank holding stage 0 feeds the inputs and the rank holding the last
+stage (pp rank P - 1, or 0 for a V) the targets.
+
+Precision: ``--precision bf16`` autocasts each stage's forward (``StageChain``) and each
+microbatch's loss (``precise_loss``) and not the schedule's backward, as the baseline autocasts
+its forward and loss and not its backward (tracer/model.py ``precision_context``).
+``--activation-checkpointing`` wraps each of the rank's stage modules (tracer/training.py
+``apply_checkpointing``) before FSDP2; ``ForwardRecorder`` keeps the forward calls only.
 
 FSDP2 (dp > 1): ``fully_shard(layer, mesh=mesh["dp"])`` on each owned layer, then on the stage
 module, with ``reshard_after_forward=False`` as torchtitan does under PP (its
@@ -65,6 +84,8 @@ schedule's step; ``unsynced-init`` perturbs ranks > 0 before wrapping (tracer/fa
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Callable
@@ -76,9 +97,18 @@ from torch import nn
 from analyzer.contract.schemas import GOLDEN_METRICS, Mesh
 from tracer import faults
 from tracer.config import RecordConfig
-from tracer.model import rank_rows
+from tracer.model import precision_context, rank_rows
 from tracer.modelspec import ModelSpec, load_parameters
 from tracer.numerics import ActivationRecorder, NumericsRows, clean_fqn, tensor_metrics
+
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+             "interleaved-1f1b": "ScheduleInterleaved1F1B", "looped-bfs": "ScheduleLoopedBFS",
+             "interleaved-zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+             "dualpipev": "ScheduleDualPipeV"}
+"""``--pp-schedule`` -> its class in torch.distributed.pipelining.schedules (torch 2.13). The
+first two take one ``PipelineStage`` (``PipelineScheduleSingle``), the others a list of this
+rank's stages (``PipelineScheduleMulti``); all seven run on gloo / CPU."""
 
 
 def stage_layers(layers: int, stages: int, stage: int) -> range:
@@ -90,8 +120,22 @@ def stage_layers(layers: int, stages: int, stage: int) -> range:
 
 
 def stage_modules(layers: int, stages: int) -> list[list[str]]:
-    """Per stage, the FQNs of the layers it owns (manifest ``mesh.pp_stages``)."""
+    """Per stage, the FQNs of the layers it owns (the reference model's split)."""
     return [[f"layers.{i}" for i in stage_layers(layers, stages, s)] for s in range(stages)]
+
+
+def stage_placement(pp: int, virtual: int, schedule: str) -> list[list[int]]:
+    """Per pp rank (its coordinate on the "pp" dimension), the global stage indices it runs,
+    ascending, for P = ``pp`` ranks x V = ``virtual`` stages each: torch's own rule
+    (_utils.py ``generate_stage_to_rank_mapping``): style "v" for zbv / dualpipev (rank r runs
+    stages r and 2P - 1 - r; the schedules set it themselves), "loop" for the others (stage s
+    on rank s % P)."""
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    from tracer.config import PP_V_SHAPE
+
+    mapping = generate_stage_to_rank_mapping(pp, pp * virtual, style="v" if schedule in PP_V_SHAPE else "loop")
+    return [sorted(s for s, r in mapping.items() if r == rank) for rank in range(pp)]
 
 
 def owner_stage(fqn: str, stages_fqns: list[list[str]]) -> int | None:
@@ -100,6 +144,96 @@ def owner_stage(fqn: str, stages_fqns: list[list[str]]) -> int | None:
         if any(fqn == m or fqn.startswith(m + ".") for m in owned):
             return s
     return None
+
+
+def split_stages(spec: ModelSpec, stages: int) -> list[list[str]]:
+    """``spec.pp_split(model, stages)`` checked: ``stages`` non-empty lists of submodule FQNs,
+    every parameter under exactly one stage's modules. Raises ``ValueError`` (one line) when the
+    spec has no hook, the hook raises, or the split breaks a rule (tracer/modelspec.py)."""
+    model = spec.model
+    if spec.pp_split is None:
+        raise ValueError("the ModelSpec has no stage-split hook (pp_split is None)")
+    try:
+        split = spec.pp_split(model, stages)
+    except Exception as exc:  # the user's hook: its failure is a bad spec, said in one line
+        raise ValueError(f"pp_split(model, {stages}) raised {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    if not isinstance(split, list) or len(split) != stages or any(not s for s in split):
+        raise ValueError(f"pp_split(model, {stages}) must return {stages} non-empty lists of module FQNs")
+    owner: dict[int, int] = {}
+    for k, fqns in enumerate(split):
+        for fqn in fqns:
+            try:
+                module = model.get_submodule(fqn)
+            except AttributeError:
+                raise ValueError(f"pp_split stage {k}: {fqn!r} is not a submodule of the model") from None
+            for p in module.parameters():
+                if owner.setdefault(id(p), k) != k:
+                    raise ValueError(f"pp_split: a parameter under {fqn!r} (stage {k}) is also in "
+                                     f"stage {owner[id(p)]} (tied across stages)")
+    for fqn, p in model.named_parameters():
+        if id(p) not in owner:
+            raise ValueError(f"pp_split: parameter {fqn} is under no stage's modules")
+    return split
+
+
+class StageChain(nn.Module):
+    """One pipeline stage: its ``pp_split`` modules applied in order (the model's own modules,
+    shared with the rank's module, so their parameters keep their full-model FQNs there),
+    under ``context()`` (``--precision bf16``: autocast around this forward only, as the
+    baseline's around its forward; the schedule's backward runs outside it, as the baseline's)."""
+
+    def __init__(self, parts: list[nn.Module], context: Callable = contextlib.nullcontext):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.context = context
+
+    def forward(self, x):
+        with self.context():
+            for part in self.parts:
+                x = part(x)
+        return x
+
+
+def chain_shapes(model: nn.Module, split: list[list[str]], x: torch.Tensor,
+                 context: Callable = contextlib.nullcontext) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per stage, (input, output) meta tensors of one microbatch ``x`` run through the chain
+    (no grad, under ``context()``: the stages' precision): shape and dtype as the stage sees
+    them, the input requiring grad on every stage but the first and when floating
+    (``stage_shapes`` says why), the output when floating. Raises ``ValueError`` when a
+    stage's output is not one tensor."""
+    out, h = [], x
+    with torch.no_grad(), context():
+        for k, fqns in enumerate(split):
+            inp = h
+            for fqn in fqns:
+                h = model.get_submodule(fqn)(h)
+            if not isinstance(h, torch.Tensor):
+                raise ValueError(f"pp_split stage {k} returns {type(h).__name__}, not one tensor")
+            out.append((_meta(inp, k > 0), _meta(h, True)))
+    return out
+
+
+def _meta(t: torch.Tensor, grad: bool) -> torch.Tensor:
+    m = torch.empty(t.shape, dtype=t.dtype, device="meta")
+    return m.requires_grad_(grad and t.is_floating_point())
+
+
+def check_split(spec: ModelSpec, stages: int, x: torch.Tensor) -> None:
+    """Before any worker starts (tracer/specload.py ``check_spec``): the split follows the rules
+    (``split_stages``) and its chain on ``x`` gives ``model(x)`` (allclose, torch's default
+    tolerances: the same modules in the same order). Raises ``ValueError`` (one line)."""
+    split = split_stages(spec, stages)
+    h = x
+    with torch.no_grad():
+        for fqns in split:
+            for fqn in fqns:
+                h = spec.model.get_submodule(fqn)(h)
+        whole = spec.model(x)
+    if not isinstance(h, torch.Tensor) or not isinstance(whole, torch.Tensor) \
+            or h.shape != whole.shape or not torch.allclose(h.float(), whole.float()):
+        raise ValueError(f"the chain of the {stages} stages' modules does not give model(inputs): "
+                         "the forward is not a chain along pp_split")
 
 
 def check_world(cfg: RecordConfig, world: int) -> None:
@@ -119,9 +253,9 @@ class PipelineRank:
     """This rank's place in the pipeline and what it runs."""
 
     stage: int
-    """Pipeline stage index (``rank % P``)."""
+    """This rank's pp coordinate (``rank % P``); the stages it runs are ``stage_ids``."""
     stages: int
-    """P."""
+    """P (pp ranks of a pipeline)."""
     dp_index: int
     """Pipeline index = dp coordinate (``rank // P``)."""
     dp: int
@@ -129,7 +263,7 @@ class PipelineRank:
     module: nn.Module
     """The stage module (full structure, other stages' layers ``nn.Identity``), FSDP2-wrapped when dp > 1."""
     schedule: object
-    """ScheduleGPipe or Schedule1F1B over this rank's ``PipelineStage``."""
+    """The torch schedule (``SCHEDULES``) over this rank's ``PipelineStage``(s)."""
     pp_group: dist.ProcessGroup
     """The ``mesh_pp`` group of this pipeline."""
     stages_fqns: list[list[str]]
@@ -138,6 +272,18 @@ class PipelineRank:
     """Full-model parameter FQNs in registration order (the numerics' seq)."""
     param_numels: dict[str, int]
     """Elements per full-model parameter."""
+    placement: list[list[int]]
+    """``stage_placement``: per pp rank, the global stage indices it runs (P x V stages)."""
+
+    @property
+    def stage_ids(self) -> list[int]:
+        """The global stage indices this rank runs."""
+        return self.placement[self.stage]
+
+    @property
+    def total_stages(self) -> int:
+        """P x V."""
+        return sum(len(ids) for ids in self.placement)
 
     @property
     def owned(self) -> list[str]:
@@ -146,31 +292,37 @@ class PipelineRank:
 
     @property
     def is_first(self) -> bool:
-        return self.stage == 0
+        """Runs stage 0 (feeds the inputs)."""
+        return 0 in self.stage_ids
 
     @property
     def is_last(self) -> bool:
-        return self.stage == self.stages - 1
+        """Runs the last stage (computes the loss)."""
+        return self.total_stages - 1 in self.stage_ids
 
     @property
     def last_rank(self) -> int:
-        """Global rank of this pipeline's last stage (row-major mesh)."""
-        return self.dp_index * self.stages + self.stages - 1
+        """Global rank running this pipeline's last stage (row-major mesh): pp rank P - 1
+        under the looped placement, 0 under the V one."""
+        coord = next(r for r, ids in enumerate(self.placement) if self.total_stages - 1 in ids)
+        return self.dp_index * self.stages + coord
 
     def mesh_section(self, cfg: RecordConfig) -> Mesh:
         """The manifest's ``mesh``."""
         stage_params = [sum(n for f, n in self.param_numels.items()
                             if owner_stage(f, self.stages_fqns) == s) for s in range(self.stages)]
         return Mesh(shape=[self.dp, self.stages], dim_names=list(cfg.row.dims),
-                    pp_schedule=cfg.resolved_pp_schedule, microbatches=cfg.pp_microbatches,
-                    pp_stages=self.stages_fqns, stage_params=stage_params)
+                    pp_schedule=cfg.resolved_pp_schedule,
+                    microbatches=self.schedule._n_microbatches,  # what torch split the batch into
+                    pp_stages=self.stages_fqns, stage_params=stage_params,
+                    pp_schedule_class=type(self.schedule).__name__, pp_stage_ids=self.placement)
 
 
 def stage_shapes(cfg: RecordConfig, dp: int, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input, output) example tensors of stage ``stage`` (meta device: shapes only) for
     ``PipelineStage(input_args=, output_args=)``: one microbatch of a pipeline's rows,
-    [B / (dp M), seq, h] fp32 in and out (every layer maps [rows, seq, h] to itself; pp records
-    fp32 only, tracer/config.py ``_check_pp_scope``). The input requires grad on every stage but
+    [B / (dp M), seq, h] fp32 in and out (every layer maps [rows, seq, h] to itself; under bf16
+    autocast too, its output being a residual sum with the fp32 input). The input requires grad on every stage but
     the first (its gradient is what the stage sends back; torch derives the gradients' shapes
     from these flags, _utils.py ``_derive_grad_metas``: a stage whose input did not require grad
     would send none and its predecessor would wait for one).
@@ -208,6 +360,15 @@ def _stage_class():
     return StaticShapeStage
 
 
+def precise_loss(loss: Callable, context: Callable) -> Callable:
+    """``loss`` under ``context()`` (the baseline computes its loss under autocast too,
+    tracer/baseline.py); ``loss`` itself when the context is fp32's."""
+    def under(out, target):
+        with context():
+            return loss(out, target)
+    return under
+
+
 def microbatch_loss(loss: Callable, fault: str | None, microbatches: int) -> Callable:
     """``loss`` per microbatch; with ``skip-microbatch`` the last microbatch of every step
     (call M-1, 2M-1, ... on the last stage) is scaled by 0: it runs, but its loss and its
@@ -224,45 +385,84 @@ def microbatch_loss(loss: Callable, fault: str | None, microbatches: int) -> Cal
 
 def build_pipeline(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
                    world: int, device: torch.device) -> tuple[PipelineRank, int]:
-    """This rank's stage of ``spec.model`` (baseline initial weights, the unsynced-init fault
-    applied before wrapping), FSDP2 over dp when dp > 1, its ``PipelineStage`` and schedule.
-    Returns (pipeline rank, full-model parameter count)."""
+    """This rank's stages of ``spec.model`` (baseline initial weights, the unsynced-init fault
+    applied before wrapping), FSDP2 over dp when dp > 1, its ``PipelineStage``(s) and schedule.
+    Returns (pipeline rank, full-model parameter count). Raises ``ValueError`` for a split
+    that breaks ``ModelSpec.pp_split``'s rules (``split_stages``)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import schedules as torch_schedules
 
-    p = cfg.pp_degree
+    p, schedule_name = cfg.pp_degree, cfg.resolved_pp_schedule
+    n = p * cfg.pp_virtual_stages
     dp = world // p
     model = spec.model
     load_parameters(model, base, "init.")
     named = list(model.named_parameters())
     num_params = sum(t.numel() for _, t in named)
-    layers = len(model.layers)
-    stages_fqns = stage_modules(layers, p)
+    split = split_stages(spec, n)
+    placement = stage_placement(p, cfg.pp_virtual_stages, schedule_name)
+    stages_fqns = [[f for i in ids for f in split[i]] for ids in placement]
     stage, dp_index = rank % p, rank // p
+    mine = placement[stage]
+    reference = cfg.model == "reference"
+    context = functools.partial(precision_context, cfg.precision, device.type)
+    if reference:  # every layer maps [rows, seq, h] fp32 to itself (under autocast too: fp32 sums)
+        shapes = {i: stage_shapes(cfg, dp, i) for i in mine}
+    else:  # one microbatch of the batch through the chain, before other stages' modules go
+        x, _ = spec.make_batch(cfg.batch, cfg.seed)
+        every = chain_shapes(model, split, x[:cfg.batch // dp // cfg.pp_microbatches], context)
+        shapes = {i: every[i] for i in mine}
     mesh = init_device_mesh(device.type, (dp, p), mesh_dim_names=cfg.row.dims)  # ("dp", "pp")
-    owned = set(stage_layers(layers, p, stage))
-    for i in range(layers):
-        if i not in owned:
-            model.layers[i] = nn.Identity()
+    owned = set(stages_fqns[stage])
+    for fqn in (f for fqns in stages_fqns for f in fqns if f not in owned):
+        model.set_submodule(fqn, nn.Identity())  # no parameters: this rank holds its stages only
     if cfg.fault == "unsynced-init" and rank > 0:
         faults.perturb_init(model, cfg.seed, rank)
     model.to(device)
+    if cfg.activation_checkpointing:  # each stage module, before FSDP2 (as torchtitan orders them)
+        from tracer.training import apply_checkpointing
+
+        apply_checkpointing(model, stages_fqns[stage])
+    # one fp32 stage of the reference model: the whole structure runs (the records before issue
+    # 45); else chains, which put autocast around each stage's forward only
+    chunks = [model] if reference and len(mine) == 1 and cfg.precision == "fp32" and \
+        not cfg.activation_checkpointing else [
+        StageChain([model.get_submodule(f) for f in split[i]], context) for i in mine]
     if dp > 1:
-        for i in sorted(owned):
-            fully_shard(model.layers[i], mesh=mesh["dp"], reshard_after_forward=False)
-        fully_shard(model, mesh=mesh["dp"], reshard_after_forward=False)
+        for fqn in stages_fqns[stage]:
+            fully_shard(model.get_submodule(fqn), mesh=mesh["dp"], reshard_after_forward=False)
+        for chunk in chunks:  # each stage is an FSDP root, as torchtitan shards its model chunks
+            fully_shard(chunk, mesh=mesh["dp"], reshard_after_forward=False)
     pp_group = mesh["pp"].get_group()
-    inputs, outputs = stage_shapes(cfg, dp, stage)
-    pipe_stage = _stage_class()(model, stage, p, device, input_args=inputs, output_args=outputs,
-                                group=pp_group)
-    schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.resolved_pp_schedule]
-    loss = microbatch_loss(spec.loss, cfg.fault, cfg.pp_microbatches)
-    schedule = schedule_cls(pipe_stage, cfg.pp_microbatches, loss_fn=loss, scale_grads=True)
+    stage_cls = _stage_class()
+    pipe_stages = [stage_cls(chunk, i, n, device, input_args=shapes[i][0], output_args=shapes[i][1],
+                             group=pp_group) for chunk, i in zip(chunks, mine)]
+    schedule_cls = getattr(torch_schedules, SCHEDULES[schedule_name])
+    loss = microbatch_loss(precise_loss(spec.loss, context), cfg.fault, cfg.pp_microbatches)
+    single = issubclass(schedule_cls, torch_schedules.PipelineScheduleSingle)
+    schedule = schedule_cls(pipe_stages[0] if single else pipe_stages, cfg.pp_microbatches,
+                            loss_fn=loss, scale_grads=True)
     return PipelineRank(stage=stage, stages=p, dp_index=dp_index, dp=dp, module=model,
                         schedule=schedule, pp_group=pp_group, stages_fqns=stages_fqns,
                         param_fqns=[f for f, _ in named],
-                        param_numels={f: t.numel() for f, t in named}), num_params
+                        param_numels={f: t.numel() for f, t in named}, placement=placement), num_params
+
+
+class ForwardRecorder(ActivationRecorder):
+    """``ActivationRecorder`` that skips the calls made inside autograd's backward: under
+    ``--activation-checkpointing`` a checkpointed module's forward runs again there (the
+    non-reentrant recomputation, interleaved with the schedule's next forwards), and only the
+    M forward calls are the microbatches' activations. torch's ``_current_graph_task_id()`` is
+    -1 outside a backward pass (torch/csrc/autograd/python_engine.cpp)."""
+
+    def _hook(self, name: str):
+        keep = super()._hook(name)
+
+        def hook(module, inputs, output):
+            if torch._C._current_graph_task_id() == -1:
+                keep(module, inputs, output)
+        return hook
 
 
 class PipelineStep:
@@ -281,18 +481,15 @@ class PipelineStep:
         """This stage's layers; the last M calls, the schedule's M microbatches (given its
         static shapes, ``stage_shapes``, the stage runs no shape-inference forward before
         them)."""
-        return ActivationRecorder(self.pipe.module, calls=slice(-self.microbatches, None), within=self.pipe.owned)
+        return ForwardRecorder(self.pipe.module, calls=slice(-self.microbatches, None), within=self.pipe.owned)
 
     def forward_backward(self, x, y, step, saved) -> list[torch.Tensor]:
         """Stage 0 feeds ``x``, the last stage ``y``; the last stage's microbatch losses."""
         pipe, losses = self.pipe, []
+        args = (x,) if pipe.is_first else ()
+        kwargs = {"target": y, "losses": losses} if pipe.is_last else {}
         with torch.profiler.record_function("pipeline"), saved:
-            if pipe.is_first:
-                pipe.schedule.step(x)
-            elif pipe.is_last:
-                pipe.schedule.step(target=y, losses=losses)
-            else:
-                pipe.schedule.step()
+            pipe.schedule.step(*args, **kwargs)  # a V schedule's rank 0 runs the first and last
         return losses
 
     def compare(self, numerics: NumericsRows, kind: str, recorder: ActivationRecorder) -> None:

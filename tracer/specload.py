@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from tracer import hf, specform
-from tracer.modelspec import ModelSpec, SpecError
+from tracer.modelspec import ModelSpec, SpecError, split_module_list
 
 REFERENCE = specform.REFERENCE
 HF_PREFIX = specform.HF_PREFIX
@@ -101,7 +101,7 @@ def load_spec(cfg) -> ModelSpec:
             model=reference.build_model(cfg.hidden, cfg.layers, cfg.seed),
             make_batch=lambda b, seed: reference.make_batch(b, cfg.seq, cfg.hidden, seed),
             loss=reference.loss_fn, units=(), wrap_min_params=cfg.auto_wrap_min_params,
-            tp_plan=reference.tp_plan)
+            tp_plan=reference.tp_plan, pp_split=split_module_list("layers"))
     factory = _factory(spec)
     torch.manual_seed(cfg.seed)
     try:
@@ -171,6 +171,14 @@ def check_spec(cfg) -> ModelSpec:
                    "has none (tp_plan is None)", "set ModelSpec.tp_plan (tracer/modelspec.py), or "
                    "record another strategy")
     rows = rank_rows(cfg.batch, cfg.world_size, 0)
+    if cfg.row.dim_of("stage"):
+        from tracer.pipeline import check_split
+
+        try:
+            check_split(spec, cfg.pp_degree * cfg.pp_virtual_stages, x[rows])
+        except ValueError as exc:
+            raise _bad(name, f"--strategy pp: {exc}", "fix ModelSpec.pp_split (tracer/modelspec.py), "
+                       "or record another strategy") from None
     try:
         loss = spec.loss(spec.model(x[rows]), y[rows])
     except SystemExit as exc:

@@ -89,9 +89,11 @@ median profiled step time (``step_time_ns.median``, slowest rank):
   Severity: ``exposed_ns_per_step``.
 * pipeline_bubble: a pipelined run whose stages' mean bubble share (``pipeline.per_stage[]
   .bubble_frac``) is >= the schedule's ideal (``pipeline.ideal_bubble_frac``, (P - 1) / (M + P
-  - 1)) + ``BUBBLE_EXCESS_FRAC``. Names the stage with the largest bubble. Action: more
+  - 1) for gpipe / 1f1b, analyzer/analyses/pipeline.py ``IDEAL_BUBBLES`` for the others; none
+  for dualpipev) + ``BUBBLE_EXCESS_FRAC``. Names the stage with the largest bubble. Action: more
   microbatches (with the ideal that doubling M gives), or a schedule with several stages per
-  rank; on a busy or oversubscribed machine, a quiet machine first. Severity, in the stages'
+  rank (already several: more of them); zbv, whose ideal is 0 at any M: even out the stages'
+  work; on a busy or oversubscribed machine, a quiet machine first. Severity, in the stages'
   own figures: their mean ``bubble_ns`` - ideal x their mean ``step_ns``.
 """
 
@@ -735,12 +737,17 @@ def _pipeline_bubble(r: _Run) -> Iterator[Finding]:
     if pp.microbatches is not None:
         ev.append(r.ev("microbatches per step", pp.microbatches, "count", "pipeline",
                        "microbatches"))
-    more = (f" (M = {2 * pp.microbatches} gives an ideal of "
-            f"{100 * ideal_bubble_frac(pp.stages, 2 * pp.microbatches):.0f} %)"
-            if pp.microbatches else "")
+    doubled = (ideal_bubble_frac(pp.stages, 2 * pp.microbatches, pp.schedule, pp.virtual_stages)
+               if pp.microbatches else None)
+    more = f" (M = {2 * pp.microbatches} gives an ideal of {100 * doubled:.0f} %)" if doubled is not None else ""
     action = (f"more microbatches per step{more}, or a schedule with a smaller bubble "
               "(torch.distributed.pipelining ScheduleInterleaved1F1B, "
               "ScheduleInterleavedZeroBubble: several stages per rank)")
+    if pp.virtual_stages > 1:  # already interleaved: its bubble shrinks with V as with M
+        action = f"more microbatches per step{more}, or more stages per rank (a larger V)"
+    if doubled is not None and doubled >= pp.ideal_bubble_frac:  # zbv: its ideal is 0 at any M
+        action = ("even out the stages' work: the schedule's ideal assumes equal forward, "
+                  "input-backward and weight-backward times on every stage")
     if (busy := _contention(r)) is not None:  # shared CPUs leave stages waiting too
         action = (f"the ranks share the CPUs ({busy[0]}), which leaves stages waiting as "
                   f"well: measure on a quiet machine first; then {action}")

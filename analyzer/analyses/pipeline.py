@@ -13,6 +13,28 @@ et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Usin
 sec. 2.2: bubble time fraction (p - 1) / m of the ideal time, i.e. (p - 1) / (m + p - 1) of the
 whole step).
 
+Schedules with V stages per rank (issue 45; ``IDEAL_BUBBLES`` holds each formula and its
+source). P pp ranks, M microbatches, each rank's work per microbatch split in V model chunks of
+equal cost; times of a chunk's forward F, backward for the input B and for the weights W taken
+equal (the papers' own assumption for the figures below):
+* interleaved-1f1b: (P - 1) / (V M + P - 1): Narayanan et al. 2021, sec. 2.2.2, "the
+  pipeline bubble ... reduced by a factor of v": bubble time fraction (1/v)(p - 1)/m of the
+  ideal time. Needs M a multiple of P for its best order (torch's rounds).
+* looped-bfs: the same (P - 1) / (V M + P - 1) when M >= P (Lamy-Poirier 2023, "Breadth-First
+  Pipeline Parallelism", arXiv 2211.05953): a rank runs chunk k for all M microbatches, then
+  chunk k + 1, whose first microbatch is back from rank P - 1 after P <= M slots, so only the
+  fill and the drain of P - 1 chunk slots (1/V of a stage's time each) idle a rank.
+* interleaved-zb: (P - 1) / (3 V M + P - 1): torch's ScheduleInterleavedZeroBubble is the ZB1P
+  schedule of Qi et al. 2024, "Zero Bubble Pipeline Parallelism" (ICLR 2024, arXiv
+  2401.10241), whose ZB-H1 bubble is (p - 1)(T_F + T_B - T_W) against 1F1B's (p - 1)(T_F + T_B
+  + T_W): with equal times, (P - 1) chunk-slots over the 3 M V slots of work of a rank.
+* zbv: 0: ZB-V (Qi et al. 2024, sec. 6; torch's ScheduleZBVZeroBubble docstring: "the 'zero
+  bubble' property only if time forward == time backward input == time backward weights").
+* dualpipev: None, no closed form here: DeepSeek-V3's report (arXiv 2412.19437, Table 2) gives
+  DualPipe's bubble as (PP/2 - 1)(F&B + B - 3W), which depends on how much a rank overlaps a
+  forward with a backward (F&B); DualPipeV cuts DualPipe in half and no paper states its bubble.
+Measured, every schedule's bubble is the same rule (below): the stages' idle and exposed time.
+
 Measured bubble (``stage_bubbles``), from the per-rank breakdown (analyzer/analyses/
 breakdown.py: compute + exposed_comm + data_wait + other + idle = step, exactly, per rank and
 step): bubble_ns = exposed_comm_ns + idle_ns, the part of the step in which the rank computes
@@ -53,11 +75,52 @@ PAIR_COLUMNS = ["src_stage", "dst_stage", "peer_source", "calls", "sends", "recv
                 "send_bytes", "recv_bytes", "time_ns", "send_ns", "recv_ns"]
 
 
-def ideal_bubble_frac(stages: int, microbatches: int | None) -> float | None:
-    """(P - 1) / (M + P - 1) (module docstring); None when M is unknown or either is < 1."""
-    if not microbatches or microbatches < 1 or stages < 1:
+INTERLEAVED_SOURCE = (
+    "(P - 1) / (V M + P - 1) for P ranks, V stages per rank, M microbatches: interleaved 1F1B "
+    "(Narayanan et al. 2021, Megatron-LM, sec. 2.2.2: (1/v)(p - 1)/m of the ideal time)")
+IDEAL_BUBBLES: dict[str, tuple[str, str]] = {
+    "gpipe": ("(P - 1) / (M + P - 1)", IDEAL_BUBBLE_SOURCE),
+    "1f1b": ("(P - 1) / (M + P - 1)", IDEAL_BUBBLE_SOURCE),
+    "interleaved-1f1b": ("(P - 1) / (V M + P - 1)", INTERLEAVED_SOURCE),
+    "looped-bfs": ("(P - 1) / (V M + P - 1)",
+                   "(P - 1) / (V M + P - 1) for M >= P: looped breadth-first (Lamy-Poirier 2023, "
+                   "arXiv 2211.05953), the fill and drain of P - 1 chunk slots of 1/V stage each"),
+    "interleaved-zb": ("(P - 1) / (3 V M + P - 1)",
+                       "(P - 1) / (3 V M + P - 1), equal forward, input- and weight-backward "
+                       "times: ZB1P (Qi et al. 2024, Zero Bubble Pipeline Parallelism, ZB-H1 "
+                       "bubble (p - 1)(T_F + T_B - T_W)) over V chunks per rank"),
+    "zbv": ("0", "0 with equal forward, input- and weight-backward times: ZB-V (Qi et al. 2024, "
+                 "Zero Bubble Pipeline Parallelism, sec. 6; torch ScheduleZBVZeroBubble)"),
+    "dualpipev": ("none", "no closed form: DualPipe's (PP/2 - 1)(F&B + B - 3W) (DeepSeek-V3, "
+                          "Table 2) depends on the forward-backward overlap; none is stated for "
+                          "DualPipeV"),
+}
+"""``--pp-schedule`` -> (formula, source) of its ideal bubble share (module docstring)."""
+
+
+def ideal_bubble_frac(stages: int, microbatches: int | None, schedule: str | None = None,
+                      virtual: int = 1) -> float | None:
+    """The ideal bubble share of a step of ``schedule`` (``IDEAL_BUBBLES``; None or an unknown
+    name: GPipe's, the formula of the runs recorded before issue 45) for P = ``stages`` ranks,
+    M = ``microbatches``, V = ``virtual`` stages per rank. None when M is unknown, any of them
+    is < 1, or the schedule has no closed form (dualpipev)."""
+    if not microbatches or microbatches < 1 or stages < 1 or virtual < 1:
         return None
-    return (stages - 1) / (microbatches + stages - 1)
+    p, m, v = stages, microbatches, virtual
+    if schedule in ("interleaved-1f1b", "looped-bfs"):
+        return (p - 1) / (v * m + p - 1)
+    if schedule == "interleaved-zb":
+        return (p - 1) / (3 * v * m + p - 1)
+    if schedule == "zbv":
+        return 0.0
+    if schedule == "dualpipev":
+        return None
+    return (p - 1) / (m + p - 1)
+
+
+def ideal_source(schedule: str | None) -> str:
+    """Where ``schedule``'s ideal bubble comes from (``IDEAL_BUBBLES``; GPipe's for others)."""
+    return IDEAL_BUBBLES.get(schedule or "", (None, IDEAL_BUBBLE_SOURCE))[1]
 
 
 def pp_dim(mesh: Mesh) -> int:

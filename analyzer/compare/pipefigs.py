@@ -46,10 +46,12 @@ def run_pipeline(tables, manifest: schemas.Manifest | None) -> Pipeline | None:
         return None
     mesh = manifest.mesh
     p = mesh.shape[pipeline.pp_dim(mesh)]
+    v = mesh.pp_virtual_stages
     out = Pipeline(stages=p, microbatches=mesh.microbatches, schedule=mesh.pp_schedule,
                    dp=math.prod(mesh.shape) // p,
-                   ideal_bubble_frac=pipeline.ideal_bubble_frac(p, mesh.microbatches),
-                   ideal_source=pipeline.IDEAL_BUBBLE_SOURCE, bubble_rule=pipeline.BUBBLE_RULE)
+                   ideal_bubble_frac=pipeline.ideal_bubble_frac(p, mesh.microbatches, mesh.pp_schedule, v),
+                   ideal_source=pipeline.ideal_source(mesh.pp_schedule), bubble_rule=pipeline.BUBBLE_RULE,
+                   virtual_stages=v, schedule_class=mesh.pp_schedule_class)
     groups = pipeline.stage_ranks(mesh)
     stages = pipeline.stage_of(mesh)
     measured: dict[int, dict] = {}

@@ -641,8 +641,9 @@ class PipelinePair(_Figures, kw_only=True):
 
 class Pipeline(_Figures, kw_only=True):
     """Pipeline parallelism of a ``pp`` run (issue 27): ``stages`` P, ``microbatches`` M,
-    ``schedule`` (gpipe / 1f1b), ``dp`` ranks per stage; ``ideal_bubble_frac`` =
-    (P - 1) / (M + P - 1) (``ideal_source``; None without M) beside each stage's measured
+    ``schedule`` (tracer/config.py PP_SCHEDULES), ``dp`` ranks per stage; ``ideal_bubble_frac``:
+    the schedule's formula, (P - 1) / (M + P - 1) for gpipe / 1f1b (analyzer/analyses/
+    pipeline.py ``IDEAL_BUBBLES``, ``ideal_source``; None without M) beside each stage's measured
     bubble (``per_stage``) and the traffic between stages (``pairs``)."""
 
     stages: int
@@ -654,6 +655,13 @@ class Pipeline(_Figures, kw_only=True):
     bubble_rule: str
     per_stage: list[PipelineStage] = []
     pairs: list[PipelinePair] = []
+    virtual_stages: int = 1
+    """Stages per pp rank V (``--pp-virtual``; the model is cut into ``stages`` x V stages, and
+    ``per_stage`` lists the pp ranks' coordinates, each with all its V stages); 1 for gpipe /
+    1f1b and runs recorded before issue 45."""
+    schedule_class: str | None = None
+    """The torch.distributed.pipelining class the run used (the manifest's
+    ``mesh.pp_schedule_class``); None in runs recorded before issue 45."""
 
 
 class TraceInfo(msgspec.Struct, kw_only=True):

@@ -467,12 +467,24 @@ class Mesh(msgspec.Struct, kw_only=True, omit_defaults=True):
     """fsdp2_tp: module FQN -> "colwise" | "rowwise" (torch.distributed.tensor.parallel styles)."""
     tp_sharded_params: int = 0
     """fsdp2_tp: parameters (elements) that the TP plan shards over the tp dimension."""
-    pp_schedule: str | None = None  # pp: "gpipe" | "1f1b"
+    pp_schedule: str | None = None  # pp: --pp-schedule (tracer/config.py PP_SCHEDULES)
     microbatches: int | None = None  # pp: microbatches per step
     pp_stages: list[list[str]] = []
     """pp: per stage, the module FQNs it owns (the reference model: its layers)."""
     stage_params: list[int] = []
     """pp: parameters (elements) each stage owns."""
+    pp_schedule_class: str | None = None
+    """pp: the torch.distributed.pipelining schedule class the run used (``ScheduleZBVZeroBubble``);
+    None in runs recorded before issue 45 (``ScheduleGPipe`` / ``Schedule1F1B``)."""
+    pp_stage_ids: list[list[int]] = []
+    """pp: per pp rank, the global stage indices it ran (P x V stages, V per rank; ``pp_stages``
+    and ``stage_params`` are per pp rank, all its stages together). Empty in runs recorded
+    before issue 45: one stage per rank."""
+
+    @property
+    def pp_virtual_stages(self) -> int:
+        """Stages per pp rank V (1 when ``pp_stage_ids`` is empty)."""
+        return len(self.pp_stage_ids[0]) if self.pp_stage_ids else 1
 
     def group_ranks(self, dim: int) -> list[list[int]]:
         """The groups of dimension ``dim``: lists of global ranks, each sorted."""

@@ -31,7 +31,7 @@ bucket of 1 MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``) and 25 MiB a
 the small first bucket only when ``bucket_cap_mb`` is None). An explicit ``--bucket-cap-mb 25``
 makes every bucket 25 MiB, the first too, so the two are different settings (on the reference
 model, 2 all_reduce calls per step against 1). Records before issue 42 wrote 25.0 for both."""
-PP_OPTIONS = ("pp", "pp_schedule", "microbatches")
+PP_OPTIONS = ("pp", "pp_schedule", "microbatches", "pp_virtual")
 COMMON_FAULTS = ("wrong-grad-scale", "unsynced-init")
 """Fault canaries every distributed strategy reproduces (tracer/faults.py)."""
 

@@ -27,6 +27,30 @@ def test_a_ranks_stage_is_its_pp_coordinate():
         pipeline.stage_of(Mesh(shape=[2, 2], dim_names=["dp", "tp"]))
 
 
+@pytest.mark.parametrize("schedule,p,m,v,ideal", [
+    ("gpipe", 4, 8, 1, 3 / 11), ("1f1b", 2, 4, 1, 1 / 5),
+    ("interleaved-1f1b", 4, 4, 2, 3 / 11),   # (P-1)/(VM+P-1), Narayanan et al. 2021
+    ("interleaved-1f1b", 4, 8, 4, 3 / 35),
+    ("looped-bfs", 4, 4, 2, 3 / 11),
+    ("interleaved-zb", 4, 4, 2, 3 / 27),     # (P-1)/(3VM+P-1): ZB-H1 over V chunks
+    ("interleaved-zb", 2, 4, 1, 1 / 13),
+    ("zbv", 4, 8, 2, 0.0),                   # ZB-V: zero with equal F, B, W times
+    ("dualpipev", 4, 8, 2, None),            # no closed form
+])
+def test_ideal_bubble_per_schedule(schedule, p, m, v, ideal):
+    got = pipeline.ideal_bubble_frac(p, m, schedule, v)
+    assert got == (None if ideal is None else pytest.approx(ideal))
+    assert pipeline.ideal_source(schedule) == pipeline.IDEAL_BUBBLES[schedule][1]
+
+
+def test_interleaving_shrinks_the_ideal_bubble_by_v_in_the_bubble_to_work_ratio():
+    for v in (1, 2, 4):
+        f = pipeline.ideal_bubble_frac(4, 8, "interleaved-1f1b", v)
+        assert f / (1 - f) == pytest.approx((4 - 1) / (v * 8))  # (1/v)(p-1)/m of the ideal time
+    assert pipeline.ideal_bubble_frac(4, 8, "interleaved-1f1b", 1) == pipeline.ideal_bubble_frac(4, 8, "1f1b")
+    assert pipeline.ideal_source(None) == pipeline.IDEAL_BUBBLE_SOURCE
+
+
 def test_ideal_bubble_is_p_minus_1_over_m_plus_p_minus_1():
     assert pipeline.ideal_bubble_frac(2, 4) == pytest.approx(1 / 5)
     assert pipeline.ideal_bubble_frac(4, 8) == pytest.approx(3 / 11)

@@ -381,6 +381,26 @@ def test_pp_projection_grades_equal_to_the_gloo_record(tmp_path):
         "grade: passed -- 18 exact figures equal on ranks 0, 1")
 
 
+@pytest.mark.record
+def test_pp_projection_of_a_zero_bubble_v_schedule_grades_equal_to_the_gloo_record(tmp_path):
+    """zbv, 2 stages per rank over dp 2 x pp 2 (FSDP2 on each stage): the projection's stage
+    ranks against a real 4-rank gloo record of the same options, every exact figure equal."""
+    opts = ["--strategy", "pp", "--nproc", "4", "--hidden", str(HIDDEN), "--layers", "4",
+            "--pp-schedule", "zbv", "--seq", "16", "--batch", "8", "--optimizer", "adamw", *STEPS,
+            "--out", str(tmp_path)]
+    proj, _ = run_tracer([*opts, "--name", "proj"], cwd=tmp_path,
+                         module=[sys.executable, "-m", "tracer", "project"])
+    assert proj.returncode == 0, proj.stderr[-3000:]
+    manifest = json.loads((tmp_path / "proj" / "manifest.json").read_text())
+    assert manifest["mesh"]["pp_stage_ids"] == [[0, 3], [1, 2]]
+    real, _ = run_tracer([*opts, "--name", "real"], cwd=tmp_path)
+    assert real.returncode == 0, real.stderr[-3000:]
+    grade, _ = run_tracer([str(tmp_path / "proj"), str(tmp_path / "real")], cwd=tmp_path,
+                          module=[sys.executable, "-m", "analyzer", "grade"])
+    assert grade.returncode == 0, grade.stdout[-3000:] + grade.stderr[-3000:]
+    assert grade.stdout.strip().splitlines()[-1].startswith("grade: passed")
+
+
 def test_fake_group_enqueue_op_is_the_collective(tmp_path):
     """On the fake process group no transfer op runs (no gloo:* op, no kernel): the c10d op
     call is the collective (classify.py cpu.fake_pg_call), once -- a functional collective
