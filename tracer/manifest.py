@@ -16,7 +16,7 @@ import torch
 from analyzer.contract.atomic import write_atomic
 from analyzer.contract.schemas import (MANIFEST_NAME, SCHEMA_VERSION, Baseline, Batch, Device, Experiment,
                                        Launch, Machine, Manifest, Mesh, Model, Profiler, Training, Versions)
-from analyzer.contract.tolerance import TOLERANCES, mixed_precision_tolerance
+from analyzer.contract.tolerance import TOLERANCES, compile_tolerance, mixed_precision_tolerance
 from tracer.config import RecordConfig
 from tracer.data import data_manifest
 from tracer.golden import golden_section
@@ -87,7 +87,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
                    device: torch.device, launch: Launch, num_params: int,
                    fsdp_units: list[str], spec, model_name: str, buffers: list[str],
                    batch_x: torch.Tensor, machine: Machine | None = None,
-                   mesh: Mesh | None = None) -> Manifest:
+                   mesh: Mesh | None = None, compiled=None) -> Manifest:
     """The run's manifest; ``files`` lists every file already in ``run_dir``.
 
     ``strategy_options`` also carries ``fsdp_units`` (the wrapped module FQNs, additive) for
@@ -97,6 +97,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
     ``mesh``: hsdp / fsdp2_tp's ``Mesh`` (shape, dim names, TP plan and its sharded elements),
     their ``strategy_options`` as fsdp2's (``fsdp_units`` included); ``batch.per_rank_batch``
     is the rows of one data-parallel rank (batch / dp size: tp ranks share them).
+    ``compiled``: ``--compile``'s ``schemas.Compile`` (tracer/compiling.py ``compile_section``).
     """
     options = cfg.strategy_options()
     if "wrap_min_params" in cfg.row.options:  # a strategy whose FSDP units the options choose
@@ -108,6 +109,8 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
     dims = list(batch_x.shape) + [0, 0]
     tol = (TOLERANCES[cfg.precision] if cfg.mixed_precision is None else
            mixed_precision_tolerance(list(cfg.mixed_precision_dtypes), world_size))
+    if cfg.compile != "none" and cfg.mixed_precision is None:  # mixed precision's rule has the same form
+        tol = compile_tolerance(cfg.precision, world_size, cfg.compile)
     return Manifest(
         schema_version=SCHEMA_VERSION, run_id=uuid.uuid4().hex, run_name=run_dir.name,
         created_utc=datetime.now(timezone.utc).isoformat(), strategy=cfg.strategy,
@@ -134,7 +137,8 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
         keep_tensors=cfg.keep_tensors, golden=golden_section(cfg, run_dir),
         training=Training(optimizer=optimizer_manifest(cfg),
                           mixed_precision=list(cfg.mixed_precision_dtypes) if cfg.mixed_precision else None,
-                          activation_checkpointing=cfg.activation_checkpointing),
+                          activation_checkpointing=cfg.activation_checkpointing,
+                          compile=compiled),
         experiment=experiment_section(cfg), machine=machine, mesh=mesh)
 
 

@@ -405,6 +405,27 @@ class Golden(msgspec.Struct, kw_only=True):
     init_sha256_equal: bool
 
 
+class Compile(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``tracer record --compile`` as torch ran it (issue 45; tracer/compiling.py)."""
+    mode: str
+    """``blocks`` (each transformer block, torchtitan's per-block compile) or ``model``."""
+    backend: str
+    """torch.compile backend (``inductor``)."""
+    fullgraph: bool
+    """Whether a graph break was an error (``blocks``) or allowed (``model``)."""
+    modules: list[str] = []
+    """Clean FQNs of the modules rank 0 ran compiled ("" the root), as found after setup."""
+    compile_ns_by_step: list[int] = []
+    """Rank 0's seconds of compiling (dynamo's timers, forward and backward) per step, ns: the
+    compile warm-up, inside those steps' ``wall_ns`` (steps.parquet), never a profiled step's
+    unless ``profiled_compile_ns`` says so."""
+    first_step_wall_ns: int = 0
+    """Rank 0's step 0 wall time, ns (the compile included; step 0 is never profiled)."""
+    profiled_compile_ns: int = 0
+    """Rank 0's compile time inside profiled steps, ns: 0 when the profiled steps ran what was
+    compiled before them (a recompile there would be counted as step time)."""
+
+
 class Training(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The training setup (issue 18; tracer/training.py), the same for the baseline and the ranks."""
     optimizer: dict[str, Any]
@@ -412,6 +433,8 @@ class Training(msgspec.Struct, kw_only=True, omit_defaults=True):
     mixed_precision: list[str] | None = None
     """[PARAM, REDUCE, BUFFER] dtype names ("fp32", "bf16", "fp16"), None without the option."""
     activation_checkpointing: bool = False
+    compile: Compile | None = None
+    """``--compile`` (None: eager)."""
 
 
 class Experiment(msgspec.Struct, kw_only=True):

@@ -1,0 +1,151 @@
+"""``--compile``: torch.compile applied the same way to the baseline and to every strategy's ranks.
+
+``blocks`` is torchtitan's per-block compile (torchtitan ``apply_compile``: ``torch.compile`` of
+each transformer block with ``fullgraph=True``, after tensor parallel and activation
+checkpointing, before FSDP): here each FSDP unit (``strategies.unit_names``: the reference
+model's layers, an ``hf:`` model's decoder blocks), compiled in place with ``Module.compile``
+(torch/nn/modules/module.py: the module's ``_call_impl`` compiled, its FQNs and parameters
+unchanged, so the numerics compare the same names; torchtitan's ``register_module`` of an
+``OptimizedModule`` adds ``_orig_mod.`` to every name). ``model`` compiles the root after the
+strategy wraps it (torchtitan's docstring: "Alternatively one can compile the whole model
+(after applying DP)"), with graph breaks allowed: DDP's forward is split at its buckets by
+dynamo's DDPOptimizer (torch/_dynamo/backends/distributed.py), FSDP2's hooks are not traced
+(``torch._dynamo.config.skip_fsdp_hooks``).
+
+What a compiled record differs in, and where it is measured:
+- the first forward / backward of a compiled module compiles it (dynamo, AOTAutograd, inductor:
+  C++ kernels on CPU through the machine's compiler, Triton on CUDA). Step 0 compiles with the
+  numerics hooks on (tracer/numerics.py ``ActivationRecorder``), step 1 recompiles without
+  them (dynamo guards on a module's hooks); ``RecordConfig`` requires both steps unprofiled,
+  and ``CompileClock`` measures each step's compile seconds (dynamo's own timers) for the
+  manifest (``schemas.Training.compile``), apart from the profiled steps.
+- inductor fuses and reorders the elementwise and reduction work of a block, so a compiled
+  run's sums are not the eager run's: parity compares with a baseline compiled the same way,
+  under the tolerance of analyzer/contract/tolerance.py ``compile_tolerance``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where a module is compiled, not to check a config
+    from torch import nn
+
+    from analyzer.contract.strategies import StrategySpec
+
+BACKEND = "inductor"
+"""torch.compile's default backend, the one torchtitan uses."""
+BLOCK_OPTIONS = {"backend": BACKEND, "fullgraph": True}
+"""``Module.compile`` keywords of ``--compile blocks`` (torchtitan's)."""
+MODEL_OPTIONS = {"backend": BACKEND, "fullgraph": False}
+"""``Module.compile`` keywords of ``--compile model``: the wrappers' hooks break the graph."""
+
+
+def refusal(row: "StrategySpec", mode: str) -> str | None:
+    """Why ``--compile mode`` is not recorded with strategy ``row`` (one line), or None.
+
+    pp: the pipeline's stage modules are built and sharded inside tracer/pipeline.py, where no
+    compile hook exists yet, and its per-stage numerics hooks would run inside the schedule's
+    compiled stages. Every other wrapper takes both modes (FSDP1 with ``use_orig_params=True``,
+    which its docstring says torch.compile requires: tracer/strategies.py ``apply_fsdp``).
+    """
+    if row.dim_of("stage") is not None:
+        return ("not recorded with --strategy pp: its stages are built and sharded in "
+                "tracer/pipeline.py, which has no compile hook; record pp without --compile")
+    return None
+
+
+def profile_kernels() -> None:
+    """Name inductor's C++ kernels in the trace: ``torch._inductor.config.cpp.enable_kernel_profile``
+    (torch/_inductor/codegen/cpp.py: a ``RECORD_FUNCTION`` per ``cpp_fused_*`` kernel; off by
+    default, its env var TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE). Without it a CPU trace shows
+    only the graph call around them (analyzer/ingest/classify.py ``COMPILED_RE``). It adds the
+    profiler's record per kernel, as eager ops have; the arithmetic is unchanged. Triton
+    kernels on CUDA are traced by CUPTI without it."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.cpp.enable_kernel_profile = True
+
+
+def compile_blocks(model: "nn.Module", units: list[str]) -> list[str]:
+    """``--compile blocks``: ``Module.compile(**BLOCK_OPTIONS)`` on each module of ``units``
+    (clean FQNs, ``strategies.unit_names``), before the strategy wraps it (FSDP1: inside its
+    units); with activation checkpointing its wrapper, as torchtitan compiles the checkpointed
+    block. Returns the FQNs
+    compiled, in order. Raises ``ValueError`` when there is no block to compile."""
+    from tracer.numerics import clean_fqn
+
+    if not units:
+        raise ValueError("--compile blocks: the model has no transformer blocks to compile "
+                         "(ModelSpec.units is empty); use --compile model")
+    names: dict = {}
+    for n, m in model.named_modules():  # the outermost module of each name but FSDP1's unit:
+        if type(m).__name__ != "FullyShardedDataParallel":  # an activation checkpoint wrapper too
+            names.setdefault(clean_fqn(n), m)
+    profile_kernels()
+    for fqn in units:
+        names[fqn].compile(**BLOCK_OPTIONS)
+    return list(units)
+
+
+def compile_model(model: "nn.Module") -> list[str]:
+    """``--compile model``: ``Module.compile(**MODEL_OPTIONS)`` on the root, after the strategy
+    wraps it. Returns ``[""]`` (the root's FQN)."""
+    profile_kernels()
+    model.compile(**MODEL_OPTIONS)
+    return [""]
+
+
+def recompile_copy(source: "nn.Module", copy: "nn.Module") -> None:
+    """After ``copy.deepcopy(source)``: compile in ``copy`` the modules compiled in ``source``
+    (a deep copy keeps the source's compiled call, bound to the source's modules: the copy
+    would run the source's parameters). The same options; modules matched by position."""
+    for src, dst in zip(source.modules(), copy.modules()):
+        if getattr(src, "_compiled_call_impl", None) is not None:
+            dst._compiled_call_impl = None
+            dst.compile(**(BLOCK_OPTIONS if src is not source else MODEL_OPTIONS))
+
+
+def compiled_modules(model: "nn.Module") -> list[str]:
+    """Clean FQNs of the modules of ``model`` that run compiled ("" for the root), in order."""
+    from tracer.numerics import clean_fqn
+
+    return [clean_fqn(n) for n, m in model.named_modules()
+            if getattr(m, "_compiled_call_impl", None) is not None]
+
+
+class CompileClock:
+    """Seconds torch spent compiling, read from dynamo's cumulative timers
+    (torch/_dynamo/utils.py ``calculate_time_spent``: ``entire_frame_compile`` for the forward,
+    ``entire_backward_compile`` for AOTAutograd's lazy backward compile). ``lap()`` returns the
+    nanoseconds compiled since the previous lap (the first: since construction)."""
+
+    def __init__(self) -> None:
+        self._last_ns = self._total_ns()
+
+    @staticmethod
+    def _total_ns() -> int:
+        from torch._dynamo.utils import calculate_time_spent
+
+        return int(round(calculate_time_spent().get("total_wall_time", 0.0) * 1e9))
+
+    def lap(self) -> int:
+        now = self._total_ns()
+        spent, self._last_ns = now - self._last_ns, now
+        return max(0, spent)
+
+
+def compile_section(cfg, model: "nn.Module", step_rows: list[dict]):
+    """The manifest's ``Training.compile`` (analyzer/contract/schemas.py ``Compile``) from rank
+    0's wrapped model and step rows (``compile_ns`` per step, tracer/loop.py); None for
+    ``--compile none``."""
+    from analyzer.contract.schemas import Compile
+
+    if cfg.compile == "none":
+        return None
+    options = BLOCK_OPTIONS if cfg.compile == "blocks" else MODEL_OPTIONS
+    by_step = [int(r.get("compile_ns", 0)) for r in step_rows]
+    return Compile(mode=cfg.compile, backend=options["backend"], fullgraph=options["fullgraph"],
+                   modules=compiled_modules(model), compile_ns_by_step=by_step,
+                   first_step_wall_ns=int(step_rows[0]["wall_ns"]) if step_rows else 0,
+                   profiled_compile_ns=sum(n for r, n in zip(step_rows, by_step) if r["profiled"]))
