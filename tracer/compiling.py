@@ -135,17 +135,26 @@ class CompileClock:
         return max(0, spent)
 
 
-def compile_section(cfg, model: "nn.Module", step_rows: list[dict]):
-    """The manifest's ``Training.compile`` (analyzer/contract/schemas.py ``Compile``) from rank
-    0's wrapped model and step rows (``compile_ns`` per step, tracer/loop.py); None for
-    ``--compile none``."""
+def compile_section(cfg, model: "nn.Module"):
+    """The manifest's ``Training.compile`` (analyzer/contract/schemas.py ``Compile``: what torch
+    ran) from rank 0's wrapped model; None for ``--compile none``."""
     from analyzer.contract.schemas import Compile
 
     if cfg.compile == "none":
         return None
     options = BLOCK_OPTIONS if cfg.compile == "blocks" else MODEL_OPTIONS
-    by_step = [int(r.get("compile_ns", 0)) for r in step_rows]
     return Compile(mode=cfg.compile, backend=options["backend"], fullgraph=options["fullgraph"],
-                   modules=compiled_modules(model), compile_ns_by_step=by_step,
-                   first_step_wall_ns=int(step_rows[0]["wall_ns"]) if step_rows else 0,
-                   profiled_compile_ns=sum(n for r, n in zip(step_rows, by_step) if r["profiled"]))
+                   modules=compiled_modules(model))
+
+
+def warmup_section(cfg, step_rows: list[dict]):
+    """The manifest's ``compile_warmup`` (``schemas.CompileWarmup``) from rank 0's step rows
+    (``compile_ns`` per step, tracer/loop.py); None for ``--compile none``."""
+    from analyzer.contract.schemas import CompileWarmup
+
+    if cfg.compile == "none":
+        return None
+    by_step = [int(r.get("compile_ns", 0)) for r in step_rows]
+    return CompileWarmup(compile_ns_by_step=by_step,
+                         first_step_wall_ns=int(step_rows[0]["wall_ns"]) if step_rows else 0,
+                         profiled_compile_ns=sum(n for r, n in zip(step_rows, by_step) if r["profiled"]))

@@ -87,7 +87,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
                    device: torch.device, launch: Launch, num_params: int,
                    fsdp_units: list[str], spec, model_name: str, buffers: list[str],
                    batch_x: torch.Tensor, machine: Machine | None = None,
-                   mesh: Mesh | None = None, compiled=None) -> Manifest:
+                   mesh: Mesh | None = None, compiled=None, warmup=None) -> Manifest:
     """The run's manifest; ``files`` lists every file already in ``run_dir``.
 
     ``strategy_options`` also carries ``fsdp_units`` (the wrapped module FQNs, additive) for
@@ -97,7 +97,8 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
     ``mesh``: hsdp / fsdp2_tp's ``Mesh`` (shape, dim names, TP plan and its sharded elements),
     their ``strategy_options`` as fsdp2's (``fsdp_units`` included); ``batch.per_rank_batch``
     is the rows of one data-parallel rank (batch / dp size: tp ranks share them).
-    ``compiled``: ``--compile``'s ``schemas.Compile`` (tracer/compiling.py ``compile_section``).
+    ``compiled``, ``warmup``: ``--compile``'s ``schemas.Compile`` and ``schemas.CompileWarmup``
+    (tracer/compiling.py ``compile_section``, ``warmup_section``).
     """
     options = cfg.strategy_options()
     if "wrap_min_params" in cfg.row.options:  # a strategy whose FSDP units the options choose
@@ -139,7 +140,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
                           mixed_precision=list(cfg.mixed_precision_dtypes) if cfg.mixed_precision else None,
                           activation_checkpointing=cfg.activation_checkpointing,
                           compile=compiled),
-        experiment=experiment_section(cfg), machine=machine, mesh=mesh)
+        experiment=experiment_section(cfg), machine=machine, mesh=mesh, compile_warmup=warmup)
 
 
 def precision_policy(cfg: RecordConfig) -> str:

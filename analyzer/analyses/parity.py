@@ -25,7 +25,7 @@ Rule (docs/method.md "Reading the report"; contract in ``analyzer/contract/schem
 
 Tolerances (analyzer/contract/tolerance.py): ``TOLERANCES`` by the manifest's precision
 (torch.testing.assert_close defaults), or ``mixed_precision_tolerance`` for a
-``--mixed-precision`` record, overridable by the user; every output states them with their source.
+``--mixed-precision`` record, ``compile_tolerance`` for a ``--compile`` one, overridable by the user; every output states them with their source.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from analyzer.contract import schemas, strategies
 from analyzer.contract.errors import BadInput
 from analyzer.analyses.memory import read_parquet
 from analyzer.contract.report_types import FailedCheck, FirstDivergence, LossStep, Parity, ToleranceOverride
-from analyzer.contract.tolerance import TOLERANCES, Tolerance, mixed_precision_tolerance
+from analyzer.contract.tolerance import TOLERANCES, Tolerance, compile_tolerance, mixed_precision_tolerance
 
 KIND_ORDER = ("activation", "grad", "param")
 """Tensor kinds in first-divergence order (the loss comes after them)."""
@@ -50,17 +50,19 @@ _MAX_METRICS = ("max_abs_diff", "max_abs_ref")
 
 
 def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | None = None,
-                  mixed_precision: list[str] | None = None, world_size: int = 1) -> Tolerance:
+                  mixed_precision: list[str] | None = None, world_size: int = 1,
+                  compile: str | None = None) -> Tolerance:
     """Tolerance for ``precision`` from ``TOLERANCES`` -- or, for a record with
     ``--mixed-precision`` dtypes ``mixed_precision`` on ``world_size`` ranks,
-    ``mixed_precision_tolerance`` -- with the user's ``--rtol`` / ``--atol`` (None: keep).
+    ``mixed_precision_tolerance``; else for one with ``--compile`` mode ``compile``,
+    ``compile_tolerance`` -- with the user's ``--rtol`` / ``--atol`` (None: keep).
 
     Raises ``ValueError`` for an unknown precision or dtype, or a negative / non-finite override.
     """
     if precision not in schemas.PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; expected one of {schemas.PRECISIONS}")
     tol = (mixed_precision_tolerance(mixed_precision, world_size) if mixed_precision else
-           TOLERANCES[precision])
+           compile_tolerance(precision, world_size, compile) if compile else TOLERANCES[precision])
     overridden = [n for n, v in (("rtol", rtol), ("atol", atol)) if v is not None]
     if not overridden:
         return tol
@@ -378,7 +380,8 @@ def check_run(run_dir: Path | str, manifest: schemas.Manifest | None,
         training = manifest.training
         tol = tolerance_for(manifest.precision, rtol=override.rtol, atol=override.atol,
                             mixed_precision=training.mixed_precision if training else None,
-                            world_size=manifest.world_size)
+                            world_size=manifest.world_size,
+                            compile=training.compile.mode if training and training.compile else None)
     except ValueError as exc:
         raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_run_file", str(exc),
                        "re-record the run") from None

@@ -969,6 +969,12 @@ class RunEntry(_Figures, kw_only=True):
     """Issue 44 Deliver 3: a projection's step at its world size from the link model
     (``--link-model``; analyzer/compare/projection.py); None for a record, or without a link
     model."""
+    compute_kernels_per_step: float | UnsetType = UNSET
+    """Issue 45: kernels per rank per profiled step (mean over ranks and steps of the
+    breakdown's ``compute_kernels``: GPU compute kernels, or on a CPU rank the compute ops
+    that enclose no other, inductor's fused kernels among them); a count, free of step-time
+    noise, compared between declared arms (``Ranking.differences``). Absent outside declared
+    arms (``experiment.settings``) and without profiled steps."""
 
     @property
     def arm(self) -> str:
@@ -1065,9 +1071,11 @@ class ArmDifference(msgspec.Struct, kw_only=True):
     profiled step), ``memory`` (``kind`` a memory category of memory_categories.parquet, or
     ``peak`` for an allocator peak; bytes on the arm's largest rank) or ``memory_unseen`` (the
     arms differ in a setting whose memory lives in buffers this device's record cannot see:
-    ``values`` all None, ``settings`` names them, ``why`` says what is not seen)."""
+    ``values`` all None, ``settings`` names them, ``why`` says what is not seen) or
+    ``compute_kernels`` (issue 45: kernels per rank per profiled step,
+    ``RunEntry.compute_kernels_per_step``; ``kind`` "compute")."""
 
-    what: Literal["collective_calls", "collective_bytes", "memory", "memory_unseen"]
+    what: Literal["collective_calls", "collective_bytes", "memory", "memory_unseen", "compute_kernels"]
     """What the figure is: collective calls or bytes per step, memory per rank, or a memory
     effect this device's record cannot see."""
     kind: str = ""
@@ -1075,7 +1083,7 @@ class ArmDifference(msgspec.Struct, kw_only=True):
     "" for ``memory_unseen``."""
     mesh_dim: str = ""
     """The collectives' mesh dimension (``CommGroup.mesh_dim``); "" for memory."""
-    unit: Literal["calls_per_step", "bytes_per_step", "bytes", ""] = ""
+    unit: Literal["calls_per_step", "bytes_per_step", "bytes", "kernels_per_step", ""] = ""
     """The unit of ``values``: calls or bytes per profiled step (per rank), bytes per rank;
     "" for ``memory_unseen``."""
     values: dict[str, float | None] = {}

@@ -214,14 +214,14 @@ RULES = tuple(r for r, _, _ in RULE_TABLE) + (
     "gpu.dispatch_kernel", "cpu.gloo_op.paired", "cpu.main_thread_op", "cpu.compiled_region")
 COMPILED_RE = re.compile(r"^(?:Torch-Compiled Region: |## Call CompiledFxGraph |CompiledFunction"
                          r"(?:Backward)?$|autograd::engine::evaluate_function: CompiledFunction"
-                         r"Backward$|cpp_fused_)")
+                         r"Backward$|(?:graph_\d+_)?cpp_fused_)")
 """What torch.compile runs, as a CPU rank's trace names it (torch 2.13): the dynamo frame
 (torch/_dynamo/convert_frame.py: ``"Torch-Compiled Region: " + compile_id``), AOTAutograd's
 autograd function and its backward (torch/_functorch/_aot_autograd/runtime_wrappers.py
 ``CompiledFunction``), inductor's call of its graph (torch/_inductor/output_code.py:
 ``## Call CompiledFxGraph <key> ##``, a user annotation around the fused C++ kernels, which
 have no event of their own unless ``torch._inductor.config.cpp.enable_kernel_profile``) and
-those kernels when profiled (``cpp_fused_*``). On a GPU rank inductor's Triton kernels
+those kernels when profiled (``graph_<n>_cpp_fused_*``, the graph's number first). On a GPU rank inductor's Triton kernels
 (``triton_poi_fused_*``, ``triton_red_fused_*``, ...) are device kernels: gpu.kernel."""
 _RULE = {r: i for i, r in enumerate(RULES)}
 _PREDICATE = {rule_id: when for rule_id, _, when in RULE_TABLE}

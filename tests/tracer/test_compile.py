@@ -1,0 +1,81 @@
+"""``tracer record --compile`` (issue 45): the option's refusals, the baseline it needs, the
+tolerance it states, the manifest's compile section; and, recorded, parity of a compiled fsdp2
+run against a compiled baseline, a canary caught under compile, the compile warm-up kept out
+of the profiled steps."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from analyzer.contract.tolerance import compile_tolerance
+from tracer.config import RecordConfig
+
+
+def test_compile_refused_for_pp_in_one_line():
+    with pytest.raises(ValueError) as exc:
+        RecordConfig(strategy="pp", nproc=2, compile="blocks")
+    assert str(exc.value) == (
+        "--compile blocks: not recorded with --strategy pp: its stages are built and sharded in "
+        "tracer/pipeline.py, which has no compile hook; record pp without --compile")
+
+
+def test_compile_refuses_an_unknown_mode_and_a_profiled_compile_step():
+    with pytest.raises(ValueError, match=r"^--compile all: expected one of none, blocks, model$"):
+        RecordConfig(strategy="ddp", compile="all")
+    with pytest.raises(ValueError) as exc:
+        RecordConfig(strategy="fsdp2", compile="blocks", warmup=0)
+    assert str(exc.value) == (
+        "--compile blocks: needs --wait + --warmup >= 2 (got 1 + 0): step 0 compiles with the "
+        "numerics hooks, step 1 recompiles without them, and neither may be profiled")
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp", "fsdp2", "hsdp", "fsdp2_tp"])
+def test_compile_taken_by_every_strategy_but_pp(strategy):
+    for mode in ("blocks", "model"):
+        assert RecordConfig(strategy=strategy, nproc=4, compile=mode).compile == mode
+
+
+def test_baseline_id_changes_with_compile_only():
+    from tracer.baseline import baseline_id, baseline_key
+
+    eager = RecordConfig(strategy="fsdp2")
+    assert "compile" not in baseline_key(eager, "cpu")  # eager ids as before the option
+    ids = {baseline_id(RecordConfig(strategy="fsdp2", compile=m), "cpu") for m in ("none", "blocks", "model")}
+    assert len(ids) == 3
+
+
+def test_compile_tolerance_stated():
+    tol = compile_tolerance("fp32", 4, "blocks")
+    assert tol.describe() == (
+        "rtol 1.3e-06, atol 1e-05; torch.compile (blocks) on both sides: the baseline runs the same "
+        "inductor graphs, specialised for its whole batch, so sums over rows change order; "
+        "2 (W - 1) u for W = 4 or torch.testing.assert_close's fp32 default when larger")
+    assert compile_tolerance("fp32", 16, "model").rtol == pytest.approx(2 * 15 * 2.0 ** -24)
+
+
+def test_manifest_says_what_was_compiled_and_keeps_warmup_apart():
+    from torch import nn
+
+    from tracer.compiling import compile_blocks, compile_section, warmup_section
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    compile_blocks(model, ["1"])
+    cfg = RecordConfig(strategy="fsdp2", compile="blocks")
+    assert json.loads(msgspec.json.encode(compile_section(cfg, model))) == {
+        "mode": "blocks", "backend": "inductor", "fullgraph": True, "modules": ["1"]}
+    rows = [{"wall_ns": 9, "profiled": False, "compile_ns": 7}, {"wall_ns": 3, "profiled": False, "compile_ns": 2},
+            {"wall_ns": 1, "profiled": True, "compile_ns": 0}]
+    assert json.loads(msgspec.json.encode(warmup_section(cfg, rows))) == {
+        "compile_ns_by_step": [7, 2, 0], "first_step_wall_ns": 9, "profiled_compile_ns": 0}
+    eager = RecordConfig(strategy="fsdp2")
+    assert compile_section(eager, model) is None and warmup_section(eager, rows) is None
+
+
+def test_parity_applies_the_compile_tolerance_of_the_manifest():
+    from analyzer.analyses.parity import tolerance_for
+
+    assert tolerance_for("fp32", world_size=4, compile="blocks") == compile_tolerance("fp32", 4, "blocks")
+    assert tolerance_for("fp32", world_size=4).source == "torch.testing.assert_close defaults for fp32"
