@@ -1130,8 +1130,8 @@ class Ranking(msgspec.Struct, kw_only=True):
     repeats than ``experiment.repeats`` (``arm a: 1 of 4 repeats``; ranked on those it has)."""
     differences: list[ArmDifference] | UnsetType = UNSET
     """Declared arms (``declared``, ranked, two or more arms): the figures on which the arms
-    differ that do not depend on step-time noise -- collective calls and bytes per step by kind
-    and mesh dimension, memory by category where the record can measure it, and
+    differ that do not depend on step-time noise -- kernels per step (issue 45), collective
+    calls and bytes per step by kind and mesh dimension, memory by category where the record can measure it, and
     ``memory_unseen`` where it cannot (analyzer/compare/armdiff.py); only figures that differ
     between arms (``[]``: none does). Absent from report.json otherwise."""
 

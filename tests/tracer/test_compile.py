@@ -79,3 +79,50 @@ def test_parity_applies_the_compile_tolerance_of_the_manifest():
 
     assert tolerance_for("fp32", world_size=4, compile="blocks") == compile_tolerance("fp32", 4, "blocks")
     assert tolerance_for("fp32", world_size=4).source == "torch.testing.assert_close defaults for fp32"
+
+
+_SHAPES = ["--hidden", "32", "--layers", "2", "--batch", "4", "--seq", "16", "--active", "2"]
+
+
+def _record_and_report(tmp_path, args: list[str]) -> tuple[dict, dict]:
+    """Record ``args`` + tiny shapes into ``tmp_path/run``; returns (manifest, its report.json
+    run entry)."""
+    import subprocess
+    import sys
+
+    from tests.tracer.helpers import REPO, run_tracer
+
+    proc, _ = run_tracer(args + _SHAPES + ["--out", str(tmp_path), "--name", "run", "--timeout", "300"],
+                         tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "run"
+    rep = subprocess.run([sys.executable, "-m", "analyzer", "report", str(run), "--format", "json"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    manifest = json.loads((run / "manifest.json").read_text())
+    (entry,) = json.loads((run / "report" / "report.json").read_text())["runs"]
+    return manifest, entry
+
+
+@pytest.mark.record
+@pytest.mark.parametrize("strategy, extra", [("ddp", []), ("fsdp2", []),
+                                             ("hsdp", ["--nproc", "4", "--mesh", "2,2"])])
+def test_compile_blocks_passes_parity_against_a_compiled_baseline(tmp_path, strategy, extra):
+    manifest, entry = _record_and_report(tmp_path, ["--strategy", strategy, "--compile", "blocks"] + extra)
+    assert entry["parity"]["status"] == "pass", entry["parity"]
+    assert entry["parity"]["tolerance"]["source"].startswith("torch.compile (blocks) on both sides")
+    assert manifest["training"]["compile"] == {"mode": "blocks", "backend": "inductor", "fullgraph": True,
+                                               "modules": ["layers.0", "layers.1"]}
+    warm = manifest["compile_warmup"]
+    # steps 0 (hooks on) and 1 (hooks off) compile, never profiled; the profiled steps do not
+    assert warm["compile_ns_by_step"][0] > 0 and warm["compile_ns_by_step"][2:] == [0, 0]
+    assert warm["profiled_compile_ns"] == 0 and warm["first_step_wall_ns"] > warm["compile_ns_by_step"][0]
+
+
+@pytest.mark.record
+def test_wrong_grad_scale_fails_parity_under_compile(tmp_path):
+    _, entry = _record_and_report(tmp_path, ["--strategy", "fsdp2", "--compile", "blocks",
+                                             "--fault", "wrong-grad-scale"])
+    assert entry["parity"]["status"] == "fail"
+    first = entry["parity"]["first_divergence"]
+    assert (first["kind"], first["tensor"]) == ("grad", "layers.0.attn.weight")
