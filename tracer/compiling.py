@@ -44,14 +44,17 @@ MODEL_OPTIONS = {"backend": BACKEND, "fullgraph": False}
 def refusal(row: "StrategySpec", mode: str) -> str | None:
     """Why ``--compile mode`` is not recorded with strategy ``row`` (one line), or None.
 
-    pp: the pipeline's stage modules are built and sharded inside tracer/pipeline.py, where no
-    compile hook exists yet, and its per-stage numerics hooks would run inside the schedule's
-    compiled stages. Every other wrapper takes both modes (FSDP1 with ``use_orig_params=True``,
-    which its docstring says torch.compile requires: tracer/strategies.py ``apply_fsdp``).
-    """
-    if row.dim_of("stage") is not None:
-        return ("not recorded with --strategy pp: its stages are built and sharded in "
-                "tracer/pipeline.py, which has no compile hook; record pp without --compile")
+    FSDP1 ``model``: dynamo "skips tracing all the torch.distributed.fsdp code" (torch/
+    distributed/fsdp/_dynamo_utils.py, its note on FSDP-wrapped modules), so a compiled
+    ``FullyShardedDataParallel`` root runs eagerly: recorded, it compiled nothing (0 s of
+    compile in every step, no module compiled) against a compiled baseline. ``blocks`` compiles
+    inside FSDP1's units and is taken (``use_orig_params=True``, which FSDP1's docstring says
+    torch.compile requires: tracer/strategies.py ``apply_fsdp``). Every other wrapper takes
+    both modes, pp per stage (tracer/strategies.py ``setup_pp``)."""
+    if mode == "model" and row.wrapper == "fsdp1":
+        return ("dynamo skips FullyShardedDataParallel's code (torch/distributed/fsdp/_dynamo_utils.py), "
+                "so a compiled FSDP1 root runs eagerly and compiles nothing; use --compile blocks "
+                "(inside its units) or --strategy fsdp2")
     return None
 
 

@@ -457,8 +457,16 @@ def setup_fsdp2_tp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
 @registers("pp")
 def setup_pp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
              world: int, device: torch.device) -> Built:
-    """This rank's pipeline stage, FSDP2 over dp (tracer/pipeline.py ``build_pipeline``)."""
+    """This rank's pipeline stage, FSDP2 over dp (tracer/pipeline.py ``build_pipeline``);
+    ``--compile blocks``: the stage's own layers compiled in place (after FSDP2 here: the stage's
+    module is built, sharded and handed to its ``PipelineStage`` in one function, and the stage
+    calls it at each microbatch, so the compiled call is what runs); ``model``: the stage's root."""
     from tracer import pipeline
 
     pipe, num_params = pipeline.build_pipeline(cfg, spec, base, rank, world, device)
+    if cfg.compile == "blocks":
+        from tracer.compiling import compile_blocks
+
+        compile_blocks(pipe.module, list(pipe.owned))
+    _compiled_whole(cfg, pipe.module)
     return Built(model=pipe.module, num_params=num_params, mesh=pipe.mesh_section(cfg), pipe=pipe)

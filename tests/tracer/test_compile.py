@@ -14,12 +14,14 @@ from analyzer.contract.tolerance import compile_tolerance
 from tracer.config import RecordConfig
 
 
-def test_compile_refused_for_pp_in_one_line():
+def test_compile_model_refused_for_fsdp1_in_one_line():
     with pytest.raises(ValueError) as exc:
-        RecordConfig(strategy="pp", nproc=2, compile="blocks")
+        RecordConfig(strategy="fsdp", compile="model")
     assert str(exc.value) == (
-        "--compile blocks: not recorded with --strategy pp: its stages are built and sharded in "
-        "tracer/pipeline.py, which has no compile hook; record pp without --compile")
+        "--compile model: dynamo skips FullyShardedDataParallel's code (torch/distributed/fsdp/"
+        "_dynamo_utils.py), so a compiled FSDP1 root runs eagerly and compiles nothing; use "
+        "--compile blocks (inside its units) or --strategy fsdp2")
+    assert RecordConfig(strategy="fsdp", compile="blocks").compile == "blocks"
 
 
 def test_compile_refuses_an_unknown_mode_and_a_profiled_compile_step():
@@ -32,8 +34,8 @@ def test_compile_refuses_an_unknown_mode_and_a_profiled_compile_step():
         "numerics hooks, step 1 recompiles without them, and neither may be profiled")
 
 
-@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp", "fsdp2", "hsdp", "fsdp2_tp"])
-def test_compile_taken_by_every_strategy_but_pp(strategy):
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp2", "hsdp", "fsdp2_tp", "pp"])
+def test_compile_taken_by_every_strategy_but_fsdp1_model(strategy):
     for mode in ("blocks", "model"):
         assert RecordConfig(strategy=strategy, nproc=4, compile=mode).compile == mode
 
