@@ -18,7 +18,8 @@ What a compiled record differs in, and where it is measured:
   numerics hooks on (tracer/numerics.py ``ActivationRecorder``), step 1 recompiles without
   them (dynamo guards on a module's hooks); ``RecordConfig`` requires both steps unprofiled,
   and ``CompileClock`` measures each step's compile seconds (dynamo's own timers) for the
-  manifest (``schemas.Training.compile``), apart from the profiled steps.
+  manifest's ``compile_warmup``, apart from the profiled steps; ``training.compile`` says what
+  torch ran (``compile_section``).
 - inductor fuses and reorders the elementwise and reduction work of a block, so a compiled
   run's sums are not the eager run's: parity compares with a baseline compiled the same way,
   under the tolerance of analyzer/contract/tolerance.py ``compile_tolerance``.
@@ -74,8 +75,7 @@ def compile_blocks(model: "nn.Module", units: list[str]) -> list[str]:
     """``--compile blocks``: ``Module.compile(**BLOCK_OPTIONS)`` on each module of ``units``
     (clean FQNs, ``strategies.unit_names``), before the strategy wraps it (FSDP1: inside its
     units); with activation checkpointing its wrapper, as torchtitan compiles the checkpointed
-    block. Returns the FQNs
-    compiled, in order. Raises ``ValueError`` when there is no block to compile."""
+    block. Returns the FQNs compiled, in order. Raises ``ValueError`` when there is no block to compile."""
     from tracer.numerics import clean_fqn
 
     if not units:
@@ -152,12 +152,17 @@ def compile_section(cfg, model: "nn.Module"):
 
 def warmup_section(cfg, step_rows: list[dict]):
     """The manifest's ``compile_warmup`` (``schemas.CompileWarmup``) from rank 0's step rows
-    (``compile_ns`` per step, tracer/loop.py); None for ``--compile none``."""
+    (``compile_ns`` per step, tracer/loop.py); None for ``--compile none``. Raises
+    ``RuntimeError`` when no step compiled anything (as FSDP1's root would: ``refusal``)."""
     from analyzer.contract.schemas import CompileWarmup
 
     if cfg.compile == "none":
         return None
     by_step = [int(r.get("compile_ns", 0)) for r in step_rows]
+    if step_rows and not any(by_step):  # dynamo traces even on a warm inductor cache
+        raise RuntimeError(f"--compile {cfg.compile}: torch compiled nothing in {len(by_step)} steps "
+                           "(the wrapper's code ran eagerly); the record would compare an eager "
+                           "run with a compiled baseline")
     return CompileWarmup(compile_ns_by_step=by_step,
                          first_step_wall_ns=int(step_rows[0]["wall_ns"]) if step_rows else 0,
                          profiled_compile_ns=sum(n for r, n in zip(step_rows, by_step) if r["profiled"]))

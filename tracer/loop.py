@@ -71,9 +71,9 @@ def train(cfg: RecordConfig, step: Step, base: dict[str, torch.Tensor], rank: in
     step's loss: the mean of the rank's microbatches' (``Step.losses``), recorded after the
     loop. The trace is exported once, at the end of the active window; a failure cancels it.
     ``hb``: tracer/worker.py ``Heartbeat``. With ``--compile`` each step row also holds
-    ``compile_ns``, the seconds torch compiled during that step (in ``wall_ns`` too: steps 0 and 1,
-    never profiled; ``compiling.compile_section`` puts them in the manifest). Returns (numerics rows, steps rows, CUDA snapshot
-    table or None, MEMORY_CATEGORIES_SCHEMA table).
+    ``compile_ns``, the time torch compiled during that step (in ``wall_ns`` too: steps 0 and
+    1, never profiled; ``compiling.warmup_section`` puts them in the manifest). Returns
+    (numerics rows, steps rows, CUDA snapshot table or None, MEMORY_CATEGORIES_SCHEMA table).
     """
     opt = build_optimizer(cfg, step.model.parameters())
     dp_rank, dp_size = dp_coords(cfg, rank, world)

@@ -132,7 +132,8 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
             description=("one process, whole global batch, same seed, initial weights, data and "
                          f"precision policy ({precision_policy(cfg)}), one torch thread, "
                          f"optimizer {cfg.optimizer}"
-                         f"{', activation checkpointing' if cfg.activation_checkpointing else ''}; "
+                         f"{', activation checkpointing' if cfg.activation_checkpointing else ''}"
+                         f"{'' if cfg.compile == 'none' else f', torch.compile {cfg.compile} as the ranks'}; "
                          "computed before the ranks start, outside their processes")),
         files=file_entries(run_dir), data=data_manifest(cfg, device.type),
         keep_tensors=cfg.keep_tensors, golden=golden_section(cfg, run_dir),

@@ -74,6 +74,8 @@ def test_manifest_says_what_was_compiled_and_keeps_warmup_apart():
         "compile_ns_by_step": [7, 2, 0], "first_step_wall_ns": 9, "profiled_compile_ns": 0}
     eager = RecordConfig(strategy="fsdp2")
     assert compile_section(eager, model) is None and warmup_section(eager, rows) is None
+    with pytest.raises(RuntimeError, match=r"^--compile blocks: torch compiled nothing in 3 steps"):
+        warmup_section(cfg, [{**r, "compile_ns": 0} for r in rows])
 
 
 def test_parity_applies_the_compile_tolerance_of_the_manifest():
