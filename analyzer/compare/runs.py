@@ -379,7 +379,9 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
             device=m.device.type, settings={k: msgspec.to_builtins(getattr(m, k)) for k in ranking.SETTINGS},
             experiment=msgspec.to_builtins(m.experiment) if m.experiment else None,
             machine=msgspec.to_builtins(m.machine) if m.machine else None,
-            projection=msgspec.to_builtins(m.projection) if m.projection else None)),
+            projection=msgspec.to_builtins(m.projection) if m.projection else None,
+            **({} if m.compile_warmup is None else
+               {"compile_warmup": msgspec.to_builtins(m.compile_warmup)}))),
         parity=_parity(run, options), traces=[str(p) for p in run.traces], memory=mem,
         incomplete=run.incomplete,
         data=datasupply.data_summary(None if tables is None else tables.breakdown, run.manifest),

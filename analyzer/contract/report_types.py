@@ -975,6 +975,11 @@ class RunEntry(_Figures, kw_only=True):
     that enclose no other, inductor's fused kernels among them); a count, free of step-time
     noise, compared between declared arms (``Ranking.differences``). Absent outside declared
     arms (``experiment.settings``) and without profiled steps."""
+    compile_warmup: dict[str, Any] | UnsetType = UNSET
+    """Issue 45: a ``--compile`` record's compile warm-up, the manifest's ``compile_warmup``:
+    ``compile_ns_by_step`` (rank 0's time compiling in each step, ns), ``first_step_wall_ns``,
+    ``profiled_compile_ns`` (compile time inside profiled steps, ns: in their step times; 0 when
+    none). Absent for an eager run."""
 
     @property
     def arm(self) -> str:
