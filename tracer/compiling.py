@@ -73,7 +73,7 @@ def profile_kernels() -> None:
 
 def compile_blocks(model: "nn.Module", units: list[str]) -> list[str]:
     """``--compile blocks``: ``Module.compile(**BLOCK_OPTIONS)`` on each module of ``units``
-    (clean FQNs, ``strategies.unit_names``), before the strategy wraps it (FSDP1: inside its
+    (FQNs, ``strategies.unit_names``; cleaned, ``numerics.clean_fqn``), before the strategy wraps it (FSDP1: inside its
     units); with activation checkpointing its wrapper, as torchtitan compiles the checkpointed
     block. Returns the FQNs compiled, in order. Raises ``ValueError`` when there is no block to compile."""
     from tracer.numerics import clean_fqn
@@ -86,9 +86,10 @@ def compile_blocks(model: "nn.Module", units: list[str]) -> list[str]:
         if type(m).__name__ != "FullyShardedDataParallel":  # an activation checkpoint wrapper too
             names.setdefault(clean_fqn(n), m)
     profile_kernels()
-    for fqn in units:
+    done = [clean_fqn(fqn) for fqn in units]  # the baseline lists them after checkpointing
+    for fqn in done:
         names[fqn].compile(**BLOCK_OPTIONS)
-    return list(units)
+    return done
 
 
 def compile_model(model: "nn.Module") -> list[str]:
