@@ -42,8 +42,19 @@ MODEL_OPTIONS = {"backend": BACKEND, "fullgraph": False}
 """``Module.compile`` keywords of ``--compile model``: the wrappers' hooks break the graph."""
 
 
-def refusal(row: "StrategySpec", mode: str) -> str | None:
-    """Why ``--compile mode`` is not recorded with strategy ``row`` (one line), or None.
+CHECKPOINT_REFUSAL = (
+    "not recorded with --activation-checkpointing: compiling the checkpointed block "
+    "(torchtitan's order) meets the step-0 numerics hooks inside torch's checkpoint operator, "
+    "which dynamo refuses (\"HOP: Unsafe side effect\"), and a checkpoint around the compiled "
+    "block fails its recompute check (CheckpointError: recomputed tensors' metadata differ); "
+    "drop one of them")
+"""Measured on torch 2.13 (fsdp2, reference model, both ways): the one-line refusal of
+``--compile`` with ``--activation-checkpointing``."""
+
+
+def refusal(row: "StrategySpec", mode: str, checkpointing: bool = False) -> str | None:
+    """Why ``--compile mode`` is not recorded with strategy ``row`` (and activation
+    ``checkpointing``: ``CHECKPOINT_REFUSAL``), in one line, or None.
 
     FSDP1 ``model``: dynamo "skips tracing all the torch.distributed.fsdp code" (torch/
     distributed/fsdp/_dynamo_utils.py, its note on FSDP-wrapped modules), so a compiled
@@ -52,6 +63,8 @@ def refusal(row: "StrategySpec", mode: str) -> str | None:
     inside FSDP1's units and is taken (``use_orig_params=True``, which FSDP1's docstring says
     torch.compile requires: tracer/strategies.py ``apply_fsdp``). Every other wrapper takes
     both modes, pp per stage (tracer/strategies.py ``setup_pp``)."""
+    if checkpointing:
+        return CHECKPOINT_REFUSAL
     if mode == "model" and row.wrapper == "fsdp1":
         return ("dynamo skips FullyShardedDataParallel's code (torch/distributed/fsdp/_dynamo_utils.py), "
                 "so a compiled FSDP1 root runs eagerly and compiles nothing; use --compile blocks "
@@ -73,17 +86,17 @@ def profile_kernels() -> None:
 
 def compile_blocks(model: "nn.Module", units: list[str]) -> list[str]:
     """``--compile blocks``: ``Module.compile(**BLOCK_OPTIONS)`` on each module of ``units``
-    (FQNs, ``strategies.unit_names``; cleaned, ``numerics.clean_fqn``), before the strategy wraps it (FSDP1: inside its
-    units); with activation checkpointing its wrapper, as torchtitan compiles the checkpointed
-    block. Returns the FQNs compiled, in order. Raises ``ValueError`` when there is no block to compile."""
+    (FQNs, ``strategies.unit_names``; cleaned, ``numerics.clean_fqn``), before the strategy
+    wraps it (FSDP1: inside its units; never with activation checkpointing: ``refusal``).
+    Returns the FQNs compiled, in order. Raises ``ValueError`` when there is no block to compile."""
     from tracer.numerics import clean_fqn
 
     if not units:
         raise ValueError("--compile blocks: the model has no transformer blocks to compile "
                          "(ModelSpec.units is empty); use --compile model")
     names: dict = {}
-    for n, m in model.named_modules():  # the outermost module of each name but FSDP1's unit:
-        if type(m).__name__ != "FullyShardedDataParallel":  # an activation checkpoint wrapper too
+    for n, m in model.named_modules():  # the block itself, inside FSDP1's and checkpoint's wrappers
+        if type(m).__name__ not in ("FullyShardedDataParallel", "CheckpointWrapper"):
             names.setdefault(clean_fqn(n), m)
     profile_kernels()
     done = [clean_fqn(fqn) for fqn in units]  # the baseline lists them after checkpointing

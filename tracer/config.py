@@ -453,7 +453,7 @@ class RecordConfig:
                       "without them, and neither may be profiled")
         from tracer.compiling import refusal
 
-        why = refusal(self.row, self.compile)
+        why = refusal(self.row, self.compile, self.activation_checkpointing)
         if why is not None:
             raise bad("compile", self.compile, why)
 

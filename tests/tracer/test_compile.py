@@ -132,17 +132,12 @@ def test_wrong_grad_scale_fails_parity_under_compile(tmp_path):
     assert (first["kind"], first["tensor"]) == ("grad", "layers.0.attn.weight")
 
 
-def test_compile_blocks_compiles_the_checkpointed_block_under_any_name():
-    """After activation checkpointing the baseline lists its units with the wrapper's part
-    (``layers.0._checkpoint_wrapped_module``); the wrapper is what is compiled (torchtitan:
-    AC, then compile), named as the block."""
-    from torch import nn
-
-    from tracer.compiling import compile_blocks, compiled_modules
-    from tracer.training import apply_checkpointing
-
-    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
-    apply_checkpointing(model, ["1"])
-    assert compile_blocks(model, ["1._checkpoint_wrapped_module"]) == ["1"]
-    assert type(model[1]).__name__ == "CheckpointWrapper" and model[1]._compiled_call_impl is not None
-    assert compiled_modules(model) == ["1"]
+def test_compile_refused_with_activation_checkpointing_in_one_line():
+    with pytest.raises(ValueError) as exc:
+        RecordConfig(strategy="fsdp2", compile="blocks", activation_checkpointing=True)
+    assert str(exc.value) == (
+        "--compile blocks: not recorded with --activation-checkpointing: compiling the checkpointed "
+        "block (torchtitan's order) meets the step-0 numerics hooks inside torch's checkpoint "
+        "operator, which dynamo refuses (\"HOP: Unsafe side effect\"), and a checkpoint around the "
+        "compiled block fails its recompute check (CheckpointError: recomputed tensors' metadata "
+        "differ); drop one of them")
