@@ -141,3 +141,32 @@ def test_compile_refused_with_activation_checkpointing_in_one_line():
         "operator, which dynamo refuses (\"HOP: Unsafe side effect\"), and a checkpoint around the "
         "compiled block fails its recompute check (CheckpointError: recomputed tensors' metadata "
         "differ); drop one of them")
+
+
+@pytest.mark.record
+def test_a_compile_sweep_on_fsdp2_decides_with_its_kernel_counts_first(tmp_path):
+    """`--sweep compile=none,blocks` on fsdp2: one experiment (compile is a declared setting),
+    a decision line, and on the first screen the kernels the fusion saved, with the collectives
+    and memory said to be the same."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.tracer.helpers import REPO, run_tracer
+
+    out = tmp_path / "t"
+    proc, _ = run_tracer(["--strategy", "fsdp2", "--sweep", "compile=none,blocks", "--out", str(out),
+                          "--timeout", "300"] + _SHAPES, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = subprocess.run([sys.executable, "-m", "analyzer", "report", str(out)], cwd=REPO,
+                         capture_output=True, text=True)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    lines = rep.stdout.splitlines()
+    assert lines[2].startswith("**Decision:** fsdp2 with compile=")
+    first = lines[:lines.index("**Context:**")]
+    assert "- arms: fsdp2 with compile=none → with compile=blocks" in first
+    (kern,) = [ln for ln in first if ln.startswith("- compute kernels: ")]
+    eager, compiled = map(int, re.fullmatch(r"- compute kernels: (\d+) → (\d+) per step \(per rank\)", kern).groups())
+    assert compiled < eager  # inductor fused the blocks' elementwise ops
+    assert ("- no collective call or byte per kind and mesh dimension and no memory category "
+            "differs between the arms") in first
