@@ -21,6 +21,10 @@ NOTHING_DIFFERS = ("no collective call or byte per kind and mesh dimension and n
                    "the work counted here")
 
 
+SAME_COMM_AND_MEMORY = ("no collective call or byte per kind and mesh dimension and no memory "
+                        "category differs between the arms")
+
+
 def _bytes(values: list[float | None], per: str) -> str:
     """``9.0 → 4.5 MiB per step``: every value in the unit of the largest (MiB, KiB, B)."""
     top = max(v for v in values if v is not None)
@@ -47,7 +51,8 @@ def _arms_line(report: Report, names: list[str]) -> str:
 
 def lines(report: Report) -> list[str]:
     """Plain-text lines (the renderers escape them) of ``report.ranking.differences``: first the
-    arms in the order their values are given, then one line per collective kind and mesh
+    arms in the order their values are given, then the kernels per step where they differ,
+    one line per collective kind and mesh
     dimension whose calls or bytes per step differ, one per memory category that differs (bytes
     on the largest rank), and one per memory effect not measurable on this device. Empty when
     the report has no differences to state (not declared arms, withheld, an arm without
@@ -69,6 +74,10 @@ def lines(report: Report) -> list[str]:
     for d in rows:
         if d.what.startswith("collective_"):
             comm.setdefault((d.kind, d.mesh_dim), {})[d.what] = d
+    for d in rows:
+        if d.what == "compute_kernels":
+            out.append("compute kernels: " + " → ".join(fmt.count(v) for v in d.values.values())
+                       + " per step (per rank)")
     for (kind, dim), got in comm.items():
         parts = []
         if "collective_calls" in got:
@@ -76,6 +85,8 @@ def lines(report: Report) -> list[str]:
         if "collective_bytes" in got:
             parts.append(_bytes(list(got["collective_bytes"].values.values()), "per step"))
         out.append(f"{kind} ({dim}): {', '.join(parts)}")
+    if not any(d.what.startswith(("collective_", "memory")) for d in rows):
+        out.append(SAME_COMM_AND_MEMORY)
     for d in rows:
         if d.what == "memory":
             label = "peak allocated" if d.kind == "peak" else LABELS.get(d.kind, d.kind)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from analyzer.contract import strategies
 from analyzer.contract.report_types import Report, RunEntry, machine_busy
+from reports import fmt
 
 UNALIGNED = ("unresolved", "inconsistent", "unmatched")
 """``RankFigures.clock`` states whose offset is not applied (analyzer/analyses/clock.py)."""
@@ -63,6 +64,27 @@ def _projected(runs: list[RunEntry]) -> str | None:
             "numerics are not.")
 
 
+def _compiled(runs: list[RunEntry]) -> str | None:
+    """``--compile`` records (issue 45): the compile warm-up, rank 0's seconds compiling and the
+    steps it took, apart from the profiled steps' times -- or inside them, said."""
+    comp = [r for r in runs if isinstance(r.compile_warmup, dict)]
+    if not comp:
+        return None
+    parts = []
+    for r in comp[:3]:
+        by_step = r.compile_warmup.get("compile_ns_by_step") or []
+        steps = [str(i) for i, ns in enumerate(by_step) if ns > 0]
+        text = (f"{r.name}: {fmt.ms(sum(by_step), '.0f')} compiling in step"
+                f"{'s' if len(steps) > 1 else ''} {', '.join(steps)}")
+        inside = r.compile_warmup.get("profiled_compile_ns") or 0
+        parts.append(text + (f", {fmt.ms(inside, '.0f')} of it in profiled steps (in their step time)"
+                             if inside else ""))
+    return (f"Compiled ({_of(comp, runs)}): {'; '.join(parts)}{'; ...' if len(comp) > 3 else ''}"
+            "; the step times are the profiled steps', "
+            + ("some with compile in them." if any((r.compile_warmup.get("profiled_compile_ns") or 0)
+                                                    for r in comp) else "none of it in them."))
+
+
 def _partial(runs: list[RunEntry]) -> str | None:
     """Runs whose traces miss ranks of their world (``trace_info.missing_ranks``); a projection
     runs only its roles by design (``_projected`` says so)."""
@@ -99,8 +121,9 @@ def _whole_trace(runs: list[RunEntry]) -> str | None:
 
 
 def lines(report: Report) -> list[str]:
-    """The context list: a projection, busy or oversubscribed machine, CPU/gloo, a partial rank
-    set, unaligned clocks, no ProfilerStep; each present item one line; [] when none applies."""
+    """The context list: a projection, busy or oversubscribed machine, CPU/gloo, a compile
+    warm-up, a partial rank set, unaligned clocks, no ProfilerStep; each present item one line;
+    [] when none applies."""
     runs = [r for r in report.runs if not r.incomplete]
-    return [x for x in (_projected(runs), _busy(runs), _cpu_gloo(runs), _partial(runs),
-                        _clocks(runs), _whole_trace(runs)) if x]
+    return [x for x in (_projected(runs), _busy(runs), _cpu_gloo(runs), _compiled(runs),
+                        _partial(runs), _clocks(runs), _whole_trace(runs)) if x]

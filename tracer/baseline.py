@@ -71,6 +71,8 @@ def baseline_key(cfg: RecordConfig, device_type: str) -> dict:
     key["micro_batches"] = micro_batches(cfg)
     if cfg.float8:  # only where on: every other baseline keeps its id
         key["float8"] = True
+    if cfg.compile != "none":  # absent when off: the ids of eager configs stay what they were
+        key["compile"] = cfg.compile
     return key
 
 
@@ -111,6 +113,7 @@ def compute_baseline(cfg: RecordConfig, device_type: str,
         apply_float8(model)
     if cfg.activation_checkpointing:
         apply_checkpointing(model, unit_names(model, spec))
+    compile_like_ranks(model, cfg, spec)
     model.to(device)
     xd, yd = x.to(device), y.to(device)
     opt = build_optimizer(cfg, model.parameters())
@@ -137,6 +140,18 @@ def compute_baseline(cfg: RecordConfig, device_type: str,
     meta = {"config": json.dumps(baseline_key(cfg, device_type), sort_keys=True),
             "activation_order": json.dumps(order)}
     return tensors, meta
+
+
+def compile_like_ranks(model: torch.nn.Module, cfg: RecordConfig, spec) -> None:
+    """``--compile``: the baseline's model compiled as the ranks' (tracer/compiling.py), so
+    parity compares a compiled run with a compiled reference: ``blocks`` the same units (after
+    activation checkpointing, as the ranks), ``model`` the root. No-op for ``none``."""
+    from tracer import compiling
+
+    if cfg.compile == "blocks":
+        compiling.compile_blocks(model, unit_names(model, spec))
+    elif cfg.compile == "model":
+        compiling.compile_model(model)
 
 
 def _forward_backward(mp: MixedPrecisionStep, spec, x: torch.Tensor, y: torch.Tensor,

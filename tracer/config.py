@@ -26,6 +26,9 @@ DEFAULT_LR = {"sgd": 0.1, "adamw": 1e-3}
 MP_DTYPES = ("fp32", "bf16", "fp16")
 """Dtype names of ``--mixed-precision PARAM,REDUCE,BUFFER``."""
 
+COMPILE_MODES = ("none", "blocks", "model")
+"""``--compile``: no torch.compile; each transformer block (torchtitan's per-block compile); the
+whole model (tracer/compiling.py)."""
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev")
 """``--pp-schedule``: torch.distributed.pipelining ScheduleGPipe, Schedule1F1B (one stage per
 rank), ScheduleInterleaved1F1B, ScheduleLoopedBFS, ScheduleInterleavedZeroBubble (``--pp-virtual``
@@ -166,6 +169,12 @@ class RecordConfig:
     ``MixedPrecisionPolicy``, emulated in the baseline and DDP (tracer/training.py)."""
     activation_checkpointing: bool = _option(False, "Non-reentrant activation checkpointing of every FSDP "
                                              "unit (baseline and ddp too).")
+    compile: str = _option("none", "torch.compile: none, blocks (each transformer block, as torchtitan) "
+                           "or model (the whole model); the baseline is compiled the same way.")
+    """``none``, ``blocks`` (``Module.compile(fullgraph=True)`` on each FSDP unit before the strategy
+    wraps: torchtitan's per-block compile) or ``model`` (the root after it wraps); the baseline
+    compiles the same modules (tracer/compiling.py). Needs ``--wait + --warmup >= 2``: step 0
+    compiles with the numerics hooks, step 1 without them, and neither is profiled."""
     bucket_cap_mb: float | None = _option(None, "DDP bucket_cap_mb, MiB, or default (torch's: a 1 MiB "
                                           "first bucket, then 25 MiB).", parser=parse_bucket_cap_mb,
                                           metavar="<float|default>")
@@ -330,6 +339,7 @@ class RecordConfig:
         if self.lr is not None and not 0 < self.lr < float("inf"):
             raise bad("lr", self.lr, "must be a finite number > 0")
         self._check_training_options(bad)
+        self._check_compile(bad)
         if not isinstance(self.repeat, int) or not 1 <= self.repeat <= MAX_REPEAT:
             raise bad("repeat", self.repeat, f"must be an integer from 1 to {MAX_REPEAT}")
         if not 0 <= self.repeat_index <= self.repeat:
@@ -555,6 +565,23 @@ class RecordConfig:
                       "mixed precision): use fp32,REDUCE,fp32 (REDUCE via a compression comm hook), "
                       "--precision bf16 (autocast), or fsdp / fsdp2 (--strategy all includes ddp: "
                       "record single, fsdp and fsdp2 one by one)")
+
+    def _check_compile(self, bad) -> None:
+        """``--compile``: a known mode, two unprofiled steps, and refused in one line where the
+        record cannot compile what the strategy runs (tracer/compiling.py ``refusal``)."""
+        if self.compile not in COMPILE_MODES:
+            raise bad("compile", self.compile, f"expected one of {', '.join(COMPILE_MODES)}")
+        if self.compile == "none":
+            return
+        if self.wait + self.warmup < 2:
+            raise bad("compile", self.compile, f"needs --wait + --warmup >= 2 (got {self.wait} + "
+                      f"{self.warmup}): step 0 compiles with the numerics hooks, step 1 recompiles "
+                      "without them, and neither may be profiled")
+        from tracer.compiling import refusal
+
+        why = refusal(self.row, self.compile, self.activation_checkpointing)
+        if why is not None:
+            raise bad("compile", self.compile, why)
 
     def option_given(self, option: str) -> bool:
         """Whether ``option`` differs from its default (what ``to_argv`` would pass on)."""

@@ -18,6 +18,7 @@ from torch import nn
 from analyzer.contract import strategies
 from analyzer.contract.schemas import MEMORY_DIR, trace_name
 from tracer import faults, footprint
+from tracer.compiling import CompileClock
 from tracer.config import RecordConfig
 from tracer.data import Batches
 from tracer.memory import dump_snapshot, start_history
@@ -69,8 +70,10 @@ def train(cfg: RecordConfig, step: Step, base: dict[str, torch.Tensor], rank: in
     (tracer/footprint.py) are measured outside the profiler's active window and wall_ns. A
     step's loss: the mean of the rank's microbatches' (``Step.losses``), recorded after the
     loop. The trace is exported once, at the end of the active window; a failure cancels it.
-    ``hb``: tracer/worker.py ``Heartbeat``. Returns (numerics rows, steps rows, CUDA snapshot
-    table or None, MEMORY_CATEGORIES_SCHEMA table).
+    ``hb``: tracer/worker.py ``Heartbeat``. With ``--compile`` each step row also holds
+    ``compile_ns``, the time torch compiled during that step (in ``wall_ns`` too: steps 0 and
+    1, never profiled; ``compiling.warmup_section`` puts them in the manifest). Returns
+    (numerics rows, steps rows, CUDA snapshot table or None, MEMORY_CATEGORIES_SCHEMA table).
     """
     opt = build_optimizer(cfg, step.model.parameters())
     dp_rank, dp_size = dp_coords(cfg, rank, world)
@@ -85,6 +88,7 @@ def train(cfg: RecordConfig, step: Step, base: dict[str, torch.Tensor], rank: in
     snapshot_table = None
     held: dict[str, int] = {}
     tagged = contextlib.nullcontext() if strategies.spec(cfg.strategy).is_reference else tag_collectives()
+    clock = CompileClock() if cfg.compile != "none" else None
     with prof, tagged:
         try:
             for i in range(cfg.total_steps):
@@ -121,6 +125,8 @@ def train(cfg: RecordConfig, step: Step, base: dict[str, torch.Tensor], rank: in
                 wall_ns = time.perf_counter_ns() - t0 - numerics_ns
                 values.append(sum(float(v.detach()) for v in losses) / len(losses) if losses else float("nan"))
                 step_rows.append(step_row(cfg, rank, i, wall_ns, device))
+                if clock is not None:  # not a STEPS_SCHEMA column: the manifest's (compile_section)
+                    step_rows[-1]["compile_ns"] = clock.lap()
                 prof.step()
                 if i == cfg.profiled_until - 1:
                     snapshot_table = dump_snapshot(

@@ -16,7 +16,7 @@ import torch
 from analyzer.contract.atomic import write_atomic
 from analyzer.contract.schemas import (MANIFEST_NAME, SCHEMA_VERSION, Baseline, Batch, Device, Experiment,
                                        Launch, Machine, Manifest, Mesh, Model, Profiler, Training, Versions)
-from analyzer.contract.tolerance import TOLERANCES, float8_tolerance, mixed_precision_tolerance
+from analyzer.contract.tolerance import TOLERANCES, compile_tolerance, float8_tolerance, mixed_precision_tolerance
 from tracer.config import RecordConfig
 from tracer.data import data_manifest
 from tracer.golden import golden_section
@@ -87,7 +87,8 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
                    device: torch.device, launch: Launch, num_params: int,
                    fsdp_units: list[str], spec, model_name: str, buffers: list[str],
                    batch_x: torch.Tensor, machine: Machine | None = None,
-                   mesh: Mesh | None = None, applied: dict | None = None) -> Manifest:
+                   mesh: Mesh | None = None, applied: dict | None = None, compiled=None,
+                   warmup=None) -> Manifest:
     """The run's manifest; ``files`` lists every file already in ``run_dir``.
 
     ``strategy_options`` also carries ``fsdp_units`` (the wrapped module FQNs, additive) for
@@ -98,6 +99,8 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
     their ``strategy_options`` as fsdp2's (``fsdp_units`` included); ``applied``: options as
     torch applied them (tracer/strategies.py ``Built.applied``) over those asked; ``batch.per_rank_batch``
     is the rows of one data-parallel rank (batch / dp size: tp ranks share them).
+    ``compiled``, ``warmup``: ``--compile``'s ``schemas.Compile`` and ``schemas.CompileWarmup``
+    (tracer/compiling.py ``compile_section``, ``warmup_section``).
     """
     options = cfg.strategy_options()
     options.update(applied or {})  # what torch applied, read back (strategies.Built.applied)
@@ -112,6 +115,8 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
            mixed_precision_tolerance(list(cfg.mixed_precision_dtypes), world_size))
     if cfg.float8:  # float8 casts differ more than any reduction order (tolerance.py)
         tol = float8_tolerance()
+    elif cfg.compile != "none" and cfg.mixed_precision is None:  # mixed precision's rule has the same form
+        tol = compile_tolerance(cfg.precision, world_size, cfg.compile)
     return Manifest(
         schema_version=SCHEMA_VERSION, run_id=uuid.uuid4().hex, run_name=run_dir.name,
         created_utc=datetime.now(timezone.utc).isoformat(), strategy=cfg.strategy,
@@ -132,14 +137,16 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
             description=("one process, whole global batch, same seed, initial weights, data and "
                          f"precision policy ({precision_policy(cfg)}), one torch thread, "
                          f"optimizer {cfg.optimizer}"
-                         f"{', activation checkpointing' if cfg.activation_checkpointing else ''}; "
+                         f"{', activation checkpointing' if cfg.activation_checkpointing else ''}"
+                         f"{'' if cfg.compile == 'none' else f', torch.compile {cfg.compile} as the ranks'}; "
                          "computed before the ranks start, outside their processes")),
         files=file_entries(run_dir), data=data_manifest(cfg, device.type),
         keep_tensors=cfg.keep_tensors, golden=golden_section(cfg, run_dir),
         training=Training(optimizer=optimizer_manifest(cfg),
                           mixed_precision=list(cfg.mixed_precision_dtypes) if cfg.mixed_precision else None,
-                          activation_checkpointing=cfg.activation_checkpointing),
-        experiment=experiment_section(cfg), machine=machine, mesh=mesh)
+                          activation_checkpointing=cfg.activation_checkpointing,
+                          compile=compiled),
+        experiment=experiment_section(cfg), machine=machine, mesh=mesh, compile_warmup=warmup)
 
 
 def precision_policy(cfg: RecordConfig) -> str:

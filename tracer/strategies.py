@@ -419,9 +419,25 @@ def _placed(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], r
 
 
 def _checkpointed(cfg: RecordConfig, model: nn.Module, units: list[str]) -> None:
-    """``--activation-checkpointing`` of ``units`` (tracer/training.py); no-op without it."""
+    """``--activation-checkpointing`` of ``units`` (tracer/training.py), then ``--compile
+    blocks`` of them (torchtitan's order: activation checkpointing, compile, FSDP;
+    tracer/compiling.py); each a no-op without its option."""
     if cfg.activation_checkpointing:
         apply_checkpointing(model, units)
+    if cfg.compile == "blocks":
+        from tracer.compiling import compile_blocks
+
+        compile_blocks(model, units)
+
+
+def _compiled_whole(cfg: RecordConfig, model: nn.Module) -> nn.Module:
+    """``--compile model``: the root compiled after the strategy wrapped it (tracer/compiling.py);
+    ``model`` unchanged otherwise. Returns ``model``."""
+    if cfg.compile == "model":
+        from tracer.compiling import compile_model
+
+        compile_model(model)
+    return model
 
 
 @registers("single")
@@ -430,7 +446,7 @@ def setup_single(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tenso
     """The reference: the model unwrapped (its checkpointed units only)."""
     model, num_params, units = _placed(cfg, spec, base, rank, device)
     _checkpointed(cfg, model, units)
-    return Built(model=model, num_params=num_params, units=units)
+    return Built(model=_compiled_whole(cfg, model), num_params=num_params, units=units)
 
 
 @registers("ddp")
@@ -443,13 +459,14 @@ def setup_ddp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor],
     model = apply_ddp(model, cfg, device)
     if cfg.fault == "unsynced-init" and rank > 0:
         faults.perturb_init(model, cfg.seed, rank)
-    return Built(model=model, num_params=num_params, units=units)
+    return Built(model=_compiled_whole(cfg, model), num_params=num_params, units=units)
 
 
 @registers("fsdp")
 def setup_fsdp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
                world: int, device: torch.device) -> Built:
-    """``apply_fsdp`` (FSDP1), then checkpointing inside its units (FSDP's own order)."""
+    """``apply_fsdp`` (FSDP1), then checkpointing inside its units (FSDP's own order), and
+    ``--compile blocks`` inside them too."""
     model, num_params, units = _placed(cfg, spec, base, rank, device)
     model = apply_fsdp(model, cfg, device, spec)
     _checkpointed(cfg, model, units)
@@ -463,7 +480,8 @@ def setup_fsdp2(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor
     model, num_params, units = _placed(cfg, spec, base, rank, device)
     _checkpointed(cfg, model, units)
     model = apply_fsdp2(model, cfg, device, spec)
-    return Built(model=model, num_params=num_params, units=units, applied=fsdp2_applied(model))
+    return Built(model=_compiled_whole(cfg, model), num_params=num_params, units=units,
+                 applied=fsdp2_applied(model))
 
 
 @registers("hsdp")
@@ -479,7 +497,7 @@ def setup_hsdp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor]
     _checkpointed(cfg, model, units)
     model = apply_fsdp2(model, cfg, device, spec, mesh=faults.hsdp_mesh(device_mesh_2d(cfg, device), cfg.fault))
     mesh = Mesh(shape=list(cfg.mesh_shape), dim_names=list(cfg.row.dims))
-    return Built(model=model, num_params=num_params, units=units, mesh=mesh,
+    return Built(model=_compiled_whole(cfg, model), num_params=num_params, units=units, mesh=mesh,
                  applied=fsdp2_applied(model))
 
 
@@ -501,15 +519,23 @@ def setup_fsdp2_tp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Ten
     model = apply_fsdp2(model, cfg, device, spec, mesh=mesh2d[cfg.row.dim_of("shard")])
     mesh = Mesh(shape=list(cfg.mesh_shape), dim_names=list(cfg.row.dims), tp_plan=plan,
                 tp_sharded_params=sharded)
-    return Built(model=model, num_params=num_params, units=units, mesh=mesh,
+    return Built(model=_compiled_whole(cfg, model), num_params=num_params, units=units, mesh=mesh,
                  applied={**fsdp2_applied(model), **applied})
 
 
 @registers("pp")
 def setup_pp(cfg: RecordConfig, spec: ModelSpec, base: dict[str, torch.Tensor], rank: int,
              world: int, device: torch.device) -> Built:
-    """This rank's pipeline stage, FSDP2 over dp (tracer/pipeline.py ``build_pipeline``)."""
+    """This rank's pipeline stage, FSDP2 over dp (tracer/pipeline.py ``build_pipeline``);
+    ``--compile blocks``: the stage's own layers compiled in place (after FSDP2 here: the stage's
+    module is built, sharded and handed to its ``PipelineStage`` in one function, and the stage
+    calls it at each microbatch, so the compiled call is what runs); ``model``: the stage's root."""
     from tracer import pipeline
 
     pipe, num_params = pipeline.build_pipeline(cfg, spec, base, rank, world, device)
+    if cfg.compile == "blocks":
+        from tracer.compiling import compile_blocks
+
+        compile_blocks(pipe.module, list(pipe.owned))
+    _compiled_whole(cfg, pipe.module)
     return Built(model=pipe.module, num_params=num_params, mesh=pipe.mesh_section(cfg), pipe=pipe)

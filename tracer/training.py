@@ -150,7 +150,10 @@ class MixedPrecisionStep:
         self.micro_batches = micro_batches(cfg) if parts is None else parts
         self._sums: dict[int, torch.Tensor] = {}  # parameter index -> REDUCE sum
         if self.enabled:
+            from tracer.compiling import recompile_copy
+
             self.compute = copy.deepcopy(model)
+            recompile_copy(model, self.compute)  # --compile: the copy runs its own parameters
             cast_buffers(self.compute, cfg)
         else:
             self.compute = model

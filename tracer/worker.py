@@ -38,6 +38,7 @@ from analyzer.contract.schemas import (GOLDEN_METRICS, MEMORY_CATEGORIES_NAME, M
 from analyzer.contract.strategies import is_reference
 from tracer import devices, faults, flightrec, loop
 from tracer.baseline import ACTIVATIONS_NAME, BASELINE_NAME, load_baseline, write_baseline_isolated
+from tracer.compiling import compile_section, warmup_section
 from tracer.config import RecordConfig
 from tracer.launch import CTRL_ENV, GO_ENV, LAUNCH_ENV, STORE_FD_ENV, tmpdir_full
 from tracer.manifest import build_manifest, machine_info, write_manifest
@@ -228,7 +229,9 @@ def run_rank(cfg: RecordConfig, env: RankEnv, hb: Heartbeat) -> None:
                                   num_params=built.num_params, fsdp_units=built.units, spec=spec,
                                   model_name=model_name, buffers=buffers, batch_x=base["batch.x"],
                                   machine=machine_info(load_avg, env.local_world_size), mesh=built.mesh,
-                                  applied=built.applied)
+                                  applied=built.applied,
+                                  compiled=compile_section(cfg, built.model),
+                                  warmup=warmup_section(cfg, step_rows))
         write_manifest(cfg.run_dir, manifest)
     hb.beat("done")
 

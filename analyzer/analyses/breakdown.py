@@ -285,7 +285,34 @@ def rank_breakdown(rank: int, events: pd.DataFrame, steps: pd.DataFrame, device_
         "input_bound": np.array([f >= INPUT_BOUND_FRAC for f in data_frac], bool),
         "cpu_step_ns": (steps["cpu_end_ns"].to_numpy() - steps["cpu_start_ns"].to_numpy()
                         ).astype(np.int64),
-        "device_work": work, "last_step_tail_ns": tail_ns})
+        "device_work": work, "last_step_tail_ns": tail_ns,
+        "compute_kernels": compute_kernels(events, full, st, device_kind)})
+
+
+def compute_kernels(events: pd.DataFrame, rows: "_Rows", st: np.ndarray, device_kind: str
+                    ) -> np.ndarray:
+    """Kernels each step ran, int64 per step of ``st`` (by the rows' ``step``): on a GPU rank
+    its compute kernels (role compute: device rows); on a CPU rank the compute rows that
+    enclose no other compute row of their thread -- the ops that ran a kernel (an eager aten
+    kernel, an extern ``aten::mm`` inside a compiled graph, inductor's profiled
+    ``graph_<n>_cpp_fused_*``), not the ops and regions around them (``aten::linear``,
+    ``CompiledFunction``). A count, not a time: the same work counts the same on a busy machine,
+    and a fusion (``--compile``) shows as fewer kernels (issue 45)."""
+    comp = np.flatnonzero(rows.comp & (~rows.gpu if device_kind == "cpu" else rows.gpu))
+    if device_kind == "cpu" and len(comp):
+        tid = pd.factorize(events["tid"])[0][comp]  # codes: a thread id may be a str
+        order = np.lexsort((-rows.e[comp], rows.s[comp], tid))  # by thread, start, longest first
+        comp, tid = comp[order], tid[order]
+        nxt_s = np.append(rows.s[comp][1:], np.iinfo(np.int64).max)
+        same = np.append(tid[1:] == tid[:-1], False)
+        comp = comp[~same | (nxt_s >= rows.e[comp])]  # no compute row of its thread starts inside
+    step = events["step"].to_numpy()[comp]
+    pos = {int(k): i for i, k in enumerate(st.tolist())}
+    out = np.zeros(len(st), np.int64)
+    for k, n in zip(*np.unique(step[step >= 0], return_counts=True)):
+        if int(k) in pos:
+            out[pos[int(k)]] = int(n)
+    return out
 
 
 def _last_window(cpu_start_ns: np.ndarray, work: np.ndarray) -> int:

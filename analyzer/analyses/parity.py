@@ -25,7 +25,7 @@ Rule (docs/method.md "Reading the report"; contract in ``analyzer/contract/schem
 
 Tolerances (analyzer/contract/tolerance.py): ``TOLERANCES`` by the manifest's precision
 (torch.testing.assert_close defaults), or ``mixed_precision_tolerance`` for a
-``--mixed-precision`` record, overridable by the user; every output states them with their source.
+``--mixed-precision`` record, ``compile_tolerance`` for a ``--compile`` one, overridable by the user; every output states them with their source.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from analyzer.contract import schemas, strategies
 from analyzer.contract.errors import BadInput
 from analyzer.analyses.memory import read_parquet
 from analyzer.contract.report_types import FailedCheck, FirstDivergence, LossStep, Parity, ToleranceOverride
-from analyzer.contract.tolerance import TOLERANCES, Tolerance, float8_tolerance, mixed_precision_tolerance
+from analyzer.contract.tolerance import (TOLERANCES, Tolerance, compile_tolerance, float8_tolerance,
+                                        mixed_precision_tolerance)
 
 KIND_ORDER = ("activation", "grad", "param")
 """Tensor kinds in first-divergence order (the loss comes after them)."""
@@ -51,11 +52,12 @@ _MAX_METRICS = ("max_abs_diff", "max_abs_ref")
 
 def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | None = None,
                   mixed_precision: list[str] | None = None, world_size: int = 1,
-                  float8: bool = False) -> Tolerance:
+                  float8: bool = False, compile: str | None = None) -> Tolerance:
     """Tolerance for ``precision`` from ``TOLERANCES`` -- or, for a record with
     ``--mixed-precision`` dtypes ``mixed_precision`` on ``world_size`` ranks,
-    ``mixed_precision_tolerance``, or for a ``--float8`` record ``float8_tolerance`` -- with the
-    user's ``--rtol`` / ``--atol`` (None: keep).
+    ``mixed_precision_tolerance``; for a ``--float8`` record ``float8_tolerance``; else for
+    one with ``--compile`` mode ``compile``, ``compile_tolerance`` -- with the user's
+    ``--rtol`` / ``--atol`` (None: keep).
 
     Raises ``ValueError`` for an unknown precision or dtype, or a negative / non-finite override.
     """
@@ -63,7 +65,7 @@ def tolerance_for(precision: str, *, rtol: float | None = None, atol: float | No
         raise ValueError(f"unknown precision {precision!r}; expected one of {schemas.PRECISIONS}")
     tol = (float8_tolerance() if float8 else
            mixed_precision_tolerance(mixed_precision, world_size) if mixed_precision else
-           TOLERANCES[precision])
+           compile_tolerance(precision, world_size, compile) if compile else TOLERANCES[precision])
     overridden = [n for n, v in (("rtol", rtol), ("atol", atol)) if v is not None]
     if not overridden:
         return tol
@@ -382,7 +384,8 @@ def check_run(run_dir: Path | str, manifest: schemas.Manifest | None,
         tol = tolerance_for(manifest.precision, rtol=override.rtol, atol=override.atol,
                             mixed_precision=training.mixed_precision if training else None,
                             world_size=manifest.world_size,
-                            float8=manifest.strategy_options.get("float8") is True)
+                            float8=manifest.strategy_options.get("float8") is True,
+                            compile=training.compile.mode if training and training.compile else None)
     except ValueError as exc:
         raise BadInput(run_dir / schemas.MANIFEST_NAME, "bad_run_file", str(exc),
                        "re-record the run") from None

@@ -11,6 +11,9 @@ arms differ (``RELATIVE``).
   bytes summed over the dimension's process groups and dtypes, divided by the ranks of the
   dimension (each rank is in one group of a dimension) and by ``runs[].profiled_steps``. A kind
   an arm never launched counts 0; a run without traces (no profiled steps) is not measured.
+- Kernels (issue 45): ``runs[].compute_kernels_per_step``, the kernels a rank ran per step
+  (GPU compute kernels, a CPU rank's innermost compute ops: analyzer/analyses/breakdown.py
+  ``compute_kernels``); ``--compile`` fuses ops into fewer kernels.
 - Memory: ``runs[].memory.by_category`` (memory_categories.parquet), the largest rank's bytes
   per category. The categories are counted from the tensors a rank holds (reports/memory.py
   ``SOURCES``) and are measured on any device; the peak is measured only where it is an
@@ -23,6 +26,8 @@ largest over them (memory).
 """
 
 from __future__ import annotations
+
+from msgspec import UNSET
 
 from analyzer.contract.report_types import ArmDifference, Ranking, RunEntry
 
@@ -107,7 +112,20 @@ def differences(runs: list[RunEntry], ranking: Ranking) -> list[ArmDifference]:
     order = _arm_order(runs, ranking)
     by_name = {r.name: r for r in runs}
     members = {a: [by_name[n] for n in arms[a].runs if n in by_name] for a in order}
-    return _collective_rows(order, members) + _memory_rows(order, members, arms)
+    return _kernel_rows(order, members) + _collective_rows(order, members) + _memory_rows(order, members, arms)
+
+
+def _kernel_rows(order: list[str], members: dict[str, list[RunEntry]]) -> list[ArmDifference]:
+    """The kernels per rank per step of each arm (mean over its repeats), where they differ: a
+    fusion (``--compile``) or another kernel choice shows here without step-time noise."""
+    vals: dict[str, float | None] = {}
+    for a in order:
+        got = [r.compute_kernels_per_step for r in members[a]]
+        got = [None if v is UNSET else v for v in got]
+        vals[a] = _mean(got) if got else None
+    if not _differ(list(vals.values())):
+        return []
+    return [ArmDifference(what="compute_kernels", kind="compute", unit="kernels_per_step", values=vals)]
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -88,7 +88,7 @@ OPTION_SETTINGS: dict[str, tuple[str, ...]] = {
     "data": ("data",), "data_workers": ("data",), "data_sample_cost_ms": ("data",),
     "precision": ("precision",),
     "optimizer": ("training",), "lr": ("training",), "mixed_precision": ("training",),
-    "activation_checkpointing": ("training",),
+    "activation_checkpointing": ("training",), "compile": ("training",),
     "batch": ("batch",), "seq": ("batch",), "hidden": ("model", "batch"),
     "layers": ("model",), "model": ("model",),
     "seed": ("seed",), "device": ("device",),

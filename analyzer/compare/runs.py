@@ -238,6 +238,13 @@ def _prefetch(tables, device_kind: str) -> Prefetch | None:
                     units=[PrefetchUnit(**u) for u in units.to_dict("records")])
 
 
+def _kernels_per_step(bd) -> float | msgspec.UnsetType:
+    """Kernels per rank per profiled step (``RunEntry.compute_kernels_per_step``): the mean of
+    the breakdown's ``compute_kernels`` over the steps with device work; UNSET without one."""
+    bd = bd[(bd["step"] >= 0) & bd["device_work"].astype(bool)]
+    return float(bd["compute_kernels"].mean()) if len(bd) else msgspec.UNSET
+
+
 def _trace_figures(tables) -> tuple[dict, list[int], list[str]]:
     """(RunEntry fields from the traces, the slowest rank's time of each profiled step in ns,
     the loader's notes). ``tables``: ``ingest.load_run``'s result."""
@@ -372,7 +379,9 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
             device=m.device.type, settings={k: msgspec.to_builtins(getattr(m, k)) for k in ranking.SETTINGS},
             experiment=msgspec.to_builtins(m.experiment) if m.experiment else None,
             machine=msgspec.to_builtins(m.machine) if m.machine else None,
-            projection=msgspec.to_builtins(m.projection) if m.projection else None)),
+            projection=msgspec.to_builtins(m.projection) if m.projection else None,
+            **({} if m.compile_warmup is None else
+               {"compile_warmup": msgspec.to_builtins(m.compile_warmup)}))),
         parity=_parity(run, options), traces=[str(p) for p in run.traces], memory=mem,
         incomplete=run.incomplete,
         data=datasupply.data_summary(None if tables is None else tables.breakdown, run.manifest),
@@ -387,6 +396,8 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
         clock_caveats = [c for c in clock_caveats if c != clock.ORDER_FALLBACK]
         for k, v in fields.items():
             setattr(entry, k, v)
+        if m is not None and m.experiment is not None and m.experiment.settings is not None:
+            entry.compute_kernels_per_step = _kernels_per_step(tables.breakdown)
         if entry.world_size is None:
             entry.world_size = tables.world_size
             entry.device = "cuda" if entry.trace_info.device_kind == "gpu" else "cpu"

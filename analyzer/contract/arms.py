@@ -72,11 +72,12 @@ def name_says_settings(name: str, strategy: str, settings: dict[str, Any]) -> bo
             if part != strategy:
                 return False
             key, val = STRATEGY, part
-        parsed[key.strip().replace("-", "_").lower()] = _norm(_parse(val.strip()))
-    if parsed.pop(STRATEGY, _norm(strategy)) != _norm(strategy):
+        # the value as parsed, or as text (``compile=none`` names the mode "none", not None)
+        parsed[key.strip().replace("-", "_").lower()] = (_norm(_parse(val.strip())), _norm(val.strip()))
+    if _norm(strategy) not in parsed.pop(STRATEGY, (_norm(strategy),)):
         return False
     want = {k.lower(): _norm(v) for k, v in settings.items() if k != STRATEGY}
-    return parsed == want
+    return parsed.keys() == want.keys() and all(want[k] in parsed[k] for k in want)
 
 
 def arm_label(name: str, strategy: str, settings: dict[str, Any] | None,

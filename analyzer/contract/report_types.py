@@ -985,6 +985,17 @@ class RunEntry(_Figures, kw_only=True):
     """Issue 44 Deliver 3: a projection's step at its world size from the link model
     (``--link-model``; analyzer/compare/projection.py); None for a record, or without a link
     model."""
+    compute_kernels_per_step: float | UnsetType = UNSET
+    """Issue 45: kernels per rank per profiled step (mean over ranks and steps of the
+    breakdown's ``compute_kernels``: GPU compute kernels, or on a CPU rank the compute ops
+    that enclose no other, inductor's fused kernels among them); a count, free of step-time
+    noise, compared between declared arms (``Ranking.differences``). Absent outside declared
+    arms (``experiment.settings``) and without profiled steps."""
+    compile_warmup: dict[str, Any] | UnsetType = UNSET
+    """Issue 45: a ``--compile`` record's compile warm-up, the manifest's ``compile_warmup``:
+    ``compile_ns_by_step`` (rank 0's time compiling in each step, ns), ``first_step_wall_ns``,
+    ``profiled_compile_ns`` (compile time inside profiled steps, ns: in their step times; 0 when
+    none). Absent for an eager run."""
 
     @property
     def arm(self) -> str:
@@ -1081,9 +1092,11 @@ class ArmDifference(msgspec.Struct, kw_only=True):
     profiled step), ``memory`` (``kind`` a memory category of memory_categories.parquet, or
     ``peak`` for an allocator peak; bytes on the arm's largest rank) or ``memory_unseen`` (the
     arms differ in a setting whose memory lives in buffers this device's record cannot see:
-    ``values`` all None, ``settings`` names them, ``why`` says what is not seen)."""
+    ``values`` all None, ``settings`` names them, ``why`` says what is not seen) or
+    ``compute_kernels`` (issue 45: kernels per rank per profiled step,
+    ``RunEntry.compute_kernels_per_step``; ``kind`` "compute")."""
 
-    what: Literal["collective_calls", "collective_bytes", "memory", "memory_unseen"]
+    what: Literal["collective_calls", "collective_bytes", "memory", "memory_unseen", "compute_kernels"]
     """What the figure is: collective calls or bytes per step, memory per rank, or a memory
     effect this device's record cannot see."""
     kind: str = ""
@@ -1091,7 +1104,7 @@ class ArmDifference(msgspec.Struct, kw_only=True):
     "" for ``memory_unseen``."""
     mesh_dim: str = ""
     """The collectives' mesh dimension (``CommGroup.mesh_dim``); "" for memory."""
-    unit: Literal["calls_per_step", "bytes_per_step", "bytes", ""] = ""
+    unit: Literal["calls_per_step", "bytes_per_step", "bytes", "kernels_per_step", ""] = ""
     """The unit of ``values``: calls or bytes per profiled step (per rank), bytes per rank;
     "" for ``memory_unseen``."""
     values: dict[str, float | None] = {}
@@ -1138,8 +1151,8 @@ class Ranking(msgspec.Struct, kw_only=True):
     repeats than ``experiment.repeats`` (``arm a: 1 of 4 repeats``; ranked on those it has)."""
     differences: list[ArmDifference] | UnsetType = UNSET
     """Declared arms (``declared``, ranked, two or more arms): the figures on which the arms
-    differ that do not depend on step-time noise -- collective calls and bytes per step by kind
-    and mesh dimension, memory by category where the record can measure it, and
+    differ that do not depend on step-time noise -- kernels per step (issue 45), collective
+    calls and bytes per step by kind and mesh dimension, memory by category where the record can measure it, and
     ``memory_unseen`` where it cannot (analyzer/compare/armdiff.py); only figures that differ
     between arms (``[]``: none does). Absent from report.json otherwise."""
 

@@ -254,11 +254,11 @@ device_work (False: a GPU-rank step that launched no device work, empty window).
 analyzer/ingest/steps.py. Whole-trace mode: one row, step 0, the whole trace."""
 BREAKDOWN_SCHEMA = _columns("rank step step_start_ns step_ns compute_ns comm_ns overlap_ns exposed_comm_ns "
                             "other_ns idle_ns overlap_frac:f data_wait_ns data_wait_frac:f input_bound:b "
-                            "cpu_step_ns device_work:b last_step_tail_ns")
+                            "cpu_step_ns device_work:b last_step_tail_ns compute_kernels")
 """Per rank and step time breakdown (analyzer/analyses/breakdown.py): step_ns = the window's
 length, cpu_step_ns = the CPU ProfilerStep span's; device_work False: left out of medians and
 means; last_step_tail_ns: the idle of a GPU rank's last step after its last device activity
-(0 elsewhere)."""
+(0 elsewhere); compute_kernels: the kernels the step ran (``breakdown.compute_kernels``)."""
 COLLECTIVES_SCHEMA = _columns("rank step pg:s seq kind:s start_ns end_ns dur_ns bytes rule:s name:s "
                               "group_size dtype:s pg_ranks:s enqueue_start_ns enqueue_end_ns event_idx "
                               "peer pg_desc:s union_ns exposed_ns gap_ns gap_compute_ns gap_host_ns "
@@ -413,6 +413,32 @@ class Golden(msgspec.Struct, kw_only=True):
     init_sha256_equal: bool
 
 
+class Compile(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``tracer record --compile`` as torch ran it (issue 45; tracer/compiling.py): a setting,
+    compared as the rest of ``Training``."""
+    mode: str
+    """``blocks`` (each transformer block, torchtitan's per-block compile) or ``model``."""
+    backend: str
+    """torch.compile backend (``inductor``)."""
+    fullgraph: bool
+    """Whether a graph break was an error (``blocks``) or allowed (``model``)."""
+    modules: list[str] = []
+    """Clean FQNs of the modules rank 0 ran compiled ("" the root), as found after setup."""
+
+
+class CompileWarmup(msgspec.Struct, kw_only=True):
+    """The compile warm-up of a ``--compile`` record, measured (issue 45): rank 0's seconds of
+    compiling per step (torch/_dynamo/utils.py ``calculate_time_spent``, forward and backward),
+    inside those steps' ``wall_ns`` (steps.parquet) and never in a profiled step's unless
+    ``profiled_compile_ns`` says so. A measurement, not a setting: never compared between runs."""
+    compile_ns_by_step: list[int]
+    """Per step, ns (step 0: with the numerics hooks; step 1: recompiled without them)."""
+    first_step_wall_ns: int
+    """Step 0's wall time, ns, the compile included (step 0 is never profiled)."""
+    profiled_compile_ns: int
+    """Compile time inside profiled steps, ns: 0 when they ran what was compiled before them."""
+
+
 class Training(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The training setup (issue 18; tracer/training.py), the same for the baseline and the ranks."""
     optimizer: dict[str, Any]
@@ -420,6 +446,8 @@ class Training(msgspec.Struct, kw_only=True, omit_defaults=True):
     mixed_precision: list[str] | None = None
     """[PARAM, REDUCE, BUFFER] dtype names ("fp32", "bf16", "fp16"), None without the option."""
     activation_checkpointing: bool = False
+    compile: Compile | None = None
+    """``--compile`` (None: eager)."""
 
 
 class Experiment(msgspec.Struct, kw_only=True):
@@ -585,6 +613,9 @@ class Manifest(msgspec.Struct, kw_only=True, omit_defaults=True):
     """issue 44: set by ``tracer project`` only (absent in a record): the run is a projection
     at ``Projection.world_size`` from one process, not a measured job. Additive: no
     ``SCHEMA_VERSION`` bump (a reader that does not know the key ignores it)."""
+    compile_warmup: CompileWarmup | None = None
+    """issue 45: ``--compile`` records only: the compile warm-up, apart from the step time.
+    Additive, as ``projection``."""
 
     def file(self, path: str) -> FileEntry | None:
         """The ``files`` entry of ``path``, None when it is not listed."""

@@ -211,7 +211,18 @@ RULE_TABLE = (
 )
 RULES = tuple(r for r, _, _ in RULE_TABLE) + (
     "gpu.nccl_kernel.args", "gpu.nccl_kernel.launch", "gpu.symm_mem_kernel", "gpu.hccl_kernel",
-    "gpu.dispatch_kernel", "cpu.gloo_op.paired", "cpu.main_thread_op")
+    "gpu.dispatch_kernel", "cpu.gloo_op.paired", "cpu.main_thread_op", "cpu.compiled_region")
+COMPILED_RE = re.compile(r"^(?:Torch-Compiled Region: |## Call CompiledFxGraph |CompiledFunction"
+                         r"(?:Backward)?$|autograd::engine::evaluate_function: CompiledFunction"
+                         r"Backward$|(?:graph_\d+_)?cpp_fused_)")
+"""What torch.compile runs, as a CPU rank's trace names it (torch 2.13): the dynamo frame
+(torch/_dynamo/convert_frame.py: ``"Torch-Compiled Region: " + compile_id``), AOTAutograd's
+autograd function and its backward (torch/_functorch/_aot_autograd/runtime_wrappers.py
+``CompiledFunction``), inductor's call of its graph (torch/_inductor/output_code.py:
+``## Call CompiledFxGraph <key> ##``, a user annotation around the fused C++ kernels, which
+have no event of their own unless ``torch._inductor.config.cpp.enable_kernel_profile``) and
+those kernels when profiled (``graph_<n>_cpp_fused_*``, the graph's number first). On a GPU rank inductor's Triton kernels
+(``triton_poi_fused_*``, ``triton_red_fused_*``, ...) are device kernels: gpu.kernel."""
 _RULE = {r: i for i, r in enumerate(RULES)}
 _PREDICATE = {rule_id: when for rule_id, _, when in RULE_TABLE}
 _OTHER_COMM = ("cpu.symm_mem_op", "cpu.hccl_op", "cpu.dispatch_op")  # not NCCL
@@ -346,7 +357,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
 def _main_thread_rule(df: pd.DataFrame, e: _Events) -> str | None:
     """cpu.main_thread_op on a CPU-only rank: the cpu_op rows no table rule took on its main
     thread (module docstring; ties go to the thread whose tid sorts first as a string) are
-    compute. Returns the main thread's tid, None when no row tells."""
+    compute; cpu.compiled_region: so are torch.compile's regions there (``COMPILED_RE``). Returns the main thread's tid, None when no row tells."""
     n_tid = len(e.u_tid)
     ops = e.cat("cpu_op") & (e.role == _ROLE["other"])
     score = next((np.bincount(e.c_tid[m], minlength=n_tid) for m in (
@@ -361,6 +372,13 @@ def _main_thread_rule(df: pd.DataFrame, e: _Events) -> str | None:
     rows = e.cpu & (e.c_tid == code) & ops
     e.role[rows] = _ROLE["compute"]
     e.rule[rows] = _RULE["cpu.main_thread_op"]
+    # cpu.compiled_region: torch.compile's regions and kernels on the main thread (``COMPILED_RE``),
+    # compute whatever their category (inductor's graph call is a user annotation around its
+    # fused kernels: their time); collectives inside keep their own rules (comm, comm_enqueue)
+    compiled = e.cpu & (e.c_tid == code) & e.name(COMPILED_RE.match) & (
+        (e.role == _ROLE["other"]) | (e.role == _ROLE["compute"]) | (e.role == _ROLE["annotation"]))
+    e.role[compiled] = _ROLE["compute"]
+    e.rule[compiled] = _RULE["cpu.compiled_region"]
     return str(e.u_tid[code])
 
 

@@ -16,7 +16,7 @@ from analyzer.compare import ranking, stats
 from analyzer.compare.runs import analyse
 from analyzer.contract import schemas, strategies
 from analyzer.contract.report_types import ArmDifference, CommGroup, encode
-from reports import armdiff, markdown
+from reports import armdiff, context, markdown
 from reports import memory as memory_section
 from reports.decision import decision_input, decision_line
 from tests.reports.builders import decision, write_categories, write_manifest, write_run
@@ -190,3 +190,32 @@ def test_a_transient_setting_the_arms_share_is_not_said(tmp_path):
     rep = analyse(root)
     assert rep.ranking.differences == []
     assert armdiff.lines(rep) == []
+
+
+def test_a_compile_sweep_names_its_kernel_counts_first(tmp_path):
+    """Issue 45: `--sweep compile=none,blocks` on fsdp2: inductor fuses ops into fewer kernels,
+    a count free of step-time noise; the collectives and memory, the same in both arms, are
+    said to be the same (CPU: no reshard setting differs, so no memory_unseen line)."""
+    order = ("compile=none", "compile=blocks")
+    _arm(tmp_path / "t", "compile=none", 9, {"compile": "none"}, order=order)
+    _arm(tmp_path / "t", "compile=blocks", 6, {"compile": "blocks"}, order=order)
+    rep = analyse(tmp_path / "t")
+    warm = {"compile_ns_by_step": [7_000 * MS, 300 * MS, 0, 0], "first_step_wall_ns": 7_500 * MS,
+            "profiled_compile_ns": 0}
+    runs = [msgspec.structs.replace(r, profiled_steps=2, comm_groups=_groups(4),
+                                    compute_kernels_per_step=434.0 if r.arm == "compile=none" else 355.0,
+                                    **({} if r.arm == "compile=none" else {"compile_warmup": warm}))
+            for r in rep.runs]
+    rep = msgspec.structs.replace(rep, runs=runs, ranking=ranking.rank_runs(runs))
+    assert armdiff.lines(rep) == [
+        "arms: fsdp2 with compile=none → with compile=blocks",
+        "compute kernels: 434 → 355 per step (per rank)",
+        "no collective call or byte per kind and mesh dimension and no memory category differs "
+        "between the arms"]
+    assert [ln for ln in context.lines(rep) if ln.startswith("Compiled")] == [
+        "Compiled (5 of 10 runs): compile=blocks.r1: 7300 ms compiling in steps 0, 1; "
+        "compile=blocks.r2: 7300 ms compiling in steps 0, 1; compile=blocks.r3: 7300 ms compiling "
+        "in steps 0, 1; ...; the step times are the profiled steps', none of it in them."]
+    got = json.loads(encode(rep))["ranking"]["differences"]
+    assert got == [{"what": "compute_kernels", "kind": "compute", "mesh_dim": "", "unit": "kernels_per_step",
+                    "values": {"compile=none": 434.0, "compile=blocks": 355.0}, "settings": [], "why": ""}]
