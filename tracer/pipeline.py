@@ -476,12 +476,16 @@ class PipelineStep:
         self.pipe, self.model, self.base, self.order, self.device = pipe, pipe.module, base, order, device
         self.microbatches = cfg.pp_microbatches
         self.rows = rank_rows(cfg.batch, pipe.dp, pipe.dp_index)  # this pipeline's rows
+        # only a checkpointed stage recomputes forwards inside backward; the check that skips
+        # them cannot be traced by dynamo (--compile, which --activation-checkpointing refuses)
+        self.recorder_cls = ForwardRecorder if cfg.activation_checkpointing else ActivationRecorder
 
     def recorder(self) -> ActivationRecorder:
         """This stage's layers; the last M calls, the schedule's M microbatches (given its
         static shapes, ``stage_shapes``, the stage runs no shape-inference forward before
         them)."""
-        return ForwardRecorder(self.pipe.module, calls=slice(-self.microbatches, None), within=self.pipe.owned)
+        return self.recorder_cls(self.pipe.module, calls=slice(-self.microbatches, None),
+                                 within=self.pipe.owned)
 
     def forward_backward(self, x, y, step, saved) -> list[torch.Tensor]:
         """Stage 0 feeds ``x``, the last stage ``y``; the last stage's microbatch losses."""

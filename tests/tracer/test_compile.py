@@ -88,15 +88,16 @@ def test_parity_applies_the_compile_tolerance_of_the_manifest():
 _SHAPES = ["--hidden", "32", "--layers", "2", "--batch", "4", "--seq", "16", "--active", "2"]
 
 
-def _record_and_report(tmp_path, args: list[str]) -> tuple[dict, dict]:
-    """Record ``args`` + tiny shapes into ``tmp_path/run``; returns (manifest, its report.json
-    run entry)."""
+def _record_and_report(tmp_path, args: list[str], layers: int = 2) -> tuple[dict, dict]:
+    """Record ``args`` + tiny shapes (``layers`` blocks) into ``tmp_path/run``; returns
+    (manifest, its report.json run entry)."""
     import subprocess
     import sys
 
     from tests.tracer.helpers import REPO, run_tracer
 
-    proc, _ = run_tracer(args + _SHAPES + ["--out", str(tmp_path), "--name", "run", "--timeout", "300"],
+    shapes = [str(layers) if i and _SHAPES[i - 1] == "--layers" else a for i, a in enumerate(_SHAPES)]
+    proc, _ = run_tracer(args + shapes + ["--out", str(tmp_path), "--name", "run", "--timeout", "300"],
                          tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "run"
@@ -121,6 +122,17 @@ def test_compile_blocks_passes_parity_against_a_compiled_baseline(tmp_path, stra
     # steps 0 (hooks on) and 1 (hooks off) compile, never profiled; the profiled steps do not
     assert warm["compile_ns_by_step"][0] > 0 and warm["compile_ns_by_step"][2:] == [0, 0]
     assert warm["profiled_compile_ns"] == 0 and warm["first_step_wall_ns"] > warm["compile_ns_by_step"][0]
+
+
+@pytest.mark.record
+@pytest.mark.parametrize("strategy, extra, layers", [
+    ("fsdp2", [], 6),  # 6 blocks: 6 step-0 graphs of one forward, past dynamo's default limit of 8 with step 1's
+    ("pp", ["--pp-schedule", "interleaved-1f1b", "--pp-virtual", "2", "--microbatches", "4"], 4)])
+def test_compile_blocks_records_many_blocks_and_pipelined_stages(tmp_path, strategy, extra, layers):
+    manifest, entry = _record_and_report(tmp_path, ["--strategy", strategy, "--compile", "blocks"] + extra,
+                                         layers)
+    assert entry["parity"]["status"] == "pass", entry["parity"]
+    assert manifest["training"]["compile"]["mode"] == "blocks"
 
 
 @pytest.mark.record
