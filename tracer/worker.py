@@ -386,14 +386,27 @@ def read_part(path: Path, schema: pa.Schema) -> pa.Table:
         return f.read().select(schema.names).cast(schema)
 
 
+def _first_line(exc: BaseException) -> str:
+    """``Type: first non-empty line of the message`` (``Type`` alone without one)."""
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def write_error(env: RankEnv, step: int, exc: BaseException, full: str | None = None) -> str:
     """Write this rank's first error for the launcher (``rank<r>.error.json``); return its line:
     ``full`` (``tmpdir_full``'s line) when the temporary folder is full, whatever ``exc`` says
     (a write cut short there surfaces as anything, e.g. a JSONDecodeError of a truncated export).
     A write of the error file that fails (in a full TMPDIR) is skipped: the launcher then reads
-    the rank's log and the temporary folder itself."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    the rank's log and the temporary folder itself. An exception raised from another (``raise
+    ... from``) names its root cause too: torch's pipeline stage wraps a model's error in
+    "[Stage 0] failed to run forward:", whose first line says nothing of why."""
+    line = _first_line(exc)
+    root, seen = exc, {id(exc)}
+    while root.__cause__ is not None and id(root.__cause__) not in seen:
+        root = root.__cause__
+        seen.add(id(root))
+    if root is not exc:  # a wrapper's line ("[Stage 0] failed to run forward:") hides the reason
+        line += f" (caused by {_first_line(root)})"
     if isinstance(exc, SystemExit):  # no code of the tracer's exits inside run_rank
         line = f"the model code exited with status {exc.code} (sys.exit) during the record"
     line = full or line
