@@ -259,18 +259,21 @@ def projected_lines(report: Report) -> list[str]:
     """The first screen's lines on the projections (``Report.projections``, issue 44), plain
     text, one per world size: ``at 64 ranks: fsdp2-at-64 (fsdp2) 7.35 ms per step [7.12,
     8.90], the fastest of 2 projections whose numerics a run here verified; 1 more not
-    verified, not ranked``; [] without a projected step. Compute measured on one kind of
-    machine and links on another are said."""
+    verified, not ranked``; with none verified, each one's step [interval] and why it is not
+    ranked; [] without a projected step. Compute measured on one kind of machine and links on
+    another are said."""
     out = []
     for world in sorted({p.world_size for p in report.projections}):
         rows = [p for p in report.projections if p.world_size == world]
         ranked = [p for p in rows if p.rank == 1]
         unverified = sum(p.verified_by is None for p in rows)
         verified = len(rows) - unverified
-        if not ranked:
-            out.append(f"at {world} ranks: {len(rows)} projection(s), none ranked: no run of "
-                       "their strategies passed parity here (record one at a small world "
-                       "beside them)")
+        if not ranked:  # each projection's step, so the first screen holds the figure
+            steps = "; ".join(f"{p.run} ({p.strategy}) {fmt.ms(p.step_ns)} per step "
+                              f"[{fmt.ms(p.low_ns)}, {fmt.ms(p.high_ns)}]" for p in rows)
+            out.append(f"at {world} ranks: {steps}; not ranked: numerics not verified (record "
+                       "a run of the same strategy and options beside "
+                       f"{'it' if len(rows) == 1 else 'them'}, at a small world) (see Projection)")
             continue
         p = ranked[0]
         what = ("the only projection whose numerics a run here verified" if verified == 1 else

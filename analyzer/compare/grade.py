@@ -273,7 +273,8 @@ def grade(projection: Path, run: Path | list[Path],
     """Grade ``projection`` against ``run`` (one run directory, or several: repeats of one
     configuration; module docstring). Raises ``BadInput``: an input is not one run directory
     with a manifest, a RUN is of another configuration (one line naming each difference,
-    checked before any trace is read), has no trace, or shares no rank; with a link model,
+    checked before any trace is read), is a projection while ``projection`` is not (the
+    arguments swapped), has no trace, or shares no rank; with a link model,
     what the projected step raises (no link curve for a group span)."""
     paths = [run] if isinstance(run, (str, Path)) else list(run)
     p_run = _one_run(projection, "PROJECTION")
@@ -284,6 +285,16 @@ def grade(projection: Path, run: Path | list[Path],
             raise BadInput(path, "bad_option", "given twice (as PROJECTION or another RUN): "
                            "each run counts once", "pass each run directory once")
         seen.add(str(r_run.path.resolve()))
+    # Two real runs may be graded (any run directory as PROJECTION, GRADE_HELP); a projection
+    # as RUN beside a real PROJECTION is the arguments swapped: the real run's figures would be
+    # graded as projected, and no step projected.
+    if projection_info(p_run) is None:
+        for path, r_run in zip(paths, r_runs):
+            if projection_info(r_run) is not None:
+                raise BadInput(projection, "bad_option",
+                               f"not a projection (tracer project writes one), but RUN {path} "
+                               "is: the arguments are swapped",
+                               f"pass the projection first: analyzer grade {path} {projection}")
     for path, r_run in zip(paths, r_runs):
         if diffs := configuration_differences(p_run, r_run, (str(projection), str(path))):
             raise BadInput(path, "other_configuration",

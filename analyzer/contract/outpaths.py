@@ -40,8 +40,8 @@ def check_out(path: Path, *, option: str, what: str, example: str = "") -> None:
         raise BadInput(existing, Reason.OUT_IS_FILE, f"is a file, not a folder ({option} names "
                        f"the folder {what} goes in)", f"pass {option} a folder")
     if not existing.stat().st_mode & 0o222:
-        raise BadInput(existing, Reason.UNWRITABLE, f"is marked read-only; {what} is not written "
-                       "there", _writable(option, example))
+        raise BadInput(existing, Reason.UNWRITABLE, f"is marked read-only; {what} cannot be "
+                       "written there", _writable(option, example))
 
 
 def default_report_dir(root: Path) -> Path:

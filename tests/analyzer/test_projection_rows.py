@@ -94,3 +94,17 @@ def test_the_projection_section_and_first_screen_line_render_in_md_and_html():
     assert "- Assumed: 8 ranks per node (--ranks-per-node)." in md
     page = html.render(report)
     assert "<h2>Projection at 64 ranks</h2>" in page and "verified by fsdp2 (at 4 ranks)" in page
+
+
+def test_an_unverified_projection_gives_its_step_and_why_not_ranked_on_the_first_screen():
+    from analyzer.compare.projection import projection_rows
+    from analyzer.contract.report_types import Ranking, Report
+    from reports import markdown
+
+    runs = [_proj("p4", "fsdp2", 4, 149_420_000, 114_250_000, 174_840_000)]
+    report = Report(root="/t", layout="root", runs=runs, ranking=Ranking(
+        status="withheld", order=[], reason="no run has a measured step time", rule=""))
+    report.projections = projection_rows(runs)
+    assert ("**Projected** at 4 ranks: p4 (fsdp2) 149.42 ms per step \\[114.25 ms, 174.84 ms\\]; not "
+            "ranked: numerics not verified (record a run of the same strategy and options "
+            "beside it, at a small world) (see Projection)") in markdown.render(report)

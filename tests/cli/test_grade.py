@@ -382,3 +382,13 @@ def test_a_bad_link_model_is_refused_even_without_a_projection(tmp_path):
     warnings = json.loads((tmp_path / "r" / "report.json").read_text())["warnings"]
     assert ("--link-model: no run here is a projection (tracer project), so no step was "
             "projected with it") in warnings
+
+
+def test_a_real_run_as_projection_with_the_projection_as_run_is_refused_as_swapped(tmp_path):
+    proj = _projection_of_rank0(tmp_path, "fsdp2")
+    real = _copy(tmp_path, "fsdp2", "real")
+    res = _grade(real, proj)
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        f"analyzer: {real}: not a projection (tracer project writes one), but RUN {proj} is: "
+        f"the arguments are swapped; pass the projection first: analyzer grade {proj} {real}")
