@@ -450,10 +450,14 @@ class RecordConfig:
             option = given[0]
             raise ValueError(f"--{option.replace('_', '-')}: needs --device cuda ({why[option]}); "
                              f"this record runs on {device}: drop it on CPU")
+        import torch
+
+        if not torch.cuda.is_available():  # --device cuda on a machine without one: first, the
+            option = given[0]  # other checks (torchao, the capability) need a GPU to mean anything
+            raise ValueError(f"--{option.replace('_', '-')}: needs a CUDA device ({why[option]}); "
+                             "--device cuda but no CUDA device is available here")
         if self.float8:
             import importlib.util
-
-            import torch
 
             if importlib.util.find_spec("torchao") is None:
                 raise ValueError("--float8: needs torchao (pip install torchao), not installed here")

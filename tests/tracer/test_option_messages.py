@@ -26,3 +26,14 @@ def test_refusal_spells_the_option_with_dashes():
     says = _refusal(strategy="pp", pp_schedule="interleaved-1f1b", pp_virtual=0, hidden=32,
                     layers=8, batch=4, seq=16, nproc=4)
     assert says == "--pp-virtual 0: must be a positive integer"
+
+
+def test_float8_on_cuda_without_a_gpu_says_there_is_no_cuda_device():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    says = _refusal(strategy="fsdp2", nproc=2, float8=True, device="cuda")
+    assert says == ("--float8: needs a CUDA device (float8 matmuls (torch._scaled_mm) run on CUDA "
+                    "GPUs of compute capability >= 8.9 only); --device cuda but no CUDA device "
+                    "is available here")
