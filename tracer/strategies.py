@@ -226,6 +226,23 @@ def prefetch_cut(n_units: int, depth: int) -> str | None:
             f"unit prefetches at most {used}; used {used} (the manifest's fsdp2_prefetch)")
 
 
+def prefetch_cut_of(depth: int | None, run_dir) -> str | None:
+    """``prefetch_cut`` for a finished record of ``run_dir`` that asked ``--fsdp2-prefetch
+    depth``, from its manifest's ``fsdp_units``: what a spawned record's launcher says (its
+    ranks' stderr goes to their logs, not the terminal). None without the manifest or units."""
+    import json
+    from pathlib import Path
+
+    if not depth:
+        return None
+    try:
+        options = json.loads((Path(run_dir) / "manifest.json").read_text())["strategy_options"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    units = options.get("fsdp_units") if isinstance(options, dict) else None
+    return prefetch_cut(len(units), depth) if isinstance(units, list) and units else None
+
+
 def fsdp2_applied(model: nn.Module) -> dict:
     """What torch holds after ``apply_fsdp2`` (the manifest's ``strategy_options``, read back
     from each ``FSDPModule``'s state, torch 2.13 private fields ``_states_to_forward_prefetch``,
