@@ -344,6 +344,15 @@ def prefetch_group_rows(report: Report, group: list[str]) -> Rows:
               _late(r.prefetch)] for r in runs])
 
 
+def batch_shape(batch: dict) -> str:
+    """The manifest's ``batch`` as the settings table shows it: ``global B x seq S x hidden H
+    (per rank b)``, without ``x hidden`` where the hidden size is 0 (a custom model whose spec
+    gives no size, tracer/manifest.py ``model_sizes``)."""
+    hidden = batch.get("hidden")
+    return (f"global {batch.get('global_batch')} x seq {batch.get('seq_len')}"
+            f"{f' x hidden {hidden}' if hidden else ''} (per rank {batch.get('per_rank_batch')})")
+
+
 def settings_rows(report: Report) -> Rows:
     """Recorded settings per run (manifest), or what the foreign traces tell."""
     rows = []
@@ -358,8 +367,7 @@ def settings_rows(report: Report) -> Rows:
         v, d, b, la = s["versions"] or {}, s["device"] or {}, s["batch"] or {}, s["launch"] or {}
         rows.append([r.name, ", ".join(f"{k} {x}" for k, x in v.items() if x),
                      f"{d.get('type')} {d.get('name')}",
-                     f"global {b.get('global_batch')} x seq {b.get('seq_len')} x hidden {b.get('hidden')}"
-                     f" (per rank {b.get('per_rank_batch')})", s["seed"],
+                     batch_shape(b), s["seed"],
                      fmt.precision_setting(s["precision"], s.get("training")),
                      f"{la.get('method')}, {r.world_size} rank(s), backend {r.backend}"])
     return ["run", "versions", "device", "batch shape", "seed", "precision and training",

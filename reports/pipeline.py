@@ -35,14 +35,23 @@ def head_line(run: RunEntry) -> str:
 
 
 def stage_rows(run: RunEntry) -> tuple[list[str], list[list[Any]]]:
-    """Per stage: ranks, step, compute, bubble (means per rank and step), bubble share and
-    the ideal share."""
+    """Per pp rank (``per_stage`` is one row per pp coordinate, all its V stages together): the
+    stages it ran (``Pipeline.stage_ids``; its coordinate in runs with one stage per rank),
+    ranks, step, compute, bubble (means per rank and step), bubble share and the ideal share."""
     p = run.pipeline
-    heads = ["stage", "ranks", "rank-steps", "step", "compute", "bubble", "bubble share",
-             "ideal bubble"]
-    return heads, [[s.stage, ", ".join(str(r) for r in s.ranks), s.rank_steps, fmt.ms(s.step_ns),
+    heads = ["pp rank", "stages", "ranks", "rank-steps", "step", "compute", "bubble",
+             "bubble share", "ideal bubble"]
+    return heads, [[s.stage, _stage_ids(p, s.stage), ", ".join(str(r) for r in s.ranks),
+                    s.rank_steps, fmt.ms(s.step_ns),
                     fmt.ms(s.compute_ns), fmt.ms(s.bubble_ns), fmt.pct(s.bubble_frac),
                     fmt.pct(p.ideal_bubble_frac)] for s in p.per_stage]
+
+
+def _stage_ids(p, coordinate: int) -> str:
+    """The global stages pp rank ``coordinate`` ran: ``0, 7`` (zbv, P = 4)."""
+    if 0 <= coordinate < len(p.stage_ids):
+        return ", ".join(str(i) for i in p.stage_ids[coordinate])
+    return str(coordinate)
 
 
 def _stage(s: int) -> str:

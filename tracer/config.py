@@ -296,7 +296,7 @@ class RecordConfig:
         from analyzer.contract.schemas import KEEP_TENSORS, PRECISIONS, STRATEGIES
 
         def bad(option: str, value: Any, why: str) -> ValueError:
-            return ValueError(f"--{option} {value}: {why}")
+            return ValueError(f"--{option.replace('_', '-')} {value}: {why}")  # the flag's spelling
 
         if self.strategy not in STRATEGIES:
             raise bad("strategy", self.strategy, f"expected one of {', '.join(STRATEGIES + ('all',))}")
@@ -450,10 +450,14 @@ class RecordConfig:
             option = given[0]
             raise ValueError(f"--{option.replace('_', '-')}: needs --device cuda ({why[option]}); "
                              f"this record runs on {device}: drop it on CPU")
+        import torch
+
+        if not torch.cuda.is_available():  # --device cuda on a machine without one: first, the
+            option = given[0]  # other checks (torchao, the capability) need a GPU to mean anything
+            raise ValueError(f"--{option.replace('_', '-')}: needs a CUDA device ({why[option]}); "
+                             "--device cuda but no CUDA device is available here")
         if self.float8:
             import importlib.util
-
-            import torch
 
             if importlib.util.find_spec("torchao") is None:
                 raise ValueError("--float8: needs torchao (pip install torchao), not installed here")
@@ -504,6 +508,12 @@ class RecordConfig:
                 raise bad("pp", p, f"{what} than --layers {self.layers}: each stage needs a layer")
             m, per_pipeline = self.pp_microbatches, self.batch // self.dp_size
             if self.batch % self.dp_size == 0 and per_pipeline % m:
+                if self.microbatches is None:  # the default: say so, and what to pass instead
+                    fits = max(d for d in range(1, m + 1) if per_pipeline % d == 0)
+                    raise bad("microbatches", f"{m} (the default, 2 x --pp {p}; not passed)",
+                              f"must divide the batch of each pipeline {per_pipeline} (--batch "
+                              f"{self.batch} / dp {self.dp_size}); pass --microbatches {fits} "
+                              f"or --batch {m * self.dp_size}")
                 raise bad("microbatches", m, f"must divide the batch of each pipeline "
                           f"{per_pipeline} (--batch {self.batch} / dp {self.dp_size})")
             schedule = self.resolved_pp_schedule

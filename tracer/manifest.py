@@ -22,6 +22,7 @@ from tracer.data import data_manifest
 from tracer.golden import golden_section
 from tracer.profiling import activities
 from tracer.training import optimizer_manifest
+from tracer.specform import HF_SIZE_NAMES, SpecError, parse_spec
 from tracer.rundir import file_entries, finish_record, holds_lock, unlock_run_dir
 
 
@@ -111,6 +112,7 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
             options["fsdp_unit_classes"] = [c.__name__ for c in spec.units]
     reference = cfg.model == "reference"
     dims = list(batch_x.shape) + [0, 0]
+    hidden, layers = model_sizes(cfg, spec.config)
     tol = (TOLERANCES[cfg.precision] if cfg.mixed_precision is None else
            mixed_precision_tolerance(list(cfg.mixed_precision_dtypes), world_size))
     if cfg.float8:  # float8 casts differ more than any reduction order (tolerance.py)
@@ -122,11 +124,10 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
         created_utc=datetime.now(timezone.utc).isoformat(), strategy=cfg.strategy,
         strategy_options=options, fault=cfg.fault, precision=cfg.precision, world_size=world_size,
         backend=backend, device=device_info(device), launch=launch, versions=versions(),
-        model=Model(name=model_name, hidden=cfg.hidden if reference else 0,
-                    layers=cfg.layers if reference else 0, num_params=num_params, spec=cfg.model,
+        model=Model(name=model_name, hidden=hidden, layers=layers, num_params=num_params, spec=cfg.model,
                     buffers_not_compared=buffers, config=spec.config),
         batch=Batch(global_batch=cfg.batch, seq_len=cfg.seq if reference else dims[1],
-                    per_rank_batch=cfg.batch // (world_size // (cfg.tp_degree * cfg.pp_degree)), hidden=cfg.hidden if reference else dims[2]),
+                    per_rank_batch=cfg.batch // (world_size // (cfg.tp_degree * cfg.pp_degree)), hidden=hidden or dims[2]),
         seed=cfg.seed, steps=cfg.total_steps,
         profiler=Profiler(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
                           activities=[a.name for a in activities(device.type)],
@@ -147,6 +148,24 @@ def build_manifest(*, cfg: RecordConfig, run_dir: Path, world_size: int, backend
                           activation_checkpointing=cfg.activation_checkpointing,
                           compile=compiled),
         experiment=experiment_section(cfg), machine=machine, mesh=mesh, compile_warmup=warmup)
+
+
+def model_sizes(cfg: RecordConfig, config: dict | None) -> tuple[int, int]:
+    """``(hidden, layers)`` of the run's model, for the manifest's ``model`` and ``batch``:
+    ``--hidden`` / ``--layers`` for the reference model; for an ``hf:`` model, its built
+    config's values (``config``: tracer/hf.py ``built_config``) under the family's keys
+    (tracer/specform.py ``HF_SIZE_NAMES``: Llama ``hidden_size`` / ``num_hidden_layers``,
+    GPT-2 ``n_embd`` / ``n_layer``); 0 where the spec gives no size (a custom model)."""
+    if cfg.model == "reference":
+        return cfg.hidden, cfg.layers
+    try:
+        form = parse_spec(cfg.model)
+    except SpecError:
+        return 0, 0
+    if form.kind != "hf" or not config:
+        return 0, 0
+    return tuple(int(config.get(HF_SIZE_NAMES[name].get(form.where), 0) or 0)
+                 for name in ("hidden", "layers"))
 
 
 def precision_policy(cfg: RecordConfig) -> str:

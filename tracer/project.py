@@ -122,6 +122,7 @@ def project(cfg: RecordConfig, fake: FakeOptions | None = None, *,
     import torch
 
     from tracer import devices
+    from analyzer.contract.schemas import RECORDING_NAME
     from tracer.baseline import BASELINE_NAME
     from tracer.projinputs import write_projection_inputs
     from tracer.record import _release, claim_run_dirs
@@ -140,6 +141,10 @@ def project(cfg: RecordConfig, fake: FakeOptions | None = None, *,
     claim_run_dirs([cfg])
     try:
         replaced = clear_run_dir(cfg.run_dir)
+        # the marker's second line: the analyzer's clean-up hint says tracer project, not record
+        fd = os.open(cfg.run_dir / RECORDING_NAME, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        with os.fdopen(fd, "a") as marker:
+            marker.write("project\n")
         if replaced is not None:
             log.warning("%s: replacing %s", cfg.run_dir, replaced)
         write_projection_inputs(cfg, device_type, cfg.run_dir / BASELINE_NAME, fake.fake_tensors)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -36,6 +37,8 @@ from tracer.config import RecordConfig
 from tracer.modelspec import ModelSpec, load_parameters
 from tracer.numerics import clean_fqn
 from tracer.training import apply_checkpointing
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tracer.pipeline import PipelineRank
@@ -184,6 +187,9 @@ def apply_fsdp2(model: nn.Module, cfg: RecordConfig, device: torch.device, spec:
     fully_shard(model, **kwargs)
     forward, backward = fsdp2_prefetch_units(len(units), cfg.fsdp2_prefetch or int(cfg.forward_prefetch),
                                              cfg.fsdp2_prefetch)
+    if (warning := prefetch_cut(len(units), cfg.fsdp2_prefetch or 0)) and (
+            not dist.is_initialized() or dist.get_rank() == 0):  # once, not per rank
+        log.warning("%s", warning)
     for k, unit in enumerate(units):
         if forward[k]:
             unit.set_modules_to_forward_prefetch([units[j] for j in forward[k]])
@@ -207,6 +213,34 @@ def fsdp2_prefetch_units(n_units: int, forward_depth: int, backward_depth: int
     forward = [list(range(k + 1, min(n_units, k + 1 + forward_depth))) for k in range(n_units)]
     backward = [list(range(k - 1, max(-1, k - 1 - backward_depth), -1)) for k in range(n_units)]
     return forward, backward
+
+
+def prefetch_cut(n_units: int, depth: int) -> str | None:
+    """The one-line warning when ``--fsdp2-prefetch depth`` asks for more units than a unit has
+    after (forward) or before (backward) it: ``fsdp2_prefetch_units`` stops at the last / first
+    of ``n_units``, so the depth used is ``n_units - 1``; None when the depth fits."""
+    used = max(0, n_units - 1)
+    if depth <= used:
+        return None
+    return (f"warning: --fsdp2-prefetch {depth}: the model has {n_units} FSDP2 unit(s), so a "
+            f"unit prefetches at most {used}; used {used} (the manifest's fsdp2_prefetch)")
+
+
+def prefetch_cut_of(depth: int | None, run_dir) -> str | None:
+    """``prefetch_cut`` for a finished record of ``run_dir`` that asked ``--fsdp2-prefetch
+    depth``, from its manifest's ``fsdp_units``: what a spawned record's launcher says (its
+    ranks' stderr goes to their logs, not the terminal). None without the manifest or units."""
+    import json
+    from pathlib import Path
+
+    if not depth:
+        return None
+    try:
+        options = json.loads((Path(run_dir) / "manifest.json").read_text())["strategy_options"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    units = options.get("fsdp_units") if isinstance(options, dict) else None
+    return prefetch_cut(len(units), depth) if isinstance(units, list) and units else None
 
 
 def fsdp2_applied(model: nn.Module) -> dict:

@@ -51,7 +51,8 @@ def run_pipeline(tables, manifest: schemas.Manifest | None) -> Pipeline | None:
                    dp=math.prod(mesh.shape) // p,
                    ideal_bubble_frac=pipeline.ideal_bubble_frac(p, mesh.microbatches, mesh.pp_schedule, v),
                    ideal_source=pipeline.ideal_source(mesh.pp_schedule), bubble_rule=pipeline.BUBBLE_RULE,
-                   virtual_stages=v, schedule_class=mesh.pp_schedule_class)
+                   virtual_stages=v, schedule_class=mesh.pp_schedule_class,
+                   stage_ids=[list(ids) for ids in mesh.pp_stage_ids])
     groups = pipeline.stage_ranks(mesh)
     stages = pipeline.stage_of(mesh)
     measured: dict[int, dict] = {}

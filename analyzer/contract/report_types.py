@@ -662,6 +662,10 @@ class Pipeline(_Figures, kw_only=True):
     schedule_class: str | None = None
     """The torch.distributed.pipelining class the run used (the manifest's
     ``mesh.pp_schedule_class``); None in runs recorded before issue 45."""
+    stage_ids: list[list[int]] = []
+    """Per pp rank (``per_stage``'s ``stage`` coordinate), the global stage indices it ran (the
+    manifest's ``mesh.pp_stage_ids``: zbv's rank 0 runs stages 0 and 2P - 1); empty in runs
+    recorded before issue 45 (one stage per rank, its coordinate)."""
 
 
 class TraceInfo(msgspec.Struct, kw_only=True):

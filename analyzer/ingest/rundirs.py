@@ -284,12 +284,24 @@ def cleanup_hint(folders: list[Path]) -> str:
 
     Several: each named, ``re-record them (tracer record ... --out traces --name ddp, ... --name
     fsdp) or delete the folders traces/ddp, traces/fsdp``."""
+    commands = {_writer(f) for f in folders}  # a projection's folder: tracer project again
+    command = commands.pop() if len(commands) == 1 else "record / tracer project"
     if len(folders) == 1:
         f = folders[0]
-        return f"re-record it (tracer record ... --out {f.parent} --name {f.name}) or delete the folder {f}"
+        return f"re-record it (tracer {command} ... --out {f.parent} --name {f.name}) or delete the folder {f}"
     names = ", ".join(f"... --name {f.name}" for f in folders[1:])
-    return (f"re-record them (tracer record ... --out {folders[0].parent} --name {folders[0].name}"
+    return (f"re-record them (tracer {command} ... --out {folders[0].parent} --name {folders[0].name}"
             f"{', ' + names if names else ''}) or delete the folders {', '.join(map(str, folders))}")
+
+
+def _writer(folder: Path) -> str:
+    """``project`` when ``folder``'s record marker says ``tracer project`` wrote it (its second
+    line, tracer/project.py ``project``), else ``record``."""
+    try:
+        lines = (folder / schemas.RECORDING_NAME).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return "record"
+    return "project" if lines[1:2] == ["project"] else "record"
 
 
 def _incomplete_fix(folders: list[Path]) -> str:
