@@ -4,10 +4,12 @@ lists, the record lock (issue 17 items 2, 3, 4, 5)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -330,7 +332,9 @@ def test_rerecord_of_a_finished_run_names_what_it_replaces(tmp_path):
 
     run = tmp_path / "ddp"
     shutil.copytree(REPO / "fixtures" / "recorded" / "tiny" / "ddp", run)
-    assert rundir.clear_run_dir(run) == "a finished ddp run of 2 ranks recorded 2026-12-06 23:12 UTC"
+    created = json.loads((run / "manifest.json").read_text())["created_utc"]  # ISO, to the second
+    when = datetime.fromisoformat(created).strftime("%Y-%m-%d %H:%M UTC")
+    assert rundir.clear_run_dir(run) == f"a finished ddp run of 2 ranks recorded {when}"
     rundir.unlock_run_dir(run)
     assert rundir.clear_run_dir(run) is None  # now incomplete: nothing of value replaced
     rundir.unlock_run_dir(run)
