@@ -394,11 +394,12 @@ def _record_here(configs) -> None:
         _fail(ExitCode.INTERRUPTED, f"{_INTERRUPTED}{left()}", done)
     for run_dir in done:
         typer.echo(one_line(f"recorded {run_dir}"))
-    from tracer.strategies import prefetch_cut_of  # what torch applied below what was asked
+    for cfg in configs:  # what torch applied below what was asked (tracer.strategies imports
+        if cfg.fsdp2_prefetch and cfg.run_dir in done:  # torch: only when it was asked)
+            from tracer.strategies import prefetch_cut_of
 
-    for cfg in configs:
-        if cfg.run_dir in done and (cut := prefetch_cut_of(cfg.fsdp2_prefetch, cfg.run_dir)):
-            typer.echo(one_line(f"tracer: {cut}"), err=True)
+            if cut := prefetch_cut_of(cfg.fsdp2_prefetch, cfg.run_dir):
+                typer.echo(one_line(f"tracer: {cut}"), err=True)
     for line in replaced():  # never lose a finished run silently (issue 42)
         typer.echo(one_line(f"tracer: {line}"), err=True)
 
