@@ -1,7 +1,8 @@
 """``run_all``: one function over many inputs, in this process and ``jobs - 1`` workers of a
 ``ProcessPoolExecutor``, each taking the next input as it frees up (callers pass the largest
-first). ``workers()`` starts the workers ahead (importing ``preload`` while this process imports
-its own); ``run_all`` inside reuses them. Workers end with this process, however it ends.
+first). ``workers()`` starts the workers ahead (each importing ``preload``: where they are forked
+after this process imported it, as ``analyzer report`` does, that costs nothing); ``run_all``
+inside reuses them. Workers end with this process, however it ends.
 Inside ``analyzer.ingest.cluster.connected`` (``--scheduler``), ``run_all`` hands the inputs to
 that Dask cluster instead (``push_map``)."""
 
