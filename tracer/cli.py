@@ -427,10 +427,11 @@ def linkbench(
     """Measure this machine's links for a projection's step time: each collective
     kind (all_reduce, all_gather, reduce_scatter, all_to_all, send_recv) at each size on
     groups of each size g that divides --nproc, gloo on CPU or NCCL when P GPUs are visible;
-    per size the ranks' mean of their median call and a spread (10th..90th percentile of the
-    calls). Writes the curves to --out for analyzer report / grade --link-model. More
-    processes than CPUs measure a shared machine (said); a time that falls as the size grows is
-    noise (said: rerun on a quiet machine or with more --iters)."""
+    per size the mean of every call of every rank and a spread (10th..90th percentile of the
+    calls); on gloo also the wait for a group's last rank when every rank computes between
+    calls (the arrival wait of ranks sharing cores). Writes them to --out for analyzer report /
+    grade --link-model. More processes than CPUs measure a shared machine (said); a time that
+    falls as the size grows is noise (said: rerun on a quiet machine or with more --iters)."""
     from analyzer.contract.errors import BadInput
     from analyzer.contract.outpaths import check_out
     from analyzer.contract.stopping import stop_on_signals
@@ -454,14 +455,19 @@ def linkbench(
                             "this machine's oversubscription, as a record of that many ranks "
                             "here would"), err=True)
     try:
-        curves = bench.run_linkbench(out, world=nproc, iters=iters, sizes=chosen)
+        table = bench.run_linkbench(out, world=nproc, iters=iters, sizes=chosen)
     except KeyboardInterrupt:
         _fail(ExitCode.INTERRUPTED, "interrupted; no link curves written")
     except OSError as exc:  # the write of --out
         _fail(ExitCode.BAD_INPUT, f"{out}: cannot be written ({exc.strerror})")
+    curves = table["curves"]
     spans = ", ".join(f"g={g}" for g in dict.fromkeys(c["group_size"] for c in curves))
+    waits = "; ".join(f"g={a['group_size']}: " + ", ".join(
+        f"{r['wait_ns'] / 1e6:.2g} ms after {r['segment_ns'] / 1e6:g} ms" for r in a["rows"])
+        for a in table["arrival"])
     typer.echo(one_line(f"wrote {out}: {len(curves)} curves ({spans}; "
-                        f"{len(bench.KINDS)} kinds x {len(chosen)} sizes each)"))
+                        f"{len(bench.KINDS)} kinds x {len(chosen)} sizes each)"
+                        + (f"; arrival wait per call {waits} of compute" if waits else "")))
     for line in bench.falling(curves):
         typer.echo(one_line(f"tracer: {line}"), err=True)
 

@@ -28,7 +28,21 @@ wait for a late rank, and all groups start together. A row's spread: the 10th an
 percentiles of every per-call time of the size (all iterations, all ranks), widened to hold
 the row's time.
 
-Needs torch; the analyzer reads the file with ``linkmodel.load_curves``.
+Arrival waits (gloo only): where ranks share a CPU's cores, a rank that reaches a collective
+first blocks, its core goes to another rank, and the group's last member arrives late by up to
+a scheduler slice; a replay whose ranks compute at the work-conserving share (compute x ranks /
+CPUs) and start each call when its last member issues it misses that time (4-7 ms a call in a
+4-rank fsdp2 record on 2 vCPUs, bench/RESULTS.md). Measured per group size g, with every group
+at once: per compute segment S of ``ARRIVAL_SEGMENTS_NS`` (CPU time of each rank), the wall time
+of S of compute alone, then of S of compute followed by a small all_reduce on the group, with
+no barrier between iterations, and the all_reduce alone after a barrier; the wait is (compute +
+call) - compute - call, the mean over every iteration of every rank, at least 0 (a row's
+spread: the 10th and 90th percentiles of the per-iteration waits). The replay adds it to the
+start of each collective of g ranks (analyzer/analyses/projstep.py).
+
+The file is the link model's table form: ``{"curves": [...], "arrival": [...]}``
+(``linkmodel.LinkTable``; a plain list of curves, what older benchmarks wrote, still reads).
+Needs torch; the analyzer reads the file with ``linkmodel.read_link_model``.
 """
 
 from __future__ import annotations
@@ -48,6 +62,14 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"
 SIZES_BYTES = tuple(2**k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB, x4
 _ELEMENT_BYTES = 4  # float32
 LAYOUTS = ("contiguous", "strided")
+ARRIVAL_SEGMENTS_NS = (1_000_000, 4_000_000, 16_000_000)
+"""Compute segments before each call of the arrival measurement (ns of a rank's CPU time):
+the spacing of a small model's collectives (the reference model's fsdp2 step on CPU: 6 calls in
+~25 ms of compute) to a large one's."""
+ARRIVAL_BYTES = 4096
+"""The all_reduce of the arrival measurement: small, so that its time is the arrival's."""
+ARRIVAL_ITERS = 20
+"""Iterations per segment and series at least (a wait is a few ms against a spread as wide)."""
 
 
 def group_sizes(world: int) -> list[int]:
@@ -94,10 +116,44 @@ def _one_call(dist, torch, kind: str, size_bytes: int, ranks: list[int], pg, ran
     return send_recv
 
 
+def _compute(torch, cpu_ns: int) -> None:
+    """Compute for ``cpu_ns`` of this thread's CPU time (small matmuls, one thread: a rank's
+    compute), however long the scheduler makes it take."""
+    a = torch.full((32, 32), 0.01)
+    t0 = time.thread_time_ns()
+    while time.thread_time_ns() - t0 < cpu_ns:
+        a = torch.tanh(a @ a)
+
+
+def _arrival(dist, torch, call, iters: int) -> dict[int, dict[str, list[int]]]:
+    """This rank's arrival timings (module docstring) on the group of ``call``: per segment
+    {"compute": wall ns of each iteration of compute alone, "both": of compute then ``call``,
+    "call": of ``call`` alone after a barrier}."""
+    out = {}
+    for seg in ARRIVAL_SEGMENTS_NS:
+        got: dict[str, list[int]] = {"compute": [], "both": [], "call": []}
+        _compute(torch, seg)  # warm-up
+        call()
+        for what in ("compute", "both", "call"):
+            dist.barrier()  # the whole world enters each series together
+            for _ in range(iters):
+                if what == "call":
+                    dist.barrier()
+                t0 = time.perf_counter_ns()
+                if what != "call":
+                    _compute(torch, seg)
+                if what != "compute":
+                    call()
+                got[what].append(time.perf_counter_ns() - t0)
+        out[seg] = got
+    return out
+
+
 def _worker(rank: int, world: int, port: int, backend: str, iters: int, kinds: tuple[str, ...],
             sizes: tuple[int, ...], layout: str, out_dir: str) -> None:
-    """One rank: every (group size, kind, size), its per-call times (ns) written to
-    rank<r>.json as {g: {kind: {size: [ns, ...]}}}."""
+    """One rank: every (group size, kind, size), its per-call times (ns), and on gloo the
+    arrival timings per group size (``_arrival``), written to rank<r>.json as
+    {"calls": {g: {kind: {size: [ns, ...]}}}, "arrival": {g: {segment: {...}}}}."""
     import torch
     import torch.distributed as dist
 
@@ -109,6 +165,7 @@ def _worker(rank: int, world: int, port: int, backend: str, iters: int, kinds: t
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
     times: dict[int, dict[str, dict[int, list[int]]]] = {}
+    arrival: dict[int, dict] = {}
     try:
         for g in group_sizes(world):
             mine, pg = None, None
@@ -130,9 +187,13 @@ def _worker(rank: int, world: int, port: int, backend: str, iters: int, kinds: t
                         sync()
                         per_call.append(time.perf_counter_ns() - t0)
                     times.setdefault(g, {}).setdefault(kind, {})[size] = per_call
+            if backend == "gloo":  # time-sharing a CPU's cores (module docstring)
+                small = _one_call(dist, torch, "all_reduce", ARRIVAL_BYTES, mine, pg, rank, device)
+                arrival[g] = _arrival(dist, torch, small, max(iters, ARRIVAL_ITERS))
     finally:
         dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(times))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"calls": times,
+                                                             "arrival": arrival}))
 
 
 def check_options(world: int, iters: int, sizes: tuple[int, ...], kinds: tuple[str, ...],
@@ -188,16 +249,39 @@ def curves_of(per_rank: list[dict], source: str, kinds: tuple[str, ...],
     return curves
 
 
+def arrival_of(per_rank: list[dict], source: str) -> list[dict]:
+    """The arrival curves from the ranks' arrival timings (``_arrival``'s, JSON-decoded: keys
+    are strings): one per group size, rows (segment_ns, wait_ns = max(0, mean(compute + call) -
+    mean(compute) - mean(call)) over every iteration of every rank, rounded; low_ns / high_ns
+    the 10th and 90th percentiles of the per-iteration waits (each iteration's compute + call
+    less the two means), at least 0, widened to hold wait_ns)."""
+    out = []
+    for g in sorted({int(g) for r in per_rank for g in r}):
+        rows = []
+        for seg in sorted({int(s) for r in per_rank for s in r[str(g)]}):
+            series = [r[str(g)][str(seg)] for r in per_rank]
+            compute = statistics.fmean(ns for s in series for ns in s["compute"])
+            call = statistics.fmean(ns for s in series for ns in s["call"])
+            waits = [ns - compute - call for s in series for ns in s["both"]]
+            wait = max(0, round(statistics.fmean(waits)))
+            lo, hi = spread_ns([max(0, round(w)) for w in waits], wait)
+            rows.append({"segment_ns": seg, "wait_ns": wait, "low_ns": lo, "high_ns": hi})
+        out.append({"source": source.format(groups=len(per_rank) // g, g=g), "group_size": g,
+                    "nodes": 1, "rows": rows})
+    return out
+
+
 def run_linkbench(out: Path | str, *, world: int = 2, backend: str | None = None,
                   iters: int = 5, kinds: tuple[str, ...] = KINDS,
                   sizes: tuple[int, ...] = SIZES_BYTES,
                   layout: Literal["contiguous", "strided"] = "contiguous") -> list[dict]:
     """Run the benchmark on ``world`` local processes (``backend`` None: NCCL when ``world``
-    GPUs are visible, else gloo) and write its curves to ``out`` (JSON, atomically); returns
-    them. One curve per (group size g of ``group_sizes(world)``, kind): nodes 1, dtype
+    GPUs are visible, else gloo) and write its table to ``out`` (JSON, atomically); returns it:
+    {"curves": one per (group size g of ``group_sizes(world)``, kind): nodes 1, dtype
     "float32", rows (bytes, time_ns, low_ns, high_ns) (``curves_of``), measured with all
-    world / g groups at once (module docstring). Raises ``ValueError`` (``check_options``);
-    ``RuntimeError`` from torch's process start when a rank fails."""
+    world / g groups at once; "arrival": on gloo one per g (``arrival_of``), else none}
+    (module docstring). Raises ``ValueError`` (``check_options``); ``RuntimeError`` from
+    torch's process start when a rank fails."""
     import tempfile
 
     import torch
@@ -217,13 +301,16 @@ def run_linkbench(out: Path | str, *, world: int = 2, backend: str | None = None
                                           tuple(sizes), layout, tmp),
                            nprocs=world, join=True, start_method="spawn")
         per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
-    source = (f"link benchmark on this machine {socket.gethostname()} {when} "
-              f"({backend}, {device}, {world} processes, {{groups}} {layout} group(s) of {{g}} "
-              f"at once, mean of {iters} calls per rank, spread p10..p90)")
-    curves = curves_of(per_rank, source, tuple(kinds), tuple(sizes))
-    write_atomic(out, json.dumps(curves, indent=2) + "\n")
+    where = (f"link benchmark on this machine {socket.gethostname()} {when} ({backend}, "
+             f"{device}, {world} processes, {{groups}} {layout} group(s) of {{g}} at once, ")
+    table = {"curves": curves_of([r["calls"] for r in per_rank], where + f"mean of {iters} calls "
+                                 "per rank, spread p10..p90)", tuple(kinds), tuple(sizes)),
+             "arrival": arrival_of([r["arrival"] for r in per_rank], where + f"{max(iters, ARRIVAL_ITERS)} "
+                                   f"compute + all_reduce of {ARRIVAL_BYTES} B per rank and segment, "
+                                   "spread p10..p90)")}
+    write_atomic(out, json.dumps(table, indent=2) + "\n")
     del store
-    return curves
+    return table
 
 
 if __name__ == "__main__":  # python -m tracer.linkbench OUT.json [WORLD]

@@ -82,6 +82,38 @@ class LinkCurve(msgspec.Struct, kw_only=True, frozen=True):
     """Ascending, distinct bytes."""
 
 
+class ArrivalRow(msgspec.Struct, kw_only=True, frozen=True):
+    """One compute segment of an arrival curve."""
+
+    segment_ns: int
+    """The compute before each call (> 0; ns of a rank's CPU time)."""
+    wait_ns: int
+    """The mean wait (>= 0) for the group's last rank beyond the compute and the call's time."""
+    low_ns: int | None = None
+    """The 10th percentile of the waits (0 <= low_ns <= wait_ns), None where not measured."""
+    high_ns: int | None = None
+    """The 90th percentile (high_ns >= wait_ns)."""
+
+
+class ArrivalCurve(msgspec.Struct, kw_only=True, frozen=True):
+    """The arrival wait of a collective on g ranks over n nodes whose ranks share CPU cores
+    (tracer/linkbench.py measures it on gloo: a rank blocked in a call gives its core to another,
+    so the last member arrives a scheduler slice late), per compute segment between calls."""
+
+    source: str
+    group_size: int
+    nodes: int
+    rows: list[ArrivalRow]
+    """Ascending, distinct segments."""
+
+
+class LinkTable(msgspec.Struct, kw_only=True, frozen=True):
+    """The table form as the link benchmark writes it: curves and arrival waits."""
+
+    curves: list[LinkCurve]
+    arrival: list[ArrivalCurve] = []
+
+
 class LinkTime(msgspec.Struct, kw_only=True, frozen=True):
     """The answer of ``lookup``."""
 
@@ -352,18 +384,37 @@ def dump_curves(curves: list[LinkCurve]) -> str:
 
 
 def load_curves(path: Path | str) -> list[LinkCurve]:
-    """Curves from a JSON file of the table form (``dump_curves``; a link benchmark's output).
-    Raises ``BadInput`` (``bad_run_file``) when it does not have that shape or a curve's kind
-    or rows are invalid."""
+    """Curves from a JSON file of the table form (``dump_curves``'s list, or a link
+    benchmark's ``LinkTable``). Raises ``BadInput`` (``bad_run_file``) when it does not have
+    that shape or a curve's kind or rows are invalid."""
+    return load_table(path).curves
+
+
+def load_table(path: Path | str) -> LinkTable:
+    """``load_curves``, with the arrival curves where the file has them (a ``LinkTable``;
+    none in a plain list of curves). Raises ``BadInput`` (``bad_run_file``) also for an
+    arrival curve whose rows are not ascending distinct segments > 0 with
+    0 <= low <= wait <= high."""
     path = Path(path)
     try:
-        curves = msgspec.json.decode(path.read_bytes(), type=list[LinkCurve])
+        got = msgspec.json.decode(path.read_bytes(), type=list[LinkCurve] | LinkTable)
     except OSError as exc:
         raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})") from None
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise BadInput(path, "bad_run_file", f"not a link-model table ({exc})",
                        "pass a file the link benchmark or dump_curves wrote") from None
-    for c in curves:
+    table = LinkTable(curves=got) if isinstance(got, list) else got
+    for a in table.arrival:
+        segs = [r.segment_ns for r in a.rows]
+        if (a.group_size < 1 or a.nodes < 1 or not a.rows or segs != sorted(set(segs))
+                or min(segs) <= 0 or not all(
+                    0 <= (r.low_ns if r.low_ns is not None else r.wait_ns) <= r.wait_ns
+                    <= (r.high_ns if r.high_ns is not None else r.wait_ns) for r in a.rows)):
+            raise BadInput(path, "bad_run_file", f"arrival curve of g={a.group_size} from "
+                           f"{a.source!r} is not valid (g >= 1, n >= 1, rows of ascending "
+                           "distinct segments > 0 and 0 <= low <= wait <= high)",
+                           "pass a file the link benchmark wrote")
+    for c in table.curves:
         sizes = [r.bytes for r in c.rows]
         if (c.kind not in KINDS or c.group_size < 1 or c.nodes < 1 or not c.rows
                 or sizes != sorted(set(sizes)) or min(sizes) <= 0
@@ -373,7 +424,7 @@ def load_curves(path: Path | str) -> list[LinkCurve]:
                            "valid (kind, g >= 1, n >= 1, rows of ascending distinct bytes > 0 "
                            "and 0 < low <= time <= high)",
                            "pass a file the link benchmark or dump_curves wrote")
-    return curves
+    return table
 
 
 def _spread_valid(row: LinkRow) -> bool:
@@ -450,14 +501,21 @@ def _binary(kind: str) -> str:
 
 
 def read_link_model(paths: list[Path | str] | tuple[Path | str, ...]) -> list[LinkCurve]:
-    """The curves of every file in ``paths``, in order: the table form (a JSON list, as
-    ``dump_curves`` and the link benchmark write it), a report.json (the transfers its runs
-    measured, ``curves_from_report``: (b) of the module docstring) or nccl-tests output
-    (``parse_nccl_tests``). Raises ``BadInput``: a file missing or unreadable
-    (``bad_run_file``), a report.json with no measured transfer or two curves of one kind,
-    span and dtype (``no_link_curve``), not a curve table and not nccl-tests output
-    (``not_nccl_tests``)."""
+    """The curves of ``read_link_table(paths)``. Raises as it does."""
+    return read_link_table(paths).curves
+
+
+def read_link_table(paths: list[Path | str] | tuple[Path | str, ...]) -> LinkTable:
+    """The curves and arrival curves of every file in ``paths``, in order: the table form (a
+    link benchmark's ``LinkTable`` object, or a JSON list of curves as ``dump_curves`` and
+    older benchmarks write it), a report.json (the transfers its runs measured,
+    ``curves_from_report``: (b) of the module docstring) or nccl-tests output
+    (``parse_nccl_tests``); only a link benchmark's file has arrival curves. Raises
+    ``BadInput``: a file missing or unreadable (``bad_run_file``), a report.json with no
+    measured transfer, two curves of one kind, span and dtype or two arrival curves of one span
+    (``no_link_curve``), not a curve table and not nccl-tests output (``not_nccl_tests``)."""
     curves: list[LinkCurve] = []
+    arrival: list[ArrivalCurve] = []
     for path in paths:
         p = Path(path)
         try:
@@ -465,21 +523,71 @@ def read_link_model(paths: list[Path | str] | tuple[Path | str, ...]) -> list[Li
         except OSError as exc:
             raise BadInput(p, "bad_run_file", f"cannot read it ({exc.strerror or exc})",
                            "pass a link benchmark's JSON or nccl-tests output") from None
-        if head.startswith(b"{"):
+        if head.startswith(b"[") or head.startswith(b"{") and _is_table(p):
+            table = load_table(p)
+            curves += table.curves
+            arrival += table.arrival
+        elif head.startswith(b"{"):
             curves += _report_curves(p)
         else:
-            curves += load_curves(p) if head.startswith(b"[") else parse_nccl_tests(p)
+            curves += parse_nccl_tests(p)
+    where = paths[0] if len(paths) == 1 else ", ".join(map(str, paths))
     seen: dict[tuple, LinkCurve] = {}
     for c in curves:  # lookup takes the first of a span: two would be chosen by file order
         key = (c.kind, c.group_size, c.nodes, c.dtype)
         if key in seen:
-            raise BadInput(paths[0] if len(paths) == 1 else ", ".join(map(str, paths)),
-                           "no_link_curve", f"two curves of {c.kind} on g={c.group_size} "
+            raise BadInput(where, "no_link_curve", f"two curves of {c.kind} on g={c.group_size} "
                            f"n={c.nodes} ({c.dtype or 'dtype unknown'}): {seen[key].source}; "
                            f"{c.source}", "pass one measurement of each kind and group span "
                            "(the one taken on the target's ranks)")
         seen[key] = c
-    return curves
+    spans: dict[tuple, ArrivalCurve] = {}
+    for a in arrival:
+        key = (a.group_size, a.nodes)
+        if key in spans:
+            raise BadInput(where, "no_link_curve", f"two arrival curves on g={a.group_size} "
+                           f"n={a.nodes}: {spans[key].source}; {a.source}",
+                           "pass one link benchmark per group span (the one taken on the "
+                           "target's ranks)")
+        spans[key] = a
+    return LinkTable(curves=curves, arrival=arrival)
+
+
+def _is_table(path: Path) -> bool:
+    """A JSON object with "curves" and no "runs": a link benchmark's table, not a report.json."""
+    try:
+        keys = msgspec.json.decode(path.read_bytes(), type=dict[str, msgspec.Raw])
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return False  # read as a report.json, which says what is wrong
+    return "curves" in keys and "runs" not in keys
+
+
+def arrival_wait(arrival: list[ArrivalCurve], group_size: int, nodes: int, segment_ns: float
+                 ) -> tuple[float, float, float] | None:
+    """(wait, low, high) in ns of a collective on ``group_size`` ranks over ``nodes`` nodes
+    after ``segment_ns`` of compute, from the first arrival curve of that span: linear in
+    log(segment) between two measured segments, the nearest row's outside them (the wait is a
+    scheduler slice's order whatever the segment: not extrapolated); a row's missing spread is
+    its wait. None when no curve has the span (nccl-tests, a report's transfers, an older link
+    benchmark, NCCL: no wait added)."""
+    curve = next((a for a in arrival if (a.group_size, a.nodes) == (group_size, nodes)), None)
+    if curve is None:
+        return None
+
+    def ends(r: ArrivalRow) -> tuple[float, float, float]:
+        return (float(r.wait_ns), float(r.wait_ns if r.low_ns is None else r.low_ns),
+                float(r.wait_ns if r.high_ns is None else r.high_ns))
+
+    rows = curve.rows
+    if segment_ns <= rows[0].segment_ns:
+        return ends(rows[0])
+    if segment_ns >= rows[-1].segment_ns:
+        return ends(rows[-1])
+    i = next(i for i, r in enumerate(rows) if r.segment_ns >= segment_ns)
+    a, b = ends(rows[i - 1]), ends(rows[i])
+    at = math.log(segment_ns / rows[i - 1].segment_ns) / math.log(rows[i].segment_ns
+                                                                    / rows[i - 1].segment_ns)
+    return tuple(x + (y - x) * at for x, y in zip(a, b))  # type: ignore[return-value]
 
 
 def _report_curves(path: Path) -> list[LinkCurve]:

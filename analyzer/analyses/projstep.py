@@ -10,9 +10,12 @@ into that sequence:
 - each role runs its compute in the order the trace shows; the time of a fake call itself is
   left out (the link time replaces it: a link curve times the whole call);
 - a collective starts when every member of its group has issued it (a member rank plays its
-  role: ``role_of``) and the group's previous collective has finished (one stream per process
-  group: NCCL runs the collectives of one communicator in issue order, gloo one at a time per
-  group), and lasts the link time of its kind, bytes, group size and node span;
+  role: ``role_of``), plus the arrival wait where ranks share CPU cores (the group's last rank
+  arrives a scheduler slice late: ``wait``, measured by the link benchmark per group size and
+  compute segment, tracer/linkbench.py), and the group's previous collective has finished (one
+  stream per process group: NCCL runs the collectives of one communicator in issue order, gloo
+  one at a time per group), and lasts the link time of its kind, bytes, group size and node
+  span;
 - a send and its recv (the k-th send a -> b is the k-th recv at b from a) start when both
   sides have issued them and the previous transfer in that direction has finished;
 - the role waits for a call where it needs the result (``Call.need_ns``); the step ends when its
@@ -84,17 +87,21 @@ class Replay:
 
 LinkTime = Callable[[Call], tuple[float, str]]
 """(time ns, "" or "below" / "above": outside the curve's measured sizes) of one call."""
+ArrivalWait = Callable[[Call, float], float]
+"""The arrival wait (ns) of a call after a compute segment (ns of the role's compute clock)."""
 
 
 def replay(roles: list[Role], role_of: Callable[[int], int], link: LinkTime,
-           *, compute_scale: float = 1.0) -> Replay:
+           *, compute_scale: float = 1.0, wait: ArrivalWait | None = None) -> Replay:
     """Replay one step of every role (module docstring). ``role_of(global rank)`` -> the rank
     of the role that rank plays (a rank in ``roles``); ``link(call)`` -> its time on the link;
-    ``compute_scale`` multiplies every compute stretch (ranks sharing cores: the caller's).
-    Raises ``BadInput`` (``not_a_trace``) when the calls cannot be matched across roles (a
-    group's members issue different sequences: the projection's roles are not one job), and
-    whatever ``link`` raises (no curve for a group span)."""
-    run = _Run(roles, _matching(roles, role_of), link, compute_scale)
+    ``compute_scale`` multiplies every compute stretch (ranks sharing cores: the caller's);
+    ``wait(call, segment_ns)`` -> its arrival wait, where ``segment_ns`` is the longest compute
+    a member role ran since its previous call (None: no wait). Raises ``BadInput``
+    (``not_a_trace``) when the calls cannot be matched across roles (a group's members issue
+    different sequences: the projection's roles are not one job), and whatever ``link``
+    raises (no curve for a group span)."""
+    run = _Run(roles, _matching(roles, role_of), link, compute_scale, wait)
     while not all(run.done(r) for r in run.roles):
         moved = any([run.advance(r) for r in run.roles if not run.done(r)])
         if not run.settle() and not moved:
@@ -122,9 +129,10 @@ class _Run:
     compute it is), the index of its next call, each call's issue and end time (None: not
     yet); per (role, process group) when its stream is free; each instance's link time."""
 
-    def __init__(self, roles: list[Role], order: dict, link: LinkTime, scale: float):
+    def __init__(self, roles: list[Role], order: dict, link: LinkTime, scale: float,
+                 wait: ArrivalWait | None = None):
         self.roles = {r.rank: r for r in roles}
-        self.order, self.link, self.scale = order, link, scale
+        self.order, self.link, self.scale, self.wait = order, link, scale, wait
         self.nxt = {r.rank: 0 for r in roles}
         self.clock = {r.rank: 0.0 for r in roles}
         self.at = {r.rank: 0.0 for r in roles}
@@ -183,7 +191,13 @@ class _Run:
             # sends activations forward while gradients come back)
             lane = key[1] if key[0] == "p2p" else ()
             streams = [(m, self.roles[m].calls[k].pg, lane) for m, k in members]
-            start = max(*times, *(self.stream_free.get(s, 0.0) for s in streams))
+            arrive = max(times)
+            if self.wait is not None:  # the group's last rank, late by a scheduler slice
+                calls = [self.roles[m].calls for m, _ in members]
+                segment = max(cs[k].issue_ns - (cs[k - 1].issue_ns if k else 0.0)
+                              for cs, (_, k) in zip(calls, members))
+                arrive += self.wait(call, segment)
+            start = max(arrive, *(self.stream_free.get(s, 0.0) for s in streams))
             self.durations[key] = dur
             for (m, k), s in zip(members, streams):
                 self.ends[m][k] = self.stream_free[s] = start + dur

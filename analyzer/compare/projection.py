@@ -141,11 +141,12 @@ def _nccl_need(c: Call, compute: float, start_abs: int, needs: list[tuple[int, i
 
 
 def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
-                   ranks_per_node: int | None = None) -> ProjectedStep:
+                   ranks_per_node: int | None = None,
+                   arrival: list[linkmodel.ArrivalCurve] | tuple = ()) -> ProjectedStep:
     """The projected step of projection ``run`` (its manifest has ``projection``) from its
-    ``tables`` (``ingest.load_run``) and the link ``curves`` (module docstring). Raises
-    ``BadInput``: no link curve for a group span, a call without bytes, roles that do not
-    match."""
+    ``tables`` (``ingest.load_run``), the link ``curves`` and the ``arrival`` curves (module
+    docstring). Raises ``BadInput``: no link curve for a group span, a call without bytes,
+    roles that do not match."""
     m = run.manifest
     proj = m.projection
     world = proj.world_size
@@ -181,20 +182,17 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
             return float(lt.time_ns if t is None else t), lt.outside
         return time_of
 
+    waits = _Waits(arrival, rpn, nccl)
+    wait = waits.end
     mid = [replay([roles[r][s] for r in role_ranks], role_of, link("time_ns"),
-                  compute_scale=scale) for s in steps]
-    low = [replay([roles[r][s] for r in role_ranks], role_of, link("low_ns"),
-                  compute_scale=scale).step_ns for s in steps]
-    high = [replay([roles[r][s] for r in role_ranks], role_of, link("high_ns"),
-                   compute_scale=scale).step_ns for s in steps]
+                  compute_scale=scale, wait=wait(0)) for s in steps]
+    # the interval's ends: every step with the links' and waits' low (high) ends, at the role's
+    # own compute and, with co-runners, at their fastest (slowest): more samples of it
     spread = None if estimated else _co_runner_spread(run, proj, role_ranks)
-    if spread is not None:  # the co-runners' steps: more samples of the same compute
-        lo_k, hi_k = spread
-        for s in steps:
-            low.append(replay([_scaled(roles[r][s], lo_k) for r in role_ranks], role_of,
-                              link("low_ns"), compute_scale=scale).step_ns)
-            high.append(replay([_scaled(roles[r][s], hi_k) for r in role_ranks], role_of,
-                               link("high_ns"), compute_scale=scale).step_ns)
+    low, high = ([replay([_scaled(roles[r][s], k) for r in role_ranks], role_of, link(end),
+                         compute_scale=scale, wait=wait(i)).step_ns
+                  for s in steps for k in ((1.0,) if spread is None else (1.0, spread[i - 1]))]
+                 for i, end in ((1, "low_ns"), (2, "high_ns")))
     # the median step (the lower of the two middle ones for an even count): a replayed step,
     # so that its compute and exposed communication add up to it
     middle = sorted(mid, key=lambda r: r.step_ns)[(len(mid) - 1) // 2]
@@ -203,7 +201,9 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
     sources = sorted({c.source for c in curves})
     how = ("--ranks-per-node" if ranks_per_node else "tracer project --ranks-per-node"
            if proj.ranks_per_node else "the whole world on one node: --ranks-per-node to change")
-    assumptions = [f"{rpn} ranks per node ({how})", *assumptions]
+    spans = {waits.span(c) for role in roles.values() for one in role.values() for c in one.calls}
+    assumptions = [f"{rpn} ranks per node ({how})", *assumptions,
+                   *filter(None, [_arrival_line(nccl, waits.waited, spans)])]
     flagged = sorted({f"{k} {b:,} bytes" for r in mid for k, b in r.outside})
     return ProjectedStep(
         world_size=world, steps=len(steps), step_ns=round(step_ns), low_ns=round(min(low)),
@@ -219,6 +219,53 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
         compute_scale=scale, link_sources=sources, outside_sizes=flagged,
         assumptions=assumptions,
         warnings=[] if estimated else _mixed_devices(proj.device, sources))
+
+
+class _Waits:
+    """The arrival wait of each call in the replay (``linkmodel.arrival_wait`` of its group
+    span; none on NCCL), and the mean waits it gave, per span, for the assumption line."""
+
+    def __init__(self, arrival, rpn: int, nccl: bool):
+        self.arrival, self.rpn, self.nccl = arrival, rpn, nccl
+        self.waited: dict[tuple[int, int], list[float]] = {}
+
+    def span(self, c: Call) -> tuple[int, int]:
+        """(group size, nodes it spans)."""
+        return len(c.group), len({r // self.rpn for r in c.group})
+
+    def end(self, which: int):
+        """The replay's wait: 0 the mean wait, 1 its low end, 2 its high end."""
+        def wait_of(c: Call, segment_ns: float) -> float:
+            span = self.span(c)
+            got = None if self.nccl else linkmodel.arrival_wait(self.arrival, *span, segment_ns)
+            if got is not None and which == 0:
+                self.waited.setdefault(span, []).append(got[0])
+            return 0.0 if got is None else got[which]
+        return wait_of
+
+
+def _arrival_line(nccl: bool, waited: dict[tuple[int, int], list[float]],
+                  spans: set[tuple[int, int]]) -> str:
+    """The assumption line of the arrival wait ("" without collectives): the mean wait of each
+    group span's collectives for their last rank (the link benchmark's arrival curve at the
+    projection's compute segments), or why none was added."""
+    if not spans:
+        return ""
+    if nccl:
+        return ("each collective starts when its last rank issues it (one device per rank: no "
+                "rank waits for a CPU core)")
+    missing = sorted(spans - set(waited))
+    said = [f"g={g}" + (f" n={n}" if n > 1 else "") + f": {sum(w) / len(w) / 1e6:.2g} ms"
+            for (g, n), w in sorted(waited.items())]
+    line = ("each collective starts its group's arrival wait after its last rank issues it, "
+            "as the link benchmark measured it with every rank computing between calls (mean "
+            "per call: " + "; ".join(said) + ")") if said else ""
+    if missing:
+        line += ("; " if line else "") + ("no arrival wait measured for " + ", ".join(
+            f"g={g}" + (f" n={n}" if n > 1 else "") for g, n in missing)
+            + " (nccl-tests, a report's transfers or an older link benchmark): those start "
+            "when their last rank issues them")
+    return line
 
 
 def _scaled(role: Role, k: float) -> Role:

@@ -418,10 +418,11 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
                                                    world_stated=stated, pickles=run.fr_pickles)
     entry.caveats += [frdump.pickle_line(p) for p in run.fr_pickles]  # never read: said where seen
     if m is not None and m.projection is not None and options.link_model and tables is not None:
-        from analyzer.analyses.linkmodel import read_link_model
+        from analyzer.analyses.linkmodel import read_link_table
         from analyzer.compare.projection import projected_step
 
-        entry.projected_step = projected_step(run, tables, read_link_model(options.link_model),
+        links = read_link_table(options.link_model)
+        entry.projected_step = projected_step(run, tables, links.curves, arrival=links.arrival,
                                               ranks_per_node=options.ranks_per_node)
     stats = memory.step_stats(step_ns)
     entry.step_time_ns = StepTime(median=stats["median"], p90=stats["p90"], n=stats["n"],
@@ -437,9 +438,9 @@ def analyse(root: Path | str, options: AnalysisOptions = AnalysisOptions()) -> R
     (analyzer/analyses/findings.py). Raises ``BadInput``."""
     found = rundirs.discover(root, allow_incomplete=options.allow_incomplete)
     if options.link_model:  # read now: a bad file is refused even where no projection uses it
-        from analyzer.analyses.linkmodel import read_link_model
+        from analyzer.analyses.linkmodel import read_link_table
 
-        read_link_model(options.link_model)
+        read_link_table(options.link_model)
         if not any(r.manifest is not None and r.manifest.projection is not None
                    for r in found.runs):
             found.warnings.append("--link-model: no run here is a projection (tracer project), "

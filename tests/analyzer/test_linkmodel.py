@@ -295,3 +295,68 @@ def test_two_curves_of_one_kind_and_span_are_refused_not_chosen_by_file_order(tm
     with pytest.raises(BadInput, match="two curves of all_reduce on g=2 n=1 \\(float32\\): a; b"):
         read_link_model([a, b])
     assert read_link_model([a]) == [one]
+
+
+def _table_text(arrival_rows: list[dict], g: int = 2) -> str:
+    import json
+
+    return json.dumps({"curves": [{"source": "bench", "kind": "all_reduce", "group_size": g,
+                                   "nodes": 1, "dtype": "float32",
+                                   "rows": [{"bytes": 1024, "time_ns": 10}]}],
+                       "arrival": [{"source": "bench", "group_size": g, "nodes": 1,
+                                    "rows": arrival_rows}]})
+
+
+def test_a_link_benchmark_table_holds_curves_and_arrival_waits_a_plain_list_still_reads(tmp_path):
+    from analyzer.analyses.linkmodel import ArrivalRow, load_table, read_link_table
+
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    new.write_text(_table_text([{"segment_ns": 1000, "wait_ns": 50, "low_ns": 0, "high_ns": 90}]))
+    old.write_text(dump_curves([_all_reduce()]))
+    table = load_table(new)
+    assert [c.kind for c in table.curves] == ["all_reduce"] and load_curves(new) == table.curves
+    assert table.arrival[0].rows == [ArrivalRow(segment_ns=1000, wait_ns=50, low_ns=0, high_ns=90)]
+    assert load_table(old).arrival == [] and load_curves(old) == [_all_reduce()]
+    both = read_link_table([old, new])  # a table object is not taken for a report.json
+    assert len(both.curves) == 2 and both.arrival == table.arrival
+
+
+@pytest.mark.parametrize("rows", [
+    [{"segment_ns": 1000, "wait_ns": 50, "low_ns": 60}],  # low above the wait
+    [{"segment_ns": 1000, "wait_ns": -1}],  # a negative wait
+    [{"segment_ns": 4000, "wait_ns": 5}, {"segment_ns": 1000, "wait_ns": 5}],  # descending
+    [{"segment_ns": 0, "wait_ns": 5}],  # no segment
+])
+def test_an_arrival_curve_that_is_not_valid_is_refused_in_one_line(tmp_path, rows):
+    from analyzer.analyses.linkmodel import load_table
+
+    path = tmp_path / "links.json"
+    path.write_text(_table_text(rows))
+    with pytest.raises(BadInput, match="arrival curve of g=2 from 'bench' is not valid"):
+        load_table(path)
+
+
+def test_two_arrival_curves_of_one_span_are_refused(tmp_path):
+    from analyzer.analyses.linkmodel import read_link_table
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(_table_text([{"segment_ns": 1000, "wait_ns": 5}]))
+    b.write_text(_table_text([{"segment_ns": 1000, "wait_ns": 5}], g=4).replace(
+        '"group_size": 4, "nodes": 1, "rows": [{"segment', '"group_size": 2, "nodes": 1, '
+        '"rows": [{"segment'))
+    with pytest.raises(BadInput, match="two arrival curves on g=2 n=1: bench; bench"):
+        read_link_table([a, b])
+
+
+def test_arrival_wait_interpolates_in_log_segment_and_holds_the_nearest_row_outside():
+    from analyzer.analyses.linkmodel import ArrivalCurve, ArrivalRow, arrival_wait
+
+    curve = ArrivalCurve(source="s", group_size=4, nodes=1, rows=[
+        ArrivalRow(segment_ns=1_000_000, wait_ns=1000, low_ns=0, high_ns=3000),
+        ArrivalRow(segment_ns=16_000_000, wait_ns=5000)])  # no spread: the wait itself
+    # 4 ms is half-way in log from 1 to 16 ms: 1000 + 0.5 x 4000 = 3000; low 0 + 0.5 x 5000,
+    # high 3000 + 0.5 x 2000
+    assert arrival_wait([curve], 4, 1, 4_000_000) == pytest.approx((3000, 2500, 4000))
+    assert arrival_wait([curve], 4, 1, 100) == (1000, 0, 3000)  # below: the first row's
+    assert arrival_wait([curve], 4, 1, 1e9) == (5000, 5000, 5000)  # above: the last row's
+    assert arrival_wait([curve], 2, 1, 4_000_000) is None  # no curve of the span

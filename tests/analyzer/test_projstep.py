@@ -105,3 +105,32 @@ def test_sends_pair_with_recvs_by_direction_in_an_interleaved_schedule():
     # at 4: waits to 11, then 6 more: 17. Stage 1 needs recv #1 at 1 (its clock 6): waits to
     # 11, then 9 more: 20
     assert r.role_step_ns == {0: 17, 1: 20}
+
+
+def test_the_arrival_wait_delays_each_collectives_start_by_the_segment_before_it():
+    # compute 100 ns; calls issued at 10 and 50 (segments 10 and 40), 5 ns each on the link;
+    # the wait is the segment / 10: 1 then 4 ns. [11, 16) then role resumes at 16: 40 more ->
+    # issue at 56, wait 4: [60, 65), then 50 more: 115
+    role = Role(rank=0, compute_ns=100, calls=(
+        Call("all_gather", "0", (0, 1), 64, 10, 10),
+        Call("all_gather", "0", (0, 1), 64, 50, 50)))
+    seen = []
+
+    def wait(call, segment_ns):
+        seen.append((call.nbytes, segment_ns))
+        return segment_ns / 10
+
+    r = replay([role], _flat(), _link({("all_gather", 64): 5}), wait=wait)
+    assert seen == [(64, 10), (64, 40)]
+    assert r.step_ns == 115 and r.comm_ns == 10 and r.exposed_ns == 15
+    assert replay([role], _flat(), _link({("all_gather", 64): 5})).step_ns == 110  # no wait
+
+
+def test_the_arrival_wait_takes_the_longest_segment_of_the_groups_members():
+    # tp group {0, 1}: role 0 issues after 10 ns of compute, role 1 after 50: the wait sees 50
+    r0 = Role(rank=0, compute_ns=100, calls=(Call("all_reduce", "1", (0, 1), 8, 10, 10),))
+    r1 = Role(rank=1, compute_ns=100, calls=(Call("all_reduce", "1", (0, 1), 8, 50, 50),))
+    seen = []
+    replay([r0, r1], lambda rank: rank, _link({("all_reduce", 8): 10}),
+           wait=lambda c, seg: seen.append(seg) or 0.0)
+    assert seen == [50]

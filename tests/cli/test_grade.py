@@ -316,6 +316,46 @@ def test_the_projected_step_is_the_compute_plus_each_calls_link_time_on_cpu(tmp_
     assert measured["strategy"] == "fsdp2"
 
 
+def test_the_arrival_wait_adds_to_each_calls_start_its_spread_to_the_interval(tmp_path):
+    """The same projection with a link benchmark's table whose arrival curve of g=2 waits 2 ms
+    (low 1, high 3) whatever the segment: each of the 6 calls starts 2 ms later (1 and 3 ms at
+    the interval's ends); the assumption line says the mean wait; NCCL would add none."""
+    from analyzer.analyses.linkmodel import read_link_table
+    from analyzer.api import load_tables
+    from analyzer.compare.projection import projected_step
+    from analyzer.ingest.rundirs import find_job
+
+    proj = _projection_of_rank0(tmp_path, "fsdp2")
+    real = _copy(tmp_path, "fsdp2", "real")
+    flat = _flat_curves(tmp_path, 1_000_000)
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"curves": json.loads(flat.read_text()), "arrival": [
+        {"source": "hand-built", "group_size": 2, "nodes": 1, "rows": [
+            {"segment_ns": 1_000_000, "wait_ns": 2_000_000, "low_ns": 1_000_000,
+             "high_ns": 3_000_000}]}]}))
+    res = _grade(proj, real, "--format", "json", "--link-model", table)
+    assert res.exit_code == 0, res.output
+    step = json.loads(res.output)["step"]
+    t = load_tables(proj)
+    bd, c = t.breakdown, t.collectives
+    want = [int(b.step_ns) - int(c.loc[c["step"] == b.step, "dur_ns"].sum()) + 6_000_000
+            for b in bd.itertuples()]
+    assert step["projected_ns"] == sorted(want)[(len(want) - 1) // 2] + 6 * 2_000_000
+    assert step["low_ns"] == min(want) + 6 * 1_000_000
+    assert step["high_ns"] == max(want) + 6 * 3_000_000
+    links = read_link_table([table])
+    ps = projected_step(find_job(proj), t, links.curves, arrival=links.arrival)
+    assert ps.assumptions[-1] == (
+        "each collective starts its group's arrival wait after its last rank issues it, as the "
+        "link benchmark measured it with every rank computing between calls (mean per call: "
+        "g=2: 2 ms)")
+    bare = projected_step(find_job(proj), t, links.curves)  # no arrival curve: said, none added
+    assert bare.step_ns == step["projected_ns"] - 6 * 2_000_000
+    assert bare.assumptions[-1] == (
+        "no arrival wait measured for g=2 (nccl-tests, a report's transfers or an older link "
+        "benchmark): those start when their last rank issues them")
+
+
 def test_a_kind_without_a_link_curve_is_refused_in_one_line_with_exit_2(tmp_path):
     proj = _projection_of_rank0(tmp_path, "fsdp2")
     real = _copy(tmp_path, "fsdp2", "real")

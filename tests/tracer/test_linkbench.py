@@ -79,7 +79,17 @@ def test_linkbench_writes_a_curve_per_group_size_and_kind_the_analyzer_reads(tmp
                           str(out)], tmp_path, module=[sys.executable, "-m", "tracer",
                                                        "linkbench"])
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"wrote {out}: 5 curves (g=2; 5 kinds x 2 sizes each)\n"
+    from analyzer.analyses.linkmodel import load_table
+
+    table = load_table(out)
+    (arrival,) = table.arrival  # gloo: one arrival curve per group size, at the 3 segments
+    assert (arrival.group_size, arrival.nodes, [r.segment_ns for r in arrival.rows]) == (
+        2, 1, [1_000_000, 4_000_000, 16_000_000])
+    assert "20 compute + all_reduce of 4096 B per rank and segment" in arrival.source
+    said = ", ".join(f"{r.wait_ns / 1e6:.2g} ms after {r.segment_ns / 1e6:g} ms"
+                     for r in arrival.rows)
+    assert proc.stdout == (f"wrote {out}: 5 curves (g=2; 5 kinds x 2 sizes each); arrival wait "
+                           f"per call g=2: {said} of compute\n")
     curves = load_curves(out)
     assert [(c.kind, c.group_size, c.nodes, c.dtype, [r.bytes for r in c.rows])
             for c in curves] == [(k, 2, 1, "float32", [1024, 4096]) for k in KINDS]
@@ -104,3 +114,20 @@ def test_a_time_that_falls_by_half_as_the_size_grows_is_said_to_be_noise():
             {"bytes": 1024, "time_ns": 200_000}, {"bytes": 4096, "time_ns": 150_000}]}]
     assert falling(curves) == ["all_gather g=4: 6.1 ms at 65,536 B but 1.75 ms at 1,048,576 B: "
                                "noise; rerun on a quiet machine or with more --iters"]
+
+
+def test_arrival_wait_is_compute_and_call_less_each_alone_the_mean_of_every_iteration():
+    from tracer.linkbench import arrival_of
+
+    # 2 ranks, g = 2, one segment of 1000 ns; per rank compute alone, compute + call, call alone
+    per_rank = [{"2": {"1000": {"compute": [1000, 1200], "both": [1500, 1900], "call": [100, 100]}}},
+                {"2": {"1000": {"compute": [1100, 1100], "both": [1300, 1700], "call": [200, 200]}}}]
+    # compute mean 1100, call mean 150: waits 1500 - 1250 = 250, 650, 50, 450: mean 350;
+    # p10 at position 0.3 of 50, 250, 450, 650 -> 110; p90 at 2.7 -> 590
+    got = arrival_of(per_rank, "bench ({groups} group(s) of {g})")
+    assert got == [{"source": "bench (1 group(s) of 2)", "group_size": 2, "nodes": 1,
+                    "rows": [{"segment_ns": 1000, "wait_ns": 350, "low_ns": 110, "high_ns": 590}]}]
+    # a rank faster with the call than without (noise): the wait is never below 0
+    per_rank[0]["2"]["1000"]["both"] = per_rank[1]["2"]["1000"]["both"] = [1000, 1000]
+    assert arrival_of(per_rank, "b")[0]["rows"] == [
+        {"segment_ns": 1000, "wait_ns": 0, "low_ns": 0, "high_ns": 0}]
