@@ -17,6 +17,7 @@ import pytest
 from bench import bench_scale
 from analyzer.ingest.decode import cpu_count
 from bench.bench_scale import formats_arg, prepare, stamp_of
+from tests.corpus import corpus_root, needs_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,8 +71,10 @@ def test_a_gz_set_of_another_level_is_gzipped_again(tmp_path, monkeypatch):
 
 
 @pytest.mark.integration
+@needs_corpus  # the bench tiles the corpus' DLRM traces
 def test_one_run_prints_both_formats_rows_and_stage_columns(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+           "PARITYTRACE_CORPUS": str(corpus_root())}
     got = subprocess.run([sys.executable, str(REPO / "bench" / "bench_scale.py"), "--k", "1",
                           "--ranks", "2", "--repeat", "1", "--no-hta", "--no-check",
                           "--keep", str(tmp_path / "traces")],
