@@ -522,12 +522,12 @@ class _Identity:
         self.c10d = e.name(lambda u: u.startswith("c10d::"))  # (output, input) first tensors
 
     def shape_bytes(self, rows: np.ndarray, kind: np.ndarray, group: np.ndarray) -> np.ndarray:
-        """Bytes of ``rows`` from their first tensor's shape and dtype (``commid.total_bytes``:
-        a piece is multiplied by ``group``) as collectives of kind codes ``kind`` (-1: none),
-        -1 unknown."""
-        return commid.total_bytes(self.c10d[rows], kind == _KIND["all_gather"],
-                                  kind == _KIND["reduce_scatter"], self.numel[rows],
-                                  self.size[rows], group)
+        """Bytes of ``rows`` from their first tensor's shape and dtype
+        (``commid.total_bytes_cols``: a piece is multiplied by ``group``) as collectives of
+        kind codes ``kind`` (-1: none), -1 unknown."""
+        return commid.total_bytes_cols(self.c10d[rows], kind == _KIND["all_gather"],
+                                       kind == _KIND["reduce_scatter"], self.numel[rows],
+                                       self.size[rows], group)
 
     def ops_bytes(self, seg: np.ndarray, src: np.ndarray, kind: np.ndarray, group: np.ndarray
                   ) -> np.ndarray:
@@ -599,8 +599,8 @@ class _Identity:
         order = np.lexsort((np.arange(len(s2)), s2))
         s2, r2 = s2[order], r2[order]
         ag2, rs2 = ag[idx][s2], rs[idx][s2]
-        counts = commid.group_from_counts(ag2, rs2, self.n_in[r2], self.n_out[r2])
-        tensors = commid.group_from_tensors(self.c10d[r2], ag2, rs2, self.numel[r2],
+        counts = commid.group_from_counts_cols(ag2, rs2, self.n_in[r2], self.n_out[r2])
+        tensors = commid.group_from_tensors_cols(self.c10d[r2], ag2, rs2, self.numel[r2],
                                             self.numel2[r2])
         n = len(idx)
         by_counts = _pick(counts, _first(s2, counts > 0, n), -1)

@@ -76,7 +76,7 @@ def kind_in_text(text: str) -> str:
     return "other"
 
 
-def total_bytes(c10d: np.ndarray, all_gather: np.ndarray, reduce_scatter: np.ndarray,
+def total_bytes_cols(c10d: np.ndarray, all_gather: np.ndarray, reduce_scatter: np.ndarray,
                 numel: np.ndarray, elem_bytes: np.ndarray, group: np.ndarray) -> np.ndarray:
     """nccl-tests bytes of collectives from the first tensor an op records (module docstring),
     one per row of the (equal-length) columns: ``c10d`` (the op's name starts ``c10d::``),
@@ -129,7 +129,7 @@ def _whole_ratio(whole: np.ndarray, piece: np.ndarray) -> np.ndarray:
     return np.where(ok, whole // piece, -1).astype(np.int64)
 
 
-def group_from_counts(all_gather: np.ndarray, reduce_scatter: np.ndarray,
+def group_from_counts_cols(all_gather: np.ndarray, reduce_scatter: np.ndarray,
                       in_nelems: np.ndarray, out_nelems: np.ndarray) -> np.ndarray:
     """Group size of an all_gather (out / in) or reduce_scatter (in / out) from a collective's
     In / Out msg nelems (element counts; -1 unknown), per row of the columns (``all_gather`` /
@@ -141,14 +141,38 @@ def group_from_counts(all_gather: np.ndarray, reduce_scatter: np.ndarray,
     return np.where(all_gather | reduce_scatter, _whole_ratio(whole, piece), -1).astype(np.int64)
 
 
-def group_from_tensors(c10d: np.ndarray, all_gather: np.ndarray, reduce_scatter: np.ndarray,
-                       first_numel: np.ndarray, second_numel: np.ndarray) -> np.ndarray:
+def group_from_tensors_cols(c10d: np.ndarray, all_gather: np.ndarray,
+                            reduce_scatter: np.ndarray, first_numel: np.ndarray,
+                            second_numel: np.ndarray) -> np.ndarray:
     """Group size from the first two tensors (elements, -1 unknown) a ``c10d::*`` op records,
     (output, input): ``_allgather_base_`` whole / piece, ``_reduce_scatter_base_`` piece /
     whole, per row of the columns. -1 for other ops (``c10d`` False: ``nccl:*`` / ``gloo:*``
-    record one tensor) and as ``group_from_counts``."""
-    return np.where(c10d, group_from_counts(all_gather, reduce_scatter, second_numel,
-                                            first_numel), -1).astype(np.int64)
+    record one tensor) and as ``group_from_counts_cols``."""
+    return np.where(c10d, group_from_counts_cols(all_gather, reduce_scatter, second_numel,
+                                                 first_numel), -1).astype(np.int64)
+
+
+def total_bytes(op_name: str, kind: str | None, numel: int, elem_bytes: int, group: int) -> int:
+    """``total_bytes_cols`` of one op (``kind``: the collective's kind, None unknown)."""
+    return int(total_bytes_cols(np.array(op_name.startswith("c10d::")),
+                                np.array(kind == "all_gather"), np.array(kind == "reduce_scatter"),
+                                np.array(numel), np.array(elem_bytes), np.array(group)))
+
+
+def group_from_counts(kind: str | None, in_nelems: int, out_nelems: int) -> int:
+    """``group_from_counts_cols`` of one collective of kind ``kind``."""
+    return int(group_from_counts_cols(np.array(kind == "all_gather"),
+                                      np.array(kind == "reduce_scatter"), np.array(in_nelems),
+                                      np.array(out_nelems)))
+
+
+def group_from_tensors(op_name: str, kind: str | None, first_numel: int, second_numel: int
+                       ) -> int:
+    """``group_from_tensors_cols`` of one op named ``op_name``."""
+    return int(group_from_tensors_cols(np.array(op_name.startswith("c10d::")),
+                                       np.array(kind == "all_gather"),
+                                       np.array(kind == "reduce_scatter"), np.array(first_numel),
+                                       np.array(second_numel)))
 
 
 def _segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
