@@ -483,8 +483,7 @@ class _Identity:
         n, self.e = e.n, e
         self.pg, self.pg_rk, self.dtype = _obj(df["pg"]), _obj(df["pg_ranks"]), _obj(df["dtype"])
         self.desc = _obj(df["pg_desc"]) if "pg_desc" in df.columns else np.full(n, None, object)
-        self.from_args = np.array([p is not None for p in self.pg], bool) if n else \
-            np.zeros(0, bool)
+        self.from_args = ~_none(self.pg)
         self.peer = np.full(n, -1, np.int64)
         self.tag_of = _tags(e.names, e.rows("cpu.pg_tag"), e.enq, launch, e.gpu, e.ts, e.end,
                             e.c_tid)
@@ -698,9 +697,12 @@ class _Identity:
         keep a peer, Seq and Comms Id; ``pg_descs``: pg_config's description of each group),
         rule, launch_row and paired_row."""
         e, desc, descs = self.e, self.desc, pg_descs or {}
-        for i in np.flatnonzero(is_comm).tolist():
-            if desc[i] is None and self.pg[i] is not None:
-                desc[i] = descs.get(str(self.pg[i]))
+        rows = np.flatnonzero(is_comm)
+        rows = rows[_none(desc[rows]) & ~_none(self.pg[rows])]
+        desc[rows] = _objects(_per_distinct(self.pg[rows], lambda p: descs.get(str(p))))
+        dtype = np.full(e.n, None, object)  # torch's names (``commid.dtype_name``)
+        have = np.flatnonzero(~_none(self.dtype))
+        dtype[have] = _objects(_per_distinct(self.dtype[have], commid.dtype_name))
         out = df.drop(columns=[c for c in ("pg", "pg_ranks", "dtype", "group_size", "pg_desc",
                                            "seq_arg", "comms_id") if c in df.columns])
         for name, col in {
@@ -708,7 +710,7 @@ class _Identity:
                 "coll_kind": pd.Categorical.from_codes(e.kind, categories=list(KINDS)),
                 "bytes": self.nbytes.astype(np.int64), "pg": str_array(self.pg),
                 "pg_ranks": str_array(self.pg_rk),
-                "dtype": str_array([commid.dtype_name(d) for d in self.dtype]),
+                "dtype": str_array(dtype),
                 "group_size": self.group.astype(np.int64), "pg_desc": str_array(desc),
                 "peer": np.where(is_comm, self.peer, -1).astype(np.int64),
                 "seq_arg": np.where(is_comm, self.seq, -1).astype(np.int64),

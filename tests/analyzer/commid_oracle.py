@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+import pandas as pd
 
 from analyzer.ingest import classify as C
 from analyzer.ingest import commid
-from analyzer.ingest.classify import _KIND, _RULE, _ROLE, KINDS, _Events, _pair_gloo, \
-    _pair_gloo_by_group
+from analyzer.ingest.classify import _KIND, _RULE, _ROLE, KINDS, ROLES, RULES, _Events, \
+    _pair_gloo, _pair_gloo_by_group, _used_categories
+from analyzer.ingest.decode import str_array
 
 
 def total_bytes(op_name: str, kind: str | None, numel: int, elem_bytes: int, group: int) -> int:
@@ -198,6 +200,38 @@ def _fake_calls(e: _Events, ident: "OldIdentity") -> None:
 
 class OldIdentity(C._Identity):
     """``classify._Identity`` with its per-row methods as they were."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.from_args = np.array([p is not None for p in self.pg], bool) if self.e.n else \
+            np.zeros(0, bool)
+
+    def table(self, df, step: np.ndarray, is_comm: np.ndarray,
+              pg_descs: dict[str, str] | None, launch: np.ndarray, paired: np.ndarray
+              ):
+        """``df`` with ``step``, role, coll_kind, the identity columns (``is_comm``: rows that
+        keep a peer, Seq and Comms Id; ``pg_descs``: pg_config's description of each group),
+        rule, launch_row and paired_row."""
+        e, desc, descs = self.e, self.desc, pg_descs or {}
+        for i in np.flatnonzero(is_comm).tolist():
+            if desc[i] is None and self.pg[i] is not None:
+                desc[i] = descs.get(str(self.pg[i]))
+        out = df.drop(columns=[c for c in ("pg", "pg_ranks", "dtype", "group_size", "pg_desc",
+                                           "seq_arg", "comms_id") if c in df.columns])
+        for name, col in {
+                "step": step, "role": pd.Categorical.from_codes(e.role, categories=list(ROLES)),
+                "coll_kind": pd.Categorical.from_codes(e.kind, categories=list(KINDS)),
+                "bytes": self.nbytes.astype(np.int64), "pg": str_array(self.pg),
+                "pg_ranks": str_array(self.pg_rk),
+                "dtype": str_array([commid.dtype_name(d) for d in self.dtype]),
+                "group_size": self.group.astype(np.int64), "pg_desc": str_array(desc),
+                "peer": np.where(is_comm, self.peer, -1).astype(np.int64),
+                "seq_arg": np.where(is_comm, self.seq, -1).astype(np.int64),
+                "comms_id": str_array(np.where(is_comm, self.cid, None)),
+                "rule": _used_categories(e.rule, RULES), "launch_row": launch,
+                "paired_row": paired}.items():
+            out[name] = col
+        return out
 
     def shape_bytes(self, i: int, kind: str | None, group: int) -> int:
         """Bytes of row ``i`` from its first tensor's shape and dtype (``commid.total_bytes``:
