@@ -201,9 +201,11 @@ def _fake_calls(e: _Events, ident: "OldIdentity") -> None:
 class OldIdentity(C._Identity):
     """``classify._Identity`` with its per-row methods as they were."""
 
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
-        self.from_args = np.array([p is not None for p in self.pg], bool) if self.e.n else \
+    def __init__(self, df, *args, **kw):
+        super().__init__(df, *args, **kw)
+        # the rows whose own arguments name their group (before any tag names it)
+        own = C._obj(df["pg"])
+        self.from_args = np.array([p is not None for p in own], bool) if len(own) else \
             np.zeros(0, bool)
 
     def table(self, df, step: np.ndarray, is_comm: np.ndarray,
