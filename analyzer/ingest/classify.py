@@ -972,26 +972,22 @@ def _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, tid
 
 def _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired) -> np.ndarray:
     """Pair gloo runloop ops with c10d enqueues: for each enqueue in time order, the first not
-    yet paired gloo op of the matching gloo kind that starts at or after the enqueue starts.
-    (No id links them; gloo runs a process group's work in FIFO order.)"""
-    def name(code) -> str:  # kind name; "None" for no kind, which pairs with no-kind ops
-        return KINDS[code] if code >= 0 else "None"
-
-    pools: dict[str, list[int]] = {}
-    for i in gloo_idx.tolist():  # already in time order (table sorted by ts)
-        pools.setdefault(name(name_kind[i]), []).append(i)
-    heads = {k: 0 for k in pools}
-    for j in c10d_idx.tolist():
-        want = _GLOO_FOR_C10D.get(name(kind[j]), None)
-        pool = pools.get(str(want))
-        if not pool:
+    yet paired gloo op of the matching gloo kind (``_GLOO_FOR_C10D``; an enqueue of no kind
+    pairs with ops of no kind) that starts at or after the enqueue starts. (No id links them;
+    gloo runs a process group's work in FIFO order.) ``c10d_idx``, ``gloo_idx``: rows in time
+    order. In each kind's ops, the k-th enqueue takes place p_k = max(p_(k-1) + 1, s_k), s_k
+    the first op starting at or after it: p_k = k + the running max of s_i - i."""
+    want_of = np.array([_KIND[_GLOO_FOR_C10D[k]] for k in KINDS] + [-1])  # kind -1: the last
+    op_kind = name_kind[gloo_idx].astype(np.int64)
+    enq_want = want_of[kind[c10d_idx].astype(np.int64)]
+    for k in np.unique(op_kind).tolist():
+        pool, enq = gloo_idx[op_kind == k], c10d_idx[enq_want == k]
+        if not len(enq):
             continue
-        h = heads[str(want)]
-        while h < len(pool) and ts[pool[h]] < ts[j]:
-            h += 1  # a gloo op before the enqueue cannot be its work (it was enqueued earlier)
-        if h < len(pool):
-            paired[pool[h]] = j
-            paired[j] = pool[h]
-            h += 1
-        heads[str(want)] = h
+        first = np.searchsorted(ts[pool], ts[enq], "left")  # ops before it are not its work
+        r = np.arange(len(enq))
+        at = r + np.maximum.accumulate(first - r)
+        ok = at < len(pool)
+        paired[pool[at[ok]]] = enq[ok]
+        paired[enq[ok]] = pool[at[ok]]
     return paired

@@ -15,8 +15,8 @@ import pandas as pd
 
 from analyzer.ingest import classify as C
 from analyzer.ingest import commid
-from analyzer.ingest.classify import _KIND, _RULE, _ROLE, KINDS, ROLES, RULES, _Events, \
-    _pair_gloo, _pair_gloo_by_group, _used_categories
+from analyzer.ingest.classify import _GLOO_FOR_C10D, _KIND, _RULE, _ROLE, KINDS, ROLES, \
+    RULES, _Events, _used_categories
 from analyzer.ingest.decode import str_array
 
 
@@ -196,6 +196,62 @@ def _fake_calls(e: _Events, ident: "OldIdentity") -> None:
     at = ops_enclosing(outer, calls, e.ts, e.end, e.c_tid)
     for i, j in zip(calls.tolist(), at.tolist()):
         ident.fake_call(i, j if j >= 0 and e.kind[j] == e.kind[i] else -1)
+
+
+def _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, tid
+                        ) -> np.ndarray:
+    """Pair again within each process group once the enqueues name theirs: gloo runs each
+    process group's work on its own runloop threads, so a thread's group is the one most of
+    its paired enqueues name (ties: the smaller name); each group's enqueues are then paired
+    (``_pair_gloo``) with the gloo ops of that group's threads only, so that two groups'
+    collectives of one kind running at once are not crossed. What stays unpaired (enqueues
+    without a group, ops on threads no enqueue names, a thread that serves several groups)
+    is then paired among itself as before. Returns ``paired`` unchanged when no paired
+    enqueue names a group."""
+    votes: dict[int, dict[str, int]] = {}
+    for i in gloo_idx.tolist():
+        j = paired[i]
+        if j >= 0 and pg[j] is not None:
+            v = votes.setdefault(int(tid[i]), {})
+            v[str(pg[j])] = v.get(str(pg[j]), 0) + 1
+    if not votes:
+        return paired
+    group_of_thread = {t: min(v, key=lambda g: (-v[g], g)) for t, v in votes.items()}
+    out = np.full(len(paired), -1, np.int64)
+    enq_pg = np.array([str(pg[j]) if pg[j] is not None else "" for j in c10d_idx.tolist()],
+                      object)
+    op_pg = np.array([group_of_thread.get(int(tid[i]), "") for i in gloo_idx.tolist()], object)
+    for g in sorted(set(enq_pg.tolist()) - {""}):
+        out = _pair_gloo(c10d_idx[enq_pg == g], gloo_idx[op_pg == g], kind, name_kind, ts, out)
+    return _pair_gloo(c10d_idx[out[c10d_idx] < 0], gloo_idx[out[gloo_idx] < 0], kind,
+                      name_kind, ts, out)
+
+
+def _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired) -> np.ndarray:
+    """Pair gloo runloop ops with c10d enqueues: for each enqueue in time order, the first not
+    yet paired gloo op of the matching gloo kind that starts at or after the enqueue starts.
+    (No id links them; gloo runs a process group's work in FIFO order.)"""
+    def name(code) -> str:  # kind name; "None" for no kind, which pairs with no-kind ops
+        return KINDS[code] if code >= 0 else "None"
+
+    pools: dict[str, list[int]] = {}
+    for i in gloo_idx.tolist():  # already in time order (table sorted by ts)
+        pools.setdefault(name(name_kind[i]), []).append(i)
+    heads = {k: 0 for k in pools}
+    for j in c10d_idx.tolist():
+        want = _GLOO_FOR_C10D.get(name(kind[j]), None)
+        pool = pools.get(str(want))
+        if not pool:
+            continue
+        h = heads[str(want)]
+        while h < len(pool) and ts[pool[h]] < ts[j]:
+            h += 1  # a gloo op before the enqueue cannot be its work (it was enqueued earlier)
+        if h < len(pool):
+            paired[pool[h]] = j
+            paired[j] = pool[h]
+            h += 1
+        heads[str(want)] = h
+    return paired
 
 
 class OldIdentity(C._Identity):

@@ -326,3 +326,17 @@ def test_byte_and_group_rules_on_columns_match_the_scalar_rules():
                         oracle.group_from_counts(kind, a, b)
                     assert commid.group_from_tensors(name, kind, a, b) == \
                         oracle.group_from_tensors(name, kind, a, b)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_gloo_pairing_matches_the_row_at_a_time_rule(seed):
+    rng = np.random.default_rng(2000 + seed)
+    n = int(rng.integers(2, 200))
+    ts = np.sort(rng.integers(0, 100, n)).astype(np.int64)  # ties in time
+    kinds = rng.integers(-1, len(C.KINDS), n).astype(np.int8)
+    name_kind = rng.integers(-1, len(C.KINDS), n).astype(np.int8)
+    is_gloo = rng.random(n) < 0.5
+    c10d, gloo = np.flatnonzero(~is_gloo), np.flatnonzero(is_gloo)
+    new = C._pair_gloo(c10d, gloo, kinds, name_kind, ts, np.full(n, -1, np.int64))
+    old = oracle._pair_gloo(c10d, gloo, kinds, name_kind, ts, np.full(n, -1, np.int64))
+    assert new.tolist() == old.tolist()
