@@ -431,8 +431,7 @@ def _comm_kernels(e: _Events, launch: np.ndarray, ident: "_Identity") -> None:
     offsets, src = commid.launching_ops(launch[kernels], e.ext[kernels], e.corr[kernels],
                                         np.flatnonzero(e.enq), e.ext, e.ts, e.end, e.c_tid)
     seg = np.repeat(np.arange(len(kernels)), np.diff(offsets))
-    nccl = kernels[e.rows("gpu.nccl_kernel")[kernels]]
-    on = e.rows("gpu.nccl_kernel")[kernels]
+    on = e.rows("gpu.nccl_kernel")[kernels]  # the kind rules below are NCCL kernels' only
     args = on & (e.arg_kind[kernels] >= 0)
     from_ops = _kind_from_ops(seg, src, len(kernels), e.arg_kind, e.name_kind,
                               e.rows("cpu.c10d_enqueue"))
@@ -443,7 +442,7 @@ def _comm_kernels(e: _Events, launch: np.ndarray, ident: "_Identity") -> None:
     sendrecv = e.name(lambda u: "sendrecv" in u.lower())[kernels]
     unnamed = named & (kind < 0)
     kind[unnamed] = np.where(sendrecv[unnamed], _KIND["send_recv"], _KIND["other"])
-    e.kind[nccl] = kind[on]
+    e.kind[kernels[on]] = kind[on]
     e.rule[kernels[args]] = _RULE["gpu.nccl_kernel.args"]
     e.rule[kernels[launched]] = _RULE["gpu.nccl_kernel.launch"]
     ident.kernel(kernels, seg, src, launch[kernels])
@@ -600,7 +599,7 @@ class _Identity:
         ag2, rs2 = ag[idx][s2], rs[idx][s2]
         counts = commid.group_from_counts_cols(ag2, rs2, self.n_in[r2], self.n_out[r2])
         tensors = commid.group_from_tensors_cols(self.c10d[r2], ag2, rs2, self.numel[r2],
-                                            self.numel2[r2])
+                                                 self.numel2[r2])
         n = len(idx)
         by_counts = _pick(counts, _first(s2, counts > 0, n), -1)
         by_tensors = _pick(tensors, _first(s2, tensors > 0, n), -1)
@@ -666,7 +665,7 @@ class _Identity:
         group = self.group[rows].astype(np.int64)
         need = self.nbytes[rows] < 0
         self.nbytes[rows[need]] = self.shape_bytes(rows, kind, group)[need]
-        need = (self.nbytes[i] < 0)
+        need = self.nbytes[i] < 0
         self.nbytes[i[need]] = self.shape_bytes(j, kind[has], group[has])[need]
 
     def fake_call(self, rows: np.ndarray, ops: np.ndarray) -> None:

@@ -77,7 +77,7 @@ def kind_in_text(text: str) -> str:
 
 
 def total_bytes_cols(c10d: np.ndarray, all_gather: np.ndarray, reduce_scatter: np.ndarray,
-                numel: np.ndarray, elem_bytes: np.ndarray, group: np.ndarray) -> np.ndarray:
+                     numel: np.ndarray, elem_bytes: np.ndarray, group: np.ndarray) -> np.ndarray:
     """nccl-tests bytes of collectives from the first tensor an op records (module docstring),
     one per row of the (equal-length) columns: ``c10d`` (the op's name starts ``c10d::``),
     ``all_gather`` / ``reduce_scatter`` (the collective's kind), ``numel`` (elements),
@@ -130,7 +130,7 @@ def _whole_ratio(whole: np.ndarray, piece: np.ndarray) -> np.ndarray:
 
 
 def group_from_counts_cols(all_gather: np.ndarray, reduce_scatter: np.ndarray,
-                      in_nelems: np.ndarray, out_nelems: np.ndarray) -> np.ndarray:
+                           in_nelems: np.ndarray, out_nelems: np.ndarray) -> np.ndarray:
     """Group size of an all_gather (out / in) or reduce_scatter (in / out) from a collective's
     In / Out msg nelems (element counts; -1 unknown), per row of the columns (``all_gather`` /
     ``reduce_scatter``: the kind): one rank's piece is 1 / n of the whole buffer. int64, -1 for
