@@ -950,19 +950,27 @@ def _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, tid
     without a group, ops on threads no enqueue names, a thread that serves several groups)
     is then paired among itself as before. Returns ``paired`` unchanged when no paired
     enqueue names a group."""
-    votes: dict[int, dict[str, int]] = {}
-    for i in gloo_idx.tolist():
-        j = paired[i]
-        if j >= 0 and pg[j] is not None:
-            v = votes.setdefault(int(tid[i]), {})
-            v[str(pg[j])] = v.get(str(pg[j]), 0) + 1
-    if not votes:
+    j = paired[gloo_idx]
+    voter = gloo_idx[j >= 0]
+    voter = voter[~_none(pg[paired[voter]])]
+    if not len(voter):
         return paired
-    group_of_thread = {t: min(v, key=lambda g: (-v[g], g)) for t, v in votes.items()}
+    # votes: (thread, group) pairs counted; groups coded in name order, so a tie's smaller
+    # name is the smaller code
+    names, code = np.unique(_objects(_per_distinct(pg[paired[voter]], str)),
+                            return_inverse=True)
+    pair, votes = np.unique(tid[voter].astype(np.int64) * len(names) + code,
+                            return_counts=True)
+    thread, group = pair // len(names), pair % len(names)
+    best = np.lexsort((group, -votes, thread))
+    first = best[np.append(True, thread[best][1:] != thread[best][:-1])]
+    group_of_thread = dict(zip(thread[first].tolist(), names[group[first]].tolist()))
     out = np.full(len(paired), -1, np.int64)
-    enq_pg = np.array([str(pg[j]) if pg[j] is not None else "" for j in c10d_idx.tolist()],
-                      object)
-    op_pg = np.array([group_of_thread.get(int(tid[i]), "") for i in gloo_idx.tolist()], object)
+    named = ~_none(pg[c10d_idx])
+    enq_pg = np.full(len(c10d_idx), "", object)
+    enq_pg[named] = _objects(_per_distinct(pg[c10d_idx[named]], str))
+    op_pg = _objects(_per_distinct(tid[gloo_idx].astype(np.int64),
+                                   lambda t: group_of_thread.get(t, "")))
     for g in sorted(set(enq_pg.tolist()) - {""}):
         out = _pair_gloo(c10d_idx[enq_pg == g], gloo_idx[op_pg == g], kind, name_kind, ts, out)
     return _pair_gloo(c10d_idx[out[c10d_idx] < 0], gloo_idx[out[gloo_idx] < 0], kind,

@@ -340,3 +340,21 @@ def test_gloo_pairing_matches_the_row_at_a_time_rule(seed):
     new = C._pair_gloo(c10d, gloo, kinds, name_kind, ts, np.full(n, -1, np.int64))
     old = oracle._pair_gloo(c10d, gloo, kinds, name_kind, ts, np.full(n, -1, np.int64))
     assert new.tolist() == old.tolist()
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_gloo_pairing_by_group_matches_the_row_at_a_time_rule(seed):
+    rng = np.random.default_rng(3000 + seed)
+    n = int(rng.integers(2, 200))
+    ts = np.sort(rng.integers(0, 100, n)).astype(np.int64)
+    kinds = rng.integers(-1, 3, n).astype(np.int8)
+    name_kind = rng.integers(-1, 3, n).astype(np.int8)
+    is_gloo = rng.random(n) < 0.5
+    c10d, gloo = np.flatnonzero(~is_gloo), np.flatnonzero(is_gloo)
+    tid = rng.integers(0, 4, n).astype(np.int64)  # runloop threads, some serving two groups
+    pg = np.array([rng.choice(["0", "1", "10", "", None]) for _ in range(n)] + [None],
+                  object)[:-1]
+    first = oracle._pair_gloo(c10d, gloo, kinds, name_kind, ts, np.full(n, -1, np.int64))
+    new = C._pair_gloo_by_group(c10d, gloo, kinds, name_kind, ts, first.copy(), pg, tid)
+    old = oracle._pair_gloo_by_group(c10d, gloo, kinds, name_kind, ts, first.copy(), pg, tid)
+    assert new.tolist() == old.tolist()
