@@ -844,17 +844,12 @@ def _bytes_from_args(df: pd.DataFrame) -> np.ndarray:
     buffer, all_reduce / broadcast / all_to_all by the buffer size: in every case the larger of
     the input and output element counts.
     """
-    from analyzer.ingest.decode import dtype_bytes
-
     n_in = df["in_nelems"].to_numpy()
     n_out = df["out_nelems"].to_numpy()
     out = np.full(len(df), -1, np.int64)
     have = np.flatnonzero((np.maximum(n_in, n_out) >= 0) & df["dtype"].notna().to_numpy())
-    dt = _obj(df["dtype"])
-    for i in have:
-        size = dtype_bytes(dt[i])
-        if size > 0:
-            out[i] = max(n_in[i], n_out[i]) * size
+    size = np.array(_per_distinct(_obj(df["dtype"])[have], dtype_bytes), np.int64)
+    out[have] = np.where(size > 0, np.maximum(n_in[have], n_out[have]) * size, -1)
     return out
 
 

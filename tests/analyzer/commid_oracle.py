@@ -254,6 +254,27 @@ def _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired) -> np.ndarray:
     return paired
 
 
+def _bytes_from_args(df) -> np.ndarray:
+    """nccl-tests byte count from collective args: max(in, out) elements x element size.
+
+    nccl-tests (doc/PERFORMANCE.md) counts all_gather and reduce_scatter by the total (whole)
+    buffer, all_reduce / broadcast / all_to_all by the buffer size: in every case the larger of
+    the input and output element counts.
+    """
+    from analyzer.ingest.decode import dtype_bytes
+
+    n_in = df["in_nelems"].to_numpy()
+    n_out = df["out_nelems"].to_numpy()
+    out = np.full(len(df), -1, np.int64)
+    have = np.flatnonzero((np.maximum(n_in, n_out) >= 0) & df["dtype"].notna().to_numpy())
+    dt = C._obj(df["dtype"])
+    for i in have:
+        size = dtype_bytes(dt[i])
+        if size > 0:
+            out[i] = max(n_in[i], n_out[i]) * size
+    return out
+
+
 class OldIdentity(C._Identity):
     """``classify._Identity`` with its per-row methods as they were."""
 
@@ -263,6 +284,8 @@ class OldIdentity(C._Identity):
         own = C._obj(df["pg"])
         self.from_args = np.array([p is not None for p in own], bool) if len(own) else \
             np.zeros(0, bool)
+        self.nbytes = _bytes_from_args(df)
+        self.args_bytes = self.nbytes.copy()
 
     def table(self, df, step: np.ndarray, is_comm: np.ndarray,
               pg_descs: dict[str, str] | None, launch: np.ndarray, paired: np.ndarray
