@@ -331,8 +331,7 @@ def classify(df: pd.DataFrame, *, world_size: int | None,
     ident = _Identity(df, e, launch, world_size, pg_sizes, pg_ranks)
     _comm_kernels(e, launch, ident)
     paired = _gloo_ops(e, ident)
-    for i in np.flatnonzero(e.enq).tolist():
-        ident.enqueue(i)
+    ident.enqueue(np.flatnonzero(e.enq))
     _fake_calls(e, ident)
     is_comm = (e.role == _ROLE["comm"]) | (e.role == _ROLE["comm_enqueue"])
     e.kind[~is_comm] = -1
@@ -424,28 +423,29 @@ def _comm_kernels(e: _Events, launch: np.ndarray, ident: "_Identity") -> None:
     name``, as newer Kineto copies record_param_comms' args onto it; gpu.nccl_kernel.launch: its
     launching ops' (``_kind_from_ops``: the CPU side first, analyzer/ingest/commid.py); else, rule
     gpu.nccl_kernel, its name's), then its identity from its launching enqueue ops
-    (``_Identity.kernel``)."""
+    (``_Identity.kernel``). All kernels at once: the launching ops of each are found in one
+    pass (``commid.launching_ops``), and no kernel's answer reads another kernel's."""
     kernels = np.flatnonzero(e.gpu & (e.role == _ROLE["comm"]))
     if not len(kernels):
         return
-    enq_idx = np.flatnonzero(e.enq)
-    enq_cols = (enq_idx, e.ext[enq_idx], e.ts[enq_idx], e.end[enq_idx], e.c_tid[enq_idx])
-    nccl, c10d = e.rows("gpu.nccl_kernel"), e.rows("cpu.c10d_enqueue")
-    for i in kernels.tolist():
-        src = commid.launching_ops(launch[i], e.ext[i], e.corr[i], enq_cols, e.ext, e.ts, e.end,
-                                   e.c_tid)
-        if nccl[i]:
-            if e.arg_kind[i] >= 0:
-                e.kind[i] = e.arg_kind[i]
-                e.rule[i] = _RULE["gpu.nccl_kernel.args"]
-            elif (k := _kind_from_ops(src, e.arg_kind, e.name_kind, c10d)) >= 0:
-                e.kind[i] = k
-                e.rule[i] = _RULE["gpu.nccl_kernel.launch"]
-            elif e.name_kind[i] >= 0:
-                e.kind[i] = e.name_kind[i]
-            else:
-                e.kind[i] = _KIND["send_recv" if "sendrecv" in e.names[i].lower() else "other"]
-        ident.kernel(i, src, launch[i])
+    offsets, src = commid.launching_ops(launch[kernels], e.ext[kernels], e.corr[kernels],
+                                        np.flatnonzero(e.enq), e.ext, e.ts, e.end, e.c_tid)
+    seg = np.repeat(np.arange(len(kernels)), np.diff(offsets))
+    on = e.rows("gpu.nccl_kernel")[kernels]  # the kind rules below are NCCL kernels' only
+    args = on & (e.arg_kind[kernels] >= 0)
+    from_ops = _kind_from_ops(seg, src, len(kernels), e.arg_kind, e.name_kind,
+                              e.rows("cpu.c10d_enqueue"))
+    launched = on & ~args & (from_ops >= 0)
+    named = on & ~args & ~launched
+    kind = np.where(args, e.arg_kind[kernels], np.where(launched, from_ops, e.name_kind[kernels]))
+    # a name that says nothing: SendRecv kernels are send_recv, the rest other
+    sendrecv = e.name(lambda u: "sendrecv" in u.lower())[kernels]
+    unnamed = named & (kind < 0)
+    kind[unnamed] = np.where(sendrecv[unnamed], _KIND["send_recv"], _KIND["other"])
+    e.kind[kernels[on]] = kind[on]
+    e.rule[kernels[args]] = _RULE["gpu.nccl_kernel.args"]
+    e.rule[kernels[launched]] = _RULE["gpu.nccl_kernel.launch"]
+    ident.kernel(kernels, seg, src, launch[kernels])
 
 
 def _gloo_ops(e: _Events, ident: "_Identity") -> np.ndarray:
@@ -461,14 +461,12 @@ def _gloo_ops(e: _Events, ident: "_Identity") -> np.ndarray:
     paired = _pair_gloo(c10d_idx, gloo_idx, e.kind, e.name_kind, e.ts, paired)
     paired = _pair_gloo_by_group(c10d_idx, gloo_idx, e.kind, e.name_kind, e.ts, paired, ident.pg,
                                  e.c_tid)
-    for i in gloo_idx.tolist():
-        j = paired[i]
-        if j >= 0:
-            e.rule[i] = _RULE["cpu.gloo_op.paired"]
-            e.kind[i] = e.kind[j] if e.kind[j] >= 0 else e.kind[i]
-        if e.kind[i] < 0:
-            e.kind[i] = _KIND["other"]
-        ident.gloo_op(i, j)
+    j = paired[gloo_idx]
+    has = gloo_idx[j >= 0]
+    e.rule[has] = _RULE["cpu.gloo_op.paired"]
+    e.kind[has] = np.where(e.kind[paired[has]] >= 0, e.kind[paired[has]], e.kind[has])
+    e.kind[gloo_idx[e.kind[gloo_idx] < 0]] = _KIND["other"]
+    ident.gloo_op(gloo_idx, j)
     return paired
 
 
@@ -484,8 +482,7 @@ class _Identity:
         n, self.e = e.n, e
         self.pg, self.pg_rk, self.dtype = _obj(df["pg"]), _obj(df["pg_ranks"]), _obj(df["dtype"])
         self.desc = _obj(df["pg_desc"]) if "pg_desc" in df.columns else np.full(n, None, object)
-        self.from_args = np.array([p is not None for p in self.pg], bool) if n else \
-            np.zeros(0, bool)
+        self.from_args = ~_none(self.pg)
         self.peer = np.full(n, -1, np.int64)
         self.tag_of = _tags(e.names, e.rows("cpu.pg_tag"), e.enq, launch, e.gpu, e.ts, e.end,
                             e.c_tid)
@@ -520,123 +517,177 @@ class _Identity:
         self.fallback = commid.group_fallback(pg_sizes, world_size)
         self.members = pg_ranks or {}
         self.only_pg = next(iter(self.members)) if len(self.members) == 1 else None
+        self.c10d = e.name(lambda u: u.startswith("c10d::"))  # (output, input) first tensors
 
-    def shape_bytes(self, i: int, kind: str | None, group: int) -> int:
-        """Bytes of row ``i`` from its first tensor's shape and dtype (``commid.total_bytes``:
-        a piece is multiplied by ``group``), -1 unknown."""
-        return commid.total_bytes(str(self.e.names[i]), kind, int(self.numel[i]),
-                                  int(self.size[i]), group)
+    def shape_bytes(self, rows: np.ndarray, kind: np.ndarray, group: np.ndarray) -> np.ndarray:
+        """Bytes of ``rows`` from their first tensor's shape and dtype
+        (``commid.total_bytes_cols``: a piece is multiplied by ``group``) as collectives of
+        kind codes ``kind`` (-1: none), -1 unknown."""
+        return commid.total_bytes_cols(self.c10d[rows], kind == _KIND["all_gather"],
+                                       kind == _KIND["reduce_scatter"], self.numel[rows],
+                                       self.size[rows], group)
 
-    def ops_bytes(self, src, kind: str, group: int) -> int:
-        """Bytes of a collective from its launching ops ``src``: collective args first
-        (record_param_comms), then the op shapes (below); -1 unknown."""
-        for j in src:
-            if self.args_bytes[j] >= 0:
-                return int(self.args_bytes[j])
+    def ops_bytes(self, seg: np.ndarray, src: np.ndarray, kind: np.ndarray, group: np.ndarray
+                  ) -> np.ndarray:
+        """Bytes of each collective from its launching ops (``src``, flat, in order; ``seg``:
+        whose): collective args first (record_param_comms), then the op shapes (below); -1
+        unknown. ``kind``, ``group``: the collectives' kind codes and group sizes."""
+        n = len(kind)
+        out = _pick(self.args_bytes[src], _first(seg, self.args_bytes[src] >= 0, n), -1)
         # a c10d op's first tensor is its output: the whole buffer of an all_gather, the piece
         # of a reduce_scatter; for other kinds (an uneven all_to_all) the nccl:* op's input first
-        c10d = [j for j in src if str(self.e.names[j]).startswith("c10d::")]
-        rest = [j for j in src if j not in c10d]
-        for j in (c10d + rest if kind in ("all_gather", "reduce_scatter") else rest + c10d):
-            if (b := self.shape_bytes(j, kind, group)) >= 0:
-                return b
-        return -1
+        k = kind[seg]
+        piece = (k == _KIND["all_gather"]) | (k == _KIND["reduce_scatter"])
+        later = np.where(piece, ~self.c10d[src], self.c10d[src])
+        order = np.lexsort((np.arange(len(src)), later, seg))
+        b = self.shape_bytes(src, k, group[seg])[order]
+        shaped = _pick(b, _first(seg[order], b >= 0, n), -1)
+        return np.where(out >= 0, out, shaped)
 
-    def take_seq(self, i: int, src) -> None:
-        """Row ``i``'s Seq / Comms Id, where its own arguments do not say, from its launching or
-        paired ops ``src`` (the first that has one)."""
-        if self.seq[i] < 0:
-            self.seq[i] = next((self.seq[j] for j in src if self.seq[j] >= 0), -1)
-        if self.cid[i] is None:
-            self.cid[i] = next((self.cid[j] for j in src if self.cid[j] is not None), None)
+    def take_seq(self, rows: np.ndarray, seg: np.ndarray, src: np.ndarray) -> None:
+        """Seq / Comms Id of ``rows``, where their own arguments do not say, from their
+        launching or paired ops (``src``, flat; ``seg``: index into ``rows``): the first that
+        has one."""
+        n = len(rows)
+        need = rows[self.seq[rows] < 0]
+        got = _pick(self.seq[src], _first(seg, self.seq[src] >= 0, n), -1)
+        self.seq[need] = got[self.seq[rows] < 0]
+        need = _none(self.cid[rows])
+        got = _pick(self.cid[src], _first(seg, ~_none(self.cid[src]), n), None)
+        self.cid[rows[need]] = got[need]
 
-    def name_group(self, i: int) -> None:
-        """pg of row ``i`` from pg_config's only group, pg_ranks from pg_config's ranks."""
-        if self.pg[i] is None and self.only_pg is not None:
-            self.pg[i] = self.only_pg
-        if self.pg_rk[i] is None and self.pg[i] is not None and self.members.get(str(self.pg[i])):
-            self.pg_rk[i] = self.members[str(self.pg[i])]
+    def name_group(self, rows: np.ndarray) -> None:
+        """pg of ``rows`` from pg_config's only group, pg_ranks from pg_config's ranks."""
+        if self.only_pg is not None:
+            self.pg[rows[_none(self.pg[rows])]] = self.only_pg
+        if self.members:
+            r = rows[_none(self.pg_rk[rows]) & ~_none(self.pg[rows])]
+            ranks = _objects(_per_distinct(self.pg[r], lambda p: self.members.get(str(p))))
+            has = np.array([bool(x) for x in ranks], bool) if len(r) else np.zeros(0, bool)
+            self.pg_rk[r[has]] = ranks[has]
 
-    def group_of(self, i: int, src=()) -> int:
-        """Group size of row ``i`` launched by ops ``src`` (commid module docstring, 2-5)."""
-        if self.group[i] > 0:
-            return int(self.group[i])
-        if self.pg[i] is not None and self.pg_sizes and str(self.pg[i]) in self.pg_sizes:
-            return self.pg_sizes[str(self.pg[i])]
-        k = KINDS[self.e.kind[i]] if self.e.kind[i] >= 0 else None
-        if k in ("all_gather", "reduce_scatter"):
-            for j in (i, *src):
-                n = commid.group_from_counts(k, int(self.n_in[j]), int(self.n_out[j]))
-                if n > 0:
-                    return n
-            for j in (i, *src):
-                n = commid.group_from_tensors(str(self.e.names[j]), k, int(self.numel[j]),
-                                              int(self.numel2[j]))
-                if n > 0:
-                    return n
-        return self.fallback
+    def group_of(self, rows: np.ndarray, seg: np.ndarray | None = None,
+                 src: np.ndarray | None = None) -> np.ndarray:
+        """Group size of ``rows`` launched by ops ``src`` (flat, in order; ``seg``: index into
+        ``rows``; none when not given) (commid module docstring, 2-5)."""
+        out = self.group[rows].astype(np.int64)
+        todo = out <= 0
+        if self.pg_sizes:
+            named = todo & ~_none(self.pg[rows])
+            size = _per_distinct(self.pg[rows[named]], lambda p: self.pg_sizes.get(str(p)))
+            found = np.array([v is not None for v in size], bool)
+            at = np.flatnonzero(named)[found]
+            out[at] = np.array([v for v in size if v is not None], np.int64)
+            todo[at] = False
+        kind = self.e.kind[rows]
+        ag, rs = kind == _KIND["all_gather"], kind == _KIND["reduce_scatter"]
+        out[todo & ~(ag | rs)] = self.fallback
+        todo &= ag | rs
+        if not todo.any():
+            return out
+        # each row first, then its ops: their In / Out counts, then their tensors
+        idx = np.flatnonzero(todo)
+        if seg is None or src is None:
+            seg, src = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        sub = np.full(len(rows), -1, np.int64)
+        sub[idx] = np.arange(len(idx))
+        keep = sub[seg] >= 0
+        s2 = np.concatenate([np.arange(len(idx)), sub[seg[keep]]])
+        r2 = np.concatenate([rows[idx], src[keep]])
+        order = np.lexsort((np.arange(len(s2)), s2))
+        s2, r2 = s2[order], r2[order]
+        ag2, rs2 = ag[idx][s2], rs[idx][s2]
+        counts = commid.group_from_counts_cols(ag2, rs2, self.n_in[r2], self.n_out[r2])
+        tensors = commid.group_from_tensors_cols(self.c10d[r2], ag2, rs2, self.numel[r2],
+                                                 self.numel2[r2])
+        n = len(idx)
+        by_counts = _pick(counts, _first(s2, counts > 0, n), -1)
+        by_tensors = _pick(tensors, _first(s2, tensors > 0, n), -1)
+        out[idx] = np.where(by_counts > 0, by_counts,
+                            np.where(by_tensors > 0, by_tensors, self.fallback))
+        return out
 
-    def kernel(self, i: int, src: list[int], launch_row: int) -> None:
-        """A GPU comm row ``i`` launched by enqueue ops ``src`` at runtime row ``launch_row``."""
+    def kernel(self, rows: np.ndarray, seg: np.ndarray, src: np.ndarray,
+               launch_rows: np.ndarray) -> None:
+        """GPU comm ``rows`` launched by enqueue ops ``src`` (flat, innermost first; ``seg``:
+        index into ``rows``) at runtime rows ``launch_rows`` (-1 none). No row's answer reads
+        another's: ``src`` are CPU rows, which this does not write."""
+        n = len(rows)
         pg, peer, group = self.pg, self.peer, self.group
         # pg: a record_param_comms' own name first, then a tagged op's, then the tag around
         # the launch itself
-        if pg[i] is None:
-            pg[i] = next((pg[j] for j in src if self.from_args[j]), None)
+        need = _none(pg[rows])
+        got = _pick(pg[src], _first(seg, self.from_args[src], n), None)
+        pg[rows[need]] = got[need]
         for col in (pg, self.pg_rk, self.dtype, self.desc):
-            if col[i] is None:
-                col[i] = next((col[j] for j in src if col[j] is not None), None)
-        tag = self.tag_of.get(int(launch_row))
-        if pg[i] is None and tag is not None:
-            pg[i] = tag[0]
-        peer[i] = next((peer[j] for j in src if peer[j] >= 0), tag[1] if tag is not None else -1)
-        if not self.graphed[i]:  # capture-time values (analyzer/ingest/graphs.py)
-            self.take_seq(i, src)
-        self.name_group(i)
-        if group[i] <= 0:
-            group[i] = next((group[j] for j in src if group[j] > 0), -1)
-        group[i] = self.group_of(i, src)
-        if self.nbytes[i] < 0:
-            self.nbytes[i] = self.ops_bytes(src, KINDS[self.e.kind[i]], int(group[i]))
+            need = _none(col[rows])
+            got = _pick(col[src], _first(seg, ~_none(col[src]), n), None)
+            col[rows[need]] = got[need]
+        tag_rows = np.array(list(self.tag_of), np.int64)
+        at = _lookup(tag_rows, np.arange(len(tag_rows)), launch_rows)  # the launch's tag
+        tags = list(self.tag_of.values())
+        tag_pg = _pick(_objects([t[0] for t in tags]), at, None)
+        tag_peer = _pick(np.array([t[1] for t in tags], np.int64), at, -1)
+        need = _none(pg[rows]) & (at >= 0)
+        pg[rows[need]] = tag_pg[need]
+        got = _pick(peer[src], _first(seg, peer[src] >= 0, n), -1)
+        peer[rows] = np.where(got >= 0, got, tag_peer)
+        live = ~self.graphed[rows]  # capture-time values (analyzer/ingest/graphs.py)
+        keep = live[seg]
+        self.take_seq(rows[live], np.cumsum(live)[seg[keep]] - 1, src[keep])
+        self.name_group(rows)
+        got = _pick(group[src], _first(seg, group[src] > 0, n), -1)
+        group[rows] = np.where(group[rows] <= 0, got, group[rows])
+        group[rows] = self.group_of(rows, seg, src)
+        need = self.nbytes[rows] < 0
+        kind = self.e.kind[rows].astype(np.int64)
+        kind = np.where(kind < 0, len(KINDS) + kind, kind)  # KINDS[-1] is other
+        b = self.ops_bytes(seg, src, kind, group[rows].astype(np.int64))
+        self.nbytes[rows[need]] = b[need]
 
-    def gloo_op(self, i: int, j: int) -> None:
-        """A gloo op ``i`` paired with enqueue ``j`` (-1: unpaired)."""
-        if j >= 0:
-            if self.pg[i] is None:
-                self.pg[i] = self.pg[j]
-            self.take_seq(i, (j,))
-            for col in (self.pg_rk, self.dtype, self.desc):
-                if col[i] is None:
-                    col[i] = col[j]
-            self.peer[i] = self.peer[j] if self.peer[i] < 0 else self.peer[i]
-            if self.group[i] <= 0:
-                self.group[i] = self.group[j]
-        self.name_group(i)
-        self.group[i] = self.group_of(i, (j,) if j >= 0 else ())
-        kind = KINDS[self.e.kind[i]]
-        if self.nbytes[i] < 0:
-            self.nbytes[i] = self.shape_bytes(i, kind, int(self.group[i]))
-        if self.nbytes[i] < 0 and j >= 0:
-            self.nbytes[i] = self.shape_bytes(j, kind, int(self.group[i]))
+    def gloo_op(self, rows: np.ndarray, paired: np.ndarray) -> None:
+        """Gloo ops ``rows`` paired with enqueues ``paired`` (-1: unpaired). Each row reads
+        only its enqueue, which this does not write."""
+        has = np.flatnonzero(paired >= 0)
+        i, j = rows[has], paired[has]
+        need = _none(self.pg[i])
+        self.pg[i[need]] = self.pg[j[need]]
+        self.take_seq(i, np.arange(len(i)), j)
+        for col in (self.pg_rk, self.dtype, self.desc):
+            need = _none(col[i])
+            col[i[need]] = col[j[need]]
+        self.peer[i] = np.where(self.peer[i] < 0, self.peer[j], self.peer[i])
+        self.group[i] = np.where(self.group[i] <= 0, self.group[j], self.group[i])
+        self.name_group(rows)
+        self.group[rows] = self.group_of(rows, has, j)
+        kind = self.e.kind[rows].astype(np.int64)
+        kind = np.where(kind < 0, len(KINDS) + kind, kind)  # KINDS[-1] is other
+        group = self.group[rows].astype(np.int64)
+        need = self.nbytes[rows] < 0
+        self.nbytes[rows[need]] = self.shape_bytes(rows, kind, group)[need]
+        need = self.nbytes[i] < 0
+        self.nbytes[i[need]] = self.shape_bytes(j, kind[has], group[has])[need]
 
-    def fake_call(self, i: int, j: int) -> None:
-        """A fake group's collective call ``i`` (its ``c10d::*`` op, ``_fake_calls``) run by
-        enqueue op ``j`` (-1: none): dtype and bytes from ``j`` where its own are unknown,
-        its group size as a gloo op's (``group_of``)."""
-        if j >= 0:
-            if self.dtype[i] is None:
-                self.dtype[i] = self.dtype[j]
-            if self.nbytes[i] < 0:
-                self.nbytes[i] = self.nbytes[j]
-        self.name_group(i)
-        self.group[i] = self.group_of(i)
+    def fake_call(self, rows: np.ndarray, ops: np.ndarray) -> None:
+        """A fake group's collective calls ``rows`` (their ``c10d::*`` ops, ``_fake_calls``)
+        run by enqueue ops ``ops`` (-1: none): dtype and bytes from the op where their own are
+        unknown, their group size as a gloo op's (``group_of``)."""
+        has = np.flatnonzero(ops >= 0)
+        i, j = rows[has], ops[has]
+        need = _none(self.dtype[i])
+        self.dtype[i[need]] = self.dtype[j[need]]
+        need = self.nbytes[i] < 0
+        self.nbytes[i[need]] = self.nbytes[j[need]]
+        self.name_group(rows)
+        self.group[rows] = self.group_of(rows)
 
-    def enqueue(self, i: int) -> None:
-        """An enqueue op ``i``: its group from pg_config, its bytes from its own shape."""
-        self.name_group(i)
-        if self.nbytes[i] < 0:
-            k = self.e.kind[i]
-            self.nbytes[i] = self.shape_bytes(i, KINDS[k] if k >= 0 else None, self.group_of(i))
+    def enqueue(self, rows: np.ndarray) -> None:
+        """Enqueue ops ``rows``: their group from pg_config, their bytes from their own
+        shape."""
+        self.name_group(rows)
+        need = rows[self.nbytes[rows] < 0]
+        self.nbytes[need] = self.shape_bytes(need, self.e.kind[need].astype(np.int64),
+                                             self.group_of(need))
 
     def table(self, df: pd.DataFrame, step: np.ndarray, is_comm: np.ndarray,
               pg_descs: dict[str, str] | None, launch: np.ndarray, paired: np.ndarray
@@ -645,9 +696,12 @@ class _Identity:
         keep a peer, Seq and Comms Id; ``pg_descs``: pg_config's description of each group),
         rule, launch_row and paired_row."""
         e, desc, descs = self.e, self.desc, pg_descs or {}
-        for i in np.flatnonzero(is_comm).tolist():
-            if desc[i] is None and self.pg[i] is not None:
-                desc[i] = descs.get(str(self.pg[i]))
+        rows = np.flatnonzero(is_comm)
+        rows = rows[_none(desc[rows]) & ~_none(self.pg[rows])]
+        desc[rows] = _objects(_per_distinct(self.pg[rows], lambda p: descs.get(str(p))))
+        dtype = np.full(e.n, None, object)  # torch's names (``commid.dtype_name``)
+        have = np.flatnonzero(~_none(self.dtype))
+        dtype[have] = _objects(_per_distinct(self.dtype[have], commid.dtype_name))
         out = df.drop(columns=[c for c in ("pg", "pg_ranks", "dtype", "group_size", "pg_desc",
                                            "seq_arg", "comms_id") if c in df.columns])
         for name, col in {
@@ -655,7 +709,7 @@ class _Identity:
                 "coll_kind": pd.Categorical.from_codes(e.kind, categories=list(KINDS)),
                 "bytes": self.nbytes.astype(np.int64), "pg": str_array(self.pg),
                 "pg_ranks": str_array(self.pg_rk),
-                "dtype": str_array([commid.dtype_name(d) for d in self.dtype]),
+                "dtype": str_array(dtype),
                 "group_size": self.group.astype(np.int64), "pg_desc": str_array(desc),
                 "peer": np.where(is_comm, self.peer, -1).astype(np.int64),
                 "seq_arg": np.where(is_comm, self.seq, -1).astype(np.int64),
@@ -727,20 +781,54 @@ def _lookup(keys: np.ndarray, rows: np.ndarray, queries: np.ndarray) -> np.ndarr
     return np.where(hit, rows[order][pos_c], -1)
 
 
-def _kind_from_ops(src, arg_kind, name_kind, is_c10d) -> int:
-    """Kind code from the launching ops ``src``: a ``Collective name`` argument first, then a
-    ``c10d::*`` op's name, then any op's name (``nccl:*``, ``symm_mem::*`` ...); -1 when none
-    says (analyzer/ingest/commid.py)."""
-    for j in src:
-        if arg_kind[j] >= 0:
-            return int(arg_kind[j])
-    for j in src:
-        if is_c10d[j] and name_kind[j] >= 0:
-            return int(name_kind[j])
-    for j in src:
-        if name_kind[j] >= 0:
-            return int(name_kind[j])
-    return -1
+def _first(seg: np.ndarray, hit: np.ndarray, n: int) -> np.ndarray:
+    """Place in a flat list (``seg``: its items' segment, 0 .. ``n`` - 1, ascending) of the
+    first item of each segment where ``hit``; -1 where none."""
+    out = np.full(n, -1, np.int64)
+    pos = np.flatnonzero(hit)
+    if len(pos):
+        s = seg[pos]
+        first = np.flatnonzero(np.append(True, s[1:] != s[:-1]))
+        out[s[first]] = pos[first]
+    return out
+
+
+def _pick(values: np.ndarray, at: np.ndarray, default) -> np.ndarray:
+    """``values[at]``, ``default`` where ``at`` is -1."""
+    out = values[np.maximum(at, 0)] if len(values) else np.full(len(at), default, values.dtype)
+    out[at < 0] = default
+    return out
+
+
+def _kind_from_ops(seg, src, n, arg_kind, name_kind, is_c10d) -> np.ndarray:
+    """Kind code of each of ``n`` collectives from its launching ops (``src``, flat, in order,
+    ``seg``: whose): a ``Collective name`` argument first, then a ``c10d::*`` op's name, then
+    any op's name (``nccl:*``, ``symm_mem::*`` ...); -1 when none says
+    (analyzer/ingest/commid.py)."""
+    out = _pick(arg_kind[src].astype(np.int64), _first(seg, arg_kind[src] >= 0, n), -1)
+    for hit in (is_c10d[src] & (name_kind[src] >= 0), name_kind[src] >= 0):
+        k = _pick(name_kind[src].astype(np.int64), _first(seg, hit, n), -1)
+        out = np.where(out >= 0, out, k)
+    return out
+
+
+def _none(values: np.ndarray) -> np.ndarray:
+    """Where an object column holds None."""
+    return np.equal(values, None).astype(bool) if len(values) else np.zeros(0, bool)
+
+
+def _objects(values: list) -> np.ndarray:
+    """A 1-d object array of ``values``."""
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out
+
+
+def _per_distinct(values: np.ndarray, fn) -> list:
+    """``fn`` of each value (hashable), called once per distinct value."""
+    items = values.tolist()
+    memo = {v: fn(v) for v in set(items)}
+    return [memo[v] for v in items]
 
 
 def _kind_code(text: str | None) -> int:
@@ -756,17 +844,12 @@ def _bytes_from_args(df: pd.DataFrame) -> np.ndarray:
     buffer, all_reduce / broadcast / all_to_all by the buffer size: in every case the larger of
     the input and output element counts.
     """
-    from analyzer.ingest.decode import dtype_bytes
-
     n_in = df["in_nelems"].to_numpy()
     n_out = df["out_nelems"].to_numpy()
     out = np.full(len(df), -1, np.int64)
     have = np.flatnonzero((np.maximum(n_in, n_out) >= 0) & df["dtype"].notna().to_numpy())
-    dt = _obj(df["dtype"])
-    for i in have:
-        size = dtype_bytes(dt[i])
-        if size > 0:
-            out[i] = max(n_in[i], n_out[i]) * size
+    size = np.array(_per_distinct(_obj(df["dtype"])[have], dtype_bytes), np.int64)
+    out[have] = np.where(size > 0, np.maximum(n_in[have], n_out[have]) * size, -1)
     return out
 
 
@@ -847,8 +930,9 @@ def _fake_calls(e: _Events, ident: "_Identity") -> None:
         return
     outer = np.flatnonzero(e.enq & (e.rule != _RULE["cpu.fake_pg_call"]))
     at = commid.ops_enclosing(outer, calls, e.ts, e.end, e.c_tid)
-    for i, j in zip(calls.tolist(), at.tolist()):
-        ident.fake_call(i, j if j >= 0 and e.kind[j] == e.kind[i] else -1)
+    same_kind = np.zeros(len(at), bool)
+    same_kind[at >= 0] = e.kind[at[at >= 0]] == e.kind[calls[at >= 0]]
+    ident.fake_call(calls, np.where(same_kind, at, -1))
 
 
 def _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, tid
@@ -861,19 +945,27 @@ def _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, tid
     without a group, ops on threads no enqueue names, a thread that serves several groups)
     is then paired among itself as before. Returns ``paired`` unchanged when no paired
     enqueue names a group."""
-    votes: dict[int, dict[str, int]] = {}
-    for i in gloo_idx.tolist():
-        j = paired[i]
-        if j >= 0 and pg[j] is not None:
-            v = votes.setdefault(int(tid[i]), {})
-            v[str(pg[j])] = v.get(str(pg[j]), 0) + 1
-    if not votes:
+    j = paired[gloo_idx]
+    voter = gloo_idx[j >= 0]
+    voter = voter[~_none(pg[paired[voter]])]
+    if not len(voter):
         return paired
-    group_of_thread = {t: min(v, key=lambda g: (-v[g], g)) for t, v in votes.items()}
+    # votes: (thread, group) pairs counted; groups coded in name order, so a tie's smaller
+    # name is the smaller code
+    names, code = np.unique(_objects(_per_distinct(pg[paired[voter]], str)),
+                            return_inverse=True)
+    pair, votes = np.unique(tid[voter].astype(np.int64) * len(names) + code,
+                            return_counts=True)
+    thread, group = pair // len(names), pair % len(names)
+    best = np.lexsort((group, -votes, thread))
+    first = best[np.append(True, thread[best][1:] != thread[best][:-1])]
+    group_of_thread = dict(zip(thread[first].tolist(), names[group[first]].tolist()))
     out = np.full(len(paired), -1, np.int64)
-    enq_pg = np.array([str(pg[j]) if pg[j] is not None else "" for j in c10d_idx.tolist()],
-                      object)
-    op_pg = np.array([group_of_thread.get(int(tid[i]), "") for i in gloo_idx.tolist()], object)
+    named = ~_none(pg[c10d_idx])
+    enq_pg = np.full(len(c10d_idx), "", object)
+    enq_pg[named] = _objects(_per_distinct(pg[c10d_idx[named]], str))
+    op_pg = _objects(_per_distinct(tid[gloo_idx].astype(np.int64),
+                                   lambda t: group_of_thread.get(t, "")))
     for g in sorted(set(enq_pg.tolist()) - {""}):
         out = _pair_gloo(c10d_idx[enq_pg == g], gloo_idx[op_pg == g], kind, name_kind, ts, out)
     return _pair_gloo(c10d_idx[out[c10d_idx] < 0], gloo_idx[out[gloo_idx] < 0], kind,
@@ -882,26 +974,22 @@ def _pair_gloo_by_group(c10d_idx, gloo_idx, kind, name_kind, ts, paired, pg, tid
 
 def _pair_gloo(c10d_idx, gloo_idx, kind, name_kind, ts, paired) -> np.ndarray:
     """Pair gloo runloop ops with c10d enqueues: for each enqueue in time order, the first not
-    yet paired gloo op of the matching gloo kind that starts at or after the enqueue starts.
-    (No id links them; gloo runs a process group's work in FIFO order.)"""
-    def name(code) -> str:  # kind name; "None" for no kind, which pairs with no-kind ops
-        return KINDS[code] if code >= 0 else "None"
-
-    pools: dict[str, list[int]] = {}
-    for i in gloo_idx.tolist():  # already in time order (table sorted by ts)
-        pools.setdefault(name(name_kind[i]), []).append(i)
-    heads = {k: 0 for k in pools}
-    for j in c10d_idx.tolist():
-        want = _GLOO_FOR_C10D.get(name(kind[j]), None)
-        pool = pools.get(str(want))
-        if not pool:
+    yet paired gloo op of the matching gloo kind (``_GLOO_FOR_C10D``; an enqueue of no kind
+    pairs with ops of no kind) that starts at or after the enqueue starts. (No id links them;
+    gloo runs a process group's work in FIFO order.) ``c10d_idx``, ``gloo_idx``: rows in time
+    order. In each kind's ops, the k-th enqueue takes place p_k = max(p_(k-1) + 1, s_k), s_k
+    the first op starting at or after it: p_k = k + the running max of s_i - i."""
+    want_of = np.array([_KIND[_GLOO_FOR_C10D[k]] for k in KINDS] + [-1])  # kind -1: the last
+    op_kind = name_kind[gloo_idx].astype(np.int64)
+    enq_want = want_of[kind[c10d_idx].astype(np.int64)]
+    for k in np.unique(op_kind).tolist():
+        pool, enq = gloo_idx[op_kind == k], c10d_idx[enq_want == k]
+        if not len(enq):
             continue
-        h = heads[str(want)]
-        while h < len(pool) and ts[pool[h]] < ts[j]:
-            h += 1  # a gloo op before the enqueue cannot be its work (it was enqueued earlier)
-        if h < len(pool):
-            paired[pool[h]] = j
-            paired[j] = pool[h]
-            h += 1
-        heads[str(want)] = h
+        first = np.searchsorted(ts[pool], ts[enq], "left")  # ops before it are not its work
+        r = np.arange(len(enq))
+        at = r + np.maximum.accumulate(first - r)
+        ok = at < len(pool)
+        paired[pool[at[ok]]] = enq[ok]
+        paired[enq[ok]] = pool[at[ok]]
     return paired

@@ -76,21 +76,20 @@ def kind_in_text(text: str) -> str:
     return "other"
 
 
-def total_bytes(op_name: str, kind: str | None, numel: int, elem_bytes: int, group: int) -> int:
-    """nccl-tests bytes of a collective from the first tensor an op records (module docstring);
-    -1 when the shape, dtype or a needed group size is unknown."""
-    if numel < 0 or elem_bytes < 0:
-        return -1
+def total_bytes_cols(c10d: np.ndarray, all_gather: np.ndarray, reduce_scatter: np.ndarray,
+                     numel: np.ndarray, elem_bytes: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """nccl-tests bytes of collectives from the first tensor an op records (module docstring),
+    one per row of the (equal-length) columns: ``c10d`` (the op's name starts ``c10d::``),
+    ``all_gather`` / ``reduce_scatter`` (the collective's kind), ``numel`` (elements),
+    ``elem_bytes``, ``group`` (group size); int64, -1 where the shape, dtype or a needed group
+    size is unknown."""
+    numel, elem_bytes = np.asarray(numel, np.int64), np.asarray(elem_bytes, np.int64)
     total = numel * elem_bytes
-    c10d = op_name.startswith("c10d::")
     # c10d ops take (output, input): all_gather's output is the total, reduce_scatter's the
     # piece; nccl:* / gloo:* / symm_mem / hccl ops record the input: the reverse
-    piece = (kind == "all_gather" and not c10d) or (kind == "reduce_scatter" and c10d)
-    if piece:
-        if group <= 0:
-            return -1
-        total *= group
-    return total
+    piece = (all_gather & ~c10d) | (reduce_scatter & c10d)
+    total = np.where(piece, np.where(group <= 0, -1, total * group), total)
+    return np.where((numel < 0) | (elem_bytes < 0), -1, total).astype(np.int64)
 
 
 _DTYPE_NAMES = {"float": "Float", "float32": "Float", "double": "Double", "float64": "Double",
@@ -122,80 +121,261 @@ def group_fallback(pg_sizes: dict[str, int] | None, world_size: int | None) -> i
     return int(world_size)
 
 
-def _whole_ratio(whole: int, piece: int) -> int:
-    """``whole / piece`` when both are known (>= 0), piece > 0 and it divides whole, else -1."""
-    if whole < 0 or piece <= 0 or whole < piece or whole % piece:
-        return -1
-    return int(whole // piece)
+def _whole_ratio(whole: np.ndarray, piece: np.ndarray) -> np.ndarray:
+    """``whole / piece`` where both are known (>= 0), piece > 0 and it divides whole, else -1."""
+    ok = (whole >= 0) & (piece > 0) & (whole >= piece)
+    piece = np.where(ok, piece, 1)
+    ok &= whole % piece == 0
+    return np.where(ok, whole // piece, -1).astype(np.int64)
+
+
+def group_from_counts_cols(all_gather: np.ndarray, reduce_scatter: np.ndarray,
+                           in_nelems: np.ndarray, out_nelems: np.ndarray) -> np.ndarray:
+    """Group size of an all_gather (out / in) or reduce_scatter (in / out) from a collective's
+    In / Out msg nelems (element counts; -1 unknown), per row of the columns (``all_gather`` /
+    ``reduce_scatter``: the kind): one rank's piece is 1 / n of the whole buffer. int64, -1 for
+    other kinds, unknown counts or a ratio that is not a whole number >= 1."""
+    in_nelems, out_nelems = np.asarray(in_nelems, np.int64), np.asarray(out_nelems, np.int64)
+    whole = np.where(all_gather, out_nelems, in_nelems)
+    piece = np.where(all_gather, in_nelems, out_nelems)
+    return np.where(all_gather | reduce_scatter, _whole_ratio(whole, piece), -1).astype(np.int64)
+
+
+def group_from_tensors_cols(c10d: np.ndarray, all_gather: np.ndarray,
+                            reduce_scatter: np.ndarray, first_numel: np.ndarray,
+                            second_numel: np.ndarray) -> np.ndarray:
+    """Group size from the first two tensors (elements, -1 unknown) a ``c10d::*`` op records,
+    (output, input): ``_allgather_base_`` whole / piece, ``_reduce_scatter_base_`` piece /
+    whole, per row of the columns. -1 for other ops (``c10d`` False: ``nccl:*`` / ``gloo:*``
+    record one tensor) and as ``group_from_counts_cols``."""
+    return np.where(c10d, group_from_counts_cols(all_gather, reduce_scatter, second_numel,
+                                                 first_numel), -1).astype(np.int64)
+
+
+def total_bytes(op_name: str, kind: str | None, numel: int, elem_bytes: int, group: int) -> int:
+    """``total_bytes_cols`` of one op (``kind``: the collective's kind, None unknown)."""
+    return int(total_bytes_cols(np.array(op_name.startswith("c10d::")),
+                                np.array(kind == "all_gather"), np.array(kind == "reduce_scatter"),
+                                np.array(numel), np.array(elem_bytes), np.array(group)))
 
 
 def group_from_counts(kind: str | None, in_nelems: int, out_nelems: int) -> int:
-    """Group size of an all_gather (out / in) or reduce_scatter (in / out) from a collective's
-    In / Out msg nelems (element counts; -1 unknown): one rank's piece is 1 / n of the whole
-    buffer. -1 for other kinds, unknown counts or a ratio that is not a whole number >= 1."""
-    if kind == "all_gather":
-        return _whole_ratio(out_nelems, in_nelems)
-    if kind == "reduce_scatter":
-        return _whole_ratio(in_nelems, out_nelems)
-    return -1
+    """``group_from_counts_cols`` of one collective of kind ``kind``."""
+    return int(group_from_counts_cols(np.array(kind == "all_gather"),
+                                      np.array(kind == "reduce_scatter"), np.array(in_nelems),
+                                      np.array(out_nelems)))
 
 
 def group_from_tensors(op_name: str, kind: str | None, first_numel: int, second_numel: int
                        ) -> int:
-    """Group size from the first two tensors (elements, -1 unknown) a ``c10d::*`` op records,
-    (output, input): ``_allgather_base_`` whole / piece, ``_reduce_scatter_base_`` piece /
-    whole. -1 for other ops (``nccl:*`` / ``gloo:*`` record one tensor) and as
-    ``group_from_counts``."""
-    if not op_name.startswith("c10d::"):
-        return -1
-    return group_from_counts(kind, second_numel, first_numel)
+    """``group_from_tensors_cols`` of one op named ``op_name``."""
+    return int(group_from_tensors_cols(np.array(op_name.startswith("c10d::")),
+                                       np.array(kind == "all_gather"),
+                                       np.array(kind == "reduce_scatter"), np.array(first_numel),
+                                       np.array(second_numel)))
 
 
-def launching_ops(launch_row: int, ext_i: int, corr_i: int, enq_cols, ext, ts, end, tid
-                  ) -> list[int]:
-    """Comm ops that launched a GPU row (module docstring), innermost first.
+def _segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(segment of each item, offset of each item in its segment) of consecutive segments of
+    ``counts`` items (int64, >= 0)."""
+    seg = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    starts = np.cumsum(counts) - counts
+    return seg, np.arange(len(seg), dtype=np.int64) - starts[seg]
 
-    ``enq_cols`` = (rows, ext, ts, end, tid code) of the comm_enqueue rows; ``ext``, ``ts``,
-    ``end``, ``tid`` are the whole table's columns."""
-    rows, e_ext, e_ts, e_end, e_tid = enq_cols
-    if launch_row >= 0:
-        t0, t1, th = ts[launch_row], end[launch_row], tid[launch_row]
-        hit = rows[(e_ts <= t0) & (e_end >= t1) & (e_tid == th)]
-        out = sorted(hit.tolist(), key=lambda j: (-ts[j], end[j]))  # innermost first
-        if ext[launch_row] >= 0:
-            out += rows[e_ext == ext[launch_row]].tolist()
-        return list(dict.fromkeys(out))
-    if ext_i < 0 or ext_i == corr_i:
-        return []
-    same = rows[e_ext == ext_i]
-    if len(same) != 1:
-        return []
-    j = int(same[0])
-    # the op and its nest on its thread (the c10d op around record_param_comms, nccl:* inside)
-    nest = rows[(e_tid == tid[j]) & (((e_ts <= ts[j]) & (e_end >= end[j]))
-                                     | ((e_ts >= ts[j]) & (e_end <= end[j])))]
-    return list(dict.fromkeys([j, *sorted(nest.tolist(), key=lambda k: (-ts[k], end[k]))]))
+
+def _by_thread(rows: np.ndarray, ts, tid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``rows`` sorted by (thread, start, row), with each thread's [first, last) slice:
+    (sorted rows, distinct threads, slice starts + final end)."""
+    o = rows[np.lexsort((rows, ts[rows], tid[rows]))]
+    threads, first = np.unique(tid[o], return_index=True)
+    return o, threads, np.append(first, len(o))
+
+
+def enclosing_pairs(op_rows: np.ndarray, q_ts: np.ndarray, q_end: np.ndarray,
+                    q_tid: np.ndarray, ts, end, tid) -> tuple[np.ndarray, np.ndarray]:
+    """Every (query, op) pair where a row of ``op_rows`` on the query's thread encloses the
+    query: op start <= ``q_ts`` and op end >= ``q_end`` (ns; both bounds inclusive).
+
+    Returns (query index into ``q_ts``, op row), int64, in no particular order. Ops are cut by
+    duration (powers of two) and sorted by (thread, start) within each class: an op of
+    duration <= D that ends at or after ``q_end`` starts at or after ``q_end - D``, so each
+    query reads one window of starts per class (binary search), and the time is about
+    linear in the pairs found instead of queries x ops."""
+    none = np.zeros(0, np.int64)
+    if not len(op_rows) or not len(q_ts):
+        return none, none
+    dur = end[op_rows] - ts[op_rows]
+    # class = bit length of the duration (0 for <= 0): a window of one class holds only ops
+    # within a factor 2 of its longest
+    cls = np.zeros(len(op_rows), np.int64)
+    pos = dur > 0
+    cls[pos] = np.frexp(dur[pos].astype(np.float64))[1]
+    q_order = np.lexsort((np.arange(len(q_ts)), q_tid))
+    q_threads, q_first = np.unique(q_tid[q_order], return_index=True)
+    q_first = np.append(q_first, len(q_order))
+    out_q, out_op = [], []
+    for c in np.unique(cls).tolist():
+        in_c = op_rows[cls == c]
+        d_max = (end[in_c] - ts[in_c]).max()
+        o, threads, first = _by_thread(in_c, ts, tid)
+        for k, th in enumerate(threads.tolist()):
+            t = np.searchsorted(q_threads, th)
+            if t >= len(q_threads) or q_threads[t] != th:
+                continue
+            qs = q_order[q_first[t]:q_first[t + 1]]
+            g = o[first[k]:first[k + 1]]
+            g_ts = ts[g]
+            lo = np.searchsorted(g_ts, q_end[qs] - d_max, "left")
+            hi = np.searchsorted(g_ts, q_ts[qs], "right")
+            seg, off = _segments(np.maximum(hi - lo, 0))
+            cand = g[lo[seg] + off]
+            keep = end[cand] >= q_end[qs[seg]]
+            out_q.append(qs[seg[keep]])
+            out_op.append(cand[keep])
+    if not out_q:
+        return none, none
+    return np.concatenate(out_q).astype(np.int64), np.concatenate(out_op).astype(np.int64)
+
+
+def enclosed_pairs(op_rows: np.ndarray, q_ts: np.ndarray, q_end: np.ndarray, q_tid: np.ndarray,
+                   ts, end, tid) -> tuple[np.ndarray, np.ndarray]:
+    """Every (query, op) pair where the query encloses a row of ``op_rows`` on its thread: op
+    start >= ``q_ts`` and op end <= ``q_end`` (inclusive). Returns (query index, op row), int64,
+    in no particular order; per thread a window of starts by binary search."""
+    none = np.zeros(0, np.int64)
+    if not len(op_rows) or not len(q_ts):
+        return none, none
+    # an op ending by q_end starts by q_end - (its duration): by q_end unless a duration < 0
+    slack = max(0, -int((end[op_rows] - ts[op_rows]).min()))
+    o, threads, first = _by_thread(op_rows, ts, tid)
+    out_q, out_op = [], []
+    for k, th in enumerate(threads.tolist()):
+        qs = np.flatnonzero(q_tid == th)
+        if not len(qs):
+            continue
+        g = o[first[k]:first[k + 1]]
+        g_ts = ts[g]
+        lo = np.searchsorted(g_ts, q_ts[qs], "left")
+        hi = np.searchsorted(g_ts, q_end[qs] + slack, "right")
+        seg, off = _segments(np.maximum(hi - lo, 0))
+        cand = g[lo[seg] + off]
+        keep = end[cand] <= q_end[qs[seg]]
+        out_q.append(qs[seg[keep]])
+        out_op.append(cand[keep])
+    if not out_q:
+        return none, none
+    return np.concatenate(out_q).astype(np.int64), np.concatenate(out_op).astype(np.int64)
+
+
+def _same_key(keys: np.ndarray, rows: np.ndarray, queries: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Every (query index, row) pair where ``keys`` (of ``rows``) equals the query, rows in
+    ascending order within a query. int64."""
+    o = np.lexsort((rows, keys))
+    k, r = keys[o], rows[o]
+    lo = np.searchsorted(k, queries, "left")
+    hi = np.searchsorted(k, queries, "right")
+    seg, off = _segments(hi - lo)
+    return seg, r[lo[seg] + off]
+
+
+def _ordered_unique(seg: np.ndarray, rows: np.ndarray, *keys: np.ndarray, n: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (segment, row) sorted by segment then ``keys`` (the first key sorts first; ties
+    by the order given), a row kept once per segment at its first place. Returns (segment
+    offsets, length ``n`` + 1; rows)."""
+    order = np.lexsort((np.arange(len(seg)), *keys[::-1], seg))
+    seg, rows = seg[order], rows[order]
+    place = np.arange(len(seg))
+    first = np.lexsort((place, rows, seg))  # by (segment, row), first place first
+    dup = np.zeros(len(seg), bool)
+    same = (seg[first][1:] == seg[first][:-1]) & (rows[first][1:] == rows[first][:-1])
+    dup[first[1:][same]] = True
+    seg, rows = seg[~dup], rows[~dup]
+    return np.searchsorted(seg, np.arange(n + 1)), rows
+
+
+def launching_ops(launch: np.ndarray, ext_k: np.ndarray, corr_k: np.ndarray,
+                  enq_rows: np.ndarray, ext, ts, end, tid) -> tuple[np.ndarray, np.ndarray]:
+    """Comm ops that launched each of K GPU rows (module docstring), innermost first.
+
+    ``launch``, ``ext_k``, ``corr_k``: each GPU row's runtime launch row (-1 none), External
+    id and correlation id (-1 none); ``enq_rows``: the comm_enqueue rows; ``ext``, ``ts``,
+    ``end`` (ns), ``tid`` (codes): the whole table's columns. Returns (offsets, K + 1; rows):
+    GPU row k's ops are ``rows[offsets[k]:offsets[k + 1]]``.
+
+    With a launch: the ops on its thread enclosing it, innermost first (latest start, then
+    earliest end, then row), then those with its External id (row order), each once. Without
+    one: the only op carrying the row's own External id when that is not its correlation id,
+    then the op's nest on its thread (the ops enclosing it or inside it: the c10d op around
+    record_param_comms, nccl:* inside), innermost first."""
+    k_n = len(launch)
+    enq_rows = np.asarray(enq_rows, np.int64)
+    empty = np.zeros(0, np.int64)
+    if not k_n or not len(enq_rows):
+        return np.zeros(k_n + 1, np.int64), empty
+    parts_seg, parts_row, parts_keys = [], [], []
+    # launched: the enclosing ops (part 0) then the External id's (part 1)
+    kl = np.flatnonzero(launch >= 0)
+    lr = launch[kl]
+    q, j = enclosing_pairs(enq_rows, ts[lr], end[lr], tid[lr], ts, end, tid)
+    parts_seg.append(kl[q]), parts_row.append(j)
+    parts_keys.append((np.zeros(len(j), np.int64), -ts[j], end[j]))
+    with_ext = np.flatnonzero(ext[lr] >= 0)
+    q, j = _same_key(ext[enq_rows], enq_rows, ext[lr[with_ext]])
+    parts_seg.append(kl[with_ext[q]]), parts_row.append(j)
+    zero = np.zeros(len(j), np.int64)
+    parts_keys.append((zero + 1, zero, zero))
+    # not launched: the only op with the row's own External id, then its nest (per distinct op)
+    kx = np.flatnonzero((launch < 0) & (ext_k >= 0) & (ext_k != corr_k))
+    if len(kx):
+        e_ext = np.sort(ext[enq_rows])
+        cnt = np.searchsorted(e_ext, ext_k[kx], "right") - np.searchsorted(e_ext, ext_k[kx])
+        kx = kx[cnt == 1]
+        q, j = _same_key(ext[enq_rows], enq_rows, ext_k[kx])
+        op = np.empty(len(kx), np.int64)
+        op[q] = j
+        ops, op_code = np.unique(op, return_inverse=True)
+        q1, n1 = enclosing_pairs(enq_rows, ts[ops], end[ops], tid[ops], ts, end, tid)
+        q2, n2 = enclosed_pairs(enq_rows, ts[ops], end[ops], tid[ops], ts, end, tid)
+        nest_q, nest = np.concatenate([q1, q2]), np.concatenate([n1, n2])
+        # each GPU row takes its op's nest: pairs (GPU row, nest op)
+        by_op = np.argsort(nest_q, kind="stable")
+        nest_q, nest = nest_q[by_op], nest[by_op]
+        lo = np.searchsorted(nest_q, op_code, "left")
+        hi = np.searchsorted(nest_q, op_code, "right")
+        seg, off = _segments(hi - lo)
+        j = nest[lo[seg] + off]
+        parts_seg += [kx, kx[seg]]
+        parts_row += [op, j]
+        zero = np.zeros(len(kx), np.int64)
+        parts_keys += [(zero, zero, zero), (np.ones(len(j), np.int64), -ts[j], end[j])]
+    seg = np.concatenate(parts_seg)
+    rows = np.concatenate(parts_row)
+    keys = [np.concatenate([p[i] for p in parts_keys]) for i in range(3)]
+    # ties of (part, -start, end) go to the smaller row
+    return _ordered_unique(seg, rows, *keys, rows, n=k_n)
 
 
 def ops_enclosing(op_rows: np.ndarray, cand_rows: np.ndarray, ts, end, tid) -> np.ndarray:
     """For each row of ``cand_rows`` (runtime launches), the innermost row of ``op_rows`` on the
-    same thread enclosing it, -1 when none. Per thread: candidates sorted by start, each op's
-    [start, end] found by binary search."""
+    same thread enclosing it (start <= its start, end >= its end, its start <= the op's end),
+    -1 when none. Innermost:
+    the latest start, then the earliest end, then the later place in ``op_rows``. int64, the
+    length of ``cand_rows``; all pairs at once (``enclosing_pairs``)."""
     out = np.full(len(cand_rows), -1, np.int64)
     if not len(op_rows) or not len(cand_rows):
         return out
-    order = np.lexsort((ts[cand_rows], tid[cand_rows]))
-    c = cand_rows[order]
-    c_tid, c_ts = tid[c], ts[c]
-    # outer ops first, so inner ones overwrite them
-    for j in sorted(op_rows.tolist(), key=lambda k: (ts[k], -end[k])):
-        a = np.searchsorted(c_tid, tid[j], "left")
-        b = np.searchsorted(c_tid, tid[j], "right")
-        lo = a + np.searchsorted(c_ts[a:b], ts[j], "left")
-        hi = a + np.searchsorted(c_ts[a:b], end[j], "right")
-        sel = np.arange(lo, hi)
-        sel = sel[end[c[sel]] <= end[j]]
-        out[order[sel]] = j
+    op_rows = np.asarray(op_rows, np.int64)
+    place = np.empty(int(op_rows.max()) + 1, np.int64)
+    place[op_rows] = np.arange(len(op_rows))  # a row listed twice: its later place
+    q, j = enclosing_pairs(op_rows, ts[cand_rows], end[cand_rows], tid[cand_rows], ts, end, tid)
+    starts_in = ts[cand_rows[q]] <= end[j]  # only a negative duration starts after the op ends
+    q, j = q[starts_in], j[starts_in]
+    order = np.lexsort((place[j], -end[j], ts[j], q))
+    q, j = q[order], j[order]
+    last = np.append(q[1:] != q[:-1], True) if len(q) else np.zeros(0, bool)
+    out[q[last]] = j[last]
     return out
 
 
