@@ -65,7 +65,8 @@ STAGES = (
     Stage("per rank: steps", ("analyzer.ingest.classify:assign_steps",)),
     Stage("per rank: collective identity", (
         "analyzer.ingest.classify:_Identity.__init__", "analyzer.ingest.classify:_comm_kernels",
-        "analyzer.ingest.classify:_gloo_ops", "analyzer.ingest.classify:_Identity.table")),
+        "analyzer.ingest.classify:_gloo_ops", "analyzer.ingest.classify:_Identity.enqueue",
+        "analyzer.ingest.classify:_fake_calls", "analyzer.ingest.classify:_Identity.table")),
     Stage("per rank: per-rank tables", _TABLES),
     Stage("per rank: cache write", ("analyzer.ingest.tablecache:write_tables",)),
     Stage("imports on a miss: pandas, the analysis (caller)", ("analyzer.compare.reportfiles:_analysed",),

@@ -82,14 +82,18 @@ def total_bytes_cols(c10d: np.ndarray, all_gather: np.ndarray, reduce_scatter: n
     one per row of the (equal-length) columns: ``c10d`` (the op's name starts ``c10d::``),
     ``all_gather`` / ``reduce_scatter`` (the collective's kind), ``numel`` (elements),
     ``elem_bytes``, ``group`` (group size); int64, -1 where the shape, dtype or a needed group
-    size is unknown."""
+    size is unknown, or the bytes would not fit int64 (a crafted trace: never wrapped)."""
     numel, elem_bytes = np.asarray(numel, np.int64), np.asarray(elem_bytes, np.int64)
-    total = numel * elem_bytes
+    group = np.asarray(group, np.int64)
+    top = np.iinfo(np.int64).max
+    fits = (numel >= 0) & (elem_bytes >= 0) & (numel <= top // np.maximum(elem_bytes, 1))
+    total = np.where(fits, numel * np.where(fits, elem_bytes, 0), -1)
     # c10d ops take (output, input): all_gather's output is the total, reduce_scatter's the
     # piece; nccl:* / gloo:* / symm_mem / hccl ops record the input: the reverse
     piece = (all_gather & ~c10d) | (reduce_scatter & c10d)
-    total = np.where(piece, np.where(group <= 0, -1, total * group), total)
-    return np.where((numel < 0) | (elem_bytes < 0), -1, total).astype(np.int64)
+    whole = (group > 0) & (total >= 0) & (total <= top // np.maximum(group, 1))
+    total = np.where(piece, np.where(whole, total * np.where(whole, group, 0), -1), total)
+    return total.astype(np.int64)
 
 
 _DTYPE_NAMES = {"float": "Float", "float32": "Float", "double": "Double", "float64": "Double",

@@ -358,3 +358,13 @@ def test_gloo_pairing_by_group_matches_the_row_at_a_time_rule(seed):
     new = C._pair_gloo_by_group(c10d, gloo, kinds, name_kind, ts, first.copy(), pg, tid)
     old = oracle._pair_gloo_by_group(c10d, gloo, kinds, name_kind, ts, first.copy(), pg, tid)
     assert new.tolist() == old.tolist()
+
+
+def test_bytes_that_would_not_fit_int64_are_unknown_never_wrapped():
+    from analyzer.ingest.commid import total_bytes
+
+    # 2^62 floats: 2^64 bytes; a gathered 2^40 x 4 bytes over 2^30 ranks: 2^72 bytes
+    assert total_bytes("nccl:all_gather", "all_reduce", 2**62, 4, 2) == -1
+    assert total_bytes("nccl:all_gather", "all_gather", 2**40, 4, 2**30) == -1
+    assert total_bytes("nccl:all_gather", "all_gather", 10, 4, 2) == 80  # the piece x the group
+    assert total_bytes("c10d::allgather_", "all_gather", 10, 4, 2) == 40  # the whole buffer
