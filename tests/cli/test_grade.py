@@ -286,23 +286,29 @@ def _flat_curves(tmp_path: Path, time_ns: int, kinds=("all_gather", "reduce_scat
     return path
 
 
+def _replayed_steps(proj: Path, link_ns: int) -> list[int]:
+    """Each profiled step of ``proj`` replayed by hand on CPU: its window less its calls' own
+    time plus ``link_ns`` of link time (the ingest's tables: a second way to the replay)."""
+    from analyzer.api import load_tables
+
+    t = load_tables(proj)
+    bd, c = t.breakdown, t.collectives
+    return [int(b.step_ns) - int(c.loc[c["step"] == b.step, "dur_ns"].sum()) + link_ns
+            for b in bd.itertuples()]
+
+
 def test_the_projected_step_is_the_compute_plus_each_calls_link_time_on_cpu(tmp_path):
     """fsdp2's rank 0 as a projection at world 2, every call 1 ms on the link: on CPU (gloo, no
     overlap) each step replays as its window less its calls' own time plus 6 x 1 ms; the
     median step, computed here a second way from the ingest's tables."""
     import statistics
 
-    from analyzer.api import load_tables
-
     proj = _projection_of_rank0(tmp_path, "fsdp2")
     real = _copy(tmp_path, "fsdp2", "real")
     res = _grade(proj, real, "--format", "json", "--link-model", _flat_curves(tmp_path, 1_000_000))
     assert res.exit_code == 0, res.output
     step = json.loads(res.output)["step"]
-    t = load_tables(proj)
-    bd, c = t.breakdown, t.collectives
-    want = [int(b.step_ns) - int(c.loc[c["step"] == b.step, "dur_ns"].sum()) + 6_000_000
-            for b in bd.itertuples()]
+    want = _replayed_steps(proj, 6_000_000)
     # the median replayed step (the lower middle one of an even count: a replayed step)
     assert step["projected_ns"] == sorted(want)[(len(want) - 1) // 2]
     assert step["low_ns"] == min(want) and step["high_ns"] == max(want)
@@ -336,14 +342,12 @@ def test_the_arrival_wait_adds_to_each_calls_start_its_spread_to_the_interval(tm
     res = _grade(proj, real, "--format", "json", "--link-model", table)
     assert res.exit_code == 0, res.output
     step = json.loads(res.output)["step"]
-    t = load_tables(proj)
-    bd, c = t.breakdown, t.collectives
-    want = [int(b.step_ns) - int(c.loc[c["step"] == b.step, "dur_ns"].sum()) + 6_000_000
-            for b in bd.itertuples()]
+    want = _replayed_steps(proj, 6_000_000)
     assert step["projected_ns"] == sorted(want)[(len(want) - 1) // 2] + 6 * 2_000_000
     assert step["low_ns"] == min(want) + 6 * 1_000_000
     assert step["high_ns"] == max(want) + 6 * 3_000_000
     links = read_link_table([table])
+    t = load_tables(proj)
     ps = projected_step(find_job(proj), t, links.curves, arrival=links.arrival)
     assert ps.assumptions[-1] == (
         "each collective starts its group's arrival wait after its last rank issues it, as the "
