@@ -274,7 +274,7 @@ def arrival_of(per_rank: list[dict], source: str) -> list[dict]:
 def run_linkbench(out: Path | str, *, world: int = 2, backend: str | None = None,
                   iters: int = 5, kinds: tuple[str, ...] = KINDS,
                   sizes: tuple[int, ...] = SIZES_BYTES,
-                  layout: Literal["contiguous", "strided"] = "contiguous") -> list[dict]:
+                  layout: Literal["contiguous", "strided"] = "contiguous") -> dict:
     """Run the benchmark on ``world`` local processes (``backend`` None: NCCL when ``world``
     GPUs are visible, else gloo) and write its table to ``out`` (JSON, atomically); returns it:
     {"curves": one per (group size g of ``group_sizes(world)``, kind): nodes 1, dtype
