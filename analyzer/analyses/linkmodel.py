@@ -14,7 +14,10 @@ Curves come from
 (b) the transfer times already measured in a report's runs (``curves_from_report``: the part of
     each collective after its group's last rank started, analyzer/analyses/commsplit.py).
 The table form is JSON (``dump_curves`` / ``load_curves``), what the link benchmark on this
-machine writes too (tracer/linkbench.py: gloo on CPU, NCCL on GPUs; it needs torch).
+machine writes too (tracer/linkbench.py: gloo on CPU, NCCL on GPUs; it needs torch), with, on
+gloo, the arrival wait of ranks sharing CPU cores per group size and compute segment
+(``ArrivalCurve``, ``arrival_wait``: analyzer/analyses/projstep.py adds it to a collective's
+start).
 
 ``lookup`` interpolates in log-log between the measured sizes of the one curve of the same kind
 and span (g, n); there are no built-in numbers. A span no curve has is refused (``BadInput``
