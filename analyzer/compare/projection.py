@@ -436,17 +436,23 @@ projection (analyzer/compare/grade.py's configuration, from the report's entries
 
 
 def _grade_row(row: ProjectionRow, proj: RunEntry, runs: list[RunEntry]) -> None:
-    """Set ``row``'s measured figures from the first complete, timed run of the report of the
-    projection's configuration (``GRADED_SETTINGS``), if any: Deliver 4 inside the report."""
+    """Set ``row``'s measured figures from the complete, timed runs of the report of the
+    projection's configuration (``GRADED_SETTINGS``), if any: Deliver 4 inside the report.
+    Repeats are pooled as ``analyzer grade`` pools them (analyzer/compare/grade.py): the median
+    of every profiled step of every such run (a run without its step values: its median)."""
+    import statistics
+
     from analyzer.compare.ranking import settings_differences
 
-    for r in runs:
-        if (r.projection is None and not r.incomplete and r.strategy == proj.strategy
+    same = [r for r in runs
+            if (r.projection is None and not r.incomplete and r.strategy == proj.strategy
                 and r.options == proj.options and r.world_size == row.world_size
                 and r.step_time_ns.median
-                and not settings_differences([proj, r], keys=GRADED_SETTINGS)):
-            m = float(r.step_time_ns.median)
-            row.measured_run, row.measured_median_ns = r.name, m
-            row.error = (row.step_ns - m) / m
-            row.inside = row.low_ns <= m <= row.high_ns
-            return
+                and not settings_differences([proj, r], keys=GRADED_SETTINGS))]
+    if not same:
+        return
+    pooled = [v for r in same for v in (r.step_time_ns.values_ns or [r.step_time_ns.median])]
+    m = float(statistics.median(pooled))
+    row.measured_run, row.measured_median_ns = ", ".join(r.name for r in same), m
+    row.error = (row.step_ns - m) / m
+    row.inside = row.low_ns <= m <= row.high_ns

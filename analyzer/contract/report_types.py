@@ -1220,10 +1220,11 @@ class ProjectionRow(_Figures, kw_only=True):
     """1 = the fastest projected step among the verified projections of its world size, batch,
     model, precision and training; None when not ranked."""
     measured_run: str | None = None
-    """A run of the report of the same configuration at the same world size (strategy,
-    options, model, batch, precision, training): the projection is graded against it; None."""
+    """The runs of the report of the same configuration at the same world size (strategy,
+    options, model, batch, precision, training), comma-separated: the projection is graded
+    against them (repeats pooled, as ``analyzer grade`` pools them); None."""
     measured_median_ns: float | None = None
-    """Its median step time (``runs[].step_time_ns.median``)."""
+    """The median of their profiled step times, pooled (``runs[].step_time_ns.values_ns``)."""
     error: float | None = None
     """(step_ns - measured_median_ns) / measured_median_ns."""
     inside: bool | None = None

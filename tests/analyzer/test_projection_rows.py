@@ -108,3 +108,14 @@ def test_an_unverified_projection_gives_its_step_and_why_not_ranked_on_the_first
     assert ("**Projected** at 4 ranks: p4 (fsdp2) 149.42 ms per step \\[114.25 ms, 174.84 ms\\]; not "
             "ranked: numerics not verified (record a run of the same strategy and options "
             "beside it, at a small world) (see Projection)") in markdown.render(report)
+
+
+def test_repeats_of_the_configuration_are_pooled_as_grade_pools_them():
+    runs = [_proj("fsdp2-4", "fsdp2", 4, 110, 100, 130), _run("fsdp2.r1", "fsdp2", 4, median=90.0),
+            _run("fsdp2.r2", "fsdp2", 4, median=200.0)]
+    runs[1].step_time_ns.values_ns = [80, 90, 100]
+    runs[2].step_time_ns.values_ns = [120, 200, 210]
+    (row,) = projection_rows(runs)
+    # pooled 80, 90, 100, 120, 200, 210: median 110 (not the first repeat's 90): error 0, inside
+    assert (row.measured_run, row.measured_median_ns, row.error, row.inside) == (
+        "fsdp2.r1, fsdp2.r2", 110.0, 0.0, True)
