@@ -463,12 +463,12 @@ def linkbench(
     curves = table["curves"]
     spans = ", ".join(f"g={g}" for g in dict.fromkeys(c["group_size"] for c in curves))
     waits = "; ".join(f"g={a['group_size']}: " + ", ".join(
-        f"{r['wait_ns'] / 1e6:.2g} ms after {r['segment_ns'] / 1e6:g} ms" for r in a["rows"])
-        for a in table["arrival"])
+        f"{r['wait_ns'] / 1e6:.2g} ms [{r['low_ns'] / 1e6:.2g}..{r['high_ns'] / 1e6:.2g}] after "
+        f"{r['segment_ns'] / 1e6:g} ms" for r in a["rows"]) for a in table["arrival"])
     typer.echo(one_line(f"wrote {out}: {len(curves)} curves ({spans}; "
                         f"{len(bench.KINDS)} kinds x {len(chosen)} sizes each)"
                         + (f"; arrival wait per call {waits} of compute" if waits else "")))
-    for line in bench.falling(curves):
+    for line in bench.falling(curves) + bench.arrival_noise(table["arrival"]):
         typer.echo(one_line(f"tracer: {line}"), err=True)
 
 

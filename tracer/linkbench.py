@@ -254,7 +254,9 @@ def arrival_of(per_rank: list[dict], source: str) -> list[dict]:
     are strings): one per group size, rows (segment_ns, wait_ns = max(0, mean(compute + call) -
     mean(compute) - mean(call)) over every iteration of every rank, rounded; low_ns / high_ns
     the 10th and 90th percentiles of the per-iteration waits (each iteration's compute + call
-    less the two means), at least 0, widened to hold wait_ns)."""
+    less the two means), at least 0, widened to hold wait_ns; below_zero_ns, only where the
+    mean was below 0, that mean: compute and call took less than compute alone, so the load
+    changed between the series, said by ``arrival_noise``)."""
     out = []
     for g in sorted({int(g) for r in per_rank for g in r}):
         rows = []
@@ -263,9 +265,11 @@ def arrival_of(per_rank: list[dict], source: str) -> list[dict]:
             compute = statistics.fmean(ns for s in series for ns in s["compute"])
             call = statistics.fmean(ns for s in series for ns in s["call"])
             waits = [ns - compute - call for s in series for ns in s["both"]]
-            wait = max(0, round(statistics.fmean(waits)))
+            mean = round(statistics.fmean(waits))
+            wait = max(0, mean)
             lo, hi = spread_ns([max(0, round(w)) for w in waits], wait)
-            rows.append({"segment_ns": seg, "wait_ns": wait, "low_ns": lo, "high_ns": hi})
+            rows.append({"segment_ns": seg, "wait_ns": wait, "low_ns": lo, "high_ns": hi,
+                         **({"below_zero_ns": mean} if mean < 0 else {})})
         out.append({"source": source.format(groups=len(per_rank) // g, g=g), "group_size": g,
                     "nodes": 1, "rows": rows})
     return out
@@ -318,6 +322,18 @@ if __name__ == "__main__":  # python -m tracer.linkbench OUT.json [WORLD]
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     run_linkbench(sys.argv[1], world=int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+
+
+def arrival_noise(arrival: list[dict]) -> list[str]:
+    """One line per arrival row whose mean wait came out below 0 (``arrival_of``'s
+    below_zero_ns): iterations with the call ran faster than those without, which only a
+    machine whose load changed between the series gives; its wait of 0 is noise, not a
+    measured zero."""
+    return [f"arrival wait g={a['group_size']} after {r['segment_ns'] / 1e6:g} ms of compute: "
+            f"compute + call took {-r['below_zero_ns'] / 1e6:.2g} ms less than compute alone "
+            "(the load changed between the series), so its 0 ms is noise; rerun on a quiet "
+            "machine or with more --iters"
+            for a in arrival for r in a["rows"] if "below_zero_ns" in r]
 
 
 def falling(curves: list[dict]) -> list[str]:

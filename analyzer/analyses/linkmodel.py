@@ -96,6 +96,9 @@ class ArrivalRow(msgspec.Struct, kw_only=True, frozen=True):
     """The 10th percentile of the waits (0 <= low_ns <= wait_ns), None where not measured."""
     high_ns: int | None = None
     """The 90th percentile (high_ns >= wait_ns)."""
+    below_zero_ns: int | None = None
+    """The mean wait where it came out below 0 (the load changed between the benchmark's
+    series: noise, said when measured), ``wait_ns`` then 0; None otherwise."""
 
 
 class ArrivalCurve(msgspec.Struct, kw_only=True, frozen=True):

@@ -86,8 +86,8 @@ def test_linkbench_writes_a_curve_per_group_size_and_kind_the_analyzer_reads(tmp
     assert (arrival.group_size, arrival.nodes, [r.segment_ns for r in arrival.rows]) == (
         2, 1, [1_000_000, 4_000_000, 16_000_000])
     assert "20 compute + all_reduce of 4096 B per rank and segment" in arrival.source
-    said = ", ".join(f"{r.wait_ns / 1e6:.2g} ms after {r.segment_ns / 1e6:g} ms"
-                     for r in arrival.rows)
+    said = ", ".join(f"{r.wait_ns / 1e6:.2g} ms [{r.low_ns / 1e6:.2g}..{r.high_ns / 1e6:.2g}] "
+                     f"after {r.segment_ns / 1e6:g} ms" for r in arrival.rows)
     assert proc.stdout == (f"wrote {out}: 5 curves (g=2; 5 kinds x 2 sizes each); arrival wait "
                            f"per call g=2: {said} of compute\n")
     curves = load_curves(out)
@@ -117,7 +117,7 @@ def test_a_time_that_falls_by_half_as_the_size_grows_is_said_to_be_noise():
 
 
 def test_arrival_wait_is_compute_and_call_less_each_alone_the_mean_of_every_iteration():
-    from tracer.linkbench import arrival_of
+    from tracer.linkbench import arrival_noise, arrival_of
 
     # 2 ranks, g = 2, one segment of 1000 ns; per rank compute alone, compute + call, call alone
     per_rank = [{"2": {"1000": {"compute": [1000, 1200], "both": [1500, 1900], "call": [100, 100]}}},
@@ -127,7 +127,15 @@ def test_arrival_wait_is_compute_and_call_less_each_alone_the_mean_of_every_iter
     got = arrival_of(per_rank, "bench ({groups} group(s) of {g})")
     assert got == [{"source": "bench (1 group(s) of 2)", "group_size": 2, "nodes": 1,
                     "rows": [{"segment_ns": 1000, "wait_ns": 350, "low_ns": 110, "high_ns": 590}]}]
-    # a rank faster with the call than without (noise): the wait is never below 0
+    # ranks faster with the call than without (noise): the wait is never below 0, and the
+    # mean that was (1000 - 1100 - 150 = -250 ns) is kept and said
     per_rank[0]["2"]["1000"]["both"] = per_rank[1]["2"]["1000"]["both"] = [1000, 1000]
-    assert arrival_of(per_rank, "b")[0]["rows"] == [
-        {"segment_ns": 1000, "wait_ns": 0, "low_ns": 0, "high_ns": 0}]
+    got = arrival_of(per_rank, "b")
+    assert got[0]["rows"] == [{"segment_ns": 1000, "wait_ns": 0, "low_ns": 0, "high_ns": 0,
+                               "below_zero_ns": -250}]
+    assert arrival_noise(got) == [
+        "arrival wait g=2 after 0.001 ms of compute: compute + call took 0.00025 ms less than "
+        "compute alone (the load changed between the series), so its 0 ms is noise; rerun on a "
+        "quiet machine or with more --iters"]
+    quiet = [{"2": {"1000": {"compute": [10], "both": [20], "call": [1]}}}]  # waited 9 ns
+    assert arrival_noise(arrival_of(quiet, "b")) == []
