@@ -408,7 +408,7 @@ def load_table(path: Path | str) -> LinkTable:
         raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})") from None
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise BadInput(path, "bad_run_file", f"not a link-model table ({exc})",
-                       "pass a file the link benchmark or dump_curves wrote") from None
+                       "pass a file tracer linkbench wrote") from None
     table = LinkTable(curves=got) if isinstance(got, list) else got
     for a in table.arrival:
         segs = [r.segment_ns for r in a.rows]
@@ -419,7 +419,7 @@ def load_table(path: Path | str) -> LinkTable:
             raise BadInput(path, "bad_run_file", f"arrival curve of g={a.group_size} from "
                            f"{a.source!r} is not valid (g >= 1, n >= 1, rows of ascending "
                            "distinct segments > 0 and 0 <= low <= wait <= high)",
-                           "pass a file the link benchmark wrote")
+                           "pass a file tracer linkbench wrote")
     for c in table.curves:
         sizes = [r.bytes for r in c.rows]
         if (c.kind not in KINDS or c.group_size < 1 or c.nodes < 1 or not c.rows
@@ -429,7 +429,7 @@ def load_table(path: Path | str) -> LinkTable:
             raise BadInput(path, "bad_run_file", f"curve {c.kind!r} from {c.source!r} is not "
                            "valid (kind, g >= 1, n >= 1, rows of ascending distinct bytes > 0 "
                            "and 0 < low <= time <= high)",
-                           "pass a file the link benchmark or dump_curves wrote")
+                           "pass a file tracer linkbench wrote")
     return table
 
 
@@ -560,12 +560,13 @@ def read_link_table(paths: list[Path | str] | tuple[Path | str, ...]) -> LinkTab
 
 
 def _is_table(path: Path) -> bool:
-    """A JSON object with "curves" and no "runs": a link benchmark's table, not a report.json."""
+    """A JSON object without "runs": meant as a link benchmark's table (``load_table`` says
+    what it lacks), not a report.json, which always has its runs."""
     try:
         keys = msgspec.json.decode(path.read_bytes(), type=dict[str, msgspec.Raw])
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return False  # read as a report.json, which says what is wrong
-    return "curves" in keys and "runs" not in keys
+    return "runs" not in keys
 
 
 def arrival_wait(arrival: list[ArrivalCurve], group_size: int, nodes: int, segment_ns: float

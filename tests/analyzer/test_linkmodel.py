@@ -360,3 +360,15 @@ def test_arrival_wait_interpolates_in_log_segment_and_holds_the_nearest_row_outs
     assert arrival_wait([curve], 4, 1, 100) == (1000, 0, 3000)  # below: the first row's
     assert arrival_wait([curve], 4, 1, 1e9) == (5000, 5000, 5000)  # above: the last row's
     assert arrival_wait([curve], 2, 1, 4_000_000) is None  # no curve of the span
+
+
+@pytest.mark.parametrize("text", ["{}", '{"arrival": []}'])
+def test_an_object_without_runs_is_read_as_a_link_table_and_says_what_it_lacks(tmp_path, text):
+    from analyzer.analyses.linkmodel import read_link_table
+
+    path = tmp_path / "links.json"
+    path.write_text(text)
+    with pytest.raises(BadInput, match="not a link-model table \\(Object missing required field "
+                       "`curves`\\)") as got:
+        read_link_table([path])
+    assert got.value.one_line().endswith("pass a file tracer linkbench wrote")
