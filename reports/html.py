@@ -377,7 +377,8 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
                   _table(heads, rows), measured("loss")]
     parts += memory_section.html(report, _table, _hbars, e, measured)
     heads, rows = md_rows.comm_split_rows(report)
-    parts += ["<h2>Communication</h2>",
+    fake = notes.projection_times(runs)
+    parts += ["<h2>Communication</h2>", *([f"<p>{e(fake)}</p>"] if fake else []),
               "<h3>Transfer and waiting for the slowest rank (per rank, mean per profiled step)</h3>",
               _table(heads, rows) if rows else "<p>No collectives found.</p>", comm_bars(report),
               measured("split")]
@@ -404,8 +405,8 @@ def render(report: Report, out_dir: Path | str | None = None) -> str:
               f"<p>Step-time source: {e('; '.join(notes.step_sources([r for r in runs if r.projection is None])))}.</p>",
               measured("step_time", "speedup", "ranking")]
     parts += ["<h2>Time per step (per rank, mean per profiled step)</h2>",
-              _table(*comparison_rows(report)), breakdown_bars(report), step_bars(report),
-              measured("windows")]
+              _table(*comparison_rows(report)), *([f"<p>{e(fake)}</p>"] if fake else []),
+              breakdown_bars(report), step_bars(report), measured("windows")]
     heads, rows = md_rows.rank_rows(report)
     parts += ["<h2>Time per rank (mean per step)</h2>",
               _table(heads, rows) if rows else "<p>No traces.</p>",

@@ -502,6 +502,8 @@ def render(report: Report) -> str:
                                    lambda *keys: link_line(cited, *(defs[k] for k in keys)))
 
     out += ["## Communication", ""]
+    if fake := notes.projection_times(runs):
+        out += [escape(fake), ""]
     heads, rows = comm_split_rows(report)
     out += ["### Transfer and waiting for the slowest rank (per rank, mean per profiled step)", "",
             table(heads, rows) if rows else "No collectives found.", "", link("split"), ""]
@@ -528,7 +530,9 @@ def render(report: Report) -> str:
             link("step_time", "speedup", "ranking"), ""]
     out += projection_section.markdown(report, table, escape)
     out += ["## Time per step (per rank, mean per profiled step)", "",
-            table(*comparison_rows(report)), "", link("windows"), ""]
+            table(*comparison_rows(report)), ""]
+    out += [escape(fake), ""] if fake else []
+    out += [link("windows"), ""]
 
     heads, rows = rank_rows(report)
     out += ["## Time per rank (mean per step)", "", table(heads, rows) if rows else "No traces.",

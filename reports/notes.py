@@ -78,6 +78,18 @@ STEP_TIME = (
 )
 
 
+def projection_times(runs: list[RunEntry]) -> str:
+    """The sentence under a table of measured times that holds projections' rows ("" without
+    one): a projection ran one process on torch's fake process group, so its collectives moved
+    no data and its times are that process's, not a step at N ranks."""
+    names = [r.name for r in runs if r.projection is not None]
+    if not names:
+        return ""
+    return (f"Projection rows ({', '.join(names)}) are one process on torch's fake process group: "
+            "their collectives moved no data and their times are that process's, not a step at "
+            "N ranks (that is the projected step, under Projection at N ranks).")
+
+
 def step_sources(runs: list[RunEntry]) -> list[str]:
     """One line per run: where its step times come from and over how many steps, e.g.
     ``ddp: steps.parquet: profiled steps, slowest rank's wall time; median over 2 step(s)``."""

@@ -67,3 +67,17 @@ def test_a_projection_says_what_it_holds_and_no_partial_rank_set():
         "Projected (1 of 1 run): p8: world 8 from ranks 0, on the fake process group: shapes, "
         "collectives and memory per rank are the job's; no data moves, so times and numerics "
         "are not."]
+
+
+def test_measured_time_tables_say_a_projections_rows_are_one_process_on_the_fake_group():
+    proj = msgspec.structs.replace(run(name="p8", strategy="fsdp2", world_size=8), projection={
+        "world_size": 8, "roles_run": [0], "device": "cpu", "fake_process_group": True})
+    said = ("Projection rows (p8) are one process on torch's fake process group: their "
+            "collectives moved no data and their times are that process's, not a step at N ranks "
+            "(that is the projected step, under Projection at N ranks).")
+    md = markdown.render(report(run(name="ddp"), proj))
+    assert md.count(said) == 2  # under Communication and under Time per step
+    from html import escape
+
+    assert html.render(report(run(name="ddp"), proj)).count(escape(said)) == 2
+    assert said not in markdown.render(report(run(name="ddp")))  # no projection: not said
