@@ -142,10 +142,11 @@ def _nccl_need(c: Call, compute: float, start_abs: int, needs: list[tuple[int, i
 
 def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
                    ranks_per_node: int | None = None,
-                   arrival: list[linkmodel.ArrivalCurve] | tuple = ()) -> ProjectedStep:
+                   arrival: list[linkmodel.ArrivalCurve] | tuple = (),
+                   links_from: str = "") -> ProjectedStep:
     """The projected step of projection ``run`` (its manifest has ``projection``) from its
     ``tables`` (``ingest.load_run``), the link ``curves`` and the ``arrival`` curves (module
-    docstring). Raises ``BadInput``: no link curve for a group span, a call without bytes,
+    docstring); ``links_from`` names the files they came from in a refusal of a span. Raises ``BadInput``: no link curve for a group span, a call without bytes,
     roles that do not match."""
     m = run.manifest
     proj = m.projection
@@ -175,12 +176,7 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
     role_of = _role_of(m, role_ranks)
 
     def link(which: str):
-        def time_of(c: Call) -> tuple[float, str]:
-            nodes = len({r // rpn for r in c.group})
-            lt = linkmodel.lookup(curves, c.kind, c.nbytes, len(c.group), nodes)
-            t = getattr(lt, which, None) if which != "time_ns" else lt.time_ns
-            return float(lt.time_ns if t is None else t), lt.outside
-        return time_of
+        return _link_time(curves, rpn, which, links_from)
 
     waits = _Waits(arrival, rpn, nccl)
     wait = waits.end
@@ -219,6 +215,24 @@ def projected_step(run: "RunDir", tables, curves: list[linkmodel.LinkCurve], *,
         compute_scale=scale, link_sources=sources, outside_sizes=flagged,
         assumptions=assumptions,
         warnings=[] if estimated else _mixed_devices(proj.device, sources))
+
+
+def _link_time(curves: list[linkmodel.LinkCurve], rpn: int, which: str, links_from: str):
+    """The replay's link time of a call: ``linkmodel.lookup``'s ``which`` ("time_ns",
+    "low_ns", "high_ns"; the time where the row has no spread) on its group span (``rpn``
+    ranks per node); a span no curve has is refused naming ``links_from`` first."""
+    def time_of(c: Call) -> tuple[float, str]:
+        nodes = len({r // rpn for r in c.group})
+        try:
+            lt = linkmodel.lookup(curves, c.kind, c.nbytes, len(c.group), nodes)
+        except BadInput as exc:
+            if not links_from:
+                raise
+            raise BadInput(links_from, exc.reason, f"{exc.path}: {exc.message}",
+                           exc.fix) from None
+        t = getattr(lt, which, None) if which != "time_ns" else lt.time_ns
+        return float(lt.time_ns if t is None else t), lt.outside
+    return time_of
 
 
 class _Waits:

@@ -422,15 +422,9 @@ def summarize_run(run: rundirs.RunDir, tables, options: AnalysisOptions) -> RunE
         from analyzer.compare.projection import projected_step
 
         links = read_link_table(options.link_model)
-        try:
-            entry.projected_step = projected_step(run, tables, links.curves,
-                                                  arrival=links.arrival,
-                                                  ranks_per_node=options.ranks_per_node)
-        except BadInput as exc:  # a span no curve has (lookup's): say which files lack it
-            if not re.fullmatch(r"\w+ g=\d+ n=\d+", exc.path):
-                raise
-            raise BadInput(", ".join(options.link_model), exc.reason,
-                           f"{exc.path}: {exc.message}", exc.fix) from None
+        entry.projected_step = projected_step(run, tables, links.curves, arrival=links.arrival,
+                                              ranks_per_node=options.ranks_per_node,
+                                              links_from=", ".join(options.link_model))
     stats = memory.step_stats(step_ns)
     entry.step_time_ns = StepTime(median=stats["median"], p90=stats["p90"], n=stats["n"],
                                   min=min(step_ns, default=None), max=max(step_ns, default=None),
