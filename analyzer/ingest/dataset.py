@@ -184,7 +184,9 @@ class _Writer:
             keep = [(r.rank, df) for r, df in zip(job.ranks, frames) if len(df)]
             tables[name] = pd.concat([df.assign(rank=rank) for rank, df in keep],
                                      ignore_index=True) if keep else pd.DataFrame()
-        rows = [{"rank": r.rank, "trace": str(r.path), "sha256": r.sha256,
+        # a plain JSON trace's SHA-256 is not computed by its parse (docs/caches.md): here
+        rows = [{"rank": r.rank, "trace": str(r.path),
+                 "sha256": r.sha256 or schemas.sha256_file(r.path),
                  "rank_source": r.rank_source, "world_size": job.world_size,
                  "device_kind": r.device_kind, "whole_trace_mode": r.whole_trace_mode,
                  "empty": r.empty, "timeline_step": r.timeline_step,

@@ -262,7 +262,8 @@ def check_manifest_sha256(root: Path, manifest: schemas.Manifest | None,
                           files: list[RankTables]) -> None:
     """Raise ``BadInput`` (reason ``file_changed``) for the first trace whose SHA-256 differs
     from the one ``manifest.json`` of run directory ``root`` records for it. The hash each
-    parse computes anyway is used, so analyzer/ingest/rundirs.py does not read big traces twice."""
+    parse of a gzip trace computes is used, so analyzer/ingest/rundirs.py does not read big
+    traces twice; a plain JSON trace (``RankTables.sha256`` "") is hashed here."""
     for f in files if manifest is not None else []:
         rel = f.path.relative_to(root).as_posix() if f.path.is_relative_to(root) else f.path.name
         entry = manifest.file(rel)
@@ -270,10 +271,20 @@ def check_manifest_sha256(root: Path, manifest: schemas.Manifest | None,
             raise BadInput(f.path, "bad_run_file", "not listed in manifest.json: added after "
                            "the record, so not checked against it",
                            "move the file out of the run directory, or re-record the run")
-        if f.sha256 and f.sha256 != entry.sha256.lower():
+        sha = f.sha256 or _sha256_of(f.path)  # a plain JSON trace is hashed only here
+        if sha != entry.sha256.lower():
             raise BadInput(f.path, "file_changed",
                            "changed since it was recorded (sha256 differs from manifest.json)",
                            "re-record the run")
+
+
+def _sha256_of(path: Path) -> str:
+    """``schemas.sha256_file(path)``; raises ``BadInput`` (unreadable) when it cannot be read."""
+    try:
+        return schemas.sha256_file(path)
+    except OSError as exc:
+        raise BadInput(path, "unreadable", f"cannot read the file ({exc.strerror})",
+                       "check the path and its permissions") from None
 
 
 def _set_rank(rt: RankTables, rank: int, source: str, world_size: int) -> None:

@@ -73,7 +73,8 @@ class RankTables:
     cache_hit: bool = False
     """True when the tables came from the cache."""
     sha256: str = ""
-    """SHA-256 of the trace file (hex), checked against the run's manifest.json."""
+    """SHA-256 of the trace file's bytes as stored (hex) when it is gzip; "" for a plain JSON
+    trace, hashed only where a manifest lists it (``pipeline.check_manifest_sha256``)."""
     group_fallback: int = 0
     """The group size a collective of unknown group size takes (``commid.group_fallback``),
     set with the rank."""
@@ -85,6 +86,10 @@ class RankTables:
     def dist(self) -> DistInfo:
         """``distributed_info`` read (analyzer/ingest/distinfo.py)."""
         return read_distinfo(self.distributed_info)
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of a gzip member (RFC 1952)."""
 
 
 def read_trace(path: Path, max_bytes: int | None = None) -> bytes:
@@ -171,9 +176,11 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
     if (hit := _cached(path, sig, None)) is not None:
         return hit
     raw = read_trace(path, max_bytes)
-    sha = hashlib.sha256(raw).hexdigest()
+    # the bytes as stored are hashed when cheap (gzip: ~1.5 ms a rank); a plain JSON trace's
+    # 20-24 ms only where a manifest asks (pipeline.check_manifest_sha256, docs/caches.md)
+    sha = hashlib.sha256(raw).hexdigest() if raw[:2] == GZIP_MAGIC else ""
     cpath = tablecache.tables_cache_path(path)
-    if (hit := _cached(path, sig, sha)) is not None:  # touched but unchanged: the key agrees
+    if sha and (hit := _cached(path, sig, sha)) is not None:  # touched but unchanged
         tablecache.write_tables(cpath, sig, hit)  # record the new stat signature
         return hit
     data = decompress(raw, path, max_bytes)

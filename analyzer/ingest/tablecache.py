@@ -4,12 +4,13 @@ A cache file is ``cache_dir()/tables/<BLAKE2b of the trace's resolved path>.tabl
 ``CACHE_MAGIC``, an HMAC under this user's secret key (analyzer/ingest/cachekey.py), then msgpack
 of the rank's metadata (``RankMeta``) and one Arrow IPC stream per table (never pickle). It is
 used only when the HMAC verifies (a planted, copied or edited cache is recomputed), its key
-equals ``cache_key(<SHA-256 of the trace>, CODE_MODULES)`` (any edit of the trace, of the code
-that makes the tables or of its libraries is a miss) and its tables are on their schemas and
-invariants (``table_invariant``). As git's index does, a cache whose recorded stat signature of
-the trace (``stat_sig``: size, mtime, ctime, inode, device and a hash of its first and last
-64 KiB) equals the file's is trusted without hashing the whole file again; a trace whose
-signature changed is hashed (SHA-256 of its bytes as stored: the gzip bytes of a .json.gz). Writes are atomic and
+equals ``cache_key(<the trace's content>, CODE_MODULES)`` (``_content``: the SHA-256 of a gzip
+trace's bytes as stored, the stat signature of a plain JSON one; any edit of the trace, of the
+code that makes the tables or of its libraries is a miss) and its tables are on their schemas
+and invariants (``table_invariant``). As git's index does, a cache whose recorded stat signature
+of the trace (``stat_sig``: size, mtime, ctime, inode, device and a hash of its first and last
+64 KiB) equals the file's is trusted without hashing the whole file again; a gzip trace whose
+signature changed is hashed (its gzip bytes: ~1.5 ms), a plain JSON one parsed again. Writes are atomic and
 trim the folder to its cap (``cachekey.trim``; a hit touches its file); a cache that cannot be
 read or written is skipped with a log line, never an error. A ``<trace>.tables.msgpack`` beside
 a trace (an older version's) is never read nor removed.
@@ -215,8 +216,9 @@ def table_invariant(name: str, table: pa.Table) -> str | None:
 
 def read_tables(cpath: Path, sig: list[int | str], sha: str | None) -> dict[str, Any] | None:
     """The ``RankTables`` fields (but ``path``) of the cache file ``cpath`` when it is valid:
-    signed by this user (``load_cache_blob``), the key of the recorded SHA-256 (``sha`` None:
-    the stat signature ``sig`` must equal the recorded one) or of ``sha`` agrees, every table
+    signed by this user (``load_cache_blob``), the key of the recorded SHA-256 (``sha`` None
+    or "": the stat signature ``sig`` must equal the recorded one) or of ``sha`` agrees (a
+    cache of a plain JSON trace is keyed by its signature, ``_content``), every table
     on its schema and its invariants (``table_invariant``), the metadata of its types."""
     if not sig:  # the trace could not be opened: read_trace says why
         return None
@@ -225,10 +227,10 @@ def read_tables(cpath: Path, sig: list[int | str], sha: str | None) -> dict[str,
     if blob is None:
         return None
     try:
-        if sha is None and blob["stat"] != sig:
+        if not sha and blob["stat"] != sig:
             return None
         sha = sha or str(blob["sha256"])
-        if blob["key"] != cache_key(sha, CODE_MODULES):
+        if blob["key"] != cache_key(_content(sha, sig), CODE_MODULES):
             return None
         meta = msgspec.convert(blob["meta"], RankMeta)
         tables = {t: pa.ipc.open_stream(pa.py_buffer(blob["tables"][t])).read_all()
@@ -250,11 +252,20 @@ def read_tables(cpath: Path, sig: list[int | str], sha: str | None) -> dict[str,
         return None
 
 
+def _content(sha: str, sig: list[int | str]) -> str:
+    """What a cache key names the trace by: the SHA-256 of its bytes as stored when the parse
+    hashed them (a gzip trace, or one a manifest lists), else (a plain JSON trace: "" ) its
+    stat signature, so that a trace whose signature changes is parsed again rather than
+    hashed whole (docs/caches.md)."""
+    return sha or "stat " + msgspec.json.encode(sig).decode()
+
+
 def write_tables(cpath: Path, sig: list[int | str], rt) -> None:
     """Cache ``rt`` (a ``ranktables.RankTables``); a table off its schema
     (``schemas.TABLE_SCHEMAS``) is not cached, logged."""
     try:
-        blob = {"key": cache_key(rt.sha256, CODE_MODULES), "sha256": rt.sha256, "stat": sig,
+        blob = {"key": cache_key(_content(rt.sha256, sig), CODE_MODULES), "sha256": rt.sha256,
+                "stat": sig,
                 "meta": {k: getattr(rt, k) for k in RankMeta.__struct_fields__},
                 "tables": {t: ipc(t, getattr(rt, t)) for t in schemas.TABLE_SCHEMAS}}
         dump_cache_blob(cpath, blob)

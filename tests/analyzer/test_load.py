@@ -22,7 +22,7 @@ from analyzer.ingest.cachekey import cache_key, sign
 from analyzer.contract.errors import BadInput
 from analyzer.ingest.ranktables import rank_tables
 from analyzer.ingest.tablecache import (CACHE_MAGIC, CODE_MODULES, dump_cache_blob, load_cache_blob,
-                                        tables_cache_path)
+                                        stat_sig, tables_cache_path)
 from tests.analyzer.helpers import FIXTURES, corpus
 
 
@@ -192,9 +192,17 @@ def test_tables_cache_is_used_and_invalidated(tmp_path):
     again = rank_tables(p)
     assert not again.cache_hit  # a stale cache is never used
     assert again.steps["end_ns"].max() == 100_000 and again.breakdown["compute_ns"].iat[0] == 30_000
-    # the one key rule: the trace's SHA-256 and the code that made the tables
+    # the one key rule: the trace's content (plain JSON: its stat signature, not hashed;
+    # gzip: the SHA-256 of its bytes) and the code that made the tables
     blob = load_cache_blob(cached)
-    assert blob["key"] == cache_key(hashlib.sha256(p.read_bytes()).hexdigest(), CODE_MODULES)
+    assert blob["sha256"] == "" and blob["stat"] == stat_sig(p)
+    assert blob["key"] == cache_key("stat " + json.dumps(stat_sig(p), separators=(",", ":")),
+                                    CODE_MODULES)
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(p.read_bytes()))
+    rank_tables(gz)
+    blob = load_cache_blob(tables_cache_path(gz))
+    assert blob["key"] == cache_key(hashlib.sha256(gz.read_bytes()).hexdigest(), CODE_MODULES)
 
 
 def test_unreadable_cache_is_skipped_and_rewritten(tmp_path):

@@ -193,6 +193,26 @@ def test_trace_edited_since_recorded_same_size_is_refused(tmp_path, ddp_run):
     assert exc.value.reason == "file_changed"
 
 
+def test_plain_json_trace_of_a_run_is_checked_against_the_manifest(tmp_path, ddp_run):
+    """A run's trace stored as plain JSON is not hashed by its parse (docs/caches.md), but by
+    the manifest check: checked unchanged, refused once edited, cached or not."""
+    import gzip
+
+    run = copy_run(ddp_run, tmp_path / "ddp")
+    p = run / "rank1.trace.json.gz"
+    p.write_bytes(gzip.decompress(p.read_bytes()))  # the same trace, stored plain
+    refresh_manifest(run)
+    for _ in range(2):  # parsed, then from its cache
+        with load_tables(run) as job:
+            assert [r.sha256 == "" for r in job.ranks] == [False, True]
+    text = p.read_bytes()
+    assert b'"cpu_op"' in text
+    p.write_bytes(text.replace(b'"cpu_op"', b'"cpu_oq"', 1))  # same size: only the hash sees it
+    with pytest.raises(BadInput) as exc:
+        load_tables(run)
+    assert exc.value.reason == "file_changed" and "sha256 differs" in str(exc.value)
+
+
 def test_merge_refuses_a_trace_changed_since_the_record(ddp_run, tmp_path):
     import gzip
 
