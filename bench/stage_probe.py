@@ -57,7 +57,7 @@ STAGES = (
     Stage("per rank: decode: JSON (msgspec)", ("analyzer.ingest.decode:_decode_trace",)),
     Stage("per rank: decode: event columns", ("analyzer.ingest.decode:_columns",)),
     Stage("per rank: decode: the rest (freeing the decoded events)",
-          ("analyzer.ingest.decode:decode_bytes",),
+          ("analyzer.ingest.decode:parse", "analyzer.ingest.decode:columns"),
           ("per rank: decode: JSON (msgspec)", "per rank: decode: event columns")),
     Stage("per rank: [memory] events", ("analyzer.ingest.decode:memory_events",)),
     Stage("per rank: classify (rules, launches)", ("analyzer.ingest.classify:classify",),

@@ -378,24 +378,64 @@ def _gunzip(raw: bytes, path: Path | str, cap: int, inflate: Any = zlib) -> byte
 
 def decode_bytes(data: bytes, path: Path | str = "<bytes>", *, other_times: bool = False
                  ) -> Decoded:
-    """Decode trace JSON ``data`` (see ``Decoded``; ``other_times``: fill that field too).
-    ``path`` is only used in messages. A
-    leading UTF-8 byte-order mark (an editor's save) is dropped: JSON (RFC 8259 8.1) lets a
-    reader ignore it. Raises ``BadInput``: ``truncated``, ``not_a_trace`` (also for JSON nested
-    deeper than the decoder's recursion limit, and a ``schemaVersion`` that is not a whole
-    number >= 0: Kineto writes 1)."""
+    """Decode trace JSON ``data`` (see ``Decoded``; ``other_times``: fill that field too):
+    ``columns(parse(data, path, other_times=...), path)``. Raises ``BadInput`` as ``parse``."""
+    return columns(parse(data, path, other_times=other_times), path)
+
+
+@dataclass(slots=True)
+class Parsed:
+    """A trace decoded into msgspec structs, its columns not built yet (``columns``). The JSON
+    is held here only: a caller that is done with it sets ``json`` to None before
+    ``columns``, so that the bytes (about a third of a rank's peak) are freed first."""
+
+    trace: Any
+    """The decoded trace struct, or the ``Decoded`` of a file that needed a repair."""
+    json: bytes | None
+    """The bytes decoded (a repaired file's repaired bytes): what ``memory_events`` reads."""
+    memory_events: bool
+    """An event is named ``[memory]`` (``Decoded.memory_events``)."""
+    other_times: bool = False
+    """``Decoded.other_times`` is asked for."""
+
+
+def parse(data: bytes, path: Path | str = "<bytes>", *, other_times: bool = False) -> Parsed:
+    """Decode trace JSON ``data`` into its structs (``Parsed``). ``path`` is only used in
+    messages. A leading UTF-8 byte-order mark (an editor's save) is dropped: JSON (RFC 8259
+    8.1) lets a reader ignore it. Raises ``BadInput``: ``truncated``, ``not_a_trace`` (also
+    for JSON nested deeper than the decoder's recursion limit, and a ``schemaVersion`` that is
+    not a whole number >= 0: Kineto writes 1)."""
     try:
         trace, data = _decode_trace(data, path, other_times)
     except RecursionError:
         raise too_deep(path) from None
-    if not isinstance(trace, Decoded):
-        version = trace.schemaVersion
-        if version is not None and not (type(version) is int and version >= 0):
-            raise BadInput(path, "not_a_trace", f"schemaVersion {_shown(version)} is not a "
-                           "version number (Kineto writes 1)",
-                           "pass PyTorch profiler traces, or fix the trace's schemaVersion")
-        trace = _columns(trace, path, other_times)
-    return trace
+    if isinstance(trace, Decoded):  # repaired: built already
+        json_bytes, trace.repaired_json = trace.repaired_json or data, None
+        return Parsed(trace, json_bytes, trace.memory_events, other_times)
+    version = trace.schemaVersion
+    if version is not None and not (type(version) is int and version >= 0):
+        raise BadInput(path, "not_a_trace", f"schemaVersion {_shown(version)} is not a "
+                       "version number (Kineto writes 1)",
+                       "pass PyTorch profiler traces, or fix the trace's schemaVersion")
+    return _parsed(trace, data, other_times)
+
+
+def _parsed(trace: Any, data: bytes, other_times: bool = False) -> Parsed:
+    """``Parsed`` of the decoded trace struct ``trace`` of ``data``."""
+    names = list(map(attrgetter("name"), trace.traceEvents))  # str, or raw JSON (_OTHERS)
+    return Parsed(trace, data, "[memory]" in names or _MEMORY_RAW in names, other_times)
+
+
+def columns(parsed: Parsed, path: Path | str = "<bytes>") -> Decoded:
+    """The ``Decoded`` table of ``parsed`` (its structs are dropped as they are read); its
+    ``repaired_json`` is ``parsed.json`` when the file needed a repair. ``path`` is only used
+    in messages."""
+    if isinstance(parsed.trace, Decoded):
+        parsed.trace.repaired_json = parsed.json
+        return parsed.trace
+    dec = _columns(parsed.trace, path, parsed.other_times)
+    dec.memory_events = parsed.memory_events
+    return dec
 
 
 def too_deep(path: Path | str) -> BadInput:
@@ -815,15 +855,14 @@ def _columns(trace: Any, path: Path | str, other_times: bool = False) -> Decoded
     them all held."""
     strict = not isinstance(trace, _LTrace)
     warnings: list[str] = []
-    event_idx, xs, thread_names, memory, other_idx = _complete_events(trace, path, warnings)
+    event_idx, xs, thread_names, other_idx = _complete_events(trace, path, warnings)
     evs, times = trace.traceEvents, None
     if other_times:  # Decoded.other_times
         times = np.zeros(len(evs), np.int64), np.zeros(len(evs), bool)
         times[0][other_idx], times[1][other_idx] = parse_decimal_ns([evs[i].ts for i in other_idx.tolist()])
-    trace.traceEvents = []
+    trace.traceEvents = evs = []  # the other events go now
     ts, dur, order, kept = _times(trace, xs, path, warnings)
     coded = _coded_names(xs, strict, thread_names)
-    memory = memory or "[memory]" in coded["name"][1]
     no_args = _Args() if strict else _LArgs()
     args = [e.args if e.args is not None else no_args for e in xs]
     del xs
@@ -834,8 +873,10 @@ def _columns(trace: Any, path: Path | str, other_times: bool = False) -> Decoded
     ext = _int_column(args, "external_id", "external_id_lc", strict=strict)
     corr = _int_column(args, "correlation", strict=strict)
     graph_node = _int_column(args, "graph_node", strict=strict)
-    coll = _collective_args(args, coded["name"], order)
-    del args
+    coll_rows, coll = _collective_args(args, coded["name"])
+    n_all = len(args)
+    del args  # the last holder of raw JSON values: the trace's bytes are freed here
+    coll = _spread(n_all, coll_rows, coll, order)
     end = ts + dur
     df = pd.DataFrame(copy=False, data={  # fresh arrays: no copy, no consolidation
         **{c: _cat(*coded[c], order, kept) for c in ("name", "cat", "pid", "tid")},
@@ -846,16 +887,14 @@ def _columns(trace: Any, path: Path | str, other_times: bool = False) -> Decoded
         **coll, "graph_node": graph_node[order],
     })
     di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
-    return Decoded(events=df, distributed_info=di, warnings=warnings, memory_events=memory,
-                   other_times=times)
+    return Decoded(events=df, distributed_info=di, warnings=warnings, other_times=times)
 
 
 def _complete_events(trace: Any, path: Path | str, warnings: list[str]
-                     ) -> tuple[np.ndarray, list, dict[tuple[str, str], str], bool, np.ndarray]:
+                     ) -> tuple[np.ndarray, list, dict[tuple[str, str], str], np.ndarray]:
     """(index in traceEvents of each complete (X) event, the X events, thread names by (pid,
-    tid) from the metadata events: the last one wins, as trace viewers do; whether an event
-    other than a complete one is named ``[memory]``; the index of each event neither complete
-    nor metadata). On a lenient decode, events of no or an unknown phase are counted in
+    tid) from the metadata events: the last one wins, as trace viewers do; the index of each
+    event neither complete nor metadata). On a lenient decode, events of no or an unknown phase are counted in
     ``warnings``."""
     evs = trace.traceEvents
     if not isinstance(trace, _LTrace):  # a tagged union: the event's type says its phase
@@ -865,23 +904,20 @@ def _complete_events(trace: Any, path: Path | str, warnings: list[str]
         xs = list(map(evs.__getitem__, event_idx.tolist()))
         metas = list(map(evs.__getitem__, np.flatnonzero(kind == 2).tolist()))
         other_idx = np.flatnonzero(kind == 0)
-        memory = _MEMORY_RAW in map(attrgetter("name"), map(evs.__getitem__, other_idx.tolist()))
     else:
         event_idx = np.array([i for i, e in enumerate(evs) if e.ph == "X"], np.int64)
         xs = [evs[i] for i in event_idx.tolist()]
         metas = [e for e in evs if e.ph == "M"]
         other_idx = np.array([i for i, e in enumerate(evs) if e.ph != "X" and e.ph != "M"], np.int64)
-        memory = any(e.name == "[memory]" for e in evs)
         n_odd = sum(1 for e in evs if not (type(e.ph) is str and e.ph in _KNOWN_PHASES))
         if n_odd:  # the strict decoders accept only known phases: only this path sees them
             warnings.append(f"{path}: skipped {n_odd} events with no or an unknown phase "
                             "(\"ph\"), which the Chrome trace format does not define")
     thread_names: dict[tuple[str, str], str] = {}
-    memory = memory or any(e.name == "[memory]" for e in metas)
     for e in metas:
         if e.name == "thread_name" and e.args is not None:
             thread_names[(str(e.pid), str(e.tid))] = _as_str(e.args.meta_name) or ""
-    return event_idx, xs, thread_names, memory, other_idx
+    return event_idx, xs, thread_names, other_idx
 
 
 def _times(trace: Any, xs: list, path: Path | str, warnings: list[str]
@@ -969,11 +1005,12 @@ _ARG_COLUMNS = ("coll_name", "dtype", "pg", "pg_ranks", "pg_desc", "in_nelems", 
 _STR_ARGS = frozenset({"coll_name", "dtype", "pg", "pg_ranks", "pg_desc", "comms_id"})
 
 
-def _collective_args(args: list, name: tuple[np.ndarray, list[str]], order: np.ndarray
-                     ) -> dict[str, Any]:
-    """The ``_ARG_COLUMNS`` of the rows ``order`` selects and sorts: str (None unknown) or int64
-    (-1 unknown). Only comm-related rows carry them (a comm name, ``_COMM_PREFIXES``, or a
-    ``Collective name``): they are read, and shapes parsed, for those only."""
+def _collective_args(args: list, name: tuple[np.ndarray, list[str]]
+                     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(the rows that carry collective arguments, in file order; their ``_ARG_COLUMNS``: str
+    objects (None unknown) or int64 (-1 unknown), one value per such row). Only comm-related
+    rows carry them (a comm name, ``_COMM_PREFIXES``, or a ``Collective name``): they are read,
+    and shapes parsed, for those only. ``_spread`` makes them columns."""
     n_all = len(args)
     codes, u_name = name
     comm_name = np.array([x.startswith(_COMM_PREFIXES) for x in u_name], bool)
@@ -1003,6 +1040,14 @@ def _collective_args(args: list, name: tuple[np.ndarray, list[str]], order: np.n
             numel[k], elem[k], numel2[k] = _shape(a.input_dims, a.input_type)
         if dtype[k] is None and a.input_type is not _NULL:  # the first tensor's element type
             dtype[k] = _first_type(a.input_type)
+    return rows, out
+
+
+def _spread(n_all: int, rows: np.ndarray, out: dict[str, np.ndarray], order: np.ndarray
+            ) -> dict[str, Any]:
+    """The ``_ARG_COLUMNS`` (``_collective_args``' values of ``rows`` among ``n_all`` rows)
+    of the rows ``order`` selects and sorts: pandas strings, or int64 (-1 unknown)."""
+    m = len(rows)
     at = np.full(n_all, -1, np.int64)  # carrying rows -> all rows, sorted
     at[rows] = np.arange(m)
     at = at[order]

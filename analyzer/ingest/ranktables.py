@@ -161,13 +161,8 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
     (default ``decode.max_trace_bytes()``). Rank-dependent fields stay unset (rank -1,
     group_size <= 0 left as -1): ``load_run`` fills them after the rank rule. Raises
     ``BadInput``."""
-    from analyzer.analyses.breakdown import (comm_shares, rank_breakdown, timeline_rows,
-                                             whole_trace_overlap)
-    from analyzer.analyses.collectives import rank_collectives
     from analyzer.analyses.memory import device_peaks
-    from analyzer.analyses.prefetch import prefetch_table
-    from analyzer.analyses.straggler import gap_parts
-    from analyzer.ingest.decode import decode_bytes, decompress, memory_events
+    from analyzer.ingest.decode import columns, decompress, memory_events, parse
 
     try:
         sig = tablecache.stat_sig(path)
@@ -185,11 +180,13 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
         return hit
     data = decompress(raw, path, max_bytes)
     del raw
-    dec = decode_bytes(data, path)
+    parsed = parse(data, path)
+    del data  # held by ``parsed`` alone, freed before the columns are built
     # the bytes decoded, read again only when the decode saw [memory] events (b"": none)
-    mem_events, mem_notes = memory_events(dec.repaired_json or data if dec.memory_events else b"")
-    del data
-    dec.repaired_json = None
+    mem_events, mem_notes = memory_events(parsed.json if parsed.memory_events else b"")
+    parsed.json = None
+    dec = columns(parsed, path)
+    del parsed
     dev_mem = device_peaks(mem_events)
     dec.warnings += [f"{path}: {n}" for n in mem_notes]
     if dec.events.empty:  # an empty rank; load_run refuses a job of empty ranks only
@@ -203,6 +200,22 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
         return rt
     ev, info = classified(path, dec=dec)
     del dec
+    rt = _rank_of(path, ev, info, dev_mem, sha)
+    del ev
+    tablecache.write_tables(cpath, sig, rt)
+    return rt
+
+
+def _rank_of(path: Path, ev: pd.DataFrame, info: dict[str, Any], dev_mem: pd.DataFrame,
+             sha: str) -> RankTables:
+    """The ``RankTables`` of the classified events ``ev`` of ``path`` (``classified``'s
+    ``info``; ``dev_mem``: its device memory table; ``sha``: its SHA-256 or "")."""
+    from analyzer.analyses.breakdown import (comm_shares, rank_breakdown, timeline_rows,
+                                             whole_trace_overlap)
+    from analyzer.analyses.collectives import rank_collectives
+    from analyzer.analyses.prefetch import prefetch_table
+    from analyzer.analyses.straggler import gap_parts
+
     steps, device_kind, main_tid = info["steps"], info["device_kind"], info["main_tid"]
     valid = steps[(steps["step"] >= 0) & steps["device_work"]] if len(steps) else steps
     tl_step = int(valid["step"].min()) if len(valid) else -1
@@ -223,18 +236,15 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
     gaps = gap_parts(ev, coll, steps, device_kind, main_tid)
     for c in gaps.columns:
         coll[c] = gaps[c].to_numpy()
-    rt = RankTables(path=path, world_size=read_distinfo(info["distributed_info"]).world_size,
-                    device_kind=device_kind, distributed_info=info["distributed_info"],
-                    main_tid=main_tid, whole_trace_mode=info["whole_trace_mode"],
-                    warnings=info["warnings"], steps=steps,
-                    breakdown=rank_breakdown(-1, ev, steps, device_kind, main_tid),
-                    collectives=coll, prefetch=prefetch_table(ev, rank=-1),
-                    timeline=tl, device_memory=dev_mem, timeline_step=tl_step,
-                    whole_overlap_ns=int(overlap_ns),
-                    whole_comm_ns=int(comm_ns), sha256=sha, first_ns=int(ev["ts_ns"].min()))
-    del ev
-    tablecache.write_tables(cpath, sig, rt)
-    return rt
+    return RankTables(path=path, world_size=read_distinfo(info["distributed_info"]).world_size,
+                        device_kind=device_kind, distributed_info=info["distributed_info"],
+                        main_tid=main_tid, whole_trace_mode=info["whole_trace_mode"],
+                        warnings=info["warnings"], steps=steps,
+                        breakdown=rank_breakdown(-1, ev, steps, device_kind, main_tid),
+                        collectives=coll, prefetch=prefetch_table(ev, rank=-1),
+                        timeline=tl, device_memory=dev_mem, timeline_step=tl_step,
+                        whole_overlap_ns=int(overlap_ns),
+                        whole_comm_ns=int(comm_ns), sha256=sha, first_ns=int(ev["ts_ns"].min()))
 
 
 def cached(path: Path) -> RankTables | None:

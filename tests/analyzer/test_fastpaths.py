@@ -147,7 +147,7 @@ def _tables_by_each_decoder(data: bytes) -> list[tuple[str, decode.Decoded]]:
             trace = dec.decode(data)
         except msgspec.ValidationError:
             continue
-        out.append((name, decode._columns(trace, "t")))
+        out.append((name, decode.columns(decode._parsed(trace, data), "t")))
     return out
 
 
@@ -232,3 +232,34 @@ def test_files_are_parsed_largest_first_and_returned_in_input_order(tmp_path):
     ok, bad = parse_files(paths, 1, worker=_record_name)
     assert _SEEN == ["b.json", "c.json", "a.json", "missing.json"]
     assert ok == ["a.json", "b.json", "c.json", "missing.json"] and bad == []
+
+
+@pytest.mark.parametrize("times", ["whole_us", "decimal"])
+def test_the_json_is_freed_before_the_full_columns_are_built(monkeypatch, times):
+    """Raw JSON values (times, shapes, process group ranks, other phases' names) point into the
+    trace's bytes: once the caller drops them (``Parsed.json``), the last one is gone before the
+    columns of every row are built, so a rank's peak memory holds the JSON or its columns,
+    never both."""
+    import sys
+
+    t = (lambda us: us) if times == "whole_us" else (lambda us: us + 0.5)
+    events = [{"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": t(1),
+               "dur": t(3), "args": {"Input Dims": [[2, 2]], "Input type": ["float"]}},
+              {"ph": "X", "name": "nccl:all_reduce", "cat": "cpu_op", "pid": 1, "tid": 1,
+               "ts": t(5), "dur": t(2), "args": {"Process Group Ranks": [0, 1],
+                                                 "Input Dims": [[4]], "Comms Id": 7}},
+              {"ph": "f", "name": "flow", "pid": 1, "tid": 1, "ts": t(6), "id": 1},
+              {"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": t(7)}]
+    data = _trace(events)
+    refs = []
+    spread = decode._spread
+    monkeypatch.setattr(decode, "_spread", lambda *a: (refs.append(sys.getrefcount(data)),
+                                                       spread(*a))[1])
+    parsed = decode.parse(data, "t")
+    assert sys.getrefcount(data) > 3  # the caller's, parsed.json's, the raw values'
+    parsed.json = None
+    dec = decode.columns(parsed, "t")
+    assert refs == [2]  # this test's name for it (and getrefcount's argument) alone
+    assert dec.events["shape_numel"].tolist() == [-1, 4]
+    assert dec.events["pg_ranks"].isna().tolist() == [True, False]
+    assert dec.events["pg_ranks"].iat[1] == "[0, 1]"
