@@ -45,7 +45,7 @@ def strict(data: bytes, path: str) -> decode.Decoded:
     trace = decode._decode_typed(data)
     if trace is None:
         trace = decode._LENIENT.decode(data)
-    return decode.columns(decode._parsed(trace, data), path)
+    return decode.columns(decode._parsed(trace, data, path), path)
 
 
 def broken_copy(data: bytes, every: int) -> tuple[bytes, int]:

@@ -395,8 +395,13 @@ class Parsed:
     """The bytes decoded (a repaired file's repaired bytes): what ``memory_events`` reads."""
     memory_events: bool
     """An event is named ``[memory]`` (``Decoded.memory_events``)."""
-    other_times: bool = False
-    """``Decoded.other_times`` is asked for."""
+    complete: tuple | None = None
+    """The complete events (``_complete_events``: their index in traceEvents, the events,
+    the thread names); None for a repaired file. The trace's own list of events is emptied."""
+    warnings: list[str] = field(default_factory=list)
+    """Events skipped so far (no or an unknown phase)."""
+    other_times: tuple[np.ndarray, np.ndarray] | None = None
+    """``Decoded.other_times`` when asked for."""
 
 
 def parse(data: bytes, path: Path | str = "<bytes>", *, other_times: bool = False) -> Parsed:
@@ -411,19 +416,28 @@ def parse(data: bytes, path: Path | str = "<bytes>", *, other_times: bool = Fals
         raise too_deep(path) from None
     if isinstance(trace, Decoded):  # repaired: built already
         json_bytes, trace.repaired_json = trace.repaired_json or data, None
-        return Parsed(trace, json_bytes, trace.memory_events, other_times)
+        return Parsed(trace, json_bytes, trace.memory_events)
     version = trace.schemaVersion
     if version is not None and not (type(version) is int and version >= 0):
         raise BadInput(path, "not_a_trace", f"schemaVersion {_shown(version)} is not a "
                        "version number (Kineto writes 1)",
                        "pass PyTorch profiler traces, or fix the trace's schemaVersion")
-    return _parsed(trace, data, other_times)
+    return _parsed(trace, data, path, other_times)
 
 
-def _parsed(trace: Any, data: bytes, other_times: bool = False) -> Parsed:
-    """``Parsed`` of the decoded trace struct ``trace`` of ``data``."""
-    names = list(map(attrgetter("name"), trace.traceEvents))  # str, or raw JSON (_OTHERS)
-    return Parsed(trace, data, "[memory]" in names or _MEMORY_RAW in names, other_times)
+def _parsed(trace: Any, data: bytes, path: Path | str = "<bytes>", other_times: bool = False
+            ) -> Parsed:
+    """``Parsed`` of the decoded trace struct ``trace`` of ``data``: its complete events
+    taken, the others dropped (``other_times``: their times read first)."""
+    warnings: list[str] = []
+    event_idx, xs, thread_names, other_idx, memory = _complete_events(trace, path, warnings)
+    evs, times = trace.traceEvents, None
+    if other_times:  # Decoded.other_times
+        times = np.zeros(len(evs), np.int64), np.zeros(len(evs), bool)
+        times[0][other_idx], times[1][other_idx] = parse_decimal_ns(
+            [evs[i].ts for i in other_idx.tolist()])
+    trace.traceEvents = evs = []  # the other events go now
+    return Parsed(trace, data, memory, (event_idx, xs, thread_names), warnings, times)
 
 
 def columns(parsed: Parsed, path: Path | str = "<bytes>") -> Decoded:
@@ -433,7 +447,7 @@ def columns(parsed: Parsed, path: Path | str = "<bytes>") -> Decoded:
     if isinstance(parsed.trace, Decoded):
         parsed.trace.repaired_json = parsed.json
         return parsed.trace
-    dec = _columns(parsed.trace, path, parsed.other_times)
+    dec = _columns(parsed, path)
     dec.memory_events = parsed.memory_events
     return dec
 
@@ -846,21 +860,16 @@ def _shape(dims_raw: msgspec.Raw, type_raw: msgspec.Raw) -> tuple[int, int, int]
     return numel, size, _numel(dims[1]) if len(dims) > 1 else -1
 
 
-def _columns(trace: Any, path: Path | str, other_times: bool = False) -> Decoded:
+def _columns(parsed: Parsed, path: Path | str) -> Decoded:
     """The ``Decoded`` table of a decoded trace: rows sorted by (ts_ns, longest first), file
     order among equals. Each pass over the events is one C-level loop (``map``,
     ``attrgetter``, a defaultdict coder); Python-level work runs per distinct value, or per
-    row only for GPU rows and the few rows that carry collective arguments. ``trace``'s events
-    are dropped once read (its ``traceEvents`` left empty): the columns are built without
-    them all held."""
+    row only for GPU rows and the few rows that carry collective arguments. The events are
+    dropped once read (``parsed.complete`` left None)."""
+    trace, warnings, times = parsed.trace, parsed.warnings, parsed.other_times
     strict = not isinstance(trace, _LTrace)
-    warnings: list[str] = []
-    event_idx, xs, thread_names, other_idx = _complete_events(trace, path, warnings)
-    evs, times = trace.traceEvents, None
-    if other_times:  # Decoded.other_times
-        times = np.zeros(len(evs), np.int64), np.zeros(len(evs), bool)
-        times[0][other_idx], times[1][other_idx] = parse_decimal_ns([evs[i].ts for i in other_idx.tolist()])
-    trace.traceEvents = evs = []  # the other events go now
+    event_idx, xs, thread_names = parsed.complete
+    parsed.complete = None
     ts, dur, order, kept = _times(trace, xs, path, warnings)
     coded = _coded_names(xs, strict, thread_names)
     no_args = _Args() if strict else _LArgs()
@@ -891,10 +900,10 @@ def _columns(trace: Any, path: Path | str, other_times: bool = False) -> Decoded
 
 
 def _complete_events(trace: Any, path: Path | str, warnings: list[str]
-                     ) -> tuple[np.ndarray, list, dict[tuple[str, str], str], np.ndarray]:
+                     ) -> tuple[np.ndarray, list, dict[tuple[str, str], str], np.ndarray, bool]:
     """(index in traceEvents of each complete (X) event, the X events, thread names by (pid,
     tid) from the metadata events: the last one wins, as trace viewers do; the index of each
-    event neither complete nor metadata). On a lenient decode, events of no or an unknown phase are counted in
+    event neither complete nor metadata; whether an event is named ``[memory]``). On a lenient decode, events of no or an unknown phase are counted in
     ``warnings``."""
     evs = trace.traceEvents
     if not isinstance(trace, _LTrace):  # a tagged union: the event's type says its phase
@@ -904,20 +913,24 @@ def _complete_events(trace: Any, path: Path | str, warnings: list[str]
         xs = list(map(evs.__getitem__, event_idx.tolist()))
         metas = list(map(evs.__getitem__, np.flatnonzero(kind == 2).tolist()))
         other_idx = np.flatnonzero(kind == 0)
+        names = map(attrgetter("name"), map(evs.__getitem__, other_idx.tolist()))  # raw JSON
+        memory = _MEMORY_RAW in names or "[memory]" in map(attrgetter("name"), xs)
     else:
         event_idx = np.array([i for i, e in enumerate(evs) if e.ph == "X"], np.int64)
         xs = [evs[i] for i in event_idx.tolist()]
         metas = [e for e in evs if e.ph == "M"]
         other_idx = np.array([i for i, e in enumerate(evs) if e.ph != "X" and e.ph != "M"], np.int64)
+        memory = any(e.name == "[memory]" for e in evs)
         n_odd = sum(1 for e in evs if not (type(e.ph) is str and e.ph in _KNOWN_PHASES))
         if n_odd:  # the strict decoders accept only known phases: only this path sees them
             warnings.append(f"{path}: skipped {n_odd} events with no or an unknown phase "
                             "(\"ph\"), which the Chrome trace format does not define")
     thread_names: dict[tuple[str, str], str] = {}
+    memory = memory or any(e.name == "[memory]" for e in metas)
     for e in metas:
         if e.name == "thread_name" and e.args is not None:
             thread_names[(str(e.pid), str(e.tid))] = _as_str(e.args.meta_name) or ""
-    return event_idx, xs, thread_names, other_idx
+    return event_idx, xs, thread_names, other_idx, memory
 
 
 def _times(trace: Any, xs: list, path: Path | str, warnings: list[str]

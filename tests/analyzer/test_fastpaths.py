@@ -147,7 +147,7 @@ def _tables_by_each_decoder(data: bytes) -> list[tuple[str, decode.Decoded]]:
             trace = dec.decode(data)
         except msgspec.ValidationError:
             continue
-        out.append((name, decode.columns(decode._parsed(trace, data), "t")))
+        out.append((name, decode.columns(decode._parsed(trace, data, "t"), "t")))
     return out
 
 
