@@ -396,8 +396,9 @@ class Parsed:
     memory_events: bool
     """An event is named ``[memory]`` (``Decoded.memory_events``)."""
     complete: tuple | None = None
-    """The complete events (``_complete_events``: their index in traceEvents, the events,
-    the thread names); None for a repaired file. The trace's own list of events is emptied."""
+    """The complete events: their index in traceEvents, the events, their names, categories,
+    pids, tids and thread names coded (``_coded_names``); None for a repaired file. The
+    trace's own list of events is emptied."""
     warnings: list[str] = field(default_factory=list)
     """Events skipped so far (no or an unknown phase)."""
     other_times: tuple[np.ndarray, np.ndarray] | None = None
@@ -437,7 +438,9 @@ def _parsed(trace: Any, data: bytes, path: Path | str = "<bytes>", other_times: 
         times[0][other_idx], times[1][other_idx] = parse_decimal_ns(
             [evs[i].ts for i in other_idx.tolist()])
     trace.traceEvents = evs = []  # the other events go now
-    return Parsed(trace, data, memory, (event_idx, xs, thread_names), warnings, times)
+    coded = _coded_names(xs, not isinstance(trace, _LTrace), thread_names)
+    memory = memory or "[memory]" in coded["name"][1]
+    return Parsed(trace, data, memory, (event_idx, xs, coded), warnings, times)
 
 
 def columns(parsed: Parsed, path: Path | str = "<bytes>") -> Decoded:
@@ -868,13 +871,11 @@ def _columns(parsed: Parsed, path: Path | str) -> Decoded:
     dropped once read (``parsed.complete`` left None)."""
     trace, warnings, times = parsed.trace, parsed.warnings, parsed.other_times
     strict = not isinstance(trace, _LTrace)
-    event_idx, xs, thread_names = parsed.complete
+    event_idx, xs, coded = parsed.complete
     parsed.complete = None
     ts, dur, order, kept = _times(trace, xs, path, warnings)
-    coded = _coded_names(xs, strict, thread_names)
     no_args = _Args() if strict else _LArgs()
     args = [e.args if e.args is not None else no_args for e in xs]
-    del xs
     cat_codes, u_cat = coded["cat"]
     is_gpu = np.array([c.lower() in GPU_CATS for c in u_cat], bool)[cat_codes] if len(args) \
         else np.zeros(0, bool)
@@ -884,7 +885,9 @@ def _columns(parsed: Parsed, path: Path | str) -> Decoded:
     graph_node = _int_column(args, "graph_node", strict=strict)
     coll_rows, coll = _collective_args(args, coded["name"])
     n_all = len(args)
-    del args  # the last holder of raw JSON values: the trace's bytes are freed here
+    # each event with its args in one pass (one walk of memory, not two); the last holders of
+    # raw JSON values: the trace's bytes are freed here too
+    del args, xs
     coll = _spread(n_all, coll_rows, coll, order)
     end = ts + dur
     df = pd.DataFrame(copy=False, data={  # fresh arrays: no copy, no consolidation
@@ -903,7 +906,8 @@ def _complete_events(trace: Any, path: Path | str, warnings: list[str]
                      ) -> tuple[np.ndarray, list, dict[tuple[str, str], str], np.ndarray, bool]:
     """(index in traceEvents of each complete (X) event, the X events, thread names by (pid,
     tid) from the metadata events: the last one wins, as trace viewers do; the index of each
-    event neither complete nor metadata; whether an event is named ``[memory]``). On a lenient decode, events of no or an unknown phase are counted in
+    event neither complete nor metadata; whether an event other than a complete one is named
+    ``[memory]``). On a lenient decode, events of no or an unknown phase are counted in
     ``warnings``."""
     evs = trace.traceEvents
     if not isinstance(trace, _LTrace):  # a tagged union: the event's type says its phase
@@ -913,8 +917,7 @@ def _complete_events(trace: Any, path: Path | str, warnings: list[str]
         xs = list(map(evs.__getitem__, event_idx.tolist()))
         metas = list(map(evs.__getitem__, np.flatnonzero(kind == 2).tolist()))
         other_idx = np.flatnonzero(kind == 0)
-        names = map(attrgetter("name"), map(evs.__getitem__, other_idx.tolist()))  # raw JSON
-        memory = _MEMORY_RAW in names or "[memory]" in map(attrgetter("name"), xs)
+        memory = _MEMORY_RAW in map(attrgetter("name"), map(evs.__getitem__, other_idx.tolist()))
     else:
         event_idx = np.array([i for i, e in enumerate(evs) if e.ph == "X"], np.int64)
         xs = [evs[i] for i in event_idx.tolist()]
