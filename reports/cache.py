@@ -110,8 +110,9 @@ def store(root: Path, out: Path, k: str, report_json: str, notes: list[str] = ()
     if mac is None:
         return  # no cache key (a read-only home): nothing a later report could trust
     try:
-        write_atomic(path, _MAGIC + mac + payload)
-        trim(path.parent, _NAMES)
+        data = _MAGIC + mac + payload
+        write_atomic(path, data)
+        trim(path.parent, _NAMES, len(data))
     except OSError as exc:
         log.info("could not write report cache %s (%s)", path, exc)
 

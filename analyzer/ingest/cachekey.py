@@ -193,12 +193,35 @@ def input_signature(root: Path, out: Path, skip_suffixes: tuple[str, ...] = ()) 
     return rows
 
 
-def trim(folder: Path, names: str) -> None:
-    """Keep the cache folder ``folder`` within ``settings.cache_max_bytes()`` bytes: while the
-    files whose whole name matches the regular expression ``names`` (the tool's own cache files)
-    total more, delete the least recently used (oldest mtime first; a hit touches its file).
-    Other files (``KEY_NAME``, ``.tmp-*`` being written, any other name, symlinks) are neither
-    counted nor deleted; a file that vanishes or cannot be deleted is skipped, never raised."""
+TRIM_UNSEEN_SHARE = 16
+"""A process scans a cache folder again once it has written a ``1 / TRIM_UNSEEN_SHARE`` share
+of the files it counted there (``trim``)."""
+_SEEN: dict[tuple[str, str], list[int]] = {}
+"""(folder, names) -> [bytes counted at this process's last scan plus those it wrote since,
+files counted then, files written since]."""
+
+
+def trim(folder: Path, names: str, added_bytes: int) -> None:
+    """Keep the cache folder ``folder`` within ``settings.cache_max_bytes()`` bytes, after a
+    file of ``added_bytes`` was written in it: while the files whose whole name matches the
+    regular expression ``names`` (the tool's own cache files) total more, delete the least
+    recently used (oldest mtime first; a hit touches its file). Other files (``KEY_NAME``,
+    ``.tmp-*`` being written, any other name, symlinks) are neither counted nor deleted; a file
+    that vanishes or cannot be deleted is skipped, never raised.
+
+    The folder is scanned on this process's first write to it, then whenever what it counted
+    plus what it wrote since passes the cap, or it has written a ``1 / TRIM_UNSEEN_SHARE`` share
+    of the files it counted: a scan per write made a job of N ranks cost N^2 / 2 directory
+    entries (8.4 million at 4,096 ranks). Other processes' writes are unseen in between, so
+    while several write at once the folder can pass its cap by up to that share of its files
+    per process, until the next scan."""
+    seen = _SEEN.get(key := (str(folder), names))
+    cap_bytes = settings.cache_max_bytes()
+    if seen is not None:
+        seen[0] += added_bytes
+        seen[2] += 1
+        if seen[0] <= cap_bytes and seen[2] * TRIM_UNSEEN_SHARE < seen[1]:
+            return
     files = []
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for e in entries:
@@ -206,17 +229,20 @@ def trim(folder: Path, names: str) -> None:
                 if re.fullmatch(names, e.name) and e.is_file(follow_symlinks=False):
                     st = e.stat(follow_symlinks=False)
                     files.append((st.st_mtime_ns, st.st_size, e.path))
-    total_bytes, cap_bytes = sum(f[1] for f in files), settings.cache_max_bytes()
+    total_bytes, kept = sum(f[1] for f in files), len(files)
     for _, size_bytes, path in sorted(files):
         if total_bytes <= cap_bytes:
             break
         try:
             os.unlink(path)
             total_bytes -= size_bytes
+            kept -= 1
         except FileNotFoundError:
             total_bytes -= size_bytes  # trimmed by another process
+            kept -= 1
         except OSError as exc:
             log.info("could not trim cache file %s (%s)", path, exc)
+    _SEEN[key] = [total_bytes, kept, 0]
 
 
 def cache_key(content: str, modules: tuple[Path, ...]) -> str:

@@ -156,9 +156,9 @@ def load_cache_blob(cpath: Path, limit_bytes: int | None = None) -> dict[str, An
     return blob if isinstance(blob, dict) else None
 
 
-def dump_cache_blob(cpath: Path, blob: dict[str, Any]) -> None:
-    """Write ``blob`` to ``cpath`` atomically, signed (``CACHE_MAGIC``, HMAC, payload). Raises
-    ``OSError`` (also when this user has no cache key)."""
+def dump_cache_blob(cpath: Path, blob: dict[str, Any]) -> int:
+    """Write ``blob`` to ``cpath`` atomically, signed (``CACHE_MAGIC``, HMAC, payload); return
+    the bytes written. Raises ``OSError`` (also when this user has no cache key)."""
     from analyzer.ingest.cachekey import sign
 
     payload = msgspec.msgpack.encode(blob)
@@ -176,6 +176,7 @@ def dump_cache_blob(cpath: Path, blob: dict[str, Any]) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    return len(CACHE_MAGIC) + len(mac) + len(payload)
 
 
 _NON_NEGATIVE = {
@@ -268,8 +269,7 @@ def write_tables(cpath: Path, sig: list[int | str], rt) -> None:
                 "stat": sig,
                 "meta": {k: getattr(rt, k) for k in RankMeta.__struct_fields__},
                 "tables": {t: ipc(t, getattr(rt, t)) for t in schemas.TABLE_SCHEMAS}}
-        dump_cache_blob(cpath, blob)
-        trim(cpath.parent, TABLES_NAME)
+        trim(cpath.parent, TABLES_NAME, dump_cache_blob(cpath, blob))
     except (OSError, ValueError, pa.ArrowException) as exc:
         log.info("could not write cache %s (%s)", cpath, exc)
 
