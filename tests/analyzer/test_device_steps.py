@@ -150,6 +150,22 @@ def test_one_profiler_step_track_per_rank(tmp_path):
     assert any("thread(s) 2 ignored" in w for w in jt.ranks[0].warnings)
 
 
+def test_the_track_is_the_thread_of_most_spans_then_first_span_then_tid(tmp_path):
+    # Threads 9 and 3 hold two spans each, thread 5 one. 9 and 3 tie on count; 9's first span
+    # (0) is before 3's (50): the track is 9. The others are named in that order: 3 (2 spans,
+    # first at 50), then 5 (1 span). On 9, two spans numbered 4 are one step [0, 900): the
+    # earliest start, the latest end; step 6 [900, 1500) follows it.
+    ev = [span(4, 0, 400, tid=9), span(4, 300, 600, tid=9), span(6, 900, 600, tid=9),
+          span(1, 50, 100, tid=3), span(2, 200, 100, tid=3), span(1, 0, 2000, tid=5),
+          cpu_op("aten::mm", 100, 200, tid=9), cpu_op("aten::mm", 1000, 200, tid=9)]
+    jt = load_tables(write(tmp_path / "t.json", ev))
+    steps = jt.ranks[0].steps
+    assert steps[["step", "cpu_start_ns", "cpu_end_ns"]].values.tolist() == [
+        [4, 0, 900 * US], [6, 900 * US, 1500 * US]]
+    assert "3 ProfilerStep span(s) on thread(s) 3, 5 ignored: one ProfilerStep track per " \
+        "rank, thread 9 (the one with the most spans)" in jt.ranks[0].warnings
+
+
 def test_overlapping_spans_are_clipped_at_the_next_start(tmp_path):
     # #1 [0,120) overlaps #2 [100,200): #1 is clipped to [0,100).
     ev = [span(1, 0, 120), span(2, 100, 100), cpu_op("aten::mm", 10, 20),
