@@ -111,6 +111,12 @@ class JobTables:
 
         limit = BATCH_BYTES if max_bytes is None else max_bytes
         names = columns or schemas.TABLE_SCHEMAS[name].names
+        sizes = [rt.table_bytes.get(name) for rt in self.ranks]
+        if self.ranks and None not in sizes and sum(sizes) < limit:  # type: ignore[arg-type]
+            # one batch, as the loop below would make (a table's columns hold at most what
+            # it does), without counting each rank's frame again on every walk of the job
+            yield list(self.ranks), _concat([df for _, df in self.each(name, columns)], names)
+            return
         held: list[RankTables] = []
         frames: list[pd.DataFrame] = []
         size = 0

@@ -81,6 +81,9 @@ class RankTables:
     spilled: dict[str, str] = field(default_factory=dict)
     """Tables moved to disk (analyzer/ingest/spill.py): name -> file. Read them with
     ``JobTables.rank_table``; the attribute of a spilled table is empty."""
+    table_bytes: dict[str, int] = field(default_factory=dict)
+    """Bytes of each spillable table as it arrived (``spill.frame_bytes``, set by
+    ``Spill.keep``): what ``JobTables.batches`` adds up before reading any."""
 
     @property
     def dist(self) -> DistInfo:

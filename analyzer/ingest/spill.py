@@ -52,12 +52,18 @@ def frame_bytes(df: pd.DataFrame) -> int:
 
     if not len(df):
         return 0
-    total = int(df.memory_usage(index=False, deep=False).sum())
-    for name in df.columns[df.dtypes == object]:
-        values = df[name].to_numpy()
-        ids = np.fromiter(map(id, values), np.int64, len(values))
-        _, first = np.unique(ids, return_index=True)
-        total += sum(sys.getsizeof(values[i]) for i in first.tolist())
+    total = 0
+    for name, dtype in df.dtypes.items():
+        if isinstance(dtype, np.dtype) and dtype != object:
+            total += len(df) * dtype.itemsize  # no Series built (memory_usage builds one a column)
+            continue
+        values = df[name].array
+        total += int(values.nbytes)
+        if dtype == object:
+            values = values.to_numpy()
+            ids = np.fromiter(map(id, values), np.int64, len(values))
+            _, first = np.unique(ids, return_index=True)
+            total += sum(sys.getsizeof(values[i]) for i in first.tolist())
     return total
 
 
@@ -82,7 +88,8 @@ class Spill:
             return result
         import pandas as pd
 
-        size = sum(frame_bytes(getattr(result, t)) for t in SPILLED)
+        result.table_bytes = {t: frame_bytes(getattr(result, t)) for t in SPILLED}
+        size = sum(result.table_bytes.values())
         if self.held_bytes + size <= self.budget:
             self.held_bytes += size
             return result
