@@ -1,5 +1,6 @@
-"""Two checkouts' cold ``analyzer report`` of one job, interleaved: which costs less. Asserts
-nothing.
+"""Two checkouts' cold analyzer reports of one job, interleaved, compared as ratios.
+
+Asserts nothing.
 
 ``python3 bench/ab_report.py BASE NEW TRACES [--pairs N]`` runs ``analyzer report TRACES`` from
 checkout BASE (``PYTHONPATH=BASE``) and from checkout NEW, N times each, alternating which goes
@@ -28,15 +29,18 @@ def cold_run(repo: Path, traces: Path, work: Path) -> tuple[float, float, int]:
     """(CPU s of the process tree, wall s, peak RSS bytes of its largest process) of one cold
     ``analyzer report`` of ``traces`` by the checkout ``repo``."""
     shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     env = dict(os.environ, XDG_CACHE_HOME=str(work / "cache"), PYTHONPATH=str(repo))
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "analyzer", "report", str(traces), "--out",
-                             str(work / "out")], env=env, cwd=repo,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    with open(work / "stderr", "wb") as err:  # a file: a pipe fills and blocks the report
+        proc = subprocess.Popen([sys.executable, "-m", "analyzer", "report", str(traces),
+                                 "--out", str(work / "out")], env=env, cwd=repo,
+                                stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{repo}: analyzer report failed: {proc.stderr.read().decode()[-500:]}")
+        tail = (work / "stderr").read_bytes().decode(errors="replace")[-500:]
+        raise SystemExit(f"{repo}: analyzer report failed: {tail}")
     # ru_maxrss of wait4: the largest of the process and its waited-for descendants, in KiB
     return usage.ru_utime + usage.ru_stime, wall, usage.ru_maxrss * 1024
 
@@ -48,13 +52,20 @@ def main() -> None:
     ap.add_argument("traces", type=Path, help="the job: a run directory or folder of traces")
     ap.add_argument("--pairs", type=int, default=6, help="runs of each checkout (default 6)")
     args = ap.parse_args()
+    if args.pairs < 1:
+        ap.error("--pairs must be at least 1")
+    args.traces = args.traces.resolve()  # the reports run from each checkout
+    for name in ("base", "new"):
+        repo = getattr(args, name).resolve()
+        if not (repo / "analyzer" / "__init__.py").is_file():
+            ap.error(f"{repo} is not a paritytrace checkout (no analyzer/__init__.py)")
+        setattr(args, name, repo)
     runs: dict[str, list[tuple[float, float, int]]] = {"base": [], "new": []}
     with tempfile.TemporaryDirectory(prefix="ab-report-") as tmp:
         for i in range(args.pairs):
             order = ("base", "new") if i % 2 == 0 else ("new", "base")
             for name in order:
-                cpu, wall, rss = cold_run(getattr(args, name).resolve(), args.traces,
-                                          Path(tmp) / name)
+                cpu, wall, rss = cold_run(getattr(args, name), args.traces, Path(tmp) / name)
                 runs[name].append((cpu, wall, rss))
                 print(f"pair {i + 1} {name}: CPU {cpu:.2f} s, wall {wall:.2f} s, "
                       f"largest process {rss / 2**20:.0f} MiB", flush=True)
