@@ -116,12 +116,20 @@ def cache_home() -> Path:
     return Path(_raw(XDG_CACHE_HOME) or Path.home() / ".cache")
 
 
+_SAID: set[str] = set()
+"""Ignored values already warned about in this process (one line each, not one per cache write)."""
+
+
 def cache_max_bytes() -> int:
     """``PARITYTRACE_CACHE_MAX_BYTES``, bytes, default 2 GiB (cachekey.py ``trim``); not a
-    positive int: a warning, and the default used (a cache cap is no reason to refuse a report)."""
+    positive int: a warning (once per value and process), and the default used (a cache cap is
+    no reason to refuse a report)."""
     raw = _raw(CACHE_MAX_BYTES)
     if raw is not None and not (raw.isascii() and raw.isdigit() and int(raw) > 0):
-        logging.getLogger(__name__).warning("ignoring %s=%r: not a positive int", CACHE_MAX_BYTES.name, raw)
+        if raw not in _SAID:
+            _SAID.add(raw)
+            logging.getLogger(__name__).warning("ignoring %s=%r: not a positive int",
+                                                CACHE_MAX_BYTES.name, raw)
         raw = None
     return int(raw or 2 * 2**30)
 
