@@ -476,6 +476,9 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     root = _existing(Path(root))
     if root.is_file():
         return Discovery(root=root, layout="foreign", runs=[_trace_file(root)])
+    if not root.is_dir():  # a FIFO, a device, a socket: nothing a profiler writes
+        raise BadInput(root, "not_a_trace", "is neither a folder nor a regular file",
+                       "point at a folder of traces, a run directory or a trace file")
     _not_a_dataset(root)
     if _complete(root):
         return Discovery(root=root, layout="run", runs=[_read(root)])

@@ -133,3 +133,19 @@ def test_help_shows_debug_as_a_flag():
     proc = cli("--help")
     line = next(ln for ln in proc.stdout.splitlines() if "--debug" in ln)
     assert "<bool>" not in line and "Show tracebacks" in line  # before: `--debug <bool>`
+
+
+@pytest.mark.parametrize("what", ["fifo", "device"])
+def test_an_input_that_is_neither_a_folder_nor_a_file_is_one_line(tmp_path, what):
+    from analyzer.contract.errors import BadInput
+    from analyzer.ingest.rundirs import discover
+
+    path = tmp_path / "rank0.json"
+    if what == "fifo":
+        os.mkfifo(path)
+    else:
+        path = "/dev/null"
+    with pytest.raises(BadInput) as exc:
+        discover(path)  # was NotADirectoryError, an internal error
+    assert str(exc.value) == (f"{path}: is neither a folder nor a regular file; point at a "
+                              "folder of traces, a run directory or a trace file")
