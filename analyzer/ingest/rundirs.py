@@ -324,8 +324,13 @@ def _not_a_dataset(folder: Path) -> None:
 
 
 def _existing(root: Path) -> Path:
+    """``root``, a folder or a regular file. Raises ``BadInput``: missing, or anything else (a
+    FIFO, a device, a socket: nothing a profiler writes, and listing it as a folder fails)."""
     if not root.exists():
         raise BadInput(root, "missing", "no such file or folder", "check the path")
+    if not root.is_file() and not root.is_dir():
+        raise BadInput(root, "not_a_trace", "is neither a folder nor a regular file",
+                       "point at a folder of traces, a run directory or a trace file")
     return root
 
 
@@ -476,9 +481,6 @@ def discover(root: Path | str, *, allow_incomplete: bool = False) -> Discovery:
     root = _existing(Path(root))
     if root.is_file():
         return Discovery(root=root, layout="foreign", runs=[_trace_file(root)])
-    if not root.is_dir():  # a FIFO, a device, a socket: nothing a profiler writes
-        raise BadInput(root, "not_a_trace", "is neither a folder nor a regular file",
-                       "point at a folder of traces, a run directory or a trace file")
     _not_a_dataset(root)
     if _complete(root):
         return Discovery(root=root, layout="run", runs=[_read(root)])

@@ -145,7 +145,10 @@ def test_an_input_that_is_neither_a_folder_nor_a_file_is_one_line(tmp_path, what
         os.mkfifo(path)
     else:
         path = "/dev/null"
-    with pytest.raises(BadInput) as exc:
-        discover(path)  # was NotADirectoryError, an internal error
-    assert str(exc.value) == (f"{path}: is neither a folder nor a regular file; point at a "
-                              "folder of traces, a run directory or a trace file")
+    from analyzer.ingest.rundirs import find_job
+
+    for look in (discover, find_job):
+        with pytest.raises(BadInput) as exc:
+            look(path)  # was NotADirectoryError, an internal error
+        assert str(exc.value) == (f"{path}: is neither a folder nor a regular file; point at "
+                                  "a folder of traces, a run directory or a trace file")
