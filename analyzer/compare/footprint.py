@@ -60,7 +60,7 @@ def run_memory(run: rundirs.RunDir, steps: pd.DataFrame | None, tables, options:
                                     peak_reserved_bytes=None if d["peak_reserved_bytes"] < 0
                                     else int(d["peak_reserved_bytes"]),
                                     start_bytes=int(d["start_bytes"]), source=str(d["source"]))
-                       for rt in tables.ranks for d in rt.device_memory.to_dict("records")]
+                       for rt in tables.ranks for d in rt.table("device_memory").to_pylist()]
     if steps is not None and len(steps):
         peaks = memory.rank_peaks(steps)
         out.ranks = [MemoryRank(**r) for r in peaks.to_dict("records")]

@@ -248,7 +248,7 @@ def encode(result: Any) -> bytes:
                            cache_hit=result.cache_hit,
                            meta=RankMeta(**{k: getattr(result, k)
                                             for k in RankMeta.__struct_fields__}),
-                           tables={t: ipc(t, getattr(result, t)) for t in schemas.TABLE_SCHEMAS})
+                           tables={t: ipc(t, result.tables[t]) for t in schemas.TABLE_SCHEMAS})
     elif isinstance(result, BadInput):
         if result.problems:  # a folder's several problems: the first says where to look
             result = result.problems[0]
@@ -303,7 +303,7 @@ def decode(data: Any) -> Any:
             raise Refused(f"table {name}: not a valid Arrow IPC stream ({exc})") from None
         if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[name]):
             raise Refused(f"table {name}: {why}")
-        tables[name] = table.to_pandas()
+        tables[name] = table
     meta = msgspec.structs.asdict(out.meta)
     return RankTables(path=Path(out.path), sha256=out.sha256, cache_hit=out.cache_hit, **meta,
-                      **tables)
+                      tables=tables)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
@@ -85,14 +86,9 @@ class JobTables:
     def rank_table(self, rt: RankTables, name: str, columns: list[str] | None = None
                    ) -> pd.DataFrame:
         """Table ``name`` of rank ``rt`` (only ``columns``, None: all), from memory or from
-        disk (analyzer/ingest/spill.py); collectives' group_size and the rank column as
-        ``load_run`` set them."""
-        if name not in rt.spilled:
-            df = getattr(rt, name)
-            return df if columns is None else df[columns]
-        from analyzer.ingest import spill
-
-        return _fixed(rt, name, spill.read(rt.spilled[name], columns))
+        disk (analyzer/ingest/spill.py), with the rank and group-size fixes of
+        ``RankTables.table``."""
+        return rt.frame(name, columns)
 
     def each(self, name: str, columns: list[str] | None = None):
         """(rank tables, its table ``name``) of every rank in rank order, one rank read at a
@@ -106,29 +102,22 @@ class JobTables:
         consecutive ranks, each batch closed once it holds ``max_bytes`` (default
         ``BATCH_BYTES``; a rank larger than that is a batch of its own): the cross-rank
         phase's unit of work, so that a job of many small ranks costs a few pandas calls and
-        one of large ranks holds one batch at a time."""
-        from analyzer.ingest.spill import frame_bytes
-
+        one of large ranks holds one batch at a time. Each batch is put together in Arrow and
+        made a pandas frame once."""
         limit = BATCH_BYTES if max_bytes is None else max_bytes
         names = columns or schemas.TABLE_SCHEMAS[name].names
-        sizes = [rt.table_bytes.get(name) for rt in self.ranks]
-        if self.ranks and None not in sizes and sum(sizes) < limit:  # type: ignore[arg-type]
-            # one batch, as the loop below would make (a table's columns hold at most what
-            # it does), without counting each rank's frame again on every walk of the job
-            yield list(self.ranks), _concat([df for _, df in self.each(name, columns)], names)
-            return
         held: list[RankTables] = []
-        frames: list[pd.DataFrame] = []
+        parts: list[pa.Table] = []
         size = 0
-        for rt, df in self.each(name, columns):
+        for rt in self.ranks:
             held.append(rt)
-            frames.append(df)
-            size += frame_bytes(df)
+            parts.append(rt.table(name, columns))
+            size += parts[-1].nbytes
             if size >= limit:
-                yield held, _concat(frames, names)
-                held, frames, size = [], [], 0
+                yield held, _concat(parts, names)
+                held, parts, size = [], [], 0
         if held:
-            yield held, _concat(frames, names)
+            yield held, _concat(parts, names)
 
     @property
     def collectives(self) -> pd.DataFrame:
@@ -138,14 +127,14 @@ class JobTables:
         ``group_fallback``); ``collectives.by_kind`` /
         ``match_ranks`` take it. Built on each call and holds every rank's rows: for the
         library API and ``analyzer merge``; ``report`` and ``summary`` walk ``batches``."""
-        return _concat([df for _, df in self.each("collectives")],
+        return _concat([rt.table("collectives") for rt in self.ranks],
                        schemas.COLLECTIVES_SCHEMA.names)
 
     @property
     def prefetch(self) -> pd.DataFrame:
         """``prefetch.prefetch_table`` rows of every rank (empty when none has FSDP labels);
         built on each call, as ``collectives``."""
-        return _concat([df for _, df in self.each("prefetch")], schemas.PREFETCH_SCHEMA.names)
+        return _concat([rt.table("prefetch") for rt in self.ranks], schemas.PREFETCH_SCHEMA.names)
 
     @property
     def missing_ranks(self) -> list[int]:
@@ -296,32 +285,15 @@ def _sha256_of(path: Path) -> str:
 def _set_rank(rt: RankTables, rank: int, source: str, world_size: int) -> None:
     rt.rank, rt.rank_source = rank, source
     rt.group_fallback = group_fallback(rt.dist.sizes(), world_size)
-    for name in ("breakdown", "collectives", "prefetch"):
-        if name not in rt.spilled:  # a spilled table is fixed as it is read
-            _fixed(rt, name, getattr(rt, name))
 
 
-def _fixed(rt: RankTables, name: str, df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` (table ``name`` of ``rt``, in place) with the rank column set to ``rt.rank`` and,
-    in collectives, an unknown group size (<= 0) set to ``rt.group_fallback`` when that is
-    known (the job's world size where the trace's pg_config proves every group is the world;
-    unknown stays -1 otherwise: no pg_config, or a smaller process group in it)."""
-    if "rank" in df.columns:
-        df["rank"] = pd.Series(rt.rank, index=df.index, dtype=df["rank"].dtype
-                               if df["rank"].dtype != object else "int64")
-    if name == "collectives" and len(df) and "group_size" in df.columns \
-            and rt.group_fallback > 0:
-        gs = df["group_size"].to_numpy().copy()
-        gs[gs <= 0] = rt.group_fallback
-        df["group_size"] = gs
-    return df
-
-
-def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
-    parts = [p for p in parts if len(p)]
+def _concat(parts: list[pa.Table], columns: list[str]) -> pd.DataFrame:
+    """The rows of ``parts`` one below the other as one pandas frame (an empty one of
+    ``columns``, untyped, when none has rows)."""
+    parts = [p for p in parts if p.num_rows]
     if not parts:
         return pd.DataFrame(columns=columns)
-    return pd.concat(parts, ignore_index=True)
+    return pa.concat_tables(parts, promote_options="permissive").to_pandas()
 
 
 def load_run(run, *, jobs: int | None = None) -> JobTables:
@@ -396,7 +368,8 @@ def _load(run, jobs: int | None, store: Spill, notes: list[str]) -> JobTables:
         notes.append(f"ranks {whole} have no ProfilerStep and are analysed in whole-trace mode")
     out = JobTables(root=root, ranks=ranks, world_size=world, manifest=manifest,
                     whole_trace_mode=bool(whole) and len(whole) == len(ranks), warnings=notes,
-                    breakdown=_concat([r.breakdown for r in ranks], schemas.BREAKDOWN_SCHEMA.names),
+                    breakdown=_concat([r.table("breakdown") for r in ranks],
+                                      schemas.BREAKDOWN_SCHEMA.names),
                     spill=store)
     check_same_job(root, out.batches("collectives", ["rank", "step", "pg", "kind"]),
                    {r.rank: r.path for r in ranks})

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from analyzer.contract import schemas
 from analyzer.contract.errors import BadInput
@@ -52,14 +53,12 @@ class RankTables:
     (analyzer/ingest/steps.py: events left out, spans ignored or clipped), one line each."""
     empty: bool = False
     """The file holds no complete events (metadata only): an empty rank (``load_run``)."""
-    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
-    breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)
-    collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
-    prefetch: pd.DataFrame = field(default_factory=pd.DataFrame)
-    timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
-    device_memory: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """Peak memory per device from the trace's ``[memory]`` events
-    (``schemas.DEVICE_MEMORY_SCHEMA``; empty when it has none)."""
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    """Each table of ``schemas.TABLE_SCHEMAS`` (but a spilled one) as Arrow, as computed or
+    read from the cache, its rank column -1: ``table`` / ``frame`` read it with the rank
+    set. Arrow, not pandas, because a job of thousands of ranks holds thousands of them and
+    puts them one below the other: a pandas frame a rank cost 2 ms to build from the cache
+    and 10 times the CPU of Arrow to concatenate (``pipeline.JobTables.batches``)."""
     timeline_step: int = -1
     """The step of ``timeline``: the smallest step >= 0, -1 when none."""
     whole_overlap_ns: int = 0
@@ -79,16 +78,52 @@ class RankTables:
     """The group size a collective of unknown group size takes (``commid.group_fallback``),
     set with the rank."""
     spilled: dict[str, str] = field(default_factory=dict)
-    """Tables moved to disk (analyzer/ingest/spill.py): name -> file. Read them with
-    ``JobTables.rank_table``; the attribute of a spilled table is empty."""
-    table_bytes: dict[str, int] = field(default_factory=dict)
-    """Bytes of each spillable table as it arrived (``spill.frame_bytes``, set by
-    ``Spill.keep``): what ``JobTables.batches`` adds up before reading any."""
+    """Tables moved to disk (analyzer/ingest/spill.py): name -> file, out of ``tables``;
+    ``table`` reads them from there."""
 
     @property
     def dist(self) -> DistInfo:
         """``distributed_info`` read (analyzer/ingest/distinfo.py)."""
         return read_distinfo(self.distributed_info)
+
+    def table(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        """Table ``name`` (only ``columns``, None: all) from memory or from disk
+        (analyzer/ingest/spill.py), with ``load_run``'s fixes: the rank column set to
+        ``rank``, and in collectives an unknown group size (<= 0) set to ``group_fallback``
+        when that is known (the job's world size where the trace's pg_config proves every
+        group is the world; unknown stays -1 otherwise: no pg_config, or a smaller process
+        group in it). Raises ``KeyError`` for a name not in ``schemas.TABLE_SCHEMAS``."""
+        if name in self.spilled:
+            from analyzer.ingest import spill
+
+            t = spill.read_table(self.spilled[name], columns)
+        else:
+            t = self.tables[name]
+            t = t if columns is None else t.select(columns)
+        names = t.column_names
+        if "rank" in names:
+            t = t.set_column(names.index("rank"), "rank",
+                             pa.array(np.full(t.num_rows, self.rank, np.int64)))
+        if name == "collectives" and t.num_rows and "group_size" in names \
+                and self.group_fallback > 0:
+            gs = t["group_size"].to_numpy()
+            t = t.set_column(names.index("group_size"), "group_size",
+                             pa.array(np.where(gs <= 0, self.group_fallback, gs)))
+        return t
+
+    def frame(self, name: str, columns: list[str] | None = None) -> pd.DataFrame:
+        """``table(name, columns)`` as pandas."""
+        return self.table(name, columns).to_pandas()
+
+    # each table as pandas (``frame``), for the library API and the tests
+    steps = property(lambda self: self.frame("steps"))
+    breakdown = property(lambda self: self.frame("breakdown"))
+    collectives = property(lambda self: self.frame("collectives"))
+    prefetch = property(lambda self: self.frame("prefetch"))
+    timeline = property(lambda self: self.frame("timeline"))
+    device_memory = property(lambda self: self.frame("device_memory"))
+    """Peak memory per device from the trace's ``[memory]`` events
+    (``schemas.DEVICE_MEMORY_SCHEMA``; empty when it has none)."""
 
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -196,9 +231,8 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
         rt = RankTables(path=path, world_size=read_distinfo(dec.distributed_info).world_size,
                         distributed_info=dec.distributed_info, empty=True,
                         warnings=dec.warnings, sha256=sha,
-                        **{t: s.empty_table().to_pandas()
-                           for t, s in schemas.TABLE_SCHEMAS.items()
-                           if t != "device_memory"}, device_memory=dev_mem)
+                        tables={**{t: s.empty_table() for t, s in schemas.TABLE_SCHEMAS.items()},
+                                "device_memory": arrow(dev_mem)})
         tablecache.write_tables(cpath, sig, rt)
         return rt
     ev, info = classified(path, dec=dec)
@@ -242,12 +276,21 @@ def _rank_of(path: Path, ev: pd.DataFrame, info: dict[str, Any], dev_mem: pd.Dat
     return RankTables(path=path, world_size=read_distinfo(info["distributed_info"]).world_size,
                         device_kind=device_kind, distributed_info=info["distributed_info"],
                         main_tid=main_tid, whole_trace_mode=info["whole_trace_mode"],
-                        warnings=info["warnings"], steps=steps,
-                        breakdown=rank_breakdown(-1, ev, steps, device_kind, main_tid),
-                        collectives=coll, prefetch=prefetch_table(ev, rank=-1),
-                        timeline=tl, device_memory=dev_mem, timeline_step=tl_step,
+                        warnings=info["warnings"], tables={t: arrow(df) for t, df in {
+                            "steps": steps,
+                            "breakdown": rank_breakdown(-1, ev, steps, device_kind, main_tid),
+                            "collectives": coll, "prefetch": prefetch_table(ev, rank=-1),
+                            "timeline": tl, "device_memory": dev_mem}.items()},
+                        timeline_step=tl_step,
                         whole_overlap_ns=int(overlap_ns),
                         whole_comm_ns=int(comm_ns), sha256=sha, first_ns=int(ev["ts_ns"].min()))
+
+
+def arrow(df: pd.DataFrame) -> pa.Table:
+    """``df`` as the Arrow table a ``RankTables`` holds: its columns as they are (the
+    cache's write checks them against their schema, ``tablecache.ipc``), pandas' metadata
+    kept, so that ``RankTables.frame`` gives back the dtypes the analyses made."""
+    return pa.Table.from_pandas(df, preserve_index=False)
 
 
 def cached(path: Path) -> RankTables | None:

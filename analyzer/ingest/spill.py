@@ -35,6 +35,7 @@ from analyzer.contract.errors import BadInput, Reason
 
 if TYPE_CHECKING:  # pandas / pyarrow load on use: a Spill stays cheap for a cached report
     import pandas as pd
+    import pyarrow as pa
 
 SPILLED = ("collectives", "prefetch")
 """The tables that go to disk: the ones whose rows grow with a rank's events."""
@@ -86,10 +87,7 @@ class Spill:
         written."""
         if not hasattr(result, "spilled") or result.spilled:
             return result
-        import pandas as pd
-
-        result.table_bytes = {t: frame_bytes(getattr(result, t)) for t in SPILLED}
-        size = sum(result.table_bytes.values())
+        size = sum(result.tables[t].nbytes for t in SPILLED)
         if self.held_bytes + size <= self.budget:
             self.held_bytes += size
             return result
@@ -97,9 +95,8 @@ class Spill:
         self._n += 1
         for t in SPILLED:
             path = folder / f"{self._n}.{t}.arrow"
-            _write(path, t, getattr(result, t))
+            _write(path, t, result.tables.pop(t))
             result.spilled[t] = str(path)
-            setattr(result, t, pd.DataFrame())
         return result
 
     def _folder(self) -> Path:
@@ -145,19 +142,21 @@ def sweep() -> list[Path]:
                       lambda rel: _SPILLED_FILE.fullmatch(rel) is not None)
 
 
-def _write(path: Path, name: str, df: pd.DataFrame) -> None:
-    """``df`` as an Arrow IPC file, string columns dictionary-encoded (a process group's
+def _write(path: Path, name: str, table: pa.Table) -> None:
+    """``table`` as an Arrow IPC file, string columns dictionary-encoded (a process group's
     member list, kB at thousands of ranks, is written once, not once per collective)."""
     import pyarrow as pa
 
     from analyzer.contract import schemas
 
-    table = pa.Table.from_pandas(df, preserve_index=False)
     if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[name]):
         raise ValueError(f"table {name}: {why}")
     table = pa.table([c.dictionary_encode() if pa.types.is_string(c.type)
                       or pa.types.is_large_string(c.type) else c for c in table.columns],
-                     names=table.column_names)
+                     schema=pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type))
+                                       if pa.types.is_string(f.type)
+                                       or pa.types.is_large_string(f.type) else f
+                                       for f in table.schema], metadata=table.schema.metadata))
     try:
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
             w.write_table(table)
@@ -167,16 +166,22 @@ def _write(path: Path, name: str, df: pd.DataFrame) -> None:
                        f"free space there, point TMPDIR elsewhere, or raise {ENV}") from None
 
 
-def read(path: str, columns: list[str] | None = None) -> pd.DataFrame:
-    """The table ``Spill.keep`` wrote at ``path``, only ``columns`` (None: all), as pandas:
-    string columns decoded back to strings (object columns, one Python object per distinct
-    value, as the cache's read gives)."""
+def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
+    """The table ``Spill.keep`` wrote at ``path``, only ``columns`` (None: all), as Arrow:
+    string columns decoded back to strings, the table's pandas metadata kept."""
     import pyarrow as pa
 
     with pa.memory_map(path) as src:
         table = pa.ipc.open_file(src).read_all()
-        if columns is not None:
-            table = table.select(columns)
-        table = pa.table([c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c
-                          for c in table.columns], names=table.column_names)
-        return table.to_pandas()
+    if columns is not None:
+        table = table.select(columns)
+    return pa.table([c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c
+                     for c in table.columns],
+                    schema=pa.schema([pa.field(f.name, f.type.value_type)
+                                      if pa.types.is_dictionary(f.type) else f
+                                      for f in table.schema], metadata=table.schema.metadata))
+
+
+def read(path: str, columns: list[str] | None = None) -> pd.DataFrame:
+    """``read_table(path, columns)`` as pandas."""
+    return read_table(path, columns).to_pandas()

@@ -112,10 +112,11 @@ def probe(fd: int, size_bytes: int) -> str:
     return h.hexdigest()
 
 
-def ipc(name: str, df) -> bytes:
-    """Table ``name`` (a pandas DataFrame) as an Arrow IPC stream. Raises ``ValueError`` when it
-    is off its schema (``schemas.TABLE_SCHEMAS``)."""
-    table = pa.Table.from_pandas(df, preserve_index=False)
+def ipc(name: str, table) -> bytes:
+    """Table ``name`` (Arrow, or a pandas DataFrame) as an Arrow IPC stream. Raises
+    ``ValueError`` when it is off its schema (``schemas.TABLE_SCHEMAS``)."""
+    if not isinstance(table, pa.Table):
+        table = pa.Table.from_pandas(table, preserve_index=False)
     if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[name]):
         raise ValueError(f"table {name}: {why}")
     sink = pa.BufferOutputStream()
@@ -246,7 +247,7 @@ def read_tables(cpath: Path, sig: list[int | str], sha: str | None) -> dict[str,
         with contextlib.suppress(OSError):
             os.utime(cpath)  # used: the last to go when the folder is trimmed
         return {"cache_hit": True, "sha256": sha, **msgspec.structs.asdict(meta),
-                **{t: table.to_pandas() for t, table in tables.items()}}
+                "tables": tables}
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
             msgspec.ValidationError, pa.ArrowException) as exc:
         log.info("ignoring unreadable cache %s (%s)", cpath, exc)
@@ -268,7 +269,7 @@ def write_tables(cpath: Path, sig: list[int | str], rt) -> None:
         blob = {"key": cache_key(_content(rt.sha256, sig), CODE_MODULES), "sha256": rt.sha256,
                 "stat": sig,
                 "meta": {k: getattr(rt, k) for k in RankMeta.__struct_fields__},
-                "tables": {t: ipc(t, getattr(rt, t)) for t in schemas.TABLE_SCHEMAS}}
+                "tables": {t: ipc(t, rt.tables[t]) for t in schemas.TABLE_SCHEMAS}}
         trim(cpath.parent, TABLES_NAME, dump_cache_blob(cpath, blob))
     except (OSError, ValueError, pa.ArrowException) as exc:
         log.info("could not write cache %s (%s)", cpath, exc)

@@ -162,8 +162,13 @@ def test_the_check_can_fail(tmp_path, monkeypatch):
     from analyzer.ingest import pipeline
 
     def other_kind(*args, **kwargs):
+        from analyzer.ingest.ranktables import arrow
+
         job = pipeline.load_run(*args, **kwargs)
-        job.ranks[0].collectives.loc[0, "kind"] = "barrier"  # the trace runs no barrier
+        rt = job.ranks[0]
+        coll = rt.tables["collectives"].to_pandas()
+        coll.loc[0, "kind"] = "barrier"  # the trace runs no barrier
+        rt.tables["collectives"] = arrow(coll)
         return job
 
     folder = tmp_path / "tb"
