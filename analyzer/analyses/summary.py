@@ -115,7 +115,7 @@ def summarize(job) -> Summary:
         head += [f"rank {r.rank}: {w}" for w in r.warnings]
     ranks = pd.DataFrame([{"rank": r.rank, "path": str(r.path), "rank_source": r.rank_source,
                            "device_kind": r.device_kind, "world_size": r.world_size,
-                           "steps": r.tables["steps"].num_rows, "whole_trace_mode": r.whole_trace_mode}
+                           "steps": r.table("steps").num_rows, "whole_trace_mode": r.whole_trace_mode}
                           for r in job.ranks])
     return Summary(headline=head, ranks=ranks, breakdown=job.breakdown,
                    by_kind=_with_transfer_busbw(job, crossrank.kind_table(job), offsets),

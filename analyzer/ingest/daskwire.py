@@ -239,7 +239,7 @@ def encode(result: Any) -> bytes:
     """On the worker: ``result`` (``RankTables``, ``BadInput``, a msgpack value, or
     ``failed(line)``) as msgpack bytes."""
     from analyzer.ingest.ranktables import RankTables
-    from analyzer.ingest.tablecache import ipc
+    from analyzer.ingest.tablecache import checked
 
     if isinstance(result, RankTables):
         from analyzer.contract import schemas
@@ -248,7 +248,8 @@ def encode(result: Any) -> bytes:
                            cache_hit=result.cache_hit,
                            meta=RankMeta(**{k: getattr(result, k)
                                             for k in RankMeta.__struct_fields__}),
-                           tables={t: ipc(t, result.tables[t]) for t in schemas.TABLE_SCHEMAS})
+                           tables={t: checked(t, result.tables[t])
+                                   for t in schemas.TABLE_SCHEMAS})
     elif isinstance(result, BadInput):
         if result.problems:  # a folder's several problems: the first says where to look
             result = result.problems[0]
@@ -303,7 +304,7 @@ def decode(data: Any) -> Any:
             raise Refused(f"table {name}: not a valid Arrow IPC stream ({exc})") from None
         if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[name]):
             raise Refused(f"table {name}: {why}")
-        tables[name] = table
+        tables[name] = blob
     meta = msgspec.structs.asdict(out.meta)
     return RankTables(path=Path(out.path), sha256=out.sha256, cache_hit=out.cache_hit, **meta,
                       tables=tables)

@@ -53,12 +53,13 @@ class RankTables:
     (analyzer/ingest/steps.py: events left out, spans ignored or clipped), one line each."""
     empty: bool = False
     """The file holds no complete events (metadata only): an empty rank (``load_run``)."""
-    tables: dict[str, pa.Table] = field(default_factory=dict)
-    """Each table of ``schemas.TABLE_SCHEMAS`` (but a spilled one) as Arrow, as computed or
-    read from the cache, its rank column -1: ``table`` / ``frame`` read it with the rank
-    set. Arrow, not pandas, because a job of thousands of ranks holds thousands of them and
-    puts them one below the other: a pandas frame a rank cost 2 ms to build from the cache
-    and 10 times the CPU of Arrow to concatenate (``pipeline.JobTables.batches``)."""
+    tables: dict[str, bytes] = field(default_factory=dict)
+    """Each table of ``schemas.TABLE_SCHEMAS`` (but a spilled one) as the Arrow IPC stream
+    the cache holds (``tablecache.stream``), its rank column -1: ``table`` / ``frame`` read
+    it with the rank set. Bytes, not pandas frames nor Arrow tables, because a job of
+    thousands of ranks holds thousands of them: a rank's six small tables take ~31 kB so
+    and 36 to 90 kB as frames or tables (objects and allocations per column), and a cache
+    hit reads them without building any (bench/RESULTS.md, issue 46)."""
     timeline_step: int = -1
     """The step of ``timeline``: the smallest step >= 0, -1 when none."""
     whole_overlap_ns: int = 0
@@ -98,7 +99,7 @@ class RankTables:
 
             t = spill.read_table(self.spilled[name], columns)
         else:
-            t = self.tables[name]
+            t = tablecache.table_of(self.tables[name])
             t = t if columns is None else t.select(columns)
         names = t.column_names
         if "rank" in names:
@@ -231,7 +232,8 @@ def rank_tables(path: Path, max_bytes: int | None = None) -> RankTables:
         rt = RankTables(path=path, world_size=read_distinfo(dec.distributed_info).world_size,
                         distributed_info=dec.distributed_info, empty=True,
                         warnings=dec.warnings, sha256=sha,
-                        tables={**{t: s.empty_table() for t, s in schemas.TABLE_SCHEMAS.items()},
+                        tables={**{t: tablecache.stream(s.empty_table())
+                                   for t, s in schemas.TABLE_SCHEMAS.items()},
                                 "device_memory": arrow(dev_mem)})
         tablecache.write_tables(cpath, sig, rt)
         return rt
@@ -286,11 +288,12 @@ def _rank_of(path: Path, ev: pd.DataFrame, info: dict[str, Any], dev_mem: pd.Dat
                         whole_comm_ns=int(comm_ns), sha256=sha, first_ns=int(ev["ts_ns"].min()))
 
 
-def arrow(df: pd.DataFrame) -> pa.Table:
-    """``df`` as the Arrow table a ``RankTables`` holds: its columns as they are (the
-    cache's write checks them against their schema, ``tablecache.ipc``), pandas' metadata
-    kept, so that ``RankTables.frame`` gives back the dtypes the analyses made."""
-    return pa.Table.from_pandas(df, preserve_index=False)
+def arrow(df: pd.DataFrame) -> bytes:
+    """``df`` as a ``RankTables`` holds it (``tablecache.stream``): its columns as they are
+    (the cache's write checks them against their schema, ``tablecache.checked``), with
+    pandas' metadata, which gives ``RankTables.frame`` back the dtypes the analyses made
+    (a nullable ``Int64`` column stays one)."""
+    return tablecache.stream(pa.Table.from_pandas(df, preserve_index=False))
 
 
 def cached(path: Path) -> RankTables | None:

@@ -87,7 +87,9 @@ class Spill:
         written."""
         if not hasattr(result, "spilled") or result.spilled:
             return result
-        size = sum(result.tables[t].nbytes for t in SPILLED)
+        from analyzer.ingest.tablecache import table_of
+
+        size = sum(len(result.tables[t]) for t in SPILLED)
         if self.held_bytes + size <= self.budget:
             self.held_bytes += size
             return result
@@ -95,7 +97,7 @@ class Spill:
         self._n += 1
         for t in SPILLED:
             path = folder / f"{self._n}.{t}.arrow"
-            _write(path, t, result.tables.pop(t))
+            _write(path, t, table_of(result.tables.pop(t)))
             result.spilled[t] = str(path)
         return result
 

@@ -113,16 +113,28 @@ def probe(fd: int, size_bytes: int) -> str:
 
 
 def ipc(name: str, table) -> bytes:
-    """Table ``name`` (Arrow, or a pandas DataFrame) as an Arrow IPC stream. Raises
-    ``ValueError`` when it is off its schema (``schemas.TABLE_SCHEMAS``)."""
+    """Table ``name`` (Arrow, or a pandas DataFrame) as an Arrow IPC stream (``stream``).
+    Raises ``ValueError`` when it is off its schema (``schemas.TABLE_SCHEMAS``)."""
     if not isinstance(table, pa.Table):
         table = pa.Table.from_pandas(table, preserve_index=False)
     if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[name]):
         raise ValueError(f"table {name}: {why}")
+    return stream(table)
+
+
+def stream(table: pa.Table) -> bytes:
+    """``table`` as an Arrow IPC stream: how a ``ranktables.RankTables`` holds it, how the
+    cache and a Dask worker's answer carry it."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+def table_of(data: bytes) -> pa.Table:
+    """The table of the Arrow IPC stream ``data`` (``stream``), its buffers in ``data``.
+    Raises ``pyarrow.ArrowException`` for bytes that are not one."""
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 TABLES_PER_TRACE_BYTE = 64
@@ -235,8 +247,7 @@ def read_tables(cpath: Path, sig: list[int | str], sha: str | None) -> dict[str,
         if blob["key"] != cache_key(_content(sha, sig), CODE_MODULES):
             return None
         meta = msgspec.convert(blob["meta"], RankMeta)
-        tables = {t: pa.ipc.open_stream(pa.py_buffer(blob["tables"][t])).read_all()
-                  for t in schemas.TABLE_SCHEMAS}
+        tables = {t: table_of(blob["tables"][t]) for t in schemas.TABLE_SCHEMAS}
         for t, table in tables.items():
             if why := schemas.table_mismatch(table, schemas.TABLE_SCHEMAS[t]):
                 raise ValueError(f"table {t}: {why}")
@@ -247,7 +258,7 @@ def read_tables(cpath: Path, sig: list[int | str], sha: str | None) -> dict[str,
         with contextlib.suppress(OSError):
             os.utime(cpath)  # used: the last to go when the folder is trimmed
         return {"cache_hit": True, "sha256": sha, **msgspec.structs.asdict(meta),
-                "tables": tables}
+                "tables": {t: blob["tables"][t] for t in tables}}
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
             msgspec.ValidationError, pa.ArrowException) as exc:
         log.info("ignoring unreadable cache %s (%s)", cpath, exc)
@@ -269,10 +280,18 @@ def write_tables(cpath: Path, sig: list[int | str], rt) -> None:
         blob = {"key": cache_key(_content(rt.sha256, sig), CODE_MODULES), "sha256": rt.sha256,
                 "stat": sig,
                 "meta": {k: getattr(rt, k) for k in RankMeta.__struct_fields__},
-                "tables": {t: ipc(t, rt.tables[t]) for t in schemas.TABLE_SCHEMAS}}
+                "tables": {t: checked(t, rt.tables[t]) for t in schemas.TABLE_SCHEMAS}}
         trim(cpath.parent, TABLES_NAME, dump_cache_blob(cpath, blob))
     except (OSError, ValueError, pa.ArrowException) as exc:
         log.info("could not write cache %s (%s)", cpath, exc)
+
+
+def checked(name: str, data: bytes) -> bytes:
+    """``data`` (table ``name`` as an IPC stream, ``stream``) when the table is on its
+    schema. Raises ``ValueError`` when it is not, as ``ipc``."""
+    if why := schemas.table_mismatch(table_of(data), schemas.TABLE_SCHEMAS[name]):
+        raise ValueError(f"table {name}: {why}")
+    return data
 
 
 def forget(traces: list[Path]) -> None:

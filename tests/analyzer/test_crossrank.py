@@ -208,7 +208,7 @@ def test_a_member_list_on_every_collective_is_written_once(job_dir, monkeypatch)
 
     rt = load_tables(job_dir).ranks[0]
     members = str(list(range(4096)))
-    want = rt.tables["collectives"].to_pandas()
+    want = rt.frame("collectives")
     want["pg_ranks"] = [members] * len(want)
     rt.tables["collectives"] = arrow(want)
     held = spill.frame_bytes(want)

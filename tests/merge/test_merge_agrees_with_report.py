@@ -166,7 +166,7 @@ def test_the_check_can_fail(tmp_path, monkeypatch):
 
         job = pipeline.load_run(*args, **kwargs)
         rt = job.ranks[0]
-        coll = rt.tables["collectives"].to_pandas()
+        coll = rt.frame("collectives")
         coll.loc[0, "kind"] = "barrier"  # the trace runs no barrier
         rt.tables["collectives"] = arrow(coll)
         return job
