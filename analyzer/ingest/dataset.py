@@ -168,6 +168,7 @@ class _Writer:
         """Write the tables of one job (``pipeline.JobTables``) under ``run=<run_name>``: each
         table converted to Arrow once and split by rank by ``pyarrow.dataset.write_dataset``
         (C++: no per-file Python work, which cost ~10 ms a rank)."""
+        import numpy as np
         import pandas as pd
         import pyarrow as pa
 
@@ -178,12 +179,12 @@ class _Writer:
         if any(r["partition"] == part for r in self.runs):
             raise BadInput(job.root, Reason.DUPLICATE_RUN, f"a second run named {run_name!r}",
                            "rename one of the runs")
-        tables = {"breakdown": job.breakdown}
-        for name in _PER_RANK:  # per rank, without a rank column: add it
-            frames = [getattr(r, name) for r in job.ranks]
-            keep = [(r.rank, df) for r, df in zip(job.ranks, frames) if len(df)]
-            tables[name] = pd.concat([df.assign(rank=rank) for rank, df in keep],
-                                     ignore_index=True) if keep else pd.DataFrame()
+        tables = {"breakdown": pa.Table.from_pandas(job.breakdown, preserve_index=False)}
+        for name in _PER_RANK:  # per rank, without a rank column: add it (Arrow: no frame a rank)
+            parts = [(r.rank, t) for r in job.ranks if (t := r.table(name)).num_rows]
+            tables[name] = pa.concat_tables(
+                [t.append_column("rank", pa.array(np.full(t.num_rows, rank, np.int64)))
+                 for rank, t in parts], promote_options="permissive") if parts else None
         # a plain JSON trace's SHA-256 is not computed by its parse (docs/caches.md): here
         rows = [{"rank": r.rank, "trace": str(r.path),
                  "sha256": r.sha256 or schemas.sha256_file(r.path),
@@ -198,9 +199,10 @@ class _Writer:
             fields = [f for f in schema if f.name != "rank"] + [pa.field("rank", pa.int64())]
             target = pa.schema(fields)
 
-            def arrow(df: pd.DataFrame):
-                return pa.Table.from_pandas(df[[f.name for f in fields]],
-                                            preserve_index=False).cast(target)
+            def arrow(df: pd.DataFrame | pa.Table):
+                if not isinstance(df, pa.Table):
+                    df = pa.Table.from_pandas(df, preserve_index=False)
+                return df.select([f.name for f in fields]).cast(target)
 
             wrote = False
             if name == "ranks":
@@ -212,7 +214,7 @@ class _Writer:
                     if len(df):
                         _write_ranks(arrow(df), self.stage / name / part, len(held))
                         wrote = True
-            elif len(tables[name]):
+            elif tables[name] is not None and tables[name].num_rows:
                 _write_ranks(arrow(tables[name]), self.stage / name / part, len(job.ranks))
                 wrote = True
             if not wrote:  # no row in this run: one empty file keeps the table's schema readable
