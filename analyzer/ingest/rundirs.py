@@ -315,9 +315,21 @@ def _why_incomplete(folder: Path) -> str:
     return f"no manifest.json (the tracer writes it last): {_NOT_DONE}"
 
 
+def _unreadable(folder: Path, exc: OSError) -> BadInput:
+    return BadInput(folder, "unreadable", f"cannot read the folder ({exc.strerror or exc})",
+                    "check the path and its permissions")
+
+
 def _not_a_dataset(folder: Path) -> None:
-    """Refuse a ``--tables-out`` dataset given as the input (it holds Parquet, not traces)."""
-    if (folder / DATASET_MARKER).is_file():
+    """Refuse a ``--tables-out`` dataset given as the input (it holds Parquet, not traces),
+    and a folder that cannot be listed or looked into (``unreadable``: without read or
+    search permission; ``Path.is_file`` raises ``PermissionError``)."""
+    try:
+        os.scandir(folder).close()
+        marked = (folder / DATASET_MARKER).is_file()
+    except OSError as exc:
+        raise _unreadable(folder, exc) from None
+    if marked:
         raise BadInput(folder, "empty", "is a dataset written by --tables-out (Parquet tables), "
                        "not traces", "query it with DuckDB or pandas (README \"Beyond one "
                        "machine\"), or pass the folder of traces it came from")

@@ -152,3 +152,33 @@ def test_an_input_that_is_neither_a_folder_nor_a_file_is_one_line(tmp_path, what
             look(path)  # was NotADirectoryError, an internal error
         assert str(exc.value) == (f"{path}: is neither a folder nor a regular file; point at "
                                   "a folder of traces, a run directory or a trace file")
+
+
+@pytest.mark.parametrize("fails", ["listing", "looking in"])
+def test_a_folder_that_cannot_be_read_is_one_line(tmp_path, monkeypatch, fails):
+    """A folder without read or search permission (chmod 000 / 300 / 400: root reads them
+    all, so the refusal is planted where the OS raises it) is one line, not an internal
+    error."""
+    import pathlib
+
+    from analyzer.contract.errors import BadInput
+    from analyzer.ingest.rundirs import discover, find_job
+
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / "rank0.json").write_text('{"traceEvents": []}')
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    if fails == "listing":
+        monkeypatch.setattr(os, "scandir", denied)
+    else:
+        real = pathlib.Path.is_file
+        monkeypatch.setattr(pathlib.Path, "is_file",
+                            lambda self: denied() if self.parent == folder else real(self))
+    for look in (discover, find_job):
+        with pytest.raises(BadInput) as exc:
+            look(folder)  # was PermissionError, an internal error
+        assert str(exc.value) == (f"{folder}: cannot read the folder (Permission denied); "
+                                  "check the path and its permissions")
