@@ -754,10 +754,11 @@ def _cat(codes: np.ndarray, values: list[str], order: np.ndarray, kept: np.ndarr
 
 
 def _int_column(args: list, attr: str, fallback: str | None = None, *,
-                strict: bool) -> np.ndarray:
+                strict: bool, huge: list[int] | None = None) -> np.ndarray:
     """int64 column of ``args``' attribute ``attr`` (-1 when absent / not an int64; when
     ``fallback`` is given its attribute is used where ``attr`` is absent). ``strict``: the
-    values are int (default -1) or None, as the strict decoder gives them."""
+    values are int (default -1) or None, as the strict decoder gives them. ``huge``: a list
+    the count of integers beyond int64 (read as absent) is appended to."""
     n = len(args)
     if strict:
         try:  # one C loop; None (JSON null) or ints beyond int64 take the loop below
@@ -772,6 +773,8 @@ def _int_column(args: list, attr: str, fallback: str | None = None, *,
     if fallback is not None:
         vals = [v if v is not None and v != -1 else getattr(a, fallback)
                 for v, a in zip(vals, args)]
+    if huge is not None:
+        huge.append(sum(1 for v in vals if type(v) is int and not _I64_MIN <= v <= _I64_MAX))
     return np.array([_as_int(v) for v in vals], dtype=np.int64)
 
 
@@ -880,9 +883,13 @@ def _columns(parsed: Parsed, path: Path | str) -> Decoded:
     is_gpu = np.array([c.lower() in GPU_CATS for c in u_cat], bool)[cat_codes] if len(args) \
         else np.zeros(0, bool)
     stream, stream_arg = _streams(args, is_gpu, *coded["tid"])
-    ext = _int_column(args, "external_id", "external_id_lc", strict=strict)
-    corr = _int_column(args, "correlation", strict=strict)
-    graph_node = _int_column(args, "graph_node", strict=strict)
+    huge: list[int] = []
+    ext = _int_column(args, "external_id", "external_id_lc", strict=strict, huge=huge)
+    corr = _int_column(args, "correlation", strict=strict, huge=huge)
+    graph_node = _int_column(args, "graph_node", strict=strict, huge=huge)
+    if sum(huge):  # no profiler writes one: the launch links of those events are lost
+        warnings.append(f"{path}: {sum(huge)} External id / correlation / graph node id "
+                        "values beyond 64 bits read as absent (no launch link)")
     coll_rows, coll = _collective_args(args, coded["name"])
     n_all = len(args)
     # each event with its args in one pass (one walk of memory, not two); the last holders of

@@ -111,6 +111,8 @@ def test_integers_beyond_int64_in_args(tmp_path, ddp_run):
     ts = load_tables(job)
     ev = load_events(ts.ranks[0].path)[0]
     assert (ev["external_id"] == -1).all() and (ev["correlation"] == -1).all()  # unknown, not wrapped
+    said = f"{2 * big} External id / correlation / graph node id values beyond 64 bits read as absent"
+    assert any(said in w for w in ts.ranks[0].warnings), ts.ranks[0].warnings  # and said
     for cmd in ("summary", "report", "merge"):
         extra = {"report": ["--out", str(tmp_path / "o")], "merge": ["-o", str(tmp_path / "m.json.gz")]}
         proc = cli(cmd, str(job), *extra.get(cmd, []))
