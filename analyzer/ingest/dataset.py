@@ -61,6 +61,10 @@ from analyzer.ingest.fswalk import DATASET_MARKER as MARKER
 FORMAT = "paritytrace-tables"
 VERSION = 1
 TABLES = ("breakdown", "collectives", "prefetch", "steps", "timeline", "device_memory", "ranks")
+MAX_OPEN_FILES = 64
+"""Files the dataset writer keeps open at once. Rows come sorted by rank, so each rank's file
+is written whole and closed; 1,024 open Parquet writers held ~80 MB more at 4,096 ranks
+(bench/RESULTS.md, issue 46)."""
 _PER_RANK = ("steps", "timeline", "device_memory")  # RankTables' own, without a rank column
 _OPEN: list["_Writer"] = []  # the innermost open ``writing()``
 
@@ -235,7 +239,7 @@ def _write_ranks(table, folder: Path, n_ranks: int) -> None:
                                                   flavor="hive"),
                      file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
                      use_threads=False, max_partitions=max(n_ranks, 1) + 1,
-                     max_open_files=1024, existing_data_behavior="overwrite_or_ignore")
+                     max_open_files=MAX_OPEN_FILES, existing_data_behavior="overwrite_or_ignore")
 
 
 def _write_file(table, path: Path) -> None:

@@ -323,3 +323,26 @@ def test_addresses_and_outputs_refused_before_any_work(tmp_path, fixture_copy):
                str(ds)).returncode == 0
     bad_input(cli("report", str(ds), "--out", str(tmp_path / "o2")), str(ds),
               "dataset written by --tables-out")
+
+
+def test_each_rank_is_one_file_per_table_beyond_the_open_files(tmp_path):
+    """More ranks than the dataset writer keeps files open (``dataset.MAX_OPEN_FILES``): each
+    rank's table is still one file, part-0.parquet, with every row of that rank."""
+    import pyarrow.parquet as pq
+
+    from analyzer.ingest import dataset
+    from analyzer.ingest.pipeline import load_tables
+    from tests.analyzer.helpers import gloo_job
+
+    n = dataset.MAX_OPEN_FILES + 6
+    job = gloo_job(tmp_path / "job", ranks=n, n_reduce=2, n_gather=1)
+    ds = tmp_path / "ds"
+    assert cli("report", str(job), "--out", str(tmp_path / "o"), "--format", "json",
+               "--tables-out", str(ds)).returncode == 0
+    want = load_tables(job)
+    for name in ("collectives", "timeline"):
+        files = sorted(ds.glob(f"{name}/run=*/rank=*/*.parquet"))
+        assert [f.name for f in files] == ["part-0.parquet"] * n
+        rows = {int(f.parent.name.removeprefix("rank=")): pq.read_metadata(f).num_rows
+                for f in files}
+        assert rows == {rt.rank: len(rt.frame(name)) for rt in want.ranks}
