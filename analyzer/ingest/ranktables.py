@@ -57,9 +57,9 @@ class RankTables:
     """Each table of ``schemas.TABLE_SCHEMAS`` (but a spilled one) as the Arrow IPC stream
     the cache holds (``tablecache.stream``), its rank column -1: ``table`` / ``frame`` read
     it with the rank set. Bytes, not pandas frames nor Arrow tables, because a job of
-    thousands of ranks holds thousands of them: a rank's six small tables take ~31 kB so
-    and 36 to 90 kB as frames or tables (objects and allocations per column), and a cache
-    hit reads them without building any (bench/RESULTS.md, issue 46)."""
+    thousands of ranks holds thousands of them: a rank's six small tables take ~31 kB as
+    streams against 36 to 90 kB as frames or tables (objects and allocations per column),
+    and a cache hit reads them without building any (bench/RESULTS.md, issue 46)."""
     timeline_step: int = -1
     """The step of ``timeline``: the smallest step >= 0, -1 when none."""
     whole_overlap_ns: int = 0
